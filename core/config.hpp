@@ -1,0 +1,98 @@
+// The run configuration: one YAML file with sections model, train, data,
+// parallel, checkpoint, log; any key overridable with --set section.key=value.
+// load_config() validates everything before anything is allocated and throws
+// ConfigError naming the file, line, key and what is allowed.
+#pragma once
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace adgt {
+
+struct ConfigError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct ModelConfig {
+  int64_t vocab_size = 4096;
+  int64_t d_model = 256;
+  int64_t n_layers = 4;
+  int64_t n_heads = 8;
+  int64_t n_kv_heads = 4;       // grouped-query attention; divides n_heads
+  int64_t ffn_hidden = 688;     // SwiGLU intermediate size
+  int64_t seq_len = 256;        // training context length (max positions)
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  bool tie_embeddings = false;  // lm_head shares model.embed_tokens.weight
+  double init_std = 0.02;
+  int64_t head_dim() const { return d_model / n_heads; }
+};
+
+struct TrainConfig {
+  int64_t steps = 300;
+  std::string device = "auto";  // auto | cpu | cuda
+  int64_t micro_batch = 8;      // sequences per micro-batch per rank
+  int64_t global_batch = 8;     // sequences per optimizer step (all ranks)
+  double lr = 3e-3;             // peak learning rate
+  double min_lr = 3e-4;         // end of the cosine decay
+  int64_t warmup_steps = 20;    // linear warm-up from lr/warmup_steps
+  double weight_decay = 0.1;
+  bool decay_norms_and_embeddings = false;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;       // global-norm clip; 0 disables
+  uint64_t seed = 1234;
+  int64_t eval_interval = 100;  // steps between validation evals; 0 disables
+  int64_t eval_batches = 0;     // micro-batches per eval; 0 = the whole split
+  int64_t max_skipped_steps = 20;  // consecutive non-finite steps before aborting
+  std::string dtype = "f32";    // CPU backend: f32, or f64 for reference checks
+};
+
+struct DataConfig {
+  std::string train = "data/kjv/train.bin";  // token shard (adgt-data output)
+  std::string val = "data/kjv/val.bin";
+  std::string tokenizer = "data/kjv/tokenizer.model";  // or "byte"
+};
+
+struct ParallelConfig {
+  int64_t tp = 1, pp = 1, dp = 1, ep = 1;
+};
+
+struct CheckpointConfig {
+  std::string dir = "runs/tiny/checkpoints";
+  int64_t interval = 0;  // steps between saves; 0 = only at the end
+  int64_t keep = 3;      // newest complete checkpoints kept; 0 keeps all
+};
+
+struct LogConfig {
+  std::string dir = "runs/tiny";
+  int64_t interval = 10;
+  double peak_tflops = 0;  // MFU denominator; 0 = measure the CPU GEMM peak at start
+};
+
+struct RunConfig {
+  ModelConfig model;
+  TrainConfig train;
+  DataConfig data;
+  ParallelConfig parallel;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+  std::string source;  // the YAML file it came from
+  // Gradient-accumulation steps = global_batch / (micro_batch * dp).
+  int64_t accum_steps() const { return train.global_batch / (train.micro_batch * parallel.dp); }
+};
+
+// Parses `path` (YAML), applies `overrides` ("section.key=value", in order),
+// validates, and returns the result. Relative data paths stay as written.
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The same from YAML text (for tests); `name` stands in for the file name.
+RunConfig load_config_text(const std::string& yaml, const std::string& name,
+                           const std::vector<std::string>& overrides = {});
+// Checks cross-field rules (heads divisible, batch arithmetic, ...); throws ConfigError.
+void validate(const RunConfig& cfg);
+// The whole configuration as YAML (recorded in checkpoints).
+std::string to_yaml(const RunConfig& cfg);
+
+}  // namespace adgt

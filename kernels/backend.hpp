@@ -1,0 +1,141 @@
+// The Backend interface: every piece of math the model and optimizer need, as
+// coarse ops on whole tensors (no per-element virtual calls). The CPU reference
+// backend (kernels/cpu/) implements it in fp32 and fp64; the CUDA backend
+// (kernels/cuda/) is chosen at run time behind the same interface.
+//
+// Conventions: tensors are row-major; N = B*T token rows; weights are stored
+// in HuggingFace layout (out_features, in_features), so a linear layer is
+// y = x W^T. "Accumulate" means +=; otherwise outputs are overwritten.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "kernels/tensor.hpp"
+
+namespace adgt {
+
+struct AdamWHyper {
+  double lr = 0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0;
+  int64_t step = 1;  // 1-based step count for bias correction
+};
+
+struct AttentionShape {
+  int64_t B = 0, T = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual bool is_host() const = 0;  // device memory is host-addressable
+
+  // ---- memory ----
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void release(void* p) = 0;
+  virtual void to_device(void* dst, const void* src, size_t bytes) = 0;
+  virtual void to_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void zero(Tensor t) = 0;
+  virtual void synchronize() {}
+
+  // ---- linear layers ----
+  // y(N,O) = x(N,I) w(O,I)^T
+  virtual void linear_forward(Tensor y, const Tensor& x, const Tensor& w) = 0;
+  // dx(N,I) (=|+=) dy(N,O) w(O,I); dw(O,I) += dy^T x. dx may be empty (data==nullptr).
+  virtual void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x,
+                               const Tensor& w, bool accumulate_dx) = 0;
+
+  // ---- embedding ----
+  // out(N,C) = table(V,C)[tokens(N)]
+  virtual void embedding_forward(Tensor out, const Tensor& table, const Tensor& tokens) = 0;
+  // dtable(V,C) += scatter(dout(N,C)) — deterministic.
+  virtual void embedding_backward(Tensor dtable, const Tensor& dout, const Tensor& tokens) = 0;
+
+  // ---- RMSNorm ----
+  // out(N,C) = x * rstd * w; rstd(N) saved.
+  virtual void rmsnorm_forward(Tensor out, Tensor rstd, const Tensor& x, const Tensor& w,
+                               double eps) = 0;
+  // dx(N,C) += d/dx; dw(C) += d/dw.
+  virtual void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dout, const Tensor& x,
+                                const Tensor& w, const Tensor& rstd) = 0;
+
+  // ---- rotary embedding, HuggingFace rotate-half, in place on x(B*T, H, hd) ----
+  // cos, sin: (T, hd/2) tables.
+  virtual void rope_forward(Tensor x, const Tensor& cos, const Tensor& sin, int64_t T) = 0;
+  virtual void rope_backward(Tensor dx, const Tensor& cos, const Tensor& sin, int64_t T) = 0;
+
+  // ---- causal grouped-query attention ----
+  // q(B,T,H,hd), k,v(B,T,KV,hd) -> out(B,T,H,hd). `saved` holds what the backward
+  // needs; its element count is attention_saved_elems().
+  virtual int64_t attention_saved_elems(const AttentionShape& s) const = 0;
+  virtual void attention_forward(Tensor out, Tensor saved, const Tensor& q, const Tensor& k,
+                                 const Tensor& v, const AttentionShape& s) = 0;
+  // dq, dk, dv overwritten.
+  virtual void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
+                                  const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& out, const Tensor& saved,
+                                  const AttentionShape& s) = 0;
+
+  // ---- SwiGLU: h = silu(gate) * up ----
+  virtual void swiglu_forward(Tensor h, const Tensor& gate, const Tensor& up) = 0;
+  virtual void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dh, const Tensor& gate,
+                               const Tensor& up) = 0;
+
+  // ---- elementwise ----
+  virtual void add_inplace(Tensor y, const Tensor& x) = 0;  // y += x
+  virtual void copy(Tensor dst, const Tensor& src) = 0;
+  virtual void scale_inplace(Tensor x, double s) = 0;
+
+  // ---- fused classifier ----
+  // logits(N,V) -> per-token losses(N) (fp32/fp64 like logits); logits are
+  // replaced by dloss/dlogits * grad_scale. Rows whose target is < 0 are
+  // ignored (loss 0, gradient 0). Returns nothing; read losses back.
+  virtual void cross_entropy(Tensor logits, Tensor losses, const Tensor& targets,
+                             double grad_scale) = 0;
+
+  // ---- optimizer ----
+  // Sum of squares of x as double.
+  virtual double sum_squares(const Tensor& x) = 0;
+  // One AdamW step on a flat range (PyTorch's AdamW update order).
+  virtual void adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v,
+                     const AdamWHyper& h) = 0;
+};
+
+// Owns memory on a backend.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Backend& be, size_t bytes) : be_(&be), bytes_(bytes) {
+    if (bytes) p_ = be.alloc(bytes);
+  }
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      be_ = o.be_; p_ = o.p_; bytes_ = o.bytes_;
+      o.p_ = nullptr; o.bytes_ = 0;
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { reset(); }
+  void reset() {
+    if (p_ && be_) be_->release(p_);
+    p_ = nullptr; bytes_ = 0;
+  }
+  void* data() const { return p_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  Backend* be_ = nullptr;
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// "cpu" or "cuda"; "auto" picks CUDA when a GPU is visible and the CUDA
+// backend is built. Throws with a clear message otherwise.
+std::unique_ptr<Backend> make_backend(const std::string& device);
+// Number of visible CUDA devices (0 when CUDA is not built or no driver).
+int cuda_device_count();
+
+}  // namespace adgt

@@ -1,0 +1,131 @@
+// CPU causal grouped-query attention. Per (batch, head): S = scale Q K^T and
+// O = P V as OpenBLAS GEMMs on strided views of the (B,T,H,hd) activations;
+// the probabilities P (B,H,T,T) are saved for the backward.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/blas.hpp"
+#include "kernels/cpu/cpu_backend.hpp"
+
+namespace adgt {
+namespace {
+
+void check_shapes(const AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const char* op) {
+  ADGT_CHECK(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0,
+             op << ": n_kv_heads=" << s.n_kv_heads << " must divide n_heads=" << s.n_heads);
+  ADGT_CHECK(q.numel() == s.B * s.T * s.n_heads * s.head_dim &&
+                 k.numel() == s.B * s.T * s.n_kv_heads * s.head_dim && v.numel() == k.numel(),
+             op << ": q" << q.shape_str() << " k" << k.shape_str() << " v" << v.shape_str());
+}
+
+template <class T>
+void forward(T* out, T* P, const T* q, const T* k, const T* v, const AttentionShape& s) {
+  const int64_t B = s.B, Tn = s.T, H = s.n_heads, KV = s.n_kv_heads, hd = s.head_dim;
+  const int64_t group = H / KV, ldq = H * hd, ldk = KV * hd;
+  const T scale = T(1) / std::sqrt(T(hd));
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t kh = h / group;
+      const T* Q = q + b * Tn * ldq + h * hd;
+      const T* K = k + b * Tn * ldk + kh * hd;
+      const T* V = v + b * Tn * ldk + kh * hd;
+      T* S = P + (b * H + h) * Tn * Tn;
+      T* O = out + b * Tn * ldq + h * hd;
+      cpu::gemm(false, true, Tn, Tn, hd, scale, Q, ldq, K, ldk, T(0), S, Tn);
+      for (int64_t i = 0; i < Tn; ++i) {
+        T* row = S + i * Tn;
+        T mx = row[0];
+        for (int64_t j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
+        T sum = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          row[j] = std::exp(row[j] - mx);
+          sum += row[j];
+        }
+        const T inv = T(1) / sum;
+#pragma omp simd
+        for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+        std::fill(row + i + 1, row + Tn, T(0));
+      }
+      cpu::gemm(false, false, Tn, hd, Tn, T(1), S, Tn, V, ldk, T(0), O, ldq);
+    }
+  }
+}
+
+template <class T>
+void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+              const T* P, const AttentionShape& s) {
+  const int64_t B = s.B, Tn = s.T, H = s.n_heads, KV = s.n_kv_heads, hd = s.head_dim;
+  const int64_t group = H / KV, ldq = H * hd, ldk = KV * hd;
+  const T scale = T(1) / std::sqrt(T(hd));
+  // One (b, kv-head) per iteration so the heads of a group accumulate into
+  // dK/dV in a fixed order without races.
+#pragma omp parallel
+  {
+    std::vector<T> dS(size_t(Tn * Tn));
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t kh = 0; kh < KV; ++kh) {
+        const T* K = k + b * Tn * ldk + kh * hd;
+        const T* V = v + b * Tn * ldk + kh * hd;
+        T* dK = dk + b * Tn * ldk + kh * hd;
+        T* dV = dv + b * Tn * ldk + kh * hd;
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t h = kh * group + g;
+          const T beta = g == 0 ? T(0) : T(1);
+          const T* Q = q + b * Tn * ldq + h * hd;
+          const T* dO = dout + b * Tn * ldq + h * hd;
+          T* dQ = dq + b * Tn * ldq + h * hd;
+          const T* Ph = P + (b * H + h) * Tn * Tn;
+          // dV += P^T dO ; dP = dO V^T
+          cpu::gemm(true, false, Tn, hd, Tn, T(1), Ph, Tn, dO, ldq, beta, dV, ldk);
+          cpu::gemm(false, true, Tn, Tn, hd, T(1), dO, ldq, V, ldk, T(0), dS.data(), Tn);
+          // dS = P * (dP - rowsum(P * dP)) on the causal triangle.
+          for (int64_t i = 0; i < Tn; ++i) {
+            const T* pr = Ph + i * Tn;
+            T* dr = dS.data() + i * Tn;
+            T dot = 0;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
+#pragma omp simd
+            for (int64_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot);
+            std::fill(dr + i + 1, dr + Tn, T(0));
+          }
+          // dQ = scale dS K ; dK += scale dS^T Q
+          cpu::gemm(false, false, Tn, hd, Tn, scale, dS.data(), Tn, K, ldk, T(0), dQ, ldq);
+          cpu::gemm(true, false, Tn, hd, Tn, scale, dS.data(), Tn, Q, ldq, beta, dK, ldk);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int64_t CpuBackend::attention_saved_elems(const AttentionShape& s) const {
+  return s.B * s.n_heads * s.T * s.T;
+}
+
+void CpuBackend::attention_forward(Tensor out, Tensor saved, const Tensor& q, const Tensor& k,
+                                   const Tensor& v, const AttentionShape& s) {
+  check_shapes(s, q, k, v, "attention_forward");
+  ADGT_CHECK(saved.numel() >= attention_saved_elems(s) && out.numel() == q.numel(),
+             "attention_forward: saved" << saved.shape_str() << " out" << out.shape_str());
+  ADGT_CPU_DISPATCH(q.dtype, forward<T>(out.ptr<T>(), saved.ptr<T>(), q.ptr<T>(), k.ptr<T>(),
+                                        v.ptr<T>(), s));
+}
+
+void CpuBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
+                                    const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& /*out*/, const Tensor& saved,
+                                    const AttentionShape& s) {
+  check_shapes(s, q, k, v, "attention_backward");
+  ADGT_CHECK(dq.numel() == q.numel() && dk.numel() == k.numel() && dv.numel() == v.numel(),
+             "attention_backward: gradient shapes");
+  ADGT_CPU_DISPATCH(q.dtype, backward<T>(dq.ptr<T>(), dk.ptr<T>(), dv.ptr<T>(), dout.ptr<T>(),
+                                         q.ptr<T>(), k.ptr<T>(), v.ptr<T>(), saved.ptr<T>(), s));
+}
+
+}  // namespace adgt

@@ -1,0 +1,49 @@
+// CPU backend: memory and simple elementwise ops.
+#include "kernels/cpu/cpu_backend.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace adgt {
+
+CpuBackend::CpuBackend() = default;
+
+void* CpuBackend::alloc(size_t bytes) {
+  size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded ? rounded : 64);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+void CpuBackend::release(void* p) { std::free(p); }
+void CpuBackend::to_device(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+void CpuBackend::to_host(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+void CpuBackend::zero(Tensor t) { std::memset(t.data, 0, t.bytes()); }
+
+void CpuBackend::add_inplace(Tensor y, const Tensor& x) {
+  expect_same(y, x, "add_inplace");
+  ADGT_CPU_DISPATCH(y.dtype, {
+    T* a = y.ptr<T>();
+    const T* b = x.ptr<T>();
+    const int64_t n = y.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+  });
+}
+
+void CpuBackend::copy(Tensor dst, const Tensor& src) {
+  expect_same(dst, src, "copy");
+  std::memcpy(dst.data, src.data, dst.bytes());
+}
+
+void CpuBackend::scale_inplace(Tensor x, double s) {
+  ADGT_CPU_DISPATCH(x.dtype, {
+    T* a = x.ptr<T>();
+    const T f = T(s);
+    const int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) a[i] *= f;
+  });
+}
+
+}  // namespace adgt

@@ -1,0 +1,69 @@
+// CPU reference backend: fp32 (and fp64, for finite-difference tests and for
+// measuring summation-order error) with OpenBLAS GEMMs and OpenMP loops.
+#pragma once
+#include "kernels/backend.hpp"
+#include "kernels/check.hpp"
+
+namespace adgt {
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend();
+  std::string name() const override { return "cpu"; }
+  bool is_host() const override { return true; }
+
+  void* alloc(size_t bytes) override;
+  void release(void* p) override;
+  void to_device(void* dst, const void* src, size_t bytes) override;
+  void to_host(void* dst, const void* src, size_t bytes) override;
+  void zero(Tensor t) override;
+
+  void linear_forward(Tensor y, const Tensor& x, const Tensor& w) override;
+  void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                       bool accumulate_dx) override;
+  void embedding_forward(Tensor out, const Tensor& table, const Tensor& tokens) override;
+  void embedding_backward(Tensor dtable, const Tensor& dout, const Tensor& tokens) override;
+  void rmsnorm_forward(Tensor out, Tensor rstd, const Tensor& x, const Tensor& w,
+                       double eps) override;
+  void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dout, const Tensor& x,
+                        const Tensor& w, const Tensor& rstd) override;
+  void rope_forward(Tensor x, const Tensor& cos, const Tensor& sin, int64_t T) override;
+  void rope_backward(Tensor dx, const Tensor& cos, const Tensor& sin, int64_t T) override;
+  int64_t attention_saved_elems(const AttentionShape& s) const override;
+  void attention_forward(Tensor out, Tensor saved, const Tensor& q, const Tensor& k,
+                         const Tensor& v, const AttentionShape& s) override;
+  void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
+                          const Tensor& k, const Tensor& v, const Tensor& out,
+                          const Tensor& saved, const AttentionShape& s) override;
+  void swiglu_forward(Tensor h, const Tensor& gate, const Tensor& up) override;
+  void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dh, const Tensor& gate,
+                       const Tensor& up) override;
+  void add_inplace(Tensor y, const Tensor& x) override;
+  void copy(Tensor dst, const Tensor& src) override;
+  void scale_inplace(Tensor x, double s) override;
+  void cross_entropy(Tensor logits, Tensor losses, const Tensor& targets,
+                     double grad_scale) override;
+  double sum_squares(const Tensor& x) override;
+  void adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWHyper& h) override;
+};
+
+// Runs `body` with T = float or double according to `dt`.
+#define ADGT_CPU_DISPATCH(dt, ...)                                                    \
+  do {                                                                                \
+    switch (dt) {                                                                     \
+      case ::adgt::DType::F32: { using T = float; __VA_ARGS__; } break;               \
+      case ::adgt::DType::F64: { using T = double; __VA_ARGS__; } break;              \
+      default:                                                                        \
+        ADGT_CHECK(false, "cpu backend: unsupported dtype " << ::adgt::dtype_name(dt)); \
+    }                                                                                 \
+  } while (0)
+
+// Shape/dtype preconditions shared by the op files.
+inline void expect_same(const Tensor& a, const Tensor& b, const char* op) {
+  ADGT_CHECK(a.dtype == b.dtype, op << ": dtype mismatch " << dtype_name(a.dtype) << " vs "
+                                    << dtype_name(b.dtype));
+  ADGT_CHECK(a.numel() == b.numel(), op << ": size mismatch " << a.shape_str() << " vs "
+                                        << b.shape_str());
+}
+
+}  // namespace adgt

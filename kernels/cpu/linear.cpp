@@ -1,0 +1,33 @@
+// CPU linear layers on OpenBLAS GEMMs.
+#include "kernels/cpu/blas.hpp"
+#include "kernels/cpu/cpu_backend.hpp"
+
+namespace adgt {
+
+void CpuBackend::linear_forward(Tensor y, const Tensor& x, const Tensor& w) {
+  const int64_t N = x.dim(0), I = x.dim(1), O = w.dim(0);
+  ADGT_CHECK(x.ndim == 2 && w.ndim == 2 && w.dim(1) == I && y.numel() == N * O,
+             "linear_forward: x" << x.shape_str() << " w" << w.shape_str() << " y"
+                                 << y.shape_str());
+  ADGT_CHECK(x.dtype == w.dtype && y.dtype == w.dtype, "linear_forward: dtype mismatch");
+  ADGT_CPU_DISPATCH(x.dtype, cpu::gemm(false, true, N, O, I, T(1), x.ptr<T>(), I, w.ptr<T>(), I,
+                                       T(0), y.ptr<T>(), O));
+}
+
+void CpuBackend::linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x,
+                                 const Tensor& w, bool accumulate_dx) {
+  const int64_t N = x.dim(0), I = x.dim(1), O = w.dim(0);
+  ADGT_CHECK(dy.numel() == N * O && dw.numel() == O * I,
+             "linear_backward: dy" << dy.shape_str() << " x" << x.shape_str() << " dw"
+                                   << dw.shape_str());
+  ADGT_CPU_DISPATCH(x.dtype, {
+    if (dx.data) {
+      ADGT_CHECK(dx.numel() == N * I, "linear_backward: dx" << dx.shape_str());
+      cpu::gemm(false, false, N, I, O, T(1), dy.ptr<T>(), O, w.ptr<T>(), I,
+                T(accumulate_dx ? 1 : 0), dx.ptr<T>(), I);
+    }
+    cpu::gemm(true, false, O, I, N, T(1), dy.ptr<T>(), O, x.ptr<T>(), I, T(1), dw.ptr<T>(), I);
+  });
+}
+
+}  // namespace adgt

@@ -1,0 +1,47 @@
+// CPU fused classifier: softmax cross-entropy and its gradient in one pass per row.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/cpu_backend.hpp"
+
+namespace adgt {
+
+void CpuBackend::cross_entropy(Tensor logits, Tensor losses, const Tensor& targets,
+                               double grad_scale) {
+  const int64_t N = targets.numel(), V = logits.numel() / N;
+  ADGT_CHECK(logits.numel() == N * V && losses.numel() == N && targets.dtype == DType::I32,
+             "cross_entropy: logits" << logits.shape_str() << " targets" << targets.shape_str());
+  const int32_t* tg = targets.ptr<int32_t>();
+  for (int64_t i = 0; i < N; ++i)
+    ADGT_CHECK(tg[i] < V, "cross_entropy: target " << tg[i] << " at row " << i
+                                                   << " outside the vocabulary [0," << V << ")");
+  ADGT_CPU_DISPATCH(logits.dtype, {
+    T* lp = logits.ptr<T>();
+    T* out = losses.ptr<T>();
+    const T gs = T(grad_scale);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i) {
+      T* row = lp + i * V;
+      if (tg[i] < 0) {
+        out[i] = 0;
+        std::fill(row, row + V, T(0));
+        continue;
+      }
+      T mx = row[0];
+      for (int64_t j = 1; j < V; ++j) mx = std::max(mx, row[j]);
+      const T zt = row[tg[i]] - mx;
+      T sum = 0;
+      for (int64_t j = 0; j < V; ++j) {
+        row[j] = std::exp(row[j] - mx);
+        sum += row[j];
+      }
+      out[i] = std::log(sum) - zt;
+      const T inv = gs / sum;
+#pragma omp simd
+      for (int64_t j = 0; j < V; ++j) row[j] *= inv;
+      row[tg[i]] -= gs;
+    }
+  });
+}
+
+}  // namespace adgt

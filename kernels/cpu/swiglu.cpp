@@ -1,0 +1,37 @@
+// CPU SwiGLU: h = silu(gate) * up.
+#include "kernels/common/elementwise_math.hpp"
+#include "kernels/cpu/cpu_backend.hpp"
+
+namespace adgt {
+
+void CpuBackend::swiglu_forward(Tensor h, const Tensor& gate, const Tensor& up) {
+  expect_same(h, gate, "swiglu_forward");
+  expect_same(h, up, "swiglu_forward");
+  ADGT_CPU_DISPATCH(h.dtype, {
+    T* hp = h.ptr<T>();
+    const T* g = gate.ptr<T>();
+    const T* u = up.ptr<T>();
+    const int64_t n = h.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) hp[i] = math::swiglu(g[i], u[i]);
+  });
+}
+
+void CpuBackend::swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dh, const Tensor& gate,
+                                 const Tensor& up) {
+  expect_same(dh, gate, "swiglu_backward");
+  expect_same(dgate, gate, "swiglu_backward");
+  expect_same(dup, up, "swiglu_backward");
+  ADGT_CPU_DISPATCH(dh.dtype, {
+    T* dg = dgate.ptr<T>();
+    T* du = dup.ptr<T>();
+    const T* d = dh.ptr<T>();
+    const T* g = gate.ptr<T>();
+    const T* u = up.ptr<T>();
+    const int64_t n = dh.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) math::swiglu_grad(g[i], u[i], d[i], dg[i], du[i]);
+  });
+}
+
+}  // namespace adgt
