@@ -36,6 +36,9 @@ class Backend {
   virtual void to_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void zero(Tensor t) = 0;
   virtual void synchronize() {}
+  // Dense matmul peak in TFLOP/s for MFU: measured (CPU: an sgemm timing) or
+  // the device's rated figure. Non-positive when unknown.
+  virtual double peak_tflops() = 0;
 
   // ---- linear layers ----
   // y(N,O) = x(N,I) w(O,I)^T

@@ -55,8 +55,8 @@ void forward(T* out, T* P, const T* q, const T* k, const T* v, const AttentionSh
 }
 
 template <class T>
-void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
-              const T* P, const AttentionShape& s) {
+void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* P,
+              const AttentionShape& s) {
   const int64_t B = s.B, Tn = s.T, H = s.n_heads, KV = s.n_kv_heads, hd = s.head_dim;
   const int64_t group = H / KV, ldq = H * hd, ldk = KV * hd;
   const T scale = T(1) / std::sqrt(T(hd));
@@ -113,8 +113,10 @@ void CpuBackend::attention_forward(Tensor out, Tensor saved, const Tensor& q, co
   check_shapes(s, q, k, v, "attention_forward");
   ADGT_CHECK(saved.numel() >= attention_saved_elems(s) && out.numel() == q.numel(),
              "attention_forward: saved" << saved.shape_str() << " out" << out.shape_str());
-  ADGT_CPU_DISPATCH(q.dtype, forward<T>(out.ptr<T>(), saved.ptr<T>(), q.ptr<T>(), k.ptr<T>(),
-                                        v.ptr<T>(), s));
+  cpu_dispatch(q.dtype, [&](auto z_) {
+    using T = decltype(z_);
+    forward<T>(out.ptr<T>(), saved.ptr<T>(), q.ptr<T>(), k.ptr<T>(), v.ptr<T>(), s);
+  });
 }
 
 void CpuBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
@@ -124,8 +126,11 @@ void CpuBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tenso
   check_shapes(s, q, k, v, "attention_backward");
   ADGT_CHECK(dq.numel() == q.numel() && dk.numel() == k.numel() && dv.numel() == v.numel(),
              "attention_backward: gradient shapes");
-  ADGT_CPU_DISPATCH(q.dtype, backward<T>(dq.ptr<T>(), dk.ptr<T>(), dv.ptr<T>(), dout.ptr<T>(),
-                                         q.ptr<T>(), k.ptr<T>(), v.ptr<T>(), saved.ptr<T>(), s));
+  cpu_dispatch(q.dtype, [&](auto z_) {
+    using T = decltype(z_);
+    backward<T>(dq.ptr<T>(), dk.ptr<T>(), dv.ptr<T>(), dout.ptr<T>(), q.ptr<T>(), k.ptr<T>(),
+                v.ptr<T>(), saved.ptr<T>(), s);
+  });
 }
 
 }  // namespace adgt

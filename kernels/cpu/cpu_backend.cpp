@@ -16,13 +16,16 @@ void* CpuBackend::alloc(size_t bytes) {
   return p;
 }
 void CpuBackend::release(void* p) { std::free(p); }
-void CpuBackend::to_device(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+void CpuBackend::to_device(void* dst, const void* src, size_t bytes) {
+  std::memcpy(dst, src, bytes);
+}
 void CpuBackend::to_host(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 void CpuBackend::zero(Tensor t) { std::memset(t.data, 0, t.bytes()); }
 
 void CpuBackend::add_inplace(Tensor y, const Tensor& x) {
   expect_same(y, x, "add_inplace");
-  ADGT_CPU_DISPATCH(y.dtype, {
+  cpu_dispatch(y.dtype, [&](auto z_) {
+    using T = decltype(z_);
     T* a = y.ptr<T>();
     const T* b = x.ptr<T>();
     const int64_t n = y.numel();
@@ -37,7 +40,8 @@ void CpuBackend::copy(Tensor dst, const Tensor& src) {
 }
 
 void CpuBackend::scale_inplace(Tensor x, double s) {
-  ADGT_CPU_DISPATCH(x.dtype, {
+  cpu_dispatch(x.dtype, [&](auto z_) {
+    using T = decltype(z_);
     T* a = x.ptr<T>();
     const T f = T(s);
     const int64_t n = x.numel();

@@ -9,6 +9,11 @@ namespace adgt {
 class CpuBackend final : public Backend {
  public:
   CpuBackend();
+
+ private:
+  double peak_tflops_ = 0;
+
+ public:
   std::string name() const override { return "cpu"; }
   bool is_host() const override { return true; }
 
@@ -17,6 +22,7 @@ class CpuBackend final : public Backend {
   void to_device(void* dst, const void* src, size_t bytes) override;
   void to_host(void* dst, const void* src, size_t bytes) override;
   void zero(Tensor t) override;
+  double peak_tflops() override;  // best of a few 1024^3 sgemm timings, cached
 
   void linear_forward(Tensor y, const Tensor& x, const Tensor& w) override;
   void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,
@@ -25,16 +31,16 @@ class CpuBackend final : public Backend {
   void embedding_backward(Tensor dtable, const Tensor& dout, const Tensor& tokens) override;
   void rmsnorm_forward(Tensor out, Tensor rstd, const Tensor& x, const Tensor& w,
                        double eps) override;
-  void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dout, const Tensor& x,
-                        const Tensor& w, const Tensor& rstd) override;
+  void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dout, const Tensor& x, const Tensor& w,
+                        const Tensor& rstd) override;
   void rope_forward(Tensor x, const Tensor& cos, const Tensor& sin, int64_t T) override;
   void rope_backward(Tensor dx, const Tensor& cos, const Tensor& sin, int64_t T) override;
   int64_t attention_saved_elems(const AttentionShape& s) const override;
   void attention_forward(Tensor out, Tensor saved, const Tensor& q, const Tensor& k,
                          const Tensor& v, const AttentionShape& s) override;
   void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
-                          const Tensor& k, const Tensor& v, const Tensor& out,
-                          const Tensor& saved, const AttentionShape& s) override;
+                          const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& saved,
+                          const AttentionShape& s) override;
   void swiglu_forward(Tensor h, const Tensor& gate, const Tensor& up) override;
   void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dh, const Tensor& gate,
                        const Tensor& up) override;
@@ -47,23 +53,29 @@ class CpuBackend final : public Backend {
   void adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWHyper& h) override;
 };
 
-// Runs `body` with T = float or double according to `dt`.
-#define ADGT_CPU_DISPATCH(dt, ...)                                                    \
-  do {                                                                                \
-    switch (dt) {                                                                     \
-      case ::adgt::DType::F32: { using T = float; __VA_ARGS__; } break;               \
-      case ::adgt::DType::F64: { using T = double; __VA_ARGS__; } break;              \
-      default:                                                                        \
-        ADGT_CHECK(false, "cpu backend: unsupported dtype " << ::adgt::dtype_name(dt)); \
-    }                                                                                 \
-  } while (0)
+// Calls f(T{}) with T = float or double according to `dt`; op bodies are
+// generic lambdas (`[&](auto z) { using T = decltype(z); ... }`), so OpenMP
+// pragmas inside them work (they would not inside a macro argument).
+template <class F>
+void cpu_dispatch(DType dt, F&& f) {
+  switch (dt) {
+    case DType::F32:
+      f(float{});
+      break;
+    case DType::F64:
+      f(double{});
+      break;
+    default:
+      ADGT_CHECK(false, "cpu backend: unsupported dtype " << dtype_name(dt));
+  }
+}
 
 // Shape/dtype preconditions shared by the op files.
 inline void expect_same(const Tensor& a, const Tensor& b, const char* op) {
-  ADGT_CHECK(a.dtype == b.dtype, op << ": dtype mismatch " << dtype_name(a.dtype) << " vs "
-                                    << dtype_name(b.dtype));
-  ADGT_CHECK(a.numel() == b.numel(), op << ": size mismatch " << a.shape_str() << " vs "
-                                        << b.shape_str());
+  ADGT_CHECK(a.dtype == b.dtype,
+             op << ": dtype mismatch " << dtype_name(a.dtype) << " vs " << dtype_name(b.dtype));
+  ADGT_CHECK(a.numel() == b.numel(),
+             op << ": size mismatch " << a.shape_str() << " vs " << b.shape_str());
 }
 
 }  // namespace adgt

@@ -11,8 +11,8 @@ void CpuBackend::embedding_forward(Tensor out, const Tensor& table, const Tensor
              "embedding_forward: tokens" << tokens.shape_str() << " out" << out.shape_str());
   const int32_t* tok = tokens.ptr<int32_t>();
   for (int64_t i = 0; i < N; ++i)
-    ADGT_CHECK(tok[i] >= 0 && tok[i] < V,
-               "embedding_forward: token id " << tok[i] << " at row " << i
+    ADGT_CHECK(tok[i] >= 0 && tok[i] < V, "embedding_forward: token id "
+                                              << tok[i] << " at row " << i
                                               << " outside the vocabulary [0," << V << ")");
   const size_t row = size_t(C) * dtype_size(table.dtype);
   const char* src = static_cast<const char*>(table.data);
@@ -26,7 +26,8 @@ void CpuBackend::embedding_backward(Tensor dtable, const Tensor& dout, const Ten
   ADGT_CHECK(dout.numel() == N * C, "embedding_backward: dout" << dout.shape_str());
   const int32_t* tok = tokens.ptr<int32_t>();
   // Serial over rows in token order: deterministic, and cheap next to the GEMMs.
-  ADGT_CPU_DISPATCH(dtable.dtype, {
+  cpu_dispatch(dtable.dtype, [&](auto z_) {
+    using T = decltype(z_);
     T* d = dtable.ptr<T>();
     const T* g = dout.ptr<T>();
     for (int64_t i = 0; i < N; ++i) {

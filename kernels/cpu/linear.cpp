@@ -1,4 +1,7 @@
 // CPU linear layers on OpenBLAS GEMMs.
+#include <chrono>
+#include <vector>
+
 #include "kernels/cpu/blas.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 
@@ -6,21 +9,24 @@ namespace adgt {
 
 void CpuBackend::linear_forward(Tensor y, const Tensor& x, const Tensor& w) {
   const int64_t N = x.dim(0), I = x.dim(1), O = w.dim(0);
-  ADGT_CHECK(x.ndim == 2 && w.ndim == 2 && w.dim(1) == I && y.numel() == N * O,
-             "linear_forward: x" << x.shape_str() << " w" << w.shape_str() << " y"
-                                 << y.shape_str());
+  ADGT_CHECK(
+      x.ndim == 2 && w.ndim == 2 && w.dim(1) == I && y.numel() == N * O,
+      "linear_forward: x" << x.shape_str() << " w" << w.shape_str() << " y" << y.shape_str());
   ADGT_CHECK(x.dtype == w.dtype && y.dtype == w.dtype, "linear_forward: dtype mismatch");
-  ADGT_CPU_DISPATCH(x.dtype, cpu::gemm(false, true, N, O, I, T(1), x.ptr<T>(), I, w.ptr<T>(), I,
-                                       T(0), y.ptr<T>(), O));
+  cpu_dispatch(x.dtype, [&](auto z_) {
+    using T = decltype(z_);
+    cpu::gemm(false, true, N, O, I, T(1), x.ptr<T>(), I, w.ptr<T>(), I, T(0), y.ptr<T>(), O);
+  });
 }
 
 void CpuBackend::linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x,
                                  const Tensor& w, bool accumulate_dx) {
   const int64_t N = x.dim(0), I = x.dim(1), O = w.dim(0);
-  ADGT_CHECK(dy.numel() == N * O && dw.numel() == O * I,
-             "linear_backward: dy" << dy.shape_str() << " x" << x.shape_str() << " dw"
-                                   << dw.shape_str());
-  ADGT_CPU_DISPATCH(x.dtype, {
+  ADGT_CHECK(
+      dy.numel() == N * O && dw.numel() == O * I,
+      "linear_backward: dy" << dy.shape_str() << " x" << x.shape_str() << " dw" << dw.shape_str());
+  cpu_dispatch(x.dtype, [&](auto z_) {
+    using T = decltype(z_);
     if (dx.data) {
       ADGT_CHECK(dx.numel() == N * I, "linear_backward: dx" << dx.shape_str());
       cpu::gemm(false, false, N, I, O, T(1), dy.ptr<T>(), O, w.ptr<T>(), I,
@@ -28,6 +34,22 @@ void CpuBackend::linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const T
     }
     cpu::gemm(true, false, O, I, N, T(1), dy.ptr<T>(), O, x.ptr<T>(), I, T(1), dw.ptr<T>(), I);
   });
+}
+
+double CpuBackend::peak_tflops() {
+  if (peak_tflops_ > 0) return peak_tflops_;
+  const int64_t n = 1024;
+  std::vector<float> a(size_t(n * n), 1.0f), b(size_t(n * n), 0.5f), c(size_t(n * n));
+  double best = 1e30;
+  for (int rep = 0; rep < 4; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cpu::gemm(false, true, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep > 0) best = std::min(best, dt);  // the first call warms up the thread pool
+  }
+  ADGT_CHECK(c[0] == 512.0f, "peak_tflops: sgemm check failed");
+  peak_tflops_ = 2.0 * double(n * n * n) / best / 1e12;
+  return peak_tflops_;
 }
 
 }  // namespace adgt

@@ -15,7 +15,8 @@ void CpuBackend::cross_entropy(Tensor logits, Tensor losses, const Tensor& targe
   for (int64_t i = 0; i < N; ++i)
     ADGT_CHECK(tg[i] < V, "cross_entropy: target " << tg[i] << " at row " << i
                                                    << " outside the vocabulary [0," << V << ")");
-  ADGT_CPU_DISPATCH(logits.dtype, {
+  cpu_dispatch(logits.dtype, [&](auto z_) {
+    using T = decltype(z_);
     T* lp = logits.ptr<T>();
     T* out = losses.ptr<T>();
     const T gs = T(grad_scale);

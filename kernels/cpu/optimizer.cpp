@@ -13,7 +13,8 @@ double CpuBackend::sum_squares(const Tensor& x) {
   constexpr int64_t kChunk = 1 << 14;
   const int64_t n = x.numel(), nchunks = (n + kChunk - 1) / kChunk;
   std::vector<double> part(size_t(nchunks), 0.0);
-  ADGT_CPU_DISPATCH(x.dtype, {
+  cpu_dispatch(x.dtype, [&](auto z_) {
+    using T = decltype(z_);
     const T* p = x.ptr<T>();
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < nchunks; ++c) {
@@ -29,20 +30,20 @@ double CpuBackend::sum_squares(const Tensor& x) {
   return total;
 }
 
-void CpuBackend::adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v,
-                       const AdamWHyper& h) {
+void CpuBackend::adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWHyper& h) {
   expect_same(param, grad, "adamw");
   expect_same(param, m, "adamw");
   expect_same(param, v, "adamw");
   const double bc1 = 1.0 - std::pow(h.beta1, double(h.step));
   const double bc2 = 1.0 - std::pow(h.beta2, double(h.step));
-  ADGT_CPU_DISPATCH(param.dtype, {
+  cpu_dispatch(param.dtype, [&](auto z_) {
+    using T = decltype(z_);
     T* p = param.ptr<T>();
     const T* g = grad.ptr<T>();
     T* mp = m.ptr<T>();
     T* vp = v.ptr<T>();
-    const T lr = T(h.lr), b1 = T(h.beta1), b2 = T(h.beta2), eps = T(h.eps),
-            wd = T(h.weight_decay), c1 = T(bc1), sc2 = T(std::sqrt(bc2));
+    const T lr = T(h.lr), b1 = T(h.beta1), b2 = T(h.beta2), eps = T(h.eps), wd = T(h.weight_decay),
+            c1 = T(bc1), sc2 = T(std::sqrt(bc2));
     const int64_t n = param.numel();
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i)

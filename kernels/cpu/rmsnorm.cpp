@@ -11,7 +11,8 @@ void CpuBackend::rmsnorm_forward(Tensor out, Tensor rstd, const Tensor& x, const
   ADGT_CHECK(x.numel() == N * C && out.numel() == x.numel() && rstd.numel() == N,
              "rmsnorm_forward: x" << x.shape_str() << " w" << w.shape_str() << " rstd"
                                   << rstd.shape_str());
-  ADGT_CPU_DISPATCH(x.dtype, {
+  cpu_dispatch(x.dtype, [&](auto z_) {
+    using T = decltype(z_);
     const T* xp = x.ptr<T>();
     const T* wp = w.ptr<T>();
     T* op = out.ptr<T>();
@@ -34,10 +35,10 @@ void CpuBackend::rmsnorm_forward(Tensor out, Tensor rstd, const Tensor& x, const
 void CpuBackend::rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dout, const Tensor& x,
                                   const Tensor& w, const Tensor& rstd) {
   const int64_t C = w.numel(), N = x.numel() / C;
-  ADGT_CHECK(dx.numel() == N * C && dout.numel() == N * C && dw.numel() == C &&
-                 rstd.numel() == N,
+  ADGT_CHECK(dx.numel() == N * C && dout.numel() == N * C && dw.numel() == C && rstd.numel() == N,
              "rmsnorm_backward: shapes dx" << dx.shape_str() << " dout" << dout.shape_str());
-  ADGT_CPU_DISPATCH(x.dtype, {
+  cpu_dispatch(x.dtype, [&](auto z_) {
+    using T = decltype(z_);
     const T* xp = x.ptr<T>();
     const T* wp = w.ptr<T>();
     const T* gp = dout.ptr<T>();

@@ -34,10 +34,16 @@ void rope_apply(Tensor x, const Tensor& cos, const Tensor& sin, int64_t T_) {
 }  // namespace
 
 void CpuBackend::rope_forward(Tensor x, const Tensor& cos, const Tensor& sin, int64_t T_) {
-  ADGT_CPU_DISPATCH(x.dtype, (rope_apply<T, false>(x, cos, sin, T_)));
+  cpu_dispatch(x.dtype, [&](auto z_) {
+    using T = decltype(z_);
+    (rope_apply<T, false>(x, cos, sin, T_));
+  });
 }
 void CpuBackend::rope_backward(Tensor dx, const Tensor& cos, const Tensor& sin, int64_t T_) {
-  ADGT_CPU_DISPATCH(dx.dtype, (rope_apply<T, true>(dx, cos, sin, T_)));
+  cpu_dispatch(dx.dtype, [&](auto z_) {
+    using T = decltype(z_);
+    (rope_apply<T, true>(dx, cos, sin, T_));
+  });
 }
 
 }  // namespace adgt

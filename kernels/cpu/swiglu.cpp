@@ -7,7 +7,8 @@ namespace adgt {
 void CpuBackend::swiglu_forward(Tensor h, const Tensor& gate, const Tensor& up) {
   expect_same(h, gate, "swiglu_forward");
   expect_same(h, up, "swiglu_forward");
-  ADGT_CPU_DISPATCH(h.dtype, {
+  cpu_dispatch(h.dtype, [&](auto z_) {
+    using T = decltype(z_);
     T* hp = h.ptr<T>();
     const T* g = gate.ptr<T>();
     const T* u = up.ptr<T>();
@@ -22,7 +23,8 @@ void CpuBackend::swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dh, con
   expect_same(dh, gate, "swiglu_backward");
   expect_same(dgate, gate, "swiglu_backward");
   expect_same(dup, up, "swiglu_backward");
-  ADGT_CPU_DISPATCH(dh.dtype, {
+  cpu_dispatch(dh.dtype, [&](auto z_) {
+    using T = decltype(z_);
     T* dg = dgate.ptr<T>();
     T* du = dup.ptr<T>();
     const T* d = dh.ptr<T>();

@@ -1,0 +1,83 @@
+// adgt-train: parse the command line and the YAML run file, then train,
+// evaluate, or print the dry-run estimate. No math here.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "core/checkpoint.hpp"
+#include "core/config.hpp"
+#include "core/memory_estimate.hpp"
+#include "core/trainer.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"adgt-train: pretrain a LLaMA-family model"};
+  std::string config_path, resume;
+  std::vector<std::string> overrides;
+  bool dry_run = false, eval_only = false, print_config = false;
+  app.add_option("--config", config_path, "YAML run file (configs/tiny.yaml, ...)")->required();
+  app.add_option("--set", overrides, "override a key: --set section.key=value (repeatable)");
+  app.add_option("--resume", resume,
+                 "continue from a checkpoint: a step directory, or 'auto' for the newest one "
+                 "under checkpoint.dir");
+  app.add_flag("--dry-run", dry_run,
+               "print parameter count, FLOPs per token and memory per rank; allocate nothing");
+  app.add_flag("--eval-only", eval_only,
+               "evaluate on the validation split (with --resume) and print 'eval loss: <value>'");
+  app.add_flag("--print-config", print_config, "print the resolved configuration as YAML");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const adgt::RunConfig cfg = adgt::load_config(config_path, overrides);
+    if (print_config) std::printf("%s", adgt::to_yaml(cfg).c_str());
+    if (dry_run) {
+      const auto est = adgt::estimate_memory(cfg, adgt::compute_bytes_per_element(cfg));
+      std::printf("%s", adgt::format_estimate(cfg, est).c_str());
+      return 0;
+    }
+    if (print_config) return 0;
+    adgt::Trainer trainer(cfg);
+    const std::string from = adgt::resolve_resume(resume, cfg.checkpoint.dir);
+    if (!resume.empty() && from.empty()) {
+      if (eval_only) {
+        std::fprintf(stderr, "error: --resume %s: no complete checkpoint under %s\n",
+                     resume.c_str(), cfg.checkpoint.dir.c_str());
+        return 1;
+      }
+      std::printf("--resume %s: no complete checkpoint under %s; starting from scratch\n",
+                  resume.c_str(), cfg.checkpoint.dir.c_str());
+    }
+    if (!from.empty()) {
+      trainer.load(from);
+      std::printf("resumed from %s\n", from.c_str());
+    }
+    if (eval_only) {
+      if (from.empty()) {
+        std::fprintf(stderr, "error: --eval-only needs --resume DIR (or auto)\n");
+        return 1;
+      }
+      std::printf("eval loss: %.6f\n", trainer.evaluate());
+      return 0;
+    }
+    adgt::install_stop_handlers();
+    const adgt::TrainSummary s = trainer.train();
+    std::printf("\n== summary ==\n");
+    std::printf("steps:            %ld%s\n", long(s.steps_done),
+                s.stopped_by_signal ? " (stopped by signal)" : "");
+    std::printf("final train loss: %.4f\n", s.final_train_loss);
+    if (s.final_val_loss >= 0) std::printf("final val loss:   %.4f\n", s.final_val_loss);
+    std::printf("tokens/s:         %.0f\n", s.tokens_per_s);
+    std::printf("wall time:        %.1f s\n", s.wall_s);
+    if (s.skipped_steps) std::printf("skipped steps:    %ld (non-finite)\n", long(s.skipped_steps));
+    std::printf("checkpoint:       %s\n", s.checkpoint.empty() ? "(none)" : s.checkpoint.c_str());
+    std::printf("metrics:          %s\n", s.metrics_path.c_str());
+    return 0;
+  } catch (const adgt::ConfigError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,67 @@
+#include "core/metrics.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+namespace adgt {
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  char buf[32];
+  const int64_t t = int64_t(s + 0.5);
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", long(t / 3600), long(t % 3600 / 60));
+  else if (t >= 60)
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", long(t / 60), long(t % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%lds", long(t));
+  return buf;
+}
+
+std::string format_step_line(const StepMetrics& m) {
+  char mfu[64];
+  if (m.mfu >= 0)
+    std::snprintf(mfu, sizeof mfu, "MFU %5.1f%% of %.3g TFLOP/s", 100.0 * m.mfu, m.peak_tflops);
+  else
+    std::snprintf(mfu, sizeof mfu, "MFU n/a");
+  const int w = int(std::to_string(m.total_steps).size());
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "step %*ld/%ld | loss %.4f | lr %.3e | gnorm %.3f | %.0f tok/s | %.4f TFLOP/s | "
+                "%s | elapsed %s | eta %s",
+                w, long(m.step), long(m.total_steps), m.loss, m.lr, m.grad_norm, m.tokens_per_s,
+                m.tflops, mfu, format_duration(m.elapsed_s).c_str(),
+                format_duration(m.eta_s).c_str());
+  std::string line = buf;
+  if (m.skipped_steps) line += " | skipped " + std::to_string(m.skipped_steps);
+  return line;
+}
+
+MetricsLog::MetricsLog(const std::string& dir, bool append) {
+  std::filesystem::create_directories(dir);
+  path_ = (std::filesystem::path(dir) / "metrics.jsonl").string();
+  out_.open(path_, append ? std::ios::app : std::ios::trunc);
+  if (!out_) throw std::runtime_error("cannot open " + path_ + " for writing (log.dir)");
+}
+
+void MetricsLog::log_step(const StepMetrics& m) {
+  nlohmann::json j = {{"step", m.step},         {"loss", m.loss},
+                      {"lr", m.lr},             {"grad_norm", m.grad_norm},
+                      {"tokens_per_s", m.tokens_per_s}, {"tflops", m.tflops},
+                      {"elapsed_s", m.elapsed_s}, {"eta_s", m.eta_s},
+                      {"skipped_steps", m.skipped_steps}};
+  j["mfu"] = m.mfu >= 0 ? nlohmann::json(m.mfu) : nlohmann::json(nullptr);
+  j["peak_tflops"] = m.peak_tflops;
+  out_ << j.dump() << "\n";
+  out_.flush();
+}
+
+void MetricsLog::log_eval(int64_t step, double val_loss) {
+  out_ << nlohmann::json({{"step", step}, {"val_loss", val_loss}}).dump() << "\n";
+  out_.flush();
+}
+
+}  // namespace adgt

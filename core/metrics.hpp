@@ -1,0 +1,35 @@
+// Training metrics: the human step line on rank 0 and metrics.jsonl (one JSON
+// object per logged step) in the log directory.
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+namespace adgt {
+
+struct StepMetrics {
+  int64_t step = 0, total_steps = 0;  // step is 1-based (steps completed)
+  double loss = 0, lr = 0, grad_norm = 0;
+  double tokens_per_s = 0, tflops = 0, mfu = 0;  // mfu in [0,1]; < 0 when no peak is known
+  double peak_tflops = 0;
+  double elapsed_s = 0, eta_s = 0;
+  int64_t skipped_steps = 0;
+};
+
+std::string format_duration(double seconds);  // "1h02m", "3m12s", "45s"
+std::string format_step_line(const StepMetrics& m);
+
+class MetricsLog {
+ public:
+  // Opens <dir>/metrics.jsonl; `append` keeps earlier records (resume).
+  MetricsLog(const std::string& dir, bool append);
+  void log_step(const StepMetrics& m);
+  void log_eval(int64_t step, double val_loss);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+}  // namespace adgt

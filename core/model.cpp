@@ -1,0 +1,263 @@
+#include "core/model.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/rng.hpp"
+#include "kernels/check.hpp"
+
+namespace adgt {
+
+Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_t T)
+    : cfg_(cfg), be_(be), dtype_(dtype), B_(B), T_(T), N_(B * T) {
+  ADGT_CHECK(dtype == DType::F32 || dtype == DType::F64,
+             "Model: dtype " << dtype_name(dtype) << " not supported (f32 or f64)");
+  ADGT_CHECK(T <= cfg.seq_len, "Model: micro-batch length " << T << " exceeds model.seq_len="
+                                                            << cfg.seq_len);
+  const int64_t C = cfg.d_model, hd = cfg.head_dim(), H = cfg.n_heads, KV = cfg.n_kv_heads,
+                F = cfg.ffn_hidden, V = cfg.vocab_size, N = N_;
+  att_shape_ = {B, T, H, KV, hd};
+  table_ = build_param_table(cfg);
+  // Index the table by role.
+  size_t i = 0;
+  emb_idx_ = i++;
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    LayerIdx li{};
+    li.in_norm = i++; li.q = i++; li.k = i++; li.v = i++; li.o = i++;
+    li.post_norm = i++; li.gate = i++; li.up = i++; li.down = i++;
+    layer_idx_.push_back(li);
+  }
+  norm_idx_ = i++;
+  head_idx_ = cfg.tie_embeddings ? emb_idx_ : i++;
+  ADGT_CHECK(i == table_.size(), "Model: parameter table has unexpected layout");
+
+  const size_t pbytes = size_t(total_numel(table_)) * dtype_size(dtype);
+  params_ = Buffer(be, pbytes);
+  grads_ = Buffer(be, pbytes);
+  be.zero(params());
+  be.zero(grads());
+
+  const int64_t att_saved = be.attention_saved_elems(att_shape_);
+  acts_.resize(size_t(cfg.n_layers));
+  for (auto& a : acts_) {
+    a.x_in = act(N, C, dtype);
+    a.ln1 = act(N, C, dtype);
+    a.rstd1 = act(N, 1, dtype);
+    a.q = act(N, H * hd, dtype);
+    a.k = act(N, KV * hd, dtype);
+    a.v = act(N, KV * hd, dtype);
+    a.att_saved = act(att_saved, 1, dtype);
+    a.att = act(N, H * hd, dtype);
+    a.x_mid = act(N, C, dtype);
+    a.ln2 = act(N, C, dtype);
+    a.rstd2 = act(N, 1, dtype);
+    a.gate = act(N, F, dtype);
+    a.up = act(N, F, dtype);
+    a.h = act(N, F, dtype);
+  }
+  x_final_ = act(N, C, dtype);
+  lnf_ = act(N, C, dtype);
+  rstdf_ = act(N, 1, dtype);
+  logits_ = act(N, V, dtype);
+  losses_ = act(N, 1, dtype);
+  d_resid_ = act(N, C, dtype);
+  d_tmp_ = act(N, C, dtype);
+  dq_ = act(N, H * hd, dtype);
+  dk_ = act(N, KV * hd, dtype);
+  dv_ = act(N, KV * hd, dtype);
+  d_att_ = act(N, H * hd, dtype);
+  dgate_ = act(N, F, dtype);
+  dup_ = act(N, F, dtype);
+  dh_ = act(N, F, dtype);
+  in_tok_ = act(N, 1, DType::I32);
+  tgt_tok_ = act(N, 1, DType::I32);
+  rope_cos_ = act(T, hd / 2, dtype);
+  rope_sin_ = act(T, hd / 2, dtype);
+  build_rope_tables();
+}
+
+Tensor Model::act(int64_t rows, int64_t cols, DType dt) {
+  owned_.emplace_back(be_, size_t(rows * cols) * dtype_size(dt));
+  return Tensor(owned_.back().data(), dt, {rows, cols});
+}
+
+Tensor Model::flat(const Buffer& b) const {
+  return Tensor(b.data(), dtype_, {total_numel(table_)});
+}
+
+Tensor Model::param(size_t i) const {
+  const ParamSpec& p = table_[i];
+  Tensor t(static_cast<char*>(params_.data()) + size_t(p.offset) * dtype_size(dtype_), dtype_, {});
+  for (int64_t s : p.shape) t.shape[t.ndim++] = s;
+  return t;
+}
+
+Tensor Model::grad(size_t i) const {
+  Tensor t = param(i);
+  t.data = static_cast<char*>(grads_.data()) + size_t(table_[i].offset) * dtype_size(dtype_);
+  return t;
+}
+
+void Model::build_rope_tables() {
+  // HF: inv_freq[i] = theta^(-2i/hd); angle(t, i) = t * inv_freq[i]; computed in double.
+  const int64_t half = cfg_.head_dim() / 2, hd = cfg_.head_dim();
+  std::vector<double> c(size_t(T_ * half)), s(size_t(T_ * half));
+  for (int64_t t = 0; t < T_; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const double inv = std::pow(cfg_.rope_theta, -double(2 * i) / double(hd));
+      const double a = double(t) * inv;
+      c[size_t(t * half + i)] = std::cos(a);
+      s[size_t(t * half + i)] = std::sin(a);
+    }
+  auto upload = [&](Tensor dst, const std::vector<double>& src) {
+    if (dtype_ == DType::F64) {
+      be_.to_device(dst.data, src.data(), src.size() * 8);
+    } else {
+      std::vector<float> f(src.begin(), src.end());
+      be_.to_device(dst.data, f.data(), f.size() * 4);
+    }
+  };
+  upload(rope_cos_, c);
+  upload(rope_sin_, s);
+}
+
+void Model::init_weights(uint64_t seed) {
+  std::vector<float> host(size_t(total_numel(table_)), 0.0f);
+  for (const ParamSpec& p : table_) {
+    float* dst = host.data() + p.offset;
+    if (p.shape.size() == 1) {  // RMSNorm weights
+      std::fill(dst, dst + p.numel, 1.0f);
+      continue;
+    }
+    Rng rng(seed ^ hash_string(p.name));
+    for (int64_t j = 0; j < p.numel; ++j) dst[j] = float(cfg_.init_std * rng.normal());
+  }
+  params_from_host(host);
+}
+
+std::vector<float> Model::params_to_host() const {
+  const size_t n = size_t(total_numel(table_));
+  std::vector<float> out(n);
+  if (dtype_ == DType::F32) {
+    be_.to_host(out.data(), params_.data(), n * 4);
+  } else {
+    std::vector<double> d(n);
+    be_.to_host(d.data(), params_.data(), n * 8);
+    for (size_t i = 0; i < n; ++i) out[i] = float(d[i]);
+  }
+  return out;
+}
+
+void Model::params_from_host(const std::vector<float>& flat_host) {
+  const size_t n = size_t(total_numel(table_));
+  ADGT_CHECK(flat_host.size() == n, "params_from_host: got " << flat_host.size()
+                                                             << " values, expected " << n);
+  if (dtype_ == DType::F32) {
+    be_.to_device(params_.data(), flat_host.data(), n * 4);
+  } else {
+    std::vector<double> d(flat_host.begin(), flat_host.end());
+    be_.to_device(params_.data(), d.data(), n * 8);
+  }
+}
+
+std::vector<double> Model::grads_to_host_f64() const {
+  const size_t n = size_t(total_numel(table_));
+  std::vector<double> out(n);
+  if (dtype_ == DType::F64) {
+    be_.to_host(out.data(), grads_.data(), n * 8);
+  } else {
+    std::vector<float> f(n);
+    be_.to_host(f.data(), grads_.data(), n * 4);
+    for (size_t i = 0; i < n; ++i) out[i] = f[i];
+  }
+  return out;
+}
+
+void Model::zero_grads() { be_.zero(grads()); }
+
+double Model::forward(const int32_t* inputs, const int32_t* targets, double grad_scale) {
+  const int64_t N = N_;
+  int64_t n_valid = 0;
+  for (int64_t i = 0; i < N; ++i) n_valid += targets[i] >= 0;
+  be_.to_device(in_tok_.data, inputs, size_t(N) * 4);
+  be_.to_device(tgt_tok_.data, targets, size_t(N) * 4);
+
+  be_.embedding_forward(acts_[0].x_in, param(emb_idx_), in_tok_);
+  for (size_t l = 0; l < acts_.size(); ++l) {
+    LayerActs& a = acts_[l];
+    const LayerIdx& w = layer_idx_[l];
+    be_.rmsnorm_forward(a.ln1, a.rstd1, a.x_in, param(w.in_norm), cfg_.norm_eps);
+    be_.linear_forward(a.q, a.ln1, param(w.q));
+    be_.linear_forward(a.k, a.ln1, param(w.k));
+    be_.linear_forward(a.v, a.ln1, param(w.v));
+    be_.rope_forward(a.q, rope_cos_, rope_sin_, T_);
+    be_.rope_forward(a.k, rope_cos_, rope_sin_, T_);
+    be_.attention_forward(a.att, a.att_saved, a.q, a.k, a.v, att_shape_);
+    be_.linear_forward(a.x_mid, a.att, param(w.o));
+    be_.add_inplace(a.x_mid, a.x_in);
+    be_.rmsnorm_forward(a.ln2, a.rstd2, a.x_mid, param(w.post_norm), cfg_.norm_eps);
+    be_.linear_forward(a.gate, a.ln2, param(w.gate));
+    be_.linear_forward(a.up, a.ln2, param(w.up));
+    be_.swiglu_forward(a.h, a.gate, a.up);
+    Tensor next = l + 1 < acts_.size() ? acts_[l + 1].x_in : x_final_;
+    be_.linear_forward(next, a.h, param(w.down));
+    be_.add_inplace(next, a.x_mid);
+  }
+  be_.rmsnorm_forward(lnf_, rstdf_, x_final_, param(norm_idx_), cfg_.norm_eps);
+  be_.linear_forward(logits_, lnf_, param(head_idx_));
+  if (capture_logits_) {
+    const size_t n = size_t(logits_.numel());
+    logits_host_.resize(n);
+    if (dtype_ == DType::F64) {
+      be_.to_host(logits_host_.data(), logits_.data, n * 8);
+    } else {
+      std::vector<float> f(n);
+      be_.to_host(f.data(), logits_.data, n * 4);
+      std::copy(f.begin(), f.end(), logits_host_.begin());
+    }
+  }
+  be_.cross_entropy(logits_, losses_, tgt_tok_, n_valid ? grad_scale / double(n_valid) : 0.0);
+
+  double sum = 0;
+  if (dtype_ == DType::F64) {
+    std::vector<double> l(static_cast<size_t>(N));
+    be_.to_host(l.data(), losses_.data, size_t(N) * 8);
+    for (double x : l) sum += x;
+  } else {
+    std::vector<float> l(static_cast<size_t>(N));
+    be_.to_host(l.data(), losses_.data, size_t(N) * 4);
+    for (float x : l) sum += x;
+  }
+  return n_valid ? sum / double(n_valid) : 0.0;
+}
+
+void Model::backward() {
+  // logits_ now hold dloss/dlogits (scaled).
+  be_.linear_backward(d_tmp_, grad(head_idx_), logits_, lnf_, param(head_idx_), false);
+  be_.zero(d_resid_);
+  be_.rmsnorm_backward(d_resid_, grad(norm_idx_), d_tmp_, x_final_, param(norm_idx_), rstdf_);
+  for (size_t l = acts_.size(); l-- > 0;) {
+    LayerActs& a = acts_[l];
+    const LayerIdx& w = layer_idx_[l];
+    // d_resid = dL/d(layer output). MLP branch: out = x_mid + down(h).
+    be_.linear_backward(dh_, grad(w.down), d_resid_, a.h, param(w.down), false);
+    be_.swiglu_backward(dgate_, dup_, dh_, a.gate, a.up);
+    be_.linear_backward(d_tmp_, grad(w.gate), dgate_, a.ln2, param(w.gate), false);
+    be_.linear_backward(d_tmp_, grad(w.up), dup_, a.ln2, param(w.up), true);
+    be_.rmsnorm_backward(d_resid_, grad(w.post_norm), d_tmp_, a.x_mid, param(w.post_norm),
+                         a.rstd2);
+    // d_resid = dL/dx_mid. Attention branch: x_mid = x_in + o(att).
+    be_.linear_backward(d_att_, grad(w.o), d_resid_, a.att, param(w.o), false);
+    be_.attention_backward(dq_, dk_, dv_, d_att_, a.q, a.k, a.v, a.att, a.att_saved,
+                           att_shape_);
+    be_.rope_backward(dq_, rope_cos_, rope_sin_, T_);
+    be_.rope_backward(dk_, rope_cos_, rope_sin_, T_);
+    be_.linear_backward(d_tmp_, grad(w.q), dq_, a.ln1, param(w.q), false);
+    be_.linear_backward(d_tmp_, grad(w.k), dk_, a.ln1, param(w.k), true);
+    be_.linear_backward(d_tmp_, grad(w.v), dv_, a.ln1, param(w.v), true);
+    be_.rmsnorm_backward(d_resid_, grad(w.in_norm), d_tmp_, a.x_in, param(w.in_norm), a.rstd1);
+  }
+  be_.embedding_backward(grad(emb_idx_), d_resid_, in_tok_);
+}
+
+}  // namespace adgt

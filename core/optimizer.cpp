@@ -1,0 +1,81 @@
+#include "core/optimizer.hpp"
+
+#include <cmath>
+
+#include "kernels/check.hpp"
+
+namespace adgt {
+
+double lr_at(const TrainConfig& t, int64_t s) {
+  if (t.warmup_steps > 0 && s < t.warmup_steps)
+    return t.lr * double(s + 1) / double(t.warmup_steps);
+  const double span = double(std::max<int64_t>(1, t.steps - t.warmup_steps));
+  const double p = std::min(1.0, double(s - t.warmup_steps) / span);
+  return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(M_PI * p));
+}
+
+AdamW::AdamW(Backend& be, const std::vector<ParamSpec>& table, const TrainConfig& cfg,
+             DType dtype)
+    : be_(be), table_(table), cfg_(cfg), dtype_(dtype), n_(total_numel(table)) {
+  m_ = Buffer(be, size_t(n_) * dtype_size(dtype));
+  v_ = Buffer(be, size_t(n_) * dtype_size(dtype));
+  be.zero(exp_avg());
+  be.zero(exp_avg_sq());
+}
+
+Tensor AdamW::flat(const Buffer& b) const { return Tensor(b.data(), dtype_, {n_}); }
+
+Tensor AdamW::slice(Tensor f, const ParamSpec& p) const {
+  return Tensor(static_cast<char*>(f.data) + size_t(p.offset) * dtype_size(dtype_), dtype_,
+                {p.numel});
+}
+
+void AdamW::step(Tensor params, Tensor grads, double lr, int64_t step) {
+  ADGT_CHECK(params.numel() == n_ && grads.numel() == n_, "AdamW: flat buffer size mismatch");
+  AdamWHyper h;
+  h.lr = lr;
+  h.beta1 = cfg_.beta1;
+  h.beta2 = cfg_.beta2;
+  h.eps = cfg_.eps;
+  h.step = step;
+  for (const ParamSpec& p : table_) {
+    h.weight_decay = decays(p, cfg_) ? cfg_.weight_decay : 0.0;
+    be_.adamw(slice(params, p), slice(grads, p), slice(exp_avg(), p), slice(exp_avg_sq(), p), h);
+  }
+}
+
+std::vector<float> AdamW::to_host(const Tensor& t) const {
+  std::vector<float> out(size_t(t.numel()));
+  if (t.dtype == DType::F32) {
+    be_.to_host(out.data(), t.data, out.size() * 4);
+  } else {
+    std::vector<double> d(out.size());
+    be_.to_host(d.data(), t.data, d.size() * 8);
+    for (size_t i = 0; i < d.size(); ++i) out[i] = float(d[i]);
+  }
+  return out;
+}
+
+void AdamW::from_host(Tensor t, const std::vector<float>& src) {
+  ADGT_CHECK(int64_t(src.size()) == t.numel(), "AdamW::from_host: size mismatch");
+  if (t.dtype == DType::F32) {
+    be_.to_device(t.data, src.data(), src.size() * 4);
+  } else {
+    std::vector<double> d(src.begin(), src.end());
+    be_.to_device(t.data, d.data(), d.size() * 8);
+  }
+}
+
+double grad_norm(Backend& be, Tensor grads) { return std::sqrt(be.sum_squares(grads)); }
+
+double clip_grads(Backend& be, Tensor grads, double norm, double max_norm) {
+  if (max_norm <= 0) return 1.0;
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {
+    be.scale_inplace(grads, coef);
+    return coef;
+  }
+  return 1.0;
+}
+
+}  // namespace adgt

@@ -1,0 +1,43 @@
+// AdamW (decoupled weight decay, PyTorch semantics), the learning-rate
+// schedule (linear warm-up, cosine decay) and global-norm clipping.
+#pragma once
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/param_table.hpp"
+#include "kernels/backend.hpp"
+
+namespace adgt {
+
+// lr of 0-based step s: lr*(s+1)/warmup for s < warmup, then cosine from lr to
+// min_lr over the remaining steps.
+double lr_at(const TrainConfig& t, int64_t step);
+
+class AdamW {
+ public:
+  AdamW(Backend& be, const std::vector<ParamSpec>& table, const TrainConfig& cfg, DType dtype);
+  // One update of every parameter; `step` is the 1-based count of updates.
+  void step(Tensor params, Tensor grads, double lr, int64_t step);
+  Tensor exp_avg() const { return flat(m_); }
+  Tensor exp_avg_sq() const { return flat(v_); }
+  std::vector<float> to_host(const Tensor& t) const;
+  void from_host(Tensor t, const std::vector<float>& src);
+
+ private:
+  Tensor flat(const Buffer& b) const;
+  Tensor slice(Tensor flat, const ParamSpec& p) const;
+  Backend& be_;
+  std::vector<ParamSpec> table_;
+  TrainConfig cfg_;
+  DType dtype_;
+  int64_t n_;
+  Buffer m_, v_;
+};
+
+// Global L2 norm of the gradients (deterministic, in double).
+double grad_norm(Backend& be, Tensor grads);
+// Scales grads so their norm is at most max_norm (PyTorch clip_grad_norm_:
+// coef = max_norm / (norm + 1e-6), applied when < 1). Returns the coefficient.
+double clip_grads(Backend& be, Tensor grads, double norm, double max_norm);
+
+}  // namespace adgt

@@ -1,0 +1,237 @@
+#include "core/trainer.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <vector>
+
+#include <omp.h>
+
+#include "core/checkpoint.hpp"
+#include "core/memory_estimate.hpp"
+#include "core/metrics.hpp"
+#include "core/sampler.hpp"
+#include "core/token_shard.hpp"
+#include "kernels/check.hpp"
+
+namespace adgt {
+
+namespace {
+std::atomic<int> g_stop_signal{0};
+void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+DType parse_dtype(const std::string& s) { return s == "f64" ? DType::F64 : DType::F32; }
+
+std::unique_ptr<TokenShard> open_shard(const std::string& path, const char* key,
+                                       const ModelConfig& m) {
+  ADGT_CHECK(std::filesystem::exists(path),
+             key << ": token shard '" << path
+                 << "' does not exist; prepare it with `adgt-data prepare` (scripts/prepare_data.sh)");
+  auto s = std::make_unique<TokenShard>(path);
+  ADGT_CHECK(s->vocab_size() <= m.vocab_size,
+             key << ": shard '" << path << "' was tokenized with vocabulary " << s->vocab_size()
+                 << " but model.vocab_size=" << m.vocab_size << "; set model.vocab_size >= "
+                 << s->vocab_size());
+  return s;
+}
+}  // namespace
+
+void install_stop_handlers() {
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGUSR1, on_stop_signal);
+}
+
+Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg) {
+  backend_ = make_backend(cfg.train.device);
+  train_shard_ = open_shard(cfg.data.train, "data.train", cfg.model);
+  val_shard_ = open_shard(cfg.data.val, "data.val", cfg.model);
+  sampler_ = std::make_unique<Sampler>(*train_shard_, cfg.model.seq_len, cfg.train.seed);
+  const DType dt = parse_dtype(cfg.train.dtype);
+  model_ = std::make_unique<Model>(cfg.model, *backend_, dt, cfg.train.micro_batch,
+                                   cfg.model.seq_len);
+  model_->init_weights(cfg.train.seed);
+  opt_ = std::make_unique<AdamW>(*backend_, model_->table(), cfg.train, dt);
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::load(const std::string& step_dir) {
+  CheckpointState st = load_checkpoint(step_dir, model_->table());
+  model_->params_from_host(st.params);
+  opt_->from_host(opt_->exp_avg(), st.exp_avg);
+  opt_->from_host(opt_->exp_avg_sq(), st.exp_avg_sq);
+  step_ = st.step;
+  samples_seen_ = st.samples_seen;
+  opt_steps_ = st.rng_state.empty() ? st.step : int64_t(st.rng_state[0]);
+  if (st.seed != cfg_.train.seed)
+    std::fprintf(stderr, "warning: checkpoint %s was trained with train.seed=%llu, this run has %llu\n",
+                 step_dir.c_str(), (unsigned long long)st.seed,
+                 (unsigned long long)cfg_.train.seed);
+}
+
+std::string Trainer::save() {
+  CheckpointState st;
+  st.step = step_;
+  st.samples_seen = samples_seen_;
+  st.seed = cfg_.train.seed;
+  st.config_yaml = to_yaml(cfg_);
+  st.rng_state = {uint64_t(opt_steps_)};  // trainer state word 0: AdamW updates applied
+  st.specs = model_->table();
+  st.params = model_->params_to_host();
+  st.exp_avg = opt_->to_host(opt_->exp_avg());
+  st.exp_avg_sq = opt_->to_host(opt_->exp_avg_sq());
+  last_checkpoint_ = save_checkpoint(cfg_.checkpoint.dir, st, cfg_.checkpoint.keep);
+  return last_checkpoint_;
+}
+
+double Trainer::run_micro_batches(int64_t first_sample) {
+  const int64_t B = cfg_.train.micro_batch, T = cfg_.model.seq_len, A = cfg_.accum_steps();
+  std::vector<int32_t> window(size_t(T + 1)), in(size_t(B * T)), tg(size_t(B * T));
+  double loss_sum = 0;
+  for (int64_t a = 0; a < A; ++a) {
+    for (int64_t b = 0; b < B; ++b) {
+      sampler_->sample(first_sample + a * B + b, window.data());
+      std::copy(window.begin(), window.end() - 1, in.begin() + b * T);
+      std::copy(window.begin() + 1, window.end(), tg.begin() + b * T);
+    }
+    loss_sum += model_->forward(in.data(), tg.data(), 1.0 / double(A));
+    model_->backward();
+  }
+  return loss_sum / double(A);
+}
+
+double Trainer::evaluate() {
+  const int64_t B = cfg_.train.micro_batch, T = cfg_.model.seq_len;
+  int64_t n = num_eval_windows(*val_shard_, T);
+  ADGT_CHECK(n > 0, "data.val: shard '" << val_shard_->path() << "' has fewer than "
+                                        << T + 1 << " tokens (model.seq_len + 1)");
+  if (cfg_.train.eval_batches > 0) n = std::min(n, cfg_.train.eval_batches * B);
+  std::vector<int32_t> window(size_t(T + 1)), in(size_t(B * T)), tg(size_t(B * T));
+  double total = 0;
+  int64_t tokens = 0;
+  for (int64_t w0 = 0; w0 < n; w0 += B) {
+    std::fill(in.begin(), in.end(), 0);
+    std::fill(tg.begin(), tg.end(), -1);  // padding rows of a short last batch are ignored
+    const int64_t rows = std::min(B, n - w0);
+    for (int64_t b = 0; b < rows; ++b) {
+      eval_window(*val_shard_, T, w0 + b, window.data());
+      std::copy(window.begin(), window.end() - 1, in.begin() + b * T);
+      std::copy(window.begin() + 1, window.end(), tg.begin() + b * T);
+    }
+    total += model_->forward(in.data(), tg.data(), 0.0) * double(rows * T);
+    tokens += rows * T;
+  }
+  return total / double(tokens);
+}
+
+TrainSummary Trainer::train() {
+  const TrainConfig& t = cfg_.train;
+  const int64_t tokens_per_step = t.global_batch * cfg_.model.seq_len;
+  const double flops_per_token =
+      estimate_memory(cfg_, compute_bytes_per_element(cfg_)).flops_per_token;
+  const double peak = cfg_.log.peak_tflops > 0 ? cfg_.log.peak_tflops : backend_->peak_tflops();
+  MetricsLog metrics(cfg_.log.dir, step_ > 0);
+  TrainSummary sum;
+  sum.metrics_path = metrics.path();
+
+  std::printf("training %s: %ld steps from step %ld, %ld tokens/step (micro_batch %ld x seq %ld x "
+              "accum %ld), backend %s %s, %d threads, MFU peak %.3g TFLOP/s (%s)\n",
+              cfg_.source.c_str(), long(t.steps), long(step_), long(tokens_per_step),
+              long(t.micro_batch), long(cfg_.model.seq_len), long(cfg_.accum_steps()),
+              backend_->name().c_str(), t.dtype.c_str(), omp_get_max_threads(), peak,
+              cfg_.log.peak_tflops > 0 ? "log.peak_tflops" : "measured sgemm");
+  std::fflush(stdout);
+
+  using clock = std::chrono::steady_clock;
+  const auto t_start = clock::now();
+  double timed_s = 0;
+  int64_t timed_steps = 0, consecutive_bad = 0, first_step = step_;
+  double interval_loss = 0;
+  int64_t interval_n = 0;
+  while (step_ < t.steps) {
+    const auto t0 = clock::now();
+    const double lr = lr_at(t, step_);
+    model_->zero_grads();
+    const double loss = run_micro_batches(samples_seen_);
+    samples_seen_ += t.global_batch;
+    const double gn = grad_norm(*backend_, model_->grads());
+    const bool finite = std::isfinite(loss) && std::isfinite(gn);
+    if (finite) {
+      clip_grads(*backend_, model_->grads(), gn, t.grad_clip);
+      opt_->step(model_->params(), model_->grads(), lr, ++opt_steps_);
+      consecutive_bad = 0;
+      interval_loss += loss;
+      ++interval_n;
+    } else {
+      ++sum.skipped_steps;
+      ++consecutive_bad;
+      std::fprintf(stderr, "step %ld: non-finite %s (loss %g, grad norm %g); update skipped\n",
+                   long(step_ + 1), std::isfinite(loss) ? "gradient norm" : "loss", loss, gn);
+      ADGT_CHECK(consecutive_bad <= t.max_skipped_steps,
+                 consecutive_bad << " consecutive steps had a non-finite loss or gradient; "
+                                    "stopping (train.max_skipped_steps="
+                                 << t.max_skipped_steps << "); lower train.lr or resume from "
+                                                           "an earlier checkpoint");
+    }
+    ++step_;
+    const double dt = std::chrono::duration<double>(clock::now() - t0).count();
+    if (step_ > first_step + 1) {  // the first step warms caches and thread pools
+      timed_s += dt;
+      ++timed_steps;
+    }
+    const double elapsed = std::chrono::duration<double>(clock::now() - t_start).count();
+    if (step_ % cfg_.log.interval == 0 || step_ == t.steps) {
+      StepMetrics m;
+      m.step = step_;
+      m.total_steps = t.steps;
+      m.loss = interval_n ? interval_loss / double(interval_n) : loss;
+      m.lr = lr;
+      m.grad_norm = gn;
+      m.tokens_per_s = double(tokens_per_step) / dt;
+      m.tflops = m.tokens_per_s * flops_per_token / 1e12;
+      m.peak_tflops = peak;
+      m.mfu = peak > 0 ? m.tflops / peak : -1;
+      m.elapsed_s = elapsed;
+      const double per_step = timed_steps ? timed_s / double(timed_steps) : dt;
+      m.eta_s = per_step * double(t.steps - step_);
+      m.skipped_steps = sum.skipped_steps;
+      std::printf("%s\n", format_step_line(m).c_str());
+      std::fflush(stdout);
+      metrics.log_step(m);
+      sum.final_train_loss = m.loss;
+      interval_loss = 0;
+      interval_n = 0;
+    }
+    const bool last = step_ == t.steps;
+    if (t.eval_interval > 0 && (step_ % t.eval_interval == 0 || last)) {
+      const double vl = evaluate();
+      std::printf("eval step %ld: val loss %.4f\n", long(step_), vl);
+      std::fflush(stdout);
+      metrics.log_eval(step_, vl);
+      sum.final_val_loss = vl;
+    }
+    const int sig = g_stop_signal.load();
+    if (sig || last ||
+        (cfg_.checkpoint.interval > 0 && step_ % cfg_.checkpoint.interval == 0)) {
+      const std::string dir = save();
+      std::printf("checkpoint: %s\n", dir.c_str());
+      std::fflush(stdout);
+    }
+    if (sig) {
+      std::printf("stopping at step %ld on signal %d (checkpoint saved)\n", long(step_), sig);
+      sum.stopped_by_signal = true;
+      break;
+    }
+  }
+  sum.steps_done = step_;
+  sum.wall_s = std::chrono::duration<double>(clock::now() - t_start).count();
+  sum.tokens_per_s = timed_steps ? double(tokens_per_step * timed_steps) / timed_s : 0;
+  sum.checkpoint = last_checkpoint_;
+  return sum;
+}
+
+}  // namespace adgt

@@ -1,0 +1,60 @@
+// The single-process training loop: data -> micro-batches with gradient
+// accumulation -> non-finite guard -> clipping -> AdamW, with logging,
+// periodic evaluation and checkpoints, resume, and a clean stop on SIGTERM,
+// SIGINT or SIGUSR1 (checkpoint at the step boundary, exit 0).
+#pragma once
+#include <memory>
+#include <string>
+
+#include "core/config.hpp"
+#include "core/model.hpp"
+#include "core/optimizer.hpp"
+#include "kernels/backend.hpp"
+
+namespace adgt {
+
+class TokenShard;
+class Sampler;
+
+struct TrainSummary {
+  int64_t steps_done = 0;
+  int64_t skipped_steps = 0;
+  double final_train_loss = 0;  // mean over the last log interval
+  double final_val_loss = -1;   // < 0 when no evaluation ran
+  double tokens_per_s = 0;      // mean over the run, excluding the first step
+  double wall_s = 0;
+  std::string checkpoint;       // last checkpoint written ("" if none)
+  std::string metrics_path;
+  bool stopped_by_signal = false;
+};
+
+class Trainer {
+ public:
+  explicit Trainer(const RunConfig& cfg);
+  ~Trainer();
+  // Restores weights, optimizer state and data position from a step directory.
+  void load(const std::string& step_dir);
+  TrainSummary train();
+  double evaluate();  // mean loss over the validation split (or eval_batches of it)
+  Model& model() { return *model_; }
+
+ private:
+  double run_micro_batches(int64_t first_sample);
+  std::string save();
+
+  RunConfig cfg_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<TokenShard> train_shard_, val_shard_;
+  std::unique_ptr<Sampler> sampler_;
+  int64_t step_ = 0;            // steps completed
+  int64_t opt_steps_ = 0;       // AdamW updates applied (steps minus skipped ones)
+  int64_t samples_seen_ = 0;    // global training samples consumed
+  std::string last_checkpoint_;
+};
+
+// Installs the SIGTERM/SIGINT/SIGUSR1 handlers that ask the loop to stop.
+void install_stop_handlers();
+
+}  // namespace adgt
