@@ -27,6 +27,7 @@ struct ModelConfig {
   bool tie_embeddings = false;  // lm_head shares model.embed_tokens.weight
   double init_std = 0.02;
   int64_t head_dim() const { return d_model / n_heads; }
+  bool operator==(const ModelConfig&) const = default;
 };
 
 struct TrainConfig {
@@ -48,28 +49,33 @@ struct TrainConfig {
   int64_t eval_batches = 0;     // micro-batches per eval; 0 = the whole split
   int64_t max_skipped_steps = 20;  // consecutive non-finite steps before aborting
   std::string dtype = "f32";    // CPU backend: f32, or f64 for reference checks
+  bool operator==(const TrainConfig&) const = default;
 };
 
 struct DataConfig {
   std::string train = "data/kjv/train.bin";  // token shard (adgt-data output)
   std::string val = "data/kjv/val.bin";
   std::string tokenizer = "data/kjv/tokenizer.model";  // or "byte"
+  bool operator==(const DataConfig&) const = default;
 };
 
 struct ParallelConfig {
   int64_t tp = 1, pp = 1, dp = 1, ep = 1;
+  bool operator==(const ParallelConfig&) const = default;
 };
 
 struct CheckpointConfig {
   std::string dir = "runs/tiny/checkpoints";
   int64_t interval = 0;  // steps between saves; 0 = only at the end
   int64_t keep = 3;      // newest complete checkpoints kept; 0 keeps all
+  bool operator==(const CheckpointConfig&) const = default;
 };
 
 struct LogConfig {
   std::string dir = "runs/tiny";
   int64_t interval = 10;
   double peak_tflops = 0;  // MFU denominator; 0 = measure the CPU GEMM peak at start
+  bool operator==(const LogConfig&) const = default;
 };
 
 struct RunConfig {
@@ -82,6 +88,7 @@ struct RunConfig {
   std::string source;  // the YAML file it came from
   // Gradient-accumulation steps = global_batch / (micro_batch * dp).
   int64_t accum_steps() const { return train.global_batch / (train.micro_batch * parallel.dp); }
+  bool operator==(const RunConfig&) const = default;
 };
 
 // Parses `path` (YAML), applies `overrides` ("section.key=value", in order),
@@ -94,5 +101,20 @@ RunConfig load_config_text(const std::string& yaml, const std::string& name,
 void validate(const RunConfig& cfg);
 // The whole configuration as YAML (recorded in checkpoints).
 std::string to_yaml(const RunConfig& cfg);
+
+// One row of the schema that load_config, validate, to_yaml and docs/config.md
+// all come from (core/config.cpp holds the table).
+struct ConfigKeyInfo {
+  std::string section;        // "model"
+  std::string key;            // "n_heads"
+  std::string type;           // "int", "uint64", "float", "bool", "string"
+  std::string default_value;  // as to_yaml writes it
+  std::string allowed;        // "a positive integer", "one of {auto, cpu, cuda}", ...
+  std::string doc;            // one line
+};
+const std::vector<ConfigKeyInfo>& config_keys();
+// The key reference as a Markdown table (docs/config.md embeds it verbatim;
+// a unit test keeps the two in step).
+std::string config_reference_markdown();
 
 }  // namespace adgt

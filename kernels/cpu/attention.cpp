@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/blas.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
+#include "kernels/cpu/vec_math.hpp"
 
 namespace adgt {
 namespace {
@@ -38,10 +39,12 @@ void forward(T* out, T* P, const T* q, const T* k, const T* v, const AttentionSh
       for (int64_t i = 0; i < Tn; ++i) {
         T* row = S + i * Tn;
         T mx = row[0];
-        for (int64_t j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
+#pragma omp simd reduction(max : mx)
+        for (int64_t j = 1; j <= i; ++j) mx = row[j] > mx ? row[j] : mx;
         T sum = 0;
+#pragma omp simd reduction(+ : sum)
         for (int64_t j = 0; j <= i; ++j) {
-          row[j] = std::exp(row[j] - mx);
+          row[j] = cpu::vexp(row[j] - mx);
           sum += row[j];
         }
         const T inv = T(1) / sum;

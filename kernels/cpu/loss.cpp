@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/cpu/cpu_backend.hpp"
+#include "kernels/cpu/vec_math.hpp"
 
 namespace adgt {
 
@@ -29,11 +30,13 @@ void CpuBackend::cross_entropy(Tensor logits, Tensor losses, const Tensor& targe
         continue;
       }
       T mx = row[0];
-      for (int64_t j = 1; j < V; ++j) mx = std::max(mx, row[j]);
+#pragma omp simd reduction(max : mx)
+      for (int64_t j = 1; j < V; ++j) mx = row[j] > mx ? row[j] : mx;
       const T zt = row[tg[i]] - mx;
       T sum = 0;
+#pragma omp simd reduction(+ : sum)
       for (int64_t j = 0; j < V; ++j) {
-        row[j] = std::exp(row[j] - mx);
+        row[j] = cpu::vexp(row[j] - mx);
         sum += row[j];
       }
       out[i] = std::log(sum) - zt;

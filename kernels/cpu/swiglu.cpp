@@ -1,6 +1,7 @@
 // CPU SwiGLU: h = silu(gate) * up.
 #include "kernels/common/elementwise_math.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
+#include "kernels/cpu/vec_math.hpp"
 
 namespace adgt {
 
@@ -14,7 +15,8 @@ void CpuBackend::swiglu_forward(Tensor h, const Tensor& gate, const Tensor& up) 
     const T* u = up.ptr<T>();
     const int64_t n = h.numel();
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) hp[i] = math::swiglu(g[i], u[i]);
+    for (int64_t i = 0; i < n; ++i)
+      hp[i] = math::swiglu(g[i], u[i], T(1) / (T(1) + cpu::vexp(-g[i])));
   });
 }
 
@@ -32,7 +34,8 @@ void CpuBackend::swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dh, con
     const T* u = up.ptr<T>();
     const int64_t n = dh.numel();
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) math::swiglu_grad(g[i], u[i], d[i], dg[i], du[i]);
+    for (int64_t i = 0; i < n; ++i)
+      math::swiglu_grad(g[i], u[i], d[i], T(1) / (T(1) + cpu::vexp(-g[i])), dg[i], du[i]);
   });
 }
 

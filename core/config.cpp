@@ -1,0 +1,720 @@
+// The run configuration: one schema table (kSchema below) drives parsing,
+// per-key checks, to_yaml(), the key reference in docs/config.md and every
+// error message. Cross-field rules live in validate().
+//
+// Error messages have the shape
+//   <where>: <section.key>: <what is wrong>; <what is allowed or how to fix it>
+// where <where> is "file:line" for a value read from YAML (yaml-cpp marks are
+// 0-based; we print line+1), "--set section.key=value" for an override, and
+// the bare file name for cross-field rules.
+#include "core/config.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <system_error>
+#include <type_traits>
+#include <variant>
+
+namespace adgt {
+namespace {
+
+// ---------------------------------------------------------------- the schema
+
+enum class Type { Int, UInt, Real, Bool, Str };
+
+// What values a key accepts beyond its type.
+enum class Allow {
+  Any,          // every value of the type
+  Positive,     // int >= 1, or real > 0
+  NonNegative,  // int >= 0, or real >= 0
+  UnitHalfOpen, // real in [0, 1)
+  NonEmpty,     // non-empty string
+  Choices,      // string in Key::choices
+};
+
+using FieldRef = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*>;
+
+struct Key {
+  const char* section;
+  const char* name;
+  Type type;
+  Allow allow;
+  std::vector<std::string> choices;
+  std::function<FieldRef(RunConfig&)> bind;  // the field this key sets
+  const char* doc;
+  std::string full() const { return std::string(section) + "." + name; }
+};
+
+template <class T> constexpr Type type_of();
+template <> constexpr Type type_of<int64_t>() { return Type::Int; }
+template <> constexpr Type type_of<uint64_t>() { return Type::UInt; }
+template <> constexpr Type type_of<double>() { return Type::Real; }
+template <> constexpr Type type_of<bool>() { return Type::Bool; }
+template <> constexpr Type type_of<std::string>() { return Type::Str; }
+
+template <class S, class T>
+Key key(const char* section, S RunConfig::*sec, const char* name, T S::*field, Allow allow,
+        const char* doc, std::vector<std::string> choices = {}) {
+  return Key{section, name, type_of<T>(), allow, std::move(choices),
+             [sec, field](RunConfig& r) -> FieldRef { return &((r.*sec).*field); }, doc};
+}
+
+const std::vector<Key>& schema() {
+  using A = Allow;
+  using R = RunConfig;
+  static const std::vector<Key> k = {
+      // model
+      key("model", &R::model, "vocab_size", &ModelConfig::vocab_size, A::Positive,
+          "tokenizer vocabulary size V (rows of embed_tokens and lm_head)"),
+      key("model", &R::model, "d_model", &ModelConfig::d_model, A::Positive,
+          "hidden size C; divisible by n_heads"),
+      key("model", &R::model, "n_layers", &ModelConfig::n_layers, A::Positive,
+          "transformer blocks L"),
+      key("model", &R::model, "n_heads", &ModelConfig::n_heads, A::Positive,
+          "query heads H; head_dim = d_model/n_heads must be even (rotary)"),
+      key("model", &R::model, "n_kv_heads", &ModelConfig::n_kv_heads, A::Positive,
+          "key/value heads (grouped-query attention); divides n_heads"),
+      key("model", &R::model, "ffn_hidden", &ModelConfig::ffn_hidden, A::Positive,
+          "SwiGLU intermediate size F"),
+      key("model", &R::model, "seq_len", &ModelConfig::seq_len, A::Positive,
+          "training context length T (tokens per sequence)"),
+      key("model", &R::model, "rope_theta", &ModelConfig::rope_theta, A::Positive,
+          "rotary embedding base frequency"),
+      key("model", &R::model, "norm_eps", &ModelConfig::norm_eps, A::Positive,
+          "RMSNorm epsilon"),
+      key("model", &R::model, "tie_embeddings", &ModelConfig::tie_embeddings, A::Any,
+          "lm_head shares model.embed_tokens.weight"),
+      key("model", &R::model, "init_std", &ModelConfig::init_std, A::Positive,
+          "standard deviation of the normal weight initialisation"),
+      // train
+      key("train", &R::train, "steps", &TrainConfig::steps, A::Positive,
+          "optimizer steps to train for"),
+      key("train", &R::train, "device", &TrainConfig::device, A::Choices,
+          "backend; auto picks cuda when a GPU is visible and built, else cpu",
+          {"auto", "cpu", "cuda"}),
+      key("train", &R::train, "micro_batch", &TrainConfig::micro_batch, A::Positive,
+          "sequences per micro-batch per rank"),
+      key("train", &R::train, "global_batch", &TrainConfig::global_batch, A::Positive,
+          "sequences per optimizer step over all ranks; a multiple of micro_batch x dp"),
+      key("train", &R::train, "lr", &TrainConfig::lr, A::Positive, "peak learning rate"),
+      key("train", &R::train, "min_lr", &TrainConfig::min_lr, A::NonNegative,
+          "learning rate at the end of the cosine decay; <= lr"),
+      key("train", &R::train, "warmup_steps", &TrainConfig::warmup_steps, A::NonNegative,
+          "linear warm-up steps; <= steps"),
+      key("train", &R::train, "weight_decay", &TrainConfig::weight_decay, A::NonNegative,
+          "AdamW decoupled weight decay"),
+      key("train", &R::train, "decay_norms_and_embeddings",
+          &TrainConfig::decay_norms_and_embeddings, A::Any,
+          "also decay norm weights and embeddings (default: only linear weights)"),
+      key("train", &R::train, "beta1", &TrainConfig::beta1, A::UnitHalfOpen, "AdamW beta1"),
+      key("train", &R::train, "beta2", &TrainConfig::beta2, A::UnitHalfOpen, "AdamW beta2"),
+      key("train", &R::train, "eps", &TrainConfig::eps, A::Positive, "AdamW epsilon"),
+      key("train", &R::train, "grad_clip", &TrainConfig::grad_clip, A::NonNegative,
+          "global gradient-norm clip; 0 disables"),
+      key("train", &R::train, "seed", &TrainConfig::seed, A::Any,
+          "seed for initialisation and data order"),
+      key("train", &R::train, "eval_interval", &TrainConfig::eval_interval, A::NonNegative,
+          "steps between validation evals; 0 disables"),
+      key("train", &R::train, "eval_batches", &TrainConfig::eval_batches, A::NonNegative,
+          "micro-batches per eval; 0 = the whole validation split"),
+      key("train", &R::train, "max_skipped_steps", &TrainConfig::max_skipped_steps,
+          A::NonNegative, "consecutive non-finite steps tolerated before aborting"),
+      key("train", &R::train, "dtype", &TrainConfig::dtype, A::Choices,
+          "CPU backend precision: f32, or f64 for reference checks", {"f32", "f64"}),
+      // data
+      key("data", &R::data, "train", &DataConfig::train, A::NonEmpty,
+          "training token shard (adgt-data output); checked when the trainer opens it"),
+      key("data", &R::data, "val", &DataConfig::val, A::NonEmpty,
+          "validation token shard"),
+      key("data", &R::data, "tokenizer", &DataConfig::tokenizer, A::NonEmpty,
+          "SentencePiece model file, or \"byte\""),
+      // parallel
+      key("parallel", &R::parallel, "tp", &ParallelConfig::tp, A::Positive,
+          "tensor-parallel degree (1 in this build)"),
+      key("parallel", &R::parallel, "pp", &ParallelConfig::pp, A::Positive,
+          "pipeline-parallel degree (1 in this build)"),
+      key("parallel", &R::parallel, "dp", &ParallelConfig::dp, A::Positive,
+          "data-parallel degree (1 in this build)"),
+      key("parallel", &R::parallel, "ep", &ParallelConfig::ep, A::Positive,
+          "expert-parallel degree (1 in this build)"),
+      // checkpoint
+      key("checkpoint", &R::checkpoint, "dir", &CheckpointConfig::dir, A::NonEmpty,
+          "directory for checkpoints"),
+      key("checkpoint", &R::checkpoint, "interval", &CheckpointConfig::interval,
+          A::NonNegative, "steps between saves; 0 = only at the end"),
+      key("checkpoint", &R::checkpoint, "keep", &CheckpointConfig::keep, A::NonNegative,
+          "newest complete checkpoints kept; 0 keeps all"),
+      // log
+      key("log", &R::log, "dir", &LogConfig::dir, A::NonEmpty,
+          "directory for the metrics log and the recorded config"),
+      key("log", &R::log, "interval", &LogConfig::interval, A::Positive,
+          "steps between log lines"),
+      key("log", &R::log, "peak_tflops", &LogConfig::peak_tflops, A::NonNegative,
+          "MFU denominator in TFLOP/s; 0 = measure the CPU GEMM peak at start"),
+  };
+  return k;
+}
+
+const std::vector<std::string>& sections() {
+  static const std::vector<std::string> s = {"model", "train", "data",
+                                             "parallel", "checkpoint", "log"};
+  return s;
+}
+
+// ------------------------------------------------------------ small helpers
+
+std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
+  return out;
+}
+
+std::string fmt_int(int64_t x) { return std::to_string(x); }
+
+// Shortest text that reads back to the same double.
+std::string fmt_real(double x) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, x);
+  return std::string(buf, r.ptr);
+}
+
+// fmt_real, but always recognisably a float to other YAML readers
+// (10000 -> 10000.0, 1e-05 -> 1.0e-05).
+std::string yaml_real(double x) {
+  std::string s = fmt_real(x);
+  if (!std::isfinite(x)) return s == "inf" ? ".inf" : s == "-inf" ? "-.inf" : ".nan";
+  const size_t e = s.find('e');
+  if (s.find('.') == std::string::npos) {
+    if (e == std::string::npos) s += ".0";
+    else s.insert(e, ".0");
+  }
+  return s;
+}
+
+std::string yaml_quote(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// The closest candidate if it is close enough to be a plausible typo.
+std::optional<std::string> closest(const std::string& word,
+                                   const std::vector<std::string>& candidates) {
+  std::optional<std::string> best;
+  size_t best_d = std::max<size_t>(2, word.size() / 3) + 1;
+  for (const auto& c : candidates) {
+    const size_t d = edit_distance(word, c);
+    if (d < best_d) best_d = d, best = c;
+  }
+  return best;
+}
+
+std::vector<std::string> keys_in(const std::string& section) {
+  std::vector<std::string> out;
+  for (const auto& k : schema())
+    if (section == k.section) out.push_back(k.name);
+  return out;
+}
+
+const Key* find_key(const std::string& section, const std::string& name) {
+  for (const auto& k : schema())
+    if (section == k.section && name == k.name) return &k;
+  return nullptr;
+}
+
+bool is_section(const std::string& s) {
+  return std::find(sections().begin(), sections().end(), s) != sections().end();
+}
+
+// `children`: the keys written under the unknown section, if any; when the
+// name itself is no near miss, the section that owns those keys is suggested.
+std::string unknown_section_msg(const std::string& s,
+                                const std::vector<std::string>& children = {}) {
+  std::string m = "unknown section \"" + s + "\"";
+  std::string hint;
+  for (const auto& k : schema())
+    if (s == k.name) { hint = k.full() + " (keys go inside their section)"; break; }
+  if (hint.empty())
+    if (auto c = closest(s, sections())) hint = *c;
+  if (hint.empty() && !children.empty()) {
+    for (const auto& sec : sections()) {
+      const auto keys = keys_in(sec);
+      const bool all_known = std::all_of(children.begin(), children.end(), [&](const auto& c) {
+        return std::find(keys.begin(), keys.end(), c) != keys.end();
+      });
+      if (all_known) { hint = sec + " (it has " + join(children) + ")"; break; }
+    }
+  }
+  if (!hint.empty()) m += "; did you mean " + hint + "?";
+  return m + " (sections: " + join(sections()) + ")";
+}
+
+std::string unknown_key_msg(const std::string& section, const std::string& name) {
+  std::string m = section + "." + name + ": unknown key";
+  // A one-letter slip in this section first, then the same name in another
+  // section (train.seq_len -> model.seq_len), then any near miss here.
+  std::optional<std::string> hint;
+  const auto near = closest(name, keys_in(section));
+  if (near && edit_distance(name, *near) <= 1) hint = section + "." + *near;
+  if (!hint)
+    for (const auto& k : schema())
+      if (name == k.name) { hint = k.full(); break; }
+  if (!hint && near) hint = section + "." + *near;
+  if (hint) m += "; did you mean " + *hint + "?";
+  return m + " (allowed keys in " + section + ": " + join(keys_in(section)) + ")";
+}
+
+std::string type_name(Type t) {
+  switch (t) {
+    case Type::Int: return "int";
+    case Type::UInt: return "uint64";
+    case Type::Real: return "float";
+    case Type::Bool: return "bool";
+    case Type::Str: return "string";
+  }
+  return "?";
+}
+
+// "a positive integer", "a number in [0, 1)", "one of {auto, cpu, cuda}", ...
+std::string allowed_text(const Key& k) {
+  switch (k.type) {
+    case Type::Int:
+      return k.allow == Allow::Positive      ? "a positive integer"
+             : k.allow == Allow::NonNegative ? "a non-negative integer"
+                                             : "an integer";
+    case Type::UInt: return "an integer in [0, 2^64)";
+    case Type::Real:
+      return k.allow == Allow::Positive       ? "a number > 0"
+             : k.allow == Allow::NonNegative  ? "a number >= 0"
+             : k.allow == Allow::UnitHalfOpen ? "a number in [0, 1)"
+                                              : "a finite number";
+    case Type::Bool: return "true or false";
+    case Type::Str:
+      if (k.allow == Allow::Choices) {
+        std::string s = "one of {";
+        for (size_t i = 0; i < k.choices.size(); ++i) s += (i ? ", " : "") + k.choices[i];
+        return s + "}";
+      }
+      return k.allow == Allow::NonEmpty ? "a non-empty string" : "a string";
+  }
+  return "?";
+}
+
+std::string expected(const Key& k, const std::string& got) {
+  return k.full() + ": expected " + allowed_text(k) + ", got " + got;
+}
+
+// The per-key rule on a value already of the right type; nullopt when it holds.
+std::optional<std::string> check_range(const Key& k, RunConfig& cfg) {
+  return std::visit(
+      [&](auto* field) -> std::optional<std::string> {
+        using T = std::remove_pointer_t<decltype(field)>;
+        const T& v = *field;
+        if constexpr (std::is_same_v<T, int64_t>) {
+          const bool ok = k.allow == Allow::Positive      ? v >= 1
+                          : k.allow == Allow::NonNegative ? v >= 0
+                                                          : true;
+          if (!ok) return expected(k, fmt_int(v));
+        } else if constexpr (std::is_same_v<T, double>) {
+          bool ok = std::isfinite(v);
+          if (k.allow == Allow::Positive) ok = ok && v > 0;
+          if (k.allow == Allow::NonNegative) ok = ok && v >= 0;
+          if (k.allow == Allow::UnitHalfOpen) ok = ok && v >= 0 && v < 1;
+          if (!ok) return expected(k, fmt_real(v));
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          if (k.allow == Allow::NonEmpty && v.empty()) return expected(k, "an empty string");
+          if (k.allow == Allow::Choices &&
+              std::find(k.choices.begin(), k.choices.end(), v) == k.choices.end())
+            return expected(k, yaml_quote(v));
+        }
+        return std::nullopt;  // bool and uint64: every value is allowed
+      },
+      k.bind(cfg));
+}
+
+std::string node_kind(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Sequence: return "a sequence";
+    case YAML::NodeType::Map: return "a mapping";
+    case YAML::NodeType::Null: return "nothing (null)";
+    default: return "something that is not a value";
+  }
+}
+
+bool all_of_chars(const std::string& s, const char* allowed) {
+  return !s.empty() && s.find_first_not_of(allowed) == std::string::npos;
+}
+
+// Parses a YAML node into the key's field and checks its range. Returns the
+// error (without location) or nullopt.
+std::optional<std::string> assign(const Key& k, const YAML::Node& v, RunConfig& cfg) {
+  if (!v.IsScalar()) return expected(k, node_kind(v));
+  const std::string s = v.Scalar();
+  // A quoted scalar ("8") is a string in YAML; only string keys take one.
+  const bool is_quoted = v.Tag() == "!";
+  if (is_quoted && k.type != Type::Str)
+    return expected(k, yaml_quote(s) + " (a quoted string; remove the quotes)");
+  FieldRef f = k.bind(cfg);
+  const std::string got = yaml_quote(s);
+  switch (k.type) {
+    case Type::Int: {
+      int64_t x = 0;
+      const char* b = s.data() + (s.size() > 1 && s[0] == '+' && s[1] != '-');
+      auto [ptr, ec] = std::from_chars(b, s.data() + s.size(), x);
+      if (ec == std::errc::result_out_of_range)
+        return expected(k, s + " (too large for a 64-bit integer)");
+      if (ec != std::errc() || ptr != s.data() + s.size()) return expected(k, got);
+      *std::get<int64_t*>(f) = x;
+      break;
+    }
+    case Type::UInt: {
+      uint64_t x = 0;
+      if (!all_of_chars(s, "0123456789")) return expected(k, got);
+      auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
+      if (ec == std::errc::result_out_of_range) return expected(k, s + " (too large)");
+      if (ec != std::errc() || ptr != s.data() + s.size()) return expected(k, got);
+      *std::get<uint64_t*>(f) = x;
+      break;
+    }
+    case Type::Real: {
+      // Decimal notation only (no hex floats, inf or nan).
+      if (!all_of_chars(s, "0123456789+-.eE")) return expected(k, got);
+      char* end = nullptr;
+      errno = 0;
+      const double x = std::strtod(s.c_str(), &end);
+      if (end != s.c_str() + s.size()) return expected(k, got);
+      if (errno == ERANGE || !std::isfinite(x)) return expected(k, s + " (out of range)");
+      *std::get<double*>(f) = x;
+      break;
+    }
+    case Type::Bool: {
+      if (s == "true" || s == "True" || s == "TRUE") *std::get<bool*>(f) = true;
+      else if (s == "false" || s == "False" || s == "FALSE") *std::get<bool*>(f) = false;
+      else return expected(k, got);
+      break;
+    }
+    case Type::Str: *std::get<std::string*>(f) = s; break;
+  }
+  // Numbers that parsed but are out of range are reported as written.
+  if (auto err = check_range(k, cfg)) {
+    if (k.type == Type::Int || k.type == Type::Real) return expected(k, s);
+    return err;
+  }
+  return std::nullopt;
+}
+
+std::string at(const std::string& name, const YAML::Mark& m) {
+  if (m.is_null()) return name;
+  return name + ":" + std::to_string(m.line + 1);
+}
+
+// Applies the YAML document (already parsed) to cfg.
+void apply_document(const YAML::Node& root, const std::string& name, RunConfig& cfg) {
+  if (root.IsNull()) return;  // empty file: all defaults
+  if (!root.IsMap())
+    throw ConfigError(at(name, root.Mark()) + ": expected a mapping of sections (" +
+                      join(sections()) + "), got " +
+                      (root.IsScalar() ? yaml_quote(root.Scalar()) : node_kind(root)));
+  std::map<std::string, int> seen_sections;
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    const YAML::Node sk = it->first, sv = it->second;
+    if (!sk.IsScalar())
+      throw ConfigError(at(name, sk.Mark()) + ": section names must be plain words, got " +
+                        node_kind(sk));
+    const std::string sec = sk.Scalar();
+    if (!is_section(sec)) {
+      std::vector<std::string> children;
+      if (sv.IsMap())
+        for (auto c = sv.begin(); c != sv.end(); ++c)
+          if (c->first.IsScalar()) children.push_back(c->first.Scalar());
+      throw ConfigError(at(name, sk.Mark()) + ": " + unknown_section_msg(sec, children));
+    }
+    if (auto [p, fresh] = seen_sections.emplace(sec, sk.Mark().line + 1); !fresh)
+      throw ConfigError(at(name, sk.Mark()) + ": section " + sec +
+                        " appears twice (first at line " + std::to_string(p->second) +
+                        "); merge them");
+    if (sv.IsNull()) continue;  // "model:" with nothing under it
+    if (!sv.IsMap())
+      throw ConfigError(at(name, sv.Mark()) + ": " + sec + ": expected a mapping of keys (" +
+                        join(keys_in(sec)) + "), got " +
+                        (sv.IsScalar() ? yaml_quote(sv.Scalar()) : node_kind(sv)));
+    std::map<std::string, int> seen_keys;
+    for (auto kt = sv.begin(); kt != sv.end(); ++kt) {
+      const YAML::Node kk = kt->first, kv = kt->second;
+      if (!kk.IsScalar())
+        throw ConfigError(at(name, kk.Mark()) + ": " + sec + ": keys must be plain words, got " +
+                          node_kind(kk));
+      const std::string kname = kk.Scalar();
+      const Key* k = find_key(sec, kname);
+      if (!k) throw ConfigError(at(name, kk.Mark()) + ": " + unknown_key_msg(sec, kname));
+      if (auto [p, fresh] = seen_keys.emplace(kname, kk.Mark().line + 1); !fresh)
+        throw ConfigError(at(name, kk.Mark()) + ": " + k->full() +
+                          " appears twice (first at line " + std::to_string(p->second) +
+                          "); keep one");
+      if (auto err = assign(*k, kv, cfg))
+        throw ConfigError(at(name, kv.IsNull() || kv.Mark().is_null() ? kk.Mark() : kv.Mark()) + ": " + *err);
+    }
+  }
+}
+
+// One --set override: "section.key=value".
+void apply_override(const std::string& ov, RunConfig& cfg) {
+  const std::string where = "--set " + ov;
+  const size_t eq = ov.find('=');
+  const size_t dot = ov.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot > eq)
+    throw ConfigError(where + ": expected section.key=value, e.g. --set train.steps=100");
+  const std::string sec = ov.substr(0, dot), kname = ov.substr(dot + 1, eq - dot - 1),
+                    text = ov.substr(eq + 1);
+  if (!is_section(sec)) throw ConfigError(where + ": " + unknown_section_msg(sec));
+  const Key* k = find_key(sec, kname);
+  if (!k) throw ConfigError(where + ": " + unknown_key_msg(sec, kname));
+  YAML::Node v;
+  if (k->type == Type::Str && (text.empty() || (text[0] != '"' && text[0] != '\''))) {
+    // Strings are taken literally unless quoted (then YAML decodes the quotes),
+    // so paths with ':' or '#' need no escaping.
+    v = YAML::Node(text);
+  } else {
+    try {
+      v = YAML::Load(text);
+    } catch (const YAML::Exception& e) {
+      throw ConfigError(where + ": " + k->full() + ": cannot read the value as YAML (" + e.msg +
+                        "); expected " + allowed_text(*k));
+    }
+  }
+  if (auto err = assign(*k, v, cfg)) throw ConfigError(where + ": " + *err);
+}
+
+std::string prefix(const RunConfig& cfg) { return cfg.source.empty() ? "config" : cfg.source; }
+
+// Divisors of n, the ones nearest `near` first, at most `max_n`, then sorted.
+std::vector<int64_t> divisors_near(int64_t n, int64_t near, size_t max_n,
+                                   const std::function<bool(int64_t)>& keep) {
+  std::vector<int64_t> d;
+  for (int64_t i = 1; i * i <= n; ++i)
+    if (n % i == 0) {
+      if (keep(i)) d.push_back(i);
+      if (i != n / i && keep(n / i)) d.push_back(n / i);
+    }
+  std::sort(d.begin(), d.end(), [&](int64_t a, int64_t b) {
+    return std::llabs(a - near) < std::llabs(b - near) || (std::llabs(a - near) == std::llabs(b - near) && a < b);
+  });
+  if (d.size() > max_n) d.resize(max_n);
+  std::sort(d.begin(), d.end());
+  return d;
+}
+
+std::string set_text(const std::vector<int64_t>& v) {
+  std::string s = "{";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "}";
+}
+
+// n_heads values that divide d_model with an even head_dim (and are a multiple
+// of n_kv_heads when possible).
+std::string head_choices(const ModelConfig& m) {
+  auto even_hd = [&](int64_t h) { return (m.d_model / h) % 2 == 0; };
+  auto with_kv = divisors_near(m.d_model, m.n_heads, 12,
+                               [&](int64_t h) { return even_hd(h) && h % m.n_kv_heads == 0; });
+  if (!with_kv.empty()) return set_text(with_kv);
+  return set_text(divisors_near(m.d_model, m.n_heads, 12, even_hd));
+}
+
+// Rules that keep this build single-process. Relax here when the parallel
+// pieces land (the mesh check then replaces it: product = world size, ...).
+void check_single_process(const RunConfig& cfg) {
+  const std::pair<const char*, int64_t> dims[] = {{"tp", cfg.parallel.tp},
+                                                   {"pp", cfg.parallel.pp},
+                                                   {"dp", cfg.parallel.dp},
+                                                   {"ep", cfg.parallel.ep}};
+  for (const auto& [n, v] : dims)
+    if (v != 1)
+      throw ConfigError(prefix(cfg) + ": parallel." + n + "=" + std::to_string(v) +
+                        ": parallelism beyond a single process is not available in this build "
+                        "yet (coming with the data/tensor parallel issue); use 1");
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------- public
+
+void validate(const RunConfig& cfg_in) {
+  RunConfig cfg = cfg_in;  // the binders take a mutable config
+  const std::string src = prefix(cfg);
+  for (const auto& k : schema())
+    if (auto err = check_range(k, cfg)) throw ConfigError(src + ": " + *err);
+
+  const ModelConfig& m = cfg.model;
+  if (m.d_model % m.n_heads != 0)
+    throw ConfigError(src + ": model.d_model=" + fmt_int(m.d_model) +
+                      " is not divisible by model.n_heads=" + fmt_int(m.n_heads) +
+                      "; choose n_heads in " + head_choices(m));
+  if (m.head_dim() % 2 != 0)
+    throw ConfigError(src + ": model.d_model=" + fmt_int(m.d_model) + " / model.n_heads=" +
+                      fmt_int(m.n_heads) + " gives head_dim=" + fmt_int(m.head_dim()) +
+                      ", but rotary embeddings need an even head_dim; choose n_heads in " +
+                      head_choices(m));
+  if (m.n_heads % m.n_kv_heads != 0)
+    throw ConfigError(src + ": model.n_heads=" + fmt_int(m.n_heads) +
+                      " is not divisible by model.n_kv_heads=" + fmt_int(m.n_kv_heads) +
+                      "; choose n_kv_heads in " +
+                      set_text(divisors_near(m.n_heads, m.n_kv_heads, 16,
+                                             [](int64_t) { return true; })));
+
+  const TrainConfig& t = cfg.train;
+  if (t.min_lr > t.lr)
+    throw ConfigError(src + ": train.min_lr=" + fmt_real(t.min_lr) + " is greater than train.lr=" +
+                      fmt_real(t.lr) + "; use min_lr <= lr (e.g. lr/10 = " +
+                      fmt_real(t.lr / 10) + ")");
+  if (t.warmup_steps > t.steps)
+    throw ConfigError(src + ": train.warmup_steps=" + fmt_int(t.warmup_steps) +
+                      " exceeds train.steps=" + fmt_int(t.steps) + "; use warmup_steps <= " +
+                      fmt_int(t.steps));
+  const int64_t per_pass = t.micro_batch * cfg.parallel.dp;
+  if (t.global_batch % per_pass != 0) {
+    const int64_t lo = t.global_batch / per_pass * per_pass, hi = lo + per_pass;
+    throw ConfigError(src + ": train.global_batch=" + fmt_int(t.global_batch) +
+                      " is not a multiple of train.micro_batch=" + fmt_int(t.micro_batch) +
+                      " x parallel.dp=" + fmt_int(cfg.parallel.dp) + "; use " +
+                      (lo > 0 ? fmt_int(lo) + " or " : std::string()) + fmt_int(hi));
+  }
+  check_single_process(cfg);
+}
+
+RunConfig load_config_text(const std::string& yaml, const std::string& name,
+                           const std::vector<std::string>& overrides) {
+  RunConfig cfg;
+  cfg.source = name;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(at(name, e.mark) + ": YAML syntax error: " + e.msg +
+                      (e.mark.is_null() ? "" : " (column " + std::to_string(e.mark.column + 1) + ")"));
+  }
+  apply_document(root, name, cfg);
+  for (const auto& ov : overrides) apply_override(ov, cfg);
+  validate(cfg);
+  return cfg;
+}
+
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  if (!fs::exists(st))
+    throw ConfigError(path + ": cannot open config file: no such file (working directory " +
+                      fs::current_path(ec).string() + ")");
+  if (!fs::is_regular_file(st)) throw ConfigError(path + ": cannot open config file: not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path + ": cannot open config file: permission denied or unreadable");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return load_config_text(ss.str(), path, overrides);
+}
+
+std::string to_yaml(const RunConfig& cfg_in) {
+  RunConfig cfg = cfg_in;
+  std::string out;
+  std::string section;
+  for (const auto& k : schema()) {
+    if (section != k.section) {
+      section = k.section;
+      out += section + ":\n";
+    }
+    const std::string v = std::visit(
+        [](auto* field) -> std::string {
+          using T = std::remove_pointer_t<decltype(field)>;
+          if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, uint64_t>)
+            return std::to_string(*field);
+          else if constexpr (std::is_same_v<T, double>) return yaml_real(*field);
+          else if constexpr (std::is_same_v<T, bool>) return *field ? "true" : "false";
+          else return yaml_quote(*field);
+        },
+        k.bind(cfg));
+    out += "  " + std::string(k.name) + ": " + v + "\n";
+  }
+  return out;
+}
+
+const std::vector<ConfigKeyInfo>& config_keys() {
+  static const std::vector<ConfigKeyInfo> info = [] {
+    std::vector<ConfigKeyInfo> out;
+    // Defaults as to_yaml writes them: one line per key after the section header.
+    const std::string y = to_yaml(RunConfig{});
+    std::map<std::string, std::string> defaults;
+    std::istringstream in(y);
+    std::string line, section;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      if (line[0] != ' ') { section = line.substr(0, line.size() - 1); continue; }
+      const size_t c = line.find(": ");
+      defaults[section + "." + line.substr(2, c - 2)] = line.substr(c + 2);
+    }
+    for (const auto& k : schema())
+      out.push_back({k.section, k.name, type_name(k.type), defaults.at(k.full()),
+                     allowed_text(k), k.doc});
+    return out;
+  }();
+  return info;
+}
+
+std::string config_reference_markdown() {
+  std::string out;
+  std::string section;
+  for (const auto& k : config_keys()) {
+    if (section != k.section) {
+      section = k.section;
+      out += (out.empty() ? "" : "\n");
+      out += "### " + section + "\n\n";
+      out += "| key | type | default | allowed | meaning |\n";
+      out += "|---|---|---|---|---|\n";
+    }
+    auto esc = [](std::string s) {
+      std::string r;
+      for (char c : s) r += c == '|' ? std::string("\\|") : std::string(1, c);
+      return r;
+    };
+    out += "| `" + k.section + "." + k.key + "` | " + k.type + " | `" + k.default_value + "` | " +
+           esc(k.allowed) + " | " + esc(k.doc) + " |\n";
+  }
+  return out;
+}
+
+}  // namespace adgt

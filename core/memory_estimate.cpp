@@ -1,0 +1,144 @@
+#include "core/memory_estimate.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "core/param_table.hpp"
+
+namespace adgt {
+
+int64_t compute_bytes_per_element(const RunConfig& cfg) {
+  return cfg.train.dtype == "f64" ? 8 : 4;
+}
+
+// Notation: V vocab, C d_model, L layers, H heads, KV kv heads, hd head_dim,
+// F ffn_hidden, T seq_len, B micro_batch, b bytes per element.
+//
+// Parameters come from build_param_table (a list of ~9L+3 names and shapes,
+// no storage), so the count is exactly what the model allocates.
+//
+// FLOPs per token (training = forward + backward = 3 x forward, 2 FLOPs per
+// multiply-add), PaLM appendix B convention:
+//   6 * N_matmul + 12 * L * H * hd * T
+// N_matmul = every weight used as a matmul operand: q,k,v,o,gate,up,down and
+// lm_head (V*C, counted even when tied to the embedding; the embedding lookup
+// itself is free). 12*L*H*hd*T is QK^T and PV (2 * 2*T*hd per head per token
+// forward, x3). No causal discount: the full T x T is counted, as in PaLM and
+// most published MFU numbers, so our MFU is comparable with theirs.
+//
+// Memory per rank (no sharding):
+//   params      = total_numel(table) * b      (flat buffer incl. 16-element padding)
+//   grads       = total_numel(table) * b
+//   optimizer   = 2 * total_numel(table) * max(b, 4)   (AdamW m and v, at least fp32)
+//   activations = B * T * b * (L * A_layer + A_final), where per token
+//     A_layer = C (residual input) + C (norm1 out) + 1 (rstd1)
+//             + H*hd (q) + KV*hd (k) + KV*hd (v) + H*hd (attention out)
+//             + H*T (attention probabilities: the T x T matrix per head, i.e.
+//                    the CPU backend's attention_saved_elems = B*H*T*T)
+//             + C (residual 2) + C (norm2 out) + 1 (rstd2)
+//             + F (gate) + F (up) + F (h = silu(gate)*up)
+//     A_final = C (last block output) + C (final norm out) + 1 (rstd)
+//             + V (logits, overwritten in place by their gradient) + 1 (loss)
+//   Backward scratch (about one layer's activation gradients) is not counted.
+MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp) {
+  const ModelConfig& m = cfg.model;
+  MemoryEstimate e;
+  const auto table = build_param_table(m);
+  e.n_params = param_count(table);
+  int64_t embedding = 0;
+  for (const auto& p : table) {
+    if (p.is_matrix) e.n_params_matmul += p.numel;
+    if (p.is_embedding || p.name == "lm_head.weight") embedding += p.numel;
+  }
+  e.n_params_non_embedding = e.n_params - embedding;
+  const int64_t V = m.vocab_size, C = m.d_model, L = m.n_layers, H = m.n_heads,
+                KV = m.n_kv_heads, hd = m.head_dim(), F = m.ffn_hidden, T = m.seq_len,
+                B = cfg.train.micro_batch;
+  if (m.tie_embeddings) e.n_params_matmul += V * C;
+
+  e.flops_per_token = 6.0 * static_cast<double>(e.n_params_matmul) +
+                      12.0 * static_cast<double>(L) * H * hd * T;
+  e.tokens_per_step = cfg.train.global_batch * T;
+  e.flops_per_step = e.flops_per_token * static_cast<double>(e.tokens_per_step);
+
+  const int64_t numel = total_numel(table);
+  e.bytes_per_element = bpp;
+  e.bytes_params = numel * bpp;
+  e.bytes_grads = numel * bpp;
+  e.bytes_optimizer = 2 * numel * std::max<int64_t>(bpp, 4);
+
+  const int64_t a_layer = 4 * C + 2 + 2 * H * hd + 2 * KV * hd + H * T + 3 * F;
+  const int64_t a_final = 2 * C + 1 + V + 1;
+  e.bytes_activations = B * T * (L * a_layer + a_final) * bpp;
+
+  e.bytes_total = e.bytes_params + e.bytes_grads + e.bytes_optimizer + e.bytes_activations;
+  return e;
+}
+
+std::string with_thousands(int64_t n) {
+  std::string d = std::to_string(n < 0 ? -n : n), out;
+  for (size_t i = 0; i < d.size(); ++i) {
+    if (i && (d.size() - i) % 3 == 0) out += ',';
+    out += d[i];
+  }
+  return (n < 0 ? "-" : "") + out;
+}
+
+namespace {
+
+std::string printf_str(const char* fmt, double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, x);
+  return buf;
+}
+
+std::string short_count(int64_t n) {
+  const double x = static_cast<double>(n);
+  if (x >= 1e9) return printf_str("%.2f B", x / 1e9);
+  if (x >= 1e6) return printf_str("%.2f M", x / 1e6);
+  if (x >= 1e3) return printf_str("%.2f K", x / 1e3);
+  return std::to_string(n);
+}
+
+std::string gib(int64_t bytes) {
+  return printf_str("%10.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+}
+
+}  // namespace
+
+std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e) {
+  const ModelConfig& m = cfg.model;
+  const TrainConfig& t = cfg.train;
+  const int64_t bpp = e.bytes_per_element;
+  const std::string dt = bpp == 8 ? "fp64" : bpp == 4 ? "fp32" : bpp == 2 ? "bf16" : "?";
+  std::string s;
+  auto line = [&](const std::string& l) { s += l + "\n"; };
+  line("dry run: " + (cfg.source.empty() ? std::string("(config)") : cfg.source) +
+       " (estimated, nothing allocated)");
+  line("  model        " + std::to_string(m.n_layers) + " layers, d_model " +
+       std::to_string(m.d_model) + ", " + std::to_string(m.n_heads) + " heads (" +
+       std::to_string(m.n_kv_heads) + " kv, head_dim " + std::to_string(m.head_dim()) +
+       "), ffn " + std::to_string(m.ffn_hidden) + ", vocab " + std::to_string(m.vocab_size) +
+       ", seq_len " + std::to_string(m.seq_len) +
+       (m.tie_embeddings ? ", tied embeddings" : ", untied embeddings"));
+  line("  parameters   " + with_thousands(e.n_params) + " (" + short_count(e.n_params) +
+       "); non-embedding " + with_thousands(e.n_params_non_embedding));
+  line("  batch        " + std::to_string(t.global_batch) + " sequences/step = micro_batch " +
+       std::to_string(t.micro_batch) + " x " + std::to_string(cfg.accum_steps()) +
+       " accumulation x dp " + std::to_string(cfg.parallel.dp) + "; " +
+       with_thousands(e.tokens_per_step) + " tokens/step");
+  line("  compute      " + printf_str("%.3e", e.flops_per_token) +
+       " FLOP/token (6 x matmul params + 12 L H hd T, no causal discount); " +
+       printf_str("%.3e", e.flops_per_step) + " FLOP/step");
+  line("  memory per rank (" + dt + " parameters and gradients, AdamW m and v, no sharding):");
+  line("    parameters   " + gib(e.bytes_params));
+  line("    gradients    " + gib(e.bytes_grads));
+  line("    optimizer    " + gib(e.bytes_optimizer) + "  (AdamW m, v)");
+  line("    activations  " + gib(e.bytes_activations) + "  (micro_batch " +
+       std::to_string(t.micro_batch) + " x seq_len " + std::to_string(m.seq_len) +
+       ", saved for backward)");
+  line("    total        " + gib(e.bytes_total));
+  return s;
+}
+
+}  // namespace adgt

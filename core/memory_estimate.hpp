@@ -1,0 +1,40 @@
+// The --dry-run estimator: parameter count, training FLOPs per token and
+// per-rank memory of a run, computed analytically from the config (nothing is
+// allocated; llama-70b takes microseconds). Formulas are in memory_estimate.cpp.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "core/config.hpp"
+
+namespace adgt {
+
+struct MemoryEstimate {
+  int64_t n_params = 0;                // total parameters (sum of the parameter table)
+  int64_t n_params_non_embedding = 0;  // without embed_tokens and an untied lm_head
+  int64_t n_params_matmul = 0;         // weights used in matmuls, lm_head counted even when tied
+  double flops_per_token = 0;          // training (fwd + bwd): 6*n_params_matmul + 12*L*H*hd*T
+  double flops_per_step = 0;           // flops_per_token * global_batch * seq_len
+  int64_t tokens_per_step = 0;         // global_batch * seq_len
+  int64_t bytes_per_element = 4;      // the bytes_per_param_compute it was made with
+  int64_t bytes_params = 0;            // per rank
+  int64_t bytes_grads = 0;             // per rank
+  int64_t bytes_optimizer = 0;         // per rank: AdamW m and v
+  int64_t bytes_activations = 0;       // per rank: one micro-batch's saved activations
+  int64_t bytes_total = 0;
+};
+
+// Bytes per parameter/activation element of the configured compute dtype:
+// 8 for train.dtype f64, else 4 (fp32 CPU reference).
+int64_t compute_bytes_per_element(const RunConfig& cfg);
+
+// The estimate for one rank. Assumes tp = pp = dp = 1 (no sharding).
+MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bytes_per_param_compute);
+
+// A human-readable report (counts with thousands separators, sizes in GiB).
+std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e);
+
+// 68976648192 -> "68,976,648,192".
+std::string with_thousands(int64_t n);
+
+}  // namespace adgt

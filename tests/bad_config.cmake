@@ -1,0 +1,58 @@
+# End-to-end config checks through the real binary: each bad case must make
+# `adgt-train --dry-run` print "error: <message>" on stderr and exit 2 (the
+# ConfigError contract of apps/adgt_train.cpp). The regexes pin the specific
+# message; [.] and [?] stand for literal characters to keep CMake escaping out.
+# The same cases are covered without the binary in tests/unit/config_test.cpp.
+if(NOT TARGET adgt-train)
+  message(STATUS "tests/bad_config.cmake: no adgt-train target yet; config CLI tests skipped")
+  return()
+endif()
+
+set(ADGT_EXPECT ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh)
+set(ADGT_BAD_CONFIGS ${CMAKE_CURRENT_SOURCE_DIR}/bad_configs)
+
+# adgt_config_error(<case> <stderr regex> [extra adgt-train args...]):
+# runs adgt-train --config bad_configs/<case>.yaml --dry-run <extra>.
+function(adgt_config_error case regex)
+  add_test(NAME config_error_${case}
+    COMMAND bash ${ADGT_EXPECT} --status 2 "${regex}" --
+      $<TARGET_FILE:adgt-train> --config ${ADGT_BAD_CONFIGS}/${case}.yaml --dry-run ${ARGN})
+  set_tests_properties(config_error_${case} PROPERTIES LABELS config TIMEOUT 30)
+endfunction()
+
+adgt_config_error(unknown_key
+  "^error: .*unknown_key[.]yaml:4: model[.]n_layerz: unknown key; did you mean model[.]n_layers[?]")
+adgt_config_error(wrong_type
+  "^error: .*wrong_type[.]yaml:4: train[.]micro_batch: expected a positive integer, got \"eight\"")
+adgt_config_error(negative_value
+  "^error: .*negative_value[.]yaml:3: train[.]micro_batch: expected a positive integer, got -3")
+adgt_config_error(bad_bool
+  "^error: .*bad_bool[.]yaml:3: model[.]tie_embeddings: expected true or false, got \"yes\"")
+adgt_config_error(lr_zero
+  "^error: .*lr_zero[.]yaml:3: train[.]lr: expected a number > 0, got 0")
+adgt_config_error(heads_not_divisible
+  "^error: .*heads_not_divisible[.]yaml: model[.]n_heads=12 is not divisible by model[.]n_kv_heads=8; choose n_kv_heads in [{]1,2,3,4,6,12[}]")
+adgt_config_error(batch_not_divisible
+  "^error: .*batch_not_divisible[.]yaml: train[.]global_batch=10 is not a multiple of train[.]micro_batch=4 x parallel[.]dp=1; use 8 or 12")
+adgt_config_error(unknown_section
+  "^error: .*unknown_section[.]yaml:4: unknown section \"optimiser\"; did you mean train")
+adgt_config_error(yaml_syntax
+  "^error: .*yaml_syntax[.]yaml:4: YAML syntax error")
+adgt_config_error(tp2
+  "^error: .*tp2[.]yaml: parallel[.]tp=2: parallelism beyond a single process is not available in this build yet")
+# A missing file (no such case file exists on purpose).
+adgt_config_error(does_not_exist
+  "^error: .*does_not_exist[.]yaml: cannot open config file")
+# A bad override on an otherwise valid config.
+add_test(NAME config_error_bad_set
+  COMMAND bash ${ADGT_EXPECT} --status 2
+    "^error: --set train[.]steps=abc: train[.]steps: expected a positive integer, got \"abc\"" --
+    $<TARGET_FILE:adgt-train> --config ${CMAKE_SOURCE_DIR}/configs/tiny.yaml
+      --set train.steps=abc --dry-run)
+set_tests_properties(config_error_bad_set PROPERTIES LABELS config TIMEOUT 30)
+
+# The positive case: the largest shipped config is estimated without allocating it.
+add_test(NAME dry_run_llama_70b
+  COMMAND bash ${ADGT_EXPECT} --success "68,976,648,192" --
+    $<TARGET_FILE:adgt-train> --config ${CMAKE_SOURCE_DIR}/configs/llama-70b.yaml --dry-run)
+set_tests_properties(dry_run_llama_70b PROPERTIES LABELS config TIMEOUT 30)

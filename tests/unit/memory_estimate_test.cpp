@@ -1,0 +1,105 @@
+// The --dry-run estimator against the parameter table, published parameter
+// counts (HuggingFace LLaMA 2 configs), the CPU backend's own attention
+// buffer size, and a hand count for the tiny model.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+
+#include "core/config.hpp"
+#include "core/memory_estimate.hpp"
+#include "core/param_table.hpp"
+#include "kernels/backend.hpp"
+
+using namespace adgt;
+
+namespace {
+RunConfig shipped(const std::string& name) {
+  return load_config(std::string(ADGT_SOURCE_DIR) + "/configs/" + name + ".yaml");
+}
+}  // namespace
+
+TEST_CASE("parameter counts match the table and published models", "[dryrun]") {
+  const RunConfig tiny = shipped("tiny");
+  const MemoryEstimate e = estimate_memory(tiny, 4);
+  CHECK(e.n_params == param_count(build_param_table(tiny.model)));
+  CHECK(e.n_params == 4999424);
+  CHECK(e.n_params_non_embedding == e.n_params - 2 * 4096 * 256);
+
+  CHECK(estimate_memory(shipped("llama-7b"), 4).n_params == 6738415616LL);
+  CHECK(estimate_memory(shipped("llama-13b"), 4).n_params == 13015864320LL);
+  CHECK(estimate_memory(shipped("llama-34b"), 4).n_params == 33743970304LL);
+  CHECK(estimate_memory(shipped("llama-70b"), 4).n_params == 68976648192LL);
+  CHECK(estimate_memory(shipped("gpt-small"), 4).n_params == 134105856LL);
+
+  // Tied embeddings: one V x C matrix fewer, but lm_head still costs matmul FLOPs.
+  RunConfig tied = tiny;
+  tied.model.tie_embeddings = true;
+  const MemoryEstimate t = estimate_memory(tied, 4);
+  CHECK(t.n_params == e.n_params - 4096 * 256);
+  CHECK(t.n_params_matmul == e.n_params_matmul);
+  CHECK(t.n_params_non_embedding == e.n_params_non_embedding);
+}
+
+TEST_CASE("FLOPs per token: 6 N_matmul + 12 L H hd T", "[dryrun]") {
+  const RunConfig c = shipped("tiny");
+  const MemoryEstimate e = estimate_memory(c, 4);
+  // Per layer q,o: C*C each; k,v: C*KV*hd = 256*128 each; gate, up, down: C*F each.
+  const int64_t per_layer = 2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 688;
+  const int64_t matmul = 4 * per_layer + 4096 * 256;  // + lm_head
+  CHECK(e.n_params_matmul == matmul);
+  CHECK(e.flops_per_token == Approx(6.0 * matmul + 12.0 * 4 * 8 * 32 * 256));
+  CHECK(e.tokens_per_step == 8 * 256);
+  CHECK(e.flops_per_step == Approx(e.flops_per_token * 8 * 256));
+  // LLaMA 2 7B at 4096 context: ~6.6e9 matmul params -> ~4.6e10 FLOP/token.
+  CHECK(estimate_memory(shipped("llama-7b"), 4).flops_per_token == Approx(4.61e10).epsilon(0.01));
+}
+
+TEST_CASE("memory: params, grads, AdamW state and saved activations", "[dryrun]") {
+  const RunConfig c = shipped("tiny");
+  const MemoryEstimate e = estimate_memory(c, 4);
+  const int64_t numel = total_numel(build_param_table(c.model));
+  CHECK(e.bytes_params == 4 * numel);
+  CHECK(e.bytes_grads == 4 * numel);
+  CHECK(e.bytes_optimizer == 8 * numel);
+  // Hand count per token: layer 4C+2 + 2*H*hd + 2*KV*hd + H*T + 3F; final 2C+1+V+1.
+  const int64_t C = 256, H = 8, KV = 4, hd = 32, T = 256, F = 688, V = 4096, L = 4, B = 8;
+  const int64_t layer = 4 * C + 2 + 2 * H * hd + 2 * KV * hd + H * T + 3 * F;
+  const int64_t fin = 2 * C + 2 + V;
+  CHECK(e.bytes_activations == B * T * (L * layer + fin) * 4);
+  CHECK(e.bytes_total == e.bytes_params + e.bytes_grads + e.bytes_optimizer + e.bytes_activations);
+
+  // The attention term is exactly what the CPU backend allocates for its probabilities.
+  auto be = make_backend("cpu");
+  const int64_t att = be->attention_saved_elems({B, T, H, KV, hd});
+  CHECK(att == B * T * H * T);
+
+  // f64 doubles params, grads and activations; m and v are f64 too.
+  const MemoryEstimate d = estimate_memory(c, 8);
+  CHECK(d.bytes_params == 2 * e.bytes_params);
+  CHECK(d.bytes_optimizer == 2 * e.bytes_optimizer);
+  CHECK(d.bytes_activations == 2 * e.bytes_activations);
+  RunConfig c64 = c;
+  c64.train.dtype = "f64";
+  CHECK(compute_bytes_per_element(c64) == 8);
+  CHECK(compute_bytes_per_element(c) == 4);
+}
+
+TEST_CASE("llama-70b is estimated instantly and printed", "[dryrun]") {
+  const RunConfig c = shipped("llama-70b");
+  const auto t0 = std::chrono::steady_clock::now();
+  const MemoryEstimate e = estimate_memory(c, compute_bytes_per_element(c));
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(ms < 100);
+  CHECK(e.bytes_params > 250LL << 30);  // ~257 GiB of fp32
+  CHECK(e.bytes_total > e.bytes_params);
+  const std::string s = format_estimate(c, e);
+  INFO(s);
+  CHECK_THAT(s, Catch::Matchers::Contains("68,976,648,192"));
+  CHECK_THAT(s, Catch::Matchers::Contains("accumulation"));
+  CHECK_THAT(s, Catch::Matchers::Contains("GiB"));
+  CHECK(with_thousands(0) == "0");
+  CHECK(with_thousands(999) == "999");
+  CHECK(with_thousands(1000) == "1,000");
+  CHECK(with_thousands(-1234567) == "-1,234,567");
+}
