@@ -1,6 +1,6 @@
-// CPU causal grouped-query attention. Per (batch, head): S = scale Q K^T and
-// O = P V as OpenBLAS GEMMs on strided views of the (B,T,H,hd) activations;
-// the probabilities P (B,H,T,T) are saved for the backward.
+// CPU causal grouped-query attention. Per (batch, head) and block of query
+// rows: S = scale Q K^T and O = P V as OpenBLAS GEMMs on strided views of the
+// (B,T,H,hd) activations; the probabilities P (B,H,T,T) are saved for the backward.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -21,6 +21,10 @@ void check_shapes(const AttentionShape& s, const Tensor& q, const Tensor& k, con
              op << ": q" << q.shape_str() << " k" << k.shape_str() << " v" << v.shape_str());
 }
 
+// Query rows are processed in blocks of kQBlock: a block of queries ending at
+// row r only needs keys [0, r), which skips most of the masked upper triangle.
+constexpr int64_t kQBlock = 64;
+
 template <class T>
 void forward(T* out, T* P, const T* q, const T* k, const T* v, const AttentionShape& s) {
   const int64_t B = s.B, Tn = s.T, H = s.n_heads, KV = s.n_kv_heads, hd = s.head_dim;
@@ -35,24 +39,28 @@ void forward(T* out, T* P, const T* q, const T* k, const T* v, const AttentionSh
       const T* V = v + b * Tn * ldk + kh * hd;
       T* S = P + (b * H + h) * Tn * Tn;
       T* O = out + b * Tn * ldq + h * hd;
-      cpu::gemm(false, true, Tn, Tn, hd, scale, Q, ldq, K, ldk, T(0), S, Tn);
-      for (int64_t i = 0; i < Tn; ++i) {
-        T* row = S + i * Tn;
-        T mx = row[0];
+      for (int64_t r0 = 0; r0 < Tn; r0 += kQBlock) {
+        const int64_t rows = std::min(kQBlock, Tn - r0), kend = r0 + rows;
+        T* Sb = S + r0 * Tn;
+        cpu::gemm(false, true, rows, kend, hd, scale, Q + r0 * ldq, ldq, K, ldk, T(0), Sb, Tn);
+        for (int64_t i = r0; i < kend; ++i) {
+          T* row = S + i * Tn;
+          T mx = row[0];
 #pragma omp simd reduction(max : mx)
-        for (int64_t j = 1; j <= i; ++j) mx = row[j] > mx ? row[j] : mx;
-        T sum = 0;
+          for (int64_t j = 1; j <= i; ++j) mx = row[j] > mx ? row[j] : mx;
+          T sum = 0;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j <= i; ++j) {
-          row[j] = cpu::vexp(row[j] - mx);
-          sum += row[j];
-        }
-        const T inv = T(1) / sum;
+          for (int64_t j = 0; j <= i; ++j) {
+            row[j] = cpu::vexp(row[j] - mx);
+            sum += row[j];
+          }
+          const T inv = T(1) / sum;
 #pragma omp simd
-        for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
-        std::fill(row + i + 1, row + Tn, T(0));
+          for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+          std::fill(row + i + 1, row + Tn, T(0));
+        }
+        cpu::gemm(false, false, rows, hd, kend, T(1), Sb, Tn, V, ldk, T(0), O + r0 * ldq, ldq);
       }
-      cpu::gemm(false, false, Tn, hd, Tn, T(1), S, Tn, V, ldk, T(0), O, ldq);
     }
   }
 }
@@ -67,7 +75,7 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const 
   // dK/dV in a fixed order without races.
 #pragma omp parallel
   {
-    std::vector<T> dS(size_t(Tn * Tn));
+    std::vector<T> dS(size_t(kQBlock * Tn));
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t kh = 0; kh < KV; ++kh) {
@@ -75,30 +83,40 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const 
         const T* V = v + b * Tn * ldk + kh * hd;
         T* dK = dk + b * Tn * ldk + kh * hd;
         T* dV = dv + b * Tn * ldk + kh * hd;
+        for (int64_t t = 0; t < Tn; ++t) {
+          std::fill(dK + t * ldk, dK + t * ldk + hd, T(0));
+          std::fill(dV + t * ldk, dV + t * ldk + hd, T(0));
+        }
         for (int64_t g = 0; g < group; ++g) {
           const int64_t h = kh * group + g;
-          const T beta = g == 0 ? T(0) : T(1);
           const T* Q = q + b * Tn * ldq + h * hd;
           const T* dO = dout + b * Tn * ldq + h * hd;
           T* dQ = dq + b * Tn * ldq + h * hd;
           const T* Ph = P + (b * H + h) * Tn * Tn;
-          // dV += P^T dO ; dP = dO V^T
-          cpu::gemm(true, false, Tn, hd, Tn, T(1), Ph, Tn, dO, ldq, beta, dV, ldk);
-          cpu::gemm(false, true, Tn, Tn, hd, T(1), dO, ldq, V, ldk, T(0), dS.data(), Tn);
-          // dS = P * (dP - rowsum(P * dP)) on the causal triangle.
-          for (int64_t i = 0; i < Tn; ++i) {
-            const T* pr = Ph + i * Tn;
-            T* dr = dS.data() + i * Tn;
-            T dot = 0;
+          for (int64_t r0 = 0; r0 < Tn; r0 += kQBlock) {
+            const int64_t rows = std::min(kQBlock, Tn - r0), kend = r0 + rows;
+            const T* Pb = Ph + r0 * Tn;
+            const T* dOb = dO + r0 * ldq;
+            // dV[:kend] += P_b^T dO_b ; dP_b = dO_b V[:kend]^T
+            cpu::gemm(true, false, kend, hd, rows, T(1), Pb, Tn, dOb, ldq, T(1), dV, ldk);
+            cpu::gemm(false, true, rows, kend, hd, T(1), dOb, ldq, V, ldk, T(0), dS.data(), Tn);
+            // dS = P * (dP - rowsum(P * dP)) on the causal triangle.
+            for (int64_t i = r0; i < kend; ++i) {
+              const T* pr = Ph + i * Tn;
+              T* dr = dS.data() + (i - r0) * Tn;
+              T dot = 0;
 #pragma omp simd reduction(+ : dot)
-            for (int64_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
+              for (int64_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
 #pragma omp simd
-            for (int64_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot);
-            std::fill(dr + i + 1, dr + Tn, T(0));
+              for (int64_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot);
+              std::fill(dr + i + 1, dr + kend, T(0));
+            }
+            // dQ_b = scale dS_b K[:kend] ; dK[:kend] += scale dS_b^T Q_b
+            cpu::gemm(false, false, rows, hd, kend, scale, dS.data(), Tn, K, ldk, T(0),
+                      dQ + r0 * ldq, ldq);
+            cpu::gemm(true, false, kend, hd, rows, scale, dS.data(), Tn, Q + r0 * ldq, ldq, T(1),
+                      dK, ldk);
           }
-          // dQ = scale dS K ; dK += scale dS^T Q
-          cpu::gemm(false, false, Tn, hd, Tn, scale, dS.data(), Tn, K, ldk, T(0), dQ, ldq);
-          cpu::gemm(true, false, Tn, hd, Tn, scale, dS.data(), Tn, Q, ldq, beta, dK, ldk);
         }
       }
     }

@@ -1,6 +1,8 @@
 // CPU backend: memory and simple elementwise ops.
 #include "kernels/cpu/cpu_backend.hpp"
 
+#include <cblas.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -8,6 +10,10 @@
 namespace adgt {
 
 CpuBackend::CpuBackend() = default;
+
+std::string CpuBackend::name() const {
+  return std::string("cpu (OpenBLAS ") + openblas_get_corename() + ")";
+}
 
 void* CpuBackend::alloc(size_t bytes) {
   size_t rounded = (bytes + 63) / 64 * 64;

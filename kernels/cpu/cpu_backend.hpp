@@ -14,7 +14,7 @@ class CpuBackend final : public Backend {
   double peak_tflops_ = 0;
 
  public:
-  std::string name() const override { return "cpu"; }
+  std::string name() const override;  // "cpu (OpenBLAS <core>)"
   bool is_host() const override { return true; }
 
   void* alloc(size_t bytes) override;

@@ -41,7 +41,7 @@ double CpuBackend::peak_tflops() {
   const int64_t n = 1024;
   std::vector<float> a(size_t(n * n), 1.0f), b(size_t(n * n), 0.5f), c(size_t(n * n));
   double best = 1e30;
-  for (int rep = 0; rep < 4; ++rep) {
+  for (int rep = 0; rep < 10; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
     cpu::gemm(false, true, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

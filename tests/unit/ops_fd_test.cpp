@@ -3,7 +3,6 @@
 // a fixed random R; the analytic gradient comes from the op's backward with
 // dy = R, the numeric one from (L(x+h) - L(x-h)) / 2h.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <functional>
 #include <vector>
@@ -32,8 +31,8 @@ double dot(const Vec& a, const Vec& b) {
 }
 
 // Checks d(loss)/d(x) == analytic for every element of x.
-void check_grad(Vec& x, const std::function<double()>& loss, const Vec& analytic,
-                const char* what, double h = 1e-6, double tol = 1e-6) {
+void check_grad(Vec& x, const std::function<double()>& loss, const Vec& analytic, const char* what,
+                double h = 1e-6, double tol = 1e-6) {
   REQUIRE(analytic.size() == x.size());
   double max_err = 0, max_ref = 0;
   for (size_t i = 0; i < x.size(); ++i) {
@@ -115,7 +114,8 @@ TEST_CASE("rope backward matches finite differences and HF's rotate-half", "[ops
   Vec x = randn(B * T * H * hd, 9), R = randn(x.size(), 10);
   // Independent formula: out = x*cos(emb) + rotate_half(x)*sin(emb), emb = cat(freqs, freqs).
   Vec y = x;
-  be.rope_forward(Tensor(y.data(), DType::F64, {B * T, H, hd}), T2(cs, T, half), T2(sn, T, half), T);
+  be.rope_forward(Tensor(y.data(), DType::F64, {B * T, H, hd}), T2(cs, T, half), T2(sn, T, half),
+                  T);
   for (int64_t r = 0; r < B * T; ++r)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t j = 0; j < hd; ++j) {
@@ -127,37 +127,64 @@ TEST_CASE("rope backward matches finite differences and HF's rotate-half", "[ops
       }
   auto loss = [&] {
     Vec z = x;
-    be.rope_forward(Tensor(z.data(), DType::F64, {B * T, H, hd}), T2(cs, T, half), T2(sn, T, half), T);
+    be.rope_forward(Tensor(z.data(), DType::F64, {B * T, H, hd}), T2(cs, T, half), T2(sn, T, half),
+                    T);
     return dot(z, R);
   };
   Vec dx = R;
-  be.rope_backward(Tensor(dx.data(), DType::F64, {B * T, H, hd}), T2(cs, T, half), T2(sn, T, half), T);
+  be.rope_backward(Tensor(dx.data(), DType::F64, {B * T, H, hd}), T2(cs, T, half), T2(sn, T, half),
+                   T);
   check_grad(x, loss, dx, "rope dx");
 }
 
-TEST_CASE("grouped-query causal attention backward matches finite differences", "[ops][fd]") {
+namespace {
+// Naive causal GQA attention, straight from the definition.
+Vec naive_attention(const Vec& q, const Vec& k, const Vec& v, const AttentionShape& s) {
+  const int64_t H = s.n_heads, KV = s.n_kv_heads, hd = s.head_dim, T = s.T;
+  Vec out(q.size(), 0.0);
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t kh = h / (H / KV);
+      for (int64_t i = 0; i < T; ++i) {
+        Vec sc(size_t(i + 1));
+        double mx = -1e300, z = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          double d = 0;
+          for (int64_t c = 0; c < hd; ++c)
+            d += q[((b * T + i) * H + h) * hd + c] * k[((b * T + j) * KV + kh) * hd + c];
+          sc[j] = d / std::sqrt(double(hd));
+          mx = std::max(mx, sc[j]);
+        }
+        for (auto& x : sc) z += (x = std::exp(x - mx));
+        for (int64_t c = 0; c < hd; ++c) {
+          double o = 0;
+          for (int64_t j = 0; j <= i; ++j) o += sc[j] / z * v[((b * T + j) * KV + kh) * hd + c];
+          out[((b * T + i) * H + h) * hd + c] = o;
+        }
+      }
+    }
+  return out;
+}
+
+void check_attention(const AttentionShape& s, uint64_t seed) {
   CpuBackend be;
-  AttentionShape s{2, 5, 4, 2, 3};  // B, T, H, KV, hd
   const int64_t nq = s.B * s.T * s.n_heads * s.head_dim, nk = s.B * s.T * s.n_kv_heads * s.head_dim;
-  Vec q = randn(nq, 11), k = randn(nk, 12), v = randn(nk, 13), R = randn(nq, 14), out(nq);
+  Vec q = randn(nq, seed), k = randn(nk, seed + 1), v = randn(nk, seed + 2),
+      R = randn(nq, seed + 3), out(nq);
   Vec saved(size_t(be.attention_saved_elems(s)));
   auto loss = [&] {
     be.attention_forward(T1(out), T1(saved), T1(q), T1(k), T1(v), s);
     return dot(out, R);
   };
   loss();
+  const Vec ref = naive_attention(q, k, v, s);
+  for (size_t i = 0; i < ref.size(); ++i) REQUIRE(out[i] == Approx(ref[i]).margin(1e-12));
   // Causality: output at position t must not depend on later keys/values.
   {
-    Vec out0 = out;
-    Vec k2 = k;
-    const int64_t last = (s.T - 1) * s.n_kv_heads * s.head_dim;  // batch 0, last position
-    k[size_t(last)] += 1.0;
+    Vec out0 = out, k2 = k;
+    k[size_t((s.T - 1) * s.n_kv_heads * s.head_dim)] += 1.0;  // batch 0, last position
     loss();
-    for (int64_t t = 0; t < s.T - 1; ++t)
-      for (int64_t j = 0; j < s.n_heads * s.head_dim; ++j) {
-        const size_t idx = size_t(t * s.n_heads * s.head_dim + j);
-        REQUIRE(out[idx] == out0[idx]);
-      }
+    for (int64_t i = 0; i < (s.T - 1) * s.n_heads * s.head_dim; ++i) REQUIRE(out[i] == out0[i]);
     k = k2;
     loss();
   }
@@ -166,6 +193,16 @@ TEST_CASE("grouped-query causal attention backward matches finite differences", 
   check_grad(q, loss, dq, "attention dq");
   check_grad(k, loss, dk, "attention dk");
   check_grad(v, loss, dv, "attention dv");
+}
+}  // namespace
+
+TEST_CASE("grouped-query causal attention matches the definition and finite differences",
+          "[ops][fd]") {
+  check_attention({2, 5, 4, 2, 3}, 11);  // B, T, H, KV, hd: one query block
+}
+
+TEST_CASE("attention over several query blocks (T=130) matches finite differences", "[ops][fd]") {
+  check_attention({1, 130, 2, 1, 4}, 21);  // 64 + 64 + 2 query rows
 }
 
 TEST_CASE("swiglu backward matches finite differences", "[ops][fd]") {
@@ -199,7 +236,10 @@ TEST_CASE("cross-entropy gradient matches finite differences", "[ops][fd]") {
   // Independent check of the loss value: log-sum-exp minus the target logit.
   loss();
   for (int64_t i = 0; i < N; ++i) {
-    if (tg[i] < 0) { REQUIRE(losses[i] == 0.0); continue; }
+    if (tg[i] < 0) {
+      REQUIRE(losses[i] == 0.0);
+      continue;
+    }
     double se = 0;
     for (int64_t j = 0; j < V; ++j) se += std::exp(logits[i * V + j]);
     REQUIRE(losses[i] == Approx(std::log(se) - logits[i * V + tg[i]]).epsilon(1e-12));
