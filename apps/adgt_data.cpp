@@ -1,0 +1,307 @@
+// adgt-data: text -> tokenizer + token shards (docs/data-format.md).
+//
+//   adgt-data prepare --input FILE --out DIR [--vocab-size 4096 | --tokenizer MODEL|byte]
+//                     [--val-fraction 0.05]
+//   adgt-data encode  --tokenizer SPEC --text "..."       ids, one line
+//   adgt-data decode  --tokenizer SPEC --ids "1 2 3"      text
+//   adgt-data info    --shard FILE [--head N]             header (+ first N tokens)
+//   adgt-data order   --shard FILE --seq-len T --seed S [--start I] [--count N]
+//                                                         windows samples I.. read
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/sampler.hpp"
+#include "core/token_shard.hpp"
+#include "core/tokenizer.hpp"
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string read_text(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec))
+    throw std::runtime_error("--input '" + path + "' is not a readable file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("--input '" + path + "' cannot be opened");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+uint64_t fnv1a64(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
+  return h;
+}
+
+struct PrepareArgs {
+  std::string input, out, tokenizer;
+  int vocab_size = 4096;
+  double val_fraction = 0.05;
+};
+
+int prepare(const PrepareArgs& a) {
+  const auto t_start = Clock::now();
+  const std::string text = read_text(a.input);
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+    throw std::runtime_error("--input '" + a.input + "' is empty (no non-blank text)");
+  const adgt::TextSplit split = adgt::split_text(text, a.val_fraction);
+  std::error_code ec;
+  if (a.tokenizer.empty()) {
+    if (a.vocab_size < adgt::kMinSentencePieceVocab || a.vocab_size > adgt::kMaxSentencePieceVocab)
+      throw std::runtime_error(
+          "--vocab-size " + std::to_string(a.vocab_size) + " is out of range; use a value in [" +
+          std::to_string(adgt::kMinSentencePieceVocab) + ", " +
+          std::to_string(adgt::kMaxSentencePieceVocab) + "], or --tokenizer byte");
+  } else if (a.tokenizer != "byte" && !fs::is_regular_file(a.tokenizer, ec)) {
+    throw std::runtime_error("--tokenizer '" + a.tokenizer +
+                             "' is not a file; pass a SentencePiece .model or \"byte\"");
+  }
+  fs::create_directories(a.out, ec);
+  if (ec)
+    throw std::runtime_error("--out '" + a.out + "': cannot create directory: " + ec.message());
+  const fs::path dir(a.out);
+  const double t_read = seconds_since(t_start);
+
+  // ---- tokenizer ----
+  const auto t_tok = Clock::now();
+  nlohmann::json tok_meta;
+  std::string tok_spec;
+  const fs::path model_dst = dir / "tokenizer.model", vocab_dst = dir / "tokenizer.vocab";
+  if (a.tokenizer == "byte") {
+    tok_spec = "byte";
+    tok_meta = {{"kind", "byte"}, {"path", "byte"}, {"trained", false}};
+    fs::remove(model_dst, ec);  // no stale model from an earlier run beside byte shards
+    fs::remove(vocab_dst, ec);
+  } else if (!a.tokenizer.empty()) {
+    adgt::Tokenizer::load(a.tokenizer);  // fail here, naming the original, if it is not a model
+    if (!fs::exists(model_dst) || !fs::equivalent(a.tokenizer, model_dst)) {
+      fs::copy_file(a.tokenizer, model_dst, fs::copy_options::overwrite_existing, ec);
+      if (ec)
+        throw std::runtime_error("cannot copy --tokenizer '" + a.tokenizer + "' to '" +
+                                 model_dst.string() + "': " + ec.message());
+      const fs::path vocab_src = fs::path(a.tokenizer).replace_extension(".vocab");
+      if (fs::is_regular_file(vocab_src, ec))
+        fs::copy_file(vocab_src, vocab_dst, fs::copy_options::overwrite_existing, ec);
+      else
+        fs::remove(vocab_dst, ec);
+    }
+    tok_spec = model_dst.string();
+    tok_meta = {{"kind", "sentencepiece"},
+                {"path", tok_spec},
+                {"trained", false},
+                {"copied_from", a.tokenizer}};
+  } else {
+    std::string train_text;  // the tokenizer never sees validation text
+    train_text.reserve(text.size());
+    for (const auto& b : split.blocks)
+      if (!b.val) train_text.append(text, b.begin, b.end - b.begin);
+    const std::string prefix = (dir / "tokenizer").string();
+    std::printf("training SentencePiece BPE (vocab %d) on %zu bytes of %s ...\n", a.vocab_size,
+                train_text.size(), a.input.c_str());
+    std::fflush(stdout);
+    adgt::train_sentencepiece_text(train_text, prefix, a.vocab_size, a.input);
+    tok_spec = prefix + ".model";
+    tok_meta = {{"kind", "sentencepiece"},
+                {"path", tok_spec},
+                {"trained", true},
+                {"vocab_size_requested", a.vocab_size},
+                {"model_type", "bpe"}};
+  }
+  const auto tok = adgt::Tokenizer::load(tok_spec);
+  const int64_t vocab = tok->vocab_size();
+  tok_meta["vocab_size"] = vocab;
+  if (a.tokenizer.empty() && vocab < a.vocab_size)
+    std::printf(
+        "note: the text supports only %lld pieces; the vocab is %lld, not --vocab-size %d\n",
+        static_cast<long long>(vocab), static_cast<long long>(vocab), a.vocab_size);
+  const double t_train = seconds_since(t_tok);
+
+  // ---- encode, block by block, in parallel ----
+  const auto t_enc = Clock::now();
+  std::vector<std::string_view> pieces;
+  for (const auto& b : split.blocks)
+    pieces.push_back(std::string_view(text).substr(b.begin, b.end - b.begin));
+  const auto encoded = tok->encode_batch(pieces);
+  std::vector<int32_t> train, val;
+  size_t train_bytes = 0, val_bytes = 0, val_blocks = 0;
+  for (size_t i = 0; i < encoded.size(); ++i) {
+    auto& dst = split.blocks[i].val ? val : train;
+    dst.insert(dst.end(), encoded[i].begin(), encoded[i].end());
+    (split.blocks[i].val ? val_bytes : train_bytes) += pieces[i].size();
+    val_blocks += split.blocks[i].val;
+  }
+  const double t_encode = seconds_since(t_enc);
+
+  // Lossless check on the first block (cheap; catches normalising models).
+  const bool lossless = tok->decode(encoded.front()) == pieces.front();
+  if (!lossless)
+    std::fprintf(stderr,
+                 "adgt-data: warning: tokenizer '%s' does not reproduce the text exactly "
+                 "(decode(encode(block 0)) != block 0); it normalises text\n",
+                 tok_spec.c_str());
+
+  // ---- write ----
+  const auto t_wr = Clock::now();
+  const std::string train_path = (dir / "train.bin").string(),
+                    val_path = (dir / "val.bin").string();
+  adgt::write_token_shard(train_path, train, vocab);
+  adgt::write_token_shard(val_path, val, vocab);
+  if (val.empty())
+    std::fprintf(stderr,
+                 "adgt-data: warning: %s is empty (--val-fraction %g); evaluation "
+                 "will have nothing to read\n",
+                 val_path.c_str(), a.val_fraction);
+
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(fnv1a64(text)));
+  const nlohmann::json meta = {
+      {"format", "adgt token shard v1 (docs/data-format.md)"},
+      {"source", {{"path", a.input}, {"bytes", text.size()}, {"fnv1a64", hash}}},
+      {"tokenizer", tok_meta},
+      {"vocab_size", vocab},
+      {"dtype", adgt::token_dtype_for_vocab(vocab) == adgt::kTokenDtypeU16 ? "uint16" : "uint32"},
+      {"lossless", lossless},
+      {"split",
+       {{"val_fraction", a.val_fraction},
+        {"k", split.k},
+        {"block_bytes", split.block_bytes},
+        {"blocks", split.blocks.size()},
+        {"val_blocks", val_blocks},
+        {"rule",
+         "blocks of ~block_bytes cut at blank lines/newlines; block b is val iff "
+         "k > 0 and b % k == k-1 (last block if none qualifies)"}}},
+      {"train", {{"path", train_path}, {"tokens", train.size()}, {"text_bytes", train_bytes}}},
+      {"val", {{"path", val_path}, {"tokens", val.size()}, {"text_bytes", val_bytes}}},
+  };
+  const std::string meta_path = (dir / "meta.json").string();
+  {
+    std::ofstream mf(meta_path);
+    mf << meta.dump(2) << "\n";
+    if (!mf) throw std::runtime_error("cannot write '" + meta_path + "'");
+  }
+  const double t_write = seconds_since(t_wr);
+
+  std::printf("source     %s: %zu bytes, %zu blocks of ~%lld bytes, %zu to val (k=%lld)\n",
+              a.input.c_str(), text.size(), split.blocks.size(),
+              static_cast<long long>(split.block_bytes), val_blocks,
+              static_cast<long long>(split.k));
+  std::printf("tokenizer  %s (%s), vocab %lld\n", tok_spec.c_str(), tok->kind().c_str(),
+              static_cast<long long>(vocab));
+  std::printf("train      %s: %zu tokens (%.3f bytes/token)\n", train_path.c_str(), train.size(),
+              train.empty() ? 0.0 : double(train_bytes) / double(train.size()));
+  std::printf("val        %s: %zu tokens (%.3f bytes/token)\n", val_path.c_str(), val.size(),
+              val.empty() ? 0.0 : double(val_bytes) / double(val.size()));
+  std::printf("meta       %s\n", meta_path.c_str());
+  std::printf("time       %.2f s total: read %.2f, tokenizer %.2f, encode %.2f, write %.2f\n",
+              seconds_since(t_start), t_read, t_train, t_encode, t_write);
+  return 0;
+}
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  std::istringstream is(s);
+  std::string tok;
+  while (is >> tok) {
+    try {
+      size_t used = 0;
+      const long v = std::stol(tok, &used);
+      if (used != tok.size()) throw std::invalid_argument(tok);
+      ids.push_back(static_cast<int32_t>(v));
+    } catch (const std::logic_error&) {
+      throw std::runtime_error("--ids: '" + tok + "' is not an integer token id");
+    }
+  }
+  return ids;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"adgt-data: train a tokenizer and write token shards (docs/data-format.md)"};
+  app.require_subcommand(1);
+
+  PrepareArgs pa;
+  auto* prep =
+      app.add_subcommand("prepare", "text -> DIR/{tokenizer.model,train.bin,val.bin,meta.json}");
+  prep->add_option("--input", pa.input, "UTF-8 text file")->required();
+  prep->add_option("--out", pa.out, "output directory (created)")->required();
+  auto* vs = prep->add_option("--vocab-size", pa.vocab_size,
+                              "train a SentencePiece BPE tokenizer of this size")
+                 ->capture_default_str();
+  auto* tk = prep->add_option("--tokenizer", pa.tokenizer,
+                              "use this SentencePiece .model (copied to DIR) or \"byte\"");
+  vs->excludes(tk);
+  prep->add_option("--val-fraction", pa.val_fraction, "fraction of blocks held out (every k-th)")
+      ->capture_default_str();
+
+  std::string spec, text, ids, shard;
+  int64_t head = 0;
+  auto* enc = app.add_subcommand("encode", "print the token ids of --text");
+  enc->add_option("--tokenizer", spec, "SentencePiece .model or \"byte\"")->required();
+  enc->add_option("--text", text, "text to encode")->required();
+  auto* dec = app.add_subcommand("decode", "print the text of --ids");
+  dec->add_option("--tokenizer", spec, "SentencePiece .model or \"byte\"")->required();
+  dec->add_option("--ids", ids, "space-separated token ids")->required();
+  auto* info = app.add_subcommand("info", "print a token shard's header");
+  info->add_option("--shard", shard, "token shard (.bin)")->required();
+  info->add_option("--head", head, "also print the first N tokens");
+
+  int64_t seq_len = 0, start = 0, count = 16;
+  uint64_t seed = 0;
+  auto* order =
+      app.add_subcommand("order", "print the windows the sampler reads for samples --start..");
+  order->add_option("--shard", shard, "token shard (.bin)")->required();
+  order->add_option("--seq-len", seq_len, "model.seq_len")->required();
+  order->add_option("--seed", seed, "train.seed")->required();
+  order->add_option("--start", start, "first global sample index")->capture_default_str();
+  order->add_option("--count", count, "how many samples")->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (prep->parsed()) return prepare(pa);
+    if (enc->parsed()) {
+      const auto v = adgt::Tokenizer::load(spec)->encode(text);
+      for (size_t i = 0; i < v.size(); ++i) std::printf(i ? " %d" : "%d", v[i]);
+      std::printf("\n");
+    } else if (dec->parsed()) {
+      std::cout << adgt::Tokenizer::load(spec)->decode(parse_ids(ids)) << "\n";
+    } else if (info->parsed()) {
+      const adgt::TokenShard s(shard);
+      std::printf("%s: %lld tokens, vocab %lld, dtype %s\n", s.path().c_str(),
+                  static_cast<long long>(s.size()), static_cast<long long>(s.vocab_size()),
+                  s.dtype() == adgt::kTokenDtypeU16 ? "uint16" : "uint32");
+      const int64_t n = std::min<int64_t>(std::max<int64_t>(head, 0), s.size());
+      std::vector<int32_t> v(static_cast<size_t>(n));
+      s.read(0, n, v.data());
+      for (int64_t i = 0; i < n; ++i) std::printf(i ? " %d" : "%d", v[i]);
+      if (n) std::printf("\n");
+    } else if (order->parsed()) {
+      const adgt::TokenShard s(shard);
+      const adgt::Sampler sampler(s, seq_len, seed);
+      std::printf("# windows_per_epoch %lld\n",
+                  static_cast<long long>(sampler.windows_per_epoch()));
+      for (int64_t i = 0; i < count; ++i)
+        std::printf(i ? " %lld" : "%lld", static_cast<long long>(sampler.window_of(start + i)));
+      std::printf("\n");
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "adgt-data: error: %s\n", e.what());
+    return 1;
+  }
+}

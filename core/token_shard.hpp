@@ -1,0 +1,90 @@
+// Token shards: one memory-mapped binary file of token ids (adgt-data output,
+// read by the sampler). Layout, little-endian (docs/data-format.md):
+//
+//   offset  size  field
+//        0     8  magic "ADGTTOK\0"
+//        8     4  u32 version (= 1)
+//       12     4  u32 dtype (1 = uint16, 2 = uint32)
+//       16     8  u64 token count
+//       24     8  u64 vocab size (every token id < vocab size)
+//       32    32  zero
+//       64     -  the tokens, token count * (2 or 4) bytes, nothing after
+//
+// dtype is uint16 when vocab size <= 65536, else uint32.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace adgt {
+
+inline constexpr char kTokenShardMagic[8] = {'A', 'D', 'G', 'T', 'T', 'O', 'K', '\0'};
+inline constexpr uint32_t kTokenShardVersion = 1;
+inline constexpr uint32_t kTokenDtypeU16 = 1;
+inline constexpr uint32_t kTokenDtypeU32 = 2;
+inline constexpr int64_t kTokenShardHeaderBytes = 64;
+
+// The dtype code write_token_shard picks for `vocab_size`.
+uint32_t token_dtype_for_vocab(int64_t vocab_size);
+
+// Writes `tokens` (each in [0, vocab_size)) to `path`: first to `path`.tmp,
+// then renamed over `path`, so a reader never sees a half-written shard.
+// Throws naming the file (and the offending token) on any failure.
+void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens,
+                       int64_t vocab_size);
+
+// A read-only memory map of a shard. Validates the whole header and the file
+// length on open; throws std::runtime_error naming the file and a fix.
+class TokenShard {
+ public:
+  explicit TokenShard(const std::string& path);
+  TokenShard(TokenShard&& o) noexcept;
+  TokenShard& operator=(TokenShard&& o) noexcept;
+  TokenShard(const TokenShard&) = delete;
+  TokenShard& operator=(const TokenShard&) = delete;
+  ~TokenShard();
+
+  int64_t size() const { return count_; }  // token count
+  int64_t vocab_size() const { return vocab_; }
+  uint32_t dtype() const { return dtype_; }
+  const std::string& path() const { return path_; }
+
+  // out[0, n) = tokens [start, start+n); throws unless 0 <= start, 0 <= n,
+  // start+n <= size().
+  void read(int64_t start, int64_t n, int32_t* out) const;
+
+ private:
+  void unmap() noexcept;
+
+  std::string path_;
+  void* map_ = nullptr;  // whole file, PROT_READ
+  size_t map_bytes_ = 0;
+  const void* tokens_ = nullptr;  // map_ + 64
+  int64_t count_ = 0;
+  int64_t vocab_ = 0;
+  uint32_t dtype_ = 0;
+};
+
+// ---- the train/validation split of a text (docs/data-format.md) ----
+// The text is cut into blocks of about block_bytes, at paragraph or line
+// boundaries; every k-th block (b % k == k-1) goes to validation, the rest to
+// training, each side in text order.
+struct TextBlock {
+  size_t begin = 0, end = 0;  // byte range [begin, end) of the text
+  bool val = false;
+};
+struct TextSplit {
+  int64_t k = 0;            // 0: no validation blocks
+  int64_t block_bytes = 0;  // target block size B
+  std::vector<TextBlock> blocks;
+};
+// val_fraction in [0, 0.5]; k = round(1/val_fraction). B = min(65536,
+// max(256, ceil(len / (4k)))) (65536 when val_fraction = 0). A block starting
+// at s ends just after the first blank line ("\n\n") at or after s+B-1 when
+// that lies before s+2B, else just after the first '\n' at or after s+B-1, else
+// at the end of the text. If no block has b % k == k-1 but there are at least
+// two blocks, the last one goes to validation. Throws on a bad val_fraction.
+TextSplit split_text(std::string_view text, double val_fraction);
+
+}  // namespace adgt

@@ -1,0 +1,97 @@
+# End-to-end checks of adgt-data on a small generated text (docs/data-format.md).
+if(NOT TARGET adgt-data)
+  return()
+endif()
+
+# ~60 KB of deterministic pseudo-text: lines of words from a small vocabulary,
+# a blank line every 8 lines.
+set(_words the and of to in that shall unto he lord his they be is him not them it with all
+           thou thy was which my for me but ye i are said upon this have)
+list(LENGTH _words _nwords)
+set(_text "")
+set(_state 12345)
+foreach(line RANGE 1 1000)
+  set(_line "")
+  foreach(w RANGE 1 9)
+    math(EXPR _state "(${_state} * 1103515245 + 12345) % 2147483648")
+    math(EXPR _i "(${_state} / 65536) % ${_nwords}")
+    list(GET _words ${_i} _word)
+    string(APPEND _line "${_word} ")
+  endforeach()
+  string(APPEND _text "  ${line} ${_line}\n")
+  math(EXPR _para "${line} % 8")
+  if(_para EQUAL 0)
+    string(APPEND _text "\n")
+  endif()
+endforeach()
+set(ADGT_DATA_E2E ${CMAKE_BINARY_DIR}/tests/data_e2e)
+file(WRITE ${ADGT_DATA_E2E}/input.txt "${_text}")
+
+set(_data $<TARGET_FILE:adgt-data>)
+
+add_test(NAME data_prepare_bpe
+  COMMAND ${_data} prepare --input ${ADGT_DATA_E2E}/input.txt --out ${ADGT_DATA_E2E}/bpe
+          --vocab-size 320 --val-fraction 0.1)
+set_tests_properties(data_prepare_bpe PROPERTIES FIXTURES_SETUP data_bpe
+  PASS_REGULAR_EXPRESSION "train +.*train.bin: [1-9][0-9]* tokens")
+
+add_test(NAME data_info_bpe COMMAND ${_data} info --shard ${ADGT_DATA_E2E}/bpe/val.bin --head 4)
+set_tests_properties(data_info_bpe PROPERTIES FIXTURES_REQUIRED data_bpe
+  PASS_REGULAR_EXPRESSION "val.bin: [1-9][0-9]* tokens, vocab 320, dtype uint16")
+
+# Reusing the trained model on the same text gives the same shards.
+add_test(NAME data_prepare_reuse_model
+  COMMAND sh -c "\"$1\" prepare --input \"$2/input.txt\" --out \"$2/reuse\" --tokenizer \"$2/bpe/tokenizer.model\" --val-fraction 0.1 && cmp \"$2/bpe/train.bin\" \"$2/reuse/train.bin\" && cmp \"$2/bpe/val.bin\" \"$2/reuse/val.bin\""
+          sh ${_data} ${ADGT_DATA_E2E})
+set_tests_properties(data_prepare_reuse_model PROPERTIES FIXTURES_REQUIRED data_bpe)
+
+add_test(NAME data_prepare_byte
+  COMMAND ${_data} prepare --input ${ADGT_DATA_E2E}/input.txt --out ${ADGT_DATA_E2E}/byte
+          --tokenizer byte)
+set_tests_properties(data_prepare_byte PROPERTIES
+  PASS_REGULAR_EXPRESSION "tokenizer +byte \\(byte\\), vocab 256")
+
+add_test(NAME data_encode_decode_byte
+  COMMAND sh -c "\"$1\" encode --tokenizer byte --text 'hi!' | grep -x '104 105 33' && \"$1\" decode --tokenizer byte --ids '104 105 33' | grep -x 'hi!'"
+          sh ${_data})
+
+# Errors exit non-zero and name the file / flag.
+function(adgt_data_error_test name pattern)
+  add_test(NAME ${name}
+    COMMAND sh -c "out=$(\"$0\" \"$@\" 2>&1); rc=$?; echo \"$out\"; [ $rc -ne 0 ] && echo \"$out\" | grep -q -- \"${pattern}\""
+            ${_data} ${ARGN})
+endfunction()
+adgt_data_error_test(data_error_missing_input "nope.txt' is not a readable file"
+  prepare --input ${ADGT_DATA_E2E}/nope.txt --out ${ADGT_DATA_E2E}/err)
+adgt_data_error_test(data_error_bad_vocab "--vocab-size 10 is out of range"
+  prepare --input ${ADGT_DATA_E2E}/input.txt --out ${ADGT_DATA_E2E}/err --vocab-size 10)
+adgt_data_error_test(data_error_bad_val_fraction "--val-fraction"
+  prepare --input ${ADGT_DATA_E2E}/input.txt --out ${ADGT_DATA_E2E}/err --val-fraction 0.9)
+adgt_data_error_test(data_error_bad_tokenizer "missing.model"
+  prepare --input ${ADGT_DATA_E2E}/input.txt --out ${ADGT_DATA_E2E}/err
+  --tokenizer ${ADGT_DATA_E2E}/missing.model)
+file(WRITE ${ADGT_DATA_E2E}/empty.txt " \n\n")
+adgt_data_error_test(data_error_empty_input "empty.txt' is empty"
+  prepare --input ${ADGT_DATA_E2E}/empty.txt --out ${ADGT_DATA_E2E}/err)
+
+# The sampler definition in docs/data-format.md (a Python block) is executable:
+# it must give exactly the windows `adgt-data order` reports.
+add_test(NAME data_sampler_matches_doc
+  COMMAND ${ADGT_PYTHON} -c [=[
+import re, subprocess, sys
+doc, exe, shard = sys.argv[1:4]
+code = re.search(r'```python\n(M64 = .*?)```', open(doc).read(), re.S).group(1)
+ns = {}
+exec(code, ns)
+for seed in (0, 99, 2**64 - 1):
+    out = subprocess.run([exe, 'order', '--shard', shard, '--seq-len', '7', '--seed', str(seed),
+                          '--count', '1000'], capture_output=True, text=True, check=True).stdout
+    lines = out.split('\n')
+    W = int(lines[0].split()[-1])
+    got = [int(x) for x in lines[1].split()]
+    want = [ns['window_of'](i, W, seed) for i in range(1000)]
+    if got != want:
+        sys.exit('seed %d: adgt-data order disagrees with docs/data-format.md' % seed)
+print('ok: W =', W, '1000 samples x 3 seeds match')
+]=] ${CMAKE_SOURCE_DIR}/docs/data-format.md $<TARGET_FILE:adgt-data> ${ADGT_DATA_E2E}/bpe/val.bin)
+set_tests_properties(data_sampler_matches_doc PROPERTIES FIXTURES_REQUIRED data_bpe)
