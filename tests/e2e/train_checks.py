@@ -171,7 +171,7 @@ def main():
     ap.add_argument("--data", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--bound", type=float, default=5.0)
+    ap.add_argument("--bound", type=float, default=5.3)
     args = ap.parse_args()
     work = os.path.join(args.work, args.check)
     shutil.rmtree(work, ignore_errors=True)
