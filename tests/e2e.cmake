@@ -19,3 +19,24 @@ foreach(check resume eval loss nan signal)
       ${_args_${check}})
   set_tests_properties(e2e_${check} PROPERTIES FIXTURES_REQUIRED kjv LABELS e2e TIMEOUT 900)
 endforeach()
+
+# Missing or mismatched data: a named error and a non-zero exit before training.
+add_test(NAME e2e_error_missing_shard
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh --status 1
+    "data.train: token shard '/nonexistent/train.bin' does not exist; prepare it with"
+    -- $<TARGET_FILE:adgt-train> --config ${CMAKE_SOURCE_DIR}/configs/tiny.yaml
+       --set data.train=/nonexistent/train.bin --set log.dir=${CMAKE_BINARY_DIR}/e2e/missing)
+add_test(NAME e2e_error_vocab_too_small
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh --status 1
+    "data.train: shard '.*' was tokenized with vocabulary 4096 but model.vocab_size=1000"
+    -- $<TARGET_FILE:adgt-train> --config ${CMAKE_SOURCE_DIR}/configs/tiny.yaml
+       --set data.train=${ADGT_KJV}/train.bin --set data.val=${ADGT_KJV}/val.bin
+       --set model.vocab_size=1000 --set log.dir=${CMAKE_BINARY_DIR}/e2e/vocab)
+set_tests_properties(e2e_error_vocab_too_small PROPERTIES FIXTURES_REQUIRED kjv)
+add_test(NAME e2e_error_eval_without_checkpoint
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh --status 1
+    "--resume auto: no complete checkpoint under"
+    -- $<TARGET_FILE:adgt-train> --config ${CMAKE_SOURCE_DIR}/configs/tiny.yaml
+       --set data.train=${ADGT_KJV}/train.bin --set data.val=${ADGT_KJV}/val.bin
+       --set checkpoint.dir=${CMAKE_BINARY_DIR}/e2e/none --eval-only --resume auto)
+set_tests_properties(e2e_error_eval_without_checkpoint PROPERTIES FIXTURES_REQUIRED kjv)
