@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <functional>
 #include <limits>
 #include <map>
@@ -143,13 +144,19 @@ const std::vector<Key>& schema() {
           "SentencePiece model file, or \"byte\""),
       // parallel
       key("parallel", &R::parallel, "tp", &ParallelConfig::tp, A::Positive,
-          "tensor-parallel degree (1 in this build)"),
+          "tensor-parallel degree; divides n_heads, n_kv_heads and ffn_hidden"),
       key("parallel", &R::parallel, "pp", &ParallelConfig::pp, A::Positive,
           "pipeline-parallel degree (1 in this build)"),
       key("parallel", &R::parallel, "dp", &ParallelConfig::dp, A::Positive,
-          "data-parallel degree (1 in this build)"),
+          "data-parallel degree; tp x pp x dp = number of ranks"),
       key("parallel", &R::parallel, "ep", &ParallelConfig::ep, A::Positive,
           "expert-parallel degree (1 in this build)"),
+      key("parallel", &R::parallel, "zero", &ParallelConfig::zero, A::NonNegative,
+          "0, or 1 for ZeRO-1: AdamW state and master-weight updates sharded over dp"),
+      key("parallel", &R::parallel, "sequence_parallel", &ParallelConfig::sequence_parallel,
+          A::Any, "shard the norm and residual regions along the sequence over tp"),
+      key("parallel", &R::parallel, "bucket_mb", &ParallelConfig::bucket_mb, A::Positive,
+          "gradient all-reduce bucket size in MiB (started as buckets complete)"),
       // checkpoint
       key("checkpoint", &R::checkpoint, "dir", &CheckpointConfig::dir, A::NonEmpty,
           "directory for checkpoints"),
@@ -556,18 +563,40 @@ std::string head_choices(const ModelConfig& m) {
   return set_text(divisors_near(m.d_model, m.n_heads, 12, even_hd));
 }
 
-// Rules that keep this build single-process. Relax here when the parallel
-// pieces land (the mesh check then replaces it: product = world size, ...).
-void check_single_process(const RunConfig& cfg) {
-  const std::pair<const char*, int64_t> dims[] = {{"tp", cfg.parallel.tp},
-                                                   {"pp", cfg.parallel.pp},
-                                                   {"dp", cfg.parallel.dp},
-                                                   {"ep", cfg.parallel.ep}};
-  for (const auto& [n, v] : dims)
-    if (v != 1)
-      throw ConfigError(prefix(cfg) + ": parallel." + n + "=" + std::to_string(v) +
-                        ": parallelism beyond a single process is not available in this build "
-                        "yet (coming with the data/tensor parallel issue); use 1");
+std::string divisors_text(int64_t n) {
+  std::vector<int64_t> d;
+  for (int64_t i = 1; i <= n && d.size() < 12; ++i)
+    if (n % i == 0) d.push_back(i);
+  return set_text(d);
+}
+
+// Parallel layout rules that do not depend on the launch (validate_world
+// checks the rank count).
+void check_parallel(const RunConfig& cfg) {
+  const std::string src = prefix(cfg);
+  const ParallelConfig& p = cfg.parallel;
+  const ModelConfig& m = cfg.model;
+  if (p.pp != 1)
+    throw ConfigError(src + ": parallel.pp=" + std::to_string(p.pp) +
+                      ": pipeline parallelism is not available in this build yet; use 1");
+  if (p.ep != 1)
+    throw ConfigError(src + ": parallel.ep=" + std::to_string(p.ep) +
+                      ": expert parallelism is not available in this build yet; use 1");
+  if (p.zero > 1)
+    throw ConfigError(src + ": parallel.zero=" + std::to_string(p.zero) +
+                      ": only ZeRO stage 0 or 1 is supported; use 0 or 1");
+  const std::pair<const char*, int64_t> split[] = {
+      {"model.n_heads", m.n_heads}, {"model.n_kv_heads", m.n_kv_heads},
+      {"model.ffn_hidden", m.ffn_hidden}};
+  for (const auto& [name, v] : split)
+    if (v % p.tp != 0)
+      throw ConfigError(src + ": parallel.tp=" + std::to_string(p.tp) + " does not divide " +
+                        name + "=" + std::to_string(v) + "; use tp in " +
+                        divisors_text(std::gcd(std::gcd(m.n_heads, m.n_kv_heads), m.ffn_hidden)));
+  if (p.sequence_parallel && p.tp > 1 && (cfg.train.micro_batch * m.seq_len) % p.tp != 0)
+    throw ConfigError(src + ": parallel.sequence_parallel needs train.micro_batch x model.seq_len = " +
+                      std::to_string(cfg.train.micro_batch * m.seq_len) +
+                      " tokens divisible by parallel.tp=" + std::to_string(p.tp));
 }
 
 }  // namespace
@@ -614,7 +643,22 @@ void validate(const RunConfig& cfg_in) {
                       " x parallel.dp=" + fmt_int(cfg.parallel.dp) + "; use " +
                       (lo > 0 ? fmt_int(lo) + " or " : std::string()) + fmt_int(hi));
   }
-  check_single_process(cfg);
+  check_parallel(cfg);
+}
+
+void validate_world(const RunConfig& cfg, int world_size) {
+  const ParallelConfig& p = cfg.parallel;
+  const int64_t want = p.tp * p.pp * p.dp;
+  if (want != world_size) {
+    std::string alt;
+    if (world_size % (p.tp * p.pp) == 0)
+      alt = "; with tp=" + std::to_string(p.tp) + " pp=" + std::to_string(p.pp) + " use dp=" +
+            std::to_string(world_size / (p.tp * p.pp));
+    throw ConfigError(prefix(cfg) + ": parallel.tp=" + std::to_string(p.tp) + " x pp=" +
+                      std::to_string(p.pp) + " x dp=" + std::to_string(p.dp) + " = " +
+                      std::to_string(want) + " ranks, but the launch has " +
+                      std::to_string(world_size) + " (mpirun -np / srun -n)" + alt);
+  }
 }
 
 RunConfig load_config_text(const std::string& yaml, const std::string& name,

@@ -61,6 +61,9 @@ struct DataConfig {
 
 struct ParallelConfig {
   int64_t tp = 1, pp = 1, dp = 1, ep = 1;
+  int64_t zero = 0;                // 1: ZeRO-1 (optimizer state sharded over dp)
+  bool sequence_parallel = false;  // shard norm/residual regions along the sequence over tp
+  double bucket_mb = 4;            // gradient all-reduce bucket size (MiB)
   bool operator==(const ParallelConfig&) const = default;
 };
 
@@ -99,6 +102,8 @@ RunConfig load_config_text(const std::string& yaml, const std::string& name,
                            const std::vector<std::string>& overrides = {});
 // Checks cross-field rules (heads divisible, batch arithmetic, ...); throws ConfigError.
 void validate(const RunConfig& cfg);
+// The launch-dependent rule: tp * pp * dp must equal the number of ranks.
+void validate_world(const RunConfig& cfg, int world_size);
 // The whole configuration as YAML (recorded in checkpoints).
 std::string to_yaml(const RunConfig& cfg);
 

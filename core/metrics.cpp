@@ -36,6 +36,12 @@ std::string format_step_line(const StepMetrics& m) {
                 m.tflops, mfu, format_duration(m.elapsed_s).c_str(),
                 format_duration(m.eta_s).c_str());
   std::string line = buf;
+  if (m.world > 1) {
+    char comm[96];
+    std::snprintf(comm, sizeof comm, " | comm tp %.2f MB dp %.2f MB", m.tp_bytes / 1e6,
+                  m.dp_bytes / 1e6);
+    line += comm;
+  }
   if (m.skipped_steps) line += " | skipped " + std::to_string(m.skipped_steps);
   return line;
 }
@@ -55,6 +61,8 @@ void MetricsLog::log_step(const StepMetrics& m) {
                       {"skipped_steps", m.skipped_steps}};
   j["mfu"] = m.mfu >= 0 ? nlohmann::json(m.mfu) : nlohmann::json(nullptr);
   j["peak_tflops"] = m.peak_tflops;
+  j["world"] = m.world;
+  j["comm_bytes"] = {{"tp", m.tp_bytes}, {"dp", m.dp_bytes}};
   out_ << j.dump() << "\n";
   out_.flush();
 }

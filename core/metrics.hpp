@@ -14,6 +14,8 @@ struct StepMetrics {
   double peak_tflops = 0;
   double elapsed_s = 0, eta_s = 0;
   int64_t skipped_steps = 0;
+  int world = 1;                      // ranks
+  int64_t tp_bytes = 0, dp_bytes = 0;  // bytes this rank sent in the step, per group
 };
 
 std::string format_duration(double seconds);  // "1h02m", "3m12s", "45s"

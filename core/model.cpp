@@ -8,16 +8,28 @@
 
 namespace adgt {
 
-Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_t T)
-    : cfg_(cfg), be_(be), dtype_(dtype), B_(B), T_(T), N_(B * T) {
+Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_t T,
+             TensorParallel tpc)
+    : cfg_(cfg), be_(be), dtype_(dtype), B_(B), T_(T), N_(B * T), tp_(tpc.comm), self_("tp") {
+  if (!tp_) tp_ = &self_;
+  const int64_t tp = tp_->size(), r = tp_->rank();
+  sp_ = tpc.sequence_parallel && tp > 1;
   ADGT_CHECK(dtype == DType::F32 || dtype == DType::F64,
              "Model: dtype " << dtype_name(dtype) << " not supported (f32 or f64)");
   ADGT_CHECK(T <= cfg.seq_len, "Model: micro-batch length " << T << " exceeds model.seq_len="
                                                             << cfg.seq_len);
-  const int64_t C = cfg.d_model, hd = cfg.head_dim(), H = cfg.n_heads, KV = cfg.n_kv_heads,
-                F = cfg.ffn_hidden, V = cfg.vocab_size, N = N_;
-  att_shape_ = {B, T, H, KV, hd};
-  table_ = build_param_table(cfg);
+  ADGT_CHECK(cfg.n_heads % tp == 0 && cfg.n_kv_heads % tp == 0 && cfg.ffn_hidden % tp == 0,
+             "Model: tp=" << tp << " must divide n_heads, n_kv_heads and ffn_hidden");
+  ADGT_CHECK(!sp_ || N_ % tp == 0, "Model: sequence parallelism needs B*T=" << N_
+                                                                             << " divisible by tp=" << tp);
+  Nl_ = sp_ ? N_ / tp : N_;
+  const int64_t C = cfg.d_model, hd = cfg.head_dim(), Hl = cfg.n_heads / tp,
+                KVl = cfg.n_kv_heads / tp, Fl = cfg.ffn_hidden / tp, N = N_, Nl = Nl_;
+  att_shape_ = {B, T, Hl, KVl, hd};
+  table_ = build_param_table(cfg, tp, r);
+  const int64_t Vl = table_[0].shape[0];
+  vocab_start_ = table_[0].shard_dim == 0 ? table_[0].shard_start : 0;
+  vocab_valid_ = table_[0].shard_valid;
   // Index the table by role.
   size_t i = 0;
   emb_idx_ = i++;
@@ -31,7 +43,9 @@ Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_
   head_idx_ = cfg.tie_embeddings ? emb_idx_ : i++;
   ADGT_CHECK(i == table_.size(), "Model: parameter table has unexpected layout");
 
-  const size_t pbytes = size_t(total_numel(table_)) * dtype_size(dtype);
+  const int64_t mult = std::max<int64_t>(16, tpc.flat_multiple);
+  flat_n_ = (total_numel(table_) + mult - 1) / mult * mult;
+  const size_t pbytes = size_t(flat_n_) * dtype_size(dtype);
   params_ = Buffer(be, pbytes);
   grads_ = Buffer(be, pbytes);
   be.zero(params());
@@ -40,35 +54,49 @@ Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_
   const int64_t att_saved = be.attention_saved_elems(att_shape_);
   acts_.resize(size_t(cfg.n_layers));
   for (auto& a : acts_) {
-    a.x_in = act(N, C, dtype);
+    a.x_in = act(Nl, C, dtype);
     a.ln1 = act(N, C, dtype);
-    a.rstd1 = act(N, 1, dtype);
-    a.q = act(N, H * hd, dtype);
-    a.k = act(N, KV * hd, dtype);
-    a.v = act(N, KV * hd, dtype);
+    a.rstd1 = act(Nl, 1, dtype);
+    a.q = act(N, Hl * hd, dtype);
+    a.k = act(N, KVl * hd, dtype);
+    a.v = act(N, KVl * hd, dtype);
     a.att_saved = act(att_saved, 1, dtype);
-    a.att = act(N, H * hd, dtype);
-    a.x_mid = act(N, C, dtype);
+    a.att = act(N, Hl * hd, dtype);
+    a.x_mid = act(Nl, C, dtype);
     a.ln2 = act(N, C, dtype);
-    a.rstd2 = act(N, 1, dtype);
-    a.gate = act(N, F, dtype);
-    a.up = act(N, F, dtype);
-    a.h = act(N, F, dtype);
+    a.rstd2 = act(Nl, 1, dtype);
+    a.gate = act(N, Fl, dtype);
+    a.up = act(N, Fl, dtype);
+    a.h = act(N, Fl, dtype);
   }
-  x_final_ = act(N, C, dtype);
+  x_final_ = act(Nl, C, dtype);
   lnf_ = act(N, C, dtype);
-  rstdf_ = act(N, 1, dtype);
-  logits_ = act(N, V, dtype);
+  rstdf_ = act(Nl, 1, dtype);
+  logits_ = act(N, Vl, dtype);
   losses_ = act(N, 1, dtype);
-  d_resid_ = act(N, C, dtype);
+  d_resid_ = act(Nl, C, dtype);
   d_tmp_ = act(N, C, dtype);
-  dq_ = act(N, H * hd, dtype);
-  dk_ = act(N, KV * hd, dtype);
-  dv_ = act(N, KV * hd, dtype);
-  d_att_ = act(N, H * hd, dtype);
-  dgate_ = act(N, F, dtype);
-  dup_ = act(N, F, dtype);
-  dh_ = act(N, F, dtype);
+  if (sp_) {
+    ln_local_ = act(Nl, C, dtype);
+    partial_ = act(N, C, dtype);
+    d_full_ = act(N, C, dtype);
+    d_tmp_local_ = act(Nl, C, dtype);
+  } else {  // without SP the local and full row sets coincide
+    d_full_ = d_resid_;
+    d_tmp_local_ = d_tmp_;
+  }
+  dq_ = act(N, Hl * hd, dtype);
+  dk_ = act(N, KVl * hd, dtype);
+  dv_ = act(N, KVl * hd, dtype);
+  d_att_ = act(N, Hl * hd, dtype);
+  dgate_ = act(N, Fl, dtype);
+  dup_ = act(N, Fl, dtype);
+  dh_ = act(N, Fl, dtype);
+  if (tp > 1) {
+    ce_stats_ = act(N, 3, dtype);
+    ce_gathered_ = act(tp * N, 3, dtype);
+    ce_combined_ = act(N, 3, dtype);
+  }
   in_tok_ = act(N, 1, DType::I32);
   tgt_tok_ = act(N, 1, DType::I32);
   rope_cos_ = act(T, hd / 2, dtype);
@@ -81,9 +109,7 @@ Tensor Model::act(int64_t rows, int64_t cols, DType dt) {
   return Tensor(owned_.back().data(), dt, {rows, cols});
 }
 
-Tensor Model::flat(const Buffer& b) const {
-  return Tensor(b.data(), dtype_, {total_numel(table_)});
-}
+Tensor Model::flat(const Buffer& b) const { return Tensor(b.data(), dtype_, {flat_n_}); }
 
 Tensor Model::param(size_t i) const {
   const ParamSpec& p = table_[i];
@@ -96,6 +122,10 @@ Tensor Model::grad(size_t i) const {
   Tensor t = param(i);
   t.data = static_cast<char*>(grads_.data()) + size_t(table_[i].offset) * dtype_size(dtype_);
   return t;
+}
+
+std::pair<int64_t, int64_t> Model::range(size_t first, size_t last) const {
+  return {table_[first].offset, table_[last].offset + (table_[last].numel + 15) / 16 * 16};
 }
 
 void Model::build_rope_tables() {
@@ -122,21 +152,35 @@ void Model::build_rope_tables() {
 }
 
 void Model::init_weights(uint64_t seed) {
-  std::vector<float> host(size_t(total_numel(table_)), 0.0f);
+  std::vector<float> host(size_t(flat_n_), 0.0f);
   for (const ParamSpec& p : table_) {
     float* dst = host.data() + p.offset;
     if (p.shape.size() == 1) {  // RMSNorm weights
       std::fill(dst, dst + p.numel, 1.0f);
       continue;
     }
+    // The whole global tensor's stream, then this rank's shard of it.
+    const int64_t rows = p.global_shape[0], cols = p.global_shape[1];
+    std::vector<float> g(size_t(rows * cols));
     Rng rng(seed ^ hash_string(p.name));
-    for (int64_t j = 0; j < p.numel; ++j) dst[j] = float(cfg_.init_std * rng.normal());
+    for (auto& x : g) x = float(cfg_.init_std * rng.normal());
+    if (p.shard_dim < 0) {
+      std::copy(g.begin(), g.end(), dst);
+    } else if (p.shard_dim == 0) {  // rows [start, start+valid); padding rows stay 0
+      std::copy(g.begin() + p.shard_start * cols, g.begin() + (p.shard_start + p.shard_valid) * cols,
+                dst);
+    } else {  // columns [start, start + local cols)
+      const int64_t lc = p.shape[1];
+      for (int64_t i = 0; i < rows; ++i)
+        std::copy(g.begin() + i * cols + p.shard_start, g.begin() + i * cols + p.shard_start + lc,
+                  dst + i * lc);
+    }
   }
   params_from_host(host);
 }
 
 std::vector<float> Model::params_to_host() const {
-  const size_t n = size_t(total_numel(table_));
+  const size_t n = size_t(flat_n_);
   std::vector<float> out(n);
   if (dtype_ == DType::F32) {
     be_.to_host(out.data(), params_.data(), n * 4);
@@ -149,7 +193,7 @@ std::vector<float> Model::params_to_host() const {
 }
 
 void Model::params_from_host(const std::vector<float>& flat_host) {
-  const size_t n = size_t(total_numel(table_));
+  const size_t n = size_t(flat_n_);
   ADGT_CHECK(flat_host.size() == n, "params_from_host: got " << flat_host.size()
                                                              << " values, expected " << n);
   if (dtype_ == DType::F32) {
@@ -161,7 +205,7 @@ void Model::params_from_host(const std::vector<float>& flat_host) {
 }
 
 std::vector<double> Model::grads_to_host_f64() const {
-  const size_t n = size_t(total_numel(table_));
+  const size_t n = size_t(flat_n_);
   std::vector<double> out(n);
   if (dtype_ == DType::F64) {
     be_.to_host(out.data(), grads_.data(), n * 8);
@@ -175,35 +219,81 @@ std::vector<double> Model::grads_to_host_f64() const {
 
 void Model::zero_grads() { be_.zero(grads()); }
 
+void Model::gather_rows(Tensor full, const Tensor& local) {
+  if (sp_) tp_->all_gather(full, local);
+}
+
+void Model::reduce_rows(Tensor local, Tensor partial) {
+  if (sp_)
+    tp_->reduce_scatter(local, partial);
+  else
+    tp_->all_reduce(partial);  // `local` is `partial` without SP
+}
+
+void Model::norm_forward(Tensor full_out, Tensor rstd, const Tensor& x, size_t w) {
+  if (sp_) {
+    be_.rmsnorm_forward(ln_local_, rstd, x, param(w), cfg_.norm_eps);
+    gather_rows(full_out, ln_local_);
+  } else {
+    be_.rmsnorm_forward(full_out, rstd, x, param(w), cfg_.norm_eps);
+  }
+}
+
+void Model::loss_forward(const Tensor& targets, double scale) {
+  if (tp_->size() == 1) {
+    be_.cross_entropy(logits_, losses_, targets, scale);
+    return;
+  }
+  // Vocab-parallel: per-rank row statistics, gathered, combined identically on
+  // every rank; the full logits are never assembled.
+  be_.ce_partial_stats(ce_stats_, logits_, targets, vocab_start_, vocab_valid_);
+  tp_->all_gather(ce_gathered_, ce_stats_);
+  be_.ce_combine(ce_combined_, ce_gathered_);
+  be_.ce_finish(logits_, losses_, ce_combined_, targets, vocab_start_, vocab_valid_, scale);
+}
+
 double Model::forward(const int32_t* inputs, const int32_t* targets, double grad_scale) {
   const int64_t N = N_;
   int64_t n_valid = 0;
-  for (int64_t i = 0; i < N; ++i) n_valid += targets[i] >= 0;
+  for (int64_t i = 0; i < N; ++i) {
+    ADGT_CHECK(inputs[i] >= 0 && inputs[i] < cfg_.vocab_size && targets[i] < cfg_.vocab_size,
+               "token id " << inputs[i] << " / target " << targets[i] << " at row " << i
+                           << " outside the vocabulary [0," << cfg_.vocab_size << ")");
+    n_valid += targets[i] >= 0;
+  }
   be_.to_device(in_tok_.data, inputs, size_t(N) * 4);
   be_.to_device(tgt_tok_.data, targets, size_t(N) * 4);
 
-  be_.embedding_forward(acts_[0].x_in, param(emb_idx_), in_tok_);
+  {
+    Tensor dst = sp_ ? partial_ : acts_[0].x_in;
+    be_.embedding_forward(dst, param(emb_idx_), in_tok_, vocab_start_);
+    reduce_rows(acts_[0].x_in, dst);
+  }
   for (size_t l = 0; l < acts_.size(); ++l) {
     LayerActs& a = acts_[l];
     const LayerIdx& w = layer_idx_[l];
-    be_.rmsnorm_forward(a.ln1, a.rstd1, a.x_in, param(w.in_norm), cfg_.norm_eps);
+    norm_forward(a.ln1, a.rstd1, a.x_in, w.in_norm);
     be_.linear_forward(a.q, a.ln1, param(w.q));
     be_.linear_forward(a.k, a.ln1, param(w.k));
     be_.linear_forward(a.v, a.ln1, param(w.v));
     be_.rope_forward(a.q, rope_cos_, rope_sin_, T_);
     be_.rope_forward(a.k, rope_cos_, rope_sin_, T_);
     be_.attention_forward(a.att, a.att_saved, a.q, a.k, a.v, att_shape_);
-    be_.linear_forward(a.x_mid, a.att, param(w.o));
+    Tensor o = sp_ ? partial_ : a.x_mid;
+    be_.linear_forward(o, a.att, param(w.o));
+    reduce_rows(a.x_mid, o);
     be_.add_inplace(a.x_mid, a.x_in);
-    be_.rmsnorm_forward(a.ln2, a.rstd2, a.x_mid, param(w.post_norm), cfg_.norm_eps);
+    norm_forward(a.ln2, a.rstd2, a.x_mid, w.post_norm);
     be_.linear_forward(a.gate, a.ln2, param(w.gate));
     be_.linear_forward(a.up, a.ln2, param(w.up));
     be_.swiglu_forward(a.h, a.gate, a.up);
     Tensor next = l + 1 < acts_.size() ? acts_[l + 1].x_in : x_final_;
-    be_.linear_forward(next, a.h, param(w.down));
+    Tensor down = sp_ ? partial_ : next;
+    be_.linear_forward(down, a.h, param(w.down));
+    reduce_rows(next, down);
     be_.add_inplace(next, a.x_mid);
   }
-  be_.rmsnorm_forward(lnf_, rstdf_, x_final_, param(norm_idx_), cfg_.norm_eps);
+  norm_forward(lnf_, rstdf_, x_final_, norm_idx_);
   be_.linear_forward(logits_, lnf_, param(head_idx_));
   if (capture_logits_) {
     const size_t n = size_t(logits_.numel());
@@ -216,7 +306,7 @@ double Model::forward(const int32_t* inputs, const int32_t* targets, double grad
       std::copy(f.begin(), f.end(), logits_host_.begin());
     }
   }
-  be_.cross_entropy(logits_, losses_, tgt_tok_, n_valid ? grad_scale / double(n_valid) : 0.0);
+  loss_forward(tgt_tok_, n_valid ? grad_scale / double(n_valid) : 0.0);
 
   double sum = 0;
   if (dtype_ == DType::F64) {
@@ -231,23 +321,44 @@ double Model::forward(const int32_t* inputs, const int32_t* targets, double grad
   return n_valid ? sum / double(n_valid) : 0.0;
 }
 
-void Model::backward() {
-  // logits_ now hold dloss/dlogits (scaled).
+void Model::backward(const std::function<void(int64_t, int64_t)>& on_ready) {
+  auto ready = [&](size_t first, size_t last) {
+    if (on_ready) {
+      const auto [b, e] = range(first, last);
+      on_ready(b, e);
+    }
+  };
+  // With SP a norm weight's gradient is a partial sum over this rank's rows.
+  auto finish_norm_grad = [&](size_t idx) {
+    if (sp_) tp_->all_reduce(grad(idx));
+  };
+  // logits_ now hold dloss/dlogits (scaled). The head's input gradient is a
+  // partial sum over vocabulary shards.
   be_.linear_backward(d_tmp_, grad(head_idx_), logits_, lnf_, param(head_idx_), false);
+  reduce_rows(d_tmp_local_, d_tmp_);
   be_.zero(d_resid_);
-  be_.rmsnorm_backward(d_resid_, grad(norm_idx_), d_tmp_, x_final_, param(norm_idx_), rstdf_);
+  be_.rmsnorm_backward(d_resid_, grad(norm_idx_), d_tmp_local_, x_final_, param(norm_idx_),
+                       rstdf_);
+  finish_norm_grad(norm_idx_);
+  if (head_idx_ != emb_idx_)
+    ready(norm_idx_, head_idx_);
+  else
+    ready(norm_idx_, norm_idx_);
   for (size_t l = acts_.size(); l-- > 0;) {
     LayerActs& a = acts_[l];
     const LayerIdx& w = layer_idx_[l];
     // d_resid = dL/d(layer output). MLP branch: out = x_mid + down(h).
-    be_.linear_backward(dh_, grad(w.down), d_resid_, a.h, param(w.down), false);
+    gather_rows(d_full_, d_resid_);
+    be_.linear_backward(dh_, grad(w.down), d_full_, a.h, param(w.down), false);
     be_.swiglu_backward(dgate_, dup_, dh_, a.gate, a.up);
     be_.linear_backward(d_tmp_, grad(w.gate), dgate_, a.ln2, param(w.gate), false);
     be_.linear_backward(d_tmp_, grad(w.up), dup_, a.ln2, param(w.up), true);
-    be_.rmsnorm_backward(d_resid_, grad(w.post_norm), d_tmp_, a.x_mid, param(w.post_norm),
+    reduce_rows(d_tmp_local_, d_tmp_);
+    be_.rmsnorm_backward(d_resid_, grad(w.post_norm), d_tmp_local_, a.x_mid, param(w.post_norm),
                          a.rstd2);
     // d_resid = dL/dx_mid. Attention branch: x_mid = x_in + o(att).
-    be_.linear_backward(d_att_, grad(w.o), d_resid_, a.att, param(w.o), false);
+    gather_rows(d_full_, d_resid_);
+    be_.linear_backward(d_att_, grad(w.o), d_full_, a.att, param(w.o), false);
     be_.attention_backward(dq_, dk_, dv_, d_att_, a.q, a.k, a.v, a.att, a.att_saved,
                            att_shape_);
     be_.rope_backward(dq_, rope_cos_, rope_sin_, T_);
@@ -255,9 +366,16 @@ void Model::backward() {
     be_.linear_backward(d_tmp_, grad(w.q), dq_, a.ln1, param(w.q), false);
     be_.linear_backward(d_tmp_, grad(w.k), dk_, a.ln1, param(w.k), true);
     be_.linear_backward(d_tmp_, grad(w.v), dv_, a.ln1, param(w.v), true);
-    be_.rmsnorm_backward(d_resid_, grad(w.in_norm), d_tmp_, a.x_in, param(w.in_norm), a.rstd1);
+    reduce_rows(d_tmp_local_, d_tmp_);
+    be_.rmsnorm_backward(d_resid_, grad(w.in_norm), d_tmp_local_, a.x_in, param(w.in_norm),
+                         a.rstd1);
+    finish_norm_grad(w.post_norm);
+    finish_norm_grad(w.in_norm);
+    ready(w.in_norm, w.down);
   }
-  be_.embedding_backward(grad(emb_idx_), d_resid_, in_tok_);
+  gather_rows(d_full_, d_resid_);
+  be_.embedding_backward(grad(emb_idx_), d_full_, in_tok_, vocab_start_);
+  ready(emb_idx_, emb_idx_);
 }
 
 }  // namespace adgt

@@ -1,5 +1,6 @@
 #include "core/optimizer.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/check.hpp"
@@ -14,33 +15,46 @@ double lr_at(const TrainConfig& t, int64_t s) {
   return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(M_PI * p));
 }
 
+std::vector<Segment> segments_in(const std::vector<ParamSpec>& table, int64_t lo, int64_t hi) {
+  std::vector<Segment> out;
+  for (size_t i = 0; i < table.size(); ++i) {
+    const int64_t b = std::max(lo, table[i].offset);
+    const int64_t e = std::min(hi, table[i].offset + table[i].numel);
+    if (b < e) out.push_back({i, b, e});
+  }
+  return out;
+}
+
 AdamW::AdamW(Backend& be, const std::vector<ParamSpec>& table, const TrainConfig& cfg,
-             DType dtype)
-    : be_(be), table_(table), cfg_(cfg), dtype_(dtype), n_(total_numel(table)) {
-  m_ = Buffer(be, size_t(n_) * dtype_size(dtype));
-  v_ = Buffer(be, size_t(n_) * dtype_size(dtype));
+             DType dtype, int64_t lo, int64_t hi)
+    : be_(be), table_(table), cfg_(cfg), dtype_(dtype), lo_(lo),
+      hi_(hi < 0 ? total_numel(table) : hi) {
+  segs_ = segments_in(table_, lo_, hi_);
+  m_ = Buffer(be, size_t(hi_ - lo_) * dtype_size(dtype));
+  v_ = Buffer(be, size_t(hi_ - lo_) * dtype_size(dtype));
   be.zero(exp_avg());
   be.zero(exp_avg_sq());
 }
 
-Tensor AdamW::flat(const Buffer& b) const { return Tensor(b.data(), dtype_, {n_}); }
+Tensor AdamW::flat(const Buffer& b) const { return Tensor(b.data(), dtype_, {hi_ - lo_}); }
 
-Tensor AdamW::slice(Tensor f, const ParamSpec& p) const {
-  return Tensor(static_cast<char*>(f.data) + size_t(p.offset) * dtype_size(dtype_), dtype_,
-                {p.numel});
+Tensor AdamW::at(Tensor f, int64_t begin, int64_t end, int64_t base) const {
+  return Tensor(static_cast<char*>(f.data) + size_t(begin - base) * dtype_size(dtype_), dtype_,
+                {end - begin});
 }
 
 void AdamW::step(Tensor params, Tensor grads, double lr, int64_t step) {
-  ADGT_CHECK(params.numel() == n_ && grads.numel() == n_, "AdamW: flat buffer size mismatch");
+  ADGT_CHECK(params.numel() >= hi_ && grads.numel() >= hi_, "AdamW: flat buffer too small");
   AdamWHyper h;
   h.lr = lr;
   h.beta1 = cfg_.beta1;
   h.beta2 = cfg_.beta2;
   h.eps = cfg_.eps;
   h.step = step;
-  for (const ParamSpec& p : table_) {
-    h.weight_decay = decays(p, cfg_) ? cfg_.weight_decay : 0.0;
-    be_.adamw(slice(params, p), slice(grads, p), slice(exp_avg(), p), slice(exp_avg_sq(), p), h);
+  for (const Segment& s : segs_) {
+    h.weight_decay = decays(table_[s.param], cfg_) ? cfg_.weight_decay : 0.0;
+    be_.adamw(at(params, s.begin, s.end, 0), at(grads, s.begin, s.end, 0),
+              at(exp_avg(), s.begin, s.end, lo_), at(exp_avg_sq(), s.begin, s.end, lo_), h);
   }
 }
 
@@ -68,14 +82,15 @@ void AdamW::from_host(Tensor t, const std::vector<float>& src) {
 
 double grad_norm(Backend& be, Tensor grads) { return std::sqrt(be.sum_squares(grads)); }
 
-double clip_grads(Backend& be, Tensor grads, double norm, double max_norm) {
+double clip_coefficient(double norm, double max_norm) {
   if (max_norm <= 0) return 1.0;
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) {
-    be.scale_inplace(grads, coef);
-    return coef;
-  }
-  return 1.0;
+  return std::min(1.0, max_norm / (norm + 1e-6));
+}
+
+double clip_grads(Backend& be, Tensor grads, double norm, double max_norm) {
+  const double coef = clip_coefficient(norm, max_norm);
+  if (coef < 1.0) be.scale_inplace(grads, coef);
+  return coef;
 }
 
 }  // namespace adgt

@@ -13,24 +13,37 @@ namespace adgt {
 // min_lr over the remaining steps.
 double lr_at(const TrainConfig& t, int64_t step);
 
+// A parameter's elements that fall inside a flat range [lo, hi).
+struct Segment {
+  size_t param;         // index in the table
+  int64_t begin, end;   // flat offsets, lo <= begin < end <= hi
+};
+std::vector<Segment> segments_in(const std::vector<ParamSpec>& table, int64_t lo, int64_t hi);
+
 class AdamW {
  public:
-  AdamW(Backend& be, const std::vector<ParamSpec>& table, const TrainConfig& cfg, DType dtype);
-  // One update of every parameter; `step` is the 1-based count of updates.
+  // State for the flat range [lo, hi) of the parameter buffer (the whole buffer
+  // by default; one data-parallel rank's chunk under ZeRO-1).
+  AdamW(Backend& be, const std::vector<ParamSpec>& table, const TrainConfig& cfg, DType dtype,
+        int64_t lo = 0, int64_t hi = -1);
+  // One update of the parameters in range; `step` is the 1-based count of updates.
   void step(Tensor params, Tensor grads, double lr, int64_t step);
-  Tensor exp_avg() const { return flat(m_); }
-  Tensor exp_avg_sq() const { return flat(v_); }
+  int64_t lo() const { return lo_; }
+  int64_t hi() const { return hi_; }
+  Tensor exp_avg() const { return flat(m_); }     // (hi - lo)
+  Tensor exp_avg_sq() const { return flat(v_); }  // (hi - lo)
   std::vector<float> to_host(const Tensor& t) const;
   void from_host(Tensor t, const std::vector<float>& src);
 
  private:
   Tensor flat(const Buffer& b) const;
-  Tensor slice(Tensor flat, const ParamSpec& p) const;
+  Tensor at(Tensor flat_full, int64_t begin, int64_t end, int64_t base) const;
   Backend& be_;
   std::vector<ParamSpec> table_;
   TrainConfig cfg_;
   DType dtype_;
-  int64_t n_;
+  int64_t lo_, hi_;
+  std::vector<Segment> segs_;
   Buffer m_, v_;
 };
 
@@ -39,5 +52,6 @@ double grad_norm(Backend& be, Tensor grads);
 // Scales grads so their norm is at most max_norm (PyTorch clip_grad_norm_:
 // coef = max_norm / (norm + 1e-6), applied when < 1). Returns the coefficient.
 double clip_grads(Backend& be, Tensor grads, double norm, double max_norm);
+double clip_coefficient(double norm, double max_norm);
 
 }  // namespace adgt

@@ -1,14 +1,33 @@
 #include "core/param_table.hpp"
 
+#include <algorithm>
+
 namespace adgt {
 
-std::vector<ParamSpec> build_param_table(const ModelConfig& m) {
+int64_t padded_vocab(const ModelConfig& m, int64_t tp) {
+  return (m.vocab_size + tp - 1) / tp * tp;
+}
+
+std::vector<ParamSpec> build_param_table(const ModelConfig& m, int64_t tp, int64_t r) {
   std::vector<ParamSpec> t;
   int64_t off = 0;
-  auto add = [&](std::string name, std::vector<int64_t> shape, bool matrix, bool emb = false) {
+  // dim: -1 replicated; 0/1 split that dimension of `global` into tp equal parts
+  // (`split_len` of the padded extent per rank; `valid` clipped to the real extent).
+  auto add = [&](std::string name, std::vector<int64_t> global, int dim, int64_t split_len,
+                 bool matrix, bool emb = false) {
     ParamSpec p;
     p.name = std::move(name);
-    p.shape = std::move(shape);
+    p.global_shape = global;
+    p.shape = global;
+    p.shard_dim = tp > 1 ? dim : -1;
+    if (p.shard_dim >= 0) {
+      p.shape[size_t(dim)] = split_len;
+      p.shard_start = r * split_len;
+      p.shard_valid =
+          std::clamp<int64_t>(global[size_t(dim)] - p.shard_start, 0, split_len);
+    } else {
+      p.shard_valid = global.empty() ? 0 : global[0];
+    }
     p.numel = 1;
     for (int64_t s : p.shape) p.numel *= s;
     p.offset = off;
@@ -18,21 +37,22 @@ std::vector<ParamSpec> build_param_table(const ModelConfig& m) {
     t.push_back(std::move(p));
   };
   const int64_t C = m.d_model, hd = m.head_dim(), F = m.ffn_hidden, V = m.vocab_size;
-  add("model.embed_tokens.weight", {V, C}, false, true);
+  const int64_t Vl = padded_vocab(m, tp) / tp;
+  add("model.embed_tokens.weight", {V, C}, 0, Vl, false, true);
   for (int64_t l = 0; l < m.n_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "input_layernorm.weight", {C}, false);
-    add(p + "self_attn.q_proj.weight", {m.n_heads * hd, C}, true);
-    add(p + "self_attn.k_proj.weight", {m.n_kv_heads * hd, C}, true);
-    add(p + "self_attn.v_proj.weight", {m.n_kv_heads * hd, C}, true);
-    add(p + "self_attn.o_proj.weight", {C, m.n_heads * hd}, true);
-    add(p + "post_attention_layernorm.weight", {C}, false);
-    add(p + "mlp.gate_proj.weight", {F, C}, true);
-    add(p + "mlp.up_proj.weight", {F, C}, true);
-    add(p + "mlp.down_proj.weight", {C, F}, true);
+    add(p + "input_layernorm.weight", {C}, -1, 0, false);
+    add(p + "self_attn.q_proj.weight", {m.n_heads * hd, C}, 0, m.n_heads / tp * hd, true);
+    add(p + "self_attn.k_proj.weight", {m.n_kv_heads * hd, C}, 0, m.n_kv_heads / tp * hd, true);
+    add(p + "self_attn.v_proj.weight", {m.n_kv_heads * hd, C}, 0, m.n_kv_heads / tp * hd, true);
+    add(p + "self_attn.o_proj.weight", {C, m.n_heads * hd}, 1, m.n_heads / tp * hd, true);
+    add(p + "post_attention_layernorm.weight", {C}, -1, 0, false);
+    add(p + "mlp.gate_proj.weight", {F, C}, 0, F / tp, true);
+    add(p + "mlp.up_proj.weight", {F, C}, 0, F / tp, true);
+    add(p + "mlp.down_proj.weight", {C, F}, 1, F / tp, true);
   }
-  add("model.norm.weight", {C}, false);
-  if (!m.tie_embeddings) add("lm_head.weight", {V, C}, true);
+  add("model.norm.weight", {C}, -1, 0, false);
+  if (!m.tie_embeddings) add("lm_head.weight", {V, C}, 0, Vl, true);
   return t;
 }
 

@@ -1,6 +1,13 @@
 // The parameter table: every parameter's global (HuggingFace LlamaForCausalLM)
-// name, global shape, offset in the flat parameter buffer, and whether weight
-// decay applies. Checkpoints, export and the memory estimator speak in these terms.
+// name and global shape, the shape and position of this tensor-parallel rank's
+// shard, its offset in the flat parameter buffer, and whether weight decay
+// applies. Checkpoints, export and the memory estimator speak in these terms.
+//
+// Tensor-parallel shards (Megatron): q/k/v, gate and up are split by rows
+// (column-parallel: whole heads / FFN columns per rank), o and down by columns
+// (row-parallel), embed_tokens and lm_head by vocabulary rows, padded to a
+// multiple of tp (padding rows are zero and never reach the loss or a
+// checkpoint); norm weights are replicated.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -11,17 +18,24 @@
 namespace adgt {
 
 struct ParamSpec {
-  std::string name;            // e.g. "model.layers.0.self_attn.q_proj.weight"
-  std::vector<int64_t> shape;  // global shape, HF layout (out, in) for linears
-  int64_t numel = 0;
-  int64_t offset = 0;          // elements from the start of the flat buffer
-  bool is_matrix = false;      // linear weight (decayed); norms/embeddings are not
+  std::string name;                   // e.g. "model.layers.0.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;         // this rank's shard, HF layout (out, in) for linears
+  std::vector<int64_t> global_shape;  // the whole tensor
+  int shard_dim = -1;                 // -1: replicated over tp; 0: rows; 1: columns
+  int64_t shard_start = 0;            // first global index along shard_dim
+  int64_t shard_valid = 0;            // indices of the shard inside the global tensor (vocab padding)
+  int64_t numel = 0;                  // elements of the shard
+  int64_t offset = 0;                 // elements from the start of the flat buffer
+  bool is_matrix = false;             // linear weight (decayed); norms/embeddings are not
   bool is_embedding = false;
 };
 
 // In HF order: embed, per layer (input_layernorm, q, k, v, o, post_attention_layernorm,
 // gate, up, down), norm, lm_head (absent when tied). Offsets are 16-element aligned.
-std::vector<ParamSpec> build_param_table(const ModelConfig& m);
+// With tp > 1 the shapes are those of rank tp_rank's shard.
+std::vector<ParamSpec> build_param_table(const ModelConfig& m, int64_t tp = 1,
+                                         int64_t tp_rank = 0);
+int64_t padded_vocab(const ModelConfig& m, int64_t tp);    // vocab rounded up to a multiple of tp
 int64_t total_numel(const std::vector<ParamSpec>& table);  // flat buffer length incl. padding
 int64_t param_count(const std::vector<ParamSpec>& table);  // sum of numel
 // Whether AdamW's weight decay applies to this parameter under `t`.

@@ -14,6 +14,7 @@
 #include "core/memory_estimate.hpp"
 #include "core/metrics.hpp"
 #include "core/sampler.hpp"
+#include "core/shard_io.hpp"
 #include "core/token_shard.hpp"
 #include "kernels/check.hpp"
 
@@ -45,63 +46,87 @@ void install_stop_handlers() {
   std::signal(SIGUSR1, on_stop_signal);
 }
 
-Trainer::Trainer(const RunConfig& cfg) : cfg_(cfg) {
+Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx) : cfg_(cfg), ctx_(ctx) {
+  if (!ctx_.tp) ctx_.tp = &self_tp_;
+  if (!ctx_.dp) ctx_.dp = &self_dp_;
+  ADGT_CHECK(ctx_.tp->size() == cfg.parallel.tp && ctx_.dp->size() == cfg.parallel.dp,
+             "Trainer: process groups (tp " << ctx_.tp->size() << ", dp " << ctx_.dp->size()
+                                            << ") do not match parallel.tp=" << cfg.parallel.tp
+                                            << ", parallel.dp=" << cfg.parallel.dp);
   backend_ = make_backend(cfg.train.device);
   train_shard_ = open_shard(cfg.data.train, "data.train", cfg.model);
   val_shard_ = open_shard(cfg.data.val, "data.val", cfg.model);
   sampler_ = std::make_unique<Sampler>(*train_shard_, cfg.model.seq_len, cfg.train.seed);
   const DType dt = parse_dtype(cfg.train.dtype);
+  TensorParallel tp;
+  tp.comm = ctx_.tp;
+  tp.sequence_parallel = cfg.parallel.sequence_parallel;
+  tp.flat_multiple = 16 * (cfg.parallel.zero ? cfg.parallel.dp : 1);
   model_ = std::make_unique<Model>(cfg.model, *backend_, dt, cfg.train.micro_batch,
-                                   cfg.model.seq_len);
+                                   cfg.model.seq_len, tp);
   model_->init_weights(cfg.train.seed);
-  opt_ = std::make_unique<AdamW>(*backend_, model_->table(), cfg.train, dt);
+  global_table_ = build_param_table(cfg.model);
+  dp_ = std::make_unique<DataParallel>(*backend_, *model_, cfg.train, cfg.parallel, *ctx_.dp,
+                                       *ctx_.tp);
 }
 
 Trainer::~Trainer() = default;
 
 void Trainer::load(const std::string& step_dir) {
-  CheckpointState st = load_checkpoint(step_dir, model_->table());
-  model_->params_from_host(st.params);
-  opt_->from_host(opt_->exp_avg(), st.exp_avg);
-  opt_->from_host(opt_->exp_avg_sq(), st.exp_avg_sq);
+  CheckpointState st = load_checkpoint(step_dir, global_table_);
+  const int64_t n = model_->flat_size();
+  model_->params_from_host(global_to_local(model_->table(), global_table_, st.params, n));
+  dp_->load_state(global_to_local(model_->table(), global_table_, st.exp_avg, n),
+                  global_to_local(model_->table(), global_table_, st.exp_avg_sq, n));
   step_ = st.step;
   samples_seen_ = st.samples_seen;
   opt_steps_ = st.rng_state.empty() ? st.step : int64_t(st.rng_state[0]);
-  if (st.seed != cfg_.train.seed)
+  if (st.seed != cfg_.train.seed && lead())
     std::fprintf(stderr, "warning: checkpoint %s was trained with train.seed=%llu, this run has %llu\n",
                  step_dir.c_str(), (unsigned long long)st.seed,
                  (unsigned long long)cfg_.train.seed);
 }
 
 std::string Trainer::save() {
+  // Collectives on every rank (ZeRO state over dp, shards over tp); rank 0 writes
+  // whole tensors, so the checkpoint loads into any layout.
+  std::vector<float> m = dp_->full_exp_avg(), v = dp_->full_exp_avg_sq();
   CheckpointState st;
-  st.step = step_;
-  st.samples_seen = samples_seen_;
-  st.seed = cfg_.train.seed;
-  st.config_yaml = to_yaml(cfg_);
-  st.rng_state = {uint64_t(opt_steps_)};  // trainer state word 0: AdamW updates applied
-  st.specs = model_->table();
-  st.params = model_->params_to_host();
-  st.exp_avg = opt_->to_host(opt_->exp_avg());
-  st.exp_avg_sq = opt_->to_host(opt_->exp_avg_sq());
-  last_checkpoint_ = save_checkpoint(cfg_.checkpoint.dir, st, cfg_.checkpoint.keep);
+  st.params = local_to_global(model_->table(), global_table_, model_->params_to_host(), *ctx_.tp);
+  st.exp_avg = local_to_global(model_->table(), global_table_, m, *ctx_.tp);
+  st.exp_avg_sq = local_to_global(model_->table(), global_table_, v, *ctx_.tp);
+  if (lead()) {
+    st.step = step_;
+    st.samples_seen = samples_seen_;
+    st.seed = cfg_.train.seed;
+    st.config_yaml = to_yaml(cfg_);
+    st.rng_state = {uint64_t(opt_steps_)};  // trainer state word 0: AdamW updates applied
+    st.specs = global_table_;
+    last_checkpoint_ = save_checkpoint(cfg_.checkpoint.dir, st, cfg_.checkpoint.keep);
+  }
   return last_checkpoint_;
 }
 
 double Trainer::run_micro_batches(int64_t first_sample) {
+  // Global sample first + (a*dp + d)*B + b goes to data-parallel rank d, so a
+  // step reads the same samples whatever the layout.
   const int64_t B = cfg_.train.micro_batch, T = cfg_.model.seq_len, A = cfg_.accum_steps();
+  const int64_t D = ctx_.dp->size(), d = ctx_.dp->rank();
   std::vector<int32_t> window(size_t(T + 1)), in(size_t(B * T)), tg(size_t(B * T));
   double loss_sum = 0;
   for (int64_t a = 0; a < A; ++a) {
     for (int64_t b = 0; b < B; ++b) {
-      sampler_->sample(first_sample + a * B + b, window.data());
+      sampler_->sample(first_sample + (a * D + d) * B + b, window.data());
       std::copy(window.begin(), window.end() - 1, in.begin() + b * T);
       std::copy(window.begin() + 1, window.end(), tg.begin() + b * T);
     }
-    loss_sum += model_->forward(in.data(), tg.data(), 1.0 / double(A));
-    model_->backward();
+    loss_sum += model_->forward(in.data(), tg.data(), 1.0 / double(A * D));
+    model_->backward(a + 1 == A ? dp_->bucket_hook() : std::function<void(int64_t, int64_t)>());
   }
-  return loss_sum / double(A);
+  dp_->finish_gradients();
+  double total[1] = {loss_sum};
+  ctx_.dp->all_reduce(Tensor(total, DType::F64, {1}));
+  return total[0] / double(A * D);
 }
 
 double Trainer::evaluate() {
@@ -134,17 +159,26 @@ TrainSummary Trainer::train() {
   const double flops_per_token =
       estimate_memory(cfg_, compute_bytes_per_element(cfg_)).flops_per_token;
   const double peak = cfg_.log.peak_tflops > 0 ? cfg_.log.peak_tflops : backend_->peak_tflops();
-  MetricsLog metrics(cfg_.log.dir, step_ > 0);
+  std::unique_ptr<MetricsLog> metrics_ptr;
+  if (lead()) metrics_ptr = std::make_unique<MetricsLog>(cfg_.log.dir, step_ > 0);
+  MetricsLog* metrics = metrics_ptr.get();
+  const int world = ctx_.tp->size() * ctx_.dp->size();
   TrainSummary sum;
-  sum.metrics_path = metrics.path();
+  if (metrics) sum.metrics_path = metrics->path();
 
-  std::printf("training %s: %ld steps from step %ld, %ld tokens/step (micro_batch %ld x seq %ld x "
-              "accum %ld), backend %s %s, %d threads, MFU peak %.3g TFLOP/s (%s)\n",
-              cfg_.source.c_str(), long(t.steps), long(step_), long(tokens_per_step),
-              long(t.micro_batch), long(cfg_.model.seq_len), long(cfg_.accum_steps()),
-              backend_->name().c_str(), t.dtype.c_str(), omp_get_max_threads(), peak,
-              cfg_.log.peak_tflops > 0 ? "log.peak_tflops" : "measured sgemm");
-  std::fflush(stdout);
+  if (lead()) {
+    std::printf("training %s: %ld steps from step %ld, %ld tokens/step (micro_batch %ld x seq %ld x "
+                "accum %ld x dp %d), tp %d%s, dp %d%s, backend %s %s, %d threads/rank, MFU peak "
+                "%.3g TFLOP/s per rank (%s)\n",
+                cfg_.source.c_str(), long(t.steps), long(step_), long(tokens_per_step),
+                long(t.micro_batch), long(cfg_.model.seq_len), long(cfg_.accum_steps()),
+                ctx_.dp->size(), ctx_.tp->size(),
+                cfg_.parallel.sequence_parallel && ctx_.tp->size() > 1 ? " (sequence parallel)" : "",
+                ctx_.dp->size(), dp_->zero() ? " (ZeRO-1)" : "", backend_->name().c_str(),
+                t.dtype.c_str(), omp_get_max_threads(), peak,
+                cfg_.log.peak_tflops > 0 ? "log.peak_tflops" : "measured sgemm");
+    std::fflush(stdout);
+  }
 
   using clock = std::chrono::steady_clock;
   const auto t_start = clock::now();
@@ -154,23 +188,26 @@ TrainSummary Trainer::train() {
   int64_t interval_n = 0;
   while (step_ < t.steps) {
     const auto t0 = clock::now();
+    const int64_t tp_bytes0 = ctx_.tp->stats().bytes, dp_bytes0 = ctx_.dp->stats().bytes;
     const double lr = lr_at(t, step_);
     model_->zero_grads();
     const double loss = run_micro_batches(samples_seen_);
     samples_seen_ += t.global_batch;
-    const double gn = grad_norm(*backend_, model_->grads());
+    const double gn = dp_->grad_norm();
+    // Loss and norm are identical on every rank (deterministic reductions), so
+    // every rank takes the same branch.
     const bool finite = std::isfinite(loss) && std::isfinite(gn);
     if (finite) {
-      clip_grads(*backend_, model_->grads(), gn, t.grad_clip);
-      opt_->step(model_->params(), model_->grads(), lr, ++opt_steps_);
+      dp_->step(lr, ++opt_steps_, clip_coefficient(gn, t.grad_clip));
       consecutive_bad = 0;
       interval_loss += loss;
       ++interval_n;
     } else {
       ++sum.skipped_steps;
       ++consecutive_bad;
-      std::fprintf(stderr, "step %ld: non-finite %s (loss %g, grad norm %g); update skipped\n",
-                   long(step_ + 1), std::isfinite(loss) ? "gradient norm" : "loss", loss, gn);
+      if (lead())
+        std::fprintf(stderr, "step %ld: non-finite %s (loss %g, grad norm %g); update skipped\n",
+                     long(step_ + 1), std::isfinite(loss) ? "gradient norm" : "loss", loss, gn);
       ADGT_CHECK(consecutive_bad <= t.max_skipped_steps,
                  consecutive_bad << " consecutive steps had a non-finite loss or gradient; "
                                     "stopping (train.max_skipped_steps="
@@ -184,15 +221,20 @@ TrainSummary Trainer::train() {
       ++timed_steps;
     }
     const double elapsed = std::chrono::duration<double>(clock::now() - t_start).count();
-    if (step_ % cfg_.log.interval == 0 || step_ == t.steps) {
+    const int64_t tp_bytes = ctx_.tp->stats().bytes - tp_bytes0,
+                  dp_bytes = ctx_.dp->stats().bytes - dp_bytes0;
+    if (metrics && (step_ % cfg_.log.interval == 0 || step_ == t.steps)) {
       StepMetrics m;
+      m.world = world;
+      m.tp_bytes = tp_bytes;
+      m.dp_bytes = dp_bytes;
       m.step = step_;
       m.total_steps = t.steps;
       m.loss = interval_n ? interval_loss / double(interval_n) : loss;
       m.lr = lr;
       m.grad_norm = gn;
       m.tokens_per_s = double(tokens_per_step) / dt;
-      m.tflops = m.tokens_per_s * flops_per_token / 1e12;
+      m.tflops = m.tokens_per_s * flops_per_token / 1e12 / double(world);  // per rank
       m.peak_tflops = peak;
       m.mfu = peak > 0 ? m.tflops / peak : -1;
       m.elapsed_s = elapsed;
@@ -201,7 +243,7 @@ TrainSummary Trainer::train() {
       m.skipped_steps = sum.skipped_steps;
       std::printf("%s\n", format_step_line(m).c_str());
       std::fflush(stdout);
-      metrics.log_step(m);
+      metrics->log_step(m);
       sum.final_train_loss = m.loss;
       interval_loss = 0;
       interval_n = 0;
@@ -209,20 +251,29 @@ TrainSummary Trainer::train() {
     const bool last = step_ == t.steps;
     if (t.eval_interval > 0 && (step_ % t.eval_interval == 0 || last)) {
       const double vl = evaluate();
-      std::printf("eval step %ld: val loss %.4f\n", long(step_), vl);
-      std::fflush(stdout);
-      metrics.log_eval(step_, vl);
+      if (metrics) {
+        std::printf("eval step %ld: val loss %.4f\n", long(step_), vl);
+        std::fflush(stdout);
+        metrics->log_eval(step_, vl);
+      }
       sum.final_val_loss = vl;
     }
-    const int sig = g_stop_signal.load();
+    // A signal to any rank stops every rank at this step boundary.
+    int32_t sig_flag[1] = {g_stop_signal.load()};
+    ctx_.tp->all_reduce(Tensor(sig_flag, DType::I32, {1}), ReduceOp::Max);
+    ctx_.dp->all_reduce(Tensor(sig_flag, DType::I32, {1}), ReduceOp::Max);
+    const int sig = sig_flag[0];
     if (sig || last ||
         (cfg_.checkpoint.interval > 0 && step_ % cfg_.checkpoint.interval == 0)) {
       const std::string dir = save();
-      std::printf("checkpoint: %s\n", dir.c_str());
-      std::fflush(stdout);
+      if (lead()) {
+        std::printf("checkpoint: %s\n", dir.c_str());
+        std::fflush(stdout);
+      }
     }
     if (sig) {
-      std::printf("stopping at step %ld on signal %d (checkpoint saved)\n", long(step_), sig);
+      if (lead())
+        std::printf("stopping at step %ld on signal %d (checkpoint saved)\n", long(step_), sig);
       sum.stopped_by_signal = true;
       break;
     }

@@ -6,7 +6,9 @@
 #include <memory>
 #include <string>
 
+#include "core/comm.hpp"
 #include "core/config.hpp"
+#include "core/data_parallel.hpp"
 #include "core/model.hpp"
 #include "core/optimizer.hpp"
 #include "kernels/backend.hpp"
@@ -28,9 +30,16 @@ struct TrainSummary {
   bool stopped_by_signal = false;
 };
 
+// The process groups this rank belongs to (nullptr: a group of one).
+struct ParallelContext {
+  Comm* tp = nullptr;
+  Comm* dp = nullptr;
+  int world_rank = 0;  // rank 0 logs, prints and writes checkpoints
+};
+
 class Trainer {
  public:
-  explicit Trainer(const RunConfig& cfg);
+  explicit Trainer(const RunConfig& cfg, ParallelContext ctx = {});
   ~Trainer();
   // Restores weights, optimizer state and data position from a step directory.
   void load(const std::string& step_dir);
@@ -41,11 +50,15 @@ class Trainer {
  private:
   double run_micro_batches(int64_t first_sample);
   std::string save();
+  bool lead() const { return ctx_.world_rank == 0; }
 
   RunConfig cfg_;
+  ParallelContext ctx_;
+  SelfComm self_tp_{"tp"}, self_dp_{"dp"};
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
-  std::unique_ptr<AdamW> opt_;
+  std::vector<ParamSpec> global_table_;  // whole tensors, as checkpoints hold them
+  std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<TokenShard> train_shard_, val_shard_;
   std::unique_ptr<Sampler> sampler_;
   int64_t step_ = 0;            // steps completed

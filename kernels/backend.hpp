@@ -48,10 +48,13 @@ class Backend {
                                const Tensor& w, bool accumulate_dx) = 0;
 
   // ---- embedding ----
-  // out(N,C) = table(V,C)[tokens(N)]
-  virtual void embedding_forward(Tensor out, const Tensor& table, const Tensor& tokens) = 0;
-  // dtable(V,C) += scatter(dout(N,C)) — deterministic.
-  virtual void embedding_backward(Tensor dtable, const Tensor& dout, const Tensor& tokens) = 0;
+  // out(N,C) = table(Vl,C)[tokens(N) - vocab_start]; rows whose token is outside
+  // [vocab_start, vocab_start + Vl) (another rank's vocabulary shard) are zero.
+  virtual void embedding_forward(Tensor out, const Tensor& table, const Tensor& tokens,
+                                 int64_t vocab_start = 0) = 0;
+  // dtable(Vl,C) += scatter(dout(N,C)) over the tokens in this shard — deterministic.
+  virtual void embedding_backward(Tensor dtable, const Tensor& dout, const Tensor& tokens,
+                                  int64_t vocab_start = 0) = 0;
 
   // ---- RMSNorm ----
   // out(N,C) = x * rstd * w; rstd(N) saved.
@@ -94,6 +97,21 @@ class Backend {
   // ignored (loss 0, gradient 0). Returns nothing; read losses back.
   virtual void cross_entropy(Tensor logits, Tensor losses, const Tensor& targets,
                              double grad_scale) = 0;
+
+  // ---- vocab-parallel classifier (logits split over ranks by vocabulary) ----
+  // Per row of this rank's logits(N, Vl) (only the first `valid` columns are real
+  // vocabulary; columns map to ids vocab_start + j): stats(N,3) = [max m,
+  // sum exp(x - m), the target's logit if this rank owns it else 0].
+  virtual void ce_partial_stats(Tensor stats, const Tensor& logits, const Tensor& targets,
+                                int64_t vocab_start, int64_t valid) = 0;
+  // gathered(R,N,3) from all R ranks in rank order -> combined(N,3) = [global max M,
+  // sum_r s_r exp(m_r - M), target logit]; identical on every rank.
+  virtual void ce_combine(Tensor combined, const Tensor& gathered) = 0;
+  // losses(N) = log S + M - target logit (0 for ignored rows); logits are replaced
+  // by grad_scale * (softmax - onehot) over the valid columns (padding columns 0).
+  virtual void ce_finish(Tensor logits, Tensor losses, const Tensor& combined,
+                         const Tensor& targets, int64_t vocab_start, int64_t valid,
+                         double grad_scale) = 0;
 
   // ---- optimizer ----
   // Sum of squares of x as double.

@@ -38,8 +38,8 @@ adgt_config_error(unknown_section
   "^error: .*unknown_section[.]yaml:4: unknown section \"optimiser\"; did you mean train")
 adgt_config_error(yaml_syntax
   "^error: .*yaml_syntax[.]yaml:4: YAML syntax error")
-adgt_config_error(tp2
-  "^error: .*tp2[.]yaml: parallel[.]tp=2: parallelism beyond a single process is not available in this build yet")
+adgt_config_error(tp3
+  "^error: .*tp3[.]yaml: parallel[.]tp=3 does not divide model[.]n_heads=8; use tp in [{]1,2,4[}]")
 # A missing file (no such case file exists on purpose).
 adgt_config_error(does_not_exist
   "^error: .*does_not_exist[.]yaml: cannot open config file")

@@ -27,8 +27,10 @@ class CpuBackend final : public Backend {
   void linear_forward(Tensor y, const Tensor& x, const Tensor& w) override;
   void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,
                        bool accumulate_dx) override;
-  void embedding_forward(Tensor out, const Tensor& table, const Tensor& tokens) override;
-  void embedding_backward(Tensor dtable, const Tensor& dout, const Tensor& tokens) override;
+  void embedding_forward(Tensor out, const Tensor& table, const Tensor& tokens,
+                         int64_t vocab_start) override;
+  void embedding_backward(Tensor dtable, const Tensor& dout, const Tensor& tokens,
+                          int64_t vocab_start) override;
   void rmsnorm_forward(Tensor out, Tensor rstd, const Tensor& x, const Tensor& w,
                        double eps) override;
   void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dout, const Tensor& x, const Tensor& w,
@@ -49,6 +51,11 @@ class CpuBackend final : public Backend {
   void scale_inplace(Tensor x, double s) override;
   void cross_entropy(Tensor logits, Tensor losses, const Tensor& targets,
                      double grad_scale) override;
+  void ce_partial_stats(Tensor stats, const Tensor& logits, const Tensor& targets,
+                        int64_t vocab_start, int64_t valid) override;
+  void ce_combine(Tensor combined, const Tensor& gathered) override;
+  void ce_finish(Tensor logits, Tensor losses, const Tensor& combined, const Tensor& targets,
+                 int64_t vocab_start, int64_t valid, double grad_scale) override;
   double sum_squares(const Tensor& x) override;
   void adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWHyper& h) override;
 };

@@ -241,11 +241,29 @@ TEST_CASE("cross-field rules name both keys and a fix", "[config]") {
         "= 1e-04)");
   CHECK(error_of("train:\n  steps: 10\n  warmup_steps: 20\n") ==
         "x.yaml: train.warmup_steps=20 exceeds train.steps=10; use warmup_steps <= 10");
-  CHECK(error_of("parallel:\n  tp: 2\n") ==
-        "x.yaml: parallel.tp=2: parallelism beyond a single process is not available in this "
-        "build yet (coming with the data/tensor parallel issue); use 1");
-  CHECK_THAT(error_of("parallel:\n  dp: 4\ntrain:\n  global_batch: 32\n"),
-             StartsWith("x.yaml: parallel.dp=4: parallelism beyond a single process"));
+  CHECK(error_of("parallel:\n  tp: 3\n") ==
+        "x.yaml: parallel.tp=3 does not divide model.n_heads=8; use tp in {1,2,4}");
+  CHECK(error_of("parallel:\n  pp: 2\n") ==
+        "x.yaml: parallel.pp=2: pipeline parallelism is not available in this build yet; use 1");
+  CHECK(error_of("parallel:\n  zero: 2\n") ==
+        "x.yaml: parallel.zero=2: only ZeRO stage 0 or 1 is supported; use 0 or 1");
+  CHECK(error_of("model:\n  ffn_hidden: 690\nparallel:\n  tp: 4\n") ==
+        "x.yaml: parallel.tp=4 does not divide model.ffn_hidden=690; use tp in {1,2}");
+  CHECK(error_of("parallel:\n  dp: 4\ntrain:\n  global_batch: 30\n  micro_batch: 4\n") ==
+        "x.yaml: train.global_batch=30 is not a multiple of train.micro_batch=4 x parallel.dp=4; "
+        "use 16 or 32");
+  {
+    RunConfig c = load_config_text("parallel:\n  tp: 2\n  dp: 2\ntrain:\n  global_batch: 16\n", "x.yaml");
+    CHECK_NOTHROW(validate_world(c, 4));
+    try {
+      validate_world(c, 8);
+      FAIL("validate_world accepted 8 ranks for tp=2 x dp=2");
+    } catch (const ConfigError& e) {
+      CHECK(std::string(e.what()) ==
+            "x.yaml: parallel.tp=2 x pp=1 x dp=2 = 4 ranks, but the launch has 8 (mpirun -np / "
+            "srun -n); with tp=2 pp=1 use dp=4");
+    }
+  }
   // validate() alone catches per-key ranges in a config built in code.
   RunConfig c;
   c.train.lr = -1;
@@ -295,9 +313,8 @@ TEST_CASE("overrides (--set) apply in order after the file", "[config]") {
         "--set train.steps: expected section.key=value, e.g. --set train.steps=100");
   CHECK_THAT(error_of("", {"train.steps=[1"}),
              StartsWith("--set train.steps=[1: train.steps: cannot read the value as YAML"));
-  CHECK(error_of("", {"parallel.tp=2"}) ==
-        "x.yaml: parallel.tp=2: parallelism beyond a single process is not available in this "
-        "build yet (coming with the data/tensor parallel issue); use 1");
+  CHECK(error_of("", {"parallel.tp=3"}) ==
+        "x.yaml: parallel.tp=3 does not divide model.n_heads=8; use tp in {1,2,4}");
 }
 
 TEST_CASE("docs/config.md carries the generated key reference", "[config]") {
@@ -313,7 +330,7 @@ TEST_CASE("docs/config.md carries the generated key reference", "[config]") {
     FAIL("docs/config.md is out of date with the schema in core/config.cpp; paste " + out +
          " between its BEGIN/END markers");
   }
-  CHECK(config_keys().size() == 42);
+  CHECK(config_keys().size() == 45);
   for (const auto& k : config_keys()) {
     CHECK(!k.doc.empty());
     CHECK(!k.allowed.empty());

@@ -78,11 +78,11 @@ TEST_CASE("embedding backward matches finite differences", "[ops][fd]") {
   Vec table = randn(V * C, 4), R = randn(N * C, 5), y(N * C);
   Tensor tt(tok.data(), DType::I32, {N});
   auto loss = [&] {
-    be.embedding_forward(T2(y, N, C), T2(table, V, C), tt);
+    be.embedding_forward(T2(y, N, C), T2(table, V, C), tt, 0);
     return dot(y, R);
   };
   Vec dt(V * C, 0.0);
-  be.embedding_backward(T2(dt, V, C), T2(R, N, C), tt);
+  be.embedding_backward(T2(dt, V, C), T2(R, N, C), tt, 0);
   check_grad(table, loss, dt, "embedding dtable");
 }
 
@@ -258,4 +258,59 @@ TEST_CASE("sum_squares is exact on integers and independent of chunking", "[ops]
     ref += double(x[i]) * x[i];
   }
   REQUIRE(be.sum_squares(Tensor(x.data(), DType::F32, {int64_t(x.size())})) == ref);
+}
+
+TEST_CASE("vocab-parallel cross-entropy over padded shards equals the fused one", "[ops]") {
+  CpuBackend be;
+  const int64_t N = 5, V = 10, R = 3, Vl = 4;  // vocabulary padded to 12: the last shard has 2 real columns
+  std::vector<int32_t> tg = {0, 9, -1, 4, 7};
+  Tensor tt(tg.data(), DType::I32, {N});
+  Vec logits = randn(N * V, 31, 2.0), ref = logits, ref_loss(N);
+  be.cross_entropy(T2(ref, N, V), T1(ref_loss), tt, 0.5);
+  Vec gathered(size_t(R * N * 3)), shards(size_t(R * N * Vl), 99.0);
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t valid = std::min(Vl, V - r * Vl);
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t j = 0; j < valid; ++j)
+        shards[size_t((r * N + i) * Vl + j)] = logits[size_t(i * V + r * Vl + j)];
+    Vec st(size_t(N * 3));
+    Tensor sh(shards.data() + r * N * Vl, DType::F64, {N, Vl});
+    be.ce_partial_stats(T2(st, N, 3), sh, tt, r * Vl, valid);
+    std::copy(st.begin(), st.end(), gathered.begin() + r * N * 3);
+  }
+  Vec comb(size_t(N * 3));
+  be.ce_combine(T2(comb, N, 3), Tensor(gathered.data(), DType::F64, {R, N, 3}));
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t valid = std::min(Vl, V - r * Vl);
+    Vec loss(N);
+    Tensor sh(shards.data() + r * N * Vl, DType::F64, {N, Vl});
+    be.ce_finish(sh, T1(loss), T2(comb, N, 3), tt, r * Vl, valid, 0.5);
+    for (int64_t i = 0; i < N; ++i) {
+      REQUIRE(loss[i] == Approx(ref_loss[i]).margin(1e-12));
+      for (int64_t j = 0; j < Vl; ++j) {
+        const double got = shards[size_t((r * N + i) * Vl + j)];
+        if (j < valid)
+          REQUIRE(got == Approx(ref[size_t(i * V + r * Vl + j)]).margin(1e-12));
+        else
+          REQUIRE(got == 0.0);  // padding columns carry no gradient
+      }
+    }
+  }
+}
+
+TEST_CASE("vocab-parallel embedding shards sum to the full lookup", "[ops]") {
+  CpuBackend be;
+  const int64_t V = 7, C = 3, N = 6, Vl = 4;
+  std::vector<int32_t> tok = {0, 6, 3, 4, 4, 1};
+  Tensor tt(tok.data(), DType::I32, {N});
+  Vec table = randn(V * C, 41), full(N * C), sum(N * C, 0.0);
+  be.embedding_forward(T2(full, N, C), T2(table, V, C), tt, 0);
+  for (int64_t r = 0; r < 2; ++r) {
+    Vec shard(size_t(Vl * C), 0.0), out(N * C, 5.0);
+    for (int64_t v = r * Vl; v < std::min(V, (r + 1) * Vl); ++v)
+      for (int64_t c = 0; c < C; ++c) shard[size_t((v - r * Vl) * C + c)] = table[size_t(v * C + c)];
+    be.embedding_forward(T2(out, N, C), T2(shard, Vl, C), tt, r * Vl);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += out[i];
+  }
+  for (size_t i = 0; i < sum.size(); ++i) REQUIRE(sum[i] == full[i]);
 }

@@ -1,0 +1,79 @@
+// The collective interface that model math and the training engine use.
+// core declares it; parallel/ implements it over MPI (host tensors) and NCCL
+// (device tensors). A single-process run uses SelfComm (size 1, no-ops).
+//
+// Chunked collectives use contiguous chunks in rank order: reduce_scatter's
+// input is size()*n elements and rank r keeps the reduced chunk r; all_gather
+// puts rank r's n elements at chunk r of the output.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/tensor.hpp"
+
+namespace adgt {
+
+enum class ReduceOp { Sum, Max };
+
+struct CommStats {
+  int64_t bytes = 0;     // bytes this rank sent (payload handed to the transport)
+  int64_t calls = 0;
+  double seconds = 0;    // wall time inside collectives
+};
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string name() const = 0;  // group name: "world", "tp", "dp", "pp", "ep"
+
+  // In place; F32, F64 or I32. Reductions of floating point tensors are
+  // deterministic: the same inputs give bit-identical results on every rank.
+  virtual void all_reduce(Tensor t, ReduceOp op = ReduceOp::Sum) = 0;
+  virtual void reduce_scatter(Tensor out, const Tensor& in) = 0;  // in: size()*n, out: n
+  virtual void all_gather(Tensor out, const Tensor& in) = 0;      // in: n, out: size()*n
+  virtual void broadcast(Tensor t, int root) = 0;
+  virtual void send(const Tensor& t, int peer, int tag = 0) = 0;
+  virtual void recv(Tensor t, int peer, int tag = 0) = 0;
+  virtual void all_to_all(Tensor out, const Tensor& in) = 0;      // size()*n each; chunk r -> rank r
+  // Element counts and displacements per rank.
+  virtual void all_to_allv(Tensor out, const std::vector<int64_t>& recv_counts,
+                           const std::vector<int64_t>& recv_displs, const Tensor& in,
+                           const std::vector<int64_t>& send_counts,
+                           const std::vector<int64_t>& send_displs) = 0;
+  virtual void barrier() = 0;
+
+  const CommStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+
+ protected:
+  CommStats stats_;
+};
+
+// A group of one: every collective is the identity (copies where in != out).
+class SelfComm final : public Comm {
+ public:
+  explicit SelfComm(std::string name = "self") : name_(std::move(name)) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string name() const override { return name_; }
+  void all_reduce(Tensor, ReduceOp) override {}
+  void reduce_scatter(Tensor out, const Tensor& in) override;
+  void all_gather(Tensor out, const Tensor& in) override;
+  void broadcast(Tensor, int) override {}
+  void send(const Tensor&, int, int) override;
+  void recv(Tensor, int, int) override;
+  void all_to_all(Tensor out, const Tensor& in) override;
+  void all_to_allv(Tensor out, const std::vector<int64_t>& rc, const std::vector<int64_t>& rd,
+                   const Tensor& in, const std::vector<int64_t>& sc,
+                   const std::vector<int64_t>& sd) override;
+  void barrier() override {}
+
+ private:
+  std::string name_;
+};
+
+}  // namespace adgt

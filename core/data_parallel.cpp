@@ -1,0 +1,110 @@
+#include "core/data_parallel.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/check.hpp"
+
+namespace adgt {
+
+DataParallel::DataParallel(Backend& be, Model& model, const TrainConfig& t,
+                           const ParallelConfig& p, Comm& dp, Comm& tp)
+    : be_(be), model_(model), dp_(dp), tp_(tp), zero_(p.zero == 1 && dp.size() > 1) {
+  bucket_elems_ = std::max<int64_t>(
+      1024, int64_t(p.bucket_mb * 1024 * 1024) / int64_t(dtype_size(model.dtype())));
+  const int64_t n = model.flat_size();
+  if (zero_) {
+    ADGT_CHECK(n % dp.size() == 0, "ZeRO-1: flat buffer " << n << " not divisible by dp="
+                                                           << dp.size());
+    const int64_t chunk = n / dp.size();
+    lo_ = dp.rank() * chunk;
+    hi_ = lo_ + chunk;
+    chunk_ = Buffer(be, size_t(chunk) * dtype_size(model.dtype()));
+  } else {
+    lo_ = 0;
+    hi_ = n;
+  }
+  opt_ = std::make_unique<AdamW>(be, model.table(), t, model.dtype(), lo_, hi_);
+}
+
+Tensor DataParallel::range(Tensor f, int64_t b, int64_t e) const {
+  return Tensor(static_cast<char*>(f.data) + size_t(b) * dtype_size(f.dtype), f.dtype, {e - b});
+}
+
+std::function<void(int64_t, int64_t)> DataParallel::bucket_hook() {
+  if (zero_ || dp_.size() == 1) return {};
+  return [this](int64_t b, int64_t e) {
+    // Ranges arrive from the end of the buffer towards the start; merge the
+    // contiguous ones and reduce a bucket once it is large enough.
+    if (pend_b_ >= 0 && e == pend_b_) {
+      pend_b_ = b;
+    } else {
+      flush_bucket();
+      pend_b_ = b;
+      pend_e_ = e;
+    }
+    if (pend_e_ - pend_b_ >= bucket_elems_) flush_bucket();
+  };
+}
+
+void DataParallel::flush_bucket() {
+  if (pend_b_ < 0) return;
+  dp_.all_reduce(range(model_.grads(), pend_b_, pend_e_));
+  pend_b_ = pend_e_ = -1;
+}
+
+void DataParallel::finish_gradients() {
+  if (dp_.size() == 1) return;
+  if (!zero_) {
+    flush_bucket();
+    return;
+  }
+  Tensor chunk(chunk_.data(), model_.dtype(), {hi_ - lo_});
+  dp_.reduce_scatter(chunk, model_.grads());
+  be_.copy(range(model_.grads(), lo_, hi_), chunk);
+}
+
+double DataParallel::grad_norm() {
+  // [sum over tensor-parallel shards, sum over replicated tensors] of this rank's part.
+  double s[2] = {0, 0};
+  for (const Segment& seg : segments_in(model_.table(), lo_, hi_)) {
+    const bool replicated = model_.table()[seg.param].shard_dim < 0;
+    s[replicated ? 1 : 0] += be_.sum_squares(range(model_.grads(), seg.begin, seg.end));
+  }
+  Tensor t(s, DType::F64, {2});
+  if (zero_) dp_.all_reduce(t);      // chunks -> whole buffer
+  Tensor sharded(s, DType::F64, {1});
+  tp_.all_reduce(sharded);           // shards -> whole tensors; replicated counted once
+  return std::sqrt(s[0] + s[1]);
+}
+
+void DataParallel::step(double lr, int64_t adam_step, double clip_coef) {
+  Tensor g = range(model_.grads(), lo_, hi_);
+  if (clip_coef < 1.0) be_.scale_inplace(g, clip_coef);
+  opt_->step(model_.params(), model_.grads(), lr, adam_step);
+  if (zero_) {
+    Tensor chunk(chunk_.data(), model_.dtype(), {hi_ - lo_});
+    be_.copy(chunk, range(model_.params(), lo_, hi_));
+    dp_.all_gather(model_.params(), chunk);
+  }
+}
+
+std::vector<float> DataParallel::gather_state(const Tensor& t) {
+  if (!zero_) return opt_->to_host(t);
+  Buffer full(be_, size_t(model_.flat_size()) * dtype_size(model_.dtype()));
+  Tensor f(full.data(), model_.dtype(), {model_.flat_size()});
+  dp_.all_gather(f, t);
+  return opt_->to_host(f);
+}
+
+std::vector<float> DataParallel::full_exp_avg() { return gather_state(opt_->exp_avg()); }
+std::vector<float> DataParallel::full_exp_avg_sq() { return gather_state(opt_->exp_avg_sq()); }
+
+void DataParallel::load_state(const std::vector<float>& m, const std::vector<float>& v) {
+  ADGT_CHECK(int64_t(m.size()) == model_.flat_size() && int64_t(v.size()) == model_.flat_size(),
+             "DataParallel::load_state: size mismatch");
+  opt_->from_host(opt_->exp_avg(), std::vector<float>(m.begin() + lo_, m.begin() + hi_));
+  opt_->from_host(opt_->exp_avg_sq(), std::vector<float>(v.begin() + lo_, v.begin() + hi_));
+}
+
+}  // namespace adgt
