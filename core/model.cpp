@@ -321,16 +321,18 @@ double Model::forward(const int32_t* inputs, const int32_t* targets, double grad
   return n_valid ? sum / double(n_valid) : 0.0;
 }
 
-void Model::backward(const std::function<void(int64_t, int64_t)>& on_ready) {
+void Model::backward(const std::function<void(int64_t, int64_t)>& on_ready,
+                     bool last_micro_batch) {
   auto ready = [&](size_t first, size_t last) {
     if (on_ready) {
       const auto [b, e] = range(first, last);
       on_ready(b, e);
     }
   };
-  // With SP a norm weight's gradient is a partial sum over this rank's rows.
+  // With SP a norm weight's gradient is a partial sum over this rank's rows;
+  // partials accumulate over micro-batches and are summed over tp once.
   auto finish_norm_grad = [&](size_t idx) {
-    if (sp_) tp_->all_reduce(grad(idx));
+    if (sp_ && last_micro_batch) tp_->all_reduce(grad(idx));
   };
   // logits_ now hold dloss/dlogits (scaled). The head's input gradient is a
   // partial sum over vocabulary shards.

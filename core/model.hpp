@@ -60,9 +60,12 @@ class Model {
   // of grad_scale * mean loss w.r.t. the logits.
   double forward(const int32_t* inputs, const int32_t* targets, double grad_scale);
   // Accumulates parameter gradients (+=) of the last forward's scaled loss.
-  // on_ready(begin, end) is called with flat ranges whose gradients are final
-  // for this backward, in the order they complete (for bucketed reductions).
-  void backward(const std::function<void(int64_t, int64_t)>& on_ready = {});
+  // last_micro_batch: the step's final backward, after which the gradients are
+  // complete (with SP, the norm weights' partial sums over token rows are then
+  // all-reduced over tp, once). on_ready(begin, end) is then called with flat
+  // ranges whose gradients are final, in the order they complete (buckets).
+  void backward(const std::function<void(int64_t, int64_t)>& on_ready = {},
+                bool last_micro_batch = true);
   // If on, forward() keeps a host copy of this rank's logits (N, Vl) before the loss.
   void set_capture_logits(bool on) { capture_logits_ = on; }
   const std::vector<double>& captured_logits() const { return logits_host_; }

@@ -121,7 +121,8 @@ double Trainer::run_micro_batches(int64_t first_sample) {
       std::copy(window.begin() + 1, window.end(), tg.begin() + b * T);
     }
     loss_sum += model_->forward(in.data(), tg.data(), 1.0 / double(A * D));
-    model_->backward(a + 1 == A ? dp_->bucket_hook() : std::function<void(int64_t, int64_t)>());
+    const bool last = a + 1 == A;
+    model_->backward(last ? dp_->bucket_hook() : std::function<void(int64_t, int64_t)>(), last);
   }
   dp_->finish_gradients();
   double total[1] = {loss_sum};

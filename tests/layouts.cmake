@@ -1,0 +1,16 @@
+# Every data/tensor-parallel layout against the single process (8 CPU ranks at
+# most, mpirun --oversubscribe), on byte-level shards of the default corpus.
+if(NOT TARGET adgt-train OR NOT TARGET adgt-data OR NOT TARGET adgt_parallel)
+  return()
+endif()
+set(ADGT_KJV_BYTE ${CMAKE_BINARY_DIR}/data/kjv-byte)
+add_test(NAME layouts_prepare_bytes
+  COMMAND ${CMAKE_COMMAND} -E env ADGT_TOKENIZER=byte
+    ${CMAKE_SOURCE_DIR}/scripts/prepare_data.sh ${ADGT_KJV_BYTE} $<TARGET_FILE:adgt-data>)
+set_tests_properties(layouts_prepare_bytes PROPERTIES FIXTURES_SETUP kjv_byte)
+add_test(NAME layouts_match_single_process
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_layouts.py
+    --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
+    --data ${ADGT_KJV_BYTE} --work ${CMAKE_BINARY_DIR}/layouts)
+set_tests_properties(layouts_match_single_process PROPERTIES
+  FIXTURES_REQUIRED kjv_byte LABELS "parallel" TIMEOUT 1500 RUN_SERIAL TRUE)

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Every data/tensor-parallel layout trains like the single process.
+
+For each layout (tp, dp, zero, sequence_parallel) the ~100k-parameter model
+(tests/layouts/model.yaml) trains 20 steps under mpirun; its per-step losses
+(metrics.jsonl) and final weights (the step_20 checkpoint, whole tensors) must
+equal the single-process run's within a relative tolerance (1e-5: fp32, where
+only the order of summation differs).
+
+usage: compare_layouts.py --train BIN --mpirun WRAPPER --data DIR --work DIR [--layouts tp:dp:zero:sp ...]
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT = [f"{tp}:{dp}:{z}:{sp}" for tp, dp in [(2, 1), (1, 2), (2, 2), (4, 2), (2, 4), (8, 1)]
+           for z in (0, 1) for sp in ((0, 1) if tp > 1 else (0,))]
+
+
+def run(args, name, tp, dp, zero, sp):
+    out = os.path.join(args.work, name)
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [args.train, "--config", os.path.join(HERE, "model.yaml")]
+    for s in [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
+              f"log.dir={out}", f"checkpoint.dir={out}/ckpt", f"parallel.tp={tp}",
+              f"parallel.dp={dp}", f"parallel.zero={zero}",
+              f"parallel.sequence_parallel={'true' if sp else 'false'}"]:
+        cmd += ["--set", s]
+    n = tp * dp
+    if n > 1 or os.environ.get('ADGT_MPIRUN_SINGLE'):
+        cmd = [args.mpirun, str(n)] + cmd
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    dt = time.time() - t0
+    if p.returncode != 0:
+        print(" ".join(cmd))
+        print(p.stdout[-4000:], p.stderr[-4000:])
+        sys.exit(f"FAIL: {name} exited {p.returncode}")
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        recs = [json.loads(l) for l in f if l.strip()]
+    losses = {r["step"]: r["loss"] for r in recs if "loss" in r}
+    with h5py.File(os.path.join(out, "ckpt", "step_20", "checkpoint.h5"), "r") as h:
+        weights = {k: h["model"][k][...].astype(np.float64) for k in h["model"]}
+    return losses, weights, dt, recs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--train", required=True)
+    ap.add_argument("--mpirun", required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--tol", type=float, default=1e-5)
+    ap.add_argument("--layouts", nargs="*", default=DEFAULT)
+    args = ap.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    ref_l, ref_w, ref_t, _ = run(args, "single", 1, 1, 0, 0)
+    if sorted(ref_l) != list(range(1, 21)):
+        sys.exit(f"FAIL: the single-process run logged steps {sorted(ref_l)}")
+    print(f"single process: loss {ref_l[1]:.6f} -> {ref_l[20]:.6f} ({ref_t:.1f} s)")
+    print(f"{'tp':>3} {'dp':>3} {'zero':>4} {'sp':>3}  {'max rel loss err':>16}  "
+          f"{'max rel weight err':>18}  {'time':>6}")
+    failed = []
+    for spec in args.layouts:
+        tp, dp, zero, sp = (int(x) for x in spec.split(":"))
+        name = f"tp{tp}_dp{dp}_z{zero}_sp{sp}"
+        l, w, t, _ = run(args, name, tp, dp, zero, sp)
+        if sorted(l) != sorted(ref_l):
+            failed.append(f"{name}: logged steps {sorted(l)}")
+            continue
+        lerr = max(abs(l[s] - ref_l[s]) / abs(ref_l[s]) for s in ref_l)
+        werr, worst = 0.0, ""
+        for k, ref in ref_w.items():
+            e = np.linalg.norm(w[k] - ref) / np.linalg.norm(ref)
+            if e > werr:
+                werr, worst = e, k
+        ok = lerr <= args.tol and werr <= args.tol
+        print(f"{tp:>3} {dp:>3} {zero:>4} {sp:>3}  {lerr:>16.3e}  {werr:>18.3e}  {t:>5.1f}s"
+              f"  {'PASS' if ok else 'FAIL ' + worst}")
+        if not ok:
+            failed.append(name)
+    if failed:
+        sys.exit("FAIL: " + ", ".join(failed))
+    print(f"PASS: {len(args.layouts)} layouts equal the single process within {args.tol}")
+
+
+if __name__ == "__main__":
+    main()
