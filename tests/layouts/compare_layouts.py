@@ -25,10 +25,12 @@ DEFAULT = [f"{tp}:{dp}:{z}:{sp}" for tp, dp in [(2, 1), (1, 2), (2, 2), (4, 2), 
            for z in (0, 1) for sp in ((0, 1) if tp > 1 else (0,))]
 
 
-def run(args, name, tp, dp, zero, sp):
+def run(args, name, tp, dp, zero, sp, resume_from=None):
     out = os.path.join(args.work, name)
     shutil.rmtree(out, ignore_errors=True)
     cmd = [args.train, "--config", os.path.join(HERE, "model.yaml")]
+    if resume_from:
+        cmd += ["--resume", resume_from]
     for s in [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
               f"log.dir={out}", f"checkpoint.dir={out}/ckpt", f"parallel.tp={tp}",
               f"parallel.dp={dp}", f"parallel.zero={zero}",
@@ -48,6 +50,8 @@ def run(args, name, tp, dp, zero, sp):
     with open(os.path.join(out, "metrics.jsonl")) as f:
         recs = [json.loads(l) for l in f if l.strip()]
     losses = {r["step"]: r["loss"] for r in recs if "loss" in r}
+    if resume_from and min(losses) != 11:
+        sys.exit(f"FAIL: {name} did not resume at step 11 (logged {sorted(losses)})")
     with h5py.File(os.path.join(out, "ckpt", "step_20", "checkpoint.h5"), "r") as h:
         weights = {k: h["model"][k][...].astype(np.float64) for k in h["model"]}
     return losses, weights, dt, recs
@@ -86,6 +90,23 @@ def main():
         ok = lerr <= args.tol and werr <= args.tol
         print(f"{tp:>3} {dp:>3} {zero:>4} {sp:>3}  {lerr:>16.3e}  {werr:>18.3e}  {t:>5.1f}s"
               f"  {'PASS' if ok else 'FAIL ' + worst}")
+        if not ok:
+            failed.append(name)
+    # Checkpoints hold whole tensors: step_10 of one layout resumes in another and
+    # continues like the uninterrupted single process.
+    for src, dst in [((2, 2, 1, 1), (1, 1, 0, 0)), ((1, 1, 0, 0), (4, 2, 1, 0)),
+                     ((8, 1, 0, 1), (2, 4, 1, 1))]:
+        sname = "single" if src == (1, 1, 0, 0) else "tp{}_dp{}_z{}_sp{}".format(*src)
+        if not os.path.isdir(os.path.join(args.work, sname)):
+            continue
+        name = "resume_{}_to_tp{}_dp{}_z{}_sp{}".format(sname, *dst)
+        l, w, _, _ = run(args, name, *dst,
+                         resume_from=os.path.join(args.work, sname, "ckpt", "step_10"))
+        lerr = max(abs(l[s] - ref_l[s]) / abs(ref_l[s]) for s in l)
+        werr = max(np.linalg.norm(w[k] - r) / np.linalg.norm(r) for k, r in ref_w.items())
+        ok = lerr <= args.tol and werr <= args.tol
+        print(f"{name}: steps 11-20 max rel loss err {lerr:.3e}, final weights {werr:.3e}"
+              f"  {'PASS' if ok else 'FAIL'}")
         if not ok:
             failed.append(name)
     if failed:
