@@ -1,5 +1,6 @@
-// adgt-train: parse the command line and the YAML run file, then train,
-// evaluate, or print the dry-run estimate. No math here.
+// adgt-train: parse the command line and the YAML run file, set up the
+// process groups, then train, evaluate, or print the dry-run estimate.
+// No math and no MPI calls here.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
@@ -10,6 +11,26 @@
 #include "core/config.hpp"
 #include "core/memory_estimate.hpp"
 #include "core/trainer.hpp"
+#include "parallel/agree.hpp"
+#include "parallel/mpi_env.hpp"
+#include "parallel/process_groups.hpp"
+
+namespace {
+
+void print_summary(const adgt::TrainSummary& s) {
+  std::printf("\n== summary ==\n");
+  std::printf("steps:            %ld%s\n", long(s.steps_done),
+              s.stopped_by_signal ? " (stopped by signal)" : "");
+  std::printf("final train loss: %.4f\n", s.final_train_loss);
+  if (s.final_val_loss >= 0) std::printf("final val loss:   %.4f\n", s.final_val_loss);
+  std::printf("tokens/s:         %.0f\n", s.tokens_per_s);
+  std::printf("wall time:        %.1f s\n", s.wall_s);
+  if (s.skipped_steps) std::printf("skipped steps:    %ld (non-finite)\n", long(s.skipped_steps));
+  std::printf("checkpoint:       %s\n", s.checkpoint.empty() ? "(none)" : s.checkpoint.c_str());
+  std::printf("metrics:          %s\n", s.metrics_path.c_str());
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"adgt-train: pretrain a LLaMA-family model"};
@@ -28,56 +49,81 @@ int main(int argc, char** argv) {
   app.add_flag("--print-config", print_config, "print the resolved configuration as YAML");
   CLI11_PARSE(app, argc, argv);
 
-  try {
-    const adgt::RunConfig cfg = adgt::load_config(config_path, overrides);
-    if (print_config) std::printf("%s", adgt::to_yaml(cfg).c_str());
-    if (dry_run) {
-      const auto est = adgt::estimate_memory(cfg, adgt::compute_bytes_per_element(cfg));
-      std::printf("%s", adgt::format_estimate(cfg, est).c_str());
+  if (dry_run || print_config) {  // no launch needed
+    try {
+      const adgt::RunConfig cfg = adgt::load_config(config_path, overrides);
+      if (print_config) std::printf("%s", adgt::to_yaml(cfg).c_str());
+      if (dry_run) {
+        const auto est = adgt::estimate_memory(cfg, adgt::compute_bytes_per_element(cfg));
+        std::printf("%s", adgt::format_estimate(cfg, est).c_str());
+      }
       return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return dynamic_cast<const adgt::ConfigError*>(&e) ? 2 : 1;
     }
-    if (print_config) return 0;
-    adgt::Trainer trainer(cfg);
+  }
+
+  adgt::MpiEnv mpi(&argc, &argv);
+  // Configuration errors are the same on every rank: each rank reports it and
+  // all exit 2 together (agreed by one collective, so none is left waiting).
+  adgt::RunConfig cfg;
+  std::string config_error;
+  try {
+    cfg = adgt::load_config(config_path, overrides);
+    adgt::validate_world(cfg, mpi.size());
+  } catch (const adgt::ConfigError& e) {
+    config_error = e.what();
+  }
+  if (adgt::agree_max(config_error.empty() ? 0 : 1)) {
+    if (!config_error.empty())
+      std::fprintf(stderr, "error: rank %d: %s\n", mpi.rank(), config_error.c_str());
+    else
+      std::fprintf(stderr, "error: rank %d: stopping: another rank rejected the configuration\n",
+                   mpi.rank());
+    return 2;
+  }
+
+  try {
+    adgt::ParallelDims dims;
+    dims.tp = int(cfg.parallel.tp);
+    dims.pp = int(cfg.parallel.pp);
+    dims.dp = int(cfg.parallel.dp);
+    dims.ep = int(cfg.parallel.ep);
+    adgt::ProcessGroups pg = adgt::make_process_groups(dims);
+    const bool lead = pg.world->rank() == 0;
+    const std::string table = adgt::rank_table(pg, "cpu");
+    if (lead && pg.world->size() > 1) std::printf("%s", table.c_str());
+
+    adgt::ParallelContext ctx;
+    ctx.tp = pg.tp.get();
+    ctx.dp = pg.dp.get();
+    ctx.world_rank = pg.world->rank();
+    adgt::Trainer trainer(cfg, ctx);
     const std::string from = adgt::resolve_resume(resume, cfg.checkpoint.dir);
     if (!resume.empty() && from.empty()) {
-      if (eval_only) {
-        std::fprintf(stderr, "error: --resume %s: no complete checkpoint under %s\n",
-                     resume.c_str(), cfg.checkpoint.dir.c_str());
-        return 1;
-      }
-      std::printf("--resume %s: no complete checkpoint under %s; starting from scratch\n",
-                  resume.c_str(), cfg.checkpoint.dir.c_str());
+      if (eval_only)
+        throw std::runtime_error("--resume " + resume + ": no complete checkpoint under " +
+                                 cfg.checkpoint.dir);
+      if (lead)
+        std::printf("--resume %s: no complete checkpoint under %s; starting from scratch\n",
+                    resume.c_str(), cfg.checkpoint.dir.c_str());
     }
     if (!from.empty()) {
       trainer.load(from);
-      std::printf("resumed from %s\n", from.c_str());
+      if (lead) std::printf("resumed from %s\n", from.c_str());
     }
     if (eval_only) {
-      if (from.empty()) {
-        std::fprintf(stderr, "error: --eval-only needs --resume DIR (or auto)\n");
-        return 1;
-      }
-      std::printf("eval loss: %.6f\n", trainer.evaluate());
+      if (from.empty()) throw std::runtime_error("--eval-only needs --resume DIR (or auto)");
+      const double loss = trainer.evaluate();
+      if (lead) std::printf("eval loss: %.6f\n", loss);
       return 0;
     }
     adgt::install_stop_handlers();
     const adgt::TrainSummary s = trainer.train();
-    std::printf("\n== summary ==\n");
-    std::printf("steps:            %ld%s\n", long(s.steps_done),
-                s.stopped_by_signal ? " (stopped by signal)" : "");
-    std::printf("final train loss: %.4f\n", s.final_train_loss);
-    if (s.final_val_loss >= 0) std::printf("final val loss:   %.4f\n", s.final_val_loss);
-    std::printf("tokens/s:         %.0f\n", s.tokens_per_s);
-    std::printf("wall time:        %.1f s\n", s.wall_s);
-    if (s.skipped_steps) std::printf("skipped steps:    %ld (non-finite)\n", long(s.skipped_steps));
-    std::printf("checkpoint:       %s\n", s.checkpoint.empty() ? "(none)" : s.checkpoint.c_str());
-    std::printf("metrics:          %s\n", s.metrics_path.c_str());
+    if (lead) print_summary(s);
     return 0;
-  } catch (const adgt::ConfigError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    adgt::fatal(e);  // names the rank and host; aborts every rank when there are several
   }
 }

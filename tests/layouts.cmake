@@ -14,3 +14,12 @@ add_test(NAME layouts_match_single_process
     --data ${ADGT_KJV_BYTE} --work ${CMAKE_BINARY_DIR}/layouts)
 set_tests_properties(layouts_match_single_process PROPERTIES
   FIXTURES_REQUIRED kjv_byte LABELS "parallel" TIMEOUT 1500 RUN_SERIAL TRUE)
+
+# The same run through srun on a real (private, single-node) Slurm cluster gives
+# the mpirun losses bit for bit.
+add_test(NAME layouts_srun_matches_mpirun
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/slurm/with_slurm.sh --
+    ${CMAKE_CURRENT_SOURCE_DIR}/layouts/srun_vs_mpirun.sh $<TARGET_FILE:adgt-train>
+    ${ADGT_KJV_BYTE} ${CMAKE_BINARY_DIR}/layouts_srun)
+set_tests_properties(layouts_srun_matches_mpirun PROPERTIES
+  FIXTURES_REQUIRED kjv_byte LABELS "parallel;slurm" TIMEOUT 300 RUN_SERIAL TRUE)

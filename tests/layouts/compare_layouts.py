@@ -37,7 +37,7 @@ def run(args, name, tp, dp, zero, sp, resume_from=None):
               f"parallel.sequence_parallel={'true' if sp else 'false'}"]:
         cmd += ["--set", s]
     n = tp * dp
-    if n > 1 or os.environ.get('ADGT_MPIRUN_SINGLE'):
+    if n > 1:
         cmd = [args.mpirun, str(n)] + cmd
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,

@@ -1,0 +1,357 @@
+#include "parallel/mpi_comm.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstring>
+
+#include "kernels/check.hpp"
+#include "parallel/mpi_env.hpp"
+
+namespace adgt {
+
+namespace {
+
+constexpr int64_t kMaxMessage = int64_t(1) << 30;   // bytes per MPI message (counts are int)
+constexpr int64_t kBroadcastPiece = int64_t(4) << 20;  // pipelining unit of the broadcast chain
+constexpr int kRingTag = 1;
+constexpr int kMaxUserTag = 32767;  // MPI guarantees MPI_TAG_UB >= 32767
+
+// Adds a call and its wall time to the stats.
+class Timed {
+ public:
+  explicit Timed(CommStats& s) : s_(s), t0_(std::chrono::steady_clock::now()) { ++s_.calls; }
+  ~Timed() {
+    s_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
+ private:
+  CommStats& s_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+bool reducible(DType t) { return t == DType::F32 || t == DType::F64 || t == DType::I32; }
+
+// dst = received (op) own, element by element; dst may alias own. Max propagates NaN.
+template <class T>
+void reduce_typed(void* dst, const void* recv, const void* own, int64_t n, ReduceOp op) {
+  T* d = static_cast<T*>(dst);
+  const T* a = static_cast<const T*>(recv);
+  const T* b = static_cast<const T*>(own);
+  if (op == ReduceOp::Sum) {
+    for (int64_t i = 0; i < n; ++i) d[i] = a[i] + b[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) d[i] = (a[i] > b[i] || a[i] != a[i]) ? a[i] : b[i];
+  }
+}
+
+void reduce(void* dst, const void* recv, const void* own, int64_t n, DType dt, ReduceOp op) {
+  switch (dt) {
+    case DType::F32: return reduce_typed<float>(dst, recv, own, n, op);
+    case DType::F64: return reduce_typed<double>(dst, recv, own, n, op);
+    case DType::I32: return reduce_typed<int32_t>(dst, recv, own, n, op);
+    default: ADGT_CHECK(false, "MpiComm: cannot reduce " << dtype_name(dt));
+  }
+}
+
+int to_int(int64_t v, const char* what) {
+  ADGT_CHECK(v >= 0 && v <= INT_MAX,
+             "MpiComm: " << what << " = " << v << " bytes does not fit MPI's int count");
+  return int(v);
+}
+
+bool mpi_running() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  return init && !fin;
+}
+
+}  // namespace
+
+MpiComm::MpiComm(MPI_Comm comm, std::string name, bool owned)
+    : comm_(comm), owned_(owned), name_(std::move(name)) {
+  ADGT_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  ADGT_MPI(MPI_Comm_rank(comm_, &rank_));
+  ADGT_MPI(MPI_Comm_size(comm_, &size_));
+  ADGT_MPI(MPI_Comm_dup(comm_, &ring_));
+  ADGT_MPI(MPI_Comm_set_errhandler(ring_, MPI_ERRORS_RETURN));
+}
+
+MpiComm::~MpiComm() {
+  if (!mpi_running()) return;  // MPI already finalized: nothing may be freed any more
+  if (ring_ != MPI_COMM_NULL) MPI_Comm_free(&ring_);
+  if (owned_ && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+std::unique_ptr<MpiComm> MpiComm::world(const std::string& name) {
+  MPI_Comm c = MPI_COMM_NULL;
+  ADGT_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &c));
+  return std::make_unique<MpiComm>(c, name, true);
+}
+
+std::unique_ptr<MpiComm> MpiComm::split(int color, int key, const std::string& name) const {
+  MPI_Comm c = MPI_COMM_NULL;
+  ADGT_MPI(MPI_Comm_split(comm_, color, key, &c));
+  return std::make_unique<MpiComm>(c, name, true);
+}
+
+char* MpiComm::scratch(size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  return scratch_.data();
+}
+
+void MpiComm::sendrecv(const void* send, int64_t send_bytes, int dst, void* recv,
+                       int64_t recv_bytes, int src) {
+  std::vector<MPI_Request> reqs;
+  for (int64_t o = 0; o < recv_bytes; o += kMaxMessage) {
+    reqs.emplace_back();
+    ADGT_MPI(MPI_Irecv(static_cast<char*>(recv) + o, int(std::min(kMaxMessage, recv_bytes - o)),
+                       MPI_BYTE, src, kRingTag, ring_, &reqs.back()));
+  }
+  for (int64_t o = 0; o < send_bytes; o += kMaxMessage) {
+    reqs.emplace_back();
+    ADGT_MPI(MPI_Isend(static_cast<const char*>(send) + o,
+                       int(std::min(kMaxMessage, send_bytes - o)), MPI_BYTE, dst, kRingTag, ring_,
+                       &reqs.back()));
+  }
+  ADGT_MPI(MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+  stats_.bytes += send_bytes;
+}
+
+void MpiComm::ring_reduce_scatter(const char* in, const RingChunks& ch, char* out, DType dt,
+                                  ReduceOp op) {
+  const int p = size_, r = rank_;
+  const size_t es = dtype_size(dt);
+  const int right = (r + 1) % p, left = (r - 1 + p) % p;
+  char* recv = scratch(2 * size_t(ch.max_count()) * es);
+  char* acc = recv + size_t(ch.max_count()) * es;
+  // Step 0 sends our own chunk r-1; every later step forwards what the previous one reduced.
+  const int c0 = (r - 1 + p) % p;
+  const char* send = in + ch.offset[c0] * es;
+  int64_t send_n = ch.count[c0];
+  for (int s = 0; s < p - 1; ++s) {
+    const int c = ((r - s - 2) % p + p) % p;  // the chunk received at this step
+    sendrecv(send, send_n * int64_t(es), right, recv, ch.count[c] * int64_t(es), left);
+    char* dst = s == p - 2 ? out : acc;       // the last step completes chunk r
+    reduce(dst, recv, in + ch.offset[c] * es, ch.count[c], dt, op);
+    send = acc;
+    send_n = ch.count[c];
+  }
+}
+
+void MpiComm::ring_all_gather(char* base, const RingChunks& ch, DType dt) {
+  const int p = size_, r = rank_;
+  const size_t es = dtype_size(dt);
+  const int right = (r + 1) % p, left = (r - 1 + p) % p;
+  for (int s = 0; s < p - 1; ++s) {
+    const int cs = ((r - s) % p + p) % p, cr = ((r - s - 1) % p + p) % p;
+    sendrecv(base + ch.offset[cs] * es, ch.count[cs] * int64_t(es), right,
+             base + ch.offset[cr] * es, ch.count[cr] * int64_t(es), left);
+  }
+}
+
+void MpiComm::all_reduce(Tensor t, ReduceOp op) {
+  ADGT_CHECK(reducible(t.dtype), "MpiComm(" << name_ << ")::all_reduce: dtype "
+                                            << dtype_name(t.dtype) << "; use f32, f64 or i32");
+  Timed timed(stats_);
+  if (size_ == 1 || t.numel() == 0) return;
+  const RingChunks ch = ring_chunks(t.numel(), size_);
+  char* base = static_cast<char*>(t.data);
+  const size_t es = dtype_size(t.dtype);
+  ring_reduce_scatter(base, ch, base + ch.offset[rank_] * es, t.dtype, op);
+  ring_all_gather(base, ch, t.dtype);
+}
+
+void MpiComm::reduce_scatter(Tensor out, const Tensor& in) {
+  ADGT_CHECK(reducible(in.dtype) && out.dtype == in.dtype,
+             "MpiComm(" << name_ << ")::reduce_scatter: dtypes out " << dtype_name(out.dtype)
+                        << ", in " << dtype_name(in.dtype) << "; both f32, f64 or i32");
+  ADGT_CHECK(in.numel() == int64_t(size_) * out.numel(),
+             "MpiComm(" << name_ << ")::reduce_scatter: in" << in.shape_str() << " must hold "
+                        << size_ << " x out" << out.shape_str());
+  Timed timed(stats_);
+  if (size_ == 1) {
+    if (out.data != in.data) std::memmove(out.data, in.data, in.bytes());
+    return;
+  }
+  if (out.numel() == 0) return;
+  ring_reduce_scatter(static_cast<const char*>(in.data), ring_chunks(in.numel(), size_),
+                      static_cast<char*>(out.data), in.dtype, ReduceOp::Sum);
+}
+
+void MpiComm::all_gather(Tensor out, const Tensor& in) {
+  ADGT_CHECK(out.dtype == in.dtype && out.numel() == int64_t(size_) * in.numel(),
+             "MpiComm(" << name_ << ")::all_gather: out" << out.shape_str() << " "
+                        << dtype_name(out.dtype) << " must hold " << size_ << " x in"
+                        << in.shape_str() << " " << dtype_name(in.dtype));
+  Timed timed(stats_);
+  char* mine = static_cast<char*>(out.data) + size_t(rank_) * in.bytes();
+  if (mine != in.data) std::memmove(mine, in.data, in.bytes());
+  if (size_ == 1 || in.numel() == 0) return;
+  ring_all_gather(static_cast<char*>(out.data), ring_chunks(out.numel(), size_), out.dtype);
+}
+
+void MpiComm::broadcast(Tensor t, int root) {
+  ADGT_CHECK(root >= 0 && root < size_,
+             "MpiComm(" << name_ << ")::broadcast: root " << root << " outside 0.." << size_ - 1);
+  Timed timed(stats_);
+  if (size_ == 1) return;
+  const int p = size_, q = (rank_ - root + p) % p;  // position in the chain from the root
+  const int prev = (rank_ - 1 + p) % p, next = (rank_ + 1) % p;
+  const int64_t bytes = int64_t(t.bytes());
+  char* base = static_cast<char*>(t.data);
+  std::vector<MPI_Request> reqs;
+  for (int64_t o = 0; o < bytes; o += kBroadcastPiece) {
+    const int n = int(std::min(kBroadcastPiece, bytes - o));
+    if (q > 0) ADGT_MPI(MPI_Recv(base + o, n, MPI_BYTE, prev, kRingTag, ring_, MPI_STATUS_IGNORE));
+    if (q < p - 1) {
+      reqs.emplace_back();
+      ADGT_MPI(MPI_Isend(base + o, n, MPI_BYTE, next, kRingTag, ring_, &reqs.back()));
+    }
+  }
+  ADGT_MPI(MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+  if (q < p - 1) stats_.bytes += bytes;
+}
+
+void MpiComm::send(const Tensor& t, int peer, int tag) {
+  ADGT_CHECK(peer >= 0 && peer < size_ && peer != rank_,
+             "MpiComm(" << name_ << ")::send: peer " << peer << " must be another rank of 0.."
+                        << size_ - 1 << " (this is rank " << rank_ << ")");
+  ADGT_CHECK(tag >= 0 && tag <= kMaxUserTag,
+             "MpiComm(" << name_ << ")::send: tag " << tag << " outside 0.." << kMaxUserTag);
+  Timed timed(stats_);
+  const int64_t bytes = int64_t(t.bytes());
+  const char* base = static_cast<const char*>(t.data);
+  for (int64_t o = 0; o < bytes; o += kMaxMessage)
+    ADGT_MPI(MPI_Send(base + o, int(std::min(kMaxMessage, bytes - o)), MPI_BYTE, peer, tag, comm_));
+  stats_.bytes += bytes;
+}
+
+void MpiComm::recv(Tensor t, int peer, int tag) {
+  ADGT_CHECK(peer >= 0 && peer < size_ && peer != rank_,
+             "MpiComm(" << name_ << ")::recv: peer " << peer << " must be another rank of 0.."
+                        << size_ - 1 << " (this is rank " << rank_ << ")");
+  ADGT_CHECK(tag >= 0 && tag <= kMaxUserTag,
+             "MpiComm(" << name_ << ")::recv: tag " << tag << " outside 0.." << kMaxUserTag);
+  Timed timed(stats_);
+  const int64_t bytes = int64_t(t.bytes());
+  char* base = static_cast<char*>(t.data);
+  for (int64_t o = 0; o < bytes; o += kMaxMessage) {
+    const int want = int(std::min(kMaxMessage, bytes - o));
+    MPI_Status st;
+    ADGT_MPI(MPI_Recv(base + o, want, MPI_BYTE, peer, tag, comm_, &st));
+    int got = 0;
+    ADGT_MPI(MPI_Get_count(&st, MPI_BYTE, &got));
+    ADGT_CHECK(got == want, "MpiComm(" << name_ << ")::recv from rank " << peer << " tag " << tag
+                                       << ": expected " << want << " bytes, got " << got
+                                       << " (send and recv tensors differ in size)");
+  }
+}
+
+void MpiComm::all_to_all(Tensor out, const Tensor& in) {
+  ADGT_CHECK(out.dtype == in.dtype && out.numel() == in.numel() && in.numel() % size_ == 0,
+             "MpiComm(" << name_ << ")::all_to_all: in" << in.shape_str() << " and out"
+                        << out.shape_str() << " must be equal, of one dtype, and split into "
+                        << size_ << " chunks");
+  Timed timed(stats_);
+  if (size_ == 1) {
+    if (out.data != in.data) std::memmove(out.data, in.data, in.bytes());
+    return;
+  }
+  const int chunk = to_int(int64_t(in.bytes()) / size_, "all_to_all chunk");
+  const void* src = in.data == out.data ? MPI_IN_PLACE : in.data;
+  ADGT_MPI(MPI_Alltoall(src, chunk, MPI_BYTE, out.data, chunk, MPI_BYTE, comm_));
+  stats_.bytes += int64_t(chunk) * (size_ - 1);
+}
+
+void MpiComm::all_to_allv(Tensor out, const std::vector<int64_t>& recv_counts,
+                          const std::vector<int64_t>& recv_displs, const Tensor& in,
+                          const std::vector<int64_t>& send_counts,
+                          const std::vector<int64_t>& send_displs) {
+  const size_t p = size_t(size_);
+  ADGT_CHECK(out.dtype == in.dtype, "MpiComm(" << name_ << ")::all_to_allv: dtypes differ");
+  ADGT_CHECK(recv_counts.size() == p && recv_displs.size() == p && send_counts.size() == p &&
+                 send_displs.size() == p,
+             "MpiComm(" << name_ << ")::all_to_allv: counts and displacements need " << p
+                        << " entries each");
+  for (size_t j = 0; j < p; ++j) {
+    ADGT_CHECK(send_counts[j] >= 0 && send_displs[j] >= 0 &&
+                   send_displs[j] + send_counts[j] <= in.numel(),
+               "MpiComm(" << name_ << ")::all_to_allv: send to rank " << j << " ["
+                          << send_displs[j] << ", +" << send_counts[j] << ") outside in"
+                          << in.shape_str());
+    ADGT_CHECK(recv_counts[j] >= 0 && recv_displs[j] >= 0 &&
+                   recv_displs[j] + recv_counts[j] <= out.numel(),
+               "MpiComm(" << name_ << ")::all_to_allv: receive from rank " << j << " ["
+                          << recv_displs[j] << ", +" << recv_counts[j] << ") outside out"
+                          << out.shape_str());
+  }
+  Timed timed(stats_);
+  const int64_t es = int64_t(dtype_size(in.dtype));
+  if (size_ == 1) {
+    ADGT_CHECK(recv_counts[0] == send_counts[0],
+               "MpiComm(" << name_ << ")::all_to_allv: a group of one sends to itself only");
+    std::memmove(static_cast<char*>(out.data) + recv_displs[0] * es,
+                 static_cast<const char*>(in.data) + send_displs[0] * es, size_t(send_counts[0] * es));
+    return;
+  }
+  ADGT_CHECK(in.data != out.data, "MpiComm(" << name_ << ")::all_to_allv: in and out must differ");
+  // What every peer will send us must be what we expect to receive.
+  std::vector<int64_t> incoming(p);
+  ADGT_MPI(MPI_Alltoall(send_counts.data(), 1, MPI_INT64_T, incoming.data(), 1, MPI_INT64_T, comm_));
+  for (size_t j = 0; j < p; ++j)
+    ADGT_CHECK(incoming[j] == recv_counts[j],
+               "MpiComm(" << name_ << ")::all_to_allv: rank " << j << " sends " << incoming[j]
+                          << " elements to rank " << rank_ << ", which expects "
+                          << recv_counts[j]);
+  std::vector<int> sc(p), sd(p), rc(p), rd(p);
+  int64_t sent = 0;
+  for (size_t j = 0; j < p; ++j) {
+    sc[j] = to_int(send_counts[j] * es, "all_to_allv send count");
+    sd[j] = to_int(send_displs[j] * es, "all_to_allv send displacement");
+    rc[j] = to_int(recv_counts[j] * es, "all_to_allv receive count");
+    rd[j] = to_int(recv_displs[j] * es, "all_to_allv receive displacement");
+    if (int(j) != rank_) sent += sc[j];
+  }
+  ADGT_MPI(MPI_Alltoallv(in.data, sc.data(), sd.data(), MPI_BYTE, out.data, rc.data(), rd.data(),
+                         MPI_BYTE, comm_));
+  stats_.bytes += sent;
+}
+
+void MpiComm::barrier() {
+  Timed timed(stats_);
+  if (size_ > 1) ADGT_MPI(MPI_Barrier(comm_));
+}
+
+std::vector<std::string> MpiComm::all_gather_strings(const std::string& mine) const {
+  const int len = to_int(int64_t(mine.size()), "string");
+  std::vector<int> lens(size_), displs(size_);
+  ADGT_MPI(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_));
+  int total = 0;
+  for (int i = 0; i < size_; ++i) displs[i] = total, total += lens[i];
+  std::vector<char> all(size_t(total) + 1);
+  ADGT_MPI(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(),
+                          MPI_CHAR, comm_));
+  std::vector<std::string> out(size_);
+  for (int i = 0; i < size_; ++i) out[i].assign(all.data() + displs[i], size_t(lens[i]));
+  return out;
+}
+
+std::vector<std::string> MpiComm::gather_strings(const std::string& mine, int root) const {
+  const int len = to_int(int64_t(mine.size()), "string");
+  std::vector<int> lens(size_), displs(size_);
+  ADGT_MPI(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, root, comm_));
+  int total = 0;
+  for (int i = 0; i < size_; ++i) displs[i] = total, total += lens[i];
+  std::vector<char> all(size_t(total) + 1);
+  ADGT_MPI(MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(),
+                       MPI_CHAR, root, comm_));
+  std::vector<std::string> out;
+  if (rank_ != root) return out;
+  out.resize(size_);
+  for (int i = 0; i < size_; ++i) out[i].assign(all.data() + displs[i], size_t(lens[i]));
+  return out;
+}
+
+}  // namespace adgt

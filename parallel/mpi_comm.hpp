@@ -1,0 +1,84 @@
+// Comm over MPI for host tensors (the CPU backend, and the shared-GPU test
+// mode with host staging). Semantics in docs/parallel.md:
+//   - all_reduce, reduce_scatter, all_gather are ring algorithms over
+//     point-to-point messages (parallel/ring.hpp), so results are
+//     deterministic and bit-identical on every rank; reductions accumulate in
+//     the tensor's dtype (F32 sums in fp32), order: received + own.
+//   - broadcast is a pipelined chain from the root; send/recv, all_to_all(v)
+//     and barrier map to MPI calls.
+//   - stats().bytes counts the payload bytes this rank sent; stats().seconds
+//     the wall time inside the calls.
+//   - A group of one copies (where out != in) and sends nothing.
+// Every call is collective over the group except send/recv. Only the thread
+// that initialised MPI may call (MPI_THREAD_FUNNELED).
+#pragma once
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/comm.hpp"
+#include "parallel/ring.hpp"
+
+namespace adgt {
+
+class MpiComm final : public Comm {
+ public:
+  // Wraps `comm` (freed on destruction when `owned`); makes a private
+  // duplicate for the ring traffic so it never meets send/recv messages.
+  MpiComm(MPI_Comm comm, std::string name, bool owned);
+  ~MpiComm() override;
+  MpiComm(const MpiComm&) = delete;
+  MpiComm& operator=(const MpiComm&) = delete;
+
+  // A duplicate of MPI_COMM_WORLD, owned.
+  static std::unique_ptr<MpiComm> world(const std::string& name = "world");
+  // MPI_Comm_split of this group (collective): ranks with equal color form a
+  // group, ordered by key.
+  std::unique_ptr<MpiComm> split(int color, int key, const std::string& name) const;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return name_; }
+  MPI_Comm handle() const { return comm_; }
+
+  void all_reduce(Tensor t, ReduceOp op = ReduceOp::Sum) override;
+  void reduce_scatter(Tensor out, const Tensor& in) override;
+  void all_gather(Tensor out, const Tensor& in) override;
+  void broadcast(Tensor t, int root) override;
+  void send(const Tensor& t, int peer, int tag = 0) override;
+  void recv(Tensor t, int peer, int tag = 0) override;
+  void all_to_all(Tensor out, const Tensor& in) override;
+  void all_to_allv(Tensor out, const std::vector<int64_t>& recv_counts,
+                   const std::vector<int64_t>& recv_displs, const Tensor& in,
+                   const std::vector<int64_t>& send_counts,
+                   const std::vector<int64_t>& send_displs) override;
+  void barrier() override;
+
+  // Set-up helpers, not counted in stats(): every rank's string, in group-rank
+  // order; gather_strings returns them on `root` only (empty elsewhere).
+  std::vector<std::string> all_gather_strings(const std::string& mine) const;
+  std::vector<std::string> gather_strings(const std::string& mine, int root) const;
+
+ private:
+  // Exchange with the ring neighbours: send to `dst`, receive from `src`, in
+  // messages of at most 1 GiB (MPI counts are int).
+  void sendrecv(const void* send, int64_t send_bytes, int dst, void* recv, int64_t recv_bytes,
+                int src);
+  // Reduce-scatter of `in` cut into `ch`; the fully reduced chunk rank() goes
+  // to `out` (which may alias in's chunk rank()).
+  void ring_reduce_scatter(const char* in, const RingChunks& ch, char* out, DType dt, ReduceOp op);
+  // All-gather in place: chunk rank() of `base` is filled, the others get filled.
+  void ring_all_gather(char* base, const RingChunks& ch, DType dt);
+  char* scratch(size_t bytes);
+
+  MPI_Comm comm_ = MPI_COMM_NULL;  // send/recv, MPI collectives
+  MPI_Comm ring_ = MPI_COMM_NULL;  // ring traffic (a private duplicate)
+  bool owned_ = false;
+  int rank_ = 0, size_ = 1;
+  std::string name_;
+  std::vector<char> scratch_;
+};
+
+}  // namespace adgt

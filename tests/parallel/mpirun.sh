@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs PROGRAM on N local ranks with Open MPI's mpirun, set up to be reliable on
+# a small machine or in a container:
+#   tests/parallel/mpirun.sh N PROGRAM [ARGS...]
+# --oversubscribe and --bind-to none: more ranks than cores; OMP_NUM_THREADS=1
+# per rank; shared memory (vader) without single-copy (CMA needs ptrace rights
+# that containers often lack); --allow-run-as-root only when running as root.
+set -euo pipefail
+if [[ $# -lt 2 ]]; then
+  echo "usage: $0 N PROGRAM [ARGS...]" >&2
+  exit 64
+fi
+n=$1
+shift
+args=(-np "$n" --oversubscribe --bind-to none
+      --mca btl self,vader --mca btl_vader_single_copy_mechanism none)
+if [[ $(id -u) -eq 0 ]]; then args+=(--allow-run-as-root); fi
+export OMP_NUM_THREADS=1
+exec mpirun "${args[@]}" "$@"
