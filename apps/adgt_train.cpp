@@ -12,6 +12,8 @@
 #include "core/memory_estimate.hpp"
 #include "core/trainer.hpp"
 #include "parallel/agree.hpp"
+#include "parallel/device_assign.hpp"
+#include "parallel/launch.hpp"
 #include "parallel/mpi_env.hpp"
 #include "parallel/process_groups.hpp"
 
@@ -76,11 +78,12 @@ int main(int argc, char** argv) {
     config_error = e.what();
   }
   if (adgt::agree_max(config_error.empty() ? 0 : 1)) {
+    const std::string who = "rank " + std::to_string(mpi.rank()) + " (host " + mpi.launch().host + ")";
     if (!config_error.empty())
-      std::fprintf(stderr, "error: rank %d: %s\n", mpi.rank(), config_error.c_str());
+      std::fprintf(stderr, "error: %s: %s\n", who.c_str(), config_error.c_str());
     else
-      std::fprintf(stderr, "error: rank %d: stopping: another rank rejected the configuration\n",
-                   mpi.rank());
+      std::fprintf(stderr, "error: %s: stopping: another rank rejected the configuration\n",
+                   who.c_str());
     return 2;
   }
 
@@ -94,6 +97,10 @@ int main(int argc, char** argv) {
     const bool lead = pg.world->rank() == 0;
     const std::string table = adgt::rank_table(pg, "cpu");
     if (lead && pg.world->size() > 1) std::printf("%s", table.c_str());
+    // Two ranks on one device are refused (a CPU is never exclusive); the
+    // shared-GPU test mode (ADGT_SHARED_GPU_TEST=1) allows it on purpose.
+    adgt::verify_device_assignment(pg, "cpu",
+                                   adgt::shared_gpu_test_mode(adgt::environment()));
 
     adgt::ParallelContext ctx;
     ctx.tp = pg.tp.get();

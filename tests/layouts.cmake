@@ -23,3 +23,23 @@ add_test(NAME layouts_srun_matches_mpirun
     ${ADGT_KJV_BYTE} ${CMAKE_BINARY_DIR}/layouts_srun)
 set_tests_properties(layouts_srun_matches_mpirun PROPERTIES
   FIXTURES_REQUIRED kjv_byte LABELS "parallel;slurm" TIMEOUT 300 RUN_SERIAL TRUE)
+
+# Bad launches of adgt-train itself: every rank names the cause, exits non-zero, no hang.
+add_test(NAME layouts_error_world_size
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_all_ranks.sh 3
+    ".*tiny[.]yaml: parallel[.]tp=2 x pp=1 x dp=2 = 4 ranks, but the launch has 3"
+    -- ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh 3 $<TARGET_FILE:adgt-train>
+       --config ${CMAKE_SOURCE_DIR}/configs/tiny.yaml --set parallel.tp=2 --set parallel.dp=2
+       --set train.global_batch=16)
+add_test(NAME layouts_error_missing_shard_all_ranks
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_all_ranks.sh 2
+    "data[.]train: token shard '/nonexistent/train.bin' does not exist"
+    -- ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh 2 $<TARGET_FILE:adgt-train>
+       --config ${CMAKE_SOURCE_DIR}/configs/tiny.yaml --set parallel.dp=2
+       --set train.global_batch=16 --set data.train=/nonexistent/train.bin)
+add_test(NAME layouts_error_unknown_launcher
+  COMMAND ${CMAKE_COMMAND} -E env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0
+    ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh "unknown launcher"
+    -- $<TARGET_FILE:adgt-train> --config ${CMAKE_SOURCE_DIR}/configs/tiny.yaml)
+set_tests_properties(layouts_error_world_size layouts_error_missing_shard_all_ranks
+  layouts_error_unknown_launcher PROPERTIES LABELS parallel TIMEOUT 90)
