@@ -60,17 +60,25 @@ y = read_yaml(sys.argv[1])
 m, t = y.get("model", {}), y.get("train", {})
 print(" ".join(f"{k}={m.get(k)}" for k in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
                                              "ffn_hidden", "seq_len")),
-      f"micro_batch={t.get('micro_batch')} global_batch={t.get('global_batch', t.get('micro_batch'))}")
+      f"micro_batch={t.get('micro_batch')} global_batch={t.get('global_batch', t.get('micro_batch'))}",
+      f"warmup_steps={t.get('warmup_steps', 20)}")
 EOF
 )
 echo "bench_cpu: $CONFIG: $SHAPE"
+# A short run must not end inside the warm-up (adgt-train rejects that); the
+# learning rate does not change the speed.
+WARMUP=$(echo "$SHAPE" | sed -n 's/.*warmup_steps=\([0-9]*\).*/\1/p')
+[ -n "$WARMUP" ] && [ "$WARMUP" -le "$STEPS" ] || WARMUP=$STEPS
 echo "bench_cpu: $STEPS steps, OMP_NUM_THREADS=$THREADS, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-<unset>}, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "bench_cpu: logs in $OUT"
+if awk -v l="$(cut -d' ' -f1 /proc/loadavg)" 'BEGIN { exit !(l > 0.5) }'; then
+  echo "bench_cpu: warning: the machine is busy (1-minute load above 0.5); the figures will be noisy"
+fi
 
 # ---- adgt
 echo "bench_cpu: running adgt-train ..."
 if ! "$TRAIN_BIN" --config "$CONFIG" \
-    --set train.steps="$STEPS" --set train.device=cpu --set train.eval_interval=0 \
+    --set train.steps="$STEPS" --set train.warmup_steps="$WARMUP" --set train.device=cpu --set train.eval_interval=0 \
     --set log.dir="$OUT/adgt" --set log.interval=1 \
     --set checkpoint.interval=0 --set checkpoint.dir="$OUT/adgt/checkpoints" \
     > "$OUT/adgt.log" 2>&1; then
@@ -90,8 +98,8 @@ EOF
 
 # ---- PyTorch
 echo "bench_cpu: running tests/torch/train_ref.py ..."
-if ! "$PY" tests/torch/train_ref.py --config "$CONFIG" --steps "$STEPS" --threads "$THREADS" \
-    --json "$OUT/torch.json" > "$OUT/torch.log" 2>&1; then
+if ! "$PY" tests/torch/train_ref.py --config "$CONFIG" --steps "$STEPS" --warmup-steps "$WARMUP" \
+    --threads "$THREADS" --json "$OUT/torch.json" > "$OUT/torch.log" 2>&1; then
   echo "bench_cpu: train_ref.py failed; the end of $OUT/torch.log:" >&2
   tail -20 "$OUT/torch.log" >&2
   exit 1
