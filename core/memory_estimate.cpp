@@ -26,10 +26,12 @@ int64_t compute_bytes_per_element(const RunConfig& cfg) {
 // forward, x3). No causal discount: the full T x T is counted, as in PaLM and
 // most published MFU numbers, so our MFU is comparable with theirs.
 //
-// Memory per rank (no sharding):
+// Memory per rank (table = this rank's tensor-parallel shards):
 //   params      = total_numel(table) * b      (flat buffer incl. 16-element padding)
 //   grads       = total_numel(table) * b
-//   optimizer   = 2 * total_numel(table) * max(b, 4)   (AdamW m and v, at least fp32)
+//   optimizer   = 2 * total_numel(table) * max(b, 4) / (dp under ZeRO-1, else 1)
+//   With tp, H, KV, F and V below are this rank's shares (H/tp, ...); with
+//   sequence parallelism the residual inputs, residual 2 and the rstds are /tp.
 //   activations = B * T * b * (L * A_layer + A_final), where per token
 //     A_layer = C (residual input) + C (norm1 out) + 1 (rstd1)
 //             + H*hd (q) + KV*hd (k) + KV*hd (v) + H*hd (attention out)
@@ -61,15 +63,24 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp) {
   e.tokens_per_step = cfg.train.global_batch * T;
   e.flops_per_step = e.flops_per_token * static_cast<double>(e.tokens_per_step);
 
-  const int64_t numel = total_numel(table);
+  // Per rank: this rank's tensor-parallel shards (the parameter table for rank
+  // 0 of tp), AdamW state divided over dp under ZeRO-1, and with sequence
+  // parallelism the residual/norm rows divided over tp.
+  const int64_t tp = cfg.parallel.tp, dp = cfg.parallel.dp;
+  const bool sp = cfg.parallel.sequence_parallel && tp > 1;
+  const int64_t numel = total_numel(build_param_table(m, tp, 0));
   e.bytes_per_element = bpp;
   e.bytes_params = numel * bpp;
   e.bytes_grads = numel * bpp;
-  e.bytes_optimizer = 2 * numel * std::max<int64_t>(bpp, 4);
+  e.bytes_optimizer = 2 * numel * std::max<int64_t>(bpp, 4) / (cfg.parallel.zero ? dp : 1);
 
-  const int64_t a_layer = 4 * C + 2 + 2 * H * hd + 2 * KV * hd + H * T + 3 * F;
-  const int64_t a_final = 2 * C + 1 + V + 1;
-  e.bytes_activations = B * T * (L * a_layer + a_final) * bpp;
+  const int64_t Hl = H / tp, KVl = KV / tp, Fl = F / tp, Vl = padded_vocab(m, tp) / tp;
+  const int64_t rows = sp ? tp : 1;  // residual stream, norm inputs and rstd split over tp with SP
+  const int64_t a_layer_num = 2 * C + 2;  // x_in, x_mid, rstd1, rstd2 (divided by `rows`)
+  const int64_t a_layer_full = 2 * C + 2 * Hl * hd + 2 * KVl * hd + Hl * T + 3 * Fl;
+  const int64_t a_final = C / rows + 1 + C + Vl + 1;
+  e.bytes_activations =
+      B * T * (L * (a_layer_num / rows + a_layer_full) + a_final) * bpp;
 
   e.bytes_total = e.bytes_params + e.bytes_grads + e.bytes_optimizer + e.bytes_activations;
   return e;
@@ -130,7 +141,10 @@ std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e) {
   line("  compute      " + printf_str("%.3e", e.flops_per_token) +
        " FLOP/token (6 x matmul params + 12 L H hd T, no causal discount); " +
        printf_str("%.3e", e.flops_per_step) + " FLOP/step");
-  line("  memory per rank (" + dt + " parameters and gradients, AdamW m and v, no sharding):");
+  const ParallelConfig& par = cfg.parallel;
+  line("  memory per rank (" + dt + " parameters and gradients, AdamW m and v; tp " +
+       std::to_string(par.tp) + (par.sequence_parallel && par.tp > 1 ? " with SP" : "") +
+       ", dp " + std::to_string(par.dp) + (par.zero && par.dp > 1 ? " with ZeRO-1" : "") + "):");
   line("    parameters   " + gib(e.bytes_params));
   line("    gradients    " + gib(e.bytes_grads));
   line("    optimizer    " + gib(e.bytes_optimizer) + "  (AdamW m, v)");

@@ -28,7 +28,8 @@ struct MemoryEstimate {
 // 8 for train.dtype f64, else 4 (fp32 CPU reference).
 int64_t compute_bytes_per_element(const RunConfig& cfg);
 
-// The estimate for one rank. Assumes tp = pp = dp = 1 (no sharding).
+// The estimate for one rank of the configured layout: tensor-parallel shards,
+// ZeRO-1's division of the AdamW state over dp, sequence-parallel activations.
 MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bytes_per_param_compute);
 
 // A human-readable report (counts with thousands separators, sizes in GiB).

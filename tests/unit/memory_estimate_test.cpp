@@ -103,3 +103,17 @@ TEST_CASE("llama-70b is estimated instantly and printed", "[dryrun]") {
   CHECK(with_thousands(1000) == "1,000");
   CHECK(with_thousands(-1234567) == "-1,234,567");
 }
+
+TEST_CASE("dry run divides memory by the layout", "[dryrun]") {
+  RunConfig c = load_config_text("parallel:\n  tp: 2\n  dp: 2\n  zero: 1\ntrain:\n  global_batch: 16\n",
+                                 "x.yaml");
+  const MemoryEstimate one = estimate_memory(load_config_text("", "x.yaml"), 4);
+  const MemoryEstimate e = estimate_memory(c, 4);
+  const int64_t shard = total_numel(build_param_table(c.model, 2, 0));
+  CHECK(e.bytes_params == shard * 4);
+  CHECK(e.bytes_grads == shard * 4);
+  CHECK(e.bytes_optimizer == 2 * shard * 4 / 2);  // ZeRO-1 over dp=2
+  CHECK(e.n_params == one.n_params);               // the model itself is unchanged
+  CHECK(e.bytes_params < one.bytes_params);
+  CHECK(e.bytes_activations < one.bytes_activations);
+}
