@@ -159,7 +159,8 @@ TrainSummary Trainer::train() {
   const int64_t tokens_per_step = t.global_batch * cfg_.model.seq_len;
   const double flops_per_token =
       estimate_memory(cfg_, compute_bytes_per_element(cfg_)).flops_per_token;
-  const double peak = cfg_.log.peak_tflops > 0 ? cfg_.log.peak_tflops : backend_->peak_tflops();
+  const bool measured_peak = cfg_.log.peak_tflops <= 0;
+  double peak = measured_peak ? backend_->peak_tflops() : cfg_.log.peak_tflops;
   std::unique_ptr<MetricsLog> metrics_ptr;
   if (lead()) metrics_ptr = std::make_unique<MetricsLog>(cfg_.log.dir, step_ > 0);
   MetricsLog* metrics = metrics_ptr.get();
@@ -236,6 +237,8 @@ TrainSummary Trainer::train() {
       m.grad_norm = gn;
       m.tokens_per_s = double(tokens_per_step) / dt;
       m.tflops = m.tokens_per_s * flops_per_token / 1e12 / double(world);  // per rank
+      if (measured_peak && peak > 0 && m.tflops > peak)  // the start-up figure read low
+        peak = backend_->remeasure_peak_tflops();
       m.peak_tflops = peak;
       m.mfu = peak > 0 ? m.tflops / peak : -1;
       m.elapsed_s = elapsed;

@@ -39,6 +39,9 @@ class Backend {
   // Dense matmul peak in TFLOP/s for MFU: measured (CPU: an sgemm timing) or
   // the device's rated figure. Non-positive when unknown.
   virtual double peak_tflops() = 0;
+  // Measures again and keeps the best figure (a measurement taken while the
+  // machine was busy reads low); returns the updated peak.
+  virtual double remeasure_peak_tflops() { return peak_tflops(); }
 
   // ---- linear layers ----
   // y(N,O) = x(N,I) w(O,I)^T
