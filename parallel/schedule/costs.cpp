@@ -1,0 +1,42 @@
+#include "parallel/schedule/costs.hpp"
+
+#include <cmath>
+
+#include "parallel/schedule/instruction.hpp"
+
+namespace adgt::pp {
+
+StageCosts StageCosts::uniform(int stages, double f, double b, double w, double comm) {
+  StageCosts c;
+  c.f.assign(static_cast<size_t>(stages), f);
+  c.b.assign(static_cast<size_t>(stages), b);
+  c.w.assign(static_cast<size_t>(stages), w);
+  c.comm = comm;
+  return c;
+}
+
+void check_costs(const StageCosts& c, int stages, const std::string& what) {
+  const std::string n = std::to_string(stages);
+  auto sized = [&](const std::vector<double>& v, const char* name) {
+    if (static_cast<int>(v.size()) != stages)
+      throw ScheduleError(what + ": stage costs " + name + " has " + std::to_string(v.size()) +
+                          " entries; the schedule has " + n + " stages (pp x virtual_stages)");
+  };
+  sized(c.f, "f");
+  sized(c.b, "b");
+  sized(c.w, "w");
+  for (int s = 0; s < stages; ++s) {
+    const size_t i = static_cast<size_t>(s);
+    auto bad = [&](const char* name, double v, const char* rule) {
+      throw ScheduleError(what + ": stage costs " + name + "[" + std::to_string(s) + "]=" + std::to_string(v) +
+                          ": must be " + rule);
+    };
+    if (!std::isfinite(c.f[i]) || c.f[i] <= 0) bad("f", c.f[i], "> 0");
+    if (!std::isfinite(c.b[i]) || c.b[i] <= 0) bad("b", c.b[i], "> 0");
+    if (!std::isfinite(c.w[i]) || c.w[i] < 0) bad("w", c.w[i], ">= 0");
+  }
+  if (!std::isfinite(c.comm) || c.comm < 0)
+    throw ScheduleError(what + ": stage costs comm=" + std::to_string(c.comm) + ": must be >= 0");
+}
+
+}  // namespace adgt::pp

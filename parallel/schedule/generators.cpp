@@ -1,0 +1,375 @@
+#include "parallel/schedule/generators.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <utility>
+
+#include "parallel/schedule/simulate.hpp"
+#include "parallel/schedule/validate.hpp"
+
+namespace adgt::pp {
+namespace {
+
+using Order = std::vector<std::vector<ComputeStep>>;
+
+std::string num(long long v) { return std::to_string(v); }
+
+std::string join(const std::vector<long long>& xs, const char* sep = ",") {
+  std::string s;
+  for (size_t i = 0; i < xs.size(); ++i) s += (i ? sep : "") + num(xs[i]);
+  return s;
+}
+
+std::vector<long long> divisors(long long n) {
+  std::vector<long long> d;
+  for (long long i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+// The display name of a schedule in error messages.
+std::string title(const std::string& name) {
+  if (name == "gpipe") return "GPipe";
+  if (name == "1f1b") return "1F1B";
+  if (name == "interleaved") return "the interleaved schedule";
+  if (name == "zb-h1") return "ZB-H1";
+  return name;
+}
+
+// ---- the hand-written orders (arguments already checked) ----
+
+Order gpipe_order(int pp, int m) {
+  Order o(static_cast<size_t>(pp));
+  for (auto& r : o) {
+    for (int k = 0; k < m; ++k) r.push_back({Op::Forward, k, 0});
+    for (int k = 0; k < m; ++k) r.push_back({Op::Backward, k, 0});
+  }
+  return o;
+}
+
+Order one_f_one_b_order(int pp, int m) {
+  Order o(static_cast<size_t>(pp));
+  for (int r = 0; r < pp; ++r) {
+    auto& out = o[static_cast<size_t>(r)];
+    const int warm = std::min(pp - r - 1, m);
+    for (int k = 0; k < warm; ++k) out.push_back({Op::Forward, k, 0});
+    for (int i = 0; i < m - warm; ++i) {
+      out.push_back({Op::Forward, warm + i, 0});
+      out.push_back({Op::Backward, i, 0});
+    }
+    for (int k = m - warm; k < m; ++k) out.push_back({Op::Backward, k, 0});
+  }
+  return o;
+}
+
+Order zb_h1_order(int pp, int m) {
+  Order o(static_cast<size_t>(pp));
+  for (int r = 0; r < pp; ++r) {
+    auto& out = o[static_cast<size_t>(r)];
+    const int warm = std::min(pp - r - 1, m);
+    int next_w = 0;
+    // After the k-th BackwardInput (k = 0, 1, ...), the oldest pending W when k >= r.
+    auto backward = [&](int k) {
+      out.push_back({Op::BackwardInput, k, 0});
+      if (k >= r) out.push_back({Op::BackwardWeight, next_w++, 0});
+    };
+    for (int k = 0; k < warm; ++k) out.push_back({Op::Forward, k, 0});
+    for (int i = 0; i < m - warm; ++i) {
+      out.push_back({Op::Forward, warm + i, 0});
+      backward(i);
+    }
+    for (int k = m - warm; k < m; ++k) backward(k);
+    while (next_w < m) out.push_back({Op::BackwardWeight, next_w++, 0});
+  }
+  return o;
+}
+
+Order interleaved_order(int pp, int m, int v) {
+  Order o(static_cast<size_t>(pp));
+  const int total = m * v;
+  const int group = pp * v;
+  auto fwd = [&](int k) {
+    const int g = k % group;
+    return ComputeStep{Op::Forward, (k / group) * pp + g % pp, g / pp};
+  };
+  auto bwd = [&](int k) {
+    const int g = k % group;
+    return ComputeStep{Op::Backward, (k / group) * pp + g % pp, v - 1 - g / pp};
+  };
+  for (int r = 0; r < pp; ++r) {
+    auto& out = o[static_cast<size_t>(r)];
+    const int warm = m == pp ? total : std::min(2 * (pp - r - 1) + (v - 1) * pp, total);
+    for (int k = 0; k < warm; ++k) out.push_back(fwd(k));
+    for (int i = 0; i < total - warm; ++i) {
+      out.push_back(fwd(warm + i));
+      out.push_back(bwd(i));
+    }
+    for (int k = total - warm; k < total; ++k) out.push_back(bwd(k));
+  }
+  return o;
+}
+
+// ---- greedy list scheduling ----
+
+struct Policy {
+  bool b_first;     // B before F when both are ready (else F first)
+  bool w_fit_only;  // start a W only if it ends before the rank's next F or B can start
+  const char* name;
+};
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// One list-scheduling pass (v = 1: stage s on rank s). Returns nothing when
+// the memory limit stalls every rank (cannot happen for v = 1 and limit >= 1,
+// kept as a guard).
+std::optional<Order> list_schedule(int pp, int m, const StageCosts& c, std::int64_t limit,
+                                   const Policy& pol) {
+  const int S = pp;
+  const auto U = [](int i) { return static_cast<size_t>(i); };
+  std::vector<std::vector<double>> endF(U(S), std::vector<double>(U(m), kInf));
+  std::vector<std::vector<double>> endB(U(S), std::vector<double>(U(m), kInf));
+  std::vector<int> nf(U(S), 0), nb(U(S), 0), nw(U(S), 0);
+  std::vector<std::int64_t> inflight(U(S), 0);
+  std::vector<double> free_at(U(S), 0.0);
+  Order order(U(pp));
+
+  auto ready_f = [&](int s) {
+    const int k = nf[U(s)];
+    if (k >= m || inflight[U(s)] >= limit) return kInf;
+    if (s == 0) return 0.0;
+    const double e = endF[U(s - 1)][U(k)];
+    return e < kInf ? e + c.comm : kInf;
+  };
+  auto ready_b = [&](int s) {
+    const int k = nb[U(s)];
+    if (k >= nf[U(s)]) return kInf;
+    if (s == S - 1) return endF[U(s)][U(k)];
+    const double e = endB[U(s + 1)][U(k)];
+    return e < kInf ? e + c.comm : kInf;
+  };
+  auto ready_w = [&](int s) {
+    const int k = nw[U(s)];
+    return k < nb[U(s)] ? endB[U(s)][U(k)] : kInf;
+  };
+  auto remaining = [&](int s) { return 3 * m - nf[U(s)] - nb[U(s)] - nw[U(s)]; };
+  auto run = [&](int s, Op op, double t) {
+    double dur = 0;
+    int k = 0;
+    if (op == Op::Forward) {
+      k = nf[U(s)]++;
+      dur = c.f[U(s)];
+      endF[U(s)][U(k)] = t + dur;
+      ++inflight[U(s)];
+    } else if (op == Op::BackwardInput) {
+      k = nb[U(s)]++;
+      dur = c.b[U(s)];
+      endB[U(s)][U(k)] = t + dur;
+      --inflight[U(s)];
+    } else {
+      k = nw[U(s)]++;
+      dur = c.w[U(s)];
+    }
+    order[U(s)].push_back({op, k, 0});
+    free_at[U(s)] = t + dur;
+  };
+
+  int left = 3 * m * S;
+  while (left > 0) {
+    double T = kInf;
+    for (int s = 0; s < S; ++s)
+      if (remaining(s) > 0) T = std::min(T, free_at[U(s)]);
+    bool progressed = false;
+    for (int s = 0; s < S; ++s) {
+      if (remaining(s) == 0 || free_at[U(s)] != T) continue;
+      const double rf = ready_f(s), rb = ready_b(s), rw = ready_w(s);
+      const bool can_f = rf <= T, can_b = rb <= T;
+      const double next_fb = std::min(rf, rb);
+      const bool can_w = rw <= T && (!pol.w_fit_only || nb[U(s)] == m ||
+                                     (next_fb < kInf && T + c.w[U(s)] <= next_fb));
+      Op op;
+      if (pol.b_first && can_b) op = Op::BackwardInput;
+      else if (can_f) op = Op::Forward;
+      else if (can_b) op = Op::BackwardInput;
+      else if (can_w) op = Op::BackwardWeight;
+      else continue;
+      run(s, op, T);
+      --left;
+      progressed = true;
+    }
+    if (progressed) continue;
+    // Nothing could start at T: the waiting ranks move to the next event.
+    double next = kInf;
+    for (int s = 0; s < S; ++s) {
+      if (remaining(s) == 0) continue;
+      if (free_at[U(s)] > T) next = std::min(next, free_at[U(s)]);
+      for (double r : {ready_f(s), ready_b(s), ready_w(s)})
+        if (r > T) next = std::min(next, r);
+    }
+    if (next < kInf) {
+      for (int s = 0; s < S; ++s)
+        if (remaining(s) > 0 && free_at[U(s)] == T) free_at[U(s)] = next;
+      continue;
+    }
+    // No event ahead: only W's can move (fit-only held them back), else a stall.
+    for (int s = 0; s < S; ++s) {
+      if (remaining(s) > 0 && free_at[U(s)] == T && ready_w(s) <= T) {
+        run(s, Op::BackwardWeight, T);
+        --left;
+        progressed = true;
+        break;
+      }
+    }
+    if (!progressed) return std::nullopt;
+  }
+  return order;
+}
+
+std::int64_t peak_of(const Schedule& s) {
+  std::int64_t peak = 0;
+  for (std::int64_t p : peak_inflight(s)) peak = std::max(peak, p);
+  return peak;
+}
+
+}  // namespace
+
+const std::vector<std::string>& schedule_names() {
+  static const std::vector<std::string> names{"gpipe", "1f1b", "interleaved", "zb-h1", "greedy"};
+  return names;
+}
+
+void check_schedule_args(const std::string& schedule, int pp, int v, int m) {
+  const auto& names = schedule_names();
+  if (std::find(names.begin(), names.end(), schedule) == names.end()) {
+    std::string list;
+    for (size_t i = 0; i < names.size(); ++i) list += (i ? ", " : "") + names[i];
+    throw ScheduleError("parallel.schedule=\"" + schedule + "\": unknown pipeline schedule; use one of " + list);
+  }
+  if (pp < 1) throw ScheduleError("parallel.pp=" + num(pp) + ": must be >= 1");
+  if (m < 1) throw ScheduleError("parallel.microbatches=" + num(m) + ": must be >= 1");
+  if (v < 1) throw ScheduleError("parallel.virtual_stages=" + num(v) + ": must be >= 1");
+  if (schedule == "interleaved") {
+    if (v < 2)
+      throw ScheduleError("parallel.virtual_stages=" + num(v) +
+                          ": the interleaved schedule needs at least 2 chunks per rank; use "
+                          "virtual_stages >= 2, or parallel.schedule=1f1b");
+    if (pp < 2)
+      throw ScheduleError("parallel.pp=" + num(pp) +
+                          ": the interleaved schedule needs at least 2 pipeline ranks; use pp >= 2, or "
+                          "parallel.virtual_stages=1");
+  } else if (v > 1) {
+    throw ScheduleError("parallel.virtual_stages=" + num(v) + " needs parallel.schedule=interleaved (got " +
+                        schedule + "); use virtual_stages=1 or schedule=interleaved");
+  }
+  if ((schedule == "1f1b" || schedule == "zb-h1" || schedule == "interleaved") && m < pp) {
+    const std::string t = title(schedule);
+    std::string cap = t;
+    if (!cap.empty()) cap[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(cap[0])));
+    throw ScheduleError("parallel.microbatches=" + num(m) + " < parallel.pp=" + num(pp) + ": " + cap +
+                        " needs at least pp micro-batches; use >= " + num(pp));
+  }
+  if (schedule == "interleaved" && m % pp != 0) {
+    const int lo = (m / pp) * pp, hi = lo + pp;
+    throw ScheduleError("parallel.microbatches=" + num(m) + " is not a multiple of parallel.pp=" + num(pp) +
+                        ": the interleaved schedule runs micro-batches in groups of pp (as Megatron does); use " +
+                        (lo >= pp ? num(lo) + " or " + num(hi) : num(hi)));
+  }
+}
+
+void check_pipeline_config(int n_layers, int pp, int v, int m, const std::string& schedule) {
+  check_schedule_args(schedule, pp, v, m);
+  if (n_layers < 1) throw ScheduleError("model.n_layers=" + num(n_layers) + ": must be >= 1");
+  if (n_layers % pp != 0)
+    throw ScheduleError("model.n_layers=" + num(n_layers) + " is not divisible by parallel.pp=" + num(pp) +
+                        ": every pipeline stage holds the same number of layers; use pp in {" +
+                        join(divisors(n_layers)) + "}");
+  if (n_layers % (pp * v) != 0) {
+    std::vector<long long> ok;
+    for (long long d : divisors(n_layers / pp))
+      if (schedule != "interleaved" || d >= 2) ok.push_back(d);
+    std::string fix = ok.empty() ? "no virtual_stages >= 2 divides n_layers/pp=" + num(n_layers / pp) +
+                                       "; use parallel.schedule=1f1b"
+                                 : "use virtual_stages in {" + join(ok) + "}";
+    throw ScheduleError("model.n_layers=" + num(n_layers) +
+                        " is not divisible by parallel.pp x parallel.virtual_stages = " + num(pp) + " x " +
+                        num(v) + " = " + num(pp * v) + " stages: every stage holds the same number of layers; " +
+                        fix);
+  }
+}
+
+Schedule gpipe(int pp, int m) {
+  check_schedule_args("gpipe", pp, 1, m);
+  return from_compute_order("gpipe", pp, m, 1, gpipe_order(pp, m));
+}
+
+Schedule one_f_one_b(int pp, int m) {
+  check_schedule_args("1f1b", pp, 1, m);
+  return from_compute_order("1f1b", pp, m, 1, one_f_one_b_order(pp, m));
+}
+
+Schedule interleaved_1f1b(int pp, int m, int v) {
+  check_schedule_args("interleaved", pp, v, m);
+  return from_compute_order("interleaved", pp, m, v, interleaved_order(pp, m, v));
+}
+
+Schedule zb_h1(int pp, int m) {
+  check_schedule_args("zb-h1", pp, 1, m);
+  return from_compute_order("zb-h1", pp, m, 1, zb_h1_order(pp, m));
+}
+
+Schedule greedy(int pp, int m, const StageCosts& costs, std::int64_t mem_limit_microbatches) {
+  check_schedule_args("greedy", pp, 1, m);
+  check_costs(costs, pp, "greedy");
+  if (mem_limit_microbatches < 1)
+    throw ScheduleError("greedy: mem_limit_microbatches=" + num(mem_limit_microbatches) +
+                        ": at least one micro-batch's activations must fit on a rank; use >= 1 (1F1B needs " +
+                        num(std::min(pp, m)) + ")");
+  const std::int64_t limit = mem_limit_microbatches;
+
+  std::optional<Schedule> best;
+  double best_time = kInf;
+  auto consider = [&](Schedule s, const std::string& detail) {
+    const double t = simulate(s, costs).makespan;
+    if (t < best_time * (1 - 1e-12)) {
+      best_time = t;
+      s.name = "greedy";
+      s.detail = detail;
+      best = std::move(s);
+    }
+  };
+  const Policy policies[] = {{true, false, "list scheduling, B first, W fills idle time"},
+                             {false, false, "list scheduling, F first, W fills idle time"},
+                             {true, true, "list scheduling, B first, W only where it fits"},
+                             {false, true, "list scheduling, F first, W only where it fits"}};
+  for (const Policy& pol : policies) {
+    if (auto o = list_schedule(pp, m, costs, limit, pol))
+      consider(from_compute_order("greedy", pp, m, 1, *o), pol.name);
+  }
+  // The hand-written orders, where they fit the memory limit: greedy is never
+  // worse than them on the given costs.
+  for (auto [name, order] : {std::pair{"1f1b order", one_f_one_b_order(pp, m)},
+                             std::pair{"zb-h1 order", zb_h1_order(pp, m)}}) {
+    Schedule s = from_compute_order("greedy", pp, m, 1, order);
+    if (peak_of(s) <= limit) consider(std::move(s), name);
+  }
+  if (!best)
+    throw ScheduleError("greedy: no schedule fits mem_limit_microbatches=" + num(limit) + " on pp=" + num(pp));
+  return *best;
+}
+
+Schedule make_schedule(const std::string& name, int pp, int m, int v, const StageCosts& costs,
+                       std::int64_t mem_limit) {
+  check_schedule_args(name, pp, v, m);
+  if (name == "gpipe") return gpipe(pp, m);
+  if (name == "1f1b") return one_f_one_b(pp, m);
+  if (name == "interleaved") return interleaved_1f1b(pp, m, v);
+  if (name == "zb-h1") return zb_h1(pp, m);
+  if (mem_limit < 0)
+    throw ScheduleError("greedy: memory limit " + num(mem_limit) + ": use >= 1 micro-batches, or 0 for pp");
+  const StageCosts c = costs.f.empty() ? StageCosts::uniform(pp, 1, 1, 1) : costs;
+  return greedy(pp, m, c, mem_limit == 0 ? pp : mem_limit);
+}
+
+}  // namespace adgt::pp

@@ -1,0 +1,79 @@
+// Pipeline-schedule generators: each returns the per-rank instruction lists
+// of instruction.hpp, with the Send/Recv pairs and the final OptimizerStep
+// already in place (from_compute_order). docs/pipeline-schedules.md draws
+// each one.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/schedule/costs.hpp"
+#include "parallel/schedule/instruction.hpp"
+
+namespace adgt::pp {
+
+// GPipe: every rank runs all m forwards, then all m (fused) backwards, in
+// micro-batch order. Peak in-flight activations: m on every rank. Any m >= 1.
+Schedule gpipe(int pp, int m);
+
+// 1F1B (PipeDream-flush, Megatron's non-interleaved schedule): rank r runs
+// w = min(pp - r - 1, m) warm-up forwards, then m - w steady pairs
+// (forward of micro-batch w + i, fused backward of i), then w cool-down
+// backwards. Peak in-flight on rank r: min(pp - r, m). Needs m >= pp.
+Schedule one_f_one_b(int pp, int m);
+
+// Megatron's interleaved 1F1B over v chunks per rank (stage c*pp + r on rank
+// r, chunk c). The k-th forward of a rank is chunk (k mod pp*v) / pp of
+// micro-batch (k / (pp*v)) * pp + k mod pp; backwards walk the chunks in
+// reverse. Warm-up: all m*v forwards when m == pp, else
+// min(2 (pp - r - 1) + (v - 1) pp, m v); then forward/backward pairs; then
+// the remaining backwards. Needs pp >= 2, v >= 2, m >= pp and m % pp == 0.
+Schedule interleaved_1f1b(int pp, int m, int v);
+
+// ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): the backward is
+// split into BackwardInput (B) and BackwardWeight (W). Forwards and B's
+// follow 1F1B exactly (so the peak in-flight activations are 1F1B's), and
+// rank r defers its first r W's: after the k-th B (k = 0, 1, ...) it runs the
+// oldest pending W only when k >= r; the deferred W's fill the cool-down.
+// With T_F = T_B = T_W the bubble is (pp-1) T_F per rank instead of 1F1B's
+// 3 (pp-1) T_F. Needs m >= pp.
+Schedule zb_h1(int pp, int m);
+
+// Greedy list scheduling from measured stage times (the base for adaptive
+// scheduling); one chunk per rank (costs have pp entries). The timeline is
+// simulated; whenever a rank is free it starts one of its ready instructions
+// (F, B and W each in micro-batch order per stage):
+//   a B whose output gradient has arrived (the critical path), else
+//   an F whose input has arrived, while fewer than mem_limit_microbatches
+//   activations are in flight on the rank (F done, B not yet), else
+//   a W (weight gradients fill time that would otherwise be idle);
+// and the variant with F before B, and variants that only start a W when it
+// ends before the next F or B can start. Of these candidates and the
+// hand-written 1F1B and ZB-H1 orders that fit the memory limit (m >= pp), it
+// returns the one with the shortest simulated makespan (Schedule::detail
+// names it). Needs mem_limit_microbatches >= 1.
+Schedule greedy(int pp, int m, const StageCosts& costs, std::int64_t mem_limit_microbatches);
+
+// The schedules make_schedule() knows, in the order of its error message.
+const std::vector<std::string>& schedule_names();  // gpipe 1f1b interleaved zb-h1 greedy
+
+// Dispatch by name. `costs` is only used by greedy (empty: F = B = W = 1 per
+// stage, comm 0); `mem_limit` only by greedy (0: pp, 1F1B's peak). Checks the
+// arguments first (check_schedule_args).
+Schedule make_schedule(const std::string& name, int pp, int m, int v,
+                       const StageCosts& costs = {}, std::int64_t mem_limit = 0);
+
+// The settings rules of every schedule, as named errors (ScheduleError):
+//   parallel.schedule not one of schedule_names();
+//   parallel.pp < 1, parallel.microbatches < 1, parallel.virtual_stages < 1;
+//   v > 1 with a schedule other than interleaved; interleaved with v < 2 or pp < 2;
+//   m < pp for 1f1b, zb-h1 and interleaved;
+//   interleaved with m not a multiple of pp (as Megatron requires).
+void check_schedule_args(const std::string& schedule, int pp, int v, int m);
+
+// check_schedule_args, plus model.n_layers divisible by pp * v (every stage
+// the same number of layers).
+void check_pipeline_config(int n_layers, int pp, int v, int m, const std::string& schedule);
+
+}  // namespace adgt::pp

@@ -1,0 +1,70 @@
+#include "parallel/schedule/instruction.hpp"
+
+#include <utility>
+
+namespace adgt::pp {
+
+bool is_compute(Op op) {
+  return op == Op::Forward || op == Op::BackwardInput || op == Op::BackwardWeight ||
+         op == Op::Backward;
+}
+bool is_send(Op op) { return op == Op::SendAct || op == Op::SendGrad; }
+bool is_recv(Op op) { return op == Op::RecvAct || op == Op::RecvGrad; }
+bool is_input_backward(Op op) { return op == Op::BackwardInput || op == Op::Backward; }
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::Forward: return "Forward";
+    case Op::BackwardInput: return "BackwardInput";
+    case Op::BackwardWeight: return "BackwardWeight";
+    case Op::Backward: return "Backward";
+    case Op::SendAct: return "SendAct";
+    case Op::RecvAct: return "RecvAct";
+    case Op::SendGrad: return "SendGrad";
+    case Op::RecvGrad: return "RecvGrad";
+    case Op::OptimizerStep: return "OptimizerStep";
+  }
+  return "?";
+}
+
+std::string to_string(const Instr& in) {
+  std::string s = op_name(in.op);
+  if (in.op == Op::OptimizerStep) return s;
+  s += "(mb " + std::to_string(in.microbatch) + ", chunk " + std::to_string(in.chunk) + ")";
+  if (is_send(in.op)) s += " to rank " + std::to_string(in.peer);
+  if (is_recv(in.op)) s += " from rank " + std::to_string(in.peer);
+  return s;
+}
+
+Schedule from_compute_order(std::string name, int pp, int microbatches, int virtual_stages,
+                            const std::vector<std::vector<ComputeStep>>& order) {
+  Schedule s;
+  s.pp = pp;
+  s.microbatches = microbatches;
+  s.virtual_stages = virtual_stages;
+  s.name = std::move(name);
+  s.ranks.resize(static_cast<size_t>(pp));
+  const int last = s.num_stages() - 1;
+  for (int r = 0; r < pp; ++r) {
+    std::vector<Instr>& out = s.ranks[static_cast<size_t>(r)];
+    for (const ComputeStep& c : order.at(static_cast<size_t>(r))) {
+      const int st = s.stage(r, c.chunk);
+      const Instr self{c.op, c.microbatch, c.chunk, -1};
+      if (c.op == Op::Forward) {
+        if (st > 0) out.push_back({Op::RecvAct, c.microbatch, c.chunk, s.rank_of_stage(st - 1)});
+        out.push_back(self);
+        if (st < last) out.push_back({Op::SendAct, c.microbatch, c.chunk, s.rank_of_stage(st + 1)});
+      } else if (is_input_backward(c.op)) {
+        if (st < last) out.push_back({Op::RecvGrad, c.microbatch, c.chunk, s.rank_of_stage(st + 1)});
+        out.push_back(self);
+        if (st > 0) out.push_back({Op::SendGrad, c.microbatch, c.chunk, s.rank_of_stage(st - 1)});
+      } else {
+        out.push_back(self);
+      }
+    }
+    out.push_back({Op::OptimizerStep, -1, -1, -1});
+  }
+  return s;
+}
+
+}  // namespace adgt::pp

@@ -1,0 +1,107 @@
+// The pipeline-schedule IR: what each pipeline rank does, in order.
+//
+// A schedule is data (ARCHITECTURE.md): a generator (generators.hpp) writes
+// one ordered list of instructions per pipeline rank, the validator
+// (validate.hpp) checks it, the simulator (simulate.hpp) predicts its
+// timeline, the printer (print.hpp) draws it, and one executor runs it.
+//
+// Stages and chunks. The model's layers are cut into S = pp * v consecutive
+// stages (v = virtual_stages). Rank r holds chunks c = 0..v-1; chunk c of
+// rank r is model stage
+//
+//     s = c * pp + r                       (rank = s % pp, chunk = s / pp)
+//
+// so with v = 1 rank r holds stage r, and with v = 2, pp = 4 rank 1 holds
+// stages 1 and 5. Stage 0 holds the embedding, stage S-1 the final norm, the
+// head and the loss. A micro-batch's forward runs stages 0, 1, ..., S-1; its
+// backward S-1, ..., 0.
+//
+// Communication. Activations go from stage s to s+1, gradients from s+1 to s.
+// A Send/Recv names the chunk of the stage *on this rank* that produced
+// (Send) or will consume (Recv) the tensor, and the peer rank that holds the
+// adjacent stage. So SendAct(mb, chunk c) on rank r (stage s = c*pp + r)
+// matches RecvAct(mb, chunk c') on rank (s+1) % pp with c' = (s+1) / pp, and
+// SendGrad at stage s matches RecvGrad at stage s-1. Sends are buffered
+// (non-blocking, completing without the receiver), receives block: see
+// validate.hpp and docs/pipeline-schedules.md.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace adgt::pp {
+
+// A malformed schedule, a bad generator argument or a bad pipeline setting.
+// The message names the setting (or the rank and instruction) and a fix.
+struct ScheduleError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+enum class Op : std::uint8_t {
+  Forward,         // F: the stage's forward for one micro-batch; keeps its activations
+  BackwardInput,   // B: gradient w.r.t. the stage input (what the previous stage waits for)
+  BackwardWeight,  // W: gradient w.r.t. the stage's weights; after B, deferrable
+  Backward,        // B and W fused, for schedules that do not split the backward
+  SendAct,         // after F of a non-last stage: the output to the next stage's rank
+  RecvAct,         // before F of a non-first stage: the input from the previous stage's rank
+  SendGrad,        // after B of a non-first stage: the input gradient to the previous stage's rank
+  RecvGrad,        // before B of a non-last stage: the output gradient from the next stage's rank
+  OptimizerStep,   // last instruction of every rank: all gradients of the step are final
+};
+
+// One instruction. Fields that do not apply are -1: OptimizerStep has
+// microbatch = chunk = peer = -1, compute instructions have peer = -1.
+struct Instr {
+  Op op = Op::OptimizerStep;
+  int microbatch = -1;  // 0..m-1
+  int chunk = -1;       // 0..v-1, this rank's chunk (stage = chunk * pp + rank)
+  int peer = -1;        // Send/Recv: the pipeline rank at the other end
+  bool operator==(const Instr&) const = default;
+};
+
+struct Schedule {
+  int pp = 1;              // pipeline ranks
+  int microbatches = 1;    // m, per optimizer step
+  int virtual_stages = 1;  // v, chunks per rank
+  std::vector<std::vector<Instr>> ranks;  // ranks[r]: rank r's instructions, in order
+  std::string name;        // the generator: "1f1b", "zb-h1", ...
+  std::string detail;      // free text from the generator (greedy: the variant it kept)
+
+  int num_stages() const { return pp * virtual_stages; }
+  int stage(int rank, int chunk) const { return chunk * pp + rank; }
+  int rank_of_stage(int s) const { return s % pp; }
+  int chunk_of_stage(int s) const { return s / pp; }
+};
+
+bool is_compute(Op op);  // Forward, BackwardInput, BackwardWeight, Backward
+bool is_send(Op op);     // SendAct, SendGrad
+bool is_recv(Op op);     // RecvAct, RecvGrad
+// Releases the micro-batch's stored activations' main part: BackwardInput or Backward.
+bool is_input_backward(Op op);
+const char* op_name(Op op);  // "Forward", "RecvGrad", ...
+
+// "Forward(mb 3, chunk 0)", "RecvGrad(mb 2, chunk 0) from rank 2",
+// "SendAct(mb 1, chunk 1) to rank 0", "OptimizerStep".
+std::string to_string(const Instr& in);
+
+// A compute step as generators think of them; from_compute_order() adds the
+// communication and the OptimizerStep.
+struct ComputeStep {
+  Op op;  // Forward, BackwardInput, BackwardWeight or Backward
+  int microbatch;
+  int chunk;
+};
+
+// Builds the IR from per-rank compute orders: RecvAct right before each F of
+// a non-first stage, SendAct right after each F of a non-last stage, RecvGrad
+// right before each B (Backward or BackwardInput) of a non-last stage,
+// SendGrad right after each B of a non-first stage, OptimizerStep at the end
+// of every rank. Placing each Recv just before its consumer is exact under the
+// validator's semantics (buffered sends, blocking receives); an executor may
+// post receives earlier.
+Schedule from_compute_order(std::string name, int pp, int microbatches, int virtual_stages,
+                            const std::vector<std::vector<ComputeStep>>& order);
+
+}  // namespace adgt::pp

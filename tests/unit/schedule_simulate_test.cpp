@@ -1,0 +1,132 @@
+// The schedule simulator and printer (parallel/schedule/simulate.hpp,
+// print.hpp): a timeline worked out by hand, the closed-form bubbles of
+// GPipe, 1F1B, interleaved and ZB-H1 with equal stage times, the outstanding
+// sends, and the text Gantt chart.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "parallel/schedule/bench.hpp"
+#include "parallel/schedule/generators.hpp"
+#include "parallel/schedule/print.hpp"
+#include "parallel/schedule/simulate.hpp"
+
+using namespace adgt::pp;
+using Catch::Matchers::Contains;
+
+namespace {
+Approx near(double x) { return Approx(x).margin(1e-9).epsilon(1e-12); }
+}  // namespace
+
+TEST_CASE("schedule simulate: 1F1B on pp=2, m=2 with latency, by hand", "[schedule]") {
+  // F = 1, B = 1, W = 1 (fused backward 2), comm 0.5. Rank 0: F0 [0,1], F1 [1,2];
+  // rank 1: F0 [1.5,2.5], B0 [2.5,4.5], F1 [4.5,5.5], B1 [5.5,7.5]; rank 0:
+  // B0 [5,7] (gradient sent at 4.5), B1 [8,10].
+  const SimResult r = simulate(one_f_one_b(2, 2), StageCosts::uniform(2, 1, 1, 1, 0.5));
+  REQUIRE(r.timeline.size() == 2);
+  const double want0[][2] = {{0, 1}, {1, 2}, {5, 7}, {8, 10}};
+  const double want1[][2] = {{1.5, 2.5}, {2.5, 4.5}, {4.5, 5.5}, {5.5, 7.5}};
+  REQUIRE(r.timeline[0].size() == 4);
+  REQUIRE(r.timeline[1].size() == 4);
+  for (size_t i = 0; i < 4; ++i) {
+    CHECK(r.timeline[0][i].start == near(want0[i][0]));
+    CHECK(r.timeline[0][i].end == near(want0[i][1]));
+    CHECK(r.timeline[1][i].start == near(want1[i][0]));
+    CHECK(r.timeline[1][i].end == near(want1[i][1]));
+  }
+  CHECK(r.timeline[0][2].instr == Instr{Op::Backward, 0, 0, -1});
+  CHECK(r.timeline[0][2].index == 5);  // F0 SendAct F1 SendAct RecvGrad [Backward]
+  CHECK(r.makespan == near(10));
+  CHECK(r.busy[0] == near(6));
+  CHECK(r.idle[0] == near(4));
+  CHECK(r.idle[1] == near(4));
+  CHECK(r.bubble_fraction == near(8.0 / 20));
+  CHECK(r.bubble_ratio == near(8.0 / 12));
+}
+
+TEST_CASE("schedule simulate: bubbles equal the closed forms with equal stage times", "[schedule]") {
+  for (int p : {2, 4, 8}) {
+    for (int m : {p, 2 * p, 3 * p, 4 * p}) {
+      INFO("pp=" << p << " m=" << m);
+      const StageCosts c = StageCosts::uniform(p, 1, 1, 1);  // 1F1B, GPipe: fused B = 2F
+      for (const Schedule& s : {one_f_one_b(p, m), gpipe(p, m)}) {
+        INFO(s.name);
+        const SimResult r = simulate(s, c);
+        CHECK(r.makespan == near(3.0 * (m + p - 1)));
+        CHECK(r.bubble_fraction == near((p - 1.0) / (m + p - 1)));  // of pp x makespan
+        CHECK(r.bubble_ratio == near((p - 1.0) / m));               // of the ideal compute time
+      }
+      // ZB-H1, T_F = T_B = T_W: the bubble is (p-1)(T_F + T_B - T_W) = p-1 per rank.
+      const SimResult z = simulate(zb_h1(p, m), c);
+      CHECK(z.makespan == near(3.0 * m + p - 1));
+      CHECK(z.bubble_ratio == near((p - 1.0) / (3 * m)));
+      CHECK(z.bubble_fraction == near((p - 1.0) / (3 * m + p - 1)));
+      // Interleaved, each chunk 1/v of a stage: 1F1B's bubble divided by v.
+      for (int v : {2, 3}) {
+        INFO("v=" << v);
+        const SimResult i = simulate(interleaved_1f1b(p, m, v), StageCosts::uniform(p * v, 1.0 / v, 1.0 / v, 1.0 / v));
+        CHECK(i.bubble_ratio == near((p - 1.0) / (v * m)));
+        CHECK(i.makespan == near(3.0 * m + 3.0 * (p - 1) / v));
+      }
+    }
+  }
+}
+
+TEST_CASE("schedule simulate: the bubble table checks itself", "[schedule]") {
+  const auto rows = bubble_table(4, {4, 8, 16, 32}, 2);
+  CHECK(rows.size() == 20);
+  CHECK(mismatches(rows).empty());
+  for (const BenchRow& r : rows) {
+    if (r.schedule == "1f1b" || r.schedule == "gpipe") CHECK(r.vs_1f1b == near(1));
+    if (r.schedule == "zb-h1" || r.schedule == "greedy" || r.schedule == "interleaved") CHECK(r.vs_1f1b < 1);
+  }
+  const std::string t = format_table(rows, true);
+  CHECK_THAT(t, Contains("theory") && Contains("ok") && !Contains("DIFF"));
+}
+
+TEST_CASE("schedule simulate: sends outstanding when the receiver is slower", "[schedule]") {
+  // GPipe pp=2, m=4; rank 1's forward takes 2. Rank 0 sends at 1, 2, 3, 4;
+  // rank 1 receives at 1, 3, 5, 7: two messages wait in buffers at t = 4.
+  StageCosts c = StageCosts::uniform(2, 1, 1, 1);
+  c.f[1] = 2;
+  const SimResult r = simulate(gpipe(2, 4), c);
+  CHECK(r.max_outstanding_sends[0] == 2);
+}
+
+TEST_CASE("schedule simulate: a list that cannot finish is an error", "[schedule]") {
+  Schedule s = gpipe(2, 1);  // rank 0: F0 SendAct RecvGrad B0
+  std::swap(s.ranks[0][0], s.ranks[0][2]);  // rank 0 waits for the gradient first
+  CHECK_THROWS_WITH(simulate(s, StageCosts::uniform(2, 1, 1, 1)),
+                    Contains("simulate gpipe: rank 0 cannot get past #0 RecvGrad(mb 0, chunk 0) from rank 1"));
+  CHECK_THROWS_WITH(simulate(one_f_one_b(2, 2), StageCosts::uniform(3, 1, 1, 1)),
+                    Contains("stage costs f has 3 entries; the schedule has 2 stages"));
+}
+
+TEST_CASE("schedule print: the timeline of 1F1B on pp=2, m=2", "[schedule]") {
+  const Schedule s = one_f_one_b(2, 2);
+  const std::string t = timeline(s, simulate(s, StageCosts::uniform(2, 1, 1, 1)));
+  CHECK_THAT(t, Contains("1f1b: pp=2, m=2, v=1; one character = 0.5 time units\n"));
+  CHECK_THAT(t, Contains("rank 0 |F0F1....B0--..B1--|\n"));
+  CHECK_THAT(t, Contains("rank 1 |..F0B0--F1B1--....|\n"));
+  CHECK_THAT(t, Contains("makespan 9, ideal 6 (compute per rank); predicted bubble 33.3% of pp x makespan "
+                         "(idle / (pp x makespan)), 50.0% of the ideal compute time (idle / busy)"));
+}
+
+TEST_CASE("schedule print: ZB-H1, interleaved and labels", "[schedule]") {
+  const Schedule z = zb_h1(4, 8);
+  const std::string t = timeline(z, simulate(z, StageCosts::uniform(4, 1, 1, 1)));
+  CHECK_THAT(t, Contains("rank 3 |......F0B0F1B1F2B2F3B3W0F4B4W1"));
+  CHECK_THAT(t, Contains("rank 0 |F0F1F2F3......B0W0F4B1W1"));
+
+  const Schedule i = interleaved_1f1b(2, 4, 2);
+  const std::string ti = timeline(i, simulate(i, StageCosts::uniform(4, 0.5, 0.5, 0.5)));
+  CHECK_THAT(ti, Contains("rank 0 |F0F1f0f1") && Contains("lower case: chunk 1"));
+
+  CHECK(label({Op::Forward, 3, 2, -1}, 3) == "F3.2");
+  CHECK(label({Op::BackwardWeight, 12, 0, -1}, 1) == "W12");
+  CHECK(label({Op::Backward, 0, 1, -1}, 2) == "b0");
+  // A fixed scale: two characters per time unit draw a 1-unit F as "F0".
+  const Schedule g = gpipe(2, 1);
+  const std::string tg = timeline(g, simulate(g, StageCosts::uniform(2, 1, 1, 1)), {0.25});
+  CHECK_THAT(tg, Contains("rank 0 |F0--............B0------|"));
+}
