@@ -3,15 +3,20 @@
 // (tests/torch/compare_reference.py): initial weights, the batches, logits,
 // loss and gradients of the first batch, and the losses, learning rates,
 // gradient norms and final weights of S AdamW steps.
+//
+// --checkpoint STEP_DIR starts from an adgt checkpoint's weights instead of the
+// seeded initialisation (the HuggingFace export test compares its logits).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "core/checkpoint.hpp"
 #include "core/config.hpp"
 #include "core/hdf5_util.hpp"
 #include "core/model.hpp"
 #include "core/optimizer.hpp"
 #include "core/rng.hpp"
+#include "core/shard_io.hpp"
 #include "kernels/backend.hpp"
 
 using namespace adgt;
@@ -60,12 +65,14 @@ std::vector<double> to_f64(const Model& m, const Tensor& t) {
 
 int main(int argc, char** argv) {
   CLI::App app{"adgt-reference-dump: model and optimizer outputs for an independent check"};
-  std::string config_path, out_path, dtype = "f32";
+  std::string config_path, out_path, dtype = "f32", checkpoint;
   int64_t steps = -1;
   app.add_option("--config", config_path, "YAML run file")->required();
   app.add_option("--out", out_path, "output HDF5 file")->required();
   app.add_option("--dtype", dtype, "f32 or f64")->check(CLI::IsMember({"f32", "f64"}));
   app.add_option("--steps", steps, "AdamW steps (default: train.steps)");
+  app.add_option("--checkpoint", checkpoint,
+                 "load the weights from this checkpoint step directory instead of initialising them");
   CLI11_PARSE(app, argc, argv);
   try {
     RunConfig cfg = load_config(config_path);
@@ -74,6 +81,11 @@ int main(int argc, char** argv) {
     auto be = make_backend("cpu");
     Model model(cfg.model, *be, dtype == "f64" ? DType::F64 : DType::F32, B, T);
     model.init_weights(cfg.train.seed);
+    if (!checkpoint.empty()) {
+      const auto global = build_param_table(cfg.model);
+      const CheckpointState st = load_checkpoint(checkpoint, global);
+      model.params_from_host(global_to_local(model.table(), global, st.params, model.flat_size()));
+    }
     AdamW opt(*be, model.table(), cfg.train, model.dtype());
 
     std::vector<int32_t> tokens(size_t(S * B * (T + 1)));

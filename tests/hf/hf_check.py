@@ -1,0 +1,487 @@
+#!/usr/bin/env python3
+"""HuggingFace export/import checks of `adgt-ckpt` (tests/hf.cmake).
+
+    hf_check.py CHECK --ckpt-tool adgt-ckpt --fixture adgt_hf_fixture
+                --dump-tool adgt-reference-dump --config tests/hf/model.yaml --work DIR
+                [--train-tool adgt-train --data-tool adgt-data]
+
+CHECK is one of
+  roundtrip   export -> import: the imported step_0 weights equal the original bit for
+              bit (single file, sharded, tied), AdamW moments zero, step 0; `info`
+  torch       the export, read by tests/hf/safetensors_reader.py into
+              tests/torch/llama_ref.py's model (float64), gives adgt's logits for the
+              same weights and batch (adgt-reference-dump --checkpoint) to 1e-5
+  torch_tied  the same with tie_word_embeddings (no lm_head.weight in the files)
+  shards      --max-shard-size 20KB: several shards, an index whose weight_map names
+              every tensor exactly once, each shard holding what the index maps to it
+  bf16        --dtype bfloat16 equals torch's fp32 -> bfloat16 (round to nearest even)
+              on every element, and the import widens it back exactly
+  errors      damaged files and configs give errors naming the file and tensor
+  train       adgt-train starts from an import (--config <out>/config.yaml --resume <out>/step_0);
+              bos/eos ids from a SentencePiece tokenizer reach config.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "torch"))
+import safetensors_reader as st  # noqa: E402
+from llama_ref import LlamaConfig, LlamaForCausalLM, read_yaml  # noqa: E402
+
+LOGITS_TOL = 1e-5
+
+
+class Failure(Exception):
+    pass
+
+
+def expect(cond: bool, what: str) -> None:
+    if not cond:
+        raise Failure(what)
+
+
+def run(cmd, ok: bool = True) -> subprocess.CompletedProcess:
+    cmd = [str(c) for c in cmd]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if ok and p.returncode != 0:
+        raise Failure(f"command failed ({p.returncode}): {' '.join(cmd)}\n"
+                      f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+    return p
+
+
+def rel_err(a, b) -> float:
+    """||a - b|| / ||b|| in float64 (as tests/torch/compare_reference.py)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        return math.inf
+    den = float(np.linalg.norm(b.ravel()))
+    num = float(np.linalg.norm((a - b).ravel()))
+    return num / den if den else num
+
+
+def ckpt_model(step_dir: str) -> dict:
+    with h5py.File(os.path.join(step_dir, "checkpoint.h5"), "r") as f:
+        return {n: f["model"][n][...] for n in f["model"]}
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and bool(
+        np.array_equal(np.ascontiguousarray(a).view(np.uint32), np.ascontiguousarray(b).view(np.uint32)))
+
+
+class Ctx:
+    def __init__(self, a):
+        self.a = a
+        self.work = os.path.abspath(a.work)
+        shutil.rmtree(self.work, ignore_errors=True)
+        os.makedirs(self.work)
+
+    def path(self, *p) -> str:
+        return os.path.join(self.work, *p)
+
+    def checkpoint(self, name: str, *overrides) -> str:
+        out = run([self.a.fixture, self.a.config, self.path(name), 7, *overrides]).stdout
+        return out.strip().splitlines()[-1]
+
+    def ckpt(self, *args, ok: bool = True):
+        return run([self.a.ckpt_tool, *args], ok)
+
+
+def hf_model_config(hf_dir: str) -> LlamaConfig:
+    """llama_ref's config from the exported config.json (HF key names)."""
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        c = json.load(f)
+    return LlamaConfig(vocab_size=c["vocab_size"], d_model=c["hidden_size"],
+                       n_layers=c["num_hidden_layers"], n_heads=c["num_attention_heads"],
+                       n_kv_heads=c["num_key_value_heads"], ffn_hidden=c["intermediate_size"],
+                       seq_len=c["max_position_embeddings"], rope_theta=c["rope_theta"],
+                       norm_eps=c["rms_norm_eps"], tie_embeddings=c["tie_word_embeddings"])
+
+
+def check_config_json(hf_dir: str, yaml_model: dict, torch_dtype: str) -> None:
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        c = json.load(f)
+    want = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "vocab_size": yaml_model["vocab_size"], "hidden_size": yaml_model["d_model"],
+            "intermediate_size": yaml_model["ffn_hidden"],
+            "num_hidden_layers": yaml_model["n_layers"],
+            "num_attention_heads": yaml_model["n_heads"],
+            "num_key_value_heads": yaml_model["n_kv_heads"],
+            "max_position_embeddings": yaml_model["seq_len"],
+            "rms_norm_eps": yaml_model["norm_eps"], "rope_theta": yaml_model["rope_theta"],
+            "tie_word_embeddings": yaml_model["tie_embeddings"], "hidden_act": "silu",
+            "torch_dtype": torch_dtype, "attention_bias": False, "mlp_bias": False,
+            "head_dim": yaml_model["d_model"] // yaml_model["n_heads"]}
+    for k, v in want.items():
+        expect(k in c and c[k] == v, f"config.json: {k} = {c.get(k)!r}, expected {v!r}")
+    # The byte tokenizer has no bos/eos: the keys are omitted, not invented.
+    expect("bos_token_id" not in c and "eos_token_id" not in c, "config.json: unexpected bos/eos ids")
+
+
+# ---------------------------------------------------------------- checks
+
+def check_roundtrip(c: Ctx) -> None:
+    for label, overrides, extra in [("f32", [], []),
+                                    ("sharded", [], ["--max-shard-size", "20KB"]),
+                                    ("tied", ["model.tie_embeddings=true"], [])]:
+        src = c.checkpoint("src_" + label, *overrides)
+        hf, imp = c.path("hf_" + label), c.path("imp_" + label)
+        c.ckpt("export-hf", src, hf, *extra)
+        out = c.ckpt("import-hf", hf, imp).stdout
+        expect("adgt-train --config" in out, f"import-hf output lacks the start command:\n{out}")
+        step0 = os.path.join(imp, "step_0")
+        with h5py.File(os.path.join(src, "checkpoint.h5"), "r") as a, \
+                h5py.File(os.path.join(step0, "checkpoint.h5"), "r") as b:
+            expect(list(a["model"]) == list(b["model"]),
+                   f"{label}: tensor lists differ: {list(a['model'])} vs {list(b['model'])}")
+            for n in a["model"]:
+                expect(same_bits(a["model"][n][...], b["model"][n][...]),
+                       f"{label}: imported {n} differs from the original")
+                for g in ("optim/exp_avg", "optim/exp_avg_sq"):
+                    expect(not np.any(b[g][n][...]), f"{label}: imported {g}/{n} is not zero")
+                expect(np.any(a["optim/exp_avg"][n][...]), "fixture moments should be non-zero")
+            expect(int(b["meta/step"][()]) == 0 and int(b["meta/samples_seen"][()]) == 0,
+                   f"{label}: imported step/samples_seen not 0")
+            ya = a["meta/config_yaml"].asstr()[()]
+            yb = b["meta/config_yaml"].asstr()[()]
+
+        def model_section(y):
+            lines = y.split("model:\n", 1)[1].split("\n")
+            return [ln for ln in lines if ln.startswith("  ")][:11]
+        expect(model_section(ya) == model_section(yb),
+               f"{label}: model sections differ:\n{model_section(ya)}\n{model_section(yb)}")
+        with open(os.path.join(imp, "config.yaml")) as f:
+            expect(f.read().split("\n", 2)[2] == yb, f"{label}: config.yaml != meta/config_yaml")
+        print(f"{label}: {len(list(ckpt_model(src)))} tensors bit-identical after export + import")
+
+    info = c.ckpt("info", os.path.join(c.path("imp_f32"), "step_0")).stdout
+    for want in ["step:         0", "samples seen: 0", "checksums:    verified", "LlamaForCausalLM"]:
+        expect(want in info, f"info lacks {want!r}:\n{info}")
+    info = c.ckpt("info", c.path("src_f32", "step_7"), "--tensors").stdout
+    for want in ["step:         7", "samples seen: 14", "model.layers.1.mlp.down_proj.weight"]:
+        expect(want in info, f"info lacks {want!r}:\n{info}")
+    print(info)
+    # Exporting over an existing export needs --force; the replacement is complete.
+    p = c.ckpt("export-hf", c.path("src_f32", "step_7"), c.path("hf_f32"), ok=False)
+    expect(p.returncode != 0 and "exists and is not empty" in p.stderr, f"no overwrite error: {p.stderr}")
+    c.ckpt("export-hf", c.path("src_f32", "step_7"), c.path("hf_f32"), "--force", "--dtype", "bfloat16")
+    expect(json.load(open(c.path("hf_f32", "config.json")))["torch_dtype"] == "bfloat16",
+           "--force did not replace the export")
+    expect(not [d for d in os.listdir(c.work) if ".tmp-" in d or ".old-" in d],
+           f"temporary directories left behind: {os.listdir(c.work)}")
+
+
+def check_torch(c: Ctx, tied: bool) -> None:
+    overrides = ["model.tie_embeddings=true"] if tied else []
+    src = c.checkpoint("src", *overrides)
+    hf = c.path("hf")
+    c.ckpt("export-hf", src, hf)
+    expect(sorted(os.listdir(hf)) == ["config.json", "model.safetensors"],
+           f"unexpected export files {sorted(os.listdir(hf))}")
+    tensors = st.read_dir(hf)
+    orig = ckpt_model(src)
+    expect(set(tensors) == set(orig), f"exported names {sorted(tensors)} != checkpoint {sorted(orig)}")
+    expect(("lm_head.weight" in tensors) != tied, "lm_head.weight must be written iff untied")
+    for n, v in orig.items():
+        expect(same_bits(tensors[n], v), f"exported {n} differs from the checkpoint")
+    _, meta, start, _ = st.read_header(os.path.join(hf, "model.safetensors"))
+    expect(meta == {"format": "pt"} and start % 8 == 0, f"metadata {meta}, data start {start}")
+
+    with h5py.File(os.path.join(src, "checkpoint.h5"), "r") as f:
+        yaml_text = f["meta/config_yaml"].asstr()[()]
+    cfg_path = c.path("dump.yaml")
+    with open(cfg_path, "w") as f:
+        f.write(yaml_text)
+    check_config_json(hf, read_yaml(cfg_path)["model"], "float32")
+    dump = c.path("dump.h5")
+    run([c.a.dump_tool, "--config", cfg_path, "--checkpoint", src, "--out", dump,
+         "--dtype", "f32", "--steps", "1"])
+
+    cfg = hf_model_config(hf)
+    model = LlamaForCausalLM(cfg, torch.float64)
+    names = [n for n, _ in model.named_parameters()]  # a tied lm_head is not listed twice
+    expect(set(names) == set(tensors), f"llama_ref parameters {names} != export {sorted(tensors)}")
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(torch.from_numpy(tensors[n]).to(torch.float64))
+    with h5py.File(dump, "r") as f:
+        tokens = torch.from_numpy(f["batch/tokens"][0].astype(np.int64))  # (B, T+1)
+        adgt_logits = f["step0/logits"][...]
+        for n in orig:  # the dump ran on exactly the checkpoint's weights
+            expect(same_bits(f["model"][n][...].astype(np.float32), orig[n]), f"dump weights {n}")
+    with torch.no_grad():
+        ref = model(tokens[:, :-1]).reshape(-1, cfg.vocab_size).numpy()
+    err = rel_err(adgt_logits, ref)
+    print(f"logits ({ref.shape[0]} x {ref.shape[1]}): adgt f32 vs llama_ref f64 on the export: "
+          f"rel err {err:.3e} (tolerance {LOGITS_TOL:g})")
+    expect(err <= LOGITS_TOL, f"logits rel err {err:.3e} > {LOGITS_TOL:g}")
+    # The comparison sees config.json: the wrong rope_theta would fail it.
+    cfg.rope_theta = 10000.0
+    wrong = LlamaForCausalLM(cfg, torch.float64)
+    wrong.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        err_wrong = rel_err(adgt_logits, wrong(tokens[:, :-1]).reshape(-1, cfg.vocab_size).numpy())
+    print(f"control: with rope_theta 10000 instead of the exported {hf_model_config(hf).rope_theta:g}: "
+          f"rel err {err_wrong:.3e}")
+    expect(err_wrong > 100 * LOGITS_TOL, "the logits comparison does not notice a wrong rope_theta")
+
+
+def check_shards(c: Ctx) -> None:
+    src = c.checkpoint("src")
+    hf = c.path("hf")
+    out = c.ckpt("export-hf", src, hf, "--max-shard-size", "20KB").stdout
+    print(out)
+    files = sorted(os.listdir(hf))
+    shards = [f for f in files if f.endswith(".safetensors")]
+    n = len(shards)
+    expect(n >= 3, f"expected several shards, got {files}")
+    expect(shards == [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)],
+           f"shard names {shards}")
+    expect("model.safetensors.index.json" in files and "model.safetensors" not in files, f"{files}")
+
+    def no_duplicates(pairs):
+        keys = [k for k, _ in pairs]
+        expect(len(keys) == len(set(keys)), f"duplicate keys in the index: {keys}")
+        return dict(pairs)
+    with open(os.path.join(hf, "model.safetensors.index.json")) as f:
+        idx = json.load(f, object_pairs_hook=no_duplicates)
+    orig = ckpt_model(src)
+    expect(set(idx["weight_map"]) == set(orig), "weight_map does not cover every tensor exactly once")
+    expect(set(idx["weight_map"].values()) == set(shards), "weight_map names other files")
+    # Order and size: tensors in table order, a shard over 20 KB only when it is one tensor.
+    order = [s for s in idx["weight_map"].values()]
+    expect(order == sorted(order), "shards are not filled in table order")
+    for s in shards:
+        header, _, _, data_len = st.read_header(os.path.join(hf, s))
+        expect(data_len <= 20_000 or len(header) == 1, f"{s}: {data_len} bytes in {len(header)} tensors")
+    tensors = st.read_dir(hf)  # checks shard contents against the index and total_size
+    for k, v in orig.items():
+        expect(same_bits(tensors[k], v), f"sharded export: {k} differs")
+    print(f"{n} shards, {len(tensors)} tensors, index total_size {idx['metadata']['total_size']}")
+
+
+def check_bf16(c: Ctx) -> None:
+    src = c.checkpoint("src")
+    hf = c.path("hf")
+    c.ckpt("export-hf", src, hf, "--dtype", "bfloat16")
+    with open(os.path.join(hf, "config.json")) as f:
+        expect(json.load(f)["torch_dtype"] == "bfloat16", "torch_dtype is not bfloat16")
+    raw = st.read_dir(hf, raw=True)
+    orig = ckpt_model(src)
+    with open(os.path.join(hf, "model.safetensors"), "rb") as f:
+        (hlen,) = struct.unpack("<Q", f.read(8))
+        hdr = json.loads(f.read(hlen))
+    expect(all(e["dtype"] == "BF16" for k, e in hdr.items() if k != "__metadata__"), "not all BF16")
+    for n, v in orig.items():
+        want = torch.from_numpy(v).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        expect(np.array_equal(raw[n], want), f"{n}: bf16 bits differ from torch's rounding")
+    ties = raw["model.layers.0.input_layernorm.weight"][:5].tolist()
+    print("bf16 of 1+2^-8, 1+3*2^-8, 1+2^-8+2^-20, 1+2^-8-2^-20, -(1+2^-8):",
+          [hex(x) for x in ties])
+    expect(ties == [0x3F80, 0x3F82, 0x3F81, 0x3F80, 0xBF80], f"round-to-nearest-even cases: {ties}")
+    # Import widens bf16 exactly.
+    c.ckpt("import-hf", hf, c.path("imp"))
+    imported = ckpt_model(c.path("imp", "step_0"))
+    for n, bits in raw.items():
+        want = (bits.astype(np.uint32) << 16).view(np.float32)
+        expect(same_bits(imported[n], want), f"imported bf16 {n} is not the exact widening")
+    print(f"{len(orig)} tensors: bf16 export = torch's round-to-nearest-even; import widens exactly")
+
+
+def check_errors(c: Ctx) -> None:
+    src = c.checkpoint("src")
+    good = c.path("good")
+    c.ckpt("export-hf", src, good)
+    sharded = c.path("good_sharded")
+    c.ckpt("export-hf", src, sharded, "--max-shard-size", "20KB")
+    main = "model.safetensors"
+    failures = []
+
+    def case(name: str, want: list, mutate, base: str = good, cmd=None):
+        d = c.path("case_" + name)
+        shutil.copytree(base, d)
+        mutate(d)
+        p = c.ckpt(*(cmd or ["import-hf", d, c.path("out_" + name)]), ok=False)
+        err = p.stderr.strip()
+        missing = [w for w in want if w not in err]
+        status = "ok" if p.returncode != 0 and not missing else "FAILED"
+        print(f"[{status}] {name}: exit {p.returncode}: {err}")
+        if status != "ok":
+            failures.append(f"{name}: expected a failure whose message contains {missing or want}")
+        expect(not os.path.exists(os.path.join(c.path("out_" + name), "step_0")) or p.returncode == 0,
+               f"{name}: a checkpoint was written despite the error")
+
+    def edit_header(fn, fname=main):
+        def mutate(d):
+            path = os.path.join(d, fname)
+            hdr, data = st.split_file(path)
+            r = fn(hdr, data)
+            st.write_file(path, hdr, r if isinstance(r, bytes) else data)
+        return mutate
+
+    def set_length(d):
+        path = os.path.join(d, main)
+        with open(path, "r+b") as f:
+            f.write(struct.pack("<Q", os.path.getsize(path) * 10))
+
+    def break_json(d):
+        path = os.path.join(d, main)
+        with open(path, "r+b") as f:
+            f.seek(8)
+            f.write(b"not json")
+
+    def overlap(h, _):
+        h["model.layers.0.self_attn.o_proj.weight"]["data_offsets"] = \
+            h["model.layers.0.self_attn.q_proj.weight"]["data_offsets"]
+
+    def out_of_range(h, data):
+        last = max((k for k in h if k != "__metadata__"), key=lambda k: h[k]["data_offsets"][1])
+        b, e = h[last]["data_offsets"]
+        h[last]["data_offsets"] = [b + 64, e + 64]
+
+    def extra(h, data):
+        h["model.layers.0.self_attn.q_proj.bias"] = {"dtype": "F32", "shape": [32],
+                                                     "data_offsets": [len(data), len(data) + 128]}
+        return data + bytes(128)
+
+    def truncate(d):
+        path = os.path.join(d, main)
+        os.truncate(path, os.path.getsize(path) - 100)
+
+    def edit_config(**kv):
+        def mutate(d):
+            path = os.path.join(d, "config.json")
+            cfg = json.load(open(path))
+            cfg.update(kv)
+            json.dump(cfg, open(path, "w"))
+        return mutate
+
+    up = "model.layers.1.mlp.up_proj.weight"
+    case("header_length", [f"case_header_length/{main}", "malformed header: its length field says"], set_length)
+    case("header_json", [f"case_header_json/{main}", "not valid JSON"], break_json)
+    case("overlap", [f"case_overlap/{main}", "q_proj.weight", "o_proj.weight", "overlap"], edit_header(overlap))
+    case("out_of_range", [f"case_out_of_range/{main}", "lm_head.weight", "run past the data region"],
+         edit_header(out_of_range))
+    case("unknown_dtype", [f"case_unknown_dtype/{main}", "tensor model.norm.weight: unknown dtype \"Q4\""],
+         edit_header(lambda h, _: h["model.norm.weight"].update(dtype="Q4")))
+    case("wrong_shape", [f"case_wrong_shape/{main}: tensor {up} has shape (32,48)", "implies (48,32)"],
+         edit_header(lambda h, _: h[up].update(shape=[32, 48])))
+    case("missing_tensor", [f"case_missing_tensor/{main}", "tensor model.norm.weight is missing"],
+         edit_header(lambda h, _: h.pop("model.norm.weight")))
+    case("extra_tensor", [f"case_extra_tensor/{main}", "q_proj.bias", "refusing to drop it"], edit_header(extra))
+    case("truncated", [f"case_truncated/{main}", "run past the data region", "truncated"], truncate)
+    case("no_config", ["case_no_config/config.json: not found"],
+         lambda d: os.remove(os.path.join(d, "config.json")))
+    case("no_weights", ["case_no_weights: neither model.safetensors nor model.safetensors.index.json"],
+         lambda d: os.remove(os.path.join(d, main)))
+    case("mixtral", ["case_mixtral/config.json: model_type \"mixtral\" is not supported yet"],
+         edit_config(model_type="mixtral"))
+    case("config_mismatch", [f"case_config_mismatch/{main}: tensor model.layers.0.mlp.gate_proj.weight "
+                             "has shape (48,32)", "config.json implies (40,32)"],
+         edit_config(intermediate_size=40))
+    shard_files = sorted(x for x in os.listdir(sharded) if x.endswith(".safetensors"))
+    shard1, shard2 = shard_files[0], shard_files[1]
+    case("missing_shard", [f"case_missing_shard/{shard2}: not found", "index.json lists it"],
+         lambda d: os.remove(os.path.join(d, shard2)), base=sharded)
+    case("shard_missing_tensor", [f"case_shard_missing_tensor/{shard1}",
+                                  "tensor model.embed_tokens.weight is missing", "maps it here"],
+         edit_header(lambda h, _: h.pop("model.embed_tokens.weight"), shard1), base=sharded)
+    # Export errors.
+    case("export_no_checkpoint", ["checkpoint", "nowhere: no such file or directory"], lambda d: None,
+         cmd=["export-hf", c.path("nowhere"), c.path("out_x")])
+    case("export_shard_size", ["max shard size \"5 parsecs\""], lambda d: None,
+         cmd=["export-hf", src, c.path("out_y"), "--max-shard-size", "5 parsecs"])
+    case("export_exists", ["good: exists and is not empty"], lambda d: None,
+         cmd=["export-hf", src, good])
+    expect(not failures, "\n".join(failures))
+
+
+def check_train(c: Ctx) -> None:
+    if not (c.a.train_tool and c.a.data_tool):
+        print("adgt-train / adgt-data not built: skipped")
+        return
+    src = c.checkpoint("src")
+    hf = c.path("hf")
+    c.ckpt("export-hf", src, hf)
+    text = c.path("corpus.txt")
+    with open(text, "w") as f:
+        for i in range(400):
+            f.write(f"Line {i}: in the beginning the export was imported and trained again.\n")
+    data = c.path("data")
+    run([c.a.data_tool, "prepare", "--input", text, "--out", data, "--tokenizer", "byte"])
+    # bos/eos ids come from a SentencePiece tokenizer (adgt's trained ones: 1 and 2).
+    run([c.a.data_tool, "prepare", "--input", text, "--out", c.path("data_sp"), "--vocab-size", 320])
+    hf_sp = c.path("hf_sp")
+    c.ckpt("export-hf", src, hf_sp, "--tokenizer", c.path("data_sp", "tokenizer.model"))
+    for f in ("config.json", "generation_config.json"):
+        with open(os.path.join(hf_sp, f)) as fh:
+            j = json.load(fh)
+        expect(j.get("bos_token_id") == 1 and j.get("eos_token_id") == 2, f"{f}: bos/eos ids {j}")
+    base = c.path("base.yaml")
+    with open(c.a.config) as f:
+        y = f.read()
+    y = (y.replace("data/none/train.bin", os.path.join(data, "train.bin"))
+          .replace("data/none/val.bin", os.path.join(data, "val.bin"))
+          .replace("runs/hf_test/checkpoints", c.path("run", "checkpoints"))
+          .replace("runs/hf_test", c.path("run")))
+    with open(base, "w") as f:
+        f.write(y)
+    imp = c.path("imp")
+    c.ckpt("import-hf", hf, imp, "--config", base)
+    p = run([c.a.train_tool, "--config", os.path.join(imp, "config.yaml"),
+             "--resume", os.path.join(imp, "step_0")])
+    print(p.stdout)
+    expect("resumed from" in p.stdout, "adgt-train did not resume from the import")
+    step2 = c.path("run", "checkpoints", "step_2")
+    expect(os.path.exists(os.path.join(step2, "COMPLETE")), f"no checkpoint at {step2}")
+    # Two AdamW steps at lr 1e-3 move each weight by about 2e-3; a run that had
+    # ignored the import (fresh N(0, 0.02) weights vs the fixture's N(0, 0.05))
+    # would be ~0.05 away.
+    # The trainer's checkpoint (whatever its format version) read back through
+    # export-hf, which goes through load_checkpoint.
+    c.ckpt("export-hf", step2, c.path("hf_step2"))
+    before, after = ckpt_model(os.path.join(imp, "step_0")), st.read_dir(c.path("hf_step2"))
+    moved = max(float(np.max(np.abs(after[n] - before[n]))) for n in before)
+    print(f"largest weight change over 2 steps from the import: {moved:.2e}")
+    expect(0 < moved < 0.01, f"step_2 is not 2 small steps from the import (max change {moved})")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("check", choices=["roundtrip", "torch", "torch_tied", "shards", "bf16", "errors", "train"])
+    ap.add_argument("--ckpt-tool", required=True)
+    ap.add_argument("--fixture", required=True)
+    ap.add_argument("--dump-tool", required=True)
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--train-tool")
+    ap.add_argument("--data-tool")
+    a = ap.parse_args()
+    c = Ctx(a)
+    try:
+        if a.check in ("torch", "torch_tied"):
+            check_torch(c, a.check == "torch_tied")
+        else:
+            globals()["check_" + a.check](c)
+    except Failure as e:
+        print(f"FAILED: {e}")
+        return 1
+    print(f"hf_{a.check}: passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
