@@ -3,31 +3,35 @@
 # (tests/torch/train_ref.py) on the same model, batch, sequence length, token
 # count and thread count, in one run; prints both tokens/s and adgt/PyTorch.
 #
-#   scripts/bench_cpu.sh [--steps N] [--threads N] [--config FILE] [--build DIR] [--out DIR]
+#   scripts/bench_cpu.sh [--steps N] [--threads N] [--rounds R] [--config FILE] [--build DIR] [--out DIR]
 #
-# Defaults: 20 steps, 2 threads (OMP_NUM_THREADS and torch.set_num_threads),
+# Defaults: 20 steps, 1 round, 2 threads (OMP_NUM_THREADS and torch.set_num_threads),
 # configs/tiny.yaml, build/, a fresh directory under /tmp. Both sides train in
 # float32 from a random init; tokens come from the config's data.train when it
 # exists (adgt-train needs it), and PyTorch falls back to random ids otherwise.
 # adgt's figure is the median tokens_per_s of metrics.jsonl (logged every step),
 # skipping the first record; PyTorch's is its median over all steps but the
-# first. OPENBLAS_CORETYPE is passed through as set in the environment.
-# Run it on a quiet machine: other processes on the same cores distort both.
+# first; with R rounds (adgt, PyTorch, adgt, ...) the medians pool all rounds.
+# OPENBLAS_CORETYPE is passed through as set in the environment (both sides use
+# OpenBLAS: Debian's torch through libblas.so.3). Run it on a quiet machine:
+# other processes on the same cores distort both.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 STEPS=20
+ROUNDS=1
 THREADS=2
 CONFIG=configs/tiny.yaml
 BUILD=build
 OUT=""
 PY=${ADGT_PYTHON:-/usr/bin/python3}
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) STEPS=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
+    --rounds) ROUNDS=$2; shift 2 ;;
     --config) CONFIG=$2; shift 2 ;;
     --build) BUILD=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
@@ -75,37 +79,54 @@ if awk -v l="$(cut -d' ' -f1 /proc/loadavg)" 'BEGIN { exit !(l > 0.5) }'; then
   echo "bench_cpu: warning: the machine is busy (1-minute load above 0.5); the figures will be noisy"
 fi
 
-# ---- adgt
-echo "bench_cpu: running adgt-train ..."
-if ! "$TRAIN_BIN" --config "$CONFIG" \
-    --set train.steps="$STEPS" --set train.warmup_steps="$WARMUP" --set train.device=cpu --set train.eval_interval=0 \
-    --set log.dir="$OUT/adgt" --set log.interval=1 \
-    --set checkpoint.interval=0 --set checkpoint.dir="$OUT/adgt/checkpoints" \
-    > "$OUT/adgt.log" 2>&1; then
-  echo "bench_cpu: adgt-train failed; the end of $OUT/adgt.log:" >&2
-  tail -20 "$OUT/adgt.log" >&2
-  exit 1
-fi
-ADGT_TPS=$("$PY" - "$OUT/adgt/metrics.jsonl" <<'EOF'
-import json, statistics, sys
-recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-tps = [r["tokens_per_s"] for r in recs if "tokens_per_s" in r][1:]  # skip the first logged step
-if not tps:
-    sys.exit(f"{sys.argv[1]}: no tokens_per_s records after the first")
-print(f"{statistics.median(tps):.1f}")
-EOF
-)
+run_adgt() {  # $1: the round's directory
+  "$TRAIN_BIN" --config "$CONFIG" \
+    --set train.steps="$STEPS" --set train.warmup_steps="$WARMUP" --set train.device=cpu \
+    --set train.eval_interval=0 --set log.dir="$1/adgt" --set log.interval=1 \
+    --set checkpoint.interval=0 --set checkpoint.dir="$1/adgt/checkpoints" > "$1/adgt.log" 2>&1 || {
+    echo "bench_cpu: adgt-train failed; the end of $1/adgt.log:" >&2
+    tail -20 "$1/adgt.log" >&2
+    exit 1
+  }
+}
+run_torch() {
+  "$PY" tests/torch/train_ref.py --config "$CONFIG" --steps "$STEPS" --warmup-steps "$WARMUP" \
+    --threads "$THREADS" --json "$1/torch.json" > "$1/torch.log" 2>&1 || {
+    echo "bench_cpu: train_ref.py failed; the end of $1/torch.log:" >&2
+    tail -20 "$1/torch.log" >&2
+    exit 1
+  }
+}
 
-# ---- PyTorch
-echo "bench_cpu: running tests/torch/train_ref.py ..."
-if ! "$PY" tests/torch/train_ref.py --config "$CONFIG" --steps "$STEPS" --warmup-steps "$WARMUP" \
-    --threads "$THREADS" --json "$OUT/torch.json" > "$OUT/torch.log" 2>&1; then
-  echo "bench_cpu: train_ref.py failed; the end of $OUT/torch.log:" >&2
-  tail -20 "$OUT/torch.log" >&2
-  exit 1
-fi
-TORCH_TPS=$(awk '$1 == "tokens_per_s" { v = $2 } END { print v }' "$OUT/torch.log")
-[ -n "$TORCH_TPS" ] || { echo "bench_cpu: no tokens_per_s line in $OUT/torch.log" >&2; exit 1; }
+# Rounds alternate adgt and PyTorch so that a change in background load hits both.
+for r in $(seq 1 "$ROUNDS"); do
+  D=$OUT/round$r
+  mkdir -p "$D"
+  echo "bench_cpu: round $r/$ROUNDS: adgt-train ..."
+  run_adgt "$D"
+  echo "bench_cpu: round $r/$ROUNDS: tests/torch/train_ref.py ..."
+  run_torch "$D"
+done
+
+# Per-step tokens/s, the first step of every run skipped; the median of all.
+read -r ADGT_TPS TORCH_TPS <<<"$("$PY" - "$OUT" "$ROUNDS" <<'EOF'
+import json, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+adgt, torch = [], []
+for r in range(1, rounds + 1):
+    d = f"{out}/round{r}"
+    recs = [json.loads(l) for l in open(f"{d}/adgt/metrics.jsonl") if l.strip()]
+    a = [x["tokens_per_s"] for x in recs if "tokens_per_s" in x][1:]  # skip the first logged step
+    t = [x["tokens_per_s"] for x in json.load(open(f"{d}/torch.json"))["steps"]][1:]
+    if not a or not t:
+        sys.exit(f"{d}: no per-step tokens/s after the first step")
+    print(f"bench_cpu: round {r}: adgt median {statistics.median(a):.0f}, "
+          f"PyTorch median {statistics.median(t):.0f} tokens/s", file=sys.stderr)
+    adgt += a
+    torch += t
+print(f"{statistics.median(adgt):.1f} {statistics.median(torch):.1f}")
+EOF
+)"
 
 echo
 printf '%-30s %12s\n' "implementation" "tokens/s"
