@@ -105,6 +105,7 @@ int main(int argc, char** argv) {
     adgt::ParallelContext ctx;
     ctx.tp = pg.tp.get();
     ctx.dp = pg.dp.get();
+    ctx.world = pg.world.get();
     ctx.world_rank = pg.world->rank();
     adgt::Trainer trainer(cfg, ctx);
     const std::string from = adgt::resolve_resume(resume, cfg.checkpoint.dir);
@@ -130,6 +131,10 @@ int main(int argc, char** argv) {
     const adgt::TrainSummary s = trainer.train();
     if (lead) print_summary(s);
     return 0;
+  } catch (const adgt::CheckpointError& e) {
+    // Checkpoint saves and loads agree on failure over the world (every rank
+    // throws together), so every rank prints its message before the job ends.
+    adgt::fatal(adgt::CollectiveError(e.what()));
   } catch (const std::exception& e) {
     adgt::fatal(e);  // names the rank and host; aborts every rank when there are several
   }

@@ -1,11 +1,17 @@
-// Checkpoints: one HDF5 file per step, full fp32 tensors under their global
-// (HuggingFace) names and global shapes, so a checkpoint written by one layout
-// loads into any other and reads directly with h5py. Layout and the atomic
-// save protocol: docs/checkpoint-format.md.
+// Checkpoints: full fp32 tensors under their global (HuggingFace) names and
+// global shapes, so a checkpoint written by one layout loads into any other and
+// reads directly with h5py. Layout and the atomic save protocol:
+// docs/checkpoint-format.md.
 //
 //   <root>/step_<N>/checkpoint.h5   model/<name>, optim/exp_avg/<name>,
 //                                   optim/exp_avg_sq/<name>, meta/...
 //   <root>/step_<N>/COMPLETE        written last; a step without it is ignored
+//
+// Format version 1 (save_checkpoint below: one process holding whole tensors,
+// e.g. a HuggingFace import) stores real datasets in checkpoint.h5. Version 2
+// (the trainer; core/checkpoint_sharded.hpp) stores each rank's pieces in
+// rank_<R>.h5 and makes checkpoint.h5 an index of virtual datasets; both read
+// the same way, through load_checkpoint or load_checkpoint_sharded.
 #pragma once
 #include <cstdint>
 #include <stdexcept>
@@ -42,9 +48,10 @@ struct CheckpointState {
 // removed). Returns the step directory.
 std::string save_checkpoint(const std::string& root, const CheckpointState& st, int64_t keep);
 
-// Reads <step_dir>/checkpoint.h5 (or the .h5 path itself). Checks the COMPLETE
-// marker, the format version, that the file holds exactly the tensors of
-// `expected` with their global shapes, and every checksum. The returned
+// Reads <step_dir>/checkpoint.h5 (or the .h5 path itself), version 1 or 2, as
+// whole tensors. Checks the COMPLETE marker, the format version, the rank files
+// (version 2), that the checkpoint holds exactly the tensors of `expected` with
+// their global shapes, and every checksum. The returned
 // params/exp_avg/exp_avg_sq follow `expected`'s offsets (padding zeroed);
 // specs = expected.
 CheckpointState load_checkpoint(const std::string& step_dir, const std::vector<ParamSpec>& expected);

@@ -14,7 +14,6 @@
 #include "core/memory_estimate.hpp"
 #include "core/metrics.hpp"
 #include "core/sampler.hpp"
-#include "core/shard_io.hpp"
 #include "core/token_shard.hpp"
 #include "kernels/check.hpp"
 
@@ -49,6 +48,7 @@ void install_stop_handlers() {
 Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx) : cfg_(cfg), ctx_(ctx) {
   if (!ctx_.tp) ctx_.tp = &self_tp_;
   if (!ctx_.dp) ctx_.dp = &self_dp_;
+  if (!ctx_.world) ctx_.world = &self_world_;
   ADGT_CHECK(ctx_.tp->size() == cfg.parallel.tp && ctx_.dp->size() == cfg.parallel.dp,
              "Trainer: process groups (tp " << ctx_.tp->size() << ", dp " << ctx_.dp->size()
                                             << ") do not match parallel.tp=" << cfg.parallel.tp
@@ -65,19 +65,32 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx) : cfg_(cfg), ctx_(ct
   model_ = std::make_unique<Model>(cfg.model, *backend_, dt, cfg.train.micro_batch,
                                    cfg.model.seq_len, tp);
   model_->init_weights(cfg.train.seed);
-  global_table_ = build_param_table(cfg.model);
   dp_ = std::make_unique<DataParallel>(*backend_, *model_, cfg.train, cfg.parallel, *ctx_.dp,
                                        *ctx_.tp);
 }
 
 Trainer::~Trainer() = default;
 
+ShardLayout Trainer::layout() const {
+  ShardLayout lay;
+  lay.tp = ctx_.tp->size();
+  lay.tp_rank = ctx_.tp->rank();
+  lay.dp = ctx_.dp->size();
+  lay.dp_rank = ctx_.dp->rank();
+  lay.description = "tp=" + std::to_string(lay.tp) + " dp=" + std::to_string(lay.dp) +
+                    " zero=" + std::to_string(dp_->zero() ? 1 : 0) + " sequence_parallel=" +
+                    std::to_string(cfg_.parallel.sequence_parallel && lay.tp > 1 ? 1 : 0);
+  return lay;
+}
+
 void Trainer::load(const std::string& step_dir) {
-  CheckpointState st = load_checkpoint(step_dir, global_table_);
-  const int64_t n = model_->flat_size();
-  model_->params_from_host(global_to_local(model_->table(), global_table_, st.params, n));
-  dp_->load_state(global_to_local(model_->table(), global_table_, st.exp_avg, n),
-                  global_to_local(model_->table(), global_table_, st.exp_avg_sq, n));
+  // Collective over the world: each rank reads its own shards (any writer layout);
+  // an error on any rank stops every rank with that message.
+  CheckpointState st = load_checkpoint_sharded(step_dir, model_->table(), layout(), *ctx_.world);
+  const auto n = size_t(model_->flat_size());
+  for (auto* v : {&st.params, &st.exp_avg, &st.exp_avg_sq}) v->resize(n, 0.0f);
+  model_->params_from_host(st.params);
+  dp_->load_state(st.exp_avg, st.exp_avg_sq);
   step_ = st.step;
   samples_seen_ = st.samples_seen;
   opt_steps_ = st.rng_state.empty() ? st.step : int64_t(st.rng_state[0]);
@@ -88,22 +101,29 @@ void Trainer::load(const std::string& step_dir) {
 }
 
 std::string Trainer::save() {
-  // Collectives on every rank (ZeRO state over dp, shards over tp); rank 0 writes
-  // whole tensors, so the checkpoint loads into any layout.
-  std::vector<float> m = dp_->full_exp_avg(), v = dp_->full_exp_avg_sq();
+  // Every rank writes its own pieces (checkpoint format version 2); under ZeRO-1
+  // each dp rank writes the AdamW state of its own chunk, so nothing is gathered.
+  ShardLayout lay = layout();
   CheckpointState st;
-  st.params = local_to_global(model_->table(), global_table_, model_->params_to_host(), *ctx_.tp);
-  st.exp_avg = local_to_global(model_->table(), global_table_, m, *ctx_.tp);
-  st.exp_avg_sq = local_to_global(model_->table(), global_table_, v, *ctx_.tp);
-  if (lead()) {
-    st.step = step_;
-    st.samples_seen = samples_seen_;
-    st.seed = cfg_.train.seed;
-    st.config_yaml = to_yaml(cfg_);
-    st.rng_state = {uint64_t(opt_steps_)};  // trainer state word 0: AdamW updates applied
-    st.specs = global_table_;
-    last_checkpoint_ = save_checkpoint(cfg_.checkpoint.dir, st, cfg_.checkpoint.keep);
+  st.specs = model_->table();
+  st.params = model_->params_to_host();
+  if (dp_->zero()) {
+    AdamW& opt = dp_->optimizer();
+    st.exp_avg = opt.to_host(opt.exp_avg());
+    st.exp_avg_sq = opt.to_host(opt.exp_avg_sq());
+    lay.state_lo = opt.lo();
+    lay.state_hi = opt.hi();
+  } else {
+    st.exp_avg = dp_->full_exp_avg();
+    st.exp_avg_sq = dp_->full_exp_avg_sq();
   }
+  st.step = step_;
+  st.samples_seen = samples_seen_;
+  st.seed = cfg_.train.seed;
+  if (lead()) st.config_yaml = to_yaml(cfg_);
+  st.rng_state = {uint64_t(opt_steps_)};  // trainer state word 0: AdamW updates applied
+  last_checkpoint_ =
+      save_checkpoint_sharded(cfg_.checkpoint.dir, st, lay, *ctx_.world, cfg_.checkpoint.keep);
   return last_checkpoint_;
 }
 

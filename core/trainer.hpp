@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "core/checkpoint_sharded.hpp"
 #include "core/comm.hpp"
 #include "core/config.hpp"
 #include "core/data_parallel.hpp"
@@ -34,7 +35,8 @@ struct TrainSummary {
 struct ParallelContext {
   Comm* tp = nullptr;
   Comm* dp = nullptr;
-  int world_rank = 0;  // rank 0 logs, prints and writes checkpoints
+  Comm* world = nullptr;  // every rank of the run: checkpoints are saved and loaded over it
+  int world_rank = 0;     // rank 0 logs, prints and commits checkpoints
 };
 
 class Trainer {
@@ -50,14 +52,14 @@ class Trainer {
  private:
   double run_micro_batches(int64_t first_sample);
   std::string save();
+  ShardLayout layout() const;  // this rank's place, for the checkpoint files
   bool lead() const { return ctx_.world_rank == 0; }
 
   RunConfig cfg_;
   ParallelContext ctx_;
-  SelfComm self_tp_{"tp"}, self_dp_{"dp"};
+  SelfComm self_tp_{"tp"}, self_dp_{"dp"}, self_world_{"world"};
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
-  std::vector<ParamSpec> global_table_;  // whole tensors, as checkpoints hold them
   std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<TokenShard> train_shard_, val_shard_;
   std::unique_ptr<Sampler> sampler_;

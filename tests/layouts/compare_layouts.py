@@ -5,7 +5,10 @@ For each layout (tp, dp, zero, sequence_parallel) the ~100k-parameter model
 (tests/layouts/model.yaml) trains 20 steps under mpirun; its per-step losses
 (metrics.jsonl) and final weights (the step_20 checkpoint, whole tensors) must
 equal the single-process run's within a relative tolerance (1e-5: fp32, where
-only the order of summation differs).
+only the order of summation differs). Then checkpoints reshard: six layout
+pairs resume step_10 of one layout in another; a same-layout resume is
+bitwise identical; h5py reads a multi-rank checkpoint from another directory
+(tests/checkpoint/vds_check.py).
 
 usage: compare_layouts.py --train BIN --mpirun WRAPPER --data DIR --work DIR [--layouts tp:dp:zero:sp ...]
 """
@@ -92,14 +95,18 @@ def main():
               f"  {'PASS' if ok else 'FAIL ' + worst}")
         if not ok:
             failed.append(name)
-    # Checkpoints hold whole tensors: step_10 of one layout resumes in another and
-    # continues like the uninterrupted single process.
+    # Checkpoints (format version 2: every rank writes its pieces, checkpoint.h5
+    # indexes them as virtual datasets) reshard on load: step_10 of one layout
+    # resumes in another and continues like the uninterrupted single process.
+    def lname(l):
+        return "single" if l == (1, 1, 0, 0) else "tp{}_dp{}_z{}_sp{}".format(*l)
     for src, dst in [((2, 2, 1, 1), (1, 1, 0, 0)), ((1, 1, 0, 0), (4, 2, 1, 0)),
-                     ((8, 1, 0, 1), (2, 4, 1, 1))]:
-        sname = "single" if src == (1, 1, 0, 0) else "tp{}_dp{}_z{}_sp{}".format(*src)
+                     ((8, 1, 0, 1), (2, 4, 1, 1)), ((2, 1, 0, 0), (1, 2, 1, 0)),
+                     ((1, 2, 1, 0), (2, 2, 0, 0)), ((4, 2, 0, 0), (2, 1, 0, 0))]:
+        sname = lname(src)
         if not os.path.isdir(os.path.join(args.work, sname)):
             continue
-        name = "resume_{}_to_tp{}_dp{}_z{}_sp{}".format(sname, *dst)
+        name = "resume_{}_to_{}".format(sname, lname(dst))
         l, w, _, _ = run(args, name, *dst,
                          resume_from=os.path.join(args.work, sname, "ckpt", "step_10"))
         lerr = max(abs(l[s] - ref_l[s]) / abs(ref_l[s]) for s in l)
@@ -109,6 +116,38 @@ def main():
               f"  {'PASS' if ok else 'FAIL'}")
         if not ok:
             failed.append(name)
+    # The same layout resumes bit for bit: losses, weights and AdamW state.
+    same = (2, 2, 1, 0)
+    if os.path.isdir(os.path.join(args.work, lname(same))):
+        name = f"resume_{lname(same)}_same_layout"
+        l, _, _, _ = run(args, name, *same,
+                         resume_from=os.path.join(args.work, lname(same), "ckpt", "step_10"))
+        with open(os.path.join(args.work, lname(same), "metrics.jsonl")) as f:
+            full_l = {r["step"]: r["loss"] for r in map(json.loads, filter(str.strip, f)) if "loss" in r}
+        diff = [s for s in l if l[s] != full_l[s]]
+        a = os.path.join(args.work, lname(same), "ckpt", "step_20", "checkpoint.h5")
+        b = os.path.join(args.work, name, "ckpt", "step_20", "checkpoint.h5")
+        with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
+            for g in ("model", "optim/exp_avg", "optim/exp_avg_sq"):
+                diff += [f"{g}/{k}" for k in fa[g] if not np.array_equal(fa[g][k][...], fb[g][k][...])]
+        print(f"{name}: {'PASS bitwise' if not diff else 'FAIL: differs at ' + ', '.join(map(str, diff[:5]))}")
+        if diff:
+            failed.append(name)
+    # Any HDF5 reader, from any working directory: h5py gets whole tensors from the
+    # tp2 dp2 ZeRO checkpoint equal to the single process's, and every piece's crc32.
+    multi = os.path.join(args.work, "tp2_dp2_z1_sp0", "ckpt", "step_20")
+    if os.path.isdir(multi):
+        check = os.path.join(HERE, "..", "checkpoint", "vds_check.py")
+        elsewhere = os.path.join(args.work, "elsewhere")
+        os.makedirs(elsewhere, exist_ok=True)
+        p = subprocess.run([sys.executable, check, "--checkpoint", os.path.relpath(multi, elsewhere),
+                            "--reference", os.path.join(args.work, "single", "ckpt", "step_20"),
+                            "--tol", str(args.tol), "--layout", "tp=2 dp=2 zero=1"],
+                           cwd=elsewhere, capture_output=True, text=True, timeout=120)
+        print(p.stdout.strip())
+        if p.returncode != 0:
+            print(p.stderr[-4000:])
+            failed.append("h5py_from_another_directory")
     if failed:
         sys.exit("FAIL: " + ", ".join(failed))
     print(f"PASS: {len(args.layouts)} layouts equal the single process within {args.tol}")

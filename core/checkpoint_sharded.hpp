@@ -1,0 +1,90 @@
+// Checkpoints written by every rank in parallel and read back into any layout
+// (format version 2, docs/checkpoint-format.md):
+//
+//   <root>/step_<N>/rank_<R>.h5     world rank R's pieces: model/<name>,
+//                                   optim/exp_avg/<name>, optim/exp_avg_sq/<name>,
+//                                   each a part of the global tensor, crc32 attribute
+//   <root>/step_<N>/checkpoint.h5   the index: the same paths as HDF5 virtual
+//                                   datasets of the global shape over the rank
+//                                   files' pieces, and meta/ (incl. meta/pieces)
+//   <root>/step_<N>/COMPLETE        written last, by world rank 0
+//
+// Ownership: a parameter's weights are written as its tensor-parallel shards
+// (valid rows or columns only; a replicated tensor whole, by tp rank 0), each
+// by one of its dp replicas: dp rank piece_writers(...)[i]. The AdamW state
+// likewise, except under ZeRO-1: there every dp rank writes the part of each
+// shard that lies in its own chunk of the flat buffer (no communication).
+//
+// Every function taking a Comm is collective over it: all ranks call it, and an
+// error on any rank is thrown, with that rank's message, on every rank.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/checkpoint.hpp"
+#include "core/comm.hpp"
+
+namespace adgt {
+
+// This rank's place in the layout that saves or loads.
+struct ShardLayout {
+  int tp = 1, tp_rank = 0;
+  int dp = 1, dp_rank = 0;
+  std::string description;  // stored in meta/layout, e.g. "tp=2 dp=2 zero=1 sequence_parallel=0"
+  // Saving under ZeRO-1: exp_avg / exp_avg_sq hold only this rank's chunk
+  // [state_lo, state_hi) of the local flat buffer. state_hi < 0: the whole buffer.
+  int64_t state_lo = 0, state_hi = -1;
+};
+
+// A block of a global tensor of rank nd <= 2 (a 1-D tensor is (n, 1): start[1] 0, count[1] 1).
+struct Region {
+  int nd = 0;
+  std::array<int64_t, 2> start{0, 0}, count{1, 1};
+  int64_t numel() const { return count[0] * count[1]; }
+  bool contains(const Region& o) const;
+  bool operator==(const Region& o) const = default;
+};
+// The part of the global tensor that tp rank `tp_rank` (of `tp`) holds for the
+// parameter whose shard on this rank is `l` (valid indices only; the whole
+// tensor when replicated). Shards are equal blocks of the padded extent.
+Region shard_region(const ParamSpec& l, int tp_rank, int tp);
+
+// For each parameter, the dp rank that writes its pieces: a greedy balance of
+// the shard sizes over `dp` (largest first, ties by table order). Depends only
+// on the table's shard sizes, so it is the same on every tp rank.
+std::vector<int> piece_writers(const std::vector<ParamSpec>& local, int dp);
+// Whether this rank writes parameter i's piece.
+bool writes_piece(const std::vector<ParamSpec>& local, const std::vector<int>& writers, size_t i,
+                  const ShardLayout& lay);
+
+// Saves step st.step: st.specs is this rank's table (model_->table()), st.params
+// its local flat buffer (at least total_numel(specs) elements), exp_avg and
+// exp_avg_sq the same (they need only hold the parameters this rank writes), or
+// under ZeRO-1 just its chunk (lay.state_lo/state_hi); the meta fields are
+// taken from world rank 0. Protocol: rank 0 makes
+// <root>/.tmp_step_<N>_<pid>; every rank writes and fsyncs rank_<R>.h5; the
+// pieces' checksums are gathered; rank 0 writes checkpoint.h5 and COMPLETE,
+// renames the directory to step_<N> and prunes to `keep`. Returns the step
+// directory on every rank. Collective over `world`.
+std::string save_checkpoint_sharded(const std::string& root, const CheckpointState& st, const ShardLayout& lay,
+                                    Comm& world, int64_t keep);
+
+// Loads a version 1 or 2 checkpoint into this rank's shard: `local` is this
+// rank's table; returns params / exp_avg / exp_avg_sq in local flat layout
+// (total_numel(local) elements; padding and vocabulary-padding rows zero),
+// specs = local. Each rank reads only its own shard's hyperslab of every
+// tensor (through the virtual datasets). Every piece's crc32 is verified once
+// across `world`: by a rank whose shard contains the piece (from the data it
+// read), else by a rank chosen round robin that reads the piece from its file.
+// Collective over `world`.
+CheckpointState load_checkpoint_sharded(const std::string& step_dir, const std::vector<ParamSpec>& local,
+                                        const ShardLayout& lay, Comm& world);
+
+// Collective over `world`: "" when `mine` is "" on every rank, else the message
+// of the lowest rank that has one (with a note naming that rank when it is not
+// this one). Every rank gets the same answer, so they can all throw together.
+std::string agree_error(Comm& world, const std::string& mine);
+
+}  // namespace adgt

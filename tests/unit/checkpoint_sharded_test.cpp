@@ -1,0 +1,296 @@
+// Format version 2 in one process (a world of one): the round trip, reading
+// any checkpoint (version 1 or 2) into tensor-parallel shards, ownership, and
+// the errors for missing, truncated, corrupt rank files. Several ranks saving
+// and loading together run under mpirun: tests/checkpoint_sharded.cmake.
+#include <catch2/catch.hpp>
+
+#include <hdf5.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+
+#include "core/checkpoint.hpp"
+#include "core/checkpoint_sharded.hpp"
+#include "core/hdf5_util.hpp"
+#include "core/shard_io.hpp"
+
+using namespace adgt;
+namespace fs = std::filesystem;
+using Catch::Matchers::Contains;
+
+namespace {
+
+fs::path fresh_root(const std::string& name) {
+  const fs::path p = fs::path(ADGT_BINARY_DIR) / "test_tmp" / ("checkpoint_sharded_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+ModelConfig model(int64_t vocab = 63) {
+  ModelConfig m;
+  m.vocab_size = vocab;  // odd: tp=2 pads the vocabulary by one row
+  m.d_model = 16;
+  m.n_layers = 2;
+  m.n_heads = 4;
+  m.n_kv_heads = 2;
+  m.ffn_hidden = 40;
+  m.seq_len = 8;
+  return m;
+}
+
+// Whole tensors with distinct values everywhere (padding garbage that must not travel).
+CheckpointState whole_state(const std::vector<ParamSpec>& specs, int64_t step) {
+  CheckpointState st;
+  st.step = step;
+  st.samples_seen = step * 16;
+  st.seed = 77;
+  st.config_yaml = "model: {}\n";
+  st.rng_state = {uint64_t(step)};
+  st.specs = specs;
+  const auto n = size_t(total_numel(specs));
+  std::mt19937 rng(static_cast<uint32_t>(step));
+  std::normal_distribution<float> nd;
+  for (auto* v : {&st.params, &st.exp_avg, &st.exp_avg_sq}) {
+    v->assign(n, 1234.5f);
+    for (const ParamSpec& p : specs)
+      for (int64_t i = 0; i < p.numel; ++i) (*v)[size_t(p.offset + i)] = nd(rng);
+  }
+  return st;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+
+uint64_t dataset_offset(const fs::path& file, const std::string& path) {
+  h5::QuietErrors quiet;
+  h5::Id f(ADGT_H5(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT)), H5Fclose);
+  h5::Id d(ADGT_H5(H5Dopen2(f, path.c_str(), H5P_DEFAULT)), H5Dclose);
+  const haddr_t off = H5Dget_offset(d);
+  REQUIRE(off != HADDR_UNDEF);
+  return off;
+}
+
+void flip_bit(const fs::path& file, uint64_t at) {
+  std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekg(std::streamoff(at));
+  char c = 0;
+  io.read(&c, 1);
+  c ^= 0x04;
+  io.seekp(std::streamoff(at));
+  io.write(&c, 1);
+}
+
+bool is_virtual(const fs::path& file, const std::string& path) {
+  h5::Id f(ADGT_H5(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT)), H5Fclose);
+  h5::Id d(ADGT_H5(H5Dopen2(f, path.c_str(), H5P_DEFAULT)), H5Dclose);
+  h5::Id dcpl(ADGT_H5(H5Dget_create_plist(d)), H5Pclose);
+  return H5Pget_layout(dcpl) == H5D_VIRTUAL;
+}
+
+ShardLayout tp_layout(int tp, int rank) {
+  ShardLayout l;
+  l.tp = tp;
+  l.tp_rank = rank;
+  return l;
+}
+
+void require_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  REQUIRE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// Every tp rank's shards read from `dir` equal the whole state cut by shard_io.
+void require_shards_match(const std::string& dir, const CheckpointState& whole, int tp) {
+  SelfComm world("world");
+  const ModelConfig m = model();
+  for (int r = 0; r < tp; ++r) {
+    INFO("tp " << tp << " rank " << r);
+    const auto local = build_param_table(m, tp, r);
+    const CheckpointState st = load_checkpoint_sharded(dir, local, tp_layout(tp, r), world);
+    REQUIRE(st.step == whole.step);
+    const int64_t n = total_numel(local);
+    require_bits(st.params, global_to_local(local, whole.specs, whole.params, n));
+    require_bits(st.exp_avg, global_to_local(local, whole.specs, whole.exp_avg, n));
+    require_bits(st.exp_avg_sq, global_to_local(local, whole.specs, whole.exp_avg_sq, n));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint v2 shard regions and piece writers", "[checkpoint]") {
+  const auto t0 = build_param_table(model(), 2, 0), t1 = build_param_table(model(), 2, 1);
+  // embed_tokens (63 rows, 32 per rank): rank 1 holds 31 valid rows.
+  REQUIRE(shard_region(t0[0], 0, 2).count[0] == 32);
+  REQUIRE(shard_region(t1[0], 1, 2).start[0] == 32);
+  REQUIRE(shard_region(t1[0], 1, 2).count[0] == 31);
+  REQUIRE(shard_region(t1[0], 1, 2) == shard_region(t0[0], 1, 2));  // any rank's spec gives every region
+  const Region o = shard_region(t0[5], 1, 2);                       // o_proj: columns 8..16
+  REQUIRE(o.start[1] == 8);
+  REQUIRE(o.count[0] == 16);
+  REQUIRE(shard_region(t0[1], 1, 2).numel() == 16);  // replicated norm: the whole tensor
+  REQUIRE(Region(shard_region(t0[1], 0, 1)).contains(shard_region(t0[1], 1, 2)));
+
+  for (int dp : {1, 2, 3, 4}) {
+    const std::vector<int> w = piece_writers(t0, dp);
+    REQUIRE(w == piece_writers(t1, dp));  // the same on every tp rank
+    std::vector<int64_t> load(size_t(dp), 0);
+    int64_t biggest = 0;
+    for (size_t i = 0; i < t0.size(); ++i) {
+      REQUIRE((w[i] >= 0 && w[i] < dp));
+      load[size_t(w[i])] += t0[i].numel;
+      biggest = std::max(biggest, t0[i].numel);
+    }
+    const auto [lo, hi] = std::minmax_element(load.begin(), load.end());
+    REQUIRE(*hi - *lo <= biggest);
+    // Exactly one rank of the (tp, dp) grid writes each piece.
+    for (size_t i = 0; i < t0.size(); ++i) {
+      int writers = 0;
+      for (int t = 0; t < 2; ++t)
+        for (int d = 0; d < dp; ++d) {
+          ShardLayout l{2, t, dp, d, ""};
+          writers += writes_piece(t == 0 ? t0 : t1, w, i, l) ? 1 : 0;
+        }
+      REQUIRE(writers == (t0[i].shard_dim < 0 ? 1 : 2));
+    }
+  }
+}
+
+TEST_CASE("checkpoint v2 round trip in one process is bitwise", "[checkpoint]") {
+  const fs::path root = fresh_root("roundtrip");
+  const auto specs = build_param_table(model());
+  const CheckpointState st = whole_state(specs, 12);
+  SelfComm world("world");
+  ShardLayout lay;
+  lay.description = "tp=1 dp=1 zero=0 sequence_parallel=0";
+  const std::string dir = save_checkpoint_sharded(root.string(), st, lay, world, 2);
+  REQUIRE(dir == (root / "step_12").string());
+  for (const char* f : {"checkpoint.h5", "rank_0.h5", "COMPLETE"}) REQUIRE(fs::is_regular_file(fs::path(dir) / f));
+  REQUIRE(std::distance(fs::directory_iterator(root), fs::directory_iterator()) == 1);  // no temporaries
+  REQUIRE(is_virtual(fs::path(dir) / "checkpoint.h5", "model/model.layers.1.mlp.up_proj.weight"));
+  REQUIRE(is_virtual(fs::path(dir) / "checkpoint.h5", "optim/exp_avg_sq/lm_head.weight"));
+  std::ifstream marker(fs::path(dir) / "COMPLETE");
+  const std::string text((std::istreambuf_iterator<char>(marker)), std::istreambuf_iterator<char>());
+  REQUIRE_THAT(text, Contains("format_version=2"));
+  REQUIRE_THAT(text, Contains("bytes.rank_0.h5=" + std::to_string(fs::file_size(fs::path(dir) / "rank_0.h5"))));
+
+  const CheckpointState ld = load_checkpoint(dir, specs);
+  REQUIRE(ld.step == 12);
+  REQUIRE(ld.samples_seen == st.samples_seen);
+  REQUIRE(ld.rng_state == st.rng_state);
+  REQUIRE(ld.config_yaml == st.config_yaml);
+  for (const ParamSpec& p : specs) {
+    INFO(p.name);
+    REQUIRE(std::memcmp(ld.params.data() + p.offset, st.params.data() + p.offset, size_t(p.numel) * 4) == 0);
+    REQUIRE(std::memcmp(ld.exp_avg_sq.data() + p.offset, st.exp_avg_sq.data() + p.offset, size_t(p.numel) * 4) == 0);
+  }
+  // Into tensor-parallel shards (vocabulary padding rows come back zero).
+  require_shards_match(dir, st, 2);
+  require_shards_match(dir, st, 4);
+
+  SECTION("keep prunes as in version 1") {
+    save_checkpoint_sharded(root.string(), whole_state(specs, 13), lay, world, 2);
+    save_checkpoint_sharded(root.string(), whole_state(specs, 14), lay, world, 2);
+    const auto all = list_checkpoints(root.string());
+    REQUIRE(all.size() == 2);
+    REQUIRE(all.back().first == 14);
+  }
+}
+
+TEST_CASE("checkpoint v1 files load into tensor-parallel shards", "[checkpoint]") {
+  const fs::path root = fresh_root("v1_to_tp");
+  const auto specs = build_param_table(model());
+  const CheckpointState st = whole_state(specs, 5);
+  const std::string dir = save_checkpoint(root.string(), st, 0);
+  require_shards_match(dir, st, 2);
+}
+
+TEST_CASE("checkpoint v2 damaged rank files name the file and tensor", "[checkpoint]") {
+  const fs::path root = fresh_root("damaged");
+  const auto specs = build_param_table(model());
+  SelfComm world("world");
+  const std::string dir = save_checkpoint_sharded(root.string(), whole_state(specs, 3), ShardLayout{}, world, 0);
+  const fs::path rank0 = fs::path(dir) / "rank_0.h5";
+  const std::string index = "checkpoint " + dir + "/checkpoint.h5: ";
+
+  SECTION("missing") {
+    fs::remove(rank0);
+    const std::string msg = error_of([&] { load_checkpoint(dir, specs); });
+    REQUIRE_THAT(msg, Contains(index + "rank file " + rank0.string() + " is missing; it holds tensor "
+                                       "model/model.embed_tokens.weight [0:63, 0:16]"));
+  }
+  SECTION("truncated") {
+    fs::resize_file(rank0, fs::file_size(rank0) - 100);
+    const std::string msg = error_of([&] { load_checkpoint(dir, specs); });
+    REQUIRE_THAT(msg, Contains(index + "rank file " + rank0.string() + " is "));
+    REQUIRE_THAT(msg, Contains("truncated"));
+  }
+  SECTION("bit flip, verified from the data read") {
+    flip_bit(rank0, dataset_offset(rank0, "optim/exp_avg/model.layers.1.mlp.up_proj.weight") + 101);
+    const std::string msg = error_of([&] { load_checkpoint(dir, specs); });
+    REQUIRE_THAT(msg, Contains(index + "tensor optim/exp_avg/model.layers.1.mlp.up_proj.weight fails its "
+                                       "checksum: piece [0:40, 0:16] in " + rank0.string()));
+  }
+  SECTION("bit flip, verified by the rank that reads the piece from its file") {
+    // tp=2 shards are halves of the whole-tensor pieces: one of the two ranks
+    // (chosen round robin) reads the piece itself.
+    flip_bit(rank0, dataset_offset(rank0, "model/model.layers.0.self_attn.o_proj.weight") + 7);
+    int failed = 0;
+    for (int r = 0; r < 2; ++r) {
+      const std::string msg = error_of([&] {
+        load_checkpoint_sharded(dir, build_param_table(model(), 2, r), tp_layout(2, r), world);
+      });
+      if (msg == "(no exception)") continue;
+      ++failed;
+      REQUIRE_THAT(msg, Contains("tensor model/model.layers.0.self_attn.o_proj.weight fails its checksum: piece "
+                                 "[0:16, 0:16] in " + rank0.string()));
+    }
+    REQUIRE(failed == 1);
+  }
+  SECTION("incompatible model") {
+    ModelConfig m = model();
+    m.ffn_hidden = 48;
+    const std::string msg = error_of([&] { load_checkpoint(dir, build_param_table(m)); });
+    REQUIRE_THAT(msg, Contains(index + "tensor model/model.layers.0.mlp.gate_proj.weight has shape (40,16), the "
+                                       "model expects (48,16)"));
+  }
+  SECTION("not complete") {
+    fs::remove(fs::path(dir) / "COMPLETE");
+    REQUIRE_THAT(error_of([&] { load_checkpoint(dir, specs); }), Contains("no COMPLETE marker"));
+  }
+}
+
+TEST_CASE("checkpoint v2 ZeRO chunk pieces round trip", "[checkpoint]") {
+  // A group of one whose "chunk" is the whole buffer: the state is written as
+  // flat (1-D) pieces mapped into the tensors by the index.
+  const fs::path root = fresh_root("zero");
+  const auto specs = build_param_table(model());
+  const CheckpointState whole = whole_state(specs, 8);
+  CheckpointState st = whole;
+  ShardLayout lay;
+  lay.state_lo = 0;
+  lay.state_hi = total_numel(specs);
+  SelfComm world("world");
+  const std::string dir = save_checkpoint_sharded(root.string(), st, lay, world, 0);
+  {
+    h5::Id f(ADGT_H5(H5Fopen((fs::path(dir) / "rank_0.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT)), H5Fclose);
+    h5::Id d(ADGT_H5(H5Dopen2(f, "optim/exp_avg/model.layers.0.mlp.up_proj.weight", H5P_DEFAULT)), H5Dclose);
+    h5::Id s(ADGT_H5(H5Dget_space(d)), H5Sclose);
+    REQUIRE(H5Sget_simple_extent_ndims(s) == 1);
+  }
+  require_shards_match(dir, whole, 1);
+  require_shards_match(dir, whole, 2);
+
+  st.exp_avg.pop_back();
+  REQUIRE_THAT(error_of([&] { save_checkpoint_sharded(root.string(), st, lay, world, 0); }),
+               Contains("exp_avg has " + std::to_string(st.exp_avg.size()) + " floats, the ZeRO chunk has"));
+}
