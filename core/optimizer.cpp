@@ -80,17 +80,9 @@ void AdamW::from_host(Tensor t, const std::vector<float>& src) {
   }
 }
 
-double grad_norm(Backend& be, Tensor grads) { return std::sqrt(be.sum_squares(grads)); }
-
 double clip_coefficient(double norm, double max_norm) {
   if (max_norm <= 0) return 1.0;
   return std::min(1.0, max_norm / (norm + 1e-6));
-}
-
-double clip_grads(Backend& be, Tensor grads, double norm, double max_norm) {
-  const double coef = clip_coefficient(norm, max_norm);
-  if (coef < 1.0) be.scale_inplace(grads, coef);
-  return coef;
 }
 
 }  // namespace adgt

@@ -47,11 +47,9 @@ class AdamW {
   Buffer m_, v_;
 };
 
-// Global L2 norm of the gradients (deterministic, in double).
-double grad_norm(Backend& be, Tensor grads);
-// Scales grads so their norm is at most max_norm (PyTorch clip_grad_norm_:
-// coef = max_norm / (norm + 1e-6), applied when < 1). Returns the coefficient.
-double clip_grads(Backend& be, Tensor grads, double norm, double max_norm);
+// The factor that brings a gradient of global norm `norm` to at most max_norm
+// (PyTorch clip_grad_norm_: min(1, max_norm / (norm + 1e-6)); 1 when max_norm is 0).
+// DataParallel::step applies it; DataParallel::grad_norm computes the norm.
 double clip_coefficient(double norm, double max_norm);
 
 }  // namespace adgt

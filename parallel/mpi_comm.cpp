@@ -17,18 +17,6 @@ constexpr int64_t kBroadcastPiece = int64_t(4) << 20;  // pipelining unit of the
 constexpr int kRingTag = 1;
 constexpr int kMaxUserTag = 32767;  // MPI guarantees MPI_TAG_UB >= 32767
 
-// Adds a call and its wall time to the stats.
-class Timed {
- public:
-  explicit Timed(CommStats& s) : s_(s), t0_(std::chrono::steady_clock::now()) { ++s_.calls; }
-  ~Timed() {
-    s_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-  }
-
- private:
-  CommStats& s_;
-  std::chrono::steady_clock::time_point t0_;
-};
 
 bool reducible(DType t) { return t == DType::F32 || t == DType::F64 || t == DType::I32; }
 

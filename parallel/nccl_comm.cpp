@@ -13,17 +13,6 @@ namespace adgt {
 
 namespace {
 
-class Timed {
- public:
-  explicit Timed(CommStats& s) : s_(s), t0_(std::chrono::steady_clock::now()) { ++s_.calls; }
-  ~Timed() {
-    s_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-  }
-
- private:
-  CommStats& s_;
-  std::chrono::steady_clock::time_point t0_;
-};
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {

@@ -16,8 +16,11 @@
 //     last of the chain sends the whole tensor once.
 #pragma once
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <vector>
+
+#include "core/comm.hpp"
 
 namespace adgt {
 
@@ -53,5 +56,21 @@ inline int64_t ring_all_reduce_sent(int64_t n, int p, int r) {
 inline int64_t chain_broadcast_sent(int64_t n, int p, int r, int root) {
   return (r + 1) % p == root ? 0 : n;  // p == 1: the root is its own successor, sends nothing
 }
+
+// Adds a call and its wall time to a communicator's stats (scope guard, shared
+// by the MPI and NCCL communicators).
+class Timed {
+ public:
+  explicit Timed(CommStats& s) : s_(s), t0_(std::chrono::steady_clock::now()) { ++s_.calls; }
+  ~Timed() {
+    s_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  CommStats& s_;
+  std::chrono::steady_clock::time_point t0_;
+};
 
 }  // namespace adgt

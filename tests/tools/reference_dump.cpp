@@ -12,6 +12,7 @@
 
 #include "core/checkpoint.hpp"
 #include "core/config.hpp"
+#include "core/data_parallel.hpp"
 #include "core/hdf5_util.hpp"
 #include "core/model.hpp"
 #include "core/optimizer.hpp"
@@ -86,7 +87,10 @@ int main(int argc, char** argv) {
       const CheckpointState st = load_checkpoint(checkpoint, global);
       model.params_from_host(global_to_local(model.table(), global, st.params, model.flat_size()));
     }
-    AdamW opt(*be, model.table(), cfg.train, model.dtype());
+    // The trainer's own optimizer path (gradient norm by tensor, clipping by
+    // coefficient, AdamW) with single-rank groups.
+    SelfComm self_dp("dp"), self_tp("tp");
+    DataParallel opt(*be, model, cfg.train, ParallelConfig{}, self_dp, self_tp);
 
     std::vector<int32_t> tokens(size_t(S * B * (T + 1)));
     Rng rng(cfg.train.seed + 17);
@@ -161,11 +165,11 @@ int main(int argc, char** argv) {
       model.zero_grads();
       losses.push_back(model.forward(in.data(), tg.data(), 1.0));
       model.backward();
-      const double gn = grad_norm(*be, model.grads());
-      clip_grads(*be, model.grads(), gn, t.grad_clip);
+      opt.finish_gradients();
+      const double gn = opt.grad_norm();
       lrs.push_back(lr_at(t, s));
       norms.push_back(gn);
-      opt.step(model.params(), model.grads(), lrs.back(), s + 1);
+      opt.step(lrs.back(), s + 1, clip_coefficient(gn, t.grad_clip));
       std::printf("step %ld loss %.8f lr %.6e gnorm %.6f\n", long(s), losses.back(), lrs.back(),
                   gn);
     }
