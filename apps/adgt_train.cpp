@@ -10,11 +10,12 @@
 #include "core/checkpoint.hpp"
 #include "core/config.hpp"
 #include "core/memory_estimate.hpp"
-#include "core/trainer.hpp"
+#include "parallel/trainer.hpp"
 #include "parallel/agree.hpp"
 #include "parallel/device_assign.hpp"
 #include "parallel/launch.hpp"
 #include "parallel/mpi_env.hpp"
+#include "parallel/pipeline_plan.hpp"
 #include "parallel/process_groups.hpp"
 
 namespace {
@@ -38,7 +39,7 @@ int main(int argc, char** argv) {
   CLI::App app{"adgt-train: pretrain a LLaMA-family model"};
   std::string config_path, resume;
   std::vector<std::string> overrides;
-  bool dry_run = false, eval_only = false, print_config = false;
+  bool dry_run = false, eval_only = false, print_config = false, print_schedule = false;
   app.add_option("--config", config_path, "YAML run file (configs/tiny.yaml, ...)")->required();
   app.add_option("--set", overrides, "override a key: --set section.key=value (repeatable)");
   app.add_option("--resume", resume,
@@ -49,12 +50,21 @@ int main(int argc, char** argv) {
   app.add_flag("--eval-only", eval_only,
                "evaluate on the validation split (with --resume) and print 'eval loss: <value>'");
   app.add_flag("--print-config", print_config, "print the resolved configuration as YAML");
+  app.add_flag("--print-schedule", print_schedule,
+               "print the pipeline stages and each rank's schedule timeline with the predicted "
+               "bubble (parallel.pp > 1)");
   CLI11_PARSE(app, argc, argv);
 
-  if (dry_run || print_config) {  // no launch needed
+  if (dry_run || print_config || print_schedule) {  // no launch needed
     try {
       const adgt::RunConfig cfg = adgt::load_config(config_path, overrides);
       if (print_config) std::printf("%s", adgt::to_yaml(cfg).c_str());
+      if (print_schedule) {
+        if (cfg.parallel.pp > 1)
+          std::printf("%s", adgt::describe_pipeline_schedule(cfg).c_str());
+        else
+          std::printf("parallel.pp=1: no pipeline schedule (set parallel.pp > 1)\n");
+      }
       if (dry_run) {
         const auto est = adgt::estimate_memory(cfg, adgt::compute_bytes_per_element(cfg));
         std::printf("%s", adgt::format_estimate(cfg, est).c_str());
@@ -62,7 +72,7 @@ int main(int argc, char** argv) {
       return 0;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "error: %s\n", e.what());
-      return dynamic_cast<const adgt::ConfigError*>(&e) ? 2 : 1;
+      return dynamic_cast<const adgt::ConfigError*>(&e) || dynamic_cast<const adgt::pp::ScheduleError*>(&e) ? 2 : 1;
     }
   }
 
@@ -105,6 +115,7 @@ int main(int argc, char** argv) {
     adgt::ParallelContext ctx;
     ctx.tp = pg.tp.get();
     ctx.dp = pg.dp.get();
+    ctx.pp = pg.pp.get();
     ctx.world = pg.world.get();
     ctx.world_rank = pg.world->rank();
     adgt::Trainer trainer(cfg, ctx);

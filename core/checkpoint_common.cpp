@@ -336,16 +336,11 @@ herr_t collect_name(hid_t, const char* name, const H5L_info_t*, void* out) {
 }
 }  // namespace
 
-// Tensors present in the file that the model does not have are an error too:
-// dropping them silently would hide a config mismatch (e.g. tie_embeddings).
-void check_no_extras(hid_t group, const std::string& gname, const std::set<std::string>& expected,
-                     const std::string& where) {
+std::vector<std::string> link_names(hid_t group) {
   std::vector<std::string> names;
-  ADGT_H5(H5Literate(group, H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, collect_name, &names));
-  for (const std::string& nm : names)
-    if (!expected.count(nm))
-      throw CheckpointError(where + "tensor " + gname + "/" + nm + " is in the checkpoint but not in the model" +
-                            model_hint());
+  hsize_t idx = 0;
+  ADGT_H5(H5Literate(group, H5_INDEX_NAME, H5_ITER_INC, &idx, collect_name, &names));
+  return names;
 }
 
 void write_meta(hid_t meta, const CheckpointState& st, int64_t format_version) {

@@ -83,9 +83,7 @@ void verify_crc(hid_t ds, const std::string& path, const void* data, size_t byte
 std::string read_string(hid_t file, const std::string& path, const std::string& where);
 std::vector<uint64_t> read_u64_array(hid_t file, const std::string& path, const std::string& where);
 std::string model_hint();
-// A tensor in the file that `expected` lacks is an error (dropping it silently
-// would hide a config mismatch such as tie_embeddings).
-void check_no_extras(hid_t group, const std::string& gname, const std::set<std::string>& expected,
-                     const std::string& where);
+// The names of the links directly in `group`, in name order.
+std::vector<std::string> link_names(hid_t group);
 
 }  // namespace adgt::ckpt

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <functional>
 #include <future>
@@ -13,6 +14,7 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <tuple>
 
 #include "core/checkpoint_common.hpp"
 #include "core/checksum.hpp"
@@ -190,10 +192,9 @@ std::vector<OwnPiece> own_pieces(const CheckpointState& st, const ShardLayout& l
   return out;
 }
 
-// One record per block, all_gathered to rank 0: (group, param, start0, start1,
+// One record per block, gathered to rank 0 in the rank's report: (group, param, start0, start1,
 // count0, count1, source offset, dataset length, flat, crc32).
 constexpr size_t kRecordWords = 10;
-constexpr size_t kMaxBlocks = 3;  // per piece
 
 // Writes rank_<R>.h5; returns the records of its pieces' blocks.
 std::vector<int64_t> write_rank_file(const fs::path& path, const CheckpointState& st, const ShardLayout& lay,
@@ -239,6 +240,122 @@ std::vector<int64_t> write_rank_file(const fs::path& path, const CheckpointState
   return rec;
 }
 
+// ---------------------------------------------------------------- the reports
+
+// What a rank tells rank 0 after writing its file: its place in the layout,
+// the file's size, a hash of its table, the tensors it describes (the first
+// rank of its pipeline stage, tp 0 dp 0: its whole table, in order; the others:
+// the tensors they wrote pieces of) and one record per block, whose word 1
+// indexes `tensors`.
+struct RankReport {
+  int tp = 1, tp_rank = 0, dp = 1, dp_rank = 0, pp = 1, pp_rank = 0;
+  int64_t file_bytes = 0;
+  uint64_t table_hash = 0;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors;  // (name, global shape)
+  std::vector<int64_t> blocks;                                        // kRecordWords each
+};
+constexpr size_t kReportHeader = 11;
+
+bool stage_leader(const ShardLayout& lay) { return lay.tp_rank == 0 && lay.dp_rank == 0; }
+
+// FNV-1a over the names, global shapes and shard dimensions of a table: equal
+// on every rank of a pipeline stage.
+uint64_t table_hash(const std::vector<ParamSpec>& specs) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const void* p, size_t n) {
+    for (size_t k = 0; k < n; ++k) h = (h ^ static_cast<const unsigned char*>(p)[k]) * 1099511628211ull;
+  };
+  for (const ParamSpec& l : specs) {
+    mix(l.name.data(), l.name.size() + 1);  // with its NUL
+    const auto nd = int64_t(l.global_shape.size());
+    mix(&nd, sizeof nd);
+    mix(l.global_shape.data(), l.global_shape.size() * sizeof(int64_t));
+    mix(&l.shard_dim, sizeof l.shard_dim);
+  }
+  return h;
+}
+
+// Words: header (place, file size, hash, tensor count, block words, name
+// bytes), per tensor (nd, dim 0, dim 1, name length), the block records, the
+// names' bytes packed 8 to a word.
+std::vector<int64_t> encode_report(const CheckpointState& st, const ShardLayout& lay, std::vector<int64_t> blocks,
+                                   int64_t file_bytes) {
+  std::vector<int64_t> entry_of(st.specs.size(), -1);
+  std::vector<size_t> listed;
+  if (stage_leader(lay))
+    for (size_t i = 0; i < st.specs.size(); ++i) entry_of[i] = int64_t(listed.size()), listed.push_back(i);
+  for (size_t k = 0; k + kRecordWords <= blocks.size(); k += kRecordWords) {
+    const auto i = size_t(blocks[k + 1]);
+    if (entry_of[i] < 0) entry_of[i] = int64_t(listed.size()), listed.push_back(i);
+    blocks[k + 1] = entry_of[i];
+  }
+  std::string names;
+  for (size_t i : listed) names += st.specs[i].name;
+  std::vector<int64_t> w = {lay.tp, lay.tp_rank, lay.dp, lay.dp_rank, lay.pp, lay.pp_rank, file_bytes,
+                            int64_t(table_hash(st.specs)), int64_t(listed.size()), int64_t(blocks.size()),
+                            int64_t(names.size())};
+  for (size_t i : listed) {
+    const std::vector<int64_t>& g = st.specs[i].global_shape;
+    w.insert(w.end(), {int64_t(g.size()), g.size() > 0 ? g[0] : 1, g.size() > 1 ? g[1] : 1,
+                       int64_t(st.specs[i].name.size())});
+  }
+  w.insert(w.end(), blocks.begin(), blocks.end());
+  const size_t at = w.size();
+  w.resize(at + (names.size() + 7) / 8, 0);
+  std::memcpy(w.data() + at, names.data(), names.size());
+  return w;
+}
+
+RankReport decode_report(const int64_t* w, size_t len, int rank, const std::string& who) {
+  auto bad = [&] {
+    return CheckpointError(who + ": internal error: rank " + std::to_string(rank) + " sent a malformed piece report");
+  };
+  if (len < kReportHeader) throw bad();
+  RankReport r;
+  r.tp = int(w[0]), r.tp_rank = int(w[1]), r.dp = int(w[2]), r.dp_rank = int(w[3]), r.pp = int(w[4]),
+  r.pp_rank = int(w[5]);
+  r.file_bytes = w[6];
+  r.table_hash = uint64_t(w[7]);
+  const int64_t nt = w[8], nb = w[9], nc = w[10];
+  if (nt < 0 || nb < 0 || nc < 0 || nb % int64_t(kRecordWords) != 0 ||
+      len != kReportHeader + size_t(4 * nt + nb + (nc + 7) / 8))
+    throw bad();
+  const int64_t* t = w + kReportHeader;
+  const char* chars = reinterpret_cast<const char*>(t + 4 * nt + nb);
+  int64_t used = 0;
+  for (int64_t k = 0; k < nt; ++k, t += 4) {
+    if (t[0] < 0 || t[0] > 2 || t[3] < 0 || used + t[3] > nc) throw bad();
+    std::vector<int64_t> shape(t + 1, t + 1 + t[0]);
+    r.tensors.emplace_back(std::string(chars + used, size_t(t[3])), std::move(shape));
+    used += t[3];
+  }
+  r.blocks.assign(t, t + nb);
+  return r;
+}
+
+// Every rank's words, concatenated in rank order on rank 0 (`at[r]`: where rank
+// r's start, at[W] the end); nothing elsewhere. Collective over `world`.
+std::vector<int64_t> gather_to_root(Comm& world, std::vector<int64_t> mine, std::vector<size_t>& at) {
+  const int W = world.size();
+  std::vector<int32_t> lens(size_t(W), 0);
+  int32_t my_len = int32_t(2 * mine.size());  // in 32-bit words
+  world.all_gather(Tensor(lens.data(), DType::I32, {int64_t(W)}), Tensor(&my_len, DType::I32, {1}));
+  std::vector<int64_t> rc(size_t(W), 0), rd(size_t(W), 0), sc(size_t(W), 0), sd(size_t(W), 0);
+  sc[0] = my_len;
+  at.assign(size_t(W) + 1, 0);
+  int64_t total = 0;
+  for (int r = 0; r < W; ++r) {
+    at[size_t(r)] = size_t(total / 2);
+    if (world.rank() == 0) rc[size_t(r)] = lens[size_t(r)], rd[size_t(r)] = total;
+    total += lens[size_t(r)];
+  }
+  at[size_t(W)] = size_t(total / 2);
+  std::vector<int64_t> all(world.rank() == 0 ? size_t(total / 2) : 1);
+  world.all_to_allv(Tensor(all.data(), DType::I32, {int64_t(2 * all.size())}), rc, rd,
+                    Tensor(mine.data(), DType::I32, {int64_t(2 * mine.size())}), sc, sd);
+  return all;
+}
+
 struct IndexBlock {
   int64_t rank;
   Region r;
@@ -247,10 +364,121 @@ struct IndexBlock {
   uint32_t crc;
 };
 
+// A tensor of the index, with its place in the index's order.
+struct IndexTensor {
+  std::string name;
+  std::vector<int64_t> global_shape;
+  int stage = 0;
+  int band = 0;        // 0: before the layers (embed_tokens), 1: a layer's, 2: after (norm, lm_head)
+  int64_t layer = -1;  // N of model.layers.N.*
+  size_t pos = 0;      // in its stage's table
+};
+
+// N of "model.layers.N.<...>", else -1.
+int64_t layer_of(const std::string& name) {
+  static const std::string pre = "model.layers.";
+  if (name.compare(0, pre.size(), pre) != 0) return -1;
+  size_t k = pre.size();
+  int64_t n = 0;
+  if (k >= name.size() || !std::isdigit(static_cast<unsigned char>(name[k]))) return -1;
+  for (; k < name.size() && std::isdigit(static_cast<unsigned char>(name[k])); ++k) n = n * 10 + (name[k] - '0');
+  return k < name.size() && name[k] == '.' ? n : -1;
+}
+
+// Rank 0: checks the reports against each other and the layout and turns them
+// into the index's tensors (in HF order: what comes before the layers, the
+// layers by number, what comes after; each stage's table order within) and the
+// blocks of each (group, tensor): per[g * tensors.size() + t].
+void assemble_index(const std::vector<RankReport>& reps, const ShardLayout& lay, const std::string& who,
+                    std::vector<IndexTensor>& tensors, std::vector<std::vector<IndexBlock>>& per) {
+  const int W = int(reps.size());
+  auto place = [](const RankReport& r) {
+    return "tp " + std::to_string(r.tp_rank) + ", dp " + std::to_string(r.dp_rank) + ", pp " + std::to_string(r.pp_rank);
+  };
+  std::vector<int> at_coord(size_t(W), -1);
+  for (int r = 0; r < W; ++r) {
+    const RankReport& q = reps[size_t(r)];
+    if (q.tp != lay.tp || q.dp != lay.dp || q.pp != lay.pp)
+      throw CheckpointError(who + ": rank " + std::to_string(r) + " saves with layout tp " + std::to_string(q.tp) +
+                            " x dp " + std::to_string(q.dp) + " x pp " + std::to_string(q.pp) + ", rank 0 with tp " +
+                            std::to_string(lay.tp) + " x dp " + std::to_string(lay.dp) + " x pp " +
+                            std::to_string(lay.pp) + "; every rank must pass the same layout");
+    const int64_t c = q.tp_rank + int64_t(q.tp) * (q.dp_rank + int64_t(q.dp) * q.pp_rank);
+    if (c < 0 || c >= W) throw CheckpointError(who + ": rank " + std::to_string(r) + " has no place in the layout");
+    if (at_coord[size_t(c)] >= 0)
+      throw CheckpointError(who + ": ranks " + std::to_string(at_coord[size_t(c)]) + " and " + std::to_string(r) +
+                            " both save as " + place(q) + "; every rank needs its own place in the layout");
+    at_coord[size_t(c)] = r;
+  }
+  auto rank_at = [&](int t, int d, int p) { return at_coord[size_t(t + lay.tp * (d + lay.dp * p))]; };
+
+  // The tensors: each stage's first rank lists its whole table; a name on two stages is an error.
+  std::map<std::string, size_t> first_seen;
+  for (int p = 0; p < lay.pp; ++p) {
+    const RankReport& q = reps[size_t(rank_at(0, 0, p))];
+    size_t first_layer = q.tensors.size();
+    for (size_t j = 0; j < q.tensors.size() && first_layer == q.tensors.size(); ++j)
+      if (layer_of(q.tensors[j].first) >= 0) first_layer = j;
+    for (size_t j = 0; j < q.tensors.size(); ++j) {
+      IndexTensor t{q.tensors[j].first, q.tensors[j].second, p, 1, layer_of(q.tensors[j].first), j};
+      if (t.layer < 0)
+        t.band = first_layer < q.tensors.size() ? (j < first_layer ? 0 : 2) : (p == 0 ? 0 : 2);
+      auto [it, fresh] = first_seen.try_emplace(t.name, tensors.size());
+      if (!fresh)
+        throw CheckpointError(who + ": tensor " + t.name + " is held by pipeline stages " +
+                              std::to_string(tensors[it->second].stage) + " and " + std::to_string(p) +
+                              "; each tensor must belong to exactly one stage when saving (a tensor shared "
+                              "between stages must be saved by one of them only)");
+      tensors.push_back(std::move(t));
+    }
+  }
+  std::stable_sort(tensors.begin(), tensors.end(), [](const IndexTensor& a, const IndexTensor& b) {
+    return std::tie(a.band, a.layer, a.stage, a.pos) < std::tie(b.band, b.layer, b.stage, b.pos);
+  });
+  std::map<std::string, size_t> tid;
+  for (size_t t = 0; t < tensors.size(); ++t) tid[tensors[t].name] = t;
+  // The union over the stages: no layer may be missing between the first and the last.
+  std::set<int64_t> layers;
+  for (const IndexTensor& t : tensors)
+    if (t.layer >= 0) layers.insert(t.layer);
+  for (int64_t l = 0; !layers.empty() && l <= *layers.rbegin(); ++l)
+    if (!layers.count(l))
+      throw CheckpointError(who + ": no pipeline stage holds model.layers." + std::to_string(l) +
+                            ".* (the stages hold layers up to " + std::to_string(*layers.rbegin()) +
+                            "); together the stages must hold the whole model");
+
+  // Every rank of a stage holds the stage's tensors; its blocks are pieces of them.
+  const size_t n = tensors.size();
+  per.assign(3 * n, {});
+  for (int r = 0; r < W; ++r) {
+    const RankReport& q = reps[size_t(r)];
+    const int lead = rank_at(0, 0, q.pp_rank);
+    if (q.table_hash != reps[size_t(lead)].table_hash)
+      throw CheckpointError(who + ": rank " + std::to_string(r) + " (" + place(q) +
+                            ") holds other tensors (names, shapes or sharding) than rank " + std::to_string(lead) +
+                            " (" + place(reps[size_t(lead)]) + "), which is in the same pipeline stage; every "
+                            "rank of a stage must hold the same parameter table");
+    for (size_t k = 0; k < q.blocks.size(); k += kRecordWords) {
+      const int64_t* b = q.blocks.data() + k;
+      const auto it = b[1] >= 0 && b[1] < int64_t(q.tensors.size()) ? tid.find(q.tensors[size_t(b[1])].first)
+                                                                    : tid.end();
+      if (b[0] < 0 || b[0] > 2 || it == tid.end() || tensors[it->second].stage != q.pp_rank ||
+          tensors[it->second].global_shape != q.tensors[size_t(b[1])].second)
+        throw CheckpointError(who + ": internal error: rank " + std::to_string(r) + " reports a bad piece");
+      const IndexTensor& t = tensors[it->second];
+      IndexBlock ib{r, whole_region(t.global_shape, t.name), b[6], b[7], b[8] != 0, uint32_t(b[9])};
+      ib.r.start = {b[2], b[3]};
+      ib.r.count = {b[4], b[5]};
+      per[size_t(b[0]) * n + it->second].push_back(ib);
+    }
+  }
+}
+
 // Writes checkpoint.h5: virtual datasets over every rank's pieces, and meta/.
 void write_index(const fs::path& path, const CheckpointState& st, const ShardLayout& lay,
-                 const std::vector<std::vector<IndexBlock>>& per, int world, const std::string& who) {
-  const size_t n = st.specs.size();
+                 const std::vector<IndexTensor>& tensors, const std::vector<std::vector<IndexBlock>>& per, int world,
+                 const std::string& who) {
+  const size_t n = tensors.size();
   h5::Id fapl = file_access();
   // Virtual datasets need the 1.10 object format (readers: HDF5 >= 1.10, h5py >= 2.9).
   ADGT_H5(H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_V110));
@@ -260,11 +488,16 @@ void write_index(const fs::path& path, const CheckpointState& st, const ShardLay
     for (int g = 0; g < 3; ++g) {
       h5::Id grp = create_group(file, kTensorGroups[g]);
       for (size_t i = 0; i < n; ++i) {
-        const ParamSpec& l = st.specs[i];
+        const IndexTensor& l = tensors[i];
         const Region whole = whole_region(l.global_shape, l.name);
         const std::string path_in_file = std::string(kTensorGroups[g]) + "/" + l.name;
         int64_t covered = 0;
-        for (const IndexBlock& b : per[g * n + i]) covered += b.r.numel();
+        for (const IndexBlock& b : per[g * n + i]) {
+          if (!whole.contains(b.r) || b.r.count[0] < 0 || b.r.count[1] < 0)
+            throw CheckpointError(who + ": internal error: a piece of " + path_in_file + " at " + region_str(b.r) +
+                                  " lies outside the tensor " + shape_str(l.global_shape));
+          covered += b.r.numel();
+        }
         if (covered != whole.numel())
           throw CheckpointError(who + ": internal error: the pieces of " + path_in_file + " cover " +
                                 std::to_string(covered) + " of its " + std::to_string(whole.numel()) + " elements");
@@ -298,6 +531,9 @@ void write_index(const fs::path& path, const CheckpointState& st, const ShardLay
     write_meta(meta, st, kFormatVersion);
     write_string(meta, "layout", lay.description);
     write_i64(meta, "world_size", world);
+    const int64_t dims[3] = {lay.tp, lay.dp, lay.pp};
+    write_array(meta, "layout_dims", H5T_STD_I64LE, H5T_NATIVE_INT64, dims, {3}, crc32(dims, sizeof dims),
+                H5P_DEFAULT);
 
     // meta/pieces: one row per block, (group, table, rank, offset) order.
     std::vector<std::string> names;
@@ -308,7 +544,7 @@ void write_index(const fs::path& path, const CheckpointState& st, const ShardLay
     for (int g = 0; g < 3; ++g)
       for (size_t i = 0; i < n; ++i)
         for (const IndexBlock& b : per[g * n + i]) {
-          names.push_back(std::string(kTensorGroups[g]) + "/" + st.specs[i].name);
+          names.push_back(std::string(kTensorGroups[g]) + "/" + tensors[i].name);
           width = std::max(width, names.back().size());
           ranks.push_back(int32_t(b.rank));
           starts.insert(starts.end(), {b.r.start[0], b.r.start[1]});
@@ -403,7 +639,7 @@ std::vector<SrcPiece> read_piece_table(hid_t f, const fs::path& dir, const std::
     for (int q = 0; q < 3; ++q)
       if (gname == kTensorGroups[q]) g = q;
     const auto it = index.find(path.substr(slash + 1));
-    if (g < 0 || it == index.end()) continue;  // not a model tensor: check_no_extras reports it
+    if (g < 0 || it == index.end()) continue;  // not this rank's tensor (load_checkpoint_sharded reports one nobody loads)
     const int32_t rank = ranks[size_t(k)];
     auto [at, fresh] = piece_of.try_emplace({path, rank}, out.size());
     if (fresh) out.push_back(SrcPiece{g, it->second, path, dir / rank_file_name(rank), {}, 0, crcs[size_t(k)]});
@@ -461,7 +697,17 @@ h5::Id read_shard(hid_t group, const std::string& gname, const ParamSpec& l, con
   return ds;
 }
 
-CheckpointState read_shards(const std::string& step_dir, const std::vector<ParamSpec>& local, const ShardLayout& lay) {
+// The tensors of the checkpoint (group/name, for the three groups in order,
+// each by name) and which of them this rank loads: a tensor that no rank loads
+// is an error, found once every rank has read its own.
+struct FileTensors {
+  std::string where;  // "checkpoint <file>: "
+  std::vector<std::string> paths;
+  std::vector<int32_t> loaded;  // 0 / 1 per path
+};
+
+CheckpointState read_shards(const std::string& step_dir, const std::vector<ParamSpec>& local, const ShardLayout& lay,
+                            FileTensors& listed) {
   const fs::path arg(step_dir);
   std::error_code ec;
   fs::path dir, file;
@@ -473,6 +719,7 @@ CheckpointState read_shards(const std::string& step_dir, const std::vector<Param
     file = arg / kH5Name;
   }
   const std::string where = "checkpoint " + file.string() + ": ";
+  listed.where = where;
   const fs::path root = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
   if (!fs::is_regular_file(file, ec)) throw CheckpointError(where + "file not found" + available_hint(root));
   if (!fs::is_regular_file(dir / kMarkerName, ec))
@@ -628,7 +875,10 @@ CheckpointState read_shards(const std::string& step_dir, const std::vector<Param
             if (check_of(k) == Check::kBuffer) crc_from_buffer(k);
         }
       }
-      check_no_extras(grp, gname, names, where);
+      for (const std::string& nm : link_names(grp)) {
+        listed.paths.push_back(gname + "/" + nm);
+        listed.loaded.push_back(names.count(nm) ? 1 : 0);
+      }
     }
 
     std::vector<std::pair<size_t, uint32_t>> got;  // (piece, computed crc)
@@ -753,7 +1003,6 @@ std::string save_checkpoint_sharded(const std::string& root, const CheckpointSta
   const std::string who = "save_checkpoint(" + root + ", step " + std::to_string(st.step) + ")";
   const fs::path rootp(root);
   const std::string name = "step_" + std::to_string(st.step);
-  const size_t n = st.specs.size();
   std::string err;
   bool tmp_made = false;
   fs::path tmp;
@@ -765,9 +1014,11 @@ std::string save_checkpoint_sharded(const std::string& root, const CheckpointSta
     if (root.empty()) throw CheckpointError(who + ": checkpoint.dir is empty; set it to a directory");
     if (st.step < 0) throw CheckpointError(who + ": step must be >= 0");
     if (keep < 0) throw CheckpointError(who + ": keep=" + std::to_string(keep) + " must be >= 0 (0 keeps all)");
-    if (lay.tp * lay.dp != W || lay.tp_rank < 0 || lay.tp_rank >= lay.tp || lay.dp_rank < 0 || lay.dp_rank >= lay.dp)
+    if (lay.tp < 1 || lay.dp < 1 || lay.pp < 1 || int64_t(lay.tp) * lay.dp * lay.pp != W || lay.tp_rank < 0 ||
+        lay.tp_rank >= lay.tp || lay.dp_rank < 0 || lay.dp_rank >= lay.dp || lay.pp_rank < 0 || lay.pp_rank >= lay.pp)
       throw CheckpointError(who + ": layout tp " + std::to_string(lay.tp) + " x dp " + std::to_string(lay.dp) +
-                            " (this rank tp " + std::to_string(lay.tp_rank) + ", dp " + std::to_string(lay.dp_rank) +
+                            " x pp " + std::to_string(lay.pp) + " (this rank tp " + std::to_string(lay.tp_rank) +
+                            ", dp " + std::to_string(lay.dp_rank) + ", pp " + std::to_string(lay.pp_rank) +
                             ") does not match the " + std::to_string(W) + " ranks saving");
     check_table(st.specs, who);
     const auto total = static_cast<size_t>(total_numel(st.specs));
@@ -810,8 +1061,7 @@ std::string save_checkpoint_sharded(const std::string& root, const CheckpointSta
   if (std::string e = agree_error(world, err); !e.empty()) fail(e);
 
   // 2. Every rank writes, fsyncs and describes its file.
-  const size_t rec_len = 2 + kRecordWords * kMaxBlocks * 3 * n;
-  std::vector<int64_t> rec(rec_len, 0);
+  std::vector<int64_t> report;
   guarded(err, who, [&] {
     if (!fs::is_directory(tmp, ec))
       throw CheckpointError(who + ": rank " + std::to_string(R) + " does not see " + tmp.string() +
@@ -825,38 +1075,29 @@ std::string save_checkpoint_sharded(const std::string& root, const CheckpointSta
       throw CheckpointError("writing checkpoint " + file.string() + ": " + e.what());
     }
     fsync_path(file, false);
-    rec[0] = int64_t(pieces.size() / kRecordWords);
-    rec[1] = int64_t(fs::file_size(file));
-    std::copy(pieces.begin(), pieces.end(), rec.begin() + 2);
+    report = encode_report(st, lay, std::move(pieces), int64_t(fs::file_size(file)));
   });
   if (std::string e = agree_error(world, err); !e.empty()) fail(e);
-  std::vector<int64_t> all(rec_len * size_t(W));
-  world.all_gather(Tensor(all.data(), DType::I32, {int64_t(2 * all.size())}),
-                   Tensor(rec.data(), DType::I32, {int64_t(2 * rec.size())}));
+  // 3. The reports (tensor names, blocks, checksums) go to rank 0 only.
+  std::vector<size_t> at;
+  const std::vector<int64_t> all = gather_to_root(world, std::move(report), at);
 
-  // 3. Rank 0: the index, COMPLETE, the rename, pruning.
+  // 4. Rank 0: the index, COMPLETE, the rename, pruning.
   guarded(err, who, [&] {
     if (R != 0) return;
-    std::vector<std::vector<IndexBlock>> per(3 * n);
+    std::vector<RankReport> reps;
     std::string sizes;
     for (int r = 0; r < W; ++r) {
-      const int64_t* rr = all.data() + size_t(r) * rec_len;
-      sizes += "bytes." + rank_file_name(r) + "=" + std::to_string(rr[1]) + "\n";
-      for (int64_t k = 0; k < rr[0]; ++k) {
-        const int64_t* q = rr + 2 + k * int64_t(kRecordWords);
-        if (q[0] < 0 || q[0] > 2 || q[1] < 0 || q[1] >= int64_t(n))
-          throw CheckpointError(who + ": internal error: rank " + std::to_string(r) + " reports a bad piece");
-        IndexBlock b{r, whole_region(st.specs[size_t(q[1])].global_shape, st.specs[size_t(q[1])].name),
-                     q[6], q[7], q[8] != 0, uint32_t(q[9])};
-        b.r.start = {q[2], q[3]};
-        b.r.count = {q[4], q[5]};
-        per[size_t(q[0]) * n + size_t(q[1])].push_back(b);
-      }
+      reps.push_back(decode_report(all.data() + at[size_t(r)], at[size_t(r) + 1] - at[size_t(r)], r, who));
+      sizes += "bytes." + rank_file_name(r) + "=" + std::to_string(reps.back().file_bytes) + "\n";
     }
+    std::vector<IndexTensor> tensors;
+    std::vector<std::vector<IndexBlock>> per;
+    assemble_index(reps, lay, who, tensors, per);
     const fs::path index = tmp / kH5Name;
     try {
       h5::QuietErrors quiet;
-      write_index(index, st, lay, per, W, who);
+      write_index(index, st, lay, tensors, per, W, who);
     } catch (const h5::Error& e) {
       throw CheckpointError("writing checkpoint " + index.string() + ": " + e.what());
     }
@@ -876,9 +1117,49 @@ std::string save_checkpoint_sharded(const std::string& root, const CheckpointSta
 
 CheckpointState load_checkpoint_sharded(const std::string& step_dir, const std::vector<ParamSpec>& local,
                                         const ShardLayout& lay, Comm& world) {
+  const int W = world.size();
+  const std::string who = "load_checkpoint(" + step_dir + ")";
   std::string err;
   CheckpointState st;
-  guarded(err, "load_checkpoint(" + step_dir + ")", [&] { st = read_shards(step_dir, local, lay); });
+  FileTensors listed;
+  guarded(err, who, [&] {
+    // A world of one may stand in for one rank of a bigger layout (tests, tools).
+    if (lay.tp < 1 || lay.dp < 1 || lay.pp < 1 || (W > 1 && int64_t(lay.tp) * lay.dp * lay.pp != W) ||
+        lay.tp_rank < 0 || lay.tp_rank >= lay.tp || lay.dp_rank < 0 || lay.dp_rank >= lay.dp || lay.pp_rank < 0 ||
+        lay.pp_rank >= lay.pp)
+      throw CheckpointError(who + ": layout tp " + std::to_string(lay.tp) + " x dp " + std::to_string(lay.dp) +
+                            " x pp " + std::to_string(lay.pp) + " (this rank tp " + std::to_string(lay.tp_rank) +
+                            ", dp " + std::to_string(lay.dp_rank) + ", pp " + std::to_string(lay.pp_rank) +
+                            ") does not match the " + std::to_string(W) + " ranks loading");
+    st = read_shards(step_dir, local, lay, listed);
+  });
+  // Every tensor of the checkpoint must be loaded by some rank (each pipeline
+  // stage loads its own). The calls below do not depend on the tables: first
+  // whether every rank read the same list of tensors (count and hash; -1 after
+  // an error), then, if so, which of them anyone loads.
+  if (!(W == 1 && lay.pp > 1)) {
+    uint32_t h = 2166136261u;
+    for (const std::string& p : listed.paths)
+      for (size_t k = 0; k <= p.size(); ++k) h = (h ^ uint8_t(k < p.size() ? p[k] : 0)) * 16777619u;
+    const auto count = int32_t(listed.paths.size());
+    const auto hash = int32_t(h & 0x3fffffff);
+    const bool ok = err.empty();
+    int32_t agree[4] = {ok ? count : -1, ok ? -count : 1, ok ? hash : -1, ok ? -hash : 1};  // max and -min of each
+    world.all_reduce(Tensor(agree, DType::I32, {4}), ReduceOp::Max);
+    if (agree[0] >= 0 && agree[0] == -agree[1] && agree[2] == -agree[3]) {
+      if (count > 0) world.all_reduce(Tensor(listed.loaded.data(), DType::I32, {count}), ReduceOp::Max);
+      for (size_t k = 0; k < listed.paths.size() && err.empty(); ++k)
+        if (listed.loaded[k] == 0)
+          err = listed.where + "tensor " + listed.paths[k] + " is in the checkpoint but not in the model" +
+                (W > 1 ? " (no rank of the " + std::to_string(W) + " loading holds it)" : std::string()) +
+                model_hint();
+    } else if (agree[1] <= 0 && err.empty()) {  // every rank read a list, but not the same one
+      err = listed.where + "the " + std::to_string(W) + " ranks see different checkpoints (from " +
+            std::to_string(-agree[1]) + " to " + std::to_string(agree[0]) +
+            " datasets under model/ and optim/); every rank must load the same step directory, from a "
+            "filesystem they all share";
+    }
+  }
   if (std::string e = agree_error(world, err); !e.empty()) throw CheckpointError(e);
   return st;
 }

@@ -14,6 +14,9 @@
 // by one of its dp replicas: dp rank piece_writers(...)[i]. The AdamW state
 // likewise, except under ZeRO-1: there every dp rank writes the part of each
 // shard that lies in its own chunk of the flat buffer (no communication).
+// With pipeline parallelism each stage holds (and writes, by the same rule
+// within the stage) only its own tensors; a tensor lives on exactly one stage
+// when saving, and the index covers every stage's tensors.
 //
 // Every function taking a Comm is collective over it: all ranks call it, and an
 // error on any rank is thrown, with that rank's message, on every rank.
@@ -28,14 +31,19 @@
 
 namespace adgt {
 
-// This rank's place in the layout that saves or loads.
+// This rank's place in the layout that saves or loads: world = tp * dp * pp
+// ranks (mesh order in parallel/mesh.hpp: tp fastest, then dp, then pp). The
+// rank's table (`st.specs` / `local`) holds the parameters of its pipeline
+// stage only (all of them when pp = 1), as tp shards, replicated over dp.
 struct ShardLayout {
   int tp = 1, tp_rank = 0;
   int dp = 1, dp_rank = 0;
-  std::string description;  // stored in meta/layout, e.g. "tp=2 dp=2 zero=1 sequence_parallel=0"
+  std::string description;  // stored in meta/layout, e.g. "tp=2 dp=2 pp=2 zero=1 sequence_parallel=0"
   // Saving under ZeRO-1: exp_avg / exp_avg_sq hold only this rank's chunk
   // [state_lo, state_hi) of the local flat buffer. state_hi < 0: the whole buffer.
   int64_t state_lo = 0, state_hi = -1;
+  // Pipeline stages (last, so that the aggregate initialisations above keep their meaning).
+  int pp = 1, pp_rank = 0;
 };
 
 // A block of a global tensor of rank nd <= 2 (a 1-D tensor is (n, 1): start[1] 0, count[1] 1).
@@ -59,26 +67,35 @@ std::vector<int> piece_writers(const std::vector<ParamSpec>& local, int dp);
 bool writes_piece(const std::vector<ParamSpec>& local, const std::vector<int>& writers, size_t i,
                   const ShardLayout& lay);
 
-// Saves step st.step: st.specs is this rank's table (model_->table()), st.params
-// its local flat buffer (at least total_numel(specs) elements), exp_avg and
-// exp_avg_sq the same (they need only hold the parameters this rank writes), or
-// under ZeRO-1 just its chunk (lay.state_lo/state_hi); the meta fields are
-// taken from world rank 0. Protocol: rank 0 makes
-// <root>/.tmp_step_<N>_<pid>; every rank writes and fsyncs rank_<R>.h5; the
-// pieces' checksums are gathered; rank 0 writes checkpoint.h5 and COMPLETE,
+// Saves step st.step: st.specs is this rank's table (model_->table(): its
+// pipeline stage's parameters), st.params its local flat buffer (at least
+// total_numel(specs) elements), exp_avg and exp_avg_sq the same (they need only
+// hold the parameters this rank writes), or under ZeRO-1 just its chunk
+// (lay.state_lo/state_hi); the meta fields are taken from world rank 0.
+// lay.tp * lay.dp * lay.pp must equal world.size(); every rank of a stage must
+// hold the same tensors, and no tensor may be held by two stages. Protocol:
+// rank 0 makes <root>/.tmp_step_<N>_<pid>; every rank writes and fsyncs
+// rank_<R>.h5; the pieces' records (names, blocks, checksums) are gathered to
+// rank 0, which writes checkpoint.h5 (every stage's tensors) and COMPLETE,
 // renames the directory to step_<N> and prunes to `keep`. Returns the step
 // directory on every rank. Collective over `world`.
 std::string save_checkpoint_sharded(const std::string& root, const CheckpointState& st, const ShardLayout& lay,
                                     Comm& world, int64_t keep);
 
-// Loads a version 1 or 2 checkpoint into this rank's shard: `local` is this
-// rank's table; returns params / exp_avg / exp_avg_sq in local flat layout
-// (total_numel(local) elements; padding and vocabulary-padding rows zero),
-// specs = local. Each rank reads only its own shard's hyperslab of every
-// tensor (through the virtual datasets). Every piece's crc32 is verified once
-// across `world`: by a rank whose shard contains the piece (from the data it
-// read), else by a rank chosen round robin that reads the piece from its file.
-// Collective over `world`.
+// Loads a version 1 or 2 checkpoint, written by any layout, into this rank's
+// shard: `local` is this rank's table (any subset of the model: its pipeline
+// stage's parameters); returns params / exp_avg / exp_avg_sq in local flat
+// layout (total_numel(local) elements; padding and vocabulary-padding rows
+// zero), specs = local. Each rank reads only its own shard's hyperslab of each
+// of its tensors (through the virtual datasets); a tensor of `local` that the
+// checkpoint lacks is an error, and so is a tensor of the checkpoint that no
+// rank of `world` loads. Every piece's crc32 is verified once per pipeline
+// stage that holds its tensor: by a rank of the stage whose shard contains the
+// piece (from the data it read), else by a rank of the stage chosen round robin
+// that reads the piece from its file. No collective depends on the table, so
+// ranks holding different tensors make the same calls. A world of one may
+// stand in for any single rank of a bigger layout (tests, tools); the check for
+// tensors nobody loads is then skipped when lay.pp > 1. Collective over `world`.
 CheckpointState load_checkpoint_sharded(const std::string& step_dir, const std::vector<ParamSpec>& local,
                                         const ShardLayout& lay, Comm& world);
 

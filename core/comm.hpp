@@ -38,6 +38,15 @@ class Comm {
   virtual void broadcast(Tensor t, int root) = 0;
   virtual void send(const Tensor& t, int peer, int tag = 0) = 0;
   virtual void recv(Tensor t, int peer, int tag = 0) = 0;
+  // Non-blocking send (pipeline stages): returns an id at once; t's memory must
+  // stay unchanged until send_done(id) is true or wait_sends() has returned.
+  // The default sends at once (blocking), for transports without it.
+  virtual int64_t isend(const Tensor& t, int peer, int tag = 0) {
+    send(t, peer, tag);
+    return 0;
+  }
+  virtual bool send_done(int64_t /*id*/) { return true; }
+  virtual void wait_sends() {}  // every isend of this group has completed
   virtual void all_to_all(Tensor out, const Tensor& in) = 0;      // size()*n each; chunk r -> rank r
   // Element counts and displacements per rank.
   virtual void all_to_allv(Tensor out, const std::vector<int64_t>& recv_counts,

@@ -34,19 +34,20 @@ namespace {
 
 // ---------------------------------------------------------------- the schema
 
-enum class Type { Int, UInt, Real, Bool, Str };
+enum class Type { Int, UInt, Real, Bool, Str, IntList };
 
 // What values a key accepts beyond its type.
 enum class Allow {
   Any,          // every value of the type
-  Positive,     // int >= 1, or real > 0
+  Positive,     // int >= 1, or real > 0, or every entry of an int list >= 1
   NonNegative,  // int >= 0, or real >= 0
   UnitHalfOpen, // real in [0, 1)
   NonEmpty,     // non-empty string
   Choices,      // string in Key::choices
 };
 
-using FieldRef = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*>;
+using FieldRef =
+    std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<int64_t>*>;
 
 struct Key {
   const char* section;
@@ -65,6 +66,7 @@ template <> constexpr Type type_of<uint64_t>() { return Type::UInt; }
 template <> constexpr Type type_of<double>() { return Type::Real; }
 template <> constexpr Type type_of<bool>() { return Type::Bool; }
 template <> constexpr Type type_of<std::string>() { return Type::Str; }
+template <> constexpr Type type_of<std::vector<int64_t>>() { return Type::IntList; }
 
 template <class S, class T>
 Key key(const char* section, S RunConfig::*sec, const char* name, T S::*field, Allow allow,
@@ -146,7 +148,19 @@ const std::vector<Key>& schema() {
       key("parallel", &R::parallel, "tp", &ParallelConfig::tp, A::Positive,
           "tensor-parallel degree; divides n_heads, n_kv_heads and ffn_hidden"),
       key("parallel", &R::parallel, "pp", &ParallelConfig::pp, A::Positive,
-          "pipeline-parallel degree (1 in this build)"),
+          "pipeline-parallel degree; the layers are cut into pp x virtual_stages stages"),
+      key("parallel", &R::parallel, "schedule", &ParallelConfig::schedule, A::Choices,
+          "pipeline schedule (docs/pipeline-schedules.md)",
+          {"gpipe", "1f1b", "interleaved", "zb-h1", "greedy"}),
+      key("parallel", &R::parallel, "microbatches", &ParallelConfig::microbatches,
+          A::NonNegative,
+          "pipeline micro-batches per step; 0 = derived: global_batch / (micro_batch x dp), "
+          "the accumulation steps; if set, must equal that"),
+      key("parallel", &R::parallel, "virtual_stages", &ParallelConfig::virtual_stages,
+          A::Positive, "model chunks per pipeline rank; > 1 only with schedule interleaved"),
+      key("parallel", &R::parallel, "stage_layers", &ParallelConfig::stage_layers, A::Positive,
+          "layers per pipeline stage, pp x virtual_stages entries summing to n_layers; "
+          "[] = balanced by cost"),
       key("parallel", &R::parallel, "dp", &ParallelConfig::dp, A::Positive,
           "data-parallel degree; tp x pp x dp = number of ranks"),
       key("parallel", &R::parallel, "ep", &ParallelConfig::ep, A::Positive,
@@ -190,6 +204,13 @@ std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
 }
 
 std::string fmt_int(int64_t x) { return std::to_string(x); }
+
+// An int list as YAML flow: [3, 3, 2], or [].
+std::string list_text(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
 
 // Shortest text that reads back to the same double.
 std::string fmt_real(double x) {
@@ -314,6 +335,7 @@ std::string type_name(Type t) {
     case Type::Real: return "float";
     case Type::Bool: return "bool";
     case Type::Str: return "string";
+    case Type::IntList: return "int list";
   }
   return "?";
 }
@@ -339,6 +361,8 @@ std::string allowed_text(const Key& k) {
         return s + "}";
       }
       return k.allow == Allow::NonEmpty ? "a non-empty string" : "a string";
+    case Type::IntList:
+      return k.allow == Allow::Positive ? "a list of positive integers" : "a list of integers";
   }
   return "?";
 }
@@ -369,6 +393,11 @@ std::optional<std::string> check_range(const Key& k, RunConfig& cfg) {
           if (k.allow == Allow::Choices &&
               std::find(k.choices.begin(), k.choices.end(), v) == k.choices.end())
             return expected(k, yaml_quote(v));
+        } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+          for (size_t i = 0; i < v.size(); ++i)
+            if (k.allow == Allow::Positive && v[i] < 1)
+              return expected(k, fmt_int(v[i]) + " at entry " + fmt_int(int64_t(i) + 1) + " of " +
+                                     list_text(v));
         }
         return std::nullopt;  // bool and uint64: every value is allowed
       },
@@ -388,9 +417,70 @@ bool all_of_chars(const std::string& s, const char* allowed) {
   return !s.empty() && s.find_first_not_of(allowed) == std::string::npos;
 }
 
+// A plain decimal integer (an optional '+', no '8.0' or '1e3'); on failure
+// what was found, as an error message shows it.
+std::optional<std::string> read_int(const std::string& s, int64_t& x) {
+  const char* b = s.data() + (s.size() > 1 && s[0] == '+' && s[1] != '-');
+  auto [ptr, ec] = std::from_chars(b, s.data() + s.size(), x);
+  if (ec == std::errc::result_out_of_range) return s + " (too large for a 64-bit integer)";
+  if (ec != std::errc() || ptr != s.data() + s.size()) return yaml_quote(s);
+  return std::nullopt;
+}
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+// An int list from a YAML sequence ([3, 3, 2], or a block of "- 3" lines) or
+// from one comma-separated scalar (3,3,2: the handy form for --set). Each
+// entry is read and range-checked as an int key's value; an error names the
+// entry (1-based) and, for a sequence, sets *mark to that entry's position.
+std::optional<std::string> assign_list(const Key& k, const YAML::Node& v, RunConfig& cfg,
+                                       YAML::Mark* mark) {
+  std::vector<std::string> items;
+  std::vector<YAML::Node> nodes;  // the entries' nodes, for a sequence
+  if (v.IsSequence()) {
+    for (auto it = v.begin(); it != v.end(); ++it) nodes.push_back(*it);
+  } else if (v.IsScalar()) {
+    if (v.Tag() == "!")
+      return expected(k, yaml_quote(v.Scalar()) + " (a quoted string; remove the quotes)");
+    std::istringstream in(v.Scalar());
+    for (std::string item; std::getline(in, item, ',');) items.push_back(trim(item));
+    if (!v.Scalar().empty() && v.Scalar().back() == ',') items.push_back("");
+  } else {
+    return expected(k, node_kind(v));
+  }
+  std::vector<int64_t> out;
+  const size_t n = v.IsSequence() ? nodes.size() : items.size();
+  for (size_t i = 0; i < n; ++i) {
+    const std::string entry = " at entry " + fmt_int(int64_t(i) + 1);
+    std::string s;
+    if (v.IsSequence()) {
+      const YAML::Node& e = nodes[i];
+      if (mark && !e.Mark().is_null()) *mark = e.Mark();
+      if (!e.IsScalar()) return expected(k, node_kind(e) + entry);
+      s = e.Scalar();
+      if (e.Tag() == "!")
+        return expected(k, yaml_quote(s) + entry + " (a quoted string; remove the quotes)");
+    } else {
+      s = items[i];
+    }
+    int64_t x = 0;
+    if (auto bad = read_int(s, x)) return expected(k, *bad + entry);
+    if (k.allow == Allow::Positive && x < 1) return expected(k, s + entry);
+    out.push_back(x);
+  }
+  *std::get<std::vector<int64_t>*>(k.bind(cfg)) = std::move(out);
+  return std::nullopt;
+}
+
 // Parses a YAML node into the key's field and checks its range. Returns the
-// error (without location) or nullopt.
-std::optional<std::string> assign(const Key& k, const YAML::Node& v, RunConfig& cfg) {
+// error (without location) or nullopt; `mark`, when given, starts at the
+// value's position and is moved to the offending entry of a list.
+std::optional<std::string> assign(const Key& k, const YAML::Node& v, RunConfig& cfg,
+                                  YAML::Mark* mark = nullptr) {
+  if (k.type == Type::IntList) return assign_list(k, v, cfg, mark);
   if (!v.IsScalar()) return expected(k, node_kind(v));
   const std::string s = v.Scalar();
   // A quoted scalar ("8") is a string in YAML; only string keys take one.
@@ -402,11 +492,7 @@ std::optional<std::string> assign(const Key& k, const YAML::Node& v, RunConfig& 
   switch (k.type) {
     case Type::Int: {
       int64_t x = 0;
-      const char* b = s.data() + (s.size() > 1 && s[0] == '+' && s[1] != '-');
-      auto [ptr, ec] = std::from_chars(b, s.data() + s.size(), x);
-      if (ec == std::errc::result_out_of_range)
-        return expected(k, s + " (too large for a 64-bit integer)");
-      if (ec != std::errc() || ptr != s.data() + s.size()) return expected(k, got);
+      if (auto bad = read_int(s, x)) return expected(k, *bad);
       *std::get<int64_t*>(f) = x;
       break;
     }
@@ -437,6 +523,7 @@ std::optional<std::string> assign(const Key& k, const YAML::Node& v, RunConfig& 
       break;
     }
     case Type::Str: *std::get<std::string*>(f) = s; break;
+    case Type::IntList: break;  // assign_list above
   }
   // Numbers that parsed but are out of range are reported as written.
   if (auto err = check_range(k, cfg)) {
@@ -494,8 +581,8 @@ void apply_document(const YAML::Node& root, const std::string& name, RunConfig& 
         throw ConfigError(at(name, kk.Mark()) + ": " + k->full() +
                           " appears twice (first at line " + std::to_string(p->second) +
                           "); keep one");
-      if (auto err = assign(*k, kv, cfg))
-        throw ConfigError(at(name, kv.IsNull() || kv.Mark().is_null() ? kk.Mark() : kv.Mark()) + ": " + *err);
+      YAML::Mark where = kv.IsNull() || kv.Mark().is_null() ? kk.Mark() : kv.Mark();
+      if (auto err = assign(*k, kv, cfg, &where)) throw ConfigError(at(name, where) + ": " + *err);
     }
   }
 }
@@ -570,15 +657,114 @@ std::string divisors_text(int64_t n) {
   return set_text(d);
 }
 
+// Pipeline rules (parallel.pp, schedule, microbatches, virtual_stages,
+// stage_layers). Run after the batch arithmetic, so accum_steps() is exact.
+void check_pipeline(const RunConfig& cfg) {
+  const std::string src = prefix(cfg);
+  const ParallelConfig& p = cfg.parallel;
+  const ModelConfig& m = cfg.model;
+  const TrainConfig& t = cfg.train;
+  const int64_t mb = cfg.pipeline_microbatches();
+  const int64_t per_mb = t.micro_batch * p.dp;  // sequences per pipeline micro-batch, all dp
+  // "train.global_batch=16 / (train.micro_batch=8 x parallel.dp=1) = 2"
+  const std::string batch = "train.global_batch=" + fmt_int(t.global_batch) +
+                            " / (train.micro_batch=" + fmt_int(t.micro_batch) +
+                            " x parallel.dp=" + fmt_int(p.dp) + ") = " + fmt_int(mb);
+
+  if (p.microbatches > 0 && p.microbatches != mb)
+    throw ConfigError(src + ": parallel.microbatches=" + fmt_int(p.microbatches) +
+                      " does not match " + batch +
+                      " accumulation steps, which are the pipeline's micro-batches; set "
+                      "train.global_batch=" + fmt_int(p.microbatches * per_mb) + " (= " +
+                      fmt_int(p.microbatches) + " x " + fmt_int(t.micro_batch) + " x " +
+                      fmt_int(p.dp) + "), or parallel.microbatches=0 to derive it");
+
+  // Schedule and chunks per rank.
+  const int64_t v = p.virtual_stages;
+  if (p.schedule == "interleaved") {
+    if (p.pp < 2)
+      throw ConfigError(src + ": parallel.pp=" + fmt_int(p.pp) +
+                        ": the interleaved schedule needs at least 2 pipeline ranks; use pp >= 2, "
+                        "or parallel.schedule=1f1b with parallel.virtual_stages=1");
+    if (v < 2)
+      throw ConfigError(src + ": parallel.virtual_stages=" + fmt_int(v) +
+                        ": the interleaved schedule needs at least 2 chunks per rank; use "
+                        "virtual_stages >= 2, or parallel.schedule=1f1b");
+  } else if (v > 1) {
+    throw ConfigError(src + ": parallel.virtual_stages=" + fmt_int(v) +
+                      " needs parallel.schedule=interleaved (got " + p.schedule +
+                      (p.schedule == "greedy" ? ", which plans one chunk per rank" : "") +
+                      "); use virtual_stages=1 or schedule=interleaved");
+  }
+
+  if (p.pp > 1) {
+    if (m.tie_embeddings)
+      throw ConfigError(src + ": model.tie_embeddings=true with parallel.pp=" + fmt_int(p.pp) +
+                        ": the embedding (first stage) and lm_head (last stage) live on "
+                        "different pipeline ranks and cannot share one weight; set "
+                        "model.tie_embeddings: false or parallel.pp: 1");
+    const bool needs_pp = p.schedule == "1f1b" || p.schedule == "zb-h1" ||
+                          p.schedule == "interleaved";
+    if (needs_pp && mb < p.pp)
+      throw ConfigError(src + ": parallel.schedule=" + p.schedule + " with parallel.pp=" +
+                        fmt_int(p.pp) + ": fewer micro-batches than stages (" + batch +
+                        ", need >= " + fmt_int(p.pp) + "); use train.global_batch >= " +
+                        fmt_int(p.pp * per_mb) + ", or parallel.schedule=gpipe");
+    if (p.schedule == "interleaved" && mb % p.pp != 0) {
+      const int64_t lo = mb / p.pp * p.pp, hi = lo + p.pp;
+      throw ConfigError(src + ": parallel.schedule=interleaved with parallel.pp=" +
+                        fmt_int(p.pp) + ": the micro-batches (" + batch +
+                        ") run in groups of pp and must be a multiple of " + fmt_int(p.pp) +
+                        "; use train.global_batch=" + fmt_int(lo * per_mb) + " or " +
+                        fmt_int(hi * per_mb));
+    }
+  }
+
+  // Layers per stage.
+  const int64_t stages = p.pp * v;
+  const std::string stages_text = "parallel.pp x parallel.virtual_stages = " + fmt_int(p.pp) +
+                                  " x " + fmt_int(v) + " = " + fmt_int(stages) +
+                                  (stages == 1 ? " stage" : " stages");
+  if (m.n_layers < stages)
+    throw ConfigError(src + ": model.n_layers=" + fmt_int(m.n_layers) + " is fewer than " +
+                      stages_text + " (each stage needs at least one layer); use pp x "
+                      "virtual_stages <= " + fmt_int(m.n_layers));
+  const auto& sl = p.stage_layers;
+  if (!sl.empty()) {
+    if (int64_t(sl.size()) != stages)
+      throw ConfigError(src + ": parallel.stage_layers=" + list_text(sl) + " has " +
+                        fmt_int(int64_t(sl.size())) + (sl.size() == 1 ? " entry" : " entries") +
+                        ", but " + stages_text + "; " +
+                        (stages == 1 ? "with one stage the only list is [" + fmt_int(m.n_layers) +
+                                           "] (model.n_layers), or [] to leave it out"
+                                     : "give one layer count per stage, or [] to balance by cost"));
+    const int64_t sum = std::accumulate(sl.begin(), sl.end(), int64_t{0});
+    if (sum != m.n_layers)
+      throw ConfigError(src + ": parallel.stage_layers=" + list_text(sl) + " sums to " +
+                        fmt_int(sum) + ", but model.n_layers=" + fmt_int(m.n_layers) +
+                        "; make the counts add up to " + fmt_int(m.n_layers) +
+                        ", or use [] to balance by cost");
+  } else if (v > 1 && m.n_layers % stages != 0) {
+    std::vector<std::string> ok;
+    for (int64_t d = 2; d * p.pp <= m.n_layers && ok.size() < 12; ++d)
+      if (m.n_layers % (d * p.pp) == 0) ok.push_back(fmt_int(d));
+    throw ConfigError(src + ": model.n_layers=" + fmt_int(m.n_layers) + " is not divisible by " +
+                      stages_text +
+                      ": without parallel.stage_layers every interleaved stage holds the same "
+                      "number of layers; " +
+                      (ok.empty() ? std::string("no virtual_stages >= 2 does that with pp=") +
+                                        fmt_int(p.pp)
+                                  : "use virtual_stages in {" + join(ok, ",") + "}") +
+                      ", or list the layers per stage in parallel.stage_layers");
+  }
+}
+
 // Parallel layout rules that do not depend on the launch (validate_world
 // checks the rank count).
 void check_parallel(const RunConfig& cfg) {
   const std::string src = prefix(cfg);
   const ParallelConfig& p = cfg.parallel;
   const ModelConfig& m = cfg.model;
-  if (p.pp != 1)
-    throw ConfigError(src + ": parallel.pp=" + std::to_string(p.pp) +
-                      ": pipeline parallelism is not available in this build yet; use 1");
   if (p.ep != 1)
     throw ConfigError(src + ": parallel.ep=" + std::to_string(p.ep) +
                       ": expert parallelism is not available in this build yet; use 1");
@@ -597,6 +783,7 @@ void check_parallel(const RunConfig& cfg) {
     throw ConfigError(src + ": parallel.sequence_parallel needs train.micro_batch x model.seq_len = " +
                       std::to_string(cfg.train.micro_batch * m.seq_len) +
                       " tokens divisible by parallel.tp=" + std::to_string(p.tp));
+  check_pipeline(cfg);
 }
 
 }  // namespace
@@ -709,6 +896,7 @@ std::string to_yaml(const RunConfig& cfg_in) {
             return std::to_string(*field);
           else if constexpr (std::is_same_v<T, double>) return yaml_real(*field);
           else if constexpr (std::is_same_v<T, bool>) return *field ? "true" : "false";
+          else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return list_text(*field);
           else return yaml_quote(*field);
         },
         k.bind(cfg));

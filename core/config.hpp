@@ -61,6 +61,12 @@ struct DataConfig {
 
 struct ParallelConfig {
   int64_t tp = 1, pp = 1, dp = 1, ep = 1;
+  // Pipeline (pp > 1). The model is cut into S = pp x virtual_stages stages;
+  // chunk c of pipeline rank r is stage c*pp + r (core/pipeline_stages.hpp).
+  std::string schedule = "1f1b";     // gpipe | 1f1b | interleaved | zb-h1 | greedy
+  int64_t microbatches = 0;          // 0 = derived (accum_steps()); if set, must equal it
+  int64_t virtual_stages = 1;        // chunks per pipeline rank; > 1 only for interleaved
+  std::vector<int64_t> stage_layers; // layers per stage (S entries); empty = balanced by cost
   int64_t zero = 0;                // 1: ZeRO-1 (optimizer state sharded over dp)
   bool sequence_parallel = false;  // shard norm/residual regions along the sequence over tp
   double bucket_mb = 4;            // gradient all-reduce bucket size (MiB)
@@ -91,6 +97,10 @@ struct RunConfig {
   std::string source;  // the YAML file it came from
   // Gradient-accumulation steps = global_batch / (micro_batch * dp).
   int64_t accum_steps() const { return train.global_batch / (train.micro_batch * parallel.dp); }
+  // Micro-batches one pipeline step runs: with pp > 1 the gradient-accumulation
+  // micro-batches are the pipeline's micro-batches, so this is accum_steps()
+  // (parallel.microbatches, when set, is checked to equal it).
+  int64_t pipeline_microbatches() const { return accum_steps(); }
   bool operator==(const RunConfig&) const = default;
 };
 
@@ -112,7 +122,7 @@ std::string to_yaml(const RunConfig& cfg);
 struct ConfigKeyInfo {
   std::string section;        // "model"
   std::string key;            // "n_heads"
-  std::string type;           // "int", "uint64", "float", "bool", "string"
+  std::string type;           // "int", "uint64", "float", "bool", "string", "int list"
   std::string default_value;  // as to_yaml writes it
   std::string allowed;        // "a positive integer", "one of {auto, cpu, cuda}", ...
   std::string doc;            // one line

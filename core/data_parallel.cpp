@@ -1,5 +1,6 @@
 #include "core/data_parallel.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -8,8 +9,8 @@
 namespace adgt {
 
 DataParallel::DataParallel(Backend& be, Model& model, const TrainConfig& t,
-                           const ParallelConfig& p, Comm& dp, Comm& tp)
-    : be_(be), model_(model), dp_(dp), tp_(tp), zero_(p.zero == 1 && dp.size() > 1) {
+                           const ParallelConfig& p, Comm& dp, Comm& tp, Comm* pp)
+    : be_(be), model_(model), dp_(dp), tp_(tp), pp_(pp), zero_(p.zero == 1 && dp.size() > 1) {
   bucket_elems_ = std::max<int64_t>(
       1024, int64_t(p.bucket_mb * 1024 * 1024) / int64_t(dtype_size(model.dtype())));
   const int64_t n = model.flat_size();
@@ -64,6 +65,16 @@ void DataParallel::finish_gradients() {
   be_.copy(range(model_.grads(), lo_, hi_), chunk);
 }
 
+void DataParallel::reduce_gradients() {
+  if (dp_.size() == 1) return;
+  if (!zero_) {
+    for (int64_t b = 0; b < model_.flat_size(); b += bucket_elems_)
+      dp_.all_reduce(range(model_.grads(), b, std::min(model_.flat_size(), b + bucket_elems_)));
+    return;
+  }
+  finish_gradients();
+}
+
 double DataParallel::grad_norm() {
   // [sum over tensor-parallel shards, sum over replicated tensors] of this rank's part.
   double s[2] = {0, 0};
@@ -75,6 +86,11 @@ double DataParallel::grad_norm() {
   if (zero_) dp_.all_reduce(t);      // chunks -> whole buffer
   Tensor sharded(s, DType::F64, {1});
   tp_.all_reduce(sharded);           // shards -> whole tensors; replicated counted once
+  if (pp_ && pp_->size() > 1) {      // stages -> the whole model
+    double total[1] = {s[0] + s[1]};
+    pp_->all_reduce(Tensor(total, DType::F64, {1}));
+    return std::sqrt(total[0]);
+  }
   return std::sqrt(s[0] + s[1]);
 }
 

@@ -17,14 +17,19 @@ namespace adgt {
 
 class DataParallel {
  public:
+  // `pp`: the pipeline group (stages hold disjoint parameters; the gradient
+  // norm sums over it); nullptr without pipeline parallelism.
   DataParallel(Backend& be, Model& model, const TrainConfig& t, const ParallelConfig& p, Comm& dp,
-               Comm& tp);
+               Comm& tp, Comm* pp = nullptr);
 
   // For Model::backward on the last micro-batch of a step (nullptr-equivalent
   // when there is nothing to overlap).
   std::function<void(int64_t, int64_t)> bucket_hook();
   // Completes the gradient reduction (remaining buckets, or the ZeRO reduce-scatter).
   void finish_gradients();
+  // The whole reduction at once, when no bucket_hook ran (pipeline steps):
+  // all-reduce in bucket-sized pieces, or the ZeRO reduce-scatter.
+  void reduce_gradients();
   // Global gradient norm over every rank's shard (replicated tensors counted once).
   double grad_norm();
   // Clips by `coef` and applies AdamW to this rank's part, then (ZeRO) all-gathers weights.
@@ -47,6 +52,7 @@ class DataParallel {
   Model& model_;
   Comm& dp_;
   Comm& tp_;
+  Comm* pp_;
   bool zero_;
   int64_t bucket_elems_;
   int64_t lo_, hi_;           // this rank's chunk of the flat buffer (whole buffer without ZeRO)

@@ -37,10 +37,15 @@ std::string format_step_line(const StepMetrics& m) {
                 format_duration(m.eta_s).c_str());
   std::string line = buf;
   if (m.world > 1) {
-    char comm[96];
+    char comm[128];
     std::snprintf(comm, sizeof comm, " | comm tp %.2f MB dp %.2f MB", m.tp_bytes / 1e6,
                   m.dp_bytes / 1e6);
     line += comm;
+    if (m.bubble >= 0) {
+      std::snprintf(comm, sizeof comm, " pp %.2f MB | bubble %.1f%%", m.pp_bytes / 1e6,
+                    100.0 * m.bubble);
+      line += comm;
+    }
   }
   if (m.skipped_steps) line += " | skipped " + std::to_string(m.skipped_steps);
   return line;
@@ -62,7 +67,8 @@ void MetricsLog::log_step(const StepMetrics& m) {
   j["mfu"] = m.mfu >= 0 ? nlohmann::json(m.mfu) : nlohmann::json(nullptr);
   j["peak_tflops"] = m.peak_tflops;
   j["world"] = m.world;
-  j["comm_bytes"] = {{"tp", m.tp_bytes}, {"dp", m.dp_bytes}};
+  j["comm_bytes"] = {{"tp", m.tp_bytes}, {"dp", m.dp_bytes}, {"pp", m.pp_bytes}};
+  if (m.bubble >= 0) j["bubble"] = m.bubble;
   out_ << j.dump() << "\n";
   out_.flush();
 }

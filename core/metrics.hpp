@@ -16,6 +16,8 @@ struct StepMetrics {
   int64_t skipped_steps = 0;
   int world = 1;                      // ranks
   int64_t tp_bytes = 0, dp_bytes = 0;  // bytes this rank sent in the step, per group
+  int64_t pp_bytes = 0;
+  double bubble = -1;  // pipeline: measured idle share of the step (< 0: no pipeline)
 };
 
 std::string format_duration(double seconds);  // "1h02m", "3m12s", "45s"

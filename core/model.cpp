@@ -9,8 +9,16 @@
 namespace adgt {
 
 Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_t T,
-             TensorParallel tpc)
-    : cfg_(cfg), be_(be), dtype_(dtype), B_(B), T_(T), N_(B * T), tp_(tpc.comm), self_("tp") {
+             TensorParallel tpc, const StageSlice* stage)
+    : cfg_(cfg),
+      stage_(stage ? *stage : whole_model(cfg)),
+      be_(be),
+      dtype_(dtype),
+      B_(B),
+      T_(T),
+      N_(B * T),
+      tp_(tpc.comm),
+      self_("tp") {
   if (!tp_) tp_ = &self_;
   const int64_t tp = tp_->size(), r = tp_->rank();
   sp_ = tpc.sequence_parallel && tp > 1;
@@ -22,25 +30,46 @@ Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_
              "Model: tp=" << tp << " must divide n_heads, n_kv_heads and ffn_hidden");
   ADGT_CHECK(!sp_ || N_ % tp == 0, "Model: sequence parallelism needs B*T=" << N_
                                                                              << " divisible by tp=" << tp);
+  ADGT_CHECK(!stage_.chunks.empty(), "Model: a pipeline stage slice with no chunks");
+  ADGT_CHECK(!cfg.tie_embeddings || (stage_.embedding && stage_.head),
+             "Model: model.tie_embeddings needs the embedding and the head on one rank "
+             "(parallel.pp: 1)");
   Nl_ = sp_ ? N_ / tp : N_;
-  const int64_t C = cfg.d_model, hd = cfg.head_dim(), Hl = cfg.n_heads / tp,
-                KVl = cfg.n_kv_heads / tp, Fl = cfg.ffn_hidden / tp, N = N_, Nl = Nl_;
-  att_shape_ = {B, T, Hl, KVl, hd};
-  table_ = build_param_table(cfg, tp, r);
-  const int64_t Vl = table_[0].shape[0];
-  vocab_start_ = table_[0].shard_dim == 0 ? table_[0].shard_start : 0;
-  vocab_valid_ = table_[0].shard_valid;
-  // Index the table by role.
+  const int64_t hd = cfg.head_dim();
+  Hl_ = cfg.n_heads / tp;
+  KVl_ = cfg.n_kv_heads / tp;
+  Fl_ = cfg.ffn_hidden / tp;
+  att_shape_ = {B, T, Hl_, KVl_, hd};
+  table_ = build_param_table(cfg, tp, r, &stage_);
+  // Index the table by role, in build_param_table's order.
   size_t i = 0;
-  emb_idx_ = i++;
-  for (int64_t l = 0; l < cfg.n_layers; ++l) {
-    LayerIdx li{};
-    li.in_norm = i++; li.q = i++; li.k = i++; li.v = i++; li.o = i++;
-    li.post_norm = i++; li.gate = i++; li.up = i++; li.down = i++;
-    layer_idx_.push_back(li);
+  if (stage_.embedding) {
+    emb_idx_ = i++;
+    vocab_start_ = table_[emb_idx_].shard_dim == 0 ? table_[emb_idx_].shard_start : 0;
+    vocab_valid_ = table_[emb_idx_].shard_valid;
+    Vl_ = table_[emb_idx_].shape[0];
   }
-  norm_idx_ = i++;
-  head_idx_ = cfg.tie_embeddings ? emb_idx_ : i++;
+  for (const auto& [first, end] : stage_.chunks) {
+    ADGT_CHECK(end > first, "Model: pipeline chunk [" << first << ", " << end << ") holds no layer");
+    Chunk c;
+    c.first_layer = first;
+    c.n_layers = end - first;
+    c.first_local = layer_idx_.size();
+    chunks_.push_back(std::move(c));
+    for (int64_t l = first; l < end; ++l) {
+      LayerIdx li{};
+      li.in_norm = i++; li.q = i++; li.k = i++; li.v = i++; li.o = i++;
+      li.post_norm = i++; li.gate = i++; li.up = i++; li.down = i++;
+      layer_idx_.push_back(li);
+    }
+  }
+  if (stage_.head) {
+    norm_idx_ = i++;
+    head_idx_ = cfg.tie_embeddings ? emb_idx_ : i++;
+    vocab_start_ = table_[head_idx_].shard_dim == 0 ? table_[head_idx_].shard_start : 0;
+    vocab_valid_ = table_[head_idx_].shard_valid;
+    Vl_ = table_[head_idx_].shape[0];
+  }
   ADGT_CHECK(i == table_.size(), "Model: parameter table has unexpected layout");
 
   const int64_t mult = std::max<int64_t>(16, tpc.flat_multiple);
@@ -51,29 +80,8 @@ Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_
   be.zero(params());
   be.zero(grads());
 
-  const int64_t att_saved = be.attention_saved_elems(att_shape_);
-  acts_.resize(size_t(cfg.n_layers));
-  for (auto& a : acts_) {
-    a.x_in = act(Nl, C, dtype);
-    a.ln1 = act(N, C, dtype);
-    a.rstd1 = act(Nl, 1, dtype);
-    a.q = act(N, Hl * hd, dtype);
-    a.k = act(N, KVl * hd, dtype);
-    a.v = act(N, KVl * hd, dtype);
-    a.att_saved = act(att_saved, 1, dtype);
-    a.att = act(N, Hl * hd, dtype);
-    a.x_mid = act(Nl, C, dtype);
-    a.ln2 = act(N, C, dtype);
-    a.rstd2 = act(Nl, 1, dtype);
-    a.gate = act(N, Fl, dtype);
-    a.up = act(N, Fl, dtype);
-    a.h = act(N, Fl, dtype);
-  }
-  x_final_ = act(Nl, C, dtype);
-  lnf_ = act(N, C, dtype);
-  rstdf_ = act(Nl, 1, dtype);
-  logits_ = act(N, Vl, dtype);
-  losses_ = act(N, 1, dtype);
+  const int64_t C = cfg.d_model, N = N_, Nl = Nl_;
+  for (int c = 0; c < num_chunks(); ++c) add_slot(c);
   d_resid_ = act(Nl, C, dtype);
   d_tmp_ = act(N, C, dtype);
   if (sp_) {
@@ -85,23 +93,80 @@ Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_
     d_full_ = d_resid_;
     d_tmp_local_ = d_tmp_;
   }
-  dq_ = act(N, Hl * hd, dtype);
-  dk_ = act(N, KVl * hd, dtype);
-  dv_ = act(N, KVl * hd, dtype);
-  d_att_ = act(N, Hl * hd, dtype);
-  dgate_ = act(N, Fl, dtype);
-  dup_ = act(N, Fl, dtype);
-  dh_ = act(N, Fl, dtype);
-  if (tp > 1) {
+  dq_ = act(N, Hl_ * hd, dtype);
+  dk_ = act(N, KVl_ * hd, dtype);
+  dv_ = act(N, KVl_ * hd, dtype);
+  d_att_ = act(N, Hl_ * hd, dtype);
+  dgate_ = act(N, Fl_, dtype);
+  dup_ = act(N, Fl_, dtype);
+  dh_ = act(N, Fl_, dtype);
+  if (tp > 1 && stage_.head) {
     ce_stats_ = act(N, 3, dtype);
     ce_gathered_ = act(tp * N, 3, dtype);
     ce_combined_ = act(N, 3, dtype);
   }
-  in_tok_ = act(N, 1, DType::I32);
-  tgt_tok_ = act(N, 1, DType::I32);
   rope_cos_ = act(T, hd / 2, dtype);
   rope_sin_ = act(T, hd / 2, dtype);
   build_rope_tables();
+}
+
+void Model::add_slot(int chunk) {
+  Chunk& ch = chunks_[size_t(chunk)];
+  const int64_t C = cfg_.d_model, hd = cfg_.head_dim(), N = N_, Nl = Nl_;
+  const DType dt = dtype_;
+  const int64_t att_saved = be_.attention_saved_elems(att_shape_);
+  Slot s;
+  s.layers.resize(size_t(ch.n_layers));
+  for (auto& a : s.layers) {
+    a.x_in = act(Nl, C, dt);
+    a.ln1 = act(N, C, dt);
+    a.rstd1 = act(Nl, 1, dt);
+    a.q = act(N, Hl_ * hd, dt);
+    a.k = act(N, KVl_ * hd, dt);
+    a.v = act(N, KVl_ * hd, dt);
+    a.att_saved = act(att_saved, 1, dt);
+    a.att = act(N, Hl_ * hd, dt);
+    a.x_mid = act(Nl, C, dt);
+    a.ln2 = act(N, C, dt);
+    a.rstd2 = act(Nl, 1, dt);
+    a.gate = act(N, Fl_, dt);
+    a.up = act(N, Fl_, dt);
+    a.h = act(N, Fl_, dt);
+  }
+  s.x_out = act(Nl, C, dt);
+  if (chunk_has_head(chunk)) {
+    s.lnf = act(N, C, dt);
+    s.rstdf = act(Nl, 1, dt);
+    s.logits = act(N, Vl_, dt);
+    s.losses = act(N, 1, dt);
+  }
+  s.in_tok = act(N, 1, DType::I32);
+  s.tgt_tok = act(N, 1, DType::I32);
+  ch.slots.push_back(std::move(s));
+}
+
+void Model::make_split_buffers(Slot& s, int chunk) {
+  if (!s.layers.empty() && s.layers[0].d_q.data) return;
+  if (s.layers.empty() && (s.d_emb.data || !chunk_has_embedding(chunk))) return;
+  const int64_t C = cfg_.d_model, hd = cfg_.head_dim(), N = N_;
+  for (auto& a : s.layers) {
+    a.d_down = act(N, C, dtype_);
+    a.d_gate = act(N, Fl_, dtype_);
+    a.d_up = act(N, Fl_, dtype_);
+    a.d_o = act(N, C, dtype_);
+    a.d_q = act(N, Hl_ * hd, dtype_);
+    a.d_k = act(N, KVl_ * hd, dtype_);
+    a.d_v = act(N, KVl_ * hd, dtype_);
+  }
+  if (chunk_has_embedding(chunk)) s.d_emb = act(N, C, dtype_);
+}
+
+Tensor Model::stage_input(int chunk, int slot) {
+  return chunks_[size_t(chunk)].slots[size_t(slot)].layers[0].x_in;
+}
+
+Tensor Model::stage_output(int chunk, int slot) {
+  return chunks_[size_t(chunk)].slots[size_t(slot)].x_out;
 }
 
 Tensor Model::act(int64_t rows, int64_t cols, DType dt) {
@@ -239,39 +304,60 @@ void Model::norm_forward(Tensor full_out, Tensor rstd, const Tensor& x, size_t w
   }
 }
 
-void Model::loss_forward(const Tensor& targets, double scale) {
+void Model::loss_forward(Slot& s, double scale) {
   if (tp_->size() == 1) {
-    be_.cross_entropy(logits_, losses_, targets, scale);
+    be_.cross_entropy(s.logits, s.losses, s.tgt_tok, scale);
     return;
   }
   // Vocab-parallel: per-rank row statistics, gathered, combined identically on
   // every rank; the full logits are never assembled.
-  be_.ce_partial_stats(ce_stats_, logits_, targets, vocab_start_, vocab_valid_);
+  be_.ce_partial_stats(ce_stats_, s.logits, s.tgt_tok, vocab_start_, vocab_valid_);
   tp_->all_gather(ce_gathered_, ce_stats_);
   be_.ce_combine(ce_combined_, ce_gathered_);
-  be_.ce_finish(logits_, losses_, ce_combined_, targets, vocab_start_, vocab_valid_, scale);
+  be_.ce_finish(s.logits, s.losses, ce_combined_, s.tgt_tok, vocab_start_, vocab_valid_, scale);
 }
 
 double Model::forward(const int32_t* inputs, const int32_t* targets, double grad_scale) {
-  const int64_t N = N_;
-  int64_t n_valid = 0;
-  for (int64_t i = 0; i < N; ++i) {
-    ADGT_CHECK(inputs[i] >= 0 && inputs[i] < cfg_.vocab_size && targets[i] < cfg_.vocab_size,
-               "token id " << inputs[i] << " / target " << targets[i] << " at row " << i
-                           << " outside the vocabulary [0," << cfg_.vocab_size << ")");
-    n_valid += targets[i] >= 0;
-  }
-  be_.to_device(in_tok_.data, inputs, size_t(N) * 4);
-  be_.to_device(tgt_tok_.data, targets, size_t(N) * 4);
+  ADGT_CHECK(num_chunks() == 1 && chunk_has_embedding(0) && chunk_has_head(0),
+             "Model::forward: this rank holds a pipeline stage; use forward_chunk");
+  return forward_chunk(0, 0, inputs, targets, grad_scale);
+}
 
-  {
-    Tensor dst = sp_ ? partial_ : acts_[0].x_in;
-    be_.embedding_forward(dst, param(emb_idx_), in_tok_, vocab_start_);
-    reduce_rows(acts_[0].x_in, dst);
+void Model::backward(const std::function<void(int64_t, int64_t)>& on_ready,
+                     bool last_micro_batch) {
+  backward_chunk(0, 0, Tensor(), false, on_ready, last_micro_batch);
+}
+
+double Model::forward_chunk(int chunk, int slot, const int32_t* inputs, const int32_t* targets,
+                            double grad_scale) {
+  const int64_t N = N_;
+  Chunk& ch = chunks_[size_t(chunk)];
+  Slot& s = ch.slots[size_t(slot)];
+  const bool emb = chunk_has_embedding(chunk), head = chunk_has_head(chunk);
+  int64_t n_valid = 0;
+  if (emb) {
+    for (int64_t i = 0; i < N; ++i)
+      ADGT_CHECK(inputs[i] >= 0 && inputs[i] < cfg_.vocab_size,
+                 "token id " << inputs[i] << " at row " << i << " outside the vocabulary [0,"
+                             << cfg_.vocab_size << ")");
+    be_.to_device(s.in_tok.data, inputs, size_t(N) * 4);
+    Tensor x0 = s.layers[0].x_in;
+    Tensor dst = sp_ ? partial_ : x0;
+    be_.embedding_forward(dst, param(emb_idx_), s.in_tok, vocab_start_);
+    reduce_rows(x0, dst);
   }
-  for (size_t l = 0; l < acts_.size(); ++l) {
-    LayerActs& a = acts_[l];
-    const LayerIdx& w = layer_idx_[l];
+  if (head) {
+    for (int64_t i = 0; i < N; ++i) {
+      ADGT_CHECK(targets[i] < cfg_.vocab_size, "target " << targets[i] << " at row " << i
+                                                         << " outside the vocabulary [0,"
+                                                         << cfg_.vocab_size << ")");
+      n_valid += targets[i] >= 0;
+    }
+    be_.to_device(s.tgt_tok.data, targets, size_t(N) * 4);
+  }
+  for (size_t l = 0; l < s.layers.size(); ++l) {
+    LayerActs& a = s.layers[l];
+    const LayerIdx& w = layer_idx_[ch.first_local + l];
     norm_forward(a.ln1, a.rstd1, a.x_in, w.in_norm);
     be_.linear_forward(a.q, a.ln1, param(w.q));
     be_.linear_forward(a.k, a.ln1, param(w.k));
@@ -287,44 +373,50 @@ double Model::forward(const int32_t* inputs, const int32_t* targets, double grad
     be_.linear_forward(a.gate, a.ln2, param(w.gate));
     be_.linear_forward(a.up, a.ln2, param(w.up));
     be_.swiglu_forward(a.h, a.gate, a.up);
-    Tensor next = l + 1 < acts_.size() ? acts_[l + 1].x_in : x_final_;
+    Tensor next = l + 1 < s.layers.size() ? s.layers[l + 1].x_in : s.x_out;
     Tensor down = sp_ ? partial_ : next;
     be_.linear_forward(down, a.h, param(w.down));
     reduce_rows(next, down);
     be_.add_inplace(next, a.x_mid);
   }
-  norm_forward(lnf_, rstdf_, x_final_, norm_idx_);
-  be_.linear_forward(logits_, lnf_, param(head_idx_));
+  if (!head) return 0.0;
+  norm_forward(s.lnf, s.rstdf, s.x_out, norm_idx_);
+  be_.linear_forward(s.logits, s.lnf, param(head_idx_));
   if (capture_logits_) {
-    const size_t n = size_t(logits_.numel());
+    const size_t n = size_t(s.logits.numel());
     logits_host_.resize(n);
     if (dtype_ == DType::F64) {
-      be_.to_host(logits_host_.data(), logits_.data, n * 8);
+      be_.to_host(logits_host_.data(), s.logits.data, n * 8);
     } else {
       std::vector<float> f(n);
-      be_.to_host(f.data(), logits_.data, n * 4);
+      be_.to_host(f.data(), s.logits.data, n * 4);
       std::copy(f.begin(), f.end(), logits_host_.begin());
     }
   }
-  loss_forward(tgt_tok_, n_valid ? grad_scale / double(n_valid) : 0.0);
+  loss_forward(s, n_valid ? grad_scale / double(n_valid) : 0.0);
 
   double sum = 0;
   if (dtype_ == DType::F64) {
     std::vector<double> l(static_cast<size_t>(N));
-    be_.to_host(l.data(), losses_.data, size_t(N) * 8);
+    be_.to_host(l.data(), s.losses.data, size_t(N) * 8);
     for (double x : l) sum += x;
   } else {
     std::vector<float> l(static_cast<size_t>(N));
-    be_.to_host(l.data(), losses_.data, size_t(N) * 4);
+    be_.to_host(l.data(), s.losses.data, size_t(N) * 4);
     for (float x : l) sum += x;
   }
   return n_valid ? sum / double(n_valid) : 0.0;
 }
 
-void Model::backward(const std::function<void(int64_t, int64_t)>& on_ready,
-                     bool last_micro_batch) {
+void Model::backward_chunk(int chunk, int slot, const Tensor& d_out, bool split,
+                           const std::function<void(int64_t, int64_t)>& on_ready,
+                           bool last_micro_batch) {
+  Chunk& ch = chunks_[size_t(chunk)];
+  Slot& s = ch.slots[size_t(slot)];
+  const bool emb = chunk_has_embedding(chunk), head = chunk_has_head(chunk);
+  if (split) make_split_buffers(s, chunk);
   auto ready = [&](size_t first, size_t last) {
-    if (on_ready) {
+    if (on_ready && !split) {
       const auto [b, e] = range(first, last);
       on_ready(b, e);
     }
@@ -334,40 +426,62 @@ void Model::backward(const std::function<void(int64_t, int64_t)>& on_ready,
   auto finish_norm_grad = [&](size_t idx) {
     if (sp_ && last_micro_batch) tp_->all_reduce(grad(idx));
   };
-  // logits_ now hold dloss/dlogits (scaled). The head's input gradient is a
-  // partial sum over vocabulary shards.
-  be_.linear_backward(d_tmp_, grad(head_idx_), logits_, lnf_, param(head_idx_), false);
-  reduce_rows(d_tmp_local_, d_tmp_);
-  be_.zero(d_resid_);
-  be_.rmsnorm_backward(d_resid_, grad(norm_idx_), d_tmp_local_, x_final_, param(norm_idx_),
-                       rstdf_);
-  finish_norm_grad(norm_idx_);
-  if (head_idx_ != emb_idx_)
-    ready(norm_idx_, head_idx_);
-  else
-    ready(norm_idx_, norm_idx_);
-  for (size_t l = acts_.size(); l-- > 0;) {
-    LayerActs& a = acts_[l];
-    const LayerIdx& w = layer_idx_[l];
+  // dW and dX of one linear layer: fused (one call, as the backend likes it),
+  // or the input gradient now and dy kept for backward_weight.
+  auto linear_bwd = [&](Tensor dx, size_t w, const Tensor& dy, const Tensor& x, Tensor saved,
+                        bool acc) {
+    if (split) {
+      be_.linear_backward(dx, Tensor(), dy, x, param(w), acc);
+      be_.copy(saved, dy);
+    } else {
+      be_.linear_backward(dx, grad(w), dy, x, param(w), acc);
+    }
+  };
+  if (head) {
+    // logits now hold dloss/dlogits (scaled). The head's input gradient is a
+    // partial sum over vocabulary shards. The split backward keeps them in the
+    // slot for the head's weight gradient.
+    if (split)
+      be_.linear_backward(d_tmp_, Tensor(), s.logits, s.lnf, param(head_idx_), false);
+    else
+      be_.linear_backward(d_tmp_, grad(head_idx_), s.logits, s.lnf, param(head_idx_), false);
+    reduce_rows(d_tmp_local_, d_tmp_);
+    be_.zero(d_resid_);
+    be_.rmsnorm_backward(d_resid_, grad(norm_idx_), d_tmp_local_, s.x_out, param(norm_idx_),
+                         s.rstdf);
+    finish_norm_grad(norm_idx_);
+    if (head_idx_ != emb_idx_)
+      ready(norm_idx_, head_idx_);
+    else
+      ready(norm_idx_, norm_idx_);
+  } else {
+    ADGT_CHECK(d_out.numel() == d_resid_.numel(),
+               "Model::backward_chunk: output gradient " << d_out.shape_str() << ", expected "
+                                                         << d_resid_.shape_str());
+    be_.copy(d_resid_, d_out);
+  }
+  for (size_t l = s.layers.size(); l-- > 0;) {
+    LayerActs& a = s.layers[l];
+    const LayerIdx& w = layer_idx_[ch.first_local + l];
     // d_resid = dL/d(layer output). MLP branch: out = x_mid + down(h).
     gather_rows(d_full_, d_resid_);
-    be_.linear_backward(dh_, grad(w.down), d_full_, a.h, param(w.down), false);
+    linear_bwd(dh_, w.down, d_full_, a.h, a.d_down, false);
     be_.swiglu_backward(dgate_, dup_, dh_, a.gate, a.up);
-    be_.linear_backward(d_tmp_, grad(w.gate), dgate_, a.ln2, param(w.gate), false);
-    be_.linear_backward(d_tmp_, grad(w.up), dup_, a.ln2, param(w.up), true);
+    linear_bwd(d_tmp_, w.gate, dgate_, a.ln2, a.d_gate, false);
+    linear_bwd(d_tmp_, w.up, dup_, a.ln2, a.d_up, true);
     reduce_rows(d_tmp_local_, d_tmp_);
     be_.rmsnorm_backward(d_resid_, grad(w.post_norm), d_tmp_local_, a.x_mid, param(w.post_norm),
                          a.rstd2);
     // d_resid = dL/dx_mid. Attention branch: x_mid = x_in + o(att).
     gather_rows(d_full_, d_resid_);
-    be_.linear_backward(d_att_, grad(w.o), d_full_, a.att, param(w.o), false);
+    linear_bwd(d_att_, w.o, d_full_, a.att, a.d_o, false);
     be_.attention_backward(dq_, dk_, dv_, d_att_, a.q, a.k, a.v, a.att, a.att_saved,
                            att_shape_);
     be_.rope_backward(dq_, rope_cos_, rope_sin_, T_);
     be_.rope_backward(dk_, rope_cos_, rope_sin_, T_);
-    be_.linear_backward(d_tmp_, grad(w.q), dq_, a.ln1, param(w.q), false);
-    be_.linear_backward(d_tmp_, grad(w.k), dk_, a.ln1, param(w.k), true);
-    be_.linear_backward(d_tmp_, grad(w.v), dv_, a.ln1, param(w.v), true);
+    linear_bwd(d_tmp_, w.q, dq_, a.ln1, a.d_q, false);
+    linear_bwd(d_tmp_, w.k, dk_, a.ln1, a.d_k, true);
+    linear_bwd(d_tmp_, w.v, dv_, a.ln1, a.d_v, true);
     reduce_rows(d_tmp_local_, d_tmp_);
     be_.rmsnorm_backward(d_resid_, grad(w.in_norm), d_tmp_local_, a.x_in, param(w.in_norm),
                          a.rstd1);
@@ -375,9 +489,47 @@ void Model::backward(const std::function<void(int64_t, int64_t)>& on_ready,
     finish_norm_grad(w.in_norm);
     ready(w.in_norm, w.down);
   }
-  gather_rows(d_full_, d_resid_);
-  be_.embedding_backward(grad(emb_idx_), d_full_, in_tok_, vocab_start_);
-  ready(emb_idx_, emb_idx_);
+  if (emb) {
+    gather_rows(d_full_, d_resid_);
+    if (split) {
+      be_.copy(s.d_emb, d_full_);
+    } else {
+      be_.embedding_backward(grad(emb_idx_), d_full_, s.in_tok, vocab_start_);
+      ready(emb_idx_, emb_idx_);
+    }
+  }
+}
+
+void Model::backward_weight(int chunk, int slot) {
+  Chunk& ch = chunks_[size_t(chunk)];
+  Slot& s = ch.slots[size_t(slot)];
+  // The same weight-gradient products as the fused backward, in the same order.
+  if (chunk_has_head(chunk))
+    be_.linear_backward(Tensor(), grad(head_idx_), s.logits, s.lnf, param(head_idx_), false);
+  for (size_t l = s.layers.size(); l-- > 0;) {
+    LayerActs& a = s.layers[l];
+    const LayerIdx& w = layer_idx_[ch.first_local + l];
+    ADGT_CHECK(a.d_q.data, "Model::backward_weight: chunk " << chunk << " slot " << slot
+                                                            << " had no split backward");
+    be_.linear_backward(Tensor(), grad(w.down), a.d_down, a.h, param(w.down), false);
+    be_.linear_backward(Tensor(), grad(w.gate), a.d_gate, a.ln2, param(w.gate), false);
+    be_.linear_backward(Tensor(), grad(w.up), a.d_up, a.ln2, param(w.up), false);
+    be_.linear_backward(Tensor(), grad(w.o), a.d_o, a.att, param(w.o), false);
+    be_.linear_backward(Tensor(), grad(w.q), a.d_q, a.ln1, param(w.q), false);
+    be_.linear_backward(Tensor(), grad(w.k), a.d_k, a.ln1, param(w.k), false);
+    be_.linear_backward(Tensor(), grad(w.v), a.d_v, a.ln1, param(w.v), false);
+  }
+  if (chunk_has_embedding(chunk))
+    be_.embedding_backward(grad(emb_idx_), s.d_emb, s.in_tok, vocab_start_);
+}
+
+void Model::finish_sequence_parallel_grads() {
+  if (!sp_) return;
+  for (const LayerIdx& w : layer_idx_) {
+    tp_->all_reduce(grad(w.post_norm));
+    tp_->all_reduce(grad(w.in_norm));
+  }
+  if (norm_idx_ != kNone) tp_->all_reduce(grad(norm_idx_));
 }
 
 }  // namespace adgt

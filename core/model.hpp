@@ -17,6 +17,7 @@
 #include "core/comm.hpp"
 #include "core/config.hpp"
 #include "core/param_table.hpp"
+#include "core/pipeline_stages.hpp"
 #include "kernels/backend.hpp"
 
 namespace adgt {
@@ -30,10 +31,13 @@ struct TensorParallel {
 class Model {
  public:
   // B sequences of T tokens per micro-batch; dtype F32 (or F64 for reference checks).
+  // `stage`: the part of the model this rank holds under pipeline parallelism
+  // (nullptr: the whole model, one chunk with embedding and head).
   Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_t T,
-        TensorParallel tp = {});
+        TensorParallel tp = {}, const StageSlice* stage = nullptr);
 
   const ModelConfig& config() const { return cfg_; }
+  const StageSlice& stage() const { return stage_; }
   const std::vector<ParamSpec>& table() const { return table_; }
   DType dtype() const { return dtype_; }
   int64_t batch() const { return B_; }
@@ -55,6 +59,7 @@ class Model {
   std::vector<double> grads_to_host_f64() const;
   void zero_grads();
 
+  // ---- the whole model (no pipeline: one chunk holding embedding and head) ----
   // inputs, targets: host (B, T) int32; a target < 0 is ignored. Returns the
   // mean loss over the valid targets and leaves, for backward(), the gradient
   // of grad_scale * mean loss w.r.t. the logits.
@@ -70,6 +75,38 @@ class Model {
   void set_capture_logits(bool on) { capture_logits_ = on; }
   const std::vector<double>& captured_logits() const { return logits_host_; }
 
+  // ---- pipeline stages ----
+  // Chunk c holds the layers stage().chunks[c]; chunk 0 of the first pipeline
+  // rank also the embedding, the last chunk of the last rank the final norm,
+  // head and loss. A micro-batch in flight keeps its activations in a slot of
+  // its chunk; slots are made on demand (add_slot) and reused.
+  int num_chunks() const { return int(chunks_.size()); }
+  bool chunk_has_embedding(int c) const { return stage_.embedding && c == 0; }
+  bool chunk_has_head(int c) const { return stage_.head && c + 1 == num_chunks(); }
+  int num_slots(int chunk) const { return int(chunks_[size_t(chunk)].slots.size()); }
+  void add_slot(int chunk);
+  // (Nl, C): where a stage without the embedding takes its input.
+  Tensor stage_input(int chunk, int slot);
+  // (Nl, C): a stage's output after forward_chunk (stages without the head).
+  Tensor stage_output(int chunk, int slot);
+  // The chunk's forward. inputs: token ids, used by the embedding chunk;
+  // targets: used by the head chunk, which returns the mean loss over the valid
+  // targets (others return 0) and keeps the scaled logit gradient in the slot.
+  double forward_chunk(int chunk, int slot, const int32_t* inputs, const int32_t* targets,
+                       double grad_scale);
+  // The chunk's backward from d_out = dL/d(stage output) (Nl, C) (ignored by the
+  // head chunk). Leaves dL/d(stage input) in input_grad() (chunks without the
+  // embedding). split: weight gradients other than the norms' are deferred to
+  // backward_weight (zero-bubble schedules), which needs the slot kept until then.
+  void backward_chunk(int chunk, int slot, const Tensor& d_out, bool split,
+                      const std::function<void(int64_t, int64_t)>& on_ready = {},
+                      bool last_micro_batch = false);
+  Tensor input_grad() const { return d_resid_; }  // (Nl, C)
+  void backward_weight(int chunk, int slot);
+  // With SP: all-reduce every norm weight's partial gradient over tp (pipeline
+  // steps call backward_chunk with last_micro_batch = false, then this once).
+  void finish_sequence_parallel_grads();
+
  private:
   struct LayerActs {  // saved for the backward; N = B*T token rows, Nl = N/tp with SP
     Tensor x_in;    // (Nl, C) residual stream entering the layer
@@ -83,42 +120,58 @@ class Model {
     Tensor ln2;     // (N, C)
     Tensor rstd2;   // (Nl)
     Tensor gate, up, h;  // (N, Fl)
+    // Output gradients kept by a split backward for backward_weight (made on first use).
+    Tensor d_down, d_gate, d_up, d_o, d_q, d_k, d_v;
+  };
+  struct Slot {
+    std::vector<LayerActs> layers;
+    Tensor x_out;                      // (Nl, C) the chunk's output (x_final with the head)
+    Tensor lnf, rstdf, logits, losses;  // head chunk
+    Tensor in_tok, tgt_tok;            // (N) int32
+    Tensor d_emb;                      // (N, C) split backward of the embedding chunk
+  };
+  struct Chunk {
+    int64_t first_layer = 0, n_layers = 0;  // global layer range
+    size_t first_local = 0;                 // index into layer_idx_
+    std::vector<Slot> slots;
   };
   struct LayerIdx { size_t in_norm, q, k, v, o, post_norm, gate, up, down; };
+  static constexpr size_t kNone = size_t(-1);
 
   Tensor flat(const Buffer& b) const;
   Tensor act(int64_t rows, int64_t cols, DType dt);  // a new buffer owned by the model
   void build_rope_tables();
+  void make_split_buffers(Slot& s, int chunk);
   // Sequence-parallel boundaries (identities / all-reduce without SP).
   void gather_rows(Tensor full, const Tensor& local);   // (Nl,C) -> (N,C)
   void reduce_rows(Tensor local, Tensor partial);       // (N,C) partial sums -> (Nl,C)
   void norm_forward(Tensor full_out, Tensor rstd, const Tensor& x, size_t w);
-  void loss_forward(const Tensor& targets_dev, double scale);
+  void loss_forward(Slot& s, double scale);
   std::pair<int64_t, int64_t> range(size_t first, size_t last) const;
 
   ModelConfig cfg_;
+  StageSlice stage_;
   Backend& be_;
   DType dtype_;
   int64_t B_, T_, N_, Nl_;
   Comm* tp_;
   SelfComm self_;
   bool sp_;
-  int64_t vocab_start_, vocab_valid_, flat_n_;
+  int64_t vocab_start_ = 0, vocab_valid_ = 0, flat_n_;
+  int64_t Hl_, KVl_, Fl_, Vl_ = 0;
   AttentionShape att_shape_;
   std::vector<ParamSpec> table_;
-  std::vector<LayerIdx> layer_idx_;
-  size_t emb_idx_ = 0, norm_idx_ = 0, head_idx_ = 0;
+  std::vector<LayerIdx> layer_idx_;  // this rank's layers, chunk by chunk
+  std::vector<Chunk> chunks_;
+  size_t emb_idx_ = kNone, norm_idx_ = kNone, head_idx_ = kNone;
   Buffer params_, grads_;
   std::vector<Buffer> owned_;  // activations and scratch
-  std::vector<LayerActs> acts_;
-  Tensor x_final_, lnf_, rstdf_, logits_, losses_;
   Tensor ln_local_;             // (Nl, C) norm output before the gather (SP only)
   Tensor partial_;              // (N, C) row-parallel partial sums (SP only)
   Tensor d_resid_, d_full_, d_tmp_, d_tmp_local_;
   Tensor dq_, dk_, dv_, d_att_, dgate_, dup_, dh_;
   Tensor ce_stats_, ce_gathered_, ce_combined_;
   Tensor rope_cos_, rope_sin_;  // (T, hd/2)
-  Tensor in_tok_, tgt_tok_;     // (N) int32
   bool capture_logits_ = false;
   std::vector<double> logits_host_;
 };

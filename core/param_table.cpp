@@ -8,7 +8,10 @@ int64_t padded_vocab(const ModelConfig& m, int64_t tp) {
   return (m.vocab_size + tp - 1) / tp * tp;
 }
 
-std::vector<ParamSpec> build_param_table(const ModelConfig& m, int64_t tp, int64_t r) {
+std::vector<ParamSpec> build_param_table(const ModelConfig& m, int64_t tp, int64_t r,
+                                         const StageSlice* slice) {
+  const StageSlice whole = whole_model(m);
+  const StageSlice& sl = slice ? *slice : whole;
   std::vector<ParamSpec> t;
   int64_t off = 0;
   // dim: -1 replicated; 0/1 split that dimension of `global` into tp equal parts
@@ -38,8 +41,11 @@ std::vector<ParamSpec> build_param_table(const ModelConfig& m, int64_t tp, int64
   };
   const int64_t C = m.d_model, hd = m.head_dim(), F = m.ffn_hidden, V = m.vocab_size;
   const int64_t Vl = padded_vocab(m, tp) / tp;
-  add("model.embed_tokens.weight", {V, C}, 0, Vl, false, true);
-  for (int64_t l = 0; l < m.n_layers; ++l) {
+  if (sl.embedding) add("model.embed_tokens.weight", {V, C}, 0, Vl, false, true);
+  std::vector<int64_t> layers;
+  for (const auto& [first, end] : sl.chunks)
+    for (int64_t l = first; l < end; ++l) layers.push_back(l);
+  for (int64_t l : layers) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     add(p + "input_layernorm.weight", {C}, -1, 0, false);
     add(p + "self_attn.q_proj.weight", {m.n_heads * hd, C}, 0, m.n_heads / tp * hd, true);
@@ -51,8 +57,10 @@ std::vector<ParamSpec> build_param_table(const ModelConfig& m, int64_t tp, int64
     add(p + "mlp.up_proj.weight", {F, C}, 0, F / tp, true);
     add(p + "mlp.down_proj.weight", {C, F}, 1, F / tp, true);
   }
-  add("model.norm.weight", {C}, -1, 0, false);
-  if (!m.tie_embeddings) add("lm_head.weight", {V, C}, 0, Vl, true);
+  if (sl.head) {
+    add("model.norm.weight", {C}, -1, 0, false);
+    if (!m.tie_embeddings) add("lm_head.weight", {V, C}, 0, Vl, true);
+  }
   return t;
 }
 

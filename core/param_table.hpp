@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "core/pipeline_stages.hpp"
 
 namespace adgt {
 
@@ -33,8 +34,11 @@ struct ParamSpec {
 // In HF order: embed, per layer (input_layernorm, q, k, v, o, post_attention_layernorm,
 // gate, up, down), norm, lm_head (absent when tied). Offsets are 16-element aligned.
 // With tp > 1 the shapes are those of rank tp_rank's shard.
+// With a stage slice (pipeline parallelism, core/pipeline_stages.hpp) only that
+// slice's parameters: the embedding if it holds it, its layers in ascending
+// order, model.norm and lm_head if it holds the head; offsets are recomputed.
 std::vector<ParamSpec> build_param_table(const ModelConfig& m, int64_t tp = 1,
-                                         int64_t tp_rank = 0);
+                                         int64_t tp_rank = 0, const StageSlice* slice = nullptr);
 int64_t padded_vocab(const ModelConfig& m, int64_t tp);    // vocab rounded up to a multiple of tp
 int64_t total_numel(const std::vector<ParamSpec>& table);  // flat buffer length incl. padding
 int64_t param_count(const std::vector<ParamSpec>& table);  // sum of numel

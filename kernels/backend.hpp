@@ -46,7 +46,8 @@ class Backend {
   // ---- linear layers ----
   // y(N,O) = x(N,I) w(O,I)^T
   virtual void linear_forward(Tensor y, const Tensor& x, const Tensor& w) = 0;
-  // dx(N,I) (=|+=) dy(N,O) w(O,I); dw(O,I) += dy^T x. dx may be empty (data==nullptr).
+  // dx(N,I) (=|+=) dy(N,O) w(O,I); dw(O,I) += dy^T x. Either dx or dw may be empty
+  // (data == nullptr): split backwards compute them at different times.
   virtual void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x,
                                const Tensor& w, bool accumulate_dx) = 0;
 

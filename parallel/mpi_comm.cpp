@@ -216,6 +216,41 @@ void MpiComm::send(const Tensor& t, int peer, int tag) {
   stats_.bytes += bytes;
 }
 
+int64_t MpiComm::isend(const Tensor& t, int peer, int tag) {
+  ADGT_CHECK(peer >= 0 && peer < size_ && peer != rank_,
+             "MpiComm(" << name_ << ")::isend: peer " << peer << " must be another rank of 0.."
+                        << size_ - 1 << " (this is rank " << rank_ << ")");
+  ADGT_CHECK(tag >= 0 && tag <= kMaxUserTag,
+             "MpiComm(" << name_ << ")::isend: tag " << tag << " outside 0.." << kMaxUserTag);
+  Timed timed(stats_);
+  const int64_t bytes = int64_t(t.bytes());
+  const char* base = static_cast<const char*>(t.data);
+  std::vector<MPI_Request>& reqs = pending_[next_send_id_];
+  for (int64_t o = 0; o < bytes; o += kMaxMessage) {
+    reqs.emplace_back();
+    ADGT_MPI(MPI_Isend(base + o, int(std::min(kMaxMessage, bytes - o)), MPI_BYTE, peer, tag, comm_,
+                       &reqs.back()));
+  }
+  stats_.bytes += bytes;
+  return next_send_id_++;
+}
+
+bool MpiComm::send_done(int64_t id) {
+  auto it = pending_.find(id);
+  if (it == pending_.end()) return true;
+  int done = 0;
+  ADGT_MPI(MPI_Testall(int(it->second.size()), it->second.data(), &done, MPI_STATUSES_IGNORE));
+  if (done) pending_.erase(it);
+  return done != 0;
+}
+
+void MpiComm::wait_sends() {
+  Timed timed(stats_);
+  for (auto& [id, reqs] : pending_)
+    ADGT_MPI(MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+  pending_.clear();
+}
+
 void MpiComm::recv(Tensor t, int peer, int tag) {
   ADGT_CHECK(peer >= 0 && peer < size_ && peer != rank_,
              "MpiComm(" << name_ << ")::recv: peer " << peer << " must be another rank of 0.."

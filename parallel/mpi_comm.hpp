@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include <map>
+
 #include "core/comm.hpp"
 #include "parallel/ring.hpp"
 
@@ -49,6 +51,9 @@ class MpiComm final : public Comm {
   void broadcast(Tensor t, int root) override;
   void send(const Tensor& t, int peer, int tag = 0) override;
   void recv(Tensor t, int peer, int tag = 0) override;
+  int64_t isend(const Tensor& t, int peer, int tag = 0) override;
+  bool send_done(int64_t id) override;
+  void wait_sends() override;
   void all_to_all(Tensor out, const Tensor& in) override;
   void all_to_allv(Tensor out, const std::vector<int64_t>& recv_counts,
                    const std::vector<int64_t>& recv_displs, const Tensor& in,
@@ -79,6 +84,8 @@ class MpiComm final : public Comm {
   int rank_ = 0, size_ = 1;
   std::string name_;
   std::vector<char> scratch_;
+  std::map<int64_t, std::vector<MPI_Request>> pending_;  // isend id -> its requests
+  int64_t next_send_id_ = 1;
 };
 
 }  // namespace adgt

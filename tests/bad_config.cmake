@@ -40,6 +40,30 @@ adgt_config_error(yaml_syntax
   "^error: .*yaml_syntax[.]yaml:4: YAML syntax error")
 adgt_config_error(tp3
   "^error: .*tp3[.]yaml: parallel[.]tp=3 does not divide model[.]n_heads=8; use tp in [{]1,2,4[}]")
+# Pipeline settings (the cross-field rules of check_pipeline in core/config.cpp).
+adgt_config_error(pp_fewer_microbatches
+  "^error: .*pp_fewer_microbatches[.]yaml: parallel[.]schedule=1f1b with parallel[.]pp=4: fewer micro-batches than stages [(]train[.]global_batch=4 / [(]train[.]micro_batch=2 x parallel[.]dp=1[)] = 2, need >= 4[)]; use train[.]global_batch >= 8, or parallel[.]schedule=gpipe")
+adgt_config_error(pp_interleaved_layers
+  "^error: .*pp_interleaved_layers[.]yaml: model[.]n_layers=12 is not divisible by parallel[.]pp x parallel[.]virtual_stages = 2 x 4 = 8 stages: .*use virtual_stages in [{]2,3,6[}]")
+adgt_config_error(pp_stage_layers_entry
+  "^error: .*pp_stage_layers_entry[.]yaml:11: parallel[.]stage_layers: expected a list of positive integers, got \"two\" at entry 2")
+# The same rule in a real launch: every rank reports it and the job ends
+# (mpirun's status is a rank's: 2). pp=2 on 2 ranks, 2 / (2 x 1) = 1 micro-batch.
+add_test(NAME config_error_pp_fewer_microbatches_np2
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_all_ranks.sh 2
+    ".*pp_fewer_microbatches[.]yaml: parallel[.]schedule=1f1b with parallel[.]pp=2: fewer micro-batches than stages" --
+    ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh 2 $<TARGET_FILE:adgt-train>
+      --config ${ADGT_BAD_CONFIGS}/pp_fewer_microbatches.yaml
+      --set parallel.pp=2 --set train.global_batch=2)
+add_test(NAME config_error_pp_fewer_microbatches_np2_status
+  COMMAND bash ${ADGT_EXPECT} --status 2
+    "^error: rank 1 [(]host [^)]+[)]: .*parallel[.]pp=2: fewer micro-batches than stages" --
+    ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh 2 $<TARGET_FILE:adgt-train>
+      --config ${ADGT_BAD_CONFIGS}/pp_fewer_microbatches.yaml
+      --set parallel.pp=2 --set train.global_batch=2)
+set_tests_properties(config_error_pp_fewer_microbatches_np2
+  config_error_pp_fewer_microbatches_np2_status
+  PROPERTIES LABELS "config;parallel" TIMEOUT 90 PROCESSORS 2)
 # A missing file (no such case file exists on purpose).
 adgt_config_error(does_not_exist
   "^error: .*does_not_exist[.]yaml: cannot open config file")

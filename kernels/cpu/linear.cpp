@@ -24,7 +24,7 @@ void CpuBackend::linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const T
                                  const Tensor& w, bool accumulate_dx) {
   const int64_t N = x.dim(0), I = x.dim(1), O = w.dim(0);
   ADGT_CHECK(
-      dy.numel() == N * O && dw.numel() == O * I,
+      dy.numel() == N * O && (!dw.data || dw.numel() == O * I),
       "linear_backward: dy" << dy.shape_str() << " x" << x.shape_str() << " dw" << dw.shape_str());
   cpu_dispatch(x.dtype, [&](auto z_) {
     using T = decltype(z_);
@@ -33,7 +33,8 @@ void CpuBackend::linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const T
       cpu::gemm(false, false, N, I, O, T(1), dy.ptr<T>(), O, w.ptr<T>(), I,
                 T(accumulate_dx ? 1 : 0), dx.ptr<T>(), I);
     }
-    cpu::gemm(true, false, O, I, N, T(1), dy.ptr<T>(), O, x.ptr<T>(), I, T(1), dw.ptr<T>(), I);
+    if (dw.data)
+      cpu::gemm(true, false, O, I, N, T(1), dy.ptr<T>(), O, x.ptr<T>(), I, T(1), dw.ptr<T>(), I);
   });
 }
 

@@ -294,3 +294,121 @@ TEST_CASE("checkpoint v2 ZeRO chunk pieces round trip", "[checkpoint]") {
   REQUIRE_THAT(error_of([&] { save_checkpoint_sharded(root.string(), st, lay, world, 0); }),
                Contains("exp_avg has " + std::to_string(st.exp_avg.size()) + " floats, the ZeRO chunk has"));
 }
+
+namespace {
+
+// build_param_table filtered by name, offsets recomputed (16-element aligned):
+// what a pipeline stage holds.
+std::vector<ParamSpec> stage_of(const std::vector<ParamSpec>& all, const std::function<bool(const std::string&)>& keep) {
+  std::vector<ParamSpec> t;
+  int64_t off = 0;
+  for (ParamSpec p : all) {
+    if (!keep(p.name)) continue;
+    p.offset = off;
+    off += (p.numel + 15) / 16 * 16;
+    t.push_back(p);
+  }
+  return t;
+}
+
+// What tp rank t's stage table `local` must hold: its tensors cut from the whole state.
+std::vector<float> stage_values(const std::vector<ParamSpec>& local, int tp, int t, const CheckpointState& whole,
+                                const std::vector<float>& gflat) {
+  const auto full = build_param_table(model(), tp, t);
+  const std::vector<float> all = global_to_local(full, whole.specs, gflat, total_numel(full));
+  std::vector<float> out(size_t(total_numel(local)), 0.0f);
+  for (const ParamSpec& p : local)
+    for (const ParamSpec& q : full)
+      if (q.name == p.name) std::copy_n(all.begin() + q.offset, p.numel, out.begin() + p.offset);
+  return out;
+}
+
+// Stage 0 of two: the embedding and layer 0; stage 1: layer 1, model.norm, lm_head.
+bool on_stage(const std::string& name, int stage) {
+  const bool first = name == "model.embed_tokens.weight" || name.rfind("model.layers.0.", 0) == 0;
+  return first == (stage == 0);
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint v2 pipeline stages load subsets of the tensors", "[checkpoint]") {
+  // A world of one stands in for each rank of a pp=2 x tp=2 layout in turn.
+  const fs::path root = fresh_root("pp_subsets");
+  const auto specs = build_param_table(model());
+  const CheckpointState whole = whole_state(specs, 4);
+  SelfComm world("world");
+  const std::string dir = save_checkpoint_sharded(root.string(), whole, ShardLayout{}, world, 0);
+  for (int stage = 0; stage < 2; ++stage)
+    for (int t = 0; t < 2; ++t) {
+      INFO("pp rank " << stage << " tp rank " << t);
+      const auto local = stage_of(build_param_table(model(), 2, t), [&](const std::string& n) { return on_stage(n, stage); });
+      ShardLayout lay = tp_layout(2, t);
+      lay.pp = 2;
+      lay.pp_rank = stage;
+      const CheckpointState st = load_checkpoint_sharded(dir, local, lay, world);
+      const int64_t n = total_numel(local);
+      REQUIRE(st.params.size() == size_t(n));
+      require_bits(st.params, stage_values(local, 2, t, whole, whole.params));
+      require_bits(st.exp_avg, stage_values(local, 2, t, whole, whole.exp_avg));
+      require_bits(st.exp_avg_sq, stage_values(local, 2, t, whole, whole.exp_avg_sq));
+    }
+
+  SECTION("a tensor of the table that the checkpoint lacks is named") {
+    ModelConfig m3 = model();
+    m3.n_layers = 3;
+    const auto local = stage_of(build_param_table(m3), [](const std::string& n) { return !on_stage(n, 0); });
+    ShardLayout lay;
+    lay.pp = 2;
+    lay.pp_rank = 1;
+    REQUIRE_THAT(error_of([&] { load_checkpoint_sharded(dir, local, lay, world); }),
+                 Contains("checkpoint " + dir + "/checkpoint.h5: tensor model/model.layers.2.input_layernorm.weight "
+                          "is missing (the model expects shape (16))"));
+  }
+  SECTION("with pp=1 a subset leaves tensors that no rank loads") {
+    const auto local = stage_of(specs, [](const std::string& n) { return on_stage(n, 1); });
+    REQUIRE_THAT(error_of([&] { load_checkpoint_sharded(dir, local, ShardLayout{}, world); }),
+                 Contains("tensor model/model.embed_tokens.weight is in the checkpoint but not in the model"));
+  }
+}
+
+TEST_CASE("checkpoint v2 pipeline layout checks and partial indexes", "[checkpoint]") {
+  const fs::path root = fresh_root("pp_layout");
+  const auto specs = build_param_table(model());
+  SelfComm world("world");
+  ShardLayout lay;
+  lay.pp = 2;
+  REQUIRE_THAT(error_of([&] { save_checkpoint_sharded(root.string(), whole_state(specs, 1), lay, world, 0); }),
+               Contains("layout tp 1 x dp 1 x pp 2 (this rank tp 0, dp 0, pp 0) does not match the 1 ranks saving"));
+  lay.pp = 1;
+  lay.pp_rank = 1;
+  REQUIRE_THAT(error_of([&] { load_checkpoint_sharded(root.string(), specs, lay, world); }),
+               Contains("layout tp 1 x dp 1 x pp 1 (this rank tp 0, dp 0, pp 1) does not match the 1 ranks loading"));
+
+  // Layers missing between the first and the last held: not the whole model.
+  const auto stage1 = stage_of(specs, [](const std::string& n) { return on_stage(n, 1); });
+  REQUIRE_THAT(error_of([&] { save_checkpoint_sharded(root.string(), whole_state(stage1, 2), ShardLayout{}, world, 0); }),
+               Contains("no pipeline stage holds model.layers.0.* (the stages hold layers up to 1)"));
+
+  // Stage 0 saved alone: the index lists exactly the tensors written.
+  const auto stage0 = stage_of(specs, [](const std::string& n) { return on_stage(n, 0); });
+  const CheckpointState st = whole_state(stage0, 2);
+  const std::string dir = save_checkpoint_sharded(root.string(), st, ShardLayout{}, world, 0);
+  {
+    h5::Id f(ADGT_H5(H5Fopen((fs::path(dir) / "checkpoint.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT)), H5Fclose);
+    h5::Id g(ADGT_H5(H5Gopen2(f, "model", H5P_DEFAULT)), H5Gclose);
+    H5G_info_t info;
+    ADGT_H5(H5Gget_info(g, &info));
+    REQUIRE(info.nlinks == stage0.size());
+    h5::Id d(ADGT_H5(H5Dopen2(f, "meta/layout_dims", H5P_DEFAULT)), H5Dclose);
+    int64_t dims[3] = {0, 0, 0};
+    ADGT_H5(H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, dims));
+    REQUIRE((dims[0] == 1 && dims[1] == 1 && dims[2] == 1));
+  }
+  const CheckpointState back = load_checkpoint(dir, stage0);
+  for (const ParamSpec& p : stage0) {
+    INFO(p.name);
+    REQUIRE(std::memcmp(back.params.data() + p.offset, st.params.data() + p.offset, size_t(p.numel) * 4) == 0);
+  }
+  REQUIRE_THAT(error_of([&] { load_checkpoint(dir, specs); }),
+               Contains("tensor model/model.layers.1.input_layernorm.weight is missing"));
+}

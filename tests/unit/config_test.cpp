@@ -80,6 +80,8 @@ TEST_CASE("to_yaml round-trips every key", "[config]") {
   c.data.tokenizer = "123";
   c.checkpoint.dir = "  spaced  ";
   c.log.peak_tflops = 989.5;
+  c.parallel.stage_layers = {4};
+  c.parallel.schedule = "gpipe";
   const std::string y = to_yaml(c);
   INFO(y);
   CHECK(load(y) == c);
@@ -243,8 +245,8 @@ TEST_CASE("cross-field rules name both keys and a fix", "[config]") {
         "x.yaml: train.warmup_steps=20 exceeds train.steps=10; use warmup_steps <= 10");
   CHECK(error_of("parallel:\n  tp: 3\n") ==
         "x.yaml: parallel.tp=3 does not divide model.n_heads=8; use tp in {1,2,4}");
-  CHECK(error_of("parallel:\n  pp: 2\n") ==
-        "x.yaml: parallel.pp=2: pipeline parallelism is not available in this build yet; use 1");
+  CHECK(error_of("parallel:\n  ep: 2\n") ==
+        "x.yaml: parallel.ep=2: expert parallelism is not available in this build yet; use 1");
   CHECK(error_of("parallel:\n  zero: 2\n") ==
         "x.yaml: parallel.zero=2: only ZeRO stage 0 or 1 is supported; use 0 or 1");
   CHECK(error_of("model:\n  ffn_hidden: 690\nparallel:\n  tp: 4\n") ==
@@ -330,9 +332,220 @@ TEST_CASE("docs/config.md carries the generated key reference", "[config]") {
     FAIL("docs/config.md is out of date with the schema in core/config.cpp; paste " + out +
          " between its BEGIN/END markers");
   }
-  CHECK(config_keys().size() == 45);
+  CHECK(config_keys().size() == 49);
   for (const auto& k : config_keys()) {
     CHECK(!k.doc.empty());
     CHECK(!k.allowed.empty());
   }
+}
+
+// ------------------------------------------------------------ pipeline keys
+
+namespace {
+
+// A valid pipeline base: 8 layers, pp 2, 4 micro-batches of 1 sequence.
+const std::string kPipe =
+    "model:\n  n_layers: 8\ntrain:\n  micro_batch: 1\n  global_batch: 4\nparallel:\n  pp: 2\n";
+
+}  // namespace
+
+TEST_CASE("pipeline keys: defaults, values and pipeline_microbatches", "[config]") {
+  RunConfig d;
+  CHECK(d.parallel.schedule == "1f1b");
+  CHECK(d.parallel.microbatches == 0);
+  CHECK(d.parallel.virtual_stages == 1);
+  CHECK(d.parallel.stage_layers.empty());
+  CHECK(d.pipeline_microbatches() == d.accum_steps());
+
+  RunConfig c = load(kPipe);
+  CHECK(c.parallel.pp == 2);
+  CHECK(c.pipeline_microbatches() == 4);
+  CHECK(load(kPipe, {"parallel.microbatches=4"}).parallel.microbatches == 4);
+  CHECK(load(kPipe, {"parallel.schedule=gpipe", "train.global_batch=1"}).pipeline_microbatches() == 1);
+  CHECK(load(kPipe, {"parallel.schedule=zb-h1"}).parallel.schedule == "zb-h1");
+  CHECK(load(kPipe, {"parallel.schedule=greedy"}).parallel.schedule == "greedy");
+  RunConfig i = load(kPipe, {"parallel.schedule=interleaved", "parallel.virtual_stages=2"});
+  CHECK(i.parallel.virtual_stages == 2);
+  CHECK(error_of("parallel:\n  schedule: zb-h2\n") ==
+        "x.yaml:2: parallel.schedule: expected one of {gpipe, 1f1b, interleaved, zb-h1, greedy}, "
+        "got \"zb-h2\"");
+  CHECK(error_of("parallel:\n  virtual_stages: 0\n") ==
+        "x.yaml:2: parallel.virtual_stages: expected a positive integer, got 0");
+  CHECK(error_of("parallel:\n  microbatches: -1\n") ==
+        "x.yaml:2: parallel.microbatches: expected a non-negative integer, got -1");
+  // The data-parallel arithmetic is unchanged with pp = 1.
+  CHECK(load("train:\n  micro_batch: 2\n  global_batch: 16\nparallel:\n  dp: 2\n")
+            .pipeline_microbatches() == 4);
+}
+
+TEST_CASE("parallel.stage_layers: an int list from YAML and --set", "[config]") {
+  const std::string base = kPipe;
+  CHECK(load(base + "  stage_layers: [5, 3]\n").parallel.stage_layers ==
+        std::vector<int64_t>{5, 3});
+  CHECK(load(base + "  stage_layers:\n    - 2\n    - 6\n").parallel.stage_layers ==
+        std::vector<int64_t>{2, 6});
+  CHECK(load(base + "  stage_layers: 4, 4\n").parallel.stage_layers ==
+        std::vector<int64_t>{4, 4});
+  CHECK(load(base + "  stage_layers: []\n").parallel.stage_layers.empty());
+  CHECK(load(base, {"parallel.stage_layers=[3,5]"}).parallel.stage_layers ==
+        std::vector<int64_t>{3, 5});
+  CHECK(load(base, {"parallel.stage_layers=3,5"}).parallel.stage_layers ==
+        std::vector<int64_t>{3, 5});
+  CHECK(load(base, {"parallel.stage_layers=[ 1, +7 ]"}).parallel.stage_layers ==
+        std::vector<int64_t>{1, 7});
+  CHECK(load(base + "  stage_layers: [5, 3]\n", {"parallel.stage_layers=[]"})
+            .parallel.stage_layers.empty());
+  // pp = 1: the only list is [n_layers].
+  CHECK(load("parallel:\n  stage_layers: [4]\n").parallel.stage_layers ==
+        std::vector<int64_t>{4});
+
+  // to_yaml writes flow lists and reads them back.
+  RunConfig c = load(base + "  stage_layers: [5, 3]\n");
+  const std::string y = to_yaml(c);
+  CHECK_THAT(y, Contains("  stage_layers: [5, 3]\n"));
+  CHECK_THAT(to_yaml(RunConfig{}), Contains("  stage_layers: []\n"));
+  CHECK(load(y) == c);
+  for (const auto& k : config_keys())
+    if (k.key == "stage_layers") {
+      CHECK(k.type == "int list");
+      CHECK(k.default_value == "[]");
+      CHECK(k.allowed == "a list of positive integers");
+    }
+
+  // Bad entries name the file, the line of the entry and the key.
+  CHECK(error_of(base + "  stage_layers: [5, x]\n") ==
+        "x.yaml:8: parallel.stage_layers: expected a list of positive integers, got \"x\" at "
+        "entry 2");
+  CHECK(error_of(base + "  stage_layers:\n    - 5\n    - 2.5\n") ==
+        "x.yaml:10: parallel.stage_layers: expected a list of positive integers, got \"2.5\" at "
+        "entry 2");
+  CHECK(error_of(base + "  stage_layers: [5, 0, 3]\n") ==
+        "x.yaml:8: parallel.stage_layers: expected a list of positive integers, got 0 at entry 2");
+  CHECK(error_of(base + "  stage_layers: [5, \"3\"]\n") ==
+        "x.yaml:8: parallel.stage_layers: expected a list of positive integers, got \"3\" at "
+        "entry 2 (a quoted string; remove the quotes)");
+  CHECK(error_of(base + "  stage_layers: [5, [3]]\n") ==
+        "x.yaml:8: parallel.stage_layers: expected a list of positive integers, got a sequence "
+        "at entry 2");
+  CHECK(error_of(base + "  stage_layers: {a: 1}\n") ==
+        "x.yaml:8: parallel.stage_layers: expected a list of positive integers, got a mapping");
+  CHECK(error_of(base + "  stage_layers:\n") ==
+        "x.yaml:8: parallel.stage_layers: expected a list of positive integers, got nothing "
+        "(null)");
+  CHECK(error_of(base + "  stage_layers: \"5,3\"\n") ==
+        "x.yaml:8: parallel.stage_layers: expected a list of positive integers, got \"5,3\" (a "
+        "quoted string; remove the quotes)");
+  CHECK(error_of(base, {"parallel.stage_layers=5,x"}) ==
+        "--set parallel.stage_layers=5,x: parallel.stage_layers: expected a list of positive "
+        "integers, got \"x\" at entry 2");
+  CHECK(error_of(base, {"parallel.stage_layers=5,,3"}) ==
+        "--set parallel.stage_layers=5,,3: parallel.stage_layers: expected a list of positive "
+        "integers, got \"\" at entry 2");
+  CHECK(error_of(base, {"parallel.stage_layers=[5,-3]"}) ==
+        "--set parallel.stage_layers=[5,-3]: parallel.stage_layers: expected a list of positive "
+        "integers, got -3 at entry 2");
+  CHECK_THAT(error_of(base, {"parallel.stage_layers=[5,3"}),
+             StartsWith("--set parallel.stage_layers=[5,3: parallel.stage_layers: cannot read "
+                        "the value as YAML"));
+  // A list built in code is range-checked by validate() too.
+  RunConfig bad = load(base);
+  bad.parallel.stage_layers = {8, 0};
+  REQUIRE_THROWS_WITH(validate(bad),
+                      "x.yaml: parallel.stage_layers: expected a list of positive integers, got "
+                      "0 at entry 2 of [8, 0]");
+}
+
+TEST_CASE("pipeline cross-field rules name the keys and a fix", "[config]") {
+  // parallel.microbatches, when set, equals the accumulation steps.
+  CHECK(error_of(kPipe + "  microbatches: 6\n") ==
+        "x.yaml: parallel.microbatches=6 does not match train.global_batch=4 / "
+        "(train.micro_batch=1 x parallel.dp=1) = 4 accumulation steps, which are the pipeline's "
+        "micro-batches; set train.global_batch=6 (= 6 x 1 x 1), or parallel.microbatches=0 to "
+        "derive it");
+  CHECK_THAT(error_of("train:\n  micro_batch: 2\n  global_batch: 16\nparallel:\n  dp: 2\n"
+                      "  microbatches: 2\n"),
+             Contains("set train.global_batch=8 (= 2 x 2 x 2)"));
+
+  // virtual_stages > 1 only with the interleaved schedule.
+  CHECK(error_of(kPipe + "  virtual_stages: 2\n") ==
+        "x.yaml: parallel.virtual_stages=2 needs parallel.schedule=interleaved (got 1f1b); use "
+        "virtual_stages=1 or schedule=interleaved");
+  CHECK(error_of(kPipe + "  virtual_stages: 2\n  schedule: greedy\n") ==
+        "x.yaml: parallel.virtual_stages=2 needs parallel.schedule=interleaved (got greedy, which "
+        "plans one chunk per rank); use virtual_stages=1 or schedule=interleaved");
+  CHECK(error_of(kPipe + "  schedule: interleaved\n") ==
+        "x.yaml: parallel.virtual_stages=1: the interleaved schedule needs at least 2 chunks per "
+        "rank; use virtual_stages >= 2, or parallel.schedule=1f1b");
+  CHECK(error_of("parallel:\n  schedule: interleaved\n  virtual_stages: 2\n") ==
+        "x.yaml: parallel.pp=1: the interleaved schedule needs at least 2 pipeline ranks; use "
+        "pp >= 2, or parallel.schedule=1f1b with parallel.virtual_stages=1");
+
+  // Tied embeddings cannot span stages.
+  CHECK(error_of(kPipe, {"model.tie_embeddings=true"}) ==
+        "x.yaml: model.tie_embeddings=true with parallel.pp=2: the embedding (first stage) and "
+        "lm_head (last stage) live on different pipeline ranks and cannot share one weight; set "
+        "model.tie_embeddings: false or parallel.pp: 1");
+
+  // Fewer micro-batches than stages.
+  CHECK(error_of(kPipe, {"parallel.pp=4", "train.global_batch=2"}) ==
+        "x.yaml: parallel.schedule=1f1b with parallel.pp=4: fewer micro-batches than stages "
+        "(train.global_batch=2 / (train.micro_batch=1 x parallel.dp=1) = 2, need >= 4); use "
+        "train.global_batch >= 4, or parallel.schedule=gpipe");
+  CHECK_THAT(error_of(kPipe, {"parallel.schedule=zb-h1", "train.global_batch=1"}),
+             Contains("parallel.schedule=zb-h1 with parallel.pp=2: fewer micro-batches than "
+                      "stages"));
+  CHECK_THAT(error_of(kPipe, {"parallel.schedule=interleaved", "parallel.virtual_stages=2",
+                              "train.global_batch=1"}),
+             Contains("parallel.schedule=interleaved with parallel.pp=2: fewer micro-batches"));
+  CHECK_NOTHROW(load(kPipe, {"parallel.schedule=gpipe", "train.global_batch=1"}));
+  CHECK_NOTHROW(load(kPipe, {"parallel.schedule=greedy", "train.global_batch=1"}));
+  // pp = 1 has no pipeline micro-batch rule.
+  CHECK_NOTHROW(load("train:\n  micro_batch: 8\n  global_batch: 8\n"));
+
+  // Interleaved: micro-batches in groups of pp.
+  CHECK(error_of(kPipe, {"parallel.schedule=interleaved", "parallel.virtual_stages=2",
+                         "train.global_batch=5"}) ==
+        "x.yaml: parallel.schedule=interleaved with parallel.pp=2: the micro-batches "
+        "(train.global_batch=5 / (train.micro_batch=1 x parallel.dp=1) = 5) run in groups of pp "
+        "and must be a multiple of 2; use train.global_batch=4 or 6");
+
+  // Enough layers for every stage.
+  CHECK(error_of(kPipe, {"model.n_layers=3", "parallel.pp=4"}) ==
+        "x.yaml: model.n_layers=3 is fewer than parallel.pp x parallel.virtual_stages = 4 x 1 = 4 "
+        "stages (each stage needs at least one layer); use pp x virtual_stages <= 3");
+  CHECK_THAT(error_of(kPipe, {"parallel.schedule=interleaved", "parallel.virtual_stages=8"}),
+             Contains("model.n_layers=8 is fewer than parallel.pp x parallel.virtual_stages = 2 x "
+                      "8 = 16 stages"));
+
+  // Interleaved without a list: equal stages.
+  CHECK(error_of(kPipe, {"model.n_layers=12", "parallel.schedule=interleaved",
+                         "parallel.virtual_stages=4"}) ==
+        "x.yaml: model.n_layers=12 is not divisible by parallel.pp x parallel.virtual_stages = 2 "
+        "x 4 = 8 stages: without parallel.stage_layers every interleaved stage holds the same "
+        "number of layers; use virtual_stages in {2,3,6}, or list the layers per stage in "
+        "parallel.stage_layers");
+  CHECK_THAT(error_of(kPipe, {"model.n_layers=7", "parallel.schedule=interleaved",
+                              "parallel.virtual_stages=3"}),
+             Contains("no virtual_stages >= 2 does that with pp=2, or list the layers per stage"));
+  CHECK(load(kPipe, {"model.n_layers=12", "parallel.schedule=interleaved",
+                     "parallel.virtual_stages=4", "parallel.stage_layers=[2,1,2,1,2,1,2,1]"})
+            .parallel.stage_layers.size() == 8);
+  // Balanced (v = 1) needs no divisibility.
+  CHECK_NOTHROW(load(kPipe, {"model.n_layers=7"}));
+
+  // stage_layers: one count per stage, summing to n_layers.
+  CHECK(error_of(kPipe + "  stage_layers: [3, 3, 2]\n") ==
+        "x.yaml: parallel.stage_layers=[3, 3, 2] has 3 entries, but parallel.pp x "
+        "parallel.virtual_stages = 2 x 1 = 2 stages; give one layer count per stage, or [] to "
+        "balance by cost");
+  CHECK(error_of(kPipe + "  stage_layers: [5, 4]\n") ==
+        "x.yaml: parallel.stage_layers=[5, 4] sums to 9, but model.n_layers=8; make the counts add "
+        "up to 8, or use [] to balance by cost");
+  CHECK(error_of("parallel:\n  stage_layers: [2, 2]\n") ==
+        "x.yaml: parallel.stage_layers=[2, 2] has 2 entries, but parallel.pp x "
+        "parallel.virtual_stages = 1 x 1 = 1 stage; with one stage the only list is [4] "
+        "(model.n_layers), or [] to leave it out");
+  CHECK(error_of("parallel:\n  stage_layers: [3]\n") ==
+        "x.yaml: parallel.stage_layers=[3] sums to 3, but model.n_layers=4; make the counts add "
+        "up to 4, or use [] to balance by cost");
 }

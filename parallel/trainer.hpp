@@ -13,6 +13,7 @@
 #include "core/model.hpp"
 #include "core/optimizer.hpp"
 #include "kernels/backend.hpp"
+#include "parallel/pipeline_executor.hpp"
 
 namespace adgt {
 
@@ -35,6 +36,7 @@ struct TrainSummary {
 struct ParallelContext {
   Comm* tp = nullptr;
   Comm* dp = nullptr;
+  Comm* pp = nullptr;     // the pipeline group: the same tp and dp coordinates, every stage
   Comm* world = nullptr;  // every rank of the run: checkpoints are saved and loaded over it
   int world_rank = 0;     // rank 0 logs, prints and commits checkpoints
 };
@@ -51,16 +53,25 @@ class Trainer {
 
  private:
   double run_micro_batches(int64_t first_sample);
+  // The same step through the pipeline executor (parallel.pp > 1).
+  double run_pipeline_step(int64_t first_sample);
+  // Fills micro-batch a's (B, T) inputs and targets of the step starting at first_sample.
+  void fetch_micro_batch(int64_t first_sample, int64_t a, int32_t* in, int32_t* tg);
+  // After a pipeline step: the measured bubble of the pipeline group
+  // (1 - sum of busy time / (pp x the slowest rank's step time)).
+  double measured_bubble();
+  bool pipelined() const { return ctx_.pp->size() > 1; }
   std::string save();
   ShardLayout layout() const;  // this rank's place, for the checkpoint files
   bool lead() const { return ctx_.world_rank == 0; }
 
   RunConfig cfg_;
   ParallelContext ctx_;
-  SelfComm self_tp_{"tp"}, self_dp_{"dp"}, self_world_{"world"};
+  SelfComm self_tp_{"tp"}, self_dp_{"dp"}, self_pp_{"pp"}, self_world_{"world"};
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataParallel> dp_;
+  std::unique_ptr<PipelineExecutor> pipe_;
   std::unique_ptr<TokenShard> train_shard_, val_shard_;
   std::unique_ptr<Sampler> sampler_;
   int64_t step_ = 0;            // steps completed

@@ -1,4 +1,4 @@
-#include "core/trainer.hpp"
+#include "parallel/trainer.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -16,6 +16,7 @@
 #include "core/sampler.hpp"
 #include "core/token_shard.hpp"
 #include "kernels/check.hpp"
+#include "parallel/pipeline_plan.hpp"
 
 namespace adgt {
 
@@ -48,11 +49,15 @@ void install_stop_handlers() {
 Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx) : cfg_(cfg), ctx_(ctx) {
   if (!ctx_.tp) ctx_.tp = &self_tp_;
   if (!ctx_.dp) ctx_.dp = &self_dp_;
+  if (!ctx_.pp) ctx_.pp = &self_pp_;
   if (!ctx_.world) ctx_.world = &self_world_;
-  ADGT_CHECK(ctx_.tp->size() == cfg.parallel.tp && ctx_.dp->size() == cfg.parallel.dp,
+  ADGT_CHECK(ctx_.tp->size() == cfg.parallel.tp && ctx_.dp->size() == cfg.parallel.dp &&
+                 ctx_.pp->size() == cfg.parallel.pp,
              "Trainer: process groups (tp " << ctx_.tp->size() << ", dp " << ctx_.dp->size()
+                                            << ", pp " << ctx_.pp->size()
                                             << ") do not match parallel.tp=" << cfg.parallel.tp
-                                            << ", parallel.dp=" << cfg.parallel.dp);
+                                            << ", parallel.dp=" << cfg.parallel.dp
+                                            << ", parallel.pp=" << cfg.parallel.pp);
   backend_ = make_backend(cfg.train.device);
   train_shard_ = open_shard(cfg.data.train, "data.train", cfg.model);
   val_shard_ = open_shard(cfg.data.val, "data.val", cfg.model);
@@ -62,11 +67,18 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx) : cfg_(cfg), ctx_(ct
   tp.comm = ctx_.tp;
   tp.sequence_parallel = cfg.parallel.sequence_parallel;
   tp.flat_multiple = 16 * (cfg.parallel.zero ? cfg.parallel.dp : 1);
+  const int pp = int(cfg.parallel.pp), v = int(cfg.parallel.virtual_stages);
+  const StageSlice slice =
+      stage_slice(stage_layer_counts(cfg), pp, v, pipelined() ? ctx_.pp->rank() : 0);
   model_ = std::make_unique<Model>(cfg.model, *backend_, dt, cfg.train.micro_batch,
-                                   cfg.model.seq_len, tp);
+                                   cfg.model.seq_len, tp, &slice);
   model_->init_weights(cfg.train.seed);
   dp_ = std::make_unique<DataParallel>(*backend_, *model_, cfg.train, cfg.parallel, *ctx_.dp,
-                                       *ctx_.tp);
+                                       *ctx_.tp, ctx_.pp);
+  if (pipelined()) {
+    pp::Schedule sched = make_pipeline_schedule(cfg);
+    pipe_ = std::make_unique<PipelineExecutor>(*model_, *backend_, *ctx_.pp, std::move(sched));
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -77,7 +89,10 @@ ShardLayout Trainer::layout() const {
   lay.tp_rank = ctx_.tp->rank();
   lay.dp = ctx_.dp->size();
   lay.dp_rank = ctx_.dp->rank();
+  lay.pp = ctx_.pp->size();
+  lay.pp_rank = ctx_.pp->rank();
   lay.description = "tp=" + std::to_string(lay.tp) + " dp=" + std::to_string(lay.dp) +
+                    " pp=" + std::to_string(lay.pp) +
                     " zero=" + std::to_string(dp_->zero() ? 1 : 0) + " sequence_parallel=" +
                     std::to_string(cfg_.parallel.sequence_parallel && lay.tp > 1 ? 1 : 0);
   return lay;
@@ -127,19 +142,47 @@ std::string Trainer::save() {
   return last_checkpoint_;
 }
 
-double Trainer::run_micro_batches(int64_t first_sample) {
+void Trainer::fetch_micro_batch(int64_t first_sample, int64_t a, int32_t* in, int32_t* tg) {
   // Global sample first + (a*dp + d)*B + b goes to data-parallel rank d, so a
   // step reads the same samples whatever the layout.
-  const int64_t B = cfg_.train.micro_batch, T = cfg_.model.seq_len, A = cfg_.accum_steps();
+  const int64_t B = cfg_.train.micro_batch, T = cfg_.model.seq_len;
   const int64_t D = ctx_.dp->size(), d = ctx_.dp->rank();
-  std::vector<int32_t> window(size_t(T + 1)), in(size_t(B * T)), tg(size_t(B * T));
+  std::vector<int32_t> window(size_t(T + 1));
+  for (int64_t b = 0; b < B; ++b) {
+    sampler_->sample(first_sample + (a * D + d) * B + b, window.data());
+    std::copy(window.begin(), window.end() - 1, in + b * T);
+    std::copy(window.begin() + 1, window.end(), tg + b * T);
+  }
+}
+
+double Trainer::run_pipeline_step(int64_t first_sample) {
+  const int64_t A = cfg_.accum_steps(), D = ctx_.dp->size();
+  double loss[1] = {pipe_->run_step(
+      [&](int mb, int32_t* in, int32_t* tg) { fetch_micro_batch(first_sample, mb, in, tg); },
+      1.0 / double(A * D))};
+  model_->finish_sequence_parallel_grads();
+  dp_->reduce_gradients();
+  // The loss is known on the last stage; every rank logs and checks the same value.
+  ctx_.pp->all_reduce(Tensor(loss, DType::F64, {1}));
+  ctx_.dp->all_reduce(Tensor(loss, DType::F64, {1}));
+  return loss[0] / double(A * D);
+}
+
+double Trainer::measured_bubble() {
+  double busy[1] = {pipe_->last_busy_seconds()}, span[1] = {pipe_->last_step_seconds()};
+  ctx_.pp->all_reduce(Tensor(busy, DType::F64, {1}));
+  ctx_.pp->all_reduce(Tensor(span, DType::F64, {1}), ReduceOp::Max);
+  return span[0] > 0 ? 1.0 - busy[0] / (double(ctx_.pp->size()) * span[0]) : 0.0;
+}
+
+double Trainer::run_micro_batches(int64_t first_sample) {
+  if (pipelined()) return run_pipeline_step(first_sample);
+  const int64_t B = cfg_.train.micro_batch, T = cfg_.model.seq_len, A = cfg_.accum_steps();
+  const int64_t D = ctx_.dp->size();
+  std::vector<int32_t> in(size_t(B * T)), tg(size_t(B * T));
   double loss_sum = 0;
   for (int64_t a = 0; a < A; ++a) {
-    for (int64_t b = 0; b < B; ++b) {
-      sampler_->sample(first_sample + (a * D + d) * B + b, window.data());
-      std::copy(window.begin(), window.end() - 1, in.begin() + b * T);
-      std::copy(window.begin() + 1, window.end(), tg.begin() + b * T);
-    }
+    fetch_micro_batch(first_sample, a, in.data(), tg.data());
     loss_sum += model_->forward(in.data(), tg.data(), 1.0 / double(A * D));
     const bool last = a + 1 == A;
     model_->backward(last ? dp_->bucket_hook() : std::function<void(int64_t, int64_t)>(), last);
@@ -168,8 +211,15 @@ double Trainer::evaluate() {
       std::copy(window.begin(), window.end() - 1, in.begin() + b * T);
       std::copy(window.begin() + 1, window.end(), tg.begin() + b * T);
     }
-    total += model_->forward(in.data(), tg.data(), 0.0) * double(rows * T);
+    const double l = pipelined() ? pipe_->forward_only(in.data(), tg.data())
+                                 : model_->forward(in.data(), tg.data(), 0.0);
+    total += l * double(rows * T);
     tokens += rows * T;
+  }
+  if (pipelined()) {  // the loss is known on the last stage
+    double t[1] = {total};
+    ctx_.pp->all_reduce(Tensor(t, DType::F64, {1}));
+    total = t[0];
   }
   return total / double(tokens);
 }
@@ -184,21 +234,23 @@ TrainSummary Trainer::train() {
   std::unique_ptr<MetricsLog> metrics_ptr;
   if (lead()) metrics_ptr = std::make_unique<MetricsLog>(cfg_.log.dir, step_ > 0);
   MetricsLog* metrics = metrics_ptr.get();
-  const int world = ctx_.tp->size() * ctx_.dp->size();
+  const int world = ctx_.tp->size() * ctx_.dp->size() * ctx_.pp->size();
   TrainSummary sum;
   if (metrics) sum.metrics_path = metrics->path();
 
   if (lead()) {
     std::printf("training %s: %ld steps from step %ld, %ld tokens/step (micro_batch %ld x seq %ld x "
-                "accum %ld x dp %d), tp %d%s, dp %d%s, backend %s %s, %d threads/rank, MFU peak "
+                "accum %ld x dp %d), tp %d%s, dp %d%s, pp %d, backend %s %s, %d threads/rank, MFU peak "
                 "%.3g TFLOP/s per rank (%s)\n",
                 cfg_.source.c_str(), long(t.steps), long(step_), long(tokens_per_step),
                 long(t.micro_batch), long(cfg_.model.seq_len), long(cfg_.accum_steps()),
                 ctx_.dp->size(), ctx_.tp->size(),
                 cfg_.parallel.sequence_parallel && ctx_.tp->size() > 1 ? " (sequence parallel)" : "",
-                ctx_.dp->size(), dp_->zero() ? " (ZeRO-1)" : "", backend_->name().c_str(),
+                ctx_.dp->size(), dp_->zero() ? " (ZeRO-1)" : "", ctx_.pp->size(),
+                backend_->name().c_str(),
                 t.dtype.c_str(), omp_get_max_threads(), peak,
                 cfg_.log.peak_tflops > 0 ? "log.peak_tflops" : "measured sgemm");
+    if (pipelined()) std::printf("%s", describe_pipeline_schedule(cfg_).c_str());
     std::fflush(stdout);
   }
 
@@ -210,11 +262,13 @@ TrainSummary Trainer::train() {
   int64_t interval_n = 0;
   while (step_ < t.steps) {
     const auto t0 = clock::now();
-    const int64_t tp_bytes0 = ctx_.tp->stats().bytes, dp_bytes0 = ctx_.dp->stats().bytes;
+    const int64_t tp_bytes0 = ctx_.tp->stats().bytes, dp_bytes0 = ctx_.dp->stats().bytes,
+                  pp_bytes0 = ctx_.pp->stats().bytes;
     const double lr = lr_at(t, step_);
     model_->zero_grads();
     const double loss = run_micro_batches(samples_seen_);
     samples_seen_ += t.global_batch;
+    const double bubble = pipelined() ? measured_bubble() : -1.0;
     const double gn = dp_->grad_norm();
     // Loss and norm are identical on every rank (deterministic reductions), so
     // every rank takes the same branch.
@@ -250,6 +304,8 @@ TrainSummary Trainer::train() {
       m.world = world;
       m.tp_bytes = tp_bytes;
       m.dp_bytes = dp_bytes;
+      m.pp_bytes = ctx_.pp->stats().bytes - pp_bytes0;
+      m.bubble = bubble;
       m.step = step_;
       m.total_steps = t.steps;
       m.loss = interval_n ? interval_loss / double(interval_n) : loss;
@@ -286,6 +342,7 @@ TrainSummary Trainer::train() {
     int32_t sig_flag[1] = {g_stop_signal.load()};
     ctx_.tp->all_reduce(Tensor(sig_flag, DType::I32, {1}), ReduceOp::Max);
     ctx_.dp->all_reduce(Tensor(sig_flag, DType::I32, {1}), ReduceOp::Max);
+    ctx_.pp->all_reduce(Tensor(sig_flag, DType::I32, {1}), ReduceOp::Max);
     const int sig = sig_flag[0];
     if (sig || last ||
         (cfg_.checkpoint.interval > 0 && step_ % cfg_.checkpoint.interval == 0)) {

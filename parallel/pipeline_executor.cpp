@@ -1,0 +1,221 @@
+#include "parallel/pipeline_executor.hpp"
+
+#include <algorithm>
+
+#include "kernels/check.hpp"
+
+namespace adgt {
+
+namespace {
+constexpr int kAct = 0, kGrad = 1;
+constexpr int kMaxTag = 32767;  // MPI guarantees MPI_TAG_UB >= 32767
+}  // namespace
+
+PipelineExecutor::PipelineExecutor(Model& model, Backend& be, Comm& pp_comm, pp::Schedule s)
+    : model_(model), be_(be), comm_(pp_comm), rank_(pp_comm.rank()) {
+  set_schedule(std::move(s));
+  in_.assign(size_t(model.batch() * model.seq_len()), 0);
+  tg_.assign(in_.size(), -1);
+}
+
+void PipelineExecutor::set_schedule(pp::Schedule s) {
+  ADGT_CHECK(s.pp == comm_.size(), "pipeline executor: schedule '" << s.name << "' has pp=" << s.pp
+                                                                   << " but the pipeline group has "
+                                                                   << comm_.size() << " ranks");
+  ADGT_CHECK(s.virtual_stages == model_.num_chunks(),
+             "pipeline executor: schedule '" << s.name << "' has " << s.virtual_stages
+                                             << " chunks per rank but this rank holds "
+                                             << model_.num_chunks());
+  ADGT_CHECK(2 * (int64_t(s.microbatches) * s.num_stages()) <= kMaxTag,
+             "pipeline executor: " << s.microbatches << " micro-batches x " << s.num_stages()
+                                   << " stages exceed the message tags (at most "
+                                   << kMaxTag / 2 << ")");
+  sched_ = std::move(s);
+  slot_of_.assign(size_t(model_.num_chunks()), {});
+  free_slots_.assign(size_t(model_.num_chunks()), {});
+  for (int c = 0; c < model_.num_chunks(); ++c)
+    for (int k = model_.num_slots(c); k-- > 0;) free_slots_[size_t(c)].push_back(k);
+}
+
+int PipelineExecutor::tag(int kind, int mb, int receiving_stage) const {
+  return 2 * (mb * sched_.num_stages() + receiving_stage) + kind;
+}
+
+int PipelineExecutor::slot_for(int chunk, int mb) {
+  auto& m = slot_of_[size_t(chunk)];
+  auto it = m.find(mb);
+  if (it != m.end()) return it->second;
+  auto& fr = free_slots_[size_t(chunk)];
+  if (fr.empty()) {
+    model_.add_slot(chunk);
+    fr.push_back(model_.num_slots(chunk) - 1);
+  }
+  const int s = fr.back();
+  fr.pop_back();
+  m[mb] = s;
+  return s;
+}
+
+void PipelineExecutor::release_slot(int chunk, int mb) {
+  auto& m = slot_of_[size_t(chunk)];
+  auto it = m.find(mb);
+  ADGT_CHECK(it != m.end(), "pipeline executor: micro-batch " << mb << " of chunk " << chunk
+                                                              << " has no activations to release");
+  free_slots_[size_t(chunk)].push_back(it->second);
+  m.erase(it);
+}
+
+Tensor PipelineExecutor::send_buffer(const Tensor& like) {
+  const size_t bytes = like.bytes();
+  for (SendBuf& b : sends_) {
+    if (b.id >= 0 && comm_.send_done(b.id)) b.id = -1;
+    if (b.id == -1 && b.buf.bytes() == bytes) {
+      b.id = -2;  // reserved; the isend sets the real id
+      return Tensor(b.buf.data(), like.dtype, {like.numel()});
+    }
+  }
+  sends_.push_back({Buffer(be_, bytes), -2});
+  return Tensor(sends_.back().buf.data(), like.dtype, {like.numel()});
+}
+
+void PipelineExecutor::isend_copy(const Tensor& t, int peer, int tg) {
+  Tensor b = send_buffer(t);
+  be_.copy(b, Tensor(t.data, t.dtype, {t.numel()}));
+  be_.synchronize();
+  const int64_t id = comm_.isend(b, peer, tg);
+  for (SendBuf& s : sends_)
+    if (s.buf.data() == b.data) s.id = id;
+}
+
+double PipelineExecutor::last_busy_seconds() const {
+  double b = 0;
+  for (const auto& e : timeline_) b += e.end - e.start;
+  return b;
+}
+
+double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scale) {
+  using clock = std::chrono::steady_clock;
+  const auto& list = sched_.ranks[size_t(rank_)];
+  timeline_.clear();
+  timeline_.reserve(list.size());
+  comm_.barrier();  // a common start, so the timelines of the ranks line up
+  const auto t0 = clock::now();
+  auto now = [&] { return std::chrono::duration<double>(clock::now() - t0).count(); };
+  double loss_sum = 0;
+  // Snapshots of input gradients between a backward and its SendGrad.
+  std::map<std::pair<int, int>, Tensor> grad_out;
+
+  for (size_t i = 0; i < list.size(); ++i) {
+    const pp::Instr& in = list[i];
+    const int c = in.chunk, mb = in.microbatch;
+    const int stage = c >= 0 ? sched_.stage(rank_, c) : -1;
+    switch (in.op) {
+      case pp::Op::RecvAct: {
+        const int slot = slot_for(c, mb);
+        comm_.recv(model_.stage_input(c, slot), in.peer, tag(kAct, mb, stage));
+        break;
+      }
+      case pp::Op::RecvGrad: {
+        Buffer& b = grads_in_[{c, mb}];
+        const Tensor out = model_.stage_output(c, slot_for(c, mb));
+        if (b.bytes() != out.bytes()) b = Buffer(be_, out.bytes());
+        comm_.recv(Tensor(b.data(), out.dtype, {out.numel()}), in.peer, tag(kGrad, mb, stage));
+        break;
+      }
+      case pp::Op::SendAct: {
+        const int slot = slot_for(c, mb);
+        isend_copy(model_.stage_output(c, slot), in.peer, tag(kAct, mb, stage + 1));
+        break;
+      }
+      case pp::Op::SendGrad: {
+        auto it = grad_out.find({c, mb});
+        ADGT_CHECK(it != grad_out.end(), "pipeline executor: rank " << rank_ << " #" << i << " "
+                                                                    << pp::to_string(in)
+                                                                    << " before its backward");
+        const int64_t id = comm_.isend(it->second, in.peer, tag(kGrad, mb, stage - 1));
+        for (SendBuf& s : sends_)
+          if (s.buf.data() == it->second.data) s.id = id;
+        grad_out.erase(it);
+        break;
+      }
+      case pp::Op::Forward: {
+        ExecutedInstr e{in, now(), 0};
+        const int slot = slot_for(c, mb);
+        const bool first = model_.chunk_has_embedding(c), last = model_.chunk_has_head(c);
+        if (first || last) fetch(mb, in_.data(), tg_.data());
+        const double l = model_.forward_chunk(c, slot, in_.data(), tg_.data(), grad_scale);
+        if (last) loss_sum += l;
+        be_.synchronize();
+        e.end = now();
+        timeline_.push_back(e);
+        break;
+      }
+      case pp::Op::Backward:
+      case pp::Op::BackwardInput: {
+        ExecutedInstr e{in, now(), 0};
+        const bool split = in.op == pp::Op::BackwardInput;
+        const int slot = slot_for(c, mb);
+        Tensor d_out;
+        if (!model_.chunk_has_head(c)) {
+          auto it = grads_in_.find({c, mb});
+          ADGT_CHECK(it != grads_in_.end(), "pipeline executor: rank "
+                                                << rank_ << " #" << i << " " << pp::to_string(in)
+                                                << " without its output gradient");
+          const Tensor out = model_.stage_output(c, slot);
+          d_out = Tensor(it->second.data(), out.dtype, {out.numel()});
+        }
+        model_.backward_chunk(c, slot, d_out, split);
+        if (stage > 0) {  // snapshot dL/d(input) for the SendGrad
+          Tensor g = model_.input_grad();
+          Tensor b = send_buffer(g);
+          be_.copy(b, Tensor(g.data, g.dtype, {g.numel()}));
+          grad_out[{c, mb}] = b;
+        }
+        if (!split) release_slot(c, mb);
+        be_.synchronize();
+        e.end = now();
+        timeline_.push_back(e);
+        break;
+      }
+      case pp::Op::BackwardWeight: {
+        ExecutedInstr e{in, now(), 0};
+        model_.backward_weight(c, slot_for(c, mb));
+        release_slot(c, mb);
+        be_.synchronize();
+        e.end = now();
+        timeline_.push_back(e);
+        break;
+      }
+      case pp::Op::OptimizerStep:
+        comm_.wait_sends();
+        for (SendBuf& s : sends_) s.id = -1;
+        break;
+    }
+  }
+  step_s_ = timeline_.empty() ? now() : timeline_.back().end;
+  for (int c = 0; c < model_.num_chunks(); ++c)
+    ADGT_CHECK(slot_of_[size_t(c)].empty(),
+               "pipeline executor: rank " << rank_ << " chunk " << c << " still holds "
+                                          << slot_of_[size_t(c)].size()
+                                          << " micro-batches' activations after the step");
+  return loss_sum;
+}
+
+double PipelineExecutor::forward_only(const int32_t* inputs, const int32_t* targets) {
+  const int S = sched_.num_stages(), pp = sched_.pp;
+  double loss = 0;
+  for (int s = 0; s < S; ++s) {
+    if (s % pp != rank_) continue;
+    const int c = s / pp;
+    const int slot = 0;  // nothing else is in flight during evaluation
+    if (s > 0) comm_.recv(model_.stage_input(c, slot), (s - 1) % pp, tag(kAct, 0, s));
+    const double l = model_.forward_chunk(c, slot, inputs, targets, 0.0);
+    if (model_.chunk_has_head(c)) loss = l;
+    if (s + 1 < S) isend_copy(model_.stage_output(c, slot), (s + 1) % pp, tag(kAct, 0, s + 1));
+  }
+  comm_.wait_sends();
+  for (SendBuf& b : sends_) b.id = -1;
+  return loss;
+}
+
+}  // namespace adgt

@@ -1,0 +1,85 @@
+// The pipeline executor: runs any schedule of parallel/schedule/ (one rank's
+// instruction list) on this rank's model stages, over the pipeline group.
+//
+// Semantics are the validator's (validate.hpp): a Send is posted as a
+// non-blocking send from a buffer of the executor's and completes later (all
+// by OptimizerStep); a Recv blocks until its message is there. A micro-batch's
+// activations live in a model slot of its chunk from its RecvAct/Forward to its
+// Backward (or, split, to its BackwardWeight); slots are made on demand, so the
+// memory held is what the schedule keeps in flight.
+//
+// Messages carry the tag 2 * (micro-batch * S + receiving stage) + kind
+// (0 activation, 1 gradient), so every message of a step has its own tag.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "core/comm.hpp"
+#include "core/model.hpp"
+#include "parallel/schedule/instruction.hpp"
+
+namespace adgt {
+
+// One compute instruction as it ran: seconds from the start of the step.
+struct ExecutedInstr {
+  pp::Instr instr;
+  double start = 0, end = 0;
+};
+
+// Fills the host token ids of micro-batch mb: inputs and targets, (B*T) each.
+using MicroBatchFetch = std::function<void(int mb, int32_t* inputs, int32_t* targets)>;
+
+class PipelineExecutor {
+ public:
+  // `schedule` must have pp == pp_comm.size() and be valid (pp::validate);
+  // `model` holds this rank's chunks (model.num_chunks() == virtual_stages).
+  PipelineExecutor(Model& model, Backend& be, Comm& pp_comm, pp::Schedule schedule);
+
+  const pp::Schedule& schedule() const { return sched_; }
+  void set_schedule(pp::Schedule s);  // same pp, micro-batches and chunks
+
+  // One optimizer step's forwards and backwards, accumulating gradients (+=)
+  // of grad_scale * (mean loss of each micro-batch). Returns the sum of the
+  // micro-batches' mean losses on the rank holding the head (0 elsewhere).
+  // Stops at OptimizerStep with every send completed; the caller reduces
+  // gradients and steps the optimizer.
+  double run_step(const MicroBatchFetch& fetch, double grad_scale);
+
+  // Forward only (evaluation) of one batch through every stage in order;
+  // returns the mean loss on the rank holding the head (0 elsewhere).
+  double forward_only(const int32_t* inputs, const int32_t* targets);
+
+  // The last run_step's compute instructions with their times, in list order.
+  const std::vector<ExecutedInstr>& timeline() const { return timeline_; }
+  double last_step_seconds() const { return step_s_; }  // barrier to the last instruction
+  double last_busy_seconds() const;                      // sum of compute durations
+
+ private:
+  int tag(int kind, int mb, int receiving_stage) const;
+  int slot_for(int chunk, int mb);      // assigns a free slot on first use
+  void release_slot(int chunk, int mb);
+  Tensor send_buffer(const Tensor& like);  // a buffer whose previous send has completed
+  void isend_copy(const Tensor& t, int peer, int tag);
+
+  Model& model_;
+  Backend& be_;
+  Comm& comm_;
+  pp::Schedule sched_;
+  int rank_;
+  std::vector<std::map<int, int>> slot_of_;   // [chunk]: micro-batch -> slot
+  std::vector<std::vector<int>> free_slots_;  // [chunk]
+  struct SendBuf {
+    Buffer buf;
+    int64_t id = -1;  // -1 free, -2 reserved, else the isend using it (Comm ids)
+  };
+  std::vector<SendBuf> sends_;
+  std::map<std::pair<int, int>, Buffer> grads_in_;   // (chunk, mb) -> received output gradient
+  std::vector<int32_t> in_, tg_;
+  std::vector<ExecutedInstr> timeline_;
+  double step_s_ = 0;
+};
+
+}  // namespace adgt

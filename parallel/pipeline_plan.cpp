@@ -1,0 +1,69 @@
+#include "parallel/pipeline_plan.hpp"
+
+#include <cstdio>
+#include <sstream>
+
+#include "core/pipeline_stages.hpp"
+#include "parallel/schedule/generators.hpp"
+#include "parallel/schedule/print.hpp"
+#include "parallel/schedule/simulate.hpp"
+#include "parallel/schedule/validate.hpp"
+
+namespace adgt {
+
+pp::StageCosts predicted_stage_costs(const RunConfig& cfg) {
+  const std::vector<int64_t> counts = stage_layer_counts(cfg);
+  const StageCostModel cm = stage_cost_model(cfg.model);
+  const double tokens = double(cfg.train.micro_batch * cfg.model.seq_len);
+  pp::StageCosts c;
+  const int S = int(counts.size());
+  for (int s = 0; s < S; ++s) {
+    double flops = double(counts[size_t(s)]) * cm.layer;  // forward + backward, per token
+    if (s == 0) flops += cm.embedding;
+    if (s == S - 1) flops += cm.head;
+    const double f = flops / 3.0 * tokens / 1e9;
+    c.f.push_back(f);
+    c.b.push_back(f);
+    c.w.push_back(f);
+  }
+  return c;
+}
+
+pp::Schedule make_pipeline_schedule(const RunConfig& cfg, const pp::StageCosts* costs) {
+  const int pp = int(cfg.parallel.pp), v = int(cfg.parallel.virtual_stages);
+  const int m = int(cfg.pipeline_microbatches());
+  const pp::StageCosts predicted = costs ? pp::StageCosts{} : predicted_stage_costs(cfg);
+  pp::Schedule s =
+      pp::make_schedule(cfg.parallel.schedule, pp, m, v, costs ? *costs : predicted, pp);
+  pp::validate(s);
+  return s;
+}
+
+std::string describe_pipeline_schedule(const RunConfig& cfg) {
+  std::ostringstream o;
+  const std::vector<int64_t> counts = stage_layer_counts(cfg);
+  o << "pipeline: pp=" << cfg.parallel.pp << ", schedule " << cfg.parallel.schedule
+    << ", micro-batches " << cfg.pipeline_microbatches() << ", virtual stages "
+    << cfg.parallel.virtual_stages << "\n";
+  const int pp = int(cfg.parallel.pp);
+  for (size_t s = 0, first = 0; s < counts.size(); first += size_t(counts[s]), ++s) {
+    o << "  stage " << s << " (rank " << int(s) % pp << ", chunk " << int(s) / pp << "): layers "
+      << first << ".." << first + size_t(counts[s]) - 1;
+    if (s == 0) o << " + embedding";
+    if (s + 1 == counts.size()) o << " + final norm, lm_head, loss";
+    o << "\n";
+  }
+  const pp::StageCosts costs = predicted_stage_costs(cfg);
+  const pp::Schedule sched = make_pipeline_schedule(cfg, &costs);
+  const pp::SimResult sim = pp::simulate(sched, costs);
+  if (!sched.detail.empty()) o << "  " << sched.detail << "\n";
+  o << "times from the FLOP cost model (F = B = W per stage, GFLOP per micro-batch):\n";
+  o << pp::timeline(sched, sim);
+  const std::vector<int64_t> peak = pp::peak_inflight(sched);
+  o << "peak micro-batches in flight per rank:";
+  for (int64_t p : peak) o << " " << p;
+  o << "\n";
+  return o.str();
+}
+
+}  // namespace adgt

@@ -1,0 +1,28 @@
+// From a run configuration to its pipeline schedule: the stage costs the
+// simulator and the greedy generator plan with, the schedule itself, and the
+// text `adgt-train --print-schedule` prints. No MPI: usable before launch.
+#pragma once
+#include <string>
+
+#include "core/config.hpp"
+#include "parallel/schedule/costs.hpp"
+#include "parallel/schedule/instruction.hpp"
+
+namespace adgt {
+
+// Per-stage times predicted from FLOPs (core/pipeline_stages.hpp's cost model
+// and stage_layer_counts): F = a third of the stage's forward+backward FLOPs,
+// B = W = F (the backward's input and weight halves); comm 0. Units: GFLOP.
+pp::StageCosts predicted_stage_costs(const RunConfig& cfg);
+
+// The schedule of parallel.schedule for this configuration's pp, pipeline
+// micro-batches and virtual stages; greedy plans with `costs` (default: the
+// predicted ones) under a memory limit of pp micro-batches in flight (1F1B's
+// peak). Validated (pp::validate) before it is returned.
+pp::Schedule make_pipeline_schedule(const RunConfig& cfg, const pp::StageCosts* costs = nullptr);
+
+// The per-rank timeline (simulated with the predicted costs), the stage
+// layout and the predicted bubble: `adgt-train --print-schedule`.
+std::string describe_pipeline_schedule(const RunConfig& cfg);
+
+}  // namespace adgt

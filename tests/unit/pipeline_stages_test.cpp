@@ -1,0 +1,204 @@
+// Stage partition for pipeline parallelism (core/pipeline_stages.hpp): the
+// balancer against a brute force over every split, the stage -> rank mapping
+// and explicit parallel.stage_layers.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+
+#include "core/config.hpp"
+#include "core/pipeline_stages.hpp"
+
+using namespace adgt;
+
+namespace {
+
+double stage_cost(const std::vector<int64_t>& counts, size_t s, double layer, double first,
+                  double last) {
+  return double(counts[s]) * layer + (s == 0 ? first : 0.0) +
+         (s == counts.size() - 1 ? last : 0.0);
+}
+
+double max_cost(const std::vector<int64_t>& counts, double layer, double first, double last) {
+  double m = 0;
+  for (size_t s = 0; s < counts.size(); ++s)
+    m = std::max(m, stage_cost(counts, s, layer, first, last));
+  return m;
+}
+
+// The smallest largest-stage cost over every composition of L into S parts >= 1.
+double brute_force(int64_t L, int S, double layer, double first, double last) {
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<int64_t> c(size_t(S), 1);
+  std::function<void(size_t, int64_t)> rec = [&](size_t s, int64_t left) {
+    if (s + 1 == size_t(S)) {
+      c[s] = left;
+      best = std::min(best, max_cost(c, layer, first, last));
+      return;
+    }
+    for (int64_t k = 1; k <= left - int64_t(size_t(S) - s - 1); ++k) {
+      c[s] = k;
+      rec(s + 1, left - k);
+    }
+  };
+  rec(0, L);
+  return best;
+}
+
+void check_counts(const std::vector<int64_t>& c, int64_t L, size_t S) {
+  REQUIRE(c.size() == S);
+  CHECK(std::accumulate(c.begin(), c.end(), int64_t{0}) == L);
+  for (int64_t k : c) CHECK(k >= 1);
+}
+
+}  // namespace
+
+TEST_CASE("balance_layers is optimal against a brute force", "[pipeline_stages]") {
+  std::mt19937 rng(20240605);
+  std::uniform_real_distribution<double> layer_d(0.1, 10.0), extra_d(0.0, 30.0);
+  std::uniform_int_distribution<int> zero(0, 3);
+  for (int S = 1; S <= 4; ++S)
+    for (int64_t L = S; L <= 10; ++L)
+      for (int trial = 0; trial < 25; ++trial) {
+        const double layer = layer_d(rng);
+        // Some trials with exact zeros and exact multiples, where ties happen.
+        double first = zero(rng) == 0 ? 0.0 : extra_d(rng);
+        double last = zero(rng) == 0 ? 0.0 : extra_d(rng);
+        if (trial % 5 == 0) first = 0, last = 2 * layer;
+        INFO("L=" << L << " S=" << S << " layer=" << layer << " first=" << first
+                  << " last=" << last);
+        const auto c = balance_layers(L, S, layer, first, last);
+        check_counts(c, L, size_t(S));
+        // Equal up to rounding (the two may sum the same terms in another order).
+        CHECK(max_cost(c, layer, first, last) ==
+              Approx(brute_force(L, S, layer, first, last)).epsilon(1e-9));
+      }
+}
+
+TEST_CASE("balance_layers: equal costs and its tie rule", "[pipeline_stages]") {
+  CHECK(balance_layers(8, 4, 1.0, 0, 0) == std::vector<int64_t>{2, 2, 2, 2});
+  CHECK(balance_layers(7, 2, 1.0, 0, 0) == std::vector<int64_t>{3, 4});  // earlier gets fewer
+  CHECK(balance_layers(10, 4, 1.0, 0, 0) == std::vector<int64_t>{2, 2, 3, 3});
+  CHECK(balance_layers(5, 1, 1.0, 3, 4) == std::vector<int64_t>{5});
+  CHECK(balance_layers(4, 4, 1.0, 100, 100) == std::vector<int64_t>{1, 1, 1, 1});
+  // A head worth two layers: the last stage gives two up.
+  CHECK(balance_layers(10, 2, 1.0, 0, 2) == std::vector<int64_t>{6, 4});
+  // Deterministic: the same inputs give the same split.
+  CHECK(balance_layers(37, 4, 1.7, 0.3, 5.1) == balance_layers(37, 4, 1.7, 0.3, 5.1));
+  CHECK_THROWS_AS(balance_layers(3, 4, 1.0, 0, 0), std::invalid_argument);
+  CHECK_THROWS_AS(balance_layers(4, 2, 0.0, 0, 0), std::invalid_argument);
+  CHECK_THROWS_AS(balance_layers(4, 0, 1.0, 0, 0), std::invalid_argument);
+}
+
+TEST_CASE("stage_cost_model counts a layer, the embedding and the head", "[pipeline_stages]") {
+  ModelConfig m;  // d 256, 8 heads / 4 kv (hd 32), ffn 688, vocab 4096, T 256
+  const StageCostModel c = stage_cost_model(m);
+  const double C = 256, kv = 4 * 32, F = 688, V = 4096, T = 256;
+  CHECK(c.layer == Approx(6 * (2 * C * C + 2 * C * kv + 3 * C * F) + 6 * T * C));
+  CHECK(c.head == Approx(6 * C * V));
+  CHECK(c.embedding == Approx(3 * C));
+}
+
+TEST_CASE("stage_layer_counts: balanced, equal for interleaved, or as listed",
+          "[pipeline_stages]") {
+  RunConfig cfg;
+  cfg.model.n_layers = 8;
+  CHECK(stage_layer_counts(cfg) == std::vector<int64_t>{8});  // pp = 1
+
+  // The default (tiny) model on pp = 4: the head (6*C*V) costs 1.33 layers,
+  // so the last stage holds one layer and a middle stage three.
+  cfg.parallel.pp = 4;
+  auto c = stage_layer_counts(cfg);
+  check_counts(c, 8, 4);
+  StageCostModel cm = stage_cost_model(cfg.model);
+  CHECK(cm.head / cm.layer == Approx(1.326).epsilon(0.01));
+  CHECK(max_cost(c, cm.layer, cm.embedding, cm.head) ==
+        Approx(brute_force(8, 4, cm.layer, cm.embedding, cm.head)).epsilon(1e-9));
+  CHECK(c == std::vector<int64_t>{2, 2, 3, 1});
+
+  // LLaMA-7B shapes on pp = 4: the head costs 0.6 of a layer, equal counts are optimal.
+  cfg.model.d_model = 4096, cfg.model.n_heads = 32, cfg.model.n_kv_heads = 32;
+  cfg.model.ffn_hidden = 11008, cfg.model.vocab_size = 32000, cfg.model.seq_len = 4096;
+  cfg.model.n_layers = 32;
+  c = stage_layer_counts(cfg);
+  cm = stage_cost_model(cfg.model);
+  CHECK(max_cost(c, cm.layer, cm.embedding, cm.head) ==
+        Approx(brute_force(32, 4, cm.layer, cm.embedding, cm.head)).epsilon(1e-9));
+  CHECK(c == std::vector<int64_t>{8, 8, 8, 8});
+
+  // Interleaved: equal counts, whatever the head costs.
+  cfg.parallel.virtual_stages = 2;
+  CHECK(stage_layer_counts(cfg) == std::vector<int64_t>(8, 4));
+
+  // An explicit list is returned as given.
+  cfg.parallel.virtual_stages = 1;
+  cfg.parallel.stage_layers = {10, 8, 8, 6};
+  CHECK(stage_layer_counts(cfg) == std::vector<int64_t>{10, 8, 8, 6});
+  cfg.parallel.stage_layers = {10, 8, 8};
+  CHECK_THROWS_AS(stage_layer_counts(cfg), std::invalid_argument);
+}
+
+TEST_CASE("stage_slice maps chunk c of rank r to stage c*pp + r", "[pipeline_stages]") {
+  // pp = 4, v = 2: 8 stages of 2 layers.
+  const std::vector<int64_t> counts(8, 2);
+  const StageSlice r1 = stage_slice(counts, 4, 2, 1);  // stages 1 and 5
+  REQUIRE(r1.chunks.size() == 2);
+  CHECK(r1.chunks[0] == std::pair<int64_t, int64_t>{2, 4});
+  CHECK(r1.chunks[1] == std::pair<int64_t, int64_t>{10, 12});
+  CHECK(!r1.embedding);
+  CHECK(!r1.head);
+  CHECK(r1.num_layers() == 4);
+  const StageSlice r0 = stage_slice(counts, 4, 2, 0);  // stages 0 and 4
+  CHECK(r0.chunks[0] == std::pair<int64_t, int64_t>{0, 2});
+  CHECK(r0.chunks[1] == std::pair<int64_t, int64_t>{8, 10});
+  CHECK(r0.embedding);
+  CHECK(!r0.head);
+  const StageSlice r3 = stage_slice(counts, 4, 2, 3);  // stages 3 and 7
+  CHECK(r3.chunks[1] == std::pair<int64_t, int64_t>{14, 16});
+  CHECK(!r3.embedding);
+  CHECK(r3.head);
+
+  // Uneven counts, v = 1: every layer on exactly one rank, in order.
+  const std::vector<int64_t> uneven = {3, 1, 4, 2};
+  int64_t next = 0;
+  for (int r = 0; r < 4; ++r) {
+    const StageSlice s = stage_slice(uneven, 4, 1, r);
+    REQUIRE(s.chunks.size() == 1);
+    CHECK(s.chunks[0].first == next);
+    CHECK(s.num_layers() == uneven[size_t(r)]);
+    next = s.chunks[0].second;
+    CHECK(s.embedding == (r == 0));
+    CHECK(s.head == (r == 3));
+  }
+  CHECK(next == 10);
+
+  // One rank holds everything.
+  const StageSlice one = stage_slice({5}, 1, 1, 0);
+  CHECK(one.chunks == std::vector<std::pair<int64_t, int64_t>>{{0, 5}});
+  CHECK(one.embedding);
+  CHECK(one.head);
+  ModelConfig m;
+  m.n_layers = 5;
+  const StageSlice w = whole_model(m);
+  CHECK(w.chunks == one.chunks);
+  CHECK(w.embedding);
+  CHECK(w.head);
+  CHECK(w.num_layers() == 5);
+
+  CHECK_THROWS_AS(stage_slice(counts, 4, 2, 4), std::invalid_argument);
+  CHECK_THROWS_AS(stage_slice(counts, 4, 1, 0), std::invalid_argument);
+}
+
+TEST_CASE("stage_layers from the config drive the slices", "[pipeline_stages]") {
+  const RunConfig cfg = load_config_text(
+      "model:\n  n_layers: 8\nparallel:\n  pp: 2\n  stage_layers: [5, 3]\n"
+      "train:\n  micro_batch: 1\n  global_batch: 4\n",
+      "x.yaml");
+  const auto counts = stage_layer_counts(cfg);
+  CHECK(counts == std::vector<int64_t>{5, 3});
+  CHECK(stage_slice(counts, 2, 1, 0).chunks[0] == std::pair<int64_t, int64_t>{0, 5});
+  CHECK(stage_slice(counts, 2, 1, 1).chunks[0] == std::pair<int64_t, int64_t>{5, 8});
+}
