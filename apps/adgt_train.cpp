@@ -66,7 +66,10 @@ int main(int argc, char** argv) {
           std::printf("parallel.pp=1: no pipeline schedule (set parallel.pp > 1)\n");
       }
       if (dry_run) {
-        const auto est = adgt::estimate_memory(cfg, adgt::compute_bytes_per_element(cfg));
+        const auto held = cfg.parallel.pp > 1
+                              ? adgt::held_microbatches(adgt::make_pipeline_schedule(cfg))
+                              : std::vector<std::vector<int64_t>>{};
+        const auto est = adgt::estimate_memory(cfg, adgt::compute_bytes_per_element(cfg), held);
         std::printf("%s", adgt::format_estimate(cfg, est).c_str());
       }
       return 0;

@@ -393,7 +393,8 @@ void assemble_index(const std::vector<RankReport>& reps, const ShardLayout& lay,
                     std::vector<IndexTensor>& tensors, std::vector<std::vector<IndexBlock>>& per) {
   const int W = int(reps.size());
   auto place = [](const RankReport& r) {
-    return "tp " + std::to_string(r.tp_rank) + ", dp " + std::to_string(r.dp_rank) + ", pp " + std::to_string(r.pp_rank);
+    return "tp " + std::to_string(r.tp_rank) + ", dp " + std::to_string(r.dp_rank) + ", pp " +
+           std::to_string(r.pp_rank);
   };
   std::vector<int> at_coord(size_t(W), -1);
   for (int r = 0; r < W; ++r) {
@@ -639,7 +640,7 @@ std::vector<SrcPiece> read_piece_table(hid_t f, const fs::path& dir, const std::
     for (int q = 0; q < 3; ++q)
       if (gname == kTensorGroups[q]) g = q;
     const auto it = index.find(path.substr(slash + 1));
-    if (g < 0 || it == index.end()) continue;  // not this rank's tensor (load_checkpoint_sharded reports one nobody loads)
+    if (g < 0 || it == index.end()) continue;  // not this rank's (one that no rank loads is reported later)
     const int32_t rank = ranks[size_t(k)];
     auto [at, fresh] = piece_of.try_emplace({path, rank}, out.size());
     if (fresh) out.push_back(SrcPiece{g, it->second, path, dir / rank_file_name(rank), {}, 0, crcs[size_t(k)]});

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "core/param_table.hpp"
+#include "core/pipeline_stages.hpp"
 
 namespace adgt {
 
@@ -42,7 +43,11 @@ int64_t compute_bytes_per_element(const RunConfig& cfg) {
 //     A_final = C (last block output) + C (final norm out) + 1 (rstd)
 //             + V (logits, overwritten in place by their gradient) + 1 (loss)
 //   Backward scratch (about one layer's activation gradients) is not counted.
-MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp) {
+//   Pipeline parallelism: the rank's stage slice gives the table; the
+//   activations sum over its chunks c: held[c] x (layers(c) x A_layer +
+//   A_final if c holds the head).
+MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
+                               const std::vector<std::vector<int64_t>>& held) {
   const ModelConfig& m = cfg.model;
   MemoryEstimate e;
   const auto table = build_param_table(m);
@@ -68,22 +73,41 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp) {
   // parallelism the residual/norm rows divided over tp.
   const int64_t tp = cfg.parallel.tp, dp = cfg.parallel.dp;
   const bool sp = cfg.parallel.sequence_parallel && tp > 1;
-  const int64_t numel = total_numel(build_param_table(m, tp, 0));
-  e.bytes_per_element = bpp;
-  e.bytes_params = numel * bpp;
-  e.bytes_grads = numel * bpp;
-  e.bytes_optimizer = 2 * numel * std::max<int64_t>(bpp, 4) / (cfg.parallel.zero ? dp : 1);
-
   const int64_t Hl = H / tp, KVl = KV / tp, Fl = F / tp, Vl = padded_vocab(m, tp) / tp;
   const int64_t rows = sp ? tp : 1;  // residual stream, norm inputs and rstd split over tp with SP
   const int64_t a_layer_num = 2 * C + 2;  // x_in, x_mid, rstd1, rstd2 (divided by `rows`)
   const int64_t a_layer_full = 2 * C + 2 * Hl * hd + 2 * KVl * hd + Hl * T + 3 * Fl;
+  const int64_t a_layer = a_layer_num / rows + a_layer_full;
   const int64_t a_final = C / rows + 1 + C + Vl + 1;
-  e.bytes_activations =
-      B * T * (L * (a_layer_num / rows + a_layer_full) + a_final) * bpp;
-
-  e.bytes_total = e.bytes_params + e.bytes_grads + e.bytes_optimizer + e.bytes_activations;
+  e.bytes_per_element = bpp;
+  const int pp = int(cfg.parallel.pp), v = int(cfg.parallel.virtual_stages);
+  const std::vector<int64_t> counts = stage_layer_counts(cfg);
+  const int64_t mb = cfg.pipeline_microbatches();
+  for (int r = 0; r < pp; ++r) {
+    const StageSlice slice = stage_slice(counts, pp, v, r);
+    const int64_t numel = total_numel(build_param_table(m, tp, 0, &slice));
+    int64_t act = 0, n_held = 0;
+    for (int c = 0; c < int(slice.chunks.size()); ++c) {
+      const int64_t h = r < int(held.size()) && c < int(held[size_t(r)].size())
+                            ? held[size_t(r)][size_t(c)]
+                            : (pp == 1 ? 1 : std::min<int64_t>(pp - r, mb));
+      const int64_t layers = slice.chunks[size_t(c)].second - slice.chunks[size_t(c)].first;
+      const bool head = slice.head && c + 1 == int(slice.chunks.size());
+      act += h * (layers * a_layer + (head ? a_final : 0));
+      n_held += h;
+    }
+    MemoryEstimate x = e;
+    x.bytes_params = numel * bpp;
+    x.bytes_grads = numel * bpp;
+    x.bytes_optimizer = 2 * numel * std::max<int64_t>(bpp, 4) / (cfg.parallel.zero ? dp : 1);
+    x.bytes_activations = B * T * act * bpp;
+    x.bytes_total = x.bytes_params + x.bytes_grads + x.bytes_optimizer + x.bytes_activations;
+    x.pp_rank = r;
+    x.microbatches_held = n_held;
+    if (r == 0 || x.bytes_total > e.bytes_total) e = x;
+  }
   return e;
+
 }
 
 std::string with_thousands(int64_t n) {
@@ -144,12 +168,17 @@ std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e) {
   const ParallelConfig& par = cfg.parallel;
   line("  memory per rank (" + dt + " parameters and gradients, AdamW m and v; tp " +
        std::to_string(par.tp) + (par.sequence_parallel && par.tp > 1 ? " with SP" : "") +
-       ", dp " + std::to_string(par.dp) + (par.zero && par.dp > 1 ? " with ZeRO-1" : "") + "):");
+       ", dp " + std::to_string(par.dp) + (par.zero && par.dp > 1 ? " with ZeRO-1" : "") +
+       (par.pp > 1 ? ", pp " + std::to_string(par.pp) + " " + par.schedule + ": pipeline rank " +
+                         std::to_string(e.pp_rank) + ", the largest" : std::string()) +
+       "):");
   line("    parameters   " + gib(e.bytes_params));
   line("    gradients    " + gib(e.bytes_grads));
   line("    optimizer    " + gib(e.bytes_optimizer) + "  (AdamW m, v)");
   line("    activations  " + gib(e.bytes_activations) + "  (micro_batch " +
        std::to_string(t.micro_batch) + " x seq_len " + std::to_string(m.seq_len) +
+       (par.pp > 1 ? " x " + std::to_string(e.microbatches_held) + " chunk micro-batches in flight"
+                   : std::string()) +
        ", saved for backward)");
   line("    total        " + gib(e.bytes_total));
   return s;

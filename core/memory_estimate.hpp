@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/config.hpp"
 
@@ -20,8 +21,11 @@ struct MemoryEstimate {
   int64_t bytes_params = 0;            // per rank
   int64_t bytes_grads = 0;             // per rank
   int64_t bytes_optimizer = 0;         // per rank: AdamW m and v
-  int64_t bytes_activations = 0;       // per rank: one micro-batch's saved activations
+  int64_t bytes_activations = 0;       // per rank: the saved activations of the micro-batches
+                                       // in flight (one without pipeline parallelism)
   int64_t bytes_total = 0;
+  int pp_rank = 0;                     // pipeline: the rank reported (the largest total)
+  int64_t microbatches_held = 1;       // pipeline: micro-batches in flight on that rank (all chunks)
 };
 
 // Bytes per parameter/activation element of the configured compute dtype:
@@ -29,8 +33,14 @@ struct MemoryEstimate {
 int64_t compute_bytes_per_element(const RunConfig& cfg);
 
 // The estimate for one rank of the configured layout: tensor-parallel shards,
-// ZeRO-1's division of the AdamW state over dp, sequence-parallel activations.
-MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bytes_per_param_compute);
+// ZeRO-1's division of the AdamW state over dp, sequence-parallel activations,
+// and with pipeline parallelism the pipeline rank with the largest total: its
+// stage's parameters and, per chunk c, held[r][c] micro-batches' activations
+// (what the schedule keeps in flight: held_microbatches() in
+// parallel/pipeline_plan.hpp). Without `held`: min(pp - r, m) per chunk
+// (1F1B's peak).
+MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bytes_per_param_compute,
+                               const std::vector<std::vector<int64_t>>& held = {});
 
 // A human-readable report (counts with thousands separators, sizes in GiB).
 std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <thread>
 
 #include "kernels/check.hpp"
 #include "parallel/mpi_env.hpp"
@@ -216,6 +217,17 @@ void MpiComm::send(const Tensor& t, int peer, int tag) {
   stats_.bytes += bytes;
 }
 
+void MpiComm::wait_politely(MPI_Request& req, MPI_Status* st) {
+  // A pipeline stage can wait long for its neighbour (the bubble). Polling
+  // without pause would take a core from the ranks that compute when ranks
+  // share cores; after a short spin, poll every 50 us.
+  int done = 0;
+  for (int spin = 0; !done; ++spin) {
+    ADGT_MPI(MPI_Test(&req, &done, st));
+    if (!done && spin >= 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
 int64_t MpiComm::isend(const Tensor& t, int peer, int tag) {
   ADGT_CHECK(peer >= 0 && peer < size_ && peer != rank_,
              "MpiComm(" << name_ << ")::isend: peer " << peer << " must be another rank of 0.."
@@ -247,7 +259,7 @@ bool MpiComm::send_done(int64_t id) {
 void MpiComm::wait_sends() {
   Timed timed(stats_);
   for (auto& [id, reqs] : pending_)
-    ADGT_MPI(MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+    for (MPI_Request& r : reqs) wait_politely(r, MPI_STATUS_IGNORE);
   pending_.clear();
 }
 
@@ -263,7 +275,9 @@ void MpiComm::recv(Tensor t, int peer, int tag) {
   for (int64_t o = 0; o < bytes; o += kMaxMessage) {
     const int want = int(std::min(kMaxMessage, bytes - o));
     MPI_Status st;
-    ADGT_MPI(MPI_Recv(base + o, want, MPI_BYTE, peer, tag, comm_, &st));
+    MPI_Request req;
+    ADGT_MPI(MPI_Irecv(base + o, want, MPI_BYTE, peer, tag, comm_, &req));
+    wait_politely(req, &st);
     int got = 0;
     ADGT_MPI(MPI_Get_count(&st, MPI_BYTE, &got));
     ADGT_CHECK(got == want, "MpiComm(" << name_ << ")::recv from rank " << peer << " tag " << tag

@@ -77,6 +77,8 @@ class MpiComm final : public Comm {
   // All-gather in place: chunk rank() of `base` is filled, the others get filled.
   void ring_all_gather(char* base, const RingChunks& ch, DType dt);
   char* scratch(size_t bytes);
+  // MPI_Wait that stops spinning after a while (send/recv of pipeline stages).
+  static void wait_politely(MPI_Request& req, MPI_Status* st);
 
   MPI_Comm comm_ = MPI_COMM_NULL;  // send/recv, MPI collectives
   MPI_Comm ring_ = MPI_COMM_NULL;  // ring traffic (a private duplicate)

@@ -1,6 +1,8 @@
 #include "parallel/pipeline_plan.hpp"
 
+#include <algorithm>
 #include <cstdio>
+#include <set>
 #include <sstream>
 
 #include "core/pipeline_stages.hpp"
@@ -39,6 +41,22 @@ pp::Schedule make_pipeline_schedule(const RunConfig& cfg, const pp::StageCosts* 
   return s;
 }
 
+std::vector<std::vector<int64_t>> held_microbatches(const pp::Schedule& s) {
+  std::vector<std::vector<int64_t>> out(size_t(s.pp), std::vector<int64_t>(size_t(s.virtual_stages), 0));
+  for (int r = 0; r < s.pp; ++r) {
+    std::vector<std::set<int>> live(size_t(s.virtual_stages));
+    for (const pp::Instr& in : s.ranks[size_t(r)]) {
+      if (in.chunk < 0) continue;
+      auto& l = live[size_t(in.chunk)];
+      if (in.op == pp::Op::RecvAct || in.op == pp::Op::Forward) l.insert(in.microbatch);
+      if (in.op == pp::Op::Backward || in.op == pp::Op::BackwardWeight) l.erase(in.microbatch);
+      int64_t& peak = out[size_t(r)][size_t(in.chunk)];
+      peak = std::max<int64_t>(peak, int64_t(l.size()));
+    }
+  }
+  return out;
+}
+
 std::string describe_pipeline_schedule(const RunConfig& cfg) {
   std::ostringstream o;
   const std::vector<int64_t> counts = stage_layer_counts(cfg);
@@ -60,8 +78,14 @@ std::string describe_pipeline_schedule(const RunConfig& cfg) {
   o << "times from the FLOP cost model (F = B = W per stage, GFLOP per micro-batch):\n";
   o << pp::timeline(sched, sim);
   const std::vector<int64_t> peak = pp::peak_inflight(sched);
-  o << "peak micro-batches in flight per rank:";
+  o << "peak micro-batches in flight per rank (forward to input backward):";
   for (int64_t p : peak) o << " " << p;
+  o << "\nactivations held per rank (forward to the last backward, all chunks):";
+  for (const auto& r : held_microbatches(sched)) {
+    int64_t n = 0;
+    for (int64_t h : r) n += h;
+    o << " " << n;
+  }
   o << "\n";
   return o.str();
 }

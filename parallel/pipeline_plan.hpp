@@ -3,6 +3,7 @@
 // text `adgt-train --print-schedule` prints. No MPI: usable before launch.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "core/config.hpp"
 #include "parallel/schedule/costs.hpp"
@@ -20,6 +21,12 @@ pp::StageCosts predicted_stage_costs(const RunConfig& cfg);
 // predicted ones) under a memory limit of pp micro-batches in flight (1F1B's
 // peak). Validated (pp::validate) before it is returned.
 pp::Schedule make_pipeline_schedule(const RunConfig& cfg, const pp::StageCosts* costs = nullptr);
+
+// Per rank and chunk, the most micro-batches whose activations the executor
+// holds at once: from a micro-batch's RecvAct or Forward to its Backward, or to
+// its BackwardWeight when the backward is split (the weight gradient needs the
+// layer inputs). validate.hpp's peak_inflight counts to the input backward.
+std::vector<std::vector<int64_t>> held_microbatches(const pp::Schedule& s);
 
 // The per-rank timeline (simulated with the predicted costs), the stage
 // layout and the predicted bubble: `adgt-train --print-schedule`.

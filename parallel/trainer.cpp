@@ -5,6 +5,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <vector>
 
@@ -92,9 +93,12 @@ ShardLayout Trainer::layout() const {
   lay.pp = ctx_.pp->size();
   lay.pp_rank = ctx_.pp->rank();
   lay.description = "tp=" + std::to_string(lay.tp) + " dp=" + std::to_string(lay.dp) +
-                    " pp=" + std::to_string(lay.pp) +
                     " zero=" + std::to_string(dp_->zero() ? 1 : 0) + " sequence_parallel=" +
-                    std::to_string(cfg_.parallel.sequence_parallel && lay.tp > 1 ? 1 : 0);
+                    std::to_string(cfg_.parallel.sequence_parallel && lay.tp > 1 ? 1 : 0) +
+                    " pp=" + std::to_string(lay.pp);
+  if (pipelined())
+    lay.description += " schedule=" + cfg_.parallel.schedule +
+                       " virtual_stages=" + std::to_string(cfg_.parallel.virtual_stages);
   return lay;
 }
 
@@ -166,6 +170,29 @@ double Trainer::run_pipeline_step(int64_t first_sample) {
   ctx_.pp->all_reduce(Tensor(loss, DType::F64, {1}));
   ctx_.dp->all_reduce(Tensor(loss, DType::F64, {1}));
   return loss[0] / double(A * D);
+}
+
+void Trainer::trace_pipeline_step() {
+  // ADGT_PIPELINE_TRACE=DIR: every pipeline rank appends each step's executed
+  // compute instructions (seconds from the step's common start) to
+  // DIR/pipeline_rank_<world rank>.jsonl: the executor's own timeline.
+  static const char* dir = std::getenv("ADGT_PIPELINE_TRACE");
+  if (!dir || !*dir) return;
+  std::filesystem::create_directories(dir);
+  const std::string path =
+      std::string(dir) + "/pipeline_rank_" + std::to_string(ctx_.world_rank) + ".jsonl";
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  ADGT_CHECK(f, "ADGT_PIPELINE_TRACE: cannot append to " << path);
+  std::fprintf(f, "{\"step\": %ld, \"pp_rank\": %d, \"span\": %.9f, \"ops\": [", long(step_ + 1),
+               ctx_.pp->rank(), pipe_->last_step_seconds());
+  bool first = true;
+  for (const ExecutedInstr& e : pipe_->timeline()) {
+    std::fprintf(f, "%s[\"%s\", %d, %d, %.9f, %.9f]", first ? "" : ", ", pp::op_name(e.instr.op),
+                 e.instr.microbatch, e.instr.chunk, e.start, e.end);
+    first = false;
+  }
+  std::fprintf(f, "]}\n");
+  std::fclose(f);
 }
 
 double Trainer::measured_bubble() {
@@ -268,6 +295,7 @@ TrainSummary Trainer::train() {
     model_->zero_grads();
     const double loss = run_micro_batches(samples_seen_);
     samples_seen_ += t.global_batch;
+    if (pipelined()) trace_pipeline_step();
     const double bubble = pipelined() ? measured_bubble() : -1.0;
     const double gn = dp_->grad_norm();
     // Loss and norm are identical on every rank (deterministic reductions), so

@@ -60,6 +60,7 @@ class Trainer {
   // After a pipeline step: the measured bubble of the pipeline group
   // (1 - sum of busy time / (pp x the slowest rank's step time)).
   double measured_bubble();
+  void trace_pipeline_step();  // ADGT_PIPELINE_TRACE
   bool pipelined() const { return ctx_.pp->size() > 1; }
   std::string save();
   ShardLayout layout() const;  // this rank's place, for the checkpoint files

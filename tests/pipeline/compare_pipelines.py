@@ -28,10 +28,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb-h1", "greedy"]
 
 
-def run(args, name, sets, ranks):
+def run(args, name, sets, ranks, resume_from=None):
     out = os.path.join(args.work, name)
     shutil.rmtree(out, ignore_errors=True)
     cmd = [args.train, "--config", os.path.join(HERE, "model.yaml")]
+    if resume_from:
+        cmd += ["--resume", resume_from]
     for s in [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
               f"log.dir={out}", f"checkpoint.dir={out}/ckpt"] + sets:
         cmd += ["--set", s]
@@ -119,6 +121,53 @@ def main():
                           f"{b}  {t:>5.1f}s  {'PASS' if ok else 'FAIL ' + worst}", flush=True)
                     if not ok:
                         failed.append(name)
+    # Checkpoints reshard across pipeline layouts: step_10 of one layout resumes in
+    # another (same global batch 4) and ends like the uninterrupted single process;
+    # the same layout resumes bit for bit.
+    if "none" in args.extras and 2 in args.pp and 4 in args.pp and "1f1b" in args.schedules:
+        ref_l, ref_w, _, _ = reference(4)
+        single = ["parallel.pp=1", "train.global_batch=4"]
+        layouts = {
+            "pp2_m4_1f1b_none": (["parallel.pp=2", "parallel.schedule=1f1b", "train.global_batch=4"], 2),
+            "single_gb4": (single, 1),
+            "pp4_m4_zb-h1": (["parallel.pp=4", "parallel.schedule=zb-h1", "train.global_batch=4"], 4),
+            "pp2_dp2_1f1b": (["parallel.pp=2", "parallel.dp=2", "parallel.schedule=1f1b",
+                              "train.global_batch=4"], 4),
+            "pp2_tp2_gpipe": (["parallel.pp=2", "parallel.tp=2", "parallel.schedule=gpipe",
+                               "train.global_batch=4"], 4),
+        }
+        for src, dst in [("pp2_m4_1f1b_none", "single_gb4"), ("single_gb4", "pp4_m4_zb-h1"),
+                         ("pp2_m4_1f1b_none", "pp2_dp2_1f1b"), ("pp2_m4_1f1b_none", "pp2_tp2_gpipe"),
+                         ("pp2_m4_1f1b_none", "pp2_m4_1f1b_none")]:
+            name = f"resume_{src}_to_{dst}"
+            sets, ranks = layouts[dst]
+            r = run(args, name, sets, ranks,
+                    resume_from=os.path.join(args.work, src, "ckpt", "step_10"))
+            if r is None:
+                failed.append(f"{name}: exited non-zero")
+                continue
+            l, w = r[0], r[1]
+            if min(l) != 11:
+                failed.append(f"{name}: did not resume at step 11 (logged {sorted(l)})")
+                continue
+            if src == dst:  # bitwise against the uninterrupted run of the same layout
+                with open(os.path.join(args.work, src, "metrics.jsonl")) as f:
+                    full = {q["step"]: q["loss"] for q in map(json.loads, filter(str.strip, f))
+                            if "loss" in q}
+                diff = [k for k in l if l[k] != full[k]]
+                with h5py.File(os.path.join(args.work, src, "ckpt", "step_20", "checkpoint.h5")) as h:
+                    diff += [k for k in h["model"] if not np.array_equal(h["model"][k][...], w[k])]
+                print(f"{name}: {'PASS bitwise' if not diff else 'FAIL: differs at ' + str(diff[:4])}")
+                if diff:
+                    failed.append(name)
+                continue
+            lerr = max(abs(l[k] - ref_l[k]) / abs(ref_l[k]) for k in l)
+            werr = max(np.linalg.norm(w[k] - q) / np.linalg.norm(q) for k, q in ref_w.items())
+            ok = lerr <= args.tol and werr <= args.tol
+            print(f"{name}: steps 11-20 max rel loss err {lerr:.3e}, final weights {werr:.3e}  "
+                  f"{'PASS' if ok else 'FAIL'}", flush=True)
+            if not ok:
+                failed.append(name)
     if failed:
         sys.exit("FAIL: " + "; ".join(failed))
     print(f"PASS: {n} pipeline runs equal the single process within {args.tol}")

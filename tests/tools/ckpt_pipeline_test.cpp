@@ -339,8 +339,9 @@ void check_pieces_verified(Ctx& c, const std::string& dir, const Layout& L, cons
   load_and_compare(c, dir, L, what + ", repaired");
 }
 
-void check_save_error(Ctx& c, const Layout& L, const fs::path& root, const std::function<std::vector<ParamSpec>(int)>& t,
-                      const std::string& want, const std::string& what) {
+void check_save_error(Ctx& c, const Layout& L, const fs::path& root,
+                      const std::function<std::vector<ParamSpec>(int)>& t, const std::string& want,
+                      const std::string& what) {
   const std::string msg = error_of([&] { save_as(c, L, root, 5, t); });
   PCHECK(contains(msg, want), what << ": save gives: " << msg);
   c.world->barrier();
@@ -372,10 +373,13 @@ int run(int argc, char** argv, Comm& world) {
       pp2_dp2_zero{"pp2_dp2_zero", 1, 2, 2, 1, true}, pp2_tp2_vs2{"pp2_tp2_interleaved", 2, 1, 2, 2, false},
       tp2_dp2_zero{"tp2_dp2_zero", 2, 2, 1, 1, true};
   const std::vector<Layout> saves = {pp2_tp2, pp4, pp2_dp2_zero, pp2_tp2_vs2, tp2_dp2_zero};
-  const std::vector<Layout> loads = {
-      {"tp1_dp4", 1, 4, 1, 1, false}, {"tp2_dp2", 2, 2, 1, 1, false},     {"tp4", 4, 1, 1, 1, false},
-      {"pp4", 1, 1, 4, 1, false},     {"pp2_tp2", 2, 1, 2, 1, false},     {"pp2_dp2", 1, 2, 2, 1, false},
-      {"pp2_tp2_interleaved", 2, 1, 2, 2, false}};
+  const std::vector<Layout> loads = {{"tp1_dp4", 1, 4, 1, 1, false},
+                                     {"tp2_dp2", 2, 2, 1, 1, false},
+                                     {"tp4", 4, 1, 1, 1, false},
+                                     {"pp4", 1, 1, 4, 1, false},
+                                     {"pp2_tp2", 2, 1, 2, 1, false},
+                                     {"pp2_dp2", 1, 2, 2, 1, false},
+                                     {"pp2_tp2_interleaved", 2, 1, 2, 2, false}};
 
   // The reference: whole tensors in one version 1 file, written by rank 0 (and
   // one of a 6-layer model, for the errors).
@@ -479,9 +483,8 @@ int run(int argc, char** argv, Comm& world) {
   {  // The layout does not match the world.
     Layout bad = pp2_tp2;
     bad.pp = 1;
-    const std::string msg = error_of([&] { save_as(c, bad, c.dir / "err_layout", 5, [&](int r) {
-      return stage_table(m, pp2_tp2, r);
-    }); });
+    const std::string msg =
+        error_of([&] { save_as(c, bad, c.dir / "err_layout", 5, [&](int r) { return stage_table(m, pp2_tp2, r); }); });
     PCHECK(contains(msg, "layout tp 2 x dp 1 x pp 1") && contains(msg, "does not match the 4 ranks saving"),
            "bad layout: " << msg);
   }
@@ -490,8 +493,9 @@ int run(int argc, char** argv, Comm& world) {
     const ShardLayout s = shard_layout(L, c.rank);
     const auto local = filtered_table(m6, s.tp, s.tp_rank, stage_filter(m6, L, s.pp_rank));
     const std::string msg = error_of([&] { load_checkpoint_sharded(dirs["pp4"], local, s, world); });
-    PCHECK(contains(msg, "checkpoint " + dirs["pp4"] + "/checkpoint.h5: tensor "
-                         "model/model.layers.4.input_layernorm.weight is missing"),
+    const std::string want =
+        "checkpoint " + dirs["pp4"] + "/checkpoint.h5: tensor model/model.layers.4.input_layernorm.weight is missing";
+    PCHECK(contains(msg, want),
            "missing tensor: " << msg);
     if (s.pp_rank == 0) PCHECK(contains(msg, "[reported by rank 2]"), "missing tensor on stage 0: " << msg);
   }
@@ -502,8 +506,9 @@ int run(int argc, char** argv, Comm& world) {
       return stage_filter(m, L, s.pp_rank)(n) && n != "model.norm.weight";
     });
     const std::string msg = error_of([&] { load_checkpoint_sharded(dirs["pp2_tp2"], local, s, world); });
-    PCHECK(contains(msg, "tensor model/model.norm.weight is in the checkpoint but not in the model (no rank of "
-                         "the 4 loading holds it)"),
+    const std::string want =
+        "tensor model/model.norm.weight is in the checkpoint but not in the model (no rank of the 4 loading holds it)";
+    PCHECK(contains(msg, want),
            "unloaded tensor: " << msg);
   }
   {  // Stages that share a tensor may load it (each verifies its pieces).
@@ -524,7 +529,8 @@ int run(int argc, char** argv, Comm& world) {
     const auto local = stage_table(m, L, c.rank);
     const std::string dir = c.rank == 3 ? (c.dir / "reference6" / "step_1").string() : dirs["pp4"];
     const std::string msg = error_of([&] { load_checkpoint_sharded(dir, local, s, world); });
-    PCHECK(contains(msg, "the 4 ranks see different checkpoints (from 117 to 171 datasets"), "different checkpoints: " << msg);
+    PCHECK(contains(msg, "the 4 ranks see different checkpoints (from 117 to 171 datasets"),
+           "different checkpoints: " << msg);
   }
 
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -299,7 +299,8 @@ namespace {
 
 // build_param_table filtered by name, offsets recomputed (16-element aligned):
 // what a pipeline stage holds.
-std::vector<ParamSpec> stage_of(const std::vector<ParamSpec>& all, const std::function<bool(const std::string&)>& keep) {
+std::vector<ParamSpec> stage_of(const std::vector<ParamSpec>& all,
+                                const std::function<bool(const std::string&)>& keep) {
   std::vector<ParamSpec> t;
   int64_t off = 0;
   for (ParamSpec p : all) {
@@ -341,7 +342,8 @@ TEST_CASE("checkpoint v2 pipeline stages load subsets of the tensors", "[checkpo
   for (int stage = 0; stage < 2; ++stage)
     for (int t = 0; t < 2; ++t) {
       INFO("pp rank " << stage << " tp rank " << t);
-      const auto local = stage_of(build_param_table(model(), 2, t), [&](const std::string& n) { return on_stage(n, stage); });
+      const auto local =
+          stage_of(build_param_table(model(), 2, t), [&](const std::string& n) { return on_stage(n, stage); });
       ShardLayout lay = tp_layout(2, t);
       lay.pp = 2;
       lay.pp_rank = stage;
@@ -386,7 +388,8 @@ TEST_CASE("checkpoint v2 pipeline layout checks and partial indexes", "[checkpoi
 
   // Layers missing between the first and the last held: not the whole model.
   const auto stage1 = stage_of(specs, [](const std::string& n) { return on_stage(n, 1); });
-  REQUIRE_THAT(error_of([&] { save_checkpoint_sharded(root.string(), whole_state(stage1, 2), ShardLayout{}, world, 0); }),
+  const CheckpointState st1 = whole_state(stage1, 2);
+  REQUIRE_THAT(error_of([&] { save_checkpoint_sharded(root.string(), st1, ShardLayout{}, world, 0); }),
                Contains("no pipeline stage holds model.layers.0.* (the stages hold layers up to 1)"));
 
   // Stage 0 saved alone: the index lists exactly the tensors written.
