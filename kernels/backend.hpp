@@ -95,6 +95,20 @@ class Backend {
   virtual void copy(Tensor dst, const Tensor& src) = 0;
   virtual void scale_inplace(Tensor x, double s) = 0;
 
+  // ---- indexed rows (mixture-of-experts combine; the dispatch's row gather is
+  // embedding_forward with the row indices as tokens) ----
+  // out(N,C) (=|+=) sum over j < k, ascending, with pos[t,j] >= 0 of
+  // w[t,j] * y[pos[t,j]]; pos (N,k) int32 rows of y(M,C); w (N,k) in out's dtype,
+  // or empty (data == nullptr) for weights 1. A row with no pos >= 0 is 0 (or kept).
+  virtual void combine_rows(Tensor out, const Tensor& y, const Tensor& pos, const Tensor& w,
+                            bool accumulate) = 0;
+  // combine_rows' backward: dy[pos[t,j]] = w[t,j] * dout[t] (dout[t] with w empty)
+  // for every pos >= 0 (each row of dy named at most once; rows not named are left
+  // as they are); dw(N,k) = <dout[t], y[pos[t,j]]>, 0 where pos < 0. Either of
+  // dy, dw may be empty.
+  virtual void combine_rows_backward(Tensor dy, Tensor dw, const Tensor& dout, const Tensor& y,
+                                     const Tensor& pos, const Tensor& w) = 0;
+
   // ---- fused classifier ----
   // logits(N,V) -> per-token losses(N) (fp32/fp64 like logits); logits are
   // replaced by dloss/dlogits * grad_scale. Rows whose target is < 0 are

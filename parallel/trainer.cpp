@@ -18,6 +18,7 @@
 #include "core/token_shard.hpp"
 #include "kernels/check.hpp"
 #include "parallel/pipeline_plan.hpp"
+#include "parallel/schedule/simulate.hpp"
 
 namespace adgt {
 
@@ -195,6 +196,51 @@ void Trainer::trace_pipeline_step() {
   std::fclose(f);
 }
 
+void Trainer::replan_from_measurements() {
+  // Mean F, B and W time per stage from this step's timeline; a fused Backward
+  // counts half as B and half as W. The maximum over the world (every tp and
+  // dp replica of a stage) is the same on every rank, and greedy is a pure
+  // function of it, so every rank gets the same schedule.
+  const int pp = ctx_.pp->size(), r = ctx_.pp->rank();
+  const int S = pp * int(cfg_.parallel.virtual_stages);
+  std::vector<double> sum(size_t(3 * S), 0.0), n(size_t(3 * S), 0.0);
+  for (const ExecutedInstr& e : pipe_->timeline()) {
+    const size_t s = size_t(e.instr.chunk * pp + r);
+    const double d = e.end - e.start;
+    switch (e.instr.op) {
+      case pp::Op::Forward: sum[s] += d; n[s] += 1; break;
+      case pp::Op::BackwardInput: sum[size_t(S) + s] += d; n[size_t(S) + s] += 1; break;
+      case pp::Op::BackwardWeight: sum[size_t(2 * S) + s] += d; n[size_t(2 * S) + s] += 1; break;
+      case pp::Op::Backward:
+        sum[size_t(S) + s] += d / 2; n[size_t(S) + s] += 1;
+        sum[size_t(2 * S) + s] += d / 2; n[size_t(2 * S) + s] += 1;
+        break;
+      default: break;
+    }
+  }
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = n[i] > 0 ? sum[i] / n[i] : 0.0;
+  ctx_.world->all_reduce(Tensor(sum.data(), DType::F64, {int64_t(sum.size())}), ReduceOp::Max);
+  pp::StageCosts c;
+  for (int s = 0; s < S; ++s) {
+    c.f.push_back(std::max(sum[size_t(s)], 1e-9));
+    c.b.push_back(std::max(sum[size_t(S + s)], 1e-9));
+    c.w.push_back(sum[size_t(2 * S + s)]);
+  }
+  pp::Schedule sched = make_pipeline_schedule(cfg_, &c);
+  if (lead()) {
+    std::printf("greedy: re-planned from the measured stage times (ms per micro-batch):\n");
+    for (int s = 0; s < S; ++s)
+      std::printf("  stage %d: F %.3f  B %.3f  W %.3f\n", s, 1e3 * c.f[size_t(s)],
+                  1e3 * c.b[size_t(s)], 1e3 * c.w[size_t(s)]);
+    const pp::SimResult sim = pp::simulate(sched, c);
+    std::printf("  kept %s; predicted bubble %.1f%% (idle / (pp x makespan))\n",
+                sched.detail.empty() ? sched.name.c_str() : sched.detail.c_str(),
+                100.0 * sim.bubble_fraction);
+    std::fflush(stdout);
+  }
+  pipe_->set_schedule(std::move(sched));
+}
+
 double Trainer::measured_bubble() {
   double busy[1] = {pipe_->last_busy_seconds()}, span[1] = {pipe_->last_step_seconds()};
   ctx_.pp->all_reduce(Tensor(busy, DType::F64, {1}));
@@ -296,6 +342,10 @@ TrainSummary Trainer::train() {
     const double loss = run_micro_batches(samples_seen_);
     samples_seen_ += t.global_batch;
     if (pipelined()) trace_pipeline_step();
+    // Greedy plans with the FLOP cost model first, then once with the times
+    // measured on the second step (the first warms caches and buffers).
+    if (pipelined() && cfg_.parallel.schedule == "greedy" && step_ == first_step + 1)
+      replan_from_measurements();
     const double bubble = pipelined() ? measured_bubble() : -1.0;
     const double gn = dp_->grad_norm();
     // Loss and norm are identical on every rank (deterministic reductions), so

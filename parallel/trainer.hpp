@@ -61,6 +61,8 @@ class Trainer {
   // (1 - sum of busy time / (pp x the slowest rank's step time)).
   double measured_bubble();
   void trace_pipeline_step();  // ADGT_PIPELINE_TRACE
+  // greedy: a new schedule from this step's measured stage times (collective over the world).
+  void replan_from_measurements();
   bool pipelined() const { return ctx_.pp->size() > 1; }
   std::string save();
   ShardLayout layout() const;  // this rank's place, for the checkpoint files

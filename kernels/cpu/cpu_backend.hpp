@@ -50,6 +50,10 @@ class CpuBackend final : public Backend {
   void add_inplace(Tensor y, const Tensor& x) override;
   void copy(Tensor dst, const Tensor& src) override;
   void scale_inplace(Tensor x, double s) override;
+  void combine_rows(Tensor out, const Tensor& y, const Tensor& pos, const Tensor& w,
+                    bool accumulate) override;  // in embedding.cpp (indexed rows)
+  void combine_rows_backward(Tensor dy, Tensor dw, const Tensor& dout, const Tensor& y,
+                             const Tensor& pos, const Tensor& w) override;
   void cross_entropy(Tensor logits, Tensor losses, const Tensor& targets,
                      double grad_scale) override;
   void ce_partial_stats(Tensor stats, const Tensor& logits, const Tensor& targets,

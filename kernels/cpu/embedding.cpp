@@ -1,4 +1,5 @@
-// CPU token embedding (vocab-parallel: a rank holds rows [vocab_start, vocab_start + Vl)).
+// CPU token embedding (vocab-parallel: a rank holds rows [vocab_start, vocab_start + Vl)),
+// and the other indexed-row ops: the mixture-of-experts combine and its backward.
 #include <cstring>
 
 #include "kernels/cpu/cpu_backend.hpp"
@@ -41,6 +42,94 @@ void CpuBackend::embedding_backward(Tensor dtable, const Tensor& dout, const Ten
       const T* gr = g + i * C;
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) dr[c] += gr[c];
+    }
+  });
+}
+
+namespace {
+void check_combine(const Tensor& rows_nc, const Tensor& y, const Tensor& pos, const Tensor& w,
+                   const char* op) {
+  const int64_t N = pos.ndim == 2 ? pos.dim(0) : -1, C = y.ndim == 2 ? y.dim(1) : -1;
+  ADGT_CHECK(pos.dtype == DType::I32 && pos.ndim == 2 && y.ndim == 2 &&
+                 rows_nc.numel() == N * C && rows_nc.dtype == y.dtype,
+             op << ": pos" << pos.shape_str() << " (int32 (N,k)), y" << y.shape_str()
+                << " (M,C), rows" << rows_nc.shape_str() << " (N,C)");
+  ADGT_CHECK(!w.data || (w.numel() == pos.numel() && w.dtype == y.dtype),
+             op << ": weights" << w.shape_str() << " must match pos" << pos.shape_str()
+                << " in " << dtype_name(y.dtype));
+  const int32_t* p = pos.ptr<int32_t>();
+  for (int64_t i = 0; i < pos.numel(); ++i)
+    ADGT_CHECK(p[i] < y.dim(0), op << ": pos[" << i << "] = " << p[i] << " outside y"
+                                   << y.shape_str());
+}
+}  // namespace
+
+void CpuBackend::combine_rows(Tensor out, const Tensor& y, const Tensor& pos, const Tensor& w,
+                              bool accumulate) {
+  check_combine(out, y, pos, w, "combine_rows");
+  const int64_t N = pos.dim(0), k = pos.dim(1), C = y.dim(1);
+  const int32_t* p = pos.ptr<int32_t>();
+  cpu_dispatch(y.dtype, [&](auto z_) {
+    using T = decltype(z_);
+    T* o = out.ptr<T>();
+    const T* yp = y.ptr<T>();
+    const T* wp = w.data ? w.ptr<T>() : nullptr;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t) {
+      T* orow = o + t * C;
+      if (!accumulate)
+        for (int64_t c = 0; c < C; ++c) orow[c] = T(0);
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t r = p[t * k + j];
+        if (r < 0) continue;
+        const T wt = wp ? wp[t * k + j] : T(1);
+        const T* yr = yp + r * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) orow[c] += wt * yr[c];
+      }
+    }
+  });
+}
+
+void CpuBackend::combine_rows_backward(Tensor dy, Tensor dw, const Tensor& dout, const Tensor& y,
+                                       const Tensor& pos, const Tensor& w) {
+  check_combine(dout, y, pos, w, "combine_rows_backward");
+  ADGT_CHECK(!dy.data || (dy.numel() == y.numel() && dy.dtype == y.dtype),
+             "combine_rows_backward: dy" << dy.shape_str() << " must match y" << y.shape_str());
+  ADGT_CHECK(!dw.data || (dw.numel() == pos.numel() && dw.dtype == y.dtype),
+             "combine_rows_backward: dw" << dw.shape_str() << " must match pos" << pos.shape_str());
+  const int64_t N = pos.dim(0), k = pos.dim(1), C = y.dim(1);
+  const int32_t* p = pos.ptr<int32_t>();
+  cpu_dispatch(y.dtype, [&](auto z_) {
+    using T = decltype(z_);
+    const T* g = dout.ptr<T>();
+    const T* yp = y.ptr<T>();
+    const T* wp = w.data ? w.ptr<T>() : nullptr;
+    T* dyp = dy.data ? dy.ptr<T>() : nullptr;
+    T* dwp = dw.data ? dw.ptr<T>() : nullptr;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t) {
+      const T* grow = g + t * C;
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t r = p[t * k + j];
+        if (r < 0) {
+          if (dwp) dwp[t * k + j] = T(0);
+          continue;
+        }
+        if (dwp) {
+          const T* yr = yp + r * C;
+          T s = 0;
+#pragma omp simd reduction(+ : s)
+          for (int64_t c = 0; c < C; ++c) s += grow[c] * yr[c];
+          dwp[t * k + j] = s;
+        }
+        if (dyp) {
+          const T wt = wp ? wp[t * k + j] : T(1);
+          T* dr = dyp + r * C;
+#pragma omp simd
+          for (int64_t c = 0; c < C; ++c) dr[c] = wt * grow[c];
+        }
+      }
     }
   });
 }
