@@ -2,6 +2,7 @@
 // safetensors (docs/huggingface.md), and print what a checkpoint holds.
 //
 //   adgt-ckpt export-hf <step dir> <out dir> [--max-shard-size 5GB] [--dtype float32|bfloat16]
+//                       (LlamaForCausalLM, or MixtralForCausalLM for a model with experts)
 //   adgt-ckpt import-hf <hf dir> <out dir> [--config base.yaml]
 //   adgt-ckpt info <step dir> [--tensors]
 #include <CLI/CLI.hpp>
@@ -62,6 +63,17 @@ int run_info(const std::string& step_dir, bool list_tensors) {
               long(m.n_heads), long(m.n_kv_heads), long(m.head_dim()), long(m.ffn_hidden),
               long(m.vocab_size), long(m.seq_len), m.rope_theta, m.norm_eps,
               m.tie_embeddings ? "tied" : "untied");
+  if (m.n_experts > 0) {
+    const std::string where = m.moe_every == 1 ? "every layer"
+                                               : "every " + std::to_string(m.moe_every) +
+                                                     "th layer; not exportable as Mixtral";
+    const std::string drops = m.moe_capacity_factor > 0
+                                  ? "capacity factor " + std::to_string(m.moe_capacity_factor)
+                                  : std::string("dropless");
+    std::printf("experts:      %ld per MoE layer (top-%ld, expert ffn %ld, %s), aux loss coef %g%s, %s\n",
+                long(m.n_experts), long(m.moe_top_k), long(m.expert_ffn()), where.c_str(), m.moe_aux_loss_coef,
+                m.moe_aux_free ? ", aux-loss-free bias" : "", drops.c_str());
+  }
   std::printf("tensors:      %zu parameters, %ld elements, %s fp32 (x3 with the AdamW moments: %s)\n",
               specs.size(), long(n), human_bytes(double(n) * 4).c_str(),
               human_bytes(double(n) * 12).c_str());
@@ -112,6 +124,7 @@ int main(int argc, char** argv) {
       opt.force = force;
       const auto r = adgt::export_hf(src, dst, opt);
       if (!r.note.empty()) std::fprintf(stderr, "note: %s\n", r.note.c_str());
+      for (const auto& n : r.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
       std::printf("exported %ld tensors (%s, %s) to %s:\n", long(r.n_tensors),
                   human_bytes(double(r.tensor_bytes)).c_str(), dtype.c_str(), dst.c_str());
       for (const auto& f : r.files) std::printf("  %s\n", f.c_str());

@@ -119,6 +119,8 @@ int main(int argc, char** argv) {
     ctx.tp = pg.tp.get();
     ctx.dp = pg.dp.get();
     ctx.pp = pg.pp.get();
+    ctx.ep = pg.ep.get();
+    ctx.edp = pg.edp.get();
     ctx.world = pg.world.get();
     ctx.world_rank = pg.world->rank();
     adgt::Trainer trainer(cfg, ctx);

@@ -242,42 +242,56 @@ std::vector<int64_t> write_rank_file(const fs::path& path, const CheckpointState
 
 // ---------------------------------------------------------------- the reports
 
-// What a rank tells rank 0 after writing its file: its place in the layout,
-// the file's size, a hash of its table, the tensors it describes (the first
-// rank of its pipeline stage, tp 0 dp 0: its whole table, in order; the others:
-// the tensors they wrote pieces of) and one record per block, whose word 1
-// indexes `tensors`.
-struct RankReport {
-  int tp = 1, tp_rank = 0, dp = 1, dp_rank = 0, pp = 1, pp_rank = 0;
-  int64_t file_bytes = 0;
-  uint64_t table_hash = 0;
-  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors;  // (name, global shape)
-  std::vector<int64_t> blocks;                                        // kRecordWords each
+// A tensor a rank describes in its report.
+struct TensorRec {
+  std::string name;
+  std::vector<int64_t> global_shape;
+  int64_t expert = -1;  // ParamSpec::expert
+  bool router = false;  // ParamSpec::is_router
 };
-constexpr size_t kReportHeader = 11;
 
-bool stage_leader(const ShardLayout& lay) { return lay.tp_rank == 0 && lay.dp_rank == 0; }
+// What a rank tells rank 0 after writing its file: its place in the layout,
+// the file's size, hashes of its table, the tensors it describes (the first
+// rank of each ep rank of its pipeline stage, tp 0 and dp = the ep rank: its
+// whole table, in order; the others: the tensors they wrote pieces of) and one
+// record per block, whose word 1 indexes `tensors`.
+struct RankReport {
+  int tp = 1, tp_rank = 0, dp = 1, dp_rank = 0, pp = 1, pp_rank = 0, ep = 1, ep_rank = 0;
+  int64_t file_bytes = 0;
+  uint64_t table_hash = 0;   // the whole table: equal within a stage and ep rank
+  uint64_t shared_hash = 0;  // the non-expert tensors: equal within a stage
+  std::vector<TensorRec> tensors;
+  std::vector<int64_t> blocks;  // kRecordWords each
+};
+constexpr size_t kReportHeader = 14;
+constexpr size_t kTensorWords = 6;
 
-// FNV-1a over the names, global shapes and shard dimensions of a table: equal
-// on every rank of a pipeline stage.
-uint64_t table_hash(const std::vector<ParamSpec>& specs) {
+// Lists its whole table: tp rank 0, the first dp rank of its ep rank.
+bool stage_leader(const ShardLayout& lay) { return lay.tp_rank == 0 && lay.dp_rank < lay.ep; }
+
+// FNV-1a over the names, global shapes, shard dimensions and expert ids of a
+// table's tensors (all of them, or the non-expert ones only): equal on every
+// rank of a pipeline stage (the whole table: of a stage and ep rank).
+uint64_t table_hash(const std::vector<ParamSpec>& specs, bool experts) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&h](const void* p, size_t n) {
     for (size_t k = 0; k < n; ++k) h = (h ^ static_cast<const unsigned char*>(p)[k]) * 1099511628211ull;
   };
   for (const ParamSpec& l : specs) {
+    if (!experts && l.expert >= 0) continue;
     mix(l.name.data(), l.name.size() + 1);  // with its NUL
     const auto nd = int64_t(l.global_shape.size());
     mix(&nd, sizeof nd);
     mix(l.global_shape.data(), l.global_shape.size() * sizeof(int64_t));
     mix(&l.shard_dim, sizeof l.shard_dim);
+    mix(&l.expert, sizeof l.expert);
   }
   return h;
 }
 
-// Words: header (place, file size, hash, tensor count, block words, name
-// bytes), per tensor (nd, dim 0, dim 1, name length), the block records, the
-// names' bytes packed 8 to a word.
+// Words: header (place, file size, hashes, tensor count, block words, name
+// bytes), per tensor (nd, dim 0, dim 1, name length, expert, router), the
+// block records, the names' bytes packed 8 to a word.
 std::vector<int64_t> encode_report(const CheckpointState& st, const ShardLayout& lay, std::vector<int64_t> blocks,
                                    int64_t file_bytes) {
   std::vector<int64_t> entry_of(st.specs.size(), -1);
@@ -291,13 +305,25 @@ std::vector<int64_t> encode_report(const CheckpointState& st, const ShardLayout&
   }
   std::string names;
   for (size_t i : listed) names += st.specs[i].name;
-  std::vector<int64_t> w = {lay.tp, lay.tp_rank, lay.dp, lay.dp_rank, lay.pp, lay.pp_rank, file_bytes,
-                            int64_t(table_hash(st.specs)), int64_t(listed.size()), int64_t(blocks.size()),
+  std::vector<int64_t> w = {lay.tp,
+                            lay.tp_rank,
+                            lay.dp,
+                            lay.dp_rank,
+                            lay.pp,
+                            lay.pp_rank,
+                            lay.ep,
+                            lay.ep_rank,
+                            file_bytes,
+                            int64_t(table_hash(st.specs, true)),
+                            int64_t(table_hash(st.specs, false)),
+                            int64_t(listed.size()),
+                            int64_t(blocks.size()),
                             int64_t(names.size())};
   for (size_t i : listed) {
-    const std::vector<int64_t>& g = st.specs[i].global_shape;
-    w.insert(w.end(), {int64_t(g.size()), g.size() > 0 ? g[0] : 1, g.size() > 1 ? g[1] : 1,
-                       int64_t(st.specs[i].name.size())});
+    const ParamSpec& l = st.specs[i];
+    const std::vector<int64_t>& g = l.global_shape;
+    w.insert(w.end(), {int64_t(g.size()), g.size() > 0 ? g[0] : 1, g.size() > 1 ? g[1] : 1, int64_t(l.name.size()),
+                       l.expert, int64_t(l.is_router)});
   }
   w.insert(w.end(), blocks.begin(), blocks.end());
   const size_t at = w.size();
@@ -313,20 +339,23 @@ RankReport decode_report(const int64_t* w, size_t len, int rank, const std::stri
   if (len < kReportHeader) throw bad();
   RankReport r;
   r.tp = int(w[0]), r.tp_rank = int(w[1]), r.dp = int(w[2]), r.dp_rank = int(w[3]), r.pp = int(w[4]),
-  r.pp_rank = int(w[5]);
-  r.file_bytes = w[6];
-  r.table_hash = uint64_t(w[7]);
-  const int64_t nt = w[8], nb = w[9], nc = w[10];
+  r.pp_rank = int(w[5]), r.ep = int(w[6]), r.ep_rank = int(w[7]);
+  r.file_bytes = w[8];
+  r.table_hash = uint64_t(w[9]);
+  r.shared_hash = uint64_t(w[10]);
+  const int64_t nt = w[11], nb = w[12], nc = w[13];
+  const auto tw = int64_t(kTensorWords);
   if (nt < 0 || nb < 0 || nc < 0 || nb % int64_t(kRecordWords) != 0 ||
-      len != kReportHeader + size_t(4 * nt + nb + (nc + 7) / 8))
+      len != kReportHeader + size_t(tw * nt + nb + (nc + 7) / 8))
     throw bad();
   const int64_t* t = w + kReportHeader;
-  const char* chars = reinterpret_cast<const char*>(t + 4 * nt + nb);
+  const char* chars = reinterpret_cast<const char*>(t + tw * nt + nb);
   int64_t used = 0;
-  for (int64_t k = 0; k < nt; ++k, t += 4) {
+  for (int64_t k = 0; k < nt; ++k, t += tw) {
     if (t[0] < 0 || t[0] > 2 || t[3] < 0 || used + t[3] > nc) throw bad();
-    std::vector<int64_t> shape(t + 1, t + 1 + t[0]);
-    r.tensors.emplace_back(std::string(chars + used, size_t(t[3])), std::move(shape));
+    TensorRec rec{std::string(chars + used, size_t(t[3])), std::vector<int64_t>(t + 1, t + 1 + t[0]), t[4],
+                  t[5] != 0};
+    r.tensors.push_back(std::move(rec));
     used += t[3];
   }
   r.blocks.assign(t, t + nb);
@@ -371,7 +400,14 @@ struct IndexTensor {
   int stage = 0;
   int band = 0;        // 0: before the layers (embed_tokens), 1: a layer's, 2: after (norm, lm_head)
   int64_t layer = -1;  // N of model.layers.N.*
-  size_t pos = 0;      // in its stage's table
+  size_t pos = 0;      // in its stage's (ep rank's) table
+  // Expert weights: the expert id, the ep rank that holds it, and the position
+  // of the layer's first expert tensor in that table (the experts of all ep
+  // ranks go there, by id); anchor = pos for other tensors.
+  int64_t expert = -1;
+  int ep_rank = 0;
+  size_t anchor = 0;
+  bool router = false;
 };
 
 // N of "model.layers.N.<...>", else -1.
@@ -392,18 +428,23 @@ int64_t layer_of(const std::string& name) {
 void assemble_index(const std::vector<RankReport>& reps, const ShardLayout& lay, const std::string& who,
                     std::vector<IndexTensor>& tensors, std::vector<std::vector<IndexBlock>>& per) {
   const int W = int(reps.size());
-  auto place = [](const RankReport& r) {
+  auto place = [&lay](const RankReport& r) {
     return "tp " + std::to_string(r.tp_rank) + ", dp " + std::to_string(r.dp_rank) + ", pp " +
-           std::to_string(r.pp_rank);
+           std::to_string(r.pp_rank) + (lay.ep > 1 ? ", ep " + std::to_string(r.ep_rank) : std::string());
   };
   std::vector<int> at_coord(size_t(W), -1);
   for (int r = 0; r < W; ++r) {
     const RankReport& q = reps[size_t(r)];
-    if (q.tp != lay.tp || q.dp != lay.dp || q.pp != lay.pp)
+    if (q.tp != lay.tp || q.dp != lay.dp || q.pp != lay.pp || q.ep != lay.ep)
       throw CheckpointError(who + ": rank " + std::to_string(r) + " saves with layout tp " + std::to_string(q.tp) +
-                            " x dp " + std::to_string(q.dp) + " x pp " + std::to_string(q.pp) + ", rank 0 with tp " +
-                            std::to_string(lay.tp) + " x dp " + std::to_string(lay.dp) + " x pp " +
-                            std::to_string(lay.pp) + "; every rank must pass the same layout");
+                            " x dp " + std::to_string(q.dp) + " x pp " + std::to_string(q.pp) + " (ep " +
+                            std::to_string(q.ep) + "), rank 0 with tp " + std::to_string(lay.tp) + " x dp " +
+                            std::to_string(lay.dp) + " x pp " + std::to_string(lay.pp) + " (ep " +
+                            std::to_string(lay.ep) + "); every rank must pass the same layout");
+    if (q.ep < 1 || q.dp % q.ep != 0 || q.ep_rank != q.dp_rank % q.ep)
+      throw CheckpointError(who + ": rank " + std::to_string(r) + " saves as ep rank " + std::to_string(q.ep_rank) +
+                            " of ep " + std::to_string(q.ep) + " with dp rank " + std::to_string(q.dp_rank) +
+                            " of dp " + std::to_string(q.dp) + "; ep must divide dp and ep_rank = dp_rank % ep");
     const int64_t c = q.tp_rank + int64_t(q.tp) * (q.dp_rank + int64_t(q.dp) * q.pp_rank);
     if (c < 0 || c >= W) throw CheckpointError(who + ": rank " + std::to_string(r) + " has no place in the layout");
     if (at_coord[size_t(c)] >= 0)
@@ -413,28 +454,61 @@ void assemble_index(const std::vector<RankReport>& reps, const ShardLayout& lay,
   }
   auto rank_at = [&](int t, int d, int p) { return at_coord[size_t(t + lay.tp * (d + lay.dp * p))]; };
 
-  // The tensors: each stage's first rank lists its whole table; a name on two stages is an error.
-  std::map<std::string, size_t> first_seen;
-  for (int p = 0; p < lay.pp; ++p) {
-    const RankReport& q = reps[size_t(rank_at(0, 0, p))];
-    size_t first_layer = q.tensors.size();
-    for (size_t j = 0; j < q.tensors.size() && first_layer == q.tensors.size(); ++j)
-      if (layer_of(q.tensors[j].first) >= 0) first_layer = j;
-    for (size_t j = 0; j < q.tensors.size(); ++j) {
-      IndexTensor t{q.tensors[j].first, q.tensors[j].second, p, 1, layer_of(q.tensors[j].first), j};
-      if (t.layer < 0)
-        t.band = first_layer < q.tensors.size() ? (j < first_layer ? 0 : 2) : (p == 0 ? 0 : 2);
-      auto [it, fresh] = first_seen.try_emplace(t.name, tensors.size());
-      if (!fresh)
-        throw CheckpointError(who + ": tensor " + t.name + " is held by pipeline stages " +
-                              std::to_string(tensors[it->second].stage) + " and " + std::to_string(p) +
-                              "; each tensor must belong to exactly one stage when saving (a tensor shared "
-                              "between stages must be saved by one of them only)");
-      tensors.push_back(std::move(t));
-    }
+  // Every rank of a stage holds the stage's non-expert tensors, and the experts of its ep rank.
+  for (int r = 0; r < W; ++r) {
+    const RankReport& q = reps[size_t(r)];
+    const int lead = rank_at(0, 0, q.pp_rank), ep_lead = rank_at(0, q.ep_rank, q.pp_rank);
+    if (q.shared_hash != reps[size_t(lead)].shared_hash)
+      throw CheckpointError(who + ": rank " + std::to_string(r) + " (" + place(q) +
+                            ") holds other tensors (names, shapes or sharding) than rank " + std::to_string(lead) +
+                            " (" + place(reps[size_t(lead)]) + "), which is in the same pipeline stage; every "
+                            "rank of a stage must hold the same parameter table" +
+                            (lay.ep > 1 ? " (but for its ep rank's experts)" : ""));
+    if (q.table_hash != reps[size_t(ep_lead)].table_hash)
+      throw CheckpointError(
+          who + ": rank " + std::to_string(r) + " (" + place(q) + ") holds other expert weights than rank " +
+          std::to_string(ep_lead) + " (" + place(reps[size_t(ep_lead)]) + "), which is in the same pipeline stage" +
+          (lay.ep > 1 ? " and ep rank; the dp ranks of one ep rank must hold the same experts"
+                      : "; with expert parallelism pass ShardLayout::ep and ep_rank (ep ranks hold different "
+                        "experts)"));
   }
+
+  // The tensors: the first rank of each ep rank of each stage (tp 0, dp = the ep
+  // rank) lists its whole table; the non-expert tensors are taken from ep rank
+  // 0's, the expert tensors from each. A name on two stages, or an expert on
+  // two ep ranks, is an error.
+  std::map<std::string, size_t> first_seen;
+  for (int p = 0; p < lay.pp; ++p)
+    for (int e = 0; e < lay.ep; ++e) {
+      const RankReport& q = reps[size_t(rank_at(0, e, p))];
+      size_t first_layer = q.tensors.size();
+      for (size_t j = 0; j < q.tensors.size() && first_layer == q.tensors.size(); ++j)
+        if (layer_of(q.tensors[j].name) >= 0) first_layer = j;
+      std::map<int64_t, size_t> first_expert;  // layer -> position of its first expert tensor
+      for (size_t j = 0; j < q.tensors.size(); ++j) {
+        const TensorRec& rec = q.tensors[j];
+        if (e > 0 && rec.expert < 0) continue;
+        IndexTensor t{rec.name, rec.global_shape, p, 1, layer_of(rec.name), j, rec.expert, e, j, rec.router};
+        if (t.layer < 0)
+          t.band = first_layer < q.tensors.size() ? (j < first_layer ? 0 : 2) : (p == 0 ? 0 : 2);
+        if (t.expert >= 0) t.anchor = first_expert.try_emplace(t.layer, j).first->second;
+        auto [it, fresh] = first_seen.try_emplace(t.name, tensors.size());
+        if (!fresh && tensors[it->second].stage == p)
+          throw CheckpointError(who + ": tensor " + t.name + " (expert " + std::to_string(t.expert) +
+                                ") is held by ep ranks " + std::to_string(tensors[it->second].ep_rank) + " and " +
+                                std::to_string(e) + " of pipeline stage " + std::to_string(p) +
+                                "; each expert must belong to exactly one ep rank (parallel.expert_placement)");
+        if (!fresh)
+          throw CheckpointError(who + ": tensor " + t.name + " is held by pipeline stages " +
+                                std::to_string(tensors[it->second].stage) + " and " + std::to_string(p) +
+                                "; each tensor must belong to exactly one stage when saving (a tensor shared "
+                                "between stages must be saved by one of them only)");
+        tensors.push_back(std::move(t));
+      }
+    }
   std::stable_sort(tensors.begin(), tensors.end(), [](const IndexTensor& a, const IndexTensor& b) {
-    return std::tie(a.band, a.layer, a.stage, a.pos) < std::tie(b.band, b.layer, b.stage, b.pos);
+    return std::tie(a.band, a.layer, a.stage, a.anchor, a.expert, a.pos) <
+           std::tie(b.band, b.layer, b.stage, b.anchor, b.expert, b.pos);
   });
   std::map<std::string, size_t> tid;
   for (size_t t = 0; t < tensors.size(); ++t) tid[tensors[t].name] = t;
@@ -447,24 +521,51 @@ void assemble_index(const std::vector<RankReport>& reps, const ShardLayout& lay,
       throw CheckpointError(who + ": no pipeline stage holds model.layers." + std::to_string(l) +
                             ".* (the stages hold layers up to " + std::to_string(*layers.rbegin()) +
                             "); together the stages must hold the whole model");
+  // Every expert of every MoE layer, as many as its router has rows, each with
+  // as many tensors as the others (w1, w2, w3).
+  std::map<int64_t, const IndexTensor*> router_of;               // layer -> its router
+  std::map<int64_t, std::map<int64_t, int64_t>> experts_of;      // layer -> expert -> tensors
+  for (const IndexTensor& t : tensors) {
+    if (t.router) router_of[t.layer] = &t;
+    if (t.expert >= 0) ++experts_of[t.layer][t.expert];
+  }
+  auto layer_name = [](int64_t l) { return "model.layers." + std::to_string(l); };
+  for (const auto& [l, held] : experts_of)
+    if (!router_of.count(l))
+      throw CheckpointError(who + ": " + layer_name(l) + " holds expert weights (expert " +
+                            std::to_string(held.begin()->first) + ") but no router (ParamSpec::is_router)");
+  for (const auto& [l, router] : router_of) {
+    const int64_t E = router->global_shape.empty() ? 0 : router->global_shape[0];
+    const std::map<int64_t, int64_t>& held = experts_of[l];
+    for (int64_t x = 0; x < E; ++x)
+      if (!held.count(x))
+        throw CheckpointError(who + ": no ep rank holds expert " + std::to_string(x) + " of " + layer_name(l) +
+                              " (" + router->name + " has " + std::to_string(E) + " experts; stage " +
+                              std::to_string(router->stage) + ", ep " + std::to_string(lay.ep) +
+                              "); together the ep ranks of a stage must hold every expert");
+    for (const auto& [x, count] : held) {
+      if (x >= E)
+        throw CheckpointError(who + ": " + layer_name(l) + " holds expert " + std::to_string(x) + ", but " +
+                              router->name + " has " + std::to_string(E) + " experts");
+      if (count != held.begin()->second)
+        throw CheckpointError(who + ": expert " + std::to_string(x) + " of " + layer_name(l) + " has " +
+                              std::to_string(count) + " tensors, expert " + std::to_string(held.begin()->first) +
+                              " " + std::to_string(held.begin()->second) + "; every expert needs the same weights");
+    }
+  }
 
-  // Every rank of a stage holds the stage's tensors; its blocks are pieces of them.
+  // Each rank's blocks are pieces of its stage's (and ep rank's) tensors.
   const size_t n = tensors.size();
   per.assign(3 * n, {});
   for (int r = 0; r < W; ++r) {
     const RankReport& q = reps[size_t(r)];
-    const int lead = rank_at(0, 0, q.pp_rank);
-    if (q.table_hash != reps[size_t(lead)].table_hash)
-      throw CheckpointError(who + ": rank " + std::to_string(r) + " (" + place(q) +
-                            ") holds other tensors (names, shapes or sharding) than rank " + std::to_string(lead) +
-                            " (" + place(reps[size_t(lead)]) + "), which is in the same pipeline stage; every "
-                            "rank of a stage must hold the same parameter table");
     for (size_t k = 0; k < q.blocks.size(); k += kRecordWords) {
       const int64_t* b = q.blocks.data() + k;
-      const auto it = b[1] >= 0 && b[1] < int64_t(q.tensors.size()) ? tid.find(q.tensors[size_t(b[1])].first)
+      const auto it = b[1] >= 0 && b[1] < int64_t(q.tensors.size()) ? tid.find(q.tensors[size_t(b[1])].name)
                                                                     : tid.end();
       if (b[0] < 0 || b[0] > 2 || it == tid.end() || tensors[it->second].stage != q.pp_rank ||
-          tensors[it->second].global_shape != q.tensors[size_t(b[1])].second)
+          (tensors[it->second].expert >= 0 && tensors[it->second].ep_rank != q.ep_rank) ||
+          tensors[it->second].global_shape != q.tensors[size_t(b[1])].global_shape)
         throw CheckpointError(who + ": internal error: rank " + std::to_string(r) + " reports a bad piece");
       const IndexTensor& t = tensors[it->second];
       IndexBlock ib{r, whole_region(t.global_shape, t.name), b[6], b[7], b[8] != 0, uint32_t(b[9])};
@@ -532,8 +633,8 @@ void write_index(const fs::path& path, const CheckpointState& st, const ShardLay
     write_meta(meta, st, kFormatVersion);
     write_string(meta, "layout", lay.description);
     write_i64(meta, "world_size", world);
-    const int64_t dims[3] = {lay.tp, lay.dp, lay.pp};
-    write_array(meta, "layout_dims", H5T_STD_I64LE, H5T_NATIVE_INT64, dims, {3}, crc32(dims, sizeof dims),
+    const int64_t dims[4] = {lay.tp, lay.dp, lay.pp, lay.ep};
+    write_array(meta, "layout_dims", H5T_STD_I64LE, H5T_NATIVE_INT64, dims, {4}, crc32(dims, sizeof dims),
                 H5P_DEFAULT);
 
     // meta/pieces: one row per block, (group, table, rank, offset) order.
@@ -597,9 +698,10 @@ std::string piece_str(const SrcPiece& p) {
          (p.blocks.size() > 1 ? " + " + std::to_string(p.blocks.size() - 1) + " more blocks" : "");
 }
 
-// Reads meta/pieces of a version 2 index.
+// Reads meta/pieces of a version 2 index: the pieces of the tensors in `index`
+// (this rank's), and the number of pieces of every dataset path (all tensors).
 std::vector<SrcPiece> read_piece_table(hid_t f, const fs::path& dir, const std::map<std::string, size_t>& index,
-                                       const std::string& where) {
+                                       const std::string& where, std::map<std::string, int32_t>& count_of) {
   auto read_all = [&](const char* name, hid_t mem_type, void* dst, int64_t want, int64_t per_row, size_t elem) {
     const std::string path = std::string("meta/pieces/") + name;
     h5::Id ds = open_dataset(f, path, where);
@@ -631,9 +733,11 @@ std::vector<SrcPiece> read_piece_table(hid_t f, const fs::path& dir, const std::
   // Rows are blocks; the blocks of one (tensor, rank) are one piece (one dataset).
   std::vector<SrcPiece> out;
   std::map<std::pair<std::string, int32_t>, size_t> piece_of;
+  std::set<std::pair<std::string, int32_t>> seen;
   for (int64_t k = 0; k < np; ++k) {
     std::string path(text.data() + k * int64_t(width), width);
     path.resize(std::strlen(path.c_str()));
+    if (seen.emplace(path, ranks[size_t(k)]).second) ++count_of[path];
     const size_t slash = path.rfind('/');
     const std::string gname = slash == std::string::npos ? "" : path.substr(0, slash);
     int g = -1;
@@ -704,7 +808,9 @@ h5::Id read_shard(hid_t group, const std::string& gname, const ParamSpec& l, con
 struct FileTensors {
   std::string where;  // "checkpoint <file>: "
   std::vector<std::string> paths;
-  std::vector<int32_t> loaded;  // 0 / 1 per path
+  std::vector<int32_t> loaded;    // 0 / 1 per path
+  std::vector<int32_t> pieces;    // pieces of each path in the file
+  std::vector<int32_t> verified;  // pieces of each path this rank verifies
 };
 
 CheckpointState read_shards(const std::string& step_dir, const std::vector<ParamSpec>& local, const ShardLayout& lay,
@@ -783,8 +889,9 @@ CheckpointState read_shards(const std::string& step_dir, const std::vector<Param
     // before anything reads through the virtual datasets (HDF5 fills a missing source with zeros).
     std::vector<SrcPiece> pieces;
     std::vector<int64_t> covered(3 * n, 0);  // elements of each (group, tensor) in meta/pieces
+    std::map<std::string, int32_t> pieces_in_file;  // dataset path -> its pieces (version 1: 1 each)
     if (version == kFormatVersion) {
-      pieces = read_piece_table(f, dir, index, where);
+      pieces = read_piece_table(f, dir, index, where, pieces_in_file);
       for (SrcPiece& p : pieces)
         for (Block& b : p.blocks) b.r.nd = int(local[p.i].global_shape.size());
       for (const SrcPiece& p : pieces) covered[size_t(p.g) * n + p.i] += p.numel;
@@ -809,25 +916,38 @@ CheckpointState read_shards(const std::string& step_dir, const std::vector<Param
       }
     }
 
-    // Who verifies each piece (every piece once across the loading layout): a
-    // rank whose shard contains it, from the data it read (round robin among
-    // them); else a rank chosen round robin, reading the piece from its file.
+    // Who verifies each piece (every piece once across the ranks of a stage
+    // that hold its tensor): a rank whose shard contains it, from the data it
+    // read (round robin among them); else a rank chosen round robin, reading
+    // the piece from its file. The pieces of non-expert and of expert tensors
+    // are numbered apart (`ordinal`), so that ranks of a stage number them
+    // alike even when they hold different experts; an expert's pieces go to
+    // the dp ranks of this ep rank (lay.ep_rank + lay.ep * j).
+    std::vector<size_t> ordinal;
+    size_t next_ordinal[2] = {0, 0};
+    auto number = [&](size_t k) {
+      ordinal.resize(std::max(ordinal.size(), k + 1));
+      ordinal[k] = next_ordinal[local[pieces[k].i].expert >= 0 ? 1 : 0]++;
+    };
+    for (size_t k = 0; k < pieces.size(); ++k) number(k);
     enum class Check { kNone, kBuffer, kFile };
     auto check_of = [&](size_t k) {
       const SrcPiece& p = pieces[k];
+      const bool expert = local[p.i].expert >= 0 && lay.ep > 1;
+      const size_t holders = size_t(expert ? lay.dp / lay.ep : lay.dp);  // dp ranks holding the tensor
+      const int me = expert ? lay.dp_rank / lay.ep : lay.dp_rank;         // this rank among them
+      const size_t o = ordinal[k];
       std::vector<int> cand;  // tp ranks whose shard contains the piece
       for (int t = 0; t < lay.tp; ++t)
         if (p.inside(shard_region(local[p.i], t, lay.tp))) cand.push_back(t);
       if (!cand.empty()) {
-        const size_t pick = k % (cand.size() * size_t(lay.dp));
-        return cand[pick / size_t(lay.dp)] == lay.tp_rank && int(pick % size_t(lay.dp)) == lay.dp_rank
-                   ? Check::kBuffer
-                   : Check::kNone;
+        const size_t pick = o % (cand.size() * holders);
+        return cand[pick / holders] == lay.tp_rank && int(pick % holders) == me ? Check::kBuffer : Check::kNone;
       }
-      return int(k % size_t(lay.tp)) == lay.tp_rank && int(k / size_t(lay.tp) % size_t(lay.dp)) == lay.dp_rank
-                 ? Check::kFile
-                 : Check::kNone;
+      return int(o % size_t(lay.tp)) == lay.tp_rank && int(o / size_t(lay.tp) % holders) == me ? Check::kFile
+                                                                                             : Check::kNone;
     };
+    std::map<std::string, int32_t> verified;  // dataset path -> pieces this rank verifies
     // CRCs of pieces verified from the buffer run on a second thread while the
     // next tensors are read.
     std::vector<std::pair<size_t, std::future<uint32_t>>> pending;
@@ -865,6 +985,7 @@ CheckpointState read_shards(const std::string& step_dir, const std::vector<Param
           if (!read_crc(ds, &p.crc))
             throw CheckpointError(where + "tensor " + p.path + " has no crc32 attribute (see docs/checkpoint-format.md)");
           pieces.push_back(std::move(p));
+          number(pieces.size() - 1);
           if (check_of(pieces.size() - 1) == Check::kBuffer) crc_from_buffer(pieces.size() - 1);
         } else {
           const int64_t want = whole_region(local[i].global_shape, local[i].name).numel();
@@ -879,7 +1000,15 @@ CheckpointState read_shards(const std::string& step_dir, const std::vector<Param
       for (const std::string& nm : link_names(grp)) {
         listed.paths.push_back(gname + "/" + nm);
         listed.loaded.push_back(names.count(nm) ? 1 : 0);
+        const auto it = pieces_in_file.find(listed.paths.back());
+        listed.pieces.push_back(version == 1 ? 1 : it == pieces_in_file.end() ? 0 : it->second);
       }
+    }
+    for (size_t k = 0; k < pieces.size(); ++k)
+      if (check_of(k) != Check::kNone) ++verified[pieces[k].path];
+    for (const std::string& path : listed.paths) {
+      const auto it = verified.find(path);
+      listed.verified.push_back(it == verified.end() ? 0 : it->second);
     }
 
     std::vector<std::pair<size_t, uint32_t>> got;  // (piece, computed crc)
@@ -932,6 +1061,14 @@ CheckpointState read_shards(const std::string& step_dir, const std::vector<Param
   return st;
 }
 
+// ep divides dp and this rank's ep rank is its dp rank mod ep.
+void check_expert_layout(const ShardLayout& lay, const std::string& who) {
+  if (lay.ep < 1 || lay.dp % lay.ep != 0 || lay.ep_rank != lay.dp_rank % lay.ep)
+    throw CheckpointError(who + ": expert parallelism ep " + std::to_string(lay.ep) + " (this rank ep " +
+                          std::to_string(lay.ep_rank) + ", dp " + std::to_string(lay.dp_rank) + " of dp " +
+                          std::to_string(lay.dp) + "): ep must divide dp and ep_rank = dp_rank % ep");
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- public API
@@ -952,17 +1089,28 @@ Region shard_region(const ParamSpec& l, int tp_rank, int tp) {
   return r;
 }
 
-std::vector<int> piece_writers(const std::vector<ParamSpec>& local, int dp) {
+std::vector<int> piece_writers(const std::vector<ParamSpec>& local, int dp, int ep, int ep_rank) {
   std::vector<int> w(local.size(), 0);
   if (dp <= 1) return w;
+  if (ep < 1 || dp % ep != 0 || ep_rank < 0 || ep_rank >= ep)
+    throw CheckpointError("piece_writers: ep " + std::to_string(ep) + " (rank " + std::to_string(ep_rank) +
+                          ") does not divide dp " + std::to_string(dp));
   std::vector<size_t> order(local.size());
   std::iota(order.begin(), order.end(), size_t(0));
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return local[a].numel > local[b].numel; });
   std::vector<int64_t> load(size_t(dp), 0);
-  for (size_t i : order) {
-    const auto best = size_t(std::min_element(load.begin(), load.end()) - load.begin());
-    w[i] = int(best);
-    load[best] += std::max<int64_t>(local[i].numel, 1);
+  // The non-expert tensors over every dp rank (the same on every ep rank), then
+  // the expert weights over the dp ranks of this ep rank (ep_rank + ep * j).
+  for (const bool experts : {false, true}) {
+    const int stride = experts ? ep : 1, first = experts ? ep_rank : 0;
+    for (size_t i : order) {
+      if ((local[i].expert >= 0) != experts) continue;
+      int best = first;
+      for (int d = first; d < dp; d += stride)
+        if (load[size_t(d)] < load[size_t(best)]) best = d;
+      w[i] = best;
+      load[size_t(best)] += std::max<int64_t>(local[i].numel, 1);
+    }
   }
   return w;
 }
@@ -1021,6 +1169,11 @@ std::string save_checkpoint_sharded(const std::string& root, const CheckpointSta
                             " x pp " + std::to_string(lay.pp) + " (this rank tp " + std::to_string(lay.tp_rank) +
                             ", dp " + std::to_string(lay.dp_rank) + ", pp " + std::to_string(lay.pp_rank) +
                             ") does not match the " + std::to_string(W) + " ranks saving");
+    check_expert_layout(lay, who);
+    if (lay.ep > 1 && lay.state_hi >= 0)
+      throw CheckpointError(who + ": ZeRO-1 state chunks with ep=" + std::to_string(lay.ep) +
+                            " are not supported (expert and non-expert state are sharded over different groups); "
+                            "save with parallel.zero: 0");
     check_table(st.specs, who);
     const auto total = static_cast<size_t>(total_numel(st.specs));
     const std::pair<const char*, const std::vector<float>*> bufs[3] = {
@@ -1037,7 +1190,7 @@ std::string save_checkpoint_sharded(const std::string& root, const CheckpointSta
                               (chunk ? "the ZeRO chunk has " : "the parameter table needs total_numel(specs) = ") +
                               std::to_string(need));
     }
-    writers = piece_writers(st.specs, lay.dp);
+    writers = piece_writers(st.specs, lay.dp, lay.ep, lay.ep_rank);
     if (R == 0) {
       fs::create_directories(rootp, ec);
       if (ec) throw CheckpointError(who + ": cannot create " + root + ": " + ec.message());
@@ -1132,13 +1285,16 @@ CheckpointState load_checkpoint_sharded(const std::string& step_dir, const std::
                             " x pp " + std::to_string(lay.pp) + " (this rank tp " + std::to_string(lay.tp_rank) +
                             ", dp " + std::to_string(lay.dp_rank) + ", pp " + std::to_string(lay.pp_rank) +
                             ") does not match the " + std::to_string(W) + " ranks loading");
+    check_expert_layout(lay, who);
     st = read_shards(step_dir, local, lay, listed);
   });
   // Every tensor of the checkpoint must be loaded by some rank (each pipeline
-  // stage loads its own). The calls below do not depend on the tables: first
-  // whether every rank read the same list of tensors (count and hash; -1 after
-  // an error), then, if so, which of them anyone loads.
-  if (!(W == 1 && lay.pp > 1)) {
+  // stage loads its own), and every piece of a loaded tensor verified by some
+  // rank. The calls below do not depend on the tables: first whether every
+  // rank read the same list of tensors (count and hash; -1 after an error),
+  // then, if so, how many ranks load each and how many of its pieces they verify.
+  const bool whole_layout = int64_t(lay.tp) * lay.dp * lay.pp == W;
+  if (!(W == 1 && (lay.pp > 1 || lay.ep > 1))) {
     uint32_t h = 2166136261u;
     for (const std::string& p : listed.paths)
       for (size_t k = 0; k <= p.size(); ++k) h = (h ^ uint8_t(k < p.size() ? p[k] : 0)) * 16777619u;
@@ -1148,12 +1304,23 @@ CheckpointState load_checkpoint_sharded(const std::string& step_dir, const std::
     int32_t agree[4] = {ok ? count : -1, ok ? -count : 1, ok ? hash : -1, ok ? -hash : 1};  // max and -min of each
     world.all_reduce(Tensor(agree, DType::I32, {4}), ReduceOp::Max);
     if (agree[0] >= 0 && agree[0] == -agree[1] && agree[2] == -agree[3]) {
-      if (count > 0) world.all_reduce(Tensor(listed.loaded.data(), DType::I32, {count}), ReduceOp::Max);
+      std::vector<int32_t> sums(listed.loaded);  // ranks loading each path, then pieces verified of each
+      sums.insert(sums.end(), listed.verified.begin(), listed.verified.end());
+      if (count > 0) world.all_reduce(Tensor(sums.data(), DType::I32, {2 * int64_t(count)}), ReduceOp::Sum);
       for (size_t k = 0; k < listed.paths.size() && err.empty(); ++k)
-        if (listed.loaded[k] == 0)
+        if (sums[k] == 0)
           err = listed.where + "tensor " + listed.paths[k] + " is in the checkpoint but not in the model" +
                 (W > 1 ? " (no rank of the " + std::to_string(W) + " loading holds it)" : std::string()) +
                 model_hint();
+      for (size_t k = 0; k < listed.paths.size() && err.empty() && whole_layout; ++k)
+        if (sums[size_t(count) + k] < listed.pieces[k])
+          err = listed.where + "only " + std::to_string(sums[size_t(count) + k]) + " of the " +
+                std::to_string(listed.pieces[k]) + " pieces of tensor " + listed.paths[k] +
+                " were verified: the ranks' parameter tables do not match the layout they pass (tp " +
+                std::to_string(lay.tp) + ", dp " + std::to_string(lay.dp) + ", pp " + std::to_string(lay.pp) +
+                ", ep " + std::to_string(lay.ep) +
+                "); with expert parallelism pass ShardLayout::ep and ep_rank (ranks of one stage may "
+                "differ only in their ep rank's experts)";
     } else if (agree[1] <= 0 && err.empty()) {  // every rank read a list, but not the same one
       err = listed.where + "the " + std::to_string(W) + " ranks see different checkpoints (from " +
             std::to_string(-agree[1]) + " to " + std::to_string(agree[0]) +

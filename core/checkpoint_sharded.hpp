@@ -16,7 +16,11 @@
 // shard that lies in its own chunk of the flat buffer (no communication).
 // With pipeline parallelism each stage holds (and writes, by the same rule
 // within the stage) only its own tensors; a tensor lives on exactly one stage
-// when saving, and the index covers every stage's tensors.
+// when saving, and the index covers every stage's tensors. With expert
+// parallelism (ep > 1) an expert weight (ParamSpec::expert >= 0) is held only
+// by the dp ranks of its owner ep rank (its expert-data-parallel replicas) and
+// written by one of them; every expert of every MoE layer must be held by
+// exactly one ep rank of its stage when saving.
 //
 // Every function taking a Comm is collective over it: all ranks call it, and an
 // error on any rank is thrown, with that rank's message, on every rank.
@@ -35,6 +39,14 @@ namespace adgt {
 // ranks (mesh order in parallel/mesh.hpp: tp fastest, then dp, then pp). The
 // rank's table (`st.specs` / `local`) holds the parameters of its pipeline
 // stage only (all of them when pp = 1), as tp shards, replicated over dp.
+//
+// Expert parallelism: ep divides dp; dp rank d is ep rank d % ep (the ep
+// group of d is dp ranks [d / ep * ep, d / ep * ep + ep)). The ranks of a
+// stage and tp rank hold the same non-expert tensors; their expert tensors
+// (ParamSpec::expert >= 0) are those of their ep rank, so dp ranks with the
+// same ep rank (the expert-data-parallel, "edp", group: d % ep equal) hold the
+// same table, and ranks with different ep ranks differ exactly in their
+// expert tensors.
 struct ShardLayout {
   int tp = 1, tp_rank = 0;
   int dp = 1, dp_rank = 0;
@@ -44,6 +56,9 @@ struct ShardLayout {
   int64_t state_lo = 0, state_hi = -1;
   // Pipeline stages (last, so that the aggregate initialisations above keep their meaning).
   int pp = 1, pp_rank = 0;
+  // Expert parallelism: ep divides dp, ep_rank = dp_rank % ep. ZeRO-1 state
+  // chunks (state_hi >= 0) are not supported with ep > 1 (nor by the config).
+  int ep = 1, ep_rank = 0;
 };
 
 // A block of a global tensor of rank nd <= 2 (a 1-D tensor is (n, 1): start[1] 0, count[1] 1).
@@ -60,9 +75,13 @@ struct Region {
 Region shard_region(const ParamSpec& l, int tp_rank, int tp);
 
 // For each parameter, the dp rank that writes its pieces: a greedy balance of
-// the shard sizes over `dp` (largest first, ties by table order). Depends only
-// on the table's shard sizes, so it is the same on every tp rank.
-std::vector<int> piece_writers(const std::vector<ParamSpec>& local, int dp);
+// the shard sizes (largest first onto the least-loaded rank, ties by table
+// order and lowest rank). First the non-expert parameters over all `dp` ranks,
+// then the expert weights (ParamSpec::expert >= 0) over the dp ranks that hold
+// them, those of ep rank `ep_rank` (ep_rank, ep_rank + ep, ...), on top of
+// those loads. Depends only on the table's shard sizes and expert flags, so it
+// is the same on every tp rank, the non-expert part the same on every ep rank.
+std::vector<int> piece_writers(const std::vector<ParamSpec>& local, int dp, int ep = 1, int ep_rank = 0);
 // Whether this rank writes parameter i's piece.
 bool writes_piece(const std::vector<ParamSpec>& local, const std::vector<int>& writers, size_t i,
                   const ShardLayout& lay);
@@ -73,7 +92,11 @@ bool writes_piece(const std::vector<ParamSpec>& local, const std::vector<int>& w
 // hold the parameters this rank writes), or under ZeRO-1 just its chunk
 // (lay.state_lo/state_hi); the meta fields are taken from world rank 0.
 // lay.tp * lay.dp * lay.pp must equal world.size(); every rank of a stage must
-// hold the same tensors, and no tensor may be held by two stages. Protocol:
+// hold the same tensors (with ep > 1: the same non-expert tensors, and the
+// same expert tensors as the ranks of its ep rank), no tensor may be held by
+// two stages or an expert by two ep ranks, and every expert of each MoE layer
+// (as many as the rows of its router, ParamSpec::is_router) must be held by
+// some ep rank. Protocol:
 // rank 0 makes <root>/.tmp_step_<N>_<pid>; every rank writes and fsyncs
 // rank_<R>.h5; the pieces' records (names, blocks, checksums) are gathered to
 // rank 0, which writes checkpoint.h5 (every stage's tensors) and COMPLETE,
@@ -92,10 +115,14 @@ std::string save_checkpoint_sharded(const std::string& root, const CheckpointSta
 // rank of `world` loads. Every piece's crc32 is verified once per pipeline
 // stage that holds its tensor: by a rank of the stage whose shard contains the
 // piece (from the data it read), else by a rank of the stage chosen round robin
-// that reads the piece from its file. No collective depends on the table, so
-// ranks holding different tensors make the same calls. A world of one may
-// stand in for any single rank of a bigger layout (tests, tools); the check for
-// tensors nobody loads is then skipped when lay.pp > 1. Collective over `world`.
+// that reads the piece from its file (for an expert's piece: among the ranks
+// of the stage that hold the expert, those of ep rank lay.ep_rank). A piece of
+// a loaded tensor that no rank verified (a layout that does not describe the
+// tables) is an error when the world is the whole layout. No collective
+// depends on the table, so ranks holding different tensors make the same
+// calls. A world of one may stand in for any single rank of a bigger layout
+// (tests, tools); the check for tensors nobody loads is then skipped when
+// lay.pp > 1 or lay.ep > 1. Collective over `world`.
 CheckpointState load_checkpoint_sharded(const std::string& step_dir, const std::vector<ParamSpec>& local,
                                         const ShardLayout& lay, Comm& world);
 

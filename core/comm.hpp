@@ -47,6 +47,11 @@ class Comm {
   }
   virtual bool send_done(int64_t /*id*/) { return true; }
   virtual void wait_sends() {}  // every isend of this group has completed
+  // Moves pending isends along (a transport that needs the sender's calls to
+  // progress a large message); callable from another thread while the calling
+  // thread makes no call on any Comm, when progress_from_thread() says so.
+  virtual void progress() {}
+  virtual bool progress_from_thread() const { return false; }
   virtual void all_to_all(Tensor out, const Tensor& in) = 0;      // size()*n each; chunk r -> rank r
   // Element counts and displacements per rank.
   virtual void all_to_allv(Tensor out, const std::vector<int64_t>& recv_counts,

@@ -102,6 +102,22 @@ const std::vector<Key>& schema() {
           "lm_head shares model.embed_tokens.weight"),
       key("model", &R::model, "init_std", &ModelConfig::init_std, A::Positive,
           "standard deviation of the normal weight initialisation"),
+      key("model", &R::model, "n_experts", &ModelConfig::n_experts, A::NonNegative,
+          "experts per MoE layer (Mixtral); 0 = dense FFN everywhere"),
+      key("model", &R::model, "moe_top_k", &ModelConfig::moe_top_k, A::Positive,
+          "experts each token is routed to (<= n_experts); weights renormalised over them"),
+      key("model", &R::model, "moe_every", &ModelConfig::moe_every, A::Positive,
+          "MoE FFN in layers l with (l + 1) % moe_every == 0 (1: every layer)"),
+      key("model", &R::model, "expert_ffn_hidden", &ModelConfig::expert_ffn_hidden,
+          A::NonNegative, "SwiGLU size of each expert; 0 = ffn_hidden"),
+      key("model", &R::model, "moe_aux_loss_coef", &ModelConfig::moe_aux_loss_coef,
+          A::NonNegative, "load-balancing loss coefficient (Switch; per micro-batch, 0 = off)"),
+      key("model", &R::model, "moe_aux_free", &ModelConfig::moe_aux_free, A::Any,
+          "auxiliary-loss-free balancing (DeepSeek-V3): a per-expert selection bias"),
+      key("model", &R::model, "moe_bias_rate", &ModelConfig::moe_bias_rate, A::NonNegative,
+          "bias step per optimizer step with moe_aux_free"),
+      key("model", &R::model, "moe_capacity_factor", &ModelConfig::moe_capacity_factor,
+          A::NonNegative, "expert capacity = factor x tokens x top_k / n_experts per rank; 0 = dropless"),
       // train
       key("train", &R::train, "steps", &TrainConfig::steps, A::Positive,
           "optimizer steps to train for"),
@@ -164,7 +180,10 @@ const std::vector<Key>& schema() {
       key("parallel", &R::parallel, "dp", &ParallelConfig::dp, A::Positive,
           "data-parallel degree; tp x pp x dp = number of ranks"),
       key("parallel", &R::parallel, "ep", &ParallelConfig::ep, A::Positive,
-          "expert-parallel degree (1 in this build)"),
+          "expert-parallel degree: experts split over ep ranks carved out of dp; divides dp and n_experts"),
+      key("parallel", &R::parallel, "expert_placement", &ParallelConfig::expert_placement,
+          A::NonNegative, "owner ep rank of each expert (n_experts entries, n_experts/ep per "
+                          "rank); [] = contiguous blocks"),
       key("parallel", &R::parallel, "zero", &ParallelConfig::zero, A::NonNegative,
           "0, or 1 for ZeRO-1: AdamW state and master-weight updates sharded over dp"),
       key("parallel", &R::parallel, "sequence_parallel", &ParallelConfig::sequence_parallel,
@@ -759,15 +778,68 @@ void check_pipeline(const RunConfig& cfg) {
   }
 }
 
+// Mixture-of-experts and expert-parallel rules.
+void check_experts(const RunConfig& cfg) {
+  const std::string src = prefix(cfg);
+  const ParallelConfig& p = cfg.parallel;
+  const ModelConfig& m = cfg.model;
+  if (m.n_experts == 0) {
+    if (p.ep != 1)
+      throw ConfigError(src + ": parallel.ep=" + fmt_int(p.ep) +
+                        " needs a mixture-of-experts model; set model.n_experts (e.g. 8) or "
+                        "parallel.ep: 1");
+    if (!p.expert_placement.empty())
+      throw ConfigError(src + ": parallel.expert_placement is set but model.n_experts=0; "
+                              "remove it or set model.n_experts");
+    return;
+  }
+  if (m.moe_top_k > m.n_experts)
+    throw ConfigError(src + ": model.moe_top_k=" + fmt_int(m.moe_top_k) +
+                      " is larger than model.n_experts=" + fmt_int(m.n_experts) +
+                      "; use moe_top_k <= " + fmt_int(m.n_experts));
+  if (m.n_experts % p.ep != 0)
+    throw ConfigError(src + ": parallel.ep=" + fmt_int(p.ep) + " does not divide model.n_experts=" +
+                      fmt_int(m.n_experts) + "; use ep in " + divisors_text(m.n_experts));
+  if (p.dp % p.ep != 0)
+    throw ConfigError(src + ": parallel.ep=" + fmt_int(p.ep) +
+                      " does not divide parallel.dp=" + fmt_int(p.dp) +
+                      " (expert-parallel ranks are carved out of the data-parallel group); use ep in " +
+                      divisors_text(std::gcd(p.dp, m.n_experts)));
+  if (p.ep > 1 && p.zero)
+    throw ConfigError(src + ": parallel.zero=1 with parallel.ep=" + fmt_int(p.ep) +
+                      " is not supported yet (expert weights differ across the data-parallel "
+                      "group); use zero: 0");
+  if (m.expert_ffn() % p.tp != 0)
+    throw ConfigError(src + ": parallel.tp=" + fmt_int(p.tp) + " does not divide the expert FFN size " +
+                      fmt_int(m.expert_ffn()) + " (model.expert_ffn_hidden, or ffn_hidden)");
+  if (!p.expert_placement.empty()) {
+    if (int64_t(p.expert_placement.size()) != m.n_experts)
+      throw ConfigError(src + ": parallel.expert_placement has " +
+                        fmt_int(int64_t(p.expert_placement.size())) + " entries; it needs one owner "
+                        "ep rank per expert (model.n_experts=" + fmt_int(m.n_experts) + ")");
+    std::vector<int64_t> count(size_t(p.ep), 0);
+    for (size_t e = 0; e < p.expert_placement.size(); ++e) {
+      const int64_t r = p.expert_placement[e];
+      if (r < 0 || r >= p.ep)
+        throw ConfigError(src + ": parallel.expert_placement entry " + std::to_string(e) + " is " +
+                          fmt_int(r) + "; owners are ep ranks 0.." + fmt_int(p.ep - 1));
+      ++count[size_t(r)];
+    }
+    for (int64_t r = 0; r < p.ep; ++r)
+      if (count[size_t(r)] != m.n_experts / p.ep)
+        throw ConfigError(src + ": parallel.expert_placement gives ep rank " + fmt_int(r) + " " +
+                          fmt_int(count[size_t(r)]) + " experts; every rank needs n_experts/ep = " +
+                          fmt_int(m.n_experts / p.ep));
+  }
+}
+
 // Parallel layout rules that do not depend on the launch (validate_world
 // checks the rank count).
 void check_parallel(const RunConfig& cfg) {
   const std::string src = prefix(cfg);
   const ParallelConfig& p = cfg.parallel;
   const ModelConfig& m = cfg.model;
-  if (p.ep != 1)
-    throw ConfigError(src + ": parallel.ep=" + std::to_string(p.ep) +
-                      ": expert parallelism is not available in this build yet; use 1");
+  check_experts(cfg);
   if (p.zero > 1)
     throw ConfigError(src + ": parallel.zero=" + std::to_string(p.zero) +
                       ": only ZeRO stage 0 or 1 is supported; use 0 or 1");

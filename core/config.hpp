@@ -26,7 +26,20 @@ struct ModelConfig {
   double norm_eps = 1e-5;
   bool tie_embeddings = false;  // lm_head shares model.embed_tokens.weight
   double init_std = 0.02;
+  // Mixture of experts (Mixtral): n_experts > 0 turns the FFN of every
+  // moe_every-th layer (layers l with (l + 1) % moe_every == 0) into
+  // n_experts SwiGLU experts of expert_ffn_hidden behind a top-k router.
+  int64_t n_experts = 0;
+  int64_t moe_top_k = 2;
+  int64_t moe_every = 1;
+  int64_t expert_ffn_hidden = 0;      // 0: ffn_hidden
+  double moe_aux_loss_coef = 0.01;    // load-balancing loss coefficient (0: off)
+  bool moe_aux_free = false;          // DeepSeek-V3 bias balancing
+  double moe_bias_rate = 1e-3;        // bias step per optimizer step (moe_aux_free)
+  double moe_capacity_factor = 0;     // 0: dropless
   int64_t head_dim() const { return d_model / n_heads; }
+  bool is_moe_layer(int64_t l) const { return n_experts > 0 && (l + 1) % moe_every == 0; }
+  int64_t expert_ffn() const { return expert_ffn_hidden > 0 ? expert_ffn_hidden : ffn_hidden; }
   bool operator==(const ModelConfig&) const = default;
 };
 
@@ -70,6 +83,8 @@ struct ParallelConfig {
   int64_t zero = 0;                // 1: ZeRO-1 (optimizer state sharded over dp)
   bool sequence_parallel = false;  // shard norm/residual regions along the sequence over tp
   double bucket_mb = 4;            // gradient all-reduce bucket size (MiB)
+  // Owner ep rank of each expert (model.n_experts entries); empty: contiguous blocks.
+  std::vector<int64_t> expert_placement;
   bool operator==(const ParallelConfig&) const = default;
 };
 

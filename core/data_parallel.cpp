@@ -9,8 +9,10 @@
 namespace adgt {
 
 DataParallel::DataParallel(Backend& be, Model& model, const TrainConfig& t,
-                           const ParallelConfig& p, Comm& dp, Comm& tp, Comm* pp)
-    : be_(be), model_(model), dp_(dp), tp_(tp), pp_(pp), zero_(p.zero == 1 && dp.size() > 1) {
+                           const ParallelConfig& p, Comm& dp, Comm& tp, Comm* pp, Comm* ep,
+                           Comm* edp)
+    : be_(be), model_(model), dp_(dp), tp_(tp), pp_(pp),
+      ep_(ep && ep->size() > 1 ? ep : nullptr), edp_(ep_ ? edp : nullptr), zero_(p.zero == 1 && dp.size() > 1) {
   bucket_elems_ = std::max<int64_t>(
       1024, int64_t(p.bucket_mb * 1024 * 1024) / int64_t(dtype_size(model.dtype())));
   const int64_t n = model.flat_size();
@@ -26,6 +28,20 @@ DataParallel::DataParallel(Backend& be, Model& model, const TrainConfig& t,
     hi_ = n;
   }
   opt_ = std::make_unique<AdamW>(be, model.table(), t, model.dtype(), lo_, hi_);
+  if (ep_) {
+    ADGT_CHECK(!zero_, "DataParallel: ZeRO-1 with expert parallelism is not supported");
+    ADGT_CHECK(edp_, "DataParallel: expert parallelism needs the expert-data-parallel group");
+    const auto& tab = model.table();
+    for (size_t i = 0; i < tab.size(); ++i) {
+      const bool ex = tab[i].expert >= 0;
+      const int64_t b = tab[i].offset,
+                    e = i + 1 < tab.size() ? tab[i + 1].offset : model.flat_size();
+      if (!runs_.empty() && runs_.back().expert == ex)
+        runs_.back().end = e;
+      else
+        runs_.push_back({b, e, ex});
+    }
+  }
 }
 
 Tensor DataParallel::range(Tensor f, int64_t b, int64_t e) const {
@@ -33,7 +49,7 @@ Tensor DataParallel::range(Tensor f, int64_t b, int64_t e) const {
 }
 
 std::function<void(int64_t, int64_t)> DataParallel::bucket_hook() {
-  if (zero_ || dp_.size() == 1) return {};
+  if (zero_ || dp_.size() == 1 || ep_) return {};
   return [this](int64_t b, int64_t e) {
     // Ranges arrive from the end of the buffer towards the start; merge the
     // contiguous ones and reduce a bucket once it is large enough.
@@ -56,6 +72,10 @@ void DataParallel::flush_bucket() {
 
 void DataParallel::finish_gradients() {
   if (dp_.size() == 1) return;
+  if (ep_) {
+    reduce_gradients();
+    return;
+  }
   if (!zero_) {
     flush_bucket();
     return;
@@ -67,6 +87,15 @@ void DataParallel::finish_gradients() {
 
 void DataParallel::reduce_gradients() {
   if (dp_.size() == 1) return;
+  if (ep_) {  // expert weights over their replicas (edp), the rest over dp
+    for (const Run& r : runs_) {
+      Comm& c = r.expert ? *edp_ : dp_;
+      if (c.size() == 1) continue;
+      for (int64_t b = r.begin; b < r.end; b += bucket_elems_)
+        c.all_reduce(range(model_.grads(), b, std::min(r.end, b + bucket_elems_)));
+    }
+    return;
+  }
   if (!zero_) {
     for (int64_t b = 0; b < model_.flat_size(); b += bucket_elems_)
       dp_.all_reduce(range(model_.grads(), b, std::min(model_.flat_size(), b + bucket_elems_)));
@@ -76,14 +105,21 @@ void DataParallel::reduce_gradients() {
 }
 
 double DataParallel::grad_norm() {
-  // [sum over tensor-parallel shards, sum over replicated tensors] of this rank's part.
-  double s[2] = {0, 0};
+  // [sum over tensor-parallel shards, sum over replicated tensors, expert
+  // weights (tp shards of this ep rank's experts)] of this rank's part.
+  double s[3] = {0, 0, 0};
   for (const Segment& seg : segments_in(model_.table(), lo_, hi_)) {
-    const bool replicated = model_.table()[seg.param].shard_dim < 0;
-    s[replicated ? 1 : 0] += be_.sum_squares(range(model_.grads(), seg.begin, seg.end));
+    const ParamSpec& p = model_.table()[seg.param];
+    const int slot = ep_ && p.expert >= 0 ? 2 : p.shard_dim < 0 ? 1 : 0;
+    s[slot] += be_.sum_squares(range(model_.grads(), seg.begin, seg.end));
   }
   Tensor t(s, DType::F64, {2});
   if (zero_) dp_.all_reduce(t);      // chunks -> whole buffer
+  if (ep_) {                         // experts: shards over tp, distinct experts over ep
+    tp_.all_reduce(Tensor(s + 2, DType::F64, {1}));
+    ep_->all_reduce(Tensor(s + 2, DType::F64, {1}));
+    s[1] += s[2];
+  }
   Tensor sharded(s, DType::F64, {1});
   tp_.all_reduce(sharded);           // shards -> whole tensors; replicated counted once
   if (pp_ && pp_->size() > 1) {      // stages -> the whole model

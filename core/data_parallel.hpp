@@ -19,8 +19,12 @@ class DataParallel {
  public:
   // `pp`: the pipeline group (stages hold disjoint parameters; the gradient
   // norm sums over it); nullptr without pipeline parallelism.
+  // `ep` / `edp` (mixture of experts with expert parallelism): expert weights
+  // differ across the ep group, so their gradients are reduced over the
+  // expert-data-parallel group `edp` instead of dp, and their squares summed
+  // over ep in the gradient norm. nullptr: no expert parallelism.
   DataParallel(Backend& be, Model& model, const TrainConfig& t, const ParallelConfig& p, Comm& dp,
-               Comm& tp, Comm* pp = nullptr);
+               Comm& tp, Comm* pp = nullptr, Comm* ep = nullptr, Comm* edp = nullptr);
 
   // For Model::backward on the last micro-batch of a step (nullptr-equivalent
   // when there is nothing to overlap).
@@ -53,7 +57,12 @@ class DataParallel {
   Comm& dp_;
   Comm& tp_;
   Comm* pp_;
+  Comm* ep_;
+  Comm* edp_;
   bool zero_;
+  // With expert parallelism: maximal flat ranges [begin, end) and whether they hold expert weights.
+  struct Run { int64_t begin, end; bool expert; };
+  std::vector<Run> runs_;
   int64_t bucket_elems_;
   int64_t lo_, hi_;           // this rank's chunk of the flat buffer (whole buffer without ZeRO)
   int64_t pend_b_ = -1, pend_e_ = -1;

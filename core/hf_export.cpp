@@ -285,11 +285,16 @@ HfExportResult export_hf(const std::string& step_dir, const std::string& out_dir
                   "pass --force to replace it");
 
   const RunConfig cfg = checkpoint_run_config(step_dir);
+  HfExportResult r;
+  try {
+    r.notes = hf_export_check(cfg.model);
+  } catch (const HfError& e) {
+    throw HfError("export of " + step_dir + " as " + hf_architecture_name(hf_arch(cfg.model)) + ": " + e.what());
+  }
   const std::vector<ParamSpec> specs = build_param_table(cfg.model);
   const CheckpointState st = load_checkpoint(step_dir, specs);
   const HfArch arch = hf_arch(cfg.model);
 
-  HfExportResult r;
   special_ids(opt.tokenizer.empty() ? cfg.data.tokenizer : opt.tokenizer, cfg.model.vocab_size, r);
   std::vector<StWriteTensor> tensors;
   std::vector<int64_t> bytes;
@@ -378,7 +383,8 @@ HfImportResult import_hf(const std::string& hf_dir_s, const std::string& out_dir
     cfg.log.dir = out.string();
   }
   HfArch arch{};
-  ModelConfig m = model_from_hf_config(read_json_file(cfg_path), cfg_path.string(), cfg.model, &arch);
+  ModelConfig m =
+      model_from_hf_config(read_json_file(cfg_path), cfg_path.string(), cfg.model, &arch, &r.notes);
   if (base_sets_seq_len) {
     if (cfg.model.seq_len != m.seq_len)
       r.notes.push_back("model.seq_len=" + std::to_string(cfg.model.seq_len) + " from " + base_config +

@@ -46,10 +46,13 @@ struct HfExportResult {
   int64_t tensor_bytes = 0;        // index total_size
   int64_t bos_token_id = -1, eos_token_id = -1;
   std::string note;                // e.g. why bos/eos were omitted
+  std::vector<std::string> notes;  // what the HF architecture drops (hf_export_check)
 };
 
 // Writes into <out>.tmp-<pid>, fsyncs, then renames it to <out> (an existing
-// empty directory is replaced; a non-empty one only with force).
+// empty directory is replaced; a non-empty one only with force). A model with
+// experts is written as MixtralForCausalLM; one Mixtral cannot represent
+// (hf_export_check) is refused before anything is read or written.
 HfExportResult export_hf(const std::string& step_dir, const std::string& out_dir,
                          const HfExportOptions& opt);
 

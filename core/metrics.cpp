@@ -1,5 +1,6 @@
 #include "core/metrics.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -47,8 +48,32 @@ std::string format_step_line(const StepMetrics& m) {
       line += comm;
     }
   }
+  if (!m.moe.empty()) {
+    double imb = 0, aux = 0;
+    int64_t dropped = 0, bytes = 0;
+    for (const auto& x : m.moe) {
+      imb = std::max(imb, x.imbalance());
+      aux += x.aux / double(m.moe.size());
+      dropped += x.dropped;
+      bytes += x.a2a_bytes;
+    }
+    char moe[160];
+    std::snprintf(moe, sizeof moe, " | moe imbalance %.2f aux %.3f dropped %ld a2a %.2f MB", imb,
+                  aux, long(dropped), bytes / 1e6);
+    line += moe;
+  }
   if (m.skipped_steps) line += " | skipped " + std::to_string(m.skipped_steps);
   return line;
+}
+
+double MoeLayerMetrics::imbalance() const {
+  if (load.empty()) return 0;
+  int64_t mx = 0, sum = 0;
+  for (int64_t x : load) {
+    mx = std::max(mx, x);
+    sum += x;
+  }
+  return sum > 0 ? double(mx) * double(load.size()) / double(sum) : 0;
 }
 
 MetricsLog::MetricsLog(const std::string& dir, bool append) {
@@ -69,6 +94,14 @@ void MetricsLog::log_step(const StepMetrics& m) {
   j["world"] = m.world;
   j["comm_bytes"] = {{"tp", m.tp_bytes}, {"dp", m.dp_bytes}, {"pp", m.pp_bytes}};
   if (m.bubble >= 0) j["bubble"] = m.bubble;
+  if (!m.moe.empty()) {
+    nlohmann::json layers = nlohmann::json::array();
+    for (const auto& x : m.moe)
+      layers.push_back({{"layer", x.layer}, {"load", x.load}, {"tokens", x.tokens},
+                        {"dropped", x.dropped}, {"imbalance", x.imbalance()}, {"aux", x.aux},
+                        {"a2a_bytes", x.a2a_bytes}, {"a2a_s", x.a2a_seconds}});
+    j["moe"] = layers;
+  }
   out_ << j.dump() << "\n";
   out_.flush();
 }

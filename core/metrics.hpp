@@ -4,8 +4,20 @@
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace adgt {
+
+// One MoE layer over a step (loads over the ep group, this rank's traffic).
+struct MoeLayerMetrics {
+  int64_t layer = 0;
+  std::vector<int64_t> load;  // assignments per expert, before capacity drops
+  int64_t tokens = 0, dropped = 0;
+  double aux = 0;             // mean aux loss (without coef)
+  int64_t a2a_bytes = 0;
+  double a2a_seconds = 0;
+  double imbalance() const;   // max load / mean load (1 = balanced)
+};
 
 struct StepMetrics {
   int64_t step = 0, total_steps = 0;  // step is 1-based (steps completed)
@@ -18,6 +30,7 @@ struct StepMetrics {
   int64_t tp_bytes = 0, dp_bytes = 0;  // bytes this rank sent in the step, per group
   int64_t pp_bytes = 0;
   double bubble = -1;  // pipeline: measured idle share of the step (< 0: no pipeline)
+  std::vector<MoeLayerMetrics> moe;  // this rank's MoE layers
 };
 
 std::string format_duration(double seconds);  // "1h02m", "3m12s", "45s"

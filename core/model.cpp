@@ -9,7 +9,7 @@
 namespace adgt {
 
 Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_t T,
-             TensorParallel tpc, const StageSlice* stage)
+             TensorParallel tpc, const StageSlice* stage, ExpertParallel epc)
     : cfg_(cfg),
       stage_(stage ? *stage : whole_model(cfg)),
       be_(be),
@@ -40,7 +40,17 @@ Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_
   KVl_ = cfg.n_kv_heads / tp;
   Fl_ = cfg.ffn_hidden / tp;
   att_shape_ = {B, T, Hl_, KVl_, hd};
-  table_ = build_param_table(cfg, tp, r, &stage_);
+  // Mixture of experts: this ep rank's experts, from the placement table.
+  std::unique_ptr<ExpertPlacement> placement;
+  std::vector<int64_t> local_experts;
+  if (cfg.n_experts > 0) {
+    const int ep = epc.comm ? epc.comm->size() : 1;
+    placement = std::make_unique<ExpertPlacement>(
+        epc.placement.empty() ? ExpertPlacement::contiguous(cfg.n_experts, ep)
+                              : ExpertPlacement(cfg.n_experts, ep, epc.placement));
+    local_experts = placement->local_experts(epc.comm ? epc.comm->rank() : 0);
+  }
+  table_ = build_param_table(cfg, tp, r, &stage_, cfg.n_experts > 0 ? &local_experts : nullptr);
   // Index the table by role, in build_param_table's order.
   size_t i = 0;
   if (stage_.embedding) {
@@ -59,8 +69,34 @@ Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_
     for (int64_t l = first; l < end; ++l) {
       LayerIdx li{};
       li.in_norm = i++; li.q = i++; li.k = i++; li.v = i++; li.o = i++;
-      li.post_norm = i++; li.gate = i++; li.up = i++; li.down = i++;
-      layer_idx_.push_back(li);
+      li.post_norm = i++;
+      if (cfg.is_moe_layer(l)) {
+        li.gate = li.up = li.down = kNone;
+        li.router = i++;
+        for (size_t e = 0; e < local_experts.size(); ++e) {
+          li.w1.push_back(i++);
+          li.w2.push_back(i++);
+          li.w3.push_back(i++);
+        }
+        li.moe = int(moe_.size());
+        MoeOptions o;
+        o.n_experts = cfg.n_experts;
+        o.top_k = cfg.moe_top_k;
+        o.aux_loss_coef = cfg.moe_aux_loss_coef;
+        o.aux_free = cfg.moe_aux_free;
+        o.bias_rate = cfg.moe_bias_rate;
+        o.capacity_factor = cfg.moe_capacity_factor;
+        o.aux_over_ep_group = false;  // per rank's micro-batch: layout-independent objective
+        moe_.push_back(std::make_unique<MoeLayer>(be, dtype, N_, cfg.d_model, cfg.expert_ffn() / tp,
+                                                  o, placement->table(), epc.comm));
+        MoeLayerStep st;
+        st.layer = l;
+        st.load.assign(size_t(cfg.n_experts), 0);
+        moe_step_.push_back(st);
+      } else {
+        li.gate = i++; li.up = i++; li.down = i++;
+      }
+      layer_idx_.push_back(std::move(li));
     }
   }
   if (stage_.head) {
@@ -143,6 +179,13 @@ void Model::add_slot(int chunk) {
   s.in_tok = act(N, 1, DType::I32);
   s.tgt_tok = act(N, 1, DType::I32);
   ch.slots.push_back(std::move(s));
+  for (int64_t l = 0; l < ch.n_layers; ++l) {
+    const LayerIdx& w = layer_idx_[ch.first_local + size_t(l)];
+    if (w.moe >= 0) {
+      const int k = moe_[size_t(w.moe)]->add_slot();
+      ADGT_CHECK(k + 1 == int(ch.slots.size()), "Model: MoE slots out of step with the chunk's");
+    }
+  }
 }
 
 void Model::make_split_buffers(Slot& s, int chunk) {
@@ -334,6 +377,7 @@ double Model::forward_chunk(int chunk, int slot, const int32_t* inputs, const in
   Chunk& ch = chunks_[size_t(chunk)];
   Slot& s = ch.slots[size_t(slot)];
   const bool emb = chunk_has_embedding(chunk), head = chunk_has_head(chunk);
+  s.grad_scale = grad_scale;
   int64_t n_valid = 0;
   if (emb) {
     for (int64_t i = 0; i < N; ++i)
@@ -370,12 +414,16 @@ double Model::forward_chunk(int chunk, int slot, const int32_t* inputs, const in
     reduce_rows(a.x_mid, o);
     be_.add_inplace(a.x_mid, a.x_in);
     norm_forward(a.ln2, a.rstd2, a.x_mid, w.post_norm);
-    be_.linear_forward(a.gate, a.ln2, param(w.gate));
-    be_.linear_forward(a.up, a.ln2, param(w.up));
-    be_.swiglu_forward(a.h, a.gate, a.up);
     Tensor next = l + 1 < s.layers.size() ? s.layers[l + 1].x_in : s.x_out;
     Tensor down = sp_ ? partial_ : next;
-    be_.linear_forward(down, a.h, param(w.down));
+    if (w.moe >= 0) {
+      moe_forward(s, a, w, slot, down);
+    } else {
+      be_.linear_forward(a.gate, a.ln2, param(w.gate));
+      be_.linear_forward(a.up, a.ln2, param(w.up));
+      be_.swiglu_forward(a.h, a.gate, a.up);
+      be_.linear_forward(down, a.h, param(w.down));
+    }
     reduce_rows(next, down);
     be_.add_inplace(next, a.x_mid);
   }
@@ -465,10 +513,14 @@ void Model::backward_chunk(int chunk, int slot, const Tensor& d_out, bool split,
     const LayerIdx& w = layer_idx_[ch.first_local + l];
     // d_resid = dL/d(layer output). MLP branch: out = x_mid + down(h).
     gather_rows(d_full_, d_resid_);
-    linear_bwd(dh_, w.down, d_full_, a.h, a.d_down, false);
-    be_.swiglu_backward(dgate_, dup_, dh_, a.gate, a.up);
-    linear_bwd(d_tmp_, w.gate, dgate_, a.ln2, a.d_gate, false);
-    linear_bwd(d_tmp_, w.up, dup_, a.ln2, a.d_up, true);
+    if (w.moe >= 0) {  // weight gradients inside (a split backward does them here too)
+      moe_backward(s, a, w, slot);
+    } else {
+      linear_bwd(dh_, w.down, d_full_, a.h, a.d_down, false);
+      be_.swiglu_backward(dgate_, dup_, dh_, a.gate, a.up);
+      linear_bwd(d_tmp_, w.gate, dgate_, a.ln2, a.d_gate, false);
+      linear_bwd(d_tmp_, w.up, dup_, a.ln2, a.d_up, true);
+    }
     reduce_rows(d_tmp_local_, d_tmp_);
     be_.rmsnorm_backward(d_resid_, grad(w.post_norm), d_tmp_local_, a.x_mid, param(w.post_norm),
                          a.rstd2);
@@ -487,7 +539,8 @@ void Model::backward_chunk(int chunk, int slot, const Tensor& d_out, bool split,
                          a.rstd1);
     finish_norm_grad(w.post_norm);
     finish_norm_grad(w.in_norm);
-    ready(w.in_norm, w.down);
+    if (w.moe >= 0 && last_micro_batch && tp_->size() > 1) tp_->all_reduce(grad(w.router));
+    ready(w.in_norm, w.moe >= 0 ? w.w3.back() : w.down);
   }
   if (emb) {
     gather_rows(d_full_, d_resid_);
@@ -511,9 +564,11 @@ void Model::backward_weight(int chunk, int slot) {
     const LayerIdx& w = layer_idx_[ch.first_local + l];
     ADGT_CHECK(a.d_q.data, "Model::backward_weight: chunk " << chunk << " slot " << slot
                                                             << " had no split backward");
-    be_.linear_backward(Tensor(), grad(w.down), a.d_down, a.h, param(w.down), false);
-    be_.linear_backward(Tensor(), grad(w.gate), a.d_gate, a.ln2, param(w.gate), false);
-    be_.linear_backward(Tensor(), grad(w.up), a.d_up, a.ln2, param(w.up), false);
+    if (w.moe < 0) {
+      be_.linear_backward(Tensor(), grad(w.down), a.d_down, a.h, param(w.down), false);
+      be_.linear_backward(Tensor(), grad(w.gate), a.d_gate, a.ln2, param(w.gate), false);
+      be_.linear_backward(Tensor(), grad(w.up), a.d_up, a.ln2, param(w.up), false);
+    }
     be_.linear_backward(Tensor(), grad(w.o), a.d_o, a.att, param(w.o), false);
     be_.linear_backward(Tensor(), grad(w.q), a.d_q, a.ln1, param(w.q), false);
     be_.linear_backward(Tensor(), grad(w.k), a.d_k, a.ln1, param(w.k), false);
@@ -524,12 +579,78 @@ void Model::backward_weight(int chunk, int slot) {
 }
 
 void Model::finish_sequence_parallel_grads() {
+  if (tp_->size() > 1)
+    for (const LayerIdx& w : layer_idx_)
+      if (w.moe >= 0) tp_->all_reduce(grad(w.router));
   if (!sp_) return;
   for (const LayerIdx& w : layer_idx_) {
     tp_->all_reduce(grad(w.post_norm));
     tp_->all_reduce(grad(w.in_norm));
   }
   if (norm_idx_ != kNone) tp_->all_reduce(grad(norm_idx_));
+}
+
+MoeParams Model::moe_params(const LayerIdx& w, bool grads) const {
+  auto get = [&](size_t i) { return grads ? grad(i) : param(i); };
+  MoeParams p;
+  p.gate = get(w.router);
+  for (size_t i : w.w1) p.w1.push_back(get(i));
+  for (size_t i : w.w2) p.w2.push_back(get(i));
+  for (size_t i : w.w3) p.w3.push_back(get(i));
+  return p;
+}
+
+void Model::moe_forward(Slot& s, LayerActs& a, const LayerIdx& w, int slot, Tensor out) {
+  // The router sees the whole (gathered) normed rows; each tp rank runs its
+  // shard of every expert's FFN, so `out` is a partial sum like a dense down_proj's.
+  (void)s;
+  MoeLayer& m = *moe_[size_t(w.moe)];
+  const double aux = m.forward(slot, out, a.ln2, moe_params(w, false));
+  const MoeStats& st = m.stats(slot);
+  MoeLayerStep& acc = moe_step_[size_t(w.moe)];
+  for (size_t e = 0; e < acc.load.size() && e < st.load.size(); ++e) acc.load[e] += st.load[e];
+  acc.tokens += st.tokens;
+  acc.dropped += st.dropped;
+  acc.aux += aux;
+  acc.calls += 1;
+  acc.a2a_bytes += st.a2a_bytes;
+  acc.a2a_seconds += st.a2a_seconds;
+}
+
+void Model::moe_backward(Slot& s, LayerActs& a, const LayerIdx& w, int slot) {
+  (void)a;
+  MoeLayer& m = *moe_[size_t(w.moe)];
+  // d_tmp_ gets dL/d(ln2) (partial over tp, like the dense gate/up backward).
+  // The aux-loss term is the same on every tp rank; scaled by 1/tp it is
+  // counted once when the partial sums are reduced.
+  be_.zero(d_tmp_);
+  m.backward(slot, d_tmp_, moe_params(w, false), moe_params(w, true), d_full_,
+             s.grad_scale / double(tp_->size()));
+  const MoeStats& st = m.stats(slot);
+  MoeLayerStep& acc = moe_step_[size_t(w.moe)];
+  acc.a2a_bytes += st.a2a_bytes_bwd;
+  acc.a2a_seconds += st.a2a_seconds_bwd;
+}
+
+void Model::reset_moe_stats() {
+  for (MoeLayerStep& m : moe_step_) {
+    std::fill(m.load.begin(), m.load.end(), 0);
+    m.tokens = m.dropped = m.calls = m.a2a_bytes = 0;
+    m.aux = m.a2a_seconds = 0;
+  }
+}
+
+void Model::update_moe_bias(Comm* replicas) {
+  for (size_t i = 0; i < moe_.size(); ++i) {
+    if (!moe_[i]->options().aux_free) continue;
+    std::vector<int64_t> load = moe_step_[i].load;
+    if (replicas && replicas->size() > 1) {
+      std::vector<double> d(load.begin(), load.end());
+      replicas->all_reduce(Tensor(d.data(), DType::F64, {int64_t(d.size())}));
+      for (size_t e = 0; e < load.size(); ++e) load[e] = int64_t(std::llround(d[e]));
+    }
+    moe_[i]->update_bias(load);
+  }
 }
 
 }  // namespace adgt

@@ -12,10 +12,12 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "core/comm.hpp"
 #include "core/config.hpp"
+#include "core/moe.hpp"
 #include "core/param_table.hpp"
 #include "core/pipeline_stages.hpp"
 #include "kernels/backend.hpp"
@@ -28,13 +30,32 @@ struct TensorParallel {
   int64_t flat_multiple = 16;      // flat buffers are padded to a multiple of this (ZeRO chunks)
 };
 
+// Expert parallelism (mixture-of-experts models): the ep group and the
+// owner ep rank of each expert (empty: contiguous blocks).
+struct ExpertParallel {
+  Comm* comm = nullptr;
+  std::vector<int> placement;
+};
+
+// One MoE layer's figures, summed over the micro-batches since the last
+// reset_moe_stats() (loads and drops over the ep group).
+struct MoeLayerStep {
+  int64_t layer = 0;              // global layer index
+  std::vector<int64_t> load;      // (E) assignments per expert, before drops
+  int64_t tokens = 0, dropped = 0;
+  double aux = 0;                 // sum of the aux loss values (without coef)
+  int64_t calls = 0;              // forwards
+  int64_t a2a_bytes = 0;          // this rank's all-to-all payload, forward + backward
+  double a2a_seconds = 0;
+};
+
 class Model {
  public:
   // B sequences of T tokens per micro-batch; dtype F32 (or F64 for reference checks).
   // `stage`: the part of the model this rank holds under pipeline parallelism
   // (nullptr: the whole model, one chunk with embedding and head).
   Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_t T,
-        TensorParallel tp = {}, const StageSlice* stage = nullptr);
+        TensorParallel tp = {}, const StageSlice* stage = nullptr, ExpertParallel ep = {});
 
   const ModelConfig& config() const { return cfg_; }
   const StageSlice& stage() const { return stage_; }
@@ -42,6 +63,7 @@ class Model {
   DType dtype() const { return dtype_; }
   int64_t batch() const { return B_; }
   int64_t seq_len() const { return T_; }
+  int tp_size() const { return tp_->size(); }
   int64_t flat_size() const { return flat_n_; }     // flat buffer length (padded)
   Tensor params() const { return flat(params_); }  // (flat_size)
   Tensor grads() const { return flat(grads_); }    // (flat_size)
@@ -105,7 +127,19 @@ class Model {
   void backward_weight(int chunk, int slot);
   // With SP: all-reduce every norm weight's partial gradient over tp (pipeline
   // steps call backward_chunk with last_micro_batch = false, then this once).
+  // Also all-reduces the MoE routers' gradients over tp (each tp rank holds a
+  // partial sum: its experts' FFN shard). Non-pipeline steps do both in the
+  // last micro-batch's backward.
   void finish_sequence_parallel_grads();
+
+  // ---- mixture of experts ----
+  bool has_moe() const { return !moe_.empty(); }
+  std::vector<MoeLayerStep> moe_stats() const { return moe_step_; }
+  void reset_moe_stats();
+  // Aux-loss-free balancing: each layer's selection bias follows the step's
+  // load, summed over `replicas` (the ranks outside the ep group that share
+  // the router: the expert-data-parallel group). Collective over replicas.
+  void update_moe_bias(Comm* replicas);
 
  private:
   struct LayerActs {  // saved for the backward; N = B*T token rows, Nl = N/tp with SP
@@ -129,13 +163,22 @@ class Model {
     Tensor lnf, rstdf, logits, losses;  // head chunk
     Tensor in_tok, tgt_tok;            // (N) int32
     Tensor d_emb;                      // (N, C) split backward of the embedding chunk
+    double grad_scale = 0;             // the forward's (MoE aux loss gradient)
   };
   struct Chunk {
     int64_t first_layer = 0, n_layers = 0;  // global layer range
     size_t first_local = 0;                 // index into layer_idx_
     std::vector<Slot> slots;
   };
-  struct LayerIdx { size_t in_norm, q, k, v, o, post_norm, gate, up, down; };
+  struct LayerIdx {
+    size_t in_norm, q, k, v, o, post_norm, gate, up, down;
+    int moe = -1;  // index into moe_ (MoE layers; gate/up/down are kNone then)
+    size_t router = size_t(-1);
+    std::vector<size_t> w1, w2, w3;  // local experts, ascending global id
+  };
+  MoeParams moe_params(const LayerIdx& w, bool grads) const;
+  void moe_forward(Slot& s, LayerActs& a, const LayerIdx& w, int slot, Tensor out);
+  void moe_backward(Slot& s, LayerActs& a, const LayerIdx& w, int slot);
   static constexpr size_t kNone = size_t(-1);
 
   Tensor flat(const Buffer& b) const;
@@ -163,6 +206,8 @@ class Model {
   std::vector<ParamSpec> table_;
   std::vector<LayerIdx> layer_idx_;  // this rank's layers, chunk by chunk
   std::vector<Chunk> chunks_;
+  std::vector<std::unique_ptr<MoeLayer>> moe_;  // this rank's MoE layers, in layer order
+  std::vector<MoeLayerStep> moe_step_;
   size_t emb_idx_ = kNone, norm_idx_ = kNone, head_idx_ = kNone;
   Buffer params_, grads_;
   std::vector<Buffer> owned_;  // activations and scratch

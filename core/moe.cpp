@@ -307,6 +307,7 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
     for (int64_t e = 0; e < E; ++e) red[size_t(E + e)] += s.probs[size_t(t * E + e)];
   red[size_t(2 * E)] = double(N);
   red[size_t(2 * E + 1)] = double(st.dropped_local);
+  const std::vector<double> local_red = red;  // this rank's tokens only
   {
     Tensor r = grow(sc.red, 2 * E + 2, 1, DType::F64);
     be_.to_device(r.data, red.data(), red.size() * 8);
@@ -319,14 +320,17 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
   st.load.assign(size_t(E), 0);
   s.aux_dp.assign(size_t(E), 0.0);
   int64_t max_load = 0, sum_load = 0;
+  // The aux loss over the ep group's tokens, or over this rank's (aux_over_ep_group false).
+  const std::vector<double>& ar = opt_.aux_over_ep_group ? red : local_red;
+  const double n_aux = ar[size_t(2 * E)];
   for (int64_t e = 0; e < E; ++e) {
     st.load[size_t(e)] = int64_t(std::llround(red[size_t(e)]));
     max_load = std::max(max_load, st.load[size_t(e)]);
     sum_load += st.load[size_t(e)];
-    if (n_total > 0) {
-      const double f = red[size_t(e)] / (n_total * double(k)), pe = red[size_t(E + e)] / n_total;
+    if (n_aux > 0) {
+      const double f = ar[size_t(e)] / (n_aux * double(k)), pe = ar[size_t(E + e)] / n_aux;
       st.aux_loss += double(E) * f * pe;
-      s.aux_dp[size_t(e)] = double(E) * f / n_total;
+      s.aux_dp[size_t(e)] = double(E) * f / n_aux;
     }
   }
   st.imbalance = sum_load ? double(max_load) * double(E) / double(sum_load) : 0.0;

@@ -72,6 +72,10 @@ struct MoeOptions {
   // Rows per capacity group (0: all of a call's rows on this rank). Lets one
   // process reproduce a multi-rank run's drops on the union of its tokens.
   int64_t capacity_segment = 0;
+  // The aux loss's token set: the whole ep group (true), or this rank's rows
+  // only (false: each rank's micro-batch is balanced on its own, so the
+  // objective does not depend on the expert-parallel layout; the model uses it).
+  bool aux_over_ep_group = true;
 };
 
 // One layer's weights (or their gradients, same shapes). Views, e.g. into the

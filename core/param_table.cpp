@@ -9,7 +9,8 @@ int64_t padded_vocab(const ModelConfig& m, int64_t tp) {
 }
 
 std::vector<ParamSpec> build_param_table(const ModelConfig& m, int64_t tp, int64_t r,
-                                         const StageSlice* slice) {
+                                         const StageSlice* slice,
+                                         const std::vector<int64_t>* experts) {
   const StageSlice whole = whole_model(m);
   const StageSlice& sl = slice ? *slice : whole;
   std::vector<ParamSpec> t;
@@ -53,6 +54,24 @@ std::vector<ParamSpec> build_param_table(const ModelConfig& m, int64_t tp, int64
     add(p + "self_attn.v_proj.weight", {m.n_kv_heads * hd, C}, 0, m.n_kv_heads / tp * hd, true);
     add(p + "self_attn.o_proj.weight", {C, m.n_heads * hd}, 1, m.n_heads / tp * hd, true);
     add(p + "post_attention_layernorm.weight", {C}, -1, 0, false);
+    if (m.is_moe_layer(l)) {
+      const std::string b = p + "block_sparse_moe.";
+      add(b + "gate.weight", {m.n_experts, C}, -1, 0, true);
+      t.back().is_router = true;
+      std::vector<int64_t> all;
+      for (int64_t e = 0; e < m.n_experts; ++e) all.push_back(e);
+      const int64_t Fe = m.expert_ffn();
+      for (int64_t e : experts ? *experts : all) {
+        const std::string x = b + "experts." + std::to_string(e) + ".";
+        add(x + "w1.weight", {Fe, C}, 0, Fe / tp, true);
+        t.back().expert = e;
+        add(x + "w2.weight", {C, Fe}, 1, Fe / tp, true);
+        t.back().expert = e;
+        add(x + "w3.weight", {Fe, C}, 0, Fe / tp, true);
+        t.back().expert = e;
+      }
+      continue;
+    }
     add(p + "mlp.gate_proj.weight", {F, C}, 0, F / tp, true);
     add(p + "mlp.up_proj.weight", {F, C}, 0, F / tp, true);
     add(p + "mlp.down_proj.weight", {C, F}, 1, F / tp, true);

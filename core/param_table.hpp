@@ -29,6 +29,8 @@ struct ParamSpec {
   int64_t offset = 0;                 // elements from the start of the flat buffer
   bool is_matrix = false;             // linear weight (decayed); norms/embeddings are not
   bool is_embedding = false;
+  int64_t expert = -1;                // MoE expert weights: the global expert id; else -1
+  bool is_router = false;             // MoE router (block_sparse_moe.gate.weight)
 };
 
 // In HF order: embed, per layer (input_layernorm, q, k, v, o, post_attention_layernorm,
@@ -37,8 +39,16 @@ struct ParamSpec {
 // With a stage slice (pipeline parallelism, core/pipeline_stages.hpp) only that
 // slice's parameters: the embedding if it holds it, its layers in ascending
 // order, model.norm and lm_head if it holds the head; offsets are recomputed.
+//
+// Mixture-of-experts layers (ModelConfig::is_moe_layer) hold, after the
+// post-attention norm, block_sparse_moe.gate.weight (E, C) (replicated over tp)
+// and for each expert e of `experts` (this expert-parallel rank's, ascending;
+// nullptr: all) block_sparse_moe.experts.e.w1 (F, C), w2 (C, F), w3 (F, C)
+// (HF Mixtral names; w1 = gate, w3 = up: column-parallel, w2 = down:
+// row-parallel, like the dense FFN).
 std::vector<ParamSpec> build_param_table(const ModelConfig& m, int64_t tp = 1,
-                                         int64_t tp_rank = 0, const StageSlice* slice = nullptr);
+                                         int64_t tp_rank = 0, const StageSlice* slice = nullptr,
+                                         const std::vector<int64_t>* experts = nullptr);
 int64_t padded_vocab(const ModelConfig& m, int64_t tp);    // vocab rounded up to a multiple of tp
 int64_t total_numel(const std::vector<ParamSpec>& table);  // flat buffer length incl. padding
 int64_t param_count(const std::vector<ParamSpec>& table);  // sum of numel

@@ -256,6 +256,20 @@ bool MpiComm::send_done(int64_t id) {
   return done != 0;
 }
 
+void MpiComm::progress() {
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    int done = 0;
+    ADGT_MPI(MPI_Testall(int(it->second.size()), it->second.data(), &done, MPI_STATUSES_IGNORE));
+    it = done ? pending_.erase(it) : std::next(it);
+  }
+}
+
+bool MpiComm::progress_from_thread() const {
+  int level = 0;
+  MPI_Query_thread(&level);
+  return level >= MPI_THREAD_SERIALIZED;
+}
+
 void MpiComm::wait_sends() {
   Timed timed(stats_);
   for (auto& [id, reqs] : pending_)

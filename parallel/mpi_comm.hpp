@@ -54,6 +54,8 @@ class MpiComm final : public Comm {
   int64_t isend(const Tensor& t, int peer, int tag = 0) override;
   bool send_done(int64_t id) override;
   void wait_sends() override;
+  void progress() override;
+  bool progress_from_thread() const override;
   void all_to_all(Tensor out, const Tensor& in) override;
   void all_to_allv(Tensor out, const std::vector<int64_t>& recv_counts,
                    const std::vector<int64_t>& recv_displs, const Tensor& in,

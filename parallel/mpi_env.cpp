@@ -54,7 +54,9 @@ MpiEnv::MpiEnv(int* argc, char*** argv) : launch_(detect_launch()) {
   ADGT_MPI(MPI_Initialized(&init));
   if (!init) {
     int provided = 0;
-    ADGT_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+    // SERIALIZED lets the pipeline executor's progress thread push pending sends
+    // while the main thread computes (never at the same time as the main thread).
+    ADGT_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
     owns_ = true;
     if (provided < MPI_THREAD_FUNNELED)
       throw std::runtime_error("MPI: MPI_Init_thread provided thread level " +

@@ -1,6 +1,8 @@
 #include "parallel/pipeline_executor.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 
 #include "kernels/check.hpp"
 
@@ -9,6 +11,43 @@ namespace adgt {
 namespace {
 constexpr int kAct = 0, kGrad = 1;
 constexpr int kMaxTag = 32767;  // MPI guarantees MPI_TAG_UB >= 32767
+
+// Large messages over MPI move only while the sender calls into MPI (no
+// asynchronous progress on the CPU transports), so an activation sent before a
+// long compute would reach its neighbour only after it. While this rank
+// computes (and so makes no MPI call), a helper thread polls the pending sends.
+// The main thread leaves a compute only once the helper is out of MPI.
+class SendProgress {
+ public:
+  explicit SendProgress(Comm& c) : comm_(c) {
+    if (comm_.size() > 1 && comm_.progress_from_thread())
+      thread_ = std::thread([this] { loop(); });
+  }
+  ~SendProgress() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+  void compute_begin() { allow_.store(true); }
+  void compute_end() {
+    allow_.store(false);
+    while (busy_.load()) std::this_thread::yield();
+  }
+
+ private:
+  void loop() {
+    while (!stop_.load()) {
+      if (allow_.load()) {
+        busy_.store(true);
+        if (allow_.load()) comm_.progress();  // re-checked after announcing busy
+        busy_.store(false);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+  Comm& comm_;
+  std::atomic<bool> allow_{false}, busy_{false}, stop_{false};
+  std::thread thread_;
+};
 }  // namespace
 
 PipelineExecutor::PipelineExecutor(Model& model, Backend& be, Comm& pp_comm, pp::Schedule s)
@@ -102,6 +141,7 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
   const auto t0 = clock::now();
   auto now = [&] { return std::chrono::duration<double>(clock::now() - t0).count(); };
   double loss_sum = 0;
+  SendProgress progress(comm_);
   // Snapshots of input gradients between a backward and its SendGrad.
   std::map<std::pair<int, int>, Tensor> grad_out;
 
@@ -142,10 +182,12 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
         ExecutedInstr e{in, now(), 0};
         const int slot = slot_for(c, mb);
         const bool first = model_.chunk_has_embedding(c), last = model_.chunk_has_head(c);
+        if (model_.tp_size() == 1) progress.compute_begin();
         if (first || last) fetch(mb, in_.data(), tg_.data());
         const double l = model_.forward_chunk(c, slot, in_.data(), tg_.data(), grad_scale);
         if (last) loss_sum += l;
         be_.synchronize();
+        progress.compute_end();
         e.end = now();
         timeline_.push_back(e);
         break;
@@ -164,7 +206,9 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
           const Tensor out = model_.stage_output(c, slot);
           d_out = Tensor(it->second.data(), out.dtype, {out.numel()});
         }
+        if (model_.tp_size() == 1) progress.compute_begin();
         model_.backward_chunk(c, slot, d_out, split);
+        progress.compute_end();
         if (stage > 0) {  // snapshot dL/d(input) for the SendGrad
           Tensor g = model_.input_grad();
           Tensor b = send_buffer(g);
@@ -179,7 +223,10 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
       }
       case pp::Op::BackwardWeight: {
         ExecutedInstr e{in, now(), 0};
-        model_.backward_weight(c, slot_for(c, mb));
+        const int slot = slot_for(c, mb);
+        if (model_.tp_size() == 1) progress.compute_begin();
+        model_.backward_weight(c, slot);
+        progress.compute_end();
         release_slot(c, mb);
         be_.synchronize();
         e.end = now();

@@ -59,6 +59,16 @@ ProcessGroups make_process_groups(const ParallelDims& dims) {
                  dp->rank() == c.dp && pp->size() == dims.pp && pp->rank() == c.pp,
              "process groups: MPI_Comm_split gave sizes tp " << tp->size() << " dp " << dp->size()
                                                              << " pp " << pp->size());
+  // Expert parallelism is carved out of dp: the ep group is ep consecutive dp
+  // ranks (same tp and pp), the expert-data-parallel group (replicas of one
+  // expert shard) the dp ranks with the same position in their ep group.
+  const int ep_n = std::max(1, dims.ep);
+  ADGT_CHECK(dims.dp % ep_n == 0, "parallel: ep=" << ep_n << " does not divide dp=" << dims.dp);
+  const int dp_block = c.dp / ep_n, ep_rank = c.dp % ep_n;
+  auto ep = world->split(c.tp + dims.tp * (c.pp + dims.pp * dp_block), ep_rank, "ep");
+  auto edp = world->split(c.tp + dims.tp * (c.pp + dims.pp * ep_rank), dp_block, "edp");
+  pg.ep = std::move(ep);
+  pg.edp = std::move(edp);
   pg.world = std::move(world);
   pg.tp = std::move(tp);
   pg.dp = std::move(dp);

@@ -15,6 +15,9 @@ struct ProcessGroups {
   ParallelDims dims;
   RankCoords coords;                    // this rank's place in the mesh
   std::unique_ptr<Comm> world, tp, dp, pp;  // MpiComm each; group ranks follow mesh.hpp
+  // Expert parallelism (ep consecutive ranks of each dp group) and the
+  // expert-data-parallel group: the dp ranks holding the same experts.
+  std::unique_ptr<Comm> ep, edp;
 };
 
 // Collective over MPI_COMM_WORLD (an MpiEnv must exist). Splits the world by

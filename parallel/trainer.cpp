@@ -52,6 +52,8 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx) : cfg_(cfg), ctx_(ct
   if (!ctx_.tp) ctx_.tp = &self_tp_;
   if (!ctx_.dp) ctx_.dp = &self_dp_;
   if (!ctx_.pp) ctx_.pp = &self_pp_;
+  if (!ctx_.ep) ctx_.ep = &self_ep_;
+  if (!ctx_.edp) ctx_.edp = ctx_.ep->size() > 1 ? &self_edp_ : ctx_.dp;
   if (!ctx_.world) ctx_.world = &self_world_;
   ADGT_CHECK(ctx_.tp->size() == cfg.parallel.tp && ctx_.dp->size() == cfg.parallel.dp &&
                  ctx_.pp->size() == cfg.parallel.pp,
@@ -72,11 +74,14 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx) : cfg_(cfg), ctx_(ct
   const int pp = int(cfg.parallel.pp), v = int(cfg.parallel.virtual_stages);
   const StageSlice slice =
       stage_slice(stage_layer_counts(cfg), pp, v, pipelined() ? ctx_.pp->rank() : 0);
+  ExpertParallel ep;
+  ep.comm = ctx_.ep;
+  for (int64_t r : cfg.parallel.expert_placement) ep.placement.push_back(int(r));
   model_ = std::make_unique<Model>(cfg.model, *backend_, dt, cfg.train.micro_batch,
-                                   cfg.model.seq_len, tp, &slice);
+                                   cfg.model.seq_len, tp, &slice, ep);
   model_->init_weights(cfg.train.seed);
   dp_ = std::make_unique<DataParallel>(*backend_, *model_, cfg.train, cfg.parallel, *ctx_.dp,
-                                       *ctx_.tp, ctx_.pp);
+                                       *ctx_.tp, ctx_.pp, ctx_.ep, ctx_.edp);
   if (pipelined()) {
     pp::Schedule sched = make_pipeline_schedule(cfg);
     pipe_ = std::make_unique<PipelineExecutor>(*model_, *backend_, *ctx_.pp, std::move(sched));
@@ -93,10 +98,12 @@ ShardLayout Trainer::layout() const {
   lay.dp_rank = ctx_.dp->rank();
   lay.pp = ctx_.pp->size();
   lay.pp_rank = ctx_.pp->rank();
+  lay.ep = ctx_.ep->size();
+  lay.ep_rank = ctx_.ep->rank();
   lay.description = "tp=" + std::to_string(lay.tp) + " dp=" + std::to_string(lay.dp) +
                     " zero=" + std::to_string(dp_->zero() ? 1 : 0) + " sequence_parallel=" +
                     std::to_string(cfg_.parallel.sequence_parallel && lay.tp > 1 ? 1 : 0) +
-                    " pp=" + std::to_string(lay.pp);
+                    " pp=" + std::to_string(lay.pp) + " ep=" + std::to_string(lay.ep);
   if (pipelined())
     lay.description += " schedule=" + cfg_.parallel.schedule +
                        " virtual_stages=" + std::to_string(cfg_.parallel.virtual_stages);
@@ -339,6 +346,7 @@ TrainSummary Trainer::train() {
                   pp_bytes0 = ctx_.pp->stats().bytes;
     const double lr = lr_at(t, step_);
     model_->zero_grads();
+    model_->reset_moe_stats();
     const double loss = run_micro_batches(samples_seen_);
     samples_seen_ += t.global_batch;
     if (pipelined()) trace_pipeline_step();
@@ -353,6 +361,7 @@ TrainSummary Trainer::train() {
     const bool finite = std::isfinite(loss) && std::isfinite(gn);
     if (finite) {
       dp_->step(lr, ++opt_steps_, clip_coefficient(gn, t.grad_clip));
+      if (cfg_.model.moe_aux_free) model_->update_moe_bias(ctx_.edp);
       consecutive_bad = 0;
       interval_loss += loss;
       ++interval_n;
@@ -383,6 +392,17 @@ TrainSummary Trainer::train() {
       m.tp_bytes = tp_bytes;
       m.dp_bytes = dp_bytes;
       m.pp_bytes = ctx_.pp->stats().bytes - pp_bytes0;
+      for (const MoeLayerStep& x : model_->moe_stats()) {
+        MoeLayerMetrics y;
+        y.layer = x.layer;
+        y.load = x.load;
+        y.tokens = x.tokens;
+        y.dropped = x.dropped;
+        y.aux = x.calls ? x.aux / double(x.calls) : 0;
+        y.a2a_bytes = x.a2a_bytes;
+        y.a2a_seconds = x.a2a_seconds;
+        m.moe.push_back(std::move(y));
+      }
       m.bubble = bubble;
       m.step = step_;
       m.total_steps = t.steps;

@@ -37,6 +37,8 @@ struct ParallelContext {
   Comm* tp = nullptr;
   Comm* dp = nullptr;
   Comm* pp = nullptr;     // the pipeline group: the same tp and dp coordinates, every stage
+  Comm* ep = nullptr;     // expert parallelism: ep consecutive ranks of the dp group
+  Comm* edp = nullptr;    // the dp ranks holding the same experts
   Comm* world = nullptr;  // every rank of the run: checkpoints are saved and loaded over it
   int world_rank = 0;     // rank 0 logs, prints and commits checkpoints
 };
@@ -70,7 +72,8 @@ class Trainer {
 
   RunConfig cfg_;
   ParallelContext ctx_;
-  SelfComm self_tp_{"tp"}, self_dp_{"dp"}, self_pp_{"pp"}, self_world_{"world"};
+  SelfComm self_tp_{"tp"}, self_dp_{"dp"}, self_pp_{"pp"}, self_ep_{"ep"}, self_edp_{"edp"},
+      self_world_{"world"};
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataParallel> dp_;

@@ -72,7 +72,7 @@ def main():
     ap.add_argument("--data", default=os.path.join(ROOT, "build", "data", "kjv-byte"))
     ap.add_argument("--pp", type=int, default=4)
     ap.add_argument("--m", type=int, nargs="*", default=[4, 8, 16])
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--schedules", nargs="*", default=SCHEDULES)
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="bench_pipeline_")

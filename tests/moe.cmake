@@ -24,3 +24,30 @@ foreach(n 1 2 4)
             timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh ${n} $<TARGET_FILE:adgt_moe_ep_test>)
   set_tests_properties(moe_ep_np${n} PROPERTIES LABELS "parallel;moe" TIMEOUT 150 PROCESSORS 2)
 endforeach()
+
+# The model with MoE layers under every expert-parallel layout against the
+# single process (tests/moe/compare_experts.py), and bad expert settings:
+# a named error on every rank, exit 2.
+if(NOT TARGET adgt-train)
+  return()
+endif()
+add_test(NAME moe_layouts_match_single_process
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/moe/compare_experts.py
+    --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
+    --data ${CMAKE_BINARY_DIR}/data/kjv-byte --work ${CMAKE_BINARY_DIR}/moe_layouts)
+set_tests_properties(moe_layouts_match_single_process PROPERTIES
+  FIXTURES_REQUIRED kjv_byte LABELS "parallel;moe" TIMEOUT 600 RUN_SERIAL TRUE)
+set(ADGT_MOE_YAML ${CMAKE_CURRENT_SOURCE_DIR}/moe/model.yaml)
+function(adgt_moe_error name ranks regex)
+  add_test(NAME moe_error_${name}
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_all_ranks.sh ${ranks} ".*${regex}" --
+      ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh ${ranks} $<TARGET_FILE:adgt-train>
+      --config ${ADGT_MOE_YAML} ${ARGN})
+  set_tests_properties(moe_error_${name} PROPERTIES LABELS "moe;config" TIMEOUT 90)
+endfunction()
+adgt_moe_error(ep_experts 4 "parallel[.]ep=4 does not divide model[.]n_experts=6"
+  --set model.n_experts=6 --set parallel.dp=4 --set parallel.ep=4 --set train.global_batch=8)
+adgt_moe_error(ep_dp 3 "parallel[.]ep=2 does not divide parallel[.]dp=3"
+  --set parallel.dp=3 --set parallel.ep=2 --set train.global_batch=6)
+adgt_moe_error(top_k 2 "model[.]moe_top_k=5 is larger than model[.]n_experts=4"
+  --set model.moe_top_k=5 --set parallel.dp=2 --set train.global_batch=8)

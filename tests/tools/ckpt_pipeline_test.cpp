@@ -258,9 +258,10 @@ void check_whole_tensors(Ctx& c, const std::string& dir, const std::string& what
   }
   if (!dims.empty()) {
     h5::Id ds(ADGT_H5(H5Dopen2(f, "meta/layout_dims", H5P_DEFAULT)), H5Dclose);
-    std::vector<int64_t> got(3);
+    std::vector<int64_t> got(4);  // tp, dp, pp, ep
     ADGT_H5(H5Dread(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, got.data()));
-    PCHECK(got == dims, what << ": meta/layout_dims is " << got[0] << "," << got[1] << "," << got[2]);
+    PCHECK(got == dims, what << ": meta/layout_dims is " << got[0] << "," << got[1] << "," << got[2] << ","
+                             << got[3]);
   }
 }
 
@@ -418,7 +419,7 @@ int run(int argc, char** argv, Comm& world) {
       const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
       PCHECK(contains(text, "rank_files=4"), "save " << L.name << ": COMPLETE is " << text);
     }
-    check_whole_tensors(c, dir, "save " + L.name, {L.tp, L.dp, L.pp});
+    check_whole_tensors(c, dir, "save " + L.name, {L.tp, L.dp, L.pp, 1});
     dirs[L.name] = dir;
   }
   check_whole_tensors(c, dirs["reference (v1)"], "reference", {});

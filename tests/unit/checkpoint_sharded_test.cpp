@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <random>
 
 #include "core/checkpoint.hpp"
@@ -163,6 +164,55 @@ TEST_CASE("checkpoint v2 shard regions and piece writers", "[checkpoint]") {
       REQUIRE(writers == (t0[i].shard_dim < 0 ? 1 : 2));
     }
   }
+}
+
+TEST_CASE("checkpoint v2 piece writers with expert parallelism", "[checkpoint]") {
+  ModelConfig m = model();
+  m.n_experts = 4;
+  m.expert_ffn_hidden = 24;
+  const std::vector<std::vector<int64_t>> placement = {{0, 2}, {1, 3}};  // ep=2, interleaved
+  for (int dp : {2, 4, 6}) {
+    const int ep = 2;
+    INFO("dp " << dp);
+    std::vector<std::vector<ParamSpec>> tables;  // [ep rank * 2 + tp rank]
+    for (int e = 0; e < ep; ++e)
+      for (int t = 0; t < 2; ++t) tables.push_back(build_param_table(m, 2, t, nullptr, &placement[size_t(e)]));
+    std::vector<int64_t> load(size_t(dp), 0);
+    int64_t biggest = 0;
+    std::map<std::string, int> writers;  // name -> writing (tp, dp) ranks
+    for (int e = 0; e < ep; ++e) {
+      const auto& t0 = tables[size_t(2 * e)];
+      const std::vector<int> w = piece_writers(t0, dp, ep, e);
+      REQUIRE(w == piece_writers(tables[size_t(2 * e + 1)], dp, ep, e));  // the same on every tp rank
+      for (size_t i = 0; i < t0.size(); ++i) {
+        if (t0[i].expert >= 0) {
+          REQUIRE(w[i] % ep == e);  // an expert is written by a dp rank of its own ep rank
+        } else {                    // the same writer on every ep rank
+          const auto& other = tables[size_t(2 * (1 - e))];
+          const std::vector<int> wo = piece_writers(other, dp, ep, 1 - e);
+          REQUIRE(wo[i] == w[i]);
+        }
+        if (t0[i].expert >= 0 || e == 0) load[size_t(w[i])] += t0[i].numel;
+        biggest = std::max(biggest, t0[i].numel);
+        for (int t = 0; t < 2; ++t)
+          for (int d = e; d < dp; d += ep) {  // the ranks of ep rank e hold this table
+            ShardLayout l{2, t, dp, d, ""};
+            l.ep = ep;
+            l.ep_rank = e;
+            if (writes_piece(tables[size_t(2 * e + t)], w, i, l)) ++writers[t0[i].name];
+          }
+      }
+    }
+    const auto [lo, hi] = std::minmax_element(load.begin(), load.end());
+    REQUIRE(*hi - *lo <= 2 * biggest);
+    // Exactly one writer per piece: every tensor of the model, tp shards twice.
+    for (const ParamSpec& p : build_param_table(m, 2, 0)) {
+      INFO(p.name);
+      REQUIRE(writers[p.name] == (p.shard_dim < 0 ? 1 : 2));
+    }
+    REQUIRE(writers.size() == build_param_table(m).size());
+  }
+  REQUIRE_THAT(error_of([&] { piece_writers(build_param_table(m), 3, 2, 0); }), Contains("does not divide dp 3"));
 }
 
 TEST_CASE("checkpoint v2 round trip in one process is bitwise", "[checkpoint]") {
@@ -403,9 +453,9 @@ TEST_CASE("checkpoint v2 pipeline layout checks and partial indexes", "[checkpoi
     ADGT_H5(H5Gget_info(g, &info));
     REQUIRE(info.nlinks == stage0.size());
     h5::Id d(ADGT_H5(H5Dopen2(f, "meta/layout_dims", H5P_DEFAULT)), H5Dclose);
-    int64_t dims[3] = {0, 0, 0};
+    int64_t dims[4] = {0, 0, 0, 0};  // tp, dp, pp, ep
     ADGT_H5(H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, dims));
-    REQUIRE((dims[0] == 1 && dims[1] == 1 && dims[2] == 1));
+    REQUIRE((dims[0] == 1 && dims[1] == 1 && dims[2] == 1 && dims[3] == 1));
   }
   const CheckpointState back = load_checkpoint(dir, stage0);
   for (const ParamSpec& p : stage0) {

@@ -133,7 +133,8 @@ TEST_CASE("unknown keys and sections name the line and suggest", "[config]") {
   CHECK(error_of("model:\n  d_model: 256\n  n_layerz: 4\n") ==
         "x.yaml:3: model.n_layerz: unknown key; did you mean model.n_layers? (allowed keys in "
         "model: vocab_size, d_model, n_layers, n_heads, n_kv_heads, ffn_hidden, seq_len, "
-        "rope_theta, norm_eps, tie_embeddings, init_std)");
+        "rope_theta, norm_eps, tie_embeddings, init_std, n_experts, moe_top_k, moe_every, "
+              "expert_ffn_hidden, moe_aux_loss_coef, moe_aux_free, moe_bias_rate, moe_capacity_factor)");
   // A key from another section.
   CHECK_THAT(error_of("train:\n  seq_len: 4\n"),
              StartsWith("x.yaml:2: train.seq_len: unknown key; did you mean model.seq_len?"));
@@ -194,7 +195,9 @@ TEST_CASE("wrong types say what was expected and what was found", "[config]") {
         "x.yaml:2: data.train: expected a non-empty string, got an empty string");
   CHECK(error_of("model: 5\n") ==
         "x.yaml:1: model: expected a mapping of keys (vocab_size, d_model, n_layers, n_heads, "
-        "n_kv_heads, ffn_hidden, seq_len, rope_theta, norm_eps, tie_embeddings, init_std), got \"5\"");
+        "n_kv_heads, ffn_hidden, seq_len, rope_theta, norm_eps, tie_embeddings, init_std, n_experts, "
+              "moe_top_k, moe_every, expert_ffn_hidden, moe_aux_loss_coef, moe_aux_free, moe_bias_rate, "
+              "moe_capacity_factor), got \"5\"");
   CHECK_THAT(error_of("- a\n- b\n"),
              StartsWith("x.yaml:1: expected a mapping of sections (model, train,"));
 }
@@ -246,7 +249,8 @@ TEST_CASE("cross-field rules name both keys and a fix", "[config]") {
   CHECK(error_of("parallel:\n  tp: 3\n") ==
         "x.yaml: parallel.tp=3 does not divide model.n_heads=8; use tp in {1,2,4}");
   CHECK(error_of("parallel:\n  ep: 2\n") ==
-        "x.yaml: parallel.ep=2: expert parallelism is not available in this build yet; use 1");
+        "x.yaml: parallel.ep=2 needs a mixture-of-experts model; set model.n_experts (e.g. 8) or "
+              "parallel.ep: 1");
   CHECK(error_of("parallel:\n  zero: 2\n") ==
         "x.yaml: parallel.zero=2: only ZeRO stage 0 or 1 is supported; use 0 or 1");
   CHECK(error_of("model:\n  ffn_hidden: 690\nparallel:\n  tp: 4\n") ==
@@ -332,7 +336,7 @@ TEST_CASE("docs/config.md carries the generated key reference", "[config]") {
     FAIL("docs/config.md is out of date with the schema in core/config.cpp; paste " + out +
          " between its BEGIN/END markers");
   }
-  CHECK(config_keys().size() == 49);
+  CHECK(config_keys().size() == 58);
   for (const auto& k : config_keys()) {
     CHECK(!k.doc.empty());
     CHECK(!k.allowed.empty());
