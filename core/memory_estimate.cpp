@@ -52,9 +52,10 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
   MemoryEstimate e;
   const auto table = build_param_table(m);
   e.n_params = param_count(table);
-  int64_t embedding = 0;
+  int64_t embedding = 0, expert_matmul = 0;
   for (const auto& p : table) {
     if (p.is_matrix) e.n_params_matmul += p.numel;
+    if (p.expert >= 0) expert_matmul += p.numel;
     if (p.is_embedding || p.name == "lm_head.weight") embedding += p.numel;
   }
   e.n_params_non_embedding = e.n_params - embedding;
@@ -63,8 +64,11 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
                 B = cfg.train.micro_batch;
   if (m.tie_embeddings) e.n_params_matmul += V * C;
 
-  e.flops_per_token = 6.0 * static_cast<double>(e.n_params_matmul) +
-                      12.0 * static_cast<double>(L) * H * hd * T;
+  // Mixture of experts: a token runs top_k of the n_experts experts.
+  const double active_matmul =
+      double(e.n_params_matmul - expert_matmul) +
+      (m.n_experts > 0 ? double(expert_matmul) * double(m.moe_top_k) / double(m.n_experts) : 0.0);
+  e.flops_per_token = 6.0 * active_matmul + 12.0 * static_cast<double>(L) * H * hd * T;
   e.tokens_per_step = cfg.train.global_batch * T;
   e.flops_per_step = e.flops_per_token * static_cast<double>(e.tokens_per_step);
 
@@ -78,6 +82,15 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
   const int64_t a_layer_num = 2 * C + 2;  // x_in, x_mid, rstd1, rstd2 (divided by `rows`)
   const int64_t a_layer_full = 2 * C + 2 * Hl * hd + 2 * KVl * hd + Hl * T + 3 * Fl;
   const int64_t a_layer = a_layer_num / rows + a_layer_full;
+  // An MoE layer keeps, instead of the dense FFN's 3F, per token: the router
+  // probabilities (E) and for each of its top_k assignments the gathered input
+  // row (C), the expert's gate, up and h (3 Fe / tp) and its output row (C).
+  const int64_t Fel = m.expert_ffn() / tp;
+  const int64_t a_moe_layer =
+      a_layer - 3 * Fl + m.n_experts + m.moe_top_k * (2 * C + 3 * Fel);
+  const int64_t ep = std::max<int64_t>(1, cfg.parallel.ep);
+  std::vector<int64_t> experts0;  // ep rank 0's experts (every rank holds E / ep)
+  for (int64_t x = 0; x < m.n_experts / ep; ++x) experts0.push_back(x);
   const int64_t a_final = C / rows + 1 + C + Vl + 1;
   e.bytes_per_element = bpp;
   const int pp = int(cfg.parallel.pp), v = int(cfg.parallel.virtual_stages);
@@ -85,15 +98,18 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
   const int64_t mb = cfg.pipeline_microbatches();
   for (int r = 0; r < pp; ++r) {
     const StageSlice slice = stage_slice(counts, pp, v, r);
-    const int64_t numel = total_numel(build_param_table(m, tp, 0, &slice));
+    const int64_t numel =
+        total_numel(build_param_table(m, tp, 0, &slice, m.n_experts > 0 ? &experts0 : nullptr));
     int64_t act = 0, n_held = 0;
     for (int c = 0; c < int(slice.chunks.size()); ++c) {
       const int64_t h = r < int(held.size()) && c < int(held[size_t(r)].size())
                             ? held[size_t(r)][size_t(c)]
                             : (pp == 1 ? 1 : std::min<int64_t>(pp - r, mb));
-      const int64_t layers = slice.chunks[size_t(c)].second - slice.chunks[size_t(c)].first;
       const bool head = slice.head && c + 1 == int(slice.chunks.size());
-      act += h * (layers * a_layer + (head ? a_final : 0));
+      int64_t per = head ? a_final : 0;
+      for (int64_t l = slice.chunks[size_t(c)].first; l < slice.chunks[size_t(c)].second; ++l)
+        per += m.is_moe_layer(l) ? a_moe_layer : a_layer;
+      act += h * per;
       n_held += h;
     }
     MemoryEstimate x = e;

@@ -117,3 +117,24 @@ TEST_CASE("dry run divides memory by the layout", "[dryrun]") {
   CHECK(e.bytes_params < one.bytes_params);
   CHECK(e.bytes_activations < one.bytes_activations);
 }
+
+TEST_CASE("dry run of a mixture of experts: Mixtral 8x7B's count, top-k FLOPs, experts over ep",
+          "[dryrun]") {
+  const std::string mixtral =
+      "model:\n  vocab_size: 32000\n  d_model: 4096\n  n_layers: 32\n  n_heads: 32\n"
+      "  n_kv_heads: 8\n  ffn_hidden: 14336\n  seq_len: 4096\n  n_experts: 8\n  moe_top_k: 2\n"
+      "train:\n  micro_batch: 1\n  global_batch: 64\n";
+  const MemoryEstimate e = estimate_memory(load_config_text(mixtral, "x.yaml"), 4);
+  CHECK(e.n_params == 46702792704LL);  // Mixtral-8x7B's published 46.7B
+  // A token runs 2 of 8 experts: 6 x (active matmul weights) + attention, about 12.9B active.
+  const double expert = 32.0 * 8 * 3 * 4096.0 * 14336.0;
+  const double active = double(e.n_params_matmul) - expert * 6 / 8;
+  CHECK(e.flops_per_token == Approx(6.0 * active + 12.0 * 32 * 32 * 128 * 4096).epsilon(1e-12));
+  // ep = 8 over dp = 8: each rank holds one expert per layer.
+  const MemoryEstimate ep = estimate_memory(
+      load_config_text(mixtral + "parallel:\n  dp: 8\n  ep: 8\n", "x.yaml"), 4);
+  std::vector<int64_t> one{0};
+  CHECK(ep.bytes_params == total_numel(build_param_table(load_config_text(mixtral, "x.yaml").model,
+                                                         1, 0, nullptr, &one)) * 4);
+  CHECK(ep.bytes_params < e.bytes_params / 3);
+}
