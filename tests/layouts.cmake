@@ -43,3 +43,18 @@ add_test(NAME layouts_error_unknown_launcher
     -- $<TARGET_FILE:adgt-train> --config ${CMAKE_SOURCE_DIR}/configs/tiny.yaml)
 set_tests_properties(layouts_error_world_size layouts_error_missing_shard_all_ranks
   layouts_error_unknown_launcher PROPERTIES LABELS parallel TIMEOUT 90)
+
+# A stop signal to any rank, or SIGUSR1 to mpirun (Open MPI forwards SIGUSR1 and
+# SIGUSR2 to every rank; SIGTERM to mpirun makes mpirun itself tear the job
+# down, so send SIGTERM to the ranks or SIGUSR1 to mpirun): every rank saves at
+# the same step, exit 0, and the checkpoint resumes.
+foreach(case "TERM;rank" "USR1;mpirun" "USR1;rank")
+  list(GET case 0 sig)
+  list(GET case 1 to)
+  add_test(NAME layouts_signal_${sig}_to_${to}
+    COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/parallel/signal_mpirun.py
+      --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
+      --data ${ADGT_KJV_BYTE} --work ${CMAKE_BINARY_DIR}/signals --signal ${sig} --to ${to})
+  set_tests_properties(layouts_signal_${sig}_to_${to} PROPERTIES
+    FIXTURES_REQUIRED kjv_byte LABELS parallel TIMEOUT 300)
+endforeach()

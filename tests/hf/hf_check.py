@@ -19,6 +19,17 @@ CHECK is one of
   errors      damaged files and configs give errors naming the file and tensor
   train       adgt-train starts from an import (--config <out>/config.yaml --resume <out>/step_0);
               bos/eos ids from a SentencePiece tokenizer reach config.json
+  moe_roundtrip  a mixture-of-experts checkpoint (--moe-config) exports as MixtralForCausalLM:
+              config.json's Mixtral keys, every expert tensor under its HF name bit for bit
+              (single file and shards); the import gives the same weights and model section
+  moe_torch   the Mixtral export in tests/hf/mixtral_ref.py's model (float64) gives adgt's
+              logits (adgt-reference-dump --checkpoint) to 1e-5; num_experts_per_tok matters
+  moe_train   a Mixtral import trains 2 steps with expert parallelism (mpirun -np 2, dp=2 ep=2:
+              each rank two experts, sharded checkpoint), the step_2 checkpoint exports whole, and
+              a single process resumes from it (ep=2 -> ep=1)
+  moe_errors  what Mixtral cannot represent (mixed dense/MoE layers, aux-loss-free bias) is
+              refused by name; damaged Mixtral folders (missing / misshapen experts, sliding
+              window, top-k) give named import errors; moe_capacity_factor gives a note
 """
 from __future__ import annotations
 
@@ -40,6 +51,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "torch"))
 import safetensors_reader as st  # noqa: E402
 from llama_ref import LlamaConfig, LlamaForCausalLM, read_yaml  # noqa: E402
+from mixtral_ref import MixtralConfig, MixtralForCausalLM  # noqa: E402
 
 LOGITS_TOL = 1e-5
 
@@ -92,8 +104,8 @@ class Ctx:
     def path(self, *p) -> str:
         return os.path.join(self.work, *p)
 
-    def checkpoint(self, name: str, *overrides) -> str:
-        out = run([self.a.fixture, self.a.config, self.path(name), 7, *overrides]).stdout
+    def checkpoint(self, name: str, *overrides, config: str | None = None) -> str:
+        out = run([self.a.fixture, config or self.a.config, self.path(name), 7, *overrides]).stdout
         return out.strip().splitlines()[-1]
 
     def ckpt(self, *args, ok: bool = True):
@@ -387,8 +399,11 @@ def check_errors(c: Ctx) -> None:
          lambda d: os.remove(os.path.join(d, "config.json")))
     case("no_weights", ["case_no_weights: neither model.safetensors nor model.safetensors.index.json"],
          lambda d: os.remove(os.path.join(d, main)))
-    case("mixtral", ["case_mixtral/config.json: model_type \"mixtral\" is not supported yet"],
-         edit_config(model_type="mixtral"))
+    # A dense export relabelled as Mixtral: the router and experts are missing.
+    case("mixtral", [f"case_mixtral/{main}: tensor model.layers.0.block_sparse_moe.gate.weight is missing"],
+         edit_config(model_type="mixtral", architectures=["MixtralForCausalLM"]))
+    case("model_type", ["case_model_type/config.json: model_type \"qwen2\"", "MixtralForCausalLM"],
+         edit_config(model_type="qwen2"))
     case("config_mismatch", [f"case_config_mismatch/{main}: tensor model.layers.0.mlp.gate_proj.weight "
                              "has shape (48,32)", "config.json implies (40,32)"],
          edit_config(intermediate_size=40))
@@ -459,16 +474,295 @@ def check_train(c: Ctx) -> None:
     expect(0 < moved < 0.01, f"step_2 is not 2 small steps from the import (max change {moved})")
 
 
+# ---------------------------------------------------------------- mixture of experts (Mixtral)
+
+def moe_checkpoint(c: Ctx, name: str, *overrides) -> str:
+    return c.checkpoint(name, *overrides, config=c.a.moe_config)
+
+
+def check_mixtral_config_json(hf_dir: str, yaml_model: dict, torch_dtype: str = "float32") -> dict:
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        cj = json.load(f)
+    want = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+            "vocab_size": yaml_model["vocab_size"], "hidden_size": yaml_model["d_model"],
+            "intermediate_size": yaml_model["expert_ffn_hidden"] or yaml_model["ffn_hidden"],
+            "num_hidden_layers": yaml_model["n_layers"], "num_attention_heads": yaml_model["n_heads"],
+            "num_key_value_heads": yaml_model["n_kv_heads"], "head_dim": yaml_model["d_model"] // yaml_model["n_heads"],
+            "max_position_embeddings": yaml_model["seq_len"], "rms_norm_eps": yaml_model["norm_eps"],
+            "rope_theta": yaml_model["rope_theta"], "tie_word_embeddings": yaml_model["tie_embeddings"],
+            "hidden_act": "silu", "num_local_experts": yaml_model["n_experts"],
+            "num_experts_per_tok": yaml_model["moe_top_k"],
+            "router_aux_loss_coef": yaml_model["moe_aux_loss_coef"], "output_router_logits": False,
+            "router_jitter_noise": 0.0, "sliding_window": None, "torch_dtype": torch_dtype}
+    for k, v in want.items():
+        expect(k in cj and cj[k] == v, f"config.json: {k} = {cj.get(k)!r}, expected {v!r}")
+    for k in ("mlp_bias", "pretraining_tp", "rope_scaling"):  # LLaMA-only keys
+        expect(k not in cj, f"config.json: unexpected LLaMA key {k}")
+    return cj
+
+
+def check_moe_roundtrip(c: Ctx) -> None:
+    src = moe_checkpoint(c, "src")
+    orig = ckpt_model(src)
+    with h5py.File(os.path.join(src, "checkpoint.h5"), "r") as f:
+        ya = f["meta/config_yaml"].asstr()[()]
+    ypath = c.path("src.yaml")
+    with open(ypath, "w") as f:
+        f.write(ya)
+    ym = read_yaml(ypath)["model"]
+    E, Fe, C = ym["n_experts"], ym["expert_ffn_hidden"], ym["d_model"]
+    want_shapes = {"model.layers.1.block_sparse_moe.gate.weight": (E, C)}
+    for e in range(E):
+        want_shapes[f"model.layers.1.block_sparse_moe.experts.{e}.w1.weight"] = (Fe, C)
+        want_shapes[f"model.layers.1.block_sparse_moe.experts.{e}.w2.weight"] = (C, Fe)
+        want_shapes[f"model.layers.1.block_sparse_moe.experts.{e}.w3.weight"] = (Fe, C)
+    expect(not any(".mlp." in n for n in orig), "a Mixtral checkpoint should have no dense mlp tensors")
+    for label, extra in [("single", []), ("sharded", ["--max-shard-size", "20KB"])]:
+        hf, imp = c.path("hf_" + label), c.path("imp_" + label)
+        c.ckpt("export-hf", src, hf, *extra)
+        check_mixtral_config_json(hf, ym)
+        tensors = st.read_dir(hf)
+        expect(list(tensors) == list(orig) if label == "single" else set(tensors) == set(orig),
+               f"{label}: exported names {list(tensors)} != checkpoint {list(orig)}")
+        for n, shape in want_shapes.items():
+            expect(n in tensors and tensors[n].shape == shape, f"{label}: {n} missing or not of shape {shape}")
+        for n, v in orig.items():
+            expect(same_bits(tensors[n], v), f"{label}: exported {n} differs from the checkpoint")
+        if label == "sharded":
+            shards = [x for x in os.listdir(hf) if x.endswith(".safetensors")]
+            expect(len(shards) >= 3, f"expected several shards, got {shards}")
+        out = c.ckpt("import-hf", hf, imp).stdout
+        expect("adgt-train --config" in out, f"import-hf output lacks the start command:\n{out}")
+        step0 = os.path.join(imp, "step_0")
+        with h5py.File(os.path.join(step0, "checkpoint.h5"), "r") as b:
+            expect(list(b["model"]) == list(orig), f"{label}: imported tensor list differs")
+            for n in orig:
+                expect(same_bits(b["model"][n][...], orig[n]), f"{label}: imported {n} differs")
+                expect(not np.any(b["optim/exp_avg"][n][...]), f"{label}: imported moments not zero")
+            yb = b["meta/config_yaml"].asstr()[()]
+
+        def model_lines(y):
+            out = []
+            for ln in y.split("model:\n", 1)[1].split("\n"):
+                if not ln.startswith("  "):
+                    break
+                out.append(ln)
+            return out
+        ma, mb = model_lines(ya), model_lines(yb)
+        expect(ma == mb, f"{label}: model sections differ:\n{ma}\n{mb}")
+        for key in ("n_experts: 4", "moe_top_k: 2", "moe_every: 1", "expert_ffn_hidden: 24"):
+            expect(any(ln.strip() == key for ln in mb), f"{label}: imported config lacks {key}: {mb}")
+        print(f"{label}: {len(orig)} tensors ({sum('.experts.' in n for n in orig)} expert weights) "
+              f"bit-identical after export + import")
+    info = c.ckpt("info", os.path.join(c.path("imp_single"), "step_0"), "--tensors").stdout
+    for want in ["MixtralForCausalLM", "experts:      4 per MoE layer (top-2, expert ffn 24, every layer)",
+                 "model.layers.1.block_sparse_moe.experts.3.w2.weight", "checksums:    verified"]:
+        expect(want in info, f"info lacks {want!r}:\n{info}")
+    print(info)
+    # bfloat16: round to nearest even, widened back exactly.
+    c.ckpt("export-hf", src, c.path("hf_bf16"), "--dtype", "bfloat16")
+    raw = st.read_dir(c.path("hf_bf16"), raw=True)
+    for n, v in orig.items():
+        want = torch.from_numpy(v).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        expect(np.array_equal(raw[n], want), f"bf16 {n}: bits differ from torch's rounding")
+    print(f"bf16: {len(raw)} tensors equal torch's fp32 -> bfloat16")
+
+
+def check_moe_torch(c: Ctx) -> None:
+    src = moe_checkpoint(c, "src")
+    hf = c.path("hf")
+    c.ckpt("export-hf", src, hf)
+    tensors = st.read_dir(hf)
+    with open(os.path.join(hf, "config.json")) as f:
+        cj = json.load(f)
+    cfg = MixtralConfig.from_hf(cj)
+    model = MixtralForCausalLM(cfg, torch.float64)
+    names = [n for n, _ in model.named_parameters()]
+    expect(set(names) == set(tensors), f"mixtral_ref parameters {sorted(names)} != export {sorted(tensors)}")
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            expect(tuple(p.shape) == tensors[n].shape, f"{n}: reference shape {tuple(p.shape)}, export "
+                                                       f"{tensors[n].shape}")
+            p.copy_(torch.from_numpy(tensors[n]).to(torch.float64))
+
+    with h5py.File(os.path.join(src, "checkpoint.h5"), "r") as f:
+        yaml_text = f["meta/config_yaml"].asstr()[()]
+    cfg_path = c.path("dump.yaml")
+    with open(cfg_path, "w") as f:
+        f.write(yaml_text)
+    dump = c.path("dump.h5")
+    run([c.a.dump_tool, "--config", cfg_path, "--checkpoint", src, "--out", dump, "--dtype", "f32", "--steps", "1"])
+    orig = ckpt_model(src)
+    with h5py.File(dump, "r") as f:
+        tokens = torch.from_numpy(f["batch/tokens"][0].astype(np.int64))  # (B, T+1)
+        adgt_logits = f["step0/logits"][...]
+        for n in orig:
+            expect(same_bits(f["model"][n][...].astype(np.float32), orig[n]), f"dump weights {n}")
+    with torch.no_grad():
+        ref = model(tokens[:, :-1]).reshape(-1, cfg.vocab_size).numpy()
+    margin = model.routing_margin()
+    err = rel_err(adgt_logits, ref)
+    print(f"logits ({ref.shape[0]} x {ref.shape[1]}): adgt f32 vs mixtral_ref f64 on the Mixtral export: "
+          f"rel err {err:.3e} (tolerance {LOGITS_TOL:g}); smallest top-{cfg.top_k} routing margin {margin:.2e}")
+    expect(margin > 1e-5, f"routing margin {margin:.2e} too small for a stable comparison")
+    expect(err <= LOGITS_TOL, f"logits rel err {err:.3e} > {LOGITS_TOL:g}")
+    # The comparison sees config.json's num_experts_per_tok: top-1 would fail it.
+    cfg1 = MixtralConfig.from_hf(dict(cj, num_experts_per_tok=1))
+    wrong = MixtralForCausalLM(cfg1, torch.float64)
+    wrong.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        err_wrong = rel_err(adgt_logits, wrong(tokens[:, :-1]).reshape(-1, cfg.vocab_size).numpy())
+    print(f"control: with num_experts_per_tok 1 instead of {cfg.top_k}: rel err {err_wrong:.3e}")
+    expect(err_wrong > 100 * LOGITS_TOL, "the logits comparison does not notice a wrong num_experts_per_tok")
+
+
+def check_moe_train(c: Ctx) -> None:
+    if not (c.a.train_tool and c.a.data_tool and c.a.mpirun):
+        print("adgt-train / adgt-data / mpirun not given: skipped")
+        return
+    src = moe_checkpoint(c, "src")
+    hf = c.path("hf")
+    c.ckpt("export-hf", src, hf)
+    text = c.path("corpus.txt")
+    with open(text, "w") as f:
+        for i in range(400):
+            f.write(f"Line {i}: the experts were exported, imported and trained again.\n")
+    data = c.path("data")
+    run([c.a.data_tool, "prepare", "--input", text, "--out", data, "--tokenizer", "byte"])
+    base = c.path("base.yaml")
+    with open(c.a.moe_config) as f:
+        y = f.read()
+    y = (y.replace("data/none/train.bin", os.path.join(data, "train.bin"))
+          .replace("data/none/val.bin", os.path.join(data, "val.bin"))
+          .replace("runs/hf_moe_test/checkpoints", c.path("run", "checkpoints"))
+          .replace("runs/hf_moe_test", c.path("run")))
+    with open(base, "w") as f:
+        f.write(y)
+    imp = c.path("imp")
+    c.ckpt("import-hf", hf, imp, "--config", base)
+    # Two steps on two ranks, each holding two of the four experts.
+    p = run([c.a.mpirun, 2, c.a.train_tool, "--config", os.path.join(imp, "config.yaml"),
+             "--resume", os.path.join(imp, "step_0"), "--set", "parallel.dp=2", "--set", "parallel.ep=2",
+             "--set", "train.global_batch=4", "--set", "checkpoint.interval=2"])
+    print(p.stdout)
+    expect("resumed from" in p.stdout, "adgt-train did not resume from the import")
+    step2 = c.path("run", "checkpoints", "step_2")
+    expect(os.path.exists(os.path.join(step2, "COMPLETE")), f"no checkpoint at {step2}")
+    with h5py.File(os.path.join(step2, "checkpoint.h5"), "r") as f:
+        dims = [int(x) for x in f["meta/layout_dims"][...]]
+        expect(dims == [1, 2, 1, 2], f"meta/layout_dims {dims}, expected tp 1 dp 2 pp 1 ep 2")
+        p_ = f["meta/pieces"]
+        writers = {}
+        for t, r in zip(p_["tensor"], p_["rank"]):
+            t = t.decode()
+            if t.startswith("model/") and ".experts." in t:
+                writers.setdefault(t, set()).add(int(r))
+        # Contiguous placement: experts 0, 1 on rank 0 (ep rank 0), 2, 3 on rank 1.
+        for t, rs in writers.items():
+            e = int(t.split(".experts.")[1].split(".")[0])
+            expect(rs == {e // 2}, f"{t} written by ranks {rs}, expected rank {e // 2}")
+        expect(len(writers) == 2 * 4 * 3, f"{len(writers)} expert tensors in the index")
+    c.ckpt("export-hf", step2, c.path("hf_step2"))
+    before, after = ckpt_model(os.path.join(imp, "step_0")), st.read_dir(c.path("hf_step2"))
+    expect(set(before) == set(after), "the exported step_2 lacks tensors")
+    moved = max(float(np.max(np.abs(after[n] - before[n]))) for n in before)
+    moved_experts = min(float(np.max(np.abs(after[n] - before[n]))) for n in before if ".experts." in n)
+    print(f"largest weight change over 2 steps from the import: {moved:.2e}; every expert moved "
+          f"(smallest largest change {moved_experts:.2e})")
+    expect(0 < moved < 0.01, f"step_2 is not 2 small steps from the import (max change {moved})")
+    expect(moved_experts > 0, "an expert did not train (or was not saved)")
+    # ep=2 -> one process holding every expert.
+    p = run([c.a.train_tool, "--config", os.path.join(imp, "config.yaml"), "--resume", step2,
+             "--set", "train.steps=3", "--set", "train.global_batch=4", "--set", "checkpoint.interval=3"])
+    expect("resumed from" in p.stdout and os.path.exists(c.path("run", "checkpoints", "step_3", "COMPLETE")),
+           f"single-process resume from the ep=2 checkpoint failed:\n{p.stdout}")
+    print("resumed the ep=2 checkpoint in one process (ep=1) and saved step 3")
+
+
+def check_moe_errors(c: Ctx) -> None:
+    failures = []
+
+    def expect_fail(name: str, args: list, want: list):
+        p = c.ckpt(*args, ok=False)
+        err = p.stderr.strip()
+        missing = [w for w in want if w not in err]
+        status = "ok" if p.returncode != 0 and not missing else "FAILED"
+        print(f"[{status}] {name}: exit {p.returncode}: {err}")
+        if status != "ok":
+            failures.append(f"{name}: expected a failure whose message contains {missing or want}")
+
+    # Export refusals: what MixtralForCausalLM cannot represent.
+    mixed = moe_checkpoint(c, "mixed", "model.moe_every=2")
+    expect_fail("export_mixed_layers", ["export-hf", mixed, c.path("out_mixed")],
+                ["export of", "as MixtralForCausalLM", "model.moe_every=2 mixes dense and mixture-of-experts"])
+    aux_free = moe_checkpoint(c, "aux_free", "model.moe_aux_free=true")
+    expect_fail("export_aux_free", ["export-hf", aux_free, c.path("out_aux_free")],
+                ["model.moe_aux_free=true", "selection bias"])
+    for d in ("out_mixed", "out_aux_free"):
+        expect(not os.path.exists(c.path(d)), f"{d}: a refused export left a directory")
+    # Capacity: exported with a note (Mixtral is dropless).
+    capped = moe_checkpoint(c, "capped", "model.moe_capacity_factor=1.25")
+    p = c.ckpt("export-hf", capped, c.path("out_capped"))
+    expect("note: model.moe_capacity_factor=" in p.stderr and "dropless" in p.stderr,
+           f"no capacity note: {p.stderr}")
+
+    # Import errors on damaged Mixtral folders.
+    src = moe_checkpoint(c, "src")
+    good = c.path("good")
+    c.ckpt("export-hf", src, good)
+    main_file = "model.safetensors"
+
+    def case(name: str, want: list, mutate):
+        d = c.path("case_" + name)
+        shutil.copytree(good, d)
+        mutate(d)
+        expect_fail(name, ["import-hf", d, c.path("out_" + name)], [f"case_{name}/"] + want)
+        expect(not os.path.exists(os.path.join(c.path("out_" + name), "step_0")),
+               f"{name}: a checkpoint was written despite the error")
+
+    def edit_header(fn):
+        def mutate(d):
+            path = os.path.join(d, main_file)
+            hdr, data = st.split_file(path)
+            fn(hdr)
+            st.write_file(path, hdr, data)
+        return mutate
+
+    def edit_config(**kv):
+        def mutate(d):
+            path = os.path.join(d, "config.json")
+            cfg = json.load(open(path))
+            cfg.update(kv)
+            json.dump(cfg, open(path, "w"))
+        return mutate
+
+    w1 = "model.layers.1.block_sparse_moe.experts.3.w1.weight"
+    w2 = "model.layers.0.block_sparse_moe.experts.2.w2.weight"
+    case("missing_expert", [f"{main_file}: tensor {w1} is missing"], edit_header(lambda h: h.pop(w1)))
+    case("expert_shape", [f"tensor {w2} has shape (24,32)", "config.json implies (32,24)"],
+         edit_header(lambda h: h[w2].update(shape=[24, 32])))
+    case("fewer_experts", ["tensor model.layers.0.block_sparse_moe.gate.weight has shape (4,32)",
+                           "config.json implies (3,32)"], edit_config(num_local_experts=3))
+    case("top_k", ["config.json: num_experts_per_tok=5 is larger than num_local_experts=4"],
+         edit_config(num_experts_per_tok=5))
+    case("sliding_window", ["config.json: \"sliding_window\": 8 is not supported"], edit_config(sliding_window=8))
+    case("expert_act", ["hidden_act \"gelu\""], edit_config(hidden_act="gelu"))
+    expect(not failures, "\n".join(failures))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("check", choices=["roundtrip", "torch", "torch_tied", "shards", "bf16", "errors", "train"])
+    ap.add_argument("check", choices=["roundtrip", "torch", "torch_tied", "shards", "bf16", "errors", "train",
+                                      "moe_roundtrip", "moe_torch", "moe_train", "moe_errors"])
     ap.add_argument("--ckpt-tool", required=True)
     ap.add_argument("--fixture", required=True)
     ap.add_argument("--dump-tool", required=True)
     ap.add_argument("--config", required=True)
+    ap.add_argument("--moe-config", help="the mixture-of-experts model (moe_* checks)")
     ap.add_argument("--work", required=True)
     ap.add_argument("--train-tool")
     ap.add_argument("--data-tool")
+    ap.add_argument("--mpirun", help="tests/parallel/mpirun.sh (moe_train)")
     a = ap.parse_args()
     c = Ctx(a)
     try:

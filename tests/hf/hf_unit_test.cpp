@@ -174,8 +174,8 @@ TEST_CASE("config.json round trip and refusals", "[hf]") {
     if (v.is_null()) c.erase(key); else c[key] = v;
     return c;
   };
-  CHECK_THROWS_WITH(model_from_hf_config(bad("model_type", "mixtral"), "c.json", m),
-                    Contains("c.json: model_type \"mixtral\" is not supported yet"));
+  CHECK_THROWS_WITH(model_from_hf_config(bad("model_type", "qwen2_moe"), "c.json", m),
+                    Contains("c.json: model_type \"qwen2_moe\"; adgt imports LlamaForCausalLM"));
   CHECK_THROWS_WITH(model_from_hf_config(bad("model_type", "gpt2"), "c.json", m),
                     Contains("model_type \"gpt2\""));
   CHECK_THROWS_WITH(model_from_hf_config(bad("attention_bias", true), "c.json", m),
@@ -192,4 +192,86 @@ TEST_CASE("config.json round trip and refusals", "[hf]") {
   // Optional keys fall back to LlamaConfig's defaults.
   const ModelConfig d = model_from_hf_config(bad("num_key_value_heads", nullptr), "c.json", m);
   CHECK(d.n_kv_heads == 8);
+}
+
+TEST_CASE("config.json of a Mixtral model: round trip, defaults and refusals", "[hf]") {
+  ModelConfig m;
+  m.vocab_size = 1000;
+  m.d_model = 64;
+  m.n_layers = 2;
+  m.n_heads = 8;
+  m.n_kv_heads = 2;
+  m.ffn_hidden = 96;  // import sets ffn_hidden = expert_ffn_hidden = intermediate_size
+  m.seq_len = 128;
+  m.rope_theta = 1e6;
+  m.n_experts = 8;
+  m.moe_top_k = 2;
+  m.expert_ffn_hidden = 96;
+  m.moe_aux_loss_coef = 0.02;
+  REQUIRE(hf_arch(m) == HfArch::Mixtral);
+  REQUIRE(hf_export_check(m).empty());
+  const auto j = hf_config_json(m, {});
+  CHECK(j["architectures"][0] == "MixtralForCausalLM");
+  CHECK(j["model_type"] == "mixtral");
+  CHECK(j["intermediate_size"] == 96);
+  CHECK(j["num_local_experts"] == 8);
+  CHECK(j["num_experts_per_tok"] == 2);
+  CHECK(j["router_aux_loss_coef"] == 0.02);
+  CHECK(j["output_router_logits"] == false);
+  CHECK(j["sliding_window"].is_null());
+  CHECK(!j.contains("mlp_bias"));
+  HfArch arch{};
+  CHECK(model_from_hf_config(nlohmann::json::parse(j.dump()), "c.json", ModelConfig{}, &arch) == m);
+  CHECK(arch == HfArch::Mixtral);
+  // The expert width, not ffn_hidden, is intermediate_size.
+  ModelConfig wide = m;
+  wide.ffn_hidden = 256;
+  CHECK(hf_config_json(wide, {})["intermediate_size"] == 96);
+
+  auto edit = [&](const char* key, nlohmann::json v) {
+    nlohmann::json c = nlohmann::json::parse(j.dump());
+    if (v.is_null()) c.erase(key); else c[key] = v;
+    return c;
+  };
+  // MixtralConfig's defaults for optional keys.
+  nlohmann::json c = edit("num_experts_per_tok", nullptr);
+  for (const char* k : {"num_local_experts", "rope_theta", "rms_norm_eps", "router_aux_loss_coef", "model_type"})
+    c.erase(k);  // architectures still says Mixtral
+  const ModelConfig d = model_from_hf_config(c, "c.json", ModelConfig{});
+  CHECK(d.n_experts == 8);
+  CHECK(d.moe_top_k == 2);
+  CHECK(d.rope_theta == 1e6);
+  CHECK(d.norm_eps == 1e-5);
+  CHECK(d.moe_aux_loss_coef == 0.001);
+  // Training-only moe settings of the base survive; a llama import turns experts off.
+  ModelConfig base;
+  base.moe_capacity_factor = 1.5;
+  CHECK(model_from_hf_config(nlohmann::json::parse(j.dump()), "c.json", base).moe_capacity_factor == 1.5);
+  ModelConfig dense = m;
+  dense.n_experts = 0;
+  CHECK(model_from_hf_config(nlohmann::json::parse(hf_config_json(dense, {}).dump()), "c.json", m).n_experts == 0);
+
+  CHECK_THROWS_WITH(model_from_hf_config(edit("sliding_window", 64), "c.json", m),
+                    Contains("c.json: \"sliding_window\": 64 is not supported"));
+  std::vector<std::string> notes;
+  CHECK(model_from_hf_config(edit("sliding_window", 4096), "c.json", m, nullptr, &notes).n_experts == 8);
+  CHECK(model_from_hf_config(edit("router_jitter_noise", 0.01), "c.json", m, nullptr, &notes).n_experts == 8);
+  REQUIRE(notes.size() == 2);
+  CHECK_THAT(notes[1], Contains("router_jitter_noise"));
+  CHECK_THROWS_WITH(model_from_hf_config(edit("num_experts_per_tok", 9), "c.json", m),
+                    Contains("num_experts_per_tok=9 is larger than num_local_experts=8"));
+  CHECK_THROWS_WITH(model_from_hf_config(edit("num_local_experts", 0), "c.json", m),
+                    Contains("\"num_local_experts\" must be a positive integer"));
+
+  // What Mixtral cannot represent is refused by name; capacity is a note.
+  ModelConfig mixed = m;
+  mixed.moe_every = 2;
+  CHECK_THROWS_WITH(hf_config_json(mixed, {}), Contains("model.moe_every=2 mixes dense and mixture-of-experts"));
+  ModelConfig aux_free = m;
+  aux_free.moe_aux_free = true;
+  CHECK_THROWS_WITH(hf_export_check(aux_free), Contains("model.moe_aux_free=true"));
+  ModelConfig capped = m;
+  capped.moe_capacity_factor = 1.25;
+  REQUIRE(hf_export_check(capped).size() == 1);
+  CHECK_THAT(hf_export_check(capped)[0], Contains("dropless"));
 }

@@ -3,8 +3,10 @@
 //
 //   adgt_hf_fixture <config.yaml> <root> <step> [section.key=value ...]
 //
-// Linear weights and embeddings ~ N(0, 0.05), norm weights 1 + N(0, 0.2), each
-// tensor from its own stream keyed by its name; the first five entries of
+// Linear weights and embeddings ~ N(0, 0.05), norm weights 1 + N(0, 0.2), MoE
+// routers (block_sparse_moe.gate) ~ N(0, 0.5) so that each token's top-k
+// experts are chosen by clear margins (an fp32 and an fp64 forward pick the
+// same ones), each tensor from its own stream keyed by its name; the first five entries of
 // model.layers.0.input_layernorm.weight are bfloat16 rounding cases (two exact
 // ties, one just above and one just below a tie, a negative tie), so the bf16
 // export check sees round-to-nearest-even at work. AdamW moments are non-zero
@@ -44,7 +46,7 @@ int main(int argc, char** argv) {
       const bool norm = p.global_shape.size() == 1;
       float* w = st.params.data() + p.offset;
       for (int64_t i = 0; i < p.numel; ++i)
-        w[i] = norm ? float(1.0 + 0.2 * rng.normal()) : float(0.05 * rng.normal());
+        w[i] = norm ? float(1.0 + 0.2 * rng.normal()) : float((p.is_router ? 0.5 : 0.05) * rng.normal());
       if (p.name == "model.layers.0.input_layernorm.weight" && p.numel >= 5) {
         w[0] = 1.0f + 0x1p-8f;                  // tie: bf16 1.0 (even)
         w[1] = 1.0f + 3 * 0x1p-8f;              // tie: bf16 1 + 2^-6 (even)
