@@ -1,7 +1,8 @@
 # Per-rank checkpoints (format version 2) of a mixture-of-experts model with
 # expert parallelism, 4 ranks under mpirun (tests/tools/ckpt_expert_test.cpp):
 # saves with dp=4 ep=2, dp=4 ep=4, tp=2 x dp=2 ep=2, pp=2 x dp=2 ep=2, a
-# non-contiguous expert placement and a mixed dense / MoE model; loads each
+# non-contiguous expert placement, tp=2 x dp=2 without ep and a mixed dense /
+# MoE model; loads each
 # (and a version 1 file) into eight layouts with exact comparison, reads whole
 # tensors from checkpoint.h5, checks that every expert piece is written once
 # and verified by a rank holding it, and the errors (an expert on two ep ranks,
@@ -22,7 +23,7 @@ add_test(NAME checkpoint_expert_np4
 set_tests_properties(checkpoint_expert_np4 PROPERTIES
   FIXTURES_SETUP checkpoint_expert LABELS "checkpoint;parallel;moe" TIMEOUT 330 PROCESSORS 4)
 
-foreach(name dp4_ep2 dp4_ep4 tp2_dp2_ep2 pp2_dp2_ep2 dp4_ep2_scattered mixed_pp2_dp2_ep2)
+foreach(name dp4_ep2 dp4_ep4 tp2_dp2_ep2 pp2_dp2_ep2 dp4_ep2_scattered tp2_dp2 mixed_pp2_dp2_ep2)
   set(_ref reference)
   if(name MATCHES "^mixed")
     set(_ref reference_mixed)
@@ -30,7 +31,7 @@ foreach(name dp4_ep2 dp4_ep4 tp2_dp2_ep2 pp2_dp2_ep2 dp4_ep2_scattered mixed_pp2
   add_test(NAME checkpoint_expert_h5py_${name}
     COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/vds_check.py
       --checkpoint ${ADGT_CKPT_EP_DIR}/${name}/step_1 --reference ${ADGT_CKPT_EP_DIR}/${_ref}/step_1
-      --tol 0 --layout ep=)
+      --tol 0 --layout "ep=")
   set_tests_properties(checkpoint_expert_h5py_${name} PROPERTIES
     FIXTURES_REQUIRED checkpoint_expert LABELS checkpoint TIMEOUT 120)
 endforeach()

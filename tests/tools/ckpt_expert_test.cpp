@@ -11,8 +11,8 @@
 //
 // Saves with dp=4 ep=2 (two replicas of each expert: one writes), dp=4 ep=4,
 // tp=2 x dp=2 ep=2, pp=2 x dp=2 ep=2, dp=4 ep=2 with a non-contiguous
-// placement, and a model with mixed dense / MoE layers (moe_every 2) at pp=2 x
-// dp=2 ep=2; loads each (and a version 1 file of whole tensors) into eight
+// placement, tp=2 x dp=2 without ep, and a model with mixed dense / MoE
+// layers (moe_every 2) at pp=2 x dp=2 ep=2; loads each (and a version 1 file of whole tensors) into eight
 // layouts (ep=1 with tp 1, 2, 4; ep=2 and ep=4 with either placement; pp=2)
 // bit for bit; reads every whole tensor from checkpoint.h5 (HF order, every
 // expert, meta/layout_dims); flips a byte in pieces in turn and checks that
@@ -399,7 +399,8 @@ int run(int argc, char** argv, Comm& world) {
       tp2_dp2_ep2{"tp2_dp2_ep2", 2, 2, 1, 2}, pp2_dp2_ep2{"pp2_dp2_ep2", 1, 2, 2, 2},
       dp4_ep2_scattered{"dp4_ep2_scattered", 1, 4, 1, 2, scattered},
       mixed_pp2_dp2_ep2{"mixed_pp2_dp2_ep2", 1, 2, 2, 2, {}, true};
-  const std::vector<Layout> saves = {dp4_ep2, dp4_ep4, tp2_dp2_ep2, pp2_dp2_ep2, dp4_ep2_scattered};
+  const Layout tp2_dp2{"tp2_dp2", 2, 2, 1, 1};  // ep=1: every rank all experts, one writer per piece
+  const std::vector<Layout> saves = {dp4_ep2, dp4_ep4, tp2_dp2_ep2, pp2_dp2_ep2, dp4_ep2_scattered, tp2_dp2};
   const std::vector<Layout> loads = {{"dp4", 1, 4, 1, 1},
                                      {"tp2_dp2", 2, 2, 1, 1},
                                      {"tp4", 4, 1, 1, 1},

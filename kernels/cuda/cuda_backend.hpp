@@ -1,0 +1,111 @@
+// CUDA backend, first version (issue 4, part 1): fp32 and fp64 on one GPU,
+// GEMMs through cuBLAS, every other op a straightforward handwritten kernel
+// with the CPU backend's semantics (kernels/cpu/). See docs/cuda.md.
+//
+// This header needs no CUDA headers (the stream and cuBLAS handle are
+// forward-declared), so host-only C++ (backend.cpp, tests) can include it.
+#pragma once
+#include <cstddef>
+#include <string>
+
+#include "kernels/backend.hpp"
+
+struct CUstream_st;    // cudaStream_t = CUstream_st*
+struct cublasContext;  // cublasHandle_t = cublasContext*
+
+namespace adgt {
+
+class CudaBackend final : public Backend {
+ public:
+  // Uses the current CUDA device (cudaSetDevice before constructing it to
+  // choose another). Throws, naming the call, when no device is usable.
+  CudaBackend();
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string name() const override;  // "cuda (NVIDIA H200, sm_90)"
+  bool is_host() const override { return false; }
+
+  // ---- CUDA-specific ----
+  CUstream_st* stream() const { return stream_; }  // every op runs on this stream
+  int device() const { return device_; }
+  // fp32 GEMMs on the tensor cores in TF32 (off by default: full fp32, the
+  // CPU backend's numbers to within rounding). peak_tflops() follows the mode.
+  void set_tf32(bool on);
+  bool tf32() const { return tf32_; }
+  // Times an n^3 GEMM in the current math mode and dtype (best of `reps`), in TFLOP/s.
+  double measure_gemm_tflops(int64_t n, DType dt = DType::F32, int reps = 10);
+  // The rated dense figure from the device's attributes (see peak_tflops), 0 if unknown.
+  double rated_tflops(DType dt) const;
+
+  // ---- memory ----
+  void* alloc(size_t bytes) override;
+  void release(void* p) override;
+  void to_device(void* dst, const void* src, size_t bytes) override;
+  void to_host(void* dst, const void* src, size_t bytes) override;
+  void zero(Tensor t) override;
+  void synchronize() override;
+  // The device's rated dense fp32 figure: SMs x fp32 lanes per SM x 2 x max SM
+  // clock (the TF32 tensor-core figure when set_tf32(true)); a cuBLAS timing
+  // where the architecture is not in the table.
+  double peak_tflops() override;
+
+  void linear_forward(Tensor y, const Tensor& x, const Tensor& w) override;
+  void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                       bool accumulate_dx) override;
+  void embedding_forward(Tensor out, const Tensor& table, const Tensor& tokens,
+                         int64_t vocab_start) override;
+  void embedding_backward(Tensor dtable, const Tensor& dout, const Tensor& tokens,
+                          int64_t vocab_start) override;
+  void rmsnorm_forward(Tensor out, Tensor rstd, const Tensor& x, const Tensor& w,
+                       double eps) override;
+  void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dout, const Tensor& x, const Tensor& w,
+                        const Tensor& rstd) override;
+  void rope_forward(Tensor x, const Tensor& cos, const Tensor& sin, int64_t T) override;
+  void rope_backward(Tensor dx, const Tensor& cos, const Tensor& sin, int64_t T) override;
+  // saved = the row log-sum-exp (B, H, T); the backward recomputes the probabilities.
+  int64_t attention_saved_elems(const AttentionShape& s) const override;
+  void attention_forward(Tensor out, Tensor saved, const Tensor& q, const Tensor& k,
+                         const Tensor& v, const AttentionShape& s) override;
+  void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
+                          const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& saved,
+                          const AttentionShape& s) override;
+  void swiglu_forward(Tensor h, const Tensor& gate, const Tensor& up) override;
+  void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dh, const Tensor& gate,
+                       const Tensor& up) override;
+  void add_inplace(Tensor y, const Tensor& x) override;
+  void copy(Tensor dst, const Tensor& src) override;
+  void scale_inplace(Tensor x, double s) override;
+  void combine_rows(Tensor out, const Tensor& y, const Tensor& pos, const Tensor& w,
+                    bool accumulate) override;
+  void combine_rows_backward(Tensor dy, Tensor dw, const Tensor& dout, const Tensor& y,
+                             const Tensor& pos, const Tensor& w) override;
+  void cross_entropy(Tensor logits, Tensor losses, const Tensor& targets,
+                     double grad_scale) override;
+  void ce_partial_stats(Tensor stats, const Tensor& logits, const Tensor& targets,
+                        int64_t vocab_start, int64_t valid) override;
+  void ce_combine(Tensor combined, const Tensor& gathered) override;
+  void ce_finish(Tensor logits, Tensor losses, const Tensor& combined, const Tensor& targets,
+                 int64_t vocab_start, int64_t valid, double grad_scale) override;
+  double sum_squares(const Tensor& x) override;
+  void adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWHyper& h) override;
+
+ private:
+  // Grow-only device scratch, one per purpose; contents are only valid within
+  // one op (all ops run in order on stream_).
+  enum Scratch { kScratchIndex = 0, kScratchAttention, kScratchReduce, kNumScratch };
+  void* scratch(Scratch which, size_t bytes);
+
+  int device_ = 0;
+  int sm_major_ = 0, sm_minor_ = 0, sm_count_ = 0, clock_khz_ = 0;
+  std::string device_name_;
+  CUstream_st* stream_ = nullptr;
+  cublasContext* cublas_ = nullptr;
+  bool tf32_ = false;
+  double peak_tflops_ = 0;  // cached for the current math mode
+  void* scratch_[kNumScratch] = {};
+  size_t scratch_bytes_[kNumScratch] = {};
+};
+
+}  // namespace adgt
