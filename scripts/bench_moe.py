@@ -74,8 +74,10 @@ def main():
           f"mean over the last {args.steps // 4} steps")
     variants = [("none", ["model.moe_aux_loss_coef=0", "model.moe_aux_free=false"]),
                 ("aux loss 0.01", ["model.moe_aux_loss_coef=0.01", "model.moe_aux_free=false"]),
-                ("aux-free bias", ["model.moe_aux_loss_coef=0", "model.moe_aux_free=true",
-                                   "model.moe_bias_rate=0.001"])]
+                ("bias 1e-3", ["model.moe_aux_loss_coef=0", "model.moe_aux_free=true",
+                               "model.moe_bias_rate=0.001"]),
+                ("bias 1e-2", ["model.moe_aux_loss_coef=0", "model.moe_aux_free=true",
+                               "model.moe_bias_rate=0.01"])]
     print(f"{'balancing':>14}  {'imbalance per layer':>28}  {'mean':>5}  {'final loss':>10}")
     for name, sets in variants:
         recs = train(args, cfg, os.path.join(work, name.replace(" ", "_")),

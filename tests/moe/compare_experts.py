@@ -27,10 +27,12 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def run(args, name, sets, ranks, weights=True):
+def run(args, name, sets, ranks, weights=True, resume_from=None):
     out = os.path.join(args.work, name)
     shutil.rmtree(out, ignore_errors=True)
     cmd = [args.train, "--config", os.path.join(HERE, "model.yaml")]
+    if resume_from:
+        cmd += ["--resume", resume_from]
     for s in [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
               f"log.dir={out}", f"checkpoint.dir={out}/ckpt"] + sets:
         cmd += ["--set", s]
@@ -104,6 +106,25 @@ def main():
         ok = lerr <= args.tol and werr <= args.tol
         print(f"{name:>20}  {lerr:>16.3e}  {werr:>18.3e}  {t:>5.1f}s  {'PASS' if ok else 'FAIL ' + worst}",
               flush=True)
+        if not ok:
+            failed.append(name)
+    # Checkpoints move between expert layouts: step_10 of one resumes in another.
+    for src, (dst, sets, ranks) in [("ep2_dp2", ("single", [], 1)),
+                                    ("ep2_dp2", ("ep4_dp4", ["parallel.dp=4", "parallel.ep=4"], 4)),
+                                    ("tp2_ep2_dp2", ("ep4_dp4_placement",
+                                                     ["parallel.dp=4", "parallel.ep=4",
+                                                      "parallel.expert_placement=[2,0,3,1]"], 4))]:
+        name = f"resume_{src}_to_{dst}"
+        r = run(args, name, sets, ranks, resume_from=os.path.join(args.work, src, "ckpt", "step_10"))
+        if r is None:
+            failed.append(f"{name}: exited non-zero")
+            continue
+        l, w = r[0], r[1]
+        lerr = max(abs(l[k] - ref_l[k]) / abs(ref_l[k]) for k in l)
+        werr = max(np.linalg.norm(w[k] - q) / np.linalg.norm(q) for k, q in ref_w.items())
+        ok = min(l) == 11 and lerr <= args.tol and werr <= args.tol
+        print(f"{name}: steps 11-20 max rel loss err {lerr:.3e}, final weights {werr:.3e}  "
+              f"{'PASS' if ok else 'FAIL'}", flush=True)
         if not ok:
             failed.append(name)
     # Capacity: drops counted and identical to the single process's.

@@ -168,6 +168,26 @@ def main():
                   f"{'PASS' if ok else 'FAIL'}", flush=True)
             if not ok:
                 failed.append(name)
+        # The example: tp=2 pp=2 dp=2 resumes as tp=1 pp=4 dp=2 (8 ranks each).
+        ref8_l, ref8_w, _, _ = reference(8)
+        src = "pp2_tp2_dp2_gb8"
+        r0 = run(args, src, ["parallel.pp=2", "parallel.tp=2", "parallel.dp=2",
+                             "parallel.schedule=1f1b", "train.global_batch=8"], 8)
+        r = None if r0 is None else run(
+            args, f"resume_{src}_to_pp4_dp2", ["parallel.pp=4", "parallel.dp=2",
+                                               "parallel.schedule=zb-h1", "train.global_batch=8"], 8,
+            resume_from=os.path.join(args.work, src, "ckpt", "step_10"))
+        if r0 is None or r is None:
+            failed.append(f"resume_{src}_to_pp4_dp2: exited non-zero")
+        else:
+            l, w = r[0], r[1]
+            lerr = max(abs(l[k] - ref8_l[k]) / abs(ref8_l[k]) for k in l)
+            werr = max(np.linalg.norm(w[k] - q) / np.linalg.norm(q) for k, q in ref8_w.items())
+            ok = min(l) == 11 and lerr <= args.tol and werr <= args.tol
+            print(f"resume_{src}_to_pp4_dp2: steps 11-20 max rel loss err {lerr:.3e}, final weights "
+                  f"{werr:.3e}  {'PASS' if ok else 'FAIL'}", flush=True)
+            if not ok:
+                failed.append(f"resume_{src}_to_pp4_dp2")
     if failed:
         sys.exit("FAIL: " + "; ".join(failed))
     print(f"PASS: {n} pipeline runs equal the single process within {args.tol}")

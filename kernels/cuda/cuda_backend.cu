@@ -1,0 +1,342 @@
+// CUDA backend: device setup, memory, the rated peak, and the elementwise ops
+// (add, copy, scale, SwiGLU, rotary embedding).
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "kernels/common/elementwise_math.hpp"
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace adgt {
+using namespace cuda;
+
+namespace {
+
+constexpr int kThreads = 256;
+
+template <class T>
+__global__ void add_kernel(T* __restrict__ y, const T* __restrict__ x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] += x[i];
+}
+
+template <class T>
+__global__ void scale_kernel(T* __restrict__ x, T s, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    x[i] *= s;
+}
+
+template <class T>
+__global__ void swiglu_fwd_kernel(T* __restrict__ h, const T* __restrict__ g,
+                                  const T* __restrict__ u, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const T gi = g[i];
+    h[i] = math::swiglu(gi, u[i], T(1) / (T(1) + dexp(-gi)));
+  }
+}
+
+template <class T>
+__global__ void swiglu_bwd_kernel(T* __restrict__ dg, T* __restrict__ du, const T* __restrict__ dh,
+                                  const T* __restrict__ g, const T* __restrict__ u, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const T gi = g[i];
+    T a, b;
+    math::swiglu_grad(gi, u[i], dh[i], T(1) / (T(1) + dexp(-gi)), a, b);
+    dg[i] = a;
+    du[i] = b;
+  }
+}
+
+// One thread per rotated pair (row r, head h, i < half); x is (rows, H, 2*half).
+template <class T, bool kBack>
+__global__ void rope_kernel(T* __restrict__ x, const T* __restrict__ cs, const T* __restrict__ sn,
+                            int64_t rows, int64_t H, int64_t half, int64_t Tn) {
+  const int64_t n = rows * H * half;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = e % half, rh = e / half, r = rh / H;
+    const int64_t t = r % Tn;
+    T* a = x + rh * 2 * half + i;
+    T* b = a + half;
+    T av = *a, bv = *b;
+    if constexpr (kBack)
+      math::rope_rotate_back(av, bv, cs[t * half + i], sn[t * half + i]);
+    else
+      math::rope_rotate(av, bv, cs[t * half + i], sn[t * half + i]);
+    *a = av;
+    *b = bv;
+  }
+}
+
+// FP32 lanes per SM (the non-tensor rate) and dense TF32 tensor FLOP per clock per SM.
+int fp32_lanes_per_sm(int major, int minor) {
+  if (major == 7) return 64;
+  if (major == 8) return minor == 0 ? 64 : 128;
+  if (major == 9 || major == 10 || major == 12) return 128;
+  return 0;
+}
+int tf32_flops_per_clock_per_sm(int major, int minor) {
+  if (major == 8 && minor == 0) return 1024;  // A100: 156 TFLOP/s at 1.41 GHz, 108 SMs
+  if (major == 9 && minor == 0) return 2048;  // H100/H200: 495 TFLOP/s at 1.83 GHz, 132 SMs
+  return 0;
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend() {
+  const char* op = "CudaBackend()";
+  int n = 0;
+  ADGT_CUDA_OP(cudaGetDeviceCount(&n), op);
+  ADGT_CHECK(n > 0, "cuda backend: no CUDA device visible");
+  ADGT_CUDA_OP(cudaGetDevice(&device_), op);
+  cudaDeviceProp prop{};
+  ADGT_CUDA_OP(cudaGetDeviceProperties(&prop, device_), op);
+  device_name_ = prop.name;
+  sm_major_ = prop.major;
+  sm_minor_ = prop.minor;
+  sm_count_ = prop.multiProcessorCount;
+  ADGT_CUDA_OP(cudaDeviceGetAttribute(&clock_khz_, cudaDevAttrClockRate, device_), op);
+  cudaStream_t s = nullptr;
+  ADGT_CUDA_OP(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), op);
+  stream_ = s;
+  cublasHandle_t h = nullptr;
+  ADGT_CUBLAS_OP(cublasCreate(&h), op);
+  cublas_ = h;
+  ADGT_CUBLAS_OP(cublasSetStream(h, s), op);
+  set_tf32(false);
+}
+
+CudaBackend::~CudaBackend() {
+  // No throwing from a destructor: errors here are ignored.
+  if (stream_) (void)cudaStreamSynchronize(stream_);
+  for (void*& p : scratch_)
+    if (p) (void)cudaFree(p), p = nullptr;
+  if (cublas_) (void)cublasDestroy(cublas_);
+  if (stream_) (void)cudaStreamDestroy(stream_);
+}
+
+std::string CudaBackend::name() const {
+  return "cuda (" + device_name_ + ", sm_" + std::to_string(sm_major_) +
+         std::to_string(sm_minor_) + (tf32_ ? ", tf32" : "") + ")";
+}
+
+void CudaBackend::set_tf32(bool on) {
+  ADGT_CUBLAS_OP(cublasSetMathMode(cublas_, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
+                 "set_tf32");
+  tf32_ = on;
+  peak_tflops_ = 0;
+}
+
+// ---- memory ----
+
+void* CudaBackend::alloc(size_t bytes) {
+  void* p = nullptr;
+  if (bytes == 0) return nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess) {
+    size_t free_b = 0, total_b = 0;
+    (void)cudaGetLastError();
+    (void)cudaMemGetInfo(&free_b, &total_b);
+    std::ostringstream os;
+    os << "alloc(" << bytes << " bytes; " << free_b << " of " << total_b << " free on device "
+       << device_ << ")";
+    call_failed("cudaMalloc(&p, bytes)", os.str().c_str(), cudaGetErrorString(e), __FILE__,
+                __LINE__);
+  }
+  return p;
+}
+
+void CudaBackend::release(void* p) {
+  if (!p) return;
+  // Work still queued may use p: finish it first.
+  ADGT_CUDA_OP(cudaStreamSynchronize(stream_), "release");
+  ADGT_CUDA_OP(cudaFree(p), "release");
+}
+
+void CudaBackend::to_device(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  ADGT_CUDA_OP(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "to_device");
+  ADGT_CUDA_OP(cudaStreamSynchronize(stream_), "to_device");
+}
+
+void CudaBackend::to_host(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  ADGT_CUDA_OP(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "to_host");
+  ADGT_CUDA_OP(cudaStreamSynchronize(stream_), "to_host");
+}
+
+void CudaBackend::zero(Tensor t) {
+  if (t.bytes()) ADGT_CUDA_OP(cudaMemsetAsync(t.data, 0, t.bytes(), stream_), "zero");
+}
+
+void CudaBackend::synchronize() { ADGT_CUDA_OP(cudaStreamSynchronize(stream_), "synchronize"); }
+
+void* CudaBackend::scratch(Scratch which, size_t bytes) {
+  bytes = std::max<size_t>(bytes, 256);
+  if (scratch_bytes_[which] < bytes) {
+    if (scratch_[which]) {
+      ADGT_CUDA_OP(cudaStreamSynchronize(stream_), "scratch");
+      ADGT_CUDA_OP(cudaFree(scratch_[which]), "scratch");
+      scratch_[which] = nullptr;
+      scratch_bytes_[which] = 0;
+    }
+    const size_t grown = bytes + bytes / 4;
+    ADGT_CUDA_OP(cudaMalloc(&scratch_[which], grown), "scratch");
+    scratch_bytes_[which] = grown;
+  }
+  return scratch_[which];
+}
+
+// ---- peak ----
+
+double CudaBackend::rated_tflops(DType dt) const {
+  const double clk = double(clock_khz_) * 1e3, sms = double(sm_count_);
+  if (dt == DType::F32 && tf32_)
+    return sms * tf32_flops_per_clock_per_sm(sm_major_, sm_minor_) * clk / 1e12;
+  if (dt == DType::F32) return sms * fp32_lanes_per_sm(sm_major_, sm_minor_) * 2.0 * clk / 1e12;
+  return 0;  // fp64 rates differ too much between parts (H100 SXM vs PCIe, consumer cards)
+}
+
+double CudaBackend::peak_tflops() {
+  if (peak_tflops_ > 0) return peak_tflops_;
+  peak_tflops_ = rated_tflops(DType::F32);
+  if (peak_tflops_ <= 0) peak_tflops_ = measure_gemm_tflops(4096);
+  return peak_tflops_;
+}
+
+double CudaBackend::measure_gemm_tflops(int64_t n, DType dt, int reps) {
+  const size_t es = dtype_size(dt), bytes = size_t(n * n) * es;
+  Buffer a(*this, bytes), b(*this, bytes), c(*this, bytes);
+  // Non-zero inputs (zeros can run faster than real data): 1 and 0.5.
+  {
+    std::vector<char> host(bytes);
+    auto fill = [&](double v) {
+      for (int64_t i = 0; i < n * n; ++i) {
+        if (dt == DType::F64)
+          reinterpret_cast<double*>(host.data())[i] = v;
+        else
+          reinterpret_cast<float*>(host.data())[i] = float(v);
+      }
+    };
+    fill(1.0);
+    to_device(a.data(), host.data(), bytes);
+    fill(0.5);
+    to_device(b.data(), host.data(), bytes);
+  }
+  Tensor ta(a.data(), dt, {n, n}), tb(b.data(), dt, {n, n}), tc(c.data(), dt, {n, n});
+  double best = 1e30;
+  for (int rep = 0; rep <= reps; ++rep) {
+    synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    linear_forward(tc, ta, tb);
+    synchronize();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep > 0) best = std::min(best, s);  // the first call loads the kernels
+  }
+  double c0 = 0;
+  if (dt == DType::F64) {
+    to_host(&c0, c.data(), 8);
+  } else {
+    float f = 0;
+    to_host(&f, c.data(), 4);
+    c0 = f;
+  }
+  ADGT_CHECK(c0 == 0.5 * double(n), "measure_gemm_tflops: GEMM check failed (" << c0 << ")");
+  return 2.0 * double(n) * double(n) * double(n) / best / 1e12;
+}
+
+// ---- elementwise ----
+
+void CudaBackend::add_inplace(Tensor y, const Tensor& x) {
+  expect_same(y, x, "add_inplace");
+  const int64_t n = y.numel();
+  if (!n) return;
+  dispatch(y.dtype, "add_inplace", [&](auto z) {
+    using T = decltype(z);
+    add_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_>>>(y.ptr<T>(), x.ptr<T>(), n);
+  });
+  ADGT_LAUNCH_CHECK("add_inplace");
+}
+
+void CudaBackend::copy(Tensor dst, const Tensor& src) {
+  expect_same(dst, src, "copy");
+  if (dst.bytes() && dst.data != src.data)
+    ADGT_CUDA_OP(cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDeviceToDevice, stream_),
+                 "copy");
+}
+
+void CudaBackend::scale_inplace(Tensor x, double s) {
+  const int64_t n = x.numel();
+  if (!n) return;
+  dispatch(x.dtype, "scale_inplace", [&](auto z) {
+    using T = decltype(z);
+    scale_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_>>>(x.ptr<T>(), T(s), n);
+  });
+  ADGT_LAUNCH_CHECK("scale_inplace");
+}
+
+void CudaBackend::swiglu_forward(Tensor h, const Tensor& gate, const Tensor& up) {
+  expect_same(h, gate, "swiglu_forward");
+  expect_same(h, up, "swiglu_forward");
+  const int64_t n = h.numel();
+  if (!n) return;
+  dispatch(h.dtype, "swiglu_forward", [&](auto z) {
+    using T = decltype(z);
+    swiglu_fwd_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_>>>(
+        h.ptr<T>(), gate.ptr<T>(), up.ptr<T>(), n);
+  });
+  ADGT_LAUNCH_CHECK("swiglu_forward");
+}
+
+void CudaBackend::swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dh, const Tensor& gate,
+                                  const Tensor& up) {
+  expect_same(dh, gate, "swiglu_backward");
+  expect_same(dgate, gate, "swiglu_backward");
+  expect_same(dup, up, "swiglu_backward");
+  const int64_t n = dh.numel();
+  if (!n) return;
+  dispatch(dh.dtype, "swiglu_backward", [&](auto z) {
+    using T = decltype(z);
+    swiglu_bwd_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_>>>(
+        dgate.ptr<T>(), dup.ptr<T>(), dh.ptr<T>(), gate.ptr<T>(), up.ptr<T>(), n);
+  });
+  ADGT_LAUNCH_CHECK("swiglu_backward");
+}
+
+namespace {
+template <bool kBack>
+void rope_launch(cudaStream_t st, Tensor x, const Tensor& cos, const Tensor& sin, int64_t T_,
+                 const char* op) {
+  ADGT_CHECK(cos.ndim == 2 && sin.numel() == cos.numel() && x.ndim >= 1,
+             op << ": cos" << cos.shape_str() << " sin" << sin.shape_str() << " x"
+                << x.shape_str());
+  const int64_t half = cos.dim(1), hd = 2 * half;
+  const int64_t rows = x.dim(0);
+  ADGT_CHECK(half > 0 && rows > 0 && T_ > 0, op << ": x" << x.shape_str() << " cos"
+                                                << cos.shape_str() << " T=" << T_);
+  const int64_t H = x.numel() / (rows * hd);
+  ADGT_CHECK(x.numel() == rows * H * hd && cos.dim(0) >= T_ && rows % T_ == 0,
+             op << ": x" << x.shape_str() << " cos" << cos.shape_str() << " T=" << T_);
+  ADGT_CHECK(cos.dtype == x.dtype && sin.dtype == x.dtype, op << ": dtype mismatch");
+  const int64_t n = rows * H * half;
+  dispatch(x.dtype, op, [&](auto z) {
+    using T = decltype(z);
+    rope_kernel<T, kBack><<<grid_for(n, kThreads), kThreads, 0, st>>>(
+        x.ptr<T>(), cos.ptr<T>(), sin.ptr<T>(), rows, H, half, T_);
+  });
+  ADGT_LAUNCH_CHECK(op);
+}
+}  // namespace
+
+void CudaBackend::rope_forward(Tensor x, const Tensor& cos, const Tensor& sin, int64_t T_) {
+  rope_launch<false>(stream_, x, cos, sin, T_, "rope_forward");
+}
+void CudaBackend::rope_backward(Tensor dx, const Tensor& cos, const Tensor& sin, int64_t T_) {
+  rope_launch<true>(stream_, dx, cos, sin, T_, "rope_backward");
+}
+
+}  // namespace adgt
