@@ -632,6 +632,27 @@ void Model::moe_backward(Slot& s, LayerActs& a, const LayerIdx& w, int slot) {
   acc.a2a_seconds += st.a2a_seconds_bwd;
 }
 
+std::vector<double> Model::moe_bias_table() const {
+  const size_t E = size_t(std::max<int64_t>(cfg_.n_experts, 0));
+  std::vector<double> t(size_t(cfg_.n_layers) * E, 0.0);
+  for (size_t i = 0; i < moe_.size(); ++i) {
+    const auto& b = moe_[i]->bias();
+    std::copy(b.begin(), b.end(), t.begin() + std::ptrdiff_t(size_t(moe_step_[i].layer) * E));
+  }
+  return t;
+}
+
+void Model::set_moe_bias_table(const std::vector<double>& t) {
+  const size_t E = size_t(std::max<int64_t>(cfg_.n_experts, 0));
+  ADGT_CHECK(t.size() == size_t(cfg_.n_layers) * E,
+             "MoE bias table: " << t.size() << " values, expected n_layers x n_experts = "
+                                << size_t(cfg_.n_layers) * E);
+  for (size_t i = 0; i < moe_.size(); ++i) {
+    const auto* b = t.data() + size_t(moe_step_[i].layer) * E;
+    moe_[i]->set_bias(std::vector<double>(b, b + E));
+  }
+}
+
 void Model::reset_moe_stats() {
   for (MoeLayerStep& m : moe_step_) {
     std::fill(m.load.begin(), m.load.end(), 0);

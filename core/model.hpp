@@ -140,6 +140,10 @@ class Model {
   // load, summed over `replicas` (the ranks outside the ep group that share
   // the router: the expert-data-parallel group). Collective over replicas.
   void update_moe_bias(Comm* replicas);
+  // The selection biases of this rank's MoE layers as (global layer, E values)
+  // rows of an (n_layers x E) table, zeros for layers it does not hold; and back.
+  std::vector<double> moe_bias_table() const;
+  void set_moe_bias_table(const std::vector<double>& t);
 
  private:
   struct LayerActs {  // saved for the backward; N = B*T token rows, Nl = N/tp with SP

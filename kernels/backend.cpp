@@ -3,6 +3,9 @@
 
 #include "kernels/check.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
+#ifdef ADGT_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.hpp"
+#endif
 
 namespace adgt {
 
@@ -12,16 +15,25 @@ int cuda_device_count() { return 0; }
 
 std::unique_ptr<Backend> make_backend(const std::string& device) {
   if (device == "cpu") return std::make_unique<CpuBackend>();
+#ifdef ADGT_HAVE_CUDA
   if (device == "auto") {
-    // The CUDA backend (issue 4) is not part of this build yet; auto falls
-    // back to the CPU reference backend.
+    if (cuda_device_count() > 0) return std::make_unique<CudaBackend>();
     return std::make_unique<CpuBackend>();
   }
   if (device == "cuda") {
-    const int n = cuda_device_count();
-    ADGT_CHECK(false, "train.device=cuda: the CUDA backend is not built into this binary yet "
-                          << "(" << n << " CUDA device(s) visible); use train.device=cpu or auto");
+    ADGT_CHECK(cuda_device_count() > 0,
+               "train.device=cuda: no CUDA device is visible (check the driver and "
+               "CUDA_VISIBLE_DEVICES); use train.device=cpu or auto");
+    return std::make_unique<CudaBackend>();
   }
+#else
+  if (device == "auto") return std::make_unique<CpuBackend>();  // no CUDA backend in this build
+  if (device == "cuda") {
+    ADGT_CHECK(false, "train.device=cuda: this binary was built without CUDA (nvcc was not found "
+                      "at configure time); use train.device=cpu or auto, or rebuild with the "
+                      "CUDA toolkit installed");
+  }
+#endif
   ADGT_CHECK(false, "unknown device '" << device << "'; use auto, cpu or cuda");
 }
 

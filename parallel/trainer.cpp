@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <vector>
 
@@ -121,6 +122,16 @@ void Trainer::load(const std::string& step_dir) {
   step_ = st.step;
   samples_seen_ = st.samples_seen;
   opt_steps_ = st.rng_state.empty() ? st.step : int64_t(st.rng_state[0]);
+  // Words 1..: the MoE selection biases (n_layers x E doubles, bit copies), when saved.
+  if (model_->has_moe() && cfg_.model.moe_aux_free) {
+    std::vector<double> t(size_t(cfg_.model.n_layers * cfg_.model.n_experts), 0.0);
+    if (st.rng_state.size() == 1 + t.size())
+      std::memcpy(t.data(), st.rng_state.data() + 1, t.size() * 8);
+    else if (lead())
+      std::fprintf(stderr, "warning: checkpoint %s has no MoE selection biases; they restart at 0\n",
+                   step_dir.c_str());
+    model_->set_moe_bias_table(t);
+  }
   if (st.seed != cfg_.train.seed && lead())
     std::fprintf(stderr, "warning: checkpoint %s was trained with train.seed=%llu, this run has %llu\n",
                  step_dir.c_str(), (unsigned long long)st.seed,
@@ -149,6 +160,15 @@ std::string Trainer::save() {
   st.seed = cfg_.train.seed;
   if (lead()) st.config_yaml = to_yaml(cfg_);
   st.rng_state = {uint64_t(opt_steps_)};  // trainer state word 0: AdamW updates applied
+  if (model_->has_moe() && cfg_.model.moe_aux_free) {
+    // Every pipeline stage holds its layers' biases (the same on its tp, dp and
+    // ep replicas); the sum over the pipeline group gives rank 0 the whole table.
+    std::vector<double> t = model_->moe_bias_table();
+    ctx_.pp->all_reduce(Tensor(t.data(), DType::F64, {int64_t(t.size())}));
+    const size_t w0 = st.rng_state.size();
+    st.rng_state.resize(w0 + t.size());
+    std::memcpy(st.rng_state.data() + w0, t.data(), t.size() * 8);
+  }
   last_checkpoint_ =
       save_checkpoint_sharded(cfg_.checkpoint.dir, st, lay, *ctx_.world, cfg_.checkpoint.keep);
   return last_checkpoint_;

@@ -127,6 +127,16 @@ def main():
               f"{'PASS' if ok else 'FAIL'}", flush=True)
         if not ok:
             failed.append(name)
+    # The aux-loss-free biases are part of the checkpoint: a resume is bitwise
+    # (without them the routing after the resume would differ).
+    af = ["model.moe_aux_free=true", "model.moe_bias_rate=0.01"]
+    a = run(args, "aux_free_ep2", af + ["parallel.dp=2", "parallel.ep=2"], 2, weights=False)
+    b = run(args, "aux_free_ep2_resumed", af + ["parallel.dp=2", "parallel.ep=2"], 2, weights=False,
+            resume_from=os.path.join(args.work, "aux_free_ep2", "ckpt", "step_10"))
+    ok = a is not None and b is not None and min(b[0]) == 11 and all(b[0][k] == a[0][k] for k in b[0])
+    print(f"aux-free bias resume (ep2): {'PASS bitwise' if ok else 'FAIL'}", flush=True)
+    if not ok:
+        failed.append("aux_free_resume")
     # Capacity: drops counted and identical to the single process's.
     cap = ["model.moe_capacity_factor=0.5"]
     c1 = run(args, "cap_single", cap, 1, weights=False)
