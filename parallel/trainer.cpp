@@ -63,7 +63,20 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx) : cfg_(cfg), ctx_(ct
                                             << ") do not match parallel.tp=" << cfg.parallel.tp
                                             << ", parallel.dp=" << cfg.parallel.dp
                                             << ", parallel.pp=" << cfg.parallel.pp);
-  backend_ = make_backend(cfg.train.device);
+  // The CUDA backend runs single-process dense models for now: collectives
+  // over device memory (NCCL) are not wired into the trainer, and the MoE
+  // exchange goes through host-memory collectives. `auto` then means cpu.
+  const int world = ctx_.tp->size() * ctx_.dp->size() * ctx_.pp->size();
+  const bool device_collectives = world > 1 || cfg.model.n_experts > 0;
+  std::string device = cfg.train.device;
+  if (device == "auto" && device_collectives) device = "cpu";
+  ADGT_CHECK(!(device == "cuda" && device_collectives),
+             "train.device=cuda: " << (world > 1 ? "runs over several ranks (" + std::to_string(world) +
+                                                       " here)"
+                                                 : std::string("mixture-of-experts models"))
+                                   << " need device collectives, which the CUDA path does not "
+                                      "have yet; use train.device: cpu (or auto)");
+  backend_ = make_backend(device);
   train_shard_ = open_shard(cfg.data.train, "data.train", cfg.model);
   val_shard_ = open_shard(cfg.data.val, "data.val", cfg.model);
   sampler_ = std::make_unique<Sampler>(*train_shard_, cfg.model.seq_len, cfg.train.seed);

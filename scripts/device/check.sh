@@ -1,0 +1,232 @@
+#!/usr/bin/env bash
+# The one-call GPU check of the CUDA backend (issue 4; docs/cuda.md).
+#
+# The GPU machine has nvcc, CMake and PyTorch but none of the Debian libraries
+# adgt links (OpenBLAS, yaml-cpp, HDF5, sentencepiece, ...), so the test binary
+# is built HERE and carried there with those libraries, packed in one archive.
+# cuBLAS is too large to carry: the GPU machine's own libcublas.so.13 is used.
+#
+#   scripts/device/check.sh bundle   # here, no GPU needed (~10 min the first
+#                                    # time on 2 cores): builds build-cuda's
+#                                    # adgt_unit_tests (sm_90), packs it with
+#                                    # its non-system libraries into
+#                                    # build-devbundle/bundle.tar.gz, and runs
+#                                    # the bundled binary's [cuda] tests here
+#                                    # (they skip without a GPU)
+#   scripts/device/check.sh run      # on the GPU machine, in one device call:
+#       run(command="bash scripts/device/check.sh run",
+#           carry=["build-devbundle"], timeout_s=540)
+#                                    # unpacks, finds cuBLAS and the driver,
+#                                    # runs every CUDA-vs-CPU test and the
+#                                    # benchmark; logs under $OUT, table last
+#   scripts/device/check.sh paths    # checks the files this script relies on
+#                                    # (registered with ctest, tests/cuda.cmake)
+#
+# Environment: JOBS (bundle build jobs, default 2), ADGT_BENCH_SKIP_LARGE=1
+# (skip the 1.3B-parameter step in the benchmark).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BUILD="$ROOT/build-cuda"
+BUNDLE_DIR="$ROOT/build-devbundle"
+BUNDLE="$BUNDLE_DIR/bundle.tar.gz"
+BIN_NAME=adgt_unit_tests
+
+die() { echo "check.sh: $*" >&2; exit 1; }
+
+# Files in the repository the script and the tests read.
+REPO_FILES=(
+  CMakeLists.txt
+  kernels/CMakeLists.txt
+  kernels/cuda/cuda_backend.hpp
+  tests/unit/cuda_backend_test.cpp
+  configs/tiny.yaml
+)
+
+check_paths() {
+  local missing=0 f
+  for f in "${REPO_FILES[@]}"; do
+    if [[ ! -f "$ROOT/$f" ]]; then
+      echo "check.sh: missing $ROOT/$f" >&2
+      missing=1
+    fi
+  done
+  return $missing
+}
+
+# Libraries never bundled: glibc's (the GPU machine's newer glibc runs a binary
+# built against this machine's 2.36), CUDA's (the GPU machine's own), and the
+# C++ runtime (newer there; kept in lib-fallback/ in case it is missing).
+skip_lib() {
+  case "$1" in
+    linux-vdso.so* | ld-linux*.so* | libc.so* | libm.so* | libdl.so* | libpthread.so* | \
+      librt.so* | libresolv.so* | libutil.so* | libcuda.so* | libcublas*.so* | libcudart.so* | \
+      libnvidia*.so*) return 0 ;;
+  esac
+  return 1
+}
+
+cmd_bundle() {
+  check_paths || die "repository files missing"
+  command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]] ||
+    die "nvcc not found: the bundle needs the CUDA toolkit on this machine"
+  export PATH="/usr/local/cuda/bin:$PATH"
+  if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
+    cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90
+  fi
+  grep -q '^CMAKE_CUDA_COMPILER:.*nvcc' "$BUILD/CMakeCache.txt" ||
+    die "$BUILD was configured without CUDA; remove it and run again"
+  cmake --build "$BUILD" -j"${JOBS:-2}" --target "$BIN_NAME"
+  local bin="$BUILD/tests/$BIN_NAME"
+  [[ -x "$bin" ]] || die "build did not produce $bin"
+
+  local stage
+  stage="$(mktemp -d)"
+  mkdir -p "$stage/lib" "$stage/lib-fallback"
+  cp "$bin" "$stage/"
+  local name path
+  while read -r name path; do
+    [[ -n "$path" && -f "$path" ]] || continue
+    if skip_lib "$name"; then continue; fi
+    case "$name" in
+      libstdc++.so* | libgcc_s.so*) cp -L "$path" "$stage/lib-fallback/$name" ;;
+      *) cp -L "$path" "$stage/lib/$name" ;;
+    esac
+  done < <(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }')
+  ldd "$bin" | grep -q 'not found' && die "$bin has unresolved libraries here: $(ldd "$bin" | grep 'not found')"
+  {
+    echo "built: $(date -u +%FT%TZ) on $(uname -n), $(ldd --version 2>&1 | sed -n 1p)"
+    echo "git: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?') $(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l) changed files"
+    echo "nvcc: $(nvcc --version | tail -1)"
+    echo "bundled:"
+    (cd "$stage" && du -b "$BIN_NAME" lib/* lib-fallback/*)
+  } >"$stage/MANIFEST"
+  mkdir -p "$BUNDLE_DIR"
+  tar -C "$stage" -czf "$BUNDLE.tmp" .
+  mv "$BUNDLE.tmp" "$BUNDLE"
+  cp "$stage/MANIFEST" "$BUNDLE_DIR/MANIFEST"
+  rm -rf "$stage"
+  local bytes
+  bytes=$(stat -c %s "$BUNDLE")
+  echo "check.sh: $BUNDLE: $((bytes / 1048576)) MiB (a device call carries 64 MiB in all)"
+  ((bytes < 56 * 1048576)) || die "bundle too large to carry"
+
+  # Exercise the bundle here as far as it goes: unpacked, run from its own
+  # libraries; without a GPU the [cuda] cases check the no-GPU behaviour and skip.
+  local t
+  t="$(mktemp -d)"
+  tar -C "$t" -xzf "$BUNDLE"
+  (cd "$ROOT" && LD_LIBRARY_PATH="$t/lib" ADGT_SOURCE_DIR="$ROOT" OMP_NUM_THREADS=2 \
+    "$t/$BIN_NAME" "[cuda]")
+  rm -rf "$t"
+  echo "check.sh: bundle ready; on the GPU machine: bash scripts/device/check.sh run (carry build-devbundle)"
+}
+
+# The first directory holding libcublas.so.13 and libcublasLt.so.13.
+find_cublas() {
+  local d cands=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib
+                 /usr/local/cuda-13.0/lib64 /usr/lib/x86_64-linux-gnu)
+  local py
+  for py in python3 /opt/torch/.venv/bin/python3; do
+    command -v "$py" >/dev/null 2>&1 || continue
+    while read -r d; do cands+=("$d"); done < <("$py" - <<'EOF' 2>/dev/null || true
+import os
+try:
+    import nvidia
+    for root in list(nvidia.__path__):
+        for dirpath, _, files in os.walk(root):
+            if "libcublas.so.13" in files:
+                print(dirpath)
+except Exception:
+    pass
+EOF
+)
+  done
+  for d in "${cands[@]}"; do
+    if [[ -e "$d/libcublas.so.13" && -e "$d/libcublasLt.so.13" ]]; then
+      echo "$d"
+      return 0
+    fi
+  done
+  d="$(find /usr /opt -name libcublas.so.13 2>/dev/null | head -1 || true)"
+  [[ -n "$d" ]] && dirname "$d"
+}
+
+cmd_run() {
+  local out="${OUT:-$ROOT/build-devcheck}"
+  mkdir -p "$out"
+  [[ -f "$BUNDLE" ]] || die "$BUNDLE not found: run 'scripts/device/check.sh bundle' on the \
+build machine first and name build-devbundle in the device call's carry"
+  check_paths || die "repository files missing"
+  local t0=$SECONDS
+  {
+    echo "== machine"
+    uname -a
+    ldd --version 2>&1 | sed -n 1p
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv 2>&1 || true
+    command -v nvcc >/dev/null && nvcc --version | tail -1
+    echo "== bundle"
+    cat "$BUNDLE_DIR/MANIFEST" 2>/dev/null || true
+  } 2>&1 | tee "$out/machine.txt"
+
+  local b=/tmp/adgt-bundle
+  rm -rf "$b"
+  mkdir -p "$b"
+  tar -C "$b" -xzf "$BUNDLE"
+
+  local cublas
+  cublas="$(find_cublas || true)"
+  [[ -n "$cublas" ]] || die "libcublas.so.13 not found on this machine (looked in the CUDA toolkit and PyTorch's nvidia packages)"
+  local ld="$b/lib:$cublas"
+  local d
+  for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu; do
+    [[ -d "$d" ]] && ld="$ld:$d"
+  done
+  # The C++ runtime: the machine's own unless it is missing or older than ours.
+  if ! ldconfig -p 2>/dev/null | grep -q 'libstdc++.so.6 '; then
+    ld="$ld:$b/lib-fallback"
+  fi
+  export LD_LIBRARY_PATH="$ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export ADGT_SOURCE_DIR="$ROOT" OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
+  echo "== libraries (cuBLAS from $cublas)" | tee -a "$out/machine.txt"
+  ldd "$b/$BIN_NAME" 2>&1 | tee -a "$out/machine.txt"
+  if ldd "$b/$BIN_NAME" | grep -q 'not found'; then
+    if ldd "$b/$BIN_NAME" | grep 'not found' | grep -q 'libstdc++\|libgcc_s\|GLIBCXX'; then
+      export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$b/lib-fallback"
+    fi
+  fi
+  ldd "$b/$BIN_NAME" | grep -q 'not found' && die "unresolved libraries (see machine.txt)"
+
+  cd "$ROOT"
+  echo "== CUDA-vs-CPU tests"
+  local trc=0
+  set +e
+  timeout 300 "$b/$BIN_NAME" "[cuda]" -d yes 2>&1 | tee "$out/cuda_tests.log"
+  trc=${PIPESTATUS[0]}
+  if grep -q 'no CUDA device visible' "$out/cuda_tests.log"; then
+    echo "check.sh: the test binary saw no GPU (is libcuda.so.1 on LD_LIBRARY_PATH?): FAIL"
+    trc=1
+  fi
+  echo "== benchmark"
+  local brc=0
+  timeout $((480 - (SECONDS - t0) > 60 ? 480 - (SECONDS - t0) : 60)) \
+    "$b/$BIN_NAME" "[.cudabench]" 2>&1 | tee "$out/bench.log"
+  brc=${PIPESTATUS[0]}
+  set -e
+  nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,power.draw --format=csv >>"$out/machine.txt" 2>&1 || true
+
+  echo
+  echo "================ summary ($((SECONDS - t0)) s) ================"
+  grep -E '^(device:|\|)' "$out/bench.log" || echo "(no benchmark table: exit $brc)"
+  echo "tests: $(grep -E 'test cases|All tests passed' "$out/cuda_tests.log" | tail -1) (exit $trc)"
+  grep -E 'FAILED|failed' "$out/cuda_tests.log" | head -20 || true
+  echo "benchmark exit $brc; logs: $out/{machine.txt,cuda_tests.log,bench.log}"
+  [[ $trc -eq 0 && $brc -eq 0 ]]
+}
+
+case "${1:-}" in
+  bundle) cmd_bundle ;;
+  run) cmd_run ;;
+  paths) check_paths && echo "check.sh: all paths present" ;;
+  *) echo "usage: $0 bundle|run|paths" >&2; exit 2 ;;
+esac

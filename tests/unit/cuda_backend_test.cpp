@@ -1,0 +1,932 @@
+// Every op of the CUDA backend against the CPU reference backend, on fresh
+// random inputs with the CUDA outputs poisoned (NaN) first, by relative error
+// ||cuda - cpu|| / ||cpu||; then the whole model's forward/backward and a few
+// AdamW steps. Tag [cuda]. Without a visible GPU each case says so (WARN) and
+// passes, so CI (no GPU) runs the file as a compile and skip check.
+//
+// Tolerances: fp32 elementwise/reductions 1e-5; fp32 GEMM-based ops (linear,
+// attention, the model) 1e-4 (cuBLAS runs full fp32: TF32 is off by default);
+// fp64 1e-11.
+//
+// The hidden case "[.cudabench]" is the benchmark scripts/device/check.sh runs:
+// adgt_unit_tests "[.cudabench]".
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/model.hpp"
+#include "core/optimizer.hpp"
+#include "core/rng.hpp"
+#include "kernels/cpu/cpu_backend.hpp"
+#ifdef ADGT_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.hpp"
+#endif
+
+using namespace adgt;
+
+namespace {
+
+using Vec = std::vector<double>;
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+bool have_gpu() { return cuda_device_count() > 0; }
+
+#define ADGT_REQUIRE_GPU()                                                     \
+  do {                                                                         \
+    if (!have_gpu()) {                                                         \
+      WARN("no CUDA device visible: CUDA-vs-CPU check skipped");               \
+      return;                                                                  \
+    }                                                                          \
+  } while (0)
+
+Vec randn(size_t n, uint64_t seed, double scale = 1.0) {
+  Rng r(seed);
+  Vec v(n);
+  for (auto& x : v) x = scale * r.normal();
+  return v;
+}
+
+double tol_for(DType dt, bool gemm) {
+  if (dt == DType::F64) return 1e-11;
+  return gemm ? 1e-4 : 1e-5;
+}
+
+Tensor make_tensor(void* p, DType dt, const std::vector<int64_t>& shape) {
+  Tensor t(p, dt, {});
+  for (int64_t s : shape) t.shape[t.ndim++] = s;
+  return t;
+}
+
+// A tensor held on both backends, set to the same values.
+struct Twin {
+  DType dt;
+  std::vector<int64_t> shape;
+  int64_t n = 1;
+  Buffer cb, gb;
+  Backend* cpu;
+  Backend* gpu;
+  Twin(Backend& c, Backend& g, DType d, std::vector<int64_t> s)
+      : dt(d), shape(std::move(s)), cpu(&c), gpu(&g) {
+    for (int64_t x : shape) n *= x;
+    const size_t bytes = size_t(n) * dtype_size(dt);
+    cb = Buffer(c, bytes);
+    gb = Buffer(g, bytes);
+  }
+  Tensor c() const { return make_tensor(cb.data(), dt, shape); }
+  Tensor g() const { return make_tensor(gb.data(), dt, shape); }
+
+  std::vector<char> pack(const Vec& v) const {
+    REQUIRE(int64_t(v.size()) == n);
+    std::vector<char> raw(size_t(n) * dtype_size(dt));
+    for (int64_t i = 0; i < n; ++i) {
+      if (dt == DType::F64) {
+        reinterpret_cast<double*>(raw.data())[i] = v[size_t(i)];
+      } else if (dt == DType::F32) {
+        reinterpret_cast<float*>(raw.data())[i] = float(v[size_t(i)]);
+      } else {
+        reinterpret_cast<int32_t*>(raw.data())[i] = int32_t(v[size_t(i)]);
+      }
+    }
+    return raw;
+  }
+  Vec unpack(const std::vector<char>& raw) const {
+    Vec v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      if (dt == DType::F64)
+        v[size_t(i)] = reinterpret_cast<const double*>(raw.data())[i];
+      else if (dt == DType::F32)
+        v[size_t(i)] = reinterpret_cast<const float*>(raw.data())[i];
+      else
+        v[size_t(i)] = reinterpret_cast<const int32_t*>(raw.data())[i];
+    }
+    return v;
+  }
+  void set_cpu(const Vec& v) {
+    const auto raw = pack(v);
+    if (!raw.empty()) cpu->to_device(cb.data(), raw.data(), raw.size());
+  }
+  void set_gpu(const Vec& v) {
+    const auto raw = pack(v);
+    if (!raw.empty()) gpu->to_device(gb.data(), raw.data(), raw.size());
+  }
+  void set(const Vec& v) {
+    set_cpu(v);
+    set_gpu(v);
+  }
+  void poison() { set(Vec(size_t(n), dt == DType::I32 ? -7.0 : kNaN)); }
+  Vec get_cpu() const {
+    std::vector<char> raw(size_t(n) * dtype_size(dt));
+    if (!raw.empty()) cpu->to_host(raw.data(), cb.data(), raw.size());
+    return unpack(raw);
+  }
+  Vec get_gpu() const {
+    std::vector<char> raw(size_t(n) * dtype_size(dt));
+    if (!raw.empty()) gpu->to_host(raw.data(), gb.data(), raw.size());
+    return unpack(raw);
+  }
+};
+
+// ||got - ref|| / ||ref|| (absolute when ref is 0); any NaN in got fails.
+double rel_err(const Vec& got, const Vec& ref) {
+  REQUIRE(got.size() == ref.size());
+  double d = 0, r = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i]) != std::isnan(ref[i])) return std::numeric_limits<double>::infinity();
+    if (std::isnan(got[i])) continue;
+    d += (got[i] - ref[i]) * (got[i] - ref[i]);
+    r += ref[i] * ref[i];
+  }
+  return r > 0 ? std::sqrt(d / r) : std::sqrt(d);
+}
+
+void expect_close(const Twin& t, double tol, const std::string& what) {
+  const Vec g = t.get_gpu(), c = t.get_cpu();
+  const double e = rel_err(g, c);
+  INFO(what << " (" << dtype_name(t.dt) << ", " << t.n << " elements): relative error " << e
+            << ", tolerance " << tol);
+  CHECK(e <= tol);
+}
+
+struct Backends {
+  CpuBackend cpu;
+  std::unique_ptr<Backend> gpu = make_backend("cuda");
+  Twin twin(DType dt, std::vector<int64_t> shape) { return Twin(cpu, *gpu, dt, std::move(shape)); }
+};
+
+const DType kFloatTypes[] = {DType::F32, DType::F64};
+
+}  // namespace
+
+TEST_CASE("cuda backend: device selection", "[cuda]") {
+  if (!have_gpu()) {
+    // CI: a clear error for cuda, the CPU backend for auto.
+    CHECK_THROWS_WITH(make_backend("cuda"), Catch::Matchers::Contains("train.device=cuda"));
+    CHECK(make_backend("auto")->is_host());
+    WARN("no CUDA device visible: only the no-GPU behaviour was checked");
+    return;
+  }
+  auto be = make_backend("cuda");
+  CHECK_FALSE(be->is_host());
+  CHECK(be->name().rfind("cuda", 0) == 0);
+  CHECK_FALSE(make_backend("auto")->is_host());
+  CHECK(be->peak_tflops() > 0);
+  CHECK_THROWS_WITH(make_backend("tpu"), Catch::Matchers::Contains("unknown device"));
+}
+
+TEST_CASE("cuda backend: memory and elementwise ops", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  Backends b;
+  for (DType dt : kFloatTypes) {
+    const int64_t n = 100003;
+    Twin y = b.twin(dt, {n}), x = b.twin(dt, {n});
+    const Vec vy = randn(size_t(n), 1), vx = randn(size_t(n), 2);
+    y.set(vy);
+    CHECK(y.get_gpu() == y.get_cpu());  // round trip
+    x.set(vx);
+    b.cpu.add_inplace(y.c(), x.c());
+    b.gpu->add_inplace(y.g(), x.g());
+    expect_close(y, tol_for(dt, false), "add_inplace");
+    b.cpu.scale_inplace(y.c(), -0.37);
+    b.gpu->scale_inplace(y.g(), -0.37);
+    expect_close(y, tol_for(dt, false), "scale_inplace");
+    Twin z = b.twin(dt, {n});
+    z.poison();
+    b.cpu.copy(z.c(), y.c());
+    b.gpu->copy(z.g(), y.g());
+    expect_close(z, 0.0, "copy");
+    b.cpu.zero(z.c());
+    b.gpu->zero(z.g());
+    CHECK(z.get_gpu() == Vec(size_t(n), 0.0));
+  }
+}
+
+TEST_CASE("cuda backend: linear forward and backward", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  Backends b;
+  for (DType dt : kFloatTypes) {
+    const int64_t N = 37, I = 29, O = 41;
+    const double tol = tol_for(dt, true);
+    Twin x = b.twin(dt, {N, I}), w = b.twin(dt, {O, I}), y = b.twin(dt, {N, O});
+    x.set(randn(size_t(N * I), 11));
+    w.set(randn(size_t(O * I), 12));
+    y.poison();
+    b.cpu.linear_forward(y.c(), x.c(), w.c());
+    b.gpu->linear_forward(y.g(), x.g(), w.g());
+    expect_close(y, tol, "linear_forward");
+
+    Twin dy = b.twin(dt, {N, O}), dx = b.twin(dt, {N, I}), dw = b.twin(dt, {O, I});
+    dy.set(randn(size_t(N * O), 13));
+    for (bool acc : {false, true}) {
+      if (acc)
+        dx.set(randn(size_t(N * I), 14));
+      else
+        dx.poison();
+      dw.set(randn(size_t(O * I), 15));  // dw always accumulates
+      b.cpu.linear_backward(dx.c(), dw.c(), dy.c(), x.c(), w.c(), acc);
+      b.gpu->linear_backward(dx.g(), dw.g(), dy.g(), x.g(), w.g(), acc);
+      expect_close(dx, tol, acc ? "linear_backward dx (accumulate)" : "linear_backward dx");
+      expect_close(dw, tol, "linear_backward dw");
+    }
+    // Split backward: dx only, then dw only.
+    dx.poison();
+    const Vec dw0 = randn(size_t(O * I), 16);
+    dw.set(dw0);
+    b.cpu.linear_backward(dx.c(), Tensor(), dy.c(), x.c(), w.c(), false);
+    b.gpu->linear_backward(dx.g(), Tensor(), dy.g(), x.g(), w.g(), false);
+    expect_close(dx, tol, "linear_backward dx only");
+    CHECK(dw.get_gpu() == dw.get_cpu());  // untouched
+    b.cpu.linear_backward(Tensor(), dw.c(), dy.c(), x.c(), w.c(), false);
+    b.gpu->linear_backward(Tensor(), dw.g(), dy.g(), x.g(), w.g(), false);
+    expect_close(dw, tol, "linear_backward dw only");
+  }
+}
+
+TEST_CASE("cuda backend: embedding forward and deterministic backward", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  Backends b;
+  for (DType dt : kFloatTypes) {
+    const int64_t V = 23, C = 300, N = 50, vocab_start = 5;
+    Twin table = b.twin(dt, {V, C}), out = b.twin(dt, {N, C}), tok = b.twin(DType::I32, {N});
+    Vec t(static_cast<size_t>(N));
+    Rng r(21);
+    for (auto& x : t) x = double(r.next() % 32);  // some outside [5, 28): other shards
+    t[3] = t[7] = t[9] = 6;                        // repeats
+    tok.set(t);
+    table.set(randn(size_t(V * C), 22));
+    out.poison();
+    b.cpu.embedding_forward(out.c(), table.c(), tok.c(), vocab_start);
+    b.gpu->embedding_forward(out.g(), table.g(), tok.g(), vocab_start);
+    expect_close(out, 0.0, "embedding_forward");
+
+    Twin dout = b.twin(dt, {N, C});
+    dout.set(randn(size_t(N * C), 23));
+    const Vec d0 = randn(size_t(V * C), 24);
+    table.set(d0);  // dtable accumulates
+    b.cpu.embedding_backward(table.c(), dout.c(), tok.c(), vocab_start);
+    b.gpu->embedding_backward(table.g(), dout.g(), tok.g(), vocab_start);
+    // Same summation order as the CPU backend: equal to rounding, in practice bitwise.
+    expect_close(table, tol_for(dt, false), "embedding_backward");
+    const Vec first = table.get_gpu();
+    table.set_gpu(d0);
+    b.gpu->embedding_backward(table.g(), dout.g(), tok.g(), vocab_start);
+    CHECK(table.get_gpu() == first);  // deterministic
+  }
+}
+
+TEST_CASE("cuda backend: rmsnorm forward and backward", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  Backends b;
+  for (DType dt : kFloatTypes) {
+    const int64_t N = 13, C = 1000;
+    const double tol = tol_for(dt, false);
+    Twin x = b.twin(dt, {N, C}), w = b.twin(dt, {C}), out = b.twin(dt, {N, C}),
+         rstd = b.twin(dt, {N});
+    x.set(randn(size_t(N * C), 31));
+    Vec wv = randn(size_t(C), 32, 0.1);
+    for (auto& v : wv) v += 1.0;
+    w.set(wv);
+    out.poison();
+    rstd.poison();
+    b.cpu.rmsnorm_forward(out.c(), rstd.c(), x.c(), w.c(), 1e-5);
+    b.gpu->rmsnorm_forward(out.g(), rstd.g(), x.g(), w.g(), 1e-5);
+    expect_close(out, tol, "rmsnorm_forward out");
+    expect_close(rstd, tol, "rmsnorm_forward rstd");
+    // Both backends continue from the CPU's rstd so the backward is compared alone.
+    rstd.set_gpu(rstd.get_cpu());
+    Twin dout = b.twin(dt, {N, C}), dx = b.twin(dt, {N, C}), dw = b.twin(dt, {C});
+    dout.set(randn(size_t(N * C), 33));
+    dx.set(randn(size_t(N * C), 34));  // accumulates
+    dw.set(randn(size_t(C), 35));      // accumulates
+    b.cpu.rmsnorm_backward(dx.c(), dw.c(), dout.c(), x.c(), w.c(), rstd.c());
+    b.gpu->rmsnorm_backward(dx.g(), dw.g(), dout.g(), x.g(), w.g(), rstd.g());
+    expect_close(dx, tol, "rmsnorm_backward dx");
+    expect_close(dw, tol, "rmsnorm_backward dw");
+  }
+}
+
+TEST_CASE("cuda backend: rotary embedding forward and backward", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  Backends b;
+  for (DType dt : kFloatTypes) {
+    const int64_t B = 2, T = 7, H = 3, half = 5, hd = 2 * half;
+    Twin x = b.twin(dt, {B * T, H * hd}), cs = b.twin(dt, {T, half}), sn = b.twin(dt, {T, half});
+    Vec c(size_t(T * half)), s(size_t(T * half));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < half; ++i) {
+        const double a = double(t) * std::pow(10000.0, -double(2 * i) / double(hd));
+        c[size_t(t * half + i)] = std::cos(a);
+        s[size_t(t * half + i)] = std::sin(a);
+      }
+    cs.set(c);
+    sn.set(s);
+    x.set(randn(size_t(B * T * H * hd), 41));
+    b.cpu.rope_forward(x.c(), cs.c(), sn.c(), T);
+    b.gpu->rope_forward(x.g(), cs.g(), sn.g(), T);
+    expect_close(x, tol_for(dt, false), "rope_forward");
+    x.set(randn(size_t(B * T * H * hd), 42));
+    b.cpu.rope_backward(x.c(), cs.c(), sn.c(), T);
+    b.gpu->rope_backward(x.g(), cs.g(), sn.g(), T);
+    expect_close(x, tol_for(dt, false), "rope_backward");
+  }
+}
+
+TEST_CASE("cuda backend: causal GQA attention forward and backward", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  Backends b;
+  const AttentionShape shapes[] = {
+      {2, 37, 4, 2, 16},   // GQA, T not a multiple of anything
+      {1, 70, 2, 2, 64},   // MHA, head_dim 64 (one group of threads per output)
+      {2, 5, 3, 1, 8},     // MQA, head_dim under a warp
+      {1, 129, 4, 1, 128}, // head_dim 128, four heads on one kv head
+  };
+  for (DType dt : kFloatTypes) {
+    for (const AttentionShape& s : shapes) {
+      INFO("B=" << s.B << " T=" << s.T << " H=" << s.n_heads << " KV=" << s.n_kv_heads
+                << " hd=" << s.head_dim);
+      const double tol = tol_for(dt, true);
+      const int64_t N = s.B * s.T, qc = s.n_heads * s.head_dim, kc = s.n_kv_heads * s.head_dim;
+      Twin q = b.twin(dt, {N, qc}), k = b.twin(dt, {N, kc}), v = b.twin(dt, {N, kc}),
+           out = b.twin(dt, {N, qc});
+      q.set(randn(size_t(N * qc), 51));
+      k.set(randn(size_t(N * kc), 52));
+      v.set(randn(size_t(N * kc), 53));
+      out.poison();
+      // Each backend saves what it needs (CPU: probabilities; CUDA: log-sum-exp).
+      Buffer sc(b.cpu, size_t(b.cpu.attention_saved_elems(s)) * dtype_size(dt));
+      Buffer sg(*b.gpu, size_t(b.gpu->attention_saved_elems(s)) * dtype_size(dt));
+      Tensor saved_c(sc.data(), dt, {b.cpu.attention_saved_elems(s)});
+      Tensor saved_g(sg.data(), dt, {b.gpu->attention_saved_elems(s)});
+      b.cpu.attention_forward(out.c(), saved_c, q.c(), k.c(), v.c(), s);
+      b.gpu->attention_forward(out.g(), saved_g, q.g(), k.g(), v.g(), s);
+      expect_close(out, tol, "attention_forward");
+
+      Twin dout = b.twin(dt, {N, qc}), dq = b.twin(dt, {N, qc}), dk = b.twin(dt, {N, kc}),
+           dv = b.twin(dt, {N, kc});
+      dout.set(randn(size_t(N * qc), 54));
+      dq.poison();
+      dk.poison();
+      dv.poison();
+      b.cpu.attention_backward(dq.c(), dk.c(), dv.c(), dout.c(), q.c(), k.c(), v.c(), out.c(),
+                               saved_c, s);
+      b.gpu->attention_backward(dq.g(), dk.g(), dv.g(), dout.g(), q.g(), k.g(), v.g(), out.g(),
+                                saved_g, s);
+      expect_close(dq, tol, "attention_backward dq");
+      expect_close(dk, tol, "attention_backward dk");
+      expect_close(dv, tol, "attention_backward dv");
+      // Deterministic: a second run gives the same bits.
+      const Vec dk1 = dk.get_gpu(), dq1 = dq.get_gpu();
+      b.gpu->attention_backward(dq.g(), dk.g(), dv.g(), dout.g(), q.g(), k.g(), v.g(), out.g(),
+                                saved_g, s);
+      CHECK(dk.get_gpu() == dk1);
+      CHECK(dq.get_gpu() == dq1);
+    }
+  }
+}
+
+TEST_CASE("cuda backend: swiglu forward and backward", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  Backends b;
+  for (DType dt : kFloatTypes) {
+    const int64_t n = 70001;
+    const double tol = tol_for(dt, false);
+    Twin g = b.twin(dt, {n}), u = b.twin(dt, {n}), h = b.twin(dt, {n});
+    g.set(randn(size_t(n), 61, 3.0));
+    u.set(randn(size_t(n), 62));
+    h.poison();
+    b.cpu.swiglu_forward(h.c(), g.c(), u.c());
+    b.gpu->swiglu_forward(h.g(), g.g(), u.g());
+    expect_close(h, tol, "swiglu_forward");
+    Twin dh = b.twin(dt, {n}), dg = b.twin(dt, {n}), du = b.twin(dt, {n});
+    dh.set(randn(size_t(n), 63));
+    dg.poison();
+    du.poison();
+    b.cpu.swiglu_backward(dg.c(), du.c(), dh.c(), g.c(), u.c());
+    b.gpu->swiglu_backward(dg.g(), du.g(), dh.g(), g.g(), u.g());
+    expect_close(dg, tol, "swiglu_backward dgate");
+    expect_close(du, tol, "swiglu_backward dup");
+  }
+}
+
+TEST_CASE("cuda backend: combine_rows and its backward", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  Backends b;
+  for (DType dt : kFloatTypes) {
+    const int64_t N = 9, k = 3, M = 30, C = 300;
+    const double tol = tol_for(dt, false);
+    // Each row of y named at most once; some slots empty (-1).
+    Vec pv(size_t(N * k));
+    for (int64_t i = 0; i < N * k; ++i) pv[size_t(i)] = double((i * 7) % M);
+    pv[2] = pv[10] = pv[20] = -1;
+    Twin pos = b.twin(DType::I32, {N, k}), y = b.twin(dt, {M, C}), w = b.twin(dt, {N, k}),
+         out = b.twin(dt, {N, C});
+    pos.set(pv);
+    y.set(randn(size_t(M * C), 71));
+    w.set(randn(size_t(N * k), 72));
+    for (bool weighted : {true, false})
+      for (bool acc : {false, true}) {
+        INFO("weighted " << weighted << " accumulate " << acc);
+        if (acc)
+          out.set(randn(size_t(N * C), 73));
+        else
+          out.poison();
+        const Tensor wc = weighted ? w.c() : Tensor(), wg = weighted ? w.g() : Tensor();
+        b.cpu.combine_rows(out.c(), y.c(), pos.c(), wc, acc);
+        b.gpu->combine_rows(out.g(), y.g(), pos.g(), wg, acc);
+        expect_close(out, tol, "combine_rows");
+      }
+    Twin dout = b.twin(dt, {N, C}), dy = b.twin(dt, {M, C}), dw = b.twin(dt, {N, k});
+    dout.set(randn(size_t(N * C), 74));
+    for (int variant = 0; variant < 3; ++variant) {  // both, dy only, dw only
+      INFO("variant " << variant);
+      dy.set(randn(size_t(M * C), 75));  // rows not named keep their values
+      dw.poison();
+      const bool use_dy = variant != 2, use_dw = variant != 1;
+      b.cpu.combine_rows_backward(use_dy ? dy.c() : Tensor(), use_dw ? dw.c() : Tensor(),
+                                  dout.c(), y.c(), pos.c(), w.c());
+      b.gpu->combine_rows_backward(use_dy ? dy.g() : Tensor(), use_dw ? dw.g() : Tensor(),
+                                   dout.g(), y.g(), pos.g(), w.g());
+      expect_close(dy, tol, "combine_rows_backward dy");
+      if (use_dw) expect_close(dw, tol, "combine_rows_backward dw");
+    }
+  }
+}
+
+TEST_CASE("cuda backend: fused cross-entropy", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  Backends b;
+  for (DType dt : kFloatTypes) {
+    const int64_t N = 11, V = 3001;
+    const double tol = tol_for(dt, false);
+    Twin logits = b.twin(dt, {N, V}), losses = b.twin(dt, {N}), tg = b.twin(DType::I32, {N});
+    Vec t(static_cast<size_t>(N));
+    Rng r(81);
+    for (auto& x : t) x = double(r.next() % uint64_t(V));
+    t[4] = -1;  // ignored
+    tg.set(t);
+    logits.set(randn(size_t(N * V), 82, 4.0));
+    losses.poison();
+    b.cpu.cross_entropy(logits.c(), losses.c(), tg.c(), 0.37);
+    b.gpu->cross_entropy(logits.g(), losses.g(), tg.g(), 0.37);
+    expect_close(losses, tol, "cross_entropy losses");
+    expect_close(logits, tol, "cross_entropy dlogits");
+    // Out-of-range target: the CPU backend's error.
+    t[0] = double(V);
+    tg.set(t);
+    CHECK_THROWS_WITH(b.gpu->cross_entropy(logits.g(), losses.g(), tg.g(), 1.0),
+                      Catch::Matchers::Contains("outside the vocabulary"));
+  }
+}
+
+TEST_CASE("cuda backend: vocab-parallel cross-entropy pieces", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  Backends b;
+  for (DType dt : kFloatTypes) {
+    // Two "ranks": global vocabulary 299 split 150 / 149, shards padded to 150.
+    const int64_t N = 7, Vl = 150, R = 2;
+    const int64_t starts[R] = {0, 150}, valid[R] = {150, 149};
+    const double tol = tol_for(dt, false);
+    Twin tg = b.twin(DType::I32, {N});
+    Vec t = {3, 149, 150, 298, -1, 0, 200};
+    tg.set(t);
+    std::vector<Twin> logits, stats;
+    for (int64_t r = 0; r < R; ++r) {
+      logits.push_back(b.twin(dt, {N, Vl}));
+      stats.push_back(b.twin(dt, {N, 3}));
+      logits.back().set(randn(size_t(N * Vl), 91 + uint64_t(r), 3.0));
+      stats.back().poison();
+      b.cpu.ce_partial_stats(stats.back().c(), logits.back().c(), tg.c(), starts[r], valid[r]);
+      b.gpu->ce_partial_stats(stats.back().g(), logits.back().g(), tg.g(), starts[r], valid[r]);
+      expect_close(stats.back(), tol, "ce_partial_stats");
+    }
+    // The gather, from the CPU's stats, on both backends.
+    Twin gathered = b.twin(dt, {R * N, 3}), combined = b.twin(dt, {N, 3});
+    Vec gv;
+    for (int64_t r = 0; r < R; ++r) {
+      const Vec s = stats[size_t(r)].get_cpu();
+      gv.insert(gv.end(), s.begin(), s.end());
+    }
+    gathered.set(gv);
+    combined.poison();
+    b.cpu.ce_combine(combined.c(), gathered.c());
+    b.gpu->ce_combine(combined.g(), gathered.g());
+    expect_close(combined, tol, "ce_combine");
+    combined.set(combined.get_cpu());
+    for (int64_t r = 0; r < R; ++r) {
+      Twin losses = b.twin(dt, {N});
+      losses.poison();
+      b.cpu.ce_finish(logits[size_t(r)].c(), losses.c(), combined.c(), tg.c(), starts[r],
+                      valid[r], 0.5);
+      b.gpu->ce_finish(logits[size_t(r)].g(), losses.g(), combined.g(), tg.g(), starts[r],
+                       valid[r], 0.5);
+      expect_close(losses, tol, "ce_finish losses");
+      expect_close(logits[size_t(r)], tol, "ce_finish dlogits");
+    }
+  }
+}
+
+TEST_CASE("cuda backend: sum of squares and AdamW", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  Backends b;
+  for (DType dt : kFloatTypes) {
+    const int64_t n = 100003;
+    Twin x = b.twin(dt, {n});
+    x.set(randn(size_t(n), 101));
+    const double c = b.cpu.sum_squares(x.c()), g = b.gpu->sum_squares(x.g());
+    INFO(dtype_name(dt) << " sum_squares cpu " << c << " cuda " << g);
+    CHECK(std::abs(g - c) <= 1e-12 * c);
+    CHECK(b.gpu->sum_squares(x.g()) == g);  // deterministic
+    Twin empty = b.twin(dt, {0});
+    CHECK(b.gpu->sum_squares(empty.g()) == 0.0);
+
+    Twin p = b.twin(dt, {n}), gr = b.twin(dt, {n}), m = b.twin(dt, {n}), v = b.twin(dt, {n});
+    p.set(randn(size_t(n), 102));
+    m.set(Vec(size_t(n), 0.0));
+    v.set(Vec(size_t(n), 0.0));
+    AdamWHyper h;
+    h.lr = 1e-2;
+    h.weight_decay = 0.1;
+    for (int64_t step = 1; step <= 3; ++step) {
+      gr.set(randn(size_t(n), 103 + uint64_t(step)));
+      h.step = step;
+      b.cpu.adamw(p.c(), gr.c(), m.c(), v.c(), h);
+      b.gpu->adamw(p.g(), gr.g(), m.g(), v.g(), h);
+    }
+    expect_close(p, tol_for(dt, false), "adamw param");
+    expect_close(m, tol_for(dt, false), "adamw m");
+    expect_close(v, tol_for(dt, false), "adamw v");
+  }
+}
+
+namespace {
+
+ModelConfig small_model() {
+  ModelConfig m;
+  m.vocab_size = 97;
+  m.d_model = 64;
+  m.n_layers = 2;
+  m.n_heads = 4;
+  m.n_kv_heads = 2;
+  m.ffn_hidden = 96;
+  m.seq_len = 24;
+  m.init_std = 0.1;
+  return m;
+}
+
+struct Run {
+  std::vector<double> losses;
+  std::vector<double> grads;   // after the first backward
+  std::vector<float> params;   // after the AdamW steps
+};
+
+Run run_model(Backend& be, DType dt, const ModelConfig& m, int64_t B, int64_t T, int steps) {
+  Model model(m, be, dt, B, T);
+  model.init_weights(5);
+  TrainConfig tc;
+  tc.weight_decay = 0.1;
+  AdamW opt(be, model.table(), tc, dt, 0, model.flat_size());
+  Run run;
+  Rng r(17);
+  for (int s = 0; s < steps; ++s) {
+    std::vector<int32_t> in(size_t(B * T)), tg(size_t(B * T));
+    for (auto& x : in) x = int32_t(r.next() % uint64_t(m.vocab_size));
+    for (auto& x : tg) x = int32_t(r.next() % uint64_t(m.vocab_size));
+    tg[1] = -1;
+    model.zero_grads();
+    run.losses.push_back(model.forward(in.data(), tg.data(), 1.0));
+    model.backward();
+    if (s == 0) run.grads = model.grads_to_host_f64();
+    opt.step(model.params(), model.grads(), 1e-2, s + 1);
+  }
+  run.params = model.params_to_host();
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("cuda backend: whole model forward, backward and AdamW steps", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  auto gpu = make_backend("cuda");
+  CpuBackend cpu;
+  const ModelConfig m = small_model();
+  for (DType dt : kFloatTypes) {
+    const bool f64 = dt == DType::F64;
+    // Loss: a mean, close to rounding; gradients: GEMM-based; parameters after
+    // AdamW: its normalised update amplifies tiny gradient differences, so 10x.
+    const double tol_loss = f64 ? 1e-11 : 1e-5, tol_grad = tol_for(dt, true),
+                 tol_param = f64 ? 1e-10 : 1e-3;
+    const Run c = run_model(cpu, dt, m, 2, 24, 3), g = run_model(*gpu, dt, m, 2, 24, 3);
+    for (size_t i = 0; i < c.losses.size(); ++i) {
+      INFO(dtype_name(dt) << " step " << i << " loss cpu " << c.losses[i] << " cuda "
+                          << g.losses[i]);
+      CHECK(std::isfinite(g.losses[i]));
+      CHECK(std::abs(g.losses[i] - c.losses[i]) <= tol_loss * std::abs(c.losses[i]));
+    }
+    {
+      const double e = rel_err(g.grads, c.grads);
+      INFO(dtype_name(dt) << " gradients: relative error " << e << ", tolerance " << tol_grad);
+      CHECK(e <= tol_grad);
+    }
+    {
+      const Vec gp(g.params.begin(), g.params.end()), cp(c.params.begin(), c.params.end());
+      const double e = rel_err(gp, cp);
+      INFO(dtype_name(dt) << " parameters after 3 AdamW steps: relative error " << e
+                          << ", tolerance " << tol_param);
+      CHECK(e <= tol_param);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Benchmark (hidden; run by scripts/device/check.sh). Prints one table.
+#ifdef ADGT_HAVE_CUDA
+namespace {
+
+double seconds_of(Backend& be, const std::function<void()>& f, int reps) {
+  f();  // warm-up
+  be.synchronize();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    be.synchronize();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];  // median
+}
+
+void row(const char* what, const std::string& shape, double ms, const std::string& rate,
+         const std::string& ceiling) {
+  std::printf("| %-34s | %-28s | %10.3f | %-16s | %-22s |\n", what, shape.c_str(), ms,
+              rate.c_str(), ceiling.c_str());
+  std::fflush(stdout);
+}
+std::string fmt(const char* f, double a) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, a);
+  return buf;
+}
+
+// Random-ish fp32 device data without a host RNG per element (fast for GBs).
+void fill(Backend& be, Tensor t, uint64_t seed, double scale) {
+  const int64_t n = t.numel(), chunk = int64_t(1) << 24;
+  std::vector<float> host(size_t(std::min(n, chunk)));
+  Rng r(seed);
+  for (auto& x : host) x = float(scale * (r.uniform() * 2 - 1));
+  for (int64_t o = 0; o < n; o += chunk) {
+    const int64_t m = std::min(chunk, n - o);
+    be.to_device(static_cast<float*>(t.data) + o, host.data(), size_t(m) * 4);
+  }
+}
+
+// FLOPs of one training step (forward + backward) of the dense model: 6 per
+// parameter per token for the matrices, plus causal attention (QK^T and PV:
+// 2*2*T/2*C per token per layer forward, three times that for the step).
+double step_flops(const ModelConfig& m, int64_t B, int64_t T) {
+  const double C = double(m.d_model), F = double(m.ffn_hidden), L = double(m.n_layers);
+  const double kv = double(m.n_kv_heads) * double(m.head_dim());
+  const double per_layer = C * C * 2 + 2 * C * kv + 3 * C * F;
+  const double mat = L * per_layer + double(m.vocab_size) * C;  // + lm_head
+  const double tokens = double(B * T);
+  return 6.0 * mat * tokens + 3.0 * L * 2.0 * 2.0 * (double(T) / 2.0) * C * tokens;
+}
+
+void bench_model(const char* label, Backend& be, const ModelConfig& m, int64_t B, int64_t T,
+                 int reps, bool random_init) {
+  Model model(m, be, DType::F32, B, T);
+  if (random_init)
+    model.init_weights(1);
+  else
+    fill(be, model.params(), 1, 0.02);
+  TrainConfig tc;
+  AdamW opt(be, model.table(), tc, DType::F32, 0, model.flat_size());
+  std::vector<int32_t> in(size_t(B * T)), tg(size_t(B * T));
+  Rng r(3);
+  for (auto& x : in) x = int32_t(r.next() % uint64_t(m.vocab_size));
+  for (auto& x : tg) x = int32_t(r.next() % uint64_t(m.vocab_size));
+  int64_t step = 0;
+  double loss = 0;
+  const double s = seconds_of(be, [&] {
+    model.zero_grads();
+    loss = model.forward(in.data(), tg.data(), 1.0);
+    model.backward();
+    opt.step(model.params(), model.grads(), 1e-4, ++step);
+  }, reps);
+  const double fl = step_flops(m, B, T), tf = fl / s / 1e12, peak = be.peak_tflops();
+  row(label, "B=" + std::to_string(B) + " T=" + std::to_string(T) + " loss " + fmt("%.3f", loss),
+      s * 1e3, fmt("%.0f tok/s", double(B * T) / s),
+      fmt("%.2f TFLOP/s", tf) + fmt(" MFU %.1f%%", 100 * tf / peak));
+}
+
+}  // namespace
+
+TEST_CASE("cuda backend: benchmark", "[.cudabench]") {
+  ADGT_REQUIRE_GPU();
+  CudaBackend be;
+  be.set_tf32(true);
+  const double rated_tf32 = be.rated_tflops(DType::F32);
+  be.set_tf32(false);
+  std::printf("\ndevice: %s; rated fp32 %.1f TFLOP/s, rated tf32 (dense) %.1f TFLOP/s\n",
+              be.name().c_str(), be.rated_tflops(DType::F32), rated_tf32);
+  std::printf("| %-34s | %-28s | %10s | %-16s | %-22s |\n", "what", "shape", "ms (median)",
+              "rate", "vs ceiling");
+  std::printf("|%s|%s|%s|%s|%s|\n", std::string(36, '-').c_str(), std::string(30, '-').c_str(),
+              std::string(12, '-').c_str(), std::string(18, '-').c_str(),
+              std::string(24, '-').c_str());
+
+  // Copy bandwidth: the memory-bound ceiling (bytes read + written).
+  const int64_t n = int64_t(1) << 28;  // 1 GiB of fp32
+  Buffer ba(be, size_t(n) * 4), bb(be, size_t(n) * 4), bc(be, size_t(n) * 4), bd(be, size_t(n) * 4);
+  Tensor a(ba.data(), DType::F32, {n}), bt(bb.data(), DType::F32, {n}),
+      c(bc.data(), DType::F32, {n}), d(bd.data(), DType::F32, {n});
+  fill(be, a, 1, 1.0);
+  fill(be, bt, 2, 1.0);
+  fill(be, c, 3, 1.0);
+  fill(be, d, 4, 1.0);
+  const double gb = double(n) * 4 / 1e9;
+  const double copy_s = seconds_of(be, [&] { be.copy(c, a); }, 10);
+  const double copy_bw = 2 * gb / copy_s;
+  row("device-to-device copy", "1 GiB", copy_s * 1e3, fmt("%.0f GB/s", copy_bw), "ceiling");
+  // bytes_gb: the fewest bytes the op must move (each input read once, each output written once).
+  auto mem = [&](const char* what, const std::string& shape, double bytes_gb,
+                 const std::function<void()>& f) {
+    const double s = seconds_of(be, f, 10);
+    row(what, shape, s * 1e3, fmt("%.0f GB/s", bytes_gb / s),
+        fmt("%.0f%% of copy", 100 * bytes_gb / s / copy_bw));
+  };
+  mem("add_inplace", "2^28 fp32", 3 * gb, [&] { be.add_inplace(c, a); });
+  mem("scale_inplace", "2^28 fp32", 2 * gb, [&] { be.scale_inplace(c, 0.999); });
+  mem("swiglu_forward", "2^28 fp32", 3 * gb, [&] { be.swiglu_forward(c, a, bt); });
+  mem("swiglu_backward", "2^28 fp32", 5 * gb, [&] {
+    // dgate -> c, dup -> d (overwritten each time), dh = a
+    be.swiglu_backward(c, d, a, a, bt);
+  });
+  {
+    const int64_t m = n / 4;  // adamw on 4 arrays of n/4: p, g, m, v
+    Tensor p(ba.data(), DType::F32, {m}), g(bb.data(), DType::F32, {m}),
+        mm(bc.data(), DType::F32, {m}), vv(bd.data(), DType::F32, {m});
+    be.zero(mm);
+    be.zero(vv);
+    AdamWHyper h;
+    h.lr = 1e-6;
+    mem("adamw", "2^26 fp32 x (p,g,m,v)", 7 * gb / 4, [&] { be.adamw(p, g, mm, vv, h); });
+    fill(be, a, 1, 1.0);
+    fill(be, bt, 2, 1.0);
+  }
+  mem("sum_squares", "2^28 fp32", gb, [&] { (void)be.sum_squares(a); });
+  {
+    const int64_t C = 4096, N = n / C;
+    Tensor x(ba.data(), DType::F32, {N, C}), out(bc.data(), DType::F32, {N, C});
+    Tensor dout(bb.data(), DType::F32, {N, C}), dx(bd.data(), DType::F32, {N, C});
+    Buffer small(be, size_t(N + 2 * C) * 4);
+    Tensor rstd(small.data(), DType::F32, {N});
+    Tensor w(static_cast<float*>(small.data()) + N, DType::F32, {C});
+    Tensor dw(static_cast<float*>(small.data()) + N + C, DType::F32, {C});
+    fill(be, Tensor(small.data(), DType::F32, {N + 2 * C}), 9, 1.0);
+    mem("rmsnorm_forward", "65536 x 4096", 2 * gb, [&] { be.rmsnorm_forward(out, rstd, x, w, 1e-5); });
+    // Reads x, dout, dx; writes dx (dw: a column pass over x and dout again).
+    mem("rmsnorm_backward", "65536 x 4096", 4 * gb, [&] { be.rmsnorm_backward(dx, dw, dout, x, w, rstd); });
+    fill(be, d, 4, 1.0);
+  }
+  {
+    const int64_t V = 32000, N = n / V;
+    Tensor logits(bc.data(), DType::F32, {N, V}), losses(bd.data(), DType::F32, {N});
+    be.copy(logits, Tensor(ba.data(), DType::F32, {N, V}));
+    std::vector<int32_t> t(static_cast<size_t>(N));
+    for (int64_t i = 0; i < N; ++i) t[size_t(i)] = int32_t((i * 7919) % V);
+    Buffer tb(be, size_t(N) * 4);
+    be.to_device(tb.data(), t.data(), t.size() * 4);
+    Tensor tg(tb.data(), DType::I32, {N});
+    // In place: later calls see the previous gradients, finite values all the same.
+    // Counted as one read and one write of the logits (a fused kernel's floor).
+    mem("cross_entropy", std::to_string(N) + " x 32000", 2 * double(N * V) * 4 / 1e9,
+        [&] { be.cross_entropy(logits, losses, tg, 1.0); });
+    fill(be, c, 3, 1.0);
+  }
+  {
+    const int64_t C = 4096, N = n / 4 / C, V = 32000;
+    Tensor table(ba.data(), DType::F32, {V, C}), out(bc.data(), DType::F32, {N, C});
+    Tensor dout(bb.data(), DType::F32, {N, C}), dtable(bd.data(), DType::F32, {V, C});
+    std::vector<int32_t> t(static_cast<size_t>(N));
+    for (int64_t i = 0; i < N; ++i) t[size_t(i)] = int32_t((i * 7919) % V);
+    Buffer tb(be, size_t(N) * 4);
+    be.to_device(tb.data(), t.data(), t.size() * 4);
+    Tensor tok(tb.data(), DType::I32, {N});
+    const double rows_gb = double(N * C) * 4 / 1e9;
+    mem("embedding_forward", "16384 rows x 4096", 2 * rows_gb, [&] { be.embedding_forward(out, table, tok, 0); });
+    mem("embedding_backward (host sort)", "16384 rows x 4096", 3 * rows_gb,
+        [&] { be.embedding_backward(dtable, dout, tok, 0); });
+    fill(be, d, 4, 1.0);
+  }
+
+  // GEMMs: full fp32, TF32, fp64.
+  for (int64_t g : {int64_t(4096), int64_t(8192)}) {
+    const std::string shape = std::to_string(g) + "^3";
+    be.set_tf32(false);
+    const double f32 = be.measure_gemm_tflops(g, DType::F32, 5);
+    row("GEMM fp32 (cuBLAS, no TF32)", shape, 2.0 * g * g * g / f32 / 1e9,
+        fmt("%.1f TFLOP/s", f32), fmt("%.0f%% of rated fp32", 100 * f32 / be.rated_tflops(DType::F32)));
+    be.set_tf32(true);
+    const double t32 = be.measure_gemm_tflops(g, DType::F32, 5);
+    row("GEMM fp32 in TF32", shape, 2.0 * g * g * g / t32 / 1e9, fmt("%.1f TFLOP/s", t32),
+        fmt("%.0f%% of rated tf32", 100 * t32 / be.rated_tflops(DType::F32)));
+    be.set_tf32(false);
+  }
+  {
+    const double f64 = be.measure_gemm_tflops(4096, DType::F64, 3);
+    row("GEMM fp64 (cuBLAS)", "4096^3", 2.0 * 4096.0 * 4096 * 4096 / f64 / 1e9,
+        fmt("%.1f TFLOP/s", f64), "");
+  }
+
+  // Attention (exact, straightforward kernels).
+  CpuBackend cpu;
+  const AttentionShape att[] = {{8, 256, 8, 4, 32}, {4, 2048, 16, 16, 128}};
+  for (const AttentionShape& s : att) {
+    const int64_t N = s.B * s.T, qc = s.n_heads * s.head_dim, kc = s.n_kv_heads * s.head_dim;
+    Buffer q(be, size_t(N * qc) * 4), k(be, size_t(N * kc) * 4), v(be, size_t(N * kc) * 4),
+        o(be, size_t(N * qc) * 4), sv(be, size_t(be.attention_saved_elems(s)) * 4),
+        dq(be, size_t(N * qc) * 4), dk(be, size_t(N * kc) * 4), dv(be, size_t(N * kc) * 4),
+        dout(be, size_t(N * qc) * 4);
+    Tensor tq(q.data(), DType::F32, {N, qc}), tk(k.data(), DType::F32, {N, kc}),
+        tv(v.data(), DType::F32, {N, kc}), to(o.data(), DType::F32, {N, qc}),
+        ts(sv.data(), DType::F32, {be.attention_saved_elems(s)}),
+        tdq(dq.data(), DType::F32, {N, qc}), tdk(dk.data(), DType::F32, {N, kc}),
+        tdv(dv.data(), DType::F32, {N, kc}), tdo(dout.data(), DType::F32, {N, qc});
+    fill(be, tq, 5, 1.0);
+    fill(be, tk, 6, 1.0);
+    fill(be, tv, 7, 1.0);
+    fill(be, tdo, 8, 1.0);
+    const double fwd_flops = 4.0 * double(s.B * s.n_heads) * double(s.T) * double(s.T) / 2.0 *
+                             double(s.head_dim);
+    const std::string shape = "B" + std::to_string(s.B) + " T" + std::to_string(s.T) + " H" +
+                              std::to_string(s.n_heads) + "/" + std::to_string(s.n_kv_heads) +
+                              " hd" + std::to_string(s.head_dim);
+    const double f = seconds_of(be, [&] { be.attention_forward(to, ts, tq, tk, tv, s); }, 5);
+    row("attention forward (cuda)", shape, f * 1e3, fmt("%.2f TFLOP/s", fwd_flops / f / 1e12), "");
+    const double bw = seconds_of(be, [&] {
+      be.attention_backward(tdq, tdk, tdv, tdo, tq, tk, tv, to, ts, s);
+    }, 5);
+    row("attention backward (cuda)", shape, bw * 1e3,
+        fmt("%.2f TFLOP/s", 2.5 * fwd_flops / bw / 1e12), "");
+    if (s.T <= 256) {  // the CPU reference on the small shape
+      std::vector<float> h(size_t(N * qc)), hk(size_t(N * kc));
+      Buffer cq(cpu, h.size() * 4), ck(cpu, hk.size() * 4), cv(cpu, hk.size() * 4),
+          co(cpu, h.size() * 4), cs(cpu, size_t(cpu.attention_saved_elems(s)) * 4);
+      be.to_host(cq.data(), q.data(), h.size() * 4);
+      be.to_host(ck.data(), k.data(), hk.size() * 4);
+      be.to_host(cv.data(), v.data(), hk.size() * 4);
+      Tensor cq_(cq.data(), DType::F32, {N, qc}), ck_(ck.data(), DType::F32, {N, kc}),
+          cv_(cv.data(), DType::F32, {N, kc}), co_(co.data(), DType::F32, {N, qc}),
+          cs_(cs.data(), DType::F32, {cpu.attention_saved_elems(s)});
+      const double cs_s =
+          seconds_of(cpu, [&] { cpu.attention_forward(co_, cs_, cq_, ck_, cv_, s); }, 3);
+      row("attention forward (cpu)", shape, cs_s * 1e3,
+          fmt("%.2f TFLOP/s", fwd_flops / cs_s / 1e12), fmt("cuda %.1fx faster", cs_s / f));
+    }
+  }
+  ba.reset();
+  bb.reset();
+  bc.reset();
+  bd.reset();
+
+  // Training steps: configs/tiny.yaml on CUDA (fp32, and TF32) and the CPU backend.
+  const char* src = std::getenv("ADGT_SOURCE_DIR");
+  const std::string root = src ? src : ADGT_SOURCE_DIR;
+  const RunConfig tiny = load_config(root + "/configs/tiny.yaml");
+  const int64_t B = tiny.train.micro_batch, T = tiny.model.seq_len;
+  bench_model("tiny.yaml step (cuda fp32)", be, tiny.model, B, T, 10, true);
+  be.set_tf32(true);
+  bench_model("tiny.yaml step (cuda tf32)", be, tiny.model, B, T, 10, true);
+  be.set_tf32(false);
+  bench_model("tiny.yaml step (cpu fp32)", cpu, tiny.model, B, T, 3, true);
+  // A ~1.3B LLaMA-shaped model (issue 4's benchmark shape) at B=1, fp32 / TF32,
+  // with the straightforward attention kernels: a baseline for the bf16 work.
+  if (!std::getenv("ADGT_BENCH_SKIP_LARGE")) {
+    ModelConfig big;
+    big.vocab_size = 32000;
+    big.d_model = 2048;
+    big.n_layers = 24;
+    big.n_heads = 16;
+    big.n_kv_heads = 16;
+    big.ffn_hidden = 5504;
+    big.seq_len = 2048;
+    bench_model("1.3B step (cuda fp32)", be, big, 1, 2048, 3, false);
+    be.set_tf32(true);
+    bench_model("1.3B step (cuda tf32)", be, big, 1, 2048, 3, false);
+    be.set_tf32(false);
+  }
+  std::printf("(MFU against the backend's peak_tflops(): rated fp32, or rated dense tf32 in "
+              "tf32 mode; CPU: its measured sgemm peak)\n");
+}
+#endif
