@@ -142,6 +142,10 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
   auto now = [&] { return std::chrono::duration<double>(clock::now() - t0).count(); };
   double loss_sum = 0;
   SendProgress progress(comm_);
+  // The helper thread may call MPI only while this thread makes no MPI call:
+  // not when a compute itself communicates (tensor parallelism, the MoE
+  // all-to-all).
+  const bool progress_ok = model_.tp_size() == 1 && !model_.has_moe();
   // Snapshots of input gradients between a backward and its SendGrad.
   std::map<std::pair<int, int>, Tensor> grad_out;
 
@@ -182,7 +186,7 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
         ExecutedInstr e{in, now(), 0};
         const int slot = slot_for(c, mb);
         const bool first = model_.chunk_has_embedding(c), last = model_.chunk_has_head(c);
-        if (model_.tp_size() == 1) progress.compute_begin();
+        if (progress_ok) progress.compute_begin();
         if (first || last) fetch(mb, in_.data(), tg_.data());
         const double l = model_.forward_chunk(c, slot, in_.data(), tg_.data(), grad_scale);
         if (last) loss_sum += l;
@@ -206,7 +210,7 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
           const Tensor out = model_.stage_output(c, slot);
           d_out = Tensor(it->second.data(), out.dtype, {out.numel()});
         }
-        if (model_.tp_size() == 1) progress.compute_begin();
+        if (progress_ok) progress.compute_begin();
         model_.backward_chunk(c, slot, d_out, split);
         progress.compute_end();
         if (stage > 0) {  // snapshot dL/d(input) for the SendGrad
@@ -224,7 +228,7 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
       case pp::Op::BackwardWeight: {
         ExecutedInstr e{in, now(), 0};
         const int slot = slot_for(c, mb);
-        if (model_.tp_size() == 1) progress.compute_begin();
+        if (progress_ok) progress.compute_begin();
         model_.backward_weight(c, slot);
         progress.compute_end();
         release_slot(c, mb);
