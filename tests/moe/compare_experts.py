@@ -14,48 +14,22 @@ match too.
 usage: compare_experts.py --train BIN --mpirun WRAPPER --data DIR --work DIR
 """
 import argparse
-import json
 import os
-import shutil
-import subprocess
 import sys
-import time
 
-import h5py
-import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "layouts"))
+from train_run import losses, rel_errors, train_run  # noqa: E402
 
 
 def run(args, name, sets, ranks, weights=True, resume_from=None):
-    out = os.path.join(args.work, name)
-    shutil.rmtree(out, ignore_errors=True)
-    cmd = [args.train, "--config", os.path.join(HERE, "model.yaml")]
-    if resume_from:
-        cmd += ["--resume", resume_from]
-    for s in [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
-              f"log.dir={out}", f"checkpoint.dir={out}/ckpt"] + sets:
-        cmd += ["--set", s]
-    if ranks > 1:
-        cmd = [args.mpirun, str(ranks)] + cmd
-    t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
-    dt = time.time() - t0
-    if p.returncode != 0:
-        print(" ".join(cmd))
-        print(p.stdout[-4000:], p.stderr[-4000:])
+    """(losses by step, final weights, seconds, dropped assignments by step) or None."""
+    r = train_run(args, os.path.join(HERE, "model.yaml"), name, sets, ranks, resume_from, weights)
+    if r is None:
         return None
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        recs = [json.loads(l) for l in f if l.strip()]
-    recs = [r for r in recs if "loss" in r]
-    losses = {r["step"]: r["loss"] for r in recs}
-    dropped = {r["step"]: sum(x["dropped"] for x in r.get("moe", [])) for r in recs}
-    w = {}
-    if weights:
-        with h5py.File(os.path.join(out, "ckpt", "step_20", "checkpoint.h5"), "r") as h:
-            w = {k: h["model"][k][...].astype(np.float64) for k in h["model"]}
-    return losses, w, dt, dropped
+    recs, w, dt = r
+    return losses(recs), w, dt, {q["step"]: sum(x["dropped"] for x in q.get("moe", [])) for q in recs}
 
 
 def main():
@@ -97,12 +71,7 @@ def main():
         if sorted(l) != sorted(ref_l) or sorted(w) != sorted(ref_w):
             failed.append(f"{name}: steps or tensors differ")
             continue
-        lerr = max(abs(l[s] - ref_l[s]) / abs(ref_l[s]) for s in ref_l)
-        werr, worst = 0.0, ""
-        for k, q in ref_w.items():
-            e = np.linalg.norm(w[k] - q) / np.linalg.norm(q)
-            if e > werr:
-                werr, worst = e, k
+        lerr, werr, worst = rel_errors(l, ref_l, w, ref_w)
         ok = lerr <= args.tol and werr <= args.tol
         print(f"{name:>20}  {lerr:>16.3e}  {werr:>18.3e}  {t:>5.1f}s  {'PASS' if ok else 'FAIL ' + worst}",
               flush=True)
@@ -120,8 +89,7 @@ def main():
             failed.append(f"{name}: exited non-zero")
             continue
         l, w = r[0], r[1]
-        lerr = max(abs(l[k] - ref_l[k]) / abs(ref_l[k]) for k in l)
-        werr = max(np.linalg.norm(w[k] - q) / np.linalg.norm(q) for k, q in ref_w.items())
+        lerr, werr, _ = rel_errors(l, ref_l, w, ref_w)
         ok = min(l) == 11 and lerr <= args.tol and werr <= args.tol
         print(f"{name}: steps 11-20 max rel loss err {lerr:.3e}, final weights {werr:.3e}  "
               f"{'PASS' if ok else 'FAIL'}", flush=True)
@@ -146,7 +114,7 @@ def main():
         if c1 is None or r is None:
             failed.append(f"{name}: exited non-zero")
             continue
-        lerr = max(abs(r[0][s] - c1[0][s]) / abs(c1[0][s]) for s in c1[0])
+        lerr = rel_errors(r[0], c1[0], {}, {})[0]
         same_drops = r[3] == c1[3]
         total = sum(c1[3].values())
         ok = lerr <= args.tol and same_drops and total > 0

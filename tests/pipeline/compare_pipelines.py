@@ -16,44 +16,24 @@ usage: compare_pipelines.py --train BIN --mpirun WRAPPER --data DIR --work DIR
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
-import time
 
 import h5py
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "layouts"))
+from train_run import losses, rel_errors, train_run  # noqa: E402
 SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb-h1", "greedy"]
 
 
 def run(args, name, sets, ranks, resume_from=None):
-    out = os.path.join(args.work, name)
-    shutil.rmtree(out, ignore_errors=True)
-    cmd = [args.train, "--config", os.path.join(HERE, "model.yaml")]
-    if resume_from:
-        cmd += ["--resume", resume_from]
-    for s in [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
-              f"log.dir={out}", f"checkpoint.dir={out}/ckpt"] + sets:
-        cmd += ["--set", s]
-    if ranks > 1:
-        cmd = [args.mpirun, str(ranks)] + cmd
-    t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
-    dt = time.time() - t0
-    if p.returncode != 0:
-        print(" ".join(cmd))
-        print(p.stdout[-4000:], p.stderr[-4000:])
+    """(losses by step, final weights, seconds, per-step measured bubbles) or None."""
+    r = train_run(args, os.path.join(HERE, "model.yaml"), name, sets, ranks, resume_from)
+    if r is None:
         return None
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        recs = [json.loads(l) for l in f if l.strip()]
-    losses = {r["step"]: r["loss"] for r in recs if "loss" in r}
-    bubbles = [r["bubble"] for r in recs if "bubble" in r]
-    with h5py.File(os.path.join(out, "ckpt", "step_20", "checkpoint.h5"), "r") as h:
-        weights = {k: h["model"][k][...].astype(np.float64) for k in h["model"]}
-    return losses, weights, dt, bubbles
+    recs, w, dt = r
+    return losses(recs), w, dt, [q["bubble"] for q in recs if "bubble" in q]
 
 
 def main():
@@ -105,16 +85,11 @@ def main():
                     if sorted(l) != sorted(ref_l):
                         failed.append(f"{name}: logged steps {sorted(l)}")
                         continue
-                    lerr = max(abs(l[s] - ref_l[s]) / abs(ref_l[s]) for s in ref_l)
-                    werr, worst = 0.0, ""
                     if sorted(w) != sorted(ref_w):
                         failed.append(f"{name}: checkpoint tensors differ: "
                                       f"{sorted(set(w) ^ set(ref_w))[:4]}")
                         continue
-                    for k, ref in ref_w.items():
-                        e = np.linalg.norm(w[k] - ref) / np.linalg.norm(ref)
-                        if e > werr:
-                            werr, worst = e, k
+                    lerr, werr, worst = rel_errors(l, ref_l, w, ref_w)
                     ok = lerr <= args.tol and werr <= args.tol
                     b = f"{100 * np.median(bub):5.1f}%" if bub else "   n/a"
                     print(f"{pp:>3} {m:>3} {sched:>11} {extra:>5}  {lerr:>16.3e}  {werr:>18.3e}  "
@@ -152,8 +127,7 @@ def main():
                 continue
             if src == dst:  # bitwise against the uninterrupted run of the same layout
                 with open(os.path.join(args.work, src, "metrics.jsonl")) as f:
-                    full = {q["step"]: q["loss"] for q in map(json.loads, filter(str.strip, f))
-                            if "loss" in q}
+                    full = losses(q for q in map(json.loads, filter(str.strip, f)) if "loss" in q)
                 diff = [k for k in l if l[k] != full[k]]
                 with h5py.File(os.path.join(args.work, src, "ckpt", "step_20", "checkpoint.h5")) as h:
                     diff += [k for k in h["model"] if not np.array_equal(h["model"][k][...], w[k])]
@@ -161,8 +135,7 @@ def main():
                 if diff:
                     failed.append(name)
                 continue
-            lerr = max(abs(l[k] - ref_l[k]) / abs(ref_l[k]) for k in l)
-            werr = max(np.linalg.norm(w[k] - q) / np.linalg.norm(q) for k, q in ref_w.items())
+            lerr, werr, _ = rel_errors(l, ref_l, w, ref_w)
             ok = lerr <= args.tol and werr <= args.tol
             print(f"{name}: steps 11-20 max rel loss err {lerr:.3e}, final weights {werr:.3e}  "
                   f"{'PASS' if ok else 'FAIL'}", flush=True)
@@ -181,8 +154,7 @@ def main():
             failed.append(f"resume_{src}_to_pp4_dp2: exited non-zero")
         else:
             l, w = r[0], r[1]
-            lerr = max(abs(l[k] - ref8_l[k]) / abs(ref8_l[k]) for k in l)
-            werr = max(np.linalg.norm(w[k] - q) / np.linalg.norm(q) for k, q in ref8_w.items())
+            lerr, werr, _ = rel_errors(l, ref8_l, w, ref8_w)
             ok = min(l) == 11 and lerr <= args.tol and werr <= args.tol
             print(f"resume_{src}_to_pp4_dp2: steps 11-20 max rel loss err {lerr:.3e}, final weights "
                   f"{werr:.3e}  {'PASS' if ok else 'FAIL'}", flush=True)

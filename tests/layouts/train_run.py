@@ -1,0 +1,61 @@
+"""One adgt-train run of a layout test, shared by the layout drivers
+(tests/pipeline/compare_pipelines.py, tests/moe/compare_experts.py).
+
+train_run() starts `adgt-train --config CONFIG` (under `mpirun N` when N > 1)
+with the data, log and checkpoint paths under WORK/NAME plus `sets`, and
+returns (metrics records with a loss, final weights of step_20 as float64
+whole tensors or {}, seconds), or None after printing the output when the run
+failed. rel_errors() compares losses and weights with a reference run.
+"""
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import h5py
+import numpy as np
+
+
+def train_run(args, config, name, sets, ranks, resume_from=None, weights=True):
+    out = os.path.join(args.work, name)
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [args.train, "--config", config]
+    if resume_from:
+        cmd += ["--resume", resume_from]
+    for s in [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
+              f"log.dir={out}", f"checkpoint.dir={out}/ckpt"] + sets:
+        cmd += ["--set", s]
+    if ranks > 1:
+        cmd = [args.mpirun, str(ranks)] + cmd
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    dt = time.time() - t0
+    if p.returncode != 0:
+        print(" ".join(cmd))
+        print(p.stdout[-4000:], p.stderr[-4000:])
+        return None
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        recs = [r for r in map(json.loads, filter(str.strip, f)) if "loss" in r]
+    w = {}
+    if weights:
+        with h5py.File(os.path.join(out, "ckpt", "step_20", "checkpoint.h5"), "r") as h:
+            w = {k: h["model"][k][...].astype(np.float64) for k in h["model"]}
+    return recs, w, dt
+
+
+def losses(recs):
+    return {r["step"]: r["loss"] for r in recs}
+
+
+def rel_errors(l, ref_l, w, ref_w):
+    """Max relative loss error over l's steps; max relative (Frobenius) weight
+    error over ref_w's tensors and the worst tensor's name."""
+    lerr = max(abs(l[s] - ref_l[s]) / abs(ref_l[s]) for s in l)
+    werr, worst = 0.0, ""
+    for k, q in ref_w.items():
+        e = np.linalg.norm(w[k] - q) / np.linalg.norm(q)
+        if e > werr:
+            werr, worst = e, k
+    return lerr, werr, worst
