@@ -6,6 +6,22 @@
 // Conventions: tensors are row-major; N = B*T token rows; weights are stored
 // in HuggingFace layout (out_features, in_features), so a linear layer is
 // y = x W^T. "Accumulate" means +=; otherwise outputs are overwritten.
+//
+// Mixed precision (bf16). Besides all-f32 and all-f64, every op except the
+// mixture-of-experts pair (combine_rows*) accepts bf16 activations and
+// weights with these rules:
+//  - math in fp32, each bf16 output rounded once (nearest even,
+//    kernels/common/bf16.hpp); a bf16 "+=" output is read, added in fp32 and
+//    rounded;
+//  - parameter gradients are fp32: linear_backward's dw, rmsnorm_backward's
+//    dw and embedding_backward's dtable are F32 while x, dy, w are BF16;
+//  - statistics are fp32: rmsnorm's rstd, the attention's `saved`, the
+//    rotary cos/sin tables, cross_entropy's losses, ce_* stats/combined/
+//    gathered/losses (logits are BF16 and get their gradient in place in BF16);
+//  - sum_squares accepts any float dtype; adamw works on fp32 master weights
+//    (adamw_cast also writes their bf16 copy); cast converts between any
+//    two float dtypes.
+// f32 and f64 calls keep every tensor in the one dtype, as before.
 #pragma once
 #include <memory>
 #include <string>
@@ -67,6 +83,14 @@ class Backend {
   // dx(N,C) += d/dx; dw(C) += d/dw.
   virtual void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dout, const Tensor& x,
                                 const Tensor& w, const Tensor& rstd) = 0;
+  // x(N,C) += y; out = rmsnorm(x): the residual add fused with the next norm
+  // (one read of x and y instead of three passes). Same numbers as add_inplace
+  // then rmsnorm_forward (each rounds x to its dtype before the norm).
+  virtual void residual_rmsnorm_forward(Tensor x, const Tensor& y, Tensor out, Tensor rstd,
+                                        const Tensor& w, double eps) {
+    add_inplace(x, y);
+    rmsnorm_forward(out, rstd, x, w, eps);
+  }
 
   // ---- rotary embedding, HuggingFace rotate-half, in place on x(B*T, H, hd) ----
   // cos, sin: (T, hd/2) tables.
@@ -94,6 +118,8 @@ class Backend {
   virtual void add_inplace(Tensor y, const Tensor& x) = 0;  // y += x
   virtual void copy(Tensor dst, const Tensor& src) = 0;
   virtual void scale_inplace(Tensor x, double s) = 0;
+  // dst = src converted to dst's dtype (f32/f64/bf16, same element count).
+  virtual void cast(Tensor dst, const Tensor& src) = 0;
 
   // ---- indexed rows (mixture-of-experts combine; the dispatch's row gather is
   // embedding_forward with the row indices as tokens) ----
@@ -137,6 +163,13 @@ class Backend {
   // One AdamW step on a flat range (PyTorch's AdamW update order).
   virtual void adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v,
                      const AdamWHyper& h) = 0;
+  // adamw on fp32 master weights `param`, then lowp = param in lowp's dtype
+  // (bf16): the mixed-precision step. Backends fuse it into one pass.
+  virtual void adamw_cast(Tensor param, const Tensor& grad, Tensor m, Tensor v, Tensor lowp,
+                          const AdamWHyper& h) {
+    adamw(param, grad, m, v, h);
+    cast(lowp, param);
+  }
 };
 
 // Owns memory on a backend.

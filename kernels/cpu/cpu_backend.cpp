@@ -8,6 +8,8 @@
 #include <cstring>
 #include <new>
 
+#include "kernels/common/bf16.hpp"
+
 namespace adgt {
 
 CpuBackend::CpuBackend() {
@@ -68,6 +70,43 @@ void CpuBackend::scale_inplace(Tensor x, double s) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) a[i] *= f;
   });
+}
+
+namespace {
+double load_elem(const Tensor& t, int64_t i) {
+  switch (t.dtype) {
+    case DType::F32: return t.ptr<float>()[i];
+    case DType::F64: return t.ptr<double>()[i];
+    case DType::BF16: return bf16_to_float(t.ptr<bf16_bits>()[i]);
+    default: return 0;
+  }
+}
+void store_elem(Tensor& t, int64_t i, double v) {
+  switch (t.dtype) {
+    case DType::F32: t.ptr<float>()[i] = float(v); break;
+    case DType::F64: t.ptr<double>()[i] = v; break;
+    case DType::BF16: t.ptr<bf16_bits>()[i] = float_to_bf16(float(v)); break;
+    default: break;
+  }
+}
+bool is_float(DType d) { return d == DType::F32 || d == DType::F64 || d == DType::BF16; }
+}  // namespace
+
+void CpuBackend::cast(Tensor dst, const Tensor& src) {
+  ADGT_CHECK(dst.numel() == src.numel(),
+             "cast: size mismatch " << dst.shape_str() << " vs " << src.shape_str());
+  ADGT_CHECK(is_float(dst.dtype) && is_float(src.dtype),
+             "cast: " << dtype_name(src.dtype) << " -> " << dtype_name(dst.dtype)
+                      << " (float dtypes only)");
+  if (dst.dtype == src.dtype) {
+    if (dst.data != src.data) std::memmove(dst.data, src.data, dst.bytes());
+    return;
+  }
+  const int64_t n = dst.numel();
+  // f64 -> bf16 rounds through f32 (as torch's .to(bfloat16) of a double does not:
+  // it rounds once); the mixed-precision paths only cast f32 <-> bf16.
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) store_elem(dst, i, load_elem(src, i));
 }
 
 }  // namespace adgt

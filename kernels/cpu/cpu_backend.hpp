@@ -50,6 +50,7 @@ class CpuBackend final : public Backend {
   void add_inplace(Tensor y, const Tensor& x) override;
   void copy(Tensor dst, const Tensor& src) override;
   void scale_inplace(Tensor x, double s) override;
+  void cast(Tensor dst, const Tensor& src) override;
   void combine_rows(Tensor out, const Tensor& y, const Tensor& pos, const Tensor& w,
                     bool accumulate) override;  // in embedding.cpp (indexed rows)
   void combine_rows_backward(Tensor dy, Tensor dw, const Tensor& dout, const Tensor& y,

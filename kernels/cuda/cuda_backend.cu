@@ -6,6 +6,8 @@
 
 #include "kernels/common/elementwise_math.hpp"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/common/bf16.hpp"
+#include <type_traits>
 
 namespace adgt {
 using namespace cuda;
@@ -277,6 +279,53 @@ void CudaBackend::scale_inplace(Tensor x, double s) {
     scale_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_>>>(x.ptr<T>(), T(s), n);
   });
   ADGT_LAUNCH_CHECK("scale_inplace");
+}
+
+namespace {
+template <class D, class S>
+__global__ void cast_kernel(D* d, const S* s, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    if constexpr (std::is_same_v<S, bf16_bits>) {
+      d[i] = D(bf16_to_float(s[i]));
+    } else if constexpr (std::is_same_v<D, bf16_bits>) {
+      d[i] = float_to_bf16(float(s[i]));
+    } else {
+      d[i] = D(s[i]);
+    }
+  }
+}
+template <class F>
+void float_dispatch(DType dt, const char* op, F&& f) {
+  switch (dt) {
+    case DType::F32: f(float{}); break;
+    case DType::F64: f(double{}); break;
+    case DType::BF16: f(bf16_bits{}); break;
+    default: ADGT_CHECK(false, op << ": unsupported dtype " << dtype_name(dt));
+  }
+}
+}  // namespace
+
+void CudaBackend::cast(Tensor dst, const Tensor& src) {
+  ADGT_CHECK(dst.numel() == src.numel(),
+             "cast: size mismatch " << dst.shape_str() << " vs " << src.shape_str());
+  const int64_t n = dst.numel();
+  if (!n) return;
+  if (dst.dtype == src.dtype) {
+    if (dst.data != src.data)
+      ADGT_CUDA_OP(cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDeviceToDevice, stream_),
+                   "cast");
+    return;
+  }
+  float_dispatch(dst.dtype, "cast", [&](auto d) {
+    float_dispatch(src.dtype, "cast", [&](auto s) {
+      using D = decltype(d);
+      using S = decltype(s);
+      if constexpr (!std::is_same_v<D, S>)
+        cast_kernel<D, S><<<grid_for(n, kThreads), kThreads, 0, stream_>>>(dst.ptr<D>(), src.ptr<S>(), n);
+    });
+  });
+  ADGT_LAUNCH_CHECK("cast");
 }
 
 void CudaBackend::swiglu_forward(Tensor h, const Tensor& gate, const Tensor& up) {

@@ -77,6 +77,7 @@ class CudaBackend final : public Backend {
   void add_inplace(Tensor y, const Tensor& x) override;
   void copy(Tensor dst, const Tensor& src) override;
   void scale_inplace(Tensor x, double s) override;
+  void cast(Tensor dst, const Tensor& src) override;
   void combine_rows(Tensor out, const Tensor& y, const Tensor& pos, const Tensor& w,
                     bool accumulate) override;
   void combine_rows_backward(Tensor dy, Tensor dw, const Tensor& dout, const Tensor& y,
@@ -94,7 +95,7 @@ class CudaBackend final : public Backend {
  private:
   // Grow-only device scratch, one per purpose; contents are only valid within
   // one op (all ops run in order on stream_).
-  enum Scratch { kScratchIndex = 0, kScratchAttention, kScratchReduce, kNumScratch };
+  enum Scratch { kScratchIndex = 0, kScratchAttention, kScratchReduce, kScratchFlash, kScratchGemm, kNumScratch };
   void* scratch(Scratch which, size_t bytes);
 
   int device_ = 0;
