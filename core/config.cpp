@@ -152,7 +152,9 @@ const std::vector<Key>& schema() {
       key("train", &R::train, "max_skipped_steps", &TrainConfig::max_skipped_steps,
           A::NonNegative, "consecutive non-finite steps tolerated before aborting"),
       key("train", &R::train, "dtype", &TrainConfig::dtype, A::Choices,
-          "CPU backend precision: f32, or f64 for reference checks", {"f32", "f64"}),
+          "precision: f32; bf16 = mixed precision (bf16 weights and activations, fp32 master "
+          "weights, gradients, optimizer state and loss); f64 for reference checks",
+          {"f32", "bf16", "f64"}),
       // data
       key("data", &R::data, "train", &DataConfig::train, A::NonEmpty,
           "training token shard (adgt-data output); checked when the trainer opens it"),

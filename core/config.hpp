@@ -61,7 +61,7 @@ struct TrainConfig {
   int64_t eval_interval = 100;  // steps between validation evals; 0 disables
   int64_t eval_batches = 0;     // micro-batches per eval; 0 = the whole split
   int64_t max_skipped_steps = 20;  // consecutive non-finite steps before aborting
-  std::string dtype = "f32";    // CPU backend: f32, or f64 for reference checks
+  std::string dtype = "f32";    // f32 | bf16 (mixed precision) | f64 (reference checks)
   bool operator==(const TrainConfig&) const = default;
 };
 

@@ -14,7 +14,7 @@ DataParallel::DataParallel(Backend& be, Model& model, const TrainConfig& t,
     : be_(be), model_(model), dp_(dp), tp_(tp), pp_(pp),
       ep_(ep && ep->size() > 1 ? ep : nullptr), edp_(ep_ ? edp : nullptr), zero_(p.zero == 1 && dp.size() > 1) {
   bucket_elems_ = std::max<int64_t>(
-      1024, int64_t(p.bucket_mb * 1024 * 1024) / int64_t(dtype_size(model.dtype())));
+      1024, int64_t(p.bucket_mb * 1024 * 1024) / int64_t(dtype_size(model.master_dtype())));
   const int64_t n = model.flat_size();
   if (zero_) {
     ADGT_CHECK(n % dp.size() == 0, "ZeRO-1: flat buffer " << n << " not divisible by dp="
@@ -22,12 +22,12 @@ DataParallel::DataParallel(Backend& be, Model& model, const TrainConfig& t,
     const int64_t chunk = n / dp.size();
     lo_ = dp.rank() * chunk;
     hi_ = lo_ + chunk;
-    chunk_ = Buffer(be, size_t(chunk) * dtype_size(model.dtype()));
+    chunk_ = Buffer(be, size_t(chunk) * dtype_size(model.master_dtype()));
   } else {
     lo_ = 0;
     hi_ = n;
   }
-  opt_ = std::make_unique<AdamW>(be, model.table(), t, model.dtype(), lo_, hi_);
+  opt_ = std::make_unique<AdamW>(be, model.table(), t, model.master_dtype(), lo_, hi_);
   if (ep_) {
     ADGT_CHECK(!zero_, "DataParallel: ZeRO-1 with expert parallelism is not supported");
     ADGT_CHECK(edp_, "DataParallel: expert parallelism needs the expert-data-parallel group");
@@ -80,7 +80,7 @@ void DataParallel::finish_gradients() {
     flush_bucket();
     return;
   }
-  Tensor chunk(chunk_.data(), model_.dtype(), {hi_ - lo_});
+  Tensor chunk(chunk_.data(), model_.master_dtype(), {hi_ - lo_});
   dp_.reduce_scatter(chunk, model_.grads());
   be_.copy(range(model_.grads(), lo_, hi_), chunk);
 }
@@ -133,18 +133,26 @@ double DataParallel::grad_norm() {
 void DataParallel::step(double lr, int64_t adam_step, double clip_coef) {
   Tensor g = range(model_.grads(), lo_, hi_);
   if (clip_coef < 1.0) be_.scale_inplace(g, clip_coef);
-  opt_->step(model_.params(), model_.grads(), lr, adam_step);
-  if (zero_) {
-    Tensor chunk(chunk_.data(), model_.dtype(), {hi_ - lo_});
-    be_.copy(chunk, range(model_.params(), lo_, hi_));
-    dp_.all_gather(model_.params(), chunk);
+  // Mixed precision: AdamW updates the fp32 master weights and writes their
+  // bf16 copy in the same pass; under ZeRO the updated master chunks are
+  // gathered (fp32, so every rank's master stays whole for checkpoints) and
+  // the compute copy is refreshed from them.
+  if (!zero_) {
+    opt_->step(model_.master(), model_.grads(), lr, adam_step,
+               model_.mixed() ? model_.params() : Tensor());
+    return;
   }
+  opt_->step(model_.master(), model_.grads(), lr, adam_step);
+  Tensor chunk(chunk_.data(), model_.master_dtype(), {hi_ - lo_});
+  be_.copy(chunk, range(model_.master(), lo_, hi_));
+  dp_.all_gather(model_.master(), chunk);
+  model_.sync_params();
 }
 
 std::vector<float> DataParallel::gather_state(const Tensor& t) {
   if (!zero_) return opt_->to_host(t);
-  Buffer full(be_, size_t(model_.flat_size()) * dtype_size(model_.dtype()));
-  Tensor f(full.data(), model_.dtype(), {model_.flat_size()});
+  Buffer full(be_, size_t(model_.flat_size()) * dtype_size(model_.master_dtype()));
+  Tensor f(full.data(), model_.master_dtype(), {model_.flat_size()});
   dp_.all_gather(f, t);
   return opt_->to_host(f);
 }

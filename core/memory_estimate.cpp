@@ -9,7 +9,7 @@
 namespace adgt {
 
 int64_t compute_bytes_per_element(const RunConfig& cfg) {
-  return cfg.train.dtype == "f64" ? 8 : 4;
+  return cfg.train.dtype == "f64" ? 8 : cfg.train.dtype == "bf16" ? 2 : 4;
 }
 
 // Notation: V vocab, C d_model, L layers, H heads, KV kv heads, hd head_dim,
@@ -29,8 +29,9 @@ int64_t compute_bytes_per_element(const RunConfig& cfg) {
 //
 // Memory per rank (table = this rank's tensor-parallel shards):
 //   params      = total_numel(table) * b      (flat buffer incl. 16-element padding)
-//   grads       = total_numel(table) * b
+//   grads       = total_numel(table) * max(b, 4)   (fp32 under bf16 mixed precision)
 //   optimizer   = 2 * total_numel(table) * max(b, 4) / (dp under ZeRO-1, else 1)
+//                 + total_numel(table) * 4 for the fp32 master weights (bf16 only)
 //   With tp, H, KV, F and V below are this rank's shares (H/tp, ...); with
 //   sequence parallelism the residual inputs, residual 2 and the rstds are /tp.
 //   activations = B * T * b * (L * A_layer + A_final), where per token
@@ -114,8 +115,9 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
     }
     MemoryEstimate x = e;
     x.bytes_params = numel * bpp;
-    x.bytes_grads = numel * bpp;
-    x.bytes_optimizer = 2 * numel * std::max<int64_t>(bpp, 4) / (cfg.parallel.zero ? dp : 1);
+    x.bytes_grads = numel * std::max<int64_t>(bpp, 4);
+    x.bytes_optimizer = 2 * numel * std::max<int64_t>(bpp, 4) / (cfg.parallel.zero ? dp : 1) +
+                        (bpp < 4 ? numel * 4 : 0);
     x.bytes_activations = B * T * act * bpp;
     x.bytes_total = x.bytes_params + x.bytes_grads + x.bytes_optimizer + x.bytes_activations;
     x.pp_rank = r;

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/rng.hpp"
+#include "kernels/common/bf16.hpp"
 #include "kernels/check.hpp"
 
 namespace adgt {
@@ -14,6 +15,7 @@ Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_
       stage_(stage ? *stage : whole_model(cfg)),
       be_(be),
       dtype_(dtype),
+      mdt_(dtype == DType::BF16 ? DType::F32 : dtype),
       B_(B),
       T_(T),
       N_(B * T),
@@ -22,8 +24,11 @@ Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_
   if (!tp_) tp_ = &self_;
   const int64_t tp = tp_->size(), r = tp_->rank();
   sp_ = tpc.sequence_parallel && tp > 1;
-  ADGT_CHECK(dtype == DType::F32 || dtype == DType::F64,
-             "Model: dtype " << dtype_name(dtype) << " not supported (f32 or f64)");
+  ADGT_CHECK(dtype == DType::F32 || dtype == DType::F64 || dtype == DType::BF16,
+             "Model: dtype " << dtype_name(dtype) << " not supported (f32, f64 or bf16)");
+  ADGT_CHECK(dtype != DType::BF16 || cfg.n_experts == 0,
+             "Model: bf16 (train.dtype) is not supported yet for mixture-of-experts models "
+             "(model.n_experts=" << cfg.n_experts << "); use f32");
   ADGT_CHECK(T <= cfg.seq_len, "Model: micro-batch length " << T << " exceeds model.seq_len="
                                                             << cfg.seq_len);
   ADGT_CHECK(cfg.n_heads % tp == 0 && cfg.n_kv_heads % tp == 0 && cfg.ffn_hidden % tp == 0,
@@ -110,11 +115,15 @@ Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_
 
   const int64_t mult = std::max<int64_t>(16, tpc.flat_multiple);
   flat_n_ = (total_numel(table_) + mult - 1) / mult * mult;
-  const size_t pbytes = size_t(flat_n_) * dtype_size(dtype);
-  params_ = Buffer(be, pbytes);
-  grads_ = Buffer(be, pbytes);
+  params_ = Buffer(be, size_t(flat_n_) * dtype_size(dtype));
+  grads_ = Buffer(be, size_t(flat_n_) * dtype_size(mdt_));
   be.zero(params());
   be.zero(grads());
+  if (mixed()) {
+    master_ = Buffer(be, size_t(flat_n_) * dtype_size(mdt_));
+    be.zero(master());
+  }
+  const DType sdt = mdt_;  // statistics: rstd, losses, ce stats, rope tables
 
   const int64_t C = cfg.d_model, N = N_, Nl = Nl_;
   for (int c = 0; c < num_chunks(); ++c) add_slot(c);
@@ -137,34 +146,34 @@ Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_
   dup_ = act(N, Fl_, dtype);
   dh_ = act(N, Fl_, dtype);
   if (tp > 1 && stage_.head) {
-    ce_stats_ = act(N, 3, dtype);
-    ce_gathered_ = act(tp * N, 3, dtype);
-    ce_combined_ = act(N, 3, dtype);
+    ce_stats_ = act(N, 3, sdt);
+    ce_gathered_ = act(tp * N, 3, sdt);
+    ce_combined_ = act(N, 3, sdt);
   }
-  rope_cos_ = act(T, hd / 2, dtype);
-  rope_sin_ = act(T, hd / 2, dtype);
+  rope_cos_ = act(T, hd / 2, sdt);
+  rope_sin_ = act(T, hd / 2, sdt);
   build_rope_tables();
 }
 
 void Model::add_slot(int chunk) {
   Chunk& ch = chunks_[size_t(chunk)];
   const int64_t C = cfg_.d_model, hd = cfg_.head_dim(), N = N_, Nl = Nl_;
-  const DType dt = dtype_;
+  const DType dt = dtype_, sdt = mdt_;
   const int64_t att_saved = be_.attention_saved_elems(att_shape_);
   Slot s;
   s.layers.resize(size_t(ch.n_layers));
   for (auto& a : s.layers) {
     a.x_in = act(Nl, C, dt);
     a.ln1 = act(N, C, dt);
-    a.rstd1 = act(Nl, 1, dt);
+    a.rstd1 = act(Nl, 1, sdt);
     a.q = act(N, Hl_ * hd, dt);
     a.k = act(N, KVl_ * hd, dt);
     a.v = act(N, KVl_ * hd, dt);
-    a.att_saved = act(att_saved, 1, dt);
+    a.att_saved = act(att_saved, 1, sdt);
     a.att = act(N, Hl_ * hd, dt);
     a.x_mid = act(Nl, C, dt);
     a.ln2 = act(N, C, dt);
-    a.rstd2 = act(Nl, 1, dt);
+    a.rstd2 = act(Nl, 1, sdt);
     a.gate = act(N, Fl_, dt);
     a.up = act(N, Fl_, dt);
     a.h = act(N, Fl_, dt);
@@ -172,9 +181,9 @@ void Model::add_slot(int chunk) {
   s.x_out = act(Nl, C, dt);
   if (chunk_has_head(chunk)) {
     s.lnf = act(N, C, dt);
-    s.rstdf = act(Nl, 1, dt);
+    s.rstdf = act(Nl, 1, sdt);
     s.logits = act(N, Vl_, dt);
-    s.losses = act(N, 1, dt);
+    s.losses = act(N, 1, sdt);
   }
   s.in_tok = act(N, 1, DType::I32);
   s.tgt_tok = act(N, 1, DType::I32);
@@ -217,7 +226,37 @@ Tensor Model::act(int64_t rows, int64_t cols, DType dt) {
   return Tensor(owned_.back().data(), dt, {rows, cols});
 }
 
-Tensor Model::flat(const Buffer& b) const { return Tensor(b.data(), dtype_, {flat_n_}); }
+Tensor Model::flat(const Buffer& b, DType dt) const { return Tensor(b.data(), dt, {flat_n_}); }
+
+void Model::sync_params(int64_t lo, int64_t hi) {
+  if (!mixed()) return;
+  if (hi < 0) hi = flat_n_;
+  if (hi <= lo) return;
+  auto part = [&](Tensor t) {
+    t.data = static_cast<char*>(t.data) + size_t(lo) * dtype_size(t.dtype);
+    t.shape[0] = hi - lo;
+    return t;
+  };
+  be_.cast(part(params()), part(master()));
+}
+
+std::vector<double> Model::read_host(const Tensor& t) const {
+  const size_t n = size_t(t.numel());
+  std::vector<double> out(n);
+  if (t.dtype == DType::F64) {
+    be_.to_host(out.data(), t.data, n * 8);
+  } else if (t.dtype == DType::F32) {
+    std::vector<float> f(n);
+    be_.to_host(f.data(), t.data, n * 4);
+    std::copy(f.begin(), f.end(), out.begin());
+  } else {
+    ADGT_CHECK(t.dtype == DType::BF16, "Model::read_host: dtype " << dtype_name(t.dtype));
+    std::vector<bf16_bits> h(n);
+    be_.to_host(h.data(), t.data, n * 2);
+    for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(h[i]);
+  }
+  return out;
+}
 
 Tensor Model::param(size_t i) const {
   const ParamSpec& p = table_[i];
@@ -228,7 +267,8 @@ Tensor Model::param(size_t i) const {
 
 Tensor Model::grad(size_t i) const {
   Tensor t = param(i);
-  t.data = static_cast<char*>(grads_.data()) + size_t(table_[i].offset) * dtype_size(dtype_);
+  t.dtype = mdt_;
+  t.data = static_cast<char*>(grads_.data()) + size_t(table_[i].offset) * dtype_size(mdt_);
   return t;
 }
 
@@ -248,7 +288,7 @@ void Model::build_rope_tables() {
       s[size_t(t * half + i)] = std::sin(a);
     }
   auto upload = [&](Tensor dst, const std::vector<double>& src) {
-    if (dtype_ == DType::F64) {
+    if (dst.dtype == DType::F64) {
       be_.to_device(dst.data, src.data(), src.size() * 8);
     } else {
       std::vector<float> f(src.begin(), src.end());
@@ -290,11 +330,11 @@ void Model::init_weights(uint64_t seed) {
 std::vector<float> Model::params_to_host() const {
   const size_t n = size_t(flat_n_);
   std::vector<float> out(n);
-  if (dtype_ == DType::F32) {
-    be_.to_host(out.data(), params_.data(), n * 4);
+  if (mdt_ == DType::F32) {
+    be_.to_host(out.data(), master().data, n * 4);
   } else {
     std::vector<double> d(n);
-    be_.to_host(d.data(), params_.data(), n * 8);
+    be_.to_host(d.data(), master().data, n * 8);
     for (size_t i = 0; i < n; ++i) out[i] = float(d[i]);
   }
   return out;
@@ -304,25 +344,19 @@ void Model::params_from_host(const std::vector<float>& flat_host) {
   const size_t n = size_t(flat_n_);
   ADGT_CHECK(flat_host.size() == n, "params_from_host: got " << flat_host.size()
                                                              << " values, expected " << n);
-  if (dtype_ == DType::F32) {
-    be_.to_device(params_.data(), flat_host.data(), n * 4);
+  if (mdt_ == DType::F32) {
+    be_.to_device(master().data, flat_host.data(), n * 4);
   } else {
     std::vector<double> d(flat_host.begin(), flat_host.end());
-    be_.to_device(params_.data(), d.data(), n * 8);
+    be_.to_device(master().data, d.data(), n * 8);
   }
+  sync_params();
 }
 
 std::vector<double> Model::grads_to_host_f64() const {
   const size_t n = size_t(flat_n_);
-  std::vector<double> out(n);
-  if (dtype_ == DType::F64) {
-    be_.to_host(out.data(), grads_.data(), n * 8);
-  } else {
-    std::vector<float> f(n);
-    be_.to_host(f.data(), grads_.data(), n * 4);
-    for (size_t i = 0; i < n; ++i) out[i] = f[i];
-  }
-  return out;
+  (void)n;
+  return read_host(grads());
 }
 
 void Model::zero_grads() { be_.zero(grads()); }
@@ -344,6 +378,15 @@ void Model::norm_forward(Tensor full_out, Tensor rstd, const Tensor& x, size_t w
     gather_rows(full_out, ln_local_);
   } else {
     be_.rmsnorm_forward(full_out, rstd, x, param(w), cfg_.norm_eps);
+  }
+}
+
+void Model::add_norm_forward(Tensor x, const Tensor& y, Tensor full_out, Tensor rstd, size_t w) {
+  if (sp_) {
+    be_.residual_rmsnorm_forward(x, y, ln_local_, rstd, param(w), cfg_.norm_eps);
+    gather_rows(full_out, ln_local_);
+  } else {
+    be_.residual_rmsnorm_forward(x, y, full_out, rstd, param(w), cfg_.norm_eps);
   }
 }
 
@@ -399,10 +442,14 @@ double Model::forward_chunk(int chunk, int slot, const int32_t* inputs, const in
     }
     be_.to_device(s.tgt_tok.data, targets, size_t(N) * 4);
   }
+  // Each residual add is fused with the norm that reads its result
+  // (residual_rmsnorm_forward; the same numbers as the add then the norm).
+  bool normed = false;  // this layer's ln1 was computed by the previous layer's add
   for (size_t l = 0; l < s.layers.size(); ++l) {
     LayerActs& a = s.layers[l];
     const LayerIdx& w = layer_idx_[ch.first_local + l];
-    norm_forward(a.ln1, a.rstd1, a.x_in, w.in_norm);
+    if (!normed) norm_forward(a.ln1, a.rstd1, a.x_in, w.in_norm);
+    normed = false;
     be_.linear_forward(a.q, a.ln1, param(w.q));
     be_.linear_forward(a.k, a.ln1, param(w.k));
     be_.linear_forward(a.v, a.ln1, param(w.v));
@@ -412,8 +459,7 @@ double Model::forward_chunk(int chunk, int slot, const int32_t* inputs, const in
     Tensor o = sp_ ? partial_ : a.x_mid;
     be_.linear_forward(o, a.att, param(w.o));
     reduce_rows(a.x_mid, o);
-    be_.add_inplace(a.x_mid, a.x_in);
-    norm_forward(a.ln2, a.rstd2, a.x_mid, w.post_norm);
+    add_norm_forward(a.x_mid, a.x_in, a.ln2, a.rstd2, w.post_norm);
     Tensor next = l + 1 < s.layers.size() ? s.layers[l + 1].x_in : s.x_out;
     Tensor down = sp_ ? partial_ : next;
     if (w.moe >= 0) {
@@ -425,26 +471,25 @@ double Model::forward_chunk(int chunk, int slot, const int32_t* inputs, const in
       be_.linear_forward(down, a.h, param(w.down));
     }
     reduce_rows(next, down);
-    be_.add_inplace(next, a.x_mid);
-  }
-  if (!head) return 0.0;
-  norm_forward(s.lnf, s.rstdf, s.x_out, norm_idx_);
-  be_.linear_forward(s.logits, s.lnf, param(head_idx_));
-  if (capture_logits_) {
-    const size_t n = size_t(s.logits.numel());
-    logits_host_.resize(n);
-    if (dtype_ == DType::F64) {
-      be_.to_host(logits_host_.data(), s.logits.data, n * 8);
+    if (l + 1 < s.layers.size()) {
+      LayerActs& n = s.layers[l + 1];
+      add_norm_forward(next, a.x_mid, n.ln1, n.rstd1, layer_idx_[ch.first_local + l + 1].in_norm);
+      normed = true;
+    } else if (head) {
+      add_norm_forward(next, a.x_mid, s.lnf, s.rstdf, norm_idx_);
+      normed = true;
     } else {
-      std::vector<float> f(n);
-      be_.to_host(f.data(), s.logits.data, n * 4);
-      std::copy(f.begin(), f.end(), logits_host_.begin());
+      be_.add_inplace(next, a.x_mid);
     }
   }
+  if (!head) return 0.0;
+  if (!normed) norm_forward(s.lnf, s.rstdf, s.x_out, norm_idx_);
+  be_.linear_forward(s.logits, s.lnf, param(head_idx_));
+  if (capture_logits_) logits_host_ = read_host(s.logits);
   loss_forward(s, n_valid ? grad_scale / double(n_valid) : 0.0);
 
   double sum = 0;
-  if (dtype_ == DType::F64) {
+  if (mdt_ == DType::F64) {
     std::vector<double> l(static_cast<size_t>(N));
     be_.to_host(l.data(), s.losses.data, size_t(N) * 8);
     for (double x : l) sum += x;

@@ -51,7 +51,9 @@ struct MoeLayerStep {
 
 class Model {
  public:
-  // B sequences of T tokens per micro-batch; dtype F32 (or F64 for reference checks).
+  // B sequences of T tokens per micro-batch; dtype F32 (or F64 for reference
+  // checks), or BF16 for mixed precision: bf16 weights and activations, with
+  // fp32 master weights, gradients and statistics (see kernels/backend.hpp).
   // `stage`: the part of the model this rank holds under pipeline parallelism
   // (nullptr: the whole model, one chunk with embedding and head).
   Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_t T,
@@ -60,13 +62,19 @@ class Model {
   const ModelConfig& config() const { return cfg_; }
   const StageSlice& stage() const { return stage_; }
   const std::vector<ParamSpec>& table() const { return table_; }
-  DType dtype() const { return dtype_; }
+  DType dtype() const { return dtype_; }           // weights and activations
+  DType master_dtype() const { return mdt_; }      // master weights, gradients, statistics
+  bool mixed() const { return dtype_ != mdt_; }
   int64_t batch() const { return B_; }
   int64_t seq_len() const { return T_; }
   int tp_size() const { return tp_->size(); }
   int64_t flat_size() const { return flat_n_; }     // flat buffer length (padded)
-  Tensor params() const { return flat(params_); }  // (flat_size)
-  Tensor grads() const { return flat(grads_); }    // (flat_size)
+  Tensor params() const { return flat(params_); }  // (flat_size) the compute weights
+  Tensor grads() const { return flat(grads_, mdt_); }  // (flat_size) master dtype
+  // The master weights the optimizer updates (fp32); params() itself unless mixed.
+  Tensor master() const { return mixed() ? flat(master_, mdt_) : params(); }
+  // params()[lo, hi) = master()[lo, hi) rounded to the compute dtype (no-op unless mixed).
+  void sync_params(int64_t lo = 0, int64_t hi = -1);
   Tensor param(size_t i) const;
   Tensor grad(size_t i) const;
 
@@ -75,7 +83,7 @@ class Model {
   // takes its shard, so every layout starts from the same weights; f32 and f64
   // models get the same values.
   void init_weights(uint64_t seed);
-  // Host copies of the flat buffers as fp32 / from fp32 (checkpoints).
+  // Host copies of the flat (master) weights as fp32 / from fp32 (checkpoints).
   std::vector<float> params_to_host() const;
   void params_from_host(const std::vector<float>& flat);
   std::vector<double> grads_to_host_f64() const;
@@ -185,7 +193,9 @@ class Model {
   void moe_backward(Slot& s, LayerActs& a, const LayerIdx& w, int slot);
   static constexpr size_t kNone = size_t(-1);
 
-  Tensor flat(const Buffer& b) const;
+  Tensor flat(const Buffer& b) const { return flat(b, dtype_); }
+  Tensor flat(const Buffer& b, DType dt) const;
+  std::vector<double> read_host(const Tensor& t) const;  // any float dtype -> double
   Tensor act(int64_t rows, int64_t cols, DType dt);  // a new buffer owned by the model
   void build_rope_tables();
   void make_split_buffers(Slot& s, int chunk);
@@ -193,13 +203,15 @@ class Model {
   void gather_rows(Tensor full, const Tensor& local);   // (Nl,C) -> (N,C)
   void reduce_rows(Tensor local, Tensor partial);       // (N,C) partial sums -> (Nl,C)
   void norm_forward(Tensor full_out, Tensor rstd, const Tensor& x, size_t w);
+  // x += y, then norm_forward of x (one fused backend op).
+  void add_norm_forward(Tensor x, const Tensor& y, Tensor full_out, Tensor rstd, size_t w);
   void loss_forward(Slot& s, double scale);
   std::pair<int64_t, int64_t> range(size_t first, size_t last) const;
 
   ModelConfig cfg_;
   StageSlice stage_;
   Backend& be_;
-  DType dtype_;
+  DType dtype_, mdt_;
   int64_t B_, T_, N_, Nl_;
   Comm* tp_;
   SelfComm self_;
@@ -213,7 +225,7 @@ class Model {
   std::vector<std::unique_ptr<MoeLayer>> moe_;  // this rank's MoE layers, in layer order
   std::vector<MoeLayerStep> moe_step_;
   size_t emb_idx_ = kNone, norm_idx_ = kNone, head_idx_ = kNone;
-  Buffer params_, grads_;
+  Buffer params_, grads_, master_;
   std::vector<Buffer> owned_;  // activations and scratch
   Tensor ln_local_;             // (Nl, C) norm output before the gather (SP only)
   Tensor partial_;              // (N, C) row-parallel partial sums (SP only)

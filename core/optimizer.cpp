@@ -43,7 +43,7 @@ Tensor AdamW::at(Tensor f, int64_t begin, int64_t end, int64_t base) const {
                 {end - begin});
 }
 
-void AdamW::step(Tensor params, Tensor grads, double lr, int64_t step) {
+void AdamW::step(Tensor params, Tensor grads, double lr, int64_t step, Tensor lowp) {
   ADGT_CHECK(params.numel() >= hi_ && grads.numel() >= hi_, "AdamW: flat buffer too small");
   AdamWHyper h;
   h.lr = lr;
@@ -53,8 +53,16 @@ void AdamW::step(Tensor params, Tensor grads, double lr, int64_t step) {
   h.step = step;
   for (const Segment& s : segs_) {
     h.weight_decay = decays(table_[s.param], cfg_) ? cfg_.weight_decay : 0.0;
-    be_.adamw(at(params, s.begin, s.end, 0), at(grads, s.begin, s.end, 0),
-              at(exp_avg(), s.begin, s.end, lo_), at(exp_avg_sq(), s.begin, s.end, lo_), h);
+    if (lowp.data) {
+      Tensor lp(static_cast<char*>(lowp.data) + size_t(s.begin) * dtype_size(lowp.dtype),
+                lowp.dtype, {s.end - s.begin});
+      be_.adamw_cast(at(params, s.begin, s.end, 0), at(grads, s.begin, s.end, 0),
+                     at(exp_avg(), s.begin, s.end, lo_), at(exp_avg_sq(), s.begin, s.end, lo_), lp,
+                     h);
+    } else {
+      be_.adamw(at(params, s.begin, s.end, 0), at(grads, s.begin, s.end, 0),
+                at(exp_avg(), s.begin, s.end, lo_), at(exp_avg_sq(), s.begin, s.end, lo_), h);
+    }
   }
 }
 

@@ -27,7 +27,9 @@ class AdamW {
   AdamW(Backend& be, const std::vector<ParamSpec>& table, const TrainConfig& cfg, DType dtype,
         int64_t lo = 0, int64_t hi = -1);
   // One update of the parameters in range; `step` is the 1-based count of updates.
-  void step(Tensor params, Tensor grads, double lr, int64_t step);
+  // params are the (fp32) master weights; a non-empty `lowp` (mixed precision)
+  // receives the updated weights in its dtype (bf16) in the same pass.
+  void step(Tensor params, Tensor grads, double lr, int64_t step, Tensor lowp = {});
   int64_t lo() const { return lo_; }
   int64_t hi() const { return hi_; }
   Tensor exp_avg() const { return flat(m_); }     // (hi - lo)

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "kernels/check.hpp"
+#include "kernels/common/bf16.hpp"
 #include "parallel/mpi_env.hpp"
 
 namespace adgt {
@@ -19,7 +20,21 @@ constexpr int kRingTag = 1;
 constexpr int kMaxUserTag = 32767;  // MPI guarantees MPI_TAG_UB >= 32767
 
 
-bool reducible(DType t) { return t == DType::F32 || t == DType::F64 || t == DType::I32; }
+bool reducible(DType t) {
+  return t == DType::F32 || t == DType::F64 || t == DType::I32 || t == DType::BF16;
+}
+
+// bf16 (tensor-parallel partial sums of a mixed-precision model): each hop adds
+// in fp32 and rounds once, as NCCL's bf16 reductions do.
+void reduce_bf16(void* dst, const void* recv, const void* own, int64_t n, ReduceOp op) {
+  auto* d = static_cast<bf16_bits*>(dst);
+  const auto* a = static_cast<const bf16_bits*>(recv);
+  const auto* b = static_cast<const bf16_bits*>(own);
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = bf16_to_float(a[i]), y = bf16_to_float(b[i]);
+    d[i] = op == ReduceOp::Sum ? float_to_bf16(x + y) : ((x > y || x != x) ? a[i] : b[i]);
+  }
+}
 
 // dst = received (op) own, element by element; dst may alias own. Max propagates NaN.
 template <class T>
@@ -39,6 +54,7 @@ void reduce(void* dst, const void* recv, const void* own, int64_t n, DType dt, R
     case DType::F32: return reduce_typed<float>(dst, recv, own, n, op);
     case DType::F64: return reduce_typed<double>(dst, recv, own, n, op);
     case DType::I32: return reduce_typed<int32_t>(dst, recv, own, n, op);
+    case DType::BF16: return reduce_bf16(dst, recv, own, n, op);
     default: ADGT_CHECK(false, "MpiComm: cannot reduce " << dtype_name(dt));
   }
 }
@@ -142,7 +158,7 @@ void MpiComm::ring_all_gather(char* base, const RingChunks& ch, DType dt) {
 
 void MpiComm::all_reduce(Tensor t, ReduceOp op) {
   ADGT_CHECK(reducible(t.dtype), "MpiComm(" << name_ << ")::all_reduce: dtype "
-                                            << dtype_name(t.dtype) << "; use f32, f64 or i32");
+                                            << dtype_name(t.dtype) << "; use f32, f64, bf16 or i32");
   Timed timed(stats_);
   if (size_ == 1 || t.numel() == 0) return;
   const RingChunks ch = ring_chunks(t.numel(), size_);
@@ -155,7 +171,7 @@ void MpiComm::all_reduce(Tensor t, ReduceOp op) {
 void MpiComm::reduce_scatter(Tensor out, const Tensor& in) {
   ADGT_CHECK(reducible(in.dtype) && out.dtype == in.dtype,
              "MpiComm(" << name_ << ")::reduce_scatter: dtypes out " << dtype_name(out.dtype)
-                        << ", in " << dtype_name(in.dtype) << "; both f32, f64 or i32");
+                        << ", in " << dtype_name(in.dtype) << "; both f32, f64, bf16 or i32");
   ADGT_CHECK(in.numel() == int64_t(size_) * out.numel(),
              "MpiComm(" << name_ << ")::reduce_scatter: in" << in.shape_str() << " must hold "
                         << size_ << " x out" << out.shape_str());

@@ -27,7 +27,9 @@ namespace {
 std::atomic<int> g_stop_signal{0};
 void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
-DType parse_dtype(const std::string& s) { return s == "f64" ? DType::F64 : DType::F32; }
+DType parse_dtype(const std::string& s) {
+  return s == "f64" ? DType::F64 : s == "bf16" ? DType::BF16 : DType::F32;
+}
 
 std::unique_ptr<TokenShard> open_shard(const std::string& path, const char* key,
                                        const ModelConfig& m) {

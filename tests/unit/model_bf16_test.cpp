@@ -1,0 +1,222 @@
+// Mixed precision (train.dtype: bf16) in the model and optimizer, on the CPU
+// backend: bf16 weights and activations derived from fp32 master weights,
+// fp32 gradients, the fused AdamW + cast, and how far a bf16 model's loss and
+// gradients are from the fp32 model's on the same (bf16-representable) weights.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <vector>
+
+#include "core/data_parallel.hpp"
+#include "core/model.hpp"
+#include "core/rng.hpp"
+#include "kernels/common/bf16.hpp"
+#include "kernels/cpu/cpu_backend.hpp"
+
+using namespace adgt;
+
+namespace {
+
+ModelConfig small_model() {
+  ModelConfig m;
+  m.vocab_size = 96;
+  m.d_model = 64;
+  m.n_layers = 2;
+  m.n_heads = 4;
+  m.n_kv_heads = 2;
+  m.ffn_hidden = 128;
+  m.seq_len = 32;
+  m.init_std = 0.05;
+  return m;
+}
+
+struct Batch {
+  std::vector<int32_t> in, tg;
+};
+Batch make_batch(int64_t n, int64_t vocab, uint64_t seed) {
+  Batch b;
+  Rng r(seed);
+  for (int64_t i = 0; i < n; ++i) {
+    b.in.push_back(int32_t(r.next() % uint64_t(vocab)));
+    b.tg.push_back(int32_t(r.next() % uint64_t(vocab)));
+  }
+  b.tg[3] = -1;  // an ignored target
+  return b;
+}
+
+std::vector<bf16_bits> host_bf16(Backend& be, const Tensor& t) {
+  std::vector<bf16_bits> h(size_t(t.numel()));
+  be.to_host(h.data(), t.data, h.size() * 2);
+  return h;
+}
+
+std::vector<float> rounded(std::vector<float> v) {
+  for (float& x : v) x = round_to_bf16(x);
+  return v;
+}
+
+double rel(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+}  // namespace
+
+TEST_CASE("bf16 model: fp32 master weights, bf16 params are their rounding, fp32 grads",
+          "[bf16][model]") {
+  CpuBackend be;
+  const ModelConfig m = small_model();
+  Model f32(m, be, DType::F32, 2, 16), b16(m, be, DType::BF16, 2, 16);
+  f32.init_weights(5);
+  b16.init_weights(5);
+  CHECK(b16.mixed());
+  CHECK_FALSE(f32.mixed());
+  CHECK(b16.params().dtype == DType::BF16);
+  CHECK(b16.master().dtype == DType::F32);
+  CHECK(b16.grads().dtype == DType::F32);
+  CHECK(b16.grad(1).dtype == DType::F32);
+  CHECK(b16.param(1).dtype == DType::BF16);
+  // The master holds the same fp32 initialisation as the fp32 model.
+  const std::vector<float> mf = f32.params_to_host(), mb = b16.params_to_host();
+  REQUIRE(mf.size() == mb.size());
+  CHECK(mf == mb);
+  // The compute copy is the master rounded to nearest even, element by element.
+  const std::vector<bf16_bits> p = host_bf16(be, b16.params());
+  size_t bad = 0;
+  for (size_t i = 0; i < p.size(); ++i) bad += p[i] != float_to_bf16(mb[i]);
+  CHECK(bad == 0);
+  // And a loaded master (a checkpoint) refreshes it.
+  std::vector<float> w = mb;
+  for (float& x : w) x *= 1.5f;
+  b16.params_from_host(w);
+  CHECK(b16.params_to_host() == w);
+  const std::vector<bf16_bits> p2 = host_bf16(be, b16.params());
+  bad = 0;
+  for (size_t i = 0; i < p2.size(); ++i) bad += p2[i] != float_to_bf16(w[i]);
+  CHECK(bad == 0);
+}
+
+TEST_CASE("bf16 model: loss and gradients close to the fp32 model on the same weights",
+          "[bf16][model]") {
+  CpuBackend be;
+  const ModelConfig m = small_model();
+  const int64_t B = 2, T = 32;
+  Model f32(m, be, DType::F32, B, T), b16(m, be, DType::BF16, B, T);
+  b16.init_weights(11);
+  // Both models compute with the same bf16-representable weights.
+  f32.params_from_host(rounded(b16.params_to_host()));
+  const Batch bt = make_batch(B * T, m.vocab_size, 17);
+  f32.zero_grads();
+  b16.zero_grads();
+  const double lf = f32.forward(bt.in.data(), bt.tg.data(), 1.0);
+  const double lb = b16.forward(bt.in.data(), bt.tg.data(), 1.0);
+  f32.backward();
+  b16.backward();
+  // Measured with this model: loss 4e-4 relative, gradients 1.5e-2 relative
+  // overall (bf16 has an 8-bit significand: 2^-9 = 2e-3 per rounding, and the
+  // activation gradients are rounded at every op of 2 layers). The bounds are
+  // ~4x the measured values: a statistic kept in bf16, a gradient accumulated
+  // in bf16 or a missing rounding would not move them, but a wrong dtype
+  // reading (bf16 bits as f32) or a skipped op does, by orders of magnitude.
+  INFO("loss f32 " << lf << " bf16 " << lb);
+  CHECK(std::abs(lb - lf) / lf < 2e-3);
+  const std::vector<double> gf = f32.grads_to_host_f64(), gb = b16.grads_to_host_f64();
+  const double e_all = rel(gb, gf);
+  INFO("gradient relative error " << e_all);
+  CHECK(e_all < 6e-2);
+  for (const ParamSpec& s : f32.table()) {
+    std::vector<double> a(gb.begin() + s.offset, gb.begin() + s.offset + s.numel),
+        b(gf.begin() + s.offset, gf.begin() + s.offset + s.numel);
+    INFO(s.name << " relative error " << rel(a, b));
+    CHECK(rel(a, b) < 0.12);
+  }
+}
+
+TEST_CASE("bf16 model: the AdamW step updates the fp32 master and rounds the copy once",
+          "[bf16][model]") {
+  CpuBackend be;
+  const ModelConfig m = small_model();
+  const int64_t B = 2, T = 16;
+  Model b16(m, be, DType::BF16, B, T);
+  b16.init_weights(3);
+  TrainConfig tc;
+  tc.lr = 1e-2;
+  tc.weight_decay = 0.1;
+  ParallelConfig pc;
+  SelfComm dp("dp"), tp("tp");
+  DataParallel opt(be, b16, tc, pc, dp, tp);
+  const Batch bt = make_batch(B * T, m.vocab_size, 23);
+  b16.zero_grads();
+  b16.forward(bt.in.data(), bt.tg.data(), 1.0);
+  b16.backward();
+  // The reference: the same AdamW on an fp32 copy of the master and gradients.
+  const int64_t n = b16.flat_size();
+  std::vector<float> master = b16.params_to_host(), grads(size_t(n)), zeros(size_t(n), 0.f);
+  be.to_host(grads.data(), b16.grads().data, size_t(n) * 4);
+  Buffer mb(be, size_t(n) * 4), gb(be, size_t(n) * 4);
+  be.to_device(mb.data(), master.data(), size_t(n) * 4);
+  be.to_device(gb.data(), grads.data(), size_t(n) * 4);
+  AdamW ref(be, b16.table(), tc, DType::F32);
+  ref.step(Tensor(mb.data(), DType::F32, {n}), Tensor(gb.data(), DType::F32, {n}), 1e-2, 1);
+  std::vector<float> want(size_t(n));
+  be.to_host(want.data(), mb.data(), size_t(n) * 4);
+
+  opt.step(1e-2, 1, 1.0);
+  const std::vector<float> got = b16.params_to_host();
+  CHECK(got == want);
+  CHECK(got != master);
+  const std::vector<bf16_bits> p = host_bf16(be, b16.params());
+  size_t bad = 0;
+  for (size_t i = 0; i < p.size(); ++i) bad += p[i] != float_to_bf16(got[i]);
+  CHECK(bad == 0);
+}
+
+TEST_CASE("bf16 model: training follows the fp32 run", "[bf16][model]") {
+  // Overfitting one batch for 30 steps: the bf16 run's losses stay within 2%
+  // of the fp32 run's (measured: 0.4% at most) and fall as far.
+  CpuBackend be;
+  ModelConfig m = small_model();
+  const int64_t B = 2, T = 32;
+  Model f32(m, be, DType::F32, B, T), b16(m, be, DType::BF16, B, T);
+  f32.init_weights(9);
+  b16.init_weights(9);
+  TrainConfig tc;
+  tc.weight_decay = 0.0;
+  ParallelConfig pc;
+  SelfComm dp("dp"), tp("tp");
+  DataParallel of(be, f32, tc, pc, dp, tp), ob(be, b16, tc, pc, dp, tp);
+  const Batch bt = make_batch(B * T, m.vocab_size, 29);
+  double first_f = 0, first_b = 0, last_f = 0, last_b = 0, worst = 0;
+  for (int s = 0; s < 30; ++s) {
+    f32.zero_grads();
+    b16.zero_grads();
+    const double lf = f32.forward(bt.in.data(), bt.tg.data(), 1.0);
+    const double lb = b16.forward(bt.in.data(), bt.tg.data(), 1.0);
+    f32.backward();
+    b16.backward();
+    of.step(3e-3, s + 1, 1.0);
+    ob.step(3e-3, s + 1, 1.0);
+    if (s == 0) first_f = lf, first_b = lb;
+    last_f = lf;
+    last_b = lb;
+    worst = std::max(worst, std::abs(lb - lf) / lf);
+  }
+  INFO("f32 " << first_f << " -> " << last_f << ", bf16 " << first_b << " -> " << last_b
+              << ", worst relative gap " << worst);
+  CHECK(last_f < 0.7 * first_f);
+  CHECK(last_b < 0.7 * first_b);
+  CHECK(worst < 0.02);
+}
+
+TEST_CASE("bf16 model: mixture-of-experts models are refused by name", "[bf16][model]") {
+  CpuBackend be;
+  ModelConfig m = small_model();
+  m.n_experts = 4;
+  m.moe_top_k = 2;
+  CHECK_THROWS_WITH(Model(m, be, DType::BF16, 2, 16),
+                    Catch::Contains("bf16") && Catch::Contains("mixture-of-experts"));
+}
