@@ -4,6 +4,18 @@
 # behaviour (make_backend("cuda") errors, "auto" is the CPU) and skip the rest.
 # Here: the one-call GPU check script parses and finds every file it uses.
 # Its bundle and run modes are not ctests (a ~10-minute build; a GPU).
+# The PyTorch baseline the GPU check compares adgt with
+# (scripts/device/torch_llama_bench.py): its --smoke mode runs a tiny model on
+# the CPU in fp32 and checks it (loss at init ~ log(vocab), the logits of
+# tests/torch/llama_ref.py, causality, overfitting one batch). Exit 77 (no
+# torch in ${ADGT_PYTHON}) is a skip.
+add_test(NAME torch_llama_bench_smoke
+  COMMAND ${CMAKE_COMMAND} -E env OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1
+    ${ADGT_PYTHON} ${CMAKE_SOURCE_DIR}/scripts/device/torch_llama_bench.py --smoke
+    --json ${CMAKE_CURRENT_BINARY_DIR}/torch_llama_bench_smoke.json)
+set_tests_properties(torch_llama_bench_smoke PROPERTIES
+  LABELS "cuda;torch" TIMEOUT 120 SKIP_RETURN_CODE 77)
+
 find_program(ADGT_BASH bash)
 if(NOT ADGT_BASH)
   return()

@@ -12,7 +12,7 @@ set_tests_properties(e2e_prepare_kjv PROPERTIES FIXTURES_SETUP kjv)
 # val loss < 5.3 within 150 steps (measured 4.93 train, 4.76 val; it starts at
 # ln(4096) = 8.3).
 set(_args_loss --steps 150 --bound 5.3)
-foreach(check resume eval loss nan signal)
+foreach(check resume eval loss nan signal bf16)
   add_test(NAME e2e_${check}
     COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/e2e/train_checks.py ${check}
       --train $<TARGET_FILE:adgt-train> --data ${ADGT_KJV} --work ${CMAKE_BINARY_DIR}/e2e

@@ -1,12 +1,14 @@
 // CPU causal grouped-query attention. Per (batch, head) and block of query
 // rows: S = scale Q K^T and O = P V as OpenBLAS GEMMs on strided views of the
-// (B,T,H,hd) activations; the probabilities P (B,H,T,T) are saved for the backward.
+// (B,T,H,hd) activations; the probabilities P (B,H,T,T) are saved for the backward
+// (in fp32 when the activations are bf16).
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "kernels/cpu/blas.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
+#include "kernels/cpu/mixed.hpp"
 #include "kernels/cpu/vec_math.hpp"
 
 namespace adgt {
@@ -134,7 +136,19 @@ void CpuBackend::attention_forward(Tensor out, Tensor saved, const Tensor& q, co
   check_shapes(s, q, k, v, "attention_forward");
   ADGT_CHECK(saved.numel() >= attention_saved_elems(s) && out.numel() == q.numel(),
              "attention_forward: saved" << saved.shape_str() << " out" << out.shape_str());
-  cpu_dispatch(q.dtype, [&](auto z_) {
+  const DType a = q.dtype;
+  expect_dtype(k, a, a, "attention_forward", "k");
+  expect_dtype(v, a, a, "attention_forward", "v");
+  expect_dtype(out, a, a, "attention_forward", "out");
+  expect_dtype(saved, stat_dtype(a), a, "attention_forward", "saved");
+  if (a == DType::BF16) {
+    cpu::F32Scratch sc;
+    const Tensor of = sc.out(out);
+    attention_forward(of, saved, sc.in(q), sc.in(k), sc.in(v), s);
+    sc.store(out, of);
+    return;
+  }
+  cpu_dispatch(a, [&](auto z_) {
     using T = decltype(z_);
     forward<T>(out.ptr<T>(), saved.ptr<T>(), q.ptr<T>(), k.ptr<T>(), v.ptr<T>(), s);
   });
@@ -145,9 +159,30 @@ void CpuBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tenso
                                     const Tensor& /*out*/, const Tensor& saved,
                                     const AttentionShape& s) {
   check_shapes(s, q, k, v, "attention_backward");
-  ADGT_CHECK(dq.numel() == q.numel() && dk.numel() == k.numel() && dv.numel() == v.numel(),
-             "attention_backward: gradient shapes");
-  cpu_dispatch(q.dtype, [&](auto z_) {
+  ADGT_CHECK(dq.numel() == q.numel() && dk.numel() == k.numel() && dv.numel() == v.numel() &&
+                 dout.numel() == q.numel() && saved.numel() >= attention_saved_elems(s),
+             "attention_backward: dq" << dq.shape_str() << " dk" << dk.shape_str() << " dv"
+                                      << dv.shape_str() << " dout" << dout.shape_str()
+                                      << " saved" << saved.shape_str());
+  const DType a = q.dtype;
+  expect_dtype(k, a, a, "attention_backward", "k");
+  expect_dtype(v, a, a, "attention_backward", "v");
+  expect_dtype(dout, a, a, "attention_backward", "dout");
+  expect_dtype(dq, a, a, "attention_backward", "dq");
+  expect_dtype(dk, a, a, "attention_backward", "dk");
+  expect_dtype(dv, a, a, "attention_backward", "dv");
+  expect_dtype(saved, stat_dtype(a), a, "attention_backward", "saved");
+  if (a == DType::BF16) {  // the saved probabilities are fp32; `out` is not read
+    cpu::F32Scratch sc;
+    const Tensor dqf = sc.out(dq), dkf = sc.out(dk), dvf = sc.out(dv);
+    attention_backward(dqf, dkf, dvf, sc.in(dout), sc.in(q), sc.in(k), sc.in(v), Tensor(), saved,
+                       s);
+    sc.store(dq, dqf);
+    sc.store(dk, dkf);
+    sc.store(dv, dvf);
+    return;
+  }
+  cpu_dispatch(a, [&](auto z_) {
     using T = decltype(z_);
     backward<T>(dq.ptr<T>(), dk.ptr<T>(), dv.ptr<T>(), dout.ptr<T>(), q.ptr<T>(), k.ptr<T>(),
                 v.ptr<T>(), saved.ptr<T>(), s);

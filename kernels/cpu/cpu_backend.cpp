@@ -3,12 +3,14 @@
 
 #include <cblas.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 
 #include "kernels/common/bf16.hpp"
+#include "kernels/cpu/mixed.hpp"
 
 namespace adgt {
 
@@ -46,6 +48,13 @@ void CpuBackend::zero(Tensor t) { std::memset(t.data, 0, t.bytes()); }
 
 void CpuBackend::add_inplace(Tensor y, const Tensor& x) {
   expect_same(y, x, "add_inplace");
+  if (y.dtype == DType::BF16) {
+    cpu::F32Scratch s;
+    const Tensor yf = s.in(y);
+    add_inplace(yf, s.in(x));
+    s.store(y, yf);
+    return;
+  }
   cpu_dispatch(y.dtype, [&](auto z_) {
     using T = decltype(z_);
     T* a = y.ptr<T>();
@@ -62,6 +71,13 @@ void CpuBackend::copy(Tensor dst, const Tensor& src) {
 }
 
 void CpuBackend::scale_inplace(Tensor x, double s) {
+  if (x.dtype == DType::BF16) {
+    cpu::F32Scratch sc;
+    const Tensor xf = sc.in(x);
+    scale_inplace(xf, s);
+    sc.store(x, xf);
+    return;
+  }
   cpu_dispatch(x.dtype, [&](auto z_) {
     using T = decltype(z_);
     T* a = x.ptr<T>();
@@ -73,23 +89,31 @@ void CpuBackend::scale_inplace(Tensor x, double s) {
 }
 
 namespace {
-double load_elem(const Tensor& t, int64_t i) {
-  switch (t.dtype) {
-    case DType::F32: return t.ptr<float>()[i];
-    case DType::F64: return t.ptr<double>()[i];
-    case DType::BF16: return bf16_to_float(t.ptr<bf16_bits>()[i]);
-    default: return 0;
-  }
-}
-void store_elem(Tensor& t, int64_t i, double v) {
-  switch (t.dtype) {
-    case DType::F32: t.ptr<float>()[i] = float(v); break;
-    case DType::F64: t.ptr<double>()[i] = v; break;
-    case DType::BF16: t.ptr<bf16_bits>()[i] = float_to_bf16(float(v)); break;
-    default: break;
-  }
-}
 bool is_float(DType d) { return d == DType::F32 || d == DType::F64 || d == DType::BF16; }
+
+// f64 -> bf16 rounded once (nearest even): round to f32 toward odd (inexact
+// results get their last bit set), which keeps enough information for the
+// second rounding to f32 -> bf16 to equal a direct one.
+bf16_bits f64_to_bf16(double d) {
+  float f = float(d);
+  if (std::isfinite(f) && double(f) != d) {
+    if (std::fabs(double(f)) > std::fabs(d)) f = std::nextafter(f, 0.0f);  // truncate
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u |= 1u;
+    std::memcpy(&f, &u, 4);
+  }
+  return float_to_bf16(f);
+}
+
+template <class Dst, class Src, class Conv>
+void convert(const Tensor& dst, const Tensor& src, Conv conv) {
+  Dst* d = dst.ptr<Dst>();
+  const Src* s = src.ptr<Src>();
+  const int64_t n = dst.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) d[i] = conv(s[i]);
+}
 }  // namespace
 
 void CpuBackend::cast(Tensor dst, const Tensor& src) {
@@ -102,11 +126,21 @@ void CpuBackend::cast(Tensor dst, const Tensor& src) {
     if (dst.data != src.data) std::memmove(dst.data, src.data, dst.bytes());
     return;
   }
-  const int64_t n = dst.numel();
-  // f64 -> bf16 rounds through f32 (as torch's .to(bfloat16) of a double does not:
-  // it rounds once); the mixed-precision paths only cast f32 <-> bf16.
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) store_elem(dst, i, load_elem(src, i));
+  // Each conversion rounds once (nearest even); widening ones are exact.
+  using D = DType;
+  const D a = src.dtype, b = dst.dtype;
+  if (a == D::F32 && b == D::BF16)
+    convert<bf16_bits, float>(dst, src, [](float x) { return float_to_bf16(x); });
+  else if (a == D::F64 && b == D::BF16)
+    convert<bf16_bits, double>(dst, src, [](double x) { return f64_to_bf16(x); });
+  else if (a == D::BF16 && b == D::F32)
+    convert<float, bf16_bits>(dst, src, [](bf16_bits x) { return bf16_to_float(x); });
+  else if (a == D::BF16 && b == D::F64)
+    convert<double, bf16_bits>(dst, src, [](bf16_bits x) { return double(bf16_to_float(x)); });
+  else if (a == D::F32 && b == D::F64)
+    convert<double, float>(dst, src, [](float x) { return double(x); });
+  else  // f64 -> f32
+    convert<float, double>(dst, src, [](double x) { return float(x); });
 }
 
 }  // namespace adgt

@@ -1,5 +1,8 @@
 // CPU reference backend: fp32 (and fp64, for finite-difference tests and for
-// measuring summation-order error) with OpenBLAS GEMMs and OpenMP loops.
+// measuring summation-order error) with OpenBLAS GEMMs and OpenMP loops. bf16
+// (backend.hpp's mixed-precision rules) runs the fp32 code on fp32 copies and
+// rounds each bf16 output once (kernels/cpu/mixed.hpp): the bit-exact
+// reference for the CUDA backend's bf16 kernels.
 #pragma once
 #include "kernels/backend.hpp"
 #include "kernels/check.hpp"
@@ -36,6 +39,8 @@ class CpuBackend final : public Backend {
                        double eps) override;
   void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dout, const Tensor& x, const Tensor& w,
                         const Tensor& rstd) override;
+  void residual_rmsnorm_forward(Tensor x, const Tensor& y, Tensor out, Tensor rstd,
+                                const Tensor& w, double eps) override;  // fused
   void rope_forward(Tensor x, const Tensor& cos, const Tensor& sin, int64_t T) override;
   void rope_backward(Tensor dx, const Tensor& cos, const Tensor& sin, int64_t T) override;
   int64_t attention_saved_elems(const AttentionShape& s) const override;
@@ -64,9 +69,12 @@ class CpuBackend final : public Backend {
                  int64_t vocab_start, int64_t valid, double grad_scale) override;
   double sum_squares(const Tensor& x) override;
   void adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWHyper& h) override;
+  void adamw_cast(Tensor param, const Tensor& grad, Tensor m, Tensor v, Tensor lowp,
+                  const AdamWHyper& h) override;  // fused: one pass
 };
 
-// Calls f(T{}) with T = float or double according to `dt`; op bodies are
+// Calls f(T{}) with T = float or double according to `dt` (bf16 ops convert
+// to f32 before they dispatch); op bodies are
 // generic lambdas (`[&](auto z) { using T = decltype(z); ... }`), so OpenMP
 // pragmas inside them work (they would not inside a macro argument).
 template <class F>

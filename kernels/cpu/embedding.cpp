@@ -3,14 +3,18 @@
 #include <cstring>
 
 #include "kernels/cpu/cpu_backend.hpp"
+#include "kernels/cpu/mixed.hpp"
 
 namespace adgt {
 
 void CpuBackend::embedding_forward(Tensor out, const Tensor& table, const Tensor& tokens,
                                    int64_t vocab_start) {
   const int64_t N = tokens.numel(), V = table.dim(0), C = table.dim(1);
-  ADGT_CHECK(tokens.dtype == DType::I32 && out.numel() == N * C && out.dtype == table.dtype,
+  ADGT_CHECK(tokens.dtype == DType::I32 && out.numel() == N * C,
              "embedding_forward: tokens" << tokens.shape_str() << " out" << out.shape_str());
+  // A row copy in any float dtype: bf16 rows are copied as they are.
+  ADGT_CHECK(table.dtype != DType::I32, "embedding_forward: table i32, expected a float dtype");
+  expect_dtype(out, table.dtype, table.dtype, "embedding_forward", "out");
   const int32_t* tok = tokens.ptr<int32_t>();
   const size_t row = size_t(C) * dtype_size(table.dtype);
   const char* src = static_cast<const char*>(table.data);
@@ -28,7 +32,14 @@ void CpuBackend::embedding_forward(Tensor out, const Tensor& table, const Tensor
 void CpuBackend::embedding_backward(Tensor dtable, const Tensor& dout, const Tensor& tokens,
                                     int64_t vocab_start) {
   const int64_t N = tokens.numel(), V = dtable.dim(0), C = dtable.dim(1);
-  ADGT_CHECK(dout.numel() == N * C, "embedding_backward: dout" << dout.shape_str());
+  ADGT_CHECK(dout.numel() == N * C && tokens.dtype == DType::I32,
+             "embedding_backward: dout" << dout.shape_str() << " tokens" << tokens.shape_str());
+  expect_dtype(dtable, stat_dtype(dout.dtype), dout.dtype, "embedding_backward", "dtable");
+  if (dout.dtype == DType::BF16) {  // dtable fp32 += the fp32 values of dout
+    cpu::F32Scratch s;
+    embedding_backward(dtable, s.in(dout), tokens, vocab_start);
+    return;
+  }
   const int32_t* tok = tokens.ptr<int32_t>();
   // Serial over rows in token order: deterministic, and cheap next to the GEMMs.
   cpu_dispatch(dtable.dtype, [&](auto z_) {
@@ -49,6 +60,9 @@ void CpuBackend::embedding_backward(Tensor dtable, const Tensor& dout, const Ten
 namespace {
 void check_combine(const Tensor& rows_nc, const Tensor& y, const Tensor& pos, const Tensor& w,
                    const char* op) {
+  ADGT_CHECK(y.dtype != DType::BF16 && rows_nc.dtype != DType::BF16,
+             op << ": bf16 is not supported on the cpu backend (the mixture-of-experts combine "
+                   "runs in f32 or f64)");
   const int64_t N = pos.ndim == 2 ? pos.dim(0) : -1, C = y.ndim == 2 ? y.dim(1) : -1;
   ADGT_CHECK(pos.dtype == DType::I32 && pos.ndim == 2 && y.ndim == 2 &&
                  rows_nc.numel() == N * C && rows_nc.dtype == y.dtype,

@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/blas.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
+#include "kernels/cpu/mixed.hpp"
 
 namespace adgt {
 
@@ -13,7 +14,16 @@ void CpuBackend::linear_forward(Tensor y, const Tensor& x, const Tensor& w) {
   ADGT_CHECK(
       x.ndim == 2 && w.ndim == 2 && w.dim(1) == I && y.numel() == N * O,
       "linear_forward: x" << x.shape_str() << " w" << w.shape_str() << " y" << y.shape_str());
-  ADGT_CHECK(x.dtype == w.dtype && y.dtype == w.dtype, "linear_forward: dtype mismatch");
+  const DType a = x.dtype;
+  expect_dtype(w, a, a, "linear_forward", "w");
+  expect_dtype(y, a, a, "linear_forward", "y");
+  if (a == DType::BF16) {
+    cpu::F32Scratch s;
+    const Tensor yf = s.out(y);
+    linear_forward(yf, s.in(x), s.in(w));
+    s.store(y, yf);
+    return;
+  }
   cpu_dispatch(x.dtype, [&](auto z_) {
     using T = decltype(z_);
     cpu::gemm(false, true, N, O, I, T(1), x.ptr<T>(), I, w.ptr<T>(), I, T(0), y.ptr<T>(), O);
@@ -26,6 +36,18 @@ void CpuBackend::linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const T
   ADGT_CHECK(
       dy.numel() == N * O && (!dw.data || dw.numel() == O * I),
       "linear_backward: dy" << dy.shape_str() << " x" << x.shape_str() << " dw" << dw.shape_str());
+  const DType a = x.dtype;
+  expect_dtype(dy, a, a, "linear_backward", "dy");
+  expect_dtype(w, a, a, "linear_backward", "w");
+  expect_dtype(dx, a, a, "linear_backward", "dx");
+  expect_dtype(dw, stat_dtype(a), a, "linear_backward", "dw");
+  if (a == DType::BF16) {  // dx bf16 (read first when accumulating), dw fp32
+    cpu::F32Scratch s;
+    const Tensor dxf = accumulate_dx ? s.in(dx) : s.out(dx);
+    linear_backward(dxf, dw, s.in(dy), s.in(x), s.in(w), accumulate_dx);
+    s.store(dx, dxf);
+    return;
+  }
   cpu_dispatch(x.dtype, [&](auto z_) {
     using T = decltype(z_);
     if (dx.data) {

@@ -1,8 +1,11 @@
 // CPU fused classifier: softmax cross-entropy and its gradient in one pass per row.
+// The per-row formulas are kernels/common/row_math.hpp's (shared with CUDA).
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/common/row_math.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
+#include "kernels/cpu/mixed.hpp"
 #include "kernels/cpu/vec_math.hpp"
 
 namespace adgt {
@@ -16,6 +19,15 @@ void CpuBackend::cross_entropy(Tensor logits, Tensor losses, const Tensor& targe
   for (int64_t i = 0; i < N; ++i)
     ADGT_CHECK(tg[i] < V, "cross_entropy: target " << tg[i] << " at row " << i
                                                    << " outside the vocabulary [0," << V << ")");
+  const DType a = logits.dtype;
+  expect_dtype(losses, stat_dtype(a), a, "cross_entropy", "losses");
+  if (a == DType::BF16) {  // the gradient replaces the logits in bf16; losses fp32
+    cpu::F32Scratch s;
+    const Tensor lf = s.in(logits);
+    cross_entropy(lf, losses, targets, grad_scale);
+    s.store(logits, lf);
+    return;
+  }
   cpu_dispatch(logits.dtype, [&](auto z_) {
     using T = decltype(z_);
     T* lp = logits.ptr<T>();
@@ -39,11 +51,11 @@ void CpuBackend::cross_entropy(Tensor logits, Tensor losses, const Tensor& targe
         row[j] = cpu::vexp(row[j] - mx);
         sum += row[j];
       }
-      out[i] = std::log(sum) - zt;
+      out[i] = math::cross_entropy_loss(T(0), sum, zt);  // the row is already shifted by mx
       const T inv = gs / sum;
 #pragma omp simd
-      for (int64_t j = 0; j < V; ++j) row[j] *= inv;
-      row[tg[i]] -= gs;
+      for (int64_t j = 0; j < V; ++j) row[j] = math::cross_entropy_grad(row[j], inv);
+      row[tg[i]] = math::cross_entropy_target_grad(row[tg[i]], gs);
     }
   });
 }
@@ -55,9 +67,17 @@ namespace adgt {
 void CpuBackend::ce_partial_stats(Tensor stats, const Tensor& logits, const Tensor& targets,
                                   int64_t vocab_start, int64_t valid) {
   const int64_t N = targets.numel(), Vl = logits.numel() / N;
-  ADGT_CHECK(logits.numel() == N * Vl && stats.numel() == 3 * N && valid > 0 && valid <= Vl,
+  ADGT_CHECK(logits.numel() == N * Vl && stats.numel() == 3 * N && valid > 0 && valid <= Vl &&
+                 targets.dtype == DType::I32,
              "ce_partial_stats: logits" << logits.shape_str() << " stats" << stats.shape_str()
                                         << " valid " << valid);
+  const DType a = logits.dtype;
+  expect_dtype(stats, stat_dtype(a), a, "ce_partial_stats", "stats");
+  if (a == DType::BF16) {
+    cpu::F32Scratch s;
+    ce_partial_stats(stats, s.in(logits), targets, vocab_start, valid);
+    return;
+  }
   const int32_t* tg = targets.ptr<int32_t>();
   cpu_dispatch(logits.dtype, [&](auto z_) {
     using T = decltype(z_);
@@ -85,6 +105,9 @@ void CpuBackend::ce_combine(Tensor combined, const Tensor& gathered) {
   ADGT_CHECK(combined.numel() == 3 * N && gathered.numel() == R * 3 * N,
              "ce_combine: combined" << combined.shape_str() << " gathered"
                                     << gathered.shape_str());
+  ADGT_CHECK(combined.dtype != DType::BF16,
+             "ce_combine: combined bf16, expected f32 (the statistics are fp32 with bf16 logits)");
+  expect_dtype(gathered, combined.dtype, combined.dtype, "ce_combine", "gathered");
   cpu_dispatch(combined.dtype, [&](auto z_) {
     using T = decltype(z_);
     const T* g = gathered.ptr<T>();
@@ -111,6 +134,19 @@ void CpuBackend::ce_finish(Tensor logits, Tensor losses, const Tensor& combined,
   const int64_t N = targets.numel(), Vl = logits.numel() / N;
   ADGT_CHECK(losses.numel() == N && combined.numel() == 3 * N,
              "ce_finish: losses" << losses.shape_str() << " combined" << combined.shape_str());
+  ADGT_CHECK(logits.numel() == N * Vl && valid > 0 && valid <= Vl && targets.dtype == DType::I32,
+             "ce_finish: logits" << logits.shape_str() << " targets" << targets.shape_str()
+                                 << " valid " << valid);
+  const DType a = logits.dtype;
+  expect_dtype(losses, stat_dtype(a), a, "ce_finish", "losses");
+  expect_dtype(combined, stat_dtype(a), a, "ce_finish", "combined");
+  if (a == DType::BF16) {  // the gradient replaces the logits in bf16
+    cpu::F32Scratch s;
+    const Tensor lf = s.in(logits);
+    ce_finish(lf, losses, combined, targets, vocab_start, valid, grad_scale);
+    s.store(logits, lf);
+    return;
+  }
   const int32_t* tg = targets.ptr<int32_t>();
   cpu_dispatch(logits.dtype, [&](auto z_) {
     using T = decltype(z_);
@@ -127,13 +163,14 @@ void CpuBackend::ce_finish(Tensor logits, Tensor losses, const Tensor& combined,
         continue;
       }
       const T M = c[3 * i], S = c[3 * i + 1];
-      out[i] = std::log(S) + M - c[3 * i + 2];
+      out[i] = math::cross_entropy_loss(M, S, c[3 * i + 2]);
       const T inv = gs / S;
 #pragma omp simd
-      for (int64_t j = 0; j < valid; ++j) row[j] = cpu::vexp(row[j] - M) * inv;
+      for (int64_t j = 0; j < valid; ++j)
+        row[j] = math::cross_entropy_grad(cpu::vexp(row[j] - M), inv);
       std::fill(row + valid, row + Vl, T(0));
       const int64_t t = int64_t(tg[i]) - vocab_start;
-      if (t >= 0 && t < valid) row[t] -= gs;
+      if (t >= 0 && t < valid) row[t] = math::cross_entropy_target_grad(row[t], gs);
     }
   });
 }

@@ -1,6 +1,7 @@
 // CPU SwiGLU: h = silu(gate) * up.
 #include "kernels/common/elementwise_math.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
+#include "kernels/cpu/mixed.hpp"
 #include "kernels/cpu/vec_math.hpp"
 
 namespace adgt {
@@ -8,6 +9,13 @@ namespace adgt {
 void CpuBackend::swiglu_forward(Tensor h, const Tensor& gate, const Tensor& up) {
   expect_same(h, gate, "swiglu_forward");
   expect_same(h, up, "swiglu_forward");
+  if (h.dtype == DType::BF16) {
+    cpu::F32Scratch s;
+    const Tensor hf = s.out(h);
+    swiglu_forward(hf, s.in(gate), s.in(up));
+    s.store(h, hf);
+    return;
+  }
   cpu_dispatch(h.dtype, [&](auto z_) {
     using T = decltype(z_);
     T* hp = h.ptr<T>();
@@ -25,6 +33,15 @@ void CpuBackend::swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dh, con
   expect_same(dh, gate, "swiglu_backward");
   expect_same(dgate, gate, "swiglu_backward");
   expect_same(dup, up, "swiglu_backward");
+  expect_same(up, gate, "swiglu_backward");
+  if (dh.dtype == DType::BF16) {
+    cpu::F32Scratch s;
+    const Tensor dgf = s.out(dgate), duf = s.out(dup);
+    swiglu_backward(dgf, duf, s.in(dh), s.in(gate), s.in(up));
+    s.store(dgate, dgf);
+    s.store(dup, duf);
+    return;
+  }
   cpu_dispatch(dh.dtype, [&](auto z_) {
     using T = decltype(z_);
     T* dg = dgate.ptr<T>();

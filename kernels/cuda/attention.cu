@@ -12,7 +12,19 @@
 //      dV_j = sum p_ij dO_i, dK_j = scale sum dS_ij q_i.
 // No atomics: every output element is summed by one thread (or a fixed tree)
 // in a fixed order, so results are deterministic. head_dim <= 256.
+//
+// bf16 (q, k, v, out, dq, dk, dv, dout bf16; saved fp32): the FlashAttention-2
+// style tensor-core kernels of flash_attention.cu for head_dim 64 and 128;
+// any other bf16 shape (or ADGT_ATTENTION=exact) runs these exact fp32
+// kernels on fp32 copies in scratch and rounds the results to bf16 once.
+// Both write the same `saved` (the natural-log row log-sum-exp of the scaled
+// scores), so either backward accepts either forward's `saved`.
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/common/bf16.hpp"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/flash_attention.cuh"
 
 namespace adgt {
 using namespace cuda;
@@ -211,6 +223,40 @@ __global__ void attn_bwd_dkv_kernel(T* __restrict__ dk, T* __restrict__ dv,
   }
 }
 
+__global__ void bf16_to_f32_kernel(float* __restrict__ dst, const uint16_t* __restrict__ src,
+                                   int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = bf16_to_float(src[i]);
+}
+__global__ void f32_to_bf16_kernel(uint16_t* __restrict__ dst, const float* __restrict__ src,
+                                   int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = float_to_bf16(src[i]);
+}
+void to_f32(cudaStream_t st, float* dst, const void* src, int64_t n, const char* op) {
+  bf16_to_f32_kernel<<<grid_for(n, 256), 256, 0, st>>>(dst, static_cast<const uint16_t*>(src), n);
+  ADGT_LAUNCH_CHECK(op);
+}
+void to_bf16(cudaStream_t st, void* dst, const float* src, int64_t n, const char* op) {
+  f32_to_bf16_kernel<<<grid_for(n, 256), 256, 0, st>>>(static_cast<uint16_t*>(dst), src, n);
+  ADGT_LAUNCH_CHECK(op);
+}
+
+// ADGT_ATTENTION: unset, "" or "flash" = the flash kernels where they apply;
+// "exact" = the exact kernels for bf16 too (comparisons, debugging).
+bool force_exact() {
+  const char* e = std::getenv("ADGT_ATTENTION");
+  if (!e || !*e || std::strcmp(e, "flash") == 0) return false;
+  ADGT_CHECK(std::strcmp(e, "exact") == 0,
+             "ADGT_ATTENTION=" << e << " not understood; use ADGT_ATTENTION=flash (default) or "
+                               << "ADGT_ATTENTION=exact");
+  return true;
+}
+
+bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
 void check_shapes(const AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
                   const char* op) {
   ADGT_CHECK(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0,
@@ -245,6 +291,36 @@ void allow_smem(K kernel, size_t bytes, int device, const char* op) {
                op);
 }
 
+// The exact kernels, T = float or double (also bf16's fallback, in fp32).
+template <class T>
+void exact_forward(cudaStream_t st, int device, T* out, T* lse, const T* q, const T* k,
+                   const T* v, const AttentionShape& s, const char* op) {
+  const size_t smem = size_t(s.head_dim + s.T + kThreads) * sizeof(T);
+  allow_smem(attn_fwd_kernel<T>, smem, device, op);
+  const T scale = T(1) / std::sqrt(T(s.head_dim));
+  attn_fwd_kernel<T><<<dim3(unsigned(s.T), unsigned(s.n_heads), unsigned(s.B)), kThreads, smem,
+                       st>>>(out, lse, q, k, v, dims_of(s), scale);
+  ADGT_LAUNCH_CHECK(op);
+}
+
+// D: B*H*T elements of scratch.
+template <class T>
+void exact_backward(cudaStream_t st, int device, T* dq, T* dk, T* dv, const T* dout, const T* q,
+                    const T* k, const T* v, const T* lse, T* D, const AttentionShape& s,
+                    const char* op) {
+  const AttDims d = dims_of(s);
+  const T scale = T(1) / std::sqrt(T(s.head_dim));
+  const size_t smem1 = size_t(2 * s.head_dim + 2 * s.T + kThreads) * sizeof(T);
+  allow_smem(attn_bwd_dq_kernel<T>, smem1, device, op);
+  attn_bwd_dq_kernel<T><<<dim3(unsigned(s.T), unsigned(s.n_heads), unsigned(s.B)), kThreads, smem1,
+                          st>>>(dq, D, dout, q, k, v, lse, d, scale);
+  ADGT_LAUNCH_CHECK("attention_backward (dq)");
+  const size_t smem2 = size_t(2 * s.head_dim + 2 * kChunk + 2 * kThreads) * sizeof(T);
+  attn_bwd_dkv_kernel<T><<<dim3(unsigned(s.T), unsigned(s.n_kv_heads), unsigned(s.B)), kThreads,
+                           smem2, st>>>(dk, dv, dout, q, k, v, lse, D, d, scale);
+  ADGT_LAUNCH_CHECK("attention_backward (dk, dv)");
+}
+
 }  // namespace
 
 int64_t CudaBackend::attention_saved_elems(const AttentionShape& s) const {
@@ -255,26 +331,43 @@ void CudaBackend::attention_forward(Tensor out, Tensor saved, const Tensor& q, c
                                     const Tensor& v, const AttentionShape& s) {
   const char* op = "attention_forward";
   check_shapes(s, q, k, v, op);
+  const bool bf = q.dtype == DType::BF16;
+  const DType sdt = bf ? DType::F32 : q.dtype;
   ADGT_CHECK(saved.numel() >= attention_saved_elems(s) && out.numel() == q.numel() &&
-                 saved.dtype == q.dtype && out.dtype == q.dtype,
-             op << ": saved" << saved.shape_str() << " out" << out.shape_str());
+                 saved.dtype == sdt && out.dtype == q.dtype,
+             op << ": saved" << saved.shape_str() << " " << dtype_name(saved.dtype) << " out"
+                << out.shape_str() << " " << dtype_name(out.dtype) << " (q " << dtype_name(q.dtype)
+                << "; saved must be " << dtype_name(sdt) << ")");
   if (!s.B || !s.T || !s.n_heads) return;
-  const AttDims d = dims_of(s);
+  cudaStream_t st = stream_;
+  if (bf) {
+    if (!force_exact() && flash_attention_supported(s, device_) && is_aligned16(out.data) &&
+        is_aligned16(q.data) && is_aligned16(k.data) && is_aligned16(v.data)) {
+      flash_attention_forward(st, out.ptr<uint16_t>(), saved.ptr<float>(), q.ptr<uint16_t>(),
+                              k.ptr<uint16_t>(), v.ptr<uint16_t>(), s);
+      return;
+    }
+    // Fallback: the exact fp32 kernel on fp32 copies (scratch: q, k, v, out).
+    const int64_t nq = q.numel(), nk = k.numel();
+    float* w = static_cast<float*>(scratch(kScratchFlash, size_t(2 * nq + 2 * nk) * sizeof(float)));
+    float *q32 = w, *k32 = q32 + nq, *v32 = k32 + nk, *o32 = v32 + nk;
+    to_f32(st, q32, q.data, nq, op);
+    to_f32(st, k32, k.data, nk, op);
+    to_f32(st, v32, v.data, nk, op);
+    exact_forward<float>(st, device_, o32, saved.ptr<float>(), q32, k32, v32, s, op);
+    to_bf16(st, out.data, o32, nq, op);
+    return;
+  }
   dispatch(q.dtype, op, [&](auto z) {
     using T = decltype(z);
-    const size_t smem = size_t(s.head_dim + s.T + kThreads) * sizeof(T);
-    allow_smem(attn_fwd_kernel<T>, smem, device_, op);
-    const T scale = T(1) / std::sqrt(T(s.head_dim));
-    attn_fwd_kernel<T><<<dim3(unsigned(s.T), unsigned(s.n_heads), unsigned(s.B)), kThreads, smem,
-                         stream_>>>(out.ptr<T>(), saved.ptr<T>(), q.ptr<T>(), k.ptr<T>(),
-                                    v.ptr<T>(), d, scale);
+    exact_forward<T>(st, device_, out.ptr<T>(), saved.ptr<T>(), q.ptr<T>(), k.ptr<T>(),
+                     v.ptr<T>(), s, op);
   });
-  ADGT_LAUNCH_CHECK(op);
 }
 
 void CudaBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
                                      const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const Tensor& /*out*/, const Tensor& saved,
+                                     const Tensor& out, const Tensor& saved,
                                      const AttentionShape& s) {
   const char* op = "attention_backward";
   check_shapes(s, q, k, v, op);
@@ -283,25 +376,53 @@ void CudaBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tens
              op << ": gradient shapes dq" << dq.shape_str() << " dk" << dk.shape_str() << " dv"
                 << dv.shape_str() << " dout" << dout.shape_str() << " saved"
                 << saved.shape_str());
+  const bool bf = q.dtype == DType::BF16;
+  const DType sdt = bf ? DType::F32 : q.dtype;
+  ADGT_CHECK(dq.dtype == q.dtype && dk.dtype == q.dtype && dv.dtype == q.dtype &&
+                 dout.dtype == q.dtype && saved.dtype == sdt,
+             op << ": dtypes dq " << dtype_name(dq.dtype) << " dk " << dtype_name(dk.dtype)
+                << " dv " << dtype_name(dv.dtype) << " dout " << dtype_name(dout.dtype)
+                << " saved " << dtype_name(saved.dtype) << "; with q " << dtype_name(q.dtype)
+                << " they must be " << dtype_name(q.dtype) << " (saved " << dtype_name(sdt)
+                << ")");
   if (!s.B || !s.T || !s.n_heads) return;
-  const AttDims d = dims_of(s);
+  cudaStream_t st = stream_;
+  if (bf) {
+    ADGT_CHECK(out.dtype == DType::BF16 && out.numel() == q.numel(),
+               op << ": out" << out.shape_str() << " " << dtype_name(out.dtype)
+                  << " must be bf16 like q");
+    if (!force_exact() && flash_attention_supported(s, device_) && is_aligned16(dq.data) &&
+        is_aligned16(dk.data) && is_aligned16(dv.data) && is_aligned16(dout.data) && is_aligned16(q.data) &&
+        is_aligned16(k.data) && is_aligned16(v.data) && is_aligned16(out.data)) {
+      float* D = static_cast<float*>(scratch(kScratchFlash, flash_attention_scratch_bytes(s)));
+      flash_attention_backward(st, dq.ptr<uint16_t>(), dk.ptr<uint16_t>(), dv.ptr<uint16_t>(),
+                               dout.ptr<uint16_t>(), q.ptr<uint16_t>(), k.ptr<uint16_t>(),
+                               v.ptr<uint16_t>(), out.ptr<uint16_t>(), saved.ptr<float>(), D, s);
+      return;
+    }
+    // Fallback: the exact fp32 kernels on fp32 copies (scratch: dout, q, dq, k, v, dk, dv).
+    const int64_t nq = q.numel(), nk = k.numel();
+    float* w = static_cast<float*>(scratch(kScratchFlash, size_t(3 * nq + 4 * nk) * sizeof(float)));
+    float *do32 = w, *q32 = do32 + nq, *dq32 = q32 + nq, *k32 = dq32 + nq, *v32 = k32 + nk,
+          *dk32 = v32 + nk, *dv32 = dk32 + nk;
+    float* D = static_cast<float*>(scratch(kScratchAttention, size_t(s.B * s.n_heads * s.T) * 4));
+    to_f32(st, do32, dout.data, nq, op);
+    to_f32(st, q32, q.data, nq, op);
+    to_f32(st, k32, k.data, nk, op);
+    to_f32(st, v32, v.data, nk, op);
+    exact_backward<float>(st, device_, dq32, dk32, dv32, do32, q32, k32, v32, saved.ptr<float>(),
+                          D, s, op);
+    to_bf16(st, dq.data, dq32, nq, op);
+    to_bf16(st, dk.data, dk32, nk, op);
+    to_bf16(st, dv.data, dv32, nk, op);
+    return;
+  }
   dispatch(q.dtype, op, [&](auto z) {
     using T = decltype(z);
-    const T scale = T(1) / std::sqrt(T(s.head_dim));
     T* D = static_cast<T*>(scratch(kScratchAttention, size_t(s.B * s.n_heads * s.T) * sizeof(T)));
-    const size_t smem1 = size_t(2 * s.head_dim + 2 * s.T + kThreads) * sizeof(T);
-    allow_smem(attn_bwd_dq_kernel<T>, smem1, device_, op);
-    attn_bwd_dq_kernel<T><<<dim3(unsigned(s.T), unsigned(s.n_heads), unsigned(s.B)), kThreads,
-                            smem1, stream_>>>(dq.ptr<T>(), D, dout.ptr<T>(), q.ptr<T>(),
-                                              k.ptr<T>(), v.ptr<T>(), saved.ptr<T>(), d, scale);
-    ADGT_LAUNCH_CHECK("attention_backward (dq)");
-    const size_t smem2 = size_t(2 * s.head_dim + 2 * kChunk + 2 * kThreads) * sizeof(T);
-    attn_bwd_dkv_kernel<T><<<dim3(unsigned(s.T), unsigned(s.n_kv_heads), unsigned(s.B)), kThreads,
-                             smem2, stream_>>>(dk.ptr<T>(), dv.ptr<T>(), dout.ptr<T>(),
-                                               q.ptr<T>(), k.ptr<T>(), v.ptr<T>(), saved.ptr<T>(),
-                                               D, d, scale);
+    exact_backward<T>(st, device_, dq.ptr<T>(), dk.ptr<T>(), dv.ptr<T>(), dout.ptr<T>(),
+                      q.ptr<T>(), k.ptr<T>(), v.ptr<T>(), saved.ptr<T>(), D, s, op);
   });
-  ADGT_LAUNCH_CHECK("attention_backward (dk, dv)");
 }
 
 }  // namespace adgt

@@ -74,6 +74,109 @@ __global__ void rope_kernel(T* __restrict__ x, const T* __restrict__ cs, const T
   }
 }
 
+// ---- bf16 (fp32 math, one rounding per output): ops for launch_map ----
+struct AddBf16 {
+  bf16_bits* y;
+  const bf16_bits* x;
+  template <int W>
+  __device__ void run(int64_t i) const {
+    float a[W], b[W];
+    ldv<W>(y + i, a);
+    ldv<W>(x + i, b);
+#pragma unroll
+    for (int k = 0; k < W; ++k) a[k] += b[k];
+    stv<W>(y + i, a);
+  }
+};
+struct ScaleBf16 {
+  bf16_bits* x;
+  float s;
+  template <int W>
+  __device__ void run(int64_t i) const {
+    float a[W];
+    ldv<W>(x + i, a);
+#pragma unroll
+    for (int k = 0; k < W; ++k) a[k] *= s;
+    stv<W>(x + i, a);
+  }
+};
+// f32 <-> bf16 (D, S in {float, bf16_bits}).
+template <class D, class S>
+struct CastOp {
+  D* d;
+  const S* s;
+  template <int W>
+  __device__ void run(int64_t i) const {
+    float a[W];
+    ldv<W>(s + i, a);
+    stv<W>(d + i, a);
+  }
+};
+struct SwigluFwdBf16 {
+  bf16_bits* h;
+  const bf16_bits *g, *u;
+  template <int W>
+  __device__ void run(int64_t i) const {
+    float a[W], b[W];
+    ldv<W>(g + i, a);
+    ldv<W>(u + i, b);
+#pragma unroll
+    for (int k = 0; k < W; ++k) a[k] = math::swiglu(a[k], b[k], 1.f / (1.f + expf(-a[k])));
+    stv<W>(h + i, a);
+  }
+};
+struct SwigluBwdBf16 {
+  bf16_bits *dg, *du;
+  const bf16_bits *dh, *g, *u;
+  template <int W>
+  __device__ void run(int64_t i) const {
+    float a[W], b[W], d[W];
+    ldv<W>(g + i, a);
+    ldv<W>(u + i, b);
+    ldv<W>(dh + i, d);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      float x, y;
+      math::swiglu_grad(a[k], b[k], d[k], 1.f / (1.f + expf(-a[k])), x, y);
+      a[k] = x;
+      b[k] = y;
+    }
+    stv<W>(dg + i, a);
+    stv<W>(du + i, b);
+  }
+};
+
+// Rotary on bf16 x (rows, H, 2*half) with fp32 cos/sin (T, half): one thread per
+// W consecutive pairs of one (row, head); W = 8 needs half % 8 == 0 and aligned
+// x, cos, sin.
+template <bool kBack, int W>
+__global__ void __launch_bounds__(256)
+    rope_bf16_kernel(bf16_bits* __restrict__ x, const float* __restrict__ cs,
+                     const float* __restrict__ sn, int64_t rows, int64_t H, int64_t half,
+                     int64_t Tn) {
+  const int64_t G = half / W, n = rows * H * G;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = (e % G) * W, rh = e / G, t = (rh / H) % Tn;
+    bf16_bits* a = x + rh * 2 * half + i;
+    bf16_bits* b = a + half;
+    float av[W], bv[W], c[W], s[W];
+    ldv<W>(a, av);
+    ldv<W>(b, bv);
+    ldv<W>(cs + t * half + i, c);
+    ldv<W>(sn + t * half + i, s);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      if constexpr (kBack)
+        math::rope_rotate_back(av[k], bv[k], c[k], s[k]);
+      else
+        math::rope_rotate(av[k], bv[k], c[k], s[k]);
+    }
+    stv<W>(a, av);
+    stv<W>(b, bv);
+  }
+}
+
 // FP32 lanes per SM (the non-tensor rate) and dense TF32 tensor FLOP per clock per SM.
 int fp32_lanes_per_sm(int major, int minor) {
   if (major == 7) return 64;
@@ -84,6 +187,12 @@ int fp32_lanes_per_sm(int major, int minor) {
 int tf32_flops_per_clock_per_sm(int major, int minor) {
   if (major == 8 && minor == 0) return 1024;  // A100: 156 TFLOP/s at 1.41 GHz, 108 SMs
   if (major == 9 && minor == 0) return 2048;  // H100/H200: 495 TFLOP/s at 1.83 GHz, 132 SMs
+  return 0;
+}
+// Dense bf16 tensor-core FLOP per clock per SM (fp32 accumulation).
+int bf16_flops_per_clock_per_sm(int major, int minor) {
+  if (major == 8 && minor == 0) return 2048;  // A100: 312 TFLOP/s at 1.41 GHz, 108 SMs
+  if (major == 9 && minor == 0) return 4096;  // H100/H200: 989 TFLOP/s at 1.83 GHz, 132 SMs
   return 0;
 }
 
@@ -110,11 +219,20 @@ CudaBackend::CudaBackend() {
   cublas_ = h;
   ADGT_CUBLAS_OP(cublasSetStream(h, s), op);
   set_tf32(false);
+  void* e = nullptr;
+  ADGT_CUDA_OP(cudaHostAlloc(&e, 4 * sizeof(int64_t), cudaHostAllocMapped), op);
+  err_ = static_cast<int64_t*>(e);
+  std::memset(err_, 0, 4 * sizeof(int64_t));
+  void* ed = nullptr;
+  ADGT_CUDA_OP(cudaHostGetDevicePointer(&ed, e, 0), op);
+  err_dev_ = static_cast<int64_t*>(ed);
 }
 
 CudaBackend::~CudaBackend() {
   // No throwing from a destructor: errors here are ignored.
   if (stream_) (void)cudaStreamSynchronize(stream_);
+  lt_release();
+  if (err_) (void)cudaFreeHost(err_);
   for (void*& p : scratch_)
     if (p) (void)cudaFree(p), p = nullptr;
   if (cublas_) (void)cublasDestroy(cublas_);
@@ -157,25 +275,45 @@ void CudaBackend::release(void* p) {
   // Work still queued may use p: finish it first.
   ADGT_CUDA_OP(cudaStreamSynchronize(stream_), "release");
   ADGT_CUDA_OP(cudaFree(p), "release");
+  // No check_device_errors here: release runs in destructors.
 }
 
 void CudaBackend::to_device(void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
   ADGT_CUDA_OP(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "to_device");
   ADGT_CUDA_OP(cudaStreamSynchronize(stream_), "to_device");
+  check_device_errors("to_device");
 }
 
 void CudaBackend::to_host(void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
   ADGT_CUDA_OP(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "to_host");
   ADGT_CUDA_OP(cudaStreamSynchronize(stream_), "to_host");
+  check_device_errors("to_host");
 }
 
 void CudaBackend::zero(Tensor t) {
   if (t.bytes()) ADGT_CUDA_OP(cudaMemsetAsync(t.data, 0, t.bytes(), stream_), "zero");
 }
 
-void CudaBackend::synchronize() { ADGT_CUDA_OP(cudaStreamSynchronize(stream_), "synchronize"); }
+void CudaBackend::synchronize() {
+  ADGT_CUDA_OP(cudaStreamSynchronize(stream_), "synchronize");
+  check_device_errors("synchronize");
+}
+
+// Called after a stream synchronisation: the kernels that could set the words
+// have finished and their writes to mapped host memory are visible.
+void CudaBackend::check_device_errors(const char* where) {
+  volatile int64_t* e = err_;
+  if (!e || !e[0]) return;
+  const int64_t rt = e[1], V = e[2];
+  e[0] = 0;
+  const int32_t row = int32_t(rt >> 32), target = int32_t(uint32_t(rt & 0xffffffff));
+  ADGT_CHECK(false, "cross_entropy: target " << target << " at row " << row
+                                             << " outside the vocabulary [0," << V
+                                             << ") (found on the device, reported at " << where
+                                             << ")");
+}
 
 void* CudaBackend::scratch(Scratch which, size_t bytes) {
   bytes = std::max<size_t>(bytes, 256);
@@ -200,6 +338,7 @@ double CudaBackend::rated_tflops(DType dt) const {
   if (dt == DType::F32 && tf32_)
     return sms * tf32_flops_per_clock_per_sm(sm_major_, sm_minor_) * clk / 1e12;
   if (dt == DType::F32) return sms * fp32_lanes_per_sm(sm_major_, sm_minor_) * 2.0 * clk / 1e12;
+  if (dt == DType::BF16) return sms * bf16_flops_per_clock_per_sm(sm_major_, sm_minor_) * clk / 1e12;
   return 0;  // fp64 rates differ too much between parts (H100 SXM vs PCIe, consumer cards)
 }
 
@@ -220,6 +359,8 @@ double CudaBackend::measure_gemm_tflops(int64_t n, DType dt, int reps) {
       for (int64_t i = 0; i < n * n; ++i) {
         if (dt == DType::F64)
           reinterpret_cast<double*>(host.data())[i] = v;
+        else if (dt == DType::BF16)
+          reinterpret_cast<bf16_bits*>(host.data())[i] = float_to_bf16(float(v));
         else
           reinterpret_cast<float*>(host.data())[i] = float(v);
       }
@@ -242,6 +383,10 @@ double CudaBackend::measure_gemm_tflops(int64_t n, DType dt, int reps) {
   double c0 = 0;
   if (dt == DType::F64) {
     to_host(&c0, c.data(), 8);
+  } else if (dt == DType::BF16) {
+    bf16_bits h = 0;
+    to_host(&h, c.data(), 2);
+    c0 = bf16_to_float(h);
   } else {
     float f = 0;
     to_host(&f, c.data(), 4);
@@ -257,6 +402,11 @@ void CudaBackend::add_inplace(Tensor y, const Tensor& x) {
   expect_same(y, x, "add_inplace");
   const int64_t n = y.numel();
   if (!n) return;
+  if (y.dtype == DType::BF16) {
+    launch_map(AddBf16{y.ptr<bf16_bits>(), x.ptr<bf16_bits>()}, n,
+               aligned16(y.data) && aligned16(x.data), stream_, "add_inplace");
+    return;
+  }
   dispatch(y.dtype, "add_inplace", [&](auto z) {
     using T = decltype(z);
     add_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_>>>(y.ptr<T>(), x.ptr<T>(), n);
@@ -274,6 +424,11 @@ void CudaBackend::copy(Tensor dst, const Tensor& src) {
 void CudaBackend::scale_inplace(Tensor x, double s) {
   const int64_t n = x.numel();
   if (!n) return;
+  if (x.dtype == DType::BF16) {
+    launch_map(ScaleBf16{x.ptr<bf16_bits>(), float(s)}, n, aligned16(x.data), stream_,
+               "scale_inplace");
+    return;
+  }
   dispatch(x.dtype, "scale_inplace", [&](auto z) {
     using T = decltype(z);
     scale_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_>>>(x.ptr<T>(), T(s), n);
@@ -317,6 +472,18 @@ void CudaBackend::cast(Tensor dst, const Tensor& src) {
                    "cast");
     return;
   }
+  // f32 <-> bf16, the mixed-precision casts: vectorised.
+  const bool vec = aligned16(dst.data) && aligned16(src.data);
+  if (dst.dtype == DType::BF16 && src.dtype == DType::F32) {
+    launch_map(CastOp<bf16_bits, float>{dst.ptr<bf16_bits>(), src.ptr<float>()}, n, vec, stream_,
+               "cast");
+    return;
+  }
+  if (dst.dtype == DType::F32 && src.dtype == DType::BF16) {
+    launch_map(CastOp<float, bf16_bits>{dst.ptr<float>(), src.ptr<bf16_bits>()}, n, vec, stream_,
+               "cast");
+    return;
+  }
   float_dispatch(dst.dtype, "cast", [&](auto d) {
     float_dispatch(src.dtype, "cast", [&](auto s) {
       using D = decltype(d);
@@ -333,6 +500,12 @@ void CudaBackend::swiglu_forward(Tensor h, const Tensor& gate, const Tensor& up)
   expect_same(h, up, "swiglu_forward");
   const int64_t n = h.numel();
   if (!n) return;
+  if (h.dtype == DType::BF16) {
+    launch_map(SwigluFwdBf16{h.ptr<bf16_bits>(), gate.ptr<bf16_bits>(), up.ptr<bf16_bits>()}, n,
+               aligned16(h.data) && aligned16(gate.data) && aligned16(up.data), stream_,
+               "swiglu_forward");
+    return;
+  }
   dispatch(h.dtype, "swiglu_forward", [&](auto z) {
     using T = decltype(z);
     swiglu_fwd_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_>>>(
@@ -348,6 +521,15 @@ void CudaBackend::swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dh, co
   expect_same(dup, up, "swiglu_backward");
   const int64_t n = dh.numel();
   if (!n) return;
+  if (dh.dtype == DType::BF16) {
+    launch_map(SwigluBwdBf16{dgate.ptr<bf16_bits>(), dup.ptr<bf16_bits>(), dh.ptr<bf16_bits>(),
+                             gate.ptr<bf16_bits>(), up.ptr<bf16_bits>()},
+               n,
+               aligned16(dgate.data) && aligned16(dup.data) && aligned16(dh.data) &&
+                   aligned16(gate.data) && aligned16(up.data),
+               stream_, "swiglu_backward");
+    return;
+  }
   dispatch(dh.dtype, "swiglu_backward", [&](auto z) {
     using T = decltype(z);
     swiglu_bwd_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_>>>(
@@ -370,8 +552,25 @@ void rope_launch(cudaStream_t st, Tensor x, const Tensor& cos, const Tensor& sin
   const int64_t H = x.numel() / (rows * hd);
   ADGT_CHECK(x.numel() == rows * H * hd && cos.dim(0) >= T_ && rows % T_ == 0,
              op << ": x" << x.shape_str() << " cos" << cos.shape_str() << " T=" << T_);
-  ADGT_CHECK(cos.dtype == x.dtype && sin.dtype == x.dtype, op << ": dtype mismatch");
   const int64_t n = rows * H * half;
+  if (x.dtype == DType::BF16) {
+    // bf16 activations, fp32 tables (the mixed-precision contract).
+    ADGT_CHECK(cos.dtype == DType::F32 && sin.dtype == DType::F32,
+               op << ": bf16 x needs f32 cos/sin tables, got " << dtype_name(cos.dtype) << "/"
+                  << dtype_name(sin.dtype));
+    if (!n) return;
+    auto* xp = x.ptr<bf16_bits>();
+    const auto *cp = cos.ptr<float>(), *sp = sin.ptr<float>();
+    if (half % 8 == 0 && aligned16(xp) && aligned16(cp) && aligned16(sp))
+      rope_bf16_kernel<kBack, 8><<<grid_for(n / 8, kThreads), kThreads, 0, st>>>(
+          xp, cp, sp, rows, H, half, T_);
+    else
+      rope_bf16_kernel<kBack, 1><<<grid_for(n, kThreads), kThreads, 0, st>>>(xp, cp, sp, rows, H,
+                                                                             half, T_);
+    ADGT_LAUNCH_CHECK(op);
+    return;
+  }
+  ADGT_CHECK(cos.dtype == x.dtype && sin.dtype == x.dtype, op << ": dtype mismatch");
   dispatch(x.dtype, op, [&](auto z) {
     using T = decltype(z);
     rope_kernel<T, kBack><<<grid_for(n, kThreads), kThreads, 0, st>>>(

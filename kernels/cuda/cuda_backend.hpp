@@ -1,6 +1,8 @@
-// CUDA backend, first version (issue 4, part 1): fp32 and fp64 on one GPU,
-// GEMMs through cuBLAS, every other op a straightforward handwritten kernel
-// with the CPU backend's semantics (kernels/cpu/). See docs/cuda.md.
+// CUDA backend: fp32 and fp64 on one GPU (GEMMs through cuBLAS, every other op
+// a straightforward handwritten kernel with the CPU backend's semantics,
+// kernels/cpu/), and the bf16 mixed-precision contract of kernels/backend.hpp
+// (GEMMs through cuBLASLt, vectorised memory-bound kernels with fp32 math).
+// See docs/cuda.md.
 //
 // This header needs no CUDA headers (the stream and cuBLAS handle are
 // forward-declared), so host-only C++ (backend.cpp, tests) can include it.
@@ -36,7 +38,9 @@ class CudaBackend final : public Backend {
   bool tf32() const { return tf32_; }
   // Times an n^3 GEMM in the current math mode and dtype (best of `reps`), in TFLOP/s.
   double measure_gemm_tflops(int64_t n, DType dt = DType::F32, int reps = 10);
-  // The rated dense figure from the device's attributes (see peak_tflops), 0 if unknown.
+  // The rated dense figure from the device's attributes (see peak_tflops), 0 if
+  // unknown: F32 (fp32 lanes, or TF32 tensor cores when set_tf32(true)) and
+  // BF16 (dense bf16 tensor cores, fp32 accumulation).
   double rated_tflops(DType dt) const;
 
   // ---- memory ----
@@ -62,6 +66,10 @@ class CudaBackend final : public Backend {
                        double eps) override;
   void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dout, const Tensor& x, const Tensor& w,
                         const Tensor& rstd) override;
+  // bf16: one kernel (x += y rounded to bf16, then the norm of the rounded x);
+  // f32/f64: add_inplace then rmsnorm_forward.
+  void residual_rmsnorm_forward(Tensor x, const Tensor& y, Tensor out, Tensor rstd,
+                                const Tensor& w, double eps) override;
   void rope_forward(Tensor x, const Tensor& cos, const Tensor& sin, int64_t T) override;
   void rope_backward(Tensor dx, const Tensor& cos, const Tensor& sin, int64_t T) override;
   // saved = the row log-sum-exp (B, H, T); the backward recomputes the probabilities.
@@ -91,12 +99,32 @@ class CudaBackend final : public Backend {
                  int64_t vocab_start, int64_t valid, double grad_scale) override;
   double sum_squares(const Tensor& x) override;
   void adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWHyper& h) override;
+  // f32 master/grad/m/v with a bf16 copy: one kernel; other dtypes: adamw then cast.
+  void adamw_cast(Tensor param, const Tensor& grad, Tensor m, Tensor v, Tensor lowp,
+                  const AdamWHyper& h) override;
 
  private:
   // Grow-only device scratch, one per purpose; contents are only valid within
   // one op (all ops run in order on stream_).
   enum Scratch { kScratchIndex = 0, kScratchAttention, kScratchReduce, kScratchFlash, kScratchGemm, kNumScratch };
   void* scratch(Scratch which, size_t bytes);
+
+  // Row-major C(M,N) = op(A) op(B) + beta C on cuBLASLt: A, B bf16, fp32
+  // accumulation and scale, C bf16 or f32 (gemm.cu).
+  void gemm_lt(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda,
+               const void* B, int64_t ldb, float beta, void* C, DType c_dtype, int64_t ldc,
+               const char* op);
+  struct LtState;           // cuBLASLt handle and plan cache (gemm.cu), made on first use
+  LtState* lt_ = nullptr;
+  void lt_release();        // gemm.cu
+
+  // Errors found on the device (cross_entropy's target range check) are written
+  // to pinned, mapped host words and thrown at the next host synchronisation
+  // (synchronize, to_host, to_device): [0] set, [1] row << 32 | target,
+  // [2] vocabulary size.
+  int64_t* err_ = nullptr;      // host address
+  int64_t* err_dev_ = nullptr;  // the device's address of the same words
+  void check_device_errors(const char* where);
 
   int device_ = 0;
   int sm_major_ = 0, sm_minor_ = 0, sm_count_ = 0, clock_khz_ = 0;

@@ -2,16 +2,19 @@
 // dispatch, launch sizing and block reductions. CUDA translation units only.
 #pragma once
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 
 #include "kernels/check.hpp"
+#include "kernels/common/bf16.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 
 namespace adgt::cuda {
@@ -145,6 +148,113 @@ __device__ T block_max(T v, T* red) {
   const T out = red[0];
   __syncthreads();
   return out;
+}
+
+// ---- bf16 storage, fp32 math (the mixed-precision paths) ----
+//
+// Kernels read W consecutive elements into fp32 registers and write W back:
+// W = 8 is one 16-byte access for bf16 (two for fp32) and needs 16-byte
+// aligned addresses; W = 1 is the scalar fallback (tails, odd sizes,
+// misaligned views). Each bf16 store rounds once, to nearest even
+// (cvt.rn.bf16x2.f32: the rounding of kernels/common/bf16.hpp's float_to_bf16).
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+__device__ __forceinline__ float bf(bf16_bits h) { return __uint_as_float(uint32_t(h) << 16); }
+__device__ __forceinline__ bf16_bits to_bf(float f) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+// f rounded to the nearest bf16 value (a bf16 store then load).
+__device__ __forceinline__ float round_bf(float f) { return bf(to_bf(f)); }
+__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
+}
+
+template <int W>
+__device__ __forceinline__ void ldv(const bf16_bits* p, float* f) {
+  if constexpr (W == 8) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      f[2 * k] = __uint_as_float(w[k] << 16);
+      f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) f[k] = bf(p[k]);
+  }
+}
+template <int W>
+__device__ __forceinline__ void ldv(const float* p, float* f) {
+  if constexpr (W == 8) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0];
+    const float4 b = reinterpret_cast<const float4*>(p)[1];
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w;
+    f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) f[k] = p[k];
+  }
+}
+template <int W>
+__device__ __forceinline__ void stv(bf16_bits* p, const float* f) {
+  if constexpr (W == 8) {
+    *reinterpret_cast<uint4*>(p) = make_uint4(pack_bf2(f[0], f[1]), pack_bf2(f[2], f[3]),
+                                              pack_bf2(f[4], f[5]), pack_bf2(f[6], f[7]));
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) p[k] = to_bf(f[k]);
+  }
+}
+template <int W>
+__device__ __forceinline__ void stv(float* p, const float* f) {
+  if constexpr (W == 8) {
+    reinterpret_cast<float4*>(p)[0] = make_float4(f[0], f[1], f[2], f[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(f[4], f[5], f[6], f[7]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) p[k] = f[k];
+  }
+}
+
+// Elementwise map over n elements: op.run<8>(i) handles [i, i+8) (i a multiple
+// of 8, below nvec*8), op.run<1>(i) one element of the tail. nvec = n / 8 when
+// every pointer the op touches is 16-byte aligned, else 0 (all scalar).
+template <class Op>
+__global__ void __launch_bounds__(256) map_kernel(Op op, int64_t n, int64_t nvec) {
+  const int64_t t0 = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t v = t0; v < nvec; v += stride) op.template run<8>(v * 8);
+  for (int64_t i = nvec * 8 + t0; i < n; i += stride) op.template run<1>(i);
+}
+template <class Op>
+void launch_map(const Op& op, int64_t n, bool vec, cudaStream_t st, const char* name) {
+  if (n <= 0) return;
+  const int64_t nvec = vec ? n / 8 : 0, tail = n - nvec * 8;
+  const int threads = 256;
+  map_kernel<Op><<<grid_for(nvec > tail ? nvec : tail, threads), threads, 0, st>>>(op, n, nvec);
+  ADGT_LAUNCH_CHECK(name);
+}
+
+// Calls f(bf16_bits{}) for BF16 or f(float{}) for F32; refuses other dtypes,
+// naming what the op accepts.
+template <class F>
+void dispatch_lowp(DType dt, const char* op, const char* what, F&& f) {
+  switch (dt) {
+    case DType::F32:
+      f(float{});
+      break;
+    case DType::BF16:
+      f(bf16_bits{});
+      break;
+    default:
+      ADGT_CHECK(false, "cuda backend: " << op << ": " << what << " is " << dtype_name(dt)
+                                         << " (f32 or bf16 expected)");
+  }
 }
 
 }  // namespace adgt::cuda

@@ -51,6 +51,48 @@ __global__ void embedding_bwd_kernel(T* __restrict__ dtable, const T* __restrict
   }
 }
 
+// bf16 forward: a row copy in words of Wd (uint4 = 8 bf16 when rows are
+// 16-byte aligned, else single bf16); Cw words per row.
+template <class Wd>
+__global__ void __launch_bounds__(256)
+    embedding_copy_kernel(Wd* __restrict__ out, const Wd* __restrict__ table,
+                          const int32_t* __restrict__ tok, int64_t V, int64_t Cw,
+                          int64_t vocab_start) {
+  const int64_t i = blockIdx.x;
+  const int64_t t = int64_t(tok[i]) - vocab_start;
+  Wd* o = out + i * Cw;
+  if (t >= 0 && t < V) {
+    const Wd* src = table + t * Cw;
+    for (int64_t c = threadIdx.x; c < Cw; c += blockDim.x) o[c] = src[c];
+  } else {
+    for (int64_t c = threadIdx.x; c < Cw; c += blockDim.x) o[c] = Wd{};
+  }
+}
+
+// bf16 backward: dtable (f32) row rows[b] += its bf16 gradient rows in order,
+// W columns per thread step (W = 8 needs C % 8 == 0 and aligned tensors).
+template <int W>
+__global__ void __launch_bounds__(256)
+    embedding_bwd_bf16_kernel(float* __restrict__ dtable, const bf16_bits* __restrict__ dout,
+                              const int32_t* __restrict__ csr, int64_t R, int64_t C) {
+  const int64_t b = blockIdx.x;
+  const int32_t* rows = csr;
+  const int32_t* off = csr + R;
+  const int32_t* idx = csr + 2 * R + 1;
+  float* d = dtable + int64_t(rows[b]) * C;
+  const int32_t k0 = off[b], k1 = off[b + 1];
+  for (int64_t c = threadIdx.x * int64_t(W); c < C; c += int64_t(blockDim.x) * W) {
+    float acc[W], g[W];
+    ldv<W>(d + c, acc);
+    for (int32_t k = k0; k < k1; ++k) {
+      ldv<W>(dout + int64_t(idx[k]) * C + c, g);
+#pragma unroll
+      for (int j = 0; j < W; ++j) acc[j] += g[j];
+    }
+    stv<W>(d + c, acc);
+  }
+}
+
 // out[t] (=|+=) sum_j w[t,j] y[pos[t,j]] over pos >= 0, j ascending.
 template <class T>
 __global__ void combine_kernel(T* __restrict__ out, const T* __restrict__ y,
@@ -110,6 +152,17 @@ void CudaBackend::embedding_forward(Tensor out, const Tensor& table, const Tenso
              "embedding_forward: tokens" << tokens.shape_str() << " out" << out.shape_str()
                                          << " table" << table.shape_str());
   if (!N || !C) return;
+  if (table.dtype == DType::BF16) {
+    const char* op = "embedding_forward";
+    if (C % 8 == 0 && aligned16(out.data) && aligned16(table.data))
+      embedding_copy_kernel<uint4><<<rows_grid(N, op), kThreads, 0, stream_>>>(
+          out.ptr<uint4>(), table.ptr<uint4>(), tokens.ptr<int32_t>(), V, C / 8, vocab_start);
+    else
+      embedding_copy_kernel<bf16_bits><<<rows_grid(N, op), kThreads, 0, stream_>>>(
+          out.ptr<bf16_bits>(), table.ptr<bf16_bits>(), tokens.ptr<int32_t>(), V, C, vocab_start);
+    ADGT_LAUNCH_CHECK(op);
+    return;
+  }
   dispatch(table.dtype, "embedding_forward", [&](auto z) {
     using T = decltype(z);
     embedding_fwd_kernel<T><<<rows_grid(N, "embedding_forward"), kThreads, 0, stream_>>>(
@@ -121,9 +174,14 @@ void CudaBackend::embedding_forward(Tensor out, const Tensor& table, const Tenso
 void CudaBackend::embedding_backward(Tensor dtable, const Tensor& dout, const Tensor& tokens,
                                      int64_t vocab_start) {
   const int64_t N = tokens.numel(), V = dtable.dim(0), C = dtable.dim(1);
-  ADGT_CHECK(dout.numel() == N * C && tokens.dtype == DType::I32 && dout.dtype == dtable.dtype,
-             "embedding_backward: dout" << dout.shape_str() << " dtable" << dtable.shape_str()
-                                        << " tokens" << tokens.shape_str());
+  // bf16: dout bf16, dtable f32 (the mixed-precision contract); else one dtype.
+  const bool lowp = dout.dtype == DType::BF16;
+  ADGT_CHECK(dout.numel() == N * C && tokens.dtype == DType::I32 &&
+                 (lowp ? dtable.dtype == DType::F32 : dout.dtype == dtable.dtype),
+             "embedding_backward: dout" << dout.shape_str() << " " << dtype_name(dout.dtype)
+                                        << ", dtable" << dtable.shape_str() << " "
+                                        << dtype_name(dtable.dtype) << " (bf16 dout takes an f32 dtable)"
+                                        << ", tokens" << tokens.shape_str());
   ADGT_CHECK(N <= INT_MAX && V <= INT_MAX, "embedding_backward: sizes exceed int32 indices");
   if (!N || !C) return;
   // Host counting sort: rows named, in ascending vocabulary order; per row its
@@ -158,6 +216,17 @@ void CudaBackend::embedding_backward(Tensor dtable, const Tensor& dout, const Te
   }
   auto* dev = static_cast<int32_t*>(scratch(kScratchIndex, csr.size() * 4));
   to_device(dev, csr.data(), csr.size() * 4);
+  if (lowp) {
+    const char* op = "embedding_backward";
+    if (C % 8 == 0 && aligned16(dtable.data) && aligned16(dout.data))
+      embedding_bwd_bf16_kernel<8><<<rows_grid(R, op), kThreads, 0, stream_>>>(
+          dtable.ptr<float>(), dout.ptr<bf16_bits>(), dev, R, C);
+    else
+      embedding_bwd_bf16_kernel<1><<<rows_grid(R, op), kThreads, 0, stream_>>>(
+          dtable.ptr<float>(), dout.ptr<bf16_bits>(), dev, R, C);
+    ADGT_LAUNCH_CHECK(op);
+    return;
+  }
   dispatch(dtable.dtype, "embedding_backward", [&](auto z) {
     using T = decltype(z);
     embedding_bwd_kernel<T><<<rows_grid(R, "embedding_backward"), kThreads, 0, stream_>>>(
@@ -171,6 +240,9 @@ namespace {
 // (the CPU backend's check; an out-of-range row would read outside y).
 void check_combine(CudaBackend& be, const Tensor& rows_nc, const Tensor& y, const Tensor& pos,
                    const Tensor& w, const char* op) {
+  ADGT_CHECK(y.dtype != DType::BF16,
+             op << ": bf16 is not supported (the backend's mixed-precision contract leaves "
+                   "combine_rows* in f32/f64; run mixture-of-experts layers in f32)");
   const int64_t N = pos.ndim == 2 ? pos.dim(0) : -1, C = y.ndim == 2 ? y.dim(1) : -1;
   ADGT_CHECK(pos.dtype == DType::I32 && pos.ndim == 2 && y.ndim == 2 &&
                  rows_nc.numel() == N * C && rows_nc.dtype == y.dtype,

@@ -11,6 +11,8 @@ Usage: train_checks.py CHECK --train BIN --data DIR --work DIR
   nan     a non-finite loss is reported and the update skipped; after
           train.max_skipped_steps consecutive ones the run stops non-zero
   signal  SIGTERM mid-run: checkpoint at the step boundary, exit 0, resumable
+  bf16    train.dtype bf16 (mixed precision): its losses follow the f32 run's
+          (within 2% at every step) and a resume is bitwise identical
 """
 import argparse
 import json
@@ -164,9 +166,35 @@ def check_signal(args, work):
     print(f"PASS: SIGTERM -> checkpoint step_{step}, exit 0")
 
 
+def check_bf16(args, work):
+    sets = SMALL + ["train.steps=30", "log.interval=1", "train.eval_interval=0",
+                    "checkpoint.interval=15", "checkpoint.keep=0", "train.device=cpu"]
+    run(args, work, "f32", sets)
+    run(args, work, "bf16", sets + ["train.dtype=bf16"])
+    f, b = losses(work, "f32"), losses(work, "bf16")
+    if sorted(b) != list(range(1, 31)):
+        sys.exit(f"FAIL: bf16 run logged steps {sorted(b)}")
+    gaps = [abs(b[s] - f[s]) / f[s] for s in range(1, 31)]
+    for s in (1, 10, 20, 30):
+        print(f"step {s}: f32 {f[s]:.5f} bf16 {b[s]:.5f}")
+    print(f"largest relative gap {max(gaps):.2e} (step {1 + gaps.index(max(gaps))})")
+    if max(gaps) > 0.02:
+        sys.exit("FAIL: the bf16 losses leave the f32 run's by more than 2%")
+    if not b[30] < b[1] - 0.5:
+        sys.exit(f"FAIL: bf16 loss did not fall ({b[1]} -> {b[30]})")
+    ckpt = os.path.join(work, "bf16", "ckpt", "step_15")
+    shutil.copytree(ckpt, os.path.join(work, "bf16r", "ckpt", "step_15"))
+    run(args, work, "bf16r", sets + ["train.dtype=bf16"], extra=["--resume", "auto"])
+    r = losses(work, "bf16r")
+    bad = [s for s in range(16, 31) if r.get(s) != b[s]]
+    if bad:
+        sys.exit(f"FAIL: bf16 resume differs at steps {bad}: {[(b[s], r.get(s)) for s in bad[:3]]}")
+    print(f"PASS: bf16 within {max(gaps):.2e} of f32 over 30 steps; resume bitwise (steps 16..30)")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("check", choices=["resume", "eval", "loss", "nan", "signal"])
+    ap.add_argument("check", choices=["resume", "eval", "loss", "nan", "signal", "bf16"])
     ap.add_argument("--train", required=True)
     ap.add_argument("--data", required=True)
     ap.add_argument("--work", required=True)
@@ -177,7 +205,7 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     {"resume": check_resume, "eval": check_eval, "loss": check_loss, "nan": check_nan,
-     "signal": check_signal}[args.check](args, work)
+     "signal": check_signal, "bf16": check_bf16}[args.check](args, work)
 
 
 if __name__ == "__main__":

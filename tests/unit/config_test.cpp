@@ -217,8 +217,8 @@ TEST_CASE("out-of-range values", "[config]") {
         "x.yaml:2: train.weight_decay: expected a number >= 0, got -0.1");
   CHECK(error_of("train:\n  device: gpu\n") ==
         "x.yaml:2: train.device: expected one of {auto, cpu, cuda}, got \"gpu\"");
-  CHECK(error_of("train:\n  dtype: bf16\n") ==
-        "x.yaml:2: train.dtype: expected one of {f32, f64}, got \"bf16\"");
+  CHECK(error_of("train:\n  dtype: f16\n") ==
+        "x.yaml:2: train.dtype: expected one of {f32, bf16, f64}, got \"f16\"");
   CHECK(error_of("parallel:\n  tp: 0\n") ==
         "x.yaml:2: parallel.tp: expected a positive integer, got 0");
   CHECK(error_of("checkpoint:\n  keep: -1\n") ==

@@ -8,6 +8,12 @@
 // attention, the model) 1e-4 (cuBLAS runs full fp32: TF32 is off by default);
 // fp64 1e-11.
 //
+// bf16 (the mixed-precision contract of kernels/backend.hpp): a Twin of dtype
+// BF16 is bf16 on the GPU and f32 on the CPU, set to the same bf16-rounded
+// values, so each bf16 op is compared with the CPU backend's f32 path on the
+// same inputs: 1e-2 relative for bf16 outputs and for f32 outputs computed from
+// bf16 inputs (dw, rstd, losses), NaN fails.
+//
 // The hidden case "[.cudabench]" is the benchmark scripts/device/check.sh runs:
 // adgt_unit_tests "[.cudabench]".
 #include <catch2/catch.hpp>
@@ -28,6 +34,7 @@
 #include "core/model.hpp"
 #include "core/optimizer.hpp"
 #include "core/rng.hpp"
+#include "kernels/common/bf16.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #ifdef ADGT_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.hpp"
@@ -57,6 +64,8 @@ Vec randn(size_t n, uint64_t seed, double scale = 1.0) {
   return v;
 }
 
+constexpr double kBf16Tol = 1e-2;
+
 double tol_for(DType dt, bool gemm) {
   if (dt == DType::F64) return 1e-11;
   return gemm ? 1e-4 : 1e-5;
@@ -68,72 +77,91 @@ Tensor make_tensor(void* p, DType dt, const std::vector<int64_t>& shape) {
   return t;
 }
 
-// A tensor held on both backends, set to the same values.
+std::vector<char> pack(const Vec& v, DType dt) {
+  std::vector<char> raw(v.size() * dtype_size(dt));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (dt == DType::F64)
+      reinterpret_cast<double*>(raw.data())[i] = v[i];
+    else if (dt == DType::F32)
+      reinterpret_cast<float*>(raw.data())[i] = float(v[i]);
+    else if (dt == DType::BF16)
+      reinterpret_cast<bf16_bits*>(raw.data())[i] = float_to_bf16(float(v[i]));
+    else
+      reinterpret_cast<int32_t*>(raw.data())[i] = int32_t(v[i]);
+  }
+  return raw;
+}
+Vec unpack(const std::vector<char>& raw, DType dt) {
+  Vec v(raw.size() / dtype_size(dt));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (dt == DType::F64)
+      v[i] = reinterpret_cast<const double*>(raw.data())[i];
+    else if (dt == DType::F32)
+      v[i] = reinterpret_cast<const float*>(raw.data())[i];
+    else if (dt == DType::BF16)
+      v[i] = bf16_to_float(reinterpret_cast<const bf16_bits*>(raw.data())[i]);
+    else
+      v[i] = reinterpret_cast<const int32_t*>(raw.data())[i];
+  }
+  return v;
+}
+// v with every value rounded to bf16 (what a bf16 tensor holds).
+Vec bf16_round(Vec v) {
+  for (auto& x : v) x = double(round_to_bf16(float(x)));
+  return v;
+}
+
+// A tensor held on both backends, set to the same values. dt is the GPU's
+// dtype; the CPU's (cdt) is the same, except for BF16, where the CPU holds the
+// same (bf16-rounded) values in f32: its reference path.
 struct Twin {
-  DType dt;
+  DType dt, cdt;
   std::vector<int64_t> shape;
   int64_t n = 1;
   Buffer cb, gb;
   Backend* cpu;
   Backend* gpu;
   Twin(Backend& c, Backend& g, DType d, std::vector<int64_t> s)
-      : dt(d), shape(std::move(s)), cpu(&c), gpu(&g) {
+      : dt(d), cdt(d == DType::BF16 ? DType::F32 : d), shape(std::move(s)), cpu(&c), gpu(&g) {
     for (int64_t x : shape) n *= x;
-    const size_t bytes = size_t(n) * dtype_size(dt);
-    cb = Buffer(c, bytes);
-    gb = Buffer(g, bytes);
+    cb = Buffer(c, size_t(n) * dtype_size(cdt));
+    gb = Buffer(g, size_t(n) * dtype_size(dt));
   }
-  Tensor c() const { return make_tensor(cb.data(), dt, shape); }
+  Tensor c() const { return make_tensor(cb.data(), cdt, shape); }
   Tensor g() const { return make_tensor(gb.data(), dt, shape); }
+  // Views of n elements from element `off` (misaligned views for the scalar paths).
+  Tensor c_at(int64_t off, std::vector<int64_t> s) const {
+    return make_tensor(static_cast<char*>(cb.data()) + size_t(off) * dtype_size(cdt), cdt, s);
+  }
+  Tensor g_at(int64_t off, std::vector<int64_t> s) const {
+    return make_tensor(static_cast<char*>(gb.data()) + size_t(off) * dtype_size(dt), dt, s);
+  }
 
-  std::vector<char> pack(const Vec& v) const {
-    REQUIRE(int64_t(v.size()) == n);
-    std::vector<char> raw(size_t(n) * dtype_size(dt));
-    for (int64_t i = 0; i < n; ++i) {
-      if (dt == DType::F64) {
-        reinterpret_cast<double*>(raw.data())[i] = v[size_t(i)];
-      } else if (dt == DType::F32) {
-        reinterpret_cast<float*>(raw.data())[i] = float(v[size_t(i)]);
-      } else {
-        reinterpret_cast<int32_t*>(raw.data())[i] = int32_t(v[size_t(i)]);
-      }
-    }
-    return raw;
-  }
-  Vec unpack(const std::vector<char>& raw) const {
-    Vec v(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) {
-      if (dt == DType::F64)
-        v[size_t(i)] = reinterpret_cast<const double*>(raw.data())[i];
-      else if (dt == DType::F32)
-        v[size_t(i)] = reinterpret_cast<const float*>(raw.data())[i];
-      else
-        v[size_t(i)] = reinterpret_cast<const int32_t*>(raw.data())[i];
-    }
-    return v;
-  }
   void set_cpu(const Vec& v) {
-    const auto raw = pack(v);
+    REQUIRE(int64_t(v.size()) == n);
+    const auto raw = pack(v, cdt);
     if (!raw.empty()) cpu->to_device(cb.data(), raw.data(), raw.size());
   }
   void set_gpu(const Vec& v) {
-    const auto raw = pack(v);
+    REQUIRE(int64_t(v.size()) == n);
+    const auto raw = pack(v, dt);
     if (!raw.empty()) gpu->to_device(gb.data(), raw.data(), raw.size());
   }
   void set(const Vec& v) {
-    set_cpu(v);
-    set_gpu(v);
+    const Vec r = dt == DType::BF16 ? bf16_round(v) : v;
+    set_cpu(r);
+    set_gpu(r);
   }
   void poison() { set(Vec(size_t(n), dt == DType::I32 ? -7.0 : kNaN)); }
   Vec get_cpu() const {
-    std::vector<char> raw(size_t(n) * dtype_size(dt));
+    std::vector<char> raw(size_t(n) * dtype_size(cdt));
     if (!raw.empty()) cpu->to_host(raw.data(), cb.data(), raw.size());
-    return unpack(raw);
+    return unpack(raw, cdt);
   }
   Vec get_gpu() const {
     std::vector<char> raw(size_t(n) * dtype_size(dt));
     if (!raw.empty()) gpu->to_host(raw.data(), gb.data(), raw.size());
-    return unpack(raw);
+    return unpack(raw, dt);
   }
 };
 
@@ -480,11 +508,14 @@ TEST_CASE("cuda backend: fused cross-entropy", "[cuda]") {
     b.gpu->cross_entropy(logits.g(), losses.g(), tg.g(), 0.37);
     expect_close(losses, tol, "cross_entropy losses");
     expect_close(logits, tol, "cross_entropy dlogits");
-    // Out-of-range target: the CPU backend's error.
+    // Out-of-range target: the CPU backend's error, found on the device and
+    // thrown at the next synchronisation.
     t[0] = double(V);
     tg.set(t);
-    CHECK_THROWS_WITH(b.gpu->cross_entropy(logits.g(), losses.g(), tg.g(), 1.0),
+    CHECK_THROWS_WITH((b.gpu->cross_entropy(logits.g(), losses.g(), tg.g(), 1.0),
+                       b.gpu->synchronize()),
                       Catch::Matchers::Contains("outside the vocabulary"));
+    b.gpu->synchronize();  // reported once
   }
 }
 
@@ -645,6 +676,412 @@ TEST_CASE("cuda backend: whole model forward, backward and AdamW steps", "[cuda]
       CHECK(e <= tol_param);
     }
   }
+}
+
+
+// ---------------------------------------------------------------------------
+// bf16 (mixed precision): every op against the CPU backend's f32 path on the
+// same bf16-rounded inputs.
+
+TEST_CASE("cuda backend: bf16 elementwise ops and casts", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  Backends b;
+  const DType bf = DType::BF16;
+  // n = 100003: vectors plus a tail; off = 1: a misaligned view (all scalar).
+  for (int64_t off : {int64_t(0), int64_t(1)}) {
+    const int64_t n = 100003;
+    INFO("offset " << off);
+    Twin y = b.twin(bf, {n + 1}), x = b.twin(bf, {n + 1});
+    y.set(randn(size_t(n + 1), 1));
+    x.set(randn(size_t(n + 1), 2));
+    b.cpu.add_inplace(y.c_at(off, {n}), x.c_at(off, {n}));
+    b.gpu->add_inplace(y.g_at(off, {n}), x.g_at(off, {n}));
+    expect_close(y, kBf16Tol, "bf16 add_inplace");
+    y.set(y.get_gpu());
+    b.cpu.scale_inplace(y.c_at(off, {n}), -0.37);
+    b.gpu->scale_inplace(y.g_at(off, {n}), -0.37);
+    expect_close(y, kBf16Tol, "bf16 scale_inplace");
+    Twin z = b.twin(bf, {n + 1});
+    z.poison();
+    b.gpu->copy(z.g(), y.g());
+    CHECK(z.get_gpu() == y.get_gpu());
+
+    // Casts: bf16 results equal the host's float_to_bf16 exactly.
+    const Vec v = randn(size_t(n + 1), 3, 100.0);
+    Twin f32 = b.twin(DType::F32, {n + 1}), f64 = b.twin(DType::F64, {n + 1});
+    f32.set(v);
+    f64.set(v);
+    z.poison();
+    b.gpu->cast(z.g_at(off, {n}), f32.g_at(off, {n}));
+    Vec got = z.get_gpu(), want = bf16_round(f32.get_gpu());
+    CHECK(Vec(got.begin() + off, got.begin() + off + n) ==
+          Vec(want.begin() + off, want.begin() + off + n));
+    z.poison();
+    b.gpu->cast(z.g_at(off, {n}), f64.g_at(off, {n}));  // through f32, as the CPU backend
+    got = z.get_gpu();
+    CHECK(Vec(got.begin() + off, got.begin() + off + n) ==
+          Vec(want.begin() + off, want.begin() + off + n));
+    f32.poison();
+    b.gpu->cast(f32.g_at(off, {n}), z.g_at(off, {n}));  // bf16 -> f32: exact
+    got = f32.get_gpu();
+    CHECK(Vec(got.begin() + off, got.begin() + off + n) ==
+          Vec(want.begin() + off, want.begin() + off + n));
+    f64.poison();
+    b.gpu->cast(f64.g_at(off, {n}), z.g_at(off, {n}));
+    got = f64.get_gpu();
+    CHECK(Vec(got.begin() + off, got.begin() + off + n) ==
+          Vec(want.begin() + off, want.begin() + off + n));
+  }
+}
+
+TEST_CASE("cuda backend: bf16 swiglu and rotary embedding", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  Backends b;
+  const DType bf = DType::BF16;
+  for (int64_t n : {int64_t(70001), int64_t(65536)}) {
+    Twin g = b.twin(bf, {n}), u = b.twin(bf, {n}), h = b.twin(bf, {n});
+    g.set(randn(size_t(n), 61, 3.0));
+    u.set(randn(size_t(n), 62));
+    h.poison();
+    b.cpu.swiglu_forward(h.c(), g.c(), u.c());
+    b.gpu->swiglu_forward(h.g(), g.g(), u.g());
+    expect_close(h, kBf16Tol, "bf16 swiglu_forward");
+    Twin dh = b.twin(bf, {n}), dg = b.twin(bf, {n}), du = b.twin(bf, {n});
+    dh.set(randn(size_t(n), 63));
+    dg.poison();
+    du.poison();
+    b.cpu.swiglu_backward(dg.c(), du.c(), dh.c(), g.c(), u.c());
+    b.gpu->swiglu_backward(dg.g(), du.g(), dh.g(), g.g(), u.g());
+    expect_close(dg, kBf16Tol, "bf16 swiglu_backward dgate");
+    expect_close(du, kBf16Tol, "bf16 swiglu_backward dup");
+  }
+  // Rotary: bf16 x, f32 tables; half = 5 (scalar) and 16 (vectors of 8).
+  for (int64_t half : {int64_t(5), int64_t(16)}) {
+    const int64_t B = 2, T = 7, H = 3, hd = 2 * half;
+    INFO("half " << half);
+    Twin x = b.twin(bf, {B * T, H * hd}), cs = b.twin(DType::F32, {T, half}),
+         sn = b.twin(DType::F32, {T, half});
+    Vec c(size_t(T * half)), s(size_t(T * half));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < half; ++i) {
+        const double a = double(t) * std::pow(10000.0, -double(2 * i) / double(hd));
+        c[size_t(t * half + i)] = std::cos(a);
+        s[size_t(t * half + i)] = std::sin(a);
+      }
+    cs.set(c);
+    sn.set(s);
+    x.set(randn(size_t(B * T * H * hd), 41));
+    b.cpu.rope_forward(x.c(), cs.c(), sn.c(), T);
+    b.gpu->rope_forward(x.g(), cs.g(), sn.g(), T);
+    expect_close(x, kBf16Tol, "bf16 rope_forward");
+    x.set(randn(size_t(B * T * H * hd), 42));
+    b.cpu.rope_backward(x.c(), cs.c(), sn.c(), T);
+    b.gpu->rope_backward(x.g(), cs.g(), sn.g(), T);
+    expect_close(x, kBf16Tol, "bf16 rope_backward");
+  }
+}
+
+TEST_CASE("cuda backend: bf16 linear on cuBLASLt", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  Backends b;
+  const DType bf = DType::BF16;
+  struct Shape { int64_t N, I, O; };
+  for (const Shape sh : {Shape{37, 29, 41}, Shape{64, 128, 96}}) {
+    const int64_t N = sh.N, I = sh.I, O = sh.O;
+    INFO("N=" << N << " I=" << I << " O=" << O);
+    Twin x = b.twin(bf, {N, I}), w = b.twin(bf, {O, I}), y = b.twin(bf, {N, O});
+    x.set(randn(size_t(N * I), 11));
+    w.set(randn(size_t(O * I), 12));
+    y.poison();
+    b.cpu.linear_forward(y.c(), x.c(), w.c());
+    b.gpu->linear_forward(y.g(), x.g(), w.g());
+    expect_close(y, kBf16Tol, "bf16 linear_forward");
+    Twin y32 = b.twin(DType::F32, {N, O});  // f32 output (e.g. logits)
+    y32.poison();
+    b.cpu.linear_forward(y32.c(), x.c(), w.c());
+    b.gpu->linear_forward(y32.g(), x.g(), w.g());
+    expect_close(y32, kBf16Tol, "bf16 linear_forward, f32 y");
+
+    // dx bf16, dw f32 (accumulates).
+    Twin dy = b.twin(bf, {N, O}), dx = b.twin(bf, {N, I}), dw = b.twin(DType::F32, {O, I});
+    dy.set(randn(size_t(N * O), 13));
+    for (bool acc : {false, true}) {
+      if (acc)
+        dx.set(randn(size_t(N * I), 14));
+      else
+        dx.poison();
+      dw.set(randn(size_t(O * I), 15));
+      b.cpu.linear_backward(dx.c(), dw.c(), dy.c(), x.c(), w.c(), acc);
+      b.gpu->linear_backward(dx.g(), dw.g(), dy.g(), x.g(), w.g(), acc);
+      expect_close(dx, kBf16Tol, acc ? "bf16 linear_backward dx (accumulate)"
+                                     : "bf16 linear_backward dx");
+      expect_close(dw, kBf16Tol, "bf16 linear_backward dw (f32)");
+    }
+    // Split backward: dx only, then dw only.
+    dx.poison();
+    dw.set(randn(size_t(O * I), 16));
+    b.cpu.linear_backward(dx.c(), Tensor(), dy.c(), x.c(), w.c(), false);
+    b.gpu->linear_backward(dx.g(), Tensor(), dy.g(), x.g(), w.g(), false);
+    expect_close(dx, kBf16Tol, "bf16 linear_backward dx only");
+    CHECK(dw.get_gpu() == dw.get_cpu());  // untouched
+    b.cpu.linear_backward(Tensor(), dw.c(), dy.c(), x.c(), w.c(), false);
+    b.gpu->linear_backward(Tensor(), dw.g(), dy.g(), x.g(), w.g(), false);
+    expect_close(dw, kBf16Tol, "bf16 linear_backward dw only");
+    // A second call of each shape reuses the cached plan: same bits.
+    const Vec first = dw.get_gpu();
+    dw.set(randn(size_t(O * I), 16));
+    b.gpu->linear_backward(Tensor(), dw.g(), dy.g(), x.g(), w.g(), false);
+    CHECK(dw.get_gpu() == first);
+  }
+}
+
+TEST_CASE("cuda backend: bf16 embedding, deterministic f32 table gradient", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  Backends b;
+  const DType bf = DType::BF16;
+  for (int64_t C : {int64_t(300), int64_t(512)}) {  // scalar; 16-byte rows
+    INFO("C " << C);
+    const int64_t V = 23, N = 50, vocab_start = 5;
+    Twin table = b.twin(bf, {V, C}), out = b.twin(bf, {N, C}), tok = b.twin(DType::I32, {N});
+    Vec t(static_cast<size_t>(N));
+    Rng r(21);
+    for (auto& x : t) x = double(r.next() % 32);  // some outside [5, 28): other shards
+    t[3] = t[7] = t[9] = 6;                        // repeats
+    tok.set(t);
+    table.set(randn(size_t(V * C), 22));
+    out.poison();
+    b.cpu.embedding_forward(out.c(), table.c(), tok.c(), vocab_start);
+    b.gpu->embedding_forward(out.g(), table.g(), tok.g(), vocab_start);
+    expect_close(out, 0.0, "bf16 embedding_forward");
+
+    Twin dout = b.twin(bf, {N, C}), dtable = b.twin(DType::F32, {V, C});
+    dout.set(randn(size_t(N * C), 23));
+    const Vec d0 = randn(size_t(V * C), 24);
+    dtable.set(d0);  // accumulates
+    b.cpu.embedding_backward(dtable.c(), dout.c(), tok.c(), vocab_start);
+    b.gpu->embedding_backward(dtable.g(), dout.g(), tok.g(), vocab_start);
+    expect_close(dtable, kBf16Tol, "bf16 embedding_backward (f32 dtable)");
+    const Vec first = dtable.get_gpu();
+    dtable.set_gpu(d0);
+    b.gpu->embedding_backward(dtable.g(), dout.g(), tok.g(), vocab_start);
+    CHECK(dtable.get_gpu() == first);  // deterministic, bitwise
+  }
+}
+
+TEST_CASE("cuda backend: bf16 rmsnorm, residual rmsnorm, deterministic dw", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  Backends b;
+  const DType bf = DType::BF16;
+  // N = 300: three row blocks of the weight gradient (128 rows each, the last partial).
+  for (int64_t C : {int64_t(1000), int64_t(1024)}) {
+    const int64_t N = 300;
+    INFO("C " << C);
+    Twin x = b.twin(bf, {N, C}), w = b.twin(bf, {C}), out = b.twin(bf, {N, C}),
+         rstd = b.twin(DType::F32, {N});
+    x.set(randn(size_t(N * C), 31));
+    Vec wv = randn(size_t(C), 32, 0.1);
+    for (auto& v : wv) v += 1.0;
+    w.set(wv);
+    out.poison();
+    rstd.poison();
+    b.cpu.rmsnorm_forward(out.c(), rstd.c(), x.c(), w.c(), 1e-5);
+    b.gpu->rmsnorm_forward(out.g(), rstd.g(), x.g(), w.g(), 1e-5);
+    expect_close(out, kBf16Tol, "bf16 rmsnorm_forward out");
+    expect_close(rstd, kBf16Tol, "bf16 rmsnorm_forward rstd (f32)");
+    rstd.set_gpu(rstd.get_cpu());
+    Twin dout = b.twin(bf, {N, C}), dx = b.twin(bf, {N, C}), dw = b.twin(DType::F32, {C});
+    dout.set(randn(size_t(N * C), 33));
+    dx.set(randn(size_t(N * C), 34));  // accumulates
+    const Vec dw0 = randn(size_t(C), 35);
+    dw.set(dw0);  // accumulates
+    b.cpu.rmsnorm_backward(dx.c(), dw.c(), dout.c(), x.c(), w.c(), rstd.c());
+    b.gpu->rmsnorm_backward(dx.g(), dw.g(), dout.g(), x.g(), w.g(), rstd.g());
+    expect_close(dx, kBf16Tol, "bf16 rmsnorm_backward dx");
+    expect_close(dw, kBf16Tol, "bf16 rmsnorm_backward dw (f32)");
+    // The two-pass weight gradient is deterministic: a rerun gives the same bits.
+    const Vec first = dw.get_gpu();
+    dw.set_gpu(dw0);
+    dx.set(randn(size_t(N * C), 34));
+    b.gpu->rmsnorm_backward(dx.g(), dw.g(), dout.g(), x.g(), w.g(), rstd.g());
+    CHECK(dw.get_gpu() == first);
+    // One row block (N <= 128): the direct path.
+    {
+      const int64_t n1 = 5;
+      Twin dw1 = b.twin(DType::F32, {C}), dx1 = b.twin(bf, {n1, C});
+      dw1.set(dw0);
+      dx1.set(randn(size_t(n1 * C), 36));
+      b.cpu.rmsnorm_backward(dx1.c(), dw1.c(), dout.c_at(0, {n1, C}), x.c_at(0, {n1, C}), w.c(),
+                             rstd.c_at(0, {n1}));
+      b.gpu->rmsnorm_backward(dx1.g(), dw1.g(), dout.g_at(0, {n1, C}), x.g_at(0, {n1, C}),
+                              w.g(), rstd.g_at(0, {n1}));
+      expect_close(dx1, kBf16Tol, "bf16 rmsnorm_backward dx (5 rows)");
+      expect_close(dw1, kBf16Tol, "bf16 rmsnorm_backward dw (5 rows)");
+    }
+
+    // x += y, then the norm, in one kernel; the CPU reference: add then norm (f32).
+    Twin y = b.twin(bf, {N, C});
+    x.set(randn(size_t(N * C), 37));
+    y.set(randn(size_t(N * C), 38));
+    out.poison();
+    rstd.poison();
+    b.cpu.add_inplace(x.c(), y.c());
+    b.cpu.rmsnorm_forward(out.c(), rstd.c(), x.c(), w.c(), 1e-5);
+    b.gpu->residual_rmsnorm_forward(x.g(), y.g(), out.g(), rstd.g(), w.g(), 1e-5);
+    expect_close(x, kBf16Tol, "bf16 residual_rmsnorm_forward x");
+    expect_close(out, kBf16Tol, "bf16 residual_rmsnorm_forward out");
+    expect_close(rstd, kBf16Tol, "bf16 residual_rmsnorm_forward rstd");
+    // Same numbers as add_inplace then rmsnorm_forward on the GPU (x rounded first).
+    Twin x2 = b.twin(bf, {N, C}), out2 = b.twin(bf, {N, C}), rstd2 = b.twin(DType::F32, {N});
+    x.set(randn(size_t(N * C), 37));
+    x2.set(randn(size_t(N * C), 37));
+    b.gpu->residual_rmsnorm_forward(x.g(), y.g(), out.g(), rstd.g(), w.g(), 1e-5);
+    b.gpu->add_inplace(x2.g(), y.g());
+    b.gpu->rmsnorm_forward(out2.g(), rstd2.g(), x2.g(), w.g(), 1e-5);
+    CHECK(x.get_gpu() == x2.get_gpu());
+    CHECK(out.get_gpu() == out2.get_gpu());
+    CHECK(rstd.get_gpu() == rstd2.get_gpu());
+  }
+}
+
+TEST_CASE("cuda backend: bf16 fused cross-entropy", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  Backends b;
+  const DType bf = DType::BF16;
+  // V = 3001: rows start misaligned (head, vectors, tail); 4096: all vectors.
+  for (int64_t V : {int64_t(3001), int64_t(4096)}) {
+    const int64_t N = 11;
+    INFO("V " << V);
+    Twin logits = b.twin(bf, {N, V}), losses = b.twin(DType::F32, {N}),
+         tg = b.twin(DType::I32, {N});
+    Vec t(static_cast<size_t>(N));
+    Rng r(81);
+    for (auto& x : t) x = double(r.next() % uint64_t(V));
+    t[4] = -1;  // ignored
+    t[5] = double(V - 1);
+    tg.set(t);
+    logits.set(randn(size_t(N * V), 82, 4.0));
+    losses.poison();
+    b.cpu.cross_entropy(logits.c(), losses.c(), tg.c(), 0.37);
+    b.gpu->cross_entropy(logits.g(), losses.g(), tg.g(), 0.37);
+    expect_close(losses, kBf16Tol, "bf16 cross_entropy losses (f32)");
+    expect_close(logits, kBf16Tol, "bf16 cross_entropy dlogits");
+    CHECK(losses.get_gpu()[4] == 0.0);
+    t[0] = double(V);
+    tg.set(t);
+    CHECK_THROWS_WITH((b.gpu->cross_entropy(logits.g(), losses.g(), tg.g(), 1.0),
+                       b.gpu->synchronize()),
+                      Catch::Matchers::Contains("outside the vocabulary"));
+  }
+}
+
+TEST_CASE("cuda backend: bf16 vocab-parallel cross-entropy pieces", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  Backends b;
+  const DType bf = DType::BF16;
+  for (int64_t Vl : {int64_t(150), int64_t(160)}) {
+    const int64_t N = 7, R = 2;
+    const int64_t starts[R] = {0, Vl}, valid[R] = {Vl, Vl - 1};
+    INFO("Vl " << Vl);
+    Twin tg = b.twin(DType::I32, {N});
+    tg.set({3, double(Vl - 1), double(Vl), double(2 * Vl - 2), -1, 0, double(Vl + 50)});
+    std::vector<Twin> logits, stats;
+    for (int64_t r = 0; r < R; ++r) {
+      logits.push_back(b.twin(bf, {N, Vl}));
+      stats.push_back(b.twin(DType::F32, {N, 3}));
+      logits.back().set(randn(size_t(N * Vl), 91 + uint64_t(r), 3.0));
+      stats.back().poison();
+      b.cpu.ce_partial_stats(stats.back().c(), logits.back().c(), tg.c(), starts[r], valid[r]);
+      b.gpu->ce_partial_stats(stats.back().g(), logits.back().g(), tg.g(), starts[r], valid[r]);
+      expect_close(stats.back(), kBf16Tol, "bf16 ce_partial_stats (f32)");
+    }
+    Twin gathered = b.twin(DType::F32, {R * N, 3}), combined = b.twin(DType::F32, {N, 3});
+    Vec gv;
+    for (int64_t r = 0; r < R; ++r) {
+      const Vec s = stats[size_t(r)].get_cpu();
+      gv.insert(gv.end(), s.begin(), s.end());
+    }
+    gathered.set(gv);
+    b.cpu.ce_combine(combined.c(), gathered.c());
+    b.gpu->ce_combine(combined.g(), gathered.g());
+    expect_close(combined, 1e-5, "ce_combine (f32)");
+    combined.set(combined.get_cpu());
+    for (int64_t r = 0; r < R; ++r) {
+      Twin losses = b.twin(DType::F32, {N});
+      losses.poison();
+      b.cpu.ce_finish(logits[size_t(r)].c(), losses.c(), combined.c(), tg.c(), starts[r],
+                      valid[r], 0.5);
+      b.gpu->ce_finish(logits[size_t(r)].g(), losses.g(), combined.g(), tg.g(), starts[r],
+                       valid[r], 0.5);
+      expect_close(losses, kBf16Tol, "bf16 ce_finish losses (f32)");
+      expect_close(logits[size_t(r)], kBf16Tol, "bf16 ce_finish dlogits");
+    }
+  }
+}
+
+TEST_CASE("cuda backend: bf16 sum of squares and adamw_cast", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  Backends b;
+  for (DType dt : {DType::BF16, DType::F32}) {
+    for (int64_t off : {int64_t(0), int64_t(1)}) {
+      const int64_t n = 100003;
+      INFO(dtype_name(dt) << " offset " << off);
+      Twin x = b.twin(dt, {n + 1});
+      x.set(randn(size_t(n + 1), 101));
+      const double c = b.cpu.sum_squares(x.c_at(off, {n})),
+                   g = b.gpu->sum_squares(x.g_at(off, {n}));
+      INFO("sum_squares cpu " << c << " cuda " << g);
+      CHECK(std::abs(g - c) <= 1e-10 * c);
+      CHECK(b.gpu->sum_squares(x.g_at(off, {n})) == g);  // deterministic
+    }
+  }
+  // adamw_cast: f32 master, grad, moments; bf16 copy. Aligned and misaligned.
+  for (int64_t off : {int64_t(0), int64_t(1)}) {
+    const int64_t n = 100003;
+    INFO("adamw_cast offset " << off);
+    const DType f = DType::F32;
+    Twin p = b.twin(f, {n + 1}), gr = b.twin(f, {n + 1}), m = b.twin(f, {n + 1}),
+         v = b.twin(f, {n + 1}), lo = b.twin(DType::BF16, {n + 1});
+    p.set(randn(size_t(n + 1), 102));
+    m.set(Vec(size_t(n + 1), 0.0));
+    v.set(Vec(size_t(n + 1), 0.0));
+    lo.poison();
+    AdamWHyper h;
+    h.lr = 1e-2;
+    h.weight_decay = 0.1;
+    auto at = [&](const Twin& t, bool gpu) { return gpu ? t.g_at(off, {n}) : t.c_at(off, {n}); };
+    for (int64_t step = 1; step <= 3; ++step) {
+      gr.set(randn(size_t(n + 1), 103 + uint64_t(step)));
+      h.step = step;
+      b.cpu.adamw_cast(at(p, false), at(gr, false), at(m, false), at(v, false), at(lo, false), h);
+      b.gpu->adamw_cast(at(p, true), at(gr, true), at(m, true), at(v, true), at(lo, true), h);
+    }
+    expect_close(p, 1e-6, "adamw_cast param (f32 master)");
+    expect_close(m, 1e-6, "adamw_cast m");
+    expect_close(v, 1e-6, "adamw_cast v");
+    // The bf16 copy is exactly the CPU backend's cast of the GPU's master weights.
+    const Vec pg = p.get_gpu();
+    Buffer hp(b.cpu, size_t(n) * 4), hl(b.cpu, size_t(n) * 2);
+    b.cpu.to_device(hp.data(), pack(Vec(pg.begin() + off, pg.begin() + off + n), f).data(),
+                    size_t(n) * 4);
+    b.cpu.cast(Tensor(hl.data(), DType::BF16, {n}), Tensor(hp.data(), f, {n}));
+    std::vector<char> want(size_t(n) * 2), got(size_t((n + 1) * 2));
+    b.cpu.to_host(want.data(), hl.data(), want.size());
+    b.gpu->to_host(got.data(), lo.gb.data(), got.size());
+    CHECK(std::memcmp(got.data() + off * 2, want.data(), want.size()) == 0);
+  }
+}
+
+TEST_CASE("cuda backend: bf16 combine_rows is refused clearly", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  Backends b;
+  Twin pos = b.twin(DType::I32, {2, 1}), y = b.twin(DType::BF16, {2, 8}),
+       out = b.twin(DType::BF16, {2, 8});
+  pos.set({0, 1});
+  CHECK_THROWS_WITH(b.gpu->combine_rows(out.g(), y.g(), pos.g(), Tensor(), false),
+                    Catch::Matchers::Contains("bf16"));
+  CHECK_THROWS_WITH(b.gpu->combine_rows_backward(y.g(), Tensor(), out.g(), y.g(), pos.g(),
+                                                 Tensor()),
+                    Catch::Matchers::Contains("bf16"));
 }
 
 // ---------------------------------------------------------------------------
@@ -928,5 +1365,197 @@ TEST_CASE("cuda backend: benchmark", "[.cudabench]") {
   }
   std::printf("(MFU against the backend's peak_tflops(): rated fp32, or rated dense tf32 in "
               "tf32 mode; CPU: its measured sgemm peak)\n");
+}
+
+namespace {
+// Random-ish bf16 device data: f32 chunks uploaded and cast on the device.
+void fill_bf16(CudaBackend& be, Tensor t, uint64_t seed, double scale) {
+  const int64_t n = t.numel(), chunk = int64_t(1) << 24;
+  Buffer tmp(be, size_t(std::min(n, chunk)) * 4);
+  fill(be, Tensor(tmp.data(), DType::F32, {std::min(n, chunk)}), seed, scale);
+  for (int64_t o = 0; o < n; o += chunk) {
+    const int64_t m = std::min(chunk, n - o);
+    be.cast(Tensor(static_cast<bf16_bits*>(t.data) + o, DType::BF16, {m}),
+            Tensor(tmp.data(), DType::F32, {m}));
+  }
+}
+}  // namespace
+
+// bf16 (mixed precision): cuBLASLt GEMMs against the dense bf16 rate, and every
+// memory-bound bf16 kernel's achieved bandwidth as a fraction of the
+// device-to-device copy bandwidth measured here (bytes: every byte the op must
+// read plus every byte it must write, once).
+TEST_CASE("cuda backend: bf16 benchmark", "[.cudabench]") {
+  ADGT_REQUIRE_GPU();
+  CudaBackend be;
+  const DType bf = DType::BF16;
+  const double rated = be.rated_tflops(bf);
+  std::printf("\ndevice: %s; bf16 dense: 989 TFLOP/s (H100/H200 datasheet), rated from the "
+              "clock %.0f TFLOP/s\n",
+              be.name().c_str(), rated);
+  std::printf("| %-34s | %-28s | %10s | %-16s | %-22s |\n", "what (bf16)", "shape", "ms (median)",
+              "rate", "vs ceiling");
+  std::printf("|%s|%s|%s|%s|%s|\n", std::string(36, '-').c_str(), std::string(30, '-').c_str(),
+              std::string(12, '-').c_str(), std::string(18, '-').c_str(),
+              std::string(24, '-').c_str());
+
+  // GEMMs (cuBLASLt, fp32 accumulation).
+  for (int64_t g : {int64_t(4096), int64_t(8192)}) {
+    const double tf = be.measure_gemm_tflops(g, bf, 5);
+    row("GEMM bf16 (cuBLASLt)", std::to_string(g) + "^3", 2.0 * g * g * g / tf / 1e9,
+        fmt("%.1f TFLOP/s", tf), fmt("%.0f%% of 989", 100 * tf / 989.0));
+  }
+  {
+    // A linear layer's backward: dx (bf16) and dw (f32 +=), 8192 tokens, 4096 -> 4096.
+    const int64_t N = 8192, I = 4096, O = 4096;
+    Buffer x(be, size_t(N * I) * 2), w(be, size_t(O * I) * 2), dy(be, size_t(N * O) * 2),
+        dx(be, size_t(N * I) * 2), dw(be, size_t(O * I) * 4);
+    Tensor tx(x.data(), bf, {N, I}), tw(w.data(), bf, {O, I}), tdy(dy.data(), bf, {N, O}),
+        tdx(dx.data(), bf, {N, I}), tdw(dw.data(), DType::F32, {O, I});
+    fill_bf16(be, tx, 1, 1.0);
+    fill_bf16(be, tw, 2, 0.02);
+    fill_bf16(be, tdy, 3, 1.0);
+    be.zero(tdw);
+    const double s = seconds_of(be, [&] { be.linear_backward(tdx, tdw, tdy, tx, tw, false); }, 5);
+    const double tf = 4.0 * double(N) * I * O / s / 1e12;
+    row("linear_backward bf16 (dx + f32 dw)", "8192 x 4096 -> 4096", s * 1e3,
+        fmt("%.1f TFLOP/s", tf), fmt("%.0f%% of 989", 100 * tf / 989.0));
+  }
+
+  // Copy bandwidth: the memory-bound ceiling.
+  const int64_t n = int64_t(1) << 28;  // 2^28 bf16 per buffer (512 MiB)
+  Buffer ba(be, size_t(n) * 4), bb(be, size_t(n) * 4), bc(be, size_t(n) * 4), bd(be, size_t(n) * 4);
+  Tensor a32(ba.data(), DType::F32, {n}), c32(bc.data(), DType::F32, {n});
+  fill(be, a32, 1, 1.0);
+  const double copy_s = seconds_of(be, [&] { be.copy(c32, a32); }, 10);
+  const double copy_bw = 2.0 * double(n) * 4 / 1e9 / copy_s;
+  row("device-to-device copy", "1 GiB", copy_s * 1e3, fmt("%.0f GB/s", copy_bw), "ceiling");
+  auto mem = [&](const char* what, const std::string& shape, double bytes,
+                 const std::function<void()>& f) {
+    const double s = seconds_of(be, f, 10);
+    const double gbs = bytes / 1e9 / s;
+    row(what, shape, s * 1e3, fmt("%.0f GB/s", gbs), fmt("%.0f%% of copy", 100 * gbs / copy_bw));
+  };
+  Tensor a(ba.data(), bf, {n}), b2(bb.data(), bf, {n}), c(bc.data(), bf, {n}), d(bd.data(), bf, {n});
+  fill_bf16(be, a, 1, 1.0);
+  fill_bf16(be, b2, 2, 1.0);
+  fill_bf16(be, c, 3, 1.0);
+  fill_bf16(be, d, 4, 1.0);
+  const double e2 = double(n) * 2;  // bytes of one bf16 array
+  mem("add_inplace", "2^28", 3 * e2, [&] { be.add_inplace(c, a); });
+  mem("scale_inplace", "2^28", 2 * e2, [&] { be.scale_inplace(c, 0.999); });
+  mem("cast f32 -> bf16", "2^28", 3 * e2, [&] { be.cast(c, a32); });
+  mem("cast bf16 -> f32", "2^28", 3 * e2, [&] { be.cast(a32, b2); });
+  fill_bf16(be, a, 1, 1.0);
+  mem("swiglu_forward", "2^28", 3 * e2, [&] { be.swiglu_forward(c, a, b2); });
+  mem("swiglu_backward", "2^28", 5 * e2, [&] { be.swiglu_backward(c, d, a, a, b2); });
+  mem("sum_squares", "2^28", e2, [&] { (void)be.sum_squares(a); });
+  fill_bf16(be, c, 3, 1.0);
+  fill_bf16(be, d, 4, 1.0);
+  {
+    const int64_t C = 4096, N = n / C;
+    Tensor x(ba.data(), bf, {N, C}), y(bb.data(), bf, {N, C}), out(bc.data(), bf, {N, C}),
+        dx(bd.data(), bf, {N, C});
+    Buffer small(be, size_t(N + 2 * C) * 4), wb(be, size_t(C) * 2);
+    Tensor rstd(small.data(), DType::F32, {N});
+    Tensor dw(static_cast<float*>(small.data()) + N, DType::F32, {C});
+    Tensor w(wb.data(), bf, {C});
+    fill(be, Tensor(small.data(), DType::F32, {N + 2 * C}), 9, 1.0);
+    fill_bf16(be, w, 10, 1.0);
+    const std::string shape = std::to_string(N) + " x 4096";
+    mem("rmsnorm_forward", shape, 2 * e2, [&] { be.rmsnorm_forward(out, rstd, x, w, 1e-5); });
+    // Reads dout (y), x, dx; writes dx (dw: a second, column-parallel pass over dout and x).
+    mem("rmsnorm_backward", shape, 4 * e2, [&] { be.rmsnorm_backward(dx, dw, y, x, w, rstd); });
+    fill_bf16(be, d, 4, 1.0);
+    // Reads x, y; writes x, out. x grows each call; scale y down to keep it finite.
+    be.scale_inplace(y, 1e-3);
+    mem("residual_rmsnorm_forward", shape, 4 * e2,
+        [&] { be.residual_rmsnorm_forward(x, y, out, rstd, w, 1e-5); });
+    fill_bf16(be, a, 1, 1.0);
+    fill_bf16(be, b2, 2, 1.0);
+  }
+  {
+    // Rotary: x (B*T, H, hd) with T = 2048, H = 32, hd = 128; f32 tables.
+    const int64_t T = 2048, H = 32, hd = 128, rows = n / (H * hd);
+    Tensor x(ba.data(), bf, {rows, H * hd});
+    Buffer tabs(be, size_t(2 * T * (hd / 2)) * 4);
+    Tensor cs(tabs.data(), DType::F32, {T, hd / 2});
+    Tensor sn(static_cast<float*>(tabs.data()) + T * (hd / 2), DType::F32, {T, hd / 2});
+    fill(be, Tensor(tabs.data(), DType::F32, {2 * T * (hd / 2)}), 11, 1.0);
+    mem("rope_forward", std::to_string(rows) + " x 32 x 128", 2 * e2,
+        [&] { be.rope_forward(x, cs, sn, T); });
+    fill_bf16(be, a, 1, 1.0);
+  }
+  {
+    const int64_t N = 8192, V = 32000;
+    Tensor logits(bc.data(), bf, {N, V});
+    Buffer lb(be, size_t(N) * 4), tb(be, size_t(N) * 4);
+    Tensor losses(lb.data(), DType::F32, {N});
+    std::vector<int32_t> t(static_cast<size_t>(N));
+    for (int64_t i = 0; i < N; ++i) t[size_t(i)] = int32_t((i * 7919) % V);
+    be.to_device(tb.data(), t.data(), t.size() * 4);
+    Tensor tg(tb.data(), DType::I32, {N});
+    const double lbytes = double(N * V) * 2;
+    // In place: later calls see earlier gradients (finite all the same).
+    mem("cross_entropy (fused)", "8192 x 32000", 2 * lbytes,
+        [&] { be.cross_entropy(logits, losses, tg, 1.0); });
+    fill_bf16(be, c, 3, 1.0);
+  }
+  {
+    const int64_t C = 4096, N = 16384, V = 32000;
+    Tensor table(ba.data(), bf, {V, C}), out(bc.data(), bf, {N, C});
+    Buffer dtb(be, size_t(V * C) * 4);
+    Tensor dout(bb.data(), bf, {N, C}), dtable(dtb.data(), DType::F32, {V, C});
+    be.zero(dtable);
+    std::vector<int32_t> t(static_cast<size_t>(N));
+    for (int64_t i = 0; i < N; ++i) t[size_t(i)] = int32_t((i * 7919) % V);
+    Buffer tb(be, size_t(N) * 4);
+    be.to_device(tb.data(), t.data(), t.size() * 4);
+    Tensor tok(tb.data(), DType::I32, {N});
+    mem("embedding_forward", "16384 rows x 4096", 2 * double(N * C) * 2,
+        [&] { be.embedding_forward(out, table, tok, 0); });
+    // Reads dout (bf16) and the named dtable rows (f32), writes them.
+    mem("embedding_backward (host sort)", "16384 rows x 4096", double(N * C) * (2 + 8),
+        [&] { be.embedding_backward(dtable, dout, tok, 0); });
+  }
+  ba.reset();
+  bb.reset();
+  bc.reset();
+  bd.reset();
+  {
+    // adamw_cast over the flat f32 master range: reads p, g, m, v; writes p, m, v
+    // and the bf16 copy: 30 bytes per parameter.
+    int64_t np = int64_t(1300000000);
+    std::unique_ptr<Buffer> p, g, m, v, lo;
+    try {
+      p = std::make_unique<Buffer>(be, size_t(np) * 4);
+      g = std::make_unique<Buffer>(be, size_t(np) * 4);
+      m = std::make_unique<Buffer>(be, size_t(np) * 4);
+      v = std::make_unique<Buffer>(be, size_t(np) * 4);
+      lo = std::make_unique<Buffer>(be, size_t(np) * 2);
+    } catch (const std::exception&) {
+      p.reset(), g.reset(), m.reset(), v.reset(), lo.reset();
+      np = int64_t(250000000);
+      p = std::make_unique<Buffer>(be, size_t(np) * 4);
+      g = std::make_unique<Buffer>(be, size_t(np) * 4);
+      m = std::make_unique<Buffer>(be, size_t(np) * 4);
+      v = std::make_unique<Buffer>(be, size_t(np) * 4);
+      lo = std::make_unique<Buffer>(be, size_t(np) * 2);
+    }
+    Tensor tp(p->data(), DType::F32, {np}), tg(g->data(), DType::F32, {np}),
+        tm(m->data(), DType::F32, {np}), tv(v->data(), DType::F32, {np}),
+        tl(lo->data(), bf, {np});
+    fill(be, tp, 1, 0.02);
+    fill(be, tg, 2, 1e-3);
+    be.zero(tm);
+    be.zero(tv);
+    AdamWHyper h;
+    h.lr = 1e-6;
+    h.weight_decay = 0.1;
+    mem("adamw_cast (f32 master + bf16)", fmt("%.2e params", double(np)), 30.0 * double(np),
+        [&] { be.adamw_cast(tp, tg, tm, tv, tl, h); });
+  }
+  std::printf("(bf16 GEMMs against 989 TFLOP/s dense; memory-bound kernels against the copy "
+              "bandwidth of this run; >= 70%% is the issue's target)\n");
 }
 #endif

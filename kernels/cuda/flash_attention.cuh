@@ -1,0 +1,39 @@
+// Host launchers of the FlashAttention-2-style bf16 attention kernels
+// (flash_attention.cu); used by attention.cu. CUDA translation units only.
+//
+// Layout as Backend::attention_*: q, out, dout, dq (B,T,H,hd); k, v, dk, dv
+// (B,T,KV,hd), all bf16 (raw bits, uint16_t), 16-byte aligned; lse (B,H,T)
+// fp32, the natural-log log-sum-exp of the scaled scores of each row (the
+// exact kernel's `saved`); causal, scale 1/sqrt(hd), head h reads kv head
+// h / (H/KV).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/backend.hpp"
+
+namespace adgt::cuda {
+
+// True when the flash kernels take this shape on `device`: head_dim 64 or
+// 128, H % KV == 0, the grid fits (B, H <= 65535) and the device gives the
+// kernels' shared memory (~105 KB at head_dim 128). Pointer alignment is the
+// caller's check.
+bool flash_attention_supported(const AttentionShape& s, int device);
+
+// out (B,T,H,hd) and lse (B,H,T) overwritten.
+void flash_attention_forward(cudaStream_t stream, uint16_t* out, float* lse, const uint16_t* q,
+                             const uint16_t* k, const uint16_t* v, const AttentionShape& s);
+
+// Bytes of fp32 scratch flash_attention_backward needs (D = rowsum(dO * O)).
+size_t flash_attention_scratch_bytes(const AttentionShape& s);
+
+// dq, dk, dv overwritten; deterministic (no atomics). `scratch` holds
+// flash_attention_scratch_bytes(s) bytes.
+void flash_attention_backward(cudaStream_t stream, uint16_t* dq, uint16_t* dk, uint16_t* dv,
+                              const uint16_t* dout, const uint16_t* q, const uint16_t* k,
+                              const uint16_t* v, const uint16_t* out, const float* lse,
+                              float* scratch, const AttentionShape& s);
+
+}  // namespace adgt::cuda

@@ -1,0 +1,179 @@
+// bf16 GEMMs on cuBLASLt: A and B bf16, fp32 accumulation (CUBLAS_COMPUTE_32F)
+// and fp32 alpha/beta, C = D in bf16 or f32 (both supported cuBLASLt
+// combinations). Row-major products go through the column-major library by the
+// transpose identity, as linear.cu does: row-major C(M,N) = op(A) op(B) is
+// column-major C^T = op(B)^T op(A)^T.
+//
+// A plan (operation and layout descriptors plus the heuristic's best algorithm)
+// is made once per (shape, transposes, leading dimensions, C dtype, beta != 0,
+// pointer alignments) and cached: the heuristic query costs tens of
+// microseconds, the lookup nothing. The workspace is the backend's kScratchGemm
+// scratch, a fixed 32 MiB (what cuBLAS recommends for Hopper), allocated once.
+#include <cublasLt.h>
+
+#include <map>
+#include <tuple>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace adgt {
+using namespace cuda;
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+struct LtKey {
+  int64_t m, n, k, lda, ldb, ldc;
+  int opa, opb, ctype, beta_nonzero;
+  unsigned align_a, align_b, align_c;
+  auto tie() const {
+    return std::tie(m, n, k, lda, ldb, ldc, opa, opb, ctype, beta_nonzero, align_a, align_b,
+                    align_c);
+  }
+  bool operator<(const LtKey& o) const { return tie() < o.tie(); }
+};
+
+struct LtPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+void destroy(LtPlan& p) {
+  if (p.a) (void)cublasLtMatrixLayoutDestroy(p.a);
+  if (p.b) (void)cublasLtMatrixLayoutDestroy(p.b);
+  if (p.c) (void)cublasLtMatrixLayoutDestroy(p.c);
+  if (p.op) (void)cublasLtMatmulDescDestroy(p.op);
+  p = LtPlan{};
+}
+
+// The largest power of two (at most 256) dividing the address.
+unsigned alignment_of(const void* p) {
+  const uintptr_t u = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t low = u & (~u + 1);
+  return low == 0 || low > 256 ? 256u : unsigned(low);
+}
+
+}  // namespace
+
+struct CudaBackend::LtState {
+  cublasLtHandle_t handle = nullptr;
+  std::map<LtKey, LtPlan> plans;
+  ~LtState() {
+    for (auto& kv : plans) destroy(kv.second);
+    if (handle) (void)cublasLtDestroy(handle);
+  }
+};
+
+void CudaBackend::lt_release() {
+  delete lt_;
+  lt_ = nullptr;
+}
+
+void CudaBackend::gemm_lt(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
+                          int64_t lda, const void* B, int64_t ldb, float beta, void* C,
+                          DType c_dtype, int64_t ldc, const char* op) {
+  if (M == 0 || N == 0) return;
+  ADGT_CHECK(c_dtype == DType::BF16 || c_dtype == DType::F32,
+             op << ": bf16 GEMM output must be bf16 or f32, got " << dtype_name(c_dtype));
+  if (K == 0) {  // C = beta C: nothing to add
+    if (beta == 0.0f) {
+      ADGT_CHECK(ldc == N, op << ": empty GEMM with a strided output");
+      ADGT_CUDA_OP(cudaMemsetAsync(C, 0, size_t(M * N) * dtype_size(c_dtype), stream_), op);
+    } else {
+      ADGT_CHECK(beta == 1.0f, op << ": empty GEMM with beta " << beta);
+    }
+    return;
+  }
+  ADGT_CHECK(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX,
+             op << ": GEMM dimensions " << M << "x" << N << "x" << K << " exceed 32-bit sizes");
+  if (!lt_) {
+    auto* st = new LtState;
+    const cublasStatus_t e = cublasLtCreate(&st->handle);
+    if (e != CUBLAS_STATUS_SUCCESS) {
+      delete st;
+      call_failed("cublasLtCreate(&handle)", op, cublasGetStatusString(e), __FILE__, __LINE__);
+    }
+    lt_ = st;
+  }
+  void* ws = scratch(kScratchGemm, kWorkspaceBytes);
+
+  // Column-major: D(m = N, n = M) = opA(B) opB(A), k = K.
+  const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int64_t m = N, n = M, k = K;
+  const cudaDataType_t ct = c_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  const LtKey key{m,
+                  n,
+                  k,
+                  ldb,
+                  lda,
+                  ldc,
+                  int(opa),
+                  int(opb),
+                  int(ct),
+                  beta != 0.0f ? 1 : 0,
+                  alignment_of(B),
+                  alignment_of(A),
+                  alignment_of(C)};
+  auto it = lt_->plans.find(key);
+  if (it == lt_->plans.end()) {
+    if (lt_->plans.size() >= 4096) {  // many shapes (a sweep): start over
+      for (auto& kv : lt_->plans) destroy(kv.second);
+      lt_->plans.clear();
+    }
+    LtPlan p;
+    try {
+      ADGT_CUBLAS_OP(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), op);
+      ADGT_CUBLAS_OP(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa,
+                                                    sizeof opa),
+                     op);
+      ADGT_CUBLAS_OP(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb,
+                                                    sizeof opb),
+                     op);
+      // Stored shapes (column-major rows x cols) of the library's A (= our B) and B (= our A).
+      const uint64_t ar = opa == CUBLAS_OP_N ? m : k, ac = opa == CUBLAS_OP_N ? k : m;
+      const uint64_t br = opb == CUBLAS_OP_N ? k : n, bc = opb == CUBLAS_OP_N ? n : k;
+      ADGT_CUBLAS_OP(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, ar, ac, ldb), op);
+      ADGT_CUBLAS_OP(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, br, bc, lda), op);
+      ADGT_CUBLAS_OP(cublasLtMatrixLayoutCreate(&p.c, ct, uint64_t(m), uint64_t(n), ldc), op);
+
+      cublasLtMatmulPreference_t pref = nullptr;
+      ADGT_CUBLAS_OP(cublasLtMatmulPreferenceCreate(&pref), op);
+      const uint64_t wsb = kWorkspaceBytes;
+      const uint32_t al[4] = {key.align_a, key.align_b, key.align_c, key.align_c};
+      cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+      const cublasLtMatmulPreferenceAttributes_t which[4] = {
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+      for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; ++i)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]);
+      cublasLtMatmulHeuristicResult_t res{};
+      int found = 0;
+      if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulAlgoGetHeuristic(lt_->handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &res,
+                                            &found);
+      (void)cublasLtMatmulPreferenceDestroy(pref);
+      ADGT_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
+                 op << ": cuBLASLt has no bf16 algorithm for row-major " << M << "x" << N << "x"
+                    << K << " (lda " << lda << ", ldb " << ldb << ", ldc " << ldc << ", C "
+                    << dtype_name(c_dtype) << ", alignments " << key.align_b << "/"
+                    << key.align_a << "/" << key.align_c
+                    << " bytes): " << cublasGetStatusString(st));
+      p.algo = res.algo;
+    } catch (...) {
+      destroy(p);
+      throw;
+    }
+    it = lt_->plans.emplace(key, p).first;
+  }
+  const LtPlan& p = it->second;
+  const float alpha = 1.0f;
+  ADGT_CUBLAS_OP(cublasLtMatmul(lt_->handle, p.op, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c,
+                                &p.algo, ws, kWorkspaceBytes, stream_),
+                 op);
+}
+
+}  // namespace adgt
