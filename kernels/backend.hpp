@@ -58,6 +58,12 @@ class Backend {
   // Measures again and keeps the best figure (a measurement taken while the
   // machine was busy reads low); returns the updated peak.
   virtual double remeasure_peak_tflops() { return peak_tflops(); }
+  // The peak for GEMMs on `dt` inputs (bf16 runs on the tensor cores at a
+  // higher rate than fp32 on GPUs); the CPU's measured sgemm otherwise.
+  virtual double peak_tflops_for(DType dt) {
+    (void)dt;
+    return peak_tflops();
+  }
 
   // ---- linear layers ----
   // y(N,O) = x(N,I) w(O,I)^T

@@ -345,7 +345,7 @@ TrainSummary Trainer::train() {
   const double flops_per_token =
       estimate_memory(cfg_, compute_bytes_per_element(cfg_)).flops_per_token;
   const bool measured_peak = cfg_.log.peak_tflops <= 0;
-  double peak = measured_peak ? backend_->peak_tflops() : cfg_.log.peak_tflops;
+  double peak = measured_peak ? backend_->peak_tflops_for(parse_dtype(t.dtype)) : cfg_.log.peak_tflops;
   std::unique_ptr<MetricsLog> metrics_ptr;
   if (lead()) metrics_ptr = std::make_unique<MetricsLog>(cfg_.log.dir, step_ > 0);
   MetricsLog* metrics = metrics_ptr.get();
@@ -364,7 +364,8 @@ TrainSummary Trainer::train() {
                 ctx_.dp->size(), dp_->zero() ? " (ZeRO-1)" : "", ctx_.pp->size(),
                 backend_->name().c_str(),
                 t.dtype.c_str(), omp_get_max_threads(), peak,
-                cfg_.log.peak_tflops > 0 ? "log.peak_tflops" : "measured sgemm");
+                cfg_.log.peak_tflops > 0 ? "log.peak_tflops"
+                : backend_->is_host() ? "measured sgemm" : "the device's rated figure");
     if (pipelined()) std::printf("%s", describe_pipeline_schedule(cfg_).c_str());
     std::fflush(stdout);
   }

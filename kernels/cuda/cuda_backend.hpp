@@ -54,6 +54,9 @@ class CudaBackend final : public Backend {
   // clock (the TF32 tensor-core figure when set_tf32(true)); a cuBLAS timing
   // where the architecture is not in the table.
   double peak_tflops() override;
+  // bf16: the rated dense bf16 tensor-core figure (989 TFLOP/s on H100/H200
+  // SXM), a timed bf16 GEMM where the architecture is not in the table.
+  double peak_tflops_for(DType dt) override;
 
   void linear_forward(Tensor y, const Tensor& x, const Tensor& w) override;
   void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,

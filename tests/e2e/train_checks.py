@@ -12,7 +12,8 @@ Usage: train_checks.py CHECK --train BIN --data DIR --work DIR
           train.max_skipped_steps consecutive ones the run stops non-zero
   signal  SIGTERM mid-run: checkpoint at the step boundary, exit 0, resumable
   bf16    train.dtype bf16 (mixed precision): its losses follow the f32 run's
-          (within 2% at every step) and a resume is bitwise identical
+          (within 0.5% at every step; measured 1.6e-4) and a resume is
+          bitwise identical
 """
 import argparse
 import json
@@ -178,8 +179,8 @@ def check_bf16(args, work):
     for s in (1, 10, 20, 30):
         print(f"step {s}: f32 {f[s]:.5f} bf16 {b[s]:.5f}")
     print(f"largest relative gap {max(gaps):.2e} (step {1 + gaps.index(max(gaps))})")
-    if max(gaps) > 0.02:
-        sys.exit("FAIL: the bf16 losses leave the f32 run's by more than 2%")
+    if max(gaps) > 0.005:
+        sys.exit("FAIL: the bf16 losses leave the f32 run's by more than 0.5%")
     if not b[30] < b[1] - 0.5:
         sys.exit(f"FAIL: bf16 loss did not fall ({b[1]} -> {b[30]})")
     ckpt = os.path.join(work, "bf16", "ckpt", "step_15")
