@@ -38,7 +38,8 @@ int64_t compute_bytes_per_element(const RunConfig& cfg) {
 //     A_layer = C (residual input) + C (norm1 out) + 1 (rstd1)
 //             + H*hd (q) + KV*hd (k) + KV*hd (v) + H*hd (attention out)
 //             + H*T (attention probabilities: the T x T matrix per head, i.e.
-//                    the CPU backend's attention_saved_elems = B*H*T*T)
+//                    the CPU backend's attention_saved_elems = B*H*T*T; with
+//                    train.device: cuda, H fp32 log-sum-exps instead)
 //             + C (residual 2) + C (norm2 out) + 1 (rstd2)
 //             + F (gate) + F (up) + F (h = silu(gate)*up)
 //     A_final = C (last block output) + C (final norm out) + 1 (rstd)
@@ -81,7 +82,12 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
   const int64_t Hl = H / tp, KVl = KV / tp, Fl = F / tp, Vl = padded_vocab(m, tp) / tp;
   const int64_t rows = sp ? tp : 1;  // residual stream, norm inputs and rstd split over tp with SP
   const int64_t a_layer_num = 2 * C + 2;  // x_in, x_mid, rstd1, rstd2 (divided by `rows`)
-  const int64_t a_layer_full = 2 * C + 2 * Hl * hd + 2 * KVl * hd + Hl * T + 3 * Fl;
+  // What the attention saves per token and head: the CPU backend's T
+  // probabilities, or the CUDA kernels' one fp32 log-sum-exp (train.device:
+  // cuda), counted in compute-dtype elements.
+  const int64_t att_saved =
+      cfg.train.device == "cuda" ? std::max<int64_t>(1, 4 / bpp) : T;
+  const int64_t a_layer_full = 2 * C + 2 * Hl * hd + 2 * KVl * hd + Hl * att_saved + 3 * Fl;
   const int64_t a_layer = a_layer_num / rows + a_layer_full;
   // An MoE layer keeps, instead of the dense FFN's 3F, per token: the router
   // probabilities (E) and for each of its top_k assignments the gathered input
@@ -184,7 +190,12 @@ std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e) {
        " FLOP/token (6 x matmul params + 12 L H hd T, no causal discount); " +
        printf_str("%.3e", e.flops_per_step) + " FLOP/step");
   const ParallelConfig& par = cfg.parallel;
-  line("  memory per rank (" + dt + " parameters and gradients, AdamW m and v; tp " +
+  const bool mixed = t.dtype == "bf16";
+  line("  memory per rank (" + (mixed ? std::string("bf16 parameters, fp32 master weights and gradients")
+                                      : dt + " parameters and gradients") +
+       ", AdamW m and v; attention saves " +
+       (t.device == "cuda" ? "log-sum-exps (train.device cuda)" : "probabilities (CPU backend)") +
+       "; tp " +
        std::to_string(par.tp) + (par.sequence_parallel && par.tp > 1 ? " with SP" : "") +
        ", dp " + std::to_string(par.dp) + (par.zero && par.dp > 1 ? " with ZeRO-1" : "") +
        (par.pp > 1 ? ", pp " + std::to_string(par.pp) + " " + par.schedule + ": pipeline rank " +
@@ -192,7 +203,8 @@ std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e) {
        "):");
   line("    parameters   " + gib(e.bytes_params));
   line("    gradients    " + gib(e.bytes_grads));
-  line("    optimizer    " + gib(e.bytes_optimizer) + "  (AdamW m, v)");
+  line("    optimizer    " + gib(e.bytes_optimizer) +
+       (mixed ? "  (AdamW m, v, fp32 master weights)" : "  (AdamW m, v)"));
   line("    activations  " + gib(e.bytes_activations) + "  (micro_batch " +
        std::to_string(t.micro_batch) + " x seq_len " + std::to_string(m.seq_len) +
        (par.pp > 1 ? " x " + std::to_string(e.microbatches_held) + " chunk micro-batches in flight"

@@ -29,7 +29,7 @@ struct MemoryEstimate {
 };
 
 // Bytes per parameter/activation element of the configured compute dtype:
-// 8 for train.dtype f64, else 4 (fp32 CPU reference).
+// 8 for train.dtype f64, 2 for bf16, else 4.
 int64_t compute_bytes_per_element(const RunConfig& cfg);
 
 // The estimate for one rank of the configured layout: tensor-parallel shards,
