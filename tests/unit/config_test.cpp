@@ -90,7 +90,8 @@ TEST_CASE("to_yaml round-trips every key", "[config]") {
 }
 
 TEST_CASE("every shipped config loads and round-trips", "[config]") {
-  for (const char* n : {"tiny", "gpt-small", "llama-7b", "llama-13b", "llama-34b", "llama-70b"}) {
+  for (const char* n : {"tiny", "gpt-small", "llama-1.3b", "llama-7b", "llama-13b", "llama-34b",
+                        "llama-70b"}) {
     INFO(n);
     const std::string path = kSrc + "/configs/" + n + ".yaml";
     RunConfig c = load_config(path);

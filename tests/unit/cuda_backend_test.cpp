@@ -868,6 +868,81 @@ TEST_CASE("cuda backend: bf16 embedding, deterministic f32 table gradient", "[cu
   }
 }
 
+namespace {
+// Sets ADGT_EMBEDDING_BWD for its lifetime (the CUDA backend reads it on every
+// embedding_backward call), then restores the previous value.
+struct EmbeddingBwdMode {
+  std::string old;
+  bool had;
+  explicit EmbeddingBwdMode(const char* mode) {
+    const char* o = std::getenv("ADGT_EMBEDDING_BWD");
+    had = o != nullptr;
+    if (had) old = o;
+    setenv("ADGT_EMBEDDING_BWD", mode, 1);
+  }
+  ~EmbeddingBwdMode() {
+    if (had)
+      setenv("ADGT_EMBEDDING_BWD", old.c_str(), 1);
+    else
+      unsetenv("ADGT_EMBEDDING_BWD");
+  }
+};
+}  // namespace
+
+TEST_CASE("cuda backend: embedding backward, device sort bitwise equal to the host path",
+          "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  Backends b;
+  EmbeddingBwdMode mode("device");  // anything but "host": the device path, the default
+  struct Shape {
+    const char* what;
+    int64_t V, N, vocab_start;
+    std::vector<int32_t> pool;  // tokens drawn from here; empty: uniform over [0, V + 100)
+    bool none_here;             // no token in this shard
+  };
+  const Shape shapes[] = {
+      // 4096 rows over 7 distinct tokens (two scan tiles): the first and last
+      // rows of the shard, one token of another shard.
+      {"4096 rows, 7 tokens", 48, 4096, 3, {3, 4, 10, 11, 40, 50, 60}, false},
+      {"large vocabulary, few rows", 32000, 37, 0, {}, false},
+      {"many runs across tiles", 1000, 5000, 0, {}, false},
+      {"one row", 48, 1, 0, {7}, false},
+      {"every token in another shard", 48, 300, 0, {48, 49, 100, -1}, true},
+  };
+  for (const Shape& sh : shapes)
+    for (DType dt : {DType::F32, DType::BF16})
+      for (int64_t C : {int64_t(256), int64_t(300)}) {  // bf16: 16-byte vectors; scalar
+        INFO(sh.what << ", " << dtype_name(dt) << " dout, C " << C);
+        const int64_t V = sh.V, N = sh.N;
+        Twin dout = b.twin(dt, {N, C}), dtable = b.twin(DType::F32, {V, C}),
+             tok = b.twin(DType::I32, {N});
+        Vec t(static_cast<size_t>(N));
+        Rng r(uint64_t(31 + N));
+        for (auto& x : t)
+          x = sh.pool.empty() ? double(int64_t(r.next() % uint64_t(V + 100)))
+                              : double(sh.pool[size_t(r.next() % sh.pool.size())]);
+        tok.set(t);
+        dout.set(randn(size_t(N * C), 32));
+        const Vec d0 = randn(size_t(V * C), 33);
+        dtable.set(d0);  // accumulates
+        b.cpu.embedding_backward(dtable.c(), dout.c(), tok.c(), sh.vocab_start);
+        b.gpu->embedding_backward(dtable.g(), dout.g(), tok.g(), sh.vocab_start);
+        expect_close(dtable, dt == DType::BF16 ? kBf16Tol : tol_for(DType::F32, false),
+                     "embedding_backward (device sort)");
+        const Vec device = dtable.get_gpu();
+        dtable.set_gpu(d0);
+        {
+          EmbeddingBwdMode host("host");
+          b.gpu->embedding_backward(dtable.g(), dout.g(), tok.g(), sh.vocab_start);
+        }
+        CHECK(dtable.get_gpu() == device);  // the same summation order: bitwise
+        dtable.set_gpu(d0);
+        b.gpu->embedding_backward(dtable.g(), dout.g(), tok.g(), sh.vocab_start);
+        CHECK(dtable.get_gpu() == device);  // the default path again: deterministic
+        if (sh.none_here) CHECK(device == d0);  // untouched
+      }
+}
+
 TEST_CASE("cuda backend: bf16 rmsnorm, residual rmsnorm, deterministic dw", "[cuda]") {
   ADGT_REQUIRE_GPU();
   Backends b;
@@ -1262,8 +1337,13 @@ TEST_CASE("cuda backend: benchmark", "[.cudabench]") {
     Tensor tok(tb.data(), DType::I32, {N});
     const double rows_gb = double(N * C) * 4 / 1e9;
     mem("embedding_forward", "16384 rows x 4096", 2 * rows_gb, [&] { be.embedding_forward(out, table, tok, 0); });
-    mem("embedding_backward (host sort)", "16384 rows x 4096", 3 * rows_gb,
+    mem("embedding_backward (device sort)", "16384 rows x 4096", 3 * rows_gb,
         [&] { be.embedding_backward(dtable, dout, tok, 0); });
+    {
+      EmbeddingBwdMode host("host");
+      mem("embedding_backward (host sort)", "16384 rows x 4096", 3 * rows_gb,
+          [&] { be.embedding_backward(dtable, dout, tok, 0); });
+    }
     fill(be, d, 4, 1.0);
   }
 
@@ -1515,8 +1595,13 @@ TEST_CASE("cuda backend: bf16 benchmark", "[.cudabench]") {
     mem("embedding_forward", "16384 rows x 4096", 2 * double(N * C) * 2,
         [&] { be.embedding_forward(out, table, tok, 0); });
     // Reads dout (bf16) and the named dtable rows (f32), writes them.
-    mem("embedding_backward (host sort)", "16384 rows x 4096", double(N * C) * (2 + 8),
+    mem("embedding_backward (device sort)", "16384 rows x 4096", double(N * C) * (2 + 8),
         [&] { be.embedding_backward(dtable, dout, tok, 0); });
+    {
+      EmbeddingBwdMode host("host");
+      mem("embedding_backward (host sort)", "16384 rows x 4096", double(N * C) * (2 + 8),
+          [&] { be.embedding_backward(dtable, dout, tok, 0); });
+    }
   }
   ba.reset();
   bb.reset();

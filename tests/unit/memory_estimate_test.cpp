@@ -31,6 +31,18 @@ TEST_CASE("parameter counts match the table and published models", "[dryrun]") {
   CHECK(estimate_memory(shipped("llama-70b"), 4).n_params == 68976648192LL);
   CHECK(estimate_memory(shipped("gpt-small"), 4).n_params == 134105856LL);
 
+  // bf16 mixed precision (llama-1.3b): 2-byte weights, fp32 gradients, and
+  // fp32 AdamW m, v plus the fp32 master weights in the optimizer line.
+  {
+    const RunConfig b = shipped("llama-1.3b");
+    CHECK(compute_bytes_per_element(b) == 2);
+    const MemoryEstimate eb = estimate_memory(b, compute_bytes_per_element(b));
+    CHECK(eb.n_params == 1364297728LL);
+    CHECK(eb.bytes_params == 2 * 1364297728LL);
+    CHECK(eb.bytes_grads == 2 * eb.bytes_params);
+    CHECK(eb.bytes_optimizer == 6 * eb.bytes_params);
+  }
+
   // Tied embeddings: one V x C matrix fewer, but lm_head still costs matmul FLOPs.
   RunConfig tied = tiny;
   tied.model.tie_embeddings = true;
