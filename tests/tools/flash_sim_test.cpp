@@ -1,0 +1,272 @@
+// The flash attention kernels (kernels/cuda/flash_attention_kernels.cuh, the
+// real source, not a copy) run in a host emulation of CUDA
+// (tests/tools/flash_sim/) and compared with an independent double-precision
+// causal GQA attention on the same bf16 inputs: out, lse, D = rowsum(dO * O),
+// dq, dk, dv. No GPU and no CUDA toolkit needed; ctest
+// flash_attention_emulated. It checks the kernels' indexing, masking, tails
+// past T, GQA head mapping, softmax bookkeeping and the shared-memory hand-offs
+// between warps and pipeline stages; not the hardware's fragment layouts (see
+// tests/tools/flash_sim/sim_ptx.hpp), nor speed.
+//
+// Every shape runs twice, the warps scheduled in ascending and in descending
+// order (see tests/tools/flash_sim/sim_runtime.hpp).
+//
+// Usage: adgt_flash_sim_test               all shapes
+//        adgt_flash_sim_test B T H KV hd   one shape
+#define ADGT_FLASH_SIM 1
+#include "tests/tools/flash_sim/sim_runtime.hpp"
+#include "tests/tools/flash_sim/sim_ptx.hpp"
+// the kernels, with the emulated built-ins and PTX wrappers above
+#include "kernels/cuda/flash_attention_kernels.cuh"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/common/bf16.hpp"
+
+namespace {
+
+namespace fs = adgt::flash_sim;
+namespace ac = adgt::cuda;
+using adgt::bf16_to_float;
+using adgt::float_to_bf16;
+
+struct Case {
+  int B, T, H, KV, hd;
+};
+
+// A device buffer stand-in with guard zones before and after, filled with a
+// pattern the kernels must not touch.
+template <class E>
+struct Guarded {
+  static constexpr size_t kGuard = 64;  // elements each side (keeps 16-byte alignment)
+  std::vector<E> mem;
+  size_t n;
+  E pattern;
+  Guarded(size_t n_, E fill, E guard) : mem(n_ + 2 * kGuard, guard), n(n_), pattern(guard) {
+    std::fill(data(), data() + n, fill);
+  }
+  E* data() { return mem.data() + kGuard; }
+  const E* data() const { return mem.data() + kGuard; }
+  bool guards_intact() const {
+    for (size_t i = 0; i < kGuard; ++i)
+      if (std::memcmp(&mem[i], &pattern, sizeof(E)) ||
+          std::memcmp(&mem[kGuard + n + i], &pattern, sizeof(E)))
+        return false;
+    return true;
+  }
+};
+
+// Independent reference: causal attention in double on the bf16 inputs.
+// q, out, dout, dq (B,T,H,hd); k, v, dk, dv (B,T,KV,hd); lse, D (B,H,T);
+// query head h attends with kv head h / (H/KV); scale 1/sqrt(hd).
+struct Reference {
+  std::vector<double> out, lse, dq, dk, dv;
+};
+Reference reference(const Case& c, const std::vector<uint16_t>& q, const std::vector<uint16_t>& k,
+                    const std::vector<uint16_t>& v, const std::vector<uint16_t>& dout) {
+  const int B = c.B, T = c.T, H = c.H, KV = c.KV, hd = c.hd;
+  auto f = [](uint16_t x) { return double(bf16_to_float(x)); };
+  auto qi = [&](int b, int t, int h) { return ((size_t(b) * T + t) * H + h) * hd; };
+  auto ki = [&](int b, int t, int h) { return ((size_t(b) * T + t) * KV + h) * hd; };
+  Reference r;
+  r.out.assign(q.size(), 0);
+  r.dq.assign(q.size(), 0);
+  r.dk.assign(k.size(), 0);
+  r.dv.assign(k.size(), 0);
+  r.lse.assign(size_t(B) * H * T, 0);
+  const double scale = 1.0 / std::sqrt(double(hd));
+  std::vector<double> p(T), dp(T);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h) {
+      const int kvh = h / (H / KV);
+      for (int i = 0; i < T; ++i) {
+        const size_t qo = qi(b, i, h);
+        double mx = -INFINITY;
+        for (int j = 0; j <= i; ++j) {
+          double s = 0;
+          for (int e = 0; e < hd; ++e) s += f(q[qo + e]) * f(k[ki(b, j, kvh) + e]);
+          p[j] = s * scale;
+          mx = std::max(mx, p[j]);
+        }
+        double sum = 0;
+        for (int j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (int j = 0; j <= i; ++j) p[j] /= sum;
+        r.lse[(size_t(b) * H + h) * T + i] = mx + std::log(sum);
+        double Drow = 0;  // rowsum(dO * O) = sum_j P_j dP_j
+        for (int j = 0; j <= i; ++j) {
+          double d = 0;
+          for (int e = 0; e < hd; ++e) d += f(dout[qo + e]) * f(v[ki(b, j, kvh) + e]);
+          dp[j] = d;
+          Drow += p[j] * d;
+        }
+        for (int j = 0; j <= i; ++j) {
+          const size_t ko = ki(b, j, kvh);
+          const double ds = p[j] * (dp[j] - Drow);
+          for (int e = 0; e < hd; ++e) {
+            r.out[qo + e] += p[j] * f(v[ko + e]);
+            r.dq[qo + e] += scale * ds * f(k[ko + e]);
+            r.dk[ko + e] += scale * ds * f(q[qo + e]);
+            r.dv[ko + e] += p[j] * f(dout[qo + e]);
+          }
+        }
+      }
+    }
+  return r;
+}
+
+// ||x - ref|| / ||ref||, the reference's RMS floored at 0.01 so that an
+// all-zero reference (dq, dk at T = 1: one key, so the softmax gradient
+// vanishes) is compared absolutely; infinite if x has a NaN or an infinity.
+double rel_error(const uint16_t* x, const std::vector<double>& ref) {
+  double d = 0, n = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double a = bf16_to_float(x[i]);
+    if (!std::isfinite(a)) return INFINITY;
+    d += (a - ref[i]) * (a - ref[i]);
+    n += ref[i] * ref[i];
+  }
+  return std::sqrt(d / std::max(n, 1e-4 * double(ref.size())));
+}
+
+std::vector<uint16_t> random_bf16(std::mt19937& rng, size_t n, float sd) {
+  std::normal_distribution<float> nd(0.f, sd);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = float_to_bf16(nd(rng));
+  return v;
+}
+
+template <int HD>
+void run_kernels(const Case& c, fs::WarpOrder order, const ac::FlashParams& p, const uint16_t* q,
+                 const uint16_t* k, const uint16_t* v, const uint16_t* dout, uint16_t* out,
+                 float* lse, float* D, uint16_t* dq, uint16_t* dk, uint16_t* dv) {
+  const unsigned nblk = unsigned((c.T + ac::kBlock - 1) / ac::kBlock);
+  const size_t nq = size_t(c.B) * c.T * c.H * HD;
+  // Grids as flash_attention.cu's launchers: (query or key blocks, heads, batch).
+  fs::clear_globals();
+  fs::add_global(q, nq * 2);
+  fs::add_global(k, size_t(c.B) * c.T * c.KV * HD * 2);
+  fs::add_global(v, size_t(c.B) * c.T * c.KV * HD * 2);
+  fs::launch({nblk, unsigned(c.H), unsigned(c.B)}, ac::kThreads, ac::fwd_smem<HD>(), order,
+             [&] { ac::flash_fwd_kernel<HD>(out, lse, q, k, v, p); });
+  // D: the launcher's 256 threads per block, but a grid of at most 3 blocks so
+  // the grid-stride loop goes round.
+  const int64_t rows = int64_t(c.B) * c.T * c.H;
+  const unsigned dblocks = unsigned(std::min<int64_t>(3, (rows * 32 + 255) / 256));
+  fs::launch({dblocks, 1, 1}, 256, 0, order,
+             [&] { ac::flash_bwd_dsum_kernel(D, dout, out, rows, c.T, c.H, HD); });
+  fs::add_global(dout, nq * 2);
+  fs::add_global(lse, size_t(c.B) * c.H * c.T * 4);
+  fs::add_global(D, size_t(c.B) * c.H * c.T * 4);
+  fs::launch({nblk, unsigned(c.KV), unsigned(c.B)}, ac::kThreads, ac::dkdv_smem<HD>(), order,
+             [&] { ac::flash_bwd_dkdv_kernel<HD>(dk, dv, q, k, v, dout, lse, D, p); });
+  fs::launch({nblk, unsigned(c.H), unsigned(c.B)}, ac::kThreads, ac::dq_smem<HD>(), order,
+             [&] { ac::flash_bwd_dq_kernel<HD>(dq, q, k, v, dout, lse, D, p); });
+}
+
+// Runs the kernels on one shape with each warp order and checks them;
+// returns the number of failed runs.
+int run_case(const Case& c) {
+  std::mt19937 rng(1000003u * c.T + 1009u * c.H + 31u * c.KV + c.hd + 7u * c.B);
+  const size_t nq = size_t(c.B) * c.T * c.H * c.hd, nk = size_t(c.B) * c.T * c.KV * c.hd;
+  const size_t ns = size_t(c.B) * c.H * c.T;
+  const auto q = random_bf16(rng, nq, 1.5f), k = random_bf16(rng, nk, 1.5f);
+  const auto v = random_bf16(rng, nk, 1.f), dout = random_bf16(rng, nq, 1.f);
+  const Reference r = reference(c, q, k, v, dout);
+  const ac::FlashParams p = ac::flash_params(c.T, c.H, c.KV, c.hd);
+  int failed = 0;
+  for (const fs::WarpOrder order : {fs::WarpOrder::Ascending, fs::WarpOrder::Descending}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const uint16_t nan16 = 0x7fc1, guard16 = 0x5a5a;
+    const float nanf = NAN, guardf = -1234.5f;
+    Guarded<uint16_t> out(nq, nan16, guard16), dq(nq, nan16, guard16), dk(nk, nan16, guard16),
+        dv(nk, nan16, guard16);
+    Guarded<float> lse(ns, nanf, guardf), D(ns, nanf, guardf);
+    if (c.hd == 64)
+      run_kernels<64>(c, order, p, q.data(), k.data(), v.data(), dout.data(), out.data(),
+                      lse.data(), D.data(), dq.data(), dk.data(), dv.data());
+    else
+      run_kernels<128>(c, order, p, q.data(), k.data(), v.data(), dout.data(), out.data(),
+                       lse.data(), D.data(), dq.data(), dk.data(), dv.data());
+    const auto t1 = std::chrono::steady_clock::now();
+
+    double lse_err = 0, d_err = 0;
+    for (size_t i = 0; i < ns; ++i) {
+      const double e = std::fabs(double(lse.data()[i]) - r.lse[i]);
+      lse_err = std::isfinite(e) ? std::max(lse_err, e) : INFINITY;
+    }
+    // D against a double sum over the kernel's own bf16 out (what it reads).
+    for (int b = 0; b < c.B; ++b)
+      for (int i = 0; i < c.T; ++i)
+        for (int h = 0; h < c.H; ++h) {
+          const size_t o = ((size_t(b) * c.T + i) * c.H + h) * c.hd;
+          double s = 0;
+          for (int e = 0; e < c.hd; ++e)
+            s += double(bf16_to_float(dout[o + e])) * bf16_to_float(out.data()[o + e]);
+          const double e =
+              std::fabs(D.data()[(size_t(b) * c.H + h) * c.T + i] - s) / (1 + std::fabs(s));
+          d_err = std::isfinite(e) ? std::max(d_err, e) : INFINITY;
+        }
+    const double eo = rel_error(out.data(), r.out), edq = rel_error(dq.data(), r.dq),
+                 edk = rel_error(dk.data(), r.dk), edv = rel_error(dv.data(), r.dv);
+    const bool guards = out.guards_intact() && dq.guards_intact() && dk.guards_intact() &&
+                        dv.guards_intact() && lse.guards_intact() && D.guards_intact();
+    const double tol = 1e-2;
+    const bool ok = eo < tol && edq < tol && edk < tol && edv < tol && lse_err < 1e-3 &&
+                    d_err < 1e-4 && guards;
+    failed += !ok;
+    std::printf(
+        "%s B=%d T=%3d H=%d KV=%d hd=%3d warps %s: rel err out %.1e dq %.1e dk %.1e dv %.1e, "
+        "max |lse err| %.1e, D %.1e%s (%.2f s)\n",
+        ok ? "ok  " : "FAIL", c.B, c.T, c.H, c.KV, c.hd,
+        order == fs::WarpOrder::Ascending ? "asc " : "desc", eo, edq, edk, edv, lse_err, d_err,
+        guards ? "" : ", WROTE OUTSIDE ITS OUTPUTS",
+        std::chrono::duration<double>(t1 - t0).count());
+    std::fflush(stdout);
+  }
+  return failed;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<Case> cases;
+  if (argc == 6) {
+    cases.push_back({std::stoi(argv[1]), std::stoi(argv[2]), std::stoi(argv[3]),
+                     std::stoi(argv[4]), std::stoi(argv[5])});
+  } else if (argc == 1) {
+    // MHA, GQA and MQA; hd 64 and 128; T = 1 (one row), 17 (inside one
+    // block), 64 (exactly one block), 100, 128 and 130 (two or three blocks,
+    // the last ragged or full); B = 2 where the batch offset matters.
+    cases = {
+        {1, 1, 4, 2, 64},   {1, 1, 2, 1, 128},  {2, 17, 2, 2, 128}, {1, 64, 4, 1, 64},
+        {1, 64, 8, 2, 128}, {2, 100, 2, 2, 64}, {1, 100, 4, 2, 128}, {1, 128, 2, 1, 64},
+        {1, 130, 4, 2, 64}, {1, 130, 4, 1, 128}, {2, 130, 8, 2, 64},
+    };
+  } else {
+    std::fprintf(stderr, "usage: %s [B T H KV hd]\n", argv[0]);
+    return 2;
+  }
+  for (const Case& c : cases)
+    if (c.B < 1 || c.T < 1 || c.KV < 1 || c.H % c.KV || (c.hd != 64 && c.hd != 128)) {
+      std::fprintf(stderr, "flash-sim: bad case (need H %% KV == 0, hd 64 or 128)\n");
+      return 2;
+    }
+  int failed = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const Case& c : cases) failed += run_case(c);
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (failed) {
+    std::printf("flash-sim: %d of %zu runs FAILED\n", failed, 2 * cases.size());
+    return 1;
+  }
+  std::printf("flash-sim: ok, %zu runs in %.1f s (%llu fiber switches)\n", 2 * cases.size(), secs,
+              (unsigned long long)fs::rt.switches);
+  return 0;
+}
