@@ -58,3 +58,12 @@ foreach(case "TERM;rank" "USR1;mpirun" "USR1;rank")
   set_tests_properties(layouts_signal_${sig}_to_${to} PROPERTIES
     FIXTURES_REQUIRED kjv_byte LABELS parallel TIMEOUT 300)
 endforeach()
+
+# bf16 mixed precision under pp (bitwise), dp, ZeRO-1, tp and SP against the
+# single bf16 process (tests/layouts/compare_bf16.py; ~20 s).
+add_test(NAME layouts_bf16_match_single_process
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_bf16.py
+    --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
+    --data ${CMAKE_BINARY_DIR}/data/kjv-byte --work ${CMAKE_BINARY_DIR}/layouts_bf16)
+set_tests_properties(layouts_bf16_match_single_process PROPERTIES
+  FIXTURES_REQUIRED kjv_byte LABELS parallel TIMEOUT 600 RUN_SERIAL TRUE)
