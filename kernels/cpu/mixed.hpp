@@ -14,12 +14,17 @@
 
 namespace adgt::cpu {
 
+// Conversions are memory-bound and cheap: threads only for large tensors (a
+// parallel region costs more than converting a small one, and far more when
+// ranks or tests share the cores).
+constexpr int64_t kParallelConvert = int64_t(1) << 16;
+
 inline void bf16_to_f32(float* dst, const bf16_bits* src, int64_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelConvert)
   for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
 }
 inline void f32_to_bf16(bf16_bits* dst, const float* src, int64_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelConvert)
   for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
 }
 
