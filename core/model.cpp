@@ -354,8 +354,6 @@ void Model::params_from_host(const std::vector<float>& flat_host) {
 }
 
 std::vector<double> Model::grads_to_host_f64() const {
-  const size_t n = size_t(flat_n_);
-  (void)n;
   return read_host(grads());
 }
 

@@ -27,6 +27,7 @@
 #include "core/rng.hpp"
 #include "kernels/common/bf16.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
+#include "tests/unit/bench_timing.hpp"
 
 using namespace adgt;
 
@@ -275,19 +276,7 @@ TEST_CASE("cuda attention: bf16 flash is deterministic and agrees with ADGT_ATTE
 // Benchmark (hidden; scripts/device/check.sh runs "[.cudabench]").
 namespace {
 
-double seconds_of(Backend& be, const std::function<void()>& f, int reps) {
-  f();  // warm-up
-  be.synchronize();
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    be.synchronize();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];  // median
-}
+using adgt::test::seconds_of;
 
 // Uniform(-scale, scale) bf16 device data from a cheap generator.
 void fill_bf16(Backend& be, void* dst, int64_t n, uint64_t seed, float scale) {

@@ -36,6 +36,7 @@
 #include "core/rng.hpp"
 #include "kernels/common/bf16.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
+#include "tests/unit/bench_timing.hpp"
 #ifdef ADGT_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.hpp"
 #endif
@@ -1164,19 +1165,7 @@ TEST_CASE("cuda backend: bf16 combine_rows is refused clearly", "[cuda]") {
 #ifdef ADGT_HAVE_CUDA
 namespace {
 
-double seconds_of(Backend& be, const std::function<void()>& f, int reps) {
-  f();  // warm-up
-  be.synchronize();
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    be.synchronize();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];  // median
-}
+using adgt::test::seconds_of;
 
 void row(const char* what, const std::string& shape, double ms, const std::string& rate,
          const std::string& ceiling) {
