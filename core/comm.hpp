@@ -17,6 +17,33 @@ namespace adgt {
 
 enum class ReduceOp { Sum, Max };
 
+// A started collective (Comm::start_*). test() moves it along and says whether
+// it has completed; wait() completes it, rethrowing a transport error. A
+// default-constructed Work is complete: a transport without asynchronous
+// collectives runs them inside start_* and returns one.
+class Work {
+ public:
+  struct Impl {
+    virtual ~Impl() = default;
+    virtual bool test() = 0;
+    virtual void wait() = 0;
+  };
+  Work() = default;
+  explicit Work(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  bool test() {
+    if (impl_ && impl_->test()) impl_.reset();
+    return !impl_;
+  }
+  void wait() {
+    if (impl_) impl_->wait();
+    impl_.reset();
+  }
+  bool pending() const { return impl_ != nullptr; }
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
 struct CommStats {
   int64_t bytes = 0;     // bytes this rank sent (payload handed to the transport)
   int64_t calls = 0;
@@ -36,6 +63,25 @@ class Comm {
   virtual void reduce_scatter(Tensor out, const Tensor& in) = 0;  // in: size()*n, out: n
   virtual void all_gather(Tensor out, const Tensor& in) = 0;      // in: n, out: size()*n
   virtual void broadcast(Tensor t, int root) = 0;
+  // Asynchronous forms of the three above. Works on one group must be started
+  // in the same order on every rank of it; they may complete in any order, and
+  // blocking calls may be made while some are pending (a transport keeps them
+  // moving inside its calls and in progress()). The tensors must stay
+  // untouched until the Work has completed. Results are bit-identical to the
+  // blocking calls. The default runs the blocking call and returns a complete
+  // Work (synchronous transports and decorators keep working unchanged).
+  virtual Work start_all_reduce(Tensor t, ReduceOp op = ReduceOp::Sum) {
+    all_reduce(t, op);
+    return {};
+  }
+  virtual Work start_reduce_scatter(Tensor out, const Tensor& in) {
+    reduce_scatter(out, in);
+    return {};
+  }
+  virtual Work start_all_gather(Tensor out, const Tensor& in) {
+    all_gather(out, in);
+    return {};
+  }
   virtual void send(const Tensor& t, int peer, int tag = 0) = 0;
   virtual void recv(Tensor t, int peer, int tag = 0) = 0;
   // Non-blocking send (pipeline stages): returns an id at once; t's memory must
@@ -47,8 +93,8 @@ class Comm {
   }
   virtual bool send_done(int64_t /*id*/) { return true; }
   virtual void wait_sends() {}  // every isend of this group has completed
-  // Moves pending isends along (a transport that needs the sender's calls to
-  // progress a large message); callable from another thread while the calling
+  // Moves pending isends and started collectives along (a transport that
+  // needs its own calls to progress a message); callable from another thread while the calling
   // thread makes no call on any Comm, when progress_from_thread() says so.
   virtual void progress() {}
   virtual bool progress_from_thread() const { return false; }

@@ -94,6 +94,7 @@ void MetricsLog::log_step(const StepMetrics& m) {
   j["world"] = m.world;
   j["comm_bytes"] = {{"tp", m.tp_bytes}, {"dp", m.dp_bytes}, {"pp", m.pp_bytes}};
   if (m.bubble >= 0) j["bubble"] = m.bubble;
+  if (m.dp_wait_s >= 0) j["dp_wait_s"] = m.dp_wait_s;
   if (!m.moe.empty()) {
     nlohmann::json layers = nlohmann::json::array();
     for (const auto& x : m.moe)
@@ -103,6 +104,11 @@ void MetricsLog::log_step(const StepMetrics& m) {
     j["moe"] = layers;
   }
   out_ << j.dump() << "\n";
+  out_.flush();
+}
+
+void MetricsLog::log_record(const nlohmann::json& record) {
+  out_ << record.dump() << "\n";
   out_.flush();
 }
 

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace adgt {
 
 // One MoE layer over a step (loads over the ep group, this rank's traffic).
@@ -29,6 +31,7 @@ struct StepMetrics {
   int world = 1;                      // ranks
   int64_t tp_bytes = 0, dp_bytes = 0;  // bytes this rank sent in the step, per group
   int64_t pp_bytes = 0;
+  double dp_wait_s = -1;  // the data-parallel reduction the step did not hide (< 0: dp = 1)
   double bubble = -1;  // pipeline: measured idle share of the step (< 0: no pipeline)
   std::vector<MoeLayerMetrics> moe;  // this rank's MoE layers
 };
@@ -42,6 +45,8 @@ class MetricsLog {
   MetricsLog(const std::string& dir, bool append);
   void log_step(const StepMetrics& m);
   void log_eval(int64_t step, double val_loss);
+  // Any other record (a controller's decision with its inputs), one line.
+  void log_record(const nlohmann::json& record);
   const std::string& path() const { return path_; }
 
  private:

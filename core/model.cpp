@@ -506,11 +506,14 @@ void Model::backward_chunk(int chunk, int slot, const Tensor& d_out, bool split,
   Slot& s = ch.slots[size_t(slot)];
   const bool emb = chunk_has_embedding(chunk), head = chunk_has_head(chunk);
   if (split) make_split_buffers(s, chunk);
-  auto ready = [&](size_t first, size_t last) {
-    if (on_ready && !split) {
-      const auto [b, e] = range(first, last);
-      on_ready(b, e);
-    }
+  // The units of grad_units(), reported in their order as they complete.
+  const std::vector<GradUnit> units = chunk_units(chunk);
+  size_t next_unit = 0;
+  auto ready = [&] {
+    ADGT_CHECK(next_unit < units.size(), "Model::backward_chunk: more gradient units than "
+                                             << units.size() << " in chunk " << chunk);
+    const GradUnit& u = units[next_unit++];
+    if (on_ready && !split) on_ready(u.begin, u.end);
   };
   // With SP a norm weight's gradient is a partial sum over this rank's rows;
   // partials accumulate over micro-batches and are summed over tp once.
@@ -541,10 +544,7 @@ void Model::backward_chunk(int chunk, int slot, const Tensor& d_out, bool split,
     be_.rmsnorm_backward(d_resid_, grad(norm_idx_), d_tmp_local_, s.x_out, param(norm_idx_),
                          s.rstdf);
     finish_norm_grad(norm_idx_);
-    if (head_idx_ != emb_idx_)
-      ready(norm_idx_, head_idx_);
-    else
-      ready(norm_idx_, norm_idx_);
+    ready();
   } else {
     ADGT_CHECK(d_out.numel() == d_resid_.numel(),
                "Model::backward_chunk: output gradient " << d_out.shape_str() << ", expected "
@@ -583,7 +583,7 @@ void Model::backward_chunk(int chunk, int slot, const Tensor& d_out, bool split,
     finish_norm_grad(w.post_norm);
     finish_norm_grad(w.in_norm);
     if (w.moe >= 0 && last_micro_batch && tp_->size() > 1) tp_->all_reduce(grad(w.router));
-    ready(w.in_norm, w.moe >= 0 ? w.w3.back() : w.down);
+    ready();
   }
   if (emb) {
     gather_rows(d_full_, d_resid_);
@@ -591,9 +591,40 @@ void Model::backward_chunk(int chunk, int slot, const Tensor& d_out, bool split,
       be_.copy(s.d_emb, d_full_);
     } else {
       be_.embedding_backward(grad(emb_idx_), d_full_, s.in_tok, vocab_start_);
-      ready(emb_idx_, emb_idx_);
     }
+    ready();
   }
+  ADGT_CHECK(next_unit == units.size(), "Model::backward_chunk: chunk " << chunk << " completed "
+                                                                          << next_unit << " of "
+                                                                          << units.size()
+                                                                          << " gradient units");
+}
+
+std::vector<GradUnit> Model::chunk_units(int chunk) const {
+  // The backward's order: the final norm with the head (the norm alone when
+  // the head is the tied embedding), the layers from the last, the embedding.
+  const Chunk& ch = chunks_[size_t(chunk)];
+  std::vector<GradUnit> u;
+  auto add = [&](size_t first, size_t last) {
+    const auto [b, e] = range(first, last);
+    u.push_back({chunk, b, e});
+  };
+  if (chunk_has_head(chunk)) add(norm_idx_, head_idx_ != emb_idx_ ? head_idx_ : norm_idx_);
+  for (size_t l = size_t(ch.n_layers); l-- > 0;) {
+    const LayerIdx& w = layer_idx_[ch.first_local + l];
+    add(w.in_norm, w.moe >= 0 ? w.w3.back() : w.down);
+  }
+  if (chunk_has_embedding(chunk)) add(emb_idx_, emb_idx_);
+  return u;
+}
+
+std::vector<GradUnit> Model::grad_units() const {
+  std::vector<GradUnit> all;
+  for (int c = 0; c < num_chunks(); ++c) {
+    const std::vector<GradUnit> u = chunk_units(c);
+    all.insert(all.end(), u.begin(), u.end());
+  }
+  return all;
 }
 
 void Model::backward_weight(int chunk, int slot) {
@@ -621,16 +652,18 @@ void Model::backward_weight(int chunk, int slot) {
     be_.embedding_backward(grad(emb_idx_), s.d_emb, s.in_tok, vocab_start_);
 }
 
-void Model::finish_sequence_parallel_grads() {
+void Model::reduce_tp_partial_grads(int chunk) {
+  const Chunk& ch = chunks_[size_t(chunk)];
+  const size_t l0 = ch.first_local, l1 = ch.first_local + size_t(ch.n_layers);
   if (tp_->size() > 1)
-    for (const LayerIdx& w : layer_idx_)
-      if (w.moe >= 0) tp_->all_reduce(grad(w.router));
+    for (size_t l = l0; l < l1; ++l)
+      if (layer_idx_[l].moe >= 0) tp_->all_reduce(grad(layer_idx_[l].router));
   if (!sp_) return;
-  for (const LayerIdx& w : layer_idx_) {
-    tp_->all_reduce(grad(w.post_norm));
-    tp_->all_reduce(grad(w.in_norm));
+  for (size_t l = l0; l < l1; ++l) {
+    tp_->all_reduce(grad(layer_idx_[l].post_norm));
+    tp_->all_reduce(grad(layer_idx_[l].in_norm));
   }
-  if (norm_idx_ != kNone) tp_->all_reduce(grad(norm_idx_));
+  if (chunk_has_head(chunk)) tp_->all_reduce(grad(norm_idx_));
 }
 
 MoeParams Model::moe_params(const LayerIdx& w, bool grads) const {

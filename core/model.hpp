@@ -49,6 +49,13 @@ struct MoeLayerStep {
   double a2a_seconds = 0;
 };
 
+// A flat range [begin, end) of parameters whose gradients a backward
+// completes together (a layer; the final norm with the head; the embedding).
+struct GradUnit {
+  int chunk = 0;
+  int64_t begin = 0, end = 0;
+};
+
 class Model {
  public:
   // B sequences of T tokens per micro-batch; dtype F32 (or F64 for reference
@@ -98,7 +105,8 @@ class Model {
   // last_micro_batch: the step's final backward, after which the gradients are
   // complete (with SP, the norm weights' partial sums over token rows are then
   // all-reduced over tp, once). on_ready(begin, end) is then called with flat
-  // ranges whose gradients are final, in the order they complete (buckets).
+  // ranges whose gradients are final, in the order they complete: the
+  // ranges of grad_units(), in that order (gradient buckets).
   void backward(const std::function<void(int64_t, int64_t)>& on_ready = {},
                 bool last_micro_batch = true);
   // If on, forward() keeps a host copy of this rank's logits (N, Vl) before the loss.
@@ -133,12 +141,17 @@ class Model {
                       bool last_micro_batch = false);
   Tensor input_grad() const { return d_resid_; }  // (Nl, C)
   void backward_weight(int chunk, int slot);
-  // With SP: all-reduce every norm weight's partial gradient over tp (pipeline
-  // steps call backward_chunk with last_micro_batch = false, then this once).
-  // Also all-reduces the MoE routers' gradients over tp (each tp rank holds a
-  // partial sum: its experts' FFN shard). Non-pipeline steps do both in the
-  // last micro-batch's backward.
-  void finish_sequence_parallel_grads();
+  // The gradients of chunk `chunk` that are partial sums over tp: with SP
+  // every norm weight's (each rank's token rows), and with tp > 1 every MoE
+  // router's (each tp rank's share of the experts' FFN) are all-reduced over
+  // tp. Pipeline steps call backward_chunk with last_micro_batch = false, then
+  // this once per chunk; non-pipeline steps do it in the last micro-batch's
+  // backward.
+  void reduce_tp_partial_grads(int chunk);
+  // Chunk by chunk (0, 1, ...), the units whose gradients the chunk's
+  // backward completes, in the order it completes them (the ranges
+  // backward()'s on_ready receives).
+  std::vector<GradUnit> grad_units() const;
 
   // ---- mixture of experts ----
   bool has_moe() const { return !moe_.empty(); }
@@ -207,6 +220,7 @@ class Model {
   void add_norm_forward(Tensor x, const Tensor& y, Tensor full_out, Tensor rstd, size_t w);
   void loss_forward(Slot& s, double scale);
   std::pair<int64_t, int64_t> range(size_t first, size_t last) const;
+  std::vector<GradUnit> chunk_units(int chunk) const;  // grad_units() of one chunk
 
   ModelConfig cfg_;
   StageSlice stage_;

@@ -101,74 +101,173 @@ std::unique_ptr<MpiComm> MpiComm::split(int color, int key, const std::string& n
   return std::make_unique<MpiComm>(c, name, true);
 }
 
-char* MpiComm::scratch(size_t bytes) {
-  if (scratch_.size() < bytes) scratch_.resize(bytes);
-  return scratch_.data();
-}
-
-void MpiComm::sendrecv(const void* send, int64_t send_bytes, int dst, void* recv,
-                       int64_t recv_bytes, int src) {
+struct MpiComm::RingOp {
+  const char* in = nullptr;  // reduce-scatter input (nullptr: all-gather only)
+  char* rs_out = nullptr;    // reduce-scatter result, chunk rank()
+  char* ag_base = nullptr;   // all-gather buffer (nullptr: reduce-scatter only)
+  RingChunks ch;
+  DType dt = DType::F32;
+  ReduceOp op = ReduceOp::Sum;
+  size_t es = 4;
+  int tag = 0;
+  int phase = 0;  // 0 reduce-scatter, 1 all-gather, 2 complete
+  int step = 0;
+  bool posted = false;
   std::vector<MPI_Request> reqs;
-  for (int64_t o = 0; o < recv_bytes; o += kMaxMessage) {
-    reqs.emplace_back();
-    ADGT_MPI(MPI_Irecv(static_cast<char*>(recv) + o, int(std::min(kMaxMessage, recv_bytes - o)),
-                       MPI_BYTE, src, kRingTag, ring_, &reqs.back()));
+  std::vector<char> scratch;  // reduce-scatter: received chunk, then the running sum
+  const char* send = nullptr;  // reduce-scatter: what this step sends
+  int64_t send_n = 0;
+  bool complete() const { return phase == 2; }
+};
+
+struct MpiComm::RingWork final : Work::Impl {
+  RingWork(MpiComm& c, std::shared_ptr<RingOp> o) : comm(c), op(std::move(o)) {}
+  bool test() override {
+    comm.advance_pending();
+    return op->complete();
   }
-  for (int64_t o = 0; o < send_bytes; o += kMaxMessage) {
-    reqs.emplace_back();
-    ADGT_MPI(MPI_Isend(static_cast<const char*>(send) + o,
-                       int(std::min(kMaxMessage, send_bytes - o)), MPI_BYTE, dst, kRingTag, ring_,
-                       &reqs.back()));
+  void wait() override {
+    Timed timed(comm.stats_);
+    --comm.stats_.calls;  // the start counted the call
+    comm.run_until(*op);
   }
-  ADGT_MPI(MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
-  stats_.bytes += send_bytes;
+  MpiComm& comm;
+  std::shared_ptr<RingOp> op;
+};
+
+std::shared_ptr<MpiComm::RingOp> MpiComm::start_ring(const char* in, char* rs_out, char* ag_base,
+                                                     int64_t n, DType dt, ReduceOp op) {
+  auto o = std::make_shared<RingOp>();
+  o->in = in;
+  o->rs_out = rs_out;
+  o->ag_base = ag_base;
+  o->ch = ring_chunks(n, size_);
+  o->dt = dt;
+  o->op = op;
+  o->es = dtype_size(dt);
+  o->tag = 2 + int(ops_started_++ % 32000);
+  o->phase = in ? 0 : 1;
+  if (in) {
+    // Step 0 sends our own chunk r-1; every later step forwards what the previous one reduced.
+    const size_t need = 2 * size_t(o->ch.max_count()) * o->es;
+    if (!scratch_pool_.empty()) {
+      o->scratch = std::move(scratch_pool_.back());
+      scratch_pool_.pop_back();
+    }
+    if (o->scratch.size() < need) o->scratch.resize(need);
+    const int c0 = (rank_ - 1 + size_) % size_;
+    o->send = in + o->ch.offset[c0] * o->es;
+    o->send_n = o->ch.count[c0];
+  }
+  pending_ops_.push_back(o);
+  advance_pending();  // posts the first step
+  return o;
 }
 
-void MpiComm::ring_reduce_scatter(const char* in, const RingChunks& ch, char* out, DType dt,
-                                  ReduceOp op) {
-  const int p = size_, r = rank_;
-  const size_t es = dtype_size(dt);
+void MpiComm::post_step(RingOp& o) {
+  const int p = size_, r = rank_, s = o.step;
   const int right = (r + 1) % p, left = (r - 1 + p) % p;
-  char* recv = scratch(2 * size_t(ch.max_count()) * es);
-  char* acc = recv + size_t(ch.max_count()) * es;
-  // Step 0 sends our own chunk r-1; every later step forwards what the previous one reduced.
-  const int c0 = (r - 1 + p) % p;
-  const char* send = in + ch.offset[c0] * es;
-  int64_t send_n = ch.count[c0];
-  for (int s = 0; s < p - 1; ++s) {
+  const char* send;
+  char* recv;
+  int64_t send_bytes, recv_bytes;
+  if (o.phase == 0) {
     const int c = ((r - s - 2) % p + p) % p;  // the chunk received at this step
-    sendrecv(send, send_n * int64_t(es), right, recv, ch.count[c] * int64_t(es), left);
-    char* dst = s == p - 2 ? out : acc;       // the last step completes chunk r
-    reduce(dst, recv, in + ch.offset[c] * es, ch.count[c], dt, op);
-    send = acc;
-    send_n = ch.count[c];
+    send = o.send;
+    send_bytes = o.send_n * int64_t(o.es);
+    recv = o.scratch.data();
+    recv_bytes = o.ch.count[c] * int64_t(o.es);
+  } else {
+    const int cs = ((r - s) % p + p) % p, cr = ((r - s - 1) % p + p) % p;
+    send = o.ag_base + o.ch.offset[cs] * int64_t(o.es);
+    send_bytes = o.ch.count[cs] * int64_t(o.es);
+    recv = o.ag_base + o.ch.offset[cr] * int64_t(o.es);
+    recv_bytes = o.ch.count[cr] * int64_t(o.es);
+  }
+  // Messages of at most 1 GiB (MPI counts are int).
+  for (int64_t off = 0; off < recv_bytes; off += kMaxMessage) {
+    o.reqs.emplace_back();
+    ADGT_MPI(MPI_Irecv(recv + off, int(std::min(kMaxMessage, recv_bytes - off)), MPI_BYTE, left,
+                       o.tag, ring_, &o.reqs.back()));
+  }
+  for (int64_t off = 0; off < send_bytes; off += kMaxMessage) {
+    o.reqs.emplace_back();
+    ADGT_MPI(MPI_Isend(send + off, int(std::min(kMaxMessage, send_bytes - off)), MPI_BYTE, right,
+                       o.tag, ring_, &o.reqs.back()));
+  }
+  stats_.bytes += send_bytes;
+  o.posted = true;
+}
+
+bool MpiComm::advance(RingOp& o) {
+  const int p = size_, r = rank_;
+  while (!o.complete()) {
+    if (!o.posted) post_step(o);
+    int done = 0;
+    ADGT_MPI(MPI_Testall(int(o.reqs.size()), o.reqs.data(), &done, MPI_STATUSES_IGNORE));
+    if (!done) return false;
+    o.reqs.clear();
+    o.posted = false;
+    if (o.phase == 0) {
+      const int c = ((r - o.step - 2) % p + p) % p;
+      char* acc = o.scratch.data() + size_t(o.ch.max_count()) * o.es;
+      char* dst = o.step == p - 2 ? o.rs_out : acc;  // the last step completes chunk r
+      reduce(dst, o.scratch.data(), o.in + o.ch.offset[c] * int64_t(o.es), o.ch.count[c], o.dt,
+             o.op);
+      o.send = acc;
+      o.send_n = o.ch.count[c];
+    }
+    if (++o.step == p - 1) {
+      o.step = 0;
+      o.phase = o.phase == 0 && o.ag_base ? 1 : 2;
+    }
+  }
+  return true;
+}
+
+void MpiComm::advance_pending() {
+  for (size_t i = 0; i < pending_ops_.size();) {
+    RingOp& o = *pending_ops_[i];
+    if (!advance(o)) {
+      ++i;
+      continue;
+    }
+    if (!o.scratch.empty()) scratch_pool_.push_back(std::move(o.scratch));
+    pending_ops_.erase(pending_ops_.begin() + std::ptrdiff_t(i));
   }
 }
 
-void MpiComm::ring_all_gather(char* base, const RingChunks& ch, DType dt) {
-  const int p = size_, r = rank_;
-  const size_t es = dtype_size(dt);
-  const int right = (r + 1) % p, left = (r - 1 + p) % p;
-  for (int s = 0; s < p - 1; ++s) {
-    const int cs = ((r - s) % p + p) % p, cr = ((r - s - 1) % p + p) % p;
-    sendrecv(base + ch.offset[cs] * es, ch.count[cs] * int64_t(es), right,
-             base + ch.offset[cr] * es, ch.count[cr] * int64_t(es), left);
+void MpiComm::run_until(const RingOp& op) {
+  // A short spin, then polls every 50 us (ranks may share cores), like wait_politely.
+  for (int spin = 0;; ++spin) {
+    advance_pending();
+    if (op.complete()) return;
+    if (spin >= 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 
 void MpiComm::all_reduce(Tensor t, ReduceOp op) {
+  // The start counts the call; its time and the wait's add up to the call's.
+  start_all_reduce(t, op).wait();
+}
+
+Work MpiComm::start_all_reduce(Tensor t, ReduceOp op) {
   ADGT_CHECK(reducible(t.dtype), "MpiComm(" << name_ << ")::all_reduce: dtype "
                                             << dtype_name(t.dtype) << "; use f32, f64, bf16 or i32");
   Timed timed(stats_);
-  if (size_ == 1 || t.numel() == 0) return;
-  const RingChunks ch = ring_chunks(t.numel(), size_);
+  if (size_ == 1 || t.numel() == 0) return {};
   char* base = static_cast<char*>(t.data);
-  const size_t es = dtype_size(t.dtype);
-  ring_reduce_scatter(base, ch, base + ch.offset[rank_] * es, t.dtype, op);
-  ring_all_gather(base, ch, t.dtype);
+  const RingChunks ch = ring_chunks(t.numel(), size_);
+  auto o = start_ring(base, base + ch.offset[rank_] * int64_t(dtype_size(t.dtype)), base,
+                      t.numel(), t.dtype, op);
+  return Work(std::make_shared<RingWork>(*this, std::move(o)));
 }
 
 void MpiComm::reduce_scatter(Tensor out, const Tensor& in) {
+  // The start counts the call; its time and the wait's add up to the call's.
+  start_reduce_scatter(out, in).wait();
+}
+
+Work MpiComm::start_reduce_scatter(Tensor out, const Tensor& in) {
   ADGT_CHECK(reducible(in.dtype) && out.dtype == in.dtype,
              "MpiComm(" << name_ << ")::reduce_scatter: dtypes out " << dtype_name(out.dtype)
                         << ", in " << dtype_name(in.dtype) << "; both f32, f64, bf16 or i32");
@@ -178,14 +277,20 @@ void MpiComm::reduce_scatter(Tensor out, const Tensor& in) {
   Timed timed(stats_);
   if (size_ == 1) {
     if (out.data != in.data) std::memmove(out.data, in.data, in.bytes());
-    return;
+    return {};
   }
-  if (out.numel() == 0) return;
-  ring_reduce_scatter(static_cast<const char*>(in.data), ring_chunks(in.numel(), size_),
-                      static_cast<char*>(out.data), in.dtype, ReduceOp::Sum);
+  if (out.numel() == 0) return {};
+  auto o = start_ring(static_cast<const char*>(in.data), static_cast<char*>(out.data), nullptr,
+                      in.numel(), in.dtype, ReduceOp::Sum);
+  return Work(std::make_shared<RingWork>(*this, std::move(o)));
 }
 
 void MpiComm::all_gather(Tensor out, const Tensor& in) {
+  // The start counts the call; its time and the wait's add up to the call's.
+  start_all_gather(out, in).wait();
+}
+
+Work MpiComm::start_all_gather(Tensor out, const Tensor& in) {
   ADGT_CHECK(out.dtype == in.dtype && out.numel() == int64_t(size_) * in.numel(),
              "MpiComm(" << name_ << ")::all_gather: out" << out.shape_str() << " "
                         << dtype_name(out.dtype) << " must hold " << size_ << " x in"
@@ -193,8 +298,10 @@ void MpiComm::all_gather(Tensor out, const Tensor& in) {
   Timed timed(stats_);
   char* mine = static_cast<char*>(out.data) + size_t(rank_) * in.bytes();
   if (mine != in.data) std::memmove(mine, in.data, in.bytes());
-  if (size_ == 1 || in.numel() == 0) return;
-  ring_all_gather(static_cast<char*>(out.data), ring_chunks(out.numel(), size_), out.dtype);
+  if (size_ == 1 || in.numel() == 0) return {};
+  auto o = start_ring(nullptr, nullptr, static_cast<char*>(out.data), out.numel(), out.dtype,
+                      ReduceOp::Sum);
+  return Work(std::make_shared<RingWork>(*this, std::move(o)));
 }
 
 void MpiComm::broadcast(Tensor t, int root) {
@@ -273,6 +380,7 @@ bool MpiComm::send_done(int64_t id) {
 }
 
 void MpiComm::progress() {
+  advance_pending();
   for (auto it = pending_.begin(); it != pending_.end();) {
     int done = 0;
     ADGT_MPI(MPI_Testall(int(it->second.size()), it->second.data(), &done, MPI_STATUSES_IGNORE));

@@ -4,6 +4,13 @@
 //     point-to-point messages (parallel/ring.hpp), so results are
 //     deterministic and bit-identical on every rank; reductions accumulate in
 //     the tensor's dtype (F32 sums in fp32), order: received + own.
+//   - Each of them is one RingOp, a state machine over the ring's steps: the
+//     blocking call starts one and drives it to the end, start_* returns it
+//     as a Work. Every call on the group (blocking ones too) moves every
+//     pending op along, so ranks waiting on different ops never deadlock, and
+//     progress() does the same from the pipeline's helper thread. Op k of the
+//     group uses its own tag (2 + k mod 32000) on the private ring
+//     communicator, so pending ops never take each other's messages.
 //   - broadcast is a pipelined chain from the root; send/recv, all_to_all(v)
 //     and barrier map to MPI calls.
 //   - stats().bytes counts the payload bytes this rank sent; stats().seconds
@@ -48,6 +55,9 @@ class MpiComm final : public Comm {
   void all_reduce(Tensor t, ReduceOp op = ReduceOp::Sum) override;
   void reduce_scatter(Tensor out, const Tensor& in) override;
   void all_gather(Tensor out, const Tensor& in) override;
+  Work start_all_reduce(Tensor t, ReduceOp op = ReduceOp::Sum) override;
+  Work start_reduce_scatter(Tensor out, const Tensor& in) override;
+  Work start_all_gather(Tensor out, const Tensor& in) override;
   void broadcast(Tensor t, int root) override;
   void send(const Tensor& t, int peer, int tag = 0) override;
   void recv(Tensor t, int peer, int tag = 0) override;
@@ -69,16 +79,18 @@ class MpiComm final : public Comm {
   std::vector<std::string> gather_strings(const std::string& mine, int root) const;
 
  private:
-  // Exchange with the ring neighbours: send to `dst`, receive from `src`, in
-  // messages of at most 1 GiB (MPI counts are int).
-  void sendrecv(const void* send, int64_t send_bytes, int dst, void* recv, int64_t recv_bytes,
-                int src);
-  // Reduce-scatter of `in` cut into `ch`; the fully reduced chunk rank() goes
-  // to `out` (which may alias in's chunk rank()).
-  void ring_reduce_scatter(const char* in, const RingChunks& ch, char* out, DType dt, ReduceOp op);
-  // All-gather in place: chunk rank() of `base` is filled, the others get filled.
-  void ring_all_gather(char* base, const RingChunks& ch, DType dt);
-  char* scratch(size_t bytes);
+  struct RingOp;    // one ring collective in flight (mpi_comm.cpp)
+  struct RingWork;  // its Work
+  // A ring op over `n` elements of `dt`: with `in`, a reduce-scatter of in
+  // whose reduced chunk rank() goes to `rs_out` (which may alias in's chunk
+  // rank()); with `ag_base`, then an all-gather in place in ag_base (chunk
+  // rank() filled, the others get filled). Registered as pending.
+  std::shared_ptr<RingOp> start_ring(const char* in, char* rs_out, char* ag_base, int64_t n,
+                                     DType dt, ReduceOp op);
+  bool advance(RingOp& op);     // posts, tests and reduces; true once op is complete
+  void advance_pending();       // every pending op, in start order; drops completed ones
+  void run_until(const RingOp& op);  // drives every pending op until `op` completes
+  void post_step(RingOp& op);
   // MPI_Wait that stops spinning after a while (send/recv of pipeline stages).
   static void wait_politely(MPI_Request& req, MPI_Status* st);
 
@@ -87,7 +99,9 @@ class MpiComm final : public Comm {
   bool owned_ = false;
   int rank_ = 0, size_ = 1;
   std::string name_;
-  std::vector<char> scratch_;
+  std::vector<std::shared_ptr<RingOp>> pending_ops_;  // started, not complete, in start order
+  std::vector<std::vector<char>> scratch_pool_;       // scratch of completed ops, for reuse
+  int64_t ops_started_ = 0;
   std::map<int64_t, std::vector<MPI_Request>> pending_;  // isend id -> its requests
   int64_t next_send_id_ = 1;
 };

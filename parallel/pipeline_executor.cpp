@@ -19,8 +19,9 @@ constexpr int kMaxTag = 32767;  // MPI guarantees MPI_TAG_UB >= 32767
 // The main thread leaves a compute only once the helper is out of MPI.
 class SendProgress {
  public:
-  explicit SendProgress(Comm& c) : comm_(c) {
-    if (comm_.size() > 1 && comm_.progress_from_thread())
+  // comms[0]: the pipeline group; the others' started collectives move too.
+  explicit SendProgress(std::vector<Comm*> comms) : comms_(std::move(comms)) {
+    if (comms_[0]->size() > 1 && comms_[0]->progress_from_thread())
       thread_ = std::thread([this] { loop(); });
   }
   ~SendProgress() {
@@ -38,13 +39,14 @@ class SendProgress {
     while (!stop_.load()) {
       if (allow_.load()) {
         busy_.store(true);
-        if (allow_.load()) comm_.progress();  // re-checked after announcing busy
+        if (allow_.load())  // re-checked after announcing busy
+          for (Comm* c : comms_) c->progress();
         busy_.store(false);
       }
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
-  Comm& comm_;
+  std::vector<Comm*> comms_;
   std::atomic<bool> allow_{false}, busy_{false}, stop_{false};
   std::thread thread_;
 };
@@ -132,7 +134,8 @@ double PipelineExecutor::last_busy_seconds() const {
   return b;
 }
 
-double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scale) {
+double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scale,
+                                  const ChunkGradsReady& grads_ready) {
   using clock = std::chrono::steady_clock;
   const auto& list = sched_.ranks[size_t(rank_)];
   timeline_.clear();
@@ -141,7 +144,9 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
   const auto t0 = clock::now();
   auto now = [&] { return std::chrono::duration<double>(clock::now() - t0).count(); };
   double loss_sum = 0;
-  SendProgress progress(comm_);
+  std::vector<Comm*> moving{&comm_};
+  moving.insert(moving.end(), progress_comms_.begin(), progress_comms_.end());
+  SendProgress progress(moving);
   // The helper thread may call MPI only while this thread makes no MPI call:
   // not when a compute itself communicates (tensor parallelism, the MoE
   // all-to-all).
@@ -152,6 +157,7 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
   for (size_t i = 0; i < list.size(); ++i) {
     const pp::Instr& in = list[i];
     const int c = in.chunk, mb = in.microbatch;
+    for (Comm* pc : progress_comms_) pc->progress();
     const int stage = c >= 0 ? sched_.stage(rank_, c) : -1;
     switch (in.op) {
       case pp::Op::RecvAct: {
@@ -237,7 +243,10 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
         timeline_.push_back(e);
         break;
       }
-      case pp::Op::OptimizerStep:
+      case pp::Op::ReduceGrads:
+        if (grads_ready) grads_ready(c);
+        break;
+      case pp::Op::WaitSends:
         comm_.wait_sends();
         for (SendBuf& s : sends_) s.id = -1;
         break;

@@ -3,7 +3,8 @@
 //
 // Semantics are the validator's (validate.hpp): a Send is posted as a
 // non-blocking send from a buffer of the executor's and completes later (all
-// by OptimizerStep); a Recv blocks until its message is there. A micro-batch's
+// by WaitSends); a Recv blocks until its message is there. ReduceGrads
+// hands the chunk's final weight gradients to the caller's callback. A micro-batch's
 // activations live in a model slot of its chunk from its RecvAct/Forward to its
 // Backward (or, split, to its BackwardWeight); slots are made on demand, so the
 // memory held is what the schedule keeps in flight.
@@ -31,6 +32,8 @@ struct ExecutedInstr {
 
 // Fills the host token ids of micro-batch mb: inputs and targets, (B*T) each.
 using MicroBatchFetch = std::function<void(int mb, int32_t* inputs, int32_t* targets)>;
+// Called at ReduceGrads(chunk): the chunk's weight gradients are final.
+using ChunkGradsReady = std::function<void(int chunk)>;
 
 class PipelineExecutor {
  public:
@@ -44,9 +47,15 @@ class PipelineExecutor {
   // One optimizer step's forwards and backwards, accumulating gradients (+=)
   // of grad_scale * (mean loss of each micro-batch). Returns the sum of the
   // micro-batches' mean losses on the rank holding the head (0 elsewhere).
-  // Stops at OptimizerStep with every send completed; the caller reduces
-  // gradients and steps the optimizer.
-  double run_step(const MicroBatchFetch& fetch, double grad_scale);
+  // At ReduceGrads(c) it calls grads_ready(c) (which starts the chunk's
+  // data-parallel reduction). Stops at WaitSends with every send completed;
+  // the caller completes the gradient reduction and steps the optimizer.
+  double run_step(const MicroBatchFetch& fetch, double grad_scale,
+                  const ChunkGradsReady& grads_ready = {});
+  // Groups whose started collectives the executor moves along: between
+  // instructions, and from its helper thread while this rank computes (when
+  // no compute communicates). The data-parallel groups of GradReducer.
+  void set_progress_comms(std::vector<Comm*> c) { progress_comms_ = std::move(c); }
 
   // Forward only (evaluation) of one batch through every stage in order;
   // returns the mean loss on the rank holding the head (0 elsewhere).
@@ -79,6 +88,7 @@ class PipelineExecutor {
   std::map<std::pair<int, int>, Buffer> grads_in_;   // (chunk, mb) -> received output gradient
   std::vector<int32_t> in_, tg_;
   std::vector<ExecutedInstr> timeline_;
+  std::vector<Comm*> progress_comms_;
   double step_s_ = 0;
 };
 

@@ -1,5 +1,5 @@
 // Pipeline-schedule generators: each returns the per-rank instruction lists
-// of instruction.hpp, with the Send/Recv pairs and the final OptimizerStep
+// of instruction.hpp, with the Send/Recv pairs and the final WaitSends
 // already in place (from_compute_order). docs/pipeline-schedules.md draws
 // each one.
 #pragma once

@@ -1,5 +1,6 @@
 #include "parallel/schedule/instruction.hpp"
 
+#include <algorithm>
 #include <utility>
 
 namespace adgt::pp {
@@ -22,14 +23,16 @@ const char* op_name(Op op) {
     case Op::RecvAct: return "RecvAct";
     case Op::SendGrad: return "SendGrad";
     case Op::RecvGrad: return "RecvGrad";
-    case Op::OptimizerStep: return "OptimizerStep";
+    case Op::ReduceGrads: return "ReduceGrads";
+    case Op::WaitSends: return "WaitSends";
   }
   return "?";
 }
 
 std::string to_string(const Instr& in) {
   std::string s = op_name(in.op);
-  if (in.op == Op::OptimizerStep) return s;
+  if (in.op == Op::WaitSends) return s;
+  if (in.op == Op::ReduceGrads) return s + "(chunk " + std::to_string(in.chunk) + ")";
   s += "(mb " + std::to_string(in.microbatch) + ", chunk " + std::to_string(in.chunk) + ")";
   if (is_send(in.op)) s += " to rank " + std::to_string(in.peer);
   if (is_recv(in.op)) s += " from rank " + std::to_string(in.peer);
@@ -62,7 +65,28 @@ Schedule from_compute_order(std::string name, int pp, int microbatches, int virt
         out.push_back(self);
       }
     }
-    out.push_back({Op::OptimizerStep, -1, -1, -1});
+    out.push_back({Op::WaitSends, -1, -1, -1});
+  }
+  return s;
+}
+
+Schedule with_grad_reductions(Schedule s) {
+  for (auto& list : s.ranks) {
+    std::erase_if(list, [](const Instr& in) { return in.op == Op::ReduceGrads; });
+    std::vector<int> last(static_cast<size_t>(s.virtual_stages), -1);
+    for (int i = 0; i < static_cast<int>(list.size()); ++i) {
+      const Instr& in = list[static_cast<size_t>(i)];
+      if ((in.op == Op::Backward || in.op == Op::BackwardWeight) && in.chunk >= 0 &&
+          in.chunk < s.virtual_stages)
+        last[static_cast<size_t>(in.chunk)] = i;
+    }
+    // Insert from the back so earlier positions stay valid.
+    std::vector<std::pair<int, int>> at;  // (position, chunk)
+    for (int c = 0; c < s.virtual_stages; ++c)
+      if (last[static_cast<size_t>(c)] >= 0) at.push_back({last[static_cast<size_t>(c)], c});
+    std::sort(at.rbegin(), at.rend());
+    for (auto [i, c] : at)
+      list.insert(list.begin() + i + 1, Instr{Op::ReduceGrads, -1, c, -1});
   }
   return s;
 }

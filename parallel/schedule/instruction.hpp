@@ -48,13 +48,17 @@ enum class Op : std::uint8_t {
   RecvAct,         // before F of a non-first stage: the input from the previous stage's rank
   SendGrad,        // after B of a non-first stage: the input gradient to the previous stage's rank
   RecvGrad,        // before B of a non-last stage: the output gradient from the next stage's rank
-  OptimizerStep,   // last instruction of every rank: all gradients of the step are final
+  ReduceGrads,     // the chunk's weight gradients are final for this step: start their
+                   // data-parallel reduction (asynchronous; the trainer waits for it)
+  WaitSends,       // last instruction of every rank: every send of the step has completed
 };
+constexpr int kNumOps = 10;
 
-// One instruction. Fields that do not apply are -1: OptimizerStep has
-// microbatch = chunk = peer = -1, compute instructions have peer = -1.
+// One instruction. Fields that do not apply are -1: WaitSends has
+// microbatch = chunk = peer = -1, ReduceGrads microbatch = peer = -1,
+// compute instructions have peer = -1.
 struct Instr {
-  Op op = Op::OptimizerStep;
+  Op op = Op::WaitSends;
   int microbatch = -1;  // 0..m-1
   int chunk = -1;       // 0..v-1, this rank's chunk (stage = chunk * pp + rank)
   int peer = -1;        // Send/Recv: the pipeline rank at the other end
@@ -83,11 +87,11 @@ bool is_input_backward(Op op);
 const char* op_name(Op op);  // "Forward", "RecvGrad", ...
 
 // "Forward(mb 3, chunk 0)", "RecvGrad(mb 2, chunk 0) from rank 2",
-// "SendAct(mb 1, chunk 1) to rank 0", "OptimizerStep".
+// "SendAct(mb 1, chunk 1) to rank 0", "ReduceGrads(chunk 1)", "WaitSends".
 std::string to_string(const Instr& in);
 
 // A compute step as generators think of them; from_compute_order() adds the
-// communication and the OptimizerStep.
+// communication and the WaitSends.
 struct ComputeStep {
   Op op;  // Forward, BackwardInput, BackwardWeight or Backward
   int microbatch;
@@ -97,11 +101,18 @@ struct ComputeStep {
 // Builds the IR from per-rank compute orders: RecvAct right before each F of
 // a non-first stage, SendAct right after each F of a non-last stage, RecvGrad
 // right before each B (Backward or BackwardInput) of a non-last stage,
-// SendGrad right after each B of a non-first stage, OptimizerStep at the end
+// SendGrad right after each B of a non-first stage, WaitSends at the end
 // of every rank. Placing each Recv just before its consumer is exact under the
 // validator's semantics (buffered sends, blocking receives); an executor may
 // post receives earlier.
 Schedule from_compute_order(std::string name, int pp, int microbatches, int virtual_stages,
                             const std::vector<std::vector<ComputeStep>>& order);
+
+// The schedule with a ReduceGrads(chunk c) on every rank right after the last
+// weight-gradient instruction (Backward or BackwardWeight) of chunk c: the
+// earliest point at which the chunk's data-parallel reduction can start, so
+// it overlaps the rest of the rank's backward work. Any existing ReduceGrads
+// are replaced.
+Schedule with_grad_reductions(Schedule s);
 
 }  // namespace adgt::pp

@@ -5,7 +5,7 @@
 // on the rank has ended and lasts f[s], b[s], w[s] or b[s] + w[s] (fused
 // Backward) of its stage s. A Send takes no time on the sender; its message
 // arrives comm after it is issued (right after the producing compute). A Recv
-// blocks the rank until the message has arrived. OptimizerStep takes no time.
+// blocks the rank until the message has arrived. WaitSends takes no time.
 // Dependencies across ranks are exactly the Send/Recv pairs, so the timeline
 // is the earliest one the lists allow.
 #pragma once

@@ -71,15 +71,21 @@ void check_shape(const Schedule& s) {
   for (int r = 0; r < s.pp; ++r) {
     const auto& list = s.ranks[U(r)];
     const int n = static_cast<int>(list.size());
-    if (n == 0 || list.back().op != Op::OptimizerStep)
-      throw ScheduleError("rank " + std::to_string(r) + ": the list must end with OptimizerStep (#" +
+    if (n == 0 || list.back().op != Op::WaitSends)
+      throw ScheduleError("rank " + std::to_string(r) + ": the list must end with WaitSends (#" +
                           std::to_string(n) + ")");
     for (int i = 0; i < n; ++i) {
       const Instr& in = list[U(i)];
-      if (in.op == Op::OptimizerStep) {
+      if (in.op == Op::WaitSends) {
         if (i != n - 1)
-          throw ScheduleError(at(s, r, i) + ": OptimizerStep must be the last instruction of the rank (the list has " +
+          throw ScheduleError(at(s, r, i) + ": WaitSends must be the last instruction of the rank (the list has " +
                               std::to_string(n) + ")");
+        continue;
+      }
+      if (in.op == Op::ReduceGrads) {
+        if (in.chunk < 0 || in.chunk >= s.virtual_stages || in.microbatch != -1 || in.peer != -1)
+          throw ScheduleError(at(s, r, i) + ": ReduceGrads takes a chunk in 0.." +
+                              std::to_string(s.virtual_stages - 1) + " and micro-batch and peer -1");
         continue;
       }
       if (in.microbatch < 0 || in.microbatch >= s.microbatches)
@@ -134,8 +140,8 @@ void check_matching(const Schedule& s) {
 
 // Per (chunk, micro-batch) of one rank: where each instruction kind is (-1: absent).
 struct Slot {
-  int pos[9];
-  int count[9];
+  int pos[kNumOps];
+  int count[kNumOps];
 };
 
 void check_complete(const Schedule& s) {
@@ -143,8 +149,18 @@ void check_complete(const Schedule& s) {
   for (int r = 0; r < s.pp; ++r) {
     std::vector<Slot> slots(U(s.virtual_stages) * U(s.microbatches), Slot{});
     const auto& list = s.ranks[U(r)];
+    std::vector<int> reduced(U(s.virtual_stages), -1);  // position of the chunk's ReduceGrads
+    int reductions = 0;
     for (int i = 0; i < static_cast<int>(list.size()) - 1; ++i) {
       const Instr& in = list[U(i)];
+      if (in.op == Op::ReduceGrads) {
+        if (reduced[U(in.chunk)] >= 0)
+          throw ScheduleError(at(s, r, i) + " appears again (first at #" +
+                              std::to_string(reduced[U(in.chunk)]) + "): once per chunk");
+        reduced[U(in.chunk)] = i;
+        ++reductions;
+        continue;
+      }
       Slot& sl = slots[U(in.chunk) * U(s.microbatches) + U(in.microbatch)];
       const int op = static_cast<int>(in.op);
       if (sl.count[op]++ > 0)
@@ -152,6 +168,11 @@ void check_complete(const Schedule& s) {
                             "): once per micro-batch and chunk");
       sl.pos[op] = i;
     }
+    if (reductions > 0 && reductions < s.virtual_stages)
+      for (int c = 0; c < s.virtual_stages; ++c)
+        if (reduced[U(c)] < 0)
+          throw ScheduleError("rank " + std::to_string(r) + ": ReduceGrads(chunk " + std::to_string(c) +
+                              ") is missing: a schedule that reduces gradients does so once per chunk");
     for (int c = 0; c < s.virtual_stages; ++c) {
       const int st = s.stage(r, c);
       for (int mb = 0; mb < s.microbatches; ++mb) {
@@ -189,6 +210,15 @@ void check_order(const Schedule& s, std::int64_t max_inflight) {
     const auto& list = s.ranks[U(r)];
     for (int i = 0; i < static_cast<int>(list.size()) - 1; ++i) {
       const Instr& in = list[U(i)];
+      if (in.op == Op::ReduceGrads) {  // after every weight gradient of its chunk
+        for (int mb = 0; mb < s.microbatches; ++mb) {
+          const Slot& m = seen[U(in.chunk) * U(s.microbatches) + U(mb)];
+          if (!m.count[static_cast<int>(Op::Backward)] && !m.count[static_cast<int>(Op::BackwardWeight)])
+            throw ScheduleError(at(s, r, i) + " comes before the weight gradient of micro-batch " +
+                                std::to_string(mb) + " (its Backward or BackwardWeight), which must come first");
+        }
+        continue;
+      }
       Slot& sl = seen[U(in.chunk) * U(s.microbatches) + U(in.microbatch)];
       const int st = s.stage(r, in.chunk);
       auto after = [&](Op op) {
@@ -237,7 +267,7 @@ void check_progress(const Schedule& s) {
       const auto& list = s.ranks[U(r)];
       for (int& i = pc[U(r)]; i < static_cast<int>(list.size()); ++i) {
         const Instr& in = list[U(i)];
-        if (in.op == Op::OptimizerStep) continue;
+        if (in.op == Op::WaitSends) continue;
         const int st = s.stage(r, in.chunk);
         if (is_recv(in.op)) {
           if (!sent[index_of(s, key_of(s, r, in))]) break;

@@ -3,7 +3,7 @@
 // Communication semantics: buffered sends, blocking receives. A Send
 // completes at once without the receiver (the executor posts it as MPI_Isend
 // / a non-blocking NCCL send and waits for it later, before reusing the
-// buffer and at the latest at OptimizerStep); a Recv blocks its rank until the
+// buffer and at the latest at WaitSends); a Recv blocks its rank until the
 // matching message is there. This is what pipeline executors do in practice
 // (Megatron's batched isend/irecv); with rendezvous (synchronous) sends a
 // 1F1B list with a Send right after each compute would deadlock in the steady
@@ -25,15 +25,19 @@ constexpr std::int64_t kNoMemoryLimit = std::numeric_limits<std::int64_t>::max()
 // position in the rank's list) of the first violation, checked in this order:
 //  1. shape: pp ranks; micro-batch, chunk and peer in range; a Send/Recv only
 //     where the stage has that neighbour and with the neighbour's rank as
-//     peer; exactly one OptimizerStep per rank, last;
+//     peer; exactly one WaitSends per rank, last; ReduceGrads with a chunk
+//     in range and micro-batch and peer -1;
 //  2. matching: every Send has exactly one matching Recv on its peer (same
 //     kind and micro-batch, adjacent stage) and every Recv one Send;
 //  3. completeness: per rank, chunk and micro-batch exactly one Forward and
 //     either one Backward or one BackwardInput and one BackwardWeight, and the
-//     Send/Recv each of them needs;
+//     Send/Recv each of them needs; ReduceGrads either on no chunk or exactly
+//     once on every chunk of the rank;
 //  4. order on each rank: RecvAct before its Forward, Forward before its
 //     SendAct and its backward, RecvGrad before its backward, the backward
-//     before its SendGrad, BackwardInput before BackwardWeight; and at most
+//     before its SendGrad, BackwardInput before BackwardWeight, every weight
+//     gradient (Backward or BackwardWeight) of a chunk before its
+//     ReduceGrads; and at most
 //     max_inflight activations in flight (Forward done, BackwardInput or
 //     Backward not yet), counted in (micro-batch, chunk) units;
 //  5. progress: the lists are run together (buffered sends, blocking

@@ -204,6 +204,60 @@ template <class T> void test_all_to_allv(MpiComm& comm) {
 }
 
 // A group of one copies and sends nothing.
+// Started collectives (Comm::start_*): several pending at once on one group,
+// waited in reverse order with a blocking call and a test() loop in between,
+// give exactly the blocking results (integers: exact sums; floats: the same
+// bits as the blocking all-reduce of the same data), and count their calls
+// and bytes once.
+void test_async(MpiComm& comm) {
+  const int p = comm.size(), r = comm.rank();
+  const int64_t n = 1000 + p;
+  std::vector<int32_t> a(n), want(n, 0);
+  std::vector<float> f(n), fb(n);
+  std::vector<double> rs_in(static_cast<size_t>(n * p)), rs_out(static_cast<size_t>(n)),
+      ag(static_cast<size_t>(n * p));
+  for (int64_t i = 0; i < n; ++i) {
+    a[i] = int32_t(val(r, i));
+    for (int q = 0; q < p; ++q) want[i] += int32_t(val(q, i));
+    f[i] = fb[i] = float(val(r, i)) / 7.0f + 1e-3f * float(i % 13);
+  }
+  for (int64_t i = 0; i < n * p; ++i) rs_in[size_t(i)] = double(val(r, i));
+  comm.all_reduce(view(fb));  // the blocking reference for the float bits
+  comm.reset_stats();
+  std::vector<double> own(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) own[size_t(i)] = double(r * 1000 + i);
+  Work w1 = comm.start_all_reduce(view(a));
+  Work w2 = comm.start_all_reduce(view(f));
+  Work w3 = comm.start_reduce_scatter(view(rs_out), view(rs_in));
+  Work w4 = comm.start_all_gather(view(ag), view(own));
+  double probe[1] = {double(r)};
+  comm.all_reduce(Tensor(probe, DType::F64, {1}), ReduceOp::Max);  // blocking, while 4 are pending
+  PCHECK(probe[0] == double(p - 1), "blocking max among pending works: " << probe[0]);
+  for (int spin = 0; spin < 1000 && !w3.test(); ++spin) {
+  }
+  w4.wait();
+  w3.wait();
+  w2.wait();
+  w1.wait();
+  PCHECK(!w1.pending() && w1.test(), "a waited Work is complete");
+  int bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    bad += a[i] != want[i];
+    bad += std::memcmp(&f[i], &fb[i], 4) != 0;
+    double s = 0;
+    for (int q = 0; q < p; ++q) s += double(val(q, r * n + i));
+    bad += rs_out[size_t(i)] != s;
+    for (int q = 0; q < p; ++q) bad += ag[size_t(q * n + i)] != double(q * 1000 + i);
+  }
+  PCHECK(bad == 0, "async collectives: " << bad << " wrong elements");
+  PCHECK(comm.stats().calls == 5, "async calls " << comm.stats().calls << ", want 5");
+  const int64_t want_bytes =
+      p == 1 ? 0
+             : ring_all_reduce_sent(n, p, r) * 4 * 2 + ring_reduce_scatter_sent(n * p, p, r) * 8 +
+                   ring_all_gather_sent(n * p, p, r) * 8 + ring_all_reduce_sent(1, p, r) * 8;
+  PCHECK(comm.stats().bytes == want_bytes, "async bytes " << comm.stats().bytes << ", want " << want_bytes);
+}
+
 void test_self_group() {
   MpiComm self(MPI_COMM_SELF, "self", false);
   PCHECK(self.size() == 1 && self.rank() == 0, "MPI_COMM_SELF size " << self.size());
@@ -220,22 +274,21 @@ void test_self_group() {
   PCHECK(self.stats().bytes == 0 && self.stats().calls == 6, "size-1 stats: bytes " << self.stats().bytes << " calls " << self.stats().calls);
 }
 
-// Sub-communicators: membership by the formula rank = tp + TP*(dp + DP*pp),
-// written out here, and exact group sums.
-void test_groups(const ParallelDims& d) {
+// Sub-communicators: the members MPI_Comm_split gave each group are those of
+// group_ranks() (checked against a brute-force grouping in
+// tests/unit/layout_test.cpp), in that order, and exact group sums.
+void test_groups(const Layout& d) {
   ProcessGroups pg = make_process_groups(d);
   const int r = pg.world->rank();
-  const int t = r % d.tp, dd = (r / d.tp) % d.dp, pp = r / (d.tp * d.dp);
-  PCHECK(pg.coords.tp == t && pg.coords.dp == dd && pg.coords.pp == pp, "coords of rank " << r);
+  PCHECK(pg.coords == coords_of(d, r), "coords of rank " << r);
   struct G { Comm* c; std::vector<int> members; int my; };
-  std::vector<G> groups(3);
-  groups[0] = {pg.tp.get(), {}, t};
-  groups[1] = {pg.dp.get(), {}, dd};
-  groups[2] = {pg.pp.get(), {}, pp};
-  for (int k = 0; k < d.tp; ++k) groups[0].members.push_back(k + d.tp * (dd + d.dp * pp));
-  for (int k = 0; k < d.dp; ++k) groups[1].members.push_back(t + d.tp * (k + d.dp * pp));
-  for (int k = 0; k < d.pp; ++k) groups[2].members.push_back(t + d.tp * (dd + d.dp * k));
-  const std::string layout = "tp=" + std::to_string(d.tp) + " dp=" + std::to_string(d.dp) + " pp=" + std::to_string(d.pp);
+  std::vector<G> groups;
+  for (auto [g, c] : {std::pair{Group::tp, pg.tp.get()}, std::pair{Group::dp, pg.dp.get()},
+                      std::pair{Group::pp, pg.pp.get()}, std::pair{Group::ep, pg.ep.get()},
+                      std::pair{Group::edp, pg.edp.get()}})
+    groups.push_back({c, group_ranks(d, g, r), group_rank(d, g, r)});
+  const std::string layout = "tp=" + std::to_string(d.tp) + " dp=" + std::to_string(d.dp) +
+                             " pp=" + std::to_string(d.pp) + " ep=" + std::to_string(d.ep);
   for (G& g : groups) {
     const int n = int(g.members.size());
     PCHECK(g.c->size() == n && g.c->rank() == g.my,
@@ -297,16 +350,19 @@ int main(int argc, char** argv) {
     test_all_to_all<int32_t>(*world, 1);
     test_all_to_allv<int32_t>(*world);
     test_all_to_allv<double>(*world);
+    test_async(*world);
     world->barrier();
     test_self_group();
 
-    // (tp, dp, pp); each runs where it fits the world size.
-    const int layouts[][3] = {{1, 1, 1}, {2, 1, 1}, {1, 2, 1}, {1, 1, 2}, {3, 1, 1}, {1, 3, 1},
-                              {2, 2, 1}, {1, 2, 2}, {4, 2, 1}, {2, 4, 1}, {8, 1, 1}, {2, 2, 2}};
+    // (tp, dp, pp, ep); each runs where it fits the world size.
+    const int layouts[][4] = {{1, 1, 1, 1}, {2, 1, 1, 1}, {1, 2, 1, 1}, {1, 1, 2, 1}, {3, 1, 1, 1},
+                              {1, 3, 1, 1}, {2, 2, 1, 1}, {1, 2, 2, 1}, {4, 2, 1, 1}, {2, 4, 1, 1},
+                              {8, 1, 1, 1}, {2, 2, 2, 1}, {1, 2, 1, 2}, {1, 4, 1, 2}, {1, 4, 1, 4},
+                              {2, 2, 1, 2}, {1, 2, 2, 2}, {2, 4, 1, 2}, {1, 8, 1, 2}};
     int layouts_run = 0;
     for (const auto& l : layouts) {
-      ParallelDims d;
-      d.tp = l[0], d.dp = l[1], d.pp = l[2];
+      Layout d;
+      d.tp = l[0], d.dp = l[1], d.pp = l[2], d.ep = l[3];
       if (d.world() == p) test_groups(d), ++layouts_run;
     }
 

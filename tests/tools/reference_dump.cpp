@@ -12,7 +12,8 @@
 
 #include "core/checkpoint.hpp"
 #include "core/config.hpp"
-#include "core/data_parallel.hpp"
+#include "parallel/dp/grad_norm.hpp"
+#include "parallel/dp/sharded_adamw.hpp"
 #include "core/hdf5_util.hpp"
 #include "core/model.hpp"
 #include "core/optimizer.hpp"
@@ -89,8 +90,7 @@ int main(int argc, char** argv) {
     }
     // The trainer's own optimizer path (gradient norm by tensor, clipping by
     // coefficient, AdamW) with single-rank groups.
-    SelfComm self_dp("dp"), self_tp("tp");
-    DataParallel opt(*be, model, cfg.train, ParallelConfig{}, self_dp, self_tp);
+    ShardedAdamW opt(*be, model, cfg.train, nullptr);
 
     std::vector<int32_t> tokens(size_t(S * B * (T + 1)));
     Rng rng(cfg.train.seed + 17);
@@ -165,8 +165,8 @@ int main(int argc, char** argv) {
       model.zero_grads();
       losses.push_back(model.forward(in.data(), tg.data(), 1.0));
       model.backward();
-      opt.finish_gradients();
-      const double gn = opt.grad_norm();
+      const double gn =
+          global_grad_norm(*be, model.table(), model.grads(), 0, model.flat_size(), {});
       lrs.push_back(lr_at(t, s));
       norms.push_back(gn);
       opt.step(lrs.back(), s + 1, clip_coefficient(gn, t.grad_clip));

@@ -7,7 +7,8 @@
 #include <cmath>
 #include <vector>
 
-#include "core/data_parallel.hpp"
+#include "parallel/dp/grad_norm.hpp"
+#include "parallel/dp/sharded_adamw.hpp"
 #include "core/model.hpp"
 #include "core/rng.hpp"
 #include "kernels/common/bf16.hpp"
@@ -147,9 +148,7 @@ TEST_CASE("bf16 model: the AdamW step updates the fp32 master and rounds the cop
   TrainConfig tc;
   tc.lr = 1e-2;
   tc.weight_decay = 0.1;
-  ParallelConfig pc;
-  SelfComm dp("dp"), tp("tp");
-  DataParallel opt(be, b16, tc, pc, dp, tp);
+  ShardedAdamW opt(be, b16, tc, nullptr);
   const Batch bt = make_batch(B * T, m.vocab_size, 23);
   b16.zero_grads();
   b16.forward(bt.in.data(), bt.tg.data(), 1.0);
@@ -188,9 +187,7 @@ TEST_CASE("bf16 model: training follows the fp32 run", "[bf16][model]") {
   b16.init_weights(9);
   TrainConfig tc;
   tc.weight_decay = 0.0;
-  ParallelConfig pc;
-  SelfComm dp("dp"), tp("tp");
-  DataParallel of(be, f32, tc, pc, dp, tp), ob(be, b16, tc, pc, dp, tp);
+  ShardedAdamW of(be, f32, tc, nullptr), ob(be, b16, tc, nullptr);
   const Batch bt = make_batch(B * T, m.vocab_size, 29);
   double first_f = 0, first_b = 0, last_f = 0, last_b = 0, worst = 0;
   for (int s = 0; s < 30; ++s) {

@@ -76,10 +76,10 @@ TEST_CASE("schedule generators: 1F1B on pp=2, m=2 is the hand-written list", "[s
   REQUIRE(s.ranks.size() == 2);
   const std::vector<Instr> r0{{Op::Forward, 0, 0, -1},   {Op::SendAct, 0, 0, 1},  {Op::Forward, 1, 0, -1},
                               {Op::SendAct, 1, 0, 1},    {Op::RecvGrad, 0, 0, 1}, {Op::Backward, 0, 0, -1},
-                              {Op::RecvGrad, 1, 0, 1},   {Op::Backward, 1, 0, -1}, {Op::OptimizerStep, -1, -1, -1}};
+                              {Op::RecvGrad, 1, 0, 1},   {Op::Backward, 1, 0, -1}, {Op::WaitSends, -1, -1, -1}};
   const std::vector<Instr> r1{{Op::RecvAct, 0, 0, 0},   {Op::Forward, 0, 0, -1}, {Op::Backward, 0, 0, -1},
                               {Op::SendGrad, 0, 0, 0},  {Op::RecvAct, 1, 0, 0},  {Op::Forward, 1, 0, -1},
-                              {Op::Backward, 1, 0, -1}, {Op::SendGrad, 1, 0, 0}, {Op::OptimizerStep, -1, -1, -1}};
+                              {Op::Backward, 1, 0, -1}, {Op::SendGrad, 1, 0, 0}, {Op::WaitSends, -1, -1, -1}};
   CHECK(s.ranks[0] == r0);
   CHECK(s.ranks[1] == r1);
 }

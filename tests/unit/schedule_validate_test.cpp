@@ -42,7 +42,7 @@ Schedule two_ranks(std::vector<Instr> r0, std::vector<Instr> r1, int m = 1) {
   return s;
 }
 
-constexpr Instr kStep{Op::OptimizerStep, -1, -1, -1};
+constexpr Instr kStep{Op::WaitSends, -1, -1, -1};
 
 }  // namespace
 
@@ -135,11 +135,11 @@ TEST_CASE("schedule validate: shape and completeness", "[schedule]") {
 
   Schedule no_step = one_f_one_b(2, 2);
   no_step.ranks[1].pop_back();
-  CHECK_THROWS_WITH(validate(no_step), Contains("rank 1: the list must end with OptimizerStep"));
+  CHECK_THROWS_WITH(validate(no_step), Contains("rank 1: the list must end with WaitSends"));
 
   Schedule early_step = one_f_one_b(2, 2);
   early_step.ranks[0].insert(early_step.ranks[0].begin(), kStep);
-  CHECK_THROWS_WITH(validate(early_step), Contains("rank 0 #0 OptimizerStep: OptimizerStep must be the last"));
+  CHECK_THROWS_WITH(validate(early_step), Contains("rank 0 #0 WaitSends: WaitSends must be the last"));
 
   Schedule send_from_last = one_f_one_b(2, 2);
   send_from_last.ranks[1].insert(send_from_last.ranks[1].begin() + 2, Instr{Op::SendAct, 0, 0, 0});

@@ -1,0 +1,134 @@
+#include "parallel/controller.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/check.hpp"
+#include "parallel/schedule/simulate.hpp"
+#include "parallel/schedule/validate.hpp"
+
+namespace adgt {
+
+std::string broadcast_text(Comm& comm, const std::string& text, int root) {
+  int32_t len[1] = {comm.rank() == root ? int32_t(text.size()) : 0};
+  comm.broadcast(Tensor(len, DType::I32, {1}), root);
+  std::vector<int32_t> words(size_t(len[0] + 3) / 4, 0);
+  if (comm.rank() == root) std::memcpy(words.data(), text.data(), text.size());
+  if (!words.empty()) comm.broadcast(Tensor(words.data(), DType::I32, {int64_t(words.size())}), root);
+  return std::string(reinterpret_cast<const char*>(words.data()), size_t(len[0]));
+}
+
+std::vector<nlohmann::json> run_controllers(const std::vector<std::unique_ptr<Controller>>& cs,
+                                            Engine& e, const StepReport& r, Comm& world) {
+  std::vector<nlohmann::json> records;
+  for (const auto& c : cs) {
+    if (!c->due(r)) continue;
+    const nlohmann::json inputs = c->observe(e, r, world);
+    std::string text;
+    if (world.rank() == 0) text = c->decide(inputs).dump();
+    text = broadcast_text(world, text);
+    const nlohmann::json decision = nlohmann::json::parse(text);
+    c->apply(e, decision);
+    if (world.rank() == 0)
+      records.push_back({{"event", "controller"},
+                         {"controller", c->name()},
+                         {"step", r.step},
+                         {"inputs", inputs},
+                         {"decision", decision}});
+  }
+  return records;
+}
+
+namespace {
+
+class GreedyReplan final : public Controller {
+ public:
+  explicit GreedyReplan(const RunConfig& cfg) : cfg_(cfg) {}
+  std::string name() const override { return "greedy-replan"; }
+  bool due(const StepReport& r) const override { return r.step == r.first_step + 2; }
+
+  nlohmann::json observe(Engine& e, const StepReport&, Comm& world) override {
+    // Mean F, B and W seconds per stage from this step's timeline; a fused
+    // Backward counts half as B and half as W. The maximum over the world
+    // (every tp and dp replica of a stage) is the same on every rank.
+    PipelineExecutor& pipe = *e.pipeline();
+    const int pp = pipe.schedule().pp, r = e.groups().pp->rank();
+    const int S = pipe.schedule().num_stages();
+    std::vector<double> sum(size_t(3 * S), 0.0), n(size_t(3 * S), 0.0);
+    for (const ExecutedInstr& x : pipe.timeline()) {
+      const size_t s = size_t(x.instr.chunk * pp + r);
+      const double d = x.end - x.start;
+      switch (x.instr.op) {
+        case pp::Op::Forward: sum[s] += d; n[s] += 1; break;
+        case pp::Op::BackwardInput: sum[size_t(S) + s] += d; n[size_t(S) + s] += 1; break;
+        case pp::Op::BackwardWeight: sum[size_t(2 * S) + s] += d; n[size_t(2 * S) + s] += 1; break;
+        case pp::Op::Backward:
+          sum[size_t(S) + s] += d / 2; n[size_t(S) + s] += 1;
+          sum[size_t(2 * S) + s] += d / 2; n[size_t(2 * S) + s] += 1;
+          break;
+        default: break;
+      }
+    }
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = n[i] > 0 ? sum[i] / n[i] : 0.0;
+    world.all_reduce(Tensor(sum.data(), DType::F64, {int64_t(sum.size())}), ReduceOp::Max);
+    nlohmann::json in;
+    in["f_s"] = std::vector<double>(sum.begin(), sum.begin() + S);
+    in["b_s"] = std::vector<double>(sum.begin() + S, sum.begin() + 2 * S);
+    in["w_s"] = std::vector<double>(sum.begin() + 2 * S, sum.end());
+    return in;
+  }
+
+  nlohmann::json decide(const nlohmann::json& in) override {
+    pp::StageCosts c;
+    for (double f : in["f_s"]) c.f.push_back(std::max(f, 1e-9));
+    for (double b : in["b_s"]) c.b.push_back(std::max(b, 1e-9));
+    for (double w : in["w_s"]) c.w.push_back(w);
+    const pp::Schedule s = engine_schedule(cfg_, &c);
+    const pp::SimResult sim = pp::simulate(s, c);
+    nlohmann::json d;
+    d["schedule"] = s.name;
+    d["kept"] = s.detail.empty() ? s.name : s.detail;
+    d["predicted_bubble"] = sim.bubble_fraction;
+    d["predicted_step_s"] = sim.makespan;
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const auto& list : s.ranks) {
+      nlohmann::json l = nlohmann::json::array();
+      for (const pp::Instr& x : list)
+        l.push_back({int(x.op), x.microbatch, x.chunk, x.peer});
+      ranks.push_back(l);
+    }
+    d["ranks"] = ranks;
+    return d;
+  }
+
+  void apply(Engine& e, const nlohmann::json& d) override {
+    PipelineExecutor& pipe = *e.pipeline();
+    pp::Schedule s;
+    s.pp = pipe.schedule().pp;
+    s.microbatches = pipe.schedule().microbatches;
+    s.virtual_stages = pipe.schedule().virtual_stages;
+    s.name = d.at("schedule").get<std::string>();
+    s.detail = d.at("kept").get<std::string>();
+    for (const auto& l : d.at("ranks")) {
+      s.ranks.emplace_back();
+      for (const auto& x : l) {
+        const int op = x[0].get<int>();
+        ADGT_CHECK(op >= 0 && op < pp::kNumOps, "greedy-replan: instruction op " << op);
+        s.ranks.back().push_back({pp::Op(op), x[1].get<int>(), x[2].get<int>(), x[3].get<int>()});
+      }
+    }
+    pp::validate(s);
+    pipe.set_schedule(std::move(s));
+  }
+
+ private:
+  RunConfig cfg_;
+};
+
+}  // namespace
+
+std::unique_ptr<Controller> make_greedy_replan(const RunConfig& cfg) {
+  return std::make_unique<GreedyReplan>(cfg);
+}
+
+}  // namespace adgt

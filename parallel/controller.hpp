@@ -1,0 +1,56 @@
+// Run-time controllers and the one hook that runs them (ARCHITECTURE.md,
+// "decide on one rank, broadcast, log"). After a step, every rank observes
+// (collective measurements, so the inputs agree), world rank 0 alone decides,
+// the decision is broadcast as JSON text, every rank applies the same one, and
+// rank 0 writes {inputs, decision} to metrics.jsonl. A controller only moves
+// work in time and space: it never changes the numbers a step computes.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/comm.hpp"
+#include "parallel/engine.hpp"
+
+namespace adgt {
+
+// What the loop knows after a step; the same on every rank.
+struct StepReport {
+  int64_t step = 0;        // steps completed (1-based)
+  int64_t first_step = 0;  // the step this run started from (resume)
+  double loss = 0, grad_norm = 0;
+};
+
+class Controller {
+ public:
+  virtual ~Controller() = default;
+  virtual std::string name() const = 0;
+  // Whether to act after this step: a pure function of the report (so every rank agrees).
+  virtual bool due(const StepReport& r) const = 0;
+  // Every rank; may be collective over the world. The decision's inputs.
+  virtual nlohmann::json observe(Engine& e, const StepReport& r, Comm& world) = 0;
+  // World rank 0 only: the decision, from the inputs alone.
+  virtual nlohmann::json decide(const nlohmann::json& inputs) = 0;
+  // Every rank, with the decision rank 0 made. Throws on a decision it cannot apply.
+  virtual void apply(Engine& e, const nlohmann::json& decision) = 0;
+};
+
+// Rank `root` of `comm` sends `text`; every rank returns it. Collective.
+std::string broadcast_text(Comm& comm, const std::string& text, int root = 0);
+
+// One cycle of every due controller (observe, decide on rank 0, broadcast,
+// apply). Returns, on world rank 0, the records to log: {"event":
+// "controller", "controller", "step", "inputs", "decision"}; elsewhere empty.
+std::vector<nlohmann::json> run_controllers(const std::vector<std::unique_ptr<Controller>>& cs,
+                                            Engine& e, const StepReport& r, Comm& world);
+
+// parallel.schedule: greedy. After the run's second step (the first warms
+// caches and buffers) it re-plans the pipeline schedule from the mean F, B and
+// W time per stage measured on that step (the maximum over the world), with
+// the same generator that planned the first steps from the FLOP cost model.
+std::unique_ptr<Controller> make_greedy_replan(const RunConfig& cfg);
+
+}  // namespace adgt

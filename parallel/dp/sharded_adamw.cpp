@@ -1,0 +1,62 @@
+#include "parallel/dp/sharded_adamw.hpp"
+
+#include "kernels/check.hpp"
+
+namespace adgt {
+
+namespace {
+Tensor flat_range(Tensor f, int64_t b, int64_t e) {
+  return Tensor(static_cast<char*>(f.data) + size_t(b) * dtype_size(f.dtype), f.dtype, {e - b});
+}
+}  // namespace
+
+ShardedAdamW::ShardedAdamW(Backend& be, Model& model, const TrainConfig& t, Comm* shards)
+    : be_(be), model_(model), shards_(shards && shards->size() > 1 ? shards : nullptr) {
+  const int64_t n = model.flat_size();
+  int64_t lo = 0, hi = n;
+  if (shards_) {
+    ADGT_CHECK(n % shards_->size() == 0, "ZeRO-1: flat buffer " << n << " not divisible by dp="
+                                                                 << shards_->size());
+    lo = shards_->rank() * (n / shards_->size());
+    hi = lo + n / shards_->size();
+  }
+  opt_ = std::make_unique<AdamW>(be, model.table(), t, model.master_dtype(), lo, hi);
+}
+
+void ShardedAdamW::step(double lr, int64_t adam_step, double clip_coef) {
+  Tensor g = flat_range(model_.grads(), lo(), hi());
+  if (clip_coef < 1.0) be_.scale_inplace(g, clip_coef);
+  // Mixed precision: AdamW updates the fp32 master weights and writes their
+  // bf16 copy in the same pass; under ZeRO the master chunks are gathered and
+  // the compute copy is refreshed from them.
+  if (!shards_) {
+    opt_->step(model_.master(), model_.grads(), lr, adam_step,
+               model_.mixed() ? model_.params() : Tensor());
+    return;
+  }
+  opt_->step(model_.master(), model_.grads(), lr, adam_step);
+  // In place: this rank's chunk of the master buffer is the all-gather's input.
+  shards_->all_gather(model_.master(), flat_range(model_.master(), lo(), hi()));
+  model_.sync_params();
+}
+
+std::vector<float> ShardedAdamW::gather_state(const Tensor& t) {
+  if (!shards_) return opt_->to_host(t);
+  Buffer full(be_, size_t(model_.flat_size()) * dtype_size(model_.master_dtype()));
+  Tensor f(full.data(), model_.master_dtype(), {model_.flat_size()});
+  shards_->all_gather(f, t);
+  return opt_->to_host(f);
+}
+
+std::vector<float> ShardedAdamW::full_exp_avg() { return gather_state(opt_->exp_avg()); }
+std::vector<float> ShardedAdamW::full_exp_avg_sq() { return gather_state(opt_->exp_avg_sq()); }
+
+void ShardedAdamW::load_state(const std::vector<float>& m, const std::vector<float>& v) {
+  ADGT_CHECK(int64_t(m.size()) == model_.flat_size() && int64_t(v.size()) == model_.flat_size(),
+             "ShardedAdamW::load_state: " << m.size() << " and " << v.size()
+                                          << " values for a flat buffer of " << model_.flat_size());
+  opt_->from_host(opt_->exp_avg(), std::vector<float>(m.begin() + lo(), m.begin() + hi()));
+  opt_->from_host(opt_->exp_avg_sq(), std::vector<float>(v.begin() + lo(), v.begin() + hi()));
+}
+
+}  // namespace adgt

@@ -1,0 +1,48 @@
+// AdamW over this rank's part of the flat parameter buffer. Without ZeRO the
+// part is the whole buffer; with ZeRO-1 (`shards`: the data-parallel group)
+// it is chunk dp_rank of dp equal chunks, and after the update the master
+// chunks are all-gathered (fp32, so every rank's master stays whole for
+// checkpoints) and the compute copy refreshed from them. Gradients are the
+// reduced ones of GradReducer (whose lo/hi are the same chunk).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/comm.hpp"
+#include "core/config.hpp"
+#include "core/model.hpp"
+#include "core/optimizer.hpp"
+
+namespace adgt {
+
+class ShardedAdamW {
+ public:
+  // shards: the ZeRO-1 group (nullptr or a group of one: no sharding).
+  ShardedAdamW(Backend& be, Model& model, const TrainConfig& t, Comm* shards);
+
+  // Clips this rank's gradients by `clip_coef` (< 1 scales) and applies one
+  // AdamW update (`adam_step`: 1-based count of updates) to its part.
+  void step(double lr, int64_t adam_step, double clip_coef);
+
+  bool sharded() const { return shards_ != nullptr; }
+  int64_t lo() const { return opt_->lo(); }
+  int64_t hi() const { return opt_->hi(); }
+  AdamW& adamw() { return *opt_; }
+  // AdamW state of the whole local flat buffer on the host (gathered over the
+  // shards: collective under ZeRO-1).
+  std::vector<float> full_exp_avg();
+  std::vector<float> full_exp_avg_sq();
+  // Restores AdamW state from whole-local-buffer host vectors (this rank's part).
+  void load_state(const std::vector<float>& m, const std::vector<float>& v);
+
+ private:
+  std::vector<float> gather_state(const Tensor& t);
+
+  Backend& be_;
+  Model& model_;
+  Comm* shards_;
+  std::unique_ptr<AdamW> opt_;
+};
+
+}  // namespace adgt

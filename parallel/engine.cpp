@@ -1,0 +1,188 @@
+#include "parallel/engine.hpp"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/check.hpp"
+#include "parallel/cost/stages.hpp"
+#include "parallel/dp/grad_norm.hpp"
+#include "parallel/pipeline_plan.hpp"
+
+namespace adgt {
+
+namespace {
+DType parse_dtype(const std::string& s) {
+  return s == "f64" ? DType::F64 : s == "bf16" ? DType::BF16 : DType::F32;
+}
+}  // namespace
+
+pp::Schedule engine_schedule(const RunConfig& cfg, const pp::StageCosts* costs) {
+  return pp::with_grad_reductions(make_pipeline_schedule(cfg, costs));
+}
+
+Engine::Engine(const RunConfig& cfg, const ParallelContext& ctx, Backend& be)
+    : cfg_(cfg), ctx_(ctx), be_(be) {
+  if (!ctx_.tp) ctx_.tp = &self_tp_;
+  if (!ctx_.dp) ctx_.dp = &self_dp_;
+  if (!ctx_.pp) ctx_.pp = &self_pp_;
+  if (!ctx_.ep) ctx_.ep = &self_ep_;
+  if (!ctx_.edp) ctx_.edp = ctx_.ep->size() > 1 ? &self_edp_ : ctx_.dp;
+  if (!ctx_.world) ctx_.world = &self_world_;
+  ADGT_CHECK(ctx_.tp->size() == cfg.parallel.tp && ctx_.dp->size() == cfg.parallel.dp &&
+                 ctx_.pp->size() == cfg.parallel.pp,
+             "Trainer: process groups (tp " << ctx_.tp->size() << ", dp " << ctx_.dp->size()
+                                            << ", pp " << ctx_.pp->size()
+                                            << ") do not match parallel.tp=" << cfg.parallel.tp
+                                            << ", parallel.dp=" << cfg.parallel.dp
+                                            << ", parallel.pp=" << cfg.parallel.pp);
+  const char* ov = std::getenv("ADGT_GRAD_OVERLAP");
+  overlap_ = !(ov && std::strcmp(ov, "0") == 0);
+  TensorParallel tp;
+  tp.comm = ctx_.tp;
+  tp.sequence_parallel = cfg.parallel.sequence_parallel;
+  tp.flat_multiple = 16 * (cfg.parallel.zero ? cfg.parallel.dp : 1);
+  const bool pipelined = ctx_.pp->size() > 1;
+  const int pp = int(cfg.parallel.pp), v = int(cfg.parallel.virtual_stages);
+  const StageSlice slice =
+      stage_slice(stage_layer_counts(cfg), pp, v, pipelined ? ctx_.pp->rank() : 0);
+  ExpertParallel ep;
+  ep.comm = ctx_.ep;
+  for (int64_t r : cfg.parallel.expert_placement) ep.placement.push_back(int(r));
+  model_ = std::make_unique<Model>(cfg.model, be_, parse_dtype(cfg.train.dtype), cfg.train.micro_batch,
+                                   cfg.model.seq_len, tp, &slice, ep);
+  model_->init_weights(cfg.train.seed);
+  const bool zero = cfg.parallel.zero == 1 && ctx_.dp->size() > 1;
+  Comm* edp = ctx_.ep->size() > 1 ? ctx_.edp : nullptr;
+  reducer_ = std::make_unique<GradReducer>(*model_, *ctx_.dp, edp, zero, cfg.parallel.bucket_mb);
+  opt_ = std::make_unique<ShardedAdamW>(be_, *model_, cfg.train, zero ? ctx_.dp : nullptr);
+  if (pipelined) {
+    pipe_ = std::make_unique<PipelineExecutor>(*model_, be_, *ctx_.pp, engine_schedule(cfg));
+    pipe_->set_progress_comms(reducer_->comms());
+  }
+  in_.assign(size_t(cfg.train.micro_batch * cfg.model.seq_len), 0);
+  tg_.assign(in_.size(), -1);
+}
+
+Engine::~Engine() = default;
+
+double Engine::forward_backward(const MicroBatchFetch& fetch) {
+  model_->zero_grads();
+  model_->reset_moe_stats();
+  const double loss = pipelined() ? run_pipeline_step(fetch) : run_micro_batches(fetch);
+  times_.bubble = pipelined() ? measured_bubble() : -1.0;
+  return loss;
+}
+
+double Engine::run_micro_batches(const MicroBatchFetch& fetch) {
+  const int64_t A = cfg_.accum_steps(), D = ctx_.dp->size();
+  double loss_sum = 0;
+  for (int64_t a = 0; a < A; ++a) {
+    fetch(int(a), in_.data(), tg_.data());
+    loss_sum += model_->forward(in_.data(), tg_.data(), 1.0 / double(A * D));
+    const bool last = a + 1 == A;
+    // The last micro-batch's backward starts each bucket's reduction as it completes it.
+    model_->backward(last && overlap_ ? reducer_->ready_hook() : std::function<void(int64_t, int64_t)>(),
+                     last);
+  }
+  reducer_->finish_grad_sync();
+  times_.dp_wait_s = reducer_->last_wait_seconds();
+  double total[1] = {loss_sum};
+  ctx_.dp->all_reduce(Tensor(total, DType::F64, {1}));
+  return total[0] / double(A * D);
+}
+
+double Engine::run_pipeline_step(const MicroBatchFetch& fetch) {
+  const int64_t A = cfg_.accum_steps(), D = ctx_.dp->size();
+  std::vector<char> reduced(size_t(model_->num_chunks()), 0);
+  auto grads_final = [&](int c) {
+    // Partial sums over tp first (SP norms, MoE routers), then the chunk's buckets.
+    model_->reduce_tp_partial_grads(c);
+    reducer_->chunk_ready(c);
+    reduced[size_t(c)] = 1;
+  };
+  double loss[1] = {pipe_->run_step(fetch, 1.0 / double(A * D),
+                                    overlap_ ? ChunkGradsReady(grads_final) : ChunkGradsReady())};
+  for (int c = 0; c < model_->num_chunks(); ++c)  // a schedule without ReduceGrads
+    if (!reduced[size_t(c)]) grads_final(c);
+  reducer_->finish_grad_sync();
+  times_.dp_wait_s = reducer_->last_wait_seconds();
+  // The loss is known on the last stage; every rank logs and checks the same value.
+  ctx_.pp->all_reduce(Tensor(loss, DType::F64, {1}));
+  ctx_.dp->all_reduce(Tensor(loss, DType::F64, {1}));
+  return loss[0] / double(A * D);
+}
+
+double Engine::measured_bubble() {
+  // 1 - sum of busy time / (pp x the slowest rank's step time), over the pipeline group.
+  double busy[1] = {pipe_->last_busy_seconds()}, span[1] = {pipe_->last_step_seconds()};
+  ctx_.pp->all_reduce(Tensor(busy, DType::F64, {1}));
+  ctx_.pp->all_reduce(Tensor(span, DType::F64, {1}), ReduceOp::Max);
+  return span[0] > 0 ? 1.0 - busy[0] / (double(ctx_.pp->size()) * span[0]) : 0.0;
+}
+
+double Engine::grad_norm() {
+  GradNormGroups g;
+  g.tp = ctx_.tp;
+  g.chunks = opt_->sharded() ? ctx_.dp : nullptr;
+  g.ep = ctx_.ep->size() > 1 ? ctx_.ep : nullptr;
+  g.pp = ctx_.pp;
+  return global_grad_norm(be_, model_->table(), model_->grads(), opt_->lo(), opt_->hi(), g);
+}
+
+void Engine::apply_update(double lr, int64_t opt_step, double clip_coef) {
+  opt_->step(lr, opt_step, clip_coef);
+  if (cfg_.model.moe_aux_free) model_->update_moe_bias(ctx_.edp);
+}
+
+double Engine::eval_loss(const int32_t* inputs, const int32_t* targets) {
+  if (!pipelined()) return model_->forward(inputs, targets, 0.0);
+  double l[1] = {pipe_->forward_only(inputs, targets)};  // known on the last stage
+  ctx_.pp->all_reduce(Tensor(l, DType::F64, {1}));
+  return l[0];
+}
+
+ShardLayout Engine::shard_layout() const {
+  ShardLayout lay;
+  lay.tp = ctx_.tp->size();
+  lay.tp_rank = ctx_.tp->rank();
+  lay.dp = ctx_.dp->size();
+  lay.dp_rank = ctx_.dp->rank();
+  lay.pp = ctx_.pp->size();
+  lay.pp_rank = ctx_.pp->rank();
+  lay.ep = ctx_.ep->size();
+  lay.ep_rank = ctx_.ep->rank();
+  lay.description = "tp=" + std::to_string(lay.tp) + " dp=" + std::to_string(lay.dp) +
+                    " zero=" + std::to_string(opt_->sharded() ? 1 : 0) + " sequence_parallel=" +
+                    std::to_string(cfg_.parallel.sequence_parallel && lay.tp > 1 ? 1 : 0) +
+                    " pp=" + std::to_string(lay.pp) + " ep=" + std::to_string(lay.ep);
+  if (pipelined())
+    lay.description += " schedule=" + cfg_.parallel.schedule +
+                       " virtual_stages=" + std::to_string(cfg_.parallel.virtual_stages);
+  return lay;
+}
+
+void Engine::fill_checkpoint(CheckpointState& st, ShardLayout& lay) {
+  // Every rank writes its own pieces; under ZeRO-1 each dp rank writes the
+  // AdamW state of its own chunk, so nothing is gathered.
+  st.specs = model_->table();
+  st.params = model_->params_to_host();
+  if (opt_->sharded()) {
+    AdamW& opt = opt_->adamw();
+    st.exp_avg = opt.to_host(opt.exp_avg());
+    st.exp_avg_sq = opt.to_host(opt.exp_avg_sq());
+    lay.state_lo = opt.lo();
+    lay.state_hi = opt.hi();
+  } else {
+    st.exp_avg = opt_->full_exp_avg();
+    st.exp_avg_sq = opt_->full_exp_avg_sq();
+  }
+}
+
+void Engine::restore_checkpoint(CheckpointState& st) {
+  const auto n = size_t(model_->flat_size());
+  for (auto* v : {&st.params, &st.exp_avg, &st.exp_avg_sq}) v->resize(n, 0.0f);
+  model_->params_from_host(st.params);
+  opt_->load_state(st.exp_avg, st.exp_avg_sq);
+}
+
+}  // namespace adgt

@@ -1,0 +1,101 @@
+// The training engine of one layout: this rank's model shard, its gradient
+// reducer and optimizer, and (pp > 1) the pipeline executor, built from the
+// run configuration and the process groups. It runs one optimizer step's
+// forward and backward over the step's micro-batches and applies the update;
+// the loop (trainer.hpp) owns the data, the logging, checkpoints and the
+// controllers. A layout switch is a new Engine plus a reshard of the state.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/checkpoint_sharded.hpp"
+#include "core/comm.hpp"
+#include "core/config.hpp"
+#include "core/model.hpp"
+#include "kernels/backend.hpp"
+#include "parallel/dp/grad_reducer.hpp"
+#include "parallel/dp/sharded_adamw.hpp"
+#include "parallel/pipeline_executor.hpp"
+#include "parallel/schedule/costs.hpp"
+
+namespace adgt {
+
+// The process groups this rank belongs to (nullptr: a group of one).
+struct ParallelContext {
+  Comm* tp = nullptr;
+  Comm* dp = nullptr;
+  Comm* pp = nullptr;     // the pipeline group: the same tp and dp coordinates, every stage
+  Comm* ep = nullptr;     // expert parallelism: ep consecutive ranks of the dp group
+  Comm* edp = nullptr;    // the dp ranks holding the same experts
+  Comm* world = nullptr;  // every rank of the run: checkpoints are saved and loaded over it
+  int world_rank = 0;     // rank 0 logs, prints and commits checkpoints
+};
+
+// What one step measured on this rank.
+struct StepTimes {
+  double dp_wait_s = 0;  // finish_grad_sync's wait: data-parallel reduction not hidden
+  double bubble = -1;    // pipeline: idle share of the pipeline group's step (< 0: no pipeline)
+};
+
+class Engine {
+ public:
+  // ctx's groups must match cfg.parallel (nullptr entries: groups of one).
+  Engine(const RunConfig& cfg, const ParallelContext& ctx, Backend& be);
+  ~Engine();
+
+  // One optimizer step's forwards and backwards over accum micro-batches
+  // (fetch(a, inputs, targets) fills micro-batch a of this rank), with the
+  // gradients reduced over data parallelism. Returns the mean loss, the same
+  // on every rank.
+  double forward_backward(const MicroBatchFetch& fetch);
+  // The global gradient norm (collective; the same on every rank).
+  double grad_norm();
+  // Clips by clip_coef, applies AdamW update number opt_step, then the MoE
+  // bias update (aux-loss-free balancing).
+  void apply_update(double lr, int64_t opt_step, double clip_coef);
+  // Mean loss of one evaluation batch (host (B, T) tokens; targets < 0
+  // ignored), the same on every rank.
+  double eval_loss(const int32_t* inputs, const int32_t* targets);
+
+  Model& model() { return *model_; }
+  ShardedAdamW& optimizer() { return *opt_; }
+  GradReducer& reducer() { return *reducer_; }
+  PipelineExecutor* pipeline() { return pipe_.get(); }
+  bool pipelined() const { return pipe_ != nullptr; }
+  const ParallelContext& groups() const { return ctx_; }
+  const StepTimes& last_times() const { return times_; }
+  // This rank's place, for the checkpoint files.
+  ShardLayout shard_layout() const;
+  // The checkpoint's tensors: weights and AdamW state (only this rank's chunk
+  // under ZeRO-1, with lay.state_lo/hi set). Collective over dp without ZeRO-1
+  // (nothing to gather) and with it (nothing either): local only.
+  void fill_checkpoint(CheckpointState& st, ShardLayout& lay);
+  // Restores weights and AdamW state from a loaded checkpoint.
+  void restore_checkpoint(CheckpointState& st);
+
+ private:
+  double run_micro_batches(const MicroBatchFetch& fetch);
+  double run_pipeline_step(const MicroBatchFetch& fetch);
+  double measured_bubble();
+
+  RunConfig cfg_;
+  ParallelContext ctx_;
+  SelfComm self_tp_{"tp"}, self_dp_{"dp"}, self_pp_{"pp"}, self_ep_{"ep"}, self_edp_{"edp"},
+      self_world_{"world"};
+  Backend& be_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<ShardedAdamW> opt_;
+  std::unique_ptr<PipelineExecutor> pipe_;
+  bool overlap_ = true;  // ADGT_GRAD_OVERLAP=0: every reduction starts after the backward
+  StepTimes times_;
+  std::vector<int32_t> in_, tg_;
+};
+
+// The schedule of the run's configuration with the data-parallel gradient
+// reduction placed in it (pp::with_grad_reductions).
+pp::Schedule engine_schedule(const RunConfig& cfg, const pp::StageCosts* costs = nullptr);
+
+}  // namespace adgt
