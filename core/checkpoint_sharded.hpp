@@ -9,82 +9,22 @@
 //                                   files' pieces, and meta/ (incl. meta/pieces)
 //   <root>/step_<N>/COMPLETE        written last, by world rank 0
 //
-// Ownership: a parameter's weights are written as its tensor-parallel shards
-// (valid rows or columns only; a replicated tensor whole, by tp rank 0), each
-// by one of its dp replicas: dp rank piece_writers(...)[i]. The AdamW state
-// likewise, except under ZeRO-1: there every dp rank writes the part of each
-// shard that lies in its own chunk of the flat buffer (no communication).
-// With pipeline parallelism each stage holds (and writes, by the same rule
-// within the stage) only its own tensors; a tensor lives on exactly one stage
-// when saving, and the index covers every stage's tensors. With expert
-// parallelism (ep > 1) an expert weight (ParamSpec::expert >= 0) is held only
-// by the dp ranks of its owner ep rank (its expert-data-parallel replicas) and
-// written by one of them; every expert of every MoE layer must be held by
-// exactly one ep rank of its stage when saving.
+// Ownership (which rank writes which piece), regions and the layout:
+// core/checkpoint_geometry.hpp. Code: the save in core/checkpoint_save.cpp,
+// the load in core/checkpoint_load.cpp.
 //
 // Every function taking a Comm is collective over it: all ranks call it, and an
 // error on any rank is thrown, with that rank's message, on every rank.
 #pragma once
-#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "core/checkpoint.hpp"
+#include "core/checkpoint_geometry.hpp"
 #include "core/comm.hpp"
 
 namespace adgt {
-
-// This rank's place in the layout that saves or loads: world = tp * dp * pp
-// ranks (mesh order in parallel/mesh.hpp: tp fastest, then dp, then pp). The
-// rank's table (`st.specs` / `local`) holds the parameters of its pipeline
-// stage only (all of them when pp = 1), as tp shards, replicated over dp.
-//
-// Expert parallelism: ep divides dp; dp rank d is ep rank d % ep (the ep
-// group of d is dp ranks [d / ep * ep, d / ep * ep + ep)). The ranks of a
-// stage and tp rank hold the same non-expert tensors; their expert tensors
-// (ParamSpec::expert >= 0) are those of their ep rank, so dp ranks with the
-// same ep rank (the expert-data-parallel, "edp", group: d % ep equal) hold the
-// same table, and ranks with different ep ranks differ exactly in their
-// expert tensors.
-struct ShardLayout {
-  int tp = 1, tp_rank = 0;
-  int dp = 1, dp_rank = 0;
-  std::string description;  // stored in meta/layout, e.g. "tp=2 dp=2 pp=2 zero=1 sequence_parallel=0"
-  // Saving under ZeRO-1: exp_avg / exp_avg_sq hold only this rank's chunk
-  // [state_lo, state_hi) of the local flat buffer. state_hi < 0: the whole buffer.
-  int64_t state_lo = 0, state_hi = -1;
-  // Pipeline stages (last, so that the aggregate initialisations above keep their meaning).
-  int pp = 1, pp_rank = 0;
-  // Expert parallelism: ep divides dp, ep_rank = dp_rank % ep. ZeRO-1 state
-  // chunks (state_hi >= 0) are not supported with ep > 1 (nor by the config).
-  int ep = 1, ep_rank = 0;
-};
-
-// A block of a global tensor of rank nd <= 2 (a 1-D tensor is (n, 1): start[1] 0, count[1] 1).
-struct Region {
-  int nd = 0;
-  std::array<int64_t, 2> start{0, 0}, count{1, 1};
-  int64_t numel() const { return count[0] * count[1]; }
-  bool contains(const Region& o) const;
-  bool operator==(const Region& o) const = default;
-};
-// The part of the global tensor that tp rank `tp_rank` (of `tp`) holds for the
-// parameter whose shard on this rank is `l` (valid indices only; the whole
-// tensor when replicated). Shards are equal blocks of the padded extent.
-Region shard_region(const ParamSpec& l, int tp_rank, int tp);
-
-// For each parameter, the dp rank that writes its pieces: a greedy balance of
-// the shard sizes (largest first onto the least-loaded rank, ties by table
-// order and lowest rank). First the non-expert parameters over all `dp` ranks,
-// then the expert weights (ParamSpec::expert >= 0) over the dp ranks that hold
-// them, those of ep rank `ep_rank` (ep_rank, ep_rank + ep, ...), on top of
-// those loads. Depends only on the table's shard sizes and expert flags, so it
-// is the same on every tp rank, the non-expert part the same on every ep rank.
-std::vector<int> piece_writers(const std::vector<ParamSpec>& local, int dp, int ep = 1, int ep_rank = 0);
-// Whether this rank writes parameter i's piece.
-bool writes_piece(const std::vector<ParamSpec>& local, const std::vector<int>& writers, size_t i,
-                  const ShardLayout& lay);
 
 // Saves step st.step: st.specs is this rank's table (model_->table(): its
 // pipeline stage's parameters), st.params its local flat buffer (at least
