@@ -9,6 +9,7 @@
 
 #include "core/checkpoint.hpp"
 #include "core/config.hpp"
+#include "core/layout.hpp"
 #include "core/memory_estimate.hpp"
 #include "parallel/trainer.hpp"
 #include "parallel/agree.hpp"
@@ -101,12 +102,7 @@ int main(int argc, char** argv) {
   }
 
   try {
-    adgt::ParallelDims dims;
-    dims.tp = int(cfg.parallel.tp);
-    dims.pp = int(cfg.parallel.pp);
-    dims.dp = int(cfg.parallel.dp);
-    dims.ep = int(cfg.parallel.ep);
-    adgt::ProcessGroups pg = adgt::make_process_groups(dims);
+    adgt::ProcessGroups pg = adgt::make_process_groups(adgt::layout_of(cfg));
     const bool lead = pg.world->rank() == 0;
     const std::string table = adgt::rank_table(pg, "cpu");
     if (lead && pg.world->size() > 1) std::printf("%s", table.c_str());

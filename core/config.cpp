@@ -19,7 +19,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <numeric>
 #include <functional>
 #include <limits>
 #include <map>
@@ -28,6 +27,8 @@
 #include <system_error>
 #include <type_traits>
 #include <variant>
+
+#include "core/layout.hpp"
 
 namespace adgt {
 namespace {
@@ -671,195 +672,6 @@ std::string head_choices(const ModelConfig& m) {
   return set_text(divisors_near(m.d_model, m.n_heads, 12, even_hd));
 }
 
-std::string divisors_text(int64_t n) {
-  std::vector<int64_t> d;
-  for (int64_t i = 1; i <= n && d.size() < 12; ++i)
-    if (n % i == 0) d.push_back(i);
-  return set_text(d);
-}
-
-// Pipeline rules (parallel.pp, schedule, microbatches, virtual_stages,
-// stage_layers). Run after the batch arithmetic, so accum_steps() is exact.
-void check_pipeline(const RunConfig& cfg) {
-  const std::string src = prefix(cfg);
-  const ParallelConfig& p = cfg.parallel;
-  const ModelConfig& m = cfg.model;
-  const TrainConfig& t = cfg.train;
-  const int64_t mb = cfg.pipeline_microbatches();
-  const int64_t per_mb = t.micro_batch * p.dp;  // sequences per pipeline micro-batch, all dp
-  // "train.global_batch=16 / (train.micro_batch=8 x parallel.dp=1) = 2"
-  const std::string batch = "train.global_batch=" + fmt_int(t.global_batch) +
-                            " / (train.micro_batch=" + fmt_int(t.micro_batch) +
-                            " x parallel.dp=" + fmt_int(p.dp) + ") = " + fmt_int(mb);
-
-  if (p.microbatches > 0 && p.microbatches != mb)
-    throw ConfigError(src + ": parallel.microbatches=" + fmt_int(p.microbatches) +
-                      " does not match " + batch +
-                      " accumulation steps, which are the pipeline's micro-batches; set "
-                      "train.global_batch=" + fmt_int(p.microbatches * per_mb) + " (= " +
-                      fmt_int(p.microbatches) + " x " + fmt_int(t.micro_batch) + " x " +
-                      fmt_int(p.dp) + "), or parallel.microbatches=0 to derive it");
-
-  // Schedule and chunks per rank.
-  const int64_t v = p.virtual_stages;
-  if (p.schedule == "interleaved") {
-    if (p.pp < 2)
-      throw ConfigError(src + ": parallel.pp=" + fmt_int(p.pp) +
-                        ": the interleaved schedule needs at least 2 pipeline ranks; use pp >= 2, "
-                        "or parallel.schedule=1f1b with parallel.virtual_stages=1");
-    if (v < 2)
-      throw ConfigError(src + ": parallel.virtual_stages=" + fmt_int(v) +
-                        ": the interleaved schedule needs at least 2 chunks per rank; use "
-                        "virtual_stages >= 2, or parallel.schedule=1f1b");
-  } else if (v > 1) {
-    throw ConfigError(src + ": parallel.virtual_stages=" + fmt_int(v) +
-                      " needs parallel.schedule=interleaved (got " + p.schedule +
-                      (p.schedule == "greedy" ? ", which plans one chunk per rank" : "") +
-                      "); use virtual_stages=1 or schedule=interleaved");
-  }
-
-  if (p.pp > 1) {
-    if (m.tie_embeddings)
-      throw ConfigError(src + ": model.tie_embeddings=true with parallel.pp=" + fmt_int(p.pp) +
-                        ": the embedding (first stage) and lm_head (last stage) live on "
-                        "different pipeline ranks and cannot share one weight; set "
-                        "model.tie_embeddings: false or parallel.pp: 1");
-    const bool needs_pp = p.schedule == "1f1b" || p.schedule == "zb-h1" ||
-                          p.schedule == "interleaved";
-    if (needs_pp && mb < p.pp)
-      throw ConfigError(src + ": parallel.schedule=" + p.schedule + " with parallel.pp=" +
-                        fmt_int(p.pp) + ": fewer micro-batches than stages (" + batch +
-                        ", need >= " + fmt_int(p.pp) + "); use train.global_batch >= " +
-                        fmt_int(p.pp * per_mb) + ", or parallel.schedule=gpipe");
-    if (p.schedule == "interleaved" && mb % p.pp != 0) {
-      const int64_t lo = mb / p.pp * p.pp, hi = lo + p.pp;
-      throw ConfigError(src + ": parallel.schedule=interleaved with parallel.pp=" +
-                        fmt_int(p.pp) + ": the micro-batches (" + batch +
-                        ") run in groups of pp and must be a multiple of " + fmt_int(p.pp) +
-                        "; use train.global_batch=" + fmt_int(lo * per_mb) + " or " +
-                        fmt_int(hi * per_mb));
-    }
-  }
-
-  // Layers per stage.
-  const int64_t stages = p.pp * v;
-  const std::string stages_text = "parallel.pp x parallel.virtual_stages = " + fmt_int(p.pp) +
-                                  " x " + fmt_int(v) + " = " + fmt_int(stages) +
-                                  (stages == 1 ? " stage" : " stages");
-  if (m.n_layers < stages)
-    throw ConfigError(src + ": model.n_layers=" + fmt_int(m.n_layers) + " is fewer than " +
-                      stages_text + " (each stage needs at least one layer); use pp x "
-                      "virtual_stages <= " + fmt_int(m.n_layers));
-  const auto& sl = p.stage_layers;
-  if (!sl.empty()) {
-    if (int64_t(sl.size()) != stages)
-      throw ConfigError(src + ": parallel.stage_layers=" + list_text(sl) + " has " +
-                        fmt_int(int64_t(sl.size())) + (sl.size() == 1 ? " entry" : " entries") +
-                        ", but " + stages_text + "; " +
-                        (stages == 1 ? "with one stage the only list is [" + fmt_int(m.n_layers) +
-                                           "] (model.n_layers), or [] to leave it out"
-                                     : "give one layer count per stage, or [] to balance by cost"));
-    const int64_t sum = std::accumulate(sl.begin(), sl.end(), int64_t{0});
-    if (sum != m.n_layers)
-      throw ConfigError(src + ": parallel.stage_layers=" + list_text(sl) + " sums to " +
-                        fmt_int(sum) + ", but model.n_layers=" + fmt_int(m.n_layers) +
-                        "; make the counts add up to " + fmt_int(m.n_layers) +
-                        ", or use [] to balance by cost");
-  } else if (v > 1 && m.n_layers % stages != 0) {
-    std::vector<std::string> ok;
-    for (int64_t d = 2; d * p.pp <= m.n_layers && ok.size() < 12; ++d)
-      if (m.n_layers % (d * p.pp) == 0) ok.push_back(fmt_int(d));
-    throw ConfigError(src + ": model.n_layers=" + fmt_int(m.n_layers) + " is not divisible by " +
-                      stages_text +
-                      ": without parallel.stage_layers every interleaved stage holds the same "
-                      "number of layers; " +
-                      (ok.empty() ? std::string("no virtual_stages >= 2 does that with pp=") +
-                                        fmt_int(p.pp)
-                                  : "use virtual_stages in {" + join(ok, ",") + "}") +
-                      ", or list the layers per stage in parallel.stage_layers");
-  }
-}
-
-// Mixture-of-experts and expert-parallel rules.
-void check_experts(const RunConfig& cfg) {
-  const std::string src = prefix(cfg);
-  const ParallelConfig& p = cfg.parallel;
-  const ModelConfig& m = cfg.model;
-  if (m.n_experts == 0) {
-    if (p.ep != 1)
-      throw ConfigError(src + ": parallel.ep=" + fmt_int(p.ep) +
-                        " needs a mixture-of-experts model; set model.n_experts (e.g. 8) or "
-                        "parallel.ep: 1");
-    if (!p.expert_placement.empty())
-      throw ConfigError(src + ": parallel.expert_placement is set but model.n_experts=0; "
-                              "remove it or set model.n_experts");
-    return;
-  }
-  if (m.moe_top_k > m.n_experts)
-    throw ConfigError(src + ": model.moe_top_k=" + fmt_int(m.moe_top_k) +
-                      " is larger than model.n_experts=" + fmt_int(m.n_experts) +
-                      "; use moe_top_k <= " + fmt_int(m.n_experts));
-  if (m.n_experts % p.ep != 0)
-    throw ConfigError(src + ": parallel.ep=" + fmt_int(p.ep) + " does not divide model.n_experts=" +
-                      fmt_int(m.n_experts) + "; use ep in " + divisors_text(m.n_experts));
-  if (p.dp % p.ep != 0)
-    throw ConfigError(src + ": parallel.ep=" + fmt_int(p.ep) +
-                      " does not divide parallel.dp=" + fmt_int(p.dp) +
-                      " (expert-parallel ranks are carved out of the data-parallel group); use ep in " +
-                      divisors_text(std::gcd(p.dp, m.n_experts)));
-  if (p.ep > 1 && p.zero)
-    throw ConfigError(src + ": parallel.zero=1 with parallel.ep=" + fmt_int(p.ep) +
-                      " is not supported yet (expert weights differ across the data-parallel "
-                      "group); use zero: 0");
-  if (m.expert_ffn() % p.tp != 0)
-    throw ConfigError(src + ": parallel.tp=" + fmt_int(p.tp) + " does not divide the expert FFN size " +
-                      fmt_int(m.expert_ffn()) + " (model.expert_ffn_hidden, or ffn_hidden)");
-  if (!p.expert_placement.empty()) {
-    if (int64_t(p.expert_placement.size()) != m.n_experts)
-      throw ConfigError(src + ": parallel.expert_placement has " +
-                        fmt_int(int64_t(p.expert_placement.size())) + " entries; it needs one owner "
-                        "ep rank per expert (model.n_experts=" + fmt_int(m.n_experts) + ")");
-    std::vector<int64_t> count(size_t(p.ep), 0);
-    for (size_t e = 0; e < p.expert_placement.size(); ++e) {
-      const int64_t r = p.expert_placement[e];
-      if (r < 0 || r >= p.ep)
-        throw ConfigError(src + ": parallel.expert_placement entry " + std::to_string(e) + " is " +
-                          fmt_int(r) + "; owners are ep ranks 0.." + fmt_int(p.ep - 1));
-      ++count[size_t(r)];
-    }
-    for (int64_t r = 0; r < p.ep; ++r)
-      if (count[size_t(r)] != m.n_experts / p.ep)
-        throw ConfigError(src + ": parallel.expert_placement gives ep rank " + fmt_int(r) + " " +
-                          fmt_int(count[size_t(r)]) + " experts; every rank needs n_experts/ep = " +
-                          fmt_int(m.n_experts / p.ep));
-  }
-}
-
-// Parallel layout rules that do not depend on the launch (validate_world
-// checks the rank count).
-void check_parallel(const RunConfig& cfg) {
-  const std::string src = prefix(cfg);
-  const ParallelConfig& p = cfg.parallel;
-  const ModelConfig& m = cfg.model;
-  check_experts(cfg);
-  if (p.zero > 1)
-    throw ConfigError(src + ": parallel.zero=" + std::to_string(p.zero) +
-                      ": only ZeRO stage 0 or 1 is supported; use 0 or 1");
-  const std::pair<const char*, int64_t> split[] = {
-      {"model.n_heads", m.n_heads}, {"model.n_kv_heads", m.n_kv_heads},
-      {"model.ffn_hidden", m.ffn_hidden}};
-  for (const auto& [name, v] : split)
-    if (v % p.tp != 0)
-      throw ConfigError(src + ": parallel.tp=" + std::to_string(p.tp) + " does not divide " +
-                        name + "=" + std::to_string(v) + "; use tp in " +
-                        divisors_text(std::gcd(std::gcd(m.n_heads, m.n_kv_heads), m.ffn_hidden)));
-  if (p.sequence_parallel && p.tp > 1 && (cfg.train.micro_batch * m.seq_len) % p.tp != 0)
-    throw ConfigError(src + ": parallel.sequence_parallel needs train.micro_batch x model.seq_len = " +
-                      std::to_string(cfg.train.micro_batch * m.seq_len) +
-                      " tokens divisible by parallel.tp=" + std::to_string(p.tp));
-  check_pipeline(cfg);
-}
-
 }  // namespace
 
 // ------------------------------------------------------------------- public
@@ -896,30 +708,12 @@ void validate(const RunConfig& cfg_in) {
     throw ConfigError(src + ": train.warmup_steps=" + fmt_int(t.warmup_steps) +
                       " exceeds train.steps=" + fmt_int(t.steps) + "; use warmup_steps <= " +
                       fmt_int(t.steps));
-  const int64_t per_pass = t.micro_batch * cfg.parallel.dp;
-  if (t.global_batch % per_pass != 0) {
-    const int64_t lo = t.global_batch / per_pass * per_pass, hi = lo + per_pass;
-    throw ConfigError(src + ": train.global_batch=" + fmt_int(t.global_batch) +
-                      " is not a multiple of train.micro_batch=" + fmt_int(t.micro_batch) +
-                      " x parallel.dp=" + fmt_int(cfg.parallel.dp) + "; use " +
-                      (lo > 0 ? fmt_int(lo) + " or " : std::string()) + fmt_int(hi));
-  }
-  check_parallel(cfg);
+  // The parallel layout rules (core/layout.cpp), batch arithmetic first.
+  if (auto err = layout_error(m, t, layout_of(cfg))) throw ConfigError(src + ": " + *err);
 }
 
 void validate_world(const RunConfig& cfg, int world_size) {
-  const ParallelConfig& p = cfg.parallel;
-  const int64_t want = p.tp * p.pp * p.dp;
-  if (want != world_size) {
-    std::string alt;
-    if (world_size % (p.tp * p.pp) == 0)
-      alt = "; with tp=" + std::to_string(p.tp) + " pp=" + std::to_string(p.pp) + " use dp=" +
-            std::to_string(world_size / (p.tp * p.pp));
-    throw ConfigError(prefix(cfg) + ": parallel.tp=" + std::to_string(p.tp) + " x pp=" +
-                      std::to_string(p.pp) + " x dp=" + std::to_string(p.dp) + " = " +
-                      std::to_string(want) + " ranks, but the launch has " +
-                      std::to_string(world_size) + " (mpirun -np / srun -n)" + alt);
-  }
+  if (auto err = world_error(layout_of(cfg), world_size)) throw ConfigError(prefix(cfg) + ": " + *err);
 }
 
 RunConfig load_config_text(const std::string& yaml, const std::string& name,

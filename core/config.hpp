@@ -125,9 +125,12 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
 // The same from YAML text (for tests); `name` stands in for the file name.
 RunConfig load_config_text(const std::string& yaml, const std::string& name,
                            const std::vector<std::string>& overrides = {});
-// Checks cross-field rules (heads divisible, batch arithmetic, ...); throws ConfigError.
+// Checks cross-field rules (heads divisible, batch arithmetic, ...); throws
+// ConfigError with the first broken rule. The parallel-layout rules are
+// layout_errors() of core/layout.hpp, which lists every broken one.
 void validate(const RunConfig& cfg);
-// The launch-dependent rule: tp * pp * dp must equal the number of ranks.
+// The launch-dependent rule (world_error() of core/layout.hpp): tp * pp * dp
+// must equal the number of ranks.
 void validate_world(const RunConfig& cfg, int world_size);
 // The whole configuration as YAML (recorded in checkpoints).
 std::string to_yaml(const RunConfig& cfg);

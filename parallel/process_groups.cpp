@@ -13,18 +13,18 @@ namespace adgt {
 
 namespace {
 
-std::string layout_str(const ParallelDims& d) {
+std::string layout_str(const Layout& l) {
   std::ostringstream os;
-  os << "tp=" << d.tp << " x dp=" << d.dp << " x pp=" << d.pp;
+  os << "tp=" << l.tp << " x dp=" << l.dp << " x pp=" << l.pp;
   return os.str();
 }
 
-std::string mismatch_message(const ParallelDims& d, int world) {
+std::string mismatch_message(const Layout& l, int world) {
   std::ostringstream os;
-  os << "parallel: " << layout_str(d) << " = " << d.world() << " ranks but the launch has "
-     << world << " (mpirun -np / srun -n); use -np " << d.world() << " / -n " << d.world();
-  if (world % (d.tp * d.pp) == 0)
-    os << ", or parallel.dp=" << world / (d.tp * d.pp) << " for " << world << " ranks";
+  os << "parallel: " << layout_str(l) << " = " << l.world() << " ranks but the launch has "
+     << world << " (mpirun -np / srun -n); use -np " << l.world() << " / -n " << l.world();
+  if (world % (l.tp * l.pp) == 0)
+    os << ", or parallel.dp=" << world / (l.tp * l.pp) << " for " << world << " ranks";
   else
     os << ", or a layout whose tp x dp x pp is " << world;
   return os.str();
@@ -38,41 +38,40 @@ MpiComm& as_mpi(const Comm& c) {
 
 }  // namespace
 
-ProcessGroups make_process_groups(const ParallelDims& dims) {
+ProcessGroups make_process_groups(const Layout& layout) {
   int init = 0;
   ADGT_MPI(MPI_Initialized(&init));
   ADGT_CHECK(init, "make_process_groups: MPI is not running; create an adgt::MpiEnv first");
-  ADGT_CHECK(dims.tp >= 1 && dims.dp >= 1 && dims.pp >= 1,
-             "parallel: " << layout_str(dims) << ": every size must be >= 1");
+  ADGT_CHECK(layout.tp >= 1 && layout.dp >= 1 && layout.pp >= 1 && layout.ep >= 1,
+             "parallel: " << layout_str(layout) << " ep=" << layout.ep
+                          << ": every size must be >= 1");
   ProcessGroups pg;
   pg.launch = detect_launch();
-  pg.dims = dims;
+  pg.layout = layout;
   auto world = MpiComm::world("world");
-  if (world->size() != dims.world())  // the same verdict on every rank
-    throw CollectiveError(mismatch_message(dims, world->size()));
-  pg.coords = coords_of(dims, world->rank());
-  const RankCoords& c = pg.coords;
-  auto tp = world->split(c.dp + dims.dp * c.pp, c.tp, "tp");
-  auto dp = world->split(c.tp + dims.tp * c.pp, c.dp, "dp");
-  auto pp = world->split(c.tp + dims.tp * c.dp, c.pp, "pp");
-  ADGT_CHECK(tp->size() == dims.tp && tp->rank() == c.tp && dp->size() == dims.dp &&
-                 dp->rank() == c.dp && pp->size() == dims.pp && pp->rank() == c.pp,
-             "process groups: MPI_Comm_split gave sizes tp " << tp->size() << " dp " << dp->size()
-                                                             << " pp " << pp->size());
-  // Expert parallelism is carved out of dp: the ep group is ep consecutive dp
-  // ranks (same tp and pp), the expert-data-parallel group (replicas of one
-  // expert shard) the dp ranks with the same position in their ep group.
-  const int ep_n = std::max(1, dims.ep);
-  ADGT_CHECK(dims.dp % ep_n == 0, "parallel: ep=" << ep_n << " does not divide dp=" << dims.dp);
-  const int dp_block = c.dp / ep_n, ep_rank = c.dp % ep_n;
-  auto ep = world->split(c.tp + dims.tp * (c.pp + dims.pp * dp_block), ep_rank, "ep");
-  auto edp = world->split(c.tp + dims.tp * (c.pp + dims.pp * ep_rank), dp_block, "edp");
-  pg.ep = std::move(ep);
-  pg.edp = std::move(edp);
+  if (world->size() != layout.world())  // the same verdict on every rank
+    throw CollectiveError(mismatch_message(layout, world->size()));
+  const int me = world->rank();
+  pg.coords = coords_of(layout, me);
+  // Each group is split off with its first member as the color and this
+  // rank's place in it as the key, so MPI's group rank k is entry k of
+  // group_ranks().
+  auto split = [&](Group g) {
+    const std::vector<int> members = group_ranks(layout, g, me);
+    const int mine = group_rank(layout, g, me);
+    auto c = world->split(members.front(), mine, group_name(g));
+    ADGT_CHECK(c->size() == int(members.size()) && c->rank() == mine,
+               "process groups: MPI_Comm_split gave " << group_name(g) << " size " << c->size()
+                                                      << " rank " << c->rank() << ", want size "
+                                                      << members.size() << " rank " << mine);
+    return c;
+  };
+  pg.tp = split(Group::tp);
+  pg.dp = split(Group::dp);
+  pg.pp = split(Group::pp);
+  pg.ep = split(Group::ep);
+  pg.edp = split(Group::edp);
   pg.world = std::move(world);
-  pg.tp = std::move(tp);
-  pg.dp = std::move(dp);
-  pg.pp = std::move(pp);
   return pg;
 }
 
@@ -94,7 +93,7 @@ std::string rank_table(const ProcessGroups& pg, const std::string& device) {
   for (const auto& r : rows)
     for (size_t i = 0; i < r.size() && i < w.size(); ++i) w[i] = std::max(w[i], r[i].size());
   std::ostringstream os;
-  os << "rank table: " << layout_str(pg.dims) << " = " << pg.dims.world() << " ranks, launcher "
+  os << "rank table: " << layout_str(pg.layout) << " = " << pg.layout.world() << " ranks, launcher "
      << pg.launch.launcher << "\n";
   for (const auto& r : rows) {
     for (size_t i = 0; i < r.size(); ++i) {

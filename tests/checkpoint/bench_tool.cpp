@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
     if (argc < 2) throw std::runtime_error("usage: adgt_checkpoint_bench save|load --root DIR [options]");
     const std::string mode = argv[1];
     std::string root;
-    ParallelDims dims;
+    Layout dims;
     bool zero = false;
     ModelConfig m;
     m.vocab_size = 32000;
@@ -84,9 +84,9 @@ int main(int argc, char** argv) {
       throw std::runtime_error("usage: adgt_checkpoint_bench save|load --root DIR [options]");
     ProcessGroups pg = make_process_groups(dims);
     ShardLayout lay;
-    lay.tp = dims.tp;
+    lay.tp = int(dims.tp);
     lay.tp_rank = pg.tp->rank();
-    lay.dp = dims.dp;
+    lay.dp = int(dims.dp);
     lay.dp_rank = pg.dp->rank();
     lay.description = "tp=" + std::to_string(dims.tp) + " dp=" + std::to_string(dims.dp) +
                       " zero=" + std::to_string(zero ? 1 : 0) + " (adgt_checkpoint_bench)";
@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
       const double s = std::chrono::duration<double>(clock::now() - t0).count();
       if (lead)
         std::printf("save: %.0f bytes in %.3f s = %.3f GB/s (%ld parameters, %d ranks tp %d dp %d%s) -> %s\n",
-                    bytes, s, bytes / s / 1e9, long(params), pg.world->size(), dims.tp, dims.dp,
+                    bytes, s, bytes / s / 1e9, long(params), pg.world->size(), lay.tp, lay.dp,
                     zero ? " ZeRO-1" : "", dir.c_str());
     } else {
       pg.world->barrier();
@@ -145,7 +145,7 @@ int main(int argc, char** argv) {
       if (bad[0]) throw CollectiveError("load: the data read differ from what the save wrote");
       if (lead)
         std::printf("load: %.0f bytes in %.3f s = %.3f GB/s (%d ranks tp %d dp %d, verified)\n", bytes, s,
-                    bytes / s / 1e9, pg.world->size(), dims.tp, dims.dp);
+                    bytes / s / 1e9, pg.world->size(), lay.tp, lay.dp);
     }
     return 0;
   } catch (const std::exception& e) {

@@ -32,17 +32,17 @@ int positive(const std::string& flag, const char* v) {
 
 int main(int argc, char** argv) {
   try {
-    ParallelDims dims;
+    Layout layout;
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       if (i + 1 >= argc) throw std::runtime_error("usage: adgt-mesh-check [--tp N] [--dp N] [--pp N]");
-      if (a == "--tp") dims.tp = positive(a, argv[++i]);
-      else if (a == "--dp") dims.dp = positive(a, argv[++i]);
-      else if (a == "--pp") dims.pp = positive(a, argv[++i]);
+      if (a == "--tp") layout.tp = positive(a, argv[++i]);
+      else if (a == "--dp") layout.dp = positive(a, argv[++i]);
+      else if (a == "--pp") layout.pp = positive(a, argv[++i]);
       else throw std::runtime_error("unknown argument '" + a + "'; use --tp, --dp, --pp");
     }
     MpiEnv mpi(&argc, &argv);
-    ProcessGroups pg = make_process_groups(dims);
+    ProcessGroups pg = make_process_groups(layout);
     const EnvMap env = environment();
     const std::string device = fake_device(pg.launch, env).value_or("cpu");
     verify_device_assignment(pg, device, shared_gpu_test_mode(env));
@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
                                  ", want " + std::to_string(c->size()));
     }
     pg.world->barrier();
-    if (pg.world->rank() == 0) std::printf("mesh-check: ok (%d ranks, launcher %s)\n", pg.dims.world(), pg.launch.launcher.c_str());
+    if (pg.world->rank() == 0) std::printf("mesh-check: ok (%d ranks, launcher %s)\n", int(pg.layout.world()), pg.launch.launcher.c_str());
     return 0;
   } catch (const std::exception& e) {
     fatal(e);
