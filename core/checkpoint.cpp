@@ -72,6 +72,7 @@ void write_h5(const fs::path& path, const CheckpointState& st) {
     }
     h5::Id meta = create_group(file, "meta");
     write_meta(meta, st, kFormatVersion);
+    write_state(file, st);
   }
   ADGT_H5(H5Fclose(file.release()));
 }
@@ -130,6 +131,30 @@ std::string save_checkpoint(const std::string& root, const CheckpointState& st, 
   }
   prune(rootp, keep, st.step);
   return final_dir.string();
+}
+
+StateEntry StateEntry::of_ints(std::vector<int64_t> v, int64_t version) {
+  StateEntry e;
+  e.kind = Kind::Ints;
+  e.ints = std::move(v);
+  e.version = version;
+  return e;
+}
+
+StateEntry StateEntry::of_reals(std::vector<double> v, int64_t version) {
+  StateEntry e;
+  e.kind = Kind::Reals;
+  e.reals = std::move(v);
+  e.version = version;
+  return e;
+}
+
+StateEntry StateEntry::of_text(std::string t, int64_t version) {
+  StateEntry e;
+  e.kind = Kind::Text;
+  e.text = std::move(t);
+  e.version = version;
+  return e;
 }
 
 CheckpointState load_checkpoint(const std::string& step_dir, const std::vector<ParamSpec>& expected) {

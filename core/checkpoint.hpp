@@ -14,6 +14,7 @@
 // the same way, through load_checkpoint or load_checkpoint_sharded.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -29,12 +30,31 @@ struct CheckpointError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// One named, versioned entry of trainer state (state/<name> in checkpoint.h5):
+// replicated — the same on every rank; world rank 0's copy is saved. Each
+// component writes and reads its own entries ("trainer/opt_steps",
+// "moe/bias/layer_<l>", ...); `version` lets it change an entry's meaning.
+struct StateEntry {
+  enum class Kind : uint8_t { Ints, Reals, Text };
+  Kind kind = Kind::Ints;
+  int64_t version = 1;
+  std::vector<int64_t> ints;   // Kind::Ints: int64 dataset (n,)
+  std::vector<double> reals;   // Kind::Reals: float64 dataset (n,), bit-exact
+  std::string text;            // Kind::Text: a string dataset
+  static StateEntry of_ints(std::vector<int64_t> v, int64_t version = 1);
+  static StateEntry of_reals(std::vector<double> v, int64_t version = 1);
+  static StateEntry of_text(std::string t, int64_t version = 1);
+  bool operator==(const StateEntry&) const = default;
+};
+
 struct CheckpointState {
   int64_t step = 0;                 // optimizer steps completed
   int64_t samples_seen = 0;         // data position: global training samples consumed
   uint64_t seed = 0;
   std::string config_yaml;          // the run's full config (to_yaml output)
-  std::vector<uint64_t> rng_state;  // opaque RNG words (may be empty)
+  std::vector<uint64_t> rng_state;  // opaque RNG words (may be empty; the trainer writes none
+                                    // since named state: older checkpoints packed its state here)
+  std::map<std::string, StateEntry> state;  // named trainer state, by name
   std::vector<ParamSpec> specs;     // parameter table (names, global shapes, flat offsets)
   std::vector<float> params;        // (total_numel(specs),) flat, laid out as specs' offsets say
   std::vector<float> exp_avg;       // (total_numel(specs),) AdamW first moment, same layout

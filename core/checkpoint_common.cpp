@@ -354,4 +354,107 @@ void write_meta(hid_t meta, const CheckpointState& st, int64_t format_version) {
               crc32(st.rng_state.data(), st.rng_state.size() * sizeof(uint64_t)), H5P_DEFAULT);
 }
 
+namespace {
+
+void write_version(hid_t obj, int64_t v) {
+  h5::Id space(ADGT_H5(H5Screate(H5S_SCALAR)), H5Sclose);
+  h5::Id a(ADGT_H5(H5Acreate2(obj, "version", H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT)), H5Aclose);
+  ADGT_H5(H5Awrite(a, H5T_NATIVE_INT64, &v));
+}
+
+int64_t read_version(hid_t obj) {
+  if (ADGT_H5(H5Aexists(obj, "version")) <= 0) return 1;
+  h5::Id a(ADGT_H5(H5Aopen(obj, "version", H5P_DEFAULT)), H5Aclose);
+  int64_t v = 1;
+  ADGT_H5(H5Aread(a, H5T_NATIVE_INT64, &v));
+  return v;
+}
+
+void read_state_group(hid_t g, const std::string& prefix, std::map<std::string, StateEntry>& out,
+                      const std::string& where) {
+  for (const std::string& name : link_names(g)) {
+    const std::string full = prefix.empty() ? name : prefix + "/" + name;
+    const std::string path = "state/" + full;
+    h5::Id obj(ADGT_H5(H5Oopen(g, name.c_str(), H5P_DEFAULT)), H5Oclose);
+    if (ADGT_H5(H5Iget_type(obj)) == H5I_GROUP) {
+      read_state_group(obj, full, out, where);
+      continue;
+    }
+    h5::Id ftype(ADGT_H5(H5Dget_type(obj)), H5Tclose);
+    StateEntry e;
+    e.version = read_version(obj);
+    switch (ADGT_H5(H5Tget_class(ftype))) {
+      case H5T_STRING:
+        e.kind = StateEntry::Kind::Text;
+        e.text = read_string(g, name, where + path + ": ");
+        break;
+      case H5T_INTEGER: {
+        e.kind = StateEntry::Kind::Ints;
+        h5::Id space(ADGT_H5(H5Dget_space(obj)), H5Sclose);
+        e.ints.resize(size_t(ADGT_H5(H5Sget_simple_extent_npoints(space))));
+        if (!e.ints.empty()) ADGT_H5(H5Dread(obj, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, e.ints.data()));
+        verify_crc(obj, path, e.ints.data(), e.ints.size() * 8, where);
+        break;
+      }
+      case H5T_FLOAT: {
+        e.kind = StateEntry::Kind::Reals;
+        h5::Id space(ADGT_H5(H5Dget_space(obj)), H5Sclose);
+        e.reals.resize(size_t(ADGT_H5(H5Sget_simple_extent_npoints(space))));
+        if (!e.reals.empty())
+          ADGT_H5(H5Dread(obj, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, e.reals.data()));
+        verify_crc(obj, path, e.reals.data(), e.reals.size() * 8, where);
+        break;
+      }
+      default:
+        throw CheckpointError(where + path + " is neither integers, reals nor text");
+    }
+    out[full] = std::move(e);
+  }
+}
+
+}  // namespace
+
+void write_state(hid_t file, const CheckpointState& st) {
+  if (st.state.empty()) return;
+  h5::Id root = create_group(file, "state");
+  std::map<std::string, h5::Id> groups;  // "moe/bias" -> its group
+  for (const auto& [name, e] : st.state) {
+    if (name.empty() || name.front() == '/' || name.back() == '/' || name.find("//") != std::string::npos)
+      throw CheckpointError("checkpoint state entry '" + name + "': names are '/'-separated words");
+    hid_t parent = root;
+    size_t at = 0;
+    for (size_t slash; (slash = name.find('/', at)) != std::string::npos; at = slash + 1) {
+      const std::string dir = name.substr(0, slash);
+      auto it = groups.find(dir);
+      if (it == groups.end())
+        it = groups.emplace(dir, create_group(parent, name.substr(at, slash - at).c_str())).first;
+      parent = it->second;
+    }
+    const std::string leaf = name.substr(at);
+    switch (e.kind) {
+      case StateEntry::Kind::Text: write_string(parent, leaf.c_str(), e.text); break;
+      case StateEntry::Kind::Ints:
+        write_array(parent, leaf.c_str(), H5T_STD_I64LE, H5T_NATIVE_INT64, e.ints.data(),
+                    {static_cast<int64_t>(e.ints.size())}, crc32(e.ints.data(), e.ints.size() * 8),
+                    H5P_DEFAULT);
+        break;
+      case StateEntry::Kind::Reals:
+        write_array(parent, leaf.c_str(), H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, e.reals.data(),
+                    {static_cast<int64_t>(e.reals.size())}, crc32(e.reals.data(), e.reals.size() * 8),
+                    H5P_DEFAULT);
+        break;
+    }
+    h5::Id ds(ADGT_H5(H5Dopen2(parent, leaf.c_str(), H5P_DEFAULT)), H5Dclose);
+    write_version(ds, e.version);
+  }
+}
+
+std::map<std::string, StateEntry> read_state(hid_t file, const std::string& where) {
+  std::map<std::string, StateEntry> out;
+  if (ADGT_H5(H5Lexists(file, "state", H5P_DEFAULT)) <= 0) return out;
+  h5::Id g(ADGT_H5(H5Gopen2(file, "state", H5P_DEFAULT)), H5Gclose);
+  read_state_group(g, "", out, where);
+  return out;
+}
+
 }  // namespace adgt::ckpt

@@ -68,6 +68,9 @@ void write_array(hid_t loc, const char* name, hid_t file_type, hid_t mem_type, c
                  const std::vector<int64_t>& shape, uint32_t crc, hid_t dcpl);
 // meta/format_version, step, samples_seen, seed, config_yaml, rng_state.
 void write_meta(hid_t meta, const CheckpointState& st, int64_t format_version);
+// state/<name> for every named entry (groups for the name's '/' parts), each
+// with its crc32 and a `version` attribute; nothing when there is none.
+void write_state(hid_t file, const CheckpointState& st);
 
 // ---------------------------------------------------------------- HDF5 reading
 
@@ -82,6 +85,9 @@ void verify_crc(hid_t ds, const std::string& path, const void* data, size_t byte
 // and checks its crc32.
 std::string read_string(hid_t file, const std::string& path, const std::string& where);
 std::vector<uint64_t> read_u64_array(hid_t file, const std::string& path, const std::string& where);
+// Every entry under state/ (none when the file has no state group: checkpoints
+// written before named state), checksums verified.
+std::map<std::string, StateEntry> read_state(hid_t file, const std::string& where);
 std::string model_hint();
 // The names of the links directly in `group`, in name order.
 std::vector<std::string> link_names(hid_t group);

@@ -233,6 +233,7 @@ CheckpointState read_shards(const std::string& step_dir, const std::vector<Param
     st.seed = read_u64(f, "meta/seed", where);
     st.config_yaml = read_string(f, "meta/config_yaml", where);
     st.rng_state = read_u64_array(f, "meta/rng_state", where);
+    st.state = read_state(f, where);
     if (auto it = marker.find("step"); it != marker.end() && it->second != std::to_string(st.step))
       throw CheckpointError(where + "meta/step is " + std::to_string(st.step) + " but COMPLETE says step " +
                             it->second + "; the file does not belong to this directory");

@@ -488,6 +488,7 @@ void write_index(const fs::path& path, const CheckpointState& st, const ShardLay
     }
     h5::Id meta = create_group(file, "meta");
     write_meta(meta, st, kFormatVersion);
+    write_state(file, st);
     write_string(meta, "layout", lay.description);
     write_i64(meta, "world_size", world);
     const int64_t dims[4] = {lay.tp, lay.dp, lay.pp, lay.ep};

@@ -428,7 +428,7 @@ HfImportResult import_hf(const std::string& hf_dir_s, const std::string& out_dir
   st.samples_seen = 0;
   st.seed = cfg.train.seed;
   st.config_yaml = to_yaml(cfg);
-  st.rng_state = {0};  // AdamW updates applied
+  st.state["trainer/opt_steps"] = StateEntry::of_ints({0});  // AdamW updates applied
   st.specs = specs;
   const auto total = size_t(total_numel(specs));
   st.params.assign(total, 0.0f);

@@ -19,6 +19,7 @@
 #include "core/token_shard.hpp"
 #include "kernels/check.hpp"
 #include "parallel/pipeline_plan.hpp"
+#include "parallel/trainer_state.hpp"
 
 namespace adgt {
 
@@ -82,16 +83,13 @@ void Trainer::load(const std::string& step_dir) {
   engine_->restore_checkpoint(st);
   step_ = st.step;
   samples_seen_ = st.samples_seen;
-  opt_steps_ = st.rng_state.empty() ? st.step : int64_t(st.rng_state[0]);
-  // Words 1..: the MoE selection biases (n_layers x E doubles, bit copies), when saved.
+  const RestoredTrainerState ts = restore_trainer_state(st, cfg_.model, step_dir);
+  opt_steps_ = ts.opt_steps;
   if (model.has_moe() && cfg_.model.moe_aux_free) {
-    std::vector<double> t(size_t(cfg_.model.n_layers * cfg_.model.n_experts), 0.0);
-    if (st.rng_state.size() == 1 + t.size())
-      std::memcpy(t.data(), st.rng_state.data() + 1, t.size() * 8);
-    else if (lead())
+    if (!ts.has_moe_bias && lead())
       std::fprintf(stderr, "warning: checkpoint %s has no MoE selection biases; they restart at 0\n",
                    step_dir.c_str());
-    model.set_moe_bias_table(t);
+    model.set_moe_bias_table(ts.moe_bias);
   }
   if (st.seed != cfg_.train.seed && lead())
     std::fprintf(stderr, "warning: checkpoint %s was trained with train.seed=%llu, this run has %llu\n",
@@ -108,17 +106,23 @@ std::string Trainer::save() {
   st.samples_seen = samples_seen_;
   st.seed = cfg_.train.seed;
   if (lead()) st.config_yaml = to_yaml(cfg_);
-  st.rng_state = {uint64_t(opt_steps_)};  // trainer state word 0: AdamW updates applied
   Model& model = engine_->model();
+  std::vector<double> bias;
   if (model.has_moe() && cfg_.model.moe_aux_free) {
     // Every pipeline stage holds its layers' biases (the same on its tp, dp and
     // ep replicas); the sum over the pipeline group gives rank 0 the whole table.
-    std::vector<double> t = model.moe_bias_table();
-    engine_->groups().pp->all_reduce(Tensor(t.data(), DType::F64, {int64_t(t.size())}));
-    const size_t w0 = st.rng_state.size();
-    st.rng_state.resize(w0 + t.size());
-    std::memcpy(st.rng_state.data() + w0, t.data(), t.size() * 8);
+    bias = model.moe_bias_table();
+    engine_->groups().pp->all_reduce(Tensor(bias.data(), DType::F64, {int64_t(bias.size())}));
   }
+  std::string schedule;
+  if (engine_->pipelined()) {
+    const pp::Schedule& s = engine_->pipeline()->schedule();
+    schedule = nlohmann::json({{"name", s.name}, {"kept", s.detail.empty() ? s.name : s.detail},
+                               {"pp", s.pp}, {"microbatches", s.microbatches},
+                               {"virtual_stages", s.virtual_stages}})
+                   .dump();
+  }
+  st.state = trainer_state(cfg_.model, opt_steps_, bias, schedule);
   last_checkpoint_ = save_checkpoint_sharded(cfg_.checkpoint.dir, st, lay, *engine_->groups().world,
                                              cfg_.checkpoint.keep);
   return last_checkpoint_;

@@ -1,0 +1,50 @@
+// The trainer's named checkpoint state (CheckpointState::state, stored as
+// state/<name> in checkpoint.h5; docs/checkpoint-format.md): what each part of
+// the run contributes on save and takes back on load.
+//
+//   trainer/opt_steps      ints (1)   AdamW updates applied (steps minus skipped ones)
+//   moe/bias/layer_<l>     reals (E)  MoE layer l's aux-loss-free selection bias
+//                                     (model.moe_aux_free), bit-exact
+//   pipeline/schedule      text       the pipeline schedule in use, as JSON: name and
+//                                     the variant kept (greedy); recorded, not restored
+//
+// Checkpoints written before named state packed the first two into
+// meta/rng_state (word 0: the update count; then n_layers x E doubles as bit
+// copies); with_legacy_state() turns those words into the entries above, so
+// old checkpoints load unchanged.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/checkpoint.hpp"
+#include "core/config.hpp"
+
+namespace adgt {
+
+// The entries above from their values. `moe_bias`: the (n_layers x E) table
+// of Model::moe_bias_table() summed over the pipeline stages (empty: no MoE
+// bias balancing). `schedule_json`: "" without a pipeline.
+std::map<std::string, StateEntry> trainer_state(const ModelConfig& m, int64_t opt_steps,
+                                                const std::vector<double>& moe_bias,
+                                                const std::string& schedule_json);
+
+// What a load restores.
+struct RestoredTrainerState {
+  int64_t opt_steps = 0;
+  bool has_moe_bias = false;
+  std::vector<double> moe_bias;  // (n_layers x E) when has_moe_bias, zero rows for dense layers
+};
+
+// From a loaded checkpoint: its named state, or for an older checkpoint the
+// entries its meta/rng_state words stand for (no words at all: the update
+// count is the step). An entry of the wrong kind or length is an error naming
+// it and the checkpoint.
+RestoredTrainerState restore_trainer_state(const CheckpointState& st, const ModelConfig& m,
+                                           const std::string& where);
+
+// The named entries a pre-named-state checkpoint's rng_state words stand for.
+std::map<std::string, StateEntry> with_legacy_state(const CheckpointState& st, const ModelConfig& m);
+
+}  // namespace adgt
