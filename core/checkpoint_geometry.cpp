@@ -95,8 +95,28 @@ bool writes_piece(const std::vector<ParamSpec>& local, const std::vector<int>& w
 
 bool stage_leader(const ShardLayout& lay) { return lay.tp_rank == 0 && lay.dp_rank < lay.ep; }
 
+ShardLayout shard_layout_of(const Layout& l, const RankCoords& c) {
+  ShardLayout s;
+  s.tp = int(l.tp), s.tp_rank = c.tp;
+  s.dp = int(l.dp), s.dp_rank = c.dp;
+  s.pp = int(l.pp), s.pp_rank = c.pp;
+  s.ep = int(l.ep), s.ep_rank = c.ep;
+  s.description = describe(l);
+  return s;
+}
+
+namespace {
+// The ep rank that dp rank `dp_rank` has in the layout (core/layout.cpp's formula).
+int ep_rank_of(const ShardLayout& lay, int dp_rank) {
+  Layout l;
+  l.tp = lay.tp, l.dp = lay.dp, l.pp = lay.pp, l.ep = lay.ep;
+  return coords_of(l, rank_of(l, RankCoords{0, dp_rank, 0, 0, 0})).ep;
+}
+}  // namespace
+
 void check_expert_layout(const ShardLayout& lay, const std::string& who) {
-  if (lay.ep < 1 || lay.dp % lay.ep != 0 || lay.ep_rank != lay.dp_rank % lay.ep)
+  if (lay.ep < 1 || lay.dp % lay.ep != 0 || lay.dp_rank < 0 || lay.dp_rank >= lay.dp ||
+      lay.ep_rank != ep_rank_of(lay, lay.dp_rank))
     throw CheckpointError(who + ": expert parallelism ep " + std::to_string(lay.ep) + " (this rank ep " +
                           std::to_string(lay.ep_rank) + ", dp " + std::to_string(lay.dp_rank) + " of dp " +
                           std::to_string(lay.dp) + "): ep must divide dp and ep_rank = dp_rank % ep");

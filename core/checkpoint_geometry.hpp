@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/checkpoint.hpp"
+#include "core/layout.hpp"
 
 namespace adgt {
 
@@ -55,6 +56,10 @@ struct ShardLayout {
   // chunks (state_hi >= 0) are not supported with ep > 1 (nor by the config).
   int ep = 1, ep_rank = 0;
 };
+
+// This rank's ShardLayout in `l` (sizes, its coordinates, describe(l));
+// the ZeRO-1 state range is the caller's.
+ShardLayout shard_layout_of(const Layout& l, const RankCoords& c);
 
 // A block of a global tensor of rank nd <= 2 (a 1-D tensor is (n, 1): start[1] 0, count[1] 1).
 struct Region {

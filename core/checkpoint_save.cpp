@@ -298,18 +298,24 @@ void assemble_index(const std::vector<RankReport>& reps, const ShardLayout& lay,
                             std::to_string(q.ep) + "), rank 0 with tp " + std::to_string(lay.tp) + " x dp " +
                             std::to_string(lay.dp) + " x pp " + std::to_string(lay.pp) + " (ep " +
                             std::to_string(lay.ep) + "); every rank must pass the same layout");
-    if (q.ep < 1 || q.dp % q.ep != 0 || q.ep_rank != q.dp_rank % q.ep)
+    const Layout ql{.tp = q.tp, .pp = q.pp, .dp = q.dp, .ep = q.ep};
+    const bool inside = q.tp_rank >= 0 && q.tp_rank < q.tp && q.dp_rank >= 0 && q.dp_rank < q.dp &&
+                        q.pp_rank >= 0 && q.pp_rank < q.pp;
+    const bool ep_ok = q.ep >= 1 && q.dp % q.ep == 0;
+    if (!ep_ok || (inside && q.ep_rank != coords_of(ql, rank_of(ql, RankCoords{q.tp_rank, q.dp_rank,
+                                                                               q.pp_rank, 0, 0})).ep))
       throw CheckpointError(who + ": rank " + std::to_string(r) + " saves as ep rank " + std::to_string(q.ep_rank) +
                             " of ep " + std::to_string(q.ep) + " with dp rank " + std::to_string(q.dp_rank) +
                             " of dp " + std::to_string(q.dp) + "; ep must divide dp and ep_rank = dp_rank % ep");
-    const int64_t c = q.tp_rank + int64_t(q.tp) * (q.dp_rank + int64_t(q.dp) * q.pp_rank);
-    if (c < 0 || c >= W) throw CheckpointError(who + ": rank " + std::to_string(r) + " has no place in the layout");
+    if (!inside) throw CheckpointError(who + ": rank " + std::to_string(r) + " has no place in the layout");
+    const int c = rank_of(ql, RankCoords{q.tp_rank, q.dp_rank, q.pp_rank, 0, 0});
     if (at_coord[size_t(c)] >= 0)
       throw CheckpointError(who + ": ranks " + std::to_string(at_coord[size_t(c)]) + " and " + std::to_string(r) +
                             " both save as " + place(q) + "; every rank needs its own place in the layout");
     at_coord[size_t(c)] = r;
   }
-  auto rank_at = [&](int t, int d, int p) { return at_coord[size_t(t + lay.tp * (d + lay.dp * p))]; };
+  const Layout L{.tp = lay.tp, .pp = lay.pp, .dp = lay.dp, .ep = lay.ep};
+  auto rank_at = [&](int t, int d, int p) { return at_coord[size_t(rank_of(L, RankCoords{t, d, p, 0, 0}))]; };
 
   // Every rank of a stage holds the stage's non-expert tensors, and the experts of its ep rank.
   for (int r = 0; r < W; ++r) {

@@ -18,6 +18,26 @@ Layout layout_of(const ParallelConfig& p) {
 
 Layout layout_of(const RunConfig& cfg) { return layout_of(cfg.parallel); }
 
+ParallelConfig with_layout(ParallelConfig p, const Layout& l) {
+  p.tp = l.tp, p.pp = l.pp, p.dp = l.dp, p.ep = l.ep, p.zero = l.zero;
+  p.sequence_parallel = l.sequence_parallel;
+  p.schedule = l.schedule;
+  p.virtual_stages = l.virtual_stages;
+  p.microbatches = l.microbatches;
+  p.stage_layers = l.stage_layers;
+  p.expert_placement = l.expert_placement;
+  return p;
+}
+
+std::string describe(const Layout& l) {
+  std::string s = "tp=" + std::to_string(l.tp) + " dp=" + std::to_string(l.dp) +
+                  " zero=" + std::to_string(l.zero == 1 && l.dp > 1 ? 1 : 0) +
+                  " sequence_parallel=" + std::to_string(l.sequence_parallel && l.tp > 1 ? 1 : 0) +
+                  " pp=" + std::to_string(l.pp) + " ep=" + std::to_string(l.ep);
+  if (l.pp > 1) s += " schedule=" + l.schedule + " virtual_stages=" + std::to_string(l.virtual_stages);
+  return s;
+}
+
 // ------------------------------------------------------------ rank layout
 //
 // tp fastest, then dp, then pp; ep is carved out of dp:

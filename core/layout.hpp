@@ -40,6 +40,13 @@ struct Layout {
 // tunes how gradients travel, not where anything lives).
 Layout layout_of(const ParallelConfig& p);
 Layout layout_of(const RunConfig& cfg);
+// The inverse: `base` (its bucket_mb kept) with the layout's keys.
+ParallelConfig with_layout(ParallelConfig base, const Layout& l);
+// The layout as checkpoints record it (meta/layout): "tp=2 dp=2 zero=1
+// sequence_parallel=0 pp=2 ep=1 schedule=1f1b virtual_stages=1"; zero and
+// sequence_parallel as they take effect (ZeRO-1 needs dp > 1, SP tp > 1),
+// the schedule only with pp > 1.
+std::string describe(const Layout& l);
 
 // One rank's place. ep and edp follow from dp: ep = dp % layout.ep (the rank
 // within its ep group) and edp = dp / layout.ep (the rank within its

@@ -20,8 +20,11 @@ pp::Schedule engine_schedule(const RunConfig& cfg, const pp::StageCosts* costs) 
   return pp::with_grad_reductions(make_pipeline_schedule(cfg, costs));
 }
 
-Engine::Engine(const RunConfig& cfg, const ParallelContext& ctx, Backend& be)
-    : cfg_(cfg), ctx_(ctx), be_(be) {
+Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be)
+    : cfg_(config), ctx_(ctx), be_(be) {
+  layout_ = ctx.layout ? *ctx.layout : layout_of(config);
+  cfg_.parallel = with_layout(config.parallel, layout_);
+  const RunConfig& cfg = cfg_;
   if (!ctx_.tp) ctx_.tp = &self_tp_;
   if (!ctx_.dp) ctx_.dp = &self_dp_;
   if (!ctx_.pp) ctx_.pp = &self_pp_;
@@ -35,6 +38,13 @@ Engine::Engine(const RunConfig& cfg, const ParallelContext& ctx, Backend& be)
                                             << ") do not match parallel.tp=" << cfg.parallel.tp
                                             << ", parallel.dp=" << cfg.parallel.dp
                                             << ", parallel.pp=" << cfg.parallel.pp);
+  const RankCoords& c = ctx_.coords;
+  ADGT_CHECK(ctx_.tp->rank() == c.tp && ctx_.dp->rank() == c.dp && ctx_.pp->rank() == c.pp &&
+                 (ctx_.ep->size() == 1 || ctx_.ep->rank() == c.ep),
+             "Engine: this rank's group ranks (tp " << ctx_.tp->rank() << ", dp " << ctx_.dp->rank()
+                                                    << ", pp " << ctx_.pp->rank()
+                                                    << ") are not its layout coordinates (tp " << c.tp
+                                                    << ", dp " << c.dp << ", pp " << c.pp << ")");
   const char* ov = std::getenv("ADGT_GRAD_OVERLAP");
   overlap_ = !(ov && std::strcmp(ov, "0") == 0);
   TensorParallel tp;
@@ -141,25 +151,7 @@ double Engine::eval_loss(const int32_t* inputs, const int32_t* targets) {
   return l[0];
 }
 
-ShardLayout Engine::shard_layout() const {
-  ShardLayout lay;
-  lay.tp = ctx_.tp->size();
-  lay.tp_rank = ctx_.tp->rank();
-  lay.dp = ctx_.dp->size();
-  lay.dp_rank = ctx_.dp->rank();
-  lay.pp = ctx_.pp->size();
-  lay.pp_rank = ctx_.pp->rank();
-  lay.ep = ctx_.ep->size();
-  lay.ep_rank = ctx_.ep->rank();
-  lay.description = "tp=" + std::to_string(lay.tp) + " dp=" + std::to_string(lay.dp) +
-                    " zero=" + std::to_string(opt_->sharded() ? 1 : 0) + " sequence_parallel=" +
-                    std::to_string(cfg_.parallel.sequence_parallel && lay.tp > 1 ? 1 : 0) +
-                    " pp=" + std::to_string(lay.pp) + " ep=" + std::to_string(lay.ep);
-  if (pipelined())
-    lay.description += " schedule=" + cfg_.parallel.schedule +
-                       " virtual_stages=" + std::to_string(cfg_.parallel.virtual_stages);
-  return lay;
-}
+ShardLayout Engine::shard_layout() const { return shard_layout_of(layout_, ctx_.coords); }
 
 void Engine::fill_checkpoint(CheckpointState& st, ShardLayout& lay) {
   // Every rank writes its own pieces; under ZeRO-1 each dp rank writes the

@@ -7,12 +7,14 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/checkpoint_sharded.hpp"
 #include "core/comm.hpp"
 #include "core/config.hpp"
+#include "core/layout.hpp"
 #include "core/model.hpp"
 #include "kernels/backend.hpp"
 #include "parallel/dp/grad_reducer.hpp"
@@ -22,8 +24,12 @@
 
 namespace adgt {
 
-// The process groups this rank belongs to (nullptr: a group of one).
+// The layout and the process groups this rank belongs to (nullptr: a group of one).
 struct ParallelContext {
+  // The layout the groups were made for and this rank's place in it (none:
+  // the configuration's layout, this rank at the origin: a single process).
+  std::optional<Layout> layout;
+  RankCoords coords;
   Comm* tp = nullptr;
   Comm* dp = nullptr;
   Comm* pp = nullptr;     // the pipeline group: the same tp and dp coordinates, every stage
@@ -41,7 +47,8 @@ struct StepTimes {
 
 class Engine {
  public:
-  // ctx's groups must match cfg.parallel (nullptr entries: groups of one).
+  // Built for ctx.layout (the layout keys of cfg.parallel are replaced by it);
+  // ctx's groups must match it (nullptr entries: groups of one).
   Engine(const RunConfig& cfg, const ParallelContext& ctx, Backend& be);
   ~Engine();
 
@@ -65,6 +72,7 @@ class Engine {
   PipelineExecutor* pipeline() { return pipe_.get(); }
   bool pipelined() const { return pipe_ != nullptr; }
   const ParallelContext& groups() const { return ctx_; }
+  const Layout& layout() const { return layout_; }
   const StepTimes& last_times() const { return times_; }
   // This rank's place, for the checkpoint files.
   ShardLayout shard_layout() const;
@@ -80,8 +88,9 @@ class Engine {
   double run_pipeline_step(const MicroBatchFetch& fetch);
   double measured_bubble();
 
-  RunConfig cfg_;
+  RunConfig cfg_;  // with the engine's layout
   ParallelContext ctx_;
+  Layout layout_;
   SelfComm self_tp_{"tp"}, self_dp_{"dp"}, self_pp_{"pp"}, self_ep_{"ep"}, self_edp_{"edp"},
       self_world_{"world"};
   Backend& be_;
