@@ -134,27 +134,13 @@ std::string save_checkpoint(const std::string& root, const CheckpointState& st, 
 }
 
 StateEntry StateEntry::of_ints(std::vector<int64_t> v, int64_t version) {
-  StateEntry e;
-  e.kind = Kind::Ints;
-  e.ints = std::move(v);
-  e.version = version;
-  return e;
+  return {Kind::Ints, version, std::move(v), {}, {}};
 }
-
 StateEntry StateEntry::of_reals(std::vector<double> v, int64_t version) {
-  StateEntry e;
-  e.kind = Kind::Reals;
-  e.reals = std::move(v);
-  e.version = version;
-  return e;
+  return {Kind::Reals, version, {}, std::move(v), {}};
 }
-
 StateEntry StateEntry::of_text(std::string t, int64_t version) {
-  StateEntry e;
-  e.kind = Kind::Text;
-  e.text = std::move(t);
-  e.version = version;
-  return e;
+  return {Kind::Text, version, {}, {}, std::move(t)};
 }
 
 CheckpointState load_checkpoint(const std::string& step_dir, const std::vector<ParamSpec>& expected) {
