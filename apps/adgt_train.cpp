@@ -10,7 +10,7 @@
 #include "core/checkpoint.hpp"
 #include "core/config.hpp"
 #include "core/layout.hpp"
-#include "core/memory_estimate.hpp"
+#include "parallel/cost/memory.hpp"
 #include "parallel/trainer.hpp"
 #include "parallel/agree.hpp"
 #include "parallel/device_assign.hpp"

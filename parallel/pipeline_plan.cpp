@@ -5,7 +5,6 @@
 #include <set>
 #include <sstream>
 
-#include "core/pipeline_stages.hpp"
 #include "parallel/schedule/generators.hpp"
 #include "parallel/schedule/print.hpp"
 #include "parallel/schedule/simulate.hpp"
@@ -15,18 +14,17 @@ namespace adgt {
 
 pp::StageCosts predicted_stage_costs(const RunConfig& cfg) {
   const std::vector<int64_t> counts = stage_layer_counts(cfg);
-  const StageCostModel cm = stage_cost_model(cfg.model);
   const double tokens = double(cfg.train.micro_batch * cfg.model.seq_len);
+  auto gflop = [&](double per_token) { return per_token * tokens / 1e9; };
   pp::StageCosts c;
   const int S = int(counts.size());
-  for (int s = 0; s < S; ++s) {
-    double flops = double(counts[size_t(s)]) * cm.layer;  // forward + backward, per token
-    if (s == 0) flops += cm.embedding;
-    if (s == S - 1) flops += cm.head;
-    const double f = flops / 3.0 * tokens / 1e9;
-    c.f.push_back(f);
-    c.b.push_back(f);
-    c.w.push_back(f);
+  int64_t first = 0;  // the stage's first layer
+  for (int s = 0; s < S; first += counts[size_t(s)], ++s) {
+    const PassFlops p =
+        stage_pass_flops(cfg.model, first, first + counts[size_t(s)], s == 0, s == S - 1);
+    c.f.push_back(gflop(p.forward));
+    c.b.push_back(gflop(p.backward_input));
+    c.w.push_back(gflop(p.backward_weight));
   }
   return c;
 }

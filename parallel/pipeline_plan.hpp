@@ -6,14 +6,16 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "parallel/cost/stages.hpp"  // stage_layer_counts: the stages the plan schedules
 #include "parallel/schedule/costs.hpp"
 #include "parallel/schedule/instruction.hpp"
 
 namespace adgt {
 
-// Per-stage times predicted from FLOPs (core/pipeline_stages.hpp's cost model
-// and stage_layer_counts): F = a third of the stage's forward+backward FLOPs,
-// B = W = F (the backward's input and weight halves); comm 0. Units: GFLOP.
+// Per-stage times predicted from FLOPs (parallel/cost/stages.hpp: the layers of
+// stage_layer_counts, stage_pass_flops): F = the stage's forward FLOPs, B and W
+// the backward's input- and weight-gradient halves (each = F under flops.hpp's
+// convention); comm 0. Units: GFLOP per micro-batch.
 pp::StageCosts predicted_stage_costs(const RunConfig& cfg);
 
 // The schedule of parallel.schedule for this configuration's pp, pipeline

@@ -6,9 +6,9 @@
 #include <chrono>
 
 #include "core/config.hpp"
-#include "core/memory_estimate.hpp"
 #include "core/param_table.hpp"
 #include "kernels/backend.hpp"
+#include "parallel/cost/memory.hpp"
 
 using namespace adgt;
 

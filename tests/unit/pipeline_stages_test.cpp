@@ -1,6 +1,7 @@
-// Stage partition for pipeline parallelism (core/pipeline_stages.hpp): the
-// balancer against a brute force over every split, the stage -> rank mapping
-// and explicit parallel.stage_layers.
+// Stage partition for pipeline parallelism (parallel/cost/stages.hpp and
+// core/pipeline_stages.hpp): the balancer against a brute force over every
+// split (equal and per-layer costs), the stage -> rank mapping and explicit
+// parallel.stage_layers.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 
 #include "core/config.hpp"
 #include "core/pipeline_stages.hpp"
+#include "parallel/cost/stages.hpp"
 
 using namespace adgt;
 
@@ -46,6 +48,54 @@ double brute_force(int64_t L, int S, double layer, double first, double last) {
   };
   rec(0, L);
   return best;
+}
+
+// Per-layer costs: stage s of `counts` costs its layers' sum plus its extras.
+std::vector<double> stage_costs(const std::vector<int64_t>& counts,
+                                const std::vector<double>& layers, double first, double last) {
+  std::vector<double> out;
+  size_t l = 0;
+  for (size_t s = 0; s < counts.size(); ++s) {
+    double c = (s == 0 ? first : 0.0) + (s + 1 == counts.size() ? last : 0.0);
+    for (int64_t k = 0; k < counts[s]; ++k) c += layers[l++];
+    out.push_back(c);
+  }
+  return out;
+}
+
+// Over every composition of the layers into S parts >= 1: the smallest largest
+// stage cost, and the smallest sum of squared stage costs among the splits
+// within `tol` of that optimum.
+std::pair<double, double> brute_force(const std::vector<double>& layers, int S, double first,
+                                      double last, double tol) {
+  std::vector<std::vector<int64_t>> all;
+  std::vector<int64_t> c(size_t(S), 1);
+  const int64_t L = int64_t(layers.size());
+  std::function<void(size_t, int64_t)> rec = [&](size_t s, int64_t left) {
+    if (s + 1 == size_t(S)) {
+      c[s] = left;
+      all.push_back(c);
+      return;
+    }
+    for (int64_t k = 1; k <= left - int64_t(size_t(S) - s - 1); ++k) {
+      c[s] = k;
+      rec(s + 1, left - k);
+    }
+  };
+  rec(0, L);
+  double best = std::numeric_limits<double>::infinity(), sq = best;
+  for (const auto& x : all) {
+    const auto cs = stage_costs(x, layers, first, last);
+    best = std::min(best, *std::max_element(cs.begin(), cs.end()));
+  }
+  for (const auto& x : all) {
+    const auto cs = stage_costs(x, layers, first, last);
+    if (*std::max_element(cs.begin(), cs.end()) > best + tol) continue;
+    double q = 0;
+    for (double v : cs) q += v * v;
+    sq = std::min(sq, q);
+  }
+  return {best, sq};
 }
 
 void check_counts(const std::vector<int64_t>& c, int64_t L, size_t S) {
@@ -93,13 +143,76 @@ TEST_CASE("balance_layers: equal costs and its tie rule", "[pipeline_stages]") {
   CHECK_THROWS_AS(balance_layers(4, 0, 1.0, 0, 0), std::invalid_argument);
 }
 
+TEST_CASE("balance_layers with per-layer costs is optimal against a brute force",
+          "[pipeline_stages]") {
+  std::mt19937 rng(20240606);
+  std::uniform_real_distribution<double> layer_d(0.1, 10.0), extra_d(0.0, 30.0);
+  std::uniform_int_distribution<int> zero(0, 3), kind(0, 2);
+  for (int S = 1; S <= 4; ++S)
+    for (int64_t L = S; L <= 9; ++L)
+      for (int trial = 0; trial < 20; ++trial) {
+        // Random costs, or two kinds alternating (dense and MoE layers).
+        std::vector<double> layers(static_cast<size_t>(L));
+        const double a = layer_d(rng), b = layer_d(rng);
+        for (int64_t l = 0; l < L; ++l) layers[size_t(l)] = trial % 2 ? layer_d(rng) : l % 2 ? b : a;
+        double first = zero(rng) == 0 ? 0.0 : extra_d(rng);
+        double last = zero(rng) == 0 ? 0.0 : extra_d(rng);
+        INFO("L=" << L << " S=" << S << " trial=" << trial << " first=" << first
+                  << " last=" << last);
+        const auto c = balance_layers(layers, S, first, last);
+        check_counts(c, L, size_t(S));
+        double total = first + last;
+        for (double x : layers) total += x;
+        const auto [best, sq] = brute_force(layers, S, first, last, 1e-12 * total);
+        const auto cs = stage_costs(c, layers, first, last);
+        CHECK(*std::max_element(cs.begin(), cs.end()) == Approx(best).epsilon(1e-9));
+        if (!std::all_of(layers.begin(), layers.end(), [&](double x) { return x == layers[0]; })) {
+          double q = 0;
+          for (double v : cs) q += v * v;
+          CHECK(q == Approx(sq).epsilon(1e-9));
+        }
+      }
+  // Equal costs: exactly the split of the single-cost overload (its tie rule).
+  CHECK(balance_layers(std::vector<double>(10, 1.0), 4, 0, 0) == std::vector<int64_t>{2, 2, 3, 3});
+  CHECK(balance_layers(std::vector<double>(37, 1.7), 4, 0.3, 5.1) ==
+        balance_layers(37, 4, 1.7, 0.3, 5.1));
+  // Among the splits of largest cost 4, {3, 3, 1} (costs 3, 3, 4) has the
+  // smallest squares ({2, 4, 1} and {4, 2, 1} have 36, not 34); among equal
+  // squares the earlier stage has fewer layers.
+  CHECK(balance_layers({1, 1, 1, 1, 1, 1, 4}, 3, 0, 0) == std::vector<int64_t>{3, 3, 1});
+  CHECK(balance_layers({1, 1, 1, 2}, 2, 0, 0) == std::vector<int64_t>{2, 2});
+  CHECK(balance_layers({2, 1, 1, 1, 1, 2}, 3, 0, 0) == std::vector<int64_t>{1, 3, 2});
+  CHECK_THROWS_AS(balance_layers({1, 2}, 3, 0, 0), std::invalid_argument);
+  CHECK_THROWS_AS(balance_layers({1, 0}, 2, 0, 0), std::invalid_argument);
+}
+
 TEST_CASE("stage_cost_model counts a layer, the embedding and the head", "[pipeline_stages]") {
-  ModelConfig m;  // d 256, 8 heads / 4 kv (hd 32), ffn 688, vocab 4096, T 256
-  const StageCostModel c = stage_cost_model(m);
+  ModelConfig m;  // d 256, 8 heads / 4 kv (hd 32), ffn 688, vocab 4096, T 256, 4 layers
+  StageCostModel c = stage_cost_model(m);
   const double C = 256, kv = 4 * 32, F = 688, V = 4096, T = 256;
-  CHECK(c.layer == Approx(6 * (2 * C * C + 2 * C * kv + 3 * C * F) + 6 * T * C));
+  REQUIRE(c.layers.size() == 4);
+  for (double layer : c.layers)
+    CHECK(layer == Approx(6 * (2 * C * C + 2 * C * kv + 3 * C * F) + 6 * T * C));
   CHECK(c.head == Approx(6 * C * V));
   CHECK(c.embedding == Approx(3 * C));
+  // MoE every second layer (top-2 of 4 experts of width 128): those layers pay
+  // two experts and the router instead of the dense FFN.
+  m.n_experts = 4, m.moe_top_k = 2, m.moe_every = 2, m.expert_ffn_hidden = 128;
+  c = stage_cost_model(m);
+  const double attn = 6 * (2 * C * C + 2 * C * kv) + 6 * T * C;
+  CHECK(c.layers[0] == Approx(attn + 6 * 3 * C * F));
+  CHECK(c.layers[1] == Approx(attn + 2 * 6 * 3 * C * 128 + 6 * C * 4));
+  CHECK(c.layers[2] == c.layers[0]);
+  CHECK(c.layers[3] == c.layers[1]);
+  // Its split on pp = 2 is the optimum over these per-layer costs.
+  RunConfig cfg;
+  cfg.model = m;
+  cfg.parallel.pp = 2;
+  const auto counts = stage_layer_counts(cfg);
+  check_counts(counts, 4, 2);
+  const auto cs = stage_costs(counts, c.layers, c.embedding, c.head);
+  CHECK(*std::max_element(cs.begin(), cs.end()) ==
+        Approx(brute_force(c.layers, 2, c.embedding, c.head, 0).first).epsilon(1e-12));
 }
 
 TEST_CASE("stage_layer_counts: balanced, equal for interleaved, or as listed",
@@ -114,9 +227,9 @@ TEST_CASE("stage_layer_counts: balanced, equal for interleaved, or as listed",
   auto c = stage_layer_counts(cfg);
   check_counts(c, 8, 4);
   StageCostModel cm = stage_cost_model(cfg.model);
-  CHECK(cm.head / cm.layer == Approx(1.326).epsilon(0.01));
-  CHECK(max_cost(c, cm.layer, cm.embedding, cm.head) ==
-        Approx(brute_force(8, 4, cm.layer, cm.embedding, cm.head)).epsilon(1e-9));
+  CHECK(cm.head / cm.layers[0] == Approx(1.326).epsilon(0.01));
+  CHECK(max_cost(c, cm.layers[0], cm.embedding, cm.head) ==
+        Approx(brute_force(8, 4, cm.layers[0], cm.embedding, cm.head)).epsilon(1e-9));
   CHECK(c == std::vector<int64_t>{2, 2, 3, 1});
 
   // LLaMA-7B shapes on pp = 4: the head costs 0.6 of a layer, equal counts are optimal.
@@ -125,8 +238,8 @@ TEST_CASE("stage_layer_counts: balanced, equal for interleaved, or as listed",
   cfg.model.n_layers = 32;
   c = stage_layer_counts(cfg);
   cm = stage_cost_model(cfg.model);
-  CHECK(max_cost(c, cm.layer, cm.embedding, cm.head) ==
-        Approx(brute_force(32, 4, cm.layer, cm.embedding, cm.head)).epsilon(1e-9));
+  CHECK(max_cost(c, cm.layers[0], cm.embedding, cm.head) ==
+        Approx(brute_force(32, 4, cm.layers[0], cm.embedding, cm.head)).epsilon(1e-9));
   CHECK(c == std::vector<int64_t>{8, 8, 8, 8});
 
   // Interleaved: equal counts, whatever the head costs.

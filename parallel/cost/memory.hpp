@@ -1,6 +1,8 @@
 // The --dry-run estimator: parameter count, training FLOPs per token and
 // per-rank memory of a run, computed analytically from the config (nothing is
-// allocated; llama-70b takes microseconds). Formulas are in memory_estimate.cpp.
+// allocated; llama-70b takes microseconds). The memory formulas are in
+// memory.cpp; the FLOPs come from flops.hpp (mfu_flops_per_token) and the
+// pipeline split from stages.hpp (stage_layer_counts).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -14,7 +16,7 @@ struct MemoryEstimate {
   int64_t n_params = 0;                // total parameters (sum of the parameter table)
   int64_t n_params_non_embedding = 0;  // without embed_tokens and an untied lm_head
   int64_t n_params_matmul = 0;         // weights used in matmuls, lm_head counted even when tied
-  double flops_per_token = 0;          // training (fwd + bwd): 6*n_params_matmul + 12*L*H*hd*T
+  double flops_per_token = 0;          // training (fwd + bwd), MFU convention: mfu_flops_per_token
   double flops_per_step = 0;           // flops_per_token * global_batch * seq_len
   int64_t tokens_per_step = 0;         // global_batch * seq_len
   int64_t bytes_per_element = 4;      // the bytes_per_param_compute it was made with

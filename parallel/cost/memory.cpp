@@ -1,10 +1,12 @@
-#include "core/memory_estimate.hpp"
+#include "parallel/cost/memory.hpp"
 
 #include <algorithm>
 #include <cstdio>
 
 #include "core/param_table.hpp"
 #include "core/pipeline_stages.hpp"
+#include "parallel/cost/flops.hpp"
+#include "parallel/cost/stages.hpp"
 
 namespace adgt {
 
@@ -18,14 +20,10 @@ int64_t compute_bytes_per_element(const RunConfig& cfg) {
 // Parameters come from build_param_table (a list of ~9L+3 names and shapes,
 // no storage), so the count is exactly what the model allocates.
 //
-// FLOPs per token (training = forward + backward = 3 x forward, 2 FLOPs per
-// multiply-add), PaLM appendix B convention:
-//   6 * N_matmul + 12 * L * H * hd * T
-// N_matmul = every weight used as a matmul operand: q,k,v,o,gate,up,down and
-// lm_head (V*C, counted even when tied to the embedding; the embedding lookup
-// itself is free). 12*L*H*hd*T is QK^T and PV (2 * 2*T*hd per head per token
-// forward, x3). No causal discount: the full T x T is counted, as in PaLM and
-// most published MFU numbers, so our MFU is comparable with theirs.
+// FLOPs per token: flops.hpp's mfu_flops_per_token (the PaLM appendix B
+// convention written out there: no causal discount; a MoE token counts its
+// top_k experts). n_params_matmul is counted here from the parameter table:
+// every weight used as a matmul operand, lm_head counted even when tied.
 //
 // Memory per rank (table = this rank's tensor-parallel shards):
 //   params      = total_numel(table) * b      (flat buffer incl. 16-element padding)
@@ -54,23 +52,17 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
   MemoryEstimate e;
   const auto table = build_param_table(m);
   e.n_params = param_count(table);
-  int64_t embedding = 0, expert_matmul = 0;
+  int64_t embedding = 0;
   for (const auto& p : table) {
     if (p.is_matrix) e.n_params_matmul += p.numel;
-    if (p.expert >= 0) expert_matmul += p.numel;
     if (p.is_embedding || p.name == "lm_head.weight") embedding += p.numel;
   }
   e.n_params_non_embedding = e.n_params - embedding;
-  const int64_t V = m.vocab_size, C = m.d_model, L = m.n_layers, H = m.n_heads,
-                KV = m.n_kv_heads, hd = m.head_dim(), F = m.ffn_hidden, T = m.seq_len,
-                B = cfg.train.micro_batch;
+  const int64_t V = m.vocab_size, C = m.d_model, H = m.n_heads, KV = m.n_kv_heads,
+                hd = m.head_dim(), F = m.ffn_hidden, T = m.seq_len, B = cfg.train.micro_batch;
   if (m.tie_embeddings) e.n_params_matmul += V * C;
 
-  // Mixture of experts: a token runs top_k of the n_experts experts.
-  const double active_matmul =
-      double(e.n_params_matmul - expert_matmul) +
-      (m.n_experts > 0 ? double(expert_matmul) * double(m.moe_top_k) / double(m.n_experts) : 0.0);
-  e.flops_per_token = 6.0 * active_matmul + 12.0 * static_cast<double>(L) * H * hd * T;
+  e.flops_per_token = mfu_flops_per_token(m);
   e.tokens_per_step = cfg.train.global_batch * T;
   e.flops_per_step = e.flops_per_token * static_cast<double>(e.tokens_per_step);
 
