@@ -119,6 +119,8 @@ int main(int argc, char** argv) {
     ctx.edp = pg.edp.get();
     ctx.world = pg.world.get();
     ctx.world_rank = pg.world->rank();
+    ctx.layout = pg.layout;
+    ctx.coords = pg.coords;
     adgt::Trainer trainer(cfg, ctx);
     const std::string from = adgt::resolve_resume(resume, cfg.checkpoint.dir);
     if (!resume.empty() && from.empty()) {
