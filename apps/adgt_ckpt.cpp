@@ -11,10 +11,10 @@
 #include <filesystem>
 #include <string>
 
-#include "core/checkpoint.hpp"
+#include "core/checkpoint/checkpoint.hpp"
 #include "core/config.hpp"
-#include "core/hf_export.hpp"
-#include "core/param_table.hpp"
+#include "core/hf/export.hpp"
+#include "core/model/param_table.hpp"
 
 namespace {
 

@@ -75,7 +75,7 @@ struct DataConfig {
 struct ParallelConfig {
   int64_t tp = 1, pp = 1, dp = 1, ep = 1;
   // Pipeline (pp > 1). The model is cut into S = pp x virtual_stages stages;
-  // chunk c of pipeline rank r is stage c*pp + r (core/pipeline_stages.hpp).
+  // chunk c of pipeline rank r is stage c*pp + r (core/model/stage_slice.hpp).
   std::string schedule = "1f1b";     // gpipe | 1f1b | interleaved | zb-h1 | greedy
   int64_t microbatches = 0;          // 0 = derived (accum_steps()); if set, must equal it
   int64_t virtual_stages = 1;        // chunks per pipeline rank; > 1 only for interleaved

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "core/config.hpp"
-#include "core/param_table.hpp"
+#include "core/model/param_table.hpp"
 #include "kernels/backend.hpp"
 
 namespace adgt {

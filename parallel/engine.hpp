@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "core/checkpoint_sharded.hpp"
+#include "core/checkpoint/sharded.hpp"
 #include "core/comm.hpp"
 #include "core/config.hpp"
 #include "core/layout.hpp"
-#include "core/model.hpp"
+#include "core/model/model.hpp"
 #include "kernels/backend.hpp"
 #include "parallel/dp/grad_reducer.hpp"
 #include "parallel/dp/sharded_adamw.hpp"

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "core/comm.hpp"
-#include "core/model.hpp"
+#include "core/model/model.hpp"
 #include "parallel/schedule/instruction.hpp"
 
 namespace adgt {

@@ -12,11 +12,11 @@
 
 #include <omp.h>
 
-#include "core/checkpoint.hpp"
+#include "core/checkpoint/checkpoint.hpp"
 #include "parallel/cost/memory.hpp"
 #include "core/metrics.hpp"
-#include "core/sampler.hpp"
-#include "core/token_shard.hpp"
+#include "core/data/sampler.hpp"
+#include "core/data/token_shard.hpp"
 #include "kernels/check.hpp"
 #include "parallel/pipeline_plan.hpp"
 #include "parallel/trainer_state.hpp"

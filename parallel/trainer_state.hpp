@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "core/checkpoint.hpp"
+#include "core/checkpoint/checkpoint.hpp"
 #include "core/config.hpp"
 
 namespace adgt {

@@ -17,7 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/checkpoint.hpp"
+#include "core/checkpoint/checkpoint.hpp"
 
 namespace {
 

@@ -34,7 +34,7 @@ def check(cond, msg):
 
 
 def hf_table(model):
-    """(name, shape) in HF LlamaForCausalLM order, written independently of core/param_table.cpp."""
+    """(name, shape) in HF LlamaForCausalLM order, written independently of core/model/param_table.cpp."""
     V, C, L = model["vocab_size"], model["d_model"], model["n_layers"]
     H, KV, F = model["n_heads"], model["n_kv_heads"], model["ffn_hidden"]
     hd = C // H

@@ -1,4 +1,4 @@
-# The mixture-of-experts block (core/moe.hpp): expert parallelism at 1, 2 and
+# The mixture-of-experts block (core/model/moe.hpp): expert parallelism at 1, 2 and
 # 4 ranks against one process on the union of the tokens
 # (tests/tools/moe_ep_test.cpp), and the layer against an independent PyTorch
 # float64 implementation (tests/torch/moe_ref.py, fed by adgt-moe-dump). The

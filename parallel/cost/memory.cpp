@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "core/param_table.hpp"
-#include "core/pipeline_stages.hpp"
+#include "core/model/param_table.hpp"
+#include "core/model/stage_slice.hpp"
 #include "parallel/cost/flops.hpp"
 #include "parallel/cost/stages.hpp"
 

@@ -2,7 +2,7 @@
 // stages"): the per-stage training FLOPs of parallel/cost/flops.hpp (the
 // realistic convention: causal attention, MoE layers at top-k experts plus the
 // router) and the min-max partition over them. What one rank then holds is
-// core/pipeline_stages.hpp's stage_slice() of these counts.
+// core/model/stage_slice.hpp's stage_slice() of these counts.
 //
 // The model's L blocks are cut into S = pp x virtual_stages contiguous stages;
 // stage 0 also holds the token embedding, stage S-1 the final norm and lm_head.

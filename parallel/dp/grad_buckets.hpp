@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "core/model.hpp"
-#include "core/param_table.hpp"
+#include "core/model/model.hpp"
+#include "core/model/param_table.hpp"
 
 namespace adgt {
 

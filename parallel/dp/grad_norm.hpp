@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/comm.hpp"
-#include "core/param_table.hpp"
+#include "core/model/param_table.hpp"
 #include "kernels/backend.hpp"
 
 namespace adgt {

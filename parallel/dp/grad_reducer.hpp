@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/comm.hpp"
-#include "core/model.hpp"
+#include "core/model/model.hpp"
 #include "kernels/backend.hpp"
 #include "parallel/dp/grad_buckets.hpp"
 

@@ -11,7 +11,7 @@
 
 #include "core/comm.hpp"
 #include "core/config.hpp"
-#include "core/model.hpp"
+#include "core/model/model.hpp"
 #include "core/optimizer.hpp"
 
 namespace adgt {

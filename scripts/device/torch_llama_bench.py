@@ -10,7 +10,7 @@ usually run: fp32 master parameters, torch.autocast(bfloat16), fused AdamW
 Parameter names are HuggingFace's, so a state_dict loads into an HF model or
 into tests/torch/llama_ref.py.
 
-MFU uses adgt's formula (core/memory_estimate.cpp, PaLM appendix B):
+MFU uses adgt's formula (parallel/cost/flops.cpp: mfu_flops_per_token, PaLM appendix B):
     FLOP/token = 6 * N_matmul + 12 * L * H * hd * T
 N_matmul = q,k,v,o,gate,up,down of every layer + lm_head (the embedding lookup
 is free); no causal discount. Peak: 989 TFLOP/s (H100/H200 dense bf16).
@@ -378,7 +378,7 @@ def benchmark(a, use_sdpa: bool) -> dict:
                   "rope_theta": a.rope_theta, "norm_eps": a.norm_eps, "tie_embeddings": False},
         "n_params": n_params, "n_params_matmul": n_matmul,
         "flops_per_token": fpt,
-        "flops_formula": "6*N_matmul + 12*L*H*hd*T (adgt core/memory_estimate.cpp; lm_head counted, no causal discount)",
+        "flops_formula": "6*N_matmul + 12*L*H*hd*T (adgt parallel/cost/flops.cpp: mfu_flops_per_token; lm_head counted, no causal discount)",
         "peak_tflops": PEAK_TFLOPS,
         "batch_requested": a.batch, "batch": batch, "oom_notes": notes,
         "tokens_per_step": batch * a.seq,

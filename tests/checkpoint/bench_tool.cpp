@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "core/checkpoint_sharded.hpp"
+#include "core/checkpoint/sharded.hpp"
 #include "parallel/mpi_env.hpp"
 #include "parallel/process_groups.hpp"
 

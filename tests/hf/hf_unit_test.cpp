@@ -12,9 +12,9 @@
 #include <limits>
 #include <unistd.h>
 
-#include "core/hf_config.hpp"
-#include "core/hf_export.hpp"
-#include "core/safetensors.hpp"
+#include "core/hf/config.hpp"
+#include "core/hf/export.hpp"
+#include "core/hf/safetensors.hpp"
 
 using namespace adgt;
 namespace fs = std::filesystem;

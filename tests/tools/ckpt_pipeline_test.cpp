@@ -35,9 +35,9 @@
 #include <string>
 #include <vector>
 
-#include "core/checkpoint.hpp"
-#include "core/checkpoint_sharded.hpp"
-#include "core/hdf5_util.hpp"
+#include "core/checkpoint/checkpoint.hpp"
+#include "core/checkpoint/sharded.hpp"
+#include "core/checkpoint/hdf5_util.hpp"
 #include "parallel/mpi_comm.hpp"
 #include "parallel/mpi_env.hpp"
 #include "tests/parallel/check.hpp"

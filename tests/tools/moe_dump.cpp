@@ -1,4 +1,4 @@
-// adgt-moe-dump: runs the mixture-of-experts block (core/moe.hpp, one rank)
+// adgt-moe-dump: runs the mixture-of-experts block (core/model/moe.hpp, one rank)
 // on seeded random inputs and writes, per case, everything an independent
 // implementation needs to check it (tests/torch/moe_ref.py): the options,
 // inputs, weights, selection bias and output gradient, and adgt's output, aux
@@ -12,8 +12,8 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
-#include "core/hdf5_util.hpp"
-#include "core/moe.hpp"
+#include "core/checkpoint/hdf5_util.hpp"
+#include "core/model/moe.hpp"
 #include "core/rng.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 

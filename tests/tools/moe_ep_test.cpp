@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "core/moe.hpp"
+#include "core/model/moe.hpp"
 #include "core/rng.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "parallel/mpi_comm.hpp"

@@ -10,15 +10,15 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "core/checkpoint.hpp"
+#include "core/checkpoint/checkpoint.hpp"
 #include "core/config.hpp"
 #include "parallel/dp/grad_norm.hpp"
 #include "parallel/dp/sharded_adamw.hpp"
-#include "core/hdf5_util.hpp"
-#include "core/model.hpp"
+#include "core/checkpoint/hdf5_util.hpp"
+#include "core/model/model.hpp"
 #include "core/optimizer.hpp"
 #include "core/rng.hpp"
-#include "core/shard_io.hpp"
+#include "core/model/shard_io.hpp"
 #include "kernels/backend.hpp"
 
 using namespace adgt;

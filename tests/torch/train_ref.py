@@ -8,7 +8,7 @@ Model shape, batch, learning-rate schedule and AdamW settings come from the
 run file's model/train sections (flags override). Random init (N(0, init_std)),
 float32, torch.optim.AdamW with weight decay on the linear weights, global-norm
 clipping, gradient accumulation global_batch / micro_batch. Tokens: random
-windows of a token shard (adgt-data output, see core/token_shard.hpp) when
+windows of a token shard (adgt-data output, see core/data/token_shard.hpp) when
 --tokens or the config's data.train names one that exists, else uniform random
 ids (the speed does not depend on which).
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "core/checkpoint_geometry.hpp"
-#include "core/pipeline_stages.hpp"
+#include "core/checkpoint/geometry.hpp"
+#include "core/model/stage_slice.hpp"
 
 using namespace adgt;
 

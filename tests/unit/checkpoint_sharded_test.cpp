@@ -13,10 +13,10 @@
 #include <map>
 #include <random>
 
-#include "core/checkpoint.hpp"
-#include "core/checkpoint_sharded.hpp"
-#include "core/hdf5_util.hpp"
-#include "core/shard_io.hpp"
+#include "core/checkpoint/checkpoint.hpp"
+#include "core/checkpoint/sharded.hpp"
+#include "core/checkpoint/hdf5_util.hpp"
+#include "core/model/shard_io.hpp"
 
 using namespace adgt;
 namespace fs = std::filesystem;

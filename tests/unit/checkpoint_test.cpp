@@ -11,9 +11,9 @@
 #include <functional>
 #include <random>
 
-#include "core/checkpoint.hpp"
-#include "core/checksum.hpp"
-#include "core/hdf5_util.hpp"
+#include "core/checkpoint/checkpoint.hpp"
+#include "core/checkpoint/checksum.hpp"
+#include "core/checkpoint/hdf5_util.hpp"
 
 using namespace adgt;
 namespace fs = std::filesystem;

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "core/config.hpp"
-#include "core/model.hpp"
+#include "core/model/model.hpp"
 #include "core/optimizer.hpp"
 #include "core/rng.hpp"
 #include "kernels/common/bf16.hpp"

@@ -17,8 +17,8 @@
 #include "core/config.hpp"
 #include "parallel/dp/grad_norm.hpp"
 #include "parallel/dp/sharded_adamw.hpp"
-#include "core/model.hpp"
-#include "core/param_table.hpp"
+#include "core/model/model.hpp"
+#include "core/model/param_table.hpp"
 #include "core/rng.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 
@@ -129,7 +129,7 @@ TEST_CASE("cuda: training steps of the tiny config against the CPU backend (f32,
 // heads, ffn 5632, T 2048, V 32000) in bf16 mixed precision: whole training
 // steps (forward, backward, gradient norm, AdamW + bf16 cast), tokens/s and
 // MFU against 989 TFLOP/s (H100/H200 dense bf16) with the FLOP count
-// adgt-train reports (core/memory_estimate.cpp, PaLM convention:
+// adgt-train reports (parallel/cost/flops.cpp, PaLM convention:
 // 6 N_matmul + 12 L H hd T per token). Knobs: ADGT_BENCH_BATCH (8),
 // ADGT_BENCH_STEPS (10), ADGT_BENCH_LAYERS (24), ADGT_BENCH_JSON (a file for
 // the figures).

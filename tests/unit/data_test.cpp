@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "core/sampler.hpp"
-#include "core/token_shard.hpp"
-#include "core/tokenizer.hpp"
+#include "core/data/sampler.hpp"
+#include "core/data/token_shard.hpp"
+#include "core/data/tokenizer.hpp"
 
 namespace fs = std::filesystem;
 using namespace adgt;

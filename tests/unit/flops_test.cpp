@@ -1,6 +1,6 @@
 // The FLOP formulas (parallel/cost/flops.hpp) against independent counts: the
 // matmul pieces against 2 x (out x in) summed over the real parameter table
-// (core/param_table.hpp), per layer and for the whole model, dense and MoE;
+// (core/model/param_table.hpp), per layer and for the whole model, dense and MoE;
 // the attention core against a count of the (query, key) pairs; and the MFU
 // total against the dry run's figure.
 #include <catch2/catch.hpp>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/config.hpp"
-#include "core/param_table.hpp"
+#include "core/model/param_table.hpp"
 #include "parallel/cost/flops.hpp"
 #include "parallel/cost/memory.hpp"
 

@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/model.hpp"
+#include "core/model/model.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "parallel/dp/grad_buckets.hpp"
 #include "parallel/schedule/generators.hpp"

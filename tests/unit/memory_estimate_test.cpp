@@ -6,7 +6,7 @@
 #include <chrono>
 
 #include "core/config.hpp"
-#include "core/param_table.hpp"
+#include "core/model/param_table.hpp"
 #include "kernels/backend.hpp"
 #include "parallel/cost/memory.hpp"
 

@@ -9,7 +9,7 @@
 
 #include "parallel/dp/grad_norm.hpp"
 #include "parallel/dp/sharded_adamw.hpp"
-#include "core/model.hpp"
+#include "core/model/model.hpp"
 #include "core/rng.hpp"
 #include "kernels/common/bf16.hpp"
 #include "kernels/cpu/cpu_backend.hpp"

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "core/model.hpp"
+#include "core/model/model.hpp"
 #include "core/rng.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 

@@ -1,10 +1,10 @@
-// The mixture-of-experts block (core/moe.hpp) on one rank, f64 CPU backend:
+// The mixture-of-experts block (core/model/moe.hpp) on one rank, f64 CPU backend:
 // forward against a naive implementation of the definition (router softmax,
 // top-k with ties to the lower id, renormalised weights, SwiGLU experts,
 // capacity drops, aux loss), every gradient against central finite
 // differences of L = sum(out * R) + coef * scale * aux, hand-made capacity
 // cases, the placement table's errors and the aux-loss-free bias.
-#include "core/moe.hpp"
+#include "core/model/moe.hpp"
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -67,7 +67,7 @@ struct Naive {
   int64_t dropped = 0;
 };
 
-// Straight from the definition in core/moe.hpp.
+// Straight from the definition in core/model/moe.hpp.
 Naive naive_moe(const Vec& x, int64_t N, Weights& w, const MoeOptions& o, const Vec& bias = {}) {
   const int64_t E = w.E, C = w.C, F = w.F, k = o.top_k;
   Naive r;

@@ -1,5 +1,5 @@
 // Stage partition for pipeline parallelism (parallel/cost/stages.hpp and
-// core/pipeline_stages.hpp): the balancer against a brute force over every
+// core/model/stage_slice.hpp): the balancer against a brute force over every
 // split (equal and per-layer costs), the stage -> rank mapping and explicit
 // parallel.stage_layers.
 #include <catch2/catch.hpp>
@@ -11,7 +11,7 @@
 #include <random>
 
 #include "core/config.hpp"
-#include "core/pipeline_stages.hpp"
+#include "core/model/stage_slice.hpp"
 #include "parallel/cost/stages.hpp"
 
 using namespace adgt;

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <limits>
 
-#include "core/checkpoint.hpp"
+#include "core/checkpoint/checkpoint.hpp"
 #include "parallel/trainer_state.hpp"
 
 using namespace adgt;

@@ -1,0 +1,254 @@
+// The LLaMA decoder (LlamaForCausalLM semantics) written against the Backend
+// interface: hand-written forward and backward, no autograd. Model math knows
+// nothing about ranks: shapes come from this rank's parameter shards, and the
+// few collectives tensor parallelism needs go through the Comm it is given
+// (a SelfComm for one process).
+//
+// Tensor parallelism (Megatron): column-parallel q/k/v and gate/up, row-parallel
+// o and down (their partial outputs all-reduced), vocab-parallel embedding and
+// cross-entropy (logits stay split by vocabulary). With sequence parallelism the
+// residual stream and norms hold N/tp token rows: all-gather before the
+// column-parallel layers, reduce-scatter after the row-parallel ones.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/comm.hpp"
+#include "core/config.hpp"
+#include "core/model/moe.hpp"
+#include "core/model/param_table.hpp"
+#include "core/model/stage_slice.hpp"
+#include "kernels/backend.hpp"
+
+namespace adgt {
+
+struct TensorParallel {
+  Comm* comm = nullptr;            // the tp group; nullptr = a single rank
+  bool sequence_parallel = false;  // ignored when the group has one rank
+  int64_t flat_multiple = 16;      // flat buffers are padded to a multiple of this (ZeRO chunks)
+};
+
+// Expert parallelism (mixture-of-experts models): the ep group and the
+// owner ep rank of each expert (empty: contiguous blocks).
+struct ExpertParallel {
+  Comm* comm = nullptr;
+  std::vector<int> placement;
+};
+
+// One MoE layer's figures, summed over the micro-batches since the last
+// reset_moe_stats() (loads and drops over the ep group).
+struct MoeLayerStep {
+  int64_t layer = 0;              // global layer index
+  std::vector<int64_t> load;      // (E) assignments per expert, before drops
+  int64_t tokens = 0, dropped = 0;
+  double aux = 0;                 // sum of the aux loss values (without coef)
+  int64_t calls = 0;              // forwards
+  int64_t a2a_bytes = 0;          // this rank's all-to-all payload, forward + backward
+  double a2a_seconds = 0;
+};
+
+// A flat range [begin, end) of parameters whose gradients a backward
+// completes together (a layer; the final norm with the head; the embedding).
+struct GradUnit {
+  int chunk = 0;
+  int64_t begin = 0, end = 0;
+};
+
+class Model {
+ public:
+  // B sequences of T tokens per micro-batch; dtype F32 (or F64 for reference
+  // checks), or BF16 for mixed precision: bf16 weights and activations, with
+  // fp32 master weights, gradients and statistics (see kernels/backend.hpp).
+  // `stage`: the part of the model this rank holds under pipeline parallelism
+  // (nullptr: the whole model, one chunk with embedding and head).
+  Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_t T,
+        TensorParallel tp = {}, const StageSlice* stage = nullptr, ExpertParallel ep = {});
+
+  const ModelConfig& config() const { return cfg_; }
+  const StageSlice& stage() const { return stage_; }
+  const std::vector<ParamSpec>& table() const { return table_; }
+  DType dtype() const { return dtype_; }           // weights and activations
+  DType master_dtype() const { return mdt_; }      // master weights, gradients, statistics
+  bool mixed() const { return dtype_ != mdt_; }
+  int64_t batch() const { return B_; }
+  int64_t seq_len() const { return T_; }
+  int tp_size() const { return tp_->size(); }
+  int64_t flat_size() const { return flat_n_; }     // flat buffer length (padded)
+  Tensor params() const { return flat(params_); }  // (flat_size) the compute weights
+  Tensor grads() const { return flat(grads_, mdt_); }  // (flat_size) master dtype
+  // The master weights the optimizer updates (fp32); params() itself unless mixed.
+  Tensor master() const { return mixed() ? flat(master_, mdt_) : params(); }
+  // params()[lo, hi) = master()[lo, hi) rounded to the compute dtype (no-op unless mixed).
+  void sync_params(int64_t lo = 0, int64_t hi = -1);
+  Tensor param(size_t i) const;
+  Tensor grad(size_t i) const;
+
+  // N(0, init_std) for matrices and embeddings, ones for norms. Each global
+  // tensor draws from its own stream keyed by (seed, global name) and this rank
+  // takes its shard, so every layout starts from the same weights; f32 and f64
+  // models get the same values.
+  void init_weights(uint64_t seed);
+  // Host copies of the flat (master) weights as fp32 / from fp32 (checkpoints).
+  std::vector<float> params_to_host() const;
+  void params_from_host(const std::vector<float>& flat);
+  std::vector<double> grads_to_host_f64() const;
+  void zero_grads();
+
+  // ---- the whole model (no pipeline: one chunk holding embedding and head) ----
+  // inputs, targets: host (B, T) int32; a target < 0 is ignored. Returns the
+  // mean loss over the valid targets and leaves, for backward(), the gradient
+  // of grad_scale * mean loss w.r.t. the logits.
+  double forward(const int32_t* inputs, const int32_t* targets, double grad_scale);
+  // Accumulates parameter gradients (+=) of the last forward's scaled loss.
+  // last_micro_batch: the step's final backward, after which the gradients are
+  // complete (with SP, the norm weights' partial sums over token rows are then
+  // all-reduced over tp, once). on_ready(begin, end) is then called with flat
+  // ranges whose gradients are final, in the order they complete: the
+  // ranges of grad_units(), in that order (gradient buckets).
+  void backward(const std::function<void(int64_t, int64_t)>& on_ready = {},
+                bool last_micro_batch = true);
+  // If on, forward() keeps a host copy of this rank's logits (N, Vl) before the loss.
+  void set_capture_logits(bool on) { capture_logits_ = on; }
+  const std::vector<double>& captured_logits() const { return logits_host_; }
+
+  // ---- pipeline stages ----
+  // Chunk c holds the layers stage().chunks[c]; chunk 0 of the first pipeline
+  // rank also the embedding, the last chunk of the last rank the final norm,
+  // head and loss. A micro-batch in flight keeps its activations in a slot of
+  // its chunk; slots are made on demand (add_slot) and reused.
+  int num_chunks() const { return int(chunks_.size()); }
+  bool chunk_has_embedding(int c) const { return stage_.embedding && c == 0; }
+  bool chunk_has_head(int c) const { return stage_.head && c + 1 == num_chunks(); }
+  int num_slots(int chunk) const { return int(chunks_[size_t(chunk)].slots.size()); }
+  void add_slot(int chunk);
+  // (Nl, C): where a stage without the embedding takes its input.
+  Tensor stage_input(int chunk, int slot);
+  // (Nl, C): a stage's output after forward_chunk (stages without the head).
+  Tensor stage_output(int chunk, int slot);
+  // The chunk's forward. inputs: token ids, used by the embedding chunk;
+  // targets: used by the head chunk, which returns the mean loss over the valid
+  // targets (others return 0) and keeps the scaled logit gradient in the slot.
+  double forward_chunk(int chunk, int slot, const int32_t* inputs, const int32_t* targets,
+                       double grad_scale);
+  // The chunk's backward from d_out = dL/d(stage output) (Nl, C) (ignored by the
+  // head chunk). Leaves dL/d(stage input) in input_grad() (chunks without the
+  // embedding). split: weight gradients other than the norms' are deferred to
+  // backward_weight (zero-bubble schedules), which needs the slot kept until then.
+  void backward_chunk(int chunk, int slot, const Tensor& d_out, bool split,
+                      const std::function<void(int64_t, int64_t)>& on_ready = {},
+                      bool last_micro_batch = false);
+  Tensor input_grad() const { return d_resid_; }  // (Nl, C)
+  void backward_weight(int chunk, int slot);
+  // The gradients of chunk `chunk` that are partial sums over tp: with SP
+  // every norm weight's (each rank's token rows), and with tp > 1 every MoE
+  // router's (each tp rank's share of the experts' FFN) are all-reduced over
+  // tp. Pipeline steps call backward_chunk with last_micro_batch = false, then
+  // this once per chunk; non-pipeline steps do it in the last micro-batch's
+  // backward.
+  void reduce_tp_partial_grads(int chunk);
+  // Chunk by chunk (0, 1, ...), the units whose gradients the chunk's
+  // backward completes, in the order it completes them (the ranges
+  // backward()'s on_ready receives).
+  std::vector<GradUnit> grad_units() const;
+
+  // ---- mixture of experts ----
+  bool has_moe() const { return !moe_.empty(); }
+  std::vector<MoeLayerStep> moe_stats() const { return moe_step_; }
+  void reset_moe_stats();
+  // Aux-loss-free balancing: each layer's selection bias follows the step's
+  // load, summed over `replicas` (the ranks outside the ep group that share
+  // the router: the expert-data-parallel group). Collective over replicas.
+  void update_moe_bias(Comm* replicas);
+  // The selection biases of this rank's MoE layers as (global layer, E values)
+  // rows of an (n_layers x E) table, zeros for layers it does not hold; and back.
+  std::vector<double> moe_bias_table() const;
+  void set_moe_bias_table(const std::vector<double>& t);
+
+ private:
+  struct LayerActs {  // saved for the backward; N = B*T token rows, Nl = N/tp with SP
+    Tensor x_in;    // (Nl, C) residual stream entering the layer
+    Tensor ln1;     // (N, C) normed input of the column-parallel q/k/v (gathered with SP)
+    Tensor rstd1;   // (Nl)
+    Tensor q;       // (N, Hl*hd) after rotary
+    Tensor k, v;    // (N, KVl*hd), k after rotary
+    Tensor att_saved;  // backend-defined (CPU: probabilities (B, Hl, T, T))
+    Tensor att;     // (N, Hl*hd) attention output before o_proj
+    Tensor x_mid;   // (Nl, C) residual after attention
+    Tensor ln2;     // (N, C)
+    Tensor rstd2;   // (Nl)
+    Tensor gate, up, h;  // (N, Fl)
+    // Output gradients kept by a split backward for backward_weight (made on first use).
+    Tensor d_down, d_gate, d_up, d_o, d_q, d_k, d_v;
+  };
+  struct Slot {
+    std::vector<LayerActs> layers;
+    Tensor x_out;                      // (Nl, C) the chunk's output (x_final with the head)
+    Tensor lnf, rstdf, logits, losses;  // head chunk
+    Tensor in_tok, tgt_tok;            // (N) int32
+    Tensor d_emb;                      // (N, C) split backward of the embedding chunk
+    double grad_scale = 0;             // the forward's (MoE aux loss gradient)
+  };
+  struct Chunk {
+    int64_t first_layer = 0, n_layers = 0;  // global layer range
+    size_t first_local = 0;                 // index into layer_idx_
+    std::vector<Slot> slots;
+  };
+  struct LayerIdx {
+    size_t in_norm, q, k, v, o, post_norm, gate, up, down;
+    int moe = -1;  // index into moe_ (MoE layers; gate/up/down are kNone then)
+    size_t router = size_t(-1);
+    std::vector<size_t> w1, w2, w3;  // local experts, ascending global id
+  };
+  MoeParams moe_params(const LayerIdx& w, bool grads) const;
+  void moe_forward(Slot& s, LayerActs& a, const LayerIdx& w, int slot, Tensor out);
+  void moe_backward(Slot& s, LayerActs& a, const LayerIdx& w, int slot);
+  static constexpr size_t kNone = size_t(-1);
+
+  Tensor flat(const Buffer& b) const { return flat(b, dtype_); }
+  Tensor flat(const Buffer& b, DType dt) const;
+  std::vector<double> read_host(const Tensor& t) const;  // any float dtype -> double
+  Tensor act(int64_t rows, int64_t cols, DType dt);  // a new buffer owned by the model
+  void build_rope_tables();
+  void make_split_buffers(Slot& s, int chunk);
+  // Sequence-parallel boundaries (identities / all-reduce without SP).
+  void gather_rows(Tensor full, const Tensor& local);   // (Nl,C) -> (N,C)
+  void reduce_rows(Tensor local, Tensor partial);       // (N,C) partial sums -> (Nl,C)
+  void norm_forward(Tensor full_out, Tensor rstd, const Tensor& x, size_t w);
+  // x += y, then norm_forward of x (one fused backend op).
+  void add_norm_forward(Tensor x, const Tensor& y, Tensor full_out, Tensor rstd, size_t w);
+  void loss_forward(Slot& s, double scale);
+  std::pair<int64_t, int64_t> range(size_t first, size_t last) const;
+  std::vector<GradUnit> chunk_units(int chunk) const;  // grad_units() of one chunk
+
+  ModelConfig cfg_;
+  StageSlice stage_;
+  Backend& be_;
+  DType dtype_, mdt_;
+  int64_t B_, T_, N_, Nl_;
+  Comm* tp_;
+  SelfComm self_;
+  bool sp_;
+  int64_t vocab_start_ = 0, vocab_valid_ = 0, flat_n_;
+  int64_t Hl_, KVl_, Fl_, Vl_ = 0;
+  AttentionShape att_shape_;
+  std::vector<ParamSpec> table_;
+  std::vector<LayerIdx> layer_idx_;  // this rank's layers, chunk by chunk
+  std::vector<Chunk> chunks_;
+  std::vector<std::unique_ptr<MoeLayer>> moe_;  // this rank's MoE layers, in layer order
+  std::vector<MoeLayerStep> moe_step_;
+  size_t emb_idx_ = kNone, norm_idx_ = kNone, head_idx_ = kNone;
+  Buffer params_, grads_, master_;
+  std::vector<Buffer> owned_;  // activations and scratch
+  Tensor ln_local_;             // (Nl, C) norm output before the gather (SP only)
+  Tensor partial_;              // (N, C) row-parallel partial sums (SP only)
+  Tensor d_resid_, d_full_, d_tmp_, d_tmp_local_;
+  Tensor dq_, dk_, dv_, d_att_, dgate_, dup_, dh_;
+  Tensor ce_stats_, ce_gathered_, ce_combined_;
+  Tensor rope_cos_, rope_sin_;  // (T, hd/2)
+  bool capture_logits_ = false;
+  std::vector<double> logits_host_;
+};
+
+}  // namespace adgt

@@ -1,0 +1,166 @@
+// A Mixtral-style sparse mixture-of-experts FFN block (HF MixtralSparseMoeBlock)
+// with expert parallelism, hand-written forward and backward on the Backend.
+//
+// Semantics, per token row t of this rank's input x (N, C):
+//   logits = x Wg^T (E), probs = softmax(logits), computed in the tensor dtype.
+//   Selection: the top_k experts by score = probs + bias (bias only with
+//   aux_free; ties go to the lower expert id), in descending score order.
+//   Weights: the chosen experts' probs renormalised to sum 1 over the k
+//   (Mixtral's norm_topk_prob); bias never enters them.
+//   Expert e (SwiGLU): y_e(x) = w2 (silu(w1 x) * (w3 x)); w1, w3 (F, C), w2 (C, F).
+//   out[t] = sum over the chosen, kept experts e of weight[t,e] * y_e(x[t]).
+//
+// Capacity (capacity_factor > 0): each rank's rows (or each capacity_segment
+// rows of them) form a capacity group; expert e accepts at most
+// ceil(capacity_factor * rows * top_k / E) of a group's assignments, in token
+// order; the rest are dropped: they contribute 0 and their weight is NOT
+// renormalised away over the surviving experts (a token with every choice
+// dropped outputs 0; in a transformer the residual carries it). Dropless
+// (capacity_factor <= 0) is the default.
+//
+// Auxiliary load-balancing loss (Switch Transformer), over all tokens of the
+// ep group: aux = E * sum_e f_e * P_e, f_e = (assignments routed to e, before
+// drops) / (N_total * top_k), P_e = mean over tokens of probs[:, e]. f_e is a
+// constant in the gradient. NOTE: HF's load_balancing_loss_func does not divide
+// by top_k, so HF's value is top_k * aux (use coef_hf * top_k for the same
+// gradient). forward() returns aux; the loss term is aux_loss_coef * aux, and
+// backward adds aux_grad_scale * aux_loss_coef * d(aux) to dx and dWg.
+//
+// Aux-loss-free balancing (DeepSeek-V3, aux_free): the selection bias is state,
+// not a parameter; update_bias(load) after each optimizer step adds
+// bias_rate * sign(mean(load) - load_e). Pass the step's load summed over every
+// micro-batch, layer call and every rank that shares the router outside the ep
+// group (dp), so all replicas keep one bias; stats().load is already summed
+// over the ep group.
+//
+// Expert parallelism: the ep group (a Comm, nullptr = one rank) splits the E
+// experts over its ranks by an ExpertPlacement table. Each rank routes its own
+// tokens (the router is replicated), sends each kept assignment's row to the
+// expert's owner (all_to_all of per-expert counts, then all_to_allv of rows,
+// ordered by destination rank, local expert, token), which runs its experts on
+// the received rows grouped by expert in (source rank, token) order, and sends
+// the results back; the source rank combines them with the weights. The
+// backward mirrors it. forward/backward are collective over the ep group: every
+// ep rank must call them in the same order (any N per rank, N <= max_tokens).
+//
+// Gradients: all accumulate (+=), dx included. dWg is this rank's partial sum
+// over its tokens: the router is replicated over dp AND ep, so the trainer sums
+// it over every rank holding a replica (dp x ep), like the other dense weights.
+// Expert grads live on the owning rank and already include every ep rank's
+// tokens; they need summing only over the expert-data-parallel replicas.
+//
+// Slots: a micro-batch in flight keeps what its backward needs in a slot
+// (add_slot(); forward(slot) overwrites, backward(slot) reads). Buffers grow to
+// the largest routing seen and are kept.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/comm.hpp"
+#include "core/model/moe_placement.hpp"
+#include "kernels/backend.hpp"
+
+namespace adgt {
+
+struct MoeOptions {
+  int64_t n_experts = 8, top_k = 2;
+  double aux_loss_coef = 0.01;  // loss term coef * aux; 0: no aux gradient (aux still reported)
+  bool aux_free = false;        // DeepSeek-V3 selection bias
+  double bias_rate = 1e-3;      // bias step per update_bias
+  double capacity_factor = 0;   // <= 0: dropless
+  // Rows per capacity group (0: all of a call's rows on this rank). Lets one
+  // process reproduce a multi-rank run's drops on the union of its tokens.
+  int64_t capacity_segment = 0;
+  // The aux loss's token set: the whole ep group (true), or this rank's rows
+  // only (false: each rank's micro-batch is balanced on its own, so the
+  // objective does not depend on the expert-parallel layout; the model uses it).
+  bool aux_over_ep_group = true;
+};
+
+// One layer's weights (or their gradients, same shapes). Views, e.g. into the
+// model's flat buffers; the per-expert vectors hold this rank's experts only,
+// in ExpertPlacement::local_experts(rank) order (ascending global id).
+struct MoeParams {
+  Tensor gate;                 // (E, C) router, HF block_sparse_moe.gate.weight
+  std::vector<Tensor> w1, w3;  // (F, C) each, HF experts.{e}.w1/w3.weight
+  std::vector<Tensor> w2;      // (C, F) each, HF experts.{e}.w2.weight
+};
+
+struct MoeStats {
+  // (E) assignments routed to each expert over the ep group, before drops.
+  std::vector<int64_t> load;
+  int64_t tokens = 0;         // token rows over the ep group
+  int64_t dropped = 0;        // assignments dropped by capacity, over the ep group
+  int64_t dropped_local = 0;  // of them, this rank's tokens
+  double imbalance = 0;       // max(load) / mean(load)
+  double aux_loss = 0;        // aux (without coef)
+  int64_t a2a_bytes = 0;      // this rank's all-to-all payload bytes sent (forward)
+  double a2a_seconds = 0;     // wall time in the forward's all-to-alls
+  int64_t a2a_bytes_bwd = 0;  // the same for the slot's backward
+  double a2a_seconds_bwd = 0;
+};
+
+class MoeLayer {
+ public:
+  // dt: F32 or F64. max_tokens: most rows per call on this rank. C: d_model,
+  // F: expert hidden size. placement: owner rank per expert (empty:
+  // contiguous). ep: the expert-parallel group (nullptr: one rank, all experts).
+  MoeLayer(Backend& be, DType dt, int64_t max_tokens, int64_t C, int64_t F, MoeOptions o,
+           std::vector<int> placement = {}, Comm* ep = nullptr);
+  ~MoeLayer();
+  MoeLayer(const MoeLayer&) = delete;
+  MoeLayer& operator=(const MoeLayer&) = delete;
+
+  int add_slot();  // returns the new slot's index
+  int num_slots() const;
+
+  // out (N, C) overwritten from x (N, C). Returns aux (without coef).
+  double forward(int slot, Tensor out, const Tensor& x, const MoeParams& p);
+  // dx (N, C) += dL/dx; grads += dL/dW, given dout = dL/dout (N, C) of the
+  // slot's last forward, with the aux term's gradient scaled by
+  // aux_grad_scale * aux_loss_coef (pass the scale applied to the LM loss
+  // gradient of this micro-batch, e.g. 1 / micro-batches).
+  void backward(int slot, Tensor dx, const MoeParams& p, const MoeParams& grads, const Tensor& dout,
+                double aux_grad_scale);
+
+  const MoeStats& stats(int slot) const;
+  const MoeStats& last_stats() const;  // of the most recent forward
+
+  const std::vector<double>& bias() const { return bias_; }
+  void set_bias(std::vector<double> b);  // checkpoint restore; size E
+  void update_bias(const std::vector<int64_t>& load);
+
+  const MoeOptions& options() const { return opt_; }
+  const ExpertPlacement& placement() const { return place_; }
+  const std::vector<int64_t>& local_experts() const;  // this rank's, ascending
+  int ep_rank() const;
+  int ep_size() const;
+
+ private:
+  struct Slot;
+  struct Scratch;
+  template <class T>
+  void route(Slot& s, const std::vector<T>& logits);
+  void router_backward(Slot& s, const std::vector<double>& dw, double aux_grad_scale);
+  void check_params(const MoeParams& p, const char* what) const;
+  Tensor grow(Buffer& b, int64_t rows, int64_t cols, DType dt);
+  void upload(Tensor dst, const std::vector<double>& src);
+  void upload_i32(Tensor dst, const std::vector<int32_t>& src);
+  void a2av(Tensor out, const std::vector<int64_t>& recv_rows, const Tensor& in,
+            const std::vector<int64_t>& send_rows, MoeStats& st, bool bwd);
+
+  Backend& be_;
+  DType dt_;
+  int64_t max_tokens_, C_, F_, E_, k_;
+  MoeOptions opt_;
+  SelfComm self_;
+  Comm* ep_;
+  ExpertPlacement place_;
+  std::vector<double> bias_;  // (E) selection bias (aux_free)
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::unique_ptr<Scratch> scratch_;
+  int last_slot_ = -1;
+};
+
+}  // namespace adgt

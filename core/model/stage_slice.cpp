@@ -1,0 +1,43 @@
+// The stage -> rank mapping of pipeline parallelism (core/model/stage_slice.hpp);
+// the layer counts come from parallel/cost/stages.hpp.
+#include "core/model/stage_slice.hpp"
+
+#include <stdexcept>
+#include <string>
+
+namespace adgt {
+
+int64_t StageSlice::num_layers() const {
+  int64_t n = 0;
+  for (const auto& [first, end] : chunks) n += end - first;
+  return n;
+}
+
+StageSlice stage_slice(const std::vector<int64_t>& counts, int pp, int virtual_stages,
+                       int pp_rank) {
+  if (pp < 1 || virtual_stages < 1 || pp_rank < 0 || pp_rank >= pp ||
+      counts.size() != size_t(pp) * size_t(virtual_stages))
+    throw std::invalid_argument("stage_slice: need 0 <= pp_rank < pp and pp x virtual_stages "
+                                "counts; got pp=" + std::to_string(pp) + " virtual_stages=" +
+                                std::to_string(virtual_stages) + " pp_rank=" +
+                                std::to_string(pp_rank) + " and " +
+                                std::to_string(counts.size()) + " counts");
+  std::vector<int64_t> first(counts.size() + 1, 0);  // first layer of each stage
+  for (size_t s = 0; s < counts.size(); ++s) first[s + 1] = first[s] + counts[s];
+  StageSlice out;
+  for (int c = 0; c < virtual_stages; ++c) {
+    const size_t s = size_t(c) * size_t(pp) + size_t(pp_rank);
+    out.chunks.emplace_back(first[s], first[s + 1]);
+  }
+  out.embedding = pp_rank == 0;       // stage 0 = chunk 0 of rank 0
+  out.head = pp_rank == pp - 1;       // stage S-1 = chunk v-1 of rank pp-1
+  return out;
+}
+
+StageSlice whole_model(const ModelConfig& m) {
+  StageSlice out;
+  out.chunks.emplace_back(0, m.n_layers);
+  return out;
+}
+
+}  // namespace adgt
