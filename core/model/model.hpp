@@ -180,12 +180,19 @@ class Model {
     Tensor rstd2;   // (Nl)
     Tensor gate, up, h;  // (N, Fl)
     // Output gradients kept by a split backward for backward_weight (made on first use).
-    Tensor d_down, d_gate, d_up, d_o, d_q, d_k, d_v;
+    Tensor d_down, d_o;   // (N, C)
+    Tensor d_gate, d_up;  // (N, Fl)
+    Tensor d_q;           // (N, Hl*hd)
+    Tensor d_k, d_v;      // (N, KVl*hd)
   };
   struct Slot {
     std::vector<LayerActs> layers;
     Tensor x_out;                      // (Nl, C) the chunk's output (x_final with the head)
-    Tensor lnf, rstdf, logits, losses;  // head chunk
+    // Head chunk only:
+    Tensor lnf;                        // (N, C) final norm output (gathered with SP)
+    Tensor rstdf;                      // (Nl)
+    Tensor logits;                     // (N, Vl) this rank's vocabulary shard; then dL/dlogits
+    Tensor losses;                     // (N) per-row loss, master dtype
     Tensor in_tok, tgt_tok;            // (N) int32
     Tensor d_emb;                      // (N, C) split backward of the embedding chunk
     double grad_scale = 0;             // the forward's (MoE aux loss gradient)
@@ -201,6 +208,37 @@ class Model {
     size_t router = size_t(-1);
     std::vector<size_t> w1, w2, w3;  // local experts, ascending global id
   };
+  // What a backward does beyond the plain gradients: split (defer the weight
+  // gradients to backward_weight) and last_micro_batch (finish the tp partial sums).
+  struct BackwardMode {
+    bool split = false;
+    bool last_micro_batch = false;
+  };
+
+  // ---- construction phases (model.cpp), in the constructor's order ----
+  void check_arguments() const;  // dtype, sequence length and tp divisibility, stage slice
+  void index_params(size_t n_local_experts);  // table_ by role; chunks_, layer_idx_, vocab shard
+  void make_moe_layers(const ExpertPlacement& placement, Comm* ep);  // moe_, moe_step_
+  void make_flat_buffers(int64_t flat_multiple);  // params_, grads_ (and master_), zeroed
+  void make_scratch();        // the backward's gradient buffers, SP rows, vocab-parallel loss stats
+  void build_rope_tables();   // rope_cos_, rope_sin_ allocated and filled
+
+  // ---- pass pieces (model_forward_backward.cpp) ----
+  Slot& slot_of(int chunk, int slot) { return chunks_[size_t(chunk)].slots[size_t(slot)]; }
+  void embedding_forward(Slot& s, const int32_t* inputs);  // token ids -> layers[0].x_in
+  int64_t load_targets(Slot& s, const int32_t* targets);   // -> s.tgt_tok; returns the valid count
+  // Layer l of the chunk; ln1_ready: its ln1 was computed by the previous
+  // layer's fused add. Returns whether this layer's final add computed the
+  // next norm (the next layer's ln1, or the head's final norm).
+  bool layer_forward(int chunk, int slot, size_t l, bool ln1_ready);
+  // Final norm (unless lnf_ready), logits, loss; returns the mean loss.
+  double head_forward(Slot& s, bool lnf_ready, int64_t n_valid, double grad_scale);
+  void head_backward(Slot& s, BackwardMode mode);  // logit gradient -> d_resid_
+  void layer_backward(int chunk, int slot, size_t l, BackwardMode mode);  // d_resid_ in and out
+  void embedding_backward(Slot& s, bool split);    // d_resid_ -> the embedding's gradient
+  // With SP a norm weight's gradient is a partial sum over this rank's rows;
+  // partials accumulate over micro-batches and are summed over tp once.
+  void finish_norm_grad(size_t w, bool last_micro_batch);
   MoeParams moe_params(const LayerIdx& w, bool grads) const;
   void moe_forward(Slot& s, LayerActs& a, const LayerIdx& w, int slot, Tensor out);
   void moe_backward(Slot& s, LayerActs& a, const LayerIdx& w, int slot);
@@ -210,8 +248,7 @@ class Model {
   Tensor flat(const Buffer& b, DType dt) const;
   std::vector<double> read_host(const Tensor& t) const;  // any float dtype -> double
   Tensor act(int64_t rows, int64_t cols, DType dt);  // a new buffer owned by the model
-  void build_rope_tables();
-  void make_split_buffers(Slot& s, int chunk);
+  void make_split_buffers(Slot& s, int chunk);  // a split backward's d_* buffers, on first use
   // Sequence-parallel boundaries (identities / all-reduce without SP).
   void gather_rows(Tensor full, const Tensor& local);   // (Nl,C) -> (N,C)
   void reduce_rows(Tensor local, Tensor partial);       // (N,C) partial sums -> (Nl,C)
@@ -239,13 +276,22 @@ class Model {
   std::vector<std::unique_ptr<MoeLayer>> moe_;  // this rank's MoE layers, in layer order
   std::vector<MoeLayerStep> moe_step_;
   size_t emb_idx_ = kNone, norm_idx_ = kNone, head_idx_ = kNone;
-  Buffer params_, grads_, master_;
+  Buffer params_, grads_, master_;  // (flat_size) weights, gradients, master weights (mixed only)
   std::vector<Buffer> owned_;  // activations and scratch
   Tensor ln_local_;             // (Nl, C) norm output before the gather (SP only)
   Tensor partial_;              // (N, C) row-parallel partial sums (SP only)
-  Tensor d_resid_, d_full_, d_tmp_, d_tmp_local_;
-  Tensor dq_, dk_, dv_, d_att_, dgate_, dup_, dh_;
-  Tensor ce_stats_, ce_gathered_, ce_combined_;
+  // Backward scratch; without SP d_full_ is d_resid_ and d_tmp_local_ is d_tmp_.
+  Tensor d_resid_;              // (Nl, C) dL/d(residual stream)
+  Tensor d_full_;               // (N, C) d_resid_ gathered
+  Tensor d_tmp_;                // (N, C) a block's input gradient, partial over tp
+  Tensor d_tmp_local_;          // (Nl, C) d_tmp_ reduced
+  Tensor dq_, d_att_;           // (N, Hl*hd)
+  Tensor dk_, dv_;              // (N, KVl*hd)
+  Tensor dgate_, dup_, dh_;     // (N, Fl)
+  // Vocab-parallel cross-entropy (tp > 1, head rank): per-row statistics.
+  Tensor ce_stats_;             // (N, 3) this rank's
+  Tensor ce_gathered_;          // (tp*N, 3) every tp rank's
+  Tensor ce_combined_;          // (N, 3)
   Tensor rope_cos_, rope_sin_;  // (T, hd/2)
   bool capture_logits_ = false;
   std::vector<double> logits_host_;

@@ -1,0 +1,381 @@
+// Model's forward and backward passes (see model.hpp): the chunk passes,
+// their per-layer, embedding and head pieces, the sequence-parallel
+// boundaries, the loss, the gradient units and the MoE blocks' glue.
+#include "core/model/model.hpp"
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "kernels/check.hpp"
+
+namespace adgt {
+
+void Model::gather_rows(Tensor full, const Tensor& local) {
+  if (sp_) tp_->all_gather(full, local);
+}
+
+void Model::reduce_rows(Tensor local, Tensor partial) {
+  if (sp_)
+    tp_->reduce_scatter(local, partial);
+  else
+    tp_->all_reduce(partial);  // `local` is `partial` without SP
+}
+
+void Model::norm_forward(Tensor full_out, Tensor rstd, const Tensor& x, size_t w) {
+  if (sp_) {
+    be_.rmsnorm_forward(ln_local_, rstd, x, param(w), cfg_.norm_eps);
+    gather_rows(full_out, ln_local_);
+  } else {
+    be_.rmsnorm_forward(full_out, rstd, x, param(w), cfg_.norm_eps);
+  }
+}
+
+void Model::add_norm_forward(Tensor x, const Tensor& y, Tensor full_out, Tensor rstd, size_t w) {
+  if (sp_) {
+    be_.residual_rmsnorm_forward(x, y, ln_local_, rstd, param(w), cfg_.norm_eps);
+    gather_rows(full_out, ln_local_);
+  } else {
+    be_.residual_rmsnorm_forward(x, y, full_out, rstd, param(w), cfg_.norm_eps);
+  }
+}
+
+void Model::loss_forward(Slot& s, double scale) {
+  if (tp_->size() == 1) {
+    be_.cross_entropy(s.logits, s.losses, s.tgt_tok, scale);
+    return;
+  }
+  // Vocab-parallel: per-rank row statistics, gathered, combined identically on
+  // every rank; the full logits are never assembled.
+  be_.ce_partial_stats(ce_stats_, s.logits, s.tgt_tok, vocab_start_, vocab_valid_);
+  tp_->all_gather(ce_gathered_, ce_stats_);
+  be_.ce_combine(ce_combined_, ce_gathered_);
+  be_.ce_finish(s.logits, s.losses, ce_combined_, s.tgt_tok, vocab_start_, vocab_valid_, scale);
+}
+
+double Model::forward(const int32_t* inputs, const int32_t* targets, double grad_scale) {
+  ADGT_CHECK(num_chunks() == 1 && chunk_has_embedding(0) && chunk_has_head(0),
+             "Model::forward: this rank holds a pipeline stage; use forward_chunk");
+  return forward_chunk(0, 0, inputs, targets, grad_scale);
+}
+
+void Model::backward(const std::function<void(int64_t, int64_t)>& on_ready,
+                     bool last_micro_batch) {
+  backward_chunk(0, 0, Tensor(), false, on_ready, last_micro_batch);
+}
+
+double Model::forward_chunk(int chunk, int slot, const int32_t* inputs, const int32_t* targets,
+                            double grad_scale) {
+  Slot& s = slot_of(chunk, slot);
+  const bool head = chunk_has_head(chunk);
+  s.grad_scale = grad_scale;
+  if (chunk_has_embedding(chunk)) embedding_forward(s, inputs);
+  const int64_t n_valid = head ? load_targets(s, targets) : 0;
+  // Each residual add is fused with the norm that reads its result
+  // (residual_rmsnorm_forward; the same numbers as the add then the norm).
+  bool normed = false;  // the next norm's output was computed by the previous layer's add
+  for (size_t l = 0; l < s.layers.size(); ++l) normed = layer_forward(chunk, slot, l, normed);
+  if (!head) return 0.0;
+  return head_forward(s, normed, n_valid, grad_scale);
+}
+
+void Model::embedding_forward(Slot& s, const int32_t* inputs) {
+  const int64_t N = N_;
+  for (int64_t i = 0; i < N; ++i)
+    ADGT_CHECK(inputs[i] >= 0 && inputs[i] < cfg_.vocab_size,
+               "token id " << inputs[i] << " at row " << i << " outside the vocabulary [0,"
+                           << cfg_.vocab_size << ")");
+  be_.to_device(s.in_tok.data, inputs, size_t(N) * 4);
+  Tensor x0 = s.layers[0].x_in;
+  Tensor dst = sp_ ? partial_ : x0;
+  be_.embedding_forward(dst, param(emb_idx_), s.in_tok, vocab_start_);
+  reduce_rows(x0, dst);
+}
+
+int64_t Model::load_targets(Slot& s, const int32_t* targets) {
+  const int64_t N = N_;
+  int64_t n_valid = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    ADGT_CHECK(targets[i] < cfg_.vocab_size, "target " << targets[i] << " at row " << i
+                                                       << " outside the vocabulary [0,"
+                                                       << cfg_.vocab_size << ")");
+    n_valid += targets[i] >= 0;
+  }
+  be_.to_device(s.tgt_tok.data, targets, size_t(N) * 4);
+  return n_valid;
+}
+
+bool Model::layer_forward(int chunk, int slot, size_t l, bool ln1_ready) {
+  const Chunk& ch = chunks_[size_t(chunk)];
+  Slot& s = slot_of(chunk, slot);
+  LayerActs& a = s.layers[l];
+  const LayerIdx& w = layer_idx_[ch.first_local + l];
+  // Attention branch: x_mid = x_in + o(attention(rope(q), rope(k), v)).
+  if (!ln1_ready) norm_forward(a.ln1, a.rstd1, a.x_in, w.in_norm);
+  be_.linear_forward(a.q, a.ln1, param(w.q));
+  be_.linear_forward(a.k, a.ln1, param(w.k));
+  be_.linear_forward(a.v, a.ln1, param(w.v));
+  be_.rope_forward(a.q, rope_cos_, rope_sin_, T_);
+  be_.rope_forward(a.k, rope_cos_, rope_sin_, T_);
+  be_.attention_forward(a.att, a.att_saved, a.q, a.k, a.v, att_shape_);
+  Tensor o = sp_ ? partial_ : a.x_mid;
+  be_.linear_forward(o, a.att, param(w.o));
+  reduce_rows(a.x_mid, o);
+  add_norm_forward(a.x_mid, a.x_in, a.ln2, a.rstd2, w.post_norm);
+  // MLP branch: out = x_mid + down(swiglu(gate, up)) (or the MoE block).
+  const bool last = l + 1 == s.layers.size();
+  Tensor next = last ? s.x_out : s.layers[l + 1].x_in;
+  Tensor down = sp_ ? partial_ : next;
+  if (w.moe >= 0) {
+    moe_forward(s, a, w, slot, down);
+  } else {
+    be_.linear_forward(a.gate, a.ln2, param(w.gate));
+    be_.linear_forward(a.up, a.ln2, param(w.up));
+    be_.swiglu_forward(a.h, a.gate, a.up);
+    be_.linear_forward(down, a.h, param(w.down));
+  }
+  reduce_rows(next, down);
+  if (!last) {
+    LayerActs& n = s.layers[l + 1];
+    add_norm_forward(next, a.x_mid, n.ln1, n.rstd1, layer_idx_[ch.first_local + l + 1].in_norm);
+    return true;
+  }
+  if (chunk_has_head(chunk)) {
+    add_norm_forward(next, a.x_mid, s.lnf, s.rstdf, norm_idx_);
+    return true;
+  }
+  be_.add_inplace(next, a.x_mid);
+  return false;
+}
+
+double Model::head_forward(Slot& s, bool lnf_ready, int64_t n_valid, double grad_scale) {
+  if (!lnf_ready) norm_forward(s.lnf, s.rstdf, s.x_out, norm_idx_);
+  be_.linear_forward(s.logits, s.lnf, param(head_idx_));
+  if (capture_logits_) logits_host_ = read_host(s.logits);
+  loss_forward(s, n_valid ? grad_scale / double(n_valid) : 0.0);
+  double sum = 0;
+  for (double x : read_host(s.losses)) sum += x;  // losses: (N) in the master dtype
+  return n_valid ? sum / double(n_valid) : 0.0;
+}
+
+void Model::backward_chunk(int chunk, int slot, const Tensor& d_out, bool split,
+                           const std::function<void(int64_t, int64_t)>& on_ready,
+                           bool last_micro_batch) {
+  Slot& s = slot_of(chunk, slot);
+  const BackwardMode mode{split, last_micro_batch};
+  if (split) make_split_buffers(s, chunk);
+  // The units of grad_units(), reported in their order as they complete.
+  const std::vector<GradUnit> units = chunk_units(chunk);
+  size_t next_unit = 0;
+  auto ready = [&] {
+    ADGT_CHECK(next_unit < units.size(), "Model::backward_chunk: more gradient units than "
+                                             << units.size() << " in chunk " << chunk);
+    const GradUnit& u = units[next_unit++];
+    if (on_ready && !split) on_ready(u.begin, u.end);
+  };
+  if (chunk_has_head(chunk)) {
+    head_backward(s, mode);
+    ready();
+  } else {
+    ADGT_CHECK(d_out.numel() == d_resid_.numel(),
+               "Model::backward_chunk: output gradient " << d_out.shape_str() << ", expected "
+                                                         << d_resid_.shape_str());
+    be_.copy(d_resid_, d_out);
+  }
+  for (size_t l = s.layers.size(); l-- > 0;) {
+    layer_backward(chunk, slot, l, mode);
+    ready();
+  }
+  if (chunk_has_embedding(chunk)) {
+    embedding_backward(s, split);
+    ready();
+  }
+  ADGT_CHECK(next_unit == units.size(), "Model::backward_chunk: chunk " << chunk << " completed "
+                                                                          << next_unit << " of "
+                                                                          << units.size()
+                                                                          << " gradient units");
+}
+
+void Model::finish_norm_grad(size_t w, bool last_micro_batch) {
+  if (sp_ && last_micro_batch) tp_->all_reduce(grad(w));
+}
+
+void Model::head_backward(Slot& s, BackwardMode mode) {
+  // logits now hold dloss/dlogits (scaled). The head's input gradient is a
+  // partial sum over vocabulary shards. The split backward keeps them in the
+  // slot for the head's weight gradient.
+  if (mode.split)
+    be_.linear_backward(d_tmp_, Tensor(), s.logits, s.lnf, param(head_idx_), false);
+  else
+    be_.linear_backward(d_tmp_, grad(head_idx_), s.logits, s.lnf, param(head_idx_), false);
+  reduce_rows(d_tmp_local_, d_tmp_);
+  be_.zero(d_resid_);
+  be_.rmsnorm_backward(d_resid_, grad(norm_idx_), d_tmp_local_, s.x_out, param(norm_idx_),
+                       s.rstdf);
+  finish_norm_grad(norm_idx_, mode.last_micro_batch);
+}
+
+void Model::layer_backward(int chunk, int slot, size_t l, BackwardMode mode) {
+  const Chunk& ch = chunks_[size_t(chunk)];
+  Slot& s = slot_of(chunk, slot);
+  LayerActs& a = s.layers[l];
+  const LayerIdx& w = layer_idx_[ch.first_local + l];
+  // dW and dX of one linear layer: fused (one call, as the backend likes it),
+  // or the input gradient now and dy kept for backward_weight.
+  auto linear_bwd = [&](Tensor dx, size_t wi, const Tensor& dy, const Tensor& x, Tensor saved,
+                        bool acc) {
+    if (mode.split) {
+      be_.linear_backward(dx, Tensor(), dy, x, param(wi), acc);
+      be_.copy(saved, dy);
+    } else {
+      be_.linear_backward(dx, grad(wi), dy, x, param(wi), acc);
+    }
+  };
+  // d_resid = dL/d(layer output). MLP branch: out = x_mid + down(h).
+  gather_rows(d_full_, d_resid_);
+  if (w.moe >= 0) {  // weight gradients inside (a split backward does them here too)
+    moe_backward(s, a, w, slot);
+  } else {
+    linear_bwd(dh_, w.down, d_full_, a.h, a.d_down, false);
+    be_.swiglu_backward(dgate_, dup_, dh_, a.gate, a.up);
+    linear_bwd(d_tmp_, w.gate, dgate_, a.ln2, a.d_gate, false);
+    linear_bwd(d_tmp_, w.up, dup_, a.ln2, a.d_up, true);
+  }
+  reduce_rows(d_tmp_local_, d_tmp_);
+  be_.rmsnorm_backward(d_resid_, grad(w.post_norm), d_tmp_local_, a.x_mid, param(w.post_norm),
+                       a.rstd2);
+  // d_resid = dL/dx_mid. Attention branch: x_mid = x_in + o(att).
+  gather_rows(d_full_, d_resid_);
+  linear_bwd(d_att_, w.o, d_full_, a.att, a.d_o, false);
+  be_.attention_backward(dq_, dk_, dv_, d_att_, a.q, a.k, a.v, a.att, a.att_saved, att_shape_);
+  be_.rope_backward(dq_, rope_cos_, rope_sin_, T_);
+  be_.rope_backward(dk_, rope_cos_, rope_sin_, T_);
+  linear_bwd(d_tmp_, w.q, dq_, a.ln1, a.d_q, false);
+  linear_bwd(d_tmp_, w.k, dk_, a.ln1, a.d_k, true);
+  linear_bwd(d_tmp_, w.v, dv_, a.ln1, a.d_v, true);
+  reduce_rows(d_tmp_local_, d_tmp_);
+  be_.rmsnorm_backward(d_resid_, grad(w.in_norm), d_tmp_local_, a.x_in, param(w.in_norm),
+                       a.rstd1);
+  finish_norm_grad(w.post_norm, mode.last_micro_batch);
+  finish_norm_grad(w.in_norm, mode.last_micro_batch);
+  if (w.moe >= 0 && mode.last_micro_batch && tp_->size() > 1) tp_->all_reduce(grad(w.router));
+}
+
+void Model::embedding_backward(Slot& s, bool split) {
+  gather_rows(d_full_, d_resid_);
+  if (split) {
+    be_.copy(s.d_emb, d_full_);
+  } else {
+    be_.embedding_backward(grad(emb_idx_), d_full_, s.in_tok, vocab_start_);
+  }
+}
+
+std::vector<GradUnit> Model::chunk_units(int chunk) const {
+  // The backward's order: the final norm with the head (the norm alone when
+  // the head is the tied embedding), the layers from the last, the embedding.
+  const Chunk& ch = chunks_[size_t(chunk)];
+  std::vector<GradUnit> u;
+  auto add = [&](size_t first, size_t last) {
+    const auto [b, e] = range(first, last);
+    u.push_back({chunk, b, e});
+  };
+  if (chunk_has_head(chunk)) add(norm_idx_, head_idx_ != emb_idx_ ? head_idx_ : norm_idx_);
+  for (size_t l = size_t(ch.n_layers); l-- > 0;) {
+    const LayerIdx& w = layer_idx_[ch.first_local + l];
+    add(w.in_norm, w.moe >= 0 ? w.w3.back() : w.down);
+  }
+  if (chunk_has_embedding(chunk)) add(emb_idx_, emb_idx_);
+  return u;
+}
+
+std::vector<GradUnit> Model::grad_units() const {
+  std::vector<GradUnit> all;
+  for (int c = 0; c < num_chunks(); ++c) {
+    const std::vector<GradUnit> u = chunk_units(c);
+    all.insert(all.end(), u.begin(), u.end());
+  }
+  return all;
+}
+
+void Model::backward_weight(int chunk, int slot) {
+  const Chunk& ch = chunks_[size_t(chunk)];
+  Slot& s = slot_of(chunk, slot);
+  // The same weight-gradient products as the fused backward, in the same order.
+  if (chunk_has_head(chunk))
+    be_.linear_backward(Tensor(), grad(head_idx_), s.logits, s.lnf, param(head_idx_), false);
+  for (size_t l = s.layers.size(); l-- > 0;) {
+    LayerActs& a = s.layers[l];
+    const LayerIdx& w = layer_idx_[ch.first_local + l];
+    ADGT_CHECK(a.d_q.data, "Model::backward_weight: chunk " << chunk << " slot " << slot
+                                                            << " had no split backward");
+    if (w.moe < 0) {
+      be_.linear_backward(Tensor(), grad(w.down), a.d_down, a.h, param(w.down), false);
+      be_.linear_backward(Tensor(), grad(w.gate), a.d_gate, a.ln2, param(w.gate), false);
+      be_.linear_backward(Tensor(), grad(w.up), a.d_up, a.ln2, param(w.up), false);
+    }
+    be_.linear_backward(Tensor(), grad(w.o), a.d_o, a.att, param(w.o), false);
+    be_.linear_backward(Tensor(), grad(w.q), a.d_q, a.ln1, param(w.q), false);
+    be_.linear_backward(Tensor(), grad(w.k), a.d_k, a.ln1, param(w.k), false);
+    be_.linear_backward(Tensor(), grad(w.v), a.d_v, a.ln1, param(w.v), false);
+  }
+  if (chunk_has_embedding(chunk))
+    be_.embedding_backward(grad(emb_idx_), s.d_emb, s.in_tok, vocab_start_);
+}
+
+void Model::reduce_tp_partial_grads(int chunk) {
+  const Chunk& ch = chunks_[size_t(chunk)];
+  const size_t l0 = ch.first_local, l1 = ch.first_local + size_t(ch.n_layers);
+  if (tp_->size() > 1)
+    for (size_t l = l0; l < l1; ++l)
+      if (layer_idx_[l].moe >= 0) tp_->all_reduce(grad(layer_idx_[l].router));
+  if (!sp_) return;
+  for (size_t l = l0; l < l1; ++l) {
+    tp_->all_reduce(grad(layer_idx_[l].post_norm));
+    tp_->all_reduce(grad(layer_idx_[l].in_norm));
+  }
+  if (chunk_has_head(chunk)) tp_->all_reduce(grad(norm_idx_));
+}
+
+MoeParams Model::moe_params(const LayerIdx& w, bool grads) const {
+  auto get = [&](size_t i) { return grads ? grad(i) : param(i); };
+  MoeParams p;
+  p.gate = get(w.router);
+  for (size_t i : w.w1) p.w1.push_back(get(i));
+  for (size_t i : w.w2) p.w2.push_back(get(i));
+  for (size_t i : w.w3) p.w3.push_back(get(i));
+  return p;
+}
+
+void Model::moe_forward(Slot& s, LayerActs& a, const LayerIdx& w, int slot, Tensor out) {
+  // The router sees the whole (gathered) normed rows; each tp rank runs its
+  // shard of every expert's FFN, so `out` is a partial sum like a dense down_proj's.
+  (void)s;
+  MoeLayer& m = *moe_[size_t(w.moe)];
+  const double aux = m.forward(slot, out, a.ln2, moe_params(w, false));
+  const MoeStats& st = m.stats(slot);
+  MoeLayerStep& acc = moe_step_[size_t(w.moe)];
+  for (size_t e = 0; e < acc.load.size() && e < st.load.size(); ++e) acc.load[e] += st.load[e];
+  acc.tokens += st.tokens;
+  acc.dropped += st.dropped;
+  acc.aux += aux;
+  acc.calls += 1;
+  acc.a2a_bytes += st.a2a_bytes;
+  acc.a2a_seconds += st.a2a_seconds;
+}
+
+void Model::moe_backward(Slot& s, LayerActs& a, const LayerIdx& w, int slot) {
+  (void)a;
+  MoeLayer& m = *moe_[size_t(w.moe)];
+  // d_tmp_ gets dL/d(ln2) (partial over tp, like the dense gate/up backward).
+  // The aux-loss term is the same on every tp rank; scaled by 1/tp it is
+  // counted once when the partial sums are reduced.
+  be_.zero(d_tmp_);
+  m.backward(slot, d_tmp_, moe_params(w, false), moe_params(w, true), d_full_,
+             s.grad_scale / double(tp_->size()));
+  const MoeStats& st = m.stats(slot);
+  MoeLayerStep& acc = moe_step_[size_t(w.moe)];
+  acc.a2a_bytes += st.a2a_bytes_bwd;
+  acc.a2a_seconds += st.a2a_seconds_bwd;
+}
+
+}  // namespace adgt
