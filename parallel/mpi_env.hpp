@@ -3,7 +3,7 @@
 //   int main(int argc, char** argv) {
 //     try {
 //       adgt::MpiEnv mpi(&argc, &argv);
-//       auto pg = adgt::make_process_groups(dims);
+//       auto pg = adgt::make_process_groups(layout);
 //       ...
 //     } catch (const std::exception& e) {
 //       adgt::fatal(e);  // "error: rank R (host H): ..." and MPI_Abort: every rank exits non-zero

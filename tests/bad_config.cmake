@@ -40,7 +40,7 @@ adgt_config_error(yaml_syntax
   "^error: .*yaml_syntax[.]yaml:4: YAML syntax error")
 adgt_config_error(tp3
   "^error: .*tp3[.]yaml: parallel[.]tp=3 does not divide model[.]n_heads=8; use tp in [{]1,2,4[}]")
-# Pipeline settings (the cross-field rules of check_pipeline in core/config.cpp).
+# Pipeline settings (the cross-field rules of layout_errors in core/layout.cpp).
 adgt_config_error(pp_fewer_microbatches
   "^error: .*pp_fewer_microbatches[.]yaml: parallel[.]schedule=1f1b with parallel[.]pp=4: fewer micro-batches than stages [(]train[.]global_batch=4 / [(]train[.]micro_batch=2 x parallel[.]dp=1[)] = 2, need >= 4[)]; use train[.]global_batch >= 8, or parallel[.]schedule=gpipe")
 adgt_config_error(pp_interleaved_layers

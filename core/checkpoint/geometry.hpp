@@ -32,7 +32,7 @@
 namespace adgt {
 
 // This rank's place in the layout that saves or loads: world = tp * dp * pp
-// ranks (mesh order in parallel/mesh.hpp: tp fastest, then dp, then pp). The
+// ranks (rank order in core/layout.hpp: tp fastest, then dp, then pp). The
 // rank's table (`st.specs` / `local`) holds the parameters of its pipeline
 // stage only (all of them when pp = 1), as tp shards, replicated over dp.
 //

@@ -97,6 +97,8 @@ ShardLayout shard_layout(const Layout& L, int rank) {
   s.dp = L.dp;
   s.pp = L.pp;
   s.ep = L.ep;
+  // The rank order of core/layout.hpp, written out: these tests also hand the
+  // save deliberately wrong layouts whose ranks coords_of() would refuse.
   s.tp_rank = rank % L.tp;
   s.dp_rank = rank / L.tp % L.dp;
   s.pp_rank = rank / (L.tp * L.dp);

@@ -74,7 +74,7 @@ float value(int g, const std::string& name, int64_t idx) {
   return float(int32_t(x >> 12) - (1 << 19));
 }
 
-// A layout of the 4 ranks. Mesh order (parallel/mesh.hpp): tp fastest, then
+// A layout of the 4 ranks. Rank order (core/layout.hpp): tp fastest, then
 // dp, then pp. With v > 1 virtual stages, chunk c of pipeline rank r is model
 // stage c*pp + r (n_layers / (pp*v) layers each).
 struct Layout {
@@ -88,6 +88,8 @@ ShardLayout shard_layout(const Layout& L, int rank) {
   s.tp = L.tp;
   s.dp = L.dp;
   s.pp = L.pp;
+  // The rank order of core/layout.hpp, written out: these tests also hand the
+  // save deliberately wrong layouts whose ranks coords_of() would refuse.
   s.tp_rank = rank % L.tp;
   s.dp_rank = rank / L.tp % L.dp;
   s.pp_rank = rank / (L.tp * L.dp);
