@@ -7,6 +7,7 @@
 // puts rank r's n elements at chunk r of the output.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -98,6 +99,11 @@ class Comm {
   // thread makes no call on any Comm, when progress_from_thread() says so.
   virtual void progress() {}
   virtual bool progress_from_thread() const { return false; }
+  // Called over and over, on the calling thread, while a blocking recv or
+  // wait_sends of this group waits for its peer (a pipeline bubble): the
+  // pipeline executor moves the data-parallel reduction along in that time.
+  // Empty: none. A transport that never waits may ignore it.
+  virtual void set_wait_hook(std::function<void()> hook) { (void)hook; }
   virtual void all_to_all(Tensor out, const Tensor& in) = 0;      // size()*n each; chunk r -> rank r
   // Element counts and displacements per rank.
   virtual void all_to_allv(Tensor out, const std::vector<int64_t>& recv_counts,

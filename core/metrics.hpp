@@ -31,7 +31,10 @@ struct StepMetrics {
   int world = 1;                      // ranks
   int64_t tp_bytes = 0, dp_bytes = 0;  // bytes this rank sent in the step, per group
   int64_t pp_bytes = 0;
-  double dp_wait_s = -1;  // the data-parallel reduction the step did not hide (< 0: dp = 1)
+  // The data-parallel gradient reduction the step did not hide: seconds each
+  // rank waited for it after its step's work, mean and maximum over the ranks
+  // (< 0: dp = 1).
+  double dp_wait_s = -1, dp_wait_max_s = -1;
   double bubble = -1;  // pipeline: measured idle share of the step (< 0: no pipeline)
   std::vector<MoeLayerMetrics> moe;  // this rank's MoE layers
 };

@@ -104,16 +104,21 @@ double Engine::run_micro_batches(const MicroBatchFetch& fetch) {
 double Engine::run_pipeline_step(const MicroBatchFetch& fetch) {
   const int64_t A = cfg_.accum_steps(), D = ctx_.dp->size();
   std::vector<char> reduced(size_t(model_->num_chunks()), 0);
-  auto grads_final = [&](int c) {
-    // Partial sums over tp first (SP norms, MoE routers), then the chunk's buckets.
-    model_->reduce_tp_partial_grads(c);
+  auto grads_final = [&](int c, bool fused_last) {
+    // Partial sums over tp first (SP norms, MoE routers; a chunk's last fused
+    // backward did them itself), then the chunk's buckets.
+    if (!fused_last) model_->reduce_tp_partial_grads(c);
     reducer_->chunk_ready(c);
     reduced[size_t(c)] = 1;
   };
-  double loss[1] = {pipe_->run_step(fetch, 1.0 / double(A * D),
-                                    overlap_ ? ChunkGradsReady(grads_final) : ChunkGradsReady())};
+  GradHooks hooks;
+  if (overlap_) {
+    hooks.chunk = grads_final;
+    hooks.unit = reducer_->ready_hook();
+  }
+  double loss[1] = {pipe_->run_step(fetch, 1.0 / double(A * D), hooks)};
   for (int c = 0; c < model_->num_chunks(); ++c)  // a schedule without ReduceGrads
-    if (!reduced[size_t(c)]) grads_final(c);
+    if (!reduced[size_t(c)]) grads_final(c, false);
   reducer_->finish_grad_sync();
   times_.dp_wait_s = reducer_->last_wait_seconds();
   // The loss is known on the last stage; every rank logs and checks the same value.

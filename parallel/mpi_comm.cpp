@@ -343,11 +343,14 @@ void MpiComm::send(const Tensor& t, int peer, int tag) {
 void MpiComm::wait_politely(MPI_Request& req, MPI_Status* st) {
   // A pipeline stage can wait long for its neighbour (the bubble). Polling
   // without pause would take a core from the ranks that compute when ranks
-  // share cores; after a short spin, poll every 50 us.
+  // share cores; after a short spin, poll every 50 us. The wait hook (the
+  // executor's: other groups' started collectives) runs between polls.
   int done = 0;
   for (int spin = 0; !done; ++spin) {
     ADGT_MPI(MPI_Test(&req, &done, st));
-    if (!done && spin >= 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (done) break;
+    if (wait_hook_) wait_hook_();
+    if (spin >= 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 

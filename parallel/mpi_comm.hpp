@@ -66,6 +66,7 @@ class MpiComm final : public Comm {
   void wait_sends() override;
   void progress() override;
   bool progress_from_thread() const override;
+  void set_wait_hook(std::function<void()> hook) override { wait_hook_ = std::move(hook); }
   void all_to_all(Tensor out, const Tensor& in) override;
   void all_to_allv(Tensor out, const std::vector<int64_t>& recv_counts,
                    const std::vector<int64_t>& recv_displs, const Tensor& in,
@@ -92,7 +93,8 @@ class MpiComm final : public Comm {
   void run_until(const RingOp& op);  // drives every pending op until `op` completes
   void post_step(RingOp& op);
   // MPI_Wait that stops spinning after a while (send/recv of pipeline stages).
-  static void wait_politely(MPI_Request& req, MPI_Status* st);
+  // Runs the wait hook between tests.
+  void wait_politely(MPI_Request& req, MPI_Status* st);
 
   MPI_Comm comm_ = MPI_COMM_NULL;  // send/recv, MPI collectives
   MPI_Comm ring_ = MPI_COMM_NULL;  // ring traffic (a private duplicate)
@@ -102,6 +104,7 @@ class MpiComm final : public Comm {
   std::vector<std::shared_ptr<RingOp>> pending_ops_;  // started, not complete, in start order
   std::vector<std::vector<char>> scratch_pool_;       // scratch of completed ops, for reuse
   int64_t ops_started_ = 0;
+  std::function<void()> wait_hook_;
   std::map<int64_t, std::vector<MPI_Request>> pending_;  // isend id -> its requests
   int64_t next_send_id_ = 1;
 };

@@ -135,7 +135,7 @@ double PipelineExecutor::last_busy_seconds() const {
 }
 
 double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scale,
-                                  const ChunkGradsReady& grads_ready) {
+                                  const GradHooks& hooks) {
   using clock = std::chrono::steady_clock;
   const auto& list = sched_.ranks[size_t(rank_)];
   timeline_.clear();
@@ -147,12 +147,25 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
   std::vector<Comm*> moving{&comm_};
   moving.insert(moving.end(), progress_comms_.begin(), progress_comms_.end());
   SendProgress progress(moving);
+  // While a Recv or WaitSends waits for a neighbour (the bubble), the started
+  // data-parallel collectives move along on this thread.
+  struct WaitHook {
+    Comm& c;
+    ~WaitHook() { c.set_wait_hook({}); }
+  } clear_hook{comm_};
+  if (!progress_comms_.empty())
+    comm_.set_wait_hook([this] {
+      for (Comm* pc : progress_comms_) pc->progress();
+    });
   // The helper thread may call MPI only while this thread makes no MPI call:
   // not when a compute itself communicates (tensor parallelism, the MoE
   // all-to-all).
   const bool progress_ok = model_.tp_size() == 1 && !model_.has_moe();
   // Snapshots of input gradients between a backward and its SendGrad.
   std::map<std::pair<int, int>, Tensor> grad_out;
+  // Per chunk: whether its last weight gradients came from a fused Backward
+  // that reported its units (hooks.unit) and summed its tp partials.
+  std::vector<char> fused_last(size_t(model_.num_chunks()), 0);
 
   for (size_t i = 0; i < list.size(); ++i) {
     const pp::Instr& in = list[i];
@@ -216,9 +229,18 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
           const Tensor out = model_.stage_output(c, slot);
           d_out = Tensor(it->second.data(), out.dtype, {out.numel()});
         }
-        if (progress_ok) progress.compute_begin();
-        model_.backward_chunk(c, slot, d_out, split);
+        // The chunk's last fused Backward reports its gradient units as they
+        // complete, so their buckets start during it and move along (helper
+        // thread) while the rest of it computes. Starting a bucket is an MPI
+        // call of this thread: the helper steps out for it (MPI_THREAD_SERIALIZED).
+        const bool last_w = !split && hooks.unit && i + 1 < list.size() &&
+                            list[i + 1].op == pp::Op::ReduceGrads && list[i + 1].chunk == c;
+        std::function<void(int64_t, int64_t)> unit;
+        if (last_w) unit = hooks.unit;
+        if (progress_ok && !last_w) progress.compute_begin();
+        model_.backward_chunk(c, slot, d_out, split, unit, last_w);
         progress.compute_end();
+        fused_last[size_t(c)] = last_w;
         if (stage > 0) {  // snapshot dL/d(input) for the SendGrad
           Tensor g = model_.input_grad();
           Tensor b = send_buffer(g);
@@ -244,7 +266,7 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
         break;
       }
       case pp::Op::ReduceGrads:
-        if (grads_ready) grads_ready(c);
+        if (hooks.chunk) hooks.chunk(c, fused_last[size_t(c)] != 0);
         break;
       case pp::Op::WaitSends:
         comm_.wait_sends();

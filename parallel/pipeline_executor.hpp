@@ -32,8 +32,18 @@ struct ExecutedInstr {
 
 // Fills the host token ids of micro-batch mb: inputs and targets, (B*T) each.
 using MicroBatchFetch = std::function<void(int mb, int32_t* inputs, int32_t* targets)>;
-// Called at ReduceGrads(chunk): the chunk's weight gradients are final.
-using ChunkGradsReady = std::function<void(int chunk)>;
+// What the executor tells the data-parallel gradient reduction about final
+// gradients (GradReducer).
+struct GradHooks {
+  // At ReduceGrads(chunk): the chunk's weight gradients are final. fused_last:
+  // they came from a fused Backward that already summed the chunk's tp
+  // partials (SP norms, MoE routers) and reported its units through `unit`.
+  std::function<void(int chunk, bool fused_last)> chunk;
+  // During a chunk's last fused Backward (the one right before its
+  // ReduceGrads): each gradient unit as it completes (Model::backward's
+  // on_ready), so its bucket can start before the backward ends. Empty: none.
+  std::function<void(int64_t, int64_t)> unit;
+};
 
 class PipelineExecutor {
  public:
@@ -47,11 +57,11 @@ class PipelineExecutor {
   // One optimizer step's forwards and backwards, accumulating gradients (+=)
   // of grad_scale * (mean loss of each micro-batch). Returns the sum of the
   // micro-batches' mean losses on the rank holding the head (0 elsewhere).
-  // At ReduceGrads(c) it calls grads_ready(c) (which starts the chunk's
-  // data-parallel reduction). Stops at WaitSends with every send completed;
-  // the caller completes the gradient reduction and steps the optimizer.
-  double run_step(const MicroBatchFetch& fetch, double grad_scale,
-                  const ChunkGradsReady& grads_ready = {});
+  // At ReduceGrads(c) it calls hooks.chunk (which starts the chunk's
+  // data-parallel reduction), and during the chunk's last fused Backward
+  // hooks.unit. Stops at WaitSends with every send completed; the caller
+  // completes the gradient reduction and steps the optimizer.
+  double run_step(const MicroBatchFetch& fetch, double grad_scale, const GradHooks& hooks = {});
   // Groups whose started collectives the executor moves along: between
   // instructions, and from its helper thread while this rank computes (when
   // no compute communicates). The data-parallel groups of GradReducer.

@@ -284,7 +284,16 @@ TrainSummary Trainer::train() {
       ++timed_steps;
     }
     const double elapsed = std::chrono::duration<double>(clock::now() - t_start).count();
-    if (metrics && (step_ % cfg_.log.interval == 0 || step_ == t.steps)) {
+    const bool log_now = step_ % cfg_.log.interval == 0 || step_ == t.steps;
+    // The data-parallel reduction each rank waited for after its step's work:
+    // mean and maximum over the world (collective: every rank logs at the same steps).
+    double dp_wait[2] = {engine_->last_times().dp_wait_s, engine_->last_times().dp_wait_s};
+    if (log_now && g.dp->size() > 1) {
+      g.world->all_reduce(Tensor(dp_wait, DType::F64, {1}));
+      g.world->all_reduce(Tensor(dp_wait + 1, DType::F64, {1}), ReduceOp::Max);
+      dp_wait[0] /= double(g.world->size());
+    }
+    if (metrics && log_now) {
       StepMetrics m;
       m.world = world;
       m.tp_bytes = g.tp->stats().bytes - tp_bytes0;
@@ -302,7 +311,8 @@ TrainSummary Trainer::train() {
         m.moe.push_back(std::move(y));
       }
       m.bubble = engine_->last_times().bubble;
-      m.dp_wait_s = g.dp->size() > 1 ? engine_->last_times().dp_wait_s : -1.0;
+      m.dp_wait_s = g.dp->size() > 1 ? dp_wait[0] : -1.0;
+      m.dp_wait_max_s = g.dp->size() > 1 ? dp_wait[1] : -1.0;
       m.step = step_;
       m.total_steps = t.steps;
       m.loss = interval_n ? interval_loss / double(interval_n) : loss;
