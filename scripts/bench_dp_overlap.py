@@ -123,8 +123,9 @@ def main():
     off = statistics.median(r[0] for r in res[False])
     son = statistics.median(r[1] for r in res[True])
     soff = statistics.median(r[1] for r in res[False])
+    ratio = f"{on / off:.2f}x" if off > 0 else "n/a"
     print(f"exposed dp reduction: {1e3 * off:.2f} ms at the end of the step -> {1e3 * on:.2f} ms "
-          f"overlapped ({on / off:.2f}x); step {1e3 * soff:.1f} -> {1e3 * son:.1f} ms "
+          f"overlapped ({ratio}); step {1e3 * soff:.1f} -> {1e3 * son:.1f} ms "
           f"({son / soff:.2f}x); losses bit-identical")
 
 
