@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/metrics.hpp"
 #include "kernels/check.hpp"
 #include "parallel/schedule/simulate.hpp"
 #include "parallel/schedule/validate.hpp"
@@ -18,10 +19,10 @@ std::string broadcast_text(Comm& comm, const std::string& text, int root) {
   return std::string(reinterpret_cast<const char*>(words.data()), size_t(len[0]));
 }
 
-std::vector<nlohmann::json> run_controllers(const std::vector<std::unique_ptr<Controller>>& cs,
-                                            Engine& e, const StepReport& r, Comm& world) {
+std::vector<nlohmann::json> run_controllers(const std::vector<Controller*>& cs, Engine& e,
+                                            const StepReport& r, Comm& world) {
   std::vector<nlohmann::json> records;
-  for (const auto& c : cs) {
+  for (Controller* c : cs) {
     if (!c->due(r)) continue;
     const nlohmann::json inputs = c->observe(e, r, world);
     std::string text;
@@ -37,6 +38,12 @@ std::vector<nlohmann::json> run_controllers(const std::vector<std::unique_ptr<Co
                          {"decision", decision}});
   }
   return records;
+}
+
+void StepHook::after_step(Engine& e, const StepReport& r, Comm& world, MetricsLog* log) {
+  for (Observer* o : observers_) o->observe(e, r, world);
+  for (const nlohmann::json& rec : run_controllers(controllers_, e, r, world))
+    if (log) log->log_record(rec);
 }
 
 namespace {

@@ -1,9 +1,11 @@
-// Run-time controllers and the one hook that runs them (ARCHITECTURE.md,
-// "decide on one rank, broadcast, log"). After a step, every rank observes
-// (collective measurements, so the inputs agree), world rank 0 alone decides,
-// the decision is broadcast as JSON text, every rank applies the same one, and
-// rank 0 writes {inputs, decision} to metrics.jsonl. A controller only moves
-// work in time and space: it never changes the numbers a step computes.
+// The one hook the training loop runs after every step (StepHook): first the
+// observers (they read the step: the metrics log, later profilers), then the
+// controllers (ARCHITECTURE.md, "decide on one rank, broadcast, log"): every
+// rank observes (collective measurements, so the inputs agree), world rank 0
+// alone decides, the decision is broadcast as JSON text, every rank applies
+// the same one, and rank 0 writes {inputs, decision} to metrics.jsonl. A
+// controller only moves work in time and space: it never changes the numbers
+// a step computes.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -17,11 +19,27 @@
 
 namespace adgt {
 
-// What the loop knows after a step; the same on every rank.
+// What the loop knows after a step; the same on every rank except the
+// per-rank measurements marked so.
 struct StepReport {
   int64_t step = 0;        // steps completed (1-based)
   int64_t first_step = 0;  // the step this run started from (resume)
-  double loss = 0, grad_norm = 0;
+  int64_t total_steps = 0; // train.steps
+  double loss = 0, grad_norm = 0, lr = 0;
+  bool applied = true;     // the update was applied (loss and norm finite)
+  int64_t skipped_steps = 0;  // updates skipped so far in this run
+  double seconds = 0;      // this rank: the step's wall time
+  int64_t tp_bytes = 0, dp_bytes = 0, pp_bytes = 0;  // this rank: bytes sent in the step, per group
+};
+
+class MetricsLog;
+
+// Reads each step; every rank, after every step, before the controllers. May
+// be collective over the world (every rank calls it with the same report).
+class Observer {
+ public:
+  virtual ~Observer() = default;
+  virtual void observe(Engine& e, const StepReport& r, Comm& world) = 0;
 };
 
 class Controller {
@@ -44,8 +62,22 @@ std::string broadcast_text(Comm& comm, const std::string& text, int root = 0);
 // One cycle of every due controller (observe, decide on rank 0, broadcast,
 // apply). Returns, on world rank 0, the records to log: {"event":
 // "controller", "controller", "step", "inputs", "decision"}; elsewhere empty.
-std::vector<nlohmann::json> run_controllers(const std::vector<std::unique_ptr<Controller>>& cs,
-                                            Engine& e, const StepReport& r, Comm& world);
+std::vector<nlohmann::json> run_controllers(const std::vector<Controller*>& cs, Engine& e,
+                                            const StepReport& r, Comm& world);
+
+// The loop's one hook: observers in the order added, then the due controllers
+// (run_controllers), their records written to `log` (rank 0's; nullptr
+// elsewhere). It does not own them.
+class StepHook {
+ public:
+  void add(Observer& o) { observers_.push_back(&o); }
+  void add(Controller& c) { controllers_.push_back(&c); }
+  void after_step(Engine& e, const StepReport& r, Comm& world, MetricsLog* log);
+
+ private:
+  std::vector<Observer*> observers_;
+  std::vector<Controller*> controllers_;
+};
 
 // parallel.schedule: greedy. After the run's second step (the first warms
 // caches and buffers) it re-plans the pipeline schedule from the mean F, B and

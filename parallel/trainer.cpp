@@ -13,12 +13,12 @@
 #include <omp.h>
 
 #include "core/checkpoint/checkpoint.hpp"
-#include "parallel/cost/memory.hpp"
 #include "core/metrics.hpp"
 #include "core/data/sampler.hpp"
 #include "core/data/token_shard.hpp"
 #include "kernels/check.hpp"
 #include "parallel/pipeline_plan.hpp"
+#include "parallel/step_logger.hpp"
 #include "parallel/trainer_state.hpp"
 
 namespace adgt {
@@ -221,120 +221,62 @@ int Trainer::agreed_stop_signal() {
 TrainSummary Trainer::train() {
   const TrainConfig& t = cfg_.train;
   const ParallelContext& g = engine_->groups();
-  const int64_t tokens_per_step = t.global_batch * cfg_.model.seq_len;
-  const double flops_per_token =
-      estimate_memory(cfg_, compute_bytes_per_element(cfg_)).flops_per_token;
   const bool measured_peak = cfg_.log.peak_tflops <= 0;
-  double peak = measured_peak ? backend_->peak_tflops_for(engine_->model().dtype()) : cfg_.log.peak_tflops;
-  std::unique_ptr<MetricsLog> metrics_ptr;
-  if (lead()) metrics_ptr = std::make_unique<MetricsLog>(cfg_.log.dir, step_ > 0);
-  MetricsLog* metrics = metrics_ptr.get();
-  const int world = g.tp->size() * g.dp->size() * g.pp->size();
+  const double peak =
+      measured_peak ? backend_->peak_tflops_for(engine_->model().dtype()) : cfg_.log.peak_tflops;
+  std::unique_ptr<MetricsLog> metrics;
+  if (lead()) metrics = std::make_unique<MetricsLog>(cfg_.log.dir, step_ > 0);
   TrainSummary sum;
   if (metrics) sum.metrics_path = metrics->path();
   if (lead()) print_header(peak);
+  // The hook after every step: the step metrics, then the controllers.
+  StepHook hook;
+  StepLogger logger(cfg_, *backend_, metrics.get(), peak, measured_peak);
+  hook.add(logger);
+  for (auto& c : controllers_) hook.add(*c);
 
   using clock = std::chrono::steady_clock;
   const auto t_start = clock::now();
-  double timed_s = 0;
-  int64_t timed_steps = 0, consecutive_bad = 0;
+  int64_t consecutive_bad = 0;
   const int64_t first_step = step_;
-  double interval_loss = 0;
-  int64_t interval_n = 0;
   while (step_ < t.steps) {
     const auto t0 = clock::now();
-    const int64_t tp_bytes0 = g.tp->stats().bytes, dp_bytes0 = g.dp->stats().bytes,
-                  pp_bytes0 = g.pp->stats().bytes;
-    const double lr = lr_at(t, step_);
+    StepReport r;
+    r.first_step = first_step;
+    r.total_steps = t.steps;
+    r.tp_bytes = -g.tp->stats().bytes, r.dp_bytes = -g.dp->stats().bytes, r.pp_bytes = -g.pp->stats().bytes;
+    r.lr = lr_at(t, step_);
     const int64_t first_sample = samples_seen_;
-    const double loss = engine_->forward_backward([&](int a, int32_t* in, int32_t* tg) {
+    r.loss = engine_->forward_backward([&](int a, int32_t* in, int32_t* tg) {
       fetch_micro_batch(first_sample, a, in, tg);
     });
     samples_seen_ += t.global_batch;
     trace_pipeline_step();
-    const double gn = engine_->grad_norm();
+    r.grad_norm = engine_->grad_norm();
     // Loss and norm are identical on every rank (deterministic reductions), so
     // every rank takes the same branch.
-    const bool finite = std::isfinite(loss) && std::isfinite(gn);
-    if (finite) {
-      engine_->apply_update(lr, ++opt_steps_, clip_coefficient(gn, t.grad_clip));
+    r.applied = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
+    if (r.applied) {
+      engine_->apply_update(r.lr, ++opt_steps_, clip_coefficient(r.grad_norm, t.grad_clip));
       consecutive_bad = 0;
-      interval_loss += loss;
-      ++interval_n;
     } else {
       ++sum.skipped_steps;
       ++consecutive_bad;
       if (lead())
         std::fprintf(stderr, "step %ld: non-finite %s (loss %g, grad norm %g); update skipped\n",
-                     long(step_ + 1), std::isfinite(loss) ? "gradient norm" : "loss", loss, gn);
+                     long(step_ + 1), std::isfinite(r.loss) ? "gradient norm" : "loss", r.loss,
+                     r.grad_norm);
       ADGT_CHECK(consecutive_bad <= t.max_skipped_steps,
                  consecutive_bad << " consecutive steps had a non-finite loss or gradient; "
                                     "stopping (train.max_skipped_steps="
                                  << t.max_skipped_steps << "); lower train.lr or resume from "
                                                            "an earlier checkpoint");
     }
-    ++step_;
-    // The controllers' hook: decide on rank 0, broadcast, apply, log.
-    StepReport report{step_, first_step, loss, gn};
-    for (const nlohmann::json& rec : run_controllers(controllers_, *engine_, report, *g.world))
-      if (metrics) metrics->log_record(rec);
-    const double dt = std::chrono::duration<double>(clock::now() - t0).count();
-    if (step_ > first_step + 1) {  // the first step warms caches and thread pools
-      timed_s += dt;
-      ++timed_steps;
-    }
-    const double elapsed = std::chrono::duration<double>(clock::now() - t_start).count();
-    const bool log_now = step_ % cfg_.log.interval == 0 || step_ == t.steps;
-    // The data-parallel reduction each rank waited for after its step's work:
-    // mean and maximum over the world (collective: every rank logs at the same steps).
-    double dp_wait[2] = {engine_->last_times().dp_wait_s, engine_->last_times().dp_wait_s};
-    if (log_now && g.dp->size() > 1) {
-      g.world->all_reduce(Tensor(dp_wait, DType::F64, {1}));
-      g.world->all_reduce(Tensor(dp_wait + 1, DType::F64, {1}), ReduceOp::Max);
-      dp_wait[0] /= double(g.world->size());
-    }
-    if (metrics && log_now) {
-      StepMetrics m;
-      m.world = world;
-      m.tp_bytes = g.tp->stats().bytes - tp_bytes0;
-      m.dp_bytes = g.dp->stats().bytes - dp_bytes0;
-      m.pp_bytes = g.pp->stats().bytes - pp_bytes0;
-      for (const MoeLayerStep& x : engine_->model().moe_stats()) {
-        MoeLayerMetrics y;
-        y.layer = x.layer;
-        y.load = x.load;
-        y.tokens = x.tokens;
-        y.dropped = x.dropped;
-        y.aux = x.calls ? x.aux / double(x.calls) : 0;
-        y.a2a_bytes = x.a2a_bytes;
-        y.a2a_seconds = x.a2a_seconds;
-        m.moe.push_back(std::move(y));
-      }
-      m.bubble = engine_->last_times().bubble;
-      m.dp_wait_s = g.dp->size() > 1 ? dp_wait[0] : -1.0;
-      m.dp_wait_max_s = g.dp->size() > 1 ? dp_wait[1] : -1.0;
-      m.step = step_;
-      m.total_steps = t.steps;
-      m.loss = interval_n ? interval_loss / double(interval_n) : loss;
-      m.lr = lr;
-      m.grad_norm = gn;
-      m.tokens_per_s = double(tokens_per_step) / dt;
-      m.tflops = m.tokens_per_s * flops_per_token / 1e12 / double(world);  // per rank
-      if (measured_peak && peak > 0 && m.tflops > peak)  // the start-up figure read low
-        peak = backend_->remeasure_peak_tflops();
-      m.peak_tflops = peak;
-      m.mfu = peak > 0 ? m.tflops / peak : -1;
-      m.elapsed_s = elapsed;
-      const double per_step = timed_steps ? timed_s / double(timed_steps) : dt;
-      m.eta_s = per_step * double(t.steps - step_);
-      m.skipped_steps = sum.skipped_steps;
-      std::printf("%s\n", format_step_line(m).c_str());
-      std::fflush(stdout);
-      metrics->log_step(m);
-      sum.final_train_loss = m.loss;
-      interval_loss = 0;
-      interval_n = 0;
-    }
+    r.step = ++step_;
+    r.skipped_steps = sum.skipped_steps;
+    r.tp_bytes += g.tp->stats().bytes, r.dp_bytes += g.dp->stats().bytes, r.pp_bytes += g.pp->stats().bytes;
+    r.seconds = std::chrono::duration<double>(clock::now() - t0).count();
+    hook.after_step(*engine_, r, *g.world, metrics.get());
     const bool last = step_ == t.steps;
     if (t.eval_interval > 0 && (step_ % t.eval_interval == 0 || last)) {
       const double vl = evaluate();
@@ -363,7 +305,9 @@ TrainSummary Trainer::train() {
   }
   sum.steps_done = step_;
   sum.wall_s = std::chrono::duration<double>(clock::now() - t_start).count();
-  sum.tokens_per_s = timed_steps ? double(tokens_per_step * timed_steps) / timed_s : 0;
+  const double per_step = logger.mean_step_seconds();
+  sum.tokens_per_s = per_step > 0 ? double(t.global_batch * cfg_.model.seq_len) / per_step : 0;
+  sum.final_train_loss = logger.final_train_loss();
   sum.checkpoint = last_checkpoint_;
   return sum;
 }
