@@ -1,5 +1,8 @@
-// Run-time backend choice.
+// Run-time backend choice, and the deferred-failure path of Backend.
 #include "kernels/backend.hpp"
+
+#include <cstdio>
+#include <stdexcept>
 
 #include "kernels/check.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
@@ -10,31 +13,71 @@
 namespace adgt {
 
 #ifndef ADGT_HAVE_CUDA
-int cuda_device_count() { return 0; }
+DeviceQuery cuda_device_query() { return {}; }
 #endif
 
-std::unique_ptr<Backend> make_backend(const std::string& device) {
-  if (device == "cpu") return std::make_unique<CpuBackend>();
-#ifdef ADGT_HAVE_CUDA
+int cuda_device_count() { return cuda_device_query().count; }
+
+void Backend::defer_error(const char* op, const char* what) noexcept {
+  try {
+    if (deferred_error_.empty())
+      deferred_error_ = std::string(op) + ": " + what;
+    else
+      ++deferred_more_;
+  } catch (...) {  // out of memory for the message: keep what there is
+  }
+}
+
+void Backend::throw_deferred_error() {
+  if (deferred_error_.empty()) return;
+  std::string msg = name() + ": " + deferred_error_;
+  if (deferred_more_ > 0) msg += " (and " + std::to_string(deferred_more_) + " later failures)";
+  msg += "; reported here because it happened where nothing may throw (a buffer being freed)";
+  deferred_error_.clear();
+  deferred_more_ = 0;
+  throw std::runtime_error(msg);
+}
+
+DeviceChoice choose_device(const std::string& device, const DeviceQuery& q, bool cuda_built) {
+  if (device == "cpu") return {"cpu", ""};
+  if (device != "auto" && device != "cuda")
+    ADGT_CHECK(false, "unknown device '" << device << "'; use auto, cpu or cuda");
+  if (!cuda_built) {
+    ADGT_CHECK(device == "auto",
+               "train.device=cuda: this binary was built without CUDA (nvcc was not found "
+               "at configure time); use train.device=cpu or auto, or rebuild with the "
+               "CUDA toolkit installed");
+    return {"cpu", ""};  // no CUDA backend in this build
+  }
+  if (q.count > 0) return {"cuda", ""};
+  const std::string fix =
+      q.error.find("InsufficientDriver") != std::string::npos
+          ? "the NVIDIA driver is older than this CUDA runtime needs: update the driver"
+          : "check the NVIDIA driver (nvidia-smi) and CUDA_VISIBLE_DEVICES";
   if (device == "auto") {
-    if (cuda_device_count() > 0) return std::make_unique<CudaBackend>();
-    return std::make_unique<CpuBackend>();
+    if (q.error.empty()) return {"cpu", ""};
+    return {"cpu", "train.device=auto: the CUDA runtime could not list devices: " + q.error + "; " +
+                       fix + ". Training on the CPU."};
   }
-  if (device == "cuda") {
-    ADGT_CHECK(cuda_device_count() > 0,
-               "train.device=cuda: no CUDA device is visible (check the driver and "
-               "CUDA_VISIBLE_DEVICES); use train.device=cpu or auto");
-    return std::make_unique<CudaBackend>();
-  }
+  ADGT_CHECK(q.error.empty(), "train.device=cuda: the CUDA runtime could not list devices: "
+                                  << q.error << "; " << fix << ", or use train.device=cpu");
+  ADGT_CHECK(false, "train.device=cuda: no CUDA device is visible (check the driver and "
+                    "CUDA_VISIBLE_DEVICES); use train.device=cpu or auto");
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& device) {
+#ifdef ADGT_HAVE_CUDA
+  constexpr bool cuda_built = true;
 #else
-  if (device == "auto") return std::make_unique<CpuBackend>();  // no CUDA backend in this build
-  if (device == "cuda") {
-    ADGT_CHECK(false, "train.device=cuda: this binary was built without CUDA (nvcc was not found "
-                      "at configure time); use train.device=cpu or auto, or rebuild with the "
-                      "CUDA toolkit installed");
-  }
+  constexpr bool cuda_built = false;
 #endif
-  ADGT_CHECK(false, "unknown device '" << device << "'; use auto, cpu or cuda");
+  const DeviceChoice c =
+      choose_device(device, device == "cpu" ? DeviceQuery{} : cuda_device_query(), cuda_built);
+  if (!c.warning.empty()) std::fprintf(stderr, "warning: %s\n", c.warning.c_str());
+#ifdef ADGT_HAVE_CUDA
+  if (c.device == "cuda") return std::make_unique<CudaBackend>();
+#endif
+  return std::make_unique<CpuBackend>();
 }
 
 }  // namespace adgt

@@ -47,11 +47,15 @@ class Backend {
 
   // ---- memory ----
   virtual void* alloc(size_t bytes) = 0;
-  virtual void release(void* p) = 0;
+  // Never throws: it runs in destructors (~Buffer), also while an exception
+  // unwinds. A failure is kept (defer_error) and thrown by the backend's next
+  // synchronize(), to_host() or to_device().
+  virtual void release(void* p) noexcept = 0;
   virtual void to_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void to_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void zero(Tensor t) = 0;
-  virtual void synchronize() {}
+  // Waits for queued work; throws a failure a noexcept path deferred.
+  virtual void synchronize() { throw_deferred_error(); }
   // Dense matmul peak in TFLOP/s for MFU: measured (CPU: an sgemm timing) or
   // the device's rated figure. Non-positive when unknown.
   virtual double peak_tflops() = 0;
@@ -176,6 +180,17 @@ class Backend {
     adamw(param, grad, m, v, h);
     cast(lowp, param);
   }
+
+ protected:
+  // A failure on a path that must not throw (release), kept until the next
+  // synchronize/to_host/to_device; the first one is kept, later ones counted.
+  void defer_error(const char* op, const char* what) noexcept;
+  // Throws the deferred failure, if any, and clears it.
+  void throw_deferred_error();
+
+ private:
+  std::string deferred_error_;
+  int deferred_more_ = 0;
 };
 
 // Owns memory on a backend.
@@ -197,7 +212,7 @@ class Buffer {
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   ~Buffer() { reset(); }
-  void reset() {
+  void reset() noexcept {
     if (p_ && be_) be_->release(p_);
     p_ = nullptr; bytes_ = 0;
   }
@@ -210,10 +225,32 @@ class Buffer {
   size_t bytes_ = 0;
 };
 
-// "cpu" or "cuda"; "auto" picks CUDA when a GPU is visible and the CUDA
-// backend is built. Throws with a clear message otherwise.
-std::unique_ptr<Backend> make_backend(const std::string& device);
-// Number of visible CUDA devices (0 when CUDA is not built or no driver).
+// What the CUDA runtime says about devices: how many are visible, or why it
+// could not tell (a CUDA error other than "no device": an old driver, a
+// broken installation). Without a CUDA build: 0 devices, no error.
+struct DeviceQuery {
+  int count = 0;
+  std::string error;  // "" or "cudaErrorInsufficientDriver (CUDA driver version is insufficient ...)"
+};
+DeviceQuery cuda_device_query();
+// Number of visible CUDA devices (0 when CUDA is not built, on no device or on any error).
 int cuda_device_count();
+
+// The device a run gets for train.device = `device` ("auto", "cpu" or
+// "cuda"), from a device query and whether the binary has the CUDA backend:
+// "cpu" or "cuda", and for auto falling back to the CPU because of a CUDA
+// error, a warning naming it (else ""). Throws with the cause and a fix
+// (cuda without a device, without the backend, or with a CUDA error; an
+// unknown name). Pure: tests pass fake queries.
+struct DeviceChoice {
+  std::string device;
+  std::string warning;
+};
+DeviceChoice choose_device(const std::string& device, const DeviceQuery& q, bool cuda_built);
+
+// "cpu" or "cuda"; "auto" picks CUDA when a GPU is visible and the CUDA
+// backend is built (choose_device; its warning goes to stderr). Throws with a
+// clear message otherwise.
+std::unique_ptr<Backend> make_backend(const std::string& device);
 
 }  // namespace adgt

@@ -39,7 +39,7 @@ void* CpuBackend::alloc(size_t bytes) {
   if (!p) throw std::bad_alloc();
   return p;
 }
-void CpuBackend::release(void* p) { std::free(p); }
+void CpuBackend::release(void* p) noexcept { std::free(p); }
 void CpuBackend::to_device(void* dst, const void* src, size_t bytes) {
   std::memcpy(dst, src, bytes);
 }

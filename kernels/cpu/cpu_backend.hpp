@@ -9,7 +9,7 @@
 
 namespace adgt {
 
-class CpuBackend final : public Backend {
+class CpuBackend : public Backend {
  public:
   CpuBackend();
 
@@ -21,7 +21,7 @@ class CpuBackend final : public Backend {
   bool is_host() const override { return true; }
 
   void* alloc(size_t bytes) override;
-  void release(void* p) override;
+  void release(void* p) noexcept override;
   void to_device(void* dst, const void* src, size_t bytes) override;
   void to_host(void* dst, const void* src, size_t bytes) override;
   void zero(Tensor t) override;

@@ -270,15 +270,28 @@ void* CudaBackend::alloc(size_t bytes) {
   return p;
 }
 
-void CudaBackend::release(void* p) {
+void CudaBackend::release(void* p) noexcept {
   if (!p) return;
-  // Work still queued may use p: finish it first.
-  ADGT_CUDA_OP(cudaStreamSynchronize(stream_), "release");
-  ADGT_CUDA_OP(cudaFree(p), "release");
-  // No check_device_errors here: release runs in destructors.
+  // Work still queued may use p: finish it first. Nothing here may throw
+  // (destructors, unwinding): a failure — after a sticky fault, the fault of
+  // an earlier op on the stream — is deferred to the next synchronize,
+  // to_host or to_device, which throw it; ADGT_CUDA_SYNC=1 names the op that
+  // caused it.
+  cudaError_t e = cudaStreamSynchronize(stream_);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    defer_error("release: cudaStreamSynchronize (the fault of an earlier op on the stream)",
+                cudaGetErrorName(e));
+  }
+  e = cudaFree(p);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    defer_error("release: cudaFree", cudaGetErrorName(e));
+  }
 }
 
 void CudaBackend::to_device(void* dst, const void* src, size_t bytes) {
+  throw_deferred_error();
   if (!bytes) return;
   ADGT_CUDA_OP(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "to_device");
   ADGT_CUDA_OP(cudaStreamSynchronize(stream_), "to_device");
@@ -286,6 +299,7 @@ void CudaBackend::to_device(void* dst, const void* src, size_t bytes) {
 }
 
 void CudaBackend::to_host(void* dst, const void* src, size_t bytes) {
+  throw_deferred_error();
   if (!bytes) return;
   ADGT_CUDA_OP(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "to_host");
   ADGT_CUDA_OP(cudaStreamSynchronize(stream_), "to_host");
@@ -297,6 +311,7 @@ void CudaBackend::zero(Tensor t) {
 }
 
 void CudaBackend::synchronize() {
+  throw_deferred_error();
   ADGT_CUDA_OP(cudaStreamSynchronize(stream_), "synchronize");
   check_device_errors("synchronize");
 }

@@ -45,7 +45,7 @@ class CudaBackend final : public Backend {
 
   // ---- memory ----
   void* alloc(size_t bytes) override;
-  void release(void* p) override;
+  void release(void* p) noexcept override;
   void to_device(void* dst, const void* src, size_t bytes) override;
   void to_host(void* dst, const void* src, size_t bytes) override;
   void zero(Tensor t) override;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <cstdint>
+#include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -49,9 +50,27 @@ namespace adgt::cuda {
                                 __LINE__);                                             \
   } while (0)
 
+namespace adgt::cuda {
+// ADGT_CUDA_SYNC=1 (any value but 0): synchronise the device after every
+// kernel launch and check, so a device fault (an illegal address) is named at
+// the op that caused it rather than at a later one. Slow; for finding faults.
+inline bool sync_debug() {
+  static const bool on = [] {
+    const char* v = std::getenv("ADGT_CUDA_SYNC");
+    return v && *v && std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+}  // namespace adgt::cuda
+
 // After every kernel launch: launch-configuration errors now, and errors of
-// earlier asynchronous work that surface here.
-#define ADGT_LAUNCH_CHECK(op) ADGT_CUDA_OP(cudaGetLastError(), op)
+// earlier asynchronous work that surface here; with ADGT_CUDA_SYNC=1 the
+// launch's own execution errors too.
+#define ADGT_LAUNCH_CHECK(op)                                                          \
+  do {                                                                                 \
+    ADGT_CUDA_OP(cudaGetLastError(), op);                                              \
+    if (::adgt::cuda::sync_debug()) ADGT_CUDA_OP(cudaDeviceSynchronize(), op);        \
+  } while (0)
 
 namespace adgt::cuda {
 
