@@ -208,9 +208,35 @@ build machine first and name build-devbundle in the device call's carry"
   # own timeout so one hang cannot eat the call (~8 minutes in all).
   local left
   left() { local l=$((${CHECK_BUDGET_S:-470} - (SECONDS - t0))); ((l > 20)) && echo $l || echo 20; }
-  echo "== 1. CUDA-vs-CPU tests (every op fp32/fp64/bf16, flash attention, training steps)"
   local trc=0 arc=0 trc2=0 brc=0 prc=0 krc=0
   set +e
+  # 0. Before anything long: compute-sanitizer (memcheck, then racecheck) over
+  # the small op cases, the embedding backward and the flash kernels, with
+  # ADGT_CUDA_SYNC=1 so a fault is named at its op. A finding stops the check
+  # with the sanitizer's report (the rest would only repeat the fault).
+  echo "== 0. compute-sanitizer memcheck and racecheck (small op, embedding and flash cases)"
+  local san
+  san="$(command -v compute-sanitizer || true)"
+  [[ -z "$san" && -x /usr/local/cuda/bin/compute-sanitizer ]] && san=/usr/local/cuda/bin/compute-sanitizer
+  if [[ -n "$san" ]]; then
+    local tool srs
+    for tool in memcheck racecheck; do
+      ADGT_CUDA_SYNC=1 timeout 75 "$san" --tool "$tool" --error-exitcode 99 "$b/$BIN_NAME" \
+        "cuda backend: memory and elementwise ops,cuda backend: embedding forward and deterministic backward,cuda backend: bf16 embedding*,cuda backend: bf16 rmsnorm*,cuda attention: bf16 flash forward and backward against the CPU" \
+        2>&1 | tail -n 200 >"$out/sanitizer_$tool.log"
+      srs=${PIPESTATUS[0]}
+      echo "compute-sanitizer $tool: exit $srs ($(grep -cE '^========= (Invalid|Race|Error)' "$out/sanitizer_$tool.log") findings)"
+      if ((srs == 99)); then
+        grep -E '^=========' "$out/sanitizer_$tool.log" | head -40
+        echo "check.sh: compute-sanitizer $tool found errors; stopping (report: $out/sanitizer_$tool.log)"
+        return 1
+      fi
+    done
+  else
+    echo "compute-sanitizer not found; skipped"
+  fi
+
+  echo "== 1. CUDA-vs-CPU tests (every op fp32/fp64/bf16, flash attention, training steps)"
   timeout 200 "$b/$BIN_NAME" "[cuda]" -d yes 2>&1 | tee "$out/cuda_tests.log"
   trc=${PIPESTATUS[0]}
   if grep -q 'no CUDA device visible' "$out/cuda_tests.log"; then
