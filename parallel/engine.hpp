@@ -77,8 +77,7 @@ class Engine {
   // This rank's place, for the checkpoint files.
   ShardLayout shard_layout() const;
   // The checkpoint's tensors: weights and AdamW state (only this rank's chunk
-  // under ZeRO-1, with lay.state_lo/hi set). Collective over dp without ZeRO-1
-  // (nothing to gather) and with it (nothing either): local only.
+  // under ZeRO-1, with lay.state_lo/hi set). Local: no communication.
   void fill_checkpoint(CheckpointState& st, ShardLayout& lay);
   // Restores weights and AdamW state from a loaded checkpoint.
   void restore_checkpoint(CheckpointState& st);

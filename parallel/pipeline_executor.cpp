@@ -230,9 +230,9 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
           d_out = Tensor(it->second.data(), out.dtype, {out.numel()});
         }
         // The chunk's last fused Backward reports its gradient units as they
-        // complete, so their buckets start during it and move along (helper
-        // thread) while the rest of it computes. Starting a bucket is an MPI
-        // call of this thread: the helper steps out for it (MPI_THREAD_SERIALIZED).
+        // complete, so their buckets start during it (and move at each later
+        // unit). Starting a bucket is an MPI call of this thread, so the
+        // helper thread stays out of this compute (MPI_THREAD_SERIALIZED).
         const bool last_w = !split && hooks.unit && i + 1 < list.size() &&
                             list[i + 1].op == pp::Op::ReduceGrads && list[i + 1].chunk == c;
         std::function<void(int64_t, int64_t)> unit;

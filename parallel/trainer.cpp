@@ -67,7 +67,6 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx) : cfg_(cfg) {
   sampler_ = std::make_unique<Sampler>(*train_shard_, cfg.model.seq_len, cfg.train.seed);
   engine_ = std::make_unique<Engine>(cfg, ctx, *backend_);
   world_rank_ = ctx.world_rank;
-  world_size_ = engine_->groups().world->size();
   if (engine_->pipelined() && cfg.parallel.schedule == "greedy")
     controllers_.push_back(make_greedy_replan(cfg));
 }

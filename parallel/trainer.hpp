@@ -54,7 +54,6 @@ class Trainer {
 
   RunConfig cfg_;
   int world_rank_ = 0;
-  int world_size_ = 1;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Engine> engine_;
   std::vector<std::unique_ptr<Controller>> controllers_;

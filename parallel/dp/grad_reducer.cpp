@@ -95,7 +95,9 @@ void GradReducer::start_grad_sync() {
 }
 
 void GradReducer::progress() {
-  for (Work& w : work_) w.test();
+  // One pass per group moves every started bucket of it (a Work's test would
+  // repeat that pass for each bucket).
+  for (Comm* c : comms()) c->progress();
 }
 
 void GradReducer::finish_grad_sync() {
