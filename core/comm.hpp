@@ -112,8 +112,9 @@ class Comm {
                            const std::vector<int64_t>& send_displs) = 0;
   virtual void barrier() = 0;
 
-  const CommStats& stats() const { return stats_; }
-  void reset_stats() { stats_ = {}; }
+  // Virtual so that a decorator (parallel/device_comm.hpp) reports its transports'.
+  virtual const CommStats& stats() const { return stats_; }
+  virtual void reset_stats() { stats_ = {}; }
 
  protected:
   CommStats stats_;

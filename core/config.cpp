@@ -123,8 +123,9 @@ const std::vector<Key>& schema() {
       key("train", &R::train, "steps", &TrainConfig::steps, A::Positive,
           "optimizer steps to train for"),
       key("train", &R::train, "device", &TrainConfig::device, A::Choices,
-          "backend; auto picks cuda when a GPU is visible and built, else cpu",
-          {"auto", "cpu", "cuda"}),
+          "backend; auto picks cuda when a GPU is visible and built, else cpu; emulated = the "
+          "CPU backend behind the device boundary (tests the CUDA code paths)",
+          {"auto", "cpu", "cuda", "emulated"}),
       key("train", &R::train, "micro_batch", &TrainConfig::micro_batch, A::Positive,
           "sequences per micro-batch per rank"),
       key("train", &R::train, "global_batch", &TrainConfig::global_batch, A::Positive,

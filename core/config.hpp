@@ -45,7 +45,7 @@ struct ModelConfig {
 
 struct TrainConfig {
   int64_t steps = 300;
-  std::string device = "auto";  // auto | cpu | cuda
+  std::string device = "auto";  // auto | cpu | cuda | emulated
   int64_t micro_batch = 8;      // sequences per micro-batch per rank
   int64_t global_batch = 8;     // sequences per optimizer step (all ranks)
   double lr = 3e-3;             // peak learning rate

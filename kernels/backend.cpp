@@ -6,6 +6,7 @@
 
 #include "kernels/check.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
+#include "kernels/emulated/emulated_backend.hpp"
 #ifdef ADGT_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.hpp"
 #endif
@@ -39,9 +40,9 @@ void Backend::throw_deferred_error() {
 }
 
 DeviceChoice choose_device(const std::string& device, const DeviceQuery& q, bool cuda_built) {
-  if (device == "cpu") return {"cpu", ""};
+  if (device == "cpu" || device == "emulated") return {device, ""};
   if (device != "auto" && device != "cuda")
-    ADGT_CHECK(false, "unknown device '" << device << "'; use auto, cpu or cuda");
+    ADGT_CHECK(false, "unknown device '" << device << "'; use auto, cpu, cuda or emulated");
   if (!cuda_built) {
     ADGT_CHECK(device == "auto",
                "train.device=cuda: this binary was built without CUDA (nvcc was not found "
@@ -72,11 +73,13 @@ std::unique_ptr<Backend> make_backend(const std::string& device) {
   constexpr bool cuda_built = false;
 #endif
   const DeviceChoice c =
-      choose_device(device, device == "cpu" ? DeviceQuery{} : cuda_device_query(), cuda_built);
+      choose_device(device, device == "cpu" || device == "emulated" ? DeviceQuery{} : cuda_device_query(),
+                    cuda_built);
   if (!c.warning.empty()) std::fprintf(stderr, "warning: %s\n", c.warning.c_str());
 #ifdef ADGT_HAVE_CUDA
   if (c.device == "cuda") return std::make_unique<CudaBackend>();
 #endif
+  if (c.device == "emulated") return std::make_unique<EmulatedBackend>();
   return std::make_unique<CpuBackend>();
 }
 

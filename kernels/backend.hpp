@@ -44,6 +44,13 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   virtual bool is_host() const = 0;  // device memory is host-addressable
+  // Whether p points into memory that host code cannot address (device
+  // memory of a CUDA or emulated backend): collectives stage such tensors
+  // through host memory or hand them to NCCL. Always false when is_host().
+  virtual bool is_device_pointer(const void* p) const {
+    (void)p;
+    return false;
+  }
 
   // ---- memory ----
   virtual void* alloc(size_t bytes) = 0;
@@ -236,8 +243,9 @@ DeviceQuery cuda_device_query();
 // Number of visible CUDA devices (0 when CUDA is not built, on no device or on any error).
 int cuda_device_count();
 
-// The device a run gets for train.device = `device` ("auto", "cpu" or
-// "cuda"), from a device query and whether the binary has the CUDA backend:
+// The device a run gets for train.device = `device` ("auto", "cpu", "cuda" or
+// "emulated": the CPU backend behind the device boundary,
+// kernels/emulated/emulated_backend.hpp), from a device query and whether the binary has the CUDA backend:
 // "cpu" or "cuda", and for auto falling back to the CPU because of a CUDA
 // error, a warning naming it (else ""). Throws with the cause and a fix
 // (cuda without a device, without the backend, or with a CUDA error; an
@@ -248,7 +256,7 @@ struct DeviceChoice {
 };
 DeviceChoice choose_device(const std::string& device, const DeviceQuery& q, bool cuda_built);
 
-// "cpu" or "cuda"; "auto" picks CUDA when a GPU is visible and the CUDA
+// "cpu", "cuda" or "emulated"; "auto" picks CUDA when a GPU is visible and the CUDA
 // backend is built (choose_device; its warning goes to stderr). Throws with a
 // clear message otherwise.
 std::unique_ptr<Backend> make_backend(const std::string& device);

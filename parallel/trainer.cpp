@@ -47,10 +47,32 @@ void install_stop_handlers() {
   std::signal(SIGUSR1, on_stop_signal);
 }
 
+// Wraps each group of ctx in a DeviceComm, so collectives on device tensors
+// are staged through host memory (parallel/device_comm.hpp). Distinct group
+// objects (world may also be another group's) get one wrapper each.
+static std::vector<std::unique_ptr<DeviceComm>> wrap_device_groups(ParallelContext& ctx, Backend& be) {
+  std::vector<std::unique_ptr<DeviceComm>> owned;
+  std::vector<std::pair<Comm*, Comm*>> done;
+  for (Comm** slot : {&ctx.tp, &ctx.dp, &ctx.pp, &ctx.ep, &ctx.edp, &ctx.world}) {
+    if (!*slot) continue;
+    Comm* wrapped = nullptr;
+    for (auto& [from, to] : done)
+      if (from == *slot) wrapped = to;
+    if (!wrapped) {
+      owned.push_back(std::make_unique<DeviceComm>(**slot, be));
+      wrapped = owned.back().get();
+      done.emplace_back(*slot, wrapped);
+    }
+    *slot = wrapped;
+  }
+  return owned;
+}
+
 Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx) : cfg_(cfg) {
-  // The CUDA backend runs single-process dense models for now: collectives
-  // over device memory (NCCL) are not wired into the trainer, and the MoE
-  // exchange goes through host-memory collectives. `auto` then means cpu.
+  // The CUDA backend runs single-process dense models for now: its multi-rank
+  // wiring (one GPU per rank, NCCL) is not in the trainer yet. `auto` then
+  // means cpu. The emulated device runs every layout, its collectives staged
+  // through host memory.
   const int world = int(cfg.parallel.tp * cfg.parallel.dp * cfg.parallel.pp);
   const bool device_collectives = world > 1 || cfg.model.n_experts > 0;
   std::string device = cfg.train.device;
@@ -62,6 +84,7 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx) : cfg_(cfg) {
                                    << " need device collectives, which the CUDA path does not "
                                       "have yet; use train.device: cpu (or auto)");
   backend_ = make_backend(device);
+  if (!backend_->is_host()) device_comms_ = wrap_device_groups(ctx, *backend_);
   train_shard_ = open_shard(cfg.data.train, "data.train", cfg.model);
   val_shard_ = open_shard(cfg.data.val, "data.val", cfg.model);
   sampler_ = std::make_unique<Sampler>(*train_shard_, cfg.model.seq_len, cfg.train.seed);

@@ -12,6 +12,7 @@
 #include "core/config.hpp"
 #include "kernels/backend.hpp"
 #include "parallel/controller.hpp"
+#include "parallel/device_comm.hpp"
 #include "parallel/engine.hpp"
 
 namespace adgt {
@@ -55,6 +56,9 @@ class Trainer {
   RunConfig cfg_;
   int world_rank_ = 0;
   std::unique_ptr<Backend> backend_;
+  // With a device backend: the groups, wrapped so device tensors are staged
+  // or go to NCCL (parallel/device_comm.hpp). Outlive the engine.
+  std::vector<std::unique_ptr<DeviceComm>> device_comms_;
   std::unique_ptr<Engine> engine_;
   std::vector<std::unique_ptr<Controller>> controllers_;
   std::unique_ptr<TokenShard> train_shard_, val_shard_;

@@ -253,6 +253,16 @@ void CudaBackend::set_tf32(bool on) {
 
 // ---- memory ----
 
+bool CudaBackend::is_device_pointer(const void* p) const {
+  if (!p) return false;
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();  // a plain host pointer on old runtimes: not an error to keep
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice;
+}
+
 void* CudaBackend::alloc(size_t bytes) {
   void* p = nullptr;
   if (bytes == 0) return nullptr;

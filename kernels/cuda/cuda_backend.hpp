@@ -28,6 +28,7 @@ class CudaBackend final : public Backend {
 
   std::string name() const override;  // "cuda (NVIDIA H200, sm_90)"
   bool is_host() const override { return false; }
+  bool is_device_pointer(const void* p) const override;  // cudaPointerGetAttributes
 
   // ---- CUDA-specific ----
   CUstream_st* stream() const { return stream_; }  // every op runs on this stream

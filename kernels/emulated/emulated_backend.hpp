@@ -1,0 +1,93 @@
+// train.device: emulated — the CPU reference backend behind the device
+// boundary, so the CPU runs the code paths the CUDA backend takes:
+//   - is_host() is false: the trainer, checkpoints, HF export, metrics, the
+//     reducers, the pipeline executor and MoE take their device branches, and
+//     collectives on its memory go through host staging (parallel/device_comm.hpp);
+//   - its memory (kernels/emulated/device_arena.hpp) is PROT_NONE outside its
+//     own calls: host code that reads or writes it faults with a report of
+//     where (the address, the buffer, a backtrace);
+//   - every op checks that its tensors are device memory, and to_host /
+//     to_device that the host side is not: a host pointer handed to a device
+//     op (a crash on CUDA) is an error naming the op and the argument.
+// The numbers are the CPU backend's, bit for bit.
+#pragma once
+#include <memory>
+
+#include "kernels/cpu/cpu_backend.hpp"
+#include "kernels/emulated/device_arena.hpp"
+
+namespace adgt {
+
+class EmulatedBackend final : public Backend {
+ public:
+  // Reserves ADGT_EMULATED_MEMORY_GB (default 64) GiB of address space.
+  EmulatedBackend();
+  explicit EmulatedBackend(size_t reserve_bytes);
+
+  std::string name() const override;  // "emulated device (cpu (OpenBLAS ...))"
+  bool is_host() const override { return false; }
+  bool is_device_pointer(const void* p) const override { return arena_.in_range(p); }
+  const DeviceArena& arena() const { return arena_; }
+
+  void* alloc(size_t bytes) override;
+  void release(void* p) noexcept override;
+  void to_device(void* dst, const void* src, size_t bytes) override;
+  void to_host(void* dst, const void* src, size_t bytes) override;
+  void zero(Tensor t) override;
+  void synchronize() override;
+  double peak_tflops() override { return cpu_.peak_tflops(); }
+  double remeasure_peak_tflops() override { return cpu_.remeasure_peak_tflops(); }
+
+  void linear_forward(Tensor y, const Tensor& x, const Tensor& w) override;
+  void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                       bool accumulate_dx) override;
+  void embedding_forward(Tensor out, const Tensor& table, const Tensor& tokens,
+                         int64_t vocab_start) override;
+  void embedding_backward(Tensor dtable, const Tensor& dout, const Tensor& tokens,
+                          int64_t vocab_start) override;
+  void rmsnorm_forward(Tensor out, Tensor rstd, const Tensor& x, const Tensor& w,
+                       double eps) override;
+  void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dout, const Tensor& x, const Tensor& w,
+                        const Tensor& rstd) override;
+  void residual_rmsnorm_forward(Tensor x, const Tensor& y, Tensor out, Tensor rstd,
+                                const Tensor& w, double eps) override;
+  void rope_forward(Tensor x, const Tensor& cos, const Tensor& sin, int64_t T) override;
+  void rope_backward(Tensor dx, const Tensor& cos, const Tensor& sin, int64_t T) override;
+  int64_t attention_saved_elems(const AttentionShape& s) const override;
+  void attention_forward(Tensor out, Tensor saved, const Tensor& q, const Tensor& k,
+                         const Tensor& v, const AttentionShape& s) override;
+  void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
+                          const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& saved,
+                          const AttentionShape& s) override;
+  void swiglu_forward(Tensor h, const Tensor& gate, const Tensor& up) override;
+  void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dh, const Tensor& gate,
+                       const Tensor& up) override;
+  void add_inplace(Tensor y, const Tensor& x) override;
+  void copy(Tensor dst, const Tensor& src) override;
+  void scale_inplace(Tensor x, double s) override;
+  void cast(Tensor dst, const Tensor& src) override;
+  void combine_rows(Tensor out, const Tensor& y, const Tensor& pos, const Tensor& w,
+                    bool accumulate) override;
+  void combine_rows_backward(Tensor dy, Tensor dw, const Tensor& dout, const Tensor& y,
+                             const Tensor& pos, const Tensor& w) override;
+  void cross_entropy(Tensor logits, Tensor losses, const Tensor& targets,
+                     double grad_scale) override;
+  void ce_partial_stats(Tensor stats, const Tensor& logits, const Tensor& targets,
+                        int64_t vocab_start, int64_t valid) override;
+  void ce_combine(Tensor combined, const Tensor& gathered) override;
+  void ce_finish(Tensor logits, Tensor losses, const Tensor& combined, const Tensor& targets,
+                 int64_t vocab_start, int64_t valid, double grad_scale) override;
+  double sum_squares(const Tensor& x) override;
+  void adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWHyper& h) override;
+  void adamw_cast(Tensor param, const Tensor& grad, Tensor m, Tensor v, Tensor lowp,
+                  const AdamWHyper& h) override;
+
+ private:
+  // Throws unless t is empty (data == nullptr) or lies in one live device buffer.
+  void dev(const Tensor& t, const char* op, const char* arg) const;
+
+  DeviceArena arena_;
+  CpuBackend cpu_;
+};
+
+}  // namespace adgt
