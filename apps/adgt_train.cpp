@@ -104,7 +104,11 @@ int main(int argc, char** argv) {
   try {
     adgt::ProcessGroups pg = adgt::make_process_groups(adgt::layout_of(cfg));
     const bool lead = pg.world->rank() == 0;
-    const std::string table = adgt::rank_table(pg, "cpu");
+    // The CUDA backend is single-process for now (Trainer refuses more ranks);
+    // the emulated device stages its collectives through host memory.
+    const bool emulated = cfg.train.device == "emulated";
+    const std::string table = adgt::rank_table(pg, emulated ? "emulated" : "cpu",
+                                               emulated ? "mpi (host-staged)" : "mpi");
     if (lead && pg.world->size() > 1) std::printf("%s", table.c_str());
     // Two ranks on one device are refused (a CPU is never exclusive); the
     // shared-GPU test mode (ADGT_SHARED_GPU_TEST=1) allows it on purpose.

@@ -157,6 +157,14 @@ const std::vector<Key>& schema() {
           "precision: f32; bf16 = mixed precision (bf16 weights and activations, fp32 master "
           "weights, gradients, optimizer state and loss); f64 for reference checks",
           {"f32", "bf16", "f64"}),
+      key("train", &R::train, "recompute", &TrainConfig::recompute, A::Choices,
+          "activation recompute: none; selective = the attention core and the SwiGLU product "
+          "are recomputed in the backward; full = the chosen layers keep only their input "
+          "(bitwise the same numbers; docs/memory.md)",
+          {"none", "selective", "full"}),
+      key("train", &R::train, "recompute_layers", &TrainConfig::recompute_layers, A::NonNegative,
+          "with recompute: full, the layers per model chunk (pipeline stage) that recompute, "
+          "from the first; 0 = all"),
       // data
       key("data", &R::data, "train", &DataConfig::train, A::NonEmpty,
           "training token shard (adgt-data output); checked when the trainer opens it"),

@@ -62,6 +62,8 @@ struct TrainConfig {
   int64_t eval_batches = 0;     // micro-batches per eval; 0 = the whole split
   int64_t max_skipped_steps = 20;  // consecutive non-finite steps before aborting
   std::string dtype = "f32";    // f32 | bf16 (mixed precision) | f64 (reference checks)
+  std::string recompute = "none";  // none | selective | full (core/model/model.hpp)
+  int64_t recompute_layers = 0;    // full: layers per chunk that recompute; 0 = all
   bool operator==(const TrainConfig&) const = default;
 };
 

@@ -66,6 +66,8 @@ class Backend {
   // Dense matmul peak in TFLOP/s for MFU: measured (CPU: an sgemm timing) or
   // the device's rated figure. Non-positive when unknown.
   virtual double peak_tflops() = 0;
+  // Whether peak_tflops() is a measurement (the CPU's sgemm) rather than a rated figure.
+  virtual bool peak_is_measured() const { return is_host(); }
   // Measures again and keeps the best figure (a measurement taken while the
   // machine was busy reads low); returns the updated peak.
   virtual double remeasure_peak_tflops() { return peak_tflops(); }

@@ -59,7 +59,9 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be)
   ep.comm = ctx_.ep;
   for (int64_t r : cfg.parallel.expert_placement) ep.placement.push_back(int(r));
   model_ = std::make_unique<Model>(cfg.model, be_, parse_dtype(cfg.train.dtype), cfg.train.micro_batch,
-                                   cfg.model.seq_len, tp, &slice, ep);
+                                   cfg.model.seq_len, tp, &slice, ep,
+                                   RecomputePolicy{parse_recompute(cfg.train.recompute),
+                                                   cfg.train.recompute_layers});
   model_->init_weights(cfg.train.seed);
   const bool zero = cfg.parallel.zero == 1 && ctx_.dp->size() > 1;
   Comm* edp = ctx_.ep->size() > 1 ? ctx_.edp : nullptr;

@@ -75,14 +75,15 @@ ProcessGroups make_process_groups(const Layout& layout) {
   return pg;
 }
 
-std::string rank_table(const ProcessGroups& pg, const std::string& device) {
+std::string rank_table(const ProcessGroups& pg, const std::string& device,
+                       const std::string& collectives) {
   std::ostringstream mine;
   mine << pg.world->rank() << '\t' << pg.launch.host << '\t' << pg.launch.local_rank << '/'
        << pg.launch.local_world << '\t' << pg.coords.tp << '\t' << pg.coords.dp << '\t'
-       << pg.coords.pp << '\t' << device;
+       << pg.coords.pp << '\t' << device << '\t' << collectives;
   std::vector<std::string> lines = as_mpi(*pg.world).gather_strings(mine.str(), 0);
   if (lines.empty()) return "";
-  std::vector<std::vector<std::string>> rows = {{"rank", "host", "local", "tp", "dp", "pp", "device"}};
+  std::vector<std::vector<std::string>> rows = {{"rank", "host", "local", "tp", "dp", "pp", "device", "collectives"}};
   for (const std::string& l : lines) {
     std::vector<std::string> f;
     std::stringstream ss(l);

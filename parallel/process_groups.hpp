@@ -31,9 +31,11 @@ struct ProcessGroups {
 ProcessGroups make_process_groups(const Layout& layout);
 
 // Collective: one line per rank — rank, host, local rank, tp/dp/pp
-// coordinates, device — gathered to world rank 0, which gets the table
-// (header first); the other ranks get "".
-std::string rank_table(const ProcessGroups& pg, const std::string& device);
+// coordinates, device, and the transport of its groups' collectives ("mpi";
+// "mpi (host-staged)" for device memory without NCCL; "nccl") — gathered to
+// world rank 0, which gets the table (header first); the other ranks get "".
+std::string rank_table(const ProcessGroups& pg, const std::string& device,
+                       const std::string& collectives = "mpi");
 
 // Collective: gathers every rank's (host, device) and runs
 // check_device_assignment on all of them, so every rank throws the same

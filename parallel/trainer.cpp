@@ -39,6 +39,23 @@ std::unique_ptr<TokenShard> open_shard(const std::string& path, const char* key,
                  << s->vocab_size());
   return s;
 }
+// Fault injection for the emulated device's test (ctest
+// emulated_catches_host_read_*): ADGT_TEST_HOST_READ=1 makes the trainer read
+// its first weight through the raw pointer after step 1, the bug the emulated
+// device exists to catch (host code touching device memory). Harmless on the
+// CPU backend, a fault naming the buffer on the emulated device, an illegal
+// access on CUDA.
+void inject_host_read(const Model& model) {
+  static const bool on = [] {
+    const char* v = std::getenv("ADGT_TEST_HOST_READ");
+    return v && std::string(v) == "1";
+  }();
+  if (!on) return;
+  volatile const char* p = static_cast<const char*>(model.master().data);
+  const char first = p[0];
+  std::fprintf(stderr, "ADGT_TEST_HOST_READ: read the first weight byte (%d) from host code\n",
+               int(first));
+}
 }  // namespace
 
 void install_stop_handlers() {
@@ -49,12 +66,20 @@ void install_stop_handlers() {
 
 // Wraps each group of ctx in a DeviceComm, so collectives on device tensors
 // are staged through host memory (parallel/device_comm.hpp). Distinct group
-// objects (world may also be another group's) get one wrapper each.
-static std::vector<std::unique_ptr<DeviceComm>> wrap_device_groups(ParallelContext& ctx, Backend& be) {
-  std::vector<std::unique_ptr<DeviceComm>> owned;
+// objects (world may also be another group's) get one wrapper each; a missing
+// group (a single process) becomes a wrapped SelfComm, whose copies would
+// otherwise be host code on device memory.
+static std::vector<std::unique_ptr<Comm>> wrap_device_groups(ParallelContext& ctx, Backend& be) {
+  std::vector<std::unique_ptr<Comm>> owned;
   std::vector<std::pair<Comm*, Comm*>> done;
+  const char* names[] = {"tp", "dp", "pp", "ep", "edp", "world"};
+  int i = 0;
   for (Comm** slot : {&ctx.tp, &ctx.dp, &ctx.pp, &ctx.ep, &ctx.edp, &ctx.world}) {
-    if (!*slot) continue;
+    if (!*slot) {
+      owned.push_back(std::make_unique<SelfComm>(names[i]));
+      *slot = owned.back().get();
+    }
+    ++i;
     Comm* wrapped = nullptr;
     for (auto& [from, to] : done)
       if (from == *slot) wrapped = to;
@@ -225,7 +250,7 @@ void Trainer::print_header(double peak) const {
               g.dp->size(), engine_->optimizer().sharded() ? " (ZeRO-1)" : "", g.pp->size(),
               backend_->name().c_str(), t.dtype.c_str(), omp_get_max_threads(), peak,
               cfg_.log.peak_tflops > 0 ? "log.peak_tflops"
-              : backend_->is_host()    ? "measured sgemm"
+              : backend_->peak_is_measured() ? "measured sgemm"
                                        : "the device's rated figure");
   if (engine_->pipelined()) std::printf("%s", describe_pipeline_schedule(cfg_).c_str());
   std::fflush(stdout);
@@ -295,6 +320,7 @@ TrainSummary Trainer::train() {
                                                            "an earlier checkpoint");
     }
     r.step = ++step_;
+    if (step_ == 1) inject_host_read(engine_->model());
     r.skipped_steps = sum.skipped_steps;
     r.tp_bytes += g.tp->stats().bytes, r.dp_bytes += g.dp->stats().bytes, r.pp_bytes += g.pp->stats().bytes;
     r.seconds = std::chrono::duration<double>(clock::now() - t0).count();

@@ -58,7 +58,7 @@ class Trainer {
   std::unique_ptr<Backend> backend_;
   // With a device backend: the groups, wrapped so device tensors are staged
   // or go to NCCL (parallel/device_comm.hpp). Outlive the engine.
-  std::vector<std::unique_ptr<DeviceComm>> device_comms_;
+  std::vector<std::unique_ptr<Comm>> device_comms_;
   std::unique_ptr<Engine> engine_;
   std::vector<std::unique_ptr<Controller>> controllers_;
   std::unique_ptr<TokenShard> train_shard_, val_shard_;

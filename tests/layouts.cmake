@@ -8,12 +8,27 @@ add_test(NAME layouts_prepare_bytes
   COMMAND ${CMAKE_COMMAND} -E env ADGT_TOKENIZER=byte
     ${CMAKE_SOURCE_DIR}/scripts/prepare_data.sh ${ADGT_KJV_BYTE} $<TARGET_FILE:adgt-data>)
 set_tests_properties(layouts_prepare_bytes PROPERTIES FIXTURES_SETUP kjv_byte)
-add_test(NAME layouts_match_single_process
-  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_layouts.py
-    --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
-    --data ${ADGT_KJV_BYTE} --work ${CMAKE_BINARY_DIR}/layouts)
-set_tests_properties(layouts_match_single_process PROPERTIES
-  FIXTURES_REQUIRED kjv_byte LABELS "parallel" TIMEOUT 1500 RUN_SERIAL TRUE)
+# Also on the emulated device (train.device: emulated, docs/parallel.md): the
+# code paths of the CUDA backend, device memory the host cannot touch, every
+# collective staged through host memory.
+foreach(device cpu emulated)
+  set(suffix "")
+  if(device STREQUAL "emulated")
+    set(suffix "_emulated")
+  endif()
+  add_test(NAME layouts_match_single_process${suffix}
+    COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_layouts.py
+      --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
+      --data ${ADGT_KJV_BYTE} --work ${CMAKE_BINARY_DIR}/layouts${suffix} --device ${device})
+  set_tests_properties(layouts_match_single_process${suffix} PROPERTIES
+    FIXTURES_REQUIRED kjv_byte LABELS "parallel" TIMEOUT 1500 RUN_SERIAL TRUE)
+  add_test(NAME layouts_bf16_match_single_process${suffix}
+    COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_bf16.py
+      --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
+      --data ${ADGT_KJV_BYTE} --work ${CMAKE_BINARY_DIR}/layouts_bf16${suffix} --device ${device})
+  set_tests_properties(layouts_bf16_match_single_process${suffix} PROPERTIES
+    FIXTURES_REQUIRED kjv_byte LABELS parallel TIMEOUT 600 RUN_SERIAL TRUE)
+endforeach()
 
 # The same run through srun on a real (private, single-node) Slurm cluster gives
 # the mpirun losses bit for bit.
@@ -61,9 +76,54 @@ endforeach()
 
 # bf16 mixed precision under pp (bitwise), dp, ZeRO-1, tp and SP against the
 # single bf16 process (tests/layouts/compare_bf16.py; ~20 s).
-add_test(NAME layouts_bf16_match_single_process
-  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_bf16.py
-    --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
-    --data ${CMAKE_BINARY_DIR}/data/kjv-byte --work ${CMAKE_BINARY_DIR}/layouts_bf16)
-set_tests_properties(layouts_bf16_match_single_process PROPERTIES
-  FIXTURES_REQUIRED kjv_byte LABELS parallel TIMEOUT 600 RUN_SERIAL TRUE)
+# (layouts_bf16_match_single_process[_emulated] are made with the layout sweep above.)
+
+# The emulated device catches host code that touches device memory: with the
+# fault injection ADGT_TEST_HOST_READ=1 the trainer reads a weight through its
+# raw pointer after step 1; on the emulated device that read faults with a
+# report naming the buffer (every rank stops, non-zero), on the CPU it is
+# harmless and the run ends normally.
+add_test(NAME emulated_catches_host_read_np1
+  COMMAND ${CMAKE_COMMAND} -E env ADGT_TEST_HOST_READ=1 OMP_NUM_THREADS=1
+    ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh "host code read or wrote emulated device memory at .* byte 0 of a" --
+    $<TARGET_FILE:adgt-train> --config ${CMAKE_CURRENT_SOURCE_DIR}/layouts/model.yaml
+    --set train.device=emulated --set train.steps=2 --set train.warmup_steps=1
+    --set data.train=${ADGT_KJV_BYTE}/train.bin --set data.val=${ADGT_KJV_BYTE}/val.bin
+    --set log.dir=${CMAKE_BINARY_DIR}/emulated_host_read/np1 --set checkpoint.interval=0
+    --set checkpoint.dir=${CMAKE_BINARY_DIR}/emulated_host_read/np1/ckpt)
+add_test(NAME emulated_catches_host_read_np2
+  COMMAND ${CMAKE_COMMAND} -E env ADGT_TEST_HOST_READ=1
+    ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh "rank [01]: host code read or wrote emulated device memory" --
+    timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh 2 $<TARGET_FILE:adgt-train>
+    --config ${CMAKE_CURRENT_SOURCE_DIR}/layouts/model.yaml
+    --set train.device=emulated --set train.steps=2 --set train.warmup_steps=1 --set parallel.dp=2
+    --set data.train=${ADGT_KJV_BYTE}/train.bin --set data.val=${ADGT_KJV_BYTE}/val.bin
+    --set log.dir=${CMAKE_BINARY_DIR}/emulated_host_read/np2 --set checkpoint.interval=0
+    --set checkpoint.dir=${CMAKE_BINARY_DIR}/emulated_host_read/np2/ckpt)
+add_test(NAME emulated_host_read_harmless_on_cpu
+  COMMAND ${CMAKE_COMMAND} -E env ADGT_TEST_HOST_READ=1 OMP_NUM_THREADS=1
+    ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh --success "ADGT_TEST_HOST_READ: read the first weight" --
+    $<TARGET_FILE:adgt-train> --config ${CMAKE_CURRENT_SOURCE_DIR}/layouts/model.yaml
+    --set train.device=cpu --set train.steps=2 --set train.warmup_steps=1
+    --set data.train=${ADGT_KJV_BYTE}/train.bin --set data.val=${ADGT_KJV_BYTE}/val.bin
+    --set log.dir=${CMAKE_BINARY_DIR}/emulated_host_read/cpu --set checkpoint.interval=0
+    --set checkpoint.dir=${CMAKE_BINARY_DIR}/emulated_host_read/cpu/ckpt)
+set_tests_properties(emulated_catches_host_read_np1 emulated_catches_host_read_np2
+  emulated_host_read_harmless_on_cpu PROPERTIES FIXTURES_REQUIRED kjv_byte LABELS "parallel" TIMEOUT 150)
+
+# Activation recompute (train.recompute selective / full / full for one layer
+# per stage) gives the losses and weights of keeping everything, bit for bit,
+# single-process, tp+SP, pp (1f1b with dp, zb-h1's split backward) and MoE
+# with ep; --dry-run's activation memory falls. Also on the emulated device.
+foreach(device cpu emulated)
+  set(suffix "")
+  if(device STREQUAL "emulated")
+    set(suffix "_emulated")
+  endif()
+  add_test(NAME recompute_bitwise${suffix}
+    COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_recompute.py
+      --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
+      --data ${ADGT_KJV_BYTE} --work ${CMAKE_BINARY_DIR}/recompute${suffix} --device ${device})
+  set_tests_properties(recompute_bitwise${suffix} PROPERTIES
+    FIXTURES_REQUIRED kjv_byte LABELS "parallel" TIMEOUT 600 RUN_SERIAL TRUE)
+endforeach()

@@ -9,7 +9,8 @@
 namespace adgt {
 
 Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_t T,
-             TensorParallel tpc, const StageSlice* stage, ExpertParallel epc)
+             TensorParallel tpc, const StageSlice* stage, ExpertParallel epc,
+             RecomputePolicy recompute)
     : cfg_(cfg),
       stage_(stage ? *stage : whole_model(cfg)),
       be_(be),
@@ -19,7 +20,8 @@ Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_
       T_(T),
       N_(B * T),
       tp_(tpc.comm),
-      self_("tp") {
+      self_("tp"),
+      recompute_(recompute) {
   if (!tp_) tp_ = &self_;
   const int64_t tp = tp_->size();
   sp_ = tpc.sequence_parallel && tp > 1;
@@ -44,6 +46,7 @@ Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_
   index_params(local_experts.size());
   if (placement) make_moe_layers(*placement, epc.comm);
   make_flat_buffers(tpc.flat_multiple);
+  plan_recompute();
   for (int c = 0; c < num_chunks(); ++c) add_slot(c);
   make_scratch();
   build_rope_tables();
@@ -152,6 +155,46 @@ void Model::make_flat_buffers(int64_t flat_multiple) {
   }
 }
 
+Recompute parse_recompute(const std::string& s) {
+  if (s == "none") return Recompute::None;
+  if (s == "selective") return Recompute::Selective;
+  if (s == "full") return Recompute::Full;
+  ADGT_CHECK(false, "train.recompute='" << s << "': use none, selective or full");
+}
+
+void Model::plan_recompute() {
+  ADGT_CHECK(recompute_.layers >= 0, "Model: recompute layers " << recompute_.layers << " < 0");
+  layer_rc_.assign(layer_idx_.size(), Recompute::None);
+  bool any = false;
+  for (const Chunk& ch : chunks_)
+    for (int64_t l = 0; l < ch.n_layers; ++l) {
+      Recompute m = recompute_.mode;
+      if (m == Recompute::Full && recompute_.layers > 0 && l >= recompute_.layers)
+        m = Recompute::None;
+      layer_rc_[ch.first_local + size_t(l)] = m;
+      any = any || m != Recompute::None;
+    }
+  if (!any) return;
+  // One layer's worth of the activations that some layer recomputes.
+  const int64_t C = cfg_.d_model, hd = cfg_.head_dim(), N = N_, Nl = Nl_;
+  const DType dt = dtype_, sdt = mdt_;
+  rc_.att_saved = act(be_.attention_saved_elems(att_shape_), 1, sdt);
+  rc_.att = act(N, Hl_ * hd, dt);
+  rc_.h = act(N, Fl_, dt);
+  if (recompute_.mode == Recompute::Full) {
+    rc_.ln1 = act(N, C, dt);
+    rc_.rstd1 = act(Nl, 1, sdt);
+    rc_.q = act(N, Hl_ * hd, dt);
+    rc_.k = act(N, KVl_ * hd, dt);
+    rc_.v = act(N, KVl_ * hd, dt);
+    rc_.x_mid = act(Nl, C, dt);
+    rc_.ln2 = act(N, C, dt);
+    rc_.rstd2 = act(Nl, 1, sdt);
+    rc_.gate = act(N, Fl_, dt);
+    rc_.up = act(N, Fl_, dt);
+  }
+}
+
 void Model::add_slot(int chunk) {
   Chunk& ch = chunks_[size_t(chunk)];
   const int64_t C = cfg_.d_model, hd = cfg_.head_dim(), N = N_, Nl = Nl_;
@@ -159,21 +202,34 @@ void Model::add_slot(int chunk) {
   const int64_t att_saved = be_.attention_saved_elems(att_shape_);
   Slot s;
   s.layers.resize(size_t(ch.n_layers));
-  for (auto& a : s.layers) {
+  for (size_t l = 0; l < s.layers.size(); ++l) {
+    LayerActs& a = s.layers[l];
+    const Recompute m = layer_rc_[ch.first_local + l];
+    if (m == Recompute::Full) {  // only the input is the slot's own
+      a = rc_;
+      a.x_in = act(Nl, C, dt);
+      continue;
+    }
+    if (m == Recompute::Selective) {  // the attention core and the SwiGLU product are shared
+      a.att_saved = rc_.att_saved;
+      a.att = rc_.att;
+      a.h = rc_.h;
+    } else {
+      a.att_saved = act(att_saved, 1, sdt);
+      a.att = act(N, Hl_ * hd, dt);
+      a.h = act(N, Fl_, dt);
+    }
     a.x_in = act(Nl, C, dt);
     a.ln1 = act(N, C, dt);
     a.rstd1 = act(Nl, 1, sdt);
     a.q = act(N, Hl_ * hd, dt);
     a.k = act(N, KVl_ * hd, dt);
     a.v = act(N, KVl_ * hd, dt);
-    a.att_saved = act(att_saved, 1, sdt);
-    a.att = act(N, Hl_ * hd, dt);
     a.x_mid = act(Nl, C, dt);
     a.ln2 = act(N, C, dt);
     a.rstd2 = act(Nl, 1, sdt);
     a.gate = act(N, Fl_, dt);
     a.up = act(N, Fl_, dt);
-    a.h = act(N, Fl_, dt);
   }
   s.x_out = act(Nl, C, dt);
   if (chunk_has_head(chunk)) {

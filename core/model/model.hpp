@@ -49,6 +49,27 @@ struct MoeLayerStep {
   double a2a_seconds = 0;
 };
 
+// Activation recompute (train.recompute): what a layer keeps per micro-batch
+// in flight, the rest recomputed in its backward from what it kept, with the
+// forward's own ops in the forward's order (bitwise the numbers of keeping
+// everything). Recomputed activations live in one shared set of layer
+// buffers, so their memory is paid once instead of once per layer and slot.
+//   None:      everything (the default).
+//   Selective: Megatron-Core's: the attention core (its output and the
+//              backend's saved statistics: the CPU's T x T probabilities)
+//              and the SwiGLU product are recomputed; an MoE layer's expert
+//              FFN keeps its own state.
+//   Full:      the first `layers` layers of each model chunk (0: all) keep
+//              only their input and recompute the rest of the layer (an MoE
+//              layer's experts and routing are not re-run: the MoE block
+//              keeps its state); the other layers keep everything.
+enum class Recompute { None, Selective, Full };
+struct RecomputePolicy {
+  Recompute mode = Recompute::None;
+  int64_t layers = 0;  // Full: layers per chunk that recompute, from its first; 0 = all
+};
+Recompute parse_recompute(const std::string& s);  // "none" | "selective" | "full"
+
 // A flat range [begin, end) of parameters whose gradients a backward
 // completes together (a layer; the final norm with the head; the embedding).
 struct GradUnit {
@@ -64,7 +85,8 @@ class Model {
   // `stage`: the part of the model this rank holds under pipeline parallelism
   // (nullptr: the whole model, one chunk with embedding and head).
   Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_t T,
-        TensorParallel tp = {}, const StageSlice* stage = nullptr, ExpertParallel ep = {});
+        TensorParallel tp = {}, const StageSlice* stage = nullptr, ExpertParallel ep = {},
+        RecomputePolicy recompute = {});
 
   const ModelConfig& config() const { return cfg_; }
   const StageSlice& stage() const { return stage_; }
@@ -221,6 +243,7 @@ class Model {
   void make_moe_layers(const ExpertPlacement& placement, Comm* ep);  // moe_, moe_step_
   void make_flat_buffers(int64_t flat_multiple);  // params_, grads_ (and master_), zeroed
   void make_scratch();        // the backward's gradient buffers, SP rows, vocab-parallel loss stats
+  void plan_recompute();      // layer_rc_, and rc_ (the shared buffers) when anything recomputes
   void build_rope_tables();   // rope_cos_, rope_sin_ allocated and filled
 
   // ---- pass pieces (model_forward_backward.cpp) ----
@@ -235,6 +258,8 @@ class Model {
   double head_forward(Slot& s, bool lnf_ready, int64_t n_valid, double grad_scale);
   void head_backward(Slot& s, BackwardMode mode);  // logit gradient -> d_resid_
   void layer_backward(int chunk, int slot, size_t l, BackwardMode mode);  // d_resid_ in and out
+  // What layer l's forward dropped (layer_rc_), recomputed into rc_ from what it kept.
+  void recompute_layer(int chunk, int slot, size_t l);
   void embedding_backward(Slot& s, bool split);    // d_resid_ -> the embedding's gradient
   // With SP a norm weight's gradient is a partial sum over this rank's rows;
   // partials accumulate over micro-batches and are summed over tp once.
@@ -272,6 +297,9 @@ class Model {
   AttentionShape att_shape_;
   std::vector<ParamSpec> table_;
   std::vector<LayerIdx> layer_idx_;  // this rank's layers, chunk by chunk
+  RecomputePolicy recompute_;
+  std::vector<Recompute> layer_rc_;  // per entry of layer_idx_
+  LayerActs rc_;                     // the recomputed activations' one set of buffers
   std::vector<Chunk> chunks_;
   std::vector<std::unique_ptr<MoeLayer>> moe_;  // this rank's MoE layers, in layer order
   std::vector<MoeLayerStep> moe_step_;

@@ -215,11 +215,44 @@ void Model::head_backward(Slot& s, BackwardMode mode) {
   finish_norm_grad(norm_idx_, mode.last_micro_batch);
 }
 
+void Model::recompute_layer(int chunk, int slot, size_t l) {
+  // The forward's ops on what the layer kept, in the forward's order, so the
+  // recomputed activations are the forward's bit for bit (an ln1 the forward
+  // got from the previous layer's fused add is the plain norm of x_in).
+  const Chunk& ch = chunks_[size_t(chunk)];
+  LayerActs& a = slot_of(chunk, slot).layers[l];
+  const LayerIdx& w = layer_idx_[ch.first_local + l];
+  const Recompute m = layer_rc_[ch.first_local + l];
+  if (m == Recompute::None) return;
+  const bool full = m == Recompute::Full;
+  if (full) {
+    norm_forward(a.ln1, a.rstd1, a.x_in, w.in_norm);
+    be_.linear_forward(a.q, a.ln1, param(w.q));
+    be_.linear_forward(a.k, a.ln1, param(w.k));
+    be_.linear_forward(a.v, a.ln1, param(w.v));
+    be_.rope_forward(a.q, rope_cos_, rope_sin_, T_);
+    be_.rope_forward(a.k, rope_cos_, rope_sin_, T_);
+  }
+  be_.attention_forward(a.att, a.att_saved, a.q, a.k, a.v, att_shape_);
+  if (full) {
+    Tensor o = sp_ ? partial_ : a.x_mid;
+    be_.linear_forward(o, a.att, param(w.o));
+    reduce_rows(a.x_mid, o);
+    add_norm_forward(a.x_mid, a.x_in, a.ln2, a.rstd2, w.post_norm);
+    if (w.moe < 0) {
+      be_.linear_forward(a.gate, a.ln2, param(w.gate));
+      be_.linear_forward(a.up, a.ln2, param(w.up));
+    }
+  }
+  if (w.moe < 0) be_.swiglu_forward(a.h, a.gate, a.up);
+}
+
 void Model::layer_backward(int chunk, int slot, size_t l, BackwardMode mode) {
   const Chunk& ch = chunks_[size_t(chunk)];
   Slot& s = slot_of(chunk, slot);
   LayerActs& a = s.layers[l];
   const LayerIdx& w = layer_idx_[ch.first_local + l];
+  recompute_layer(chunk, slot, l);
   // dW and dX of one linear layer: fused (one call, as the backend likes it),
   // or the input gradient now and dy kept for backward_weight.
   auto linear_bwd = [&](Tensor dx, size_t wi, const Tensor& dy, const Tensor& x, Tensor saved,
@@ -308,6 +341,7 @@ void Model::backward_weight(int chunk, int slot) {
     const LayerIdx& w = layer_idx_[ch.first_local + l];
     ADGT_CHECK(a.d_q.data, "Model::backward_weight: chunk " << chunk << " slot " << slot
                                                             << " had no split backward");
+    recompute_layer(chunk, slot, l);  // the inputs of the weight gradients, once more
     if (w.moe < 0) {
       be_.linear_backward(Tensor(), grad(w.down), a.d_down, a.h, param(w.down), false);
       be_.linear_backward(Tensor(), grad(w.gate), a.d_gate, a.ln2, param(w.gate), false);

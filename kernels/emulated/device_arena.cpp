@@ -40,12 +40,18 @@ void on_fault(int sig, siginfo_t* info, void* ctx) {
     // Not async-signal-safe in every detail (describe() formats a string), but
     // the process is going down and the message is what matters.
     char buf[512];
-    std::snprintf(buf, sizeof buf,
-                  "\nerror: %shost code %s emulated device memory at %p (%s) outside a backend "
-                  "call. Device memory may only be touched through Backend ops, to_host and "
-                  "to_device (on CUDA this access would crash or read garbage). Backtrace:\n",
-                  g_who, hit->is_open() ? "touched" : "read or wrote", addr,
-                  hit->describe(addr).c_str());
+    if (hit->is_open())
+      std::snprintf(buf, sizeof buf,
+                    "\nerror: %sa backend op touched emulated device memory at %p (%s) outside "
+                    "the tensors it was given (an out-of-bounds access). Backtrace:\n",
+                    g_who, addr, hit->describe(addr).c_str());
+    else
+      std::snprintf(buf, sizeof buf,
+                    "\nerror: %shost code read or wrote emulated device memory at %p (%s) "
+                    "outside a backend call. Device memory may only be touched through Backend "
+                    "ops, to_host and to_device (on CUDA this access would crash or read "
+                    "garbage). Backtrace:\n",
+                    g_who, addr, hit->describe(addr).c_str());
     say(buf);
     void* frames[64];
     const int n = backtrace(frames, 64);
@@ -115,18 +121,30 @@ void DeviceArena::protect(size_t lo, size_t hi, bool rw) const {
   }
 }
 
-void DeviceArena::open() {
-  if (depth_++ == 0) {
-    protect(0, top_, true);
-    rw_hi_ = top_;
+DeviceArena::Open::Open(DeviceArena& a, std::initializer_list<Range> ranges)
+    : Open(a, ranges.begin(), int(ranges.size())) {}
+
+DeviceArena::Open::Open(DeviceArena& a, const Range* ranges, int n) : a_(a) {
+  if (n > kMaxRanges || a_.depth_ > 0) {
+    say(n > kMaxRanges ? "error: emulated device: too many ranges for one backend call\n"
+                       : "error: emulated device: a backend call inside another\n");
+    std::abort();  // a defect of the emulation itself, not of the code under test
+  }
+  ++a_.depth_;
+  for (int i = 0; i < n; ++i) {
+    const Range& r = ranges[i];
+    if (!r.p || !r.bytes || !a_.in_range(r.p)) continue;
+    const size_t off = size_t(static_cast<const char*>(r.p) - a_.base_);
+    lo_[n_] = off / kPage * kPage;
+    hi_[n_] = (off + r.bytes + kPage - 1) / kPage * kPage;
+    a_.protect(lo_[n_], hi_[n_], true);
+    ++n_;
   }
 }
 
-void DeviceArena::close() noexcept {
-  if (--depth_ == 0) {
-    protect(0, rw_hi_, false);  // rw_hi_ >= top_: a top freed while open is closed too
-    rw_hi_ = 0;
-  }
+DeviceArena::Open::~Open() {
+  for (int i = n_; i-- > 0;) a_.protect(lo_[i], hi_[i], false);
+  --a_.depth_;
 }
 
 void* DeviceArena::alloc(size_t bytes) {
@@ -149,12 +167,7 @@ void* DeviceArena::alloc(size_t bytes) {
                                std::to_string(reserve_ >> 20) +
                                " MiB reserved (ADGT_EMULATED_MEMORY_GB)");
     off = top_;
-    const size_t old_top = top_;
     top_ += n;
-    if (depth_ > 0 && top_ > rw_hi_) {  // new pages join an open arena
-      protect(std::max(old_top, rw_hi_), top_, true);
-      rw_hi_ = top_;
-    }
   }
   live_[off] = Block{n, bytes};
   used_ += n;

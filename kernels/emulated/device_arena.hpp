@@ -4,8 +4,12 @@
 //
 //   DeviceArena arena(64 << 30);      // reserves address space, commits nothing
 //   void* p = arena.alloc(4096);      // PROT_NONE: *p from host code faults
-//   { DeviceArena::Open o(arena); ... }  // inside: the whole arena is read/write
+//   { DeviceArena::Open o(arena, {{p, 4096}}); ... }  // inside: p's pages are read/write
 //   arena.release(p);
+//
+// A backend call opens the pages of the tensors it was given, not the whole
+// arena: the cost is two mprotect calls per argument over its own pages, not
+// over every page the run has written.
 //
 // A fault inside the arena is reported (the address, the buffer it falls in,
 // a backtrace) by a SIGSEGV handler installed with the first arena; faults
@@ -47,30 +51,36 @@ class DeviceArena {
   // "byte 12 of a 4096-byte buffer at 0x..." or "outside every live buffer".
   std::string describe(const void* p) const;
 
-  // Read/write access for the current scope; nests (the outermost one
-  // protects again on exit).
+  // Read/write access to the pages of up to kMaxRanges (pointer, bytes)
+  // ranges for the current scope; protected again on exit. Scopes do not
+  // nest (a backend call never makes another through the emulated device).
+  static constexpr int kMaxRanges = 12;
+  struct Range {
+    const void* p = nullptr;
+    size_t bytes = 0;
+  };
   class Open {
    public:
-    explicit Open(DeviceArena& a) : a_(a) { a_.open(); }
-    ~Open() { a_.close(); }
+    Open(DeviceArena& a, std::initializer_list<Range> ranges);
+    Open(DeviceArena& a, const Range* ranges, int n);
+    ~Open();
     Open(const Open&) = delete;
     Open& operator=(const Open&) = delete;
 
    private:
     DeviceArena& a_;
+    size_t lo_[kMaxRanges], hi_[kMaxRanges];  // page offsets
+    int n_ = 0;
   };
   bool is_open() const { return depth_ > 0; }
 
  private:
-  void open();
-  void close() noexcept;
   void protect(size_t lo, size_t hi, bool rw) const;
 
   char* base_ = nullptr;
   size_t reserve_ = 0;
   size_t top_ = 0;                    // bytes of the range ever handed out (bump pointer)
-  size_t rw_hi_ = 0;                  // while open: [0, rw_hi_) is read/write
-  int depth_ = 0;
+  int depth_ = 0;                     // open scopes: 0 or 1
   std::map<size_t, size_t> free_;     // offset -> size of freed blocks, coalesced
   struct Block {
     size_t size = 0;   // rounded to the alignment: what the block takes

@@ -25,8 +25,9 @@ EmulatedBackend::EmulatedBackend(size_t reserve_bytes) : arena_(reserve_bytes) {
 
 std::string EmulatedBackend::name() const { return "emulated device (" + cpu_.name() + ")"; }
 
-void EmulatedBackend::dev(const Tensor& t, const char* op, const char* arg) const {
+void EmulatedBackend::dev(const Tensor& t, const char* op, const char* arg, Ranges& r) const {
   if (!t.data) return;
+  r.r[r.n++] = {t.data, t.bytes()};
   ADGT_CHECK(arena_.contains(t.data, t.bytes()),
              "emulated device: " << op << "'s " << arg << " " << t.shape_str() << " "
                                  << dtype_name(t.dtype) << " at " << t.data << " is "
@@ -57,7 +58,7 @@ void EmulatedBackend::to_device(void* dst, const void* src, size_t bytes) {
                                                          << arena_.describe(dst) << ")");
   ADGT_CHECK(!arena_.in_range(src), "emulated device: to_device's source "
                                         << src << " is device memory; use copy() between device buffers");
-  DeviceArena::Open o(arena_);
+  DeviceArena::Open o(arena_, {{dst, bytes}});
   std::memcpy(dst, src, bytes);
 }
 
@@ -70,20 +71,21 @@ void EmulatedBackend::to_host(void* dst, const void* src, size_t bytes) {
                                                   << arena_.describe(src) << ")");
   ADGT_CHECK(!arena_.in_range(dst), "emulated device: to_host's destination "
                                         << dst << " is device memory; use copy() between device buffers");
-  DeviceArena::Open o(arena_);
+  DeviceArena::Open o(arena_, {{src, bytes}});
   std::memcpy(dst, src, bytes);
 }
 
 void EmulatedBackend::synchronize() { throw_deferred_error(); }
 
-// Every op: check its tensors, open the arena, run the CPU backend's op.
-#define ADGT_EMU_OP(op, checks, call) \
-  do {                                \
-    checks;                           \
-    DeviceArena::Open o_(arena_);     \
-    return cpu_.call;                 \
+// Every op: check its tensors, open their pages, run the CPU backend's op.
+#define ADGT_EMU_OP(op, checks, call)             \
+  do {                                            \
+    Ranges r_;                                    \
+    checks;                                       \
+    DeviceArena::Open o_(arena_, r_.r, r_.n);     \
+    return cpu_.call;                             \
   } while (0)
-#define D(t) dev(t, op, #t)
+#define D(t) dev(t, op, #t, r_)
 
 void EmulatedBackend::zero(Tensor t) {
   const char* op = "zero";

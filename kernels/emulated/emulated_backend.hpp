@@ -4,8 +4,9 @@
 //     reducers, the pipeline executor and MoE take their device branches, and
 //     collectives on its memory go through host staging (parallel/device_comm.hpp);
 //   - its memory (kernels/emulated/device_arena.hpp) is PROT_NONE outside its
-//     own calls: host code that reads or writes it faults with a report of
-//     where (the address, the buffer, a backtrace);
+//     own calls (a call opens the pages of its own tensors only): host code
+//     that reads or writes it faults with a report of where (the address,
+//     the buffer, a backtrace);
 //   - every op checks that its tensors are device memory, and to_host /
 //     to_device that the host side is not: a host pointer handed to a device
 //     op (a crash on CUDA) is an error naming the op and the argument.
@@ -36,6 +37,7 @@ class EmulatedBackend final : public Backend {
   void zero(Tensor t) override;
   void synchronize() override;
   double peak_tflops() override { return cpu_.peak_tflops(); }
+  bool peak_is_measured() const override { return true; }
   double remeasure_peak_tflops() override { return cpu_.remeasure_peak_tflops(); }
 
   void linear_forward(Tensor y, const Tensor& x, const Tensor& w) override;
@@ -83,8 +85,14 @@ class EmulatedBackend final : public Backend {
                   const AdamWHyper& h) override;
 
  private:
-  // Throws unless t is empty (data == nullptr) or lies in one live device buffer.
-  void dev(const Tensor& t, const char* op, const char* arg) const;
+  // The device ranges one call opens.
+  struct Ranges {
+    DeviceArena::Range r[DeviceArena::kMaxRanges];
+    int n = 0;
+  };
+  // Throws unless t is empty (data == nullptr) or lies in one live device
+  // buffer; adds its range to r.
+  void dev(const Tensor& t, const char* op, const char* arg, Ranges& r) const;
 
   DeviceArena arena_;
   CpuBackend cpu_;

@@ -43,6 +43,14 @@ int64_t compute_bytes_per_element(const RunConfig& cfg) {
 //     A_final = C (last block output) + C (final norm out) + 1 (rstd)
 //             + V (logits, overwritten in place by their gradient) + 1 (loss)
 //   Backward scratch (about one layer's activation gradients) is not counted.
+//   Recompute (train.recompute, core/model/model.hpp) changes what a layer
+//   keeps per micro-batch in flight, plus one shared set of buffers per rank:
+//     selective: a layer drops H*T (or the lse) + H*hd (attention) and F (h;
+//                dense layers); shared: those once;
+//     full:      a recomputed layer keeps C/rows (its input), an MoE one also
+//                its block's own state (E + top_k (2C + 3Fe)); shared: one
+//                layer's activations besides the input; recompute_layers
+//                limits it to the first layers of each chunk.
 //   Pipeline parallelism: the rank's stage slice gives the table; the
 //   activations sum over its chunks c: held[c] x (layers(c) x A_layer +
 //   A_final if c holds the head).
@@ -91,6 +99,22 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
   std::vector<int64_t> experts0;  // ep rank 0's experts (every rank holds E / ep)
   for (int64_t x = 0; x < m.n_experts / ep; ++x) experts0.push_back(x);
   const int64_t a_final = C / rows + 1 + C + Vl + 1;
+  // Recompute: what a layer keeps, and the shared buffers of the recomputed part.
+  const std::string rc = cfg.train.recompute;
+  const int64_t att_core = Hl * att_saved + Hl * hd;  // selective drops these (and h)
+  const int64_t moe_state = m.n_experts + m.moe_top_k * (2 * C + 3 * Fel);
+  auto recomputed = [&](int64_t index_in_chunk) {
+    if (rc == "selective") return true;
+    return rc == "full" && (cfg.train.recompute_layers == 0 || index_in_chunk < cfg.train.recompute_layers);
+  };
+  auto kept = [&](int64_t l, int64_t index_in_chunk) -> int64_t {
+    const bool moe = m.is_moe_layer(l);
+    const int64_t all = moe ? a_moe_layer : a_layer;
+    if (!recomputed(index_in_chunk)) return all;
+    if (rc == "selective") return all - att_core - (moe ? 0 : Fl);
+    return C / rows + (moe ? moe_state : 0);
+  };
+  const int64_t shared_rc = rc == "selective" ? att_core + Fl : rc == "full" ? a_layer - C / rows : 0;
   e.bytes_per_element = bpp;
   const int pp = int(cfg.parallel.pp), v = int(cfg.parallel.virtual_stages);
   const std::vector<int64_t> counts = stage_layer_counts(cfg);
@@ -100,17 +124,22 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
     const int64_t numel =
         total_numel(build_param_table(m, tp, 0, &slice, m.n_experts > 0 ? &experts0 : nullptr));
     int64_t act = 0, n_held = 0;
+    bool any_recomputed = false;
     for (int c = 0; c < int(slice.chunks.size()); ++c) {
       const int64_t h = r < int(held.size()) && c < int(held[size_t(r)].size())
                             ? held[size_t(r)][size_t(c)]
                             : (pp == 1 ? 1 : std::min<int64_t>(pp - r, mb));
       const bool head = slice.head && c + 1 == int(slice.chunks.size());
       int64_t per = head ? a_final : 0;
-      for (int64_t l = slice.chunks[size_t(c)].first; l < slice.chunks[size_t(c)].second; ++l)
-        per += m.is_moe_layer(l) ? a_moe_layer : a_layer;
+      for (int64_t l = slice.chunks[size_t(c)].first; l < slice.chunks[size_t(c)].second; ++l) {
+        const int64_t i = l - slice.chunks[size_t(c)].first;
+        per += kept(l, i);
+        any_recomputed = any_recomputed || recomputed(i);
+      }
       act += h * per;
       n_held += h;
     }
+    if (any_recomputed) act += shared_rc;
     MemoryEstimate x = e;
     x.bytes_params = numel * bpp;
     x.bytes_grads = numel * std::max<int64_t>(bpp, 4);
@@ -201,7 +230,14 @@ std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e) {
        std::to_string(t.micro_batch) + " x seq_len " + std::to_string(m.seq_len) +
        (par.pp > 1 ? " x " + std::to_string(e.microbatches_held) + " chunk micro-batches in flight"
                    : std::string()) +
-       ", saved for backward)");
+       ", saved for backward" +
+       (t.recompute == "none" ? std::string()
+        : t.recompute == "selective"
+            ? std::string("; selective recompute")
+            : "; full recompute of " +
+                  (t.recompute_layers ? std::to_string(t.recompute_layers) + " layers per stage"
+                                      : std::string("every layer"))) +
+       ")");
   line("    total        " + gib(e.bytes_total));
   return s;
 }

@@ -49,12 +49,14 @@ def main():
     ap.add_argument("--mpirun", required=True)
     ap.add_argument("--data", required=True)
     ap.add_argument("--work", required=True)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "emulated"],
+                    help="train.device of every run (emulated: the device code paths on the CPU)")
     ap.add_argument("--measure", action="store_true", help="print errors, check nothing")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
-    base = ["train.dtype=bf16", "train.device=cpu", "train.global_batch=4"]
+    base = ["train.dtype=bf16", f"train.device={args.device}", "train.global_batch=4"]
     ref = train_run(args, MODEL, "single_bf16", base, 1)
-    f32 = train_run(args, MODEL, "single_f32", ["train.dtype=f32", "train.device=cpu"], 1)
+    f32 = train_run(args, MODEL, "single_f32", ["train.dtype=f32", f"train.device={args.device}"], 1)
     if not ref or not f32:
         sys.exit("FAIL: a single-process run failed")
     ref_l, ref_w = losses(ref[0]), ref[1]

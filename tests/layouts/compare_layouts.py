@@ -37,7 +37,8 @@ def run(args, name, tp, dp, zero, sp, resume_from=None):
     for s in [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
               f"log.dir={out}", f"checkpoint.dir={out}/ckpt", f"parallel.tp={tp}",
               f"parallel.dp={dp}", f"parallel.zero={zero}",
-              f"parallel.sequence_parallel={'true' if sp else 'false'}"]:
+              f"parallel.sequence_parallel={'true' if sp else 'false'}",
+              f"train.device={args.device}"]:
         cmd += ["--set", s]
     n = tp * dp
     if n > 1:
@@ -66,6 +67,8 @@ def main():
     ap.add_argument("--mpirun", required=True)
     ap.add_argument("--data", required=True)
     ap.add_argument("--work", required=True)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "emulated"],
+                    help="train.device of every run (emulated: the device code paths on the CPU)")
     ap.add_argument("--tol", type=float, default=1e-5)
     ap.add_argument("--layouts", nargs="*", default=DEFAULT)
     args = ap.parse_args()

@@ -2,7 +2,8 @@
 (tests/pipeline/compare_pipelines.py, tests/moe/compare_experts.py).
 
 train_run() starts `adgt-train --config CONFIG` (under `mpirun N` when N > 1)
-with the data, log and checkpoint paths under WORK/NAME plus `sets`, and
+with the data, log and checkpoint paths under WORK/NAME plus `sets`,
+with train.device=args.device (default cpu; a later entry of sets wins),
 returns (metrics records with a loss, final weights of step_20 as float64
 whole tensors or {}, seconds), or None after printing the output when the run
 failed. rel_errors() compares losses and weights with a reference run.
@@ -24,7 +25,8 @@ def train_run(args, config, name, sets, ranks, resume_from=None, weights=True):
     if resume_from:
         cmd += ["--resume", resume_from]
     for s in [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
-              f"log.dir={out}", f"checkpoint.dir={out}/ckpt"] + sets:
+              f"log.dir={out}", f"checkpoint.dir={out}/ckpt",
+              f"train.device={getattr(args, 'device', 'cpu')}"] + sets:
         cmd += ["--set", s]
     if ranks > 1:
         cmd = [args.mpirun, str(ranks)] + cmd

@@ -38,6 +38,8 @@ def main():
     ap.add_argument("--mpirun", required=True)
     ap.add_argument("--data", required=True)
     ap.add_argument("--work", required=True)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "emulated"],
+                    help="train.device of every run (emulated: the device code paths on the CPU)")
     ap.add_argument("--tol", type=float, default=1e-5)
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)

@@ -42,6 +42,8 @@ def main():
     ap.add_argument("--mpirun", required=True)
     ap.add_argument("--data", required=True)
     ap.add_argument("--work", required=True)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "emulated"],
+                    help="train.device of every run (emulated: the device code paths on the CPU)")
     ap.add_argument("--tol", type=float, default=1e-5)
     ap.add_argument("--pp", type=int, nargs="*", default=[2, 4])
     ap.add_argument("--extras", nargs="*", default=["none", "tp2", "dp2"])
