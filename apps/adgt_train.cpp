@@ -104,16 +104,13 @@ int main(int argc, char** argv) {
   try {
     adgt::ProcessGroups pg = adgt::make_process_groups(adgt::layout_of(cfg));
     const bool lead = pg.world->rank() == 0;
-    // The CUDA backend is single-process for now (Trainer refuses more ranks);
-    // the emulated device stages its collectives through host memory.
-    const bool emulated = cfg.train.device == "emulated";
-    const std::string table = adgt::rank_table(pg, emulated ? "emulated" : "cpu",
-                                               emulated ? "mpi (host-staged)" : "mpi");
+    // The device of the run, agreed over the world; each rank's GPU (two
+    // ranks on one GPU are refused unless ADGT_SHARED_GPU_TEST=1) and the
+    // transport of its collectives (parallel/device_plan.hpp).
+    const adgt::DevicePlan dev = adgt::plan_devices(pg, cfg.train.device);
+    if (lead && !dev.warning.empty()) std::fprintf(stderr, "warning: %s\n", dev.warning.c_str());
+    const std::string table = adgt::rank_table(pg, dev.device_id, dev.transport);
     if (lead && pg.world->size() > 1) std::printf("%s", table.c_str());
-    // Two ranks on one device are refused (a CPU is never exclusive); the
-    // shared-GPU test mode (ADGT_SHARED_GPU_TEST=1) allows it on purpose.
-    adgt::verify_device_assignment(pg, "cpu",
-                                   adgt::shared_gpu_test_mode(adgt::environment()));
 
     adgt::ParallelContext ctx;
     ctx.tp = pg.tp.get();
@@ -125,7 +122,7 @@ int main(int argc, char** argv) {
     ctx.world_rank = pg.world->rank();
     ctx.layout = pg.layout;
     ctx.coords = pg.coords;
-    adgt::Trainer trainer(cfg, ctx);
+    adgt::Trainer trainer(cfg, ctx, dev);
     const std::string from = adgt::resolve_resume(resume, cfg.checkpoint.dir);
     if (!resume.empty() && from.empty()) {
       if (eval_only)

@@ -15,6 +15,9 @@ namespace adgt {
 
 #ifndef ADGT_HAVE_CUDA
 DeviceQuery cuda_device_query() { return {}; }
+std::string cuda_device_uuid(int device) {
+  ADGT_CHECK(false, "cuda_device_uuid(" << device << "): this binary was built without CUDA");
+}
 #endif
 
 int cuda_device_count() { return cuda_device_query().count; }
@@ -66,7 +69,7 @@ DeviceChoice choose_device(const std::string& device, const DeviceQuery& q, bool
                     "CUDA_VISIBLE_DEVICES); use train.device=cpu or auto");
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& device) {
+std::unique_ptr<Backend> make_backend(const std::string& device, int cuda_device) {
 #ifdef ADGT_HAVE_CUDA
   constexpr bool cuda_built = true;
 #else
@@ -77,7 +80,7 @@ std::unique_ptr<Backend> make_backend(const std::string& device) {
                     cuda_built);
   if (!c.warning.empty()) std::fprintf(stderr, "warning: %s\n", c.warning.c_str());
 #ifdef ADGT_HAVE_CUDA
-  if (c.device == "cuda") return std::make_unique<CudaBackend>();
+  if (c.device == "cuda") return std::make_unique<CudaBackend>(cuda_device);
 #endif
   if (c.device == "emulated") return std::make_unique<EmulatedBackend>();
   return std::make_unique<CpuBackend>();

@@ -261,6 +261,13 @@ DeviceChoice choose_device(const std::string& device, const DeviceQuery& q, bool
 // "cpu", "cuda" or "emulated"; "auto" picks CUDA when a GPU is visible and the CUDA
 // backend is built (choose_device; its warning goes to stderr). Throws with a
 // clear message otherwise.
-std::unique_ptr<Backend> make_backend(const std::string& device);
+// cuda_device: the GPU index for "cuda" (a rank's pick_local_device), or -1
+// for the current device.
+std::unique_ptr<Backend> make_backend(const std::string& device, int cuda_device = -1);
+
+// The UUID of CUDA device `device` ("GPU-xxxxxxxx-..."), the id the device
+// assignment check compares across ranks (indices repeat under per-task
+// CUDA_VISIBLE_DEVICES). Throws without CUDA or on a CUDA error.
+std::string cuda_device_uuid(int device);
 
 }  // namespace adgt

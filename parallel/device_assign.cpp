@@ -17,7 +17,7 @@ void check_device_assignment(const std::vector<DeviceSlot>& slots, bool allow_sh
   if (allow_shared) return;
   std::map<std::pair<std::string, std::string>, int> owner;  // (host, device) -> first rank
   for (const DeviceSlot& s : slots) {
-    if (s.device == "cpu") continue;
+    if (s.device == "cpu" || s.device == "emulated") continue;  // never exclusive
     auto [it, fresh] = owner.emplace(std::make_pair(s.host, s.device), s.rank);
     if (!fresh) {
       std::ostringstream os;

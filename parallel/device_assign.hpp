@@ -16,7 +16,7 @@ namespace adgt {
 struct DeviceSlot {
   int rank = 0;
   std::string host;
-  std::string device;  // a GPU's UUID (or index); "cpu" is never exclusive
+  std::string device;  // a GPU's UUID (or index); "cpu" and "emulated" are never exclusive
 };
 
 // Throws, naming both ranks, the host and the device, when two ranks hold the

@@ -245,4 +245,8 @@ void DeviceComm::reset_stats() {
   staging_seconds_ = 0;
 }
 
+#ifndef ADGT_HAVE_NCCL
+std::unique_ptr<Comm> make_nccl_comm(Comm&, Backend&) { return nullptr; }
+#endif
+
 }  // namespace adgt

@@ -85,4 +85,9 @@ class DeviceComm final : public Comm {
   int64_t next_send_ = 1;
 };
 
+// An NcclComm over `group` (an MpiComm) on the CUDA backend's device and
+// stream (so it is ordered after the compute that made its tensors, and the
+// compute after it); blocking. nullptr when the build has no NCCL.
+std::unique_ptr<Comm> make_nccl_comm(Comm& group, Backend& be);
+
 }  // namespace adgt

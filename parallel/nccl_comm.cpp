@@ -6,6 +6,8 @@
 #include <stdexcept>
 
 #include "kernels/check.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "parallel/device_comm.hpp"
 #include "parallel/mpi_env.hpp"
 #include "parallel/ring.hpp"
 
@@ -38,18 +40,6 @@ void gpu_call_failed(const char* call, const char* error, const char* file, int 
   os << "GPU call failed: " << call << ": " << error << " (" << rank_host() << ", " << file << ":"
      << line << ")";
   throw std::runtime_error(os.str());
-}
-
-std::string cuda_device_uuid(int device) {
-  cudaDeviceProp prop{};
-  ADGT_CUDA(cudaGetDeviceProperties(&prop, device));
-  char buf[64];
-  const auto* u = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
-  std::snprintf(buf, sizeof buf,
-                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
-                u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
-                u[14], u[15]);
-  return buf;
 }
 
 NcclComm::NcclComm(const MpiComm& group, int device, cudaStream_t stream, bool blocking)
@@ -192,6 +182,19 @@ void NcclComm::barrier() {
   Timed timed(stats_);
   ADGT_NCCL(ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_, stream_));
   ADGT_CUDA(cudaStreamSynchronize(stream_));
+}
+
+}  // namespace adgt
+
+namespace adgt {
+
+std::unique_ptr<Comm> make_nccl_comm(Comm& group, Backend& be) {
+  auto* mpi = dynamic_cast<MpiComm*>(&group);
+  ADGT_CHECK(mpi, "make_nccl_comm: group '" << group.name() << "' is not an MpiComm");
+  auto* cuda = dynamic_cast<CudaBackend*>(&be);
+  ADGT_CHECK(cuda, "make_nccl_comm: the backend is " << be.name() << ", not CUDA");
+  return std::make_unique<NcclComm>(*mpi, cuda->device(), reinterpret_cast<cudaStream_t>(cuda->stream()),
+                                    /*blocking=*/true);
 }
 
 }  // namespace adgt

@@ -65,10 +65,7 @@ class NcclComm final : public Comm {
   void* barrier_buf_ = nullptr;  // (1) float on the device
 };
 
-// The UUID of CUDA device `device` ("GPU-xxxxxxxx-..."), the id that
-// check_device_assignment compares across ranks (indices repeat under
-// per-task CUDA_VISIBLE_DEVICES).
-std::string cuda_device_uuid(int device);
+// cuda_device_uuid(device): kernels/backend.hpp.
 
 }  // namespace adgt
 

@@ -65,16 +65,20 @@ void install_stop_handlers() {
 }
 
 // Wraps each group of ctx in a DeviceComm, so collectives on device tensors
-// are staged through host memory (parallel/device_comm.hpp). Distinct group
-// objects (world may also be another group's) get one wrapper each; a missing
-// group (a single process) becomes a wrapped SelfComm, whose copies would
-// otherwise be host code on device memory.
-static std::vector<std::unique_ptr<Comm>> wrap_device_groups(ParallelContext& ctx, Backend& be) {
+// are staged through host memory or go to NCCL (parallel/device_comm.hpp).
+// Distinct group objects get one wrapper each; a missing group (a single
+// process) becomes a wrapped SelfComm, whose copies would otherwise be host
+// code on device memory. With nccl every group of more than one rank but the
+// pipeline group gets an NCCL communicator (made in this fixed order on every
+// rank); the pipeline's sends stay non-blocking host-staged MPI.
+static std::vector<std::unique_ptr<Comm>> wrap_device_groups(ParallelContext& ctx, Backend& be,
+                                                             bool nccl) {
   std::vector<std::unique_ptr<Comm>> owned;
   std::vector<std::pair<Comm*, Comm*>> done;
   const char* names[] = {"tp", "dp", "pp", "ep", "edp", "world"};
   int i = 0;
   for (Comm** slot : {&ctx.tp, &ctx.dp, &ctx.pp, &ctx.ep, &ctx.edp, &ctx.world}) {
+    const bool pipeline = slot == &ctx.pp;
     if (!*slot) {
       owned.push_back(std::make_unique<SelfComm>(names[i]));
       *slot = owned.back().get();
@@ -84,7 +88,9 @@ static std::vector<std::unique_ptr<Comm>> wrap_device_groups(ParallelContext& ct
     for (auto& [from, to] : done)
       if (from == *slot) wrapped = to;
     if (!wrapped) {
-      owned.push_back(std::make_unique<DeviceComm>(**slot, be));
+      std::unique_ptr<Comm> device;
+      if (nccl && !pipeline && (*slot)->size() > 1) device = make_nccl_comm(**slot, be);
+      owned.push_back(std::make_unique<DeviceComm>(**slot, be, std::move(device)));
       wrapped = owned.back().get();
       done.emplace_back(*slot, wrapped);
     }
@@ -93,23 +99,31 @@ static std::vector<std::unique_ptr<Comm>> wrap_device_groups(ParallelContext& ct
   return owned;
 }
 
-Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx) : cfg_(cfg) {
-  // The CUDA backend runs single-process dense models for now: its multi-rank
-  // wiring (one GPU per rank, NCCL) is not in the trainer yet. `auto` then
-  // means cpu. The emulated device runs every layout, its collectives staged
-  // through host memory.
-  const int world = int(cfg.parallel.tp * cfg.parallel.dp * cfg.parallel.pp);
-  const bool device_collectives = world > 1 || cfg.model.n_experts > 0;
-  std::string device = cfg.train.device;
-  if (device == "auto" && device_collectives) device = "cpu";
-  ADGT_CHECK(!(device == "cuda" && device_collectives),
-             "train.device=cuda: " << (world > 1 ? "runs over several ranks (" + std::to_string(world) +
-                                                       " here)"
-                                                 : std::string("mixture-of-experts models"))
-                                   << " need device collectives, which the CUDA path does not "
-                                      "have yet; use train.device: cpu (or auto)");
-  backend_ = make_backend(device);
-  if (!backend_->is_host()) device_comms_ = wrap_device_groups(ctx, *backend_);
+// A single process without a plan (tests, tools): the device its own choice.
+static DevicePlan local_plan(const std::string& requested) {
+#ifdef ADGT_HAVE_CUDA
+  constexpr bool cuda_built = true;
+#else
+  constexpr bool cuda_built = false;
+#endif
+  DevicePlan p;
+  const DeviceChoice c = choose_device(
+      requested, requested == "cpu" || requested == "emulated" ? DeviceQuery{} : cuda_device_query(),
+      cuda_built);
+  p.device = c.device;
+  if (!c.warning.empty()) std::fprintf(stderr, "warning: %s\n", c.warning.c_str());
+  p.device_id = p.device;
+  p.transport = collective_transport(p.device, 1, false, false);
+  return p;
+}
+
+Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx, std::optional<DevicePlan> plan)
+    : cfg_(cfg) {
+  // Every layout and model runs on every device: collectives on device
+  // memory go through DeviceComm (NCCL, or host-staged MPI).
+  const DevicePlan dev = plan ? *plan : local_plan(cfg.train.device);
+  backend_ = make_backend(dev.device, dev.cuda_device);
+  if (!backend_->is_host()) device_comms_ = wrap_device_groups(ctx, *backend_, dev.nccl());
   train_shard_ = open_shard(cfg.data.train, "data.train", cfg.model);
   val_shard_ = open_shard(cfg.data.val, "data.val", cfg.model);
   sampler_ = std::make_unique<Sampler>(*train_shard_, cfg.model.seq_len, cfg.train.seed);

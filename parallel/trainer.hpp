@@ -5,6 +5,7 @@
 // SIGTERM, SIGINT or SIGUSR1 (checkpoint at the step boundary, exit 0).
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <vector>
@@ -13,6 +14,7 @@
 #include "kernels/backend.hpp"
 #include "parallel/controller.hpp"
 #include "parallel/device_comm.hpp"
+#include "parallel/device_plan.hpp"
 #include "parallel/engine.hpp"
 
 namespace adgt {
@@ -34,7 +36,10 @@ struct TrainSummary {
 
 class Trainer {
  public:
-  explicit Trainer(const RunConfig& cfg, ParallelContext ctx = {});
+  // plan: the run's device, agreed over the world (plan_devices); none: a
+  // single process's own choice of cfg.train.device.
+  explicit Trainer(const RunConfig& cfg, ParallelContext ctx = {},
+                   std::optional<DevicePlan> plan = std::nullopt);
   ~Trainer();
   // Restores weights, optimizer state and data position from a step directory.
   void load(const std::string& step_dir);

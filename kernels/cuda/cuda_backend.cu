@@ -198,11 +198,14 @@ int bf16_flops_per_clock_per_sm(int major, int minor) {
 
 }  // namespace
 
-CudaBackend::CudaBackend() {
+CudaBackend::CudaBackend(int device) {
   const char* op = "CudaBackend()";
   int n = 0;
   ADGT_CUDA_OP(cudaGetDeviceCount(&n), op);
   ADGT_CHECK(n > 0, "cuda backend: no CUDA device visible");
+  ADGT_CHECK(device < n, "cuda backend: device " << device << " asked, but " << n
+                                                 << " visible (CUDA_VISIBLE_DEVICES)");
+  if (device >= 0) ADGT_CUDA_OP(cudaSetDevice(device), op);
   ADGT_CUDA_OP(cudaGetDevice(&device_), op);
   cudaDeviceProp prop{};
   ADGT_CUDA_OP(cudaGetDeviceProperties(&prop, device_), op);

@@ -19,9 +19,9 @@ namespace adgt {
 
 class CudaBackend final : public Backend {
  public:
-  // Uses the current CUDA device (cudaSetDevice before constructing it to
-  // choose another). Throws, naming the call, when no device is usable.
-  CudaBackend();
+  // Uses CUDA device `device` (cudaSetDevice), or the current one when
+  // device < 0. Throws, naming the call, when no device is usable.
+  explicit CudaBackend(int device = -1);
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "parallel/device_assign.hpp"
+#include "parallel/device_plan.hpp"
 
 using namespace adgt;
 
@@ -58,4 +59,17 @@ TEST_CASE("devices: the test-mode switches", "[parallel][device]") {
   CHECK(fake_device(local(1, 2), {{"ADGT_FAKE_DEVICES", "0,0"}}).value() == "gpu0");
   CHECK(fake_device(local(1, 2), {{"ADGT_FAKE_DEVICES", "3,5"}}).value() == "gpu5");
   CHECK_THROWS_WITH(fake_device(local(2, 3), {{"ADGT_FAKE_DEVICES", "0,1"}}), Catch::Contains("no entry for local rank 2"));
+}
+
+TEST_CASE("devices: the run's device is agreed over the ranks", "[parallel][device]") {
+  CHECK(agreed_device("auto", {"cuda", "cuda"}) == "cuda");
+  CHECK(agreed_device("auto", {"cuda", "cpu"}) == "cpu");  // one rank without a GPU: all on the CPU
+  CHECK(agreed_device("cpu", {"cpu", "cpu"}) == "cpu");
+  CHECK(agreed_device("emulated", {"emulated"}) == "emulated");
+  CHECK(collective_transport("cpu", 8, false, true) == "mpi");
+  CHECK(collective_transport("emulated", 8, false, true) == "mpi (host-staged)");
+  CHECK(collective_transport("cuda", 8, false, true) == "nccl");
+  CHECK(collective_transport("cuda", 8, true, true) == "mpi (host-staged)");   // shared GPU
+  CHECK(collective_transport("cuda", 1, false, true) == "mpi (host-staged)");  // one process
+  CHECK(collective_transport("cuda", 8, false, false) == "mpi (host-staged)"); // no NCCL built
 }
