@@ -209,6 +209,9 @@ const std::vector<Key>& schema() {
           A::NonNegative, "steps between saves; 0 = only at the end"),
       key("checkpoint", &R::checkpoint, "keep", &CheckpointConfig::keep, A::NonNegative,
           "newest complete checkpoints kept; 0 keeps all"),
+      key("checkpoint", &R::checkpoint, "at_end", &CheckpointConfig::at_end, A::Any,
+          "save after the last step (a stop on a signal saves regardless); false for "
+          "benchmarks"),
       // log
       key("log", &R::log, "dir", &LogConfig::dir, A::NonEmpty,
           "directory for the metrics log and the recorded config"),

@@ -94,6 +94,7 @@ struct CheckpointConfig {
   std::string dir = "runs/tiny/checkpoints";
   int64_t interval = 0;  // steps between saves; 0 = only at the end
   int64_t keep = 3;      // newest complete checkpoints kept; 0 keeps all
+  bool at_end = true;    // save after the last step
   bool operator==(const CheckpointConfig&) const = default;
 };
 

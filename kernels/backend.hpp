@@ -61,6 +61,9 @@ class Backend {
   virtual void to_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void to_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void zero(Tensor t) = 0;
+  // The most bytes alloc() has held at once (the backend's buffers; not its
+  // private scratch or the CUDA context); -1 where not tracked (the CPU).
+  virtual int64_t peak_allocated_bytes() const { return -1; }
   // Waits for queued work; throws a failure a noexcept path deferred.
   virtual void synchronize() { throw_deferred_error(); }
   // Dense matmul peak in TFLOP/s for MFU: measured (CPU: an sgemm timing) or

@@ -350,7 +350,7 @@ TrainSummary Trainer::train() {
       sum.final_val_loss = vl;
     }
     const int sig = agreed_stop_signal();
-    if (sig || last ||
+    if (sig || (last && cfg_.checkpoint.at_end) ||
         (cfg_.checkpoint.interval > 0 && step_ % cfg_.checkpoint.interval == 0)) {
       const std::string dir = save();
       if (lead()) {
@@ -371,6 +371,10 @@ TrainSummary Trainer::train() {
   sum.tokens_per_s = per_step > 0 ? double(t.global_batch * cfg_.model.seq_len) / per_step : 0;
   sum.final_train_loss = logger.final_train_loss();
   sum.checkpoint = last_checkpoint_;
+  // The largest backend allocation peak over the world (-1 where untracked).
+  double mem_peak[1] = {double(backend_->peak_allocated_bytes())};
+  g.world->all_reduce(Tensor(mem_peak, DType::F64, {1}), ReduceOp::Max);
+  sum.peak_device_bytes = int64_t(mem_peak[0]);
   return sum;
 }
 

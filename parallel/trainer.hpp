@@ -28,6 +28,7 @@ struct TrainSummary {
   double final_train_loss = 0;  // mean over the last log interval
   double final_val_loss = -1;   // < 0 when no evaluation ran
   double tokens_per_s = 0;      // mean over the run, excluding the first step
+  int64_t peak_device_bytes = -1;  // the backend buffers' peak, max over ranks (-1: the CPU's, untracked)
   double wall_s = 0;
   std::string checkpoint;       // last checkpoint written ("" if none)
   std::string metrics_path;

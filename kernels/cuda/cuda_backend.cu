@@ -280,6 +280,9 @@ void* CudaBackend::alloc(size_t bytes) {
     call_failed("cudaMalloc(&p, bytes)", os.str().c_str(), cudaGetErrorString(e), __FILE__,
                 __LINE__);
   }
+  alloc_bytes_[p] = bytes;
+  live_bytes_ += bytes;
+  peak_bytes_ = std::max(peak_bytes_, live_bytes_);
   return p;
 }
 
@@ -300,6 +303,10 @@ void CudaBackend::release(void* p) noexcept {
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     defer_error("release: cudaFree", cudaGetErrorName(e));
+  }
+  if (auto it = alloc_bytes_.find(p); it != alloc_bytes_.end()) {
+    live_bytes_ -= it->second;
+    alloc_bytes_.erase(it);
   }
 }
 

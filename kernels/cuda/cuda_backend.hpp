@@ -9,6 +9,7 @@
 #pragma once
 #include <cstddef>
 #include <string>
+#include <unordered_map>
 
 #include "kernels/backend.hpp"
 
@@ -29,6 +30,7 @@ class CudaBackend final : public Backend {
   std::string name() const override;  // "cuda (NVIDIA H200, sm_90)"
   bool is_host() const override { return false; }
   bool is_device_pointer(const void* p) const override;  // cudaPointerGetAttributes
+  int64_t peak_allocated_bytes() const override { return int64_t(peak_bytes_); }
 
   // ---- CUDA-specific ----
   CUstream_st* stream() const { return stream_; }  // every op runs on this stream
@@ -139,6 +141,8 @@ class CudaBackend final : public Backend {
   double peak_tflops_ = 0;  // cached for the current math mode
   void* scratch_[kNumScratch] = {};
   size_t scratch_bytes_[kNumScratch] = {};
+  std::unordered_map<void*, size_t> alloc_bytes_;  // live alloc() buffers
+  size_t live_bytes_ = 0, peak_bytes_ = 0;
 };
 
 }  // namespace adgt

@@ -35,6 +35,7 @@ class EmulatedBackend final : public Backend {
   void to_device(void* dst, const void* src, size_t bytes) override;
   void to_host(void* dst, const void* src, size_t bytes) override;
   void zero(Tensor t) override;
+  int64_t peak_allocated_bytes() const override { return int64_t(arena_.peak()); }
   void synchronize() override;
   double peak_tflops() override { return cpu_.peak_tflops(); }
   bool peak_is_measured() const override { return true; }
