@@ -21,6 +21,19 @@
 #                                    # benchmark; logs under $OUT, table last
 #   scripts/device/check.sh paths    # checks the files this script relies on
 #                                    # (registered with ctest, tests/cuda.cmake)
+#   scripts/device/check.sh rehearse # here, after bundle: stage 5 (several
+#                                    # ranks on one device) from the unpacked
+#                                    # bundle, with its own relocated Open MPI,
+#                                    # on the emulated device (no GPU)
+#
+# The bundle also carries adgt-train, Open MPI's launcher and plugins
+# (relocated with OPAL_PREFIX: the GPU machine has no MPI) and a 1 MB
+# byte-level corpus, for stage 5 (4 ranks sharing the GPU: tp2 dp2 ZeRO-1 SP,
+# pp2 zb-h1 dp2, ep2 MoE, each against the single GPU process;
+# scripts/device/multirank_check.py) and stage 6 (LLaMA-7B, seq 4096,
+# micro-batch 1, selective recompute, bf16, a few steps: tokens/s, MFU of 989
+# TFLOP/s, peak device memory against --dry-run). NCCL (200 MB) is not
+# carried: PyTorch's libnccl.so.2 on the GPU machine is used, like cuBLAS.
 #
 # Environment: JOBS (bundle build jobs, default 2), BENCH_BATCH (sequences per
 # step of the 1.3B comparison, default 8), CHECK_BUDGET_S (seconds the run
@@ -28,7 +41,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-BUILD="$ROOT/build-cuda"
+BUILD="${CHECK_BUILD_DIR:-$ROOT/build-cuda}"  # CHECK_BUILD_DIR: an existing CUDA build instead
 BUNDLE_DIR="$ROOT/build-devbundle"
 BUNDLE="$BUNDLE_DIR/bundle.tar.gz"
 BIN_NAME=adgt_unit_tests
@@ -44,7 +57,12 @@ REPO_FILES=(
   tests/unit/cuda_attention_test.cpp
   tests/unit/cuda_model_test.cpp
   scripts/device/torch_llama_bench.py
+  scripts/device/multirank_check.py
+  scripts/device/llama7b_table.py
   configs/tiny.yaml
+  configs/llama-7b.yaml
+  tests/layouts/model.yaml
+  tests/moe/model.yaml
 )
 
 check_paths() {
@@ -65,7 +83,7 @@ skip_lib() {
   case "$1" in
     linux-vdso.so* | ld-linux*.so* | libc.so* | libm.so* | libdl.so* | libpthread.so* | \
       librt.so* | libresolv.so* | libutil.so* | libcuda.so* | libcublas*.so* | libcudart.so* | \
-      libnvidia*.so*) return 0 ;;
+      libnvidia*.so* | libnccl.so*) return 0 ;;
   esac
   return 1
 }
@@ -80,30 +98,48 @@ cmd_bundle() {
   fi
   grep -q '^CMAKE_CUDA_COMPILER:.*nvcc' "$BUILD/CMakeCache.txt" ||
     die "$BUILD was configured without CUDA; remove it and run again"
-  cmake --build "$BUILD" -j"${JOBS:-2}" --target "$BIN_NAME"
-  local bin="$BUILD/tests/$BIN_NAME"
-  [[ -x "$bin" ]] || die "build did not produce $bin"
+  cmake --build "$BUILD" -j"${JOBS:-2}" --target "$BIN_NAME" adgt-train adgt-data
+  local bin="$BUILD/tests/$BIN_NAME" train="$BUILD/apps/adgt-train"
+  [[ -x "$bin" && -x "$train" ]] || die "build did not produce $bin and $train"
 
   local stage
   stage="$(mktemp -d)"
   mkdir -p "$stage/lib" "$stage/lib-fallback"
-  cp "$bin" "$stage/"
-  local name path
-  while read -r name path; do
-    [[ -n "$path" && -f "$path" ]] || continue
-    if skip_lib "$name"; then continue; fi
-    case "$name" in
-      libstdc++.so* | libgcc_s.so*) cp -L "$path" "$stage/lib-fallback/$name" ;;
-      *) cp -L "$path" "$stage/lib/$name" ;;
-    esac
-  done < <(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }')
+  cp "$bin" "$train" "$stage/"
+  # Open MPI's launcher and plugins in Debian's layout under ompi/usr, found
+  # there through OPAL_PREFIX (the GPU machine has no MPI of its own).
+  local ompi_lib=/usr/lib/x86_64-linux-gnu/openmpi
+  mkdir -p "$stage/ompi/usr/bin" "$stage/ompi$ompi_lib/lib" "$stage/ompi/usr/share"
+  cp "$(readlink -f "$(command -v orterun || command -v mpirun)")" "$stage/ompi/usr/bin/orterun"
+  cp -a "$ompi_lib/lib/openmpi3" "$stage/ompi$ompi_lib/lib/"
+  cp -a /usr/share/openmpi "$stage/ompi/usr/share/"
+  local name path f
+  for f in "$bin" "$train" "$stage/ompi/usr/bin/orterun" "$stage/ompi$ompi_lib/lib/openmpi3"/*.so; do
+    while read -r name path; do
+      [[ -n "$path" && -f "$path" ]] || continue
+      if skip_lib "$name"; then continue; fi
+      case "$name" in
+        libstdc++.so* | libgcc_s.so*) cp -L "$path" "$stage/lib-fallback/$name" ;;
+        *) cp -L "$path" "$stage/lib/$name" ;;
+      esac
+    done < <(ldd "$f" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }')
+  done
   ldd "$bin" | grep -q 'not found' && die "$bin has unresolved libraries here: $(ldd "$bin" | grep 'not found')"
+  # A 1 MB byte-level corpus (the King James text's start) for stages 5 and 6.
+  local text
+  text="$(mktemp)"
+  if [[ -f "$ROOT/data/kjv/kjv.txt" ]]; then head -c 1048576 "$ROOT/data/kjv/kjv.txt" >"$text"
+  elif command -v bible >/dev/null; then bible gen1:1-rev22:21 | sed -E 's/^ +[0-9]+ //; s/^ +//' | head -c 1048576 >"$text"
+  fi
+  [[ -s "$text" ]] || die "no corpus text: run scripts/prepare_data.sh first (data/kjv/kjv.txt)"
+  "$BUILD/apps/adgt-data" prepare --input "$text" --out "$stage/data" --tokenizer byte >/dev/null
+  rm -f "$text"
   {
     echo "built: $(date -u +%FT%TZ) on $(uname -n), $(ldd --version 2>&1 | sed -n 1p)"
     echo "git: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?') $(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l) changed files"
     echo "nvcc: $(nvcc --version | tail -1)"
     echo "bundled:"
-    (cd "$stage" && du -b "$BIN_NAME" lib/* lib-fallback/*)
+    (cd "$stage" && du -b "$BIN_NAME" adgt-train lib/* lib-fallback/* && du -sb ompi data)
   } >"$stage/MANIFEST"
   mkdir -p "$BUNDLE_DIR"
   tar -C "$stage" -czf "$BUNDLE.tmp" .
@@ -156,6 +192,75 @@ EOF
   [[ -n "$d" ]] && dirname "$d"
 }
 
+# The first directory holding libnccl.so.2 (PyTorch's nvidia-nccl package, or a
+# CUDA installation's), for adgt-train.
+find_nccl() {
+  local py d
+  for py in python3 /opt/torch/.venv/bin/python3; do
+    command -v "$py" >/dev/null 2>&1 || continue
+    d="$("$py" -c '
+import os
+try:
+    import nvidia
+    for root in list(nvidia.__path__):
+        for dirpath, _, files in os.walk(root):
+            if "libnccl.so.2" in files:
+                print(dirpath)
+                raise SystemExit
+except Exception:
+    pass
+' 2>/dev/null || true)"
+    [[ -n "$d" ]] && { echo "$d"; return 0; }
+  done
+  d="$(find /usr /opt -name libnccl.so.2 2>/dev/null | head -1 || true)"
+  [[ -n "$d" ]] && dirname "$d"
+}
+
+# Stages 5 and 6 (issue 12) from the unpacked bundle $1, on device $2 (cuda,
+# or emulated for the rehearsal), logs under $3. Sets mrc and src.
+run_layout_stages() {
+  local b=$1 device=$2 out=$3
+  export OPAL_PREFIX="$b/ompi/usr"
+  local mpirun="$b/ompi/usr/bin/orterun --oversubscribe --bind-to none --mca btl self,vader"
+  mpirun+=" --mca btl_vader_single_copy_mechanism none"
+  [[ $(id -u) -eq 0 ]] && mpirun+=" --allow-run-as-root"
+  local py=python3
+  command -v "$py" >/dev/null || py=/opt/torch/.venv/bin/python3
+  echo "== 5. several ranks on one device ($device): tp2 dp2 ZeRO-1 SP, pp2 zb-h1 dp2, ep2 MoE vs one process"
+  OMP_NUM_THREADS=2 PYTHONUNBUFFERED=1 timeout "${STAGE5_S:-150}" "$py" \
+    "$ROOT/scripts/device/multirank_check.py" --train "$b/adgt-train" --mpirun "$mpirun" \
+    --data "$b/data" --work "$out/multirank" --device "$device" 2>&1 | tee "$out/multirank.log"
+  mrc=${PIPESTATUS[0]}
+  [[ $device == cuda ]] || return 0
+  echo "== 6. LLaMA-7B on one GPU: seq 4096, micro-batch 1, selective recompute, bf16, 4 steps"
+  local sets=(--set train.device=cuda --set train.dtype=bf16 --set train.micro_batch=1
+              --set train.global_batch=1 --set model.seq_len=4096 --set train.recompute=selective
+              --set train.steps=4 --set train.warmup_steps=1 --set train.eval_interval=0
+              --set checkpoint.at_end=false --set checkpoint.interval=0 --set log.interval=1
+              --set data.train="$b/data/train.bin" --set data.val="$b/data/val.bin"
+              --set log.dir="$out/llama7b" --set checkpoint.dir="$out/llama7b_ckpt")
+  "$b/adgt-train" --config "$ROOT/configs/llama-7b.yaml" "${sets[@]}" --dry-run >"$out/llama7b_dryrun.txt" 2>&1
+  OMP_NUM_THREADS=16 timeout "${STAGE6_S:-240}" "$b/adgt-train" --config "$ROOT/configs/llama-7b.yaml" \
+    "${sets[@]}" 2>&1 | tee "$out/llama7b.log"
+  src=${PIPESTATUS[0]}
+  "$py" "$ROOT/scripts/device/llama7b_table.py" "$out/llama7b/metrics.jsonl" "$out/llama7b.log" \
+    "$out/llama7b_dryrun.txt" | tee -a "$out/llama7b.log" || true
+}
+
+cmd_rehearse() {
+  [[ -f "$BUNDLE" ]] || die "$BUNDLE not found: run 'scripts/device/check.sh bundle' first"
+  local b out="${OUT:-$ROOT/build-devcheck}/rehearse"
+  b="$(mktemp -d)"
+  mkdir -p "$out"
+  tar -C "$b" -xzf "$BUNDLE"
+  # Only the bundle's libraries (and the system's C runtime): what the GPU machine will have.
+  export LD_LIBRARY_PATH="$b/lib"
+  local mrc=0 src=0
+  run_layout_stages "$b" emulated "$out"
+  rm -rf "$b"
+  ((mrc == 0)) && echo "check.sh: rehearsal ok" || die "rehearsal: stage 5 failed (exit $mrc)"
+}
+
 cmd_run() {
   local out="${OUT:-$ROOT/build-devcheck}"
   mkdir -p "$out"
@@ -178,10 +283,11 @@ build machine first and name build-devbundle in the device call's carry"
   mkdir -p "$b"
   tar -C "$b" -xzf "$BUNDLE"
 
-  local cublas
+  local cublas nccl
   cublas="$(find_cublas || true)"
   [[ -n "$cublas" ]] || die "libcublas.so.13 not found on this machine (looked in the CUDA toolkit and PyTorch's nvidia packages)"
-  local ld="$b/lib:$cublas"
+  nccl="$(find_nccl || true)"
+  local ld="$b/lib:$cublas${nccl:+:$nccl}"
   local d
   for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu; do
     [[ -d "$d" ]] && ld="$ld:$d"
@@ -208,7 +314,7 @@ build machine first and name build-devbundle in the device call's carry"
   # own timeout so one hang cannot eat the call (~8 minutes in all).
   local left
   left() { local l=$((${CHECK_BUDGET_S:-470} - (SECONDS - t0))); ((l > 20)) && echo $l || echo 20; }
-  local trc=0 arc=0 trc2=0 brc=0 prc=0 krc=0
+  local trc=0 arc=0 trc2=0 brc=0 prc=0 krc=0 mrc=0 src=0
   set +e
   # 0. Before anything long: compute-sanitizer (memcheck, then racecheck) over
   # the small op cases, the embedding backward and the flash kernels, with
@@ -242,6 +348,14 @@ build machine first and name build-devbundle in the device call's carry"
   if grep -q 'no CUDA device visible' "$out/cuda_tests.log"; then
     echo "check.sh: the test binary saw no GPU (is libcuda.so.1 on LD_LIBRARY_PATH?): FAIL"
     trc=1
+  fi
+
+  if ldd "$b/adgt-train" | grep -q 'not found'; then
+    echo "check.sh: adgt-train has unresolved libraries (libnccl.so.2: ${nccl:-not found}); stages 5-6 skipped"
+    ldd "$b/adgt-train" | grep 'not found'
+    mrc=1 src=1
+  else
+    run_layout_stages "$b" cuda "$out"
   fi
 
   echo "== 3a. adgt: 1.3B bf16 training steps"
@@ -296,14 +410,17 @@ if "tokens_per_s" in a and "tokens_per_s" in t:
     note = "" if a.get("batch") == t.get("batch") else " (different batch sizes)"
     print(f"adgt / PyTorch tokens/s: {a['tokens_per_s'] / t['tokens_per_s']:.2f}x{note}")
 PYEOF
-  echo "exits: tests $trc, adgt bench $brc, torch bench $prc, kernel benches $krc"
+  grep -E '^[|]' "$out/multirank.log" 2>/dev/null || echo "(no stage-5 table)"
+  grep -E '^[|]' "$out/llama7b.log" 2>/dev/null || echo "(no stage-6 table)"
+  echo "exits: tests $trc, adgt bench $brc, torch bench $prc, kernel benches $krc, multirank $mrc, llama-7b $src"
   echo "logs: $out/{machine.txt,cuda_tests.log,adgt_bench.*,torch_bench.*,bench.log,bench_fp32.log}"
-  [[ $trc -eq 0 && $brc -eq 0 && $prc -eq 0 && $krc -eq 0 ]]
+  [[ $trc -eq 0 && $brc -eq 0 && $prc -eq 0 && $krc -eq 0 && $mrc -eq 0 && $src -eq 0 ]]
 }
 
 case "${1:-}" in
   bundle) cmd_bundle ;;
   run) cmd_run ;;
   paths) check_paths && echo "check.sh: all paths present" ;;
-  *) echo "usage: $0 bundle|run|paths" >&2; exit 2 ;;
+  rehearse) cmd_rehearse ;;
+  *) echo "usage: $0 bundle|run|rehearse|paths" >&2; exit 2 ;;
 esac
