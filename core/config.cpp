@@ -202,6 +202,9 @@ const std::vector<Key>& schema() {
           A::Any, "shard the norm and residual regions along the sequence over tp"),
       key("parallel", &R::parallel, "bucket_mb", &ParallelConfig::bucket_mb, A::Positive,
           "gradient all-reduce bucket size in MiB (started as buckets complete)"),
+      key("parallel", &R::parallel, "overlap", &ParallelConfig::overlap, A::Any,
+          "start each gradient bucket's reduction as soon as its gradients are complete, "
+          "during the backward; false starts them all after it (to measure what overlap hides)"),
       // checkpoint
       key("checkpoint", &R::checkpoint, "dir", &CheckpointConfig::dir, A::NonEmpty,
           "directory for checkpoints"),

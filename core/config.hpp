@@ -85,6 +85,7 @@ struct ParallelConfig {
   int64_t zero = 0;                // 1: ZeRO-1 (optimizer state sharded over dp)
   bool sequence_parallel = false;  // shard norm/residual regions along the sequence over tp
   double bucket_mb = 4;            // gradient all-reduce bucket size (MiB)
+  bool overlap = true;             // start each bucket's reduction once its gradients are complete
   // Owner ep rank of each expert (model.n_experts entries); empty: contiguous blocks.
   std::vector<int64_t> expert_placement;
   bool operator==(const ParallelConfig&) const = default;

@@ -48,6 +48,17 @@ std::string format_step_line(const StepMetrics& m) {
       line += comm;
     }
   }
+  if (m.world > 1) {  // exposed communication: the compute waited this long on each group
+    std::string w;
+    char x[48];
+    for (auto [name, s] : {std::pair<const char*, double>{"tp", m.tp_wait_s}, {"dp", m.dp_wait_s},
+                           {"pp", m.pp_wait_s}, {"ep", m.ep_wait_s}})
+      if (s >= 0) {
+        std::snprintf(x, sizeof x, " %s %.1f ms", name, 1e3 * s);
+        w += x;
+      }
+    if (!w.empty()) line += " | wait" + w;
+  }
   if (!m.moe.empty()) {
     double imb = 0, aux = 0;
     int64_t dropped = 0, bytes = 0;
@@ -96,6 +107,14 @@ void MetricsLog::log_step(const StepMetrics& m) {
   if (m.bubble >= 0) j["bubble"] = m.bubble;
   if (m.dp_wait_s >= 0) j["dp_wait_s"] = m.dp_wait_s;
   if (m.dp_wait_max_s >= 0) j["dp_wait_max_s"] = m.dp_wait_max_s;
+  {
+    nlohmann::json w = nlohmann::json::object();
+    if (m.tp_wait_s >= 0) w["tp"] = m.tp_wait_s;
+    if (m.dp_wait_s >= 0) w["dp"] = m.dp_wait_s;
+    if (m.pp_wait_s >= 0) w["pp"] = m.pp_wait_s;
+    if (m.ep_wait_s >= 0) w["ep"] = m.ep_wait_s;
+    if (!w.empty()) j["comm_wait_s"] = w;
+  }
   if (!m.moe.empty()) {
     nlohmann::json layers = nlohmann::json::array();
     for (const auto& x : m.moe)

@@ -35,6 +35,10 @@ struct StepMetrics {
   // rank waited for it after its step's work, mean and maximum over the ranks
   // (< 0: dp = 1).
   double dp_wait_s = -1, dp_wait_max_s = -1;
+  // Exposed communication of this step per group, seconds (this rank; the
+  // step line's "wait"): inside blocking tp/pp/ep calls, and dp_wait_s for dp.
+  // Groups of one are left out (< 0).
+  double tp_wait_s = -1, pp_wait_s = -1, ep_wait_s = -1;
   double bubble = -1;  // pipeline: measured idle share of the step (< 0: no pipeline)
   std::vector<MoeLayerMetrics> moe;  // this rank's MoE layers
 };

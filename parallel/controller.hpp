@@ -30,6 +30,10 @@ struct StepReport {
   int64_t skipped_steps = 0;  // updates skipped so far in this run
   double seconds = 0;      // this rank: the step's wall time
   int64_t tp_bytes = 0, dp_bytes = 0, pp_bytes = 0;  // this rank: bytes sent in the step, per group
+  // This rank: seconds the step spent inside blocking calls of its tp, pp and
+  // ep groups (the compute waited on them: exposed communication); the dp
+  // reduction's exposed part is the engine's dp_wait_s.
+  double tp_seconds = 0, pp_seconds = 0, ep_seconds = 0;
 };
 
 class MetricsLog;

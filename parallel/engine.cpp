@@ -45,8 +45,7 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be)
                                                     << ", pp " << ctx_.pp->rank()
                                                     << ") are not its layout coordinates (tp " << c.tp
                                                     << ", dp " << c.dp << ", pp " << c.pp << ")");
-  const char* ov = std::getenv("ADGT_GRAD_OVERLAP");
-  overlap_ = !(ov && std::strcmp(ov, "0") == 0);
+  overlap_ = cfg.parallel.overlap;
   TensorParallel tp;
   tp.comm = ctx_.tp;
   tp.sequence_parallel = cfg.parallel.sequence_parallel;

@@ -97,7 +97,7 @@ class Engine {
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<ShardedAdamW> opt_;
   std::unique_ptr<PipelineExecutor> pipe_;
-  bool overlap_ = true;  // ADGT_GRAD_OVERLAP=0: every reduction starts after the backward
+  bool overlap_ = true;  // parallel.overlap false: every reduction starts after the backward
   StepTimes times_;
   std::vector<int32_t> in_, tg_;
 };

@@ -50,6 +50,9 @@ void StepLogger::observe(Engine& e, const StepReport& r, Comm& world) {
   m.bubble = e.last_times().bubble;
   m.dp_wait_s = g.dp->size() > 1 ? dp_wait[0] : -1.0;
   m.dp_wait_max_s = g.dp->size() > 1 ? dp_wait[1] : -1.0;
+  m.tp_wait_s = g.tp->size() > 1 ? r.tp_seconds : -1.0;
+  m.pp_wait_s = g.pp->size() > 1 ? r.pp_seconds : -1.0;
+  m.ep_wait_s = g.ep->size() > 1 ? r.ep_seconds : -1.0;
   m.step = r.step;
   m.total_steps = r.total_steps;
   m.loss = interval_n_ ? interval_loss_ / double(interval_n_) : r.loss;

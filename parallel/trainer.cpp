@@ -306,6 +306,8 @@ TrainSummary Trainer::train() {
     r.first_step = first_step;
     r.total_steps = t.steps;
     r.tp_bytes = -g.tp->stats().bytes, r.dp_bytes = -g.dp->stats().bytes, r.pp_bytes = -g.pp->stats().bytes;
+    r.tp_seconds = -g.tp->stats().seconds, r.pp_seconds = -g.pp->stats().seconds;
+    r.ep_seconds = -g.ep->stats().seconds;
     r.lr = lr_at(t, step_);
     const int64_t first_sample = samples_seen_;
     r.loss = engine_->forward_backward([&](int a, int32_t* in, int32_t* tg) {
@@ -337,6 +339,8 @@ TrainSummary Trainer::train() {
     if (step_ == 1) inject_host_read(engine_->model());
     r.skipped_steps = sum.skipped_steps;
     r.tp_bytes += g.tp->stats().bytes, r.dp_bytes += g.dp->stats().bytes, r.pp_bytes += g.pp->stats().bytes;
+    r.tp_seconds += g.tp->stats().seconds, r.pp_seconds += g.pp->stats().seconds;
+    r.ep_seconds += g.ep->stats().seconds;
     r.seconds = std::chrono::duration<double>(clock::now() - t0).count();
     hook.after_step(*engine_, r, *g.world, metrics.get());
     const bool last = step_ == t.steps;

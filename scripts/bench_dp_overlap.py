@@ -5,7 +5,7 @@ Runs adgt-train under mpirun with pipeline and data parallelism (default
 pp=2 x dp=2, 1F1B) on a model whose gradients are large next to its compute
 (by default 8 layers, d_model 512, ffn 1376, 32 tokens per micro-batch), twice per round: with the
 reduction started at each chunk's ReduceGrads instruction (the default) and
-with ADGT_GRAD_OVERLAP=0, where every bucket starts only after the step's last
+with parallel.overlap=false, where every bucket starts only after the step's last
 instruction, as before the schedule placed it. For each run, over steps 3..:
 
   exposed    the median of the trainer's `dp_wait_s`: the time a rank waited
@@ -66,7 +66,8 @@ def run(args, work, cfg, name, overlap):
     cmd = [args.mpirun, str(args.pp * args.dp), args.train, "--config", cfg]
     for s in sets:
         cmd += ["--set", s]
-    env = dict(os.environ, OMP_NUM_THREADS="1", ADGT_GRAD_OVERLAP="1" if overlap else "0")
+    cmd += ["--set", f"parallel.overlap={'true' if overlap else 'false'}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     if r.returncode != 0:
         print(r.stdout[-3000:], r.stderr[-3000:])

@@ -1,7 +1,7 @@
 # The data-parallel reduction overlapped with the pipeline's backward (started
 # at ReduceGrads and unit by unit in a chunk's last fused backward) gives the
 # same losses, bit for bit, as starting every bucket after the step
-# (ADGT_GRAD_OVERLAP=0): a small run of scripts/bench_dp_overlap.py, which
+# (parallel.overlap: false): a small run of scripts/bench_dp_overlap.py, which
 # also prints the exposed reduction time of both.
 if(NOT TARGET adgt-train)
   return()

@@ -217,7 +217,7 @@ TEST_CASE("out-of-range values", "[config]") {
   CHECK(error_of("train:\n  weight_decay: -0.1\n") ==
         "x.yaml:2: train.weight_decay: expected a number >= 0, got -0.1");
   CHECK(error_of("train:\n  device: gpu\n") ==
-        "x.yaml:2: train.device: expected one of {auto, cpu, cuda}, got \"gpu\"");
+        "x.yaml:2: train.device: expected one of {auto, cpu, cuda, emulated}, got \"gpu\"");
   CHECK(error_of("train:\n  dtype: f16\n") ==
         "x.yaml:2: train.dtype: expected one of {f32, bf16, f64}, got \"f16\"");
   CHECK(error_of("parallel:\n  tp: 0\n") ==
@@ -309,7 +309,7 @@ TEST_CASE("overrides (--set) apply in order after the file", "[config]") {
   CHECK(error_of("", {"train.steps="}) ==
         "--set train.steps=: train.steps: expected a positive integer, got nothing (null)");
   CHECK(error_of("", {"train.device=gpu"}) ==
-        "--set train.device=gpu: train.device: expected one of {auto, cpu, cuda}, got \"gpu\"");
+        "--set train.device=gpu: train.device: expected one of {auto, cpu, cuda, emulated}, got \"gpu\"");
   CHECK_THAT(error_of("", {"train.stepz=5"}),
              StartsWith("--set train.stepz=5: train.stepz: unknown key; did you mean train.steps?"));
   CHECK_THAT(error_of("", {"trian.steps=5"}),
@@ -337,7 +337,7 @@ TEST_CASE("docs/config.md carries the generated key reference", "[config]") {
     FAIL("docs/config.md is out of date with the schema in core/config.cpp; paste " + out +
          " between its BEGIN/END markers");
   }
-  CHECK(config_keys().size() == 61);
+  CHECK(config_keys().size() == 62);
   for (const auto& k : config_keys()) {
     CHECK(!k.doc.empty());
     CHECK(!k.allowed.empty());
