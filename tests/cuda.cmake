@@ -2,8 +2,9 @@
 # (tests/unit/cuda_backend_test.cpp, tag [cuda]) in adgt_unit_tests, each
 # registered by catch_discover_tests; without a GPU they check the no-GPU
 # behaviour (make_backend("cuda") errors, "auto" is the CPU) and skip the rest.
-# Here: the one-call GPU check script parses and finds every file it uses.
-# Its bundle and run modes are not ctests (a ~10-minute build; a GPU).
+# Here: the one-call GPU check script parses and finds every file it uses;
+# with the CUDA build, its bundle is made and rehearsed (below). Its run mode
+# needs a GPU.
 # The PyTorch baseline the GPU check compares adgt with
 # (scripts/device/torch_llama_bench.py): its --smoke mode runs a tiny model on
 # the CPU in fp32 and checks it (loss at init ~ log(vocab), the logits of
@@ -36,3 +37,16 @@ add_test(NAME cuda_check_script_paths
   COMMAND ${ADGT_BASH} ${CMAKE_SOURCE_DIR}/scripts/device/check.sh paths)
 set_tests_properties(cuda_check_script_syntax cuda_check_script_paths
   PROPERTIES LABELS cuda TIMEOUT 30)
+
+# With the CUDA build: the check's bundle made from this build (its own
+# directory), then stage 5 run from the unpacked bundle on the emulated device
+# with only the bundle's libraries and its relocated Open MPI (the GPU machine
+# has no MPI): the plumbing of the multi-rank GPU stage, proven here.
+if(ADGT_HAVE_CUDA AND TARGET adgt-train)
+  add_test(NAME cuda_check_bundle_rehearsal
+    COMMAND ${CMAKE_COMMAND} -E env CHECK_BUILD_DIR=${CMAKE_BINARY_DIR}
+      CHECK_BUNDLE_DIR=${CMAKE_BINARY_DIR}/devbundle OUT=${CMAKE_BINARY_DIR}/devcheck
+      ${ADGT_BASH} -c "${CMAKE_SOURCE_DIR}/scripts/device/check.sh bundle && ${CMAKE_SOURCE_DIR}/scripts/device/check.sh rehearse")
+  set_tests_properties(cuda_check_bundle_rehearsal PROPERTIES
+    LABELS "cuda;parallel" TIMEOUT 600 RUN_SERIAL TRUE)
+endif()

@@ -42,7 +42,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD="${CHECK_BUILD_DIR:-$ROOT/build-cuda}"  # CHECK_BUILD_DIR: an existing CUDA build instead
-BUNDLE_DIR="$ROOT/build-devbundle"
+BUNDLE_DIR="${CHECK_BUNDLE_DIR:-$ROOT/build-devbundle}"  # CHECK_BUNDLE_DIR: elsewhere (ctest)
 BUNDLE="$BUNDLE_DIR/bundle.tar.gz"
 BIN_NAME=adgt_unit_tests
 
@@ -111,10 +111,13 @@ cmd_bundle() {
   local ompi_lib=/usr/lib/x86_64-linux-gnu/openmpi
   mkdir -p "$stage/ompi/usr/bin" "$stage/ompi$ompi_lib/lib" "$stage/ompi/usr/share"
   cp "$(readlink -f "$(command -v orterun || command -v mpirun)")" "$stage/ompi/usr/bin/orterun"
+  # orted: a single process's MPI_Init (singleton) starts one
+  cp "$(readlink -f "$(command -v orted)")" "$stage/ompi/usr/bin/orted"
   cp -a "$ompi_lib/lib/openmpi3" "$stage/ompi$ompi_lib/lib/"
   cp -a /usr/share/openmpi "$stage/ompi/usr/share/"
   local name path f
-  for f in "$bin" "$train" "$stage/ompi/usr/bin/orterun" "$stage/ompi$ompi_lib/lib/openmpi3"/*.so; do
+  for f in "$bin" "$train" "$stage/ompi/usr/bin/orterun" "$stage/ompi/usr/bin/orted" \
+    "$stage/ompi$ompi_lib/lib/openmpi3"/*.so; do
     while read -r name path; do
       [[ -n "$path" && -f "$path" ]] || continue
       if skip_lib "$name"; then continue; fi
@@ -129,7 +132,10 @@ cmd_bundle() {
   local text
   text="$(mktemp)"
   if [[ -f "$ROOT/data/kjv/kjv.txt" ]]; then head -c 1048576 "$ROOT/data/kjv/kjv.txt" >"$text"
-  elif command -v bible >/dev/null; then bible gen1:1-rev22:21 | sed -E 's/^ +[0-9]+ //; s/^ +//' | head -c 1048576 >"$text"
+  elif command -v bible >/dev/null; then  # whole, then cut (head would end bible with SIGPIPE)
+    bible gen1:1-rev22:21 | sed -E 's/^ +[0-9]+ //; s/^ +//' >"$text.full"
+    head -c 1048576 "$text.full" >"$text"
+    rm -f "$text.full"
   fi
   [[ -s "$text" ]] || die "no corpus text: run scripts/prepare_data.sh first (data/kjv/kjv.txt)"
   "$BUILD/apps/adgt-data" prepare --input "$text" --out "$stage/data" --tokenizer byte >/dev/null
@@ -227,7 +233,7 @@ run_layout_stages() {
   local py=python3
   command -v "$py" >/dev/null || py=/opt/torch/.venv/bin/python3
   echo "== 5. several ranks on one device ($device): tp2 dp2 ZeRO-1 SP, pp2 zb-h1 dp2, ep2 MoE vs one process"
-  OMP_NUM_THREADS=2 PYTHONUNBUFFERED=1 timeout "${STAGE5_S:-150}" "$py" \
+  OMP_NUM_THREADS="${STAGE5_THREADS:-2}" PYTHONUNBUFFERED=1 timeout "${STAGE5_S:-150}" "$py" \
     "$ROOT/scripts/device/multirank_check.py" --train "$b/adgt-train" --mpirun "$mpirun" \
     --data "$b/data" --work "$out/multirank" --device "$device" 2>&1 | tee "$out/multirank.log"
   mrc=${PIPESTATUS[0]}
@@ -256,7 +262,7 @@ cmd_rehearse() {
   # Only the bundle's libraries (and the system's C runtime): what the GPU machine will have.
   export LD_LIBRARY_PATH="$b/lib"
   local mrc=0 src=0
-  run_layout_stages "$b" emulated "$out"
+  STAGE5_THREADS=1 STAGE5_S=600 run_layout_stages "$b" emulated "$out"
   rm -rf "$b"
   ((mrc == 0)) && echo "check.sh: rehearsal ok" || die "rehearsal: stage 5 failed (exit $mrc)"
 }
