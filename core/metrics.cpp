@@ -115,6 +115,7 @@ void MetricsLog::log_step(const StepMetrics& m) {
     if (m.ep_wait_s >= 0) w["ep"] = m.ep_wait_s;
     if (!w.empty()) j["comm_wait_s"] = w;
   }
+  if (m.host_reads >= 0) j["host_reads"] = m.host_reads;
   if (!m.moe.empty()) {
     nlohmann::json layers = nlohmann::json::array();
     for (const auto& x : m.moe)

@@ -39,6 +39,7 @@ struct StepMetrics {
   // step line's "wait"): inside blocking tp/pp/ep calls, and dp_wait_s for dp.
   // Groups of one are left out (< 0).
   double tp_wait_s = -1, pp_wait_s = -1, ep_wait_s = -1;
+  int64_t host_reads = -1;  // device-to-host waits of the step (device backends; < 0: not counted)
   double bubble = -1;  // pipeline: measured idle share of the step (< 0: no pipeline)
   std::vector<MoeLayerMetrics> moe;  // this rank's MoE layers
 };

@@ -32,6 +32,19 @@ void Backend::defer_error(const char* op, const char* what) noexcept {
   }
 }
 
+void Backend::sum_squares_ranges(Tensor out, const Tensor& x, const std::vector<int64_t>& bounds) {
+  const size_t k = bounds.size() / 2;
+  ADGT_CHECK(out.dtype == DType::F64 && size_t(out.numel()) >= k && bounds.size() % 2 == 0,
+             "sum_squares_ranges: out " << out.shape_str() << " " << dtype_name(out.dtype)
+                                        << " for " << k << " ranges (F64, one per range)");
+  std::vector<double> s(k);
+  const size_t es = dtype_size(x.dtype);
+  for (size_t i = 0; i < k; ++i)
+    s[i] = sum_squares(Tensor(static_cast<char*>(x.data) + size_t(bounds[2 * i]) * es, x.dtype,
+                              {bounds[2 * i + 1] - bounds[2 * i]}));
+  if (k) to_device(out.data, s.data(), k * sizeof(double));
+}
+
 void Backend::throw_deferred_error() {
   if (deferred_error_.empty()) return;
   std::string msg = name() + ": " + deferred_error_;

@@ -25,6 +25,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/tensor.hpp"
 
@@ -182,6 +183,14 @@ class Backend {
   // ---- optimizer ----
   // Sum of squares of x as double.
   virtual double sum_squares(const Tensor& x) = 0;
+  // out[i] (F64 (k), device memory) = sum_squares(x[bounds[2i], bounds[2i+1])),
+  // bit for bit, left on the device: k sums for one host read instead of k.
+  // The default computes each on the host and copies them in.
+  virtual void sum_squares_ranges(Tensor out, const Tensor& x, const std::vector<int64_t>& bounds);
+  // Calls that waited for the device to hand the host a value (to_host,
+  // sum_squares, synchronize) since the backend was made; -1 where not
+  // counted (the CPU, whose memory the host reads directly).
+  virtual int64_t host_reads() const { return -1; }
   // One AdamW step on a flat range (PyTorch's AdamW update order).
   virtual void adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v,
                      const AdamWHyper& h) = 0;

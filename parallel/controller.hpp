@@ -34,6 +34,9 @@ struct StepReport {
   // ep groups (the compute waited on them: exposed communication); the dp
   // reduction's exposed part is the engine's dp_wait_s.
   double tp_seconds = 0, pp_seconds = 0, ep_seconds = 0;
+  // Backend calls that waited for the device to hand the host a value in this
+  // step (Backend::host_reads; -1 where not counted: the CPU backend).
+  int64_t host_reads = -1;
 };
 
 class MetricsLog;

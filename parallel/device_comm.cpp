@@ -77,8 +77,16 @@ void DeviceComm::unstage(const Tensor& dev, const Tensor& host) {
   staging_seconds_ += since(t0);
 }
 
+// A group of one moves nothing: identities stay on the device (no staging).
+bool DeviceComm::alone_copy(Tensor out, const Tensor& in) {
+  if (host_.size() != 1) return false;
+  if (out.data != in.data && out.numel()) be_.copy(out, in);
+  return true;
+}
+
 void DeviceComm::all_reduce(Tensor t, ReduceOp op) {
   if (!on_device({&t}, "all_reduce")) return host_.all_reduce(t, op);
+  if (host_.size() == 1) return;
   if (device_) return device_->all_reduce(t, op);
   std::vector<char> b;
   const Tensor h = stage(t, b, true);
@@ -88,6 +96,7 @@ void DeviceComm::all_reduce(Tensor t, ReduceOp op) {
 
 void DeviceComm::reduce_scatter(Tensor out, const Tensor& in) {
   if (!on_device({&out, &in}, "reduce_scatter")) return host_.reduce_scatter(out, in);
+  if (alone_copy(out, in)) return;
   if (device_) return device_->reduce_scatter(out, in);
   std::vector<char> bi, bo;
   const Tensor hi = stage(in, bi, true), ho = stage(out, bo, false);
@@ -97,6 +106,7 @@ void DeviceComm::reduce_scatter(Tensor out, const Tensor& in) {
 
 void DeviceComm::all_gather(Tensor out, const Tensor& in) {
   if (!on_device({&out, &in}, "all_gather")) return host_.all_gather(out, in);
+  if (alone_copy(out, in)) return;
   if (device_) return device_->all_gather(out, in);
   std::vector<char> bi, bo;
   const Tensor hi = stage(in, bi, true), ho = stage(out, bo, false);
@@ -106,6 +116,7 @@ void DeviceComm::all_gather(Tensor out, const Tensor& in) {
 
 Work DeviceComm::start_all_reduce(Tensor t, ReduceOp op) {
   if (!on_device({&t}, "start_all_reduce")) return host_.start_all_reduce(t, op);
+  if (host_.size() == 1) return {};
   if (device_) return device_->start_all_reduce(t, op);
   auto w = std::make_shared<StagedWork>();
   w->host_out = stage(t, w->out_buf, true);
@@ -118,6 +129,7 @@ Work DeviceComm::start_all_reduce(Tensor t, ReduceOp op) {
 
 Work DeviceComm::start_reduce_scatter(Tensor out, const Tensor& in) {
   if (!on_device({&out, &in}, "start_reduce_scatter")) return host_.start_reduce_scatter(out, in);
+  if (alone_copy(out, in)) return {};
   if (device_) return device_->start_reduce_scatter(out, in);
   auto w = std::make_shared<StagedWork>();
   const Tensor hi = stage(in, w->in_buf, true);
@@ -131,6 +143,7 @@ Work DeviceComm::start_reduce_scatter(Tensor out, const Tensor& in) {
 
 Work DeviceComm::start_all_gather(Tensor out, const Tensor& in) {
   if (!on_device({&out, &in}, "start_all_gather")) return host_.start_all_gather(out, in);
+  if (alone_copy(out, in)) return {};
   if (device_) return device_->start_all_gather(out, in);
   auto w = std::make_shared<StagedWork>();
   const Tensor hi = stage(in, w->in_buf, true);
@@ -144,6 +157,7 @@ Work DeviceComm::start_all_gather(Tensor out, const Tensor& in) {
 
 void DeviceComm::broadcast(Tensor t, int root) {
   if (!on_device({&t}, "broadcast")) return host_.broadcast(t, root);
+  if (host_.size() == 1) return;
   if (device_) return device_->broadcast(t, root);
   std::vector<char> b;
   const Tensor h = stage(t, b, host_.rank() == root);
@@ -207,6 +221,7 @@ void DeviceComm::set_wait_hook(std::function<void()> hook) {
 
 void DeviceComm::all_to_all(Tensor out, const Tensor& in) {
   if (!on_device({&out, &in}, "all_to_all")) return host_.all_to_all(out, in);
+  if (alone_copy(out, in)) return;
   if (device_) return device_->all_to_all(out, in);
   std::vector<char> bi, bo;
   const Tensor hi = stage(in, bi, true), ho = stage(out, bo, false);

@@ -86,10 +86,10 @@ double Engine::forward_backward(const MicroBatchFetch& fetch) {
 
 double Engine::run_micro_batches(const MicroBatchFetch& fetch) {
   const int64_t A = cfg_.accum_steps(), D = ctx_.dp->size();
-  double loss_sum = 0;
+  model_->defer_losses(true);  // one host read of the losses per step
   for (int64_t a = 0; a < A; ++a) {
     fetch(int(a), in_.data(), tg_.data());
-    loss_sum += model_->forward(in_.data(), tg_.data(), 1.0 / double(A * D));
+    model_->forward(in_.data(), tg_.data(), 1.0 / double(A * D));
     const bool last = a + 1 == A;
     // The last micro-batch's backward starts each bucket's reduction as it completes it.
     model_->backward(last && overlap_ ? reducer_->ready_hook() : std::function<void(int64_t, int64_t)>(),
@@ -97,6 +97,8 @@ double Engine::run_micro_batches(const MicroBatchFetch& fetch) {
   }
   reducer_->finish_grad_sync();
   times_.dp_wait_s = reducer_->last_wait_seconds();
+  const double loss_sum = model_->take_deferred_loss();
+  model_->defer_losses(false);
   double total[1] = {loss_sum};
   ctx_.dp->all_reduce(Tensor(total, DType::F64, {1}));
   return total[0] / double(A * D);

@@ -144,6 +144,7 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
   const auto t0 = clock::now();
   auto now = [&] { return std::chrono::duration<double>(clock::now() - t0).count(); };
   double loss_sum = 0;
+  model_.defer_losses(true);  // the head's losses are read once, after the step
   std::vector<Comm*> moving{&comm_};
   moving.insert(moving.end(), progress_comms_.begin(), progress_comms_.end());
   SendProgress progress(moving);
@@ -275,6 +276,8 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
     }
   }
   step_s_ = timeline_.empty() ? now() : timeline_.back().end;
+  loss_sum += model_.take_deferred_loss();  // the forwards returned 0
+  model_.defer_losses(false);
   for (int c = 0; c < model_.num_chunks(); ++c)
     ADGT_CHECK(slot_of_[size_t(c)].empty(),
                "pipeline executor: rank " << rank_ << " chunk " << c << " still holds "

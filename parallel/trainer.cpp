@@ -308,6 +308,7 @@ TrainSummary Trainer::train() {
     r.tp_bytes = -g.tp->stats().bytes, r.dp_bytes = -g.dp->stats().bytes, r.pp_bytes = -g.pp->stats().bytes;
     r.tp_seconds = -g.tp->stats().seconds, r.pp_seconds = -g.pp->stats().seconds;
     r.ep_seconds = -g.ep->stats().seconds;
+    const int64_t reads0 = backend_->host_reads();
     r.lr = lr_at(t, step_);
     const int64_t first_sample = samples_seen_;
     r.loss = engine_->forward_backward([&](int a, int32_t* in, int32_t* tg) {
@@ -341,6 +342,7 @@ TrainSummary Trainer::train() {
     r.tp_bytes += g.tp->stats().bytes, r.dp_bytes += g.dp->stats().bytes, r.pp_bytes += g.pp->stats().bytes;
     r.tp_seconds += g.tp->stats().seconds, r.pp_seconds += g.pp->stats().seconds;
     r.ep_seconds += g.ep->stats().seconds;
+    if (reads0 >= 0) r.host_reads = backend_->host_reads() - reads0;
     r.seconds = std::chrono::duration<double>(clock::now() - t0).count();
     hook.after_step(*engine_, r, *g.world, metrics.get());
     const bool last = step_ == t.steps;

@@ -127,3 +127,11 @@ foreach(device cpu emulated)
   set_tests_properties(recompute_bitwise${suffix} PROPERTIES
     FIXTURES_REQUIRED kjv_byte LABELS "parallel" TIMEOUT 600 RUN_SERIAL TRUE)
 endforeach()
+
+# A step waits for the device twice (its losses, the gradient norm), whatever
+# the micro-batches and tensors (the emulated device counts the waits).
+add_test(NAME emulated_host_reads_per_step
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/host_reads_check.py
+    --train $<TARGET_FILE:adgt-train> --data ${ADGT_KJV_BYTE} --work ${CMAKE_BINARY_DIR}/host_reads)
+set_tests_properties(emulated_host_reads_per_step PROPERTIES
+  FIXTURES_REQUIRED kjv_byte LABELS "parallel" TIMEOUT 120)

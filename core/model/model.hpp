@@ -131,6 +131,13 @@ class Model {
   // ranges of grad_units(), in that order (gradient buckets).
   void backward(const std::function<void(int64_t, int64_t)>& on_ready = {},
                 bool last_micro_batch = true);
+  // Deferred losses: one host read per step instead of one per micro-batch.
+  // While on, a head chunk's forward keeps its per-row losses on the device
+  // and returns 0; take_deferred_loss() reads them all at once and returns
+  // the sum of the micro-batches' mean losses in the order they ran (the
+  // number that adding the forwards' returns gives, bit for bit).
+  void defer_losses(bool on) { defer_losses_ = on; }
+  double take_deferred_loss();
   // If on, forward() keeps a host copy of this rank's logits (N, Vl) before the loss.
   void set_capture_logits(bool on) { capture_logits_ = on; }
   const std::vector<double>& captured_logits() const { return logits_host_; }
@@ -322,6 +329,10 @@ class Model {
   Tensor ce_combined_;          // (N, 3)
   Tensor rope_cos_, rope_sin_;  // (T, hd/2)
   bool capture_logits_ = false;
+  bool defer_losses_ = false;
+  Tensor loss_rows_;                 // (cap*N) the deferred per-row losses, master dtype
+  int64_t loss_cap_ = 0;             // micro-batches loss_rows_ holds
+  std::vector<int64_t> loss_valid_;  // valid targets of each deferred micro-batch
   std::vector<double> logits_host_;
 };
 

@@ -153,9 +153,36 @@ double Model::head_forward(Slot& s, bool lnf_ready, int64_t n_valid, double grad
   be_.linear_forward(s.logits, s.lnf, param(head_idx_));
   if (capture_logits_) logits_host_ = read_host(s.logits);
   loss_forward(s, n_valid ? grad_scale / double(n_valid) : 0.0);
+  if (defer_losses_) {  // a device copy now, the host read at take_deferred_loss()
+    const int64_t k = int64_t(loss_valid_.size());
+    if (k >= loss_cap_) {
+      const int64_t cap = std::max<int64_t>(4, 2 * loss_cap_);
+      Tensor grown = act(cap * N_, 1, mdt_);
+      if (k) be_.copy(grown.rows(0, k * N_), loss_rows_.rows(0, k * N_));
+      loss_rows_ = grown;
+      loss_cap_ = cap;
+    }
+    be_.copy(loss_rows_.rows(k * N_, N_), s.losses);
+    loss_valid_.push_back(n_valid);
+    return 0.0;
+  }
   double sum = 0;
   for (double x : read_host(s.losses)) sum += x;  // losses: (N) in the master dtype
   return n_valid ? sum / double(n_valid) : 0.0;
+}
+
+double Model::take_deferred_loss() {
+  const int64_t k = int64_t(loss_valid_.size());
+  if (!k) return 0.0;
+  const std::vector<double> rows = read_host(loss_rows_.rows(0, k * N_));
+  double total = 0;
+  for (int64_t j = 0; j < k; ++j) {
+    double sum = 0;
+    for (int64_t i = 0; i < N_; ++i) sum += rows[size_t(j * N_ + i)];
+    total += loss_valid_[size_t(j)] ? sum / double(loss_valid_[size_t(j)]) : 0.0;
+  }
+  loss_valid_.clear();
+  return total;
 }
 
 void Model::backward_chunk(int chunk, int slot, const Tensor& d_out, bool split,

@@ -319,6 +319,7 @@ void CudaBackend::to_device(void* dst, const void* src, size_t bytes) {
 }
 
 void CudaBackend::to_host(void* dst, const void* src, size_t bytes) {
+  ++host_reads_;
   throw_deferred_error();
   if (!bytes) return;
   ADGT_CUDA_OP(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "to_host");
@@ -331,6 +332,7 @@ void CudaBackend::zero(Tensor t) {
 }
 
 void CudaBackend::synchronize() {
+  ++host_reads_;
   throw_deferred_error();
   ADGT_CUDA_OP(cudaStreamSynchronize(stream_), "synchronize");
   check_device_errors("synchronize");

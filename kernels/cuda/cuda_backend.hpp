@@ -104,6 +104,8 @@ class CudaBackend final : public Backend {
   void ce_finish(Tensor logits, Tensor losses, const Tensor& combined, const Tensor& targets,
                  int64_t vocab_start, int64_t valid, double grad_scale) override;
   double sum_squares(const Tensor& x) override;
+  void sum_squares_ranges(Tensor out, const Tensor& x, const std::vector<int64_t>& bounds) override;
+  int64_t host_reads() const override { return host_reads_; }
   void adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWHyper& h) override;
   // f32 master/grad/m/v with a bf16 copy: one kernel; other dtypes: adamw then cast.
   void adamw_cast(Tensor param, const Tensor& grad, Tensor m, Tensor v, Tensor lowp,
@@ -143,6 +145,8 @@ class CudaBackend final : public Backend {
   size_t scratch_bytes_[kNumScratch] = {};
   std::unordered_map<void*, size_t> alloc_bytes_;  // live alloc() buffers
   size_t live_bytes_ = 0, peak_bytes_ = 0;
+  int64_t host_reads_ = 0;  // to_host and synchronize calls
+  void sum_squares_into(double* dst, const Tensor& x);  // optimizer.cu: both passes, no sync
 };
 
 }  // namespace adgt

@@ -58,13 +58,13 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 
-// Pass 2: one block sums the partials (fixed order); result in part[nparts].
-__global__ void sumsq_pass2(double* __restrict__ part, int64_t nparts) {
+// Pass 2: one block sums the partials (fixed order); result in *dst.
+__global__ void sumsq_pass2(const double* __restrict__ part, int64_t nparts, double* __restrict__ dst) {
   __shared__ double red[32];
   double s = 0;
   for (int64_t i = threadIdx.x; i < nparts; i += blockDim.x) s += part[i];
   s = block_sum(s, red);
-  if (threadIdx.x == 0) part[nparts] = s;
+  if (threadIdx.x == 0) *dst = s;
 }
 
 template <class T>
@@ -107,9 +107,41 @@ struct AdamWCastOp {
 }  // namespace
 
 double CudaBackend::sum_squares(const Tensor& x) {
-  const char* op = "sum_squares";
   const int64_t n = x.numel();
   if (!n) return 0.0;
+  const int64_t nparts = (n + kChunk - 1) / kChunk;
+  auto* part = static_cast<double*>(scratch(kScratchReduce, size_t(nparts + 1) * sizeof(double)));
+  sum_squares_into(part + nparts, x);
+  double total = 0;
+  to_host(&total, part + nparts, sizeof total);
+  return total;
+}
+
+void CudaBackend::sum_squares_ranges(Tensor out, const Tensor& x, const std::vector<int64_t>& bounds) {
+  const size_t k = bounds.size() / 2;
+  ADGT_CHECK(out.dtype == DType::F64 && size_t(out.numel()) >= k && bounds.size() % 2 == 0,
+             "sum_squares_ranges: out " << out.shape_str() << " " << dtype_name(out.dtype)
+                                        << " for " << k << " ranges (F64, one per range)");
+  const size_t es = dtype_size(x.dtype);
+  int64_t most = 0;  // the scratch sized once (growing it synchronises)
+  for (size_t i = 0; i < k; ++i) most = std::max(most, bounds[2 * i + 1] - bounds[2 * i]);
+  (void)scratch(kScratchReduce, size_t((most + kChunk - 1) / kChunk + 1) * sizeof(double));
+  for (size_t i = 0; i < k; ++i) {
+    const Tensor r(static_cast<char*>(x.data) + size_t(bounds[2 * i]) * es, x.dtype,
+                   {bounds[2 * i + 1] - bounds[2 * i]});
+    if (r.numel() == 0) {
+      ADGT_CUDA_OP(cudaMemsetAsync(out.ptr<double>() + i, 0, sizeof(double), stream_),
+                   "sum_squares_ranges");
+      continue;
+    }
+    sum_squares_into(out.ptr<double>() + i, r);  // in stream order: the scratch is reused safely
+  }
+}
+
+// The two passes of sum_squares, the result left at dst on the device.
+void CudaBackend::sum_squares_into(double* dst, const Tensor& x) {
+  const char* op = "sum_squares";
+  const int64_t n = x.numel();
   const int64_t nparts = (n + kChunk - 1) / kChunk;
   ADGT_CHECK(nparts <= INT_MAX, op << ": " << n << " elements exceed the grid");
   auto* part = static_cast<double*>(scratch(kScratchReduce, size_t(nparts + 1) * sizeof(double)));
@@ -129,11 +161,8 @@ double CudaBackend::sum_squares(const Tensor& x) {
     });
   }
   ADGT_LAUNCH_CHECK("sum_squares (pass 1)");
-  sumsq_pass2<<<1, 1024, 0, stream_>>>(part, nparts);
+  sumsq_pass2<<<1, 1024, 0, stream_>>>(part, nparts, dst);
   ADGT_LAUNCH_CHECK("sum_squares (pass 2)");
-  double total = 0;
-  to_host(&total, part + nparts, sizeof total);
-  return total;
 }
 
 void CudaBackend::adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWHyper& h) {

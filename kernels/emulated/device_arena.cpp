@@ -72,9 +72,9 @@ void on_fault(int sig, siginfo_t* info, void* ctx) {
   raise(sig);
 }
 
-void install_handler() {
+void install_handler(bool again = false) {
   bool expected = false;
-  if (!g_installed.compare_exchange_strong(expected, true)) return;
+  if (!g_installed.compare_exchange_strong(expected, true) && !again) return;
   for (const char* v : {"OMPI_COMM_WORLD_RANK", "SLURM_PROCID"})
     if (const char* r = std::getenv(v)) {
       std::snprintf(g_who, sizeof g_who, "rank %s: ", r);
@@ -88,6 +88,8 @@ void install_handler() {
   sigaction(SIGSEGV, &sa, &g_previous);
 }
 }  // namespace
+
+void DeviceArena::install_fault_handler() { install_handler(true); }
 
 DeviceArena::DeviceArena(size_t reserve_bytes) : reserve_((reserve_bytes + kPage - 1) / kPage * kPage) {
   void* p = ::mmap(nullptr, reserve_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

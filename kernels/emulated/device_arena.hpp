@@ -40,6 +40,10 @@ class DeviceArena {
   // Never throws. Unknown pointers are counted (bad_releases()).
   void release(void* p) noexcept;
 
+  // Installs the fault handler again, in front of whatever SIGSEGV action is
+  // set now (a forked test child that reset it; the first arena installs it).
+  static void install_fault_handler();
+
   // Whether [p, p + bytes) lies inside one live allocation.
   bool contains(const void* p, size_t bytes = 1) const;
   // Whether p lies anywhere in the reserved range.

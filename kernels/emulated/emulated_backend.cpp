@@ -64,6 +64,7 @@ void EmulatedBackend::to_device(void* dst, const void* src, size_t bytes) {
 
 void EmulatedBackend::to_host(void* dst, const void* src, size_t bytes) {
   throw_deferred_error();
+  ++host_reads_;
   if (!bytes) return;
   ADGT_CHECK(arena_.contains(src, bytes),
              "emulated device: to_host's source " << src << " (" << bytes
@@ -75,7 +76,10 @@ void EmulatedBackend::to_host(void* dst, const void* src, size_t bytes) {
   std::memcpy(dst, src, bytes);
 }
 
-void EmulatedBackend::synchronize() { throw_deferred_error(); }
+void EmulatedBackend::synchronize() {
+  ++host_reads_;
+  throw_deferred_error();
+}
 
 // Every op: check its tensors, open their pages, run the CPU backend's op.
 #define ADGT_EMU_OP(op, checks, call)             \
@@ -207,7 +211,26 @@ void EmulatedBackend::ce_finish(Tensor logits, Tensor losses, const Tensor& comb
 }
 double EmulatedBackend::sum_squares(const Tensor& x) {
   const char* op = "sum_squares";
+  ++host_reads_;
   ADGT_EMU_OP(op, D(x), sum_squares(x));
+}
+void EmulatedBackend::sum_squares_ranges(Tensor out, const Tensor& x,
+                                         const std::vector<int64_t>& bounds) {
+  // The CPU's sums, written on the device side: no host read (as on CUDA).
+  const char* op = "sum_squares_ranges";
+  const size_t k = bounds.size() / 2;
+  ADGT_CHECK(out.dtype == DType::F64 && size_t(out.numel()) >= k && bounds.size() % 2 == 0,
+             op << ": out " << out.shape_str() << " " << dtype_name(out.dtype) << " for " << k
+                << " ranges (F64, one per range)");
+  Ranges r_;
+  D(out);
+  D(x);
+  DeviceArena::Open o_(arena_, r_.r, r_.n);
+  const size_t es = dtype_size(x.dtype);
+  for (size_t i = 0; i < k; ++i)
+    out.ptr<double>()[i] =
+        cpu_.sum_squares(Tensor(static_cast<char*>(x.data) + size_t(bounds[2 * i]) * es, x.dtype,
+                                {bounds[2 * i + 1] - bounds[2 * i]}));
 }
 void EmulatedBackend::adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v,
                             const AdamWHyper& h) {

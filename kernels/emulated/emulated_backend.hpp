@@ -81,6 +81,8 @@ class EmulatedBackend final : public Backend {
   void ce_finish(Tensor logits, Tensor losses, const Tensor& combined, const Tensor& targets,
                  int64_t vocab_start, int64_t valid, double grad_scale) override;
   double sum_squares(const Tensor& x) override;
+  void sum_squares_ranges(Tensor out, const Tensor& x, const std::vector<int64_t>& bounds) override;
+  int64_t host_reads() const override { return host_reads_; }
   void adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWHyper& h) override;
   void adamw_cast(Tensor param, const Tensor& grad, Tensor m, Tensor v, Tensor lowp,
                   const AdamWHyper& h) override;
@@ -97,6 +99,7 @@ class EmulatedBackend final : public Backend {
 
   DeviceArena arena_;
   CpuBackend cpu_;
+  int64_t host_reads_ = 0;  // what a CUDA run would synchronise on: to_host, sum_squares, synchronize
 };
 
 }  // namespace adgt

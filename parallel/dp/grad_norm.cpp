@@ -10,13 +10,26 @@ double global_grad_norm(Backend& be, const std::vector<ParamSpec>& table, Tensor
                         int64_t hi, const GradNormGroups& g) {
   // [sum over tensor-parallel shards, sum over replicated tensors, expert
   // weights (tp shards of this ep rank's experts)] of this rank's part.
+  // Every segment's sum on the device, then one host read; added on the
+  // host in segment order (the same sums as one sum_squares per segment).
   double s[3] = {0, 0, 0};
-  const size_t es = dtype_size(grads.dtype);
-  for (const Segment& seg : segments_in(table, lo, hi)) {
-    const ParamSpec& p = table[seg.param];
+  const std::vector<Segment> segs = segments_in(table, lo, hi);
+  std::vector<int64_t> bounds;
+  for (const Segment& seg : segs) bounds.insert(bounds.end(), {seg.begin, seg.end});
+  std::vector<double> sums(segs.size());
+  if (!segs.empty()) {
+    if (be.is_host()) {
+      be.sum_squares_ranges(Tensor(sums.data(), DType::F64, {int64_t(sums.size())}), grads, bounds);
+    } else {
+      Buffer dev(be, sums.size() * sizeof(double));
+      be.sum_squares_ranges(Tensor(dev.data(), DType::F64, {int64_t(sums.size())}), grads, bounds);
+      be.to_host(sums.data(), dev.data(), sums.size() * sizeof(double));
+    }
+  }
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const ParamSpec& p = table[segs[i].param];
     const int slot = g.ep && p.expert >= 0 ? 2 : p.shard_dim < 0 ? 1 : 0;
-    s[slot] += be.sum_squares(Tensor(static_cast<char*>(grads.data) + size_t(seg.begin) * es,
-                                     grads.dtype, {seg.end - seg.begin}));
+    s[slot] += sums[i];
   }
   if (g.chunks) g.chunks->all_reduce(Tensor(s, DType::F64, {2}));  // chunks -> whole buffer
   if (g.ep) {  // experts: shards over tp, distinct experts over ep

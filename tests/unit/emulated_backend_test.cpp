@@ -35,6 +35,7 @@ ChildEnd in_child(F f) {
     dup2(fds[1], 2);
     // Default SIGSEGV behind the arena's handler (not the test framework's).
     signal(SIGSEGV, SIG_DFL);
+    DeviceArena::install_fault_handler();
     f();
     _exit(0);
   }
@@ -174,4 +175,29 @@ TEST_CASE("emulated device: the arena reuses and coalesces freed blocks") {
   a.release(reinterpret_cast<void*>(0x1234));
   CHECK(a.bad_releases() == 1);
   CHECK_THROWS_WITH(a.alloc(size_t(65) << 20), Contains("out of memory"));
+}
+
+TEST_CASE("sum_squares_ranges: each range's sum_squares, bit for bit, without a host read") {
+  const auto v = random_floats(70000, 9);  // ranges across the CPU's 16384-element chunks
+  const std::vector<int64_t> bounds = {0, 5, 5, 40000, 40000, 40000, 123, 70000};
+  CpuBackend cpu;
+  EmulatedBackend em(size_t(1) << 30);
+  std::vector<double> want;
+  for (size_t i = 0; i < bounds.size(); i += 2)
+    want.push_back(cpu.sum_squares(Tensor(const_cast<float*>(v.data()) + bounds[i], DType::F32,
+                                          {bounds[i + 1] - bounds[i]})));
+  std::vector<double> got_cpu(4);
+  cpu.sum_squares_ranges(Tensor(got_cpu.data(), DType::F64, {4}),
+                         Tensor(const_cast<float*>(v.data()), DType::F32, {70000}), bounds);
+  CHECK(std::memcmp(got_cpu.data(), want.data(), 4 * sizeof(double)) == 0);
+  Buffer x(em, v.size() * 4), out(em, 4 * sizeof(double));
+  em.to_device(x.data(), v.data(), v.size() * 4);
+  const int64_t reads = em.host_reads();
+  em.sum_squares_ranges(Tensor(out.data(), DType::F64, {4}), Tensor(x.data(), DType::F32, {70000}),
+                        bounds);
+  CHECK(em.host_reads() == reads);  // nothing came back to the host yet
+  std::vector<double> got(4);
+  em.to_host(got.data(), out.data(), 4 * sizeof(double));
+  CHECK(em.host_reads() == reads + 1);
+  CHECK(std::memcmp(got.data(), want.data(), 4 * sizeof(double)) == 0);
 }
