@@ -114,45 +114,44 @@ void DeviceComm::all_gather(Tensor out, const Tensor& in) {
   unstage(out, ho);
 }
 
+// Copies out (and in, when given) to host buffers the Work owns, starts the
+// host collective on them, and copies out back when the Work completes.
+Work DeviceComm::start_staged(Tensor out, const Tensor* in,
+                              const std::function<Work(Tensor, const Tensor&)>& start) {
+  auto w = std::make_shared<StagedWork>();
+  const bool in_place = !in;
+  w->host_out = stage(out, w->out_buf, in_place);
+  const Tensor hi = in_place ? w->host_out : stage(*in, w->in_buf, true);
+  w->dev_out = out;
+  w->be = &be_;
+  w->staging_seconds = &staging_seconds_;
+  w->inner = start(w->host_out, hi);
+  return Work(w);
+}
+
 Work DeviceComm::start_all_reduce(Tensor t, ReduceOp op) {
   if (!on_device({&t}, "start_all_reduce")) return host_.start_all_reduce(t, op);
   if (host_.size() == 1) return {};
   if (device_) return device_->start_all_reduce(t, op);
-  auto w = std::make_shared<StagedWork>();
-  w->host_out = stage(t, w->out_buf, true);
-  w->dev_out = t;
-  w->be = &be_;
-  w->staging_seconds = &staging_seconds_;
-  w->inner = host_.start_all_reduce(w->host_out, op);
-  return Work(w);
+  return start_staged(t, nullptr, [&](Tensor h, const Tensor&) { return host_.start_all_reduce(h, op); });
 }
 
 Work DeviceComm::start_reduce_scatter(Tensor out, const Tensor& in) {
   if (!on_device({&out, &in}, "start_reduce_scatter")) return host_.start_reduce_scatter(out, in);
   if (alone_copy(out, in)) return {};
   if (device_) return device_->start_reduce_scatter(out, in);
-  auto w = std::make_shared<StagedWork>();
-  const Tensor hi = stage(in, w->in_buf, true);
-  w->host_out = stage(out, w->out_buf, false);
-  w->dev_out = out;
-  w->be = &be_;
-  w->staging_seconds = &staging_seconds_;
-  w->inner = host_.start_reduce_scatter(w->host_out, hi);
-  return Work(w);
+  return start_staged(out, &in, [&](Tensor ho, const Tensor& hi) {
+    return host_.start_reduce_scatter(ho, hi);
+  });
 }
 
 Work DeviceComm::start_all_gather(Tensor out, const Tensor& in) {
   if (!on_device({&out, &in}, "start_all_gather")) return host_.start_all_gather(out, in);
   if (alone_copy(out, in)) return {};
   if (device_) return device_->start_all_gather(out, in);
-  auto w = std::make_shared<StagedWork>();
-  const Tensor hi = stage(in, w->in_buf, true);
-  w->host_out = stage(out, w->out_buf, false);
-  w->dev_out = out;
-  w->be = &be_;
-  w->staging_seconds = &staging_seconds_;
-  w->inner = host_.start_all_gather(w->host_out, hi);
-  return Work(w);
+  return start_staged(out, &in, [&](Tensor ho, const Tensor& hi) {
+    return host_.start_all_gather(ho, hi);
+  });
 }
 
 void DeviceComm::broadcast(Tensor t, int root) {

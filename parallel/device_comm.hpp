@@ -69,6 +69,8 @@ class DeviceComm final : public Comm {
   // A host tensor of t's dtype and shape backed by buf, filled from t when copy.
   Tensor stage(const Tensor& t, std::vector<char>& buf, bool copy);
   void unstage(const Tensor& dev, const Tensor& host);
+  Work start_staged(Tensor out, const Tensor* in,
+                    const std::function<Work(Tensor, const Tensor&)>& start);
   // A group of one: out = in on the device (none when they alias); true if alone.
   bool alone_copy(Tensor out, const Tensor& in);
 

@@ -11,24 +11,14 @@ set_tests_properties(layouts_prepare_bytes PROPERTIES FIXTURES_SETUP kjv_byte)
 # Also on the emulated device (train.device: emulated, docs/parallel.md): the
 # code paths of the CUDA backend, device memory the host cannot touch, every
 # collective staged through host memory.
-foreach(device cpu emulated)
-  set(suffix "")
-  if(device STREQUAL "emulated")
-    set(suffix "_emulated")
-  endif()
-  add_test(NAME layouts_match_single_process${suffix}
-    COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_layouts.py
-      --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
-      --data ${ADGT_KJV_BYTE} --work ${CMAKE_BINARY_DIR}/layouts${suffix} --device ${device})
-  set_tests_properties(layouts_match_single_process${suffix} PROPERTIES
-    FIXTURES_REQUIRED kjv_byte LABELS "parallel" TIMEOUT 1500 RUN_SERIAL TRUE)
-  add_test(NAME layouts_bf16_match_single_process${suffix}
-    COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_bf16.py
-      --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
-      --data ${ADGT_KJV_BYTE} --work ${CMAKE_BINARY_DIR}/layouts_bf16${suffix} --device ${device})
-  set_tests_properties(layouts_bf16_match_single_process${suffix} PROPERTIES
-    FIXTURES_REQUIRED kjv_byte LABELS parallel TIMEOUT 600 RUN_SERIAL TRUE)
-endforeach()
+set(ADGT_SWEEP_ARGS --train $<TARGET_FILE:adgt-train>
+  --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh --data ${ADGT_KJV_BYTE})
+adgt_sweep_on_devices(NAME layouts_match_single_process WORK ${CMAKE_BINARY_DIR}/layouts
+  TIMEOUT 1500 LABELS parallel
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_layouts.py ${ADGT_SWEEP_ARGS})
+adgt_sweep_on_devices(NAME layouts_bf16_match_single_process WORK ${CMAKE_BINARY_DIR}/layouts_bf16
+  TIMEOUT 600 LABELS parallel
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_bf16.py ${ADGT_SWEEP_ARGS})
 
 # The same run through srun on a real (private, single-node) Slurm cluster gives
 # the mpirun losses bit for bit.
@@ -115,18 +105,9 @@ set_tests_properties(emulated_catches_host_read_np1 emulated_catches_host_read_n
 # per stage) gives the losses and weights of keeping everything, bit for bit,
 # single-process, tp+SP, pp (1f1b with dp, zb-h1's split backward) and MoE
 # with ep; --dry-run's activation memory falls. Also on the emulated device.
-foreach(device cpu emulated)
-  set(suffix "")
-  if(device STREQUAL "emulated")
-    set(suffix "_emulated")
-  endif()
-  add_test(NAME recompute_bitwise${suffix}
-    COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_recompute.py
-      --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
-      --data ${ADGT_KJV_BYTE} --work ${CMAKE_BINARY_DIR}/recompute${suffix} --device ${device})
-  set_tests_properties(recompute_bitwise${suffix} PROPERTIES
-    FIXTURES_REQUIRED kjv_byte LABELS "parallel" TIMEOUT 600 RUN_SERIAL TRUE)
-endforeach()
+adgt_sweep_on_devices(NAME recompute_bitwise WORK ${CMAKE_BINARY_DIR}/recompute
+  TIMEOUT 600 LABELS parallel
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_recompute.py ${ADGT_SWEEP_ARGS})
 
 # A step waits for the device twice (its losses, the gradient norm), whatever
 # the micro-batches and tensors (the emulated device counts the waits).

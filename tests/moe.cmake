@@ -32,19 +32,11 @@ if(NOT TARGET adgt-train)
   return()
 endif()
 # Also on the emulated device (the CUDA code paths; tests/layouts.cmake).
-foreach(device cpu emulated)
-  set(suffix "")
-  if(device STREQUAL "emulated")
-    set(suffix "_emulated")
-  endif()
-  add_test(NAME moe_layouts_match_single_process${suffix}
-    COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/moe/compare_experts.py
-      --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
-      --data ${CMAKE_BINARY_DIR}/data/kjv-byte --work ${CMAKE_BINARY_DIR}/moe_layouts${suffix}
-      --device ${device})
-  set_tests_properties(moe_layouts_match_single_process${suffix} PROPERTIES
-    FIXTURES_REQUIRED kjv_byte LABELS "parallel;moe" TIMEOUT 600 RUN_SERIAL TRUE)
-endforeach()
+adgt_sweep_on_devices(NAME moe_layouts_match_single_process WORK ${CMAKE_BINARY_DIR}/moe_layouts
+  TIMEOUT 600 LABELS parallel moe
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/moe/compare_experts.py
+    --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
+    --data ${CMAKE_BINARY_DIR}/data/kjv-byte)
 set(ADGT_MOE_YAML ${CMAKE_CURRENT_SOURCE_DIR}/moe/model.yaml)
 function(adgt_moe_error name ranks regex)
   add_test(NAME moe_error_${name}

@@ -5,18 +5,10 @@ if(NOT TARGET adgt-train OR NOT TARGET adgt_parallel)
   return()
 endif()
 # Each also on the emulated device (the CUDA code paths; tests/layouts.cmake).
-foreach(device cpu emulated)
-  set(suffix "")
-  if(device STREQUAL "emulated")
-    set(suffix "_emulated")
-  endif()
-  foreach(extra none tp2 dp2)
-    add_test(NAME pipeline_match_single_process_${extra}${suffix}
-      COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/pipeline/compare_pipelines.py
-        --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
-        --data ${CMAKE_BINARY_DIR}/data/kjv-byte --work ${CMAKE_BINARY_DIR}/pipeline_${extra}${suffix}
-        --extras ${extra} --device ${device})
-    set_tests_properties(pipeline_match_single_process_${extra}${suffix} PROPERTIES
-      FIXTURES_REQUIRED kjv_byte LABELS "parallel;pipeline" TIMEOUT 1200 RUN_SERIAL TRUE)
-  endforeach()
+foreach(extra none tp2 dp2)
+  adgt_sweep_on_devices(NAME pipeline_match_single_process_${extra}
+    WORK ${CMAKE_BINARY_DIR}/pipeline_${extra} TIMEOUT 1200 LABELS parallel pipeline
+    COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/pipeline/compare_pipelines.py
+      --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
+      --data ${CMAKE_BINARY_DIR}/data/kjv-byte --extras ${extra})
 endforeach()
