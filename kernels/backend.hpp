@@ -7,9 +7,8 @@
 // in HuggingFace layout (out_features, in_features), so a linear layer is
 // y = x W^T. "Accumulate" means +=; otherwise outputs are overwritten.
 //
-// Mixed precision (bf16). Besides all-f32 and all-f64, every op except the
-// mixture-of-experts pair (combine_rows*) accepts bf16 activations and
-// weights with these rules:
+// Mixed precision (bf16). Besides all-f32 and all-f64, every op accepts bf16
+// activations and weights with these rules:
 //  - math in fp32, each bf16 output rounded once (nearest even,
 //    kernels/common/bf16.hpp); a bf16 "+=" output is read, added in fp32 and
 //    rounded;
@@ -17,7 +16,9 @@
 //    dw and embedding_backward's dtable are F32 while x, dy, w are BF16;
 //  - statistics are fp32: rmsnorm's rstd, the attention's `saved`, the
 //    rotary cos/sin tables, cross_entropy's losses, ce_* stats/combined/
-//    gathered/losses (logits are BF16 and get their gradient in place in BF16);
+//    gathered/losses (logits are BF16 and get their gradient in place in BF16),
+//    combine_rows_backward's dw (the router weights' gradient; w itself is in
+//    the rows' dtype);
 //  - sum_squares accepts any float dtype; adamw works on fp32 master weights
 //    (adamw_cast also writes their bf16 copy); cast converts between any
 //    two float dtypes.

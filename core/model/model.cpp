@@ -56,9 +56,6 @@ void Model::check_arguments() const {
   const int64_t tp = tp_->size();
   ADGT_CHECK(dtype_ == DType::F32 || dtype_ == DType::F64 || dtype_ == DType::BF16,
              "Model: dtype " << dtype_name(dtype_) << " not supported (f32, f64 or bf16)");
-  ADGT_CHECK(dtype_ != DType::BF16 || cfg_.n_experts == 0,
-             "Model: bf16 (train.dtype) is not supported yet for mixture-of-experts models "
-             "(model.n_experts=" << cfg_.n_experts << "); use f32");
   ADGT_CHECK(T_ <= cfg_.seq_len, "Model: micro-batch length " << T_ << " exceeds model.seq_len="
                                                               << cfg_.seq_len);
   ADGT_CHECK(cfg_.n_heads % tp == 0 && cfg_.n_kv_heads % tp == 0 && cfg_.ffn_hidden % tp == 0,

@@ -15,8 +15,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "kernels/check.hpp"
+#include "kernels/common/bf16.hpp"
 
 namespace adgt {
 
@@ -61,8 +63,8 @@ MoeLayer::MoeLayer(Backend& be, DType dt, int64_t max_tokens, int64_t C, int64_t
       ep_(ep ? ep : &self_),
       place_(o.n_experts, ep ? ep->size() : 1, std::move(placement)),
       scratch_(std::make_unique<Scratch>()) {
-  ADGT_CHECK(dt == DType::F32 || dt == DType::F64,
-             "moe: dtype " << dtype_name(dt) << " not supported (f32 or f64)");
+  ADGT_CHECK(dt == DType::F32 || dt == DType::F64 || dt == DType::BF16,
+             "moe: dtype " << dtype_name(dt) << " not supported (f32, f64 or bf16)");
   ADGT_CHECK(C >= 1 && F >= 1,
              "moe: d_model=" << C << " and expert hidden size=" << F << " must be positive");
   ADGT_CHECK(max_tokens >= 0, "moe: max_tokens=" << max_tokens << " must be >= 0");
@@ -126,17 +128,19 @@ void MoeLayer::update_bias(const std::vector<int64_t>& load) {
 
 void MoeLayer::check_params(const MoeParams& p, const char* what) const {
   const size_t El = size_t(place_.per_rank());
-  ADGT_CHECK(p.gate.ndim == 2 && p.gate.dim(0) == E_ && p.gate.dim(1) == C_ && p.gate.dtype == dt_,
+  // Weights in the layer's dtype; gradients in fp32 under bf16 (the master dtype).
+  const DType dt = std::string(what) == "grads" ? grad_dtype() : dt_;
+  ADGT_CHECK(p.gate.ndim == 2 && p.gate.dim(0) == E_ && p.gate.dim(1) == C_ && p.gate.dtype == dt,
              "moe: " << what << " gate" << p.gate.shape_str() << " " << dtype_name(p.gate.dtype)
-                     << ", expected (" << E_ << "," << C_ << ") " << dtype_name(dt_));
+                     << ", expected (" << E_ << "," << C_ << ") " << dtype_name(dt));
   ADGT_CHECK(p.w1.size() == El && p.w2.size() == El && p.w3.size() == El,
              "moe: " << what << " holds " << p.w1.size() << "/" << p.w2.size() << "/" << p.w3.size()
                      << " w1/w2/w3 tensors; this ep rank holds " << El << " experts");
   auto shape = [&](const Tensor& t, int64_t r, int64_t c, const char* name, size_t i) {
-    ADGT_CHECK(t.ndim == 2 && t.dim(0) == r && t.dim(1) == c && t.dtype == dt_ && t.data,
+    ADGT_CHECK(t.ndim == 2 && t.dim(0) == r && t.dim(1) == c && t.dtype == dt && t.data,
                "moe: " << what << " " << name << "[" << i << "]" << t.shape_str() << " "
                        << dtype_name(t.dtype) << ", expected (" << r << "," << c << ") "
-                       << dtype_name(dt_));
+                       << dtype_name(dt));
   };
   for (size_t i = 0; i < El; ++i) {
     shape(p.w1[i], F_, C_, "w1", i);
@@ -157,6 +161,10 @@ void MoeLayer::upload(Tensor dst, const std::vector<double>& src) {
   if (src.empty()) return;
   if (dst.dtype == DType::F64) {
     be_.to_device(dst.data, src.data(), src.size() * 8);
+  } else if (dst.dtype == DType::BF16) {  // via fp32 (bf16 routing weights are fp32 values)
+    std::vector<bf16_bits> h(src.size());
+    for (size_t i = 0; i < src.size(); ++i) h[i] = float_to_bf16(float(src[i]));
+    be_.to_device(dst.data, h.data(), h.size() * 2);
   } else {
     std::vector<float> f(src.begin(), src.end());
     be_.to_device(dst.data, f.data(), f.size() * 4);
@@ -253,6 +261,12 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
   if (dt_ == DType::F64) {
     std::vector<double> l(size_t(N * E));
     if (N) be_.to_host(l.data(), logits.data, l.size() * 8);
+    route(s, l);
+  } else if (dt_ == DType::BF16) {  // bf16 logits, routed in fp32
+    std::vector<bf16_bits> h(size_t(N * E));
+    if (N) be_.to_host(h.data(), logits.data, h.size() * 2);
+    std::vector<float> l(h.size());
+    for (size_t i = 0; i < h.size(); ++i) l[i] = bf16_to_float(h[i]);
     route(s, l);
   } else {
     std::vector<float> l(size_t(N * E));
@@ -464,7 +478,7 @@ void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams
   for (int i = 0; i < P; ++i) Ms += s.send_rows[size_t(i)], Mr += s.recv_rows[size_t(i)];
 
   // Combine: dy rows (send order) and d(weights).
-  Tensor dys = grow(sc.send, Ms, C, dt_), dwt = grow(sc.dw, N, k, dt_);
+  Tensor dys = grow(sc.send, Ms, C, dt_), dwt = grow(sc.dw, N, k, grad_dtype());
   if (N) be_.combine_rows_backward(dys, dwt, dout, s.ysend, s.pos, s.w);
   std::vector<double> dw(size_t(N * k));
   if (dt_ == DType::F64) {

@@ -103,7 +103,8 @@ struct MoeStats {
 
 class MoeLayer {
  public:
-  // dt: F32 or F64. max_tokens: most rows per call on this rank. C: d_model,
+  // dt: F32, F64, or BF16 (mixed precision: bf16 weights and activations,
+  // fp32 gradients, routing in fp32 on the host). max_tokens: most rows per call on this rank. C: d_model,
   // F: expert hidden size. placement: owner rank per expert (empty:
   // contiguous). ep: the expert-parallel group (nullptr: one rank, all experts).
   MoeLayer(Backend& be, DType dt, int64_t max_tokens, int64_t C, int64_t F, MoeOptions o,
@@ -144,6 +145,8 @@ class MoeLayer {
   void route(Slot& s, const std::vector<T>& logits);
   void router_backward(Slot& s, const std::vector<double>& dw, double aux_grad_scale);
   void check_params(const MoeParams& p, const char* what) const;
+  // Gradients and the combine weights' gradient: fp32 under bf16, else the layer's dtype.
+  DType grad_dtype() const { return dt_ == DType::BF16 ? DType::F32 : dt_; }
   Tensor grow(Buffer& b, int64_t rows, int64_t cols, DType dt);
   void upload(Tensor dst, const std::vector<double>& src);
   void upload_i32(Tensor dst, const std::vector<int32_t>& src);

@@ -60,9 +60,6 @@ void CpuBackend::embedding_backward(Tensor dtable, const Tensor& dout, const Ten
 namespace {
 void check_combine(const Tensor& rows_nc, const Tensor& y, const Tensor& pos, const Tensor& w,
                    const char* op) {
-  ADGT_CHECK(y.dtype != DType::BF16 && rows_nc.dtype != DType::BF16,
-             op << ": bf16 is not supported on the cpu backend (the mixture-of-experts combine "
-                   "runs in f32 or f64)");
   const int64_t N = pos.ndim == 2 ? pos.dim(0) : -1, C = y.ndim == 2 ? y.dim(1) : -1;
   ADGT_CHECK(pos.dtype == DType::I32 && pos.ndim == 2 && y.ndim == 2 &&
                  rows_nc.numel() == N * C && rows_nc.dtype == y.dtype,
@@ -81,6 +78,13 @@ void check_combine(const Tensor& rows_nc, const Tensor& y, const Tensor& pos, co
 void CpuBackend::combine_rows(Tensor out, const Tensor& y, const Tensor& pos, const Tensor& w,
                               bool accumulate) {
   check_combine(out, y, pos, w, "combine_rows");
+  if (y.dtype == DType::BF16) {  // fp32 on copies, out rounded once
+    cpu::F32Scratch s;
+    const Tensor of = accumulate ? s.in(out) : s.out(out);
+    combine_rows(of, s.in(y), pos, s.in(w), accumulate);
+    s.store(out, of);
+    return;
+  }
   const int64_t N = pos.dim(0), k = pos.dim(1), C = y.dim(1);
   const int32_t* p = pos.ptr<int32_t>();
   cpu_dispatch(y.dtype, [&](auto z_) {
@@ -110,8 +114,18 @@ void CpuBackend::combine_rows_backward(Tensor dy, Tensor dw, const Tensor& dout,
   check_combine(dout, y, pos, w, "combine_rows_backward");
   ADGT_CHECK(!dy.data || (dy.numel() == y.numel() && dy.dtype == y.dtype),
              "combine_rows_backward: dy" << dy.shape_str() << " must match y" << y.shape_str());
-  ADGT_CHECK(!dw.data || (dw.numel() == pos.numel() && dw.dtype == y.dtype),
-             "combine_rows_backward: dw" << dw.shape_str() << " must match pos" << pos.shape_str());
+  ADGT_CHECK(!dw.data || (dw.numel() == pos.numel() && dw.dtype == stat_dtype(y.dtype)),
+             "combine_rows_backward: dw" << dw.shape_str() << " " << dtype_name(dw.dtype)
+                                         << " must match pos" << pos.shape_str() << " in "
+                                         << dtype_name(stat_dtype(y.dtype))
+                                         << " (f32 with bf16 rows)");
+  if (y.dtype == DType::BF16) {  // fp32 on copies; dy rounded once, dw stays fp32
+    cpu::F32Scratch s;
+    const Tensor dyf = s.out(dy);
+    combine_rows_backward(dyf, dw, s.in(dout), s.in(y), pos, s.in(w));
+    s.store(dy, dyf);
+    return;
+  }
   const int64_t N = pos.dim(0), k = pos.dim(1), C = y.dim(1);
   const int32_t* p = pos.ptr<int32_t>();
   cpu_dispatch(y.dtype, [&](auto z_) {

@@ -234,51 +234,65 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// Storage S, math A: bf16 rows are combined in fp32 (each output rounded
+// once, backend.hpp's mixed-precision rules), f32/f64 in their own type.
+template <class S> struct CombineMath { using A = S; };
+template <> struct CombineMath<bf16_bits> { using A = float; };
+__device__ __forceinline__ float load_a(bf16_bits v) { return bf(v); }
+__device__ __forceinline__ float load_a(float v) { return v; }
+__device__ __forceinline__ double load_a(double v) { return v; }
+__device__ __forceinline__ void store_a(bf16_bits* p, float v) { *p = to_bf(v); }
+__device__ __forceinline__ void store_a(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_a(double* p, double v) { *p = v; }
+
 // out[t] (=|+=) sum_j w[t,j] y[pos[t,j]] over pos >= 0, j ascending.
-template <class T>
-__global__ void combine_kernel(T* __restrict__ out, const T* __restrict__ y,
-                               const int32_t* __restrict__ pos, const T* __restrict__ w, int64_t k,
+template <class S>
+__global__ void combine_kernel(S* __restrict__ out, const S* __restrict__ y,
+                               const int32_t* __restrict__ pos, const S* __restrict__ w, int64_t k,
                                int64_t C, bool accumulate) {
+  using A = typename CombineMath<S>::A;
   const int64_t t = blockIdx.x;
-  T* o = out + t * C;
+  S* o = out + t * C;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    T acc = accumulate ? o[c] : T(0);
+    A acc = accumulate ? load_a(o[c]) : A(0);
     for (int64_t j = 0; j < k; ++j) {
       const int64_t r = pos[t * k + j];
       if (r < 0) continue;
-      const T wt = w ? w[t * k + j] : T(1);
-      acc += wt * y[r * C + c];
+      const A wt = w ? load_a(w[t * k + j]) : A(1);
+      acc += wt * load_a(y[r * C + c]);
     }
-    o[c] = acc;
+    store_a(o + c, acc);
   }
 }
 
-// One block per token row t: dw[t,j] = <dout[t], y[pos]>, dy[pos] = w dout[t].
-template <class T>
-__global__ void combine_bwd_kernel(T* __restrict__ dy, T* __restrict__ dw,
-                                   const T* __restrict__ dout, const T* __restrict__ y,
-                                   const int32_t* __restrict__ pos, const T* __restrict__ w,
+// One block per token row t: dw[t,j] = <dout[t], y[pos]> (in A: fp32 for bf16
+// rows), dy[pos] = w dout[t].
+template <class S>
+__global__ void combine_bwd_kernel(S* __restrict__ dy, typename CombineMath<S>::A* __restrict__ dw,
+                                   const S* __restrict__ dout, const S* __restrict__ y,
+                                   const int32_t* __restrict__ pos, const S* __restrict__ w,
                                    int64_t k, int64_t C) {
-  __shared__ T red[32];
+  using A = typename CombineMath<S>::A;
+  __shared__ A red[32];
   const int64_t t = blockIdx.x;
-  const T* g = dout + t * C;
+  const S* g = dout + t * C;
   for (int64_t j = 0; j < k; ++j) {
     const int64_t r = pos[t * k + j];  // uniform over the block
     if (r < 0) {
-      if (dw && threadIdx.x == 0) dw[t * k + j] = T(0);
+      if (dw && threadIdx.x == 0) dw[t * k + j] = A(0);
       continue;
     }
     if (dw) {
-      const T* yr = y + r * C;
-      T s = 0;
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += g[c] * yr[c];
+      const S* yr = y + r * C;
+      A s = 0;
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += load_a(g[c]) * load_a(yr[c]);
       s = block_sum(s, red);
       if (threadIdx.x == 0) dw[t * k + j] = s;
     }
     if (dy) {
-      const T wt = w ? w[t * k + j] : T(1);
-      T* dr = dy + r * C;
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dr[c] = wt * g[c];
+      const A wt = w ? load_a(w[t * k + j]) : A(1);
+      S* dr = dy + r * C;
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) store_a(dr + c, wt * load_a(g[c]));
     }
   }
 }
@@ -437,9 +451,6 @@ namespace {
 // (the CPU backend's check; an out-of-range row would read outside y).
 void check_combine(CudaBackend& be, const Tensor& rows_nc, const Tensor& y, const Tensor& pos,
                    const Tensor& w, const char* op) {
-  ADGT_CHECK(y.dtype != DType::BF16,
-             op << ": bf16 is not supported (the backend's mixed-precision contract leaves "
-                   "combine_rows* in f32/f64; run mixture-of-experts layers in f32)");
   const int64_t N = pos.ndim == 2 ? pos.dim(0) : -1, C = y.ndim == 2 ? y.dim(1) : -1;
   ADGT_CHECK(pos.dtype == DType::I32 && pos.ndim == 2 && y.ndim == 2 &&
                  rows_nc.numel() == N * C && rows_nc.dtype == y.dtype,
@@ -461,12 +472,16 @@ void CudaBackend::combine_rows(Tensor out, const Tensor& y, const Tensor& pos, c
   check_combine(*this, out, y, pos, w, "combine_rows");
   const int64_t N = pos.dim(0), k = pos.dim(1), C = y.dim(1);
   if (!N || !C) return;
-  dispatch(y.dtype, "combine_rows", [&](auto z) {
-    using T = decltype(z);
-    combine_kernel<T><<<rows_grid(N, "combine_rows"), kThreads, 0, stream_>>>(
-        out.ptr<T>(), y.ptr<T>(), pos.ptr<int32_t>(), w.data ? w.ptr<T>() : nullptr, k, C,
+  auto launch = [&](auto z) {
+    using S = decltype(z);
+    combine_kernel<S><<<rows_grid(N, "combine_rows"), kThreads, 0, stream_>>>(
+        out.ptr<S>(), y.ptr<S>(), pos.ptr<int32_t>(), w.data ? w.ptr<S>() : nullptr, k, C,
         accumulate);
-  });
+  };
+  if (y.dtype == DType::BF16)
+    launch(bf16_bits{});
+  else
+    dispatch(y.dtype, "combine_rows", launch);
   ADGT_LAUNCH_CHECK("combine_rows");
 }
 
@@ -475,17 +490,24 @@ void CudaBackend::combine_rows_backward(Tensor dy, Tensor dw, const Tensor& dout
   check_combine(*this, dout, y, pos, w, "combine_rows_backward");
   ADGT_CHECK(!dy.data || (dy.numel() == y.numel() && dy.dtype == y.dtype),
              "combine_rows_backward: dy" << dy.shape_str() << " must match y" << y.shape_str());
-  ADGT_CHECK(!dw.data || (dw.numel() == pos.numel() && dw.dtype == y.dtype),
-             "combine_rows_backward: dw" << dw.shape_str() << " must match pos"
-                                         << pos.shape_str());
+  const DType dwt = y.dtype == DType::BF16 ? DType::F32 : y.dtype;  // fp32 with bf16 rows
+  ADGT_CHECK(!dw.data || (dw.numel() == pos.numel() && dw.dtype == dwt),
+             "combine_rows_backward: dw" << dw.shape_str() << " " << dtype_name(dw.dtype)
+                                         << " must match pos" << pos.shape_str() << " in "
+                                         << dtype_name(dwt) << " (f32 with bf16 rows)");
   const int64_t N = pos.dim(0), k = pos.dim(1), C = y.dim(1);
   if (!N || (!dy.data && !dw.data)) return;
-  dispatch(y.dtype, "combine_rows_backward", [&](auto z) {
-    using T = decltype(z);
-    combine_bwd_kernel<T><<<rows_grid(N, "combine_rows_backward"), kThreads, 0, stream_>>>(
-        dy.data ? dy.ptr<T>() : nullptr, dw.data ? dw.ptr<T>() : nullptr, dout.ptr<T>(),
-        y.ptr<T>(), pos.ptr<int32_t>(), w.data ? w.ptr<T>() : nullptr, k, C);
-  });
+  auto launch = [&](auto z) {
+    using S = decltype(z);
+    using A = typename CombineMath<S>::A;
+    combine_bwd_kernel<S><<<rows_grid(N, "combine_rows_backward"), kThreads, 0, stream_>>>(
+        dy.data ? dy.ptr<S>() : nullptr, dw.data ? dw.ptr<A>() : nullptr, dout.ptr<S>(),
+        y.ptr<S>(), pos.ptr<int32_t>(), w.data ? w.ptr<S>() : nullptr, k, C);
+  };
+  if (y.dtype == DType::BF16)
+    launch(bf16_bits{});
+  else
+    dispatch(y.dtype, "combine_rows_backward", launch);
   ADGT_LAUNCH_CHECK("combine_rows_backward");
 }
 
