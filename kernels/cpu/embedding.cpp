@@ -121,7 +121,7 @@ void CpuBackend::combine_rows_backward(Tensor dy, Tensor dw, const Tensor& dout,
                                          << " (f32 with bf16 rows)");
   if (y.dtype == DType::BF16) {  // fp32 on copies; dy rounded once, dw stays fp32
     cpu::F32Scratch s;
-    const Tensor dyf = s.out(dy);
+    const Tensor dyf = s.in(dy);  // rows no pos names are left as they are
     combine_rows_backward(dyf, dw, s.in(dout), s.in(y), pos, s.in(w));
     s.store(dy, dyf);
     return;

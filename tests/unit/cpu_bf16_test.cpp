@@ -545,3 +545,42 @@ TEST_CASE("bf16 dtype misuse is refused with the op and dtypes named", "[bf16]")
   REQUIRE_THROWS_WITH(be.combine_rows(th(orows, {N, C}), th(yrows, {N, C}), post, Tensor(), false),
                       Contains("combine_rows: bf16 is not supported"));
 }
+
+TEST_CASE("bf16 combine_rows and its backward equal the rounded f32 path", "[bf16]") {
+  CpuBackend be;
+  const int64_t N = 37, k = 2, M = 50, C = 24;
+  F y = rnd(size_t(M * C), 71), w = rnd(size_t(N * k), 72, 0.5), dout = rnd(size_t(N * C), 73);
+  std::vector<int32_t> pos(size_t(N * k));
+  for (int64_t i = 0; i < N * k; ++i) pos[size_t(i)] = i % 7 == 3 ? -1 : int32_t((i * 13) % M);
+  H yh = to_h(y), wh = to_h(w), douth = to_h(dout);
+  const Tensor tp(pos.data(), DType::I32, {N, k});
+  // Overwrite, then accumulate onto the result (read, add in fp32, round).
+  F out(size_t(N * C));
+  H outh = poison(size_t(N * C));
+  be.combine_rows(tf(out, {N, C}), tf(y, {M, C}), tp, tf(w, {N, k}), false);
+  be.combine_rows(th(outh, {N, C}), th(yh, {M, C}), tp, th(wh, {N, k}), false);
+  check_rounded(outh, out, "combine_rows");
+  F acc(out.size());
+  for (size_t i = 0; i < acc.size(); ++i) acc[i] = bf16_to_float(outh[i]);
+  be.combine_rows(tf(acc, {N, C}), tf(y, {M, C}), tp, Tensor(), true);
+  be.combine_rows(th(outh, {N, C}), th(yh, {M, C}), tp, Tensor(), true);
+  check_rounded(outh, acc, "combine_rows accumulate");
+  // Backward: dy rows (each named at most once: pos is a permutation here) rounded, dw fp32.
+  for (int64_t i = 0; i < N * k; ++i) pos[size_t(i)] = i % 7 == 3 ? -1 : int32_t(i % M);
+  const int64_t Mb = N * k;
+  F yb = rnd(size_t(Mb * C), 74);
+  H ybh = to_h(yb);
+  F dy(size_t(Mb * C), 0.0f), dw(size_t(N * k)), dwh(size_t(N * k));
+  H dyh(size_t(Mb * C), float_to_bf16(0.0f));
+  be.combine_rows_backward(tf(dy, {Mb, C}), tf(dw, {N, k}), tf(dout, {N, C}), tf(yb, {Mb, C}), tp,
+                           tf(w, {N, k}));
+  be.combine_rows_backward(th(dyh, {Mb, C}), tf(dwh, {N, k}), th(douth, {N, C}), th(ybh, {Mb, C}),
+                           tp, th(wh, {N, k}));
+  check_rounded(dyh, dy, "combine_rows_backward dy");
+  check_same(dwh, dw, "combine_rows_backward dw (fp32)");
+  // dw in bf16 is refused: the router's gradient stays fp32.
+  H dwbad(size_t(N * k));
+  CHECK_THROWS_WITH(be.combine_rows_backward(Tensor(), th(dwbad, {N, k}), th(douth, {N, C}),
+                                             th(ybh, {Mb, C}), tp, th(wh, {N, k})),
+                    Contains("f32 with bf16 rows"));
+}

@@ -1147,17 +1147,33 @@ TEST_CASE("cuda backend: bf16 sum of squares and adamw_cast", "[cuda]") {
   }
 }
 
-TEST_CASE("cuda backend: bf16 combine_rows is refused clearly", "[cuda]") {
+TEST_CASE("cuda backend: bf16 combine_rows and its backward (fp32 dw)", "[cuda]") {
   ADGT_REQUIRE_GPU();
   Backends b;
-  Twin pos = b.twin(DType::I32, {2, 1}), y = b.twin(DType::BF16, {2, 8}),
-       out = b.twin(DType::BF16, {2, 8});
-  pos.set({0, 1});
-  CHECK_THROWS_WITH(b.gpu->combine_rows(out.g(), y.g(), pos.g(), Tensor(), false),
-                    Catch::Matchers::Contains("bf16"));
-  CHECK_THROWS_WITH(b.gpu->combine_rows_backward(y.g(), Tensor(), out.g(), y.g(), pos.g(),
-                                                 Tensor()),
-                    Catch::Matchers::Contains("bf16"));
+  const DType bf = DType::BF16;
+  const int64_t N = 37, k = 2, C = 24, M = N * k;
+  Twin pos = b.twin(DType::I32, {N, k}), y = b.twin(bf, {M, C}), w = b.twin(bf, {N, k}),
+       out = b.twin(bf, {N, C});
+  Vec p(size_t(N * k));
+  for (int64_t i = 0; i < N * k; ++i) p[size_t(i)] = i % 7 == 3 ? -1.0 : double(i);  // each row once
+  pos.set(p);
+  y.set(randn(size_t(M * C), 81));
+  w.set(randn(size_t(N * k), 82));
+  for (bool acc : {false, true}) {
+    INFO("accumulate " << acc);
+    if (!acc) out.poison();
+    b.cpu.combine_rows(out.c(), y.c(), pos.c(), w.c(), acc);
+    b.gpu->combine_rows(out.g(), y.g(), pos.g(), w.g(), acc);
+    expect_close(out, kBf16Tol, "bf16 combine_rows");
+  }
+  Twin dout = b.twin(bf, {N, C}), dy = b.twin(bf, {M, C}), dw = b.twin(DType::F32, {N, k});
+  dout.set(randn(size_t(N * C), 83));
+  dy.set(Vec(size_t(M * C), 0.0));  // rows no pos names keep their values
+  dw.poison();
+  b.cpu.combine_rows_backward(dy.c(), dw.c(), dout.c(), y.c(), pos.c(), w.c());
+  b.gpu->combine_rows_backward(dy.g(), dw.g(), dout.g(), y.g(), pos.g(), w.g());
+  expect_close(dy, kBf16Tol, "bf16 combine_rows_backward dy");
+  expect_close(dw, kBf16Tol, "bf16 combine_rows_backward dw (f32)");
 }
 
 // ---------------------------------------------------------------------------
