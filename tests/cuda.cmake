@@ -44,7 +44,7 @@ set_tests_properties(cuda_check_script_syntax cuda_check_script_paths
 # has no MPI): the plumbing of the multi-rank GPU stage, proven here.
 if(ADGT_HAVE_CUDA AND TARGET adgt-train)
   add_test(NAME cuda_check_bundle_rehearsal
-    COMMAND ${CMAKE_COMMAND} -E env CHECK_BUILD_DIR=${CMAKE_BINARY_DIR}
+    COMMAND ${CMAKE_COMMAND} -E env CHECK_BUILD_DIR=${CMAKE_BINARY_DIR} CHECK_NO_BUILD=1
       CHECK_BUNDLE_DIR=${CMAKE_BINARY_DIR}/devbundle OUT=${CMAKE_BINARY_DIR}/devcheck
       ${ADGT_BASH} -c "${CMAKE_SOURCE_DIR}/scripts/device/check.sh bundle && ${CMAKE_SOURCE_DIR}/scripts/device/check.sh rehearse")
   set_tests_properties(cuda_check_bundle_rehearsal PROPERTIES

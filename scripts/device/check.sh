@@ -35,7 +35,9 @@
 # TFLOP/s, peak device memory against --dry-run). NCCL (200 MB) is not
 # carried: PyTorch's libnccl.so.2 on the GPU machine is used, like cuBLAS.
 #
-# Environment: JOBS (bundle build jobs, default 2), BENCH_BATCH (sequences per
+# Environment: JOBS (bundle build jobs, default 2), CHECK_BUILD_DIR (an existing
+# CUDA build instead of build-cuda), CHECK_NO_BUILD=1 (bundle that build's
+# binaries without rebuilding), CHECK_BUNDLE_DIR (instead of build-devbundle), BENCH_BATCH (sequences per
 # step of the 1.3B comparison, default 8), CHECK_BUDGET_S (seconds the run
 # stage may take in all, default 470).
 set -euo pipefail
@@ -98,7 +100,8 @@ cmd_bundle() {
   fi
   grep -q '^CMAKE_CUDA_COMPILER:.*nvcc' "$BUILD/CMakeCache.txt" ||
     die "$BUILD was configured without CUDA; remove it and run again"
-  cmake --build "$BUILD" -j"${JOBS:-2}" --target "$BIN_NAME" adgt-train adgt-data
+  # CHECK_NO_BUILD=1 (ctest): the build's binaries as they are, no rebuild.
+  [[ ${CHECK_NO_BUILD:-0} == 1 ]] || cmake --build "$BUILD" -j"${JOBS:-2}" --target "$BIN_NAME" adgt-train adgt-data
   local bin="$BUILD/tests/$BIN_NAME" train="$BUILD/apps/adgt-train"
   [[ -x "$bin" && -x "$train" ]] || die "build did not produce $bin and $train"
 
