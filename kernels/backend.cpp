@@ -45,6 +45,19 @@ void Backend::sum_squares_ranges(Tensor out, const Tensor& x, const std::vector<
   if (k) to_device(out.data, s.data(), k * sizeof(double));
 }
 
+int Backend::mark() {
+  marks_.push_back(std::chrono::steady_clock::now());
+  return int(marks_.size()) - 1;
+}
+
+std::vector<double> Backend::take_marks() {
+  std::vector<double> s(marks_.size());
+  for (size_t i = 0; i < marks_.size(); ++i)
+    s[i] = std::chrono::duration<double>(marks_[i] - marks_[0]).count();
+  marks_.clear();
+  return s;
+}
+
 void Backend::throw_deferred_error() {
   if (deferred_error_.empty()) return;
   std::string msg = name() + ": " + deferred_error_;

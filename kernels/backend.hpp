@@ -24,6 +24,7 @@
 //    two float dtypes.
 // f32 and f64 calls keep every tensor in the one dtype, as before.
 #pragma once
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -189,9 +190,17 @@ class Backend {
   // The default computes each on the host and copies them in.
   virtual void sum_squares_ranges(Tensor out, const Tensor& x, const std::vector<int64_t>& bounds);
   // Calls that waited for the device to hand the host a value (to_host,
-  // sum_squares, synchronize) since the backend was made; -1 where not
-  // counted (the CPU, whose memory the host reads directly).
+  // sum_squares, synchronize, take_marks) since the backend was made; -1
+  // where not counted (the CPU, whose memory the host reads directly).
   virtual int64_t host_reads() const { return -1; }
+
+  // Timestamps of the backend's queue without waiting on it (the pipeline
+  // executor's timeline): mark() records "now" as the device reaches it (CUDA:
+  // an event on the stream; the CPU: the clock, its ops being done when they
+  // return) and returns its index since the last take_marks(); take_marks()
+  // waits once and returns every mark's seconds after the first, then clears.
+  virtual int mark();
+  virtual std::vector<double> take_marks();
   // One AdamW step on a flat range (PyTorch's AdamW update order).
   virtual void adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v,
                      const AdamWHyper& h) = 0;
@@ -213,6 +222,7 @@ class Backend {
  private:
   std::string deferred_error_;
   int deferred_more_ = 0;
+  std::vector<std::chrono::steady_clock::time_point> marks_;
 };
 
 // Owns memory on a backend.

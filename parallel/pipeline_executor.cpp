@@ -136,13 +136,15 @@ double PipelineExecutor::last_busy_seconds() const {
 
 double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scale,
                                   const GradHooks& hooks) {
-  using clock = std::chrono::steady_clock;
   const auto& list = sched_.ranks[size_t(rank_)];
   timeline_.clear();
   timeline_.reserve(list.size());
   comm_.barrier();  // a common start, so the timelines of the ranks line up
-  const auto t0 = clock::now();
-  auto now = [&] { return std::chrono::duration<double>(clock::now() - t0).count(); };
+  // The timeline from the backend's marks (no wait per instruction on a
+  // device; taken once after the step): mark 0 is the start.
+  (void)be_.take_marks();
+  be_.mark();
+  std::vector<std::pair<int, int>> marks;  // per timeline entry: its start and end marks
   double loss_sum = 0;
   model_.defer_losses(true);  // the head's losses are read once, after the step
   std::vector<Comm*> moving{&comm_};
@@ -203,22 +205,23 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
         break;
       }
       case pp::Op::Forward: {
-        ExecutedInstr e{in, now(), 0};
+        ExecutedInstr e{in, 0, 0};
+        const int m0 = be_.mark();
         const int slot = slot_for(c, mb);
         const bool first = model_.chunk_has_embedding(c), last = model_.chunk_has_head(c);
         if (progress_ok) progress.compute_begin();
         if (first || last) fetch(mb, in_.data(), tg_.data());
         const double l = model_.forward_chunk(c, slot, in_.data(), tg_.data(), grad_scale);
         if (last) loss_sum += l;
-        be_.synchronize();
         progress.compute_end();
-        e.end = now();
+        marks.emplace_back(m0, be_.mark());
         timeline_.push_back(e);
         break;
       }
       case pp::Op::Backward:
       case pp::Op::BackwardInput: {
-        ExecutedInstr e{in, now(), 0};
+        ExecutedInstr e{in, 0, 0};
+        const int m0 = be_.mark();
         const bool split = in.op == pp::Op::BackwardInput;
         const int slot = slot_for(c, mb);
         Tensor d_out;
@@ -249,20 +252,19 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
           grad_out[{c, mb}] = b;
         }
         if (!split) release_slot(c, mb);
-        be_.synchronize();
-        e.end = now();
+        marks.emplace_back(m0, be_.mark());
         timeline_.push_back(e);
         break;
       }
       case pp::Op::BackwardWeight: {
-        ExecutedInstr e{in, now(), 0};
+        ExecutedInstr e{in, 0, 0};
+        const int m0 = be_.mark();
         const int slot = slot_for(c, mb);
         if (progress_ok) progress.compute_begin();
         model_.backward_weight(c, slot);
         progress.compute_end();
         release_slot(c, mb);
-        be_.synchronize();
-        e.end = now();
+        marks.emplace_back(m0, be_.mark());
         timeline_.push_back(e);
         break;
       }
@@ -275,7 +277,13 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
         break;
     }
   }
-  step_s_ = timeline_.empty() ? now() : timeline_.back().end;
+  const int m_end = be_.mark();
+  const std::vector<double> t = be_.take_marks();  // the step's one wait for the timeline
+  for (size_t j = 0; j < timeline_.size(); ++j) {
+    timeline_[j].start = t[size_t(marks[j].first)];
+    timeline_[j].end = t[size_t(marks[j].second)];
+  }
+  step_s_ = timeline_.empty() ? t[size_t(m_end)] : timeline_.back().end;
   loss_sum += model_.take_deferred_loss();  // the forwards returned 0
   model_.defer_losses(false);
   for (int c = 0; c < model_.num_chunks(); ++c)

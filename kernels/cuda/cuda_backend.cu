@@ -236,6 +236,7 @@ CudaBackend::~CudaBackend() {
   if (stream_) (void)cudaStreamSynchronize(stream_);
   lt_release();
   if (err_) (void)cudaFreeHost(err_);
+  for (cudaEvent_t e : mark_events_) (void)cudaEventDestroy(e);
   for (void*& p : scratch_)
     if (p) (void)cudaFree(p), p = nullptr;
   if (cublas_) (void)cublasDestroy(cublas_);
@@ -329,6 +330,31 @@ void CudaBackend::to_host(void* dst, const void* src, size_t bytes) {
 
 void CudaBackend::zero(Tensor t) {
   if (t.bytes()) ADGT_CUDA_OP(cudaMemsetAsync(t.data, 0, t.bytes(), stream_), "zero");
+}
+
+int CudaBackend::mark() {
+  if (marks_used_ == int(mark_events_.size())) {
+    cudaEvent_t e = nullptr;
+    ADGT_CUDA_OP(cudaEventCreate(&e), "mark");
+    mark_events_.push_back(e);
+  }
+  ADGT_CUDA_OP(cudaEventRecord(mark_events_[size_t(marks_used_)], stream_), "mark");
+  return marks_used_++;
+}
+
+std::vector<double> CudaBackend::take_marks() {
+  ++host_reads_;
+  std::vector<double> s(size_t(marks_used_), 0.0);
+  if (marks_used_ > 0) {
+    ADGT_CUDA_OP(cudaEventSynchronize(mark_events_[size_t(marks_used_ - 1)]), "take_marks");
+    for (int i = 1; i < marks_used_; ++i) {
+      float ms = 0;
+      ADGT_CUDA_OP(cudaEventElapsedTime(&ms, mark_events_[0], mark_events_[size_t(i)]), "take_marks");
+      s[size_t(i)] = double(ms) * 1e-3;
+    }
+  }
+  marks_used_ = 0;
+  return s;
 }
 
 void CudaBackend::synchronize() {

@@ -13,7 +13,8 @@
 
 #include "kernels/backend.hpp"
 
-struct CUstream_st;    // cudaStream_t = CUstream_st*
+struct CUstream_st;
+struct CUevent_st;     // cudaEvent_t = CUevent_st*    // cudaStream_t = CUstream_st*
 struct cublasContext;  // cublasHandle_t = cublasContext*
 
 namespace adgt {
@@ -106,6 +107,8 @@ class CudaBackend final : public Backend {
   double sum_squares(const Tensor& x) override;
   void sum_squares_ranges(Tensor out, const Tensor& x, const std::vector<int64_t>& bounds) override;
   int64_t host_reads() const override { return host_reads_; }
+  int mark() override;                        // an event recorded on the stream
+  std::vector<double> take_marks() override;  // one wait, then cudaEventElapsedTime
   void adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWHyper& h) override;
   // f32 master/grad/m/v with a bf16 copy: one kernel; other dtypes: adamw then cast.
   void adamw_cast(Tensor param, const Tensor& grad, Tensor m, Tensor v, Tensor lowp,
@@ -145,7 +148,9 @@ class CudaBackend final : public Backend {
   size_t scratch_bytes_[kNumScratch] = {};
   std::unordered_map<void*, size_t> alloc_bytes_;  // live alloc() buffers
   size_t live_bytes_ = 0, peak_bytes_ = 0;
-  int64_t host_reads_ = 0;  // to_host and synchronize calls
+  int64_t host_reads_ = 0;  // to_host, synchronize and take_marks calls
+  std::vector<CUevent_st*> mark_events_;  // the pool mark() records into (cudaEvent_t)
+  int marks_used_ = 0;
   void sum_squares_into(double* dst, const Tensor& x);  // optimizer.cu: both passes, no sync
 };
 
