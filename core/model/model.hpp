@@ -265,6 +265,8 @@ class Model {
   double head_forward(Slot& s, bool lnf_ready, int64_t n_valid, double grad_scale);
   void head_backward(Slot& s, BackwardMode mode);  // logit gradient -> d_resid_
   void layer_backward(int chunk, int slot, size_t l, BackwardMode mode);  // d_resid_ in and out
+  // q, k, v from ln1, rotated (the forward's, and the recompute's: one code path).
+  void qkv_forward(LayerActs& a, const LayerIdx& w);
   // What layer l's forward dropped (layer_rc_), recomputed into rc_ from what it kept.
   void recompute_layer(int chunk, int slot, size_t l);
   void embedding_backward(Slot& s, bool split);    // d_resid_ -> the embedding's gradient

@@ -105,6 +105,14 @@ int64_t Model::load_targets(Slot& s, const int32_t* targets) {
   return n_valid;
 }
 
+void Model::qkv_forward(LayerActs& a, const LayerIdx& w) {
+  be_.linear_forward(a.q, a.ln1, param(w.q));
+  be_.linear_forward(a.k, a.ln1, param(w.k));
+  be_.linear_forward(a.v, a.ln1, param(w.v));
+  be_.rope_forward(a.q, rope_cos_, rope_sin_, T_);
+  be_.rope_forward(a.k, rope_cos_, rope_sin_, T_);
+}
+
 bool Model::layer_forward(int chunk, int slot, size_t l, bool ln1_ready) {
   const Chunk& ch = chunks_[size_t(chunk)];
   Slot& s = slot_of(chunk, slot);
@@ -112,11 +120,7 @@ bool Model::layer_forward(int chunk, int slot, size_t l, bool ln1_ready) {
   const LayerIdx& w = layer_idx_[ch.first_local + l];
   // Attention branch: x_mid = x_in + o(attention(rope(q), rope(k), v)).
   if (!ln1_ready) norm_forward(a.ln1, a.rstd1, a.x_in, w.in_norm);
-  be_.linear_forward(a.q, a.ln1, param(w.q));
-  be_.linear_forward(a.k, a.ln1, param(w.k));
-  be_.linear_forward(a.v, a.ln1, param(w.v));
-  be_.rope_forward(a.q, rope_cos_, rope_sin_, T_);
-  be_.rope_forward(a.k, rope_cos_, rope_sin_, T_);
+  qkv_forward(a, w);
   be_.attention_forward(a.att, a.att_saved, a.q, a.k, a.v, att_shape_);
   Tensor o = sp_ ? partial_ : a.x_mid;
   be_.linear_forward(o, a.att, param(w.o));
@@ -254,11 +258,7 @@ void Model::recompute_layer(int chunk, int slot, size_t l) {
   const bool full = m == Recompute::Full;
   if (full) {
     norm_forward(a.ln1, a.rstd1, a.x_in, w.in_norm);
-    be_.linear_forward(a.q, a.ln1, param(w.q));
-    be_.linear_forward(a.k, a.ln1, param(w.k));
-    be_.linear_forward(a.v, a.ln1, param(w.v));
-    be_.rope_forward(a.q, rope_cos_, rope_sin_, T_);
-    be_.rope_forward(a.k, rope_cos_, rope_sin_, T_);
+    qkv_forward(a, w);
   }
   be_.attention_forward(a.att, a.att_saved, a.q, a.k, a.v, att_shape_);
   if (full) {
