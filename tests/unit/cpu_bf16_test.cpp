@@ -542,8 +542,10 @@ TEST_CASE("bf16 dtype misuse is refused with the op and dtypes named", "[bf16]")
   std::vector<int32_t> pos(N, 0);
   Tensor post(pos.data(), DType::I32, {N, 1});
   H yrows(N * C), orows(N * C);
-  REQUIRE_THROWS_WITH(be.combine_rows(th(orows, {N, C}), th(yrows, {N, C}), post, Tensor(), false),
-                      Contains("combine_rows: bf16 is not supported"));
+  F wrong_w(N);  // combine weights come in the rows' dtype
+  REQUIRE_THROWS_WITH(be.combine_rows(th(orows, {N, C}), th(yrows, {N, C}), post,
+                                      tf(wrong_w, {N, 1}), false),
+                      Contains("combine_rows: weights"));
 }
 
 TEST_CASE("bf16 combine_rows and its backward equal the rounded f32 path", "[bf16]") {

@@ -211,11 +211,43 @@ TEST_CASE("bf16 model: training follows the fp32 run", "[bf16][model]") {
   CHECK(worst < 0.02);
 }
 
-TEST_CASE("bf16 model: mixture-of-experts models are refused by name", "[bf16][model]") {
+TEST_CASE("bf16 model: a mixture-of-experts model trains like the fp32 one", "[bf16][model]") {
+  // 4 experts, top-2, overfitting one batch for 30 steps: the bf16 run's
+  // losses follow the fp32 run's (bound: 4x the worst gap measured when this
+  // test was written: 1.07%; the dense model's is 0.4%, routing near-ties in
+  // bf16 add the rest) and fall as far; the gradients are fp32.
+  constexpr double MOE_GAP = 0.043;
   CpuBackend be;
   ModelConfig m = small_model();
   m.n_experts = 4;
   m.moe_top_k = 2;
-  CHECK_THROWS_WITH(Model(m, be, DType::BF16, 2, 16),
-                    Catch::Contains("bf16") && Catch::Contains("mixture-of-experts"));
+  const int64_t B = 2, T = 32;
+  Model f32(m, be, DType::F32, B, T), b16(m, be, DType::BF16, B, T);
+  CHECK(b16.grads().dtype == DType::F32);
+  f32.init_weights(9);
+  b16.init_weights(9);
+  TrainConfig tc;
+  tc.weight_decay = 0.0;
+  ShardedAdamW of(be, f32, tc, nullptr), ob(be, b16, tc, nullptr);
+  const Batch bt = make_batch(B * T, m.vocab_size, 31);
+  double first_f = 0, first_b = 0, last_f = 0, last_b = 0, worst = 0;
+  for (int s = 0; s < 30; ++s) {
+    f32.zero_grads();
+    b16.zero_grads();
+    const double lf = f32.forward(bt.in.data(), bt.tg.data(), 1.0);
+    const double lb = b16.forward(bt.in.data(), bt.tg.data(), 1.0);
+    f32.backward();
+    b16.backward();
+    of.step(3e-3, s + 1, 1.0);
+    ob.step(3e-3, s + 1, 1.0);
+    if (s == 0) first_f = lf, first_b = lb;
+    last_f = lf;
+    last_b = lb;
+    worst = std::max(worst, std::abs(lb - lf) / lf);
+  }
+  INFO("f32 " << first_f << " -> " << last_f << ", bf16 " << first_b << " -> " << last_b
+              << ", worst relative gap " << worst);
+  CHECK(last_f < 0.7 * first_f);
+  CHECK(last_b < 0.7 * first_b);
+  CHECK(worst < MOE_GAP);
 }
