@@ -567,9 +567,10 @@ TEST_CASE("bf16 combine_rows and its backward equal the rounded f32 path", "[bf1
   be.combine_rows(tf(acc, {N, C}), tf(y, {M, C}), tp, Tensor(), true);
   be.combine_rows(th(outh, {N, C}), th(yh, {M, C}), tp, Tensor(), true);
   check_rounded(outh, acc, "combine_rows accumulate");
-  // Backward: dy rows (each named at most once: pos is a permutation here) rounded, dw fp32.
-  for (int64_t i = 0; i < N * k; ++i) pos[size_t(i)] = i % 7 == 3 ? -1 : int32_t(i % M);
+  // Backward: dy rows (each named at most once, as the contract asks: row i
+  // for assignment i) rounded, dw fp32.
   const int64_t Mb = N * k;
+  for (int64_t i = 0; i < N * k; ++i) pos[size_t(i)] = i % 7 == 3 ? -1 : int32_t(i);
   F yb = rnd(size_t(Mb * C), 74);
   H ybh = to_h(yb);
   F dy(size_t(Mb * C), 0.0f), dw(size_t(N * k)), dwh(size_t(N * k));
