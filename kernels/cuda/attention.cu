@@ -23,6 +23,7 @@
 #include <cstring>
 
 #include "kernels/common/bf16.hpp"
+#include "kernels/attention_path.hpp"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/flash_attention.cuh"
 
@@ -348,6 +349,8 @@ void CudaBackend::attention_forward(Tensor out, Tensor saved, const Tensor& q, c
       return;
     }
     // Fallback: the exact fp32 kernel on fp32 copies (scratch: q, k, v, out).
+    note_attention_fallback(s, is_aligned16(out.data) && is_aligned16(q.data) &&
+                                   is_aligned16(k.data) && is_aligned16(v.data));
     const int64_t nq = q.numel(), nk = k.numel();
     float* w = static_cast<float*>(scratch(kScratchFlash, size_t(2 * nq + 2 * nk) * sizeof(float)));
     float *q32 = w, *k32 = q32 + nq, *v32 = k32 + nk, *o32 = v32 + nk;
@@ -363,6 +366,19 @@ void CudaBackend::attention_forward(Tensor out, Tensor saved, const Tensor& q, c
     exact_forward<T>(st, device_, out.ptr<T>(), saved.ptr<T>(), q.ptr<T>(), k.ptr<T>(),
                      v.ptr<T>(), s, op);
   });
+}
+
+void CudaBackend::note_attention_fallback(const AttentionShape& s, bool aligned) {
+  // Once per reason: the first time a bf16 shape takes the exact fp32 path.
+  const AttentionPath p =
+      cuda_attention_path(s, force_exact(), flash_attention_supported_device(device_), aligned);
+  if (p.flash || !attention_fallbacks_.insert(p.reason).second) return;
+  std::fprintf(stderr,
+               "warning: cuda attention: bf16 B=%ld T=%ld H=%ld KV=%ld head_dim=%ld runs the exact "
+               "fp32 kernel instead of the flash kernels (%s): %.2f GiB of fp32 scratch and a "
+               "slower kernel; head_dim 64 or 128 takes the flash path\n",
+               long(s.B), long(s.T), long(s.n_heads), long(s.n_kv_heads), long(s.head_dim),
+               p.reason.c_str(), double(p.fallback_bytes) / double(1 << 30));
 }
 
 void CudaBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
@@ -401,6 +417,10 @@ void CudaBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tens
       return;
     }
     // Fallback: the exact fp32 kernels on fp32 copies (scratch: dout, q, dq, k, v, dk, dv).
+    note_attention_fallback(s, is_aligned16(dq.data) && is_aligned16(dk.data) &&
+                                   is_aligned16(dv.data) && is_aligned16(dout.data) &&
+                                   is_aligned16(q.data) && is_aligned16(k.data) &&
+                                   is_aligned16(v.data) && is_aligned16(out.data));
     const int64_t nq = q.numel(), nk = k.numel();
     float* w = static_cast<float*>(scratch(kScratchFlash, size_t(3 * nq + 4 * nk) * sizeof(float)));
     float *do32 = w, *q32 = do32 + nq, *dq32 = q32 + nq, *k32 = dq32 + nq, *v32 = k32 + nk,

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstddef>
 #include <string>
+#include <set>
 #include <unordered_map>
 
 #include "kernels/backend.hpp"
@@ -149,6 +150,8 @@ class CudaBackend final : public Backend {
   std::unordered_map<void*, size_t> alloc_bytes_;  // live alloc() buffers
   size_t live_bytes_ = 0, peak_bytes_ = 0;
   int64_t host_reads_ = 0;  // to_host, synchronize and take_marks calls
+  std::set<std::string> attention_fallbacks_;  // reasons already logged (attention.cu)
+  void note_attention_fallback(const AttentionShape& s, bool aligned);
   std::vector<CUevent_st*> mark_events_;  // the pool mark() records into (cudaEvent_t)
   int marks_used_ = 0;
   void sum_squares_into(double* dst, const Tensor& x);  // optimizer.cu: both passes, no sync

@@ -21,6 +21,8 @@ namespace adgt::cuda {
 // kernels' shared memory (~105 KB at head_dim 128). Pointer alignment is the
 // caller's check.
 bool flash_attention_supported(const AttentionShape& s, int device);
+// The device part of it alone: sm_80+ with the larger head_dim's shared memory.
+bool flash_attention_supported_device(int device);
 
 // out (B,T,H,hd) and lse (B,H,T) overwritten.
 void flash_attention_forward(cudaStream_t stream, uint16_t* out, float* lse, const uint16_t* q,

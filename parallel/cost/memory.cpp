@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "core/model/param_table.hpp"
+#include "kernels/attention_path.hpp"
 #include "core/model/stage_slice.hpp"
 #include "parallel/cost/flops.hpp"
 #include "parallel/cost/stages.hpp"
@@ -146,7 +147,13 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
     x.bytes_optimizer = 2 * numel * std::max<int64_t>(bpp, 4) / (cfg.parallel.zero ? dp : 1) +
                         (bpp < 4 ? numel * 4 : 0);
     x.bytes_activations = B * T * act * bpp;
-    x.bytes_total = x.bytes_params + x.bytes_grads + x.bytes_optimizer + x.bytes_activations;
+    if (cfg.train.device == "cuda" && cfg.train.dtype == "bf16") {
+      const AttentionPath ap = cuda_attention_path(AttentionShape{B, T, Hl, KVl, hd});
+      x.bytes_attention_fallback = ap.fallback_bytes;
+      x.attention_fallback = ap.reason;
+    }
+    x.bytes_total = x.bytes_params + x.bytes_grads + x.bytes_optimizer + x.bytes_activations +
+                    x.bytes_attention_fallback;
     x.pp_rank = r;
     x.microbatches_held = n_held;
     if (r == 0 || x.bytes_total > e.bytes_total) e = x;
@@ -238,6 +245,10 @@ std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e) {
                   (t.recompute_layers ? std::to_string(t.recompute_layers) + " layers per stage"
                                       : std::string("every layer"))) +
        ")");
+  if (e.bytes_attention_fallback > 0)
+    line("    attention    " + gib(e.bytes_attention_fallback) +
+         "  (fp32 scratch: bf16 attention runs the exact kernel, not flash: " +
+         e.attention_fallback + ")");
   line("    total        " + gib(e.bytes_total));
   return s;
 }

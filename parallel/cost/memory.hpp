@@ -25,6 +25,11 @@ struct MemoryEstimate {
   int64_t bytes_optimizer = 0;         // per rank: AdamW m and v
   int64_t bytes_activations = 0;       // per rank: the saved activations of the micro-batches
                                        // in flight (one without pipeline parallelism)
+  // bf16 attention on CUDA outside the flash kernels' shapes (head_dim 64 or
+  // 128, ...): the exact fp32 fallback's scratch (kernels/attention_path.hpp),
+  // counted in bytes_total, and why ("" when the flash kernels take it).
+  int64_t bytes_attention_fallback = 0;
+  std::string attention_fallback;
   int64_t bytes_total = 0;
   int pp_rank = 0;                     // pipeline: the rank reported (the largest total)
   int64_t microbatches_held = 1;       // pipeline: micro-batches in flight on that rank (all chunks)
