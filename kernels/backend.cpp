@@ -22,6 +22,14 @@ std::string cuda_device_uuid(int device) {
 
 int cuda_device_count() { return cuda_device_query().count; }
 
+bool cuda_backend_built() {
+#ifdef ADGT_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
 void Backend::defer_error(const char* op, const char* what) noexcept {
   try {
     if (deferred_error_.empty())
@@ -96,14 +104,9 @@ DeviceChoice choose_device(const std::string& device, const DeviceQuery& q, bool
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& device, int cuda_device) {
-#ifdef ADGT_HAVE_CUDA
-  constexpr bool cuda_built = true;
-#else
-  constexpr bool cuda_built = false;
-#endif
   const DeviceChoice c =
       choose_device(device, device == "cpu" || device == "emulated" ? DeviceQuery{} : cuda_device_query(),
-                    cuda_built);
+                    cuda_backend_built());
   if (!c.warning.empty()) std::fprintf(stderr, "warning: %s\n", c.warning.c_str());
 #ifdef ADGT_HAVE_CUDA
   if (c.device == "cuda") return std::make_unique<CudaBackend>(cuda_device);

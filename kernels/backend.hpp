@@ -265,6 +265,8 @@ struct DeviceQuery {
   std::string error;  // "" or "cudaErrorInsufficientDriver (CUDA driver version is insufficient ...)"
 };
 DeviceQuery cuda_device_query();
+// Whether this binary has the CUDA backend.
+bool cuda_backend_built();
 // Number of visible CUDA devices (0 when CUDA is not built, on no device or on any error).
 int cuda_device_count();
 

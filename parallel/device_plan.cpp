@@ -35,11 +35,6 @@ std::string collective_transport(const std::string& device, int world, bool shar
 }
 
 DevicePlan plan_devices(const ProcessGroups& pg, const std::string& requested) {
-#ifdef ADGT_HAVE_CUDA
-  constexpr bool cuda_built = true;
-#else
-  constexpr bool cuda_built = false;
-#endif
 #ifdef ADGT_HAVE_NCCL
   constexpr bool nccl_built = true;
 #else
@@ -54,7 +49,7 @@ DevicePlan plan_devices(const ProcessGroups& pg, const std::string& requested) {
   try {
     p.shared = shared_gpu_test_mode(env);
     if (requested != "cpu" && requested != "emulated") q = cuda_device_query();
-    const DeviceChoice c = choose_device(requested, q, cuda_built);
+    const DeviceChoice c = choose_device(requested, q, cuda_backend_built());
     mine = c.device;
     p.warning = c.warning;
   } catch (const std::exception& e) {

@@ -99,29 +99,17 @@ static std::vector<std::unique_ptr<Comm>> wrap_device_groups(ParallelContext& ct
   return owned;
 }
 
-// A single process without a plan (tests, tools): the device its own choice.
-static DevicePlan local_plan(const std::string& requested) {
-#ifdef ADGT_HAVE_CUDA
-  constexpr bool cuda_built = true;
-#else
-  constexpr bool cuda_built = false;
-#endif
-  DevicePlan p;
-  const DeviceChoice c = choose_device(
-      requested, requested == "cpu" || requested == "emulated" ? DeviceQuery{} : cuda_device_query(),
-      cuda_built);
-  p.device = c.device;
-  if (!c.warning.empty()) std::fprintf(stderr, "warning: %s\n", c.warning.c_str());
-  p.device_id = p.device;
-  p.transport = collective_transport(p.device, 1, false, false);
-  return p;
-}
-
 Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx, std::optional<DevicePlan> plan)
     : cfg_(cfg) {
   // Every layout and model runs on every device: collectives on device
   // memory go through DeviceComm (NCCL, or host-staged MPI).
-  const DevicePlan dev = plan ? *plan : local_plan(cfg.train.device);
+  // Without a plan (a single process: tests, tools) make_backend resolves
+  // cfg.train.device itself, and device memory is staged (no NCCL).
+  DevicePlan dev;
+  if (plan)
+    dev = *plan;
+  else
+    dev.device = cfg.train.device;
   backend_ = make_backend(dev.device, dev.cuda_device);
   if (!backend_->is_host()) device_comms_ = wrap_device_groups(ctx, *backend_, dev.nccl());
   train_shard_ = open_shard(cfg.data.train, "data.train", cfg.model);

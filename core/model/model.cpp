@@ -172,62 +172,57 @@ void Model::plan_recompute() {
       any = any || m != Recompute::None;
     }
   if (!any) return;
-  // One layer's worth of the activations that some layer recomputes.
+  // One layer's worth of what the recomputing layers share (a whole layer's
+  // for full; its x_in goes unused).
+  if (recompute_.mode == Recompute::Full)
+    rc_ = layer_acts(Recompute::None);
+  else
+    alloc_core(rc_);
+}
+
+void Model::alloc_core(LayerActs& a) {
+  a.att_saved = act(be_.attention_saved_elems(att_shape_), 1, mdt_);
+  a.att = act(N_, Hl_ * cfg_.head_dim(), dtype_);
+  a.h = act(N_, Fl_, dtype_);
+}
+
+Model::LayerActs Model::layer_acts(Recompute shared) {
   const int64_t C = cfg_.d_model, hd = cfg_.head_dim(), N = N_, Nl = Nl_;
   const DType dt = dtype_, sdt = mdt_;
-  rc_.att_saved = act(be_.attention_saved_elems(att_shape_), 1, sdt);
-  rc_.att = act(N, Hl_ * hd, dt);
-  rc_.h = act(N, Fl_, dt);
-  if (recompute_.mode == Recompute::Full) {
-    rc_.ln1 = act(N, C, dt);
-    rc_.rstd1 = act(Nl, 1, sdt);
-    rc_.q = act(N, Hl_ * hd, dt);
-    rc_.k = act(N, KVl_ * hd, dt);
-    rc_.v = act(N, KVl_ * hd, dt);
-    rc_.x_mid = act(Nl, C, dt);
-    rc_.ln2 = act(N, C, dt);
-    rc_.rstd2 = act(Nl, 1, sdt);
-    rc_.gate = act(N, Fl_, dt);
-    rc_.up = act(N, Fl_, dt);
+  LayerActs a;
+  if (shared == Recompute::Full) {  // only the input is the layer's own
+    a = rc_;
+    a.x_in = act(Nl, C, dt);
+    return a;
   }
+  if (shared == Recompute::Selective) {  // the attention core and the SwiGLU product are shared
+    a.att_saved = rc_.att_saved;
+    a.att = rc_.att;
+    a.h = rc_.h;
+  } else {
+    alloc_core(a);
+  }
+  a.x_in = act(Nl, C, dt);
+  a.ln1 = act(N, C, dt);
+  a.rstd1 = act(Nl, 1, sdt);
+  a.q = act(N, Hl_ * hd, dt);
+  a.k = act(N, KVl_ * hd, dt);
+  a.v = act(N, KVl_ * hd, dt);
+  a.x_mid = act(Nl, C, dt);
+  a.ln2 = act(N, C, dt);
+  a.rstd2 = act(Nl, 1, sdt);
+  a.gate = act(N, Fl_, dt);
+  a.up = act(N, Fl_, dt);
+  return a;
 }
 
 void Model::add_slot(int chunk) {
   Chunk& ch = chunks_[size_t(chunk)];
-  const int64_t C = cfg_.d_model, hd = cfg_.head_dim(), N = N_, Nl = Nl_;
+  const int64_t C = cfg_.d_model, N = N_, Nl = Nl_;
   const DType dt = dtype_, sdt = mdt_;
-  const int64_t att_saved = be_.attention_saved_elems(att_shape_);
   Slot s;
-  s.layers.resize(size_t(ch.n_layers));
-  for (size_t l = 0; l < s.layers.size(); ++l) {
-    LayerActs& a = s.layers[l];
-    const Recompute m = layer_rc_[ch.first_local + l];
-    if (m == Recompute::Full) {  // only the input is the slot's own
-      a = rc_;
-      a.x_in = act(Nl, C, dt);
-      continue;
-    }
-    if (m == Recompute::Selective) {  // the attention core and the SwiGLU product are shared
-      a.att_saved = rc_.att_saved;
-      a.att = rc_.att;
-      a.h = rc_.h;
-    } else {
-      a.att_saved = act(att_saved, 1, sdt);
-      a.att = act(N, Hl_ * hd, dt);
-      a.h = act(N, Fl_, dt);
-    }
-    a.x_in = act(Nl, C, dt);
-    a.ln1 = act(N, C, dt);
-    a.rstd1 = act(Nl, 1, sdt);
-    a.q = act(N, Hl_ * hd, dt);
-    a.k = act(N, KVl_ * hd, dt);
-    a.v = act(N, KVl_ * hd, dt);
-    a.x_mid = act(Nl, C, dt);
-    a.ln2 = act(N, C, dt);
-    a.rstd2 = act(Nl, 1, sdt);
-    a.gate = act(N, Fl_, dt);
-    a.up = act(N, Fl_, dt);
-  }
+  for (int64_t l = 0; l < ch.n_layers; ++l)
+    s.layers.push_back(layer_acts(layer_rc_[ch.first_local + size_t(l)]));
   s.x_out = act(Nl, C, dt);
   if (chunk_has_head(chunk)) {
     s.lnf = act(N, C, dt);

@@ -251,6 +251,10 @@ class Model {
   void make_flat_buffers(int64_t flat_multiple);  // params_, grads_ (and master_), zeroed
   void make_scratch();        // the backward's gradient buffers, SP rows, vocab-parallel loss stats
   void plan_recompute();      // layer_rc_, and rc_ (the shared buffers) when anything recomputes
+  // A layer's saved activations: new buffers, except what `shared` takes from
+  // rc_ (selective: the attention core and SwiGLU product; full: all but x_in).
+  LayerActs layer_acts(Recompute shared);
+  void alloc_core(LayerActs& a);  // att_saved, att, h: what selective recompute shares
   void build_rope_tables();   // rope_cos_, rope_sin_ allocated and filled
 
   // ---- pass pieces (model_forward_backward.cpp) ----

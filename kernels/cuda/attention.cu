@@ -342,15 +342,13 @@ void CudaBackend::attention_forward(Tensor out, Tensor saved, const Tensor& q, c
   if (!s.B || !s.T || !s.n_heads) return;
   cudaStream_t st = stream_;
   if (bf) {
-    if (!force_exact() && flash_attention_supported(s, device_) && is_aligned16(out.data) &&
-        is_aligned16(q.data) && is_aligned16(k.data) && is_aligned16(v.data)) {
+    if (flash_path(s, {out.data, q.data, k.data, v.data})) {
       flash_attention_forward(st, out.ptr<uint16_t>(), saved.ptr<float>(), q.ptr<uint16_t>(),
                               k.ptr<uint16_t>(), v.ptr<uint16_t>(), s);
       return;
     }
-    // Fallback: the exact fp32 kernel on fp32 copies (scratch: q, k, v, out).
-    note_attention_fallback(s, is_aligned16(out.data) && is_aligned16(q.data) &&
-                                   is_aligned16(k.data) && is_aligned16(v.data));
+    // Fallback (logged once by flash_path): the exact fp32 kernel on fp32
+    // copies (scratch: q, k, v, out).
     const int64_t nq = q.numel(), nk = k.numel();
     float* w = static_cast<float*>(scratch(kScratchFlash, size_t(2 * nq + 2 * nk) * sizeof(float)));
     float *q32 = w, *k32 = q32 + nq, *v32 = k32 + nk, *o32 = v32 + nk;
@@ -368,17 +366,22 @@ void CudaBackend::attention_forward(Tensor out, Tensor saved, const Tensor& q, c
   });
 }
 
-void CudaBackend::note_attention_fallback(const AttentionShape& s, bool aligned) {
-  // Once per reason: the first time a bf16 shape takes the exact fp32 path.
+bool CudaBackend::flash_path(const AttentionShape& s, std::initializer_list<const void*> tensors) {
+  // The one rule (kernels/attention_path.hpp); a fallback is logged the first
+  // time each reason takes it.
+  bool aligned = true;
+  for (const void* t : tensors) aligned = aligned && is_aligned16(t);
   const AttentionPath p =
-      cuda_attention_path(s, force_exact(), flash_attention_supported_device(device_), aligned);
-  if (p.flash || !attention_fallbacks_.insert(p.reason).second) return;
+      cuda_attention_path(s, force_exact(), flash_attention_device_ok(device_, s.head_dim), aligned);
+  if (p.flash) return true;
+  if (!attention_fallbacks_.insert(p.reason).second) return false;
   std::fprintf(stderr,
                "warning: cuda attention: bf16 B=%ld T=%ld H=%ld KV=%ld head_dim=%ld runs the exact "
                "fp32 kernel instead of the flash kernels (%s): %.2f GiB of fp32 scratch and a "
                "slower kernel; head_dim 64 or 128 takes the flash path\n",
                long(s.B), long(s.T), long(s.n_heads), long(s.n_kv_heads), long(s.head_dim),
                p.reason.c_str(), double(p.fallback_bytes) / double(1 << 30));
+  return false;
 }
 
 void CudaBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
@@ -407,20 +410,15 @@ void CudaBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tens
     ADGT_CHECK(out.dtype == DType::BF16 && out.numel() == q.numel(),
                op << ": out" << out.shape_str() << " " << dtype_name(out.dtype)
                   << " must be bf16 like q");
-    if (!force_exact() && flash_attention_supported(s, device_) && is_aligned16(dq.data) &&
-        is_aligned16(dk.data) && is_aligned16(dv.data) && is_aligned16(dout.data) && is_aligned16(q.data) &&
-        is_aligned16(k.data) && is_aligned16(v.data) && is_aligned16(out.data)) {
+    if (flash_path(s, {dq.data, dk.data, dv.data, dout.data, q.data, k.data, v.data, out.data})) {
       float* D = static_cast<float*>(scratch(kScratchFlash, flash_attention_scratch_bytes(s)));
       flash_attention_backward(st, dq.ptr<uint16_t>(), dk.ptr<uint16_t>(), dv.ptr<uint16_t>(),
                                dout.ptr<uint16_t>(), q.ptr<uint16_t>(), k.ptr<uint16_t>(),
                                v.ptr<uint16_t>(), out.ptr<uint16_t>(), saved.ptr<float>(), D, s);
       return;
     }
-    // Fallback: the exact fp32 kernels on fp32 copies (scratch: dout, q, dq, k, v, dk, dv).
-    note_attention_fallback(s, is_aligned16(dq.data) && is_aligned16(dk.data) &&
-                                   is_aligned16(dv.data) && is_aligned16(dout.data) &&
-                                   is_aligned16(q.data) && is_aligned16(k.data) &&
-                                   is_aligned16(v.data) && is_aligned16(out.data));
+    // Fallback (logged once by flash_path): the exact fp32 kernels on fp32
+    // copies (scratch: dout, q, dq, k, v, dk, dv).
     const int64_t nq = q.numel(), nk = k.numel();
     float* w = static_cast<float*>(scratch(kScratchFlash, size_t(3 * nq + 4 * nk) * sizeof(float)));
     float *do32 = w, *q32 = do32 + nq, *dq32 = q32 + nq, *k32 = dq32 + nq, *v32 = k32 + nk,

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstddef>
 #include <string>
+#include <initializer_list>
 #include <set>
 #include <unordered_map>
 
@@ -151,7 +152,9 @@ class CudaBackend final : public Backend {
   size_t live_bytes_ = 0, peak_bytes_ = 0;
   int64_t host_reads_ = 0;  // to_host, synchronize and take_marks calls
   std::set<std::string> attention_fallbacks_;  // reasons already logged (attention.cu)
-  void note_attention_fallback(const AttentionShape& s, bool aligned);
+  // Whether bf16 attention takes the flash kernels for s with these tensors
+  // (cuda_attention_path); logs the first fallback of each reason.
+  bool flash_path(const AttentionShape& s, std::initializer_list<const void*> tensors);
   std::vector<CUevent_st*> mark_events_;  // the pool mark() records into (cudaEvent_t)
   int marks_used_ = 0;
   void sum_squares_into(double* dst, const Tensor& x);  // optimizer.cu: both passes, no sync

@@ -59,24 +59,7 @@ void backward_hd(cudaStream_t st, uint16_t* dq, uint16_t* dk, uint16_t* dv, cons
 
 }  // namespace
 
-bool flash_attention_supported_device(int device) {
-  int major = 0, optin = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-          cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  const size_t need = std::max({fwd_smem<64>(), dkdv_smem<64>(), dq_smem<64>(), fwd_smem<128>(),
-                                dkdv_smem<128>(), dq_smem<128>()});
-  return major >= 8 && size_t(optin) >= need;
-}
-
-bool flash_attention_supported(const AttentionShape& s, int device) {
-  if (s.head_dim != 64 && s.head_dim != 128) return false;
-  if (s.n_kv_heads <= 0 || s.n_heads % s.n_kv_heads != 0) return false;
-  if (s.B < 1 || s.B > 65535 || s.n_heads < 1 || s.n_heads > 65535) return false;
-  if (s.T < 1 || s.T > INT_MAX - kBlock) return false;
+bool flash_attention_device_ok(int device, int64_t head_dim) {
   int major = 0, optin = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
@@ -85,7 +68,7 @@ bool flash_attention_supported(const AttentionShape& s, int device) {
     return false;
   }
   if (major < 8) return false;
-  const size_t need = s.head_dim == 64
+  const size_t need = head_dim == 64
                           ? std::max({fwd_smem<64>(), dkdv_smem<64>(), dq_smem<64>()})
                           : std::max({fwd_smem<128>(), dkdv_smem<128>(), dq_smem<128>()});
   return need <= size_t(optin);

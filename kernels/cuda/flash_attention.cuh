@@ -16,13 +16,11 @@
 
 namespace adgt::cuda {
 
-// True when the flash kernels take this shape on `device`: head_dim 64 or
-// 128, H % KV == 0, the grid fits (B, H <= 65535) and the device gives the
-// kernels' shared memory (~105 KB at head_dim 128). Pointer alignment is the
-// caller's check.
-bool flash_attention_supported(const AttentionShape& s, int device);
-// The device part of it alone: sm_80+ with the larger head_dim's shared memory.
-bool flash_attention_supported_device(int device);
+// The device part of whether the flash kernels run: sm_80+ and the shared
+// memory of head_dim's kernels (~105 KB at 128). The shape part and the
+// alignment are kernels/attention_path.hpp's cuda_attention_path, which takes
+// this as its device_ok.
+bool flash_attention_device_ok(int device, int64_t head_dim);
 
 // out (B,T,H,hd) and lse (B,H,T) overwritten.
 void flash_attention_forward(cudaStream_t stream, uint16_t* out, float* lse, const uint16_t* q,

@@ -18,13 +18,9 @@ double global_grad_norm(Backend& be, const std::vector<ParamSpec>& table, Tensor
   for (const Segment& seg : segs) bounds.insert(bounds.end(), {seg.begin, seg.end});
   std::vector<double> sums(segs.size());
   if (!segs.empty()) {
-    if (be.is_host()) {
-      be.sum_squares_ranges(Tensor(sums.data(), DType::F64, {int64_t(sums.size())}), grads, bounds);
-    } else {
-      Buffer dev(be, sums.size() * sizeof(double));
-      be.sum_squares_ranges(Tensor(dev.data(), DType::F64, {int64_t(sums.size())}), grads, bounds);
-      be.to_host(sums.data(), dev.data(), sums.size() * sizeof(double));
-    }
+    Buffer dev(be, sums.size() * sizeof(double));
+    be.sum_squares_ranges(Tensor(dev.data(), DType::F64, {int64_t(sums.size())}), grads, bounds);
+    be.to_host(sums.data(), dev.data(), sums.size() * sizeof(double));
   }
   for (size_t i = 0; i < segs.size(); ++i) {
     const ParamSpec& p = table[segs[i].param];
