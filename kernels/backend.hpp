@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/check.hpp"
 #include "kernels/tensor.hpp"
 
 namespace adgt {
@@ -41,6 +42,14 @@ struct AdamWHyper {
 struct AttentionShape {
   int64_t B = 0, T = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
 };
+
+// Shape/dtype precondition shared by the backends' ops: same dtype, same size.
+inline void expect_same(const Tensor& a, const Tensor& b, const char* op) {
+  ADGT_CHECK(a.dtype == b.dtype,
+             op << ": dtype mismatch " << dtype_name(a.dtype) << " vs " << dtype_name(b.dtype));
+  ADGT_CHECK(a.numel() == b.numel(),
+             op << ": size mismatch " << a.shape_str() << " vs " << b.shape_str());
+}
 
 class Backend {
  public:

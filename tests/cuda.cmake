@@ -18,7 +18,7 @@ set_tests_properties(torch_llama_bench_smoke PROPERTIES
   LABELS "cuda;torch" TIMEOUT 120 SKIP_RETURN_CODE 77)
 
 # The flash attention kernels (kernels/cuda/flash_attention_kernels.cuh) run
-# in a host emulation of CUDA (tests/tools/flash_sim/) against a double
+# in a host emulation of CUDA (tests/tools/cuda_sim/) against a double
 # reference: a plain C++ build that needs neither nvcc nor a GPU, so it is
 # registered with or without the CUDA toolkit. Always optimised (the
 # emulation is ~10x slower at -O0); -fno-strict-aliasing as nvcc assumes.

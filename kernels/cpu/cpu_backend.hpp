@@ -91,12 +91,5 @@ void cpu_dispatch(DType dt, F&& f) {
   }
 }
 
-// Shape/dtype preconditions shared by the op files.
-inline void expect_same(const Tensor& a, const Tensor& b, const char* op) {
-  ADGT_CHECK(a.dtype == b.dtype,
-             op << ": dtype mismatch " << dtype_name(a.dtype) << " vs " << dtype_name(b.dtype));
-  ADGT_CHECK(a.numel() == b.numel(),
-             op << ": size mismatch " << a.shape_str() << " vs " << b.shape_str());
-}
 
 }  // namespace adgt

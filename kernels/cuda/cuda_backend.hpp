@@ -49,6 +49,14 @@ class CudaBackend final : public Backend {
   // BF16 (dense bf16 tensor cores, fp32 accumulation).
   double rated_tflops(DType dt) const;
 
+  // Grow-only device scratch, one per purpose; contents are only valid within
+  // one op (all ops run in order on stream()). The kernel headers' ops get it
+  // through their OpCtx (cuda_common.cuh).
+  enum Scratch { kScratchIndex = 0, kScratchAttention, kScratchReduce, kScratchFlash, kScratchGemm, kNumScratch };
+  void* scratch(Scratch which, size_t bytes);
+  // Device address of the error words ops write device-found errors to (see err_).
+  int64_t* device_error_words() const { return err_dev_; }
+
   // ---- memory ----
   void* alloc(size_t bytes) override;
   void release(void* p) noexcept override;
@@ -117,10 +125,6 @@ class CudaBackend final : public Backend {
                   const AdamWHyper& h) override;
 
  private:
-  // Grow-only device scratch, one per purpose; contents are only valid within
-  // one op (all ops run in order on stream_).
-  enum Scratch { kScratchIndex = 0, kScratchAttention, kScratchReduce, kScratchFlash, kScratchGemm, kNumScratch };
-  void* scratch(Scratch which, size_t bytes);
 
   // Row-major C(M,N) = op(A) op(B) + beta C on cuBLASLt: A, B bf16, fp32
   // accumulation and scale, C bf16 or f32 (gemm.cu).

@@ -1,15 +1,24 @@
 // Shared pieces of the CUDA backend's .cu files: checked calls, dtype
-// dispatch, launch sizing and block reductions. CUDA translation units only.
+// dispatch, launch sizing, the launcher, block reductions and the bf16
+// load/store helpers.
+//
+// CUDA translation units, and the host emulation of CUDA: with ADGT_CUDA_SIM
+// defined (tests/tools/cuda_sim/sim_cuda.hpp included first) the same
+// kernels and launchers compile as plain C++ and run on the CPU (ctest
+// kernel_sim_*); the CUDA headers and cuBLAS are left out.
 #pragma once
+#ifndef ADGT_CUDA_SIM
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#endif
 
 #include <climits>
 #include <cmath>
 #include <cstring>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -41,6 +50,7 @@ namespace adgt::cuda {
                                 __FILE__, __LINE__);                                   \
   } while (0)
 
+#ifndef ADGT_CUDA_SIM
 // Every cuBLAS call.
 #define ADGT_CUBLAS_OP(call, op)                                                       \
   do {                                                                                 \
@@ -71,10 +81,50 @@ inline bool sync_debug() {
     ADGT_CUDA_OP(cudaGetLastError(), op);                                              \
     if (::adgt::cuda::sync_debug()) ADGT_CUDA_OP(cudaDeviceSynchronize(), op);        \
   } while (0)
+#else
+// The emulated launch has already run the kernel and checked its configuration.
+#define ADGT_LAUNCH_CHECK(op) ((void)(op))
+#endif
+
+// Dynamic shared memory of a kernel (`name` is an unsigned char array or
+// pointer, 16-byte aligned); the emulation defines its own.
+#ifndef ADGT_CUDA_SIM
+#define ADGT_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
 
 namespace adgt::cuda {
 
 inline cudaStream_t as_stream(CUstream_st* s) { return s; }
+
+// What an op of the kernel headers needs besides its tensors: the stream,
+// the backend's grow-only scratch, the device error words. The CUDA backend
+// makes it with op_ctx(); the emulation's tests with host memory.
+struct OpCtx {
+  cudaStream_t stream = nullptr;
+  std::function<void*(CudaBackend::Scratch, size_t)> scratch;
+  int64_t* err_dev = nullptr;
+};
+#ifndef ADGT_CUDA_SIM
+inline OpCtx op_ctx(CudaBackend& b) {
+  return {b.stream(), [&b](CudaBackend::Scratch w, size_t n) { return b.scratch(w, n); },
+          b.device_error_words()};
+}
+#endif
+
+// Launches kernel<<<grid, block, smem, st>>>(args...) and checks it, naming
+// `op` (ADGT_LAUNCH_CHECK). Under ADGT_CUDA_SIM the same call runs the kernel
+// in the host emulation. Every launch of the kernel headers goes through here.
+template <class... P, class... A>
+void launch(const char* op, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
+            cudaStream_t st, A... args) {
+#ifdef ADGT_CUDA_SIM
+  (void)st;
+  ::adgt::cuda_sim::launch_kernel(op, grid, block, smem, [&] { kernel(args...); });
+#else
+  kernel<<<grid, block, smem, st>>>(args...);
+  ADGT_LAUNCH_CHECK(op);
+#endif
+}
 
 // Calls f(T{}) with T = float or double according to `dt`.
 template <class F>
@@ -92,12 +142,6 @@ void dispatch(DType dt, const char* op, F&& f) {
   }
 }
 
-inline void expect_same(const Tensor& a, const Tensor& b, const char* op) {
-  ADGT_CHECK(a.dtype == b.dtype,
-             op << ": dtype mismatch " << dtype_name(a.dtype) << " vs " << dtype_name(b.dtype));
-  ADGT_CHECK(a.numel() == b.numel(),
-             op << ": size mismatch " << a.shape_str() << " vs " << b.shape_str());
-}
 
 // Blocks for a grid-stride loop over n elements (capped; the loop covers the rest).
 inline unsigned grid_for(int64_t n, int threads) {
@@ -255,8 +299,8 @@ void launch_map(const Op& op, int64_t n, bool vec, cudaStream_t st, const char* 
   if (n <= 0) return;
   const int64_t nvec = vec ? n / 8 : 0, tail = n - nvec * 8;
   const int threads = 256;
-  map_kernel<Op><<<grid_for(nvec > tail ? nvec : tail, threads), threads, 0, st>>>(op, n, nvec);
-  ADGT_LAUNCH_CHECK(name);
+  launch(name, map_kernel<Op>, grid_for(nvec > tail ? nvec : tail, threads), threads, 0, st, op, n,
+         nvec);
 }
 
 // Calls f(bf16_bits{}) for BF16 or f(float{}) for F32; refuses other dtypes,

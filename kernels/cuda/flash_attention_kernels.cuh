@@ -27,7 +27,7 @@
 // This header holds the device code only (helpers and __global__ templates);
 // flash_attention.cu has the host launchers and is the one CUDA translation
 // unit that includes it. The inline-PTX wrappers live in flash_ptx.cuh. With
-// ADGT_FLASH_SIM defined, flash_ptx.cuh is not included: the includer has
+// ADGT_CUDA_SIM defined, flash_ptx.cuh is not included: the includer has
 // defined emulated versions of those wrappers (and of the CUDA built-ins the
 // kernels use) and runs this very source on the host
 // (tests/tools/flash_sim_test.cpp, ctest flash_attention_emulated).
@@ -36,7 +36,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#ifndef ADGT_FLASH_SIM
+#ifndef ADGT_CUDA_SIM
 #include "kernels/cuda/flash_ptx.cuh"
 #endif
 
@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #else
   using Tl = Tile<HD>;
   constexpr int LD = Tl::kLd;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  ADGT_DYNAMIC_SMEM(smem_raw);
   uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);  // (64, LD)
   uint16_t* sK = sQ + Tl::kElems;                         // 2 x (64, LD)
   uint16_t* sV = sK + 2 * Tl::kElems;                     // 2 x (64, LD)
@@ -400,7 +400,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
   using Tl = Tile<HD>;
   constexpr int LD = Tl::kLd;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  ADGT_DYNAMIC_SMEM(smem_raw);
   uint16_t* sK = reinterpret_cast<uint16_t*>(smem_raw);  // (64, LD)
   uint16_t* sV = sK + Tl::kElems;                         // (64, LD)
   uint16_t* sQ = sV + Tl::kElems;                         // 2 x (64, LD)
@@ -526,7 +526,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #else
   using Tl = Tile<HD>;
   constexpr int LD = Tl::kLd;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  ADGT_DYNAMIC_SMEM(smem_raw);
   uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);  // (64, LD)
   uint16_t* sdO = sQ + Tl::kElems;                        // (64, LD)
   uint16_t* sK = sdO + Tl::kElems;                        // 2 x (64, LD)

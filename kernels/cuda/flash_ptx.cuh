@@ -3,7 +3,7 @@
 // fill, ldmatrix (.trans), mma.sync m16n8k16 bf16 -> fp32, ex2.approx and the
 // bf16x2 pack. Only these touch the hardware-specific instructions, so a host
 // build can swap them for emulated versions with the same names and
-// signatures (tests/tools/flash_sim/, ADGT_FLASH_SIM) and run the real kernel
+// signatures (tests/tools/cuda_sim/, ADGT_CUDA_SIM) and run the real kernel
 // source on the CPU. CUDA translation units only.
 #pragma once
 #include <cuda_bf16.h>

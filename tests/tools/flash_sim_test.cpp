@@ -1,21 +1,21 @@
 // The flash attention kernels (kernels/cuda/flash_attention_kernels.cuh, the
 // real source, not a copy) run in a host emulation of CUDA
-// (tests/tools/flash_sim/) and compared with an independent double-precision
+// (tests/tools/cuda_sim/) and compared with an independent double-precision
 // causal GQA attention on the same bf16 inputs: out, lse, D = rowsum(dO * O),
 // dq, dk, dv. No GPU and no CUDA toolkit needed; ctest
 // flash_attention_emulated. It checks the kernels' indexing, masking, tails
 // past T, GQA head mapping, softmax bookkeeping and the shared-memory hand-offs
 // between warps and pipeline stages; not the hardware's fragment layouts (see
-// tests/tools/flash_sim/sim_ptx.hpp), nor speed.
+// tests/tools/cuda_sim/sim_ptx.hpp), nor speed.
 //
 // Every shape runs twice, the warps scheduled in ascending and in descending
-// order (see tests/tools/flash_sim/sim_runtime.hpp).
+// order (see tests/tools/cuda_sim/sim_runtime.hpp).
 //
 // Usage: adgt_flash_sim_test               all shapes
 //        adgt_flash_sim_test B T H KV hd   one shape
-#define ADGT_FLASH_SIM 1
-#include "tests/tools/flash_sim/sim_runtime.hpp"
-#include "tests/tools/flash_sim/sim_ptx.hpp"
+#define ADGT_CUDA_SIM 1
+#include "tests/tools/cuda_sim/sim_runtime.hpp"
+#include "tests/tools/cuda_sim/sim_ptx.hpp"
 // the kernels, with the emulated built-ins and PTX wrappers above
 #include "kernels/cuda/flash_attention_kernels.cuh"
 
@@ -31,7 +31,7 @@
 
 namespace {
 
-namespace fs = adgt::flash_sim;
+namespace fs = adgt::cuda_sim;
 namespace ac = adgt::cuda;
 using adgt::bf16_to_float;
 using adgt::float_to_bf16;
@@ -254,7 +254,7 @@ int main(int argc, char** argv) {
   }
   for (const Case& c : cases)
     if (c.B < 1 || c.T < 1 || c.KV < 1 || c.H % c.KV || (c.hd != 64 && c.hd != 128)) {
-      std::fprintf(stderr, "flash-sim: bad case (need H %% KV == 0, hd 64 or 128)\n");
+      std::fprintf(stderr, "cuda-sim: bad case (need H %% KV == 0, hd 64 or 128)\n");
       return 2;
     }
   int failed = 0;
@@ -263,10 +263,10 @@ int main(int argc, char** argv) {
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (failed) {
-    std::printf("flash-sim: %d of %zu runs FAILED\n", failed, 2 * cases.size());
+    std::printf("cuda-sim: %d of %zu runs FAILED\n", failed, 2 * cases.size());
     return 1;
   }
-  std::printf("flash-sim: ok, %zu runs in %.1f s (%llu fiber switches)\n", 2 * cases.size(), secs,
+  std::printf("cuda-sim: ok, %zu runs in %.1f s (%llu fiber switches)\n", 2 * cases.size(), secs,
               (unsigned long long)fs::rt.switches);
   return 0;
 }

@@ -1,6 +1,6 @@
 // Host emulation of the inline-PTX wrappers of kernels/cuda/flash_ptx.cuh,
 // same names and signatures, for running flash_attention_kernels.cuh under
-// ADGT_FLASH_SIM (include sim_runtime.hpp first). Each follows the PTX ISA's
+// ADGT_CUDA_SIM (include sim_runtime.hpp first). Each follows the PTX ISA's
 // description of the instruction; the fragment layouts are those of the PTX
 // ISA sections "Matrix Fragments for mma.m16n8k16 with floating point type"
 // and "ldmatrix".
@@ -20,9 +20,9 @@
 #include <cmath>
 
 #include "kernels/common/bf16.hpp"
-#include "tests/tools/flash_sim/sim_runtime.hpp"
+#include "tests/tools/cuda_sim/sim_runtime.hpp"
 
-namespace adgt::flash_sim {
+namespace adgt::cuda_sim {
 
 inline void check_smem(uint32_t addr, uint32_t bytes, uint32_t align) {
   if (addr % align) fail("misaligned shared-memory access");
@@ -38,7 +38,7 @@ inline double bf16_half(uint32_t reg, int half) {
   return double(adgt::bf16_to_float(uint16_t(half ? reg >> 16 : reg & 0xffffu)));
 }
 
-}  // namespace adgt::flash_sim
+}  // namespace adgt::cuda_sim
 
 namespace adgt::cuda {
 namespace {
@@ -46,7 +46,7 @@ namespace {
 // Shared-window address of a pointer into dynamic shared memory
 // (__cvta_generic_to_shared): here its byte offset.
 inline uint32_t smem_u32(const void* p) {
-  using namespace adgt::flash_sim;
+  using namespace adgt::cuda_sim;
   const auto* c = static_cast<const unsigned char*>(p);
   if (c < smem_raw || c >= smem_raw + rt.smem_bytes) fail("pointer outside dynamic shared memory");
   return uint32_t(c - smem_raw);
@@ -59,7 +59,7 @@ inline uint32_t smem_u32(const void* p) {
 // happens at that wait: a read before the wait, or a refill of a buffer other
 // warps still read, gives NaNs or wrong data.
 inline void cp_async(uint32_t dst, const void* src, uint32_t size, bool valid) {
-  using namespace adgt::flash_sim;
+  using namespace adgt::cuda_sim;
   check_smem(dst, size, size);
   if (valid) {
     if (reinterpret_cast<uintptr_t>(src) % size) fail("misaligned cp.async source");
@@ -74,7 +74,7 @@ inline void cp_async4(uint32_t dst, const void* src, bool valid) { cp_async(dst,
 // cp.async.commit_group: the thread's copies issued since the last commit
 // become one group (possibly empty).
 inline void cp_async_commit() {
-  auto& f = *adgt::flash_sim::rt.cur;
+  auto& f = *adgt::cuda_sim::rt.cur;
   f.groups.push_back(std::move(f.open));
   f.open.clear();
 }
@@ -84,7 +84,7 @@ inline void cp_async_commit() {
 // Uncommitted copies are not waited for.
 template <int N>
 inline void cp_async_wait() {
-  auto& f = *adgt::flash_sim::rt.cur;
+  auto& f = *adgt::cuda_sim::rt.cur;
   while (f.groups.size() > size_t(N)) {
     for (const auto& c : f.groups.front()) {
       if (c.n) std::memcpy(smem_raw + c.dst, c.src, c.n);
@@ -101,7 +101,7 @@ inline void cp_async_wait() {
 // matrix is transposed: r[i] holds (row 2(l%4), column l/4) and
 // (row 2(l%4)+1, column l/4).
 inline void ldsm(uint32_t (&r)[4], uint32_t addr, bool trans) {
-  using namespace adgt::flash_sim;
+  using namespace adgt::cuda_sim;
   check_smem(addr, 16, 16);
   const Slot* s = collective(Slot{trans ? Op::LdsmT : Op::Ldsm, {addr}});
   const unsigned l = threadIdx.x % 32;
@@ -129,7 +129,7 @@ inline void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) { ldsm(r, addr, true); }
 // added to C with one rounding to fp32 (the hardware's fp32 accumulation
 // differs in the last bits).
 inline void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  using namespace adgt::flash_sim;
+  using namespace adgt::cuda_sim;
   const Slot* s = collective(Slot{Op::Mma, {a[0], a[1], a[2], a[3], b0, b1}});
   auto A = [&](int row, int k) {  // lane (row%8)*4 + (k%8)/2, register (row/8) + 2(k/8)
     return bf16_half(s[(row % 8) * 4 + (k % 8) / 2].w[row / 8 + 2 * (k / 8)], k % 2);

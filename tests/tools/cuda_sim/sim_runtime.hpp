@@ -19,7 +19,7 @@
 // missing or lanes in different collectives) is reported as a deadlock or a
 // mismatch, and the program aborts.
 //
-// Errors abort with a "flash-sim:" message: they are bugs in the kernel (or
+// Errors abort with a "cuda-sim:" message: they are bugs in the kernel (or
 // in this emulation), not conditions to recover from.
 //
 // Not modelled: memory ordering between threads beyond what the schedule
@@ -47,7 +47,12 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__
+// A static __shared__ array is one object for the whole CTA: a function-local
+// static (one per kernel instantiation; one CTA runs at a time). It is not
+// poisoned between CTAs. Dynamic shared memory is declared with
+// ADGT_DYNAMIC_SMEM (kernels/cuda/device_common.cuh), here the array below.
+#define __shared__ static
+#define ADGT_DYNAMIC_SMEM(name) unsigned char* const name = ::adgt::cuda::smem_raw
 #define __align__(n) __attribute__((aligned(n)))  // as CUDA defines it for GCC
 
 struct uint3 {
@@ -61,10 +66,10 @@ struct alignas(16) uint4 {
 // (blockIdx); the kernels read them like the CUDA built-ins.
 inline uint3 threadIdx, blockIdx, blockDim, gridDim;
 
-namespace adgt::flash_sim {
+namespace adgt::cuda_sim {
 
 [[noreturn]] inline void fail(const char* what) {
-  std::fprintf(stderr, "flash-sim: %s (block %u,%u,%u thread %u)\n", what, blockIdx.x, blockIdx.y,
+  std::fprintf(stderr, "cuda-sim: %s (block %u,%u,%u thread %u)\n", what, blockIdx.x, blockIdx.y,
                blockIdx.z, threadIdx.x);
   std::fflush(stderr);
   std::abort();
@@ -141,7 +146,7 @@ inline bool runnable(const Fiber& f) {
 }
 
 [[noreturn]] inline void deadlock() {
-  std::fprintf(stderr, "flash-sim: deadlock in block %u,%u,%u; thread states:", blockIdx.x,
+  std::fprintf(stderr, "cuda-sim: deadlock in block %u,%u,%u; thread states:", blockIdx.x,
                blockIdx.y, blockIdx.z);
   const char* names[] = {"ready", "warp-collective", "syncthreads", "done"};
   for (const Fiber& f : rt.fibers)
@@ -295,14 +300,14 @@ inline void check_global(const void* p, size_t bytes) {
   fail("cp.async reads global memory outside every input buffer");
 }
 
-}  // namespace adgt::flash_sim
+}  // namespace adgt::cuda_sim
 
 // ---- CUDA built-ins -----------------------------------------------------------
 
-inline void __syncthreads() { adgt::flash_sim::cta_barrier(); }
+inline void __syncthreads() { adgt::cuda_sim::cta_barrier(); }
 
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
-  using namespace adgt::flash_sim;
+  using namespace adgt::cuda_sim;
   if (mask != 0xffffffffu) fail("__syncwarp: only the full mask is emulated");
   collective(Slot{Op::Sync, {}});
 }
@@ -320,23 +325,22 @@ inline uint32_t __float_as_uint(float f) {
 
 // var of lane (this lane ^ laneMask); every lane of the warp takes part.
 inline float __shfl_xor_sync(unsigned mask, float var, int laneMask, int width = 32) {
-  using namespace adgt::flash_sim;
+  using namespace adgt::cuda_sim;
   if (mask != 0xffffffffu || width != 32) fail("__shfl_xor_sync: only full warps are emulated");
   const Slot* s = collective(Slot{Op::Shfl, {__float_as_uint(var)}});
   return __uint_as_float(s[(threadIdx.x % 32) ^ unsigned(laneMask & 31)].w[0]);
 }
 
-[[noreturn]] inline void __trap() { adgt::flash_sim::fail("__trap()"); }
+[[noreturn]] inline void __trap() { adgt::cuda_sim::fail("__trap()"); }
 
-// The kernels' dynamic shared memory, `extern __shared__ unsigned char
-// smem_raw[]` declared in the kernels' namespace: a block-scope extern
-// declaration names this array (one CTA runs at a time).
+// The kernels' dynamic shared memory (ADGT_DYNAMIC_SMEM names it; one CTA
+// runs at a time).
 namespace adgt::cuda {
 namespace {
-alignas(16) unsigned char smem_raw[adgt::flash_sim::kMaxSmem];
+alignas(16) unsigned char smem_raw[adgt::cuda_sim::kMaxSmem];
 }  // namespace
 }  // namespace adgt::cuda
 
-inline void adgt::flash_sim::poison_smem() {
+inline void adgt::cuda_sim::poison_smem() {
   std::memset(adgt::cuda::smem_raw, 0xff, sizeof adgt::cuda::smem_raw);
 }
