@@ -48,6 +48,16 @@ void destroy(LtPlan& p) {
   p = LtPlan{};
 }
 
+// ADGT_LT_ANY_REDUCTION=1: let cuBLASLt pick any split-K reduction for bf16
+// outputs (see gemm_lt); read once.
+bool any_reduction() {
+  static const bool on = [] {
+    const char* v = std::getenv("ADGT_LT_ANY_REDUCTION");
+    return v && *v && std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
 // The largest power of two (at most 256) dividing the address.
 unsigned alignment_of(const void* p) {
   const uintptr_t u = reinterpret_cast<uintptr_t>(p);
@@ -150,6 +160,17 @@ void CudaBackend::gemm_lt(bool ta, bool tb, int64_t M, int64_t N, int64_t K, con
           CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
       for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; ++i)
         st = cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]);
+      // bf16 output: each element rounded once. A split-K algorithm must not
+      // add its partial sums in the output type (INPLACE, OUTPUT_TYPE): only
+      // none or fp32 partials (COMPUTE_TYPE), as PyTorch does when reduced-
+      // precision reductions are disallowed. ADGT_LT_ANY_REDUCTION=1 lifts
+      // the restriction, for the GPU check's speed comparison only.
+      const uint32_t scheme = c_dtype == DType::BF16 && !any_reduction()
+                                  ? uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
+                                  : uint32_t(CUBLASLT_REDUCTION_SCHEME_MASK);
+      if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                  &scheme, sizeof scheme);
       cublasLtMatmulHeuristicResult_t res{};
       int found = 0;
       if (st == CUBLAS_STATUS_SUCCESS)
@@ -161,7 +182,8 @@ void CudaBackend::gemm_lt(bool ta, bool tb, int64_t M, int64_t N, int64_t K, con
                     << K << " (lda " << lda << ", ldb " << ldb << ", ldc " << ldc << ", C "
                     << dtype_name(c_dtype) << ", alignments " << key.align_b << "/"
                     << key.align_a << "/" << key.align_c
-                    << " bytes): " << cublasGetStatusString(st));
+                    << " bytes, reduction schemes " << scheme
+                    << "): " << cublasGetStatusString(st));
       p.algo = res.algo;
     } catch (...) {
       destroy(p);

@@ -390,6 +390,11 @@ build machine first and name build-devbundle in the device call's carry"
     ADGT_BENCH_SKIP_LARGE=1 timeout "$(left)" "$b/$BIN_NAME" "cuda backend: benchmark" 2>&1 |
       tee "$out/bench_fp32.log"
   fi
+  if (( $(left) > 60 )); then  # issue 18, finding 4: does restricting split-K cost speed?
+    echo "-- the bf16 GEMM rows again with any cuBLASLt reduction scheme (ADGT_LT_ANY_REDUCTION=1)"
+    ADGT_LT_ANY_REDUCTION=1 timeout "$(left)" "$b/$BIN_NAME" "cuda backend: bf16 benchmark" 2>&1 |
+      tee "$out/bench_lt_any.log" | grep -E '^\| (GEMM|linear)' || true
+  fi
   set -e
   nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,power.draw --format=csv >>"$out/machine.txt" 2>&1 || true
 
@@ -397,6 +402,9 @@ build machine first and name build-devbundle in the device call's carry"
   echo "================ summary ($((SECONDS - t0)) s) ================"
   grep -E '^(device:|\|)' "$out/bench.log" "$out/bench_fp32.log" 2>/dev/null | cut -d: -f2- ||
     echo "(no kernel tables)"
+  [[ -s "$out/bench_lt_any.log" ]] &&
+    { echo "bf16 GEMMs with any split-K reduction (above: fp32 partials only):";
+      grep -E '^\| (GEMM|linear)' "$out/bench_lt_any.log" || true; }
   echo "tests: $(grep -E 'test cases|All tests passed' "$out/cuda_tests.log" | tail -1) (exit $trc)"
   grep -E 'FAILED|failed' "$out/cuda_tests.log" | head -20 || true
   "$py" - "$out/adgt_bench.json" "$out/torch_bench.json" <<'PYEOF' || true

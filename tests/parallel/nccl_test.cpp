@@ -98,6 +98,23 @@ int main(int argc, char** argv) {
       if (r % 2 == 0) nccl.send(out.t(), next), nccl.recv(in.t(), prev);
       else nccl.recv(in.t(), prev), nccl.send(out.t(), next);
       for (float v : in.get()) PCHECK(v == float(prev), "nccl recv got " << v);
+      // Every rank sends before it receives: only grouped point-to-point (the
+      // queued isend goes out with the recv in one NCCL group) avoids a deadlock.
+      DevVec in2(std::vector<float>(100, -1.f));
+      const int64_t id = nccl.isend(out.t(), next);
+      nccl.recv(in2.t(), prev);
+      for (float v : in2.get()) PCHECK(v == float(prev), "nccl isend/recv got " << v);
+      nccl.wait_sends();
+      PCHECK(nccl.send_done(id), "nccl send_done after wait_sends");
+    }
+    {
+      // An asynchronous all-reduce: the Work completes; exposed time is >= 0.
+      DevVec x(std::vector<float>(4096, float(r + 1)));
+      nccl.reset_stats();
+      Work w = nccl.start_all_reduce(x.t());
+      w.wait();
+      for (float v : x.get()) PCHECK(v == float(p * (p + 1) / 2), "nccl start_all_reduce got " << v);
+      PCHECK(nccl.stats().seconds >= 0 && nccl.stats().calls == 1, "nccl stats after one Work");
     }
     {
       auto cnt = [](int from, int to) { return int64_t((from + 2 * to) % 4 + (from == to ? 1 : 0)); };
