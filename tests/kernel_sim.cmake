@@ -63,3 +63,174 @@ adgt_kernel_mutant(rmsnorm_dw_rows TEST rmsnorm HEADER kernels/cuda/rmsnorm_kern
   # the two-pass weight gradient drops the last row block's partial
   FROM [[for (int64_t rb = 0; rb < nrb; ++rb) s += part[rb * C + c];]]
   TO [[for (int64_t rb = 0; rb + 1 < nrb; ++rb) s += part[rb * C + c];]])
+
+adgt_kernel_sim(attention)
+
+adgt_kernel_sim(pointwise)
+
+adgt_kernel_sim(classifier)
+adgt_kernel_mutant(classifier_bf16_warp_merge TEST classifier HEADER kernels/cuda/loss_kernels.cuh
+  # the bf16 (max, sum) warp merge stops one shuffle short: odd lanes' parts are dropped
+  FROM [[  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_down_sync(0xffffffffu, m, o);
+    const float s2 = __shfl_down_sync(0xffffffffu, s, o);
+    merge_part(m, s, m2, s2);
+  }
+  if (lane == 0)]]
+  TO [[  for (int o = 16; o > 1; o >>= 1) {
+    const float m2 = __shfl_down_sync(0xffffffffu, m, o);
+    const float s2 = __shfl_down_sync(0xffffffffu, s, o);
+    merge_part(m, s, m2, s2);
+  }
+  if (lane == 0)]])
+adgt_kernel_mutant(classifier_bf16_vec_max TEST classifier HEADER kernels/cuda/loss_kernels.cuh
+  # a bf16 vector's exponentials taken against the running max, not the vector's own
+  FROM [[for (int k = 0; k < 8; ++k) s8 += expf(x[k] - m8);]]
+  TO [[for (int k = 0; k < 8; ++k) s8 += expf(x[k] - m);]])
+adgt_kernel_mutant(classifier_combine_rescale TEST classifier HEADER kernels/cuda/loss_kernels.cuh
+  # ce_combine adds the ranks' sums without rescaling them to the global max
+  FROM [[    S += s[1] * dexp(s[0] - M);]]
+  TO [[    S += s[1];]])
+adgt_kernel_mutant(classifier_finish_target TEST classifier HEADER kernels/cuda/loss_kernels.cuh
+  # f32/f64 ce_finish: off by one in the target's shard test (the next shard's first column)
+  FROM [[if (threadIdx.x == 0 && t >= 0 && t < valid) row[t] -= gs;]]
+  TO [[if (threadIdx.x == 0 && t >= 0 && t <= valid) row[t] -= gs;]])
+adgt_kernel_mutant(classifier_range_check TEST classifier HEADER kernels/cuda/loss_kernels.cuh
+  # f32/f64 cross_entropy's device range check lets target == V through
+  FROM [[  if (tg < 0 || tg >= V) {
+    if (threadIdx.x == 0) {
+      losses[i] = tg < 0 ? T(0) : T(NAN);]]
+  TO [[  if (tg < 0 || tg > V) {
+    if (threadIdx.x == 0) {
+      losses[i] = tg < 0 ? T(0) : T(NAN);]])
+
+adgt_kernel_sim(optimizer)
+adgt_kernel_mutant(optimizer_adamw_bc2 TEST optimizer HEADER kernels/cuda/optimizer_kernels.cuh
+  # adamw's second-moment bias correction passed without its square root
+  FROM [[T(bc1), T(std::sqrt(bc2))]]
+  TO [[T(bc1), T(bc2)]])
+adgt_kernel_mutant(optimizer_adamw_cast_width TEST optimizer HEADER kernels/cuda/optimizer_kernels.cuh
+  # adamw_cast's vector step stores only the first element of the bf16 copy
+  FROM [[    stv<W>(lo + i, pp);]]
+  TO [[    stv<1>(lo + i, pp);]])
+adgt_kernel_mutant(optimizer_sumsq_tail TEST optimizer HEADER kernels/cuda/optimizer_kernels.cuh
+  # the vectorised sum of squares drops the last element of the final chunk's remainder
+  FROM [[  if (body + threadIdx.x < hi) {]]
+  TO [[  if (body + threadIdx.x + 1 < hi) {]])
+adgt_kernel_mutant(optimizer_sumsq_warp_only TEST optimizer HEADER kernels/cuda/optimizer_kernels.cuh
+  # the f64 first pass reduces each chunk within each warp only
+  FROM [[    s += v * v;
+  }
+  s = block_sum(s, red);]]
+  TO [[    s += v * v;
+  }
+  s = warp_sum(s);]])
+
+adgt_kernel_sim(embedding)
+adgt_kernel_sim(combine)
+adgt_kernel_mutant(pointwise_add_stride TEST pointwise HEADER kernels/cuda/pointwise_kernels.cuh
+  # add_kernel strides by one block, not the grid: blocks past the first add twice
+  FROM [[       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] += x[i];]]
+  TO [[       i += int64_t(blockDim.x))
+    y[i] += x[i];]])
+adgt_kernel_mutant(pointwise_scale_factor TEST pointwise HEADER kernels/cuda/pointwise_kernels.cuh
+  # scale_inplace rounds the factor to f32 before the f64 kernel uses it
+  FROM [[x.ptr<T>(), T(s), n);]]
+  TO [[x.ptr<T>(), T(float(s)), n);]])
+adgt_kernel_mutant(pointwise_cast_double_rounding TEST pointwise HEADER kernels/cuda/pointwise_kernels.cuh
+  # f64 -> bf16 through a rounded f32 (the cast before this header): two roundings
+  FROM [[      d[i] = f64_to_bf16(s[i]);]]
+  TO [[      d[i] = float_to_bf16(float(s[i]));]])
+adgt_kernel_mutant(pointwise_cast_vec_src TEST pointwise HEADER kernels/cuda/pointwise_kernels.cuh
+  # the f32 <-> bf16 casts vectorise with src misaligned
+  FROM [[const bool vec = aligned16(dst.data) && aligned16(src.data);]]
+  TO [[const bool vec = aligned16(dst.data);]])
+adgt_kernel_mutant(pointwise_swiglu_sigmoid TEST pointwise HEADER kernels/cuda/pointwise_kernels.cuh
+  # the bf16 SwiGLU backward takes sigmoid(-g) for sigmoid(g)
+  FROM [[math::swiglu_grad(a[k], b[k], d[k], 1.f / (1.f + expf(-a[k])), x, y);]]
+  TO [[math::swiglu_grad(a[k], b[k], d[k], 1.f / (1.f + expf(a[k])), x, y);]])
+adgt_kernel_mutant(pointwise_swiglu_swapped TEST pointwise HEADER kernels/cuda/pointwise_kernels.cuh
+  # the f32/f64 SwiGLU backward stores dgate and dup in each other's place
+  FROM [[    dg[i] = a;
+    du[i] = b;]]
+  TO [[    dg[i] = b;
+    du[i] = a;]])
+adgt_kernel_mutant(pointwise_rope_position TEST pointwise HEADER kernels/cuda/pointwise_kernels.cuh
+  # the bf16 rotary takes the position from the (row, head) index, not the row
+  FROM [[t = (rh / H) % Tn;]]
+  TO [[t = rh % Tn;]])
+adgt_kernel_mutant(pointwise_rope_back TEST pointwise HEADER kernels/cuda/pointwise_kernels.cuh
+  # the f32/f64 rotary backward rotates forward (not by the transpose)
+  FROM [[      math::rope_rotate_back(av, bv, cs[t * half + i], sn[t * half + i]);]]
+  TO [[      math::rope_rotate(av, bv, cs[t * half + i], sn[t * half + i]);]])
+adgt_kernel_mutant(embedding_offsets_carry TEST embedding HEADER kernels/cuda/embedding_kernels.cuh
+  # the offsets scan drops the runs of the earlier 1024-tile chunks
+  FROM [[if (b < tiles) cnt[b] = carry + off;]]
+  TO [[if (b < tiles) cnt[b] = off;]])
+adgt_kernel_mutant(embedding_scan_reuse TEST embedding HEADER kernels/cuda/embedding_kernels.cuh
+  # no barrier before the offsets scan's storage is reused by the next chunk
+  FROM [[__syncthreads();  // tmp is reused]]
+  TO [[// (tmp reused without a barrier)]])
+adgt_kernel_mutant(embedding_tile_offset TEST embedding HEADER kernels/cuda/embedding_kernels.cuh
+  # the run starts are placed by the tile-local scan only, without the tile's offset
+  FROM [[off += tile_off[blockIdx.x];]]
+  TO [[]])
+adgt_kernel_mutant(embedding_run_rows TEST embedding HEADER kernels/cuda/embedding_kernels.cuh
+  # f32/f64 per-run sum indexes dout by sorted position instead of token row
+  FROM [[for (int32_t k = k0; k < k1; ++k) acc += dout[int64_t(idx[k]) * C + c];]]
+  TO [[for (int32_t k = k0; k < k1; ++k) acc += dout[int64_t(k) * C + c];]])
+adgt_kernel_mutant(embedding_last_run TEST embedding HEADER kernels/cuda/embedding_kernels.cuh
+  # the last run ends one row early (off by one at N)
+  FROM [[k1 = b + 1 < n ? starts[b + 1] : N;]]
+  TO [[k1 = b + 1 < n ? starts[b + 1] : N - 1;]])
+adgt_kernel_mutant(embedding_bf16_stride TEST embedding HEADER kernels/cuda/embedding_kernels.cuh
+  # bf16 per-run sum: the column stride not scaled by W (W = 8 columns added twice)
+  FROM [[c < C; c += int64_t(blockDim.x) * W) {]]
+  TO [[c < C; c += int64_t(blockDim.x)) {]])
+adgt_kernel_mutant(combine_overwrite TEST combine HEADER kernels/cuda/combine_kernels.cuh
+  # the overwrite form adds onto out's old contents
+  FROM [[A acc = accumulate ? load_a(o[c]) : A(0);]]
+  TO [[A acc = load_a(o[c]);]])
+adgt_kernel_mutant(combine_drop_break TEST combine HEADER kernels/cuda/combine_kernels.cuh
+  # a dropped slot (pos < 0) ends the row: the later experts are lost
+  FROM [[if (r < 0) continue;]]
+  TO [[if (r < 0) break;]])
+adgt_kernel_mutant(combine_dw_warp TEST combine HEADER kernels/cuda/combine_kernels.cuh
+  # dw reduced within each warp only: the other warps' columns are lost
+  FROM [[s = block_sum(s, red);]]
+  TO [[s = warp_sum(s);]])
+# T = 257, past the block of 256 threads (the softmax and D loops' second
+# stride): the emulation's cost grows with T^2, so a test of its own.
+add_test(NAME kernel_sim_attention_long COMMAND adgt_kernel_sim_attention long)
+set_tests_properties(kernel_sim_attention_long PROPERTIES LABELS "cuda;kernel_sim" TIMEOUT 300)
+adgt_kernel_mutant(attention_causal_diag TEST attention HEADER kernels/cuda/attention_kernels.cuh
+  # dK/dV start their query rows past the diagonal: the i = j term is lost
+  FROM [[for (int64_t i0 = j; i0 < s.T; i0 += kChunk) {]]
+  TO [[for (int64_t i0 = j + 1; i0 < s.T; i0 += kChunk) {]])
+adgt_kernel_mutant(attention_gqa_map TEST attention HEADER kernels/cuda/attention_kernels.cuh
+  # the forward maps query head h to kv head h % KV (interleaved), not h / group
+  FROM [[kh = h / s.group;
+  const int64_t hd = s.hd, ldq = s.H * hd, ldk = s.KV * hd;
+  const T* Q = q + (b * s.T + i) * ldq + h * hd;]]
+  TO [[kh = h % s.KV;
+  const int64_t hd = s.hd, ldq = s.H * hd, ldk = s.KV * hd;
+  const T* Q = q + (b * s.T + i) * ldq + h * hd;]])
+adgt_kernel_mutant(attention_dkv_barrier TEST attention HEADER kernels/cuda/attention_kernels.cuh
+  # the dK/dV chunk loop lacks its closing barrier: the next chunk's p and dS
+  # overwrite the shared rows other warps still read
+  FROM [[          acck += dsc[ii] * Q[i * ldq + d];
+        }
+      }
+      __syncthreads();]]
+  TO [[          acck += dsc[ii] * Q[i * ldq + d];
+        }
+      }]])
+adgt_kernel_mutant(attention_bf16_tail TEST attention HEADER kernels/cuda/attention_kernels.cuh
+  # the fp32-to-bf16 conversion stops one element short of n
+  FROM [[const float* __restrict__ src,
+                                   int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;]]
+  TO [[const float* __restrict__ src,
+                                   int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i + 1 < n;]])

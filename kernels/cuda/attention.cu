@@ -1,249 +1,18 @@
-// CUDA causal grouped-query attention: a straightforward, exact kernel (not
-// FlashAttention; issue 4 replaces it). q(B,T,H,hd), k,v(B,T,KV,hd).
-//
-// Forward: one block per (query row i, head h, batch b). Scores s_j = scale
-// q_i.k_j for j <= i (one warp per key, lanes over hd) go to shared memory,
-// softmax there, out_i = sum_j p_j v_j. Saved: the row log-sum-exp (B,H,T).
-//
-// Backward, recomputing p_ij = exp(s_ij - lse_i):
-//   1. one block per (i, h, b): dP_ij = dO_i.v_j, D_i = sum_j p_ij dP_ij,
-//      dS_ij = p_ij (dP_ij - D_i), dQ_i = scale sum_j dS_ij k_j; D_i to scratch;
-//   2. one block per (key row j, kv head, b): over the group's heads and i >= j,
-//      dV_j = sum p_ij dO_i, dK_j = scale sum dS_ij q_i.
-// No atomics: every output element is summed by one thread (or a fixed tree)
-// in a fixed order, so results are deterministic. head_dim <= 256.
-//
-// bf16 (q, k, v, out, dq, dk, dv, dout bf16; saved fp32): the FlashAttention-2
-// style tensor-core kernels of flash_attention.cu for head_dim 64 and 128;
-// any other bf16 shape (or ADGT_ATTENTION=exact) runs these exact fp32
-// kernels on fp32 copies in scratch and rounds the results to bf16 once.
-// Both write the same `saved` (the natural-log row log-sum-exp of the scaled
-// scores), so either backward accepts either forward's `saved`.
+// The CUDA backend's attention methods: bf16 takes the FlashAttention-2 style
+// kernels of flash_attention.cu where they apply (flash_path), everything else
+// the exact kernels and the ops that launch them, attention_kernels.cuh (f32,
+// f64, and bf16's fallback through fp32 copies).
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
-#include "kernels/common/bf16.hpp"
 #include "kernels/attention_path.hpp"
-#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/attention_kernels.cuh"
 #include "kernels/cuda/flash_attention.cuh"
 
 namespace adgt {
-using namespace cuda;
 
 namespace {
-
-constexpr int kThreads = 256;  // >= head_dim
-constexpr int kChunk = 64;     // query rows per step of the dK/dV kernel
-
-struct AttDims {
-  int64_t B, T, H, KV, hd, group;
-};
-
-// a.b over hd elements, lanes over d; every lane gets the sum (fixed order).
-template <class T>
-__device__ __forceinline__ T warp_dot(const T* a, const T* b, int64_t hd, int lane) {
-  T acc = 0;
-  for (int64_t d = lane; d < hd; d += 32) acc += a[d] * b[d];
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  return acc;
-}
-
-template <class T>
-__global__ void attn_fwd_kernel(T* __restrict__ out, T* __restrict__ lse, const T* __restrict__ q,
-                                const T* __restrict__ k, const T* __restrict__ v, AttDims s,
-                                T scale) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* sq = reinterpret_cast<T*>(smem_raw);  // (hd)
-  T* p = sq + s.hd;                         // (T)
-  T* part = p + s.T;                        // (blockDim)
-  __shared__ T red[32];
-  const int64_t i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kh = h / s.group;
-  const int64_t hd = s.hd, ldq = s.H * hd, ldk = s.KV * hd;
-  const T* Q = q + (b * s.T + i) * ldq + h * hd;
-  const T* K = k + b * s.T * ldk + kh * hd;
-  const T* V = v + b * s.T * ldk + kh * hd;
-  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) sq[d] = Q[d];
-  __syncthreads();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  T mx = -INFINITY;
-  for (int64_t j = warp; j <= i; j += nw) {
-    const T sc = scale * warp_dot(sq, K + j * ldk, hd, lane);
-    if (lane == 0) p[j] = sc;
-    mx = sc > mx ? sc : mx;
-  }
-  mx = block_max(mx, red);  // its barriers also publish p
-  T sum = 0;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
-    const T e = dexp(p[j] - mx);
-    p[j] = e;
-    sum += e;
-  }
-  sum = block_sum(sum, red);
-  const T inv = T(1) / sum;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) p[j] *= inv;
-  __syncthreads();
-  // out_i[d]: G groups of hd threads each sum every G-th key, then a fixed-order sum.
-  const int64_t G = blockDim.x / hd, e = threadIdx.x;
-  if (e < G * hd) {
-    const int64_t d = e % hd, g = e / hd;
-    T acc = 0;
-    for (int64_t j = g; j <= i; j += G) acc += p[j] * V[j * ldk + d];
-    part[e] = acc;
-  }
-  __syncthreads();
-  if (e < hd) {
-    T acc = 0;
-    for (int64_t g = 0; g < G; ++g) acc += part[g * hd + e];
-    out[(b * s.T + i) * ldq + h * hd + e] = acc;
-  }
-  if (e == 0) lse[(b * s.H + h) * s.T + i] = mx + dlog(sum);
-}
-
-template <class T>
-__global__ void attn_bwd_dq_kernel(T* __restrict__ dq, T* __restrict__ Dbuf,
-                                   const T* __restrict__ dout, const T* __restrict__ q,
-                                   const T* __restrict__ k, const T* __restrict__ v,
-                                   const T* __restrict__ lse, AttDims s, T scale) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* sq = reinterpret_cast<T*>(smem_raw);  // (hd)
-  T* sdo = sq + s.hd;                       // (hd)
-  T* p = sdo + s.hd;                        // (T): p, then dS
-  T* dp = p + s.T;                          // (T)
-  T* part = dp + s.T;                       // (blockDim)
-  __shared__ T red[32];
-  const int64_t i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kh = h / s.group;
-  const int64_t hd = s.hd, ldq = s.H * hd, ldk = s.KV * hd;
-  const int64_t qoff = (b * s.T + i) * ldq + h * hd;
-  const T* K = k + b * s.T * ldk + kh * hd;
-  const T* V = v + b * s.T * ldk + kh * hd;
-  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
-    sq[d] = q[qoff + d];
-    sdo[d] = dout[qoff + d];
-  }
-  const T L = lse[(b * s.H + h) * s.T + i];
-  __syncthreads();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  for (int64_t j = warp; j <= i; j += nw) {
-    const T sc = scale * warp_dot(sq, K + j * ldk, hd, lane);
-    const T dpv = warp_dot(sdo, V + j * ldk, hd, lane);
-    if (lane == 0) {
-      p[j] = dexp(sc - L);
-      dp[j] = dpv;
-    }
-  }
-  __syncthreads();
-  T dsum = 0;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) dsum += p[j] * dp[j];
-  const T D = block_sum(dsum, red);
-  if (threadIdx.x == 0) Dbuf[(b * s.H + h) * s.T + i] = D;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) p[j] = p[j] * (dp[j] - D);
-  __syncthreads();
-  const int64_t G = blockDim.x / hd, e = threadIdx.x;
-  if (e < G * hd) {
-    const int64_t d = e % hd, g = e / hd;
-    T acc = 0;
-    for (int64_t j = g; j <= i; j += G) acc += p[j] * K[j * ldk + d];
-    part[e] = acc;
-  }
-  __syncthreads();
-  if (e < hd) {
-    T acc = 0;
-    for (int64_t g = 0; g < G; ++g) acc += part[g * hd + e];
-    dq[qoff + e] = scale * acc;
-  }
-}
-
-template <class T>
-__global__ void attn_bwd_dkv_kernel(T* __restrict__ dk, T* __restrict__ dv,
-                                    const T* __restrict__ dout, const T* __restrict__ q,
-                                    const T* __restrict__ k, const T* __restrict__ v,
-                                    const T* __restrict__ lse, const T* __restrict__ Dbuf,
-                                    AttDims s, T scale) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* sk = reinterpret_cast<T*>(smem_raw);  // (hd)
-  T* sv = sk + s.hd;                        // (hd)
-  T* pc = sv + s.hd;                        // (kChunk) p_ij of the chunk
-  T* dsc = pc + kChunk;                     // (kChunk) dS_ij of the chunk
-  T* partk = dsc + kChunk;                  // (blockDim)
-  T* partv = partk + blockDim.x;            // (blockDim)
-  const int64_t j = blockIdx.x, kh = blockIdx.y, b = blockIdx.z;
-  const int64_t hd = s.hd, ldq = s.H * hd, ldk = s.KV * hd;
-  const int64_t koff = (b * s.T + j) * ldk + kh * hd;
-  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
-    sk[d] = k[koff + d];
-    sv[d] = v[koff + d];
-  }
-  __syncthreads();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const int64_t G = blockDim.x / hd, e = threadIdx.x;
-  const int64_t d = e % hd, g = e / hd;
-  T acck = 0, accv = 0;
-  for (int64_t hh = 0; hh < s.group; ++hh) {
-    const int64_t h = kh * s.group + hh;
-    const T* Q = q + b * s.T * ldq + h * hd;
-    const T* dO = dout + b * s.T * ldq + h * hd;
-    const T* L = lse + (b * s.H + h) * s.T;
-    const T* Dh = Dbuf + (b * s.H + h) * s.T;
-    for (int64_t i0 = j; i0 < s.T; i0 += kChunk) {
-      const int64_t cnt = s.T - i0 < kChunk ? s.T - i0 : kChunk;
-      for (int64_t ii = warp; ii < cnt; ii += nw) {
-        const int64_t i = i0 + ii;
-        // The same dot products, in the same order, as attn_bwd_dq_kernel.
-        const T sc = scale * warp_dot(Q + i * ldq, sk, hd, lane);
-        const T dpv = warp_dot(dO + i * ldq, sv, hd, lane);
-        if (lane == 0) {
-          const T pv = dexp(sc - L[i]);
-          pc[ii] = pv;
-          dsc[ii] = pv * (dpv - Dh[i]);
-        }
-      }
-      __syncthreads();
-      if (e < G * hd) {
-        for (int64_t ii = g; ii < cnt; ii += G) {
-          const int64_t i = i0 + ii;
-          accv += pc[ii] * dO[i * ldq + d];
-          acck += dsc[ii] * Q[i * ldq + d];
-        }
-      }
-      __syncthreads();
-    }
-  }
-  if (e < G * hd) {
-    partk[e] = acck;
-    partv[e] = accv;
-  }
-  __syncthreads();
-  if (e < hd) {
-    T sk_ = 0, sv_ = 0;
-    for (int64_t gg = 0; gg < G; ++gg) {
-      sk_ += partk[gg * hd + e];
-      sv_ += partv[gg * hd + e];
-    }
-    dk[koff + e] = scale * sk_;
-    dv[koff + e] = sv_;
-  }
-}
-
-__global__ void bf16_to_f32_kernel(float* __restrict__ dst, const uint16_t* __restrict__ src,
-                                   int64_t n) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    dst[i] = bf16_to_float(src[i]);
-}
-__global__ void f32_to_bf16_kernel(uint16_t* __restrict__ dst, const float* __restrict__ src,
-                                   int64_t n) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    dst[i] = float_to_bf16(src[i]);
-}
-void to_f32(cudaStream_t st, float* dst, const void* src, int64_t n, const char* op) {
-  bf16_to_f32_kernel<<<grid_for(n, 256), 256, 0, st>>>(dst, static_cast<const uint16_t*>(src), n);
-  ADGT_LAUNCH_CHECK(op);
-}
-void to_bf16(cudaStream_t st, void* dst, const float* src, int64_t n, const char* op) {
-  f32_to_bf16_kernel<<<grid_for(n, 256), 256, 0, st>>>(static_cast<uint16_t*>(dst), src, n);
-  ADGT_LAUNCH_CHECK(op);
-}
 
 // ADGT_ATTENTION: unset, "" or "flash" = the flash kernels where they apply;
 // "exact" = the exact kernels for bf16 too (comparisons, debugging).
@@ -256,123 +25,31 @@ bool force_exact() {
   return true;
 }
 
-bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
-void check_shapes(const AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
-                  const char* op) {
-  ADGT_CHECK(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0,
-             op << ": n_kv_heads=" << s.n_kv_heads << " must divide n_heads=" << s.n_heads);
-  ADGT_CHECK(q.numel() == s.B * s.T * s.n_heads * s.head_dim &&
-                 k.numel() == s.B * s.T * s.n_kv_heads * s.head_dim && v.numel() == k.numel(),
-             op << ": q" << q.shape_str() << " k" << k.shape_str() << " v" << v.shape_str());
-  ADGT_CHECK(q.dtype == k.dtype && k.dtype == v.dtype, op << ": dtype mismatch");
-  ADGT_CHECK(s.head_dim > 0 && s.head_dim <= kThreads,
-             op << ": head_dim=" << s.head_dim << " not supported by the CUDA attention kernel "
-                << "(1.." << kThreads << ")");
-  ADGT_CHECK(s.T <= INT_MAX && s.n_heads <= 65535 && s.B <= 65535 && s.n_kv_heads <= 65535,
-             op << ": B=" << s.B << " T=" << s.T << " H=" << s.n_heads
-                << " exceed the kernel's grid (B, H <= 65535)");
-}
-
-AttDims dims_of(const AttentionShape& s) {
-  return {s.B, s.T, s.n_heads, s.n_kv_heads, s.head_dim, s.n_heads / s.n_kv_heads};
-}
-
-// Raises the kernel's dynamic shared-memory limit when `bytes` needs more than
-// the default 48 KB; a clear error when the device cannot give it.
-template <class K>
-void allow_smem(K kernel, size_t bytes, int device, const char* op) {
-  if (bytes <= 48 * 1024) return;
-  int optin = 0;
-  ADGT_CUDA_OP(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), op);
-  ADGT_CHECK(bytes <= size_t(optin), op << ": sequence length needs " << bytes
-                                        << " bytes of shared memory per block; the device has "
-                                        << optin << " (shorten seq_len or use fp32)");
-  ADGT_CUDA_OP(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
-               op);
-}
-
-// The exact kernels, T = float or double (also bf16's fallback, in fp32).
-template <class T>
-void exact_forward(cudaStream_t st, int device, T* out, T* lse, const T* q, const T* k,
-                   const T* v, const AttentionShape& s, const char* op) {
-  const size_t smem = size_t(s.head_dim + s.T + kThreads) * sizeof(T);
-  allow_smem(attn_fwd_kernel<T>, smem, device, op);
-  const T scale = T(1) / std::sqrt(T(s.head_dim));
-  attn_fwd_kernel<T><<<dim3(unsigned(s.T), unsigned(s.n_heads), unsigned(s.B)), kThreads, smem,
-                       st>>>(out, lse, q, k, v, dims_of(s), scale);
-  ADGT_LAUNCH_CHECK(op);
-}
-
-// D: B*H*T elements of scratch.
-template <class T>
-void exact_backward(cudaStream_t st, int device, T* dq, T* dk, T* dv, const T* dout, const T* q,
-                    const T* k, const T* v, const T* lse, T* D, const AttentionShape& s,
-                    const char* op) {
-  const AttDims d = dims_of(s);
-  const T scale = T(1) / std::sqrt(T(s.head_dim));
-  const size_t smem1 = size_t(2 * s.head_dim + 2 * s.T + kThreads) * sizeof(T);
-  allow_smem(attn_bwd_dq_kernel<T>, smem1, device, op);
-  attn_bwd_dq_kernel<T><<<dim3(unsigned(s.T), unsigned(s.n_heads), unsigned(s.B)), kThreads, smem1,
-                          st>>>(dq, D, dout, q, k, v, lse, d, scale);
-  ADGT_LAUNCH_CHECK("attention_backward (dq)");
-  const size_t smem2 = size_t(2 * s.head_dim + 2 * kChunk + 2 * kThreads) * sizeof(T);
-  attn_bwd_dkv_kernel<T><<<dim3(unsigned(s.T), unsigned(s.n_kv_heads), unsigned(s.B)), kThreads,
-                           smem2, st>>>(dk, dv, dout, q, k, v, lse, D, d, scale);
-  ADGT_LAUNCH_CHECK("attention_backward (dk, dv)");
-}
-
 }  // namespace
 
 int64_t CudaBackend::attention_saved_elems(const AttentionShape& s) const {
-  return s.B * s.n_heads * s.T;
+  return cuda::attention_lse_elems(s);
 }
 
 void CudaBackend::attention_forward(Tensor out, Tensor saved, const Tensor& q, const Tensor& k,
                                     const Tensor& v, const AttentionShape& s) {
-  const char* op = "attention_forward";
-  check_shapes(s, q, k, v, op);
-  const bool bf = q.dtype == DType::BF16;
-  const DType sdt = bf ? DType::F32 : q.dtype;
-  ADGT_CHECK(saved.numel() >= attention_saved_elems(s) && out.numel() == q.numel() &&
-                 saved.dtype == sdt && out.dtype == q.dtype,
-             op << ": saved" << saved.shape_str() << " " << dtype_name(saved.dtype) << " out"
-                << out.shape_str() << " " << dtype_name(out.dtype) << " (q " << dtype_name(q.dtype)
-                << "; saved must be " << dtype_name(sdt) << ")");
-  if (!s.B || !s.T || !s.n_heads) return;
-  cudaStream_t st = stream_;
-  if (bf) {
-    if (flash_path(s, {out.data, q.data, k.data, v.data})) {
-      flash_attention_forward(st, out.ptr<uint16_t>(), saved.ptr<float>(), q.ptr<uint16_t>(),
-                              k.ptr<uint16_t>(), v.ptr<uint16_t>(), s);
-      return;
-    }
-    // Fallback (logged once by flash_path): the exact fp32 kernel on fp32
-    // copies (scratch: q, k, v, out).
-    const int64_t nq = q.numel(), nk = k.numel();
-    float* w = static_cast<float*>(scratch(kScratchFlash, size_t(2 * nq + 2 * nk) * sizeof(float)));
-    float *q32 = w, *k32 = q32 + nq, *v32 = k32 + nk, *o32 = v32 + nk;
-    to_f32(st, q32, q.data, nq, op);
-    to_f32(st, k32, k.data, nk, op);
-    to_f32(st, v32, v.data, nk, op);
-    exact_forward<float>(st, device_, o32, saved.ptr<float>(), q32, k32, v32, s, op);
-    to_bf16(st, out.data, o32, nq, op);
+  if (!cuda::attention_forward_checks(out, saved, q, k, v, s)) return;
+  if (q.dtype == DType::BF16 && flash_path(s, {out.data, q.data, k.data, v.data})) {
+    cuda::flash_attention_forward(stream_, out.ptr<uint16_t>(), saved.ptr<float>(),
+                                  q.ptr<uint16_t>(), k.ptr<uint16_t>(), v.ptr<uint16_t>(), s);
     return;
   }
-  dispatch(q.dtype, op, [&](auto z) {
-    using T = decltype(z);
-    exact_forward<T>(st, device_, out.ptr<T>(), saved.ptr<T>(), q.ptr<T>(), k.ptr<T>(),
-                     v.ptr<T>(), s, op);
-  });
+  // f32/f64, or bf16's fallback (logged once by flash_path).
+  cuda::attention_forward_exact(cuda::op_ctx(*this), out, saved, q, k, v, s);
 }
 
 bool CudaBackend::flash_path(const AttentionShape& s, std::initializer_list<const void*> tensors) {
   // The one rule (kernels/attention_path.hpp); a fallback is logged the first
   // time each reason takes it.
   bool aligned = true;
-  for (const void* t : tensors) aligned = aligned && is_aligned16(t);
-  const AttentionPath p =
-      cuda_attention_path(s, force_exact(), flash_attention_device_ok(device_, s.head_dim), aligned);
+  for (const void* t : tensors) aligned = aligned && cuda::aligned16(t);
+  const AttentionPath p = cuda_attention_path(
+      s, force_exact(), cuda::flash_attention_device_ok(device_, s.head_dim), aligned);
   if (p.flash) return true;
   if (!attention_fallbacks_.insert(p.reason).second) return false;
   std::fprintf(stderr,
@@ -388,59 +65,18 @@ void CudaBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tens
                                      const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& out, const Tensor& saved,
                                      const AttentionShape& s) {
-  const char* op = "attention_backward";
-  check_shapes(s, q, k, v, op);
-  ADGT_CHECK(dq.numel() == q.numel() && dk.numel() == k.numel() && dv.numel() == v.numel() &&
-                 dout.numel() == q.numel() && saved.numel() >= attention_saved_elems(s),
-             op << ": gradient shapes dq" << dq.shape_str() << " dk" << dk.shape_str() << " dv"
-                << dv.shape_str() << " dout" << dout.shape_str() << " saved"
-                << saved.shape_str());
-  const bool bf = q.dtype == DType::BF16;
-  const DType sdt = bf ? DType::F32 : q.dtype;
-  ADGT_CHECK(dq.dtype == q.dtype && dk.dtype == q.dtype && dv.dtype == q.dtype &&
-                 dout.dtype == q.dtype && saved.dtype == sdt,
-             op << ": dtypes dq " << dtype_name(dq.dtype) << " dk " << dtype_name(dk.dtype)
-                << " dv " << dtype_name(dv.dtype) << " dout " << dtype_name(dout.dtype)
-                << " saved " << dtype_name(saved.dtype) << "; with q " << dtype_name(q.dtype)
-                << " they must be " << dtype_name(q.dtype) << " (saved " << dtype_name(sdt)
-                << ")");
-  if (!s.B || !s.T || !s.n_heads) return;
-  cudaStream_t st = stream_;
-  if (bf) {
-    ADGT_CHECK(out.dtype == DType::BF16 && out.numel() == q.numel(),
-               op << ": out" << out.shape_str() << " " << dtype_name(out.dtype)
-                  << " must be bf16 like q");
-    if (flash_path(s, {dq.data, dk.data, dv.data, dout.data, q.data, k.data, v.data, out.data})) {
-      float* D = static_cast<float*>(scratch(kScratchFlash, flash_attention_scratch_bytes(s)));
-      flash_attention_backward(st, dq.ptr<uint16_t>(), dk.ptr<uint16_t>(), dv.ptr<uint16_t>(),
-                               dout.ptr<uint16_t>(), q.ptr<uint16_t>(), k.ptr<uint16_t>(),
-                               v.ptr<uint16_t>(), out.ptr<uint16_t>(), saved.ptr<float>(), D, s);
-      return;
-    }
-    // Fallback (logged once by flash_path): the exact fp32 kernels on fp32
-    // copies (scratch: dout, q, dq, k, v, dk, dv).
-    const int64_t nq = q.numel(), nk = k.numel();
-    float* w = static_cast<float*>(scratch(kScratchFlash, size_t(3 * nq + 4 * nk) * sizeof(float)));
-    float *do32 = w, *q32 = do32 + nq, *dq32 = q32 + nq, *k32 = dq32 + nq, *v32 = k32 + nk,
-          *dk32 = v32 + nk, *dv32 = dk32 + nk;
-    float* D = static_cast<float*>(scratch(kScratchAttention, size_t(s.B * s.n_heads * s.T) * 4));
-    to_f32(st, do32, dout.data, nq, op);
-    to_f32(st, q32, q.data, nq, op);
-    to_f32(st, k32, k.data, nk, op);
-    to_f32(st, v32, v.data, nk, op);
-    exact_backward<float>(st, device_, dq32, dk32, dv32, do32, q32, k32, v32, saved.ptr<float>(),
-                          D, s, op);
-    to_bf16(st, dq.data, dq32, nq, op);
-    to_bf16(st, dk.data, dk32, nk, op);
-    to_bf16(st, dv.data, dv32, nk, op);
+  if (!cuda::attention_backward_checks(dq, dk, dv, dout, q, k, v, out, saved, s)) return;
+  if (q.dtype == DType::BF16 &&
+      flash_path(s, {dq.data, dk.data, dv.data, dout.data, q.data, k.data, v.data, out.data})) {
+    float* D = static_cast<float*>(scratch(kScratchFlash, cuda::flash_attention_scratch_bytes(s)));
+    cuda::flash_attention_backward(stream_, dq.ptr<uint16_t>(), dk.ptr<uint16_t>(),
+                                   dv.ptr<uint16_t>(), dout.ptr<uint16_t>(), q.ptr<uint16_t>(),
+                                   k.ptr<uint16_t>(), v.ptr<uint16_t>(), out.ptr<uint16_t>(),
+                                   saved.ptr<float>(), D, s);
     return;
   }
-  dispatch(q.dtype, op, [&](auto z) {
-    using T = decltype(z);
-    T* D = static_cast<T*>(scratch(kScratchAttention, size_t(s.B * s.n_heads * s.T) * sizeof(T)));
-    exact_backward<T>(st, device_, dq.ptr<T>(), dk.ptr<T>(), dv.ptr<T>(), dout.ptr<T>(),
-                      q.ptr<T>(), k.ptr<T>(), v.ptr<T>(), saved.ptr<T>(), D, s, op);
-  });
+  // f32/f64, or bf16's fallback (logged once by flash_path).
+  cuda::attention_backward_exact(cuda::op_ctx(*this), dq, dk, dv, dout, q, k, v, out, saved, s);
 }
 
 }  // namespace adgt

@@ -1,181 +1,19 @@
-// CUDA backend: device setup, memory, the rated peak, and the elementwise ops
-// (add, copy, scale, SwiGLU, rotary embedding).
+// CUDA backend: device setup, memory (copy included: a device-to-device
+// copy), the rated peak, and the methods of the elementwise ops (add, scale,
+// cast, SwiGLU, rotary embedding), whose kernels and launch code are in
+// pointwise_kernels.cuh.
 #include <algorithm>
 #include <chrono>
 #include <vector>
 
-#include "kernels/common/elementwise_math.hpp"
-#include "kernels/cuda/cuda_common.cuh"
 #include "kernels/common/bf16.hpp"
-#include <type_traits>
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/pointwise_kernels.cuh"
 
 namespace adgt {
 using namespace cuda;
 
 namespace {
-
-constexpr int kThreads = 256;
-
-template <class T>
-__global__ void add_kernel(T* __restrict__ y, const T* __restrict__ x, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    y[i] += x[i];
-}
-
-template <class T>
-__global__ void scale_kernel(T* __restrict__ x, T s, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    x[i] *= s;
-}
-
-template <class T>
-__global__ void swiglu_fwd_kernel(T* __restrict__ h, const T* __restrict__ g,
-                                  const T* __restrict__ u, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const T gi = g[i];
-    h[i] = math::swiglu(gi, u[i], T(1) / (T(1) + dexp(-gi)));
-  }
-}
-
-template <class T>
-__global__ void swiglu_bwd_kernel(T* __restrict__ dg, T* __restrict__ du, const T* __restrict__ dh,
-                                  const T* __restrict__ g, const T* __restrict__ u, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const T gi = g[i];
-    T a, b;
-    math::swiglu_grad(gi, u[i], dh[i], T(1) / (T(1) + dexp(-gi)), a, b);
-    dg[i] = a;
-    du[i] = b;
-  }
-}
-
-// One thread per rotated pair (row r, head h, i < half); x is (rows, H, 2*half).
-template <class T, bool kBack>
-__global__ void rope_kernel(T* __restrict__ x, const T* __restrict__ cs, const T* __restrict__ sn,
-                            int64_t rows, int64_t H, int64_t half, int64_t Tn) {
-  const int64_t n = rows * H * half;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t i = e % half, rh = e / half, r = rh / H;
-    const int64_t t = r % Tn;
-    T* a = x + rh * 2 * half + i;
-    T* b = a + half;
-    T av = *a, bv = *b;
-    if constexpr (kBack)
-      math::rope_rotate_back(av, bv, cs[t * half + i], sn[t * half + i]);
-    else
-      math::rope_rotate(av, bv, cs[t * half + i], sn[t * half + i]);
-    *a = av;
-    *b = bv;
-  }
-}
-
-// ---- bf16 (fp32 math, one rounding per output): ops for launch_map ----
-struct AddBf16 {
-  bf16_bits* y;
-  const bf16_bits* x;
-  template <int W>
-  __device__ void run(int64_t i) const {
-    float a[W], b[W];
-    ldv<W>(y + i, a);
-    ldv<W>(x + i, b);
-#pragma unroll
-    for (int k = 0; k < W; ++k) a[k] += b[k];
-    stv<W>(y + i, a);
-  }
-};
-struct ScaleBf16 {
-  bf16_bits* x;
-  float s;
-  template <int W>
-  __device__ void run(int64_t i) const {
-    float a[W];
-    ldv<W>(x + i, a);
-#pragma unroll
-    for (int k = 0; k < W; ++k) a[k] *= s;
-    stv<W>(x + i, a);
-  }
-};
-// f32 <-> bf16 (D, S in {float, bf16_bits}).
-template <class D, class S>
-struct CastOp {
-  D* d;
-  const S* s;
-  template <int W>
-  __device__ void run(int64_t i) const {
-    float a[W];
-    ldv<W>(s + i, a);
-    stv<W>(d + i, a);
-  }
-};
-struct SwigluFwdBf16 {
-  bf16_bits* h;
-  const bf16_bits *g, *u;
-  template <int W>
-  __device__ void run(int64_t i) const {
-    float a[W], b[W];
-    ldv<W>(g + i, a);
-    ldv<W>(u + i, b);
-#pragma unroll
-    for (int k = 0; k < W; ++k) a[k] = math::swiglu(a[k], b[k], 1.f / (1.f + expf(-a[k])));
-    stv<W>(h + i, a);
-  }
-};
-struct SwigluBwdBf16 {
-  bf16_bits *dg, *du;
-  const bf16_bits *dh, *g, *u;
-  template <int W>
-  __device__ void run(int64_t i) const {
-    float a[W], b[W], d[W];
-    ldv<W>(g + i, a);
-    ldv<W>(u + i, b);
-    ldv<W>(dh + i, d);
-#pragma unroll
-    for (int k = 0; k < W; ++k) {
-      float x, y;
-      math::swiglu_grad(a[k], b[k], d[k], 1.f / (1.f + expf(-a[k])), x, y);
-      a[k] = x;
-      b[k] = y;
-    }
-    stv<W>(dg + i, a);
-    stv<W>(du + i, b);
-  }
-};
-
-// Rotary on bf16 x (rows, H, 2*half) with fp32 cos/sin (T, half): one thread per
-// W consecutive pairs of one (row, head); W = 8 needs half % 8 == 0 and aligned
-// x, cos, sin.
-template <bool kBack, int W>
-__global__ void __launch_bounds__(256)
-    rope_bf16_kernel(bf16_bits* __restrict__ x, const float* __restrict__ cs,
-                     const float* __restrict__ sn, int64_t rows, int64_t H, int64_t half,
-                     int64_t Tn) {
-  const int64_t G = half / W, n = rows * H * G;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t i = (e % G) * W, rh = e / G, t = (rh / H) % Tn;
-    bf16_bits* a = x + rh * 2 * half + i;
-    bf16_bits* b = a + half;
-    float av[W], bv[W], c[W], s[W];
-    ldv<W>(a, av);
-    ldv<W>(b, bv);
-    ldv<W>(cs + t * half + i, c);
-    ldv<W>(sn + t * half + i, s);
-#pragma unroll
-    for (int k = 0; k < W; ++k) {
-      if constexpr (kBack)
-        math::rope_rotate_back(av[k], bv[k], c[k], s[k]);
-      else
-        math::rope_rotate(av[k], bv[k], c[k], s[k]);
-    }
-    stv<W>(a, av);
-    stv<W>(b, bv);
-  }
-}
 
 // FP32 lanes per SM (the non-tensor rate) and dense TF32 tensor FLOP per clock per SM.
 int fp32_lanes_per_sm(int major, int minor) {
@@ -475,19 +313,7 @@ double CudaBackend::measure_gemm_tflops(int64_t n, DType dt, int reps) {
 // ---- elementwise ----
 
 void CudaBackend::add_inplace(Tensor y, const Tensor& x) {
-  expect_same(y, x, "add_inplace");
-  const int64_t n = y.numel();
-  if (!n) return;
-  if (y.dtype == DType::BF16) {
-    launch_map(AddBf16{y.ptr<bf16_bits>(), x.ptr<bf16_bits>()}, n,
-               aligned16(y.data) && aligned16(x.data), stream_, "add_inplace");
-    return;
-  }
-  dispatch(y.dtype, "add_inplace", [&](auto z) {
-    using T = decltype(z);
-    add_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_>>>(y.ptr<T>(), x.ptr<T>(), n);
-  });
-  ADGT_LAUNCH_CHECK("add_inplace");
+  cuda::add_inplace(cuda::op_ctx(*this), y, x);
 }
 
 void CudaBackend::copy(Tensor dst, const Tensor& src) {
@@ -498,169 +324,27 @@ void CudaBackend::copy(Tensor dst, const Tensor& src) {
 }
 
 void CudaBackend::scale_inplace(Tensor x, double s) {
-  const int64_t n = x.numel();
-  if (!n) return;
-  if (x.dtype == DType::BF16) {
-    launch_map(ScaleBf16{x.ptr<bf16_bits>(), float(s)}, n, aligned16(x.data), stream_,
-               "scale_inplace");
-    return;
-  }
-  dispatch(x.dtype, "scale_inplace", [&](auto z) {
-    using T = decltype(z);
-    scale_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_>>>(x.ptr<T>(), T(s), n);
-  });
-  ADGT_LAUNCH_CHECK("scale_inplace");
+  cuda::scale_inplace(cuda::op_ctx(*this), x, s);
 }
-
-namespace {
-template <class D, class S>
-__global__ void cast_kernel(D* d, const S* s, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    if constexpr (std::is_same_v<S, bf16_bits>) {
-      d[i] = D(bf16_to_float(s[i]));
-    } else if constexpr (std::is_same_v<D, bf16_bits>) {
-      d[i] = float_to_bf16(float(s[i]));
-    } else {
-      d[i] = D(s[i]);
-    }
-  }
-}
-template <class F>
-void float_dispatch(DType dt, const char* op, F&& f) {
-  switch (dt) {
-    case DType::F32: f(float{}); break;
-    case DType::F64: f(double{}); break;
-    case DType::BF16: f(bf16_bits{}); break;
-    default: ADGT_CHECK(false, op << ": unsupported dtype " << dtype_name(dt));
-  }
-}
-}  // namespace
 
 void CudaBackend::cast(Tensor dst, const Tensor& src) {
-  ADGT_CHECK(dst.numel() == src.numel(),
-             "cast: size mismatch " << dst.shape_str() << " vs " << src.shape_str());
-  const int64_t n = dst.numel();
-  if (!n) return;
-  if (dst.dtype == src.dtype) {
-    if (dst.data != src.data)
-      ADGT_CUDA_OP(cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDeviceToDevice, stream_),
-                   "cast");
-    return;
-  }
-  // f32 <-> bf16, the mixed-precision casts: vectorised.
-  const bool vec = aligned16(dst.data) && aligned16(src.data);
-  if (dst.dtype == DType::BF16 && src.dtype == DType::F32) {
-    launch_map(CastOp<bf16_bits, float>{dst.ptr<bf16_bits>(), src.ptr<float>()}, n, vec, stream_,
-               "cast");
-    return;
-  }
-  if (dst.dtype == DType::F32 && src.dtype == DType::BF16) {
-    launch_map(CastOp<float, bf16_bits>{dst.ptr<float>(), src.ptr<bf16_bits>()}, n, vec, stream_,
-               "cast");
-    return;
-  }
-  float_dispatch(dst.dtype, "cast", [&](auto d) {
-    float_dispatch(src.dtype, "cast", [&](auto s) {
-      using D = decltype(d);
-      using S = decltype(s);
-      if constexpr (!std::is_same_v<D, S>)
-        cast_kernel<D, S><<<grid_for(n, kThreads), kThreads, 0, stream_>>>(dst.ptr<D>(), src.ptr<S>(), n);
-    });
-  });
-  ADGT_LAUNCH_CHECK("cast");
+  cuda::cast(cuda::op_ctx(*this), dst, src);
 }
 
 void CudaBackend::swiglu_forward(Tensor h, const Tensor& gate, const Tensor& up) {
-  expect_same(h, gate, "swiglu_forward");
-  expect_same(h, up, "swiglu_forward");
-  const int64_t n = h.numel();
-  if (!n) return;
-  if (h.dtype == DType::BF16) {
-    launch_map(SwigluFwdBf16{h.ptr<bf16_bits>(), gate.ptr<bf16_bits>(), up.ptr<bf16_bits>()}, n,
-               aligned16(h.data) && aligned16(gate.data) && aligned16(up.data), stream_,
-               "swiglu_forward");
-    return;
-  }
-  dispatch(h.dtype, "swiglu_forward", [&](auto z) {
-    using T = decltype(z);
-    swiglu_fwd_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_>>>(
-        h.ptr<T>(), gate.ptr<T>(), up.ptr<T>(), n);
-  });
-  ADGT_LAUNCH_CHECK("swiglu_forward");
+  cuda::swiglu_forward(cuda::op_ctx(*this), h, gate, up);
 }
 
 void CudaBackend::swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dh, const Tensor& gate,
                                   const Tensor& up) {
-  expect_same(dh, gate, "swiglu_backward");
-  expect_same(dgate, gate, "swiglu_backward");
-  expect_same(dup, up, "swiglu_backward");
-  const int64_t n = dh.numel();
-  if (!n) return;
-  if (dh.dtype == DType::BF16) {
-    launch_map(SwigluBwdBf16{dgate.ptr<bf16_bits>(), dup.ptr<bf16_bits>(), dh.ptr<bf16_bits>(),
-                             gate.ptr<bf16_bits>(), up.ptr<bf16_bits>()},
-               n,
-               aligned16(dgate.data) && aligned16(dup.data) && aligned16(dh.data) &&
-                   aligned16(gate.data) && aligned16(up.data),
-               stream_, "swiglu_backward");
-    return;
-  }
-  dispatch(dh.dtype, "swiglu_backward", [&](auto z) {
-    using T = decltype(z);
-    swiglu_bwd_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_>>>(
-        dgate.ptr<T>(), dup.ptr<T>(), dh.ptr<T>(), gate.ptr<T>(), up.ptr<T>(), n);
-  });
-  ADGT_LAUNCH_CHECK("swiglu_backward");
+  cuda::swiglu_backward(cuda::op_ctx(*this), dgate, dup, dh, gate, up);
 }
-
-namespace {
-template <bool kBack>
-void rope_launch(cudaStream_t st, Tensor x, const Tensor& cos, const Tensor& sin, int64_t T_,
-                 const char* op) {
-  ADGT_CHECK(cos.ndim == 2 && sin.numel() == cos.numel() && x.ndim >= 1,
-             op << ": cos" << cos.shape_str() << " sin" << sin.shape_str() << " x"
-                << x.shape_str());
-  const int64_t half = cos.dim(1), hd = 2 * half;
-  const int64_t rows = x.dim(0);
-  ADGT_CHECK(half > 0 && rows > 0 && T_ > 0, op << ": x" << x.shape_str() << " cos"
-                                                << cos.shape_str() << " T=" << T_);
-  const int64_t H = x.numel() / (rows * hd);
-  ADGT_CHECK(x.numel() == rows * H * hd && cos.dim(0) >= T_ && rows % T_ == 0,
-             op << ": x" << x.shape_str() << " cos" << cos.shape_str() << " T=" << T_);
-  const int64_t n = rows * H * half;
-  if (x.dtype == DType::BF16) {
-    // bf16 activations, fp32 tables (the mixed-precision contract).
-    ADGT_CHECK(cos.dtype == DType::F32 && sin.dtype == DType::F32,
-               op << ": bf16 x needs f32 cos/sin tables, got " << dtype_name(cos.dtype) << "/"
-                  << dtype_name(sin.dtype));
-    if (!n) return;
-    auto* xp = x.ptr<bf16_bits>();
-    const auto *cp = cos.ptr<float>(), *sp = sin.ptr<float>();
-    if (half % 8 == 0 && aligned16(xp) && aligned16(cp) && aligned16(sp))
-      rope_bf16_kernel<kBack, 8><<<grid_for(n / 8, kThreads), kThreads, 0, st>>>(
-          xp, cp, sp, rows, H, half, T_);
-    else
-      rope_bf16_kernel<kBack, 1><<<grid_for(n, kThreads), kThreads, 0, st>>>(xp, cp, sp, rows, H,
-                                                                             half, T_);
-    ADGT_LAUNCH_CHECK(op);
-    return;
-  }
-  ADGT_CHECK(cos.dtype == x.dtype && sin.dtype == x.dtype, op << ": dtype mismatch");
-  dispatch(x.dtype, op, [&](auto z) {
-    using T = decltype(z);
-    rope_kernel<T, kBack><<<grid_for(n, kThreads), kThreads, 0, st>>>(
-        x.ptr<T>(), cos.ptr<T>(), sin.ptr<T>(), rows, H, half, T_);
-  });
-  ADGT_LAUNCH_CHECK(op);
-}
-}  // namespace
 
 void CudaBackend::rope_forward(Tensor x, const Tensor& cos, const Tensor& sin, int64_t T_) {
-  rope_launch<false>(stream_, x, cos, sin, T_, "rope_forward");
+  cuda::rope_forward(cuda::op_ctx(*this), x, cos, sin, T_);
 }
 void CudaBackend::rope_backward(Tensor dx, const Tensor& cos, const Tensor& sin, int64_t T_) {
-  rope_launch<true>(stream_, dx, cos, sin, T_, "rope_backward");
+  cuda::rope_backward(cuda::op_ctx(*this), dx, cos, sin, T_);
 }
 
 }  // namespace adgt

@@ -161,7 +161,6 @@ class CudaBackend final : public Backend {
   bool flash_path(const AttentionShape& s, std::initializer_list<const void*> tensors);
   std::vector<CUevent_st*> mark_events_;  // the pool mark() records into (cudaEvent_t)
   int marks_used_ = 0;
-  void sum_squares_into(double* dst, const Tensor& x);  // optimizer.cu: both passes, no sync
 };
 
 }  // namespace adgt

@@ -51,13 +51,15 @@ namespace adgt::cuda {
   } while (0)
 
 #ifndef ADGT_CUDA_SIM
-// Every cuBLAS call.
+// Every cuBLAS call; with ADGT_CUDA_SYNC=1 also the device work it enqueued.
 #define ADGT_CUBLAS_OP(call, op)                                                       \
   do {                                                                                 \
     cublasStatus_t adgt_st_ = (call);                                                  \
     if (adgt_st_ != CUBLAS_STATUS_SUCCESS)                                             \
       ::adgt::cuda::call_failed(#call, (op), cublasGetStatusString(adgt_st_), __FILE__, \
                                 __LINE__);                                             \
+    if (::adgt::cuda::sync_debug())                                                    \
+      ADGT_CUDA_OP(cudaDeviceSynchronize(), (op));                                     \
   } while (0)
 
 namespace adgt::cuda {
@@ -122,7 +124,20 @@ void launch(const char* op, void (*kernel)(P...), dim3 grid, dim3 block, size_t 
   ::adgt::cuda_sim::launch_kernel(op, grid, block, smem, [&] { kernel(args...); });
 #else
   kernel<<<grid, block, smem, st>>>(args...);
-  ADGT_LAUNCH_CHECK(op);
+  cudaError_t e = cudaGetLastError();
+  const char* call = "kernel launch";
+  if (e == cudaSuccess && sync_debug()) {
+    e = cudaDeviceSynchronize();
+    call = "kernel launch, then cudaDeviceSynchronize (ADGT_CUDA_SYNC)";
+  }
+  if (e != cudaSuccess) {
+    std::ostringstream os;
+    os << call << " <<<(" << grid.x << "," << grid.y << "," << grid.z << "), " << block.x << ", "
+       << smem << " B>>>";
+    call_failed(os.str().c_str(), op,
+                std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")", __FILE__,
+                __LINE__);
+  }
 #endif
 }
 
@@ -223,6 +238,16 @@ __device__ T block_max(T v, T* red) {
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// A 16-byte vector access must be 16-byte aligned (the GPU faults otherwise);
+// the emulation checks every one, the GPU build compiles this away.
+__device__ __forceinline__ void check_vec16(const void* p) {
+#ifdef ADGT_CUDA_SIM
+  if (!aligned16(p)) ::adgt::cuda_sim::fail("misaligned 16-byte vector access (ldv/stv<8>)");
+#else
+  (void)p;
+#endif
+}
+
 __device__ __forceinline__ float bf(bf16_bits h) { return __uint_as_float(uint32_t(h) << 16); }
 __device__ __forceinline__ bf16_bits to_bf(float f) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(f));
@@ -239,6 +264,7 @@ __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
 template <int W>
 __device__ __forceinline__ void ldv(const bf16_bits* p, float* f) {
   if constexpr (W == 8) {
+    check_vec16(p);
     const uint4 u = *reinterpret_cast<const uint4*>(p);
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
@@ -254,6 +280,7 @@ __device__ __forceinline__ void ldv(const bf16_bits* p, float* f) {
 template <int W>
 __device__ __forceinline__ void ldv(const float* p, float* f) {
   if constexpr (W == 8) {
+    check_vec16(p);
     const float4 a = reinterpret_cast<const float4*>(p)[0];
     const float4 b = reinterpret_cast<const float4*>(p)[1];
     f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w;
@@ -266,6 +293,7 @@ __device__ __forceinline__ void ldv(const float* p, float* f) {
 template <int W>
 __device__ __forceinline__ void stv(bf16_bits* p, const float* f) {
   if constexpr (W == 8) {
+    check_vec16(p);
     *reinterpret_cast<uint4*>(p) = make_uint4(pack_bf2(f[0], f[1]), pack_bf2(f[2], f[3]),
                                               pack_bf2(f[4], f[5]), pack_bf2(f[6], f[7]));
   } else {
@@ -276,6 +304,7 @@ __device__ __forceinline__ void stv(bf16_bits* p, const float* f) {
 template <int W>
 __device__ __forceinline__ void stv(float* p, const float* f) {
   if constexpr (W == 8) {
+    check_vec16(p);
     reinterpret_cast<float4*>(p)[0] = make_float4(f[0], f[1], f[2], f[3]);
     reinterpret_cast<float4*>(p)[1] = make_float4(f[4], f[5], f[6], f[7]);
   } else {

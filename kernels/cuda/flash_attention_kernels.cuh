@@ -20,7 +20,9 @@
 //   dK/dV: one CTA per (key block, kv head, batch); each warp owns 16 keys and
 //     loops over the group's heads and the query blocks at or after the
 //     diagonal: S^T = K Q^T, P^T = exp(S^T - lse), dV += P^T dO,
-//     dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q; dK scaled at the end;
+//     dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q; dK scaled at the end
+//     (P^T here is the bf16-rounded P of the dV product, where the dQ kernel
+//     uses fp32 P: one more rounding in dK, see flash_sim_test's bound);
 //   dQ: one CTA per (query block, head, batch) over key blocks up to the
 //     diagonal: S, P, dP = dO V^T, dS, dQ += dS K; scaled at the end.
 //

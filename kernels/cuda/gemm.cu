@@ -193,9 +193,22 @@ void CudaBackend::gemm_lt(bool ta, bool tb, int64_t M, int64_t N, int64_t K, con
   }
   const LtPlan& p = it->second;
   const float alpha = 1.0f;
-  ADGT_CUBLAS_OP(cublasLtMatmul(lt_->handle, p.op, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c,
-                                &p.algo, ws, kWorkspaceBytes, stream_),
-                 op);
+  const cublasStatus_t st = cublasLtMatmul(lt_->handle, p.op, &alpha, B, p.a, A, p.b, &beta, C,
+                                           p.c, C, p.c, &p.algo, ws, kWorkspaceBytes, stream_);
+  std::string err;
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    err = cublasGetStatusString(st);
+  } else if (sync_debug()) {  // ADGT_CUDA_SYNC=1: the GEMM's own device errors, here
+    const cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) err = std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")";
+  }
+  if (!err.empty()) {
+    std::ostringstream os;
+    os << "cublasLtMatmul, row-major " << M << "x" << N << "x" << K << (ta ? " A^T" : "")
+       << (tb ? " B^T" : "") << " lda " << lda << " ldb " << ldb << " ldc " << ldc << " beta "
+       << beta << ", C " << dtype_name(c_dtype);
+    call_failed(os.str().c_str(), op, err, __FILE__, __LINE__);
+  }
 }
 
 }  // namespace adgt
