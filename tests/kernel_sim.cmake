@@ -234,3 +234,7 @@ adgt_kernel_mutant(attention_bf16_tail TEST attention HEADER kernels/cuda/attent
   TO [[const float* __restrict__ src,
                                    int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i + 1 < n;]])
+adgt_kernel_mutant(combine_pos_unchecked TEST combine HEADER kernels/cuda/combine_kernels.cuh
+  # the row indices are no longer checked against y's rows (reads outside y)
+  FROM [[  check_combine_pos(p.data(), pos.numel(), y, op);]]
+  TO [[]])

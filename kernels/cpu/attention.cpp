@@ -10,18 +10,10 @@
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/mixed.hpp"
 #include "kernels/cpu/vec_math.hpp"
+#include "kernels/op_checks.hpp"
 
 namespace adgt {
 namespace {
-
-void check_shapes(const AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
-                  const char* op) {
-  ADGT_CHECK(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0,
-             op << ": n_kv_heads=" << s.n_kv_heads << " must divide n_heads=" << s.n_heads);
-  ADGT_CHECK(q.numel() == s.B * s.T * s.n_heads * s.head_dim &&
-                 k.numel() == s.B * s.T * s.n_kv_heads * s.head_dim && v.numel() == k.numel(),
-             op << ": q" << q.shape_str() << " k" << k.shape_str() << " v" << v.shape_str());
-}
 
 // Query rows are processed in blocks of kQBlock: a block of queries ending at
 // row r only needs keys [0, r), which skips most of the masked upper triangle.
@@ -133,7 +125,7 @@ int64_t CpuBackend::attention_saved_elems(const AttentionShape& s) const {
 
 void CpuBackend::attention_forward(Tensor out, Tensor saved, const Tensor& q, const Tensor& k,
                                    const Tensor& v, const AttentionShape& s) {
-  check_shapes(s, q, k, v, "attention_forward");
+  check_attention_shapes(s, q, k, v, "attention_forward");
   ADGT_CHECK(saved.numel() >= attention_saved_elems(s) && out.numel() == q.numel(),
              "attention_forward: saved" << saved.shape_str() << " out" << out.shape_str());
   const DType a = q.dtype;
@@ -158,7 +150,7 @@ void CpuBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tenso
                                     const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& /*out*/, const Tensor& saved,
                                     const AttentionShape& s) {
-  check_shapes(s, q, k, v, "attention_backward");
+  check_attention_shapes(s, q, k, v, "attention_backward");
   ADGT_CHECK(dq.numel() == q.numel() && dk.numel() == k.numel() && dv.numel() == v.numel() &&
                  dout.numel() == q.numel() && saved.numel() >= attention_saved_elems(s),
              "attention_backward: dq" << dq.shape_str() << " dk" << dk.shape_str() << " dv"

@@ -4,6 +4,7 @@
 
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/mixed.hpp"
+#include "kernels/op_checks.hpp"
 
 namespace adgt {
 
@@ -60,18 +61,8 @@ void CpuBackend::embedding_backward(Tensor dtable, const Tensor& dout, const Ten
 namespace {
 void check_combine(const Tensor& rows_nc, const Tensor& y, const Tensor& pos, const Tensor& w,
                    const char* op) {
-  const int64_t N = pos.ndim == 2 ? pos.dim(0) : -1, C = y.ndim == 2 ? y.dim(1) : -1;
-  ADGT_CHECK(pos.dtype == DType::I32 && pos.ndim == 2 && y.ndim == 2 &&
-                 rows_nc.numel() == N * C && rows_nc.dtype == y.dtype,
-             op << ": pos" << pos.shape_str() << " (int32 (N,k)), y" << y.shape_str()
-                << " (M,C), rows" << rows_nc.shape_str() << " (N,C)");
-  ADGT_CHECK(!w.data || (w.numel() == pos.numel() && w.dtype == y.dtype),
-             op << ": weights" << w.shape_str() << " must match pos" << pos.shape_str()
-                << " in " << dtype_name(y.dtype));
-  const int32_t* p = pos.ptr<int32_t>();
-  for (int64_t i = 0; i < pos.numel(); ++i)
-    ADGT_CHECK(p[i] < y.dim(0), op << ": pos[" << i << "] = " << p[i] << " outside y"
-                                   << y.shape_str());
+  check_combine_shapes(rows_nc, y, pos, w, op);
+  check_combine_pos(pos.ptr<int32_t>(), pos.numel(), y, op);
 }
 }  // namespace
 

@@ -27,6 +27,7 @@
 #pragma once
 #include "kernels/common/bf16.hpp"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/op_checks.hpp"
 
 namespace adgt::cuda {
 namespace {
@@ -249,11 +250,7 @@ inline int64_t attention_lse_elems(const AttentionShape& s) { return s.B * s.n_h
 
 void check_shapes(const AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
                   const char* op) {
-  ADGT_CHECK(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0,
-             op << ": n_kv_heads=" << s.n_kv_heads << " must divide n_heads=" << s.n_heads);
-  ADGT_CHECK(q.numel() == s.B * s.T * s.n_heads * s.head_dim &&
-                 k.numel() == s.B * s.T * s.n_kv_heads * s.head_dim && v.numel() == k.numel(),
-             op << ": q" << q.shape_str() << " k" << k.shape_str() << " v" << v.shape_str());
+  check_attention_shapes(s, q, k, v, op);
   ADGT_CHECK(q.dtype == k.dtype && k.dtype == v.dtype, op << ": dtype mismatch");
   ADGT_CHECK(s.head_dim > 0 && s.head_dim <= kThreads,
              op << ": head_dim=" << s.head_dim << " not supported by the CUDA attention kernel "

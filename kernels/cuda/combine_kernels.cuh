@@ -4,11 +4,14 @@
 // backend does (kernels/cpu/embedding.cpp). bf16 rows are combined in fp32
 // (CombineMath), each output rounded once; dw is fp32 with bf16 rows.
 //
-// combine.cu (the CUDA backend's methods, with the host check of pos) and
+// combine.cu (the CUDA backend's methods) and
 // the host emulation's test (tests/kernel_sim/combine_sim_test.cpp) include
 // this header.
 #pragma once
+#include <vector>
+
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/op_checks.hpp"
 
 namespace adgt::cuda {
 namespace {
@@ -80,19 +83,15 @@ __global__ void combine_bwd_kernel(S* __restrict__ dy, typename CombineMath<S>::
 
 // ---- the ops ----
 
-// Shapes and dtypes as the CPU backend checks them. The CPU backend also
-// checks every pos < M (an out-of-range row would read outside y); that needs
-// pos on the host, so the CUDA backend does it before the op (combine.cu).
-void check_combine(const Tensor& rows_nc, const Tensor& y, const Tensor& pos, const Tensor& w,
-                   const char* op) {
-  const int64_t N = pos.ndim == 2 ? pos.dim(0) : -1, C = y.ndim == 2 ? y.dim(1) : -1;
-  ADGT_CHECK(pos.dtype == DType::I32 && pos.ndim == 2 && y.ndim == 2 &&
-                 rows_nc.numel() == N * C && rows_nc.dtype == y.dtype,
-             op << ": pos" << pos.shape_str() << " (int32 (N,k)), y" << y.shape_str()
-                << " (M,C), rows" << rows_nc.shape_str() << " (N,C)");
-  ADGT_CHECK(!w.data || (w.numel() == pos.numel() && w.dtype == y.dtype),
-             op << ": weights" << w.shape_str() << " must match pos" << pos.shape_str() << " in "
-                << dtype_name(y.dtype));
+// The CPU backend's checks (kernels/op_checks.hpp): shapes and dtypes, then
+// every pos < M on a host copy of pos (one synchronising read per call; the
+// MoE layer routes on the host today, so pos was just uploaded).
+void check_combine(const OpCtx& c, const Tensor& rows_nc, const Tensor& y, const Tensor& pos,
+                   const Tensor& w, const char* op) {
+  check_combine_shapes(rows_nc, y, pos, w, op);
+  std::vector<int32_t> p(static_cast<size_t>(pos.numel()));
+  c.to_host(p.data(), pos.data, p.size() * sizeof(int32_t));
+  check_combine_pos(p.data(), pos.numel(), y, op);
 }
 
 // Calls f(S{}) for the storage type of y: bf16, f32 or f64.
@@ -107,7 +106,7 @@ void dispatch_combine(DType dt, const char* op, F&& f) {
 void combine_rows(const OpCtx& c, Tensor out, const Tensor& y, const Tensor& pos, const Tensor& w,
                   bool accumulate) {
   const char* op = "combine_rows";
-  check_combine(out, y, pos, w, op);
+  check_combine(c, out, y, pos, w, op);
   const int64_t N = pos.dim(0), k = pos.dim(1), C = y.dim(1);
   if (!N || !C) return;
   dispatch_combine(y.dtype, op, [&](auto z) {
@@ -120,7 +119,7 @@ void combine_rows(const OpCtx& c, Tensor out, const Tensor& y, const Tensor& pos
 void combine_rows_backward(const OpCtx& c, Tensor dy, Tensor dw, const Tensor& dout,
                            const Tensor& y, const Tensor& pos, const Tensor& w) {
   const char* op = "combine_rows_backward";
-  check_combine(dout, y, pos, w, op);
+  check_combine(c, dout, y, pos, w, op);
   ADGT_CHECK(!dy.data || (dy.numel() == y.numel() && dy.dtype == y.dtype),
              op << ": dy" << dy.shape_str() << " must match y" << y.shape_str());
   const DType dwt = y.dtype == DType::BF16 ? DType::F32 : y.dtype;  // fp32 with bf16 rows

@@ -99,17 +99,21 @@ namespace adgt::cuda {
 inline cudaStream_t as_stream(CUstream_st* s) { return s; }
 
 // What an op of the kernel headers needs besides its tensors: the stream,
-// the backend's grow-only scratch, the device error words. The CUDA backend
-// makes it with op_ctx(); the emulation's tests with host memory.
+// the backend's grow-only scratch, the device error words, and a copy to the
+// host (a synchronising read: for checks that need device data, e.g.
+// combine's row indices). The CUDA backend makes it with op_ctx(); the
+// emulation's tests with host memory.
 struct OpCtx {
   cudaStream_t stream = nullptr;
   std::function<void*(CudaBackend::Scratch, size_t)> scratch;
   int64_t* err_dev = nullptr;
+  std::function<void(void* dst, const void* src, size_t bytes)> to_host;
 };
 #ifndef ADGT_CUDA_SIM
 inline OpCtx op_ctx(CudaBackend& b) {
   return {b.stream(), [&b](CudaBackend::Scratch w, size_t n) { return b.scratch(w, n); },
-          b.device_error_words()};
+          b.device_error_words(),
+          [&b](void* dst, const void* src, size_t n) { b.to_host(dst, src, n); }};
 }
 #endif
 

@@ -113,9 +113,37 @@ void backward(DType dt, const Case& s, bool weighted, bool want_dy, bool want_dw
   }
 }
 
+// The CPU backend's checks (kernels/op_checks.hpp), on the CUDA ops: a row
+// index past y (read from device memory through OpCtx::to_host), weights of
+// the wrong size, pos not int32. Each throws before any launch.
+void refusals() {
+  Mem m;
+  Ctx ctx;
+  Tensor y = m.make(DType::F32, {8, 16}), out = m.make(DType::F32, {2, 16});
+  Tensor pos = m.make(DType::I32, {2, 2}), w = m.make(DType::F32, {2, 2});
+  Tensor w3 = m.make(DType::F32, {3}), posf = m.make(DType::F32, {2, 2});
+  Tensor dy = m.make(DType::F32, {8, 16}), dw = m.make(DType::F32, {2, 2});
+  const int32_t rows[4] = {0, 7, -1, 8};  // 8: past y's 8 rows
+  std::memcpy(pos.data, rows, sizeof rows);
+  expect_throw("combine_rows pos 8 of 8 rows",
+               [&] { cuda::combine_rows(ctx.get(), out, y, pos, w, false); });
+  expect_throw("combine_rows_backward pos 8 of 8 rows",
+               [&] { cuda::combine_rows_backward(ctx.get(), dy, dw, out, y, pos, w); });
+  pos.ptr<int32_t>()[3] = 3;
+  expect_throw("combine_rows 3 weights for 4 slots",
+               [&] { cuda::combine_rows(ctx.get(), out, y, pos, w3, false); });
+  expect_throw("combine_rows f32 pos",
+               [&] { cuda::combine_rows(ctx.get(), out, y, posf, w, false); });
+  // and the same call with pos in range goes through
+  const size_t before = cuda_sim::launches.size();
+  cuda::combine_rows(ctx.get(), out, y, pos, w, false);
+  if (cuda_sim::launches.size() != before + 1) fail("combine_rows in range: not launched");
+}
+
 }  // namespace
 
 int main() {
+  refusals();
   // C = 300: rows wider than the 256 threads; C = 40: more than one warp of
   // columns, fewer than a block; C = 7, k = 1: the smallest.
   const Case cases[] = {{6, 30, 3, 300, 0}, {9, 40, 4, 40, 0}, {5, 12, 1, 7, 0},

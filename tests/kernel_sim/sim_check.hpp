@@ -106,6 +106,7 @@ class Ctx {
       return s.data();
     };
     ctx_.err_dev = err_;
+    ctx_.to_host = [](void* dst, const void* src, size_t n) { std::memcpy(dst, src, n); };
   }
   const cuda::OpCtx& get() const { return ctx_; }
   int64_t* err() { return err_; }
@@ -171,6 +172,19 @@ inline bool close(const std::string& what, const Tensor& got, const Tensor& want
     return false;
   }
   return true;
+}
+
+// f must throw, and before any launch: an op refuses bad input up front.
+inline void expect_throw(const std::string& what, const std::function<void()>& f) {
+  ++checks;
+  const size_t before = cuda_sim::launches.size();
+  try {
+    f();
+  } catch (const std::exception&) {
+    if (cuda_sim::launches.size() != before) fail(what + ": launched, then refused");
+    return;
+  }
+  fail(what + ": accepted");
 }
 
 // Tolerances against the CPU backend: the kernels sum in another order
