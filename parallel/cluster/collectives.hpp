@@ -1,0 +1,46 @@
+// Time of a collective or a message on a cluster (docs/cluster.md,
+// "Collectives"): the one latency-bandwidth model that the simulator, the
+// planner's ranking, the controllers and the link emulation's delays use.
+//
+// A group is a list of world ranks; its members sit on nodes by
+// Cluster::node_of. Algorithms, as NCCL runs them:
+// - within one node: a ring over the intra link;
+// - across nodes: hierarchical — reduce-scatter inside each node, a ring over
+//   the nodes on each rank's 1/g share (g members per node), all-gather inside
+//   each node; for small messages a tree (2 log2 n latency terms) when faster;
+// - all-to-all: every member sends (p-1)/p of its buffer, the intra-node part
+//   over the intra link and the rest over its share of the node's NICs;
+// - send/recv: latency + bytes / bandwidth of the link crossed.
+// NIC sharing: every device of a node runs the same kind of collective at the
+// same time (SPMD), so a rank's inter-node bandwidth is
+// nics_per_node * inter / (devices active on the node); a WAN link is shared
+// by every rank of a node crossing it. Link overrides and the WAN slow the
+// ring to its slowest hop.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/cluster/cluster.hpp"
+
+namespace adgt::cluster {
+
+enum class Collective { AllReduce, ReduceScatter, AllGather, AllToAll, Broadcast };
+const char* collective_name(Collective c);  // "all_reduce", ...
+
+// Seconds for `c` over the group `ranks` (world ranks, group order), where
+// `bytes` is the size of the full buffer of one member: all-reduce's tensor,
+// reduce-scatter's input, all-gather's output, all-to-all's send buffer.
+// A group of one takes 0.
+double collective_time(const Cluster& cl, Collective c, const std::vector<int>& ranks,
+                       double bytes);
+
+// Seconds for one message of `bytes` from world rank `from` to `to`
+// (0 when from == to), with the NIC sharing above.
+double message_time(const Cluster& cl, int from, int to, double bytes);
+
+// NCCL's bus bandwidth of an all-reduce (nccl-tests' busBw = 2(p-1)/p *
+// bytes / time): what docs/cluster.md compares with published measurements.
+double bus_bandwidth(const Cluster& cl, Collective c, const std::vector<int>& ranks, double bytes);
+
+}  // namespace adgt::cluster
