@@ -1,0 +1,164 @@
+// adgt-sim: one training step of a run file simulated on a cluster
+// (docs/simulator.md). The layout and batch come from the run file's keys as
+// for adgt-train; --sweep ranks every feasible layout instead.
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/config.hpp"
+#include "core/layout.hpp"
+#include "kernels/backend.hpp"
+#include "parallel/cluster/cluster.hpp"
+#include "parallel/schedule/instruction.hpp"
+#include "parallel/sim/profile.hpp"
+#include "parallel/sim/step_sim.hpp"
+#include "parallel/sim/sweep.hpp"
+
+namespace {
+
+std::map<int, double> parse_slow(const std::string& s) {
+  std::map<int, double> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) {
+    const size_t colon = item.find(':');
+    if (colon == std::string::npos)
+      throw adgt::ConfigError("--slow-ranks: expected rank:factor[,rank:factor...], got '" + item + "'");
+    const int r = std::stoi(item.substr(0, colon));
+    const double f = std::stod(item.substr(colon + 1));
+    if (r < 0 || f < 1)
+      throw adgt::ConfigError("--slow-ranks: '" + item + "': rank >= 0 and factor >= 1 required");
+    out[r] = f;
+  }
+  return out;
+}
+
+void print_result(const adgt::RunConfig& cfg, const adgt::cluster::Cluster& cl,
+                  const adgt::sim::SimResult& r, const std::string& costs) {
+  std::printf("run:              %s\n", cfg.source.c_str());
+  std::printf("cluster:          %s: %ld x %ld %s (%s)\n", cl.name.c_str(), long(cl.nodes),
+              long(cl.devices_per_node), cl.device.name.c_str(), cl.source.c_str());
+  std::printf("costs:            %s\n", costs.c_str());
+  std::printf("layout:           %s (%ld ranks, %ld micro-batches)\n",
+              adgt::sim::describe_layout(cfg).c_str(), long(r.world), long(r.microbatches));
+  std::printf("step time:        %.6g s\n", r.step_time_s);
+  std::printf("tokens/s:         %.6g\n", r.tokens_per_s);
+  std::printf("TFLOP/s per GPU:  %.4g (MFU %.1f%%, model FLOPs without recompute)\n",
+              r.tflops_per_gpu, 100 * r.mfu);
+  std::printf("bubble:           %.1f%%\n", 100 * r.bubble);
+  std::printf("exposed comm:     %.4g s (tp %.4g, pp %.4g, dp %.4g, ep %.4g, step %.4g)\n",
+              r.exposed_comm_s(), r.exposed_tp_s, r.exposed_pp_s, r.exposed_dp_s, r.exposed_ep_s,
+              r.exposed_step_s);
+  std::printf("compute:          %.4g s (busiest rank), optimizer %.4g s\n", r.compute_s,
+              r.optimizer_s);
+  std::printf("memory:           %.2f GiB (largest rank, the --dry-run estimate)\n",
+              r.memory_bytes_max / 1073741824.0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"adgt-sim: simulate a training step of a run file on a cluster"};
+  std::string config_path, cluster_name = "dgx-h100", costs_mode = "auto", profile_cache,
+                           slow;
+  std::vector<std::string> overrides;
+  int64_t gpus = 0, host_cores = 0, top = 10;
+  bool json = false, sweep = false;
+  app.add_option("--config", config_path, "YAML run file")->required();
+  app.add_option("--set", overrides, "override a key: --set section.key=value (repeatable)");
+  app.add_option("--cluster", cluster_name, "a preset (dgx-a100-80gb, dgx-h100, dgx-h200, "
+                                            "cpu-here) or a cluster file")->capture_default_str();
+  app.add_option("--gpus", gpus, "devices (default: the layout's tp*pp*dp; with --sweep required)");
+  app.add_option("--costs", costs_mode,
+                 "auto (profile on CPU clusters, else the device model) | model | profile")
+      ->capture_default_str();
+  app.add_option("--profile-cache", profile_cache, "JSON file of measured op times (read and extended)");
+  app.add_option("--host-cores", host_cores,
+                 "every rank shares this many cores (CPU ranks emulating the cluster on one host)");
+  app.add_option("--slow-ranks", slow, "rank:factor,... compute slowdowns (as emulate.slow_ranks)");
+  app.add_flag("--json", json, "print one JSON object (an array with --sweep)");
+  app.add_flag("--sweep", sweep, "simulate every feasible layout for --gpus and rank them");
+  app.add_option("--top", top, "rows of the --sweep table")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    std::vector<std::string> ov = overrides;
+    adgt::RunConfig cfg = sweep ? adgt::load_config(config_path, overrides)
+                                : adgt::load_config(config_path, ov);
+    adgt::cluster::Cluster cl = adgt::cluster::load_cluster(cluster_name);
+    const int64_t world = adgt::layout_of(cfg).world();
+    const int64_t want = gpus > 0 ? gpus : world;
+    if (want != cl.world()) cl = adgt::cluster::with_gpus(cl, want);
+    std::unique_ptr<adgt::Backend> be;
+    std::unique_ptr<adgt::sim::OpCosts> costs;
+    const bool profile =
+        costs_mode == "profile" || (costs_mode == "auto" && cl.cores_per_node > 0);
+    if (costs_mode != "auto" && costs_mode != "model" && costs_mode != "profile")
+      throw adgt::ConfigError("--costs: expected auto, model or profile, got '" + costs_mode + "'");
+    if (profile) {
+      be = adgt::make_backend("cpu");
+      costs = std::make_unique<adgt::sim::ProfileCosts>(*be, profile_cache);
+    } else {
+      costs = std::make_unique<adgt::sim::DeviceModelCosts>(cl.device);
+    }
+    adgt::sim::SimOptions opts;
+    opts.host_cores = host_cores;
+    opts.slow_ranks = parse_slow(slow);
+    if (!sweep) {
+      if (gpus > 0 && gpus != world)
+        throw adgt::ConfigError("--gpus " + std::to_string(gpus) + " but the run's layout has tp*pp*dp = " +
+                                std::to_string(world) + "; set parallel.* or use --sweep");
+      const auto t0 = std::chrono::steady_clock::now();
+      const adgt::sim::SimResult r = adgt::sim::simulate_step(cfg, cl, *costs, opts);
+      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (json) {
+        auto j = nlohmann::json::parse(adgt::sim::to_json(r));
+        j["layout"] = adgt::sim::describe_layout(cfg);
+        j["cluster"] = cl.name;
+        j["costs"] = costs->describe();
+        j["sim_seconds"] = took;
+        std::printf("%s\n", j.dump().c_str());
+      } else {
+        print_result(cfg, cl, r, costs->describe());
+        std::printf("simulated in:     %.3f s (%ld units, %ld events)\n", took,
+                    long(r.units_simulated), long(r.events));
+      }
+      return 0;
+    }
+    if (gpus <= 0) throw adgt::ConfigError("--sweep needs --gpus N");
+    const auto t0 = std::chrono::steady_clock::now();
+    const adgt::sim::SweepResult sw = adgt::sim::sweep_layouts(cfg, gpus, cl, *costs);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (json) {
+      nlohmann::json arr = nlohmann::json::array();
+      for (const auto& row : sw.rows) {
+        auto j = nlohmann::json::parse(adgt::sim::to_json(row.result));
+        j["layout"] = row.layout;
+        arr.push_back(j);
+      }
+      std::printf("%s\n", arr.dump().c_str());
+      return 0;
+    }
+    std::printf("%ld layouts simulated, %ld broke a layout rule, %ld did not fit %.0f GiB; %.2f s\n",
+                long(sw.rows.size()), long(sw.rejected_rules), long(sw.rejected_memory),
+                cl.device.memory_bytes / 1073741824.0, took);
+    std::printf("%-4s %-58s %10s %8s %7s %8s %9s\n", "#", "layout", "step s", "MFU", "bubble",
+                "exp.comm", "mem GiB");
+    for (size_t i = 0; i < sw.rows.size() && int64_t(i) < top; ++i) {
+      const auto& r = sw.rows[i].result;
+      std::printf("%-4zu %-58s %10.4g %7.1f%% %6.1f%% %8.3g %9.1f\n", i + 1, sw.rows[i].layout.c_str(),
+                  r.step_time_s, 100 * r.mfu, 100 * r.bubble, r.exposed_comm_s(),
+                  r.memory_bytes_max / 1073741824.0);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return dynamic_cast<const adgt::ConfigError*>(&e) ||
+                   dynamic_cast<const adgt::pp::ScheduleError*>(&e)
+               ? 2
+               : 1;
+  }
+}

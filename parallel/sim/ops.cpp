@@ -1,0 +1,95 @@
+// Op names, FLOPs, bytes and the device roofline (ops.hpp).
+#include "parallel/sim/ops.hpp"
+
+#include <algorithm>
+
+namespace adgt::sim {
+
+const char* op_kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::GemmForward: return "gemm_forward";
+    case OpKind::GemmInputGrad: return "gemm_input_grad";
+    case OpKind::GemmWeightGrad: return "gemm_weight_grad";
+    case OpKind::AttentionForward: return "attention_forward";
+    case OpKind::AttentionBackward: return "attention_backward";
+    case OpKind::RmsNormForward: return "rmsnorm_forward";
+    case OpKind::RmsNormBackward: return "rmsnorm_backward";
+    case OpKind::RopeForward: return "rope_forward";
+    case OpKind::RopeBackward: return "rope_backward";
+    case OpKind::SwigluForward: return "swiglu_forward";
+    case OpKind::SwigluBackward: return "swiglu_backward";
+    case OpKind::Add: return "add";
+    case OpKind::EmbeddingForward: return "embedding_forward";
+    case OpKind::EmbeddingBackward: return "embedding_backward";
+    case OpKind::CrossEntropy: return "cross_entropy";
+    case OpKind::AdamW: return "adamw";
+    case OpKind::SumSquares: return "sum_squares";
+  }
+  return "?";
+}
+
+double Op::flops() const {
+  switch (kind) {
+    case OpKind::GemmForward:
+    case OpKind::GemmInputGrad:
+    case OpKind::GemmWeightGrad: return 2.0 * double(a) * double(b) * double(c);
+    case OpKind::AttentionForward:
+      // QK^T and PV over the causal half: 2 GEMMs x 2 FLOPs x B T (T/2) H hd.
+      return 2.0 * 2.0 * double(a) * double(b) * (double(b) / 2) * double(c) * double(e);
+    case OpKind::AttentionBackward:
+      // dV, dP, dQ, dK (4 GEMMs) and the recomputed QK^T: 2.5 x the forward.
+      return 2.5 * 2.0 * 2.0 * double(a) * double(b) * (double(b) / 2) * double(c) * double(e);
+    default: return 0;
+  }
+}
+
+std::string to_string(const Op& op) {
+  std::string s = op_kind_name(op.kind);
+  const int64_t dims[5] = {op.a, op.b, op.c, op.d, op.e};
+  int n = 0;
+  for (int i = 0; i < 5; ++i)
+    if (dims[i] != 0) n = i + 1;
+  for (int i = 0; i < n; ++i) s += (i ? "x" : " ") + std::to_string(dims[i]);
+  return s;
+}
+
+double DeviceModelCosts::bytes_moved(const Op& op, int b) {
+  const double a = double(op.a), x = double(op.b), c = double(op.c), d = double(op.d),
+               e = double(op.e);
+  switch (op.kind) {
+    case OpKind::GemmForward:
+    case OpKind::GemmInputGrad: return b * (a * c + x * c + a * x);
+    case OpKind::GemmWeightGrad: return b * (c * a + c * x) + 4 * a * x * 2;  // fp32 dw += 
+    case OpKind::AttentionForward: return b * a * x * (2 * c + 2 * d) * e;
+    case OpKind::AttentionBackward: return b * a * x * (4 * c + 4 * d) * e;
+    case OpKind::RmsNormForward: return b * 2 * a * x;
+    case OpKind::RmsNormBackward: return b * 3 * a * x;
+    case OpKind::RopeForward:
+    case OpKind::RopeBackward: return b * 2 * a * x * c;
+    case OpKind::SwigluForward: return b * 3 * a * x;
+    case OpKind::SwigluBackward: return b * 5 * a * x;
+    case OpKind::Add: return b * 3 * a;
+    case OpKind::EmbeddingForward: return b * 2 * a * x;
+    case OpKind::EmbeddingBackward: return 4 * 2 * a * x;
+    case OpKind::CrossEntropy: return b * 3 * a * x;
+    case OpKind::AdamW: return 4.0 * 7 * a + (op.b ? 2.0 * a : 0);
+    case OpKind::SumSquares: return 4.0 * a;
+  }
+  return 0;
+}
+
+double DeviceModelCosts::seconds(const Op& op, int bytes) {
+  const double peak = bytes <= 2 ? d_.peak_bf16_flops : d_.peak_fp32_flops;
+  const double f = op.flops();
+  double compute = 0;
+  if (f > 0) {
+    const bool attn = op.kind == OpKind::AttentionForward || op.kind == OpKind::AttentionBackward;
+    const double emax = attn ? d_.attention_efficiency : d_.gemm_efficiency;
+    const double half = attn ? d_.attention_half_flops : d_.gemm_half_flops;
+    compute = f / (peak * emax * f / (f + half));
+  }
+  const double memory = bytes_moved(op, bytes) / (d_.hbm_bandwidth * d_.memory_efficiency);
+  return std::max(compute, memory) + d_.kernel_overhead;
+}
+
+}  // namespace adgt::sim

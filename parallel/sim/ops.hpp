@@ -1,0 +1,70 @@
+// The ops one rank runs, with their local shapes, and what each costs
+// (docs/simulator.md, "Cost tables"): the simulator's per-op cost table. Two
+// sources, one interface:
+//  - DeviceModelCosts: a roofline of the cluster's device (cluster.hpp's
+//    Device) with size-dependent efficiency for GEMMs and attention;
+//  - ProfileCosts (profile.hpp): each op timed on the backend in use at its
+//    exact shape, cached in a JSON file.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "parallel/cluster/cluster.hpp"
+
+namespace adgt::sim {
+
+enum class OpKind : uint8_t {
+  GemmForward,      // y(m,n) = x(m,k) w(n,k)^T             Backend::linear_forward
+  GemmInputGrad,    // dx(m,n) = dy(m,k) w(k,n)             linear_backward, dx only
+  GemmWeightGrad,   // dw(m,n) += dy(k,m)^T x(k,n)          linear_backward, dw only
+  AttentionForward, // causal GQA core: a=B, b=T, c=heads, d=kv heads, e=head_dim
+  AttentionBackward,
+  RmsNormForward,   // a=rows, b=width (the residual rmsnorm counts the same)
+  RmsNormBackward,
+  RopeForward,      // a=tokens, b=heads, c=head_dim (one of q or k)
+  RopeBackward,
+  SwigluForward,    // a=tokens, b=ffn width
+  SwigluBackward,
+  Add,              // y += x over a elements
+  EmbeddingForward, // a=tokens, b=width, c=local vocabulary
+  EmbeddingBackward,
+  CrossEntropy,     // a=tokens, b=local vocabulary: forward and its gradient (one op)
+  AdamW,            // a=elements (fp32 master; b=1 with the bf16 copy cast)
+  SumSquares,       // a=elements (the gradient norm)
+};
+constexpr int kNumOpKinds = 17;
+const char* op_kind_name(OpKind k);  // "gemm_forward", ...
+
+struct Op {
+  OpKind kind = OpKind::Add;
+  int64_t a = 0, b = 0, c = 0, d = 0, e = 0;
+  double flops() const;  // the arithmetic it does (GEMMs 2mnk; attention causal)
+  bool operator==(const Op&) const = default;
+};
+std::string to_string(const Op& op);  // "gemm_forward 2048x768x256"
+
+class OpCosts {
+ public:
+  virtual ~OpCosts() = default;
+  // Seconds for one call of `op` on one device of nominal speed, in `bytes`
+  // per element (4 f32, 2 bf16, 8 f64).
+  virtual double seconds(const Op& op, int bytes) = 0;
+  virtual std::string describe() const = 0;
+};
+
+// Roofline: max(flops / (peak x eff(flops)), bytes moved / (hbm x memory
+// efficiency)) + kernel_overhead. eff(f) = E f / (f + f_half) with the
+// device's GEMM or attention curve; bf16 (or f32) peak by `bytes`.
+class DeviceModelCosts final : public OpCosts {
+ public:
+  explicit DeviceModelCosts(cluster::Device d) : d_(std::move(d)) {}
+  double seconds(const Op& op, int bytes) override;
+  std::string describe() const override { return "device model (" + d_.name + ")"; }
+  // Bytes an op reads and writes (the memory-bound side of the roofline).
+  static double bytes_moved(const Op& op, int bytes);
+
+ private:
+  cluster::Device d_;
+};
+
+}  // namespace adgt::sim

@@ -1,0 +1,212 @@
+// Timing ops on a backend, with a JSON cache (profile.hpp).
+#include "parallel/sim/profile.hpp"
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+namespace adgt::sim {
+namespace {
+
+DType dtype_of(int bytes) { return bytes == 2 ? DType::BF16 : bytes == 8 ? DType::F64 : DType::F32; }
+
+// Owns the buffers of one measurement.
+struct Arena {
+  Backend& be;
+  std::vector<Buffer> bufs;
+  Tensor make(DType t, std::initializer_list<int64_t> shape) {
+    Tensor probe(nullptr, t, shape);
+    bufs.emplace_back(be, std::max<size_t>(probe.bytes(), 16));
+    Tensor x(bufs.back().data(), t, shape);
+    be.zero(x);
+    return x;
+  }
+};
+
+}  // namespace
+
+ProfileCosts::ProfileCosts(Backend& be, std::string cache, double min_seconds)
+    : be_(be), path_(std::move(cache)), min_seconds_(min_seconds) {
+  if (!path_.empty() && std::filesystem::exists(path_)) {
+    std::ifstream in(path_);
+    nlohmann::json j;
+    try {
+      in >> j;
+      for (auto& [k, v] : j.at("ops").items()) table_[k] = v.get<double>();
+    } catch (const std::exception& e) {
+      throw std::runtime_error(path_ + ": not a profile cache written by adgt-sim (" + e.what() +
+                               "); delete it to measure again");
+    }
+  }
+}
+
+ProfileCosts::~ProfileCosts() {
+  try {
+    save();
+  } catch (...) {
+  }
+}
+
+std::string ProfileCosts::describe() const {
+  return "profile of backend " + be_.name() + (path_.empty() ? "" : " (cache " + path_ + ")");
+}
+
+void ProfileCosts::save() const {
+  if (path_.empty() || !dirty_) return;
+  nlohmann::json j;
+  j["format"] = "adgt-sim op profile 1";
+  j["ops"] = table_;
+  const std::string tmp = path_ + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << j.dump(1) << "\n";
+    if (!out) throw std::runtime_error(tmp + ": cannot write the profile cache");
+  }
+  std::filesystem::rename(tmp, path_);
+}
+
+double ProfileCosts::seconds(const Op& op, int bytes) {
+  const std::string key = be_.name() + "/" + dtype_name(dtype_of(bytes)) + "/" + to_string(op);
+  if (auto it = table_.find(key); it != table_.end()) return it->second;
+  const double t = measure(op, bytes);
+  table_[key] = t;
+  ++measured_;
+  const_cast<ProfileCosts*>(this)->dirty_ = true;
+  return t;
+}
+
+double ProfileCosts::measure(const Op& op, int bytes) {
+  const DType dt = dtype_of(bytes);
+  Arena ar{be_, {}};
+  std::function<void()> run;
+  const int64_t a = op.a, b = op.b, c = op.c, d = op.d, e = op.e;
+  switch (op.kind) {
+    case OpKind::GemmForward: {
+      Tensor y = ar.make(dt, {a, b}), x = ar.make(dt, {a, c}), w = ar.make(dt, {b, c});
+      run = [=, this] { be_.linear_forward(y, x, w); };
+      break;
+    }
+    case OpKind::GemmInputGrad: {  // dx(a, b) = dy(a, c) w(c, b)
+      Tensor dx = ar.make(dt, {a, b}), dy = ar.make(dt, {a, c}), w = ar.make(dt, {c, b}),
+             x = ar.make(dt, {a, b});
+      run = [=, this] { be_.linear_backward(dx, Tensor(), dy, x, w, false); };
+      break;
+    }
+    case OpKind::GemmWeightGrad: {  // dw(a, b) += dy(c, a)^T x(c, b)
+      Tensor dw = ar.make(DType::F32, {a, b}), dy = ar.make(dt, {c, a}), x = ar.make(dt, {c, b}),
+             w = ar.make(dt, {a, b});
+      if (dt != DType::F32) dw = ar.make(dt, {a, b});
+      run = [=, this] { be_.linear_backward(Tensor(), dw, dy, x, w, false); };
+      break;
+    }
+    case OpKind::AttentionForward:
+    case OpKind::AttentionBackward: {
+      AttentionShape s{a, b, c, d, e};
+      Tensor q = ar.make(dt, {a, b, c, e}), k = ar.make(dt, {a, b, d, e}),
+             v = ar.make(dt, {a, b, d, e}), out = ar.make(dt, {a, b, c, e});
+      Tensor saved = ar.make(DType::F32, {std::max<int64_t>(1, be_.attention_saved_elems(s))});
+      be_.attention_forward(out, saved, q, k, v, s);
+      if (op.kind == OpKind::AttentionForward) {
+        run = [=, this] { be_.attention_forward(out, saved, q, k, v, s); };
+      } else {
+        Tensor dq = ar.make(dt, {a, b, c, e}), dk = ar.make(dt, {a, b, d, e}),
+               dv = ar.make(dt, {a, b, d, e}), dout = ar.make(dt, {a, b, c, e});
+        run = [=, this] { be_.attention_backward(dq, dk, dv, dout, q, k, v, out, saved, s); };
+      }
+      break;
+    }
+    case OpKind::RmsNormForward:
+    case OpKind::RmsNormBackward: {
+      Tensor x = ar.make(dt, {a, b}), out = ar.make(dt, {a, b}), w = ar.make(dt, {b}),
+             rstd = ar.make(DType::F32, {a});
+      if (op.kind == OpKind::RmsNormForward) {
+        run = [=, this] { be_.rmsnorm_forward(out, rstd, x, w, 1e-5); };
+      } else {
+        be_.rmsnorm_forward(out, rstd, x, w, 1e-5);
+        Tensor dx = ar.make(dt, {a, b}), dw = ar.make(DType::F32, {b});
+        if (dt != DType::F32) dw = ar.make(dt, {b});
+        run = [=, this] { be_.rmsnorm_backward(dx, dw, out, x, w, rstd); };
+      }
+      break;
+    }
+    case OpKind::RopeForward:
+    case OpKind::RopeBackward: {
+      Tensor x = ar.make(dt, {a, b, c});
+      Tensor cs = ar.make(DType::F32, {a, c / 2}), sn = ar.make(DType::F32, {a, c / 2});
+      if (op.kind == OpKind::RopeForward)
+        run = [=, this] { be_.rope_forward(x, cs, sn, a); };
+      else
+        run = [=, this] { be_.rope_backward(x, cs, sn, a); };
+      break;
+    }
+    case OpKind::SwigluForward:
+    case OpKind::SwigluBackward: {
+      Tensor g = ar.make(dt, {a, b}), u = ar.make(dt, {a, b}), h = ar.make(dt, {a, b});
+      if (op.kind == OpKind::SwigluForward) {
+        run = [=, this] { be_.swiglu_forward(h, g, u); };
+      } else {
+        Tensor dg = ar.make(dt, {a, b}), du = ar.make(dt, {a, b});
+        run = [=, this] { be_.swiglu_backward(dg, du, h, g, u); };
+      }
+      break;
+    }
+    case OpKind::Add: {
+      Tensor y = ar.make(dt, {a}), x = ar.make(dt, {a});
+      run = [=, this] { be_.add_inplace(y, x); };
+      break;
+    }
+    case OpKind::EmbeddingForward:
+    case OpKind::EmbeddingBackward: {
+      Tensor out = ar.make(dt, {a, b}), table = ar.make(dt, {c, b}), tok = ar.make(DType::I32, {a});
+      if (op.kind == OpKind::EmbeddingForward) {
+        run = [=, this] { be_.embedding_forward(out, table, tok, 0); };
+      } else {
+        Tensor dt32 = ar.make(DType::F32, {c, b});
+        run = [=, this] { be_.embedding_backward(dt32, out, tok, 0); };
+      }
+      break;
+    }
+    case OpKind::CrossEntropy: {
+      Tensor logits = ar.make(dt, {a, b}), losses = ar.make(DType::F32, {a}),
+             tg = ar.make(DType::I32, {a});
+      if (dt == DType::F64) losses = ar.make(DType::F64, {a});
+      run = [=, this] { be_.cross_entropy(logits, losses, tg, 1.0); };
+      break;
+    }
+    case OpKind::AdamW: {
+      const DType mt = dt == DType::F64 ? DType::F64 : DType::F32;
+      Tensor p = ar.make(mt, {a}), g = ar.make(mt, {a}), m = ar.make(mt, {a}), v = ar.make(mt, {a});
+      AdamWHyper h;
+      h.lr = 1e-4;
+      if (b) {
+        Tensor low = ar.make(DType::BF16, {a});
+        run = [=, this] { be_.adamw_cast(p, g, m, v, low, h); };
+      } else {
+        run = [=, this] { be_.adamw(p, g, m, v, h); };
+      }
+      break;
+    }
+    case OpKind::SumSquares: {
+      Tensor g = ar.make(dt == DType::F64 ? DType::F64 : DType::F32, {a});
+      run = [=, this] { (void)be_.sum_squares(g); };
+      break;
+    }
+  }
+  using clock = std::chrono::steady_clock;
+  run();  // warm-up: first-touch pages, caches
+  be_.synchronize();
+  int reps = 0;
+  const auto t0 = clock::now();
+  double elapsed = 0;
+  while (reps < 2 || (elapsed < min_seconds_ && reps < 200)) {
+    run();
+    ++reps;
+    be_.synchronize();
+    elapsed = std::chrono::duration<double>(clock::now() - t0).count();
+  }
+  return elapsed / reps;
+}
+
+}  // namespace adgt::sim

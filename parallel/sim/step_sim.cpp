@@ -1,0 +1,508 @@
+// The event-driven step simulation (step_sim.hpp).
+#include "parallel/sim/step_sim.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <tuple>
+
+#include "core/layout.hpp"
+#include "parallel/cluster/collectives.hpp"
+#include "parallel/cost/flops.hpp"
+#include "parallel/cost/memory.hpp"
+#include "parallel/engine.hpp"
+#include "parallel/pipeline_plan.hpp"
+#include "parallel/sim/work.hpp"
+
+namespace adgt::sim {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+enum class TaskKind : uint8_t { Compute, Delay, Send, Recv, StartBuckets, WaitBuckets, Sync };
+enum class Cat : uint8_t { Pipeline, Optimizer, Tp, Ep, Step };
+
+struct Task {
+  TaskKind kind;
+  Cat cat = Cat::Pipeline;
+  double amount = 0;       // Compute: seconds at speed 1; Delay: seconds; Sync: seconds
+  int64_t msg = -1;        // Send/Recv: message key
+  int peer = -1;           // Send: the receiving unit
+  double bytes = 0;        // Send
+  int chunk = -2;          // StartBuckets: the chunk (-1: every bucket not started)
+  int64_t grads_done = -3; // Compute: the layer whose gradients are final at its end
+  bool last_mb = false;    // Compute: part of the step's last micro-batch (pp == 1)
+  int sync_id = -1;        // Sync: which step collective
+};
+
+struct Unit {
+  int dp = 0, pp = 0;
+  std::vector<int> ranks;  // world ranks of its tp group
+  double speed = 1;
+  int pool = -1;           // shared-core pool, -1: none
+  std::vector<Task> tasks;
+  size_t pc = 0;
+  // The running task.
+  bool started = false;
+  double remaining = 0, until = 0, since = 0;
+  // Statistics.
+  double compute = 0, optimizer = 0, tp = 0, ep = 0, pp_wait = 0, dp_wait = 0, step_wait = 0;
+  double pipeline_end = 0, end = 0;
+  std::vector<char> bucket_ready;      // all of the bucket's layers final
+  std::vector<char> bucket_requested;  // the executor reached its start
+  std::vector<double> bucket_request_t;
+  std::vector<int64_t> layers_done;
+  double channel_free = 0;
+};
+
+struct Bucket {
+  BucketWork w;
+  double duration = 0;  // for the group of this pp rank
+};
+
+int64_t message_key(int type, int64_t mb, int64_t stage, int64_t dp) {
+  return ((dp * 2 + type) * 1000003 + stage) * 1000003 + mb;
+}
+
+}  // namespace
+
+SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCosts& costs,
+                        const SimOptions& opts) {
+  const Layout lay = layout_of(cfg);
+  const int64_t world = lay.world();
+  if (world > cl.world())
+    throw std::invalid_argument("simulate: the layout needs " + std::to_string(world) +
+                                " ranks (tp*pp*dp) but cluster " + cl.name + " has " +
+                                std::to_string(cl.world()) + " devices");
+  const int P = int(lay.pp), D = int(lay.dp);
+  const int bytes = compute_bytes(cfg);
+  const int64_t m = cfg.accum_steps();
+  const bool hetero = !cl.node_speed.empty() || !opts.slow_ranks.empty() ||
+                      !cl.link_overrides.empty() || cl.sites.size() > 1 || opts.host_cores > 0 ||
+                      cl.cores_per_node > 0 || opts.all_replicas;
+  const int replicas = hetero ? D : 1;
+
+  // Per pipeline rank: its work and bucket durations (costed per replica below).
+  std::vector<RankWork> work;
+  for (int p = 0; p < P; ++p) work.push_back(rank_work(cfg, p));
+  pp::Schedule sched;
+  if (P > 1) sched = engine_schedule(cfg);
+
+  // Op costs, memoised per op.
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>, double> memo;
+  auto op_time = [&](const Op& op) {
+    auto key = std::make_tuple(int(op.kind), op.a, op.b, op.c, op.d, op.e);
+    auto it = memo.find(key);
+    if (it != memo.end()) return it->second;
+    const double t = costs.seconds(op, bytes);
+    memo.emplace(key, t);
+    return t;
+  };
+  auto ops_time = [&](const std::vector<Op>& ops) {
+    double t = 0;
+    for (const Op& op : ops) t += op_time(op);
+    return t;
+  };
+
+  // Units.
+  std::vector<Unit> units;
+  auto unit_index = [&](int d, int p) { return p * replicas + d; };
+  for (int p = 0; p < P; ++p)
+    for (int d = 0; d < replicas; ++d) {
+      Unit u;
+      u.dp = d;
+      u.pp = p;
+      for (int t = 0; t < int(lay.tp); ++t) u.ranks.push_back(rank_of(lay, RankCoords{t, d, p, 0, 0}));
+      u.speed = kInf;
+      for (int r : u.ranks) {
+        double s = cl.speed_of_node(cl.node_of(r));
+        if (auto it = opts.slow_ranks.find(r); it != opts.slow_ranks.end()) s /= it->second;
+        u.speed = std::min(u.speed, s);
+      }
+      if (opts.host_cores > 0) u.pool = 0;
+      else if (cl.cores_per_node > 0) u.pool = int(cl.node_of(u.ranks[0]));
+      units.push_back(std::move(u));
+    }
+
+  auto group_time = [&](const Unit& u, const CommOp& c) {
+    std::vector<int> ranks;
+    switch (c.group) {
+      case Group::tp: ranks = u.ranks; break;
+      default: ranks = group_ranks(lay, c.group, u.ranks[0]); break;
+    }
+    if (c.group == Group::world) {
+      ranks.resize(size_t(world));
+      for (int i = 0; i < int(world); ++i) ranks[size_t(i)] = i;
+    }
+    return cluster::collective_time(cl, c.kind, ranks, c.bytes);
+  };
+
+  // Task lists.
+  auto add_pass = [&](Unit& u, const PassWork& w, bool last_mb) {
+    for (const Piece& pc : w.pieces) {
+      Task t{TaskKind::Compute};
+      t.amount = ops_time(pc.ops);
+      t.grads_done = pc.grads_done_layer;
+      t.last_mb = last_mb;
+      u.tasks.push_back(t);
+      for (const CommOp& c : pc.comms) {
+        Task dl{TaskKind::Delay};
+        dl.cat = c.group == Group::ep ? Cat::Ep : Cat::Tp;
+        dl.amount = group_time(u, c);
+        if (dl.amount > 0) u.tasks.push_back(dl);
+      }
+    }
+  };
+  const int S = P * int(lay.virtual_stages);
+  for (Unit& u : units) {
+    const RankWork& rw = work[size_t(u.pp)];
+    if (P == 1) {
+      for (int64_t mb = 0; mb < m; ++mb) {
+        add_pass(u, rw.chunks[0].forward, false);
+        add_pass(u, rw.chunks[0].backward, mb == m - 1 && cfg.parallel.overlap);
+      }
+    } else {
+      for (const pp::Instr& in : sched.ranks[size_t(u.pp)]) {
+        const int s = in.chunk >= 0 ? sched.stage(u.pp, in.chunk) : -1;
+        const StageWork* st = in.chunk >= 0 ? &rw.chunks[size_t(in.chunk)] : nullptr;
+        switch (in.op) {
+          case pp::Op::Forward: add_pass(u, st->forward, false); break;
+          case pp::Op::BackwardInput: add_pass(u, st->input_grad, false); break;
+          case pp::Op::BackwardWeight: add_pass(u, st->weight_grad, false); break;
+          case pp::Op::Backward: add_pass(u, st->backward, false); break;
+          case pp::Op::SendAct:
+          case pp::Op::SendGrad: {
+            Task t{TaskKind::Send};
+            const bool act = in.op == pp::Op::SendAct;
+            const int to_stage = act ? s + 1 : s - 1;
+            t.msg = message_key(act ? 0 : 1, in.microbatch, to_stage, u.dp);
+            t.peer = unit_index(u.dp, in.peer);
+            t.bytes = st->activation_bytes;
+            u.tasks.push_back(t);
+            break;
+          }
+          case pp::Op::RecvAct:
+          case pp::Op::RecvGrad: {
+            Task t{TaskKind::Recv};
+            t.msg = message_key(in.op == pp::Op::RecvAct ? 0 : 1, in.microbatch, s, u.dp);
+            u.tasks.push_back(t);
+            break;
+          }
+          case pp::Op::ReduceGrads: {
+            Task t{TaskKind::StartBuckets};
+            t.chunk = cfg.parallel.overlap ? in.chunk : -1;
+            if (cfg.parallel.overlap) u.tasks.push_back(t);
+            break;
+          }
+          case pp::Op::WaitSends: break;
+        }
+      }
+    }
+    u.pipeline_end = 0;
+    Task sb{TaskKind::StartBuckets};
+    sb.chunk = -1;
+    u.tasks.push_back(sb);
+    u.tasks.push_back(Task{TaskKind::WaitBuckets});
+    for (size_t i = 0; i < rw.step_comms.size(); ++i) {
+      const CommOp& c = rw.step_comms[i];
+      if (c.group == Group::dp && i >= 2) continue;  // ZeRO-1's all-gather: after the update
+      Task t{TaskKind::Sync};
+      t.cat = Cat::Step;
+      t.amount = group_time(u, c);
+      t.sync_id = int(i);
+      u.tasks.push_back(t);
+    }
+    Task opt{TaskKind::Compute};
+    opt.cat = Cat::Optimizer;
+    opt.amount = ops_time(rw.optimizer);
+    u.tasks.push_back(opt);
+    for (size_t i = 2; i < rw.step_comms.size(); ++i) {
+      Task t{TaskKind::Sync};
+      t.cat = Cat::Step;
+      t.amount = group_time(u, rw.step_comms[i]);
+      t.sync_id = int(i);
+      u.tasks.push_back(t);
+    }
+    const size_t nb = rw.buckets.size();
+    u.bucket_ready.assign(nb, 0);
+    u.bucket_requested.assign(nb, 0);
+    u.bucket_request_t.assign(nb, 0);
+  }
+  (void)S;
+
+  // Bucket durations per pp rank (the groups of replica 0's ranks; every
+  // replica's group spans the same nodes in the same pattern).
+  std::vector<std::vector<double>> bucket_dur(static_cast<size_t>(P));
+  for (int p = 0; p < P; ++p)
+    for (const BucketWork& b : work[size_t(p)].buckets) {
+      const Unit& u = units[size_t(unit_index(0, p))];
+      CommOp c{b.reduce_scatter ? cluster::Collective::ReduceScatter : cluster::Collective::AllReduce,
+               b.group, b.bytes};
+      bucket_dur[size_t(p)].push_back(group_time(u, c));
+    }
+
+  // Simulation state.
+  std::map<int64_t, double> arrival;                 // message -> arrival time
+  std::map<std::pair<int, int>, double> link_free;   // (from unit, to unit) -> free at
+  std::vector<std::vector<double>> bucket_end(static_cast<size_t>(P));  // [pp][bucket] end (replica-wide), -1
+  std::vector<size_t> next_bucket(static_cast<size_t>(P), 0);     // buckets are scheduled in id order
+  for (int p = 0; p < P; ++p) bucket_end[size_t(p)].assign(work[size_t(p)].buckets.size(), -1);
+  std::map<int, std::pair<int, double>> sync_arrived;  // sync id -> (count, latest arrival)
+  std::map<int, double> sync_release;
+  double now = 0;
+  int64_t events = 0;
+
+  auto bucket_is_ready = [&](const Unit& u, size_t b) {
+    const BucketWork& bw = work[size_t(u.pp)].buckets[b];
+    for (int64_t l : bw.layers)
+      if (std::find(u.layers_done.begin(), u.layers_done.end(), l) == u.layers_done.end())
+        return false;
+    return true;
+  };
+  // Schedules the next buckets of pp rank p whose every replica has requested them.
+  auto schedule_buckets = [&](int p) {
+    auto& ends = bucket_end[size_t(p)];
+    while (next_bucket[size_t(p)] < ends.size()) {
+      const size_t b = next_bucket[size_t(p)];
+      double start = 0;
+      for (int d = 0; d < replicas; ++d) {
+        const Unit& u = units[size_t(unit_index(d, p))];
+        if (!u.bucket_requested[b]) return;
+        start = std::max({start, u.bucket_request_t[b], u.channel_free});
+      }
+      const double end = start + bucket_dur[size_t(p)][b];
+      for (int d = 0; d < replicas; ++d) units[size_t(unit_index(d, p))].channel_free = end;
+      ends[b] = end;
+      ++next_bucket[size_t(p)];
+    }
+  };
+  auto request = [&](Unit& u, int chunk) {
+    const auto& bs = work[size_t(u.pp)].buckets;
+    for (size_t b = 0; b < bs.size(); ++b) {
+      if (u.bucket_requested[b]) continue;
+      const bool match = chunk == -1 || bs[b].chunk == chunk ||
+                         (chunk == -4 && u.bucket_ready[b]);  // -4: the ready ones (pp == 1)
+      if (!match) continue;
+      // In order: a bucket starts only after every earlier one was started.
+      bool earlier = true;
+      for (size_t e = 0; e < b; ++e) earlier = earlier && u.bucket_requested[e];
+      if (!earlier) break;
+      u.bucket_requested[b] = 1;
+      u.bucket_request_t[b] = now;
+    }
+    schedule_buckets(u.pp);
+  };
+
+  const int n_units = int(units.size());
+  while (true) {
+    // Instantaneous steps.
+    bool moved = true;
+    while (moved) {
+      moved = false;
+      for (Unit& u : units) {
+        while (u.pc < u.tasks.size()) {
+          Task& t = u.tasks[u.pc];
+          bool done = false;
+          switch (t.kind) {
+            case TaskKind::Compute:
+            case TaskKind::Delay:
+              if (!u.started) {
+                u.started = true;
+                u.since = now;
+                u.remaining = t.amount;
+                u.until = now + t.amount;
+              }
+              break;
+            case TaskKind::Send: {
+              const Unit& to = units[size_t(t.peer)];
+              const double depart = std::max(now, link_free[{int(&u - units.data()), t.peer}]);
+              const double dt = cluster::message_time(cl, u.ranks[0], to.ranks[0], t.bytes);
+              arrival[t.msg] = depart + dt;
+              link_free[{int(&u - units.data()), t.peer}] = depart + dt;
+              done = true;
+              break;
+            }
+            case TaskKind::Recv: {
+              auto it = arrival.find(t.msg);
+              if (!u.started) u.started = true, u.since = now;
+              if (it != arrival.end() && it->second <= now) {
+                u.pp_wait += now - u.since;
+                done = true;
+              }
+              break;
+            }
+            case TaskKind::StartBuckets:
+              request(u, t.chunk);
+              done = true;
+              break;
+            case TaskKind::WaitBuckets: {
+              if (!u.started) u.started = true, u.since = now, u.pipeline_end = now;
+              const auto& ends = bucket_end[size_t(u.pp)];
+              bool all = true;
+              for (double e : ends) all = all && e >= 0 && e <= now;
+              if (all) {
+                u.dp_wait += now - u.since;
+                done = true;
+              }
+              break;
+            }
+            case TaskKind::Sync: {
+              if (!u.started) {
+                u.started = true;
+                u.since = now;
+                auto& [count, latest] = sync_arrived[t.sync_id];
+                ++count;
+                latest = std::max(latest, now);
+                if (count == n_units) sync_release[t.sync_id] = latest + t.amount;
+              }
+              auto it = sync_release.find(t.sync_id);
+              if (it != sync_release.end() && it->second <= now) {
+                u.step_wait += now - u.since;
+                done = true;
+              }
+              break;
+            }
+          }
+          if (!done) break;
+          u.started = false;
+          ++u.pc;
+          ++events;
+          moved = true;
+        }
+      }
+    }
+    // Rates of the computing units.
+    std::map<int, double> demand;
+    for (const Unit& u : units)
+      if (u.pc < u.tasks.size() && u.tasks[u.pc].kind == TaskKind::Compute && u.pool >= 0)
+        demand[u.pool] += double(u.ranks.size());
+    const double cores_of_pool = opts.host_cores > 0 ? double(opts.host_cores)
+                                                     : double(cl.cores_per_node);
+    auto rate = [&](const Unit& u) {
+      double r = u.speed;
+      if (u.pool >= 0) r *= std::min(1.0, cores_of_pool / demand[u.pool]);
+      return r;
+    };
+    // The next event.
+    double next = kInf;
+    bool all_done = true;
+    for (const Unit& u : units) {
+      if (u.pc >= u.tasks.size()) continue;
+      all_done = false;
+      const Task& t = u.tasks[u.pc];
+      switch (t.kind) {
+        case TaskKind::Compute: next = std::min(next, now + u.remaining / rate(u)); break;
+        case TaskKind::Delay: next = std::min(next, u.until); break;
+        case TaskKind::Recv:
+          if (auto it = arrival.find(t.msg); it != arrival.end()) next = std::min(next, it->second);
+          break;
+        case TaskKind::WaitBuckets: {
+          double last = 0;
+          bool known = true;
+          for (double e : bucket_end[size_t(u.pp)]) known = known && e >= 0, last = std::max(last, e);
+          if (known) next = std::min(next, last);
+          break;
+        }
+        case TaskKind::Sync:
+          if (auto it = sync_release.find(t.sync_id); it != sync_release.end())
+            next = std::min(next, it->second);
+          break;
+        default: break;
+      }
+    }
+    if (all_done) break;
+    if (!(next < kInf))
+      throw std::logic_error("simulate: no unit can proceed (a schedule that cannot complete)");
+    const double dt = std::max(0.0, next - now);
+    for (Unit& u : units) {
+      if (u.pc >= u.tasks.size()) continue;
+      Task& t = u.tasks[u.pc];
+      if (t.kind == TaskKind::Compute) {
+        u.remaining -= rate(u) * dt;
+        if (u.remaining <= 1e-15 * std::max(1.0, t.amount) || now + dt >= next && u.remaining <= 1e-12) {
+          const double took = next - u.since;
+          (t.cat == Cat::Optimizer ? u.optimizer : u.compute) += took;
+          if (t.grads_done > -3) {
+            u.layers_done.push_back(t.grads_done);
+            if (t.last_mb) {
+              for (size_t b = 0; b < u.bucket_ready.size(); ++b)
+                if (!u.bucket_ready[b] && bucket_is_ready(u, b)) u.bucket_ready[b] = 1;
+            }
+          }
+          u.started = false;
+          ++u.pc;
+          ++events;
+          if (t.last_mb && P == 1) {
+            now = next;
+            request(u, -4);
+          }
+        }
+      } else if (t.kind == TaskKind::Delay && u.until <= next) {
+        (t.cat == Cat::Ep ? u.ep : u.tp) += t.amount;
+        u.started = false;
+        ++u.pc;
+        ++events;
+      }
+    }
+    now = next;
+    for (Unit& u : units)
+      if (u.pc >= u.tasks.size() && u.end == 0) u.end = now;
+  }
+  for (Unit& u : units)
+    if (u.end == 0) u.end = now;
+
+  SimResult r;
+  r.world = world;
+  r.microbatches = m;
+  r.units_simulated = n_units;
+  r.events = events;
+  for (const Unit& u : units) {
+    r.step_time_s = std::max(r.step_time_s, u.end);
+    r.exposed_tp_s = std::max(r.exposed_tp_s, u.tp);
+    r.exposed_ep_s = std::max(r.exposed_ep_s, u.ep);
+    r.exposed_pp_s = std::max(r.exposed_pp_s, u.pp_wait);
+    r.exposed_dp_s = std::max(r.exposed_dp_s, u.dp_wait);
+    r.exposed_step_s = std::max(r.exposed_step_s, u.step_wait);
+    r.compute_s = std::max(r.compute_s, u.compute);
+    r.optimizer_s = std::max(r.optimizer_s, u.optimizer);
+  }
+  if (P > 1) {
+    double span = 0, busy = 0;
+    for (const Unit& u : units) span = std::max(span, u.pipeline_end);
+    for (const Unit& u : units) busy += u.compute + u.tp + u.ep;
+    r.bubble = span > 0 ? std::max(0.0, 1.0 - busy / (span * n_units)) : 0;
+  }
+  const double tokens = double(cfg.train.global_batch) * double(cfg.model.seq_len);
+  r.tokens_per_s = tokens / r.step_time_s;
+  r.tflops_per_gpu = mfu_flops_per_token(cfg.model) * r.tokens_per_s / double(world) / 1e12;
+  const double peak = bytes <= 2 ? cl.device.peak_bf16_flops : cl.device.peak_fp32_flops;
+  r.mfu = peak > 0 ? r.tflops_per_gpu * 1e12 / peak : 0;
+  std::vector<std::vector<int64_t>> held;
+  if (P > 1) held = held_microbatches(sched);
+  r.memory_bytes_max = double(estimate_memory(cfg, bytes, held).bytes_total);
+  return r;
+}
+
+std::string to_json(const SimResult& r) {
+  nlohmann::json j;
+  j["step_time_s"] = r.step_time_s;
+  j["tokens_per_s"] = r.tokens_per_s;
+  j["tflops_per_gpu"] = r.tflops_per_gpu;
+  j["mfu"] = r.mfu;
+  j["bubble"] = r.bubble;
+  j["exposed_comm_s"] = r.exposed_comm_s();
+  j["exposed_s"] = {{"tp", r.exposed_tp_s}, {"pp", r.exposed_pp_s}, {"dp", r.exposed_dp_s},
+                    {"ep", r.exposed_ep_s}, {"step", r.exposed_step_s}};
+  j["compute_s"] = r.compute_s;
+  j["optimizer_s"] = r.optimizer_s;
+  j["memory_gib_max"] = r.memory_bytes_max / 1073741824.0;
+  j["world"] = r.world;
+  j["microbatches"] = r.microbatches;
+  j["units_simulated"] = r.units_simulated;
+  j["events"] = r.events;
+  return j.dump();
+}
+
+}  // namespace adgt::sim

@@ -1,0 +1,69 @@
+// The training-step simulator (docs/simulator.md): one optimizer step of a run
+// configuration on a cluster, event by event, per rank. It runs the schedule
+// IR the executor runs (engine_schedule: the same generator, validator and
+// ReduceGrads placement), with each instruction's work from work.hpp costed by
+// an OpCosts table, the tensor- and expert-parallel collectives inside the
+// ops, pipeline messages over the links they cross, the data-parallel buckets
+// started as the executor starts them and reduced on a per-rank channel, the
+// norm/loss all-reduces, ZeRO-1's all-gather and the optimizer.
+//
+// A simulated unit is one tensor-parallel group (its ranks run in lockstep,
+// at the speed of its slowest member). Where every data-parallel replica is
+// the same (no per-node speeds, slow ranks, link overrides, sites or shared
+// cores) only replica 0 is simulated; its collectives are costed for the
+// whole group. Ranks sharing cores (cpu-here, or CPU ranks emulating a
+// cluster on one host) share them by processor sharing: a computing rank runs
+// at min(1, cores / computing ranks) of its speed.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "core/config.hpp"
+#include "parallel/cluster/cluster.hpp"
+#include "parallel/sim/ops.hpp"
+
+namespace adgt::sim {
+
+struct SimOptions {
+  // > 0: every rank of the run shares this many cores (CPU ranks emulating a
+  // cluster on one host); 0: the cluster's cores_per_node (0: none shared).
+  int64_t host_cores = 0;
+  std::map<int, double> slow_ranks;  // world rank -> compute slowdown factor (>= 1)
+  bool all_replicas = false;         // simulate every dp replica even when they are the same
+};
+
+struct SimResult {
+  double step_time_s = 0;
+  double tokens_per_s = 0;
+  double tflops_per_gpu = 0;  // MFU convention (flops.hpp): model FLOPs, no recompute
+  double mfu = 0;             // tflops_per_gpu / the device's peak for train.dtype
+  double bubble = 0;          // pipeline: idle share of the stage ranks' time up to the
+                              // last backward (0 without pipeline parallelism)
+  // Exposed communication, seconds per step (the most of any rank): time a rank
+  // waited for a group's transfers instead of computing.
+  double exposed_tp_s = 0, exposed_pp_s = 0, exposed_dp_s = 0, exposed_ep_s = 0,
+         exposed_step_s = 0;  // the norm/loss all-reduces and ZeRO-1's all-gather
+  double exposed_comm_s() const {
+    return exposed_tp_s + exposed_pp_s + exposed_dp_s + exposed_ep_s + exposed_step_s;
+  }
+  double compute_s = 0;        // the busiest rank's compute
+  double optimizer_s = 0;      // the update (sum of squares + AdamW)
+  double memory_bytes_max = 0; // the dry run's estimate (parallel/cost/memory.hpp)
+  int64_t world = 0;
+  int64_t microbatches = 0;
+  int64_t units_simulated = 0;
+  int64_t events = 0;
+};
+
+// Simulates one step of the validated `cfg` (its layout in parallel.*) on
+// `cl`, whose devices must be at least tp*pp*dp (std::invalid_argument
+// otherwise, naming both).
+SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCosts& costs,
+                        const SimOptions& opts = {});
+
+// One JSON object: step_time_s, tokens_per_s, tflops_per_gpu, mfu, bubble,
+// exposed_comm_s (and per group), memory_gib_max, ...
+std::string to_json(const SimResult& r);
+
+}  // namespace adgt::sim

@@ -1,0 +1,379 @@
+// The op lists of one rank's micro-batch (work.hpp), mirroring
+// core/model/model_forward_backward.cpp.
+#include "parallel/sim/work.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#include "parallel/cost/stages.hpp"
+
+namespace adgt::sim {
+namespace {
+
+using cluster::Collective;
+
+struct Dims {
+  int64_t B, T, N, Ns, C, Hl, KVl, hd, Fl, Vl, E, El, Fel, k;
+  int b;
+  int64_t tp, ep;
+  bool sp;
+};
+
+Dims dims_of(const RunConfig& cfg) {
+  const ModelConfig& m = cfg.model;
+  const ParallelConfig& p = cfg.parallel;
+  Dims d{};
+  d.B = cfg.train.micro_batch;
+  d.T = m.seq_len;
+  d.N = d.B * d.T;
+  d.tp = p.tp;
+  d.ep = p.ep;
+  d.sp = p.sequence_parallel && p.tp > 1;
+  d.Ns = d.sp ? d.N / p.tp : d.N;
+  d.C = m.d_model;
+  d.hd = m.head_dim();
+  d.Hl = m.n_heads / p.tp;
+  d.KVl = m.n_kv_heads / p.tp;
+  d.Fl = m.ffn_hidden / p.tp;
+  d.Vl = (m.vocab_size + p.tp - 1) / p.tp;
+  d.E = m.n_experts;
+  d.El = m.n_experts > 0 ? m.n_experts / p.ep : 0;
+  d.Fel = m.expert_ffn() / p.tp;
+  d.k = m.moe_top_k;
+  d.b = compute_bytes(cfg);
+  return d;
+}
+
+Op gemm(OpKind k, int64_t m, int64_t n, int64_t kk) { return Op{k, m, n, kk, 0, 0}; }
+
+// Tensor-parallel exchange of the activation (N, C) after a row-parallel GEMM
+// (forward) or before a column-parallel one's input gradient: an all-reduce,
+// or with sequence parallelism a reduce-scatter (the all-gather is gather()).
+void reduce_act(Piece& p, const Dims& d) {
+  if (d.tp == 1) return;
+  const double bytes = double(d.N) * d.C * d.b;
+  p.comms.push_back({d.sp ? Collective::ReduceScatter : Collective::AllReduce, Group::tp, bytes});
+}
+void gather_act(Piece& p, const Dims& d) {
+  if (d.tp == 1 || !d.sp) return;
+  p.comms.push_back({Collective::AllGather, Group::tp, double(d.N) * d.C * d.b});
+}
+
+// Attention half of a layer, forward.
+void attention_forward(Piece& p, const Dims& d) {
+  p.ops.push_back({OpKind::RmsNormForward, d.Ns, d.C});
+  gather_act(p, d);
+  p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.Hl * d.hd, d.C));
+  p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.KVl * d.hd, d.C));
+  p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.KVl * d.hd, d.C));
+  p.ops.push_back({OpKind::RopeForward, d.N, d.Hl, d.hd});
+  p.ops.push_back({OpKind::RopeForward, d.N, d.KVl, d.hd});
+  p.ops.push_back({OpKind::AttentionForward, d.B, d.T, d.Hl, d.KVl, d.hd});
+  p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.C, d.Hl * d.hd));
+}
+
+void dense_ffn_forward(Piece& p, const Dims& d) {
+  p.ops.push_back({OpKind::RmsNormForward, d.Ns, d.C});
+  p.ops.push_back({OpKind::Add, d.Ns * d.C});
+  gather_act(p, d);
+  p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.Fl, d.C));
+  p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.Fl, d.C));
+  p.ops.push_back({OpKind::SwigluForward, d.N, d.Fl});
+  p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.C, d.Fl));
+}
+
+// Tokens one local expert runs with uniform routing: N k ep / E.
+int64_t expert_tokens(const Dims& d) { return std::max<int64_t>(1, d.N * d.k / std::max<int64_t>(1, d.El)); }
+
+void moe_ffn_forward(Piece& p, const Dims& d) {
+  p.ops.push_back({OpKind::RmsNormForward, d.Ns, d.C});
+  p.ops.push_back({OpKind::Add, d.Ns * d.C});
+  gather_act(p, d);
+  p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.E, d.C));  // router
+  const double a2a = double(d.N) * d.k * d.C * d.b;
+  if (d.ep > 1) p.comms.push_back({Collective::AllToAll, Group::ep, a2a});
+  const int64_t t = expert_tokens(d);
+  for (int64_t e = 0; e < d.El; ++e) {
+    p.ops.push_back(gemm(OpKind::GemmForward, t, d.Fel, d.C));
+    p.ops.push_back(gemm(OpKind::GemmForward, t, d.Fel, d.C));
+    p.ops.push_back({OpKind::SwigluForward, t, d.Fel});
+    p.ops.push_back(gemm(OpKind::GemmForward, t, d.C, d.Fel));
+  }
+  if (d.ep > 1) p.comms.push_back({Collective::AllToAll, Group::ep, a2a});
+  p.ops.push_back({OpKind::Add, d.N * d.k * d.C});  // the weighted combine
+}
+
+// A whole layer's forward as pieces (attention, FFN), each with its exchange.
+void layer_forward(PassWork& w, const ModelConfig& m, int64_t l, const Dims& d) {
+  Piece a;
+  attention_forward(a, d);
+  reduce_act(a, d);
+  w.pieces.push_back(std::move(a));
+  Piece f;
+  if (m.is_moe_layer(l))
+    moe_ffn_forward(f, d);
+  else
+    dense_ffn_forward(f, d);
+  reduce_act(f, d);
+  f.ops.push_back({OpKind::Add, d.Ns * d.C});
+  w.pieces.push_back(std::move(f));
+}
+
+// Input gradient of a layer (reverse order), with the recompute it needs.
+void layer_input_grad(PassWork& w, const ModelConfig& m, int64_t l, const Dims& d,
+                      bool full_rc, bool selective_rc, bool fused_weight) {
+  if (full_rc) layer_forward(w, m, l, d);
+  Piece f;
+  const bool moe = m.is_moe_layer(l);
+  gather_act(f, d);  // the gradient of the reduce-scatter
+  if (moe) {
+    const double a2a = double(d.N) * d.k * d.C * d.b;
+    if (d.ep > 1) f.comms.push_back({Collective::AllToAll, Group::ep, a2a});
+    const int64_t t = expert_tokens(d);
+    for (int64_t e = 0; e < d.El; ++e) {
+      if (selective_rc && !full_rc) f.ops.push_back({OpKind::SwigluForward, t, d.Fel});
+      f.ops.push_back(gemm(OpKind::GemmInputGrad, t, d.Fel, d.C));
+      f.ops.push_back({OpKind::SwigluBackward, t, d.Fel});
+      f.ops.push_back(gemm(OpKind::GemmInputGrad, t, d.C, d.Fel));
+      f.ops.push_back(gemm(OpKind::GemmInputGrad, t, d.C, d.Fel));
+      if (fused_weight) {
+        f.ops.push_back(gemm(OpKind::GemmWeightGrad, d.C, d.Fel, t));
+        f.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Fel, d.C, t));
+        f.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Fel, d.C, t));
+      }
+    }
+    if (d.ep > 1) f.comms.push_back({Collective::AllToAll, Group::ep, a2a});
+    f.ops.push_back(gemm(OpKind::GemmInputGrad, d.N, d.C, d.E));
+    if (fused_weight) f.ops.push_back(gemm(OpKind::GemmWeightGrad, d.E, d.C, d.N));
+  } else {
+    if (selective_rc && !full_rc) f.ops.push_back({OpKind::SwigluForward, d.N, d.Fl});
+    f.ops.push_back(gemm(OpKind::GemmInputGrad, d.N, d.Fl, d.C));
+    f.ops.push_back({OpKind::SwigluBackward, d.N, d.Fl});
+    f.ops.push_back(gemm(OpKind::GemmInputGrad, d.N, d.C, d.Fl));
+    f.ops.push_back(gemm(OpKind::GemmInputGrad, d.N, d.C, d.Fl));
+    if (fused_weight) {
+      f.ops.push_back(gemm(OpKind::GemmWeightGrad, d.C, d.Fl, d.N));
+      f.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Fl, d.C, d.N));
+      f.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Fl, d.C, d.N));
+    }
+  }
+  f.ops.push_back({OpKind::RmsNormBackward, d.Ns, d.C});
+  reduce_act(f, d);
+  w.pieces.push_back(std::move(f));
+
+  Piece a;
+  gather_act(a, d);
+  a.ops.push_back(gemm(OpKind::GemmInputGrad, d.N, d.Hl * d.hd, d.C));
+  if (fused_weight) a.ops.push_back(gemm(OpKind::GemmWeightGrad, d.C, d.Hl * d.hd, d.N));
+  if (selective_rc && !full_rc)
+    a.ops.push_back({OpKind::AttentionForward, d.B, d.T, d.Hl, d.KVl, d.hd});
+  a.ops.push_back({OpKind::AttentionBackward, d.B, d.T, d.Hl, d.KVl, d.hd});
+  a.ops.push_back({OpKind::RopeBackward, d.N, d.Hl, d.hd});
+  a.ops.push_back({OpKind::RopeBackward, d.N, d.KVl, d.hd});
+  a.ops.push_back(gemm(OpKind::GemmInputGrad, d.N, d.C, d.Hl * d.hd));
+  a.ops.push_back(gemm(OpKind::GemmInputGrad, d.N, d.C, d.KVl * d.hd));
+  a.ops.push_back(gemm(OpKind::GemmInputGrad, d.N, d.C, d.KVl * d.hd));
+  if (fused_weight) {
+    a.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Hl * d.hd, d.C, d.N));
+    a.ops.push_back(gemm(OpKind::GemmWeightGrad, d.KVl * d.hd, d.C, d.N));
+    a.ops.push_back(gemm(OpKind::GemmWeightGrad, d.KVl * d.hd, d.C, d.N));
+  }
+  a.ops.push_back({OpKind::RmsNormBackward, d.Ns, d.C});
+  reduce_act(a, d);
+  a.ops.push_back({OpKind::Add, d.Ns * d.C});
+  if (fused_weight) a.grads_done_layer = l;
+  w.pieces.push_back(std::move(a));
+}
+
+void layer_weight_grad(PassWork& w, const ModelConfig& m, int64_t l, const Dims& d) {
+  Piece p;
+  if (m.is_moe_layer(l)) {
+    const int64_t t = expert_tokens(d);
+    for (int64_t e = 0; e < d.El; ++e) {
+      p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.C, d.Fel, t));
+      p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Fel, d.C, t));
+      p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Fel, d.C, t));
+    }
+    p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.E, d.C, d.N));
+  } else {
+    p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.C, d.Fl, d.N));
+    p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Fl, d.C, d.N));
+    p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Fl, d.C, d.N));
+  }
+  p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.C, d.Hl * d.hd, d.N));
+  p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Hl * d.hd, d.C, d.N));
+  p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.KVl * d.hd, d.C, d.N));
+  p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.KVl * d.hd, d.C, d.N));
+  p.grads_done_layer = l;
+  w.pieces.push_back(std::move(p));
+}
+
+// Local parameters of a layer: (non-expert, expert) elements.
+std::pair<double, double> layer_params(const ModelConfig& m, int64_t l, const Dims& d) {
+  double dense = double(d.C) * (d.Hl + 2 * d.KVl) * d.hd + double(d.Hl) * d.hd * d.C + 2.0 * d.C;
+  double expert = 0;
+  if (m.is_moe_layer(l)) {
+    dense += double(d.E) * d.C;
+    expert = double(d.El) * 3.0 * d.C * d.Fel;
+  } else {
+    dense += 3.0 * d.C * d.Fl;
+  }
+  return {dense, expert};
+}
+
+}  // namespace
+
+int compute_bytes(const RunConfig& cfg) {
+  if (cfg.train.dtype == "bf16") return 2;
+  if (cfg.train.dtype == "f64") return 8;
+  return 4;
+}
+
+RankWork rank_work(const RunConfig& cfg, int pp_rank) {
+  const ModelConfig& m = cfg.model;
+  const ParallelConfig& par = cfg.parallel;
+  const Dims d = dims_of(cfg);
+  const std::vector<int64_t> counts = stage_layer_counts(cfg);
+  const int pp = int(par.pp), v = int(par.virtual_stages), S = pp * v;
+  const std::string rc = cfg.train.recompute;
+  RankWork rw;
+  double grad_scale_bytes = 4;  // gradients and their reduction are fp32
+  std::vector<std::pair<int64_t, std::pair<double, double>>> units;  // (layer, params), completion order
+  for (int c = 0; c < v; ++c) {
+    const int s = c * pp + pp_rank;
+    StageWork st;
+    st.first_layer = std::accumulate(counts.begin(), counts.begin() + s, int64_t{0});
+    st.end_layer = st.first_layer + counts[size_t(s)];
+    st.embedding = s == 0;
+    st.head = s == S - 1;
+    st.activation_bytes = double(d.Ns) * d.C * d.b;
+    // Forward.
+    if (st.embedding) {
+      Piece p;
+      p.ops.push_back({OpKind::EmbeddingForward, d.N, d.C, d.Vl});
+      if (d.tp > 1)
+        p.comms.push_back({d.sp ? Collective::ReduceScatter : Collective::AllReduce, Group::tp,
+                           double(d.N) * d.C * d.b});
+      st.forward.pieces.push_back(std::move(p));
+    }
+    for (int64_t l = st.first_layer; l < st.end_layer; ++l) layer_forward(st.forward, m, l, d);
+    if (st.head) {
+      Piece p;
+      p.ops.push_back({OpKind::RmsNormForward, d.Ns, d.C});
+      gather_act(p, d);
+      p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.Vl, d.C));
+      p.ops.push_back({OpKind::CrossEntropy, d.N, d.Vl});
+      if (d.tp > 1) p.comms.push_back({Collective::AllGather, Group::tp, double(d.N) * 2 * 4 * d.tp});
+      st.forward.pieces.push_back(std::move(p));
+    }
+    // The backward: B alone (split schedules), B and W fused (the others).
+    auto backward = [&](bool fused) {
+      PassWork w;
+      if (st.head) {
+        Piece p;
+        p.ops.push_back(gemm(OpKind::GemmInputGrad, d.N, d.C, d.Vl));
+        if (fused) p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Vl, d.C, d.N));
+        p.ops.push_back({OpKind::RmsNormBackward, d.Ns, d.C});
+        reduce_act(p, d);
+        if (fused) p.grads_done_layer = m.n_layers;
+        w.pieces.push_back(std::move(p));
+      }
+      for (int64_t l = st.end_layer - 1; l >= st.first_layer; --l) {
+        const int64_t within = l - st.first_layer;
+        const bool full_rc = rc == "full" && (cfg.train.recompute_layers == 0 ||
+                                              within < cfg.train.recompute_layers);
+        layer_input_grad(w, m, l, d, full_rc, rc == "selective", fused);
+      }
+      if (st.embedding && fused) {
+        Piece p;
+        gather_act(p, d);
+        p.ops.push_back({OpKind::EmbeddingBackward, d.N, d.C, d.Vl});
+        p.grads_done_layer = -2;
+        w.pieces.push_back(std::move(p));
+      }
+      return w;
+    };
+    st.input_grad = backward(false);
+    st.backward = backward(true);
+    if (st.head) {
+      Piece p;
+      p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Vl, d.C, d.N));
+      p.grads_done_layer = m.n_layers;
+      st.weight_grad.pieces.push_back(std::move(p));
+    }
+    for (int64_t l = st.end_layer - 1; l >= st.first_layer; --l)
+      layer_weight_grad(st.weight_grad, m, l, d);
+    if (st.embedding) {
+      Piece p;
+      gather_act(p, d);
+      p.ops.push_back({OpKind::EmbeddingBackward, d.N, d.C, d.Vl});
+      p.grads_done_layer = -2;
+      st.weight_grad.pieces.push_back(std::move(p));
+    }
+    // Gradient units of this chunk, in completion order.
+    if (st.head)
+      units.push_back({m.n_layers, {double(d.Vl) * d.C * (m.tie_embeddings && st.embedding ? 0 : 1) + d.C, 0}});
+    for (int64_t l = st.end_layer - 1; l >= st.first_layer; --l) units.push_back({l, layer_params(m, l, d)});
+    if (st.embedding) units.push_back({-2, {double(d.Vl) * d.C, 0}});
+    rw.chunks.push_back(std::move(st));
+  }
+  // Buckets: whole units of one chunk, closed at bucket_mb (grad_buckets.hpp).
+  for (const auto& u : units) rw.param_elems += u.second.first + u.second.second;
+  const bool zero = par.zero == 1 && par.dp > 1;
+  const double bucket_bytes = std::max(1024.0 * 4, par.bucket_mb * 1024 * 1024);
+  if (zero) {
+    BucketWork b;
+    b.chunk = -1;
+    b.reduce_scatter = true;
+    for (const auto& u : units) {
+      b.layers.push_back(u.first);
+      b.bytes += (u.second.first + (par.ep > 1 ? 0 : u.second.second)) * grad_scale_bytes;
+    }
+    rw.buckets.push_back(b);
+  }
+  auto chunk_of_layer = [&](int64_t l) {
+    for (int c = 0; c < v; ++c) {
+      const StageWork& st = rw.chunks[size_t(c)];
+      if ((l >= st.first_layer && l < st.end_layer) || (l == -2 && st.embedding) ||
+          (l == m.n_layers && st.head))
+        return c;
+    }
+    return 0;
+  };
+  if (!zero && par.dp > 1) {
+    BucketWork cur;
+    cur.chunk = -100;
+    for (const auto& u : units) {
+      const int c = chunk_of_layer(u.first);
+      if (cur.chunk != c && !cur.layers.empty()) rw.buckets.push_back(cur), cur = {};
+      cur.chunk = c;
+      cur.layers.push_back(u.first);
+      cur.bytes += (u.second.first + (par.ep > 1 ? 0 : u.second.second)) * grad_scale_bytes;
+      if (cur.bytes >= bucket_bytes) rw.buckets.push_back(cur), cur = {}, cur.chunk = -100;
+    }
+    if (!cur.layers.empty()) rw.buckets.push_back(cur);
+  }
+  // Expert weights reduce over edp (dp / ep ranks) when ep > 1.
+  if (par.ep > 1 && par.dp / par.ep > 1) {
+    for (const auto& u : units)
+      if (u.second.second > 0) {
+        BucketWork b;
+        b.chunk = chunk_of_layer(u.first);
+        b.layers = {u.first};
+        b.bytes = u.second.second * grad_scale_bytes;
+        b.group = Group::edp;
+        rw.buckets.push_back(b);
+      }
+  }
+  // The update.
+  const double state = zero ? rw.param_elems / double(par.dp) : rw.param_elems;
+  rw.optimizer.push_back({OpKind::SumSquares, int64_t(state)});
+  rw.optimizer.push_back({OpKind::AdamW, int64_t(state), d.b == 2 ? 1 : 0});
+  rw.step_comms.push_back({Collective::AllReduce, Group::world, 8});  // the gradient norm
+  rw.step_comms.push_back({Collective::AllReduce, Group::world, 8});  // the loss
+  if (zero)
+    rw.step_comms.push_back({Collective::AllGather, Group::dp, rw.param_elems * d.b});
+  return rw;
+}
+
+}  // namespace adgt::sim

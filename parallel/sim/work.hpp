@@ -1,0 +1,80 @@
+// What one rank computes and communicates for one micro-batch of one model
+// stage, as op lists with local shapes (docs/simulator.md, "Work"): the
+// forward (F), the input gradient (B) and the weight gradient (W) of every
+// layer, the embedding and the head, with the tensor- and expert-parallel
+// collectives inside them, the recompute the configuration asks for, the
+// pipeline message sizes, the gradient buckets and the optimizer step. It
+// mirrors core/model/model_forward_backward.cpp op for op; collectives are
+// given as (kind, group, bytes) so the simulator costs them for each rank's
+// group on the cluster.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/layout.hpp"
+#include "parallel/cluster/collectives.hpp"
+#include "parallel/sim/ops.hpp"
+
+namespace adgt::sim {
+
+struct CommOp {
+  cluster::Collective kind = cluster::Collective::AllReduce;
+  Group group = Group::tp;  // tp or ep (in a layer), dp / edp / world (the step)
+  double bytes = 0;         // collective_time's `bytes`
+};
+
+// A piece of work in execution order: ops, then the collectives that follow
+// them (a tensor-parallel all-reduce after the o projection, ...). A piece may
+// end a layer's gradient: `grads_done_layer` >= 0 names the layer whose weight
+// gradients are final when the piece ends (-1: none; the embedding is layer
+// -2, the head layer n_layers).
+struct Piece {
+  std::vector<Op> ops;
+  std::vector<CommOp> comms;
+  int64_t grads_done_layer = -1;
+};
+
+struct PassWork {
+  std::vector<Piece> pieces;
+};
+
+// One model stage (a chunk of one pipeline rank) for one micro-batch.
+struct StageWork {
+  int64_t first_layer = 0, end_layer = 0;  // [first, end)
+  bool embedding = false, head = false;
+  PassWork forward;         // F
+  PassWork input_grad;      // B alone (with the recompute it needs)
+  PassWork weight_grad;     // W alone
+  PassWork backward;        // B and W fused, layer by layer (Backward)
+  double activation_bytes = 0;  // one SendAct / SendGrad message
+};
+
+// A gradient bucket of this rank (the reducer's plan, approximated by whole
+// layers: parallel/dp/grad_buckets.hpp closes a bucket once it holds
+// bucket_mb; the units here are layers, so a bucket ends on a layer boundary).
+struct BucketWork {
+  int chunk = 0;                 // -1: ZeRO-1's one bucket of every chunk
+  std::vector<int64_t> layers;   // whose gradients it holds (ready when all are final)
+  double bytes = 0;              // fp32 gradient bytes
+  Group group = Group::dp;       // dp, or edp for expert weights
+  bool reduce_scatter = false;   // ZeRO-1
+};
+
+struct RankWork {
+  std::vector<StageWork> chunks;   // (virtual_stages)
+  std::vector<BucketWork> buckets; // in start order
+  std::vector<Op> optimizer;       // the update: sum of squares, AdamW
+  std::vector<CommOp> step_comms;  // after the backward: the norm and loss all-reduces,
+                                   // ZeRO-1's parameter all-gather
+  double param_elems = 0;          // this rank's parameters
+};
+
+// Bytes per element of the compute dtype (train.dtype): 2 bf16, 8 f64, else 4.
+int compute_bytes(const RunConfig& cfg);
+
+// The work of pipeline rank `pp_rank` (every tp and dp rank of it does the
+// same) for the validated configuration `cfg` (its layout keys in effect).
+RankWork rank_work(const RunConfig& cfg, int pp_rank);
+
+}  // namespace adgt::sim
