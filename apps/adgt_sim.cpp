@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
   std::string config_path, cluster_name = "dgx-h100", costs_mode = "auto", profile_cache,
                            slow;
   std::vector<std::string> overrides;
-  int64_t gpus = 0, host_cores = 0, top = 10;
+  int64_t gpus = 0, host_cores = 0, top = 10, cold_mib = 16;
   bool json = false, sweep = false;
   app.add_option("--config", config_path, "YAML run file")->required();
   app.add_option("--set", overrides, "override a key: --set section.key=value (repeatable)");
@@ -77,6 +77,9 @@ int main(int argc, char** argv) {
                  "auto (profile on CPU clusters, else the device model) | model | profile")
       ->capture_default_str();
   app.add_option("--profile-cache", profile_cache, "JSON file of measured op times (read and extended)");
+  app.add_option("--profile-cold-mib", cold_mib,
+                 "profile: cycle each op through copies of its operands totalling this many MiB "
+                 "(0: cache-hot)")->capture_default_str();
   app.add_option("--host-cores", host_cores,
                  "every rank shares this many cores (CPU ranks emulating the cluster on one host)");
   app.add_option("--slow-ranks", slow, "rank:factor,... compute slowdowns (as emulate.slow_ranks)");
@@ -100,7 +103,8 @@ int main(int argc, char** argv) {
       throw adgt::ConfigError("--costs: expected auto, model or profile, got '" + costs_mode + "'");
     if (profile) {
       be = adgt::make_backend("cpu");
-      costs = std::make_unique<adgt::sim::ProfileCosts>(*be, profile_cache);
+      costs = std::make_unique<adgt::sim::ProfileCosts>(*be, profile_cache, 0.01,
+                                                          size_t(cold_mib) << 20);
     } else {
       costs = std::make_unique<adgt::sim::DeviceModelCosts>(cl.device);
     }

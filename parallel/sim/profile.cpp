@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <deque>
 #include <vector>
 
 namespace adgt::sim {
@@ -15,7 +16,7 @@ DType dtype_of(int bytes) { return bytes == 2 ? DType::BF16 : bytes == 8 ? DType
 // Owns the buffers of one measurement.
 struct Arena {
   Backend& be;
-  std::vector<Buffer> bufs;
+  std::deque<Buffer> bufs;  // stable addresses
   Tensor make(DType t, std::initializer_list<int64_t> shape) {
     Tensor probe(nullptr, t, shape);
     bufs.emplace_back(be, std::max<size_t>(probe.bytes(), 16));
@@ -27,8 +28,8 @@ struct Arena {
 
 }  // namespace
 
-ProfileCosts::ProfileCosts(Backend& be, std::string cache, double min_seconds)
-    : be_(be), path_(std::move(cache)), min_seconds_(min_seconds) {
+ProfileCosts::ProfileCosts(Backend& be, std::string cache, double min_seconds, size_t cold_bytes)
+    : be_(be), path_(std::move(cache)), min_seconds_(min_seconds), cold_bytes_(cold_bytes) {
   if (!path_.empty() && std::filesystem::exists(path_)) {
     std::ifstream in(path_);
     nlohmann::json j;
@@ -68,7 +69,8 @@ void ProfileCosts::save() const {
 }
 
 double ProfileCosts::seconds(const Op& op, int bytes) {
-  const std::string key = be_.name() + "/" + dtype_name(dtype_of(bytes)) + "/" + to_string(op);
+  const std::string key = be_.name() + "/" + dtype_name(dtype_of(bytes)) + "/cold" +
+                          std::to_string(cold_bytes_ >> 20) + "MiB/" + to_string(op);
   if (auto it = table_.find(key); it != table_.end()) return it->second;
   const double t = measure(op, bytes);
   table_[key] = t;
@@ -80,8 +82,10 @@ double ProfileCosts::seconds(const Op& op, int bytes) {
 double ProfileCosts::measure(const Op& op, int bytes) {
   const DType dt = dtype_of(bytes);
   Arena ar{be_, {}};
-  std::function<void()> run;
   const int64_t a = op.a, b = op.b, c = op.c, d = op.d, e = op.e;
+  // One set of the op's tensors and the call on them.
+  auto make_run = [&]() -> std::function<void()> {
+  std::function<void()> run;
   switch (op.kind) {
     case OpKind::GemmForward: {
       Tensor y = ar.make(dt, {a, b}), x = ar.make(dt, {a, c}), w = ar.make(dt, {b, c});
@@ -194,14 +198,25 @@ double ProfileCosts::measure(const Op& op, int bytes) {
       break;
     }
   }
+  return run;
+  };
+  // As in a training step, an op's operands are partly not in the caches
+  // (the step touches more than a rank's share of them): the calls cycle
+  // through enough copies of the operands to exceed cold_bytes_.
+  const size_t kColdBytes = cold_bytes_;
+  std::vector<std::function<void()>> runs{make_run()};
+  size_t set_bytes = 0;
+  for (const Buffer& buf : ar.bufs) set_bytes += buf.bytes();
+  const size_t copies = std::min<size_t>(64, (kColdBytes + set_bytes - 1) / std::max<size_t>(set_bytes, 1));
+  while (runs.size() < copies) runs.push_back(make_run());
   using clock = std::chrono::steady_clock;
-  run();  // warm-up: first-touch pages, caches
+  for (auto& r : runs) r();  // warm-up: first-touch pages
   be_.synchronize();
   int reps = 0;
   const auto t0 = clock::now();
   double elapsed = 0;
   while (reps < 2 || (elapsed < min_seconds_ && reps < 200)) {
-    run();
+    runs[size_t(reps) % runs.size()]();
     ++reps;
     be_.synchronize();
     elapsed = std::chrono::duration<double>(clock::now() - t0).count();

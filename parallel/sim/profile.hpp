@@ -16,7 +16,10 @@ namespace adgt::sim {
 class ProfileCosts final : public OpCosts {
  public:
   // `cache`: a JSON file read if present and written by save() ("" = none).
-  ProfileCosts(Backend& be, std::string cache, double min_seconds = 0.01);
+  // `cold_bytes`: the calls cycle through copies of the operands totalling
+  // at least this (0: one copy, cache-hot); see profile.cpp.
+  ProfileCosts(Backend& be, std::string cache, double min_seconds = 0.01,
+               size_t cold_bytes = size_t(16) << 20);
   ~ProfileCosts() override;
   double seconds(const Op& op, int bytes) override;
   std::string describe() const override;
@@ -29,6 +32,7 @@ class ProfileCosts final : public OpCosts {
   Backend& be_;
   std::string path_;
   double min_seconds_;
+  size_t cold_bytes_;
   std::map<std::string, double> table_;
   int measured_ = 0;
   bool dirty_ = false;

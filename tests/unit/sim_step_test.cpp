@@ -1,0 +1,171 @@
+// The step simulator (parallel/sim/) against independent references: its
+// pipeline phase against the schedule simulator (parallel/schedule/simulate),
+// processor sharing against the single process, the data-parallel buckets
+// against their collective times summed by hand, a slow rank, the
+// homogeneous shortcut against simulating every replica, and named errors.
+#include <catch2/catch.hpp>
+
+#include <numeric>
+
+#include "core/config.hpp"
+#include "parallel/cluster/cluster.hpp"
+#include "parallel/cluster/collectives.hpp"
+#include "parallel/engine.hpp"
+#include "parallel/schedule/simulate.hpp"
+#include "parallel/sim/step_sim.hpp"
+#include "parallel/sim/work.hpp"
+
+using namespace adgt;
+using namespace adgt::sim;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// Every op 1 ms plus 1 ns per MFLOP; the update free (so a step is its passes).
+struct FakeCosts final : OpCosts {
+  double seconds(const Op& op, int) override {
+    if (op.kind == OpKind::AdamW || op.kind == OpKind::SumSquares) return 0;
+    return 1e-3 + op.flops() * 1e-15;
+  }
+  std::string describe() const override { return "fake"; }
+};
+
+RunConfig run(const std::vector<std::string>& sets) {
+  return load_config_text(R"(model: {vocab_size: 256, d_model: 64, n_layers: 8, n_heads: 8,
+         n_kv_heads: 4, ffn_hidden: 128, seq_len: 32}
+train: {micro_batch: 2, global_batch: 16}
+)",
+                          "sim.yaml", sets);
+}
+
+// 8 devices on one node, links so fast that communication is ~free.
+cluster::Cluster fast(int64_t cores = 0) {
+  return cluster::parse_cluster(
+      "nodes: 1\ndevices_per_node: 8\ncores_per_node: " + std::to_string(cores) +
+          "\ndevice: {peak_bf16_tflops: 1, peak_fp32_tflops: 1, memory_gib: 16, hbm_GBps: 1}\n"
+          "intra: {bandwidth_GBps: 1000000000, latency_us: 0}\n",
+      "fast.yaml");
+}
+
+double pass_sum(const PassWork& w, OpCosts& c) {
+  double t = 0;
+  for (const Piece& p : w.pieces)
+    for (const Op& op : p.ops) t += c.seconds(op, 4);
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("sim: the pipeline phase equals the schedule simulator's makespan", "[sim]") {
+  for (const char* sched : {"1f1b", "zb-h1", "gpipe", "interleaved"}) {
+    INFO(sched);
+    std::vector<std::string> sets = {"parallel.pp=4", std::string("parallel.schedule=") + sched};
+    if (std::string(sched) == "interleaved") sets.push_back("parallel.virtual_stages=2");
+    const RunConfig cfg = run(sets);
+    FakeCosts costs;
+    const int P = 4, v = int(cfg.parallel.virtual_stages), S = P * v;
+    pp::StageCosts sc;
+    sc.f.assign(size_t(S), 0);
+    sc.b.assign(size_t(S), 0);
+    sc.w.assign(size_t(S), 0);
+    for (int p = 0; p < P; ++p) {
+      const RankWork rw = rank_work(cfg, p);
+      for (int c = 0; c < v; ++c) {
+        const size_t s = size_t(c * P + p);
+        sc.f[s] = pass_sum(rw.chunks[size_t(c)].forward, costs);
+        sc.b[s] = pass_sum(rw.chunks[size_t(c)].input_grad, costs);
+        sc.w[s] = pass_sum(rw.chunks[size_t(c)].weight_grad, costs);
+        // The fused backward is B and W.
+        CHECK(pass_sum(rw.chunks[size_t(c)].backward, costs) == Approx(sc.b[s] + sc.w[s]));
+      }
+    }
+    const pp::SimResult ref = pp::simulate(engine_schedule(cfg), sc);
+    const SimResult r = simulate_step(cfg, fast(), costs);
+    CHECK(r.step_time_s == Approx(ref.makespan).epsilon(1e-6));
+    CHECK(r.bubble == Approx(ref.bubble_fraction).margin(1e-6));
+  }
+}
+
+TEST_CASE("sim: ranks sharing cores share them (processor sharing)", "[sim]") {
+  FakeCosts costs;
+  const double single = simulate_step(run({}), fast(), costs).step_time_s;
+  const double dp4_one_core = simulate_step(run({"parallel.dp=4"}), fast(1), costs).step_time_s;
+  const double dp4_four_cores = simulate_step(run({"parallel.dp=4"}), fast(4), costs).step_time_s;
+  const double dp4_own = simulate_step(run({"parallel.dp=4"}), fast(), costs).step_time_s;
+  // Four ranks on one core do the single process's work; on four cores a quarter each.
+  CHECK(dp4_one_core == Approx(single).epsilon(1e-3));
+  CHECK(dp4_four_cores == Approx(single / 4).epsilon(1e-3));
+  CHECK(dp4_own == Approx(single / 4).epsilon(1e-3));
+  // tp=2: each unit needs two cores.
+  const double tp2_two_cores = simulate_step(run({"parallel.tp=2", "parallel.dp=2"}), fast(2), costs).step_time_s;
+  const double tp2_own = simulate_step(run({"parallel.tp=2", "parallel.dp=2"}), fast(), costs).step_time_s;
+  CHECK(tp2_two_cores == Approx(2 * tp2_own).epsilon(1e-3));
+}
+
+TEST_CASE("sim: data-parallel buckets, overlapped or after the backward", "[sim]") {
+  FakeCosts costs;
+  cluster::Cluster slow = cluster::parse_cluster(
+      "nodes: 1\ndevices_per_node: 8\n"
+      "device: {peak_bf16_tflops: 1, peak_fp32_tflops: 1, memory_gib: 16, hbm_GBps: 1}\n"
+      "intra: {bandwidth_GBps: 0.01, latency_us: 100}\n",
+      "slow.yaml");
+  const RunConfig plain = run({"parallel.dp=2", "parallel.bucket_mb=0.05", "parallel.overlap=false"});
+  const RunConfig over = run({"parallel.dp=2", "parallel.bucket_mb=0.05"});
+  const RankWork rw = rank_work(plain, 0);
+  REQUIRE(rw.buckets.size() > 2);
+  double compute = 0;
+  for (int64_t mb = 0; mb < plain.accum_steps(); ++mb)
+    compute += pass_sum(rw.chunks[0].forward, costs) + pass_sum(rw.chunks[0].backward, costs);
+  double reduce = 0, elems = 0;
+  for (const BucketWork& b : rw.buckets) {
+    reduce += cluster::collective_time(slow, cluster::Collective::AllReduce, {0, 1}, b.bytes);
+    elems += b.bytes / 4;
+  }
+  CHECK(elems == Approx(rw.param_elems));  // every gradient is in one bucket
+  const double steps = 2 * cluster::collective_time(slow, cluster::Collective::AllReduce, {0, 1}, 8);
+  const SimResult a = simulate_step(plain, slow, costs);
+  CHECK(a.step_time_s == Approx(compute + reduce + steps).epsilon(1e-9));
+  CHECK(a.exposed_dp_s == Approx(reduce).epsilon(1e-9));
+  const SimResult b = simulate_step(over, slow, costs);
+  CHECK(b.step_time_s < a.step_time_s);
+  CHECK(b.step_time_s >= (compute + steps) * (1 - 1e-12));
+  CHECK(b.exposed_dp_s < reduce);
+}
+
+TEST_CASE("sim: a slow rank and the homogeneous shortcut", "[sim]") {
+  FakeCosts costs;
+  const RunConfig cfg = run({"parallel.dp=2", "parallel.pp=2", "parallel.tp=2"});
+  const SimResult even = simulate_step(cfg, fast(), costs);
+  SimOptions all;
+  all.all_replicas = true;
+  const SimResult every = simulate_step(cfg, fast(), costs, all);
+  CHECK(every.units_simulated == 4);
+  CHECK(even.units_simulated == 2);
+  CHECK(every.step_time_s == Approx(even.step_time_s).epsilon(1e-12));
+  // World rank 5 (tp 1, dp 0, pp 1) three times slower: its tp group is, and
+  // the pipeline's last stage with it; about twice the step at least.
+  SimOptions slow;
+  slow.slow_ranks[5] = 3;
+  const SimResult s = simulate_step(cfg, fast(), costs, slow);
+  CHECK(s.step_time_s > 1.8 * even.step_time_s);
+  CHECK(s.step_time_s < 3.0 * even.step_time_s);
+}
+
+TEST_CASE("sim: mixture of experts, recompute and errors", "[sim]") {
+  FakeCosts costs;
+  const RunConfig moe = run({"model.n_experts=4", "model.moe_top_k=2", "parallel.dp=4", "parallel.ep=2"});
+  cluster::Cluster c = fast();
+  c.intra.bandwidth = 1e8;
+  const SimResult r = simulate_step(moe, c, costs);
+  CHECK(r.exposed_ep_s > 0);
+  CHECK(r.step_time_s > r.exposed_ep_s);
+  const double none = simulate_step(run({}), fast(), costs).compute_s;
+  const double sel = simulate_step(run({"train.recompute=selective"}), fast(), costs).compute_s;
+  const double full = simulate_step(run({"train.recompute=full"}), fast(), costs).compute_s;
+  CHECK(none < sel);
+  CHECK(sel < full);
+  cluster::Cluster small = fast();
+  small.devices_per_node = 2;
+  CHECK_THROWS_WITH(simulate_step(run({"parallel.dp=4"}), small, costs),
+                    Contains("the layout needs 4 ranks (tp*pp*dp) but cluster custom has 2 devices"));
+}
