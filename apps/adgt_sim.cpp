@@ -67,7 +67,8 @@ int main(int argc, char** argv) {
                            slow;
   std::vector<std::string> overrides;
   int64_t gpus = 0, host_cores = 0, top = 10, cold_mib = 16;
-  bool json = false, sweep = false;
+  bool json = false, sweep = false, dropout = false;
+  std::string attention = "flash";
   app.add_option("--config", config_path, "YAML run file")->required();
   app.add_option("--set", overrides, "override a key: --set section.key=value (repeatable)");
   app.add_option("--cluster", cluster_name, "a preset (dgx-a100-80gb, dgx-h100, dgx-h200, "
@@ -83,6 +84,10 @@ int main(int argc, char** argv) {
   app.add_option("--host-cores", host_cores,
                  "every rank shares this many cores (CPU ranks emulating the cluster on one host)");
   app.add_option("--slow-ranks", slow, "rank:factor,... compute slowdowns (as emulate.slow_ranks)");
+  app.add_option("--attention", attention,
+                 "flash (adgt's kernels) | unfused (scores in memory: other frameworks before "
+                 "FlashAttention, for comparing with their published runs)")->capture_default_str();
+  app.add_flag("--dropout", dropout, "add attention and hidden dropout (GPT-3-era recipes)");
   app.add_flag("--json", json, "print one JSON object (an array with --sweep)");
   app.add_flag("--sweep", sweep, "simulate every feasible layout for --gpus and rank them");
   app.add_option("--top", top, "rows of the --sweep table")->capture_default_str();
@@ -111,6 +116,10 @@ int main(int argc, char** argv) {
     adgt::sim::SimOptions opts;
     opts.host_cores = host_cores;
     opts.slow_ranks = parse_slow(slow);
+    if (attention != "flash" && attention != "unfused")
+      throw adgt::ConfigError("--attention: expected flash or unfused, got '" + attention + "'");
+    opts.work.unfused_attention = attention == "unfused";
+    opts.work.dropout = dropout;
     if (!sweep) {
       if (gpus > 0 && gpus != world)
         throw adgt::ConfigError("--gpus " + std::to_string(gpus) + " but the run's layout has tp*pp*dp = " +
@@ -134,7 +143,7 @@ int main(int argc, char** argv) {
     }
     if (gpus <= 0) throw adgt::ConfigError("--sweep needs --gpus N");
     const auto t0 = std::chrono::steady_clock::now();
-    const adgt::sim::SweepResult sw = adgt::sim::sweep_layouts(cfg, gpus, cl, *costs);
+    const adgt::sim::SweepResult sw = adgt::sim::sweep_layouts(cfg, gpus, cl, *costs, {}, opts);
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (json) {
       nlohmann::json arr = nlohmann::json::array();

@@ -31,12 +31,13 @@ device:
   peak_fp32_tflops: 19.5
   memory_gib: 80
   hbm_GBps: 2039
-  gemm_efficiency: 0.84
+  gemm_efficiency: 0.86
   gemm_half_gflops: 0.6
   attention_efficiency: 0.62
   attention_half_gflops: 1.5
   memory_efficiency: 0.8
   kernel_overhead_us: 4
+  sustained_clock: 0.8
 intra: {bandwidth_GBps: 300, latency_us: 3, efficiency: 0.78}
 inter: {bandwidth_GBps: 25, latency_us: 6, efficiency: 0.9}
 nics_per_node: 8
@@ -50,7 +51,7 @@ device:
   peak_fp32_tflops: 67
   memory_gib: 80
   hbm_GBps: 3350
-  gemm_efficiency: 0.76
+  gemm_efficiency: 0.80
   gemm_half_gflops: 2
   attention_efficiency: 0.38
   attention_half_gflops: 4
@@ -69,7 +70,7 @@ device:
   peak_fp32_tflops: 67
   memory_gib: 140
   hbm_GBps: 4800
-  gemm_efficiency: 0.78
+  gemm_efficiency: 0.83
   gemm_half_gflops: 2
   attention_efficiency: 0.38
   attention_half_gflops: 4
@@ -228,7 +229,7 @@ Device parse_device(const std::string& name, const YAML::Node& n) {
   for_keys(name, n, "device",
            {"name", "peak_bf16_tflops", "peak_fp32_tflops", "memory_gib", "hbm_GBps",
             "gemm_efficiency", "gemm_half_gflops", "attention_efficiency",
-            "attention_half_gflops", "memory_efficiency", "kernel_overhead_us"},
+            "attention_half_gflops", "memory_efficiency", "kernel_overhead_us", "sustained_clock"},
            [&](const std::string& k, const YAML::Node& v) {
              const std::string key = "device." + k;
              got[k] = true;
@@ -247,6 +248,7 @@ Device parse_device(const std::string& name, const YAML::Node& n) {
                d.attention_half_flops = non_negative(name, v, key) * 1e9;
              if (k == "memory_efficiency") d.memory_efficiency = fraction(name, v, key);
              if (k == "kernel_overhead_us") d.kernel_overhead = non_negative(name, v, key) * 1e-6;
+             if (k == "sustained_clock") d.sustained_clock = fraction(name, v, key);
            });
   for (const char* req : {"peak_bf16_tflops", "peak_fp32_tflops", "memory_gib", "hbm_GBps"})
     if (!got[req]) fail(name, n, std::string("device.") + req + " is required");
@@ -440,7 +442,8 @@ std::string to_yaml(const Cluster& c) {
      << "\n  attention_efficiency: " << num(d.attention_efficiency)
      << "\n  attention_half_gflops: " << num(d.attention_half_flops / 1e9)
      << "\n  memory_efficiency: " << num(d.memory_efficiency)
-     << "\n  kernel_overhead_us: " << num(d.kernel_overhead * 1e6) << "\nintra: "
+     << "\n  kernel_overhead_us: " << num(d.kernel_overhead * 1e6)
+     << "\n  sustained_clock: " << num(d.sustained_clock) << "\nintra: "
      << link_yaml(c.intra) << "\ninter: " << link_yaml(c.inter)
      << "\nnics_per_node: " << c.nics_per_node << "\n";
   if (!c.node_speed.empty()) {

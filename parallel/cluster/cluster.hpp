@@ -41,6 +41,10 @@ struct Device {
   double attention_efficiency = 0.4;
   double attention_half_flops = 2e9;
   double memory_efficiency = 0.8;  // achieved / hbm_bandwidth for memory-bound kernels
+  // The clock the tensor cores hold under sustained training load, as a
+  // fraction of the boost clock the peaks and the GEMM measurements assume
+  // (power-limited parts throttle): scales the compute-bound side.
+  double sustained_clock = 1.0;
   double kernel_overhead = 4e-6;   // seconds per kernel launch (or per CPU op)
   bool operator==(const Device&) const = default;
 };

@@ -24,6 +24,10 @@ const char* op_kind_name(OpKind k) {
     case OpKind::CrossEntropy: return "cross_entropy";
     case OpKind::AdamW: return "adamw";
     case OpKind::SumSquares: return "sum_squares";
+    case OpKind::BatchedGemm: return "batched_gemm";
+    case OpKind::Softmax: return "softmax";
+    case OpKind::SoftmaxBackward: return "softmax_backward";
+    case OpKind::Dropout: return "dropout";
   }
   return "?";
 }
@@ -39,6 +43,7 @@ double Op::flops() const {
     case OpKind::AttentionBackward:
       // dV, dP, dQ, dK (4 GEMMs) and the recomputed QK^T: 2.5 x the forward.
       return 2.5 * 2.0 * 2.0 * double(a) * double(b) * (double(b) / 2) * double(c) * double(e);
+    case OpKind::BatchedGemm: return 2.0 * double(a) * double(b) * double(c) * double(d);
     default: return 0;
   }
 }
@@ -74,12 +79,17 @@ double DeviceModelCosts::bytes_moved(const Op& op, int b) {
     case OpKind::CrossEntropy: return b * 3 * a * x;
     case OpKind::AdamW: return 4.0 * 7 * a + (op.b ? 2.0 * a : 0);
     case OpKind::SumSquares: return 4.0 * a;
+    case OpKind::BatchedGemm: return b * a * (x * d + d * c + x * c);
+    case OpKind::Softmax: return b * 2 * a * x;
+    case OpKind::SoftmaxBackward: return b * 3 * a * x;
+    case OpKind::Dropout: return (2.0 * b + 1) * a;
   }
   return 0;
 }
 
 double DeviceModelCosts::seconds(const Op& op, int bytes) {
-  const double peak = bytes <= 2 ? d_.peak_bf16_flops : d_.peak_fp32_flops;
+  const double peak =
+      (bytes <= 2 ? d_.peak_bf16_flops : d_.peak_fp32_flops) * d_.sustained_clock;
   const double f = op.flops();
   double compute = 0;
   if (f > 0) {

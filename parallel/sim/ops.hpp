@@ -31,8 +31,14 @@ enum class OpKind : uint8_t {
   CrossEntropy,     // a=tokens, b=local vocabulary: forward and its gradient (one op)
   AdamW,            // a=elements (fp32 master; b=1 with the bf16 copy cast)
   SumSquares,       // a=elements (the gradient norm)
+  // Attention without FlashAttention (Megatron-LM before it; adgt-sim
+  // --attention unfused): the scores materialised in memory.
+  BatchedGemm,      // a=batch, b=m, c=n, d=k: a GEMMs of (m, k) x (k, n)
+  Softmax,          // a=rows, b=columns: fused scale-mask-softmax, read and write
+  SoftmaxBackward,  // a=rows, b=columns
+  Dropout,          // a=elements: the mask drawn and applied (forward), or applied (backward)
 };
-constexpr int kNumOpKinds = 17;
+constexpr int kNumOpKinds = 21;
 const char* op_kind_name(OpKind k);  // "gemm_forward", ...
 
 struct Op {

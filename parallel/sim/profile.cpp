@@ -197,6 +197,13 @@ double ProfileCosts::measure(const Op& op, int bytes) {
       run = [=, this] { (void)be_.sum_squares(g); };
       break;
     }
+    case OpKind::BatchedGemm:
+    case OpKind::Softmax:
+    case OpKind::SoftmaxBackward:
+    case OpKind::Dropout:
+      throw std::invalid_argument("profile: " + to_string(op) +
+                                  " (unfused attention, dropout) has no backend op to time; "
+                                  "simulate it with the device model (--costs model)");
   }
   return run;
   };

@@ -86,7 +86,7 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
 
   // Per pipeline rank: its work and bucket durations (costed per replica below).
   std::vector<RankWork> work;
-  for (int p = 0; p < P; ++p) work.push_back(rank_work(cfg, p));
+  for (int p = 0; p < P; ++p) work.push_back(rank_work(cfg, p, opts.work));
   pp::Schedule sched;
   if (P > 1) sched = engine_schedule(cfg);
 

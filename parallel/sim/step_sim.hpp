@@ -22,6 +22,7 @@
 #include "core/config.hpp"
 #include "parallel/cluster/cluster.hpp"
 #include "parallel/sim/ops.hpp"
+#include "parallel/sim/work.hpp"
 
 namespace adgt::sim {
 
@@ -31,6 +32,7 @@ struct SimOptions {
   int64_t host_cores = 0;
   std::map<int, double> slow_ranks;  // world rank -> compute slowdown factor (>= 1)
   bool all_replicas = false;         // simulate every dp replica even when they are the same
+  WorkOptions work;                  // another framework's attention and dropout (work.hpp)
 };
 
 struct SimResult {

@@ -30,7 +30,7 @@ std::string describe_layout(const RunConfig& cfg) {
 }
 
 SweepResult sweep_layouts(const RunConfig& base, int64_t gpus, const cluster::Cluster& cl,
-                          OpCosts& costs, const SweepOptions& opts) {
+                          OpCosts& costs, const SweepOptions& opts, const SimOptions& sim) {
   SweepResult out;
   const ModelConfig& m = base.model;
   const int64_t max_tp = opts.max_tp > 0 ? opts.max_tp : cl.devices_per_node;
@@ -79,7 +79,7 @@ SweepResult sweep_layouts(const RunConfig& base, int64_t gpus, const cluster::Cl
                 ++out.rejected_memory;
                 continue;
               }
-              SweepRow row{c, simulate_step(c, cl, costs), describe_layout(c)};
+              SweepRow row{c, simulate_step(c, cl, costs, sim), describe_layout(c)};
               out.rows.push_back(std::move(row));
             }
           }

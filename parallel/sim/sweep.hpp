@@ -35,7 +35,8 @@ struct SweepResult {
   int64_t rejected_rules = 0, rejected_memory = 0;
 };
 SweepResult sweep_layouts(const RunConfig& base, int64_t gpus, const cluster::Cluster& cl,
-                          OpCosts& costs, const SweepOptions& opts = {});
+                          OpCosts& costs, const SweepOptions& opts = {},
+                          const SimOptions& sim = {});
 
 std::string describe_layout(const RunConfig& cfg);
 

@@ -17,7 +17,35 @@ struct Dims {
   int b;
   int64_t tp, ep;
   bool sp;
+  bool unfused = false, dropout = false;
 };
+
+// The attention core forward: the flash kernel, or (unfused) QK^T, the
+// softmax, the attention dropout and PV over the whole (non-causal) T x T.
+void core_forward(Piece& p, const Dims& d) {
+  if (!d.unfused) {
+    p.ops.push_back({OpKind::AttentionForward, d.B, d.T, d.Hl, d.KVl, d.hd});
+    return;
+  }
+  const int64_t bh = d.B * d.Hl;
+  p.ops.push_back({OpKind::BatchedGemm, bh, d.T, d.T, d.hd});
+  p.ops.push_back({OpKind::Softmax, bh * d.T, d.T});
+  if (d.dropout) p.ops.push_back({OpKind::Dropout, bh * d.T * d.T});
+  p.ops.push_back({OpKind::BatchedGemm, bh, d.T, d.hd, d.T});
+}
+void core_backward(Piece& p, const Dims& d) {
+  if (!d.unfused) {
+    p.ops.push_back({OpKind::AttentionBackward, d.B, d.T, d.Hl, d.KVl, d.hd});
+    return;
+  }
+  const int64_t bh = d.B * d.Hl;
+  p.ops.push_back({OpKind::BatchedGemm, bh, d.T, d.hd, d.T});  // dV = P^T dO
+  p.ops.push_back({OpKind::BatchedGemm, bh, d.T, d.T, d.hd});  // dP = dO V^T
+  if (d.dropout) p.ops.push_back({OpKind::Dropout, bh * d.T * d.T});
+  p.ops.push_back({OpKind::SoftmaxBackward, bh * d.T, d.T});
+  p.ops.push_back({OpKind::BatchedGemm, bh, d.T, d.hd, d.T});  // dQ = dS K
+  p.ops.push_back({OpKind::BatchedGemm, bh, d.T, d.hd, d.T});  // dK = dS^T Q
+}
 
 Dims dims_of(const RunConfig& cfg) {
   const ModelConfig& m = cfg.model;
@@ -68,7 +96,7 @@ void attention_forward(Piece& p, const Dims& d) {
   p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.KVl * d.hd, d.C));
   p.ops.push_back({OpKind::RopeForward, d.N, d.Hl, d.hd});
   p.ops.push_back({OpKind::RopeForward, d.N, d.KVl, d.hd});
-  p.ops.push_back({OpKind::AttentionForward, d.B, d.T, d.Hl, d.KVl, d.hd});
+  core_forward(p, d);
   p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.C, d.Hl * d.hd));
 }
 
@@ -108,6 +136,7 @@ void layer_forward(PassWork& w, const ModelConfig& m, int64_t l, const Dims& d) 
   Piece a;
   attention_forward(a, d);
   reduce_act(a, d);
+  if (d.dropout) a.ops.push_back({OpKind::Dropout, d.Ns * d.C});
   w.pieces.push_back(std::move(a));
   Piece f;
   if (m.is_moe_layer(l))
@@ -115,6 +144,7 @@ void layer_forward(PassWork& w, const ModelConfig& m, int64_t l, const Dims& d) 
   else
     dense_ffn_forward(f, d);
   reduce_act(f, d);
+  if (d.dropout) f.ops.push_back({OpKind::Dropout, d.Ns * d.C});
   f.ops.push_back({OpKind::Add, d.Ns * d.C});
   w.pieces.push_back(std::move(f));
 }
@@ -125,6 +155,7 @@ void layer_input_grad(PassWork& w, const ModelConfig& m, int64_t l, const Dims& 
   if (full_rc) layer_forward(w, m, l, d);
   Piece f;
   const bool moe = m.is_moe_layer(l);
+  if (d.dropout) f.ops.push_back({OpKind::Dropout, d.Ns * d.C});
   gather_act(f, d);  // the gradient of the reduce-scatter
   if (moe) {
     const double a2a = double(d.N) * d.k * d.C * d.b;
@@ -162,12 +193,12 @@ void layer_input_grad(PassWork& w, const ModelConfig& m, int64_t l, const Dims& 
   w.pieces.push_back(std::move(f));
 
   Piece a;
+  if (d.dropout) a.ops.push_back({OpKind::Dropout, d.Ns * d.C});
   gather_act(a, d);
   a.ops.push_back(gemm(OpKind::GemmInputGrad, d.N, d.Hl * d.hd, d.C));
   if (fused_weight) a.ops.push_back(gemm(OpKind::GemmWeightGrad, d.C, d.Hl * d.hd, d.N));
-  if (selective_rc && !full_rc)
-    a.ops.push_back({OpKind::AttentionForward, d.B, d.T, d.Hl, d.KVl, d.hd});
-  a.ops.push_back({OpKind::AttentionBackward, d.B, d.T, d.Hl, d.KVl, d.hd});
+  if (selective_rc && !full_rc) core_forward(a, d);
+  core_backward(a, d);
   a.ops.push_back({OpKind::RopeBackward, d.N, d.Hl, d.hd});
   a.ops.push_back({OpKind::RopeBackward, d.N, d.KVl, d.hd});
   a.ops.push_back(gemm(OpKind::GemmInputGrad, d.N, d.C, d.Hl * d.hd));
@@ -229,10 +260,12 @@ int compute_bytes(const RunConfig& cfg) {
   return 4;
 }
 
-RankWork rank_work(const RunConfig& cfg, int pp_rank) {
+RankWork rank_work(const RunConfig& cfg, int pp_rank, const WorkOptions& opts) {
   const ModelConfig& m = cfg.model;
   const ParallelConfig& par = cfg.parallel;
-  const Dims d = dims_of(cfg);
+  Dims d = dims_of(cfg);
+  d.unfused = opts.unfused_attention;
+  d.dropout = opts.dropout;
   const std::vector<int64_t> counts = stage_layer_counts(cfg);
   const int pp = int(par.pp), v = int(par.virtual_stages), S = pp * v;
   const std::string rc = cfg.train.recompute;

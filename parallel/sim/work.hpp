@@ -70,11 +70,19 @@ struct RankWork {
   double param_elems = 0;          // this rank's parameters
 };
 
+// How the run being simulated computes what adgt computes one way: for
+// comparing with other frameworks' published runs (docs/simulator.md).
+struct WorkOptions {
+  bool unfused_attention = false;  // scores in memory: batched GEMMs, softmax (Megatron-LM
+                                   // before FlashAttention) instead of the flash kernels
+  bool dropout = false;            // attention and hidden dropout (GPT-3-era recipes)
+};
+
 // Bytes per element of the compute dtype (train.dtype): 2 bf16, 8 f64, else 4.
 int compute_bytes(const RunConfig& cfg);
 
 // The work of pipeline rank `pp_rank` (every tp and dp rank of it does the
 // same) for the validated configuration `cfg` (its layout keys in effect).
-RankWork rank_work(const RunConfig& cfg, int pp_rank);
+RankWork rank_work(const RunConfig& cfg, int pp_rank, const WorkOptions& opts = {});
 
 }  // namespace adgt::sim

@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""The simulator against measured runs (issue 13 acceptance, docs/simulator.md):
+8 CPU ranks on this host emulate a 2-node cluster (emulate.cluster), and for
+each layout the measured step time (median of the steps after the warm-up) is
+compared with adgt-sim's prediction for the same run file and cluster, costed
+from a profile measured on this machine (--costs profile, --host-cores: the
+ranks share this host's cores). Prints the table, mean |error|, Spearman rank
+correlation and the memory check (the --dry-run estimate against the emulated
+backend's measured allocation peak).
+
+  scripts/sim/validate_cpu.py --train build/apps/adgt-train --sim build/apps/adgt-sim \
+      --mpirun tests/parallel/mpirun.sh --data build/data/kjv-byte [--quick]
+
+Exit status 1 when a bound is missed: mean |error| <= 10%, Spearman >= 0.9,
+memory within 5% (--quick: the ctest's smaller set and bounds, see below).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MODEL = os.path.join(HERE, "validate_model.yaml")
+CLUSTER = os.path.join(ROOT, "configs", "clusters", "emulated-2node.yaml")
+
+# (name, --set overrides): tp, pp, dp, ZeRO, schedules and micro-batch counts.
+LAYOUTS = [
+    ("dp8", ["parallel.dp=8"]),
+    ("dp8 zero1", ["parallel.dp=8", "parallel.zero=1"]),
+    ("dp8 mb1", ["parallel.dp=8", "train.micro_batch=1"]),
+    ("tp2 dp4", ["parallel.tp=2", "parallel.dp=4"]),
+    ("tp2 dp4 sp zero1", ["parallel.tp=2", "parallel.dp=4", "parallel.sequence_parallel=true",
+                          "parallel.zero=1"]),
+    ("tp4 dp2", ["parallel.tp=4", "parallel.dp=2"]),
+    ("pp2 dp4 1f1b", ["parallel.pp=2", "parallel.dp=4"]),
+    ("pp4 dp2 1f1b", ["parallel.pp=4", "parallel.dp=2"]),
+    ("pp8 1f1b", ["parallel.pp=8"]),
+    ("pp4 dp2 zb-h1", ["parallel.pp=4", "parallel.dp=2", "parallel.schedule=zb-h1"]),
+    ("pp2 tp2 dp2 gpipe", ["parallel.pp=2", "parallel.tp=2", "parallel.dp=2",
+                           "parallel.schedule=gpipe"]),
+    ("pp4 tp2 interleaved", ["parallel.pp=4", "parallel.tp=2", "parallel.schedule=interleaved",
+                             "parallel.virtual_stages=2"]),
+    ("pp2 dp4 mb1 zb-h1", ["parallel.pp=2", "parallel.dp=4", "train.micro_batch=1",
+                           "parallel.schedule=zb-h1"]),
+    ("tp2 pp2 dp2 zero1 mb4", ["parallel.tp=2", "parallel.pp=2", "parallel.dp=2",
+                               "parallel.zero=1", "train.micro_batch=4"]),
+]
+QUICK = ["dp8", "tp2 dp4", "pp4 dp2 1f1b", "pp2 tp2 dp2 gpipe"]
+
+
+def spearman(a, b):
+    def ranks(x):
+        order = sorted(range(len(x)), key=lambda i: x[i])
+        r = [0.0] * len(x)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and x[order[j + 1]] == x[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2.0
+            i = j + 1
+        return r
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.mean(ra), statistics.mean(rb)
+    num = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    den = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return num / den if den else 0.0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--train", required=True)
+    ap.add_argument("--sim", required=True)
+    ap.add_argument("--mpirun", required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--work", default="/tmp/adgt-sim-validate")
+    ap.add_argument("--cores", type=int, default=0, help="host cores (default: os.cpu_count())")
+    ap.add_argument("--steps", type=int, default=7, help="steps per run; the first 2 are warm-up")
+    ap.add_argument("--quick", action="store_true",
+                    help="the ctest's version: 4 layouts, 6 steps, mean |error| <= 15%%")
+    ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--no-emulate", action="store_true",
+                    help="plain shared-memory MPI, simulated as the cpu-here preset")
+    ap.add_argument("--only", help="comma-separated layout names")
+    args = ap.parse_args()
+    cores = args.cores or os.cpu_count()
+    layouts = [l for l in LAYOUTS if not args.quick or l[0] in QUICK]
+    if args.only:
+        layouts = [l for l in layouts if l[0] in args.only.split(",")]
+    cluster = "cpu-here" if args.no_emulate else CLUSTER
+    steps = 6 if args.quick else args.steps
+    os.makedirs(args.work, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    common = [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
+              f"train.steps={steps}", "log.interval=1", "checkpoint.interval=0",
+              "checkpoint.at_end=false"]
+    profile = os.path.join(args.work, "profile.json")
+    rows, failed = [], []
+    for name, sets in layouts:
+        tag = name.replace(" ", "_")
+        log = os.path.join(args.work, tag)
+        all_sets = common + sets + [f"log.dir={log}", f"checkpoint.dir={log}/ckpt",
+                                    ] + ([] if args.no_emulate else [f"emulate.cluster={CLUSTER}"])
+        flags = sum([["--set", s] for s in all_sets], [])
+        if os.path.exists(os.path.join(log, "metrics.jsonl")):
+            os.remove(os.path.join(log, "metrics.jsonl"))
+        t0 = time.time()
+        out = subprocess.run([args.mpirun, "8", args.train, "--config", MODEL] + flags,
+                             capture_output=True, text=True, env=env)
+        if out.returncode != 0:
+            failed.append(f"{name}: adgt-train failed: {out.stderr[-800:]}")
+            continue
+        tokens = None
+        times = []
+        with open(os.path.join(log, "metrics.jsonl")) as f:
+            for line in f:
+                j = json.loads(line)
+                if "tokens_per_s" in j and j.get("step", 0) > 2:
+                    times.append(j["tokens_per_s"])
+        cfg_tokens = 32 * 128  # global_batch x seq_len of validate_model.yaml
+        measured = statistics.median(cfg_tokens / t for t in times)
+        sim_sets = [s for s in sets]
+        sflags = sum([["--set", s] for s in sim_sets], [])
+        sim = subprocess.run([args.sim, "--config", MODEL, "--cluster", cluster, "--costs", "profile",
+                              "--profile-cache", profile, "--host-cores", str(cores), "--json"] + sflags,
+                             capture_output=True, text=True, env=env)
+        if sim.returncode != 0:
+            failed.append(f"{name}: adgt-sim failed: {sim.stderr[-800:]}")
+            continue
+        pred = json.loads(sim.stdout)
+        row = {"layout": name, "measured_s": measured, "predicted_s": pred["step_time_s"],
+               "error": pred["step_time_s"] / measured - 1, "bubble": pred["bubble"],
+               "exposed_comm_s": pred["exposed_comm_s"], "memory_gib": pred["memory_gib_max"],
+               "wall_s": time.time() - t0}
+        rows.append(row)
+        print(f"{name:24s} measured {measured:8.4f} s  predicted {row['predicted_s']:8.4f} s  "
+              f"error {100 * row['error']:+6.1f}%  (exposed comm {row['exposed_comm_s']:.3f} s, "
+              f"run {row['wall_s']:.0f} s)", flush=True)
+    if failed:
+        print("\n".join(failed))
+        sys.exit(1)
+    errs = [abs(r["error"]) for r in rows]
+    mean_err = statistics.mean(errs)
+    rho = spearman([r["measured_s"] for r in rows], [r["predicted_s"] for r in rows])
+    bound = 0.15 if args.quick else 0.10
+    rho_bound = 0.8 if args.quick else 0.9
+    print(f"\n{len(rows)} layouts: mean |error| {100 * mean_err:.1f}% (bound {100 * bound:.0f}%), "
+          f"max {100 * max(errs):.1f}%, Spearman {rho:.3f} (bound {rho_bound})")
+    ok = mean_err <= bound and rho >= rho_bound
+    if not args.no_memory:
+        ok = check_memory(args, env, common, layouts) and ok
+    with open(os.path.join(args.work, "table.json"), "w") as f:
+        json.dump({"rows": rows, "mean_abs_error": mean_err, "spearman": rho}, f, indent=1)
+    sys.exit(0 if ok else 1)
+
+
+def check_memory(args, env, common, layouts):
+    """The --dry-run estimate the simulator reports against the emulated
+    backend's allocation peak (train.device=emulated tracks every buffer)."""
+    ok = True
+    for name, sets in layouts[: 3 if args.quick else len(layouts)]:
+        log = os.path.join(args.work, "mem_" + name.replace(" ", "_"))
+        all_sets = common + sets + ["train.steps=2", "train.device=emulated", f"log.dir={log}",
+                                    f"checkpoint.dir={log}/ckpt"]
+        flags = sum([["--set", s] for s in all_sets], [])
+        out = subprocess.run([args.mpirun, "8", args.train, "--config", MODEL] + flags,
+                             capture_output=True, text=True, env=env)
+        import re
+        m = re.search(r"device memory:\s+([\d.]+) GiB", out.stdout)
+        sim = subprocess.run([args.sim, "--config", MODEL, "--cluster", CLUSTER, "--costs", "model",
+                              "--json"] + sum([["--set", s] for s in sets], []),
+                             capture_output=True, text=True, env=env)
+        if out.returncode != 0 or not m or sim.returncode != 0:
+            print(f"memory {name}: run failed: {out.stderr[-400:]} {sim.stderr[-400:]}")
+            ok = False
+            continue
+        measured = float(m.group(1))
+        pred = json.loads(sim.stdout)["memory_gib_max"]
+        err = pred / measured - 1
+        print(f"memory {name:24s} measured {measured * 1024:8.2f} MiB  predicted {pred * 1024:8.2f} MiB  "
+              f"error {100 * err:+6.1f}%")
+        if abs(err) > 0.05:
+            ok = False
+    return ok
+
+
+if __name__ == "__main__":
+    main()
