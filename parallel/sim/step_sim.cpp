@@ -140,7 +140,32 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
   };
 
   // Task lists.
+  // A pass's tasks, made once per (unit, pass): its pieces in order where the
+  // order matters (ranks sharing cores, and the last micro-batch's gradient
+  // milestones of an unpipelined step), else one compute task and the
+  // tensor- and expert-parallel exchanges as two delays (same totals).
+  std::map<std::pair<const Unit*, const PassWork*>, std::vector<Task>> pass_cache;
   auto add_pass = [&](Unit& u, const PassWork& w, bool last_mb) {
+    const bool keep_order = last_mb || u.pool >= 0;
+    if (!keep_order) {
+      auto key = std::make_pair(static_cast<const Unit*>(&u), &w);
+      auto it = pass_cache.find(key);
+      if (it == pass_cache.end()) {
+        Task c{TaskKind::Compute}, tp{TaskKind::Delay}, ep{TaskKind::Delay};
+        tp.cat = Cat::Tp;
+        ep.cat = Cat::Ep;
+        for (const Piece& pc : w.pieces) {
+          c.amount += ops_time(pc.ops);
+          for (const CommOp& cm : pc.comms) (cm.group == Group::ep ? ep : tp).amount += group_time(u, cm);
+        }
+        std::vector<Task> ts{c};
+        if (tp.amount > 0) ts.push_back(tp);
+        if (ep.amount > 0) ts.push_back(ep);
+        it = pass_cache.emplace(key, std::move(ts)).first;
+      }
+      u.tasks.insert(u.tasks.end(), it->second.begin(), it->second.end());
+      return;
+    }
     for (const Piece& pc : w.pieces) {
       Task t{TaskKind::Compute};
       t.amount = ops_time(pc.ops);

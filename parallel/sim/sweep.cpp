@@ -72,6 +72,13 @@ SweepResult sweep_layouts(const RunConfig& base, int64_t gpus, const cluster::Cl
                 ++out.rejected_rules;
                 continue;
               }
+              // A lower bound first (1F1B's activations: every swept schedule
+              // holds at least as many), then the schedule's own count.
+              if (double(estimate_memory(c, bytes).bytes_total) >
+                  cl.device.memory_bytes * (1 - opts.headroom)) {
+                ++out.rejected_memory;
+                continue;
+              }
               std::vector<std::vector<int64_t>> held;
               if (pp > 1) held = held_microbatches(make_pipeline_schedule(c));
               const double mem = double(estimate_memory(c, bytes, held).bytes_total);
