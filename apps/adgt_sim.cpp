@@ -110,6 +110,8 @@ int main(int argc, char** argv) {
       be = adgt::make_backend("cpu");
       costs = std::make_unique<adgt::sim::ProfileCosts>(*be, profile_cache, 0.01,
                                                           size_t(cold_mib) << 20);
+      // MFU against this machine's measured GEMM rate, as the trainer reports it.
+      cl.device.peak_fp32_flops = cl.device.peak_bf16_flops = be->peak_tflops() * 1e12;
     } else {
       costs = std::make_unique<adgt::sim::DeviceModelCosts>(cl.device);
     }

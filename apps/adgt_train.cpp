@@ -18,6 +18,7 @@
 #include "parallel/mpi_env.hpp"
 #include "parallel/pipeline_plan.hpp"
 #include "parallel/process_groups.hpp"
+#include "parallel/sim/dry_run.hpp"
 
 namespace {
 
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
   std::string config_path, resume;
   std::vector<std::string> overrides;
   bool dry_run = false, eval_only = false, print_config = false, print_schedule = false;
+  std::string cluster;
   app.add_option("--config", config_path, "YAML run file (configs/tiny.yaml, ...)")->required();
   app.add_option("--set", overrides, "override a key: --set section.key=value (repeatable)");
   app.add_option("--resume", resume,
@@ -51,6 +53,9 @@ int main(int argc, char** argv) {
                  "under checkpoint.dir");
   app.add_flag("--dry-run", dry_run,
                "print parameter count, FLOPs per token and memory per rank; allocate nothing");
+  app.add_option("--cluster", cluster,
+                 "with --dry-run: predict the step time on this cluster (a preset such as "
+                 "dgx-h100, or a cluster file; default: this machine when the run is on its CPU)");
   app.add_flag("--eval-only", eval_only,
                "evaluate on the validation split (with --resume) and print 'eval loss: <value>'");
   app.add_flag("--print-config", print_config, "print the resolved configuration as YAML");
@@ -75,6 +80,7 @@ int main(int argc, char** argv) {
                               : std::vector<std::vector<int64_t>>{};
         const auto est = adgt::estimate_memory(cfg, adgt::compute_bytes_per_element(cfg), held);
         std::printf("%s", adgt::format_estimate(cfg, est).c_str());
+        std::printf("%s", adgt::sim::dry_run_prediction(cfg, cluster).c_str());
       }
       return 0;
     } catch (const std::exception& e) {

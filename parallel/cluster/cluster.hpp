@@ -76,6 +76,7 @@ struct Cluster {
   int64_t cores_per_node = 0;
 
   int64_t world() const { return nodes * devices_per_node; }
+  bool preset() const { return source.rfind("preset:", 0) == 0; }
   int64_t node_of(int64_t rank) const { return rank / devices_per_node; }
   int64_t site_of_node(int64_t node) const;
   double speed_of_node(int64_t node) const;  // 1 when node_speed is empty
