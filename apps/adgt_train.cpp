@@ -14,6 +14,7 @@
 #include "parallel/trainer.hpp"
 #include "parallel/agree.hpp"
 #include "parallel/device_assign.hpp"
+#include "parallel/emulate/emulation.hpp"
 #include "parallel/launch.hpp"
 #include "parallel/mpi_env.hpp"
 #include "parallel/pipeline_plan.hpp"
@@ -118,7 +119,9 @@ int main(int argc, char** argv) {
     // transport of its collectives (parallel/device_plan.hpp).
     const adgt::DevicePlan dev = adgt::plan_devices(pg, cfg.train.device);
     if (lead && !dev.warning.empty()) std::fprintf(stderr, "warning: %s\n", dev.warning.c_str());
-    const std::string table = adgt::rank_table(pg, dev.device_id, dev.transport);
+    // Link and compute emulation (emulate.cluster; docs/emulation.md): null when off.
+    const auto emulation = adgt::emulate::setup_emulation(cfg, pg.world.get(), pg.world->rank());
+    const std::string table = adgt::rank_table(pg, dev.device_id, dev.transport, emulation.get());
     if (lead && pg.world->size() > 1) std::printf("%s", table.c_str());
 
     adgt::ParallelContext ctx;
@@ -131,6 +134,7 @@ int main(int argc, char** argv) {
     ctx.world_rank = pg.world->rank();
     ctx.layout = pg.layout;
     ctx.coords = pg.coords;
+    ctx.emulation = emulation.get();
     adgt::Trainer trainer(cfg, ctx, dev);
     const std::string from = adgt::resolve_resume(resume, cfg.checkpoint.dir);
     if (!resume.empty() && from.empty()) {

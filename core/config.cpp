@@ -45,6 +45,7 @@ enum class Allow {
   UnitHalfOpen, // real in [0, 1)
   NonEmpty,     // non-empty string
   Choices,      // string in Key::choices
+  RankFactors,  // "rank:factor,..." (emulate.slow_ranks), factor >= 1, ranks distinct
 };
 
 using FieldRef =
@@ -222,13 +223,22 @@ const std::vector<Key>& schema() {
           "steps between log lines"),
       key("log", &R::log, "peak_tflops", &LogConfig::peak_tflops, A::NonNegative,
           "MFU denominator in TFLOP/s; 0 = measure the CPU GEMM peak at start"),
+      // emulate
+      key("emulate", &R::emulate, "cluster", &EmulateConfig::cluster, A::Any,
+          "link and compute emulation on CPU ranks (docs/emulation.md): a cluster preset "
+          "(cpu-here, dgx-h100, ...) or cluster file; world rank r is a device of node "
+          "r / devices_per_node and every message and collective takes at least the cluster "
+          "model's time; \"\" = off. All ranks on one host"),
+      key("emulate", &R::emulate, "slow_ranks", &EmulateConfig::slow_ranks, A::RankFactors,
+          "injected stragglers: \"3:2.0,5:1.5\" = world rank 3 computes 2x slower, rank 5 "
+          "1.5x (on top of the cluster's node_speed); needs emulate.cluster"),
   };
   return k;
 }
 
 const std::vector<std::string>& sections() {
   static const std::vector<std::string> s = {"model", "train", "data",
-                                             "parallel", "checkpoint", "log"};
+                                             "parallel", "checkpoint", "log", "emulate"};
   return s;
 }
 
@@ -397,6 +407,8 @@ std::string allowed_text(const Key& k) {
         for (size_t i = 0; i < k.choices.size(); ++i) s += (i ? ", " : "") + k.choices[i];
         return s + "}";
       }
+      if (k.allow == Allow::RankFactors)
+        return "\"rank:factor,...\" with distinct ranks >= 0 and factors >= 1, or \"\"";
       return k.allow == Allow::NonEmpty ? "a non-empty string" : "a string";
     case Type::IntList:
       return k.allow == Allow::Positive ? "a list of positive integers" : "a list of integers";
@@ -430,6 +442,13 @@ std::optional<std::string> check_range(const Key& k, RunConfig& cfg) {
           if (k.allow == Allow::Choices &&
               std::find(k.choices.begin(), k.choices.end(), v) == k.choices.end())
             return expected(k, yaml_quote(v));
+          if (k.allow == Allow::RankFactors) {
+            try {
+              (void)parse_slow_ranks(v);
+            } catch (const ConfigError& e) {
+              return std::string(e.what());
+            }
+          }
         } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
           for (size_t i = 0; i < v.size(); ++i)
             if (k.allow == Allow::Positive && v[i] < 1)
@@ -691,6 +710,39 @@ std::string head_choices(const ModelConfig& m) {
 
 // ------------------------------------------------------------------- public
 
+std::vector<std::pair<int64_t, double>> parse_slow_ranks(const std::string& spec) {
+  std::vector<std::pair<int64_t, double>> out;
+  if (trim(spec).empty()) return out;
+  auto bad = [&](const std::string& what) {
+    return ConfigError("emulate.slow_ranks: " + what + " in " + yaml_quote(spec) +
+                       "; expected \"rank:factor,...\" such as \"3:2.0,5:1.5\" (world rank 3 "
+                       "computes 2x slower), factors >= 1");
+  };
+  std::istringstream in(spec);
+  int64_t n = 0;
+  for (std::string item; std::getline(in, item, ',');) {
+    ++n;
+    const std::string entry = "entry " + fmt_int(n) + " " + yaml_quote(trim(item));
+    const size_t colon = item.find(':');
+    if (colon == std::string::npos) throw bad(entry + " has no ':'");
+    const std::string r = trim(item.substr(0, colon)), f = trim(item.substr(colon + 1));
+    int64_t rank = 0;
+    if (!all_of_chars(r, "0123456789") || read_int(r, rank))
+      throw bad(entry + ": the rank is not a non-negative integer");
+    char* end = nullptr;
+    errno = 0;
+    const double factor = all_of_chars(f, "0123456789+-.eE") ? std::strtod(f.c_str(), &end) : 0;
+    if (!end || end != f.c_str() + f.size() || errno == ERANGE || !std::isfinite(factor))
+      throw bad(entry + ": the factor is not a number");
+    if (factor < 1) throw bad(entry + ": factor " + f + " < 1 (a slowdown; 1 = normal speed)");
+    for (const auto& [r0, f0] : out)
+      if (r0 == rank) throw bad(entry + ": rank " + r + " is given twice");
+    out.emplace_back(rank, factor);
+  }
+  if (!spec.empty() && trim(spec).back() == ',') throw bad("a trailing ','");
+  return out;
+}
+
 void validate(const RunConfig& cfg_in) {
   RunConfig cfg = cfg_in;  // the binders take a mutable config
   const std::string src = prefix(cfg);
@@ -725,6 +777,19 @@ void validate(const RunConfig& cfg_in) {
                       fmt_int(t.steps));
   // The parallel layout rules (core/layout.cpp), batch arithmetic first.
   if (auto err = layout_error(m, t, layout_of(cfg))) throw ConfigError(src + ": " + *err);
+
+  const EmulateConfig& e = cfg.emulate;
+  const auto slow = parse_slow_ranks(e.slow_ranks);
+  if (!slow.empty() && trim(e.cluster).empty())
+    throw ConfigError(src + ": emulate.slow_ranks=" + yaml_quote(e.slow_ranks) +
+                      " needs emulate.cluster (the emulation it is part of); set "
+                      "emulate.cluster=cpu-here for this machine's links");
+  const int64_t world = layout_of(cfg).world();
+  for (const auto& [rank, factor] : slow)
+    if (rank >= world)
+      throw ConfigError(src + ": emulate.slow_ranks=" + yaml_quote(e.slow_ranks) + ": rank " +
+                        fmt_int(rank) + " is outside the run's " + fmt_int(world) +
+                        " ranks (tp x pp x dp); world ranks are 0.." + fmt_int(world - 1));
 }
 
 void validate_world(const RunConfig& cfg, int world_size) {

@@ -1,11 +1,12 @@
 // The run configuration: one YAML file with sections model, train, data,
-// parallel, checkpoint, log; any key overridable with --set section.key=value.
+// parallel, checkpoint, log, emulate; any key overridable with --set section.key=value.
 // load_config() validates everything before anything is allocated and throws
 // ConfigError naming the file, line, key and what is allowed.
 #pragma once
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace adgt {
@@ -106,6 +107,24 @@ struct LogConfig {
   bool operator==(const LogConfig&) const = default;
 };
 
+// Link and compute emulation on CPU ranks (docs/emulation.md): never on by default.
+struct EmulateConfig {
+  // A cluster preset (cpu-here, dgx-h100, ...) or a cluster file
+  // (docs/cluster.md; relative paths as written); "" = off. World rank r runs
+  // as a device of node r / devices_per_node, and every message and
+  // collective takes at least the cluster model's time.
+  std::string cluster;
+  // "rank:factor,..." ("3:2.0,5:1.5"): world rank 3 computes 2x slower, rank
+  // 5 1.5x (factor >= 1); "" = none. Needs emulate.cluster.
+  std::string slow_ranks;
+  bool operator==(const EmulateConfig&) const = default;
+};
+
+// emulate.slow_ranks as (world rank, factor) pairs in the order written;
+// throws ConfigError "emulate.slow_ranks: ..." on bad syntax, a factor < 1
+// or a rank given twice.
+std::vector<std::pair<int64_t, double>> parse_slow_ranks(const std::string& spec);
+
 struct RunConfig {
   ModelConfig model;
   TrainConfig train;
@@ -113,6 +132,7 @@ struct RunConfig {
   ParallelConfig parallel;
   CheckpointConfig checkpoint;
   LogConfig log;
+  EmulateConfig emulate;
   std::string source;  // the YAML file it came from
   // Gradient-accumulation steps = global_batch / (micro_batch * dp).
   int64_t accum_steps() const { return train.global_batch / (train.micro_batch * parallel.dp); }

@@ -6,11 +6,13 @@
 #include "kernels/check.hpp"
 #include "parallel/cost/stages.hpp"
 #include "parallel/dp/grad_norm.hpp"
+#include "parallel/emulate/slowdown.hpp"
 #include "parallel/pipeline_plan.hpp"
 
 namespace adgt {
 
 namespace {
+emulate::ComputeSlowdown g_no_slowdown;  // factor 1: every call returns at once
 DType parse_dtype(const std::string& s) {
   return s == "f64" ? DType::F64 : s == "bf16" ? DType::BF16 : DType::F32;
 }
@@ -46,6 +48,7 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be)
                                                     << ") are not its layout coordinates (tp " << c.tp
                                                     << ", dp " << c.dp << ", pp " << c.pp << ")");
   overlap_ = cfg.parallel.overlap;
+  slow_ = ctx_.slowdown ? ctx_.slowdown : &g_no_slowdown;
   TensorParallel tp;
   tp.comm = ctx_.tp;
   tp.sequence_parallel = cfg.parallel.sequence_parallel;
@@ -69,6 +72,7 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be)
   if (pipelined) {
     pipe_ = std::make_unique<PipelineExecutor>(*model_, be_, *ctx_.pp, engine_schedule(cfg));
     pipe_->set_progress_comms(reducer_->comms());
+    pipe_->set_slowdown(slow_);
   }
   in_.assign(size_t(cfg.train.micro_batch * cfg.model.seq_len), 0);
   tg_.assign(in_.size(), -1);
@@ -89,11 +93,16 @@ double Engine::run_micro_batches(const MicroBatchFetch& fetch) {
   model_->defer_losses(true);  // one host read of the losses per step
   for (int64_t a = 0; a < A; ++a) {
     fetch(int(a), in_.data(), tg_.data());
-    model_->forward(in_.data(), tg_.data(), 1.0 / double(A * D));
+    // Each forward and backward is a compute piece of the slowdown hook
+    // (parallel/emulate/slowdown.hpp; inactive unless emulated).
+    slow_->run([&] { model_->forward(in_.data(), tg_.data(), 1.0 / double(A * D)); });
     const bool last = a + 1 == A;
     // The last micro-batch's backward starts each bucket's reduction as it completes it.
-    model_->backward(last && overlap_ ? reducer_->ready_hook() : std::function<void(int64_t, int64_t)>(),
+    slow_->begin();
+    model_->backward(slow_->wrap(last && overlap_ ? reducer_->ready_hook()
+                                                  : std::function<void(int64_t, int64_t)>()),
                      last);
+    slow_->catch_up();
   }
   reducer_->finish_grad_sync();
   times_.dp_wait_s = reducer_->last_wait_seconds();
@@ -148,8 +157,10 @@ double Engine::grad_norm() {
 }
 
 void Engine::apply_update(double lr, int64_t opt_step, double clip_coef) {
-  opt_->step(lr, opt_step, clip_coef);
-  if (cfg_.model.moe_aux_free) model_->update_moe_bias(ctx_.edp);
+  slow_->run([&] {
+    opt_->step(lr, opt_step, clip_coef);
+    if (cfg_.model.moe_aux_free) model_->update_moe_bias(ctx_.edp);
+  });
 }
 
 double Engine::eval_loss(const int32_t* inputs, const int32_t* targets) {

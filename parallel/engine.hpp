@@ -24,6 +24,11 @@
 
 namespace adgt {
 
+namespace emulate {
+class ComputeSlowdown;
+struct Emulation;
+}  // namespace emulate
+
 // The layout and the process groups this rank belongs to (nullptr: a group of one).
 struct ParallelContext {
   // The layout the groups were made for and this rank's place in it (none:
@@ -37,6 +42,12 @@ struct ParallelContext {
   Comm* edp = nullptr;    // the dp ranks holding the same experts
   Comm* world = nullptr;  // every rank of the run: checkpoints are saved and loaded over it
   int world_rank = 0;     // rank 0 logs, prints and commits checkpoints
+  // Link and compute emulation (parallel/emulate/, docs/emulation.md; not
+  // owned). emulation: set up by the launcher for the rank table (nullptr:
+  // the trainer sets it up when emulate.cluster asks for it). slowdown: this
+  // rank's compute slowdown hook (nullptr: none).
+  emulate::Emulation* emulation = nullptr;
+  emulate::ComputeSlowdown* slowdown = nullptr;
 };
 
 // What one step measured on this rank.
@@ -98,6 +109,7 @@ class Engine {
   std::unique_ptr<ShardedAdamW> opt_;
   std::unique_ptr<PipelineExecutor> pipe_;
   bool overlap_ = true;  // parallel.overlap false: every reduction starts after the backward
+  emulate::ComputeSlowdown* slow_ = nullptr;  // ctx.slowdown, or an inactive one
   StepTimes times_;
   std::vector<int32_t> in_, tg_;
 };

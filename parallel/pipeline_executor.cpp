@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "kernels/check.hpp"
+#include "parallel/emulate/slowdown.hpp"
 
 namespace adgt {
 
@@ -169,6 +170,16 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
   // Per chunk: whether its last weight gradients came from a fused Backward
   // that reported its units (hooks.unit) and summed its tp partials.
   std::vector<char> fused_last(size_t(model_.num_chunks()), 0);
+  // Every compute instruction runs here: the helper thread moves sends while
+  // it computes (when `helper`), and the slowdown hook (inactive unless
+  // emulated) stretches it, the helper still moving sends.
+  auto compute = [&](bool helper, auto&& piece) {
+    if (helper) progress.compute_begin();
+    if (slow_) slow_->begin();
+    piece();
+    if (slow_) slow_->catch_up();
+    progress.compute_end();
+  };
 
   for (size_t i = 0; i < list.size(); ++i) {
     const pp::Instr& in = list[i];
@@ -209,11 +220,11 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
         const int m0 = be_.mark();
         const int slot = slot_for(c, mb);
         const bool first = model_.chunk_has_embedding(c), last = model_.chunk_has_head(c);
-        if (progress_ok) progress.compute_begin();
-        if (first || last) fetch(mb, in_.data(), tg_.data());
-        const double l = model_.forward_chunk(c, slot, in_.data(), tg_.data(), grad_scale);
-        if (last) loss_sum += l;
-        progress.compute_end();
+        compute(progress_ok, [&] {
+          if (first || last) fetch(mb, in_.data(), tg_.data());
+          const double l = model_.forward_chunk(c, slot, in_.data(), tg_.data(), grad_scale);
+          if (last) loss_sum += l;
+        });
         marks.emplace_back(m0, be_.mark());
         timeline_.push_back(e);
         break;
@@ -240,10 +251,9 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
         const bool last_w = !split && hooks.unit && i + 1 < list.size() &&
                             list[i + 1].op == pp::Op::ReduceGrads && list[i + 1].chunk == c;
         std::function<void(int64_t, int64_t)> unit;
-        if (last_w) unit = hooks.unit;
-        if (progress_ok && !last_w) progress.compute_begin();
-        model_.backward_chunk(c, slot, d_out, split, unit, last_w);
-        progress.compute_end();
+        if (last_w) unit = slow_ ? slow_->wrap(hooks.unit) : hooks.unit;
+        compute(progress_ok && !last_w,
+                [&] { model_.backward_chunk(c, slot, d_out, split, unit, last_w); });
         fused_last[size_t(c)] = last_w;
         if (stage > 0) {  // snapshot dL/d(input) for the SendGrad
           Tensor g = model_.input_grad();
@@ -260,9 +270,7 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
         ExecutedInstr e{in, 0, 0};
         const int m0 = be_.mark();
         const int slot = slot_for(c, mb);
-        if (progress_ok) progress.compute_begin();
-        model_.backward_weight(c, slot);
-        progress.compute_end();
+        compute(progress_ok, [&] { model_.backward_weight(c, slot); });
         release_slot(c, mb);
         marks.emplace_back(m0, be_.mark());
         timeline_.push_back(e);

@@ -24,6 +24,10 @@
 
 namespace adgt {
 
+namespace emulate {
+class ComputeSlowdown;
+}
+
 // One compute instruction as it ran: seconds from the start of the step.
 struct ExecutedInstr {
   pp::Instr instr;
@@ -66,6 +70,9 @@ class PipelineExecutor {
   // instructions, and from its helper thread while this rank computes (when
   // no compute communicates). The data-parallel groups of GradReducer.
   void set_progress_comms(std::vector<Comm*> c) { progress_comms_ = std::move(c); }
+  // The compute slowdown hook (parallel/emulate/slowdown.hpp) around each F,
+  // B and W instruction; nullptr: none.
+  void set_slowdown(emulate::ComputeSlowdown* s) { slow_ = s; }
 
   // Forward only (evaluation) of one batch through every stage in order;
   // returns the mean loss on the rank holding the head (0 elsewhere).
@@ -99,6 +106,7 @@ class PipelineExecutor {
   std::vector<int32_t> in_, tg_;
   std::vector<ExecutedInstr> timeline_;
   std::vector<Comm*> progress_comms_;
+  emulate::ComputeSlowdown* slow_ = nullptr;
   double step_s_ = 0;
 };
 

@@ -6,6 +6,7 @@
 
 #include "kernels/check.hpp"
 #include "parallel/device_assign.hpp"
+#include "parallel/emulate/emulation.hpp"
 #include "parallel/mpi_comm.hpp"
 #include "parallel/mpi_env.hpp"
 
@@ -76,14 +77,16 @@ ProcessGroups make_process_groups(const Layout& layout) {
 }
 
 std::string rank_table(const ProcessGroups& pg, const std::string& device,
-                       const std::string& collectives) {
+                       const std::string& collectives, const emulate::Emulation* emulation) {
   std::ostringstream mine;
   mine << pg.world->rank() << '\t' << pg.launch.host << '\t' << pg.launch.local_rank << '/'
        << pg.launch.local_world << '\t' << pg.coords.tp << '\t' << pg.coords.dp << '\t'
        << pg.coords.pp << '\t' << device << '\t' << collectives;
+  if (emulation) mine << '\t' << emulation->cell(pg.world->rank());
   std::vector<std::string> lines = as_mpi(*pg.world).gather_strings(mine.str(), 0);
   if (lines.empty()) return "";
   std::vector<std::vector<std::string>> rows = {{"rank", "host", "local", "tp", "dp", "pp", "device", "collectives"}};
+  if (emulation) rows[0].push_back("emulated");
   for (const std::string& l : lines) {
     std::vector<std::string> f;
     std::stringstream ss(l);
@@ -96,6 +99,7 @@ std::string rank_table(const ProcessGroups& pg, const std::string& device,
   std::ostringstream os;
   os << "rank table: " << layout_str(pg.layout) << " = " << pg.layout.world() << " ranks, launcher "
      << pg.launch.launcher << "\n";
+  if (emulation) os << "  " << emulation->summary() << "\n";
   for (const auto& r : rows) {
     for (size_t i = 0; i < r.size(); ++i) {
       os << "  " << r[i];

@@ -11,6 +11,10 @@
 
 namespace adgt {
 
+namespace emulate {
+struct Emulation;
+}
+
 struct ProcessGroups {
   LaunchInfo launch;
   Layout layout;
@@ -34,8 +38,11 @@ ProcessGroups make_process_groups(const Layout& layout);
 // coordinates, device, and the transport of its groups' collectives ("mpi";
 // "mpi (host-staged)" for device memory without NCCL; "nccl") — gathered to
 // world rank 0, which gets the table (header first); the other ranks get "".
+// With `emulation` (parallel/emulate/emulation.hpp) a column names each rank's
+// emulated node and compute slowdown, after a line naming the cluster.
 std::string rank_table(const ProcessGroups& pg, const std::string& device,
-                       const std::string& collectives = "mpi");
+                       const std::string& collectives = "mpi",
+                       const emulate::Emulation* emulation = nullptr);
 
 // Collective: gathers every rank's (host, device) and runs
 // check_device_assignment on all of them, so every rank throws the same

@@ -17,6 +17,7 @@
 #include "core/data/sampler.hpp"
 #include "core/data/token_shard.hpp"
 #include "kernels/check.hpp"
+#include "parallel/mpi_env.hpp"
 #include "parallel/pipeline_plan.hpp"
 #include "parallel/step_logger.hpp"
 #include "parallel/trainer_state.hpp"
@@ -111,6 +112,21 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx, std::optional<Device
   else
     dev.device = cfg.train.device;
   backend_ = make_backend(dev.device, dev.cuda_device);
+  if (!cfg.emulate.cluster.empty()) {
+    // Every group's Comm is delayed by the cluster model, under the device
+    // staging (parallel/emulate/, docs/emulation.md).
+    emulation_ = ctx.emulation;
+    if (!emulation_) {
+      own_emulation_ = emulate::setup_emulation(cfg, ctx.world, ctx.world_rank);
+      emulation_ = own_emulation_.get();
+    }
+    if (dev.nccl())
+      throw CollectiveError("emulate.cluster=\"" + cfg.emulate.cluster +
+                            "\": the emulation delays MPI transports of CPU ranks, but this run's "
+                            "collectives go to NCCL; use train.device=cpu or emulated");
+    emulation_->slowdown.set_backend(backend_.get());
+    emulated_comms_ = emulate::wrap_emulated_groups(ctx, *emulation_);
+  }
   if (!backend_->is_host()) device_comms_ = wrap_device_groups(ctx, *backend_, dev.nccl());
   train_shard_ = open_shard(cfg.data.train, "data.train", cfg.model);
   val_shard_ = open_shard(cfg.data.val, "data.val", cfg.model);
@@ -255,6 +271,9 @@ void Trainer::print_header(double peak) const {
               : backend_->peak_is_measured() ? "measured sgemm"
                                        : "the device's rated figure");
   if (engine_->pipelined()) std::printf("%s", describe_pipeline_schedule(cfg_).c_str());
+  // The launcher's rank table names the emulation when it set it up (several ranks).
+  if (emulation_ && (own_emulation_ || g.world->size() == 1))
+    std::printf("%s\n", emulation_->summary().c_str());
   std::fflush(stdout);
 }
 

@@ -15,6 +15,7 @@
 #include "parallel/controller.hpp"
 #include "parallel/device_comm.hpp"
 #include "parallel/device_plan.hpp"
+#include "parallel/emulate/emulation.hpp"
 #include "parallel/engine.hpp"
 
 namespace adgt {
@@ -62,6 +63,12 @@ class Trainer {
   RunConfig cfg_;
   int world_rank_ = 0;
   std::unique_ptr<Backend> backend_;
+  // Link and compute emulation (emulate.cluster; docs/emulation.md): the
+  // trainer's own when the launcher made none, and the groups wrapped in
+  // EmulatedComms. Outlive the device wrappers and the engine.
+  std::unique_ptr<emulate::Emulation> own_emulation_;
+  emulate::Emulation* emulation_ = nullptr;
+  std::vector<std::unique_ptr<Comm>> emulated_comms_;
   // With a device backend: the groups, wrapped so device tensors are staged
   // or go to NCCL (parallel/device_comm.hpp). Outlive the engine.
   std::vector<std::unique_ptr<Comm>> device_comms_;

@@ -148,10 +148,10 @@ TEST_CASE("unknown keys and sections name the line and suggest", "[config]") {
              StartsWith("x.yaml:2: log.zzzzzzzzzz: unknown key (allowed keys in log: dir, "));
   CHECK(error_of("model:\n  d_model: 256\nmodle:\n  x: 1\n") ==
         "x.yaml:3: unknown section \"modle\"; did you mean model? (sections: model, train, "
-        "data, parallel, checkpoint, log)");
+        "data, parallel, checkpoint, log, emulate)");
   CHECK(error_of("optimiser:\n  lr: 1\n  beta1: 0.8\n") ==
         "x.yaml:1: unknown section \"optimiser\"; did you mean train (it has lr, beta1)? "
-        "(sections: model, train, data, parallel, checkpoint, log)");
+        "(sections: model, train, data, parallel, checkpoint, log, emulate)");
   CHECK_THAT(error_of("steps: 10\n"),
              StartsWith("x.yaml:1: unknown section \"steps\"; did you mean train.steps"));
   CHECK_THAT(error_of("train:\n  steps: 10\n  steps: 20\n"),
@@ -337,7 +337,7 @@ TEST_CASE("docs/config.md carries the generated key reference", "[config]") {
     FAIL("docs/config.md is out of date with the schema in core/config.cpp; paste " + out +
          " between its BEGIN/END markers");
   }
-  CHECK(config_keys().size() == 62);
+  CHECK(config_keys().size() == 64);
   for (const auto& k : config_keys()) {
     CHECK(!k.doc.empty());
     CHECK(!k.allowed.empty());

@@ -1,0 +1,141 @@
+// Setting up the emulation of a run (emulation.hpp; docs/emulation.md).
+#include "parallel/emulate/emulation.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <sstream>
+
+#include "core/layout.hpp"
+#include "kernels/check.hpp"
+#include "parallel/engine.hpp"
+#include "parallel/mpi_comm.hpp"
+#include "parallel/mpi_env.hpp"
+
+namespace adgt::emulate {
+
+namespace {
+
+std::string num(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", x);
+  return b;
+}
+
+std::string link_text(const cluster::Link& l) {
+  return num(l.effective_bandwidth() / 1e9) + " GB/s " + num(l.latency * 1e6) + " us";
+}
+
+// FNV-1a of this host's name: equal on ranks of one host.
+double host_hash() {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  uint32_t h = 2166136261u;
+  for (const char* c = name; *c; ++c) h = (h ^ uint32_t(uint8_t(*c))) * 16777619u;
+  return double(h);
+}
+
+}  // namespace
+
+std::string Emulation::summary() const {
+  std::ostringstream os;
+  os << "emulation: cluster " << cluster.name << " (" << cluster.source << ") for " << world
+     << " ranks: " << cluster.nodes << " nodes x " << cluster.devices_per_node
+     << " devices; intra " << link_text(cluster.intra) << ", inter " << link_text(cluster.inter)
+     << ", " << cluster.nics_per_node << " NIC(s) per node";
+  bool slow = false;
+  for (double f : factors) slow = slow || f != 1;
+  if (slow) {
+    os << "; compute slowdown";
+    for (size_t r = 0; r < factors.size(); ++r)
+      if (factors[r] != 1) os << " rank " << r << " x" << num(factors[r]);
+  }
+  os << " (docs/emulation.md)";
+  return os.str();
+}
+
+std::string Emulation::cell(int world_rank) const {
+  std::string s = "node " + std::to_string(cluster.node_of(world_rank));
+  const double f = factors.at(size_t(world_rank));
+  if (f != 1) s += ", compute x" + num(f);
+  return s;
+}
+
+std::unique_ptr<Emulation> setup_emulation(const RunConfig& cfg, Comm* world, int world_rank) {
+  const std::string& spec = cfg.emulate.cluster;
+  if (spec.empty()) return nullptr;
+  const int W = world ? world->size() : 1;
+  const std::string key = "emulate.cluster=\"" + spec + "\"";
+  cluster::Cluster cl;
+  try {
+    cl = cluster::load_cluster(spec);
+  } catch (const std::exception& e) {  // the same file on every rank: the same verdict
+    throw CollectiveError(key + ": " + e.what());
+  }
+  if (cl.world() < W)
+    throw CollectiveError(key + ": cluster " + cl.name + " has " + std::to_string(cl.world()) +
+                          " devices (" + std::to_string(cl.nodes) + " nodes x " +
+                          std::to_string(cl.devices_per_node) + ") but the run has " +
+                          std::to_string(W) + " ranks; use a cluster with at least " +
+                          std::to_string(W) + " devices (more nodes or devices_per_node)");
+  for (int r = 0; r < W; ++r) {
+    const int64_t n = cl.node_of(r);
+    if (cl.speed_of_node(n) > 1)
+      throw CollectiveError(key + ": node_speed[" + std::to_string(n) + "]=" +
+                            num(cl.speed_of_node(n)) + " > 1 (node of rank " + std::to_string(r) +
+                            "); the emulation can only slow a rank down: scale node_speed so "
+                            "the fastest node is 1");
+  }
+  if (world && W > 1) {
+    const double h = host_hash();
+    double b[2] = {h, -h};
+    world->all_reduce(Tensor(b, DType::F64, {2}), ReduceOp::Max);
+    if (b[0] != -b[1])
+      throw CollectiveError(key + ": the emulation needs every rank on one host (its delays are "
+                                  "times of CLOCK_MONOTONIC, which only the processes of one host "
+                                  "share), but the ranks of this run are on several hosts");
+  }
+  auto emu = std::make_unique<Emulation>();
+  emu->spec = spec;
+  emu->cluster = cl;
+  emu->world = W;
+  emu->factors.assign(size_t(W), 1.0);
+  for (int r = 0; r < W; ++r) emu->factors[size_t(r)] = 1.0 / cl.speed_of_node(cl.node_of(r));
+  for (const auto& [r, f] : parse_slow_ranks(cfg.emulate.slow_ranks)) {
+    ADGT_CHECK(r < W, "emulate.slow_ranks: rank " << r << " is outside the run's " << W << " ranks");
+    emu->factors[size_t(r)] *= f;
+  }
+  emu->state = std::make_shared<EmulatedRank>(cl, world_rank);
+  emu->slowdown = ComputeSlowdown(emu->factors.at(size_t(world_rank)), emu->state);
+  return emu;
+}
+
+std::vector<std::unique_ptr<Comm>> wrap_emulated_groups(ParallelContext& ctx, Emulation& emu) {
+  std::vector<std::unique_ptr<Comm>> owned;
+  ctx.slowdown = &emu.slowdown;
+  if (!ctx.world) return owned;  // a single process: no group to delay
+  ADGT_CHECK(ctx.layout, "emulation: the process groups come without their layout");
+  const std::pair<Comm**, Group> slots[] = {{&ctx.tp, Group::tp}, {&ctx.dp, Group::dp},
+                                            {&ctx.pp, Group::pp}, {&ctx.ep, Group::ep},
+                                            {&ctx.edp, Group::edp}, {&ctx.world, Group::world}};
+  std::vector<std::pair<Comm*, Comm*>> done;
+  for (const auto& [slot, group] : slots) {
+    if (!*slot) continue;
+    Comm* wrapped = nullptr;
+    for (const auto& [from, to] : done)
+      if (from == *slot) wrapped = to;
+    if (!wrapped) {
+      std::unique_ptr<Comm> control;
+      if (auto* m = dynamic_cast<MpiComm*>(*slot); m && m->size() > 1)
+        control = m->split(0, m->rank(), m->name());  // a private duplicate, same order
+      owned.push_back(std::make_unique<EmulatedComm>(
+          **slot, emu.state, group_ranks(*ctx.layout, group, ctx.world_rank), std::move(control)));
+      wrapped = owned.back().get();
+      done.emplace_back(*slot, wrapped);
+    }
+    *slot = wrapped;
+  }
+  return owned;
+}
+
+}  // namespace adgt::emulate

@@ -1,0 +1,42 @@
+// The compute slowdown hook (slowdown.hpp; docs/emulation.md).
+#include "parallel/emulate/slowdown.hpp"
+
+#include <algorithm>
+
+#include "kernels/check.hpp"
+#include "parallel/emulate/clock.hpp"
+
+namespace adgt::emulate {
+
+ComputeSlowdown::ComputeSlowdown(double factor, std::shared_ptr<EmulatedRank> rank, Backend* be)
+    : factor_(factor), rank_(std::move(rank)), be_(be) {
+  ADGT_CHECK(factor >= 1, "compute slowdown: factor " << factor << " < 1");
+}
+
+void ComputeSlowdown::begin() {
+  if (!active()) return;
+  t0_ = now_s();
+  comm0_ = comm_seconds();
+}
+
+void ComputeSlowdown::catch_up() {
+  if (!active()) return;
+  if (be_) be_->synchronize();
+  const double now = now_s();
+  const double compute = std::max(0.0, (now - t0_) - (comm_seconds() - comm0_));
+  const double extra = (factor_ - 1) * compute;
+  sleep_until(now + extra);
+  slept_ += extra;
+  begin();
+}
+
+std::function<void(int64_t, int64_t)> ComputeSlowdown::wrap(
+    std::function<void(int64_t, int64_t)> hook) {
+  if (!hook || !active()) return hook;
+  return [this, hook = std::move(hook)](int64_t b, int64_t e) {
+    catch_up();
+    hook(b, e);
+  };
+}
+
+}  // namespace adgt::emulate

@@ -1,0 +1,183 @@
+// The emulation's single-process parts (docs/emulation.md): emulate.* keys
+// and their errors, the compute slowdown hook's rule, EmulatedComm on a group
+// of one, and the set-up of a single process. The multi-rank delays are
+// tests/emulate/ (ctest emulate_*).
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "core/config.hpp"
+#include "parallel/emulate/clock.hpp"
+#include "parallel/emulate/emulation.hpp"
+#include "parallel/mpi_env.hpp"
+
+using namespace adgt;
+using Catch::Matchers::Contains;
+
+namespace {
+
+std::string config_error(const std::string& yaml, const std::vector<std::string>& ov = {}) {
+  try {
+    load_config_text(yaml, "x.yaml", ov);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+void busy_for(double s) {
+  const double end = emulate::now_s() + s;
+  while (emulate::now_s() < end) {
+  }
+}
+
+}  // namespace
+
+TEST_CASE("emulate.slow_ranks: rank:factor pairs", "[emulate]") {
+  using V = std::vector<std::pair<int64_t, double>>;
+  CHECK(parse_slow_ranks("") == V{});
+  CHECK(parse_slow_ranks("3:2.0,5:1.5") == V{{3, 2.0}, {5, 1.5}});
+  CHECK(parse_slow_ranks(" 1 : 3 ") == V{{1, 3.0}});
+  CHECK(parse_slow_ranks("0:1") == V{{0, 1.0}});
+  const std::pair<const char*, const char*> bad[] = {
+      {"1-3", "entry 1 \"1-3\" has no ':'"},
+      {"a:2", "entry 1 \"a:2\": the rank is not a non-negative integer"},
+      {"-1:2", "the rank is not a non-negative integer"},
+      {"1:x", "entry 1 \"1:x\": the factor is not a number"},
+      {"1:", "the factor is not a number"},
+      {"1:0.5", "factor 0.5 < 1"},
+      {"1:2,1:3", "entry 2 \"1:3\": rank 1 is given twice"},
+      {"1:2,", "a trailing ','"},
+      {"1:2,,2:2", "entry 2 \"\" has no ':'"},
+  };
+  for (const auto& [spec, msg] : bad) {
+    INFO(spec);
+    try {
+      parse_slow_ranks(spec);
+      FAIL("no error");
+    } catch (const ConfigError& e) {
+      CHECK_THAT(e.what(), Contains("emulate.slow_ranks: ") && Contains(msg) &&
+                               Contains("expected \"rank:factor,...\""));
+    }
+  }
+}
+
+TEST_CASE("emulate keys: off by default, checked with the file's line", "[emulate][config]") {
+  const RunConfig d = load_config_text("", "x.yaml");
+  CHECK(d.emulate.cluster.empty());
+  CHECK(d.emulate.slow_ranks.empty());
+  const RunConfig c = load_config_text("emulate:\n  cluster: cpu-here\n  slow_ranks: \"0:2\"\n", "x.yaml");
+  CHECK(c.emulate.cluster == "cpu-here");
+  CHECK(c.emulate.slow_ranks == "0:2");
+  CHECK(load_config_text(to_yaml(c), "y.yaml") == [&] {
+    RunConfig r = c;
+    r.source = "y.yaml";
+    return r;
+  }());
+  CHECK_THAT(config_error("emulate:\n  cluster: cpu-here\n  slow_ranks: \"0:0.5\"\n"),
+             Contains("x.yaml:3: emulate.slow_ranks: entry 1 \"0:0.5\": factor 0.5 < 1"));
+  CHECK_THAT(config_error("", {"emulate.slow_ranks=0:2"}),
+             Contains("x.yaml: emulate.slow_ranks=\"0:2\" needs emulate.cluster"));
+  CHECK_THAT(config_error("parallel:\n  dp: 2\ntrain:\n  global_batch: 16\n",
+                          {"emulate.cluster=cpu-here", "emulate.slow_ranks=1:2,2:3"}),
+             Contains("x.yaml: emulate.slow_ranks=\"1:2,2:3\": rank 2 is outside the run's 2 "
+                      "ranks (tp x pp x dp); world ranks are 0..1"));
+}
+
+TEST_CASE("compute slowdown: sleeps (factor - 1) x the compute, not the comm time", "[emulate]") {
+  auto rank = std::make_shared<emulate::EmulatedRank>(cluster::load_cluster("cpu-here"), 0);
+  emulate::ComputeSlowdown off;
+  CHECK_FALSE(off.active());
+  const double t0 = emulate::now_s();
+  off.run([] { busy_for(0.005); });
+  CHECK(emulate::now_s() - t0 < 0.004 + 0.005 + 0.02);
+  CHECK(off.slept_seconds() == 0);
+
+  emulate::ComputeSlowdown slow(3, rank);
+  // 10 ms of compute and 50 ms inside (pretend) emulated comm calls: 20 ms
+  // of sleep (120 ms if the comm time counted as compute; the bound leaves
+  // room for a loaded machine).
+  slow.run([&] {
+    busy_for(0.010);
+    const double c0 = emulate::now_s();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    rank->comm_seconds += emulate::now_s() - c0;
+  });
+  CHECK(slow.slept_seconds() >= 2 * 0.010);
+  CHECK(slow.slept_seconds() < 0.060);
+
+  // A gradient hook catches up before it runs; an empty one stays empty.
+  CHECK_FALSE(slow.wrap({}));
+  std::vector<double> slept_at_call;
+  auto hook = slow.wrap([&](int64_t, int64_t) { slept_at_call.push_back(slow.slept_seconds()); });
+  const double before = slow.slept_seconds();
+  slow.begin();
+  busy_for(0.005);
+  hook(0, 1);
+  REQUIRE(slept_at_call.size() == 1);
+  CHECK(slept_at_call[0] - before >= 2 * 0.005);
+}
+
+TEST_CASE("EmulatedComm on a group of one passes every call through", "[emulate]") {
+  auto rank = std::make_shared<emulate::EmulatedRank>(cluster::load_cluster("cpu-here"), 0);
+  SelfComm self("dp");
+  emulate::EmulatedComm c(self, rank, {0});
+  CHECK(c.name() == "dp");
+  CHECK(c.size() == 1);
+  std::vector<float> in = {1, 2, 3}, out(3);
+  const double t0 = emulate::now_s();
+  c.all_reduce(Tensor(in.data(), DType::F32, {3}));
+  c.reduce_scatter(Tensor(out.data(), DType::F32, {3}), Tensor(in.data(), DType::F32, {3}));
+  Work w = c.start_all_gather(Tensor(out.data(), DType::F32, {3}), Tensor(in.data(), DType::F32, {3}));
+  w.wait();
+  c.barrier();
+  CHECK(emulate::now_s() - t0 < 0.05);
+  CHECK(out == in);
+  CHECK(c.last_collective_end() == 0);  // nothing was delayed
+  CHECK_THROWS_WITH(emulate::EmulatedComm(self, rank, {1}),
+                    Contains("group rank 0 is world rank 1, but this process is world rank 0"));
+  CHECK_THROWS_WITH(emulate::EmulatedComm(self, std::make_shared<emulate::EmulatedRank>(
+                                                    cluster::load_cluster("cpu-here"), 9),
+                                          {9}),
+                    Contains("world rank 9 is outside the 8 devices of cluster cpu-here"));
+}
+
+TEST_CASE("setup_emulation: factors, the rank table's words, named errors", "[emulate]") {
+  RunConfig cfg;
+  CHECK(emulate::setup_emulation(cfg, nullptr, 0) == nullptr);  // off by default
+  cfg.emulate.cluster = "cpu-here";
+  cfg.emulate.slow_ranks = "0:2.5";
+  auto emu = emulate::setup_emulation(cfg, nullptr, 0);
+  REQUIRE(emu);
+  CHECK(emu->factors == std::vector<double>{2.5});
+  CHECK(emu->slowdown.factor() == 2.5);
+  CHECK(emu->cell(0) == "node 0, compute x2.5");
+  CHECK_THAT(emu->summary(), Contains("emulation: cluster cpu-here (preset:cpu-here) for 1 ranks: "
+                                      "1 nodes x 8 devices; intra 4 GB/s 5 us") &&
+                                 Contains("compute slowdown rank 0 x2.5"));
+  // node_speed 0.5 doubles the factor; a node faster than real is refused.
+  const std::string path = std::string(ADGT_BINARY_DIR) + "/emulate_speed_test.yaml";
+  auto write = [&](const char* speed) {
+    std::ofstream(path) << "name: speedy\nnodes: 1\ndevices_per_node: 2\nnode_speed: [" << speed
+                        << "]\ndevice: {peak_bf16_tflops: 1, peak_fp32_tflops: 1, memory_gib: 1, "
+                           "hbm_GBps: 1}\nintra: {bandwidth_GBps: 1, latency_us: 1}\n";
+  };
+  write("0.5");
+  cfg.emulate.cluster = path;
+  CHECK(emulate::setup_emulation(cfg, nullptr, 0)->factors == std::vector<double>{5.0});
+  write("2");
+  CHECK_THROWS_WITH(emulate::setup_emulation(cfg, nullptr, 0),
+                    Contains("emulate.cluster=\"" + path + "\": node_speed[0]=2 > 1"));
+  std::remove(path.c_str());
+  cfg.emulate.cluster = "no-such-cluster";
+  try {
+    emulate::setup_emulation(cfg, nullptr, 0);
+    FAIL("no error");
+  } catch (const CollectiveError& e) {
+    CHECK_THAT(e.what(), Contains("emulate.cluster=\"no-such-cluster\": cluster 'no-such-cluster' "
+                                  "is neither a preset nor a readable file"));
+  }
+}
