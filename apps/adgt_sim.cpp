@@ -15,6 +15,7 @@
 #include "kernels/backend.hpp"
 #include "parallel/cluster/cluster.hpp"
 #include "parallel/schedule/instruction.hpp"
+#include "parallel/sim/host.hpp"
 #include "parallel/sim/profile.hpp"
 #include "parallel/sim/step_sim.hpp"
 #include "parallel/sim/sweep.hpp"
@@ -83,6 +84,11 @@ int main(int argc, char** argv) {
                  "(0: cache-hot)")->capture_default_str();
   app.add_option("--host-cores", host_cores,
                  "every rank shares this many cores (CPU ranks emulating the cluster on one host)");
+  std::string sync = "0";
+  app.add_option("--host-sync", sync,
+                 "with --host-cores: seconds each synchronisation of two ranks waits for the "
+                 "scheduler (auto: a third of a round of this host's measured slices; 0: none, "
+                 "the default: see docs/simulator.md for how each fares)")->capture_default_str();
   app.add_option("--slow-ranks", slow, "rank:factor,... compute slowdowns (as emulate.slow_ranks)");
   app.add_option("--attention", attention,
                  "flash (adgt's kernels) | unfused (scores in memory: other frameworks before "
@@ -118,6 +124,15 @@ int main(int argc, char** argv) {
     adgt::sim::SimOptions opts;
     opts.host_cores = host_cores;
     opts.slow_ranks = parse_slow(slow);
+    if (host_cores > 0) {
+      if (sync == "auto") {
+        const int procs = int(adgt::layout_of(cfg).world());
+        opts.sync_wait_s = adgt::sim::sync_wait(adgt::sim::measure_scheduler_slice(procs), procs,
+                                                int(host_cores));
+      } else {
+        opts.sync_wait_s = std::stod(sync);
+      }
+    }
     if (attention != "flash" && attention != "unfused")
       throw adgt::ConfigError("--attention: expected flash or unfused, got '" + attention + "'");
     opts.work.unfused_attention = attention == "unfused";
@@ -135,6 +150,7 @@ int main(int argc, char** argv) {
         j["cluster"] = cl.name;
         j["costs"] = costs->describe();
         j["sim_seconds"] = took;
+        j["sync_wait_s"] = opts.sync_wait_s;
         std::printf("%s\n", j.dump().c_str());
       } else {
         print_result(cfg, cl, r, costs->describe());

@@ -195,6 +195,13 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
       case pp::Op::RecvGrad: {
         Buffer& b = grads_in_[{c, mb}];
         const Tensor out = model_.stage_output(c, slot_for(c, mb));
+        // Reuse a buffer whose gradient a backward has consumed: the rank
+        // holds only the gradients received and not yet used.
+        for (size_t f = 0; f < free_grads_.size() && b.bytes() != out.bytes(); ++f)
+          if (free_grads_[f].bytes() == out.bytes()) {
+            b = std::move(free_grads_[f]);
+            free_grads_.erase(free_grads_.begin() + std::ptrdiff_t(f));
+          }
         if (b.bytes() != out.bytes()) b = Buffer(be_, out.bytes());
         comm_.recv(Tensor(b.data(), out.dtype, {out.numel()}), in.peer, tag(kGrad, mb, stage));
         break;
@@ -255,6 +262,10 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
         compute(progress_ok && !last_w,
                 [&] { model_.backward_chunk(c, slot, d_out, split, unit, last_w); });
         fused_last[size_t(c)] = last_w;
+        if (auto it = grads_in_.find({c, mb}); it != grads_in_.end()) {  // consumed
+          free_grads_.push_back(std::move(it->second));
+          grads_in_.erase(it);
+        }
         if (stage > 0) {  // snapshot dL/d(input) for the SendGrad
           Tensor g = model_.input_grad();
           Tensor b = send_buffer(g);

@@ -103,6 +103,7 @@ class PipelineExecutor {
   };
   std::vector<SendBuf> sends_;
   std::map<std::pair<int, int>, Buffer> grads_in_;   // (chunk, mb) -> received output gradient
+  std::vector<Buffer> free_grads_;                   // consumed ones, for the next RecvGrad
   std::vector<int32_t> in_, tg_;
   std::vector<ExecutedInstr> timeline_;
   std::vector<Comm*> progress_comms_;

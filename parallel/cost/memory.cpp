@@ -43,7 +43,11 @@ int64_t compute_bytes_per_element(const RunConfig& cfg) {
 //             + F (gate) + F (up) + F (h = silu(gate)*up)
 //     A_final = C (last block output) + C (final norm out) + 1 (rstd)
 //             + V (logits, overwritten in place by their gradient) + 1 (loss)
-//   Backward scratch (about one layer's activation gradients) is not counted.
+//   Scratch (bytes_scratch; core/model/model.cpp make_scratch): the backward's
+//   activation gradients of one layer, N = B*T rows, Nl = N/tp with SP else N:
+//     Nl*C (d_resid) + N*C (d_tmp) [+ SP: 2 Nl*C + 2 N*C] + N*(2 H + 2 KV)*hd/tp
+//     + 3 N*F/tp, the rotary tables T*hd (master dtype), and per micro-batch
+//     in flight per chunk its output rows Nl*C and 2N int32 token ids.
 //   Recompute (train.recompute, core/model/model.hpp) changes what a layer
 //   keeps per micro-batch in flight, plus one shared set of buffers per rank:
 //     selective: a layer drops H*T (or the lse) + H*hd (attention) and F (h;
@@ -54,7 +58,9 @@ int64_t compute_bytes_per_element(const RunConfig& cfg) {
 //                limits it to the first layers of each chunk.
 //   Pipeline parallelism: the rank's stage slice gives the table; the
 //   activations sum over its chunks c: held[c] x (layers(c) x A_layer +
-//   A_final if c holds the head).
+//   A_final if c holds the head); with a split backward (zb-h1, greedy) each
+//   layer also keeps its output gradients from B to W: 2C + 2F/tp +
+//   (H + 2KV) hd/tp per token (and C for the embedding's chunk).
 MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
                                const std::vector<std::vector<int64_t>>& held) {
   const ModelConfig& m = cfg.model;
@@ -120,6 +126,7 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
   const int pp = int(cfg.parallel.pp), v = int(cfg.parallel.virtual_stages);
   const std::vector<int64_t> counts = stage_layer_counts(cfg);
   const int64_t mb = cfg.pipeline_microbatches();
+  const bool split = pp > 1 && (cfg.parallel.schedule == "zb-h1" || cfg.parallel.schedule == "greedy");
   for (int r = 0; r < pp; ++r) {
     const StageSlice slice = stage_slice(counts, pp, v, r);
     const int64_t numel =
@@ -132,6 +139,13 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
                             : (pp == 1 ? 1 : std::min<int64_t>(pp - r, mb));
       const bool head = slice.head && c + 1 == int(slice.chunks.size());
       int64_t per = head ? a_final : 0;
+      // A split backward (zb-h1, greedy) keeps each layer's output gradients
+      // from B to W (model.cpp make_split_buffers), and the embedding's.
+      if (split) {
+        const int64_t layers = slice.chunks[size_t(c)].second - slice.chunks[size_t(c)].first;
+        per += layers * (2 * C + 2 * Fl + (Hl + 2 * KVl) * hd) +
+               (slice.embedding && c == 0 ? C : 0);
+      }
       for (int64_t l = slice.chunks[size_t(c)].first; l < slice.chunks[size_t(c)].second; ++l) {
         const int64_t i = l - slice.chunks[size_t(c)].first;
         per += kept(l, i);
@@ -152,8 +166,13 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
       x.bytes_attention_fallback = ap.fallback_bytes;
       x.attention_fallback = ap.reason;
     }
+    const int64_t Nt = B * T, Nl = Nt / rows, mbytes = std::max<int64_t>(bpp, 4);
+    x.bytes_scratch =
+        (Nl * C + Nt * C + (sp ? 2 * Nl * C + 2 * Nt * C : 0) + Nt * (2 * Hl + 2 * KVl) * hd +
+         3 * Nt * Fl) * bpp +
+        T * hd * mbytes + n_held * (Nl * C * bpp + 2 * Nt * 4);
     x.bytes_total = x.bytes_params + x.bytes_grads + x.bytes_optimizer + x.bytes_activations +
-                    x.bytes_attention_fallback;
+                    x.bytes_attention_fallback + x.bytes_scratch;
     x.pp_rank = r;
     x.microbatches_held = n_held;
     if (r == 0 || x.bytes_total > e.bytes_total) e = x;
@@ -249,6 +268,8 @@ std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e) {
     line("    attention    " + gib(e.bytes_attention_fallback) +
          "  (fp32 scratch: bf16 attention runs the exact kernel, not flash: " +
          e.attention_fallback + ")");
+  line("    scratch      " + gib(e.bytes_scratch) +
+       "  (one layer's activation gradients, rotary tables, chunk outputs in flight)");
   line("    total        " + gib(e.bytes_total));
   return s;
 }

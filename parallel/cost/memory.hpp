@@ -30,6 +30,10 @@ struct MemoryEstimate {
   // counted in bytes_total, and why ("" when the flash kernels take it).
   int64_t bytes_attention_fallback = 0;
   std::string attention_fallback;
+  // Per rank, once: the backward's activation-gradient scratch (one layer's
+  // worth: core/model/model.cpp make_scratch), the rotary tables and, per
+  // micro-batch in flight, each chunk's output rows and token ids.
+  int64_t bytes_scratch = 0;
   int64_t bytes_total = 0;
   int pp_rank = 0;                     // pipeline: the rank reported (the largest total)
   int64_t microbatches_held = 1;       // pipeline: micro-batches in flight on that rank (all chunks)

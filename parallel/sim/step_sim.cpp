@@ -35,6 +35,7 @@ struct Task {
   int64_t grads_done = -3; // Compute: the layer whose gradients are final at its end
   bool last_mb = false;    // Compute: part of the step's last micro-batch (pp == 1)
   int sync_id = -1;        // Sync: which step collective
+  Group sync_group = Group::world;  // Sync: its group (members wait for each other)
 };
 
 struct Unit {
@@ -42,6 +43,7 @@ struct Unit {
   std::vector<int> ranks;  // world ranks of its tp group
   double speed = 1;
   int pool = -1;           // shared-core pool, -1: none
+  double sync_wait = 0;    // extra wait per synchronisation (SimOptions::sync_wait_s)
   std::vector<Task> tasks;
   size_t pc = 0;
   // The running task.
@@ -123,6 +125,7 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
       }
       if (opts.host_cores > 0) u.pool = 0;
       else if (cl.cores_per_node > 0) u.pool = int(cl.node_of(u.ranks[0]));
+      u.sync_wait = u.pool >= 0 ? opts.sync_wait_s : 0;
       units.push_back(std::move(u));
     }
 
@@ -156,7 +159,8 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
         ep.cat = Cat::Ep;
         for (const Piece& pc : w.pieces) {
           c.amount += ops_time(pc.ops);
-          for (const CommOp& cm : pc.comms) (cm.group == Group::ep ? ep : tp).amount += group_time(u, cm);
+          for (const CommOp& cm : pc.comms)
+            (cm.group == Group::ep ? ep : tp).amount += group_time(u, cm) + u.sync_wait;
         }
         std::vector<Task> ts{c};
         if (tp.amount > 0) ts.push_back(tp);
@@ -176,6 +180,7 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
         Task dl{TaskKind::Delay};
         dl.cat = c.group == Group::ep ? Cat::Ep : Cat::Tp;
         dl.amount = group_time(u, c);
+        if (dl.amount > 0) dl.amount += u.sync_wait;
         if (dl.amount > 0) u.tasks.push_back(dl);
       }
     }
@@ -226,29 +231,33 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
       }
     }
     u.pipeline_end = 0;
+    auto add_step_comms = [&](CommOp::When when) {
+      for (size_t i = 0; i < rw.step_comms.size(); ++i) {
+        const CommOp& c = rw.step_comms[i];
+        if (c.when != when) continue;
+        Task t{TaskKind::Sync};
+        t.cat = Cat::Step;
+        t.amount = group_time(u, c);
+        t.sync_id = int(i);
+        t.sync_group = c.group;
+        u.tasks.push_back(t);
+      }
+    };
     Task sb{TaskKind::StartBuckets};
     sb.chunk = -1;
     u.tasks.push_back(sb);
     u.tasks.push_back(Task{TaskKind::WaitBuckets});
-    for (size_t i = 0; i < rw.step_comms.size(); ++i) {
-      const CommOp& c = rw.step_comms[i];
-      if (c.group == Group::dp && i >= 2) continue;  // ZeRO-1's all-gather: after the update
-      Task t{TaskKind::Sync};
-      t.cat = Cat::Step;
-      t.amount = group_time(u, c);
-      t.sync_id = int(i);
-      u.tasks.push_back(t);
-    }
+    add_step_comms(CommOp::BeforeUpdate);
     Task opt{TaskKind::Compute};
     opt.cat = Cat::Optimizer;
     opt.amount = ops_time(rw.optimizer);
     u.tasks.push_back(opt);
-    for (size_t i = 2; i < rw.step_comms.size(); ++i) {
-      Task t{TaskKind::Sync};
-      t.cat = Cat::Step;
-      t.amount = group_time(u, rw.step_comms[i]);
-      t.sync_id = int(i);
-      u.tasks.push_back(t);
+    add_step_comms(CommOp::AfterUpdate);
+    {
+      std::vector<Task> start;
+      std::swap(start, u.tasks);
+      add_step_comms(CommOp::Start);
+      u.tasks.insert(u.tasks.end(), start.begin(), start.end());
     }
     const size_t nb = rw.buckets.size();
     u.bucket_ready.assign(nb, 0);
@@ -274,8 +283,25 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
   std::vector<std::vector<double>> bucket_end(static_cast<size_t>(P));  // [pp][bucket] end (replica-wide), -1
   std::vector<size_t> next_bucket(static_cast<size_t>(P), 0);     // buckets are scheduled in id order
   for (int p = 0; p < P; ++p) bucket_end[size_t(p)].assign(work[size_t(p)].buckets.size(), -1);
-  std::map<int, std::pair<int, double>> sync_arrived;  // sync id -> (count, latest arrival)
-  std::map<int, double> sync_release;
+  // A step collective instance: (sync id, which group of that kind).
+  std::map<std::pair<int, int>, std::pair<int, double>> sync_arrived;  // -> (count, latest arrival)
+  std::map<std::pair<int, int>, double> sync_release;
+  auto sync_instance = [&](const Unit& u, Group g) {
+    switch (g) {
+      case Group::pp: return u.dp;              // the stages of one replica
+      case Group::dp: case Group::edp: return u.pp;  // the replicas of one stage
+      case Group::tp: return int(&u - units.data()) + 1000000;  // inside the unit
+      default: return 0;
+    }
+  };
+  auto sync_members = [&](Group g) {
+    switch (g) {
+      case Group::pp: return P;
+      case Group::dp: case Group::edp: return replicas;
+      case Group::tp: return 1;
+      default: return int(units.size());
+    }
+  };
   double now = 0;
   int64_t events = 0;
 
@@ -352,7 +378,7 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
             case TaskKind::Recv: {
               auto it = arrival.find(t.msg);
               if (!u.started) u.started = true, u.since = now;
-              if (it != arrival.end() && it->second <= now) {
+              if (it != arrival.end() && it->second + u.sync_wait <= now) {
                 u.pp_wait += now - u.since;
                 done = true;
               }
@@ -374,15 +400,17 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
               break;
             }
             case TaskKind::Sync: {
+              const auto key = std::make_pair(t.sync_id, sync_instance(u, t.sync_group));
               if (!u.started) {
                 u.started = true;
                 u.since = now;
-                auto& [count, latest] = sync_arrived[t.sync_id];
+                auto& [count, latest] = sync_arrived[key];
                 ++count;
                 latest = std::max(latest, now);
-                if (count == n_units) sync_release[t.sync_id] = latest + t.amount;
+                if (count == sync_members(t.sync_group))
+                  sync_release[key] = latest + t.amount + (sync_members(t.sync_group) > 1 ? u.sync_wait : 0);
               }
-              auto it = sync_release.find(t.sync_id);
+              auto it = sync_release.find(key);
               if (it != sync_release.end() && it->second <= now) {
                 u.step_wait += now - u.since;
                 done = true;
@@ -402,7 +430,9 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
     std::map<int, double> demand;
     for (const Unit& u : units)
       if (u.pc < u.tasks.size() && u.tasks[u.pc].kind == TaskKind::Compute && u.pool >= 0)
-        demand[u.pool] += double(u.ranks.size());
+        // A slowed rank (emulate.slow_ranks) sleeps part of its compute: it
+        // holds a core for speed of the time.
+        demand[u.pool] += double(u.ranks.size()) * std::min(1.0, u.speed);
     const double cores_of_pool = opts.host_cores > 0 ? double(opts.host_cores)
                                                      : double(cl.cores_per_node);
     auto rate = [&](const Unit& u) {
@@ -421,7 +451,8 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
         case TaskKind::Compute: next = std::min(next, now + u.remaining / rate(u)); break;
         case TaskKind::Delay: next = std::min(next, u.until); break;
         case TaskKind::Recv:
-          if (auto it = arrival.find(t.msg); it != arrival.end()) next = std::min(next, it->second);
+          if (auto it = arrival.find(t.msg); it != arrival.end())
+            next = std::min(next, it->second + u.sync_wait);
           break;
         case TaskKind::WaitBuckets: {
           double last = 0;
@@ -431,7 +462,8 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
           break;
         }
         case TaskKind::Sync:
-          if (auto it = sync_release.find(t.sync_id); it != sync_release.end())
+          if (auto it = sync_release.find(std::make_pair(t.sync_id, sync_instance(u, t.sync_group)));
+              it != sync_release.end())
             next = std::min(next, it->second);
           break;
         default: break;

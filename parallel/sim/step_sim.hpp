@@ -33,6 +33,10 @@ struct SimOptions {
   std::map<int, double> slow_ranks;  // world rank -> compute slowdown factor (>= 1)
   bool all_replicas = false;         // simulate every dp replica even when they are the same
   WorkOptions work;                  // another framework's attention and dropout (work.hpp)
+  // Ranks sharing more ranks than cores: the mean extra wait of each
+  // synchronisation with another rank (a collective, a pipeline message), the
+  // scheduler's turn-taking (host.hpp: sync_wait). 0: none.
+  double sync_wait_s = 0;
 };
 
 struct SimResult {

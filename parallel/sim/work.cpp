@@ -402,10 +402,22 @@ RankWork rank_work(const RunConfig& cfg, int pp_rank, const WorkOptions& opts) {
   const double state = zero ? rw.param_elems / double(par.dp) : rw.param_elems;
   rw.optimizer.push_back({OpKind::SumSquares, int64_t(state)});
   rw.optimizer.push_back({OpKind::AdamW, int64_t(state), d.b == 2 ? 1 : 0});
-  rw.step_comms.push_back({Collective::AllReduce, Group::world, 8});  // the gradient norm
-  rw.step_comms.push_back({Collective::AllReduce, Group::world, 8});  // the loss
+  auto small = [&](Group g, int64_t size, CommOp::When when) {
+    if (size > 1) rw.step_comms.push_back({Collective::AllReduce, g, 8, when});
+  };
+  small(Group::pp, par.pp, CommOp::Start);              // the executor's common start
+  small(Group::pp, par.pp, CommOp::BeforeUpdate);       // the loss over the stages
+  small(Group::dp, par.dp, CommOp::BeforeUpdate);       // ... and the replicas
+  small(Group::pp, par.pp, CommOp::BeforeUpdate);       // the measured bubble: busy
+  small(Group::pp, par.pp, CommOp::BeforeUpdate);       // ... and span
+  if (zero) small(Group::dp, par.dp, CommOp::BeforeUpdate);  // the norm: ZeRO-1 chunks
+  small(Group::tp, par.tp, CommOp::BeforeUpdate);       // ... tensor shards
+  small(Group::pp, par.pp, CommOp::BeforeUpdate);       // ... stages
   if (zero)
-    rw.step_comms.push_back({Collective::AllGather, Group::dp, rw.param_elems * d.b});
+    rw.step_comms.push_back({Collective::AllGather, Group::dp, rw.param_elems * d.b, CommOp::AfterUpdate});
+  small(Group::tp, par.tp, CommOp::AfterUpdate);        // the stop-signal agreement
+  small(Group::dp, par.dp, CommOp::AfterUpdate);
+  small(Group::pp, par.pp, CommOp::AfterUpdate);
   return rw;
 }
 

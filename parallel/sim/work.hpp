@@ -20,8 +20,11 @@ namespace adgt::sim {
 
 struct CommOp {
   cluster::Collective kind = cluster::Collective::AllReduce;
-  Group group = Group::tp;  // tp or ep (in a layer), dp / edp / world (the step)
+  Group group = Group::tp;  // tp or ep (in a layer), dp / edp / pp / world (the step)
   double bytes = 0;         // collective_time's `bytes`
+  // A step collective's place: before the first instruction, between the
+  // gradient reduction and the update, or after the update.
+  enum When : uint8_t { Start, BeforeUpdate, AfterUpdate } when = BeforeUpdate;
 };
 
 // A piece of work in execution order: ops, then the collectives that follow
@@ -65,8 +68,11 @@ struct RankWork {
   std::vector<StageWork> chunks;   // (virtual_stages)
   std::vector<BucketWork> buckets; // in start order
   std::vector<Op> optimizer;       // the update: sum of squares, AdamW
-  std::vector<CommOp> step_comms;  // after the backward: the norm and loss all-reduces,
-                                   // ZeRO-1's parameter all-gather
+  // The step's blocking collectives in order (parallel/engine.cpp,
+  // trainer.cpp, pipeline_executor.cpp): the pipeline's start barrier, the
+  // loss and bubble all-reduces, the gradient norm's, the stop-signal
+  // agreement, ZeRO-1's parameter all-gather. Groups of one are left out.
+  std::vector<CommOp> step_comms;
   double param_elems = 0;          // this rank's parameters
 };
 

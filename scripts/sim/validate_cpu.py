@@ -24,7 +24,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-MODEL = os.path.join(HERE, "validate_model.yaml")
+MODEL = os.environ.get("ADGT_VALIDATE_MODEL", os.path.join(HERE, "validate_model.yaml"))
 CLUSTER = os.path.join(ROOT, "configs", "clusters", "emulated-2node.yaml")
 
 # (name, --set overrides): tp, pp, dp, ZeRO, schedules and micro-batch counts.
@@ -50,6 +50,14 @@ LAYOUTS = [
                                "parallel.zero=1", "train.micro_batch=4"]),
 ]
 QUICK = ["dp8", "tp2 dp4", "pp4 dp2 1f1b", "pp2 tp2 dp2 gpipe"]
+
+
+def tokens_per_step(model):
+    """global_batch x seq_len of the run file."""
+    import re
+    text = open(model).read()
+    return int(re.search(r"global_batch:\s*(\d+)", text).group(1)) * int(
+        re.search(r"seq_len:\s*(\d+)", text).group(1))
 
 
 def spearman(a, b):
@@ -87,12 +95,19 @@ def main():
     ap.add_argument("--no-emulate", action="store_true",
                     help="plain shared-memory MPI, simulated as the cpu-here preset")
     ap.add_argument("--only", help="comma-separated layout names")
+    ap.add_argument("--host-sync", default="0", help="adgt-sim --host-sync (0 or auto)")
+    ap.add_argument("--slowdown", type=float, default=1,
+                    help="every rank computes this many times slower (emulate.slow_ranks), so that "
+                         "the 8 ranks' compute uses about 8/slowdown of a core: the emulated devices "
+                         "do not take turns on this host's cores (1: real contention)")
     args = ap.parse_args()
     cores = args.cores or os.cpu_count()
     layouts = [l for l in LAYOUTS if not args.quick or l[0] in QUICK]
     if args.only:
         layouts = [l for l in layouts if l[0] in args.only.split(",")]
     cluster = "cpu-here" if args.no_emulate else CLUSTER
+    slow = ",".join(f"{r}:{args.slowdown:g}" for r in range(8)) if args.slowdown > 1 else ""
+    slow_set = [f"emulate.slow_ranks={slow}"] if slow and not args.no_emulate else []
     steps = 6 if args.quick else args.steps
     os.makedirs(args.work, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
@@ -105,7 +120,7 @@ def main():
         tag = name.replace(" ", "_")
         log = os.path.join(args.work, tag)
         all_sets = common + sets + [f"log.dir={log}", f"checkpoint.dir={log}/ckpt",
-                                    ] + ([] if args.no_emulate else [f"emulate.cluster={CLUSTER}"])
+                                    ] + ([] if args.no_emulate else [f"emulate.cluster={CLUSTER}"]) + slow_set
         flags = sum([["--set", s] for s in all_sets], [])
         if os.path.exists(os.path.join(log, "metrics.jsonl")):
             os.remove(os.path.join(log, "metrics.jsonl"))
@@ -122,12 +137,14 @@ def main():
                 j = json.loads(line)
                 if "tokens_per_s" in j and j.get("step", 0) > 2:
                     times.append(j["tokens_per_s"])
-        cfg_tokens = 32 * 128  # global_batch x seq_len of validate_model.yaml
+        cfg_tokens = tokens_per_step(MODEL)
         measured = statistics.median(cfg_tokens / t for t in times)
         sim_sets = [s for s in sets]
         sflags = sum([["--set", s] for s in sim_sets], [])
         sim = subprocess.run([args.sim, "--config", MODEL, "--cluster", cluster, "--costs", "profile",
-                              "--profile-cache", profile, "--host-cores", str(cores), "--json"] + sflags,
+                              "--profile-cache", profile, "--host-cores", str(cores), "--json",
+                              "--host-sync", args.host_sync]
+                             + (["--slow-ranks", slow] if slow_set else []) + sflags,
                              capture_output=True, text=True, env=env)
         if sim.returncode != 0:
             failed.append(f"{name}: adgt-sim failed: {sim.stderr[-800:]}")

@@ -47,8 +47,9 @@ def dry_run_activations(args, sets):
 
 def emulated_peaks(args, failed):
     """On the emulated device the backend's buffers are counted: the measured
-    peak falls with recompute as --dry-run says, and lies within 15% above the
-    dry-run total (which leaves out the backward's scratch). A d512, 8-layer
+    peak falls with recompute as --dry-run says, and the dry-run total
+    (scratch included) is within 5% of it (the simulator's memory bound,
+    docs/simulator.md). A d512, 8-layer
     model at seq 256, where activations are about half of the memory."""
     sets = ["model.d_model=512", "model.ffn_hidden=1376", "model.n_layers=8", "model.n_heads=8",
             "model.n_kv_heads=8", "model.seq_len=256", "train.micro_batch=4", "train.global_batch=4",
@@ -72,7 +73,7 @@ def emulated_peaks(args, failed):
         ratio = peaks[mode] / est
         print(f"emulated peak, recompute {mode:9s}: {peaks[mode]:.3f} GiB measured, "
               f"{est:.3f} GiB --dry-run ({ratio:.3f}x)")
-        if not 1.0 <= ratio <= 1.15:
+        if not 0.95 <= ratio <= 1.05:
             failed.append(f"recompute {mode}: measured peak {peaks[mode]} GiB vs estimate {est} GiB")
     if not peaks["none"] > peaks["selective"] > peaks["full"]:
         failed.append(f"measured peaks do not fall with recompute: {peaks}")

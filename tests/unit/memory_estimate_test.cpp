@@ -78,7 +78,14 @@ TEST_CASE("memory: params, grads, AdamW state and saved activations", "[dryrun]"
   const int64_t layer = 4 * C + 2 + 2 * H * hd + 2 * KV * hd + H * T + 3 * F;
   const int64_t fin = 2 * C + 2 + V;
   CHECK(e.bytes_activations == B * T * (L * layer + fin) * 4);
-  CHECK(e.bytes_total == e.bytes_params + e.bytes_grads + e.bytes_optimizer + e.bytes_activations);
+  CHECK(e.bytes_total ==
+        e.bytes_params + e.bytes_grads + e.bytes_optimizer + e.bytes_activations + e.bytes_scratch);
+  // Scratch by hand (model.cpp make_scratch, no SP): d_resid, d_tmp (N C each),
+  // dq, dk, dv, d_att, dgate, dup, dh; the rotary tables T hd; one micro-batch's
+  // chunk output N C and its 2N token ids.
+  const int64_t N = B * T;
+  CHECK(e.bytes_scratch == (2 * N * C + N * (2 * H + 2 * KV) * hd + 3 * N * F) * 4 + T * hd * 4 +
+                               (N * C * 4 + 2 * N * 4));
 
   // The attention term is exactly what the CPU backend allocates for its probabilities.
   auto be = make_backend("cpu");
