@@ -22,19 +22,10 @@
 
 namespace {
 
+// "3:2.0,5:1.5" with emulate.slow_ranks' rules (core/config.hpp parse_slow_ranks).
 std::map<int, double> parse_slow(const std::string& s) {
   std::map<int, double> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) {
-    const size_t colon = item.find(':');
-    if (colon == std::string::npos)
-      throw adgt::ConfigError("--slow-ranks: expected rank:factor[,rank:factor...], got '" + item + "'");
-    const int r = std::stoi(item.substr(0, colon));
-    const double f = std::stod(item.substr(colon + 1));
-    if (r < 0 || f < 1)
-      throw adgt::ConfigError("--slow-ranks: '" + item + "': rank >= 0 and factor >= 1 required");
-    out[r] = f;
-  }
+  for (const auto& [r, f] : adgt::parse_slow_ranks(s)) out[int(r)] = f;
   return out;
 }
 
@@ -72,8 +63,9 @@ int main(int argc, char** argv) {
   std::string attention = "flash";
   app.add_option("--config", config_path, "YAML run file")->required();
   app.add_option("--set", overrides, "override a key: --set section.key=value (repeatable)");
-  app.add_option("--cluster", cluster_name, "a preset (dgx-a100-80gb, dgx-h100, dgx-h200, "
-                                            "cpu-here) or a cluster file")->capture_default_str();
+  app.add_option("--cluster", cluster_name,
+                 "a preset (dgx-a100-80gb, dgx-h100, dgx-h200, cpu-here) or a cluster file "
+                 "(default: the run file's emulate.cluster, else dgx-h100)")->capture_default_str();
   app.add_option("--gpus", gpus, "devices (default: the layout's tp*pp*dp; with --sweep required)");
   app.add_option("--costs", costs_mode,
                  "auto (profile on CPU clusters, else the device model) | model | profile")
@@ -89,7 +81,8 @@ int main(int argc, char** argv) {
                  "with --host-cores: seconds each synchronisation of two ranks waits for the "
                  "scheduler (auto: a third of a round of this host's measured slices; 0: none, "
                  "the default: see docs/simulator.md for how each fares)")->capture_default_str();
-  app.add_option("--slow-ranks", slow, "rank:factor,... compute slowdowns (as emulate.slow_ranks)");
+  app.add_option("--slow-ranks", slow,
+                 "rank:factor,... compute slowdowns (default: the run file's emulate.slow_ranks)");
   app.add_option("--attention", attention,
                  "flash (adgt's kernels) | unfused (scores in memory: other frameworks before "
                  "FlashAttention, for comparing with their published runs)")->capture_default_str();
@@ -102,6 +95,9 @@ int main(int argc, char** argv) {
     std::vector<std::string> ov = overrides;
     adgt::RunConfig cfg = sweep ? adgt::load_config(config_path, overrides)
                                 : adgt::load_config(config_path, ov);
+    // The run file's emulated cluster and slow ranks (emulate.*) unless given here.
+    if (app.count("--cluster") == 0 && !cfg.emulate.cluster.empty()) cluster_name = cfg.emulate.cluster;
+    if (slow.empty() && !cfg.emulate.slow_ranks.empty()) slow = cfg.emulate.slow_ranks;
     adgt::cluster::Cluster cl = adgt::cluster::load_cluster(cluster_name);
     const int64_t world = adgt::layout_of(cfg).world();
     const int64_t want = gpus > 0 ? gpus : world;
