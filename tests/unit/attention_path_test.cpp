@@ -41,7 +41,7 @@ TEST_CASE("dry run: the bf16 attention fallback on CUDA is counted") {
   CHECK(e.bytes_attention_fallback > 0);
   CHECK_THAT(e.attention_fallback, Contains("head_dim 96"));
   CHECK(e.bytes_total == e.bytes_params + e.bytes_grads + e.bytes_optimizer + e.bytes_activations +
-                             e.bytes_attention_fallback);
+                             e.bytes_attention_fallback + e.bytes_scratch);
   CHECK_THAT(format_estimate(cfg, e), Contains("bf16 attention runs the exact kernel"));
   // head_dim 128: the flash kernels, nothing counted; on the CPU backend neither.
   cfg.model.d_model = 4096;
