@@ -69,7 +69,7 @@ struct Cluster {
   std::vector<LinkOverride> link_overrides;
   // Sites (datacenters): consecutive node counts summing to nodes; empty: one
   // site. Traffic between nodes of different sites crosses `wan`, one link
-  // shared by every flow across the cut.
+  // that the devices of a node crossing it share (collectives.hpp).
   std::vector<int64_t> sites;
   Link wan;
   // Cores each node's ranks share (CPU ranks: `cpu-here`); 0: every rank owns its device.

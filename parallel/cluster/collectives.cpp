@@ -25,6 +25,8 @@ struct Shape {
   int g = 1;                  // most members on one node
   double ring_bw = 0;         // slowest inter-node hop of the node ring (per rank)
   double ring_lat = 0;        // its largest latency
+  double pair_bw = 0;         // slowest link between any two of the nodes (all-to-all)
+  double pair_lat = 0;        // its largest latency
 };
 
 Shape shape_of(const Cluster& cl, const std::vector<int>& ranks) {
@@ -53,6 +55,13 @@ Shape shape_of(const Cluster& cl, const std::vector<int>& ranks) {
       s.ring_bw = std::min(s.ring_bw, rank_bandwidth(cl, a, b));
       s.ring_lat = std::max(s.ring_lat, cl.link_between(a, b).latency);
     }
+    // Every member of an all-to-all talks to every node, not only the ring's neighbours.
+    s.pair_bw = INFINITY;
+    for (size_t i = 0; i < s.nodes.size(); ++i)
+      for (size_t j = i + 1; j < s.nodes.size(); ++j) {
+        s.pair_bw = std::min(s.pair_bw, rank_bandwidth(cl, s.nodes[i], s.nodes[j]));
+        s.pair_lat = std::max(s.pair_lat, cl.link_between(s.nodes[i], s.nodes[j]).latency);
+      }
   }
   return s;
 }
@@ -112,7 +121,7 @@ double collective_time(const Cluster& cl, Collective c, const std::vector<int>& 
     case Collective::AllToAll: {
       const double intra_bytes = (s.g - 1.0) / s.p * bytes;
       const double inter_bytes = (s.p - s.g) / static_cast<double>(s.p) * bytes;
-      return std::max(intra_bytes / bwi, inter_bytes / s.ring_bw) + std::max(lati, s.ring_lat);
+      return std::max(intra_bytes / bwi, inter_bytes / s.pair_bw) + std::max(lati, s.pair_lat);
     }
   }
   return 0;

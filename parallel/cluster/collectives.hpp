@@ -9,13 +9,15 @@
 //   the nodes on each rank's 1/g share (g members per node), all-gather inside
 //   each node; for small messages a tree (2 log2 n latency terms) when faster;
 // - all-to-all: every member sends (p-1)/p of its buffer, the intra-node part
-//   over the intra link and the rest over its share of the node's NICs;
+//   over the intra link and the rest over its share of the node's NICs, at
+//   the slowest link between any two of the group's nodes;
 // - send/recv: latency + bytes / bandwidth of the link crossed.
 // NIC sharing: every device of a node runs the same kind of collective at the
 // same time (SPMD), so a rank's inter-node bandwidth is
 // nics_per_node * inter / (devices active on the node); a WAN link is shared
 // by every rank of a node crossing it. Link overrides and the WAN slow the
-// ring to its slowest hop.
+// ring to its slowest hop. The share assumes every device of a node is busy,
+// also on a node the run uses only partly (a conservative bandwidth there).
 #pragma once
 #include <cstdint>
 #include <string>

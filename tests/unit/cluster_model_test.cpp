@@ -140,3 +140,23 @@ link_overrides:
   CHECK(site1 == Approx(std::min(B / 10e9 + 2 * 10e-6, 2 * 10e-6 + 2 * B / 10e9)));
   CHECK(both == Approx(std::min(2 * 0.75 * B / 0.5e9 + 6 * 5000e-6, 2 * 2 * 5000e-6 + 2 * B / 0.5e9)));
 }
+
+TEST_CASE("collectives: an all-to-all runs at the slowest link between any two of its nodes", "[cluster]") {
+  // Four nodes of one rank; the slow link joins nodes 0 and 2, which are not
+  // neighbours on the group's node ring 0-1-2-3-0: a ring collective never
+  // crosses it, an all-to-all does.
+  Cluster c = parse_cluster(std::string(R"(nodes: 4
+devices_per_node: 1
+)") + kDevice + R"(intra: {bandwidth_GBps: 100, latency_us: 2}
+inter: {bandwidth_GBps: 10, latency_us: 10}
+link_overrides:
+  - {nodes: [0, 2], bandwidth_GBps: 1, latency_us: 100}
+)",
+                            "a2a.yaml");
+  const double B = 1e8;
+  // Group {0, 1, 2, 3}: the node ring is 0-1-2-3-0, which never uses 0-2.
+  const double a2a = collective_time(c, Collective::AllToAll, {0, 1, 2, 3}, B);
+  CHECK(a2a == Approx(3.0 / 4 * B / 1e9 + 100e-6));
+  // Without the slow pair the NIC's bandwidth decides.
+  CHECK(collective_time(c, Collective::AllToAll, {0, 1, 3}, B) == Approx(2.0 / 3 * B / 10e9 + 10e-6));
+}
