@@ -160,3 +160,12 @@ link_overrides:
   // Without the slow pair the NIC's bandwidth decides.
   CHECK(collective_time(c, Collective::AllToAll, {0, 1, 3}, B) == Approx(2.0 / 3 * B / 10e9 + 10e-6));
 }
+
+TEST_CASE("collectives: NCCL's bus bandwidth on an H100 node", "[cluster]") {
+  // nccl-tests' ring all-reduce on 8 H100s of an HGX board: 741 GB/s
+  // bidirectional bus bandwidth for large buffers, 370.7 GB/s per direction
+  // (ASTRA-sim's hardware validation, docs/cluster.md). The preset within 5%.
+  const Cluster h = with_gpus(load_cluster("dgx-h100"), 8);
+  const double bus = bus_bandwidth(h, Collective::AllReduce, {0, 1, 2, 3, 4, 5, 6, 7}, 8e9);
+  CHECK(bus == Approx(370.7e9).epsilon(0.05));
+}
