@@ -185,7 +185,6 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
       }
     }
   };
-  const int S = P * int(lay.virtual_stages);
   for (Unit& u : units) {
     const RankWork& rw = work[size_t(u.pp)];
     if (P == 1) {
@@ -264,7 +263,6 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
     u.bucket_requested.assign(nb, 0);
     u.bucket_request_t.assign(nb, 0);
   }
-  (void)S;
 
   // Bucket durations per pp rank (the groups of replica 0's ranks; every
   // replica's group spans the same nodes in the same pattern).

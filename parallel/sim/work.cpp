@@ -270,7 +270,7 @@ RankWork rank_work(const RunConfig& cfg, int pp_rank, const WorkOptions& opts) {
   const int pp = int(par.pp), v = int(par.virtual_stages), S = pp * v;
   const std::string rc = cfg.train.recompute;
   RankWork rw;
-  double grad_scale_bytes = 4;  // gradients and their reduction are fp32
+  constexpr double kGradBytes = 4;  // gradients and their reduction are fp32
   std::vector<std::pair<int64_t, std::pair<double, double>>> units;  // (layer, params), completion order
   for (int c = 0; c < v; ++c) {
     const int s = c * pp + pp_rank;
@@ -360,7 +360,7 @@ RankWork rank_work(const RunConfig& cfg, int pp_rank, const WorkOptions& opts) {
     b.reduce_scatter = true;
     for (const auto& u : units) {
       b.layers.push_back(u.first);
-      b.bytes += (u.second.first + (par.ep > 1 ? 0 : u.second.second)) * grad_scale_bytes;
+      b.bytes += (u.second.first + (par.ep > 1 ? 0 : u.second.second)) * kGradBytes;
     }
     rw.buckets.push_back(b);
   }
@@ -381,7 +381,7 @@ RankWork rank_work(const RunConfig& cfg, int pp_rank, const WorkOptions& opts) {
       if (cur.chunk != c && !cur.layers.empty()) rw.buckets.push_back(cur), cur = {};
       cur.chunk = c;
       cur.layers.push_back(u.first);
-      cur.bytes += (u.second.first + (par.ep > 1 ? 0 : u.second.second)) * grad_scale_bytes;
+      cur.bytes += (u.second.first + (par.ep > 1 ? 0 : u.second.second)) * kGradBytes;
       if (cur.bytes >= bucket_bytes) rw.buckets.push_back(cur), cur = {}, cur.chunk = -100;
     }
     if (!cur.layers.empty()) rw.buckets.push_back(cur);
@@ -393,7 +393,7 @@ RankWork rank_work(const RunConfig& cfg, int pp_rank, const WorkOptions& opts) {
         BucketWork b;
         b.chunk = chunk_of_layer(u.first);
         b.layers = {u.first};
-        b.bytes = u.second.second * grad_scale_bytes;
+        b.bytes = u.second.second * kGradBytes;
         b.group = Group::edp;
         rw.buckets.push_back(b);
       }
