@@ -87,6 +87,10 @@ int main(int argc, char** argv) {
                  "flash (adgt's kernels) | unfused (scores in memory: other frameworks before "
                  "FlashAttention, for comparing with their published runs)")->capture_default_str();
   app.add_flag("--dropout", dropout, "add attention and hidden dropout (GPT-3-era recipes)");
+  double moe_skew = 0;
+  app.add_option("--moe-skew", moe_skew,
+                 "MoE load model: expert e gets a share (e+1)^-S of the routed tokens (0: uniform)")
+      ->capture_default_str();
   app.add_flag("--json", json, "print one JSON object (an array with --sweep)");
   app.add_flag("--sweep", sweep, "simulate every feasible layout for --gpus and rank them");
   app.add_option("--top", top, "rows of the --sweep table")->capture_default_str();
@@ -133,6 +137,9 @@ int main(int argc, char** argv) {
       throw adgt::ConfigError("--attention: expected flash or unfused, got '" + attention + "'");
     opts.work.unfused_attention = attention == "unfused";
     opts.work.dropout = dropout;
+    if (moe_skew < 0) throw adgt::ConfigError("--moe-skew must be >= 0");
+    if (moe_skew > 0 && cfg.model.n_experts > 0)
+      opts.work.expert_load = adgt::sim::zipf_load(cfg.model.n_experts, moe_skew);
     if (!sweep) {
       if (gpus > 0 && gpus != world)
         throw adgt::ConfigError("--gpus " + std::to_string(gpus) + " but the run's layout has tp*pp*dp = " +

@@ -3,7 +3,9 @@
 #include "parallel/sim/work.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
+#include <stdexcept>
 
 #include "parallel/cost/stages.hpp"
 
@@ -18,6 +20,8 @@ struct Dims {
   int64_t tp, ep;
   bool sp;
   bool unfused = false, dropout = false;
+  std::vector<int64_t> expert_t;  // tokens of each expert of the busiest ep rank
+  double a2a_tokens = 0;          // rows an ep rank sends or receives at most (dispatch)
 };
 
 // The attention core forward: the flash kernel, or (unfused) QK^T, the
@@ -111,17 +115,39 @@ void dense_ffn_forward(Piece& p, const Dims& d) {
 }
 
 // Tokens one local expert runs with uniform routing: N k ep / E.
-int64_t expert_tokens(const Dims& d) { return std::max<int64_t>(1, d.N * d.k / std::max<int64_t>(1, d.El)); }
+// The busiest ep rank's experts and token counts under the load model.
+void plan_experts(Dims& d, const ModelConfig& m, const ParallelConfig& p, const WorkOptions& o) {
+  if (m.n_experts <= 0) return;
+  const int64_t E = m.n_experts, ep = p.ep;
+  std::vector<double> load = o.expert_load.empty() ? zipf_load(E, 0) : o.expert_load;
+  if (int64_t(load.size()) != E)
+    throw std::invalid_argument("simulate: the expert load has " + std::to_string(load.size()) +
+                                " entries but model.n_experts=" + std::to_string(E));
+  double sum = 0;
+  for (double x : load) sum += x;
+  for (double& x : load) x /= sum;
+  std::vector<double> rank_load(size_t(ep), 0);
+  auto owner = [&](int64_t e) {
+    return p.expert_placement.empty() ? e / (E / ep) : p.expert_placement[size_t(e)];
+  };
+  for (int64_t e = 0; e < E; ++e) rank_load[size_t(owner(e))] += load[size_t(e)];
+  const int64_t busiest =
+      std::max_element(rank_load.begin(), rank_load.end()) - rank_load.begin();
+  const double routed = double(d.N) * double(d.k) * double(ep);  // the ep group's assignments
+  for (int64_t e = 0; e < E; ++e)
+    if (owner(e) == busiest)
+      d.expert_t.push_back(std::max<int64_t>(1, std::llround(routed * load[size_t(e)])));
+  d.a2a_tokens = std::max(double(d.N) * double(d.k), routed * rank_load[size_t(busiest)]);
+}
 
 void moe_ffn_forward(Piece& p, const Dims& d) {
   p.ops.push_back({OpKind::RmsNormForward, d.Ns, d.C});
   p.ops.push_back({OpKind::Add, d.Ns * d.C});
   gather_act(p, d);
   p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.E, d.C));  // router
-  const double a2a = double(d.N) * d.k * d.C * d.b;
+  const double a2a = d.a2a_tokens * d.C * d.b;
   if (d.ep > 1) p.comms.push_back({Collective::AllToAll, Group::ep, a2a});
-  const int64_t t = expert_tokens(d);
-  for (int64_t e = 0; e < d.El; ++e) {
+  for (const int64_t t : d.expert_t) {
     p.ops.push_back(gemm(OpKind::GemmForward, t, d.Fel, d.C));
     p.ops.push_back(gemm(OpKind::GemmForward, t, d.Fel, d.C));
     p.ops.push_back({OpKind::SwigluForward, t, d.Fel});
@@ -158,10 +184,9 @@ void layer_input_grad(PassWork& w, const ModelConfig& m, int64_t l, const Dims& 
   if (d.dropout) f.ops.push_back({OpKind::Dropout, d.Ns * d.C});
   gather_act(f, d);  // the gradient of the reduce-scatter
   if (moe) {
-    const double a2a = double(d.N) * d.k * d.C * d.b;
+    const double a2a = d.a2a_tokens * d.C * d.b;
     if (d.ep > 1) f.comms.push_back({Collective::AllToAll, Group::ep, a2a});
-    const int64_t t = expert_tokens(d);
-    for (int64_t e = 0; e < d.El; ++e) {
+    for (const int64_t t : d.expert_t) {
       if (selective_rc && !full_rc) f.ops.push_back({OpKind::SwigluForward, t, d.Fel});
       f.ops.push_back(gemm(OpKind::GemmInputGrad, t, d.Fel, d.C));
       f.ops.push_back({OpKind::SwigluBackward, t, d.Fel});
@@ -219,8 +244,7 @@ void layer_input_grad(PassWork& w, const ModelConfig& m, int64_t l, const Dims& 
 void layer_weight_grad(PassWork& w, const ModelConfig& m, int64_t l, const Dims& d) {
   Piece p;
   if (m.is_moe_layer(l)) {
-    const int64_t t = expert_tokens(d);
-    for (int64_t e = 0; e < d.El; ++e) {
+    for (const int64_t t : d.expert_t) {
       p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.C, d.Fel, t));
       p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Fel, d.C, t));
       p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Fel, d.C, t));
@@ -245,7 +269,7 @@ std::pair<double, double> layer_params(const ModelConfig& m, int64_t l, const Di
   double expert = 0;
   if (m.is_moe_layer(l)) {
     dense += double(d.E) * d.C;
-    expert = double(d.El) * 3.0 * d.C * d.Fel;
+    expert = double(d.expert_t.size()) * 3.0 * d.C * d.Fel;
   } else {
     dense += 3.0 * d.C * d.Fl;
   }
@@ -253,6 +277,14 @@ std::pair<double, double> layer_params(const ModelConfig& m, int64_t l, const Di
 }
 
 }  // namespace
+
+std::vector<double> zipf_load(int64_t n, double s) {
+  std::vector<double> l(size_t(std::max<int64_t>(n, 0)));
+  double sum = 0;
+  for (int64_t e = 0; e < n; ++e) sum += l[size_t(e)] = std::pow(double(e + 1), -s);
+  for (double& x : l) x /= sum;
+  return l;
+}
 
 int compute_bytes(const RunConfig& cfg) {
   if (cfg.train.dtype == "bf16") return 2;
@@ -266,6 +298,7 @@ RankWork rank_work(const RunConfig& cfg, int pp_rank, const WorkOptions& opts) {
   Dims d = dims_of(cfg);
   d.unfused = opts.unfused_attention;
   d.dropout = opts.dropout;
+  plan_experts(d, m, par, opts);
   const std::vector<int64_t> counts = stage_layer_counts(cfg);
   const int pp = int(par.pp), v = int(par.virtual_stages), S = pp * v;
   const std::string rc = cfg.train.recompute;

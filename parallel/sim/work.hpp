@@ -82,7 +82,16 @@ struct WorkOptions {
   bool unfused_attention = false;  // scores in memory: batched GEMMs, softmax (Megatron-LM
                                    // before FlashAttention) instead of the flash kernels
   bool dropout = false;            // attention and hidden dropout (GPT-3-era recipes)
+  // The share of routed tokens each expert gets (model.n_experts entries,
+  // normalised here); empty: uniform. With parallel.expert_placement (or
+  // contiguous blocks) this decides each ep rank's expert work; the ep group
+  // runs in lockstep at its all-to-alls, so every rank is costed as the
+  // busiest (adgt-sim --moe-skew: a Zipf law over the expert ids).
+  std::vector<double> expert_load;
 };
+
+// Zipf shares (e + 1)^-s of n experts, normalised (s = 0: uniform).
+std::vector<double> zipf_load(int64_t n, double s);
 
 // Bytes per element of the compute dtype (train.dtype): 2 bf16, 8 f64, else 4.
 int compute_bytes(const RunConfig& cfg);

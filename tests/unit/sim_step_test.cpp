@@ -169,3 +169,30 @@ TEST_CASE("sim: mixture of experts, recompute and errors", "[sim]") {
   CHECK_THROWS_WITH(simulate_step(run({"parallel.dp=4"}), small, costs),
                     Contains("the layout needs 4 ranks (tp*pp*dp) but cluster custom has 2 devices"));
 }
+
+TEST_CASE("sim: the MoE load model and the expert placement", "[sim]") {
+  FakeCosts costs;
+  cluster::Cluster c = fast();
+  c.intra.bandwidth = 1e8;
+  const RunConfig moe = run({"model.n_experts=4", "model.moe_top_k=2", "parallel.dp=4", "parallel.ep=2"});
+  const SimResult even = simulate_step(moe, c, costs);
+  SimOptions uniform;
+  uniform.work.expert_load = {1, 1, 1, 1};  // normalised: the default
+  CHECK(simulate_step(moe, c, costs, uniform).step_time_s == Approx(even.step_time_s).epsilon(1e-12));
+  // Skewed routing: the busiest ep rank runs more tokens and receives more rows.
+  SimOptions skew;
+  skew.work.expert_load = zipf_load(4, 1.5);
+  const SimResult s = simulate_step(moe, c, costs, skew);
+  CHECK(s.compute_s > even.compute_s);
+  CHECK(s.exposed_ep_s > even.exposed_ep_s);
+  // Under that skew, pairing the heaviest expert with the lightest on one rank
+  // ([0, 1, 1, 0]) balances the ranks better than the contiguous blocks.
+  const RunConfig paired = run({"model.n_experts=4", "model.moe_top_k=2", "parallel.dp=4",
+                                "parallel.ep=2", "parallel.expert_placement=[0,1,1,0]"});
+  CHECK(simulate_step(paired, c, costs, skew).step_time_s < s.step_time_s);
+  CHECK(simulate_step(paired, c, costs).step_time_s == Approx(even.step_time_s).epsilon(1e-12));
+  SimOptions bad;
+  bad.work.expert_load = {1, 1};
+  CHECK_THROWS_WITH(simulate_step(moe, c, costs, bad),
+                    Contains("the expert load has 2 entries but model.n_experts=4"));
+}
