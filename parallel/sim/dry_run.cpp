@@ -19,8 +19,9 @@ std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_
   cluster::Cluster cl;
   if (!cluster_arg.empty()) {
     cl = cluster::load_cluster(cluster_arg);
-    if (cl.world() < world || (cl.nodes == 1 && cl.world() != world) ||
-        (cl.preset() && cl.world() != world))
+    // A preset or one node grows (or shrinks) to the run; a file of several
+    // nodes keeps its shape when it holds the run.
+    if (cl.world() < world || ((cl.preset() || cl.nodes == 1) && cl.world() != world))
       cl = cluster::with_gpus(cl, world);
   } else {
     const bool gpu = cfg.train.device == "cuda" ||

@@ -75,7 +75,7 @@ double ProfileCosts::seconds(const Op& op, int bytes) {
   const double t = measure(op, bytes);
   table_[key] = t;
   ++measured_;
-  const_cast<ProfileCosts*>(this)->dirty_ = true;
+  dirty_ = true;
   return t;
 }
 

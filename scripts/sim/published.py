@@ -50,10 +50,6 @@ FRAMEWORK = {
 }
 
 
-def known(v):
-    return not (isinstance(v, str) and v.startswith("unknown"))
-
-
 def as_int(v, default):
     if isinstance(v, int):
         return v
@@ -112,8 +108,6 @@ def why_skipped(run):
     pub = run["published"]
     if not isinstance(pub.get("tflops_per_gpu"), (int, float)):
         return "no TFLOP/s per GPU published"
-    if known(lay.get("micro_batch")) is False and False:
-        return ""
     return ""
 
 

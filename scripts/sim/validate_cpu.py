@@ -17,6 +17,7 @@ memory within 5% (--quick: the ctest's smaller set and bounds, see below).
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -56,7 +57,6 @@ QUICK = ["dp8", "dp8 zero1", "dp8 mb1"]
 
 def tokens_per_step(model):
     """global_batch x seq_len of the run file."""
-    import re
     text = open(model).read()
     return int(re.search(r"global_batch:\s*(\d+)", text).group(1)) * int(
         re.search(r"seq_len:\s*(\d+)", text).group(1))
@@ -192,7 +192,6 @@ def check_memory(args, env, common, layouts):
         flags = sum([["--set", s] for s in all_sets], [])
         out = subprocess.run([args.mpirun, "8", args.train, "--config", MODEL] + flags,
                              capture_output=True, text=True, env=env)
-        import re
         m = re.search(r"device memory:\s+([\d.]+) GiB", out.stdout)
         sim = subprocess.run([args.sim, "--config", MODEL, "--cluster", CLUSTER, "--costs", "model",
                               "--json"] + sum([["--set", s] for s in sets], []),
