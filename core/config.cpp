@@ -23,6 +23,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <system_error>
 #include <type_traits>
@@ -206,6 +207,14 @@ const std::vector<Key>& schema() {
       key("parallel", &R::parallel, "overlap", &ParallelConfig::overlap, A::Any,
           "start each gradient bucket's reduction as soon as its gradients are complete, "
           "during the backward; false starts them all after it (to measure what overlap hides)"),
+      key("parallel", &R::parallel, "auto", &ParallelConfig::auto_plan, A::Any,
+          "plan the layout at launch (docs/planner.md): tp, pp, dp, ep, ZeRO, sequence "
+          "parallelism, schedule, virtual stages, micro_batch and recompute chosen by the "
+          "simulator for the cluster found; keys set in the run file or by --set are kept"),
+      key("parallel", &R::parallel, "placement", &ParallelConfig::placement, A::Choices,
+          "rank placement: topology = rank order rebuilt from the nodes (tp inside a node, "
+          "stages across nodes, dp outermost); launcher = the launcher's order as it comes",
+          {"topology", "launcher"}),
       // checkpoint
       key("checkpoint", &R::checkpoint, "dir", &CheckpointConfig::dir, A::NonEmpty,
           "directory for checkpoints"),
@@ -232,6 +241,10 @@ const std::vector<Key>& schema() {
       key("emulate", &R::emulate, "slow_ranks", &EmulateConfig::slow_ranks, A::RankFactors,
           "injected stragglers: \"3:2.0,5:1.5\" = world rank 3 computes 2x slower, rank 5 "
           "1.5x (on top of the cluster's node_speed); needs emulate.cluster"),
+      key("emulate", &R::emulate, "rank_order", &EmulateConfig::rank_order, A::Choices,
+          "how the emulated launcher hands ranks to nodes: block = rank r on node "
+          "r / devices_per_node; round-robin = node r % nodes (mpirun --map-by node)",
+          {"block", "round-robin"}),
   };
   return k;
 }
@@ -786,7 +799,7 @@ void validate(const RunConfig& cfg_in) {
                       "emulate.cluster=cpu-here for this machine's links");
   const int64_t world = layout_of(cfg).world();
   for (const auto& [rank, factor] : slow)
-    if (rank >= world)
+    if (rank >= world && !cfg.parallel.auto_plan)  // with auto the world is the launch's
       throw ConfigError(src + ": emulate.slow_ranks=" + yaml_quote(e.slow_ranks) + ": rank " +
                         fmt_int(rank) + " is outside the run's " + fmt_int(world) +
                         " ranks (tp x pp x dp); world ranks are 0.." + fmt_int(world - 1));
@@ -811,6 +824,29 @@ RunConfig load_config_text(const std::string& yaml, const std::string& name,
   for (const auto& ov : overrides) apply_override(ov, cfg);
   validate(cfg);
   return cfg;
+}
+
+std::vector<std::string> explicit_keys_text(const std::string& yaml, const std::string& name,
+                                            const std::vector<std::string>& overrides) {
+  (void)load_config_text(yaml, name, overrides);  // the same errors as loading it
+  std::set<std::string> keys;
+  const YAML::Node root = YAML::Load(yaml);
+  if (root.IsMap())
+    for (auto it = root.begin(); it != root.end(); ++it)
+      if (it->second.IsMap())
+        for (auto kt = it->second.begin(); kt != it->second.end(); ++kt)
+          keys.insert(it->first.Scalar() + "." + kt->first.Scalar());
+  for (const auto& ov : overrides) keys.insert(ov.substr(0, ov.find('=')));
+  return {keys.begin(), keys.end()};
+}
+
+std::vector<std::string> explicit_keys(const std::string& path,
+                                       const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) (void)load_config(path, overrides);  // throws the named error
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return explicit_keys_text(ss.str(), path, overrides);
 }
 
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -89,6 +89,14 @@ struct ParallelConfig {
   bool overlap = true;             // start each bucket's reduction once its gradients are complete
   // Owner ep rank of each expert (model.n_experts entries); empty: contiguous blocks.
   std::vector<int64_t> expert_placement;
+  // Plan the layout at launch (parallel/plan/; docs/planner.md): the keys of
+  // this section and train.micro_batch/recompute that the run file or --set
+  // gives are constraints; the rest are chosen by the simulator.
+  bool auto_plan = false;  // YAML key: parallel.auto
+  // Rank placement: topology = rank order rebuilt from the nodes (tp groups
+  // inside a node, pipeline stages across nodes, dp outermost); launcher =
+  // the launcher's rank order as it comes.
+  std::string placement = "topology";
   bool operator==(const ParallelConfig&) const = default;
 };
 
@@ -117,6 +125,10 @@ struct EmulateConfig {
   // "rank:factor,..." ("3:2.0,5:1.5"): world rank 3 computes 2x slower, rank
   // 5 1.5x (factor >= 1); "" = none. Needs emulate.cluster.
   std::string slow_ranks;
+  // How the emulated launcher hands out ranks to the cluster's nodes: block =
+  // rank r on node r / devices_per_node; round-robin = node r % nodes (as
+  // mpirun --map-by node does).
+  std::string rank_order = "block";
   bool operator==(const EmulateConfig&) const = default;
 };
 
@@ -156,6 +168,12 @@ void validate(const RunConfig& cfg);
 // The launch-dependent rule (world_error() of core/layout.hpp): tp * pp * dp
 // must equal the number of ranks.
 void validate_world(const RunConfig& cfg, int world_size);
+// The "section.key" names the run file sets and `overrides` name, sorted (the
+// planner keeps them as constraints). Throws ConfigError like load_config.
+std::vector<std::string> explicit_keys(const std::string& path,
+                                       const std::vector<std::string>& overrides = {});
+std::vector<std::string> explicit_keys_text(const std::string& yaml, const std::string& name,
+                                            const std::vector<std::string>& overrides = {});
 // The whole configuration as YAML (recorded in checkpoints).
 std::string to_yaml(const RunConfig& cfg);
 
