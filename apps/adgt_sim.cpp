@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
                            slow;
   std::vector<std::string> overrides;
   int64_t gpus = 0, host_cores = 0, top = 10, cold_mib = 16;
-  bool json = false, sweep = false, dropout = false;
+  bool json = false, sweep = false, sweep_all = false, dropout = false;
   std::string attention = "flash";
   app.add_option("--config", config_path, "YAML run file")->required();
   app.add_option("--set", overrides, "override a key: --set section.key=value (repeatable)");
@@ -92,7 +92,11 @@ int main(int argc, char** argv) {
                  "MoE load model: expert e gets a share (e+1)^-S of the routed tokens (0: uniform)")
       ->capture_default_str();
   app.add_flag("--json", json, "print one JSON object (an array with --sweep)");
-  app.add_flag("--sweep", sweep, "simulate every feasible layout for --gpus and rank them");
+  app.add_flag("--sweep", sweep,
+               "rank every feasible layout for --gpus (keys given with --set are held)");
+  app.add_flag("--all", sweep_all,
+               "with --sweep: simulate every layout (default: only until the best --top are "
+               "certain, by a lower bound of each step time)");
   app.add_option("--top", top, "rows of the --sweep table")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
@@ -164,7 +168,11 @@ int main(int argc, char** argv) {
     }
     if (gpus <= 0) throw adgt::ConfigError("--sweep needs --gpus N");
     const auto t0 = std::chrono::steady_clock::now();
-    const adgt::sim::SweepResult sw = adgt::sim::sweep_layouts(cfg, gpus, cl, *costs, {}, opts);
+    adgt::sim::SweepOptions so;
+    // Keys given with --set are held (the run file's layout is what the sweep varies).
+    for (const auto& ov : overrides) so.fixed.push_back(ov.substr(0, ov.find('=')));
+    so.keep = sweep_all ? 0 : size_t(std::max<int64_t>(top, 1));
+    const adgt::sim::SweepResult sw = adgt::sim::sweep_layouts(cfg, gpus, cl, *costs, so, opts);
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (json) {
       nlohmann::json arr = nlohmann::json::array();
@@ -176,9 +184,11 @@ int main(int argc, char** argv) {
       std::printf("%s\n", arr.dump().c_str());
       return 0;
     }
-    std::printf("%ld layouts simulated, %ld broke a layout rule, %ld did not fit %.0f GiB; %.2f s\n",
-                long(sw.rows.size()), long(sw.rejected_rules), long(sw.rejected_memory),
-                cl.device.memory_bytes / 1073741824.0, took);
+    std::printf("%ld layouts fit, %ld simulated (%ld bounded out), %ld broke a layout rule, %ld "
+                "did not fit %.0f GiB, %ld differ from a --set key; %.2f s\n",
+                long(sw.candidates), long(sw.rows.size()), long(sw.bounded),
+                long(sw.rejected_rules), long(sw.rejected_memory),
+                cl.device.memory_bytes / 1073741824.0, long(sw.rejected_fixed), took);
     std::printf("%-4s %-58s %10s %8s %7s %8s %9s\n", "#", "layout", "step s", "MFU", "bubble",
                 "exp.comm", "mem GiB");
     for (size_t i = 0; i < sw.rows.size() && int64_t(i) < top; ++i) {

@@ -789,7 +789,10 @@ void validate(const RunConfig& cfg_in) {
                       " exceeds train.steps=" + fmt_int(t.steps) + "; use warmup_steps <= " +
                       fmt_int(t.steps));
   // The parallel layout rules (core/layout.cpp), batch arithmetic first.
-  if (auto err = layout_error(m, t, layout_of(cfg))) throw ConfigError(src + ": " + *err);
+  // With parallel.auto the layout keys given are constraints on a plan that
+  // is checked against the same rules once chosen (parallel/plan/).
+  if (!cfg.parallel.auto_plan)
+    if (auto err = layout_error(m, t, layout_of(cfg))) throw ConfigError(src + ": " + *err);
 
   const EmulateConfig& e = cfg.emulate;
   const auto slow = parse_slow_ranks(e.slow_ranks);

@@ -2,6 +2,8 @@
 #include "parallel/sim/sweep.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <numeric>
 
 #include "core/layout.hpp"
 #include "parallel/cost/memory.hpp"
@@ -15,6 +17,25 @@ std::vector<int64_t> divisors(int64_t n) {
     if (n % i == 0) d.push_back(i);
   return d;
 }
+
+bool has(const std::vector<std::string>& v, const char* k) {
+  return std::find(v.begin(), v.end(), k) != v.end();
+}
+
+// The speed of pipeline rank p: its slowest device.
+double stage_rank_speed(const RunConfig& cfg, const cluster::Cluster& cl, const SimOptions& sim,
+                        int p) {
+  const Layout lay = layout_of(cfg);
+  double s = 1e300;
+  for (int d = 0; d < int(lay.dp); ++d)
+    for (int t = 0; t < int(lay.tp); ++t) {
+      const int r = rank_of(lay, RankCoords{t, d, p, 0, 0});
+      double v = cl.speed_of_node(cl.node_of(r));
+      if (auto it = sim.slow_ranks.find(r); it != sim.slow_ranks.end()) v /= it->second;
+      s = std::min(s, v);
+    }
+  return s;
+}
 }  // namespace
 
 std::string describe_layout(const RunConfig& cfg) {
@@ -24,77 +45,233 @@ std::string describe_layout(const RunConfig& cfg) {
   if (p.ep > 1) s += " ep=" + std::to_string(p.ep);
   s += " zero=" + std::to_string(p.dp > 1 ? p.zero : 0) +
        " sp=" + std::to_string(p.tp > 1 && p.sequence_parallel ? 1 : 0);
-  if (p.pp > 1) s += " " + p.schedule + (p.virtual_stages > 1 ? " v=" + std::to_string(p.virtual_stages) : "");
+  if (p.pp > 1) {
+    s += " " + p.schedule + (p.virtual_stages > 1 ? " v=" + std::to_string(p.virtual_stages) : "");
+    if (!p.stage_layers.empty()) {
+      s += " layers=";
+      for (size_t i = 0; i < p.stage_layers.size(); ++i)
+        s += (i ? "/" : "") + std::to_string(p.stage_layers[i]);
+    }
+  }
   s += " mb=" + std::to_string(cfg.train.micro_batch) + " rc=" + cfg.train.recompute;
   return s;
+}
+
+std::vector<int64_t> speed_weighted_stages(const RunConfig& cfg, const cluster::Cluster& cl,
+                                           const SimOptions& sim) {
+  const int P = int(cfg.parallel.pp), V = int(cfg.parallel.virtual_stages);
+  const int64_t L = cfg.model.n_layers, S = int64_t(P) * V;
+  if (P < 2 || L < S) return {};
+  std::vector<double> speed(static_cast<size_t>(P));
+  for (int p = 0; p < P; ++p) speed[size_t(p)] = stage_rank_speed(cfg, cl, sim, p);
+  if (*std::max_element(speed.begin(), speed.end()) ==
+      *std::min_element(speed.begin(), speed.end()))
+    return {};
+  // Stage s = chunk * pp + rank; largest remainders, at least one layer each.
+  std::vector<double> w(static_cast<size_t>(S));
+  double total = 0;
+  for (int64_t s = 0; s < S; ++s) total += (w[size_t(s)] = speed[size_t(s % P)]);
+  std::vector<int64_t> n(size_t(S), 1);
+  int64_t left = L - S;
+  std::vector<double> want(static_cast<size_t>(S));
+  for (int64_t s = 0; s < S; ++s) want[size_t(s)] = double(L) * w[size_t(s)] / total - 1;
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t k = std::min<int64_t>(left, std::max<int64_t>(0, int64_t(std::floor(want[size_t(s)]))));
+    n[size_t(s)] += k;
+    left -= k;
+  }
+  std::vector<int64_t> order(static_cast<size_t>(S));
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return want[size_t(a)] - std::floor(want[size_t(a)]) > want[size_t(b)] - std::floor(want[size_t(b)]);
+  });
+  for (size_t i = 0; left > 0; i = (i + 1) % order.size(), --left) ++n[size_t(order[i])];
+  return n;
+}
+
+double step_lower_bound(const RunConfig& cfg, const cluster::Cluster& cl, OpCosts& costs,
+                        const SimOptions& sim) {
+  const int bytes = compute_bytes(cfg);
+  const int64_t m = cfg.accum_steps();
+  auto ops_time = [&](const std::vector<Op>& ops) {
+    double t = 0;
+    for (const Op& op : ops) t += costs.seconds(op, bytes);
+    return t;
+  };
+  auto pass_time = [&](const PassWork& w) {
+    double t = 0;
+    for (const Piece& p : w.pieces) t += ops_time(p.ops);
+    return t;
+  };
+  // Each pipeline rank's compute at its speed; and where ranks share cores
+  // (a node's cores_per_node, or every rank on host_cores), a pool's work
+  // over its cores (processor sharing runs at most `cores` ranks at once).
+  const Layout lay = layout_of(cfg);
+  const int64_t per_stage = lay.tp * lay.dp;
+  double lb = 0, all_ranks = 0;
+  std::vector<double> node_work(size_t(cl.nodes), 0);
+  for (int p = 0; p < int(cfg.parallel.pp); ++p) {
+    const RankWork rw = rank_work(cfg, p, sim.work);
+    double per_mb = 0;
+    for (const StageWork& st : rw.chunks)
+      per_mb += pass_time(st.forward) +
+                std::min(pass_time(st.backward), pass_time(st.input_grad) + pass_time(st.weight_grad));
+    const double busy = double(m) * per_mb + ops_time(rw.optimizer);
+    lb = std::max(lb, busy / stage_rank_speed(cfg, cl, sim, p));
+    all_ranks += busy * double(per_stage);
+    if (cl.cores_per_node > 0)
+      for (int d = 0; d < int(lay.dp); ++d)
+        for (int t = 0; t < int(lay.tp); ++t) {
+          const int64_t n = cl.node_of(rank_of(lay, RankCoords{t, d, p, 0, 0}));
+          if (n < cl.nodes) node_work[size_t(n)] += busy;
+        }
+  }
+  // A pool runs ranks at no more than their speed, so speeds above 1 could
+  // only shorten it: divide by the fastest node's speed.
+  double top_speed = 1;
+  for (int64_t n = 0; n < cl.nodes; ++n) top_speed = std::max(top_speed, cl.speed_of_node(n));
+  if (sim.host_cores > 0) lb = std::max(lb, all_ranks / double(sim.host_cores) / top_speed);
+  else if (cl.cores_per_node > 0)
+    for (double w : node_work) lb = std::max(lb, w / double(cl.cores_per_node) / top_speed);
+  return lb;
 }
 
 SweepResult sweep_layouts(const RunConfig& base, int64_t gpus, const cluster::Cluster& cl,
                           OpCosts& costs, const SweepOptions& opts, const SimOptions& sim) {
   SweepResult out;
   const ModelConfig& m = base.model;
+  const ParallelConfig& bp = base.parallel;
+  const auto& fx = opts.fixed;
   const int64_t max_tp = opts.max_tp > 0 ? opts.max_tp : cl.devices_per_node;
   const int bytes = base.train.dtype == "bf16" ? 2 : base.train.dtype == "f64" ? 8 : 4;
+  const double budget = cl.device.memory_bytes * (1 - opts.headroom);
+  // Candidates that pass the rules, the constraints and memory, with bounds.
+  std::vector<SweepRow> cand;
+  auto consider = [&](RunConfig c) {
+    if (layout_error(c.model, c.train, layout_of(c))) {
+      ++out.rejected_rules;
+      return;
+    }
+    try {
+      validate(c);
+    } catch (const std::exception&) {
+      ++out.rejected_rules;
+      return;
+    }
+    // A lower bound first (1F1B's activations: every swept schedule holds
+    // at least as many), then the schedule's own count.
+    if (double(estimate_memory(c, bytes).bytes_total) > budget) {
+      ++out.rejected_memory;
+      return;
+    }
+    std::vector<std::vector<int64_t>> held;
+    if (c.parallel.pp > 1) held = held_microbatches(make_pipeline_schedule(c));
+    if (double(estimate_memory(c, bytes, held).bytes_total) > budget) {
+      ++out.rejected_memory;
+      return;
+    }
+    SweepRow row;
+    row.lower_bound_s = step_lower_bound(c, cl, costs, sim);
+    row.layout = describe_layout(c);
+    row.cfg = std::move(c);
+    cand.push_back(std::move(row));
+  };
+  auto pick = [&](const char* key, auto value, auto base_value) {
+    return !has(fx, key) || value == base_value;
+  };
+  const std::vector<const char*> schedules = {"1f1b", "interleaved", "zb-h1"};
   for (int64_t tp : divisors(gpus)) {
     if (tp > max_tp || m.n_heads % tp || m.n_kv_heads % tp) continue;
+    if (!pick("parallel.tp", tp, bp.tp)) { ++out.rejected_fixed; continue; }
     for (int64_t pp : divisors(gpus / tp)) {
       if (pp > m.n_layers) continue;
+      if (!pick("parallel.pp", pp, bp.pp)) { ++out.rejected_fixed; continue; }
       const int64_t dp = gpus / tp / pp;
-      for (int64_t mb : {1, 2, 4, 8, 16}) {
-        if (base.train.global_batch % (mb * dp)) continue;
-        for (int64_t zero : {0, 1}) {
-          if (zero && dp == 1) continue;
-          for (const char* sched : {"1f1b", "interleaved", "zb-h1"}) {
-            if (pp == 1 && std::string(sched) != "1f1b") continue;
-            for (const char* rc : {"none", "selective", "full"}) {
-              RunConfig c = base;
-              c.parallel.tp = tp;
-              c.parallel.pp = pp;
-              c.parallel.dp = dp;
-              c.parallel.ep = 1;
-              c.parallel.zero = zero;
-              c.parallel.sequence_parallel = tp > 1;
-              c.parallel.schedule = sched;
-              c.parallel.virtual_stages = std::string(sched) == "interleaved" ? 2 : 1;
-              c.parallel.microbatches = 0;
-              c.parallel.stage_layers.clear();
-              c.parallel.expert_placement.clear();
-              c.train.micro_batch = mb;
-              c.train.recompute = rc;
-              c.train.recompute_layers = 0;
-              if (layout_error(c.model, c.train, layout_of(c))) {
-                ++out.rejected_rules;
+      if (!pick("parallel.dp", dp, bp.dp)) { ++out.rejected_fixed; continue; }
+      std::vector<int64_t> eps = {1};
+      if (m.n_experts > 1)
+        for (int64_t e : divisors(dp))
+          if (e > 1 && m.n_experts % e == 0) eps.push_back(e);
+      for (int64_t ep : eps) {
+        if (!pick("parallel.ep", ep, bp.ep)) { ++out.rejected_fixed; continue; }
+        for (int64_t mb : {1, 2, 4, 8, 16}) {
+          if (base.train.global_batch % (mb * dp)) continue;
+          if (!pick("train.micro_batch", mb, base.train.micro_batch)) { ++out.rejected_fixed; continue; }
+          for (int64_t zero : {0, 1}) {
+            if (zero && dp == 1) continue;
+            if (!pick("parallel.zero", zero, dp > 1 ? bp.zero : 0)) { ++out.rejected_fixed; continue; }
+            for (bool sp : {true, false}) {
+              if (!sp && tp == 1) continue;  // tp = 1: sequence parallelism is moot
+              if (tp > 1 && !pick("parallel.sequence_parallel", sp, bp.sequence_parallel)) {
+                ++out.rejected_fixed;
                 continue;
               }
-              try {
-                validate(c);
-              } catch (const std::exception&) {
-                ++out.rejected_rules;
-                continue;
+              for (const char* sched : schedules) {
+                const std::string sc = sched;
+                if (pp == 1 && sc != "1f1b") continue;
+                if (pp > 1 && has(fx, "parallel.schedule") && sc != bp.schedule) {
+                  ++out.rejected_fixed;
+                  continue;
+                }
+                std::vector<int64_t> vs = {1};
+                if (sc == "interleaved") vs = {2, 4};
+                if (has(fx, "parallel.virtual_stages")) vs = {bp.virtual_stages};
+                for (int64_t v : vs) {
+                  for (const char* rc : {"none", "selective", "full"}) {
+                    if (!pick("train.recompute", std::string(rc), base.train.recompute)) {
+                      ++out.rejected_fixed;
+                      continue;
+                    }
+                    RunConfig c = base;
+                    ParallelConfig& p = c.parallel;
+                    p.tp = tp;
+                    p.pp = pp;
+                    p.dp = dp;
+                    p.ep = ep;
+                    p.zero = zero;
+                    p.sequence_parallel = tp > 1 && sp;
+                    p.schedule = pp > 1 ? sc : (has(fx, "parallel.schedule") ? bp.schedule : "1f1b");
+                    p.virtual_stages = v;
+                    if (!has(fx, "parallel.microbatches")) p.microbatches = 0;
+                    if (!has(fx, "parallel.stage_layers")) p.stage_layers.clear();
+                    if (!has(fx, "parallel.expert_placement")) p.expert_placement.clear();
+                    c.train.micro_batch = mb;
+                    c.train.recompute = rc;
+                    if (!has(fx, "train.recompute_layers")) c.train.recompute_layers = 0;
+                    if (pp > 1 && !has(fx, "parallel.stage_layers")) {
+                      const auto w = speed_weighted_stages(c, cl, sim);
+                      if (!w.empty()) {
+                        RunConfig cw = c;
+                        cw.parallel.stage_layers = w;
+                        consider(std::move(cw));
+                      }
+                    }
+                    consider(std::move(c));
+                  }
+                }
               }
-              // A lower bound first (1F1B's activations: every swept schedule
-              // holds at least as many), then the schedule's own count.
-              if (double(estimate_memory(c, bytes).bytes_total) >
-                  cl.device.memory_bytes * (1 - opts.headroom)) {
-                ++out.rejected_memory;
-                continue;
-              }
-              std::vector<std::vector<int64_t>> held;
-              if (pp > 1) held = held_microbatches(make_pipeline_schedule(c));
-              const double mem = double(estimate_memory(c, bytes, held).bytes_total);
-              if (mem > cl.device.memory_bytes * (1 - opts.headroom)) {
-                ++out.rejected_memory;
-                continue;
-              }
-              SweepRow row{c, simulate_step(c, cl, costs, sim), describe_layout(c)};
-              out.rows.push_back(std::move(row));
             }
           }
         }
       }
     }
   }
-  std::sort(out.rows.begin(), out.rows.end(), [](const SweepRow& a, const SweepRow& b) {
+  out.candidates = int64_t(cand.size());
+  std::stable_sort(cand.begin(), cand.end(), [](const SweepRow& a, const SweepRow& b) {
+    return a.lower_bound_s < b.lower_bound_s;
+  });
+  std::vector<double> best;  // simulated step times, sorted
+  for (SweepRow& row : cand) {
+    if (opts.keep > 0 && best.size() >= opts.keep && row.lower_bound_s > best[opts.keep - 1]) {
+      ++out.bounded;
+      continue;
+    }
+    row.result = simulate_step(row.cfg, cl, costs, sim);
+    best.insert(std::upper_bound(best.begin(), best.end(), row.result.step_time_s),
+                row.result.step_time_s);
+    out.rows.push_back(std::move(row));
+  }
+  std::stable_sort(out.rows.begin(), out.rows.end(), [](const SweepRow& a, const SweepRow& b) {
     return a.result.step_time_s < b.result.step_time_s;
   });
   return out;

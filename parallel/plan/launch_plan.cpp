@@ -1,0 +1,249 @@
+// parallel.auto at launch (launch_plan.hpp).
+#include "parallel/plan/launch_plan.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include "core/layout.hpp"
+#include "kernels/backend.hpp"
+#include "parallel/launch.hpp"
+#include "parallel/plan/planner.hpp"
+#include "parallel/sim/ops.hpp"
+#include "parallel/sim/profile.hpp"
+
+namespace adgt::plan {
+namespace {
+
+std::string lower(std::string s) {
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+struct Planned {
+  Plan plan;
+  cluster::Cluster cluster;
+  std::string text;  // the table and the comparison lines
+};
+
+// The plan for `world` ranks of `cl` (costs from a profile on this CPU when
+// the cluster's ranks are CPU ranks, else the device model).
+Planned plan_for(const RunConfig& cfg, const std::string& path,
+                 const std::vector<std::string>& overrides, cluster::Cluster cl, int64_t world,
+                 bool cpu_ranks, std::string why) {
+  PlanInput in;
+  in.base = cfg;
+  in.world = world;
+  for (const std::string& k : explicit_keys(path, overrides))
+    if (k != "parallel.auto") in.fixed.push_back(k);
+  for (const auto& [r, f] : parse_slow_ranks(cfg.emulate.slow_ranks)) in.sim.slow_ranks[int(r)] = f;
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<sim::OpCosts> costs;
+  std::string profile_note;
+  if (cpu_ranks) {
+    be = make_backend("cpu");
+    std::error_code ec;
+    std::filesystem::create_directories(cfg.log.dir, ec);
+    const std::string cache = ec ? "" : cfg.log.dir + "/plan-profile.json";
+    auto pc = std::make_unique<sim::ProfileCosts>(*be, cache);
+    cl.device.peak_fp32_flops = cl.device.peak_bf16_flops = be->peak_tflops() * 1e12;
+    costs = std::move(pc);
+    // Every rank of the launch shares this host's cores (the emulation
+    // needs one host; cpu-here says its own cores per node).
+    if (!cfg.emulate.cluster.empty())
+      in.sim.host_cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  } else {
+    costs = std::make_unique<sim::DeviceModelCosts>(cl.device);
+  }
+  in.cluster = cl;
+  const auto t0 = std::chrono::steady_clock::now();
+  // The profile is measured as the sweep asks for ops; time it apart.
+  Planned out{make_plan(in, *costs), cl, ""};
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (auto* pc = dynamic_cast<sim::ProfileCosts*>(costs.get())) {
+    pc->save();
+    char b[160];
+    std::snprintf(b, sizeof b, "  profile: %d ops measured, %d cached; planning with the profile %.2f s\n",
+                  pc->measured(), pc->cached(), total);
+    profile_note = b;
+  }
+  out.text = format_plan(out.plan, cl);
+  if (!why.empty()) out.text += "  cluster: " + why + "\n";
+  out.text += profile_note;
+  if (auto meg = megatron_default(in, *costs)) {
+    char b[512];
+    std::snprintf(b, sizeof b,
+                  "  Megatron's default (tp = devices per node, smallest pp that fits): %s: %.4g s; "
+                  "the plan is %.2fx as fast\n",
+                  meg->layout.c_str(), meg->result.step_time_s,
+                  meg->result.step_time_s / out.plan.chosen().result.step_time_s);
+    out.text += b;
+  }
+  return out;
+}
+
+int ranks_per_host(const std::vector<std::string>& hosts, int64_t* nodes, std::string* why) {
+  std::map<std::string, int> count;
+  for (const auto& h : hosts) ++count[h];
+  int lo = 1 << 30, hi = 0;
+  for (const auto& [h, n] : count) lo = std::min(lo, n), hi = std::max(hi, n);
+  *nodes = int64_t(count.size());
+  if (lo != hi && why)
+    *why += "hosts run " + std::to_string(lo) + " to " + std::to_string(hi) +
+            " ranks; planned as " + std::to_string(lo) + " devices per node. ";
+  return lo;
+}
+
+}  // namespace
+
+cluster::Cluster launch_cluster(const RunConfig& cfg, const std::vector<std::string>& hosts,
+                                const std::string& gpu_name, int64_t cores, std::string* why) {
+  const int64_t world = int64_t(hosts.size());
+  if (!cfg.emulate.cluster.empty()) {
+    cluster::Cluster cl = cluster::load_cluster(cfg.emulate.cluster);
+    if (cl.preset() && cl.world() != world) cl = cluster::with_gpus(cl, world);
+    if (why) *why += "emulated (emulate.cluster=" + cfg.emulate.cluster + ")";
+    return cl;
+  }
+  int64_t nodes = 1;
+  const int dpn = ranks_per_host(hosts, &nodes, why);
+  cluster::Cluster cl;
+  if (gpu_name.empty()) {
+    cl = cluster::load_cluster("cpu-here");
+    cl.cores_per_node = std::max<int64_t>(1, cores);
+    if (why) *why += std::to_string(nodes) + " host(s) of " + std::to_string(dpn) + " CPU ranks";
+  } else {
+    const std::string g = lower(gpu_name);
+    std::string preset = "dgx-h100";
+    if (g.find("h200") != std::string::npos || g.find("gh200") != std::string::npos) preset = "dgx-h200";
+    else if (g.find("a100") != std::string::npos) preset = "dgx-a100-80gb";
+    else if (g.find("h100") == std::string::npos && why)
+      *why += "no preset for GPU '" + gpu_name + "'; planned as an H100 (give a cluster file "
+              "with emulate.cluster-free --cluster for a dry run). ";
+    cl = cluster::load_cluster(preset);
+    if (why) *why += std::to_string(nodes) + " host(s) x " + std::to_string(dpn) + " " + gpu_name +
+                     " (preset " + preset + ")";
+  }
+  cl.nodes = nodes;
+  cl.devices_per_node = dpn;
+  return cl;
+}
+
+namespace {
+
+// The GPU's name from nvidia-smi ("" when the run is on the CPU or it cannot tell).
+std::string gpu_name_of(const RunConfig& cfg) {
+  const bool gpu = cfg.train.device == "cuda" ||
+                   (cfg.train.device == "auto" && cuda_backend_built() && cuda_device_count() > 0);
+  if (!gpu) return "";
+  std::string name;
+  if (FILE* f = popen("nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null", "r")) {
+    char buf[256];
+    if (std::fgets(buf, sizeof buf, f)) name = buf;
+    pclose(f);
+  }
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
+    name.pop_back();
+  return name.empty() ? "unknown GPU" : name;
+}
+
+// Broadcast from rank 0; the other ranks wait without spinning (on a shared
+// host their polling would steal the cores rank 0 profiles on).
+std::string polite_broadcast(const std::string& text, int rank) {
+  long long n = rank == 0 ? (long long)text.size() : 0;
+  MPI_Request req;
+  MPI_Ibcast(&n, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD, &req);
+  for (int done = 0; !done;) {
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  std::string out = rank == 0 ? text : std::string(size_t(n), '\0');
+  MPI_Bcast(out.data(), int(n), MPI_CHAR, 0, MPI_COMM_WORLD);
+  return out;
+}
+
+}  // namespace
+
+LaunchPlan plan_at_launch(const RunConfig& cfg, const std::string& path,
+                          const std::vector<std::string>& overrides) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  // Every rank's host name.
+  char mine[256] = {0};
+  const std::string h = detect_launch().host;
+  std::snprintf(mine, sizeof mine, "%s", h.c_str());
+  std::vector<char> all(size_t(size) * sizeof mine);
+  MPI_Allgather(mine, int(sizeof mine), MPI_CHAR, all.data(), int(sizeof mine), MPI_CHAR,
+                MPI_COMM_WORLD);
+  std::vector<std::string> hosts;
+  for (int r = 0; r < size; ++r) hosts.emplace_back(&all[size_t(r) * sizeof mine]);
+
+  LaunchPlan lp;
+  std::string payload;
+  if (rank == 0) {
+    try {
+      std::string why;
+      const std::string gpu = gpu_name_of(cfg);
+      const cluster::Cluster cl = launch_cluster(
+          cfg, hosts, gpu, std::max<int64_t>(1, std::thread::hardware_concurrency()), &why);
+      Planned p = plan_for(cfg, path, overrides, cl, size, gpu.empty(), why);
+      lp.table = p.text;
+      std::ostringstream os;
+      os << "OK\n" << plan_json(p.plan, p.cluster) << "\n";
+      for (const std::string& o : plan_overrides(p.plan.chosen().cfg)) os << o << "\n";
+      payload = os.str();
+    } catch (const std::exception& e) {
+      payload = std::string("ERR\n") + e.what();
+    }
+  }
+  payload = polite_broadcast(payload, rank);
+  if (payload.rfind("ERR\n", 0) == 0) throw ConfigError(payload.substr(4));
+  std::istringstream is(payload.substr(3));
+  std::getline(is, lp.json);
+  for (std::string line; std::getline(is, line);)
+    if (!line.empty()) lp.overrides.push_back(line);
+  std::vector<std::string> all_ov = overrides;
+  all_ov.insert(all_ov.end(), lp.overrides.begin(), lp.overrides.end());
+  lp.cfg = load_config(path, all_ov);
+  if (auto err = layout_error(lp.cfg.model, lp.cfg.train, layout_of(lp.cfg)))
+    throw ConfigError(path + ": the plan breaks a layout rule: " + *err);
+  validate_world(lp.cfg, size);
+  return lp;
+}
+
+std::string plan_dry_run(const RunConfig& cfg, const std::string& path,
+                         const std::vector<std::string>& overrides,
+                         const std::string& cluster_arg, int64_t gpus, RunConfig* chosen) {
+  cluster::Cluster cl;
+  std::string why;
+  bool cpu = false;
+  int64_t world = gpus;
+  if (!cluster_arg.empty()) {
+    cl = cluster::load_cluster(cluster_arg);
+    if (world <= 0) world = cl.preset() ? layout_of(cfg).world() : cl.world();
+    if (cl.world() < world || (cl.preset() && cl.world() != world)) cl = cluster::with_gpus(cl, world);
+    cpu = cl.cores_per_node > 0;
+  } else if (!cfg.emulate.cluster.empty()) {
+    if (world <= 0) world = cluster::load_cluster(cfg.emulate.cluster).world();
+    cl = launch_cluster(cfg, std::vector<std::string>(size_t(world), "localhost"), "", 0, &why);
+    cpu = true;
+  } else {
+    if (world <= 0) world = layout_of(cfg).world();
+    const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+    cl = launch_cluster(cfg, std::vector<std::string>(size_t(world), "localhost"), "", cores, &why);
+    cpu = true;
+  }
+  Planned p = plan_for(cfg, path, overrides, cl, world, cpu, why);
+  if (chosen) *chosen = p.plan.chosen().cfg;
+  return p.text;
+}
+
+}  // namespace adgt::plan

@@ -1,0 +1,48 @@
+// parallel.auto at launch (docs/planner.md): rank 0 finds the cluster (the
+// emulated cluster file on CPU ranks, else the hosts of the launch and the
+// device), measures the op costs the model needs on this machine (a short
+// profile, cached under log.dir) or uses the device model for GPUs, plans
+// (planner.hpp), prints the table and broadcasts the plan as --set overrides;
+// every rank loads the run with them. The decision is data: every rank gets
+// the same overrides and the same validated config.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "parallel/cluster/cluster.hpp"
+
+namespace adgt::plan {
+
+// The cluster of a launch of `hosts.size()` ranks (hosts[r]: rank r's host
+// name): cfg.emulate.cluster when set (grown to the launch when it is a
+// preset); else nodes = distinct hosts and devices per node = ranks per host
+// (unequal counts: the smallest, with a note in `why`), the device a GPU
+// preset by `gpu_name` ("NVIDIA H100 80GB HBM3" -> dgx-h100; "" -> the CPU:
+// cpu-here with this host's `cores` shared by its ranks).
+cluster::Cluster launch_cluster(const RunConfig& cfg, const std::vector<std::string>& hosts,
+                                const std::string& gpu_name, int64_t cores, std::string* why);
+
+struct LaunchPlan {
+  RunConfig cfg;                        // the run with the plan applied (validated)
+  std::vector<std::string> overrides;   // the plan as --set overrides
+  std::string table;                    // rank 0: the plan table; others: ""
+  std::string json;                     // plan_json() (the same on every rank)
+};
+
+// Collective over MPI_COMM_WORLD (an MpiEnv must exist). `cfg` was loaded
+// from `path` with `overrides`. Throws ConfigError on every rank (the same
+// message) when nothing fits.
+LaunchPlan plan_at_launch(const RunConfig& cfg, const std::string& path,
+                          const std::vector<std::string>& overrides);
+
+// adgt-train --dry-run with parallel.auto: the plan table for `gpus` devices
+// (0: the cluster file's devices, or the run's tp*pp*dp for a preset) of
+// `cluster_arg` (a preset or file; "" = this machine's CPU), and the chosen
+// config in `chosen`. Nothing is allocated but the profile's operands on a CPU.
+std::string plan_dry_run(const RunConfig& cfg, const std::string& path,
+                         const std::vector<std::string>& overrides,
+                         const std::string& cluster_arg, int64_t gpus, RunConfig* chosen);
+
+}  // namespace adgt::plan

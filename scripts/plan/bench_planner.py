@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""The planner against measured runs (issue 14 acceptance, docs/planner.md).
+
+8 CPU ranks on this host emulate a 2-node cluster (emulate.cluster: 2 x 4,
+the link between the nodes 10x slower than inside). For the planner's model
+(scripts/plan/plan_model.yaml):
+
+  1. the planner's choice: adgt-train --dry-run with parallel.auto=true (the
+     same cluster, profile and constraints as a launch);
+  2. every feasible plan under the same constraints (adgt-sim --sweep --all)
+     is run for --steps steps and timed (median step time after 2 warm-up
+     steps, from metrics.jsonl);
+  3. the table of all plans, predicted against measured, and the choice's
+     measured time against the best measured (bound: within 5%).
+
+  --slow-node: node 1 computes 2x slower (emulate.slow_ranks 4..7), and the
+  plan is also compared with Megatron's default heuristic (tp = devices per
+  node, smallest pp that fits, dp the rest; bound: the plan >= 1.3x faster).
+
+  scripts/plan/bench_planner.py --train build/apps/adgt-train --sim build/apps/adgt-sim \\
+      --mpirun tests/parallel/mpirun.sh --data build/data/kjv-byte \\
+      [--fix train.recompute=none ...] [--limit N] [--slow-node] [--quick]
+
+Exit status 1 when a bound is missed.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MODEL = os.path.join(HERE, "plan_model.yaml")
+CLUSTER = os.path.join(ROOT, "configs", "clusters", "emulated-2node.yaml")
+
+
+def layout_sets(layout):
+    """'tp=1 pp=4 dp=2 zero=0 sp=0 zb-h1 mb=1 rc=none' -> --set overrides."""
+    sets = []
+    for tok in layout.split():
+        if "=" not in tok:
+            sets.append(f"parallel.schedule={tok}")
+            continue
+        k, v = tok.split("=", 1)
+        key = {"tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp", "ep": "parallel.ep",
+               "zero": "parallel.zero", "v": "parallel.virtual_stages",
+               "mb": "train.micro_batch", "rc": "train.recompute"}.get(k)
+        if k == "sp":
+            sets.append("parallel.sequence_parallel=" + ("true" if v == "1" else "false"))
+        elif k == "layers":
+            sets.append("parallel.stage_layers=[" + v.replace("/", ",") + "]")
+        elif key:
+            sets.append(f"{key}={v}")
+    return sets
+
+
+def flags(sets):
+    return sum([["--set", s] for s in sets], [])
+
+
+def measure(args, env, name, sets, steps):
+    log = os.path.join(args.work, re.sub(r"[^A-Za-z0-9_.=-]", "_", name))
+    os.makedirs(log, exist_ok=True)
+    mpath = os.path.join(log, "metrics.jsonl")
+    if os.path.exists(mpath):
+        os.remove(mpath)
+    common = [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
+              f"train.steps={steps}", "log.interval=1", f"log.dir={log}",
+              f"checkpoint.dir={log}/ckpt", f"emulate.cluster={CLUSTER}"]
+    out = subprocess.run([args.mpirun, "8", args.train, "--config", MODEL] + flags(common + sets),
+                         capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"{name}: adgt-train failed:\n{out.stderr[-1500:]}")
+    times = []
+    with open(mpath) as f:
+        for line in f:
+            j = json.loads(line)
+            if "tokens_per_s" in j and j.get("step", 0) > 2:
+                times.append(args.tokens / j["tokens_per_s"])
+    return statistics.median(times), out.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--train", required=True)
+    ap.add_argument("--sim", required=True)
+    ap.add_argument("--mpirun", required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--work", default="/tmp/adgt-plan-bench")
+    ap.add_argument("--steps", type=int, default=5, help="steps per run; the first 2 are warm-up")
+    ap.add_argument("--fix", action="append", default=[],
+                    help="a constraint KEY=VALUE for the planner and the sweep (repeatable); "
+                         "default: train.recompute=none parallel.sequence_parallel=true "
+                         "parallel.zero=0 (recompute only costs time when memory fits; the rest "
+                         "keeps the set small enough to run)")
+    ap.add_argument("--limit", type=int, default=0, help="run only the N best-predicted plans")
+    ap.add_argument("--slow-node", action="store_true", help="node 1 computes 2x slower")
+    args = ap.parse_args()
+    fixes = args.fix or ["train.recompute=none", "parallel.sequence_parallel=true", "parallel.zero=0"]
+    text = open(MODEL).read()
+    args.tokens = int(re.search(r"global_batch:\s*(\d+)", text).group(1)) * int(
+        re.search(r"seq_len:\s*(\d+)", text).group(1))
+    os.makedirs(args.work, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    slow = "4:2,5:2,6:2,7:2" if args.slow_node else ""
+    extra = [f"emulate.slow_ranks={slow}"] if slow else []
+    cores = os.cpu_count()
+
+    # 1. The planner's choice, as a launch would make it.
+    dry = subprocess.run([args.train, "--config", MODEL, "--dry-run"] +
+                         flags(fixes + extra + [f"emulate.cluster={CLUSTER}",
+                                                f"log.dir={args.work}/plan"]),
+                         capture_output=True, text=True, env=env)
+    if dry.returncode != 0:
+        sys.exit("planner dry run failed:\n" + dry.stderr)
+    print(dry.stdout.split("dry run:")[0])
+    chosen = re.search(r"^\s+1\s+(.+?)\s{2,}[\d.e+-]+\s", dry.stdout, re.M).group(1).strip()
+    meg = re.search(r"Megatron's default .*?: (tp=.+?): ([\d.e+-]+) s", dry.stdout)
+
+    # 2. Every feasible plan under the same constraints.
+    sw = subprocess.run([args.sim, "--config", MODEL, "--cluster", CLUSTER, "--gpus", "8", "--sweep",
+                         "--all", "--json", "--costs", "profile", "--profile-cache",
+                         f"{args.work}/plan/plan-profile.json", "--host-cores", str(cores)]
+                        + (["--slow-ranks", slow] if slow else []) + flags(fixes),
+                        capture_output=True, text=True, env=env)
+    if sw.returncode != 0:
+        sys.exit("adgt-sim --sweep failed:\n" + sw.stderr)
+    plans = json.loads(sw.stdout)
+    if args.limit:
+        plans = plans[: args.limit]
+    names = [p["layout"] for p in plans]
+    if chosen not in names:
+        plans.insert(0, {"layout": chosen, "step_time_s": float("nan")})
+    rows = []
+    t0 = time.time()
+    for i, p in enumerate(plans):
+        sets = layout_sets(p["layout"]) + extra
+        measured, _ = measure(args, env, p["layout"], sets, args.steps)
+        rows.append({"layout": p["layout"], "predicted_s": p["step_time_s"], "measured_s": measured})
+        print(f"{i + 1:3d}/{len(plans)} {p['layout']:60s} predicted {p['step_time_s']:7.4f} s  "
+              f"measured {measured:7.4f} s{'  <- chosen' if p['layout'] == chosen else ''}",
+              flush=True)
+    best = min(rows, key=lambda r: r["measured_s"])
+    mine = next(r for r in rows if r["layout"] == chosen)
+    ratio = mine["measured_s"] / best["measured_s"]
+    print(f"\n{len(rows)} plans run in {time.time() - t0:.0f} s")
+    print(f"best measured: {best['layout']}: {best['measured_s']:.4f} s")
+    print(f"planner's choice: {chosen}: {mine['measured_s']:.4f} s = {ratio:.3f}x the best "
+          f"(bound 1.05)")
+    ok = ratio <= 1.05
+    if meg:
+        meg_layout = meg.group(1).strip()
+        mrow = next((r for r in rows if r["layout"] == meg_layout), None)
+        mt = mrow["measured_s"] if mrow else measure(args, env, "megatron " + meg_layout,
+                                                      layout_sets(meg_layout) + extra,
+                                                      args.steps)[0]
+        speedup = mt / mine["measured_s"]
+        print(f"Megatron's default: {meg_layout}: {mt:.4f} s measured ({float(meg.group(2)):.4f} s "
+              f"predicted); the plan is {speedup:.2f}x as fast"
+              + (" (bound 1.3 with --slow-node)" if args.slow_node else ""))
+        if args.slow_node:
+            ok = ok and speedup >= 1.3
+    with open(os.path.join(args.work, "table.json"), "w") as f:
+        json.dump({"rows": rows, "chosen": chosen, "ratio": ratio}, f, indent=1)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

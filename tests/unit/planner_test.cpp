@@ -1,0 +1,145 @@
+// The planner (parallel/plan/planner.hpp) and the sweep under it: the branch
+// and bound finds the same best plans as simulating everything, constraints
+// are kept, an infeasible constraint is a named error with the nearest
+// plans, the speed-weighted stage split, the overrides round trip, and the
+// keys a run file sets.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+
+#include "core/config.hpp"
+#include "core/layout.hpp"
+#include "parallel/cluster/cluster.hpp"
+#include "parallel/plan/planner.hpp"
+#include "parallel/sim/ops.hpp"
+#include "parallel/sim/sweep.hpp"
+
+using namespace adgt;
+using Catch::Matchers::Contains;
+
+namespace {
+
+const char* kModel = R"(model: {vocab_size: 256, d_model: 64, n_layers: 8, n_heads: 8,
+       n_kv_heads: 4, ffn_hidden: 128, seq_len: 64}
+train: {global_batch: 16}
+)";
+
+// With parallel.auto the layout keys are constraints, checked once planned.
+RunConfig run(const std::vector<std::string>& sets = {}) {
+  std::vector<std::string> s = {"parallel.auto=true"};
+  s.insert(s.end(), sets.begin(), sets.end());
+  return load_config_text(kModel, "plan.yaml", s);
+}
+
+// Two nodes of four; the link between them 10x slower than inside.
+cluster::Cluster two_nodes(const std::string& extra = "") {
+  return cluster::parse_cluster(
+      "nodes: 2\ndevices_per_node: 4\n"
+      "device: {peak_bf16_tflops: 0.05, peak_fp32_tflops: 0.05, memory_gib: 1, hbm_GBps: 10}\n"
+      "intra: {bandwidth_GBps: 0.4, latency_us: 100}\n"
+      "inter: {bandwidth_GBps: 0.04, latency_us: 1000}\n" + extra,
+      "two.yaml");
+}
+
+plan::PlanInput input(const std::vector<std::string>& fixed = {},
+                      const std::vector<std::string>& sets = {},
+                      const cluster::Cluster& cl = two_nodes()) {
+  plan::PlanInput in;
+  in.base = run(sets);
+  in.fixed = fixed;
+  in.world = 8;
+  in.cluster = cl;
+  return in;
+}
+
+}  // namespace
+
+TEST_CASE("plan: branch and bound finds the best plans of the full sweep", "[plan]") {
+  sim::DeviceModelCosts costs(two_nodes().device);
+  const RunConfig base = run();
+  sim::SweepOptions all;
+  const auto full = sim::sweep_layouts(base, 8, two_nodes(), costs, all);
+  REQUIRE(full.rows.size() > 20);
+  REQUIRE(full.bounded == 0);
+  // The bound never exceeds the simulated step.
+  for (const auto& r : full.rows) CHECK(r.lower_bound_s <= r.result.step_time_s * (1 + 1e-9));
+  sim::SweepOptions some;
+  some.keep = 5;
+  const auto bb = sim::sweep_layouts(base, 8, two_nodes(), costs, some);
+  CHECK(bb.bounded > 0);
+  CHECK(bb.candidates == full.candidates);
+  for (size_t i = 0; i < 5; ++i)
+    CHECK(bb.rows[i].result.step_time_s == Approx(full.rows[i].result.step_time_s).epsilon(1e-12));
+
+  const plan::Plan p = plan::make_plan(input(), costs);
+  CHECK(p.chosen().result.step_time_s == Approx(full.rows[0].result.step_time_s).epsilon(1e-12));
+  // Tensor parallelism does not cross the slow link when a node can hold it.
+  CHECK(p.chosen().cfg.parallel.tp <= 4);
+  const std::string table = plan::format_plan(p, two_nodes());
+  CHECK_THAT(table, Contains("<- chosen"));
+  CHECK_THAT(table, Contains("constraints: none"));
+}
+
+TEST_CASE("plan: constraints are kept; an infeasible one names the nearest plans", "[plan]") {
+  sim::DeviceModelCosts costs(two_nodes().device);
+  const plan::Plan p = plan::make_plan(
+      input({"parallel.pp", "train.micro_batch", "train.steps"}, {"parallel.pp=2", "train.micro_batch=2"}),
+      costs);
+  REQUIRE(!p.rows.empty());
+  for (const auto& r : p.rows) {
+    CHECK(r.cfg.parallel.pp == 2);
+    CHECK(r.cfg.train.micro_batch == 2);
+  }
+  CHECK(p.fixed == std::vector<std::string>{"parallel.pp", "train.micro_batch"});  // train.steps is not a layout key
+  CHECK(p.rejected_fixed > 0);
+
+  try {
+    plan::make_plan(input({"parallel.pp"}, {"parallel.pp=3"}), costs);
+    FAIL("pp=3 of 8 ranks was planned");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(std::string(e.what()), Contains("no plan for 8 ranks"));
+    CHECK_THAT(std::string(e.what()), Contains("parallel.pp=3"));
+    CHECK_THAT(std::string(e.what()), Contains("nearest feasible plans"));
+    CHECK_THAT(std::string(e.what()), Contains("changes parallel.pp to"));
+  }
+}
+
+TEST_CASE("plan: overrides reproduce the chosen layout", "[plan]") {
+  sim::DeviceModelCosts costs(two_nodes().device);
+  const plan::Plan p = plan::make_plan(input(), costs);
+  for (const auto& row : p.rows) {
+    const RunConfig c = run(plan::plan_overrides(row.cfg));
+    CHECK(layout_of(c) == layout_of(row.cfg));
+    CHECK(c.train.micro_batch == row.cfg.train.micro_batch);
+    CHECK(c.train.recompute == row.cfg.train.recompute);
+  }
+}
+
+TEST_CASE("plan: stages weighted by speed, and Megatron's default", "[plan]") {
+  const cluster::Cluster slow = two_nodes("node_speed: [1, 0.5]\n");
+  RunConfig c = run({"parallel.pp=2", "parallel.tp=4", "train.micro_batch=1"});
+  CHECK(sim::speed_weighted_stages(c, slow) == std::vector<int64_t>{5, 3});  // 8 x 2/3, 8 x 1/3
+  CHECK(sim::speed_weighted_stages(c, two_nodes()).empty());
+  c = run({"parallel.pp=2", "parallel.tp=2", "parallel.dp=2", "parallel.schedule=interleaved",
+           "parallel.virtual_stages=2", "train.micro_batch=1"});
+  const auto w = sim::speed_weighted_stages(c, slow);
+  REQUIRE(w.size() == 4);
+  CHECK(w[0] + w[1] + w[2] + w[3] == 8);
+  CHECK(w[0] > w[1]);  // stage 0 on node 0 (fast), stage 1 on node 1
+
+  sim::DeviceModelCosts costs(slow.device);
+  const auto meg = plan::megatron_default(input({}, {}, slow), costs);
+  REQUIRE(meg);
+  CHECK(meg->layout.rfind("tp=4 pp=1 dp=2", 0) == 0);
+  const plan::Plan p = plan::make_plan(input({}, {}, slow), costs);
+  CHECK(p.chosen().result.step_time_s <= meg->result.step_time_s);
+}
+
+TEST_CASE("config: explicit_keys lists what the file and --set give", "[plan][config]") {
+  const auto k = explicit_keys_text(kModel, "plan.yaml", {"parallel.pp=2", "parallel.auto=true"});
+  CHECK(k == std::vector<std::string>{"model.d_model", "model.ffn_hidden", "model.n_heads",
+                                      "model.n_kv_heads", "model.n_layers", "model.seq_len",
+                                      "model.vocab_size", "parallel.auto", "parallel.pp",
+                                      "train.global_batch"});
+  CHECK_THROWS_AS(explicit_keys_text("train: {nope: 1}", "bad.yaml"), ConfigError);
+}
