@@ -19,6 +19,7 @@
 #include "parallel/mpi_env.hpp"
 #include "parallel/pipeline_plan.hpp"
 #include "parallel/process_groups.hpp"
+#include "parallel/plan/launch_plan.hpp"
 #include "parallel/sim/dry_run.hpp"
 
 namespace {
@@ -37,6 +38,7 @@ void print_summary(const adgt::TrainSummary& s) {
   if (s.skipped_steps) std::printf("skipped steps:    %ld (non-finite)\n", long(s.skipped_steps));
   std::printf("checkpoint:       %s\n", s.checkpoint.empty() ? "(none)" : s.checkpoint.c_str());
   std::printf("metrics:          %s\n", s.metrics_path.c_str());
+  std::printf("%s", adgt::format_tei(s.tei).c_str());  // the job's TEI block (docs/tei.md)
 }
 
 }  // namespace
@@ -47,6 +49,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   bool dry_run = false, eval_only = false, print_config = false, print_schedule = false;
   std::string cluster;
+  int64_t gpus = 0;
   app.add_option("--config", config_path, "YAML run file (configs/tiny.yaml, ...)")->required();
   app.add_option("--set", overrides, "override a key: --set section.key=value (repeatable)");
   app.add_option("--resume", resume,
@@ -57,6 +60,9 @@ int main(int argc, char** argv) {
   app.add_option("--cluster", cluster,
                  "with --dry-run: predict the step time on this cluster (a preset such as "
                  "dgx-h100, or a cluster file; default: this machine when the run is on its CPU)");
+  app.add_option("--gpus", gpus,
+                 "with --dry-run and parallel.auto: plan for this many devices of --cluster "
+                 "(default: the cluster file's devices, or the run's tp x pp x dp for a preset)");
   app.add_flag("--eval-only", eval_only,
                "evaluate on the validation split (with --resume) and print 'eval loss: <value>'");
   app.add_flag("--print-config", print_config, "print the resolved configuration as YAML");
@@ -67,7 +73,11 @@ int main(int argc, char** argv) {
 
   if (dry_run || print_config || print_schedule) {  // no launch needed
     try {
-      const adgt::RunConfig cfg = adgt::load_config(config_path, overrides);
+      adgt::RunConfig cfg = adgt::load_config(config_path, overrides);
+      if (dry_run && cfg.parallel.auto_plan) {  // the plan table, then the chosen run's estimate
+        std::printf("%s", adgt::plan::plan_dry_run(cfg, config_path, overrides, cluster, gpus, &cfg)
+                              .c_str());
+      }
       if (print_config) std::printf("%s", adgt::to_yaml(cfg).c_str());
       if (print_schedule) {
         if (cfg.parallel.pp > 1)
@@ -97,7 +107,7 @@ int main(int argc, char** argv) {
   std::string config_error;
   try {
     cfg = adgt::load_config(config_path, overrides);
-    adgt::validate_world(cfg, mpi.size());
+    if (!cfg.parallel.auto_plan) adgt::validate_world(cfg, mpi.size());  // else: planned below
   } catch (const adgt::ConfigError& e) {
     config_error = e.what();
   }
@@ -110,9 +120,33 @@ int main(int argc, char** argv) {
                    who.c_str());
     return 2;
   }
+  // parallel.auto (docs/planner.md): rank 0 plans and broadcasts the plan;
+  // every rank loads the run with it, or every rank stops with the same error.
+  std::string plan_json;
+  if (cfg.parallel.auto_plan) {
+    try {
+      adgt::plan::LaunchPlan lp = adgt::plan::plan_at_launch(cfg, config_path, overrides);
+      if (mpi.rank() == 0) {
+        std::printf("%s", lp.table.c_str());
+        adgt::plan::write_plan_file(lp.cfg.log.dir, lp.json);
+      }
+      cfg = lp.cfg;
+      plan_json = lp.json;
+    } catch (const adgt::ConfigError& e) {
+      const std::string who = "rank " + std::to_string(mpi.rank()) + " (host " + mpi.launch().host + ")";
+      if (mpi.rank() == 0)
+        std::fprintf(stderr, "error: %s: %s\n", who.c_str(), e.what());
+      else
+        std::fprintf(stderr, "error: %s: stopping: parallel.auto found no plan (rank 0 says why)\n",
+                     who.c_str());
+      return 2;
+    }
+  }
 
   try {
-    adgt::ProcessGroups pg = adgt::make_process_groups(adgt::layout_of(cfg));
+    // Rank placement (parallel.placement; docs/placement.md): world rank = layout rank.
+    adgt::ProcessGroups pg =
+        adgt::make_process_groups(adgt::layout_of(cfg), adgt::place_launch(cfg));
     const bool lead = pg.world->rank() == 0;
     // The device of the run, agreed over the world; each rank's GPU (two
     // ranks on one GPU are refused unless ADGT_SHARED_GPU_TEST=1) and the
@@ -120,7 +154,8 @@ int main(int argc, char** argv) {
     const adgt::DevicePlan dev = adgt::plan_devices(pg, cfg.train.device);
     if (lead && !dev.warning.empty()) std::fprintf(stderr, "warning: %s\n", dev.warning.c_str());
     // Link and compute emulation (emulate.cluster; docs/emulation.md): null when off.
-    const auto emulation = adgt::emulate::setup_emulation(cfg, pg.world.get(), pg.world->rank());
+    const auto emulation =
+        adgt::emulate::setup_emulation(cfg, pg.world.get(), pg.world->rank(), &pg.placement);
     const std::string table = adgt::rank_table(pg, dev.device_id, dev.transport, emulation.get());
     if (lead && pg.world->size() > 1) std::printf("%s", table.c_str());
 
@@ -135,6 +170,7 @@ int main(int argc, char** argv) {
     ctx.layout = pg.layout;
     ctx.coords = pg.coords;
     ctx.emulation = emulation.get();
+    ctx.plan_json = plan_json;
     adgt::Trainer trainer(cfg, ctx, dev);
     const std::string from = adgt::resolve_resume(resume, cfg.checkpoint.dir);
     if (!resume.empty() && from.empty()) {

@@ -212,8 +212,9 @@ const std::vector<Key>& schema() {
           "parallelism, schedule, virtual stages, micro_batch and recompute chosen by the "
           "simulator for the cluster found; keys set in the run file or by --set are kept"),
       key("parallel", &R::parallel, "placement", &ParallelConfig::placement, A::Choices,
-          "rank placement: topology = rank order rebuilt from the nodes (tp inside a node, "
-          "stages across nodes, dp outermost); launcher = the launcher's order as it comes",
+          "rank placement (docs/placement.md): topology = rank order rebuilt from the nodes "
+          "(tp groups inside a node, then dp, pipeline stages outermost); launcher = the "
+          "launcher's order as it comes",
           {"topology", "launcher"}),
       // checkpoint
       key("checkpoint", &R::checkpoint, "dir", &CheckpointConfig::dir, A::NonEmpty,
@@ -235,11 +236,11 @@ const std::vector<Key>& schema() {
       // emulate
       key("emulate", &R::emulate, "cluster", &EmulateConfig::cluster, A::Any,
           "link and compute emulation on CPU ranks (docs/emulation.md): a cluster preset "
-          "(cpu-here, dgx-h100, ...) or cluster file; world rank r is a device of node "
-          "r / devices_per_node and every message and collective takes at least the cluster "
-          "model's time; \"\" = off. All ranks on one host"),
+          "(cpu-here, dgx-h100, ...) or cluster file; launcher rank r is a device of the node "
+          "emulate.rank_order gives (block: r / devices_per_node) and every message and "
+          "collective takes at least the cluster model's time; \"\" = off. All ranks on one host"),
       key("emulate", &R::emulate, "slow_ranks", &EmulateConfig::slow_ranks, A::RankFactors,
-          "injected stragglers: \"3:2.0,5:1.5\" = world rank 3 computes 2x slower, rank 5 "
+          "injected stragglers: \"3:2.0,5:1.5\" = launcher (MPI) rank 3 computes 2x slower, rank 5 "
           "1.5x (on top of the cluster's node_speed); needs emulate.cluster"),
       key("emulate", &R::emulate, "rank_order", &EmulateConfig::rank_order, A::Choices,
           "how the emulated launcher hands ranks to nodes: block = rank r on node "

@@ -93,9 +93,9 @@ struct ParallelConfig {
   // this section and train.micro_batch/recompute that the run file or --set
   // gives are constraints; the rest are chosen by the simulator.
   bool auto_plan = false;  // YAML key: parallel.auto
-  // Rank placement: topology = rank order rebuilt from the nodes (tp groups
-  // inside a node, pipeline stages across nodes, dp outermost); launcher =
-  // the launcher's rank order as it comes.
+  // Rank placement (docs/placement.md): topology = rank order rebuilt from
+  // the nodes (tp groups inside a node, then dp, pipeline stages outermost);
+  // launcher = the launcher's rank order as it comes.
   std::string placement = "topology";
   bool operator==(const ParallelConfig&) const = default;
 };
@@ -118,11 +118,12 @@ struct LogConfig {
 // Link and compute emulation on CPU ranks (docs/emulation.md): never on by default.
 struct EmulateConfig {
   // A cluster preset (cpu-here, dgx-h100, ...) or a cluster file
-  // (docs/cluster.md; relative paths as written); "" = off. World rank r runs
-  // as a device of node r / devices_per_node, and every message and
-  // collective takes at least the cluster model's time.
+  // (docs/cluster.md; relative paths as written); "" = off. Launcher rank r
+  // runs as a device of the node emulate.rank_order gives it (block: r /
+  // devices_per_node), and every message and collective takes at least the
+  // cluster model's time.
   std::string cluster;
-  // "rank:factor,..." ("3:2.0,5:1.5"): world rank 3 computes 2x slower, rank
+  // "rank:factor,..." ("3:2.0,5:1.5"): launcher rank 3 computes 2x slower, rank
   // 5 1.5x (factor >= 1); "" = none. Needs emulate.cluster.
   std::string slow_ranks;
   // How the emulated launcher hands out ranks to the cluster's nodes: block =

@@ -48,6 +48,10 @@ struct ParallelContext {
   // rank's compute slowdown hook (nullptr: none).
   emulate::Emulation* emulation = nullptr;
   emulate::ComputeSlowdown* slowdown = nullptr;
+  // parallel.auto's plan as JSON (parallel/plan/planner.hpp plan_json; "":
+  // none): logged to metrics.jsonl at the start and kept in every checkpoint
+  // as state/plan/chosen.
+  std::string plan_json;
 };
 
 // What one step measured on this rank.

@@ -37,9 +37,52 @@ MpiComm& as_mpi(const Comm& c) {
   return const_cast<MpiComm&>(*m);
 }
 
+// A placement covers the launch's ranks once each (the same verdict on every rank).
+void check_placement(const Placement& p, int world) {
+  if (p.layout_of.empty() && p.launcher_of.empty()) return;
+  auto bad = [&](const std::string& what) {
+    throw CollectiveError("parallel.placement=" + p.mode + ": " + what + " (launch of " +
+                          std::to_string(world) + " ranks)");
+  };
+  if (int(p.layout_of.size()) != world || int(p.launcher_of.size()) != world)
+    bad("the placement covers " + std::to_string(p.layout_of.size()) + " launcher ranks and " +
+        std::to_string(p.launcher_of.size()) + " layout ranks");
+  for (int r = 0; r < world; ++r) {
+    const int l = p.layout_of[size_t(r)];
+    if (l < 0 || l >= world || p.launcher_of[size_t(l)] != r)
+      bad("launcher rank " + std::to_string(r) + " -> layout rank " + std::to_string(l) +
+          " is not a one-to-one map");
+  }
+}
+
 }  // namespace
 
-ProcessGroups make_process_groups(const Layout& layout) {
+Placement place_launch(const RunConfig& cfg) {
+  int init = 0;
+  ADGT_MPI(MPI_Initialized(&init));
+  ADGT_CHECK(init, "place_launch: MPI is not running; create an adgt::MpiEnv first");
+  auto launch_world = MpiComm::world("placement");
+  const int W = launch_world->size();
+  std::vector<int> nodes;
+  if (!cfg.emulate.cluster.empty()) {
+    const cluster::Cluster cl = emulate::load_emulated_cluster(cfg, W);
+    try {
+      for (int d : emulate::launcher_devices(cl, W, cfg.emulate.rank_order))
+        nodes.push_back(int(cl.node_of(d)));
+    } catch (const std::exception& e) {  // the same on every rank
+      throw CollectiveError(e.what());
+    }
+  } else {
+    nodes = nodes_of_hosts(launch_world->all_gather_strings(host_name()));
+  }
+  try {
+    return place_ranks(nodes, cfg.parallel.placement, int(cfg.parallel.tp));
+  } catch (const std::exception& e) {
+    throw CollectiveError(e.what());
+  }
+}
+
+ProcessGroups make_process_groups(const Layout& layout, const Placement& placement) {
   int init = 0;
   ADGT_MPI(MPI_Initialized(&init));
   ADGT_CHECK(init, "make_process_groups: MPI is not running; create an adgt::MpiEnv first");
@@ -49,9 +92,20 @@ ProcessGroups make_process_groups(const Layout& layout) {
   ProcessGroups pg;
   pg.launch = detect_launch();
   pg.layout = layout;
+  pg.placement = placement;
   auto world = MpiComm::world("world");
   if (world->size() != layout.world())  // the same verdict on every rank
     throw CollectiveError(mismatch_message(layout, world->size()));
+  check_placement(placement, world->size());
+  // The world in layout order: one MPI_Comm_split, color 0, key = layout rank.
+  if (!placement.identity()) {
+    const int layout_rank = placement.layout_rank(world->rank());
+    world = world->split(0, layout_rank, "world");
+    ADGT_CHECK(world->rank() == layout_rank,
+               "process groups: MPI_Comm_split of the world gave rank " << world->rank()
+                   << ", want layout rank " << layout_rank << " (launcher rank "
+                   << placement.launcher_rank(layout_rank) << ")");
+  }
   const int me = world->rank();
   pg.coords = coords_of(layout, me);
   // Each group is split off with its first member as the color and this
@@ -78,14 +132,25 @@ ProcessGroups make_process_groups(const Layout& layout) {
 
 std::string rank_table(const ProcessGroups& pg, const std::string& device,
                        const std::string& collectives, const emulate::Emulation* emulation) {
+  const Placement& pl = pg.placement;
+  const bool launcher_col = !pl.identity(), node_col = !pl.node_of.empty();
+  const int me = pg.world->rank();
   std::ostringstream mine;
-  mine << pg.world->rank() << '\t' << pg.launch.host << '\t' << pg.launch.local_rank << '/'
-       << pg.launch.local_world << '\t' << pg.coords.tp << '\t' << pg.coords.dp << '\t'
-       << pg.coords.pp << '\t' << device << '\t' << collectives;
-  if (emulation) mine << '\t' << emulation->cell(pg.world->rank());
+  mine << me;
+  if (launcher_col) mine << '\t' << pl.launcher_rank(me);
+  mine << '\t' << pg.launch.host << '\t' << pg.launch.local_rank << '/' << pg.launch.local_world;
+  if (node_col) mine << '\t' << pl.node_of_layout(me);
+  mine << '\t' << pg.coords.tp << '\t' << pg.coords.dp << '\t' << pg.coords.pp << '\t' << device
+       << '\t' << collectives;
+  if (emulation) mine << '\t' << emulation->cell(me);
   std::vector<std::string> lines = as_mpi(*pg.world).gather_strings(mine.str(), 0);
   if (lines.empty()) return "";
-  std::vector<std::vector<std::string>> rows = {{"rank", "host", "local", "tp", "dp", "pp", "device", "collectives"}};
+  std::vector<std::vector<std::string>> rows(1);
+  rows[0].push_back("rank");
+  if (launcher_col) rows[0].push_back("launcher");
+  rows[0].insert(rows[0].end(), {"host", "local"});
+  if (node_col) rows[0].push_back("node");
+  rows[0].insert(rows[0].end(), {"tp", "dp", "pp", "device", "collectives"});
   if (emulation) rows[0].push_back("emulated");
   for (const std::string& l : lines) {
     std::vector<std::string> f;
@@ -99,6 +164,8 @@ std::string rank_table(const ProcessGroups& pg, const std::string& device,
   std::ostringstream os;
   os << "rank table: " << layout_str(pg.layout) << " = " << pg.layout.world() << " ranks, launcher "
      << pg.launch.launcher << "\n";
+  if (!pl.why.empty()) os << "  " << pl.why << "\n";
+  if (!pl.warning.empty()) os << "  warning: " << pl.warning << "\n";
   if (emulation) os << "  " << emulation->summary() << "\n";
   for (const auto& r : rows) {
     for (size_t i = 0; i < r.size(); ++i) {

@@ -29,6 +29,9 @@ class StepLogger final : public Observer {
   // warms caches and thread pools) and their count.
   double mean_step_seconds() const { return timed_steps_ ? timed_s_ / double(timed_steps_) : 0; }
   int64_t timed_steps() const { return timed_steps_; }
+  // The MFU peak per rank, TFLOP/s (a measured one may have been re-measured
+  // upward at a logged step; world rank 0's is the one that counts).
+  double peak_tflops() const { return peak_; }
 
  private:
   const RunConfig& cfg_;

@@ -1,5 +1,7 @@
 #include "parallel/trainer.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -20,6 +22,7 @@
 #include "parallel/mpi_env.hpp"
 #include "parallel/pipeline_plan.hpp"
 #include "parallel/step_logger.hpp"
+#include "parallel/tei_meter.hpp"
 #include "parallel/trainer_state.hpp"
 
 namespace adgt {
@@ -188,6 +191,8 @@ std::string Trainer::save() {
                    .dump();
   }
   st.state = trainer_state(cfg_.model, opt_steps_, bias, schedule);
+  if (!engine_->groups().plan_json.empty())  // recorded, not restored (docs/planner.md)
+    st.state["plan/chosen"] = StateEntry::of_text(engine_->groups().plan_json);
   last_checkpoint_ = save_checkpoint_sharded(cfg_.checkpoint.dir, st, lay, *engine_->groups().world,
                                              cfg_.checkpoint.keep);
   return last_checkpoint_;
@@ -293,6 +298,12 @@ TrainSummary Trainer::train() {
   const double peak =
       measured_peak ? backend_->peak_tflops_for(engine_->model().dtype()) : cfg_.log.peak_tflops;
   std::unique_ptr<MetricsLog> metrics;
+  std::vector<TeiRun> earlier_runs;  // a resume appends: the job's earlier runs (docs/tei.md)
+  if (lead() && step_ > 0) {
+    const std::string path = (std::filesystem::path(cfg_.log.dir) / "metrics.jsonl").string();
+    end_torn_line(path);
+    earlier_runs = read_tei_runs(path);
+  }
   if (lead()) metrics = std::make_unique<MetricsLog>(cfg_.log.dir, step_ > 0);
   TrainSummary sum;
   if (metrics) sum.metrics_path = metrics->path();
@@ -302,13 +313,23 @@ TrainSummary Trainer::train() {
   StepLogger logger(cfg_, *backend_, metrics.get(), peak, measured_peak);
   hook.add(logger);
   for (auto& c : controllers_) hook.add(*c);
+  // The Training Efficiency Index's counters (parallel/tei_meter.hpp).
+  TeiMeter tei(cfg_, g.world->size(), metrics.get(), std::move(earlier_runs), step_,
+               logger.peak_tflops());
+  if (metrics && !g.plan_json.empty())  // parallel.auto's choice (docs/planner.md)
+    metrics->log_record({{"event", "plan"}, {"step", step_},
+                         {"plan", nlohmann::json::parse(g.plan_json)}});
 
   using clock = std::chrono::steady_clock;
+  const auto since = [](clock::time_point t) {
+    return std::chrono::duration<double>(clock::now() - t).count();
+  };
   const auto t_start = clock::now();
   int64_t consecutive_bad = 0;
   const int64_t first_step = step_;
   while (step_ < t.steps) {
     const auto t0 = clock::now();
+    tei.start_step();
     StepReport r;
     r.first_step = first_step;
     r.total_steps = t.steps;
@@ -318,11 +339,21 @@ TrainSummary Trainer::train() {
     const int64_t reads0 = backend_->host_reads();
     r.lr = lr_at(t, step_);
     const int64_t first_sample = samples_seen_;
+    const double tp_s0 = g.tp->stats().seconds, ep_s0 = g.ep->stats().seconds;
     r.loss = engine_->forward_backward([&](int a, int32_t* in, int32_t* tg) {
       fetch_micro_batch(first_sample, a, in, tg);
     });
+    // TEI: exposed communication of the forward/backward (blocking tp and ep
+    // calls, the dp reduction's wait) and the pipeline's idle time.
+    TeiStepTimes tt;
+    tt.comm_s = (g.tp->stats().seconds - tp_s0) + (g.ep->stats().seconds - ep_s0) +
+                engine_->last_times().dp_wait_s;
+    if (engine_->pipelined())
+      tt.bubble_s = std::max(0.0, engine_->pipeline()->last_step_seconds() -
+                                      engine_->pipeline()->last_busy_seconds());
     samples_seen_ += t.global_batch;
     trace_pipeline_step();
+    const auto t_opt = clock::now();
     r.grad_norm = engine_->grad_norm();
     // Loss and norm are identical on every rank (deterministic reductions), so
     // every rank takes the same branch.
@@ -343,6 +374,7 @@ TrainSummary Trainer::train() {
                                  << t.max_skipped_steps << "); lower train.lr or resume from "
                                                            "an earlier checkpoint");
     }
+    tt.optimizer_s = since(t_opt);
     r.step = ++step_;
     if (step_ == 1) inject_host_read(engine_->model());
     r.skipped_steps = sum.skipped_steps;
@@ -351,9 +383,14 @@ TrainSummary Trainer::train() {
     r.ep_seconds += g.ep->stats().seconds;
     if (reads0 >= 0) r.host_reads = backend_->host_reads() - reads0;
     r.seconds = std::chrono::duration<double>(clock::now() - t0).count();
+    tt.seconds = r.seconds;
+    tei.add_step(tt, r.applied);
     hook.after_step(*engine_, r, *g.world, metrics.get());
     const bool last = step_ == t.steps;
+    if (step_ % cfg_.log.interval == 0 || last)
+      tei.record(*g.world, TeiMeter::At::Interval, step_, logger.peak_tflops());
     if (t.eval_interval > 0 && (step_ % t.eval_interval == 0 || last)) {
+      const auto t_eval = clock::now();
       const double vl = evaluate();
       if (metrics) {
         std::printf("eval step %ld: val loss %.4f\n", long(step_), vl);
@@ -361,15 +398,19 @@ TrainSummary Trainer::train() {
         metrics->log_eval(step_, vl);
       }
       sum.final_val_loss = vl;
+      tei.add_eval(since(t_eval));
     }
     const int sig = agreed_stop_signal();
     if (sig || (last && cfg_.checkpoint.at_end) ||
         (cfg_.checkpoint.interval > 0 && step_ % cfg_.checkpoint.interval == 0)) {
+      const auto t_save = clock::now();
       const std::string dir = save();
       if (lead()) {
         std::printf("checkpoint: %s\n", dir.c_str());
         std::fflush(stdout);
       }
+      tei.add_checkpoint(since(t_save));
+      tei.record(*g.world, TeiMeter::At::Checkpoint, step_, logger.peak_tflops());
     }
     if (sig) {
       if (lead())
@@ -379,6 +420,7 @@ TrainSummary Trainer::train() {
     }
   }
   sum.steps_done = step_;
+  sum.tei = tei.record(*g.world, TeiMeter::At::End, step_, logger.peak_tflops());
   sum.wall_s = std::chrono::duration<double>(clock::now() - t_start).count();
   const double per_step = logger.mean_step_seconds();
   sum.tokens_per_s = per_step > 0 ? double(t.global_batch * cfg_.model.seq_len) / per_step : 0;

@@ -1,8 +1,10 @@
 // The training loop: data -> the engine's step (micro-batches with gradient
 // accumulation and reduction, engine.hpp) -> non-finite guard -> clipping ->
 // AdamW, with logging, periodic evaluation and checkpoints, resume, the
-// controllers' hook (controller.hpp) after each step, and a clean stop on
-// SIGTERM, SIGINT or SIGUSR1 (checkpoint at the step boundary, exit 0).
+// controllers' hook (controller.hpp) after each step, the Training
+// Efficiency Index's timers and records (tei_meter.hpp, docs/tei.md), and a
+// clean stop on SIGTERM, SIGINT or SIGUSR1 (checkpoint at the step boundary,
+// exit 0).
 #pragma once
 #include <memory>
 #include <optional>
@@ -17,6 +19,7 @@
 #include "parallel/device_plan.hpp"
 #include "parallel/emulate/emulation.hpp"
 #include "parallel/engine.hpp"
+#include "parallel/tei.hpp"
 
 namespace adgt {
 
@@ -34,6 +37,9 @@ struct TrainSummary {
   std::string checkpoint;       // last checkpoint written ("" if none)
   std::string metrics_path;
   bool stopped_by_signal = false;
+  // The Training Efficiency Index over the job so far: this run and the
+  // earlier ones of the same log directory (docs/tei.md; valid on world rank 0).
+  TeiBreakdown tei;
 };
 
 class Trainer {

@@ -7,6 +7,8 @@
 //                                     (model.moe_aux_free), bit-exact
 //   pipeline/schedule      text       the pipeline schedule in use, as JSON: name and
 //                                     the variant kept (greedy); recorded, not restored
+//   plan/chosen            text       parallel.auto's plan as JSON (docs/planner.md);
+//                                     recorded, not restored (a resume plans anew)
 //
 // Checkpoints written before named state packed the first two into
 // meta/rng_state (word 0: the update count; then n_layers x E doubles as bit

@@ -70,11 +70,19 @@ EmulatedComm::EmulatedComm(Comm& inner, std::shared_ptr<EmulatedRank> rank,
              "EmulatedComm(" << inner_.name() << "): group rank " << inner_.rank() << " is world rank "
                              << members_[size_t(inner_.rank())] << ", but this process is world rank "
                              << rank_->world_rank);
-  for (int m : members_)
-    ADGT_CHECK(m >= 0 && m < rank_->cluster.world(),
-               "EmulatedComm(" << inner_.name() << "): world rank " << m << " is outside the "
-                               << rank_->cluster.world() << " devices of cluster "
-                               << rank_->cluster.name);
+  for (int m : members_) {
+    ADGT_CHECK(rank_->device_of.empty() || (m >= 0 && m < int(rank_->device_of.size())),
+               "EmulatedComm(" << inner_.name() << "): world rank " << m << " has no device ("
+                               << rank_->device_of.size() << " ranks placed on cluster "
+                               << rank_->cluster.name << ")");
+    const int d = rank_->device(m);
+    ADGT_CHECK(d >= 0 && d < rank_->cluster.world(),
+               "EmulatedComm(" << inner_.name() << "): world rank " << m
+                               << (d == m ? "" : " (device " + std::to_string(d) + ")")
+                               << " is outside the " << rank_->cluster.world()
+                               << " devices of cluster " << rank_->cluster.name);
+    devices_.push_back(d);
+  }
   if (control_)
     ADGT_CHECK(control_->size() == inner_.size() && control_->rank() == inner_.rank(),
                "EmulatedComm(" << inner_.name() << "): the control channel is not a copy of the group");
@@ -101,7 +109,7 @@ bool EmulatedComm::resolve(const Timing& t, bool block) {
     else if (!f.reduce.test())
       return false;
     const double begin = std::max(f.buf[0], free_at_);  // the last entry, after the previous one
-    f.end = begin + cluster::collective_time(rank_->cluster, f.kind, members_, f.buf[1]);
+    f.end = begin + cluster::collective_time(rank_->cluster, f.kind, devices_, f.buf[1]);
     f.resolved = true;
     free_at_ = f.end;
     queue_.pop_front();
@@ -190,7 +198,8 @@ double EmulatedComm::arrival_of(int peer, double bytes) {
   const int to = members_[size_t(peer)];
   double& free = rank_->link_free_at[to];
   const double departure = std::max(now_s(), free);
-  free = departure + cluster::message_time(rank_->cluster, rank_->world_rank, to, bytes);
+  free = departure + cluster::message_time(rank_->cluster, rank_->device(rank_->world_rank),
+                                           devices_[size_t(peer)], bytes);
   return free;
 }
 

@@ -1,8 +1,11 @@
 // Link emulation (docs/emulation.md): a Comm decorator that makes every call
 // of a group take at least the time the cluster model (parallel/cluster/
 // collectives.hpp) gives it on an emulated cluster, with the numbers of the
-// inner transport unchanged, bit for bit. World rank r is a device of node
-// r / devices_per_node of the cluster. Times are CLOCK_MONOTONIC (clock.hpp),
+// inner transport unchanged, bit for bit. World rank r (the layout rank,
+// parallel/placement.hpp) is device EmulatedRank::device(r) of the cluster,
+// on node device / devices_per_node: by default device r; the run's
+// Emulation (emulation.hpp) maps each layout rank to the device its launcher
+// rank got under emulate.rank_order. Times are CLOCK_MONOTONIC (clock.hpp),
 // so every rank must run on one host.
 //
 // Delay rules (each a pure function of the cluster, the group and the bytes):
@@ -45,12 +48,21 @@
 namespace adgt::emulate {
 
 // What the emulated groups of one process share: the cluster, this rank's
-// world rank, when each outgoing link is free again, and the time spent inside
-// emulated calls on the calling thread (ComputeSlowdown subtracts it).
+// world rank, each world rank's device of the cluster, when each outgoing
+// link is free again, and the time spent inside emulated calls on the calling
+// thread (ComputeSlowdown subtracts it).
 struct EmulatedRank {
-  EmulatedRank(cluster::Cluster c, int rank) : cluster(std::move(c)), world_rank(rank) {}
+  EmulatedRank(cluster::Cluster c, int rank, std::vector<int> devices = {})
+      : cluster(std::move(c)), world_rank(rank), device_of(std::move(devices)) {}
   cluster::Cluster cluster;
   int world_rank = 0;
+  // Per world rank: its device of the cluster (node = device /
+  // devices_per_node); empty: world rank r is device r.
+  std::vector<int> device_of;
+  int device(int rank) const {
+    return device_of.empty() || rank < 0 || rank >= int(device_of.size()) ? rank
+                                                                          : device_of[size_t(rank)];
+  }
   std::map<int, double> link_free_at;      // destination world rank -> now_s() when free
   double comm_seconds = 0;                 // inside emulated calls (outermost only)
   int depth = 0;                           // emulated calls in progress on this thread
@@ -59,9 +71,9 @@ struct EmulatedRank {
 class EmulatedComm final : public Comm {
  public:
   // inner: the group's transport (not owned). members: the group's world
-  // ranks in group-rank order (group_ranks() of core/layout.hpp), every one a
-  // device of rank->cluster. control: the emulation's own messages (owned;
-  // nullptr: inner carries them).
+  // ranks in group-rank order (group_ranks() of core/layout.hpp), each one
+  // mapped by rank->device() to a device of rank->cluster. control: the
+  // emulation's own messages (owned; nullptr: inner carries them).
   EmulatedComm(Comm& inner, std::shared_ptr<EmulatedRank> rank, std::vector<int> members,
                std::unique_ptr<Comm> control = nullptr);
   ~EmulatedComm() override;
@@ -120,6 +132,7 @@ class EmulatedComm final : public Comm {
   Comm& inner_;
   std::shared_ptr<EmulatedRank> rank_;
   std::vector<int> members_;
+  std::vector<int> devices_;  // the members' devices of the cluster (EmulatedRank::device)
   std::unique_ptr<Comm> control_;
   std::deque<std::shared_ptr<Timing>> queue_;  // entered, end not yet known, start order
   double free_at_ = 0;                         // end of the last resolved collective

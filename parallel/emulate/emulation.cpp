@@ -5,12 +5,14 @@
 
 #include <cstdio>
 #include <sstream>
+#include <stdexcept>
 
 #include "core/layout.hpp"
 #include "kernels/check.hpp"
 #include "parallel/engine.hpp"
 #include "parallel/mpi_comm.hpp"
 #include "parallel/mpi_env.hpp"
+#include "parallel/placement.hpp"
 
 namespace adgt::emulate {
 
@@ -43,28 +45,32 @@ std::string Emulation::summary() const {
      << " ranks: " << cluster.nodes << " nodes x " << cluster.devices_per_node
      << " devices; intra " << link_text(cluster.intra) << ", inter " << link_text(cluster.inter)
      << ", " << cluster.nics_per_node << " NIC(s) per node";
+  if (rank_order != "block") os << "; launcher ranks handed out " << rank_order;
   bool slow = false;
   for (double f : factors) slow = slow || f != 1;
   if (slow) {
     os << "; compute slowdown";
-    for (size_t r = 0; r < factors.size(); ++r)
-      if (factors[r] != 1) os << " rank " << r << " x" << num(factors[r]);
+    for (size_t r = 0; r < factors.size(); ++r) {
+      if (factors[r] == 1) continue;
+      os << " rank " << r;
+      if (r < launcher_of.size() && launcher_of[r] != int(r))
+        os << " (launcher rank " << launcher_of[r] << ")";
+      os << " x" << num(factors[r]);
+    }
   }
   os << " (docs/emulation.md)";
   return os.str();
 }
 
 std::string Emulation::cell(int world_rank) const {
-  std::string s = "node " + std::to_string(cluster.node_of(world_rank));
+  std::string s = "node " + std::to_string(nodes.at(size_t(world_rank)));
   const double f = factors.at(size_t(world_rank));
   if (f != 1) s += ", compute x" + num(f);
   return s;
 }
 
-std::unique_ptr<Emulation> setup_emulation(const RunConfig& cfg, Comm* world, int world_rank) {
+cluster::Cluster load_emulated_cluster(const RunConfig& cfg, int W) {
   const std::string& spec = cfg.emulate.cluster;
-  if (spec.empty()) return nullptr;
-  const int W = world ? world->size() : 1;
   const std::string key = "emulate.cluster=\"" + spec + "\"";
   cluster::Cluster cl;
   try {
@@ -78,8 +84,61 @@ std::unique_ptr<Emulation> setup_emulation(const RunConfig& cfg, Comm* world, in
                           std::to_string(cl.devices_per_node) + ") but the run has " +
                           std::to_string(W) + " ranks; use a cluster with at least " +
                           std::to_string(W) + " devices (more nodes or devices_per_node)");
+  return cl;
+}
+
+std::vector<int> launcher_devices(const cluster::Cluster& cl, int world,
+                                  const std::string& rank_order) {
+  if (rank_order != "block" && rank_order != "round-robin")
+    throw std::invalid_argument("emulate.rank_order=\"" + rank_order +
+                                "\": unknown order; use block or round-robin");
+  if (world > cl.world())
+    throw std::invalid_argument("emulate.rank_order: " + std::to_string(world) +
+                                " ranks on the " + std::to_string(cl.world()) +
+                                " devices of cluster " + cl.name);
+  std::vector<int> dev(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r)
+    dev[size_t(r)] = rank_order == "block"
+                         ? r
+                         : int((r % cl.nodes) * cl.devices_per_node + r / cl.nodes);
+  return dev;
+}
+
+std::unique_ptr<Emulation> setup_emulation(const RunConfig& cfg, Comm* world, int world_rank,
+                                           const Placement* placement) {
+  const std::string& spec = cfg.emulate.cluster;
+  if (spec.empty()) return nullptr;
+  const int W = world ? world->size() : 1;
+  const std::string key = "emulate.cluster=\"" + spec + "\"";
+  const cluster::Cluster cl = load_emulated_cluster(cfg, W);
+  // Which launcher rank each world (layout) rank is, and so its device.
+  std::vector<int> launcher_of(static_cast<size_t>(W));
+  for (int r = 0; r < W; ++r) launcher_of[size_t(r)] = r;
+  if (placement && !placement->launcher_of.empty()) {
+    if (int(placement->launcher_of.size()) != W)
+      throw CollectiveError(key + ": the rank placement covers " +
+                            std::to_string(placement->launcher_of.size()) +
+                            " ranks but the run has " + std::to_string(W));
+    launcher_of = placement->launcher_of;
+  }
+  std::vector<int> by_launcher;
+  try {
+    by_launcher = launcher_devices(cl, W, cfg.emulate.rank_order);
+  } catch (const std::exception& e) {
+    throw CollectiveError(e.what());
+  }
+  auto emu = std::make_unique<Emulation>();
+  emu->spec = spec;
+  emu->cluster = cl;
+  emu->rank_order = cfg.emulate.rank_order;
+  emu->world = W;
+  emu->launcher_of = launcher_of;
   for (int r = 0; r < W; ++r) {
-    const int64_t n = cl.node_of(r);
+    emu->devices.push_back(by_launcher.at(size_t(launcher_of[size_t(r)])));
+    emu->nodes.push_back(int(cl.node_of(emu->devices.back())));
+  }
+  for (int r = 0; r < W; ++r) {
+    const int64_t n = emu->nodes[size_t(r)];
     if (cl.speed_of_node(n) > 1)
       throw CollectiveError(key + ": node_speed[" + std::to_string(n) + "]=" +
                             num(cl.speed_of_node(n)) + " > 1 (node of rank " + std::to_string(r) +
@@ -95,17 +154,18 @@ std::unique_ptr<Emulation> setup_emulation(const RunConfig& cfg, Comm* world, in
                                   "times of CLOCK_MONOTONIC, which only the processes of one host "
                                   "share), but the ranks of this run are on several hosts");
   }
-  auto emu = std::make_unique<Emulation>();
-  emu->spec = spec;
-  emu->cluster = cl;
-  emu->world = W;
+  std::vector<int> layout_of(static_cast<size_t>(W));
+  for (int r = 0; r < W; ++r) layout_of[size_t(launcher_of[size_t(r)])] = r;
   emu->factors.assign(size_t(W), 1.0);
-  for (int r = 0; r < W; ++r) emu->factors[size_t(r)] = 1.0 / cl.speed_of_node(cl.node_of(r));
+  for (int r = 0; r < W; ++r)
+    emu->factors[size_t(r)] = 1.0 / cl.speed_of_node(emu->nodes[size_t(r)]);
+  // emulate.slow_ranks names launcher (MPI) ranks: the process it slows is the
+  // same whatever the placement.
   for (const auto& [r, f] : parse_slow_ranks(cfg.emulate.slow_ranks)) {
     ADGT_CHECK(r < W, "emulate.slow_ranks: rank " << r << " is outside the run's " << W << " ranks");
-    emu->factors[size_t(r)] *= f;
+    emu->factors[size_t(layout_of[size_t(r)])] *= f;
   }
-  emu->state = std::make_shared<EmulatedRank>(cl, world_rank);
+  emu->state = std::make_shared<EmulatedRank>(cl, world_rank, emu->devices);
   emu->slowdown = ComputeSlowdown(emu->factors.at(size_t(world_rank)), emu->state);
   return emu;
 }

@@ -15,16 +15,24 @@
 
 namespace adgt {
 struct ParallelContext;
+struct Placement;
 }
 
 namespace adgt::emulate {
 
 // The run's emulation, the same on every rank but for `state` and `slowdown`,
-// which are this rank's.
+// which are this rank's. "World rank" below is the layout rank (the rank of
+// the process groups' world, parallel/placement.hpp); the launcher (MPI) rank
+// decides the device under emulate.rank_order and is the key of
+// emulate.slow_ranks.
 struct Emulation {
   std::string spec;                  // emulate.cluster as configured
   cluster::Cluster cluster;
+  std::string rank_order = "block";  // emulate.rank_order
   int world = 1;                     // ranks of the run
+  std::vector<int> launcher_of;      // per world rank: its launcher rank
+  std::vector<int> devices;          // per world rank: its device of the cluster
+  std::vector<int> nodes;            // per world rank: its node (device / devices_per_node)
   std::vector<double> factors;       // per world rank: compute slowdown (>= 1)
   std::shared_ptr<EmulatedRank> state;
   ComputeSlowdown slowdown;
@@ -36,14 +44,32 @@ struct Emulation {
   std::string cell(int world_rank) const;
 };
 
+// The cluster of emulate.cluster for a run of `world` ranks. Throws the same
+// CollectiveError on every rank, naming emulate.cluster, when it is neither a
+// preset nor a readable file or has fewer devices than the run has ranks.
+cluster::Cluster load_emulated_cluster(const RunConfig& cfg, int world);
+
+// The device of each launcher rank 0..world-1 on `cl` as the emulated launcher
+// hands them out (emulate.rank_order): "block": rank r is device r (node r /
+// devices_per_node); "round-robin": rank r is on node r % nodes, as its
+// (r / nodes)-th device (mpirun --map-by node). Pure; throws
+// std::invalid_argument for another order or too small a cluster.
+std::vector<int> launcher_devices(const cluster::Cluster& cl, int world,
+                                  const std::string& rank_order);
+
 // nullptr when cfg.emulate.cluster is "". Otherwise loads the cluster and
-// checks, collectively over `world` (nullptr: a single process), that it has
-// a device for every rank, that every rank runs on one host (the delays use a
-// clock all ranks share) and that no node it uses is faster than real
-// (node_speed <= 1); every rank throws the same CollectiveError naming
-// emulate.cluster. The compute factor of world rank r is its
-// emulate.slow_ranks factor / node_speed of its node.
-std::unique_ptr<Emulation> setup_emulation(const RunConfig& cfg, Comm* world, int world_rank);
+// checks, collectively over `world` (the process groups' world; nullptr: a
+// single process), that it has a device for every rank, that every rank runs
+// on one host (the delays use a clock all ranks share) and that no node it
+// uses is faster than real (node_speed <= 1); every rank throws the same
+// CollectiveError naming emulate.cluster. world_rank: this process's rank of
+// `world` (its layout rank). placement (nullptr: the identity): which launcher
+// rank each world rank is, so world rank r sits on the device
+// launcher_devices() gives its launcher rank. The compute factor of world
+// rank r is the emulate.slow_ranks factor of its launcher rank / node_speed of
+// its node.
+std::unique_ptr<Emulation> setup_emulation(const RunConfig& cfg, Comm* world, int world_rank,
+                                           const Placement* placement = nullptr);
 
 // Wraps every group of ctx (tp, dp, pp, ep, edp, world; each distinct object
 // once) in an EmulatedComm with a private control channel, points ctx at the

@@ -14,7 +14,9 @@
 
 #include "core/layout.hpp"
 #include "kernels/backend.hpp"
+#include "parallel/emulate/emulation.hpp"
 #include "parallel/launch.hpp"
+#include "parallel/placement.hpp"
 #include "parallel/plan/planner.hpp"
 #include "parallel/sim/ops.hpp"
 #include "parallel/sim/profile.hpp"
@@ -43,7 +45,21 @@ Planned plan_for(const RunConfig& cfg, const std::string& path,
   in.world = world;
   for (const std::string& k : explicit_keys(path, overrides))
     if (k != "parallel.auto") in.fixed.push_back(k);
-  for (const auto& [r, f] : parse_slow_ranks(cfg.emulate.slow_ranks)) in.sim.slow_ranks[int(r)] = f;
+  // Slow ranks are launcher ranks; the simulator's ranks are layout ranks in
+  // node-contiguous order (what topology placement makes of any launcher
+  // order, parallel/placement.hpp).
+  Placement place;
+  if (!cfg.emulate.cluster.empty() && world <= cl.world()) {
+    const std::vector<int> dev = emulate::launcher_devices(cl, int(world), cfg.emulate.rank_order);
+    std::vector<int> node(dev.size());
+    for (size_t r = 0; r < dev.size(); ++r) node[r] = int(cl.node_of(dev[r]));
+    place = place_ranks(node, "topology", 1);
+    if (cfg.parallel.placement == "launcher" && !place.identity())
+      why += "; note: parallel.placement=launcher keeps the launcher's order, which is not "
+             "node-contiguous here; the plan assumes it is";
+  }
+  for (const auto& [r, f] : parse_slow_ranks(cfg.emulate.slow_ranks))
+    in.sim.slow_ranks[r < world ? place.layout_rank(int(r)) : int(r)] = f;
   std::unique_ptr<Backend> be;
   std::unique_ptr<sim::OpCosts> costs;
   std::string profile_note;
@@ -217,6 +233,16 @@ LaunchPlan plan_at_launch(const RunConfig& cfg, const std::string& path,
     throw ConfigError(path + ": the plan breaks a layout rule: " + *err);
   validate_world(lp.cfg, size);
   return lp;
+}
+
+void write_plan_file(const std::string& dir, const std::string& json) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const std::string path = dir + "/plan.json";
+  FILE* f = ec ? nullptr : std::fopen(path.c_str(), "w");
+  if (!f || std::fprintf(f, "%s\n", json.c_str()) < 0 || std::fclose(f) != 0)
+    std::fprintf(stderr, "warning: parallel.auto: cannot write %s; the plan is in metrics.jsonl\n",
+                 path.c_str());
 }
 
 std::string plan_dry_run(const RunConfig& cfg, const std::string& path,

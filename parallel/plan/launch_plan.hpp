@@ -37,6 +37,10 @@ struct LaunchPlan {
 LaunchPlan plan_at_launch(const RunConfig& cfg, const std::string& path,
                           const std::vector<std::string>& overrides);
 
+// Writes `json` to DIR/plan.json (creating DIR); a failure is a warning on
+// stderr, not an error (the plan is also in metrics.jsonl).
+void write_plan_file(const std::string& dir, const std::string& json);
+
 // adgt-train --dry-run with parallel.auto: the plan table for `gpus` devices
 // (0: the cluster file's devices, or the run's tp*pp*dp for a preset) of
 // `cluster_arg` (a preset or file; "" = this machine's CPU), and the chosen

@@ -1,0 +1,27 @@
+# The planner (parallel/plan/, docs/planner.md): its unit tests link here; the
+# launch-time ctests follow.
+target_link_libraries(adgt_unit_tests PRIVATE adgt_plan)
+
+if(NOT TARGET adgt-train OR NOT TARGET adgt-data)
+  return()
+endif()
+# parallel.auto on 8 CPU ranks of the emulated 2-node cluster
+# (tests/plan/auto_test.py): the launch plans, trains and matches the
+# hand-set layout's losses; a constraint is kept; an infeasible one stops
+# every rank with the nearest plans named.
+set(ADGT_PLAN_ARGS ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/plan/auto_test.py
+  --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
+  --data ${CMAKE_BINARY_DIR}/data/kjv-byte)
+foreach(case launch constraint infeasible)
+  add_test(NAME plan_auto_${case}_np8
+    COMMAND ${ADGT_PLAN_ARGS} --case ${case} --work ${CMAKE_BINARY_DIR}/plan/${case})
+  set_tests_properties(plan_auto_${case}_np8 PROPERTIES
+    FIXTURES_REQUIRED kjv_byte LABELS "parallel;plan" TIMEOUT 240 PROCESSORS 2)
+endforeach()
+# The dry-run table for a cluster we do not have: 70B on 256 H100s.
+add_test(NAME plan_dry_run_70b_256_h100
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh --success
+    "^  1 +tp=8 pp=[0-9]+ dp=[0-9]+ .*<- chosen$" --
+    $<TARGET_FILE:adgt-train> --config ${CMAKE_SOURCE_DIR}/configs/llama-70b.yaml
+    --set parallel.auto=true --dry-run --cluster dgx-h100 --gpus 256)
+set_tests_properties(plan_dry_run_70b_256_h100 PROPERTIES LABELS "plan" TIMEOUT 120)
