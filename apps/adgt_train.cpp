@@ -180,6 +180,7 @@ int main(int argc, char** argv) {
       if (lead)
         std::printf("--resume %s: no complete checkpoint under %s; starting from scratch\n",
                     resume.c_str(), cfg.checkpoint.dir.c_str());
+      trainer.continue_job_log();  // the job's earlier runs stay in metrics.jsonl (docs/tei.md)
     }
     if (!from.empty()) {
       trainer.load(from);

@@ -299,12 +299,13 @@ TrainSummary Trainer::train() {
       measured_peak ? backend_->peak_tflops_for(engine_->model().dtype()) : cfg_.log.peak_tflops;
   std::unique_ptr<MetricsLog> metrics;
   std::vector<TeiRun> earlier_runs;  // a resume appends: the job's earlier runs (docs/tei.md)
-  if (lead() && step_ > 0) {
+  const bool append = step_ > 0 || continue_log_;
+  if (lead() && append) {
     const std::string path = (std::filesystem::path(cfg_.log.dir) / "metrics.jsonl").string();
     end_torn_line(path);
     earlier_runs = read_tei_runs(path);
   }
-  if (lead()) metrics = std::make_unique<MetricsLog>(cfg_.log.dir, step_ > 0);
+  if (lead()) metrics = std::make_unique<MetricsLog>(cfg_.log.dir, append);
   TrainSummary sum;
   if (metrics) sum.metrics_path = metrics->path();
   if (lead()) print_header(peak);

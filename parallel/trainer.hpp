@@ -52,6 +52,10 @@ class Trainer {
   // Restores weights, optimizer state and data position from a step directory.
   void load(const std::string& step_dir);
   TrainSummary train();
+  // --resume was asked for but found no checkpoint (a run killed before its
+  // first save): the job goes on, so metrics.jsonl is appended to (the
+  // earlier run's time counts in the TEI as lost) instead of started afresh.
+  void continue_job_log() { continue_log_ = true; }
   double evaluate();  // mean loss over the validation split (or eval_batches of it)
   Model& model() { return engine_->model(); }
   Engine& engine() { return *engine_; }
@@ -83,6 +87,7 @@ class Trainer {
   std::unique_ptr<TokenShard> train_shard_, val_shard_;
   std::unique_ptr<Sampler> sampler_;
   int64_t step_ = 0;            // steps completed
+  bool continue_log_ = false;   // continue_job_log()
   int64_t opt_steps_ = 0;       // AdamW updates applied (steps minus skipped ones)
   int64_t samples_seen_ = 0;    // global training samples consumed
   std::string last_checkpoint_;

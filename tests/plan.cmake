@@ -12,7 +12,7 @@ endif()
 set(ADGT_PLAN_ARGS ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/plan/auto_test.py
   --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
   --data ${CMAKE_BINARY_DIR}/data/kjv-byte)
-foreach(case launch constraint infeasible)
+foreach(case launch constraint infeasible resume)
   add_test(NAME plan_auto_${case}_np8
     COMMAND ${ADGT_PLAN_ARGS} --case ${case} --work ${CMAKE_BINARY_DIR}/plan/${case})
   set_tests_properties(plan_auto_${case}_np8 PROPERTIES

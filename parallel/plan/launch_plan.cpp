@@ -39,8 +39,9 @@ struct Planned {
 // the cluster's ranks are CPU ranks, else the device model).
 Planned plan_for(const RunConfig& cfg, const std::string& path,
                  const std::vector<std::string>& overrides, cluster::Cluster cl, int64_t world,
-                 bool cpu_ranks, std::string why) {
+                 bool cpu_ranks, std::string why, int64_t max_tp = 0) {
   PlanInput in;
+  in.max_tp = max_tp;
   in.base = cfg;
   in.world = world;
   for (const std::string& k : explicit_keys(path, overrides))
@@ -120,7 +121,8 @@ int ranks_per_host(const std::vector<std::string>& hosts, int64_t* nodes, std::s
 }  // namespace
 
 cluster::Cluster launch_cluster(const RunConfig& cfg, const std::vector<std::string>& hosts,
-                                const std::string& gpu_name, int64_t cores, std::string* why) {
+                                const std::string& gpu_name, int64_t cores, std::string* why,
+                                const GpuTopology& topo, int64_t* max_tp) {
   const int64_t world = int64_t(hosts.size());
   if (!cfg.emulate.cluster.empty()) {
     cluster::Cluster cl = cluster::load_cluster(cfg.emulate.cluster);
@@ -149,6 +151,17 @@ cluster::Cluster launch_cluster(const RunConfig& cfg, const std::vector<std::str
   }
   cl.nodes = nodes;
   cl.devices_per_node = dpn;
+  if (!gpu_name.empty() && topo.gpus > 0 && topo.nvlink_domain < dpn) {
+    cl.intra.bandwidth = 25e9;  // PCIe 4.0 x16, achieved
+    cl.intra.latency = 2e-6;
+    cl.intra.efficiency = 1;
+    if (max_tp) *max_tp = std::max(1, topo.nvlink_domain);
+    if (why)
+      *why += "; nvidia-smi topo -m: NVLink joins only " + std::to_string(topo.nvlink_domain) +
+              " of the host's " + std::to_string(topo.gpus) +
+              " GPUs: the node's links costed as PCIe, tp kept within " +
+              std::to_string(topo.nvlink_domain);
+  }
   return cl;
 }
 
@@ -208,9 +221,12 @@ LaunchPlan plan_at_launch(const RunConfig& cfg, const std::string& path,
     try {
       std::string why;
       const std::string gpu = gpu_name_of(cfg);
+      int64_t max_tp = 0;
+      const GpuTopology topo = gpu.empty() ? GpuTopology{} : parse_nvidia_topology(read_nvidia_topology());
       const cluster::Cluster cl = launch_cluster(
-          cfg, hosts, gpu, std::max<int64_t>(1, std::thread::hardware_concurrency()), &why);
-      Planned p = plan_for(cfg, path, overrides, cl, size, gpu.empty(), why);
+          cfg, hosts, gpu, std::max<int64_t>(1, std::thread::hardware_concurrency()), &why, topo,
+          &max_tp);
+      Planned p = plan_for(cfg, path, overrides, cl, size, gpu.empty(), why, max_tp);
       lp.table = p.text;
       std::ostringstream os;
       os << "OK\n" << plan_json(p.plan, p.cluster) << "\n";

@@ -12,6 +12,7 @@
 
 #include "core/config.hpp"
 #include "parallel/cluster/cluster.hpp"
+#include "parallel/plan/gpu_topology.hpp"
 
 namespace adgt::plan {
 
@@ -20,9 +21,13 @@ namespace adgt::plan {
 // preset); else nodes = distinct hosts and devices per node = ranks per host
 // (unequal counts: the smallest, with a note in `why`), the device a GPU
 // preset by `gpu_name` ("NVIDIA H100 80GB HBM3" -> dgx-h100; "" -> the CPU:
-// cpu-here with this host's `cores` shared by its ranks).
+// cpu-here with this host's `cores` shared by its ranks). `topo`: this host's
+// GPUs (gpu_topology.hpp); when its NVLink domain is smaller than the
+// devices per node, the intra-node link is costed as PCIe (25 GB/s, 2 us)
+// and *max_tp is set to the domain (tensor parallelism stays on NVLink).
 cluster::Cluster launch_cluster(const RunConfig& cfg, const std::vector<std::string>& hosts,
-                                const std::string& gpu_name, int64_t cores, std::string* why);
+                                const std::string& gpu_name, int64_t cores, std::string* why,
+                                const GpuTopology& topo = {}, int64_t* max_tp = nullptr);
 
 struct LaunchPlan {
   RunConfig cfg;                        // the run with the plan applied (validated)

@@ -95,6 +95,7 @@ Plan make_plan(const PlanInput& in, sim::OpCosts& costs) {
   so.headroom = in.headroom;
   so.fixed = plan.fixed;
   so.keep = std::max<size_t>(in.top, 1);
+  so.max_tp = in.max_tp;
   sim::SweepResult sw = sim::sweep_layouts(in.base, in.world, in.cluster, costs, so, in.sim);
   plan.candidates = sw.candidates;
   plan.simulated = int64_t(sw.rows.size());

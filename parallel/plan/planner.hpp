@@ -27,6 +27,7 @@ struct PlanInput {
   sim::SimOptions sim;
   double headroom = 0.1;           // of each device's memory kept free
   size_t top = 10;                 // rows of the table (the search is exact for these)
+  int64_t max_tp = 0;              // > 0: tp at most this (an NVLink domain); 0: a node
 };
 
 struct PlanRow {

@@ -8,6 +8,10 @@
   --case constraint: parallel.pp=2 given by --set is kept by the plan.
   --case infeasible: parallel.pp=3 (no plan of 8 ranks has 3 stages): every
       rank exits non-zero, rank 0 names the constraint and the nearest plans.
+  --case resume: a checkpoint of the 8-rank plan resumed with parallel.auto on
+      4 ranks: a plan for 4 ranks, and the losses of the steps after the
+      checkpoint those of the uninterrupted 8-rank run (checkpoints are
+      universal; a different layout sums in another order: within 1e-4).
 """
 import argparse
 import json
@@ -22,7 +26,7 @@ MODEL = os.path.join(ROOT, "scripts", "plan", "plan_model.yaml")
 CLUSTER = os.path.join(ROOT, "configs", "clusters", "emulated-2node.yaml")
 
 
-def run(args, log, sets, expect_ok=True):
+def run(args, log, sets, expect_ok=True, ranks=8, extra=()):
     common = [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
               f"train.steps={args.steps}", f"log.dir={log}", f"checkpoint.dir={log}/ckpt",
               f"emulate.cluster={CLUSTER}"]
@@ -31,8 +35,8 @@ def run(args, log, sets, expect_ok=True):
     m = os.path.join(log, "metrics.jsonl")
     if os.path.exists(m):
         os.remove(m)
-    p = subprocess.run(["timeout", "120", args.mpirun, "8", args.train, "--config", MODEL] + flags,
-                       capture_output=True, text=True, env=env)
+    p = subprocess.run(["timeout", "120", args.mpirun, str(ranks), args.train, "--config", MODEL]
+                       + flags + list(extra), capture_output=True, text=True, env=env)
     if expect_ok and p.returncode != 0:
         sys.exit(f"FAILED: adgt-train exited {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     return p
@@ -80,7 +84,7 @@ def main():
     ap.add_argument("--mpirun", required=True)
     ap.add_argument("--data", required=True)
     ap.add_argument("--work", required=True)
-    ap.add_argument("--case", required=True, choices=["launch", "constraint", "infeasible"])
+    ap.add_argument("--case", required=True, choices=["launch", "constraint", "infeasible", "resume"])
     ap.add_argument("--steps", type=int, default=3)
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
@@ -104,6 +108,27 @@ def main():
         print("parallel.auto infeasible constraint: every rank stopped, rank 0 named the nearest plans")
         return
 
+    if args.case == "resume":
+        args.steps = 4
+        full = os.path.join(args.work, "full")
+        run(args, full, ["checkpoint.interval=2"])
+        plan8 = json.load(open(os.path.join(full, "plan.json")))
+        ck = os.path.join(full, "ckpt", "step_2")
+        part = os.path.join(args.work, "resumed")
+        p = run(args, part, [], ranks=4, extra=["--resume", ck])
+        plan4 = json.load(open(os.path.join(part, "plan.json")))
+        if plan4["world"] != 4 or f"resumed from {ck}" not in p.stdout:
+            sys.exit(f"FAILED: no 4-rank plan resumed from {ck}:\n{p.stdout[-2000:]}")
+        a = dict(losses(full))
+        b = dict(losses(part))
+        if sorted(b) != [3, 4]:
+            sys.exit(f"FAILED: the resumed run logged steps {sorted(b)}, want [3, 4]")
+        diff = max(abs(a[s] - b[s]) / abs(a[s]) for s in b)
+        print(f"8 ranks: {plan8['layout']}; resumed on 4 ranks: {plan4['layout']}; "
+              f"losses of steps 3-4 differ by {diff:.2e} (relative; bound 1e-4)")
+        if diff > 1e-4:
+            sys.exit(f"FAILED: {a} vs {b}")
+        return
     sets = ["parallel.pp=2"] if args.case == "constraint" else ["checkpoint.at_end=true"]
     log = os.path.join(args.work, "auto")
     p = run(args, log, sets)

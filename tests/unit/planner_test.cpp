@@ -10,6 +10,8 @@
 #include "core/config.hpp"
 #include "core/layout.hpp"
 #include "parallel/cluster/cluster.hpp"
+#include "parallel/plan/gpu_topology.hpp"
+#include "parallel/plan/launch_plan.hpp"
 #include "parallel/plan/planner.hpp"
 #include "parallel/sim/ops.hpp"
 #include "parallel/sim/sweep.hpp"
@@ -142,4 +144,56 @@ TEST_CASE("config: explicit_keys lists what the file and --set give", "[plan][co
                                       "model.vocab_size", "parallel.auto", "parallel.pp",
                                       "train.global_batch"});
   CHECK_THROWS_AS(explicit_keys_text("train: {nope: 1}", "bad.yaml"), ConfigError);
+}
+
+TEST_CASE("plan: NVLink domains from nvidia-smi topo -m", "[plan]") {
+  // An 8-GPU NVSwitch node (DGX H100): one domain of 8.
+  std::string dgx = "\t GPU0\tGPU1\tGPU2\tGPU3\tGPU4\tGPU5\tGPU6\tGPU7\tNIC0\tCPU Affinity\tNUMA Affinity\n";
+  for (int i = 0; i < 8; ++i) {
+    dgx += "GPU" + std::to_string(i);
+    for (int j = 0; j < 8; ++j) dgx += i == j ? "\t X " : "\tNV18";
+    dgx += "\tPXB\t0-55\t0\n";
+  }
+  dgx += "\nLegend:\n  X    = Self\n  NV#  = Connection traversing a bonded set of # NVLinks\n";
+  plan::GpuTopology t = plan::parse_nvidia_topology(dgx);
+  CHECK(t.gpus == 8);
+  CHECK(t.nvlink_domain == 8);
+  // Four PCIe GPUs bridged in pairs by NVLink: domains of 2.
+  const std::string pairs =
+      "\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\n"
+      "GPU0\t X \tNV4\tSYS\tSYS\t0-15\n"
+      "GPU1\tNV4\t X \tSYS\tSYS\t0-15\n"
+      "GPU2\tSYS\tSYS\t X \tNV4\t16-31\n"
+      "GPU3\tSYS\tSYS\tNV4\t X \t16-31\n";
+  t = plan::parse_nvidia_topology(pairs);
+  CHECK(t.gpus == 4);
+  CHECK(t.nvlink_domain == 2);
+  // No NVLink at all.
+  t = plan::parse_nvidia_topology("\tGPU0\tGPU1\nGPU0\t X \tPHB\nGPU1\tPHB\t X \n");
+  CHECK(t.nvlink_domain == 1);
+  CHECK(plan::parse_nvidia_topology("nvidia-smi: command not found").gpus == 0);
+
+  // A launch of 2 hosts x 4 of those pair-bridged GPUs: PCIe inside the node, tp <= 2.
+  RunConfig cfg = run();
+  std::string why;
+  int64_t max_tp = 0;
+  const std::vector<std::string> hosts = {"a", "a", "a", "a", "b", "b", "b", "b"};
+  const cluster::Cluster cl = plan::launch_cluster(cfg, hosts, "NVIDIA A100-SXM4-80GB", 0, &why,
+                                                   plan::parse_nvidia_topology(pairs), &max_tp);
+  CHECK(cl.nodes == 2);
+  CHECK(cl.devices_per_node == 4);
+  CHECK(cl.intra.bandwidth == 25e9);
+  CHECK(max_tp == 2);
+  CHECK_THAT(why, Contains("preset dgx-a100-80gb"));
+  CHECK_THAT(why, Contains("NVLink joins only 2 of the host's 4 GPUs"));
+  plan::PlanInput in = input();
+  in.cluster = cl;
+  in.max_tp = max_tp;
+  sim::DeviceModelCosts costs(cl.device);
+  for (const auto& r : plan::make_plan(in, costs).rows) CHECK(r.cfg.parallel.tp <= 2);
+  // CPU ranks of one host: cpu-here with the host's cores.
+  const cluster::Cluster cpu = plan::launch_cluster(cfg, std::vector<std::string>(8, "h"), "", 2, &why);
+  CHECK(cpu.nodes == 1);
+  CHECK(cpu.devices_per_node == 8);
+  CHECK(cpu.cores_per_node == 2);
 }
