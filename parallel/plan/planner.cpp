@@ -89,8 +89,10 @@ Plan make_plan(const PlanInput& in, sim::OpCosts& costs) {
   Plan plan;
   plan.world = in.world;
   for (const std::string& k : in.fixed)
-    if (std::find(layout_keys().begin(), layout_keys().end(), k) != layout_keys().end())
+    if (std::find(layout_keys().begin(), layout_keys().end(), k) != layout_keys().end()) {
       plan.fixed.push_back(k);
+      plan.fixed_values.push_back(value_of(in.base, k));
+    }
   sim::SweepOptions so;
   so.headroom = in.headroom;
   so.fixed = plan.fixed;
@@ -161,7 +163,7 @@ std::string format_plan(const Plan& p, const cluster::Cluster& cl) {
   os << "  constraints: ";
   if (p.fixed.empty()) os << "none";
   for (size_t i = 0; i < p.fixed.size(); ++i)
-    os << (i ? ", " : "") << p.fixed[i] << "=" << value_of(p.rows.front().cfg, p.fixed[i]);
+    os << (i ? ", " : "") << p.fixed[i] << "=" << p.fixed_values[i];
   os << "\n";
   std::snprintf(b, sizeof b, "  %-3s %-62s %10s %11s %6s %9s  %s\n", "#", "layout", "step s",
                 "tokens/s", "MFU", "mem GiB", "limited by");

@@ -43,6 +43,7 @@ struct Plan {
   int64_t candidates = 0, simulated = 0, bounded = 0;
   int64_t rejected_rules = 0, rejected_memory = 0, rejected_fixed = 0;
   std::vector<std::string> fixed;  // the constraints that applied (layout keys only)
+  std::vector<std::string> fixed_values;  // their values as the user set them
   double seconds = 0;              // planning time (after the profile)
   std::string costs;               // the cost table's describe()
   const PlanRow& chosen() const { return rows.front(); }

@@ -219,16 +219,26 @@ double ProfileCosts::measure(const Op& op, int bytes) {
   using clock = std::chrono::steady_clock;
   for (auto& r : runs) r();  // warm-up: first-touch pages
   be_.synchronize();
-  int reps = 0;
-  const auto t0 = clock::now();
-  double elapsed = 0;
-  while (reps < 2 || (elapsed < min_seconds_ && reps < 200)) {
-    runs[size_t(reps) % runs.size()]();
-    ++reps;
-    be_.synchronize();
-    elapsed = std::chrono::duration<double>(clock::now() - t0).count();
+  // Rounds of at least min_seconds_ / kRounds each; the fastest round's mean
+  // per call: another process taking the core (a shared host, a build next
+  // door) only ever lengthens a round, so the minimum rejects it.
+  constexpr int kRounds = 5;
+  double best = 0;
+  size_t next = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    int reps = 0;
+    const auto t0 = clock::now();
+    double elapsed = 0;
+    while (reps < 2 || (elapsed < min_seconds_ / kRounds && reps < 40)) {
+      runs[next++ % runs.size()]();
+      ++reps;
+      be_.synchronize();
+      elapsed = std::chrono::duration<double>(clock::now() - t0).count();
+    }
+    const double mean = elapsed / reps;
+    if (round == 0 || mean < best) best = mean;
   }
-  return elapsed / reps;
+  return best;
 }
 
 }  // namespace adgt::sim

@@ -99,8 +99,16 @@ def main():
                          "keeps the set small enough to run)")
     ap.add_argument("--limit", type=int, default=0, help="run only the N best-predicted plans")
     ap.add_argument("--slow-node", action="store_true", help="node 1 computes 2x slower")
+    ap.add_argument("--tp-across", type=int, default=0, metavar="TP",
+                    help="plan with parallel.tp=TP fixed, then run the plan with topology placement "
+                         "and with the launcher's round-robin order (tp groups across the nodes); "
+                         "bound: topology >= 1.5x as fast")
+    ap.add_argument("--vs-megatron-only", action="store_true",
+                    help="run only the planner's choice and Megatron's default (not every plan)")
     args = ap.parse_args()
     fixes = args.fix or ["train.recompute=none", "parallel.sequence_parallel=true", "parallel.zero=0"]
+    if args.tp_across:
+        fixes = fixes + [f"parallel.tp={args.tp_across}"]
     text = open(MODEL).read()
     args.tokens = int(re.search(r"global_batch:\s*(\d+)", text).group(1)) * int(
         re.search(r"seq_len:\s*(\d+)", text).group(1))
@@ -121,6 +129,17 @@ def main():
     chosen = re.search(r"^\s+1\s+(.+?)\s{2,}[\d.e+-]+\s", dry.stdout, re.M).group(1).strip()
     meg = re.search(r"Megatron's default .*?: (tp=.+?): ([\d.e+-]+) s", dry.stdout)
 
+    if args.tp_across:
+        inside, out = measure(args, env, "inside " + chosen, layout_sets(chosen) + extra, args.steps)
+        if not re.search(r"placement: topology", out):
+            sys.exit("FAILED: no topology placement line in the rank table")
+        across, out = measure(args, env, "across " + chosen, layout_sets(chosen) + extra + [
+            "emulate.rank_order=round-robin", "parallel.placement=launcher"], args.steps)
+        ratio = across / inside
+        print(f"tp={args.tp_across} plan {chosen}: tp inside the nodes {inside:.4f} s, across the "
+              f"nodes (round-robin launcher order kept) {across:.4f} s: {ratio:.2f}x (bound 1.5)")
+        sys.exit(0 if ratio >= 1.5 else 1)
+
     # 2. Every feasible plan under the same constraints.
     sw = subprocess.run([args.sim, "--config", MODEL, "--cluster", CLUSTER, "--gpus", "8", "--sweep",
                          "--all", "--json", "--costs", "profile", "--profile-cache",
@@ -130,6 +149,8 @@ def main():
     if sw.returncode != 0:
         sys.exit("adgt-sim --sweep failed:\n" + sw.stderr)
     plans = json.loads(sw.stdout)
+    if args.vs_megatron_only:
+        plans = []
     if args.limit:
         plans = plans[: args.limit]
     names = [p["layout"] for p in plans]
