@@ -1,0 +1,53 @@
+// Sustained-change detection (change_detector.hpp).
+#include "parallel/adapt/change_detector.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+namespace adgt::adapt {
+
+ChangeDetector::ChangeDetector(DetectorOptions o) : o_(o), warmup_(o.warmup) {
+  if (o_.window < 1 || o_.confirm < 1 || o_.warmup < o_.window || !(o_.threshold > 0) ||
+      o_.drift < 0 || o_.drift >= 1)
+    throw std::invalid_argument(
+        "ChangeDetector: needs window >= 1, confirm >= 1, warmup >= window, threshold > 0 and "
+        "0 <= drift < 1");
+}
+
+void ChangeDetector::rebase() {
+  ref_ = 0;
+  out_ = 0;
+  recent_.clear();
+  since_rebase_ = 0;
+  warmup_ = o_.window;
+}
+
+bool ChangeDetector::add(double x) {
+  if (!(x > 0) || !std::isfinite(x)) return false;  // a step that measured nothing
+  ++n_;
+  ++since_rebase_;
+  recent_.push_back(x);
+  if (int(recent_.size()) > o_.window) recent_.pop_front();
+  std::vector<double> w(recent_.begin(), recent_.end());
+  std::nth_element(w.begin(), w.begin() + w.size() / 2, w.end());
+  median_ = w[w.size() / 2];
+  if (ref_ == 0) {
+    if (since_rebase_ >= warmup_) ref_ = median_;
+    return false;
+  }
+  const double rel = median_ / ref_ - 1;
+  if (std::abs(rel) < o_.threshold) {
+    out_ = 0;
+    ref_ = (1 - o_.drift) * ref_ + o_.drift * median_;
+    return false;
+  }
+  if (++out_ < o_.confirm) return false;
+  last_ratio_ = median_ / ref_;
+  ref_ = median_;
+  out_ = 0;
+  return true;
+}
+
+}  // namespace adgt::adapt

@@ -1,0 +1,54 @@
+// Sustained-change detection for run-time adaptation (issue 16,
+// docs/adaptation.md): one series per measured quantity (a stage's forward
+// time, a link's transfer time), one sample per step, taken before any
+// collective evens the ranks out. A change is flagged when the median of the
+// last `window` samples stays at least `threshold` away from the reference
+// level for `confirm` consecutive steps: a single slow step (a page fault, a
+// scheduler hiccup) moves a median of five by at most one rank and never
+// flags; a straggler that persists does. Within the band the reference
+// follows slow drift (an exponential average of the medians), so a clock
+// that warms up over minutes is not a change.
+//
+// Deterministic and pure: fed the same samples, every rank flags at the same
+// step (the samples themselves must be agreed first, e.g. an all-reduce of
+// the per-rank times).
+#pragma once
+#include <cstdint>
+#include <deque>
+
+namespace adgt::adapt {
+
+struct DetectorOptions {
+  double threshold = 0.10;  // relative change of the median that counts
+  int window = 5;           // samples in the running median
+  int confirm = 5;          // consecutive out-of-band medians that flag
+  int warmup = 10;          // samples before the first reference (the first steps are slow)
+  double drift = 0.02;      // in-band weight of each median on the reference
+};
+
+class ChangeDetector {
+ public:
+  explicit ChangeDetector(DetectorOptions o = {});
+  // One step's sample (seconds, > 0). True on the step a sustained change is
+  // confirmed; the reference then becomes the new level.
+  bool add(double x);
+  bool ready() const { return ref_ > 0; }
+  double reference() const { return ref_; }  // 0 before warm-up ends
+  double level() const { return median_; }    // the current running median
+  // The last flagged change: new level / old level (1 before any).
+  double last_ratio() const { return last_ratio_; }
+  int64_t samples() const { return n_; }
+  // After a re-plan changed what is measured: start a new reference from
+  // the next samples (a warm-up of `window` samples).
+  void rebase();
+
+ private:
+  DetectorOptions o_;
+  std::deque<double> recent_;
+  double ref_ = 0, median_ = 0, last_ratio_ = 1;
+  int out_ = 0;           // consecutive out-of-band medians
+  int64_t n_ = 0, since_rebase_ = 0;
+  int warmup_ = 0;
+};
+
+}  // namespace adgt::adapt
