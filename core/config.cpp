@@ -216,6 +216,18 @@ const std::vector<Key>& schema() {
           "(tp groups inside a node, then dp, pipeline stages outermost); launcher = the "
           "launcher's order as it comes",
           {"topology", "launcher"}),
+      key("parallel", &R::parallel, "grad_compression", &ParallelConfig::grad_compression,
+          A::Choices,
+          "data-parallel gradient compression with error feedback (docs/compression.md): off; "
+          "bf16; int8 or int4 = blocks of 256 with an fp32 scale; powersgd = rank "
+          "parallel.powersgd_rank factors of each 2-D weight; auto = chosen per bucket at run "
+          "time by a controller (until one runs: off). A no-op at dp=1",
+          {"off", "bf16", "int8", "int4", "powersgd", "auto"}),
+      key("parallel", &R::parallel, "powersgd_rank", &ParallelConfig::powersgd_rank, A::Positive,
+          "rank r of PowerSGD's factors (grad_compression powersgd)"),
+      key("parallel", &R::parallel, "compress_min_elems", &ParallelConfig::compress_min_elems,
+          A::NonNegative,
+          "tensors with fewer elements, and every 1-D tensor, are reduced uncompressed (fp32)"),
       // checkpoint
       key("checkpoint", &R::checkpoint, "dir", &CheckpointConfig::dir, A::NonEmpty,
           "directory for checkpoints"),

@@ -97,6 +97,12 @@ struct ParallelConfig {
   // the nodes (tp groups inside a node, then dp, pipeline stages outermost);
   // launcher = the launcher's rank order as it comes.
   std::string placement = "topology";
+  // Gradient compression of the data-parallel reduce (parallel/compress/,
+  // docs/compression.md): off | bf16 | int8 | int4 | powersgd | auto (auto:
+  // a controller sets each bucket's level; without one it runs as off).
+  std::string grad_compression = "off";
+  int64_t powersgd_rank = 4;           // PowerSGD's rank r
+  int64_t compress_min_elems = 4096;   // tensors with fewer elements (and 1-D ones) go uncompressed
   bool operator==(const ParallelConfig&) const = default;
 };
 

@@ -59,6 +59,12 @@ std::string format_step_line(const StepMetrics& m) {
       }
     if (!w.empty()) line += " | wait" + w;
   }
+  if (!m.grad_compression.empty()) {
+    char gc[160];
+    std::snprintf(gc, sizeof gc, " | gc %s dp %.2f MB of fp32 %.2f MB", m.grad_compression.c_str(),
+                  m.gc_sent_bytes / 1e6, m.gc_fp32_bytes / 1e6);
+    line += gc;
+  }
   if (!m.moe.empty()) {
     double imb = 0, aux = 0;
     int64_t dropped = 0, bytes = 0;
@@ -116,6 +122,9 @@ void MetricsLog::log_step(const StepMetrics& m) {
     if (!w.empty()) j["comm_wait_s"] = w;
   }
   if (m.host_reads >= 0) j["host_reads"] = m.host_reads;
+  if (!m.grad_compression.empty())
+    j["grad_compression"] = {{"levels", m.grad_compression}, {"sent_bytes", m.gc_sent_bytes},
+                             {"fp32_bytes", m.gc_fp32_bytes}};
   if (!m.moe.empty()) {
     nlohmann::json layers = nlohmann::json::array();
     for (const auto& x : m.moe)

@@ -48,6 +48,11 @@ void StepLogger::observe(Engine& e, const StepReport& r, Comm& world) {
     m.moe.push_back(std::move(y));
   }
   m.bubble = e.last_times().bubble;
+  if (e.reducer().level_mix() != "off") {  // gradient compression (docs/compression.md)
+    m.grad_compression = e.reducer().level_mix();
+    m.gc_sent_bytes = e.reducer().last_compression().sent_bytes;
+    m.gc_fp32_bytes = e.reducer().last_compression().fp32_bytes;
+  }
   m.dp_wait_s = g.dp->size() > 1 ? dp_wait[0] : -1.0;
   m.dp_wait_max_s = g.dp->size() > 1 ? dp_wait[1] : -1.0;
   m.tp_wait_s = g.tp->size() > 1 ? r.tp_seconds : -1.0;

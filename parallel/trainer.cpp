@@ -15,10 +15,12 @@
 #include <omp.h>
 
 #include "core/checkpoint/checkpoint.hpp"
+#include "core/checkpoint/sharded.hpp"
 #include "core/metrics.hpp"
 #include "core/data/sampler.hpp"
 #include "core/data/token_shard.hpp"
 #include "kernels/check.hpp"
+#include "parallel/compress/level.hpp"
 #include "parallel/mpi_env.hpp"
 #include "parallel/pipeline_plan.hpp"
 #include "parallel/step_logger.hpp"
@@ -59,6 +61,39 @@ void inject_host_read(const Model& model) {
   const char first = p[0];
   std::fprintf(stderr, "ADGT_TEST_HOST_READ: read the first weight byte (%d) from host code\n",
                int(first));
+}
+
+// The coordinates a rank's compression state belongs to (state/compress/rank_coords
+// of its rank file): a resume restores it only at the same place of the same layout.
+std::vector<int64_t> rank_coords(const ShardLayout& l) {
+  return {l.tp, l.dp, l.pp, l.ep, l.tp_rank, l.dp_rank, l.pp_rank, l.ep_rank};
+}
+
+// ADGT_CHECK_DP_REPLICAS=1 (tests/compress/): after the run every data-parallel
+// replica must hold the same parameters, bit for bit. Collective over the world.
+void check_dp_replicas(Model& model, const ParallelContext& g, bool lead) {
+  const char* v = std::getenv("ADGT_CHECK_DP_REPLICAS");
+  if (!v || std::string(v) != "1") return;
+  const std::vector<float> p = model.params_to_host();
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto* b = reinterpret_cast<const unsigned char*>(p.data());
+  for (size_t i = 0; i < p.size() * 4; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  int32_t mm[8];  // the hash's four 16-bit words, and their negations: max and -min over dp
+  for (int k = 0; k < 4; ++k) {
+    mm[k] = int32_t((h >> (16 * k)) & 0xffff);
+    mm[4 + k] = -mm[k];
+  }
+  g.dp->all_reduce(Tensor(mm, DType::I32, {8}), ReduceOp::Max);
+  int32_t differ[1] = {0};
+  for (int k = 0; k < 4; ++k) differ[0] |= mm[k] != -mm[4 + k];
+  g.world->all_reduce(Tensor(differ, DType::I32, {1}), ReduceOp::Max);
+  ADGT_CHECK(!differ[0], "ADGT_CHECK_DP_REPLICAS: the data-parallel replicas' parameters differ "
+                         "after the run (dp=" << g.dp->size() << ")");
+  if (lead) {
+    std::printf("dp replicas: parameters bit-identical over dp=%d (rank 0 hash %016llx)\n",
+                g.dp->size(), (unsigned long long)h);
+    std::fflush(stdout);
+  }
 }
 }  // namespace
 
@@ -136,6 +171,16 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx, std::optional<Device
   sampler_ = std::make_unique<Sampler>(*train_shard_, cfg.model.seq_len, cfg.train.seed);
   engine_ = std::make_unique<Engine>(cfg, ctx, *backend_);
   world_rank_ = ctx.world_rank;
+  {
+    // Gradient compression at the configured level (auto: off until a
+    // controller sets levels through GradReducer::set_level).
+    compress::Settings cs;
+    cs.level = compress::parse_level(cfg.parallel.grad_compression);
+    cs.powersgd_rank = int(cfg.parallel.powersgd_rank);
+    cs.min_elems = cfg.parallel.compress_min_elems;
+    cs.seed = cfg.train.seed;
+    engine_->reducer().set_compression(cs, *backend_);
+  }
   if (engine_->pipelined() && cfg.parallel.schedule == "greedy")
     controllers_.push_back(make_greedy_replan(cfg));
 }
@@ -158,6 +203,27 @@ void Trainer::load(const std::string& step_dir) {
       std::fprintf(stderr, "warning: checkpoint %s has no MoE selection biases; they restart at 0\n",
                    step_dir.c_str());
     model.set_moe_bias_table(ts.moe_bias);
+  }
+  {
+    // Gradient compression's error feedback: per rank, restored only into the
+    // same place of the same layout and bucket plan; otherwise dropped on every
+    // rank (docs/compression.md).
+    std::map<std::string, StateEntry> rs = load_rank_state(step_dir, world_rank_);
+    std::string why;
+    if (!rs.empty()) {
+      auto c = rs.find("compress/rank_coords");
+      if (c == rs.end() || c->second.ints != rank_coords(engine_->shard_layout()))
+        why = "it was saved by another layout or rank placement";
+      else
+        why = engine_->reducer().restore_compression_state(rs);
+    }
+    why = agree_error(*engine_->groups().world, why);
+    if (!why.empty()) {
+      engine_->reducer().clear_compression_state();
+      if (lead())
+        std::fprintf(stderr, "note: checkpoint %s: gradient compression's error-feedback state is "
+                             "dropped (%s); it restarts at zero\n", step_dir.c_str(), why.c_str());
+    }
   }
   if (st.seed != cfg_.train.seed && lead())
     std::fprintf(stderr, "warning: checkpoint %s was trained with train.seed=%llu, this run has %llu\n",
@@ -191,6 +257,9 @@ std::string Trainer::save() {
                    .dump();
   }
   st.state = trainer_state(cfg_.model, opt_steps_, bias, schedule);
+  st.rank_state = engine_->reducer().compression_state();  // per rank (docs/compression.md)
+  if (!st.rank_state.empty())
+    st.rank_state["compress/rank_coords"] = StateEntry::of_ints(rank_coords(lay));
   if (!engine_->groups().plan_json.empty())  // recorded, not restored (docs/planner.md)
     st.state["plan/chosen"] = StateEntry::of_text(engine_->groups().plan_json);
   last_checkpoint_ = save_checkpoint_sharded(cfg_.checkpoint.dir, st, lay, *engine_->groups().world,
@@ -420,6 +489,7 @@ TrainSummary Trainer::train() {
       break;
     }
   }
+  check_dp_replicas(engine_->model(), g, lead());
   sum.steps_done = step_;
   sum.tei = tei.record(*g.world, TeiMeter::At::End, step_, logger.peak_tflops());
   sum.wall_s = std::chrono::duration<double>(clock::now() - t_start).count();

@@ -142,6 +142,9 @@ StateEntry StateEntry::of_reals(std::vector<double> v, int64_t version) {
 StateEntry StateEntry::of_text(std::string t, int64_t version) {
   return {Kind::Text, version, {}, {}, std::move(t)};
 }
+StateEntry StateEntry::of_floats(std::vector<float> v, int64_t version) {
+  return {Kind::Floats, version, {}, {}, {}, std::move(v)};
+}
 
 CheckpointState load_checkpoint(const std::string& step_dir, const std::vector<ParamSpec>& expected) {
   // Whole tensors are the shards of a layout of one rank.

@@ -35,13 +35,15 @@ struct CheckpointError : std::runtime_error {
 // component writes and reads its own entries ("trainer/opt_steps",
 // "moe/bias/layer_<l>", ...); `version` lets it change an entry's meaning.
 struct StateEntry {
-  enum class Kind : uint8_t { Ints, Reals, Text };
+  enum class Kind : uint8_t { Ints, Reals, Text, Floats };
   Kind kind = Kind::Ints;
   int64_t version = 1;
   std::vector<int64_t> ints;   // Kind::Ints: int64 dataset (n,)
   std::vector<double> reals;   // Kind::Reals: float64 dataset (n,), bit-exact
   std::string text;            // Kind::Text: a string dataset
+  std::vector<float> floats;   // Kind::Floats: float32 dataset (n,), bit-exact (large per-rank state)
   static StateEntry of_ints(std::vector<int64_t> v, int64_t version = 1);
+  static StateEntry of_floats(std::vector<float> v, int64_t version = 1);
   static StateEntry of_reals(std::vector<double> v, int64_t version = 1);
   static StateEntry of_text(std::string t, int64_t version = 1);
   bool operator==(const StateEntry&) const = default;
@@ -55,6 +57,10 @@ struct CheckpointState {
   std::vector<uint64_t> rng_state;  // opaque RNG words (may be empty; the trainer writes none
                                     // since named state: older checkpoints packed its state here)
   std::map<std::string, StateEntry> state;  // named trainer state, by name
+  // Named state of this rank alone (gradient compression's error feedback):
+  // saved by every rank into its own rank_<R>.h5 under state/, read back by
+  // load_rank_state (core/checkpoint/sharded.hpp); not in the index.
+  std::map<std::string, StateEntry> rank_state;
   std::vector<ParamSpec> specs;     // parameter table (names, global shapes, flat offsets)
   std::vector<float> params;        // (total_numel(specs),) flat, laid out as specs' offsets say
   std::vector<float> exp_avg;       // (total_numel(specs),) AdamW first moment, same layout

@@ -397,6 +397,15 @@ void read_state_group(hid_t g, const std::string& prefix, std::map<std::string, 
         break;
       }
       case H5T_FLOAT: {
+        if (ADGT_H5(H5Tget_size(ftype)) == 4) {  // Kind::Floats
+          e.kind = StateEntry::Kind::Floats;
+          h5::Id space(ADGT_H5(H5Dget_space(obj)), H5Sclose);
+          e.floats.resize(size_t(ADGT_H5(H5Sget_simple_extent_npoints(space))));
+          if (!e.floats.empty())
+            ADGT_H5(H5Dread(obj, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, e.floats.data()));
+          verify_crc(obj, path, e.floats.data(), e.floats.size() * 4, where);
+          break;
+        }
         e.kind = StateEntry::Kind::Reals;
         h5::Id space(ADGT_H5(H5Dget_space(obj)), H5Sclose);
         e.reals.resize(size_t(ADGT_H5(H5Sget_simple_extent_npoints(space))));
@@ -414,11 +423,13 @@ void read_state_group(hid_t g, const std::string& prefix, std::map<std::string, 
 
 }  // namespace
 
-void write_state(hid_t file, const CheckpointState& st) {
-  if (st.state.empty()) return;
+void write_state(hid_t file, const CheckpointState& st) { write_state_entries(file, st.state); }
+
+void write_state_entries(hid_t file, const std::map<std::string, StateEntry>& entries) {
+  if (entries.empty()) return;
   h5::Id root = create_group(file, "state");
   std::map<std::string, h5::Id> groups;  // "moe/bias" -> its group
-  for (const auto& [name, e] : st.state) {
+  for (const auto& [name, e] : entries) {
     if (name.empty() || name.front() == '/' || name.back() == '/' || name.find("//") != std::string::npos)
       throw CheckpointError("checkpoint state entry '" + name + "': names are '/'-separated words");
     hid_t parent = root;
@@ -441,6 +452,11 @@ void write_state(hid_t file, const CheckpointState& st) {
       case StateEntry::Kind::Reals:
         write_array(parent, leaf.c_str(), H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, e.reals.data(),
                     {static_cast<int64_t>(e.reals.size())}, crc32(e.reals.data(), e.reals.size() * 8),
+                    H5P_DEFAULT);
+        break;
+      case StateEntry::Kind::Floats:
+        write_array(parent, leaf.c_str(), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, e.floats.data(),
+                    {static_cast<int64_t>(e.floats.size())}, crc32(e.floats.data(), e.floats.size() * 4),
                     H5P_DEFAULT);
         break;
     }

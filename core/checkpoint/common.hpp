@@ -71,6 +71,8 @@ void write_meta(hid_t meta, const CheckpointState& st, int64_t format_version);
 // state/<name> for every named entry (groups for the name's '/' parts), each
 // with its crc32 and a `version` attribute; nothing when there is none.
 void write_state(hid_t file, const CheckpointState& st);
+// The same for any map of entries (a rank file's CheckpointState::rank_state).
+void write_state_entries(hid_t file, const std::map<std::string, StateEntry>& entries);
 
 // ---------------------------------------------------------------- HDF5 reading
 

@@ -480,3 +480,22 @@ CheckpointState load_checkpoint_sharded(const std::string& step_dir, const std::
 }
 
 }  // namespace adgt
+
+namespace adgt {
+
+std::map<std::string, StateEntry> load_rank_state(const std::string& step_dir, int world_rank) {
+  const std::filesystem::path file = std::filesystem::path(step_dir) / rank_file_name(world_rank);
+  const std::string where = file.string() + ": ";
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec)) return {};  // a checkpoint of fewer ranks, or version 1
+  try {
+    h5::QuietErrors quiet;
+    h5::Id fapl = file_access();
+    h5::Id f(ADGT_H5(H5Fopen(file.c_str(), H5F_ACC_RDONLY, fapl)), H5Fclose);
+    return read_state(f, where);
+  } catch (const h5::Error& e) {
+    throw CheckpointError("reading " + file.string() + ": " + e.what());
+  }
+}
+
+}  // namespace adgt

@@ -95,6 +95,7 @@ std::vector<int64_t> write_rank_file(const fs::path& path, const CheckpointState
         rec.insert(rec.end(), {int64_t(p.group), int64_t(p.param), b.r.start[0], b.r.start[1], b.r.count[0], b.r.count[1],
                                b.src_offset, p.numel, int64_t(p.flat), int64_t(crcs[k])});
     }
+    write_state_entries(file, st.rank_state);  // this rank's own state (state/ of its file)
   }
   ADGT_H5(H5Fclose(file.release()));
   return rec;

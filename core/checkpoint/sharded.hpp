@@ -17,6 +17,7 @@
 // error on any rank is thrown, with that rank's message, on every rank.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,12 @@ std::string save_checkpoint_sharded(const std::string& root, const CheckpointSta
 // lay.pp > 1 or lay.ep > 1. Collective over `world`.
 CheckpointState load_checkpoint_sharded(const std::string& step_dir, const std::vector<ParamSpec>& local,
                                         const ShardLayout& lay, Comm& world);
+
+// This rank's own named state (CheckpointState::rank_state) from
+// <step_dir>/rank_<world_rank>.h5: empty when the file or its state/ group
+// does not exist (a checkpoint of fewer ranks, or written without any).
+// Checksums verified. Not collective.
+std::map<std::string, StateEntry> load_rank_state(const std::string& step_dir, int world_rank);
 
 // Collective over `world`: "" when `mine` is "" on every rank, else the message
 // of the lowest rank that has one (with a note naming that rank when it is not

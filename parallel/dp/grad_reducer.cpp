@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <sstream>
 
 #include "kernels/check.hpp"
 
@@ -26,6 +27,7 @@ GradReducer::GradReducer(Model& model, Comm& dp, Comm* edp, bool zero, double bu
     hi_ = n;
   }
   units_ = model.grad_units();
+  table_ = model.table();
   BucketPlanInput in;
   in.units = units_;
   in.table = model.table();
@@ -81,13 +83,173 @@ void GradReducer::start(size_t i) {
   if (started_[i]) return;
   started_[i] = 1;
   const GradBucket& b = buckets_[i];
+  ++step_report_.buckets[int(state_[i].level)];
+  if (state_[i].level != compress::Level::None) return start_compressed(i);
   Tensor g = model_.grads();
+  if (!state_[i].codec.empty()) {
+    // Back to off: the residuals not yet sent go into this gradient, once.
+    compress::BucketCodecState& st = state_[i].codec;
+    const int64_t n = b.end - b.begin;
+    std::vector<float> h(static_cast<size_t>(n));
+    float* p = static_cast<float*>(g.data) + b.begin;
+    if (!be_->is_host()) be_->to_host(h.data(), p, size_t(n) * 4);
+    float* x = be_->is_host() ? p : h.data();
+    if (int64_t(st.residual.size()) == n)
+      for (int64_t k = 0; k < n; ++k) x[k] += st.residual[size_t(k)];
+    const auto [lo, hi] = compress::chunk_range(n, group(b).size(), group(b).rank(),
+                                                b.op == BucketOp::ReduceScatter);
+    if (int64_t(st.owner_residual.size()) == hi - lo)
+      for (int64_t k = lo; k < hi; ++k) x[k] += st.owner_residual[size_t(k - lo)];
+    if (!be_->is_host()) be_->to_device(p, h.data(), size_t(n) * 4);
+    st = {};
+  }
   if (b.op == BucketOp::AllReduce) {
     work_[i] = group(b).start_all_reduce(flat_range(g, b.begin, b.end));
   } else {
     // In place: this rank's chunk of the buffer receives its sum.
     work_[i] = group(b).start_reduce_scatter(flat_range(g, lo_, hi_), flat_range(g, b.begin, b.end));
   }
+}
+
+void GradReducer::start_compressed(size_t i) {
+  const GradBucket& b = buckets_[i];
+  BucketState& st = state_[i];
+  Comm& c = group(b);
+  const int64_t n = b.end - b.begin;
+  float* p = static_cast<float*>(model_.grads().data) + b.begin;
+  std::vector<float> staged;
+  if (!be_->is_host()) {
+    staged.resize(size_t(n));
+    be_->to_host(staged.data(), p, size_t(n) * 4);
+  }
+  const bool rs = b.op == BucketOp::ReduceScatter;
+  const int64_t bytes0 = c.stats().bytes;
+  compress::BucketView v{be_->is_host() ? p : staged.data(), b.begin, n, rs};
+  compress::reduce_bucket(c, st.level, v, table_, settings_, st.codec);
+  step_report_.sent_bytes += c.stats().bytes - bytes0;
+  step_report_.fp32_bytes += compress::fp32_ring_bytes(n, c.size(), rs);
+  if (!be_->is_host()) be_->to_device(p, staged.data(), size_t(n) * 4);
+}
+
+void GradReducer::set_compression(const compress::Settings& s, Backend& be) {
+  ADGT_CHECK(s.level == compress::Level::None || model_.master_dtype() == DType::F32,
+             "parallel.grad_compression=" << compress::level_name(s.level)
+                                          << " needs fp32 gradients, but train.dtype=f64 keeps "
+                                             "them in f64; use train.dtype f32 or bf16, or "
+                                             "parallel.grad_compression=off");
+  ADGT_CHECK(s.powersgd_rank >= 1, "parallel.powersgd_rank=" << s.powersgd_rank << " must be >= 1");
+  settings_ = s;
+  be_ = &be;
+  for (size_t i = 0; i < buckets_.size(); ++i) set_level(int(i), s.level);
+}
+
+void GradReducer::set_level(int bucket_id, compress::Level l) {
+  ADGT_CHECK(bucket_id >= 0 && size_t(bucket_id) < buckets_.size(),
+             "GradReducer::set_level: bucket " << bucket_id << " of " << buckets_.size());
+  ADGT_CHECK(be_ != nullptr, "GradReducer::set_level: call set_compression first");
+  BucketState& st = state_[size_t(bucket_id)];
+  if (st.level == l) return;
+  if (l == compress::Level::None || st.level == compress::Level::PowerSgd) st.codec.q.clear();
+  if (l == compress::Level::PowerSgd && !st.codec.owner_residual.empty()) {
+    // PowerSGD has no owner step: the owner's residual joins this rank's
+    // (it is then sent once, in the next sum).
+    const GradBucket& b = buckets_[size_t(bucket_id)];
+    const int64_t n = b.end - b.begin;
+    const auto [lo, hi] = compress::chunk_range(n, group(b).size(), group(b).rank(),
+                                                b.op == BucketOp::ReduceScatter);
+    if (int64_t(st.codec.residual.size()) != n) st.codec.residual.assign(size_t(n), 0.0f);
+    if (int64_t(st.codec.owner_residual.size()) == hi - lo)
+      for (int64_t k = lo; k < hi; ++k) st.codec.residual[size_t(k)] += st.codec.owner_residual[size_t(k - lo)];
+    st.codec.owner_residual.clear();
+  }
+  st.level = l;
+}
+
+std::string GradReducer::level_mix() const {
+  int64_t count[compress::kLevels] = {};
+  for (const BucketState& s : state_) ++count[int(s.level)];
+  std::ostringstream os;
+  int kinds = 0;
+  for (int l = 0; l < compress::kLevels; ++l) kinds += count[l] > 0;
+  if (kinds <= 1) return state_.empty() ? "off" : compress::level_name(state_[0].level);
+  for (int l = compress::kLevels - 1; l >= 0; --l)
+    if (count[l]) os << (os.tellp() > 0 ? "," : "") << compress::level_name(compress::Level(l)) << ':' << count[l];
+  return os.str();
+}
+
+namespace {
+constexpr const char* kBuckets = "compress/buckets";
+constexpr const char* kGroups = "compress/groups";
+std::string bucket_key(size_t i, const char* what) {
+  return "compress/bucket_" + std::to_string(i) + "/" + what;
+}
+}  // namespace
+
+std::map<std::string, StateEntry> GradReducer::compression_state() const {
+  std::map<std::string, StateEntry> s;
+  bool any = false;
+  for (const BucketState& b : state_) any |= !b.codec.empty();
+  if (!any) return s;
+  std::vector<int64_t> geo;
+  for (size_t i = 0; i < buckets_.size(); ++i)
+    geo.insert(geo.end(), {buckets_[i].begin, buckets_[i].end, int64_t(buckets_[i].op),
+                           int64_t(buckets_[i].group), int64_t(state_[i].level)});
+  s[kBuckets] = StateEntry::of_ints(geo);
+  s[kGroups] = StateEntry::of_ints({dp_.size(), dp_.rank(), edp_ ? edp_->size() : 1, edp_ ? edp_->rank() : 0});
+  for (size_t i = 0; i < state_.size(); ++i) {
+    const compress::BucketCodecState& c = state_[i].codec;
+    if (!c.residual.empty()) s[bucket_key(i, "residual")] = StateEntry::of_floats(c.residual);
+    if (!c.owner_residual.empty()) s[bucket_key(i, "owner_residual")] = StateEntry::of_floats(c.owner_residual);
+    if (!c.q.empty()) s[bucket_key(i, "q")] = StateEntry::of_floats(c.q);
+  }
+  return s;
+}
+
+std::string GradReducer::restore_compression_state(const std::map<std::string, StateEntry>& s) {
+  auto it = s.find(kBuckets);
+  if (it == s.end()) return "";
+  auto g = s.find(kGroups);
+  const int64_t edp = edp_ ? edp_->size() : 1;
+  if (g == s.end() || g->second.ints.size() != 4 || g->second.ints[0] != dp_.size() ||
+      g->second.ints[2] != edp) {
+    std::ostringstream os;
+    os << "it was saved with dp=" << (g != s.end() && g->second.ints.size() == 4 ? g->second.ints[0] : -1)
+       << " (edp=" << (g != s.end() && g->second.ints.size() == 4 ? g->second.ints[2] : -1)
+       << "), this run has dp=" << dp_.size() << " (edp=" << edp << ")";
+    return os.str();
+  }
+  const std::vector<int64_t>& geo = it->second.ints;
+  bool same = geo.size() == 5 * buckets_.size();
+  for (size_t i = 0; same && i < buckets_.size(); ++i)
+    same = geo[5 * i] == buckets_[i].begin && geo[5 * i + 1] == buckets_[i].end &&
+           geo[5 * i + 2] == int64_t(buckets_[i].op) && geo[5 * i + 3] == int64_t(buckets_[i].group);
+  if (!same)
+    return "its gradient buckets differ from this run's (parallel.bucket_mb, parallel.zero or the "
+           "layout changed)";
+  std::vector<compress::BucketCodecState> got(state_.size());
+  for (size_t i = 0; i < state_.size(); ++i) {
+    const int64_t n = buckets_[i].end - buckets_[i].begin;
+    auto take = [&](const char* what, std::vector<float>& to) -> std::string {
+      auto e = s.find(bucket_key(i, what));
+      if (e == s.end()) return "";
+      if (e->second.kind != StateEntry::Kind::Floats)
+        return std::string("state ") + bucket_key(i, what) + " is not fp32";
+      to = e->second.floats;
+      return "";
+    };
+    for (auto [what, to] : {std::pair<const char*, std::vector<float>*>{"residual", &got[i].residual},
+                            {"owner_residual", &got[i].owner_residual}, {"q", &got[i].q}})
+      if (std::string e = take(what, *to); !e.empty()) return e;
+    if (!got[i].residual.empty() && int64_t(got[i].residual.size()) != n)
+      return bucket_key(i, "residual") + " has " + std::to_string(got[i].residual.size()) +
+             " values for a bucket of " + std::to_string(n);
+  }
+  for (size_t i = 0; i < state_.size(); ++i) state_[i].codec = std::move(got[i]);
+  return "";
+}
+
+void GradReducer::clear_compression_state() {
+  for (BucketState& b : state_) b.codec = {};
 }
 
 void GradReducer::start_grad_sync() {
@@ -105,6 +267,8 @@ void GradReducer::finish_grad_sync() {
   start_grad_sync();
   for (Work& w : work_) w.wait();
   wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  report_ = step_report_;
+  step_report_ = {};
   reset();
 }
 

@@ -10,23 +10,39 @@
 // start_grad_sync / finish_grad_sync). Sums are in the gradient dtype (fp32),
 // in the transport's deterministic order; the loss is pre-scaled by
 // 1/(accum * dp), so the sums are the mean gradients.
+//
+// Gradient compression (parallel/compress/, docs/compression.md): each bucket
+// has a level. Level off is the collective above, unchanged. A compressed
+// bucket is reduced synchronously inside its start (compress::reduce_bucket:
+// blocking all-to-alls or all-reduces on the bucket's group, in the same
+// bucket order on every rank), with error feedback kept per bucket.
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <string>
 #include <vector>
 
+#include "core/checkpoint/checkpoint.hpp"
 #include "core/comm.hpp"
 #include "core/model/model.hpp"
 #include "kernels/backend.hpp"
+#include "parallel/compress/bucket_reduce.hpp"
 #include "parallel/dp/grad_buckets.hpp"
 
 namespace adgt {
 
-// Per-bucket state that outlives a step (gradient compression keeps its level
-// and error-feedback residual here; empty until a codec uses it).
+// Per-bucket state that outlives a step.
 struct BucketState {
-  int level = 0;      // 0: no compression (the reduce dtype of today)
-  Buffer residual;    // error feedback, (end - begin) elements when used
+  compress::Level level = compress::Level::None;  // None: the reduce of an uncompressed run
+  compress::BucketCodecState codec;  // error feedback and PowerSGD's Q; empty until a codec uses it
+};
+
+// What the compressed buckets of the last step did, for the step line.
+struct CompressionReport {
+  int64_t buckets[compress::kLevels] = {};  // buckets per level (of those reduced)
+  int64_t fp32_bytes = 0;  // bytes the fp32 ring would have sent for the compressed buckets
+  int64_t sent_bytes = 0;  // bytes they did send (their groups' stats)
 };
 
 class GradReducer {
@@ -63,8 +79,38 @@ class GradReducer {
   // The groups with started collectives (for a progress thread).
   std::vector<Comm*> comms() const;
 
+  // --- Gradient compression (docs/compression.md) ---
+  // Every bucket's level becomes s.level, with s's codec settings. `be`: the
+  // gradients' backend (a device backend's buckets are staged through host
+  // memory). Needs fp32 gradients for a level other than off.
+  void set_compression(const compress::Settings& s, Backend& be);
+  // The controller's interface: bucket `bucket_id`'s level from its next
+  // start on. Every rank of the bucket's group must make the same calls
+  // between the same steps (decide on one rank, broadcast). Setting off keeps
+  // the bucket's error-feedback residuals and adds them into its next
+  // gradient once (no mass is lost); PowerSGD's Q is dropped.
+  void set_level(int bucket_id, compress::Level l);
+  compress::Level level(int bucket_id) const { return state_[size_t(bucket_id)].level; }
+  const compress::Settings& compression() const { return settings_; }
+  // The last finished step's compressed buckets.
+  const CompressionReport& last_compression() const { return report_; }
+  // The levels over the buckets: "int8" when all agree, else "int8:12,off:2".
+  std::string level_mix() const;
+  // This rank's compression state for its checkpoint file (per rank,
+  // CheckpointState::rank_state; docs/checkpoint-format.md): the buckets'
+  // geometry and levels, and their residuals and Q. Empty when no bucket
+  // holds any.
+  std::map<std::string, StateEntry> compression_state() const;
+  // Restores compression_state() of a checkpoint. Returns "" when restored
+  // (or there was none), else why it cannot be (a different dp size or
+  // bucket plan): the caller agrees over the ranks and drops it everywhere
+  // (clear_compression_state) with a note.
+  std::string restore_compression_state(const std::map<std::string, StateEntry>& s);
+  void clear_compression_state();
+
  private:
   void start(size_t i);
+  void start_compressed(size_t i);
   void reset();
   Comm& group(const GradBucket& b) const { return b.group == BucketGroup::DataParallel ? dp_ : *edp_; }
 
@@ -81,6 +127,10 @@ class GradReducer {
   std::vector<Work> work_;        // per bucket
   std::vector<char> started_;     // per bucket, this step
   double wait_s_ = 0;
+  compress::Settings settings_;
+  Backend* be_ = nullptr;         // set_compression's: stages device gradients
+  std::vector<ParamSpec> table_;  // the model's table (compressible tensors, PowerSGD shapes)
+  CompressionReport step_report_, report_;  // this step's so far, the last finished one's
 };
 
 }  // namespace adgt

@@ -1,0 +1,50 @@
+# Gradient compression (docs/compression.md). Unit tests of the codecs are
+# tests/unit/compress_codec_test.cpp. Here: the compressed reduce of a bucket
+# on 4 MPI ranks (exact sums, identical results, ZeRO-1 chunks, bytes), and
+# training on 4 CPU ranks of the byte-level KJV corpus
+# (tests/compress/compress_train.py): off unchanged, every level trains with
+# bit-identical dp replicas, a resume restores the error feedback bit for bit,
+# and the layouts tp=2 dp=2, pp=2 dp=2 and ZeRO-1.
+if(NOT TARGET adgt_parallel)
+  return()
+endif()
+set(ADGT_GC ${CMAKE_CURRENT_SOURCE_DIR}/compress)
+add_executable(adgt_compress_reduce_test ${ADGT_GC}/compress_reduce_test.cpp)
+target_link_libraries(adgt_compress_reduce_test PRIVATE adgt_parallel)
+add_test(NAME compress_reduce_np4
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh --success "^compress reduce: ok on 4 ranks" --
+          timeout 60 ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh 4 $<TARGET_FILE:adgt_compress_reduce_test>)
+set_tests_properties(compress_reduce_np4 PROPERTIES LABELS "parallel;compress" TIMEOUT 90 PROCESSORS 2)
+
+if(NOT TARGET adgt-train)
+  return()
+endif()
+set(ADGT_GC_ARGS ${ADGT_PYTHON} ${ADGT_GC}/compress_train.py --train $<TARGET_FILE:adgt-train>
+  --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh --data ${CMAKE_BINARY_DIR}/data/kjv-byte
+  --model ${ADGT_GC}/model.yaml)
+set(ADGT_GC_TESTS compress_train_off_unchanged)
+add_test(NAME compress_train_off_unchanged
+  COMMAND ${ADGT_GC_ARGS} --work ${CMAKE_BINARY_DIR}/compress/off --case off)
+foreach(level bf16 int8 int4 powersgd)
+  add_test(NAME compress_train_${level}
+    COMMAND ${ADGT_GC_ARGS} --work ${CMAKE_BINARY_DIR}/compress/${level} --case train --level ${level})
+  list(APPEND ADGT_GC_TESTS compress_train_${level})
+endforeach()
+foreach(level int8 powersgd)
+  add_test(NAME compress_resume_${level}
+    COMMAND ${ADGT_GC_ARGS} --work ${CMAKE_BINARY_DIR}/compress/resume_${level} --case resume --level ${level})
+  list(APPEND ADGT_GC_TESTS compress_resume_${level})
+endforeach()
+# Layouts: each dp group compresses on its own.
+foreach(case "tp2_dp2;tp=2,dp=2;int8" "pp2_dp2;pp=2,dp=2;int4" "zero1;dp=4,zero=1;int8"
+             "zero1_powersgd;dp=4,zero=1;powersgd")
+  list(GET case 0 name)
+  list(GET case 1 layout)
+  list(GET case 2 level)
+  add_test(NAME compress_train_${name}
+    COMMAND ${ADGT_GC_ARGS} --work ${CMAKE_BINARY_DIR}/compress/${name} --case train --level ${level}
+            --layout ${layout})
+  list(APPEND ADGT_GC_TESTS compress_train_${name})
+endforeach()
+set_tests_properties(${ADGT_GC_TESTS} PROPERTIES
+  FIXTURES_REQUIRED kjv_byte LABELS "parallel;compress" TIMEOUT 120 PROCESSORS 2)

@@ -1,0 +1,256 @@
+// The compressed reduce of one bucket (parallel/compress/bucket_reduce.hpp)
+// under mpirun on 4 ranks:  mpirun -np 4 adgt_compress_reduce_test
+//
+//  - exact cases: inputs every codec represents exactly (compressed elements
+//    +-qmax, with signs that sum to 0 or +-4 qmax over the ranks; exact
+//    elements small integers), so the result must be the fp32 sum, computed
+//    here from the definition, bit for bit — for the all-reduce and, for
+//    ZeRO-1, the reduce-scatter's own chunk [r n/D, (r+1) n/D);
+//  - random inputs: every rank's result bitwise identical, within the
+//    codec's error of the sum;
+//  - bytes each rank sent (Comm stats) against the fp32 ring's;
+//  - PowerSGD on matrices whose sum has rank r: exact to fp32 rounding.
+// Prints every failure with its rank; exits non-zero on any.
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "parallel/compress/bucket_reduce.hpp"
+#include "parallel/mpi_comm.hpp"
+#include "parallel/mpi_env.hpp"
+#include "tests/parallel/check.hpp"
+
+using namespace adgt;
+using namespace adgt::compress;
+
+namespace {
+
+ParamSpec spec(const char* name, std::vector<int64_t> shape, int64_t offset) {
+  ParamSpec p;
+  p.name = name;
+  p.shape = shape;
+  p.global_shape = shape;
+  p.numel = 1;
+  for (int64_t d : shape) p.numel *= d;
+  p.offset = offset;
+  p.is_matrix = shape.size() == 2;
+  return p;
+}
+
+// A bucket of matrices, a 1-D tensor and a small matrix (both sent exact).
+std::vector<ParamSpec> mixed_table(int64_t& n) {
+  std::vector<ParamSpec> t = {spec("a.weight", {64, 72}, 0), spec("a.bias", {32}, 4608),
+                              spec("b.weight", {48, 100}, 4640), spec("c.weight", {8, 8}, 9440)};
+  n = 9504;  // divisible by 4 (ZeRO-1)
+  return t;
+}
+
+uint32_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  return uint32_t(x);
+}
+
+bool compressed_at(const std::vector<ParamSpec>& t, int64_t i, int64_t min_elems) {
+  for (const ParamSpec& p : t)
+    if (i >= p.offset && i < p.offset + p.numel) return p.shape.size() == 2 && p.numel >= min_elems;
+  return false;
+}
+
+// Rank r's exact-case input at element i.
+float exact_input(const std::vector<ParamSpec>& t, int r, int64_t i, int qmax) {
+  if (!compressed_at(t, i, 4096)) return float(int(mix(uint64_t(i) * 7 + uint64_t(r)) % 41) - 20);
+  const uint32_t h = mix(uint64_t(i));
+  if (i % 4 != 3) return (h & 1) ? float(qmax) : -float(qmax);  // all ranks agree
+  static const int balanced[6][4] = {{1, 1, -1, -1}, {1, -1, 1, -1}, {1, -1, -1, 1},
+                                     {-1, 1, 1, -1}, {-1, 1, -1, 1}, {-1, -1, 1, 1}};
+  return float(balanced[h % 6][r] * qmax);
+}
+
+void test_exact(MpiComm& c, Level l, bool rs) {
+  int64_t n = 0;
+  const std::vector<ParamSpec> t = mixed_table(n);
+  const int D = c.size(), me = c.rank();
+  const int qmax = l == Level::Int4 ? 7 : 127;
+  std::vector<float> g(static_cast<size_t>(n)), want(size_t(n), 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    g[size_t(i)] = exact_input(t, me, i, qmax);
+    for (int r = 0; r < D; ++r) want[size_t(i)] += exact_input(t, r, i, qmax);  // fp32, rank order
+  }
+  Settings s;
+  s.min_elems = 4096;
+  BucketCodecState st;
+  for (int step = 0; step < 2; ++step) {  // the second step runs with the (zero) residuals
+    std::vector<float> x = g;
+    reduce_bucket(c, l, BucketView{x.data(), 0, n, rs}, t, s, st);
+    const int64_t lo = rs ? me * n / D : 0, hi = rs ? lo + n / D : n;
+    int64_t bad = 0, first = -1;
+    for (int64_t i = lo; i < hi; ++i)
+      if (std::memcmp(&x[size_t(i)], &want[size_t(i)], 4) != 0 && bad++ == 0) first = i;
+    PCHECK(bad == 0, level_name(l) << (rs ? " reduce-scatter" : " all-reduce") << " step " << step
+                                   << ": " << bad << " elements differ from the fp32 sum, first at "
+                                   << first << ": " << x[size_t(std::max<int64_t>(first, 0))]
+                                   << " vs " << want[size_t(std::max<int64_t>(first, 0))]);
+    for (float v : st.residual) PCHECK(v == 0.0f, "exact inputs left a residual " << v);
+  }
+}
+
+// Every rank's x, gathered; true when all equal rank 0's bit for bit.
+bool identical(MpiComm& c, const std::vector<float>& x) {
+  std::vector<float> all(x.size() * size_t(c.size()));
+  std::vector<float> mine = x;
+  c.all_gather(Tensor(all.data(), DType::F32, {int64_t(all.size())}),
+               Tensor(mine.data(), DType::F32, {int64_t(mine.size())}));
+  for (int r = 1; r < c.size(); ++r)
+    if (std::memcmp(all.data(), all.data() + size_t(r) * x.size(), x.size() * 4) != 0) return false;
+  return true;
+}
+
+std::vector<float> random_input(int r, int64_t n, uint32_t seed) {
+  std::mt19937 gen(seed * 977 + uint32_t(r));
+  std::normal_distribution<float> d(0.0f, 1e-2f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = d(gen);
+  return v;
+}
+
+void test_random(MpiComm& c, Level l) {
+  int64_t n = 0;
+  const std::vector<ParamSpec> t = mixed_table(n);
+  const int D = c.size();
+  Settings s;
+  s.min_elems = 4096;
+  BucketCodecState st;
+  for (int step = 0; step < 3; ++step) {
+    std::vector<float> x = random_input(c.rank(), n, uint32_t(step + 1)), sum(size_t(n), 0.0f);
+    for (int r = 0; r < D; ++r) {
+      const std::vector<float> y = random_input(r, n, uint32_t(step + 1));
+      for (int64_t i = 0; i < n; ++i) sum[size_t(i)] += y[size_t(i)];
+    }
+    reduce_bucket(c, l, BucketView{x.data(), 0, n, false}, t, s, st);
+    PCHECK(identical(c, x), level_name(l) << " step " << step << ": ranks' results differ");
+    double e = 0, norm = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      e += std::pow(double(x[size_t(i)]) - sum[size_t(i)], 2);
+      norm += double(sum[size_t(i)]) * sum[size_t(i)];
+    }
+    const double rel = std::sqrt(e / norm);
+    const double bound = l == Level::Bf16 ? 0.01 : l == Level::Int8 ? 0.03 : 0.5;
+    PCHECK(rel < bound, level_name(l) << " step " << step << ": relative error " << rel << " >= " << bound);
+  }
+}
+
+// Bytes this rank sends for one bucket of compressible matrices, per level,
+// against the fp32 ring all-reduce of the same buffer.
+void test_bytes(MpiComm& c) {
+  const std::vector<ParamSpec> t = {spec("w", {256, 400}, 0)};
+  const int64_t n = 256 * 400;
+  std::vector<float> x = random_input(c.rank(), n, 9);
+  c.reset_stats();
+  c.all_reduce(Tensor(x.data(), DType::F32, {n}));
+  const double fp32 = double(c.stats().bytes);
+  Settings s;
+  s.min_elems = 4096;
+  s.powersgd_rank = 4;
+  const std::pair<Level, double> want[] = {{Level::Bf16, 1.99}, {Level::Int8, 3.9}, {Level::Int4, 7.7},
+                                           {Level::PowerSgd, 35.0}};
+  for (auto [l, min_ratio] : want) {
+    BucketCodecState st;
+    std::vector<float> y = random_input(c.rank(), n, 9);
+    c.reset_stats();
+    reduce_bucket(c, l, BucketView{y.data(), 0, n, false}, t, s, st);
+    const double ratio = fp32 / double(c.stats().bytes);
+    if (c.rank() == 0)
+      std::printf("bytes per rank, %d x %d all-reduce over %d ranks: fp32 %.0f, %s %ld (%.2fx less)\n", 256, 400,
+                  c.size(), fp32, level_name(l), long(c.stats().bytes), ratio);
+    PCHECK(ratio >= min_ratio, level_name(l) << ": sends " << c.stats().bytes << " bytes, fp32 " << fp32
+                                             << ": ratio " << ratio << " < " << min_ratio);
+  }
+}
+
+// PowerSGD: rank r's matrix A B_rᵀ (A shared), so the sum A (Σ B_r)ᵀ has rank r.
+void test_powersgd(MpiComm& c) {
+  int64_t n = 0;
+  const std::vector<ParamSpec> t = mixed_table(n);
+  const int D = c.size();
+  const int r = 3;
+  auto input = [&](int rank) {
+    std::vector<float> g(static_cast<size_t>(n));
+    std::mt19937 gen(uint32_t(rank) + 100);
+    std::normal_distribution<float> d;
+    for (float& v : g) v = std::round(d(gen) * 8.0f);  // exact elements: small integers
+    for (const ParamSpec& p : t) {
+      if (!(p.shape.size() == 2 && p.numel >= 4096)) continue;
+      const int64_t m = p.shape[0], k = p.shape[1];
+      std::mt19937 ga(uint32_t(p.offset) + 7);  // A: the same on every rank
+      std::vector<float> A(size_t(m * r)), B(size_t(k * r));
+      for (float& v : A) v = d(ga);
+      for (float& v : B) v = d(gen);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < k; ++j) {
+          float s = 0;
+          for (int q = 0; q < r; ++q) s += A[size_t(i * r + q)] * B[size_t(j * r + q)];
+          g[size_t(p.offset + i * k + j)] = s;
+        }
+    }
+    return g;
+  };
+  std::vector<float> x = input(c.rank()), sum(size_t(n), 0.0f);
+  for (int q = 0; q < D; ++q) {
+    const std::vector<float> y = input(q);
+    for (int64_t i = 0; i < n; ++i) sum[size_t(i)] += y[size_t(i)];
+  }
+  Settings s;
+  s.min_elems = 4096;
+  s.powersgd_rank = r;
+  s.seed = 5;
+  BucketCodecState st;
+  reduce_bucket(c, Level::PowerSgd, BucketView{x.data(), 0, n, false}, t, s, st);
+  PCHECK(identical(c, x), "powersgd: ranks' results differ");
+  double e = 0, norm = 0;
+  for (const ParamSpec& p : t) {
+    const bool comp = p.shape.size() == 2 && p.numel >= 4096;
+    for (int64_t i = p.offset; i < p.offset + p.numel; ++i) {
+      if (!comp) {
+        PCHECK(x[size_t(i)] == sum[size_t(i)], "powersgd: exact element " << i << " of " << p.name << ": "
+                                                                          << x[size_t(i)] << " vs " << sum[size_t(i)]);
+        continue;
+      }
+      e += std::pow(double(x[size_t(i)]) - sum[size_t(i)], 2);
+      norm += double(sum[size_t(i)]) * sum[size_t(i)];
+    }
+  }
+  PCHECK(std::sqrt(e / norm) < 1e-5, "powersgd of a rank-" << r << " sum: relative error " << std::sqrt(e / norm));
+  PCHECK(st.q.size() == size_t((72 + 100) * r), "powersgd: Q holds " << st.q.size() << " values");
+  PCHECK(identical(c, st.q), "powersgd: the warm-start Q differs between ranks");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  MpiEnv mpi(&argc, &argv);
+  ptest::tally().rank = mpi.rank();
+  auto world = MpiComm::world();
+  for (Level l : {Level::Bf16, Level::Int8, Level::Int4}) {
+    test_exact(*world, l, false);
+    test_exact(*world, l, true);
+    test_random(*world, l);
+  }
+  test_bytes(*world);
+  test_powersgd(*world);
+  const auto& t = ptest::tally();
+  long fails = t.failures, total = 0;
+  MPI_Allreduce(&fails, &total, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+  if (world->rank() == 0)
+    std::printf("compress reduce: %s on %d ranks, %ld checks on rank 0, %ld failures in all\n",
+                total ? "FAILED" : "ok", world->size(), t.checks, total);
+  world.reset();
+  return total ? 1 : 0;
+} catch (const std::exception& e) {
+  fatal(e);
+}

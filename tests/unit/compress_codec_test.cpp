@@ -1,0 +1,234 @@
+// Gradient compression's codecs (parallel/compress/, docs/compression.md):
+// round-trip error bounds against the block scale computed here
+// independently, exactness where the format represents the input, error
+// feedback's conservation of mass (f64 bookkeeping), and PowerSGD's algebra.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/common/bf16.hpp"
+#include "parallel/compress/block_codec.hpp"
+#include "parallel/compress/chunk_codec.hpp"
+#include "parallel/compress/powersgd.hpp"
+
+using namespace adgt;
+using namespace adgt::compress;
+
+namespace {
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f, float mean = 0.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(mean, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(g);
+  return v;
+}
+
+std::vector<float> round_trip(Level l, const std::vector<float>& x) {
+  std::vector<uint8_t> enc(size_t(encoded_bytes(l, int64_t(x.size()))));
+  encode(l, x.data(), int64_t(x.size()), enc.data());
+  std::vector<float> y(x.size());
+  decode(l, enc.data(), int64_t(x.size()), y.data());
+  return y;
+}
+
+// The block scale computed from the inputs (independent of the codec's).
+double block_scale(const std::vector<float>& x, size_t b, int qmax) {
+  double amax = 0;
+  for (size_t i = b * kBlock; i < std::min(x.size(), (b + 1) * size_t(kBlock)); ++i)
+    amax = std::max(amax, std::fabs(double(x[i])));
+  return amax / qmax;
+}
+
+}  // namespace
+
+TEST_CASE("compress: encoded sizes per level", "[compress]") {
+  CHECK(encoded_bytes(Level::Bf16, 1000) == 2000);
+  // 256-element blocks with an fp32 scale each: 4 blocks for 1000 elements.
+  CHECK(encoded_bytes(Level::Int8, 1000) == 4 * 4 + 1000);
+  CHECK(encoded_bytes(Level::Int4, 1000) == 4 * 4 + 500);
+  CHECK(encoded_bytes(Level::Int4, 1001) == 4 * 4 + 501);
+  CHECK(encoded_bytes(Level::Int8, 256 * 1024) == 1024 * 4 + 256 * 1024);  // 1.015625 B/element
+  CHECK(encoded_bytes(Level::Int4, 256 * 1024) == 1024 * 4 + 128 * 1024); // 0.515625 B/element
+}
+
+TEST_CASE("compress: bf16 is exact for bf16 values, else within half an ulp (ties to even)", "[compress]") {
+  std::vector<float> x = randn(3000, 1);
+  for (float& v : x) v = round_to_bf16(v);
+  x.push_back(0.0f);
+  x.push_back(-0.0f);
+  x.push_back(INFINITY);
+  const std::vector<float> y = round_trip(Level::Bf16, x);
+  REQUIRE(std::memcmp(x.data(), y.data(), x.size() * 4) == 0);
+  const std::vector<float> z = randn(3000, 2);
+  const std::vector<float> w = round_trip(Level::Bf16, z);
+  for (size_t i = 0; i < z.size(); ++i) CHECK(std::fabs(w[i] - z[i]) <= std::fabs(z[i]) * std::ldexp(1.0, -8));
+  // A tie goes to the even mantissa: 1 + 2^-8 lies halfway between 1 and 1 + 2^-7.
+  CHECK(round_trip(Level::Bf16, {1.0f + std::ldexp(1.0f, -8)})[0] == 1.0f);
+  CHECK(round_trip(Level::Bf16, {1.0f + 3 * std::ldexp(1.0f, -8)})[0] == 1.0f + std::ldexp(1.0f, -6));
+}
+
+TEST_CASE("compress: int8 and int4 round trips stay within half a block scale", "[compress]") {
+  for (auto [l, qmax] : {std::pair<Level, int>{Level::Int8, 127}, {Level::Int4, 7}}) {
+    INFO(level_name(l));
+    // Blocks of very different magnitudes, and a short last block.
+    std::vector<float> x = randn(256 * 5 + 77, 3);
+    for (size_t i = 0; i < x.size(); ++i) x[i] *= std::pow(10.0f, float(int(i / 256) - 2));
+    const std::vector<float> y = round_trip(l, x);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double s = block_scale(x, i / 256, qmax);
+      CHECK(std::fabs(double(y[i]) - double(x[i])) <= s / 2 * (1 + 1e-6));
+      // The decoded value is an integer multiple of the scale, within the range.
+      CHECK(std::fabs(double(y[i])) <= s * qmax * (1 + 1e-6));
+    }
+  }
+}
+
+TEST_CASE("compress: integer blocks with absmax qmax are exact; zero blocks stay zero", "[compress]") {
+  std::vector<float> x(600);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 37 % 255) - 127);
+  x[0] = 127;
+  x[256] = -127;
+  x[512] = 127;
+  CHECK(round_trip(Level::Int8, x) == x);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 5 % 15) - 7);
+  x[0] = 7;
+  x[256] = -7;
+  x[512] = 7;
+  CHECK(round_trip(Level::Int4, x) == x);
+  const std::vector<float> z(300, 0.0f);
+  CHECK(round_trip(Level::Int8, z) == z);
+  CHECK(round_trip(Level::Int4, z) == z);
+}
+
+TEST_CASE("compress: a non-finite element makes its block decode to NaN", "[compress]") {
+  std::vector<float> x = randn(600, 4);
+  x[300] = NAN;
+  for (Level l : {Level::Int8, Level::Int4}) {
+    const std::vector<float> y = round_trip(l, x);
+    CHECK(std::isnan(y[256]));
+    CHECK(std::isnan(y[511]));
+    CHECK(std::isfinite(y[0]));
+    CHECK(std::isfinite(y[512]));
+  }
+}
+
+TEST_CASE("compress: chunk layout sends 1-D and small tensors exact", "[compress]") {
+  std::vector<ParamSpec> t(4);
+  t[0].shape = {64, 64}, t[0].numel = 4096, t[0].offset = 0;     // compressed
+  t[1].shape = {64}, t[1].numel = 64, t[1].offset = 4096;        // 1-D: exact
+  t[2].shape = {8, 8}, t[2].numel = 64, t[2].offset = 4160;      // small: exact
+  t[3].shape = {100, 50}, t[3].numel = 5000, t[3].offset = 4224; // compressed
+  const ChunkLayout c = chunk_layout(t, 1000, 5000, 4096);
+  REQUIRE(c.exact.size() == 1);
+  CHECK(c.exact[0] == std::pair<int64_t, int64_t>{3096, 3224});
+  CHECK(c.exact_n == 128);
+  CHECK(chunk_words(Level::Int8, c) == (128 * 4 + encoded_bytes(Level::Int8, 4000 - 128) + 3) / 4);
+  // Encoded and decoded: exact elements bit for bit, the others within int8's bound.
+  std::vector<float> v = randn(4000, 5);
+  std::vector<uint8_t> enc(size_t(4 * chunk_words(Level::Int8, c)));
+  std::vector<float> r(4000, 7.0f), y(4000);
+  encode_chunk(Level::Int8, c, v.data(), enc.data(), r.data());
+  decode_chunk(Level::Int8, c, enc.data(), y.data(), false);
+  for (int64_t i = 3096; i < 3224; ++i) {
+    CHECK(y[size_t(i)] == v[size_t(i)]);
+    CHECK(r[size_t(i)] == 0.0f);
+  }
+  for (size_t i = 0; i < v.size(); ++i) CHECK(r[i] == v[i] - y[i]);
+}
+
+TEST_CASE("compress: error feedback conserves mass over many steps (f64 bookkeeping)", "[compress]") {
+  // sum of what was sent + the final residual = sum of the gradients.
+  ChunkLayout c;
+  c.n = 1000;
+  for (Level l : {Level::Bf16, Level::Int8, Level::Int4}) {
+    INFO(level_name(l));
+    std::vector<float> res(1000, 0.0f), v(1000), dec(1000);
+    std::vector<double> sent(1000, 0.0), total(1000, 0.0);
+    std::vector<uint8_t> enc(size_t(4 * chunk_words(l, c)));
+    for (int step = 0; step < 300; ++step) {
+      const std::vector<float> g = randn(1000, 100 + step, 1e-3f, 2e-4f);
+      for (size_t i = 0; i < 1000; ++i) {
+        total[i] += g[i];
+        v[i] = g[i] + res[i];
+      }
+      encode_chunk(l, c, v.data(), enc.data(), res.data());
+      decode_chunk(l, c, enc.data(), dec.data(), false);
+      for (size_t i = 0; i < 1000; ++i) sent[i] += dec[i];
+    }
+    double err = 0, norm = 0, rnorm = 0;
+    for (size_t i = 0; i < 1000; ++i) {
+      err += std::pow(sent[i] + res[i] - total[i], 2);
+      norm += total[i] * total[i];
+      rnorm += double(res[i]) * res[i];
+    }
+    CHECK(std::sqrt(err / norm) < 1e-6);
+    // And the residual stays bounded (it does not accumulate the gradients).
+    CHECK(std::sqrt(rnorm / norm) < 0.05);
+  }
+}
+
+TEST_CASE("compress: PowerSGD reconstructs a rank-r matrix exactly", "[compress]") {
+  const int64_t m = 64, k = 48;
+  const int r = 4;
+  const std::vector<float> A = randn(size_t(m * r), 6), B = randn(size_t(k * r), 7);
+  std::vector<float> M(size_t(m * k), 0.0f);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < k; ++j) {
+      double s = 0;
+      for (int c = 0; c < r; ++c) s += double(A[size_t(i * r + c)]) * B[size_t(j * r + c)];
+      M[size_t(i * k + j)] = float(s);
+    }
+  std::vector<float> Q(size_t(k * r)), P(size_t(m * r)), Q2(size_t(k * r)), out(size_t(m * k));
+  init_q(Q.data(), k, r, 42, "w");
+  mat_mq(M.data(), m, k, Q.data(), r, P.data());
+  orthonormalize(P.data(), m, r);
+  mat_mtp(M.data(), m, k, P.data(), r, Q2.data());
+  mat_pqt(P.data(), Q2.data(), m, k, r, out.data(), false);
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < M.size(); ++i) {
+    err += std::pow(double(out[i]) - M[i], 2);
+    norm += double(M[i]) * M[i];
+  }
+  CHECK(std::sqrt(err / norm) < 1e-5);
+  // Error feedback: residual = M - P Q'ᵀ is ~0 here; for a full-rank matrix it
+  // is what the factors missed, and factors + residual give M back.
+  const std::vector<float> F = randn(size_t(m * k), 8);
+  mat_mq(F.data(), m, k, Q.data(), r, P.data());
+  orthonormalize(P.data(), m, r);
+  mat_mtp(F.data(), m, k, P.data(), r, Q2.data());
+  std::vector<float> R = F;
+  mat_pqt(P.data(), Q2.data(), m, k, r, R.data(), true);
+  mat_pqt(P.data(), Q2.data(), m, k, r, out.data(), false);
+  double lost = 0;
+  for (size_t i = 0; i < F.size(); ++i) lost = std::max(lost, std::fabs(double(out[i]) + R[i] - F[i]));
+  CHECK(lost < 1e-5);
+}
+
+TEST_CASE("compress: orthonormalisation is deterministic and orthonormal; zero columns stay zero", "[compress]") {
+  const int64_t m = 200;
+  const int r = 5;
+  std::vector<float> P = randn(size_t(m * r), 9), P2 = P;
+  for (int64_t i = 0; i < m; ++i) P[size_t(i * r + 3)] = 0.0f;  // a zero column
+  P2 = P;
+  orthonormalize(P.data(), m, r);
+  orthonormalize(P2.data(), m, r);
+  REQUIRE(std::memcmp(P.data(), P2.data(), P.size() * 4) == 0);
+  for (int a = 0; a < r; ++a)
+    for (int b = 0; b < r; ++b) {
+      double d = 0;
+      for (int64_t i = 0; i < m; ++i) d += double(P[size_t(i * r + a)]) * P[size_t(i * r + b)];
+      const double want = a == b && a != 3 ? 1.0 : 0.0;
+      CHECK(std::fabs(d - want) < 1e-5);
+    }
+  // The initial Q: the same draws for the same (seed, name), others elsewhere.
+  std::vector<float> q1(40), q2(40), q3(40);
+  init_q(q1.data(), 10, 4, 7, "a.weight");
+  init_q(q2.data(), 10, 4, 7, "a.weight");
+  init_q(q3.data(), 10, 4, 8, "a.weight");
+  CHECK(q1 == q2);
+  CHECK(q1 != q3);
+}
