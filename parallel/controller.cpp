@@ -30,7 +30,8 @@ std::vector<nlohmann::json> run_controllers(const std::vector<Controller*>& cs, 
     text = broadcast_text(world, text);
     const nlohmann::json decision = nlohmann::json::parse(text);
     c->apply(e, decision);
-    if (world.rank() == 0)
+    // A decision that changes nothing may ask not to be logged ("quiet").
+    if (world.rank() == 0 && !decision.value("quiet", false))
       records.push_back({{"event", "controller"},
                          {"controller", c->name()},
                          {"step", r.step},
@@ -38,6 +39,38 @@ std::vector<nlohmann::json> run_controllers(const std::vector<Controller*>& cs, 
                          {"decision", decision}});
   }
   return records;
+}
+
+pp::StageCosts measured_stage_costs(Engine& e, Comm& world) {
+  // Mean F, B and W seconds per stage from the last step's timeline; a fused
+  // Backward counts half as B and half as W. The maximum over the world
+  // (every tp and dp replica of a stage) is the same on every rank.
+  PipelineExecutor& pipe = *e.pipeline();
+  const int pp = pipe.schedule().pp, r = e.groups().pp->rank();
+  const int S = pipe.schedule().num_stages();
+  std::vector<double> sum(size_t(3 * S), 0.0), n(size_t(3 * S), 0.0);
+  for (const ExecutedInstr& x : pipe.timeline()) {
+    if (x.instr.chunk < 0) continue;
+    const size_t s = size_t(x.instr.chunk * pp + r);
+    const double d = x.end - x.start;
+    switch (x.instr.op) {
+      case pp::Op::Forward: sum[s] += d; n[s] += 1; break;
+      case pp::Op::BackwardInput: sum[size_t(S) + s] += d; n[size_t(S) + s] += 1; break;
+      case pp::Op::BackwardWeight: sum[size_t(2 * S) + s] += d; n[size_t(2 * S) + s] += 1; break;
+      case pp::Op::Backward:
+        sum[size_t(S) + s] += d / 2; n[size_t(S) + s] += 1;
+        sum[size_t(2 * S) + s] += d / 2; n[size_t(2 * S) + s] += 1;
+        break;
+      default: break;
+    }
+  }
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = n[i] > 0 ? sum[i] / n[i] : 0.0;
+  world.all_reduce(Tensor(sum.data(), DType::F64, {int64_t(sum.size())}), ReduceOp::Max);
+  pp::StageCosts c;
+  c.f.assign(sum.begin(), sum.begin() + S);
+  c.b.assign(sum.begin() + S, sum.begin() + 2 * S);
+  c.w.assign(sum.begin() + 2 * S, sum.end());
+  return c;
 }
 
 void StepHook::after_step(Engine& e, const StepReport& r, Comm& world, MetricsLog* log) {
@@ -55,33 +88,11 @@ class GreedyReplan final : public Controller {
   bool due(const StepReport& r) const override { return r.step == r.first_step + 2; }
 
   nlohmann::json observe(Engine& e, const StepReport&, Comm& world) override {
-    // Mean F, B and W seconds per stage from this step's timeline; a fused
-    // Backward counts half as B and half as W. The maximum over the world
-    // (every tp and dp replica of a stage) is the same on every rank.
-    PipelineExecutor& pipe = *e.pipeline();
-    const int pp = pipe.schedule().pp, r = e.groups().pp->rank();
-    const int S = pipe.schedule().num_stages();
-    std::vector<double> sum(size_t(3 * S), 0.0), n(size_t(3 * S), 0.0);
-    for (const ExecutedInstr& x : pipe.timeline()) {
-      const size_t s = size_t(x.instr.chunk * pp + r);
-      const double d = x.end - x.start;
-      switch (x.instr.op) {
-        case pp::Op::Forward: sum[s] += d; n[s] += 1; break;
-        case pp::Op::BackwardInput: sum[size_t(S) + s] += d; n[size_t(S) + s] += 1; break;
-        case pp::Op::BackwardWeight: sum[size_t(2 * S) + s] += d; n[size_t(2 * S) + s] += 1; break;
-        case pp::Op::Backward:
-          sum[size_t(S) + s] += d / 2; n[size_t(S) + s] += 1;
-          sum[size_t(2 * S) + s] += d / 2; n[size_t(2 * S) + s] += 1;
-          break;
-        default: break;
-      }
-    }
-    for (size_t i = 0; i < sum.size(); ++i) sum[i] = n[i] > 0 ? sum[i] / n[i] : 0.0;
-    world.all_reduce(Tensor(sum.data(), DType::F64, {int64_t(sum.size())}), ReduceOp::Max);
+    const pp::StageCosts c = measured_stage_costs(e, world);
     nlohmann::json in;
-    in["f_s"] = std::vector<double>(sum.begin(), sum.begin() + S);
-    in["b_s"] = std::vector<double>(sum.begin() + S, sum.begin() + 2 * S);
-    in["w_s"] = std::vector<double>(sum.begin() + 2 * S, sum.end());
+    in["f_s"] = c.f;
+    in["b_s"] = c.b;
+    in["w_s"] = c.w;
     return in;
   }
 

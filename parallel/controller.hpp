@@ -16,6 +16,7 @@
 
 #include "core/comm.hpp"
 #include "parallel/engine.hpp"
+#include "parallel/schedule/costs.hpp"
 
 namespace adgt {
 
@@ -69,6 +70,7 @@ std::string broadcast_text(Comm& comm, const std::string& text, int root = 0);
 // One cycle of every due controller (observe, decide on rank 0, broadcast,
 // apply). Returns, on world rank 0, the records to log: {"event":
 // "controller", "controller", "step", "inputs", "decision"}; elsewhere empty.
+// A decision with "quiet": true (it changed nothing) is not logged.
 std::vector<nlohmann::json> run_controllers(const std::vector<Controller*>& cs, Engine& e,
                                             const StepReport& r, Comm& world);
 
@@ -85,6 +87,11 @@ class StepHook {
   std::vector<Observer*> observers_;
   std::vector<Controller*> controllers_;
 };
+
+// Mean F, B and W seconds per model stage (pp x virtual_stages) of the last
+// pipeline step, the maximum over the world: the same on every rank.
+// Collective over `world`; the engine must be pipelined.
+pp::StageCosts measured_stage_costs(Engine& e, Comm& world);
 
 // parallel.schedule: greedy. After the run's second step (the first warms
 // caches and buffers) it re-plans the pipeline schedule from the mean F, B and

@@ -13,6 +13,10 @@
 
 #include "parallel/adapt/change_detector.hpp"
 #include "parallel/adapt/expert_slots.hpp"
+#include "parallel/adapt/schedule_choice.hpp"
+#include "parallel/schedule/generators.hpp"
+#include "parallel/schedule/simulate.hpp"
+#include "parallel/schedule/validate.hpp"
 
 using namespace adgt::adapt;
 
@@ -139,4 +143,35 @@ TEST_CASE("adapt: expert slots match brute force on small cases", "[adapt]") {
   CHECK(p.imbalance == Approx(0).margin(1e-6));
   CHECK_THROWS_WITH(plan_expert_slots({1, 1, 1}, {1}, 2),
                     Catch::Contains("use parallel.expert_slots >= 3"));
+}
+
+TEST_CASE("adapt: the schedule re-plan from measured stage times", "[adapt]") {
+  using namespace adgt;
+  const int P = 4, m = 8;
+  const pp::Schedule one_f_one_b = pp::with_grad_reductions(pp::one_f_one_b(P, m));
+  // Uniform stages, F = B = W: the choice's simulated bubble is at most
+  // ZB-H1's and at most 0.4x 1F1B's (the bound, here in simulation).
+  const pp::StageCosts u = pp::StageCosts::uniform(P, 1, 1, 1);
+  const ScheduleChoice c = choose_schedule(one_f_one_b, u);
+  auto bubble = [&](const pp::Schedule& s) {
+    const pp::SimResult r = pp::simulate(s, u);
+    return r.bubble_ratio;
+  };
+  const double b1 = bubble(one_f_one_b), bz = bubble(pp::with_grad_reductions(pp::zb_h1(P, m)));
+  const double bc = bubble(c.schedule);
+  CHECK(bc <= bz + 1e-12);
+  CHECK(bc <= 0.4 * b1);
+  CHECK(c.predicted_s < c.current_predicted_s);
+  CHECK(c.candidates.size() >= 4);  // the current one, 1f1b, zb-h1, greedy
+  // One stage 1.5x slower: the choice is no slower than 1F1B or ZB-H1 there.
+  pp::StageCosts slow = u;
+  for (double* x : {&slow.f[2], &slow.b[2], &slow.w[2]}) *x *= 1.5;
+  const ScheduleChoice s = choose_schedule(one_f_one_b, slow);
+  CHECK(s.predicted_s <= pp::simulate(one_f_one_b, slow).makespan);
+  CHECK(s.predicted_s <= pp::simulate(pp::with_grad_reductions(pp::zb_h1(P, m)), slow).makespan);
+  // The chosen schedule is a valid one (the controller validates it again on every rank).
+  CHECK_NOTHROW(pp::validate(s.schedule));
+  // The current schedule is kept on a tie.
+  const ScheduleChoice same = choose_schedule(c.schedule, u);
+  CHECK(same.predicted_s == same.current_predicted_s);
 }

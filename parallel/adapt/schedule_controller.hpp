@@ -1,0 +1,26 @@
+// parallel.adapt: schedule (docs/adaptation.md): the dynamic pipeline
+// schedule. After every step each rank's per-stage F, B and W times (from
+// the executor's own timeline, before any collective) are agreed over the
+// world (the maximum), and one change detector per stage
+// (change_detector.hpp) reads the stage's F + B + W. When the detectors'
+// warm-up ends, and again whenever one flags a sustained change, rank 0
+// re-plans the schedule from the measured times (schedule_choice.hpp) and
+// every rank switches to it at the same step boundary. A step that changes
+// nothing is not logged; a re-plan is, with the times it used, the
+// candidates' predicted makespans, the predicted before and after, and the
+// step time measured before it (the next steps' times are on their step
+// lines). The schedule moves work in time only: the losses are the plain
+// run's.
+#pragma once
+#include <memory>
+
+#include "core/config.hpp"
+#include "parallel/adapt/change_detector.hpp"
+#include "parallel/controller.hpp"
+
+namespace adgt::adapt {
+
+std::unique_ptr<Controller> make_schedule_adapter(const RunConfig& cfg,
+                                                  DetectorOptions opts = {});
+
+}  // namespace adgt::adapt
