@@ -73,6 +73,36 @@ pp::StageCosts measured_stage_costs(Engine& e, Comm& world) {
   return c;
 }
 
+nlohmann::json schedule_ranks_json(const pp::Schedule& s) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& list : s.ranks) {
+    nlohmann::json l = nlohmann::json::array();
+    for (const pp::Instr& x : list) l.push_back({int(x.op), x.microbatch, x.chunk, x.peer});
+    ranks.push_back(l);
+  }
+  return ranks;
+}
+
+pp::Schedule schedule_from_json(const pp::Schedule& like, const std::string& name,
+                                const std::string& detail, const nlohmann::json& ranks) {
+  pp::Schedule s;
+  s.pp = like.pp;
+  s.microbatches = like.microbatches;
+  s.virtual_stages = like.virtual_stages;
+  s.name = name;
+  s.detail = detail;
+  for (const auto& l : ranks) {
+    s.ranks.emplace_back();
+    for (const auto& x : l) {
+      const int op = x[0].get<int>();
+      ADGT_CHECK(op >= 0 && op < pp::kNumOps, "schedule from a controller: instruction op " << op);
+      s.ranks.back().push_back({pp::Op(op), x[1].get<int>(), x[2].get<int>(), x[3].get<int>()});
+    }
+  }
+  pp::validate(s);  // the same check on every rank before any rank runs it
+  return s;
+}
+
 void StepHook::after_step(Engine& e, const StepReport& r, Comm& world, MetricsLog* log) {
   for (Observer* o : observers_) o->observe(e, r, world);
   for (const nlohmann::json& rec : run_controllers(controllers_, e, r, world))
@@ -108,35 +138,14 @@ class GreedyReplan final : public Controller {
     d["kept"] = s.detail.empty() ? s.name : s.detail;
     d["predicted_bubble"] = sim.bubble_fraction;
     d["predicted_step_s"] = sim.makespan;
-    nlohmann::json ranks = nlohmann::json::array();
-    for (const auto& list : s.ranks) {
-      nlohmann::json l = nlohmann::json::array();
-      for (const pp::Instr& x : list)
-        l.push_back({int(x.op), x.microbatch, x.chunk, x.peer});
-      ranks.push_back(l);
-    }
-    d["ranks"] = ranks;
+    d["ranks"] = schedule_ranks_json(s);
     return d;
   }
 
   void apply(Engine& e, const nlohmann::json& d) override {
     PipelineExecutor& pipe = *e.pipeline();
-    pp::Schedule s;
-    s.pp = pipe.schedule().pp;
-    s.microbatches = pipe.schedule().microbatches;
-    s.virtual_stages = pipe.schedule().virtual_stages;
-    s.name = d.at("schedule").get<std::string>();
-    s.detail = d.at("kept").get<std::string>();
-    for (const auto& l : d.at("ranks")) {
-      s.ranks.emplace_back();
-      for (const auto& x : l) {
-        const int op = x[0].get<int>();
-        ADGT_CHECK(op >= 0 && op < pp::kNumOps, "greedy-replan: instruction op " << op);
-        s.ranks.back().push_back({pp::Op(op), x[1].get<int>(), x[2].get<int>(), x[3].get<int>()});
-      }
-    }
-    pp::validate(s);
-    pipe.set_schedule(std::move(s));
+    pipe.set_schedule(schedule_from_json(pipe.schedule(), d.at("schedule").get<std::string>(),
+                                         d.at("kept").get<std::string>(), d.at("ranks")));
   }
 
  private:

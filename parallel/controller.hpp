@@ -17,6 +17,7 @@
 #include "core/comm.hpp"
 #include "parallel/engine.hpp"
 #include "parallel/schedule/costs.hpp"
+#include "parallel/schedule/instruction.hpp"
 
 namespace adgt {
 
@@ -92,6 +93,14 @@ class StepHook {
 // pipeline step, the maximum over the world: the same on every rank.
 // Collective over `world`; the engine must be pipelined.
 pp::StageCosts measured_stage_costs(Engine& e, Comm& world);
+
+// A schedule's per-rank instruction lists as JSON ([[op, microbatch, chunk,
+// peer], ...] per rank: what a controller broadcasts), and back: the lists
+// with `like`'s pp, micro-batches and chunks, validated (throws
+// ScheduleError naming the broken rule).
+nlohmann::json schedule_ranks_json(const pp::Schedule& s);
+pp::Schedule schedule_from_json(const pp::Schedule& like, const std::string& name,
+                                const std::string& detail, const nlohmann::json& ranks);
 
 // parallel.schedule: greedy. After the run's second step (the first warms
 // caches and buffers) it re-plans the pipeline schedule from the mean F, B and

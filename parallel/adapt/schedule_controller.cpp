@@ -11,16 +11,6 @@
 namespace adgt::adapt {
 namespace {
 
-nlohmann::json to_json(const pp::Schedule& s) {
-  nlohmann::json ranks = nlohmann::json::array();
-  for (const auto& list : s.ranks) {
-    nlohmann::json l = nlohmann::json::array();
-    for (const pp::Instr& x : list) l.push_back({int(x.op), x.microbatch, x.chunk, x.peer});
-    ranks.push_back(l);
-  }
-  return ranks;
-}
-
 class ScheduleAdapter final : public Controller {
  public:
   ScheduleAdapter(const RunConfig&, DetectorOptions o) : opts_(o) {}
@@ -75,7 +65,7 @@ class ScheduleAdapter final : public Controller {
     if (d["switch"]) {
       d["name"] = ch.schedule.name;
       d["detail"] = ch.schedule.detail;
-      d["ranks"] = to_json(ch.schedule);
+      d["ranks"] = schedule_ranks_json(ch.schedule);
     }
     return d;
   }
@@ -87,21 +77,8 @@ class ScheduleAdapter final : public Controller {
     planned_ = true;
     for (ChangeDetector& det : detectors_) det.rebase();  // new work is measured from now on
     if (!d.value("switch", false)) return;
-    pp::Schedule s;
-    s.pp = pipe.schedule().pp;
-    s.microbatches = pipe.schedule().microbatches;
-    s.virtual_stages = pipe.schedule().virtual_stages;
-    s.name = d.at("name").get<std::string>();
-    s.detail = d.at("detail").get<std::string>();
-    for (const auto& l : d.at("ranks")) {
-      s.ranks.emplace_back();
-      for (const auto& x : l) {
-        const int op = x[0].get<int>();
-        ADGT_CHECK(op >= 0 && op < pp::kNumOps, "adapt-schedule: instruction op " << op);
-        s.ranks.back().push_back({pp::Op(op), x[1].get<int>(), x[2].get<int>(), x[3].get<int>()});
-      }
-    }
-    pp::validate(s);  // the same check on every rank before any rank runs it
+    pp::Schedule s = schedule_from_json(pipe.schedule(), d.at("name").get<std::string>(),
+                                        d.at("detail").get<std::string>(), d.at("ranks"));
     pipe.set_schedule(std::move(s));
     current_ = &pipe.schedule();
   }

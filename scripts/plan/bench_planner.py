@@ -35,27 +35,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MODEL = os.path.join(HERE, "plan_model.yaml")
+sys.path.insert(0, HERE)
+from plan_layout import layout_sets  # noqa: E402
+
 CLUSTER = os.path.join(ROOT, "configs", "clusters", "emulated-2node.yaml")
-
-
-def layout_sets(layout):
-    """'tp=1 pp=4 dp=2 zero=0 sp=0 zb-h1 mb=1 rc=none' -> --set overrides."""
-    sets = []
-    for tok in layout.split():
-        if "=" not in tok:
-            sets.append(f"parallel.schedule={tok}")
-            continue
-        k, v = tok.split("=", 1)
-        key = {"tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp", "ep": "parallel.ep",
-               "zero": "parallel.zero", "v": "parallel.virtual_stages",
-               "mb": "train.micro_batch", "rc": "train.recompute"}.get(k)
-        if k == "sp":
-            sets.append("parallel.sequence_parallel=" + ("true" if v == "1" else "false"))
-        elif k == "layers":
-            sets.append("parallel.stage_layers=[" + v.replace("/", ",") + "]")
-        elif key:
-            sets.append(f"{key}={v}")
-    return sets
 
 
 def flags(sets):

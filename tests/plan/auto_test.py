@@ -24,6 +24,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MODEL = os.path.join(ROOT, "scripts", "plan", "plan_model.yaml")
 CLUSTER = os.path.join(ROOT, "configs", "clusters", "emulated-2node.yaml")
+sys.path.insert(0, os.path.join(ROOT, "scripts", "plan"))
+from plan_layout import layout_sets  # noqa: E402
+
 
 
 def run(args, log, sets, expect_ok=True, ranks=8, extra=()):
@@ -57,25 +60,6 @@ def chosen_layout(stdout):
     if not m:
         sys.exit("FAILED: no plan table with a chosen row in the output:\n" + stdout[-3000:])
     return m.group(1).strip()
-
-
-def layout_sets(layout):
-    sets = []
-    for tok in layout.split():
-        if "=" not in tok:
-            sets.append(f"parallel.schedule={tok}")
-            continue
-        k, v = tok.split("=", 1)
-        key = {"tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp", "ep": "parallel.ep",
-               "zero": "parallel.zero", "v": "parallel.virtual_stages",
-               "mb": "train.micro_batch", "rc": "train.recompute"}.get(k)
-        if k == "sp":
-            sets.append("parallel.sequence_parallel=" + ("true" if v == "1" else "false"))
-        elif k == "layers":
-            sets.append("parallel.stage_layers=[" + v.replace("/", ",") + "]")
-        elif key:
-            sets.append(f"{key}={v}")
-    return sets
 
 
 def main():
