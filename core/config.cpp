@@ -211,6 +211,11 @@ const std::vector<Key>& schema() {
           "plan the layout at launch (docs/planner.md): tp, pp, dp, ep, ZeRO, sequence "
           "parallelism, schedule, virtual stages, micro_batch and recompute chosen by the "
           "simulator for the cluster found; keys set in the run file or by --set are kept"),
+      key("parallel", &R::parallel, "adapt", &ParallelConfig::adapt, A::Choices,
+          "run-time adaptation (docs/adaptation.md): off; schedule = with pp > 1, re-plan the "
+          "pipeline schedule from the measured stage times once warmed up and on every "
+          "sustained change (a straggler, a slow link); the losses stay the plain run's",
+          {"off", "schedule"}),
       key("parallel", &R::parallel, "placement", &ParallelConfig::placement, A::Choices,
           "rank placement (docs/placement.md): topology = rank order rebuilt from the nodes "
           "(tp groups inside a node, then dp, pipeline stages outermost); launcher = the "
@@ -221,13 +226,24 @@ const std::vector<Key>& schema() {
           "data-parallel gradient compression with error feedback (docs/compression.md): off; "
           "bf16; int8 or int4 = blocks of 256 with an fp32 scale; powersgd = rank "
           "parallel.powersgd_rank factors of each 2-D weight; auto = chosen per bucket at run "
-          "time by a controller (until one runs: off). A no-op at dp=1",
+          "time by a controller from the measured link, compute and gradient noise. A no-op "
+          "at dp=1",
           {"off", "bf16", "int8", "int4", "powersgd", "auto"}),
       key("parallel", &R::parallel, "powersgd_rank", &ParallelConfig::powersgd_rank, A::Positive,
           "rank r of PowerSGD's factors (grad_compression powersgd)"),
       key("parallel", &R::parallel, "compress_min_elems", &ParallelConfig::compress_min_elems,
           A::NonNegative,
           "tensors with fewer elements, and every 1-D tensor, are reduced uncompressed (fp32)"),
+      key("parallel", &R::parallel, "compress_interval", &ParallelConfig::compress_interval,
+          A::Positive, "grad_compression auto: steps between the controller's decisions"),
+      key("parallel", &R::parallel, "compress_error_budget", &ParallelConfig::compress_error_budget,
+          A::Positive,
+          "grad_compression auto: a level is allowed when its relative squared error is at "
+          "most this times the noise share of the reduced gradient (docs/compression.md)"),
+      key("parallel", &R::parallel, "compress_hysteresis", &ParallelConfig::compress_hysteresis,
+          A::NonNegative,
+          "grad_compression auto: a bucket keeps its level while it is within 5% plus this "
+          "share of the fastest level's time"),
       // checkpoint
       key("checkpoint", &R::checkpoint, "dir", &CheckpointConfig::dir, A::NonEmpty,
           "directory for checkpoints"),
@@ -252,8 +268,8 @@ const std::vector<Key>& schema() {
           "emulate.rank_order gives (block: r / devices_per_node) and every message and "
           "collective takes at least the cluster model's time; \"\" = off. All ranks on one host"),
       key("emulate", &R::emulate, "slow_ranks", &EmulateConfig::slow_ranks, A::RankFactors,
-          "injected stragglers: \"3:2.0,5:1.5\" = launcher (MPI) rank 3 computes 2x slower, rank 5 "
-          "1.5x (on top of the cluster's node_speed); needs emulate.cluster"),
+          "injected stragglers: \"3:2.0,5:1.5@100\" = launcher (MPI) rank 3 computes 2x slower, rank 5 "
+          "1.5x from step 100 on (on top of the cluster's node_speed); needs emulate.cluster"),
       key("emulate", &R::emulate, "rank_order", &EmulateConfig::rank_order, A::Choices,
           "how the emulated launcher hands ranks to nodes: block = rank r on node "
           "r / devices_per_node; round-robin = node r % nodes (mpirun --map-by node)",
@@ -736,13 +752,14 @@ std::string head_choices(const ModelConfig& m) {
 
 // ------------------------------------------------------------------- public
 
-std::vector<std::pair<int64_t, double>> parse_slow_ranks(const std::string& spec) {
-  std::vector<std::pair<int64_t, double>> out;
+std::vector<SlowRank> parse_slow_rank_entries(const std::string& spec) {
+  std::vector<SlowRank> out;
   if (trim(spec).empty()) return out;
   auto bad = [&](const std::string& what) {
     return ConfigError("emulate.slow_ranks: " + what + " in " + yaml_quote(spec) +
-                       "; expected \"rank:factor,...\" such as \"3:2.0,5:1.5\" (world rank 3 "
-                       "computes 2x slower), factors >= 1");
+                       "; expected \"rank:factor[@step],...\" such as \"3:2.0,5:1.5@100\" "
+                       "(launcher rank 3 computes 2x slower; rank 5 1.5x from step 100 on), "
+                       "factors >= 1");
   };
   std::istringstream in(spec);
   int64_t n = 0;
@@ -751,8 +768,13 @@ std::vector<std::pair<int64_t, double>> parse_slow_ranks(const std::string& spec
     const std::string entry = "entry " + fmt_int(n) + " " + yaml_quote(trim(item));
     const size_t colon = item.find(':');
     if (colon == std::string::npos) throw bad(entry + " has no ':'");
-    const std::string r = trim(item.substr(0, colon)), f = trim(item.substr(colon + 1));
-    int64_t rank = 0;
+    const std::string r = trim(item.substr(0, colon));
+    std::string f = trim(item.substr(colon + 1)), at;
+    if (const size_t a = f.find('@'); a != std::string::npos) {
+      at = trim(f.substr(a + 1));
+      f = trim(f.substr(0, a));
+    }
+    int64_t rank = 0, from = 0;
     if (!all_of_chars(r, "0123456789") || read_int(r, rank))
       throw bad(entry + ": the rank is not a non-negative integer");
     char* end = nullptr;
@@ -761,11 +783,20 @@ std::vector<std::pair<int64_t, double>> parse_slow_ranks(const std::string& spec
     if (!end || end != f.c_str() + f.size() || errno == ERANGE || !std::isfinite(factor))
       throw bad(entry + ": the factor is not a number");
     if (factor < 1) throw bad(entry + ": factor " + f + " < 1 (a slowdown; 1 = normal speed)");
-    for (const auto& [r0, f0] : out)
-      if (r0 == rank) throw bad(entry + ": rank " + r + " is given twice");
-    out.emplace_back(rank, factor);
+    if (item.find('@') != std::string::npos &&
+        (at.empty() || !all_of_chars(at, "0123456789") || read_int(at, from)))
+      throw bad(entry + ": the step after '@' is not a non-negative integer");
+    for (const SlowRank& s : out)
+      if (s.rank == rank) throw bad(entry + ": rank " + r + " is given twice");
+    out.push_back({rank, factor, from});
   }
   if (!spec.empty() && trim(spec).back() == ',') throw bad("a trailing ','");
+  return out;
+}
+
+std::vector<std::pair<int64_t, double>> parse_slow_ranks(const std::string& spec) {
+  std::vector<std::pair<int64_t, double>> out;
+  for (const SlowRank& s : parse_slow_rank_entries(spec)) out.emplace_back(s.rank, s.factor);
   return out;
 }
 

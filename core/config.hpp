@@ -93,6 +93,10 @@ struct ParallelConfig {
   // this section and train.micro_batch/recompute that the run file or --set
   // gives are constraints; the rest are chosen by the simulator.
   bool auto_plan = false;  // YAML key: parallel.auto
+  // Run-time adaptation (parallel/adapt/; docs/adaptation.md): off, or
+  // schedule = re-plan the pipeline schedule from measured stage times at
+  // warm-up and on every sustained change.
+  std::string adapt = "off";
   // Rank placement (docs/placement.md): topology = rank order rebuilt from
   // the nodes (tp groups inside a node, then dp, pipeline stages outermost);
   // launcher = the launcher's rank order as it comes.
@@ -103,6 +107,12 @@ struct ParallelConfig {
   std::string grad_compression = "off";
   int64_t powersgd_rank = 4;           // PowerSGD's rank r
   int64_t compress_min_elems = 4096;   // tensors with fewer elements (and 1-D ones) go uncompressed
+  // grad_compression auto (parallel/compress/controller.hpp): steps between
+  // decisions, the error budget (compression error <= budget x the gradient
+  // noise share) and the hysteresis band (a share of the step, over the 5%).
+  int64_t compress_interval = 20;
+  double compress_error_budget = 1.0;
+  double compress_hysteresis = 0.1;
   bool operator==(const ParallelConfig&) const = default;
 };
 
@@ -129,7 +139,7 @@ struct EmulateConfig {
   // devices_per_node), and every message and collective takes at least the
   // cluster model's time.
   std::string cluster;
-  // "rank:factor,..." ("3:2.0,5:1.5"): launcher rank 3 computes 2x slower, rank
+  // "rank:factor[@step],..." ("3:2.0,5:1.5@100"; @step: from that step on): launcher rank 3 computes 2x slower, rank
   // 5 1.5x (factor >= 1); "" = none. Needs emulate.cluster.
   std::string slow_ranks;
   // How the emulated launcher hands out ranks to the cluster's nodes: block =
@@ -143,6 +153,14 @@ struct EmulateConfig {
 // throws ConfigError "emulate.slow_ranks: ..." on bad syntax, a factor < 1
 // or a rank given twice.
 std::vector<std::pair<int64_t, double>> parse_slow_ranks(const std::string& spec);
+// The same with each entry's onset: "rank:factor@step" slows the rank from
+// step `step` on (the run's steps count from 0; no '@': from the start).
+struct SlowRank {
+  int64_t rank = 0;
+  double factor = 1;
+  int64_t from_step = 0;
+};
+std::vector<SlowRank> parse_slow_rank_entries(const std::string& spec);
 
 struct RunConfig {
   ModelConfig model;

@@ -1,5 +1,7 @@
 #include "parallel/trainer.hpp"
 
+#include "parallel/adapt/schedule_controller.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <atomic>
@@ -20,6 +22,7 @@
 #include "core/data/sampler.hpp"
 #include "core/data/token_shard.hpp"
 #include "kernels/check.hpp"
+#include "parallel/compress/controller.hpp"
 #include "parallel/compress/level.hpp"
 #include "parallel/mpi_env.hpp"
 #include "parallel/pipeline_plan.hpp"
@@ -181,8 +184,12 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx, std::optional<Device
     cs.seed = cfg.train.seed;
     engine_->reducer().set_compression(cs, *backend_);
   }
-  if (engine_->pipelined() && cfg.parallel.schedule == "greedy")
+  if (engine_->pipelined() && cfg.parallel.adapt == "schedule")  // docs/adaptation.md
+    controllers_.push_back(adapt::make_schedule_adapter(cfg));
+  else if (engine_->pipelined() && cfg.parallel.schedule == "greedy")
     controllers_.push_back(make_greedy_replan(cfg));
+  if (cfg.parallel.grad_compression == "auto")  // docs/compression.md, "Controller"
+    controllers_.push_back(compress::make_compress_controller(cfg, *engine_));
 }
 
 Trainer::~Trainer() = default;
@@ -399,6 +406,7 @@ TrainSummary Trainer::train() {
   const int64_t first_step = step_;
   while (step_ < t.steps) {
     const auto t0 = clock::now();
+    if (emulation_) emulation_->at_step(step_);  // a straggler injected mid-run starts here
     tei.start_step();
     StepReport r;
     r.first_step = first_step;

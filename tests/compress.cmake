@@ -48,3 +48,15 @@ foreach(case "tp2_dp2;tp=2,dp=2;int8" "pp2_dp2;pp=2,dp=2;int4" "zero1;dp=4,zero=
 endforeach()
 set_tests_properties(${ADGT_GC_TESTS} PROPERTIES
   FIXTURES_REQUIRED kjv_byte LABELS "parallel;compress" TIMEOUT 120 PROCESSORS 2)
+
+# The controller of grad_compression auto (tests/compress/controller_train.py):
+# under a 50 Mbit/s emulated link it compresses, under 100 Gbit/s it stays at
+# off or bf16; every rank applies rank 0's logged decision; replicas identical.
+foreach(link slow fast)
+  add_test(NAME compress_controller_${link}_np4
+    COMMAND ${ADGT_PYTHON} ${ADGT_GC}/controller_train.py --train $<TARGET_FILE:adgt-train>
+            --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh --data ${CMAKE_BINARY_DIR}/data/kjv-byte
+            --model ${ADGT_GC}/model.yaml --work ${CMAKE_BINARY_DIR}/compress/controller_${link} --link ${link})
+  set_tests_properties(compress_controller_${link}_np4 PROPERTIES
+    FIXTURES_REQUIRED kjv_byte LABELS "parallel;compress" TIMEOUT 120 PROCESSORS 2)
+endforeach()

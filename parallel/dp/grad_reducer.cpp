@@ -12,6 +12,17 @@ namespace {
 Tensor flat_range(Tensor f, int64_t b, int64_t e) {
   return Tensor(static_cast<char*>(f.data) + size_t(b) * dtype_size(f.dtype), f.dtype, {e - b});
 }
+double sum_sq(const Tensor& g, int64_t b, int64_t e) {
+  double s = 0;
+  if (g.dtype == DType::F32) {
+    const float* p = static_cast<const float*>(g.data);
+    for (int64_t k = b; k < e; ++k) s += double(p[k]) * double(p[k]);
+  } else if (g.dtype == DType::F64) {
+    const double* p = static_cast<const double*>(g.data);
+    for (int64_t k = b; k < e; ++k) s += p[k] * p[k];
+  }
+  return s;
+}
 }  // namespace
 
 GradReducer::GradReducer(Model& model, Comm& dp, Comm* edp, bool zero, double bucket_mb)
@@ -84,6 +95,7 @@ void GradReducer::start(size_t i) {
   started_[i] = 1;
   const GradBucket& b = buckets_[i];
   ++step_report_.buckets[int(state_[i].level)];
+  if (track_norms_ && be_ && be_->is_host()) norms_.local_sq[i] += sum_sq(model_.grads(), b.begin, b.end);
   if (state_[i].level != compress::Level::None) return start_compressed(i);
   Tensor g = model_.grads();
   if (!state_[i].codec.empty()) {
@@ -124,8 +136,10 @@ void GradReducer::start_compressed(size_t i) {
   }
   const bool rs = b.op == BucketOp::ReduceScatter;
   const int64_t bytes0 = c.stats().bytes;
+  const auto t0 = std::chrono::steady_clock::now();
   compress::BucketView v{be_->is_host() ? p : staged.data(), b.begin, n, rs};
   compress::reduce_bucket(c, st.level, v, table_, settings_, st.codec);
+  step_report_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   step_report_.sent_bytes += c.stats().bytes - bytes0;
   step_report_.fp32_bytes += compress::fp32_ring_bytes(n, c.size(), rs);
   if (!be_->is_host()) be_->to_device(p, staged.data(), size_t(n) * 4);
@@ -248,6 +262,17 @@ std::string GradReducer::restore_compression_state(const std::map<std::string, S
   return "";
 }
 
+void GradReducer::track_norms(bool on) {
+  track_norms_ = on;
+  reset_norm_stats();
+}
+
+void GradReducer::reset_norm_stats() {
+  norms_.local_sq.assign(buckets_.size(), 0.0);
+  norms_.reduced_sq.assign(buckets_.size(), 0.0);
+  norms_.steps = 0;
+}
+
 void GradReducer::clear_compression_state() {
   for (BucketState& b : state_) b.codec = {};
 }
@@ -267,6 +292,17 @@ void GradReducer::finish_grad_sync() {
   start_grad_sync();
   for (Work& w : work_) w.wait();
   wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (track_norms_ && be_ && be_->is_host()) {
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      const GradBucket& b = buckets_[i];
+      if (b.op != BucketOp::AllReduce) {
+        norms_.reduced_sq[i] = -1;
+        continue;
+      }
+      norms_.reduced_sq[i] += sum_sq(model_.grads(), b.begin, b.end) / group(b).size();
+    }
+    ++norms_.steps;
+  }
   report_ = step_report_;
   step_report_ = {};
   reset();

@@ -43,6 +43,18 @@ struct CompressionReport {
   int64_t buckets[compress::kLevels] = {};  // buckets per level (of those reduced)
   int64_t fp32_bytes = 0;  // bytes the fp32 ring would have sent for the compressed buckets
   int64_t sent_bytes = 0;  // bytes they did send (their groups' stats)
+  double seconds = 0;      // wall time inside the compressed buckets' (synchronous) reduces
+};
+
+// Squared gradient norms per bucket, summed over the steps since the last
+// reset (GradReducer::track_norms): the inputs of the compression
+// controller's noise scale and critical-regime signals.
+struct BucketNormStats {
+  std::vector<double> local_sq;    // this rank's gradient before the reduce (its pre-scaled share)
+  std::vector<double> reduced_sq;  // after the reduce; all-reduce buckets / group size (so a
+                                   // sum over the group counts the bucket once); -1: not measured
+                                   // (ZeRO-1 reduce-scatter buckets)
+  int64_t steps = 0;
 };
 
 class GradReducer {
@@ -107,6 +119,11 @@ class GradReducer {
   // (clear_compression_state) with a note.
   std::string restore_compression_state(const std::map<std::string, StateEntry>& s);
   void clear_compression_state();
+  // Host gradients only: sum each bucket's squared norm before and after its
+  // reduce into norm_stats() (one pass over the bucket each; off by default).
+  void track_norms(bool on);
+  const BucketNormStats& norm_stats() const { return norms_; }
+  void reset_norm_stats();
 
  private:
   void start(size_t i);
@@ -131,6 +148,8 @@ class GradReducer {
   Backend* be_ = nullptr;         // set_compression's: stages device gradients
   std::vector<ParamSpec> table_;  // the model's table (compressible tensors, PowerSGD shapes)
   CompressionReport step_report_, report_;  // this step's so far, the last finished one's
+  bool track_norms_ = false;
+  BucketNormStats norms_;
 };
 
 }  // namespace adgt

@@ -58,6 +58,9 @@ std::string Emulation::summary() const {
       os << " x" << num(factors[r]);
     }
   }
+  for (size_t r = 0; r < onset_factor.size(); ++r)
+    if (onset_factor[r] != 1)
+      os << "; rank " << r << " x" << num(onset_factor[r]) << " more from step " << onset_step[r];
   os << " (docs/emulation.md)";
   return os.str();
 }
@@ -161,13 +164,30 @@ std::unique_ptr<Emulation> setup_emulation(const RunConfig& cfg, Comm* world, in
     emu->factors[size_t(r)] = 1.0 / cl.speed_of_node(emu->nodes[size_t(r)]);
   // emulate.slow_ranks names launcher (MPI) ranks: the process it slows is the
   // same whatever the placement.
-  for (const auto& [r, f] : parse_slow_ranks(cfg.emulate.slow_ranks)) {
-    ADGT_CHECK(r < W, "emulate.slow_ranks: rank " << r << " is outside the run's " << W << " ranks");
-    emu->factors[size_t(layout_of[size_t(r)])] *= f;
+  emu->onset_factor.assign(size_t(W), 1.0);
+  emu->onset_step.assign(size_t(W), 0);
+  for (const SlowRank& s : parse_slow_rank_entries(cfg.emulate.slow_ranks)) {
+    ADGT_CHECK(s.rank < W, "emulate.slow_ranks: rank " << s.rank << " is outside the run's " << W
+                                                       << " ranks");
+    const size_t l = size_t(layout_of[size_t(s.rank)]);
+    if (s.from_step > 0) {
+      emu->onset_factor[l] = s.factor;
+      emu->onset_step[l] = s.from_step;
+    } else {
+      emu->factors[l] *= s.factor;
+    }
   }
+  emu->world_rank = world_rank;
   emu->state = std::make_shared<EmulatedRank>(cl, world_rank, emu->devices);
   emu->slowdown = ComputeSlowdown(emu->factors.at(size_t(world_rank)), emu->state);
   return emu;
+}
+
+void Emulation::at_step(int64_t step) {
+  const size_t me = size_t(world_rank);
+  if (me < onset_factor.size() && onset_factor[me] != 1 && step >= onset_step[me] &&
+      slowdown.factor() == factors[me])
+    slowdown.set_factor(factors[me] * onset_factor[me]);
 }
 
 std::vector<std::unique_ptr<Comm>> wrap_emulated_groups(ParallelContext& ctx, Emulation& emu) {

@@ -33,10 +33,18 @@ struct Emulation {
   std::vector<int> launcher_of;      // per world rank: its launcher rank
   std::vector<int> devices;          // per world rank: its device of the cluster
   std::vector<int> nodes;            // per world rank: its node (device / devices_per_node)
-  std::vector<double> factors;       // per world rank: compute slowdown (>= 1)
+  std::vector<double> factors;       // per world rank: compute slowdown (>= 1) from the start
+  // Per world rank: a further slowdown from step onset_step on
+  // (emulate.slow_ranks "rank:factor@step"; factor 1: none).
+  std::vector<double> onset_factor;
+  std::vector<int64_t> onset_step;
+  int world_rank = 0;
   std::shared_ptr<EmulatedRank> state;
   ComputeSlowdown slowdown;
 
+  // The training loop calls this at the start of every step: a straggler
+  // injected mid-run ("rank:factor@step") starts computing slower here.
+  void at_step(int64_t step);
   // "emulation: cluster <name> (<source>): ..." — the cluster, its links and
   // the slow ranks, one line.
   std::string summary() const;

@@ -26,6 +26,7 @@ class ComputeSlowdown {
   explicit ComputeSlowdown(double factor = 1, std::shared_ptr<EmulatedRank> rank = nullptr,
                            Backend* be = nullptr);
   double factor() const { return factor_; }
+  void set_factor(double f) { factor_ = f; }  // from the next piece on (>= 1)
   bool active() const { return factor_ > 1; }
   void set_backend(Backend* be) { be_ = be; }
 

@@ -59,8 +59,11 @@ Planned plan_for(const RunConfig& cfg, const std::string& path,
       why += "; note: parallel.placement=launcher keeps the launcher's order, which is not "
              "node-contiguous here; the plan assumes it is";
   }
-  for (const auto& [r, f] : parse_slow_ranks(cfg.emulate.slow_ranks))
-    in.sim.slow_ranks[r < world ? place.layout_rank(int(r)) : int(r)] = f;
+  // A straggler injected mid-run ("rank:factor@step") is not the cluster the
+  // launch finds: only the ones slow from the start count.
+  for (const SlowRank& sr : parse_slow_rank_entries(cfg.emulate.slow_ranks))
+    if (sr.from_step == 0)
+      in.sim.slow_ranks[sr.rank < world ? place.layout_rank(int(sr.rank)) : int(sr.rank)] = sr.factor;
   std::unique_ptr<Backend> be;
   std::unique_ptr<sim::OpCosts> costs;
   std::string profile_note;

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """parallel.adapt: schedule on 4 CPU ranks, pp = 4 (docs/adaptation.md).
 
-Rank 2 computes 1.5x slower (emulate.slow_ranks) under 1F1B. With adapt on,
-the controller warms up its detectors, then re-plans once from the measured
-stage times: the record in metrics.jsonl names the candidates, predicts a
-makespan no longer than 1F1B's, and every step's loss equals the run
-without adaptation bit for bit (a schedule moves work in time only).
+  --case start: rank 2 computes 1.5x slower (emulate.slow_ranks) under 1F1B
+      from the start. The controller warms up its detectors, then re-plans
+      from the measured stage times: the record names the candidates and
+      predicts a makespan no longer than 1F1B's.
+  --case onset: rank 2 turns 2x slower at step 30 ("2:2@30"): a re-plan
+      for a detected change follows within 20 steps, naming stage 2.
+In both, every step's loss equals the run without adaptation bit for bit (a
+schedule moves work in time only).
 """
 import argparse
 import json
@@ -25,8 +28,9 @@ def run(args, name, sets):
     if os.path.exists(m):
         os.remove(m)
     common = [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
-              "train.steps=24", "train.global_batch=8", "train.micro_batch=1", "parallel.pp=4",
-              "parallel.schedule=1f1b", "emulate.cluster=cpu-here", "emulate.slow_ranks=2:1.5",
+              f"train.steps={args.steps}", "train.global_batch=8", "train.micro_batch=1",
+              "parallel.pp=4", "parallel.schedule=1f1b", "emulate.cluster=cpu-here",
+              f"emulate.slow_ranks={args.slow}",
               f"log.dir={log}", f"checkpoint.dir={log}/ckpt"]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     p = subprocess.run(["timeout", "120", args.mpirun, "4", args.train, "--config", MODEL]
@@ -43,7 +47,9 @@ def main():
     ap.add_argument("--mpirun", required=True)
     ap.add_argument("--data", required=True)
     ap.add_argument("--work", required=True)
+    ap.add_argument("--case", choices=["start", "onset"], default="start")
     args = ap.parse_args()
+    args.steps, args.slow = (24, "2:1.5") if args.case == "start" else (60, "2:2@30")
     plain = run(args, "off", ["parallel.adapt=off"])
     adapt = run(args, "schedule", ["parallel.adapt=schedule"])
     loss = lambda recs: [(r["step"], r["loss"]) for r in recs if "loss" in r and "event" not in r]
@@ -53,6 +59,19 @@ def main():
     recs = [r for r in adapt if r.get("event") == "controller" and r.get("controller") == "adapt-schedule"]
     if not recs:
         sys.exit("FAILED: no adapt-schedule record in metrics.jsonl")
+    if args.case == "onset":
+        late = [r for r in recs if r["inputs"].get("replan") == "change" and r["step"] > 30]
+        if not late or late[0]["step"] > 50 or late[0]["inputs"]["stage_change"][2] < 1.3:
+            sys.exit("FAILED: no re-plan for stage 2's change within 20 steps of step 30: "
+                     + json.dumps([(r["step"], r["inputs"].get("replan"),
+                                    r["inputs"].get("stage_change")) for r in recs]))
+        r = late[0]
+        print(f"adapt-schedule: rank 2 2x slower from step 30, detected at step {r['step']} "
+              f"(stage changes {[round(x, 2) for x in r['inputs']['stage_change']]}); "
+              f"{r['decision']['schedule']} predicted {r['decision']['predicted_after_s']:.4f} s "
+              f"against {r['decision']['predicted_before_s']:.4f} s; {len(recs)} re-plan(s) in "
+              f"{args.steps} steps; losses equal bit for bit")
+        return
     first = recs[0]
     d = first["decision"]
     if first["inputs"].get("replan") != "warm-up" or not (10 <= first["step"] <= 13):
@@ -62,7 +81,7 @@ def main():
     slow = first["inputs"]["f_s"][2] / max(first["inputs"]["f_s"][1], 1e-12)
     print(f"adapt-schedule: step {first['step']}: {d['schedule']} predicted {d['predicted_after_s']:.4f} s "
           f"against 1f1b {d['predicted_before_s']:.4f} s (switch {d['switch']}); stage 2's forward "
-          f"{slow:.2f}x stage 1's; {len(recs)} re-plan(s) in 24 steps; losses equal bit for bit")
+          f"{slow:.2f}x stage 1's; {len(recs)} re-plan(s) in {args.steps} steps; losses equal bit for bit")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <random>
 
+#include "core/config.hpp"
 #include "parallel/adapt/change_detector.hpp"
 #include "parallel/adapt/expert_slots.hpp"
 #include "parallel/adapt/schedule_choice.hpp"
@@ -174,4 +175,16 @@ TEST_CASE("adapt: the schedule re-plan from measured stage times", "[adapt]") {
   // The current schedule is kept on a tie.
   const ScheduleChoice same = choose_schedule(c.schedule, u);
   CHECK(same.predicted_s == same.current_predicted_s);
+}
+
+TEST_CASE("adapt: emulate.slow_ranks with an onset step", "[adapt][config]") {
+  using namespace adgt;
+  const auto e = parse_slow_rank_entries("3:2.0, 5:1.5@100");
+  REQUIRE(e.size() == 2);
+  CHECK((e[0].rank == 3 && e[0].factor == 2.0 && e[0].from_step == 0));
+  CHECK((e[1].rank == 5 && e[1].factor == 1.5 && e[1].from_step == 100));
+  CHECK(parse_slow_ranks("5:1.5@100") == std::vector<std::pair<int64_t, double>>{{5, 1.5}});
+  CHECK_THROWS_WITH(parse_slow_rank_entries("5:1.5@"), Catch::Contains("the step after '@'"));
+  CHECK_THROWS_WITH(parse_slow_rank_entries("5:1.5@x"), Catch::Contains("the step after '@'"));
+  CHECK_THROWS_WITH(parse_slow_rank_entries("5:0.5@3"), Catch::Contains("< 1"));
 }

@@ -60,7 +60,7 @@ TEST_CASE("emulate.slow_ranks: rank:factor pairs", "[emulate]") {
       FAIL("no error");
     } catch (const ConfigError& e) {
       CHECK_THAT(e.what(), Contains("emulate.slow_ranks: ") && Contains(msg) &&
-                               Contains("expected \"rank:factor,...\""));
+                               Contains("expected \"rank:factor[@step],...\""));
     }
   }
 }

@@ -1,0 +1,531 @@
+#include "parallel/compress/controller.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+
+#include "kernels/check.hpp"
+#include "parallel/compress/block_codec.hpp"
+#include "parallel/compress/bucket_reduce.hpp"
+#include "parallel/compress/chunk_codec.hpp"
+#include "parallel/compress/powersgd.hpp"
+#include "parallel/dp/grad_reducer.hpp"
+
+namespace adgt::compress {
+
+namespace {
+
+cluster::Cluster one_node(int ranks, const LinkFit& l) {
+  cluster::Cluster c;
+  c.name = "measured";
+  c.nodes = 1;
+  c.devices_per_node = std::max(ranks, 1);
+  c.intra.bandwidth = l.beta;
+  c.intra.latency = l.alpha;
+  c.intra.efficiency = 1;
+  return c;
+}
+
+std::vector<int> members(int ranks) {
+  std::vector<int> m(size_t(std::max(ranks, 1)));
+  for (size_t i = 0; i < m.size(); ++i) m[i] = int(i);
+  return m;
+}
+
+bool quantized(Level l) { return l == Level::Bf16 || l == Level::Int8 || l == Level::Int4; }
+
+}  // namespace
+
+double link_time(cluster::Collective c, int ranks, const LinkFit& l, double bytes) {
+  if (ranks <= 1) return 0;
+  return cluster::collective_time(one_node(ranks, l), c, members(ranks), bytes);
+}
+
+LinkFit fit_link(cluster::Collective c, int ranks, double small_bytes, double t_small,
+                 double big_bytes, double t_big) {
+  LinkFit f;
+  if (ranks <= 1) return f;
+  // alpha: the small message is latency-bound (bandwidth taken as unlimited).
+  const double unit = link_time(c, ranks, LinkFit{1.0, 1e30}, small_bytes);
+  f.alpha = unit > 0 ? std::max(0.0, t_small) / unit : 0;
+  // beta: bisection in log space on the big message (time falls as beta grows).
+  double lo = std::log(1e3), hi = std::log(1e13);
+  if (link_time(c, ranks, LinkFit{f.alpha, std::exp(hi)}, big_bytes) >= t_big) {
+    f.beta = std::exp(hi);
+    return f;
+  }
+  for (int it = 0; it < 80; ++it) {
+    const double mid = 0.5 * (lo + hi);
+    if (link_time(c, ranks, LinkFit{f.alpha, std::exp(mid)}, big_bytes) > t_big)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  f.beta = std::exp(0.5 * (lo + hi));
+  return f;
+}
+
+double error_prior(Level l) {
+  switch (l) {
+    case Level::None: return 0;
+    case Level::Bf16: return 3e-6;    // (1.7e-3)^2
+    case Level::Int8: return 5e-5;    // (7.0e-3)^2
+    case Level::Int4: return 1.7e-2;  // (1.3e-1)^2
+    case Level::PowerSgd: return 0.25;
+  }
+  return 1;
+}
+
+double predict_seconds(const Signals& s, const BucketSignals& b, Level l) {
+  using cluster::Collective;
+  const int D = s.ranks;
+  if (D <= 1) return 0;
+  const double codec = s.codec_s_per_elem[size_t(l)] * double(b.compressible);
+  switch (l) {
+    case Level::None: {
+      const double t = link_time(b.reduce_scatter ? Collective::ReduceScatter : Collective::AllReduce,
+                                 D, s.all_reduce, b.buf[0]);
+      return std::max(0.0, t - b.hide_s);
+    }
+    case Level::Bf16:
+    case Level::Int8:
+    case Level::Int4: {
+      const int calls = b.reduce_scatter ? 1 : 2;  // all-to-all of the chunks (+ the owners' all-gather)
+      return calls * (link_time(Collective::AllToAll, D, s.all_to_all, b.buf[size_t(l)]) + codec);
+    }
+    case Level::PowerSgd:
+      return codec + link_time(Collective::AllReduce, D, s.all_reduce, b.buf[size_t(l)]) +
+             link_time(Collective::AllReduce, D, s.all_reduce, b.buf_q);
+  }
+  return 0;
+}
+
+std::vector<Choice> choose_levels(const Signals& s) {
+  std::vector<Choice> out(s.buckets.size());
+  // Off buckets share the group's link one after another (an NCCL stream, the
+  // emulation): bucket i's all-reduce ends at end_i = max(ready_i, end_{i-1})
+  // + t_i, ready_i = bwd - hide_i (bwd: the backward's length, hide_0 plus
+  // bucket 0's share), and its cost is what it adds to the exposed tail
+  // max(0, end - bwd). Summed over the buckets: the all-off step's exposure.
+  double bwd = 0, end = 0;
+  if (!s.buckets.empty()) {
+    const BucketSignals& b0 = s.buckets[0];
+    bwd = b0.hide_s + 2.0 / 3.0 * b0.compute_share_s;
+  }
+  for (size_t i = 0; i < s.buckets.size(); ++i) {
+    const BucketSignals& b = s.buckets[i];
+    Choice& c = out[i];
+    for (int l = 0; l < kLevels; ++l) c.predicted[size_t(l)] = predict_seconds(s, b, Level(l));
+    {
+      BucketSignals bare = b;
+      bare.hide_s = 0;
+      const double t = predict_seconds(s, bare, Level::None);
+      const double e = std::max(bwd - b.hide_s, end) + t;
+      c.predicted[0] = std::max(0.0, e - bwd) - std::max(0.0, end - bwd);
+      end = e;
+    }
+    if (s.step <= s.warmup_steps) {
+      c.reason = "warm-up";
+      continue;
+    }
+    if (b.compressible <= 0 || s.ranks <= 1) {
+      c.reason = "no compressible tensor";
+      continue;
+    }
+    const bool critical = b.rel_change < 0 || b.rel_change >= s.critical_change;
+    const double rho = s.noise_share < 0 ? -1 : s.noise_share * (critical ? 0.25 : 1.0);
+    const bool ef_high = b.ef_ratio > s.ef_limit && b.current != Level::None;
+    auto allowed = [&](int l) {
+      if (ef_high && l >= int(b.current) && l > int(Level::Bf16)) return false;
+      if (l == int(Level::PowerSgd) && b.buf[size_t(l)] <= 0) return false;
+      if (l <= int(Level::Bf16)) return true;
+      if (rho < 0) return false;
+      const double err = error_prior(Level(l)) * (quantized(Level(l)) && !b.reduce_scatter ? 2 : 1);
+      return err <= s.budget * rho;
+    };
+    double best = 1e300;
+    for (int l = 0; l < kLevels; ++l)
+      if (allowed(l)) best = std::min(best, c.predicted[size_t(l)]);
+    const double base = best + b.compute_share_s;
+    const int cur = int(b.current);
+    if (allowed(cur) && c.predicted[size_t(cur)] <= best + (s.tolerance + s.hysteresis) * base) {
+      c.level = b.current;
+      c.reason = c.predicted[size_t(cur)] <= best + s.tolerance * base ? "within tolerance"
+                                                                          : "kept (hysteresis)";
+    } else {
+      for (int l = 0; l < kLevels; ++l)
+        if (allowed(l) && c.predicted[size_t(l)] <= best + s.tolerance * base) {
+          c.level = Level(l);
+          c.reason = "within tolerance";
+          break;
+        }
+    }
+    if (critical && rho >= 0) c.reason += ", critical regime";
+    if (ef_high) c.reason += ", EF residual high";
+    if (rho < 0) c.reason += ", noise scale unknown";
+  }
+  return out;
+}
+
+namespace {
+// JSON has no NaN or infinity (nlohmann writes null): unknown is -1, too large
+// is 1e30 (a step with a non-finite gradient can give either).
+double finite(double x, double unknown = -1) {
+  if (std::isnan(x)) return unknown;
+  return std::isinf(x) ? (x > 0 ? 1e30 : -1e30) : x;
+}
+}  // namespace
+
+nlohmann::json to_json(const Signals& s) {
+  nlohmann::json j;
+  j["step"] = s.step;
+  j["warmup_steps"] = s.warmup_steps;
+  j["ranks"] = s.ranks;
+  j["all_reduce_link"] = {{"latency_s", finite(s.all_reduce.alpha, 0)},
+                          {"bandwidth_Bps", finite(s.all_reduce.beta, 1e13)}};
+  j["all_to_all_link"] = {{"latency_s", finite(s.all_to_all.alpha, 0)},
+                          {"bandwidth_Bps", finite(s.all_to_all.beta, 1e13)}};
+  j["codec_s_per_elem"] = s.codec_s_per_elem;
+  j["noise_share"] = finite(s.noise_share);
+  j["budget"] = s.budget;
+  j["tolerance"] = s.tolerance;
+  j["hysteresis"] = s.hysteresis;
+  j["critical_change"] = s.critical_change;
+  j["ef_limit"] = s.ef_limit;
+  nlohmann::json bs = nlohmann::json::array();
+  for (const BucketSignals& b : s.buckets)
+    bs.push_back({{"n", b.n}, {"compressible", b.compressible}, {"reduce_scatter", b.reduce_scatter},
+                  {"buf", b.buf}, {"buf_q", b.buf_q}, {"hide_s", finite(b.hide_s, 0)},
+                  {"compute_share_s", finite(b.compute_share_s, 0)}, {"rel_change", finite(b.rel_change)},
+                  {"ef_ratio", finite(b.ef_ratio, 1e30)}, {"current", level_name(b.current)}});
+  j["buckets"] = bs;
+  return j;
+}
+
+Signals signals_from_json(const nlohmann::json& j) {
+  Signals s;
+  s.step = j.at("step");
+  s.warmup_steps = j.at("warmup_steps");
+  s.ranks = j.at("ranks");
+  s.all_reduce = {j.at("all_reduce_link").at("latency_s"), j.at("all_reduce_link").at("bandwidth_Bps")};
+  s.all_to_all = {j.at("all_to_all_link").at("latency_s"), j.at("all_to_all_link").at("bandwidth_Bps")};
+  s.codec_s_per_elem = j.at("codec_s_per_elem");
+  s.noise_share = j.at("noise_share");
+  s.budget = j.at("budget");
+  s.tolerance = j.at("tolerance");
+  s.hysteresis = j.at("hysteresis");
+  s.critical_change = j.at("critical_change");
+  s.ef_limit = j.at("ef_limit");
+  for (const auto& x : j.at("buckets")) {
+    BucketSignals b;
+    b.n = x.at("n");
+    b.compressible = x.at("compressible");
+    b.reduce_scatter = x.at("reduce_scatter");
+    b.buf = x.at("buf");
+    b.buf_q = x.at("buf_q");
+    b.hide_s = x.at("hide_s");
+    b.compute_share_s = x.at("compute_share_s");
+    b.rel_change = x.at("rel_change");
+    b.ef_ratio = x.at("ef_ratio");
+    b.current = parse_level(x.at("current").get<std::string>());
+    s.buckets.push_back(b);
+  }
+  return s;
+}
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// Encode+decode seconds per element of each level on this host (the fastest
+// of 3 rounds; PowerSGD: P = MQ, orthonormalize, Q = MᵀP, PQᵀ on 128 x 128).
+std::array<double, kLevels> measure_codecs(int powersgd_rank) {
+  std::array<double, kLevels> out{};
+  const int64_t n = 1 << 16;
+  std::vector<float> x(static_cast<size_t>(n)), y(static_cast<size_t>(n));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.0f, 1e-3f);
+  for (float& v : x) v = nd(rng);
+  for (Level l : {Level::Bf16, Level::Int8, Level::Int4}) {
+    std::vector<uint8_t> buf(static_cast<size_t>(encoded_bytes(l, n)));
+    double best = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      encode(l, x.data(), n, buf.data());
+      decode(l, buf.data(), n, y.data());
+      best = std::min(best, seconds_since(t0));
+    }
+    out[size_t(l)] = best / double(n);
+  }
+  const int64_t m = 128, k = 128;
+  const int r = std::max(1, powersgd_rank);
+  std::vector<float> q(size_t(k * r)), p(size_t(m * r));
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    init_q(q.data(), k, r, 1, "probe");
+    const auto t0 = std::chrono::steady_clock::now();
+    mat_mq(x.data(), m, k, q.data(), r, p.data());
+    orthonormalize(p.data(), m, r);
+    mat_mtp(x.data(), m, k, p.data(), r, q.data());
+    mat_pqt(p.data(), q.data(), m, k, r, y.data(), false);
+    best = std::min(best, seconds_since(t0));
+  }
+  out[size_t(Level::PowerSgd)] = best / double(m * k);
+  return out;
+}
+
+// Seconds of `c` on `comm` with a buffer of `elems` floats per member: the
+// fastest of 2 rounds, each entered together (barrier).
+double probe(Comm& comm, cluster::Collective c, int64_t elems) {
+  std::vector<float> in(size_t(elems), 1.0f), out(size_t(elems), 0.0f);
+  double best = 1e30;
+  for (int rep = 0; rep < 2; ++rep) {
+    comm.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    if (c == cluster::Collective::AllToAll)
+      comm.all_to_all(Tensor(out.data(), DType::F32, {elems}), Tensor(in.data(), DType::F32, {elems}));
+    else
+      comm.all_reduce(Tensor(in.data(), DType::F32, {elems}));
+    best = std::min(best, seconds_since(t0));
+  }
+  return best;
+}
+
+class CompressController final : public Controller {
+ public:
+  CompressController(const RunConfig& cfg, Engine& e) : cfg_(cfg) {
+    interval_ = std::max<int64_t>(1, cfg.parallel.compress_interval);
+    e.reducer().track_norms(true);
+  }
+  std::string name() const override { return "grad-compression"; }
+  bool due(const StepReport& r) const override {
+    return r.step > r.first_step && r.step % interval_ == 0;
+  }
+
+  nlohmann::json observe(Engine& e, const StepReport& r, Comm& world) override {
+    GradReducer& red = e.reducer();
+    Comm& dp = *e.groups().dp;
+    rank_ = world.rank();
+    step_ = r.step;
+    const int D = dp.size();
+    const auto& bk = red.buckets();
+    const compress::Settings& set = red.compression();
+    // Bucket count: the longest list over the world (stages differ under pp).
+    double kk[1] = {double(bk.size())};
+    world.all_reduce(Tensor(kk, DType::F64, {1}), ReduceOp::Max);
+    const size_t K = size_t(kk[0]);
+
+    if (!codec_measured_) {
+      codec_ = measure_codecs(int(set.powersgd_rank));
+      codec_measured_ = true;
+    }
+    // Probes of the dp group: latency (1 float per member) and bandwidth (16
+    // KiB per member). They run between steps: no step's dp bytes count them.
+    const int64_t small = D, big = 4096 * int64_t(D);
+    double probes[4] = {0, 0, 0, 0};
+    if (D > 1) {
+      probes[0] = probe(dp, cluster::Collective::AllReduce, small);
+      probes[1] = probe(dp, cluster::Collective::AllReduce, big);
+      probes[2] = probe(dp, cluster::Collective::AllToAll, small);
+      probes[3] = probe(dp, cluster::Collective::AllToAll, big);
+    }
+    // MAX over the world: globals, then per bucket its geometry.
+    const size_t G = 4 + 2 + kLevels, F = 3 + kLevels + 1;
+    std::vector<double> mx(G + K * F, 0.0);
+    for (int i = 0; i < 4; ++i) mx[size_t(i)] = probes[i];
+    mx[4] = std::max(0.0, r.seconds - red.last_wait_seconds() - red.last_compression().seconds);
+    mx[5] = red.last_wait_seconds() + red.last_compression().seconds;  // measured reduce time
+    for (int l = 0; l < kLevels; ++l) mx[6 + size_t(l)] = codec_[size_t(l)];
+    const std::vector<ParamSpec>& table = e.model().table();
+    for (size_t i = 0; i < bk.size(); ++i) {
+      const GradBucket& b = bk[i];
+      const int64_t n = b.end - b.begin;
+      const bool rs = b.op == BucketOp::ReduceScatter;
+      int64_t comp = 0, ps_p = 0, ps_q = 0;
+      for (const ParamSpec& p : table) {
+        if (!compressible(p, set.min_elems) || p.offset < b.begin || p.offset + p.numel > b.end) continue;
+        comp += p.numel;
+        ps_p += p.shape[0] * set.powersgd_rank;
+        ps_q += p.shape[1] * set.powersgd_rank;
+      }
+      double* f = &mx[G + i * F];
+      f[0] = double(n);
+      f[1] = double(comp);
+      f[2] = rs ? 1 : 0;
+      f[3] = 4.0 * double(n);
+      for (Level l : {Level::Bf16, Level::Int8, Level::Int4}) {
+        int64_t words = 0;
+        for (int d = 0; d < D; ++d) {
+          const auto [lo, hi] = chunk_range(n, D, d, rs);
+          if (hi > lo) words += chunk_words(l, chunk_layout(table, b.begin + lo, b.begin + hi, set.min_elems));
+        }
+        f[3 + int(l)] = 4.0 * double(words);
+      }
+      f[3 + int(Level::PowerSgd)] = comp > 0 ? 4.0 * double(ps_p + (n - comp)) : 0;
+      f[3 + kLevels] = 4.0 * double(ps_q);
+    }
+    world.all_reduce(Tensor(mx.data(), DType::F64, {int64_t(mx.size())}), ReduceOp::Max);
+
+    // SUM over the world: squared norms (all-reduce buckets) and EF residuals.
+    const BucketNormStats& ns = red.norm_stats();
+    std::vector<double> sm(2 + K * 3, 0.0);
+    for (size_t i = 0; i < bk.size(); ++i) {
+      const bool ar = ns.reduced_sq.size() > i && ns.reduced_sq[i] >= 0;
+      if (ns.local_sq.size() > i) sm[2 + 3 * i] = ns.local_sq[i];
+      if (ar) {
+        sm[2 + 3 * i + 1] = ns.reduced_sq[i];
+        sm[0] += ns.local_sq[i];
+        sm[1] += ns.reduced_sq[i];
+      }
+      double res = 0;
+      const compress::BucketCodecState& st = red.state(int(i)).codec;
+      for (float v : st.residual) res += double(v) * v;
+      for (float v : st.owner_residual) res += double(v) * v;
+      sm[2 + 3 * i + 2] = res;
+    }
+    const int64_t steps = ns.steps;
+    world.all_reduce(Tensor(sm.data(), DType::F64, {int64_t(sm.size())}), ReduceOp::Sum);
+    red.reset_norm_stats();
+
+    Signals s;
+    s.step = r.step;
+    s.warmup_steps = cfg_.train.warmup_steps;
+    s.ranks = D;
+    s.budget = cfg_.parallel.compress_error_budget;
+    s.hysteresis = cfg_.parallel.compress_hysteresis;
+    // Links: exponential moving averages (weight 1/2) of latency and time per byte.
+    const LinkFit ar = fit_link(cluster::Collective::AllReduce, D, 4.0 * small, mx[0], 4.0 * big, mx[1]);
+    const LinkFit aa = fit_link(cluster::Collective::AllToAll, D, 4.0 * small, mx[2], 4.0 * big, mx[3]);
+    auto smooth = [&](LinkFit& avg, const LinkFit& now) {
+      if (!links_) return void(avg = now);
+      avg.alpha = 0.5 * (avg.alpha + now.alpha);
+      avg.beta = 1.0 / (0.5 * (1.0 / avg.beta + 1.0 / now.beta));
+    };
+    smooth(ar_, ar);
+    smooth(aa_, aa);
+    links_ = true;
+    s.all_reduce = ar_;
+    s.all_to_all = aa_;
+    for (int l = 0; l < kLevels; ++l) s.codec_s_per_elem[size_t(l)] = mx[6 + size_t(l)];
+    compute_s_ = compute_s_ > 0 ? 0.5 * (compute_s_ + mx[4]) : mx[4];
+
+    // Gradient noise scale (McCandlish et al. 2018, appendix A): B_small =
+    // B/D per replica, B_big = B, in tokens.
+    double b_noise = -1, g2 = 0, tr = 0;
+    const double Bb = double(cfg_.train.global_batch * cfg_.model.seq_len), Bs = Bb / D;
+    if (steps > 0 && D > 1 && sm[1] > 0) {
+      const double gs = double(D) * sm[0] / double(steps), gb = sm[1] / double(steps);
+      const double g2_now = (Bb * gb - Bs * gs) / (Bb - Bs);
+      const double s_now = (gs - gb) / (1.0 / Bs - 1.0 / Bb);
+      if (std::isfinite(g2_now) && std::isfinite(s_now)) {  // a non-finite step is left out
+        g2_ = noise_ ? 0.5 * (g2_ + g2_now) : g2_now;
+        tr_ = noise_ ? 0.5 * (tr_ + s_now) : s_now;
+        noise_ = true;
+      }
+    }
+    if (noise_) {
+      g2 = g2_;
+      tr = tr_;
+      const double sb = std::max(0.0, tr) / Bb;
+      s.noise_share = g2 > 0 ? sb / (g2 + sb) : 1.0;
+      if (g2 > 0) b_noise = tr / g2;
+    }
+    double total = 0;
+    for (size_t i = 0; i < K; ++i) total += mx[G + i * F];
+    prev_norm_.resize(K, -1);
+    double after = total;
+    for (size_t i = 0; i < K; ++i) {
+      const double* f = &mx[G + i * F];
+      BucketSignals b;
+      b.n = int64_t(f[0]);
+      b.compressible = int64_t(f[1]);
+      b.reduce_scatter = f[2] > 0;
+      for (int l = 0; l < kLevels; ++l) b.buf[size_t(l)] = f[3 + l];
+      b.buf_q = f[3 + kLevels];
+      after -= f[0];
+      // The bucket starts during the backward (about 2/3 of the compute), in
+      // bucket order: what follows it can hide an off bucket's all-reduce.
+      b.hide_s = total > 0 ? 2.0 / 3.0 * compute_s_ * after / total : 0;
+      b.compute_share_s = total > 0 ? compute_s_ * f[0] / total : 0;
+      const double norm = steps > 0 ? std::sqrt(sm[2 + 3 * i + 1] / double(steps)) : -1;
+      if (norm > 0 && prev_norm_[i] > 0) b.rel_change = std::abs(norm - prev_norm_[i]) / prev_norm_[i];
+      if (norm > 0) prev_norm_[i] = norm;
+      const double local = steps > 0 ? sm[2 + 3 * i] / double(steps) : 0;
+      b.ef_ratio = local > 0 ? sm[2 + 3 * i + 2] / local : 0;
+      b.current = i < bk.size() ? red.level(int(i)) : Level::None;
+      s.buckets.push_back(b);
+    }
+    // Ranks with fewer buckets report off for the missing ones: take the
+    // level of the ranks that have them (max over the world of the level).
+    std::vector<double> cur(K, 0.0);
+    for (size_t i = 0; i < bk.size(); ++i) cur[i] = double(int(red.level(int(i))));
+    if (K > 0) world.all_reduce(Tensor(cur.data(), DType::F64, {int64_t(K)}), ReduceOp::Max);
+    for (size_t i = 0; i < K; ++i) s.buckets[i].current = Level(int(cur[i]));
+
+    nlohmann::json in = to_json(s);
+    in["measured"] = {{"compute_s", compute_s_},
+                      {"reduce_s", mx[5]},
+                      {"probe_s", {mx[0], mx[1], mx[2], mx[3]}},
+                      {"grad_sq", g2},
+                      {"trace_sigma", tr},
+                      {"noise_scale_tokens", b_noise},
+                      {"lr", r.lr},
+                      {"norm_steps", steps}};
+    return in;
+  }
+
+  nlohmann::json decide(const nlohmann::json& in) override {
+    const Signals s = signals_from_json(in);
+    const std::vector<Choice> cs = choose_levels(s);
+    nlohmann::json d;
+    nlohmann::json levels = nlohmann::json::array(), why = nlohmann::json::array();
+    double chosen = 0, off = 0;
+    for (const Choice& c : cs) {
+      levels.push_back(level_name(c.level));
+      why.push_back(c.reason);
+      chosen += c.predicted[size_t(c.level)];
+      off += c.predicted[0];
+    }
+    d["levels"] = levels;
+    d["reasons"] = why;
+    d["predicted_reduce_s"] = chosen;
+    d["predicted_reduce_off_s"] = off;
+    return d;
+  }
+
+  void apply(Engine& e, const nlohmann::json& d) override {
+    GradReducer& red = e.reducer();
+    const auto& levels = d.at("levels");
+    for (size_t i = 0; i < red.buckets().size() && i < levels.size(); ++i)
+      red.set_level(int(i), parse_level(levels[i].get<std::string>()));
+    // ADGT_LOG_CONTROLLER=1: every rank prints what it applied (the tests
+    // compare the ranks).
+    if (const char* v = std::getenv("ADGT_LOG_CONTROLLER"); v && *v && *v != '0')
+      std::fprintf(stderr, "grad-compression rank %d step %ld applied %s\n", rank_, long(step_),
+                   levels.dump().c_str());
+  }
+
+ private:
+  RunConfig cfg_;
+  int64_t interval_ = 20;
+  bool codec_measured_ = false, links_ = false, noise_ = false;
+  std::array<double, kLevels> codec_{};
+  LinkFit ar_, aa_;
+  double compute_s_ = 0, g2_ = 0, tr_ = 0;
+  int rank_ = 0;
+  int64_t step_ = 0;
+  std::vector<double> prev_norm_;
+};
+
+}  // namespace
+
+std::unique_ptr<Controller> make_compress_controller(const RunConfig& cfg, Engine& e) {
+  return std::make_unique<CompressController>(cfg, e);
+}
+
+}  // namespace adgt::compress

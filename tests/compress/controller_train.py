@@ -1,0 +1,99 @@
+"""The gradient-compression controller (parallel.grad_compression=auto;
+docs/compression.md, "Controller") on 4 CPU ranks under the link emulation
+(tests/compress.cmake):
+
+  --link slow: a 50 Mbit/s link (slow_link.yaml): after warm-up the
+      controller turns compression on (some bucket at int8, int4 or
+      PowerSGD), and the steps after its decision send fewer dp bytes;
+  --link fast: a 100 Gbit/s link (fast_link.yaml): every decision keeps
+      every bucket at off or bf16.
+
+Both: the controller records of metrics.jsonl (rank 0) equal what every rank
+applied (ADGT_LOG_CONTROLLER=1 lines on stderr), and the dp replicas hold the
+same parameters bit for bit at the end (ADGT_CHECK_DP_REPLICAS=1).
+Exits non-zero with what differed.
+"""
+import argparse
+import collections
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for a in ("--train", "--mpirun", "--data", "--model", "--work"):
+        ap.add_argument(a, required=True)
+    ap.add_argument("--link", choices=["slow", "fast"], required=True)
+    ap.add_argument("--steps", type=int, default=40)
+    args = ap.parse_args()
+    out = args.work
+    shutil.rmtree(out, ignore_errors=True)
+    cluster = os.path.join(HERE, f"{args.link}_link.yaml")
+    sets = [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
+            f"log.dir={out}", f"checkpoint.dir={out}/ckpt", "train.device=cpu", "parallel.dp=4",
+            f"train.steps={args.steps}", "train.warmup_steps=10", "parallel.compress_interval=10",
+            "parallel.grad_compression=auto", f"emulate.cluster={cluster}"]
+    cmd = [args.mpirun, "4", args.train, "--config", args.model]
+    for s in sets:
+        cmd += ["--set", s]
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, OMP_NUM_THREADS="1", ADGT_CHECK_DP_REPLICAS="1",
+                                ADGT_LOG_CONTROLLER="1"))
+    problems = []
+    if p.returncode != 0 or "bit-identical" not in p.stdout:
+        print(" ".join(cmd))
+        print(p.stdout[-4000:], p.stderr[-4000:])
+        sys.exit(f"FAILED: the run " + ("failed" if p.returncode else "printed no replica check"))
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        recs = [json.loads(l) for l in f if l.strip()]
+    steps = [r for r in recs if "loss" in r and "step" in r and r.get("event") is None]
+    ctl = [r for r in recs if r.get("event") == "controller" and r.get("controller") == "grad-compression"]
+    print(f"{args.link}: {len(steps)} steps, {len(ctl)} decisions in {time.time() - t0:.1f} s")
+    want = args.steps // 10
+    if len(ctl) != want:
+        problems.append(f"{len(ctl)} controller records, want {want}")
+    applied = collections.defaultdict(dict)
+    for m in re.finditer(r"grad-compression rank (\d+) step (\d+) applied (\[.*\])", p.stderr):
+        applied[int(m.group(2))][int(m.group(1))] = json.loads(m.group(3))
+    for r in ctl:
+        lv = r["decision"]["levels"]
+        ranks = applied.get(r["step"], {})
+        if sorted(ranks) != [0, 1, 2, 3] or any(v != lv for v in ranks.values()):
+            problems.append(f"step {r['step']}: rank 0 logged {lv}, the ranks applied {ranks}")
+        meas = r["inputs"]["measured"]
+        print(f"  step {r['step']}: levels {collections.Counter(lv)} reasons "
+              f"{collections.Counter(r['decision']['reasons'])} predicted reduce "
+              f"{r['decision']['predicted_reduce_s'] * 1e3:.2f} ms (off "
+              f"{r['decision']['predicted_reduce_off_s'] * 1e3:.2f} ms), noise share "
+              f"{r['inputs']['noise_share']:.3f}, all-reduce link "
+              f"{r['inputs']['all_reduce_link']['bandwidth_Bps'] / 1e9:.4g} GB/s "
+              f"{r['inputs']['all_reduce_link']['latency_s'] * 1e6:.0f} us, compute "
+              f"{meas['compute_s'] * 1e3:.1f} ms")
+    after = [r for r in ctl if r["step"] > 10]
+    if args.link == "slow":
+        if not after or not any(l in ("int8", "int4", "powersgd") for l in after[-1]["decision"]["levels"]):
+            problems.append("slow link: the last decision compresses no bucket")
+        last = steps[-1].get("grad_compression")
+        if not last or not 0 < last["sent_bytes"] < last["fp32_bytes"] / 4:
+            problems.append(f"slow link: the last step sent {last}")
+    else:
+        for r in ctl:
+            bad = [l for l in r["decision"]["levels"] if l not in ("off", "bf16")]
+            if bad:
+                problems.append(f"fast link: step {r['step']} chose {bad}")
+    if problems:
+        print("FAILED:\n  " + "\n  ".join(problems))
+        sys.exit(1)
+    print(f"ok: controller {args.link} link")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+// The compression controller's pure parts (parallel/compress/controller.hpp):
+// the link fit through the cluster model, and choose_levels on fixed inputs.
+#include <catch2/catch.hpp>
+
+#include <random>
+
+#include "parallel/compress/controller.hpp"
+
+using namespace adgt;
+using namespace adgt::compress;
+using cluster::Collective;
+
+namespace {
+
+// 4 dp ranks, 3 buckets of 32k elements (all compressible matrices 128 x 256),
+// a link of `Bps` bytes/s and 50 us latency, 20 ms of compute, noisy gradients.
+Signals fixed(double Bps, int64_t step = 100) {
+  Signals s;
+  s.step = step;
+  s.warmup_steps = 20;
+  s.ranks = 4;
+  s.all_reduce = {50e-6, Bps};
+  s.all_to_all = {50e-6, Bps};
+  s.codec_s_per_elem = {0, 1e-9, 3e-9, 8e-9, 2e-8};
+  s.noise_share = 0.9;
+  const int64_t n = 32768;
+  for (int i = 0; i < 3; ++i) {
+    BucketSignals b;
+    b.n = n;
+    b.compressible = n;
+    b.buf = {4.0 * n, 2.0 * n, 1.0156 * n, 0.5156 * n, 4.0 * 128 * 4};
+    b.buf_q = 4.0 * 256 * 4;
+    b.compute_share_s = 0.02 / 3;
+    b.hide_s = 2.0 / 3.0 * 0.02 * (2 - i) / 3;
+    b.rel_change = 0.1;
+    s.buckets.push_back(b);
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("compress controller: the link fit inverts the cluster model", "[compress][controller]") {
+  for (Collective c : {Collective::AllReduce, Collective::AllToAll}) {
+    const LinkFit truth{2e-4, 6.25e6};
+    const double ts = link_time(c, 4, truth, 16), tb = link_time(c, 4, truth, 65536);
+    const LinkFit f = fit_link(c, 4, 16, ts, 65536, tb);
+    // The small probe carries a few bytes of transfer: alpha within 1%.
+    CHECK(f.alpha == Approx(truth.alpha).epsilon(0.01));
+    CHECK(link_time(c, 4, f, 65536) == Approx(tb).epsilon(1e-6));
+    CHECK(f.beta == Approx(truth.beta).epsilon(0.02));
+  }
+}
+
+TEST_CASE("compress controller: slow link compresses, fast link stays off", "[compress][controller]") {
+  // 50 Mbit/s: fp32 takes 2*3/4*128 KiB / 6.25 MB/s = 31 ms per bucket.
+  for (const Choice& c : choose_levels(fixed(6.25e6))) {
+    CHECK(int(c.level) >= int(Level::Int4));
+    CHECK(c.predicted[size_t(c.level)] < 0.25 * c.predicted[0]);
+  }
+  // 100 Gbit/s: fp32 takes 10 us, hidden under the compute but for the last bucket.
+  for (const Choice& c : choose_levels(fixed(12.5e9))) CHECK(int(c.level) <= int(Level::Bf16));
+}
+
+TEST_CASE("compress controller: warm-up, no compressible tensor, unknown noise", "[compress][controller]") {
+  for (const Choice& c : choose_levels(fixed(6.25e6, 20))) {
+    CHECK(c.level == Level::None);
+    CHECK(c.reason == "warm-up");
+  }
+  Signals s = fixed(6.25e6);
+  s.buckets[1].compressible = 0;
+  const auto cs = choose_levels(s);
+  CHECK(cs[1].level == Level::None);
+  CHECK(cs[1].reason == "no compressible tensor");
+  s.noise_share = -1;  // no noise estimate yet: at most bf16
+  for (const Choice& c : choose_levels(s)) CHECK(int(c.level) <= int(Level::Bf16));
+}
+
+TEST_CASE("compress controller: the error budget caps the level", "[compress][controller]") {
+  Signals s = fixed(6.25e6);
+  s.noise_share = 0.02;  // a clean gradient: int4 (2 x 1.7e-2) and PowerSGD exceed the budget
+  for (const Choice& c : choose_levels(s)) CHECK(c.level == Level::Int8);
+  s.noise_share = 0.9;
+  s.buckets[0].rel_change = 0.8;  // critical regime: a quarter of the budget
+  s.buckets[1].rel_change = -1;   // unknown: treated as critical
+  const auto cs = choose_levels(s);
+  CHECK(int(cs[0].level) >= int(Level::Int4));  // 0.25 <= 0.9/4
+  s.noise_share = 0.5;
+  const auto cs2 = choose_levels(s);
+  CHECK(cs2[0].level == Level::Int4);  // PowerSGD's 0.25 > 0.5/4
+  CHECK(cs2[2].level == Level::PowerSgd);
+  // EF residual far above the gradient: the bucket steps down.
+  s.buckets[2].current = Level::PowerSgd;
+  s.buckets[2].ef_ratio = 50;
+  CHECK(int(choose_levels(s)[2].level) < int(Level::PowerSgd));
+}
+
+TEST_CASE("compress controller: hysteresis, no flapping at the boundary", "[compress][controller]") {
+  // Find the bandwidth where int8 and off cost the same for the last bucket
+  // (no compute hides it): the boundary.
+  Signals s = fixed(1e9);
+  s.noise_share = 0.05;  // int8 allowed, int4 and PowerSGD not
+  s.buckets.resize(1);
+  s.buckets[0].hide_s = 0;
+  s.hysteresis = 0;  // the boundary of the plain rule
+  double lo = 1e6, hi = 1e12;
+  for (int i = 0; i < 100; ++i) {
+    const double mid = std::sqrt(lo * hi);
+    s.all_reduce.beta = s.all_to_all.beta = mid;
+    (choose_levels(s)[0].level == Level::None ? hi : lo) = mid;
+  }
+  const double edge = std::sqrt(lo * hi);
+  s.hysteresis = 0.1;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<double> noise(0.97, 1.03);  // +-3% measurement noise
+  Level cur = Level::None;
+  int changes = 0;
+  for (int k = 0; k < 200; ++k) {
+    s.all_reduce.beta = s.all_to_all.beta = edge * noise(rng);
+    s.buckets[0].current = cur;
+    const Level next = choose_levels(s)[0].level;
+    changes += next != cur;
+    cur = next;
+  }
+  CHECK(changes <= 1);
+  // The same noisy inputs straddle the plain rule's boundary: judged from
+  // off each time without hysteresis, many go either way.
+  s.hysteresis = 0;
+  int compressed = 0;
+  rng.seed(3);
+  for (int k = 0; k < 200; ++k) {
+    s.all_reduce.beta = s.all_to_all.beta = edge * noise(rng);
+    s.buckets[0].current = Level::None;
+    compressed += choose_levels(s)[0].level != Level::None;
+  }
+  CHECK(compressed > 20);
+  CHECK(compressed < 180);
+}
+
+TEST_CASE("compress controller: signals round-trip through JSON", "[compress][controller]") {
+  Signals s = fixed(6.25e6);
+  s.buckets[1].current = Level::Int4;
+  const Signals t = signals_from_json(nlohmann::json::parse(to_json(s).dump()));
+  CHECK(to_json(t) == to_json(s));
+  const auto a = choose_levels(s), b = choose_levels(t);
+  for (size_t i = 0; i < a.size(); ++i) CHECK(a[i].level == b[i].level);
+}
