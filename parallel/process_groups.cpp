@@ -67,8 +67,7 @@ Placement place_launch(const RunConfig& cfg) {
   if (!cfg.emulate.cluster.empty()) {
     const cluster::Cluster cl = emulate::load_emulated_cluster(cfg, W);
     try {
-      for (int d : emulate::launcher_devices(cl, W, cfg.emulate.rank_order))
-        nodes.push_back(int(cl.node_of(d)));
+      nodes = emulate::launcher_nodes(cl, W, cfg.emulate.rank_order);
     } catch (const std::exception& e) {  // the same on every rank
       throw CollectiveError(e.what());
     }

@@ -12,17 +12,6 @@ namespace {
 Tensor flat_range(Tensor f, int64_t b, int64_t e) {
   return Tensor(static_cast<char*>(f.data) + size_t(b) * dtype_size(f.dtype), f.dtype, {e - b});
 }
-double sum_sq(const Tensor& g, int64_t b, int64_t e) {
-  double s = 0;
-  if (g.dtype == DType::F32) {
-    const float* p = static_cast<const float*>(g.data);
-    for (int64_t k = b; k < e; ++k) s += double(p[k]) * double(p[k]);
-  } else if (g.dtype == DType::F64) {
-    const double* p = static_cast<const double*>(g.data);
-    for (int64_t k = b; k < e; ++k) s += p[k] * p[k];
-  }
-  return s;
-}
 }  // namespace
 
 GradReducer::GradReducer(Model& model, Comm& dp, Comm* edp, bool zero, double bucket_mb)
@@ -95,7 +84,10 @@ void GradReducer::start(size_t i) {
   started_[i] = 1;
   const GradBucket& b = buckets_[i];
   ++step_report_.buckets[int(state_[i].level)];
-  if (track_norms_ && be_ && be_->is_host()) norms_.local_sq[i] += sum_sq(model_.grads(), b.begin, b.end);
+  // The noise estimate's norms (host gradients only: on a device each
+  // sum_squares is a host read, one per bucket and step).
+  if (track_norms_ && be_ && be_->is_host())
+    norms_.local_sq[i] += be_->sum_squares(flat_range(model_.grads(), b.begin, b.end));
   if (state_[i].level != compress::Level::None) return start_compressed(i);
   Tensor g = model_.grads();
   if (!state_[i].codec.empty()) {
@@ -299,7 +291,8 @@ void GradReducer::finish_grad_sync() {
         norms_.reduced_sq[i] = -1;
         continue;
       }
-      norms_.reduced_sq[i] += sum_sq(model_.grads(), b.begin, b.end) / group(b).size();
+      norms_.reduced_sq[i] +=
+          be_->sum_squares(flat_range(model_.grads(), b.begin, b.end)) / group(b).size();
     }
     ++norms_.steps;
   }

@@ -107,6 +107,13 @@ std::vector<int> launcher_devices(const cluster::Cluster& cl, int world,
   return dev;
 }
 
+std::vector<int> launcher_nodes(const cluster::Cluster& cl, int world,
+                                const std::string& rank_order) {
+  std::vector<int> nodes;
+  for (int d : launcher_devices(cl, world, rank_order)) nodes.push_back(int(cl.node_of(d)));
+  return nodes;
+}
+
 std::unique_ptr<Emulation> setup_emulation(const RunConfig& cfg, Comm* world, int world_rank,
                                            const Placement* placement) {
   const std::string& spec = cfg.emulate.cluster;

@@ -64,6 +64,9 @@ cluster::Cluster load_emulated_cluster(const RunConfig& cfg, int world);
 // std::invalid_argument for another order or too small a cluster.
 std::vector<int> launcher_devices(const cluster::Cluster& cl, int world,
                                   const std::string& rank_order);
+// The node of each launcher rank: cl.node_of(launcher_devices(...)[r]).
+std::vector<int> launcher_nodes(const cluster::Cluster& cl, int world,
+                                const std::string& rank_order);
 
 // nullptr when cfg.emulate.cluster is "". Otherwise loads the cluster and
 // checks, collectively over `world` (the process groups' world; nullptr: a

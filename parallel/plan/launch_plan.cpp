@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <map>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -16,6 +15,7 @@
 #include "kernels/backend.hpp"
 #include "parallel/emulate/emulation.hpp"
 #include "parallel/launch.hpp"
+#include "parallel/mpi_comm.hpp"
 #include "parallel/placement.hpp"
 #include "parallel/plan/planner.hpp"
 #include "parallel/sim/ops.hpp"
@@ -51,10 +51,8 @@ Planned plan_for(const RunConfig& cfg, const std::string& path,
   // order, parallel/placement.hpp).
   Placement place;
   if (!cfg.emulate.cluster.empty() && world <= cl.world()) {
-    const std::vector<int> dev = emulate::launcher_devices(cl, int(world), cfg.emulate.rank_order);
-    std::vector<int> node(dev.size());
-    for (size_t r = 0; r < dev.size(); ++r) node[r] = int(cl.node_of(dev[r]));
-    place = place_ranks(node, "topology", 1);
+    place = place_ranks(emulate::launcher_nodes(cl, int(world), cfg.emulate.rank_order),
+                        "topology", 1);
     if (cfg.parallel.placement == "launcher" && !place.identity())
       why += "; note: parallel.placement=launcher keeps the launcher's order, which is not "
              "node-contiguous here; the plan assumes it is";
@@ -110,10 +108,11 @@ Planned plan_for(const RunConfig& cfg, const std::string& path,
 }
 
 int ranks_per_host(const std::vector<std::string>& hosts, int64_t* nodes, std::string* why) {
-  std::map<std::string, int> count;
-  for (const auto& h : hosts) ++count[h];
-  int lo = 1 << 30, hi = 0;
-  for (const auto& [h, n] : count) lo = std::min(lo, n), hi = std::max(hi, n);
+  const std::vector<int> node = nodes_of_hosts(hosts);
+  std::vector<int> count(size_t(*std::max_element(node.begin(), node.end()) + 1), 0);
+  for (int n : node) ++count[size_t(n)];
+  const int lo = *std::min_element(count.begin(), count.end());
+  const int hi = *std::max_element(count.begin(), count.end());
   *nodes = int64_t(count.size());
   if (lo != hi && why)
     *why += "hosts run " + std::to_string(lo) + " to " + std::to_string(hi) +
@@ -205,18 +204,9 @@ std::string polite_broadcast(const std::string& text, int rank) {
 
 LaunchPlan plan_at_launch(const RunConfig& cfg, const std::string& path,
                           const std::vector<std::string>& overrides) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  // Every rank's host name.
-  char mine[256] = {0};
-  const std::string h = detect_launch().host;
-  std::snprintf(mine, sizeof mine, "%s", h.c_str());
-  std::vector<char> all(size_t(size) * sizeof mine);
-  MPI_Allgather(mine, int(sizeof mine), MPI_CHAR, all.data(), int(sizeof mine), MPI_CHAR,
-                MPI_COMM_WORLD);
-  std::vector<std::string> hosts;
-  for (int r = 0; r < size; ++r) hosts.emplace_back(&all[size_t(r) * sizeof mine]);
+  auto world = MpiComm::world("plan");
+  const int rank = world->rank(), size = world->size();
+  const std::vector<std::string> hosts = world->all_gather_strings(host_name());  // every rank's
 
   LaunchPlan lp;
   std::string payload;

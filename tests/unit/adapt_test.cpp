@@ -173,8 +173,15 @@ TEST_CASE("adapt: the schedule re-plan from measured stage times", "[adapt]") {
   // The chosen schedule is a valid one (the controller validates it again on every rank).
   CHECK_NOTHROW(pp::validate(s.schedule));
   // The current schedule is kept on a tie.
-  const ScheduleChoice same = choose_schedule(c.schedule, u);
+  // A schedule in use with ZB-H1's lists under another name ties with the
+  // ZB-H1 candidate: it stays.
+  pp::Schedule kept = pp::with_grad_reductions(pp::zb_h1(P, m));
+  kept.name = "kept";
+  kept.detail = "";
+  const ScheduleChoice same = choose_schedule(kept, u);
   CHECK(same.predicted_s == same.current_predicted_s);
+  CHECK(same.name == "kept");
+  CHECK(same.schedule.name == "kept");
 }
 
 TEST_CASE("adapt: emulate.slow_ranks with an onset step", "[adapt][config]") {
