@@ -168,6 +168,11 @@ const std::vector<Key>& schema() {
           "with recompute: full, the layers per model chunk (pipeline stage) that recompute, "
           "from the first; 0 = all"),
       // data
+      key("train", &R::train, "collective_timeout_s", &TrainConfig::collective_timeout_s,
+          A::NonNegative,
+          "watchdog deadline in seconds of every collective and point-to-point operation: a "
+          "rank that stops progressing is named by every other rank, which exits non-zero "
+          "(docs/reliability.md); 0 = sized from the measured step time"),
       key("data", &R::data, "train", &DataConfig::train, A::NonEmpty,
           "training token shard (adgt-data output); checked when the trainer opens it"),
       key("data", &R::data, "val", &DataConfig::val, A::NonEmpty,
@@ -254,6 +259,10 @@ const std::vector<Key>& schema() {
       key("checkpoint", &R::checkpoint, "at_end", &CheckpointConfig::at_end, A::Any,
           "save after the last step (a stop on a signal saves regardless); false for "
           "benchmarks"),
+      key("checkpoint", &R::checkpoint, "async", &CheckpointConfig::async_save, A::Any,
+          "copy the state to host memory at the step boundary and write the files in a "
+          "background thread while training continues; committed (COMPLETE) once every rank "
+          "has written; at most one save in flight (docs/reliability.md)"),
       // log
       key("log", &R::log, "dir", &LogConfig::dir, A::NonEmpty,
           "directory for the metrics log and the recorded config"),

@@ -65,6 +65,9 @@ struct TrainConfig {
   std::string dtype = "f32";    // f32 | bf16 (mixed precision) | f64 (reference checks)
   std::string recompute = "none";  // none | selective | full (core/model/model.hpp)
   int64_t recompute_layers = 0;    // full: layers per chunk that recompute; 0 = all
+  // Watchdog deadline of every collective and point-to-point operation
+  // (parallel/fault/, docs/reliability.md); 0 = sized from the measured step time.
+  double collective_timeout_s = 0;
   bool operator==(const TrainConfig&) const = default;
 };
 
@@ -121,6 +124,9 @@ struct CheckpointConfig {
   int64_t interval = 0;  // steps between saves; 0 = only at the end
   int64_t keep = 3;      // newest complete checkpoints kept; 0 keeps all
   bool at_end = true;    // save after the last step
+  // YAML checkpoint.async: copy the state to host memory at the step boundary
+  // and write it in a background thread while training continues (docs/reliability.md).
+  bool async_save = false;
   bool operator==(const CheckpointConfig&) const = default;
 };
 
