@@ -2,6 +2,7 @@
 // process groups, then train, evaluate, or print the dry-run estimate.
 // No math and no MPI calls here.
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -15,6 +16,7 @@
 #include "parallel/agree.hpp"
 #include "parallel/device_assign.hpp"
 #include "parallel/emulate/emulation.hpp"
+#include "parallel/fault/watchdog.hpp"
 #include "parallel/launch.hpp"
 #include "parallel/mpi_env.hpp"
 #include "parallel/pipeline_plan.hpp"
@@ -148,6 +150,11 @@ int main(int argc, char** argv) {
     adgt::ProcessGroups pg =
         adgt::make_process_groups(adgt::layout_of(cfg), adgt::place_launch(cfg));
     const bool lead = pg.world->rank() == 0;
+    // Hang and death detection (docs/reliability.md): heartbeats under
+    // <log.dir>/.heartbeat; a rank that stops progressing is named by every
+    // other rank, which exits 1. Stopped (the heartbeat says "done") at the end.
+    const auto watchdog = adgt::fault::start_watchdog(cfg, *pg.world, pg.launch.rank,
+                                                      pg.launch.host, adgt::pending_stop_signal);
     // The device of the run, agreed over the world; each rank's GPU (two
     // ranks on one GPU are refused unless ADGT_SHARED_GPU_TEST=1) and the
     // transport of its collectives (parallel/device_plan.hpp).
@@ -183,11 +190,16 @@ int main(int argc, char** argv) {
       trainer.continue_job_log();  // the job's earlier runs stay in metrics.jsonl (docs/tei.md)
     }
     if (!from.empty()) {
+      adgt::fault::PhaseScope loading(adgt::fault::Phase::CheckpointLoad);
+      const auto t_load = std::chrono::steady_clock::now();
       trainer.load(from);
-      if (lead) std::printf("resumed from %s\n", from.c_str());
+      if (lead)
+        std::printf("resumed from %s (loaded in %.3f s)\n", from.c_str(),
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count());
     }
     if (eval_only) {
       if (from.empty()) throw std::runtime_error("--eval-only needs --resume DIR (or auto)");
+      adgt::fault::PhaseScope evaluating(adgt::fault::Phase::Eval);
       const double loss = trainer.evaluate();
       if (lead) std::printf("eval loss: %.6f\n", loss);
       return 0;

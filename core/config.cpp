@@ -172,7 +172,8 @@ const std::vector<Key>& schema() {
           A::NonNegative,
           "watchdog deadline in seconds of every collective and point-to-point operation: a "
           "rank that stops progressing is named by every other rank, which exits non-zero "
-          "(docs/reliability.md); 0 = sized from the measured step time"),
+          "(docs/reliability.md); 0 = auto: max(30 s, 5 x the slowest step); start-up, "
+          "checkpoint save/load and evaluation wait up to max(300 s, the deadline) on a live peer"),
       key("data", &R::data, "train", &DataConfig::train, A::NonEmpty,
           "training token shard (adgt-data output); checked when the trainer opens it"),
       key("data", &R::data, "val", &DataConfig::val, A::NonEmpty,
@@ -219,8 +220,10 @@ const std::vector<Key>& schema() {
       key("parallel", &R::parallel, "adapt", &ParallelConfig::adapt, A::Choices,
           "run-time adaptation (docs/adaptation.md): off; schedule = with pp > 1, re-plan the "
           "pipeline schedule from the measured stage times once warmed up and on every "
-          "sustained change (a straggler, a slow link); the losses stay the plain run's",
-          {"off", "schedule"}),
+          "sustained change (a straggler, a slow link); schedule+layers = also move layers "
+          "between pipeline stages in memory when the stages' measured speeds make that pay "
+          "(one chunk per rank); the losses stay the plain run's",
+          {"off", "schedule", "schedule+layers"}),
       key("parallel", &R::parallel, "placement", &ParallelConfig::placement, A::Choices,
           "rank placement (docs/placement.md): topology = rank order rebuilt from the nodes "
           "(tp groups inside a node, then dp, pipeline stages outermost); launcher = the "
@@ -640,13 +643,56 @@ std::optional<std::string> assign(const Key& k, const YAML::Node& v, RunConfig& 
   return std::nullopt;
 }
 
+// A quoted scalar must close on the line it opens: yaml-cpp 0.7 accepts a
+// double- or single-quoted scalar left open to the end of the file, and one
+// left open to a later quote, silently folding the lines between (the rest
+// of the run file) into the value. `pos` is the node's mark (its anchor or
+// tag, if any, then the opening quote). Returns the 1-based line count the
+// scalar spans when it runs past its line or is never closed (0: fine).
+int quoted_scalar_lines(const std::string& text, size_t pos, bool* closed) {
+  *closed = true;
+  size_t i = pos;
+  while (i < text.size() && (text[i] == '&' || text[i] == '!')) {  // anchor, tag
+    while (i < text.size() && text[i] != ' ' && text[i] != '\t' && text[i] != '\n') ++i;
+    while (i < text.size() && (text[i] == ' ' || text[i] == '\t')) ++i;
+  }
+  if (i >= text.size() || (text[i] != '"' && text[i] != '\'')) return 0;
+  const char q = text[i];
+  int lines = 1;
+  for (++i; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\n') ++lines;
+    if (q == '"' && c == '\\') { ++i; continue; }
+    if (c == q) {
+      if (q == '\'' && i + 1 < text.size() && text[i + 1] == '\'') { ++i; continue; }
+      return lines > 1 ? lines : 0;
+    }
+  }
+  *closed = false;
+  return lines;
+}
+
+std::optional<std::string> check_quoted(const Key& k, const std::string& text, size_t pos) {
+  bool closed = true;
+  const int lines = quoted_scalar_lines(text, pos, &closed);
+  if (!closed)
+    return k.full() + ": the quoted string is never closed (it would take the rest of the " +
+           "file as its value); add the closing quote on this line";
+  if (lines > 1)
+    return k.full() + ": the quoted string runs over " + std::to_string(lines) +
+           " lines (an unclosed quote takes the following lines as its value); close it on " +
+           "this line";
+  return std::nullopt;
+}
+
 std::string at(const std::string& name, const YAML::Mark& m) {
   if (m.is_null()) return name;
   return name + ":" + std::to_string(m.line + 1);
 }
 
 // Applies the YAML document (already parsed) to cfg.
-void apply_document(const YAML::Node& root, const std::string& name, RunConfig& cfg) {
+void apply_document(const YAML::Node& root, const std::string& name, const std::string& text,
+                    RunConfig& cfg) {
   if (root.IsNull()) return;  // empty file: all defaults
   if (!root.IsMap())
     throw ConfigError(at(name, root.Mark()) + ": expected a mapping of sections (" +
@@ -689,6 +735,9 @@ void apply_document(const YAML::Node& root, const std::string& name, RunConfig& 
                           " appears twice (first at line " + std::to_string(p->second) +
                           "); keep one");
       YAML::Mark where = kv.IsNull() || kv.Mark().is_null() ? kk.Mark() : kv.Mark();
+      if (kv.IsScalar() && kv.Tag() == "!" && !kv.Mark().is_null() && kv.Mark().pos >= 0)
+        if (auto err = check_quoted(*k, text, size_t(kv.Mark().pos)))
+          throw ConfigError(at(name, where) + ": " + *err);
       if (auto err = assign(*k, kv, cfg, &where)) throw ConfigError(at(name, where) + ": " + *err);
     }
   }
@@ -712,6 +761,7 @@ void apply_override(const std::string& ov, RunConfig& cfg) {
     // so paths with ':' or '#' need no escaping.
     v = YAML::Node(text);
   } else {
+    if (auto err = check_quoted(*k, text, 0)) throw ConfigError(where + ": " + *err);
     try {
       v = YAML::Load(text);
     } catch (const YAML::Exception& e) {
@@ -725,10 +775,13 @@ void apply_override(const std::string& ov, RunConfig& cfg) {
 std::string prefix(const RunConfig& cfg) { return cfg.source.empty() ? "config" : cfg.source; }
 
 // Divisors of n, the ones nearest `near` first, at most `max_n`, then sorted.
+// Only the divisor pairs (i, n/i) with i <= 2^20 are searched: the loop stays
+// short (and i*i cannot overflow) for any n a run file can give (up to 2^63-1,
+// which would otherwise take ~3e9 steps); every n up to 2^40 is searched fully.
 std::vector<int64_t> divisors_near(int64_t n, int64_t near, size_t max_n,
                                    const std::function<bool(int64_t)>& keep) {
   std::vector<int64_t> d;
-  for (int64_t i = 1; i * i <= n; ++i)
+  for (int64_t i = 1; i <= (int64_t(1) << 20) && i <= n / i; ++i)
     if (n % i == 0) {
       if (keep(i)) d.push_back(i);
       if (i != n / i && keep(n / i)) d.push_back(n / i);
@@ -754,7 +807,12 @@ std::string head_choices(const ModelConfig& m) {
   auto with_kv = divisors_near(m.d_model, m.n_heads, 12,
                                [&](int64_t h) { return even_hd(h) && h % m.n_kv_heads == 0; });
   if (!with_kv.empty()) return set_text(with_kv);
-  return set_text(divisors_near(m.d_model, m.n_heads, 12, even_hd));
+  const auto any = divisors_near(m.d_model, m.n_heads, 12, even_hd);
+  if (any.empty())  // an odd d_model: every head_dim is odd
+    return "{} (none: model.d_model=" + fmt_int(m.d_model) +
+           " is odd, so every head_dim is odd; use an even d_model such as " +
+           fmt_int(m.d_model + 1) + ")";
+  return set_text(any);
 }
 
 }  // namespace
@@ -809,11 +867,76 @@ std::vector<std::pair<int64_t, double>> parse_slow_ranks(const std::string& spec
   return out;
 }
 
+namespace {
+
+// Sizes beyond these make the 64-bit shape, memory and FLOP arithmetic
+// overflow and the parameter table or the simulator loop for ages (found by
+// scripts/reliability/fuzz_configs.py: model.d_model=2^63-1 or
+// model.n_layers=2^63-1 passed the per-key checks). Each is far above any real
+// run (a 405B model has 126 layers, d_model 16384, ffn 53248, vocab 128256).
+std::optional<std::string> size_error(const RunConfig& c) {
+  const struct { const char* key; int64_t value, max; } limits[] = {
+      {"model.vocab_size", c.model.vocab_size, int64_t(1) << 31},
+      {"model.d_model", c.model.d_model, int64_t(1) << 20},
+      {"model.n_layers", c.model.n_layers, int64_t(1) << 16},
+      {"model.n_heads", c.model.n_heads, int64_t(1) << 16},
+      {"model.n_kv_heads", c.model.n_kv_heads, int64_t(1) << 16},
+      {"model.ffn_hidden", c.model.ffn_hidden, int64_t(1) << 24},
+      {"model.expert_ffn_hidden", c.model.expert_ffn_hidden, int64_t(1) << 24},
+      {"model.seq_len", c.model.seq_len, int64_t(1) << 26},
+      {"model.n_experts", c.model.n_experts, int64_t(1) << 16},
+      {"model.moe_top_k", c.model.moe_top_k, int64_t(1) << 16},
+      {"model.moe_every", c.model.moe_every, int64_t(1) << 16},
+      {"train.micro_batch", c.train.micro_batch, int64_t(1) << 24},
+      {"train.global_batch", c.train.global_batch, int64_t(1) << 40},
+      {"parallel.tp", c.parallel.tp, int64_t(1) << 20},
+      {"parallel.pp", c.parallel.pp, int64_t(1) << 20},
+      {"parallel.dp", c.parallel.dp, int64_t(1) << 20},
+      {"parallel.ep", c.parallel.ep, int64_t(1) << 20},
+      {"parallel.virtual_stages", c.parallel.virtual_stages, int64_t(1) << 16},
+      {"parallel.microbatches", c.parallel.microbatches, int64_t(1) << 40},
+      {"parallel.powersgd_rank", c.parallel.powersgd_rank, int64_t(1) << 20},
+  };
+  for (const auto& l : limits)
+    if (l.value > l.max)
+      return std::string(l.key) + "=" + fmt_int(l.value) + " is larger than adgt supports (at most " +
+             fmt_int(l.max) + " = 2^" + fmt_int(int64_t(std::log2(double(l.max)))) +
+             "); check the value";
+  // Products: tokens per micro-batch, ranks, and the parameter count (in
+  // double: each factor is bounded above, so nothing overflows here).
+  const ModelConfig& m = c.model;
+  const double tokens = double(c.train.micro_batch) * double(m.seq_len);
+  if (tokens > std::ldexp(1.0, 36))
+    return "train.micro_batch=" + fmt_int(c.train.micro_batch) + " x model.seq_len=" +
+           fmt_int(m.seq_len) + " = " + fmt_real(tokens) +
+           " tokens per micro-batch is more than adgt supports (2^36); lower one of them";
+  const double ranks = double(c.parallel.tp) * double(c.parallel.pp) * double(c.parallel.dp);
+  if (ranks > std::ldexp(1.0, 24))
+    return "parallel.tp=" + fmt_int(c.parallel.tp) + " x parallel.pp=" + fmt_int(c.parallel.pp) +
+           " x parallel.dp=" + fmt_int(c.parallel.dp) + " = " + fmt_real(ranks) +
+           " ranks is more than adgt supports (2^24)";
+  const double d = double(m.d_model), hd = d / double(m.n_heads);
+  const double attn = d * hd * (2.0 * double(m.n_heads) + 2.0 * double(m.n_kv_heads));
+  const double dense = 3.0 * d * double(m.ffn_hidden);
+  const double moe = double(m.n_experts) * (3.0 * d * double(m.expert_ffn()) + d);
+  double params = double(m.vocab_size) * d * (m.tie_embeddings ? 1 : 2) + d;
+  for (int64_t l = 0; l < m.n_layers; ++l)
+    params += attn + 2 * d + (m.is_moe_layer(l) ? moe : dense);
+  if (params > std::ldexp(1.0, 48))
+    return "the model has about " + fmt_real(std::round(params / 1e12)) +
+           " trillion parameters (model.vocab_size, d_model, n_layers, ffn_hidden, n_experts), more "
+           "than adgt supports (2^48 = 2.8e14); check the model sizes";
+  return std::nullopt;
+}
+
+}  // namespace
+
 void validate(const RunConfig& cfg_in) {
   RunConfig cfg = cfg_in;  // the binders take a mutable config
   const std::string src = prefix(cfg);
   for (const auto& k : schema())
     if (auto err = check_range(k, cfg)) throw ConfigError(src + ": " + *err);
+  if (auto err = size_error(cfg)) throw ConfigError(src + ": " + *err);
 
   const ModelConfig& m = cfg.model;
   if (m.d_model % m.n_heads != 0)
@@ -876,7 +999,7 @@ RunConfig load_config_text(const std::string& yaml, const std::string& name,
     throw ConfigError(at(name, e.mark) + ": YAML syntax error: " + e.msg +
                       (e.mark.is_null() ? "" : " (column " + std::to_string(e.mark.column + 1) + ")"));
   }
-  apply_document(root, name, cfg);
+  apply_document(root, name, yaml, cfg);
   for (const auto& ov : overrides) apply_override(ov, cfg);
   validate(cfg);
   return cfg;

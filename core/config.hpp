@@ -66,7 +66,8 @@ struct TrainConfig {
   std::string recompute = "none";  // none | selective | full (core/model/model.hpp)
   int64_t recompute_layers = 0;    // full: layers per chunk that recompute; 0 = all
   // Watchdog deadline of every collective and point-to-point operation
-  // (parallel/fault/, docs/reliability.md); 0 = sized from the measured step time.
+  // (parallel/fault/, docs/reliability.md); 0 = auto: max(30 s, 5 x the
+  // slowest step), and max(300 s, that) in start-up, checkpoints and evaluation.
   double collective_timeout_s = 0;
   bool operator==(const TrainConfig&) const = default;
 };
@@ -98,7 +99,8 @@ struct ParallelConfig {
   bool auto_plan = false;  // YAML key: parallel.auto
   // Run-time adaptation (parallel/adapt/; docs/adaptation.md): off, or
   // schedule = re-plan the pipeline schedule from measured stage times at
-  // warm-up and on every sustained change.
+  // warm-up and on every sustained change; schedule+layers = also move
+  // layers between stages (an in-memory layout switch) when that pays.
   std::string adapt = "off";
   // Rank placement (docs/placement.md): topology = rank order rebuilt from
   // the nodes (tp groups inside a node, then dp, pipeline stages outermost);

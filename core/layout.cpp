@@ -9,6 +9,16 @@
 
 namespace adgt {
 
+const std::vector<std::string>& layout_keys() {
+  static const std::vector<std::string> k = {
+      "parallel.tp",           "parallel.pp",           "parallel.dp",
+      "parallel.ep",           "parallel.zero",         "parallel.sequence_parallel",
+      "parallel.schedule",     "parallel.virtual_stages", "parallel.stage_layers",
+      "parallel.microbatches", "parallel.expert_placement", "train.micro_batch",
+      "train.recompute",       "train.recompute_layers"};
+  return k;
+}
+
 Layout layout_of(const ParallelConfig& p) {
   return Layout{.tp = p.tp, .pp = p.pp, .dp = p.dp, .ep = p.ep, .zero = p.zero,
                 .sequence_parallel = p.sequence_parallel, .schedule = p.schedule,

@@ -40,6 +40,11 @@ struct Layout {
 // tunes how gradients travel, not where anything lives).
 Layout layout_of(const ParallelConfig& p);
 Layout layout_of(const RunConfig& cfg);
+// The run-file keys that choose the layout and how the step is cut into
+// micro-batches ("parallel.tp", ..., "train.micro_batch", "train.recompute",
+// "train.recompute_layers"): what the planner chooses (and keeps when the
+// user set them) and what an in-memory layout switch may change.
+const std::vector<std::string>& layout_keys();
 // The inverse: `base` (its bucket_mb kept) with the layout's keys.
 ParallelConfig with_layout(ParallelConfig base, const Layout& l);
 // The layout as checkpoints record it (meta/layout): "tp=2 dp=2 zero=1

@@ -67,7 +67,13 @@ void AdamW::step(Tensor params, Tensor grads, double lr, int64_t step, Tensor lo
 }
 
 std::vector<float> AdamW::to_host(const Tensor& t) const {
-  std::vector<float> out(size_t(t.numel()));
+  std::vector<float> out;
+  to_host(t, out);
+  return out;
+}
+
+void AdamW::to_host(const Tensor& t, std::vector<float>& out) const {
+  out.resize(size_t(t.numel()));
   if (t.dtype == DType::F32) {
     be_.to_host(out.data(), t.data, out.size() * 4);
   } else {
@@ -75,7 +81,6 @@ std::vector<float> AdamW::to_host(const Tensor& t) const {
     be_.to_host(d.data(), t.data, d.size() * 8);
     for (size_t i = 0; i < d.size(); ++i) out[i] = float(d[i]);
   }
-  return out;
 }
 
 void AdamW::from_host(Tensor t, const std::vector<float>& src) {

@@ -35,6 +35,7 @@ class AdamW {
   Tensor exp_avg() const { return flat(m_); }     // (hi - lo)
   Tensor exp_avg_sq() const { return flat(v_); }  // (hi - lo)
   std::vector<float> to_host(const Tensor& t) const;
+  void to_host(const Tensor& t, std::vector<float>& out) const;  // into out (resized, reused)
   void from_host(Tensor t, const std::vector<float>& src);
 
  private:

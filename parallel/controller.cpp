@@ -52,7 +52,7 @@ pp::StageCosts measured_stage_costs(Engine& e, Comm& world) {
   for (const ExecutedInstr& x : pipe.timeline()) {
     if (x.instr.chunk < 0) continue;
     const size_t s = size_t(x.instr.chunk * pp + r);
-    const double d = x.end - x.start;
+    const double d = x.busy >= 0 ? x.busy : x.end - x.start;  // compute's own time where measured
     switch (x.instr.op) {
       case pp::Op::Forward: sum[s] += d; n[s] += 1; break;
       case pp::Op::BackwardInput: sum[size_t(S) + s] += d; n[size_t(S) + s] += 1; break;

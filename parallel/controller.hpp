@@ -63,6 +63,12 @@ class Controller {
   virtual nlohmann::json decide(const nlohmann::json& inputs) = 0;
   // Every rank, with the decision rank 0 made. Throws on a decision it cannot apply.
   virtual void apply(Engine& e, const nlohmann::json& decision) = 0;
+  // After apply: a layout change the decision asks for (run-file overrides
+  // such as "parallel.stage_layers=[3,5]"; empty: none), taken once. The
+  // trainer switches the layout in memory at this step boundary
+  // (docs/reliability.md); every rank gets the same request from the same
+  // decision.
+  virtual std::vector<std::string> take_layout_request() { return {}; }
 };
 
 // Rank `root` of `comm` sends `text`; every rank returns it. Collective.
@@ -90,7 +96,10 @@ class StepHook {
 };
 
 // Mean F, B and W seconds per model stage (pp x virtual_stages) of the last
-// pipeline step, the maximum over the world: the same on every rank.
+// pipeline step, the maximum over the world: the same on every rank. Each
+// instruction counts its compute's own time where the executor measures it
+// (ExecutedInstr::busy: CPU time x emulated slowdown on ranks sharing cores),
+// else its wall time.
 // Collective over `world`; the engine must be pipelined.
 pp::StageCosts measured_stage_costs(Engine& e, Comm& world);
 

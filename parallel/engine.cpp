@@ -22,7 +22,7 @@ pp::Schedule engine_schedule(const RunConfig& cfg, const pp::StageCosts* costs) 
   return pp::with_grad_reductions(make_pipeline_schedule(cfg, costs));
 }
 
-Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be)
+Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be, bool init)
     : cfg_(config), ctx_(ctx), be_(be) {
   layout_ = ctx.layout ? *ctx.layout : layout_of(config);
   cfg_.parallel = with_layout(config.parallel, layout_);
@@ -64,7 +64,7 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be)
                                    cfg.model.seq_len, tp, &slice, ep,
                                    RecomputePolicy{parse_recompute(cfg.train.recompute),
                                                    cfg.train.recompute_layers});
-  model_->init_weights(cfg.train.seed);
+  if (init) model_->init_weights(cfg.train.seed);  // else the caller restores a state
   const bool zero = cfg.parallel.zero == 1 && ctx_.dp->size() > 1;
   Comm* edp = ctx_.ep->size() > 1 ? ctx_.edp : nullptr;
   reducer_ = std::make_unique<GradReducer>(*model_, *ctx_.dp, edp, zero, cfg.parallel.bucket_mb);
@@ -175,17 +175,19 @@ ShardLayout Engine::shard_layout() const { return shard_layout_of(layout_, ctx_.
 void Engine::fill_checkpoint(CheckpointState& st, ShardLayout& lay) {
   // Every rank writes its own pieces; under ZeRO-1 each dp rank writes the
   // AdamW state of its own chunk, so nothing is gathered.
+  // Into st's buffers: a recycled staging state (checkpoint.async) is reused
+  // in place, without touching fresh memory.
   st.specs = model_->table();
-  st.params = model_->params_to_host();
+  model_->params_to_host(st.params);
   if (opt_->sharded()) {
     AdamW& opt = opt_->adamw();
-    st.exp_avg = opt.to_host(opt.exp_avg());
-    st.exp_avg_sq = opt.to_host(opt.exp_avg_sq());
+    opt.to_host(opt.exp_avg(), st.exp_avg);
+    opt.to_host(opt.exp_avg_sq(), st.exp_avg_sq);
     lay.state_lo = opt.lo();
     lay.state_hi = opt.hi();
   } else {
-    st.exp_avg = opt_->full_exp_avg();
-    st.exp_avg_sq = opt_->full_exp_avg_sq();
+    opt_->full_exp_avg(st.exp_avg);
+    opt_->full_exp_avg_sq(st.exp_avg_sq);
   }
 }
 

@@ -63,8 +63,10 @@ struct StepTimes {
 class Engine {
  public:
   // Built for ctx.layout (the layout keys of cfg.parallel are replaced by it);
-  // ctx's groups must match it (nullptr entries: groups of one).
-  Engine(const RunConfig& cfg, const ParallelContext& ctx, Backend& be);
+  // ctx's groups must match it (nullptr entries: groups of one). init false:
+  // the weights are left zero for a state the caller restores at once (an
+  // in-memory layout switch), skipping the random draws.
+  Engine(const RunConfig& cfg, const ParallelContext& ctx, Backend& be, bool init = true);
   ~Engine();
 
   // One optimizer step's forwards and backwards over accum micro-batches
@@ -92,7 +94,8 @@ class Engine {
   // This rank's place, for the checkpoint files.
   ShardLayout shard_layout() const;
   // The checkpoint's tensors: weights and AdamW state (only this rank's chunk
-  // under ZeRO-1, with lay.state_lo/hi set). Local: no communication.
+  // under ZeRO-1, with lay.state_lo/hi set), written into st's vectors (their
+  // memory reused when big enough). Local: no communication.
   void fill_checkpoint(CheckpointState& st, ShardLayout& lay);
   // Restores weights and AdamW state from a loaded checkpoint.
   void restore_checkpoint(CheckpointState& st);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -81,9 +83,36 @@ MpiComm::MpiComm(MPI_Comm comm, std::string name, bool owned)
   ADGT_MPI(MPI_Comm_size(comm_, &size_));
   ADGT_MPI(MPI_Comm_dup(comm_, &ring_));
   ADGT_MPI(MPI_Comm_set_errhandler(ring_, MPI_ERRORS_RETURN));
+  // The members as MPI_COMM_WORLD ranks: the watchdog's heartbeats name them so.
+  MPI_Group mine = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  ADGT_MPI(MPI_Comm_group(comm_, &mine));
+  ADGT_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world));
+  std::vector<int> ranks(size_t(size_), 0);
+  world_of_.assign(size_t(size_), 0);
+  for (int i = 0; i < size_; ++i) ranks[size_t(i)] = i;
+  ADGT_MPI(MPI_Group_translate_ranks(mine, size_, ranks.data(), world, world_of_.data()));
+  MPI_Group_free(&mine);
+  MPI_Group_free(&world);
+  slot_ = fault::register_group(name_, world_of_);
+  if (const char* v = std::getenv("ADGT_TEST_STALL"); v && *v) {  // rank:group:seq
+    const std::string s = v;
+    const size_t a = s.find(':'), b = s.rfind(':');
+    int me = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    if (a != std::string::npos && b > a && std::atoi(s.c_str()) == me &&
+        s.substr(a + 1, b - a - 1) == name_)
+      stall_at_ = std::atoll(s.c_str() + b + 1);
+  }
+}
+
+void MpiComm::stall_forever() const {
+  std::fprintf(stderr, "ADGT_TEST_STALL: %s stalls before %s collective #%lld\n",
+               rank_host().c_str(), name_.c_str(), (long long)stall_at_);
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
 MpiComm::~MpiComm() {
+  fault::unregister_group(slot_);
   if (!mpi_running()) return;  // MPI already finalized: nothing may be freed any more
   if (ring_ != MPI_COMM_NULL) MPI_Comm_free(&ring_);
   if (owned_ && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
@@ -110,6 +139,8 @@ struct MpiComm::RingOp {
   ReduceOp op = ReduceOp::Sum;
   size_t es = 4;
   int tag = 0;
+  int64_t seq = 0;          // the group's collective number
+  fault::Op kind = fault::Op::AllReduce;
   int phase = 0;  // 0 reduce-scatter, 1 all-gather, 2 complete
   int step = 0;
   bool posted = false;
@@ -129,6 +160,7 @@ struct MpiComm::RingWork final : Work::Impl {
   void wait() override {
     Timed timed(comm.stats_);
     --comm.stats_.calls;  // the start counted the call
+    fault::WaitScope waiting(comm.slot_.get(), op->kind, op->seq);
     comm.run_until(*op);
   }
   MpiComm& comm;
@@ -146,6 +178,8 @@ std::shared_ptr<MpiComm::RingOp> MpiComm::start_ring(const char* in, char* rs_ou
   o->op = op;
   o->es = dtype_size(dt);
   o->tag = 2 + int(ops_started_++ % 32000);
+  o->seq = next_seq();
+  o->kind = !in ? fault::Op::AllGather : ag_base ? fault::Op::AllReduce : fault::Op::ReduceScatter;
   o->phase = in ? 0 : 1;
   if (in) {
     // Step 0 sends our own chunk r-1; every later step forwards what the previous one reduced.
@@ -309,6 +343,7 @@ void MpiComm::broadcast(Tensor t, int root) {
              "MpiComm(" << name_ << ")::broadcast: root " << root << " outside 0.." << size_ - 1);
   Timed timed(stats_);
   if (size_ == 1) return;
+  fault::WaitScope waiting(slot_.get(), fault::Op::Broadcast, next_seq());
   const int p = size_, q = (rank_ - root + p) % p;  // position in the chain from the root
   const int prev = (rank_ - 1 + p) % p, next = (rank_ + 1) % p;
   const int64_t bytes = int64_t(t.bytes());
@@ -333,6 +368,7 @@ void MpiComm::send(const Tensor& t, int peer, int tag) {
   ADGT_CHECK(tag >= 0 && tag <= kMaxUserTag,
              "MpiComm(" << name_ << ")::send: tag " << tag << " outside 0.." << kMaxUserTag);
   Timed timed(stats_);
+  fault::WaitScope waiting(slot_.get(), fault::Op::Send, next_p2p(), world_of_[size_t(peer)]);
   const int64_t bytes = int64_t(t.bytes());
   const char* base = static_cast<const char*>(t.data);
   for (int64_t o = 0; o < bytes; o += kMaxMessage)
@@ -361,6 +397,7 @@ int64_t MpiComm::isend(const Tensor& t, int peer, int tag) {
   ADGT_CHECK(tag >= 0 && tag <= kMaxUserTag,
              "MpiComm(" << name_ << ")::isend: tag " << tag << " outside 0.." << kMaxUserTag);
   Timed timed(stats_);
+  next_p2p();
   const int64_t bytes = int64_t(t.bytes());
   const char* base = static_cast<const char*>(t.data);
   std::vector<MPI_Request>& reqs = pending_[next_send_id_];
@@ -399,6 +436,8 @@ bool MpiComm::progress_from_thread() const {
 
 void MpiComm::wait_sends() {
   Timed timed(stats_);
+  fault::WaitScope waiting(pending_.empty() ? nullptr : slot_.get(), fault::Op::WaitSends,
+                           slot_->p2p.load(std::memory_order_relaxed));
   for (auto& [id, reqs] : pending_)
     for (MPI_Request& r : reqs) wait_politely(r, MPI_STATUS_IGNORE);
   pending_.clear();
@@ -411,6 +450,7 @@ void MpiComm::recv(Tensor t, int peer, int tag) {
   ADGT_CHECK(tag >= 0 && tag <= kMaxUserTag,
              "MpiComm(" << name_ << ")::recv: tag " << tag << " outside 0.." << kMaxUserTag);
   Timed timed(stats_);
+  fault::WaitScope waiting(slot_.get(), fault::Op::Recv, next_p2p(), world_of_[size_t(peer)]);
   const int64_t bytes = int64_t(t.bytes());
   char* base = static_cast<char*>(t.data);
   for (int64_t o = 0; o < bytes; o += kMaxMessage) {
@@ -437,6 +477,7 @@ void MpiComm::all_to_all(Tensor out, const Tensor& in) {
     if (out.data != in.data) std::memmove(out.data, in.data, in.bytes());
     return;
   }
+  fault::WaitScope waiting(slot_.get(), fault::Op::AllToAll, next_seq());
   const int chunk = to_int(int64_t(in.bytes()) / size_, "all_to_all chunk");
   const void* src = in.data == out.data ? MPI_IN_PLACE : in.data;
   ADGT_MPI(MPI_Alltoall(src, chunk, MPI_BYTE, out.data, chunk, MPI_BYTE, comm_));
@@ -475,6 +516,7 @@ void MpiComm::all_to_allv(Tensor out, const std::vector<int64_t>& recv_counts,
     return;
   }
   ADGT_CHECK(in.data != out.data, "MpiComm(" << name_ << ")::all_to_allv: in and out must differ");
+  fault::WaitScope waiting(slot_.get(), fault::Op::AllToAllv, next_seq());
   // What every peer will send us must be what we expect to receive.
   std::vector<int64_t> incoming(p);
   ADGT_MPI(MPI_Alltoall(send_counts.data(), 1, MPI_INT64_T, incoming.data(), 1, MPI_INT64_T, comm_));
@@ -499,12 +541,15 @@ void MpiComm::all_to_allv(Tensor out, const std::vector<int64_t>& recv_counts,
 
 void MpiComm::barrier() {
   Timed timed(stats_);
-  if (size_ > 1) ADGT_MPI(MPI_Barrier(comm_));
+  if (size_ == 1) return;
+  fault::WaitScope waiting(slot_.get(), fault::Op::Barrier, next_seq());
+  ADGT_MPI(MPI_Barrier(comm_));
 }
 
 std::vector<std::string> MpiComm::all_gather_strings(const std::string& mine) const {
   const int len = to_int(int64_t(mine.size()), "string");
   std::vector<int> lens(size_), displs(size_);
+  fault::WaitScope waiting(size_ > 1 ? slot_.get() : nullptr, fault::Op::Gather, next_seq());
   ADGT_MPI(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_));
   int total = 0;
   for (int i = 0; i < size_; ++i) displs[i] = total, total += lens[i];
@@ -519,6 +564,7 @@ std::vector<std::string> MpiComm::all_gather_strings(const std::string& mine) co
 std::vector<std::string> MpiComm::gather_strings(const std::string& mine, int root) const {
   const int len = to_int(int64_t(mine.size()), "string");
   std::vector<int> lens(size_), displs(size_);
+  fault::WaitScope waiting(size_ > 1 ? slot_.get() : nullptr, fault::Op::Gather, next_seq());
   ADGT_MPI(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, root, comm_));
   int total = 0;
   for (int i = 0; i < size_; ++i) displs[i] = total, total += lens[i];

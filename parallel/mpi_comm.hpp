@@ -18,6 +18,11 @@
 //   - A group of one copies (where out != in) and sends nothing.
 // Every call is collective over the group except send/recv. Only the thread
 // that initialised MPI may call (MPI_THREAD_FUNNELED).
+// Watchdog (parallel/fault/progress.hpp, docs/reliability.md): each MpiComm
+// registers a progress slot; every collective takes the group's next
+// sequence number (#1, #2, ... in call order, the same on every member), every
+// send/recv the next point-to-point number, and every blocking wait publishes
+// (op, number, peer, since) with relaxed atomic stores for the watchdog thread.
 #pragma once
 #include <mpi.h>
 
@@ -28,6 +33,7 @@
 #include <map>
 
 #include "core/comm.hpp"
+#include "parallel/fault/progress.hpp"
 #include "parallel/ring.hpp"
 
 namespace adgt {
@@ -51,6 +57,8 @@ class MpiComm final : public Comm {
   int size() const override { return size_; }
   std::string name() const override { return name_; }
   MPI_Comm handle() const { return comm_; }
+  // The members as MPI_COMM_WORLD ranks, in group-rank order.
+  const std::vector<int>& world_ranks() const { return world_of_; }
 
   void all_reduce(Tensor t, ReduceOp op = ReduceOp::Sum) override;
   void reduce_scatter(Tensor out, const Tensor& in) override;
@@ -96,6 +104,26 @@ class MpiComm final : public Comm {
   // Runs the wait hook between tests.
   void wait_politely(MPI_Request& req, MPI_Status* st);
 
+  int64_t next_seq() const {  // the group's next collective number (one writer: the calling thread)
+    const int64_t s = slot_->seq.load(std::memory_order_relaxed) + 1;
+    if (s == stall_at_) stall_forever();
+    slot_->seq.store(s, std::memory_order_relaxed);
+    return s;
+  }
+  // Fault injection for the watchdog's test (tests/fault/): with
+  // ADGT_TEST_STALL=<MPI_COMM_WORLD rank>:<group name>:<seq>, that rank's
+  // calling thread stops for good before collective #seq of that group, as
+  // on a stuck device: alive (its watchdog heartbeats) but not progressing.
+  [[noreturn]] void stall_forever() const;
+  int64_t next_p2p() const {
+    const int64_t s = slot_->p2p.load(std::memory_order_relaxed) + 1;
+    slot_->p2p.store(s, std::memory_order_relaxed);
+    return s;
+  }
+
+  std::shared_ptr<fault::GroupSlot> slot_;  // the watchdog's view of this group
+  std::vector<int> world_of_;                // group rank -> MPI_COMM_WORLD rank
+  int64_t stall_at_ = -1;                    // ADGT_TEST_STALL's seq for this rank and group
   MPI_Comm comm_ = MPI_COMM_NULL;  // send/recv, MPI collectives
   MPI_Comm ring_ = MPI_COMM_NULL;  // ring traffic (a private duplicate)
   bool owned_ = false;

@@ -82,10 +82,17 @@ NcclComm::NcclComm(const MpiComm& group, int device, cudaStream_t compute)
   ADGT_CUDA(cudaMalloc(&barrier_buf_, sizeof(float)));
   ADGT_CUDA(cudaMemset(barrier_buf_, 0, sizeof(float)));
   ADGT_NCCL(ncclCommInitRank(&comm_, size_, id, rank_));
+  slot_ = fault::register_group(name_ + "_nccl", group.world_ranks());
+  // The watchdog's last act, from its thread: unblock the peers, then the process ends.
+  abort_hook_ = fault::add_abort_hook([this] {
+    if (ncclComm_t c = comm_) (void)ncclCommAbort(c);  // null: aborted already
+  });
 }
 
 NcclComm::~NcclComm() {
   // No throwing here: errors at teardown are reported, not raised.
+  fault::remove_abort_hook(abort_hook_);
+  fault::unregister_group(slot_);
   if (comm_) {
     // Queued isends are dropped: a peer still waiting for them gets the
     // error of its own communicator's teardown, not a hang of this one.
@@ -136,6 +143,8 @@ void NcclComm::check_async(const char* what) {
 }
 
 void NcclComm::host_wait(const Event& ev, const char* what) {
+  fault::WaitScope waiting(slot_.get(), fault::op_from_name(what),
+                           slot_->seq.load(std::memory_order_relaxed));
   const auto t0 = std::chrono::steady_clock::now();
   for (int spins = 0;; ++spins) {
     const cudaError_t q = cudaEventQuery(ev.get());
@@ -158,6 +167,8 @@ void NcclComm::host_wait(const Event& ev, const char* what) {
 NcclComm::Event NcclComm::enqueue(const char* what, bool group,
                                   const std::function<void()>& issue) {
   check_async(what);
+  std::atomic<int64_t>& counter = group ? slot_->p2p : slot_->seq;  // point-to-point apart
+  counter.store(counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   ADGT_CUDA(cudaSetDevice(device_));
   Event ready = make_event(), done = make_event();
   ADGT_CUDA(cudaEventRecord(ready.get(), compute_));

@@ -26,6 +26,11 @@
 // error, or when a host wait sees no progress for ADGT_NCCL_TIMEOUT_S seconds
 // (default 600), the communicator is aborted (ncclCommAbort) and the call
 // throws naming the group and the operation.
+// Watchdog (parallel/fault/, docs/reliability.md): every enqueue takes the
+// group's next sequence number (collectives; point-to-point counted apart) and
+// every host wait publishes itself; the watchdog, before it ends the process,
+// aborts the communicator (ncclCommAbort from its thread, as NCCL allows) so
+// peers' NCCL calls fail instead of waiting. Compiles here; runs only on GPUs.
 //
 // stats(): bytes from the ring formulas of parallel/ring.hpp (what NCCL's ring
 // algorithm sends; payload bytes for the others); seconds = exposed
@@ -52,6 +57,7 @@
 #include <vector>
 
 #include "core/comm.hpp"
+#include "parallel/fault/progress.hpp"
 #include "parallel/mpi_comm.hpp"
 
 namespace adgt {
@@ -124,6 +130,8 @@ class NcclComm final : public Comm {
   std::map<int64_t, Event> in_flight_;  // issued isends: id -> their group's done event
   int64_t next_send_ = 1;
   double timeout_s_ = 600;
+  std::shared_ptr<fault::GroupSlot> slot_;  // the watchdog's view of this group
+  int abort_hook_ = 0;                      // fault::add_abort_hook's id
   struct Exposure {
     Event wait_at, done;
   };

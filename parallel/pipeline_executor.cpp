@@ -4,6 +4,9 @@
 #include <atomic>
 #include <thread>
 
+#include <omp.h>
+#include <time.h>
+
 #include "kernels/check.hpp"
 #include "parallel/emulate/slowdown.hpp"
 
@@ -173,12 +176,23 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
   // Every compute instruction runs here: the helper thread moves sends while
   // it computes (when `helper`), and the slowdown hook (inactive unless
   // emulated) stretches it, the helper still moving sends.
+  // Returns the piece's busy time (ExecutedInstr::busy): measured as CPU
+  // time on a host backend with one thread per rank, else -1.
+  const bool cpu_clock = be_.is_host() && omp_get_max_threads() == 1;
+  const auto thread_cpu = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+  };
   auto compute = [&](bool helper, auto&& piece) {
+    const double c0 = cpu_clock ? thread_cpu() : 0;
     if (helper) progress.compute_begin();
     if (slow_) slow_->begin();
     piece();
+    const double busy = cpu_clock ? (thread_cpu() - c0) * (slow_ ? slow_->factor() : 1.0) : -1.0;
     if (slow_) slow_->catch_up();
     progress.compute_end();
+    return busy;
   };
 
   for (size_t i = 0; i < list.size(); ++i) {
@@ -227,7 +241,7 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
         const int m0 = be_.mark();
         const int slot = slot_for(c, mb);
         const bool first = model_.chunk_has_embedding(c), last = model_.chunk_has_head(c);
-        compute(progress_ok, [&] {
+        e.busy = compute(progress_ok, [&] {
           if (first || last) fetch(mb, in_.data(), tg_.data());
           const double l = model_.forward_chunk(c, slot, in_.data(), tg_.data(), grad_scale);
           if (last) loss_sum += l;
@@ -259,8 +273,8 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
                             list[i + 1].op == pp::Op::ReduceGrads && list[i + 1].chunk == c;
         std::function<void(int64_t, int64_t)> unit;
         if (last_w) unit = slow_ ? slow_->wrap(hooks.unit) : hooks.unit;
-        compute(progress_ok && !last_w,
-                [&] { model_.backward_chunk(c, slot, d_out, split, unit, last_w); });
+        e.busy = compute(progress_ok && !last_w,
+                         [&] { model_.backward_chunk(c, slot, d_out, split, unit, last_w); });
         fused_last[size_t(c)] = last_w;
         if (auto it = grads_in_.find({c, mb}); it != grads_in_.end()) {  // consumed
           free_grads_.push_back(std::move(it->second));
@@ -281,7 +295,7 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
         ExecutedInstr e{in, 0, 0};
         const int m0 = be_.mark();
         const int slot = slot_for(c, mb);
-        compute(progress_ok, [&] { model_.backward_weight(c, slot); });
+        e.busy = compute(progress_ok, [&] { model_.backward_weight(c, slot); });
         release_slot(c, mb);
         marks.emplace_back(m0, be_.mark());
         timeline_.push_back(e);

@@ -32,6 +32,12 @@ class ComputeSlowdown;
 struct ExecutedInstr {
   pp::Instr instr;
   double start = 0, end = 0;
+  // The compute's own time (seconds) where wall time misleads: on a host
+  // backend with one thread per rank (ranks that share cores, where a piece's
+  // wall time includes the time other ranks held the core), this thread's CPU
+  // time times the rank's emulated slowdown factor — the time a dedicated
+  // device of that speed would take. < 0: not measured (use end - start).
+  double busy = -1;
 };
 
 // Fills the host token ids of micro-batch mb: inputs and targets, (B*T) each.

@@ -17,6 +17,7 @@
 #include <omp.h>
 
 #include "core/checkpoint/checkpoint.hpp"
+#include "core/checkpoint/async_save.hpp"
 #include "core/checkpoint/sharded.hpp"
 #include "core/metrics.hpp"
 #include "core/data/sampler.hpp"
@@ -24,9 +25,11 @@
 #include "kernels/check.hpp"
 #include "parallel/compress/controller.hpp"
 #include "parallel/compress/level.hpp"
+#include "parallel/fault/progress.hpp"
 #include "parallel/mpi_env.hpp"
 #include "parallel/pipeline_plan.hpp"
 #include "parallel/step_logger.hpp"
+#include "parallel/switch/switch_request.hpp"
 #include "parallel/tei_meter.hpp"
 #include "parallel/trainer_state.hpp"
 
@@ -106,6 +109,8 @@ void install_stop_handlers() {
   std::signal(SIGUSR1, on_stop_signal);
 }
 
+int pending_stop_signal() { return g_stop_signal.load(); }
+
 // Wraps each group of ctx in a DeviceComm, so collectives on device tensors
 // are staged through host memory or go to NCCL (parallel/device_comm.hpp).
 // Distinct group objects get one wrapper each; a missing group (a single
@@ -147,12 +152,19 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx, std::optional<Device
   // memory go through DeviceComm (NCCL, or host-staged MPI).
   // Without a plan (a single process: tests, tools) make_backend resolves
   // cfg.train.device itself, and device memory is staged (no NCCL).
-  DevicePlan dev;
   if (plan)
-    dev = *plan;
+    dev_ = *plan;
   else
-    dev.device = cfg.train.device;
-  backend_ = make_backend(dev.device, dev.cuda_device);
+    dev_.device = cfg.train.device;
+  backend_ = make_backend(dev_.device, dev_.cuda_device);
+  train_shard_ = open_shard(cfg.data.train, "data.train", cfg.model);
+  val_shard_ = open_shard(cfg.data.val, "data.val", cfg.model);
+  sampler_ = std::make_unique<Sampler>(*train_shard_, cfg.model.seq_len, cfg.train.seed);
+  wire(std::move(ctx));
+}
+
+void Trainer::wire(ParallelContext ctx, bool init) {
+  const RunConfig& cfg = cfg_;
   if (!cfg.emulate.cluster.empty()) {
     // Every group's Comm is delayed by the cluster model, under the device
     // staging (parallel/emulate/, docs/emulation.md).
@@ -161,18 +173,15 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx, std::optional<Device
       own_emulation_ = emulate::setup_emulation(cfg, ctx.world, ctx.world_rank);
       emulation_ = own_emulation_.get();
     }
-    if (dev.nccl())
+    if (dev_.nccl())
       throw CollectiveError("emulate.cluster=\"" + cfg.emulate.cluster +
                             "\": the emulation delays MPI transports of CPU ranks, but this run's "
                             "collectives go to NCCL; use train.device=cpu or emulated");
     emulation_->slowdown.set_backend(backend_.get());
     emulated_comms_ = emulate::wrap_emulated_groups(ctx, *emulation_);
   }
-  if (!backend_->is_host()) device_comms_ = wrap_device_groups(ctx, *backend_, dev.nccl());
-  train_shard_ = open_shard(cfg.data.train, "data.train", cfg.model);
-  val_shard_ = open_shard(cfg.data.val, "data.val", cfg.model);
-  sampler_ = std::make_unique<Sampler>(*train_shard_, cfg.model.seq_len, cfg.train.seed);
-  engine_ = std::make_unique<Engine>(cfg, ctx, *backend_);
+  if (!backend_->is_host()) device_comms_ = wrap_device_groups(ctx, *backend_, dev_.nccl());
+  engine_ = std::make_unique<Engine>(cfg, ctx, *backend_, init);
   world_rank_ = ctx.world_rank;
   {
     // Gradient compression at the configured level (auto: off until a
@@ -184,7 +193,8 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx, std::optional<Device
     cs.seed = cfg.train.seed;
     engine_->reducer().set_compression(cs, *backend_);
   }
-  if (engine_->pipelined() && cfg.parallel.adapt == "schedule")  // docs/adaptation.md
+  controllers_.clear();
+  if (engine_->pipelined() && cfg.parallel.adapt != "off")  // docs/adaptation.md
     controllers_.push_back(adapt::make_schedule_adapter(cfg));
   else if (engine_->pipelined() && cfg.parallel.schedule == "greedy")
     controllers_.push_back(make_greedy_replan(cfg));
@@ -238,10 +248,17 @@ void Trainer::load(const std::string& step_dir) {
                  (unsigned long long)cfg_.train.seed);
 }
 
-std::string Trainer::save() {
+void Trainer::save(MetricsLog* metrics, TeiMeter& tei, bool wait) {
   // Every rank writes its own pieces (checkpoint format version 2).
+  const auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  // checkpoint.async: the previous save is committed first (at most one in
+  // flight), and its host buffers are filled again in place.
+  if (saver_ && saver_->in_flight()) commit_checkpoint(metrics, tei, true);
+  const auto t0 = std::chrono::steady_clock::now();
   ShardLayout lay = engine_->shard_layout();
-  CheckpointState st;
+  CheckpointState st = saver_ ? saver_->take_buffers() : CheckpointState{};
   engine_->fill_checkpoint(st, lay);
   st.step = step_;
   st.samples_seen = samples_seen_;
@@ -269,9 +286,58 @@ std::string Trainer::save() {
     st.rank_state["compress/rank_coords"] = StateEntry::of_ints(rank_coords(lay));
   if (!engine_->groups().plan_json.empty())  // recorded, not restored (docs/planner.md)
     st.state["plan/chosen"] = StateEntry::of_text(engine_->groups().plan_json);
-  last_checkpoint_ = save_checkpoint_sharded(cfg_.checkpoint.dir, st, lay, *engine_->groups().world,
-                                             cfg_.checkpoint.keep);
-  return last_checkpoint_;
+  Comm& world = *engine_->groups().world;
+  if (!cfg_.checkpoint.async_save) {
+    last_checkpoint_ = save_checkpoint_sharded(cfg_.checkpoint.dir, st, lay, world, cfg_.checkpoint.keep);
+    const double stall = since(t0);
+    tei.add_checkpoint(stall);
+    if (lead()) {
+      std::printf("checkpoint: %s\n", last_checkpoint_.c_str());
+      std::fflush(stdout);
+    }
+    if (metrics)
+      metrics->log_record({{"event", "checkpoint"}, {"mode", "sync"}, {"step", step_},
+                           {"dir", last_checkpoint_}, {"stall_s", stall}});
+    return;
+  }
+  // checkpoint.async (docs/reliability.md): the state is in host memory now;
+  // the write runs on the saver's thread, the commit at a later step boundary.
+  const double copy_s = since(t0);
+  if (!saver_) saver_ = std::make_unique<AsyncCheckpointSaver>();
+  const auto t_begin = std::chrono::steady_clock::now();
+  saver_->start(std::move(st), lay, world, cfg_.checkpoint.dir, cfg_.checkpoint.keep);
+  saver_copy_s_ = copy_s;
+  tei.add_checkpoint(copy_s + since(t_begin));
+  if (lead()) {
+    std::printf("checkpoint: step %ld copied to host memory in %.3f s, writing in the background\n",
+                long(step_), copy_s);
+    std::fflush(stdout);
+  }
+  if (wait) commit_checkpoint(metrics, tei, true);
+}
+
+void Trainer::commit_checkpoint(MetricsLog* metrics, TeiMeter& tei, bool wait) {
+  if (!saver_ || !saver_->in_flight()) return;
+  // An error of any rank's write is thrown here on every rank: training stops,
+  // the previous checkpoint stays the newest complete one (docs/reliability.md).
+  const auto c = wait ? saver_->finish(*engine_->groups().world) : saver_->poll(*engine_->groups().world);
+  if (!c) return;
+  last_checkpoint_ = c->dir;
+  // The stall: what the step boundaries spent on this save (the copy, the
+  // begin phase, the polls, waiting for the writer, the commit).
+  const double stall = saver_copy_s_ + c->begin_s + c->poll_s + c->wait_s + c->commit_s;
+  tei.add_checkpoint(c->poll_s + c->wait_s + c->commit_s);
+  if (lead()) {
+    std::printf("checkpoint: %s (async: saved at step %ld, committed at step %ld; stall %.3f s, "
+                "write %.3f s)\n", c->dir.c_str(), long(c->step), long(step_), stall, c->write_s);
+    std::fflush(stdout);
+  }
+  if (metrics)
+    metrics->log_record({{"event", "checkpoint"}, {"mode", "async"}, {"step", c->step},
+                         {"committed_step", step_}, {"dir", c->dir}, {"stall_s", stall},
+                         {"copy_s", saver_copy_s_}, {"begin_s", c->begin_s}, {"poll_s", c->poll_s},
+                         {"polls", c->polls}, {"wait_s", c->wait_s}, {"commit_s", c->commit_s},
+                         {"write_s", c->write_s}});
 }
 
 void Trainer::fetch_micro_batch(int64_t first_sample, int64_t a, int32_t* in, int32_t* tg) {
@@ -358,18 +424,21 @@ void Trainer::print_header(double peak) const {
   std::fflush(stdout);
 }
 
-int Trainer::agreed_stop_signal() {
+int Trainer::agreed_stop_signal(bool* switch_due) {
   const ParallelContext& g = engine_->groups();
-  int32_t sig_flag[1] = {g_stop_signal.load()};
-  g.tp->all_reduce(Tensor(sig_flag, DType::I32, {1}), ReduceOp::Max);
-  g.dp->all_reduce(Tensor(sig_flag, DType::I32, {1}), ReduceOp::Max);
-  g.pp->all_reduce(Tensor(sig_flag, DType::I32, {1}), ReduceOp::Max);
-  return sig_flag[0];
+  // [0]: a stop signal; [1]: world rank 0 sees a due layout switch request.
+  int32_t flags[2] = {g_stop_signal.load(), 0};
+  if (switch_due && lead()) flags[1] = switch_request_due(cfg_.log.dir, step_);
+  g.tp->all_reduce(Tensor(flags, DType::I32, {2}), ReduceOp::Max);
+  g.dp->all_reduce(Tensor(flags, DType::I32, {2}), ReduceOp::Max);
+  g.pp->all_reduce(Tensor(flags, DType::I32, {2}), ReduceOp::Max);
+  if (switch_due) *switch_due = flags[1] != 0;
+  return flags[0];
 }
 
 TrainSummary Trainer::train() {
   const TrainConfig& t = cfg_.train;
-  const ParallelContext& g = engine_->groups();
+  const ParallelContext& g0 = engine_->groups();  // the start's groups (a layout switch replaces them)
   const bool measured_peak = cfg_.log.peak_tflops <= 0;
   const double peak =
       measured_peak ? backend_->peak_tflops_for(engine_->model().dtype()) : cfg_.log.peak_tflops;
@@ -385,17 +454,30 @@ TrainSummary Trainer::train() {
   TrainSummary sum;
   if (metrics) sum.metrics_path = metrics->path();
   if (lead()) print_header(peak);
-  // The hook after every step: the step metrics, then the controllers.
-  StepHook hook;
+  if (cfg_.checkpoint.async_save) {
+    // The staging buffers of the asynchronous saves, mapped in the background
+    // now so that no save's copy pays for fresh pages (docs/reliability.md).
+    if (!saver_) saver_ = std::make_unique<AsyncCheckpointSaver>();
+    ShardedAdamW& opt = engine_->optimizer();
+    const auto n = size_t(engine_->model().flat_size());
+    saver_->prepare_buffers(n, opt.sharded() ? size_t(opt.adamw().hi() - opt.adamw().lo()) : n);
+  }
+  // The hook after every step: the step metrics, then the controllers (made
+  // again after a layout switch: the new engine has its own).
   StepLogger logger(cfg_, *backend_, metrics.get(), peak, measured_peak);
-  hook.add(logger);
-  for (auto& c : controllers_) hook.add(*c);
+  std::unique_ptr<StepHook> hook;
+  const auto make_hook = [&] {
+    hook = std::make_unique<StepHook>();
+    hook->add(logger);
+    for (auto& c : controllers_) hook->add(*c);
+  };
+  make_hook();
   // The Training Efficiency Index's counters (parallel/tei_meter.hpp).
-  TeiMeter tei(cfg_, g.world->size(), metrics.get(), std::move(earlier_runs), step_,
+  TeiMeter tei(cfg_, g0.world->size(), metrics.get(), std::move(earlier_runs), step_,
                logger.peak_tflops());
-  if (metrics && !g.plan_json.empty())  // parallel.auto's choice (docs/planner.md)
+  if (metrics && !g0.plan_json.empty())  // parallel.auto's choice (docs/planner.md)
     metrics->log_record({{"event", "plan"}, {"step", step_},
-                         {"plan", nlohmann::json::parse(g.plan_json)}});
+                         {"plan", nlohmann::json::parse(g0.plan_json)}});
 
   using clock = std::chrono::steady_clock;
   const auto since = [](clock::time_point t) {
@@ -406,6 +488,7 @@ TrainSummary Trainer::train() {
   const int64_t first_step = step_;
   while (step_ < t.steps) {
     const auto t0 = clock::now();
+    const ParallelContext& g = engine_->groups();
     if (emulation_) emulation_->at_step(step_);  // a straggler injected mid-run starts here
     tei.start_step();
     StepReport r;
@@ -462,13 +545,20 @@ TrainSummary Trainer::train() {
     if (reads0 >= 0) r.host_reads = backend_->host_reads() - reads0;
     r.seconds = std::chrono::duration<double>(clock::now() - t0).count();
     tt.seconds = r.seconds;
+    fault::step_finished(r.seconds);  // the watchdog's automatic deadline (docs/reliability.md)
     tei.add_step(tt, r.applied);
-    hook.after_step(*engine_, r, *g.world, metrics.get());
+    hook->after_step(*engine_, r, *g.world, metrics.get());
+    // A layout change a controller decided (parallel.adapt: schedule+layers),
+    // made below at this boundary.
+    std::vector<std::string> layout_request;
+    for (auto& c : controllers_)
+      if (auto q = c->take_layout_request(); !q.empty()) layout_request = std::move(q);
     const bool last = step_ == t.steps;
     if (step_ % cfg_.log.interval == 0 || last)
       tei.record(*g.world, TeiMeter::At::Interval, step_, logger.peak_tflops());
     if (t.eval_interval > 0 && (step_ % t.eval_interval == 0 || last)) {
       const auto t_eval = clock::now();
+      fault::PhaseScope eval_phase(fault::Phase::Eval);  // the watchdog's long deadline
       const double vl = evaluate();
       if (metrics) {
         std::printf("eval step %ld: val loss %.4f\n", long(step_), vl);
@@ -478,16 +568,13 @@ TrainSummary Trainer::train() {
       sum.final_val_loss = vl;
       tei.add_eval(since(t_eval));
     }
-    const int sig = agreed_stop_signal();
+    bool switch_due = false;
+    const int sig = agreed_stop_signal(&switch_due);
+    commit_checkpoint(metrics.get(), tei, false);  // checkpoint.async: once every rank has written
     if (sig || (last && cfg_.checkpoint.at_end) ||
         (cfg_.checkpoint.interval > 0 && step_ % cfg_.checkpoint.interval == 0)) {
-      const auto t_save = clock::now();
-      const std::string dir = save();
-      if (lead()) {
-        std::printf("checkpoint: %s\n", dir.c_str());
-        std::fflush(stdout);
-      }
-      tei.add_checkpoint(since(t_save));
+      fault::PhaseScope save_phase(fault::Phase::CheckpointSave);  // the watchdog's long deadline
+      save(metrics.get(), tei, sig || last);  // at a stop or the end: committed before going on
       tei.record(*g.world, TeiMeter::At::Checkpoint, step_, logger.peak_tflops());
     }
     if (sig) {
@@ -496,6 +583,21 @@ TrainSummary Trainer::train() {
       sum.stopped_by_signal = true;
       break;
     }
+    // A layout switch asked for in <log.dir>/switch (docs/reliability.md):
+    // between steps, after this boundary's checkpoint, which is committed
+    // first (checkpoint.async) since the switch replaces the groups.
+    if ((switch_due || !layout_request.empty()) && !last) {
+      commit_checkpoint(metrics.get(), tei, true);
+      const bool changed = !layout_request.empty()
+                               ? apply_layout_request(layout_request, "parallel.adapt", metrics.get())
+                               : run_switch(metrics.get());
+      if (changed) make_hook();
+    }
+  }
+  const ParallelContext& g = engine_->groups();
+  {
+    fault::PhaseScope save_phase(fault::Phase::CheckpointSave);
+    commit_checkpoint(metrics.get(), tei, true);  // a save still in flight (checkpoint.async)
   }
   check_dp_replicas(engine_->model(), g, lead());
   sum.steps_done = step_;

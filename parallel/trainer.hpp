@@ -19,11 +19,15 @@
 #include "parallel/device_plan.hpp"
 #include "parallel/emulate/emulation.hpp"
 #include "parallel/engine.hpp"
+#include "parallel/process_groups.hpp"
 #include "parallel/tei.hpp"
 
 namespace adgt {
 
 class TokenShard;
+class AsyncCheckpointSaver;
+class MetricsLog;
+class TeiMeter;
 class Sampler;
 
 struct TrainSummary {
@@ -64,11 +68,30 @@ class Trainer {
   // Fills micro-batch a's (B, T) inputs and targets of the step starting at first_sample.
   void fetch_micro_batch(int64_t first_sample, int64_t a, int32_t* in, int32_t* tg);
   void trace_pipeline_step();  // ADGT_PIPELINE_TRACE
-  std::string save();
+  // Writes this step's checkpoint (checkpoint.async: copies the state to host
+  // memory and starts the background write; wait: also commits it now).
+  // Collective over the world.
+  void save(MetricsLog* metrics, TeiMeter& tei, bool wait);
+  // checkpoint.async, at a step boundary: commits the save in flight once
+  // every rank has written it (wait: waits for it). Collective over the world.
+  void commit_checkpoint(MetricsLog* metrics, TeiMeter& tei, bool wait);
   bool lead() const { return world_rank_ == 0; }
   void print_header(double peak) const;
-  // A signal to any rank stops every rank at this step boundary.
-  int agreed_stop_signal();
+  // A signal to any rank stops every rank at this step boundary; *switch_due:
+  // world rank 0 has a due layout switch request (both agreed over the world).
+  int agreed_stop_signal(bool* switch_due = nullptr);
+  // Builds the engine on ctx's groups: the emulation and device wrappers, the
+  // engine, gradient compression's settings and the controllers.
+  void wire(ParallelContext ctx, bool init = true);
+  // The in-memory layout switch (docs/reliability.md): rank 0 takes the due
+  // request of <log.dir>/switch, every rank applies it or every rank logs why
+  // not. Returns whether the layout changed.
+  bool run_switch(MetricsLog* log);
+  void switch_layout(const RunConfig& next, const std::string& why, MetricsLog* log);
+  // A controller's layout request (the same on every rank): switched in
+  // memory, or refused with a logged reason. Returns whether it changed.
+  bool apply_layout_request(const std::vector<std::string>& overrides, const std::string& who,
+                            MetricsLog* log);
 
   RunConfig cfg_;
   int world_rank_ = 0;
@@ -84,6 +107,12 @@ class Trainer {
   std::vector<std::unique_ptr<Comm>> device_comms_;
   std::unique_ptr<Engine> engine_;
   std::vector<std::unique_ptr<Controller>> controllers_;
+  DevicePlan dev_;  // the run's device, as agreed at start
+  // After an in-memory layout switch: the new layout's process groups (the
+  // launch's stay with the caller, unused) and a world over every launcher
+  // rank for the state's exchange.
+  std::unique_ptr<ProcessGroups> switched_groups_;
+  int64_t switches_ = 0;  // layout switches so far in this run
   std::unique_ptr<TokenShard> train_shard_, val_shard_;
   std::unique_ptr<Sampler> sampler_;
   int64_t step_ = 0;            // steps completed
@@ -91,9 +120,13 @@ class Trainer {
   int64_t opt_steps_ = 0;       // AdamW updates applied (steps minus skipped ones)
   int64_t samples_seen_ = 0;    // global training samples consumed
   std::string last_checkpoint_;
+  std::unique_ptr<AsyncCheckpointSaver> saver_;  // checkpoint.async (docs/reliability.md)
+  double saver_copy_s_ = 0;                      // the save in flight's copy to host memory
 };
 
 // Installs the SIGTERM/SIGINT/SIGUSR1 handlers that ask the loop to stop.
 void install_stop_handlers();
+// The stop signal received and not yet acted on (0: none); read by the watchdog.
+int pending_stop_signal();
 
 }  // namespace adgt

@@ -237,18 +237,25 @@ h5::Id file_access() {
 
 
 h5::Id open_dataset(hid_t loc, const std::string& path, const std::string& where) {
-  // H5Lexists needs each parent to exist: check the path one component at a time.
-  size_t pos = 0;
-  while (true) {
-    const size_t slash = path.find('/', pos);
-    const std::string prefix = path.substr(0, slash);
-    if (ADGT_H5(H5Lexists(loc, prefix.c_str(), H5P_DEFAULT)) <= 0)
-      throw CheckpointError(where + prefix + " is missing; this is not an adgt checkpoint or it was written "
-                                            "by an incompatible tool (see docs/checkpoint-format.md)");
-    if (slash == std::string::npos) break;
-    pos = slash + 1;
+  // A damaged object header or B-tree fails inside HDF5 (most with "incorrect
+  // metadata checksum"); the error then names the object being opened.
+  try {
+    // H5Lexists needs each parent to exist: check the path one component at a time.
+    size_t pos = 0;
+    while (true) {
+      const size_t slash = path.find('/', pos);
+      const std::string prefix = path.substr(0, slash);
+      if (ADGT_H5(H5Lexists(loc, prefix.c_str(), H5P_DEFAULT)) <= 0)
+        throw CheckpointError(where + prefix + " is missing; this is not an adgt checkpoint or it was written "
+                                              "by an incompatible tool (see docs/checkpoint-format.md)");
+      if (slash == std::string::npos) break;
+      pos = slash + 1;
+    }
+    return h5::Id(ADGT_H5(H5Dopen2(loc, path.c_str(), H5P_DEFAULT)), H5Dclose);
+  } catch (const h5::Error& e) {
+    throw CheckpointError(where + "cannot open " + path + " (the file's metadata is damaged): " + e.what() +
+                          "; resume from another checkpoint");
   }
-  return h5::Id(ADGT_H5(H5Dopen2(loc, path.c_str(), H5P_DEFAULT)), H5Dclose);
 }
 
 namespace {

@@ -8,10 +8,14 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <map>
 #include <set>
+#include <thread>
 #include <tuple>
 
 #include "core/checkpoint/common.hpp"
@@ -542,21 +546,46 @@ void write_index(const fs::path& path, const CheckpointState& st, const ShardLay
   ADGT_H5(H5Fclose(file.release()));
 }
 
+// ---------------------------------------------------------------- the phases
+
+// Test hooks of the write phase (tests/checkpoint_async.cmake):
+//   ADGT_TEST_CKPT_WRITE_FAIL=R:N   rank R's write of step N fails: a directory
+//                                   is put where its rank file goes, so the
+//                                   file's creation fails as on a real error;
+//   ADGT_TEST_CKPT_WRITE_DELAY_S=S  every rank waits S seconds before writing
+//                                   (a slow filesystem; kill tests aim inside).
+void test_hooks(const fs::path& file, int rank, int64_t step) {
+  if (const char* v = std::getenv("ADGT_TEST_CKPT_WRITE_DELAY_S"); v && *v)
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(v)));
+  if (const char* v = std::getenv("ADGT_TEST_CKPT_WRITE_FAIL"); v && *v) {
+    long r = -1, n = -1;
+    if (std::sscanf(v, "%ld:%ld", &r, &n) == 2 && r == rank && n == step) {
+      std::fprintf(stderr, "ADGT_TEST_CKPT_WRITE_FAIL: rank %d's write of step %ld will fail\n", rank, n);
+      fs::create_directory(file);
+    }
+  }
+}
+
 }  // namespace
 
-std::string save_checkpoint_sharded(const std::string& root, const CheckpointState& st, const ShardLayout& lay,
-                                    Comm& world, int64_t keep) {
+ShardedSave begin_sharded_save(const std::string& root, const CheckpointState& st, const ShardLayout& lay,
+                               Comm& world, int64_t keep) {
   const int R = world.rank(), W = world.size();
-  const std::string who = "save_checkpoint(" + root + ", step " + std::to_string(st.step) + ")";
+  ShardedSave s;
+  s.who = "save_checkpoint(" + root + ", step " + std::to_string(st.step) + ")";
+  s.root = root;
+  s.name = "step_" + std::to_string(st.step);
+  s.step = st.step;
+  s.keep = keep;
+  s.rank = R;
+  s.world_size = W;
+  const std::string& who = s.who;
   const fs::path rootp(root);
-  const std::string name = "step_" + std::to_string(st.step);
   std::string err;
-  bool tmp_made = false;
-  fs::path tmp;
-  std::vector<int> writers;
   std::error_code ec;
+  fs::path tmp;
 
-  // 1. Checks everywhere; rank 0 makes the temporary directory and tells the others its name.
+  // Checks everywhere; rank 0 makes the temporary directory and tells the others its name.
   guarded(err, who, [&] {
     if (root.empty()) throw CheckpointError(who + ": checkpoint.dir is empty; set it to a directory");
     if (st.step < 0) throw CheckpointError(who + ": step must be >= 0");
@@ -588,53 +617,71 @@ std::string save_checkpoint_sharded(const std::string& root, const CheckpointSta
                               (chunk ? "the ZeRO chunk has " : "the parameter table needs total_numel(specs) = ") +
                               std::to_string(need));
     }
-    writers = piece_writers(st.specs, lay.dp, lay.ep, lay.ep_rank);
+    s.writers = piece_writers(st.specs, lay.dp, lay.ep, lay.ep_rank);
     if (R == 0) {
       fs::create_directories(rootp, ec);
       if (ec) throw CheckpointError(who + ": cannot create " + root + ": " + ec.message());
-      tmp = rootp / (".tmp_" + name + "_" + std::to_string(::getpid()));
+      tmp = rootp / (".tmp_" + s.name + "_" + std::to_string(::getpid()));
       fs::remove_all(tmp);
       fs::create_directory(tmp);
-      tmp_made = true;
+      s.tmp_made = true;
     }
   });
   int32_t hdr[3] = {int32_t(::getpid()), int32_t(st.step & 0x7fffffff), int32_t(st.step >> 31)};
   world.broadcast(Tensor(hdr, DType::I32, {3}), 0);
-  tmp = rootp / (".tmp_" + name + "_" + std::to_string(hdr[0]));
+  s.tmp = (rootp / (".tmp_" + s.name + "_" + std::to_string(hdr[0]))).string();
   guarded(err, who, [&] {
     if (hdr[1] != int32_t(st.step & 0x7fffffff) || hdr[2] != int32_t(st.step >> 31))
       throw CheckpointError(who + ": rank " + std::to_string(R) + " saves step " + std::to_string(st.step) +
                             " but rank 0 another step; every rank must save the same step");
   });
-  auto fail = [&](const std::string& msg) {
-    if (R == 0 && tmp_made) fs::remove_all(tmp, ec);
-    throw CheckpointError(msg);
-  };
-  if (std::string e = agree_error(world, err); !e.empty()) fail(e);
+  if (std::string e = agree_error(world, err); !e.empty()) {
+    discard_sharded_save(s);
+    throw CheckpointError(e);
+  }
+  return s;
+}
 
-  // 2. Every rank writes, fsyncs and describes its file.
-  std::vector<int64_t> report;
-  guarded(err, who, [&] {
+void write_sharded_rank_file(ShardedSave& s, const CheckpointState& st, const ShardLayout& lay) {
+  s.error.clear();
+  s.report.clear();
+  guarded(s.error, s.who, [&] {
+    std::error_code ec;
+    const fs::path tmp(s.tmp);
     if (!fs::is_directory(tmp, ec))
-      throw CheckpointError(who + ": rank " + std::to_string(R) + " does not see " + tmp.string() +
+      throw CheckpointError(s.who + ": rank " + std::to_string(s.rank) + " does not see " + tmp.string() +
                             ", which rank 0 created: checkpoint.dir must be on a filesystem that every rank shares");
-    const fs::path file = tmp / rank_file_name(R);
+    const fs::path file = tmp / rank_file_name(s.rank);
+    test_hooks(file, s.rank, s.step);
     std::vector<int64_t> pieces;
     try {
       h5::QuietErrors quiet;
-      pieces = write_rank_file(file, st, lay, writers);
+      pieces = write_rank_file(file, st, lay, s.writers);
     } catch (const h5::Error& e) {
       throw CheckpointError("writing checkpoint " + file.string() + ": " + e.what());
     }
     fsync_path(file, false);
-    report = encode_report(st, lay, std::move(pieces), int64_t(fs::file_size(file)));
+    s.report = encode_report(st, lay, std::move(pieces), int64_t(fs::file_size(file)));
   });
-  if (std::string e = agree_error(world, err); !e.empty()) fail(e);
-  // 3. The reports (tensor names, blocks, checksums) go to rank 0 only.
-  std::vector<size_t> at;
-  const std::vector<int64_t> all = gather_to_root(world, std::move(report), at);
+}
 
-  // 4. Rank 0: the index, COMPLETE, the rename, pruning.
+std::string commit_sharded_save(ShardedSave& s, const CheckpointState& st, const ShardLayout& lay, Comm& world) {
+  const int R = world.rank(), W = world.size();
+  const std::string& who = s.who;
+  const fs::path rootp(s.root), tmp(s.tmp);
+  auto fail = [&](const std::string& msg) {
+    discard_sharded_save(s);
+    throw CheckpointError(msg);
+  };
+  // Every rank has finished its write (the caller's promise): agree on its outcome.
+  if (std::string e = agree_error(world, s.error); !e.empty()) fail(e);
+  // The reports (tensor names, blocks, checksums) go to rank 0 only.
+  std::vector<size_t> at;
+  const std::vector<int64_t> all = gather_to_root(world, std::move(s.report), at);
+  s.report.clear();
+
+  // Rank 0: the index, COMPLETE, the rename, pruning.
+  std::string err;
   guarded(err, who, [&] {
     if (R != 0) return;
     std::vector<RankReport> reps;
@@ -655,16 +702,32 @@ std::string save_checkpoint_sharded(const std::string& root, const CheckpointSta
     }
     fsync_path(index, false);
     write_file_synced(tmp / kMarkerName, "adgt checkpoint\nformat_version=" + std::to_string(kFormatVersion) +
-                                             "\nstep=" + std::to_string(st.step) + "\nfile=" + kH5Name +
+                                             "\nstep=" + std::to_string(s.step) + "\nfile=" + kH5Name +
                                              "\nbytes=" + std::to_string(fs::file_size(index)) +
                                              "\nrank_files=" + std::to_string(W) + "\n" + sizes);
     fsync_path(tmp, true);
-    install(tmp, rootp / name);
+    install(tmp, rootp / s.name);
+    s.tmp_made = false;  // installed: no longer ours to remove
     fsync_path(rootp, true);
-    prune(rootp, keep, st.step);
+    prune(rootp, s.keep, s.step);
   });
   if (std::string e = agree_error(world, err); !e.empty()) fail(e);
-  return (rootp / name).string();
+  return (rootp / s.name).string();
+}
+
+void discard_sharded_save(ShardedSave& s) noexcept {
+  if (s.rank != 0 || !s.tmp_made) return;
+  std::error_code ec;
+  fs::remove_all(fs::path(s.tmp), ec);
+  s.tmp_made = false;
+}
+
+std::string save_checkpoint_sharded(const std::string& root, const CheckpointState& st, const ShardLayout& lay,
+                                    Comm& world, int64_t keep) {
+  // The three phases in a row; core/checkpoint/async_save.hpp runs the write on a thread.
+  ShardedSave s = begin_sharded_save(root, st, lay, world, keep);
+  write_sharded_rank_file(s, st, lay);
+  return commit_sharded_save(s, st, lay, world);
 }
 
 }  // namespace adgt

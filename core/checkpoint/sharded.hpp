@@ -46,6 +46,40 @@ namespace adgt {
 std::string save_checkpoint_sharded(const std::string& root, const CheckpointState& st, const ShardLayout& lay,
                                     Comm& world, int64_t keep);
 
+// The save above in its three phases, which the synchronous save runs in a row
+// and the asynchronous one (core/checkpoint/async_save.hpp) spreads over step
+// boundaries, the write on a thread of its own:
+//   begin   collective: the checks, rank 0's temporary directory, agreement;
+//   write   this rank alone, no communication (may run on any one thread, as
+//           long as no other thread makes an HDF5 call meanwhile): writes and
+//           fsyncs rank_<R>.h5 and encodes its report; an error is recorded in
+//           ShardedSave::error, never thrown;
+//   commit  collective, once every rank's write has finished: agreement on the
+//           writes' errors, the gather of the reports, rank 0's index, COMPLETE,
+//           rename and prune. Returns the step directory.
+// An error in begin or commit is thrown on every rank, after rank 0 has
+// removed the temporary directory. discard_sharded_save (not collective)
+// abandons a save that will not be committed: rank 0 removes the temporary
+// directory (call it only once every rank has stopped writing, or accept that
+// a rank still writing may fail or leave its file in an unlinked directory).
+struct ShardedSave {
+  std::string who;         // "save_checkpoint(<root>, step <N>)", for messages
+  std::string root, name;  // <root>, step_<N>
+  std::string tmp;         // <root>/.tmp_step_<N>_<pid of rank 0>
+  int64_t step = 0, keep = 0;
+  int rank = 0, world_size = 1;
+  bool tmp_made = false;            // rank 0: the temporary directory is ours to remove
+  std::vector<int> writers;         // piece_writers of this rank's table
+  std::string error;                // the write phase's error ("" when it succeeded)
+  std::vector<int64_t> report;      // the write phase's piece report for rank 0
+};
+ShardedSave begin_sharded_save(const std::string& root, const CheckpointState& st, const ShardLayout& lay,
+                               Comm& world, int64_t keep);
+void write_sharded_rank_file(ShardedSave& s, const CheckpointState& st, const ShardLayout& lay);
+// st: only its meta fields and named state are used (world rank 0's), not the buffers.
+std::string commit_sharded_save(ShardedSave& s, const CheckpointState& st, const ShardLayout& lay, Comm& world);
+void discard_sharded_save(ShardedSave& s) noexcept;
+
 // Loads a version 1 or 2 checkpoint, written by any layout, into this rank's
 // shard: `local` is this rank's table (any subset of the model: its pipeline
 // stage's parameters); returns params / exp_avg / exp_avg_sq in local flat

@@ -404,8 +404,14 @@ void Model::init_weights(uint64_t seed) {
 }
 
 std::vector<float> Model::params_to_host() const {
+  std::vector<float> out;
+  params_to_host(out);
+  return out;
+}
+
+void Model::params_to_host(std::vector<float>& out) const {
   const size_t n = size_t(flat_n_);
-  std::vector<float> out(n);
+  out.resize(n);
   if (mdt_ == DType::F32) {
     be_.to_host(out.data(), master().data, n * 4);
   } else {
@@ -413,7 +419,6 @@ std::vector<float> Model::params_to_host() const {
     be_.to_host(d.data(), master().data, n * 8);
     for (size_t i = 0; i < n; ++i) out[i] = float(d[i]);
   }
-  return out;
 }
 
 void Model::params_from_host(const std::vector<float>& flat_host) {

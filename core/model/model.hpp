@@ -114,6 +114,9 @@ class Model {
   void init_weights(uint64_t seed);
   // Host copies of the flat (master) weights as fp32 / from fp32 (checkpoints).
   std::vector<float> params_to_host() const;
+  // The same into `out` (resized; its memory reused when big enough: a
+  // checkpoint's staging buffer).
+  void params_to_host(std::vector<float>& out) const;
   void params_from_host(const std::vector<float>& flat);
   std::vector<double> grads_to_host_f64() const;
   void zero_grads();

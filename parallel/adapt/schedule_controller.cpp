@@ -1,26 +1,57 @@
 // The dynamic pipeline schedule controller (schedule_controller.hpp).
 #include "parallel/adapt/schedule_controller.hpp"
 
+#include <algorithm>
+#include <deque>
 #include <vector>
 
 #include "kernels/check.hpp"
+#include "parallel/adapt/layer_balance.hpp"
 #include "parallel/adapt/schedule_choice.hpp"
+#include "parallel/cost/stages.hpp"
 #include "parallel/pipeline_executor.hpp"
 #include "parallel/schedule/validate.hpp"
 
 namespace adgt::adapt {
 namespace {
 
+// Per stage, the median of each of F, B and W over `v` (same stage counts).
+pp::StageCosts median_costs(const std::deque<pp::StageCosts>& v) {
+  pp::StageCosts c = v.back();
+  const auto med = [&](auto field, size_t s) {
+    std::vector<double> x;
+    for (const pp::StageCosts& k : v) x.push_back((k.*field)[s]);
+    std::sort(x.begin(), x.end());
+    const size_t n = x.size();
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+  };
+  for (size_t s = 0; s < c.f.size(); ++s) {
+    c.f[s] = med(&pp::StageCosts::f, s);
+    c.b[s] = med(&pp::StageCosts::b, s);
+    c.w[s] = med(&pp::StageCosts::w, s);
+  }
+  return c;
+}
+
 class ScheduleAdapter final : public Controller {
  public:
-  ScheduleAdapter(const RunConfig&, DetectorOptions o) : opts_(o) {}
+  ScheduleAdapter(const RunConfig& cfg, DetectorOptions o)
+      : opts_(o), model_(cfg.model), layers_(cfg.parallel.adapt == "schedule+layers") {
+    // Layer moves: one chunk per pipeline rank (the stage is the rank).
+    if (layers_ && cfg.parallel.virtual_stages == 1) counts_ = stage_layer_counts(cfg);
+  }
   std::string name() const override { return "adapt-schedule"; }
   bool due(const StepReport& r) const override { return r.step > r.first_step; }
 
   nlohmann::json observe(Engine& e, const StepReport& r, Comm& world) override {
     current_ = &e.pipeline()->schedule();  // decide() re-plans from it (rank 0)
-    const pp::StageCosts c = measured_stage_costs(e, world);
-    const int S = c.stages();
+    const pp::StageCosts now = measured_stage_costs(e, world);
+    const int S = now.stages();
+    // The re-plan reads each stage's F, B and W as medians over the last
+    // `window` steps (the detectors' window): one step's times carry its noise.
+    recent_.push_back(now);
+    while (int(recent_.size()) > std::max(1, opts_.window)) recent_.pop_front();
+    const pp::StageCosts c = median_costs(recent_);
     if (detectors_.empty()) detectors_.assign(size_t(S), ChangeDetector(opts_));
     // Every rank feeds the same agreed samples: the same flags everywhere.
     bool warmed = false, changed = false;
@@ -28,7 +59,7 @@ class ScheduleAdapter final : public Controller {
     for (int s = 0; s < S; ++s) {
       ChangeDetector& d = detectors_[size_t(s)];
       const bool was_ready = d.ready();
-      if (d.add(c.f[size_t(s)] + c.b[size_t(s)] + c.w[size_t(s)])) {
+      if (d.add(now.f[size_t(s)] + now.b[size_t(s)] + now.w[size_t(s)])) {
         changed = true;
         ratio[size_t(s)] = d.last_ratio();
       }
@@ -62,6 +93,39 @@ class ScheduleAdapter final : public Controller {
     for (const auto& [n, t] : ch.candidates) cand[n] = t;
     d["candidates"] = cand;
     d["switch"] = ch.predicted_s < ch.current_predicted_s;
+    // schedule+layers: the layers re-balanced by the stages' measured speeds,
+    // when that predicts a step at least 5% shorter than the best schedule on
+    // the current split (a layout switch in memory; the schedule is re-planned
+    // afterwards on the new split).
+    if (counts_.size() == c.f.size() && counts_.size() > 1) {
+      const StageCostModel cm = stage_cost_model(model_);
+      const size_t S = counts_.size();
+      std::vector<double> t(S), speed(S);
+      const std::vector<double> unit(S, 1.0);
+      const std::vector<double> cost = split_times(counts_, cm.layers, cm.embedding, cm.head, unit);
+      for (size_t s = 0; s < S; ++s) {
+        t[s] = c.f[s] + c.b[s] + c.w[s];
+        speed[s] = cost[s] / t[s];
+      }
+      const std::vector<int64_t> next = speed_weighted_split(cm.layers, cm.embedding, cm.head, speed);
+      if (next != counts_) {
+        const std::vector<double> t2 = split_times(next, cm.layers, cm.embedding, cm.head, speed);
+        pp::StageCosts c2 = c;
+        for (size_t s = 0; s < S; ++s) {
+          const double k = t2[s] / t[s];
+          c2.f[s] *= k;
+          c2.b[s] *= k;
+          c2.w[s] *= k;
+        }
+        const ScheduleChoice ch2 = choose_schedule(*current_, c2);
+        d["layers_predicted_s"] = ch2.predicted_s;
+        if (ch2.predicted_s < 0.95 * std::min(ch.predicted_s, ch.current_predicted_s)) {
+          d["layers_before"] = counts_;
+          d["layers"] = next;
+          d["stage_speed"] = speed;
+        }
+      }
+    }
     if (d["switch"]) {
       d["name"] = ch.schedule.name;
       d["detail"] = ch.schedule.detail;
@@ -76,6 +140,13 @@ class ScheduleAdapter final : public Controller {
     if (d.value("quiet", false)) return;
     planned_ = true;
     for (ChangeDetector& det : detectors_) det.rebase();  // new work is measured from now on
+    recent_.clear();
+    if (d.contains("layers")) {  // the trainer moves the layers; a new adapter re-plans after
+      std::string v;
+      for (int64_t n : d["layers"].get<std::vector<int64_t>>()) v += (v.empty() ? "" : ",") + std::to_string(n);
+      request_ = {"parallel.stage_layers=[" + v + "]"};
+      return;
+    }
     if (!d.value("switch", false)) return;
     pp::Schedule s = schedule_from_json(pipe.schedule(), d.at("name").get<std::string>(),
                                         d.at("detail").get<std::string>(), d.at("ranks"));
@@ -83,9 +154,20 @@ class ScheduleAdapter final : public Controller {
     current_ = &pipe.schedule();
   }
 
+  std::vector<std::string> take_layout_request() override {
+    std::vector<std::string> r;
+    r.swap(request_);
+    return r;
+  }
+
  private:
   DetectorOptions opts_;
+  ModelConfig model_;
+  bool layers_ = false;
+  std::vector<int64_t> counts_;       // the stage split in use (schedule+layers, one chunk per rank)
+  std::vector<std::string> request_;  // a layer move decided, for the trainer
   std::vector<ChangeDetector> detectors_;
+  std::deque<pp::StageCosts> recent_;  // the last steps' measured stage times
   bool planned_ = false;
   const pp::Schedule* current_ = nullptr;
 };

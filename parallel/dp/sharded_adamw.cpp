@@ -41,15 +41,23 @@ void ShardedAdamW::step(double lr, int64_t adam_step, double clip_coef) {
 }
 
 std::vector<float> ShardedAdamW::gather_state(const Tensor& t) {
-  if (!shards_) return opt_->to_host(t);
+  std::vector<float> out;
+  gather_state(t, out);
+  return out;
+}
+
+void ShardedAdamW::gather_state(const Tensor& t, std::vector<float>& out) {
+  if (!shards_) return opt_->to_host(t, out);
   Buffer full(be_, size_t(model_.flat_size()) * dtype_size(model_.master_dtype()));
   Tensor f(full.data(), model_.master_dtype(), {model_.flat_size()});
   shards_->all_gather(f, t);
-  return opt_->to_host(f);
+  opt_->to_host(f, out);
 }
 
 std::vector<float> ShardedAdamW::full_exp_avg() { return gather_state(opt_->exp_avg()); }
 std::vector<float> ShardedAdamW::full_exp_avg_sq() { return gather_state(opt_->exp_avg_sq()); }
+void ShardedAdamW::full_exp_avg(std::vector<float>& out) { gather_state(opt_->exp_avg(), out); }
+void ShardedAdamW::full_exp_avg_sq(std::vector<float>& out) { gather_state(opt_->exp_avg_sq(), out); }
 
 void ShardedAdamW::load_state(const std::vector<float>& m, const std::vector<float>& v) {
   ADGT_CHECK(int64_t(m.size()) == model_.flat_size() && int64_t(v.size()) == model_.flat_size(),

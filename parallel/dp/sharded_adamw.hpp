@@ -33,11 +33,15 @@ class ShardedAdamW {
   // shards: collective under ZeRO-1).
   std::vector<float> full_exp_avg();
   std::vector<float> full_exp_avg_sq();
+  // The same into `out` (resized; its memory reused: a checkpoint's staging buffer).
+  void full_exp_avg(std::vector<float>& out);
+  void full_exp_avg_sq(std::vector<float>& out);
   // Restores AdamW state from whole-local-buffer host vectors (this rank's part).
   void load_state(const std::vector<float>& m, const std::vector<float>& v);
 
  private:
   std::vector<float> gather_state(const Tensor& t);
+  void gather_state(const Tensor& t, std::vector<float>& out);
 
   Backend& be_;
   Model& model_;

@@ -54,15 +54,6 @@ PlanRow row_of(sim::SweepRow&& r, const cluster::Cluster& cl) {
 
 }  // namespace
 
-const std::vector<std::string>& layout_keys() {
-  static const std::vector<std::string> k = {
-      "parallel.tp",           "parallel.pp",           "parallel.dp",
-      "parallel.ep",           "parallel.zero",         "parallel.sequence_parallel",
-      "parallel.schedule",     "parallel.virtual_stages", "parallel.stage_layers",
-      "parallel.microbatches", "parallel.expert_placement", "train.micro_batch",
-      "train.recompute",       "train.recompute_layers"};
-  return k;
-}
 
 std::string plan_limit(const sim::SimResult& r, const cluster::Cluster& cl) {
   const double T = r.step_time_s > 0 ? r.step_time_s : 1;

@@ -49,8 +49,8 @@ struct Plan {
   const PlanRow& chosen() const { return rows.front(); }
 };
 
-// The layout keys the planner chooses (and keeps when the user set them).
-const std::vector<std::string>& layout_keys();
+// The layout keys the planner chooses (and keeps when the user set them):
+// core/layout.hpp's layout_keys().
 
 // Throws ConfigError when nothing fits: "parallel.auto: no plan for 8 ranks
 // keeps parallel.pp=3 (set in RUN.yaml or by --set): ...; nearest feasible

@@ -7,8 +7,13 @@
       predicts a makespan no longer than 1F1B's.
   --case onset: rank 2 turns 2x slower at step 30 ("2:2@30"): a re-plan
       for a detected change follows within 20 steps, naming stage 2.
-In both, every step's loss equals the run without adaptation bit for bit (a
-schedule moves work in time only).
+  --case layers: rank 2 computes 3x slower from the start under
+      parallel.adapt: schedule+layers: the warm-up re-plan moves layers off
+      stage 2 (an in-memory layout switch to parallel.stage_layers, logged),
+      so stage 2 ends with fewer layers than the others' mean.
+In all, every step's loss equals the run without adaptation bit for bit (a
+schedule moves work in time, a layer move between ranks, neither changes
+the numbers).
 """
 import argparse
 import json
@@ -47,11 +52,13 @@ def main():
     ap.add_argument("--mpirun", required=True)
     ap.add_argument("--data", required=True)
     ap.add_argument("--work", required=True)
-    ap.add_argument("--case", choices=["start", "onset"], default="start")
+    ap.add_argument("--case", choices=["start", "onset", "layers"], default="start")
     args = ap.parse_args()
-    args.steps, args.slow = (24, "2:1.5") if args.case == "start" else (60, "2:2@30")
+    args.steps, args.slow = {"start": (24, "2:1.5"), "onset": (60, "2:2@30"),
+                             "layers": (24, "2:3")}[args.case]
     plain = run(args, "off", ["parallel.adapt=off"])
-    adapt = run(args, "schedule", ["parallel.adapt=schedule"])
+    mode = "schedule+layers" if args.case == "layers" else "schedule"
+    adapt = run(args, "schedule", [f"parallel.adapt={mode}"])
     loss = lambda recs: [(r["step"], r["loss"]) for r in recs if "loss" in r and "event" not in r]
     a, b = loss(plain), loss(adapt)
     if not a or a != b:
@@ -59,6 +66,24 @@ def main():
     recs = [r for r in adapt if r.get("event") == "controller" and r.get("controller") == "adapt-schedule"]
     if not recs:
         sys.exit("FAILED: no adapt-schedule record in metrics.jsonl")
+    if args.case == "layers":
+        sw = [r for r in adapt if r.get("event") == "switch"]
+        moves = [r for r in recs if "layers" in r["decision"]]
+        if not sw or not moves or any("refused" in r for r in sw):
+            sys.exit("FAILED: no layer move was made: switches " + json.dumps(sw) + "; decisions "
+                     + json.dumps([r["decision"] for r in recs]))
+        d = moves[0]["decision"]
+        before, after = d["layers_before"], d["layers"]
+        if sw[0]["step"] != moves[0]["step"] or after[2] >= before[2] or \
+                after[2] >= sum(after) / len(after):
+            sys.exit(f"FAILED: the first layer move {before} -> {after} at step {moves[0]['step']} "
+                     f"(switch at step {sw[0]['step']}) does not take layers off the slow stage 2")
+        print(f"adapt-layers: step {moves[0]['step']}: stage speeds "
+              f"{[round(x, 3) for x in d['stage_speed']]}; layers {before} -> {after} in "
+              f"{sw[0]['seconds']:.3f} s (predicted {d['predicted_after_s']:.4f} s -> "
+              f"{d['layers_predicted_s']:.4f} s); {len(sw)} switch(es) in {args.steps} steps; "
+              "losses equal bit for bit")
+        return
     if args.case == "onset":
         late = [r for r in recs if r["inputs"].get("replan") == "change" and r["step"] > 30]
         if not late or late[0]["step"] > 50 or late[0]["inputs"]["stage_change"][2] < 1.3:

@@ -160,7 +160,7 @@ def trial(args, k, rng):
     for s in common + ["train.eval_batches=1"]:
         cmd += ["--set", s]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    if r.returncode != 0 or f"resumed from {newest}\n" not in r.stdout or "eval loss:" not in r.stdout:
+    if r.returncode != 0 or f"resumed from {newest} (loaded in" not in r.stdout or "eval loss:" not in r.stdout:
         return f"trial {k}: --resume auto did not load {newest}:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     where = f"during the save of {tmp[0][5:].rsplit('_', 1)[0]}" if tmp else "between saves"
     print(f"ok   trial {k}: SIGKILL rank {victim} {where}; job ended in {ended:.1f} s; complete "

@@ -73,7 +73,7 @@ TEST_CASE("trainer state: named entries of every kind round-trip bit for bit", "
     CHECK(w.ints == v.ints);
     CHECK(w.text == v.text);
     REQUIRE(w.reals.size() == v.reals.size());
-    CHECK(std::memcmp(w.reals.data(), v.reals.data(), v.reals.size() * 8) == 0);
+    CHECK((v.reals.empty() || std::memcmp(w.reals.data(), v.reals.data(), v.reals.size() * 8) == 0));
   }
 }
 

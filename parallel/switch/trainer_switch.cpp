@@ -1,0 +1,301 @@
+// The trainer's in-memory layout switch (docs/reliability.md, "In-memory
+// layout switch"): at a step boundary, the state of the running layout is
+// moved over MPI into a new engine built for the requested layout, without
+// touching disk. Trainer members; the loop calls run_switch.
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/layout.hpp"
+#include "core/metrics.hpp"
+#include "parallel/controller.hpp"
+#include "parallel/mpi_comm.hpp"
+#include "parallel/switch/reshard.hpp"
+#include "parallel/switch/switch_request.hpp"
+#include "parallel/trainer.hpp"
+
+namespace adgt {
+
+namespace {
+std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// Rank 0: takes the first request of the control file due after `step`,
+// rewrites the file with the others (switch.done once none is left, the file
+// renamed to switch.rejected when it cannot be parsed), and returns the
+// decision: {"request": text, "line", "overrides"} or {"error": why}.
+nlohmann::json take_request(const RunConfig& cfg, int64_t step, int world) {
+  namespace fs = std::filesystem;
+  const std::string path = switch_file(cfg.log.dir);
+  std::error_code ec;
+  try {
+    std::vector<SwitchRequest> due, later;
+    split_due(parse_switch_requests(read_text(path), path), step, due, later);
+    if (due.empty()) return nlohmann::json::object();
+    const SwitchRequest req = due.front();
+    std::vector<SwitchRequest> rest(due.begin() + 1, due.end());
+    rest.insert(rest.end(), later.begin(), later.end());
+    if (rest.empty()) {
+      fs::rename(path, path + ".done", ec);
+    } else {
+      const std::string tmp = path + ".tmp";
+      std::ofstream(tmp) << format_switch_requests(rest);
+      fs::rename(tmp, path, ec);
+    }
+    nlohmann::json d = {{"request", req.text}, {"line", req.line}, {"overrides", req.overrides}};
+    try {
+      switched_config(cfg, req, world, path);  // refused here, before any rank tears down
+    } catch (const ConfigError& e) {
+      d["error"] = e.what();
+    }
+    return d;
+  } catch (const ConfigError& e) {
+    fs::rename(path, path + ".rejected", ec);
+    return {{"error", std::string(e.what()) + " (the file is now " + path + ".rejected)"}};
+  }
+}
+
+int mpi_world_rank() {
+  int init = 0;
+  MPI_Initialized(&init);
+  if (!init) return -1;
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+}  // namespace
+
+bool Trainer::run_switch(MetricsLog* log) {
+  Comm& world = *engine_->groups().world;
+  nlohmann::json d;
+  if (lead()) {
+    d = take_request(cfg_, step_, world.size());
+    if (d.empty()) d = nlohmann::json::object();
+    if (!d.contains("error") && mpi_world_rank() < 0)
+      d["error"] = "an in-memory layout switch needs an MPI launch (mpirun or srun)";
+  }
+  d = nlohmann::json::parse(broadcast_text(world, lead() ? d.dump() : ""));
+  if (d.empty()) return false;
+  const std::string request = d.value("request", std::string());
+  if (d.contains("error")) {
+    if (lead()) {
+      std::fprintf(stderr, "switch at step %ld refused: %s; training goes on in the current layout\n",
+                   long(step_), d["error"].get<std::string>().c_str());
+      if (log)
+        log->log_record({{"event", "switch"}, {"step", step_}, {"request", request},
+                         {"refused", d["error"]}});
+    }
+    return false;
+  }
+  SwitchRequest req;
+  req.text = request;
+  req.line = d.value("line", 0);
+  req.overrides = d["overrides"].get<std::vector<std::string>>();
+  const RunConfig next = switched_config(cfg_, req, world.size(), switch_file(cfg_.log.dir));
+  if (layout_of(next) == layout_of(cfg_) && next.train.micro_batch == cfg_.train.micro_batch &&
+      next.train.recompute == cfg_.train.recompute &&
+      next.train.recompute_layers == cfg_.train.recompute_layers &&
+      next.parallel.bucket_mb == cfg_.parallel.bucket_mb &&
+      next.parallel.overlap == cfg_.parallel.overlap) {
+    if (lead()) std::printf("switch at step %ld: '%s' is the layout in use; nothing to do\n",
+                            long(step_), request.c_str());
+    return false;
+  }
+  switch_layout(next, request, log);
+  return true;
+}
+
+bool Trainer::apply_layout_request(const std::vector<std::string>& overrides, const std::string& who,
+                                   MetricsLog* log) {
+  SwitchRequest req;
+  req.overrides = overrides;
+  for (const std::string& o : overrides) req.text += (req.text.empty() ? "" : " ") + o;
+  RunConfig next;
+  try {
+    next = switched_config(cfg_, req, engine_->groups().world->size(), who);
+  } catch (const ConfigError& e) {  // the same on every rank
+    if (lead()) {
+      std::fprintf(stderr, "switch at step %ld refused: %s; training goes on in the current layout\n",
+                   long(step_), e.what());
+      if (log)
+        log->log_record({{"event", "switch"}, {"step", step_}, {"request", who + ": " + req.text},
+                         {"refused", e.what()}});
+    }
+    return false;
+  }
+  switch_layout(next, who + ": " + req.text, log);
+  return true;
+}
+
+void Trainer::switch_layout(const RunConfig& next, const std::string& why, MetricsLog* log) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  // Seconds of each phase on this rank (logged from rank 0).
+  nlohmann::json phases = nlohmann::json::object();
+  auto t_phase = t0;
+  const auto phase = [&](const char* name) {
+    const auto now = clock::now();
+    phases[name] = std::chrono::duration<double>(now - t_phase).count();
+    t_phase = now;
+  };
+  const std::string from_desc = describe(layout_of(cfg_));
+  const ParallelContext old = engine_->groups();
+  const int launcher_rank = mpi_world_rank();
+
+  // The new layout's rank placement; world rank 0 (which logs and commits
+  // checkpoints) must stay on the same process.
+  const Placement placement = place_launch(next);
+  const int new_rank = placement.layout_rank(launcher_rank);
+  {
+    int32_t moved[1] = {lead() != (new_rank == 0) ? 1 : 0};
+    old.world->all_reduce(Tensor(moved, DType::I32, {1}), ReduceOp::Max);
+    if (moved[0]) {
+      if (lead())
+        std::fprintf(stderr, "switch at step %ld refused: the placement of %s makes another process "
+                             "world rank 0 (the rank that logs); save and resume instead\n",
+                     long(step_), describe(layout_of(next)).c_str());
+      return;
+    }
+  }
+
+  // This rank's state in the running layout (host copies), and what is not
+  // sharded: the MoE selection biases (summed over the pipeline, as a save does).
+  RankState src;
+  {
+    ShardLayout lay = engine_->shard_layout();
+    CheckpointState st;
+    engine_->fill_checkpoint(st, lay);
+    src.shards = {lay, std::move(st.specs)};
+    src.params = std::move(st.params);
+    src.exp_avg = std::move(st.exp_avg);
+    src.exp_avg_sq = std::move(st.exp_avg_sq);
+  }
+  const int src_rank = world_rank_;
+  std::vector<double> bias;
+  const bool moe_bias = engine_->model().has_moe() && cfg_.model.moe_aux_free;
+  if (moe_bias) {
+    bias = engine_->model().moe_bias_table();
+    old.pp->all_reduce(Tensor(bias.data(), DType::F64, {int64_t(bias.size())}));
+  }
+  const bool had_ef = !engine_->reducer().compression_state().empty();
+  const std::string schedule_before =
+      engine_->pipelined() ? engine_->pipeline()->schedule().name : std::string();
+  phase("copy_out");
+
+  // Tear down the running engine and its wrappers, then build the new groups
+  // (collective over MPI_COMM_WORLD) and the new engine on them.
+  controllers_.clear();
+  engine_.reset();
+  device_comms_.clear();
+  emulated_comms_.clear();
+  std::unique_ptr<ProcessGroups> prev = std::move(switched_groups_);
+  cfg_ = next;
+  switched_groups_ = std::make_unique<ProcessGroups>(make_process_groups(layout_of(cfg_), placement));
+  prev.reset();
+  ProcessGroups& pg = *switched_groups_;
+  ParallelContext ctx;
+  ctx.tp = pg.tp.get();
+  ctx.dp = pg.dp.get();
+  ctx.pp = pg.pp.get();
+  ctx.ep = pg.ep.get();
+  ctx.edp = pg.edp.get();
+  ctx.world = pg.world.get();
+  ctx.world_rank = pg.world->rank();
+  ctx.layout = pg.layout;
+  ctx.coords = pg.coords;
+  ctx.plan_json = old.plan_json;
+  if (!cfg_.emulate.cluster.empty()) {
+    own_emulation_ = emulate::setup_emulation(cfg_, pg.world.get(), pg.world->rank(), &pg.placement);
+    ctx.emulation = own_emulation_.get();
+  }
+  phase("groups");
+  wire(ctx, /*init=*/false);  // the state arrives below
+  phase("engine");
+
+  // The new rank's place and buffers, filled from every rank's old state.
+  RankState dst;
+  {
+    ShardLayout lay = engine_->shard_layout();
+    if (engine_->optimizer().sharded()) {
+      lay.state_lo = engine_->optimizer().adamw().lo();
+      lay.state_hi = engine_->optimizer().adamw().hi();
+    }
+    dst.shards = {lay, engine_->model().table()};
+    const auto n = size_t(engine_->model().flat_size());
+    const size_t m = lay.state_hi >= 0 ? size_t(lay.state_hi - lay.state_lo) : n;
+    dst.params.assign(n, 0.0f);
+    dst.exp_avg.assign(m, 0.0f);
+    dst.exp_avg_sq.assign(m, 0.0f);
+  }
+  ReshardStats rs;
+  {
+    std::unique_ptr<MpiComm> everyone = MpiComm::world("switch");
+    const std::vector<std::string> places = everyone->all_gather_strings(
+        place_record(src_rank, src.shards, world_rank_, dst.shards));
+    phase("plan");
+    rs = reshard(src, src_rank, dst, world_rank_, *everyone, places);
+  }
+  phase("exchange");
+  phases["exchange_plan"] = rs.plan_s;
+  phases["exchange_pack"] = rs.pack_s;
+  phases["exchange_transfer"] = rs.transfer_s;
+  phases["exchange_unpack"] = rs.unpack_s;
+  src = {};
+  CheckpointState st;
+  st.params = std::move(dst.params);
+  if (dst.shards.lay.state_hi >= 0) {  // a ZeRO-1 chunk: placed in the whole buffer for load_state
+    const auto n = size_t(engine_->model().flat_size());
+    st.exp_avg.assign(n, 0.0f);
+    st.exp_avg_sq.assign(n, 0.0f);
+    std::copy(dst.exp_avg.begin(), dst.exp_avg.end(), st.exp_avg.begin() + dst.shards.lay.state_lo);
+    std::copy(dst.exp_avg_sq.begin(), dst.exp_avg_sq.end(),
+              st.exp_avg_sq.begin() + dst.shards.lay.state_lo);
+  } else {
+    st.exp_avg = std::move(dst.exp_avg);
+    st.exp_avg_sq = std::move(dst.exp_avg_sq);
+  }
+  engine_->restore_checkpoint(st);
+  if (moe_bias) engine_->model().set_moe_bias_table(bias);
+  phase("restore");
+
+  double moved[2] = {double(rs.sent_bytes), double(rs.local_bytes)};
+  engine_->groups().world->all_reduce(Tensor(moved, DType::F64, {2}));
+  const double seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  ++switches_;
+  const std::string table = rank_table(pg, dev_.device_id, dev_.transport, emulation_);
+  if (lead()) {
+    std::printf("switch at step %ld: %s -> %s in %.3f s (%.1f MB between ranks, %.1f MB within; "
+                "request: %s)\n%s",
+                long(step_), from_desc.c_str(), describe(layout_of(cfg_)).c_str(), seconds,
+                moved[0] / 1e6, moved[1] / 1e6, why.c_str(), table.c_str());
+    if (had_ef)
+      std::fprintf(stderr, "note: switch at step %ld: gradient compression's error-feedback state is "
+                           "dropped (the layout changed); it restarts at zero\n", long(step_));
+    std::fflush(stdout);
+    if (log)
+      log->log_record({{"event", "switch"},
+                       {"step", step_},
+                       {"request", why},
+                       {"from", from_desc},
+                       {"to", describe(layout_of(cfg_))},
+                       {"schedule_before", schedule_before},
+                       {"seconds", seconds},
+                       {"moved_bytes", moved[0]},
+                       {"local_bytes", moved[1]},
+                       {"moves", rs.moves},
+                       {"phases_s", phases}});
+  }
+}
+
+}  // namespace adgt

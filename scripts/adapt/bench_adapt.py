@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Static against adaptive pipeline on a slow stage, side by side (issue 16;
+docs/adaptation.md).
+
+4 CPU ranks, pp = 4, the 8-layer model of tests/emulate/model.yaml. The
+scenarios:
+  clean     no straggler, parallel.adapt off
+  static    rank SLOW_RANK computes FACTOR x slower from the start, adapt off
+  schedule  the same straggler, parallel.adapt: schedule
+  layers    the same straggler, parallel.adapt: schedule+layers
+
+Each runs REPS times; the step time is the median over the steps after
+--skip (the adaptation acts at step 10) of 1 / tokens_per_s x tokens. The
+mitigation of an adaptive run is (T_static - T_adapted) / (T_static -
+T_clean), the issue's figure (target >= 60%). Also prints the losses'
+agreement with the static run (an adaptation never changes the numbers).
+
+  scripts/adapt/bench_adapt.py --train build/apps/adgt-train \\
+      --data build/data/kjv-byte [--reps 3] [--steps 60] [--factor 1.5]
+
+On a host whose cores the ranks share (2 cores here), a sleeping straggler
+frees a core for the others, so wall-time differences are smaller than on
+dedicated devices; the figures say what this host measured.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MODEL = os.path.join(ROOT, "tests", "emulate", "model.yaml")
+MPIRUN = os.path.join(ROOT, "tests", "parallel", "mpirun.sh")
+
+
+def run(args, name, sets):
+    log = os.path.join(args.work, name)
+    os.makedirs(log, exist_ok=True)
+    m = os.path.join(log, "metrics.jsonl")
+    if os.path.exists(m):
+        os.remove(m)
+    common = [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
+              f"train.steps={args.steps}", "train.global_batch=8", "train.micro_batch=1",
+              "parallel.pp=4", "parallel.schedule=1f1b", "emulate.cluster=cpu-here",
+              "checkpoint.at_end=false", f"log.dir={log}", f"checkpoint.dir={log}/ckpt"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    p = subprocess.run([MPIRUN, "4", args.train, "--config", MODEL]
+                       + sum([["--set", s] for s in common + sets], []),
+                       capture_output=True, text=True, env=env, timeout=900)
+    if p.returncode != 0:
+        sys.exit(f"FAILED: {name} exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    recs = [json.loads(l) for l in open(m)]
+    steps = [r for r in recs if "loss" in r and "event" not in r]
+    tokens = 8 * 32  # global batch x seq_len of the model
+    times = [tokens / r["tokens_per_s"] for r in steps if r["step"] > args.skip]
+    return statistics.median(times), [r["loss"] for r in steps], recs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--train", required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--work", default="/tmp/adgt-bench-adapt")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--skip", type=int, default=20)
+    ap.add_argument("--factor", type=float, default=1.5)
+    ap.add_argument("--slow-rank", type=int, default=2)
+    args = ap.parse_args()
+    slow = f"emulate.slow_ranks={args.slow_rank}:{args.factor}"
+    scen = {"clean": ["parallel.adapt=off"],
+            "static": ["parallel.adapt=off", slow],
+            "schedule": ["parallel.adapt=schedule", slow],
+            "layers": ["parallel.adapt=schedule+layers", slow]}
+    t = {k: [] for k in scen}
+    losses = {}
+    notes = {}
+    for rep in range(args.reps):  # interleaved, so drift on the host hits every scenario alike
+        for k, sets in scen.items():
+            s, loss, recs = run(args, f"{k}-{rep}", sets)
+            t[k].append(s)
+            losses.setdefault(k, loss)
+            sw = [r for r in recs if r.get("event") == "switch" and "refused" not in r]
+            if sw:
+                notes[k] = f"layers moved at step {sw[0]['step']}: {sw[0]['request']}"
+    med = {k: statistics.median(v) for k, v in t.items()}
+    print(f"pp=4, 4 CPU ranks, rank {args.slow_rank} x{args.factor}, {args.steps} steps, "
+          f"median step time over steps > {args.skip}, median of {args.reps} runs")
+    print(f"{'scenario':10s} {'step s':>9s} {'vs clean':>9s} {'mitigation':>11s}  runs")
+    gap = med["static"] - med["clean"]
+    for k in scen:
+        mit = "" if k in ("clean", "static") or gap <= 0 else f"{100 * (med['static'] - med[k]) / gap:10.0f}%"
+        print(f"{k:10s} {med[k]:9.4f} {med[k] / med['clean']:8.2f}x {mit:>11s}  "
+              + " ".join(f"{x:.4f}" for x in t[k]))
+    for k in ("schedule", "layers"):
+        same = losses[k] == losses["static"]
+        print(f"{k}: losses {'equal to' if same else 'DIFFER from'} the static run's bit for bit"
+              + (f"; {notes[k]}" if k in notes else ""))
+
+
+if __name__ == "__main__":
+    main()

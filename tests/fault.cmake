@@ -1,0 +1,24 @@
+# Hang and death detection (issue 17 part 3; docs/reliability.md): the pure
+# parts in adgt_unit_tests (tests/unit/watchdog_test.cpp, tag [watchdog]);
+# under mpirun, 4 CPU ranks (tp2 dp2) of the layout-test model with
+# train.collective_timeout_s=5: SIGSTOP or SIGKILL of a random rank mid-run is
+# named by every other rank, which all exit non-zero in time (no hang); a rank
+# whose main thread stalls (ADGT_TEST_STALL, a stuck device) is named by its
+# sequence number though its process lives; and a
+# clean run with the same small deadline, evaluations and checkpoint saves does
+# not trip (tests/fault/fault_check.py). The campaign: scripts/reliability/chaos.py.
+if(NOT TARGET adgt_fault)
+  return()
+endif()
+target_link_libraries(adgt_unit_tests PRIVATE adgt_fault)
+if(NOT TARGET adgt-train)
+  return()
+endif()
+foreach(mode stop kill stall clean)
+  add_test(NAME watchdog_${mode}_np4
+    COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/fault/fault_check.py --mode ${mode}
+      --train $<TARGET_FILE:adgt-train> --data ${CMAKE_BINARY_DIR}/data/kjv-byte
+      --work ${CMAKE_BINARY_DIR}/fault/${mode})
+endforeach()
+set_tests_properties(watchdog_stop_np4 watchdog_kill_np4 watchdog_stall_np4 watchdog_clean_np4 PROPERTIES
+  FIXTURES_REQUIRED kjv_byte LABELS "fault;parallel" TIMEOUT 240 PROCESSORS 4 RUN_SERIAL TRUE)
