@@ -27,7 +27,8 @@ const char* const kOpNames[] = {"none",       "all_reduce", "reduce_scatter", "a
                                 "broadcast",  "send",       "recv",           "wait_sends",
                                 "all_to_all", "all_to_allv", "barrier",       "gather",
                                 "other"};
-const char* const kPhaseNames[] = {"startup", "train", "checkpoint_save", "checkpoint_load", "eval"};
+const char* const kPhaseNames[] = {"startup", "train", "checkpoint_save", "checkpoint_load", "eval",
+                                   "layout_switch"};
 }  // namespace
 
 const char* op_name(Op op) {
@@ -101,11 +102,11 @@ std::vector<GroupState> snapshot_groups() {
 
 const char* phase_name(Phase p) {
   const int i = int(p);
-  return i >= 0 && i <= int(Phase::Eval) ? kPhaseNames[i] : "train";
+  return i >= 0 && i <= int(Phase::LayoutSwitch) ? kPhaseNames[i] : "train";
 }
 
 Phase phase_from_name(const std::string& s) {
-  for (int i = 0; i <= int(Phase::Eval); ++i)
+  for (int i = 0; i <= int(Phase::LayoutSwitch); ++i)
     if (s == kPhaseNames[i]) return Phase(i);
   return Phase::Train;
 }

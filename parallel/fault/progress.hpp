@@ -91,7 +91,7 @@ struct GroupState {
 std::vector<GroupState> snapshot_groups();
 
 // The run's phase, shown in the heartbeat; long phases get the long deadline.
-enum class Phase : int32_t { Startup = 0, Train, CheckpointSave, CheckpointLoad, Eval };
+enum class Phase : int32_t { Startup = 0, Train, CheckpointSave, CheckpointLoad, Eval, LayoutSwitch };
 const char* phase_name(Phase p);
 Phase phase_from_name(const std::string& s);
 bool is_long_phase(Phase p);  // all but Train

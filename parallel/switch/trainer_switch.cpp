@@ -16,6 +16,7 @@
 #include "core/layout.hpp"
 #include "core/metrics.hpp"
 #include "parallel/controller.hpp"
+#include "parallel/fault/progress.hpp"
 #include "parallel/mpi_comm.hpp"
 #include "parallel/switch/reshard.hpp"
 #include "parallel/switch/switch_request.hpp"
@@ -141,6 +142,8 @@ bool Trainer::apply_layout_request(const std::vector<std::string>& overrides, co
 void Trainer::switch_layout(const RunConfig& next, const std::string& why, MetricsLog* log) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
+  // Moving a large state takes long: the watchdog's long deadline (docs/reliability.md).
+  fault::PhaseScope switching(fault::Phase::LayoutSwitch);
   // Seconds of each phase on this rank (logged from rank 0).
   nlohmann::json phases = nlohmann::json::object();
   auto t_phase = t0;
