@@ -242,3 +242,35 @@ TEST_CASE("speed-weighted layer split is the exact min-max split (brute force)",
   CHECK_THROWS(adapt::speed_weighted_split(cost, 0, 0, {1, 0, 1}));
   CHECK_THROWS(adapt::speed_weighted_split({1.0}, 0, 0, {1, 1}));
 }
+
+#include <chrono>
+
+// Hidden (run by name): the packing rate of a tp2 -> tp1 plan of a ~27M-parameter model.
+TEST_CASE("pack rate of a resharding plan", "[.switchbench]") {
+  ModelConfig m;
+  m.vocab_size = 256;
+  m.d_model = 512;
+  m.n_layers = 8;
+  m.n_heads = 8;
+  m.n_kv_heads = 8;
+  m.ffn_hidden = 1536;
+  m.seq_len = 64;
+  std::vector<RankState> from = {rank_state(m, 2, 0), rank_state(m, 2, 1)};
+  std::vector<RankState> want = {rank_state(m, 1, 0)};
+  std::vector<RankShards> fs, ts;
+  for (const RankState& s : from) fs.push_back(s.shards);
+  for (const RankState& s : want) ts.push_back(s.shards);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<RegionMove> moves = plan_moves(fs, ts);
+  const auto t1 = std::chrono::steady_clock::now();
+  std::vector<float> payload;
+  pack_moves(moves, 0, from[0], payload, 0);
+  const auto t2 = std::chrono::steady_clock::now();
+  RankState got = want[0];
+  unpack_moves(moves, 0, 0, got, payload.data(), int64_t(payload.size()));
+  const auto t3 = std::chrono::steady_clock::now();
+  const auto s = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+  WARN("moves " << moves.size() << ", payload " << payload.size() * 4 / 1e6 << " MB: plan " << s(t0, t1)
+                << " s, pack " << s(t1, t2) << " s, unpack " << s(t2, t3) << " s");
+  CHECK(!payload.empty());
+}
