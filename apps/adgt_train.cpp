@@ -166,16 +166,7 @@ int main(int argc, char** argv) {
     const std::string table = adgt::rank_table(pg, dev.device_id, dev.transport, emulation.get());
     if (lead && pg.world->size() > 1) std::printf("%s", table.c_str());
 
-    adgt::ParallelContext ctx;
-    ctx.tp = pg.tp.get();
-    ctx.dp = pg.dp.get();
-    ctx.pp = pg.pp.get();
-    ctx.ep = pg.ep.get();
-    ctx.edp = pg.edp.get();
-    ctx.world = pg.world.get();
-    ctx.world_rank = pg.world->rank();
-    ctx.layout = pg.layout;
-    ctx.coords = pg.coords;
+    adgt::ParallelContext ctx = adgt::context_of(pg);
     ctx.emulation = emulation.get();
     ctx.plan_json = plan_json;
     adgt::Trainer trainer(cfg, ctx, dev);

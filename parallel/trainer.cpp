@@ -204,6 +204,20 @@ void Trainer::wire(ParallelContext ctx, bool init) {
 
 Trainer::~Trainer() = default;
 
+ParallelContext context_of(const ProcessGroups& pg) {
+  ParallelContext ctx;
+  ctx.tp = pg.tp.get();
+  ctx.dp = pg.dp.get();
+  ctx.pp = pg.pp.get();
+  ctx.ep = pg.ep.get();
+  ctx.edp = pg.edp.get();
+  ctx.world = pg.world.get();
+  ctx.world_rank = pg.world->rank();
+  ctx.layout = pg.layout;
+  ctx.coords = pg.coords;
+  return ctx;
+}
+
 void Trainer::load(const std::string& step_dir) {
   // Collective over the world: each rank reads its own shards (any writer layout);
   // an error on any rank stops every rank with that message.

@@ -124,6 +124,10 @@ class Trainer {
   double saver_copy_s_ = 0;                      // the save in flight's copy to host memory
 };
 
+// The engine's view of process groups: their communicators, the layout and
+// this rank's place (emulation and plan left for the caller).
+ParallelContext context_of(const ProcessGroups& pg);
+
 // Installs the SIGTERM/SIGINT/SIGUSR1 handlers that ask the loop to stop.
 void install_stop_handlers();
 // The stop signal received and not yet acted on (0: none); read by the watchdog.

@@ -207,16 +207,7 @@ void Trainer::switch_layout(const RunConfig& next, const std::string& why, Metri
   switched_groups_ = std::make_unique<ProcessGroups>(make_process_groups(layout_of(cfg_), placement));
   prev.reset();
   ProcessGroups& pg = *switched_groups_;
-  ParallelContext ctx;
-  ctx.tp = pg.tp.get();
-  ctx.dp = pg.dp.get();
-  ctx.pp = pg.pp.get();
-  ctx.ep = pg.ep.get();
-  ctx.edp = pg.edp.get();
-  ctx.world = pg.world.get();
-  ctx.world_rank = pg.world->rank();
-  ctx.layout = pg.layout;
-  ctx.coords = pg.coords;
+  ParallelContext ctx = context_of(pg);
   ctx.plan_json = old.plan_json;
   if (!cfg_.emulate.cluster.empty()) {
     own_emulation_ = emulate::setup_emulation(cfg_, pg.world.get(), pg.world->rank(), &pg.placement);
