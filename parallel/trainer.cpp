@@ -157,8 +157,18 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx, std::optional<Device
   else
     dev_.device = cfg.train.device;
   backend_ = make_backend(dev_.device, dev_.cuda_device);
-  train_shard_ = open_shard(cfg.data.train, "data.train", cfg.model);
-  val_shard_ = open_shard(cfg.data.val, "data.val", cfg.model);
+  // A missing or mismatched shard is an input error every rank reports:
+  // agreed over the world (a rank that finds it first must not abort the
+  // others before they print), then thrown on every rank together.
+  std::string shard_error;
+  try {
+    train_shard_ = open_shard(cfg.data.train, "data.train", cfg.model);
+    val_shard_ = open_shard(cfg.data.val, "data.val", cfg.model);
+  } catch (const std::exception& e) {
+    shard_error = e.what();
+  }
+  if (ctx.world && ctx.world->size() > 1) shard_error = agree_error(*ctx.world, shard_error);
+  if (!shard_error.empty()) throw CollectiveError(shard_error);
   sampler_ = std::make_unique<Sampler>(*train_shard_, cfg.model.seq_len, cfg.train.seed);
   wire(std::move(ctx));
 }
