@@ -90,3 +90,11 @@ add_test(NAME slurm_sbatch_template_requeue
           ${CMAKE_SOURCE_DIR}/scripts/slurm/adgt-train.sbatch
           ${CMAKE_CURRENT_SOURCE_DIR}/slurm/fake_train.sh)
 set_tests_properties(slurm_sbatch_template_requeue PROPERTIES LABELS "parallel;slurm" TIMEOUT 120 RUN_SERIAL TRUE)
+# The same with ELASTIC=1: the trainer runs under scripts/adgt-elastic, which
+# starts srun itself and forwards the time-limit signal.
+add_test(NAME slurm_sbatch_template_elastic
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/slurm/with_slurm.sh --fake-gpus 4 --
+          ${CMAKE_CURRENT_SOURCE_DIR}/slurm/sbatch_requeue_check.sh
+          ${CMAKE_SOURCE_DIR}/scripts/slurm/adgt-train.sbatch
+          ${CMAKE_CURRENT_SOURCE_DIR}/slurm/fake_train.sh elastic)
+set_tests_properties(slurm_sbatch_template_elastic PROPERTIES LABELS "parallel;slurm" TIMEOUT 120 RUN_SERIAL TRUE)

@@ -132,7 +132,7 @@ void Watchdog::fire(const Culprit& c, const Heartbeat& me, double waited_s, cons
                     describe_wait(me, peer) + " for " + secs(waited_s) + " s" + why;
   std::ostringstream v;
   v << "token " << o_.token << "\nby " << o_.rank << "\nculprit " << c.rank << "\nculprit_launcher "
-    << c.launcher_rank << "\ncause " << cause_name(c.cause) << "\nmessage " << msg << "\n";
+    << c.launcher_rank << "\nculprit_host " << c.host << "\ncause " << cause_name(c.cause) << "\nmessage " << msg << "\n";
   (void)write_file_atomic(verdict_path(o_.dir, o_.token), v.str());
   say(msg);
   finish(me, c.launcher_rank);

@@ -81,6 +81,9 @@ double ProfileCosts::seconds(const Op& op, int bytes) {
 
 double ProfileCosts::measure(const Op& op, int bytes) {
   const DType dt = dtype_of(bytes);
+  // Statistics and parameter gradients (rstd, saved, rope tables, dtable):
+  // fp32 for bf16 activations, else the activations' dtype (f64 runs too).
+  const DType st = dt == DType::BF16 ? DType::F32 : dt;
   Arena ar{be_, {}};
   const int64_t a = op.a, b = op.b, c = op.c, d = op.d, e = op.e;
   // One set of the op's tensors and the call on them.
@@ -110,7 +113,7 @@ double ProfileCosts::measure(const Op& op, int bytes) {
       AttentionShape s{a, b, c, d, e};
       Tensor q = ar.make(dt, {a, b, c, e}), k = ar.make(dt, {a, b, d, e}),
              v = ar.make(dt, {a, b, d, e}), out = ar.make(dt, {a, b, c, e});
-      Tensor saved = ar.make(DType::F32, {std::max<int64_t>(1, be_.attention_saved_elems(s))});
+      Tensor saved = ar.make(st, {std::max<int64_t>(1, be_.attention_saved_elems(s))});
       be_.attention_forward(out, saved, q, k, v, s);
       if (op.kind == OpKind::AttentionForward) {
         run = [=, this] { be_.attention_forward(out, saved, q, k, v, s); };
@@ -124,7 +127,7 @@ double ProfileCosts::measure(const Op& op, int bytes) {
     case OpKind::RmsNormForward:
     case OpKind::RmsNormBackward: {
       Tensor x = ar.make(dt, {a, b}), out = ar.make(dt, {a, b}), w = ar.make(dt, {b}),
-             rstd = ar.make(DType::F32, {a});
+             rstd = ar.make(st, {a});
       if (op.kind == OpKind::RmsNormForward) {
         run = [=, this] { be_.rmsnorm_forward(out, rstd, x, w, 1e-5); };
       } else {
@@ -138,7 +141,7 @@ double ProfileCosts::measure(const Op& op, int bytes) {
     case OpKind::RopeForward:
     case OpKind::RopeBackward: {
       Tensor x = ar.make(dt, {a, b, c});
-      Tensor cs = ar.make(DType::F32, {a, c / 2}), sn = ar.make(DType::F32, {a, c / 2});
+      Tensor cs = ar.make(st, {a, c / 2}), sn = ar.make(st, {a, c / 2});
       if (op.kind == OpKind::RopeForward)
         run = [=, this] { be_.rope_forward(x, cs, sn, a); };
       else
@@ -167,7 +170,7 @@ double ProfileCosts::measure(const Op& op, int bytes) {
       if (op.kind == OpKind::EmbeddingForward) {
         run = [=, this] { be_.embedding_forward(out, table, tok, 0); };
       } else {
-        Tensor dt32 = ar.make(DType::F32, {c, b});
+        Tensor dt32 = ar.make(st, {c, b});
         run = [=, this] { be_.embedding_backward(dt32, out, tok, 0); };
       }
       break;

@@ -6,6 +6,10 @@
 set -u
 dir=${FAKE_TRAIN_DIR:?}
 me=${SLURM_PROCID:-?}
+if [[ " $* " == *" --print-config "* ]]; then  # scripts/adgt-elastic asks for the run's directories
+  printf 'log:\n  dir: %s/log\ncheckpoint:\n  dir: %s/ckpt\nparallel:\n  tp: 1\n  pp: 1\n' "$dir" "$dir"
+  exit 0
+fi
 echo "start rank $me restart ${SLURM_RESTART_COUNT:-0} args: $*" >>"$dir/events"
 if [[ ${SLURM_RESTART_COUNT:-0} -ge 1 ]]; then
   echo "resumed rank $me" >>"$dir/events"
