@@ -475,8 +475,16 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
       if (u.pc >= u.tasks.size()) continue;
       Task& t = u.tasks[u.pc];
       if (t.kind == TaskKind::Compute) {
+        // The compute whose end was taken as the next event ends there, what
+        // the subtraction leaves notwithstanding. Past t ~ 1.6e4 s (llama-34b's
+        // 2.3e4 s step on one GPU) half an ulp of now exceeds the 1e-12 s
+        // tolerance below: now + remaining rounds by more than that, and a
+        // residual between the two could not move now (next == now): the loop
+        // spun forever.
+        const bool ends_next = now + u.remaining / rate(u) <= next;  // as `next` was formed
         u.remaining -= rate(u) * dt;
-        if (u.remaining <= 1e-15 * std::max(1.0, t.amount) || now + dt >= next && u.remaining <= 1e-12) {
+        if (ends_next || u.remaining <= 1e-15 * std::max(1.0, t.amount) ||
+            now + dt >= next && u.remaining <= 1e-12) {
           const double took = next - u.since;
           (t.cat == Cat::Optimizer ? u.optimizer : u.compute) += took;
           if (t.grads_done > -3) {

@@ -5,7 +5,12 @@
 // homogeneous shortcut against simulating every replica, and named errors.
 #include <catch2/catch.hpp>
 
+#include <chrono>
+#include <future>
+#include <memory>
 #include <numeric>
+#include <optional>
+#include <thread>
 
 #include "core/config.hpp"
 #include "parallel/cluster/cluster.hpp"
@@ -29,6 +34,36 @@ struct FakeCosts final : OpCosts {
   }
   std::string describe() const override { return "fake"; }
 };
+
+// FakeCosts times `scale`; a power of two scales every sum the simulator
+// forms exactly, so a step's times scale by it too.
+struct ScaledCosts final : OpCosts {
+  explicit ScaledCosts(double s) : scale(s) {}
+  double scale;
+  FakeCosts base;
+  double seconds(const Op& op, int bytes) override { return scale * base.seconds(op, bytes); }
+  std::string describe() const override { return "scaled"; }
+};
+
+// simulate_step on a thread of its own: its result, or nothing after
+// `limit_s` (a simulation that does not end; the thread, owning copies of its
+// inputs, is left to run until the process exits).
+std::optional<SimResult> simulate_within(const RunConfig& cfg, const cluster::Cluster& cl,
+                                         double scale, double limit_s) {
+  auto done = std::make_shared<std::promise<SimResult>>();
+  std::future<SimResult> result = done->get_future();
+  std::thread([done, cfg, cl, scale] {
+    try {
+      ScaledCosts costs(scale);
+      done->set_value(simulate_step(cfg, cl, costs));
+    } catch (...) {
+      done->set_exception(std::current_exception());
+    }
+  }).detach();
+  if (result.wait_for(std::chrono::duration<double>(limit_s)) != std::future_status::ready)
+    return std::nullopt;
+  return result.get();
+}
 
 RunConfig run(const std::vector<std::string>& sets) {
   return load_config_text(R"(model: {vocab_size: 256, d_model: 64, n_layers: 8, n_heads: 8,
@@ -195,4 +230,24 @@ TEST_CASE("sim: the MoE load model and the expert placement", "[sim]") {
   bad.work.expert_load = {1, 1};
   CHECK_THROWS_WITH(simulate_step(moe, c, costs, bad),
                     Contains("the expert load has 2 entries but model.n_experts=4"));
+}
+
+TEST_CASE("sim: a long step ends and scales with its op times", "[sim]") {
+  // 256 micro-batches on one rank, like llama-34b's dry run on one GPU (its
+  // step ~2e4 s): far from t = 0 a compute's end, now + remaining, rounds to a
+  // multiple of ulp(now) > 1e-12 s, and the event loop once stalled there
+  // forever (the residual work left above its tolerance, the next event at now).
+  const RunConfig cfg = run({"train.global_batch=512"});
+  REQUIRE(cfg.accum_steps() == 256);
+  const std::optional<SimResult> ref = simulate_within(cfg, fast(), 1, 10);
+  REQUIRE(ref);
+  for (const double scale : {1024.0, 65536.0, 1048576.0}) {
+    INFO("op times x " << scale);
+    const std::optional<SimResult> r = simulate_within(cfg, fast(), scale, 10);
+    REQUIRE(r);  // ends (in milliseconds; 10 s is the watchdog)
+    CHECK(r->step_time_s > 1e4);
+    CHECK(r->step_time_s == Approx(scale * ref->step_time_s).epsilon(1e-12));
+    CHECK(r->compute_s == Approx(scale * ref->compute_s).epsilon(1e-12));
+    CHECK(r->events == ref->events);
+  }
 }
