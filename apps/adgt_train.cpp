@@ -22,6 +22,7 @@
 #include "parallel/pipeline_plan.hpp"
 #include "parallel/process_groups.hpp"
 #include "parallel/plan/launch_plan.hpp"
+#include "parallel/plan/replan_controller.hpp"
 #include "parallel/sim/dry_run.hpp"
 
 namespace {
@@ -125,6 +126,7 @@ int main(int argc, char** argv) {
   // parallel.auto (docs/planner.md): rank 0 plans and broadcasts the plan;
   // every rank loads the run with it, or every rank stops with the same error.
   std::string plan_json;
+  std::shared_ptr<adgt::plan::ReplanState> replan;  // parallel.replan (docs/planner.md)
   if (cfg.parallel.auto_plan) {
     try {
       adgt::plan::LaunchPlan lp = adgt::plan::plan_at_launch(cfg, config_path, overrides);
@@ -134,6 +136,11 @@ int main(int argc, char** argv) {
       }
       cfg = lp.cfg;
       plan_json = lp.json;
+      if (cfg.parallel.replan && mpi.size() > 1) {
+        replan = std::make_shared<adgt::plan::ReplanState>();
+        replan->hosts = lp.hosts;
+        replan->fixed = lp.fixed;
+      }
     } catch (const adgt::ConfigError& e) {
       const std::string who = "rank " + std::to_string(mpi.rank()) + " (host " + mpi.launch().host + ")";
       if (mpi.rank() == 0)
@@ -170,6 +177,9 @@ int main(int argc, char** argv) {
     ctx.emulation = emulation.get();
     ctx.plan_json = plan_json;
     adgt::Trainer trainer(cfg, ctx, dev);
+    if (replan)  // re-plans while training when the ranks' measured speeds change
+      trainer.add_controller_factory(
+          [replan](const adgt::RunConfig& c) { return adgt::plan::make_replan_controller(c, replan); });
     const std::string from = adgt::resolve_resume(resume, cfg.checkpoint.dir);
     if (!resume.empty() && from.empty()) {
       if (eval_only)

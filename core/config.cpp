@@ -217,6 +217,11 @@ const std::vector<Key>& schema() {
           "plan the layout at launch (docs/planner.md): tp, pp, dp, ep, ZeRO, sequence "
           "parallelism, schedule, virtual stages, micro_batch and recompute chosen by the "
           "simulator for the cluster found; keys set in the run file or by --set are kept"),
+      key("parallel", &R::parallel, "replan", &ParallelConfig::replan, A::Any,
+          "with parallel.auto: re-plan while training when the ranks' measured compute speeds "
+          "change by more than 25% (a straggler appears or recovers), and switch the layout in "
+          "memory when the plan for the measured cluster is predicted at least 5% faster "
+          "(docs/planner.md, \"Re-planning\"); false: the launch's plan stays"),
       key("parallel", &R::parallel, "adapt", &ParallelConfig::adapt, A::Choices,
           "run-time adaptation (docs/adaptation.md): off; schedule = with pp > 1, re-plan the "
           "pipeline schedule from the measured stage times once warmed up and on every "

@@ -97,6 +97,10 @@ struct ParallelConfig {
   // this section and train.micro_batch/recompute that the run file or --set
   // gives are constraints; the rest are chosen by the simulator.
   bool auto_plan = false;  // YAML key: parallel.auto
+  // With auto_plan: re-plan at run time when the measured compute speeds of
+  // the ranks change, and switch the layout in memory when that pays
+  // (parallel/plan/replan_controller.hpp; docs/planner.md "Re-planning").
+  bool replan = true;
   // Run-time adaptation (parallel/adapt/; docs/adaptation.md): off, or
   // schedule = re-plan the pipeline schedule from measured stage times at
   // warm-up and on every sustained change; schedule+layers = also move

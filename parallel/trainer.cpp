@@ -210,6 +210,12 @@ void Trainer::wire(ParallelContext ctx, bool init) {
     controllers_.push_back(make_greedy_replan(cfg));
   if (cfg.parallel.grad_compression == "auto")  // docs/compression.md, "Controller"
     controllers_.push_back(compress::make_compress_controller(cfg, *engine_));
+  for (const ControllerFactory& f : factories_) controllers_.push_back(f(cfg));
+}
+
+void Trainer::add_controller_factory(ControllerFactory f) {
+  factories_.push_back(std::move(f));
+  controllers_.push_back(factories_.back()(cfg_));
 }
 
 Trainer::~Trainer() = default;
@@ -575,8 +581,12 @@ TrainSummary Trainer::train() {
     // A layout change a controller decided (parallel.adapt: schedule+layers),
     // made below at this boundary.
     std::vector<std::string> layout_request;
+    std::string requested_by;
     for (auto& c : controllers_)
-      if (auto q = c->take_layout_request(); !q.empty()) layout_request = std::move(q);
+      if (auto q = c->take_layout_request(); !q.empty()) {
+        layout_request = std::move(q);
+        requested_by = c->name();
+      }
     const bool last = step_ == t.steps;
     if (step_ % cfg_.log.interval == 0 || last)
       tei.record(*g.world, TeiMeter::At::Interval, step_, logger.peak_tflops());
@@ -613,7 +623,7 @@ TrainSummary Trainer::train() {
     if ((switch_due || !layout_request.empty()) && !last) {
       commit_checkpoint(metrics.get(), tei, true);
       const bool changed = !layout_request.empty()
-                               ? apply_layout_request(layout_request, "parallel.adapt", metrics.get())
+                               ? apply_layout_request(layout_request, "controller " + requested_by, metrics.get())
                                : run_switch(metrics.get());
       if (changed) make_hook();
     }

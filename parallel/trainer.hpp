@@ -6,6 +6,7 @@
 // clean stop on SIGTERM, SIGINT or SIGUSR1 (checkpoint at the step boundary,
 // exit 0).
 #pragma once
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -63,6 +64,11 @@ class Trainer {
   double evaluate();  // mean loss over the validation split (or eval_batches of it)
   Model& model() { return engine_->model(); }
   Engine& engine() { return *engine_; }
+  // A controller made by the caller (parallel.auto's re-planner lives above
+  // this library): made now for the running layout, and again after every
+  // layout switch, after the trainer's own controllers.
+  using ControllerFactory = std::function<std::unique_ptr<Controller>(const RunConfig&)>;
+  void add_controller_factory(ControllerFactory f);
 
  private:
   // Fills micro-batch a's (B, T) inputs and targets of the step starting at first_sample.
@@ -107,6 +113,7 @@ class Trainer {
   std::vector<std::unique_ptr<Comm>> device_comms_;
   std::unique_ptr<Engine> engine_;
   std::vector<std::unique_ptr<Controller>> controllers_;
+  std::vector<ControllerFactory> factories_;  // add_controller_factory
   DevicePlan dev_;  // the run's device, as agreed at start
   // After an in-memory layout switch: the new layout's process groups (the
   // launch's stay with the caller, unused) and a world over every launcher

@@ -25,3 +25,14 @@ add_test(NAME plan_dry_run_70b_256_h100
     $<TARGET_FILE:adgt-train> --config ${CMAKE_SOURCE_DIR}/configs/llama-70b.yaml
     --set parallel.auto=true --dry-run --cluster dgx-h100 --gpus 256)
 set_tests_properties(plan_dry_run_70b_256_h100 PROPERTIES LABELS "plan" TIMEOUT 120)
+# Re-planning while training (tests/plan/replan_test.py; docs/planner.md
+# "Re-planning"): 8 ranks of the emulated 2-node cluster in f64; without a
+# straggler the layout stays; with launcher rank 3 8x slower from step 10 the
+# planner re-plans for the measured cluster and the run switches in memory;
+# the losses stay the single process's.
+add_test(NAME plan_replan_straggler_np8
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/plan/replan_test.py
+    --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
+    --data ${CMAKE_BINARY_DIR}/data/kjv-byte --work ${CMAKE_BINARY_DIR}/plan/replan)
+set_tests_properties(plan_replan_straggler_np8 PROPERTIES
+  FIXTURES_REQUIRED kjv_byte LABELS "parallel;plan" TIMEOUT 300 PROCESSORS 4 RUN_SERIAL TRUE)

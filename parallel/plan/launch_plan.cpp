@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -33,19 +34,30 @@ struct Planned {
   Plan plan;
   cluster::Cluster cluster;
   std::string text;  // the table and the comparison lines
+  PlanInput input;   // what the plan was made from (costs aside)
 };
 
+std::vector<std::string> fixed_keys(const std::string& path, const std::vector<std::string>& overrides) {
+  std::vector<std::string> out;
+  for (const std::string& k : explicit_keys(path, overrides))
+    if (k != "parallel.auto") out.push_back(k);
+  return out;
+}
+
 // The plan for `world` ranks of `cl` (costs from a profile on this CPU when
-// the cluster's ranks are CPU ranks, else the device model).
-Planned plan_for(const RunConfig& cfg, const std::string& path,
-                 const std::vector<std::string>& overrides, cluster::Cluster cl, int64_t world,
-                 bool cpu_ranks, std::string why, int64_t max_tp = 0) {
+// the cluster's ranks are CPU ranks, else the device model). `fixed`: the
+// keys the user set (kept). `measured`: launcher rank -> compute slowdown
+// measured at run time (replaces the emulation's entries; empty at launch).
+// `current`: also simulate this config on the same cluster and costs.
+Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cluster::Cluster cl,
+                 int64_t world, bool cpu_ranks, std::string why, int64_t max_tp = 0,
+                 const std::map<int, double>* measured = nullptr, const RunConfig* current = nullptr,
+                 sim::SimResult* current_result = nullptr) {
   PlanInput in;
   in.max_tp = max_tp;
   in.base = cfg;
   in.world = world;
-  for (const std::string& k : explicit_keys(path, overrides))
-    if (k != "parallel.auto") in.fixed.push_back(k);
+  in.fixed = fixed;
   // Slow ranks are launcher ranks; the simulator's ranks are layout ranks in
   // node-contiguous order (what topology placement makes of any launcher
   // order, parallel/placement.hpp).
@@ -57,11 +69,15 @@ Planned plan_for(const RunConfig& cfg, const std::string& path,
       why += "; note: parallel.placement=launcher keeps the launcher's order, which is not "
              "node-contiguous here; the plan assumes it is";
   }
-  // A straggler injected mid-run ("rank:factor@step") is not the cluster the
-  // launch finds: only the ones slow from the start count.
-  for (const SlowRank& sr : parse_slow_rank_entries(cfg.emulate.slow_ranks))
-    if (sr.from_step == 0)
-      in.sim.slow_ranks[sr.rank < world ? place.layout_rank(int(sr.rank)) : int(sr.rank)] = sr.factor;
+  const auto layout_rank = [&](int r) { return r < world ? place.layout_rank(r) : r; };
+  if (measured) {
+    for (const auto& [r, f] : *measured) in.sim.slow_ranks[layout_rank(r)] = f;
+  } else {
+    // A straggler injected mid-run ("rank:factor@step") is not the cluster the
+    // launch finds: only the ones slow from the start count.
+    for (const SlowRank& sr : parse_slow_rank_entries(cfg.emulate.slow_ranks))
+      if (sr.from_step == 0) in.sim.slow_ranks[layout_rank(int(sr.rank))] = sr.factor;
+  }
   std::unique_ptr<Backend> be;
   std::unique_ptr<sim::OpCosts> costs;
   std::string profile_note;
@@ -83,7 +99,8 @@ Planned plan_for(const RunConfig& cfg, const std::string& path,
   in.cluster = cl;
   const auto t0 = std::chrono::steady_clock::now();
   // The profile is measured as the sweep asks for ops; time it apart.
-  Planned out{make_plan(in, *costs), cl, ""};
+  Planned out{make_plan(in, *costs), cl, "", in};
+  if (current && current_result) *current_result = sim::simulate_step(*current, cl, *costs, in.sim);
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (auto* pc = dynamic_cast<sim::ProfileCosts*>(costs.get())) {
     pc->save();
@@ -209,6 +226,8 @@ LaunchPlan plan_at_launch(const RunConfig& cfg, const std::string& path,
   const std::vector<std::string> hosts = world->all_gather_strings(host_name());  // every rank's
 
   LaunchPlan lp;
+  lp.hosts = hosts;
+  lp.fixed = fixed_keys(path, overrides);
   std::string payload;
   if (rank == 0) {
     try {
@@ -219,7 +238,7 @@ LaunchPlan plan_at_launch(const RunConfig& cfg, const std::string& path,
       const cluster::Cluster cl = launch_cluster(
           cfg, hosts, gpu, std::max<int64_t>(1, std::thread::hardware_concurrency()), &why, topo,
           &max_tp);
-      Planned p = plan_for(cfg, path, overrides, cl, size, gpu.empty(), why, max_tp);
+      Planned p = plan_for(cfg, fixed_keys(path, overrides), cl, size, gpu.empty(), why, max_tp);
       lp.table = p.text;
       std::ostringstream os;
       os << "OK\n" << plan_json(p.plan, p.cluster) << "\n";
@@ -276,9 +295,30 @@ std::string plan_dry_run(const RunConfig& cfg, const std::string& path,
     cl = launch_cluster(cfg, std::vector<std::string>(size_t(world), "localhost"), "", cores, &why);
     cpu = true;
   }
-  Planned p = plan_for(cfg, path, overrides, cl, world, cpu, why);
+  Planned p = plan_for(cfg, fixed_keys(path, overrides), cl, world, cpu, why);
   if (chosen) *chosen = p.plan.chosen().cfg;
   return p.text;
+}
+
+Replan replan(const RunConfig& cfg, const std::vector<std::string>& fixed,
+              const std::vector<std::string>& hosts, const std::map<int, double>& slow) {
+  Replan out;
+  std::string why;
+  const std::string gpu = gpu_name_of(cfg);
+  int64_t max_tp = 0;
+  const GpuTopology topo = gpu.empty() ? GpuTopology{} : parse_nvidia_topology(read_nvidia_topology());
+  const cluster::Cluster cl = launch_cluster(
+      cfg, hosts, gpu, std::max<int64_t>(1, std::thread::hardware_concurrency()), &why, topo, &max_tp);
+  const int64_t world = int64_t(hosts.size());
+  Planned p = plan_for(cfg, fixed, cl, world, gpu.empty(), why, max_tp, &slow, &cfg, &out.current);
+  out.chosen = p.plan.chosen().cfg;
+  out.planned = p.plan.chosen().result;
+  out.overrides = plan_overrides(out.chosen);
+  out.layout_now = sim::describe_layout(cfg);
+  out.layout_new = p.plan.chosen().layout;
+  out.table = p.text;
+  out.json = plan_json(p.plan, p.cluster);
+  return out;
 }
 
 }  // namespace adgt::plan

@@ -7,12 +7,14 @@
 // the same overrides and the same validated config.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "core/config.hpp"
 #include "parallel/cluster/cluster.hpp"
 #include "parallel/plan/gpu_topology.hpp"
+#include "parallel/sim/step_sim.hpp"
 
 namespace adgt::plan {
 
@@ -34,6 +36,8 @@ struct LaunchPlan {
   std::vector<std::string> overrides;   // the plan as --set overrides
   std::string table;                    // rank 0: the plan table; others: ""
   std::string json;                     // plan_json() (the same on every rank)
+  std::vector<std::string> hosts;       // launcher rank -> host name
+  std::vector<std::string> fixed;       // the keys the user set (the plan kept them)
 };
 
 // Collective over MPI_COMM_WORLD (an MpiEnv must exist). `cfg` was loaded
@@ -53,5 +57,24 @@ void write_plan_file(const std::string& dir, const std::string& json);
 std::string plan_dry_run(const RunConfig& cfg, const std::string& path,
                          const std::vector<std::string>& overrides,
                          const std::string& cluster_arg, int64_t gpus, RunConfig* chosen);
+
+// parallel.auto at run time (docs/planner.md "Re-planning"): the plan for
+// the run's world (`hosts[r]`: launcher rank r's host) on the cluster the
+// launch planned with, but with the compute slowdowns measured while
+// training (`slow`: launcher rank -> factor >= 1; the emulation's own
+// entries are not read), keeping the user's keys (`fixed`). Also the current
+// layout (`cfg`) simulated on the same cluster and costs. Local: world rank
+// 0 calls it and broadcasts the decision. The profile comes from the cache
+// the launch wrote under log.dir (CPU ranks).
+struct Replan {
+  RunConfig chosen;
+  std::vector<std::string> overrides;  // the chosen layout as --set overrides
+  sim::SimResult current, planned;     // predicted: the running layout, the plan
+  std::string layout_now, layout_new;  // describe_layout()
+  std::string table;                   // the plan table
+  std::string json;                    // plan_json() of the new plan
+};
+Replan replan(const RunConfig& cfg, const std::vector<std::string>& fixed,
+              const std::vector<std::string>& hosts, const std::map<int, double>& slow);
 
 }  // namespace adgt::plan

@@ -1,0 +1,80 @@
+// parallel.auto at run time (docs/planner.md "Re-planning"): the planner
+// triggers an in-memory layout switch when the measured cluster changes.
+//
+// After every step each rank's compute time is agreed over the world (an
+// all-gather of launcher rank, pipeline rank and seconds): the pipeline
+// executor's busy time with pp > 1 (compute only, CPU time x the emulated
+// slowdown on host backends), else the step's wall time less the time spent
+// waiting in tp, pp, ep and the exposed dp reduction. A rank's slowdown is
+// its time over that of the ranks doing the same work (the same pipeline
+// rank: every tp and dp replica of a stage; the median of their faster half).
+// World rank 0 keeps the last `window` samples per rank; a median below
+// `min_slowdown` counts as 1 (noise: on ranks sharing 2 cores, ranks doing
+// the same work measure 1.0-1.56 apart). Once a rank's estimate differs from
+// the slowdown the running layout was planned for by more than `threshold`, it
+// re-plans (launch_plan.hpp replan: the same cluster and profile, with the
+// measured slowdowns) and asks for the plan's layout when it is predicted at
+// least `min_gain` faster than the running one on the measured cluster
+// (Controller::take_layout_request; the trainer switches in memory). Either
+// way the measured slowdowns become the ones planned for, so the same
+// change does not re-plan again; a straggler that recovers is a change too.
+// Every re-plan is logged with the measurements and both predictions.
+// A uniform slowdown of every rank of a stage is invisible here (nothing to
+// compare with), and so is a layout with one rank per pipeline rank.
+#pragma once
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "parallel/controller.hpp"
+
+namespace adgt::plan {
+
+struct ReplanOptions {
+  int warmup = 3;          // steps after a (re)start not measured
+  int window = 5;          // samples per rank (the median is the estimate)
+  double threshold = 0.25; // relative change of a rank's slowdown that re-plans
+  double min_slowdown = 2.0; // a rank's slowdown below this counts as 1 (noise)
+  double min_gain = 0.05;  // predicted gain that switches
+};
+
+// Shared by the controllers made for each layout of the run (the trainer
+// makes a new one after every switch).
+struct ReplanState {
+  std::vector<std::string> hosts;  // launcher rank -> host (the launch's)
+  std::vector<std::string> fixed;  // the keys the user set (kept by the planner)
+  std::map<int, double> planned;   // launcher rank -> slowdown the running layout assumes
+  int64_t replans = 0, switches = 0;
+};
+
+// The decider, apart from the loop (unit-tested): one step's per-rank
+// samples in, a decision out when due. `plan` runs the planner (replan() in
+// the trainer; a stub in tests) and returns {overrides or empty, record}.
+struct ReplanSample {
+  int launcher = 0, stage = 0;
+  double seconds = 0;
+};
+class ReplanDecider {
+ public:
+  using PlanFn = std::function<nlohmann::json(const std::map<int, double>& slow)>;
+  ReplanDecider(ReplanOptions o, std::shared_ptr<ReplanState> s) : o_(o), s_(std::move(s)) {}
+  // Adds a step's samples; returns {} (nothing to do) or the decision:
+  // {"measured": {rank: slowdown}, "planned_for": {...}, ... plan's record}.
+  nlohmann::json add(const std::vector<ReplanSample>& step, const PlanFn& plan);
+  // The current estimate per launcher rank (the median of the window).
+  std::map<int, double> estimate() const;
+
+ private:
+  ReplanOptions o_;
+  std::shared_ptr<ReplanState> s_;
+  std::map<int, std::vector<double>> window_;
+};
+
+std::unique_ptr<Controller> make_replan_controller(const RunConfig& cfg,
+                                                   std::shared_ptr<ReplanState> state,
+                                                   ReplanOptions opts = {});
+
+}  // namespace adgt::plan

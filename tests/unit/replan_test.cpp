@@ -1,0 +1,110 @@
+// The re-planning decider of parallel.auto (parallel/plan/replan_controller.hpp):
+// when it calls the planner, with which slowdowns, and what it remembers.
+#include <catch2/catch.hpp>
+
+#include "parallel/plan/replan_controller.hpp"
+
+using adgt::plan::ReplanDecider;
+using adgt::plan::ReplanOptions;
+using adgt::plan::ReplanSample;
+using adgt::plan::ReplanState;
+using Catch::Matchers::WithinRel;
+
+namespace {
+
+// 8 ranks, pipeline rank = launcher rank / 4 (two stages of 4 replicas);
+// stage 1 takes twice stage 0's time (unequal work must not read as slow);
+// `slow`: rank -> factor; `jitter`: rank r's sample scaled by 1 + jitter *
+// ((r + step) % 3 - 1), the noise of ranks sharing cores.
+std::vector<ReplanSample> step_of(int step, std::map<int, double> slow, double jitter = 0) {
+  std::vector<ReplanSample> out;
+  for (int r = 0; r < 8; ++r) {
+    double t = (r / 4 == 0 ? 1.0 : 2.0) * (1 + jitter * double((r + step) % 3 - 1));
+    if (auto it = slow.find(r); it != slow.end()) t *= it->second;
+    out.push_back({r, r / 4, t});
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("replan: a straggler re-plans once, with its measured slowdown", "[replan]") {
+  auto state = std::make_shared<ReplanState>();
+  ReplanDecider d(ReplanOptions{}, state);
+  std::vector<std::map<int, double>> calls;
+  const auto plan = [&](const std::map<int, double>& slow) {
+    calls.push_back(slow);
+    return nlohmann::json{{"switch", {"parallel.stage_layers=[1,7]"}}};
+  };
+  // Noise of +-30% among equal ranks and unequal stages: no re-plan.
+  for (int s = 0; s < 20; ++s) CHECK(d.add(step_of(s, {}, 0.3), plan).empty());
+  CHECK(calls.empty());
+  // Rank 6 (stage 1) becomes 4x slower: after the window fills with it.
+  nlohmann::json out;
+  int at = -1;
+  for (int s = 20; s < 40 && at < 0; ++s) {
+    out = d.add(step_of(s, {{6, 4.0}}, 0.1), plan);
+    if (!out.empty()) at = s;
+  }
+  REQUIRE(at >= 22);  // the median of 5 turns once 3 slow samples are in
+  CHECK(at <= 24);
+  REQUIRE(calls.size() == 1);
+  REQUIRE(calls[0].size() == 1);
+  CHECK_THAT(calls[0].at(6), WithinRel(4.0, 0.15));
+  CHECK(out["measured_slowdown"]["6"].get<double>() > 3.4);
+  CHECK(out["measured_slowdown"]["0"].get<double>() == 1.0);
+  CHECK(out["planned_for"].empty());
+  CHECK(state->replans == 1);
+  CHECK(state->switches == 1);
+  CHECK_THAT(state->planned.at(6), WithinRel(4.0, 0.15));
+  // The same straggler: planned for already, no new re-plan.
+  for (int s = 40; s < 60; ++s) CHECK(d.add(step_of(s, {{6, 4.0}}, 0.1), plan).empty());
+  CHECK(calls.size() == 1);
+  // It recovers: a change again, re-planned with nobody slow.
+  bool again = false;
+  for (int s = 60; s < 70 && !again; ++s) again = !d.add(step_of(s, {}, 0.1), plan).empty();
+  CHECK(again);
+  REQUIRE(calls.size() == 2);
+  CHECK(calls[1].empty());
+}
+
+TEST_CASE("replan: below min_slowdown is noise; the threshold is relative", "[replan]") {
+  auto state = std::make_shared<ReplanState>();
+  int calls = 0;
+  const auto plan = [&](const std::map<int, double>&) {
+    ++calls;
+    return nlohmann::json{{"switch", nullptr}};
+  };
+  ReplanDecider d(ReplanOptions{}, state);
+  for (int s = 0; s < 30; ++s) d.add(step_of(s, {{2, 1.8}}), plan);  // 1.8 < 2: noise
+  CHECK(calls == 0);
+  for (int s = 30; s < 40; ++s) d.add(step_of(s, {{2, 3.0}}), plan);
+  CHECK(calls == 1);
+  CHECK(state->switches == 0);  // the planner kept the layout
+  for (int s = 40; s < 60; ++s) d.add(step_of(s, {{2, 3.6}}), plan);  // +20% < 25%
+  CHECK(calls == 1);
+  for (int s = 60; s < 70; ++s) d.add(step_of(s, {{2, 4.5}}), plan);  // +50%
+  CHECK(calls == 2);
+}
+
+TEST_CASE("replan: the window is per rank and a missing sample waits", "[replan]") {
+  auto state = std::make_shared<ReplanState>();
+  int calls = 0;
+  const auto plan = [&](const std::map<int, double>&) {
+    ++calls;
+    return nlohmann::json::object();
+  };
+  ReplanOptions o;
+  o.window = 3;
+  ReplanDecider d(o, state);
+  // Rank 5 reports no time (0) in every other step: its window fills later.
+  for (int s = 0; s < 4; ++s) {
+    auto st = step_of(s, {{1, 5.0}});
+    if (s % 2) st[5].seconds = 0;
+    d.add(st, plan);
+  }
+  CHECK(calls == 0);  // rank 5 has 2 of 3 samples
+  d.add(step_of(4, {{1, 5.0}}), plan);
+  CHECK(calls == 1);
+  CHECK(d.estimate().empty());  // the window is cleared after a decision
+}
