@@ -27,7 +27,7 @@ add_test(NAME plan_dry_run_70b_256_h100
 set_tests_properties(plan_dry_run_70b_256_h100 PROPERTIES LABELS "plan" TIMEOUT 120)
 # Re-planning while training (tests/plan/replan_test.py; docs/planner.md
 # "Re-planning"): 8 ranks of the emulated 2-node cluster in f64; without a
-# straggler the layout stays; with launcher rank 3 8x slower from step 10 the
+# straggler the layout stays; with launcher rank 3 16x slower from step 10 the
 # planner re-plans for the measured cluster and the run switches in memory;
 # the losses stay the single process's.
 add_test(NAME plan_replan_straggler_np8

@@ -6,8 +6,8 @@ layers in f64 under parallel.auto (the launch plans the layout):
 
   clean      no straggler: no layout switch (measurement noise between ranks
              sharing 2 cores stays below the 2x that counts as slow);
-  straggler  launcher rank 3 computes 8x slower from step 10 on
-             (emulate.slow_ranks "3:8@10"): a re-plan names rank 3, and only
+  straggler  launcher rank 3 computes 16x slower from step 10 on
+             (emulate.slow_ranks "3:16@10"): a re-plan names rank 3, and only
              rank 3, as at least 2x slower than its peers, predicts a faster
              layout for the measured cluster, and the run switches to it in
              memory at that step boundary.
@@ -102,7 +102,7 @@ def main():
     e_clean = check_losses("clean", clean, ref)
     replans = [r for r in clean if r.get("controller") == "replan"]
 
-    slow = run(args, "straggler", 8, auto + ["emulate.slow_ranks=3:8@10"])
+    slow = run(args, "straggler", 8, auto + ["emulate.slow_ranks=3:16@10"])
     recs = [r for r in slow if r.get("controller") == "replan"]
     sw = [r for r in slow if r.get("event") == "switch"]
     first = next((r for r in recs if r["decision"].get("switch")), None)
