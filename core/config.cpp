@@ -229,6 +229,12 @@ const std::vector<Key>& schema() {
           "between pipeline stages in memory when the stages' measured speeds make that pay "
           "(one chunk per rank); the losses stay the plain run's",
           {"off", "schedule", "schedule+layers"}),
+      key("parallel", &R::parallel, "expert_replace_interval",
+          &ParallelConfig::expert_replace_interval, A::NonNegative,
+          "MoE with ep > 1: every this many steps, re-place the experts over the ep ranks by "
+          "their measured load (tokens routed) and each rank's measured expert throughput, "
+          "switching parallel.expert_placement in memory when that evens the ranks' expected "
+          "expert time by at least 5% (docs/adaptation.md); 0 = off"),
       key("parallel", &R::parallel, "placement", &ParallelConfig::placement, A::Choices,
           "rank placement (docs/placement.md): topology = rank order rebuilt from the nodes "
           "(tp groups inside a node, then dp, pipeline stages outermost); launcher = the "

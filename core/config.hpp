@@ -106,6 +106,10 @@ struct ParallelConfig {
   // warm-up and on every sustained change; schedule+layers = also move
   // layers between stages (an in-memory layout switch) when that pays.
   std::string adapt = "off";
+  // MoE: every this many steps re-place the experts over the ep ranks by
+  // their measured load and each rank's measured expert throughput (an
+  // in-memory layout switch of expert_placement; docs/adaptation.md). 0: off.
+  int64_t expert_replace_interval = 0;
   // Rank placement (docs/placement.md): topology = rank order rebuilt from
   // the nodes (tp groups inside a node, then dp, pipeline stages outermost);
   // launcher = the launcher's rank order as it comes.

@@ -1,5 +1,6 @@
 #include "parallel/trainer.hpp"
 
+#include "parallel/adapt/expert_controller.hpp"
 #include "parallel/adapt/schedule_controller.hpp"
 
 #include <nlohmann/json.hpp>
@@ -210,6 +211,8 @@ void Trainer::wire(ParallelContext ctx, bool init) {
     controllers_.push_back(make_greedy_replan(cfg));
   if (cfg.parallel.grad_compression == "auto")  // docs/compression.md, "Controller"
     controllers_.push_back(compress::make_compress_controller(cfg, *engine_));
+  if (engine_->model().has_moe() && cfg.parallel.ep > 1 && cfg.parallel.expert_replace_interval > 0)
+    controllers_.push_back(adapt::make_expert_placement_controller(cfg));  // docs/adaptation.md
   for (const ControllerFactory& f : factories_) controllers_.push_back(f(cfg));
 }
 

@@ -21,3 +21,13 @@ foreach(case start layers)
   set_tests_properties(adapt_schedule_slow_rank_${case}_pp4 PROPERTIES
     FIXTURES_REQUIRED kjv_byte LABELS "parallel;adapt" TIMEOUT 180 PROCESSORS 2)
 endforeach()
+# Expert placement at run time (parallel.expert_replace_interval;
+# tests/adapt/expert_placement_test.py): 4 ranks, ep 4, 8 experts, rank 2 3x
+# slow; the experts move off it in memory, and every loss and every tensor
+# of the final checkpoint is bitwise the static placement's.
+add_test(NAME adapt_expert_placement_slow_rank_np4
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/adapt/expert_placement_test.py
+    --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
+    --data ${CMAKE_BINARY_DIR}/data/kjv-byte --work ${CMAKE_BINARY_DIR}/adapt/experts)
+set_tests_properties(adapt_expert_placement_slow_rank_np4 PROPERTIES
+  FIXTURES_REQUIRED kjv_byte LABELS "parallel;adapt;moe" TIMEOUT 180 PROCESSORS 4)

@@ -463,8 +463,8 @@ void Model::set_moe_bias_table(const std::vector<double>& t) {
 void Model::reset_moe_stats() {
   for (MoeLayerStep& m : moe_step_) {
     std::fill(m.load.begin(), m.load.end(), 0);
-    m.tokens = m.dropped = m.calls = m.a2a_bytes = 0;
-    m.aux = m.a2a_seconds = 0;
+    m.tokens = m.dropped = m.calls = m.a2a_bytes = m.expert_rows = 0;
+    m.aux = m.a2a_seconds = m.expert_cpu_s = 0;
   }
 }
 

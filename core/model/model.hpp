@@ -47,6 +47,10 @@ struct MoeLayerStep {
   int64_t calls = 0;              // forwards
   int64_t a2a_bytes = 0;          // this rank's all-to-all payload, forward + backward
   double a2a_seconds = 0;
+  // This rank's experts, forward + backward: rows computed and CPU seconds
+  // (-1: not measured; MoeStats::expert_cpu_s).
+  int64_t expert_rows = 0;
+  double expert_cpu_s = 0;
 };
 
 // Activation recompute (train.recompute): what a layer keeps per micro-batch

@@ -422,6 +422,8 @@ void Model::moe_forward(Slot& s, LayerActs& a, const LayerIdx& w, int slot, Tens
   acc.calls += 1;
   acc.a2a_bytes += st.a2a_bytes;
   acc.a2a_seconds += st.a2a_seconds;
+  acc.expert_rows += st.expert_rows;
+  acc.expert_cpu_s = st.expert_cpu_s < 0 || acc.expert_cpu_s < 0 ? -1 : acc.expert_cpu_s + st.expert_cpu_s;
 }
 
 void Model::moe_backward(Slot& s, LayerActs& a, const LayerIdx& w, int slot) {
@@ -437,6 +439,9 @@ void Model::moe_backward(Slot& s, LayerActs& a, const LayerIdx& w, int slot) {
   MoeLayerStep& acc = moe_step_[size_t(w.moe)];
   acc.a2a_bytes += st.a2a_bytes_bwd;
   acc.a2a_seconds += st.a2a_seconds_bwd;
+  acc.expert_rows += st.expert_rows_bwd;
+  acc.expert_cpu_s =
+      st.expert_cpu_s_bwd < 0 || acc.expert_cpu_s < 0 ? -1 : acc.expert_cpu_s + st.expert_cpu_s_bwd;
 }
 
 }  // namespace adgt

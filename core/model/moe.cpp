@@ -12,6 +12,9 @@
 // With one rank the send buffer already is expert-major and no copy is made.
 #include "core/model/moe.hpp"
 
+#include <omp.h>
+#include <time.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -83,6 +86,16 @@ MoeLayer::MoeLayer(Backend& be, DType dt, int64_t max_tokens, int64_t C, int64_t
 }
 
 MoeLayer::~MoeLayer() = default;
+
+double MoeLayer::expert_clock() const {
+  // The calling thread's CPU time: the experts' own compute on a host
+  // backend with one thread (what a rank sharing cores with others did
+  // itself); -1 elsewhere (asynchronous devices, several threads).
+  if (!be_.is_host() || omp_get_max_threads() != 1) return -1;
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
 
 int MoeLayer::add_slot() {
   slots_.push_back(std::make_unique<Slot>());
@@ -414,6 +427,7 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
 
   // ---- experts ----
   Tensor ye = P == 1 ? s.ysend : grow(sc.ye, Mr, C, dt_);
+  const double c0 = expert_clock();
   for (int64_t le = 0, off = 0; le < El; off += s.expert_rows[size_t(le)], ++le) {
     const int64_t m = s.expert_rows[size_t(le)];
     if (!m) continue;
@@ -424,6 +438,8 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
     be_.swiglu_forward(hb, gb, ub);
     be_.linear_forward(ye.rows(off, m), hb, p.w2[size_t(le)]);
   }
+  st.expert_rows = Mr;
+  st.expert_cpu_s = c0 >= 0 ? expert_clock() - c0 : -1;
 
   // ---- results back, combine ----
   if (P > 1) {
@@ -500,6 +516,7 @@ void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams
   Tensor dxe = grow(sc.recv, Mr, C, dt_);  // free again: dye holds the gathered rows
   Tensor dh = grow(sc.dh, Mr, F_, dt_), dg = grow(sc.dgate, Mr, F_, dt_),
          du = grow(sc.dup, Mr, F_, dt_);
+  const double c0 = expert_clock();
   for (int64_t le = 0, off = 0; le < El; off += s.expert_rows[size_t(le)], ++le) {
     const int64_t m = s.expert_rows[size_t(le)];
     if (!m) continue;
@@ -512,6 +529,8 @@ void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams
     be_.linear_backward(dxb, grads.w1[i], dg.rows(off, m), xb, p.w1[i], false);
     be_.linear_backward(dxb, grads.w3[i], du.rows(off, m), xb, p.w3[i], true);
   }
+  st.expert_rows_bwd = Mr;
+  st.expert_cpu_s_bwd = c0 >= 0 ? expert_clock() - c0 : -1;
 
   // Input gradients back to the tokens' ranks, summed over each token's experts.
   Tensor dxs = dxe;

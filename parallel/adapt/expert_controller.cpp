@@ -1,0 +1,148 @@
+// Expert placement at run time (expert_controller.hpp).
+#include "parallel/adapt/expert_controller.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <utility>
+
+#include "core/model/moe_placement.hpp"
+#include "parallel/adapt/expert_slots.hpp"
+#include "parallel/emulate/slowdown.hpp"
+
+namespace adgt::adapt {
+namespace {
+
+constexpr double kAlpha = 0.3;     // weight of the newest step in the moving averages
+constexpr double kMinGain = 0.05;  // of the slowest rank's expected expert time
+
+class ExpertPlacementController final : public Controller {
+ public:
+  explicit ExpertPlacementController(const RunConfig& cfg)
+      : interval_(cfg.parallel.expert_replace_interval),
+        E_(int(cfg.model.n_experts)),
+        ep_(int(cfg.parallel.ep)) {
+    owner_.assign(cfg.parallel.expert_placement.begin(), cfg.parallel.expert_placement.end());
+    if (owner_.empty()) {
+      const auto c = ExpertPlacement::contiguous(E_, ep_);
+      owner_.assign(c.table().begin(), c.table().end());
+    }
+  }
+  std::string name() const override { return "adapt-experts"; }
+  bool due(const StepReport& r) const override { return r.step < r.total_steps; }
+
+  nlohmann::json observe(Engine& e, const StepReport& r, Comm& world) override {
+    std::vector<double> load(size_t(E_), 0.0);
+    double rows = 0, secs = 0;
+    for (const MoeLayerStep& l : e.model().moe_stats()) {
+      for (size_t i = 0; i < load.size() && i < l.load.size(); ++i) load[i] += double(l.load[i]);
+      rows += double(l.expert_rows);
+      secs = secs < 0 || l.expert_cpu_s < 0 ? -1 : secs + l.expert_cpu_s;
+    }
+    if (secs > 0 && e.groups().slowdown) secs *= e.groups().slowdown->factor();
+    world.all_reduce(Tensor(load.data(), DType::F64, {int64_t(load.size())}));
+    double mine[3] = {double(e.groups().coords.ep), rows, secs};
+    const int n = world.size();
+    std::vector<double> all(size_t(3 * n));
+    world.all_gather(Tensor(all.data(), DType::F64, {int64_t(all.size())}), Tensor(mine, DType::F64, {3}));
+    nlohmann::json ep = nlohmann::json::array(), rw = nlohmann::json::array(), sc = nlohmann::json::array();
+    for (int i = 0; i < n; ++i) {
+      ep.push_back(int(all[size_t(3 * i)]));
+      rw.push_back(all[size_t(3 * i + 1)]);
+      sc.push_back(all[size_t(3 * i + 2)]);
+    }
+    return {{"step", r.step}, {"load", load}, {"ep", ep}, {"rows", rw}, {"seconds", sc}};
+  }
+
+  nlohmann::json decide(const nlohmann::json& in) override {
+    const std::vector<double> load = in["load"].get<std::vector<double>>();
+    // This step's throughput per ep index: its slowest holder's rows per second.
+    std::vector<double> cap(size_t(ep_), 0.0);
+    bool measured = true;
+    for (size_t i = 0; i < in["ep"].size(); ++i) {
+      const int j = in["ep"][i].get<int>();
+      const double rows = in["rows"][i].get<double>(), s = in["seconds"][i].get<double>();
+      if (s < 0) measured = false;
+      if (j < 0 || j >= ep_ || s <= 0 || rows <= 0) continue;
+      const double c = rows / s;
+      cap[size_t(j)] = cap[size_t(j)] > 0 ? std::min(cap[size_t(j)], c) : c;
+    }
+    if (!measured || std::any_of(cap.begin(), cap.end(), [](double c) { return c <= 0; }))
+      std::fill(cap.begin(), cap.end(), 1.0);
+    const double top = *std::max_element(cap.begin(), cap.end());
+    for (double& c : cap) c /= top;
+    const auto blend = [](std::vector<double>& avg, const std::vector<double>& x) {
+      if (avg.empty()) avg = x;
+      else
+        for (size_t i = 0; i < avg.size(); ++i) avg[i] = (1 - kAlpha) * avg[i] + kAlpha * x[i];
+    };
+    blend(load_, load);
+    blend(cap_, cap);
+    ++seen_;
+    const int64_t step = in["step"].get<int64_t>();
+    if (interval_ <= 0 || step % interval_ != 0 || seen_ < 3) return {{"quiet", true}};
+    if (std::accumulate(load_.begin(), load_.end(), 0.0) <= 0) return {{"quiet", true}};
+
+    std::vector<int64_t> now(owner_.begin(), owner_.end());
+    const double cur = placement_imbalance(load_, cap_, now);
+    const SlotPlan p = plan_expert_slots(load_, cap_, E_ / ep_);
+    std::vector<int64_t> next(size_t(E_), 0);
+    for (size_t r = 0; r < p.ranks.size(); ++r)
+      for (const ExpertReplica& x : p.ranks[r]) next[size_t(x.expert)] = int64_t(r);
+    // The slowest rank's expected expert time is (1 + imbalance) x the mean.
+    const double gain = 1.0 - (1.0 + p.imbalance) / (1.0 + cur);
+    const bool move = next != now && gain >= kMinGain;
+    std::string table = "[";
+    for (size_t i = 0; i < next.size(); ++i) table += (i ? "," : "") + std::to_string(next[i]);
+    table += "]";
+    nlohmann::json d;
+    const auto round3 = [](std::vector<double> v) {
+      for (double& x : v) x = std::round(x * 1000) / 1000;
+      return v;
+    };
+    const double sum = std::accumulate(load_.begin(), load_.end(), 0.0);
+    std::vector<double> share = load_;
+    for (double& x : share) x /= sum;
+    d["load_share"] = round3(share);
+    d["capacity"] = round3(cap_);
+    d["capacity_measured"] = measured;
+    d["placement_now"] = now;
+    d["placement_new"] = next;
+    d["imbalance_now"] = cur;
+    d["imbalance_new"] = p.imbalance;
+    d["switch"] = move ? nlohmann::json({"parallel.expert_placement=" + table}) : nlohmann::json();
+    if (!move && next == now) d["quiet"] = true;  // nothing to log: the placement is already the plan
+    char line[200];
+    std::snprintf(line, sizeof line, "%s: imbalance %.3f -> %.3f (slowest rank's expert time %+.1f%%)",
+                  move ? "move" : "keep", cur, p.imbalance, -100.0 * gain);
+    d["reason"] = line;
+    if (move) {
+      std::printf("adapt-experts: %s; placement %s\n", line, table.c_str());
+      std::fflush(stdout);
+    }
+    return d;
+  }
+
+  void apply(Engine&, const nlohmann::json& d) override {
+    if (d.contains("switch") && d["switch"].is_array())
+      request_ = d["switch"].get<std::vector<std::string>>();
+  }
+  std::vector<std::string> take_layout_request() override { return std::exchange(request_, {}); }
+
+ private:
+  int64_t interval_;
+  int E_, ep_;
+  std::vector<int> owner_;
+  std::vector<double> load_, cap_;
+  int64_t seen_ = 0;
+  std::vector<std::string> request_;
+};
+
+}  // namespace
+
+std::unique_ptr<Controller> make_expert_placement_controller(const RunConfig& cfg) {
+  return std::make_unique<ExpertPlacementController>(cfg);
+}
+
+}  // namespace adgt::adapt
