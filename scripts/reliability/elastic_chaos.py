@@ -263,7 +263,7 @@ def main():
     ap.add_argument("--ckpt-interval", type=int, default=25)
     ap.add_argument("--timeout", type=float, default=5, help="train.collective_timeout_s")
     ap.add_argument("--min-step", type=int, default=40)
-    ap.add_argument("--max-delay", type=float, default=1.5)
+    ap.add_argument("--max-delay", type=float, default=0.5)
     ap.add_argument("--start-limit", type=float, default=180)
     ap.add_argument("--run-limit", type=float, default=600)
     ap.add_argument("--dtype", default="f64",
