@@ -1,6 +1,7 @@
 # A checkpoint written before named trainer state (format version 2 with the
 # state packed into meta/rng_state; tests/checkpoint/v2_moe_fixture) resumes
-# with the old build's losses bit for bit and is saved back as named entries.
+# with the old build's losses (1e-7 relative: their last bits differ between
+# CPUs) and is saved back as named entries, bit for bit.
 if(NOT TARGET adgt-train)
   return()
 endif()

@@ -6,8 +6,9 @@ tests/checkpoint/v2_moe_fixture/step_6 was written by adgt-train at commit
 word 0 the AdamW update count, then the n_layers x n_experts aux-loss-free MoE
 biases as bit copies) for the tiny MoE model beside it. That build, resumed
 from it to step 8 on the byte-level corpus, logged the losses below and saved
-the words below. This build must resume it to the same losses, bit for bit,
-and save the same state as named entries (state/trainer/opt_steps,
+the words below. This build must resume it to the same losses (to 1e-7 relative: the
+last bits differ between CPUs, see WANT_LOSSES) and save the same state, bit
+for bit, as named entries (state/trainer/opt_steps,
 state/moe/bias/layer_<l>) with no rng_state words.
 
 usage: v2_compat_check.py --train BIN --data DIR --work DIR
@@ -24,8 +25,16 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE = os.path.join(HERE, "v2_moe_fixture")
-# From the build at 3b25315, resumed from the fixture to step 8.
+# From the build at 3b25315, resumed from the fixture to step 8 (on the
+# machine of that session). On an AMD EPYC host with AVX-512 (2026-12-02)
+# that same build, and every later one, gives 5.470046103000641 and
+# 5.450505241751671: 5.4e-9 relative apart, the last bits of f32 arithmetic
+# whose library code paths (glibc's libm, OpenBLAS) differ between CPUs.
+# So the losses are checked to LOSS_TOL relative (20x that gap), and the
+# restored state (the AdamW update count and the MoE biases, which routing
+# reads) is checked bit for bit in the saved step_8 below.
 WANT_LOSSES = {7: 5.4700460731983185, 8: 5.450505271553993}
+LOSS_TOL = 1e-7
 WANT_WORDS = [8, 13800290266158863483, 4576918229304087675, 0, 0]
 
 
@@ -52,8 +61,9 @@ def main():
     with open(os.path.join(out, "metrics.jsonl")) as f:
         got = {r["step"]: r["loss"] for r in map(json.loads, filter(str.strip, f)) if "loss" in r}
     fails = []
-    if got != WANT_LOSSES:
-        fails.append(f"losses {got}, want {WANT_LOSSES} (the build at 3b25315)")
+    if sorted(got) != sorted(WANT_LOSSES) or any(
+            abs(got[k] - v) > LOSS_TOL * abs(v) for k, v in WANT_LOSSES.items()):
+        fails.append(f"losses {got}, want {WANT_LOSSES} within {LOSS_TOL} relative (the build at 3b25315)")
     with h5py.File(os.path.join(out, "ckpt", "step_8", "checkpoint.h5"), "r") as h:
         words = np.array(WANT_WORDS, dtype=np.uint64)
         bias = words[1:].view(np.float64).reshape(2, 2)
@@ -71,8 +81,10 @@ def main():
                 fails.append(f"state/moe/bias/layer_{l} version {b.attrs['version']}")
     if fails:
         sys.exit("FAIL: " + "; ".join(fails))
+    err = max(abs(got[k] - v) / abs(v) for k, v in WANT_LOSSES.items())
     print(f"v2 compat: the pre-named-state checkpoint resumed to steps 7-8 with the old build's "
-          f"losses bit for bit ({WANT_LOSSES[8]!r} at step 8) and saved its state as named entries")
+          f"losses (within {err:.1e} relative; {got[8]!r} at step 8) and saved its state as named entries, "
+          f"bit for bit")
 
 
 if __name__ == "__main__":
