@@ -29,8 +29,9 @@
 # The bundle also carries adgt-train, Open MPI's launcher and plugins
 # (relocated with OPAL_PREFIX: the GPU machine has no MPI) and a 1 MB
 # byte-level corpus, for stage 5 (4 ranks sharing the GPU: tp2 dp2 ZeRO-1 SP,
-# pp2 zb-h1 dp2, ep2 MoE, each against the single GPU process;
-# scripts/device/multirank_check.py) and stage 6 (LLaMA-7B, seq 4096,
+# pp2 zb-h1 dp2, ep2 MoE, each against the single GPU process; then SIGKILL
+# of one of 4 ranks mid-run, which every survivor's watchdog must name within
+# 30 s; scripts/device/multirank_check.py) and stage 6 (LLaMA-7B, seq 4096,
 # micro-batch 1, selective recompute, bf16, a few steps: tokens/s, MFU of 989
 # TFLOP/s, peak device memory against --dry-run). NCCL (200 MB) is not
 # carried: PyTorch's libnccl.so.2 on the GPU machine is used, like cuBLAS.

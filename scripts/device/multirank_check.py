@@ -20,6 +20,7 @@ usage: multirank_check.py --train BIN --mpirun CMD --data DIR --work DIR --devic
        (CMD: a launcher taking `-np N PROGRAM ARGS`, quoted as one string)
 """
 import argparse
+import re
 import json
 import os
 import shlex
@@ -67,6 +68,59 @@ def run(args, name, config, ranks, sets):
     return recs, dt, table
 
 
+def watchdog_kill(args):
+    """SIGKILL of one of 4 ranks sharing the device mid-run (tp2 dp2, f32,
+    train.collective_timeout_s=10): every survivor must name it ("watchdog:
+    rank 1 (host ...") and the job must end non-zero within 30 s: the
+    watchdog's path through the device backend's waits (docs/reliability.md).
+    Returns (ok, text)."""
+    out = os.path.join(args.work, "watchdog_kill")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    cmd = shlex.split(args.mpirun) + ["-np", "4", args.train, "--config", DENSE]
+    for s_ in [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin", f"log.dir={out}",
+               f"checkpoint.dir={out}/ckpt", "checkpoint.interval=0", "checkpoint.at_end=false",
+               f"train.device={args.device}", "train.steps=100000", "train.collective_timeout_s=10",
+               "parallel.tp=2", "parallel.dp=2"]:
+        cmd += ["--set", s_]
+    env = dict(os.environ, ADGT_SHARED_GPU_TEST="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    log = open(os.path.join(args.work, "watchdog_kill.log"), "w")
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    hb = os.path.join(out, ".heartbeat", "rank1.hb")
+    victim, t_kill = None, None
+    t0 = time.time()
+    try:
+        while time.time() - t0 < 120 and p.poll() is None:
+            try:
+                fields = dict(l.split(" ", 1) for l in open(hb).read().splitlines() if " " in l)
+                if int(fields.get("step", "0")) >= 3:
+                    victim = int(fields["pid"])
+                    break
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.2)
+        if victim is None:
+            return False, "rank 1 did not reach step 3 (or the job ended)"
+        os.kill(victim, 9)
+        t_kill = time.time()
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            return False, "hang: the job had not ended 30 s after SIGKILL of rank 1"
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+            p.wait()
+        log.close()
+    text = open(os.path.join(args.work, "watchdog_kill.log")).read()
+    named = {int(m) for m in re.findall(r"^error: rank (\d+) \([^)]*\): watchdog: rank 1 ", text, re.M)}
+    missing = sorted({0, 2, 3} - named)
+    end = time.time() - t_kill
+    if p.returncode == 0 or missing:
+        return False, f"exit {p.returncode}, survivors without a watchdog line naming rank 1: {missing}"
+    return True, f"named by ranks {sorted(named)}; the job ended {end:.1f} s after the kill (exit {p.returncode})"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--train", required=True)
@@ -76,6 +130,8 @@ def main():
     ap.add_argument("--device", default="cuda", choices=["cuda", "emulated"])
     ap.add_argument("--timeout", type=int, default=240)
     ap.add_argument("--layouts", nargs="*", default=list(LAYOUTS))
+    ap.add_argument("--extra", nargs="*", default=["watchdog"],
+                    help="checks after the layouts: watchdog (SIGKILL of a rank mid-run); none: []")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     refs = {}
@@ -113,6 +169,12 @@ def main():
     for n, r, d, e, b, s, w, v in rows:
         waits = " / ".join(f"{w[g]:.2f}" if g in w else "-" for g in ("tp", "dp", "pp", "ep"))
         print(f"| {n} | {r} | {d} | {e:.2e} | {b:.1e} | {s:.1f} | {waits} | {v} |")
+    if "watchdog" in args.extra:
+        ok, text = watchdog_kill(args)
+        print(f"watchdog ({args.device}, 4 ranks tp2 dp2, SIGKILL of rank 1 after step 3): "
+              f"{'ok' if ok else 'FAIL'}: {text}")
+        if not ok:
+            failed.append("watchdog: " + text)
     if failed:
         sys.exit("FAIL: " + "; ".join(failed))
     print("multirank: ok")
