@@ -56,7 +56,12 @@ nlohmann::json ReplanDecider::add(const std::vector<ReplanSample>& step, const P
     const double was = it == s_->planned.end() ? 1.0 : it->second;
     if (std::abs(f / was - 1.0) > o_.threshold) changed = true;
   }
-  if (!changed) return {};
+  // A change must hold for `confirm` steps in a row: on ranks sharing cores
+  // one rank's CPU time can read 2x its peer's for a few steps (a clean
+  // 4-rank run re-planned twice without it).
+  pending_ = changed ? pending_ + 1 : 0;
+  if (pending_ < o_.confirm) return {};
+  pending_ = 0;
   // The planner gets the slow ranks (the others are at full speed).
   std::map<int, double> slow;
   for (const auto& [r, f] : est)

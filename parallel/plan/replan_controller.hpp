@@ -10,8 +10,9 @@
 // rank: every tp and dp replica of a stage; the median of their faster half).
 // World rank 0 keeps the last `window` samples per rank; a median below
 // `min_slowdown` counts as 1 (noise: on ranks sharing 2 cores, ranks doing
-// the same work measure 1.0-1.56 apart). Once a rank's estimate differs from
-// the slowdown the running layout was planned for by more than `threshold`, it
+// the same work measure up to 1.67x apart, and for a few steps even 2x).
+// Once a rank's estimate has differed from the slowdown the running layout
+// was planned for by more than `threshold` for `confirm` steps in a row, it
 // re-plans (launch_plan.hpp replan: the same cluster and profile, with the
 // measured slowdowns) and asks for the plan's layout when it is predicted at
 // least `min_gain` faster than the running one on the measured cluster
@@ -34,8 +35,9 @@
 namespace adgt::plan {
 
 struct ReplanOptions {
-  int warmup = 3;          // steps after a (re)start not measured
+  int warmup = 5;          // steps after a (re)start not measured (the first are slow)
   int window = 5;          // samples per rank (the median is the estimate)
+  int confirm = 5;         // consecutive steps a change must hold before the re-plan
   double threshold = 0.25; // relative change of a rank's slowdown that re-plans
   double min_slowdown = 2.0; // a rank's slowdown below this counts as 1 (noise)
   double min_gain = 0.05;  // predicted gain that switches
@@ -71,6 +73,7 @@ class ReplanDecider {
   ReplanOptions o_;
   std::shared_ptr<ReplanState> s_;
   std::map<int, std::vector<double>> window_;
+  int pending_ = 0;  // consecutive steps with a change
 };
 
 std::unique_ptr<Controller> make_replan_controller(const RunConfig& cfg,

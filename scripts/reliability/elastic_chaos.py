@@ -62,7 +62,11 @@ def sets(args, work):
     return [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin", f"log.dir={work}",
             f"checkpoint.dir={work}/ckpt", f"train.steps={args.steps}", "log.interval=1",
             f"checkpoint.interval={args.ckpt_interval}", "checkpoint.keep=3",
-            f"train.collective_timeout_s={args.timeout}", f"train.dtype={args.dtype}"] + list(args.set)
+            f"train.collective_timeout_s={args.timeout}", f"train.dtype={args.dtype}",
+            # No re-plan while training: a switch would carry the f64 state in
+            # f32 (docs/planner.md); a clean run on ranks sharing 2 cores could
+            # re-plan on noise. The relaunch's layout is the launch planner's.
+            "parallel.replan=false"] + list(args.set)
 
 
 def losses(work):

@@ -46,8 +46,10 @@ TEST_CASE("replan: a straggler re-plans once, with its measured slowdown", "[rep
     out = d.add(step_of(s, {{6, 4.0}}, 0.1), plan);
     if (!out.empty()) at = s;
   }
-  REQUIRE(at >= 22);  // the median of 5 turns once 3 slow samples are in
-  CHECK(at <= 24);
+  // The median of 5 turns once 3 slow samples are in (step 22); the change
+  // must then hold 5 steps (confirm).
+  REQUIRE(at >= 26);
+  CHECK(at <= 28);
   REQUIRE(calls.size() == 1);
   REQUIRE(calls[0].size() == 1);
   CHECK_THAT(calls[0].at(6), WithinRel(4.0, 0.15));
@@ -87,6 +89,25 @@ TEST_CASE("replan: below min_slowdown is noise; the threshold is relative", "[re
   CHECK(calls == 2);
 }
 
+TEST_CASE("replan: a slowdown that lasts shorter than confirm does not re-plan", "[replan]") {
+  auto state = std::make_shared<ReplanState>();
+  int calls = 0;
+  const auto plan = [&](const std::map<int, double>&) {
+    ++calls;
+    return nlohmann::json::object();
+  };
+  ReplanDecider d(ReplanOptions{}, state);
+  for (int s = 0; s < 10; ++s) d.add(step_of(s, {}), plan);
+  // Rank 5 reads 3x for 4 steps: the median of 5 is slow for 4 steps
+  // (from its 3rd slow sample to 2 samples after the last), < confirm.
+  for (int s = 10; s < 14; ++s) d.add(step_of(s, {{5, 3.0}}), plan);
+  for (int s = 14; s < 40; ++s) d.add(step_of(s, {}), plan);
+  CHECK(calls == 0);
+  // For 9 steps: slow medians from step 42 on, which re-plans at the 5th.
+  for (int s = 40; s < 49; ++s) d.add(step_of(s, {{5, 3.0}}), plan);
+  CHECK(calls == 1);
+}
+
 TEST_CASE("replan: the window is per rank and a missing sample waits", "[replan]") {
   auto state = std::make_shared<ReplanState>();
   int calls = 0;
@@ -96,6 +117,7 @@ TEST_CASE("replan: the window is per rank and a missing sample waits", "[replan]
   };
   ReplanOptions o;
   o.window = 3;
+  o.confirm = 1;
   ReplanDecider d(o, state);
   // Rank 5 reports no time (0) in every other step: its window fills later.
   for (int s = 0; s < 4; ++s) {
