@@ -20,7 +20,8 @@ std::string broadcast_text(Comm& comm, const std::string& text, int root) {
 }
 
 std::vector<nlohmann::json> run_controllers(const std::vector<Controller*>& cs, Engine& e,
-                                            const StepReport& r, Comm& world) {
+                                            const StepReport& r, Comm& world,
+                                            LayoutRequest* request) {
   std::vector<nlohmann::json> records;
   for (Controller* c : cs) {
     if (!c->due(r)) continue;
@@ -30,6 +31,9 @@ std::vector<nlohmann::json> run_controllers(const std::vector<Controller*>& cs, 
     text = broadcast_text(world, text);
     const nlohmann::json decision = nlohmann::json::parse(text);
     c->apply(e, decision);
+    if (request && decision.contains("layout_request") && decision["layout_request"].is_array() &&
+        !decision["layout_request"].empty())
+      *request = {c->name(), decision["layout_request"].get<std::vector<std::string>>()};
     // A decision that changes nothing may ask not to be logged ("quiet").
     if (world.rank() == 0 && !decision.value("quiet", false))
       records.push_back({{"event", "controller"},
@@ -103,10 +107,12 @@ pp::Schedule schedule_from_json(const pp::Schedule& like, const std::string& nam
   return s;
 }
 
-void StepHook::after_step(Engine& e, const StepReport& r, Comm& world, MetricsLog* log) {
+LayoutRequest StepHook::after_step(Engine& e, const StepReport& r, Comm& world, MetricsLog* log) {
   for (Observer* o : observers_) o->observe(e, r, world);
-  for (const nlohmann::json& rec : run_controllers(controllers_, e, r, world))
+  LayoutRequest request;
+  for (const nlohmann::json& rec : run_controllers(controllers_, e, r, world, &request))
     if (log) log->log_record(rec);
+  return request;
 }
 
 namespace {

@@ -62,13 +62,19 @@ class Controller {
   // World rank 0 only: the decision, from the inputs alone.
   virtual nlohmann::json decide(const nlohmann::json& inputs) = 0;
   // Every rank, with the decision rank 0 made. Throws on a decision it cannot apply.
+  // A decision may also ask for a layout change: "layout_request": run-file
+  // overrides such as ["parallel.stage_layers=[3,5]"]. It is broadcast with
+  // the decision, so every rank has the same request; the trainer switches
+  // the layout in memory at this step boundary (docs/reliability.md).
   virtual void apply(Engine& e, const nlohmann::json& decision) = 0;
-  // After apply: a layout change the decision asks for (run-file overrides
-  // such as "parallel.stage_layers=[3,5]"; empty: none), taken once. The
-  // trainer switches the layout in memory at this step boundary
-  // (docs/reliability.md); every rank gets the same request from the same
-  // decision.
-  virtual std::vector<std::string> take_layout_request() { return {}; }
+};
+
+// The layout change a step's decisions asked for ("layout_request"; the
+// last controller's when several did), and which controller asked.
+struct LayoutRequest {
+  std::string by;
+  std::vector<std::string> overrides;
+  bool empty() const { return overrides.empty(); }
 };
 
 // Rank `root` of `comm` sends `text`; every rank returns it. Collective.
@@ -78,8 +84,10 @@ std::string broadcast_text(Comm& comm, const std::string& text, int root = 0);
 // apply). Returns, on world rank 0, the records to log: {"event":
 // "controller", "controller", "step", "inputs", "decision"}; elsewhere empty.
 // A decision with "quiet": true (it changed nothing) is not logged.
+// `request` (may be null): the decisions' layout request, if any.
 std::vector<nlohmann::json> run_controllers(const std::vector<Controller*>& cs, Engine& e,
-                                            const StepReport& r, Comm& world);
+                                            const StepReport& r, Comm& world,
+                                            LayoutRequest* request = nullptr);
 
 // The loop's one hook: observers in the order added, then the due controllers
 // (run_controllers), their records written to `log` (rank 0's; nullptr
@@ -88,7 +96,8 @@ class StepHook {
  public:
   void add(Observer& o) { observers_.push_back(&o); }
   void add(Controller& c) { controllers_.push_back(&c); }
-  void after_step(Engine& e, const StepReport& r, Comm& world, MetricsLog* log);
+  // Returns the layout change the controllers' decisions asked for (empty: none).
+  LayoutRequest after_step(Engine& e, const StepReport& r, Comm& world, MetricsLog* log);
 
  private:
   std::vector<Observer*> observers_;

@@ -580,16 +580,9 @@ TrainSummary Trainer::train() {
     tt.seconds = r.seconds;
     fault::step_finished(r.seconds);  // the watchdog's automatic deadline (docs/reliability.md)
     tei.add_step(tt, r.applied);
-    hook->after_step(*engine_, r, *g.world, metrics.get());
-    // A layout change a controller decided (parallel.adapt: schedule+layers),
-    // made below at this boundary.
-    std::vector<std::string> layout_request;
-    std::string requested_by;
-    for (auto& c : controllers_)
-      if (auto q = c->take_layout_request(); !q.empty()) {
-        layout_request = std::move(q);
-        requested_by = c->name();
-      }
+    // A layout change a controller decided (a layer move, a re-plan, an
+    // expert placement), made below at this boundary.
+    const LayoutRequest layout_request = hook->after_step(*engine_, r, *g.world, metrics.get());
     const bool last = step_ == t.steps;
     if (step_ % cfg_.log.interval == 0 || last)
       tei.record(*g.world, TeiMeter::At::Interval, step_, logger.peak_tflops());
@@ -625,8 +618,10 @@ TrainSummary Trainer::train() {
     // first (checkpoint.async) since the switch replaces the groups.
     if ((switch_due || !layout_request.empty()) && !last) {
       commit_checkpoint(metrics.get(), tei, true);
-      const bool changed = !layout_request.empty()
-                               ? apply_layout_request(layout_request, "controller " + requested_by, metrics.get())
+      const bool changed =
+          !layout_request.empty()
+              ? apply_layout_request(layout_request.overrides, "controller " + layout_request.by,
+                                     metrics.get())
                                : run_switch(metrics.get());
       if (changed) make_hook();
     }

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
-#include <utility>
 
 #include "core/model/moe_placement.hpp"
 #include "parallel/adapt/expert_slots.hpp"
@@ -111,7 +110,7 @@ class ExpertPlacementController final : public Controller {
     d["placement_new"] = next;
     d["imbalance_now"] = cur;
     d["imbalance_new"] = p.imbalance;
-    d["switch"] = move ? nlohmann::json({"parallel.expert_placement=" + table}) : nlohmann::json();
+    d["layout_request"] = move ? nlohmann::json({"parallel.expert_placement=" + table}) : nlohmann::json();
     if (!move && next == now) d["quiet"] = true;  // nothing to log: the placement is already the plan
     char line[200];
     std::snprintf(line, sizeof line, "%s: imbalance %.3f -> %.3f (slowest rank's expert time %+.1f%%)",
@@ -124,11 +123,8 @@ class ExpertPlacementController final : public Controller {
     return d;
   }
 
-  void apply(Engine&, const nlohmann::json& d) override {
-    if (d.contains("switch") && d["switch"].is_array())
-      request_ = d["switch"].get<std::vector<std::string>>();
-  }
-  std::vector<std::string> take_layout_request() override { return std::exchange(request_, {}); }
+  // The move itself is the decision's "layout_request" (the trainer's).
+  void apply(Engine&, const nlohmann::json&) override {}
 
  private:
   int64_t interval_;
@@ -136,7 +132,6 @@ class ExpertPlacementController final : public Controller {
   std::vector<int> owner_;
   std::vector<double> load_, cap_;
   int64_t seen_ = 0;
-  std::vector<std::string> request_;
 };
 
 }  // namespace

@@ -123,6 +123,9 @@ class ScheduleAdapter final : public Controller {
           d["layers_before"] = counts_;
           d["layers"] = next;
           d["stage_speed"] = speed;
+          std::string v;  // the trainer moves the layers (Controller: "layout_request")
+          for (int64_t n : next) v += (v.empty() ? "" : ",") + std::to_string(n);
+          d["layout_request"] = {"parallel.stage_layers=[" + v + "]"};
         }
       }
     }
@@ -141,12 +144,7 @@ class ScheduleAdapter final : public Controller {
     planned_ = true;
     for (ChangeDetector& det : detectors_) det.rebase();  // new work is measured from now on
     recent_.clear();
-    if (d.contains("layers")) {  // the trainer moves the layers; a new adapter re-plans after
-      std::string v;
-      for (int64_t n : d["layers"].get<std::vector<int64_t>>()) v += (v.empty() ? "" : ",") + std::to_string(n);
-      request_ = {"parallel.stage_layers=[" + v + "]"};
-      return;
-    }
+    if (d.contains("layers")) return;  // the trainer moves the layers; a new adapter re-plans after
     if (!d.value("switch", false)) return;
     pp::Schedule s = schedule_from_json(pipe.schedule(), d.at("name").get<std::string>(),
                                         d.at("detail").get<std::string>(), d.at("ranks"));
@@ -154,18 +152,11 @@ class ScheduleAdapter final : public Controller {
     current_ = &pipe.schedule();
   }
 
-  std::vector<std::string> take_layout_request() override {
-    std::vector<std::string> r;
-    r.swap(request_);
-    return r;
-  }
-
  private:
   DetectorOptions opts_;
   ModelConfig model_;
   bool layers_ = false;
   std::vector<int64_t> counts_;       // the stage split in use (schedule+layers, one chunk per rank)
-  std::vector<std::string> request_;  // a layer move decided, for the trainer
   std::vector<ChangeDetector> detectors_;
   std::deque<pp::StageCosts> recent_;  // the last steps' measured stage times
   bool planned_ = false;

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <utility>
 
 #include "parallel/mpi_env.hpp"
 #include "parallel/pipeline_executor.hpp"
@@ -74,7 +73,8 @@ nlohmann::json ReplanDecider::add(const std::vector<ReplanSample>& step, const P
   d["planned_for"] = was;
   s_->planned = est;
   ++s_->replans;
-  if (d.contains("switch") && d["switch"].is_array() && !d["switch"].empty()) ++s_->switches;
+  if (d.contains("layout_request") && d["layout_request"].is_array() && !d["layout_request"].empty())
+    ++s_->switches;
   window_.clear();
   return d;
 }
@@ -124,7 +124,7 @@ class ReplanController final : public Controller {
         rec["predicted_now_s"] = now;
         rec["predicted_new_s"] = next;
         const bool better = p.layout_new != p.layout_now && next < now * (1.0 - o_.min_gain);
-        rec["switch"] = better ? nlohmann::json(p.overrides) : nlohmann::json();
+        rec["layout_request"] = better ? nlohmann::json(p.overrides) : nlohmann::json();
         char why[200];
         std::snprintf(why, sizeof why, "%s: predicted %.4g s against %.4g s now (%+.1f%%)",
                       better ? "switch" : "keep", next, now, 100.0 * (next / now - 1.0));
@@ -133,7 +133,7 @@ class ReplanController final : public Controller {
                     p.layout_new.c_str());
         std::fflush(stdout);
       } catch (const std::exception& e) {  // no plan: keep the layout, say why
-        rec["switch"] = nullptr;
+        rec["layout_request"] = nullptr;
         rec["reason"] = std::string("keep: the re-plan failed: ") + e.what();
         std::fprintf(stderr, "replan: %s\n", rec["reason"].get<std::string>().c_str());
       }
@@ -142,11 +142,8 @@ class ReplanController final : public Controller {
     if (d.is_null() || d.empty()) return {{"quiet", true}};
     return d;
   }
-  void apply(Engine&, const nlohmann::json& d) override {
-    if (d.contains("switch") && d["switch"].is_array())
-      request_ = d["switch"].get<std::vector<std::string>>();
-  }
-  std::vector<std::string> take_layout_request() override { return std::exchange(request_, {}); }
+  // The switch itself is the decision's "layout_request" (the trainer's).
+  void apply(Engine&, const nlohmann::json&) override {}
 
  private:
   RunConfig cfg_;
@@ -154,7 +151,6 @@ class ReplanController final : public Controller {
   std::shared_ptr<ReplanState> s_;
   ReplanDecider decider_;
   mutable int64_t first_ = -1;
-  std::vector<std::string> request_;
 };
 
 }  // namespace

@@ -16,7 +16,7 @@
 // re-plans (launch_plan.hpp replan: the same cluster and profile, with the
 // measured slowdowns) and asks for the plan's layout when it is predicted at
 // least `min_gain` faster than the running one on the measured cluster
-// (Controller::take_layout_request; the trainer switches in memory). Either
+// (the decision's "layout_request"; the trainer switches in memory). Either
 // way the measured slowdowns become the ones planned for, so the same
 // change does not re-plan again; a straggler that recovers is a change too.
 // Every re-plan is logged with the measurements and both predictions.

@@ -123,6 +123,26 @@ def wait_step(hbdir, step, job, limit):
     return None
 
 
+def wait_end(args, job, res, after):
+    """adgt-elastic's end within --run-limit; False (res["why"] set) on a hang."""
+    try:
+        job.p.wait(timeout=args.run_limit)
+        return True
+    except subprocess.TimeoutExpired:
+        res["why"] = f"hang: adgt-elastic had not ended {args.run_limit} s after {after}"
+        return False
+
+
+def ended_launches(job, work, res):
+    """The launches of a job that exited 0 (res["launches"] set), or None (res["why"] set)."""
+    if job.p.returncode != 0:
+        res["why"] = f"adgt-elastic exited {job.p.returncode}"
+        return None
+    ls = launches(work)
+    res["launches"] = [(l["ranks"], l["outcome"]) for l in ls]
+    return ls
+
+
 def check_losses(args, ref, work, why):
     got = losses(work)
     if sorted(got) != sorted(ref):
@@ -159,19 +179,14 @@ def trial_kill(args, k, rng, ref):
         t_kill = time.time()
         os.kill(pid, signal.SIGKILL)
         res["victim"] = victim
-        try:
-            job.p.wait(timeout=args.run_limit)
-        except subprocess.TimeoutExpired:
-            res["why"] = f"hang: adgt-elastic had not ended {args.run_limit} s after the kill"
+        if not wait_end(args, job, res, "the kill"):
             return res
         res["total_s"] = round(time.time() - t_kill, 2)
     finally:
         job.kill()
-    if job.p.returncode != 0:
-        res["why"] = f"adgt-elastic exited {job.p.returncode}"
+    ls = ended_launches(job, work, res)
+    if ls is None:
         return res
-    ls = launches(work)
-    res["launches"] = [(l["ranks"], l["outcome"]) for l in ls]
     first = ls[0]
     c = first.get("culprit") or {}
     if first["outcome"] != "failed" or c.get("rank") != victim:
@@ -226,18 +241,13 @@ def trial_grow(args, k, rng, ref):
         with open(hostfile + ".tmp", "w") as f:
             f.write(f"localhost slots={args.ranks}\n")
         os.replace(hostfile + ".tmp", hostfile)
-        try:
-            job.p.wait(timeout=args.run_limit)
-        except subprocess.TimeoutExpired:
-            res["why"] = f"hang: adgt-elastic had not ended {args.run_limit} s after the hostfile grew"
+        if not wait_end(args, job, res, "the hostfile grew"):
             return res
     finally:
         job.kill()
-    if job.p.returncode != 0:
-        res["why"] = f"adgt-elastic exited {job.p.returncode}"
+    ls = ended_launches(job, work, res)
+    if ls is None:
         return res
-    ls = launches(work)
-    res["launches"] = [(l["ranks"], l["outcome"]) for l in ls]
     if ls[0]["outcome"] != "grow" or ls[-1]["outcome"] != "finished" or ls[-1]["ranks"] != args.ranks:
         res["why"] = f"expected a grow then a finished launch on {args.ranks} ranks: {res['launches']}"
         return res

@@ -9,8 +9,8 @@ fastest), move experts so that rank 2 serves less load than before and the
 predicted imbalance drops, and switch parallel.expert_placement in memory.
 The static run (interval 0) is the reference: placement only moves work
 between ranks, so every step's loss and every tensor of the final
-checkpoint (weights and both AdamW moments, stored by global name) must be
-bitwise equal (f32; the switch carries f32 state exactly).
+checkpoint (weights, both AdamW moments and the named state, stored by
+global name) must be bitwise equal (f32; the switch carries f32 state exactly).
 
 usage: expert_placement_test.py --train BIN --mpirun WRAPPER --data DIR --work DIR
 """
@@ -22,10 +22,11 @@ import statistics
 import subprocess
 import sys
 
-import h5py
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "switch"))
+from switch_test import tensors  # noqa: E402  (model/, optim/ and state/ of a checkpoint)
 MODEL = os.path.join(HERE, "..", "layouts", "model.yaml")
 STEPS = 30
 
@@ -50,16 +51,6 @@ def run(args, name, extra):
         return work, [json.loads(l) for l in f if l.strip()]
 
 
-def tensors(work):
-    out = {}
-    with h5py.File(os.path.join(work, "ckpt", f"step_{STEPS}", "checkpoint.h5"), "r") as h:
-        def visit(name, obj):
-            if isinstance(obj, h5py.Dataset) and (name.startswith("model/") or name.startswith("optim/")):
-                out[name] = obj[...]
-        h.visititems(visit)
-    return out
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--train", required=True)
@@ -71,7 +62,7 @@ def main():
     w0, static = run(args, "static", [])
     w1, adapt = run(args, "adaptive", ["parallel.expert_replace_interval=10"])
     decisions = [r for r in adapt if r.get("controller") == "adapt-experts"]
-    moves = [r for r in decisions if r["decision"].get("switch")]
+    moves = [r for r in decisions if r["decision"].get("layout_request")]
     if not moves:
         sys.exit(f"FAIL: no expert move; decisions: {[r['decision'] for r in decisions]}")
     d = moves[0]["decision"]
@@ -91,7 +82,7 @@ def main():
     if a != b:
         bad = [s for s in sorted(a) if a.get(s) != b.get(s)]
         sys.exit(f"FAIL: losses differ from the static run's at steps {bad[:8]}")
-    ta, tb = tensors(w0), tensors(w1)
+    ta, tb = (tensors(os.path.join(w, "ckpt", f"step_{STEPS}")) for w in (w0, w1))
     if sorted(ta) != sorted(tb):
         sys.exit("FAIL: the checkpoints hold different tensors")
     diff = [k for k in ta if not np.array_equal(ta[k], tb[k])]

@@ -105,7 +105,7 @@ def main():
     slow = run(args, "straggler", 8, auto + ["emulate.slow_ranks=3:16@10"])
     recs = [r for r in slow if r.get("controller") == "replan"]
     sw = [r for r in slow if r.get("event") == "switch"]
-    first = next((r for r in recs if r["decision"].get("switch")), None)
+    first = next((r for r in recs if r["decision"].get("layout_request")), None)
     if not first:
         sys.exit(f"FAIL: no re-plan asked for a switch; re-plans: {[r['decision'] for r in recs]}")
     d = first["decision"]

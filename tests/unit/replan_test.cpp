@@ -34,7 +34,7 @@ TEST_CASE("replan: a straggler re-plans once, with its measured slowdown", "[rep
   std::vector<std::map<int, double>> calls;
   const auto plan = [&](const std::map<int, double>& slow) {
     calls.push_back(slow);
-    return nlohmann::json{{"switch", {"parallel.stage_layers=[1,7]"}}};
+    return nlohmann::json{{"layout_request", {"parallel.stage_layers=[1,7]"}}};
   };
   // Noise of +-30% among equal ranks and unequal stages: no re-plan.
   for (int s = 0; s < 20; ++s) CHECK(d.add(step_of(s, {}, 0.3), plan).empty());
@@ -75,7 +75,7 @@ TEST_CASE("replan: below min_slowdown is noise; the threshold is relative", "[re
   int calls = 0;
   const auto plan = [&](const std::map<int, double>&) {
     ++calls;
-    return nlohmann::json{{"switch", nullptr}};
+    return nlohmann::json{{"layout_request", nullptr}};
   };
   ReplanDecider d(ReplanOptions{}, state);
   for (int s = 0; s < 30; ++s) d.add(step_of(s, {{2, 1.8}}), plan);  // 1.8 < 2: noise
