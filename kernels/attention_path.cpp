@@ -12,7 +12,7 @@ AttentionPath cuda_attention_path(const AttentionShape& s, bool force_exact, boo
   const int64_t nq = s.B * s.T * s.n_heads * s.head_dim, nk = s.B * s.T * s.n_kv_heads * s.head_dim;
   p.fallback_bytes = 4 * std::max(2 * nq + 2 * nk, 3 * nq + 4 * nk + s.B * s.n_heads * s.T);
   if (force_exact)
-    p.reason = "ADGT_ATTENTION=exact";
+    p.reason = "exact chosen: train.attention=exact or ADGT_ATTENTION=exact";
   else if (s.head_dim != 64 && s.head_dim != 128)
     p.reason = "head_dim " + std::to_string(s.head_dim) + " (flash takes 64 or 128)";
   else if (s.n_kv_heads <= 0 || s.n_heads % s.n_kv_heads != 0)

@@ -5,7 +5,7 @@
 // The FlashAttention-2-style kernels take head_dim 64 or 128 with H % KV == 0,
 // B and H <= 65535 and T below INT_MAX minus a tile, on a device that gives
 // their shared memory, with 16-byte aligned tensors. Anything else in bf16
-// (or ADGT_ATTENTION=exact) runs the exact fp32 kernels on fp32 copies of the
+// (or train.attention / ADGT_ATTENTION=exact) runs the exact fp32 kernels on fp32 copies of the
 // tensors: slower, and fallback_bytes of scratch (the larger of the forward's
 // q, k, v, out and the backward's dout, q, dq, k, v, dk, dv copies plus one
 // fp32 per row).

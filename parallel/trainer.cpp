@@ -23,6 +23,7 @@
 #include "core/metrics.hpp"
 #include "core/data/sampler.hpp"
 #include "core/data/token_shard.hpp"
+#include "kernels/attention_choice.hpp"
 #include "kernels/check.hpp"
 #include "parallel/compress/controller.hpp"
 #include "parallel/compress/level.hpp"
@@ -158,6 +159,9 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx, std::optional<Device
   else
     dev_.device = cfg.train.device;
   backend_ = make_backend(dev_.device, dev_.cuda_device);
+  // train.attention: the CUDA backend's bf16 kernel (auto decides per shape on
+  // its first call); the CPU and emulated backends refuse flash and cudnn.
+  configure_attention(*backend_, cfg.train.attention);
   // A missing or mismatched shard is an input error every rank reports:
   // agreed over the world (a rank that finds it first must not abort the
   // others before they print), then thrown on every rank together.

@@ -12,6 +12,50 @@ PKGS=(
   slurmctld slurmd slurm-client munge         # tests/slurm/with_slurm.sh: a private one-node Slurm cluster
 )
 
+# cudnn-frontend: the header-only C++ graph API over cuDNN that the CUDA
+# backend's cuDNN attention is written against (kernels/cuda/cudnn_attention.cpp;
+# cuDNN itself ships with the CUDA toolkit). From PyPI's nvidia-cudnn-frontend
+# wheel, whose include/ is unpacked into .deps/cudnn-frontend/include (ignored
+# by git, outside build/; CMake looks there, or in CUDNN_FRONTEND_INCLUDE_DIR).
+# Needs pip and the network once; without them the build has no cuDNN
+# attention (train.attention=cudnn then refuses, naming this script).
+CUDNN_FE_VERSION=1.16.0
+install_cudnn_frontend() {
+  local root dest
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  dest="$root/.deps/cudnn-frontend"
+  if [[ -f "$dest/include/cudnn_frontend.h" && "$(cat "$dest/VERSION" 2>/dev/null)" == "$CUDNN_FE_VERSION" ]]; then
+    echo "install_deps: cudnn-frontend $CUDNN_FE_VERSION present ($dest)"
+    return 0
+  fi
+  local tmp
+  tmp="$(mktemp -d)"
+  if ! python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp" \
+      "nvidia-cudnn-frontend==$CUDNN_FE_VERSION"; then
+    echo "install_deps: warning: could not download nvidia-cudnn-frontend $CUDNN_FE_VERSION (pip or" \
+      "the network missing); the build will have no cuDNN attention" >&2
+    rm -rf "$tmp"
+    return 0
+  fi
+  rm -rf "$dest"
+  mkdir -p "$dest"
+  python3 - "$tmp" "$dest" <<'PYEOF'
+import glob, sys, zipfile
+tmp, dest = sys.argv[1], sys.argv[2]
+whl = glob.glob(tmp + "/nvidia_cudnn_frontend-*.whl")[0]
+with zipfile.ZipFile(whl) as z:
+    names = [n for n in z.namelist() if n.startswith("include/")]
+    z.extractall(dest, names)
+    lic = [n for n in z.namelist() if n.endswith("LICENSE.txt") or n.endswith("LICENSE")]
+    if lic:
+        z.extract(lic[0], dest)
+PYEOF
+  echo "$CUDNN_FE_VERSION" >"$dest/VERSION"
+  rm -rf "$tmp"
+  echo "install_deps: cudnn-frontend $CUDNN_FE_VERSION headers in $dest/include"
+}
+install_cudnn_frontend
+
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

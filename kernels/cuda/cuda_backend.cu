@@ -73,6 +73,7 @@ CudaBackend::~CudaBackend() {
   // No throwing from a destructor: errors here are ignored.
   if (stream_) (void)cudaStreamSynchronize(stream_);
   lt_release();
+  attention_release();
   if (err_) (void)cudaFreeHost(err_);
   for (cudaEvent_t e : mark_events_) (void)cudaEventDestroy(e);
   for (void*& p : scratch_)

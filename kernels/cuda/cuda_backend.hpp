@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <string>
 #include <initializer_list>
+#include <memory>
 #include <set>
 #include <unordered_map>
 
@@ -49,10 +50,20 @@ class CudaBackend final : public Backend {
   // BF16 (dense bf16 tensor cores, fp32 accumulation).
   double rated_tflops(DType dt) const;
 
+  // ---- attention kernels (train.attention; attention.cu, kernels/attention_choice.hpp) ----
+  // bf16 attention's kernel: auto | flash | cudnn | exact (f32/f64 have the
+  // exact kernel only). Unset: flash. ADGT_ATTENTION, when set, overrides it
+  // (read on every call). Throws for an unknown value, and for cudnn in a
+  // build without cuDNN attention, naming the fix.
+  void set_attention(const std::string& setting);
+  // The kernel bf16 attention runs for s ("flash", "cudnn", "exact"); under
+  // auto, the decision taken for s ("" while undecided).
+  std::string attention_kernel(const AttentionShape& s);
+
   // Grow-only device scratch, one per purpose; contents are only valid within
   // one op (all ops run in order on stream()). The kernel headers' ops get it
   // through their OpCtx (cuda_common.cuh).
-  enum Scratch { kScratchIndex = 0, kScratchAttention, kScratchReduce, kScratchFlash, kScratchGemm, kNumScratch };
+  enum Scratch { kScratchIndex = 0, kScratchAttention, kScratchReduce, kScratchFlash, kScratchGemm, kScratchCudnn, kNumScratch };
   void* scratch(Scratch which, size_t bytes);
   // Device address of the error words ops write device-found errors to (see err_).
   int64_t* device_error_words() const { return err_dev_; }
@@ -156,6 +167,18 @@ class CudaBackend final : public Backend {
   size_t live_bytes_ = 0, peak_bytes_ = 0;
   int64_t host_reads_ = 0;  // to_host, synchronize and take_marks calls
   std::set<std::string> attention_fallbacks_;  // reasons already logged (attention.cu)
+  // The attention setting, auto's decisions per shape and cuDNN's graphs
+  // (attention.cu); released before the stream (attention_release).
+  struct AttentionState;
+  std::shared_ptr<AttentionState> attn_;
+  void attention_release() noexcept;
+  enum class AttnKernel { Flash, Cudnn, Exact };
+  // The kernel a bf16 call takes (deciding under auto; q, k, v: the call's
+  // inputs, the probe's data); `tensors`: every tensor of the call (alignment).
+  AttnKernel attention_kernel_for(const AttentionShape& s, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, std::initializer_list<const void*> tensors);
+  AttnKernel decide_attention(const AttentionShape& s, const Tensor& q, const Tensor& k,
+                              const Tensor& v, bool flash_ok);
   // Whether bf16 attention takes the flash kernels for s with these tensors
   // (cuda_attention_path); logs the first fallback of each reason.
   bool flash_path(const AttentionShape& s, std::initializer_list<const void*> tensors);

@@ -86,7 +86,7 @@ skip_lib() {
   case "$1" in
     linux-vdso.so* | ld-linux*.so* | libc.so* | libm.so* | libdl.so* | libpthread.so* | \
       librt.so* | libresolv.so* | libutil.so* | libcuda.so* | libcublas*.so* | libcudart.so* | \
-      libnvidia*.so* | libnccl.so*) return 0 ;;
+      libnvidia*.so* | libnccl.so* | libcudnn*.so*) return 0 ;;
   esac
   return 1
 }
@@ -202,6 +202,36 @@ EOF
   [[ -n "$d" ]] && dirname "$d"
 }
 
+# The first directory holding libcudnn.so.9 (cuDNN attention; the binary links
+# it). The CUDA toolkit's when it has one, else PyTorch's nvidia-cudnn package
+# (nvidia/cudnn/lib, beside libcudnn_graph/_engines_*/... that libcudnn.so.9
+# loads from its own folder). Not carried: the engine libraries are ~500 MB.
+find_cudnn() {
+  local d py
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
+           /usr/lib/x86_64-linux-gnu; do
+    [[ -e "$d/libcudnn.so.9" && -e "$d/libcudnn_graph.so.9" ]] && { echo "$d"; return 0; }
+  done
+  for py in python3 /opt/torch/.venv/bin/python3; do
+    command -v "$py" >/dev/null 2>&1 || continue
+    d="$("$py" -c '
+import os
+try:
+    import nvidia
+    for root in list(nvidia.__path__):
+        for dirpath, _, files in os.walk(root):
+            if "libcudnn.so.9" in files:
+                print(dirpath)
+                raise SystemExit
+except Exception:
+    pass
+' 2>/dev/null || true)"
+    [[ -n "$d" ]] && { echo "$d"; return 0; }
+  done
+  d="$(find /usr /opt -name libcudnn.so.9 2>/dev/null | head -1 || true)"
+  [[ -n "$d" ]] && dirname "$d"
+}
+
 # The first directory holding libnccl.so.2 (PyTorch's nvidia-nccl package, or a
 # CUDA installation's), for adgt-train.
 find_nccl() {
@@ -297,7 +327,9 @@ build machine first and name build-devbundle in the device call's carry"
   cublas="$(find_cublas || true)"
   [[ -n "$cublas" ]] || die "libcublas.so.13 not found on this machine (looked in the CUDA toolkit and PyTorch's nvidia packages)"
   nccl="$(find_nccl || true)"
-  local ld="$b/lib:$cublas${nccl:+:$nccl}"
+  local cudnn
+  cudnn="$(find_cudnn || true)"
+  local ld="$b/lib:$cublas${cudnn:+:$cudnn}${nccl:+:$nccl}"
   local d
   for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu; do
     [[ -d "$d" ]] && ld="$ld:$d"
@@ -308,7 +340,8 @@ build machine first and name build-devbundle in the device call's carry"
   fi
   export LD_LIBRARY_PATH="$ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export ADGT_SOURCE_DIR="$ROOT" OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
-  echo "== libraries (cuBLAS from $cublas)" | tee -a "$out/machine.txt"
+  echo "== libraries (cuBLAS from $cublas; cuDNN from ${cudnn:-nowhere})" | tee -a "$out/machine.txt"
+  [[ -n "$cudnn" ]] && (cd "$cudnn" && ls libcudnn*.so* | tr '\n' ' '; echo) >>"$out/machine.txt" 2>&1
   ldd "$b/$BIN_NAME" 2>&1 | tee -a "$out/machine.txt"
   if ldd "$b/$BIN_NAME" | grep -q 'not found'; then
     if ldd "$b/$BIN_NAME" | grep 'not found' | grep -q 'libstdc++\|libgcc_s\|GLIBCXX'; then
@@ -368,7 +401,7 @@ build machine first and name build-devbundle in the device call's carry"
     run_layout_stages "$b" cuda "$out"
   fi
 
-  echo "== 3a. adgt: 1.3B bf16 training steps"
+  echo "== 3a. adgt: 1.3B bf16 training steps (train.attention=auto: the faster of flash and cuDNN)"
   ADGT_BENCH_JSON="$out/adgt_bench.json" ADGT_BENCH_BATCH="${BENCH_BATCH:-8}" \
     timeout "$(left)" "$b/$BIN_NAME" "cuda: 1.3B bf16 training-step benchmark" 2>&1 |
     tee "$out/adgt_bench.log"
@@ -382,10 +415,27 @@ build machine first and name build-devbundle in the device call's carry"
     tee "$out/torch_bench.log"
   prc=${PIPESTATUS[0]}
 
+  # 3c. The 1.3B model with each attention kernel, and with five projection
+  # GEMMs instead of two (train.fused_projections=false), 4 timed steps each.
+  local variant
+  for variant in flash cudnn unfused; do
+    (( $(left) > 60 )) || { echo "-- 3c. $variant: skipped (time)"; continue; }
+    echo "== 3c. adgt: 1.3B bf16, $variant"
+    ADGT_BENCH_JSON="$out/adgt_bench_$variant.json" ADGT_BENCH_BATCH="${BENCH_BATCH:-8}" \
+      ADGT_BENCH_STEPS=4 ADGT_BENCH_ATTENTION="$([[ $variant == unfused ]] && echo auto || echo $variant)" \
+      ADGT_BENCH_FUSED="$([[ $variant == unfused ]] && echo 0 || echo 1)" \
+      timeout "$(( $(left) < 90 ? $(left) : 90 ))" "$b/$BIN_NAME" "cuda: 1.3B bf16 training-step benchmark" 2>&1 |
+      tee "$out/adgt_bench_$variant.log" | grep -E '^(adgt|\||cuda attention|warning)' || true
+  done
+
   echo "== 4. kernel benchmarks (bf16 memory-bound kernels vs copy bandwidth, GEMMs, attention)"
   timeout "$(left)" "$b/$BIN_NAME" "cuda backend: bf16 benchmark" 2>&1 | tee "$out/bench.log"
   krc=${PIPESTATUS[0]}
   timeout "$(left)" "$b/$BIN_NAME" "cuda attention: bf16 benchmark" 2>&1 | tee -a "$out/bench.log"
+  ((krc == 0)) && krc=${PIPESTATUS[0]}
+  # flash vs cuDNN SDPA: hd 64/128, T 2048/4096/8192, forward and backward
+  # TFLOP/s, their agreement, and auto's pick (~30 s).
+  timeout 120 "$b/$BIN_NAME" "cuda attention: flash vs cudnn benchmark" 2>&1 | tee -a "$out/bench.log"
   ((krc == 0)) && krc=${PIPESTATUS[0]}
   if (( $(left) > 90 )); then  # the fp32 tables of the first version, when time is left
     ADGT_BENCH_SKIP_LARGE=1 timeout "$(left)" "$b/$BIN_NAME" "cuda backend: benchmark" 2>&1 |
@@ -408,7 +458,7 @@ build machine first and name build-devbundle in the device call's carry"
       grep -E '^\| (GEMM|linear)' "$out/bench_lt_any.log" || true; }
   echo "tests: $(grep -E 'test cases|All tests passed' "$out/cuda_tests.log" | tail -1) (exit $trc)"
   grep -E 'FAILED|failed' "$out/cuda_tests.log" | head -20 || true
-  "$py" - "$out/adgt_bench.json" "$out/torch_bench.json" <<'PYEOF' || true
+  "$py" - "$out/adgt_bench.json" "$out/torch_bench.json" "$out"/adgt_bench_{flash,cudnn,unfused}.json <<'PYEOF' || true
 import json, sys
 def load(p):
     try:
@@ -416,9 +466,12 @@ def load(p):
     except Exception as e:
         return {"error": str(e)}
 a, t = load(sys.argv[1]), load(sys.argv[2])
+variants = [("adgt attention=flash", load(sys.argv[3])), ("adgt attention=cudnn", load(sys.argv[4])),
+            ("adgt unfused projections", load(sys.argv[5]))]
 print("| 1.3B bf16 training | batch | step ms | tokens/s | TFLOP/s | MFU (of 989) |")
 print("|---|---|---|---|---|---|")
-for name, r in (("adgt", a), ("PyTorch compile+SDPA", t)):
+best = "adgt (auto: %s)" % a.get("attention", "?")
+for name, r in [(best, a)] + variants + [("PyTorch compile+SDPA", t)]:
     if "tokens_per_s" in r:
         print(f"| {name} | {r.get('batch')} | {r.get('step_ms', r.get('step_ms_median', 0)):.1f} | "
               f"{r['tokens_per_s']:.0f} | {r.get('tflops', 0):.1f} | {100 * r.get('mfu', 0):.1f}% |")

@@ -11,6 +11,12 @@
 // The hidden case "[.cudabench]" times the forward and forward+backward at
 // B=1..8, T=2048, H=16, hd=128 (the 1.3B model's attention) against the H100/
 // H200 dense bf16 figure (989 TFLOP/s) and the exact kernel.
+//
+// train.attention (kernels/attention_choice.hpp): cuDNN SDPA against the CPU
+// like the flash kernels (and bitwise on a rerun where cuDNN gave its
+// deterministic backward), auto's choice on a shape (a candidate, agreeing
+// with the CPU), and the hidden "flash vs cudnn" kernel table of the GPU check
+// (hd 64/128, T 2048/4096/8192; TFLOP/s forward and backward; auto's pick).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -20,13 +26,19 @@
 #include <cstdlib>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/rng.hpp"
 #include "kernels/common/bf16.hpp"
+#include "kernels/attention_choice.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
+#ifdef ADGT_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/cudnn_attention.hpp"
+#endif
 #include "tests/unit/bench_timing.hpp"
 
 using namespace adgt;
@@ -352,3 +364,165 @@ TEST_CASE("cuda attention: bf16 benchmark", "[.cudabench]") {
     }
   }
 }
+
+// ---------------------------------------------------------------------------
+// train.attention: cuDNN SDPA and auto (kernels/attention_choice.hpp).
+#ifdef ADGT_HAVE_CUDA
+namespace {
+
+CudaBackend& as_cuda(Backend& be) { return dynamic_cast<CudaBackend&>(be); }
+
+// The forward and the backward alone (seconds, median of `reps`) of the
+// backend's current kernel on device buffers.
+struct AttnBench {
+  double fwd = 0, bwd = 0;
+};
+
+}  // namespace
+
+TEST_CASE("cuda attention: bf16 cudnn forward and backward against the CPU", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  auto g = make_backend("cuda");
+  if (!cuda::cudnn_attention_built()) {
+    CHECK_THROWS_WITH(configure_attention(*g, "cudnn"), Catch::Matchers::Contains("install_deps"));
+    WARN("built without cuDNN attention: cudnn cases skipped");
+    return;
+  }
+  configure_attention(*g, "cudnn");
+  // MHA, GQA, MQA; hd 64 and 128; T from 1 to past two 128-row tiles. Fewer
+  // shapes than the flash case: each builds two cuDNN graphs (~0.1-2 s each).
+  const AttentionShape shapes[] = {{2, 1, 4, 4, 64},    {2, 17, 8, 2, 128}, {2, 100, 4, 1, 64},
+                                   {2, 257, 8, 2, 128}, {1, 257, 4, 4, 64}, {2, 64, 4, 1, 128}};
+  uint64_t seed = 500;
+  for (const AttentionShape& s : shapes) {
+    INFO(shape_str(s));
+    const Inputs in = make_inputs(s, seed += 10);
+    const Results a = run_gpu(*g, s, in);
+    CHECK(as_cuda(*g).attention_kernel(s) == "cudnn");
+    expect_close(a, run_cpu(s, in), 1e-2, 1e-3);  // lse: the flash kernels' `saved`
+    const Results b = run_gpu(*g, s, in);
+    CHECK(a.out == b.out);
+    CHECK(a.lse == b.lse);
+  }
+}
+
+TEST_CASE("cuda attention: cudnn backward is deterministic where cuDNN offers it", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  if (!cuda::cudnn_attention_built()) return;
+  auto g = make_backend("cuda");
+  configure_attention(*g, "cudnn");
+  const AttentionShape s{2, 1024, 16, 4, 128};
+  const Inputs in = make_inputs(s, 77);
+  const Results a = run_gpu(*g, s, in), b = run_gpu(*g, s, in);
+  CHECK(a.out == b.out);
+  CHECK(a.dq == b.dq);  // deterministic algorithm asked for (a warning names it if cuDNN lacks one)
+  CHECK(a.dk == b.dk);
+  CHECK(a.dv == b.dv);
+}
+
+TEST_CASE("cuda attention: auto checks the candidates and keeps one per shape", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  auto g = make_backend("cuda");
+  configure_attention(*g, "auto");
+  const AttentionShape shapes[] = {{2, 257, 8, 2, 128}, {1, 100, 4, 4, 64}, {1, 33, 2, 1, 96}};
+  for (const AttentionShape& s : shapes) {
+    INFO(shape_str(s));
+    CHECK(as_cuda(*g).attention_kernel(s).empty());  // undecided
+    const Inputs in = make_inputs(s, 31);
+    const Results a = run_gpu(*g, s, in);
+    const std::string k = as_cuda(*g).attention_kernel(s);
+    INFO("auto chose " << k);
+    CHECK((k == "flash" || k == "cudnn" || k == "exact"));
+    if (s.head_dim == 96) CHECK(k != "flash");  // not a flash shape
+    if (s.head_dim == 96 && !cuda::cudnn_attention_built()) CHECK(k == "exact");
+    expect_close(a, run_cpu(s, in), 1e-2, 1e-3);
+    const Results b = run_gpu(*g, s, in);  // the decision is kept: the same numbers
+    CHECK(as_cuda(*g).attention_kernel(s) == k);
+    CHECK(a.out == b.out);
+  }
+  // An explicit setting overrides auto's decisions.
+  configure_attention(*g, "flash");
+  CHECK(as_cuda(*g).attention_kernel(shapes[0]) == "flash");
+}
+
+TEST_CASE("cuda attention: flash vs cudnn benchmark", "[.cudabench]") {
+  ADGT_REQUIRE_GPU();
+  auto g = make_backend("cuda");
+  Backend& be = *g;
+  const double peak = 989.0;
+  std::printf("\nflash vs cuDNN SDPA, bf16 causal, 16k tokens per call (B = 16384 / T), d_model "
+              "2048; FLOPs: forward 2*B*H*T^2*hd, backward 2.5x forward; of %.0f TFLOP/s\n",
+              peak);
+  std::printf("| %-6s | %-24s | %9s | %9s | %9s | %9s | %s |\n", "kernel", "shape", "fwd ms",
+              "fwd TF/s", "bwd ms", "bwd TF/s", "vs other / auto");
+  std::printf("|%s|\n", std::string(100, '-').c_str());
+  const bool cudnn = cuda::cudnn_attention_built();
+  if (!cudnn) std::printf("| cudnn  | not built (no cudnn-frontend headers or libcudnn at configure time) |\n");
+  for (int64_t hd : {64, 128})
+    for (int64_t T : {2048, 4096, 8192}) {
+      const int64_t H = 2048 / hd, B = 16384 / T;
+      const AttentionShape s{B, T, H, H, hd};
+      const int64_t nq = B * T * H * hd, nl = be.attention_saved_elems(s);
+      Buffer q(be, size_t(nq) * 2), k(be, size_t(nq) * 2), v(be, size_t(nq) * 2),
+          dout(be, size_t(nq) * 2), out(be, size_t(nq) * 2), dq(be, size_t(nq) * 2),
+          dk(be, size_t(nq) * 2), dv(be, size_t(nq) * 2), lse(be, size_t(nl) * 4),
+          out2(be, size_t(nq) * 2), dq2(be, size_t(nq) * 2);
+      fill_bf16(be, q.data(), nq, 1, 2.f);
+      fill_bf16(be, k.data(), nq, 2, 2.f);
+      fill_bf16(be, v.data(), nq, 3, 1.f);
+      fill_bf16(be, dout.data(), nq, 4, 1.f);
+      auto T_ = [](void* p, int64_t n, DType dt) { return Tensor(p, dt, {n}); };
+      const Tensor tq = T_(q.data(), nq, DType::BF16), tk = T_(k.data(), nq, DType::BF16),
+                   tv = T_(v.data(), nq, DType::BF16), tdo = T_(dout.data(), nq, DType::BF16),
+                   tl = T_(lse.data(), nl, DType::F32), tdk = T_(dk.data(), nq, DType::BF16),
+                   tdv = T_(dv.data(), nq, DType::BF16);
+      const double fwd_flops = 2.0 * double(B * H) * double(T) * double(T) * double(hd);
+      char shape[64];
+      std::snprintf(shape, sizeof shape, "B%ld T%ld H%ld hd%ld", long(B), long(T), long(H), long(hd));
+      std::map<std::string, AttnBench> res;
+      for (const char* kern : {"flash", "cudnn"}) {
+        if (std::string(kern) == "cudnn" && !cudnn) continue;
+        configure_attention(be, kern);
+        const bool first = std::string(kern) == "flash";
+        const Tensor to = T_(first ? out.data() : out2.data(), nq, DType::BF16),
+                     tdq = T_(first ? dq.data() : dq2.data(), nq, DType::BF16);
+        AttnBench r;
+        try {
+          r.fwd = seconds_of(be, [&] { be.attention_forward(to, tl, tq, tk, tv, s); }, 5);
+          r.bwd = seconds_of(be, [&] { be.attention_backward(tdq, tdk, tdv, tdo, tq, tk, tv, to, tl, s); }, 5);
+        } catch (const std::exception& e) {
+          std::printf("| %-6s | %-24s | failed: %s |\n", kern, shape, e.what());
+          continue;
+        }
+        res[kern] = r;
+        std::printf("| %-6s | %-24s | %9.3f | %9.1f | %9.3f | %9.1f | |\n", kern, shape, r.fwd * 1e3,
+                    fwd_flops / r.fwd / 1e12, r.bwd * 1e3, 2.5 * fwd_flops / r.bwd / 1e12);
+        std::fflush(stdout);
+      }
+      if (res.count("flash") && res.count("cudnn")) {
+        // Agreement on the same inputs (each kernel's forward output and dq).
+        Bits a(static_cast<size_t>(nq)), b(static_cast<size_t>(nq)), c(static_cast<size_t>(nq)),
+            d(static_cast<size_t>(nq));
+        be.to_host(a.data(), out.data(), a.size() * 2);
+        be.to_host(b.data(), out2.data(), b.size() * 2);
+        be.to_host(c.data(), dq.data(), c.size() * 2);
+        be.to_host(d.data(), dq2.data(), d.size() * 2);
+        const double eo = rel_err(from_bits(b), from_bits(a)), eq = rel_err(from_bits(d), from_bits(c));
+        // auto on a fresh shape decision: it must pick the faster forward+backward
+        // (when the two differ by more than 10%: timing noise otherwise).
+        configure_attention(be, "auto");
+        be.attention_forward(T_(out2.data(), nq, DType::BF16), tl, tq, tk, tv, s);
+        const std::string pick = as_cuda(be).attention_kernel(s);
+        const double tf = res["flash"].fwd + res["flash"].bwd, tc = res["cudnn"].fwd + res["cudnn"].bwd;
+        std::printf("| check  | %-24s | cudnn vs flash: out %.2e, dq %.2e; f+b cudnn/flash %.2fx; auto chose %s |\n",
+                    shape, eo, eq, tf / tc, pick.c_str());
+        CHECK(eo < 1e-2);
+        CHECK(eq < 1e-2);
+        if (tf > 1.1 * tc) CHECK(pick == "cudnn");
+        if (tc > 1.1 * tf) CHECK(pick == "flash");
+        std::fflush(stdout);
+      }
+    }
+  configure_attention(be, "flash");
+}
+#endif
