@@ -167,6 +167,14 @@ const std::vector<Key>& schema() {
       key("train", &R::train, "recompute_layers", &TrainConfig::recompute_layers, A::NonNegative,
           "with recompute: full, the layers per model chunk (pipeline stage) that recompute, "
           "from the first; 0 = all"),
+      key("train", &R::train, "fused_projections", &TrainConfig::fused_projections, A::Any,
+          "one GEMM for q/k/v and one for gate/up per layer (weights adjacent in memory, "
+          "checkpoints unchanged; docs/cuda.md); false = five separate GEMMs"),
+      key("train", &R::train, "attention", &TrainConfig::attention, A::Choices,
+          "attention kernels: auto = time the candidates on the run's shapes at start-up and "
+          "keep the faster (CUDA: flash and cuDNN SDPA); flash = the handwritten kernels; "
+          "cudnn = cuDNN SDPA; exact = the reference kernel (the CPU backend's only one)",
+          {"auto", "flash", "cudnn", "exact"}),
       // data
       key("train", &R::train, "collective_timeout_s", &TrainConfig::collective_timeout_s,
           A::NonNegative,

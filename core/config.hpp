@@ -65,6 +65,13 @@ struct TrainConfig {
   std::string dtype = "f32";    // f32 | bf16 (mixed precision) | f64 (reference checks)
   std::string recompute = "none";  // none | selective | full (core/model/model.hpp)
   int64_t recompute_layers = 0;    // full: layers per chunk that recompute; 0 = all
+  // One GEMM for q/k/v and one for gate/up (weights adjacent in the flat
+  // buffer; checkpoints keep the HF names). false: five GEMMs.
+  bool fused_projections = true;
+  // Attention kernels: auto (time the candidates on the run's shapes at
+  // start-up, keep the faster) | flash (handwritten) | cudnn (cuDNN SDPA) |
+  // exact (the reference kernel). The CPU backend has one kernel (exact).
+  std::string attention = "auto";
   // Watchdog deadline of every collective and point-to-point operation
   // (parallel/fault/, docs/reliability.md); 0 = auto: max(30 s, 5 x the
   // slowest step), and max(300 s, that) in start-up, checkpoints and evaluation.

@@ -131,6 +131,19 @@ class Backend {
   virtual void rope_forward(Tensor x, const Tensor& cos, const Tensor& sin, int64_t T) = 0;
   virtual void rope_backward(Tensor dx, const Tensor& cos, const Tensor& sin, int64_t T) = 0;
 
+  // ---- the fused q/k/v projection's rotary (train.fused_projections) ----
+  // qkv(B*T, Hq + 2 KV, hd) holds each row's q, k and v heads side by side
+  // (one GEMM's output). Split: q(B*T, Hq, hd) and k(B*T, KV, hd) get their
+  // heads rotated as rope_forward does, v(B*T, KV, hd) a copy. Merge (the
+  // backward): dqkv's q and k heads are rope_backward of dq and dk, its v
+  // heads dv; dq, dk and dv are not changed. The same numbers as
+  // rope_forward / rope_backward on separate tensors, bit for bit.
+  virtual void qkv_rope_split(Tensor q, Tensor k, Tensor v, const Tensor& qkv, const Tensor& cos,
+                              const Tensor& sin, int64_t T) = 0;
+  virtual void qkv_rope_merge_backward(Tensor dqkv, const Tensor& dq, const Tensor& dk,
+                                       const Tensor& dv, const Tensor& cos, const Tensor& sin,
+                                       int64_t T) = 0;
+
   // ---- causal grouped-query attention ----
   // q(B,T,H,hd), k,v(B,T,KV,hd) -> out(B,T,H,hd). `saved` holds what the backward
   // needs; its element count is attention_saved_elems().
@@ -147,6 +160,13 @@ class Backend {
   virtual void swiglu_forward(Tensor h, const Tensor& gate, const Tensor& up) = 0;
   virtual void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dh, const Tensor& gate,
                                const Tensor& up) = 0;
+
+  // The fused gate/up projection's SwiGLU: gu(N, 2F) holds each row's gate
+  // (columns [0, F)) and up ([F, 2F)); h(N, F) = silu(gate) * up, and
+  // dgu(N, 2F) = (dgate | dup). Per element the numbers of swiglu_forward /
+  // swiglu_backward on separate tensors.
+  virtual void swiglu_packed_forward(Tensor h, const Tensor& gu) = 0;
+  virtual void swiglu_packed_backward(Tensor dgu, const Tensor& dh, const Tensor& gu) = 0;
 
   // ---- elementwise ----
   virtual void add_inplace(Tensor y, const Tensor& x) = 0;  // y += x

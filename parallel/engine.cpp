@@ -63,7 +63,8 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
   model_ = std::make_unique<Model>(cfg.model, be_, parse_dtype(cfg.train.dtype), cfg.train.micro_batch,
                                    cfg.model.seq_len, tp, &slice, ep,
                                    RecomputePolicy{parse_recompute(cfg.train.recompute),
-                                                   cfg.train.recompute_layers});
+                                                   cfg.train.recompute_layers},
+                                   cfg.train.fused_projections);
   if (init) model_->init_weights(cfg.train.seed);  // else the caller restores a state
   const bool zero = cfg.parallel.zero == 1 && ctx_.dp->size() > 1;
   Comm* edp = ctx_.ep->size() > 1 ? ctx_.edp : nullptr;

@@ -152,10 +152,10 @@ adgt_kernel_mutant(pointwise_swiglu_sigmoid TEST pointwise HEADER kernels/cuda/p
   TO [[math::swiglu_grad(a[k], b[k], d[k], 1.f / (1.f + expf(a[k])), x, y);]])
 adgt_kernel_mutant(pointwise_swiglu_swapped TEST pointwise HEADER kernels/cuda/pointwise_kernels.cuh
   # the f32/f64 SwiGLU backward stores dgate and dup in each other's place
-  FROM [[    dg[i] = a;
-    du[i] = b;]]
-  TO [[    dg[i] = b;
-    du[i] = a;]])
+  FROM [[    dg[j] = a;
+    du[j] = b;]]
+  TO [[    dg[j] = b;
+    du[j] = a;]])
 adgt_kernel_mutant(pointwise_rope_position TEST pointwise HEADER kernels/cuda/pointwise_kernels.cuh
   # the bf16 rotary takes the position from the (row, head) index, not the row
   FROM [[t = (rh / H) % Tn;]]
@@ -164,6 +164,14 @@ adgt_kernel_mutant(pointwise_rope_back TEST pointwise HEADER kernels/cuda/pointw
   # the f32/f64 rotary backward rotates forward (not by the transpose)
   FROM [[      math::rope_rotate_back(av, bv, cs[t * half + i], sn[t * half + i]);]]
   TO [[      math::rope_rotate(av, bv, cs[t * half + i], sn[t * half + i]);]])
+adgt_kernel_mutant(pointwise_packed_row_stride TEST pointwise HEADER kernels/cuda/pointwise_kernels.cuh
+  # the packed gate/up rows are taken F apart, not 2F: gate and up read from the wrong rows
+  FROM [[return ld == F ? i : i / F * ld + i % F;]]
+  TO [[return ld == F ? i : i / F * F + i % F;]])
+adgt_kernel_mutant(pointwise_qkv_position TEST pointwise HEADER kernels/cuda/pointwise_kernels.cuh
+  # the fused q/k/v rotary takes the position from the (row, head) index, not the row
+  FROM [[const int64_t tab = (row % Tn) * half + p;]]
+  TO [[const int64_t tab = (rh % Tn) * half + p;]])
 adgt_kernel_mutant(embedding_offsets_carry TEST embedding HEADER kernels/cuda/embedding_kernels.cuh
   # the offsets scan drops the runs of the earlier 1024-tile chunks
   FROM [[if (b < tiles) cnt[b] = carry + off;]]

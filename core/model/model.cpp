@@ -10,7 +10,7 @@ namespace adgt {
 
 Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_t T,
              TensorParallel tpc, const StageSlice* stage, ExpertParallel epc,
-             RecomputePolicy recompute)
+             RecomputePolicy recompute, bool fused)
     : cfg_(cfg),
       stage_(stage ? *stage : whole_model(cfg)),
       be_(be),
@@ -21,7 +21,8 @@ Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_
       N_(B * T),
       tp_(tpc.comm),
       self_("tp"),
-      recompute_(recompute) {
+      recompute_(recompute),
+      fused_(fused) {
   if (!tp_) tp_ = &self_;
   const int64_t tp = tp_->size();
   sp_ = tpc.sequence_parallel && tp > 1;
@@ -211,8 +212,12 @@ Model::LayerActs Model::layer_acts(Recompute shared) {
   a.x_mid = act(Nl, C, dt);
   a.ln2 = act(N, C, dt);
   a.rstd2 = act(Nl, 1, sdt);
-  a.gate = act(N, Fl_, dt);
-  a.up = act(N, Fl_, dt);
+  if (fused_) {
+    a.gu = act(N, 2 * Fl_, dt);
+  } else {
+    a.gate = act(N, Fl_, dt);
+    a.up = act(N, Fl_, dt);
+  }
   return a;
 }
 
@@ -260,8 +265,13 @@ void Model::make_scratch() {
   dk_ = act(N, KVl_ * hd, dt);
   dv_ = act(N, KVl_ * hd, dt);
   d_att_ = act(N, Hl_ * hd, dt);
-  dgate_ = act(N, Fl_, dt);
-  dup_ = act(N, Fl_, dt);
+  if (fused_) {
+    qkv_ = act(N, (Hl_ + 2 * KVl_) * hd, dt);
+    dgu_ = act(N, 2 * Fl_, dt);
+  } else {
+    dgate_ = act(N, Fl_, dt);
+    dup_ = act(N, Fl_, dt);
+  }
   dh_ = act(N, Fl_, dt);
   if (tp > 1 && stage_.head) {
     ce_stats_ = act(N, 3, sdt);
@@ -296,17 +306,22 @@ void Model::build_rope_tables() {
 }
 
 void Model::make_split_buffers(Slot& s, int chunk) {
-  if (!s.layers.empty() && s.layers[0].d_q.data) return;
+  if (!s.layers.empty() && s.layers[0].d_o.data) return;
   if (s.layers.empty() && (s.d_emb.data || !chunk_has_embedding(chunk))) return;
   const int64_t C = cfg_.d_model, hd = cfg_.head_dim(), N = N_;
   for (auto& a : s.layers) {
     a.d_down = act(N, C, dtype_);
-    a.d_gate = act(N, Fl_, dtype_);
-    a.d_up = act(N, Fl_, dtype_);
     a.d_o = act(N, C, dtype_);
-    a.d_q = act(N, Hl_ * hd, dtype_);
-    a.d_k = act(N, KVl_ * hd, dtype_);
-    a.d_v = act(N, KVl_ * hd, dtype_);
+    if (fused_) {
+      a.d_gu = act(N, 2 * Fl_, dtype_);
+      a.d_qkv = act(N, (Hl_ + 2 * KVl_) * hd, dtype_);
+    } else {
+      a.d_gate = act(N, Fl_, dtype_);
+      a.d_up = act(N, Fl_, dtype_);
+      a.d_q = act(N, Hl_ * hd, dtype_);
+      a.d_k = act(N, KVl_ * hd, dtype_);
+      a.d_v = act(N, KVl_ * hd, dtype_);
+    }
   }
   if (chunk_has_embedding(chunk)) s.d_emb = act(N, C, dtype_);
 }
@@ -363,6 +378,28 @@ Tensor Model::grad(size_t i) const {
   Tensor t = param(i);
   t.dtype = mdt_;
   t.data = static_cast<char*>(grads_.data()) + size_t(table_[i].offset) * dtype_size(mdt_);
+  return t;
+}
+
+Tensor Model::weights(size_t first, size_t last) const {
+  Tensor t = param(first);
+  int64_t rows = 0;
+  for (size_t i = first; i <= last; ++i) {
+    const ParamSpec& p = table_[i];
+    ADGT_CHECK(p.shape.size() == 2 && p.shape[1] == t.shape[1] &&
+                   p.offset == table_[first].offset + rows * t.shape[1],
+               "Model: " << p.name << " is not adjacent to " << table_[first].name
+                         << " in the flat buffer (fused projections)");
+    rows += p.shape[0];
+  }
+  t.shape[0] = rows;
+  return t;
+}
+
+Tensor Model::weight_grads(size_t first, size_t last) const {
+  Tensor t = weights(first, last);
+  t.dtype = mdt_;
+  t.data = static_cast<char*>(grads_.data()) + size_t(table_[first].offset) * dtype_size(mdt_);
   return t;
 }
 

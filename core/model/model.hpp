@@ -88,9 +88,15 @@ class Model {
   // fp32 master weights, gradients and statistics (see kernels/backend.hpp).
   // `stage`: the part of the model this rank holds under pipeline parallelism
   // (nullptr: the whole model, one chunk with embedding and head).
+  // fused: one GEMM for q/k/v and one for gate/up (train.fused_projections;
+  // the weights are adjacent in the flat buffer, core/model/param_table.hpp).
+  // The forward's numbers are the unfused path's bit for bit; the input
+  // gradient of a fused GEMM sums over all its output columns in one
+  // product instead of adding three (or two) products, so the backward's
+  // d(ln1) and d(ln2) differ by rounding (weight gradients do not).
   Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_t T,
         TensorParallel tp = {}, const StageSlice* stage = nullptr, ExpertParallel ep = {},
-        RecomputePolicy recompute = {});
+        RecomputePolicy recompute = {}, bool fused = true);
 
   const ModelConfig& config() const { return cfg_; }
   const StageSlice& stage() const { return stage_; }
@@ -101,6 +107,7 @@ class Model {
   int64_t batch() const { return B_; }
   int64_t seq_len() const { return T_; }
   int tp_size() const { return tp_->size(); }
+  bool fused_projections() const { return fused_; }
   int64_t flat_size() const { return flat_n_; }     // flat buffer length (padded)
   Tensor params() const { return flat(params_); }  // (flat_size) the compute weights
   Tensor grads() const { return flat(grads_, mdt_); }  // (flat_size) master dtype
@@ -214,12 +221,15 @@ class Model {
     Tensor x_mid;   // (Nl, C) residual after attention
     Tensor ln2;     // (N, C)
     Tensor rstd2;   // (Nl)
-    Tensor gate, up, h;  // (N, Fl)
+    Tensor gate, up, h;  // (N, Fl); gate and up unfused only
+    Tensor gu;           // (N, 2 Fl) fused: each row's gate then up
     // Output gradients kept by a split backward for backward_weight (made on first use).
     Tensor d_down, d_o;   // (N, C)
-    Tensor d_gate, d_up;  // (N, Fl)
-    Tensor d_q;           // (N, Hl*hd)
-    Tensor d_k, d_v;      // (N, KVl*hd)
+    Tensor d_gate, d_up;  // (N, Fl)         unfused
+    Tensor d_q;           // (N, Hl*hd)      unfused
+    Tensor d_k, d_v;      // (N, KVl*hd)     unfused
+    Tensor d_gu;          // (N, 2 Fl)       fused
+    Tensor d_qkv;         // (N, (Hl + 2 KVl) hd) fused
   };
   struct Slot {
     std::vector<LayerActs> layers;
@@ -278,6 +288,13 @@ class Model {
   void layer_backward(int chunk, int slot, size_t l, BackwardMode mode);  // d_resid_ in and out
   // q, k, v from ln1, rotated (the forward's, and the recompute's: one code path).
   void qkv_forward(LayerActs& a, const LayerIdx& w);
+  // gate and up (or gu) from ln2, and the SwiGLU product h of a dense layer.
+  void gate_up_forward(LayerActs& a, const LayerIdx& w);
+  void swiglu_forward(LayerActs& a);
+  // Parameters first..last (adjacent in the flat buffer: q..v, gate..up) as
+  // one (rows, C) matrix of weights, or of their gradients.
+  Tensor weights(size_t first, size_t last) const;
+  Tensor weight_grads(size_t first, size_t last) const;
   // What layer l's forward dropped (layer_rc_), recomputed into rc_ from what it kept.
   void recompute_layer(int chunk, int slot, size_t l);
   void embedding_backward(Slot& s, bool split);    // d_resid_ -> the embedding's gradient
@@ -318,6 +335,7 @@ class Model {
   std::vector<ParamSpec> table_;
   std::vector<LayerIdx> layer_idx_;  // this rank's layers, chunk by chunk
   RecomputePolicy recompute_;
+  bool fused_;
   std::vector<Recompute> layer_rc_;  // per entry of layer_idx_
   LayerActs rc_;                     // the recomputed activations' one set of buffers
   std::vector<Chunk> chunks_;
@@ -335,7 +353,11 @@ class Model {
   Tensor d_tmp_local_;          // (Nl, C) d_tmp_ reduced
   Tensor dq_, d_att_;           // (N, Hl*hd)
   Tensor dk_, dv_;              // (N, KVl*hd)
-  Tensor dgate_, dup_, dh_;     // (N, Fl)
+  Tensor dgate_, dup_, dh_;     // (N, Fl); dgate_, dup_ unfused
+  Tensor dgu_;                  // (N, 2 Fl) fused
+  // Fused: the q/k/v GEMM's output in the forward (and a recompute), its
+  // gradient in the backward: (N, (Hl + 2 KVl) hd).
+  Tensor qkv_;
   // Vocab-parallel cross-entropy (tp > 1, head rank): per-row statistics.
   Tensor ce_stats_;             // (N, 3) this rank's
   Tensor ce_gathered_;          // (tp*N, 3) every tp rank's

@@ -106,11 +106,32 @@ int64_t Model::load_targets(Slot& s, const int32_t* targets) {
 }
 
 void Model::qkv_forward(LayerActs& a, const LayerIdx& w) {
+  if (fused_) {
+    be_.linear_forward(qkv_, a.ln1, weights(w.q, w.v));
+    be_.qkv_rope_split(a.q, a.k, a.v, qkv_, rope_cos_, rope_sin_, T_);
+    return;
+  }
   be_.linear_forward(a.q, a.ln1, param(w.q));
   be_.linear_forward(a.k, a.ln1, param(w.k));
   be_.linear_forward(a.v, a.ln1, param(w.v));
   be_.rope_forward(a.q, rope_cos_, rope_sin_, T_);
   be_.rope_forward(a.k, rope_cos_, rope_sin_, T_);
+}
+
+void Model::gate_up_forward(LayerActs& a, const LayerIdx& w) {
+  if (fused_) {
+    be_.linear_forward(a.gu, a.ln2, weights(w.gate, w.up));
+    return;
+  }
+  be_.linear_forward(a.gate, a.ln2, param(w.gate));
+  be_.linear_forward(a.up, a.ln2, param(w.up));
+}
+
+void Model::swiglu_forward(LayerActs& a) {
+  if (fused_)
+    be_.swiglu_packed_forward(a.h, a.gu);
+  else
+    be_.swiglu_forward(a.h, a.gate, a.up);
 }
 
 bool Model::layer_forward(int chunk, int slot, size_t l, bool ln1_ready) {
@@ -133,9 +154,8 @@ bool Model::layer_forward(int chunk, int slot, size_t l, bool ln1_ready) {
   if (w.moe >= 0) {
     moe_forward(s, a, w, slot, down);
   } else {
-    be_.linear_forward(a.gate, a.ln2, param(w.gate));
-    be_.linear_forward(a.up, a.ln2, param(w.up));
-    be_.swiglu_forward(a.h, a.gate, a.up);
+    gate_up_forward(a, w);
+    swiglu_forward(a);
     be_.linear_forward(down, a.h, param(w.down));
   }
   reduce_rows(next, down);
@@ -266,12 +286,9 @@ void Model::recompute_layer(int chunk, int slot, size_t l) {
     be_.linear_forward(o, a.att, param(w.o));
     reduce_rows(a.x_mid, o);
     add_norm_forward(a.x_mid, a.x_in, a.ln2, a.rstd2, w.post_norm);
-    if (w.moe < 0) {
-      be_.linear_forward(a.gate, a.ln2, param(w.gate));
-      be_.linear_forward(a.up, a.ln2, param(w.up));
-    }
+    if (w.moe < 0) gate_up_forward(a, w);
   }
-  if (w.moe < 0) be_.swiglu_forward(a.h, a.gate, a.up);
+  if (w.moe < 0) swiglu_forward(a);
 }
 
 void Model::layer_backward(int chunk, int slot, size_t l, BackwardMode mode) {
@@ -280,15 +297,16 @@ void Model::layer_backward(int chunk, int slot, size_t l, BackwardMode mode) {
   LayerActs& a = s.layers[l];
   const LayerIdx& w = layer_idx_[ch.first_local + l];
   recompute_layer(chunk, slot, l);
-  // dW and dX of one linear layer: fused (one call, as the backend likes it),
-  // or the input gradient now and dy kept for backward_weight.
-  auto linear_bwd = [&](Tensor dx, size_t wi, const Tensor& dy, const Tensor& x, Tensor saved,
-                        bool acc) {
+  // dW and dX of one linear layer (of parameters wi..wl, one matrix when
+  // fused): both in one call, as the backend likes it, or the input gradient
+  // now and dy kept for backward_weight.
+  auto linear_bwd = [&](Tensor dx, size_t wi, size_t wl, const Tensor& dy, const Tensor& x,
+                        Tensor saved, bool acc) {
     if (mode.split) {
-      be_.linear_backward(dx, Tensor(), dy, x, param(wi), acc);
+      be_.linear_backward(dx, Tensor(), dy, x, weights(wi, wl), acc);
       be_.copy(saved, dy);
     } else {
-      be_.linear_backward(dx, grad(wi), dy, x, param(wi), acc);
+      be_.linear_backward(dx, weight_grads(wi, wl), dy, x, weights(wi, wl), acc);
     }
   };
   // d_resid = dL/d(layer output). MLP branch: out = x_mid + down(h).
@@ -296,23 +314,33 @@ void Model::layer_backward(int chunk, int slot, size_t l, BackwardMode mode) {
   if (w.moe >= 0) {  // weight gradients inside (a split backward does them here too)
     moe_backward(s, a, w, slot);
   } else {
-    linear_bwd(dh_, w.down, d_full_, a.h, a.d_down, false);
-    be_.swiglu_backward(dgate_, dup_, dh_, a.gate, a.up);
-    linear_bwd(d_tmp_, w.gate, dgate_, a.ln2, a.d_gate, false);
-    linear_bwd(d_tmp_, w.up, dup_, a.ln2, a.d_up, true);
+    linear_bwd(dh_, w.down, w.down, d_full_, a.h, a.d_down, false);
+    if (fused_) {
+      be_.swiglu_packed_backward(dgu_, dh_, a.gu);
+      linear_bwd(d_tmp_, w.gate, w.up, dgu_, a.ln2, a.d_gu, false);
+    } else {
+      be_.swiglu_backward(dgate_, dup_, dh_, a.gate, a.up);
+      linear_bwd(d_tmp_, w.gate, w.gate, dgate_, a.ln2, a.d_gate, false);
+      linear_bwd(d_tmp_, w.up, w.up, dup_, a.ln2, a.d_up, true);
+    }
   }
   reduce_rows(d_tmp_local_, d_tmp_);
   be_.rmsnorm_backward(d_resid_, grad(w.post_norm), d_tmp_local_, a.x_mid, param(w.post_norm),
                        a.rstd2);
   // d_resid = dL/dx_mid. Attention branch: x_mid = x_in + o(att).
   gather_rows(d_full_, d_resid_);
-  linear_bwd(d_att_, w.o, d_full_, a.att, a.d_o, false);
+  linear_bwd(d_att_, w.o, w.o, d_full_, a.att, a.d_o, false);
   be_.attention_backward(dq_, dk_, dv_, d_att_, a.q, a.k, a.v, a.att, a.att_saved, att_shape_);
-  be_.rope_backward(dq_, rope_cos_, rope_sin_, T_);
-  be_.rope_backward(dk_, rope_cos_, rope_sin_, T_);
-  linear_bwd(d_tmp_, w.q, dq_, a.ln1, a.d_q, false);
-  linear_bwd(d_tmp_, w.k, dk_, a.ln1, a.d_k, true);
-  linear_bwd(d_tmp_, w.v, dv_, a.ln1, a.d_v, true);
+  if (fused_) {
+    be_.qkv_rope_merge_backward(qkv_, dq_, dk_, dv_, rope_cos_, rope_sin_, T_);
+    linear_bwd(d_tmp_, w.q, w.v, qkv_, a.ln1, a.d_qkv, false);
+  } else {
+    be_.rope_backward(dq_, rope_cos_, rope_sin_, T_);
+    be_.rope_backward(dk_, rope_cos_, rope_sin_, T_);
+    linear_bwd(d_tmp_, w.q, w.q, dq_, a.ln1, a.d_q, false);
+    linear_bwd(d_tmp_, w.k, w.k, dk_, a.ln1, a.d_k, true);
+    linear_bwd(d_tmp_, w.v, w.v, dv_, a.ln1, a.d_v, true);
+  }
   reduce_rows(d_tmp_local_, d_tmp_);
   be_.rmsnorm_backward(d_resid_, grad(w.in_norm), d_tmp_local_, a.x_in, param(w.in_norm),
                        a.rstd1);
@@ -366,18 +394,29 @@ void Model::backward_weight(int chunk, int slot) {
   for (size_t l = s.layers.size(); l-- > 0;) {
     LayerActs& a = s.layers[l];
     const LayerIdx& w = layer_idx_[ch.first_local + l];
-    ADGT_CHECK(a.d_q.data, "Model::backward_weight: chunk " << chunk << " slot " << slot
+    ADGT_CHECK(a.d_o.data, "Model::backward_weight: chunk " << chunk << " slot " << slot
                                                             << " had no split backward");
     recompute_layer(chunk, slot, l);  // the inputs of the weight gradients, once more
+    auto dw = [&](size_t wi, size_t wl, const Tensor& dy, const Tensor& x) {
+      be_.linear_backward(Tensor(), weight_grads(wi, wl), dy, x, weights(wi, wl), false);
+    };
     if (w.moe < 0) {
-      be_.linear_backward(Tensor(), grad(w.down), a.d_down, a.h, param(w.down), false);
-      be_.linear_backward(Tensor(), grad(w.gate), a.d_gate, a.ln2, param(w.gate), false);
-      be_.linear_backward(Tensor(), grad(w.up), a.d_up, a.ln2, param(w.up), false);
+      dw(w.down, w.down, a.d_down, a.h);
+      if (fused_) {
+        dw(w.gate, w.up, a.d_gu, a.ln2);
+      } else {
+        dw(w.gate, w.gate, a.d_gate, a.ln2);
+        dw(w.up, w.up, a.d_up, a.ln2);
+      }
     }
-    be_.linear_backward(Tensor(), grad(w.o), a.d_o, a.att, param(w.o), false);
-    be_.linear_backward(Tensor(), grad(w.q), a.d_q, a.ln1, param(w.q), false);
-    be_.linear_backward(Tensor(), grad(w.k), a.d_k, a.ln1, param(w.k), false);
-    be_.linear_backward(Tensor(), grad(w.v), a.d_v, a.ln1, param(w.v), false);
+    dw(w.o, w.o, a.d_o, a.att);
+    if (fused_) {
+      dw(w.q, w.v, a.d_qkv, a.ln1);
+    } else {
+      dw(w.q, w.q, a.d_q, a.ln1);
+      dw(w.k, w.k, a.d_k, a.ln1);
+      dw(w.v, w.v, a.d_v, a.ln1);
+    }
   }
   if (chunk_has_embedding(chunk))
     be_.embedding_backward(grad(emb_idx_), s.d_emb, s.in_tok, vocab_start_);

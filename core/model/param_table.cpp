@@ -17,8 +17,10 @@ std::vector<ParamSpec> build_param_table(const ModelConfig& m, int64_t tp, int64
   int64_t off = 0;
   // dim: -1 replicated; 0/1 split that dimension of `global` into tp equal parts
   // (`split_len` of the padded extent per rank; `valid` clipped to the real extent).
+  // packed: the next parameter starts right after this one (no padding), so
+  // q/k/v and gate/up are each one (rows, C) matrix in the flat buffer.
   auto add = [&](std::string name, std::vector<int64_t> global, int dim, int64_t split_len,
-                 bool matrix, bool emb = false) {
+                 bool matrix, bool emb = false, bool packed = false) {
     ParamSpec p;
     p.name = std::move(name);
     p.global_shape = global;
@@ -37,7 +39,7 @@ std::vector<ParamSpec> build_param_table(const ModelConfig& m, int64_t tp, int64
     p.offset = off;
     p.is_matrix = matrix;
     p.is_embedding = emb;
-    off += (p.numel + 15) / 16 * 16;
+    off = packed ? off + p.numel : (off + p.numel + 15) / 16 * 16;
     t.push_back(std::move(p));
   };
   const int64_t C = m.d_model, hd = m.head_dim(), F = m.ffn_hidden, V = m.vocab_size;
@@ -49,8 +51,10 @@ std::vector<ParamSpec> build_param_table(const ModelConfig& m, int64_t tp, int64
   for (int64_t l : layers) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     add(p + "input_layernorm.weight", {C}, -1, 0, false);
-    add(p + "self_attn.q_proj.weight", {m.n_heads * hd, C}, 0, m.n_heads / tp * hd, true);
-    add(p + "self_attn.k_proj.weight", {m.n_kv_heads * hd, C}, 0, m.n_kv_heads / tp * hd, true);
+    add(p + "self_attn.q_proj.weight", {m.n_heads * hd, C}, 0, m.n_heads / tp * hd, true,
+        false, true);
+    add(p + "self_attn.k_proj.weight", {m.n_kv_heads * hd, C}, 0, m.n_kv_heads / tp * hd, true,
+        false, true);
     add(p + "self_attn.v_proj.weight", {m.n_kv_heads * hd, C}, 0, m.n_kv_heads / tp * hd, true);
     add(p + "self_attn.o_proj.weight", {C, m.n_heads * hd}, 1, m.n_heads / tp * hd, true);
     add(p + "post_attention_layernorm.weight", {C}, -1, 0, false);
@@ -72,7 +76,7 @@ std::vector<ParamSpec> build_param_table(const ModelConfig& m, int64_t tp, int64
       }
       continue;
     }
-    add(p + "mlp.gate_proj.weight", {F, C}, 0, F / tp, true);
+    add(p + "mlp.gate_proj.weight", {F, C}, 0, F / tp, true, false, true);
     add(p + "mlp.up_proj.weight", {F, C}, 0, F / tp, true);
     add(p + "mlp.down_proj.weight", {C, F}, 1, F / tp, true);
   }

@@ -34,7 +34,12 @@ struct ParamSpec {
 };
 
 // In HF order: embed, per layer (input_layernorm, q, k, v, o, post_attention_layernorm,
-// gate, up, down), norm, lm_head (absent when tied). Offsets are 16-element aligned.
+// gate, up, down), norm, lm_head (absent when tied). Offsets are 16-element aligned,
+// except that k follows q and v follows k, and up follows gate, with no padding:
+// this rank's q/k/v shards are one ((Hl + 2 KVl) hd, C) matrix and gate/up one
+// (2 Fl, C) matrix in the flat buffer (the fused projections' weights; with
+// tensor parallelism each rank's fused matrix holds whole heads and whole FFN
+// columns). When C is a multiple of 16 nothing moves.
 // With tp > 1 the shapes are those of rank tp_rank's shard.
 // With a stage slice (pipeline parallelism, core/model/stage_slice.hpp) only that
 // slice's parameters: the embedding if it holds it, its layers in ascending

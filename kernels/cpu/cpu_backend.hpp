@@ -43,6 +43,10 @@ class CpuBackend : public Backend {
                                 const Tensor& w, double eps) override;  // fused
   void rope_forward(Tensor x, const Tensor& cos, const Tensor& sin, int64_t T) override;
   void rope_backward(Tensor dx, const Tensor& cos, const Tensor& sin, int64_t T) override;
+  void qkv_rope_split(Tensor q, Tensor k, Tensor v, const Tensor& qkv, const Tensor& cos,
+                      const Tensor& sin, int64_t T) override;
+  void qkv_rope_merge_backward(Tensor dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                               const Tensor& cos, const Tensor& sin, int64_t T) override;
   int64_t attention_saved_elems(const AttentionShape& s) const override;
   void attention_forward(Tensor out, Tensor saved, const Tensor& q, const Tensor& k,
                          const Tensor& v, const AttentionShape& s) override;
@@ -52,6 +56,8 @@ class CpuBackend : public Backend {
   void swiglu_forward(Tensor h, const Tensor& gate, const Tensor& up) override;
   void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dh, const Tensor& gate,
                        const Tensor& up) override;
+  void swiglu_packed_forward(Tensor h, const Tensor& gu) override;
+  void swiglu_packed_backward(Tensor dgu, const Tensor& dh, const Tensor& gu) override;
   void add_inplace(Tensor y, const Tensor& x) override;
   void copy(Tensor dst, const Tensor& src) override;
   void scale_inplace(Tensor x, double s) override;

@@ -347,5 +347,20 @@ void CudaBackend::rope_forward(Tensor x, const Tensor& cos, const Tensor& sin, i
 void CudaBackend::rope_backward(Tensor dx, const Tensor& cos, const Tensor& sin, int64_t T_) {
   cuda::rope_backward(cuda::op_ctx(*this), dx, cos, sin, T_);
 }
+void CudaBackend::qkv_rope_split(Tensor q, Tensor k, Tensor v, const Tensor& qkv,
+                                 const Tensor& cos, const Tensor& sin, int64_t T_) {
+  cuda::qkv_rope_split(cuda::op_ctx(*this), q, k, v, qkv, cos, sin, T_);
+}
+void CudaBackend::qkv_rope_merge_backward(Tensor dqkv, const Tensor& dq, const Tensor& dk,
+                                          const Tensor& dv, const Tensor& cos, const Tensor& sin,
+                                          int64_t T_) {
+  cuda::qkv_rope_merge_backward(cuda::op_ctx(*this), dqkv, dq, dk, dv, cos, sin, T_);
+}
+void CudaBackend::swiglu_packed_forward(Tensor h, const Tensor& gu) {
+  cuda::swiglu_packed_forward(cuda::op_ctx(*this), h, gu);
+}
+void CudaBackend::swiglu_packed_backward(Tensor dgu, const Tensor& dh, const Tensor& gu) {
+  cuda::swiglu_packed_backward(cuda::op_ctx(*this), dgu, dh, gu);
+}
 
 }  // namespace adgt

@@ -1,5 +1,7 @@
 // CUDA elementwise kernels and the ops that launch them: add, scale, cast,
-// SwiGLU and the rotary embedding. Semantics: kernels/cpu/cpu_backend.cpp
+// SwiGLU (gate and up separate, or packed in the rows of the fused gate/up
+// projection's output) and the rotary embedding (in place, or splitting and
+// merging the fused q/k/v projection's output). Semantics: kernels/cpu/cpu_backend.cpp
 // (add, scale, cast), kernels/cpu/swiglu.cpp, kernels/cpu/rope.cpp, with the
 // per-element math of kernels/common/elementwise_math.hpp.
 //
@@ -17,6 +19,7 @@
 #include "kernels/common/bf16.hpp"
 #include "kernels/common/elementwise_math.hpp"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/op_checks.hpp"
 
 namespace adgt::cuda {
 namespace {
@@ -37,26 +40,37 @@ __global__ void scale_kernel(T* __restrict__ x, T s, int64_t n) {
     x[i] *= s;
 }
 
+// Element i of an operand whose F-element rows lie ld elements apart: ld == F
+// contiguous, ld == 2F a half of the packed gate/up rows.
+__device__ __forceinline__ int64_t strided(int64_t i, int64_t F, int64_t ld) {
+  return ld == F ? i : i / F * ld + i % F;
+}
+
+// SwiGLU over n elements of h (rows of F); gate and up (and dgate, dup) have
+// rows ld apart.
 template <class T>
 __global__ void swiglu_fwd_kernel(T* __restrict__ h, const T* __restrict__ g,
-                                  const T* __restrict__ u, int64_t n) {
+                                  const T* __restrict__ u, int64_t n, int64_t F, int64_t ld) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const T gi = g[i];
-    h[i] = math::swiglu(gi, u[i], T(1) / (T(1) + dexp(-gi)));
+    const int64_t j = strided(i, F, ld);
+    const T gi = g[j];
+    h[i] = math::swiglu(gi, u[j], T(1) / (T(1) + dexp(-gi)));
   }
 }
 
 template <class T>
 __global__ void swiglu_bwd_kernel(T* __restrict__ dg, T* __restrict__ du, const T* __restrict__ dh,
-                                  const T* __restrict__ g, const T* __restrict__ u, int64_t n) {
+                                  const T* __restrict__ g, const T* __restrict__ u, int64_t n,
+                                  int64_t F, int64_t ld) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const T gi = g[i];
+    const int64_t j = strided(i, F, ld);
+    const T gi = g[j];
     T a, b;
-    math::swiglu_grad(gi, u[i], dh[i], T(1) / (T(1) + dexp(-gi)), a, b);
-    dg[i] = a;
-    du[i] = b;
+    math::swiglu_grad(gi, u[j], dh[i], T(1) / (T(1) + dexp(-gi)), a, b);
+    dg[j] = a;
+    du[j] = b;
   }
 }
 
@@ -78,6 +92,70 @@ __global__ void rope_kernel(T* __restrict__ x, const T* __restrict__ cs, const T
       math::rope_rotate(av, bv, cs[t * half + i], sn[t * half + i]);
     *a = av;
     *b = bv;
+  }
+}
+
+// Loads and stores of W elements as M (float for bf16 and f32, double for f64).
+template <int W, class T, class M>
+__device__ __forceinline__ void ld_as(const T* p, M* f) {
+  if constexpr (std::is_same_v<T, double>) {
+#pragma unroll
+    for (int k = 0; k < W; ++k) f[k] = p[k];
+  } else {
+    ldv<W>(p, f);
+  }
+}
+template <int W, class T, class M>
+__device__ __forceinline__ void st_as(T* p, const M* f) {
+  if constexpr (std::is_same_v<T, double>) {
+#pragma unroll
+    for (int k = 0; k < W; ++k) p[k] = f[k];
+  } else {
+    stv<W>(p, f);
+  }
+}
+
+// The fused q/k/v projection's rotary: qkv (rows, Hq + 2 KV, 2*half), q (rows,
+// Hq, 2*half), k and v (rows, KV, 2*half). One thread per W consecutive pairs
+// of one (row, head of qkv): a q or k head is rotated from qkv into q or k
+// (kBack: rotated back from dq or dk into dqkv), a v head copied. S: the
+// tables' type (fp32 for bf16); W = 8 needs half % 8 == 0 and every pointer
+// aligned.
+template <class T, class S, bool kBack, int W>
+__global__ void __launch_bounds__(256)
+    qkv_rope_kernel(T* __restrict__ qkv, T* __restrict__ q, T* __restrict__ k,
+                    T* __restrict__ v, const S* __restrict__ cs, const S* __restrict__ sn,
+                    int64_t rows, int64_t Hq, int64_t KV, int64_t half, int64_t Tn) {
+  using M = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const int64_t Ht = Hq + 2 * KV, G = half / W, n = rows * Ht * G, hd = 2 * half;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t p = (e % G) * W, rh = e / G, head = rh % Ht, row = rh / Ht;
+    const bool is_v = head >= Hq + KV;
+    T* fused = qkv + rh * hd + p;
+    T* sep = head < Hq  ? q + (row * Hq + head) * hd + p
+             : !is_v    ? k + (row * KV + head - Hq) * hd + p
+                        : v + (row * KV + head - Hq - KV) * hd + p;
+    const T* from = kBack ? sep : fused;
+    T* to = kBack ? fused : sep;
+    M x0[W], x1[W];
+    ld_as<W>(from, x0);
+    ld_as<W>(from + half, x1);
+    if (!is_v) {
+      const int64_t tab = (row % Tn) * half + p;
+      M cv[W], sv[W];
+      ld_as<W>(cs + tab, cv);
+      ld_as<W>(sn + tab, sv);
+#pragma unroll
+      for (int m = 0; m < W; ++m) {
+        if constexpr (kBack)
+          math::rope_rotate_back(x0[m], x1[m], cv[m], sv[m]);
+        else
+          math::rope_rotate(x0[m], x1[m], cv[m], sv[m]);
+      }
+    }
+    st_as<W>(to, x0);
+    st_as<W>(to + half, x1);
   }
 }
 
@@ -149,14 +227,17 @@ struct CastOp {
     stv<W>(d + i, a);
   }
 };
+// Gate and up rows ld apart (see strided()); W = 8 needs F % 8 == 0 when ld != F.
 struct SwigluFwdBf16 {
   bf16_bits* h;
   const bf16_bits *g, *u;
+  int64_t F, ld;
   template <int W>
   __device__ void run(int64_t i) const {
+    const int64_t j = strided(i, F, ld);
     float a[W], b[W];
-    ldv<W>(g + i, a);
-    ldv<W>(u + i, b);
+    ldv<W>(g + j, a);
+    ldv<W>(u + j, b);
 #pragma unroll
     for (int k = 0; k < W; ++k) a[k] = math::swiglu(a[k], b[k], 1.f / (1.f + expf(-a[k])));
     stv<W>(h + i, a);
@@ -165,11 +246,13 @@ struct SwigluFwdBf16 {
 struct SwigluBwdBf16 {
   bf16_bits *dg, *du;
   const bf16_bits *dh, *g, *u;
+  int64_t F, ld;
   template <int W>
   __device__ void run(int64_t i) const {
+    const int64_t j = strided(i, F, ld);
     float a[W], b[W], d[W];
-    ldv<W>(g + i, a);
-    ldv<W>(u + i, b);
+    ldv<W>(g + j, a);
+    ldv<W>(u + j, b);
     ldv<W>(dh + i, d);
 #pragma unroll
     for (int k = 0; k < W; ++k) {
@@ -178,8 +261,8 @@ struct SwigluBwdBf16 {
       a[k] = x;
       b[k] = y;
     }
-    stv<W>(dg + i, a);
-    stv<W>(du + i, b);
+    stv<W>(dg + j, a);
+    stv<W>(du + j, b);
   }
 };
 
@@ -306,7 +389,7 @@ void swiglu_forward(const OpCtx& c, Tensor h, const Tensor& gate, const Tensor& 
   const int64_t n = h.numel();
   if (!n) return;
   if (h.dtype == DType::BF16) {
-    launch_map(SwigluFwdBf16{h.ptr<bf16_bits>(), gate.ptr<bf16_bits>(), up.ptr<bf16_bits>()}, n,
+    launch_map(SwigluFwdBf16{h.ptr<bf16_bits>(), gate.ptr<bf16_bits>(), up.ptr<bf16_bits>(), n, n}, n,
                aligned16(h.data) && aligned16(gate.data) && aligned16(up.data), c.stream,
                "swiglu_forward");
     return;
@@ -314,7 +397,7 @@ void swiglu_forward(const OpCtx& c, Tensor h, const Tensor& gate, const Tensor& 
   dispatch(h.dtype, "swiglu_forward", [&](auto z) {
     using T = decltype(z);
     launch("swiglu_forward", swiglu_fwd_kernel<T>, grid_for(n, kThreads), kThreads, 0, c.stream,
-           h.ptr<T>(), gate.ptr<T>(), up.ptr<T>(), n);
+           h.ptr<T>(), gate.ptr<T>(), up.ptr<T>(), n, n, n);
   });
 }
 
@@ -328,7 +411,7 @@ void swiglu_backward(const OpCtx& c, Tensor dgate, Tensor dup, const Tensor& dh,
   if (!n) return;
   if (dh.dtype == DType::BF16) {
     launch_map(SwigluBwdBf16{dgate.ptr<bf16_bits>(), dup.ptr<bf16_bits>(), dh.ptr<bf16_bits>(),
-                             gate.ptr<bf16_bits>(), up.ptr<bf16_bits>()},
+                             gate.ptr<bf16_bits>(), up.ptr<bf16_bits>(), n, n},
                n,
                aligned16(dgate.data) && aligned16(dup.data) && aligned16(dh.data) &&
                    aligned16(gate.data) && aligned16(up.data),
@@ -338,7 +421,48 @@ void swiglu_backward(const OpCtx& c, Tensor dgate, Tensor dup, const Tensor& dh,
   dispatch(dh.dtype, "swiglu_backward", [&](auto z) {
     using T = decltype(z);
     launch("swiglu_backward", swiglu_bwd_kernel<T>, grid_for(n, kThreads), kThreads, 0, c.stream,
-           dgate.ptr<T>(), dup.ptr<T>(), dh.ptr<T>(), gate.ptr<T>(), up.ptr<T>(), n);
+           dgate.ptr<T>(), dup.ptr<T>(), dh.ptr<T>(), gate.ptr<T>(), up.ptr<T>(), n, n, n);
+  });
+}
+
+// gu (N, 2F): each row's gate, then its up.
+void swiglu_packed_forward(const OpCtx& c, Tensor h, const Tensor& gu) {
+  const char* op = "swiglu_packed_forward";
+  const int64_t F = check_swiglu_packed(h, gu, op), n = h.numel();
+  if (!n) return;
+  if (h.dtype == DType::BF16) {
+    const bf16_bits* g = gu.ptr<bf16_bits>();
+    launch_map(SwigluFwdBf16{h.ptr<bf16_bits>(), g, g + F, F, 2 * F}, n,
+               F % 8 == 0 && aligned16(h.data) && aligned16(gu.data), c.stream, op);
+    return;
+  }
+  dispatch(h.dtype, op, [&](auto z) {
+    using T = decltype(z);
+    const T* g = gu.ptr<T>();
+    launch(op, swiglu_fwd_kernel<T>, grid_for(n, kThreads), kThreads, 0, c.stream, h.ptr<T>(), g,
+           g + F, n, F, 2 * F);
+  });
+}
+
+void swiglu_packed_backward(const OpCtx& c, Tensor dgu, const Tensor& dh, const Tensor& gu) {
+  const char* op = "swiglu_packed_backward";
+  const int64_t F = check_swiglu_packed(dh, gu, op), n = dh.numel();
+  expect_same(dgu, gu, op);
+  if (!n) return;
+  if (dh.dtype == DType::BF16) {
+    const bf16_bits* g = gu.ptr<bf16_bits>();
+    bf16_bits* d = dgu.ptr<bf16_bits>();
+    launch_map(SwigluBwdBf16{d, d + F, dh.ptr<bf16_bits>(), g, g + F, F, 2 * F}, n,
+               F % 8 == 0 && aligned16(dgu.data) && aligned16(dh.data) && aligned16(gu.data),
+               c.stream, op);
+    return;
+  }
+  dispatch(dh.dtype, op, [&](auto z) {
+    using T = decltype(z);
+    const T* g = gu.ptr<T>();
+    T* d = dgu.ptr<T>();
+    launch(op, swiglu_bwd_kernel<T>, grid_for(n, kThreads), kThreads, 0, c.stream, d, d + F,
+           dh.ptr<T>(), g, g + F, n, F, 2 * F);
   });
 }
 
@@ -385,6 +509,42 @@ void rope_forward(const OpCtx& c, Tensor x, const Tensor& cos, const Tensor& sin
 }
 void rope_backward(const OpCtx& c, Tensor dx, const Tensor& cos, const Tensor& sin, int64_t T_) {
   rope_launch<true>(c, dx, cos, sin, T_, "rope_backward");
+}
+
+template <bool kBack>
+void qkv_rope_launch(const OpCtx& c, const Tensor& qkv, const Tensor& q, const Tensor& k,
+                     const Tensor& v, const Tensor& cos, const Tensor& sin, int64_t T_,
+                     const char* op) {
+  const QkvDims d = check_qkv_shapes(qkv, q, k, v, cos, sin, T_, op);
+  const int64_t n = d.rows * (d.Hq + 2 * d.KV) * d.half;
+  if (qkv.dtype == DType::BF16) {
+    auto* f = qkv.ptr<bf16_bits>();
+    auto *qp = q.ptr<bf16_bits>(), *kp = k.ptr<bf16_bits>(), *vp = v.ptr<bf16_bits>();
+    const auto *cp = cos.ptr<float>(), *sp = sin.ptr<float>();
+    if (d.half % 8 == 0 && aligned16(f) && aligned16(qp) && aligned16(kp) && aligned16(vp) &&
+        aligned16(cp) && aligned16(sp))
+      launch(op, qkv_rope_kernel<bf16_bits, float, kBack, 8>, grid_for(n / 8, kThreads), kThreads,
+             0, c.stream, f, qp, kp, vp, cp, sp, d.rows, d.Hq, d.KV, d.half, T_);
+    else
+      launch(op, qkv_rope_kernel<bf16_bits, float, kBack, 1>, grid_for(n, kThreads), kThreads, 0,
+             c.stream, f, qp, kp, vp, cp, sp, d.rows, d.Hq, d.KV, d.half, T_);
+    return;
+  }
+  dispatch(qkv.dtype, op, [&](auto z) {
+    using T = decltype(z);
+    launch(op, qkv_rope_kernel<T, T, kBack, 1>, grid_for(n, kThreads), kThreads, 0, c.stream,
+           qkv.ptr<T>(), q.ptr<T>(), k.ptr<T>(), v.ptr<T>(), cos.ptr<T>(), sin.ptr<T>(), d.rows,
+           d.Hq, d.KV, d.half, T_);
+  });
+}
+
+void qkv_rope_split(const OpCtx& c, Tensor q, Tensor k, Tensor v, const Tensor& qkv,
+                    const Tensor& cos, const Tensor& sin, int64_t T_) {
+  qkv_rope_launch<false>(c, qkv, q, k, v, cos, sin, T_, "qkv_rope_split");
+}
+void qkv_rope_merge_backward(const OpCtx& c, Tensor dqkv, const Tensor& dq, const Tensor& dk,
+                             const Tensor& dv, const Tensor& cos, const Tensor& sin, int64_t T_) {
+  qkv_rope_launch<true>(c, dqkv, dq, dk, dv, cos, sin, T_, "qkv_rope_merge_backward");
 }
 
 }  // namespace

@@ -153,6 +153,26 @@ void EmulatedBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, const 
   ADGT_EMU_OP(op, (D(dq), D(dk), D(dv), D(dout), D(q), D(k), D(v), D(out), D(saved)),
               attention_backward(dq, dk, dv, dout, q, k, v, out, saved, s));
 }
+void EmulatedBackend::qkv_rope_split(Tensor q, Tensor k, Tensor v, const Tensor& qkv,
+                                     const Tensor& cos, const Tensor& sin, int64_t T) {
+  const char* op = "qkv_rope_split";
+  ADGT_EMU_OP(op, (D(q), D(k), D(v), D(qkv), D(cos), D(sin)), qkv_rope_split(q, k, v, qkv, cos, sin, T));
+}
+void EmulatedBackend::qkv_rope_merge_backward(Tensor dqkv, const Tensor& dq, const Tensor& dk,
+                                              const Tensor& dv, const Tensor& cos,
+                                              const Tensor& sin, int64_t T) {
+  const char* op = "qkv_rope_merge_backward";
+  ADGT_EMU_OP(op, (D(dqkv), D(dq), D(dk), D(dv), D(cos), D(sin)),
+              qkv_rope_merge_backward(dqkv, dq, dk, dv, cos, sin, T));
+}
+void EmulatedBackend::swiglu_packed_forward(Tensor h, const Tensor& gu) {
+  const char* op = "swiglu_packed_forward";
+  ADGT_EMU_OP(op, (D(h), D(gu)), swiglu_packed_forward(h, gu));
+}
+void EmulatedBackend::swiglu_packed_backward(Tensor dgu, const Tensor& dh, const Tensor& gu) {
+  const char* op = "swiglu_packed_backward";
+  ADGT_EMU_OP(op, (D(dgu), D(dh), D(gu)), swiglu_packed_backward(dgu, dh, gu));
+}
 void EmulatedBackend::swiglu_forward(Tensor h, const Tensor& gate, const Tensor& up) {
   const char* op = "swiglu_forward";
   ADGT_EMU_OP(op, (D(h), D(gate), D(up)), swiglu_forward(h, gate, up));

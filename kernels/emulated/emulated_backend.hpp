@@ -62,6 +62,12 @@ class EmulatedBackend final : public Backend {
   void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                           const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& saved,
                           const AttentionShape& s) override;
+  void qkv_rope_split(Tensor q, Tensor k, Tensor v, const Tensor& qkv, const Tensor& cos,
+                      const Tensor& sin, int64_t T) override;
+  void qkv_rope_merge_backward(Tensor dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                               const Tensor& cos, const Tensor& sin, int64_t T) override;
+  void swiglu_packed_forward(Tensor h, const Tensor& gu) override;
+  void swiglu_packed_backward(Tensor dgu, const Tensor& dh, const Tensor& gu) override;
   void swiglu_forward(Tensor h, const Tensor& gate, const Tensor& up) override;
   void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dh, const Tensor& gate,
                        const Tensor& up) override;

@@ -46,7 +46,8 @@ int64_t compute_bytes_per_element(const RunConfig& cfg) {
 //   Scratch (bytes_scratch; core/model/model.cpp make_scratch): the backward's
 //   activation gradients of one layer, N = B*T rows, Nl = N/tp with SP else N:
 //     Nl*C (d_resid) + N*C (d_tmp) [+ SP: 2 Nl*C + 2 N*C] + N*(2 H + 2 KV)*hd/tp
-//     + 3 N*F/tp, the rotary tables T*hd (master dtype), and per micro-batch
+//     + 3 N*F/tp [+ fused projections: N*(H + 2 KV)*hd/tp, the q/k/v GEMM's
+//     output and its gradient], the rotary tables T*hd (master dtype), and per micro-batch
 //     in flight per chunk its output rows Nl*C and 2N int32 token ids.
 //   Recompute (train.recompute, core/model/model.hpp) changes what a layer
 //   keeps per micro-batch in flight, plus one shared set of buffers per rank:
@@ -169,7 +170,7 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
     const int64_t Nt = B * T, Nl = Nt / rows, mbytes = std::max<int64_t>(bpp, 4);
     x.bytes_scratch =
         (Nl * C + Nt * C + (sp ? 2 * Nl * C + 2 * Nt * C : 0) + Nt * (2 * Hl + 2 * KVl) * hd +
-         3 * Nt * Fl) * bpp +
+         3 * Nt * Fl + (cfg.train.fused_projections ? Nt * (Hl + 2 * KVl) * hd : 0)) * bpp +
         T * hd * mbytes + n_held * (Nl * C * bpp + 2 * Nt * 4);
     x.bytes_total = x.bytes_params + x.bytes_grads + x.bytes_optimizer + x.bytes_activations +
                     x.bytes_attention_fallback + x.bytes_scratch;

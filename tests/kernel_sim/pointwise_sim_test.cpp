@@ -1,7 +1,9 @@
 // Elementwise kernels (kernels/cuda/pointwise_kernels.cuh) in the CUDA
 // emulation against the CPU backend: add_inplace, scale_inplace, cast (every
 // pair of f32, f64, bf16, and the same-dtype copy), swiglu_forward/backward
-// and rope_forward/backward, in f32, f64 and bf16. The bf16 ops take the
+// and rope_forward/backward, in f32, f64 and bf16; the fused projections'
+// ops: swiglu_packed_forward/backward (gate and up side by side in each row)
+// and qkv_rope_split / qkv_rope_merge_backward. The bf16 ops take the
 // vectorised path (8 elements per thread; the grid of the launch shows which
 // path ran) when every tensor is aligned, with a scalar tail, and the scalar
 // path when any one tensor is misaligned; the rotary kernels with W = 8
@@ -261,6 +263,70 @@ void rope(DType dt, RopeShape s, int mis_at, int w) {
       [T](auto& t) { cuda::rope_backward(ctx.get(), t[0], t[1], t[2], T); }, rt, g);
 }
 
+// ---- the fused projections' ops ----
+
+// h (N, F), gu (N, 2F); mis_at: 0 h (dgu), 1 gu (dh), 2 gu in the backward.
+void swiglu_packed(DType dt, int64_t N, int64_t F, int mis_at) {
+  const bool bf = dt == DType::BF16;
+  const int64_t n = N * F;
+  const unsigned g = bf ? map_grid(n, mis_at < 0 && F % 8 == 0) : cuda::grid_for(n, 256);
+  const double rt = rtol_of(dt);
+  const std::string shape = " N=" + std::to_string(N) + " F=" + std::to_string(F) +
+                            (mis_at >= 0 ? " misaligned #" + std::to_string(mis_at) : "");
+  if (mis_at < 2) {
+    std::vector<Arg> a = {{dt, {N, F}, true}, {dt, {N, 2 * F}, false, 0, -6, 6}};
+    if (mis_at >= 0) a[size_t(mis_at)].mis = 1;
+    check(
+        "swiglu_packed_forward " + dtname(dt) + shape, a,
+        [](auto& t) { cpu().swiglu_packed_forward(t[0], t[1]); },
+        [](auto& t) { cuda::swiglu_packed_forward(ctx.get(), t[0], t[1]); }, rt, g);
+  }
+  std::vector<Arg> a = {{dt, {N, 2 * F}, true}, {dt, {N, F}}, {dt, {N, 2 * F}, false, 0, -6, 6}};
+  if (mis_at >= 0) a[size_t(mis_at)].mis = 1;
+  check(
+      "swiglu_packed_backward " + dtname(dt) + shape, a,
+      [](auto& t) { cpu().swiglu_packed_backward(t[0], t[1], t[2]); },
+      [](auto& t) { cuda::swiglu_packed_backward(ctx.get(), t[0], t[1], t[2]); }, rt, g);
+}
+
+struct QkvShape {
+  int64_t B, T, Hq, KV, half, Tmax;
+};
+
+// The split (q, k, v from qkv) and the merge (dqkv from dq, dk, dv); mis_at
+// names the misaligned operand of each call in its argument order.
+void qkv_rope(DType dt, QkvShape s, int mis_at, int w) {
+  const DType tdt = dt == DType::BF16 ? DType::F32 : dt;
+  const int64_t rows = s.B * s.T, hd = 2 * s.half, n = rows * (s.Hq + 2 * s.KV) * s.half;
+  const Arg fused{dt, {rows, (s.Hq + 2 * s.KV) * hd}}, q{dt, {rows, s.Hq * hd}},
+      kv{dt, {rows, s.KV * hd}}, tab{tdt, {s.Tmax, s.half}};
+  const unsigned g = cuda::grid_for(n / w, 256);
+  const std::string shape = " B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) +
+                            " Hq=" + std::to_string(s.Hq) + " KV=" + std::to_string(s.KV) +
+                            " half=" + std::to_string(s.half) + " W=" + std::to_string(w) +
+                            (mis_at >= 0 ? " misaligned #" + std::to_string(mis_at) : "");
+  const double rt = rtol_of(dt);
+  const int64_t T = s.T;
+  std::vector<Arg> split = {q, kv, kv, fused, tab, tab};
+  for (int i = 0; i < 3; ++i) split[size_t(i)].out = true;
+  if (mis_at >= 0) split[size_t(mis_at)].mis = 1;
+  check(
+      "qkv_rope_split " + dtname(dt) + shape, split,
+      [T](auto& t) { cpu().qkv_rope_split(t[0], t[1], t[2], t[3], t[4], t[5], T); },
+      [T](auto& t) { cuda::qkv_rope_split(ctx.get(), t[0], t[1], t[2], t[3], t[4], t[5], T); },
+      rt, g);
+  std::vector<Arg> merge = {fused, q, kv, kv, tab, tab};
+  merge[0].out = true;
+  if (mis_at >= 0) merge[size_t(mis_at)].mis = 1;
+  check(
+      "qkv_rope_merge_backward " + dtname(dt) + shape, merge,
+      [T](auto& t) { cpu().qkv_rope_merge_backward(t[0], t[1], t[2], t[3], t[4], t[5], T); },
+      [T](auto& t) {
+        cuda::qkv_rope_merge_backward(ctx.get(), t[0], t[1], t[2], t[3], t[4], t[5], T);
+      },
+      rt, g);
+}
+
 // ---- grid-stride loops ----
 //
 // The ops' grids cover every element in one round up to 65536 blocks x 256
@@ -313,7 +379,7 @@ void grid_stride() {
       [](auto& t) {
         launch("swiglu_forward", cuda::swiglu_fwd_kernel<float>, 3, 256, 0, nullptr,
                t[0].template ptr<float>(), t[1].template ptr<float>(), t[2].template ptr<float>(),
-               t[0].numel());
+               t[0].numel(), t[0].numel(), t[0].numel());
       },
       rtol_of(DType::F32), 3);
   check(
@@ -328,7 +394,7 @@ void grid_stride() {
         launch("swiglu_backward", cuda::swiglu_bwd_kernel<double>, 3, 256, 0, nullptr,
                t[0].template ptr<double>(), t[1].template ptr<double>(),
                t[2].template ptr<double>(), t[3].template ptr<double>(),
-               t[4].template ptr<double>(), t[0].numel());
+               t[4].template ptr<double>(), t[0].numel(), t[0].numel(), t[0].numel());
       },
       rtol_of(DType::F64), 3);
   // Rotary: rows 12 (B 3, T 4), H 3, half 32 (table of 6 positions): 1152
@@ -390,6 +456,21 @@ void bad_calls() {
     Tensor cd = m.make(DType::F64, {3, 4});
     cuda::rope_backward(c, x32, cd, cd, 3);
   });
+  // The fused projections' ops: packed gate/up of the wrong width or dtype;
+  // q/k/v heads that do not add up to qkv's, a dtype mix, rows % T.
+  Tensor h = m.make(DType::F32, {3, 4}), gu = m.make(DType::F32, {3, 8});
+  Tensor gu7 = m.make(DType::F32, {3, 7}), gud = m.make(DType::F64, {3, 8});
+  expect_throw("swiglu_packed_forward gu (3,7)", [&] { cuda::swiglu_packed_forward(c, h, gu7); });
+  expect_throw("swiglu_packed_forward f64 gu", [&] { cuda::swiglu_packed_forward(c, h, gud); });
+  expect_throw("swiglu_packed_backward dgu (3,7)",
+               [&] { cuda::swiglu_packed_backward(c, gu7, h, gu); });
+  Tensor qkv = m.make(DType::F32, {6, 4 * 8}), q2 = m.make(DType::F32, {6, 2 * 8});
+  Tensor k1 = m.make(DType::F32, {6, 8}), k2 = m.make(DType::F32, {6, 2 * 8});
+  Tensor k1d = m.make(DType::F64, {6, 8});
+  expect_throw("qkv_rope_split heads", [&] { cuda::qkv_rope_split(c, q2, k2, k1, qkv, cf, cf, 3); });
+  expect_throw("qkv_rope_split f64 v", [&] { cuda::qkv_rope_split(c, q2, k1, k1d, qkv, cf, cf, 3); });
+  expect_throw("qkv_rope_merge_backward rows % T",
+               [&] { cuda::qkv_rope_merge_backward(c, qkv, q2, k1, k1, cf, cf, 4); });
 }
 
 }  // namespace
@@ -434,6 +515,22 @@ int main() {
   rope(DType::BF16, {3, 5, 1, 8, 5}, -1, 8);
   rope(DType::BF16, {3, 7, 3, 12, 9}, -1, 1);
   for (int mis = 0; mis < 3; ++mis) rope(DType::BF16, {2, 6, 4, 16, 8}, mis, 1);
+
+  // Packed SwiGLU: F % 8 == 0 vectorised (several blocks), F % 8 != 0 scalar
+  // (a vector would straddle rows), each operand misaligned; f32/f64.
+  for (DType dt : {DType::F32, DType::F64}) swiglu_packed(dt, 37, 21, -1);
+  swiglu_packed(DType::BF16, 97, 40, -1);
+  swiglu_packed(DType::BF16, 13, 12, -1);
+  for (int mis = 0; mis < 3; ++mis) swiglu_packed(DType::BF16, 21, 16, mis);
+  // q/k/v split and merge: GQA (Hq > KV) and MHA, odd half, tables longer
+  // than T; bf16 W = 8 and each operand misaligned (W = 1).
+  for (DType dt : {DType::F32, DType::F64}) {
+    qkv_rope(dt, {2, 5, 4, 2, 5, 7}, -1, 1);
+    qkv_rope(dt, {3, 4, 2, 2, 8, 4}, -1, 1);
+  }
+  qkv_rope(DType::BF16, {3, 6, 4, 2, 16, 9}, -1, 8);
+  qkv_rope(DType::BF16, {2, 5, 3, 1, 12, 5}, -1, 1);
+  for (int mis = 0; mis < 6; ++mis) qkv_rope(DType::BF16, {2, 4, 2, 1, 8, 4}, mis, 1);
 
   grid_stride();
   bad_calls();

@@ -81,11 +81,16 @@ TEST_CASE("memory: params, grads, AdamW state and saved activations", "[dryrun]"
   CHECK(e.bytes_total ==
         e.bytes_params + e.bytes_grads + e.bytes_optimizer + e.bytes_activations + e.bytes_scratch);
   // Scratch by hand (model.cpp make_scratch, no SP): d_resid, d_tmp (N C each),
-  // dq, dk, dv, d_att, dgate, dup, dh; the rotary tables T hd; one micro-batch's
-  // chunk output N C and its 2N token ids.
+  // dq, dk, dv, d_att, dgate, dup (dgu when fused), dh; the fused q/k/v GEMM's
+  // output (train.fused_projections, the default); the rotary tables T hd;
+  // one micro-batch's chunk output N C and its 2N token ids.
   const int64_t N = B * T;
-  CHECK(e.bytes_scratch == (2 * N * C + N * (2 * H + 2 * KV) * hd + 3 * N * F) * 4 + T * hd * 4 +
-                               (N * C * 4 + 2 * N * 4));
+  CHECK(e.bytes_scratch == (2 * N * C + N * (2 * H + 2 * KV) * hd + 3 * N * F +
+                            N * (H + 2 * KV) * hd) * 4 +
+                               T * hd * 4 + (N * C * 4 + 2 * N * 4));
+  RunConfig unfused = c;
+  unfused.train.fused_projections = false;
+  CHECK(estimate_memory(unfused, 4).bytes_scratch == e.bytes_scratch - N * (H + 2 * KV) * hd * 4);
 
   // The attention term is exactly what the CPU backend allocates for its probabilities.
   auto be = make_backend("cpu");
