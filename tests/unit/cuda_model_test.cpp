@@ -20,7 +20,11 @@
 #include "core/model/model.hpp"
 #include "core/model/param_table.hpp"
 #include "core/rng.hpp"
+#include "kernels/attention_choice.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
+#ifdef ADGT_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.hpp"
+#endif
 
 using namespace adgt;
 
@@ -132,7 +136,9 @@ TEST_CASE("cuda: training steps of the tiny config against the CPU backend (f32,
 // adgt-train reports (parallel/cost/flops.cpp, PaLM convention:
 // 6 N_matmul + 12 L H hd T per token). Knobs: ADGT_BENCH_BATCH (8),
 // ADGT_BENCH_STEPS (10), ADGT_BENCH_LAYERS (24), ADGT_BENCH_JSON (a file for
-// the figures).
+// the figures), ADGT_BENCH_ATTENTION (train.attention: auto, the default, or
+// flash, cudnn, exact; ADGT_ATTENTION still overrides it), ADGT_BENCH_FUSED
+// (train.fused_projections: 1, the default, or 0).
 TEST_CASE("cuda: 1.3B bf16 training-step benchmark", "[.cudabench][model]") {
   if (!gpu_visible()) {
     WARN("no CUDA device visible: benchmark skipped");
@@ -153,8 +159,12 @@ TEST_CASE("cuda: 1.3B bf16 training-step benchmark", "[.cudabench][model]") {
   m.init_std = 0.02;
   const int64_t B = env("ADGT_BENCH_BATCH", 8), T = 2048;
   const int steps = int(env("ADGT_BENCH_STEPS", 10));
+  const char* attn_env = std::getenv("ADGT_BENCH_ATTENTION");
+  const std::string attention = attn_env && *attn_env ? attn_env : "auto";
+  const bool fused = env("ADGT_BENCH_FUSED", 1) != 0;
   auto be = make_backend("cuda");
-  Model model(m, *be, DType::BF16, B, T);
+  configure_attention(*be, attention);
+  Model model(m, *be, DType::BF16, B, T, {}, nullptr, {}, {}, fused);
   {
     // init_weights draws 1.4e9 normals on the host (~40 s); for timing, a
     // repeated 2^24-value N(0, 0.02) pattern with the norms at 1 does as well.
@@ -212,13 +222,20 @@ TEST_CASE("cuda: 1.3B bf16 training-step benchmark", "[.cudabench][model]") {
   const double flops_tok = 6.0 * double(n_matmul) +
                            12.0 * double(m.n_layers) * double(m.n_heads) * double(m.head_dim()) *
                                double(T);
+  std::string kernel = attention;  // under auto, the kernel it chose for this shape
+#ifdef ADGT_HAVE_CUDA
+  kernel = dynamic_cast<CudaBackend&>(*be).attention_kernel(
+      AttentionShape{B, T, m.n_heads, m.n_kv_heads, m.head_dim()});
+#endif
   const double st = median(t_step), tok_s = double(B * T) / st;
   const double tflops = flops_tok * tok_s / 1e12, mfu = tflops / 989.0;
   std::printf(
-      "\nadgt 1.3B bf16: %.3fB params, B=%lld T=%lld, loss %.4f\n"
+      "\nadgt 1.3B bf16: %.3fB params, B=%lld T=%lld, loss %.4f, attention %s (train.attention=%s), "
+      "fused projections %s\n"
       "| step ms %.1f | fwd ms %.1f | bwd ms %.1f | optimizer ms %.1f | tokens/s %.0f | "
       "%.1f TFLOP/s | MFU %.1f%% of 989 |\n",
-      double(n_params) / 1e9, (long long)B, (long long)T, loss, st * 1e3, median(t_fwd) * 1e3,
+      double(n_params) / 1e9, (long long)B, (long long)T, loss, kernel.c_str(), attention.c_str(),
+      fused ? "on" : "off", st * 1e3, median(t_fwd) * 1e3,
       median(t_bwd) * 1e3, median(t_opt) * 1e3, tok_s, tflops, 100 * mfu);
   std::fflush(stdout);
   if (const char* path = std::getenv("ADGT_BENCH_JSON")) {
@@ -226,10 +243,11 @@ TEST_CASE("cuda: 1.3B bf16 training-step benchmark", "[.cudabench][model]") {
       std::fprintf(f,
                    "{\"impl\": \"adgt\", \"params\": %lld, \"batch\": %lld, \"seq\": %lld, "
                    "\"step_ms\": %.3f, \"fwd_ms\": %.3f, \"bwd_ms\": %.3f, \"opt_ms\": %.3f, "
-                   "\"tokens_per_s\": %.1f, \"tflops\": %.2f, \"mfu\": %.4f, \"loss\": %.5f}\n",
+                   "\"tokens_per_s\": %.1f, \"tflops\": %.2f, \"mfu\": %.4f, \"loss\": %.5f, "
+                   "\"attention\": \"%s\", \"attention_setting\": \"%s\", \"fused\": %s}\n",
                    (long long)n_params, (long long)B, (long long)T, st * 1e3,
                    median(t_fwd) * 1e3, median(t_bwd) * 1e3, median(t_opt) * 1e3, tok_s, tflops,
-                   mfu, loss);
+                   mfu, loss, kernel.c_str(), attention.c_str(), fused ? "true" : "false");
       std::fclose(f);
     }
   }
