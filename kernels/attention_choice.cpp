@@ -8,8 +8,10 @@
 #include <limits>
 #include <sstream>
 #include <stdexcept>
+#include <vector>
 
 #include "kernels/check.hpp"
+#include "kernels/common/bf16.hpp"
 #ifdef ADGT_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.hpp"
 #endif
@@ -49,6 +51,43 @@ void configure_attention(Backend& be, const std::string& value) {
                                 << " backend has one attention kernel (exact); flash and cudnn "
                                 << "are CUDA kernels (train.device=cuda). Use train.attention="
                                 << "auto or exact");
+}
+
+std::string probe_attention(Backend& be, const AttentionShape& s, DType dt) {
+#ifdef ADGT_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) {
+    if (dt != DType::BF16) return "exact";
+    std::string k = cuda->attention_kernel(s);
+    if (!k.empty()) return k;
+    // Random bf16 q, k, v (an all-zero probe would make every candidate agree).
+    const int64_t nq = s.B * s.T * s.n_heads * s.head_dim, nkv = s.B * s.T * s.n_kv_heads * s.head_dim;
+    std::vector<bf16_bits> host(size_t(std::max(nq, nkv) + 1));
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (auto& h : host) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      h = float_to_bf16(float(double(x >> 11) * 0x1.0p-53 * 2 - 1));
+    }
+    Buffer q(be, size_t(nq) * 2), kk(be, size_t(nkv) * 2), v(be, size_t(nkv) * 2),
+        out(be, size_t(nq) * 2), saved(be, size_t(be.attention_saved_elems(s)) * 4);
+    be.to_device(q.data(), host.data(), q.bytes());
+    be.to_device(kk.data(), host.data(), kk.bytes());
+    be.to_device(v.data(), host.data() + 1, v.bytes());  // v unlike k
+    const Tensor tq(q.data(), DType::BF16, {nq}), tk(kk.data(), DType::BF16, {nkv}),
+        tv(v.data(), DType::BF16, {nkv}), to(out.data(), DType::BF16, {nq}),
+        ts(saved.data(), DType::F32, {be.attention_saved_elems(s)});
+    be.attention_forward(to, ts, tq, tk, tv, s);
+    be.synchronize();
+    k = cuda->attention_kernel(s);
+    ADGT_CHECK(!k.empty(), "train.attention=auto: the probe call decided no kernel for B="
+                               << s.B << " T=" << s.T << " H=" << s.n_heads);
+    return k;
+  }
+#else
+  (void)s;
+  (void)dt;
+#endif
+  (void)be;
+  return "exact";
 }
 
 double attention_rel_bound(DType dt) {

@@ -9,8 +9,9 @@
 //          (a disagreement is refused: an error naming both kernels, the
 //          tensor and the error); then each is timed a few iterations within
 //          a budget (~1.5 s) and the faster kept, the table printed on stderr.
-//          Deterministic given the timings; decided per process (see the
-//          docs for data-parallel ranks). Elsewhere: the backend's only kernel.
+//          Deterministic given the timings; with several processes the
+//          trainer decides on rank 0 and fixes the broadcast answer on every
+//          rank (probe_attention). Elsewhere: the backend's only kernel.
 //   flash  the handwritten FlashAttention-2-style kernels (CUDA, bf16), the
 //          exact kernel where they do not apply (logged once per reason)
 //   cudnn  cuDNN SDPA through cudnn-frontend (CUDA, bf16); a shape cuDNN has
@@ -45,6 +46,15 @@ const char* attention_setting_name(AttentionSetting s);
 // throw for flash and cudnn ("train.attention=flash: the cpu backend has one
 // attention kernel (exact); ...").
 void configure_attention(Backend& be, const std::string& value);
+
+// The kernel `be` runs attention of shape s in dtype dt with: the setting's
+// kernel when fixed; under auto the decision for s, taken now (one forward
+// on scratch tensors of random values, which runs the choice) if s is
+// undecided; "exact" on backends with one kernel. With more than one process
+// the trainer takes rank 0's answer, broadcasts it and fixes it on every rank
+// with configure_attention (decide, broadcast, log: ranks never run
+// different kernels).
+std::string probe_attention(Backend& be, const AttentionShape& s, DType dt);
 
 // The relative error two attention kernels may differ by on `dt` outputs:
 // bf16 1e-2 (the CUDA-vs-CPU tests' bound), f32 1e-4, f64 1e-10.

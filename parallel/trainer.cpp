@@ -198,6 +198,23 @@ void Trainer::wire(ParallelContext ctx, bool init) {
   if (!backend_->is_host()) device_comms_ = wrap_device_groups(ctx, *backend_, dev_.nccl());
   engine_ = std::make_unique<Engine>(cfg, ctx, *backend_, init);
   world_rank_ = ctx.world_rank;
+  if (cfg.train.attention == "auto" && ctx.world && ctx.world->size() > 1) {
+    // Decide, broadcast, log: rank 0's measured choice for this layout's
+    // attention shape is every rank's (kernels/attention_choice.hpp), so no
+    // two ranks run different kernels. Re-decided when the layout changes.
+    configure_attention(*backend_, "auto");
+    const Model& m = engine_->model();
+    std::string k = ctx.world_rank == 0 ? probe_attention(*backend_, m.attention_shape(), m.dtype())
+                                        : std::string();
+    k = broadcast_text(*ctx.world, k);
+    configure_attention(*backend_, k);
+    const AttentionShape& s = m.attention_shape();
+    if (ctx.world_rank == 0 && backend_->name().rfind("cuda", 0) == 0)
+      std::printf("attention: train.attention=auto -> %s on every rank (rank 0's choice for "
+                  "B=%ld T=%ld heads %ld/%ld head_dim %ld, %s)\n",
+                  k.c_str(), long(s.B), long(s.T), long(s.n_heads), long(s.n_kv_heads),
+                  long(s.head_dim), dtype_name(m.dtype()));
+  }
   {
     // Gradient compression at the configured level (auto: off until a
     // controller sets levels through GradReducer::set_level).

@@ -108,6 +108,7 @@ class Model {
   int64_t seq_len() const { return T_; }
   int tp_size() const { return tp_->size(); }
   bool fused_projections() const { return fused_; }
+  const AttentionShape& attention_shape() const { return att_shape_; }
   int64_t flat_size() const { return flat_n_; }     // flat buffer length (padded)
   Tensor params() const { return flat(params_); }  // (flat_size) the compute weights
   Tensor grads() const { return flat(grads_, mdt_); }  // (flat_size) master dtype

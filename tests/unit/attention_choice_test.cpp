@@ -206,5 +206,12 @@ TEST_CASE("train.attention: values, and the CPU and emulated backends' one kerne
                           Contains("auto or exact"));
     CHECK_THROWS_WITH(configure_attention(*be, "cudnn"), Contains("train.attention=cudnn"));
     CHECK_THROWS_WITH(configure_attention(*be, "sdpa"), Contains("train.attention=sdpa not understood"));
+    // What the trainer broadcasts from rank 0 under auto: the one kernel,
+    // which configure_attention then accepts on every rank.
+    for (DType dt : {DType::F32, DType::BF16}) {
+      const std::string k = probe_attention(*be, AttentionShape{2, 8, 4, 2, 16}, dt);
+      CHECK(k == "exact");
+      CHECK_NOTHROW(configure_attention(*be, k));
+    }
   }
 }
