@@ -98,8 +98,8 @@ void Model::index_params(size_t n_local_experts) {
         li.router = i++;
         for (size_t e = 0; e < n_local_experts; ++e) {
           li.w1.push_back(i++);
-          li.w2.push_back(i++);
           li.w3.push_back(i++);
+          li.w2.push_back(i++);
         }
         li.moe = n_moe++;
       } else {

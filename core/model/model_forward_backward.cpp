@@ -370,7 +370,7 @@ std::vector<GradUnit> Model::chunk_units(int chunk) const {
   if (chunk_has_head(chunk)) add(norm_idx_, head_idx_ != emb_idx_ ? head_idx_ : norm_idx_);
   for (size_t l = size_t(ch.n_layers); l-- > 0;) {
     const LayerIdx& w = layer_idx_[ch.first_local + l];
-    add(w.in_norm, w.moe >= 0 ? w.w3.back() : w.down);
+    add(w.in_norm, w.moe >= 0 ? w.w2.back() : w.down);
   }
   if (chunk_has_embedding(chunk)) add(emb_idx_, emb_idx_);
   return u;
@@ -443,6 +443,9 @@ MoeParams Model::moe_params(const LayerIdx& w, bool grads) const {
   for (size_t i : w.w1) p.w1.push_back(get(i));
   for (size_t i : w.w2) p.w2.push_back(get(i));
   for (size_t i : w.w3) p.w3.push_back(get(i));
+  if (fused_)
+    for (size_t e = 0; e < w.w1.size(); ++e)
+      p.w13.push_back(grads ? weight_grads(w.w1[e], w.w3[e]) : weights(w.w1[e], w.w3[e]));
   return p;
 }
 

@@ -41,7 +41,8 @@ struct MoeLayer::Slot {
   Tensor x;            // (N, C) input copy (router backward)
   Tensor pos, w;       // (N, k) int32 send rows, dtype weights
   Tensor xe;           // (Mr, C) expert inputs, expert-major
-  Tensor gate, up, h;  // (Mr, F) w1 x, w3 x, silu(gate) * up
+  Tensor gate, up, h;  // (Mr, F) w1 x, w3 x, silu(gate) * up; fused: gate (Mr, 2F), up unused
+  bool fused = false;  // the forward ran the fused gate/up (MoeParams::w13)
   Tensor ysend;        // (Ms, C) expert outputs back in send order
   Tensor perm, inv;    // (Mr) int32
   MoeStats stats;
@@ -159,6 +160,17 @@ void MoeLayer::check_params(const MoeParams& p, const char* what) const {
     shape(p.w1[i], F_, C_, "w1", i);
     shape(p.w3[i], F_, C_, "w3", i);
     shape(p.w2[i], C_, F_, "w2", i);
+  }
+  ADGT_CHECK(p.w13.empty() || p.w13.size() == El,
+             "moe: " << what << " holds " << p.w13.size() << " fused w1/w3 tensors; this ep rank "
+                     << "holds " << El << " experts");
+  for (size_t i = 0; i < p.w13.size(); ++i) {
+    shape(p.w13[i], 2 * F_, C_, "w13", i);
+    ADGT_CHECK(p.w13[i].data == p.w1[i].data &&
+                   static_cast<const char*>(p.w3[i].data) ==
+                       static_cast<const char*>(p.w1[i].data) + p.w1[i].bytes(),
+               "moe: " << what << " w13[" << i << "] is not w1[" << i << "] followed by w3[" << i
+                       << "]");
   }
 }
 
@@ -412,8 +424,9 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
 
   // ---- dispatch ----
   s.xe = grow(s.xe_b, Mr, C, dt_);
-  s.gate = grow(s.gate_b, Mr, F_, dt_);
-  s.up = grow(s.up_b, Mr, F_, dt_);
+  s.fused = !p.w13.empty();
+  s.gate = grow(s.gate_b, Mr, s.fused ? 2 * F_ : F_, dt_);
+  if (!s.fused) s.up = grow(s.up_b, Mr, F_, dt_);
   s.h = grow(s.h_b, Mr, F_, dt_);
   s.ysend = grow(s.ysend_b, Ms, C, dt_);
   if (P == 1) {
@@ -431,11 +444,16 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
   for (int64_t le = 0, off = 0; le < El; off += s.expert_rows[size_t(le)], ++le) {
     const int64_t m = s.expert_rows[size_t(le)];
     if (!m) continue;
-    Tensor xb = s.xe.rows(off, m), gb = s.gate.rows(off, m), ub = s.up.rows(off, m),
-           hb = s.h.rows(off, m);
-    be_.linear_forward(gb, xb, p.w1[size_t(le)]);
-    be_.linear_forward(ub, xb, p.w3[size_t(le)]);
-    be_.swiglu_forward(hb, gb, ub);
+    Tensor xb = s.xe.rows(off, m), gb = s.gate.rows(off, m), hb = s.h.rows(off, m);
+    if (s.fused) {
+      be_.linear_forward(gb, xb, p.w13[size_t(le)]);
+      be_.swiglu_packed_forward(hb, gb);
+    } else {
+      Tensor ub = s.up.rows(off, m);
+      be_.linear_forward(gb, xb, p.w1[size_t(le)]);
+      be_.linear_forward(ub, xb, p.w3[size_t(le)]);
+      be_.swiglu_forward(hb, gb, ub);
+    }
     be_.linear_forward(ye.rows(off, m), hb, p.w2[size_t(le)]);
   }
   st.expert_rows = Mr;
@@ -514,8 +532,11 @@ void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams
     if (Mr) be_.embedding_forward(dye, recv, s.perm, 0);
   }
   Tensor dxe = grow(sc.recv, Mr, C, dt_);  // free again: dye holds the gathered rows
-  Tensor dh = grow(sc.dh, Mr, F_, dt_), dg = grow(sc.dgate, Mr, F_, dt_),
-         du = grow(sc.dup, Mr, F_, dt_);
+  ADGT_CHECK(s.fused == !p.w13.empty(),
+             "moe: the backward was " << (s.fused ? "not " : "") << "given the fused w1/w3 its "
+                                      << "forward ran with");
+  Tensor dh = grow(sc.dh, Mr, F_, dt_), dg = grow(sc.dgate, Mr, s.fused ? 2 * F_ : F_, dt_),
+         du = s.fused ? Tensor() : grow(sc.dup, Mr, F_, dt_);
   const double c0 = expert_clock();
   for (int64_t le = 0, off = 0; le < El; off += s.expert_rows[size_t(le)], ++le) {
     const int64_t m = s.expert_rows[size_t(le)];
@@ -524,6 +545,11 @@ void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams
     Tensor xb = s.xe.rows(off, m), dxb = dxe.rows(off, m);
     be_.linear_backward(dh.rows(off, m), grads.w2[i], dye.rows(off, m), s.h.rows(off, m), p.w2[i],
                         false);
+    if (s.fused) {
+      be_.swiglu_packed_backward(dg.rows(off, m), dh.rows(off, m), s.gate.rows(off, m));
+      be_.linear_backward(dxb, grads.w13[i], dg.rows(off, m), xb, p.w13[i], false);
+      continue;
+    }
     be_.swiglu_backward(dg.rows(off, m), du.rows(off, m), dh.rows(off, m), s.gate.rows(off, m),
                         s.up.rows(off, m));
     be_.linear_backward(dxb, grads.w1[i], dg.rows(off, m), xb, p.w1[i], false);

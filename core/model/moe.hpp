@@ -85,6 +85,11 @@ struct MoeParams {
   Tensor gate;                 // (E, C) router, HF block_sparse_moe.gate.weight
   std::vector<Tensor> w1, w3;  // (F, C) each, HF experts.{e}.w1/w3.weight
   std::vector<Tensor> w2;      // (C, F) each, HF experts.{e}.w2.weight
+  // Optional, the fused gate/up (train.fused_projections): (2F, C) each, w1's
+  // rows then w3's (the same memory as w1[i] and w3[i], adjacent). When set,
+  // each expert runs one gate/up GEMM and the packed SwiGLU; forward and
+  // backward must be given the same choice.
+  std::vector<Tensor> w13;
 };
 
 struct MoeStats {

@@ -67,11 +67,12 @@ std::vector<ParamSpec> build_param_table(const ModelConfig& m, int64_t tp, int64
       const int64_t Fe = m.expert_ffn();
       for (int64_t e : experts ? *experts : all) {
         const std::string x = b + "experts." + std::to_string(e) + ".";
-        add(x + "w1.weight", {Fe, C}, 0, Fe / tp, true);
-        t.back().expert = e;
-        add(x + "w2.weight", {C, Fe}, 1, Fe / tp, true);
+        // w1 then w3 with no padding (the expert's fused gate/up), then w2.
+        add(x + "w1.weight", {Fe, C}, 0, Fe / tp, true, false, true);
         t.back().expert = e;
         add(x + "w3.weight", {Fe, C}, 0, Fe / tp, true);
+        t.back().expert = e;
+        add(x + "w2.weight", {C, Fe}, 1, Fe / tp, true);
         t.back().expert = e;
       }
       continue;

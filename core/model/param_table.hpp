@@ -48,9 +48,10 @@ struct ParamSpec {
 // Mixture-of-experts layers (ModelConfig::is_moe_layer) hold, after the
 // post-attention norm, block_sparse_moe.gate.weight (E, C) (replicated over tp)
 // and for each expert e of `experts` (this expert-parallel rank's, ascending;
-// nullptr: all) block_sparse_moe.experts.e.w1 (F, C), w2 (C, F), w3 (F, C)
+// nullptr: all) block_sparse_moe.experts.e.w1 (F, C), w3 (F, C), w2 (C, F)
 // (HF Mixtral names; w1 = gate, w3 = up: column-parallel, w2 = down:
-// row-parallel, like the dense FFN).
+// row-parallel, like the dense FFN; w1 and w3 adjacent, the expert's fused
+// gate/up).
 std::vector<ParamSpec> build_param_table(const ModelConfig& m, int64_t tp = 1,
                                          int64_t tp_rank = 0, const StageSlice* slice = nullptr,
                                          const std::vector<int64_t>* experts = nullptr);
