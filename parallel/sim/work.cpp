@@ -20,6 +20,7 @@ struct Dims {
   int64_t tp, ep;
   bool sp;
   bool unfused = false, dropout = false;
+  bool fused = true;  // train.fused_projections: one q/k/v and one gate/up GEMM
   std::vector<int64_t> expert_t;  // tokens of each expert of the busiest ep rank
   double a2a_tokens = 0;          // rows an ep rank sends or receives at most (dispatch)
 };
@@ -73,10 +74,48 @@ Dims dims_of(const RunConfig& cfg) {
   d.Fel = m.expert_ffn() / p.tp;
   d.k = m.moe_top_k;
   d.b = compute_bytes(cfg);
+  d.fused = cfg.train.fused_projections;
   return d;
 }
 
 Op gemm(OpKind k, int64_t m, int64_t n, int64_t kk) { return Op{k, m, n, kk, 0, 0}; }
+
+// The projections into a column-parallel block of `parts` output widths
+// (q, k, v; gate, up) from the (rows, C) input: one GEMM of their summed
+// width when fused (train.fused_projections, core/model/model.hpp), else
+// one per part. Forward, input gradient (summed over the parts) and weight
+// gradient.
+void proj_forward(Piece& p, const Dims& d, int64_t rows, std::initializer_list<int64_t> parts) {
+  if (d.fused)
+    p.ops.push_back(gemm(OpKind::GemmForward, rows, std::accumulate(parts.begin(), parts.end(),
+                                                                    int64_t{0}), d.C));
+  else
+    for (int64_t w : parts) p.ops.push_back(gemm(OpKind::GemmForward, rows, w, d.C));
+}
+void proj_input_grad(Piece& p, const Dims& d, int64_t rows, std::initializer_list<int64_t> parts) {
+  if (d.fused)
+    p.ops.push_back(gemm(OpKind::GemmInputGrad, rows, d.C,
+                         std::accumulate(parts.begin(), parts.end(), int64_t{0})));
+  else
+    for (int64_t w : parts) p.ops.push_back(gemm(OpKind::GemmInputGrad, rows, d.C, w));
+}
+void proj_weight_grad(Piece& p, const Dims& d, int64_t rows, std::initializer_list<int64_t> parts) {
+  if (d.fused)
+    p.ops.push_back(gemm(OpKind::GemmWeightGrad,
+                         std::accumulate(parts.begin(), parts.end(), int64_t{0}), d.C, rows));
+  else
+    for (int64_t w : parts) p.ops.push_back(gemm(OpKind::GemmWeightGrad, w, d.C, rows));
+}
+// The rotary of q and k (fused: qkv_rope_split / merge over all the heads,
+// v's copied: the same bytes as rotating them).
+void rope_ops(Piece& p, const Dims& d, OpKind k) {
+  if (d.fused) {
+    p.ops.push_back({k, d.N, d.Hl + 2 * d.KVl, d.hd});
+    return;
+  }
+  p.ops.push_back({k, d.N, d.Hl, d.hd});
+  p.ops.push_back({k, d.N, d.KVl, d.hd});
+}
 
 // Tensor-parallel exchange of the activation (N, C) after a row-parallel GEMM
 // (forward) or before a column-parallel one's input gradient: an all-reduce,
@@ -95,11 +134,8 @@ void gather_act(Piece& p, const Dims& d) {
 void attention_forward(Piece& p, const Dims& d) {
   p.ops.push_back({OpKind::RmsNormForward, d.Ns, d.C});
   gather_act(p, d);
-  p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.Hl * d.hd, d.C));
-  p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.KVl * d.hd, d.C));
-  p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.KVl * d.hd, d.C));
-  p.ops.push_back({OpKind::RopeForward, d.N, d.Hl, d.hd});
-  p.ops.push_back({OpKind::RopeForward, d.N, d.KVl, d.hd});
+  proj_forward(p, d, d.N, {d.Hl * d.hd, d.KVl * d.hd, d.KVl * d.hd});
+  rope_ops(p, d, OpKind::RopeForward);
   core_forward(p, d);
   p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.C, d.Hl * d.hd));
 }
@@ -108,8 +144,7 @@ void dense_ffn_forward(Piece& p, const Dims& d) {
   p.ops.push_back({OpKind::RmsNormForward, d.Ns, d.C});
   p.ops.push_back({OpKind::Add, d.Ns * d.C});
   gather_act(p, d);
-  p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.Fl, d.C));
-  p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.Fl, d.C));
+  proj_forward(p, d, d.N, {d.Fl, d.Fl});
   p.ops.push_back({OpKind::SwigluForward, d.N, d.Fl});
   p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.C, d.Fl));
 }
@@ -148,8 +183,7 @@ void moe_ffn_forward(Piece& p, const Dims& d) {
   const double a2a = d.a2a_tokens * d.C * d.b;
   if (d.ep > 1) p.comms.push_back({Collective::AllToAll, Group::ep, a2a});
   for (const int64_t t : d.expert_t) {
-    p.ops.push_back(gemm(OpKind::GemmForward, t, d.Fel, d.C));
-    p.ops.push_back(gemm(OpKind::GemmForward, t, d.Fel, d.C));
+    proj_forward(p, d, t, {d.Fel, d.Fel});
     p.ops.push_back({OpKind::SwigluForward, t, d.Fel});
     p.ops.push_back(gemm(OpKind::GemmForward, t, d.C, d.Fel));
   }
@@ -190,12 +224,10 @@ void layer_input_grad(PassWork& w, const ModelConfig& m, int64_t l, const Dims& 
       if (selective_rc && !full_rc) f.ops.push_back({OpKind::SwigluForward, t, d.Fel});
       f.ops.push_back(gemm(OpKind::GemmInputGrad, t, d.Fel, d.C));
       f.ops.push_back({OpKind::SwigluBackward, t, d.Fel});
-      f.ops.push_back(gemm(OpKind::GemmInputGrad, t, d.C, d.Fel));
-      f.ops.push_back(gemm(OpKind::GemmInputGrad, t, d.C, d.Fel));
+      proj_input_grad(f, d, t, {d.Fel, d.Fel});
       if (fused_weight) {
         f.ops.push_back(gemm(OpKind::GemmWeightGrad, d.C, d.Fel, t));
-        f.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Fel, d.C, t));
-        f.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Fel, d.C, t));
+        proj_weight_grad(f, d, t, {d.Fel, d.Fel});
       }
     }
     if (d.ep > 1) f.comms.push_back({Collective::AllToAll, Group::ep, a2a});
@@ -205,12 +237,10 @@ void layer_input_grad(PassWork& w, const ModelConfig& m, int64_t l, const Dims& 
     if (selective_rc && !full_rc) f.ops.push_back({OpKind::SwigluForward, d.N, d.Fl});
     f.ops.push_back(gemm(OpKind::GemmInputGrad, d.N, d.Fl, d.C));
     f.ops.push_back({OpKind::SwigluBackward, d.N, d.Fl});
-    f.ops.push_back(gemm(OpKind::GemmInputGrad, d.N, d.C, d.Fl));
-    f.ops.push_back(gemm(OpKind::GemmInputGrad, d.N, d.C, d.Fl));
+    proj_input_grad(f, d, d.N, {d.Fl, d.Fl});
     if (fused_weight) {
       f.ops.push_back(gemm(OpKind::GemmWeightGrad, d.C, d.Fl, d.N));
-      f.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Fl, d.C, d.N));
-      f.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Fl, d.C, d.N));
+      proj_weight_grad(f, d, d.N, {d.Fl, d.Fl});
     }
   }
   f.ops.push_back({OpKind::RmsNormBackward, d.Ns, d.C});
@@ -224,16 +254,9 @@ void layer_input_grad(PassWork& w, const ModelConfig& m, int64_t l, const Dims& 
   if (fused_weight) a.ops.push_back(gemm(OpKind::GemmWeightGrad, d.C, d.Hl * d.hd, d.N));
   if (selective_rc && !full_rc) core_forward(a, d);
   core_backward(a, d);
-  a.ops.push_back({OpKind::RopeBackward, d.N, d.Hl, d.hd});
-  a.ops.push_back({OpKind::RopeBackward, d.N, d.KVl, d.hd});
-  a.ops.push_back(gemm(OpKind::GemmInputGrad, d.N, d.C, d.Hl * d.hd));
-  a.ops.push_back(gemm(OpKind::GemmInputGrad, d.N, d.C, d.KVl * d.hd));
-  a.ops.push_back(gemm(OpKind::GemmInputGrad, d.N, d.C, d.KVl * d.hd));
-  if (fused_weight) {
-    a.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Hl * d.hd, d.C, d.N));
-    a.ops.push_back(gemm(OpKind::GemmWeightGrad, d.KVl * d.hd, d.C, d.N));
-    a.ops.push_back(gemm(OpKind::GemmWeightGrad, d.KVl * d.hd, d.C, d.N));
-  }
+  rope_ops(a, d, OpKind::RopeBackward);
+  proj_input_grad(a, d, d.N, {d.Hl * d.hd, d.KVl * d.hd, d.KVl * d.hd});
+  if (fused_weight) proj_weight_grad(a, d, d.N, {d.Hl * d.hd, d.KVl * d.hd, d.KVl * d.hd});
   a.ops.push_back({OpKind::RmsNormBackward, d.Ns, d.C});
   reduce_act(a, d);
   a.ops.push_back({OpKind::Add, d.Ns * d.C});
@@ -246,19 +269,15 @@ void layer_weight_grad(PassWork& w, const ModelConfig& m, int64_t l, const Dims&
   if (m.is_moe_layer(l)) {
     for (const int64_t t : d.expert_t) {
       p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.C, d.Fel, t));
-      p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Fel, d.C, t));
-      p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Fel, d.C, t));
+      proj_weight_grad(p, d, t, {d.Fel, d.Fel});
     }
     p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.E, d.C, d.N));
   } else {
     p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.C, d.Fl, d.N));
-    p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Fl, d.C, d.N));
-    p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Fl, d.C, d.N));
+    proj_weight_grad(p, d, d.N, {d.Fl, d.Fl});
   }
   p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.C, d.Hl * d.hd, d.N));
-  p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Hl * d.hd, d.C, d.N));
-  p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.KVl * d.hd, d.C, d.N));
-  p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.KVl * d.hd, d.C, d.N));
+  proj_weight_grad(p, d, d.N, {d.Hl * d.hd, d.KVl * d.hd, d.KVl * d.hd});
   p.grads_done_layer = l;
   w.pieces.push_back(std::move(p));
 }

@@ -251,3 +251,38 @@ TEST_CASE("sim: a long step ends and scales with its op times", "[sim]") {
     CHECK(r->events == ref->events);
   }
 }
+
+// The simulator runs the trainer's op list: with train.fused_projections
+// (the default) one q/k/v and one gate/up GEMM per layer in each of the
+// forward, input gradient and weight gradient, against five unfused; the
+// same GEMM FLOPs either way.
+TEST_CASE("sim: fused projections are two GEMMs of the same FLOPs", "[sim]") {
+  auto count = [](const RunConfig& cfg, double& gemm_flops) {
+    const RankWork rw = rank_work(cfg, 0);
+    int64_t n = 0;
+    gemm_flops = 0;
+    for (const PassWork* p : {&rw.chunks[0].forward, &rw.chunks[0].backward})
+      for (const Piece& piece : p->pieces)
+        for (const Op& op : piece.ops)
+          if (op.kind == OpKind::GemmForward || op.kind == OpKind::GemmInputGrad ||
+              op.kind == OpKind::GemmWeightGrad) {
+            ++n;
+            gemm_flops += op.flops();
+          }
+    return n;
+  };
+  for (const char* moe : {"model.n_experts=0", "model.n_experts=4"}) {
+    INFO(moe);
+    double ff = 0, fu = 0;
+    const int64_t fused = count(run({moe}), ff);
+    const int64_t unfused = count(run({moe, "train.fused_projections=false"}), fu);
+    const RunConfig cfg = run({moe});
+    // Per layer: q/k/v 3 -> 1 and gate/up 2 -> 1 GEMMs in each of the three
+    // products (an MoE layer: gate/up per expert of the busiest rank).
+    int64_t saved = 0;
+    for (int64_t l = 0; l < cfg.model.n_layers; ++l)
+      saved += 3 * (2 + (cfg.model.is_moe_layer(l) ? int64_t(cfg.model.n_experts) : 1));
+    CHECK(unfused - fused == saved);
+    CHECK(ff == Approx(fu).epsilon(1e-12));
+  }
+}
