@@ -47,6 +47,7 @@ enum class Allow {
   NonEmpty,     // non-empty string
   Choices,      // string in Key::choices
   RankFactors,  // "rank:factor,..." (emulate.slow_ranks), factor >= 1, ranks distinct
+  StepFactors,  // "factor@step,..." (emulate.link_bandwidth), factor > 0, steps ascending
 };
 
 using FieldRef =
@@ -305,6 +306,11 @@ const std::vector<Key>& schema() {
           "how the emulated launcher hands ranks to nodes: block = rank r on node "
           "r / devices_per_node; round-robin = node r % nodes (mpirun --map-by node)",
           {"block", "round-robin"}),
+      key("emulate", &R::emulate, "link_bandwidth", &EmulateConfig::link_bandwidth,
+          A::StepFactors,
+          "a bandwidth schedule of every emulated link: \"0.0005@200,1@400\" = from step 200 "
+          "every link carries 0.0005x the cluster's bandwidth, from step 400 1x again "
+          "(latencies unchanged); \"\" = the cluster's throughout; needs emulate.cluster"),
   };
   return k;
 }
@@ -482,6 +488,8 @@ std::string allowed_text(const Key& k) {
       }
       if (k.allow == Allow::RankFactors)
         return "\"rank:factor,...\" with distinct ranks >= 0 and factors >= 1, or \"\"";
+      if (k.allow == Allow::StepFactors)
+        return "\"factor@step,...\" with factors > 0 and ascending steps, or \"\"";
       return k.allow == Allow::NonEmpty ? "a non-empty string" : "a string";
     case Type::IntList:
       return k.allow == Allow::Positive ? "a list of positive integers" : "a list of integers";
@@ -518,6 +526,13 @@ std::optional<std::string> check_range(const Key& k, RunConfig& cfg) {
           if (k.allow == Allow::RankFactors) {
             try {
               (void)parse_slow_ranks(v);
+            } catch (const ConfigError& e) {
+              return std::string(e.what());
+            }
+          }
+          if (k.allow == Allow::StepFactors) {
+            try {
+              (void)parse_link_bandwidth(v);
             } catch (const ConfigError& e) {
               return std::string(e.what());
             }
@@ -880,6 +895,41 @@ std::vector<SlowRank> parse_slow_rank_entries(const std::string& spec) {
   return out;
 }
 
+std::vector<std::pair<int64_t, double>> parse_link_bandwidth(const std::string& spec) {
+  std::vector<std::pair<int64_t, double>> out;
+  if (trim(spec).empty()) return out;
+  auto bad = [&](const std::string& what) {
+    return ConfigError("emulate.link_bandwidth: " + what + " in " + yaml_quote(spec) +
+                       "; expected \"factor@step,...\" such as \"0.0005@200,1@400\" (every link "
+                       "at 0.0005x its bandwidth from step 200, 1x from step 400), factors > 0, "
+                       "steps ascending");
+  };
+  std::istringstream in(spec);
+  int64_t n = 0;
+  for (std::string item; std::getline(in, item, ',');) {
+    ++n;
+    const std::string entry = "entry " + fmt_int(n) + " " + yaml_quote(trim(item));
+    const size_t a = item.find('@');
+    if (a == std::string::npos) throw bad(entry + " has no '@step'");
+    const std::string f = trim(item.substr(0, a)), at = trim(item.substr(a + 1));
+    char* end = nullptr;
+    errno = 0;
+    const double factor = all_of_chars(f, "0123456789+-.eE") ? std::strtod(f.c_str(), &end) : 0;
+    if (f.empty() || !end || end != f.c_str() + f.size() || errno == ERANGE ||
+        !std::isfinite(factor))
+      throw bad(entry + ": the factor is not a number");
+    if (factor <= 0) throw bad(entry + ": factor " + f + " is not > 0");
+    int64_t step = 0;
+    if (at.empty() || !all_of_chars(at, "0123456789") || read_int(at, step))
+      throw bad(entry + ": the step after '@' is not a non-negative integer");
+    if (!out.empty() && step <= out.back().first)
+      throw bad(entry + ": step " + at + " does not come after step " + fmt_int(out.back().first));
+    out.emplace_back(step, factor);
+  }
+  if (trim(spec).back() == ',') throw bad("a trailing ','");
+  return out;
+}
+
 std::vector<std::pair<int64_t, double>> parse_slow_ranks(const std::string& spec) {
   std::vector<std::pair<int64_t, double>> out;
   for (const SlowRank& s : parse_slow_rank_entries(spec)) out.emplace_back(s.rank, s.factor);
@@ -994,6 +1044,10 @@ void validate(const RunConfig& cfg_in) {
   if (!slow.empty() && trim(e.cluster).empty())
     throw ConfigError(src + ": emulate.slow_ranks=" + yaml_quote(e.slow_ranks) +
                       " needs emulate.cluster (the emulation it is part of); set "
+                      "emulate.cluster=cpu-here for this machine's links");
+  if (!parse_link_bandwidth(e.link_bandwidth).empty() && trim(e.cluster).empty())
+    throw ConfigError(src + ": emulate.link_bandwidth=" + yaml_quote(e.link_bandwidth) +
+                      " needs emulate.cluster (the links it schedules); set "
                       "emulate.cluster=cpu-here for this machine's links");
   const int64_t world = layout_of(cfg).world();
   for (const auto& [rank, factor] : slow)

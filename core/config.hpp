@@ -169,6 +169,11 @@ struct EmulateConfig {
   // rank r on node r / devices_per_node; round-robin = node r % nodes (as
   // mpirun --map-by node does).
   std::string rank_order = "block";
+  // A bandwidth schedule of every link: "factor@step,..." ("0.0005@200,1@400":
+  // from step 200 every link of the cluster carries 0.0005x its bandwidth,
+  // from step 400 1x again); factors > 0, steps ascending; "" = the cluster's
+  // bandwidths throughout. Needs emulate.cluster.
+  std::string link_bandwidth;
   bool operator==(const EmulateConfig&) const = default;
 };
 
@@ -184,6 +189,9 @@ struct SlowRank {
   int64_t from_step = 0;
 };
 std::vector<SlowRank> parse_slow_rank_entries(const std::string& spec);
+// emulate.link_bandwidth as (from step, factor) pairs, steps strictly
+// ascending, factors > 0; throws ConfigError "emulate.link_bandwidth: ...".
+std::vector<std::pair<int64_t, double>> parse_link_bandwidth(const std::string& spec);
 
 struct RunConfig {
   ModelConfig model;

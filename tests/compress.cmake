@@ -52,7 +52,9 @@ set_tests_properties(${ADGT_GC_TESTS} PROPERTIES
 # The controller of grad_compression auto (tests/compress/controller_train.py):
 # under a 50 Mbit/s emulated link it compresses, under 100 Gbit/s it stays at
 # off or bf16; every rank applies rank 0's logged decision; replicas identical.
-foreach(link slow fast)
+# schedule: fast -> 50 Mbit/s -> fast in one run (emulate.link_bandwidth), the
+# levels following each change within 2 controller intervals.
+foreach(link slow fast schedule)
   add_test(NAME compress_controller_${link}_np4
     COMMAND ${ADGT_PYTHON} ${ADGT_GC}/controller_train.py --train $<TARGET_FILE:adgt-train>
             --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh --data ${CMAKE_BINARY_DIR}/data/kjv-byte

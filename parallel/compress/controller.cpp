@@ -398,17 +398,28 @@ class CompressController final : public Controller {
     s.ranks = D;
     s.budget = cfg_.parallel.compress_error_budget;
     s.hysteresis = cfg_.parallel.compress_hysteresis;
-    // Links: exponential moving averages (weight 1/2) of latency and time per byte.
+    // Links: exponential moving averages (weight 1/2) of latency and time per
+    // byte; a bandwidth that moved by more than kLinkJump either way is a
+    // changed link, not noise: the average restarts from the new probe and
+    // this decision has no hysteresis, so the levels follow a link change at
+    // the next interval (an average would take log2(ratio) intervals to
+    // forget a 2000x slower link, and hysteresis would keep a compressed
+    // level that costs little more on a fast link).
     const LinkFit ar = fit_link(cluster::Collective::AllReduce, D, 4.0 * small, mx[0], 4.0 * big, mx[1]);
     const LinkFit aa = fit_link(cluster::Collective::AllToAll, D, 4.0 * small, mx[2], 4.0 * big, mx[3]);
+    constexpr double kLinkJump = 4;
+    bool link_changed = false;
     auto smooth = [&](LinkFit& avg, const LinkFit& now) {
-      if (!links_) return void(avg = now);
+      const double ratio = links_ && avg.beta > 0 && now.beta > 0 ? now.beta / avg.beta : 0;
+      if (links_ && (ratio > kLinkJump || ratio < 1 / kLinkJump)) link_changed = true;
+      if (!links_ || ratio > kLinkJump || ratio < 1 / kLinkJump) return void(avg = now);
       avg.alpha = 0.5 * (avg.alpha + now.alpha);
       avg.beta = 1.0 / (0.5 * (1.0 / avg.beta + 1.0 / now.beta));
     };
     smooth(ar_, ar);
     smooth(aa_, aa);
     links_ = true;
+    if (link_changed) s.hysteresis = 0;
     s.all_reduce = ar_;
     s.all_to_all = aa_;
     for (int l = 0; l < kLevels; ++l) s.codec_s_per_elem[size_t(l)] = mx[6 + size_t(l)];

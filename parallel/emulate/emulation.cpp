@@ -61,6 +61,8 @@ std::string Emulation::summary() const {
   for (size_t r = 0; r < onset_factor.size(); ++r)
     if (onset_factor[r] != 1)
       os << "; rank " << r << " x" << num(onset_factor[r]) << " more from step " << onset_step[r];
+  for (const auto& [from, f] : link_schedule)
+    os << "; links x" << num(f) << " bandwidth from step " << from;
   os << " (docs/emulation.md)";
   return os.str();
 }
@@ -184,6 +186,8 @@ std::unique_ptr<Emulation> setup_emulation(const RunConfig& cfg, Comm* world, in
       emu->factors[l] *= s.factor;
     }
   }
+  emu->link_schedule = parse_link_bandwidth(cfg.emulate.link_bandwidth);
+  emu->base = cl;
   emu->world_rank = world_rank;
   emu->state = std::make_shared<EmulatedRank>(cl, world_rank, emu->devices);
   emu->slowdown = ComputeSlowdown(emu->factors.at(size_t(world_rank)), emu->state);
@@ -195,6 +199,22 @@ void Emulation::at_step(int64_t step) {
   if (me < onset_factor.size() && onset_factor[me] != 1 && step >= onset_step[me] &&
       slowdown.factor() == factors[me])
     slowdown.set_factor(factors[me] * onset_factor[me]);
+  double f = 1;
+  for (const auto& [from, factor] : link_schedule)
+    if (step >= from) f = factor;
+  if (f != link_factor && state) {
+    link_factor = f;
+    state->cluster = scale_link_bandwidth(base, f);
+  }
+}
+
+cluster::Cluster scale_link_bandwidth(const cluster::Cluster& c, double f) {
+  cluster::Cluster s = c;
+  s.intra.bandwidth *= f;
+  s.inter.bandwidth *= f;
+  s.wan.bandwidth *= f;
+  for (cluster::LinkOverride& o : s.link_overrides) o.link.bandwidth *= f;
+  return s;
 }
 
 std::vector<std::unique_ptr<Comm>> wrap_emulated_groups(ParallelContext& ctx, Emulation& emu) {

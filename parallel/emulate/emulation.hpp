@@ -38,12 +38,20 @@ struct Emulation {
   // (emulate.slow_ranks "rank:factor@step"; factor 1: none).
   std::vector<double> onset_factor;
   std::vector<int64_t> onset_step;
+  // emulate.link_bandwidth: (from step, factor) of every link's bandwidth,
+  // steps ascending; the cluster as loaded is `base`.
+  std::vector<std::pair<int64_t, double>> link_schedule;
+  cluster::Cluster base;
+  double link_factor = 1;
   int world_rank = 0;
   std::shared_ptr<EmulatedRank> state;
   ComputeSlowdown slowdown;
 
   // The training loop calls this at the start of every step: a straggler
-  // injected mid-run ("rank:factor@step") starts computing slower here.
+  // injected mid-run ("rank:factor@step") starts computing slower here, and
+  // the links take emulate.link_bandwidth's factor of that step (every rank
+  // calls it at the same step, so every member of a group times its
+  // collectives on the same cluster).
   void at_step(int64_t step);
   // "emulation: cluster <name> (<source>): ..." — the cluster, its links and
   // the slow ranks, one line.
@@ -64,6 +72,10 @@ cluster::Cluster load_emulated_cluster(const RunConfig& cfg, int world);
 // std::invalid_argument for another order or too small a cluster.
 std::vector<int> launcher_devices(const cluster::Cluster& cl, int world,
                                   const std::string& rank_order);
+// c with every link's bandwidth (intra, inter, wan, overrides) times f;
+// latencies unchanged (emulate.link_bandwidth).
+cluster::Cluster scale_link_bandwidth(const cluster::Cluster& c, double f);
+
 // The node of each launcher rank: cl.node_of(launcher_devices(...)[r]).
 std::vector<int> launcher_nodes(const cluster::Cluster& cl, int world,
                                 const std::string& rank_order);

@@ -6,7 +6,12 @@ docs/compression.md, "Controller") on 4 CPU ranks under the link emulation
       controller turns compression on (some bucket at int8, int4 or
       PowerSGD), and the steps after its decision send fewer dp bytes;
   --link fast: a 100 Gbit/s link (fast_link.yaml): every decision keeps
-      every bucket at off or bf16.
+      every bucket at off or bf16;
+  --link schedule: fast_link.yaml with emulate.link_bandwidth taking every
+      link to 50 Mbit/s (x0.0005) from step 30 and back from step 60: the
+      levels follow each change within 2 controller intervals (compressing
+      by the decision at step 50, off or bf16 again by step 80), and are off
+      or bf16 before the first change.
 
 Both: the controller records of metrics.jsonl (rank 0) equal what every rank
 applied (ADGT_LOG_CONTROLLER=1 lines on stderr), and the dp replicas hold the
@@ -30,16 +35,21 @@ def main():
     ap = argparse.ArgumentParser()
     for a in ("--train", "--mpirun", "--data", "--model", "--work"):
         ap.add_argument(a, required=True)
-    ap.add_argument("--link", choices=["slow", "fast"], required=True)
+    ap.add_argument("--link", choices=["slow", "fast", "schedule"], required=True)
     ap.add_argument("--steps", type=int, default=40)
     args = ap.parse_args()
     out = args.work
     shutil.rmtree(out, ignore_errors=True)
-    cluster = os.path.join(HERE, f"{args.link}_link.yaml")
+    schedule = args.link == "schedule"
+    if schedule:
+        args.steps = max(args.steps, 90)
+    cluster = os.path.join(HERE, f"{'fast' if schedule else args.link}_link.yaml")
     sets = [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
             f"log.dir={out}", f"checkpoint.dir={out}/ckpt", "train.device=cpu", "parallel.dp=4",
             f"train.steps={args.steps}", "train.warmup_steps=10", "parallel.compress_interval=10",
             "parallel.grad_compression=auto", f"emulate.cluster={cluster}"]
+    if schedule:
+        sets.append("emulate.link_bandwidth=0.0005@30,1@60")
     cmd = [args.mpirun, "4", args.train, "--config", args.model]
     for s in sets:
         cmd += ["--set", s]
@@ -78,7 +88,22 @@ def main():
               f"{r['inputs']['all_reduce_link']['latency_s'] * 1e6:.0f} us, compute "
               f"{meas['compute_s'] * 1e3:.1f} ms")
     after = [r for r in ctl if r["step"] > 10]
-    if args.link == "slow":
+    compressing = lambda r: any(l in ("int8", "int4", "powersgd") for l in r["decision"]["levels"])
+    if schedule:
+        # decision steps are the steps after which the controller ran (every 10)
+        for r in ctl:
+            if r["step"] < 30 and compressing(r):
+                problems.append(f"schedule: step {r['step']} (fast link) compresses")
+        slow = [r for r in ctl if 30 < r["step"] <= 50]
+        if not slow or not compressing(slow[-1]):
+            problems.append("schedule: no compression by step 50 (slow link from step 30)")
+        back = [r for r in ctl if 60 < r["step"] <= 80]
+        if not back or compressing(back[-1]):
+            problems.append("schedule: still compressing at step 80 (fast link from step 60)")
+        for r in ctl:
+            if r["step"] > 80 and compressing(r):
+                problems.append(f"schedule: step {r['step']} (fast link again) compresses")
+    elif args.link == "slow":
         if not after or not any(l in ("int8", "int4", "powersgd") for l in after[-1]["decision"]["levels"]):
             problems.append("slow link: the last decision compresses no bucket")
         last = steps[-1].get("grad_compression")

@@ -181,3 +181,56 @@ TEST_CASE("setup_emulation: factors, the rank table's words, named errors", "[em
                                   "is neither a preset nor a readable file"));
   }
 }
+
+TEST_CASE("emulate.link_bandwidth: a bandwidth schedule of every link", "[emulate]") {
+  using V = std::vector<std::pair<int64_t, double>>;
+  CHECK(parse_link_bandwidth("") == V{});
+  CHECK(parse_link_bandwidth("0.0005@20, 1@40") == V{{20, 0.0005}, {40, 1.0}});
+  CHECK(parse_link_bandwidth("2@0") == V{{0, 2.0}});
+  const std::pair<const char*, const char*> bad[] = {
+      {"0.5", "entry 1 \"0.5\" has no '@step'"},
+      {"x@3", "the factor is not a number"},
+      {"0@3", "factor 0 is not > 0"},
+      {"-1@3", "factor -1 is not > 0"},
+      {"1@-3", "the step after '@' is not a non-negative integer"},
+      {"1@5,2@5", "entry 2 \"2@5\": step 5 does not come after step 5"},
+      {"1@5,", "a trailing ','"},
+  };
+  for (const auto& [spec, msg] : bad) {
+    INFO(spec);
+    try {
+      parse_link_bandwidth(spec);
+      FAIL("no error");
+    } catch (const ConfigError& e) {
+      CHECK_THAT(e.what(), Contains("emulate.link_bandwidth: ") && Contains(msg));
+    }
+  }
+  CHECK_THAT(config_error("", {"emulate.link_bandwidth=0.5@3"}),
+             Contains("emulate.link_bandwidth=\"0.5@3\" needs emulate.cluster"));
+  CHECK_THAT(config_error("emulate:\n  cluster: cpu-here\n  link_bandwidth: \"1@3,1@2\"\n"),
+             Contains("x.yaml:3: emulate.link_bandwidth: entry 2"));
+
+  // At each step boundary the rank's cluster takes the schedule's factor:
+  // bandwidths scaled, latencies and the rest unchanged; back to the base.
+  RunConfig cfg;
+  cfg.emulate.cluster = "cpu-here";
+  cfg.emulate.link_bandwidth = "0.25@3,1@5";
+  auto emu = emulate::setup_emulation(cfg, nullptr, 0);
+  REQUIRE(emu);
+  const cluster::Cluster base = emu->state->cluster;
+  CHECK_THAT(emu->summary(), Contains("links x0.25 bandwidth from step 3") &&
+                                 Contains("links x1 bandwidth from step 5"));
+  for (int64_t step = 0; step < 7; ++step) {
+    emu->at_step(step);
+    const cluster::Cluster& c = emu->state->cluster;
+    const double f = step >= 3 && step < 5 ? 0.25 : 1.0;
+    INFO("step " << step);
+    CHECK(c.intra.bandwidth == base.intra.bandwidth * f);
+    CHECK(c.inter.bandwidth == base.inter.bandwidth * f);
+    CHECK(c.intra.latency == base.intra.latency);
+    CHECK(c.device == base.device);
+    // A message's time follows: 1 MB between two devices of node 0.
+    CHECK(cluster::message_time(c, 0, 1, 1e6) - c.intra.latency ==
+          Approx((cluster::message_time(base, 0, 1, 1e6) - base.intra.latency) / f));
+  }
+}
