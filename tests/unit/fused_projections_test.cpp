@@ -290,3 +290,28 @@ TEST_CASE("fused projections with recompute: bitwise the fused run without", "[f
     CHECK(p.grads == base.grads);
   }
 }
+
+TEST_CASE("fused projections: the split backward (zero-bubble W later) equals the fused one",
+          "[fused]") {
+  ModelConfig moe = small(16, 4, 2);
+  moe.n_experts = 4;
+  moe.moe_every = 2;
+  for (const ModelConfig& m : {small(16, 4, 2), moe})
+    for (bool fused : {true, false}) {
+      INFO("experts " << m.n_experts << (fused ? " fused" : " unfused"));
+      const Pass whole = run(m, DType::F32, fused);
+      CpuBackend be;
+      const int64_t B = 2, T = 6;
+      Model model(m, be, DType::F32, B, T, {}, nullptr, {}, {}, fused);
+      model.init_weights(5);
+      std::vector<int32_t> in(size_t(B * T)), tg(size_t(B * T));
+      Rng r(9);
+      for (auto& x : in) x = int32_t(r.next() % uint64_t(m.vocab_size));
+      for (auto& x : tg) x = int32_t(r.next() % uint64_t(m.vocab_size));
+      model.zero_grads();
+      CHECK(model.forward_chunk(0, 0, in.data(), tg.data(), 1.0) == whole.loss);
+      model.backward_chunk(0, 0, Tensor(), /*split=*/true, {}, /*last_micro_batch=*/true);
+      model.backward_weight(0, 0);
+      CHECK(model.grads_to_host_f64() == whole.grads);
+    }
+}
