@@ -539,4 +539,8 @@ std::unique_ptr<Controller> make_compress_controller(const RunConfig& cfg, Engin
   return std::make_unique<CompressController>(cfg, e);
 }
 
+std::array<double, kLevels> measure_codec_seconds(int powersgd_rank) {
+  return measure_codecs(powersgd_rank);
+}
+
 }  // namespace adgt::compress

@@ -98,6 +98,10 @@ struct Choice {
 };
 std::vector<Choice> choose_levels(const Signals& s);
 
+// Encode+decode seconds per element of each level on this host (what the
+// controller measures at its first decision).
+std::array<double, kLevels> measure_codec_seconds(int powersgd_rank);
+
 nlohmann::json to_json(const Signals& s);
 Signals signals_from_json(const nlohmann::json& j);
 

@@ -11,6 +11,15 @@
 #include "parallel/cost/flops.hpp"
 #include "parallel/sim/profile.hpp"
 #include "parallel/sim/step_sim.hpp"
+#include "parallel/sim/work.hpp"
+
+#include <map>
+
+#include "core/model/param_table.hpp"
+#include "parallel/cluster/collectives.hpp"
+#include "parallel/compress/block_codec.hpp"
+#include "parallel/compress/controller.hpp"
+#include "parallel/cost/stages.hpp"
 
 namespace adgt::sim {
 
@@ -58,7 +67,115 @@ std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_
                 r.step_time_s, cl.name.c_str(), long(cl.nodes), long(cl.devices_per_node),
                 cl.device.name.c_str(), costs->describe().c_str(), r.tokens_per_s, 100 * r.mfu,
                 100 * r.bubble, r.exposed_comm_s());
-  return buf;
+  return std::string(buf) + expected_compression(cfg, cl, r.compute_s, cl.cores_per_node > 0).line;
+}
+
+ExpectedCompression expected_compression(const RunConfig& cfg, const cluster::Cluster& cl,
+                                         double compute_s, bool cpu_codecs) {
+  using cluster::Collective;
+  ExpectedCompression out;
+  if (cfg.parallel.grad_compression != "auto" || cfg.parallel.dp <= 1) return out;
+  const Layout lay = layout_of(cfg);
+  const std::vector<int> dp = group_ranks(lay, Group::dp, 0);
+  const int D = int(dp.size());
+  compress::Signals s;
+  s.step = cfg.train.warmup_steps + 1;
+  s.warmup_steps = cfg.train.warmup_steps;
+  s.ranks = D;
+  s.budget = cfg.parallel.compress_error_budget;
+  s.hysteresis = 0;      // a first decision
+  s.noise_share = 1;     // assumed: the budget allows every level
+  // The controller's probes (1 and 4096 floats per member), timed by the model.
+  const double small = 4.0 * D, big = 4.0 * 4096 * D;
+  auto fit = [&](Collective c) {
+    return compress::fit_link(c, D, small, cluster::collective_time(cl, c, dp, small), big,
+                              cluster::collective_time(cl, c, dp, big));
+  };
+  s.all_reduce = fit(Collective::AllReduce);
+  s.all_to_all = fit(Collective::AllToAll);
+  const int r = int(std::max<int64_t>(1, cfg.parallel.powersgd_rank));
+  if (cpu_codecs) {
+    s.codec_s_per_elem = compress::measure_codec_seconds(r);
+  } else {
+    // Memory-bound on the device: encode reads 4 bytes and writes the code,
+    // decode the reverse; PowerSGD's products read the matrix 3 times.
+    const double hbm = cl.device.hbm_bandwidth * cl.device.memory_efficiency;
+    for (compress::Level l : {compress::Level::Bf16, compress::Level::Int8, compress::Level::Int4})
+      s.codec_s_per_elem[size_t(l)] =
+          2 * (4.0 + double(compress::encoded_bytes(l, 1 << 16)) / 65536.0) / hbm;
+    s.codec_s_per_elem[size_t(compress::Level::PowerSgd)] = 3 * 4.0 * 2 / hbm;
+  }
+  // Each parameter of world rank 0's first pipeline stage, by the layer
+  // index rank_work's buckets use (embedding -2, the head n_layers).
+  const StageSlice slice = stage_slice(stage_layer_counts(cfg), int(cfg.parallel.pp),
+                                       int(cfg.parallel.virtual_stages), 0);
+  const std::vector<ParamSpec> table = build_param_table(cfg.model, cfg.parallel.tp, 0, &slice);
+  struct Geo {
+    int64_t n = 0, comp = 0, ps_p = 0, ps_q = 0;
+  };
+  std::map<int64_t, Geo> per_layer;
+  for (const ParamSpec& p : table) {
+    if (p.expert >= 0) continue;  // expert weights reduce over edp, not dp
+    int64_t layer = int64_t(cfg.model.n_layers);
+    if (p.is_embedding && p.name.rfind("model.embed_tokens", 0) == 0) layer = -2;
+    if (p.name.rfind("model.layers.", 0) == 0) layer = std::stoll(p.name.substr(13));
+    Geo& g = per_layer[layer];
+    g.n += p.numel;
+    if (p.shape.size() == 2 && p.numel >= cfg.parallel.compress_min_elems) {
+      g.comp += p.numel;
+      g.ps_p += p.shape[0] * r;
+      g.ps_q += p.shape[1] * r;
+    }
+  }
+  const RankWork rw = rank_work(cfg, 0);
+  double total = 0;
+  std::vector<Geo> geo;
+  std::vector<bool> rs;
+  for (const BucketWork& b : rw.buckets) {
+    if (b.group != Group::dp) continue;
+    Geo g;
+    for (int64_t l : b.layers) {
+      const Geo& x = per_layer[l];
+      g.n += x.n, g.comp += x.comp, g.ps_p += x.ps_p, g.ps_q += x.ps_q;
+    }
+    geo.push_back(g);
+    rs.push_back(b.reduce_scatter);
+    total += double(g.n);
+  }
+  double after = total;
+  for (size_t i = 0; i < geo.size(); ++i) {
+    const Geo& g = geo[i];
+    compress::BucketSignals b;
+    b.n = g.n;
+    b.compressible = g.comp;
+    b.reduce_scatter = rs[i];
+    const double rest = 4.0 * double(g.n - g.comp);
+    b.buf[0] = 4.0 * double(g.n);
+    for (compress::Level l : {compress::Level::Bf16, compress::Level::Int8, compress::Level::Int4})
+      b.buf[size_t(l)] = double(compress::encoded_bytes(l, g.comp)) + rest;
+    b.buf[size_t(compress::Level::PowerSgd)] = g.comp > 0 ? 4.0 * double(g.ps_p) + rest : 0;
+    b.buf_q = 4.0 * double(g.ps_q);
+    after -= double(g.n);
+    b.hide_s = total > 0 ? 2.0 / 3.0 * compute_s * after / total : 0;
+    b.compute_share_s = total > 0 ? compute_s * double(g.n) / total : 0;
+    s.buckets.push_back(b);
+  }
+  std::map<std::string, int> count;
+  for (const compress::Choice& c : compress::choose_levels(s)) {
+    out.levels.push_back(compress::level_name(c.level));
+    ++count[out.levels.back()];
+  }
+  out.link_Bps = s.all_reduce.beta;
+  out.link_latency_s = s.all_reduce.alpha;
+  std::string mix;
+  for (const auto& [name, n] : count) mix += (mix.empty() ? "" : ", ") + name + " " + std::to_string(n);
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "grad compression: auto expects %s of %zu dp buckets after warm-up (dp=%d link "
+                "%.4g GB/s, %.3g us; if the gradient noise allows; docs/compression.md)\n",
+                mix.c_str(), out.levels.size(), D, out.link_Bps / 1e9, out.link_latency_s * 1e6);
+  out.line = buf;
+  return out;
 }
 
 }  // namespace adgt::sim

@@ -7,11 +7,30 @@
 #include <string>
 
 #include "core/config.hpp"
+#include "parallel/cluster/cluster.hpp"
 
 namespace adgt::sim {
 
 // The text to print (lines ending in '\n'). Throws ConfigError for a bad
 // cluster name or file.
 std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster);
+
+// With parallel.grad_compression=auto and dp > 1: the levels the controller
+// is expected to choose for the dp buckets after warm-up on `cl`, one line
+// ("" otherwise). Its rule (compress::choose_levels) on inputs the run would
+// measure, taken from models instead: the dp group's links fitted to the
+// cluster model's times of the controller's probes; the codecs' cost
+// measured on this CPU (cpu_codecs) or, on a device cluster, a memory-bound
+// estimate; the buckets of rank_work with their compressible tensors;
+// compute_s, the step's compute (the simulator's). The gradient noise is
+// only known while training: the error budget is taken to allow every
+// level, so the line says "if the gradient noise allows".
+struct ExpectedCompression {
+  std::vector<std::string> levels;  // per dp bucket of world rank 0, start order
+  double link_Bps = 0, link_latency_s = 0;  // the fitted all-reduce link
+  std::string line;
+};
+ExpectedCompression expected_compression(const RunConfig& cfg, const cluster::Cluster& cl,
+                                         double compute_s, bool cpu_codecs);
 
 }  // namespace adgt::sim

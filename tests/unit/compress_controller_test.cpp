@@ -145,3 +145,32 @@ TEST_CASE("compress controller: signals round-trip through JSON", "[compress][co
   const auto a = choose_levels(s), b = choose_levels(t);
   for (size_t i = 0; i < a.size(); ++i) CHECK(a[i].level == b[i].level);
 }
+
+#include "parallel/sim/dry_run.hpp"
+
+using Catch::Matchers::Contains;
+
+// --dry-run's expected levels (issue 15 part 4): the controller's rule on
+// the cluster model's links. The 50 Mbit/s node of the slow-link ctest
+// compresses; the 100 Gbit/s one stays at off or bf16; off without auto or dp.
+TEST_CASE("compress: --dry-run's expected levels follow the cluster's link", "[compress][dryrun]") {
+  const std::string dir = std::string(ADGT_SOURCE_DIR) + "/tests/compress/";
+  RunConfig cfg = load_config(dir + "model.yaml", {"parallel.dp=4", "parallel.grad_compression=auto"});
+  auto expect = [&](const char* file) {
+    return sim::expected_compression(cfg, cluster::load_cluster(dir + file), 0.005, true);
+  };
+  const sim::ExpectedCompression slow = expect("slow_link.yaml"), fast = expect("fast_link.yaml");
+  REQUIRE(!slow.levels.empty());
+  CHECK(slow.levels.size() == fast.levels.size());
+  // The fitted link is the file's (6.25 MB/s and 12.5 GB/s per direction).
+  CHECK(slow.link_Bps == Approx(6.25e6).epsilon(0.05));
+  CHECK(fast.link_Bps == Approx(12.5e9).epsilon(0.05));
+  int compressed = 0;
+  for (const std::string& l : slow.levels) compressed += l == "int8" || l == "int4" || l == "powersgd";
+  CHECK(compressed > 0);
+  for (const std::string& l : fast.levels) CHECK((l == "off" || l == "bf16"));
+  CHECK_THAT(slow.line, Contains("grad compression: auto expects") &&
+                            Contains("dp buckets after warm-up (dp=4 link"));
+  cfg.parallel.grad_compression = "off";
+  CHECK(expect("slow_link.yaml").line.empty());
+}
