@@ -571,6 +571,22 @@ std::optional<std::string> read_int(const std::string& s, int64_t& x) {
   return std::nullopt;
 }
 
+// A finite number in decimal notation (no hex floats, inf or nan), the
+// whole of s; nullopt otherwise. The list keys' factors (emulate.*).
+std::optional<double> read_real(const std::string& s) {
+  if (!all_of_chars(s, "0123456789+-.eE")) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const double x = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || errno == ERANGE || !std::isfinite(x)) return std::nullopt;
+  return x;
+}
+
+// The step after '@' of an emulate.* list entry: a non-negative integer.
+bool read_step(const std::string& s, int64_t& x) {
+  return all_of_chars(s, "0123456789") && !read_int(s, x);
+}
+
 std::string trim(const std::string& s) {
   const size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
   return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
@@ -878,14 +894,11 @@ std::vector<SlowRank> parse_slow_rank_entries(const std::string& spec) {
     int64_t rank = 0, from = 0;
     if (!all_of_chars(r, "0123456789") || read_int(r, rank))
       throw bad(entry + ": the rank is not a non-negative integer");
-    char* end = nullptr;
-    errno = 0;
-    const double factor = all_of_chars(f, "0123456789+-.eE") ? std::strtod(f.c_str(), &end) : 0;
-    if (!end || end != f.c_str() + f.size() || errno == ERANGE || !std::isfinite(factor))
-      throw bad(entry + ": the factor is not a number");
+    const std::optional<double> fac = read_real(f);
+    if (!fac) throw bad(entry + ": the factor is not a number");
+    const double factor = *fac;
     if (factor < 1) throw bad(entry + ": factor " + f + " < 1 (a slowdown; 1 = normal speed)");
-    if (item.find('@') != std::string::npos &&
-        (at.empty() || !all_of_chars(at, "0123456789") || read_int(at, from)))
+    if (item.find('@') != std::string::npos && !read_step(at, from))
       throw bad(entry + ": the step after '@' is not a non-negative integer");
     for (const SlowRank& s : out)
       if (s.rank == rank) throw bad(entry + ": rank " + r + " is given twice");
@@ -912,15 +925,12 @@ std::vector<std::pair<int64_t, double>> parse_link_bandwidth(const std::string& 
     const size_t a = item.find('@');
     if (a == std::string::npos) throw bad(entry + " has no '@step'");
     const std::string f = trim(item.substr(0, a)), at = trim(item.substr(a + 1));
-    char* end = nullptr;
-    errno = 0;
-    const double factor = all_of_chars(f, "0123456789+-.eE") ? std::strtod(f.c_str(), &end) : 0;
-    if (f.empty() || !end || end != f.c_str() + f.size() || errno == ERANGE ||
-        !std::isfinite(factor))
-      throw bad(entry + ": the factor is not a number");
+    const std::optional<double> fac = read_real(f);
+    if (!fac) throw bad(entry + ": the factor is not a number");
+    const double factor = *fac;
     if (factor <= 0) throw bad(entry + ": factor " + f + " is not > 0");
     int64_t step = 0;
-    if (at.empty() || !all_of_chars(at, "0123456789") || read_int(at, step))
+    if (!read_step(at, step))
       throw bad(entry + ": the step after '@' is not a non-negative integer");
     if (!out.empty() && step <= out.back().first)
       throw bad(entry + ": step " + at + " does not come after step " + fmt_int(out.back().first));

@@ -241,31 +241,8 @@ CudaBackend::AttnKernel CudaBackend::decide_attention(const AttentionShape& s, c
     c.name = kernel_name(int(kind));
     c.reference = kind == AttnKernel::Exact;
     c.run = [this, kind, to, ts, tdq, tdk, tdv, tdo, &q, &k, &v, s] {
-      switch (kind) {
-        case AttnKernel::Flash: {
-          cuda::flash_attention_forward(stream_, to.ptr<uint16_t>(), ts.ptr<float>(), q.ptr<uint16_t>(),
-                                        k.ptr<uint16_t>(), v.ptr<uint16_t>(), s);
-          float* D = static_cast<float*>(scratch(kScratchFlash, cuda::flash_attention_scratch_bytes(s)));
-          cuda::flash_attention_backward(stream_, tdq.ptr<uint16_t>(), tdk.ptr<uint16_t>(),
-                                         tdv.ptr<uint16_t>(), tdo.ptr<uint16_t>(), q.ptr<uint16_t>(),
-                                         k.ptr<uint16_t>(), v.ptr<uint16_t>(), to.ptr<uint16_t>(),
-                                         ts.ptr<float>(), D, s);
-          break;
-        }
-        case AttnKernel::Cudnn:
-#ifdef ADGT_HAVE_CUDNN_ATTENTION
-          attn_->cudnn->forward(to.ptr<uint16_t>(), ts.ptr<float>(), q.ptr<uint16_t>(),
-                                k.ptr<uint16_t>(), v.ptr<uint16_t>(), s);
-          attn_->cudnn->backward(tdq.ptr<uint16_t>(), tdk.ptr<uint16_t>(), tdv.ptr<uint16_t>(),
-                                 tdo.ptr<uint16_t>(), q.ptr<uint16_t>(), k.ptr<uint16_t>(),
-                                 v.ptr<uint16_t>(), to.ptr<uint16_t>(), ts.ptr<float>(), s);
-#endif
-          break;
-        case AttnKernel::Exact:
-          cuda::attention_forward_exact(cuda::op_ctx(*this), to, ts, q, k, v, s);
-          cuda::attention_backward_exact(cuda::op_ctx(*this), tdq, tdk, tdv, tdo, q, k, v, to, ts, s);
-          break;
-      }
+      run_attention_forward(kind, to, ts, q, k, v, s);
+      run_attention_backward(kind, tdq, tdk, tdv, tdo, q, k, v, to, ts, s);
     };
     c.output = [this, to, tdq, tdk, tdv](int i) {
       const Tensor& t = i == 0 ? to : i == 1 ? tdq : i == 2 ? tdk : tdv;
@@ -296,26 +273,60 @@ CudaBackend::AttnKernel CudaBackend::decide_attention(const AttentionShape& s, c
   return AttnKernel::Exact;
 }
 
+// One kernel's forward and backward: the ops below and auto's probe
+// (decide_attention) run the same code. Exact: f32/f64, or bf16 through fp32.
+void CudaBackend::run_attention_forward(AttnKernel kind, Tensor out, Tensor saved, const Tensor& q,
+                                        const Tensor& k, const Tensor& v, const AttentionShape& s) {
+  switch (kind) {
+    case AttnKernel::Flash:
+      cuda::flash_attention_forward(stream_, out.ptr<uint16_t>(), saved.ptr<float>(),
+                                    q.ptr<uint16_t>(), k.ptr<uint16_t>(), v.ptr<uint16_t>(), s);
+      return;
+    case AttnKernel::Cudnn:
+#ifdef ADGT_HAVE_CUDNN_ATTENTION
+      attn_->cudnn->forward(out.ptr<uint16_t>(), saved.ptr<float>(), q.ptr<uint16_t>(),
+                            k.ptr<uint16_t>(), v.ptr<uint16_t>(), s);
+      return;
+#endif
+    case AttnKernel::Exact:
+      break;
+  }
+  cuda::attention_forward_exact(cuda::op_ctx(*this), out, saved, q, k, v, s);
+}
+
+void CudaBackend::run_attention_backward(AttnKernel kind, Tensor dq, Tensor dk, Tensor dv,
+                                         const Tensor& dout, const Tensor& q, const Tensor& k,
+                                         const Tensor& v, const Tensor& out, const Tensor& saved,
+                                         const AttentionShape& s) {
+  switch (kind) {
+    case AttnKernel::Flash: {
+      float* D = static_cast<float*>(scratch(kScratchFlash, cuda::flash_attention_scratch_bytes(s)));
+      cuda::flash_attention_backward(stream_, dq.ptr<uint16_t>(), dk.ptr<uint16_t>(),
+                                     dv.ptr<uint16_t>(), dout.ptr<uint16_t>(), q.ptr<uint16_t>(),
+                                     k.ptr<uint16_t>(), v.ptr<uint16_t>(), out.ptr<uint16_t>(),
+                                     saved.ptr<float>(), D, s);
+      return;
+    }
+    case AttnKernel::Cudnn:
+#ifdef ADGT_HAVE_CUDNN_ATTENTION
+      attn_->cudnn->backward(dq.ptr<uint16_t>(), dk.ptr<uint16_t>(), dv.ptr<uint16_t>(),
+                             dout.ptr<uint16_t>(), q.ptr<uint16_t>(), k.ptr<uint16_t>(),
+                             v.ptr<uint16_t>(), out.ptr<uint16_t>(), saved.ptr<float>(), s);
+      return;
+#endif
+    case AttnKernel::Exact:
+      break;
+  }
+  cuda::attention_backward_exact(cuda::op_ctx(*this), dq, dk, dv, dout, q, k, v, out, saved, s);
+}
+
 void CudaBackend::attention_forward(Tensor out, Tensor saved, const Tensor& q, const Tensor& k,
                                     const Tensor& v, const AttentionShape& s) {
   if (!cuda::attention_forward_checks(out, saved, q, k, v, s)) return;
-  if (q.dtype == DType::BF16) {
-    switch (attention_kernel_for(s, q, k, v, {out.data, q.data, k.data, v.data})) {
-      case AttnKernel::Flash:
-        cuda::flash_attention_forward(stream_, out.ptr<uint16_t>(), saved.ptr<float>(),
-                                      q.ptr<uint16_t>(), k.ptr<uint16_t>(), v.ptr<uint16_t>(), s);
-        return;
-      case AttnKernel::Cudnn:
-#ifdef ADGT_HAVE_CUDNN_ATTENTION
-        attn_->cudnn->forward(out.ptr<uint16_t>(), saved.ptr<float>(), q.ptr<uint16_t>(),
-                              k.ptr<uint16_t>(), v.ptr<uint16_t>(), s);
-        return;
-#endif
-      case AttnKernel::Exact: break;
-    }
-  }
-  // f32/f64, or bf16's exact kernel (fallbacks logged once by flash_path).
-  cuda::attention_forward_exact(cuda::op_ctx(*this), out, saved, q, k, v, s);
+  const AttnKernel kind = q.dtype == DType::BF16
+                              ? attention_kernel_for(s, q, k, v, {out.data, q.data, k.data, v.data})
+                              : AttnKernel::Exact;
+  run_attention_forward(kind, out, saved, q, k, v, s);
 }
 
 void CudaBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
@@ -323,29 +334,12 @@ void CudaBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tens
                                      const Tensor& out, const Tensor& saved,
                                      const AttentionShape& s) {
   if (!cuda::attention_backward_checks(dq, dk, dv, dout, q, k, v, out, saved, s)) return;
-  if (q.dtype == DType::BF16) {
-    switch (attention_kernel_for(s, q, k, v,
-                                 {dq.data, dk.data, dv.data, dout.data, q.data, k.data, v.data, out.data})) {
-      case AttnKernel::Flash: {
-        float* D = static_cast<float*>(scratch(kScratchFlash, cuda::flash_attention_scratch_bytes(s)));
-        cuda::flash_attention_backward(stream_, dq.ptr<uint16_t>(), dk.ptr<uint16_t>(),
-                                       dv.ptr<uint16_t>(), dout.ptr<uint16_t>(), q.ptr<uint16_t>(),
-                                       k.ptr<uint16_t>(), v.ptr<uint16_t>(), out.ptr<uint16_t>(),
-                                       saved.ptr<float>(), D, s);
-        return;
-      }
-      case AttnKernel::Cudnn:
-#ifdef ADGT_HAVE_CUDNN_ATTENTION
-        attn_->cudnn->backward(dq.ptr<uint16_t>(), dk.ptr<uint16_t>(), dv.ptr<uint16_t>(),
-                               dout.ptr<uint16_t>(), q.ptr<uint16_t>(), k.ptr<uint16_t>(),
-                               v.ptr<uint16_t>(), out.ptr<uint16_t>(), saved.ptr<float>(), s);
-        return;
-#endif
-      case AttnKernel::Exact: break;
-    }
-  }
-  // f32/f64, or bf16's exact kernel (fallbacks logged once by flash_path).
-  cuda::attention_backward_exact(cuda::op_ctx(*this), dq, dk, dv, dout, q, k, v, out, saved, s);
+  const AttnKernel kind =
+      q.dtype == DType::BF16
+          ? attention_kernel_for(s, q, k, v,
+                                 {dq.data, dk.data, dv.data, dout.data, q.data, k.data, v.data, out.data})
+          : AttnKernel::Exact;
+  run_attention_backward(kind, dq, dk, dv, dout, q, k, v, out, saved, s);
 }
 
 }  // namespace adgt

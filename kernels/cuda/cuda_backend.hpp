@@ -183,6 +183,11 @@ class CudaBackend final : public Backend {
   // inputs, the probe's data); `tensors`: every tensor of the call (alignment).
   AttnKernel attention_kernel_for(const AttentionShape& s, const Tensor& q, const Tensor& k,
                                   const Tensor& v, std::initializer_list<const void*> tensors);
+  void run_attention_forward(AttnKernel kind, Tensor out, Tensor saved, const Tensor& q,
+                             const Tensor& k, const Tensor& v, const AttentionShape& s);
+  void run_attention_backward(AttnKernel kind, Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
+                              const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                              const Tensor& saved, const AttentionShape& s);
   AttnKernel decide_attention(const AttentionShape& s, const Tensor& q, const Tensor& k,
                               const Tensor& v, bool flash_ok);
   // Whether bf16 attention takes the flash kernels for s with these tensors

@@ -202,58 +202,47 @@ EOF
   [[ -n "$d" ]] && dirname "$d"
 }
 
+# The directory of library $1 inside PyTorch's nvidia-* packages (the first
+# Python that has them), or else the first one under /usr and /opt.
+find_nvidia_lib() {
+  local py d
+  for py in python3 /opt/torch/.venv/bin/python3; do
+    command -v "$py" >/dev/null 2>&1 || continue
+    d="$("$py" -c '
+import os, sys
+try:
+    import nvidia
+    for root in list(nvidia.__path__):
+        for dirpath, _, files in os.walk(root):
+            if sys.argv[1] in files:
+                print(dirpath)
+                raise SystemExit
+except Exception:
+    pass
+' "$1" 2>/dev/null || true)"
+    [[ -n "$d" ]] && { echo "$d"; return 0; }
+  done
+  d="$(find /usr /opt -name "$1" 2>/dev/null | head -1 || true)"
+  [[ -n "$d" ]] && dirname "$d"
+}
+
 # The first directory holding libcudnn.so.9 (cuDNN attention; the binary links
 # it). The CUDA toolkit's when it has one, else PyTorch's nvidia-cudnn package
 # (nvidia/cudnn/lib, beside libcudnn_graph/_engines_*/... that libcudnn.so.9
 # loads from its own folder). Not carried: the engine libraries are ~500 MB.
 find_cudnn() {
-  local d py
+  local d
   for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
            /usr/lib/x86_64-linux-gnu; do
     [[ -e "$d/libcudnn.so.9" && -e "$d/libcudnn_graph.so.9" ]] && { echo "$d"; return 0; }
   done
-  for py in python3 /opt/torch/.venv/bin/python3; do
-    command -v "$py" >/dev/null 2>&1 || continue
-    d="$("$py" -c '
-import os
-try:
-    import nvidia
-    for root in list(nvidia.__path__):
-        for dirpath, _, files in os.walk(root):
-            if "libcudnn.so.9" in files:
-                print(dirpath)
-                raise SystemExit
-except Exception:
-    pass
-' 2>/dev/null || true)"
-    [[ -n "$d" ]] && { echo "$d"; return 0; }
-  done
-  d="$(find /usr /opt -name libcudnn.so.9 2>/dev/null | head -1 || true)"
-  [[ -n "$d" ]] && dirname "$d"
+  find_nvidia_lib libcudnn.so.9
 }
 
 # The first directory holding libnccl.so.2 (PyTorch's nvidia-nccl package, or a
 # CUDA installation's), for adgt-train.
 find_nccl() {
-  local py d
-  for py in python3 /opt/torch/.venv/bin/python3; do
-    command -v "$py" >/dev/null 2>&1 || continue
-    d="$("$py" -c '
-import os
-try:
-    import nvidia
-    for root in list(nvidia.__path__):
-        for dirpath, _, files in os.walk(root):
-            if "libnccl.so.2" in files:
-                print(dirpath)
-                raise SystemExit
-except Exception:
-    pass
-' 2>/dev/null || true)"
-    [[ -n "$d" ]] && { echo "$d"; return 0; }
-  done
-  d="$(find /usr /opt -name libnccl.so.2 2>/dev/null | head -1 || true)"
-  [[ -n "$d" ]] && dirname "$d"
+  find_nvidia_lib libnccl.so.2
 }
 
 # Stages 5 and 6 (issue 12) from the unpacked bundle $1, on device $2 (cuda,
