@@ -189,6 +189,40 @@ class Backend {
   virtual void combine_rows_backward(Tensor dy, Tensor dw, const Tensor& dout, const Tensor& y,
                                      const Tensor& pos, const Tensor& w) = 0;
 
+  // ---- mixture-of-experts routing (core/model/moe.hpp's semantics) ----
+  // Routing math is in R = f64 for f64 logits, else f32 (bf16 logits read as
+  // fp32); the router backward's in f64. Every op here is deterministic.
+  struct MoeRouting {
+    Tensor probs;   // (N, E) R: softmax of the logits
+    Tensor choice;  // (N, k) int32: the top-k experts by probs + bias, descending, ties to the lower id
+    Tensor weight;  // (N, k) R: the chosen probs / norm
+    Tensor norm;    // (N) R: the sum of the chosen probs, in choice order
+    Tensor w;       // (N, k) in the logits' dtype: weight, combine_rows' weights
+  };
+  // Fills r from logits (N, E) (any float dtype); bias: F64 (E) added to the
+  // selection score only, or empty. k = r.choice's columns.
+  virtual void moe_route(const MoeRouting& r, const Tensor& logits, const Tensor& bias) = 0;
+  // The dispatch plan. slot (E) int32: each expert's place in the send order
+  // (destination rank x experts per rank + local index; a permutation of
+  // 0..E-1). Capacity (capacity_factor > 0): per group of `segment` rows (0:
+  // all N), expert e keeps the first ceil(cf * rows * k / E) of the group's
+  // assignments to it in assignment order (t*k+j); the rest are dropped. Out:
+  //   pos (N, k) int32: the send row of each kept assignment, -1 if dropped;
+  //     send rows are by slot, then assignment order;
+  //   send_tok (>= N*k) int32: the token of each send row (the first
+  //     sum(kept) entries are written);
+  //   stats F64 (2E + 2 + E): [assignments routed to each expert before drops
+  //     (E), the column sums of probs (E), N, dropped, kept per slot (E)].
+  virtual void moe_dispatch_plan(Tensor pos, Tensor send_tok, Tensor stats, const Tensor& choice,
+                                 const Tensor& probs, const Tensor& slot, double capacity_factor,
+                                 int64_t segment) = 0;
+  // dlogits (N, E), in the logits' dtype, = softmax backward of g, where
+  // g[e] = a * aux_dp[e] + sum over j with choice[t,j] == e of
+  // (dw[t,j] - sum_i dw[t,i] weight[t,i]) / norm[t]; dw (N, k) in the
+  // statistics dtype (combine_rows_backward's), aux_dp F64 (E). Math in f64.
+  virtual void moe_router_backward(Tensor dlogits, const MoeRouting& r, const Tensor& dw,
+                                   const Tensor& aux_dp, double a) = 0;
+
   // ---- fused classifier ----
   // logits(N,V) -> per-token losses(N) (fp32/fp64 like logits); logits are
   // replaced by dloss/dlogits * grad_scale. Rows whose target is < 0 are

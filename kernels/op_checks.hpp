@@ -3,6 +3,7 @@
 // CUDA emulation) refuse the same calls with the same messages.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "kernels/backend.hpp"
 
@@ -81,6 +82,81 @@ inline void check_combine_pos(const int32_t* pos, int64_t n, const Tensor& y, co
   for (int64_t i = 0; i < n; ++i)
     ADGT_CHECK(pos[i] < y.dim(0),
                op << ": pos[" << i << "] = " << pos[i] << " outside y" << y.shape_str());
+}
+
+
+// Mixture-of-experts routing (Backend::moe_route, moe_dispatch_plan,
+// moe_router_backward): the routing tensors' shapes and dtypes. R = f64 for
+// f64 logits, else f32.
+struct MoeDims {
+  int64_t N, E, k;
+};
+inline DType moe_route_dtype(DType logits) { return logits == DType::F64 ? DType::F64 : DType::F32; }
+inline MoeDims check_moe_routing(const Backend::MoeRouting& r, DType act, const char* op) {
+  const DType R = moe_route_dtype(act);
+  const int64_t N = r.probs.ndim == 2 ? r.probs.dim(0) : -1, E = r.probs.ndim == 2 ? r.probs.dim(1) : -1;
+  const int64_t k = r.choice.ndim == 2 ? r.choice.dim(1) : -1;
+  ADGT_CHECK(N >= 0 && E >= 1 && k >= 1 && k <= E && r.probs.dtype == R &&
+                 r.choice.dtype == DType::I32 && r.choice.dim(0) == N && r.weight.dtype == R &&
+                 r.weight.numel() == N * k && r.norm.dtype == R && r.norm.numel() == N &&
+                 r.w.dtype == act && r.w.numel() == N * k,
+             op << ": probs" << r.probs.shape_str() << " " << dtype_name(r.probs.dtype) << ", choice"
+                << r.choice.shape_str() << " " << dtype_name(r.choice.dtype) << ", weight"
+                << r.weight.shape_str() << ", norm" << r.norm.shape_str() << ", w" << r.w.shape_str()
+                << " " << dtype_name(r.w.dtype) << ": expected probs (N,E) and weight (N,k), norm (N) in "
+                << dtype_name(R) << ", choice (N,k) int32 with 1 <= k <= E, w (N,k) in "
+                << dtype_name(act));
+  return {N, E, k};
+}
+inline MoeDims check_moe_route(const Backend::MoeRouting& r, const Tensor& logits,
+                               const Tensor& bias, const char* op) {
+  const MoeDims d = check_moe_routing(r, logits.dtype, op);
+  ADGT_CHECK(logits.numel() == d.N * d.E,
+             op << ": logits" << logits.shape_str() << " must be (N,E) = (" << d.N << "," << d.E << ")");
+  ADGT_CHECK(!bias.data || (bias.dtype == DType::F64 && bias.numel() == d.E),
+             op << ": bias" << bias.shape_str() << " " << dtype_name(bias.dtype) << " must be F64 ("
+                << d.E << ") or empty");
+  return d;
+}
+inline MoeDims check_moe_plan(const Tensor& pos, const Tensor& send_tok, const Tensor& stats,
+                              const Tensor& choice, const Tensor& probs, const Tensor& slot,
+                              const char* op) {
+  const int64_t N = choice.ndim == 2 ? choice.dim(0) : -1, k = choice.ndim == 2 ? choice.dim(1) : -1;
+  const int64_t E = probs.ndim == 2 ? probs.dim(1) : -1;
+  ADGT_CHECK(N >= 0 && k >= 1 && E >= k && choice.dtype == DType::I32 && probs.dim(0) == N &&
+                 (probs.dtype == DType::F32 || probs.dtype == DType::F64) &&
+                 pos.dtype == DType::I32 && pos.numel() == N * k &&
+                 send_tok.dtype == DType::I32 && send_tok.numel() >= N * k &&
+                 stats.dtype == DType::F64 && stats.numel() == 3 * E + 2 &&
+                 slot.dtype == DType::I32 && slot.numel() == E,
+             op << ": choice" << choice.shape_str() << " probs" << probs.shape_str() << " pos"
+                << pos.shape_str() << " send_tok" << send_tok.shape_str() << " stats"
+                << stats.shape_str() << " " << dtype_name(stats.dtype) << " slot" << slot.shape_str()
+                << ": expected int32 choice (N,k), probs (N,E) f32/f64, int32 pos (N,k), send_tok "
+                   "(>= N*k), slot (E), F64 stats (3E+2)");
+  return {N, E, k};
+}
+// slot (host copy): a permutation of 0..E-1.
+inline void check_moe_slots(const int32_t* slot, int64_t E, const char* op) {
+  std::vector<char> seen(size_t(E), 0);
+  for (int64_t e = 0; e < E; ++e) {
+    ADGT_CHECK(slot[e] >= 0 && slot[e] < E && !seen[size_t(slot[e])],
+               op << ": slot[" << e << "] = " << slot[e] << ": slots must be a permutation of 0.."
+                  << E - 1);
+    seen[size_t(slot[e])] = 1;
+  }
+}
+inline MoeDims check_moe_router_backward(const Tensor& dlogits, const Backend::MoeRouting& r,
+                                         const Tensor& dw, const Tensor& aux_dp, const char* op) {
+  const MoeDims d = check_moe_routing(r, dlogits.dtype, op);
+  const DType st = dlogits.dtype == DType::BF16 ? DType::F32 : dlogits.dtype;
+  ADGT_CHECK(dlogits.numel() == d.N * d.E && dw.dtype == st && dw.numel() == d.N * d.k &&
+                 aux_dp.dtype == DType::F64 && aux_dp.numel() == d.E,
+             op << ": dlogits" << dlogits.shape_str() << " dw" << dw.shape_str() << " "
+                << dtype_name(dw.dtype) << " aux_dp" << aux_dp.shape_str() << " "
+                << dtype_name(aux_dp.dtype) << ": expected (N,E), (N,k) " << dtype_name(st)
+                << ", F64 (E)");
+  return d;
 }
 
 }  // namespace adgt

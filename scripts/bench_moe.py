@@ -65,7 +65,7 @@ def main():
         measured = sum(sum(x["a2a_bytes"] for x in r["moe"]) for r in recs[1:]) / len(recs[1:])
         micro = gb // (B * ep)
         rows = B * T * k * (ep - 1) / ep
-        analytic = micro * layers * (4 * rows * C * 4 + (ep - 1) * (E // ep) * 4)
+        analytic = micro * layers * (4 * rows * C * 4 + (ep - 1) * (E // ep) * 8)
         print(f"{ep:>3} {measured:>12.0f} {analytic:>12.0f} {measured / analytic:>6.3f}", flush=True)
 
     cfg = small if args.small else os.path.join(ROOT, "configs", "tiny-moe.yaml")

@@ -128,6 +128,29 @@ adgt_kernel_mutant(optimizer_sumsq_warp_only TEST optimizer HEADER kernels/cuda/
 
 adgt_kernel_sim(embedding)
 adgt_kernel_sim(combine)
+adgt_kernel_sim(moe_routing)
+adgt_kernel_mutant(moe_route_tie_high TEST moe_routing HEADER kernels/cuda/moe_routing_kernels.cuh
+  # ties go to the higher expert id
+  FROM [[if (best < 0 || score > best_score) best = e, best_score = score;]]
+  TO [[if (best < 0 || score >= best_score) best = e, best_score = score;]])
+adgt_kernel_mutant(moe_plan_scan_inclusive TEST moe_routing HEADER kernels/cuda/moe_routing_kernels.cuh
+  # the block scan returns the inclusive prefix: every rank one too high
+  FROM [[return before + v - f;]]
+  TO [[return before + v;]])
+adgt_kernel_mutant(moe_plan_capacity_off_by_one TEST moe_routing HEADER kernels/cuda/moe_routing_kernels.cuh
+  # capacity keeps one assignment too many per expert and group
+  FROM [[pos[a] = r < cap ? int32_t(kept + r) : -1;]]
+  TO [[pos[a] = r <= cap ? int32_t(kept + r) : -1;]])
+adgt_kernel_mutant(moe_plan_carry_dropped TEST moe_routing HEADER kernels/cuda/moe_routing_kernels.cuh
+  # the scan's carry is not kept from one chunk of the block to the next
+  FROM [[      carry += tot;
+    }]]
+  TO [[      carry = tot;
+    }]])
+adgt_kernel_mutant(moe_router_bwd_no_center TEST moe_routing HEADER kernels/cuda/moe_routing_kernels.cuh
+  # the renormalisation's centring term (sum_i dw_i weight_i) is left out
+  FROM [[if (ch[j] == e) v += (double(d[j]) - sdw) / nt;]]
+  TO [[if (ch[j] == e) v += double(d[j]) / nt;]])
 adgt_kernel_mutant(pointwise_add_stride TEST pointwise HEADER kernels/cuda/pointwise_kernels.cuh
   # add_kernel strides by one block, not the grid: blocks past the first add twice
   FROM [[       i += int64_t(gridDim.x) * blockDim.x)
@@ -243,6 +266,9 @@ adgt_kernel_mutant(attention_bf16_tail TEST attention HEADER kernels/cuda/attent
                                    int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i + 1 < n;]])
 adgt_kernel_mutant(combine_pos_unchecked TEST combine HEADER kernels/cuda/combine_kernels.cuh
-  # the row indices are no longer checked against y's rows (reads outside y)
-  FROM [[  check_combine_pos(p.data(), pos.numel(), y, op);]]
+  # the forward no longer checks row indices against y's rows (reads outside y)
+  FROM [[      if (r >= M) {
+        if (c == threadIdx.x) report_bad_pos(err, t * k + j, r, M);
+        continue;
+      }]]
   TO [[]])

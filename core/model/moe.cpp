@@ -1,8 +1,12 @@
-// The mixture-of-experts block (semantics in moe.hpp). Routing decisions are
-// small (N x E) and decide the all-to-all counts, so they are made on the host
-// from the router logits; token rows move on the backend: the dispatch gathers
-// rows with embedding_forward (row indices as tokens), the combine and its
-// backward are combine_rows / combine_rows_backward.
+// The mixture-of-experts block (semantics in moe.hpp). Routing runs on the
+// backend (moe_route, moe_dispatch_plan, moe_router_backward): softmax,
+// top-k, capacity, the send order and the counts are made where the logits
+// are. The host reads the device once per layer forward: the plan's counts
+// and sums (after the ep group's all-reduce and counts all-to-all), which
+// size the exchange and the per-expert GEMMs; the backward reads nothing.
+// Token rows move on the backend: the dispatch gathers rows with
+// embedding_forward (row indices as tokens), the combine and its backward
+// are combine_rows / combine_rows_backward.
 //
 // Row orders. Send buffer (this rank's kept assignments): by destination rank,
 // then the destination's local expert, then token (then choice) order; pos[t,j]
@@ -28,18 +32,16 @@ namespace adgt {
 struct MoeLayer::Slot {
   int64_t N = 0;
   bool has_forward = false;
-  // Host routing: values of the tensor dtype, held as double.
-  std::vector<double> probs;                  // (N, E) softmax
-  std::vector<int32_t> choice;                // (N, k) chosen experts, descending score
-  std::vector<double> weight;                 // (N, k) renormalised routing weights
-  std::vector<double> norm;                   // (N) sum of the chosen probs
+  // Host: the plan's sizes.
   std::vector<int64_t> send_rows, recv_rows;  // (ep) rows exchanged with each rank
   std::vector<int64_t> expert_rows;           // (El) rows each local expert ran on
-  std::vector<double> aux_dp;                 // (E) d aux / d probs[t, e] (any t)
   // Device.
-  Buffer x_b, pos_b, w_b, xe_b, gate_b, up_b, h_b, ysend_b, perm_b, inv_b;
-  Tensor x;            // (N, C) input copy (router backward)
-  Tensor pos, w;       // (N, k) int32 send rows, dtype weights
+  Buffer x_b, pos_b, xe_b, gate_b, up_b, h_b, ysend_b, perm_b, inv_b;
+  Buffer probs_b, choice_b, weight_b, norm_b, w_b, aux_dp_b;
+  Tensor x;                  // (N, C) input copy (router backward)
+  Backend::MoeRouting route;  // probs, choice, weight, norm, w (the combine's weights)
+  Tensor aux_dp;             // (E) F64: d aux / d probs[t, e] (any t)
+  Tensor pos;                // (N, k) int32 send rows
   Tensor xe;           // (Mr, C) expert inputs, expert-major
   Tensor gate, up, h;  // (Mr, F) w1 x, w3 x, silu(gate) * up; fused: gate (Mr, 2F), up unused
   bool fused = false;  // the forward ran the fused gate/up (MoeParams::w13)
@@ -50,7 +52,7 @@ struct MoeLayer::Slot {
 
 // Buffers only one call uses at a time (shared by the slots).
 struct MoeLayer::Scratch {
-  Buffer logits, send_tok, send, recv, ye, tmp, dh, dgate, dup, dw, counts_out, counts_in, red;
+  Buffer logits, send_tok, send, recv, ye, tmp, dh, dgate, dup, dw, plan;
 };
 
 MoeLayer::MoeLayer(Backend& be, DType dt, int64_t max_tokens, int64_t C, int64_t F, MoeOptions o,
@@ -84,6 +86,14 @@ MoeLayer::MoeLayer(Backend& be, DType dt, int64_t max_tokens, int64_t C, int64_t
              "moe: ep x max_tokens x top_k = " << int64_t(place_.ep()) * max_tokens * k_
                                                << " rows exceed int32 row indices");
   bias_.assign(size_t(E_), 0.0);
+  // Each expert's place in the send order: its owner, then its local index.
+  std::vector<int32_t> slot(static_cast<size_t>(E_));
+  for (int64_t e = 0; e < E_; ++e)
+    slot[size_t(e)] = int32_t(place_.owner(e) * place_.per_rank() + place_.local_index(e));
+  slot_ = Buffer(be_, size_t(E_) * 4);
+  be_.to_device(slot_.data(), slot.data(), slot.size() * 4);
+  bias_dev_ = Buffer(be_, size_t(E_) * 8);
+  bias_dirty_ = true;
 }
 
 MoeLayer::~MoeLayer() = default;
@@ -126,6 +136,7 @@ void MoeLayer::set_bias(std::vector<double> b) {
   ADGT_CHECK(int64_t(b.size()) == E_,
              "moe: set_bias got " << b.size() << " values for " << E_ << " experts");
   bias_ = std::move(b);
+  bias_dirty_ = true;
 }
 
 void MoeLayer::update_bias(const std::vector<int64_t>& load) {
@@ -138,6 +149,7 @@ void MoeLayer::update_bias(const std::vector<int64_t>& load) {
     const double d = mean - double(load[size_t(e)]);
     bias_[size_t(e)] += opt_.bias_rate * double((d > 0) - (d < 0));
   }
+  bias_dirty_ = true;
 }
 
 void MoeLayer::check_params(const MoeParams& p, const char* what) const {
@@ -182,20 +194,6 @@ Tensor MoeLayer::grow(Buffer& b, int64_t rows, int64_t cols, DType dt) {
   return Tensor(b.data(), dt, {rows, cols});
 }
 
-void MoeLayer::upload(Tensor dst, const std::vector<double>& src) {
-  if (src.empty()) return;
-  if (dst.dtype == DType::F64) {
-    be_.to_device(dst.data, src.data(), src.size() * 8);
-  } else if (dst.dtype == DType::BF16) {  // via fp32 (bf16 routing weights are fp32 values)
-    std::vector<bf16_bits> h(src.size());
-    for (size_t i = 0; i < src.size(); ++i) h[i] = float_to_bf16(float(src[i]));
-    be_.to_device(dst.data, h.data(), h.size() * 2);
-  } else {
-    std::vector<float> f(src.begin(), src.end());
-    be_.to_device(dst.data, f.data(), f.size() * 4);
-  }
-}
-
 void MoeLayer::upload_i32(Tensor dst, const std::vector<int32_t>& src) {
   if (!src.empty()) be_.to_device(dst.data, src.data(), src.size() * 4);
 }
@@ -214,44 +212,6 @@ void MoeLayer::a2av(Tensor out, const std::vector<int64_t>& recv_rows, const Ten
   ep_->all_to_allv(out, rc, rd, in, sc, sd);
   (bwd ? st.a2a_bytes_bwd : st.a2a_bytes) += ep_->stats().bytes - b0;
   (bwd ? st.a2a_seconds_bwd : st.a2a_seconds) += ep_->stats().seconds - t0;
-}
-
-// Softmax in the tensor dtype T, top-k by score (strictly greater wins, so
-// ties go to the lower expert id), weights renormalised over the k.
-template <class T>
-void MoeLayer::route(Slot& s, const std::vector<T>& logits) {
-  const int64_t N = s.N, E = E_, k = k_;
-  s.probs.assign(size_t(N * E), 0.0);
-  s.choice.assign(size_t(N * k), 0);
-  s.weight.assign(size_t(N * k), 0.0);
-  s.norm.assign(size_t(N), 0.0);
-  std::vector<T> p(static_cast<size_t>(E));
-  std::vector<char> taken(static_cast<size_t>(E));
-  for (int64_t t = 0; t < N; ++t) {
-    const T* l = logits.data() + t * E;
-    T m = l[0];
-    for (int64_t e = 1; e < E; ++e) m = std::max(m, l[e]);
-    T z = 0;
-    for (int64_t e = 0; e < E; ++e) z += (p[size_t(e)] = std::exp(l[e] - m));
-    for (int64_t e = 0; e < E; ++e) s.probs[size_t(t * E + e)] = double(p[size_t(e)] /= z);
-    std::fill(taken.begin(), taken.end(), 0);
-    T sum = 0;
-    for (int64_t j = 0; j < k; ++j) {
-      int64_t best = -1;
-      double best_score = 0;
-      for (int64_t e = 0; e < E; ++e) {
-        if (taken[size_t(e)]) continue;
-        const double score = double(p[size_t(e)]) + (opt_.aux_free ? bias_[size_t(e)] : 0.0);
-        if (best < 0 || score > best_score) best = e, best_score = score;
-      }
-      taken[size_t(best)] = 1;
-      s.choice[size_t(t * k + j)] = int32_t(best);
-      sum += p[size_t(best)];
-    }
-    for (int64_t j = 0; j < k; ++j)
-      s.weight[size_t(t * k + j)] = double(p[size_t(s.choice[size_t(t * k + j)])] / sum);
-    s.norm[size_t(t)] = double(sum);
-  }
 }
 
 double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams& p) {
@@ -276,117 +236,84 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
   MoeStats& st = s.stats;
   last_slot_ = slot;
 
-  // ---- router ----
+  // ---- router: softmax, top-k, capacity and the send order, on the backend ----
   s.x = grow(s.x_b, N, C, dt_);
   Tensor logits = grow(sc.logits, N, E, dt_);
+  const DType R = dt_ == DType::F64 ? DType::F64 : DType::F32;
+  s.route = {grow(s.probs_b, N, E, R), grow(s.choice_b, N, k, DType::I32),
+             grow(s.weight_b, N, k, R), grow(s.norm_b, N, 1, R), grow(s.w_b, N, k, dt_)};
+  s.pos = grow(s.pos_b, N, k, DType::I32);
+  Tensor tok = grow(sc.send_tok, N * k, 1, DType::I32);
+  // The plan buffer: this rank's stats (3E + 2: routed, prob sums, N,
+  // dropped, kept per send slot), the ep group's sums of the first 2E + 2,
+  // and the counts received for this rank's experts (E); read at once.
+  const int64_t L = 3 * E + 2, G = 2 * E + 2;
+  Tensor plan = grow(sc.plan, L + G + E, 1, DType::F64);
+  auto part = [&](int64_t off, int64_t n) {
+    return Tensor(static_cast<double*>(plan.data) + off, DType::F64, {n});
+  };
+  const Tensor local = part(0, L), group = part(L, G), rcv = part(L + G, E);
+  if (opt_.aux_free && bias_dirty_) {
+    be_.to_device(bias_dev_.data(), bias_.data(), bias_.size() * 8);
+    bias_dirty_ = false;
+  }
   if (N) {
     be_.copy(s.x, x);
     be_.linear_forward(logits, s.x, p.gate);
+    be_.moe_route(s.route, logits,
+                  opt_.aux_free ? Tensor(bias_dev_.data(), DType::F64, {E}) : Tensor());
   }
-  if (dt_ == DType::F64) {
-    std::vector<double> l(size_t(N * E));
-    if (N) be_.to_host(l.data(), logits.data, l.size() * 8);
-    route(s, l);
-  } else if (dt_ == DType::BF16) {  // bf16 logits, routed in fp32
-    std::vector<bf16_bits> h(size_t(N * E));
-    if (N) be_.to_host(h.data(), logits.data, h.size() * 2);
-    std::vector<float> l(h.size());
-    for (size_t i = 0; i < h.size(); ++i) l[i] = bf16_to_float(h[i]);
-    route(s, l);
-  } else {
-    std::vector<float> l(size_t(N * E));
-    if (N) be_.to_host(l.data(), logits.data, l.size() * 4);
-    route(s, l);
+  be_.moe_dispatch_plan(s.pos, tok, local, s.route.choice, s.route.probs,
+                        Tensor(slot_.data(), DType::I32, {E}), opt_.capacity_factor,
+                        opt_.capacity_segment);
+  std::vector<double> ph(size_t(P > 1 ? L + G + E : L));
+  if (P > 1) {
+    be_.copy(group, part(0, G));
+    ep_->all_reduce(group);
+    const int64_t b0 = ep_->stats().bytes;
+    const double t0 = ep_->stats().seconds;
+    ep_->all_to_all(rcv, part(2 * E + 2, E));  // chunk d: rank d's experts' counts
+    st.a2a_bytes += ep_->stats().bytes - b0;
+    st.a2a_seconds += ep_->stats().seconds - t0;
   }
+  be_.to_host(ph.data(), plan.data, ph.size() * 8);  // the layer's one host read
+  const double* lr = ph.data();                      // this rank's tokens
+  const double* red = P > 1 ? ph.data() + L : lr;    // the ep group's
+  const double* rc = P > 1 ? ph.data() + L + G : lr + 2 * E + 2;
 
-  // ---- capacity: per group of rows, per expert, in token order ----
-  std::vector<char> keep(size_t(N * k), 1);
-  if (opt_.capacity_factor > 0) {
-    const int64_t seg = opt_.capacity_segment > 0 ? opt_.capacity_segment : std::max<int64_t>(N, 1);
-    std::vector<int64_t> used(static_cast<size_t>(E));
-    for (int64_t g0 = 0; g0 < N; g0 += seg) {
-      const int64_t rows = std::min(seg, N - g0);
-      const auto cap = int64_t(std::ceil(opt_.capacity_factor * double(rows * k) / double(E)));
-      std::fill(used.begin(), used.end(), 0);
-      for (int64_t a = g0 * k; a < (g0 + rows) * k; ++a) {
-        int64_t& u = used[size_t(s.choice[size_t(a)])];
-        if (u < cap)
-          ++u;
-        else
-          keep[size_t(a)] = 0, ++st.dropped_local;
-      }
-    }
-  }
-
-  // ---- send order: destination rank, its local expert, token ----
-  std::vector<std::vector<int64_t>> bucket(
-      static_cast<size_t>(E));                      // kept assignments t*k+j per expert
-  std::vector<double> red(size_t(2 * E + 2), 0.0);  // routed counts, prob sums, N, dropped
-  for (int64_t a = 0; a < N * k; ++a) {
-    const int64_t e = s.choice[size_t(a)];
-    red[size_t(e)] += 1;
-    if (keep[size_t(a)]) bucket[size_t(e)].push_back(a);
-  }
-  std::vector<int32_t> pos(size_t(N * k), -1), send_tok, counts(size_t(P * El));
-  s.send_rows.assign(size_t(P), 0);
-  for (int d = 0; d < P; ++d)
-    for (int64_t le = 0; le < El; ++le) {
-      const auto& b = bucket[size_t(place_.local_experts(d)[size_t(le)])];
-      for (int64_t a : b) {
-        pos[size_t(a)] = int32_t(send_tok.size());
-        send_tok.push_back(int32_t(a / k));
-      }
-      counts[size_t(d * El + le)] = int32_t(b.size());
-      s.send_rows[size_t(d)] += int64_t(b.size());
-    }
-  const int64_t Ms = int64_t(send_tok.size());
-
-  // ---- load, aux loss: sums over the ep group ----
-  for (int64_t t = 0; t < N; ++t)
-    for (int64_t e = 0; e < E; ++e) red[size_t(E + e)] += s.probs[size_t(t * E + e)];
-  red[size_t(2 * E)] = double(N);
-  red[size_t(2 * E + 1)] = double(st.dropped_local);
-  const std::vector<double> local_red = red;  // this rank's tokens only
-  {
-    Tensor r = grow(sc.red, 2 * E + 2, 1, DType::F64);
-    be_.to_device(r.data, red.data(), red.size() * 8);
-    ep_->all_reduce(r);
-    be_.to_host(red.data(), r.data, red.size() * 8);
-  }
-  const double n_total = red[size_t(2 * E)];
-  st.tokens = int64_t(std::llround(n_total));
-  st.dropped = int64_t(std::llround(red[size_t(2 * E + 1)]));
+  // ---- load, aux loss ----
+  st.dropped_local = int64_t(std::llround(lr[2 * E + 1]));
+  st.tokens = int64_t(std::llround(red[2 * E]));
+  st.dropped = int64_t(std::llround(red[2 * E + 1]));
   st.load.assign(size_t(E), 0);
-  s.aux_dp.assign(size_t(E), 0.0);
+  std::vector<double> aux_dp(size_t(E), 0.0);
   int64_t max_load = 0, sum_load = 0;
   // The aux loss over the ep group's tokens, or over this rank's (aux_over_ep_group false).
-  const std::vector<double>& ar = opt_.aux_over_ep_group ? red : local_red;
-  const double n_aux = ar[size_t(2 * E)];
+  const double* ar = opt_.aux_over_ep_group ? red : lr;
+  const double n_aux = ar[2 * E];
   for (int64_t e = 0; e < E; ++e) {
-    st.load[size_t(e)] = int64_t(std::llround(red[size_t(e)]));
+    st.load[size_t(e)] = int64_t(std::llround(red[e]));
     max_load = std::max(max_load, st.load[size_t(e)]);
     sum_load += st.load[size_t(e)];
     if (n_aux > 0) {
-      const double f = ar[size_t(e)] / (n_aux * double(k)), pe = ar[size_t(E + e)] / n_aux;
+      const double f = ar[e] / (n_aux * double(k)), pe = ar[E + e] / n_aux;
       st.aux_loss += double(E) * f * pe;
-      s.aux_dp[size_t(e)] = double(E) * f / n_aux;
+      aux_dp[size_t(e)] = double(E) * f / n_aux;
     }
   }
   st.imbalance = sum_load ? double(max_load) * double(E) / double(sum_load) : 0.0;
+  s.aux_dp = grow(s.aux_dp_b, E, 1, DType::F64);
+  be_.to_device(s.aux_dp.data, aux_dp.data(), aux_dp.size() * 8);
 
-  // ---- counts to the experts' ranks; receive and expert-major orders ----
-  std::vector<int32_t> rcounts(counts.size());
-  {
-    Tensor co = grow(sc.counts_out, P * El, 1, DType::I32),
-           ci = grow(sc.counts_in, P * El, 1, DType::I32);
-    upload_i32(co, counts);
-    const int64_t b0 = ep_->stats().bytes;
-    const double t0 = ep_->stats().seconds;
-    ep_->all_to_all(ci, co);
-    st.a2a_bytes += ep_->stats().bytes - b0;
-    st.a2a_seconds += ep_->stats().seconds - t0;
-    be_.to_host(rcounts.data(), ci.data, rcounts.size() * 4);
-  }
+  // ---- rows to and from each rank; receive and expert-major orders ----
+  s.send_rows.assign(size_t(P), 0);
+  for (int d = 0; d < P; ++d)
+    for (int64_t le = 0; le < El; ++le)
+      s.send_rows[size_t(d)] += int64_t(std::llround(lr[2 * E + 2 + d * El + le]));
+  int64_t Ms = 0;
+  for (int d = 0; d < P; ++d) Ms += s.send_rows[size_t(d)];
+  std::vector<int64_t> rcounts(size_t(P * El));
+  for (size_t i = 0; i < rcounts.size(); ++i) rcounts[i] = int64_t(std::llround(rc[i]));
   s.recv_rows.assign(size_t(P), 0);
   s.expert_rows.assign(size_t(El), 0);
   std::vector<int64_t> roff(size_t(P * El));
@@ -399,8 +326,10 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
       s.recv_rows[size_t(src)] += c;
       s.expert_rows[size_t(le)] += c;
     }
-  std::vector<int32_t> perm(static_cast<size_t>(Mr)), inv(static_cast<size_t>(Mr));
-  {
+  s.perm = grow(s.perm_b, Mr, 1, DType::I32);
+  s.inv = grow(s.inv_b, Mr, 1, DType::I32);
+  if (P > 1) {
+    std::vector<int32_t> perm(static_cast<size_t>(Mr)), inv(static_cast<size_t>(Mr));
     int64_t i = 0;
     for (int64_t le = 0; le < El; ++le)
       for (int src = 0; src < P; ++src)
@@ -408,19 +337,10 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
           perm[size_t(i)] = int32_t(roff[size_t(src * El + le)] + q);
           inv[size_t(perm[size_t(i)])] = int32_t(i);
         }
+    upload_i32(s.perm, perm);
+    upload_i32(s.inv, inv);
   }
-
-  // ---- device index tensors ----
-  s.pos = grow(s.pos_b, N, k, DType::I32);
-  s.w = grow(s.w_b, N, k, dt_);
-  upload_i32(s.pos, pos);
-  upload(s.w, s.weight);
-  s.perm = grow(s.perm_b, Mr, 1, DType::I32);
-  s.inv = grow(s.inv_b, Mr, 1, DType::I32);
-  upload_i32(s.perm, perm);
-  upload_i32(s.inv, inv);
-  Tensor tok = grow(sc.send_tok, Ms, 1, DType::I32);
-  upload_i32(tok, send_tok);
+  tok = Tensor(tok.data, DType::I32, {Ms});
 
   // ---- dispatch ----
   s.xe = grow(s.xe_b, Mr, C, dt_);
@@ -465,30 +385,9 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
     if (Mr) be_.embedding_forward(tmp, ye, s.inv, 0);
     a2av(s.ysend, s.send_rows, tmp, s.recv_rows, st, false);
   }
-  if (N) be_.combine_rows(out, s.ysend, s.pos, s.w, false);
+  if (N) be_.combine_rows(out, s.ysend, s.pos, s.route.w, false);
   s.has_forward = true;
   return st.aux_loss;
-}
-
-// dL/dlogits on the host: through the renormalised top-k weights
-// (w_j = p_j / S) and the aux loss (f constant), then the softmax.
-void MoeLayer::router_backward(Slot& s, const std::vector<double>& dw, double aux_grad_scale) {
-  const int64_t N = s.N, E = E_, k = k_;
-  const double a = opt_.aux_loss_coef * aux_grad_scale;
-  std::vector<double> dl(size_t(N * E)), g(static_cast<size_t>(E));
-  for (int64_t t = 0; t < N; ++t) {
-    const double* p = s.probs.data() + t * E;
-    for (int64_t e = 0; e < E; ++e) g[size_t(e)] = a * s.aux_dp[size_t(e)];
-    double sdw = 0;
-    for (int64_t j = 0; j < k; ++j) sdw += dw[size_t(t * k + j)] * s.weight[size_t(t * k + j)];
-    for (int64_t j = 0; j < k; ++j)
-      g[size_t(s.choice[size_t(t * k + j)])] += (dw[size_t(t * k + j)] - sdw) / s.norm[size_t(t)];
-    double dot = 0;
-    for (int64_t e = 0; e < E; ++e) dot += p[e] * g[size_t(e)];
-    for (int64_t e = 0; e < E; ++e) dl[size_t(t * E + e)] = p[e] * (g[size_t(e)] - dot);
-  }
-  Tensor dlogits = grow(scratch_->logits, N, E, dt_);
-  upload(dlogits, dl);
 }
 
 void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams& grads,
@@ -513,15 +412,7 @@ void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams
 
   // Combine: dy rows (send order) and d(weights).
   Tensor dys = grow(sc.send, Ms, C, dt_), dwt = grow(sc.dw, N, k, grad_dtype());
-  if (N) be_.combine_rows_backward(dys, dwt, dout, s.ysend, s.pos, s.w);
-  std::vector<double> dw(size_t(N * k));
-  if (dt_ == DType::F64) {
-    if (N) be_.to_host(dw.data(), dwt.data, dw.size() * 8);
-  } else {
-    std::vector<float> f(dw.size());
-    if (N) be_.to_host(f.data(), dwt.data, f.size() * 4);
-    std::copy(f.begin(), f.end(), dw.begin());
-  }
+  if (N) be_.combine_rows_backward(dys, dwt, dout, s.ysend, s.pos, s.route.w);
 
   // Output gradients to the experts.
   Tensor dye = dys;
@@ -568,10 +459,14 @@ void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams
   }
   if (N) be_.combine_rows(dx, dxs, s.pos, Tensor(), true);
 
-  // Router.
-  router_backward(s, dw, aux_grad_scale);
-  if (N)
-    be_.linear_backward(dx, grads.gate, grow(sc.logits, N, opt_.n_experts, dt_), s.x, p.gate, true);
+  // Router: dL/dlogits through the renormalised top-k weights (w_j = p_j /
+  // S) and the aux loss (f constant), then the softmax; on the backend.
+  if (N) {
+    Tensor dlogits = grow(sc.logits, N, opt_.n_experts, dt_);
+    be_.moe_router_backward(dlogits, s.route, dwt, s.aux_dp,
+                            opt_.aux_loss_coef * aux_grad_scale);
+    be_.linear_backward(dx, grads.gate, dlogits, s.x, p.gate, true);
+  }
 }
 
 }  // namespace adgt

@@ -114,7 +114,7 @@ struct MoeStats {
 class MoeLayer {
  public:
   // dt: F32, F64, or BF16 (mixed precision: bf16 weights and activations,
-  // fp32 gradients, routing in fp32 on the host). max_tokens: most rows per call on this rank. C: d_model,
+  // fp32 gradients, routing in fp32 on the backend). max_tokens: most rows per call on this rank. C: d_model,
   // F: expert hidden size. placement: owner rank per expert (empty:
   // contiguous). ep: the expert-parallel group (nullptr: one rank, all experts).
   MoeLayer(Backend& be, DType dt, int64_t max_tokens, int64_t C, int64_t F, MoeOptions o,
@@ -153,14 +153,10 @@ class MoeLayer {
  private:
   struct Slot;
   struct Scratch;
-  template <class T>
-  void route(Slot& s, const std::vector<T>& logits);
-  void router_backward(Slot& s, const std::vector<double>& dw, double aux_grad_scale);
   void check_params(const MoeParams& p, const char* what) const;
   // Gradients and the combine weights' gradient: fp32 under bf16, else the layer's dtype.
   DType grad_dtype() const { return dt_ == DType::BF16 ? DType::F32 : dt_; }
   Tensor grow(Buffer& b, int64_t rows, int64_t cols, DType dt);
-  void upload(Tensor dst, const std::vector<double>& src);
   void upload_i32(Tensor dst, const std::vector<int32_t>& src);
   void a2av(Tensor out, const std::vector<int64_t>& recv_rows, const Tensor& in,
             const std::vector<int64_t>& send_rows, MoeStats& st, bool bwd);
@@ -173,6 +169,9 @@ class MoeLayer {
   Comm* ep_;
   ExpertPlacement place_;
   std::vector<double> bias_;  // (E) selection bias (aux_free)
+  Buffer bias_dev_;           // its device copy, uploaded before a forward when changed
+  bool bias_dirty_ = true;
+  Buffer slot_;               // (E) int32: each expert's place in the send order
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<Scratch> scratch_;
   int last_slot_ = -1;

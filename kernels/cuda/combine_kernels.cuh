@@ -29,11 +29,20 @@ __device__ __forceinline__ void store_a(bf16_bits* p, float v) { *p = to_bf(v); 
 __device__ __forceinline__ void store_a(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store_a(double* p, double v) { *p = v; }
 
-// out[t] (=|+=) sum_j w[t,j] y[pos[t,j]] over pos >= 0, j ascending.
+// A row index past y's M rows (kind 3: [slot, pos, M]); the slot is skipped.
+__device__ void report_bad_pos(int64_t* err, int64_t i, int64_t r, int64_t M) {
+  err[1] = i;
+  err[2] = r;
+  err[3] = M;
+  __threadfence_system();
+  err[0] = 3;
+}
+
+// out[t] (=|+=) sum_j w[t,j] y[pos[t,j]] over 0 <= pos < M, j ascending.
 template <class S>
 __global__ void combine_kernel(S* __restrict__ out, const S* __restrict__ y,
                                const int32_t* __restrict__ pos, const S* __restrict__ w, int64_t k,
-                               int64_t C, bool accumulate) {
+                               int64_t C, bool accumulate, int64_t M, int64_t* err) {
   using A = typename CombineMath<S>::A;
   const int64_t t = blockIdx.x;
   S* o = out + t * C;
@@ -42,6 +51,10 @@ __global__ void combine_kernel(S* __restrict__ out, const S* __restrict__ y,
     for (int64_t j = 0; j < k; ++j) {
       const int64_t r = pos[t * k + j];
       if (r < 0) continue;
+      if (r >= M) {
+        if (c == threadIdx.x) report_bad_pos(err, t * k + j, r, M);
+        continue;
+      }
       const A wt = w ? load_a(w[t * k + j]) : A(1);
       acc += wt * load_a(y[r * C + c]);
     }
@@ -55,14 +68,17 @@ template <class S>
 __global__ void combine_bwd_kernel(S* __restrict__ dy, typename CombineMath<S>::A* __restrict__ dw,
                                    const S* __restrict__ dout, const S* __restrict__ y,
                                    const int32_t* __restrict__ pos, const S* __restrict__ w,
-                                   int64_t k, int64_t C) {
+                                   int64_t k, int64_t C, int64_t M, int64_t* err) {
   using A = typename CombineMath<S>::A;
   __shared__ A red[32];
   const int64_t t = blockIdx.x;
   const S* g = dout + t * C;
   for (int64_t j = 0; j < k; ++j) {
     const int64_t r = pos[t * k + j];  // uniform over the block
-    if (r < 0) {
+    if (r >= M) {
+      if (threadIdx.x == 0) report_bad_pos(err, t * k + j, r, M);
+    }
+    if (r < 0 || r >= M) {
       if (dw && threadIdx.x == 0) dw[t * k + j] = A(0);
       continue;
     }
@@ -83,15 +99,14 @@ __global__ void combine_bwd_kernel(S* __restrict__ dy, typename CombineMath<S>::
 
 // ---- the ops ----
 
-// The CPU backend's checks (kernels/op_checks.hpp): shapes and dtypes, then
-// every pos < M on a host copy of pos (one synchronising read per call; the
-// MoE layer routes on the host today, so pos was just uploaded).
+// The CPU backend's shape and dtype checks (kernels/op_checks.hpp). pos < M
+// is checked on the device (pos is made there, by moe_dispatch_plan): a row
+// past y is skipped and written to the error words (kind 3), thrown at the
+// next host synchronisation; no host copy of pos, no synchronisation.
 void check_combine(const OpCtx& c, const Tensor& rows_nc, const Tensor& y, const Tensor& pos,
                    const Tensor& w, const char* op) {
+  (void)c;
   check_combine_shapes(rows_nc, y, pos, w, op);
-  std::vector<int32_t> p(static_cast<size_t>(pos.numel()));
-  c.to_host(p.data(), pos.data, p.size() * sizeof(int32_t));
-  check_combine_pos(p.data(), pos.numel(), y, op);
 }
 
 // Calls f(S{}) for the storage type of y: bf16, f32 or f64.
@@ -112,7 +127,8 @@ void combine_rows(const OpCtx& c, Tensor out, const Tensor& y, const Tensor& pos
   dispatch_combine(y.dtype, op, [&](auto z) {
     using S = decltype(z);
     launch(op, combine_kernel<S>, rows_grid(N, op), kThreads, 0, c.stream, out.ptr<S>(),
-           y.ptr<S>(), pos.ptr<int32_t>(), w.data ? w.ptr<S>() : nullptr, k, C, accumulate);
+           y.ptr<S>(), pos.ptr<int32_t>(), w.data ? w.ptr<S>() : nullptr, k, C, accumulate,
+           y.dim(0), c.err_dev);
   });
 }
 
@@ -133,7 +149,8 @@ void combine_rows_backward(const OpCtx& c, Tensor dy, Tensor dw, const Tensor& d
     using A = typename CombineMath<S>::A;
     launch(op, combine_bwd_kernel<S>, rows_grid(N, op), kThreads, 0, c.stream,
            dy.data ? dy.ptr<S>() : nullptr, dw.data ? dw.ptr<A>() : nullptr, dout.ptr<S>(),
-           y.ptr<S>(), pos.ptr<int32_t>(), w.data ? w.ptr<S>() : nullptr, k, C);
+           y.ptr<S>(), pos.ptr<int32_t>(), w.data ? w.ptr<S>() : nullptr, k, C, y.dim(0),
+           c.err_dev);
   });
 }
 

@@ -208,11 +208,23 @@ void CudaBackend::synchronize() {
 void CudaBackend::check_device_errors(const char* where) {
   volatile int64_t* e = err_;
   if (!e || !e[0]) return;
-  const int64_t rt = e[1], V = e[2];
+  const int64_t kind = e[0], w1 = e[1], w2 = e[2], w3 = e[3];
   e[0] = 0;
-  const int32_t row = int32_t(rt >> 32), target = int32_t(uint32_t(rt & 0xffffffff));
+  if (kind == 2) {  // moe_routing_kernels.cuh: a choice or slot out of range
+    const int64_t which = w1 >> 32, i = w1 & 0xffffffff;
+    ADGT_CHECK(false, "moe_dispatch_plan: " << (which ? "slot[" : "choice[") << i << "] = " << w2
+                                            << " outside 0.." << w3 - 1
+                                            << " (found on the device, reported at " << where
+                                            << ")");
+  }
+  if (kind == 3) {  // combine_kernels.cuh: a row index past y
+    ADGT_CHECK(false, "combine_rows: pos[" << w1 << "] = " << w2 << " outside y (" << w3
+                                           << " rows) (found on the device, reported at "
+                                           << where << ")");
+  }
+  const int32_t row = int32_t(w1 >> 32), target = int32_t(uint32_t(w1 & 0xffffffff));
   ADGT_CHECK(false, "cross_entropy: target " << target << " at row " << row
-                                             << " outside the vocabulary [0," << V
+                                             << " outside the vocabulary [0," << w2
                                              << ") (found on the device, reported at " << where
                                              << ")");
 }

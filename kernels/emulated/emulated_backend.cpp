@@ -208,6 +208,25 @@ void EmulatedBackend::combine_rows_backward(Tensor dy, Tensor dw, const Tensor& 
   const char* op = "combine_rows_backward";
   ADGT_EMU_OP(op, (D(dy), D(dw), D(dout), D(y), D(pos), D(w)), combine_rows_backward(dy, dw, dout, y, pos, w));
 }
+void EmulatedBackend::moe_route(const MoeRouting& r, const Tensor& logits, const Tensor& bias) {
+  const char* op = "moe_route";
+  ADGT_EMU_OP(op, (D(r.probs), D(r.choice), D(r.weight), D(r.norm), D(r.w), D(logits), D(bias)),
+              moe_route(r, logits, bias));
+}
+void EmulatedBackend::moe_dispatch_plan(Tensor pos, Tensor send_tok, Tensor stats,
+                                        const Tensor& choice, const Tensor& probs,
+                                        const Tensor& slot, double capacity_factor,
+                                        int64_t segment) {
+  const char* op = "moe_dispatch_plan";
+  ADGT_EMU_OP(op, (D(pos), D(send_tok), D(stats), D(choice), D(probs), D(slot)),
+              moe_dispatch_plan(pos, send_tok, stats, choice, probs, slot, capacity_factor, segment));
+}
+void EmulatedBackend::moe_router_backward(Tensor dlogits, const MoeRouting& r, const Tensor& dw,
+                                          const Tensor& aux_dp, double a) {
+  const char* op = "moe_router_backward";
+  ADGT_EMU_OP(op, (D(dlogits), D(r.probs), D(r.choice), D(r.weight), D(r.norm), D(dw), D(aux_dp)),
+              moe_router_backward(dlogits, r, dw, aux_dp, a));
+}
 void EmulatedBackend::cross_entropy(Tensor logits, Tensor losses, const Tensor& targets,
                                     double grad_scale) {
   const char* op = "cross_entropy";

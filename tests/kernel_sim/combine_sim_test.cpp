@@ -113,9 +113,10 @@ void backward(DType dt, const Case& s, bool weighted, bool want_dy, bool want_dw
   }
 }
 
-// The CPU backend's checks (kernels/op_checks.hpp), on the CUDA ops: a row
-// index past y (read from device memory through OpCtx::to_host), weights of
-// the wrong size, pos not int32. Each throws before any launch.
+// The CPU backend's shape checks (kernels/op_checks.hpp), on the CUDA ops:
+// weights of the wrong size, pos not int32 throw before any launch. A row
+// index past y is found on the device: the slot is skipped (the other slots
+// still combine), and the error words name it (kind 3: slot, pos, rows).
 void refusals() {
   Mem m;
   Ctx ctx;
@@ -123,21 +124,41 @@ void refusals() {
   Tensor pos = m.make(DType::I32, {2, 2}), w = m.make(DType::F32, {2, 2});
   Tensor w3 = m.make(DType::F32, {3}), posf = m.make(DType::F32, {2, 2});
   Tensor dy = m.make(DType::F32, {8, 16}), dw = m.make(DType::F32, {2, 2});
+  std::mt19937 rng(5);
+  fill(y, rng), fill(w, rng), fill(out, rng);
   const int32_t rows[4] = {0, 7, -1, 8};  // 8: past y's 8 rows
   std::memcpy(pos.data, rows, sizeof rows);
-  expect_throw("combine_rows pos 8 of 8 rows",
-               [&] { cuda::combine_rows(ctx.get(), out, y, pos, w, false); });
-  expect_throw("combine_rows_backward pos 8 of 8 rows",
-               [&] { cuda::combine_rows_backward(ctx.get(), dy, dw, out, y, pos, w); });
+  auto expect_words = [&](const std::string& what) {
+    int64_t* e = ctx.err();
+    if (e[0] != 3 || e[1] != 3 || e[2] != 8 || e[3] != 8)
+      fail(what + ": error words [" + std::to_string(e[0]) + ", " + std::to_string(e[1]) + ", " +
+           std::to_string(e[2]) + ", " + std::to_string(e[3]) + "], expected [3, 3, 8, 8]");
+    std::fill(e, e + 4, int64_t(0));
+  };
+  cuda::combine_rows(ctx.get(), out, y, pos, w, false);
+  expect_words("combine_rows pos 8 of 8 rows");
+  // row 0 still combines its two in-range slots
+  for (int64_t c = 0; c < 16; ++c) {
+    const float want = w.ptr<float>()[0] * y.ptr<float>()[c] + w.ptr<float>()[1] * y.ptr<float>()[7 * 16 + c];
+    if (std::abs(out.ptr<float>()[c] - want) > 1e-6f) {
+      fail("combine_rows pos 8 of 8 rows: row 0 column " + std::to_string(c) + " wrong");
+      break;
+    }
+  }
+  cuda::combine_rows_backward(ctx.get(), dy, dw, out, y, pos, w);
+  expect_words("combine_rows_backward pos 8 of 8 rows");
+  if (dw.ptr<float>()[3] != 0.f) fail("combine_rows_backward pos 8 of 8 rows: its dw is not 0");
+  m.guards_ok("combine refusals");
   pos.ptr<int32_t>()[3] = 3;
   expect_throw("combine_rows 3 weights for 4 slots",
                [&] { cuda::combine_rows(ctx.get(), out, y, pos, w3, false); });
   expect_throw("combine_rows f32 pos",
                [&] { cuda::combine_rows(ctx.get(), out, y, posf, w, false); });
-  // and the same call with pos in range goes through
+  // and the same call with pos in range goes through, with no error words
   const size_t before = cuda_sim::launches.size();
   cuda::combine_rows(ctx.get(), out, y, pos, w, false);
   if (cuda_sim::launches.size() != before + 1) fail("combine_rows in range: not launched");
+  if (ctx.err()[0] != 0) fail("combine_rows in range: error words set");
 }
 
 }  // namespace

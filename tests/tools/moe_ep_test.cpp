@@ -217,8 +217,8 @@ void run_case(MpiComm& world, const Case& cs, const std::string& placement_kind)
     PCHECK(st[mb].imbalance == rst[mb].imbalance, what << ": imbalance");
     if (cs.opt.capacity_factor > 0) PCHECK(rst[mb].dropped > 0, what << ": the case drops nothing");
     // Backward moves the dispatch's and the return's volumes the other way;
-    // the forward also sent the per-expert counts.
-    const int64_t count_bytes = int64_t(P - 1) * (E / P) * 4;
+    // the forward also sent the per-expert counts (f64, the plan's stats).
+    const int64_t count_bytes = int64_t(P - 1) * (E / P) * 8;
     PCHECK(P == 1 || ep.stats(mb).a2a_bytes > count_bytes, what << ": no all-to-all traffic");
     PCHECK(ep.stats(mb).a2a_bytes - count_bytes == ep.stats(mb).a2a_bytes_bwd,
            what << " mb " << mb << ": all-to-all bytes fwd " << ep.stats(mb).a2a_bytes << " bwd "
