@@ -6,6 +6,12 @@ step's losses, the gradient norm's partial sums), whatever the number of
 micro-batches or of parameter tensors. Before the losses were deferred and
 the norms batched, it was one read per micro-batch plus one per tensor.
 
+A mixture-of-experts layer adds exactly one read per forward (its routing
+plan's counts, which size the expert GEMMs) and none in its backward: the
+routing (softmax, top-k, capacity, send order, router backward) runs on the
+device. Before, it read the router logits in the forward and the combine
+weights' gradient in the backward, and the CUDA combine read its row indices.
+
 usage: host_reads_check.py --train BIN --data DIR --work DIR
 """
 import argparse
@@ -50,6 +56,21 @@ def main():
     if any(x != 2 for r in got.values() for x in r):
         sys.exit("FAIL: a step should read the device exactly twice (losses, gradient norm)")
     print("ok: two host reads per step")
+    # MoE: 2 + one per MoE layer and micro-batch (micro_batch 2).
+    moe = ["model.n_experts=4", "model.moe_top_k=2", "model.expert_ffn_hidden=32"]
+    moe_cases = {"MoE, 2 micro-batches, 2 layers": (moe + ["train.global_batch=4"], 2 + 2 * 2),
+                 "MoE, 4 micro-batches, 2 layers, capacity, aux-free":
+                     (moe + ["train.global_batch=8", "model.moe_capacity_factor=1.0",
+                             "model.moe_aux_free=true"], 2 + 2 * 4),
+                 "MoE every 2nd of 4 layers, 2 micro-batches":
+                     (moe + ["train.global_batch=4", "model.n_layers=4", "model.moe_every=2"], 2 + 2 * 2)}
+    for i, (name, (sets, want)) in enumerate(moe_cases.items()):
+        r = reads(args, f"moe{i}", sets)
+        print(f"{name}: host reads per step {r} (expected {want})")
+        if any(x != want for x in r):
+            sys.exit(f"FAIL: {name}: a step should read the device {want} times "
+                     "(losses, gradient norm, one routing plan per MoE layer forward)")
+    print("ok: one host read per MoE layer forward")
 
 
 if __name__ == "__main__":
