@@ -70,6 +70,9 @@ class Backend {
   // unwinds. A failure is kept (defer_error) and thrown by the backend's next
   // synchronize(), to_host() or to_device().
   virtual void release(void* p) noexcept = 0;
+  // Host memory to device memory. Returns once src may be reused; the copy
+  // itself may still be queued (CUDA stages small copies through pinned
+  // memory and does not wait), ordered before every later op.
   virtual void to_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void to_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void zero(Tensor t) = 0;

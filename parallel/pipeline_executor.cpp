@@ -126,7 +126,9 @@ Tensor PipelineExecutor::send_buffer(const Tensor& like) {
 void PipelineExecutor::isend_copy(const Tensor& t, int peer, int tg) {
   Tensor b = send_buffer(t);
   be_.copy(b, Tensor(t.data, t.dtype, {t.numel()}));
-  be_.synchronize();
+  // No wait here: the comm orders the send after the copy (NcclComm by an
+  // event on the compute stream; host-staged DeviceComm by its host copy,
+  // which waits for the stream; host tensors are done when copy returns).
   const int64_t id = comm_.isend(b, peer, tg);
   for (SendBuf& s : sends_)
     if (s.buf.data() == b.data) s.id = id;

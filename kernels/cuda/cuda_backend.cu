@@ -75,6 +75,9 @@ CudaBackend::~CudaBackend() {
   lt_release();
   attention_release();
   if (err_) (void)cudaFreeHost(err_);
+  for (cudaEvent_t e : stage_event_)
+    if (e) (void)cudaEventDestroy(e);
+  if (stage_host_) (void)cudaFreeHost(stage_host_);
   for (cudaEvent_t e : mark_events_) (void)cudaEventDestroy(e);
   for (void*& p : scratch_)
     if (p) (void)cudaFree(p), p = nullptr;
@@ -153,6 +156,28 @@ void CudaBackend::release(void* p) noexcept {
 void CudaBackend::to_device(void* dst, const void* src, size_t bytes) {
   throw_deferred_error();
   if (!bytes) return;
+  if (bytes <= kStageSlotBytes) {
+    // Through a pinned slot, without waiting for the device: the host copy
+    // into the slot is what makes src free again when this returns. A slot is
+    // reused only after the event of its previous copy (16 slots: that copy
+    // is normally long done).
+    std::lock_guard<std::mutex> lock(stage_mu_);
+    if (!stage_host_) {
+      ADGT_CUDA_OP(cudaHostAlloc(&stage_host_, kStageSlots * kStageSlotBytes, cudaHostAllocDefault),
+                   "to_device (pinned staging)");
+      for (cudaEvent_t& e : stage_event_)
+        ADGT_CUDA_OP(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "to_device");
+    }
+    const int i = stage_next_;
+    stage_next_ = (i + 1) % kStageSlots;
+    if (stage_busy_[i]) ADGT_CUDA_OP(cudaEventSynchronize(stage_event_[i]), "to_device");
+    void* slot = static_cast<char*>(stage_host_) + size_t(i) * kStageSlotBytes;
+    std::memcpy(slot, src, bytes);
+    ADGT_CUDA_OP(cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, stream_), "to_device");
+    ADGT_CUDA_OP(cudaEventRecord(stage_event_[i], stream_), "to_device");
+    stage_busy_[i] = true;
+    return;
+  }
   ADGT_CUDA_OP(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "to_device");
   ADGT_CUDA_OP(cudaStreamSynchronize(stream_), "to_device");
   check_device_errors("to_device");

@@ -7,6 +7,7 @@
 // This header needs no CUDA headers (the stream and cuBLAS handle are
 // forward-declared), so host-only C++ (backend.cpp, tests) can include it.
 #pragma once
+#include <mutex>
 #include <cstddef>
 #include <string>
 #include <initializer_list>
@@ -158,13 +159,27 @@ class CudaBackend final : public Backend {
   LtState* lt_ = nullptr;
   void lt_release();        // gemm.cu
 
-  // Errors found on the device (cross_entropy's target range check) are written
-  // to pinned, mapped host words and thrown at the next host synchronisation
-  // (synchronize, to_host, to_device): [0] set, [1] row << 32 | target,
-  // [2] vocabulary size.
+  // Errors found on the device are written to pinned, mapped host words and
+  // thrown at the next host synchronisation (synchronize, to_host, a
+  // synchronous to_device): [0] the kind (1: cross_entropy's target range,
+  // 2: moe_dispatch_plan's choice or slot, 3: combine_rows' row index), [1..3]
+  // what check_device_errors names.
   int64_t* err_ = nullptr;      // host address
   int64_t* err_dev_ = nullptr;  // the device's address of the same words
   void check_device_errors(const char* where);
+
+  // Asynchronous host-to-device copies (to_device): copies of up to
+  // kStageSlotBytes go through a ring of pinned host slots: the source is
+  // copied into a slot, the copy is queued on the stream, and an event marks
+  // when the slot is free again; to_device returns without waiting for the
+  // device. Larger copies (checkpoint loads) wait as before.
+  static constexpr int kStageSlots = 16;
+  static constexpr size_t kStageSlotBytes = size_t(1) << 20;
+  void* stage_host_ = nullptr;                // kStageSlots x kStageSlotBytes, pinned
+  CUevent_st* stage_event_[kStageSlots] = {};  // the last copy out of each slot
+  bool stage_busy_[kStageSlots] = {};
+  int stage_next_ = 0;
+  std::mutex stage_mu_;
 
   int device_ = 0;
   int sm_major_ = 0, sm_minor_ = 0, sm_count_ = 0, clock_khz_ = 0;
