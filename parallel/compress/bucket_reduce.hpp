@@ -22,6 +22,16 @@
 // bucket; the other elements ride, fp32, in the all-reduce of the P factors.
 // Both all-reduces are the transport's fp32 ring (deterministic). A ZeRO-1
 // bucket is all-reduced whole (every rank then holds its chunk).
+//
+// Batches (reduce_buckets): several buckets of one level on one group go
+// through one collective per stage — quantized: one all_to_allv of every
+// bucket's chunks and one all-gather of every owner's encoding; PowerSGD: one
+// all-reduce of every bucket's P and one of every Q — instead of one or two
+// per bucket. Transport only: each bucket's arithmetic, and so its result and
+// its error feedback, is bit for bit what reduce_bucket gives it alone (the
+// quantized stages concatenate the buckets' encodings; the batched all-reduce
+// lays each buffer's ring chunks side by side so the transport's ring,
+// parallel/ring.hpp, adds every element in the order it would alone).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -54,8 +64,30 @@ struct BucketView {
 std::pair<int64_t, int64_t> chunk_range(int64_t n, int D, int d, bool reduce_scatter);
 
 // Reduces the bucket over `comm` at level l (not None); collective over comm.
+// PowerSGD runs at rank s.powersgd_rank.
 void reduce_bucket(Comm& comm, Level l, const BucketView& b, const std::vector<ParamSpec>& table,
                    const Settings& s, BucketCodecState& st);
+
+// One bucket of a batch: its view, its state and (PowerSGD) its rank (0:
+// Settings::powersgd_rank).
+struct BatchItem {
+  BucketView view;
+  BucketCodecState* state = nullptr;
+  int powersgd_rank = 0;
+};
+// Reduces every bucket of `items` over `comm` at level l (not None) with one
+// collective per stage (above); every rank of the group passes the same
+// buckets in the same order. Each bucket ends bit for bit as reduce_bucket
+// would leave it.
+void reduce_buckets(Comm& comm, Level l, const std::vector<BatchItem>& items,
+                    const std::vector<ParamSpec>& table, const Settings& s);
+
+// All-reduces (sum) every fp32 buffer of `bufs` with one all_reduce of
+// `comm`: buffer j's ring chunks (ring.hpp, ceil(n_j/p) each, zero-padded) are
+// laid side by side in chunk order, so a ring all-reduce of the whole adds
+// each element along the same ranks, in the same order, as one of buffer j
+// alone. A single non-empty buffer is all-reduced as it is.
+void all_reduce_batched(Comm& comm, const std::vector<std::vector<float>*>& bufs);
 
 // The bytes one rank sends to reduce the bucket uncompressed with the
 // transport's fp32 ring: 2(D-1)/D x 4n for an all-reduce, (D-1)/D x 4n for a

@@ -79,6 +79,25 @@ double error_prior(Level l) {
   return 1;
 }
 
+namespace {
+
+// Buckets that can join a compressed batch (they hold a compressible tensor).
+double batch_members(const Signals& s) {
+  int m = 0;
+  for (const BucketSignals& b : s.buckets) m += b.compressible > 0;
+  return std::max(1, m);
+}
+
+// A collective of a batch (GradReducer reduces the compressed buckets of a
+// level together, one collective per stage), as bucket b's share: its bytes'
+// time and 1/m of the collective's latency term.
+double batched_time(const Signals& s, cluster::Collective c, const LinkFit& l, double bytes) {
+  const double lat = link_time(c, s.ranks, l, 0.0);
+  return link_time(c, s.ranks, l, bytes) - lat + lat / batch_members(s);
+}
+
+}  // namespace
+
 double predict_seconds(const Signals& s, const BucketSignals& b, Level l) {
   using cluster::Collective;
   const int D = s.ranks;
@@ -94,11 +113,11 @@ double predict_seconds(const Signals& s, const BucketSignals& b, Level l) {
     case Level::Int8:
     case Level::Int4: {
       const int calls = b.reduce_scatter ? 1 : 2;  // all-to-all of the chunks (+ the owners' all-gather)
-      return calls * (link_time(Collective::AllToAll, D, s.all_to_all, b.buf[size_t(l)]) + codec);
+      return calls * (batched_time(s, Collective::AllToAll, s.all_to_all, b.buf[size_t(l)]) + codec);
     }
     case Level::PowerSgd:
-      return codec + link_time(Collective::AllReduce, D, s.all_reduce, b.buf[size_t(l)]) +
-             link_time(Collective::AllReduce, D, s.all_reduce, b.buf_q);
+      return codec + batched_time(s, Collective::AllReduce, s.all_reduce, b.buf[size_t(l)]) +
+             batched_time(s, Collective::AllReduce, s.all_reduce, b.buf_q);
   }
   return 0;
 }
@@ -127,7 +146,7 @@ std::vector<Choice> choose_levels(const Signals& s) {
       c.predicted[0] = std::max(0.0, e - bwd) - std::max(0.0, end - bwd);
       end = e;
     }
-    if (s.step <= s.warmup_steps) {
+    if (s.step + 1 <= s.warmup_steps) {  // the levels apply from step + 1 on
       c.reason = "warm-up";
       continue;
     }
@@ -300,11 +319,14 @@ class CompressController final : public Controller {
  public:
   CompressController(const RunConfig& cfg, Engine& e) : cfg_(cfg) {
     interval_ = std::max<int64_t>(1, cfg.parallel.compress_interval);
+    warmup_ = cfg.train.warmup_steps;
     e.reducer().track_norms(true);
   }
   std::string name() const override { return "grad-compression"; }
+  // Every compress_interval steps, and after the last warm-up step: the
+  // schedule, not the interval, says when compression may start.
   bool due(const StepReport& r) const override {
-    return r.step > r.first_step && r.step % interval_ == 0;
+    return r.step > r.first_step && (r.step % interval_ == 0 || (warmup_ > 0 && r.step == warmup_));
   }
 
   nlohmann::json observe(Engine& e, const StepReport& r, Comm& world) override {
@@ -523,7 +545,7 @@ class CompressController final : public Controller {
 
  private:
   RunConfig cfg_;
-  int64_t interval_ = 20;
+  int64_t interval_ = 20, warmup_ = 0;
   bool codec_measured_ = false, links_ = false, noise_ = false;
   std::array<double, kLevels> codec_{};
   LinkFit ar_, aa_;

@@ -10,7 +10,7 @@
 //
 // The rule, per bucket i (predict_seconds gives t_i(l), the time level l adds
 // to the step):
-//  - warm-up (step <= train.warmup_steps): off;
+//  - warm-up (the next step, step + 1, <= train.warmup_steps): off;
 //  - a bucket with no compressible tensor: off;
 //  - allowed levels: error_prior(l) <= budget * rho, with rho the noise share
 //    of the reduced gradient's squared norm, S/B / (|G|^2 + S/B) (McCandlish et
@@ -25,6 +25,9 @@
 //    bucket's part of the step; the least compressed candidate wins;
 //  - hysteresis: the current level stays while it is allowed and
 //    t_i(cur) <= best + (tolerance + hysteresis) * (best + c_i).
+// The compressed buckets of a level are reduced in one batch (one collective
+// per stage, grad_reducer.hpp): a compressed level's t_i counts its bytes and
+// 1/m of each collective's latency term, m the buckets that can compress.
 #pragma once
 #include <array>
 #include <memory>
@@ -71,7 +74,7 @@ struct BucketSignals {
 };
 
 struct Signals {
-  int64_t step = 0, warmup_steps = 0;
+  int64_t step = 0, warmup_steps = 0;  // step: the last finished one (the levels apply from step + 1)
   int ranks = 1;                                // the dp group's size
   LinkFit all_reduce, all_to_all;               // measured (smoothed)
   std::array<double, kLevels> codec_s_per_elem{};  // measured encode+decode seconds per element
@@ -88,7 +91,10 @@ struct Signals {
 // N(0, s) data, docs/compression.md's codec table; PowerSGD: an assumed 0.25).
 double error_prior(Level l);
 // Seconds level l adds to the step for bucket b (transfer by the α–β model of
-// collectives.hpp, codec cost, an off bucket's overlap with the compute after it).
+// collectives.hpp, codec cost, an off bucket's overlap with the compute after
+// it). A compressed level counts its collectives' bytes and 1/m of their
+// latency, m the buckets of s with a compressible tensor (a batch shares one
+// collective per stage).
 double predict_seconds(const Signals& s, const BucketSignals& b, Level l);
 
 struct Choice {

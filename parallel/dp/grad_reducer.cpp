@@ -41,6 +41,7 @@ GradReducer::GradReducer(Model& model, Comm& dp, Comm* edp, bool zero, double bu
   buckets_ = plan_grad_buckets(in);
   state_.resize(buckets_.size());
   work_.resize(buckets_.size());
+  staged_.resize(buckets_.size());
   reset();
 }
 
@@ -88,7 +89,17 @@ void GradReducer::start(size_t i) {
   // sum_squares is a host read, one per bucket and step).
   if (track_norms_ && be_ && be_->is_host())
     norms_.local_sq[i] += be_->sum_squares(flat_range(model_.grads(), b.begin, b.end));
-  if (state_[i].level != compress::Level::None) return start_compressed(i);
+  if (state_[i].level != compress::Level::None) {
+    // Queued for finish_grad_sync's batched reduce; a device bucket is staged
+    // through host memory now (its gradients are final).
+    if (!be_->is_host()) {
+      staged_[i].resize(size_t(b.end - b.begin));
+      be_->to_host(staged_[i].data(), static_cast<float*>(model_.grads().data) + b.begin,
+                   size_t(b.end - b.begin) * 4);
+    }
+    queued_.push_back(i);
+    return;
+  }
   Tensor g = model_.grads();
   if (!state_[i].codec.empty()) {
     // Back to off: the residuals not yet sent go into this gradient, once.
@@ -115,26 +126,45 @@ void GradReducer::start(size_t i) {
   }
 }
 
-void GradReducer::start_compressed(size_t i) {
-  const GradBucket& b = buckets_[i];
-  BucketState& st = state_[i];
-  Comm& c = group(b);
-  const int64_t n = b.end - b.begin;
-  float* p = static_cast<float*>(model_.grads().data) + b.begin;
-  std::vector<float> staged;
-  if (!be_->is_host()) {
-    staged.resize(size_t(n));
-    be_->to_host(staged.data(), p, size_t(n) * 4);
+void GradReducer::reduce_compressed() {
+  if (queued_.empty()) return;
+  // Batches: per group, per level, in the order of their first bucket (the
+  // same on every rank of a group: the same buckets and levels).
+  std::sort(queued_.begin(), queued_.end());
+  std::vector<std::pair<Comm*, compress::Level>> keys;
+  for (size_t i : queued_) {
+    const std::pair<Comm*, compress::Level> k{&group(buckets_[i]), state_[i].level};
+    if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
   }
-  const bool rs = b.op == BucketOp::ReduceScatter;
-  const int64_t bytes0 = c.stats().bytes;
-  const auto t0 = std::chrono::steady_clock::now();
-  compress::BucketView v{be_->is_host() ? p : staged.data(), b.begin, n, rs};
-  compress::reduce_bucket(c, st.level, v, table_, settings_, st.codec);
-  step_report_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  step_report_.sent_bytes += c.stats().bytes - bytes0;
-  step_report_.fp32_bytes += compress::fp32_ring_bytes(n, c.size(), rs);
-  if (!be_->is_host()) be_->to_device(p, staged.data(), size_t(n) * 4);
+  for (const auto& [c, l] : keys) {
+    std::vector<compress::BatchItem> items;
+    std::vector<size_t> ids;
+    for (size_t i : queued_) {
+      if (&group(buckets_[i]) != c || state_[i].level != l) continue;
+      const GradBucket& b = buckets_[i];
+      const int64_t n = b.end - b.begin;
+      float* p = static_cast<float*>(model_.grads().data) + b.begin;
+      compress::BatchItem it;
+      it.view = {be_->is_host() ? p : staged_[i].data(), b.begin, n, b.op == BucketOp::ReduceScatter};
+      it.state = &state_[i].codec;
+      items.push_back(it);
+      ids.push_back(i);
+      step_report_.fp32_bytes += compress::fp32_ring_bytes(n, c->size(), b.op == BucketOp::ReduceScatter);
+    }
+    const int64_t bytes0 = c->stats().bytes;
+    const auto t0 = std::chrono::steady_clock::now();
+    compress::reduce_buckets(*c, l, items, table_, settings_);
+    step_report_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    step_report_.sent_bytes += c->stats().bytes - bytes0;
+    if (!be_->is_host())
+      for (size_t i : ids) {
+        const GradBucket& b = buckets_[i];
+        be_->to_device(static_cast<float*>(model_.grads().data) + b.begin, staged_[i].data(),
+                       size_t(b.end - b.begin) * 4);
+        staged_[i] = {};
+      }
+  }
+  queued_.clear();
 }
 
 void GradReducer::set_compression(const compress::Settings& s, Backend& be) {
@@ -282,8 +312,11 @@ void GradReducer::progress() {
 void GradReducer::finish_grad_sync() {
   const auto t0 = std::chrono::steady_clock::now();
   start_grad_sync();
+  const double compressed0 = step_report_.seconds;
+  reduce_compressed();
   for (Work& w : work_) w.wait();
-  wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
+            (step_report_.seconds - compressed0);
   if (track_norms_ && be_ && be_->is_host()) {
     for (size_t i = 0; i < buckets_.size(); ++i) {
       const GradBucket& b = buckets_[i];

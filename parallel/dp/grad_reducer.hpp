@@ -13,9 +13,12 @@
 //
 // Gradient compression (parallel/compress/, docs/compression.md): each bucket
 // has a level. Level off is the collective above, unchanged. A compressed
-// bucket is reduced synchronously inside its start (compress::reduce_bucket:
-// blocking all-to-alls or all-reduces on the bucket's group, in the same
-// bucket order on every rank), with error feedback kept per bucket.
+// bucket is queued at its start and reduced synchronously in
+// finish_grad_sync, batched: the compressed buckets of one group and level go
+// through one collective per stage (compress::reduce_buckets: one
+// all_to_allv + one all-gather, or PowerSGD's P and Q all-reduces), in the
+// order of their first bucket on every rank, bit for bit what one reduce per
+// bucket gives; error feedback is kept per bucket.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -85,8 +88,9 @@ class GradReducer {
   void finish_grad_sync();
   // Moves the started collectives along (between pipeline instructions).
   void progress();
-  // Seconds finish_grad_sync waited in its last call: the reduction time the
-  // step did not hide behind compute.
+  // Seconds finish_grad_sync waited in its last call for the uncompressed
+  // buckets: the reduction time the step did not hide behind compute (the
+  // compressed buckets' reduce is last_compression().seconds).
   double last_wait_seconds() const { return wait_s_; }
   // The groups with started collectives (for a progress thread).
   std::vector<Comm*> comms() const;
@@ -127,7 +131,8 @@ class GradReducer {
 
  private:
   void start(size_t i);
-  void start_compressed(size_t i);
+  // Reduces the queued compressed buckets, batched per group and level.
+  void reduce_compressed();
   void reset();
   Comm& group(const GradBucket& b) const { return b.group == BucketGroup::DataParallel ? dp_ : *edp_; }
 
@@ -143,6 +148,8 @@ class GradReducer {
   std::vector<char> unit_done_;   // per unit, this step
   std::vector<Work> work_;        // per bucket
   std::vector<char> started_;     // per bucket, this step
+  std::vector<size_t> queued_;    // compressed buckets started this step, in start order
+  std::vector<std::vector<float>> staged_;  // per bucket: a device bucket's host copy while queued
   double wait_s_ = 0;
   compress::Settings settings_;
   Backend* be_ = nullptr;         // set_compression's: stages device gradients

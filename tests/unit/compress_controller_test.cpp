@@ -63,10 +63,11 @@ TEST_CASE("compress controller: slow link compresses, fast link stays off", "[co
 }
 
 TEST_CASE("compress controller: warm-up, no compressible tensor, unknown noise", "[compress][controller]") {
-  for (const Choice& c : choose_levels(fixed(6.25e6, 20))) {
+  for (const Choice& c : choose_levels(fixed(6.25e6, 19))) {  // step 20 is still warm-up
     CHECK(c.level == Level::None);
     CHECK(c.reason == "warm-up");
   }
+  for (const Choice& c : choose_levels(fixed(6.25e6, 20))) CHECK(c.level != Level::None);  // step 21 is not
   Signals s = fixed(6.25e6);
   s.buckets[1].compressible = 0;
   const auto cs = choose_levels(s);
@@ -135,6 +136,25 @@ TEST_CASE("compress controller: hysteresis, no flapping at the boundary", "[comp
   }
   CHECK(compressed > 20);
   CHECK(compressed < 180);
+}
+
+TEST_CASE("compress controller: a batch shares its collectives' latency", "[compress][controller]") {
+  // A link with no bandwidth cost: a compressed bucket's time is its share of the latency.
+  Signals s = fixed(1e15);
+  s.codec_s_per_elem = {0, 0, 0, 0, 0};
+  const double three = predict_seconds(s, s.buckets[0], Level::Int4);
+  const double psgd3 = predict_seconds(s, s.buckets[0], Level::PowerSgd);
+  s.buckets[1].compressible = 0;  // two buckets can compress
+  const double two = predict_seconds(s, s.buckets[0], Level::Int4);
+  s.buckets.resize(1);
+  const double one = predict_seconds(s, s.buckets[0], Level::Int4);
+  const double psgd1 = predict_seconds(s, s.buckets[0], Level::PowerSgd);
+  CHECK(one == Approx(2 * link_time(Collective::AllToAll, 4, s.all_to_all, 0)));
+  CHECK(two == Approx(one / 2));
+  CHECK(three == Approx(one / 3));
+  // PowerSGD's two ring all-reduces: 2 x 2(D-1) latencies, shared likewise.
+  CHECK(psgd1 == Approx(2 * link_time(Collective::AllReduce, 4, s.all_reduce, 0)));
+  CHECK(psgd3 == Approx(psgd1 / 3));
 }
 
 TEST_CASE("compress controller: signals round-trip through JSON", "[compress][controller]") {
