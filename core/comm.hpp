@@ -99,6 +99,12 @@ class Comm {
   // thread makes no call on any Comm, when progress_from_thread() says so.
   virtual void progress() {}
   virtual bool progress_from_thread() const { return false; }
+  // Point-to-point with rendezvous semantics (NCCL): a send completes only
+  // together with its receive, operations run in issue order on one stream,
+  // and messages between two ranks match by order, not by tag. The pipeline
+  // executor then runs pp::for_rendezvous of its schedule
+  // (parallel/schedule/grouped.hpp). False: sends are buffered (MPI).
+  virtual bool rendezvous_sends() const { return false; }
   // Called over and over, on the calling thread, while a blocking recv or
   // wait_sends of this group waits for its peer (a pipeline bubble): the
   // pipeline executor moves the data-parallel reduction along in that time.

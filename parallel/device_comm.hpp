@@ -50,6 +50,7 @@ class DeviceComm final : public Comm {
   void wait_sends() override;
   void progress() override { host_.progress(); }
   bool progress_from_thread() const override { return host_.progress_from_thread(); }
+  bool rendezvous_sends() const override { return device_ && device_->rendezvous_sends(); }
   void set_wait_hook(std::function<void()> hook) override;
   void all_to_all(Tensor out, const Tensor& in) override;
   void all_to_allv(Tensor out, const std::vector<int64_t>& recv_counts,

@@ -14,8 +14,8 @@
 //   emulated                    "mpi (host-staged)"
 //   cuda, one process or a shared GPU, or no NCCL in the build
 //                               "mpi (host-staged)"
-//   cuda, one GPU per rank      "nccl" (the pipeline group stays host-staged
-//                               MPI: its sends must not block, docs/parallel.md)
+//   cuda, one GPU per rank      "nccl" (the pipeline group too: its schedule
+//                               runs as pp::for_rendezvous, docs/parallel.md)
 #pragma once
 #include <string>
 

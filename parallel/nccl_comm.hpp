@@ -90,6 +90,7 @@ class NcclComm final : public Comm {
   void recv(Tensor t, int peer, int tag = 0) override;
   int64_t isend(const Tensor& t, int peer, int tag = 0) override;
   bool send_done(int64_t id) override;
+  bool rendezvous_sends() const override { return true; }
   void wait_sends() override;
   void all_to_all(Tensor out, const Tensor& in) override;
   void all_to_allv(Tensor out, const std::vector<int64_t>& recv_counts,

@@ -1,6 +1,9 @@
 #include "parallel/pipeline_executor.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <atomic>
 #include <thread>
 
@@ -8,6 +11,7 @@
 #include <time.h>
 
 #include "kernels/check.hpp"
+#include "parallel/schedule/grouped.hpp"
 #include "parallel/emulate/slowdown.hpp"
 
 namespace adgt {
@@ -75,6 +79,22 @@ void PipelineExecutor::set_schedule(pp::Schedule s) {
              "pipeline executor: " << s.microbatches << " micro-batches x " << s.num_stages()
                                    << " stages exceed the message tags (at most "
                                    << kMaxTag / 2 << ")");
+  // On NCCL (rendezvous sends, matched by order) each rank's receives move
+  // to their place in the messages' global order, which cannot deadlock;
+  // checked again here (parallel/schedule/grouped.hpp). ADGT_PP_RENDEZVOUS=1
+  // runs the same lists on MPI, so the CPU tests run what NCCL would.
+  static const bool force = [] {
+    const char* e = std::getenv("ADGT_PP_RENDEZVOUS");
+    return e && std::string(e) == "1";
+  }();
+  if (comm_.rendezvous_sends() || force) {
+    static bool told = false;
+    if (force && !comm_.rendezvous_sends() && rank_ == 0 && !told)
+      std::fprintf(stderr, "pipeline: ADGT_PP_RENDEZVOUS=1: the schedule runs as pp::for_rendezvous\n");
+    told = true;
+    s = pp::for_rendezvous(s);
+    pp::validate_grouped(s);
+  }
   sched_ = std::move(s);
   slot_of_.assign(size_t(model_.num_chunks()), {});
   free_slots_.assign(size_t(model_.num_chunks()), {});

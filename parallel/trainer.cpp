@@ -117,9 +117,10 @@ int pending_stop_signal() { return g_stop_signal.load(); }
 // are staged through host memory or go to NCCL (parallel/device_comm.hpp).
 // Distinct group objects get one wrapper each; a missing group (a single
 // process) becomes a wrapped SelfComm, whose copies would otherwise be host
-// code on device memory. With nccl every group of more than one rank but the
-// pipeline group gets an NCCL communicator (made in this fixed order on every
-// rank); the pipeline's sends stay non-blocking host-staged MPI.
+// code on device memory. With nccl every group of more than one rank gets an
+// NCCL communicator (made in this fixed order on every rank); the pipeline
+// executor then runs its schedule with the receives in the messages' global
+// order (pp::for_rendezvous), which NCCL's rendezvous sends need.
 static std::vector<std::unique_ptr<Comm>> wrap_device_groups(ParallelContext& ctx, Backend& be,
                                                              bool nccl) {
   std::vector<std::unique_ptr<Comm>> owned;
@@ -127,7 +128,6 @@ static std::vector<std::unique_ptr<Comm>> wrap_device_groups(ParallelContext& ct
   const char* names[] = {"tp", "dp", "pp", "ep", "edp", "world"};
   int i = 0;
   for (Comm** slot : {&ctx.tp, &ctx.dp, &ctx.pp, &ctx.ep, &ctx.edp, &ctx.world}) {
-    const bool pipeline = slot == &ctx.pp;
     if (!*slot) {
       owned.push_back(std::make_unique<SelfComm>(names[i]));
       *slot = owned.back().get();
@@ -138,7 +138,7 @@ static std::vector<std::unique_ptr<Comm>> wrap_device_groups(ParallelContext& ct
       if (from == *slot) wrapped = to;
     if (!wrapped) {
       std::unique_ptr<Comm> device;
-      if (nccl && !pipeline && (*slot)->size() > 1) device = make_nccl_comm(**slot, be);
+      if (nccl && (*slot)->size() > 1) device = make_nccl_comm(**slot, be);
       owned.push_back(std::make_unique<DeviceComm>(**slot, be, std::move(device)));
       wrapped = owned.back().get();
       done.emplace_back(*slot, wrapped);

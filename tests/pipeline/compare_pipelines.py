@@ -48,7 +48,12 @@ def main():
     ap.add_argument("--pp", type=int, nargs="*", default=[2, 4])
     ap.add_argument("--extras", nargs="*", default=["none", "tp2", "dp2"])
     ap.add_argument("--schedules", nargs="*", default=SCHEDULES)
+    ap.add_argument("--rendezvous", action="store_true",
+                    help="ADGT_PP_RENDEZVOUS=1: the executor runs pp::for_rendezvous lists "
+                         "(what it runs on NCCL) over MPI")
     args = ap.parse_args()
+    if args.rendezvous:
+        os.environ["ADGT_PP_RENDEZVOUS"] = "1"
     os.makedirs(args.work, exist_ok=True)
     refs = {}
 
