@@ -491,6 +491,59 @@ TEST_CASE("cuda backend: combine_rows and its backward", "[cuda]") {
   }
 }
 
+TEST_CASE("cuda backend: MoE routing, its dispatch plan and the router backward", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  Backends b;
+  for (DType dt : kFloatTypes) {
+    INFO(dtype_name(dt));
+    const int64_t N = 300, E = 8, k = 2;  // N k past one block of the plan's scan
+    const double tol = tol_for(dt, false);
+    Twin logits = b.twin(dt, {N, E}), probs = b.twin(dt, {N, E}), choice = b.twin(DType::I32, {N, k}),
+         weight = b.twin(dt, {N, k}), norm = b.twin(dt, {N}), w = b.twin(dt, {N, k});
+    Vec lv = randn(size_t(N * E), 81);
+    for (int64_t e = 0; e < E; ++e) lv[size_t(E + e)] = 0.5;  // row 1: every expert tied
+    logits.set(lv);
+    for (Twin* t : {&probs, &choice, &weight, &norm, &w}) t->poison();
+    b.cpu.moe_route({probs.c(), choice.c(), weight.c(), norm.c(), w.c()}, logits.c(), Tensor());
+    b.gpu->moe_route({probs.g(), choice.g(), weight.g(), norm.g(), w.g()}, logits.g(), Tensor());
+    expect_close(probs, tol, "moe_route probs");
+    CHECK(choice.get_gpu() == choice.get_cpu());
+    CHECK(choice.get_gpu()[2] == 0.0);  // the tied row: experts 0, 1
+    CHECK(choice.get_gpu()[3] == 1.0);
+    expect_close(weight, tol, "moe_route weight");
+    expect_close(norm, tol, "moe_route norm");
+    expect_close(w, tol, "moe_route w");
+    probs.set(probs.get_cpu());  // the plan and the backward from the same routing
+    Twin slot = b.twin(DType::I32, {E}), pos = b.twin(DType::I32, {N, k}),
+         tok = b.twin(DType::I32, {N * k}), st = b.twin(DType::F64, {3 * E + 2});
+    slot.set({3, 0, 6, 1, 7, 2, 5, 4});
+    for (double cf : {0.0, 0.5}) {
+      INFO("capacity factor " << cf);
+      for (Twin* t : {&pos, &tok, &st}) t->poison();
+      b.cpu.moe_dispatch_plan(pos.c(), tok.c(), st.c(), choice.c(), probs.c(), slot.c(), cf, 64);
+      b.gpu->moe_dispatch_plan(pos.g(), tok.g(), st.g(), choice.g(), probs.g(), slot.g(), cf, 64);
+      CHECK(pos.get_gpu() == pos.get_cpu());
+      CHECK(tok.get_gpu() == tok.get_cpu());
+      expect_close(st, 1e-12, "moe_dispatch_plan stats");
+    }
+    Twin dw = b.twin(dt, {N, k}), aux = b.twin(DType::F64, {E}), dl = b.twin(dt, {N, E});
+    dw.set(randn(size_t(N * k), 82));
+    aux.set(randn(size_t(E), 83));
+    dl.poison();
+    const Backend::MoeRouting rc{probs.c(), choice.c(), weight.c(), norm.c(), w.c()},
+        rg{probs.g(), choice.g(), weight.g(), norm.g(), w.g()};
+    b.cpu.moe_router_backward(dl.c(), rc, dw.c(), aux.c(), 0.3);
+    b.gpu->moe_router_backward(dl.g(), rg, dw.g(), aux.g(), 0.3);
+    expect_close(dl, tol, "moe_router_backward");
+  }
+  // A row index past y is found on the device and thrown at the next read.
+  Twin y = b.twin(DType::F32, {4, 8}), out = b.twin(DType::F32, {1, 8}), pos = b.twin(DType::I32, {1, 2});
+  y.set(randn(32, 84));
+  pos.set({1, 4});
+  b.gpu->combine_rows(out.g(), y.g(), pos.g(), Tensor(), false);
+  CHECK_THROWS_WITH(out.get_gpu(), Catch::Matchers::Contains("combine_rows: pos[1] = 4 outside y (4 rows)"));
+}
+
 TEST_CASE("cuda backend: fused cross-entropy", "[cuda]") {
   ADGT_REQUIRE_GPU();
   Backends b;
