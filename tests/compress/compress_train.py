@@ -3,8 +3,8 @@
 then checks, after the last step, that every data-parallel replica holds the
 same parameters bit for bit, and prints "dp replicas: ... bit-identical".
 
-  --case off: grad_compression off and auto (no controller: off) give the
-      same losses bit for bit at dp=4, and int8 at dp=1 (a no-op) the same
+  --case off: grad_compression off and auto (before its first decision,
+      off: warm-up spans the run) give the same losses bit for bit at dp=4, and int8 at dp=1 (a no-op) the same
       as off at dp=1.
   --case train --level L: the run trains (losses finite, the last below the
       first), the step records report level L and fewer dp bytes than fp32.
@@ -69,8 +69,12 @@ def main():
             ranks *= int(v)
     problems = []
     if args.case == "off":
-        off, _ = run(args, "off", lay + ["parallel.grad_compression=off"], ranks)
-        auto, _ = run(args, "auto", lay + ["parallel.grad_compression=auto"], ranks)
+        # Warm-up over the whole run: auto's first decision (after the last
+        # warm-up step) would apply from step 9, so it must equal off. Without
+        # it, a decision after step 2 on a loaded machine may pick bf16.
+        whole = ["train.warmup_steps=8"]
+        off, _ = run(args, "off", lay + whole + ["parallel.grad_compression=off"], ranks)
+        auto, _ = run(args, "auto", lay + whole + ["parallel.grad_compression=auto"], ranks)
         if losses(off) != losses(auto):
             problems.append(f"off vs auto: {losses(off)} vs {losses(auto)}")
         one_off, _ = run(args, "dp1_off", ["parallel.grad_compression=off"], 1)
