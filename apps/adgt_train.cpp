@@ -23,6 +23,7 @@
 #include "parallel/process_groups.hpp"
 #include "parallel/plan/launch_plan.hpp"
 #include "parallel/plan/replan_controller.hpp"
+#include "parallel/plan/trial_controller.hpp"
 #include "parallel/sim/dry_run.hpp"
 
 namespace {
@@ -127,6 +128,7 @@ int main(int argc, char** argv) {
   // every rank loads the run with it, or every rank stops with the same error.
   std::string plan_json;
   std::shared_ptr<adgt::plan::ReplanState> replan;  // parallel.replan (docs/planner.md)
+  std::shared_ptr<adgt::plan::TrialState> trials;   // parallel.auto_trials
   if (cfg.parallel.auto_plan) {
     try {
       adgt::plan::LaunchPlan lp = adgt::plan::plan_at_launch(cfg, config_path, overrides);
@@ -140,6 +142,10 @@ int main(int argc, char** argv) {
         replan = std::make_shared<adgt::plan::ReplanState>();
         replan->hosts = lp.hosts;
         replan->fixed = lp.fixed;
+      }
+      if (lp.trials.size() > 1) {
+        trials = std::make_shared<adgt::plan::TrialState>();
+        trials->plans = lp.trials;
       }
     } catch (const adgt::ConfigError& e) {
       const std::string who = "rank " + std::to_string(mpi.rank()) + " (host " + mpi.launch().host + ")";
@@ -180,6 +186,9 @@ int main(int argc, char** argv) {
     if (replan)  // re-plans while training when the ranks' measured speeds change
       trainer.add_controller_factory(
           [replan](const adgt::RunConfig& c) { return adgt::plan::make_replan_controller(c, replan); });
+    if (trials)  // runs the planner's best plans and keeps the fastest measured
+      trainer.add_controller_factory(
+          [trials](const adgt::RunConfig& c) { return adgt::plan::make_trial_controller(c, trials); });
     const std::string from = adgt::resolve_resume(resume, cfg.checkpoint.dir);
     if (!resume.empty() && from.empty()) {
       if (eval_only)

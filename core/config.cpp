@@ -231,6 +231,11 @@ const std::vector<Key>& schema() {
           "change by more than 25% (a straggler appears or recovers), and switch the layout in "
           "memory when the plan for the measured cluster is predicted at least 5% faster "
           "(docs/planner.md, \"Re-planning\"); false: the launch's plan stays"),
+      key("parallel", &R::parallel, "auto_trials", &ParallelConfig::auto_trials, A::NonNegative,
+          "with parallel.auto: after warm-up, run the planner's best N plans a few steps each "
+          "(switching the layout in memory) and keep the fastest measured; the simulator's "
+          "ranking decides what is tried, the clock what is kept (docs/planner.md, \"Trials\"); "
+          "0: the launch's plan stays"),
       key("parallel", &R::parallel, "adapt", &ParallelConfig::adapt, A::Choices,
           "run-time adaptation (docs/adaptation.md): off; schedule = with pp > 1, re-plan the "
           "pipeline schedule from the measured stage times once warmed up and on every "

@@ -108,6 +108,10 @@ struct ParallelConfig {
   // the ranks change, and switch the layout in memory when that pays
   // (parallel/plan/replan_controller.hpp; docs/planner.md "Re-planning").
   bool replan = true;
+  // With auto_plan: after warm-up, run the planner's best `auto_trials` plans
+  // a few steps each (switching in memory), then keep the fastest measured
+  // (parallel/plan/trial_controller.hpp; docs/planner.md "Trials"). 0: off.
+  int64_t auto_trials = 0;
   // Run-time adaptation (parallel/adapt/; docs/adaptation.md): off, or
   // schedule = re-plan the pipeline schedule from measured stage times at
   // warm-up and on every sustained change; schedule+layers = also move

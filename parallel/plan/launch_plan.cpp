@@ -1,6 +1,8 @@
 // parallel.auto at launch (launch_plan.hpp).
 #include "parallel/plan/launch_plan.hpp"
 
+#include <array>
+
 #include <mpi.h>
 
 #include <algorithm>
@@ -58,6 +60,8 @@ Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cl
   in.base = cfg;
   in.world = world;
   in.fixed = fixed;
+  // parallel.auto_trials picks among more rows than the table shows.
+  if (cfg.parallel.auto_trials > 1) in.top = std::max<size_t>(in.top, size_t(16 * cfg.parallel.auto_trials));
   // Slow ranks are launcher ranks; the simulator's ranks are layout ranks in
   // node-contiguous order (what topology placement makes of any launcher
   // order, parallel/placement.hpp).
@@ -219,6 +223,22 @@ std::string polite_broadcast(const std::string& text, int rank) {
 
 }  // namespace
 
+std::vector<size_t> trial_rows(const Plan& p, size_t k, double within) {
+  std::vector<size_t> out;
+  if (p.rows.empty() || k == 0) return out;
+  const double best = p.rows.front().result.step_time_s;
+  std::vector<std::array<int64_t, 4>> shapes;
+  for (size_t i = 0; i < p.rows.size() && out.size() < k; ++i) {
+    const RunConfig& c = p.rows[i].cfg;
+    if (i > 0 && p.rows[i].result.step_time_s > best * (1.0 + within)) break;
+    const std::array<int64_t, 4> sh{c.parallel.tp, c.parallel.pp, c.parallel.dp, c.parallel.ep};
+    if (std::find(shapes.begin(), shapes.end(), sh) != shapes.end()) continue;
+    shapes.push_back(sh);
+    out.push_back(i);
+  }
+  return out;
+}
+
 LaunchPlan plan_at_launch(const RunConfig& cfg, const std::string& path,
                           const std::vector<std::string>& overrides) {
   auto world = MpiComm::world("plan");
@@ -243,6 +263,23 @@ LaunchPlan plan_at_launch(const RunConfig& cfg, const std::string& path,
       std::ostringstream os;
       os << "OK\n" << plan_json(p.plan, p.cluster) << "\n";
       for (const std::string& o : plan_overrides(p.plan.chosen().cfg)) os << o << "\n";
+      // The plans to try (parallel.auto_trials), one line each after "TRIALS".
+      const std::vector<size_t> rows = trial_rows(p.plan, size_t(std::max<int64_t>(0, cfg.parallel.auto_trials)));
+      if (rows.size() > 1) {
+        lp.table += "trials (parallel.auto_trials=" + std::to_string(cfg.parallel.auto_trials) +
+                    "; the best plan of each structure within 25% of the best predicted):\n";
+        for (size_t j = 0; j < rows.size(); ++j) {
+          char b[64];
+          std::snprintf(b, sizeof b, "  trial plan %zu: ", j);
+          lp.table += b + p.plan.rows[rows[j]].layout + "\n";
+        }
+        os << "TRIALS\n";
+        for (size_t i : rows) {
+          std::string line;
+          for (const std::string& o : plan_overrides(p.plan.rows[i].cfg)) line += (line.empty() ? "" : "\t") + o;
+          os << line << "\n";
+        }
+      }
       payload = os.str();
     } catch (const std::exception& e) {
       payload = std::string("ERR\n") + e.what();
@@ -252,8 +289,23 @@ LaunchPlan plan_at_launch(const RunConfig& cfg, const std::string& path,
   if (payload.rfind("ERR\n", 0) == 0) throw ConfigError(payload.substr(4));
   std::istringstream is(payload.substr(3));
   std::getline(is, lp.json);
-  for (std::string line; std::getline(is, line);)
-    if (!line.empty()) lp.overrides.push_back(line);
+  bool trials = false;
+  for (std::string line; std::getline(is, line);) {
+    if (line == "TRIALS") {
+      trials = true;
+      continue;
+    }
+    if (line.empty()) continue;
+    if (!trials) {
+      lp.overrides.push_back(line);
+      continue;
+    }
+    std::istringstream words(line);  // tab-separated: values may hold spaces
+    std::vector<std::string> ov;
+    for (std::string w; std::getline(words, w, '\t');)
+      if (!w.empty()) ov.push_back(w);
+    lp.trials.push_back(std::move(ov));
+  }
   std::vector<std::string> all_ov = overrides;
   all_ov.insert(all_ov.end(), lp.overrides.begin(), lp.overrides.end());
   lp.cfg = load_config(path, all_ov);

@@ -14,6 +14,7 @@
 #include "core/config.hpp"
 #include "parallel/cluster/cluster.hpp"
 #include "parallel/plan/gpu_topology.hpp"
+#include "parallel/plan/planner.hpp"
 #include "parallel/sim/step_sim.hpp"
 
 namespace adgt::plan {
@@ -38,6 +39,9 @@ struct LaunchPlan {
   std::string json;                     // plan_json() (the same on every rank)
   std::vector<std::string> hosts;       // launcher rank -> host name
   std::vector<std::string> fixed;       // the keys the user set (the plan kept them)
+  // parallel.auto_trials: the plans to try, best predicted first (the first
+  // is the chosen one's overrides), each as --set overrides; empty when off.
+  std::vector<std::vector<std::string>> trials;
 };
 
 // Collective over MPI_COMM_WORLD (an MpiEnv must exist). `cfg` was loaded
@@ -45,6 +49,15 @@ struct LaunchPlan {
 // message) when nothing fits.
 LaunchPlan plan_at_launch(const RunConfig& cfg, const std::string& path,
                           const std::vector<std::string>& overrides);
+
+// parallel.auto_trials' candidates: indices into p.rows (best predicted
+// first), at most k: the best row of each distinct (tp, pp, dp, ep), among
+// the rows predicted within `within` of the best. The simulator's error is
+// mostly per structure (on CPU ranks sharing cores, pipelines measured
+// 1.4-2x their prediction, data-parallel plans 1.1-1.25x;
+// docs/simulator.md), so the trials hedge it across structures rather than
+// time micro-batch sizes of one.
+std::vector<size_t> trial_rows(const Plan& p, size_t k, double within = 0.25);
 
 // Writes `json` to DIR/plan.json (creating DIR); a failure is a warning on
 // stderr, not an error (the plan is also in metrics.jsonl).
