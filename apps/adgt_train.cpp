@@ -144,8 +144,8 @@ int main(int argc, char** argv) {
         replan->fixed = lp.fixed;
       }
       if (lp.trials.size() > 1) {
-        trials = std::make_shared<adgt::plan::TrialState>();
-        trials->plans = lp.trials;
+        trials = std::make_shared<adgt::plan::TrialState>(
+            adgt::plan::make_trial_state(lp.trials, lp.trial_group));
       }
     } catch (const adgt::ConfigError& e) {
       const std::string who = "rank " + std::to_string(mpi.rank()) + " (host " + mpi.launch().host + ")";

@@ -239,6 +239,26 @@ std::vector<size_t> trial_rows(const Plan& p, size_t k, double within) {
   return out;
 }
 
+std::vector<std::pair<size_t, int>> trial_candidates(const Plan& p, size_t k, size_t more,
+                                                     double within) {
+  const std::vector<size_t> lead = trial_rows(p, k, within);
+  std::vector<std::pair<size_t, int>> out;
+  for (size_t g = 0; g < lead.size(); ++g) out.emplace_back(lead[g], int(g));
+  for (size_t g = 0; g < lead.size(); ++g) {
+    const RunConfig& l = p.rows[lead[g]].cfg;
+    size_t n = 0;
+    for (size_t i = 0; i < p.rows.size() && n < more; ++i) {
+      const RunConfig& c = p.rows[i].cfg;
+      if (i == lead[g] || c.parallel.tp != l.parallel.tp || c.parallel.pp != l.parallel.pp ||
+          c.parallel.dp != l.parallel.dp || c.parallel.ep != l.parallel.ep)
+        continue;
+      out.emplace_back(i, int(g));
+      ++n;
+    }
+  }
+  return out;
+}
+
 LaunchPlan plan_at_launch(const RunConfig& cfg, const std::string& path,
                           const std::vector<std::string>& overrides) {
   auto world = MpiComm::world("plan");
@@ -264,19 +284,20 @@ LaunchPlan plan_at_launch(const RunConfig& cfg, const std::string& path,
       os << "OK\n" << plan_json(p.plan, p.cluster) << "\n";
       for (const std::string& o : plan_overrides(p.plan.chosen().cfg)) os << o << "\n";
       // The plans to try (parallel.auto_trials), one line each after "TRIALS".
-      const std::vector<size_t> rows = trial_rows(p.plan, size_t(std::max<int64_t>(0, cfg.parallel.auto_trials)));
-      if (rows.size() > 1) {
+      const auto cands = trial_candidates(p.plan, size_t(std::max<int64_t>(0, cfg.parallel.auto_trials)));
+      if (cands.size() > 1) {
         lp.table += "trials (parallel.auto_trials=" + std::to_string(cfg.parallel.auto_trials) +
-                    "; the best plan of each structure within 25% of the best predicted):\n";
-        for (size_t j = 0; j < rows.size(); ++j) {
-          char b[64];
-          std::snprintf(b, sizeof b, "  trial plan %zu: ", j);
-          lp.table += b + p.plan.rows[rows[j]].layout + "\n";
+                    "; round 1: the best plan of each structure within 25% of the best "
+                    "predicted; round 2: the fastest one's next two):\n";
+        for (size_t j = 0; j < cands.size(); ++j) {
+          char b[80];
+          std::snprintf(b, sizeof b, "  trial plan %zu (structure %d): ", j, cands[j].second);
+          lp.table += b + p.plan.rows[cands[j].first].layout + "\n";
         }
         os << "TRIALS\n";
-        for (size_t i : rows) {
-          std::string line;
-          for (const std::string& o : plan_overrides(p.plan.rows[i].cfg)) line += (line.empty() ? "" : "\t") + o;
+        for (const auto& [i, g] : cands) {
+          std::string line = std::to_string(g);
+          for (const std::string& o : plan_overrides(p.plan.rows[i].cfg)) line += "\t" + o;
           os << line << "\n";
         }
       }
@@ -300,11 +321,14 @@ LaunchPlan plan_at_launch(const RunConfig& cfg, const std::string& path,
       lp.overrides.push_back(line);
       continue;
     }
-    std::istringstream words(line);  // tab-separated: values may hold spaces
+    std::istringstream words(line);  // the structure, then tab-separated overrides
+    std::string g;
+    std::getline(words, g, '\t');
     std::vector<std::string> ov;
     for (std::string w; std::getline(words, w, '\t');)
       if (!w.empty()) ov.push_back(w);
     lp.trials.push_back(std::move(ov));
+    lp.trial_group.push_back(std::stoi(g));
   }
   std::vector<std::string> all_ov = overrides;
   all_ov.insert(all_ov.end(), lp.overrides.begin(), lp.overrides.end());

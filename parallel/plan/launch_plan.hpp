@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/config.hpp"
@@ -39,9 +40,11 @@ struct LaunchPlan {
   std::string json;                     // plan_json() (the same on every rank)
   std::vector<std::string> hosts;       // launcher rank -> host name
   std::vector<std::string> fixed;       // the keys the user set (the plan kept them)
-  // parallel.auto_trials: the plans to try, best predicted first (the first
-  // is the chosen one's overrides), each as --set overrides; empty when off.
+  // parallel.auto_trials: the plans to try, each as --set overrides (the
+  // structure leaders first, the launch's choice first of all), and each
+  // one's structure (trial_candidates); empty when off.
   std::vector<std::vector<std::string>> trials;
+  std::vector<int> trial_group;
 };
 
 // Collective over MPI_COMM_WORLD (an MpiEnv must exist). `cfg` was loaded
@@ -58,6 +61,11 @@ LaunchPlan plan_at_launch(const RunConfig& cfg, const std::string& path,
 // docs/simulator.md), so the trials hedge it across structures rather than
 // time micro-batch sizes of one.
 std::vector<size_t> trial_rows(const Plan& p, size_t k, double within = 0.25);
+// Every candidate: trial_rows' leaders, then for each leader up to `more`
+// other rows of its structure (best predicted first, any prediction): pairs
+// (row, the index of its leader among the leaders).
+std::vector<std::pair<size_t, int>> trial_candidates(const Plan& p, size_t k, size_t more = 2,
+                                                     double within = 0.25);
 
 // Writes `json` to DIR/plan.json (creating DIR); a failure is a warning on
 // stderr, not an error (the plan is also in metrics.jsonl).

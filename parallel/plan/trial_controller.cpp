@@ -9,6 +9,24 @@
 
 namespace adgt::plan {
 
+TrialState make_trial_state(std::vector<std::vector<std::string>> plans, std::vector<int> group) {
+  TrialState s;
+  s.plans = std::move(plans);
+  s.group = std::move(group);
+  if (s.group.size() != s.plans.size()) {
+    s.group.resize(s.plans.size());
+    for (size_t i = 0; i < s.group.size(); ++i) s.group[i] = int(i);
+  }
+  std::vector<int> seen;
+  for (size_t i = 0; i < s.plans.size(); ++i)
+    if (std::find(seen.begin(), seen.end(), s.group[i]) == seen.end()) {
+      seen.push_back(s.group[i]);
+      s.order.push_back(int(i));
+    }
+  s.current = s.order.empty() ? 0 : s.order.front();
+  return s;
+}
+
 nlohmann::json decide_trial(const TrialState& s, const TrialOptions& o, double step_seconds,
                             bool running_matches) {
   nlohmann::json d;
@@ -16,7 +34,9 @@ nlohmann::json decide_trial(const TrialState& s, const TrialOptions& o, double s
   d["sample"] = step_seconds;
   std::vector<double> samples = s.samples, measured = s.measured;
   measured.resize(s.plans.size(), -1.0);
-  int current = s.current, steps = s.steps + 1;
+  int current = s.current, steps = s.steps + 1, pos = s.pos, round = s.round;
+  std::vector<int> order = s.order;
+  if (order.empty()) order.push_back(s.current);
   bool finished = false;
   std::string reason;
   if (!running_matches) {
@@ -42,15 +62,32 @@ nlohmann::json decide_trial(const TrialState& s, const TrialOptions& o, double s
   if (finished) {
     samples.clear();
     steps = 0;
-    if (current + 1 < int(s.plans.size())) {
-      ++current;
-      d["layout_request"] = s.plans[size_t(current)];
-      reason += "; trying plan " + std::to_string(current);
-    } else {
+    auto fastest = [&] {
       int best = -1;
       for (size_t i = 0; i < measured.size(); ++i)
         if (measured[i] > 0 && (best < 0 || measured[i] < measured[size_t(best)])) best = int(i);
-      if (best < 0) best = 0;
+      return best;
+    };
+    if (pos + 1 >= int(order.size()) && round == 1) {
+      // Round 2: the rest of the fastest leader's structure, best predicted first.
+      round = 2;
+      const int lead = fastest();
+      if (lead >= 0)
+        for (size_t i = 0; i < s.plans.size(); ++i)
+          if (int(i) != lead && s.group.size() == s.plans.size() &&
+              s.group[i] == s.group[size_t(lead)] &&
+              std::find(order.begin(), order.end(), int(i)) == order.end())
+            order.push_back(int(i));
+      if (pos + 1 < int(order.size()))
+        reason += "; round 2 in plan " + std::to_string(lead) + "'s structure";
+    }
+    if (pos + 1 < int(order.size())) {
+      current = order[size_t(++pos)];
+      d["layout_request"] = s.plans[size_t(current)];
+      reason += "; trying plan " + std::to_string(current);
+    } else {
+      int best = fastest();
+      if (best < 0) best = order.front();
       d["done"] = true;
       d["kept"] = best;
       if (best != current) d["layout_request"] = s.plans[size_t(best)];
@@ -60,6 +97,9 @@ nlohmann::json decide_trial(const TrialState& s, const TrialOptions& o, double s
   }
   d["samples"] = samples;
   d["measured"] = measured;
+  d["order"] = order;
+  d["pos"] = pos;
+  d["round"] = round;
   d["current"] = current;
   d["steps"] = steps;
   d["reason"] = reason;
@@ -70,6 +110,9 @@ void apply_trial(TrialState& s, const nlohmann::json& d) {
   s.samples = d.at("samples").get<std::vector<double>>();
   s.measured = d.at("measured").get<std::vector<double>>();
   s.current = d.at("current").get<int>();
+  s.order = d.at("order").get<std::vector<int>>();
+  s.pos = d.at("pos").get<int>();
+  s.round = d.at("round").get<int>();
   s.steps = d.at("steps").get<int>();
   s.done = d.at("done").get<bool>();
   s.kept = d.at("kept").get<int>();

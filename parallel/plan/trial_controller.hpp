@@ -1,10 +1,12 @@
 // parallel.auto_trials (docs/planner.md "Trials"): the simulator ranks the
-// plans, the clock picks among the best. After the launch's plan has run
-// `warmup` steps, each of the planner's best N plans (best predicted first,
-// the launch's own first) runs `measure` steps; the step time is the slowest
-// rank's wall time, and a plan's figure is the median of its steps. The
-// controller then asks for the fastest measured plan (an in-memory layout
-// switch, docs/reliability.md) and stops. Every switch is at a step boundary
+// plans, the clock picks among the best, in two rounds. Round 1 runs the
+// leader of each structure (the best predicted plan of each (tp, pp, dp, ep),
+// the launch's own first); round 2 runs the other candidates of the
+// structure whose leader measured fastest (its next micro-batch sizes or
+// schedules). Each plan runs `warmup` steps, then `measure` steps; the step
+// time is the slowest rank's wall time, and a plan's figure is the median of
+// its steps. The controller then asks for the fastest measured plan (an
+// in-memory layout switch, docs/reliability.md) and stops. Every switch is at a step boundary
 // and moves the state exactly, so the trials change no number the run
 // computes (within the switch's f32 carriage of an f64 run).
 //
@@ -32,6 +34,10 @@ struct TrialOptions {
 
 struct TrialState {
   std::vector<std::vector<std::string>> plans;  // --set overrides, best predicted first
+  std::vector<int> group;                       // per plan: its structure (plans[0]'s is 0)
+  std::vector<int> order;                       // the plans to run, in turn (round 1: leaders)
+  int pos = 0;                                  // current == order[pos]
+  int round = 1;
   std::vector<double> measured;                 // median step per plan (< 0: not measured)
   int current = 0;                              // the plan running now
   int steps = 0;                                // steps since it started
@@ -40,11 +46,15 @@ struct TrialState {
   int kept = -1;                                // the plan kept (when done)
 };
 
+// The first plan of each group (by index) leads it; make_trial_state sets the
+// order to the leaders. `group` empty: every plan its own group.
+TrialState make_trial_state(std::vector<std::vector<std::string>> plans, std::vector<int> group);
+
 // The decider, apart from the loop (unit-tested): the state and one step's
 // time in (`running_matches`: the running layout is plans[current]), the
-// decision out: {"plan", "sample", "samples", "measured", "current",
-// "steps", "done", "kept", "layout_request" (overrides or null), "reason"}.
-// Pure: `s` is not changed; apply_trial() applies a decision to a state.
+// decision out: {"plan", "sample", "samples", "measured", "current", "pos",
+// "order", "round", "steps", "done", "kept", "layout_request" (overrides or
+// null), "reason"}. Pure: `s` is not changed; apply_trial() applies it.
 nlohmann::json decide_trial(const TrialState& s, const TrialOptions& o, double step_seconds,
                             bool running_matches);
 void apply_trial(TrialState& s, const nlohmann::json& decision);

@@ -153,7 +153,7 @@ def main():
               flush=True)
     if args.trials > 1:
         # The launch with trials: the plan they keep is the planner's choice.
-        steps = args.trials * 5 + 3
+        steps = (args.trials + 2) * 5 + 3  # round 1: K leaders; round 2: up to 2 more
         log = os.path.join(args.work, "trials")
         os.makedirs(log, exist_ok=True)
         common = [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
@@ -165,7 +165,7 @@ def main():
                              flags(common + fixes + extra), capture_output=True, text=True, env=env)
         if out.returncode != 0:
             sys.exit("the launch with trials failed:\n" + out.stderr[-1500:])
-        cands = re.findall(r"^\s+trial plan (\d+): (.+)$", out.stdout, re.M)
+        cands = re.findall(r"^\s+trial plan (\d+) \(structure \d+\): (.+)$", out.stdout, re.M)
         kept = re.search(r"^trials: .*keeping plan (\d+) \(measured (.*)\)$", out.stdout, re.M)
         if not cands or not kept:
             sys.exit("the launch with trials printed no candidates or no kept plan:\n" + out.stdout[-3000:])

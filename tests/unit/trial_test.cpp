@@ -26,8 +26,7 @@ std::vector<nlohmann::json> run(TrialState& s, const TrialOptions& o,
 }  // namespace
 
 TEST_CASE("trials: each plan measured after its warm-up, the fastest kept", "[trials]") {
-  TrialState s;
-  s.plans = {{"parallel.dp=8"}, {"parallel.dp=4", "parallel.pp=2"}, {"parallel.tp=2"}};
+  TrialState s = make_trial_state({{"parallel.dp=8"}, {"parallel.dp=4", "parallel.pp=2"}, {"parallel.tp=2"}}, {});
   const TrialOptions o{2, 3};
   // plan 1 is fastest once warm; its warm-up steps are slow and must not count.
   const auto d = run(s, o, {{9, 9, 1.0, 1.2, 1.1}, {20, 20, 0.5, 0.7, 0.6}, {0.1, 0.1, 0.9, 0.8, 0.9}});
@@ -45,16 +44,14 @@ TEST_CASE("trials: each plan measured after its warm-up, the fastest kept", "[tr
 
 TEST_CASE("trials: the last plan kept needs no switch; a refused switch is not measured", "[trials]") {
   {
-    TrialState s;
-    s.plans = {{"a=1"}, {"a=2"}};
+    TrialState s = make_trial_state({{"a=1"}, {"a=2"}}, {});
     const auto d = run(s, {1, 2}, {{2, 2, 2}, {1, 1, 1}});
     CHECK(s.kept == 1);
     CHECK(d.back()["layout_request"].is_null());
     CHECK(d.back()["done"].get<bool>());
   }
   {
-    TrialState s;
-    s.plans = {{"a=1"}, {"a=2"}, {"a=3"}};
+    TrialState s = make_trial_state({{"a=1"}, {"a=2"}, {"a=3"}}, {});
     // plan 1's switch is refused: its steps run plan 0's layout and must not be measured as plan 1's
     const auto d = run(s, {1, 2}, {{2, 2, 2}, {0.1, 0.1, 0.1}, {3, 3, 3}}, 1);
     CHECK(s.kept == 0);
@@ -62,6 +59,20 @@ TEST_CASE("trials: the last plan kept needs no switch; a refused switch is not m
     CHECK(s.measured[2] == 3);
     CHECK(d.back()["layout_request"] == nlohmann::json(s.plans[0]));
   }
+}
+
+TEST_CASE("trials: round 2 runs the rest of the fastest leader's structure", "[trials]") {
+  // Structures 0, 1, 2 lead; plans 3 and 4 belong to structure 1, plan 5 to 0.
+  TrialState s = make_trial_state({{"p=0"}, {"p=1"}, {"p=2"}, {"p=3"}, {"p=4"}, {"p=5"}},
+                                  {0, 1, 2, 1, 1, 0});
+  REQUIRE(s.order == std::vector<int>{0, 1, 2});
+  const auto d = run(s, {1, 2}, {{3, 3, 3}, {2, 2, 2}, {4, 4, 4}, {1.5, 1.5, 1.5}, {2.5, 2.5, 2.5}, {0.1, 0.1, 0.1}});
+  REQUIRE(s.done);
+  CHECK(s.order == std::vector<int>{0, 1, 2, 3, 4});  // plan 5 (structure 0, fast) never runs
+  CHECK(s.kept == 3);
+  CHECK(s.measured[5] < 0);
+  CHECK(d.back()["layout_request"] == nlohmann::json(s.plans[3]));
+  CHECK(s.round == 2);
 }
 
 TEST_CASE("trials: candidates are the best plan of each structure within 25% of the best", "[trials]") {
@@ -82,4 +93,8 @@ TEST_CASE("trials: candidates are the best plan of each structure within 25% of 
   CHECK(trial_rows(p, 2) == std::vector<size_t>{0, 2});
   CHECK(trial_rows(p, 4, 0.5) == std::vector<size_t>{0, 2, 3, 4});
   CHECK(trial_rows(p, 0).empty());
+  // round 2's candidates: the leaders' siblings, any prediction
+  row(1, 1, 8, 2, 1.40);
+  const auto c = trial_candidates(p, 4);
+  CHECK(c == std::vector<std::pair<size_t, int>>{{0, 0}, {2, 1}, {3, 2}, {1, 0}, {5, 2}});
 }
