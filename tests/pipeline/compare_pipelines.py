@@ -54,6 +54,22 @@ def main():
     args = ap.parse_args()
     if args.rendezvous:
         os.environ["ADGT_PP_RENDEZVOUS"] = "1"
+        # The ranks must see it, or every run below is the plain lists' (and
+        # would match the single process as well): the executor says so once.
+        import subprocess
+        out = os.path.join(args.work, "rendezvous_probe")
+        cmd = [args.mpirun, "2", args.train, "--config", os.path.join(HERE, "model.yaml")]
+        for s in [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
+                  f"log.dir={out}", f"checkpoint.dir={out}/ckpt", "checkpoint.at_end=false",
+                  "train.steps=2", "train.warmup_steps=1", "parallel.pp=2",
+                  "parallel.schedule=interleaved", "parallel.virtual_stages=2",
+                  "train.global_batch=4"]:
+            cmd += ["--set", s]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+        if p.returncode != 0 or "the schedule runs as pp::for_rendezvous" not in p.stderr:
+            sys.exit(f"FAIL: ADGT_PP_RENDEZVOUS=1 did not reach the executor (exit {p.returncode})\n"
+                     + p.stderr[-2000:])
     os.makedirs(args.work, exist_ok=True)
     refs = {}
 
