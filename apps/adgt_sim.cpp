@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
                            slow;
   std::vector<std::string> overrides;
   int64_t gpus = 0, host_cores = 0, top = 10, cold_mib = 16;
-  bool json = false, sweep = false, sweep_all = false, dropout = false;
+  bool json = false, sweep = false, sweep_all = false, dropout = false, no_calibrate = false;
   std::string attention = "flash";
   app.add_option("--config", config_path, "YAML run file")->required();
   app.add_option("--set", overrides, "override a key: --set section.key=value (repeatable)");
@@ -74,6 +74,9 @@ int main(int argc, char** argv) {
   app.add_option("--profile-cold-mib", cold_mib,
                  "profile: cycle each op through copies of its operands totalling this many MiB "
                  "(0: cache-hot)")->capture_default_str();
+  app.add_flag("--no-calibrate", no_calibrate,
+               "profile: the ops' times alone, without the in-situ factor (one micro-batch of the "
+               "run's model on one rank against the profile's sum of its ops; docs/simulator.md)");
   app.add_option("--host-cores", host_cores,
                  "every rank shares this many cores (CPU ranks emulating the cluster on one host)");
   std::string sync = "0";
@@ -118,8 +121,10 @@ int main(int argc, char** argv) {
       throw adgt::ConfigError("--costs: expected auto, model or profile, got '" + costs_mode + "'");
     if (profile) {
       be = adgt::make_backend("cpu");
-      costs = std::make_unique<adgt::sim::ProfileCosts>(*be, profile_cache, 0.01,
-                                                          size_t(cold_mib) << 20);
+      auto pc = std::make_unique<adgt::sim::ProfileCosts>(*be, profile_cache, 0.01,
+                                                           size_t(cold_mib) << 20);
+      if (!no_calibrate) pc->calibrate(cfg);
+      costs = std::move(pc);
       // MFU against this machine's measured GEMM rate, as the trainer reports it.
       cl.device.peak_fp32_flops = cl.device.peak_bf16_flops = be->peak_tflops() * 1e12;
     } else {

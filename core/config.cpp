@@ -316,6 +316,12 @@ const std::vector<Key>& schema() {
           "a bandwidth schedule of every emulated link: \"0.0005@200,1@400\" = from step 200 "
           "every link carries 0.0005x the cluster's bandwidth, from step 400 1x again "
           "(latencies unchanged); \"\" = the cluster's throughout; needs emulate.cluster"),
+      key("emulate", &R::emulate, "clock", &EmulateConfig::clock, A::Choices,
+          "the emulation's clock: wall = CLOCK_MONOTONIC, waits sleep; virtual = per rank its "
+          "training thread's CPU time plus the emulated waits, nothing sleeps (ranks sharing "
+          "cores time their steps as if each had a core; step times and tokens/s are "
+          "virtual); virtual needs emulate.cluster and train.device cpu, one thread per rank",
+          {"wall", "virtual"}),
   };
   return k;
 }
@@ -1060,6 +1066,13 @@ void validate(const RunConfig& cfg_in) {
     throw ConfigError(src + ": emulate.slow_ranks=" + yaml_quote(e.slow_ranks) +
                       " needs emulate.cluster (the emulation it is part of); set "
                       "emulate.cluster=cpu-here for this machine's links");
+  if (e.clock == "virtual" && trim(e.cluster).empty())
+    throw ConfigError(src + ": emulate.clock=virtual needs emulate.cluster (the emulation it "
+                            "times); set emulate.cluster=cpu-here for this machine's links");
+  if (e.clock == "virtual" && cfg.train.device != "cpu" && cfg.train.device != "auto")
+    throw ConfigError(src + ": emulate.clock=virtual needs train.device=cpu (it counts the "
+                            "training thread's CPU time as compute), not train.device=" +
+                      yaml_quote(cfg.train.device));
   if (!parse_link_bandwidth(e.link_bandwidth).empty() && trim(e.cluster).empty())
     throw ConfigError(src + ": emulate.link_bandwidth=" + yaml_quote(e.link_bandwidth) +
                       " needs emulate.cluster (the links it schedules); set "

@@ -178,6 +178,12 @@ struct EmulateConfig {
   // from step 400 1x again); factors > 0, steps ascending; "" = the cluster's
   // bandwidths throughout. Needs emulate.cluster.
   std::string link_bandwidth;
+  // Which clock the emulation times with: wall = CLOCK_MONOTONIC (waits
+  // sleep); virtual = per rank, its training thread's CPU time plus the
+  // emulated waits (nothing sleeps; ranks sharing cores time their steps as
+  // if each had its own). Needs emulate.cluster; virtual needs train.device
+  // cpu with one thread per rank.
+  std::string clock = "wall";
   bool operator==(const EmulateConfig&) const = default;
 };
 

@@ -1,5 +1,7 @@
 #include "parallel/mpi_comm.hpp"
 
+#include <atomic>
+
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -270,12 +272,20 @@ void MpiComm::advance_pending() {
   }
 }
 
+namespace {
+std::atomic<int> g_poll_us{50};
+}  // namespace
+
+void set_mpi_poll_interval_us(int us) { g_poll_us.store(std::max(1, us)); }
+int mpi_poll_interval_us() { return g_poll_us.load(); }
+
 void MpiComm::run_until(const RingOp& op) {
-  // A short spin, then polls every 50 us (ranks may share cores), like wait_politely.
+  // A short spin, then polls every mpi_poll_interval_us() (50 us by default;
+  // ranks may share cores), like wait_politely.
   for (int spin = 0;; ++spin) {
     advance_pending();
     if (op.complete()) return;
-    if (spin >= 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (spin >= 200) std::this_thread::sleep_for(std::chrono::microseconds(g_poll_us.load()));
   }
 }
 
@@ -379,14 +389,14 @@ void MpiComm::send(const Tensor& t, int peer, int tag) {
 void MpiComm::wait_politely(MPI_Request& req, MPI_Status* st) {
   // A pipeline stage can wait long for its neighbour (the bubble). Polling
   // without pause would take a core from the ranks that compute when ranks
-  // share cores; after a short spin, poll every 50 us. The wait hook (the
+  // share cores; after a short spin, poll every mpi_poll_interval_us(). The wait hook (the
   // executor's: other groups' started collectives) runs between polls.
   int done = 0;
   for (int spin = 0; !done; ++spin) {
     ADGT_MPI(MPI_Test(&req, &done, st));
     if (done) break;
     if (wait_hook_) wait_hook_();
-    if (spin >= 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (spin >= 200) std::this_thread::sleep_for(std::chrono::microseconds(g_poll_us.load()));
   }
 }
 

@@ -38,6 +38,14 @@
 
 namespace adgt {
 
+// How long a rank waiting in an MpiComm call (after a short spin) sleeps
+// between polls, process-wide: 50 us by default. The emulation's virtual
+// clock (parallel/emulate/, docs/emulation.md) sets it longer: waiting costs
+// no time there, and fewer wake-ups leave the computing ranks' cores (and
+// caches) alone.
+void set_mpi_poll_interval_us(int us);
+int mpi_poll_interval_us();
+
 class MpiComm final : public Comm {
  public:
   // Wraps `comm` (freed on destruction when `owned`); makes a private

@@ -192,6 +192,13 @@ void Trainer::wire(ParallelContext ctx, bool init) {
       throw CollectiveError("emulate.cluster=\"" + cfg.emulate.cluster +
                             "\": the emulation delays MPI transports of CPU ranks, but this run's "
                             "collectives go to NCCL; use train.device=cpu or emulated");
+    if (emulation_->clock == emulate::ClockKind::Virtual &&
+        (!backend_->is_host() || omp_get_max_threads() != 1))
+      throw CollectiveError(
+          "emulate.clock=virtual counts each rank's training thread's CPU time as its compute, "
+          "so it needs the cpu backend with one thread per rank (OMP_NUM_THREADS=1); this run "
+          "has " + std::string(backend_->is_host() ? "" : "a device backend and ") +
+          std::to_string(omp_get_max_threads()) + " thread(s)");
     emulation_->slowdown.set_backend(backend_.get());
     emulated_comms_ = emulate::wrap_emulated_groups(ctx, *emulation_);
   }
@@ -540,8 +547,16 @@ TrainSummary Trainer::train() {
   const auto t_start = clock::now();
   int64_t consecutive_bad = 0;
   const int64_t first_step = step_;
+  // A step's time: the emulation's virtual clock when it has one (what each
+  // rank would measure with a core of its own), else the wall clock.
+  const auto step_clock = [this] {
+    return emulation_ && emulation_->clock == emulate::ClockKind::Virtual
+               ? emulation_->state->clock.now()
+               : std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+  };
   while (step_ < t.steps) {
     const auto t0 = clock::now();
+    const double v0 = step_clock();
     const ParallelContext& g = engine_->groups();
     if (emulation_) emulation_->at_step(step_);  // a straggler injected mid-run starts here
     tei.start_step();
@@ -597,9 +612,10 @@ TrainSummary Trainer::train() {
     r.tp_seconds += g.tp->stats().seconds, r.pp_seconds += g.pp->stats().seconds;
     r.ep_seconds += g.ep->stats().seconds;
     if (reads0 >= 0) r.host_reads = backend_->host_reads() - reads0;
-    r.seconds = std::chrono::duration<double>(clock::now() - t0).count();
+    r.seconds = step_clock() - v0;
     tt.seconds = r.seconds;
-    fault::step_finished(r.seconds);  // the watchdog's automatic deadline (docs/reliability.md)
+    // The watchdog's automatic deadline (docs/reliability.md) is wall time.
+    fault::step_finished(std::chrono::duration<double>(clock::now() - t0).count());
     tei.add_step(tt, r.applied);
     // A layout change a controller decided (a layer move, a re-plan, an
     // expert placement), made below at this boundary.

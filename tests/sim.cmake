@@ -40,12 +40,12 @@ add_test(NAME sim_published_runs
   COMMAND ${ADGT_PYTHON} ${CMAKE_SOURCE_DIR}/scripts/sim/published.py --sim ${_sim} --bound 0.10)
 set_tests_properties(sim_published_runs PROPERTIES LABELS sim TIMEOUT 300)
 
-# Against measured runs on 8 CPU ranks with an emulated 2-node cluster
-# (scripts/sim/validate_cpu.py --quick, docs/simulator.md): three layouts'
-# memory within 5% (the acceptance bound), and their step times within a mean
-# |error| of 35%, a guard against gross errors only (run-to-run noise on this
-# machine moved the same layouts from 9% to 21%; the bound of the issue is
-# checked by the full script, a benchmark). Run alone: timings.
+# Against measured runs on 8 CPU ranks with an emulated 2-node cluster timed on
+# the emulation's virtual clock (scripts/sim/validate_cpu.py --quick,
+# docs/simulator.md): three layouts' memory within 5% (the acceptance bound),
+# and four layouts' step times (dp, dp with one micro-batch, 1f1b and
+# interleaved pipelines) within a mean |error| of 15% (measured 4-10%; the
+# issue's 10% over 14 layouts is the full script's, a benchmark). Run alone.
 if(TARGET adgt-train)
   add_test(NAME sim_validate_cpu_quick
     COMMAND ${ADGT_PYTHON} ${CMAKE_SOURCE_DIR}/scripts/sim/validate_cpu.py --quick

@@ -15,6 +15,7 @@ using cluster::Collective;
 struct EmulatedComm::Timing {
   Collective kind = Collective::AllReduce;
   double buf[2] = {0, 0};  // entry time, bytes; after the reduction their maxima
+  double mine = 0;         // this member's entry time
   Work reduce;             // the entry reduction on the control channel
   bool resolved = false;
   double end = 0;
@@ -22,18 +23,23 @@ struct EmulatedComm::Timing {
 
 class EmulatedComm::Busy {
  public:
-  explicit Busy(EmulatedComm& c) : c_(c), t0_(now_s()) { ++c_.rank_->depth; }
+  explicit Busy(EmulatedComm& c) : c_(c) {
+    c_.rank_->clock.pause();
+    t0_ = c_.rank_->clock.now();
+    ++c_.rank_->depth;
+  }
   ~Busy() {
-    const double dt = now_s() - t0_;
+    const double dt = c_.rank_->clock.now() - t0_;
     c_.seconds_ += dt;
     if (--c_.rank_->depth == 0) c_.rank_->comm_seconds += dt;
+    c_.rank_->clock.resume();
   }
   Busy(const Busy&) = delete;
   Busy& operator=(const Busy&) = delete;
 
  private:
   EmulatedComm& c_;
-  double t0_;
+  double t0_ = 0;
 };
 
 // A started collective: complete once the inner Work and the entry reduction
@@ -45,13 +51,17 @@ struct EmulatedComm::EmuWork final : Work::Impl {
     Busy busy(comm);
     const bool inner_done = inner.test();
     if (!comm.resolve(*t, false)) return false;
-    return inner_done && now_s() >= t->end;
+    return inner_done && comm.rank_->clock.now() >= t->end;
   }
   void wait() override {
     Busy busy(comm);
-    inner.wait();
-    comm.resolve(*t, true);
-    sleep_until(t->end);
+    {
+      CoreYield y(comm.rank_->clock);
+      inner.wait();
+      comm.resolve(*t, true);
+    }
+    comm.trace_wait("wait", t->end);
+    comm.rank_->clock.wait_until(t->end);
   }
   EmulatedComm& comm;
   std::shared_ptr<Timing> t;
@@ -93,7 +103,7 @@ EmulatedComm::~EmulatedComm() = default;
 std::shared_ptr<EmulatedComm::Timing> EmulatedComm::enter(Collective c, double bytes) {
   auto t = std::make_shared<Timing>();
   t->kind = c;
-  t->buf[0] = now_s();
+  t->buf[0] = t->mine = rank_->clock.now();
   t->buf[1] = bytes;
   t->reduce = control().start_all_reduce(Tensor(t->buf, DType::F64, {2}), ReduceOp::Max);
   queue_.push_back(t);
@@ -111,6 +121,11 @@ bool EmulatedComm::resolve(const Timing& t, bool block) {
     const double begin = std::max(f.buf[0], free_at_);  // the last entry, after the previous one
     f.end = begin + cluster::collective_time(rank_->cluster, f.kind, devices_, f.buf[1]);
     f.resolved = true;
+    if (rank_->trace)
+      std::fprintf(rank_->trace,
+                   "{\"g\": \"%s\", \"op\": \"collective\", \"kind\": %d, \"bytes\": %.0f, "
+                   "\"entry\": %.9f, \"last_entry\": %.9f, \"begin\": %.9f, \"end\": %.9f}\n",
+                   inner_.name().c_str(), int(f.kind), f.buf[1], f.mine, f.buf[0], begin, f.end);
     free_at_ = f.end;
     queue_.pop_front();
   }
@@ -122,9 +137,13 @@ void EmulatedComm::blocking(Collective c, double bytes, Op&& op) {
   Busy busy(*this);
   if (size() == 1) return op();
   const auto t = enter(c, bytes);
-  op();
-  resolve(*t, true);
-  sleep_until(t->end);
+  {
+    CoreYield y(rank_->clock);
+    op();
+    resolve(*t, true);
+  }
+  trace_wait("blocking", t->end);
+  rank_->clock.wait_until(t->end);
 }
 
 template <class Op>
@@ -191,13 +210,21 @@ void EmulatedComm::barrier() {
   blocking(Collective::AllReduce, 0.0, [&] { inner_.barrier(); });
 }
 
+void EmulatedComm::trace_wait(const char* what, double until, int peer, double bytes) {
+  if (!rank_->trace) return;
+  std::fprintf(rank_->trace,
+               "{\"g\": \"%s\", \"op\": \"%s\", \"peer\": %d, \"bytes\": %.0f, \"now\": %.9f, "
+               "\"until\": %.9f}\n",
+               inner_.name().c_str(), what, peer, bytes, rank_->clock.now(), until);
+}
+
 double EmulatedComm::arrival_of(int peer, double bytes) {
   ADGT_CHECK(peer >= 0 && peer < size() && peer != rank(),
              "EmulatedComm(" << inner_.name() << "): peer " << peer << " must be another rank of 0.."
                              << size() - 1 << " (this is rank " << rank() << ")");
   const int to = members_[size_t(peer)];
   double& free = rank_->link_free_at[to];
-  const double departure = std::max(now_s(), free);
+  const double departure = std::max(rank_->clock.now(), free);
   free = departure + cluster::message_time(rank_->cluster, rank_->device(rank_->world_rank),
                                            devices_[size_t(peer)], bytes);
   return free;
@@ -206,23 +233,32 @@ double EmulatedComm::arrival_of(int peer, double bytes) {
 void EmulatedComm::send(const Tensor& t, int peer, int tag) {
   Busy busy(*this);
   double header[1] = {arrival_of(peer, double(t.bytes()))};
-  control().send(Tensor(header, DType::F64, {1}), peer, tag);
-  inner_.send(t, peer, tag);
-  sleep_until(header[0], wait_hook_);
+  {
+    CoreYield y(rank_->clock);
+    control().send(Tensor(header, DType::F64, {1}), peer, tag);
+    inner_.send(t, peer, tag);
+  }
+  trace_wait("send", header[0], peer, double(t.bytes()));
+  rank_->clock.wait_until(header[0], wait_hook_);
 }
 
 void EmulatedComm::recv(Tensor t, int peer, int tag) {
   Busy busy(*this);
   double header[1] = {0};
-  control().recv(Tensor(header, DType::F64, {1}), peer, tag);
-  inner_.recv(t, peer, tag);
-  sleep_until(header[0], wait_hook_);
+  {
+    CoreYield y(rank_->clock);
+    control().recv(Tensor(header, DType::F64, {1}), peer, tag);
+    inner_.recv(t, peer, tag);
+  }
+  trace_wait("recv", header[0], peer, double(t.bytes()));
+  rank_->clock.wait_until(header[0], wait_hook_);
 }
 
 int64_t EmulatedComm::isend(const Tensor& t, int peer, int tag) {
   Busy busy(*this);
   PendingSend s;
   s.arrival = arrival_of(peer, double(t.bytes()));
+  trace_wait("isend", s.arrival, peer, double(t.bytes()));
   s.header = std::make_unique<double>(s.arrival);
   s.control_id = control().isend(Tensor(s.header.get(), DType::F64, {1}), peer, tag);
   s.inner_id = inner_.isend(t, peer, tag);
@@ -236,7 +272,8 @@ bool EmulatedComm::send_done(int64_t id) {
   auto it = sends_.find(id);
   if (it == sends_.end()) return true;
   PendingSend& s = it->second;
-  if (!inner_.send_done(s.inner_id) || !control().send_done(s.control_id) || now_s() < s.arrival)
+  if (!inner_.send_done(s.inner_id) || !control().send_done(s.control_id) ||
+      rank_->clock.now() < s.arrival)
     return false;
   sends_.erase(it);
   return true;
@@ -244,12 +281,16 @@ bool EmulatedComm::send_done(int64_t id) {
 
 void EmulatedComm::wait_sends() {
   Busy busy(*this);
-  inner_.wait_sends();
-  if (control_) control_->wait_sends();
+  {
+    CoreYield y(rank_->clock);
+    inner_.wait_sends();
+    if (control_) control_->wait_sends();
+  }
   double last = 0;
   for (const auto& [id, s] : sends_) last = std::max(last, s.arrival);
   sends_.clear();
-  sleep_until(last, wait_hook_);
+  trace_wait("wait_sends", last);
+  rank_->clock.wait_until(last, wait_hook_);
 }
 
 void EmulatedComm::progress() {

@@ -36,6 +36,7 @@
 // those of a run without emulation; without one the inner carries it too.
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <memory>
@@ -44,6 +45,7 @@
 
 #include "core/comm.hpp"
 #include "parallel/cluster/collectives.hpp"
+#include "parallel/emulate/clock.hpp"
 
 namespace adgt::emulate {
 
@@ -52,8 +54,10 @@ namespace adgt::emulate {
 // link is free again, and the time spent inside emulated calls on the calling
 // thread (ComputeSlowdown subtracts it).
 struct EmulatedRank {
-  EmulatedRank(cluster::Cluster c, int rank, std::vector<int> devices = {})
-      : cluster(std::move(c)), world_rank(rank), device_of(std::move(devices)) {}
+  EmulatedRank(cluster::Cluster c, int rank, std::vector<int> devices = {},
+               ClockKind clock_kind = ClockKind::Wall)
+      : cluster(std::move(c)), world_rank(rank), device_of(std::move(devices)),
+        clock(clock_kind) {}
   cluster::Cluster cluster;
   int world_rank = 0;
   // Per world rank: its device of the cluster (node = device /
@@ -63,9 +67,19 @@ struct EmulatedRank {
     return device_of.empty() || rank < 0 || rank >= int(device_of.size()) ? rank
                                                                           : device_of[size_t(rank)];
   }
-  std::map<int, double> link_free_at;      // destination world rank -> now_s() when free
-  double comm_seconds = 0;                 // inside emulated calls (outermost only)
+  // The rank's clock (clock.hpp): every time below is on it. Constructed on
+  // the training thread.
+  Clock clock;
+  std::map<int, double> link_free_at;      // destination world rank -> clock time when free
+  double comm_seconds = 0;                 // inside emulated calls (outermost only), clock seconds
   int depth = 0;                           // emulated calls in progress on this thread
+  // ADGT_EMULATE_TRACE=DIR: each collective, message and wait of this rank
+  // as a JSON line, clock times (DIR/emulate_rank_<world rank>.jsonl; the
+  // emulation's setup opens it). nullptr: no trace.
+  std::FILE* trace = nullptr;
+  ~EmulatedRank() {
+    if (trace) std::fclose(trace);
+  }
 };
 
 class EmulatedComm final : public Comm {
@@ -111,7 +125,7 @@ class EmulatedComm final : public Comm {
   void reset_stats() override;
 
   // The model's end time of the last collective resolved on this group
-  // (now_s() scale; 0 before any): what the tests compare against.
+  // (the rank's clock; 0 before any): what the tests compare against.
   double last_collective_end() const { return free_at_; }
 
  private:
@@ -128,6 +142,8 @@ class EmulatedComm final : public Comm {
   template <class Op> void blocking(cluster::Collective c, double bytes, Op&& op);
   template <class Op> Work started(cluster::Collective c, double bytes, Op&& op);
   double arrival_of(int peer, double bytes);  // departure rule; updates the link
+  // ADGT_EMULATE_TRACE: a wait (or an isend's arrival) of this rank.
+  void trace_wait(const char* what, double until, int peer = -1, double bytes = 0);
 
   Comm& inner_;
   std::shared_ptr<EmulatedRank> rank_;

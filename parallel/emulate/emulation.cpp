@@ -1,13 +1,20 @@
 // Setting up the emulation of a run (emulation.hpp; docs/emulation.md).
 #include "parallel/emulate/emulation.hpp"
 
+#include <cstdlib>
+#include <filesystem>
+
+#include <sched.h>
 #include <unistd.h>
+
+#include <thread>
 
 #include <cstdio>
 #include <sstream>
 #include <stdexcept>
 
 #include "core/layout.hpp"
+#include "core/checkpoint/sharded.hpp"
 #include "kernels/check.hpp"
 #include "parallel/engine.hpp"
 #include "parallel/mpi_comm.hpp"
@@ -63,6 +70,9 @@ std::string Emulation::summary() const {
       os << "; rank " << r << " x" << num(onset_factor[r]) << " more from step " << onset_step[r];
   for (const auto& [from, f] : link_schedule)
     os << "; links x" << num(f) << " bandwidth from step " << from;
+  if (clock == ClockKind::Virtual)
+    os << "; virtual clock (each rank's CPU time plus the emulated waits"
+       << (cores > 0 ? ", " + std::to_string(cores) + " computing at once" : std::string()) << ")";
   os << " (docs/emulation.md)";
   return os.str();
 }
@@ -115,6 +125,10 @@ std::vector<int> launcher_nodes(const cluster::Cluster& cl, int world,
   for (int d : launcher_devices(cl, world, rank_order)) nodes.push_back(int(cl.node_of(d)));
   return nodes;
 }
+
+// A virtual clock's ranks poll their transports this rarely while they wait
+// (MpiComm; 50 us otherwise): waiting costs no virtual time.
+constexpr int kVirtualPollUs = 200;
 
 std::unique_ptr<Emulation> setup_emulation(const RunConfig& cfg, Comm* world, int world_rank,
                                            const Placement* placement) {
@@ -189,12 +203,62 @@ std::unique_ptr<Emulation> setup_emulation(const RunConfig& cfg, Comm* world, in
   emu->link_schedule = parse_link_bandwidth(cfg.emulate.link_bandwidth);
   emu->base = cl;
   emu->world_rank = world_rank;
-  emu->state = std::make_shared<EmulatedRank>(cl, world_rank, emu->devices);
+  emu->clock = cfg.emulate.clock == "virtual" ? ClockKind::Virtual : ClockKind::Wall;
+  emu->state = std::make_shared<EmulatedRank>(cl, world_rank, emu->devices, emu->clock);
+  if (emu->clock == ClockKind::Virtual && world && W > 1) {
+    if (const char* v = std::getenv("ADGT_EMULATE_POLL_US"); v && *v)
+      set_mpi_poll_interval_us(std::atoi(v));
+    else
+      set_mpi_poll_interval_us(kVirtualPollUs);
+    // The host's cores as tokens (clock.hpp): rank 0 makes the semaphore, the
+    // others open it, and its name goes once all have it open.
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    emu->cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
+                                                              : int(std::thread::hardware_concurrency());
+    if (const char* v = std::getenv("ADGT_EMULATE_CORES"); v && *v) emu->cores = std::max(1, std::atoi(v));
+    static int serial = 0;
+    double id[2] = {double(getpid()), double(++serial)};
+    world->broadcast(Tensor(id, DType::F64, {2}), 0);
+    const std::string name = "/adgt-emu-" + std::to_string(int64_t(id[0])) + "-" +
+                             std::to_string(int64_t(id[1]));
+    std::shared_ptr<CoreTokens> tokens;
+    std::string err;
+    if (world_rank == 0) {
+      try {
+        tokens = std::make_shared<CoreTokens>(name, emu->cores, true);
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
+    }
+    err = agree_error(*world, err);
+    if (err.empty() && world_rank != 0) {
+      try {
+        tokens = std::make_shared<CoreTokens>(name, emu->cores, false);
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
+    }
+    err = agree_error(*world, err);
+    if (tokens && world_rank == 0) tokens->unlink();
+    if (!err.empty()) throw CollectiveError(err);
+    emu->state->clock.set_tokens(std::move(tokens));
+  }
+  if (const char* dir = std::getenv("ADGT_EMULATE_TRACE"); dir && *dir) {
+    std::filesystem::create_directories(dir);
+    const std::string path =
+        std::string(dir) + "/emulate_rank_" + std::to_string(world_rank) + ".jsonl";
+    emu->state->trace = std::fopen(path.c_str(), "a");
+    ADGT_CHECK(emu->state->trace, "ADGT_EMULATE_TRACE: cannot append to " << path);
+  }
   emu->slowdown = ComputeSlowdown(emu->factors.at(size_t(world_rank)), emu->state);
   return emu;
 }
 
 void Emulation::at_step(int64_t step) {
+  if (state && state->trace)
+    std::fprintf(state->trace, "{\"op\": \"step\", \"step\": %ld, \"now\": %.9f}\n",
+                 long(step + 1), state->clock.now());
   const size_t me = size_t(world_rank);
   if (me < onset_factor.size() && onset_factor[me] != 1 && step >= onset_step[me] &&
       slowdown.factor() == factors[me])

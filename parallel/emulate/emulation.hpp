@@ -44,6 +44,8 @@ struct Emulation {
   cluster::Cluster base;
   double link_factor = 1;
   int world_rank = 0;
+  ClockKind clock = ClockKind::Wall;  // emulate.clock
+  int cores = 0;                      // virtual clock: the host's core tokens (0: none)
   std::shared_ptr<EmulatedRank> state;
   ComputeSlowdown slowdown;
 

@@ -13,19 +13,24 @@ ComputeSlowdown::ComputeSlowdown(double factor, std::shared_ptr<EmulatedRank> ra
   ADGT_CHECK(factor >= 1, "compute slowdown: factor " << factor << " < 1");
 }
 
+double ComputeSlowdown::now() const { return rank_ ? rank_->clock.now() : now_s(); }
+
 void ComputeSlowdown::begin() {
   if (!active()) return;
-  t0_ = now_s();
+  t0_ = now();
   comm0_ = comm_seconds();
 }
 
 void ComputeSlowdown::catch_up() {
   if (!active()) return;
   if (be_) be_->synchronize();
-  const double now = now_s();
-  const double compute = std::max(0.0, (now - t0_) - (comm_seconds() - comm0_));
+  const double t = now();
+  const double compute = std::max(0.0, (t - t0_) - (comm_seconds() - comm0_));
   const double extra = (factor_ - 1) * compute;
-  sleep_until(now + extra);
+  if (rank_)
+    rank_->clock.wait_until(t + extra);  // virtual: the slow device's time, no sleep
+  else
+    sleep_until(t + extra);
   slept_ += extra;
   begin();
 }

@@ -2,7 +2,8 @@
 // slower than it does (an injected straggler, or a node of the cluster with
 // node_speed < 1). After each compute piece — a pipeline instruction (F, B,
 // W), a micro-batch's forward or backward, the optimizer update — the rank
-// sleeps (factor - 1) x the piece's compute time: its wall time minus the time
+// sleeps (on a virtual clock: moves its clock on by) (factor - 1) x the
+// piece's compute time: its wall time minus the time
 // spent inside emulated Comm calls during it (tensor-parallel collectives, the
 // MoE all-to-all), so only computing is slowed. A backward that starts
 // gradient reductions as it goes catches up before each one starts (wrap()),
@@ -44,6 +45,7 @@ class ComputeSlowdown {
 
  private:
   double comm_seconds() const { return rank_ ? rank_->comm_seconds : 0.0; }
+  double now() const;  // the rank's clock (wall without one)
   double factor_ = 1;
   std::shared_ptr<EmulatedRank> rank_;
   Backend* be_ = nullptr;

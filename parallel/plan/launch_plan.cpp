@@ -91,6 +91,7 @@ Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cl
     std::filesystem::create_directories(cfg.log.dir, ec);
     const std::string cache = ec ? "" : cfg.log.dir + "/plan-profile.json";
     auto pc = std::make_unique<sim::ProfileCosts>(*be, cache);
+    pc->calibrate(cfg);  // the in-situ factor (docs/simulator.md, "Cost tables")
     cl.device.peak_fp32_flops = cl.device.peak_bf16_flops = be->peak_tflops() * 1e12;
     costs = std::move(pc);
     // Every rank of the launch shares this host's cores (the emulation

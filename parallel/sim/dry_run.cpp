@@ -53,7 +53,9 @@ std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_
   std::unique_ptr<OpCosts> costs;
   if (cl.cores_per_node > 0) {
     be = make_backend("cpu");
-    costs = std::make_unique<ProfileCosts>(*be, "");
+    auto pc = std::make_unique<ProfileCosts>(*be, "");
+    pc->calibrate(cfg);  // the in-situ factor (docs/simulator.md, "Cost tables")
+    costs = std::move(pc);
     // MFU against this machine's measured GEMM rate, as the trainer reports it.
     cl.device.peak_fp32_flops = cl.device.peak_bf16_flops = be->peak_tflops() * 1e12;
   } else {

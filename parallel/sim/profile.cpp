@@ -1,12 +1,17 @@
 // Timing ops on a backend, with a JSON cache (profile.hpp).
 #include "parallel/sim/profile.hpp"
 
+#include <time.h>
+
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <deque>
 #include <vector>
+
+#include <omp.h>
 
 namespace adgt::sim {
 namespace {
@@ -50,8 +55,19 @@ ProfileCosts::~ProfileCosts() {
   }
 }
 
+bool ProfileCosts::cpu_time() const { return be_.is_host() && omp_get_max_threads() == 1; }
+
+std::string ProfileCosts::key_prefix(DType dt) const {
+  // "cpu-time": measured as the thread's CPU time (else wall time); the two
+  // never mix in one cache.
+  return be_.name() + "/" + dtype_name(dt) + "/cold" + std::to_string(cold_bytes_ >> 20) + "MiB/" +
+         (cpu_time() ? "cpu-time/" : "");
+}
+
 std::string ProfileCosts::describe() const {
-  return "profile of backend " + be_.name() + (path_.empty() ? "" : " (cache " + path_ + ")");
+  char f[64] = "";
+  if (scale_ != 1) std::snprintf(f, sizeof f, ", in-situ factor %.3f", scale_);
+  return "profile of backend " + be_.name() + f + (path_.empty() ? "" : " (cache " + path_ + ")");
 }
 
 void ProfileCosts::save() const {
@@ -69,14 +85,13 @@ void ProfileCosts::save() const {
 }
 
 double ProfileCosts::seconds(const Op& op, int bytes) {
-  const std::string key = be_.name() + "/" + dtype_name(dtype_of(bytes)) + "/cold" +
-                          std::to_string(cold_bytes_ >> 20) + "MiB/" + to_string(op);
-  if (auto it = table_.find(key); it != table_.end()) return it->second;
+  const std::string key = key_prefix(dtype_of(bytes)) + to_string(op);
+  if (auto it = table_.find(key); it != table_.end()) return scale_ * it->second;
   const double t = measure(op, bytes);
   table_[key] = t;
   ++measured_;
   dirty_ = true;
-  return t;
+  return scale_ * t;
 }
 
 double ProfileCosts::measure(const Op& op, int bytes) {
@@ -219,7 +234,18 @@ double ProfileCosts::measure(const Op& op, int bytes) {
   for (const Buffer& buf : ar.bufs) set_bytes += buf.bytes();
   const size_t copies = std::min<size_t>(64, (kColdBytes + set_bytes - 1) / std::max<size_t>(set_bytes, 1));
   while (runs.size() < copies) runs.push_back(make_run());
-  using clock = std::chrono::steady_clock;
+  // On a host backend with one thread, the thread's CPU time: what the op
+  // costs a core of its own, whatever else runs on this host (ranks waiting
+  // in MPI, another job); the simulator models cores shared between ranks
+  // itself. Otherwise (a device, several threads) wall time.
+  const auto now = [cpu = cpu_time()] {
+    if (cpu) {
+      timespec ts{};
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+      return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  };
   for (auto& r : runs) r();  // warm-up: first-touch pages
   be_.synchronize();
   // Rounds of at least min_seconds_ / kRounds each; the fastest round's mean
@@ -230,13 +256,13 @@ double ProfileCosts::measure(const Op& op, int bytes) {
   size_t next = 0;
   for (int round = 0; round < kRounds; ++round) {
     int reps = 0;
-    const auto t0 = clock::now();
+    const double t0 = now();
     double elapsed = 0;
     while (reps < 2 || (elapsed < min_seconds_ / kRounds && reps < 40)) {
       runs[next++ % runs.size()]();
       ++reps;
       be_.synchronize();
-      elapsed = std::chrono::duration<double>(clock::now() - t0).count();
+      elapsed = now() - t0;
     }
     const double mean = elapsed / reps;
     if (round == 0 || mean < best) best = mean;

@@ -8,6 +8,7 @@
 #include <map>
 #include <string>
 
+#include "core/config.hpp"
 #include "kernels/backend.hpp"
 #include "parallel/sim/ops.hpp"
 
@@ -23,17 +24,33 @@ class ProfileCosts final : public OpCosts {
   ~ProfileCosts() override;
   double seconds(const Op& op, int bytes) override;
   std::string describe() const override;
+  // The in-situ factor (calibrate.cpp): an op measured alone, repeated on
+  // its operands, runs faster than the same op inside a training step, where
+  // every op follows others that evicted its caches (measured here: 1.2x for
+  // the validation model on one rank). calibrate() runs one micro-batch's
+  // forward and backward of the run's model on one rank (the backend, the
+  // clock and the rounds of an op) and divides by the profile's sum of the
+  // same ops; seconds() then returns every op's time times that factor.
+  // Cached with the ops. Models over kCalibrateMaxParams parameters, and
+  // device backends, keep 1. Returns the factor.
+  double calibrate(const RunConfig& run);
+  double scale() const { return scale_; }
+  static constexpr double kCalibrateMaxParams = 64e6;
   void save() const;          // writes the cache (no-op without a path)
   int measured() const { return measured_; }  // ops timed in this process
   int cached() const { return int(table_.size()); }
 
  private:
   double measure(const Op& op, int bytes);
+  // Host backend with one thread: ops are timed as the thread's CPU time.
+  bool cpu_time() const;
+  std::string key_prefix(DType dt) const;  // "<backend>/<dtype>/cold<N>MiB/[cpu-time/]"
   Backend& be_;
   std::string path_;
   double min_seconds_;
   size_t cold_bytes_;
   std::map<std::string, double> table_;
+  double scale_ = 1;  // calibrate()'s in-situ factor
   int measured_ = 0;
   bool dirty_ = false;
 };

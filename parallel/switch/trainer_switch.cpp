@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -210,7 +211,12 @@ void Trainer::switch_layout(const RunConfig& next, const std::string& why, Metri
   ParallelContext ctx = context_of(pg);
   ctx.plan_json = old.plan_json;
   if (!cfg_.emulate.cluster.empty()) {
+    // The rank's clock goes on across the switch (a virtual clock keeps its time).
+    std::optional<emulate::Clock> clock;
+    if (emulation_ && emulation_->state) clock = std::move(emulation_->state->clock);
     own_emulation_ = emulate::setup_emulation(cfg_, pg.world.get(), pg.world->rank(), &pg.placement);
+    if (clock && clock->kind() == own_emulation_->clock)
+      own_emulation_->state->clock = std::move(*clock);
     ctx.emulation = own_emulation_.get();
   }
   phase("groups");

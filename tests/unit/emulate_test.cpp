@@ -9,6 +9,9 @@
 #include <fstream>
 #include <thread>
 
+#include <time.h>
+#include <unistd.h>
+
 #include "core/config.hpp"
 #include "parallel/emulate/clock.hpp"
 #include "parallel/emulate/emulation.hpp"
@@ -85,6 +88,81 @@ TEST_CASE("emulate keys: off by default, checked with the file's line", "[emulat
                           {"emulate.cluster=cpu-here", "emulate.slow_ranks=1:2,2:3"}),
              Contains("x.yaml: emulate.slow_ranks=\"1:2,2:3\": rank 2 is outside the run's 2 "
                       "ranks (tp x pp x dp); world ranks are 0..1"));
+}
+
+TEST_CASE("emulate.clock: wall by default; virtual needs the cluster and the cpu backend",
+          "[emulate][config]") {
+  CHECK(load_config_text("", "x.yaml").emulate.clock == "wall");
+  CHECK(load_config_text("", "x.yaml", {"emulate.cluster=cpu-here", "emulate.clock=virtual"})
+            .emulate.clock == "virtual");
+  CHECK_THAT(config_error("", {"emulate.clock=virtual"}),
+             Contains("x.yaml: emulate.clock=virtual needs emulate.cluster"));
+  CHECK_THAT(config_error("", {"emulate.cluster=cpu-here", "emulate.clock=virtual",
+                               "train.device=emulated"}),
+             Contains("emulate.clock=virtual needs train.device=cpu") && Contains("\"emulated\""));
+  CHECK_THAT(config_error("emulate:\n  clock: cpu\n"), Contains("x.yaml:2") && Contains("emulate.clock"));
+}
+
+TEST_CASE("virtual clock: CPU time outside calls, nothing inside, waits jump", "[emulate]") {
+  emulate::Clock c(emulate::ClockKind::Virtual);
+  const auto cpu = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+  };
+  const double v0 = c.now(), c0 = cpu();
+  busy_for(0.02);  // wall and CPU time
+  const double used = cpu() - c0;
+  CHECK(c.now() - v0 == Approx(used).margin(1e-3));
+  const double v1 = c.now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));  // no CPU: no time
+  CHECK(c.now() - v1 < 5e-3);
+  c.pause();  // inside an emulated call: its CPU time is dropped
+  const double v2 = c.now();
+  busy_for(0.02);
+  CHECK(c.now() == v2);
+  c.wait_until(v2 + 1.5);  // a wait jumps, it does not sleep
+  CHECK(c.now() == v2 + 1.5);
+  c.resume();
+  CHECK(c.now() - (v2 + 1.5) < 5e-3);
+  c.wait_until(0);  // never backwards
+  CHECK(c.now() >= v2 + 1.5);
+  // The wall clock is CLOCK_MONOTONIC.
+  emulate::Clock w;
+  CHECK(std::abs(w.now() - emulate::now_s()) < 0.01);
+}
+
+TEST_CASE("core tokens: at most `cores` held, a timed-out wait takes none", "[emulate]") {
+  const std::string name = "/adgt-emu-unit-" + std::to_string(::getpid());
+  auto a = std::make_shared<emulate::CoreTokens>(name, 2, true);
+  emulate::CoreTokens b(name, 2, false);  // another rank opens it by name
+  a->unlink();
+  CHECK_THROWS_WITH(emulate::CoreTokens(name, 2, false), Contains(name));  // the name is gone
+  CHECK(a->acquire(0.01));
+  CHECK(b.acquire(0.01));
+  const double t0 = emulate::now_s();
+  CHECK_FALSE(b.acquire(0.05));  // both taken
+  CHECK(emulate::now_s() - t0 >= 0.04);
+  a->release();
+  CHECK(b.acquire(0.01));
+  // A clock hands its token back while it may block and takes it again after.
+  b.release();
+  b.release();
+  emulate::Clock c(emulate::ClockKind::Virtual);
+  c.set_tokens(a);
+  c.reclaim_core();  // holds one
+  CHECK(b.acquire(0.01));
+  CHECK_FALSE(b.acquire(0.02));  // the clock holds the other
+  {
+    emulate::CoreYield y(c);
+    CHECK(b.acquire(0.01));  // handed back
+    b.release();
+  }
+  CHECK_FALSE(b.acquire(0.02));  // taken again
+  emulate::Clock moved = std::move(c);  // the token moves with the clock
+  CHECK_FALSE(b.acquire(0.02));
+  moved.set_tokens(nullptr);  // gives it back
+  CHECK(b.acquire(0.01));
 }
 
 TEST_CASE("compute slowdown: sleeps (factor - 1) x the compute, not the comm time", "[emulate]") {
