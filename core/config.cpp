@@ -257,11 +257,12 @@ const std::vector<Key>& schema() {
       key("parallel", &R::parallel, "grad_compression", &ParallelConfig::grad_compression,
           A::Choices,
           "data-parallel gradient compression with error feedback (docs/compression.md): off; "
-          "bf16; int8 or int4 = blocks of 256 with an fp32 scale; powersgd = rank "
+          "bf16; int8 or int4 = blocks of 256 with an fp32 scale; int2 = 2 bits per element, "
+          "blocks of 256 with a bf16 rms scale; powersgd = rank "
           "parallel.powersgd_rank factors of each 2-D weight; auto = chosen per bucket at run "
           "time by a controller from the measured link, compute and gradient noise. A no-op "
           "at dp=1",
-          {"off", "bf16", "int8", "int4", "powersgd", "auto"}),
+          {"off", "bf16", "int8", "int4", "int2", "powersgd", "auto"}),
       key("parallel", &R::parallel, "powersgd_rank", &ParallelConfig::powersgd_rank, A::Positive,
           "rank r of PowerSGD's factors (grad_compression powersgd)"),
       key("parallel", &R::parallel, "compress_min_elems", &ParallelConfig::compress_min_elems,

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/common/bf16.hpp"
 #include "parallel/compress/block_codec.hpp"
 
 namespace adgt::compress {
@@ -33,9 +34,11 @@ ChunkLayout chunk_layout(const std::vector<ParamSpec>& table, int64_t lo, int64_
   return c;
 }
 
+int64_t exact_elem_bytes(Level l) { return l == Level::Int2 ? 2 : 4; }
+
 int64_t chunk_words(Level l, const ChunkLayout& c) {
   const int64_t packed = c.n - c.exact_n;
-  const int64_t bytes = 4 * c.exact_n + (packed > 0 ? encoded_bytes(l, packed) : 0);
+  const int64_t bytes = exact_elem_bytes(l) * c.exact_n + (packed > 0 ? encoded_bytes(l, packed) : 0);
   return (bytes + 3) / 4;
 }
 
@@ -57,22 +60,32 @@ void encode_chunk(Level l, const ChunkLayout& c, const float* v, uint8_t* out, f
   const int64_t packed = c.n - c.exact_n;
   std::vector<float> pk(static_cast<size_t>(packed)), dec;
   uint8_t* ex = out;
+  const int64_t eb = exact_elem_bytes(l);
   int64_t e = 0, p = 0;
   for_runs(c, [&](int64_t a, int64_t b, bool exact) {
-    if (exact) {
+    if (exact && eb == 4) {
       std::memcpy(ex + 4 * e, v + a, size_t(b - a) * 4);
       e += b - a;
       if (residual) std::fill(residual + a, residual + b, 0.0f);
+    } else if (exact) {  // bf16 with error feedback
+      for (int64_t i = a; i < b; ++i, ++e) {
+        const bf16_bits h = float_to_bf16(v[i]);
+        std::memcpy(ex + 2 * e, &h, 2);
+        if (residual) {
+          const float r = v[i] - bf16_to_float(h);
+          residual[i] = std::isfinite(r) ? r : 0.0f;
+        }
+      }
     } else {
       std::copy(v + a, v + b, pk.begin() + p);
       p += b - a;
     }
   });
   const int64_t words = chunk_words(l, c);
-  const int64_t used = 4 * c.exact_n + (packed > 0 ? encoded_bytes(l, packed) : 0);
+  const int64_t used = eb * c.exact_n + (packed > 0 ? encoded_bytes(l, packed) : 0);
   std::memset(out + used, 0, size_t(4 * words - used));
   if (packed == 0) return;
-  uint8_t* enc = out + 4 * c.exact_n;
+  uint8_t* enc = out + eb * c.exact_n;
   encode(l, pk.data(), packed, enc);
   if (!residual) return;
   dec.resize(size_t(packed));
@@ -89,14 +102,20 @@ void encode_chunk(Level l, const ChunkLayout& c, const float* v, uint8_t* out, f
 
 void decode_chunk(Level l, const ChunkLayout& c, const uint8_t* in, float* out, bool add) {
   const int64_t packed = c.n - c.exact_n;
+  const int64_t eb = exact_elem_bytes(l);
   std::vector<float> dec(static_cast<size_t>(packed));
-  if (packed > 0) decode(l, in + 4 * c.exact_n, packed, dec.data());
+  if (packed > 0) decode(l, in + eb * c.exact_n, packed, dec.data());
   int64_t e = 0, p = 0;
   for_runs(c, [&](int64_t a, int64_t b, bool exact) {
     for (int64_t i = a; i < b; ++i) {
       float x;
-      if (exact) {
+      if (exact && eb == 4) {
         std::memcpy(&x, in + 4 * e, 4);
+        ++e;
+      } else if (exact) {
+        bf16_bits h;
+        std::memcpy(&h, in + 2 * e, 2);
+        x = bf16_to_float(h);
         ++e;
       } else {
         x = dec[size_t(p++)];

@@ -5,6 +5,12 @@
 // tensors. An encoded chunk is [the exact elements, fp32, in order][the
 // compressed elements packed in order and encoded by block_codec.hpp],
 // padded to whole 32-bit words (the reduce sends it as I32 words).
+//
+// At int2 the "exact" elements go as bf16 (round to nearest even) with error
+// feedback instead of fp32: at 0.26 bytes per compressed element, fp32 norms
+// would be a tenth of the bytes of a small model's chunk. They stay
+// uncompressed by block quantization (their own rounding only, 2^-8
+// relative), and their rounding error joins the residual like the others'.
 #pragma once
 #include <cstdint>
 #include <utility>
@@ -28,12 +34,15 @@ struct ChunkLayout {
 // compressible tensor of `table` lies.
 ChunkLayout chunk_layout(const std::vector<ParamSpec>& table, int64_t lo, int64_t hi, int64_t min_elems);
 
+// Bytes per element of the chunk's exact elements at level l: 4 (fp32), 2 at
+// Int2 (bf16, with error feedback).
+int64_t exact_elem_bytes(Level l);
 // 32-bit words of an encoded chunk.
 int64_t chunk_words(Level l, const ChunkLayout& c);
 // Encodes v[0, c.n) into out (chunk_words words). With `residual` (c.n
-// elements; may be null) sets residual = v - decode(encode(v)) on the
-// compressed elements (0 where that is not finite: a NaN block is sent, not
-// kept) and 0 on the exact ones: error feedback.
+// elements; may be null) sets residual = v - decode(encode(v)) (0 where
+// that is not finite: a NaN block is sent, not kept): error feedback; it is
+// 0 on exact elements sent in fp32.
 void encode_chunk(Level l, const ChunkLayout& c, const float* v, uint8_t* out, float* residual);
 // Decodes an encoded chunk into out[0, c.n), or adds it (one fp32 addition
 // per element) when `add`.

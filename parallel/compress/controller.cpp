@@ -35,7 +35,9 @@ std::vector<int> members(int ranks) {
   return m;
 }
 
-bool quantized(Level l) { return l == Level::Bf16 || l == Level::Int8 || l == Level::Int4; }
+bool quantized(Level l) {
+  return l == Level::Bf16 || l == Level::Int8 || l == Level::Int4 || l == Level::Int2;
+}
 
 }  // namespace
 
@@ -74,6 +76,7 @@ double error_prior(Level l) {
     case Level::Bf16: return 3e-6;    // (1.7e-3)^2
     case Level::Int8: return 5e-5;    // (7.0e-3)^2
     case Level::Int4: return 1.7e-2;  // (1.3e-1)^2
+    case Level::Int2: return 0.12;    // (3.4e-1)^2; 0.117 on N(0, 1) blocks (int2_codec.hpp)
     case Level::PowerSgd: return 0.25;
   }
   return 1;
@@ -111,7 +114,8 @@ double predict_seconds(const Signals& s, const BucketSignals& b, Level l) {
     }
     case Level::Bf16:
     case Level::Int8:
-    case Level::Int4: {
+    case Level::Int4:
+    case Level::Int2: {
       const int calls = b.reduce_scatter ? 1 : 2;  // all-to-all of the chunks (+ the owners' all-gather)
       return calls * (batched_time(s, Collective::AllToAll, s.all_to_all, b.buf[size_t(l)]) + codec);
     }
@@ -138,6 +142,8 @@ std::vector<Choice> choose_levels(const Signals& s) {
     const BucketSignals& b = s.buckets[i];
     Choice& c = out[i];
     for (int l = 0; l < kLevels; ++l) c.predicted[size_t(l)] = predict_seconds(s, b, Level(l));
+    // Levels are judged in level_order (least compressed first); predicted is
+    // indexed by the enum value.
     {
       BucketSignals bare = b;
       bare.hide_s = 0;
@@ -157,10 +163,13 @@ std::vector<Choice> choose_levels(const Signals& s) {
     const bool critical = b.rel_change < 0 || b.rel_change >= s.critical_change;
     const double rho = s.noise_share < 0 ? -1 : s.noise_share * (critical ? 0.25 : 1.0);
     const bool ef_high = b.ef_ratio > s.ef_limit && b.current != Level::None;
+    // l: an enum value; compared by level_order.
     auto allowed = [&](int l) {
-      if (ef_high && l >= int(b.current) && l > int(Level::Bf16)) return false;
+      const int o = level_order(Level(l));
+      if (ef_high && o >= level_order(b.current) && o > level_order(Level::Bf16)) return false;
       if (l == int(Level::PowerSgd) && b.buf[size_t(l)] <= 0) return false;
-      if (l <= int(Level::Bf16)) return true;
+      if (l == int(Level::Int2) && !s.auto_int2) return false;
+      if (o <= level_order(Level::Bf16)) return true;
       if (rho < 0) return false;
       const double err = error_prior(Level(l)) * (quantized(Level(l)) && !b.reduce_scatter ? 2 : 1);
       return err <= s.budget * rho;
@@ -175,12 +184,14 @@ std::vector<Choice> choose_levels(const Signals& s) {
       c.reason = c.predicted[size_t(cur)] <= best + s.tolerance * base ? "within tolerance"
                                                                           : "kept (hysteresis)";
     } else {
-      for (int l = 0; l < kLevels; ++l)
+      for (int o = 0; o < kLevels; ++o) {
+        const int l = int(level_at(o));
         if (allowed(l) && c.predicted[size_t(l)] <= best + s.tolerance * base) {
           c.level = Level(l);
           c.reason = "within tolerance";
           break;
         }
+      }
     }
     if (critical && rho >= 0) c.reason += ", critical regime";
     if (ef_high) c.reason += ", EF residual high";
@@ -270,7 +281,7 @@ std::array<double, kLevels> measure_codecs(int powersgd_rank) {
   std::mt19937 rng(1);
   std::normal_distribution<float> nd(0.0f, 1e-3f);
   for (float& v : x) v = nd(rng);
-  for (Level l : {Level::Bf16, Level::Int8, Level::Int4}) {
+  for (Level l : {Level::Bf16, Level::Int8, Level::Int4, Level::Int2}) {
     std::vector<uint8_t> buf(static_cast<size_t>(encoded_bytes(l, n)));
     double best = 1e30;
     for (int rep = 0; rep < 3; ++rep) {
@@ -380,7 +391,7 @@ class CompressController final : public Controller {
       f[1] = double(comp);
       f[2] = rs ? 1 : 0;
       f[3] = 4.0 * double(n);
-      for (Level l : {Level::Bf16, Level::Int8, Level::Int4}) {
+      for (Level l : {Level::Bf16, Level::Int8, Level::Int4, Level::Int2}) {
         int64_t words = 0;
         for (int d = 0; d < D; ++d) {
           const auto [lo, hi] = chunk_range(n, D, d, rs);

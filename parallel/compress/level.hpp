@@ -13,11 +13,21 @@ enum class Level : int {
   Bf16 = 1,      // L1: bf16 (round to nearest even), 2 bytes per element
   Int8 = 2,      // L2: int8 blocks of kBlock with an fp32 absmax/127 scale
   Int4 = 3,      // L3: int4 blocks of kBlock with an fp32 absmax/7 scale
-  PowerSgd = 4,  // L4: PowerSGD rank r on 2-D weights (warm-started Q)
+  PowerSgd = 4,  // L5: PowerSGD rank r on 2-D weights (warm-started Q)
+  Int2 = 5,      // L4: 2-bit blocks of kBlock with a bf16 rms scale (int2_codec.hpp)
 };
-constexpr int kLevels = 5;
+// The enum values are what checkpoints store (compress/buckets); Int2 came
+// last, so they did not change. The order of compression (and of the error
+// a level adds) is level_order's, not the enum's.
+constexpr int kLevels = 6;
 
-// "off", "bf16", "int8", "int4", "powersgd".
+// Position of l from the least to the most compressed: off 0, bf16 1, int8
+// 2, int4 3, int2 4, powersgd 5 (the "L" numbers of docs/compression.md).
+int level_order(Level l);
+// The level at position i of that order (0 <= i < kLevels).
+Level level_at(int i);
+
+// "off", "bf16", "int8", "int4", "int2", "powersgd".
 const char* level_name(Level l);
 // A parallel.grad_compression value. "auto" gives None: the run starts
 // uncompressed and a controller (not part of this folder) sets the levels

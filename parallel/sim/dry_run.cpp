@@ -18,6 +18,7 @@
 #include "core/model/param_table.hpp"
 #include "parallel/cluster/collectives.hpp"
 #include "parallel/compress/block_codec.hpp"
+#include "parallel/compress/chunk_codec.hpp"
 #include "parallel/compress/controller.hpp"
 #include "parallel/cost/stages.hpp"
 
@@ -102,7 +103,8 @@ ExpectedCompression expected_compression(const RunConfig& cfg, const cluster::Cl
     // Memory-bound on the device: encode reads 4 bytes and writes the code,
     // decode the reverse; PowerSGD's products read the matrix 3 times.
     const double hbm = cl.device.hbm_bandwidth * cl.device.memory_efficiency;
-    for (compress::Level l : {compress::Level::Bf16, compress::Level::Int8, compress::Level::Int4})
+    for (compress::Level l : {compress::Level::Bf16, compress::Level::Int8, compress::Level::Int4,
+                              compress::Level::Int2})
       s.codec_s_per_elem[size_t(l)] =
           2 * (4.0 + double(compress::encoded_bytes(l, 1 << 16)) / 65536.0) / hbm;
     s.codec_s_per_elem[size_t(compress::Level::PowerSgd)] = 3 * 4.0 * 2 / hbm;
@@ -153,8 +155,10 @@ ExpectedCompression expected_compression(const RunConfig& cfg, const cluster::Cl
     b.reduce_scatter = rs[i];
     const double rest = 4.0 * double(g.n - g.comp);
     b.buf[0] = 4.0 * double(g.n);
-    for (compress::Level l : {compress::Level::Bf16, compress::Level::Int8, compress::Level::Int4})
-      b.buf[size_t(l)] = double(compress::encoded_bytes(l, g.comp)) + rest;
+    for (compress::Level l : {compress::Level::Bf16, compress::Level::Int8, compress::Level::Int4,
+                              compress::Level::Int2})
+      b.buf[size_t(l)] = double(compress::encoded_bytes(l, g.comp)) +
+                         rest / 4.0 * double(compress::exact_elem_bytes(l));
     b.buf[size_t(compress::Level::PowerSgd)] = g.comp > 0 ? 4.0 * double(g.ps_p) + rest : 0;
     b.buf_q = 4.0 * double(g.ps_q);
     after -= double(g.n);

@@ -29,7 +29,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def run(args, name, link, mode, seed):
     out = os.path.join(args.work, name)
-    shutil.rmtree(out, ignore_errors=True)
+    reuse = args.reuse_off and mode == "off" and os.path.exists(os.path.join(out, "metrics.jsonl"))
+    if not reuse:
+        shutil.rmtree(out, ignore_errors=True)
     sets = [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
             f"log.dir={out}", "checkpoint.at_end=false", "train.device=cpu", "parallel.dp=4",
             f"train.steps={args.steps}", f"train.warmup_steps={args.warmup}",
@@ -42,9 +44,10 @@ def run(args, name, link, mode, seed):
     for s in sets:
         cmd += ["--set", s]
     t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True,
-                       env=dict(os.environ, OMP_NUM_THREADS="1", ADGT_CHECK_DP_REPLICAS="1"))
-    if p.returncode != 0 or "bit-identical" not in p.stdout:
+    p = None if reuse else subprocess.run(
+        cmd, capture_output=True, text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1", ADGT_CHECK_DP_REPLICAS="1"))
+    if p is not None and (p.returncode != 0 or "bit-identical" not in p.stdout):
         print(" ".join(cmd), "\n", p.stdout[-3000:], p.stderr[-3000:])
         sys.exit(f"run {name} failed")
     with open(os.path.join(out, "metrics.jsonl")) as f:
@@ -88,7 +91,14 @@ def main():
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--links", default="slow,fast")
     ap.add_argument("--set", action="append", default=[], help="more KEY=VALUE for every run")
+    ap.add_argument("--mode", default="auto",
+                    help="the grad_compression compared against off (default auto; a fixed level "
+                         "such as int2 measures that level alone)")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--reuse-off", action="store_true",
+                    help="take the off runs from an earlier run's --work folder when there (same "
+                         "steps, seeds and --set: the caller's to ensure; their step times are "
+                         "that run's)")
     args = ap.parse_args()
     args.train = args.train or os.path.join(args.build, "apps", "adgt-train")
     args.data = args.data or os.path.join(args.build, "data", "kjv-byte")
@@ -97,24 +107,25 @@ def main():
     res = {}
     for link in args.links.split(","):
         for seed in seeds:
-            for mode in ("off", "auto"):
+            for mode in ("off", args.mode):
                 r = run(args, f"{link}_{mode}_s{seed}", link, mode, seed)
                 res[(link, mode, seed)] = r
                 print(f"{link:4} {mode:4} seed {seed}: dp {r['dp_bytes'] / 1e6:8.2f} MB, step "
                       f"{r['step_s'] * 1e3:7.1f} ms, val {r['val']:.4f}, L0/L1 {r['l01'] * 100:5.1f}%, "
                       f"levels {r['levels']}, {r['decisions']} decisions, {r['wall']:.0f} s", flush=True)
     fails = []
-    print(f"\n{args.steps} steps, warm-up {args.warmup}, interval {args.interval}, seeds {seeds}"
+    print(f"\n{args.steps} steps, warm-up {args.warmup}, interval {args.interval}, seeds {seeds}, "
+          f"off against {args.mode}"
           + (f", {' '.join(args.set)}" if args.set else ""))
     for link in args.links.split(","):
         off = [res[(link, "off", s)] for s in seeds]
-        auto = [res[(link, "auto", s)] for s in seeds]
+        auto = [res[(link, args.mode, s)] for s in seeds]
         bytes_ratio = sum(a["dp_bytes"] for a in auto) / sum(o["dp_bytes"] for o in off)
         bytes_after = sum(a["dp_bytes_after"] for a in auto) / sum(o["dp_bytes_after"] for o in off)
         speed = statistics.mean(o["step_s"] for o in off) / statistics.mean(a["step_s"] for a in auto)
         vo, va = statistics.mean(o["val"] for o in off), statistics.mean(a["val"] for a in auto)
         l01 = statistics.mean(a["l01"] for a in auto)
-        print(f"{link}: dp bytes auto/off {bytes_ratio:.4f} (after warm-up {bytes_after:.4f}); step time "
+        print(f"{link}: dp bytes {args.mode}/off {bytes_ratio:.4f} (after warm-up {bytes_after:.4f}); step time "
               f"off {statistics.mean(o['step_s'] for o in off) * 1e3:.1f} ms / auto "
               f"{statistics.mean(a['step_s'] for a in auto) * 1e3:.1f} ms = {speed:.2f}x; val loss off "
               f"{vo:.4f} auto {va:.4f} ({va / vo:.4f}x); steps at L0/L1 after warm-up {l01 * 100:.1f}%")

@@ -43,6 +43,23 @@ double block_scale(const std::vector<float>& x, size_t b, int qmax) {
   return amax / qmax;
 }
 
+// int2's block scale computed from the inputs: the rms in long double,
+// rounded to bf16 to nearest, ties to even, by hand (not the codec's code).
+double int2_scale(const std::vector<float>& x, size_t b) {
+  long double sq = 0;
+  size_t m = 0;
+  for (size_t i = b * kBlock; i < std::min(x.size(), (b + 1) * size_t(kBlock)); ++i, ++m)
+    sq += (long double)x[i] * x[i];
+  const double r = double(std::sqrt(sq / (long double)m));
+  if (r == 0) return 0;
+  int e;
+  std::frexp(r, &e);                            // r = f 2^e, f in [0.5, 1)
+  const double ulp = std::ldexp(1.0, e - 8);    // bf16 keeps 8 significant bits
+  const double k = r / ulp, fl = std::floor(k);
+  const double q = k - fl > 0.5 || (k - fl == 0.5 && std::fmod(fl, 2.0) == 1.0) ? fl + 1 : fl;
+  return q * ulp;
+}
+
 }  // namespace
 
 TEST_CASE("compress: encoded sizes per level", "[compress]") {
@@ -53,6 +70,63 @@ TEST_CASE("compress: encoded sizes per level", "[compress]") {
   CHECK(encoded_bytes(Level::Int4, 1001) == 4 * 4 + 501);
   CHECK(encoded_bytes(Level::Int8, 256 * 1024) == 1024 * 4 + 256 * 1024);  // 1.015625 B/element
   CHECK(encoded_bytes(Level::Int4, 256 * 1024) == 1024 * 4 + 128 * 1024); // 0.515625 B/element
+  // int2: a bf16 scale per block, four elements per byte.
+  CHECK(encoded_bytes(Level::Int2, 1000) == 4 * 2 + 250);
+  CHECK(encoded_bytes(Level::Int2, 1001) == 4 * 2 + 251);
+  CHECK(encoded_bytes(Level::Int2, 1) == 2 + 1);
+  CHECK(encoded_bytes(Level::Int2, 256 * 1024) == 1024 * 2 + 64 * 1024);  // 0.2578125 B/element
+}
+
+TEST_CASE("compress: int2 decodes to (q + 1/2) s, within s/2 where |x| <= 2s", "[compress]") {
+  // Blocks of very different magnitudes, heavy tails, and a short last block.
+  std::vector<float> x = randn(256 * 5 + 77, 13);
+  for (size_t i = 0; i < x.size(); ++i) x[i] *= std::pow(10.0f, float(int(i / 256) - 2));
+  for (size_t i = 0; i < x.size(); i += 97) x[i] *= 8;
+  const std::vector<float> y = round_trip(Level::Int2, x);
+  int64_t beyond = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double s = int2_scale(x, i / 256), xi = x[i], yi = y[i];
+    REQUIRE(s > 0);
+    // One of the four levels -3s/2, -s/2, s/2, 3s/2, exactly.
+    const double q = yi / s;
+    CHECK((q == -1.5 || q == -0.5 || q == 0.5 || q == 1.5));
+    if (std::fabs(xi) <= 2 * s) {
+      CHECK(std::fabs(yi - xi) <= s / 2);
+      // The level of floor(x / s): the one below x (or x itself) + s/2.
+      CHECK(yi - s / 2 <= xi);
+      CHECK(xi < yi + s / 2 + 1e-12 * s);
+    } else {
+      CHECK(yi == (xi > 0 ? 1.5 * s : -1.5 * s));
+      ++beyond;
+    }
+  }
+  // s is the rms: at most a quarter of a block lies beyond 2s.
+  CHECK(beyond <= 6 * 64);
+  // Gaussian blocks: the relative squared error of a 4-level quantizer with
+  // step sigma (0.1188 for a uniform 4-level quantizer of N(0, 1), Max 1960).
+  const std::vector<float> g = randn(256 * 400, 14, 1e-3f);
+  const std::vector<float> h = round_trip(Level::Int2, g);
+  double e = 0, n = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    e += std::pow(double(h[i]) - g[i], 2);
+    n += double(g[i]) * g[i];
+  }
+  CHECK(e / n > 0.10);
+  CHECK(e / n < 0.13);
+}
+
+TEST_CASE("compress: int2 blocks of the four levels are exact; zero blocks stay zero", "[compress]") {
+  // rms = c when 3/8 of the elements are +-3c/2 and 5/8 are +-c/2
+  // (3/8 x 9/4 + 5/8 x 1/4 = 1): c = 2^-7 here, and blocks of 8k elements.
+  const float c = std::ldexp(1.0f, -7);
+  std::vector<float> x(256 * 2 + 40);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float mag = i % 8 < 3 ? 1.5f * c : 0.5f * c;
+    x[i] = (i * 2654435761u >> 7) & 1 ? mag : -mag;
+  }
+  CHECK(round_trip(Level::Int2, x) == x);
+  const std::vector<float> z(300, 0.0f);
+  CHECK(round_trip(Level::Int2, z) == z);
 }
 
 TEST_CASE("compress: bf16 is exact for bf16 values, else within half an ulp (ties to even)", "[compress]") {
@@ -107,7 +181,8 @@ TEST_CASE("compress: integer blocks with absmax qmax are exact; zero blocks stay
 TEST_CASE("compress: a non-finite element makes its block decode to NaN", "[compress]") {
   std::vector<float> x = randn(600, 4);
   x[300] = NAN;
-  for (Level l : {Level::Int8, Level::Int4}) {
+  for (Level l : {Level::Int8, Level::Int4, Level::Int2}) {
+    INFO(level_name(l));
     const std::vector<float> y = round_trip(l, x);
     CHECK(std::isnan(y[256]));
     CHECK(std::isnan(y[511]));
@@ -138,25 +213,42 @@ TEST_CASE("compress: chunk layout sends 1-D and small tensors exact", "[compress
     CHECK(r[size_t(i)] == 0.0f);
   }
   for (size_t i = 0; i < v.size(); ++i) CHECK(r[i] == v[i] - y[i]);
+  // int2 sends them as bf16, with error feedback: within half a bf16 ulp.
+  CHECK(exact_elem_bytes(Level::Int2) == 2);
+  CHECK(exact_elem_bytes(Level::Int4) == 4);
+  CHECK(chunk_words(Level::Int2, c) == (128 * 2 + encoded_bytes(Level::Int2, 4000 - 128) + 3) / 4);
+  std::vector<uint8_t> enc2(size_t(4 * chunk_words(Level::Int2, c)));
+  encode_chunk(Level::Int2, c, v.data(), enc2.data(), r.data());
+  decode_chunk(Level::Int2, c, enc2.data(), y.data(), false);
+  for (int64_t i = 3096; i < 3224; ++i) {
+    const float vi = v[size_t(i)], yi = y[size_t(i)];
+    CHECK(std::fabs(yi - vi) <= std::fabs(vi) * std::ldexp(1.0, -8));
+    CHECK(yi == round_to_bf16(vi));
+  }
+  for (size_t i = 0; i < v.size(); ++i) CHECK(r[i] == v[i] - y[i]);
 }
 
 TEST_CASE("compress: error feedback conserves mass over many steps (f64 bookkeeping)", "[compress]") {
   // sum of what was sent + the final residual = sum of the gradients.
   ChunkLayout c;
   c.n = 1000;
-  for (Level l : {Level::Bf16, Level::Int8, Level::Int4}) {
-    INFO(level_name(l));
+  ChunkLayout mixed = c;  // int2 again, with exact elements (bf16 with error feedback)
+  mixed.exact = {{0, 40}, {500, 532}};
+  mixed.exact_n = 72;
+  for (auto [l, cl] : {std::pair<Level, ChunkLayout>{Level::Bf16, c}, {Level::Int8, c}, {Level::Int4, c},
+                       {Level::Int2, c}, {Level::Int2, mixed}}) {
+    INFO(level_name(l) << ", " << cl.exact_n << " exact elements");
     std::vector<float> res(1000, 0.0f), v(1000), dec(1000);
     std::vector<double> sent(1000, 0.0), total(1000, 0.0);
-    std::vector<uint8_t> enc(size_t(4 * chunk_words(l, c)));
+    std::vector<uint8_t> enc(size_t(4 * chunk_words(l, cl)));
     for (int step = 0; step < 300; ++step) {
       const std::vector<float> g = randn(1000, 100 + step, 1e-3f, 2e-4f);
       for (size_t i = 0; i < 1000; ++i) {
         total[i] += g[i];
         v[i] = g[i] + res[i];
       }
-      encode_chunk(l, c, v.data(), enc.data(), res.data());
-      decode_chunk(l, c, enc.data(), dec.data(), false);
+      encode_chunk(l, cl, v.data(), enc.data(), res.data());
+      decode_chunk(l, cl, enc.data(), dec.data(), false);
       for (size_t i = 0; i < 1000; ++i) sent[i] += dec[i];
     }
     double err = 0, norm = 0, rnorm = 0;

@@ -21,14 +21,14 @@ Signals fixed(double Bps, int64_t step = 100) {
   s.ranks = 4;
   s.all_reduce = {50e-6, Bps};
   s.all_to_all = {50e-6, Bps};
-  s.codec_s_per_elem = {0, 1e-9, 3e-9, 8e-9, 2e-8};
+  s.codec_s_per_elem = {0, 1e-9, 3e-9, 8e-9, 2e-8, 1e-8};  // by enum value: ..., powersgd, int2
   s.noise_share = 0.9;
   const int64_t n = 32768;
   for (int i = 0; i < 3; ++i) {
     BucketSignals b;
     b.n = n;
     b.compressible = n;
-    b.buf = {4.0 * n, 2.0 * n, 1.0156 * n, 0.5156 * n, 4.0 * 128 * 4};
+    b.buf = {4.0 * n, 2.0 * n, 1.0156 * n, 0.5156 * n, 4.0 * 128 * 4, 0.2578 * n};
     b.buf_q = 4.0 * 256 * 4;
     b.compute_share_s = 0.02 / 3;
     b.hide_s = 2.0 / 3.0 * 0.02 * (2 - i) / 3;
@@ -55,11 +55,53 @@ TEST_CASE("compress controller: the link fit inverts the cluster model", "[compr
 TEST_CASE("compress controller: slow link compresses, fast link stays off", "[compress][controller]") {
   // 50 Mbit/s: fp32 takes 2*3/4*128 KiB / 6.25 MB/s = 31 ms per bucket.
   for (const Choice& c : choose_levels(fixed(6.25e6))) {
-    CHECK(int(c.level) >= int(Level::Int4));
+    CHECK(level_order(c.level) >= level_order(Level::Int4));
     CHECK(c.predicted[size_t(c.level)] < 0.25 * c.predicted[0]);
   }
   // 100 Gbit/s: fp32 takes 10 us, hidden under the compute but for the last bucket.
-  for (const Choice& c : choose_levels(fixed(12.5e9))) CHECK(int(c.level) <= int(Level::Bf16));
+  for (const Choice& c : choose_levels(fixed(12.5e9))) CHECK(level_order(c.level) <= level_order(Level::Bf16));
+}
+
+TEST_CASE("compress controller: the level order puts int2 between int4 and PowerSGD", "[compress][controller]") {
+  const Level want[] = {Level::None, Level::Bf16, Level::Int8, Level::Int4, Level::Int2, Level::PowerSgd};
+  for (int i = 0; i < kLevels; ++i) {
+    CHECK(level_at(i) == want[i]);
+    CHECK(level_order(want[i]) == i);
+    CHECK(parse_level(level_name(want[i])) == want[i]);
+  }
+  // The enum values checkpoints store did not move.
+  CHECK(int(Level::PowerSgd) == 4);
+  CHECK(int(Level::Int2) == 5);
+  CHECK(error_prior(Level::Int4) < error_prior(Level::Int2));
+  CHECK(error_prior(Level::Int2) < error_prior(Level::PowerSgd));
+}
+
+TEST_CASE("compress controller: int2 where the link is slow and the noise allows it", "[compress][controller]") {
+  Signals s = fixed(6.25e6);
+  for (BucketSignals& b : s.buckets) b.buf[size_t(Level::PowerSgd)] = 0;  // no PowerSGD
+  // auto leaves int2 alone unless told (the trainer never tells it: its loss cost).
+  for (const Choice& c : choose_levels(s)) CHECK(c.level == Level::Int4);
+  s.auto_int2 = true;
+  // rho 0.9 >= 2 x 0.12 (two quantizations): int2 halves int4's bytes on a slow link.
+  for (const Choice& c : choose_levels(s)) {
+    CHECK(c.level == Level::Int2);
+    CHECK(c.predicted[size_t(Level::Int2)] < 0.6 * c.predicted[size_t(Level::Int4)]);
+  }
+  s.noise_share = 0.2;  // 0.24 > 0.2: int4
+  for (const Choice& c : choose_levels(s)) CHECK(c.level == Level::Int4);
+  s.noise_share = 0.9;
+  s.buckets[0].rel_change = 0.8;  // critical: 0.9 / 4 < 0.24
+  const auto cs = choose_levels(s);
+  CHECK(cs[0].level == Level::Int4);
+  CHECK(cs[1].level == Level::Int2);
+  // The EF guard steps an int2 bucket down.
+  s.buckets[1].current = Level::Int2;
+  s.buckets[1].ef_ratio = 50;
+  CHECK(level_order(choose_levels(s)[1].level) < level_order(Level::Int2));
+  // A fast link: never int2.
+  Signals f = fixed(12.5e9);
+  f.auto_int2 = true;
+  for (const Choice& c : choose_levels(f)) CHECK(level_order(c.level) <= level_order(Level::Bf16));
 }
 
 TEST_CASE("compress controller: warm-up, no compressible tensor, unknown noise", "[compress][controller]") {
@@ -74,7 +116,7 @@ TEST_CASE("compress controller: warm-up, no compressible tensor, unknown noise",
   CHECK(cs[1].level == Level::None);
   CHECK(cs[1].reason == "no compressible tensor");
   s.noise_share = -1;  // no noise estimate yet: at most bf16
-  for (const Choice& c : choose_levels(s)) CHECK(int(c.level) <= int(Level::Bf16));
+  for (const Choice& c : choose_levels(s)) CHECK(level_order(c.level) <= level_order(Level::Bf16));
 }
 
 TEST_CASE("compress controller: the error budget caps the level", "[compress][controller]") {
@@ -85,15 +127,26 @@ TEST_CASE("compress controller: the error budget caps the level", "[compress][co
   s.buckets[0].rel_change = 0.8;  // critical regime: a quarter of the budget
   s.buckets[1].rel_change = -1;   // unknown: treated as critical
   const auto cs = choose_levels(s);
-  CHECK(int(cs[0].level) >= int(Level::Int4));  // 0.25 <= 0.9/4
+  CHECK(level_order(cs[0].level) >= level_order(Level::Int4));  // 0.25 <= 0.9/4
   s.noise_share = 0.5;
-  const auto cs2 = choose_levels(s);
+  // Int2 priced out (the five levels before it came): bucket 2 takes PowerSGD.
+  Signals no_int2 = s;
+  no_int2.codec_s_per_elem[size_t(Level::Int2)] = 1;
+  const auto cs2 = choose_levels(no_int2);
   CHECK(cs2[0].level == Level::Int4);  // PowerSGD's 0.25 > 0.5/4
   CHECK(cs2[2].level == Level::PowerSgd);
+  // With int2 at its price, within 5% of PowerSGD here: the less compressed
+  // int2 when auto may choose it; PowerSGD when not (the trainer's default).
+  CHECK(choose_levels(s)[2].level == Level::PowerSgd);
+  s.auto_int2 = true;
+  const auto cs3 = choose_levels(s);
+  CHECK(cs3[0].level == Level::Int4);  // int2's 2 x 0.12 > 0.5/4 too
+  CHECK(cs3[2].level == Level::Int2);
+  CHECK(cs3[2].predicted[size_t(Level::PowerSgd)] < cs3[2].predicted[size_t(Level::Int2)]);
   // EF residual far above the gradient: the bucket steps down.
   s.buckets[2].current = Level::PowerSgd;
   s.buckets[2].ef_ratio = 50;
-  CHECK(int(choose_levels(s)[2].level) < int(Level::PowerSgd));
+  CHECK(level_order(choose_levels(s)[2].level) < level_order(Level::PowerSgd));
 }
 
 TEST_CASE("compress controller: hysteresis, no flapping at the boundary", "[compress][controller]") {
@@ -186,7 +239,8 @@ TEST_CASE("compress: --dry-run's expected levels follow the cluster's link", "[c
   CHECK(slow.link_Bps == Approx(6.25e6).epsilon(0.05));
   CHECK(fast.link_Bps == Approx(12.5e9).epsilon(0.05));
   int compressed = 0;
-  for (const std::string& l : slow.levels) compressed += l == "int8" || l == "int4" || l == "powersgd";
+  for (const std::string& l : slow.levels)
+    compressed += l == "int8" || l == "int4" || l == "int2" || l == "powersgd";
   CHECK(compressed > 0);
   for (const std::string& l : fast.levels) CHECK((l == "off" || l == "bf16"));
   CHECK_THAT(slow.line, Contains("grad compression: auto expects") &&
