@@ -18,9 +18,10 @@ agreement with the static run (an adaptation never changes the numbers).
   scripts/adapt/bench_adapt.py --train build/apps/adgt-train \\
       --data build/data/kjv-byte [--reps 3] [--steps 60] [--factor 1.5]
 
-On a host whose cores the ranks share (2 cores here), a sleeping straggler
-frees a core for the others, so wall-time differences are smaller than on
-dedicated devices; the figures say what this host measured.
+Timed on the emulation's virtual clock by default (docs/emulation.md,
+"Clocks"): on the wall clock, on a host whose cores the ranks share (2 cores
+here), a sleeping straggler frees a core for the others, so wall-time
+differences are smaller than on dedicated devices.
 """
 import argparse
 import json
@@ -44,7 +45,8 @@ def run(args, name, sets):
     common = [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
               f"train.steps={args.steps}", "train.global_batch=8", "train.micro_batch=1",
               "parallel.pp=4", "parallel.schedule=1f1b", "emulate.cluster=cpu-here",
-              "checkpoint.at_end=false", f"log.dir={log}", f"checkpoint.dir={log}/ckpt"]
+              f"emulate.clock={args.clock}",
+              "checkpoint.at_end=false", f"log.dir={log}", f"checkpoint.dir={log}/ckpt"] + args.set
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     p = subprocess.run([MPIRUN, "4", args.train, "--config", MODEL]
                        + sum([["--set", s] for s in common + sets], []),
@@ -53,7 +55,11 @@ def run(args, name, sets):
         sys.exit(f"FAILED: {name} exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     recs = [json.loads(l) for l in open(m)]
     steps = [r for r in recs if "loss" in r and "event" not in r]
-    tokens = 8 * 32  # global batch x seq_len of the model
+    seq = 32  # the model's seq_len unless --set model.seq_len=...
+    for x in args.set:
+        if x.startswith("model.seq_len="):
+            seq = int(x.split("=", 1)[1])
+    tokens = 8 * seq  # global batch x seq_len
     times = [tokens / r["tokens_per_s"] for r in steps if r["step"] > args.skip]
     return statistics.median(times), [r["loss"] for r in steps], recs
 
@@ -68,6 +74,12 @@ def main():
     ap.add_argument("--skip", type=int, default=20)
     ap.add_argument("--factor", type=float, default=1.5)
     ap.add_argument("--slow-rank", type=int, default=2)
+    ap.add_argument("--clock", choices=["virtual", "wall"], default="virtual",
+                    help="emulate.clock: virtual (default; each rank's CPU time plus the emulated "
+                         "waits: the step times of 4 devices, although the ranks share this host's "
+                         "cores) or wall")
+    ap.add_argument("--set", action="append", default=[],
+                    help="a further key=value for every run (e.g. a larger model)")
     args = ap.parse_args()
     slow = f"emulate.slow_ranks={args.slow_rank}:{args.factor}"
     scen = {"clean": ["parallel.adapt=off"],
@@ -87,7 +99,8 @@ def main():
                 notes[k] = f"layers moved at step {sw[0]['step']}: {sw[0]['request']}"
     med = {k: statistics.median(v) for k, v in t.items()}
     print(f"pp=4, 4 CPU ranks, rank {args.slow_rank} x{args.factor}, {args.steps} steps, "
-          f"median step time over steps > {args.skip}, median of {args.reps} runs")
+          f"median step time over steps > {args.skip}, median of {args.reps} runs, "
+          f"{args.clock} clock{', ' + ' '.join(args.set) if args.set else ''}")
     print(f"{'scenario':10s} {'step s':>9s} {'vs clean':>9s} {'mitigation':>11s}  runs")
     gap = med["static"] - med["clean"]
     for k in scen:
