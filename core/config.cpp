@@ -176,6 +176,12 @@ const std::vector<Key>& schema() {
           "keep the faster (CUDA: flash and cuDNN SDPA); flash = the handwritten kernels; "
           "cudnn = cuDNN SDPA; exact = the reference kernel (the CPU backend's only one)",
           {"auto", "flash", "cudnn", "exact"}),
+      key("train", &R::train, "flush_denormals", &TrainConfig::flush_denormals, A::Any,
+          "CPU backends (cpu, emulated): flush denormal floats to zero (x86 FTZ+DAZ, Arm FZ) in "
+          "the training thread and its OpenMP threads: a trained model's attention "
+          "probabilities and gradients underflow, and each denormal costs the core 100+ cycles "
+          "(steps 2.5-3.5x slower after 1000 steps; docs/precision.md); false = IEEE gradual "
+          "underflow. No effect on CUDA"),
       // data
       key("train", &R::train, "collective_timeout_s", &TrainConfig::collective_timeout_s,
           A::NonNegative,

@@ -72,6 +72,10 @@ struct TrainConfig {
   // start-up, keep the faster) | flash (handwritten) | cudnn (cuDNN SDPA) |
   // exact (the reference kernel). The CPU backend has one kernel (exact).
   std::string attention = "auto";
+  // CPU backends (cpu, emulated): flush denormal floats to zero in the
+  // training thread and its OpenMP pool (kernels/cpu/float_env.hpp); false =
+  // IEEE gradual underflow. No effect on CUDA.
+  bool flush_denormals = true;
   // Watchdog deadline of every collective and point-to-point operation
   // (parallel/fault/, docs/reliability.md); 0 = auto: max(30 s, 5 x the
   // slowest step), and max(300 s, that) in start-up, checkpoints and evaluation.

@@ -6,6 +6,7 @@
 #include <string>
 #include <atomic>
 #include <thread>
+#include <tuple>
 
 #include <omp.h>
 #include <time.h>
@@ -166,6 +167,12 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
   timeline_.clear();
   timeline_.reserve(list.size());
   comm_.barrier();  // a common start, so the timelines of the ranks line up
+  // On an emulation's virtual clock the timeline is in that clock's time
+  // (what a rank with a core of its own would see): the backend's marks are
+  // wall time, in which ranks sharing cores wait for each other's turn.
+  const bool vclock = slow_ && slow_->virtual_clock();
+  const double v_start = vclock ? slow_->now() : 0.0;
+  std::vector<std::pair<double, double>> vmarks;  // per timeline entry, with vclock
   // The timeline from the backend's marks (no wait per instruction on a
   // device; taken once after the step): mark 0 is the start.
   (void)be_.take_marks();
@@ -261,6 +268,7 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
       case pp::Op::Forward: {
         ExecutedInstr e{in, 0, 0};
         const int m0 = be_.mark();
+        const double v0 = vclock ? slow_->now() : 0.0;
         const int slot = slot_for(c, mb);
         const bool first = model_.chunk_has_embedding(c), last = model_.chunk_has_head(c);
         e.busy = compute(progress_ok, [&] {
@@ -269,6 +277,7 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
           if (last) loss_sum += l;
         });
         marks.emplace_back(m0, be_.mark());
+        if (vclock) vmarks.emplace_back(v0 - v_start, slow_->now() - v_start);
         timeline_.push_back(e);
         break;
       }
@@ -276,6 +285,7 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
       case pp::Op::BackwardInput: {
         ExecutedInstr e{in, 0, 0};
         const int m0 = be_.mark();
+        const double v0 = vclock ? slow_->now() : 0.0;
         const bool split = in.op == pp::Op::BackwardInput;
         const int slot = slot_for(c, mb);
         Tensor d_out;
@@ -310,16 +320,19 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
         }
         if (!split) release_slot(c, mb);
         marks.emplace_back(m0, be_.mark());
+        if (vclock) vmarks.emplace_back(v0 - v_start, slow_->now() - v_start);
         timeline_.push_back(e);
         break;
       }
       case pp::Op::BackwardWeight: {
         ExecutedInstr e{in, 0, 0};
         const int m0 = be_.mark();
+        const double v0 = vclock ? slow_->now() : 0.0;
         const int slot = slot_for(c, mb);
         e.busy = compute(progress_ok, [&] { model_.backward_weight(c, slot); });
         release_slot(c, mb);
         marks.emplace_back(m0, be_.mark());
+        if (vclock) vmarks.emplace_back(v0 - v_start, slow_->now() - v_start);
         timeline_.push_back(e);
         break;
       }
@@ -338,7 +351,11 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
     timeline_[j].start = t[size_t(marks[j].first)];
     timeline_[j].end = t[size_t(marks[j].second)];
   }
-  step_s_ = timeline_.empty() ? t[size_t(m_end)] : timeline_.back().end;
+  if (vclock)
+    for (size_t j = 0; j < timeline_.size(); ++j)
+      std::tie(timeline_[j].start, timeline_[j].end) = vmarks[j];
+  step_s_ = timeline_.empty() ? (vclock ? slow_->now() - v_start : t[size_t(m_end)])
+                              : timeline_.back().end;
   loss_sum += model_.take_deferred_loss();  // the forwards returned 0
   model_.defer_losses(false);
   for (int c = 0; c < model_.num_chunks(); ++c)

@@ -31,7 +31,7 @@ class ComputeSlowdown;
 // One compute instruction as it ran: seconds from the start of the step.
 struct ExecutedInstr {
   pp::Instr instr;
-  double start = 0, end = 0;
+  double start = 0, end = 0;  // seconds since the step's barrier (the emulation's virtual clock's time when it has one)
   // The compute's own time (seconds) where wall time misleads: on a host
   // backend with one thread per rank (ranks that share cores, where a piece's
   // wall time includes the time other ranks held the core), this thread's CPU

@@ -159,6 +159,8 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx, std::optional<Device
   else
     dev_.device = cfg.train.device;
   backend_ = make_backend(dev_.device, dev_.cuda_device);
+  if (cfg.train.flush_denormals && backend_->name().rfind("cuda", 0) != 0)
+    flush_denormals_ = std::make_unique<cpu::FlushDenormals>();
   // train.attention: the CUDA backend's bf16 kernel (auto decides per shape on
   // its first call); the CPU and emulated backends refuse flash and cudnn.
   configure_attention(*backend_, cfg.train.attention);

@@ -15,6 +15,7 @@
 
 #include "core/config.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/cpu/float_env.hpp"
 #include "parallel/controller.hpp"
 #include "parallel/device_comm.hpp"
 #include "parallel/device_plan.hpp"
@@ -102,6 +103,8 @@ class Trainer {
   RunConfig cfg_;
   int world_rank_ = 0;
   std::unique_ptr<Backend> backend_;
+  // train.flush_denormals on a CPU backend: FTZ/DAZ while the trainer lives.
+  std::unique_ptr<cpu::FlushDenormals> flush_denormals_;
   // Link and compute emulation (emulate.cluster; docs/emulation.md): the
   // trainer's own when the launcher made none, and the groups wrapped in
   // EmulatedComms. Outlive the device wrappers and the engine.

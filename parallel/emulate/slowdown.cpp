@@ -15,6 +15,8 @@ ComputeSlowdown::ComputeSlowdown(double factor, std::shared_ptr<EmulatedRank> ra
 
 double ComputeSlowdown::now() const { return rank_ ? rank_->clock.now() : now_s(); }
 
+bool ComputeSlowdown::virtual_clock() const { return rank_ && rank_->clock.is_virtual(); }
+
 void ComputeSlowdown::begin() {
   if (!active()) return;
   t0_ = now();

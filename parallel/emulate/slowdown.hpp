@@ -42,10 +42,13 @@ class ComputeSlowdown {
     catch_up();
   }
   double slept_seconds() const { return slept_; }  // in total
+  // Whether the rank's emulation runs a virtual clock (emulate.clock:
+  // virtual), and that clock's time (the wall clock without one).
+  bool virtual_clock() const;
+  double now() const;
 
  private:
   double comm_seconds() const { return rank_ ? rank_->comm_seconds : 0.0; }
-  double now() const;  // the rank's clock (wall without one)
   double factor_ = 1;
   std::shared_ptr<EmulatedRank> rank_;
   Backend* be_ = nullptr;
