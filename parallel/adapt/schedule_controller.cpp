@@ -33,6 +33,13 @@ pp::StageCosts median_costs(const std::deque<pp::StageCosts>& v) {
   return c;
 }
 
+bool has_op(const pp::Schedule& s, pp::Op op) {
+  for (const auto& list : s.ranks)
+    for (const pp::Instr& x : list)
+      if (x.op == op) return true;
+  return false;
+}
+
 class ScheduleAdapter final : public Controller {
  public:
   ScheduleAdapter(const RunConfig& cfg, DetectorOptions o)
@@ -63,10 +70,10 @@ class ScheduleAdapter final : public Controller {
         changed = true;
         ratio[size_t(s)] = d.last_ratio();
       }
-      warmed |= !was_ready && d.ready() && !planned_;
+      warmed |= !was_ready && d.ready() && (!planned_ || refine_);
     }
     nlohmann::json in;
-    in["replan"] = changed ? "change" : warmed ? "warm-up" : "";
+    in["replan"] = changed ? "change" : !warmed ? "" : planned_ ? "measured split" : "warm-up";
     if (changed || warmed) {
       in["f_s"] = c.f;
       in["b_s"] = c.b;
@@ -142,12 +149,17 @@ class ScheduleAdapter final : public Controller {
     current_ = &pipe.schedule();
     if (d.value("quiet", false)) return;
     planned_ = true;
+    refine_ = false;
     for (ChangeDetector& det : detectors_) det.rebase();  // new work is measured from now on
     recent_.clear();
     if (d.contains("layers")) return;  // the trainer moves the layers; a new adapter re-plans after
     if (!d.value("switch", false)) return;
     pp::Schedule s = schedule_from_json(pipe.schedule(), d.at("name").get<std::string>(),
                                         d.at("detail").get<std::string>(), d.at("ranks"));
+    // A fused Backward's time was split half and half between B and W for
+    // the plan; a schedule that splits them measures each, so it re-plans
+    // once more when the detectors have warmed up again ("measured split").
+    refine_ = has_op(pipe.schedule(), pp::Op::Backward) && has_op(s, pp::Op::BackwardInput);
     pipe.set_schedule(std::move(s));
     current_ = &pipe.schedule();
   }
@@ -160,6 +172,7 @@ class ScheduleAdapter final : public Controller {
   std::vector<ChangeDetector> detectors_;
   std::deque<pp::StageCosts> recent_;  // the last steps' measured stage times
   bool planned_ = false;
+  bool refine_ = false;  // re-plan at the next warm-up: the last plan guessed B and W
   const pp::Schedule* current_ = nullptr;
 };
 

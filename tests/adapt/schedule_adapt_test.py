@@ -104,9 +104,25 @@ def main():
     if d["predicted_after_s"] > d["predicted_before_s"] * (1 + 1e-9) or len(d["candidates"]) < 3:
         sys.exit(f"FAILED: the re-plan predicts no gain or lists too few candidates: {d}")
     slow = first["inputs"]["f_s"][2] / max(first["inputs"]["f_s"][1], 1e-12)
+    # 1F1B measures B + W as one fused time and the plan split it half and
+    # half; a switch to a schedule that splits them re-plans once more from
+    # the measured B and W when the detectors have warmed up again.
+    split = ""
+    if d["switch"] and not d["schedule"].startswith("1f1b"):
+        second = [r for r in recs[1:] if r["inputs"].get("replan") == "measured split"]
+        if not second or not (first["step"] + 5 <= second[0]["step"] <= first["step"] + 8):
+            sys.exit("FAILED: no 'measured split' re-plan 5-8 steps after the switch to "
+                     f"{d['schedule']} at step {first['step']}: "
+                     + json.dumps([(r["step"], r["inputs"].get("replan")) for r in recs]))
+        i2 = second[0]["inputs"]
+        if all(abs(b - w) <= 1e-3 * b for b, w in zip(i2["b_s"], i2["w_s"])):
+            sys.exit(f"FAILED: the 'measured split' re-plan's B and W are still equal halves: {i2}")
+        split = (f"; step {second[0]['step']} (measured split, B/W "
+                 f"{[round(b / max(w, 1e-12), 2) for b, w in zip(i2['b_s'], i2['w_s'])]}): "
+                 f"{second[0]['decision'].get('schedule')}")
     print(f"adapt-schedule: step {first['step']}: {d['schedule']} predicted {d['predicted_after_s']:.4f} s "
           f"against 1f1b {d['predicted_before_s']:.4f} s (switch {d['switch']}); stage 2's forward "
-          f"{slow:.2f}x stage 1's; {len(recs)} re-plan(s) in {args.steps} steps; losses equal bit for bit")
+          f"{slow:.2f}x stage 1's{split}; {len(recs)} re-plan(s) in {args.steps} steps; losses equal bit for bit")
 
 
 if __name__ == "__main__":
