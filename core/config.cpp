@@ -273,7 +273,8 @@ const std::vector<Key>& schema() {
           "rank r of PowerSGD's factors (grad_compression powersgd)"),
       key("parallel", &R::parallel, "compress_min_elems", &ParallelConfig::compress_min_elems,
           A::NonNegative,
-          "tensors with fewer elements, and every 1-D tensor, are reduced uncompressed (fp32)"),
+          "tensors with fewer elements, and every 1-D tensor, are reduced uncompressed (fp32; "
+          "at int2 as bf16 with error feedback, docs/compression.md)"),
       key("parallel", &R::parallel, "compress_interval", &ParallelConfig::compress_interval,
           A::Positive, "grad_compression auto: steps between the controller's decisions"),
       key("parallel", &R::parallel, "compress_error_budget", &ParallelConfig::compress_error_budget,

@@ -25,17 +25,6 @@ std::string at(const Schedule& s, int r, int i) {
   return "#" + std::to_string(i) + " " + to_string(s.ranks[U(r)][U(i)]);
 }
 
-// The message an instruction carries: kind, micro-batch, sending stage.
-std::tuple<bool, int, int> message(const Schedule& s, int r, const Instr& in) {
-  const int st = s.stage(r, in.chunk);
-  switch (in.op) {
-    case Op::SendAct: return {false, in.microbatch, st};
-    case Op::RecvAct: return {false, in.microbatch, st - 1};
-    case Op::SendGrad: return {true, in.microbatch, st};
-    default: return {true, in.microbatch, st + 1};  // RecvGrad
-  }
-}
-
 }  // namespace
 
 void validate_grouped(const Schedule& s) {
@@ -80,7 +69,7 @@ void validate_grouped(const Schedule& s) {
                               ") has no receive " + std::to_string(o.nth) + " from rank " +
                               std::to_string(a) + " on rank " + std::to_string(o.peer));
         const P2p& q = ops[U(o.peer)][it->second];
-        if (message(s, a, s.ranks[U(a)][U(o.instr)]) != message(s, o.peer, s.ranks[U(o.peer)][U(q.instr)]))
+        if (message_of(s, a, s.ranks[U(a)][U(o.instr)]) != message_of(s, o.peer, s.ranks[U(o.peer)][U(q.instr)]))
           throw ScheduleError("NCCL matches messages by order: rank " + std::to_string(a) + "'s send " +
                               std::to_string(o.nth) + " to rank " + std::to_string(o.peer) + " is " +
                               at(s, a, o.instr) + ", but rank " + std::to_string(o.peer) +
@@ -153,7 +142,7 @@ void validate_grouped(const Schedule& s) {
 Schedule for_rendezvous(const Schedule& s) {
   // The buffered run (validate.hpp's progress check): the global number of
   // every send, in the order the sends are made.
-  std::map<std::tuple<bool, int, int>, int> seq;  // message -> global send number
+  std::map<Message, int> seq;  // message -> global send number
   std::vector<size_t> pc(U(s.pp), 0);
   int next = 0;
   for (bool progress = true; progress;) {
@@ -162,8 +151,8 @@ Schedule for_rendezvous(const Schedule& s) {
       const auto& list = s.ranks[U(r)];
       for (size_t& i = pc[U(r)]; i < list.size(); ++i) {
         const Instr& in = list[i];
-        if (is_recv(in.op) && !seq.count(message(s, r, in))) break;
-        if (is_send(in.op)) seq[message(s, r, in)] = next++;
+        if (is_recv(in.op) && !seq.count(message_of(s, r, in))) break;
+        if (is_send(in.op)) seq[message_of(s, r, in)] = next++;
         progress = true;
       }
     }
@@ -177,7 +166,7 @@ Schedule for_rendezvous(const Schedule& s) {
     const auto& list = s.ranks[U(r)];
     std::vector<std::pair<int, size_t>> recvs;  // (message number, index), by number
     for (size_t i = 0; i < list.size(); ++i)
-      if (is_recv(list[i].op)) recvs.emplace_back(seq.at(message(s, r, list[i])), i);
+      if (is_recv(list[i].op)) recvs.emplace_back(seq.at(message_of(s, r, list[i])), i);
     std::sort(recvs.begin(), recvs.end());
     std::vector<Instr> moved;
     moved.reserve(list.size());
@@ -195,7 +184,7 @@ Schedule for_rendezvous(const Schedule& s) {
         continue;
       }
       if (is_send(in.op)) {
-        const int q = seq.at(message(s, r, in));
+        const int q = seq.at(message_of(s, r, in));
         while (k < recvs.size() && recvs[k].first < q) place_next();
       }
       moved.push_back(in);

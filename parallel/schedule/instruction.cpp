@@ -91,4 +91,20 @@ Schedule with_grad_reductions(Schedule s) {
   return s;
 }
 
+Message message_of(const Schedule& s, int rank, const Instr& in) {
+  const int st = s.stage(rank, in.chunk);
+  switch (in.op) {
+    case Op::SendAct: return {false, in.microbatch, st};
+    case Op::RecvAct: return {false, in.microbatch, st - 1};
+    case Op::SendGrad: return {true, in.microbatch, st};
+    default: return {true, in.microbatch, st + 1};  // RecvGrad
+  }
+}
+
+std::size_t message_slot(const Schedule& s, const Message& m) {
+  return (std::size_t(m.grad) * std::size_t(s.num_stages()) + std::size_t(m.src_stage)) *
+             std::size_t(s.microbatches) +
+         std::size_t(m.mb);
+}
+
 }  // namespace adgt::pp

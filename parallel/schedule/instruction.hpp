@@ -26,6 +26,8 @@
 // validate.hpp and docs/pipeline-schedules.md.
 #pragma once
 
+#include <compare>
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -114,5 +116,18 @@ Schedule from_compute_order(std::string name, int pp, int microbatches, int virt
 // it overlaps the rest of the rank's backward work. Any existing ReduceGrads
 // are replaced.
 Schedule with_grad_reductions(Schedule s);
+
+// The message a SendAct, RecvAct, SendGrad or RecvGrad of rank `rank`
+// carries: its kind, micro-batch and the stage that sends it (the same on
+// both ends, so a send and its receive compare equal).
+struct Message {
+  bool grad;
+  int mb;
+  int src_stage;
+  auto operator<=>(const Message&) const = default;
+};
+Message message_of(const Schedule& s, int rank, const Instr& in);
+// A dense index of the message in [0, 2 x stages x micro-batches).
+std::size_t message_slot(const Schedule& s, const Message& m);
 
 }  // namespace adgt::pp

@@ -10,16 +10,6 @@ namespace {
 
 size_t U(int i) { return static_cast<size_t>(i); }
 
-// The message slot of a Send or Recv: kind, sending stage, micro-batch.
-size_t message(const Schedule& s, int r, const Instr& in) {
-  const int st = s.stage(r, in.chunk);
-  const bool grad = in.op == Op::SendGrad || in.op == Op::RecvGrad;
-  int src = st;
-  if (in.op == Op::RecvAct) src = st - 1;
-  if (in.op == Op::RecvGrad) src = st + 1;
-  return (static_cast<size_t>(grad) * U(s.num_stages()) + U(src)) * U(s.microbatches) + U(in.microbatch);
-}
-
 double duration(const StageCosts& c, int st, Op op) {
   switch (op) {
     case Op::Forward: return c.f[U(st)];
@@ -57,12 +47,12 @@ SimResult simulate(const Schedule& s, const StageCosts& costs) {
       for (int& i = pc[U(r)]; i < static_cast<int>(list.size()); ++i) {
         const Instr& in = list[U(i)];
         if (is_recv(in.op)) {
-          const size_t k = message(s, r, in);
+          const size_t k = message_slot(s, message_of(s, r, in));
           if (arrival[k] == kUnsent) break;
           clock[U(r)] = std::max(clock[U(r)], arrival[k]);
           if (sender[k] >= 0) in_transit[U(sender[k])].push_back({sent_at[k], clock[U(r)]});
         } else if (is_send(in.op)) {
-          const size_t k = message(s, r, in);
+          const size_t k = message_slot(s, message_of(s, r, in));
           arrival[k] = clock[U(r)] + costs.comm;
           sender[k] = r;
           sent_at[k] = clock[U(r)];

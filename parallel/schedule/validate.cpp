@@ -20,26 +20,6 @@ std::string at(const Schedule& s, int r, int i) {
   return "rank " + std::to_string(r) + " #" + std::to_string(i) + " " + to_string(s.ranks[U(r)][U(i)]);
 }
 
-// A message is named by its kind, micro-batch and the stage that sends it.
-struct MsgKey {
-  bool grad;
-  int mb;
-  int src_stage;
-};
-
-MsgKey key_of(const Schedule& s, int r, const Instr& in) {
-  const int st = s.stage(r, in.chunk);
-  switch (in.op) {
-    case Op::SendAct: return {false, in.microbatch, st};
-    case Op::RecvAct: return {false, in.microbatch, st - 1};
-    case Op::SendGrad: return {true, in.microbatch, st};
-    default: return {true, in.microbatch, st + 1};  // RecvGrad
-  }
-}
-
-size_t index_of(const Schedule& s, const MsgKey& k) {
-  return (static_cast<size_t>(k.grad) * U(s.num_stages()) + U(k.src_stage)) * U(s.microbatches) + U(k.mb);
-}
 
 // The instruction on the other end of a message, as text: "RecvAct(mb 1, chunk 0) on rank 1".
 std::string counterpart(const Schedule& s, int r, const Instr& in) {
@@ -119,7 +99,7 @@ void check_matching(const Schedule& s) {
     for (int i = 0; i < static_cast<int>(list.size()); ++i) {
       const Instr& in = list[U(i)];
       if (!is_send(in.op) && !is_recv(in.op)) continue;
-      Where& w = (is_send(in.op) ? sends : recvs)[index_of(s, key_of(s, r, in))];
+      Where& w = (is_send(in.op) ? sends : recvs)[message_slot(s, message_of(s, r, in))];
       if (w.count++ > 0)
         throw ScheduleError(at(s, r, i) + " duplicates rank " + std::to_string(w.rank) + " #" +
                             std::to_string(w.index) + ": every message is sent and received exactly once");
@@ -131,7 +111,7 @@ void check_matching(const Schedule& s) {
     for (int i = 0; i < static_cast<int>(list.size()); ++i) {
       const Instr& in = list[U(i)];
       if (!is_send(in.op) && !is_recv(in.op)) continue;
-      const size_t k = index_of(s, key_of(s, r, in));
+      const size_t k = message_slot(s, message_of(s, r, in));
       if ((is_send(in.op) ? recvs : sends)[k].count == 0)
         throw ScheduleError(at(s, r, i) + " has no matching " + counterpart(s, r, in));
     }
@@ -270,9 +250,9 @@ void check_progress(const Schedule& s) {
         if (in.op == Op::WaitSends) continue;
         const int st = s.stage(r, in.chunk);
         if (is_recv(in.op)) {
-          if (!sent[index_of(s, key_of(s, r, in))]) break;
+          if (!sent[message_slot(s, message_of(s, r, in))]) break;
         } else if (is_send(in.op)) {
-          sent[index_of(s, key_of(s, r, in))] = 1;
+          sent[message_slot(s, message_of(s, r, in))] = 1;
         } else if (in.op == Op::Forward) {
           if (st > 0 && !f_done[cell(st - 1, in.microbatch)])
             throw ScheduleError(at(s, r, i) + " runs before Forward(mb " + std::to_string(in.microbatch) +

@@ -11,6 +11,12 @@
       parallel.adapt: schedule+layers: the warm-up re-plan moves layers off
       stage 2 (an in-memory layout switch to parallel.stage_layers, logged),
       so stage 2 ends with fewer layers than the others' mean.
+  --case resume: the layers case saving a checkpoint at step 16 (after the
+      layer move at step 10), resumed twice to step 24: in the same layout
+      (the run file's split; the controller re-derives its plan from fresh
+      measurements) every loss equals the uninterrupted run's bit for bit;
+      in another layout (pp 2 x dp 2) within 1e-5 relative (dp sums in
+      another order).
 In all, every step's loss equals the run without adaptation bit for bit (a
 schedule moves work in time, a layer move between ranks, neither changes
 the numbers).
@@ -26,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 MODEL = os.path.join(ROOT, "tests", "emulate", "model.yaml")
 
 
-def run(args, name, sets):
+def run(args, name, sets, extra=(), pp=4):
     log = os.path.join(args.work, name)
     os.makedirs(log, exist_ok=True)
     m = os.path.join(log, "metrics.jsonl")
@@ -34,12 +40,12 @@ def run(args, name, sets):
         os.remove(m)
     common = [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
               f"train.steps={args.steps}", "train.global_batch=8", "train.micro_batch=1",
-              "parallel.pp=4", "parallel.schedule=1f1b", "emulate.cluster=cpu-here",
+              f"parallel.pp={pp}", "parallel.schedule=1f1b", "emulate.cluster=cpu-here",
               f"emulate.slow_ranks={args.slow}",
               f"log.dir={log}", f"checkpoint.dir={log}/ckpt"]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     p = subprocess.run(["timeout", "120", args.mpirun, "4", args.train, "--config", MODEL]
-                       + sum([["--set", s] for s in common + sets], []),
+                       + sum([["--set", s] for s in common + sets], []) + list(extra),
                        capture_output=True, text=True, env=env)
     if p.returncode != 0:
         sys.exit(f"FAILED: {name} exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
@@ -52,10 +58,12 @@ def main():
     ap.add_argument("--mpirun", required=True)
     ap.add_argument("--data", required=True)
     ap.add_argument("--work", required=True)
-    ap.add_argument("--case", choices=["start", "onset", "layers"], default="start")
+    ap.add_argument("--case", choices=["start", "onset", "layers", "resume"], default="start")
     args = ap.parse_args()
     args.steps, args.slow = {"start": (24, "2:1.5"), "onset": (60, "2:2@30"),
-                             "layers": (24, "2:3")}[args.case]
+                             "layers": (24, "2:3"), "resume": (24, "2:3")}[args.case]
+    if args.case == "resume":
+        return resume_case(args)
     plain = run(args, "off", ["parallel.adapt=off"])
     mode = "schedule+layers" if args.case == "layers" else "schedule"
     adapt = run(args, "schedule", [f"parallel.adapt={mode}"])
@@ -123,6 +131,41 @@ def main():
     print(f"adapt-schedule: step {first['step']}: {d['schedule']} predicted {d['predicted_after_s']:.4f} s "
           f"against 1f1b {d['predicted_before_s']:.4f} s (switch {d['switch']}); stage 2's forward "
           f"{slow:.2f}x stage 1's{split}; {len(recs)} re-plan(s) in {args.steps} steps; losses equal bit for bit")
+
+
+def resume_case(args):
+    loss = lambda recs: {r["step"]: r["loss"] for r in recs if "loss" in r and "event" not in r}
+    plain = loss(run(args, "off", ["parallel.adapt=off"]))
+    mode = ["parallel.adapt=schedule+layers"]
+    adapted = run(args, "adapted", mode + ["checkpoint.interval=16"])
+    moves = [r for r in adapted if r.get("event") == "switch" and "refused" not in r]
+    if not moves or moves[0]["step"] >= 16:
+        sys.exit("FAILED: no layer move before the checkpoint at step 16: "
+                 + json.dumps([r for r in adapted if r.get("event") == "switch"]))
+    ckpt = os.path.join(args.work, "adapted", "ckpt")
+    steps = sorted(d for d in os.listdir(ckpt) if d.startswith("step_"))
+    at16 = [d for d in steps if int(d.split("_")[1]) == 16]
+    if not at16:
+        sys.exit(f"FAILED: no step-16 checkpoint in {ckpt}: {steps}")
+    src = os.path.join(ckpt, at16[0])
+    a = loss(adapted)
+    if a != plain:
+        sys.exit("FAILED: the adapted run's losses differ from the plain run's")
+    same = loss(run(args, "resumed", mode, ["--resume", src]))
+    other = loss(run(args, "resumed_pp2dp2", mode + ["parallel.dp=2"], ["--resume", src], pp=2))
+    want = {s: l for s, l in plain.items() if s > 16}
+    got = {s: l for s, l in same.items() if s > 16}
+    if got != want:
+        sys.exit(f"FAILED: resumed in the same layout, losses differ:\n want {want}\n got  {got}")
+    got2 = {s: l for s, l in other.items() if s > 16}
+    if sorted(got2) != sorted(want):
+        sys.exit(f"FAILED: resumed in pp 2 x dp 2, steps {sorted(got2)} against {sorted(want)}")
+    rel = max(abs(got2[s] - want[s]) / abs(want[s]) for s in want)
+    if rel > 1e-5:
+        sys.exit(f"FAILED: resumed in pp 2 x dp 2, losses differ by {rel:.2e} relative (bound 1e-5):"
+                 f"\n want {want}\n got  {got2}")
+    print(f"adapt-resume: layer move at step {moves[0]['step']}, checkpoint at 16; resumed in the "
+          f"same layout: steps 17-24 bit for bit; in pp 2 x dp 2: within {rel:.1e} relative")
 
 
 if __name__ == "__main__":
