@@ -93,6 +93,11 @@ def main():
               "losses equal bit for bit")
         return
     if args.case == "onset":
+        early = [r for r in recs if r["inputs"].get("replan") == "change" and r["step"] <= 30]
+        if early:
+            sys.exit("FAILED: a change flagged before the straggler starts at step 30 (a false "
+                     "detection): " + json.dumps([(r["step"], r["inputs"].get("stage_change"))
+                                                  for r in early]))
         late = [r for r in recs if r["inputs"].get("replan") == "change" and r["step"] > 30]
         if not late or late[0]["step"] > 50 or late[0]["inputs"]["stage_change"][2] < 1.3:
             sys.exit("FAILED: no re-plan for stage 2's change within 20 steps of step 30: "
