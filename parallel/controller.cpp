@@ -1,6 +1,7 @@
 #include "parallel/controller.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "core/metrics.hpp"
@@ -27,7 +28,12 @@ std::vector<nlohmann::json> run_controllers(const std::vector<Controller*>& cs, 
     if (!c->due(r)) continue;
     const nlohmann::json inputs = c->observe(e, r, world);
     std::string text;
-    if (world.rank() == 0) text = c->decide(inputs).dump();
+    double decide_s = 0;  // rank 0's time in decide(): the re-plan itself
+    if (world.rank() == 0) {
+      const auto t0 = std::chrono::steady_clock::now();
+      text = c->decide(inputs).dump();
+      decide_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
     text = broadcast_text(world, text);
     const nlohmann::json decision = nlohmann::json::parse(text);
     c->apply(e, decision);
@@ -40,7 +46,8 @@ std::vector<nlohmann::json> run_controllers(const std::vector<Controller*>& cs, 
                          {"controller", c->name()},
                          {"step", r.step},
                          {"inputs", inputs},
-                         {"decision", decision}});
+                         {"decision", decision},
+                         {"decide_s", decide_s}});
   }
   return records;
 }
