@@ -11,6 +11,11 @@ The static run (interval 0) is the reference: placement only moves work
 between ranks, so every step's loss and every tensor of the final
 checkpoint (weights, both AdamW moments and the named state, stored by
 global name) must be bitwise equal (f32; the switch carries f32 state exactly).
+The adaptive run also saves at step 15 (after its first move): resumed from
+there in the same layout (the run file's placement; the controller
+re-derives its moves) every loss and the final checkpoint are again bitwise
+the static run's; resumed in ep = 2 (dp 4) the losses agree within 1e-5
+relative (the expert gradients are reduced over other groups).
 
 usage: expert_placement_test.py --train BIN --mpirun WRAPPER --data DIR --work DIR
 """
@@ -31,7 +36,7 @@ MODEL = os.path.join(HERE, "..", "layouts", "model.yaml")
 STEPS = 30
 
 
-def run(args, name, extra):
+def run(args, name, extra, cli=()):
     work = os.path.join(args.work, name)
     shutil.rmtree(work, ignore_errors=True)
     cmd = [args.mpirun, "4", args.train, "--config", MODEL]
@@ -41,6 +46,7 @@ def run(args, name, extra):
               "model.expert_ffn_hidden=128", "parallel.ep=4", "parallel.dp=4", "emulate.cluster=cpu-here",
               "emulate.slow_ranks=2:3", "log.interval=1"] + extra:
         cmd += ["--set", s]
+    cmd += list(cli)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
     with open(os.path.join(args.work, name + ".log"), "w") as f:
@@ -60,7 +66,7 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     w0, static = run(args, "static", [])
-    w1, adapt = run(args, "adaptive", ["parallel.expert_replace_interval=10"])
+    w1, adapt = run(args, "adaptive", ["parallel.expert_replace_interval=10", "checkpoint.interval=15"])
     decisions = [r for r in adapt if r.get("controller") == "adapt-experts"]
     moves = [r for r in decisions if r["decision"].get("layout_request")]
     if not moves:
@@ -88,12 +94,36 @@ def main():
     diff = [k for k in ta if not np.array_equal(ta[k], tb[k])]
     if diff:
         sys.exit(f"FAIL: {len(diff)} tensors of the final checkpoint differ, e.g. {diff[:3]}")
+    # Resumed from the adapted run's step-15 checkpoint (placement moved at step 10).
+    mid = os.path.join(w1, "ckpt", "step_15")
+    if not os.path.isdir(mid) or moves[0]["step"] >= 15:
+        sys.exit(f"FAIL: want a move before step 15 and its checkpoint {mid}")
+    w2, same = run(args, "resumed", ["parallel.expert_replace_interval=10"], ["--resume", mid])
+    c = ls(same)
+    want = {k: v for k, v in a.items() if k > 15}
+    if {k: v for k, v in c.items() if k > 15} != want:
+        bad = [k for k in sorted(want) if c.get(k) != want[k]]
+        sys.exit(f"FAIL: resumed in the same layout, losses differ from the static run's at steps {bad[:8]}")
+    tc = tensors(os.path.join(w2, "ckpt", f"step_{STEPS}"))
+    diff = [k for k in ta if k not in tc or not np.array_equal(ta[k], tc[k])]
+    if diff:
+        sys.exit(f"FAIL: resumed: {len(diff)} tensors of the final checkpoint differ, e.g. {diff[:3]}")
+    _, ep2 = run(args, "resumed_ep2", ["parallel.expert_replace_interval=10", "parallel.ep=2"],
+                 ["--resume", mid])
+    e2 = ls(ep2)
+    if sorted(k for k in e2 if k > 15) != sorted(want):
+        sys.exit(f"FAIL: resumed in ep 2: steps {sorted(e2)} against {sorted(want)}")
+    rel = max(abs(e2[k] - want[k]) / abs(want[k]) for k in want)
+    if rel > 1e-5:
+        sys.exit(f"FAIL: resumed in ep 2, losses differ by {rel:.2e} relative (bound 1e-5)")
     el = {r["step"]: r["elapsed_s"] for r in adapt if "elapsed_s" in r and "event" not in r}
     es = {r["step"]: r["elapsed_s"] for r in static if "elapsed_s" in r and "event" not in r}
     dt = lambda e, lo, hi: statistics.median(e[s] - e[s - 1] for s in range(lo, hi) if s - 1 in e and s in e)
     print(f"{len(moves)} moves (steps {[r['step'] for r in moves]}); first: capacities {cap}, rank 2's "
           f"load {before:.3f} -> {after:.3f}, imbalance {d['imbalance_now']:.3f} -> {d['imbalance_new']:.3f}")
     print(f"losses bitwise equal over {len(a)} steps; {len(ta)} checkpoint tensors bitwise equal")
+    print(f"resumed from step 15 (after the move at step {moves[0]['step']}): same layout bitwise "
+          f"(losses and the final checkpoint); ep 2 within {rel:.1e} relative")
     print(f"median step after step 12: static {dt(es, 13, STEPS + 1):.4f} s, adaptive {dt(el, 13, STEPS + 1):.4f} s")
     print("PASS")
 
