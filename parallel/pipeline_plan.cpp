@@ -40,19 +40,7 @@ pp::Schedule make_pipeline_schedule(const RunConfig& cfg, const pp::StageCosts* 
 }
 
 std::vector<std::vector<int64_t>> held_microbatches(const pp::Schedule& s) {
-  std::vector<std::vector<int64_t>> out(size_t(s.pp), std::vector<int64_t>(size_t(s.virtual_stages), 0));
-  for (int r = 0; r < s.pp; ++r) {
-    std::vector<std::set<int>> live(size_t(s.virtual_stages));
-    for (const pp::Instr& in : s.ranks[size_t(r)]) {
-      if (in.chunk < 0) continue;
-      auto& l = live[size_t(in.chunk)];
-      if (in.op == pp::Op::RecvAct || in.op == pp::Op::Forward) l.insert(in.microbatch);
-      if (in.op == pp::Op::Backward || in.op == pp::Op::BackwardWeight) l.erase(in.microbatch);
-      int64_t& peak = out[size_t(r)][size_t(in.chunk)];
-      peak = std::max<int64_t>(peak, int64_t(l.size()));
-    }
-  }
-  return out;
+  return pp::held_activations(s);
 }
 
 std::string describe_pipeline_schedule(const RunConfig& cfg) {

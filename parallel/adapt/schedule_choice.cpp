@@ -9,8 +9,10 @@
 
 namespace adgt::adapt {
 
-ScheduleChoice choose_schedule(const pp::Schedule& current, const pp::StageCosts& c) {
+ScheduleChoice choose_schedule(const pp::Schedule& current, const pp::StageCosts& c,
+                               std::int64_t held_limit) {
   const int P = current.pp, m = current.microbatches, v = current.virtual_stages;
+  if (held_limit < 0) held_limit = pp::max_held_activations(current);
   ScheduleChoice out;
   out.schedule = current;
   out.name = current.detail.empty() ? current.name : current.name + " (" + current.detail + ")";
@@ -21,8 +23,9 @@ ScheduleChoice choose_schedule(const pp::Schedule& current, const pp::StageCosts
                                          : std::vector<std::string>{"1f1b", "zb-h1", "greedy"};
   for (const std::string& n : names) {
     try {
-      pp::Schedule s = pp::with_grad_reductions(pp::make_schedule(n, P, m, v, c, P));
+      pp::Schedule s = pp::with_grad_reductions(pp::make_schedule(n, P, m, v, c, P, held_limit));
       pp::validate(s);
+      if (pp::max_held_activations(s) > held_limit) continue;  // more memory than planned
       const double t = pp::simulate(s, c).makespan;
       const std::string label = s.detail.empty() ? n : n + " (" + s.detail + ")";
       out.candidates.emplace_back(label, t);

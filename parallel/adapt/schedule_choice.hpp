@@ -2,10 +2,15 @@
 // from measured per-stage F, B and W times, every generator that fits the
 // pipeline (1F1B, ZB-H1 and the greedy list scheduler with its variants;
 // interleaved when there are several chunks per rank) is simulated with
-// those times, and the shortest makespan within the memory limit (the
-// micro-batches in flight that 1F1B holds: the plan's memory estimate stays
-// valid) wins. Pure: the same inputs give the same schedule on every rank.
+// those times, and the shortest makespan within the memory limit wins. The
+// limit is twofold: at most pp micro-batches in flight to the input backward
+// (1F1B's), and no rank holding more activations to its last backward
+// (weight gradients included) than `held_limit`, by default the most a rank
+// holds under `current` (pp::max_held_activations; the schedule the run was
+// planned with, so the memory estimate of --dry-run stays valid). Pure: the
+// same inputs give the same schedule on every rank.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -23,7 +28,9 @@ struct ScheduleChoice {
 };
 
 // `current`: the schedule in use (its pp, micro-batches and chunks are
-// kept). Candidates that fail to generate or validate are skipped.
-ScheduleChoice choose_schedule(const pp::Schedule& current, const pp::StageCosts& measured);
+// kept). Candidates that fail to generate or validate, or hold more than
+// `held_limit` (< 0: current's most), are skipped.
+ScheduleChoice choose_schedule(const pp::Schedule& current, const pp::StageCosts& measured,
+                               std::int64_t held_limit = -1);
 
 }  // namespace adgt::adapt

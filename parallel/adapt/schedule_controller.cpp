@@ -52,6 +52,9 @@ class ScheduleAdapter final : public Controller {
 
   nlohmann::json observe(Engine& e, const StepReport& r, Comm& world) override {
     current_ = &e.pipeline()->schedule();  // decide() re-plans from it (rank 0)
+    // The memory the run was planned with: what the engine's own schedule
+    // holds (the configured one, before any re-plan of this controller).
+    if (held_limit_ < 0) held_limit_ = pp::max_held_activations(*current_);
     const pp::StageCosts now = measured_stage_costs(e, world);
     const int S = now.stages();
     // The re-plan reads each stage's F, B and W as medians over the last
@@ -91,7 +94,7 @@ class ScheduleAdapter final : public Controller {
     for (double f : in["f_s"]) c.f.push_back(std::max(f, 1e-9));
     for (double b : in["b_s"]) c.b.push_back(std::max(b, 1e-9));
     for (double w : in["w_s"]) c.w.push_back(std::max(w, 0.0));
-    const ScheduleChoice ch = choose_schedule(*current_, c);
+    const ScheduleChoice ch = choose_schedule(*current_, c, held_limit_);
     d["why"] = in["replan"];
     d["schedule"] = ch.name;
     d["predicted_before_s"] = ch.current_predicted_s;
@@ -124,7 +127,7 @@ class ScheduleAdapter final : public Controller {
           c2.b[s] *= k;
           c2.w[s] *= k;
         }
-        const ScheduleChoice ch2 = choose_schedule(*current_, c2);
+        const ScheduleChoice ch2 = choose_schedule(*current_, c2, held_limit_);
         d["layers_predicted_s"] = ch2.predicted_s;
         if (ch2.predicted_s < 0.95 * std::min(ch.predicted_s, ch.current_predicted_s)) {
           d["layers_before"] = counts_;
@@ -173,6 +176,7 @@ class ScheduleAdapter final : public Controller {
   std::deque<pp::StageCosts> recent_;  // the last steps' measured stage times
   bool planned_ = false;
   bool refine_ = false;  // re-plan at the next warm-up: the last plan guessed B and W
+  std::int64_t held_limit_ = -1;  // activations a rank may hold (see observe)
   const pp::Schedule* current_ = nullptr;
 };
 

@@ -319,7 +319,8 @@ Schedule zb_h1(int pp, int m) {
   return from_compute_order("zb-h1", pp, m, 1, zb_h1_order(pp, m));
 }
 
-Schedule greedy(int pp, int m, const StageCosts& costs, std::int64_t mem_limit_microbatches) {
+Schedule greedy(int pp, int m, const StageCosts& costs, std::int64_t mem_limit_microbatches,
+                std::int64_t held_limit) {
   check_schedule_args("greedy", pp, 1, m);
   check_costs(costs, pp, "greedy");
   if (mem_limit_microbatches < 1)
@@ -331,6 +332,7 @@ Schedule greedy(int pp, int m, const StageCosts& costs, std::int64_t mem_limit_m
   std::optional<Schedule> best;
   double best_time = kInf;
   auto consider = [&](Schedule s, const std::string& detail) {
+    if (max_held_activations(s) > held_limit) return;  // over the memory the run planned for
     const double t = simulate(s, costs).makespan;
     if (t < best_time * (1 - 1e-12)) {
       best_time = t;
@@ -355,12 +357,16 @@ Schedule greedy(int pp, int m, const StageCosts& costs, std::int64_t mem_limit_m
     if (peak_of(s) <= limit) consider(std::move(s), name);
   }
   if (!best)
-    throw ScheduleError("greedy: no schedule fits mem_limit_microbatches=" + num(limit) + " on pp=" + num(pp));
+    throw ScheduleError("greedy: no schedule fits mem_limit_microbatches=" + num(limit) +
+                        (held_limit < std::numeric_limits<std::int64_t>::max()
+                             ? " and held activations <= " + num(held_limit)
+                             : std::string()) +
+                        " on pp=" + num(pp));
   return *best;
 }
 
 Schedule make_schedule(const std::string& name, int pp, int m, int v, const StageCosts& costs,
-                       std::int64_t mem_limit) {
+                       std::int64_t mem_limit, std::int64_t held_limit) {
   check_schedule_args(name, pp, v, m);
   if (name == "gpipe") return gpipe(pp, m);
   if (name == "1f1b") return one_f_one_b(pp, m);
@@ -369,7 +375,7 @@ Schedule make_schedule(const std::string& name, int pp, int m, int v, const Stag
   if (mem_limit < 0)
     throw ScheduleError("greedy: memory limit " + num(mem_limit) + ": use >= 1 micro-batches, or 0 for pp");
   const StageCosts c = costs.f.empty() ? StageCosts::uniform(pp, 1, 1, 1) : costs;
-  return greedy(pp, m, c, mem_limit == 0 ? pp : mem_limit);
+  return greedy(pp, m, c, mem_limit == 0 ? pp : mem_limit, held_limit);
 }
 
 }  // namespace adgt::pp

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -52,17 +53,22 @@ Schedule zb_h1(int pp, int m);
 // ends before the next F or B can start. Of these candidates and the
 // hand-written 1F1B and ZB-H1 orders that fit the memory limit (m >= pp), it
 // returns the one with the shortest simulated makespan (Schedule::detail
-// names it). Needs mem_limit_microbatches >= 1.
-Schedule greedy(int pp, int m, const StageCosts& costs, std::int64_t mem_limit_microbatches);
+// names it). Needs mem_limit_microbatches >= 1. `held_limit` caps what a
+// rank holds from forward to its last backward, weight gradients included
+// (max_held_activations, what the memory estimate counts): candidates above
+// it are skipped.
+Schedule greedy(int pp, int m, const StageCosts& costs, std::int64_t mem_limit_microbatches,
+                std::int64_t held_limit = std::numeric_limits<std::int64_t>::max());
 
 // The schedules make_schedule() knows, in the order of its error message.
 const std::vector<std::string>& schedule_names();  // gpipe 1f1b interleaved zb-h1 greedy
 
 // Dispatch by name. `costs` is only used by greedy (empty: F = B = W = 1 per
-// stage, comm 0); `mem_limit` only by greedy (0: pp, 1F1B's peak). Checks the
-// arguments first (check_schedule_args).
+// stage, comm 0); `mem_limit` and `held_limit` only by greedy (mem_limit 0:
+// pp, 1F1B's peak). Checks the arguments first (check_schedule_args).
 Schedule make_schedule(const std::string& name, int pp, int m, int v,
-                       const StageCosts& costs = {}, std::int64_t mem_limit = 0);
+                       const StageCosts& costs = {}, std::int64_t mem_limit = 0,
+                       std::int64_t held_limit = std::numeric_limits<std::int64_t>::max());
 
 // The settings rules of every schedule, as named errors (ScheduleError):
 //   parallel.schedule not one of schedule_names();

@@ -1,6 +1,7 @@
 #include "parallel/schedule/validate.hpp"
 
 #include <algorithm>
+#include <set>
 #include <string>
 
 namespace adgt::pp {
@@ -322,6 +323,32 @@ std::vector<std::int64_t> peak_inflight(const Schedule& s) {
     }
   }
   return peak;
+}
+
+std::vector<std::vector<std::int64_t>> held_activations(const Schedule& s) {
+  std::vector<std::vector<std::int64_t>> out(U(s.pp), std::vector<std::int64_t>(U(s.virtual_stages), 0));
+  for (int r = 0; r < s.pp; ++r) {
+    std::vector<std::set<int>> live(U(s.virtual_stages));
+    for (const Instr& in : s.ranks[U(r)]) {
+      if (in.chunk < 0) continue;
+      auto& l = live[U(in.chunk)];
+      if (in.op == Op::RecvAct || in.op == Op::Forward) l.insert(in.microbatch);
+      if (in.op == Op::Backward || in.op == Op::BackwardWeight) l.erase(in.microbatch);
+      std::int64_t& peak = out[U(r)][U(in.chunk)];
+      peak = std::max<std::int64_t>(peak, std::int64_t(l.size()));
+    }
+  }
+  return out;
+}
+
+std::int64_t max_held_activations(const Schedule& s) {
+  std::int64_t most = 0;
+  for (const auto& r : held_activations(s)) {
+    std::int64_t n = 0;
+    for (std::int64_t h : r) n += h;
+    most = std::max(most, n);
+  }
+  return most;
 }
 
 }  // namespace adgt::pp

@@ -52,4 +52,12 @@ void validate(const Schedule& s, std::int64_t max_inflight = kNoMemoryLimit);
 // Per rank, the most activations in flight at once (as in check 4).
 std::vector<std::int64_t> peak_inflight(const Schedule& s);
 
+// Per rank and chunk, the most micro-batches whose activations the executor
+// holds at once: from a micro-batch's RecvAct or Forward to its Backward, or
+// to its BackwardWeight when the backward is split (the weight gradient needs
+// the layer inputs). What the memory estimate counts (parallel/cost/memory.hpp).
+std::vector<std::vector<std::int64_t>> held_activations(const Schedule& s);
+// The most a rank holds over all its chunks (the maximum over ranks).
+std::int64_t max_held_activations(const Schedule& s);
+
 }  // namespace adgt::pp
