@@ -99,6 +99,9 @@ class Engine {
   void fill_checkpoint(CheckpointState& st, ShardLayout& lay);
   // Restores weights and AdamW state from a loaded checkpoint.
   void restore_checkpoint(CheckpointState& st);
+  // This rank's compute slowdown hook (an inactive one without emulation):
+  // also the emulation's clock (virtual_clock(), now()) for what controllers time.
+  const emulate::ComputeSlowdown& slowdown() const { return *slow_; }
 
  private:
   double run_micro_batches(const MicroBatchFetch& fetch);

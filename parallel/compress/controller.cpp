@@ -1,4 +1,5 @@
 #include "parallel/compress/controller.hpp"
+#include "parallel/emulate/slowdown.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -310,18 +311,25 @@ std::array<double, kLevels> measure_codecs(int powersgd_rank) {
 }
 
 // Seconds of `c` on `comm` with a buffer of `elems` floats per member: the
-// fastest of 2 rounds, each entered together (barrier).
-double probe(Comm& comm, cluster::Collective c, int64_t elems) {
+// fastest of 3 rounds, each entered together (barrier). On the emulation's
+// virtual clock (emulate.clock: virtual) timed on that clock: the link
+// model's time, whatever the host's load. On the wall clock a loaded host
+// (4 ranks on 2 cores beside two CPU hogs) stalled every round of a
+// 100 Gbit/s probe often enough to read 0.06 GB/s and compress on a fast
+// link (compress_controller_schedule_np4 failed 3 runs in 5 that way).
+double probe(Comm& comm, cluster::Collective c, int64_t elems, const emulate::ComputeSlowdown& clk) {
   std::vector<float> in(size_t(elems), 1.0f), out(size_t(elems), 0.0f);
+  const bool virt = clk.virtual_clock();
   double best = 1e30;
-  for (int rep = 0; rep < 2; ++rep) {
+  for (int rep = 0; rep < 3; ++rep) {
     comm.barrier();
     const auto t0 = std::chrono::steady_clock::now();
+    const double v0 = virt ? clk.now() : 0.0;
     if (c == cluster::Collective::AllToAll)
       comm.all_to_all(Tensor(out.data(), DType::F32, {elems}), Tensor(in.data(), DType::F32, {elems}));
     else
       comm.all_reduce(Tensor(in.data(), DType::F32, {elems}));
-    best = std::min(best, seconds_since(t0));
+    best = std::min(best, virt ? clk.now() - v0 : seconds_since(t0));
   }
   return best;
 }
@@ -362,10 +370,10 @@ class CompressController final : public Controller {
     const int64_t small = D, big = 4096 * int64_t(D);
     double probes[4] = {0, 0, 0, 0};
     if (D > 1) {
-      probes[0] = probe(dp, cluster::Collective::AllReduce, small);
-      probes[1] = probe(dp, cluster::Collective::AllReduce, big);
-      probes[2] = probe(dp, cluster::Collective::AllToAll, small);
-      probes[3] = probe(dp, cluster::Collective::AllToAll, big);
+      probes[0] = probe(dp, cluster::Collective::AllReduce, small, e.slowdown());
+      probes[1] = probe(dp, cluster::Collective::AllReduce, big, e.slowdown());
+      probes[2] = probe(dp, cluster::Collective::AllToAll, small, e.slowdown());
+      probes[3] = probe(dp, cluster::Collective::AllToAll, big, e.slowdown());
     }
     // MAX over the world: globals, then per bucket its geometry.
     const size_t G = 4 + 2 + kLevels, F = 3 + kLevels + 1;

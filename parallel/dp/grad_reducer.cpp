@@ -152,9 +152,9 @@ void GradReducer::reduce_compressed() {
       step_report_.fp32_bytes += compress::fp32_ring_bytes(n, c->size(), b.op == BucketOp::ReduceScatter);
     }
     const int64_t bytes0 = c->stats().bytes;
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = now_();
     compress::reduce_buckets(*c, l, items, table_, settings_);
-    step_report_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    step_report_.seconds += now_() - t0;
     step_report_.sent_bytes += c->stats().bytes - bytes0;
     if (!be_->is_host())
       for (size_t i : ids) {
@@ -310,13 +310,12 @@ void GradReducer::progress() {
 }
 
 void GradReducer::finish_grad_sync() {
-  const auto t0 = std::chrono::steady_clock::now();
+  const double t0 = now_();
   start_grad_sync();
   const double compressed0 = step_report_.seconds;
   reduce_compressed();
   for (Work& w : work_) w.wait();
-  wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
-            (step_report_.seconds - compressed0);
+  wait_s_ = now_() - t0 - (step_report_.seconds - compressed0);
   if (track_norms_ && be_ && be_->is_host()) {
     for (size_t i = 0; i < buckets_.size(); ++i) {
       const GradBucket& b = buckets_[i];

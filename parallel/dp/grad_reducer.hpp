@@ -20,6 +20,7 @@
 // order of their first bucket on every rank, bit for bit what one reduce per
 // bucket gives; error feedback is kept per bucket.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -92,6 +93,11 @@ class GradReducer {
   // buckets: the reduction time the step did not hide behind compute (the
   // compressed buckets' reduce is last_compression().seconds).
   double last_wait_seconds() const { return wait_s_; }
+  // The clock the reduce is timed on (last_wait_seconds, the compressed
+  // reduces' seconds): the wall clock, or the emulation's virtual clock
+  // (the Engine sets it from its ComputeSlowdown), so these times and the
+  // step's are in the same units.
+  void set_clock(std::function<double()> now) { now_ = std::move(now); }
   // The groups with started collectives (for a progress thread).
   std::vector<Comm*> comms() const;
 
@@ -151,6 +157,9 @@ class GradReducer {
   std::vector<size_t> queued_;    // compressed buckets started this step, in start order
   std::vector<std::vector<float>> staged_;  // per bucket: a device bucket's host copy while queued
   double wait_s_ = 0;
+  std::function<double()> now_ = [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  };
   compress::Settings settings_;
   Backend* be_ = nullptr;         // set_compression's: stages device gradients
   std::vector<ParamSpec> table_;  // the model's table (compressible tensors, PowerSGD shapes)

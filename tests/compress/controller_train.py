@@ -47,7 +47,10 @@ def main():
     sets = [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
             f"log.dir={out}", f"checkpoint.dir={out}/ckpt", "train.device=cpu", "parallel.dp=4",
             f"train.steps={args.steps}", "train.warmup_steps=10", "parallel.compress_interval=10",
-            "parallel.grad_compression=auto", f"emulate.cluster={cluster}"]
+            "parallel.grad_compression=auto", f"emulate.cluster={cluster}",
+            # The virtual clock: the probes read the link model's time, not a
+            # loaded host's scheduling (docs/emulation.md, "Clocks").
+            "emulate.clock=virtual"]
     if schedule:
         sets.append("emulate.link_bandwidth=0.0005@30,1@60")
     cmd = [args.mpirun, "4", args.train, "--config", args.model]
