@@ -25,6 +25,7 @@
 #include "parallel/plan/replan_controller.hpp"
 #include "parallel/plan/trial_controller.hpp"
 #include "parallel/sim/dry_run.hpp"
+#include "parallel/schedule/validate.hpp"
 
 namespace {
 
@@ -91,7 +92,7 @@ int main(int argc, char** argv) {
       }
       if (dry_run) {
         const auto held = cfg.parallel.pp > 1
-                              ? adgt::held_microbatches(adgt::make_pipeline_schedule(cfg))
+                              ? adgt::pp::held_activations(adgt::make_pipeline_schedule(cfg))
                               : std::vector<std::vector<int64_t>>{};
         const auto est = adgt::estimate_memory(cfg, adgt::compute_bytes_per_element(cfg), held);
         std::printf("%s", adgt::format_estimate(cfg, est).c_str());

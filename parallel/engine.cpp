@@ -69,7 +69,7 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
   const bool zero = cfg.parallel.zero == 1 && ctx_.dp->size() > 1;
   Comm* edp = ctx_.ep->size() > 1 ? ctx_.edp : nullptr;
   reducer_ = std::make_unique<GradReducer>(*model_, *ctx_.dp, edp, zero, cfg.parallel.bucket_mb);
-  if (slow_->virtual_clock()) reducer_->set_clock([s = slow_] { return s->now(); });
+  reducer_->set_clock([s = slow_] { return s->now(); });  // the emulation's clock, else wall
   opt_ = std::make_unique<ShardedAdamW>(be_, *model_, cfg.train, zero ? ctx_.dp : nullptr);
   if (pipelined) {
     pipe_ = std::make_unique<PipelineExecutor>(*model_, be_, *ctx_.pp, engine_schedule(cfg));

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <set>
 #include <sstream>
 
 #include "parallel/schedule/generators.hpp"
@@ -39,10 +38,6 @@ pp::Schedule make_pipeline_schedule(const RunConfig& cfg, const pp::StageCosts* 
   return s;
 }
 
-std::vector<std::vector<int64_t>> held_microbatches(const pp::Schedule& s) {
-  return pp::held_activations(s);
-}
-
 std::string describe_pipeline_schedule(const RunConfig& cfg) {
   std::ostringstream o;
   const std::vector<int64_t> counts = stage_layer_counts(cfg);
@@ -67,7 +62,7 @@ std::string describe_pipeline_schedule(const RunConfig& cfg) {
   o << "peak micro-batches in flight per rank (forward to input backward):";
   for (int64_t p : peak) o << " " << p;
   o << "\nactivations held per rank (forward to the last backward, all chunks):";
-  for (const auto& r : held_microbatches(sched)) {
+  for (const auto& r : pp::held_activations(sched)) {
     int64_t n = 0;
     for (int64_t h : r) n += h;
     o << " " << n;

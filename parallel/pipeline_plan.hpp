@@ -24,12 +24,6 @@ pp::StageCosts predicted_stage_costs(const RunConfig& cfg);
 // peak). Validated (pp::validate) before it is returned.
 pp::Schedule make_pipeline_schedule(const RunConfig& cfg, const pp::StageCosts* costs = nullptr);
 
-// Per rank and chunk, the most micro-batches whose activations the executor
-// holds at once: from a micro-batch's RecvAct or Forward to its Backward, or to
-// its BackwardWeight when the backward is split (the weight gradient needs the
-// layer inputs). validate.hpp's peak_inflight counts to the input backward.
-std::vector<std::vector<int64_t>> held_microbatches(const pp::Schedule& s);
-
 // The per-rank timeline (simulated with the predicted costs), the stage
 // layout and the predicted bubble: `adgt-train --print-schedule`.
 std::string describe_pipeline_schedule(const RunConfig& cfg);

@@ -47,8 +47,8 @@ int64_t compute_bytes_per_element(const RunConfig& cfg);
 // ZeRO-1's division of the AdamW state over dp, sequence-parallel activations,
 // and with pipeline parallelism the pipeline rank with the largest total: its
 // stage's parameters and, per chunk c, held[r][c] micro-batches' activations
-// (what the schedule keeps in flight: held_microbatches() in
-// parallel/pipeline_plan.hpp). Without `held`: min(pp - r, m) per chunk
+// (what the schedule keeps in flight: pp::held_activations() in
+// parallel/schedule/validate.hpp). Without `held`: min(pp - r, m) per chunk
 // (1F1B's peak).
 MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bytes_per_param_compute,
                                const std::vector<std::vector<int64_t>>& held = {});

@@ -11,6 +11,7 @@
 #include "core/layout.hpp"
 #include "parallel/cost/memory.hpp"
 #include "parallel/pipeline_plan.hpp"
+#include "parallel/schedule/validate.hpp"
 
 namespace adgt::plan {
 namespace {
@@ -211,7 +212,7 @@ std::optional<PlanRow> megatron_default(const PlanInput& in, sim::OpCosts& costs
         continue;
       }
       std::vector<std::vector<int64_t>> held;
-      if (pp > 1) held = held_microbatches(make_pipeline_schedule(c));
+      if (pp > 1) held = pp::held_activations(make_pipeline_schedule(c));
       if (double(estimate_memory(c, bytes, held).bytes_total) > budget) continue;
       sim::SweepRow r{c, sim::simulate_step(c, in.cluster, costs, in.sim), sim::describe_layout(c)};
       return row_of(std::move(r), in.cluster);

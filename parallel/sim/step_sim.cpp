@@ -15,6 +15,7 @@
 #include "parallel/engine.hpp"
 #include "parallel/pipeline_plan.hpp"
 #include "parallel/sim/work.hpp"
+#include "parallel/schedule/validate.hpp"
 
 namespace adgt::sim {
 namespace {
@@ -543,7 +544,7 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
   const double peak = bytes <= 2 ? cl.device.peak_bf16_flops : cl.device.peak_fp32_flops;
   r.mfu = peak > 0 ? r.tflops_per_gpu * 1e12 / peak : 0;
   std::vector<std::vector<int64_t>> held;
-  if (P > 1) held = held_microbatches(sched);
+  if (P > 1) held = pp::held_activations(sched);
   r.memory_bytes_max = double(estimate_memory(cfg, bytes, held).bytes_total);
   return r;
 }

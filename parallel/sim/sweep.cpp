@@ -8,6 +8,7 @@
 #include "core/layout.hpp"
 #include "parallel/cost/memory.hpp"
 #include "parallel/pipeline_plan.hpp"
+#include "parallel/schedule/validate.hpp"
 
 namespace adgt::sim {
 namespace {
@@ -165,7 +166,7 @@ SweepResult sweep_layouts(const RunConfig& base, int64_t gpus, const cluster::Cl
       return;
     }
     std::vector<std::vector<int64_t>> held;
-    if (c.parallel.pp > 1) held = held_microbatches(make_pipeline_schedule(c));
+    if (c.parallel.pp > 1) held = pp::held_activations(make_pipeline_schedule(c));
     if (double(estimate_memory(c, bytes, held).bytes_total) > budget) {
       ++out.rejected_memory;
       return;
