@@ -263,18 +263,18 @@ const std::vector<Key>& schema() {
       key("parallel", &R::parallel, "grad_compression", &ParallelConfig::grad_compression,
           A::Choices,
           "data-parallel gradient compression with error feedback (docs/compression.md): off; "
-          "bf16; int8 or int4 = blocks of 256 with an fp32 scale; int2 = 2 bits per element, "
-          "blocks of 256 with a bf16 rms scale; powersgd = rank "
+          "bf16; int8 or int4 = blocks of 256 with an fp32 scale; int3 or int2 = 3 or 2 bits per "
+          "element, blocks of 256 with a bf16 step from the block's rms; powersgd = rank "
           "parallel.powersgd_rank factors of each 2-D weight; auto = chosen per bucket at run "
           "time by a controller from the measured link, compute and gradient noise. A no-op "
           "at dp=1",
-          {"off", "bf16", "int8", "int4", "int2", "powersgd", "auto"}),
+          {"off", "bf16", "int8", "int4", "int3", "int2", "powersgd", "auto"}),
       key("parallel", &R::parallel, "powersgd_rank", &ParallelConfig::powersgd_rank, A::Positive,
           "rank r of PowerSGD's factors (grad_compression powersgd)"),
       key("parallel", &R::parallel, "compress_min_elems", &ParallelConfig::compress_min_elems,
           A::NonNegative,
           "tensors with fewer elements, and every 1-D tensor, are reduced uncompressed (fp32; "
-          "at int2 as bf16 with error feedback, docs/compression.md)"),
+          "at int3 and int2 as bf16 with error feedback, docs/compression.md)"),
       key("parallel", &R::parallel, "compress_interval", &ParallelConfig::compress_interval,
           A::Positive, "grad_compression auto: steps between the controller's decisions"),
       key("parallel", &R::parallel, "compress_error_budget", &ParallelConfig::compress_error_budget,

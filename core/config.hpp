@@ -130,7 +130,7 @@ struct ParallelConfig {
   // launcher = the launcher's rank order as it comes.
   std::string placement = "topology";
   // Gradient compression of the data-parallel reduce (parallel/compress/,
-  // docs/compression.md): off | bf16 | int8 | int4 | int2 | powersgd | auto (auto:
+  // docs/compression.md): off | bf16 | int8 | int4 | int3 | int2 | powersgd | auto (auto:
   // a controller sets each bucket's level; without one it runs as off).
   std::string grad_compression = "off";
   int64_t powersgd_rank = 4;           // PowerSGD's rank r

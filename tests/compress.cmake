@@ -25,12 +25,12 @@ set(ADGT_GC_ARGS ${ADGT_PYTHON} ${ADGT_GC}/compress_train.py --train $<TARGET_FI
 set(ADGT_GC_TESTS compress_train_off_unchanged)
 add_test(NAME compress_train_off_unchanged
   COMMAND ${ADGT_GC_ARGS} --work ${CMAKE_BINARY_DIR}/compress/off --case off)
-foreach(level bf16 int8 int4 int2 powersgd)
+foreach(level bf16 int8 int4 int3 int2 powersgd)
   add_test(NAME compress_train_${level}
     COMMAND ${ADGT_GC_ARGS} --work ${CMAKE_BINARY_DIR}/compress/${level} --case train --level ${level})
   list(APPEND ADGT_GC_TESTS compress_train_${level})
 endforeach()
-foreach(level int8 int2 powersgd)
+foreach(level int8 int3 int2 powersgd)
   add_test(NAME compress_resume_${level}
     COMMAND ${ADGT_GC_ARGS} --work ${CMAKE_BINARY_DIR}/compress/resume_${level} --case resume --level ${level})
   list(APPEND ADGT_GC_TESTS compress_resume_${level})

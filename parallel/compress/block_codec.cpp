@@ -6,7 +6,7 @@
 
 #include "kernels/check.hpp"
 #include "kernels/common/bf16.hpp"
-#include "parallel/compress/int2_codec.hpp"
+#include "parallel/compress/rms_codec.hpp"
 
 namespace adgt::compress {
 
@@ -14,15 +14,17 @@ namespace {
 
 int64_t blocks_of(int64_t n) { return (n + kBlock - 1) / kBlock; }
 
+// The bits of an rms-step level (rms_codec.hpp), 0 for the others.
+int rms_bits(Level l) { return l == Level::Int2 ? 2 : l == Level::Int3 ? 3 : 0; }
+
 int qmax_of(Level l) { return l == Level::Int8 ? 127 : 7; }
 
 // Bytes of the quantized payload of n elements.
 int64_t payload_bytes(Level l, int64_t n) { return l == Level::Int8 ? n : (n + 1) / 2; }
 
 void check_level(Level l, const char* what) {
-  ADGT_CHECK(l == Level::Bf16 || l == Level::Int8 || l == Level::Int4 || l == Level::Int2,
-             "compress::" << what << ": level " << level_name(l)
-                          << " has no element codec (bf16, int8, int4 or int2)");
+  ADGT_CHECK(quantized(l), "compress::" << what << ": level " << level_name(l)
+                                         << " has no element codec (bf16, int8, int4, int3 or int2)");
 }
 
 // The scale of block x[0, m): absmax / qmax; NaN when an element is not finite.
@@ -58,7 +60,7 @@ void decode_impl(Level l, const uint8_t* in, int64_t n, float* out) {
     }
     return;
   }
-  if (l == Level::Int2) return int2_decode(in, n, out, Add);
+  if (rms_bits(l)) return rms_decode(rms_bits(l), in, n, out, Add);
   const int64_t nb = blocks_of(n);
   const uint8_t* payload = in + 4 * nb;
   for (int64_t b = 0; b < nb; ++b) {
@@ -86,7 +88,7 @@ void decode_impl(Level l, const uint8_t* in, int64_t n, float* out) {
 int64_t encoded_bytes(Level l, int64_t n) {
   check_level(l, "encoded_bytes");
   if (l == Level::Bf16) return 2 * n;
-  if (l == Level::Int2) return int2_encoded_bytes(n);
+  if (rms_bits(l)) return rms_encoded_bytes(rms_bits(l), n);
   return 4 * blocks_of(n) + payload_bytes(l, n);
 }
 
@@ -99,7 +101,7 @@ void encode(Level l, const float* x, int64_t n, uint8_t* out) {
     }
     return;
   }
-  if (l == Level::Int2) return int2_encode(x, n, out);
+  if (rms_bits(l)) return rms_encode(rms_bits(l), x, n, out);
   const int qmax = qmax_of(l);
   const int64_t nb = blocks_of(n);
   uint8_t* payload = out + 4 * nb;

@@ -8,8 +8,10 @@
 //         clamped to [-127, 127]; decode q_i * s. |x - decode| <= s/2.
 //   Int4: the same with absmax/7 and q in [-7, 7], two per byte (element 2j
 //         in the low nibble, 2j+1 in the high one, as q + 8).
-//   Int2: blocks of kBlock with a bf16 rms scale s and q in {-2, -1, 0, 1}
-//         decoded (q + 1/2) s, four per byte (int2_codec.hpp has its layout).
+//   Int2: blocks of kBlock with a bf16 step s (the block's rms) and q in
+//         {-2, -1, 0, 1} decoded (q + 1/2) s, four per byte;
+//   Int3: likewise with q in [-4, 3], 3 bits each, and s the best of three
+//         multiples of the rms (rms_codec.hpp has both layouts).
 //
 // Layout of an encoding of n elements (Int8, Int4): the block scales (fp32,
 // little endian, one per block) and then the payload; encoded_bytes gives its size.
@@ -26,7 +28,7 @@ namespace adgt::compress {
 
 constexpr int64_t kBlock = 256;  // elements per quantization block (int8, int4)
 
-// Bytes of n elements encoded at `l` (Bf16, Int8, Int4 or Int2).
+// Bytes of n elements encoded at `l` (a quantized level: Bf16, Int8, Int4, Int3 or Int2).
 int64_t encoded_bytes(Level l, int64_t n);
 // Encodes x[0, n) into out[0, encoded_bytes(l, n)).
 void encode(Level l, const float* x, int64_t n, uint8_t* out);

@@ -34,7 +34,7 @@ ChunkLayout chunk_layout(const std::vector<ParamSpec>& table, int64_t lo, int64_
   return c;
 }
 
-int64_t exact_elem_bytes(Level l) { return l == Level::Int2 ? 2 : 4; }
+int64_t exact_elem_bytes(Level l) { return l == Level::Int2 || l == Level::Int3 ? 2 : 4; }
 
 int64_t chunk_words(Level l, const ChunkLayout& c) {
   const int64_t packed = c.n - c.exact_n;

@@ -6,8 +6,8 @@
 // compressed elements packed in order and encoded by block_codec.hpp],
 // padded to whole 32-bit words (the reduce sends it as I32 words).
 //
-// At int2 the "exact" elements go as bf16 (round to nearest even) with error
-// feedback instead of fp32: at 0.26 bytes per compressed element, fp32 norms
+// At int2 and int3 the "exact" elements go as bf16 (round to nearest even) with error
+// feedback instead of fp32: at 0.26-0.38 bytes per compressed element, fp32 norms
 // would be a tenth of the bytes of a small model's chunk. They stay
 // uncompressed by block quantization (their own rounding only, 2^-8
 // relative), and their rounding error joins the residual like the others'.
@@ -35,7 +35,7 @@ struct ChunkLayout {
 ChunkLayout chunk_layout(const std::vector<ParamSpec>& table, int64_t lo, int64_t hi, int64_t min_elems);
 
 // Bytes per element of the chunk's exact elements at level l: 4 (fp32), 2 at
-// Int2 (bf16, with error feedback).
+// Int2 and Int3 (bf16, with error feedback).
 int64_t exact_elem_bytes(Level l);
 // 32-bit words of an encoded chunk.
 int64_t chunk_words(Level l, const ChunkLayout& c);

@@ -36,10 +36,6 @@ std::vector<int> members(int ranks) {
   return m;
 }
 
-bool quantized(Level l) {
-  return l == Level::Bf16 || l == Level::Int8 || l == Level::Int4 || l == Level::Int2;
-}
-
 }  // namespace
 
 double link_time(cluster::Collective c, int ranks, const LinkFit& l, double bytes) {
@@ -77,7 +73,8 @@ double error_prior(Level l) {
     case Level::Bf16: return 3e-6;    // (1.7e-3)^2
     case Level::Int8: return 5e-5;    // (7.0e-3)^2
     case Level::Int4: return 1.7e-2;  // (1.3e-1)^2
-    case Level::Int2: return 0.12;    // (3.4e-1)^2; 0.117 on N(0, 1) blocks (int2_codec.hpp)
+    case Level::Int3: return 0.037;   // (1.9e-1)^2 on N(0, 1) blocks, 0.070 on Laplacian ones (rms_codec.hpp)
+    case Level::Int2: return 0.12;    // (3.4e-1)^2; 0.117 on N(0, 1) blocks (rms_codec.hpp)
     case Level::PowerSgd: return 0.25;
   }
   return 1;
@@ -116,6 +113,7 @@ double predict_seconds(const Signals& s, const BucketSignals& b, Level l) {
     case Level::Bf16:
     case Level::Int8:
     case Level::Int4:
+    case Level::Int3:
     case Level::Int2: {
       const int calls = b.reduce_scatter ? 1 : 2;  // all-to-all of the chunks (+ the owners' all-gather)
       return calls * (batched_time(s, Collective::AllToAll, s.all_to_all, b.buf[size_t(l)]) + codec);
@@ -282,7 +280,7 @@ std::array<double, kLevels> measure_codecs(int powersgd_rank) {
   std::mt19937 rng(1);
   std::normal_distribution<float> nd(0.0f, 1e-3f);
   for (float& v : x) v = nd(rng);
-  for (Level l : {Level::Bf16, Level::Int8, Level::Int4, Level::Int2}) {
+  for (Level l : kQuantizedLevels) {
     std::vector<uint8_t> buf(static_cast<size_t>(encoded_bytes(l, n)));
     double best = 1e30;
     for (int rep = 0; rep < 3; ++rep) {
@@ -397,7 +395,7 @@ class CompressController final : public Controller {
       f[1] = double(comp);
       f[2] = rs ? 1 : 0;
       f[3] = 4.0 * double(n);
-      for (Level l : {Level::Bf16, Level::Int8, Level::Int4, Level::Int2}) {
+      for (Level l : kQuantizedLevels) {
         int64_t words = 0;
         for (int d = 0; d < D; ++d) {
           const auto [lo, hi] = chunk_range(n, D, d, rs);

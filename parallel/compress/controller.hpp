@@ -23,7 +23,7 @@
 //    with t_i(l) <= best + tolerance * (best + c_i), c_i the bucket's share
 //    (by elements) of the step's compute: "within 5% of the fastest" on the
 //    bucket's part of the step; the least compressed candidate (level_order:
-//    off, bf16, int8, int4, int2, powersgd) wins;
+//    off, bf16, int8, int4, int3, int2, powersgd) wins;
 //  - hysteresis: the current level stays while it is allowed and
 //    t_i(cur) <= best + (tolerance + hysteresis) * (best + c_i).
 // The compressed buckets of a level are reduced in one batch (one collective
@@ -63,7 +63,7 @@ struct BucketSignals {
   int64_t compressible = 0;    // elements of compressible tensors in it
   bool reduce_scatter = false; // ZeRO-1 bucket
   // Full buffer bytes of one member for the level's collectives, by the enum
-  // value: off: the fp32 all-reduce (reduce-scatter); bf16/int8/int4/int2:
+  // value: off: the fp32 all-reduce (reduce-scatter); bf16/int8/int4/int3/int2:
   // each all-to-all of the encoded
   // chunks; powersgd: the P all-reduce (buf) and the Q all-reduce (buf_q).
   std::array<double, kLevels> buf{};

@@ -14,20 +14,26 @@ enum class Level : int {
   Int8 = 2,      // L2: int8 blocks of kBlock with an fp32 absmax/127 scale
   Int4 = 3,      // L3: int4 blocks of kBlock with an fp32 absmax/7 scale
   PowerSgd = 4,  // L5: PowerSGD rank r on 2-D weights (warm-started Q)
-  Int2 = 5,      // L4: 2-bit blocks of kBlock with a bf16 rms scale (int2_codec.hpp)
+  Int2 = 5,      // 2-bit blocks of kBlock with a bf16 step of the block's rms (rms_codec.hpp)
+  Int3 = 6,      // 3-bit blocks of kBlock, likewise
 };
-// The enum values are what checkpoints store (compress/buckets); Int2 came
-// last, so they did not change. The order of compression (and of the error
-// a level adds) is level_order's, not the enum's.
-constexpr int kLevels = 6;
+// The enum values are what checkpoints store (compress/buckets); Int2 and
+// Int3 came last, so they did not change. The order of compression (and of
+// the error a level adds) is level_order's, not the enum's.
+constexpr int kLevels = 7;
+
+// The levels of the quantized reduce (an element codec, block_codec.hpp),
+// in level order.
+constexpr Level kQuantizedLevels[] = {Level::Bf16, Level::Int8, Level::Int4, Level::Int3, Level::Int2};
+bool quantized(Level l);
 
 // Position of l from the least to the most compressed: off 0, bf16 1, int8
-// 2, int4 3, int2 4, powersgd 5 (the "L" numbers of docs/compression.md).
+// 2, int4 3, int3 4, int2 5, powersgd 6 (the "L" numbers of docs/compression.md).
 int level_order(Level l);
 // The level at position i of that order (0 <= i < kLevels).
 Level level_at(int i);
 
-// "off", "bf16", "int8", "int4", "int2", "powersgd".
+// "off", "bf16", "int8", "int4", "int3", "int2", "powersgd".
 const char* level_name(Level l);
 // A parallel.grad_compression value. "auto" gives None: the run starts
 // uncompressed and a controller (not part of this folder) sets the levels

@@ -103,8 +103,7 @@ ExpectedCompression expected_compression(const RunConfig& cfg, const cluster::Cl
     // Memory-bound on the device: encode reads 4 bytes and writes the code,
     // decode the reverse; PowerSGD's products read the matrix 3 times.
     const double hbm = cl.device.hbm_bandwidth * cl.device.memory_efficiency;
-    for (compress::Level l : {compress::Level::Bf16, compress::Level::Int8, compress::Level::Int4,
-                              compress::Level::Int2})
+    for (compress::Level l : compress::kQuantizedLevels)
       s.codec_s_per_elem[size_t(l)] =
           2 * (4.0 + double(compress::encoded_bytes(l, 1 << 16)) / 65536.0) / hbm;
     s.codec_s_per_elem[size_t(compress::Level::PowerSgd)] = 3 * 4.0 * 2 / hbm;
@@ -155,8 +154,7 @@ ExpectedCompression expected_compression(const RunConfig& cfg, const cluster::Cl
     b.reduce_scatter = rs[i];
     const double rest = 4.0 * double(g.n - g.comp);
     b.buf[0] = 4.0 * double(g.n);
-    for (compress::Level l : {compress::Level::Bf16, compress::Level::Int8, compress::Level::Int4,
-                              compress::Level::Int2})
+    for (compress::Level l : compress::kQuantizedLevels)
       b.buf[size_t(l)] = double(compress::encoded_bytes(l, g.comp)) +
                          rest / 4.0 * double(compress::exact_elem_bytes(l));
     b.buf[size_t(compress::Level::PowerSgd)] = g.comp > 0 ? 4.0 * double(g.ps_p) + rest : 0;

@@ -4,6 +4,7 @@
 // feedback's conservation of mass (f64 bookkeeping), and PowerSGD's algebra.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -43,14 +44,15 @@ double block_scale(const std::vector<float>& x, size_t b, int qmax) {
   return amax / qmax;
 }
 
-// int2's block scale computed from the inputs: the rms in long double,
-// rounded to bf16 to nearest, ties to even, by hand (not the codec's code).
-double int2_scale(const std::vector<float>& x, size_t b) {
+// int2's block scale computed from the inputs: the rms in long double
+// (times c: int3's candidate steps), rounded to bf16 to nearest, ties to
+// even, by hand (not the codec's code).
+double int2_scale(const std::vector<float>& x, size_t b, double c = 1.0) {
   long double sq = 0;
   size_t m = 0;
   for (size_t i = b * kBlock; i < std::min(x.size(), (b + 1) * size_t(kBlock)); ++i, ++m)
     sq += (long double)x[i] * x[i];
-  const double r = double(std::sqrt(sq / (long double)m));
+  const double r = double(std::sqrt(sq / (long double)m)) * c;
   if (r == 0) return 0;
   int e;
   std::frexp(r, &e);                            // r = f 2^e, f in [0.5, 1)
@@ -75,6 +77,105 @@ TEST_CASE("compress: encoded sizes per level", "[compress]") {
   CHECK(encoded_bytes(Level::Int2, 1001) == 4 * 2 + 251);
   CHECK(encoded_bytes(Level::Int2, 1) == 2 + 1);
   CHECK(encoded_bytes(Level::Int2, 256 * 1024) == 1024 * 2 + 64 * 1024);  // 0.2578125 B/element
+  // int3: a bf16 step per block, 3 bits per element (8 elements in 3 bytes).
+  CHECK(encoded_bytes(Level::Int3, 1000) == 4 * 2 + 375);
+  CHECK(encoded_bytes(Level::Int3, 1001) == 4 * 2 + 376);  // 3003 bits
+  CHECK(encoded_bytes(Level::Int3, 1) == 2 + 1);
+  CHECK(encoded_bytes(Level::Int3, 256 * 1024) == 1024 * 2 + 96 * 1024);  // 0.3828125 B/element
+}
+
+namespace {
+// Relative squared error of a round trip.
+double rel_sq_error(Level l, const std::vector<float>& g) {
+  const std::vector<float> h = round_trip(l, g);
+  double e = 0, n = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    e += std::pow(double(h[i]) - g[i], 2);
+    n += double(g[i]) * g[i];
+  }
+  return e / n;
+}
+}  // namespace
+
+TEST_CASE("compress: int3 decodes to (q + 1/2) s with s the step its block's shape picks", "[compress]") {
+  // Blocks of very different magnitudes and shapes (Gaussian, Laplacian,
+  // heavy-tailed), and a short last block (1357 elements: codes straddle
+  // bytes, the payload ends mid-byte).
+  std::vector<float> x = randn(256 * 5 + 77, 15);
+  std::mt19937 rng(18);
+  std::exponential_distribution<float> ex(1.0f);
+  for (size_t i = 256; i < 512; ++i) x[i] = x[i] > 0 ? ex(rng) : -ex(rng);  // Laplacian
+  for (size_t i = 512; i < 768; i += 16) x[i] *= 30;                          // heavy tails
+  for (size_t i = 0; i < x.size(); ++i) x[i] *= std::pow(10.0f, float(int(i / 256) - 2));
+  const std::vector<float> y = round_trip(Level::Int3, x);
+  const double cs[3] = {75.0 / 128.0, 0.75, 1.0};
+  // The quantizer of step s written out here: floor(x / s) clamped to [-4, 3], + 1/2.
+  auto q3 = [](double xi, double s) { return (std::min(3.0, std::max(-4.0, std::floor(xi / s))) + 0.5) * s; };
+  std::vector<int> chosen(3, 0);
+  for (size_t b = 0; b * 256 < x.size(); ++b) {
+    const size_t lo = b * 256, hi = std::min(x.size(), lo + 256);
+    long double sq = 0, ab = 0;
+    for (size_t i = lo; i < hi; ++i) sq += (long double)x[i] * x[i], ab += std::fabs((long double)x[i]);
+    const double kappa = double(ab / (hi - lo) / std::sqrt(sq / (hi - lo)));
+    const int k = kappa >= 0.75 ? 0 : kappa >= 0.66 ? 1 : 2;
+    ++chosen[size_t(k)];
+    const double s = int2_scale(x, b, cs[k]);
+    REQUIRE(s > 0);
+    for (size_t i = lo; i < hi; ++i) {
+      const double xi = x[i], yi = y[i];
+      CHECK(yi == q3(xi, s));
+      const double q = yi / s - 0.5;
+      CHECK(q == std::floor(q));
+      CHECK((q >= -4 && q <= 3));
+      if (std::fabs(xi) <= 4 * s) CHECK(std::fabs(yi - xi) <= s / 2);
+    }
+  }
+  // The Gaussian blocks take 75/128, the Laplacian one 3/4, the heavy-tailed one 1.
+  CHECK(chosen[0] == 4);
+  CHECK(chosen[1] == 1);
+  CHECK(chosen[2] == 1);
+  // Gaussian blocks: 0.0374 for the best uniform 8-level quantizer of N(0, 1)
+  // (Max 1960); between int4's and int2's error on the same data.
+  const std::vector<float> g = randn(256 * 400, 16, 1e-3f);
+  const double e3 = rel_sq_error(Level::Int3, g);
+  CHECK(e3 > 0.034);
+  CHECK(e3 < 0.040);
+  CHECK(rel_sq_error(Level::Int4, g) < e3);
+  CHECK(e3 < rel_sq_error(Level::Int2, g));
+  // Laplacian blocks (heavier tails): 0.070 in a numpy model of the codec,
+  // where the Gaussian step alone gives 0.080.
+  rng.seed(17);
+  std::exponential_distribution<float> ex3(1000.0f);
+  std::vector<float> lap(256 * 400);
+  for (size_t i = 0; i < lap.size(); ++i) lap[i] = (i * 2654435761u >> 9) & 1 ? ex3(rng) : -ex3(rng);
+  const double el = rel_sq_error(Level::Int3, lap);
+  CHECK(el > 0.06);
+  CHECK(el < 0.075);
+}
+
+TEST_CASE("compress: int3 blocks of its levels are exact; zero blocks stay zero", "[compress]") {
+  // Blocks of the levels (q + 1/2) c whose step bf16(factor x rms) is c
+  // (found by a search over the counts): 213 at +-3c/2 and 43 at +-5c/2
+  // (mean |x| / rms >= 0.75: factor 75/128), then 174 at +-c/2, 58 at
+  // +-3c/2, 2 at +-5c/2 and 22 at +-7c/2 (0.66 <= mean |x| / rms < 0.75:
+  // factor 3/4), shuffled, signs random; then 40 zeros.
+  const float c = std::ldexp(1.0f, -9);
+  std::vector<float> x;
+  std::mt19937 g(21);
+  for (const std::vector<std::pair<int, float>>& counts :
+       {std::vector<std::pair<int, float>>{{213, 1.5f}, {43, 2.5f}},
+        std::vector<std::pair<int, float>>{{174, 0.5f}, {58, 1.5f}, {2, 2.5f}, {22, 3.5f}}}) {
+    std::vector<float> blk;
+    for (auto [n, l] : counts)
+      for (int i = 0; i < n; ++i) blk.push_back((g() & 1 ? l : -l) * c);
+    std::shuffle(blk.begin(), blk.end(), g);
+    REQUIRE(blk.size() == 256);
+    x.insert(x.end(), blk.begin(), blk.end());
+  }
+  x.resize(x.size() + 40, 0.0f);
+  CHECK(round_trip(Level::Int3, x) == x);
+  const std::vector<float> z(301, 0.0f);
+  CHECK(round_trip(Level::Int3, z) == z);
 }
 
 TEST_CASE("compress: int2 decodes to (q + 1/2) s, within s/2 where |x| <= 2s", "[compress]") {
@@ -181,7 +282,7 @@ TEST_CASE("compress: integer blocks with absmax qmax are exact; zero blocks stay
 TEST_CASE("compress: a non-finite element makes its block decode to NaN", "[compress]") {
   std::vector<float> x = randn(600, 4);
   x[300] = NAN;
-  for (Level l : {Level::Int8, Level::Int4, Level::Int2}) {
+  for (Level l : {Level::Int8, Level::Int4, Level::Int3, Level::Int2}) {
     INFO(level_name(l));
     const std::vector<float> y = round_trip(l, x);
     CHECK(std::isnan(y[256]));
@@ -213,8 +314,9 @@ TEST_CASE("compress: chunk layout sends 1-D and small tensors exact", "[compress
     CHECK(r[size_t(i)] == 0.0f);
   }
   for (size_t i = 0; i < v.size(); ++i) CHECK(r[i] == v[i] - y[i]);
-  // int2 sends them as bf16, with error feedback: within half a bf16 ulp.
+  // int2 and int3 send them as bf16, with error feedback: within half a bf16 ulp.
   CHECK(exact_elem_bytes(Level::Int2) == 2);
+  CHECK(exact_elem_bytes(Level::Int3) == 2);
   CHECK(exact_elem_bytes(Level::Int4) == 4);
   CHECK(chunk_words(Level::Int2, c) == (128 * 2 + encoded_bytes(Level::Int2, 4000 - 128) + 3) / 4);
   std::vector<uint8_t> enc2(size_t(4 * chunk_words(Level::Int2, c)));
@@ -236,7 +338,7 @@ TEST_CASE("compress: error feedback conserves mass over many steps (f64 bookkeep
   mixed.exact = {{0, 40}, {500, 532}};
   mixed.exact_n = 72;
   for (auto [l, cl] : {std::pair<Level, ChunkLayout>{Level::Bf16, c}, {Level::Int8, c}, {Level::Int4, c},
-                       {Level::Int2, c}, {Level::Int2, mixed}}) {
+                       {Level::Int3, c}, {Level::Int3, mixed}, {Level::Int2, c}, {Level::Int2, mixed}}) {
     INFO(level_name(l) << ", " << cl.exact_n << " exact elements");
     std::vector<float> res(1000, 0.0f), v(1000), dec(1000);
     std::vector<double> sent(1000, 0.0), total(1000, 0.0);

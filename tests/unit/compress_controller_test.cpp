@@ -21,14 +21,14 @@ Signals fixed(double Bps, int64_t step = 100) {
   s.ranks = 4;
   s.all_reduce = {50e-6, Bps};
   s.all_to_all = {50e-6, Bps};
-  s.codec_s_per_elem = {0, 1e-9, 3e-9, 8e-9, 2e-8, 1e-8};  // by enum value: ..., powersgd, int2
+  s.codec_s_per_elem = {0, 1e-9, 3e-9, 8e-9, 2e-8, 1e-8, 1.2e-8};  // by enum value: ..., powersgd, int2, int3
   s.noise_share = 0.9;
   const int64_t n = 32768;
   for (int i = 0; i < 3; ++i) {
     BucketSignals b;
     b.n = n;
     b.compressible = n;
-    b.buf = {4.0 * n, 2.0 * n, 1.0156 * n, 0.5156 * n, 4.0 * 128 * 4, 0.2578 * n};
+    b.buf = {4.0 * n, 2.0 * n, 1.0156 * n, 0.5156 * n, 4.0 * 128 * 4, 0.2578 * n, 0.3828 * n};
     b.buf_q = 4.0 * 256 * 4;
     b.compute_share_s = 0.02 / 3;
     b.hide_s = 2.0 / 3.0 * 0.02 * (2 - i) / 3;
@@ -62,8 +62,10 @@ TEST_CASE("compress controller: slow link compresses, fast link stays off", "[co
   for (const Choice& c : choose_levels(fixed(12.5e9))) CHECK(level_order(c.level) <= level_order(Level::Bf16));
 }
 
-TEST_CASE("compress controller: the level order puts int2 between int4 and PowerSGD", "[compress][controller]") {
-  const Level want[] = {Level::None, Level::Bf16, Level::Int8, Level::Int4, Level::Int2, Level::PowerSgd};
+TEST_CASE("compress controller: the level order puts int3 and int2 between int4 and PowerSGD",
+          "[compress][controller]") {
+  const Level want[] = {Level::None, Level::Bf16, Level::Int8, Level::Int4,
+                        Level::Int3, Level::Int2, Level::PowerSgd};
   for (int i = 0; i < kLevels; ++i) {
     CHECK(level_at(i) == want[i]);
     CHECK(level_order(want[i]) == i);
@@ -72,27 +74,51 @@ TEST_CASE("compress controller: the level order puts int2 between int4 and Power
   // The enum values checkpoints store did not move.
   CHECK(int(Level::PowerSgd) == 4);
   CHECK(int(Level::Int2) == 5);
-  CHECK(error_prior(Level::Int4) < error_prior(Level::Int2));
+  CHECK(int(Level::Int3) == 6);
+  CHECK(error_prior(Level::Int4) < error_prior(Level::Int3));
+  CHECK(error_prior(Level::Int3) < error_prior(Level::Int2));
   CHECK(error_prior(Level::Int2) < error_prior(Level::PowerSgd));
+}
+
+TEST_CASE("compress controller: int3 where the link is slow and the noise allows it", "[compress][controller]") {
+  Signals s = fixed(6.25e6);
+  for (BucketSignals& b : s.buckets) b.buf[size_t(Level::PowerSgd)] = 0;  // no PowerSGD
+  // rho 0.9 >= 2 x 0.037 (two quantizations): int3, a quarter fewer bytes
+  // than int4 (the latency and codec terms are the same).
+  for (const Choice& c : choose_levels(s)) {
+    CHECK(c.level == Level::Int3);
+    CHECK(c.predicted[size_t(Level::Int3)] < 0.9 * c.predicted[size_t(Level::Int4)]);
+  }
+  s.noise_share = 0.05;  // 0.074 > 0.05 >= int4's 0.034: int4
+  for (const Choice& c : choose_levels(s)) CHECK(c.level == Level::Int4);
+  s.noise_share = 0.9;
+  s.buckets[0].rel_change = 0.8;  // critical: 0.9 / 4 >= 0.074 still
+  CHECK(choose_levels(s)[0].level == Level::Int3);
+  s.noise_share = 0.2;  // critical: 0.2 / 4 < 0.074: int4 there, int3 elsewhere
+  const auto cs = choose_levels(s);
+  CHECK(cs[0].level == Level::Int4);
+  CHECK(cs[1].level == Level::Int3);
+  // A fast link: never int3.
+  for (const Choice& c : choose_levels(fixed(12.5e9))) CHECK(c.level != Level::Int3);
 }
 
 TEST_CASE("compress controller: int2 where the link is slow and the noise allows it", "[compress][controller]") {
   Signals s = fixed(6.25e6);
   for (BucketSignals& b : s.buckets) b.buf[size_t(Level::PowerSgd)] = 0;  // no PowerSGD
   // auto leaves int2 alone unless told (the trainer never tells it: its loss cost).
-  for (const Choice& c : choose_levels(s)) CHECK(c.level == Level::Int4);
+  for (const Choice& c : choose_levels(s)) CHECK(c.level == Level::Int3);
   s.auto_int2 = true;
   // rho 0.9 >= 2 x 0.12 (two quantizations): int2 halves int4's bytes on a slow link.
   for (const Choice& c : choose_levels(s)) {
     CHECK(c.level == Level::Int2);
     CHECK(c.predicted[size_t(Level::Int2)] < 0.6 * c.predicted[size_t(Level::Int4)]);
   }
-  s.noise_share = 0.2;  // 0.24 > 0.2: int4
-  for (const Choice& c : choose_levels(s)) CHECK(c.level == Level::Int4);
+  s.noise_share = 0.2;  // 0.24 > 0.2: int3
+  for (const Choice& c : choose_levels(s)) CHECK(c.level == Level::Int3);
   s.noise_share = 0.9;
   s.buckets[0].rel_change = 0.8;  // critical: 0.9 / 4 < 0.24
   const auto cs = choose_levels(s);
-  CHECK(cs[0].level == Level::Int4);
+  CHECK(cs[0].level == Level::Int3);
   CHECK(cs[1].level == Level::Int2);
   // The EF guard steps an int2 bucket down.
   s.buckets[1].current = Level::Int2;
@@ -133,14 +159,14 @@ TEST_CASE("compress controller: the error budget caps the level", "[compress][co
   Signals no_int2 = s;
   no_int2.codec_s_per_elem[size_t(Level::Int2)] = 1;
   const auto cs2 = choose_levels(no_int2);
-  CHECK(cs2[0].level == Level::Int4);  // PowerSGD's 0.25 > 0.5/4
+  CHECK(cs2[0].level == Level::Int3);  // PowerSGD's 0.25 > 0.5/4 >= int3's 2 x 0.037
   CHECK(cs2[2].level == Level::PowerSgd);
   // With int2 at its price, within 5% of PowerSGD here: the less compressed
   // int2 when auto may choose it; PowerSGD when not (the trainer's default).
   CHECK(choose_levels(s)[2].level == Level::PowerSgd);
   s.auto_int2 = true;
   const auto cs3 = choose_levels(s);
-  CHECK(cs3[0].level == Level::Int4);  // int2's 2 x 0.12 > 0.5/4 too
+  CHECK(cs3[0].level == Level::Int3);  // int2's 2 x 0.12 > 0.5/4 too
   CHECK(cs3[2].level == Level::Int2);
   CHECK(cs3[2].predicted[size_t(Level::PowerSgd)] < cs3[2].predicted[size_t(Level::Int2)]);
   // EF residual far above the gradient: the bucket steps down.
@@ -240,7 +266,7 @@ TEST_CASE("compress: --dry-run's expected levels follow the cluster's link", "[c
   CHECK(fast.link_Bps == Approx(12.5e9).epsilon(0.05));
   int compressed = 0;
   for (const std::string& l : slow.levels)
-    compressed += l == "int8" || l == "int4" || l == "int2" || l == "powersgd";
+    compressed += l == "int8" || l == "int4" || l == "int3" || l == "int2" || l == "powersgd";
   CHECK(compressed > 0);
   for (const std::string& l : fast.levels) CHECK((l == "off" || l == "bf16"));
   CHECK_THAT(slow.line, Contains("grad compression: auto expects") &&
