@@ -3,8 +3,8 @@ docs/compression.md, "Controller") on 4 CPU ranks under the link emulation
 (tests/compress.cmake):
 
   --link slow: a 50 Mbit/s link (slow_link.yaml): after warm-up the
-      controller turns compression on (some bucket at int8, int4 or
-      PowerSGD), and the steps after its decision send fewer dp bytes;
+      controller turns compression on (some bucket at int8, int4, int3,
+      int2 or PowerSGD), and the steps after its decision send fewer dp bytes;
   --link fast: a 100 Gbit/s link (fast_link.yaml): every decision keeps
       every bucket at off or bf16;
   --link schedule: fast_link.yaml with emulate.link_bandwidth taking every
@@ -29,6 +29,10 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# The levels that compress beyond bf16.
+COMPRESSING = ("int8", "int4", "int3", "int2", "powersgd")
 
 
 def main():
@@ -91,7 +95,7 @@ def main():
               f"{r['inputs']['all_reduce_link']['latency_s'] * 1e6:.0f} us, compute "
               f"{meas['compute_s'] * 1e3:.1f} ms")
     after = [r for r in ctl if r["step"] > 10]
-    compressing = lambda r: any(l in ("int8", "int4", "powersgd") for l in r["decision"]["levels"])
+    compressing = lambda r: any(l in COMPRESSING for l in r["decision"]["levels"])
     if schedule:
         # decision steps are the steps after which the controller ran (every 10)
         for r in ctl:
@@ -107,7 +111,7 @@ def main():
             if r["step"] > 80 and compressing(r):
                 problems.append(f"schedule: step {r['step']} (fast link again) compresses")
     elif args.link == "slow":
-        if not after or not any(l in ("int8", "int4", "powersgd") for l in after[-1]["decision"]["levels"]):
+        if not after or not any(l in COMPRESSING for l in after[-1]["decision"]["levels"]):
             problems.append("slow link: the last decision compresses no bucket")
         last = steps[-1].get("grad_compression")
         if not last or not 0 < last["sent_bytes"] < last["fp32_bytes"] / 4:
