@@ -48,6 +48,7 @@ enum class Allow {
   Choices,      // string in Key::choices
   RankFactors,  // "rank:factor,..." (emulate.slow_ranks), factor >= 1, ranks distinct
   StepFactors,  // "factor@step,..." (emulate.link_bandwidth), factor > 0, steps ascending
+  LinkFactors,  // "a-b:factor[@step],..." (emulate.slow_links), factor >= 1, pairs distinct
 };
 
 using FieldRef =
@@ -324,6 +325,11 @@ const std::vector<Key>& schema() {
           "a bandwidth schedule of every emulated link: \"0.0005@200,1@400\" = from step 200 "
           "every link carries 0.0005x the cluster's bandwidth, from step 400 1x again "
           "(latencies unchanged); \"\" = the cluster's throughout; needs emulate.cluster"),
+      key("emulate", &R::emulate, "slow_links", &EmulateConfig::slow_links, A::LinkFactors,
+          "injected slow links: \"1-2:4@100\" = from step 100 every point-to-point message "
+          "between launcher ranks 1 and 2 (either way: the pipeline's activations and "
+          "gradients) takes 4x the cluster model's time; collectives keep the cluster's links; "
+          "needs emulate.cluster"),
       key("emulate", &R::emulate, "clock", &EmulateConfig::clock, A::Choices,
           "the emulation's clock: wall = CLOCK_MONOTONIC, waits sleep; virtual = per rank its "
           "training thread's CPU time plus the emulated waits, nothing sleeps (ranks sharing "
@@ -509,6 +515,8 @@ std::string allowed_text(const Key& k) {
         return "\"rank:factor,...\" with distinct ranks >= 0 and factors >= 1, or \"\"";
       if (k.allow == Allow::StepFactors)
         return "\"factor@step,...\" with factors > 0 and ascending steps, or \"\"";
+      if (k.allow == Allow::LinkFactors)
+        return "\"a-b:factor[@step],...\" with distinct rank pairs and factors >= 1, or \"\"";
       return k.allow == Allow::NonEmpty ? "a non-empty string" : "a string";
     case Type::IntList:
       return k.allow == Allow::Positive ? "a list of positive integers" : "a list of integers";
@@ -552,6 +560,13 @@ std::optional<std::string> check_range(const Key& k, RunConfig& cfg) {
           if (k.allow == Allow::StepFactors) {
             try {
               (void)parse_link_bandwidth(v);
+            } catch (const ConfigError& e) {
+              return std::string(e.what());
+            }
+          }
+          if (k.allow == Allow::LinkFactors) {
+            try {
+              (void)parse_slow_links(v);
             } catch (const ConfigError& e) {
               return std::string(e.what());
             }
@@ -959,6 +974,51 @@ std::vector<std::pair<int64_t, double>> parse_link_bandwidth(const std::string& 
   return out;
 }
 
+std::vector<SlowLink> parse_slow_links(const std::string& spec) {
+  std::vector<SlowLink> out;
+  if (trim(spec).empty()) return out;
+  auto bad = [&](const std::string& what) {
+    return ConfigError("emulate.slow_links: " + what + " in " + yaml_quote(spec) +
+                       "; expected \"a-b:factor[@step],...\" such as \"1-2:4@100\" (every "
+                       "message between launcher ranks 1 and 2 takes 4x its time from step 100 "
+                       "on), factors >= 1");
+  };
+  std::istringstream in(spec);
+  int64_t n = 0;
+  for (std::string item; std::getline(in, item, ',');) {
+    ++n;
+    const std::string entry = "entry " + fmt_int(n) + " " + yaml_quote(trim(item));
+    const size_t colon = item.find(':');
+    if (colon == std::string::npos) throw bad(entry + " has no ':'");
+    const std::string pair = trim(item.substr(0, colon));
+    std::string f = trim(item.substr(colon + 1)), at;
+    if (const size_t a = f.find('@'); a != std::string::npos) {
+      at = trim(f.substr(a + 1));
+      f = trim(f.substr(0, a));
+    }
+    const size_t dash = pair.find('-');
+    if (dash == std::string::npos) throw bad(entry + ": the link is not \"a-b\"");
+    const std::string ra = trim(pair.substr(0, dash)), rb = trim(pair.substr(dash + 1));
+    SlowLink l;
+    if (!all_of_chars(ra, "0123456789") || read_int(ra, l.a) || !all_of_chars(rb, "0123456789") ||
+        read_int(rb, l.b))
+      throw bad(entry + ": a rank of the link is not a non-negative integer");
+    if (l.a == l.b) throw bad(entry + ": rank " + ra + " is linked to itself");
+    if (l.a > l.b) std::swap(l.a, l.b);
+    const std::optional<double> fac = read_real(f);
+    if (!fac) throw bad(entry + ": the factor is not a number");
+    l.factor = *fac;
+    if (!(l.factor >= 1)) throw bad(entry + ": factor " + f + " < 1 (a slowdown; 1 = the cluster's link)");
+    if (item.find('@') != std::string::npos && !read_step(at, l.from_step))
+      throw bad(entry + ": the step after '@' is not a non-negative integer");
+    for (const SlowLink& o : out)
+      if (o.a == l.a && o.b == l.b) throw bad(entry + ": link " + pair + " is given twice");
+    out.push_back(l);
+  }
+  if (trim(spec).back() == ',') throw bad("a trailing ','");
+  return out;
+}
+
 std::vector<std::pair<int64_t, double>> parse_slow_ranks(const std::string& spec) {
   std::vector<std::pair<int64_t, double>> out;
   for (const SlowRank& s : parse_slow_rank_entries(spec)) out.emplace_back(s.rank, s.factor);
@@ -1081,6 +1141,11 @@ void validate(const RunConfig& cfg_in) {
     throw ConfigError(src + ": emulate.clock=virtual needs train.device=cpu (it counts the "
                             "training thread's CPU time as compute), not train.device=" +
                       yaml_quote(cfg.train.device));
+  const std::vector<SlowLink> slow_links = parse_slow_links(e.slow_links);
+  if (!slow_links.empty() && trim(e.cluster).empty())
+    throw ConfigError(src + ": emulate.slow_links=" + yaml_quote(e.slow_links) +
+                      " needs emulate.cluster (the links it slows); set "
+                      "emulate.cluster=cpu-here for this machine's links");
   if (!parse_link_bandwidth(e.link_bandwidth).empty() && trim(e.cluster).empty())
     throw ConfigError(src + ": emulate.link_bandwidth=" + yaml_quote(e.link_bandwidth) +
                       " needs emulate.cluster (the links it schedules); set "

@@ -182,6 +182,12 @@ struct EmulateConfig {
   // from step 400 1x again); factors > 0, steps ascending; "" = the cluster's
   // bandwidths throughout. Needs emulate.cluster.
   std::string link_bandwidth;
+  // Slow links between two ranks: "a-b:factor[@step],..." ("1-2:4@100": from
+  // step 100 every message between launcher ranks 1 and 2, either way, takes
+  // 4x the cluster model's time); factors >= 1; "" = none. Point-to-point
+  // messages only (the pipeline's); collectives keep the cluster's links.
+  // Needs emulate.cluster.
+  std::string slow_links;
   // Which clock the emulation times with: wall = CLOCK_MONOTONIC (waits
   // sleep); virtual = per rank, its training thread's CPU time plus the
   // emulated waits (nothing sleeps; ranks sharing cores time their steps as
@@ -203,6 +209,16 @@ struct SlowRank {
   int64_t from_step = 0;
 };
 std::vector<SlowRank> parse_slow_rank_entries(const std::string& spec);
+// emulate.slow_links: the link between launcher ranks a and b (a != b)
+// slowed `factor` times from step `from_step` on (0: from the start).
+struct SlowLink {
+  int64_t a = 0, b = 0;
+  double factor = 1;
+  int64_t from_step = 0;
+};
+// Throws ConfigError "emulate.slow_links: ..." on bad syntax, a factor < 1,
+// a rank linked to itself or a pair given twice.
+std::vector<SlowLink> parse_slow_links(const std::string& spec);
 // emulate.link_bandwidth as (from step, factor) pairs, steps strictly
 // ascending, factors > 0; throws ConfigError "emulate.link_bandwidth: ...".
 std::vector<std::pair<int64_t, double>> parse_link_bandwidth(const std::string& spec);

@@ -112,6 +112,15 @@ class StepHook {
 // Collective over `world`; the engine must be pipelined.
 pp::StageCosts measured_stage_costs(Engine& e, Comm& world);
 
+// Per pipeline link k (between pp ranks k and k + 1; k = pp - 1: the wrap
+// link of pp rank pp - 1 and 0 that interleaved schedules use) the mean
+// seconds a message of the last step took on it (arrival − departure, as the
+// link emulation times it: EmulatedRank::link_in), the maximum over the
+// world; 0 for a link no message crossed. All 0 without emulate.cluster
+// (real links are not timed yet) or without a pipeline. Collective over
+// `world`.
+std::vector<double> measured_link_times(Engine& e, Comm& world);
+
 // A schedule's per-rank instruction lists as JSON ([[op, microbatch, chunk,
 // peer], ...] per rank: what a controller broadcasts), and back: the lists
 // with `like`'s pp, micro-batches and chunks, validated (throws

@@ -24,6 +24,15 @@ foreach(case start onset layers resume)
   set_tests_properties(adapt_schedule_slow_rank_${case}_pp4 PROPERTIES
     FIXTURES_REQUIRED kjv_byte LABELS "parallel;adapt" TIMEOUT 180 PROCESSORS 2)
 endforeach()
+# A slow link: the link between ranks 1 and 2 turns 4x slower at step 30
+# (emulate.slow_links "1-2:4@30"); link 1 must be flagged within 20 steps and
+# no link before (the emulation times each message: no noise).
+add_test(NAME adapt_schedule_slow_link_pp4
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/adapt/schedule_adapt_test.py --case link
+    --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
+    --data ${CMAKE_BINARY_DIR}/data/kjv-byte --work ${CMAKE_BINARY_DIR}/adapt/link)
+set_tests_properties(adapt_schedule_slow_link_pp4 PROPERTIES
+  FIXTURES_REQUIRED kjv_byte LABELS "parallel;adapt" TIMEOUT 180 PROCESSORS 2)
 # Expert placement at run time (parallel.expert_replace_interval;
 # tests/adapt/expert_placement_test.py): 4 ranks, ep 4, 8 experts, rank 2 3x
 # slow; the experts move off it in memory, and every loss and every tensor

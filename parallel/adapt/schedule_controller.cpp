@@ -56,13 +56,17 @@ class ScheduleAdapter final : public Controller {
     // holds (the configured one, before any re-plan of this controller).
     if (held_limit_ < 0) held_limit_ = pp::max_held_activations(*current_);
     const pp::StageCosts now = measured_stage_costs(e, world);
+    const std::vector<double> links = measured_link_times(e, world);
     const int S = now.stages();
     // The re-plan reads each stage's F, B and W as medians over the last
     // `window` steps (the detectors' window): one step's times carry its noise.
     recent_.push_back(now);
     while (int(recent_.size()) > std::max(1, opts_.window)) recent_.pop_front();
     const pp::StageCosts c = median_costs(recent_);
+    recent_links_.push_back(links);
+    while (int(recent_links_.size()) > std::max(1, opts_.window)) recent_links_.pop_front();
     if (detectors_.empty()) detectors_.assign(size_t(S), ChangeDetector(opts_));
+    if (link_detectors_.empty()) link_detectors_.assign(links.size(), ChangeDetector(opts_));
     // Every rank feeds the same agreed samples: the same flags everywhere.
     bool warmed = false, changed = false;
     std::vector<double> ratio(size_t(S), 1.0);
@@ -75,13 +79,36 @@ class ScheduleAdapter final : public Controller {
       }
       warmed |= !was_ready && d.ready() && (!planned_ || refine_);
     }
+    // A link's time (the emulation's: real links are not timed yet), from the
+    // first step a message crosses it; a link no message crossed is not fed.
+    bool link_changed = false;
+    std::vector<double> link_ratio(links.size(), 1.0);
+    for (size_t k = 0; k < links.size(); ++k) {
+      if (!(links[k] > 0)) continue;
+      if (link_detectors_[k].add(links[k])) {
+        link_changed = true;
+        link_ratio[k] = link_detectors_[k].last_ratio();
+      }
+    }
+    // The re-plan's message time: the slowest link's median over the window
+    // (pp::StageCosts has one time for every message).
+    double comm = 0;
+    for (size_t k = 0; k < links.size(); ++k) {
+      std::vector<double> x;
+      for (const std::vector<double>& l : recent_links_) x.push_back(l[k]);
+      std::sort(x.begin(), x.end());
+      comm = std::max(comm, x[x.size() / 2]);
+    }
     nlohmann::json in;
-    in["replan"] = changed ? "change" : !warmed ? "" : planned_ ? "measured split" : "warm-up";
-    if (changed || warmed) {
+    in["replan"] = changed ? "change" : link_changed ? "link change" : !warmed ? "" : planned_ ? "measured split" : "warm-up";
+    if (changed || warmed || link_changed) {
       in["f_s"] = c.f;
       in["b_s"] = c.b;
       in["w_s"] = c.w;
+      in["comm_s"] = comm;
+      in["link_s"] = links;
       in["stage_change"] = ratio;
+      in["link_change"] = link_ratio;
       in["measured_step_s"] = r.seconds;
     }
     return in;
@@ -94,6 +121,7 @@ class ScheduleAdapter final : public Controller {
     for (double f : in["f_s"]) c.f.push_back(std::max(f, 1e-9));
     for (double b : in["b_s"]) c.b.push_back(std::max(b, 1e-9));
     for (double w : in["w_s"]) c.w.push_back(std::max(w, 0.0));
+    c.comm = std::max(0.0, in.value("comm_s", 0.0));
     const ScheduleChoice ch = choose_schedule(*current_, c, held_limit_);
     d["why"] = in["replan"];
     d["schedule"] = ch.name;
@@ -155,6 +183,8 @@ class ScheduleAdapter final : public Controller {
     refine_ = false;
     for (ChangeDetector& det : detectors_) det.rebase();  // new work is measured from now on
     recent_.clear();
+    // The links are not the schedule's work: their detectors keep their
+    // reference (a re-plan does not change what a message takes).
     if (d.contains("layers")) return;  // the trainer moves the layers; a new adapter re-plans after
     if (!d.value("switch", false)) return;
     pp::Schedule s = schedule_from_json(pipe.schedule(), d.at("name").get<std::string>(),
@@ -174,6 +204,8 @@ class ScheduleAdapter final : public Controller {
   std::vector<int64_t> counts_;       // the stage split in use (schedule+layers, one chunk per rank)
   std::vector<ChangeDetector> detectors_;
   std::deque<pp::StageCosts> recent_;  // the last steps' measured stage times
+  std::vector<ChangeDetector> link_detectors_;       // per pipeline link (measured_link_times)
+  std::deque<std::vector<double>> recent_links_;     // the last steps' link times
   bool planned_ = false;
   bool refine_ = false;  // re-plan at the next warm-up: the last plan guessed B and W
   std::int64_t held_limit_ = -1;  // activations a rank may hold (see observe)

@@ -2,9 +2,12 @@
 // schedule. After every step each rank's per-stage F, B and W times (from
 // the executor's own timeline, before any collective) are agreed over the
 // world (the maximum), and one change detector per stage
-// (change_detector.hpp) reads the stage's F + B + W. When the detectors'
-// warm-up ends, and again whenever one flags a sustained change, rank 0
-// re-plans the schedule from the measured times (schedule_choice.hpp) and
+// (change_detector.hpp) reads the stage's F + B + W; one more per pipeline
+// link reads the mean time of a message on it (measured_link_times: under
+// the link emulation, which times each message; real links are not timed
+// yet). When the detectors' warm-up ends, and again whenever one flags a
+// sustained change, rank 0 re-plans the schedule from the measured times
+// (the slowest link's as the message time; schedule_choice.hpp) and
 // every rank switches to it at the same step boundary. A step that changes
 // nothing is not logged; a re-plan is, with the times it used, the
 // candidates' predicted makespans, the predicted before and after, and the

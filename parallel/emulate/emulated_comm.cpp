@@ -218,24 +218,28 @@ void EmulatedComm::trace_wait(const char* what, double until, int peer, double b
                inner_.name().c_str(), what, peer, bytes, rank_->clock.now(), until);
 }
 
-double EmulatedComm::arrival_of(int peer, double bytes) {
+double EmulatedComm::arrival_of(int peer, double bytes, double* departure_out) {
   ADGT_CHECK(peer >= 0 && peer < size() && peer != rank(),
              "EmulatedComm(" << inner_.name() << "): peer " << peer << " must be another rank of 0.."
                              << size() - 1 << " (this is rank " << rank() << ")");
   const int to = members_[size_t(peer)];
   double& free = rank_->link_free_at[to];
   const double departure = std::max(rank_->clock.now(), free);
-  free = departure + cluster::message_time(rank_->cluster, rank_->device(rank_->world_rank),
-                                           devices_[size_t(peer)], bytes);
+  if (departure_out) *departure_out = departure;
+  double t = cluster::message_time(rank_->cluster, rank_->device(rank_->world_rank),
+                                   devices_[size_t(peer)], bytes);
+  if (auto it = rank_->link_slowdown.find(to); it != rank_->link_slowdown.end()) t *= it->second;
+  free = departure + t;
   return free;
 }
 
 void EmulatedComm::send(const Tensor& t, int peer, int tag) {
   Busy busy(*this);
-  double header[1] = {arrival_of(peer, double(t.bytes()))};
+  double header[2];
+  header[0] = arrival_of(peer, double(t.bytes()), &header[1]);
   {
     CoreYield y(rank_->clock);
-    control().send(Tensor(header, DType::F64, {1}), peer, tag);
+    control().send(Tensor(header, DType::F64, {2}), peer, tag);
     inner_.send(t, peer, tag);
   }
   trace_wait("send", header[0], peer, double(t.bytes()));
@@ -244,12 +248,16 @@ void EmulatedComm::send(const Tensor& t, int peer, int tag) {
 
 void EmulatedComm::recv(Tensor t, int peer, int tag) {
   Busy busy(*this);
-  double header[1] = {0};
+  double header[2] = {0, 0};
   {
     CoreYield y(rank_->clock);
-    control().recv(Tensor(header, DType::F64, {1}), peer, tag);
+    control().recv(Tensor(header, DType::F64, {2}), peer, tag);
     inner_.recv(t, peer, tag);
   }
+  EmulatedRank::LinkTime& lt = rank_->link_in[{inner_.name(), peer}];
+  lt.seconds += header[0] - header[1];
+  lt.messages += 1;
+  lt.bytes += double(t.bytes());
   trace_wait("recv", header[0], peer, double(t.bytes()));
   rank_->clock.wait_until(header[0], wait_hook_);
 }
@@ -257,10 +265,13 @@ void EmulatedComm::recv(Tensor t, int peer, int tag) {
 int64_t EmulatedComm::isend(const Tensor& t, int peer, int tag) {
   Busy busy(*this);
   PendingSend s;
-  s.arrival = arrival_of(peer, double(t.bytes()));
+  double departure = 0;
+  s.arrival = arrival_of(peer, double(t.bytes()), &departure);
   trace_wait("isend", s.arrival, peer, double(t.bytes()));
-  s.header = std::make_unique<double>(s.arrival);
-  s.control_id = control().isend(Tensor(s.header.get(), DType::F64, {1}), peer, tag);
+  s.header = std::make_unique<double[]>(2);
+  s.header[0] = s.arrival;
+  s.header[1] = departure;
+  s.control_id = control().isend(Tensor(s.header.get(), DType::F64, {2}), peer, tag);
   s.inner_id = inner_.isend(t, peer, tag);
   const int64_t id = next_send_++;
   sends_.emplace(id, std::move(s));

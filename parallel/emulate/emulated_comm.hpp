@@ -10,12 +10,14 @@
 //
 // Delay rules (each a pure function of the cluster, the group and the bytes):
 //  - send/isend to group rank q (world rank w): departure = max(now,
-//    free[w]), arrival = departure + message_time(me, w, bytes), and free[w]
+//    free[w]), arrival = departure + message_time(me, w, bytes) (times
+//    emulate.slow_links' factor of the link to w), and free[w]
 //    = arrival: consecutive messages to one peer go one after another, as
 //    on one NCCL stream (and as parallel/sim/ step_sim.cpp sends them).
 //    free[] is per process, shared by every group of the rank. The arrival
-//    time travels ahead of the payload in an 8-byte header on the same tag
-//    (control channel, below). recv returns at max(real
+//    and departure times travel ahead of the payload in a 16-byte header on
+//    the same tag (control channel, below); the receiver adds arrival −
+//    departure to its link times (EmulatedRank::link_in). recv returns at max(real
 //    arrival, arrival); a send (blocking, or an isend in send_done and
 //    wait_sends) completes at max(real completion, arrival).
 //  - collectives: each member's entry time (and its byte count) are reduced
@@ -71,6 +73,18 @@ struct EmulatedRank {
   // the training thread.
   Clock clock;
   std::map<int, double> link_free_at;      // destination world rank -> clock time when free
+  // emulate.slow_links in force: peer world rank -> factor on the time of
+  // every message to it (Emulation::at_step sets it; absent: 1).
+  std::map<int, double> link_slowdown;
+  // What this rank's received messages took on their links (arrival −
+  // departure, the sender's link time, queueing excluded), per group name and
+  // group rank of the sender, since the last take (Emulation::take_link_times).
+  struct LinkTime {
+    double seconds = 0;
+    int64_t messages = 0;
+    double bytes = 0;
+  };
+  std::map<std::pair<std::string, int>, LinkTime> link_in;
   double comm_seconds = 0;                 // inside emulated calls (outermost only), clock seconds
   int depth = 0;                           // emulated calls in progress on this thread
   // ADGT_EMULATE_TRACE=DIR: each collective, message and wait of this rank
@@ -141,7 +155,8 @@ class EmulatedComm final : public Comm {
   bool resolve(const Timing& t, bool block);
   template <class Op> void blocking(cluster::Collective c, double bytes, Op&& op);
   template <class Op> Work started(cluster::Collective c, double bytes, Op&& op);
-  double arrival_of(int peer, double bytes);  // departure rule; updates the link
+  // Departure rule; updates the link. departure_out: the message's departure time.
+  double arrival_of(int peer, double bytes, double* departure_out = nullptr);
   // ADGT_EMULATE_TRACE: a wait (or an isend's arrival) of this rank.
   void trace_wait(const char* what, double until, int peer = -1, double bytes = 0);
 
@@ -156,7 +171,7 @@ class EmulatedComm final : public Comm {
   struct PendingSend {
     int64_t inner_id = 0, control_id = 0;
     double arrival = 0;
-    std::unique_ptr<double> header;
+    std::unique_ptr<double[]> header;  // arrival, departure
   };
   std::map<int64_t, PendingSend> sends_;
   int64_t next_send_ = 1;

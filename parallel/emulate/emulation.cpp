@@ -70,6 +70,9 @@ std::string Emulation::summary() const {
       os << "; rank " << r << " x" << num(onset_factor[r]) << " more from step " << onset_step[r];
   for (const auto& [from, f] : link_schedule)
     os << "; links x" << num(f) << " bandwidth from step " << from;
+  for (const SlowLinkW& l : slow_links)
+    os << "; link " << l.a << "-" << l.b << " x" << num(l.factor) << " slower"
+       << (l.from_step > 0 ? " from step " + std::to_string(l.from_step) : std::string());
   if (clock == ClockKind::Virtual)
     os << "; virtual clock (each rank's CPU time plus the emulated waits"
        << (cores > 0 ? ", " + std::to_string(cores) + " computing at once" : std::string()) << ")";
@@ -201,6 +204,11 @@ std::unique_ptr<Emulation> setup_emulation(const RunConfig& cfg, Comm* world, in
     }
   }
   emu->link_schedule = parse_link_bandwidth(cfg.emulate.link_bandwidth);
+  for (const SlowLink& l : parse_slow_links(cfg.emulate.slow_links)) {
+    ADGT_CHECK(l.a < W && l.b < W, "emulate.slow_links: link " << l.a << "-" << l.b
+                                       << " names a rank outside the run's " << W << " ranks");
+    emu->slow_links.push_back({layout_of[size_t(l.a)], layout_of[size_t(l.b)], l.factor, l.from_step});
+  }
   emu->base = cl;
   emu->world_rank = world_rank;
   emu->clock = cfg.emulate.clock == "virtual" ? ClockKind::Virtual : ClockKind::Wall;
@@ -263,6 +271,15 @@ void Emulation::at_step(int64_t step) {
   if (me < onset_factor.size() && onset_factor[me] != 1 && step >= onset_step[me] &&
       slowdown.factor() == factors[me])
     slowdown.set_factor(factors[me] * onset_factor[me]);
+  if (state)
+    for (const SlowLinkW& l : slow_links) {
+      if (l.a != world_rank && l.b != world_rank) continue;
+      const int peer = l.a == world_rank ? l.b : l.a;
+      if (step >= l.from_step)
+        state->link_slowdown[peer] = l.factor;
+      else
+        state->link_slowdown.erase(peer);
+    }
   double f = 1;
   for (const auto& [from, factor] : link_schedule)
     if (step >= from) f = factor;
@@ -270,6 +287,20 @@ void Emulation::at_step(int64_t step) {
     link_factor = f;
     state->cluster = scale_link_bandwidth(base, f);
   }
+}
+
+std::map<int, EmulatedRank::LinkTime> Emulation::take_link_times(const std::string& group) {
+  std::map<int, EmulatedRank::LinkTime> out;
+  if (!state) return out;
+  for (auto it = state->link_in.begin(); it != state->link_in.end();) {
+    if (it->first.first == group) {
+      out[it->first.second] = it->second;
+      it = state->link_in.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
 }
 
 cluster::Cluster scale_link_bandwidth(const cluster::Cluster& c, double f) {

@@ -3,6 +3,7 @@
 // on every group (emulated_comm.hpp), one compute slowdown hook
 // (slowdown.hpp). Off unless emulate.cluster is set.
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +44,14 @@ struct Emulation {
   std::vector<std::pair<int64_t, double>> link_schedule;
   cluster::Cluster base;
   double link_factor = 1;
+  // emulate.slow_links in world ranks: the link between a and b takes
+  // `factor` times the model's time from step from_step on.
+  struct SlowLinkW {
+    int a = 0, b = 0;
+    double factor = 1;
+    int64_t from_step = 0;
+  };
+  std::vector<SlowLinkW> slow_links;
   int world_rank = 0;
   ClockKind clock = ClockKind::Wall;  // emulate.clock
   int cores = 0;                      // virtual clock: the host's core tokens (0: none)
@@ -54,7 +63,11 @@ struct Emulation {
   // the links take emulate.link_bandwidth's factor of that step (every rank
   // calls it at the same step, so every member of a group times its
   // collectives on the same cluster).
-  void at_step(int64_t step);
+  void at_step(int64_t step);  // ... and emulate.slow_links' links of this rank
+  // The link times of the messages this rank received in the group named
+  // `group` (an EmulatedComm's name: "pp", ...) since the last call, per
+  // sender's group rank; cleared (EmulatedRank::link_in).
+  std::map<int, EmulatedRank::LinkTime> take_link_times(const std::string& group);
   // "emulation: cluster <name> (<source>): ..." — the cluster, its links and
   // the slow ranks, one line.
   std::string summary() const;

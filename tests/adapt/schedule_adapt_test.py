@@ -7,6 +7,11 @@
       predicts a makespan no longer than 1F1B's.
   --case onset: rank 2 turns 2x slower at step 30 ("2:2@30"): a re-plan
       for a detected change follows within 20 steps, naming stage 2.
+  --case link: the link between ranks 1 and 2 turns 4x slower at step 30
+      (emulate.slow_links "1-2:4@30"): a re-plan for a link change follows
+      within 20 steps, naming link 1 (pp ranks 1-2) at about 4x, and no link
+      change is flagged before step 30 (the emulation times each message,
+      without noise).
   --case layers: rank 2 computes 3x slower from the start under
       parallel.adapt: schedule+layers: the warm-up re-plan moves layers off
       stage 2 (an in-memory layout switch to parallel.stage_layers, logged),
@@ -41,7 +46,7 @@ def run(args, name, sets, extra=(), pp=4):
     common = [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
               f"train.steps={args.steps}", "train.global_batch=8", "train.micro_batch=1",
               f"parallel.pp={pp}", "parallel.schedule=1f1b", "emulate.cluster=cpu-here",
-              f"emulate.slow_ranks={args.slow}",
+              f"emulate.slow_ranks={args.slow}", f"emulate.slow_links={args.slow_links}",
               f"log.dir={log}", f"checkpoint.dir={log}/ckpt"]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     p = subprocess.run(["timeout", "120", args.mpirun, "4", args.train, "--config", MODEL]
@@ -58,10 +63,11 @@ def main():
     ap.add_argument("--mpirun", required=True)
     ap.add_argument("--data", required=True)
     ap.add_argument("--work", required=True)
-    ap.add_argument("--case", choices=["start", "onset", "layers", "resume"], default="start")
+    ap.add_argument("--case", choices=["start", "onset", "link", "layers", "resume"], default="start")
     args = ap.parse_args()
-    args.steps, args.slow = {"start": (24, "2:1.5"), "onset": (60, "2:2@30"),
+    args.steps, args.slow = {"start": (24, "2:1.5"), "onset": (60, "2:2@30"), "link": (60, ""),
                              "layers": (24, "2:3"), "resume": (24, "2:3")}[args.case]
+    args.slow_links = "1-2:4@30" if args.case == "link" else ""
     if args.case == "resume":
         return resume_case(args)
     plain = run(args, "off", ["parallel.adapt=off"])
@@ -112,6 +118,23 @@ def main():
               f"{r['decision']['schedule']} predicted {r['decision']['predicted_after_s']:.4f} s "
               f"against {r['decision']['predicted_before_s']:.4f} s; {len(recs)} re-plan(s) in "
               f"{args.steps} steps, {len(early)} change(s) flagged before the onset {early}; "
+              "losses equal bit for bit")
+        return
+    if args.case == "link":
+        links = [r for r in recs if r["inputs"].get("replan") == "link change"]
+        early = [r for r in links if r["step"] <= 30]
+        late = [r for r in links if r["step"] > 30 and r["inputs"]["link_change"][1] >= 3]
+        if early or not late or late[0]["step"] > 50:
+            sys.exit("FAILED: want a link change of link 1 within 20 steps of step 30 and none "
+                     "before: " + json.dumps([(r["step"], r["inputs"].get("replan"),
+                                               r["inputs"].get("link_change")) for r in recs]))
+        r = late[0]
+        i = r["inputs"]
+        print(f"adapt-schedule: link 1-2 4x slower from step 30, detected at step {r['step']} "
+              f"(link changes {[round(x, 2) for x in i['link_change']]}, link times "
+              f"{[round(x * 1e6, 1) for x in i['link_s']]} us); {r['decision']['schedule']} predicted "
+              f"{r['decision']['predicted_after_s']:.4f} s against {r['decision']['predicted_before_s']:.4f} s "
+              f"with {i['comm_s'] * 1e6:.1f} us a message; {len(recs)} re-plan(s) in {args.steps} steps; "
               "losses equal bit for bit")
         return
     first = recs[0]

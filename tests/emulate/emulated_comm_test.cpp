@@ -9,6 +9,7 @@
 // compute the same end for a collective. Prints every failure with its rank.
 #include <mpi.h>
 
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -60,10 +61,13 @@ void check_time(const char* what, double measured, double model, bool print) {
 
 // Group rank `from` sends 1 MB to `to`; the receiver checks the payload and
 // the time from the sender's start to its own return. g: the group's MPI communicator.
-// header: the bytes the group's transport counts beyond the payload (8 when
-// the arrival header goes through it, 0 with a private control channel).
-void test_send_recv(EmulatedComm& c, MPI_Comm g, const emulate::EmulatedRank& st, int from, int to,
-                    int64_t header, const char* what) {
+// header: the bytes the group's transport counts beyond the payload (16 when
+// the arrival and departure header goes through it, 0 with a private control
+// channel). factor: emulate.slow_links' factor of the link (set by the caller
+// in the sender's EmulatedRank::link_slowdown). The receiver's link time of
+// the message (EmulatedRank::link_in) must be the model's exactly.
+void test_send_recv(EmulatedComm& c, MPI_Comm g, emulate::EmulatedRank& st, int from, int to,
+                    int64_t header, const char* what, double factor = 1) {
   const int me = c.rank();
   std::vector<float> x(kFloats);
   MPI_Barrier(MPI_COMM_WORLD);
@@ -78,6 +82,7 @@ void test_send_recv(EmulatedComm& c, MPI_Comm g, const emulate::EmulatedRank& st
            what << ": the group counted " << c.stats().bytes - b0 << " bytes sent, want "
                 << kFloats * 4 + header);
   } else if (me == to) {
+    st.link_in.clear();
     c.recv(view(x), from, 5);
     t1 = now_s();
     int bad = 0;
@@ -85,9 +90,18 @@ void test_send_recv(EmulatedComm& c, MPI_Comm g, const emulate::EmulatedRank& st
     PCHECK(bad == 0, what << ": " << bad << " elements differ");
   }
   const double start = group_max(me == from ? t0 : 0, g);
-  const double model = cluster::message_time(st.cluster, c.members()[size_t(from)],
-                                             c.members()[size_t(to)], kFloats * 4.0);
-  if (me == to) check_time(what, t1 - start, model, true);
+  const double model = factor * cluster::message_time(st.cluster, c.members()[size_t(from)],
+                                                      c.members()[size_t(to)], kFloats * 4.0);
+  if (me == to) {
+    check_time(what, t1 - start, model, true);
+    const auto it = st.link_in.find({c.name(), from});
+    PCHECK(it != st.link_in.end() && it->second.messages == 1 &&
+               std::fabs(it->second.seconds - model) <= 1e-9 * (1 + model) &&  // clock values ~1e5 s
+               it->second.bytes == kFloats * 4.0,
+           what << ": the receiver's link time of the message is "
+                << (it == st.link_in.end() ? -1.0 : it->second.seconds) * 1e3 << " ms, want the model's "
+                << model * 1e3 << " ms");
+  }
   if (me == from) {  // a blocking send completes when its message has arrived
     PCHECK(t1 - t0 >= model, what << ": the send returned after " << (t1 - t0) * 1e3
                                   << " ms, before the message arrived (" << model * 1e3 << " ms)");
@@ -221,6 +235,10 @@ int main(int argc, char** argv) {
     const MPI_Comm w = MPI_COMM_WORLD;
     test_send_recv(c, w, *st, 0, 2, 0, "send/recv 1 MB across nodes");
     test_send_recv(c, w, *st, 3, 2, 0, "send/recv 1 MB within a node");
+    // emulate.slow_links: rank 0's link to rank 2 4x slower (as at_step sets it).
+    if (world->rank() == 0) st->link_slowdown[2] = 4;
+    test_send_recv(c, w, *st, 0, 2, 0, "send/recv 1 MB across nodes, link 4x slower", 4);
+    st->link_slowdown.clear();
     test_isend_serialized(c, *st, 1, 3);
     test_all_reduce(c, w, *st, false, 1, "all-reduce 1 MB, 4 ranks on 2 nodes");
     test_all_reduce(c, w, *st, true, 1, "started all-reduce 1 MB");
@@ -230,7 +248,7 @@ int main(int argc, char** argv) {
       auto pair = world->split(world->rank() % 2, world->rank(), "dp");
       EmulatedComm d(*pair, st, {world->rank() % 2, world->rank() % 2 + 2});
       test_all_reduce(d, pair->handle(), *st, false, 1, "all-reduce 1 MB, 2 ranks on 2 nodes");
-      test_send_recv(d, pair->handle(), *st, 0, 1, 8, "send/recv 1 MB, header on the group");
+      test_send_recv(d, pair->handle(), *st, 0, 1, 16, "send/recv 1 MB, header on the group");
     }
     test_groups(argv[1]);
     MPI_Barrier(MPI_COMM_WORLD);

@@ -68,6 +68,68 @@ TEST_CASE("emulate.slow_ranks: rank:factor pairs", "[emulate]") {
   }
 }
 
+TEST_CASE("emulate.slow_links: a-b:factor[@step] entries", "[emulate]") {
+  const std::vector<SlowLink> l = parse_slow_links(" 1-2:4@30, 3 - 0 : 2.5");
+  REQUIRE(l.size() == 2);
+  CHECK((l[0].a == 1 && l[0].b == 2 && l[0].factor == 4 && l[0].from_step == 30));
+  CHECK((l[1].a == 0 && l[1].b == 3 && l[1].factor == 2.5 && l[1].from_step == 0));  // ordered pair
+  CHECK(parse_slow_links("").empty());
+  const std::pair<const char*, const char*> bad[] = {
+      {"1-2", "entry 1 \"1-2\" has no ':'"},
+      {"1:2", "the link is not \"a-b\""},
+      {"1-x:2", "a rank of the link is not a non-negative integer"},
+      {"2-2:3", "rank 2 is linked to itself"},
+      {"1-2:0.5", "factor 0.5 < 1"},
+      {"1-2:x", "the factor is not a number"},
+      {"1-2:2@x", "the step after '@' is not a non-negative integer"},
+      {"1-2:2,2-1:3", "entry 2 \"2-1:3\": link 2-1 is given twice"},
+      {"1-2:2,", "a trailing ','"},
+  };
+  for (const auto& [spec, msg] : bad) {
+    INFO(spec);
+    try {
+      parse_slow_links(spec);
+      FAIL("no error");
+    } catch (const ConfigError& e) {
+      CHECK_THAT(e.what(), Contains("emulate.slow_links: ") && Contains(msg) &&
+                               Contains("expected \"a-b:factor[@step],...\""));
+    }
+  }
+  CHECK_THAT(config_error("", {"emulate.slow_links=0-1:2"}),
+             Contains("x.yaml: emulate.slow_links=\"0-1:2\" needs emulate.cluster"));
+  CHECK_THAT(config_error("emulate:\n  cluster: cpu-here\n  slow_links: \"0-1:0\"\n"),
+             Contains("x.yaml:3: emulate.slow_links: entry 1 \"0-1:0\": factor 0 < 1"));
+
+  // Rank 1's links at each step boundary: to rank 2 from step 30, to rank 0
+  // from the start; rank 3's entry is not rank 1's.
+  // (setup_emulation maps launcher ranks to world ranks; one process here
+  // has one rank, so the run's Emulation is built by hand.)
+  RunConfig one;
+  one.emulate.cluster = "cpu-here";
+  one.emulate.slow_links = "0-1:2";
+  CHECK_THROWS_WITH(emulate::setup_emulation(one, nullptr, 0),
+                    Contains("emulate.slow_links: link 0-1 names a rank outside the run's 1 ranks"));
+  auto emu = std::make_unique<emulate::Emulation>();
+  emu->cluster = cluster::load_cluster("cpu-here");
+  emu->world = 4;
+  emu->world_rank = 1;
+  emu->state = std::make_shared<emulate::EmulatedRank>(emu->cluster, 1);
+  emu->slow_links = {{1, 2, 4, 30}, {0, 1, 2, 0}, {2, 3, 8, 0}};
+  CHECK_THAT(emu->summary(), Contains("link 1-2 x4 slower from step 30") && Contains("link 0-1 x2 slower"));
+  emu->at_step(29);
+  CHECK(emu->state->link_slowdown == std::map<int, double>{{0, 2.0}});
+  emu->at_step(30);
+  CHECK(emu->state->link_slowdown == std::map<int, double>{{0, 2.0}, {2, 4.0}});
+  // Link times taken per group, and cleared.
+  emu->state->link_in[{"pp", 0}] = {0.5, 2, 64};
+  emu->state->link_in[{"dp", 1}] = {0.25, 1, 32};
+  const auto pp = emu->take_link_times("pp");
+  REQUIRE(pp.size() == 1);
+  CHECK((pp.at(0).seconds == 0.5 && pp.at(0).messages == 2));
+  CHECK(emu->take_link_times("pp").empty());
+  CHECK(emu->state->link_in.size() == 1);
+}
+
 TEST_CASE("emulate keys: off by default, checked with the file's line", "[emulate][config]") {
   const RunConfig d = load_config_text("", "x.yaml");
   CHECK(d.emulate.cluster.empty());
