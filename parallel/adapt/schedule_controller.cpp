@@ -90,14 +90,16 @@ class ScheduleAdapter final : public Controller {
         link_ratio[k] = link_detectors_[k].last_ratio();
       }
     }
-    // The re-plan's message time: the slowest link's median over the window
-    // (pp::StageCosts has one time for every message).
+    // The re-plan's message times: each link's median over the window
+    // (pp::StageCosts::link), the slowest as the time of any other message.
     double comm = 0;
+    std::vector<double> link_med(links.size(), 0.0);
     for (size_t k = 0; k < links.size(); ++k) {
       std::vector<double> x;
       for (const std::vector<double>& l : recent_links_) x.push_back(l[k]);
       std::sort(x.begin(), x.end());
-      comm = std::max(comm, x[x.size() / 2]);
+      link_med[k] = x[x.size() / 2];
+      comm = std::max(comm, link_med[k]);
     }
     nlohmann::json in;
     in["replan"] = changed ? "change" : link_changed ? "link change" : !warmed ? "" : planned_ ? "measured split" : "warm-up";
@@ -106,7 +108,7 @@ class ScheduleAdapter final : public Controller {
       in["b_s"] = c.b;
       in["w_s"] = c.w;
       in["comm_s"] = comm;
-      in["link_s"] = links;
+      in["link_s"] = link_med;
       in["stage_change"] = ratio;
       in["link_change"] = link_ratio;
       in["measured_step_s"] = r.seconds;
@@ -122,6 +124,8 @@ class ScheduleAdapter final : public Controller {
     for (double b : in["b_s"]) c.b.push_back(std::max(b, 1e-9));
     for (double w : in["w_s"]) c.w.push_back(std::max(w, 0.0));
     c.comm = std::max(0.0, in.value("comm_s", 0.0));
+    if (in.contains("link_s"))
+      for (double l : in["link_s"]) c.link.push_back(std::max(l, 0.0));
     const ScheduleChoice ch = choose_schedule(*current_, c, held_limit_);
     d["why"] = in["replan"];
     d["schedule"] = ch.name;

@@ -7,7 +7,7 @@
 // the link emulation, which times each message; real links are not timed
 // yet). When the detectors' warm-up ends, and again whenever one flags a
 // sustained change, rank 0 re-plans the schedule from the measured times
-// (the slowest link's as the message time; schedule_choice.hpp) and
+// (each link's own message time, pp::StageCosts::link; schedule_choice.hpp) and
 // every rank switches to it at the same step boundary. A step that changes
 // nothing is not logged; a re-plan is, with the times it used, the
 // candidates' predicted makespans, the predicted before and after, and the

@@ -1,6 +1,8 @@
 #include "parallel/schedule/costs.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "parallel/schedule/instruction.hpp"
 
@@ -13,6 +15,13 @@ StageCosts StageCosts::uniform(int stages, double f, double b, double w, double 
   c.w.assign(static_cast<size_t>(stages), w);
   c.comm = comm;
   return c;
+}
+
+double StageCosts::message(int from, int to, int pp) const {
+  if (link.empty() || pp < 2 || from < 0 || to < 0) return comm;
+  int k = std::min(from, to);
+  if (std::abs(from - to) != 1) k = pp - 1;  // the wrap link (pp - 1 <-> 0)
+  return k >= 0 && k < static_cast<int>(link.size()) ? link[static_cast<size_t>(k)] : comm;
 }
 
 void check_costs(const StageCosts& c, int stages, const std::string& what) {
@@ -37,6 +46,10 @@ void check_costs(const StageCosts& c, int stages, const std::string& what) {
   }
   if (!std::isfinite(c.comm) || c.comm < 0)
     throw ScheduleError(what + ": stage costs comm=" + std::to_string(c.comm) + ": must be >= 0");
+  for (size_t k = 0; k < c.link.size(); ++k)
+    if (!std::isfinite(c.link[k]) || c.link[k] < 0)
+      throw ScheduleError(what + ": stage costs link[" + std::to_string(k) + "]=" +
+                          std::to_string(c.link[k]) + ": must be >= 0");
 }
 
 }  // namespace adgt::pp

@@ -16,14 +16,22 @@ struct StageCosts {
   std::vector<double> w;  // (S) BackwardWeight: gradient w.r.t. the weights
   double comm = 0;        // one activation or gradient message, end of the producer to
                           // the earliest start of the consumer; occupies neither rank
+  // Per pipeline link k (between ranks k and k + 1; k = pp - 1: the wrap
+  // link between ranks pp - 1 and 0), a message's time on it; empty: every
+  // link takes `comm`. A link measured slower than the rest (one congested
+  // cable) is planned for where it is.
+  std::vector<double> link;
 
   // Every stage the same.
   static StageCosts uniform(int stages, double f, double b, double w, double comm = 0);
   int stages() const { return static_cast<int>(f.size()); }
+  // A message's time from pipeline rank `from` to rank `to` (neighbours, or
+  // the wrap link) of a pipeline of pp ranks: link[k] when given, else comm.
+  double message(int from, int to, int pp) const;
 };
 
 // Throws ScheduleError unless f, b, w have `stages` entries, f and b > 0,
-// w >= 0 and comm >= 0 (all finite); `what` prefixes the message.
+// w >= 0, comm >= 0 and every link >= 0 (all finite); `what` prefixes the message.
 void check_costs(const StageCosts& c, int stages, const std::string& what);
 
 }  // namespace adgt::pp

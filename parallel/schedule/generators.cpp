@@ -141,14 +141,14 @@ std::optional<Order> list_schedule(int pp, int m, const StageCosts& c, std::int6
     if (k >= m || inflight[U(s)] >= limit) return kInf;
     if (s == 0) return 0.0;
     const double e = endF[U(s - 1)][U(k)];
-    return e < kInf ? e + c.comm : kInf;
+    return e < kInf ? e + c.message(s - 1, s, pp) : kInf;
   };
   auto ready_b = [&](int s) {
     const int k = nb[U(s)];
     if (k >= nf[U(s)]) return kInf;
     if (s == S - 1) return endF[U(s)][U(k)];
     const double e = endB[U(s + 1)][U(k)];
-    return e < kInf ? e + c.comm : kInf;
+    return e < kInf ? e + c.message(s + 1, s, pp) : kInf;
   };
   auto ready_w = [&](int s) {
     const int k = nw[U(s)];

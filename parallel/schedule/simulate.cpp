@@ -53,7 +53,7 @@ SimResult simulate(const Schedule& s, const StageCosts& costs) {
           if (sender[k] >= 0) in_transit[U(sender[k])].push_back({sent_at[k], clock[U(r)]});
         } else if (is_send(in.op)) {
           const size_t k = message_slot(s, message_of(s, r, in));
-          arrival[k] = clock[U(r)] + costs.comm;
+          arrival[k] = clock[U(r)] + costs.message(r, in.peer, s.pp);
           sender[k] = r;
           sent_at[k] = clock[U(r)];
         } else if (is_compute(in.op)) {

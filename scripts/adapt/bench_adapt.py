@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Static against adaptive pipeline on a slow stage, side by side (issue 16;
-docs/adaptation.md).
+"""Static against adaptive pipeline on a slow stage or a slow link, side by
+side (issue 16; docs/adaptation.md).
 
 4 CPU ranks, pp = 4, the 8-layer model of tests/emulate/model.yaml. The
 scenarios:
@@ -8,6 +8,11 @@ scenarios:
   static    rank SLOW_RANK computes FACTOR x slower from the start, adapt off
   schedule  the same straggler, parallel.adapt: schedule
   layers    the same straggler, parallel.adapt: schedule+layers
+  clean-adapt  no straggler, parallel.adapt: schedule (the re-plan's own gain)
+With --link A-B the straggler is the link between ranks A and B, FACTOR x
+slower (emulate.slow_links) on the cluster --cluster (default
+tests/emulate/pipeline_link.yaml: 128 MB/s links); no layers scenario (a
+layer move does not change what crosses a link).
 
 Each runs REPS times; the step time is the median over the steps after
 --skip (the adaptation acts at step 10) of 1 / tokens_per_s x tokens. The
@@ -44,7 +49,7 @@ def run(args, name, sets):
         os.remove(m)
     common = [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
               f"train.steps={args.steps}", "train.global_batch=8", "train.micro_batch=1",
-              "parallel.pp=4", "parallel.schedule=1f1b", "emulate.cluster=cpu-here",
+              "parallel.pp=4", "parallel.schedule=1f1b", f"emulate.cluster={args.cluster}",
               f"emulate.clock={args.clock}",
               "checkpoint.at_end=false", f"log.dir={log}", f"checkpoint.dir={log}/ckpt"] + args.set
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
@@ -74,6 +79,12 @@ def main():
     ap.add_argument("--skip", type=int, default=20)
     ap.add_argument("--factor", type=float, default=1.5)
     ap.add_argument("--slow-rank", type=int, default=2)
+    ap.add_argument("--link", default="", help="A-B: a slow link instead of a slow rank")
+    ap.add_argument("--onset", type=int, default=0,
+                    help="the straggler starts at this step (default 0: from the start); take "
+                         "--skip past the detection (onset + ~7 steps)")
+    ap.add_argument("--cluster", default="",
+                    help="emulate.cluster (default cpu-here; with --link tests/emulate/pipeline_link.yaml)")
     ap.add_argument("--clock", choices=["virtual", "wall"], default="virtual",
                     help="emulate.clock: virtual (default; each rank's CPU time plus the emulated "
                          "waits: the step times of 4 devices, although the ranks share this host's "
@@ -81,11 +92,20 @@ def main():
     ap.add_argument("--set", action="append", default=[],
                     help="a further key=value for every run (e.g. a larger model)")
     args = ap.parse_args()
-    slow = f"emulate.slow_ranks={args.slow_rank}:{args.factor}"
+    if not args.cluster:
+        args.cluster = os.path.join(ROOT, "tests", "emulate", "pipeline_link.yaml") if args.link else "cpu-here"
+    at = f"@{args.onset}" if args.onset > 0 else ""
+    slow = (f"emulate.slow_links={args.link}:{args.factor}{at}" if args.link
+            else f"emulate.slow_ranks={args.slow_rank}:{args.factor}{at}")
     scen = {"clean": ["parallel.adapt=off"],
             "static": ["parallel.adapt=off", slow],
             "schedule": ["parallel.adapt=schedule", slow],
             "layers": ["parallel.adapt=schedule+layers", slow]}
+    if args.link:
+        del scen["layers"]
+    # The adaptive run without a straggler: how much of "schedule"'s gain is
+    # the re-plan's on a clean pipeline (ZB-H1 over 1F1B), not the straggler's.
+    scen["clean-adapt"] = ["parallel.adapt=schedule"]
     t = {k: [] for k in scen}
     losses = {}
     notes = {}
@@ -98,16 +118,18 @@ def main():
             if sw:
                 notes[k] = f"layers moved at step {sw[0]['step']}: {sw[0]['request']}"
     med = {k: statistics.median(v) for k, v in t.items()}
-    print(f"pp=4, 4 CPU ranks, rank {args.slow_rank} x{args.factor}, {args.steps} steps, "
+    what = f"link {args.link}" if args.link else f"rank {args.slow_rank}"
+    print(f"pp=4, 4 CPU ranks, {what} x{args.factor}{' from step ' + str(args.onset) if args.onset else ''} "
+          f"({args.cluster}), {args.steps} steps, "
           f"median step time over steps > {args.skip}, median of {args.reps} runs, "
           f"{args.clock} clock{', ' + ' '.join(args.set) if args.set else ''}")
     print(f"{'scenario':10s} {'step s':>9s} {'vs clean':>9s} {'mitigation':>11s}  runs")
     gap = med["static"] - med["clean"]
     for k in scen:
-        mit = "" if k in ("clean", "static") or gap <= 0 else f"{100 * (med['static'] - med[k]) / gap:10.0f}%"
+        mit = "" if k in ("clean", "static", "clean-adapt") or gap <= 0 else f"{100 * (med['static'] - med[k]) / gap:10.0f}%"
         print(f"{k:10s} {med[k]:9.4f} {med[k] / med['clean']:8.2f}x {mit:>11s}  "
               + " ".join(f"{x:.4f}" for x in t[k]))
-    for k in ("schedule", "layers"):
+    for k in [k for k in ("schedule", "layers") if k in scen]:
         same = losses[k] == losses["static"]
         print(f"{k}: losses {'equal to' if same else 'DIFFER from'} the static run's bit for bit"
               + (f"; {notes[k]}" if k in notes else ""))

@@ -44,6 +44,28 @@ TEST_CASE("schedule simulate: 1F1B on pp=2, m=2 with latency, by hand", "[schedu
   CHECK(r.bubble_ratio == near(8.0 / 12));
 }
 
+TEST_CASE("schedule simulate: per-link message times, by hand", "[schedule]") {
+  // GPipe, m = 1 on pp = 4, F = 1, B + W = 2: the forward crosses links 0, 1, 2 and
+  // the gradient back; makespan = 4 + 8 + 2 (l0 + l1 + l2). Link 1 takes 3,
+  // the others 0.25; comm (10) is only the fallback of an unlisted link.
+  StageCosts c = StageCosts::uniform(4, 1, 1, 1, 10);
+  c.link = {0.25, 3, 0.25, 0};
+  CHECK(simulate(gpipe(4, 1), c).makespan == near(12 + 2 * 3.5));
+  CHECK(c.message(1, 2, 4) == 3);
+  CHECK(c.message(2, 1, 4) == 3);
+  CHECK(c.message(3, 0, 4) == 0);   // the wrap link
+  CHECK(c.message(0, -1, 4) == 10); // no peer: comm
+  c.link.clear();
+  CHECK(simulate(gpipe(4, 1), c).makespan == near(12 + 2 * 30));
+  // The greedy schedule plans with the links too: slower link 1, later stage 2.
+  StageCosts g = StageCosts::uniform(4, 1, 1, 1, 0);
+  g.link = {0, 3, 0, 0};
+  const Schedule s = make_schedule("greedy", 4, 8, 1, g, 4);
+  CHECK(simulate(s, g).makespan <= simulate(one_f_one_b(4, 8), g).makespan + 1e-9);
+  g.link = {0, -1, 0, 0};
+  CHECK_THROWS_WITH(check_costs(g, 4, "test"), Contains("stage costs link[1]=") && Contains(">= 0"));
+}
+
 TEST_CASE("schedule simulate: bubbles equal the closed forms with equal stage times", "[schedule]") {
   for (int p : {2, 4, 8}) {
     for (int m : {p, 2 * p, 3 * p, 4 * p}) {
