@@ -5,6 +5,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <random>
+
 #include "core/layout.hpp"
 #include "parallel/cluster/cluster.hpp"
 #include "parallel/emulate/emulation.hpp"
@@ -120,6 +122,28 @@ TEST_CASE("placement launcher: the identity, and the why names crossing tp group
   CHECK(none.layout_rank(5) == 5);
   CHECK(none.launcher_rank(5) == 5);
   CHECK(none.node_of_layout(5) == -1);
+}
+
+TEST_CASE("placement: launcher rank 0 is layout rank 0 in every placement", "[placement]") {
+  // World rank 0 logs and commits checkpoints; an in-memory layout switch
+  // (docs/reliability.md) keeps it on its process because neither mode can
+  // move it: topology orders nodes by their first launcher rank (rank 0's
+  // node first) and a node's ranks in launcher order. Random node
+  // assignments, node counts and tp sizes.
+  std::mt19937 g(3);
+  for (int trial = 0; trial < 500; ++trial) {
+    const int W = 1 + int(g() % 16), nodes = 1 + int(g() % 5);
+    std::vector<int> node_of(static_cast<size_t>(W));
+    for (int& n : node_of) n = int(g() % 7) * 3 % (nodes + 4);  // arbitrary ids, uneven nodes
+    for (const char* mode : {"topology", "launcher"})
+      for (int tp : {1, 2, 4}) {
+        INFO("trial " << trial << " " << mode << " tp " << tp);
+        const Placement p = place_ranks(node_of, mode, tp);
+        CHECK(p.layout_rank(0) == 0);
+        CHECK(p.launcher_rank(0) == 0);
+        CHECK(inverse(p));
+      }
+  }
 }
 
 TEST_CASE("placement: host names to nodes in order of first appearance", "[placement]") {
