@@ -250,6 +250,11 @@ const std::vector<Key>& schema() {
           "between pipeline stages in memory when the stages' measured speeds make that pay "
           "(one chunk per rank); the losses stay the plain run's",
           {"off", "schedule", "schedule+layers"}),
+      key("parallel", &R::parallel, "adapt_threshold", &ParallelConfig::adapt_threshold,
+          A::Positive,
+          "the relative change of a measured stage time, link time or rank speed that counts "
+          "when it holds for 5 steps (parallel.adapt's detectors, parallel.auto's re-plan); "
+          "0.25 keeps a clean run on a shared CPU host quiet (docs/adaptation.md)"),
       key("parallel", &R::parallel, "expert_replace_interval",
           &ParallelConfig::expert_replace_interval, A::NonNegative,
           "MoE with ep > 1: every this many steps, re-place the experts over the ep ranks by "

@@ -121,6 +121,10 @@ struct ParallelConfig {
   // warm-up and on every sustained change; schedule+layers = also move
   // layers between stages (an in-memory layout switch) when that pays.
   std::string adapt = "off";
+  // The relative change of a measured stage, link or rank speed that counts
+  // as sustained (held 5 steps): parallel.adapt's detectors and parallel.auto's
+  // re-plan (docs/adaptation.md, "Sustained-change detection").
+  double adapt_threshold = 0.25;
   // MoE: every this many steps re-place the experts over the ep ranks by
   // their measured load and each rank's measured expert throughput (an
   // in-memory layout switch of expert_placement; docs/adaptation.md). 0: off.

@@ -236,7 +236,11 @@ void Trainer::wire(ParallelContext ctx, bool init) {
   }
   controllers_.clear();
   if (engine_->pipelined() && cfg.parallel.adapt != "off")  // docs/adaptation.md
-    controllers_.push_back(adapt::make_schedule_adapter(cfg));
+    controllers_.push_back(adapt::make_schedule_adapter(cfg, [&] {
+      adapt::DetectorOptions o;
+      o.threshold = cfg.parallel.adapt_threshold;
+      return o;
+    }()));
   else if (engine_->pipelined() && cfg.parallel.schedule == "greedy")
     controllers_.push_back(make_greedy_replan(cfg));
   if (cfg.parallel.grad_compression == "auto")  // docs/compression.md, "Controller"

@@ -158,6 +158,7 @@ class ReplanController final : public Controller {
 std::unique_ptr<Controller> make_replan_controller(const RunConfig& cfg,
                                                    std::shared_ptr<ReplanState> state,
                                                    ReplanOptions opts) {
+  opts.threshold = cfg.parallel.adapt_threshold;  // one threshold for the adaptive layer
   return std::make_unique<ReplanController>(cfg, std::move(state), opts);
 }
 

@@ -39,6 +39,7 @@ struct ReplanOptions {
   int window = 5;          // samples per rank (the median is the estimate)
   int confirm = 5;         // consecutive steps a change must hold before the re-plan
   double threshold = 0.25; // relative change of a rank's slowdown that re-plans
+                           // (make_replan_controller: parallel.adapt_threshold)
   double min_slowdown = 2.0; // a rank's slowdown below this counts as 1 (noise)
   double min_gain = 0.05;  // predicted gain that switches
 };
