@@ -244,11 +244,12 @@ const std::vector<Key>& schema() {
           "ranking decides what is tried, the clock what is kept (docs/planner.md, \"Trials\"); "
           "0: the launch's plan stays"),
       key("parallel", &R::parallel, "adapt", &ParallelConfig::adapt, A::Choices,
-          "run-time adaptation (docs/adaptation.md): off; schedule = with pp > 1, re-plan the "
-          "pipeline schedule from the measured stage times once warmed up and on every "
-          "sustained change (a straggler, a slow link); schedule+layers = also move layers "
-          "between pipeline stages in memory when the stages' measured speeds make that pay "
-          "(one chunk per rank); the losses stay the plain run's",
+          "run-time adaptation (docs/adaptation.md): off = parallel.schedule throughout; "
+          "schedule = with pp > 1, re-plan the pipeline schedule from the measured stage and "
+          "link times once warmed up (step 10) and on every sustained change (a straggler, a "
+          "slow link), within the activation memory of parallel.schedule; schedule+layers = "
+          "also move layers between pipeline stages in memory when the stages' measured speeds "
+          "make that pay (one chunk per rank); the losses stay the plain run's",
           {"off", "schedule", "schedule+layers"}),
       key("parallel", &R::parallel, "adapt_threshold", &ParallelConfig::adapt_threshold,
           A::Positive,

@@ -117,10 +117,12 @@ struct ParallelConfig {
   // (parallel/plan/trial_controller.hpp; docs/planner.md "Trials"). 0: off.
   int64_t auto_trials = 0;
   // Run-time adaptation (parallel/adapt/; docs/adaptation.md): off, or
-  // schedule = re-plan the pipeline schedule from measured stage times at
-  // warm-up and on every sustained change; schedule+layers = also move
-  // layers between stages (an in-memory layout switch) when that pays.
-  std::string adapt = "off";
+  // schedule (the default) = re-plan the pipeline schedule from measured
+  // stage and link times at warm-up and on every sustained change;
+  // schedule+layers = also move layers between stages (an in-memory layout
+  // switch) when that pays. parallel.schedule is the schedule a run starts
+  // with; off keeps it.
+  std::string adapt = "schedule";
   // The relative change of a measured stage, link or rank speed that counts
   // as sustained (held 5 steps): parallel.adapt's detectors and parallel.auto's
   // re-plan (docs/adaptation.md, "Sustained-change detection").

@@ -235,14 +235,16 @@ void Trainer::wire(ParallelContext ctx, bool init) {
     engine_->reducer().set_compression(cs, *backend_);
   }
   controllers_.clear();
+  // parallel.schedule: greedy re-plans once after step 2; the adapter (the
+  // default) then re-plans from step 10 on.
+  if (engine_->pipelined() && cfg.parallel.schedule == "greedy")
+    controllers_.push_back(make_greedy_replan(cfg));
   if (engine_->pipelined() && cfg.parallel.adapt != "off")  // docs/adaptation.md
     controllers_.push_back(adapt::make_schedule_adapter(cfg, [&] {
       adapt::DetectorOptions o;
       o.threshold = cfg.parallel.adapt_threshold;
       return o;
     }()));
-  else if (engine_->pipelined() && cfg.parallel.schedule == "greedy")
-    controllers_.push_back(make_greedy_replan(cfg));
   if (cfg.parallel.grad_compression == "auto")  // docs/compression.md, "Controller"
     controllers_.push_back(compress::make_compress_controller(cfg, *engine_));
   if (engine_->model().has_moe() && cfg.parallel.ep > 1 && cfg.parallel.expert_replace_interval > 0)

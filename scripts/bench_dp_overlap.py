@@ -60,7 +60,7 @@ def run(args, work, cfg, name, overlap):
     out = os.path.join(work, name)
     sets = [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
             f"log.dir={out}", f"checkpoint.dir={out}/ckpt", f"parallel.pp={args.pp}",
-            f"parallel.dp={args.dp}", f"parallel.schedule={args.schedule}"]
+            f"parallel.dp={args.dp}", f"parallel.schedule={args.schedule}", "parallel.adapt=off"]
     if args.schedule == "interleaved":
         sets.append("parallel.virtual_stages=2")
     cmd = [args.mpirun, str(args.pp * args.dp), args.train, "--config", cfg]

@@ -93,7 +93,7 @@ def main():
             out = os.path.join(work, f"m{m}_{sched}")
             sets = [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
                     f"log.dir={out}", f"checkpoint.dir={out}/ckpt", f"parallel.pp={p}",
-                    f"parallel.schedule={sched}", f"parallel.virtual_stages={v}",
+                    f"parallel.schedule={sched}", "parallel.adapt=off", f"parallel.virtual_stages={v}",
                     f"train.global_batch={m}"]
             cmd = [args.train, "--config", cfg]
             for s in sets:

@@ -135,6 +135,7 @@ def main():
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     common = [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
               f"train.steps={steps}", "log.interval=1", "checkpoint.interval=0",
+              "parallel.adapt=off",  # the simulator predicts the configured schedule
               "checkpoint.at_end=false"]
     profile = os.path.join(args.work, "profile.json")
     if os.path.exists(profile) and not args.reuse_profile:
