@@ -622,8 +622,8 @@ std::optional<double> read_real(const std::string& s) {
   return x;
 }
 
-// The step after '@' of an emulate.* list entry: a non-negative integer.
-bool read_step(const std::string& s, int64_t& x) {
+// A non-negative integer of an emulate.* list entry (a rank, the step after '@').
+bool read_count(const std::string& s, int64_t& x) {
   return all_of_chars(s, "0123456789") && !read_int(s, x);
 }
 
@@ -909,59 +909,81 @@ std::string head_choices(const ModelConfig& m) {
 
 // ------------------------------------------------------------------- public
 
+namespace {
+
+// The emulate.* schedules ("...,...,..."): f(item, entry) for each
+// ','-separated item, `entry` naming it for errors ("entry 2 \"1:3\""); a
+// trailing ',' is bad("a trailing ','"). Nothing for an empty spec.
+template <class Bad, class F>
+void for_entries(const std::string& spec, Bad&& bad, F&& f) {
+  if (trim(spec).empty()) return;
+  std::istringstream in(spec);
+  int64_t n = 0;
+  for (std::string item; std::getline(in, item, ',');) {
+    ++n;
+    f(item, "entry " + fmt_int(n) + " " + yaml_quote(trim(item)));
+  }
+  if (trim(spec).back() == ',') throw bad("a trailing ','");
+}
+
+// "key:factor[@step]" (emulate.slow_ranks, emulate.slow_links): the key's
+// text, a factor >= 1 (`one`: what factor 1 means) and the step (0 without '@').
+struct FactorAt {
+  std::string key;
+  double factor = 1;
+  int64_t from_step = 0;
+};
+template <class Bad>
+FactorAt factor_at(const std::string& item, const std::string& entry, Bad&& bad, const char* one) {
+  const size_t colon = item.find(':');
+  if (colon == std::string::npos) throw bad(entry + " has no ':'");
+  FactorAt out;
+  out.key = trim(item.substr(0, colon));
+  std::string f = trim(item.substr(colon + 1)), at;
+  const size_t a = f.find('@');
+  if (a != std::string::npos) {
+    at = trim(f.substr(a + 1));
+    f = trim(f.substr(0, a));
+  }
+  const std::optional<double> fac = read_real(f);
+  if (!fac) throw bad(entry + ": the factor is not a number");
+  out.factor = *fac;
+  if (!(out.factor >= 1)) throw bad(entry + ": factor " + f + " < 1 (a slowdown; 1 = " + one + ")");
+  if (a != std::string::npos && !read_count(at, out.from_step))
+    throw bad(entry + ": the step after '@' is not a non-negative integer");
+  return out;
+}
+
+}  // namespace
+
 std::vector<SlowRank> parse_slow_rank_entries(const std::string& spec) {
   std::vector<SlowRank> out;
-  if (trim(spec).empty()) return out;
   auto bad = [&](const std::string& what) {
     return ConfigError("emulate.slow_ranks: " + what + " in " + yaml_quote(spec) +
                        "; expected \"rank:factor[@step],...\" such as \"3:2.0,5:1.5@100\" "
                        "(launcher rank 3 computes 2x slower; rank 5 1.5x from step 100 on), "
                        "factors >= 1");
   };
-  std::istringstream in(spec);
-  int64_t n = 0;
-  for (std::string item; std::getline(in, item, ',');) {
-    ++n;
-    const std::string entry = "entry " + fmt_int(n) + " " + yaml_quote(trim(item));
-    const size_t colon = item.find(':');
-    if (colon == std::string::npos) throw bad(entry + " has no ':'");
-    const std::string r = trim(item.substr(0, colon));
-    std::string f = trim(item.substr(colon + 1)), at;
-    if (const size_t a = f.find('@'); a != std::string::npos) {
-      at = trim(f.substr(a + 1));
-      f = trim(f.substr(0, a));
-    }
-    int64_t rank = 0, from = 0;
-    if (!all_of_chars(r, "0123456789") || read_int(r, rank))
-      throw bad(entry + ": the rank is not a non-negative integer");
-    const std::optional<double> fac = read_real(f);
-    if (!fac) throw bad(entry + ": the factor is not a number");
-    const double factor = *fac;
-    if (factor < 1) throw bad(entry + ": factor " + f + " < 1 (a slowdown; 1 = normal speed)");
-    if (item.find('@') != std::string::npos && !read_step(at, from))
-      throw bad(entry + ": the step after '@' is not a non-negative integer");
+  for_entries(spec, bad, [&](const std::string& item, const std::string& entry) {
+    const FactorAt e = factor_at(item, entry, bad, "normal speed");
+    int64_t rank = 0;
+    if (!read_count(e.key, rank)) throw bad(entry + ": the rank is not a non-negative integer");
     for (const SlowRank& s : out)
-      if (s.rank == rank) throw bad(entry + ": rank " + r + " is given twice");
-    out.push_back({rank, factor, from});
-  }
-  if (!spec.empty() && trim(spec).back() == ',') throw bad("a trailing ','");
+      if (s.rank == rank) throw bad(entry + ": rank " + e.key + " is given twice");
+    out.push_back({rank, e.factor, e.from_step});
+  });
   return out;
 }
 
 std::vector<std::pair<int64_t, double>> parse_link_bandwidth(const std::string& spec) {
   std::vector<std::pair<int64_t, double>> out;
-  if (trim(spec).empty()) return out;
   auto bad = [&](const std::string& what) {
     return ConfigError("emulate.link_bandwidth: " + what + " in " + yaml_quote(spec) +
                        "; expected \"factor@step,...\" such as \"0.0005@200,1@400\" (every link "
                        "at 0.0005x its bandwidth from step 200, 1x from step 400), factors > 0, "
                        "steps ascending");
   };
-  std::istringstream in(spec);
-  int64_t n = 0;
-  for (std::string item; std::getline(in, item, ',');) {
-    ++n;
-    const std::string entry = "entry " + fmt_int(n) + " " + yaml_quote(trim(item));
+  for_entries(spec, bad, [&](const std::string& item, const std::string& entry) {
     const size_t a = item.find('@');
     if (a == std::string::npos) throw bad(entry + " has no '@step'");
     const std::string f = trim(item.substr(0, a)), at = trim(item.substr(a + 1));
@@ -970,58 +992,42 @@ std::vector<std::pair<int64_t, double>> parse_link_bandwidth(const std::string& 
     const double factor = *fac;
     if (factor <= 0) throw bad(entry + ": factor " + f + " is not > 0");
     int64_t step = 0;
-    if (!read_step(at, step))
+    if (!read_count(at, step))
       throw bad(entry + ": the step after '@' is not a non-negative integer");
     if (!out.empty() && step <= out.back().first)
       throw bad(entry + ": step " + at + " does not come after step " + fmt_int(out.back().first));
     out.emplace_back(step, factor);
-  }
-  if (trim(spec).back() == ',') throw bad("a trailing ','");
+  });
   return out;
 }
 
 std::vector<SlowLink> parse_slow_links(const std::string& spec) {
   std::vector<SlowLink> out;
-  if (trim(spec).empty()) return out;
   auto bad = [&](const std::string& what) {
     return ConfigError("emulate.slow_links: " + what + " in " + yaml_quote(spec) +
                        "; expected \"a-b:factor[@step],...\" such as \"1-2:4@100\" (every "
                        "message between launcher ranks 1 and 2 takes 4x its time from step 100 "
                        "on), factors >= 1");
   };
-  std::istringstream in(spec);
-  int64_t n = 0;
-  for (std::string item; std::getline(in, item, ',');) {
-    ++n;
-    const std::string entry = "entry " + fmt_int(n) + " " + yaml_quote(trim(item));
+  for_entries(spec, bad, [&](const std::string& item, const std::string& entry) {
     const size_t colon = item.find(':');
-    if (colon == std::string::npos) throw bad(entry + " has no ':'");
-    const std::string pair = trim(item.substr(0, colon));
-    std::string f = trim(item.substr(colon + 1)), at;
-    if (const size_t a = f.find('@'); a != std::string::npos) {
-      at = trim(f.substr(a + 1));
-      f = trim(f.substr(0, a));
-    }
-    const size_t dash = pair.find('-');
-    if (dash == std::string::npos) throw bad(entry + ": the link is not \"a-b\"");
-    const std::string ra = trim(pair.substr(0, dash)), rb = trim(pair.substr(dash + 1));
+    const size_t dash = item.find('-');
+    if (colon != std::string::npos && (dash == std::string::npos || dash > colon))
+      throw bad(entry + ": the link is not \"a-b\"");
+    const FactorAt e = factor_at(item, entry, bad, "the cluster's link");
+    const size_t d = e.key.find('-');
+    const std::string ra = trim(e.key.substr(0, d)), rb = trim(e.key.substr(d + 1));
     SlowLink l;
-    if (!all_of_chars(ra, "0123456789") || read_int(ra, l.a) || !all_of_chars(rb, "0123456789") ||
-        read_int(rb, l.b))
+    if (!read_count(ra, l.a) || !read_count(rb, l.b))
       throw bad(entry + ": a rank of the link is not a non-negative integer");
     if (l.a == l.b) throw bad(entry + ": rank " + ra + " is linked to itself");
     if (l.a > l.b) std::swap(l.a, l.b);
-    const std::optional<double> fac = read_real(f);
-    if (!fac) throw bad(entry + ": the factor is not a number");
-    l.factor = *fac;
-    if (!(l.factor >= 1)) throw bad(entry + ": factor " + f + " < 1 (a slowdown; 1 = the cluster's link)");
-    if (item.find('@') != std::string::npos && !read_step(at, l.from_step))
-      throw bad(entry + ": the step after '@' is not a non-negative integer");
+    l.factor = e.factor;
+    l.from_step = e.from_step;
     for (const SlowLink& o : out)
-      if (o.a == l.a && o.b == l.b) throw bad(entry + ": link " + pair + " is given twice");
+      if (o.a == l.a && o.b == l.b) throw bad(entry + ": link " + e.key + " is given twice");
     out.push_back(l);
-  }
-  if (trim(spec).back() == ',') throw bad("a trailing ','");
+  });
   return out;
 }
 

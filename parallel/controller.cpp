@@ -89,13 +89,14 @@ std::vector<double> measured_link_times(Engine& e, Comm& world) {
   const ParallelContext& g = e.groups();
   const int pp = g.pp ? g.pp->size() : 1;
   std::vector<double> t(size_t(std::max(pp, 1)), 0.0);
-  if (g.emulation && pp > 1) {
-    const int r = g.pp->rank();
-    for (const auto& [peer, lt] : g.emulation->take_link_times(g.pp->name())) {
-      if (lt.messages <= 0) continue;
-      const int k = peer == r + 1 ? r : peer == r - 1 ? r - 1 : pp - 1;  // else the wrap link
-      t[size_t(k)] = std::max(t[size_t(k)], lt.seconds / double(lt.messages));
-    }
+  // Without the emulation nothing times a message: no collective (the same
+  // on every rank: emulate.cluster is the run's).
+  if (!g.emulation || pp <= 1) return t;
+  const int r = g.pp->rank();
+  for (const auto& [peer, lt] : g.emulation->take_link_times(g.pp->name())) {
+    if (lt.messages <= 0) continue;
+    const int k = peer == r + 1 ? r : peer == r - 1 ? r - 1 : pp - 1;  // else the wrap link
+    t[size_t(k)] = std::max(t[size_t(k)], lt.seconds / double(lt.messages));
   }
   world.all_reduce(Tensor(t.data(), DType::F64, {int64_t(t.size())}), ReduceOp::Max);
   return t;

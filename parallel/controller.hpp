@@ -117,8 +117,8 @@ pp::StageCosts measured_stage_costs(Engine& e, Comm& world);
 // seconds a message of the last step took on it (arrival − departure, as the
 // link emulation times it: EmulatedRank::link_in), the maximum over the
 // world; 0 for a link no message crossed. All 0 without emulate.cluster
-// (real links are not timed yet) or without a pipeline. Collective over
-// `world`.
+// (real links are not timed yet) or without a pipeline, and then nothing is
+// exchanged; else collective over `world`.
 std::vector<double> measured_link_times(Engine& e, Comm& world);
 
 // A schedule's per-rank instruction lists as JSON ([[op, microbatch, chunk,

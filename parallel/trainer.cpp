@@ -240,11 +240,7 @@ void Trainer::wire(ParallelContext ctx, bool init) {
   if (engine_->pipelined() && cfg.parallel.schedule == "greedy")
     controllers_.push_back(make_greedy_replan(cfg));
   if (engine_->pipelined() && cfg.parallel.adapt != "off")  // docs/adaptation.md
-    controllers_.push_back(adapt::make_schedule_adapter(cfg, [&] {
-      adapt::DetectorOptions o;
-      o.threshold = cfg.parallel.adapt_threshold;
-      return o;
-    }()));
+    controllers_.push_back(adapt::make_schedule_adapter(cfg));
   if (cfg.parallel.grad_compression == "auto")  // docs/compression.md, "Controller"
     controllers_.push_back(compress::make_compress_controller(cfg, *engine_));
   if (engine_->model().has_moe() && cfg.parallel.ep > 1 && cfg.parallel.expert_replace_interval > 0)

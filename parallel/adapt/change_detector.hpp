@@ -19,7 +19,8 @@
 namespace adgt::adapt {
 
 struct DetectorOptions {
-  double threshold = 0.10;  // relative change of the median that counts (the trainer: parallel.adapt_threshold)
+  double threshold = 0.10;  // relative change of the median that counts
+                            // (make_schedule_adapter: parallel.adapt_threshold)
   int window = 5;           // samples in the running median
   int confirm = 5;          // consecutive out-of-band medians that flag
   int warmup = 10;          // samples before the first reference (the first steps are slow)

@@ -219,6 +219,7 @@ class ScheduleAdapter final : public Controller {
 }  // namespace
 
 std::unique_ptr<Controller> make_schedule_adapter(const RunConfig& cfg, DetectorOptions opts) {
+  opts.threshold = cfg.parallel.adapt_threshold;  // one threshold for the adaptive layer
   return std::make_unique<ScheduleAdapter>(cfg, opts);
 }
 

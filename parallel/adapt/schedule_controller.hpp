@@ -23,6 +23,7 @@
 
 namespace adgt::adapt {
 
+// opts.threshold is parallel.adapt_threshold's (the rest as given).
 std::unique_ptr<Controller> make_schedule_adapter(const RunConfig& cfg,
                                                   DetectorOptions opts = {});
 

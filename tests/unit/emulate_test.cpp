@@ -31,6 +31,22 @@ std::string config_error(const std::string& yaml, const std::vector<std::string>
   return "(no error)";
 }
 
+// Every spec of `bad` ({spec, message}) is refused by parse with a
+// ConfigError naming `key` and holding the message and `expected`.
+using Refusals = std::vector<std::pair<const char*, const char*>>;
+template <class Parse>
+void check_refused(Parse&& parse, const Refusals& bad, const std::string& key, const std::string& expected) {
+  for (const auto& [spec, msg] : bad) {
+    INFO(spec);
+    try {
+      parse(spec);
+      FAIL("no error");
+    } catch (const ConfigError& e) {
+      CHECK_THAT(e.what(), Contains(key + ": ") && Contains(msg) && Contains(expected));
+    }
+  }
+}
+
 void busy_for(double s) {
   const double end = emulate::now_s() + s;
   while (emulate::now_s() < end) {
@@ -45,7 +61,8 @@ TEST_CASE("emulate.slow_ranks: rank:factor pairs", "[emulate]") {
   CHECK(parse_slow_ranks("3:2.0,5:1.5") == V{{3, 2.0}, {5, 1.5}});
   CHECK(parse_slow_ranks(" 1 : 3 ") == V{{1, 3.0}});
   CHECK(parse_slow_ranks("0:1") == V{{0, 1.0}});
-  const std::pair<const char*, const char*> bad[] = {
+  check_refused([](const char* spec) { parse_slow_ranks(spec); },
+                Refusals{
       {"1-3", "entry 1 \"1-3\" has no ':'"},
       {"a:2", "entry 1 \"a:2\": the rank is not a non-negative integer"},
       {"-1:2", "the rank is not a non-negative integer"},
@@ -55,17 +72,8 @@ TEST_CASE("emulate.slow_ranks: rank:factor pairs", "[emulate]") {
       {"1:2,1:3", "entry 2 \"1:3\": rank 1 is given twice"},
       {"1:2,", "a trailing ','"},
       {"1:2,,2:2", "entry 2 \"\" has no ':'"},
-  };
-  for (const auto& [spec, msg] : bad) {
-    INFO(spec);
-    try {
-      parse_slow_ranks(spec);
-      FAIL("no error");
-    } catch (const ConfigError& e) {
-      CHECK_THAT(e.what(), Contains("emulate.slow_ranks: ") && Contains(msg) &&
-                               Contains("expected \"rank:factor[@step],...\""));
-    }
-  }
+                },
+                "emulate.slow_ranks", "expected \"rank:factor[@step],...\"");
 }
 
 TEST_CASE("emulate.slow_links: a-b:factor[@step] entries", "[emulate]") {
@@ -74,9 +82,11 @@ TEST_CASE("emulate.slow_links: a-b:factor[@step] entries", "[emulate]") {
   CHECK((l[0].a == 1 && l[0].b == 2 && l[0].factor == 4 && l[0].from_step == 30));
   CHECK((l[1].a == 0 && l[1].b == 3 && l[1].factor == 2.5 && l[1].from_step == 0));  // ordered pair
   CHECK(parse_slow_links("").empty());
-  const std::pair<const char*, const char*> bad[] = {
+  check_refused([](const char* spec) { parse_slow_links(spec); },
+                Refusals{
       {"1-2", "entry 1 \"1-2\" has no ':'"},
       {"1:2", "the link is not \"a-b\""},
+      {"1:2-3@4", "entry 1 \"1:2-3@4\": the link is not \"a-b\""},
       {"1-x:2", "a rank of the link is not a non-negative integer"},
       {"2-2:3", "rank 2 is linked to itself"},
       {"1-2:0.5", "factor 0.5 < 1"},
@@ -84,17 +94,8 @@ TEST_CASE("emulate.slow_links: a-b:factor[@step] entries", "[emulate]") {
       {"1-2:2@x", "the step after '@' is not a non-negative integer"},
       {"1-2:2,2-1:3", "entry 2 \"2-1:3\": link 2-1 is given twice"},
       {"1-2:2,", "a trailing ','"},
-  };
-  for (const auto& [spec, msg] : bad) {
-    INFO(spec);
-    try {
-      parse_slow_links(spec);
-      FAIL("no error");
-    } catch (const ConfigError& e) {
-      CHECK_THAT(e.what(), Contains("emulate.slow_links: ") && Contains(msg) &&
-                               Contains("expected \"a-b:factor[@step],...\""));
-    }
-  }
+                },
+                "emulate.slow_links", "expected \"a-b:factor[@step],...\"");
   CHECK_THAT(config_error("", {"emulate.slow_links=0-1:2"}),
              Contains("x.yaml: emulate.slow_links=\"0-1:2\" needs emulate.cluster"));
   CHECK_THAT(config_error("emulate:\n  cluster: cpu-here\n  slow_links: \"0-1:0\"\n"),
@@ -327,7 +328,8 @@ TEST_CASE("emulate.link_bandwidth: a bandwidth schedule of every link", "[emulat
   CHECK(parse_link_bandwidth("") == V{});
   CHECK(parse_link_bandwidth("0.0005@20, 1@40") == V{{20, 0.0005}, {40, 1.0}});
   CHECK(parse_link_bandwidth("2@0") == V{{0, 2.0}});
-  const std::pair<const char*, const char*> bad[] = {
+  check_refused([](const char* spec) { parse_link_bandwidth(spec); },
+                Refusals{
       {"0.5", "entry 1 \"0.5\" has no '@step'"},
       {"x@3", "the factor is not a number"},
       {"0@3", "factor 0 is not > 0"},
@@ -335,16 +337,8 @@ TEST_CASE("emulate.link_bandwidth: a bandwidth schedule of every link", "[emulat
       {"1@-3", "the step after '@' is not a non-negative integer"},
       {"1@5,2@5", "entry 2 \"2@5\": step 5 does not come after step 5"},
       {"1@5,", "a trailing ','"},
-  };
-  for (const auto& [spec, msg] : bad) {
-    INFO(spec);
-    try {
-      parse_link_bandwidth(spec);
-      FAIL("no error");
-    } catch (const ConfigError& e) {
-      CHECK_THAT(e.what(), Contains("emulate.link_bandwidth: ") && Contains(msg));
-    }
-  }
+                },
+                "emulate.link_bandwidth", "");
   CHECK_THAT(config_error("", {"emulate.link_bandwidth=0.5@3"}),
              Contains("emulate.link_bandwidth=\"0.5@3\" needs emulate.cluster"));
   CHECK_THAT(config_error("emulate:\n  cluster: cpu-here\n  link_bandwidth: \"1@3,1@2\"\n"),
