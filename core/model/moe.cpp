@@ -47,12 +47,16 @@ struct MoeLayer::Slot {
   bool fused = false;  // the forward ran the fused gate/up (MoeParams::w13)
   Tensor ysend;        // (Ms, C) expert outputs back in send order
   Tensor perm, inv;    // (Mr) int32
+  // Replicas: send row i is the plan's row sperm[i]; sinv the inverse (Ms) int32.
+  Buffer sperm_b, sinv_b;
+  Tensor sperm, sinv;
   MoeStats stats;
 };
 
 // Buffers only one call uses at a time (shared by the slots).
 struct MoeLayer::Scratch {
   Buffer logits, send_tok, send, recv, ye, tmp, dh, dgate, dup, dw, plan;
+  Buffer rows2, sync;  // replicas: send rows in the plan's order; packed weights or gradients
 };
 
 MoeLayer::MoeLayer(Backend& be, DType dt, int64_t max_tokens, int64_t C, int64_t F, MoeOptions o,
@@ -87,11 +91,13 @@ MoeLayer::MoeLayer(Backend& be, DType dt, int64_t max_tokens, int64_t C, int64_t
                                                << " rows exceed int32 row indices");
   bias_.assign(size_t(E_), 0.0);
   // Each expert's place in the send order: its owner, then its local index.
-  std::vector<int32_t> slot(static_cast<size_t>(E_));
+  std::vector<int32_t>& slot = slot_host_;
+  slot.resize(static_cast<size_t>(E_));
   for (int64_t e = 0; e < E_; ++e)
     slot[size_t(e)] = int32_t(place_.owner(e) * place_.per_rank() + place_.local_index(e));
   slot_ = Buffer(be_, size_t(E_) * 4);
   be_.to_device(slot_.data(), slot.data(), slot.size() * 4);
+  set_replicas(ExpertReplicas());
   bias_dev_ = Buffer(be_, size_t(E_) * 8);
   bias_dirty_ = true;
 }
@@ -150,6 +156,140 @@ void MoeLayer::update_bias(const std::vector<int64_t>& load) {
     bias_[size_t(e)] += opt_.bias_rate * double((d > 0) - (d < 0));
   }
   bias_dirty_ = true;
+}
+
+void MoeLayer::set_replicas(const ExpertReplicas& r) {
+  const int P = place_.ep();
+  ADGT_CHECK(r.n_experts() == 0 || (r.n_experts() == E_ && int(r.holders(0).size()) >= 1),
+             "moe: replicas for " << r.n_experts() << " experts; the layer has " << E_);
+  for (int64_t e = 0; e < r.n_experts(); ++e) {
+    ADGT_CHECK(r.holders(e)[0] == place_.owner(e),
+               "moe: replicas name ep rank " << r.holders(e)[0] << " as expert " << e
+                                             << "'s owner; the layer's placement says "
+                                             << place_.owner(e));
+    for (int q : r.holders(e))
+      ADGT_CHECK(q < P, "moe: replicas put expert " << e << " on ep rank " << q
+                                                     << "; the layer's ep group has " << P);
+  }
+  rep_ = r;
+  held_.assign(size_t(P), {});
+  hidx_.assign(size_t(P), {});
+  for (int q = 0; q < P; ++q) {
+    held_[size_t(q)] = place_.local_experts(q);
+    if (rep_.any())
+      for (int64_t e : rep_.shadows(q)) held_[size_t(q)].push_back(e);
+    for (int64_t e : held_[size_t(q)]) {
+      size_t j = 0;
+      if (rep_.any()) {
+        const auto& h = rep_.holders(e);
+        j = size_t(std::find(h.begin(), h.end(), q) - h.begin());
+      }
+      hidx_[size_t(q)].push_back(j);
+    }
+  }
+  const size_t n_sh = rep_.any() ? rep_.shadows(ep_->rank()).size() : 0;
+  const size_t block = size_t(3 * F_ * C_);
+  shadow_w_ = n_sh ? Buffer(be_, n_sh * block * dtype_size(dt_)) : Buffer();
+  shadow_g_ = n_sh ? Buffer(be_, n_sh * block * dtype_size(grad_dtype())) : Buffer();
+  synced_ = !rep_.any();
+}
+
+void MoeLayer::shadow_views(MoeParams& p, Buffer& b, DType dt, bool fused) const {
+  const size_t n_sh = rep_.any() ? rep_.shadows(ep_->rank()).size() : 0;
+  const int64_t FC = F_ * C_;
+  for (size_t i = 0; i < n_sh; ++i) {
+    char* base = static_cast<char*>(b.data()) + i * size_t(3 * FC) * dtype_size(dt);
+    p.w1.push_back(Tensor(base, dt, {F_, C_}));
+    p.w3.push_back(Tensor(base + size_t(FC) * dtype_size(dt), dt, {F_, C_}));
+    p.w2.push_back(Tensor(base + size_t(2 * FC) * dtype_size(dt), dt, {C_, F_}));
+    if (fused) p.w13.push_back(Tensor(base, dt, {2 * F_, C_}));
+  }
+}
+
+MoeParams MoeLayer::with_shadows(const MoeParams& p, bool grads) const {
+  MoeParams q = p;
+  if (rep_.any())
+    shadow_views(q, const_cast<Buffer&>(grads ? shadow_g_ : shadow_w_),
+                 grads ? grad_dtype() : dt_, !p.w13.empty());
+  return q;
+}
+
+void MoeLayer::sync_replicas(const MoeParams& p) {
+  if (!rep_.any()) return;
+  check_params(p, "params");
+  const int P = ep_->size(), me = ep_->rank();
+  const int64_t block = 3 * F_ * C_;
+  // Send: for each destination, its shadows owned here, in its shadow order.
+  std::vector<int64_t> sc(size_t(P), 0), sd(size_t(P), 0), rc(size_t(P), 0), rd(size_t(P), 0);
+  int64_t ns = 0;
+  for (int d = 0; d < P; ++d) {
+    sd[size_t(d)] = ns;
+    for (int64_t e : rep_.shadows(d))
+      if (place_.owner(e) == me) sc[size_t(d)] += block;
+    ns += sc[size_t(d)];
+  }
+  int64_t nr = 0;
+  for (int64_t e : rep_.shadows(me)) {
+    const int o = place_.owner(e);
+    if (!rc[size_t(o)]) rd[size_t(o)] = nr;
+    rc[size_t(o)] += block;
+    nr += block;
+  }
+  Tensor send = grow(scratch_->sync, ns, 1, dt_);
+  int64_t at = 0;
+  for (int d = 0; d < P; ++d)
+    for (int64_t e : rep_.shadows(d)) {
+      if (place_.owner(e) != me) continue;
+      const size_t i = size_t(place_.local_index(e));
+      for (const Tensor* t : {&p.w1[i], &p.w3[i], &p.w2[i]}) {
+        be_.copy(Tensor(static_cast<char*>(send.data) + size_t(at) * dtype_size(dt_), dt_,
+                        {t->numel()}),
+                 Tensor(t->data, dt_, {t->numel()}));
+        at += t->numel();
+      }
+    }
+  // Received straight into the shadows (they are ordered by owner).
+  Tensor recv = nr ? Tensor(shadow_w_.data(), dt_, {nr}) : grow(scratch_->rows2, 1, 1, dt_);
+  ep_->all_to_allv(recv, rc, rd, send, sc, sd);
+  synced_ = true;
+}
+
+void MoeLayer::return_shadow_grads(const MoeParams& grads) {
+  const int P = ep_->size(), me = ep_->rank();
+  const int64_t block = 3 * F_ * C_;
+  const DType g = grad_dtype();
+  // Send: the shadows' gradients, already one block per owner.
+  std::vector<int64_t> sc(size_t(P), 0), sd(size_t(P), 0), rc(size_t(P), 0), rd(size_t(P), 0);
+  int64_t ns = 0;
+  for (int64_t e : rep_.shadows(me)) {
+    const int o = place_.owner(e);
+    if (!sc[size_t(o)]) sd[size_t(o)] = ns;
+    sc[size_t(o)] += block;
+    ns += block;
+  }
+  int64_t nr = 0;
+  for (int src = 0; src < P; ++src) {
+    rd[size_t(src)] = nr;
+    for (int64_t e : rep_.shadows(src))
+      if (place_.owner(e) == me) rc[size_t(src)] += block;
+    nr += rc[size_t(src)];
+  }
+  Tensor send = ns ? Tensor(shadow_g_.data(), g, {ns}) : grow(scratch_->rows2, 1, 1, g);
+  Tensor recv = grow(scratch_->sync, nr, 1, g);
+  ep_->all_to_allv(recv, rc, rd, send, sc, sd);
+  // Added in source rank order, each source's blocks in its shadow order.
+  int64_t at = 0;
+  for (int src = 0; src < P; ++src)
+    for (int64_t e : rep_.shadows(src)) {
+      if (place_.owner(e) != me) continue;
+      const size_t i = size_t(place_.local_index(e));
+      for (const Tensor* t : {&grads.w1[i], &grads.w3[i], &grads.w2[i]}) {
+        be_.add_inplace(Tensor(t->data, g, {t->numel()}),
+                        Tensor(static_cast<char*>(recv.data) + size_t(at) * dtype_size(g), g,
+                               {t->numel()}));
+        at += t->numel();
+      }
+    }
 }
 
 void MoeLayer::check_params(const MoeParams& p, const char* what) const {
@@ -226,10 +366,14 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
   ADGT_CHECK(out.numel() == N * C && out.dtype == dt_,
              "moe: output" << out.shape_str() << ", expected " << x.shape_str());
   check_params(p, "params");
+  ADGT_CHECK(synced_, "moe: the layer's expert replicas were set but never synced "
+                      "(call sync_replicas after setting them and after every weight update)");
   Slot& s = *slots_[size_t(slot)];
   Scratch& sc = *scratch_;
-  const int P = ep_->size();
-  const int64_t El = place_.per_rank();
+  const int P = ep_->size(), me = ep_->rank();
+  const bool rep = rep_.any();
+  const MoeParams full = with_shadows(p, false);
+  const int64_t El = int64_t(held_[size_t(me)].size());
   s.N = N;
   s.has_forward = false;
   s.stats = MoeStats{};
@@ -239,20 +383,21 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
   // ---- router: softmax, top-k, capacity and the send order, on the backend ----
   s.x = grow(s.x_b, N, C, dt_);
   Tensor logits = grow(sc.logits, N, E, dt_);
-  const DType R = dt_ == DType::F64 ? DType::F64 : DType::F32;
-  s.route = {grow(s.probs_b, N, E, R), grow(s.choice_b, N, k, DType::I32),
-             grow(s.weight_b, N, k, R), grow(s.norm_b, N, 1, R), grow(s.w_b, N, k, dt_)};
+  const DType rt = dt_ == DType::F64 ? DType::F64 : DType::F32;
+  s.route = {grow(s.probs_b, N, E, rt), grow(s.choice_b, N, k, DType::I32),
+             grow(s.weight_b, N, k, rt), grow(s.norm_b, N, 1, rt), grow(s.w_b, N, k, dt_)};
   s.pos = grow(s.pos_b, N, k, DType::I32);
   Tensor tok = grow(sc.send_tok, N * k, 1, DType::I32);
   // The plan buffer: this rank's stats (3E + 2: routed, prob sums, N,
   // dropped, kept per send slot), the ep group's sums of the first 2E + 2,
-  // and the counts received for this rank's experts (E); read at once.
-  const int64_t L = 3 * E + 2, G = 2 * E + 2;
-  Tensor plan = grow(sc.plan, L + G + E, 1, DType::F64);
+  // and the counts received for this rank's experts (E; replicas: every
+  // rank's kept counts, P x E); read at once.
+  const int64_t L = 3 * E + 2, G = 2 * E + 2, R = rep ? P * E : E;
+  Tensor plan = grow(sc.plan, L + G + R, 1, DType::F64);
   auto part = [&](int64_t off, int64_t n) {
     return Tensor(static_cast<double*>(plan.data) + off, DType::F64, {n});
   };
-  const Tensor local = part(0, L), group = part(L, G), rcv = part(L + G, E);
+  const Tensor local = part(0, L), group = part(L, G), rcv = part(L + G, R);
   if (opt_.aux_free && bias_dirty_) {
     be_.to_device(bias_dev_.data(), bias_.data(), bias_.size() * 8);
     bias_dirty_ = false;
@@ -266,13 +411,16 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
   be_.moe_dispatch_plan(s.pos, tok, local, s.route.choice, s.route.probs,
                         Tensor(slot_.data(), DType::I32, {E}), opt_.capacity_factor,
                         opt_.capacity_segment);
-  std::vector<double> ph(size_t(P > 1 ? L + G + E : L));
+  std::vector<double> ph(size_t(P > 1 ? L + G + R : L));
   if (P > 1) {
     be_.copy(group, part(0, G));
     ep_->all_reduce(group);
     const int64_t b0 = ep_->stats().bytes;
     const double t0 = ep_->stats().seconds;
-    ep_->all_to_all(rcv, part(2 * E + 2, E));  // chunk d: rank d's experts' counts
+    if (rep)
+      ep_->all_gather(rcv, part(2 * E + 2, E));  // every rank's kept counts per slot
+    else
+      ep_->all_to_all(rcv, part(2 * E + 2, E));  // chunk d: rank d's experts' counts
     st.a2a_bytes += ep_->stats().bytes - b0;
     st.a2a_seconds += ep_->stats().seconds - t0;
   }
@@ -307,13 +455,50 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
 
   // ---- rows to and from each rank; receive and expert-major orders ----
   s.send_rows.assign(size_t(P), 0);
-  for (int d = 0; d < P; ++d)
-    for (int64_t le = 0; le < El; ++le)
-      s.send_rows[size_t(d)] += int64_t(std::llround(lr[2 * E + 2 + d * El + le]));
+  std::vector<int64_t> rcounts(size_t(P * El));
+  if (!rep) {
+    for (int d = 0; d < P; ++d)
+      for (int64_t le = 0; le < El; ++le)
+        s.send_rows[size_t(d)] += int64_t(std::llround(lr[2 * E + 2 + d * El + le]));
+    for (size_t i = 0; i < rcounts.size(); ++i) rcounts[i] = int64_t(std::llround(rc[i]));
+  } else {
+    // kept(src, e): source src's kept rows of expert e; the plan's row of
+    // this rank's first row of e; then the send order by (destination, its
+    // held experts), each holder taking its split of e's rows.
+    auto kept = [&](int src, int64_t e) {
+      return int64_t(std::llround(rc[src * E + slot_host_[size_t(e)]]));
+    };
+    std::vector<int64_t> first(static_cast<size_t>(E)), at_slot(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) at_slot[size_t(slot_host_[size_t(e)])] = e;
+    for (int64_t q = 0, row = 0; q < E; ++q) {
+      first[size_t(at_slot[size_t(q)])] = row;
+      row += kept(me, at_slot[size_t(q)]);
+    }
+    std::vector<int32_t> sperm;
+    for (int d = 0; d < P; ++d)
+      for (size_t i = 0; i < held_[size_t(d)].size(); ++i) {
+        const int64_t e = held_[size_t(d)][i];
+        int64_t b = 0, en = 0;
+        rep_.split(e, hidx_[size_t(d)][i], kept(me, e), b, en);
+        for (int64_t q = b; q < en; ++q) sperm.push_back(int32_t(first[size_t(e)] + q));
+        s.send_rows[size_t(d)] += en - b;
+      }
+    for (int src = 0; src < P; ++src)
+      for (int64_t le = 0; le < El; ++le) {
+        const int64_t e = held_[size_t(me)][size_t(le)];
+        int64_t b = 0, en = 0;
+        rep_.split(e, hidx_[size_t(me)][size_t(le)], kept(src, e), b, en);
+        rcounts[size_t(src * El + le)] = en - b;
+      }
+    std::vector<int32_t> sinv(sperm.size());
+    for (size_t i = 0; i < sperm.size(); ++i) sinv[size_t(sperm[i])] = int32_t(i);
+    s.sperm = grow(s.sperm_b, int64_t(sperm.size()), 1, DType::I32);
+    s.sinv = grow(s.sinv_b, int64_t(sperm.size()), 1, DType::I32);
+    upload_i32(s.sperm, sperm);
+    upload_i32(s.sinv, sinv);
+  }
   int64_t Ms = 0;
   for (int d = 0; d < P; ++d) Ms += s.send_rows[size_t(d)];
-  std::vector<int64_t> rcounts(size_t(P * El));
-  for (size_t i = 0; i < rcounts.size(); ++i) rcounts[i] = int64_t(std::llround(rc[i]));
   s.recv_rows.assign(size_t(P), 0);
   s.expert_rows.assign(size_t(El), 0);
   std::vector<int64_t> roff(size_t(P * El));
@@ -353,7 +538,13 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
     if (Ms) be_.embedding_forward(s.xe, s.x, tok, 0);
   } else {
     Tensor send = grow(sc.send, Ms, C, dt_), recv = grow(sc.recv, Mr, C, dt_);
-    if (Ms) be_.embedding_forward(send, s.x, tok, 0);
+    if (Ms && rep) {
+      Tensor planned = grow(sc.rows2, Ms, C, dt_);
+      be_.embedding_forward(planned, s.x, tok, 0);
+      be_.embedding_forward(send, planned, s.sperm, 0);
+    } else if (Ms) {
+      be_.embedding_forward(send, s.x, tok, 0);
+    }
     a2av(recv, s.recv_rows, send, s.send_rows, st, false);
     if (Mr) be_.embedding_forward(s.xe, recv, s.perm, 0);
   }
@@ -366,24 +557,31 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
     if (!m) continue;
     Tensor xb = s.xe.rows(off, m), gb = s.gate.rows(off, m), hb = s.h.rows(off, m);
     if (s.fused) {
-      be_.linear_forward(gb, xb, p.w13[size_t(le)]);
+      be_.linear_forward(gb, xb, full.w13[size_t(le)]);
       be_.swiglu_packed_forward(hb, gb);
     } else {
       Tensor ub = s.up.rows(off, m);
-      be_.linear_forward(gb, xb, p.w1[size_t(le)]);
-      be_.linear_forward(ub, xb, p.w3[size_t(le)]);
+      be_.linear_forward(gb, xb, full.w1[size_t(le)]);
+      be_.linear_forward(ub, xb, full.w3[size_t(le)]);
       be_.swiglu_forward(hb, gb, ub);
     }
-    be_.linear_forward(ye.rows(off, m), hb, p.w2[size_t(le)]);
+    be_.linear_forward(ye.rows(off, m), hb, full.w2[size_t(le)]);
   }
   st.expert_rows = Mr;
+  for (int64_t le = place_.per_rank(); le < El; ++le) st.shadow_rows += s.expert_rows[size_t(le)];
   st.expert_cpu_s = c0 >= 0 ? expert_clock() - c0 : -1;
 
   // ---- results back, combine ----
   if (P > 1) {
     Tensor tmp = grow(sc.tmp, Mr, C, dt_);
     if (Mr) be_.embedding_forward(tmp, ye, s.inv, 0);
-    a2av(s.ysend, s.send_rows, tmp, s.recv_rows, st, false);
+    if (rep) {
+      Tensor back = grow(sc.rows2, Ms, C, dt_);
+      a2av(back, s.send_rows, tmp, s.recv_rows, st, false);
+      if (Ms) be_.embedding_forward(s.ysend, back, s.sinv, 0);
+    } else {
+      a2av(s.ysend, s.send_rows, tmp, s.recv_rows, st, false);
+    }
   }
   if (N) be_.combine_rows(out, s.ysend, s.pos, s.route.w, false);
   s.has_forward = true;
@@ -402,8 +600,13 @@ void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams
                                   << N << "," << C << ") " << dtype_name(dt_));
   check_params(p, "params");
   check_params(grads, "grads");
-  const int P = ep_->size();
-  const int64_t El = place_.per_rank();
+  const int P = ep_->size(), me = ep_->rank();
+  const bool rep = rep_.any();
+  const MoeParams fp = with_shadows(p, false), fg = with_shadows(grads, true);
+  if (rep && shadow_g_.bytes())
+    be_.zero(Tensor(shadow_g_.data(), grad_dtype(),
+                    {int64_t(shadow_g_.bytes() / dtype_size(grad_dtype()))}));
+  const int64_t El = int64_t(held_[size_t(me)].size());
   MoeStats& st = s.stats;
   st.a2a_bytes_bwd = 0;
   st.a2a_seconds_bwd = 0;
@@ -418,7 +621,13 @@ void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams
   Tensor dye = dys;
   if (P > 1) {
     Tensor recv = grow(sc.recv, Mr, C, dt_);
-    a2av(recv, s.recv_rows, dys, s.send_rows, st, true);
+    if (rep) {
+      Tensor sent = grow(sc.rows2, Ms, C, dt_);
+      if (Ms) be_.embedding_forward(sent, dys, s.sperm, 0);
+      a2av(recv, s.recv_rows, sent, s.send_rows, st, true);
+    } else {
+      a2av(recv, s.recv_rows, dys, s.send_rows, st, true);
+    }
     dye = grow(sc.ye, Mr, C, dt_);
     if (Mr) be_.embedding_forward(dye, recv, s.perm, 0);
   }
@@ -434,18 +643,19 @@ void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams
     if (!m) continue;
     const size_t i = size_t(le);
     Tensor xb = s.xe.rows(off, m), dxb = dxe.rows(off, m);
-    be_.linear_backward(dh.rows(off, m), grads.w2[i], dye.rows(off, m), s.h.rows(off, m), p.w2[i],
+    be_.linear_backward(dh.rows(off, m), fg.w2[i], dye.rows(off, m), s.h.rows(off, m), fp.w2[i],
                         false);
     if (s.fused) {
       be_.swiglu_packed_backward(dg.rows(off, m), dh.rows(off, m), s.gate.rows(off, m));
-      be_.linear_backward(dxb, grads.w13[i], dg.rows(off, m), xb, p.w13[i], false);
+      be_.linear_backward(dxb, fg.w13[i], dg.rows(off, m), xb, fp.w13[i], false);
       continue;
     }
     be_.swiglu_backward(dg.rows(off, m), du.rows(off, m), dh.rows(off, m), s.gate.rows(off, m),
                         s.up.rows(off, m));
-    be_.linear_backward(dxb, grads.w1[i], dg.rows(off, m), xb, p.w1[i], false);
-    be_.linear_backward(dxb, grads.w3[i], du.rows(off, m), xb, p.w3[i], true);
+    be_.linear_backward(dxb, fg.w1[i], dg.rows(off, m), xb, fp.w1[i], false);
+    be_.linear_backward(dxb, fg.w3[i], du.rows(off, m), xb, fp.w3[i], true);
   }
+  if (rep) return_shadow_grads(grads);
   st.expert_rows_bwd = Mr;
   st.expert_cpu_s_bwd = c0 >= 0 ? expert_clock() - c0 : -1;
 
@@ -455,7 +665,13 @@ void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams
     Tensor tmp = grow(sc.tmp, Mr, C, dt_);
     if (Mr) be_.embedding_forward(tmp, dxe, s.inv, 0);
     dxs = grow(sc.send, Ms, C, dt_);  // free again: dys went out above
-    a2av(dxs, s.send_rows, tmp, s.recv_rows, st, true);
+    if (rep) {
+      Tensor back = grow(sc.rows2, Ms, C, dt_);
+      a2av(back, s.send_rows, tmp, s.recv_rows, st, true);
+      if (Ms) be_.embedding_forward(dxs, back, s.sinv, 0);
+    } else {
+      a2av(dxs, s.send_rows, tmp, s.recv_rows, st, true);
+    }
   }
   if (N) be_.combine_rows(dx, dxs, s.pos, Tensor(), true);
 

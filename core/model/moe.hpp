@@ -49,6 +49,16 @@
 // Expert grads live on the owning rank and already include every ep rank's
 // tokens; they need summing only over the expert-data-parallel replicas.
 //
+// Replicas (set_replicas; moe_replicas.hpp): a rank may also serve shadows of
+// other ranks' experts. The layer keeps the shadows' weights and gradients
+// itself; MoeParams still hold the owned experts only. sync_replicas copies
+// the owners' weights into the shadows (call it after every change to the
+// weights, before the next forward); each backward returns the shadows'
+// gradients to their owners, which add them (collective over ep). The row
+// split: the counts exchange is an all-gather of every rank's kept counts
+// per expert, and the send buffer is the dispatch plan's order permuted into
+// (destination, its local expert) blocks.
+//
 // Slots: a micro-batch in flight keeps what its backward needs in a slot
 // (add_slot(); forward(slot) overwrites, backward(slot) reads). Buffers grow to
 // the largest routing seen and are kept.
@@ -59,6 +69,7 @@
 
 #include "core/comm.hpp"
 #include "core/model/moe_placement.hpp"
+#include "core/model/moe_replicas.hpp"
 #include "kernels/backend.hpp"
 
 namespace adgt {
@@ -108,6 +119,7 @@ struct MoeStats {
   // thread's CPU time in them, forward and backward; the time is -1 where it
   // is not measured (a device backend, or several threads per rank).
   int64_t expert_rows = 0, expert_rows_bwd = 0;
+  int64_t shadow_rows = 0;  // of expert_rows, the rows this rank's replicas (shadows) served
   double expert_cpu_s = -1, expert_cpu_s_bwd = -1;
 };
 
@@ -142,6 +154,14 @@ class MoeLayer {
   void set_bias(std::vector<double> b);  // checkpoint restore; size E
   void update_bias(const std::vector<int64_t>& load);
 
+  // Replicas of this layer's experts (none by default); the placement must be
+  // the layer's. The shadows need a sync_replicas before the next forward.
+  void set_replicas(const ExpertReplicas& r);
+  const ExpertReplicas& replicas() const { return rep_; }
+  // Copies each replicated expert's weights from its owner into its shadows.
+  // p: this rank's owned experts (as forward takes them). Collective over ep.
+  void sync_replicas(const MoeParams& p);
+
   const MoeOptions& options() const { return opt_; }
   const ExpertPlacement& placement() const { return place_; }
   const std::vector<int64_t>& local_experts() const;  // this rank's, ascending
@@ -154,6 +174,12 @@ class MoeLayer {
   struct Slot;
   struct Scratch;
   void check_params(const MoeParams& p, const char* what) const;
+  // p followed by the shadows' weights (grads: their gradients).
+  MoeParams with_shadows(const MoeParams& p, bool grads) const;
+  // Shadow s's block of w1, w3, w2 (fused: w13 is w1 then w3) in b.
+  void shadow_views(MoeParams& p, Buffer& b, DType dt, bool fused) const;
+  // Sends each shadow's gradient to its owner, which adds it to grads.
+  void return_shadow_grads(const MoeParams& grads);
   // Gradients and the combine weights' gradient: fp32 under bf16, else the layer's dtype.
   DType grad_dtype() const { return dt_ == DType::BF16 ? DType::F32 : dt_; }
   Tensor grow(Buffer& b, int64_t rows, int64_t cols, DType dt);
@@ -168,6 +194,12 @@ class MoeLayer {
   SelfComm self_;
   Comm* ep_;
   ExpertPlacement place_;
+  ExpertReplicas rep_;
+  std::vector<std::vector<int64_t>> held_;  // per ep rank: owned experts, then shadows
+  std::vector<std::vector<size_t>> hidx_;   // per ep rank and held expert: its holder index
+  std::vector<int32_t> slot_host_;          // slot_ on the host
+  Buffer shadow_w_, shadow_g_;              // per shadow: w1, w3, w2 (weights; gradients)
+  bool synced_ = false;
   std::vector<double> bias_;  // (E) selection bias (aux_free)
   Buffer bias_dev_;           // its device copy, uploaded before a forward when changed
   bool bias_dirty_ = true;

@@ -10,7 +10,11 @@
 // router gradient summed over the ranks. Cases: dropless with unequal token
 // counts per rank, capacity drops (equal counts; the reference uses
 // capacity_segment = rows per rank), aux-loss-free bias; each with the
-// contiguous, a strided and a shuffled placement table.
+// contiguous, a strided and a shuffled placement table, and the contiguous
+// table with replicas (core/model/moe_replicas.hpp: expert 0 on every rank,
+// the last expert also on rank 0, the second on the last rank with a zero
+// share): the same comparisons, the shadows' gradients must arrive at the
+// owners, and a forward before sync_replicas is refused.
 #include <mpi.h>
 
 #include <algorithm>
@@ -93,6 +97,22 @@ double rel_err(const T* a, const T* b, int64_t n) {
   return ref > 0 ? err / ref : err;
 }
 
+// "replicated": replicas over the contiguous table (none with one rank).
+ExpertReplicas make_replicas(const std::string& kind, const ExpertPlacement& pl) {
+  const int P = pl.ep();
+  const int64_t E = pl.n_experts();
+  if (kind != "replicated" || P == 1) return ExpertReplicas();
+  std::vector<std::vector<int>> h(static_cast<size_t>(E));
+  std::vector<std::vector<double>> s(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) h[size_t(e)] = {pl.owner(e)}, s[size_t(e)] = {1.0};
+  h[0].clear(), s[0].clear();
+  for (int q = 0; q < P; ++q) h[0].push_back(q), s[0].push_back(q == 0 ? 0.4 : 0.6 / (P - 1));
+  h[size_t(E - 1)] = {pl.owner(E - 1), 0}, s[size_t(E - 1)] = {0.3, 0.7};
+  h[1] = {pl.owner(1), P - 1}, s[1] = {1.0, 0.0};
+  if (pl.owner(1) == P - 1) h[1] = {pl.owner(1)}, s[1] = {1.0};
+  return ExpertReplicas(pl, h, s, int(E / P) + 2);
+}
+
 std::vector<int> make_placement(const std::string& kind, int64_t E, int P) {
   std::vector<int> owner(static_cast<size_t>(E));
   const int64_t per = E / P;
@@ -149,6 +169,20 @@ void run_case(MpiComm& world, const Case& cs, const std::string& placement_kind)
   ep.add_slot();
   if (!cs.bias.empty()) ep.set_bias(cs.bias);
   const std::vector<int64_t> mine = ep.local_experts();
+  const ExpertReplicas reps = make_replicas(placement_kind, ExpertPlacement(E, P, table));
+  if (reps.any()) {
+    ep.set_replicas(reps);
+    std::vector<T> o(size_t(rows_of(r, 0) * C));
+    bool refused = false;
+    try {
+      ep.forward(0, T2(o.data(), rows_of(r, 0), C), T2(x[0].data() + off[0][size_t(r)] * C,
+                                                        rows_of(r, 0), C), w.view(mine));
+    } catch (const std::exception& e) {
+      refused = std::string(e.what()).find("sync_replicas") != std::string::npos;
+    }
+    PCHECK(refused, what << ": a forward before sync_replicas was not refused");
+    ep.sync_replicas(w.view(mine));
+  }
   PCHECK(mine == ExpertPlacement(E, P, table).local_experts(r), what << ": local experts");
   Weights<T> g(E, C, F, 0);
   g.zero();
@@ -218,11 +252,17 @@ void run_case(MpiComm& world, const Case& cs, const std::string& placement_kind)
     if (cs.opt.capacity_factor > 0) PCHECK(rst[mb].dropped > 0, what << ": the case drops nothing");
     // Backward moves the dispatch's and the return's volumes the other way;
     // the forward also sent the per-expert counts (f64, the plan's stats).
-    const int64_t count_bytes = int64_t(P - 1) * (E / P) * 8;
+    // (Replicas: an all-gather of every rank's counts per expert.)
+    const int64_t count_bytes = int64_t(P - 1) * (reps.any() ? E : E / P) * 8;
     PCHECK(P == 1 || ep.stats(mb).a2a_bytes > count_bytes, what << ": no all-to-all traffic");
     PCHECK(ep.stats(mb).a2a_bytes - count_bytes == ep.stats(mb).a2a_bytes_bwd,
            what << " mb " << mb << ": all-to-all bytes fwd " << ep.stats(mb).a2a_bytes << " bwd "
                 << ep.stats(mb).a2a_bytes_bwd);
+  }
+  {  // the replicas served rows (sum over the ranks), and only with replicas
+    std::vector<int32_t> d = {int32_t(st[0].shadow_rows + st[1].shadow_rows)};
+    world.all_reduce(Tensor(d.data(), DType::I32, {1}));
+    PCHECK(reps.any() ? d[0] > 0 : d[0] == 0, what << ": the replicas served " << d[0] << " rows");
   }
   {
     std::vector<int32_t> d = {int32_t(st[0].dropped_local)};
@@ -281,7 +321,7 @@ int main(int argc, char** argv) {
     }
     int runs = 0;
     for (const Case& c : cases)
-      for (const char* pl : {"contiguous", "strided", "shuffled"}) {
+      for (const char* pl : {"contiguous", "strided", "shuffled", "replicated"}) {
         run_case<double>(*world, c, pl);
         run_case<float>(*world, c, pl);
         runs += 2;
