@@ -262,6 +262,17 @@ const std::vector<Key>& schema() {
           "their measured load (tokens routed) and each rank's measured expert throughput, "
           "switching parallel.expert_placement in memory when that evens the ranks' expected "
           "expert time by at least 5% (docs/adaptation.md); 0 = off"),
+      key("parallel", &R::parallel, "expert_slots", &ParallelConfig::expert_slots,
+          A::NonNegative,
+          "MoE: experts each ep rank may hold, its own n_experts/ep plus replicas of hot experts "
+          "that take a share of their tokens (weights synced from the owner each step, gradients "
+          "returned to it); with expert_replace_interval the re-placement fills the spare slots "
+          "(docs/adaptation.md, \"Expert replicas\"); 0 = n_experts/ep, no replicas"),
+      key("parallel", &R::parallel, "expert_replicas", &ParallelConfig::expert_replicas,
+          A::Any,
+          "MoE: the expert replicas in use, \"e:rank=share,rank=share;...\" (owner first, "
+          "shares sum to 1; replicated experts only); written by the re-placement, kept by "
+          "switches and checkpoints; \"\" = none"),
       key("parallel", &R::parallel, "placement", &ParallelConfig::placement, A::Choices,
           "rank placement (docs/placement.md): topology = rank order rebuilt from the nodes "
           "(tp groups inside a node, then dp, pipeline stages outermost); launcher = the "

@@ -131,6 +131,13 @@ struct ParallelConfig {
   // their measured load and each rank's measured expert throughput (an
   // in-memory layout switch of expert_placement; docs/adaptation.md). 0: off.
   int64_t expert_replace_interval = 0;
+  // MoE: experts each ep rank may hold, its own plus replicas of hot experts
+  // (core/model/moe_replicas.hpp); 0: n_experts / ep, no replicas. With
+  // expert_replace_interval, the re-placement fills the spare slots.
+  int64_t expert_slots = 0;
+  // MoE: the replicas in use ("e:rank=share,...;..."; "" none), for
+  // expert_placement's owners. Set by the re-placement (and switched in place).
+  std::string expert_replicas;
   // Rank placement (docs/placement.md): topology = rank order rebuilt from
   // the nodes (tp groups inside a node, then dp, pipeline stages outermost);
   // launcher = the launcher's rank order as it comes.

@@ -66,6 +66,8 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
                                                    cfg.train.recompute_layers},
                                    cfg.train.fused_projections);
   if (init) model_->init_weights(cfg.train.seed);  // else the caller restores a state
+  if (!cfg.parallel.expert_replicas.empty() || cfg.parallel.expert_slots > 0)
+    set_expert_replicas(cfg.parallel.expert_replicas);
   const bool zero = cfg.parallel.zero == 1 && ctx_.dp->size() > 1;
   Comm* edp = ctx_.ep->size() > 1 ? ctx_.edp : nullptr;
   reducer_ = std::make_unique<GradReducer>(*model_, *ctx_.dp, edp, zero, cfg.parallel.bucket_mb);
@@ -81,6 +83,29 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
 }
 
 Engine::~Engine() = default;
+
+void Engine::set_expert_replicas(const std::string& text) {
+  const int64_t E = cfg_.model.n_experts, ep = ctx_.ep->size(), slots = cfg_.parallel.expert_slots;
+  if (E <= 0) {
+    if (text.empty() && slots == 0) return;
+    throw ConfigError(std::string(text.empty() ? "parallel.expert_slots" : "parallel.expert_replicas") +
+                      " is set but model.n_experts=0; remove it");
+  }
+  if (slots > 0 && slots < E / ep)
+    throw ConfigError("parallel.expert_slots=" + std::to_string(slots) + " is less than the " +
+                      std::to_string(E / ep) + " experts each ep rank owns (n_experts/ep); use " +
+                      "0 (no replicas) or at least " + std::to_string(E / ep));
+  std::vector<int> owner(layout_.expert_placement.begin(), layout_.expert_placement.end());
+  ExpertReplicas r;
+  try {
+    const ExpertPlacement pl(E, int(ep), owner);
+    r = ExpertReplicas::parse(pl, text, int(slots > 0 ? slots : E / ep));
+  } catch (const std::exception& e) {
+    throw ConfigError(std::string("parallel.expert_replicas: ") + e.what());
+  }
+  if (model_->has_moe()) model_->set_expert_replicas(r);
+  cfg_.parallel.expert_replicas = text;
+}
 
 double Engine::forward_backward(const MicroBatchFetch& fetch) {
   model_->zero_grads();
@@ -163,6 +188,7 @@ void Engine::apply_update(double lr, int64_t opt_step, double clip_coef) {
     opt_->step(lr, opt_step, clip_coef);
     if (cfg_.model.moe_aux_free) model_->update_moe_bias(ctx_.edp);
   });
+  model_->sync_expert_replicas();  // the shadows take the owners' new weights
 }
 
 double Engine::eval_loss(const int32_t* inputs, const int32_t* targets) {
@@ -198,6 +224,7 @@ void Engine::restore_checkpoint(CheckpointState& st) {
   for (auto* v : {&st.params, &st.exp_avg, &st.exp_avg_sq}) v->resize(n, 0.0f);
   model_->params_from_host(st.params);
   opt_->load_state(st.exp_avg, st.exp_avg_sq);
+  model_->sync_expert_replicas();
 }
 
 }  // namespace adgt

@@ -83,7 +83,12 @@ class Engine {
   // ignored), the same on every rank.
   double eval_loss(const int32_t* inputs, const int32_t* targets);
 
+  // MoE expert replicas (parallel.expert_replicas' text, "" none) for this
+  // layout's placement, within parallel.expert_slots; set and synced in
+  // memory (collective over ep). Throws ConfigError naming the key.
+  void set_expert_replicas(const std::string& text);
   Model& model() { return *model_; }
+  const RunConfig& config() const { return cfg_; }  // with the engine's layout and replicas
   ShardedAdamW& optimizer() { return *opt_; }
   GradReducer& reducer() { return *reducer_; }
   PipelineExecutor* pipeline() { return pipe_.get(); }

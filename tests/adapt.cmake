@@ -43,3 +43,13 @@ add_test(NAME adapt_expert_placement_slow_rank_np4
     --data ${CMAKE_BINARY_DIR}/data/kjv-byte --work ${CMAKE_BINARY_DIR}/adapt/experts)
 set_tests_properties(adapt_expert_placement_slow_rank_np4 PROPERTIES
   FIXTURES_REQUIRED kjv_byte LABELS "parallel;adapt;moe" TIMEOUT 180 PROCESSORS 4)
+# Expert replicas (parallel.expert_slots, parallel.expert_replicas;
+# tests/adapt/expert_replicas_test.py): the same run in f64, replicas set in
+# place from a switch file and by the controller; losses within 1e-12 (in
+# place) and 1e-9 (with owner moves, carried in f32) of the static run.
+add_test(NAME adapt_expert_replicas_np4
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/adapt/expert_replicas_test.py
+    --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
+    --data ${CMAKE_BINARY_DIR}/data/kjv-byte --work ${CMAKE_BINARY_DIR}/adapt/replicas)
+set_tests_properties(adapt_expert_replicas_np4 PROPERTIES
+  FIXTURES_REQUIRED kjv_byte LABELS "parallel;adapt;moe" TIMEOUT 180 PROCESSORS 4)

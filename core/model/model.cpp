@@ -497,10 +497,21 @@ void Model::set_moe_bias_table(const std::vector<double>& t) {
   }
 }
 
+void Model::set_expert_replicas(const ExpertReplicas& r) {
+  for (auto& m : moe_) m->set_replicas(r);
+  sync_expert_replicas();
+}
+
+void Model::sync_expert_replicas() {
+  if (moe_.empty() || !moe_.front()->replicas().any()) return;
+  for (const LayerIdx& w : layer_idx_)
+    if (w.moe >= 0) moe_[size_t(w.moe)]->sync_replicas(moe_params(w, false));
+}
+
 void Model::reset_moe_stats() {
   for (MoeLayerStep& m : moe_step_) {
     std::fill(m.load.begin(), m.load.end(), 0);
-    m.tokens = m.dropped = m.calls = m.a2a_bytes = m.expert_rows = 0;
+    m.tokens = m.dropped = m.calls = m.a2a_bytes = m.expert_rows = m.shadow_rows = 0;
     m.aux = m.a2a_seconds = m.expert_cpu_s = 0;
   }
 }

@@ -51,6 +51,7 @@ struct MoeLayerStep {
   // (-1: not measured; MoeStats::expert_cpu_s).
   int64_t expert_rows = 0;
   double expert_cpu_s = 0;
+  int64_t shadow_rows = 0;  // of expert_rows (forward), the replicas' (MoeStats::shadow_rows)
 };
 
 // Activation recompute (train.recompute): what a layer keeps per micro-batch
@@ -209,6 +210,20 @@ class Model {
   // rows of an (n_layers x E) table, zeros for layers it does not hold; and back.
   std::vector<double> moe_bias_table() const;
   void set_moe_bias_table(const std::vector<double>& t);
+  // Expert replicas (core/model/moe_replicas.hpp) in every MoE layer, synced
+  // at once (collective over ep); ExpertReplicas() removes them. The
+  // replicas must be made for this model's expert placement.
+  void set_expert_replicas(const ExpertReplicas& r);
+  // The owners' weights into the shadows; after every change to the weights
+  // (the trainer: after each update and each restore). Collective over ep.
+  void sync_expert_replicas();
+  // The MoE layers' placement (nullptr without MoE layers on this stage).
+  const ExpertPlacement* expert_placement() const {
+    return moe_.empty() ? nullptr : &moe_.front()->placement();
+  }
+  const ExpertReplicas* expert_replicas() const {
+    return moe_.empty() ? nullptr : &moe_.front()->replicas();
+  }
 
  private:
   struct LayerActs {  // saved for the backward; N = B*T token rows, Nl = N/tp with SP

@@ -465,6 +465,7 @@ void Model::moe_forward(Slot& s, LayerActs& a, const LayerIdx& w, int slot, Tens
   acc.a2a_bytes += st.a2a_bytes;
   acc.a2a_seconds += st.a2a_seconds;
   acc.expert_rows += st.expert_rows;
+  acc.shadow_rows += st.shadow_rows;
   acc.expert_cpu_s = st.expert_cpu_s < 0 || acc.expert_cpu_s < 0 ? -1 : acc.expert_cpu_s + st.expert_cpu_s;
 }
 

@@ -81,7 +81,7 @@ std::string ExpertReplicas::describe() const {
     if (holders_[e].size() < 2) continue;
     out += (out.empty() ? "" : ";") + std::to_string(e) + ":";
     for (size_t j = 0; j < holders_[e].size(); ++j) {
-      std::snprintf(b, sizeof b, "%s%d=%.17g", j ? "," : "", holders_[e][j], shares_[e][j]);
+      std::snprintf(b, sizeof b, "%s%d=%.8g", j ? "," : "", holders_[e][j], shares_[e][j]);
       out += b;
     }
   }

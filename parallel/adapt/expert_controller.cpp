@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "core/model/moe_placement.hpp"
+#include "core/model/moe_replicas.hpp"
 #include "parallel/adapt/expert_slots.hpp"
 #include "parallel/emulate/slowdown.hpp"
 
@@ -21,13 +22,8 @@ class ExpertPlacementController final : public Controller {
   explicit ExpertPlacementController(const RunConfig& cfg)
       : interval_(cfg.parallel.expert_replace_interval),
         E_(int(cfg.model.n_experts)),
-        ep_(int(cfg.parallel.ep)) {
-    owner_.assign(cfg.parallel.expert_placement.begin(), cfg.parallel.expert_placement.end());
-    if (owner_.empty()) {
-      const auto c = ExpertPlacement::contiguous(E_, ep_);
-      owner_.assign(c.table().begin(), c.table().end());
-    }
-  }
+        ep_(int(cfg.parallel.ep)),
+        slots_(int(std::max<int64_t>(cfg.parallel.expert_slots, cfg.model.n_experts / cfg.parallel.ep))) {}
   std::string name() const override { return "adapt-experts"; }
   bool due(const StepReport& r) const override { return r.step < r.total_steps; }
 
@@ -51,7 +47,16 @@ class ExpertPlacementController final : public Controller {
       rw.push_back(all[size_t(3 * i + 1)]);
       sc.push_back(all[size_t(3 * i + 2)]);
     }
-    return {{"step", r.step}, {"load", load}, {"ep", ep}, {"rows", rw}, {"seconds", sc}};
+    // The placement and replicas in use (the engine's: a switch or an
+    // in-place change of replicas updates them).
+    std::vector<int64_t> owner = e.config().parallel.expert_placement;
+    if (owner.empty()) {
+      const auto c = ExpertPlacement::contiguous(E_, ep_);
+      owner.assign(c.table().begin(), c.table().end());
+    }
+    return {{"step", r.step},       {"load", load},  {"ep", ep},
+            {"rows", rw},           {"seconds", sc}, {"placement", owner},
+            {"replicas", e.config().parallel.expert_replicas}};
   }
 
   nlohmann::json decide(const nlohmann::json& in) override {
@@ -83,15 +88,36 @@ class ExpertPlacementController final : public Controller {
     if (interval_ <= 0 || step % interval_ != 0 || seen_ < 3) return {{"quiet", true}};
     if (std::accumulate(load_.begin(), load_.end(), 0.0) <= 0) return {{"quiet", true}};
 
-    std::vector<int64_t> now(owner_.begin(), owner_.end());
-    const double cur = placement_imbalance(load_, cap_, now);
-    const SlotPlan p = plan_expert_slots(load_, cap_, E_ / ep_);
-    std::vector<int64_t> next(size_t(E_), 0);
-    for (size_t r = 0; r < p.ranks.size(); ++r)
-      for (const ExpertReplica& x : p.ranks[r]) next[size_t(x.expert)] = int64_t(r);
+    const std::vector<int64_t> now = in["placement"].get<std::vector<int64_t>>();
+    const std::string rep_now = in["replicas"].get<std::string>();
+    const double cur = replicas_imbalance(load_, cap_, held(now, rep_now));
+    // The plan. Without spare slots: every expert once (plan_expert_slots).
+    // With them (parallel.expert_slots), the best of: replicas on the
+    // current owners (set in place, no state moves), replicas on the owners
+    // of the plan without replicas, and the free plan with an owner chosen
+    // among each expert's holders; the in-place one wins within 1%.
+    const SlotPlan single = plan_expert_slots(load_, cap_, E_ / ep_);
+    std::vector<int64_t> single_owner(size_t(E_), 0);
+    for (size_t r = 0; r < single.ranks.size(); ++r)
+      for (const ExpertReplica& x : single.ranks[r]) single_owner[size_t(x.expert)] = int64_t(r);
+    SlotPlan p = single;
+    std::vector<int64_t> next = single_owner;
+    if (slots_ > E_ / ep_) {
+      p = plan_expert_replicas(load_, cap_, now, slots_);
+      next = now;
+      auto consider = [&](const SlotPlan& q, const std::vector<int64_t>& o) {
+        if ((1 + q.imbalance) * 1.01 < 1 + p.imbalance) p = q, next = o;
+      };
+      consider(plan_expert_replicas(load_, cap_, single_owner, slots_), single_owner);
+      const SlotPlan free = plan_expert_slots(load_, cap_, slots_);
+      std::vector<int64_t> o;
+      if (choose_owners(free, now, E_ / ep_, o)) consider(free, o);
+    }
+    const std::string rep_next = replicas_text(p, next);
     // The slowest rank's expected expert time is (1 + imbalance) x the mean.
     const double gain = 1.0 - (1.0 + p.imbalance) / (1.0 + cur);
-    const bool move = next != now && gain >= kMinGain;
+    const bool changes = next != now || rep_next != rep_now;
+    const bool move = changes && gain >= kMinGain;
     std::string table = "[";
     for (size_t i = 0; i < next.size(); ++i) table += (i ? "," : "") + std::to_string(next[i]);
     table += "]";
@@ -110,14 +136,20 @@ class ExpertPlacementController final : public Controller {
     d["placement_new"] = next;
     d["imbalance_now"] = cur;
     d["imbalance_new"] = p.imbalance;
-    d["layout_request"] = move ? nlohmann::json({"parallel.expert_placement=" + table}) : nlohmann::json();
-    if (!move && next == now) d["quiet"] = true;  // nothing to log: the placement is already the plan
+    d["replicas_now"] = rep_now;
+    d["replicas_new"] = rep_next;
+    nlohmann::json req = nlohmann::json::array();
+    if (move && next != now) req.push_back("parallel.expert_placement=" + table);
+    if (move && rep_next != rep_now) req.push_back("parallel.expert_replicas=\"" + rep_next + "\"");
+    d["layout_request"] = move ? req : nlohmann::json();
+    if (!changes) d["quiet"] = true;  // nothing to log: the placement is already the plan
     char line[200];
     std::snprintf(line, sizeof line, "%s: imbalance %.3f -> %.3f (slowest rank's expert time %+.1f%%)",
                   move ? "move" : "keep", cur, p.imbalance, -100.0 * gain);
     d["reason"] = line;
     if (move) {
-      std::printf("adapt-experts: %s; placement %s\n", line, table.c_str());
+      std::printf("adapt-experts: %s; placement %s%s%s\n", line, table.c_str(),
+                  rep_next.empty() ? "" : "; replicas ", rep_next.c_str());
       std::fflush(stdout);
     }
     return d;
@@ -128,8 +160,53 @@ class ExpertPlacementController final : public Controller {
 
  private:
   int64_t interval_;
-  int E_, ep_;
-  std::vector<int> owner_;
+  int E_, ep_, slots_;
+
+  // Per rank, the (expert, share)s it serves under owners `owner` and replicas `text`.
+  std::vector<std::vector<ExpertReplica>> held(const std::vector<int64_t>& owner,
+                                               const std::string& text) const {
+    const ExpertPlacement pl(E_, ep_, std::vector<int>(owner.begin(), owner.end()));
+    const ExpertReplicas r = ExpertReplicas::parse(pl, text, 0);
+    std::vector<std::vector<ExpertReplica>> ranks(static_cast<size_t>(ep_));
+    for (int e = 0; e < E_; ++e) {
+      if (!r.any()) {
+        ranks[size_t(pl.owner(e))].push_back({e, 1.0});
+        continue;
+      }
+      for (size_t j = 0; j < r.holders(e).size(); ++j)
+        ranks[size_t(r.holders(e)[j])].push_back({e, r.shares(e)[j]});
+    }
+    return ranks;
+  }
+
+  // The plan's replicas as parallel.expert_replicas' text, owners first;
+  // holders with a share under 1e-6 are left out (they would serve nothing).
+  std::string replicas_text(const SlotPlan& p, const std::vector<int64_t>& owner) const {
+    std::vector<std::vector<int>> h(static_cast<size_t>(E_));
+    std::vector<std::vector<double>> s(static_cast<size_t>(E_));
+    for (int e = 0; e < E_; ++e) h[size_t(e)] = {int(owner[size_t(e)])}, s[size_t(e)] = {0.0};
+    for (size_t r = 0; r < p.ranks.size(); ++r)
+      for (const ExpertReplica& x : p.ranks[r]) {
+        if (int64_t(r) == owner[size_t(x.expert)]) {
+          s[size_t(x.expert)][0] = x.share;
+        } else if (x.share >= 1e-6) {
+          h[size_t(x.expert)].push_back(int(r));
+          s[size_t(x.expert)].push_back(x.share);
+        }
+      }
+    for (int e = 0; e < E_; ++e) {  // renormalised (dropped crumbs), rounded to 1e-6
+      double sum = 0;
+      for (double x : s[size_t(e)]) sum += x;
+      double acc = 0;
+      for (size_t j = 1; j < s[size_t(e)].size(); ++j) {
+        s[size_t(e)][j] = std::round(s[size_t(e)][j] / sum * 1e6) / 1e6;
+        acc += s[size_t(e)][j];
+      }
+      s[size_t(e)][0] = std::max(0.0, 1.0 - acc);
+    }
+    const ExpertPlacement pl(E_, ep_, std::vector<int>(owner.begin(), owner.end()));
+    return ExpertReplicas(pl, h, s, 0).describe();
+  }
   std::vector<double> load_, cap_;
   int64_t seen_ = 0;
 };

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
@@ -14,6 +15,55 @@ namespace {
 double imbalance_of(const std::vector<double>& finish) {
   const double mean = std::accumulate(finish.begin(), finish.end(), 0.0) / double(finish.size());
   return mean > 0 ? *std::max_element(finish.begin(), finish.end()) / mean - 1 : 0;
+}
+
+// Moves tokens of replicated experts from the slowest-finishing replica's
+// rank to a faster one holding the same expert, as far as evens the two,
+// until no move helps. load: normalised; p.served must match p.ranks.
+void water_fill(SlotPlan& p, const std::vector<double>& load, const std::vector<double>& capacity) {
+  const int E = int(load.size()), R = int(capacity.size());
+  auto finish = [&](int r) { return p.served[size_t(r)] / capacity[size_t(r)]; };
+  for (int iter = 0; iter < 64 * E; ++iter) {
+    bool moved = false;
+    // Ranks by finishing time, slowest first.
+    std::vector<int> order(static_cast<size_t>(R));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return finish(a) > finish(b); });
+    for (int from : order) {
+      double gain_best = 1e-12;
+      int to = -1;
+      size_t from_i = 0, to_i = 0;
+      double amount = 0;
+      for (size_t i = 0; i < p.ranks[size_t(from)].size(); ++i) {
+        const ExpertReplica& x = p.ranks[size_t(from)][i];
+        if (p.replicas[size_t(x.expert)] < 2 || x.share <= 0) continue;
+        for (int r = 0; r < R; ++r) {
+          if (r == from) continue;
+          for (size_t j = 0; j < p.ranks[size_t(r)].size(); ++j) {
+            if (p.ranks[size_t(r)][j].expert != x.expert) continue;
+            const double gap = finish(from) - finish(r);
+            if (gap <= 0) continue;
+            // Moving m of the load: finish(from) -= m/c_from, finish(r) += m/c_r.
+            double m = gap / (1 / capacity[size_t(from)] + 1 / capacity[size_t(r)]);
+            m = std::min(m, x.share * load[size_t(x.expert)]);
+            const double gain = m / capacity[size_t(from)];
+            if (gain > gain_best) gain_best = gain, to = r, from_i = i, to_i = j, amount = m;
+          }
+        }
+      }
+      if (to < 0) continue;
+      ExpertReplica& a = p.ranks[size_t(from)][from_i];
+      ExpertReplica& b = p.ranks[size_t(to)][to_i];
+      const double ds = amount / load[size_t(a.expert)];
+      a.share = std::max(0.0, a.share - ds);
+      b.share += ds;
+      p.served[size_t(from)] -= amount;
+      p.served[size_t(to)] += amount;
+      moved = true;
+      break;  // re-sort after each move
+    }
+    if (!moved) break;
+  }
 }
 
 }  // namespace
@@ -79,50 +129,69 @@ SlotPlan plan_expert_slots(const std::vector<double>& load_in, const std::vector
     p.served[size_t(best)] += rp.load;
   }
   // 3. Water-filling of the replicated experts' shares.
-  auto finish = [&](int r) { return p.served[size_t(r)] / capacity[size_t(r)]; };
-  for (int iter = 0; iter < 64 * E; ++iter) {
-    bool moved = false;
-    // Ranks by finishing time, slowest first.
-    std::vector<int> order(static_cast<size_t>(R));
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return finish(a) > finish(b); });
-    for (int from : order) {
-      double gain_best = 1e-12;
-      int to = -1;
-      size_t from_i = 0, to_i = 0;
-      double amount = 0;
-      for (size_t i = 0; i < p.ranks[size_t(from)].size(); ++i) {
-        const ExpertReplica& x = p.ranks[size_t(from)][i];
-        if (p.replicas[size_t(x.expert)] < 2 || x.share <= 0) continue;
-        for (int r = 0; r < R; ++r) {
-          if (r == from) continue;
-          for (size_t j = 0; j < p.ranks[size_t(r)].size(); ++j) {
-            if (p.ranks[size_t(r)][j].expert != x.expert) continue;
-            const double gap = finish(from) - finish(r);
-            if (gap <= 0) continue;
-            // Moving m of the load: finish(from) -= m/c_from, finish(r) += m/c_r.
-            double m = gap / (1 / capacity[size_t(from)] + 1 / capacity[size_t(r)]);
-            m = std::min(m, x.share * load[size_t(x.expert)]);
-            const double gain = m / capacity[size_t(from)];
-            if (gain > gain_best) gain_best = gain, to = r, from_i = i, to_i = j, amount = m;
-          }
-        }
-      }
-      if (to < 0) continue;
-      ExpertReplica& a = p.ranks[size_t(from)][from_i];
-      ExpertReplica& b = p.ranks[size_t(to)][to_i];
-      const double ds = amount / load[size_t(a.expert)];
-      a.share = std::max(0.0, a.share - ds);
-      b.share += ds;
-      p.served[size_t(from)] -= amount;
-      p.served[size_t(to)] += amount;
-      moved = true;
-      break;  // re-sort after each move
-    }
-    if (!moved) break;
-  }
+  water_fill(p, load, capacity);
   p.finish.resize(size_t(R));
-  for (int r = 0; r < R; ++r) p.finish[size_t(r)] = finish(r);
+  for (int r = 0; r < R; ++r) p.finish[size_t(r)] = p.served[size_t(r)] / capacity[size_t(r)];
+  p.imbalance = imbalance_of(p.finish);
+  return p;
+}
+
+SlotPlan plan_expert_replicas(const std::vector<double>& load_in, const std::vector<double>& capacity,
+                              const std::vector<int64_t>& owner, int slots) {
+  const int E = int(load_in.size()), R = int(capacity.size());
+  if (int(owner.size()) != E) throw std::invalid_argument("expert replicas: one owner per expert");
+  for (double c : capacity)
+    if (!(c > 0)) throw std::invalid_argument("expert replicas: every rank's capacity must be > 0");
+  double total = 0;
+  for (double l : load_in) {
+    if (!(l >= 0)) throw std::invalid_argument("expert replicas: a load is negative or NaN");
+    total += l;
+  }
+  std::vector<double> load(size_t(E), 1.0 / E);
+  if (total > 0)
+    for (int e = 0; e < E; ++e) load[size_t(e)] = load_in[size_t(e)] / total;
+  SlotPlan p;
+  p.ranks.assign(size_t(R), {});
+  p.served.assign(size_t(R), 0);
+  p.replicas.assign(size_t(E), 1);
+  for (int e = 0; e < E; ++e) {
+    const int r = int(owner[size_t(e)]);
+    if (r < 0 || r >= R) throw std::invalid_argument("expert replicas: an owner outside the ranks");
+    p.ranks[size_t(r)].push_back({e, 1.0});
+    p.served[size_t(r)] += load[size_t(e)];
+  }
+  for (int r = 0; r < R; ++r)
+    if (int(p.ranks[size_t(r)].size()) > slots)
+      throw std::invalid_argument("expert replicas: a rank owns more experts than its slots");
+  // Spare slots, one at a time: the expert with the most load per replica
+  // that some rank with a free slot does not hold yet, onto the rank among
+  // those that finishes first (share 0 until the water-filling).
+  auto holds = [&](int r, int e) {
+    for (const ExpertReplica& x : p.ranks[size_t(r)])
+      if (x.expert == e) return true;
+    return false;
+  };
+  for (;;) {
+    int best_e = -1, best_r = -1;
+    for (int e = 0; e < E; ++e) {
+      if (best_e >= 0 && load[size_t(e)] / p.replicas[size_t(e)] <=
+                             load[size_t(best_e)] / p.replicas[size_t(best_e)])
+        continue;
+      int r_e = -1;
+      for (int r = 0; r < R; ++r)
+        if (int(p.ranks[size_t(r)].size()) < slots && !holds(r, e) &&
+            (r_e < 0 || p.served[size_t(r)] / capacity[size_t(r)] <
+                            p.served[size_t(r_e)] / capacity[size_t(r_e)]))
+          r_e = r;
+      if (r_e >= 0) best_e = e, best_r = r_e;
+    }
+    if (best_e < 0) break;
+    p.ranks[size_t(best_r)].push_back({best_e, 0.0});
+    ++p.replicas[size_t(best_e)];
+  }
+  water_fill(p, load, capacity);
+  p.finish.resize(size_t(R));
+  for (int r = 0; r < R; ++r) p.finish[size_t(r)] = p.served[size_t(r)] / capacity[size_t(r)];
   p.imbalance = imbalance_of(p.finish);
   return p;
 }
@@ -135,6 +204,65 @@ double placement_imbalance(const std::vector<double>& load, const std::vector<do
   for (size_t e = 0; e < load.size(); ++e) served.at(size_t(owner[e])) += load[e];
   for (size_t r = 0; r < served.size(); ++r) served[r] /= capacity[r];
   return imbalance_of(served);
+}
+
+double replicas_imbalance(const std::vector<double>& load, const std::vector<double>& capacity,
+                          const std::vector<std::vector<ExpertReplica>>& ranks) {
+  if (ranks.size() != capacity.size())
+    throw std::invalid_argument("replicas_imbalance: one replica list per rank");
+  std::vector<double> served(capacity.size(), 0);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    for (const ExpertReplica& x : ranks[r]) served[r] += load.at(size_t(x.expert)) * x.share;
+    served[r] /= capacity[r];
+  }
+  return imbalance_of(served);
+}
+
+bool choose_owners(const SlotPlan& p, const std::vector<int64_t>& now, int per_rank,
+                   std::vector<int64_t>& owner) {
+  const int R = int(p.ranks.size()), E = int(now.size());
+  std::vector<std::vector<int>> cand(static_cast<size_t>(E));  // ranks holding each expert
+  for (int r = 0; r < R; ++r)
+    for (const ExpertReplica& x : p.ranks[size_t(r)]) cand.at(size_t(x.expert)).push_back(r);
+  owner.assign(size_t(E), -1);
+  std::vector<int> left(static_cast<size_t>(R), per_rank);
+  for (int e = 0; e < E; ++e) {  // the current owner where it still holds the expert
+    const auto& c = cand[size_t(e)];
+    const int o = int(now[size_t(e)]);
+    if (std::find(c.begin(), c.end(), o) != c.end() && left[size_t(o)] > 0)
+      owner[size_t(e)] = o, --left[size_t(o)];
+  }
+  // Kuhn's augmenting paths over rank capacities for the rest.
+  std::vector<char> seen;
+  std::function<bool(int)> place = [&](int e) {
+    for (int r : cand[size_t(e)]) {
+      if (seen[size_t(r)]) continue;
+      seen[size_t(r)] = 1;
+      if (left[size_t(r)] > 0) {
+        owner[size_t(e)] = r, --left[size_t(r)];
+        return true;
+      }
+      for (int f = 0; f < E; ++f)
+        if (owner[size_t(f)] == r && f != e) {
+          owner[size_t(f)] = -1;
+          ++left[size_t(r)];
+          if (place(f)) {
+            --left[size_t(r)];
+            owner[size_t(e)] = r;
+            return true;
+          }
+          owner[size_t(f)] = r;
+          --left[size_t(r)];
+        }
+    }
+    return false;
+  };
+  for (int e = 0; e < E; ++e) {
+    if (owner[size_t(e)] >= 0) continue;
+    seen.assign(size_t(R), 0);
+    if (!place(e)) return false;
+  }
+  return true;
 }
 
 std::string describe(const SlotPlan& p) {

@@ -45,9 +45,28 @@ struct SlotPlan {
 SlotPlan plan_expert_slots(const std::vector<double>& load, const std::vector<double>& capacity,
                            int slots);
 
+// Replicas on fixed owners: every expert stays with owner[e] and the spare
+// slots (slots - experts owned) take replicas of the experts with the most
+// load per replica, each on the rank with a free slot that finishes first;
+// then the shares are water-filled as in plan_expert_slots. Every expert's
+// owner is among its holders by construction.
+SlotPlan plan_expert_replicas(const std::vector<double>& load, const std::vector<double>& capacity,
+                              const std::vector<int64_t>& owner, int slots);
+
 // The imbalance of a plain placement: expert e wholly on owner[e].
 double placement_imbalance(const std::vector<double>& load, const std::vector<double>& capacity,
                            const std::vector<int64_t>& owner);
+
+// The imbalance of replicas as a plan holds them: per rank its (expert, share)s.
+double replicas_imbalance(const std::vector<double>& load, const std::vector<double>& capacity,
+                          const std::vector<std::vector<ExpertReplica>>& ranks);
+
+// An owner for every expert among the ranks that hold it in `p`, exactly
+// per_rank experts per rank (a bipartite matching; the experts' current
+// owners `now` kept where they can be, so few optimizer states move).
+// False when no such choice exists.
+bool choose_owners(const SlotPlan& p, const std::vector<int64_t>& now, int per_rank,
+                   std::vector<int64_t>& owner);
 
 // "rank 0: e3 (0.52) e17 ...", one line per rank.
 std::string describe(const SlotPlan& p);

@@ -19,7 +19,7 @@ std::string trim(const std::string& s) {
 bool switchable(const std::string& key) {
   const auto& k = layout_keys();
   return std::find(k.begin(), k.end(), key) != k.end() || key == "parallel.bucket_mb" ||
-         key == "parallel.overlap";
+         key == "parallel.overlap" || key == "parallel.expert_replicas";
 }
 }  // namespace
 
@@ -78,7 +78,8 @@ RunConfig switched_config(const RunConfig& cfg, const SwitchRequest& req, int wo
       std::string keys;
       for (const std::string& k : layout_keys()) keys += k + ", ";
       throw ConfigError(where + ": " + key + " cannot change in a running job; a switch changes "
-                        "the layout keys only (" + keys + "parallel.bucket_mb, parallel.overlap)");
+                        "the layout keys only (" + keys +
+                        "parallel.bucket_mb, parallel.overlap, parallel.expert_replicas)");
     }
   }
   RunConfig next;

@@ -78,6 +78,47 @@ int mpi_world_rank() {
 }
 }  // namespace
 
+namespace {
+// The engine a switch would build is the one running (expert replicas aside).
+bool same_engine(const RunConfig& a, const RunConfig& b) {
+  return layout_of(a) == layout_of(b) && a.train.micro_batch == b.train.micro_batch &&
+         a.train.recompute == b.train.recompute &&
+         a.train.recompute_layers == b.train.recompute_layers &&
+         a.parallel.bucket_mb == b.parallel.bucket_mb && a.parallel.overlap == b.parallel.overlap;
+}
+}  // namespace
+
+bool Trainer::replicas_in_place(const RunConfig& next, const std::string& who, MetricsLog* log) {
+  // Replicas alone are shadows of the owners' weights: set in place, no state moves.
+  if (next.parallel.expert_replicas == cfg_.parallel.expert_replicas || !same_engine(next, cfg_))
+    return false;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {  // a bad text is refused before any collective, the same on every rank
+    engine_->set_expert_replicas(next.parallel.expert_replicas);
+  } catch (const ConfigError& e) {
+    if (lead()) {
+      std::fprintf(stderr, "switch at step %ld refused: %s; training goes on as before\n",
+                   long(step_), e.what());
+      if (log)
+        log->log_record({{"event", "expert_replicas"}, {"step", step_}, {"by", who},
+                         {"refused", e.what()}});
+    }
+    return true;
+  }
+  cfg_.parallel.expert_replicas = next.parallel.expert_replicas;
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (lead()) {
+    std::printf("expert replicas at step %ld (%s): %s in %.3f s\n", long(step_), who.c_str(),
+                next.parallel.expert_replicas.empty() ? "none" : next.parallel.expert_replicas.c_str(),
+                s);
+    std::fflush(stdout);
+    if (log)
+      log->log_record({{"event", "expert_replicas"}, {"step", step_}, {"by", who},
+                       {"replicas", next.parallel.expert_replicas}, {"seconds", s}});
+  }
+  return true;
+}
+
 bool Trainer::run_switch(MetricsLog* log) {
   Comm& world = *engine_->groups().world;
   nlohmann::json d;
@@ -105,11 +146,8 @@ bool Trainer::run_switch(MetricsLog* log) {
   req.line = d.value("line", 0);
   req.overrides = d["overrides"].get<std::vector<std::string>>();
   const RunConfig next = switched_config(cfg_, req, world.size(), switch_file(cfg_.log.dir));
-  if (layout_of(next) == layout_of(cfg_) && next.train.micro_batch == cfg_.train.micro_batch &&
-      next.train.recompute == cfg_.train.recompute &&
-      next.train.recompute_layers == cfg_.train.recompute_layers &&
-      next.parallel.bucket_mb == cfg_.parallel.bucket_mb &&
-      next.parallel.overlap == cfg_.parallel.overlap) {
+  if (replicas_in_place(next, request, log)) return false;
+  if (same_engine(next, cfg_)) {
     if (lead()) std::printf("switch at step %ld: '%s' is the layout in use; nothing to do\n",
                             long(step_), request.c_str());
     return false;
@@ -136,6 +174,7 @@ bool Trainer::apply_layout_request(const std::vector<std::string>& overrides, co
     }
     return false;
   }
+  if (replicas_in_place(next, who, log)) return false;
   switch_layout(next, who + ": " + req.text, log);
   return true;
 }

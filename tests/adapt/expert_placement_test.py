@@ -36,9 +36,14 @@ MODEL = os.path.join(HERE, "..", "layouts", "model.yaml")
 STEPS = 30
 
 
-def run(args, name, extra, cli=()):
+def run(args, name, extra, cli=(), switch=None):
+    """One 4-rank run; `switch`: the text of a switch file placed in its log.dir first."""
     work = os.path.join(args.work, name)
     shutil.rmtree(work, ignore_errors=True)
+    if switch is not None:
+        os.makedirs(work)
+        with open(os.path.join(work, "switch"), "w") as f:
+            f.write(switch)
     cmd = [args.mpirun, "4", args.train, "--config", MODEL]
     for s in [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin", f"log.dir={work}",
               f"checkpoint.dir={work}/ckpt", "checkpoint.interval=0", "checkpoint.at_end=true",
