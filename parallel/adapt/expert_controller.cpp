@@ -7,8 +7,7 @@
 #include <numeric>
 
 #include "core/model/moe_placement.hpp"
-#include "core/model/moe_replicas.hpp"
-#include "parallel/adapt/expert_slots.hpp"
+#include "parallel/adapt/expert_choice.hpp"
 #include "parallel/emulate/slowdown.hpp"
 
 namespace adgt::adapt {
@@ -90,30 +89,11 @@ class ExpertPlacementController final : public Controller {
 
     const std::vector<int64_t> now = in["placement"].get<std::vector<int64_t>>();
     const std::string rep_now = in["replicas"].get<std::string>();
-    const double cur = replicas_imbalance(load_, cap_, held(now, rep_now));
-    // The plan. Without spare slots: every expert once (plan_expert_slots).
-    // With them (parallel.expert_slots), the best of: replicas on the
-    // current owners (set in place, no state moves), replicas on the owners
-    // of the plan without replicas, and the free plan with an owner chosen
-    // among each expert's holders; the in-place one wins within 1%.
-    const SlotPlan single = plan_expert_slots(load_, cap_, E_ / ep_);
-    std::vector<int64_t> single_owner(size_t(E_), 0);
-    for (size_t r = 0; r < single.ranks.size(); ++r)
-      for (const ExpertReplica& x : single.ranks[r]) single_owner[size_t(x.expert)] = int64_t(r);
-    SlotPlan p = single;
-    std::vector<int64_t> next = single_owner;
-    if (slots_ > E_ / ep_) {
-      p = plan_expert_replicas(load_, cap_, now, slots_);
-      next = now;
-      auto consider = [&](const SlotPlan& q, const std::vector<int64_t>& o) {
-        if ((1 + q.imbalance) * 1.01 < 1 + p.imbalance) p = q, next = o;
-      };
-      consider(plan_expert_replicas(load_, cap_, single_owner, slots_), single_owner);
-      const SlotPlan free = plan_expert_slots(load_, cap_, slots_);
-      std::vector<int64_t> o;
-      if (choose_owners(free, now, E_ / ep_, o)) consider(free, o);
-    }
-    const std::string rep_next = replicas_text(p, next);
+    const PlacementChoice c = choose_placement(load_, cap_, now, rep_now, slots_);
+    const double cur = c.imbalance_now;
+    const SlotPlan& p = c.plan;
+    const std::vector<int64_t>& next = c.owner;
+    const std::string& rep_next = c.replicas;
     // The slowest rank's expected expert time is (1 + imbalance) x the mean.
     const double gain = 1.0 - (1.0 + p.imbalance) / (1.0 + cur);
     const bool changes = next != now || rep_next != rep_now;
@@ -161,52 +141,6 @@ class ExpertPlacementController final : public Controller {
  private:
   int64_t interval_;
   int E_, ep_, slots_;
-
-  // Per rank, the (expert, share)s it serves under owners `owner` and replicas `text`.
-  std::vector<std::vector<ExpertReplica>> held(const std::vector<int64_t>& owner,
-                                               const std::string& text) const {
-    const ExpertPlacement pl(E_, ep_, std::vector<int>(owner.begin(), owner.end()));
-    const ExpertReplicas r = ExpertReplicas::parse(pl, text, 0);
-    std::vector<std::vector<ExpertReplica>> ranks(static_cast<size_t>(ep_));
-    for (int e = 0; e < E_; ++e) {
-      if (!r.any()) {
-        ranks[size_t(pl.owner(e))].push_back({e, 1.0});
-        continue;
-      }
-      for (size_t j = 0; j < r.holders(e).size(); ++j)
-        ranks[size_t(r.holders(e)[j])].push_back({e, r.shares(e)[j]});
-    }
-    return ranks;
-  }
-
-  // The plan's replicas as parallel.expert_replicas' text, owners first;
-  // holders with a share under 1e-6 are left out (they would serve nothing).
-  std::string replicas_text(const SlotPlan& p, const std::vector<int64_t>& owner) const {
-    std::vector<std::vector<int>> h(static_cast<size_t>(E_));
-    std::vector<std::vector<double>> s(static_cast<size_t>(E_));
-    for (int e = 0; e < E_; ++e) h[size_t(e)] = {int(owner[size_t(e)])}, s[size_t(e)] = {0.0};
-    for (size_t r = 0; r < p.ranks.size(); ++r)
-      for (const ExpertReplica& x : p.ranks[r]) {
-        if (int64_t(r) == owner[size_t(x.expert)]) {
-          s[size_t(x.expert)][0] = x.share;
-        } else if (x.share >= 1e-6) {
-          h[size_t(x.expert)].push_back(int(r));
-          s[size_t(x.expert)].push_back(x.share);
-        }
-      }
-    for (int e = 0; e < E_; ++e) {  // renormalised (dropped crumbs), rounded to 1e-6
-      double sum = 0;
-      for (double x : s[size_t(e)]) sum += x;
-      double acc = 0;
-      for (size_t j = 1; j < s[size_t(e)].size(); ++j) {
-        s[size_t(e)][j] = std::round(s[size_t(e)][j] / sum * 1e6) / 1e6;
-        acc += s[size_t(e)][j];
-      }
-      s[size_t(e)][0] = std::max(0.0, 1.0 - acc);
-    }
-    const ExpertPlacement pl(E_, ep_, std::vector<int>(owner.begin(), owner.end()));
-    return ExpertReplicas(pl, h, s, 0).describe();
-  }
   std::vector<double> load_, cap_;
   int64_t seen_ = 0;
 };
