@@ -51,3 +51,16 @@ adgt_moe_error(ep_dp 3 "parallel[.]ep=2 does not divide parallel[.]dp=3"
   --set parallel.dp=3 --set parallel.ep=2 --set train.global_batch=6)
 adgt_moe_error(top_k 2 "model[.]moe_top_k=5 is larger than model[.]n_experts=4"
   --set model.moe_top_k=5 --set parallel.dp=2 --set train.global_batch=8)
+
+# Capacity-weighted expert placement with replicas on the MoE layer
+# (tests/tools/bench_expert_placement.cpp; the benchmark is 8 ranks, 64
+# experts, docs/adaptation.md): a small version, 4 ranks, 16 experts, rank 2
+# at half speed, 5 slots, nominal capacities: imbalance (rows / capacity)
+# <= 0.15, rank 2's rows 0.5x +-10%, the layer's numbers within 1e-5.
+add_executable(adgt_bench_expert_placement ${CMAKE_CURRENT_SOURCE_DIR}/tools/bench_expert_placement.cpp)
+target_link_libraries(adgt_bench_expert_placement PRIVATE adgt_parallel)
+add_test(NAME moe_expert_replicas_np4
+  COMMAND timeout 150 ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh 4
+          $<TARGET_FILE:adgt_bench_expert_placement> --experts 16 --slots 5 --slow 2 --factor 2
+          --tokens 256 --iters 2 --nominal --check)
+set_tests_properties(moe_expert_replicas_np4 PROPERTIES LABELS "parallel;moe;adapt" TIMEOUT 180 PROCESSORS 2)

@@ -146,6 +146,62 @@ TEST_CASE("adapt: expert slots match brute force on small cases", "[adapt]") {
                     Catch::Contains("use parallel.expert_slots >= 3"));
 }
 
+TEST_CASE("adapt: expert replicas on fixed owners", "[adapt]") {
+  // The scenario again, but the owners stay contiguous (8 experts
+  // per rank, the hot ones all on rank 0) and only the 8 spare slots move
+  // load: the plan a run can apply in place, without moving any state.
+  std::vector<double> load(64);
+  for (int e = 0; e < 64; ++e) load[size_t(e)] = std::pow(e + 1, -1.2);
+  std::vector<double> cap(8, 1.0);
+  cap[3] = cap[6] = 0.5;
+  std::vector<int64_t> owner(64);
+  for (int e = 0; e < 64; ++e) owner[size_t(e)] = e / 8;
+  const SlotPlan p = plan_expert_replicas(load, cap, owner, 9);
+  INFO(describe(p));
+  const double before = placement_imbalance(load, cap, owner);
+  CHECK(p.imbalance < before / 4);
+  CHECK(replicas_imbalance(load, cap, p.ranks) == Approx(p.imbalance).epsilon(1e-9));
+  std::vector<double> share(64, 0);
+  for (size_t r = 0; r < p.ranks.size(); ++r) {
+    CHECK(p.ranks[r].size() <= 9);
+    for (const auto& x : p.ranks[r]) share[size_t(x.expert)] += x.share;
+    // Every owner still holds its experts.
+    for (int e = 0; e < 64; ++e)
+      if (owner[size_t(e)] == int64_t(r))
+        CHECK(std::any_of(p.ranks[r].begin(), p.ranks[r].end(),
+                          [&](const ExpertReplica& x) { return x.expert == e; }));
+  }
+  for (double x : share) CHECK(x == Approx(1).epsilon(1e-9));
+  // No spare slot: nothing changes.
+  const SlotPlan q = plan_expert_replicas(load, cap, owner, 8);
+  CHECK(q.imbalance == Approx(before).epsilon(1e-12));
+  CHECK_THROWS_WITH(plan_expert_replicas(load, cap, owner, 7), Catch::Contains("more experts than its slots"));
+}
+
+TEST_CASE("adapt: owners chosen among the holders", "[adapt]") {
+  // Ranks 0..2, 2 owned each, 3 slots; expert 5 is held by rank 0 only, so
+  // rank 0 must own it.
+  SlotPlan p;
+  p.ranks = {{{5, 1}, {0, 0.5}, {1, 0.5}}, {{0, 0.5}, {1, 0.5}, {2, 1}}, {{3, 1}, {4, 1}, {2, 0}}};
+  std::vector<int64_t> owner;
+  REQUIRE(choose_owners(p, {0, 0, 1, 1, 2, 2}, 2, owner));
+  std::vector<int> count(3, 0);
+  for (int e = 0; e < 6; ++e) {
+    ++count[size_t(owner[size_t(e)])];
+    const auto& r = p.ranks[size_t(owner[size_t(e)])];
+    CHECK(std::any_of(r.begin(), r.end(), [&](const ExpertReplica& x) { return x.expert == e; }));
+  }
+  CHECK(count == std::vector<int>{2, 2, 2});
+  CHECK(owner[5] == 0);
+  CHECK(owner[3] == 2);
+  CHECK(owner[4] == 2);
+  // Kept where it can be: expert 0's and 2's current owners hold them.
+  CHECK(owner[2] == 1);
+  // Rank 2 holds three experts no one else does: no choice exists.
+  p.ranks = {{{0, 1}, {1, 1}}, {{2, 1}, {3, 1}}, {{4, 1}, {5, 1}, {6, 1}}, {{7, 1}}};
+  CHECK_FALSE(choose_owners(p, {0, 0, 1, 1, 2, 2, 3, 3}, 2, owner));
+}
+
 TEST_CASE("adapt: the schedule re-plan from measured stage times", "[adapt]") {
   using namespace adgt;
   const int P = 4, m = 8;

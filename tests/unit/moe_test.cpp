@@ -11,6 +11,7 @@
 #include <functional>
 #include <vector>
 
+#include "core/model/moe_replicas.hpp"
 #include "core/rng.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 
@@ -427,4 +428,48 @@ TEST_CASE("moe: combine_rows and its backward (f64 finite differences, f32 agree
       be.combine_rows(T2(out.data(), N, C), T2(y.data(), M, C),
                       Tensor(bad.data(), DType::I32, {N, k}), T2(w.data(), N, k), false),
       Catch::Matchers::Contains("pos[1] = 6 outside y(6,3)"));
+}
+
+TEST_CASE("moe replicas: validation, text and the split rule", "[moe]") {
+  const ExpertPlacement pl = ExpertPlacement::contiguous(8, 4);  // rank r: experts 2r, 2r+1
+  const std::string text = "0:0=0.5,1=0.25,3=0.25;7:3=0.4,2=0.6";
+  const ExpertReplicas r = ExpertReplicas::parse(pl, text, 3);
+  CHECK(r.any());
+  CHECK(r.describe() == text);
+  CHECK(r.holders(0) == std::vector<int>{0, 1, 3});
+  CHECK(r.holders(3) == std::vector<int>{1});
+  // Shadows by (owner, expert).
+  CHECK(r.shadows(1) == std::vector<int64_t>{0});
+  CHECK(r.shadows(3) == std::vector<int64_t>{0});
+  CHECK(r.shadows(2) == std::vector<int64_t>{7});
+  CHECK(r.shadows(0).empty());
+  // The split covers 0..n once, in holder order, close to the shares.
+  for (int64_t n : {0, 1, 2, 3, 7, 100, 1001}) {
+    int64_t at = 0;
+    for (size_t j = 0; j < 3; ++j) {
+      int64_t b = 0, e = 0;
+      r.split(0, j, n, b, e);
+      CHECK(b == at);
+      CHECK(e >= b);
+      CHECK(std::abs(double(e - b) - n * r.shares(0)[j]) <= 1.0);
+      at = e;
+    }
+    CHECK(at == n);
+  }
+  CHECK(ExpertReplicas::parse(pl, "", 2).any() == false);
+  auto refused = [&](const std::string& t, const std::string& why, int slots = 3) {
+    INFO(t);
+    CHECK_THROWS_WITH(ExpertReplicas::parse(pl, t, slots), Catch::Contains(why));
+  };
+  refused("0:1=1", "first holder is ep rank 1, not its owner 0");
+  refused("0:0=0.5,0=0.5", "lists ep rank 0 twice");
+  refused("0:0=0.5,4=0.5", "outside [0, 4)");
+  refused("0:0=0.5,1=0.4", "sum to 0.9");
+  refused("0:0=1.5,1=-0.5", "shares must be >= 0");
+  refused("0:0=0.5,1=0.5;2:1=0.5,0=0.5", "more than parallel.expert_slots=2", 2);
+  refused("x:0=1", "does not start with an expert id");
+  refused("9:0=1", "names no expert");
+  refused("0:0", "without '=share'");
+  refused("0:0=a", "malformed holder");
+  refused("0;1", "has no ':'");
 }
