@@ -7,14 +7,18 @@
 // backends; unmeasured elsewhere, when every rank counts as equally fast).
 // World rank 0 keeps moving averages of the loads and of each ep rank's
 // throughput (rows per second; the slowest holder of an ep index over the tp,
-// pp and edp replicas). Every `interval` steps it plans the placement with
-// plan_expert_slots (expert_slots.hpp: capacity-weighted longest processing
-// time first; one replica per expert, as many experts per rank as today) and
-// asks for it (parallel.expert_placement, an in-memory layout switch: the
-// experts' weights and AdamW moments move between ranks) when the slowest
-// rank's expected expert time drops by at least 5%. Placement moves work
-// between ranks only: each expert computes the same rows in the same order
-// wherever it is, so the losses are the static run's.
+// pp and edp replicas). Every `interval` steps it decides with
+// choose_placement (expert_choice.hpp): without spare slots
+// (parallel.expert_slots) every expert once, capacity-weighted longest
+// processing time first; with them, replicas of the hot experts too. It asks
+// for the result when the slowest rank's expected expert time drops by at
+// least 5%: parallel.expert_placement when owners move (an in-memory layout
+// switch: the experts' weights and AdamW moments move between ranks) and
+// parallel.expert_replicas (set in place when it is the only change).
+// Placement moves work between ranks only: without replicas each expert
+// computes the same rows in the same order wherever it is, so the losses are
+// the static run's bit for bit; replicas split an expert's rows (the
+// gradient is summed in another order: within rounding).
 #pragma once
 #include <memory>
 
