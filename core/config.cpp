@@ -30,6 +30,7 @@
 #include <variant>
 
 #include "core/layout.hpp"
+#include "core/model/moe_replicas.hpp"
 
 namespace adgt {
 namespace {
@@ -1150,6 +1151,8 @@ void validate(const RunConfig& cfg_in) {
   // is checked against the same rules once chosen (parallel/plan/).
   if (!cfg.parallel.auto_plan)
     if (auto err = layout_error(m, t, layout_of(cfg))) throw ConfigError(src + ": " + *err);
+  if (!cfg.parallel.auto_plan)
+    if (auto err = expert_replicas_error(cfg)) throw ConfigError(src + ": " + *err);
 
   const EmulateConfig& e = cfg.emulate;
   const auto slow = parse_slow_ranks(e.slow_ranks);
@@ -1179,6 +1182,29 @@ void validate(const RunConfig& cfg_in) {
       throw ConfigError(src + ": emulate.slow_ranks=" + yaml_quote(e.slow_ranks) + ": rank " +
                         fmt_int(rank) + " is outside the run's " + fmt_int(world) +
                         " ranks (tp x pp x dp); world ranks are 0.." + fmt_int(world - 1));
+}
+
+std::optional<std::string> expert_replicas_error(const RunConfig& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  const int64_t E = cfg.model.n_experts, ep = p.ep;
+  if (p.expert_replicas.empty() && p.expert_slots == 0) return std::nullopt;
+  if (E <= 0)
+    return std::string(p.expert_replicas.empty() ? "parallel.expert_slots" : "parallel.expert_replicas") +
+           " is set but model.n_experts=0; remove it or set model.n_experts";
+  if (ep < 1 || E % ep != 0) return std::nullopt;  // the layout rules name it
+  if (p.expert_slots > 0 && p.expert_slots < E / ep)
+    return "parallel.expert_slots=" + fmt_int(p.expert_slots) + " is less than the " + fmt_int(E / ep) +
+           " experts each ep rank owns (n_experts/ep); use 0 (no replicas) or at least " + fmt_int(E / ep);
+  try {
+    const std::vector<int> owner(p.expert_placement.begin(), p.expert_placement.end());
+    const ExpertPlacement pl(E, int(ep), owner);
+    ExpertReplicas::parse(pl, p.expert_replicas, int(p.expert_slots > 0 ? p.expert_slots : E / ep));
+  } catch (const std::exception& e) {
+    std::string m = e.what();
+    if (const auto at = m.find(" [check "); at != std::string::npos) m.erase(at);  // the source line
+    return "parallel.expert_replicas=" + yaml_quote(p.expert_replicas) + ": " + m;
+  }
+  return std::nullopt;
 }
 
 void validate_world(const RunConfig& cfg, int world_size) {

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <stdexcept>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -267,6 +268,10 @@ void validate(const RunConfig& cfg);
 // The launch-dependent rule (world_error() of core/layout.hpp): tp * pp * dp
 // must equal the number of ranks.
 void validate_world(const RunConfig& cfg, int world_size);
+// parallel.expert_slots and parallel.expert_replicas against the model and
+// the layout's placement (core/model/moe_replicas.hpp); the error naming
+// the key, or nothing. validate() and the engine (a switch's new text) ask.
+std::optional<std::string> expert_replicas_error(const RunConfig& cfg);
 // The "section.key" names the run file sets and `overrides` name, sorted (the
 // planner keeps them as constraints). Throws ConfigError like load_config.
 std::vector<std::string> explicit_keys(const std::string& path,

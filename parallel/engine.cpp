@@ -85,24 +85,14 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
 Engine::~Engine() = default;
 
 void Engine::set_expert_replicas(const std::string& text) {
+  RunConfig next = cfg_;
+  next.parallel.expert_replicas = text;
+  if (auto err = expert_replicas_error(next)) throw ConfigError(*err);
   const int64_t E = cfg_.model.n_experts, ep = ctx_.ep->size(), slots = cfg_.parallel.expert_slots;
-  if (E <= 0) {
-    if (text.empty() && slots == 0) return;
-    throw ConfigError(std::string(text.empty() ? "parallel.expert_slots" : "parallel.expert_replicas") +
-                      " is set but model.n_experts=0; remove it");
-  }
-  if (slots > 0 && slots < E / ep)
-    throw ConfigError("parallel.expert_slots=" + std::to_string(slots) + " is less than the " +
-                      std::to_string(E / ep) + " experts each ep rank owns (n_experts/ep); use " +
-                      "0 (no replicas) or at least " + std::to_string(E / ep));
-  std::vector<int> owner(layout_.expert_placement.begin(), layout_.expert_placement.end());
-  ExpertReplicas r;
-  try {
-    const ExpertPlacement pl(E, int(ep), owner);
-    r = ExpertReplicas::parse(pl, text, int(slots > 0 ? slots : E / ep));
-  } catch (const std::exception& e) {
-    throw ConfigError(std::string("parallel.expert_replicas: ") + e.what());
-  }
+  if (E <= 0) return;
+  const std::vector<int> owner(layout_.expert_placement.begin(), layout_.expert_placement.end());
+  const ExpertReplicas r =
+      ExpertReplicas::parse(ExpertPlacement(E, int(ep), owner), text, int(slots > 0 ? slots : E / ep));
   if (model_->has_moe()) model_->set_expert_replicas(r);
   cfg_.parallel.expert_replicas = text;
 }

@@ -45,6 +45,11 @@ function(adgt_moe_error name ranks regex)
       --config ${ADGT_MOE_YAML} ${ARGN})
   set_tests_properties(moe_error_${name} PROPERTIES LABELS "moe;config" TIMEOUT 90)
 endfunction()
+adgt_moe_error(replicas_owner 2 "parallel[.]expert_replicas=.*expert 0's first holder is ep rank 1, not its owner 0"
+  --set parallel.dp=2 --set parallel.ep=2 --set parallel.expert_slots=3
+  --set "parallel.expert_replicas=0:1=1")
+adgt_moe_error(replicas_slots 2 "parallel[.]expert_slots=1 is less than the 2 experts each ep rank owns"
+  --set parallel.dp=2 --set parallel.ep=2 --set parallel.expert_slots=1)
 adgt_moe_error(ep_experts 4 "parallel[.]ep=4 does not divide model[.]n_experts=6"
   --set model.n_experts=6 --set parallel.dp=4 --set parallel.ep=4 --set train.global_batch=8)
 adgt_moe_error(ep_dp 3 "parallel[.]ep=2 does not divide parallel[.]dp=3"

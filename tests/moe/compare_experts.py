@@ -3,8 +3,8 @@
 
 The ~100k-parameter MoE model (tests/moe/model.yaml: 4 experts, top-2) trains
 20 steps under mpirun with ep in {1, 2, 4} (ep ranks carved out of dp), alone
-and with tp=2, with a non-contiguous placement table, with dp=4 over ep=2 and
-under a pipeline; its per-step losses and final weights (the step_20
+and with tp=2, with a non-contiguous placement table, with dp=4 over ep=2,
+under a pipeline, and with expert replicas (parallel.expert_replicas); its per-step losses and final weights (the step_20
 checkpoint's whole tensors) must equal the single process's within 1e-5
 relative (fp32: only summation order differs). Dropless by default; then with
 moe_capacity_factor 0.5 the dropped assignments per step (metrics.jsonl,
@@ -62,6 +62,17 @@ def main():
                             "parallel.sequence_parallel=true"], 4),
         ("pp2_ep2_dp2", ["parallel.pp=2", "parallel.dp=2", "parallel.ep=2",
                          "parallel.schedule=1f1b"], 4),
+    ]
+    # Expert replicas (parallel.expert_replicas): shadows serve a share of a
+    # hot expert's tokens; the model's numbers are the single process's.
+    rep2 = ["parallel.expert_slots=3", 'parallel.expert_replicas="0:0=0.5,1=0.5;3:1=0.3,0=0.7"']
+    layouts += [
+        ("ep2_dp2_replicas", ["parallel.dp=2", "parallel.ep=2"] + rep2, 2),
+        ("ep4_dp4_replicas", ["parallel.dp=4", "parallel.ep=4", "parallel.expert_slots=3",
+                              'parallel.expert_replicas="0:0=0.4,1=0.3,3=0.3;2:2=0.5,1=0.5"'], 4),
+        ("tp2_ep2_dp2_replicas", ["parallel.tp=2", "parallel.dp=2", "parallel.ep=2"] + rep2, 4),
+        ("pp2_ep2_dp2_replicas", ["parallel.pp=2", "parallel.dp=2", "parallel.ep=2",
+                                  "parallel.schedule=1f1b"] + rep2, 4),
     ]
     print(f"{'layout':>20}  {'max rel loss err':>16}  {'max rel weight err':>18}  {'time':>6}")
     for name, sets, ranks in layouts:
