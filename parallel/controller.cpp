@@ -89,9 +89,21 @@ std::vector<double> measured_link_times(Engine& e, Comm& world) {
   const ParallelContext& g = e.groups();
   const int pp = g.pp ? g.pp->size() : 1;
   std::vector<double> t(size_t(std::max(pp, 1)), 0.0);
-  // Without the emulation nothing times a message: no collective (the same
-  // on every rank: emulate.cluster is the run's).
-  if (!g.emulation || pp <= 1) return t;
+  if (pp <= 1) return t;
+  if (!g.emulation) {  // real transports: one activation message per link, probed
+    const RunConfig& cfg = e.config();
+    const DType dt = e.model().dtype();  // the activations' (the pipeline's messages)
+    const int64_t n = cfg.train.micro_batch * cfg.model.seq_len * cfg.model.d_model;
+    Tensor msg = e.scratch_tensor(n, dt);
+    const bool wrap = e.layout().virtual_stages > 1;
+    const auto clock = [] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    };
+    std::vector<double> probed = probe_link_times(*g.pp, msg, wrap, 3, clock);
+    for (size_t k = 0; k < probed.size() && k < t.size(); ++k) t[k] = probed[k];
+    world.all_reduce(Tensor(t.data(), DType::F64, {int64_t(t.size())}), ReduceOp::Max);
+    return t;
+  }
   const int r = g.pp->rank();
   for (const auto& [peer, lt] : g.emulation->take_link_times(g.pp->name())) {
     if (lt.messages <= 0) continue;
@@ -99,6 +111,39 @@ std::vector<double> measured_link_times(Engine& e, Comm& world) {
     t[size_t(k)] = std::max(t[size_t(k)], lt.seconds / double(lt.messages));
   }
   world.all_reduce(Tensor(t.data(), DType::F64, {int64_t(t.size())}), ReduceOp::Max);
+  return t;
+}
+
+std::vector<double> probe_link_times(Comm& pp, Tensor msg, bool wrap, int rounds,
+                                     const std::function<double()>& now) {
+  const int P = pp.size(), me = pp.rank();
+  const int links = P > 1 ? (wrap ? P : P - 1) : 0;
+  std::vector<double> t(size_t(std::max(links, 1)), 0.0);
+  if (links == 0) return {};
+  constexpr int kTag = 0x7e57;
+  auto probe = [&](int k) {  // link k: ranks k and (k + 1) % P
+    const int a = k, b = (k + 1) % P;
+    if (me != a && me != b) return;
+    double best = -1;
+    for (int i = 0; i < std::max(1, rounds); ++i) {
+      if (me == a) {
+        const double t0 = now();
+        pp.send(msg, b, kTag);
+        pp.recv(msg, b, kTag);
+        const double dt = 0.5 * (now() - t0);
+        best = best < 0 ? dt : std::min(best, dt);
+      } else {
+        pp.recv(msg, a, kTag);
+        pp.send(msg, a, kTag);
+      }
+    }
+    if (me == a) t[size_t(k)] = best;
+  };
+  for (int k = 0; k < P - 1; k += 2) probe(k);
+  for (int k = 1; k < P - 1; k += 2) probe(k);
+  if (wrap && P > 1) probe(P - 1);
+  t.resize(size_t(links));
+  pp.all_reduce(Tensor(t.data(), DType::F64, {int64_t(t.size())}), ReduceOp::Max);
   return t;
 }
 

@@ -8,6 +8,7 @@
 // a step computes.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -113,13 +114,26 @@ class StepHook {
 pp::StageCosts measured_stage_costs(Engine& e, Comm& world);
 
 // Per pipeline link k (between pp ranks k and k + 1; k = pp - 1: the wrap
-// link of pp rank pp - 1 and 0 that interleaved schedules use) the mean
-// seconds a message of the last step took on it (arrival − departure, as the
-// link emulation times it: EmulatedRank::link_in), the maximum over the
-// world; 0 for a link no message crossed. All 0 without emulate.cluster
-// (real links are not timed yet) or without a pipeline, and then nothing is
-// exchanged; else collective over `world`.
+// link of pp rank pp - 1 and 0 that interleaved schedules use), the maximum
+// over the world of:
+//  - with emulate.cluster: the mean seconds a message of the last step took
+//    on it (arrival − departure, as the link emulation times it:
+//    EmulatedRank::link_in); 0 for a link no message crossed;
+//  - on real transports: probe_link_times with one activation message (the
+//    pipeline's message: micro-batch x seq_len x d_model in the run's dtype).
+// All 0 without a pipeline, and then nothing is exchanged; else collective
+// over `world`.
 std::vector<double> measured_link_times(Engine& e, Comm& world);
+
+// Ping-pong over each pipeline link of `pp` (link k: ranks k and k + 1; with
+// `wrap`, link pp - 1: ranks pp - 1 and 0), `rounds` times with `msg` (any
+// tensor this rank may overwrite, the same size on every rank): rank k sends,
+// k + 1 returns it; a link's time is the fastest round's half. Even links
+// first, then odd ones, then the wrap link, so no rank is in two at once.
+// `now`: the clock (seconds). Returns the times per link (pp - 1 or pp of
+// them) agreed over `pp` (the maximum). Collective over `pp`.
+std::vector<double> probe_link_times(Comm& pp, Tensor msg, bool wrap, int rounds,
+                                     const std::function<double()>& now);
 
 // A schedule's per-rank instruction lists as JSON ([[op, microbatch, chunk,
 // peer], ...] per rank: what a controller broadcasts), and back: the lists

@@ -84,6 +84,12 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
 
 Engine::~Engine() = default;
 
+Tensor Engine::scratch_tensor(int64_t n, DType dt) {
+  const size_t need = size_t(std::max<int64_t>(n, 1)) * dtype_size(dt);
+  if (scratch_.bytes() < need) scratch_ = Buffer(be_, need);
+  return Tensor(scratch_.data(), dt, {std::max<int64_t>(n, 1)});
+}
+
 void Engine::set_expert_replicas(const std::string& text) {
   RunConfig next = cfg_;
   next.parallel.expert_replicas = text;

@@ -89,6 +89,9 @@ class Engine {
   void set_expert_replicas(const std::string& text);
   Model& model() { return *model_; }
   const RunConfig& config() const { return cfg_; }  // with the engine's layout and replicas
+  // n elements of device memory for short use between steps (the pipeline
+  // link probe, controller.hpp); kept and grown, contents undefined.
+  Tensor scratch_tensor(int64_t n, DType dt);
   ShardedAdamW& optimizer() { return *opt_; }
   GradReducer& reducer() { return *reducer_; }
   PipelineExecutor* pipeline() { return pipe_.get(); }
@@ -114,6 +117,7 @@ class Engine {
   double measured_bubble();
 
   RunConfig cfg_;  // with the engine's layout
+  Buffer scratch_;  // scratch_tensor's
   ParallelContext ctx_;
   Layout layout_;
   SelfComm self_tp_{"tp"}, self_dp_{"dp"}, self_pp_{"pp"}, self_ep_{"ep"}, self_edp_{"edp"},

@@ -15,6 +15,9 @@
 namespace adgt::adapt {
 namespace {
 
+// A link change below this share of a stage's compute cannot move a plan.
+constexpr double kLinkFloor = 0.05;
+
 // Per stage, the median of each of F, B and W over `v` (same stage counts).
 pp::StageCosts median_costs(const std::deque<pp::StageCosts>& v) {
   pp::StageCosts c = v.back();
@@ -79,15 +82,23 @@ class ScheduleAdapter final : public Controller {
       }
       warmed |= !was_ready && d.ready() && (!planned_ || refine_);
     }
-    // A link's time (the emulation's: real links are not timed yet), from the
-    // first step a message crosses it; a link no message crossed is not fed.
+    // A link's time (measured_link_times: the emulation's, or a probe on real
+    // transports), from the first step a message crosses it; a link no
+    // message crossed is not fed. A change counts only when the link's time,
+    // before or after, is at least 5% of a stage's mean compute (F + B + W):
+    // below that it cannot move a plan, and microsecond links on a shared
+    // host jitter by more than the threshold.
+    double stage_mean = 0;
+    for (int s = 0; s < S; ++s) stage_mean += (now.f[size_t(s)] + now.b[size_t(s)] + now.w[size_t(s)]) / S;
     bool link_changed = false;
     std::vector<double> link_ratio(links.size(), 1.0);
     for (size_t k = 0; k < links.size(); ++k) {
       if (!(links[k] > 0)) continue;
-      if (link_detectors_[k].add(links[k])) {
+      ChangeDetector& d = link_detectors_[k];
+      const double before = d.reference();
+      if (d.add(links[k]) && std::max(before, d.level()) >= kLinkFloor * stage_mean) {
         link_changed = true;
-        link_ratio[k] = link_detectors_[k].last_ratio();
+        link_ratio[k] = d.last_ratio();
       }
     }
     // The re-plan's message times: each link's median over the window

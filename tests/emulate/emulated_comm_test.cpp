@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "parallel/cluster/collectives.hpp"
+#include "parallel/controller.hpp"
 #include "parallel/emulate/clock.hpp"
 #include "parallel/emulate/emulated_comm.hpp"
 #include "parallel/emulate/emulation.hpp"
@@ -105,6 +106,28 @@ void test_send_recv(EmulatedComm& c, MPI_Comm g, emulate::EmulatedRank& st, int 
   if (me == from) {  // a blocking send completes when its message has arrived
     PCHECK(t1 - t0 >= model, what << ": the send returned after " << (t1 - t0) * 1e3
                                   << " ms, before the message arrived (" << model * 1e3 << " ms)");
+  }
+}
+
+// probe_link_times (parallel/controller.hpp, the pipeline's link timing on
+// real transports) over the emulated chain 0-1-2-3 (link 1 crosses the
+// nodes): each link's probed time is the model's one-way time of the
+// message, within check_time's slack; `slow`: link 1 emulate.slow_links 4x.
+void test_probe(EmulatedComm& c, emulate::EmulatedRank& st, bool slow) {
+  const int me = c.rank();
+  std::vector<float> x(kFloats / 10);  // 100 KB: 12 ms across the nodes
+  if (slow && (me == 1 || me == 2)) st.link_slowdown[me == 1 ? 2 : 1] = 4;
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::vector<double> t =
+      probe_link_times(c, view(x), false, 2, [] { return now_s(); });
+  st.link_slowdown.clear();
+  PCHECK(t.size() == 3, "probe: " << t.size() << " links, want 3");
+  for (int k = 0; k < 3 && k < int(t.size()); ++k) {
+    const double model = (slow && k == 1 ? 4 : 1) *
+                         cluster::message_time(st.cluster, c.members()[size_t(k)],
+                                               c.members()[size_t(k + 1)], double(x.size()) * 4);
+    const std::string what = std::string("probe link ") + std::to_string(k) + (slow ? " (link 1 4x)" : "");
+    if (me == 0) check_time(what.c_str(), t[size_t(k)], model, true);
   }
 }
 
@@ -239,6 +262,8 @@ int main(int argc, char** argv) {
     if (world->rank() == 0) st->link_slowdown[2] = 4;
     test_send_recv(c, w, *st, 0, 2, 0, "send/recv 1 MB across nodes, link 4x slower", 4);
     st->link_slowdown.clear();
+    test_probe(c, *st, false);
+    test_probe(c, *st, true);
     test_isend_serialized(c, *st, 1, 3);
     test_all_reduce(c, w, *st, false, 1, "all-reduce 1 MB, 4 ranks on 2 nodes");
     test_all_reduce(c, w, *st, true, 1, "started all-reduce 1 MB");
