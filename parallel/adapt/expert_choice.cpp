@@ -56,10 +56,34 @@ std::string replicas_text(const SlotPlan& p, const std::vector<int64_t>& owner) 
 
 PlacementChoice choose_placement(const std::vector<double>& load, const std::vector<double>& cap,
                                  const std::vector<int64_t>& now, const std::string& now_replicas,
-                                 int slots) {
+                                 int slots, const ReplicaCosts& costs) {
   const int E = int(load.size()), ep = int(cap.size()), per = E / ep;
+  const auto most_replicas = [&](const SlotPlan& q, const std::vector<int64_t>& o) {
+    size_t m = 0;
+    for (size_t r = 0; r < q.ranks.size(); ++r) {
+      size_t n = 0;
+      for (const ExpertReplica& x : q.ranks[r]) n += o[size_t(x.expert)] != int64_t(r) && x.share >= 1e-6;
+      m = std::max(m, n);
+    }
+    return double(m);
+  };
   PlacementChoice c;
-  c.imbalance_now = replicas_imbalance(load, cap, served_by(now, now_replicas, ep));
+  const auto now_ranks = served_by(now, now_replicas, ep);
+  c.imbalance_now = replicas_imbalance(load, cap, now_ranks);
+  size_t now_shadows = 0;
+  for (size_t r = 0; r < now_ranks.size(); ++r) {
+    size_t n = 0;
+    for (const ExpertReplica& x : now_ranks[r]) n += now[size_t(x.expert)] != int64_t(r);
+    now_shadows = std::max(now_shadows, n);
+  }
+  const bool costed = costs.expert_s > 0;
+  // Predicted expert time plus replica traffic of a plan (costed), or its imbalance.
+  const auto score = [&](const SlotPlan& q, const std::vector<int64_t>& o) {
+    if (!costed) return 1 + q.imbalance;
+    return costs.expert_s * (1 + q.imbalance) / (1 + c.imbalance_now) +
+           costs.per_replica_s * most_replicas(q, o);
+  };
+  c.predicted_now_s = costed ? costs.expert_s + costs.per_replica_s * double(now_shadows) : 0;
   const SlotPlan single = plan_expert_slots(load, cap, per);
   std::vector<int64_t> single_owner(size_t(E), 0);
   for (size_t r = 0; r < single.ranks.size(); ++r)
@@ -70,13 +94,15 @@ PlacementChoice choose_placement(const std::vector<double>& load, const std::vec
     c.plan = plan_expert_replicas(load, cap, now, slots);
     c.owner = now;
     auto consider = [&](const SlotPlan& q, const std::vector<int64_t>& o) {
-      if ((1 + q.imbalance) * 1.01 < 1 + c.plan.imbalance) c.plan = q, c.owner = o;
+      if (score(q, o) * 1.01 < score(c.plan, c.owner)) c.plan = q, c.owner = o;
     };
     consider(plan_expert_replicas(load, cap, single_owner, slots), single_owner);
     const SlotPlan free = plan_expert_slots(load, cap, slots);
     std::vector<int64_t> o;
     if (choose_owners(free, now, per, o)) consider(free, o);
+    if (costed) consider(single, single_owner);  // replicas must pay for their traffic
   }
+  c.predicted_s = costed ? score(c.plan, c.owner) : 0;
   c.replicas = replicas_text(c.plan, c.owner);
   return c;
 }

@@ -10,6 +10,10 @@
 //  - the free plan of plan_expert_slots, with an owner chosen among each
 //    expert's holders (choose_owners; skipped when none exists);
 // the first wins unless another is better by more than 1% of step time.
+// With costs, each plan's predicted time is expert_s x (1 + its imbalance) /
+// (1 + the current one's) plus per_replica_s x the most replicas on a rank,
+// and the plan without replicas is a candidate too: replicas must pay for
+// their traffic.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -19,18 +23,27 @@
 
 namespace adgt::adapt {
 
+// What replicas cost per step, and the expert time they can save, both
+// measured (zeros: replicas are free, and the imbalance alone decides).
+struct ReplicaCosts {
+  double expert_s = 0;     // the slowest rank's expert time per step, in the placement in use
+  double per_replica_s = 0;  // one replica's weight sync plus gradient return per step
+};
+
 struct PlacementChoice {
   std::vector<int64_t> owner;  // parallel.expert_placement
   std::string replicas;        // parallel.expert_replicas ("" none)
   SlotPlan plan;               // its replicas and predicted imbalance
   double imbalance_now = 0;    // of the placement in use
+  double predicted_s = 0;      // with costs: its predicted expert time plus replica traffic
+  double predicted_now_s = 0;  // the same for the placement in use
 };
 
 // load: per expert; capacity: per ep rank (relative); now_owner and
 // now_replicas: the placement in use; slots >= E / ep.
 PlacementChoice choose_placement(const std::vector<double>& load, const std::vector<double>& capacity,
                                  const std::vector<int64_t>& now_owner, const std::string& now_replicas,
-                                 int slots);
+                                 int slots, const ReplicaCosts& costs = {});
 
 // Per rank, the (expert, share)s it serves under owners and a replicas text.
 std::vector<std::vector<ExpertReplica>> served_by(const std::vector<int64_t>& owner,

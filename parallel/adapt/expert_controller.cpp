@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <deque>
+#include <map>
 #include <numeric>
 
 #include "core/model/moe_placement.hpp"
@@ -13,7 +15,9 @@
 namespace adgt::adapt {
 namespace {
 
-constexpr double kAlpha = 0.3;     // weight of the newest step in the moving averages
+constexpr double kAlpha = 0.3;     // weight of the newest step in the loads' moving average
+constexpr int kCapWindow = 21;     // steps of the capacities' running median
+constexpr int64_t kObserve = 10;   // steps measured before each decision
 constexpr double kMinGain = 0.05;  // of the slowest rank's expected expert time
 
 class ExpertPlacementController final : public Controller {
@@ -24,27 +28,60 @@ class ExpertPlacementController final : public Controller {
         ep_(int(cfg.parallel.ep)),
         slots_(int(std::max<int64_t>(cfg.parallel.expert_slots, cfg.model.n_experts / cfg.parallel.ep))) {}
   std::string name() const override { return "adapt-experts"; }
-  bool due(const StepReport& r) const override { return r.step < r.total_steps; }
+  // Measured over the kObserve steps that end at each decision step (every
+  // `interval`): the measurements are two world collectives a step, which
+  // cost an 8-rank run of a small model on 2 cores 12% of its step time when
+  // made every step.
+  bool due(const StepReport& r) const override {
+    if (interval_ <= 0 || r.step >= r.total_steps) return false;
+    const int64_t to_next = (interval_ - r.step % interval_) % interval_;
+    return to_next < std::min<int64_t>(interval_, kObserve);
+  }
 
   nlohmann::json observe(Engine& e, const StepReport& r, Comm& world) override {
     std::vector<double> load(size_t(E_), 0.0);
-    double rows = 0, secs = 0;
+    double rows = 0, secs = 0, a2a_s = 0, a2a_b = 0;
     for (const MoeLayerStep& l : e.model().moe_stats()) {
       for (size_t i = 0; i < load.size() && i < l.load.size(); ++i) load[i] += double(l.load[i]);
       rows += double(l.expert_rows);
       secs = secs < 0 || l.expert_cpu_s < 0 ? -1 : secs + l.expert_cpu_s;
+      a2a_s += l.a2a_seconds;
+      a2a_b += double(l.a2a_bytes);
     }
+    // What one replica moves per step in this stage's MoE layers: its weights
+    // to it after the update, its gradient back after each backward.
+    const RunConfig& cfg = e.config();
+    const DType wd = e.model().dtype(), gd = wd == DType::BF16 ? DType::F32 : wd;
+    const double replica_bytes =
+        double(e.model().moe_stats().size()) * 3.0 * double(cfg.model.expert_ffn() / cfg.parallel.tp) *
+        double(cfg.model.d_model) *
+        (double(dtype_size(wd)) + double(dtype_size(gd)) * double(cfg.accum_steps()));
     if (secs > 0 && e.groups().slowdown) secs *= e.groups().slowdown->factor();
     world.all_reduce(Tensor(load.data(), DType::F64, {int64_t(load.size())}));
-    double mine[3] = {double(e.groups().coords.ep), rows, secs};
+    // The step's compute on this rank (its time outside blocking
+    // communication, as parallel.auto's re-plan reads it): the dense part,
+    // the same work on every rank of a pipeline stage, measures the rank's
+    // speed without the experts' GEMM sizes in it.
+    const double busy = e.pipelined() ? e.pipeline()->last_busy_seconds()
+                                      : r.seconds - r.tp_seconds - r.pp_seconds - r.ep_seconds -
+                                            e.last_times().dp_wait_s;
+    constexpr int K = 7;
+    double mine[K] = {double(e.groups().coords.ep), rows, secs, busy, double(e.groups().coords.pp),
+                      a2a_s, a2a_b};
     const int n = world.size();
-    std::vector<double> all(size_t(3 * n));
-    world.all_gather(Tensor(all.data(), DType::F64, {int64_t(all.size())}), Tensor(mine, DType::F64, {3}));
-    nlohmann::json ep = nlohmann::json::array(), rw = nlohmann::json::array(), sc = nlohmann::json::array();
+    std::vector<double> all(size_t(K * n));
+    world.all_gather(Tensor(all.data(), DType::F64, {int64_t(all.size())}), Tensor(mine, DType::F64, {K}));
+    nlohmann::json ep = nlohmann::json::array(), rw = nlohmann::json::array(), sc = nlohmann::json::array(),
+                   bz = nlohmann::json::array(), st = nlohmann::json::array(),
+                   as = nlohmann::json::array(), ab = nlohmann::json::array();
     for (int i = 0; i < n; ++i) {
-      ep.push_back(int(all[size_t(3 * i)]));
-      rw.push_back(all[size_t(3 * i + 1)]);
-      sc.push_back(all[size_t(3 * i + 2)]);
+      ep.push_back(int(all[size_t(K * i)]));
+      rw.push_back(all[size_t(K * i + 1)]);
+      sc.push_back(all[size_t(K * i + 2)]);
+      bz.push_back(all[size_t(K * i + 3)]);
+      st.push_back(int(all[size_t(K * i + 4)]));
+      as.push_back(all[size_t(K * i + 5)]);
+      ab.push_back(all[size_t(K * i + 6)]);
     }
     // The placement and replicas in use (the engine's: a switch or an
     // in-place change of replicas updates them).
@@ -53,22 +90,46 @@ class ExpertPlacementController final : public Controller {
       const auto c = ExpertPlacement::contiguous(E_, ep_);
       owner.assign(c.table().begin(), c.table().end());
     }
-    return {{"step", r.step},       {"load", load},  {"ep", ep},
-            {"rows", rw},           {"seconds", sc}, {"placement", owner},
+    return {{"step", r.step},   {"load", load},    {"ep", ep},           {"rows", rw},
+            {"seconds", sc},    {"busy", bz},      {"stage", st},        {"placement", owner},
+            {"a2a_s", as},      {"a2a_bytes", ab}, {"replica_bytes", replica_bytes},
             {"replicas", e.config().parallel.expert_replicas}};
   }
 
   nlohmann::json decide(const nlohmann::json& in) override {
     const std::vector<double> load = in["load"].get<std::vector<double>>();
-    // This step's throughput per ep index: its slowest holder's rows per second.
+    // This step's speed per ep index, its slowest holder's. From the dense
+    // compute (busy minus expert time) against the median of the ranks of
+    // the same pipeline stage, which do the same dense work; where that is
+    // not measured, from the experts' own rows per second (which small
+    // expert GEMMs bias: fewer rows per expert, fewer rows per second).
+    const size_t n = in["ep"].size();
+    std::vector<double> dense(n, -1);
+    std::map<int, std::vector<double>> by_stage;
+    for (size_t i = 0; i < n; ++i) {
+      const double s = in["seconds"][i].get<double>(), b = in["busy"][i].get<double>();
+      if (s >= 0 && b - s > 0) dense[i] = b - s;
+      if (dense[i] > 0) by_stage[in["stage"][i].get<int>()].push_back(dense[i]);
+    }
+    std::map<int, double> ref;
+    for (auto& [k, v] : by_stage) {
+      std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+      ref[k] = v[v.size() / 2];
+    }
+    const bool from_dense = std::all_of(dense.begin(), dense.end(), [](double d) { return d > 0; });
     std::vector<double> cap(size_t(ep_), 0.0);
     bool measured = true;
-    for (size_t i = 0; i < in["ep"].size(); ++i) {
+    for (size_t i = 0; i < n; ++i) {
       const int j = in["ep"][i].get<int>();
       const double rows = in["rows"][i].get<double>(), s = in["seconds"][i].get<double>();
       if (s < 0) measured = false;
-      if (j < 0 || j >= ep_ || s <= 0 || rows <= 0) continue;
-      const double c = rows / s;
+      if (j < 0 || j >= ep_) continue;
+      double c = 0;
+      if (from_dense)
+        c = ref[in["stage"][i].get<int>()] / dense[i];
+      else if (s > 0 && rows > 0)
+        c = rows / s;
+      if (c <= 0) continue;
       cap[size_t(j)] = cap[size_t(j)] > 0 ? std::min(cap[size_t(j)], c) : c;
     }
     if (!measured || std::any_of(cap.begin(), cap.end(), [](double c) { return c <= 0; }))
@@ -81,7 +142,33 @@ class ExpertPlacementController final : public Controller {
         for (size_t i = 0; i < avg.size(); ++i) avg[i] = (1 - kAlpha) * avg[i] + kAlpha * x[i];
     };
     blend(load_, load);
-    blend(cap_, cap);
+    // Capacities: each ep index's median over the last kCapWindow steps (one
+    // step's compute times on ranks sharing cores scatter by tens of percent).
+    cap_hist_.push_back(cap);
+    while (int(cap_hist_.size()) > kCapWindow) cap_hist_.pop_front();
+    // The costs of replicas, measured: the slowest rank's expert seconds and
+    // the ep group's seconds per byte (its all-to-alls), medians like the
+    // capacities'.
+    double slowest = 0, per_byte = -1;
+    std::vector<double> pb;
+    for (size_t i = 0; i < n; ++i) {
+      slowest = std::max(slowest, in["seconds"][i].get<double>());
+      const double b = in["a2a_bytes"][i].get<double>();
+      if (b > 0) pb.push_back(in["a2a_s"][i].get<double>() / b);
+    }
+    if (!pb.empty()) {
+      std::nth_element(pb.begin(), pb.begin() + long(pb.size() / 2), pb.end());
+      per_byte = pb[pb.size() / 2];
+    }
+    cost_hist_.push_back({measured ? slowest : -1, per_byte});
+    while (int(cost_hist_.size()) > kCapWindow) cost_hist_.pop_front();
+    cap_.assign(size_t(ep_), 1.0);
+    for (int j = 0; j < ep_; ++j) {
+      std::vector<double> v;
+      for (const auto& c : cap_hist_) v.push_back(c[size_t(j)]);
+      std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+      cap_[size_t(j)] = v[v.size() / 2];
+    }
     ++seen_;
     const int64_t step = in["step"].get<int64_t>();
     if (interval_ <= 0 || step % interval_ != 0 || seen_ < 3) return {{"quiet", true}};
@@ -89,13 +176,29 @@ class ExpertPlacementController final : public Controller {
 
     const std::vector<int64_t> now = in["placement"].get<std::vector<int64_t>>();
     const std::string rep_now = in["replicas"].get<std::string>();
-    const PlacementChoice c = choose_placement(load_, cap_, now, rep_now, slots_);
+    ReplicaCosts costs;
+    {
+      std::vector<double> xs, ps;
+      for (const auto& [x, p] : cost_hist_) {
+        if (x > 0) xs.push_back(x);
+        if (p > 0) ps.push_back(p);
+      }
+      if (!xs.empty() && !ps.empty()) {
+        std::nth_element(xs.begin(), xs.begin() + long(xs.size() / 2), xs.end());
+        std::nth_element(ps.begin(), ps.begin() + long(ps.size() / 2), ps.end());
+        costs.expert_s = xs[xs.size() / 2];
+        costs.per_replica_s = ps[ps.size() / 2] * in["replica_bytes"].get<double>();
+      }
+    }
+    const PlacementChoice c = choose_placement(load_, cap_, now, rep_now, slots_, costs);
     const double cur = c.imbalance_now;
     const SlotPlan& p = c.plan;
     const std::vector<int64_t>& next = c.owner;
     const std::string& rep_next = c.replicas;
-    // The slowest rank's expected expert time is (1 + imbalance) x the mean.
-    const double gain = 1.0 - (1.0 + p.imbalance) / (1.0 + cur);
+    // The slowest rank's expected expert time is (1 + imbalance) x the mean;
+    // with measured costs, plus the replicas' traffic.
+    const double gain = c.predicted_now_s > 0 ? 1.0 - c.predicted_s / c.predicted_now_s
+                                              : 1.0 - (1.0 + p.imbalance) / (1.0 + cur);
     const bool changes = next != now || rep_next != rep_now;
     const bool move = changes && gain >= kMinGain;
     std::string table = "[";
@@ -112,6 +215,13 @@ class ExpertPlacementController final : public Controller {
     d["load_share"] = round3(share);
     d["capacity"] = round3(cap_);
     d["capacity_measured"] = measured;
+    d["capacity_from"] = !measured ? "none" : from_dense ? "dense compute" : "expert rows";
+    if (c.predicted_now_s > 0) {
+      d["expert_s"] = costs.expert_s;
+      d["replica_s"] = costs.per_replica_s;
+      d["predicted_now_s"] = c.predicted_now_s;
+      d["predicted_new_s"] = c.predicted_s;
+    }
     d["placement_now"] = now;
     d["placement_new"] = next;
     d["imbalance_now"] = cur;
@@ -124,8 +234,9 @@ class ExpertPlacementController final : public Controller {
     d["layout_request"] = move ? req : nlohmann::json();
     if (!changes) d["quiet"] = true;  // nothing to log: the placement is already the plan
     char line[200];
-    std::snprintf(line, sizeof line, "%s: imbalance %.3f -> %.3f (slowest rank's expert time %+.1f%%)",
-                  move ? "move" : "keep", cur, p.imbalance, -100.0 * gain);
+    std::snprintf(line, sizeof line, "%s: imbalance %.3f -> %.3f (slowest rank's expert time%s %+.1f%%)",
+                  move ? "move" : "keep", cur, p.imbalance,
+                  c.predicted_now_s > 0 ? " and replica traffic" : "", -100.0 * gain);
     d["reason"] = line;
     if (move) {
       std::printf("adapt-experts: %s; placement %s%s%s\n", line, table.c_str(),
@@ -142,6 +253,8 @@ class ExpertPlacementController final : public Controller {
   int64_t interval_;
   int E_, ep_, slots_;
   std::vector<double> load_, cap_;
+  std::deque<std::vector<double>> cap_hist_;
+  std::deque<std::pair<double, double>> cost_hist_;  // (slowest expert s, ep s per byte) per step
   int64_t seen_ = 0;
 };
 

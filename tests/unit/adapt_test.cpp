@@ -13,6 +13,7 @@
 
 #include "core/config.hpp"
 #include "parallel/adapt/change_detector.hpp"
+#include "parallel/adapt/expert_choice.hpp"
 #include "parallel/adapt/expert_slots.hpp"
 #include "parallel/adapt/schedule_choice.hpp"
 #include "parallel/schedule/generators.hpp"
@@ -176,6 +177,43 @@ TEST_CASE("adapt: expert replicas on fixed owners", "[adapt]") {
   const SlotPlan q = plan_expert_replicas(load, cap, owner, 8);
   CHECK(q.imbalance == Approx(before).epsilon(1e-12));
   CHECK_THROWS_WITH(plan_expert_replicas(load, cap, owner, 7), Catch::Contains("more experts than its slots"));
+}
+
+TEST_CASE("adapt: replicas are chosen only where they pay for their traffic", "[adapt]") {
+  // The scenario: replicas even the ranks; priced by their traffic.
+  std::vector<double> load(64);
+  for (int e = 0; e < 64; ++e) load[size_t(e)] = std::pow(e + 1, -1.2);
+  std::vector<double> cap(8, 1.0);
+  cap[3] = cap[6] = 0.5;
+  std::vector<int64_t> owner(64);
+  for (int e = 0; e < 64; ++e) owner[size_t(e)] = e / 8;
+  const PlacementChoice free = choose_placement(load, cap, owner, "", 9);
+  CHECK(!free.replicas.empty());
+  CHECK(free.plan.imbalance <= 0.15);
+  CHECK(free.predicted_s == 0);  // no costs given: the imbalance alone
+  // Free traffic: the same choice, priced. The time is the slowest rank's.
+  ReplicaCosts c{.expert_s = 1.0, .per_replica_s = 0.0};
+  const PlacementChoice cheap = choose_placement(load, cap, owner, "", 9, c);
+  CHECK(!cheap.replicas.empty());
+  CHECK(cheap.predicted_now_s == Approx(1.0));
+  CHECK(cheap.predicted_s == Approx((1 + cheap.plan.imbalance) / (1 + cheap.imbalance_now)));
+  // A replica costing as much as the whole expert time now: none.
+  c.per_replica_s = 1.0;
+  const PlacementChoice dear = choose_placement(load, cap, owner, "", 9, c);
+  CHECK(dear.replicas.empty());
+  CHECK(dear.predicted_s < dear.predicted_now_s);  // the owners still move
+  // Replicas in use are priced in the placement now. From the balanced
+  // replicated placement, the best plan without replicas is 2.19x as
+  // imbalanced: at 1.0 a replica they still pay (2.0 against 2.19), at 2.0
+  // they do not (3.0).
+  const PlacementChoice keep = choose_placement(load, cap, cheap.owner, cheap.replicas, 9, c);
+  CHECK(keep.predicted_now_s == Approx(2.0).epsilon(1e-3));
+  CHECK(!keep.replicas.empty());
+  c.per_replica_s = 2.0;
+  const PlacementChoice drop = choose_placement(load, cap, cheap.owner, cheap.replicas, 9, c);
+  CHECK(drop.predicted_now_s == Approx(3.0).epsilon(1e-3));
+  CHECK(drop.replicas.empty());
+  CHECK(drop.predicted_s == Approx(1 + drop.plan.imbalance).epsilon(1e-3));
 }
 
 TEST_CASE("adapt: owners chosen among the holders", "[adapt]") {
