@@ -147,8 +147,8 @@ class ExpertPlacementController final : public Controller {
     cap_hist_.push_back(cap);
     while (int(cap_hist_.size()) > kCapWindow) cap_hist_.pop_front();
     // The costs of replicas, measured: the slowest rank's expert seconds and
-    // the ep group's seconds per byte (its all-to-alls), medians like the
-    // capacities'.
+    // the ep group's seconds per byte (its all-to-alls), then medians over
+    // the steps like the capacities'.
     double slowest = 0, per_byte = -1;
     std::vector<double> pb;
     for (size_t i = 0; i < n; ++i) {
@@ -156,10 +156,9 @@ class ExpertPlacementController final : public Controller {
       const double b = in["a2a_bytes"][i].get<double>();
       if (b > 0) pb.push_back(in["a2a_s"][i].get<double>() / b);
     }
-    if (!pb.empty()) {
-      std::nth_element(pb.begin(), pb.begin() + long(pb.size() / 2), pb.end());
-      per_byte = pb[pb.size() / 2];
-    }
+    // The fastest rank's rate: the others' all-to-alls include waiting for
+    // the slowest (a straggler), which is not what a replica's bytes cost.
+    if (!pb.empty()) per_byte = *std::min_element(pb.begin(), pb.end());
     cost_hist_.push_back({measured ? slowest : -1, per_byte});
     while (int(cost_hist_.size()) > kCapWindow) cost_hist_.pop_front();
     cap_.assign(size_t(ep_), 1.0);
