@@ -84,6 +84,67 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
 
 Engine::~Engine() = default;
 
+void Engine::move_experts(const std::vector<int64_t>& owner) {
+  const int64_t E = cfg_.model.n_experts;
+  Comm& ep = *ctx_.ep;
+  const int P = ep.size(), me = ep.rank();
+  const std::vector<int> was_t(layout_.expert_placement.begin(), layout_.expert_placement.end());
+  const std::vector<int> new_t(owner.begin(), owner.end());
+  const ExpertPlacement was(E, P, was_t), now(E, P, new_t);
+  Model& m = *model_;
+  const int L = m.num_moe_layers();
+  const int64_t block = m.expert_block();
+  // The buffers an expert lives in: the compute weights, the fp32 master
+  // (mixed precision), the AdamW moments (whole: ZeRO-1 is not used with ep).
+  std::vector<Tensor> bufs = {m.params()};
+  if (m.mixed()) bufs.push_back(m.master());
+  bufs.push_back(opt_->adamw().exp_avg());
+  bufs.push_back(opt_->adamw().exp_avg_sq());
+  // Send to d: the experts d will own that this rank owns now (ascending
+  // id), each layer's block; receive from s the experts this rank will own
+  // that s owns now, in the same order.
+  std::vector<int64_t> sc(size_t(P), 0), sd(size_t(P), 0), rc(size_t(P), 0), rd(size_t(P), 0);
+  int64_t ns = 0, nr = 0;
+  for (int d = 0; d < P; ++d) {
+    sd[size_t(d)] = ns, rd[size_t(d)] = nr;
+    for (int64_t e : now.local_experts(d))
+      if (was.owner(e) == me) sc[size_t(d)] += L * block;
+    for (int64_t e : now.local_experts(me))
+      if (was.owner(e) == d) rc[size_t(d)] += L * block;
+    ns += sc[size_t(d)], nr += rc[size_t(d)];
+  }
+  for (const Tensor& b : bufs) {
+    const DType dt = b.dtype;
+    auto at = [&](const Tensor& t, int64_t off) {
+      return Tensor(static_cast<char*>(t.data) + size_t(off) * dtype_size(dt), dt, {block});
+    };
+    Buffer send_b(be_, size_t(std::max<int64_t>(ns, 1)) * dtype_size(dt));
+    Buffer recv_b(be_, size_t(std::max<int64_t>(nr, 1)) * dtype_size(dt));
+    const Tensor send(send_b.data(), dt, {std::max<int64_t>(ns, 1)}),
+        recv(recv_b.data(), dt, {std::max<int64_t>(nr, 1)});
+    int64_t k = 0;
+    for (int d = 0; d < P; ++d)
+      for (int64_t e : now.local_experts(d)) {
+        if (was.owner(e) != me) continue;
+        for (int l = 0; l < L; ++l, k += block)
+          be_.copy(at(send, k), at(b, m.expert_offset(l, size_t(was.local_index(e)))));
+      }
+    ep.all_to_allv(recv, rc, rd, send, sc, sd);
+    k = 0;
+    for (int s = 0; s < P; ++s)
+      for (int64_t e : now.local_experts(me)) {
+        if (was.owner(e) != s) continue;
+        for (int l = 0; l < L; ++l, k += block)
+          be_.copy(at(b, m.expert_offset(l, size_t(now.local_index(e)))), at(recv, k));
+      }
+  }
+  ADGT_CHECK(!opt_->sharded(), "move_experts: ZeRO-1 shards the moments; experts need zero: 0");
+  if (m.has_moe()) m.set_expert_placement(new_t, &ep);
+  layout_.expert_placement = owner;
+  cfg_.parallel.expert_placement = owner;
+  cfg_.parallel.expert_replicas.clear();
+}
+
 Tensor Engine::scratch_tensor(int64_t n, DType dt) {
   const size_t need = size_t(std::max<int64_t>(n, 1)) * dtype_size(dt);
   if (scratch_.bytes() < need) scratch_ = Buffer(be_, need);

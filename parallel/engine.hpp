@@ -83,6 +83,14 @@ class Engine {
   // ignored), the same on every rank.
   double eval_loss(const int32_t* inputs, const int32_t* targets);
 
+  // A new expert placement (parallel.expert_placement) for the same ep
+  // group, in memory without a new engine: every expert's weights (and
+  // master copy) and AdamW moments go from its old owner to its new one in
+  // one all-to-all per buffer, then the model's table and MoE layers follow.
+  // Replicas are dropped (set them after). Collective over the world's ep
+  // groups. Not with gradient compression's error feedback (its buckets'
+  // residuals would belong to other experts): the caller switches instead.
+  void move_experts(const std::vector<int64_t>& owner);
   // MoE expert replicas (parallel.expert_replicas' text, "" none) for this
   // layout's placement, within parallel.expert_slots; set and synced in
   // memory (collective over ep). Throws ConfigError naming the key.

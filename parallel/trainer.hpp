@@ -97,8 +97,10 @@ class Trainer {
   void switch_layout(const RunConfig& next, const std::string& why, MetricsLog* log);
   // A controller's layout request (the same on every rank): switched in
   // memory, or refused with a logged reason. Returns whether it changed.
-  // A change of parallel.expert_replicas alone, made in memory without a
-  // switch (the owners' state stays); false when next changes more.
+  // A change of parallel.expert_placement and/or parallel.expert_replicas
+  // alone, made in memory without a new engine (Engine::move_experts, then
+  // the replicas); false when next changes more, or when gradient
+  // compression's residuals or ZeRO would have to follow the experts.
   bool replicas_in_place(const RunConfig& next, const std::string& who, MetricsLog* log);
   bool apply_layout_request(const std::vector<std::string>& overrides, const std::string& who,
                             MetricsLog* log);

@@ -497,6 +497,42 @@ void Model::set_moe_bias_table(const std::vector<double>& t) {
   }
 }
 
+void Model::set_expert_placement(const std::vector<int>& owner, Comm* ep) {
+  ADGT_CHECK(!moe_.empty(), "Model: set_expert_placement on a stage without MoE layers");
+  const ExpertPlacement pl(cfg_.n_experts, ep ? ep->size() : 1, owner);
+  const std::vector<int64_t> local = pl.local_experts(ep ? ep->rank() : 0);
+  std::vector<ParamSpec> t = build_param_table(cfg_, tp_->size(), tp_->rank(), &stage_, &local);
+  ADGT_CHECK(t.size() == table_.size(), "Model: a new expert placement changes the parameter table");
+  for (size_t i = 0; i < t.size(); ++i)
+    ADGT_CHECK(t[i].offset == table_[i].offset && t[i].shape == table_[i].shape,
+               "Model: a new expert placement moves " << t[i].name << " in the flat buffers");
+  table_ = std::move(t);
+  // The MoE layers anew, with as many slots as their chunks hold.
+  moe_.clear();
+  moe_step_.clear();
+  make_moe_layers(pl, ep);
+  for (const Chunk& ch : chunks_)
+    for (int64_t l = 0; l < ch.n_layers; ++l) {
+      const LayerIdx& w = layer_idx_[ch.first_local + size_t(l)];
+      if (w.moe < 0) continue;
+      for (size_t k = 0; k < ch.slots.size(); ++k) moe_[size_t(w.moe)]->add_slot();
+    }
+}
+
+int64_t Model::expert_block() const { return 3 * (cfg_.expert_ffn() / tp_->size()) * cfg_.d_model; }
+
+int64_t Model::expert_offset(int moe, size_t i) const {
+  for (const LayerIdx& w : layer_idx_) {
+    if (w.moe != moe) continue;
+    ADGT_CHECK(i < w.w1.size(), "Model: MoE layer " << moe << " has no local expert " << i);
+    const int64_t o = table_[w.w1[i]].offset, FC = expert_block() / 3;
+    ADGT_CHECK(table_[w.w3[i]].offset == o + FC && table_[w.w2[i]].offset == o + 2 * FC,
+               "Model: expert " << i << " of MoE layer " << moe << " is not one block");
+    return o;
+  }
+  ADGT_CHECK(false, "Model: no MoE layer " << moe);
+}
+
 void Model::set_expert_replicas(const ExpertReplicas& r) {
   for (auto& m : moe_) m->set_replicas(r);
   sync_expert_replicas();

@@ -210,6 +210,17 @@ class Model {
   // rows of an (n_layers x E) table, zeros for layers it does not hold; and back.
   std::vector<double> moe_bias_table() const;
   void set_moe_bias_table(const std::vector<double>& t);
+  // A new owner table for the same ep group (ExpertPlacement's rules), in
+  // place: the parameter table's names and the MoE layers follow it; the
+  // flat buffers keep their layout (every rank holds as many experts of the
+  // same shapes), so the caller moves the experts' values between the ranks
+  // first (Engine::move_experts). Replicas are dropped. Not collective.
+  void set_expert_placement(const std::vector<int>& owner, Comm* ep);
+  // Flat-buffer offset (elements) of MoE layer `moe`'s local expert `i`: its
+  // w1, w3 and w2, one contiguous block of expert_block() elements.
+  int64_t expert_offset(int moe, size_t i) const;
+  int64_t expert_block() const;
+  int num_moe_layers() const { return int(moe_.size()); }
   // Expert replicas (core/model/moe_replicas.hpp) in every MoE layer, synced
   // at once (collective over ep); ExpertReplicas() removes them. The
   // replicas must be made for this model's expert placement.

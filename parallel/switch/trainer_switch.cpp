@@ -89,12 +89,26 @@ bool same_engine(const RunConfig& a, const RunConfig& b) {
 }  // namespace
 
 bool Trainer::replicas_in_place(const RunConfig& next, const std::string& who, MetricsLog* log) {
-  // Replicas alone are shadows of the owners' weights: set in place, no state moves.
-  if (next.parallel.expert_replicas == cfg_.parallel.expert_replicas || !same_engine(next, cfg_))
-    return false;
+  // Expert placement and replicas change in memory without a new engine:
+  // replicas are shadows of the owners' weights (nothing moves), and a new
+  // owner table moves only the experts' weights and moments (same sizes on
+  // every rank). Gradient compression's residuals would belong to other
+  // experts after a move: then the switch (which drops them with a note).
+  const ParallelConfig& a = next.parallel;
+  const ParallelConfig& b = cfg_.parallel;
+  if (a.expert_replicas == b.expert_replicas && a.expert_placement == b.expert_placement) return false;
+  RunConfig same = next;
+  same.parallel.expert_placement = b.expert_placement;
+  if (!same_engine(same, cfg_)) return false;
+  const bool move = a.expert_placement != b.expert_placement;
+  if (move && (!engine_->reducer().compression_state().empty() || cfg_.parallel.zero == 1)) return false;
   const auto t0 = std::chrono::steady_clock::now();
+  const int64_t bytes0 = engine_->groups().ep->stats().bytes;
   try {  // a bad text is refused before any collective, the same on every rank
-    engine_->set_expert_replicas(next.parallel.expert_replicas);
+    RunConfig check = next;
+    if (auto err = expert_replicas_error(check)) throw ConfigError(*err);
+    if (move) engine_->move_experts(a.expert_placement);
+    engine_->set_expert_replicas(a.expert_replicas);
   } catch (const ConfigError& e) {
     if (lead()) {
       std::fprintf(stderr, "switch at step %ld refused: %s; training goes on as before\n",
@@ -105,16 +119,23 @@ bool Trainer::replicas_in_place(const RunConfig& next, const std::string& who, M
     }
     return true;
   }
-  cfg_.parallel.expert_replicas = next.parallel.expert_replicas;
+  cfg_.parallel.expert_placement = a.expert_placement;
+  cfg_.parallel.expert_replicas = a.expert_replicas;
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double mb[1] = {double(engine_->groups().ep->stats().bytes - bytes0) / 1e6};
+  engine_->groups().world->all_reduce(Tensor(mb, DType::F64, {1}));
   if (lead()) {
-    std::printf("expert replicas at step %ld (%s): %s in %.3f s\n", long(step_), who.c_str(),
-                next.parallel.expert_replicas.empty() ? "none" : next.parallel.expert_replicas.c_str(),
-                s);
+    std::printf("%s at step %ld (%s) in %.3f s, %.1f MB between ranks%s%s\n",
+                move ? "experts moved in memory" : "expert replicas set", long(step_), who.c_str(), s,
+                mb[0], a.expert_replicas.empty() ? "" : "; replicas ", a.expert_replicas.c_str());
     std::fflush(stdout);
-    if (log)
-      log->log_record({{"event", "expert_replicas"}, {"step", step_}, {"by", who},
-                       {"replicas", next.parallel.expert_replicas}, {"seconds", s}});
+    if (log) {
+      nlohmann::json rec = {{"event", move ? "expert_move" : "expert_replicas"}, {"step", step_},
+                            {"by", who}, {"replicas", a.expert_replicas}, {"seconds", s},
+                            {"mb", mb[0]}};
+      if (move) rec["placement"] = a.expert_placement;
+      log->log_record(rec);
+    }
   }
   return true;
 }

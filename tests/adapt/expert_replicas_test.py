@@ -18,10 +18,12 @@ static run (no replicas, no moves):
    the tokens and lower the predicted imbalance, with the measured costs in
    its decision; it replicates only where replicas pay for their traffic
    (on this model, whose all-to-alls run at MPI-on-2-cores speed, they do
-   not: then an even plan with a replica per rank must not predict faster); losses within 1e-9 relative (the switch that moves the owners
-   carries the f64 state in f32, as a checkpoint does). It saves at step 15;
-   resumed from there (the run file has no replicas: the controller
-   re-derives them), the losses agree within 1e-9 with the same checkpoint
+   not: then an even plan with a replica per rank must not predict
+   faster). Losses within 1e-9 relative (measured: bitwise; the owners move
+   in memory, Engine::move_experts, copying each value as it is). It saves
+   at step 15; resumed from there (the run file has no replicas: the
+   controller re-derives a placement), the losses agree within 1e-9 with
+   the same checkpoint
    resumed without replicas (a checkpoint stores f32, so the static run is
    not the reference after a resume).
 
