@@ -7,8 +7,9 @@ static run (no replicas, no moves):
 
 1. in place: a switch file sets replicas at step 5 (expert 0 on three ranks,
    expert 7 on two) and changes them at step 8; a text whose first holder is
-   not the owner is refused at step 12 and training goes on. Both changes
-   must be made in place (an "expert_replicas" event, no layout switch), and
+   not the owner is refused at step 12 and training goes on; at step 16 a
+   new owner table with new replicas moves the experts in memory (an
+   "expert_move" event). All must be made without a layout switch, and
    every loss must equal the static run's within 1e-12 relative (the issue's
    bound is 1e-9 in f64; a replica computes the same rows with a copy of the
    same weights, and the owner's gradient is the same rows' sum in another
@@ -74,12 +75,16 @@ def main():
     _, inplace = run(args, "inplace", f64 + ["parallel.expert_slots=4"],
                      switch='@5 parallel.expert_replicas="0:0=0.5,1=0.25,3=0.25;7:3=0.4,2=0.6"\n'
                             '@8 parallel.expert_replicas="0:0=0.5,1=0.25,2=0.25;7:3=0.4,2=0.6;5:2=0.5,0=0.5"\n'
-                            '@12 parallel.expert_replicas="1:1=1"\n')
+                            '@12 parallel.expert_replicas="1:1=1"\n'
+                            '@16 parallel.expert_placement=[3,3,2,2,1,1,0,0] '
+                            'parallel.expert_replicas="0:3=0.5,1=0.5"\n')
     ev = [r for r in inplace if r.get("event") in ("expert_replicas", "switch")]
     done = [r["step"] for r in ev if r["event"] == "expert_replicas" and "refused" not in r]
     refused = [r["step"] for r in ev if "refused" in r and "not its owner" in r["refused"]]
-    if done != [5, 8] or refused != [12]:
-        sys.exit(f"FAIL: in-place replicas at steps {done} (want [5, 8]), refused at {refused} (want [12]): {ev}")
+    moved = [r["step"] for r in inplace if r.get("event") == "expert_move"]
+    if done != [5, 8] or refused != [12] or moved != [16]:
+        sys.exit(f"FAIL: in-place replicas at steps {done} (want [5, 8]), refused at {refused} (want [12]), "
+                 f"experts moved in memory at {moved} (want [16]): {ev}")
     if any(r["event"] == "switch" and "refused" not in r for r in ev):
         sys.exit("FAIL: a layout switch ran; replicas alone must be set in place")
     e_inplace = rel(losses(inplace), ref)
@@ -132,7 +137,8 @@ def main():
     if e_res > 1e-9:
         sys.exit(f"FAIL: resumed: losses differ by {e_res:.2e} relative from the same checkpoint resumed "
                  f"without replicas (bound 1e-9)")
-    print(f"in place: replicas set at steps {done}, refused at {refused}; losses within {e_inplace:.1e} relative")
+    print(f"in place: replicas set at steps {done}, refused at {refused}, experts moved at {moved}; losses "
+          f"within {e_inplace:.1e} relative")
     print(f"adaptive: {len(moves)} moves, {len(with_rep)} with replicas; first: replicas '{d['replicas_new']}', "
           f"capacities {cap}; rank 2's tokens {before:.3f} -> {after:.3f}; imbalance "
           f"{d['imbalance_now']:.3f} -> {d['imbalance_new']:.3f}; predicted {d['predicted_now_s']:.4g} -> "
