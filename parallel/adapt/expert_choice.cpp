@@ -84,7 +84,13 @@ PlacementChoice choose_placement(const std::vector<double>& load, const std::vec
            costs.per_replica_s * most_replicas(q, o);
   };
   c.predicted_now_s = costed ? costs.expert_s + costs.per_replica_s * double(now_shadows) : 0;
-  const SlotPlan single = plan_expert_slots(load, cap, per);
+  // Without replicas: the plan that keeps experts where they are, unless it
+  // is more than 2% worse than the plan that ignores where they are.
+  SlotPlan single = plan_expert_slots(load, cap, per, &now);
+  {
+    const SlotPlan fresh = plan_expert_slots(load, cap, per);
+    if ((1 + single.imbalance) > (1 + fresh.imbalance) * 1.02) single = fresh;
+  }
   std::vector<int64_t> single_owner(size_t(E), 0);
   for (size_t r = 0; r < single.ranks.size(); ++r)
     for (const ExpertReplica& x : single.ranks[r]) single_owner[size_t(x.expert)] = int64_t(r);

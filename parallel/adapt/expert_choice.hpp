@@ -3,7 +3,8 @@
 // capacities, as the parallel.expert_replace_interval controller and the
 // benchmark (tests/tools/bench_expert_placement.cpp) decide it.
 //
-// Without spare slots (slots = E / ep) every expert once: plan_expert_slots.
+// Without spare slots (slots = E / ep) every expert once: plan_expert_slots,
+// keeping experts on their current ranks where that costs under 2%.
 // With them, the best of three plans by capacity-weighted imbalance:
 //  - replicas on the current owners (applied in place: no state moves),
 //  - replicas on the owners of the plan without replicas,

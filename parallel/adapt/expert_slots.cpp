@@ -12,6 +12,8 @@
 namespace adgt::adapt {
 namespace {
 
+constexpr double kStay = 0.02;  // plan_expert_slots' slack for keeping an expert where it is
+
 double imbalance_of(const std::vector<double>& finish) {
   const double mean = std::accumulate(finish.begin(), finish.end(), 0.0) / double(finish.size());
   return mean > 0 ? *std::max_element(finish.begin(), finish.end()) / mean - 1 : 0;
@@ -69,7 +71,7 @@ void water_fill(SlotPlan& p, const std::vector<double>& load, const std::vector<
 }  // namespace
 
 SlotPlan plan_expert_slots(const std::vector<double>& load_in, const std::vector<double>& capacity,
-                           int slots) {
+                           int slots, const std::vector<int64_t>* stay) {
   const int E = int(load_in.size()), R = int(capacity.size());
   if (E == 0 || R == 0) throw std::invalid_argument("expert slots: no experts or no ranks");
   for (double c : capacity)
@@ -115,7 +117,8 @@ SlotPlan plan_expert_slots(const std::vector<double>& load_in, const std::vector
   p.served.assign(size_t(R), 0);
   for (const Rep& rp : reps) {
     int best = -1;
-    double best_t = 0;
+    double best_t = 0, stay_t = -1;
+    const int home = stay && size_t(rp.expert) < stay->size() ? int((*stay)[size_t(rp.expert)]) : -1;
     for (int r = 0; r < R; ++r) {
       if (int(p.ranks[size_t(r)].size()) >= slots) continue;
       bool holds = false;
@@ -123,7 +126,10 @@ SlotPlan plan_expert_slots(const std::vector<double>& load_in, const std::vector
       if (holds) continue;
       const double t = (p.served[size_t(r)] + rp.load) / capacity[size_t(r)];
       if (best < 0 || t < best_t) best = r, best_t = t;
+      if (r == home) stay_t = t;
     }
+    // The expert's current rank, when it finishes within kStay of the best.
+    if (stay_t >= 0 && stay_t <= best_t * (1 + kStay)) best = home;
     if (best < 0) throw std::logic_error("expert slots: no free slot for a replica");
     p.ranks[size_t(best)].push_back({rp.expert, 1.0 / p.replicas[size_t(rp.expert)]});
     p.served[size_t(best)] += rp.load;

@@ -42,8 +42,11 @@ struct SlotPlan {
 // `capacity`: per ep rank, its measured throughput (relative). `slots`: per
 // rank, at least ceil(experts / ranks). Throws std::invalid_argument naming
 // the input that is wrong.
+// `stay` (optional): each expert's current rank; a replica then stays on it
+// when that finishes within 2% of the best rank's, so a re-placement moves
+// fewer experts' state.
 SlotPlan plan_expert_slots(const std::vector<double>& load, const std::vector<double>& capacity,
-                           int slots);
+                           int slots, const std::vector<int64_t>* stay = nullptr);
 
 // Replicas on fixed owners: every expert stays with owner[e] and the spare
 // slots (slots - experts owned) take replicas of the experts with the most
