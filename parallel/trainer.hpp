@@ -101,7 +101,7 @@ class Trainer {
   // alone, made in memory without a new engine (Engine::move_experts, then
   // the replicas); false when next changes more, or when gradient
   // compression's residuals or ZeRO would have to follow the experts.
-  bool replicas_in_place(const RunConfig& next, const std::string& who, MetricsLog* log);
+  bool experts_in_place(const RunConfig& next, const std::string& who, MetricsLog* log);
   bool apply_layout_request(const std::vector<std::string>& overrides, const std::string& who,
                             MetricsLog* log);
 

@@ -194,7 +194,7 @@ void MoeLayer::set_replicas(const ExpertReplicas& r) {
   synced_ = !rep_.any();
 }
 
-void MoeLayer::shadow_views(MoeParams& p, Buffer& b, DType dt, bool fused) const {
+void MoeLayer::shadow_views(MoeParams& p, const Buffer& b, DType dt, bool fused) const {
   const size_t n_sh = rep_.any() ? rep_.shadows(ep_->rank()).size() : 0;
   const int64_t FC = F_ * C_;
   for (size_t i = 0; i < n_sh; ++i) {
@@ -209,8 +209,7 @@ void MoeLayer::shadow_views(MoeParams& p, Buffer& b, DType dt, bool fused) const
 MoeParams MoeLayer::with_shadows(const MoeParams& p, bool grads) const {
   MoeParams q = p;
   if (rep_.any())
-    shadow_views(q, const_cast<Buffer&>(grads ? shadow_g_ : shadow_w_),
-                 grads ? grad_dtype() : dt_, !p.w13.empty());
+    shadow_views(q, grads ? shadow_g_ : shadow_w_, grads ? grad_dtype() : dt_, !p.w13.empty());
   return q;
 }
 
@@ -372,7 +371,9 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
   Scratch& sc = *scratch_;
   const int P = ep_->size(), me = ep_->rank();
   const bool rep = rep_.any();
-  const MoeParams full = with_shadows(p, false);
+  MoeParams with_rep;  // p plus the shadows (replicas only: no copy on the plain path)
+  if (rep) with_rep = with_shadows(p, false);
+  const MoeParams& full = rep ? with_rep : p;
   const int64_t El = int64_t(held_[size_t(me)].size());
   s.N = N;
   s.has_forward = false;
@@ -602,7 +603,10 @@ void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams
   check_params(grads, "grads");
   const int P = ep_->size(), me = ep_->rank();
   const bool rep = rep_.any();
-  const MoeParams fp = with_shadows(p, false), fg = with_shadows(grads, true);
+  MoeParams p_rep, g_rep;  // with the shadows (replicas only)
+  if (rep) p_rep = with_shadows(p, false), g_rep = with_shadows(grads, true);
+  const MoeParams& fp = rep ? p_rep : p;
+  const MoeParams& fg = rep ? g_rep : grads;
   if (rep && shadow_g_.bytes())
     be_.zero(Tensor(shadow_g_.data(), grad_dtype(),
                     {int64_t(shadow_g_.bytes() / dtype_size(grad_dtype()))}));

@@ -177,7 +177,7 @@ class MoeLayer {
   // p followed by the shadows' weights (grads: their gradients).
   MoeParams with_shadows(const MoeParams& p, bool grads) const;
   // Shadow s's block of w1, w3, w2 (fused: w13 is w1 then w3) in b.
-  void shadow_views(MoeParams& p, Buffer& b, DType dt, bool fused) const;
+  void shadow_views(MoeParams& p, const Buffer& b, DType dt, bool fused) const;
   // Sends each shadow's gradient to its owner, which adds it to grads.
   void return_shadow_grads(const MoeParams& grads);
   // Gradients and the combine weights' gradient: fp32 under bf16, else the layer's dtype.

@@ -88,7 +88,7 @@ bool same_engine(const RunConfig& a, const RunConfig& b) {
 }
 }  // namespace
 
-bool Trainer::replicas_in_place(const RunConfig& next, const std::string& who, MetricsLog* log) {
+bool Trainer::experts_in_place(const RunConfig& next, const std::string& who, MetricsLog* log) {
   // Expert placement and replicas change in memory without a new engine:
   // replicas are shadows of the owners' weights (nothing moves), and a new
   // owner table moves only the experts' weights and moments (same sizes on
@@ -167,7 +167,7 @@ bool Trainer::run_switch(MetricsLog* log) {
   req.line = d.value("line", 0);
   req.overrides = d["overrides"].get<std::vector<std::string>>();
   const RunConfig next = switched_config(cfg_, req, world.size(), switch_file(cfg_.log.dir));
-  if (replicas_in_place(next, request, log)) return false;
+  if (experts_in_place(next, request, log)) return false;
   if (same_engine(next, cfg_)) {
     if (lead()) std::printf("switch at step %ld: '%s' is the layout in use; nothing to do\n",
                             long(step_), request.c_str());
@@ -195,7 +195,7 @@ bool Trainer::apply_layout_request(const std::vector<std::string>& overrides, co
     }
     return false;
   }
-  if (replicas_in_place(next, who, log)) return false;
+  if (experts_in_place(next, who, log)) return false;
   switch_layout(next, who + ": " + req.text, log);
   return true;
 }
