@@ -232,6 +232,12 @@ class Model {
   const ExpertPlacement* expert_placement() const {
     return moe_.empty() ? nullptr : &moe_.front()->placement();
   }
+  // Expert replicas' gradients go back to their owners in the last
+  // micro-batch's backward only (backward(..., last_micro_batch)), summed
+  // over the step's micro-batches; off (the default), after every backward.
+  // Pipelined steps never pass last_micro_batch, so only a caller of
+  // backward() may turn it on.
+  void defer_replica_grads(bool on) { defer_replica_grads_ = on; }
   const ExpertReplicas* expert_replicas() const {
     return moe_.empty() ? nullptr : &moe_.front()->replicas();
   }
@@ -330,7 +336,7 @@ class Model {
   void finish_norm_grad(size_t w, bool last_micro_batch);
   MoeParams moe_params(const LayerIdx& w, bool grads) const;
   void moe_forward(Slot& s, LayerActs& a, const LayerIdx& w, int slot, Tensor out);
-  void moe_backward(Slot& s, LayerActs& a, const LayerIdx& w, int slot);
+  void moe_backward(Slot& s, LayerActs& a, const LayerIdx& w, int slot, bool last_micro_batch);
   static constexpr size_t kNone = size_t(-1);
 
   Tensor flat(const Buffer& b) const { return flat(b, dtype_); }
@@ -368,6 +374,7 @@ class Model {
   std::vector<Chunk> chunks_;
   std::vector<std::unique_ptr<MoeLayer>> moe_;  // this rank's MoE layers, in layer order
   std::vector<MoeLayerStep> moe_step_;
+  bool defer_replica_grads_ = false;
   size_t emb_idx_ = kNone, norm_idx_ = kNone, head_idx_ = kNone;
   Buffer params_, grads_, master_;  // (flat_size) weights, gradients, master weights (mixed only)
   std::vector<Buffer> owned_;  // activations and scratch

@@ -312,7 +312,7 @@ void Model::layer_backward(int chunk, int slot, size_t l, BackwardMode mode) {
   // d_resid = dL/d(layer output). MLP branch: out = x_mid + down(h).
   gather_rows(d_full_, d_resid_);
   if (w.moe >= 0) {  // weight gradients inside (a split backward does them here too)
-    moe_backward(s, a, w, slot);
+    moe_backward(s, a, w, slot, mode.last_micro_batch);
   } else {
     linear_bwd(dh_, w.down, w.down, d_full_, a.h, a.d_down, false);
     if (fused_) {
@@ -469,7 +469,7 @@ void Model::moe_forward(Slot& s, LayerActs& a, const LayerIdx& w, int slot, Tens
   acc.expert_cpu_s = st.expert_cpu_s < 0 || acc.expert_cpu_s < 0 ? -1 : acc.expert_cpu_s + st.expert_cpu_s;
 }
 
-void Model::moe_backward(Slot& s, LayerActs& a, const LayerIdx& w, int slot) {
+void Model::moe_backward(Slot& s, LayerActs& a, const LayerIdx& w, int slot, bool last_micro_batch) {
   (void)a;
   MoeLayer& m = *moe_[size_t(w.moe)];
   // d_tmp_ gets dL/d(ln2) (partial over tp, like the dense gate/up backward).
@@ -477,7 +477,7 @@ void Model::moe_backward(Slot& s, LayerActs& a, const LayerIdx& w, int slot) {
   // counted once when the partial sums are reduced.
   be_.zero(d_tmp_);
   m.backward(slot, d_tmp_, moe_params(w, false), moe_params(w, true), d_full_,
-             s.grad_scale / double(tp_->size()));
+             s.grad_scale / double(tp_->size()), !defer_replica_grads_ || last_micro_batch);
   const MoeStats& st = m.stats(slot);
   MoeLayerStep& acc = moe_step_[size_t(w.moe)];
   acc.a2a_bytes += st.a2a_bytes_bwd;

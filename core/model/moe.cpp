@@ -191,6 +191,7 @@ void MoeLayer::set_replicas(const ExpertReplicas& r) {
   const size_t block = size_t(3 * F_ * C_);
   shadow_w_ = n_sh ? Buffer(be_, n_sh * block * dtype_size(dt_)) : Buffer();
   shadow_g_ = n_sh ? Buffer(be_, n_sh * block * dtype_size(grad_dtype())) : Buffer();
+  if (n_sh) be_.zero(Tensor(shadow_g_.data(), grad_dtype(), {int64_t(n_sh * block)}));
   synced_ = !rep_.any();
 }
 
@@ -289,6 +290,7 @@ void MoeLayer::return_shadow_grads(const MoeParams& grads) {
         at += t->numel();
       }
     }
+  if (ns) be_.zero(Tensor(shadow_g_.data(), g, {ns}));  // they accumulate again from here
 }
 
 void MoeLayer::check_params(const MoeParams& p, const char* what) const {
@@ -590,7 +592,7 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
 }
 
 void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams& grads,
-                        const Tensor& dout, double aux_grad_scale) {
+                        const Tensor& dout, double aux_grad_scale, bool return_shadows) {
   ADGT_CHECK(slot >= 0 && slot < num_slots() && slots_[size_t(slot)]->has_forward,
              "moe: backward of slot " << slot << ", which holds no forward");
   Slot& s = *slots_[size_t(slot)];
@@ -607,9 +609,6 @@ void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams
   if (rep) p_rep = with_shadows(p, false), g_rep = with_shadows(grads, true);
   const MoeParams& fp = rep ? p_rep : p;
   const MoeParams& fg = rep ? g_rep : grads;
-  if (rep && shadow_g_.bytes())
-    be_.zero(Tensor(shadow_g_.data(), grad_dtype(),
-                    {int64_t(shadow_g_.bytes() / dtype_size(grad_dtype()))}));
   const int64_t El = int64_t(held_[size_t(me)].size());
   MoeStats& st = s.stats;
   st.a2a_bytes_bwd = 0;
@@ -659,7 +658,7 @@ void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams
     be_.linear_backward(dxb, fg.w1[i], dg.rows(off, m), xb, fp.w1[i], false);
     be_.linear_backward(dxb, fg.w3[i], du.rows(off, m), xb, fp.w3[i], true);
   }
-  if (rep) return_shadow_grads(grads);
+  if (rep && return_shadows) return_shadow_grads(grads);
   st.expert_rows_bwd = Mr;
   st.expert_cpu_s_bwd = c0 >= 0 ? expert_clock() - c0 : -1;
 

@@ -144,8 +144,11 @@ class MoeLayer {
   // slot's last forward, with the aux term's gradient scaled by
   // aux_grad_scale * aux_loss_coef (pass the scale applied to the LM loss
   // gradient of this micro-batch, e.g. 1 / micro-batches).
+  // return_shadows false: the replicas' gradients stay in the shadows and
+  // add up until a backward with true sends them to the owners (once per
+  // step, in the last micro-batch's backward).
   void backward(int slot, Tensor dx, const MoeParams& p, const MoeParams& grads, const Tensor& dout,
-                double aux_grad_scale);
+                double aux_grad_scale, bool return_shadows = true);
 
   const MoeStats& stats(int slot) const;
   const MoeStats& last_stats() const;  // of the most recent forward

@@ -14,7 +14,8 @@
 // table with replicas (core/model/moe_replicas.hpp: expert 0 on every rank,
 // the last expert also on rank 0, the second on the last rank with a zero
 // share): the same comparisons, the shadows' gradients must arrive at the
-// owners, and a forward before sync_replicas is refused.
+// owners (returned once, after the second backward), and a forward before
+// sync_replicas is refused.
 #include <mpi.h>
 
 #include <algorithm>
@@ -199,8 +200,10 @@ void run_case(MpiComm& world, const Case& cs, const std::string& placement_kind)
   }
   for (int mb = 1; mb >= 0; --mb) {
     const int64_t n = rows_of(r, mb);
+    // With replicas the first backward keeps its shadow gradients; the
+    // second (the step's last) returns both micro-batches' at once.
     ep.backward(mb, T2(dx[mb].data(), n, C), w.view(mine), g.view(mine),
-                T2(R[mb].data() + off[mb][size_t(r)] * C, n, C), scale[mb]);
+                T2(R[mb].data() + off[mb][size_t(r)] * C, n, C), scale[mb], !reps.any() || mb == 0);
   }
   // The router gradient is a partial sum per rank.
   world.all_reduce(Tensor(g.gate.data(), dtype_of<T>(), {int64_t(g.gate.size())}));
