@@ -214,83 +214,64 @@ MoeParams MoeLayer::with_shadows(const MoeParams& p, bool grads) const {
   return q;
 }
 
+MoeLayer::ShadowTraffic MoeLayer::shadow_traffic() const {
+  // Shadows are ordered by (owner, expert), so each side's blocks for one
+  // peer are adjacent: what an owner sends a holder is, in order, the
+  // holder's shadows of that owner's experts.
+  const int P = ep_->size(), me = ep_->rank();
+  const int64_t block = 3 * F_ * C_;
+  ShadowTraffic t;
+  for (auto* v : {&t.owned_c, &t.owned_d, &t.shadow_c, &t.shadow_d}) v->assign(size_t(P), 0);
+  for (int q = 0; q < P; ++q) {
+    t.owned_d[size_t(q)] = t.owned;
+    for (int64_t e : rep_.shadows(q))
+      if (place_.owner(e) == me) t.owned_c[size_t(q)] += block, t.owned_idx.push_back(place_.local_index(e));
+    t.owned += t.owned_c[size_t(q)];
+  }
+  for (int64_t e : rep_.shadows(me)) {
+    const size_t o = size_t(place_.owner(e));
+    if (!t.shadow_c[o]) t.shadow_d[o] = t.shadows;
+    t.shadow_c[o] += block;
+    t.shadows += block;
+  }
+  return t;
+}
+
 void MoeLayer::sync_replicas(const MoeParams& p) {
   if (!rep_.any()) return;
   check_params(p, "params");
-  const int P = ep_->size(), me = ep_->rank();
-  const int64_t block = 3 * F_ * C_;
-  // Send: for each destination, its shadows owned here, in its shadow order.
-  std::vector<int64_t> sc(size_t(P), 0), sd(size_t(P), 0), rc(size_t(P), 0), rd(size_t(P), 0);
-  int64_t ns = 0;
-  for (int d = 0; d < P; ++d) {
-    sd[size_t(d)] = ns;
-    for (int64_t e : rep_.shadows(d))
-      if (place_.owner(e) == me) sc[size_t(d)] += block;
-    ns += sc[size_t(d)];
-  }
-  int64_t nr = 0;
-  for (int64_t e : rep_.shadows(me)) {
-    const int o = place_.owner(e);
-    if (!rc[size_t(o)]) rd[size_t(o)] = nr;
-    rc[size_t(o)] += block;
-    nr += block;
-  }
-  Tensor send = grow(scratch_->sync, ns, 1, dt_);
+  const ShadowTraffic t = shadow_traffic();
+  // Owners pack their shadowed experts' w1, w3, w2; holders receive
+  // straight into their shadows.
+  Tensor send = grow(scratch_->sync, t.owned, 1, dt_);
   int64_t at = 0;
-  for (int d = 0; d < P; ++d)
-    for (int64_t e : rep_.shadows(d)) {
-      if (place_.owner(e) != me) continue;
-      const size_t i = size_t(place_.local_index(e));
-      for (const Tensor* t : {&p.w1[i], &p.w3[i], &p.w2[i]}) {
-        be_.copy(Tensor(static_cast<char*>(send.data) + size_t(at) * dtype_size(dt_), dt_,
-                        {t->numel()}),
-                 Tensor(t->data, dt_, {t->numel()}));
-        at += t->numel();
-      }
+  for (int64_t i : t.owned_idx)
+    for (const Tensor* w : {&p.w1[size_t(i)], &p.w3[size_t(i)], &p.w2[size_t(i)]}) {
+      be_.copy(Tensor(static_cast<char*>(send.data) + size_t(at) * dtype_size(dt_), dt_, {w->numel()}),
+               Tensor(w->data, dt_, {w->numel()}));
+      at += w->numel();
     }
-  // Received straight into the shadows (they are ordered by owner).
-  Tensor recv = nr ? Tensor(shadow_w_.data(), dt_, {nr}) : grow(scratch_->rows2, 1, 1, dt_);
-  ep_->all_to_allv(recv, rc, rd, send, sc, sd);
+  Tensor recv = t.shadows ? Tensor(shadow_w_.data(), dt_, {t.shadows}) : grow(scratch_->rows2, 1, 1, dt_);
+  ep_->all_to_allv(recv, t.shadow_c, t.shadow_d, send, t.owned_c, t.owned_d);
   synced_ = true;
 }
 
 void MoeLayer::return_shadow_grads(const MoeParams& grads) {
-  const int P = ep_->size(), me = ep_->rank();
-  const int64_t block = 3 * F_ * C_;
   const DType g = grad_dtype();
-  // Send: the shadows' gradients, already one block per owner.
-  std::vector<int64_t> sc(size_t(P), 0), sd(size_t(P), 0), rc(size_t(P), 0), rd(size_t(P), 0);
-  int64_t ns = 0;
-  for (int64_t e : rep_.shadows(me)) {
-    const int o = place_.owner(e);
-    if (!sc[size_t(o)]) sd[size_t(o)] = ns;
-    sc[size_t(o)] += block;
-    ns += block;
-  }
-  int64_t nr = 0;
-  for (int src = 0; src < P; ++src) {
-    rd[size_t(src)] = nr;
-    for (int64_t e : rep_.shadows(src))
-      if (place_.owner(e) == me) rc[size_t(src)] += block;
-    nr += rc[size_t(src)];
-  }
-  Tensor send = ns ? Tensor(shadow_g_.data(), g, {ns}) : grow(scratch_->rows2, 1, 1, g);
-  Tensor recv = grow(scratch_->sync, nr, 1, g);
-  ep_->all_to_allv(recv, rc, rd, send, sc, sd);
-  // Added in source rank order, each source's blocks in its shadow order.
+  const ShadowTraffic t = shadow_traffic();
+  // The sync's traffic reversed: holders send their shadows' gradients,
+  // owners add them in the order they packed the weights.
+  Tensor send = t.shadows ? Tensor(shadow_g_.data(), g, {t.shadows}) : grow(scratch_->rows2, 1, 1, g);
+  Tensor recv = grow(scratch_->sync, t.owned, 1, g);
+  ep_->all_to_allv(recv, t.owned_c, t.owned_d, send, t.shadow_c, t.shadow_d);
   int64_t at = 0;
-  for (int src = 0; src < P; ++src)
-    for (int64_t e : rep_.shadows(src)) {
-      if (place_.owner(e) != me) continue;
-      const size_t i = size_t(place_.local_index(e));
-      for (const Tensor* t : {&grads.w1[i], &grads.w3[i], &grads.w2[i]}) {
-        be_.add_inplace(Tensor(t->data, g, {t->numel()}),
-                        Tensor(static_cast<char*>(recv.data) + size_t(at) * dtype_size(g), g,
-                               {t->numel()}));
-        at += t->numel();
-      }
+  for (int64_t i : t.owned_idx)
+    for (const Tensor* w : {&grads.w1[size_t(i)], &grads.w3[size_t(i)], &grads.w2[size_t(i)]}) {
+      be_.add_inplace(Tensor(w->data, g, {w->numel()}),
+                      Tensor(static_cast<char*>(recv.data) + size_t(at) * dtype_size(g), g, {w->numel()}));
+      at += w->numel();
     }
-  if (ns) be_.zero(Tensor(shadow_g_.data(), g, {ns}));  // they accumulate again from here
+  if (t.shadows) be_.zero(Tensor(shadow_g_.data(), g, {t.shadows}));  // they accumulate again from here
 }
 
 void MoeLayer::check_params(const MoeParams& p, const char* what) const {

@@ -181,6 +181,16 @@ class MoeLayer {
   MoeParams with_shadows(const MoeParams& p, bool grads) const;
   // Shadow s's block of w1, w3, w2 (fused: w13 is w1 then w3) in b.
   void shadow_views(MoeParams& p, const Buffer& b, DType dt, bool fused) const;
+  // The replicas' all-to-all-v between owners and holders (elements per ep
+  // rank and displacements): `owned_*` this rank's experts shadowed on each
+  // rank (owned_idx: their local indices, in that order), `shadow_*` this
+  // rank's shadows of each rank's experts. The sync sends owned and receives
+  // shadows; the gradients' return is the reverse.
+  struct ShadowTraffic {
+    std::vector<int64_t> owned_c, owned_d, shadow_c, shadow_d, owned_idx;
+    int64_t owned = 0, shadows = 0;
+  };
+  ShadowTraffic shadow_traffic() const;
   // Sends each shadow's gradient to its owner, which adds it to grads.
   void return_shadow_grads(const MoeParams& grads);
   // Gradients and the combine weights' gradient: fp32 under bf16, else the layer's dtype.

@@ -24,15 +24,18 @@ void ChangeDetector::rebase() {
   warmup_ = o_.window;
 }
 
+double upper_median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
 bool ChangeDetector::add(double x) {
   if (!(x > 0) || !std::isfinite(x)) return false;  // a step that measured nothing
   ++n_;
   ++since_rebase_;
   recent_.push_back(x);
   if (int(recent_.size()) > o_.window) recent_.pop_front();
-  std::vector<double> w(recent_.begin(), recent_.end());
-  std::nth_element(w.begin(), w.begin() + w.size() / 2, w.end());
-  median_ = w[w.size() / 2];
+  median_ = upper_median(std::vector<double>(recent_.begin(), recent_.end()));
   if (ref_ == 0) {
     if (since_rebase_ >= warmup_) ref_ = median_;
     return false;

@@ -15,6 +15,7 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <vector>
 
 namespace adgt::adapt {
 
@@ -26,6 +27,10 @@ struct DetectorOptions {
   int warmup = 10;          // samples before the first reference (the first steps are slow)
   double drift = 0.02;      // in-band weight of each median on the reference
 };
+
+// The median the adaptive layer takes of a window of samples: the element
+// n/2 in sorted order (the upper one for even n). v must not be empty.
+double upper_median(std::vector<double> v);
 
 class ChangeDetector {
  public:

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "core/model/moe_placement.hpp"
+#include "parallel/adapt/change_detector.hpp"
 #include "parallel/adapt/expert_choice.hpp"
 #include "parallel/emulate/slowdown.hpp"
 
@@ -16,8 +17,10 @@ namespace adgt::adapt {
 namespace {
 
 constexpr double kAlpha = 0.3;     // weight of the newest step in the loads' moving average
-constexpr int kCapWindow = 21;     // steps of the capacities' running median
-constexpr int64_t kObserve = 10;   // steps measured before each decision
+// Steps measured before each decision; the capacities and costs are their
+// medians, so a decision reads the placement in use only (a longer window
+// would mix in the steps before the last move).
+constexpr int64_t kObserve = 10;
 constexpr double kMinGain = 0.05;  // of the slowest rank's expected expert time
 
 class ExpertPlacementController final : public Controller {
@@ -114,10 +117,7 @@ class ExpertPlacementController final : public Controller {
       if (dense[i] > 0) by_stage[in["stage"][i].get<int>()].push_back(dense[i]);
     }
     std::map<int, double> ref;
-    for (auto& [k, v] : by_stage) {
-      std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
-      ref[k] = v[v.size() / 2];
-    }
+    for (auto& [k, v] : by_stage) ref[k] = upper_median(std::move(v));
     const bool from_dense = std::all_of(dense.begin(), dense.end(), [](double d) { return d > 0; });
     std::vector<double> cap(size_t(ep_), 0.0);
     bool measured = true;
@@ -144,10 +144,10 @@ class ExpertPlacementController final : public Controller {
         for (size_t i = 0; i < avg.size(); ++i) avg[i] = (1 - kAlpha) * avg[i] + kAlpha * x[i];
     };
     blend(load_, load);
-    // Capacities: each ep index's median over the last kCapWindow steps (one
+    // Capacities: each ep index's median over the last kObserve steps (one
     // step's compute times on ranks sharing cores scatter by tens of percent).
     cap_hist_.push_back(cap);
-    while (int(cap_hist_.size()) > kCapWindow) cap_hist_.pop_front();
+    while (int64_t(cap_hist_.size()) > kObserve) cap_hist_.pop_front();
     // The costs of replicas, measured: the slowest rank's expert seconds and
     // the ep group's seconds per byte (its all-to-alls), then medians over
     // the steps like the capacities'.
@@ -162,13 +162,12 @@ class ExpertPlacementController final : public Controller {
     // the slowest (a straggler), which is not what a replica's bytes cost.
     if (!pb.empty()) per_byte = *std::min_element(pb.begin(), pb.end());
     cost_hist_.push_back({measured ? slowest : -1, per_byte});
-    while (int(cost_hist_.size()) > kCapWindow) cost_hist_.pop_front();
+    while (int64_t(cost_hist_.size()) > kObserve) cost_hist_.pop_front();
     cap_.assign(size_t(ep_), 1.0);
     for (int j = 0; j < ep_; ++j) {
       std::vector<double> v;
       for (const auto& c : cap_hist_) v.push_back(c[size_t(j)]);
-      std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
-      cap_[size_t(j)] = v[v.size() / 2];
+      cap_[size_t(j)] = upper_median(std::move(v));
     }
     ++seen_;
     const int64_t step = in["step"].get<int64_t>();
@@ -185,10 +184,8 @@ class ExpertPlacementController final : public Controller {
         if (p > 0) ps.push_back(p);
       }
       if (!xs.empty() && !ps.empty()) {
-        std::nth_element(xs.begin(), xs.begin() + long(xs.size() / 2), xs.end());
-        std::nth_element(ps.begin(), ps.begin() + long(ps.size() / 2), ps.end());
-        costs.expert_s = xs[xs.size() / 2];
-        costs.per_replica_s = ps[ps.size() / 2] * in["replica_bytes"].get<double>();
+        costs.expert_s = upper_median(std::move(xs));
+        costs.per_replica_s = upper_median(std::move(ps)) * in["replica_bytes"].get<double>();
       }
     }
     const PlacementChoice c = choose_placement(load_, cap_, now, rep_now, slots_, costs);

@@ -19,9 +19,28 @@ double imbalance_of(const std::vector<double>& finish) {
   return mean > 0 ? *std::max_element(finish.begin(), finish.end()) / mean - 1 : 0;
 }
 
+// The loads as shares of their sum (even when all are 0), after the inputs
+// are checked; `what` begins the messages.
+std::vector<double> shares_of(const std::vector<double>& load, const std::vector<double>& capacity,
+                              const std::string& what) {
+  if (load.empty() || capacity.empty()) throw std::invalid_argument(what + ": no experts or no ranks");
+  for (double c : capacity)
+    if (!(c > 0)) throw std::invalid_argument(what + ": every rank's capacity must be > 0");
+  double total = 0;
+  for (double l : load) {
+    if (!(l >= 0)) throw std::invalid_argument(what + ": a load is negative or NaN");
+    total += l;
+  }
+  std::vector<double> share(load.size(), 1.0 / double(load.size()));
+  if (total > 0)
+    for (size_t e = 0; e < load.size(); ++e) share[e] = load[e] / total;
+  return share;
+}
+
 // Moves tokens of replicated experts from the slowest-finishing replica's
 // rank to a faster one holding the same expert, as far as evens the two,
-// until no move helps. load: normalised; p.served must match p.ranks.
+// until no move helps; then p.finish and p.imbalance. load: normalised;
+// p.served must match p.ranks.
 void water_fill(SlotPlan& p, const std::vector<double>& load, const std::vector<double>& capacity) {
   const int E = int(load.size()), R = int(capacity.size());
   auto finish = [&](int r) { return p.served[size_t(r)] / capacity[size_t(r)]; };
@@ -66,6 +85,9 @@ void water_fill(SlotPlan& p, const std::vector<double>& load, const std::vector<
     }
     if (!moved) break;
   }
+  p.finish.resize(size_t(R));
+  for (int r = 0; r < R; ++r) p.finish[size_t(r)] = finish(r);
+  p.imbalance = imbalance_of(p.finish);
 }
 
 }  // namespace
@@ -73,22 +95,12 @@ void water_fill(SlotPlan& p, const std::vector<double>& load, const std::vector<
 SlotPlan plan_expert_slots(const std::vector<double>& load_in, const std::vector<double>& capacity,
                            int slots, const std::vector<int64_t>* stay) {
   const int E = int(load_in.size()), R = int(capacity.size());
-  if (E == 0 || R == 0) throw std::invalid_argument("expert slots: no experts or no ranks");
-  for (double c : capacity)
-    if (!(c > 0)) throw std::invalid_argument("expert slots: every rank's capacity must be > 0");
+  const std::vector<double> load = shares_of(load_in, capacity, "expert slots");
   if (int64_t(slots) * R < E)
     throw std::invalid_argument("expert slots: " + std::to_string(R) + " ranks x " +
                                 std::to_string(slots) + " slots cannot hold " + std::to_string(E) +
                                 " experts; use parallel.expert_slots >= " +
                                 std::to_string((E + R - 1) / R));
-  double total = 0;
-  for (double l : load_in) {
-    if (!(l >= 0)) throw std::invalid_argument("expert slots: a load is negative or NaN");
-    total += l;
-  }
-  std::vector<double> load(size_t(E), 1.0 / E);
-  if (total > 0)
-    for (int e = 0; e < E; ++e) load[size_t(e)] = load_in[size_t(e)] / total;
 
   // 1. Replica counts (at most one replica of an expert per rank).
   SlotPlan p;
@@ -136,9 +148,6 @@ SlotPlan plan_expert_slots(const std::vector<double>& load_in, const std::vector
   }
   // 3. Water-filling of the replicated experts' shares.
   water_fill(p, load, capacity);
-  p.finish.resize(size_t(R));
-  for (int r = 0; r < R; ++r) p.finish[size_t(r)] = p.served[size_t(r)] / capacity[size_t(r)];
-  p.imbalance = imbalance_of(p.finish);
   return p;
 }
 
@@ -146,16 +155,7 @@ SlotPlan plan_expert_replicas(const std::vector<double>& load_in, const std::vec
                               const std::vector<int64_t>& owner, int slots) {
   const int E = int(load_in.size()), R = int(capacity.size());
   if (int(owner.size()) != E) throw std::invalid_argument("expert replicas: one owner per expert");
-  for (double c : capacity)
-    if (!(c > 0)) throw std::invalid_argument("expert replicas: every rank's capacity must be > 0");
-  double total = 0;
-  for (double l : load_in) {
-    if (!(l >= 0)) throw std::invalid_argument("expert replicas: a load is negative or NaN");
-    total += l;
-  }
-  std::vector<double> load(size_t(E), 1.0 / E);
-  if (total > 0)
-    for (int e = 0; e < E; ++e) load[size_t(e)] = load_in[size_t(e)] / total;
+  const std::vector<double> load = shares_of(load_in, capacity, "expert replicas");
   SlotPlan p;
   p.ranks.assign(size_t(R), {});
   p.served.assign(size_t(R), 0);
@@ -196,9 +196,6 @@ SlotPlan plan_expert_replicas(const std::vector<double>& load_in, const std::vec
     ++p.replicas[size_t(best_e)];
   }
   water_fill(p, load, capacity);
-  p.finish.resize(size_t(R));
-  for (int r = 0; r < R; ++r) p.finish[size_t(r)] = p.served[size_t(r)] / capacity[size_t(r)];
-  p.imbalance = imbalance_of(p.finish);
   return p;
 }
 

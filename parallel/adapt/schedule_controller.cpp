@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/check.hpp"
+#include "parallel/adapt/change_detector.hpp"
 #include "parallel/adapt/layer_balance.hpp"
 #include "parallel/adapt/schedule_choice.hpp"
 #include "parallel/cost/stages.hpp"
@@ -108,8 +109,7 @@ class ScheduleAdapter final : public Controller {
     for (size_t k = 0; k < links.size(); ++k) {
       std::vector<double> x;
       for (const std::vector<double>& l : recent_links_) x.push_back(l[k]);
-      std::sort(x.begin(), x.end());
-      link_med[k] = x[x.size() / 2];
+      link_med[k] = upper_median(std::move(x));
       comm = std::max(comm, link_med[k]);
     }
     nlohmann::json in;

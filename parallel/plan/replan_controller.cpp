@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "parallel/adapt/change_detector.hpp"
 #include "parallel/mpi_env.hpp"
 #include "parallel/pipeline_executor.hpp"
 #include "parallel/plan/launch_plan.hpp"
@@ -17,9 +18,7 @@ std::map<int, double> ReplanDecider::estimate() const {
   std::map<int, double> out;
   for (const auto& [r, w] : window_) {
     if (w.empty()) continue;
-    std::vector<double> v = w;
-    std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
-    const double f = v[v.size() / 2];
+    const double f = adapt::upper_median(w);
     out[r] = f < o_.min_slowdown ? 1.0 : f;
   }
   return out;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "parallel/adapt/change_detector.hpp"
 #include "parallel/plan/planner.hpp"
 
 namespace adgt::plan {
@@ -47,9 +48,7 @@ nlohmann::json decide_trial(const TrialState& s, const TrialOptions& o, double s
     samples.push_back(step_seconds);
     reason = "measuring plan " + std::to_string(current);
     if (int(samples.size()) >= o.measure) {
-      std::vector<double> v = samples;
-      std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
-      measured[size_t(current)] = v[v.size() / 2];
+      measured[size_t(current)] = adapt::upper_median(samples);
       finished = true;
       reason = "plan " + std::to_string(current) + " measured";
     }

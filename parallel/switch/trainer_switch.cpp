@@ -104,9 +104,8 @@ bool Trainer::experts_in_place(const RunConfig& next, const std::string& who, Me
   if (move && (!engine_->reducer().compression_state().empty() || cfg_.parallel.zero == 1)) return false;
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t bytes0 = engine_->groups().ep->stats().bytes;
-  try {  // a bad text is refused before any collective, the same on every rank
-    RunConfig check = next;
-    if (auto err = expert_replicas_error(check)) throw ConfigError(*err);
+  try {  // a bad text is refused before anything moves, the same on every rank
+    if (auto err = expert_replicas_error(next)) throw ConfigError(*err);
     if (move) engine_->move_experts(a.expert_placement);
     engine_->set_expert_replicas(a.expert_replicas);
   } catch (const ConfigError& e) {

@@ -82,13 +82,26 @@ TEST_CASE("adapt: a sustained change is found within 20 steps", "[adapt]") {
   CHECK_THROWS_AS(ChangeDetector(DetectorOptions{0.1, 5, 5, 2, 0.02}), std::invalid_argument);
 }
 
+// The issue's MoE scenario: Zipf s = 1.2 loads over 64 experts, ep = 8 with
+// ranks 3 and 6 at half speed, and the contiguous placement (8 per rank).
+struct MoeScenario {
+  std::vector<double> load, cap;
+  std::vector<int64_t> owner;
+};
+MoeScenario issue_moe_scenario() {
+  MoeScenario m{std::vector<double>(64), std::vector<double>(8, 1.0), std::vector<int64_t>(64)};
+  for (int e = 0; e < 64; ++e) {
+    m.load[size_t(e)] = std::pow(e + 1, -1.2);
+    m.owner[size_t(e)] = e / 8;
+  }
+  m.cap[3] = m.cap[6] = 0.5;
+  return m;
+}
+
 TEST_CASE("adapt: expert slots balance a skewed load over unequal ranks", "[adapt]") {
   // The issue's scenario: Zipf s = 1.2 over 64 experts, ep = 8, ranks 3 and 6
   // at half speed, 9 slots per rank.
-  std::vector<double> load(64);
-  for (int e = 0; e < 64; ++e) load[size_t(e)] = std::pow(e + 1, -1.2);
-  std::vector<double> cap(8, 1.0);
-  cap[3] = cap[6] = 0.5;
+  const auto [load, cap, owner] = issue_moe_scenario();
   const SlotPlan p = plan_expert_slots(load, cap, 9);
   INFO(describe(p));
   CHECK(p.imbalance <= 0.15);
@@ -104,8 +117,6 @@ TEST_CASE("adapt: expert slots balance a skewed load over unequal ranks", "[adap
   for (int r : {0, 1, 2, 4, 5, 7}) full += p.served[size_t(r)] / 6;
   for (int r : {3, 6}) CHECK(p.served[size_t(r)] / full == Approx(0.5).epsilon(0.1));
   // The static contiguous placement (8 experts per rank) is far worse.
-  std::vector<int64_t> owner(64);
-  for (int e = 0; e < 64; ++e) owner[size_t(e)] = e / 8;
   const double stat = placement_imbalance(load, cap, owner);
   CHECK(stat > 1.0);
   // MoE time is the slowest rank's: the static placement's over the plan's.
@@ -151,12 +162,7 @@ TEST_CASE("adapt: expert replicas on fixed owners", "[adapt]") {
   // The issue's scenario again, but the owners stay contiguous (8 experts
   // per rank, the hot ones all on rank 0) and only the 8 spare slots move
   // load: the plan a run can apply in place, without moving any state.
-  std::vector<double> load(64);
-  for (int e = 0; e < 64; ++e) load[size_t(e)] = std::pow(e + 1, -1.2);
-  std::vector<double> cap(8, 1.0);
-  cap[3] = cap[6] = 0.5;
-  std::vector<int64_t> owner(64);
-  for (int e = 0; e < 64; ++e) owner[size_t(e)] = e / 8;
+  const auto [load, cap, owner] = issue_moe_scenario();
   const SlotPlan p = plan_expert_replicas(load, cap, owner, 9);
   INFO(describe(p));
   const double before = placement_imbalance(load, cap, owner);
@@ -181,12 +187,7 @@ TEST_CASE("adapt: expert replicas on fixed owners", "[adapt]") {
 
 TEST_CASE("adapt: replicas are chosen only where they pay for their traffic", "[adapt]") {
   // The issue's scenario: replicas even the ranks; priced by their traffic.
-  std::vector<double> load(64);
-  for (int e = 0; e < 64; ++e) load[size_t(e)] = std::pow(e + 1, -1.2);
-  std::vector<double> cap(8, 1.0);
-  cap[3] = cap[6] = 0.5;
-  std::vector<int64_t> owner(64);
-  for (int e = 0; e < 64; ++e) owner[size_t(e)] = e / 8;
+  const auto [load, cap, owner] = issue_moe_scenario();
   const PlacementChoice free = choose_placement(load, cap, owner, "", 9);
   CHECK(!free.replicas.empty());
   CHECK(free.plan.imbalance <= 0.15);
@@ -221,9 +222,7 @@ TEST_CASE("adapt: a re-placement keeps experts where they are when that costs li
   // that knows where the experts are moves few of them, at most 2% worse.
   std::mt19937 g(5);
   std::uniform_real_distribution<double> u(0.95, 1.05);
-  std::vector<double> load(64), cap(8, 1.0);
-  for (int e = 0; e < 64; ++e) load[size_t(e)] = std::pow(e + 1, -1.2);
-  cap[3] = cap[6] = 0.5;
+  auto [load, cap, contiguous] = issue_moe_scenario();
   const SlotPlan first = plan_expert_slots(load, cap, 8);
   std::vector<int64_t> now(64);
   for (size_t r = 0; r < first.ranks.size(); ++r)
