@@ -1,8 +1,12 @@
 #include "parallel/switch/reshard.hpp"
 
+#include <sys/uio.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 
@@ -42,9 +46,6 @@ ParamSpec spec_from(const json& j) {
 std::vector<float>& group_buffer(RankState& s, int g) {
   return g == 0 ? s.params : g == 1 ? s.exp_avg : s.exp_avg_sq;
 }
-const std::vector<float>& group_buffer(const RankState& s, int g) {
-  return g == 0 ? s.params : g == 1 ? s.exp_avg : s.exp_avg_sq;
-}
 
 // Calls f(index of the row's first element, elements) for each row of m.r
 // in the buffer rank `s` holds for the move's group: a row of a 2-D region is
@@ -59,12 +60,36 @@ void for_each_run(const RankShards& s, int group, size_t param, const Region& r,
     f(held_index(s, group, param, r.start[0] + row, r.start[1]), r.count[1]);
 }
 
-void check_range(const std::vector<float>& buf, int64_t at, int64_t n, const char* side,
-                 const std::string& name) {
-  if (at < 0 || n < 0 || at + n > int64_t(buf.size()))
+void check_range(int64_t size, int64_t at, int64_t n, const char* side, const std::string& name) {
+  if (at < 0 || n < 0 || at + n > size)
     throw std::logic_error(std::string("reshard: ") + side + " " + name + " elements [" +
                            std::to_string(at) + ", " + std::to_string(at + n) +
-                           ") outside a buffer of " + std::to_string(buf.size()));
+                           ") outside a buffer of " + std::to_string(size));
+}
+
+// The elements of the moves from `s` (to `dst_filter`, or any) packed in plan
+// order into `out` (room for them all); returns how many.
+int64_t pack_into(const std::vector<RegionMove>& moves, int s, const RankShards& shards,
+                  const StateView& from, int dst_filter, float* out) {
+  int64_t k = 0;
+  for (const RegionMove& m : moves) {
+    if (m.src != s || (dst_filter >= 0 && m.dst != dst_filter)) continue;
+    const float* buf = from.buf[m.group];
+    const std::string& name = shards.local[m.src_param].name;
+    for_each_run(shards, m.group, m.src_param, m.r, [&](int64_t at, int64_t n) {
+      check_range(from.size[m.group], at, n, "source", name);
+      std::memcpy(out + k, buf + at, size_t(n) * sizeof(float));
+      k += n;
+    });
+  }
+  return k;
+}
+
+int64_t planned_elems(const std::vector<RegionMove>& moves, int s, int d) {
+  int64_t n = 0;
+  for (const RegionMove& m : moves)
+    if (m.src == s && m.dst == d) n += move_elems(m);
+  return n;
 }
 }  // namespace
 
@@ -104,31 +129,36 @@ std::string place_record(int src_rank, const RankShards& src, int dst_rank, cons
          "\n" + rank_shards_json(dst);
 }
 
-void pack_moves(const std::vector<RegionMove>& moves, int s, const RankState& from, std::vector<float>& out,
-                int dst_filter) {
-  for (const RegionMove& m : moves) {
-    if (m.src != s || (dst_filter >= 0 && m.dst != dst_filter)) continue;
-    const std::vector<float>& buf = group_buffer(from, m.group);
-    const std::string& name = from.shards.local[m.src_param].name;
-    size_t k = out.size();
-    out.resize(k + size_t(move_elems(m)));
-    for_each_run(from.shards, m.group, m.src_param, m.r, [&](int64_t at, int64_t n) {
-      check_range(buf, at, n, "source", name);
-      std::memcpy(out.data() + k, buf.data() + at, size_t(n) * sizeof(float));
-      k += size_t(n);
-    });
+StateView view_of(const RankState& s) {
+  StateView v;
+  v.present = true;
+  int g = 0;
+  for (const std::vector<float>* b : {&s.params, &s.exp_avg, &s.exp_avg_sq}) {
+    v.buf[g] = b->data();
+    v.size[g++] = int64_t(b->size());
   }
+  return v;
 }
 
-void unpack_moves(const std::vector<RegionMove>& moves, int s, int d, RankState& to, const float* in,
-                  int64_t n) {
+void pack_moves(const std::vector<RegionMove>& moves, int s, const RankState& from,
+                std::vector<float>& out, int dst_filter) {
+  int64_t n = 0;
+  for (const RegionMove& m : moves)
+    if (m.src == s && (dst_filter < 0 || m.dst == dst_filter)) n += move_elems(m);
+  const size_t k = out.size();
+  out.resize(k + size_t(n));
+  pack_into(moves, s, from.shards, view_of(from), dst_filter, out.data() + k);
+}
+
+void unpack_moves(const std::vector<RegionMove>& moves, int s, int d, RankState& to,
+                  const float* in, int64_t n) {
   int64_t k = 0;
   for (const RegionMove& m : moves) {
     if (m.src != s || m.dst != d) continue;
     std::vector<float>& buf = group_buffer(to, m.group);
     const std::string& name = to.shards.local[m.dst_param].name;
     for_each_run(to.shards, m.group, m.dst_param, m.r, [&](int64_t at, int64_t c) {
-      check_range(buf, at, c, "destination", name);
+      check_range(int64_t(buf.size()), at, c, "destination", name);
       if (k + c > n)
         throw std::logic_error("reshard: the payload from rank " + std::to_string(s) + " is short");
       std::memcpy(buf.data() + at, in + k, size_t(c) * sizeof(float));
@@ -140,8 +170,80 @@ void unpack_moves(const std::vector<RegionMove>& moves, int s, int d, RankState&
                            std::to_string(s) + " left over");
 }
 
-ReshardStats reshard(const RankState& src, int src_rank, RankState& dst, int dst_rank, Comm& world,
-                     const std::vector<std::string>& all_places) {
+namespace {
+// Copies of (to, from, elements), done as a batch: memcpy within this
+// process, process_vm_readv (up to IOV_MAX pieces a call) from another.
+class Copier {
+ public:
+  explicit Copier(int pid) : pid_(pid) {}
+  void add(float* to, const float* from, int64_t n) {
+    if (pid_ == 0) {
+      std::memcpy(to, from, size_t(n) * sizeof(float));
+      return;
+    }
+    local_.push_back({to, size_t(n) * sizeof(float)});
+    remote_.push_back({const_cast<float*>(from), size_t(n) * sizeof(float)});
+    if (local_.size() == kBatch) flush();
+  }
+  void flush() {
+    size_t i = 0;
+    while (i < local_.size()) {
+      const size_t k = std::min(local_.size() - i, kBatch);
+      size_t want = 0;
+      for (size_t j = i; j < i + k; ++j) want += local_[j].iov_len;
+      const ssize_t got = process_vm_readv(pid_, local_.data() + i, k, remote_.data() + i, k, 0);
+      if (got != ssize_t(want))  // a whole batch or an error: pieces are never split
+        throw std::runtime_error("reshard: reading " + std::to_string(want) +
+                                 " bytes from process " + std::to_string(pid_) + " returned " +
+                                 std::to_string(got) + ": " + std::strerror(errno));
+      i += k;
+    }
+    local_.clear();
+    remote_.clear();
+  }
+
+ private:
+  static constexpr size_t kBatch = 512;
+  int pid_;
+  std::vector<iovec> local_, remote_;
+};
+}  // namespace
+
+int64_t copy_moves(const std::vector<RegionMove>& moves, int s, const RankShards& from_shards,
+                   const StateView& from, int d, RankState& to) {
+  int64_t k = 0;
+  Copier copy(from.pid);
+  std::vector<int64_t> at_src;
+  for (const RegionMove& m : moves) {
+    if (m.src != s || m.dst != d) continue;
+    const float* in = from.buf[m.group];
+    std::vector<float>& buf = group_buffer(to, m.group);
+    const std::string& name = to.shards.local[m.dst_param].name;
+    // Rows of the region pair up: the same count[1] elements, contiguous on both sides.
+    at_src.clear();
+    for_each_run(from_shards, m.group, m.src_param, m.r, [&](int64_t at, int64_t n) {
+      check_range(from.size[m.group], at, n, "source", name);
+      at_src.push_back(at);
+    });
+    size_t row = 0;
+    for_each_run(to.shards, m.group, m.dst_param, m.r, [&](int64_t at, int64_t n) {
+      check_range(int64_t(buf.size()), at, n, "destination", name);
+      if (row >= at_src.size())
+        throw std::logic_error("reshard: " + name + "'s region has more rows on the destination");
+      copy.add(buf.data() + at, in + at_src[row++], n);
+      k += n;
+    });
+    if (row != at_src.size())
+      throw std::logic_error("reshard: " + name + "'s region has fewer rows on the destination");
+  }
+  copy.flush();
+  return k;
+}
+
+ReshardStats reshard(const RankShards& src_shards, const StateView& src, int src_rank,
+                     RankState& dst, int dst_rank, Comm& world,
+                     const std::vector<std::string>& all_places,
+                     const std::vector<StateView>& mapped) {
   using clock = std::chrono::steady_clock;
   auto t = clock::now();
   const auto lap = [&t] {
@@ -174,45 +276,62 @@ ReshardStats reshard(const RankState& src, int src_rank, RankState& dst, int dst
   }
   if (src_of[size_t(me)] != src_rank || dst_of[size_t(me)] != dst_rank)
     throw std::logic_error("reshard: this process's place record does not match its ranks");
+  if (!mapped.empty() && int(mapped.size()) != P)
+    throw std::logic_error("reshard: " + std::to_string(mapped.size()) + " mapped sources for " +
+                           std::to_string(P) + " ranks");
   const std::vector<RegionMove> moves = plan_moves(from, to);
+  // Processes whose moves to and from this one need no message.
+  const auto direct = [&](int p) {
+    return p == me || (!mapped.empty() && mapped[size_t(p)].present);
+  };
 
   ReshardStats st;
   st.moves = int64_t(moves.size());
   st.plan_s = lap();
-  std::vector<int64_t> send_counts(static_cast<size_t>(P), 0), recv_counts(static_cast<size_t>(P), 0);
-  for (const RegionMove& m : moves) {
-    for (int p = 0; p < P; ++p) {
-      if (m.src == src_rank && m.dst == dst_of[size_t(p)]) send_counts[size_t(p)] += move_elems(m);
-      if (m.dst == dst_rank && m.src == src_of[size_t(p)]) recv_counts[size_t(p)] += move_elems(m);
-    }
+  std::vector<int64_t> send_counts(static_cast<size_t>(P), 0),
+      recv_counts(static_cast<size_t>(P), 0);
+  for (int p = 0; p < P; ++p) {
+    const int64_t out = planned_elems(moves, src_rank, dst_of[size_t(p)]);
+    (p == me ? st.local_bytes : st.sent_bytes) += out * 4;
+    if (direct(p)) continue;
+    send_counts[size_t(p)] = out;
+    recv_counts[size_t(p)] = planned_elems(moves, src_of[size_t(p)], dst_rank);
   }
   std::vector<int64_t> send_displs(static_cast<size_t>(P), 0), recv_displs(static_cast<size_t>(P), 0);
   for (int p = 1; p < P; ++p) {
     send_displs[size_t(p)] = send_displs[size_t(p - 1)] + send_counts[size_t(p - 1)];
     recv_displs[size_t(p)] = recv_displs[size_t(p - 1)] + recv_counts[size_t(p - 1)];
   }
-  std::vector<float> out;
-  out.reserve(size_t(send_displs.back() + send_counts.back()));
+  // Payloads without zero-filling: every element is packed or received.
+  const int64_t n_out = send_displs.back() + send_counts.back();
+  const int64_t n_in = recv_displs.back() + recv_counts.back();
+  std::unique_ptr<float[]> out(new float[size_t(std::max<int64_t>(n_out, 1))]);
+  std::unique_ptr<float[]> in(new float[size_t(std::max<int64_t>(n_in, 1))]);
   for (int p = 0; p < P; ++p) {
-    const size_t before = out.size();
-    pack_moves(moves, src_rank, src, out, dst_of[size_t(p)]);
-    if (int64_t(out.size() - before) != send_counts[size_t(p)])
-      throw std::logic_error("reshard: packed " + std::to_string(out.size() - before) +
-                             " elements for rank " + std::to_string(p) + ", planned " +
+    if (send_counts[size_t(p)] == 0) continue;
+    const int64_t n = pack_into(moves, src_rank, src_shards, src, dst_of[size_t(p)],
+                                out.get() + send_displs[size_t(p)]);
+    if (n != send_counts[size_t(p)])
+      throw std::logic_error("reshard: packed " + std::to_string(n) + " elements for rank " +
+                             std::to_string(p) + ", planned " +
                              std::to_string(send_counts[size_t(p)]));
-    (p == me ? st.local_bytes : st.sent_bytes) += int64_t(out.size() - before) * 4;
   }
   st.pack_s = lap();
-  std::vector<float> in(size_t(recv_displs.back() + recv_counts.back()));
-  float dummy_in = 0, dummy_out = 0;  // all_to_allv wants a buffer even when nothing moves
-  world.all_to_allv(Tensor(in.empty() ? &dummy_out : in.data(), DType::F32, {int64_t(in.size())}),
-                    recv_counts, recv_displs,
-                    Tensor(out.empty() ? &dummy_in : out.data(), DType::F32, {int64_t(out.size())}),
-                    send_counts, send_displs);
+  world.all_to_allv(Tensor(in.get(), DType::F32, {n_in}), recv_counts, recv_displs,
+                    Tensor(out.get(), DType::F32, {n_out}), send_counts, send_displs);
+  out.reset();
   st.transfer_s = lap();
-  for (int p = 0; p < P; ++p)
-    unpack_moves(moves, src_of[size_t(p)], dst_rank, dst, in.data() + recv_displs[size_t(p)],
-                 recv_counts[size_t(p)]);
+  for (int p = 0; p < P; ++p) {
+    if (direct(p)) {
+      const StateView& v = p == me ? src : mapped[size_t(p)];
+      const int64_t n =
+          copy_moves(moves, src_of[size_t(p)], from[size_t(src_of[size_t(p)])], v, dst_rank, dst);
+      if (p != me) st.shared_bytes += n * 4;
+    } else {
+      unpack_moves(moves, src_of[size_t(p)], dst_rank, dst, in.get() + recv_displs[size_t(p)],
+                   recv_counts[size_t(p)]);
+    }
+  }
   st.unpack_s = lap();
   return st;
 }

@@ -20,6 +20,7 @@
 #include "parallel/fault/progress.hpp"
 #include "parallel/mpi_comm.hpp"
 #include "parallel/switch/reshard.hpp"
+#include "parallel/switch/shared_sources.hpp"
 #include "parallel/switch/switch_request.hpp"
 #include "parallel/trainer.hpp"
 
@@ -238,6 +239,11 @@ void Trainer::switch_layout(const RunConfig& next, const std::string& why, Metri
   {
     ShardLayout lay = engine_->shard_layout();
     CheckpointState st;
+    // Room to spare: these pages become the new layout's receive buffers
+    // below (touched memory; fresh pages cost a fault each, the larger part
+    // of a switch on a host whose memory is slow to fault in).
+    const size_t room = size_t(engine_->model().flat_size()) * 5 / 4;
+    for (auto* v : {&st.params, &st.exp_avg, &st.exp_avg_sq}) v->reserve(room);
     engine_->fill_checkpoint(st, lay);
     src.shards = {lay, std::move(st.specs)};
     src.params = std::move(st.params);
@@ -251,10 +257,14 @@ void Trainer::switch_layout(const RunConfig& next, const std::string& why, Metri
     bias = engine_->model().moe_bias_table();
     old.pp->all_reduce(Tensor(bias.data(), DType::F64, {int64_t(bias.size())}));
   }
+  // Where the new layout's ranks on this node read their pieces of this
+  // state (cross-memory from the host copy, or from the node's shared memory).
+  phase("copy_out");
+  std::optional<SharedSources> shared(std::in_place, src);
   const bool had_ef = !engine_->reducer().compression_state().empty();
   const std::string schedule_before =
       engine_->pipelined() ? engine_->pipeline()->schedule().name : std::string();
-  phase("copy_out");
+  phase("window");
 
   // Tear down the running engine and its wrappers, then build the new groups
   // (collective over MPI_COMM_WORLD) and the new engine on them.
@@ -293,17 +303,29 @@ void Trainer::switch_layout(const RunConfig& next, const std::string& why, Metri
     dst.shards = {lay, engine_->model().table()};
     const auto n = size_t(engine_->model().flat_size());
     const size_t m = lay.state_hi >= 0 ? size_t(lay.state_hi - lay.state_lo) : n;
+    // The sources are read from the window: the host copy's pages (touched
+    // memory) are reused.
+    if (shared->mode() == SharedSources::Mode::Window) {
+      dst.params = std::move(src.params);
+      dst.exp_avg = std::move(src.exp_avg);
+      dst.exp_avg_sq = std::move(src.exp_avg_sq);
+    }
     dst.params.assign(n, 0.0f);
     dst.exp_avg.assign(m, 0.0f);
     dst.exp_avg_sq.assign(m, 0.0f);
   }
+  phase("buffers");
   ReshardStats rs;
+  const std::string shared_how = shared->describe();
   {
     std::unique_ptr<MpiComm> everyone = MpiComm::world("switch");
     const std::vector<std::string> places = everyone->all_gather_strings(
         place_record(src_rank, src.shards, world_rank_, dst.shards));
     phase("plan");
-    rs = reshard(src, src_rank, dst, world_rank_, *everyone, places);
+    const StateView mine =
+        shared->shared() ? shared->views()[size_t(everyone->rank())] : view_of(src);
+    rs = reshard(src.shards, mine, src_rank, dst, world_rank_, *everyone, places, shared->views());
+    shared.reset();  // collective: every process of the node has read its pieces
   }
   phase("exchange");
   phases["exchange_plan"] = rs.plan_s;
@@ -328,16 +350,28 @@ void Trainer::switch_layout(const RunConfig& next, const std::string& why, Metri
   if (moe_bias) engine_->model().set_moe_bias_table(bias);
   phase("restore");
 
-  double moved[2] = {double(rs.sent_bytes), double(rs.local_bytes)};
-  engine_->groups().world->all_reduce(Tensor(moved, DType::F64, {2}));
+  double moved[3] = {double(rs.sent_bytes), double(rs.local_bytes), double(rs.shared_bytes)};
+  engine_->groups().world->all_reduce(Tensor(moved, DType::F64, {3}));
+  // The slowest rank's seconds per phase: a rank waits in the next
+  // collective for the others, so rank 0's phases alone can mislead.
+  nlohmann::json phases_max = nlohmann::json::object();
+  {
+    std::vector<double> v;
+    for (auto it = phases.begin(); it != phases.end(); ++it) v.push_back(it.value().get<double>());
+    engine_->groups().world->all_reduce(Tensor(v.data(), DType::F64, {int64_t(v.size())}),
+                                        ReduceOp::Max);
+    size_t i = 0;
+    for (auto it = phases.begin(); it != phases.end(); ++it) phases_max[it.key()] = v[i++];
+  }
   const double seconds = std::chrono::duration<double>(clock::now() - t0).count();
   ++switches_;
   const std::string table = rank_table(pg, dev_.device_id, dev_.transport, emulation_);
   if (lead()) {
-    std::printf("switch at step %ld: %s -> %s in %.3f s (%.1f MB between ranks, %.1f MB within; "
-                "request: %s)\n%s",
-                long(step_), from_desc.c_str(), describe(layout_of(cfg_)).c_str(), seconds,
-                moved[0] / 1e6, moved[1] / 1e6, why.c_str(), table.c_str());
+    std::printf(
+        "switch at step %ld: %s -> %s in %.3f s (%.1f MB between ranks, %.1f MB within; "
+        "%.1f MB of it read from shared memory; request: %s)\n%s",
+        long(step_), from_desc.c_str(), describe(layout_of(cfg_)).c_str(), seconds, moved[0] / 1e6,
+        moved[1] / 1e6, moved[2] / 1e6, why.c_str(), table.c_str());
     if (had_ef)
       std::fprintf(stderr, "note: switch at step %ld: gradient compression's error-feedback state is "
                            "dropped (the layout changed); it restarts at zero\n", long(step_));
@@ -352,8 +386,11 @@ void Trainer::switch_layout(const RunConfig& next, const std::string& why, Metri
                        {"seconds", seconds},
                        {"moved_bytes", moved[0]},
                        {"local_bytes", moved[1]},
+                       {"shared_bytes", moved[2]},
+                       {"exchange", shared_how},
                        {"moves", rs.moves},
-                       {"phases_s", phases}});
+                       {"phases_s", phases},
+                       {"phases_max_s", phases_max}});
   }
 }
 

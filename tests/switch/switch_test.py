@@ -61,6 +61,13 @@ CASES = {
 }
 
 
+# --exchange: how the switch's pieces travel between the processes of a node
+# (docs/reliability.md): the environment that asks for it, and how the switch
+# record's "exchange" begins.
+EXCHANGE_ENV = {"window": "window", "messages": "0"}
+EXCHANGE_LOG = {"cross": "cross-memory", "window": "shared-memory window", "messages": "messages"}
+
+
 def run(args, out, sets, steps, resume=None, switch_text=None):
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
@@ -75,8 +82,10 @@ def run(args, out, sets, steps, resume=None, switch_text=None):
             f"log.dir={out}", f"checkpoint.dir={out}/ckpt", f"train.steps={steps}",
             f"checkpoint.interval={args.every}", "checkpoint.keep=0", "train.device=cpu"]:
         cmd += ["--set", s]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if args.exchange in EXCHANGE_ENV:
+        env["ADGT_SWITCH_SHARED"] = EXCHANGE_ENV[args.exchange]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     if p.returncode != 0:
         print(" ".join(cmd))
         print(p.stdout[-4000:], p.stderr[-4000:])
@@ -109,11 +118,13 @@ def main():
     ap.add_argument("--case", choices=sorted(CASES), default="dense")
     ap.add_argument("--every", type=int, default=3, help="steps between switches")
     ap.add_argument("--tol", type=float, default=1e-5)
+    ap.add_argument("--exchange", choices=["auto"] + sorted(EXCHANGE_LOG), default="auto",
+                    help="the way the pieces must travel (auto: whatever the host allows)")
     args = ap.parse_args()
     layouts = CASES[args.case]["layouts"]
     k = args.every
     steps = k * len(layouts)
-    work = os.path.join(args.work, args.case)
+    work = os.path.join(args.work, args.case if args.exchange == "auto" else f"{args.case}-{args.exchange}")
     # Run A: every switch in memory, asked for up front by step.
     text = "".join(f"@{k * (i + 1)} " + " ".join(l) + "\n" for i, l in enumerate(layouts[1:]))
     a_recs, a_out = run(args, os.path.join(work, "A"), layouts[0], steps, switch_text=text)
@@ -127,7 +138,10 @@ def main():
         if r["step"] != at:
             sys.exit(f"FAIL: switch {i + 1} at step {r['step']}, asked for {at}")
         print(f"switch at step {at}: {r['from']} -> {r['to']}: {r['seconds']:.3f} s, "
-              f"{r['moved_bytes'] / 1e6:.2f} MB between ranks, {r['moves']} moves")
+              f"{r['moved_bytes'] / 1e6:.2f} MB between ranks, {r['moves']} moves, "
+              f"by {r['exchange']}")
+        if args.exchange != "auto" and not r["exchange"].startswith(EXCHANGE_LOG[args.exchange]):
+            sys.exit(f"FAIL: the switch went by {r['exchange']!r}, asked for {args.exchange}")
         # Run B: a fresh run resumed from A's checkpoint of that boundary, in the target layout.
         # (train.steps as A's: the learning-rate schedule depends on it.)
         b_recs, _ = run(args, os.path.join(work, f"B{i + 1}"), layouts[i + 1], steps,

@@ -5,6 +5,8 @@
 // so any misplaced element shows).
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <string>
 #include <vector>
 
@@ -125,11 +127,25 @@ TEST_CASE("pack and unpack move every element to its place (tp2 -> tp1, tp1 -> t
       RankState got = want[d];
       for (auto* v : {&got.params, &got.exp_avg, &got.exp_avg_sq}) std::fill(v->begin(), v->end(), -1.0f);
       // Padding is left alone: copy it from `want` so the comparison is of the moved elements.
+      // Three ways: packed and unpacked; copied straight from the source's
+      // buffers; read through process_vm_readv (this process as the "peer").
+      RankState direct = got, cross = got;
       for (size_t s = 0; s < from.size(); ++s) {
         std::vector<float> payload;
         pack_moves(moves, int(s), from[s], payload, int(d));
         unpack_moves(moves, int(s), int(d), got, payload.data(), int64_t(payload.size()));
+        StateView v = view_of(from[s]);
+        CHECK(copy_moves(moves, int(s), from[s].shards, v, int(d), direct) ==
+              int64_t(payload.size()));
+        v.pid = int(getpid());
+        CHECK(copy_moves(moves, int(s), from[s].shards, v, int(d), cross) ==
+              int64_t(payload.size()));
       }
+      CHECK(direct.params == got.params);
+      CHECK(direct.exp_avg == got.exp_avg);
+      CHECK(direct.exp_avg_sq == got.exp_avg_sq);
+      CHECK(cross.params == got.params);
+      CHECK(cross.exp_avg_sq == got.exp_avg_sq);
       for (int g = 0; g < 3; ++g) {
         const auto held = held_blocks(want[d].shards.local, want[d].shards.lay, g);
         const std::vector<float>& a = g == 0 ? got.params : g == 1 ? got.exp_avg : got.exp_avg_sq;
@@ -147,6 +163,18 @@ TEST_CASE("pack and unpack move every element to its place (tp2 -> tp1, tp1 -> t
         CHECK(checked > 0);
         CHECK(wrong == 0);
       }
+    }
+    // A source buffer shorter than its table is refused, as is a read from
+    // a process that does not exist.
+    {
+      RankState got = want[0];
+      StateView v = view_of(from[0]);
+      v.size[0] = 1;
+      CHECK_THROWS(copy_moves(moves, 0, from[0].shards, v, 0, got));
+      v = view_of(from[0]);
+      v.pid = 0x7ffffff0;
+      CHECK_THROWS_WITH(copy_moves(moves, 0, from[0].shards, v, 0, got),
+                        Catch::Contains("from process 2147483632"));
     }
     // A short payload is refused.
     std::vector<float> payload;
