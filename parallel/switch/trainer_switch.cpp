@@ -261,6 +261,19 @@ void Trainer::switch_layout(const RunConfig& next, const std::string& why, Metri
   // state (cross-memory from the host copy, or from the node's shared memory).
   phase("copy_out");
   std::optional<SharedSources> shared(std::in_place, src);
+  // Receive buffers for cross-memory reads, touched now: on the hosts
+  // measured, pages faulted in after the old engine's memory is freed cost
+  // about 5x more (docs/reliability.md). With room to spare for a new
+  // layout that holds more; the window path reuses src's pages instead.
+  RankState recv;
+  if (shared->mode() == SharedSources::Mode::CrossMemory) {
+    const std::vector<float>* from[3] = {&src.params, &src.exp_avg, &src.exp_avg_sq};
+    std::vector<float>* to[3] = {&recv.params, &recv.exp_avg, &recv.exp_avg_sq};
+    for (int g = 0; g < 3; ++g) {
+      to[g]->reserve(from[g]->capacity());
+      to[g]->resize(from[g]->size());
+    }
+  }
   const bool had_ef = !engine_->reducer().compression_state().empty();
   const std::string schedule_before =
       engine_->pipelined() ? engine_->pipeline()->schedule().name : std::string();
@@ -303,13 +316,12 @@ void Trainer::switch_layout(const RunConfig& next, const std::string& why, Metri
     dst.shards = {lay, engine_->model().table()};
     const auto n = size_t(engine_->model().flat_size());
     const size_t m = lay.state_hi >= 0 ? size_t(lay.state_hi - lay.state_lo) : n;
-    // The sources are read from the window: the host copy's pages (touched
-    // memory) are reused.
-    if (shared->mode() == SharedSources::Mode::Window) {
-      dst.params = std::move(src.params);
-      dst.exp_avg = std::move(src.exp_avg);
-      dst.exp_avg_sq = std::move(src.exp_avg_sq);
-    }
+    // Touched pages: the host copy's when the sources are read from the
+    // window, those made ready above for cross-memory reads (none for messages).
+    RankState& pages = shared->mode() == SharedSources::Mode::Window ? src : recv;
+    dst.params = std::move(pages.params);
+    dst.exp_avg = std::move(pages.exp_avg);
+    dst.exp_avg_sq = std::move(pages.exp_avg_sq);
     dst.params.assign(n, 0.0f);
     dst.exp_avg.assign(m, 0.0f);
     dst.exp_avg_sq.assign(m, 0.0f);

@@ -6,11 +6,14 @@ same state (issue 17: switch time <= 10% of save + load; docs/reliability.md).
 byte vocabulary) in tp2/pp2/dp2 for one step, save a synchronous checkpoint
 at that boundary and then switch to tp1/pp4/dp2 in memory; a second run
 resumes from that checkpoint in tp1/pp4/dp2 (the load a switch through disk
-would need). Per repetition: the switch's seconds (its metrics record), the
-save's stall (its checkpoint record) and the load (adgt-train's "loaded in").
+would need). Per repetition: the switch's seconds (its metrics record) for
+each way the pieces can travel between the processes of a node (--exchange:
+cross-memory reads, the shared-memory window, messages), the save's stall
+(its checkpoint record) and the load (adgt-train's "loaded in"), all in the
+same run.
 
   scripts/reliability/bench_switch.py --train build/apps/adgt-train \\
-      --data build/data/kjv-byte [--reps 3] [--work DIR]
+      --data build/data/kjv-byte [--reps 3] [--work DIR] [--exchange cross,window,messages]
 """
 import argparse
 import json
@@ -31,7 +34,10 @@ BIG = ["model.d_model=512", "model.n_layers=8", "model.n_heads=8", "model.n_kv_h
        "train.device=cpu"]
 
 
-def run(args, out, sets, resume=None, switch=None):
+EXCHANGE_ENV = {"cross": "", "window": "window", "messages": "0"}
+
+
+def run(args, out, sets, resume=None, switch=None, exchange="cross"):
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     if switch:
@@ -44,7 +50,8 @@ def run(args, out, sets, resume=None, switch=None):
                            f"log.dir={out}", f"checkpoint.dir={out}/ckpt"]:
         cmd += ["--set", s]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+                       env=dict(os.environ, OMP_NUM_THREADS="1",
+                                ADGT_SWITCH_SHARED=EXCHANGE_ENV[exchange]))
     if p.returncode != 0:
         sys.exit(f"FAILED: {out} exited {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     recs = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
@@ -57,29 +64,44 @@ def main():
     ap.add_argument("--data", required=True)
     ap.add_argument("--work", default="/tmp/adgt-bench-switch")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--exchange", default="cross,window,messages")
     args = ap.parse_args()
+    ways = args.exchange.split(",")
     rows = []
     for rep in range(args.reps):
-        a, _ = run(args, os.path.join(args.work, f"A{rep}"),
-                   ["parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "checkpoint.interval=1"],
-                   switch="@1 parallel.tp=1 parallel.pp=4\n")
-        sw = [r for r in a if r.get("event") == "switch" and "refused" not in r]
-        ck = [r for r in a if r.get("event") == "checkpoint" and r.get("step") == 1]
-        if not sw or not ck:
-            sys.exit(f"FAILED: run A logged no switch or no step-1 checkpoint: {sw} {ck}")
+        sw, phases, how = {}, {}, {}
+        for way in ways:
+            a, _ = run(args, os.path.join(args.work, f"A{rep}-{way}"),
+                       ["parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "checkpoint.interval=1"],
+                       switch="@1 parallel.tp=1 parallel.pp=4\n", exchange=way)
+            rec = [r for r in a if r.get("event") == "switch" and "refused" not in r]
+            ck = [r for r in a if r.get("event") == "checkpoint" and r.get("step") == 1]
+            if not rec or not ck:
+                sys.exit(f"FAILED: run A logged no switch or no step-1 checkpoint: {rec} {ck}")
+            if way == ways[0]:
+                save, moved, first = ck[0]["stall_s"], rec[0]["moved_bytes"], f"A{rep}-{way}"
+            sw[way], how[way] = rec[0]["seconds"], rec[0]["exchange"]
+            phases[way] = rec[0].get("phases_max_s", {})
         _, out = run(args, os.path.join(args.work, f"B{rep}"),
                      ["parallel.tp=1", "parallel.pp=4", "parallel.dp=2", "checkpoint.interval=0"],
-                     resume=os.path.join(args.work, f"A{rep}", "ckpt", "step_1"))
+                     resume=os.path.join(args.work, first, "ckpt", "step_1"))
         m = re.search(r"loaded in ([0-9.]+) s", out)
         if not m:
             sys.exit("FAILED: run B printed no load time")
-        rows.append((sw[0]["seconds"], ck[0]["stall_s"], float(m.group(1)), sw[0]["moved_bytes"]))
-        print(f"rep {rep}: switch {rows[-1][0]:.3f} s ({rows[-1][3] / 1e6:.0f} MB between ranks), "
-              f"save {rows[-1][1]:.3f} s, load {rows[-1][2]:.3f} s", flush=True)
-    sw, sv, ld = (statistics.median(r[i] for r in rows) for i in range(3))
-    print(f"median of {args.reps}: switch {sw:.3f} s; save {sv:.3f} s + load {ld:.3f} s = "
-          f"{sv + ld:.3f} s; switch / (save + load) = {sw / (sv + ld):.3f} (target <= 0.10)")
-
+        rows.append((sw, save, float(m.group(1))))
+        print(f"rep {rep}: save {save:.3f} s, load {rows[-1][2]:.3f} s, "
+              f"{moved / 1e6:.0f} MB between ranks", flush=True)
+        for way in ways:
+            top = sorted(phases[way].items(), key=lambda kv: -kv[1])[:4]
+            print(f"  switch by {how[way]}: {sw[way]:.3f} s (slowest phases: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in top) + ")", flush=True)
+    sv = statistics.median(r[1] for r in rows)
+    ld = statistics.median(r[2] for r in rows)
+    print(f"median of {args.reps}: save {sv:.3f} s + load {ld:.3f} s = {sv + ld:.3f} s")
+    for way in ways:
+        t = statistics.median(r[0][way] for r in rows)
+        print(f"  switch by {way}: {t:.3f} s; switch / (save + load) = {t / (sv + ld):.3f} "
+              f"(target <= 0.10)")
 
 if __name__ == "__main__":
     main()
