@@ -78,6 +78,11 @@ bool SharedSources::try_cross_memory(const RankState& src, int me) {
       ok = false;
     }
   }
+  // A test hook: this world rank's reads count as refused (the fallback's ctest).
+  if (const char* t = std::getenv("ADGT_TEST_CROSS_MEMORY_REFUSED"); t && std::atoi(t) == me && ok) {
+    why_ = "cross-memory reads refused (ADGT_TEST_CROSS_MEMORY_REFUSED)";
+    ok = false;
+  }
   if (all_true(ok)) return true;
   if (why_.empty()) why_ = "cross-memory reads refused on another process";
   views_.assign(views_.size(), StateView{});

@@ -64,8 +64,13 @@ CASES = {
 # --exchange: how the switch's pieces travel between the processes of a node
 # (docs/reliability.md): the environment that asks for it, and how the switch
 # record's "exchange" begins.
-EXCHANGE_ENV = {"window": "window", "messages": "0"}
-EXCHANGE_LOG = {"cross": "cross-memory", "window": "shared-memory window", "messages": "messages"}
+# "fallback": rank 5's cross-memory reads count as refused, so every rank
+# must take the window (the way a host that refuses them on some process takes).
+EXCHANGE_ENV = {"window": {"ADGT_SWITCH_SHARED": "window"},
+                "messages": {"ADGT_SWITCH_SHARED": "0"},
+                "fallback": {"ADGT_TEST_CROSS_MEMORY_REFUSED": "5"}}
+EXCHANGE_LOG = {"cross": "cross-memory", "window": "shared-memory window", "messages": "messages",
+                "fallback": "shared-memory window (8 processes on this node; cross-memory reads refused"}
 
 
 def run(args, out, sets, steps, resume=None, switch_text=None):
@@ -83,8 +88,7 @@ def run(args, out, sets, steps, resume=None, switch_text=None):
             f"checkpoint.interval={args.every}", "checkpoint.keep=0", "train.device=cpu"]:
         cmd += ["--set", s]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    if args.exchange in EXCHANGE_ENV:
-        env["ADGT_SWITCH_SHARED"] = EXCHANGE_ENV[args.exchange]
+    env.update(EXCHANGE_ENV.get(args.exchange, {}))
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     if p.returncode != 0:
         print(" ".join(cmd))
