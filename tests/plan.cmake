@@ -36,3 +36,12 @@ add_test(NAME plan_replan_straggler_np8
     --data ${CMAKE_BINARY_DIR}/data/kjv-byte --work ${CMAKE_BINARY_DIR}/plan/replan)
 set_tests_properties(plan_replan_straggler_np8 PROPERTIES
   FIXTURES_REQUIRED kjv_byte LABELS "parallel;plan" TIMEOUT 300 PROCESSORS 4 RUN_SERIAL TRUE)
+# The same for a link: the pipeline link between launcher ranks 1 and 5 turns
+# 16x slower at step 10; the re-plan measures it (and nothing else), switches
+# once to a layout predicted faster, and the losses stay the single process's.
+add_test(NAME plan_replan_slow_link_np8
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/plan/replan_test.py
+    --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
+    --data ${CMAKE_BINARY_DIR}/data/kjv-byte --work ${CMAKE_BINARY_DIR}/plan/replan_link --case link)
+set_tests_properties(plan_replan_slow_link_np8 PROPERTIES
+  FIXTURES_REQUIRED kjv_byte LABELS "parallel;plan" TIMEOUT 300 PROCESSORS 4 RUN_SERIAL TRUE)

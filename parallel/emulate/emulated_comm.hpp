@@ -85,6 +85,9 @@ struct EmulatedRank {
     double bytes = 0;
   };
   std::map<std::pair<std::string, int>, LinkTime> link_in;
+  // The same since the start, never cleared (Emulation::link_totals: for
+  // readers that must not take another's samples).
+  std::map<std::pair<std::string, int>, LinkTime> link_total;
   double comm_seconds = 0;                 // inside emulated calls (outermost only), clock seconds
   int depth = 0;                           // emulated calls in progress on this thread
   // ADGT_EMULATE_TRACE=DIR: each collective, message and wait of this rank

@@ -289,6 +289,14 @@ void Emulation::at_step(int64_t step) {
   }
 }
 
+std::map<int, EmulatedRank::LinkTime> Emulation::link_totals(const std::string& group) const {
+  std::map<int, EmulatedRank::LinkTime> out;
+  if (!state) return out;
+  for (const auto& [key, lt] : state->link_total)
+    if (key.first == group) out[key.second] = lt;
+  return out;
+}
+
 std::map<int, EmulatedRank::LinkTime> Emulation::take_link_times(const std::string& group) {
   std::map<int, EmulatedRank::LinkTime> out;
   if (!state) return out;

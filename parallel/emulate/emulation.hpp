@@ -68,6 +68,8 @@ struct Emulation {
   // `group` (an EmulatedComm's name: "pp", ...) since the last call, per
   // sender's group rank; cleared (EmulatedRank::link_in).
   std::map<int, EmulatedRank::LinkTime> take_link_times(const std::string& group);
+  // The same since the start, not cleared (EmulatedRank::link_total).
+  std::map<int, EmulatedRank::LinkTime> link_totals(const std::string& group) const;
   // "emulation: cluster <name> (<source>): ..." — the cluster, its links and
   // the slow ranks, one line.
   std::string summary() const;

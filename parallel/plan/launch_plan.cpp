@@ -16,6 +16,7 @@
 
 #include "core/layout.hpp"
 #include "kernels/backend.hpp"
+#include "parallel/cluster/collectives.hpp"
 #include "parallel/emulate/emulation.hpp"
 #include "parallel/launch.hpp"
 #include "parallel/mpi_comm.hpp"
@@ -46,6 +47,14 @@ std::vector<std::string> fixed_keys(const std::string& path, const std::vector<s
   return out;
 }
 
+// Launcher rank -> the simulator's rank: layout ranks in node-contiguous
+// order, what topology placement makes of any launcher order
+// (parallel/placement.hpp); the identity without an emulated cluster.
+Placement sim_placement(const RunConfig& cfg, const cluster::Cluster& cl, int64_t world) {
+  if (cfg.emulate.cluster.empty() || world > cl.world()) return {};
+  return place_ranks(emulate::launcher_nodes(cl, int(world), cfg.emulate.rank_order), "topology", 1);
+}
+
 // The plan for `world` ranks of `cl` (costs from a profile on this CPU when
 // the cluster's ranks are CPU ranks, else the device model). `fixed`: the
 // keys the user set (kept). `measured`: launcher rank -> compute slowdown
@@ -54,7 +63,8 @@ std::vector<std::string> fixed_keys(const std::string& path, const std::vector<s
 Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cluster::Cluster cl,
                  int64_t world, bool cpu_ranks, std::string why, int64_t max_tp = 0,
                  const std::map<int, double>* measured = nullptr, const RunConfig* current = nullptr,
-                 sim::SimResult* current_result = nullptr) {
+                 sim::SimResult* current_result = nullptr,
+                 const std::map<std::pair<int, int>, double>* measured_links = nullptr) {
   PlanInput in;
   in.max_tp = max_tp;
   in.base = cfg;
@@ -65,22 +75,27 @@ Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cl
   // Slow ranks are launcher ranks; the simulator's ranks are layout ranks in
   // node-contiguous order (what topology placement makes of any launcher
   // order, parallel/placement.hpp).
-  Placement place;
-  if (!cfg.emulate.cluster.empty() && world <= cl.world()) {
-    place = place_ranks(emulate::launcher_nodes(cl, int(world), cfg.emulate.rank_order),
-                        "topology", 1);
-    if (cfg.parallel.placement == "launcher" && !place.identity())
-      why += "; note: parallel.placement=launcher keeps the launcher's order, which is not "
-             "node-contiguous here; the plan assumes it is";
-  }
+  const Placement place = sim_placement(cfg, cl, world);
+  if (cfg.parallel.placement == "launcher" && !place.identity())
+    why += "; note: parallel.placement=launcher keeps the launcher's order, which is not "
+           "node-contiguous here; the plan assumes it is";
   const auto layout_rank = [&](int r) { return r < world ? place.layout_rank(r) : r; };
+  const auto link_key = [&](int a, int b) {  // by value: std::minmax returns references
+    const int x = layout_rank(a), y = layout_rank(b);
+    return std::pair<int, int>(std::min(x, y), std::max(x, y));
+  };
   if (measured) {
     for (const auto& [r, f] : *measured) in.sim.slow_ranks[layout_rank(r)] = f;
+    if (measured_links)
+      for (const auto& [ab, f] : *measured_links) in.sim.slow_links[link_key(ab.first, ab.second)] = f;
   } else {
     // A straggler injected mid-run ("rank:factor@step") is not the cluster the
-    // launch finds: only the ones slow from the start count.
+    // launch finds: only the ones slow from the start count (ranks and links).
     for (const SlowRank& sr : parse_slow_rank_entries(cfg.emulate.slow_ranks))
       if (sr.from_step == 0) in.sim.slow_ranks[layout_rank(int(sr.rank))] = sr.factor;
+    for (const SlowLink& sl : parse_slow_links(cfg.emulate.slow_links))
+      if (sl.from_step == 0 && sl.a < world && sl.b < world)
+        in.sim.slow_links[link_key(int(sl.a), int(sl.b))] = sl.factor;
   }
   std::unique_ptr<Backend> be;
   std::unique_ptr<sim::OpCosts> costs;
@@ -378,7 +393,8 @@ std::string plan_dry_run(const RunConfig& cfg, const std::string& path,
 }
 
 Replan replan(const RunConfig& cfg, const std::vector<std::string>& fixed,
-              const std::vector<std::string>& hosts, const std::map<int, double>& slow) {
+              const std::vector<std::string>& hosts, const std::map<int, double>& slow,
+              const std::map<std::pair<int, int>, double>& slow_links) {
   Replan out;
   std::string why;
   const std::string gpu = gpu_name_of(cfg);
@@ -387,7 +403,8 @@ Replan replan(const RunConfig& cfg, const std::vector<std::string>& fixed,
   const cluster::Cluster cl = launch_cluster(
       cfg, hosts, gpu, std::max<int64_t>(1, std::thread::hardware_concurrency()), &why, topo, &max_tp);
   const int64_t world = int64_t(hosts.size());
-  Planned p = plan_for(cfg, fixed, cl, world, gpu.empty(), why, max_tp, &slow, &cfg, &out.current);
+  Planned p = plan_for(cfg, fixed, cl, world, gpu.empty(), why, max_tp, &slow, &cfg, &out.current,
+                       &slow_links);
   out.chosen = p.plan.chosen().cfg;
   out.planned = p.plan.chosen().result;
   out.overrides = plan_overrides(out.chosen);
@@ -395,6 +412,26 @@ Replan replan(const RunConfig& cfg, const std::vector<std::string>& fixed,
   out.layout_new = p.plan.chosen().layout;
   out.table = p.text;
   out.json = plan_json(p.plan, p.cluster);
+  return out;
+}
+
+std::map<std::pair<int, int>, double> link_model_times(const RunConfig& cfg,
+                                                       const std::vector<std::string>& hosts,
+                                                       const std::vector<std::pair<int, int>>& links,
+                                                       double bytes) {
+  std::string why;
+  const std::string gpu = gpu_name_of(cfg);
+  const GpuTopology topo = gpu.empty() ? GpuTopology{} : parse_nvidia_topology(read_nvidia_topology());
+  int64_t max_tp = 0;
+  const cluster::Cluster cl = launch_cluster(
+      cfg, hosts, gpu, std::max<int64_t>(1, std::thread::hardware_concurrency()), &why, topo, &max_tp);
+  const int64_t world = int64_t(hosts.size());
+  const Placement place = sim_placement(cfg, cl, world);
+  const auto layout_rank = [&](int r) { return r < world ? place.layout_rank(r) : r; };
+  std::map<std::pair<int, int>, double> out;
+  for (const auto& [a, b] : links)
+    if (a != b && layout_rank(a) < cl.world() && layout_rank(b) < cl.world())
+      out[{a, b}] = cluster::message_time(cl, layout_rank(a), layout_rank(b), bytes);
   return out;
 }
 

@@ -82,8 +82,10 @@ std::string plan_dry_run(const RunConfig& cfg, const std::string& path,
 // parallel.auto at run time (docs/planner.md "Re-planning"): the plan for
 // the run's world (`hosts[r]`: launcher rank r's host) on the cluster the
 // launch planned with, but with the compute slowdowns measured while
-// training (`slow`: launcher rank -> factor >= 1; the emulation's own
-// entries are not read), keeping the user's keys (`fixed`). Also the current
+// training (`slow`: launcher rank -> factor >= 1) and the pipeline links'
+// (`slow_links`: {launcher a, launcher b} -> factor >= 1 on a message's
+// time; the emulation's own entries are not read), keeping the user's keys
+// (`fixed`). Also the current
 // layout (`cfg`) simulated on the same cluster and costs. Local: world rank
 // 0 calls it and broadcasts the decision. The profile comes from the cache
 // the launch wrote under log.dir (CPU ranks).
@@ -96,6 +98,16 @@ struct Replan {
   std::string json;                    // plan_json() of the new plan
 };
 Replan replan(const RunConfig& cfg, const std::vector<std::string>& fixed,
-              const std::vector<std::string>& hosts, const std::map<int, double>& slow);
+              const std::vector<std::string>& hosts, const std::map<int, double>& slow,
+              const std::map<std::pair<int, int>, double>& slow_links = {});
+
+// The cluster model's seconds for one message of `bytes` over each link
+// {launcher a, launcher b} of `links`, on the cluster and rank placement
+// replan() uses (the re-plan controller compares measured link times with
+// them). Links outside the cluster are left out.
+std::map<std::pair<int, int>, double> link_model_times(const RunConfig& cfg,
+                                                       const std::vector<std::string>& hosts,
+                                                       const std::vector<std::pair<int, int>>& links,
+                                                       double bytes);
 
 }  // namespace adgt::plan

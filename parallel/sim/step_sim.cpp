@@ -83,7 +83,7 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
   const int bytes = compute_bytes(cfg);
   const int64_t m = cfg.accum_steps();
   const bool hetero = !cl.node_speed.empty() || !opts.slow_ranks.empty() ||
-                      !cl.link_overrides.empty() || cl.sites.size() > 1 || opts.host_cores > 0 ||
+                      !opts.slow_links.empty() || !cl.link_overrides.empty() || cl.sites.size() > 1 || opts.host_cores > 0 ||
                       cl.cores_per_node > 0 || opts.all_replicas;
   const int replicas = hetero ? D : 1;
 
@@ -368,7 +368,16 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
             case TaskKind::Send: {
               const Unit& to = units[size_t(t.peer)];
               const double depart = std::max(now, link_free[{int(&u - units.data()), t.peer}]);
-              const double dt = cluster::message_time(cl, u.ranks[0], to.ranks[0], t.bytes);
+              double dt = cluster::message_time(cl, u.ranks[0], to.ranks[0], t.bytes);
+              if (!opts.slow_links.empty()) {  // the slowest member's link
+                double f = 1;
+                for (size_t i = 0; i < u.ranks.size() && i < to.ranks.size(); ++i) {
+                  const auto it = opts.slow_links.find(std::pair<int, int>(
+                      std::min(u.ranks[i], to.ranks[i]), std::max(u.ranks[i], to.ranks[i])));
+                  if (it != opts.slow_links.end()) f = std::max(f, it->second);
+                }
+                dt *= f;
+              }
               arrival[t.msg] = depart + dt;
               link_free[{int(&u - units.data()), t.peer}] = depart + dt;
               done = true;

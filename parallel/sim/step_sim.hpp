@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "core/config.hpp"
 #include "parallel/cluster/cluster.hpp"
@@ -31,6 +32,10 @@ struct SimOptions {
   // cluster on one host); 0: the cluster's cores_per_node (0: none shared).
   int64_t host_cores = 0;
   std::map<int, double> slow_ranks;  // world rank -> compute slowdown factor (>= 1)
+  // {a, b} (world ranks, a < b) -> factor (>= 1) on the time of every
+  // pipeline message between them (emulate.slow_links, or measured): a tp
+  // group's message takes the slowest of its members' links.
+  std::map<std::pair<int, int>, double> slow_links;
   bool all_replicas = false;         // simulate every dp replica even when they are the same
   WorkOptions work;                  // another framework's attention and dropout (work.hpp)
   // Ranks sharing more ranks than cores: the mean extra wait of each

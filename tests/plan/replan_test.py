@@ -12,13 +12,19 @@ layers in f64 under parallel.auto (the launch plans the layout):
              layout for the measured cluster, and the run switches to it in
              memory at that step boundary.
 
-Both must train every step with the losses of an uninterrupted
+  link       (--case link) the pipeline link between launcher ranks 1 and 5
+             turns 16x slower from step 10 on (emulate.slow_links
+             "1-5:16@10"): a re-plan within 20 steps names link 1-5 as the
+             slow one (and no other link or rank), predicts a faster layout
+             and the run switches to it, once.
+
+Every run must train every step with the losses of an uninterrupted
 single-process run: within 1e-7 relative before a switch (f64: the order of
 summation), 1e-5 after it (the switch carries the state in f32, as a
 checkpoint does; see check_losses). The step times
 before and after the switch are printed (measured, not asserted).
 
-usage: replan_test.py --train BIN --mpirun WRAPPER --data DIR --work DIR
+usage: replan_test.py --train BIN --mpirun WRAPPER --data DIR --work DIR [--case link]
 """
 import argparse
 import json
@@ -90,10 +96,13 @@ def main():
     ap.add_argument("--mpirun", required=True)
     ap.add_argument("--data", required=True)
     ap.add_argument("--work", required=True)
+    ap.add_argument("--case", choices=["straggler", "link"], default="straggler")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     ref = losses(run(args, "single", 1, []))
     auto = ["parallel.auto=true", f"emulate.cluster={CLUSTER}"]
+    if args.case == "link":
+        return slow_link(args, ref, auto)
 
     clean = run(args, "clean", 8, auto)
     switches = [r for r in clean if r.get("event") == "switch"]
@@ -135,6 +144,43 @@ def main():
     if before and after:
         print(f"  measured step time (median): {statistics.median(before):.4f} s after the onset, "
               f"{statistics.median(after):.4f} s after the switch")
+    print("PASS")
+
+
+def slow_link(args, ref, auto):
+    recs = run(args, "link", 8, auto + ["emulate.slow_links=1-5:16@10"])
+    replans = [r for r in recs if r.get("controller") == "replan" and "measured_slowdown" in r["decision"]]
+    sw = [r for r in recs if r.get("event") == "switch" and "refused" not in r]
+    first = next((r for r in replans if r["decision"].get("layout_request")), None)
+    if not first:
+        sys.exit(f"FAIL: no re-plan asked for a switch; re-plans: {[r['decision'] for r in replans]}")
+    d = first["decision"]
+    if not 10 < first["step"] <= 30:
+        sys.exit(f"FAIL: re-planned at step {first['step']}; the link slowed at step 10 (want 11..30)")
+    links = d.get("measured_link_slowdown", {})
+    if links.get("1-5", 1) < 8 or any(v >= 2 for k, v in links.items() if k != "1-5"):
+        sys.exit(f"FAIL: the re-plan measured links {links}; want 1-5 at >= 8x (16x injected), "
+                 f"the others below 2x")
+    ranks = {int(k): v for k, v in d["measured_slowdown"].items()}
+    if any(v >= 2 for v in ranks.values()):
+        sys.exit(f"FAIL: a rank read as slow beside the slow link: {ranks}")
+    if not d["predicted_new_s"] < d["predicted_now_s"]:
+        sys.exit(f"FAIL: switch without a predicted gain: {d}")
+    if [r["step"] for r in sw] != [first["step"]]:
+        sys.exit(f"FAIL: want one switch, at step {first['step']}; got {[(r['step'], r['to']) for r in sw]}")
+    e = check_losses("link", recs, ref, switch_step=first["step"])
+    t = step_times(recs)
+    s0 = first["step"]
+    clean = [t[s] for s in t if 3 <= s < 10]
+    slow = [t[s] for s in t if 12 <= s <= s0]
+    after = [t[s] for s in t if s >= s0 + 3]
+    print(f"link: re-planned at step {s0} (onset 10), links measured {links}; {d['layout_now']} -> "
+          f"{d['layout_new']}: predicted {d['predicted_now_s']:.4g} -> {d['predicted_new_s']:.4g} s; "
+          f"switched in {sw[0].get('seconds', 0):.3f} s; losses within {e:.1e}")
+    if clean and slow and after:
+        c, sl, a = (statistics.median(x) for x in (clean, slow, after))
+        print(f"  measured step time (median): {c:.4f} s before the onset, {sl:.4f} s with the slow "
+              f"link, {a:.4f} s after the switch (mitigation {(sl - a) / max(sl - c, 1e-9):.0%})")
     print("PASS")
 
 

@@ -4,7 +4,9 @@
 
 #include "parallel/plan/replan_controller.hpp"
 
+using adgt::plan::LinkKey;
 using adgt::plan::ReplanDecider;
+using adgt::plan::ReplanLink;
 using adgt::plan::ReplanOptions;
 using adgt::plan::ReplanSample;
 using adgt::plan::ReplanState;
@@ -32,7 +34,7 @@ TEST_CASE("replan: a straggler re-plans once, with its measured slowdown", "[rep
   auto state = std::make_shared<ReplanState>();
   ReplanDecider d(ReplanOptions{}, state);
   std::vector<std::map<int, double>> calls;
-  const auto plan = [&](const std::map<int, double>& slow) {
+  const auto plan = [&](const std::map<int, double>& slow, const std::map<LinkKey, double>&) {
     calls.push_back(slow);
     return nlohmann::json{{"layout_request", {"parallel.stage_layers=[1,7]"}}};
   };
@@ -73,7 +75,7 @@ TEST_CASE("replan: a straggler re-plans once, with its measured slowdown", "[rep
 TEST_CASE("replan: below min_slowdown is noise; the threshold is relative", "[replan]") {
   auto state = std::make_shared<ReplanState>();
   int calls = 0;
-  const auto plan = [&](const std::map<int, double>&) {
+  const auto plan = [&](const std::map<int, double>&, const std::map<LinkKey, double>&) {
     ++calls;
     return nlohmann::json{{"layout_request", nullptr}};
   };
@@ -92,7 +94,7 @@ TEST_CASE("replan: below min_slowdown is noise; the threshold is relative", "[re
 TEST_CASE("replan: a slowdown that lasts shorter than confirm does not re-plan", "[replan]") {
   auto state = std::make_shared<ReplanState>();
   int calls = 0;
-  const auto plan = [&](const std::map<int, double>&) {
+  const auto plan = [&](const std::map<int, double>&, const std::map<LinkKey, double>&) {
     ++calls;
     return nlohmann::json::object();
   };
@@ -111,7 +113,7 @@ TEST_CASE("replan: a slowdown that lasts shorter than confirm does not re-plan",
 TEST_CASE("replan: the window is per rank and a missing sample waits", "[replan]") {
   auto state = std::make_shared<ReplanState>();
   int calls = 0;
-  const auto plan = [&](const std::map<int, double>&) {
+  const auto plan = [&](const std::map<int, double>&, const std::map<LinkKey, double>&) {
     ++calls;
     return nlohmann::json::object();
   };
@@ -129,4 +131,65 @@ TEST_CASE("replan: the window is per rank and a missing sample waits", "[replan]
   d.add(step_of(4, {{1, 5.0}}), plan);
   CHECK(calls == 1);
   CHECK(d.estimate().empty());  // the window is cleared after a decision
+}
+
+namespace {
+// The 8 ranks' pipeline links of two stages (rank r of stage 0 sends to
+// r + 4): intra-node links (model 1 ms) for ranks 0-1, inter-node (model
+// 10 ms) for the others, measured at 1.3x the model (a uniform model error)
+// times the injected factor, +-jitter.
+std::vector<ReplanLink> links_of(int step, std::map<int, double> slow, double jitter = 0) {
+  std::vector<ReplanLink> out;
+  for (int r = 0; r < 4; ++r) {
+    const double model = r < 2 ? 1e-3 : 1e-2;
+    double t = 1.3 * model * (1 + jitter * double((r + step) % 3 - 1));
+    if (auto it = slow.find(r); it != slow.end()) t *= it->second;
+    out.push_back({r, r + 4, t, model});
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("replan: a slow pipeline link re-plans with its factor, once", "[replan]") {
+  auto state = std::make_shared<ReplanState>();
+  ReplanDecider d(ReplanOptions{}, state);
+  std::vector<std::map<LinkKey, double>> calls;
+  const auto plan = [&](const std::map<int, double>& slow, const std::map<LinkKey, double>& links) {
+    if (calls.empty()) CHECK(slow.empty());  // the link alone, first
+    calls.push_back(links);
+    return nlohmann::json{{"layout_request", {"parallel.pp=1"}}};
+  };
+  // Links of two classes and a model 1.3x off, +-20% noise: no re-plan.
+  for (int s = 0; s < 20; ++s) CHECK(d.add(step_of(s, {}), plan, links_of(s, {}, 0.2)).empty());
+  CHECK(calls.empty());
+  // Link 2-6 turns 4x slower.
+  nlohmann::json out;
+  int at = -1;
+  for (int s = 20; s < 40 && at < 0; ++s) {
+    out = d.add(step_of(s, {}), plan, links_of(s, {{2, 4.0}}, 0.05));
+    if (!out.empty()) at = s;
+  }
+  REQUIRE(at >= 26);
+  CHECK(at <= 28);
+  REQUIRE(calls.size() == 1);
+  REQUIRE(calls[0].size() == 1);
+  CHECK_THAT(calls[0].at({2, 6}), WithinRel(4.0, 0.1));
+  CHECK(out["measured_link_slowdown"]["2-6"].get<double>() > 3.6);
+  CHECK(out["measured_link_slowdown"]["0-4"].get<double>() == 1.0);
+  CHECK_THAT(state->planned_links.at({2, 6}), WithinRel(4.0, 0.1));
+  // Planned for: no new re-plan while it stays.
+  for (int s = 40; s < 60; ++s) CHECK(d.add(step_of(s, {}), plan, links_of(s, {{2, 4.0}})).empty());
+  CHECK(calls.size() == 1);
+  // A layout without the link (no samples of it): nothing changes, and a
+  // later re-plan (a straggler) still gets the link's factor.
+  for (int s = 60; s < 80; ++s) d.add(step_of(s, {{1, 3.0}}), plan);
+  REQUIRE(calls.size() == 2);
+  CHECK_THAT(calls[1].at({2, 6}), WithinRel(4.0, 0.1));
+  // Measured again at full speed: re-planned without it.
+  bool again = false;
+  for (int s = 80; s < 100 && !again; ++s)
+    again = !d.add(step_of(s, {{1, 3.0}}), plan, links_of(s, {})).empty();
+  CHECK(again);
+  REQUIRE(calls.size() == 3);
+  CHECK(calls[2].empty());
 }

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "core/config.hpp"
+#include "core/layout.hpp"
 #include "parallel/cluster/cluster.hpp"
 #include "parallel/cluster/collectives.hpp"
 #include "parallel/engine.hpp"
@@ -285,4 +286,32 @@ TEST_CASE("sim: fused projections are two GEMMs of the same FLOPs", "[sim]") {
     CHECK(unfused - fused == saved);
     CHECK(ff == Approx(fu).epsilon(1e-12));
   }
+}
+
+TEST_CASE("sim: a slow pipeline link slows the messages that cross it", "[sim]") {
+  FakeCosts costs;
+  // One activation message (2 x 32 x 64 fp32 = 16 KiB) takes ~1 ms.
+  const cluster::Cluster cl = cluster::parse_cluster(
+      "nodes: 1\ndevices_per_node: 8\n"
+      "device: {peak_bf16_tflops: 1, peak_fp32_tflops: 1, memory_gib: 16, hbm_GBps: 1}\n"
+      "intra: {bandwidth_GBps: 0.016, latency_us: 0}\n",
+      "slow-links.yaml");
+  const RunConfig cfg = run({"parallel.pp=2", "parallel.dp=2"});
+  const SimResult even = simulate_step(cfg, cl, costs);
+  // Replica 0's two stages.
+  const int a = rank_of(layout_of(cfg), RankCoords{0, 0, 0}),
+            b = rank_of(layout_of(cfg), RankCoords{0, 0, 1});
+  SimOptions slow;
+  slow.slow_links[{std::min(a, b), std::max(a, b)}] = 8;
+  const SimResult s = simulate_step(cfg, cl, costs, slow);
+  const double msg = cluster::message_time(cl, a, b, 2.0 * 32 * 64 * 4);
+  CHECK(msg > 5e-4);
+  // At least the first micro-batch's activation and the last one's gradient
+  // wait 7 more message times each.
+  CHECK(s.step_time_s > even.step_time_s + 2 * 7 * msg * 0.99);
+  // A link no pipeline message crosses (the two replicas' first stages) changes nothing.
+  SimOptions other;
+  const int c = rank_of(layout_of(cfg), RankCoords{0, 1, 0});
+  other.slow_links[{std::min(a, c), std::max(a, c)}] = 8;
+  CHECK(simulate_step(cfg, cl, costs, other).step_time_s == Approx(even.step_time_s).epsilon(1e-12));
 }
