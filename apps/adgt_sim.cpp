@@ -133,6 +133,9 @@ int main(int argc, char** argv) {
     adgt::sim::SimOptions opts;
     opts.host_cores = host_cores;
     opts.slow_ranks = parse_slow(slow);
+    // The run file's slow links (emulate.slow_links: every entry, its onset aside).
+    for (const adgt::SlowLink& l : adgt::parse_slow_links(cfg.emulate.slow_links))
+      opts.slow_links[{int(std::min(l.a, l.b)), int(std::max(l.a, l.b))}] = l.factor;
     if (host_cores > 0) {
       if (sync == "auto") {
         const int procs = int(adgt::layout_of(cfg).world());
