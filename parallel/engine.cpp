@@ -78,8 +78,10 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
     pipe_->set_progress_comms(reducer_->comms());
     pipe_->set_slowdown(slow_);
   }
-  // Without a pipeline the last micro-batch is known (run_micro_batches):
-  // replicas return their gradients once per step.
+  // Replicas return their gradients once per step: without a pipeline in
+  // the last micro-batch's backward (run_micro_batches knows it), in a
+  // pipeline in each chunk's last backward (the executor sets it per
+  // instruction).
   model_->defer_replica_grads(!pipelined);
   in_.assign(size_t(cfg.train.micro_batch * cfg.model.seq_len), 0);
   tg_.assign(in_.size(), -1);

@@ -224,6 +224,19 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
     return busy;
   };
 
+  // Each chunk's last backward of the step: MoE expert replicas send their
+  // gradients (summed over the micro-batches) back to the owners there, once
+  // a step (Model::defer_replica_grads), before the chunk's ReduceGrads.
+  std::vector<size_t> last_backward(size_t(std::max(model_.num_chunks(), 1)), list.size());
+  for (size_t j = 0; j < list.size(); ++j)
+    if ((list[j].op == pp::Op::Backward || list[j].op == pp::Op::BackwardInput) && list[j].chunk >= 0 &&
+        size_t(list[j].chunk) < last_backward.size())
+      last_backward[size_t(list[j].chunk)] = j;
+  struct ReplicaReturn {
+    Model& m;
+    ~ReplicaReturn() { m.defer_replica_grads(false); }
+  } replica_return{model_};
+
   for (size_t i = 0; i < list.size(); ++i) {
     const pp::Instr& in = list[i];
     const int c = in.chunk, mb = in.microbatch;
@@ -305,6 +318,7 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
                             list[i + 1].op == pp::Op::ReduceGrads && list[i + 1].chunk == c;
         std::function<void(int64_t, int64_t)> unit;
         if (last_w) unit = slow_ ? slow_->wrap(hooks.unit) : hooks.unit;
+        model_.defer_replica_grads(i != last_backward[size_t(c)]);
         e.busy = compute(progress_ok && !last_w,
                          [&] { model_.backward_chunk(c, slot, d_out, split, unit, last_w); });
         fused_last[size_t(c)] = last_w;

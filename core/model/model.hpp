@@ -232,11 +232,12 @@ class Model {
   const ExpertPlacement* expert_placement() const {
     return moe_.empty() ? nullptr : &moe_.front()->placement();
   }
-  // Expert replicas' gradients go back to their owners in the last
-  // micro-batch's backward only (backward(..., last_micro_batch)), summed
-  // over the step's micro-batches; off (the default), after every backward.
-  // Pipelined steps never pass last_micro_batch, so only a caller of
-  // backward() may turn it on.
+  // On: expert replicas' gradients go back to their owners only in a
+  // backward with last_micro_batch (backward(..., true)) or after this is
+  // turned off again, summed over the micro-batches since; off (the
+  // default): after every backward. The engine turns it on without a
+  // pipeline (run_micro_batches knows the last micro-batch); the pipeline
+  // executor turns it off for each chunk's last backward of the step.
   void defer_replica_grads(bool on) { defer_replica_grads_ = on; }
   const ExpertReplicas* expert_replicas() const {
     return moe_.empty() ? nullptr : &moe_.front()->replicas();

@@ -52,15 +52,15 @@ class ExpertPlacementController final : public Controller {
       a2a_b += double(l.a2a_bytes);
     }
     // What one replica moves per step in this stage's MoE layers: its weights
-    // to it after the update, its gradient back once a step (after each
-    // micro-batch's backward in a pipeline: Model::defer_replica_grads).
+    // to it after the update, its gradient back once a step (in the last
+    // backward of the step, or of the chunk in a pipeline:
+    // Model::defer_replica_grads).
     const RunConfig& cfg = e.config();
     const DType wd = e.model().dtype(), gd = wd == DType::BF16 ? DType::F32 : wd;
     const double replica_bytes =
         double(e.model().moe_stats().size()) * 3.0 * double(cfg.model.expert_ffn() / cfg.parallel.tp) *
         double(cfg.model.d_model) *
-        (double(dtype_size(wd)) +
-         double(dtype_size(gd)) * double(e.pipelined() ? cfg.accum_steps() : 1));
+        (double(dtype_size(wd)) + double(dtype_size(gd)));
     if (secs > 0 && e.groups().slowdown) secs *= e.groups().slowdown->factor();
     world.all_reduce(Tensor(load.data(), DType::F64, {int64_t(load.size())}));
     // The step's compute on this rank (its time outside blocking

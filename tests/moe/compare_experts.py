@@ -73,6 +73,10 @@ def main():
         ("tp2_ep2_dp2_replicas", ["parallel.tp=2", "parallel.dp=2", "parallel.ep=2"] + rep2, 4),
         ("pp2_ep2_dp2_replicas", ["parallel.pp=2", "parallel.dp=2", "parallel.ep=2",
                                   "parallel.schedule=1f1b"] + rep2, 4),
+        # Split backward (B, then W later): the replicas' gradients go back in
+        # each chunk's last B, once a step.
+        ("pp2_ep2_dp2_replicas_zb", ["parallel.pp=2", "parallel.dp=2", "parallel.ep=2",
+                                     "parallel.schedule=zb-h1"] + rep2, 4),
     ]
     print(f"{'layout':>20}  {'max rel loss err':>16}  {'max rel weight err':>18}  {'time':>6}")
     for name, sets, ranks in layouts:
