@@ -254,12 +254,10 @@ void EmulatedComm::recv(Tensor t, int peer, int tag) {
     control().recv(Tensor(header, DType::F64, {2}), peer, tag);
     inner_.recv(t, peer, tag);
   }
-  for (auto* m : {&rank_->link_in, &rank_->link_total}) {
-    EmulatedRank::LinkTime& lt = (*m)[{inner_.name(), peer}];
-    lt.seconds += header[0] - header[1];
-    lt.messages += 1;
-    lt.bytes += double(t.bytes());
-  }
+  EmulatedRank::LinkTime& lt = rank_->link_in[{inner_.name(), peer}];
+  lt.seconds += header[0] - header[1];
+  lt.messages += 1;
+  lt.bytes += double(t.bytes());
   trace_wait("recv", header[0], peer, double(t.bytes()));
   rank_->clock.wait_until(header[0], wait_hook_);
 }

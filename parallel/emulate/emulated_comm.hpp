@@ -78,16 +78,15 @@ struct EmulatedRank {
   std::map<int, double> link_slowdown;
   // What this rank's received messages took on their links (arrival −
   // departure, the sender's link time, queueing excluded), per group name and
-  // group rank of the sender, since the last take (Emulation::take_link_times).
+  // group rank of the sender, since the start (never cleared: each reader
+  // takes differences, Emulation::take_link_times, so none takes another's
+  // samples).
   struct LinkTime {
     double seconds = 0;
     int64_t messages = 0;
     double bytes = 0;
   };
   std::map<std::pair<std::string, int>, LinkTime> link_in;
-  // The same since the start, never cleared (Emulation::link_totals: for
-  // readers that must not take another's samples).
-  std::map<std::pair<std::string, int>, LinkTime> link_total;
   double comm_seconds = 0;                 // inside emulated calls (outermost only), clock seconds
   int depth = 0;                           // emulated calls in progress on this thread
   // ADGT_EMULATE_TRACE=DIR: each collective, message and wait of this rank

@@ -292,21 +292,18 @@ void Emulation::at_step(int64_t step) {
 std::map<int, EmulatedRank::LinkTime> Emulation::link_totals(const std::string& group) const {
   std::map<int, EmulatedRank::LinkTime> out;
   if (!state) return out;
-  for (const auto& [key, lt] : state->link_total)
+  for (const auto& [key, lt] : state->link_in)
     if (key.first == group) out[key.second] = lt;
   return out;
 }
 
 std::map<int, EmulatedRank::LinkTime> Emulation::take_link_times(const std::string& group) {
   std::map<int, EmulatedRank::LinkTime> out;
-  if (!state) return out;
-  for (auto it = state->link_in.begin(); it != state->link_in.end();) {
-    if (it->first.first == group) {
-      out[it->first.second] = it->second;
-      it = state->link_in.erase(it);
-    } else {
-      ++it;
-    }
+  for (const auto& [peer, lt] : link_totals(group)) {
+    EmulatedRank::LinkTime& was = taken[{group, peer}];
+    if (lt.messages > was.messages)
+      out[peer] = {lt.seconds - was.seconds, lt.messages - was.messages, lt.bytes - was.bytes};
+    was = lt;
   }
   return out;
 }

@@ -66,10 +66,14 @@ struct Emulation {
   void at_step(int64_t step);  // ... and emulate.slow_links' links of this rank
   // The link times of the messages this rank received in the group named
   // `group` (an EmulatedComm's name: "pp", ...) since the last call, per
-  // sender's group rank; cleared (EmulatedRank::link_in).
+  // sender's group rank (the differences of EmulatedRank::link_in since
+  // then; senders with no new message left out).
   std::map<int, EmulatedRank::LinkTime> take_link_times(const std::string& group);
-  // The same since the start, not cleared (EmulatedRank::link_total).
+  // The same since the start (EmulatedRank::link_in): for a reader that
+  // keeps its own last totals and must not take take_link_times' samples.
   std::map<int, EmulatedRank::LinkTime> link_totals(const std::string& group) const;
+  // link_in as of the last take_link_times, per group and sender.
+  std::map<std::pair<std::string, int>, EmulatedRank::LinkTime> taken;
   // "emulation: cluster <name> (<source>): ..." — the cluster, its links and
   // the slow ranks, one line.
   std::string summary() const;

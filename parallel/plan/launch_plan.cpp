@@ -205,6 +205,18 @@ cluster::Cluster launch_cluster(const RunConfig& cfg, const std::vector<std::str
 }
 
 namespace {
+// launch_cluster for this machine's GPU (its name and NVLink topology) or
+// CPU ranks (`gpu` empty), with this machine's cores: the cluster the
+// launch, the re-plan and the link model all plan on.
+cluster::Cluster hosts_cluster(const RunConfig& cfg, const std::vector<std::string>& hosts,
+                               const std::string& gpu, std::string* why, int64_t* max_tp) {
+  const GpuTopology topo = gpu.empty() ? GpuTopology{} : parse_nvidia_topology(read_nvidia_topology());
+  return launch_cluster(cfg, hosts, gpu, std::max<int64_t>(1, std::thread::hardware_concurrency()),
+                        why, topo, max_tp);
+}
+}  // namespace
+
+namespace {
 
 // The GPU's name from nvidia-smi ("" when the run is on the CPU or it cannot tell).
 std::string gpu_name_of(const RunConfig& cfg) {
@@ -290,10 +302,7 @@ LaunchPlan plan_at_launch(const RunConfig& cfg, const std::string& path,
       std::string why;
       const std::string gpu = gpu_name_of(cfg);
       int64_t max_tp = 0;
-      const GpuTopology topo = gpu.empty() ? GpuTopology{} : parse_nvidia_topology(read_nvidia_topology());
-      const cluster::Cluster cl = launch_cluster(
-          cfg, hosts, gpu, std::max<int64_t>(1, std::thread::hardware_concurrency()), &why, topo,
-          &max_tp);
+      const cluster::Cluster cl = hosts_cluster(cfg, hosts, gpu, &why, &max_tp);
       Planned p = plan_for(cfg, fixed_keys(path, overrides), cl, size, gpu.empty(), why, max_tp);
       lp.table = p.text;
       std::ostringstream os;
@@ -399,9 +408,7 @@ Replan replan(const RunConfig& cfg, const std::vector<std::string>& fixed,
   std::string why;
   const std::string gpu = gpu_name_of(cfg);
   int64_t max_tp = 0;
-  const GpuTopology topo = gpu.empty() ? GpuTopology{} : parse_nvidia_topology(read_nvidia_topology());
-  const cluster::Cluster cl = launch_cluster(
-      cfg, hosts, gpu, std::max<int64_t>(1, std::thread::hardware_concurrency()), &why, topo, &max_tp);
+  const cluster::Cluster cl = hosts_cluster(cfg, hosts, gpu, &why, &max_tp);
   const int64_t world = int64_t(hosts.size());
   Planned p = plan_for(cfg, fixed, cl, world, gpu.empty(), why, max_tp, &slow, &cfg, &out.current,
                        &slow_links);
@@ -420,11 +427,8 @@ std::map<std::pair<int, int>, double> link_model_times(const RunConfig& cfg,
                                                        const std::vector<std::pair<int, int>>& links,
                                                        double bytes) {
   std::string why;
-  const std::string gpu = gpu_name_of(cfg);
-  const GpuTopology topo = gpu.empty() ? GpuTopology{} : parse_nvidia_topology(read_nvidia_topology());
   int64_t max_tp = 0;
-  const cluster::Cluster cl = launch_cluster(
-      cfg, hosts, gpu, std::max<int64_t>(1, std::thread::hardware_concurrency()), &why, topo, &max_tp);
+  const cluster::Cluster cl = hosts_cluster(cfg, hosts, gpu_name_of(cfg), &why, &max_tp);
   const int64_t world = int64_t(hosts.size());
   const Placement place = sim_placement(cfg, cl, world);
   const auto layout_rank = [&](int r) { return r < world ? place.layout_rank(r) : r; };

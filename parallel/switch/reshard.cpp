@@ -140,8 +140,8 @@ StateView view_of(const RankState& s) {
   return v;
 }
 
-void pack_moves(const std::vector<RegionMove>& moves, int s, const RankState& from,
-                std::vector<float>& out, int dst_filter) {
+void pack_moves(const std::vector<RegionMove>& moves, int s, const RankState& from, std::vector<float>& out,
+                int dst_filter) {
   int64_t n = 0;
   for (const RegionMove& m : moves)
     if (m.src == s && (dst_filter < 0 || m.dst == dst_filter)) n += move_elems(m);
@@ -150,8 +150,8 @@ void pack_moves(const std::vector<RegionMove>& moves, int s, const RankState& fr
   pack_into(moves, s, from.shards, view_of(from), dst_filter, out.data() + k);
 }
 
-void unpack_moves(const std::vector<RegionMove>& moves, int s, int d, RankState& to,
-                  const float* in, int64_t n) {
+void unpack_moves(const std::vector<RegionMove>& moves, int s, int d, RankState& to, const float* in,
+                  int64_t n) {
   int64_t k = 0;
   for (const RegionMove& m : moves) {
     if (m.src != s || m.dst != d) continue;
@@ -288,8 +288,7 @@ ReshardStats reshard(const RankShards& src_shards, const StateView& src, int src
   ReshardStats st;
   st.moves = int64_t(moves.size());
   st.plan_s = lap();
-  std::vector<int64_t> send_counts(static_cast<size_t>(P), 0),
-      recv_counts(static_cast<size_t>(P), 0);
+  std::vector<int64_t> send_counts(static_cast<size_t>(P), 0), recv_counts(static_cast<size_t>(P), 0);
   for (int p = 0; p < P; ++p) {
     const int64_t out = planned_elems(moves, src_rank, dst_of[size_t(p)]);
     (p == me ? st.local_bytes : st.sent_bytes) += out * 4;

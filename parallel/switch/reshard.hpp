@@ -86,10 +86,10 @@ std::string place_record(int src_rank, const RankShards& src, int dst_rank, cons
 // the elements of the moves with m.src == s, in plan order, from `from`'s
 // buffers; and into `to`'s buffers from a payload of the moves with
 // m.dst == d, in plan order, from source `s`.
-void pack_moves(const std::vector<RegionMove>& moves, int s, const RankState& from,
-                std::vector<float>& out, int dst_filter = -1);
-void unpack_moves(const std::vector<RegionMove>& moves, int s, int d, RankState& to,
-                  const float* in, int64_t n);
+void pack_moves(const std::vector<RegionMove>& moves, int s, const RankState& from, std::vector<float>& out,
+                int dst_filter = -1);
+void unpack_moves(const std::vector<RegionMove>& moves, int s, int d, RankState& to, const float* in,
+                  int64_t n);
 
 // The moves from source rank s to destination rank d, copied row by row from
 // s's buffers (`from`, with its shards `from_shards`) into `to`'s; returns

@@ -379,11 +379,11 @@ void Trainer::switch_layout(const RunConfig& next, const std::string& why, Metri
   ++switches_;
   const std::string table = rank_table(pg, dev_.device_id, dev_.transport, emulation_);
   if (lead()) {
-    std::printf(
-        "switch at step %ld: %s -> %s in %.3f s (%.1f MB between ranks, %.1f MB within; "
-        "%.1f MB of it read from shared memory; request: %s)\n%s",
-        long(step_), from_desc.c_str(), describe(layout_of(cfg_)).c_str(), seconds, moved[0] / 1e6,
-        moved[1] / 1e6, moved[2] / 1e6, why.c_str(), table.c_str());
+    std::printf("switch at step %ld: %s -> %s in %.3f s (%.1f MB between ranks, %.1f MB within; "
+                "%.1f MB of it read without a message, by %s; request: %s)\n%s",
+                long(step_), from_desc.c_str(), describe(layout_of(cfg_)).c_str(), seconds,
+                moved[0] / 1e6, moved[1] / 1e6, moved[2] / 1e6, shared_how.c_str(), why.c_str(),
+                table.c_str());
     if (had_ef)
       std::fprintf(stderr, "note: switch at step %ld: gradient compression's error-feedback state is "
                            "dropped (the layout changed); it restarts at zero\n", long(step_));

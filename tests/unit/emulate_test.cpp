@@ -121,14 +121,19 @@ TEST_CASE("emulate.slow_links: a-b:factor[@step] entries", "[emulate]") {
   CHECK(emu->state->link_slowdown == std::map<int, double>{{0, 2.0}});
   emu->at_step(30);
   CHECK(emu->state->link_slowdown == std::map<int, double>{{0, 2.0}, {2, 4.0}});
-  // Link times taken per group, and cleared.
+  // Link times taken per group, as differences since the last take; the
+  // totals stay for other readers.
   emu->state->link_in[{"pp", 0}] = {0.5, 2, 64};
   emu->state->link_in[{"dp", 1}] = {0.25, 1, 32};
   const auto pp = emu->take_link_times("pp");
   REQUIRE(pp.size() == 1);
   CHECK((pp.at(0).seconds == 0.5 && pp.at(0).messages == 2));
   CHECK(emu->take_link_times("pp").empty());
-  CHECK(emu->state->link_in.size() == 1);
+  emu->state->link_in[{"pp", 0}] = {0.75, 3, 96};  // one more message, of 0.25 s
+  const auto more = emu->take_link_times("pp");
+  REQUIRE(more.size() == 1);
+  CHECK((more.at(0).seconds == 0.25 && more.at(0).messages == 1 && more.at(0).bytes == 32));
+  CHECK((emu->link_totals("pp").at(0).messages == 3 && emu->link_totals("dp").at(1).messages == 1));
 }
 
 TEST_CASE("emulate keys: off by default, checked with the file's line", "[emulate][config]") {

@@ -14,16 +14,32 @@ using Catch::Matchers::WithinRel;
 
 namespace {
 
+// `base` seconds of sample r at `step`, scaled by 1 + jitter * ((r + step) %
+// 3 - 1) (the noise of ranks sharing cores) and by slow[r] when given.
+double sample(double base, int r, int step, const std::map<int, double>& slow, double jitter) {
+  double t = base * (1 + jitter * double((r + step) % 3 - 1));
+  if (auto it = slow.find(r); it != slow.end()) t *= it->second;
+  return t;
+}
+
 // 8 ranks, pipeline rank = launcher rank / 4 (two stages of 4 replicas);
 // stage 1 takes twice stage 0's time (unequal work must not read as slow);
-// `slow`: rank -> factor; `jitter`: rank r's sample scaled by 1 + jitter *
-// ((r + step) % 3 - 1), the noise of ranks sharing cores.
+// `slow`: rank -> factor.
 std::vector<ReplanSample> step_of(int step, std::map<int, double> slow, double jitter = 0) {
   std::vector<ReplanSample> out;
-  for (int r = 0; r < 8; ++r) {
-    double t = (r / 4 == 0 ? 1.0 : 2.0) * (1 + jitter * double((r + step) % 3 - 1));
-    if (auto it = slow.find(r); it != slow.end()) t *= it->second;
-    out.push_back({r, r / 4, t});
+  for (int r = 0; r < 8; ++r) out.push_back({r, r / 4, sample(r / 4 == 0 ? 1.0 : 2.0, r, step, slow, jitter)});
+  return out;
+}
+
+// The 8 ranks' pipeline links of two stages (rank r of stage 0 sends to
+// r + 4): intra-node links (model 1 ms) for ranks 0-1, inter-node (model
+// 10 ms) for the others, measured at 1.3x the model (a uniform model error);
+// `slow`: link r-(r+4) -> factor.
+std::vector<ReplanLink> links_of(int step, std::map<int, double> slow, double jitter = 0) {
+  std::vector<ReplanLink> out;
+  for (int r = 0; r < 4; ++r) {
+    const double model = r < 2 ? 1e-3 : 1e-2;
+    out.push_back({r, r + 4, sample(1.3 * model, r, step, slow, jitter), model});
   }
   return out;
 }
@@ -132,23 +148,6 @@ TEST_CASE("replan: the window is per rank and a missing sample waits", "[replan]
   CHECK(calls == 1);
   CHECK(d.estimate().empty());  // the window is cleared after a decision
 }
-
-namespace {
-// The 8 ranks' pipeline links of two stages (rank r of stage 0 sends to
-// r + 4): intra-node links (model 1 ms) for ranks 0-1, inter-node (model
-// 10 ms) for the others, measured at 1.3x the model (a uniform model error)
-// times the injected factor, +-jitter.
-std::vector<ReplanLink> links_of(int step, std::map<int, double> slow, double jitter = 0) {
-  std::vector<ReplanLink> out;
-  for (int r = 0; r < 4; ++r) {
-    const double model = r < 2 ? 1e-3 : 1e-2;
-    double t = 1.3 * model * (1 + jitter * double((r + step) % 3 - 1));
-    if (auto it = slow.find(r); it != slow.end()) t *= it->second;
-    out.push_back({r, r + 4, t, model});
-  }
-  return out;
-}
-}  // namespace
 
 TEST_CASE("replan: a slow pipeline link re-plans with its factor, once", "[replan]") {
   auto state = std::make_shared<ReplanState>();
