@@ -210,7 +210,7 @@ const std::vector<Key>& schema() {
           "pipeline micro-batches per step; 0 = derived: global_batch / (micro_batch x dp), "
           "the accumulation steps; if set, must equal that"),
       key("parallel", &R::parallel, "virtual_stages", &ParallelConfig::virtual_stages,
-          A::Positive, "model chunks per pipeline rank; > 1 only with schedule interleaved"),
+          A::Positive, "model chunks per pipeline rank; > 1 only with schedule interleaved or greedy"),
       key("parallel", &R::parallel, "stage_layers", &ParallelConfig::stage_layers, A::Positive,
           "layers per pipeline stage, pp x virtual_stages entries summing to n_layers; "
           "[] = balanced by cost"),

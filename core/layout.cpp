@@ -334,11 +334,14 @@ struct Checker {
             "parallel.virtual_stages=" + num(v) +
                 ": the interleaved schedule needs at least 2 chunks per rank; use "
                 "virtual_stages >= 2, or parallel.schedule=1f1b");
+    } else if (v > 1 && l.schedule == "greedy") {
+      if (l.pp < 2)
+        add("parallel.pp", "parallel.pp=" + num(l.pp) + ": greedy with parallel.virtual_stages=" + num(v) +
+                               " needs at least 2 pipeline ranks; use pp >= 2, or virtual_stages=1");
     } else if (v > 1) {
       add("parallel.virtual_stages",
-          "parallel.virtual_stages=" + num(v) + " needs parallel.schedule=interleaved (got " +
-              l.schedule + (l.schedule == "greedy" ? ", which plans one chunk per rank" : "") +
-              "); use virtual_stages=1 or schedule=interleaved");
+          "parallel.virtual_stages=" + num(v) + " needs parallel.schedule=interleaved or greedy (got " +
+              l.schedule + "); use virtual_stages=1, or schedule=interleaved or greedy");
     }
 
     if (l.pp > 1) {

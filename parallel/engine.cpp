@@ -1,5 +1,6 @@
 #include "parallel/engine.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -173,6 +174,7 @@ double Engine::forward_backward(const MicroBatchFetch& fetch) {
   model_->zero_grads();
   model_->reset_moe_stats();
   const double loss = pipelined() ? run_pipeline_step(fetch) : run_micro_batches(fetch);
+  times_.bubble_idle = -1.0;
   times_.bubble = pipelined() ? measured_bubble() : -1.0;
   return loss;
 }
@@ -229,11 +231,19 @@ double Engine::run_pipeline_step(const MicroBatchFetch& fetch) {
 }
 
 double Engine::measured_bubble() {
-  // 1 - sum of busy time / (pp x the slowest rank's step time), over the pipeline group.
-  double busy[1] = {pipe_->last_busy_seconds()}, span[1] = {pipe_->last_step_seconds()};
-  ctx_.pp->all_reduce(Tensor(busy, DType::F64, {1}));
+  // 1 - sum of busy time / (pp x the slowest rank's step time), over the
+  // pipeline group. Of it, idle: the receives' waits and each rank's time
+  // after its last instruction until the slowest rank's; the rest is the
+  // ranks' own work between instructions (copies for sends, bookkeeping).
+  const double own_span = pipe_->last_step_seconds();
+  double sums[2] = {pipe_->last_busy_seconds(), pipe_->last_wait_seconds() - own_span};
+  double span[1] = {own_span};
+  ctx_.pp->all_reduce(Tensor(sums, DType::F64, {2}));
   ctx_.pp->all_reduce(Tensor(span, DType::F64, {1}), ReduceOp::Max);
-  return span[0] > 0 ? 1.0 - busy[0] / (double(ctx_.pp->size()) * span[0]) : 0.0;
+  const double P = double(ctx_.pp->size());
+  times_.bubble_idle =
+      span[0] > 0 ? std::clamp((sums[1] + P * span[0]) / (P * span[0]), 0.0, 1.0) : 0.0;
+  return span[0] > 0 ? 1.0 - sums[0] / (P * span[0]) : 0.0;
 }
 
 double Engine::grad_norm() {

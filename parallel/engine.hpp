@@ -58,6 +58,9 @@ struct ParallelContext {
 struct StepTimes {
   double dp_wait_s = 0;  // finish_grad_sync's wait: data-parallel reduction not hidden
   double bubble = -1;    // pipeline: idle share of the pipeline group's step (< 0: no pipeline)
+  // Of `bubble`, the share spent waiting for a neighbour (in receives, or
+  // done before the slowest rank); the rest is host work between instructions.
+  double bubble_idle = -1;
 };
 
 class Engine {

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string>
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <tuple>
 
@@ -173,6 +174,13 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
   const bool vclock = slow_ && slow_->virtual_clock();
   const double v_start = vclock ? slow_->now() : 0.0;
   std::vector<std::pair<double, double>> vmarks;  // per timeline entry, with vclock
+  // Time in the receives (waiting for a neighbour, or the transport's copy),
+  // on the timeline's clock: the virtual one, else the host's wall clock.
+  wait_s_ = 0;
+  const auto clock_now = [&] {
+    return vclock ? slow_->now()
+                  : std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  };
   // The timeline from the backend's marks (no wait per instruction on a
   // device; taken once after the step): mark 0 is the start.
   (void)be_.take_marks();
@@ -245,7 +253,9 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
     switch (in.op) {
       case pp::Op::RecvAct: {
         const int slot = slot_for(c, mb);
+        const double w0 = clock_now();
         comm_.recv(model_.stage_input(c, slot), in.peer, tag(kAct, mb, stage));
+        wait_s_ += clock_now() - w0;
         break;
       }
       case pp::Op::RecvGrad: {
@@ -259,7 +269,9 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
             free_grads_.erase(free_grads_.begin() + std::ptrdiff_t(f));
           }
         if (b.bytes() != out.bytes()) b = Buffer(be_, out.bytes());
+        const double w0 = clock_now();
         comm_.recv(Tensor(b.data(), out.dtype, {out.numel()}), in.peer, tag(kGrad, mb, stage));
+        wait_s_ += clock_now() - w0;
         break;
       }
       case pp::Op::SendAct: {

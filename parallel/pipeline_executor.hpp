@@ -88,6 +88,9 @@ class PipelineExecutor {
   const std::vector<ExecutedInstr>& timeline() const { return timeline_; }
   double last_step_seconds() const { return step_s_; }  // barrier to the last instruction
   double last_busy_seconds() const;                      // sum of compute durations
+  // Time the last step spent in its receives (RecvAct, RecvGrad): waiting for
+  // a neighbour's message, on the virtual clock of an emulation (else wall).
+  double last_wait_seconds() const { return wait_s_; }
 
  private:
   int tag(int kind, int mb, int receiving_stage) const;
@@ -115,6 +118,7 @@ class PipelineExecutor {
   std::vector<Comm*> progress_comms_;
   emulate::ComputeSlowdown* slow_ = nullptr;
   double step_s_ = 0;
+  double wait_s_ = 0;
 };
 
 }  // namespace adgt

@@ -48,6 +48,7 @@ void StepLogger::observe(Engine& e, const StepReport& r, Comm& world) {
     m.moe.push_back(std::move(y));
   }
   m.bubble = e.last_times().bubble;
+  m.bubble_idle = e.last_times().bubble_idle;
   if (e.reducer().level_mix() != "off") {  // gradient compression (docs/compression.md)
     m.grad_compression = e.reducer().level_mix();
     m.gc_sent_bytes = e.reducer().last_compression().sent_bytes;

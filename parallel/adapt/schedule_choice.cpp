@@ -19,7 +19,7 @@ ScheduleChoice choose_schedule(const pp::Schedule& current, const pp::StageCosts
   out.current_predicted_s = pp::simulate(current, c).makespan;
   out.predicted_s = out.current_predicted_s;
   out.candidates.emplace_back("current " + out.name, out.predicted_s);
-  std::vector<std::string> names = v > 1 ? std::vector<std::string>{"interleaved"}
+  std::vector<std::string> names = v > 1 ? std::vector<std::string>{"interleaved", "greedy"}
                                          : std::vector<std::string>{"1f1b", "zb-h1", "greedy"};
   for (const std::string& n : names) {
     try {

@@ -1,7 +1,8 @@
 // The schedule re-plan of run-time adaptation (issue 16, docs/adaptation.md):
 // from measured per-stage F, B and W times, every generator that fits the
 // pipeline (1F1B, ZB-H1 and the greedy list scheduler with its variants;
-// interleaved when there are several chunks per rank) is simulated with
+// with several chunks per rank interleaved and greedy over the chunks, whose
+// candidates include the interleaved order with split backwards) is simulated with
 // those times, and the shortest makespan within the memory limit wins. The
 // limit is twofold: at most pp micro-batches in flight to the input backward
 // (1F1B's), and no rank holding more activations to its last backward

@@ -117,114 +117,171 @@ Order interleaved_order(int pp, int m, int v) {
 struct Policy {
   bool b_first;     // B before F when both are ready (else F first)
   bool w_fit_only;  // start a W only if it ends before the rank's next F or B can start
+  bool f_deep;      // v > 1: of the ready forwards, the highest chunk's first (else the lowest's)
   const char* name;
 };
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// One list-scheduling pass (v = 1: stage s on rank s). Returns nothing when
-// the memory limit stalls every rank (cannot happen for v = 1 and limit >= 1,
-// kept as a guard).
-std::optional<Order> list_schedule(int pp, int m, const StageCosts& c, std::int64_t limit,
+// One list-scheduling pass over S = pp * v stages (stage s on rank s % pp,
+// chunk s / pp). A micro-batch is admitted on a rank by its chunk-0 forward
+// and leaves with its chunk-0 input backward; at most `limit` are admitted at
+// once, and the forwards of later chunks of admitted micro-batches always
+// may run, so every admitted micro-batch can finish (no deadlock by memory).
+// With v = 1 the admitted micro-batches are the activations in flight.
+// Returns nothing when every rank stalls (a guard; it cannot happen).
+std::optional<Order> list_schedule(int pp, int v, int m, const StageCosts& c, std::int64_t limit,
                                    const Policy& pol) {
-  const int S = pp;
+  const int S = pp * v;
   const auto U = [](int i) { return static_cast<size_t>(i); };
   std::vector<std::vector<double>> endF(U(S), std::vector<double>(U(m), kInf));
   std::vector<std::vector<double>> endB(U(S), std::vector<double>(U(m), kInf));
   std::vector<int> nf(U(S), 0), nb(U(S), 0), nw(U(S), 0);
-  std::vector<std::int64_t> inflight(U(S), 0);
-  std::vector<double> free_at(U(S), 0.0);
+  std::vector<std::int64_t> admitted(U(pp), 0);
+  std::vector<double> free_at(U(pp), 0.0);
   Order order(U(pp));
 
   auto ready_f = [&](int s) {
     const int k = nf[U(s)];
-    if (k >= m || inflight[U(s)] >= limit) return kInf;
+    if (k >= m || (s < pp && admitted[U(s)] >= limit)) return kInf;
     if (s == 0) return 0.0;
     const double e = endF[U(s - 1)][U(k)];
-    return e < kInf ? e + c.message(s - 1, s, pp) : kInf;
+    return e < kInf ? e + c.message((s - 1) % pp, s % pp, pp) : kInf;
   };
   auto ready_b = [&](int s) {
     const int k = nb[U(s)];
     if (k >= nf[U(s)]) return kInf;
     if (s == S - 1) return endF[U(s)][U(k)];
     const double e = endB[U(s + 1)][U(k)];
-    return e < kInf ? e + c.message(s + 1, s, pp) : kInf;
+    return e < kInf ? e + c.message((s + 1) % pp, s % pp, pp) : kInf;
   };
   auto ready_w = [&](int s) {
     const int k = nw[U(s)];
     return k < nb[U(s)] ? endB[U(s)][U(k)] : kInf;
   };
-  auto remaining = [&](int s) { return 3 * m - nf[U(s)] - nb[U(s)] - nw[U(s)]; };
+  auto remaining = [&](int r) {
+    int n = 0;
+    for (int s = r; s < S; s += pp) n += 3 * m - nf[U(s)] - nb[U(s)] - nw[U(s)];
+    return n;
+  };
   auto run = [&](int s, Op op, double t) {
+    const int r = s % pp;
     double dur = 0;
     int k = 0;
     if (op == Op::Forward) {
       k = nf[U(s)]++;
       dur = c.f[U(s)];
       endF[U(s)][U(k)] = t + dur;
-      ++inflight[U(s)];
+      if (s < pp) ++admitted[U(r)];
     } else if (op == Op::BackwardInput) {
       k = nb[U(s)]++;
       dur = c.b[U(s)];
       endB[U(s)][U(k)] = t + dur;
-      --inflight[U(s)];
+      if (s < pp) --admitted[U(r)];
     } else {
       k = nw[U(s)]++;
       dur = c.w[U(s)];
     }
-    order[U(s)].push_back({op, k, 0});
-    free_at[U(s)] = t + dur;
+    order[U(r)].push_back({op, k, s / pp});
+    free_at[U(r)] = t + dur;
+  };
+  // Of rank r's stages, the one whose `ready` is at most T, chosen by `better`
+  // (-1: none).
+  auto pick = [&](int r, double T, auto&& ready, auto&& better) {
+    int best = -1;
+    for (int s = r; s < S; s += pp)
+      if (ready(s) <= T && (best < 0 || better(s, best))) best = s;
+    return best;
+  };
+  auto earliest = [&](int r, auto&& ready) {
+    double t = kInf;
+    for (int s = r; s < S; s += pp) t = std::min(t, ready(s));
+    return t;
   };
 
   int left = 3 * m * S;
   while (left > 0) {
     double T = kInf;
-    for (int s = 0; s < S; ++s)
-      if (remaining(s) > 0) T = std::min(T, free_at[U(s)]);
+    for (int r = 0; r < pp; ++r)
+      if (remaining(r) > 0) T = std::min(T, free_at[U(r)]);
     bool progressed = false;
-    for (int s = 0; s < S; ++s) {
-      if (remaining(s) == 0 || free_at[U(s)] != T) continue;
-      const double rf = ready_f(s), rb = ready_b(s), rw = ready_w(s);
-      const bool can_f = rf <= T, can_b = rb <= T;
-      const double next_fb = std::min(rf, rb);
-      const bool can_w = rw <= T && (!pol.w_fit_only || nb[U(s)] == m ||
-                                     (next_fb < kInf && T + c.w[U(s)] <= next_fb));
-      Op op;
-      if (pol.b_first && can_b) op = Op::BackwardInput;
-      else if (can_f) op = Op::Forward;
-      else if (can_b) op = Op::BackwardInput;
-      else if (can_w) op = Op::BackwardWeight;
+    for (int r = 0; r < pp; ++r) {
+      if (remaining(r) == 0 || free_at[U(r)] != T) continue;
+      // B: the earliest ready, then the oldest micro-batch; F: the deepest or
+      // the shallowest chunk; W: the oldest input backward's.
+      const int sb = pick(r, T, ready_b, [&](int a, int b) {
+        const double ra = ready_b(a), rb = ready_b(b);
+        return ra != rb ? ra < rb : nb[U(a)] < nb[U(b)];
+      });
+      const int sf = pick(r, T, ready_f, [&](int a, int b) { return pol.f_deep ? a > b : a < b; });
+      const int sw = pick(r, T, ready_w, [&](int a, int b) { return ready_w(a) < ready_w(b); });
+      const double next_fb = std::min(earliest(r, ready_f), earliest(r, ready_b));
+      int done_b = 0;
+      for (int s = r; s < S; s += pp) done_b += nb[U(s)];
+      const bool can_w = sw >= 0 && (!pol.w_fit_only || done_b == m * v ||
+                                     (next_fb < kInf && T + c.w[U(sw)] <= next_fb));
+      if (pol.b_first && sb >= 0) run(sb, Op::BackwardInput, T);
+      else if (sf >= 0) run(sf, Op::Forward, T);
+      else if (sb >= 0) run(sb, Op::BackwardInput, T);
+      else if (can_w) run(sw, Op::BackwardWeight, T);
       else continue;
-      run(s, op, T);
       --left;
       progressed = true;
     }
     if (progressed) continue;
     // Nothing could start at T: the waiting ranks move to the next event.
     double next = kInf;
-    for (int s = 0; s < S; ++s) {
-      if (remaining(s) == 0) continue;
-      if (free_at[U(s)] > T) next = std::min(next, free_at[U(s)]);
-      for (double r : {ready_f(s), ready_b(s), ready_w(s)})
-        if (r > T) next = std::min(next, r);
+    for (int r = 0; r < pp; ++r) {
+      if (remaining(r) == 0) continue;
+      if (free_at[U(r)] > T) next = std::min(next, free_at[U(r)]);
+      for (int s = r; s < S; s += pp)
+        for (double x : {ready_f(s), ready_b(s), ready_w(s)})
+          if (x > T) next = std::min(next, x);
     }
     if (next < kInf) {
-      for (int s = 0; s < S; ++s)
-        if (remaining(s) > 0 && free_at[U(s)] == T) free_at[U(s)] = next;
+      for (int r = 0; r < pp; ++r)
+        if (remaining(r) > 0 && free_at[U(r)] == T) free_at[U(r)] = next;
       continue;
     }
     // No event ahead: only W's can move (fit-only held them back), else a stall.
-    for (int s = 0; s < S; ++s) {
-      if (remaining(s) > 0 && free_at[U(s)] == T && ready_w(s) <= T) {
-        run(s, Op::BackwardWeight, T);
+    for (int r = 0; r < pp && !progressed; ++r) {
+      if (remaining(r) == 0 || free_at[U(r)] != T) continue;
+      const int sw = pick(r, T, ready_w, [&](int a, int b) { return ready_w(a) < ready_w(b); });
+      if (sw >= 0) {
+        run(sw, Op::BackwardWeight, T);
         --left;
         progressed = true;
-        break;
       }
     }
     if (!progressed) return std::nullopt;
   }
   return order;
+}
+
+// The interleaved order with each fused Backward split into its input
+// backward and a weight backward deferred as in ZB-H1: after the k-th input
+// backward of rank r (k = 0, 1, ...), the oldest pending W runs when
+// k >= defer * r; the rest fill the cool-down.
+Order interleaved_split_order(int pp, int m, int v, int defer) {
+  Order o = interleaved_order(pp, m, v);
+  for (int r = 0; r < pp; ++r) {
+    std::vector<ComputeStep> out;
+    std::vector<ComputeStep> pending;
+    size_t next_w = 0;
+    int k = 0;
+    for (const ComputeStep& st : o[static_cast<size_t>(r)]) {
+      if (st.op != Op::Backward) {
+        out.push_back(st);
+        continue;
+      }
+      out.push_back({Op::BackwardInput, st.microbatch, st.chunk});
+      pending.push_back({Op::BackwardWeight, st.microbatch, st.chunk});
+      if (k++ >= defer * r) out.push_back(pending[next_w++]);
+    }
+    while (next_w < pending.size()) out.push_back(pending[next_w++]);
+    o[static_cast<size_t>(r)] = std::move(out);
+  }
+  return o;
 }
 
 std::int64_t peak_of(const Schedule& s) {
@@ -259,9 +316,12 @@ void check_schedule_args(const std::string& schedule, int pp, int v, int m) {
       throw ScheduleError("parallel.pp=" + num(pp) +
                           ": the interleaved schedule needs at least 2 pipeline ranks; use pp >= 2, or "
                           "parallel.virtual_stages=1");
-  } else if (v > 1) {
-    throw ScheduleError("parallel.virtual_stages=" + num(v) + " needs parallel.schedule=interleaved (got " +
-                        schedule + "); use virtual_stages=1 or schedule=interleaved");
+  } else if (v > 1 && schedule == "greedy" && pp < 2) {
+    throw ScheduleError("parallel.pp=" + num(pp) + ": greedy with parallel.virtual_stages=" + num(v) +
+                        " needs at least 2 pipeline ranks; use pp >= 2, or virtual_stages=1");
+  } else if (v > 1 && schedule != "greedy") {
+    throw ScheduleError("parallel.virtual_stages=" + num(v) + " needs parallel.schedule=interleaved or greedy (got " +
+                        schedule + "); use virtual_stages=1, or schedule=interleaved or greedy");
   }
   if ((schedule == "1f1b" || schedule == "zb-h1" || schedule == "interleaved") && m < pp) {
     const std::string t = title(schedule);
@@ -321,8 +381,10 @@ Schedule zb_h1(int pp, int m) {
 
 Schedule greedy(int pp, int m, const StageCosts& costs, std::int64_t mem_limit_microbatches,
                 std::int64_t held_limit) {
-  check_schedule_args("greedy", pp, 1, m);
-  check_costs(costs, pp, "greedy");
+  if (pp < 1) throw ScheduleError("parallel.pp=" + num(pp) + ": must be >= 1");
+  const int v = costs.stages() > pp && costs.stages() % pp == 0 ? costs.stages() / pp : 1;
+  check_schedule_args("greedy", pp, v, m);
+  check_costs(costs, pp * v, "greedy");
   if (mem_limit_microbatches < 1)
     throw ScheduleError("greedy: mem_limit_microbatches=" + num(mem_limit_microbatches) +
                         ": at least one micro-batch's activations must fit on a rank; use >= 1 (1F1B needs " +
@@ -333,6 +395,11 @@ Schedule greedy(int pp, int m, const StageCosts& costs, std::int64_t mem_limit_m
   double best_time = kInf;
   auto consider = [&](Schedule s, const std::string& detail) {
     if (max_held_activations(s) > held_limit) return;  // over the memory the run planned for
+    try {
+      validate(s);  // a hand-written variant may deadlock (more warm-up than its neighbour feeds)
+    } catch (const ScheduleError&) {
+      return;
+    }
     const double t = simulate(s, costs).makespan;
     if (t < best_time * (1 - 1e-12)) {
       best_time = t;
@@ -341,20 +408,35 @@ Schedule greedy(int pp, int m, const StageCosts& costs, std::int64_t mem_limit_m
       best = std::move(s);
     }
   };
-  const Policy policies[] = {{true, false, "list scheduling, B first, W fills idle time"},
-                             {false, false, "list scheduling, F first, W fills idle time"},
-                             {true, true, "list scheduling, B first, W only where it fits"},
-                             {false, true, "list scheduling, F first, W only where it fits"}};
+  std::vector<Policy> policies = {{true, false, false, "list scheduling, B first, W fills idle time"},
+                                  {false, false, false, "list scheduling, F first, W fills idle time"},
+                                  {true, true, false, "list scheduling, B first, W only where it fits"},
+                                  {false, true, false, "list scheduling, F first, W only where it fits"}};
+  if (v > 1) {
+    policies.push_back({true, false, true, "list scheduling, B first, deepest F, W fills idle time"});
+    policies.push_back({false, false, true, "list scheduling, F first, deepest F, W fills idle time"});
+    policies.push_back({true, true, true, "list scheduling, B first, deepest F, W only where it fits"});
+    policies.push_back({false, true, true, "list scheduling, F first, deepest F, W only where it fits"});
+  }
   for (const Policy& pol : policies) {
-    if (auto o = list_schedule(pp, m, costs, limit, pol))
-      consider(from_compute_order("greedy", pp, m, 1, *o), pol.name);
+    if (auto o = list_schedule(pp, v, m, costs, limit, pol))
+      consider(from_compute_order("greedy", pp, m, v, *o), pol.name);
   }
   // The hand-written orders, where they fit the memory limit: greedy is never
-  // worse than them on the given costs.
-  for (auto [name, order] : {std::pair{"1f1b order", one_f_one_b_order(pp, m)},
-                             std::pair{"zb-h1 order", zb_h1_order(pp, m)}}) {
-    Schedule s = from_compute_order("greedy", pp, m, 1, order);
-    if (peak_of(s) <= limit) consider(std::move(s), name);
+  // worse than them on the given costs. With several chunks, the interleaved
+  // order (fused, and split with its weight backwards deferred as in ZB-H1),
+  // held to the held-activations limit only.
+  if (v == 1) {
+    for (auto [name, order] : {std::pair{"1f1b order", one_f_one_b_order(pp, m)},
+                               std::pair{"zb-h1 order", zb_h1_order(pp, m)}}) {
+      Schedule s = from_compute_order("greedy", pp, m, 1, order);
+      if (peak_of(s) <= limit) consider(std::move(s), name);
+    }
+  } else if (m >= pp && m % pp == 0) {
+    consider(from_compute_order("greedy", pp, m, v, interleaved_order(pp, m, v)), "interleaved order");
+    for (int d = 0; d <= 2 * v; ++d)
+      consider(from_compute_order("greedy", pp, m, v, interleaved_split_order(pp, m, v, d)),
+               "interleaved order, split, W deferred " + num(d) + " x rank");
   }
   if (!best)
     throw ScheduleError("greedy: no schedule fits mem_limit_microbatches=" + num(limit) +
@@ -374,7 +456,8 @@ Schedule make_schedule(const std::string& name, int pp, int m, int v, const Stag
   if (name == "zb-h1") return zb_h1(pp, m);
   if (mem_limit < 0)
     throw ScheduleError("greedy: memory limit " + num(mem_limit) + ": use >= 1 micro-batches, or 0 for pp");
-  const StageCosts c = costs.f.empty() ? StageCosts::uniform(pp, 1, 1, 1) : costs;
+  const StageCosts c = costs.f.empty() ? StageCosts::uniform(pp * v, 1, 1, 1) : costs;
+  check_costs(c, pp * v, "greedy");
   return greedy(pp, m, c, mem_limit == 0 ? pp : mem_limit, held_limit);
 }
 

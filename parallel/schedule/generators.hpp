@@ -42,21 +42,28 @@ Schedule interleaved_1f1b(int pp, int m, int v);
 Schedule zb_h1(int pp, int m);
 
 // Greedy list scheduling from measured stage times (the base for adaptive
-// scheduling); one chunk per rank (costs have pp entries). The timeline is
-// simulated; whenever a rank is free it starts one of its ready instructions
-// (F, B and W each in micro-batch order per stage):
-//   a B whose output gradient has arrived (the critical path), else
+// scheduling). One chunk per rank when costs have pp entries; v chunks per
+// rank (stage c*pp + r on rank r, as interleaved) when they have pp*v. The
+// timeline is simulated; whenever a rank is free it starts one of its ready
+// instructions (F, B and W each in micro-batch order per stage):
+//   a B whose output gradient has arrived (the critical path; of several
+//   chunks', the earliest ready), else
 //   an F whose input has arrived, while fewer than mem_limit_microbatches
-//   activations are in flight on the rank (F done, B not yet), else
+//   micro-batches are admitted on the rank (from their chunk-0 F to their
+//   chunk-0 B; with v = 1 the activations in flight; later chunks' F of an
+//   admitted micro-batch always may run), else
 //   a W (weight gradients fill time that would otherwise be idle);
-// and the variant with F before B, and variants that only start a W when it
-// ends before the next F or B can start. Of these candidates and the
-// hand-written 1F1B and ZB-H1 orders that fit the memory limit (m >= pp), it
+// and the variant with F before B, variants that only start a W when it
+// ends before the next F or B can start, and with v > 1 variants that run
+// the deepest chunk's ready F first. Of these candidates and the
+// hand-written orders (v = 1: 1F1B and ZB-H1 where they fit the memory
+// limit, m >= pp; v > 1: the interleaved order, fused and with split
+// backwards whose W's are deferred as in ZB-H1, m a multiple of pp), it
 // returns the one with the shortest simulated makespan (Schedule::detail
 // names it). Needs mem_limit_microbatches >= 1. `held_limit` caps what a
-// rank holds from forward to its last backward, weight gradients included
-// (max_held_activations, what the memory estimate counts): candidates above
-// it are skipped.
+// rank holds from forward to its last backward, weight gradients included,
+// summed over its chunks (max_held_activations, what the memory estimate
+// counts): candidates above it are skipped.
 Schedule greedy(int pp, int m, const StageCosts& costs, std::int64_t mem_limit_microbatches,
                 std::int64_t held_limit = std::numeric_limits<std::int64_t>::max());
 
@@ -73,7 +80,8 @@ Schedule make_schedule(const std::string& name, int pp, int m, int v,
 // The settings rules of every schedule, as named errors (ScheduleError):
 //   parallel.schedule not one of schedule_names();
 //   parallel.pp < 1, parallel.microbatches < 1, parallel.virtual_stages < 1;
-//   v > 1 with a schedule other than interleaved; interleaved with v < 2 or pp < 2;
+//   v > 1 with a schedule other than interleaved or greedy; interleaved with v < 2
+//   or pp < 2; greedy with v > 1 and pp < 2;
 //   m < pp for 1f1b, zb-h1 and interleaved;
 //   interleaved with m not a multiple of pp (as Megatron requires).
 void check_schedule_args(const std::string& schedule, int pp, int v, int m);

@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <exception>
 #include <string>
 #include <vector>
@@ -59,16 +60,20 @@ int main(int argc, char** argv) {
   std::vector<double> f, b, w;
   double comm = 0;
   long long mem = 0;
+  long long held = 0;
   app.add_option("--print", print_name, "draw the timeline of one schedule: gpipe, 1f1b, interleaved, zb-h1, greedy");
   app.add_option("--pp", pp, "pipeline ranks (default 4)");
   app.add_option("--m", ms, "micro-batches; a list for the table (default 4,8,16,32), one value for --print (default 8)")
       ->delimiter(',');
-  app.add_option("--v", v, "chunks per rank for interleaved (default 2)");
+  app.add_option("--v", v, "chunks per rank for interleaved or greedy (default 2 for interleaved, else 1)");
   app.add_option("--f", f, "forward time per stage: one value or one per stage (default 1)")->delimiter(',');
   app.add_option("--b", b, "input-gradient time per stage (default 1)")->delimiter(',');
   app.add_option("--w", w, "weight-gradient time per stage (default 1)")->delimiter(',');
   app.add_option("--comm", comm, "latency of one activation or gradient message (default 0)");
   app.add_option("--mem", mem, "greedy: activations in flight per rank (default pp, as 1F1B)");
+  app.add_option("--held", held,
+                 "greedy: most activations a rank may hold to its last backward, summed over its chunks "
+                 "(default: no limit)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -85,7 +90,8 @@ int main(int argc, char** argv) {
       c.b = per_stage(b, stages, 1.0 / vv, "b");
       c.w = per_stage(w, stages, 1.0 / vv, "w");
       c.comm = comm;
-      const Schedule s = make_schedule(print_name, pp, m, vv, vv == 1 ? c : StageCosts{}, mem);
+      const Schedule s = make_schedule(print_name, pp, m, vv, c, mem,
+                                       held > 0 ? held : std::numeric_limits<std::int64_t>::max());
       validate(s);
       const SimResult r = simulate(s, c);
       std::fputs(timeline(s, r).c_str(), stdout);
@@ -99,6 +105,8 @@ int main(int argc, char** argv) {
       }
       std::printf("peak activations in flight per rank%s: %s; most sends outstanding per rank: %s\n",
                   vv > 1 ? " (in chunks)" : "", peaks.c_str(), sends.c_str());
+      std::printf("most activations held to the last backward, summed over a rank's chunks: %lld%s\n",
+                  static_cast<long long>(max_held_activations(s)), s.detail.empty() ? "" : ("; " + s.detail).c_str());
       return 0;
     }
 

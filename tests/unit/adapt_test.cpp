@@ -342,6 +342,38 @@ TEST_CASE("adapt: the re-plan holds no more activations than the schedule the ru
   CHECK(pp::max_held_activations(capped) <= P);
 }
 
+TEST_CASE("adapt: with two chunks per rank the re-plan splits the interleaved schedule's backwards",
+          "[adapt]") {
+  using namespace adgt;
+  const int P = 4;
+  // The d256 test model's times per one-layer chunk (pp 4, v 2).
+  pp::StageCosts c;
+  c.f = {0.775, 0.635, 0.635, 0.635, 0.635, 0.635, 0.635, 0.735};
+  for (double f : c.f) c.b.push_back(1.394 * f), c.w.push_back(0.606 * f);
+  c.comm = 0.003;
+  for (int m : {8, 16}) {
+    INFO("m=" << m);
+    const pp::Schedule il = pp::with_grad_reductions(pp::interleaved_1f1b(P, m, 2));
+    const ScheduleChoice ch = choose_schedule(il, c);
+    CHECK(ch.schedule.name == "greedy");
+    CHECK(ch.schedule.virtual_stages == 2);
+    CHECK_NOTHROW(pp::validate(ch.schedule));
+    // The interleaved schedule's memory (what the run planned for), and faster.
+    CHECK(pp::max_held_activations(ch.schedule) <= pp::max_held_activations(il));
+    CHECK(ch.predicted_s < 0.97 * ch.current_predicted_s);
+    CHECK(ch.predicted_s == Approx(pp::simulate(ch.schedule, c).makespan));
+    // Split backwards, each chunk's gradients reduced once, after its last W.
+    int w = 0, reduces = 0;
+    for (const auto& list : ch.schedule.ranks)
+      for (const pp::Instr& x : list) {
+        w += x.op == pp::Op::BackwardWeight;
+        reduces += x.op == pp::Op::ReduceGrads;
+      }
+    CHECK(w == P * 2 * m);
+    CHECK(reduces == P * 2);
+  }
+}
+
 TEST_CASE("adapt: emulate.slow_ranks with an onset step", "[adapt][config]") {
   using namespace adgt;
   const auto e = parse_slow_rank_entries("3:2.0, 5:1.5@100");

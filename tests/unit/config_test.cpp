@@ -471,13 +471,17 @@ TEST_CASE("pipeline cross-field rules name the keys and a fix", "[config]") {
                       "  microbatches: 2\n"),
              Contains("set train.global_batch=8 (= 2 x 2 x 2)"));
 
-  // virtual_stages > 1 only with the interleaved schedule.
+  // virtual_stages > 1 only with the interleaved and greedy schedules.
   CHECK(error_of(kPipe + "  virtual_stages: 2\n") ==
-        "x.yaml: parallel.virtual_stages=2 needs parallel.schedule=interleaved (got 1f1b); use "
-        "virtual_stages=1 or schedule=interleaved");
-  CHECK(error_of(kPipe + "  virtual_stages: 2\n  schedule: greedy\n") ==
-        "x.yaml: parallel.virtual_stages=2 needs parallel.schedule=interleaved (got greedy, which "
-        "plans one chunk per rank); use virtual_stages=1 or schedule=interleaved");
+        "x.yaml: parallel.virtual_stages=2 needs parallel.schedule=interleaved or greedy (got 1f1b); "
+        "use virtual_stages=1, or schedule=interleaved or greedy");
+  CHECK(error_of(kPipe + "  virtual_stages: 2\n  schedule: zb-h1\n") ==
+        "x.yaml: parallel.virtual_stages=2 needs parallel.schedule=interleaved or greedy (got zb-h1); "
+        "use virtual_stages=1, or schedule=interleaved or greedy");
+  CHECK(load(kPipe, {"parallel.virtual_stages=2", "parallel.schedule=greedy"}).parallel.virtual_stages == 2);
+  CHECK(error_of("parallel:\n  schedule: greedy\n  virtual_stages: 2\n") ==
+        "x.yaml: parallel.pp=1: greedy with parallel.virtual_stages=2 needs at least 2 pipeline ranks; use "
+        "pp >= 2, or virtual_stages=1");
   CHECK(error_of(kPipe + "  schedule: interleaved\n") ==
         "x.yaml: parallel.virtual_stages=1: the interleaved schedule needs at least 2 chunks per "
         "rank; use virtual_stages >= 2, or parallel.schedule=1f1b");

@@ -45,13 +45,20 @@ TEST_CASE("grouped sends: every generated schedule runs on NCCL's rendezvous sen
         check_rendezvous(s);
         ++n;
       }
-      for (int v : {2, 3})
+      for (int v : {2, 3}) {
         if (m % pp == 0) {
           const Schedule s = make_schedule("interleaved", pp, m, v);
           INFO("interleaved pp=" << pp << " m=" << m << " v=" << v);
           check_rendezvous(s);
           ++n;
         }
+        if (pp > 1) {
+          const Schedule s = with_grad_reductions(make_schedule("greedy", pp, m, v));
+          INFO("greedy pp=" << pp << " m=" << m << " v=" << v << " " << s.detail);
+          check_rendezvous(s);
+          ++n;
+        }
+      }
       std::mt19937 rng(unsigned(pp * 100 + m));
       std::uniform_real_distribution<double> u(0.2, 3.0);
       for (int trial = 0; trial < 3; ++trial) {
