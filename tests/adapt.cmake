@@ -16,7 +16,9 @@ endif()
 # not failed: under the suite's load 1 run in 3 flagged stage 0 (1.14x) on
 # this 0.1 ms-per-piece model; the false-detection bound is measured on the
 # d_model 256 model over 1000 steps (docs/adaptation.md).
-foreach(case start onset layers resume)
+# --case chunks: interleaved with two chunks per rank re-plans to greedy over
+# the chunks (split backwards), the plain run's losses bit for bit.
+foreach(case start onset layers resume chunks)
   add_test(NAME adapt_schedule_slow_rank_${case}_pp4
     COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/adapt/schedule_adapt_test.py --case ${case}
       --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
