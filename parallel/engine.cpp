@@ -235,14 +235,17 @@ double Engine::measured_bubble() {
   // pipeline group. Of it, idle: the receives' waits and each rank's time
   // after its last instruction until the slowest rank's; the rest is the
   // ranks' own work between instructions (copies for sends, bookkeeping).
-  const double own_span = pipe_->last_step_seconds();
-  double sums[2] = {pipe_->last_busy_seconds(), pipe_->last_wait_seconds() - own_span};
+  // (not measured where a rank's receives do not block its host: -1).
+  const double own_span = pipe_->last_step_seconds(), wait = pipe_->last_wait_seconds();
+  double sums[3] = {pipe_->last_busy_seconds(), wait - own_span, wait < 0 ? 1.0 : 0.0};
   double span[1] = {own_span};
-  ctx_.pp->all_reduce(Tensor(sums, DType::F64, {2}));
+  ctx_.pp->all_reduce(Tensor(sums, DType::F64, {3}));
   ctx_.pp->all_reduce(Tensor(span, DType::F64, {1}), ReduceOp::Max);
   const double P = double(ctx_.pp->size());
   times_.bubble_idle =
-      span[0] > 0 ? std::clamp((sums[1] + P * span[0]) / (P * span[0]), 0.0, 1.0) : 0.0;
+      sums[2] > 0 ? -1.0
+      : span[0] > 0 ? std::clamp((sums[1] + P * span[0]) / (P * span[0]), 0.0, 1.0)
+                    : 0.0;
   return span[0] > 0 ? 1.0 - sums[0] / (P * span[0]) : 0.0;
 }
 

@@ -175,8 +175,11 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
   const double v_start = vclock ? slow_->now() : 0.0;
   std::vector<std::pair<double, double>> vmarks;  // per timeline entry, with vclock
   // Time in the receives (waiting for a neighbour, or the transport's copy),
-  // on the timeline's clock: the virtual one, else the host's wall clock.
-  wait_s_ = 0;
+  // on the timeline's clock: the virtual one, else the host's wall clock
+  // when the receives block the host (a host backend). A device's receive
+  // only enqueues (NCCL): not measured there (-1).
+  const bool host_waits = vclock || be_.is_host();
+  wait_s_ = host_waits ? 0.0 : -1.0;
   const auto clock_now = [&] {
     return vclock ? slow_->now()
                   : std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -253,9 +256,9 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
     switch (in.op) {
       case pp::Op::RecvAct: {
         const int slot = slot_for(c, mb);
-        const double w0 = clock_now();
+        const double w0 = host_waits ? clock_now() : 0.0;
         comm_.recv(model_.stage_input(c, slot), in.peer, tag(kAct, mb, stage));
-        wait_s_ += clock_now() - w0;
+        if (host_waits) wait_s_ += clock_now() - w0;
         break;
       }
       case pp::Op::RecvGrad: {
@@ -269,9 +272,9 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
             free_grads_.erase(free_grads_.begin() + std::ptrdiff_t(f));
           }
         if (b.bytes() != out.bytes()) b = Buffer(be_, out.bytes());
-        const double w0 = clock_now();
+        const double w0 = host_waits ? clock_now() : 0.0;
         comm_.recv(Tensor(b.data(), out.dtype, {out.numel()}), in.peer, tag(kGrad, mb, stage));
-        wait_s_ += clock_now() - w0;
+        if (host_waits) wait_s_ += clock_now() - w0;
         break;
       }
       case pp::Op::SendAct: {

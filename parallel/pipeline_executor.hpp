@@ -89,7 +89,8 @@ class PipelineExecutor {
   double last_step_seconds() const { return step_s_; }  // barrier to the last instruction
   double last_busy_seconds() const;                      // sum of compute durations
   // Time the last step spent in its receives (RecvAct, RecvGrad): waiting for
-  // a neighbour's message, on the virtual clock of an emulation (else wall).
+  // a neighbour's message, on the virtual clock of an emulation (else wall);
+  // -1 where receives do not block the host (a device backend).
   double last_wait_seconds() const { return wait_s_; }
 
  private:
