@@ -174,8 +174,11 @@ double Engine::forward_backward(const MicroBatchFetch& fetch) {
   model_->zero_grads();
   model_->reset_moe_stats();
   const double loss = pipelined() ? run_pipeline_step(fetch) : run_micro_batches(fetch);
-  times_.bubble_idle = -1.0;
-  times_.bubble = pipelined() ? measured_bubble() : -1.0;
+  if (pipelined()) {
+    measure_bubble();
+  } else {
+    times_.bubble = times_.bubble_idle = -1.0;
+  }
   return loss;
 }
 
@@ -230,7 +233,7 @@ double Engine::run_pipeline_step(const MicroBatchFetch& fetch) {
   return loss[0] / double(A * D);
 }
 
-double Engine::measured_bubble() {
+void Engine::measure_bubble() {
   // 1 - sum of busy time / (pp x the slowest rank's step time), over the
   // pipeline group. Of it, idle: the receives' waits and each rank's time
   // after its last instruction until the slowest rank's; the rest is the
@@ -242,11 +245,11 @@ double Engine::measured_bubble() {
   ctx_.pp->all_reduce(Tensor(sums, DType::F64, {3}));
   ctx_.pp->all_reduce(Tensor(span, DType::F64, {1}), ReduceOp::Max);
   const double P = double(ctx_.pp->size());
+  times_.bubble = span[0] > 0 ? 1.0 - sums[0] / (P * span[0]) : 0.0;
   times_.bubble_idle =
       sums[2] > 0 ? -1.0
       : span[0] > 0 ? std::clamp((sums[1] + P * span[0]) / (P * span[0]), 0.0, 1.0)
                     : 0.0;
-  return span[0] > 0 ? 1.0 - sums[0] / (P * span[0]) : 0.0;
 }
 
 double Engine::grad_norm() {

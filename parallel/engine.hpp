@@ -125,7 +125,7 @@ class Engine {
  private:
   double run_micro_batches(const MicroBatchFetch& fetch);
   double run_pipeline_step(const MicroBatchFetch& fetch);
-  double measured_bubble();
+  void measure_bubble();  // times_.bubble and bubble_idle, over the pipeline group
 
   RunConfig cfg_;  // with the engine's layout
   Buffer scratch_;  // scratch_tensor's

@@ -184,6 +184,11 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
     return vclock ? slow_->now()
                   : std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   };
+  const auto recv = [&](Tensor t, int peer, int tg) {
+    const double w0 = host_waits ? clock_now() : 0.0;
+    comm_.recv(t, peer, tg);
+    if (host_waits) wait_s_ += clock_now() - w0;
+  };
   // The timeline from the backend's marks (no wait per instruction on a
   // device; taken once after the step): mark 0 is the start.
   (void)be_.take_marks();
@@ -256,9 +261,7 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
     switch (in.op) {
       case pp::Op::RecvAct: {
         const int slot = slot_for(c, mb);
-        const double w0 = host_waits ? clock_now() : 0.0;
-        comm_.recv(model_.stage_input(c, slot), in.peer, tag(kAct, mb, stage));
-        if (host_waits) wait_s_ += clock_now() - w0;
+        recv(model_.stage_input(c, slot), in.peer, tag(kAct, mb, stage));
         break;
       }
       case pp::Op::RecvGrad: {
@@ -272,9 +275,7 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
             free_grads_.erase(free_grads_.begin() + std::ptrdiff_t(f));
           }
         if (b.bytes() != out.bytes()) b = Buffer(be_, out.bytes());
-        const double w0 = host_waits ? clock_now() : 0.0;
-        comm_.recv(Tensor(b.data(), out.dtype, {out.numel()}), in.peer, tag(kGrad, mb, stage));
-        if (host_waits) wait_s_ += clock_now() - w0;
+        recv(Tensor(b.data(), out.dtype, {out.numel()}), in.peer, tag(kGrad, mb, stage));
         break;
       }
       case pp::Op::SendAct: {

@@ -41,24 +41,31 @@ MODEL = os.path.join(ROOT, "tests", "emulate", "model.yaml")
 MPIRUN = os.path.join(ROOT, "tests", "parallel", "mpirun.sh")
 
 
-def run(args, name, sets):
-    log = os.path.join(args.work, name)
+def launch(train, log, ranks, sets, timeout=900):
+    """adgt-train on `ranks` CPU ranks (one BLAS/OpenMP thread each) with the
+    emulation model and `sets`, logging to the folder `log`: metrics.jsonl's
+    records. A failed run exits, naming it (the folder's name)."""
     os.makedirs(log, exist_ok=True)
     m = os.path.join(log, "metrics.jsonl")
     if os.path.exists(m):
         os.remove(m)
+    sets = list(sets) + [f"log.dir={log}", f"checkpoint.dir={log}/ckpt"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    p = subprocess.run([MPIRUN, str(ranks), train, "--config", MODEL]
+                       + sum([["--set", s] for s in sets], []),
+                       capture_output=True, text=True, env=env, timeout=timeout)
+    if p.returncode != 0:
+        sys.exit(f"FAILED: {os.path.basename(log)} exited {p.returncode}\n{p.stdout[-2000:]}\n"
+                 f"{p.stderr[-2000:]}")
+    return [json.loads(l) for l in open(m)]
+
+
+def run(args, name, sets):
     common = [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
               f"train.steps={args.steps}", "train.global_batch=8", "train.micro_batch=1",
               "parallel.pp=4", "parallel.schedule=1f1b", f"emulate.cluster={args.cluster}",
-              f"emulate.clock={args.clock}",
-              "checkpoint.at_end=false", f"log.dir={log}", f"checkpoint.dir={log}/ckpt"] + args.set
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    p = subprocess.run([MPIRUN, "4", args.train, "--config", MODEL]
-                       + sum([["--set", s] for s in common + sets], []),
-                       capture_output=True, text=True, env=env, timeout=900)
-    if p.returncode != 0:
-        sys.exit(f"FAILED: {name} exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
-    recs = [json.loads(l) for l in open(m)]
+              f"emulate.clock={args.clock}", "checkpoint.at_end=false"] + args.set
+    recs = launch(args.train, os.path.join(args.work, name), 4, common + sets)
     steps = [r for r in recs if "loss" in r and "event" not in r]
     seq = 32  # the model's seq_len unless --set model.seq_len=...
     for x in args.set:

@@ -26,16 +26,12 @@ adaptation never changes the numbers).
       --data build/data/kjv-byte [--reps 3] [--m 8 16] [--scenarios ...] [--set KEY=VALUE ...]
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-MODEL = os.path.join(ROOT, "tests", "emulate", "model.yaml")
-MPIRUN = os.path.join(ROOT, "tests", "parallel", "mpirun.sh")
+from bench_adapt import launch  # this folder: the same launcher as the straggler benchmark
+
 SCENARIOS = {
     "1f1b": ["parallel.schedule=1f1b", "parallel.adapt=off"],
     "zb-h1": ["parallel.schedule=zb-h1", "parallel.adapt=off"],
@@ -50,33 +46,21 @@ DEFAULT = ["1f1b", "zb-h1", "adapt", "interleaved", "adapt-v2"]
 
 
 def run(args, name, m, sets):
-    log = os.path.join(args.work, name)
-    os.makedirs(log, exist_ok=True)
-    path = os.path.join(log, "metrics.jsonl")
-    if os.path.exists(path):
-        os.remove(path)
     common = [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
               f"train.steps={args.steps}", f"train.global_batch={2 * m}", "train.micro_batch=1",
               "parallel.pp=4", "parallel.dp=2", "emulate.cluster=cpu-here", "emulate.clock=virtual",
               "model.d_model=256", "model.ffn_hidden=512", "train.eval_interval=0",
-              "checkpoint.at_end=false", f"log.dir={log}", f"checkpoint.dir={log}/ckpt"] + args.set
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    p = subprocess.run([MPIRUN, "8", args.train, "--config", MODEL]
-                       + sum([["--set", s] for s in common + sets], []),
-                       capture_output=True, text=True, env=env, timeout=1800)
-    if p.returncode != 0:
-        sys.exit(f"FAILED: {name} exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+              "checkpoint.at_end=false"] + args.set
+    recs = launch(args.train, os.path.join(args.work, name), 8, common + sets, timeout=1800)
     bubble, idle, losses, schedule = [], [], {}, None
-    with open(path) as f:
-        for line in f:
-            r = json.loads(line)
-            if r.get("controller") == "adapt-schedule" and r.get("decision", {}).get("switch"):
-                schedule = r["decision"].get("schedule")
-            if "bubble" in r and "step" in r:
-                losses[r["step"]] = r["loss"]
-                if r["step"] >= args.skip:
-                    bubble.append(r["bubble"])
-                    idle.append(r.get("bubble_idle", float("nan")))
+    for r in recs:
+        if r.get("controller") == "adapt-schedule" and r.get("decision", {}).get("switch"):
+            schedule = r["decision"].get("schedule")
+        if "bubble" in r and "step" in r:
+            losses[r["step"]] = r["loss"]
+            if r["step"] >= args.skip:
+                bubble.append(r["bubble"])
+                idle.append(r.get("bubble_idle", float("nan")))
     if not bubble:
         sys.exit(f"FAILED: {name}: no step records after step {args.skip}")
     return statistics.median(bubble), statistics.median(idle), losses, schedule
