@@ -94,8 +94,13 @@ int main(int argc, char** argv) {
         const auto held = cfg.parallel.pp > 1
                               ? adgt::pp::held_activations(adgt::make_pipeline_schedule(cfg))
                               : std::vector<std::vector<int64_t>>{};
-        const auto est = adgt::estimate_memory(cfg, adgt::compute_bytes_per_element(cfg), held);
-        std::printf("%s", adgt::format_estimate(cfg, est).c_str());
+        const int64_t bpp = adgt::compute_bytes_per_element(cfg);
+        const auto est = adgt::estimate_memory(cfg, bpp, held);
+        // What parallel.adapt's schedule re-plan may come to hold (taken
+        // only where it fits the device: docs/adaptation.md).
+        const bool adaptive = cfg.parallel.pp > 1 && cfg.parallel.adapt != "off";
+        const auto replan = adaptive ? adgt::estimate_memory_replanned(cfg, bpp, held) : est;
+        std::printf("%s", adgt::format_estimate(cfg, est, adaptive ? &replan : nullptr).c_str());
         std::printf("%s", adgt::sim::dry_run_prediction(cfg, cluster).c_str());
       }
       return 0;

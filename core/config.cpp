@@ -248,7 +248,9 @@ const std::vector<Key>& schema() {
           "run-time adaptation (docs/adaptation.md): off = parallel.schedule throughout; "
           "schedule = with pp > 1, re-plan the pipeline schedule from the measured stage and "
           "link times once warmed up (step 10) and on every sustained change (a straggler, a "
-          "slow link), within the activation memory of parallel.schedule; schedule+layers = "
+          "slow link), within the activations parallel.schedule holds on its busiest rank "
+          "and, on a GPU, 90% of its memory (--dry-run prints what a re-plan may hold); "
+          "schedule+layers = "
           "also move layers between pipeline stages in memory when the stages' measured speeds "
           "make that pay (one chunk per rank); the losses stay the plain run's",
           {"off", "schedule", "schedule+layers"}),

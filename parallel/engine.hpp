@@ -99,6 +99,7 @@ class Engine {
   // memory (collective over ep). Throws ConfigError naming the key.
   void set_expert_replicas(const std::string& text);
   Model& model() { return *model_; }
+  Backend& backend() { return be_; }
   const RunConfig& config() const { return cfg_; }  // with the engine's layout and replicas
   // n elements of device memory for short use between steps (the pipeline
   // link probe, controller.hpp); kept and grown, contents undefined.

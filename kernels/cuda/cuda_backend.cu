@@ -109,6 +109,15 @@ bool CudaBackend::is_device_pointer(const void* p) const {
   return a.type == cudaMemoryTypeDevice;
 }
 
+int64_t CudaBackend::memory_capacity_bytes() const {
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return int64_t(total_b);
+}
+
 void* CudaBackend::alloc(size_t bytes) {
   void* p = nullptr;
   if (bytes == 0) return nullptr;

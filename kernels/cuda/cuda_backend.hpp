@@ -36,6 +36,7 @@ class CudaBackend final : public Backend {
   bool is_host() const override { return false; }
   bool is_device_pointer(const void* p) const override;  // cudaPointerGetAttributes
   int64_t peak_allocated_bytes() const override { return int64_t(peak_bytes_); }
+  int64_t memory_capacity_bytes() const override;  // cudaMemGetInfo's total
 
   // ---- CUDA-specific ----
   CUstream_st* stream() const { return stream_; }  // every op runs on this stream

@@ -1,16 +1,44 @@
 // The schedule re-plan (schedule_choice.hpp).
 #include "parallel/adapt/schedule_choice.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
+#include "parallel/cost/memory.hpp"
 #include "parallel/schedule/generators.hpp"
 #include "parallel/schedule/simulate.hpp"
 #include "parallel/schedule/validate.hpp"
 
 namespace adgt::adapt {
 
+namespace {
+// `cfg` run with `s`: its generator (a split backward's buffers or not).
+RunConfig with_schedule(const RunConfig& cfg, const pp::Schedule& s) {
+  RunConfig c = cfg;
+  for (const char* n : {"1f1b", "zb-h1", "greedy", "interleaved", "gpipe"})
+    if (s.name == n) c.parallel.schedule = n;
+  return c;
+}
+}  // namespace
+
+bool memory_fits(const RunConfig& cfg, const pp::Schedule& candidate, double budget_bytes) {
+  if (budget_bytes < 0) return true;
+  return double(estimate_memory(with_schedule(cfg, candidate), compute_bytes_per_element(cfg),
+                                pp::held_activations(candidate))
+                    .bytes_total) <= budget_bytes;
+}
+
+double memory_budget(const RunConfig& cfg, const pp::Schedule& planned, std::int64_t capacity_bytes) {
+  if (capacity_bytes <= 0) return -1;
+  const double plan = double(estimate_memory(with_schedule(cfg, planned), compute_bytes_per_element(cfg),
+                                             pp::held_activations(planned))
+                                 .bytes_total);
+  return std::max(0.9 * double(capacity_bytes), plan);
+}
+
 ScheduleChoice choose_schedule(const pp::Schedule& current, const pp::StageCosts& c,
-                               std::int64_t held_limit) {
+                               std::int64_t held_limit,
+                               const std::function<bool(const pp::Schedule&)>& fits) {
   const int P = current.pp, m = current.microbatches, v = current.virtual_stages;
   if (held_limit < 0) held_limit = pp::max_held_activations(current);
   ScheduleChoice out;
@@ -26,8 +54,12 @@ ScheduleChoice choose_schedule(const pp::Schedule& current, const pp::StageCosts
       pp::Schedule s = pp::with_grad_reductions(pp::make_schedule(n, P, m, v, c, P, held_limit));
       pp::validate(s);
       if (pp::max_held_activations(s) > held_limit) continue;  // more memory than planned
-      const double t = pp::simulate(s, c).makespan;
       const std::string label = s.detail.empty() ? n : n + " (" + s.detail + ")";
+      if (fits && !fits(s)) {  // a rank over the memory budget
+        out.over_memory.push_back(label);
+        continue;
+      }
+      const double t = pp::simulate(s, c).makespan;
       out.candidates.emplace_back(label, t);
       // A strictly shorter makespan replaces the current one (ties keep it).
       if (t < out.predicted_s * (1 - 1e-9)) {

@@ -58,7 +58,11 @@ class ScheduleAdapter final : public Controller {
     current_ = &e.pipeline()->schedule();  // decide() re-plans from it (rank 0)
     // The memory the run was planned with: what the engine's own schedule
     // holds (the configured one, before any re-plan of this controller).
-    if (held_limit_ < 0) held_limit_ = pp::max_held_activations(*current_);
+    if (held_limit_ < 0) {
+      held_limit_ = pp::max_held_activations(*current_);
+      cfg_ = e.config();
+      budget_ = memory_budget(cfg_, *current_, e.backend().memory_capacity_bytes());
+    }
     const pp::StageCosts now = measured_stage_costs(e, world);
     const std::vector<double> links = measured_link_times(e, world);
     const int S = now.stages();
@@ -137,7 +141,8 @@ class ScheduleAdapter final : public Controller {
     c.comm = std::max(0.0, in.value("comm_s", 0.0));
     if (in.contains("link_s"))
       for (double l : in["link_s"]) c.link.push_back(std::max(l, 0.0));
-    const ScheduleChoice ch = choose_schedule(*current_, c, held_limit_);
+    const auto fits = [this](const pp::Schedule& s) { return memory_fits(cfg_, s, budget_); };
+    const ScheduleChoice ch = choose_schedule(*current_, c, held_limit_, fits);
     d["why"] = in["replan"];
     d["schedule"] = ch.name;
     d["predicted_before_s"] = ch.current_predicted_s;
@@ -145,6 +150,10 @@ class ScheduleAdapter final : public Controller {
     nlohmann::json cand = nlohmann::json::object();
     for (const auto& [n, t] : ch.candidates) cand[n] = t;
     d["candidates"] = cand;
+    if (!ch.over_memory.empty()) {
+      d["over_memory"] = ch.over_memory;  // refused: over the memory budget
+      d["memory_budget_bytes"] = budget_;
+    }
     d["switch"] = ch.predicted_s < ch.current_predicted_s;
     // schedule+layers: the layers re-balanced by the stages' measured speeds,
     // when that predicts a step at least 5% shorter than the best schedule on
@@ -170,7 +179,7 @@ class ScheduleAdapter final : public Controller {
           c2.b[s] *= k;
           c2.w[s] *= k;
         }
-        const ScheduleChoice ch2 = choose_schedule(*current_, c2, held_limit_);
+        const ScheduleChoice ch2 = choose_schedule(*current_, c2, held_limit_, fits);
         d["layers_predicted_s"] = ch2.predicted_s;
         if (ch2.predicted_s < 0.95 * std::min(ch.predicted_s, ch.current_predicted_s)) {
           d["layers_before"] = counts_;
@@ -224,6 +233,8 @@ class ScheduleAdapter final : public Controller {
   bool planned_ = false;
   bool refine_ = false;  // re-plan at the next warm-up: the last plan guessed B and W
   std::int64_t held_limit_ = -1;  // activations a rank may hold (see observe)
+  RunConfig cfg_;        // the engine's config at the first step (memory_fits)
+  double budget_ = -1;   // memory_budget(): bytes a rank may hold; < 0 no limit
   const pp::Schedule* current_ = nullptr;
 };
 

@@ -132,7 +132,7 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
     const StageSlice slice = stage_slice(counts, pp, v, r);
     const int64_t numel =
         total_numel(build_param_table(m, tp, 0, &slice, m.n_experts > 0 ? &experts0 : nullptr));
-    int64_t act = 0, n_held = 0;
+    int64_t act = 0, n_held = 0, split_act = 0;
     bool any_recomputed = false;
     for (int c = 0; c < int(slice.chunks.size()); ++c) {
       const int64_t h = r < int(held.size()) && c < int(held[size_t(r)].size())
@@ -144,8 +144,10 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
       // from B to W (model.cpp make_split_buffers), and the embedding's.
       if (split) {
         const int64_t layers = slice.chunks[size_t(c)].second - slice.chunks[size_t(c)].first;
-        per += layers * (2 * C + 2 * Fl + (Hl + 2 * KVl) * hd) +
-               (slice.embedding && c == 0 ? C : 0);
+        const int64_t g = layers * (2 * C + 2 * Fl + (Hl + 2 * KVl) * hd) +
+                          (slice.embedding && c == 0 ? C : 0);
+        per += g;
+        split_act += h * g;
       }
       for (int64_t l = slice.chunks[size_t(c)].first; l < slice.chunks[size_t(c)].second; ++l) {
         const int64_t i = l - slice.chunks[size_t(c)].first;
@@ -162,6 +164,7 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
     x.bytes_optimizer = 2 * numel * std::max<int64_t>(bpp, 4) / (cfg.parallel.zero ? dp : 1) +
                         (bpp < 4 ? numel * 4 : 0);
     x.bytes_activations = B * T * act * bpp;
+    x.bytes_split = B * T * split_act * bpp;
     if (cfg.train.device == "cuda" && cfg.train.dtype == "bf16") {
       const AttentionPath ap = cuda_attention_path(AttentionShape{B, T, Hl, KVl, hd});
       x.bytes_attention_fallback = ap.fallback_bytes;
@@ -182,6 +185,32 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
 
 }
 
+// The re-plan's most: split buffers, each chunk held as on its busiest rank.
+MemoryEstimate estimate_memory_replanned(const RunConfig& cfg, int64_t bpp,
+                                         const std::vector<std::vector<int64_t>>& held) {
+  const int pp = int(cfg.parallel.pp);
+  if (pp < 2) return estimate_memory(cfg, bpp, held);
+  RunConfig split = cfg;
+  split.parallel.schedule = "greedy";  // a split backward, any number of chunks
+  const int64_t mb = cfg.pipeline_microbatches();
+  std::vector<std::vector<int64_t>> most;
+  for (int r = 0; r < pp; ++r) {
+    std::vector<int64_t> row = r < int(held.size()) ? held[size_t(r)] : std::vector<int64_t>{};
+    if (row.empty()) row.push_back(std::min<int64_t>(pp - r, mb));
+    most.push_back(row);
+  }
+  for (size_t c = 0;; ++c) {
+    int64_t m = 0;
+    bool any = false;
+    for (const auto& row : most)
+      if (c < row.size()) m = std::max(m, row[c]), any = true;
+    if (!any) break;
+    for (auto& row : most)
+      if (c < row.size()) row[c] = m;
+  }
+  return estimate_memory(split, bpp, most);
+}
+
 std::string with_thousands(int64_t n) {
   std::string d = std::to_string(n < 0 ? -n : n), out;
   for (size_t i = 0; i < d.size(); ++i) {
@@ -192,6 +221,11 @@ std::string with_thousands(int64_t n) {
 }
 
 namespace {
+
+std::string trim(const std::string& x) {
+  const size_t a = x.find_first_not_of(' ');
+  return a == std::string::npos ? x : x.substr(a);
+}
 
 std::string printf_str(const char* fmt, double x) {
   char buf[64];
@@ -213,7 +247,8 @@ std::string gib(int64_t bytes) {
 
 }  // namespace
 
-std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e) {
+std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e,
+                            const MemoryEstimate* replan) {
   const ModelConfig& m = cfg.model;
   const TrainConfig& t = cfg.train;
   const int64_t bpp = e.bytes_per_element;
@@ -265,6 +300,9 @@ std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e) {
                   (t.recompute_layers ? std::to_string(t.recompute_layers) + " layers per stage"
                                       : std::string("every layer"))) +
        ")");
+  if (e.bytes_split > 0)
+    line("                 of which " + gib(e.bytes_split) +
+         " the split backward's output gradients, kept from B to W");
   if (e.bytes_attention_fallback > 0)
     line("    attention    " + gib(e.bytes_attention_fallback) +
          "  (fp32 scratch: bf16 attention runs the exact kernel, not flash: " +
@@ -272,6 +310,10 @@ std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e) {
   line("    scratch      " + gib(e.bytes_scratch) +
        "  (one layer's activation gradients, rotary tables, chunk outputs in flight)");
   line("    total        " + gib(e.bytes_total));
+  if (replan && replan->bytes_total > e.bytes_total)
+    line("  parallel.adapt: a re-plan to a split schedule would hold up to " +
+         trim(gib(replan->bytes_total)) + " (pipeline rank " + std::to_string(replan->pp_rank) +
+         "); it is taken only within 90% of the device's memory (docs/adaptation.md)");
   return s;
 }
 

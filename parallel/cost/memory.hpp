@@ -25,6 +25,9 @@ struct MemoryEstimate {
   int64_t bytes_optimizer = 0;         // per rank: AdamW m and v
   int64_t bytes_activations = 0;       // per rank: the saved activations of the micro-batches
                                        // in flight (one without pipeline parallelism)
+  // Of bytes_activations: a split backward's output gradients, kept from B
+  // to W (zb-h1, greedy).
+  int64_t bytes_split = 0;
   // bf16 attention on CUDA outside the flash kernels' shapes (head_dim 64 or
   // 128, ...): the exact fp32 fallback's scratch (kernels/attention_path.hpp),
   // counted in bytes_total, and why ("" when the flash kernels take it).
@@ -53,8 +56,18 @@ int64_t compute_bytes_per_element(const RunConfig& cfg);
 MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bytes_per_param_compute,
                                const std::vector<std::vector<int64_t>>& held = {});
 
-// A human-readable report (counts with thousands separators, sizes in GiB).
-std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e);
+// What parallel.adapt's schedule re-plan may come to hold at most
+// (parallel/adapt/schedule_choice.hpp): a split backward's buffers, and each
+// chunk held on every rank as often as on the rank of `held` that holds it
+// most (the re-plan's held-activations limit). With pp = 1: estimate_memory.
+MemoryEstimate estimate_memory_replanned(const RunConfig& cfg, int64_t bytes_per_param_compute,
+                                         const std::vector<std::vector<int64_t>>& held = {});
+
+// A human-readable report (counts with thousands separators, sizes in GiB);
+// with `replan` (estimate_memory_replanned of an adaptive pipelined run),
+// a line with what a re-plan may hold when that is more.
+std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e,
+                            const MemoryEstimate* replan = nullptr);
 
 // 68976648192 -> "68,976,648,192".
 std::string with_thousands(int64_t n);

@@ -16,6 +16,7 @@
 #include "parallel/adapt/expert_choice.hpp"
 #include "parallel/adapt/expert_slots.hpp"
 #include "parallel/adapt/schedule_choice.hpp"
+#include "parallel/cost/memory.hpp"
 #include "parallel/schedule/generators.hpp"
 #include "parallel/schedule/simulate.hpp"
 #include "parallel/schedule/validate.hpp"
@@ -372,6 +373,99 @@ TEST_CASE("adapt: with two chunks per rank the re-plan splits the interleaved sc
     CHECK(w == P * 2 * m);
     CHECK(reduces == P * 2);
   }
+}
+
+namespace {
+// The bubble benchmark's run (scripts/adapt/bench_bubble.py): the emulation
+// model at d_model 256, pp 4 x dp 2, micro-batch 1, m micro-batches.
+adgt::RunConfig bench_config(const std::string& schedule, int v, int m, const std::string& adapt) {
+  return adgt::load_config_text(
+      "model:\n  vocab_size: 256\n  d_model: 256\n  n_layers: 8\n  n_heads: 4\n"
+      "  n_kv_heads: 2\n  ffn_hidden: 512\n  seq_len: 32\n"
+      "train:\n  micro_batch: 1\n  global_batch: " + std::to_string(2 * m) + "\n"
+      "parallel:\n  pp: 4\n  dp: 2\n  schedule: " + schedule + "\n  virtual_stages: " +
+          std::to_string(v) + "\n  adapt: " + adapt + "\n",
+      "bench.yaml");
+}
+}  // namespace
+
+TEST_CASE("adapt: the re-plan's memory: what it may hold, and the device's budget",
+          "[adapt][dryrun]") {
+  using namespace adgt;
+  const int P = 4, m = 16;
+  // --dry-run's line for an adaptive 1F1B run: what a re-plan may hold, a
+  // split backward's buffers and on every rank what 1F1B's busiest rank
+  // holds (pp). ZB-H1 holds pp on every rank, so the two match.
+  const RunConfig f1b_cfg = bench_config("1f1b", 1, m, "schedule");
+  const RunConfig zb_cfg = bench_config("zb-h1", 1, m, "schedule");
+  const auto f1b_held = pp::held_activations(pp::one_f_one_b(P, m));
+  const auto zb_held = pp::held_activations(pp::zb_h1(P, m));
+  for (const auto& r : zb_held) REQUIRE(r[0] == P);
+  const MemoryEstimate e_f1b = estimate_memory(f1b_cfg, 4, f1b_held),
+                       e_re = estimate_memory_replanned(f1b_cfg, 4, f1b_held),
+                       e_zb = estimate_memory(zb_cfg, 4, zb_held);
+  CHECK(e_f1b.bytes_split == 0);
+  CHECK(e_re.bytes_total == e_zb.bytes_total);
+  CHECK(e_re.bytes_total > e_f1b.bytes_total);
+  CHECK(e_re.microbatches_held == P);
+  // By hand (model.cpp make_split_buffers): pp micro-batches of 32 tokens;
+  // per token and layer 2C + 2F + (H + 2KV) hd values, 2 layers per rank,
+  // and C for the embedding's on rank 0.
+  const int64_t C = 256, F = 512, hd = 64, H = 4, KV = 2;
+  CHECK(e_zb.bytes_split == int64_t(P) * 32 *
+                                (2 * (2 * C + 2 * F + (H + 2 * KV) * hd) + (e_zb.pp_rank == 0 ? C : 0)) * 4);
+  CHECK_THAT(format_estimate(f1b_cfg, e_f1b, &e_re),
+             Catch::Contains("a re-plan to a split schedule would hold up to"));
+  CHECK_THAT(format_estimate(f1b_cfg, e_f1b), !Catch::Contains("a re-plan"));
+
+  // The budget: 90% of the device, or the plan's own estimate when more;
+  // none without a device limit.
+  const pp::Schedule f1b = pp::with_grad_reductions(pp::one_f_one_b(P, m));
+  const pp::Schedule zb = pp::with_grad_reductions(pp::zb_h1(P, m));
+  CHECK(memory_budget(f1b_cfg, f1b, -1) < 0);
+  CHECK(memory_budget(f1b_cfg, f1b, 1 << 30) == Approx(0.9 * (1 << 30)));
+  CHECK(memory_budget(f1b_cfg, f1b, 1000) == double(e_f1b.bytes_total));
+  CHECK(memory_fits(f1b_cfg, zb, -1));
+  CHECK(memory_fits(f1b_cfg, zb, double(e_zb.bytes_total)));
+  CHECK(!memory_fits(f1b_cfg, zb, double(e_zb.bytes_total) - 1));
+
+  // The re-plan on a device whose 90% is 1F1B's estimate: ZB-H1 and the
+  // greedy schedules (split) do not fit, and 1F1B stays; with room for
+  // ZB-H1's estimate a split schedule is taken.
+  pp::StageCosts c1;
+  c1.f = {1.41, 1.29, 1.27, 1.37};
+  c1.b = {1.49, 1.46, 1.45, 1.54};
+  c1.w = {0.62, 0.67, 0.64, 0.73};
+  const auto tight = [&](const pp::Schedule& s) { return memory_fits(f1b_cfg, s, double(e_f1b.bytes_total)); };
+  const ScheduleChoice stay = choose_schedule(f1b, c1, -1, tight);
+  CHECK(stay.predicted_s == stay.current_predicted_s);
+  CHECK(stay.name == "1f1b");
+  CHECK(!stay.over_memory.empty());  // zb-h1 and greedy, logged as refused
+  const auto room = [&](const pp::Schedule& s) { return memory_fits(f1b_cfg, s, double(e_zb.bytes_total)); };
+  const ScheduleChoice split = choose_schedule(f1b, c1, -1, room);
+  CHECK(split.predicted_s < split.current_predicted_s);
+  CHECK(split.over_memory.size() < stay.over_memory.size());
+  CHECK(memory_fits(f1b_cfg, split.schedule, double(e_zb.bytes_total)));
+  bool has_w = false;
+  for (const auto& list : split.schedule.ranks)
+    for (const pp::Instr& x : list) has_w = has_w || x.op == pp::Op::BackwardWeight;
+  CHECK(has_w);
+  // Unconstrained greedy holds up to m micro-batches on the last ranks:
+  // more than what --dry-run said a re-plan may hold.
+  const pp::Schedule free = pp::with_grad_reductions(pp::greedy(P, m, c1, P));
+  CHECK(!memory_fits(f1b_cfg, free, double(e_re.bytes_total)));
+
+  // Two chunks per rank: the split interleaved order the re-plan picks (the
+  // 0.38x-of-1F1B schedule) holds no more than the dry-run's re-plan line.
+  pp::StageCosts c;
+  c.f = {0.775, 0.635, 0.635, 0.635, 0.635, 0.635, 0.635, 0.735};
+  for (double f : c.f) c.b.push_back(1.394 * f), c.w.push_back(0.606 * f);
+  const RunConfig il_cfg = bench_config("interleaved", 2, m, "schedule");
+  const pp::Schedule il = pp::with_grad_reductions(pp::interleaved_1f1b(P, m, 2));
+  const MemoryEstimate il_re = estimate_memory_replanned(il_cfg, 4, pp::held_activations(il));
+  const ScheduleChoice ch = choose_schedule(il, c);
+  CHECK(ch.schedule.name == "greedy");
+  CHECK(memory_fits(il_cfg, ch.schedule, double(il_re.bytes_total)));
 }
 
 TEST_CASE("adapt: emulate.slow_ranks with an onset step", "[adapt][config]") {
