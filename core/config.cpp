@@ -122,6 +122,13 @@ const std::vector<Key>& schema() {
           "auxiliary-loss-free balancing (DeepSeek-V3): a per-expert selection bias"),
       key("model", &R::model, "moe_bias_rate", &ModelConfig::moe_bias_rate, A::NonNegative,
           "bias step per optimizer step with moe_aux_free"),
+      key("model", &R::model, "moe_bias_init_zipf", &ModelConfig::moe_bias_init_zipf,
+          A::NonNegative,
+          "skewed routing for experiments, with moe_aux_free: expert e's selection bias starts "
+          "at -s beta ln(e+1), beta the Gumbel scale of the router's initial probabilities "
+          "(init_std sqrt(d_model) sqrt(6)/(pi n_experts)), so first choices fall off about as "
+          "Zipf(s); "
+          "moe_bias_rate 0 keeps it (docs/adaptation.md, \"Skewed routing in training\"); 0 = off"),
       key("model", &R::model, "moe_capacity_factor", &ModelConfig::moe_capacity_factor,
           A::NonNegative, "expert capacity = factor x tokens x top_k / n_experts per rank; 0 = dropless"),
       // train

@@ -38,6 +38,9 @@ struct ModelConfig {
   double moe_aux_loss_coef = 0.01;    // load-balancing loss coefficient (0: off)
   bool moe_aux_free = false;          // DeepSeek-V3 bias balancing
   double moe_bias_rate = 1e-3;        // bias step per optimizer step (moe_aux_free)
+  // Skewed routing for experiments (moe_aux_free): the selection bias starts
+  // at -s beta ln(e + 1) for expert e (moe_router_bias_init_zipf()); 0 = 0.
+  double moe_bias_init_zipf = 0;
   double moe_capacity_factor = 0;     // 0: dropless
   int64_t head_dim() const { return d_model / n_heads; }
   bool is_moe_layer(int64_t l) const { return n_experts > 0 && (l + 1) % moe_every == 0; }

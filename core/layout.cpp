@@ -4,6 +4,7 @@
 
 #include <climits>
 #include <numeric>
+#include <sstream>
 
 #include "kernels/check.hpp"
 
@@ -165,6 +166,11 @@ int group_rank(const Layout& l, Group g, int rank) {
 namespace {
 
 std::string num(int64_t x) { return std::to_string(x); }
+std::string real(double x) {
+  std::ostringstream os;
+  os << x;  // 1.2, not 1.200000
+  return os.str();
+}
 
 // {1,2,4}
 std::string set_text(const std::vector<int64_t>& v) {
@@ -225,6 +231,10 @@ struct Checker {
   // Mixture-of-experts and expert-parallel rules.
   void experts() {
     if (m.n_experts == 0) {
+      if (m.moe_bias_init_zipf > 0)
+        add("model.moe_bias_init_zipf",
+            "model.moe_bias_init_zipf is set but model.n_experts=0; remove it or set "
+            "model.n_experts");
       if (l.ep != 1)
         add("parallel.ep", "parallel.ep=" + num(l.ep) +
                                " needs a mixture-of-experts model; set model.n_experts (e.g. 8) or "
@@ -235,6 +245,11 @@ struct Checker {
             "model.n_experts");
       return;
     }
+    if (m.moe_bias_init_zipf > 0 && !m.moe_aux_free)
+      add("model.moe_bias_init_zipf",
+          "model.moe_bias_init_zipf=" + real(m.moe_bias_init_zipf) +
+              " sets the initial selection bias of aux-loss-free routing; set model.moe_aux_free: "
+              "true (and moe_bias_rate: 0 to keep the skew) or moe_bias_init_zipf: 0");
     if (m.moe_top_k > m.n_experts)
       add("model.moe_top_k", "model.moe_top_k=" + num(m.moe_top_k) +
                                  " is larger than model.n_experts=" + num(m.n_experts) +

@@ -282,9 +282,10 @@ void Trainer::load(const std::string& step_dir) {
   opt_steps_ = ts.opt_steps;
   if (model.has_moe() && cfg_.model.moe_aux_free) {
     if (!ts.has_moe_bias && lead())
-      std::fprintf(stderr, "warning: checkpoint %s has no MoE selection biases; they restart at 0\n",
+      std::fprintf(stderr, "warning: checkpoint %s has no MoE selection biases; they restart at "
+                           "their initial values (model.moe_bias_init_zipf)\n",
                    step_dir.c_str());
-    model.set_moe_bias_table(ts.moe_bias);
+    if (ts.has_moe_bias) model.set_moe_bias_table(ts.moe_bias);
   }
   {
     // Gradient compression's error feedback: per rank, restored only into the

@@ -133,6 +133,9 @@ void Model::make_moe_layers(const ExpertPlacement& placement, Comm* ep) {
       moe_.push_back(std::make_unique<MoeLayer>(be_, dtype_, N_, cfg_.d_model,
                                                 cfg_.expert_ffn() / tp_->size(), o,
                                                 placement.table(), ep));
+      if (cfg_.moe_aux_free && cfg_.moe_bias_init_zipf > 0)
+        moe_.back()->set_bias(zipf_selection_bias(cfg_.n_experts, cfg_.d_model, cfg_.init_std,
+                                                  cfg_.moe_bias_init_zipf));
       MoeLayerStep st;
       st.layer = ch.first_layer + l;
       st.load.assign(size_t(cfg_.n_experts), 0);

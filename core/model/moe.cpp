@@ -138,6 +138,14 @@ const MoeStats& MoeLayer::last_stats() const {
   return last_slot_ < 0 ? none : slots_[size_t(last_slot_)]->stats;
 }
 
+std::vector<double> zipf_selection_bias(int64_t n_experts, int64_t d_model, double init_std, double s) {
+  const double pi = 3.14159265358979323846;
+  const double beta = init_std * std::sqrt(double(d_model)) * std::sqrt(6.0) / (pi * double(n_experts));
+  std::vector<double> b(size_t(std::max<int64_t>(n_experts, 0)));
+  for (size_t e = 0; e < b.size(); ++e) b[e] = -s * beta * std::log(double(e) + 1);
+  return b;
+}
+
 void MoeLayer::set_bias(std::vector<double> b) {
   ADGT_CHECK(int64_t(b.size()) == E_,
              "moe: set_bias got " << b.size() << " values for " << E_ << " experts");

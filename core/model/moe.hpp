@@ -74,6 +74,17 @@
 
 namespace adgt {
 
+// model.moe_bias_init_zipf's initial selection bias (experiments with
+// skewed routing): bias_e = -s beta ln(e + 1) for expert e = 0..E-1, beta =
+// init_std sqrt(d_model) sqrt(6) / (pi E). At init a router logit has the
+// standard deviation init_std sqrt(d_model) (its input is RMS-normalised),
+// so a probability deviates from 1/E by about logit / E; beta is the scale
+// of a Gumbel variable of that deviation, under which a first choice by
+// probs + bias falls on expert e with probability proportional to
+// (e + 1)^-s (Zipf(s)). The logits are Gaussian, not Gumbel, and grow as
+// the router learns: the skew is measured, not assumed (docs/adaptation.md).
+std::vector<double> zipf_selection_bias(int64_t n_experts, int64_t d_model, double init_std, double s);
+
 struct MoeOptions {
   int64_t n_experts = 8, top_k = 2;
   double aux_loss_coef = 0.01;  // loss term coef * aux; 0: no aux gradient (aux still reported)

@@ -163,6 +163,17 @@ class ExpertPlacementController final : public Controller {
     if (!pb.empty()) per_byte = *std::min_element(pb.begin(), pb.end());
     cost_hist_.push_back({measured ? slowest : -1, per_byte});
     while (int64_t(cost_hist_.size()) > kObserve) cost_hist_.pop_front();
+    // What each ep index computed in the window (logged with the decision:
+    // the rows it received and its slowest holder's expert seconds).
+    std::vector<double> rows_ep(size_t(ep_), 0.0), secs_ep(size_t(ep_), 0.0);
+    for (size_t i = 0; i < n; ++i) {
+      const int j = in["ep"][i].get<int>();
+      if (j < 0 || j >= ep_) continue;
+      rows_ep[size_t(j)] = std::max(rows_ep[size_t(j)], in["rows"][i].get<double>());
+      secs_ep[size_t(j)] = std::max(secs_ep[size_t(j)], in["seconds"][i].get<double>());
+    }
+    work_hist_.push_back({rows_ep, secs_ep});
+    while (int64_t(work_hist_.size()) > kObserve) work_hist_.pop_front();
     cap_.assign(size_t(ep_), 1.0);
     for (int j = 0; j < ep_; ++j) {
       std::vector<double> v;
@@ -222,6 +233,22 @@ class ExpertPlacementController final : public Controller {
     }
     d["placement_now"] = now;
     d["placement_new"] = next;
+    // Measured in the window, per ep index: its share of the expert rows
+    // (summed over the window's steps) and its expert seconds per step
+    // (median); the placement in use then is placement_now.
+    {
+      std::vector<double> rows(size_t(ep_), 0.0), secs(size_t(ep_), 0.0);
+      for (int j = 0; j < ep_; ++j) {
+        std::vector<double> v;
+        for (const auto& [r, s] : work_hist_) rows[size_t(j)] += r[size_t(j)], v.push_back(s[size_t(j)]);
+        secs[size_t(j)] = upper_median(std::move(v));
+      }
+      const double total = std::accumulate(rows.begin(), rows.end(), 0.0);
+      if (total > 0)
+        for (double& x : rows) x /= total;
+      d["measured_rows_share"] = round3(rows);
+      d["measured_expert_s"] = secs;
+    }
     d["imbalance_now"] = cur;
     d["imbalance_new"] = p.imbalance;
     d["replicas_now"] = rep_now;
@@ -252,6 +279,8 @@ class ExpertPlacementController final : public Controller {
   int E_, ep_, slots_;
   std::vector<double> load_, cap_;
   std::deque<std::vector<double>> cap_hist_;
+  // per step of the window: each ep index's expert rows and seconds
+  std::deque<std::pair<std::vector<double>, std::vector<double>>> work_hist_;
   std::deque<std::pair<double, double>> cost_hist_;  // (slowest expert s, ep s per byte) per step
   int64_t seen_ = 0;
 };

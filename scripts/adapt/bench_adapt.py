@@ -41,17 +41,18 @@ MODEL = os.path.join(ROOT, "tests", "emulate", "model.yaml")
 MPIRUN = os.path.join(ROOT, "tests", "parallel", "mpirun.sh")
 
 
-def launch(train, log, ranks, sets, timeout=900):
-    """adgt-train on `ranks` CPU ranks (one BLAS/OpenMP thread each) with the
-    emulation model and `sets`, logging to the folder `log`: metrics.jsonl's
-    records. A failed run exits, naming it (the folder's name)."""
+def launch(train, log, ranks, sets, timeout=900, model=MODEL):
+    """adgt-train on `ranks` CPU ranks (one BLAS/OpenMP thread each) with
+    `model` (the emulation model by default) and `sets`, logging to the
+    folder `log`: metrics.jsonl's records. A failed run exits, naming it (the
+    folder's name)."""
     os.makedirs(log, exist_ok=True)
     m = os.path.join(log, "metrics.jsonl")
     if os.path.exists(m):
         os.remove(m)
     sets = list(sets) + [f"log.dir={log}", f"checkpoint.dir={log}/ckpt"]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    p = subprocess.run([MPIRUN, str(ranks), train, "--config", MODEL]
+    p = subprocess.run([MPIRUN, str(ranks), train, "--config", model]
                        + sum([["--set", s] for s in sets], []),
                        capture_output=True, text=True, env=env, timeout=timeout)
     if p.returncode != 0:

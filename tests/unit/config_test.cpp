@@ -135,7 +135,8 @@ TEST_CASE("unknown keys and sections name the line and suggest", "[config]") {
         "x.yaml:3: model.n_layerz: unknown key; did you mean model.n_layers? (allowed keys in "
         "model: vocab_size, d_model, n_layers, n_heads, n_kv_heads, ffn_hidden, seq_len, "
         "rope_theta, norm_eps, tie_embeddings, init_std, n_experts, moe_top_k, moe_every, "
-              "expert_ffn_hidden, moe_aux_loss_coef, moe_aux_free, moe_bias_rate, moe_capacity_factor)");
+              "expert_ffn_hidden, moe_aux_loss_coef, moe_aux_free, moe_bias_rate, moe_bias_init_zipf, "
+        "moe_capacity_factor)");
   // A key from another section.
   CHECK_THAT(error_of("train:\n  seq_len: 4\n"),
              StartsWith("x.yaml:2: train.seq_len: unknown key; did you mean model.seq_len?"));
@@ -198,7 +199,7 @@ TEST_CASE("wrong types say what was expected and what was found", "[config]") {
         "x.yaml:1: model: expected a mapping of keys (vocab_size, d_model, n_layers, n_heads, "
         "n_kv_heads, ffn_hidden, seq_len, rope_theta, norm_eps, tie_embeddings, init_std, n_experts, "
               "moe_top_k, moe_every, expert_ffn_hidden, moe_aux_loss_coef, moe_aux_free, moe_bias_rate, "
-              "moe_capacity_factor), got \"5\"");
+              "moe_bias_init_zipf, moe_capacity_factor), got \"5\"");
   CHECK_THAT(error_of("- a\n- b\n"),
              StartsWith("x.yaml:1: expected a mapping of sections (model, train,"));
 }
@@ -337,7 +338,7 @@ TEST_CASE("docs/config.md carries the generated key reference", "[config]") {
     FAIL("docs/config.md is out of date with the schema in core/config.cpp; paste " + out +
          " between its BEGIN/END markers");
   }
-  CHECK(config_keys().size() == 88);
+  CHECK(config_keys().size() == 89);
   for (const auto& k : config_keys()) {
     CHECK(!k.doc.empty());
     CHECK(!k.allowed.empty());

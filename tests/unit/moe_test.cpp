@@ -11,6 +11,8 @@
 #include <functional>
 #include <vector>
 
+#include "core/config.hpp"
+#include "core/model/model.hpp"
 #include "core/model/moe_replicas.hpp"
 #include "core/rng.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
@@ -472,4 +474,70 @@ TEST_CASE("moe replicas: validation, text and the split rule", "[moe]") {
   refused("0:0", "without '=share'");
   refused("0:0=a", "malformed holder");
   refused("0;1", "has no ':'");
+}
+
+TEST_CASE("moe: model.moe_bias_init_zipf's selection bias makes first choices Zipf(s) under Gumbel noise",
+          "[moe][config]") {
+  // The formula's premise, checked by Monte Carlo: a probability deviating
+  // from 1/E by Gumbel noise of scale beta, plus the bias, is argmax'd; the
+  // first choices then fall on expert e with probability (e+1)^-s / H(E, s).
+  const int64_t E = 64, C = 48;
+  const double std0 = 0.02, s = 1.2;
+  const std::vector<double> b = zipf_selection_bias(E, C, std0, s);
+  REQUIRE(int64_t(b.size()) == E);
+  const double pi = 3.14159265358979323846;
+  const double beta = std0 * std::sqrt(double(C)) * std::sqrt(6.0) / (pi * double(E));
+  CHECK(b[0] == 0.0);
+  CHECK(b[9] == Approx(-s * beta * std::log(10.0)));
+  for (int64_t e = 1; e < E; ++e) CHECK(b[size_t(e)] < b[size_t(e - 1)]);
+  Rng rng(5);
+  const int n = 200000;
+  std::vector<double> count(size_t(E), 0.0);
+  for (int i = 0; i < n; ++i) {
+    int64_t best = 0;
+    double top = -1e300;
+    for (int64_t e = 0; e < E; ++e) {
+      const double u = (double(rng.next() >> 11) + 0.5) / 9007199254740992.0;  // (0, 1)
+      const double v = 1.0 / double(E) - beta * std::log(-std::log(u)) + b[size_t(e)];
+      if (v > top) top = v, best = e;
+    }
+    count[size_t(best)] += 1;
+  }
+  double h = 0;
+  for (int64_t e = 0; e < E; ++e) h += std::pow(double(e + 1), -s);
+  for (int64_t e : {0, 1, 3, 15}) {
+    INFO("expert " << e);
+    CHECK(count[size_t(e)] / n == Approx(std::pow(double(e + 1), -s) / h).epsilon(0.05));
+  }
+  // The least-squares exponent over log-log counts.
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  int k = 0;
+  for (int64_t e = 0; e < 32; ++e) {
+    const double x = std::log(double(e + 1)), y = std::log(count[size_t(e)] / n);
+    sx += x, sy += y, sxx += x * x, sxy += x * y, ++k;
+  }
+  const double slope = (k * sxy - sx * sy) / (k * sxx - sx * sx);
+  CHECK(-slope == Approx(s).margin(0.05));
+  CHECK(zipf_selection_bias(E, C, std0, 0.0) == std::vector<double>(size_t(E), 0.0));
+}
+
+TEST_CASE("moe: model.moe_bias_init_zipf sets every MoE layer's initial selection bias; its rules",
+          "[moe][config]") {
+  RunConfig cfg = load_config_text(
+      "model:\n  vocab_size: 64\n  d_model: 32\n  n_layers: 2\n  n_heads: 2\n  n_kv_heads: 2\n"
+      "  ffn_hidden: 32\n  seq_len: 8\n  n_experts: 8\n  moe_top_k: 2\n  moe_aux_free: true\n"
+      "  moe_bias_rate: 0\n  moe_bias_init_zipf: 1.2\n",
+      "zipf.yaml");
+  CpuBackend be;
+  Model model(cfg.model, be, DType::F32, 2, 8);
+  const std::vector<double> b = zipf_selection_bias(8, 32, cfg.model.init_std, 1.2);
+  const std::vector<double> t = model.moe_bias_table();
+  REQUIRE(t.size() == 16);
+  for (int l = 0; l < 2; ++l)
+    CHECK(std::vector<double>(t.begin() + l * 8, t.begin() + (l + 1) * 8) == b);
+  CHECK_THROWS_WITH(load_config_text("model:\n  n_experts: 8\n  moe_bias_init_zipf: 1.2\n", "a.yaml"),
+                    Catch::Contains("model.moe_bias_init_zipf=1.2") &&
+                        Catch::Contains("set model.moe_aux_free: true"));
+  CHECK_THROWS_WITH(load_config_text("model:\n  moe_bias_init_zipf: 1.2\n", "b.yaml"),
+                    Catch::Contains("model.moe_bias_init_zipf is set but model.n_experts=0"));
 }
