@@ -79,8 +79,9 @@ class Backend {
   // The most bytes alloc() has held at once (the backend's buffers; not its
   // private scratch or the CUDA context); -1 where not tracked (the CPU).
   virtual int64_t peak_allocated_bytes() const { return -1; }
-  // The device's memory in bytes (CUDA: cudaMemGetInfo's total); -1 where
-  // there is no device limit to respect (host backends).
+  // The device's memory in bytes (CUDA: cudaMemGetInfo's total; emulated:
+  // its arena's reservation); -1 where there is no device limit to respect
+  // (host backends).
   virtual int64_t memory_capacity_bytes() const { return -1; }
   // Waits for queued work; throws a failure a noexcept path deferred.
   virtual void synchronize() { throw_deferred_error(); }

@@ -50,6 +50,7 @@ class DeviceArena {
   bool in_range(const void* p) const;
   // Bytes in live allocations, and the most ever.
   size_t used() const { return used_; }
+  size_t reserved() const { return reserve_; }  // the device's memory: alloc's limit
   size_t peak() const { return peak_; }
   size_t bad_releases() const { return bad_releases_; }
   // "byte 12 of a 4096-byte buffer at 0x..." or "outside every live buffer".

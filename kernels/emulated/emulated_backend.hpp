@@ -36,6 +36,9 @@ class EmulatedBackend final : public Backend {
   void to_host(void* dst, const void* src, size_t bytes) override;
   void zero(Tensor t) override;
   int64_t peak_allocated_bytes() const override { return int64_t(arena_.peak()); }
+  // The arena's reservation (ADGT_EMULATED_MEMORY_GB, default 64 GiB): what
+  // alloc can hand out, as a GPU's memory.
+  int64_t memory_capacity_bytes() const override { return int64_t(arena_.reserved()); }
   void synchronize() override;
   double peak_tflops() override { return cpu_.peak_tflops(); }
   bool peak_is_measured() const override { return true; }
