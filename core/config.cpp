@@ -390,12 +390,6 @@ std::string list_text(const std::vector<int64_t>& v) {
   return s + "]";
 }
 
-// Shortest text that reads back to the same double.
-std::string fmt_real(double x) {
-  char buf[64];
-  auto r = std::to_chars(buf, buf + sizeof buf, x);
-  return std::string(buf, r.ptr);
-}
 
 // fmt_real, but always recognisably a float to other YAML readers
 // (10000 -> 10000.0, 1e-05 -> 1.0e-05).
@@ -1342,6 +1336,12 @@ std::string config_reference_markdown() {
            esc(k.allowed) + " | " + esc(k.doc) + " |\n";
   }
   return out;
+}
+
+std::string fmt_real(double x) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, x);
+  return std::string(buf, r.ptr);
 }
 
 }  // namespace adgt

@@ -4,7 +4,6 @@
 
 #include <climits>
 #include <numeric>
-#include <sstream>
 
 #include "kernels/check.hpp"
 
@@ -166,11 +165,6 @@ int group_rank(const Layout& l, Group g, int rank) {
 namespace {
 
 std::string num(int64_t x) { return std::to_string(x); }
-std::string real(double x) {
-  std::ostringstream os;
-  os << x;  // 1.2, not 1.200000
-  return os.str();
-}
 
 // {1,2,4}
 std::string set_text(const std::vector<int64_t>& v) {
@@ -247,7 +241,7 @@ struct Checker {
     }
     if (m.moe_bias_init_zipf > 0 && !m.moe_aux_free)
       add("model.moe_bias_init_zipf",
-          "model.moe_bias_init_zipf=" + real(m.moe_bias_init_zipf) +
+          "model.moe_bias_init_zipf=" + fmt_real(m.moe_bias_init_zipf) +
               " sets the initial selection bias of aux-loss-free routing; set model.moe_aux_free: "
               "true (and moe_bias_rate: 0 to keep the skew) or moe_bias_init_zipf: 0");
     if (m.moe_top_k > m.n_experts)

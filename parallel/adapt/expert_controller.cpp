@@ -163,8 +163,10 @@ class ExpertPlacementController final : public Controller {
     if (!pb.empty()) per_byte = *std::min_element(pb.begin(), pb.end());
     cost_hist_.push_back({measured ? slowest : -1, per_byte});
     while (int64_t(cost_hist_.size()) > kObserve) cost_hist_.pop_front();
-    // What each ep index computed in the window (logged with the decision:
-    // the rows it received and its slowest holder's expert seconds).
+    // What each ep index computed in the window (logged with the decision):
+    // its busiest holder's rows and slowest holder's expert seconds. With
+    // ep = dp (one rank per ep index and stage) these are the rank's own;
+    // with pp or edp replicas it is the busiest of them, not their sum.
     std::vector<double> rows_ep(size_t(ep_), 0.0), secs_ep(size_t(ep_), 0.0);
     for (size_t i = 0; i < n; ++i) {
       const int j = in["ep"][i].get<int>();
