@@ -272,6 +272,11 @@ const std::vector<Key>& schema() {
           "their measured load (tokens routed) and each rank's measured expert throughput, "
           "switching parallel.expert_placement in memory when that evens the ranks' expected "
           "expert time by at least 5% (docs/adaptation.md); 0 = off"),
+      key("parallel", &R::parallel, "expert_replace_dry_run",
+          &ParallelConfig::expert_replace_dry_run, A::Any,
+          "with expert_replace_interval: measure, decide and log every re-placement as usual "
+          "but apply none, so the logged decisions measure the static placement (a benchmark's "
+          "baseline)"),
       key("parallel", &R::parallel, "expert_slots", &ParallelConfig::expert_slots,
           A::NonNegative,
           "MoE: experts each ep rank may hold, its own n_experts/ep plus replicas of hot experts "

@@ -135,6 +135,9 @@ struct ParallelConfig {
   // their measured load and each rank's measured expert throughput (an
   // in-memory layout switch of expert_placement; docs/adaptation.md). 0: off.
   int64_t expert_replace_interval = 0;
+  // With expert_replace_interval: decide and log, apply nothing (the static
+  // placement measured, as a benchmark's baseline).
+  bool expert_replace_dry_run = false;
   // MoE: experts each ep rank may hold, its own plus replicas of hot experts
   // (core/model/moe_replicas.hpp); 0: n_experts / ep, no replicas. With
   // expert_replace_interval, the re-placement fills the spare slots.

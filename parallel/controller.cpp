@@ -26,6 +26,7 @@ std::vector<nlohmann::json> run_controllers(const std::vector<Controller*>& cs, 
                                             LayoutRequest* request) {
   std::vector<nlohmann::json> records;
   for (Controller* c : cs) {
+    c->record(e, r);
     if (!c->due(r)) continue;
     const nlohmann::json inputs = c->observe(e, r, world);
     std::string text;

@@ -56,6 +56,10 @@ class Controller {
  public:
   virtual ~Controller() = default;
   virtual std::string name() const = 0;
+  // Every rank, after every step, before due(): local measurements only (no
+  // communication), kept for the next observe(); e.g. the steps of a window
+  // a decision reads, measured without a collective per step.
+  virtual void record(Engine&, const StepReport&) {}
   // Whether to act after this step: a pure function of the report (so every rank agrees).
   virtual bool due(const StepReport& r) const = 0;
   // Every rank; may be collective over the world. The decision's inputs.
@@ -81,8 +85,8 @@ struct LayoutRequest {
 // Rank `root` of `comm` sends `text`; every rank returns it. Collective.
 std::string broadcast_text(Comm& comm, const std::string& text, int root = 0);
 
-// One cycle of every due controller (observe, decide on rank 0, broadcast,
-// apply). Returns, on world rank 0, the records to log: {"event":
+// One cycle of every controller: record, and for the due ones observe, decide
+// on rank 0, broadcast, apply. Returns, on world rank 0, the records to log: {"event":
 // "controller", "controller", "step", "inputs", "decision"}; elsewhere empty.
 // A decision with "quiet": true (it changed nothing) is not logged.
 // `request` (may be null): the decisions' layout request, if any.

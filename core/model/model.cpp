@@ -551,7 +551,7 @@ void Model::reset_moe_stats() {
   for (MoeLayerStep& m : moe_step_) {
     std::fill(m.load.begin(), m.load.end(), 0);
     m.tokens = m.dropped = m.calls = m.a2a_bytes = m.expert_rows = m.shadow_rows = 0;
-    m.aux = m.a2a_seconds = m.expert_cpu_s = 0;
+    m.aux = m.a2a_seconds = m.expert_cpu_s = m.dense_cpu_s = 0;
   }
 }
 

@@ -51,6 +51,11 @@ struct MoeLayerStep {
   // (-1: not measured; MoeStats::expert_cpu_s).
   int64_t expert_rows = 0;
   double expert_cpu_s = 0;
+  // The layer's CPU seconds outside its MoE block, forward + backward (its
+  // attention branch and norms, recomputation included): the same work on
+  // every rank of a pipeline stage, so its time measures the rank's speed
+  // (the expert controller's capacities); -1 where not measured, as above.
+  double dense_cpu_s = 0;
   int64_t shadow_rows = 0;  // of expert_rows (forward), the replicas' (MoeStats::shadow_rows)
 };
 

@@ -11,6 +11,34 @@
 
 namespace adgt {
 
+namespace {
+
+// A MoE layer's dense CPU time (MoeLayerStep::dense_cpu_s): from construction
+// to destruction less the MoE block's own span (moe(), around it).
+class DenseCpu {
+ public:
+  DenseCpu(MoeLayer* m, double& acc) : m_(m), acc_(acc), c0_(m ? m->expert_clock() : -1) {}
+  ~DenseCpu() {
+    if (!m_) return;
+    acc_ = c0_ < 0 || acc_ < 0 ? -1 : acc_ + (m_->expert_clock() - c0_ - moe_s_);
+  }
+  DenseCpu(const DenseCpu&) = delete;
+  DenseCpu& operator=(const DenseCpu&) = delete;
+  template <class F>
+  void moe(F&& block) {
+    const double t0 = m_ ? m_->expert_clock() : -1;
+    block();
+    if (t0 >= 0) moe_s_ += m_->expert_clock() - t0;
+  }
+
+ private:
+  MoeLayer* m_;
+  double& acc_;
+  double c0_, moe_s_ = 0;
+};
+
+}  // namespace
+
 void Model::gather_rows(Tensor full, const Tensor& local) {
   if (sp_) tp_->all_gather(full, local);
 }
@@ -139,6 +167,9 @@ bool Model::layer_forward(int chunk, int slot, size_t l, bool ln1_ready) {
   Slot& s = slot_of(chunk, slot);
   LayerActs& a = s.layers[l];
   const LayerIdx& w = layer_idx_[ch.first_local + l];
+  double unused = 0;
+  DenseCpu cpu(w.moe >= 0 ? moe_[size_t(w.moe)].get() : nullptr,
+               w.moe >= 0 ? moe_step_[size_t(w.moe)].dense_cpu_s : unused);
   // Attention branch: x_mid = x_in + o(attention(rope(q), rope(k), v)).
   if (!ln1_ready) norm_forward(a.ln1, a.rstd1, a.x_in, w.in_norm);
   qkv_forward(a, w);
@@ -152,7 +183,7 @@ bool Model::layer_forward(int chunk, int slot, size_t l, bool ln1_ready) {
   Tensor next = last ? s.x_out : s.layers[l + 1].x_in;
   Tensor down = sp_ ? partial_ : next;
   if (w.moe >= 0) {
-    moe_forward(s, a, w, slot, down);
+    cpu.moe([&] { moe_forward(s, a, w, slot, down); });
   } else {
     gate_up_forward(a, w);
     swiglu_forward(a);
@@ -296,6 +327,9 @@ void Model::layer_backward(int chunk, int slot, size_t l, BackwardMode mode) {
   Slot& s = slot_of(chunk, slot);
   LayerActs& a = s.layers[l];
   const LayerIdx& w = layer_idx_[ch.first_local + l];
+  double unused = 0;
+  DenseCpu cpu(w.moe >= 0 ? moe_[size_t(w.moe)].get() : nullptr,
+               w.moe >= 0 ? moe_step_[size_t(w.moe)].dense_cpu_s : unused);
   recompute_layer(chunk, slot, l);
   // dW and dX of one linear layer (of parameters wi..wl, one matrix when
   // fused): both in one call, as the backend likes it, or the input gradient
@@ -312,7 +346,7 @@ void Model::layer_backward(int chunk, int slot, size_t l, BackwardMode mode) {
   // d_resid = dL/d(layer output). MLP branch: out = x_mid + down(h).
   gather_rows(d_full_, d_resid_);
   if (w.moe >= 0) {  // weight gradients inside (a split backward does them here too)
-    moe_backward(s, a, w, slot, mode.last_micro_batch);
+    cpu.moe([&] { moe_backward(s, a, w, slot, mode.last_micro_batch); });
   } else {
     linear_bwd(dh_, w.down, w.down, d_full_, a.h, a.d_down, false);
     if (fused_) {

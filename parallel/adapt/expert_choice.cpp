@@ -56,7 +56,7 @@ std::string replicas_text(const SlotPlan& p, const std::vector<int64_t>& owner) 
 
 PlacementChoice choose_placement(const std::vector<double>& load, const std::vector<double>& cap,
                                  const std::vector<int64_t>& now, const std::string& now_replicas,
-                                 int slots, const ReplicaCosts& costs) {
+                                 int slots, const ReplicaCosts& costs, bool keep_owners) {
   const int E = int(load.size()), ep = int(cap.size()), per = E / ep;
   const auto most_replicas = [&](const SlotPlan& q, const std::vector<int64_t>& o) {
     size_t m = 0;
@@ -84,6 +84,24 @@ PlacementChoice choose_placement(const std::vector<double>& load, const std::vec
            costs.per_replica_s * most_replicas(q, o);
   };
   c.predicted_now_s = costed ? costs.expert_s + costs.per_replica_s * double(now_shadows) : 0;
+  if (keep_owners) {
+    SlotPlan bare;  // the owners alone, no replicas
+    bare.ranks = served_by(now, "", ep);
+    bare.imbalance = replicas_imbalance(load, cap, bare.ranks);
+    c.owner = now;
+    // The replicas in use with their shares re-filled (no holder changes),
+    // unless fresh replicas on the same owners, or (costed) none, are
+    // better by more than 1%.
+    c.plan = refill_shares(load, cap, now_ranks);
+    const auto consider = [&](const SlotPlan& q) {
+      if (score(q, now) * 1.01 < score(c.plan, now)) c.plan = q;
+    };
+    if (slots > per) consider(plan_expert_replicas(load, cap, now, slots));
+    if (costed) consider(bare);
+    c.predicted_s = costed ? score(c.plan, c.owner) : 0;
+    c.replicas = replicas_text(c.plan, c.owner);
+    return c;
+  }
   // Without replicas: the plan that keeps experts where they are, unless it
   // is more than 2% worse than the plan that ignores where they are.
   SlotPlan single = plan_expert_slots(load, cap, per, &now);

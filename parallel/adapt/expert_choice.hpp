@@ -41,10 +41,14 @@ struct PlacementChoice {
 };
 
 // load: per expert; capacity: per ep rank (relative); now_owner and
-// now_replicas: the placement in use; slots >= E / ep.
+// now_replicas: the placement in use; slots >= E / ep. keep_owners: only
+// the plans that leave every expert with its owner (replicas on the current
+// owners, or, with costs, none): a change of replicas alone, applied in
+// place with no optimizer state moved (the controller's between-placement
+// re-plans).
 PlacementChoice choose_placement(const std::vector<double>& load, const std::vector<double>& capacity,
                                  const std::vector<int64_t>& now_owner, const std::string& now_replicas,
-                                 int slots, const ReplicaCosts& costs = {});
+                                 int slots, const ReplicaCosts& costs = {}, bool keep_owners = false);
 
 // Per rank, the (expert, share)s it serves under owners and a replicas text.
 std::vector<std::vector<ExpertReplica>> served_by(const std::vector<int64_t>& owner,

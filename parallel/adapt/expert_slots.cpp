@@ -90,6 +90,46 @@ void water_fill(SlotPlan& p, const std::vector<double>& load, const std::vector<
   p.imbalance = imbalance_of(p.finish);
 }
 
+// The greedy assignment's dead end: every free slot is on a rank that
+// already holds `expert`. Moves another replica from a rank q without
+// `expert` to a rank r with a free slot (one that does not hold the moved
+// replica's expert), so q's slot takes `expert`; returns q. The rank whose
+// finishing time grows least wins (ties: the lower indices).
+int make_room(SlotPlan& p, const std::vector<double>& load, const std::vector<double>& capacity, int expert,
+              double rep_load, int slots) {
+  const int R = int(p.ranks.size());
+  const auto holds = [&](int r, int e) {
+    for (const ExpertReplica& x : p.ranks[size_t(r)])
+      if (x.expert == e) return true;
+    return false;
+  };
+  int best_r = -1, best_q = -1;
+  size_t best_i = 0;
+  double best_t = 0;
+  for (int r = 0; r < R; ++r) {
+    if (int(p.ranks[size_t(r)].size()) >= slots) continue;
+    for (int q = 0; q < R; ++q) {
+      if (q == r || holds(q, expert)) continue;
+      for (size_t i = 0; i < p.ranks[size_t(q)].size(); ++i) {
+        const ExpertReplica& x = p.ranks[size_t(q)][i];
+        if (holds(r, x.expert)) continue;
+        const double moved = x.share * load[size_t(x.expert)];
+        const double t = std::max((p.served[size_t(q)] - moved + rep_load) / capacity[size_t(q)],
+                                  (p.served[size_t(r)] + moved) / capacity[size_t(r)]);
+        if (best_r < 0 || t < best_t) best_r = r, best_q = q, best_i = i, best_t = t;
+      }
+    }
+  }
+  if (best_r < 0) throw std::logic_error("expert slots: no free slot for a replica");
+  const ExpertReplica x = p.ranks[size_t(best_q)][best_i];
+  const double moved = x.share * load[size_t(x.expert)];
+  p.ranks[size_t(best_q)].erase(p.ranks[size_t(best_q)].begin() + std::ptrdiff_t(best_i));
+  p.served[size_t(best_q)] -= moved;
+  p.ranks[size_t(best_r)].push_back(x);
+  p.served[size_t(best_r)] += moved;
+  return best_q;
+}
+
 }  // namespace
 
 SlotPlan plan_expert_slots(const std::vector<double>& load_in, const std::vector<double>& capacity,
@@ -142,7 +182,7 @@ SlotPlan plan_expert_slots(const std::vector<double>& load_in, const std::vector
     }
     // The expert's current rank, when it finishes within kStay of the best.
     if (stay_t >= 0 && stay_t <= best_t * (1 + kStay)) best = home;
-    if (best < 0) throw std::logic_error("expert slots: no free slot for a replica");
+    if (best < 0) best = make_room(p, load, capacity, rp.expert, rp.load, slots);
     p.ranks[size_t(best)].push_back({rp.expert, 1.0 / p.replicas[size_t(rp.expert)]});
     p.served[size_t(best)] += rp.load;
   }
@@ -195,6 +235,37 @@ SlotPlan plan_expert_replicas(const std::vector<double>& load_in, const std::vec
     p.ranks[size_t(best_r)].push_back({best_e, 0.0});
     ++p.replicas[size_t(best_e)];
   }
+  water_fill(p, load, capacity);
+  return p;
+}
+
+SlotPlan refill_shares(const std::vector<double>& load_in, const std::vector<double>& capacity,
+                       const std::vector<std::vector<ExpertReplica>>& ranks) {
+  const int E = int(load_in.size()), R = int(capacity.size());
+  const std::vector<double> load = shares_of(load_in, capacity, "expert shares");
+  if (int(ranks.size()) != R)
+    throw std::invalid_argument("expert shares: " + std::to_string(ranks.size()) + " ranks' holders for " +
+                                std::to_string(R) + " capacities");
+  SlotPlan p;
+  p.ranks = ranks;
+  p.replicas.assign(size_t(E), 0);
+  p.served.assign(size_t(R), 0);
+  std::vector<double> total(size_t(E), 0.0);
+  for (const auto& r : ranks)
+    for (const ExpertReplica& x : r) {
+      if (x.expert < 0 || x.expert >= E)
+        throw std::invalid_argument("expert shares: expert " + std::to_string(x.expert) + " out of range");
+      ++p.replicas[size_t(x.expert)];
+      total[size_t(x.expert)] += x.share;
+    }
+  for (int e = 0; e < E; ++e)
+    if (!(total[size_t(e)] > 0))
+      throw std::invalid_argument("expert shares: expert " + std::to_string(e) + " is not served");
+  for (size_t r = 0; r < p.ranks.size(); ++r)
+    for (ExpertReplica& x : p.ranks[r]) {
+      x.share /= total[size_t(x.expert)];  // shares sum to 1 per expert
+      p.served[r] += x.share * load[size_t(x.expert)];
+    }
   water_fill(p, load, capacity);
   return p;
 }

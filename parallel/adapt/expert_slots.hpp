@@ -56,6 +56,11 @@ SlotPlan plan_expert_slots(const std::vector<double>& load, const std::vector<do
 SlotPlan plan_expert_replicas(const std::vector<double>& load, const std::vector<double>& capacity,
                               const std::vector<int64_t>& owner, int slots);
 
+// The same holders (per rank its (expert, share)s, every expert held at
+// least once), their shares water-filled for `load` from where they are.
+SlotPlan refill_shares(const std::vector<double>& load, const std::vector<double>& capacity,
+                       const std::vector<std::vector<ExpertReplica>>& ranks);
+
 // The imbalance of a plain placement: expert e wholly on owner[e].
 double placement_imbalance(const std::vector<double>& load, const std::vector<double>& capacity,
                            const std::vector<int64_t>& owner);

@@ -113,7 +113,7 @@ def windows(recs, steps):
         if s in changes:  # the move takes effect after this step
             owner, replicas = changes[s]
     out = []
-    for end in range(50, steps + 1, 50):
+    for end in range(10, steps + 1, 10):
         ws = [s for s in range(end - 9, end + 1) if s in per_step]
         load = [sum(per_step[s][0][e] for s in ws) for e in range(E)]
         rows = [sum(per_step[s][1][j] for s in ws) for j in range(EP)]
@@ -148,9 +148,14 @@ def main():
     ap.add_argument("--set", nargs="*", default=[])
     args = ap.parse_args()
     table = {}
-    moves = []
+    moves = {}
+    overhead = []
     for i in range(args.reps):
-        st = run(args, f"static-{i}", ["parallel.expert_replace_interval=0"])
+        # The static run decides and logs like the adaptive one and applies
+        # nothing (expert_replace_dry_run): its decisions measure the static
+        # placement's expert seconds in the same windows.
+        st = run(args, f"static-{i}", [f"parallel.expert_replace_interval={args.interval}",
+                                       "parallel.expert_slots=9", "parallel.expert_replace_dry_run=true"])
         ad = run(args, f"adaptive-{i}", [f"parallel.expert_replace_interval={args.interval}",
                                          "parallel.expert_slots=9"])
         ls = {r["step"]: r["loss"] for r in st if "loss" in r and "event" not in r}
@@ -176,33 +181,58 @@ def main():
                 sys.exit(f"FAIL: run {i}: step {s}'s loss differs from the static run's by {err:.2e} > "
                          f"{bound:g}")
             worst = max(worst, err)
-        moves += [r.get("seconds", 0) for r in ad if r.get("event") in ("expert_move", "expert_replicas")]
-        # The adaptive run's decisions measured expert seconds; the static
-        # run has none (no controller): its row figures only.
-        for (end, load, rows, _), (_, load_a, rows_a, d) in zip(windows(st, args.steps),
-                                                                windows(ad, args.steps)):
+        for r in ad:
+            if r.get("event") == "expert_move":
+                moves.setdefault("placement", []).append(r.get("seconds", 0))
+            elif r.get("event") == "expert_replicas":
+                moves.setdefault("replicas", []).append(r.get("seconds", 0))
+        el = [r["elapsed_s"] for r in ad if "elapsed_s" in r and "event" not in r]
+        moved = sum(r.get("seconds", 0) for r in ad if r.get("event") in ("expert_move", "expert_replicas"))
+        overhead.append(moved / (max(el) - min(el)) if len(el) > 1 else float("nan"))
+        # Both runs' decisions measured each window's expert seconds (the
+        # static run's with its placement: it applies none).
+        for (end, load, rows, ds), (_, load_a, rows_a, d) in zip(windows(st, args.steps),
+                                                                 windows(ad, args.steps)):
             table.setdefault(end, {"static": [], "adaptive": []})
-            table[end]["static"].append(figures(load, rows, None))
+            table[end]["static"].append(figures(load, rows, ds))
             table[end]["adaptive"].append(figures(load_a, rows_a, d))
         print(f"run {i + 1}: losses bit for bit up to the first replicas (step {first_rep}), then "
               f"within {worst:.1e} relative ({args.dtype}; replicated experts' gradients summed in "
               f"another order); "
               f"step {max(ls)}: {ls[max(ls)]:.6f}")
     med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
-    print(f"\nmedian of {args.reps} runs per window (the 10 steps ending at the step; moves at 50, 100, "
-          f"150 act after that step's window):")
+    print(f"\nmedian of {args.reps} runs per window (the 10 steps ending at the step; the replicas are "
+          f"re-planned every 10 steps, the placement every {args.interval}):")
     print(f"{'window':>8} | {'routed: top share, Zipf exp.':>28} | {'half-speed rows (x fast)':>24} | "
-          f"{'imbalance (cap-weighted)':>24} | {'slowest expert ms':>17}")
+          f"{'imbalance (cap-weighted)':>24} | {'slowest expert ms':>24}")
     print(f"{'':>8} | {'static':>13} {'adaptive':>14} | {'static':>11} {'adaptive':>12} | "
-          f"{'static':>11} {'adaptive':>12} | {'adaptive':>17}")
+          f"{'static':>11} {'adaptive':>12} | {'static':>11} {'adaptive':>12}")
+    later = []  # per run and window after the first decision: the adaptive figures and the speed-up
     for end, t in sorted(table.items()):
         s, a = t["static"], t["adaptive"]
+        if end > 10:
+            later += [dict(x, speedup=y["expert_ms"] / x["expert_ms"], end=end) for x, y in zip(a, s)
+                      if x["expert_ms"] == x["expert_ms"] and y["expert_ms"] == y["expert_ms"]]
+        if end % 50:
+            continue
         print(f"{end - 9:>3}-{end:<4} | {med(s, 'top'):.3f} {med(s, 'zipf'):4.2f}    {med(a, 'top'):.3f} "
               f"{med(a, 'zipf'):4.2f}    | {med(s, 'slow_rows'):11.3f} {med(a, 'slow_rows'):12.3f} | "
-              f"{med(s, 'imbalance'):11.3f} {med(a, 'imbalance'):12.3f} | {med(a, 'expert_ms'):17.2f}")
-    if moves:
-        print(f"\nre-placements: {len(moves)}, {1e3 * statistics.median(moves):.1f} ms each (median)")
-
+              f"{med(s, 'imbalance'):11.3f} {med(a, 'imbalance'):12.3f} | {med(s, 'expert_ms'):11.2f} "
+              f"{med(a, 'expert_ms'):12.2f}")
+    if later:
+        settled = [x for x in later if x["end"] > 100]
+        if settled:
+            print(f"\nafter step 100 ({len(settled)} windows), adaptive: imbalance median "
+                  f"{med(settled, 'imbalance'):.3f}, half-speed rows {med(settled, 'slow_rows'):.3f}, "
+                  f"expert time {med(settled, 'speedup'):.2f}x")
+        print(f"\nevery window of 10 steps from 11-20 on ({len(later)} in {args.reps} runs), adaptive: "
+              f"imbalance median {med(later, 'imbalance'):.3f} (bound 0.15), half-speed rows median "
+              f"{med(later, 'slow_rows'):.3f} (0.5 +- 10%), slowest expert time {med(later, 'speedup'):.2f}x "
+              f"faster than the static run's in the same window (bound 1.3x)")
+    for kind, xs in sorted(moves.items()):
+        print(f"{kind} changes: {len(xs)}, {1e3 * statistics.median(xs):.1f} ms each (median)")
+    print(f"moves in all: {100 * statistics.median(overhead):.2f}% of the run's time (median of runs; "
+          f"bound 5%)")
 
 if __name__ == "__main__":
     main()

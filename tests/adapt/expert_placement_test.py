@@ -8,7 +8,8 @@ the controller must measure ep rank 2 as the slowest (capacity <= 0.7 of the
 fastest), move experts so that rank 2 serves less load than before and the
 predicted imbalance drops, and move the experts in memory (Engine::
 move_experts: their weights and AdamW moments, without a new engine).
-The static run (interval 0) is the reference: placement only moves work
+The static run (interval 10 with parallel.expert_replace_dry_run: it decides
+and logs moves, marked dry_run, and applies none) is the reference: placement only moves work
 between ranks, so every step's loss and every tensor of the final
 checkpoint (weights, both AdamW moments and the named state, stored by
 global name) must be bitwise equal (f32; the switch carries f32 state exactly).
@@ -71,7 +72,21 @@ def main():
     ap.add_argument("--work", required=True)
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
-    w0, static = run(args, "static", [])
+    # The static run decides and logs every 10 steps but applies nothing
+    # (parallel.expert_replace_dry_run): its decisions would move, it moves
+    # nothing, and it is the reference the adaptive run must equal.
+    w0, static = run(args, "static", ["parallel.expert_replace_interval=10",
+                                      "parallel.expert_replace_dry_run=true"])
+    dry = [r for r in static if r.get("controller") == "adapt-experts"]
+    if not dry or not all(r["decision"].get("dry_run") and not r["decision"].get("layout_request")
+                          for r in dry):
+        sys.exit(f"FAIL: the dry run's decisions must be logged, marked dry_run, and request nothing: "
+                 f"{[r['decision'] for r in dry]}")
+    if not any(r["decision"]["reason"].startswith("move") for r in dry):
+        sys.exit(f"FAIL: the dry run never decided a move: {[r['decision']['reason'] for r in dry]}")
+    applied = [r for r in static if r.get("event") in ("switch", "expert_move", "expert_replicas")]
+    if applied:
+        sys.exit(f"FAIL: the dry run applied a change: {applied}")
     w1, adapt = run(args, "adaptive", ["parallel.expert_replace_interval=10", "checkpoint.interval=15"])
     decisions = [r for r in adapt if r.get("controller") == "adapt-experts"]
     moves = [r for r in decisions if r["decision"].get("layout_request")]

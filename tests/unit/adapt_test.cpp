@@ -10,6 +10,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <set>
 
 #include "core/config.hpp"
 #include "parallel/adapt/change_detector.hpp"
@@ -184,6 +185,96 @@ TEST_CASE("adapt: expert replicas on fixed owners", "[adapt]") {
   const SlotPlan q = plan_expert_replicas(load, cap, owner, 8);
   CHECK(q.imbalance == Approx(before).epsilon(1e-12));
   CHECK_THROWS_WITH(plan_expert_replicas(load, cap, owner, 7), Catch::Contains("more experts than its slots"));
+}
+
+TEST_CASE("adapt: expert slots fill every slot without a dead end", "[adapt]") {
+  // Longest-processing-time assignment can reach a replica whose only free
+  // slots are on ranks that hold its expert already (a 4-rank, 8-expert,
+  // 3-slot run did at its first decision); another replica then makes room.
+  // Random small cases: every plan serves each expert exactly once, at most
+  // `slots` replicas per rank, never two of one expert on a rank.
+  std::mt19937 rng(7);
+  int cases = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int R = 2 + int(rng() % 4), per = 1 + int(rng() % 3), E = R * per;
+    const int slots = per + 1 + int(rng() % 2);
+    std::vector<double> load(static_cast<size_t>(E)), cap(static_cast<size_t>(R));
+    const double s = 0.5 + double(rng() % 200) / 100.0;  // Zipf exponent
+    for (int e = 0; e < E; ++e) load[size_t(e)] = std::pow(double(1 + (e * 7 + trial) % E), -s);
+    for (int r = 0; r < R; ++r) cap[size_t(r)] = r % 3 == 1 ? 0.5 : 1.0;
+    SlotPlan p;
+    REQUIRE_NOTHROW(p = plan_expert_slots(load, cap, slots));
+    std::vector<double> share(size_t(E), 0.0);
+    for (const auto& rk : p.ranks) {
+      REQUIRE(int(rk.size()) <= slots);
+      std::set<int> seen;
+      for (const ExpertReplica& x : rk) {
+        REQUIRE(seen.insert(x.expert).second);
+        share[size_t(x.expert)] += x.share;
+      }
+    }
+    for (double x : share) REQUIRE(x == Approx(1).epsilon(1e-9));
+    REQUIRE(replicas_imbalance(load, cap, p.ranks) == Approx(p.imbalance).margin(1e-9));
+    ++cases;
+  }
+  CHECK(cases == 3000);
+}
+
+TEST_CASE("adapt: replicas' shares re-filled on fixed holders", "[adapt]") {
+  // Two ranks, capacities 1 and 0.5: expert 0 (load 0.7) held by both,
+  // expert 1 (0.2) by rank 0 alone, expert 2 (0.1) by rank 1 alone. Even
+  // finishing times: (0.2 + x) / 1 = (0.1 + 0.7 - x) / 0.5, x = 1.4 / 3, so
+  // rank 0 serves 2/3 of expert 0's tokens; from any starting shares.
+  for (const double start : {0.0, 0.5, 1.0}) {
+    std::vector<std::vector<ExpertReplica>> ranks = {{{0, start}, {1, 1.0}}, {{0, 1.0 - start}, {2, 1.0}}};
+    if (start == 0.0) ranks[0][0].share = 1e-9;  // a holder with (almost) nothing
+    const SlotPlan p = refill_shares({0.7, 0.2, 0.1}, {1.0, 0.5}, ranks);
+    INFO("start " << start << ": " << describe(p));
+    CHECK(p.imbalance == Approx(0).margin(1e-6));
+    CHECK(p.ranks[0][0].share == Approx(2.0 / 3.0).epsilon(1e-6));
+    CHECK(p.ranks[1][0].share == Approx(1.0 / 3.0).epsilon(1e-6));
+    CHECK(p.ranks[0][1].share == 1.0);  // unreplicated experts keep everything
+    CHECK(p.replicas == std::vector<int>{2, 1, 1});
+  }
+  // Shares that do not sum to 1 are normalised first.
+  const SlotPlan q = refill_shares({0.7, 0.2, 0.1}, {1.0, 0.5}, {{{0, 2.0}, {1, 1.0}}, {{0, 2.0}, {2, 1.0}}});
+  CHECK(q.ranks[0][0].share + q.ranks[1][0].share == Approx(1).epsilon(1e-9));
+  CHECK_THROWS_WITH(refill_shares({0.7, 0.2, 0.1}, {1.0, 0.5}, {{{0, 1.0}}, {{2, 1.0}}}),
+                    Catch::Contains("expert 1 is not served"));
+  CHECK_THROWS_WITH(refill_shares({0.7, 0.2, 0.1}, {1.0}, {{{0, 1.0}}, {{2, 1.0}}}),
+                    Catch::Contains("2 ranks' holders for 1 capacities"));
+}
+
+TEST_CASE("adapt: a replicas-only re-plan keeps every owner", "[adapt]") {
+  // The issue's scenario, the replicas of a free plan in use; then the load
+  // moves (experts 0 and 1 swap, expert 5 triples). The re-plan between
+  // placements must leave every owner where it is, and even the ranks at
+  // least as well as the replicas in use with their old shares.
+  const auto [load, cap, owner] = issue_moe_scenario();
+  const PlacementChoice first = choose_placement(load, cap, owner, "", 9);
+  REQUIRE(!first.replicas.empty());
+  std::vector<double> moved = load;
+  std::swap(moved[0], moved[1]);
+  moved[5] *= 3;
+  const auto in_use = served_by(first.owner, first.replicas, 8);
+  const double stale = replicas_imbalance(moved, cap, in_use);
+  const PlacementChoice kept = choose_placement(moved, cap, first.owner, first.replicas, 9, {}, true);
+  INFO("stale " << stale << ", re-planned " << kept.plan.imbalance << ": " << describe(kept.plan));
+  CHECK(kept.owner == first.owner);
+  CHECK(kept.imbalance_now == Approx(stale).epsilon(1e-9));
+  CHECK(kept.plan.imbalance < stale);
+  CHECK(kept.plan.imbalance <= 0.15);
+  // The replicas text names the same owners first.
+  const auto again = served_by(kept.owner, kept.replicas, 8);
+  CHECK(replicas_imbalance(moved, cap, again) == Approx(kept.plan.imbalance).margin(1e-5));
+  // A free re-plan of the same load may move owners; this one never does.
+  const PlacementChoice free = choose_placement(moved, cap, first.owner, first.replicas, 9);
+  CHECK(free.plan.imbalance <= kept.plan.imbalance + 0.05);
+  // Without spare slots the owners alone are all it can keep.
+  const PlacementChoice bare = choose_placement(moved, cap, owner, "", 8, {}, true);
+  CHECK(bare.owner == owner);
+  CHECK(bare.replicas.empty());
+  CHECK(bare.plan.imbalance == Approx(placement_imbalance(moved, cap, owner)).epsilon(1e-9));
 }
 
 TEST_CASE("adapt: replicas are chosen only where they pay for their traffic", "[adapt]") {
