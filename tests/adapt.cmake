@@ -57,3 +57,17 @@ add_test(NAME adapt_expert_replicas_np4
     --data ${CMAKE_BINARY_DIR}/data/kjv-byte --work ${CMAKE_BINARY_DIR}/adapt/replicas)
 set_tests_properties(adapt_expert_replicas_np4 PROPERTIES
   FIXTURES_REQUIRED kjv_byte LABELS "parallel;adapt;moe" TIMEOUT 180 PROCESSORS 4)
+# Expert re-placement in training, the suite's small version of
+# scripts/adapt/bench_experts_train.py (docs/adaptation.md, "Skewed routing
+# in training"): 8 ranks, ep 8, 64 experts, a learned router skewed from its
+# initialisation, ranks 3 and 6 at half speed, 60 steps; against the same
+# run with parallel.expert_replace_dry_run, the windows from step 31 on
+# must show the imbalance under a third, the half-speed ranks' rows
+# 0.3-0.7x, the slowest expert time 1.2x faster, replicas changed in place;
+# losses bit for bit until the first replicas.
+add_test(NAME adapt_experts_train_np8
+  COMMAND ${ADGT_PYTHON} ${CMAKE_SOURCE_DIR}/scripts/adapt/bench_experts_train.py --check --reps 1
+    --steps 60 --train $<TARGET_FILE:adgt-train> --data ${CMAKE_BINARY_DIR}/data/kjv-byte
+    --work ${CMAKE_BINARY_DIR}/adapt/experts_train)
+set_tests_properties(adapt_experts_train_np8 PROPERTIES
+  FIXTURES_REQUIRED kjv_byte LABELS "parallel;adapt;moe" TIMEOUT 300 PROCESSORS 4 RUN_SERIAL TRUE)
