@@ -264,11 +264,10 @@ struct RunConfig {
 // Parses `path` (YAML), applies `overrides` ("section.key=value", in order),
 // validates, and returns the result. Relative data paths stay as written.
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
-// The same from YAML text (for tests); `name` stands in for the file name.
 // Shortest text that reads back to the same double (1.2, not 1.200000): how
 // config messages print a real.
 std::string fmt_real(double x);
-
+// The same from YAML text (for tests); `name` stands in for the file name.
 RunConfig load_config_text(const std::string& yaml, const std::string& name,
                            const std::vector<std::string>& overrides = {});
 // Checks cross-field rules (heads divisible, batch arithmetic, ...); throws

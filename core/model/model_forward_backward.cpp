@@ -14,13 +14,14 @@ namespace adgt {
 namespace {
 
 // A MoE layer's dense CPU time (MoeLayerStep::dense_cpu_s): from construction
-// to destruction less the MoE block's own span (moe(), around it).
+// to destruction less the MoE block's own span (moe(), around it). Null
+// (a dense layer): nothing measured.
 class DenseCpu {
  public:
-  DenseCpu(MoeLayer* m, double& acc) : m_(m), acc_(acc), c0_(m ? m->expert_clock() : -1) {}
+  DenseCpu(MoeLayer* m, double* acc) : m_(m), acc_(acc), c0_(m ? m->expert_clock() : -1) {}
   ~DenseCpu() {
     if (!m_) return;
-    acc_ = c0_ < 0 || acc_ < 0 ? -1 : acc_ + (m_->expert_clock() - c0_ - moe_s_);
+    *acc_ = c0_ < 0 || *acc_ < 0 ? -1 : *acc_ + (m_->expert_clock() - c0_ - moe_s_);
   }
   DenseCpu(const DenseCpu&) = delete;
   DenseCpu& operator=(const DenseCpu&) = delete;
@@ -33,7 +34,7 @@ class DenseCpu {
 
  private:
   MoeLayer* m_;
-  double& acc_;
+  double* acc_;
   double c0_, moe_s_ = 0;
 };
 
@@ -167,9 +168,8 @@ bool Model::layer_forward(int chunk, int slot, size_t l, bool ln1_ready) {
   Slot& s = slot_of(chunk, slot);
   LayerActs& a = s.layers[l];
   const LayerIdx& w = layer_idx_[ch.first_local + l];
-  double unused = 0;
   DenseCpu cpu(w.moe >= 0 ? moe_[size_t(w.moe)].get() : nullptr,
-               w.moe >= 0 ? moe_step_[size_t(w.moe)].dense_cpu_s : unused);
+               w.moe >= 0 ? &moe_step_[size_t(w.moe)].dense_cpu_s : nullptr);
   // Attention branch: x_mid = x_in + o(attention(rope(q), rope(k), v)).
   if (!ln1_ready) norm_forward(a.ln1, a.rstd1, a.x_in, w.in_norm);
   qkv_forward(a, w);
@@ -327,9 +327,8 @@ void Model::layer_backward(int chunk, int slot, size_t l, BackwardMode mode) {
   Slot& s = slot_of(chunk, slot);
   LayerActs& a = s.layers[l];
   const LayerIdx& w = layer_idx_[ch.first_local + l];
-  double unused = 0;
   DenseCpu cpu(w.moe >= 0 ? moe_[size_t(w.moe)].get() : nullptr,
-               w.moe >= 0 ? moe_step_[size_t(w.moe)].dense_cpu_s : unused);
+               w.moe >= 0 ? &moe_step_[size_t(w.moe)].dense_cpu_s : nullptr);
   recompute_layer(chunk, slot, l);
   // dW and dX of one linear layer (of parameters wi..wl, one matrix when
   // fused): both in one call, as the backend likes it, or the input gradient

@@ -194,7 +194,6 @@ TEST_CASE("adapt: expert slots fill every slot without a dead end", "[adapt]") {
   // Random small cases: every plan serves each expert exactly once, at most
   // `slots` replicas per rank, never two of one expert on a rank.
   std::mt19937 rng(7);
-  int cases = 0;
   for (int trial = 0; trial < 3000; ++trial) {
     const int R = 2 + int(rng() % 4), per = 1 + int(rng() % 3), E = R * per;
     const int slots = per + 1 + int(rng() % 2);
@@ -215,9 +214,7 @@ TEST_CASE("adapt: expert slots fill every slot without a dead end", "[adapt]") {
     }
     for (double x : share) REQUIRE(x == Approx(1).epsilon(1e-9));
     REQUIRE(replicas_imbalance(load, cap, p.ranks) == Approx(p.imbalance).margin(1e-9));
-    ++cases;
   }
-  CHECK(cases == 3000);
 }
 
 TEST_CASE("adapt: replicas' shares re-filled on fixed holders", "[adapt]") {
