@@ -63,8 +63,9 @@ set_tests_properties(adapt_expert_replicas_np4 PROPERTIES
 # initialisation, ranks 3 and 6 at half speed, 60 steps; against the same
 # run with parallel.expert_replace_dry_run, the windows from step 31 on
 # must show the imbalance under a third, the half-speed ranks' rows
-# 0.3-0.7x, the slowest expert time 1.2x faster, replicas changed in place;
-# losses bit for bit until the first replicas.
+# 0.3-0.7x, replicas changed in place; losses bit for bit until the first
+# replicas. The slowest expert time's speed-up is a timing: printed, not
+# bounded (the benchmark measures the issue's 1.3x).
 add_test(NAME adapt_experts_train_np8
   COMMAND ${ADGT_PYTHON} ${CMAKE_SOURCE_DIR}/scripts/adapt/bench_experts_train.py --check --reps 1
     --steps 60 --train $<TARGET_FILE:adgt-train> --data ${CMAKE_BINARY_DIR}/data/kjv-byte

@@ -16,8 +16,9 @@ ChangeDetector::ChangeDetector(DetectorOptions o) : o_(o), warmup_(o.warmup) {
         "0 <= drift < 1");
 }
 
-void ChangeDetector::rebase() {
+void ChangeDetector::rebase(double planned) {
   ref_ = 0;
+  planned_ = planned > 0 && std::isfinite(planned) ? planned : 0;
   out_ = 0;
   recent_.clear();
   since_rebase_ = 0;
@@ -37,8 +38,13 @@ bool ChangeDetector::add(double x) {
   if (int(recent_.size()) > o_.window) recent_.pop_front();
   median_ = upper_median(std::vector<double>(recent_.begin(), recent_.end()));
   if (ref_ == 0) {
-    if (since_rebase_ >= warmup_) ref_ = median_;
-    return false;
+    if (since_rebase_ < warmup_) return false;
+    if (!(planned_ > 0)) {
+      ref_ = median_;
+      return false;
+    }
+    ref_ = planned_;  // the first full median is compared with the plan's level
+    planned_ = 0;
   }
   const double rel = median_ / ref_ - 1;
   if (std::abs(rel) < o_.threshold) {

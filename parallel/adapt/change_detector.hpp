@@ -44,14 +44,17 @@ class ChangeDetector {
   // The last flagged change: new level / old level (1 before any).
   double last_ratio() const { return last_ratio_; }
   int64_t samples() const { return n_; }
-  // After a re-plan changed what is measured: start a new reference from
-  // the next samples (a warm-up of `window` samples).
-  void rebase();
+  // After a re-plan changed what is measured: a new running median from the
+  // next `window` samples, then compared with `planned` (the level the plan
+  // used; > 0), so that a change that began before the re-plan is still
+  // confirmed as one; planned <= 0: that median becomes the reference.
+  void rebase(double planned = 0);
 
  private:
   DetectorOptions o_;
   std::deque<double> recent_;
   double ref_ = 0, median_ = 0, last_ratio_ = 1;
+  double planned_ = 0;    // the reference after a rebase's warm-up (rebase)
   int out_ = 0;           // consecutive out-of-band medians
   int64_t n_ = 0, since_rebase_ = 0;
   int warmup_ = 0;

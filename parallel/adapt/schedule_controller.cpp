@@ -78,15 +78,29 @@ class ScheduleAdapter final : public Controller {
     // Every rank feeds the same agreed samples: the same flags everywhere.
     bool warmed = false, changed = false;
     std::vector<double> ratio(size_t(S), 1.0);
+    std::vector<int> flagged;
     for (int s = 0; s < S; ++s) {
       ChangeDetector& d = detectors_[size_t(s)];
       const bool was_ready = d.ready();
       if (d.add(now.f[size_t(s)] + now.b[size_t(s)] + now.w[size_t(s)])) {
         changed = true;
         ratio[size_t(s)] = d.last_ratio();
+        flagged.push_back(s);
       }
       warmed |= !was_ready && d.ready() && (!planned_ || refine_);
     }
+    // A re-plan rebases every stage's detector on the level it planned
+    // with (apply), so a change under way on another stage, not yet
+    // confirmed, is either in the plan (its window's median) or flagged
+    // against it afterwards. The record shows it: each stage's ratio is its
+    // running median over its reference, the flagged stages' the confirmed
+    // change.
+    if (changed)
+      for (int s = 0; s < S; ++s) {
+        const ChangeDetector& d = detectors_[size_t(s)];
+        if (d.ready() && std::find(flagged.begin(), flagged.end(), s) == flagged.end())
+          ratio[size_t(s)] = d.level() / d.reference();
+      }
     // A link's time (measured_link_times: the emulation's, or a probe on real
     // transports), from the first step a message crosses it; a link no
     // message crossed is not fed. A change counts only when the link's time,
@@ -119,12 +133,17 @@ class ScheduleAdapter final : public Controller {
     nlohmann::json in;
     in["replan"] = changed ? "change" : link_changed ? "link change" : !warmed ? "" : planned_ ? "measured split" : "warm-up";
     if (changed || warmed || link_changed) {
+      // What the plan will read per stage: the detectors' reference after
+      // the rebase (apply).
+      pending_level_.assign(size_t(S), 0.0);
+      for (int s = 0; s < S; ++s) pending_level_[size_t(s)] = c.f[size_t(s)] + c.b[size_t(s)] + c.w[size_t(s)];
       in["f_s"] = c.f;
       in["b_s"] = c.b;
       in["w_s"] = c.w;
       in["comm_s"] = comm;
       in["link_s"] = link_med;
       in["stage_change"] = ratio;
+      in["stage_flagged"] = flagged;
       in["link_change"] = link_ratio;
       in["measured_step_s"] = r.seconds;
     }
@@ -205,7 +224,12 @@ class ScheduleAdapter final : public Controller {
     if (d.value("quiet", false)) return;
     planned_ = true;
     refine_ = false;
-    for (ChangeDetector& det : detectors_) det.rebase();  // new work is measured from now on
+    // New work is measured from now on, against the level the plan used: a
+    // change that began while it was made (half in its window's medians)
+    // is flagged when the new medians confirm it, not taken as the new
+    // reference and lost.
+    for (size_t s = 0; s < detectors_.size(); ++s)
+      detectors_[s].rebase(s < pending_level_.size() ? pending_level_[s] : 0.0);
     recent_.clear();
     // The links are not the schedule's work: their detectors keep their
     // reference (a re-plan does not change what a message takes).
@@ -228,6 +252,7 @@ class ScheduleAdapter final : public Controller {
   std::vector<int64_t> counts_;       // the stage split in use (schedule+layers, one chunk per rank)
   std::vector<ChangeDetector> detectors_;
   std::deque<pp::StageCosts> recent_;  // the last steps' measured stage times
+  std::vector<double> pending_level_;  // per stage F + B + W of the inputs last sent to decide()
   std::vector<ChangeDetector> link_detectors_;       // per pipeline link (measured_link_times)
   std::deque<std::vector<double>> recent_links_;     // the last steps' link times
   bool planned_ = false;
