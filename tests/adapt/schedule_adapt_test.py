@@ -91,7 +91,7 @@ def main():
                              "layers": (24, "2:3"), "resume": (24, "2:3"), "chunks": (24, ""),
                              "memory": (12, "")}[args.case]
     args.slow_links = "1-2:4@30" if args.case == "link" else ""
-    args.cluster = os.path.join(HERE, "links-4rank.yaml") if args.case == "link" else "cpu-here"
+    args.cluster = os.path.join(ROOT, "tests", "emulate", "pipeline_link.yaml") if args.case == "link" else "cpu-here"
     if args.case == "resume":
         return resume_case(args)
     if args.case == "memory":
