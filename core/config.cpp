@@ -266,6 +266,12 @@ const std::vector<Key>& schema() {
           "the relative change of a measured stage time, link time or rank speed that counts "
           "when it holds for 5 steps (parallel.adapt's detectors, parallel.auto's re-plan); "
           "0.25 keeps a clean run on a shared CPU host quiet (docs/adaptation.md)"),
+      key("parallel", &R::parallel, "adapt_jitter_samples", &ParallelConfig::adapt_jitter_samples,
+          A::NonNegative,
+          "parallel.adapt's schedule re-plan: each candidate schedule's step time is the mean of "
+          "this many simulations with the measured spread of single instructions' times drawn "
+          "in (a schedule that leaves slack where a late instruction would stall the pipeline "
+          "wins); 0 = one simulation with each stage's median times (docs/adaptation.md)"),
       key("parallel", &R::parallel, "expert_replace_interval",
           &ParallelConfig::expert_replace_interval, A::NonNegative,
           "MoE with ep > 1: every this many steps, re-place the experts over the ep ranks by "

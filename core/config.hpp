@@ -131,6 +131,10 @@ struct ParallelConfig {
   // as sustained (held 5 steps): parallel.adapt's detectors and parallel.auto's
   // re-plan (docs/adaptation.md, "Sustained-change detection").
   double adapt_threshold = 0.25;
+  // parallel.adapt's schedule re-plan: each candidate's makespan is the mean
+  // over this many simulations with single instructions' measured spread
+  // drawn in (pp::expected_makespan); 0 = one simulation with the medians.
+  int64_t adapt_jitter_samples = 32;
   // MoE: every this many steps re-place the experts over the ep ranks by
   // their measured load and each rank's measured expert throughput (an
   // in-memory layout switch of expert_placement; docs/adaptation.md). 0: off.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 
 #include "core/metrics.hpp"
 #include "kernels/check.hpp"
@@ -83,7 +84,42 @@ pp::StageCosts measured_stage_costs(Engine& e, Comm& world) {
   c.f.assign(sum.begin(), sum.begin() + S);
   c.b.assign(sum.begin() + S, sum.begin() + 2 * S);
   c.w.assign(sum.begin() + 2 * S, sum.end());
+  c.jitter = measured_jitter(pipe.timeline(), world);
   return c;
+}
+
+std::vector<double> measured_jitter(const std::vector<ExecutedInstr>& timeline, Comm& world) {
+  // Per (chunk, op) of this rank's step, each instruction's time over the
+  // median of its kind's; their kJitterQuantiles quantiles, averaged over
+  // the world (a sum all-reduce: the same on every rank).
+  std::map<std::pair<int, int>, std::vector<double>> kinds;
+  for (const ExecutedInstr& x : timeline) {
+    if (x.instr.chunk < 0 || !pp::is_compute(x.instr.op)) continue;
+    const double d = x.busy >= 0 ? x.busy : x.end - x.start;
+    if (d > 0) kinds[{x.instr.chunk, int(x.instr.op)}].push_back(d);
+  }
+  std::vector<double> ratios;
+  for (auto& [k, v] : kinds) {
+    if (v.size() < 2) continue;
+    std::vector<double> sorted = v;
+    std::sort(sorted.begin(), sorted.end());
+    const double med = sorted[sorted.size() / 2];
+    for (double d : v) ratios.push_back(d / med);
+  }
+  std::vector<double> q(size_t(kJitterQuantiles) + 1, 0.0);  // + 1: this rank measured
+  if (!ratios.empty()) {
+    std::sort(ratios.begin(), ratios.end());
+    for (int i = 0; i < kJitterQuantiles; ++i) {
+      const double at = (i + 0.5) / kJitterQuantiles * double(ratios.size());
+      q[size_t(i)] = ratios[std::min(ratios.size() - 1, size_t(at))];
+    }
+    q.back() = 1;
+  }
+  world.all_reduce(Tensor(q.data(), DType::F64, {int64_t(q.size())}), ReduceOp::Sum);
+  if (!(q.back() > 0)) return {};
+  for (int i = 0; i < kJitterQuantiles; ++i) q[size_t(i)] /= q.back();
+  q.pop_back();
+  return q;
 }
 
 std::vector<double> measured_link_times(Engine& e, Comm& world) {

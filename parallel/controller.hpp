@@ -17,6 +17,7 @@
 
 #include "core/comm.hpp"
 #include "parallel/engine.hpp"
+#include "parallel/pipeline_executor.hpp"
 #include "parallel/schedule/costs.hpp"
 #include "parallel/schedule/instruction.hpp"
 
@@ -114,8 +115,17 @@ class StepHook {
 // instruction counts its compute's own time where the executor measures it
 // (ExecutedInstr::busy: CPU time x emulated slowdown on ranks sharing cores),
 // else its wall time.
-// Collective over `world`; the engine must be pipelined.
+// Collective over `world`; the engine must be pipelined. Its jitter is
+// measured_jitter's of the same step.
 pp::StageCosts measured_stage_costs(Engine& e, Comm& world);
+
+// The spread of single instructions' times in a pipeline step
+// (pp::StageCosts::jitter): per rank, each compute instruction's time over
+// the median of its kind's (the same chunk and op) in `timeline`, as
+// kJitterQuantiles quantiles; averaged over the ranks that ran compute.
+// Empty when none did. Collective over `world` (one small all-reduce).
+inline constexpr int kJitterQuantiles = 20;
+std::vector<double> measured_jitter(const std::vector<ExecutedInstr>& timeline, Comm& world);
 
 // Per pipeline link k (between pp ranks k and k + 1; k = pp - 1: the wrap
 // link of pp rank pp - 1 and 0 that interleaved schedules use), the maximum

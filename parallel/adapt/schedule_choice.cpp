@@ -44,7 +44,9 @@ ScheduleChoice choose_schedule(const pp::Schedule& current, const pp::StageCosts
   ScheduleChoice out;
   out.schedule = current;
   out.name = current.detail.empty() ? current.name : current.name + " (" + current.detail + ")";
-  out.current_predicted_s = pp::simulate(current, c).makespan;
+  // Every makespan is the expected one under the measured jitter of single
+  // instructions (c.jitter; without it the medians' simulation).
+  out.current_predicted_s = pp::expected_makespan(current, c);
   out.predicted_s = out.current_predicted_s;
   out.candidates.emplace_back("current " + out.name, out.predicted_s);
   std::vector<std::string> names = v > 1 ? std::vector<std::string>{"interleaved", "greedy"}
@@ -59,7 +61,7 @@ ScheduleChoice choose_schedule(const pp::Schedule& current, const pp::StageCosts
         out.over_memory.push_back(label);
         continue;
       }
-      const double t = pp::simulate(s, c).makespan;
+      const double t = pp::expected_makespan(s, c);
       out.candidates.emplace_back(label, t);
       // A strictly shorter makespan replaces the current one (ties keep it).
       if (t < out.predicted_s * (1 - 1e-9)) {

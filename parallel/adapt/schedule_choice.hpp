@@ -3,7 +3,9 @@
 // pipeline (1F1B, ZB-H1 and the greedy list scheduler with its variants;
 // with several chunks per rank interleaved and greedy over the chunks, whose
 // candidates include the interleaved order with split backwards) is simulated with
-// those times, and the shortest makespan within the memory limit wins. The
+// those times, and the shortest makespan within the memory limit wins (with
+// the measured spread of single instructions, StageCosts::jitter, the
+// shortest expected makespan: pp::expected_makespan). The
 // limit is twofold: at most pp micro-batches in flight to the input backward
 // (1F1B's), and no rank holding more activations to its last backward
 // (weight gradients included) than `held_limit`, by default the most a rank

@@ -34,6 +34,9 @@ pp::StageCosts median_costs(const std::deque<pp::StageCosts>& v) {
     c.b[s] = med(&pp::StageCosts::b, s);
     c.w[s] = med(&pp::StageCosts::w, s);
   }
+  // The single instructions' spread: every step's measured quantiles pooled.
+  c.jitter.clear();
+  for (const pp::StageCosts& k : v) c.jitter.insert(c.jitter.end(), k.jitter.begin(), k.jitter.end());
   return c;
 }
 
@@ -47,7 +50,8 @@ bool has_op(const pp::Schedule& s, pp::Op op) {
 class ScheduleAdapter final : public Controller {
  public:
   ScheduleAdapter(const RunConfig& cfg, DetectorOptions o)
-      : opts_(o), model_(cfg.model), layers_(cfg.parallel.adapt == "schedule+layers") {
+      : opts_(o), model_(cfg.model), layers_(cfg.parallel.adapt == "schedule+layers"),
+        jitter_samples_(int(cfg.parallel.adapt_jitter_samples)) {
     // Layer moves: one chunk per pipeline rank (the stage is the rank).
     if (layers_ && cfg.parallel.virtual_stages == 1) counts_ = stage_layer_counts(cfg);
   }
@@ -142,6 +146,7 @@ class ScheduleAdapter final : public Controller {
       in["w_s"] = c.w;
       in["comm_s"] = comm;
       in["link_s"] = link_med;
+      if (jitter_samples_ > 0 && !c.jitter.empty()) in["jitter"] = c.jitter;
       in["stage_change"] = ratio;
       in["stage_flagged"] = flagged;
       in["link_change"] = link_ratio;
@@ -160,6 +165,14 @@ class ScheduleAdapter final : public Controller {
     c.comm = std::max(0.0, in.value("comm_s", 0.0));
     if (in.contains("link_s"))
       for (double l : in["link_s"]) c.link.push_back(std::max(l, 0.0));
+    // Each candidate's makespan: the mean over jitter_samples_ simulations
+    // with the single instructions' measured spread drawn in (a schedule
+    // that stalls the pipeline when one instruction runs late loses).
+    if (in.contains("jitter"))
+      for (double j : in["jitter"])
+        if (j > 0) c.jitter.push_back(j);
+    c.jitter_samples = jitter_samples_;
+    if (!c.jitter.empty()) d["jitter_samples"] = jitter_samples_;
     const auto fits = [this](const pp::Schedule& s) { return memory_fits(cfg_, s, budget_); };
     const ScheduleChoice ch = choose_schedule(*current_, c, held_limit_, fits);
     d["why"] = in["replan"];
@@ -249,6 +262,7 @@ class ScheduleAdapter final : public Controller {
   DetectorOptions opts_;
   ModelConfig model_;
   bool layers_ = false;
+  int jitter_samples_ = 0;            // parallel.adapt_jitter_samples
   std::vector<int64_t> counts_;       // the stage split in use (schedule+layers, one chunk per rank)
   std::vector<ChangeDetector> detectors_;
   std::deque<pp::StageCosts> recent_;  // the last steps' measured stage times

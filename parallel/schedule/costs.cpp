@@ -50,6 +50,10 @@ void check_costs(const StageCosts& c, int stages, const std::string& what) {
     if (!std::isfinite(c.link[k]) || c.link[k] < 0)
       throw ScheduleError(what + ": stage costs link[" + std::to_string(k) + "]=" +
                           std::to_string(c.link[k]) + ": must be >= 0");
+  for (size_t k = 0; k < c.jitter.size(); ++k)
+    if (!std::isfinite(c.jitter[k]) || c.jitter[k] <= 0)
+      throw ScheduleError(what + ": stage costs jitter[" + std::to_string(k) + "]=" +
+                          std::to_string(c.jitter[k]) + ": must be > 0");
 }
 
 }  // namespace adgt::pp

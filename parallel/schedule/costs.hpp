@@ -21,6 +21,13 @@ struct StageCosts {
   // link takes `comm`. A link measured slower than the rest (one congested
   // cable) is planned for where it is.
   std::vector<double> link;
+  // The spread of single instructions' times: measured ratios of an
+  // instruction's time to its stage's median (e.g. quantiles; all > 0).
+  // Empty: every instruction takes exactly its stage's time. Used by
+  // expected_makespan (simulate.hpp, with jitter_samples draws), not by
+  // simulate.
+  std::vector<double> jitter;
+  int jitter_samples = 32;
 
   // Every stage the same.
   static StageCosts uniform(int stages, double f, double b, double w, double comm = 0);

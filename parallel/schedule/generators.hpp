@@ -60,7 +60,8 @@ Schedule zb_h1(int pp, int m);
 // limit, m >= pp; v > 1: the interleaved order, fused and with split
 // backwards whose W's are deferred as in ZB-H1, m a multiple of pp), it
 // returns the one with the shortest simulated makespan (Schedule::detail
-// names it). Needs mem_limit_microbatches >= 1. `held_limit` caps what a
+// names it; with costs.jitter the shortest expected makespan,
+// expected_makespan). Needs mem_limit_microbatches >= 1. `held_limit` caps what a
 // rank holds from forward to its last backward, weight gradients included,
 // summed over its chunks (max_held_activations, what the memory estimate
 // counts): candidates above it are skipped.

@@ -22,7 +22,29 @@ double duration(const StageCosts& c, int st, Op op) {
 
 }  // namespace
 
-SimResult simulate(const Schedule& s, const StageCosts& costs) {
+SimResult simulate(const Schedule& s, const StageCosts& costs) { return simulate(s, costs, {}); }
+
+double expected_makespan(const Schedule& s, const StageCosts& costs, std::uint64_t seed) {
+  const int samples = costs.jitter_samples;
+  if (costs.jitter.empty() || samples < 1) return simulate(s, costs).makespan;
+  // splitmix64: a small, seedable generator whose draws do not depend on
+  // the standard library's implementation.
+  std::uint64_t state = seed;
+  const auto next = [&state] {
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  const size_t n = costs.jitter.size();
+  double sum = 0;
+  for (int k = 0; k < samples; ++k)
+    sum += simulate(s, costs, [&](int, int) { return costs.jitter[size_t(next() % n)]; }).makespan;
+  return sum / samples;
+}
+
+SimResult simulate(const Schedule& s, const StageCosts& costs,
+                   const std::function<double(int rank, int index)>& scale) {
   check_costs(costs, s.num_stages(), "simulate " + s.name);
   if (static_cast<int>(s.ranks.size()) != s.pp)
     throw ScheduleError("simulate " + s.name + ": " + std::to_string(s.ranks.size()) + " rank lists for pp=" +
@@ -57,7 +79,7 @@ SimResult simulate(const Schedule& s, const StageCosts& costs) {
           sender[k] = r;
           sent_at[k] = clock[U(r)];
         } else if (is_compute(in.op)) {
-          const double d = duration(costs, s.stage(r, in.chunk), in.op);
+          const double d = duration(costs, s.stage(r, in.chunk), in.op) * (scale ? scale(r, i) : 1.0);
           res.timeline[U(r)].push_back({i, in, clock[U(r)], clock[U(r)] + d});
           clock[U(r)] += d;
         }

@@ -10,6 +10,8 @@
 // is the earliest one the lists allow.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "parallel/schedule/costs.hpp"
@@ -41,5 +43,19 @@ struct SimResult {
 // Throws ScheduleError when costs do not fit (check_costs) or the lists
 // cannot complete (run validate() for the reason).
 SimResult simulate(const Schedule& s, const StageCosts& costs);
+
+// The same with each compute instruction's duration multiplied by
+// scale(rank, index) (> 0; index: its position in the rank's list): one
+// draw of the instructions' jitter (expected_makespan).
+SimResult simulate(const Schedule& s, const StageCosts& costs,
+                   const std::function<double(int rank, int index)>& scale);
+
+// The makespan the schedule can expect when single instructions take
+// longer or shorter than their stage's median (StageCosts::jitter): the mean
+// over costs.jitter_samples draws, each instruction's time its median times
+// a ratio drawn from the measured ratios (a seeded generator: the same
+// inputs give the same figure). Without jitter (or samples < 1),
+// simulate()'s makespan.
+double expected_makespan(const Schedule& s, const StageCosts& costs, std::uint64_t seed = 0x5eed);
 
 }  // namespace adgt::pp

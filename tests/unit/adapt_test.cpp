@@ -17,6 +17,7 @@
 #include "parallel/adapt/expert_choice.hpp"
 #include "parallel/adapt/expert_slots.hpp"
 #include "parallel/adapt/schedule_choice.hpp"
+#include "parallel/controller.hpp"
 #include "parallel/cost/memory.hpp"
 #include "parallel/schedule/generators.hpp"
 #include "parallel/schedule/simulate.hpp"
@@ -120,6 +121,33 @@ TEST_CASE("adapt: a change under way survives a rebase on the planned level", "[
     }
     CHECK(flags == 0);
   }
+}
+
+// measured_jitter (parallel/controller.hpp): each instruction over its
+// kind's median in the step, as 20 quantiles. Forwards 1, 1, 2, 1 (median
+// 1) and backwards 3, 3, 3, 6 (median 3): six ratios of 1 and two of 2, so
+// the quantiles at (i + 0.5) / 20 are 1 for i < 15 and 2 from there; a kind
+// with one instruction and the non-model entries (chunk -1) do not count.
+TEST_CASE("adapt: the single instructions' spread measured from a step", "[adapt]") {
+  using adgt::ExecutedInstr;
+  std::vector<ExecutedInstr> t;
+  const auto add = [&](adgt::pp::Op op, int chunk, double busy) {
+    ExecutedInstr x;
+    x.instr.op = op;
+    x.instr.chunk = chunk;
+    x.busy = busy;
+    t.push_back(x);
+  };
+  for (double b : {1.0, 1.0, 2.0, 1.0}) add(adgt::pp::Op::Forward, 0, b);
+  for (double b : {3.0, 3.0, 3.0, 6.0}) add(adgt::pp::Op::Backward, 0, b);
+  add(adgt::pp::Op::BackwardWeight, 0, 50.0);  // one of its kind: no ratio
+  add(adgt::pp::Op::Forward, -1, 90.0);        // not a model stage
+  adgt::SelfComm world("world");
+  const std::vector<double> q = adgt::measured_jitter(t, world);
+  REQUIRE(q.size() == size_t(adgt::kJitterQuantiles));
+  for (int i = 0; i < adgt::kJitterQuantiles; ++i) CHECK(q[size_t(i)] == (i < 15 ? 1.0 : 2.0));
+  // Nothing measured: no spread (the re-plan then simulates the medians).
+  CHECK(adgt::measured_jitter({}, world).empty());
 }
 
 // The issue's MoE scenario: Zipf s = 1.2 loads over 64 experts, ep = 8 with

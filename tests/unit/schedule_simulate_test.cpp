@@ -66,6 +66,53 @@ TEST_CASE("schedule simulate: per-link message times, by hand", "[schedule]") {
   CHECK_THROWS_WITH(check_costs(g, 4, "test"), Contains("stage costs link[1]=") && Contains(">= 0"));
 }
 
+TEST_CASE("schedule simulate: one instruction scaled, by hand", "[schedule]") {
+  // The by-hand case above with rank 0's F0 (list index 0) taking 2 instead
+  // of 1: everything after it moves by 1. Rank 0: F0 [0,2], F1 [2,3];
+  // rank 1: F0 [2.5,3.5], B0 [3.5,5.5], F1 [5.5,6.5], B1 [6.5,8.5]; rank 0:
+  // B0 [6,8], B1 [9,11].
+  const Schedule s = one_f_one_b(2, 2);
+  const StageCosts c = StageCosts::uniform(2, 1, 1, 1, 0.5);
+  const SimResult r = simulate(s, c, [](int rank, int index) { return rank == 0 && index == 0 ? 2.0 : 1.0; });
+  REQUIRE(r.timeline[0].size() == 4);
+  const double want0[][2] = {{0, 2}, {2, 3}, {6, 8}, {9, 11}};
+  const double want1[][2] = {{2.5, 3.5}, {3.5, 5.5}, {5.5, 6.5}, {6.5, 8.5}};
+  for (size_t i = 0; i < 4; ++i) {
+    CHECK(r.timeline[0][i].start == near(want0[i][0]));
+    CHECK(r.timeline[0][i].end == near(want0[i][1]));
+    CHECK(r.timeline[1][i].start == near(want1[i][0]));
+    CHECK(r.timeline[1][i].end == near(want1[i][1]));
+  }
+  CHECK(r.makespan == near(11));
+  // Scale 1 everywhere is simulate() itself.
+  CHECK(simulate(s, c, [](int, int) { return 1.0; }).makespan == near(simulate(s, c).makespan));
+}
+
+TEST_CASE("schedule simulate: the expected makespan under measured jitter", "[schedule]") {
+  const Schedule s = one_f_one_b(4, 8);
+  StageCosts c = StageCosts::uniform(4, 1, 1, 1);  // no message time: scaling is exact
+  const double exact = simulate(s, c).makespan;
+  CHECK(expected_makespan(s, c) == near(exact));  // no jitter measured
+  c.jitter = {1.0};
+  CHECK(expected_makespan(s, c) == near(exact));
+  c.jitter = {2.0};  // every instruction twice as long
+  CHECK(expected_makespan(s, c) == near(2 * exact));
+  // Instructions at 0.5x or 1.5x at random (mean 1): the pipeline waits for
+  // its late instructions, so it expects a longer step than the medians'
+  // (the maximum of random paths), by less than the 1.5x of all late.
+  c.jitter = {0.5, 1.5};
+  c.jitter_samples = 64;
+  const double jittered = expected_makespan(s, c);
+  CHECK(jittered > 1.02 * exact);
+  CHECK(jittered < 1.5 * exact);
+  CHECK(expected_makespan(s, c) == jittered);  // seeded: the same figure every time
+  CHECK(expected_makespan(s, c, 7) != jittered);  // another seed, other draws
+  c.jitter_samples = 0;  // off: the medians' simulation
+  CHECK(expected_makespan(s, c) == near(exact));
+  c.jitter = {1.0, 0.0};
+  CHECK_THROWS_WITH(check_costs(c, 4, "t"), Contains("jitter[1]") && Contains("> 0"));
+}
+
 TEST_CASE("schedule simulate: bubbles equal the closed forms with equal stage times", "[schedule]") {
   for (int p : {2, 4, 8}) {
     for (int m : {p, 2 * p, 3 * p, 4 * p}) {
