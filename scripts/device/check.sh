@@ -329,6 +329,12 @@ build machine first and name build-devbundle in the device call's carry"
   fi
   export LD_LIBRARY_PATH="$ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export ADGT_SOURCE_DIR="$ROOT" OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
+  # The CPU rows of the tables (the tiny.yaml CPU step): OpenBLAS picked its
+  # Prescott kernels there without it (the first run, 2026-12-04).
+  export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
+  # The bundled PMIx's zlib compression plugin does not load there (undefined
+  # symbol pmix_output_info); it is not needed, only its warning is silenced.
+  export PMIX_MCA_pcompress_base_silence_warning=1
   echo "== libraries (cuBLAS from $cublas; cuDNN from ${cudnn:-nowhere})" | tee -a "$out/machine.txt"
   [[ -n "$cudnn" ]] && (cd "$cudnn" && ls libcudnn*.so* | tr '\n' ' '; echo) >>"$out/machine.txt" 2>&1
   ldd "$b/$BIN_NAME" 2>&1 | tee -a "$out/machine.txt"

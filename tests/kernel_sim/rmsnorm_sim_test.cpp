@@ -2,7 +2,7 @@
 // against the CPU backend: forward, the bf16 residual form, backward (dx and
 // the weight gradient, both accumulating), in f32, f64 and bf16; vectorised
 // (C % 8 == 0, aligned) and scalar paths, rows longer than a block, and the
-// two-pass bf16 weight gradient (N > 128 rows). See sim_check.hpp.
+// two-pass weight gradient (N > 128 rows; every dtype). See sim_check.hpp.
 #include "tests/kernel_sim/sim_check.hpp"
 
 #include "kernels/cuda/rmsnorm_kernels.cuh"
@@ -94,7 +94,8 @@ int main() {
     int mis;
   };
   for (DType dt : {DType::F32, DType::F64}) {
-    for (Shape s : {Shape{5, 300, 0}, Shape{3, 37, 0}, Shape{2, 64, 0}}) {
+    // 300 rows: the two-pass weight gradient (row blocks of 128).
+    for (Shape s : {Shape{5, 300, 0}, Shape{3, 37, 0}, Shape{2, 64, 0}, Shape{300, 37, 0}}) {
       forward(dt, s.N, s.C, 0, false);
       backward(dt, s.N, s.C, 0);
     }

@@ -397,6 +397,22 @@ TEST_CASE("cuda attention: bf16 cudnn forward and backward against the CPU", "[c
   for (const AttentionShape& s : shapes) {
     INFO(shape_str(s));
     const Inputs in = make_inputs(s, seed += 10);
+    if (s.T == 1) {
+      // cuDNN 9.14 (the first GPU run, 2026-12-04) has no SDPA backward engine
+      // for s_q = s_kv = 1: an explicit train.attention=cudnn then stops with
+      // an error naming the shape and the way out (auto takes flash there).
+      // A later cuDNN may take it: then it is checked like the others.
+      bool refused = false;
+      try {
+        (void)run_gpu(*g, s, in);
+      } catch (const std::exception& e) {
+        refused = true;
+        const std::string m = e.what();
+        CHECK_THAT(m, Catch::Matchers::Contains("T=1") &&
+                          Catch::Matchers::Contains("use train.attention=flash or auto"));
+      }
+      if (refused) continue;
+    }
     const Results a = run_gpu(*g, s, in);
     CHECK(as_cuda(*g).attention_kernel(s) == "cudnn");
     expect_close(a, run_cpu(s, in), 1e-2, 1e-3);  // lse: the flash kernels' `saved`

@@ -111,6 +111,45 @@ Vec bf16_round(Vec v) {
   for (auto& x : v) x = double(round_to_bf16(float(x)));
   return v;
 }
+// v with every value rounded once to bf16 from the double (ties to even): the
+// nearest of the bf16 values either side of two roundings' result, compared in
+// double (exact: the differences are between neighbours). What the backends'
+// f64 -> bf16 casts give; through f32 a double just off a tie lands on it.
+Vec bf16_round_once(Vec v) {
+  for (auto& x : v) {
+    const bf16_bits b = float_to_bf16(float(x));
+    double best = bf16_to_float(b);
+    if (!std::isfinite(x) || !std::isfinite(best)) {
+      x = best;
+      continue;
+    }
+    bf16_bits bb = b;
+    for (int d : {-1, 1}) {
+      const bf16_bits c = bf16_bits(b + d);
+      const double cv = bf16_to_float(c);
+      if (!std::isfinite(cv) || (c ^ b) & 0x8000u) continue;  // no crossing of sign or into inf/NaN
+      const double e = std::fabs(cv - x), eb = std::fabs(best - x);
+      if (e < eb || (e == eb && !(c & 1u))) best = cv, bb = c;
+    }
+    x = best;
+  }
+  return v;
+}
+
+// n values for the cast checks: a draw at scale 100 with ties and near-ties
+// at fixed places (a draw of 10^5 holds one or two): an exact f32 tie, the
+// doubles either side of it (one rounding from the double and two through f32
+// differ there: element 56391 of this draw, -69.7499974, is such a one; the
+// first GPU run, 2026-12-04), ties at 29.6875 and 1 + 2^-8 and doubles 2^-30
+// off the latter.
+Vec cast_values(size_t n) {
+  Vec v = randn(n, 3, 100.0);
+  const double ties[] = {-69.75,     std::nextafter(-69.75, 0.0), std::nextafter(-69.75, -100.0),
+                         29.6875,    1.00390625,                  1.00390625 + 0x1p-30,
+                         1.00390625 - 0x1p-30};
+  for (size_t k = 0; k < std::size(ties) && 10 + k < n; ++k) v[10 + k] = ties[k];
+  return v;
+}
 
 // A tensor held on both backends, set to the same values. dt is the GPU's
 // dtype; the CPU's (cdt) is the same, except for BF16, where the CPU holds the
@@ -196,6 +235,27 @@ struct Backends {
 const DType kFloatTypes[] = {DType::F32, DType::F64};
 
 }  // namespace
+
+// The reference of the f64 -> bf16 cast check below, against the CPU
+// backend's cast (round to odd through f32): runs without a GPU.
+TEST_CASE("cuda test reference: f64 -> bf16 rounds once, as the CPU backend's cast", "[bf16]") {
+  CpuBackend cpu;
+  const int64_t n = 100003;
+  const Vec v = cast_values(size_t(n));
+  std::vector<bf16_bits> h(size_t(n), bf16_bits(0x7fc0));
+  Vec d = v;
+  cpu.cast(make_tensor(h.data(), DType::BF16, {n}), make_tensor(d.data(), DType::F64, {n}));
+  Vec got(h.size());
+  for (int64_t i = 0; i < n; ++i) got[size_t(i)] = bf16_to_float(h[size_t(i)]);
+  const Vec want = bf16_round_once(v), twice = bf16_round(v);
+  CHECK(got == want);
+  size_t differ = 0;
+  for (int64_t i = 0; i < n; ++i) differ += want[size_t(i)] != twice[size_t(i)];
+  CHECK(differ >= 2);  // the near-ties: -69.7499974 of the draw and one placed
+  CHECK(want[11] == -69.5);
+  CHECK(twice[11] == -70.0);
+  CHECK(want[10] == -70.0);  // the exact tie: to even
+}
 
 TEST_CASE("cuda backend: device selection", "[cuda]") {
   if (!have_gpu()) {
@@ -761,7 +821,7 @@ TEST_CASE("cuda backend: bf16 elementwise ops and casts", "[cuda]") {
     CHECK(z.get_gpu() == y.get_gpu());
 
     // Casts: bf16 results equal the host's float_to_bf16 exactly.
-    const Vec v = randn(size_t(n + 1), 3, 100.0);
+    const Vec v = cast_values(size_t(n + 1));
     Twin f32 = b.twin(DType::F32, {n + 1}), f64 = b.twin(DType::F64, {n + 1});
     f32.set(v);
     f64.set(v);
@@ -771,8 +831,10 @@ TEST_CASE("cuda backend: bf16 elementwise ops and casts", "[cuda]") {
     CHECK(Vec(got.begin() + off, got.begin() + off + n) ==
           Vec(want.begin() + off, want.begin() + off + n));
     z.poison();
-    b.gpu->cast(z.g_at(off, {n}), f64.g_at(off, {n}));  // through f32, as the CPU backend
+    b.gpu->cast(z.g_at(off, {n}), f64.g_at(off, {n}));  // one rounding, as the CPU backend
     got = z.get_gpu();
+    want = bf16_round_once(f64.get_gpu());
+    CHECK(want != bf16_round(f64.get_gpu()));  // the near-ties above tell the two apart
     CHECK(Vec(got.begin() + off, got.begin() + off + n) ==
           Vec(want.begin() + off, want.begin() + off + n));
     f32.poison();
