@@ -1,6 +1,9 @@
 // Run-time backend choice, and the deferred-failure path of Backend.
 #include "kernels/backend.hpp"
 
+#include <omp.h>
+#include <time.h>
+
 #include <cstdio>
 #include <stdexcept>
 
@@ -65,6 +68,36 @@ std::vector<double> Backend::take_marks() {
   marks_.clear();
   return s;
 }
+
+int Backend::span_begin() {
+  if (omp_get_max_threads() != 1) return -1;  // the kernels' other threads are not this one's clock
+  if (spans_.size() / 2 >= size_t(kMaxSpans)) return -1;
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  spans_.push_back(double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec));
+  spans_.push_back(-1);
+  return int(spans_.size() / 2) - 1;
+}
+
+void Backend::span_end(int id) {
+  if (id < 0) return;
+  ADGT_CHECK(size_t(id) < spans_.size() / 2 && spans_[2 * size_t(id) + 1] < 0,
+             name() << ": span_end(" << id << "): no such open span (" << spans_.size() / 2
+                    << " spans since clear_spans)");
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  spans_[2 * size_t(id) + 1] = double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+double Backend::span_seconds(int id) {
+  if (id < 0) return -1;
+  ADGT_CHECK(size_t(id) < spans_.size() / 2 && spans_[2 * size_t(id) + 1] >= 0,
+             name() << ": span_seconds(" << id << "): no such closed span (" << spans_.size() / 2
+                    << " spans since clear_spans)");
+  return spans_[2 * size_t(id) + 1] - spans_[2 * size_t(id)];
+}
+
+void Backend::clear_spans() { spans_.clear(); }
 
 void Backend::throw_deferred_error() {
   if (deferred_error_.empty()) return;

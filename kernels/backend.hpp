@@ -271,6 +271,22 @@ class Backend {
   // waits once and returns every mark's seconds after the first, then clears.
   virtual int mark();
   virtual std::vector<double> take_marks();
+  // The backend's own time for spans of its queue, read later without a wait
+  // of their own (the expert controller's capacities: what a rank's experts
+  // and its dense layers take). span_begin() opens a span and returns its id
+  // (-1: not measured here), span_end(id) closes it; span_seconds(id) is the
+  // time between (-1 for id -1), waiting for the span's end if it has not
+  // been reached; clear_spans() ends the ids' life (the next span_begin()
+  // reuses them). The CPU: the calling thread's CPU time, measured only
+  // when the rank computes with one thread (what the rank did itself when
+  // ranks share cores); CUDA: events on the stream (cudaEventElapsedTime).
+  // At most kMaxSpans between clear_spans() calls (the model clears them
+  // every step); later ones are not measured.
+  static constexpr int kMaxSpans = 1 << 16;
+  virtual int span_begin();
+  virtual void span_end(int id);
+  virtual double span_seconds(int id);
+  virtual void clear_spans();
   // One AdamW step on a flat range (PyTorch's AdamW update order).
   virtual void adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v,
                      const AdamWHyper& h) = 0;
@@ -293,6 +309,7 @@ class Backend {
   std::string deferred_error_;
   int deferred_more_ = 0;
   std::vector<std::chrono::steady_clock::time_point> marks_;
+  std::vector<double> spans_;  // per span: begin, end (thread CPU seconds; end -1 while open)
 };
 
 // Owns memory on a backend.

@@ -140,6 +140,7 @@ void Model::make_moe_layers(const ExpertPlacement& placement, Comm* ep) {
       st.layer = ch.first_layer + l;
       st.load.assign(size_t(cfg_.n_experts), 0);
       moe_step_.push_back(st);
+      moe_spans_.emplace_back();
     }
 }
 
@@ -513,6 +514,7 @@ void Model::set_expert_placement(const std::vector<int>& owner, Comm* ep) {
   // The MoE layers anew, with as many slots as their chunks hold.
   moe_.clear();
   moe_step_.clear();
+  moe_spans_.clear();
   make_moe_layers(pl, ep);
   for (const Chunk& ch : chunks_)
     for (int64_t l = 0; l < ch.n_layers; ++l) {
@@ -551,8 +553,31 @@ void Model::reset_moe_stats() {
   for (MoeLayerStep& m : moe_step_) {
     std::fill(m.load.begin(), m.load.end(), 0);
     m.tokens = m.dropped = m.calls = m.a2a_bytes = m.expert_rows = m.shadow_rows = 0;
-    m.aux = m.a2a_seconds = m.expert_cpu_s = m.dense_cpu_s = 0;
+    m.aux = m.a2a_seconds = 0;
   }
+  for (MoeSpans& s : moe_spans_) s.expert.clear(), s.layer.clear(), s.block.clear();
+  be_.clear_spans();
+}
+
+std::vector<MoeLayerTimes> Model::moe_times() const {
+  std::vector<MoeLayerTimes> out(moe_spans_.size());
+  // The sum of the spans' seconds; -1 if one was not measured.
+  const auto sum = [&](const std::vector<int>& ids) {
+    double t = 0;
+    for (int id : ids) {
+      const double s = be_.span_seconds(id);
+      if (s < 0) return -1.0;
+      t += s;
+    }
+    return t;
+  };
+  for (size_t i = 0; i < out.size(); ++i) {
+    const MoeSpans& s = moe_spans_[i];
+    out[i].expert_s = sum(s.expert);
+    const double layers = sum(s.layer), blocks = sum(s.block);
+    out[i].dense_s = layers < 0 || blocks < 0 ? -1 : layers - blocks;
+  }
+  return out;
 }
 
 void Model::update_moe_bias(Comm* replicas) {

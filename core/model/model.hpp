@@ -47,16 +47,20 @@ struct MoeLayerStep {
   int64_t calls = 0;              // forwards
   int64_t a2a_bytes = 0;          // this rank's all-to-all payload, forward + backward
   double a2a_seconds = 0;
-  // This rank's experts, forward + backward: rows computed and CPU seconds
-  // (-1: not measured; MoeStats::expert_cpu_s).
-  int64_t expert_rows = 0;
-  double expert_cpu_s = 0;
-  // The layer's CPU seconds outside its MoE block, forward + backward (its
-  // attention branch and norms, recomputation included): the same work on
-  // every rank of a pipeline stage, so its time measures the rank's speed
-  // (the expert controller's capacities); -1 where not measured, as above.
-  double dense_cpu_s = 0;
+  int64_t expert_rows = 0;  // rows this rank's experts computed, forward + backward
   int64_t shadow_rows = 0;  // of expert_rows (forward), the replicas' (MoeStats::shadow_rows)
+};
+
+// One MoE layer's backend time since the last reset_moe_stats(), forward +
+// backward (Backend::span_seconds: the rank's thread CPU time on the CPU,
+// events on CUDA); -1 where not measured (several threads per rank).
+struct MoeLayerTimes {
+  double expert_s = -1;  // this rank's experts (its local FFNs)
+  // The layer outside its MoE block (its attention branch and norms,
+  // recomputation included): the same work on every rank of a pipeline
+  // stage, so its time measures the rank's speed (the expert controller's
+  // capacities).
+  double dense_s = -1;
 };
 
 // Activation recompute (train.recompute): what a layer keeps per micro-batch
@@ -206,6 +210,9 @@ class Model {
   // ---- mixture of experts ----
   bool has_moe() const { return !moe_.empty(); }
   std::vector<MoeLayerStep> moe_stats() const { return moe_step_; }
+  // Per MoE layer, as moe_stats(); reads the backend's spans (on a device,
+  // a wait for the last one's end: none after the step).
+  std::vector<MoeLayerTimes> moe_times() const;
   void reset_moe_stats();
   // Aux-loss-free balancing: each layer's selection bias follows the step's
   // load, summed over `replicas` (the ranks outside the ep group that share
@@ -380,6 +387,13 @@ class Model {
   std::vector<Chunk> chunks_;
   std::vector<std::unique_ptr<MoeLayer>> moe_;  // this rank's MoE layers, in layer order
   std::vector<MoeLayerStep> moe_step_;
+  // Per MoE layer, the backend spans (Backend::span_begin) since the last
+  // reset_moe_stats(): its experts', the whole layer's and its MoE block's
+  // (moe_times(): dense = layers - blocks).
+  struct MoeSpans {
+    std::vector<int> expert, layer, block;
+  };
+  std::vector<MoeSpans> moe_spans_;
   bool defer_replica_grads_ = false;
   size_t emb_idx_ = kNone, norm_idx_ = kNone, head_idx_ = kNone;
   Buffer params_, grads_, master_;  // (flat_size) weights, gradients, master weights (mixed only)

@@ -4,6 +4,7 @@
 #include "core/model/model.hpp"
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <vector>
 
@@ -13,29 +14,35 @@ namespace adgt {
 
 namespace {
 
-// A MoE layer's dense CPU time (MoeLayerStep::dense_cpu_s): from construction
-// to destruction less the MoE block's own span (moe(), around it). Null
-// (a dense layer): nothing measured.
-class DenseCpu {
+// A MoE layer's spans (Model::moe_times: its dense time is the layer's less
+// its MoE block's): the layer's from construction to destruction, the
+// block's around moe(). Null ids (a dense layer): nothing measured.
+template <class Spans>
+class LayerSpans {
  public:
-  DenseCpu(MoeLayer* m, double* acc) : m_(m), acc_(acc), c0_(m ? m->expert_clock() : -1) {}
-  ~DenseCpu() {
-    if (!m_) return;
-    *acc_ = c0_ < 0 || *acc_ < 0 ? -1 : *acc_ + (m_->expert_clock() - c0_ - moe_s_);
+  LayerSpans(Backend& be, Spans* ids) : be_(be), ids_(ids), id_(ids ? be.span_begin() : -1) {}
+  // Not while unwinding (the layer threw: its span stays open, unread).
+  ~LayerSpans() noexcept(false) {
+    if (!ids_ || std::uncaught_exceptions() > unwinding_) return;
+    be_.span_end(id_);
+    ids_->layer.push_back(id_);
   }
-  DenseCpu(const DenseCpu&) = delete;
-  DenseCpu& operator=(const DenseCpu&) = delete;
+  LayerSpans(const LayerSpans&) = delete;
+  LayerSpans& operator=(const LayerSpans&) = delete;
   template <class F>
   void moe(F&& block) {
-    const double t0 = m_ ? m_->expert_clock() : -1;
+    const int id = ids_ ? be_.span_begin() : -1;
     block();
-    if (t0 >= 0) moe_s_ += m_->expert_clock() - t0;
+    if (!ids_) return;
+    be_.span_end(id);
+    ids_->block.push_back(id);
   }
 
  private:
-  MoeLayer* m_;
-  double* acc_;
-  double c0_, moe_s_ = 0;
+  Backend& be_;
+  Spans* ids_;
+  int id_;
+  int unwinding_ = std::uncaught_exceptions();
 };
 
 }  // namespace
@@ -168,8 +175,7 @@ bool Model::layer_forward(int chunk, int slot, size_t l, bool ln1_ready) {
   Slot& s = slot_of(chunk, slot);
   LayerActs& a = s.layers[l];
   const LayerIdx& w = layer_idx_[ch.first_local + l];
-  DenseCpu cpu(w.moe >= 0 ? moe_[size_t(w.moe)].get() : nullptr,
-               w.moe >= 0 ? &moe_step_[size_t(w.moe)].dense_cpu_s : nullptr);
+  LayerSpans spans(be_, w.moe >= 0 ? &moe_spans_[size_t(w.moe)] : nullptr);
   // Attention branch: x_mid = x_in + o(attention(rope(q), rope(k), v)).
   if (!ln1_ready) norm_forward(a.ln1, a.rstd1, a.x_in, w.in_norm);
   qkv_forward(a, w);
@@ -183,7 +189,7 @@ bool Model::layer_forward(int chunk, int slot, size_t l, bool ln1_ready) {
   Tensor next = last ? s.x_out : s.layers[l + 1].x_in;
   Tensor down = sp_ ? partial_ : next;
   if (w.moe >= 0) {
-    cpu.moe([&] { moe_forward(s, a, w, slot, down); });
+    spans.moe([&] { moe_forward(s, a, w, slot, down); });
   } else {
     gate_up_forward(a, w);
     swiglu_forward(a);
@@ -327,8 +333,7 @@ void Model::layer_backward(int chunk, int slot, size_t l, BackwardMode mode) {
   Slot& s = slot_of(chunk, slot);
   LayerActs& a = s.layers[l];
   const LayerIdx& w = layer_idx_[ch.first_local + l];
-  DenseCpu cpu(w.moe >= 0 ? moe_[size_t(w.moe)].get() : nullptr,
-               w.moe >= 0 ? &moe_step_[size_t(w.moe)].dense_cpu_s : nullptr);
+  LayerSpans spans(be_, w.moe >= 0 ? &moe_spans_[size_t(w.moe)] : nullptr);
   recompute_layer(chunk, slot, l);
   // dW and dX of one linear layer (of parameters wi..wl, one matrix when
   // fused): both in one call, as the backend likes it, or the input gradient
@@ -345,7 +350,7 @@ void Model::layer_backward(int chunk, int slot, size_t l, BackwardMode mode) {
   // d_resid = dL/d(layer output). MLP branch: out = x_mid + down(h).
   gather_rows(d_full_, d_resid_);
   if (w.moe >= 0) {  // weight gradients inside (a split backward does them here too)
-    cpu.moe([&] { moe_backward(s, a, w, slot, mode.last_micro_batch); });
+    spans.moe([&] { moe_backward(s, a, w, slot, mode.last_micro_batch); });
   } else {
     linear_bwd(dh_, w.down, w.down, d_full_, a.h, a.d_down, false);
     if (fused_) {
@@ -499,7 +504,7 @@ void Model::moe_forward(Slot& s, LayerActs& a, const LayerIdx& w, int slot, Tens
   acc.a2a_seconds += st.a2a_seconds;
   acc.expert_rows += st.expert_rows;
   acc.shadow_rows += st.shadow_rows;
-  acc.expert_cpu_s = st.expert_cpu_s < 0 || acc.expert_cpu_s < 0 ? -1 : acc.expert_cpu_s + st.expert_cpu_s;
+  moe_spans_[size_t(w.moe)].expert.push_back(st.expert_span);
 }
 
 void Model::moe_backward(Slot& s, LayerActs& a, const LayerIdx& w, int slot, bool last_micro_batch) {
@@ -516,8 +521,7 @@ void Model::moe_backward(Slot& s, LayerActs& a, const LayerIdx& w, int slot, boo
   acc.a2a_bytes += st.a2a_bytes_bwd;
   acc.a2a_seconds += st.a2a_seconds_bwd;
   acc.expert_rows += st.expert_rows_bwd;
-  acc.expert_cpu_s =
-      st.expert_cpu_s_bwd < 0 || acc.expert_cpu_s < 0 ? -1 : acc.expert_cpu_s + st.expert_cpu_s_bwd;
+  moe_spans_[size_t(w.moe)].expert.push_back(st.expert_span_bwd);
 }
 
 }  // namespace adgt

@@ -16,9 +16,6 @@
 // With one rank the send buffer already is expert-major and no copy is made.
 #include "core/model/moe.hpp"
 
-#include <omp.h>
-#include <time.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -103,16 +100,6 @@ MoeLayer::MoeLayer(Backend& be, DType dt, int64_t max_tokens, int64_t C, int64_t
 }
 
 MoeLayer::~MoeLayer() = default;
-
-double MoeLayer::expert_clock() const {
-  // The calling thread's CPU time: the experts' own compute on a host
-  // backend with one thread (what a rank sharing cores with others did
-  // itself); -1 elsewhere (asynchronous devices, several threads).
-  if (!be_.is_host() || omp_get_max_threads() != 1) return -1;
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
 
 int MoeLayer::add_slot() {
   slots_.push_back(std::make_unique<Slot>());
@@ -543,7 +530,7 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
 
   // ---- experts ----
   Tensor ye = P == 1 ? s.ysend : grow(sc.ye, Mr, C, dt_);
-  const double c0 = expert_clock();
+  const int span = be_.span_begin();
   for (int64_t le = 0, off = 0; le < El; off += s.expert_rows[size_t(le)], ++le) {
     const int64_t m = s.expert_rows[size_t(le)];
     if (!m) continue;
@@ -561,7 +548,8 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
   }
   st.expert_rows = Mr;
   for (int64_t le = place_.per_rank(); le < El; ++le) st.shadow_rows += s.expert_rows[size_t(le)];
-  st.expert_cpu_s = c0 >= 0 ? expert_clock() - c0 : -1;
+  be_.span_end(span);
+  st.expert_span = span;
 
   // ---- results back, combine ----
   if (P > 1) {
@@ -629,7 +617,7 @@ void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams
                                       << "forward ran with");
   Tensor dh = grow(sc.dh, Mr, F_, dt_), dg = grow(sc.dgate, Mr, s.fused ? 2 * F_ : F_, dt_),
          du = s.fused ? Tensor() : grow(sc.dup, Mr, F_, dt_);
-  const double c0 = expert_clock();
+  const int span = be_.span_begin();
   for (int64_t le = 0, off = 0; le < El; off += s.expert_rows[size_t(le)], ++le) {
     const int64_t m = s.expert_rows[size_t(le)];
     if (!m) continue;
@@ -649,7 +637,8 @@ void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams
   }
   if (rep && return_shadows) return_shadow_grads(grads);
   st.expert_rows_bwd = Mr;
-  st.expert_cpu_s_bwd = c0 >= 0 ? expert_clock() - c0 : -1;
+  be_.span_end(span);
+  st.expert_span_bwd = span;
 
   // Input gradients back to the tokens' ranks, summed over each token's experts.
   Tensor dxs = dxe;

@@ -126,12 +126,13 @@ struct MoeStats {
   double a2a_seconds = 0;     // wall time in the forward's all-to-alls
   int64_t a2a_bytes_bwd = 0;  // the same for the slot's backward
   double a2a_seconds_bwd = 0;
-  // This rank's experts (its local FFNs): rows they computed and the calling
-  // thread's CPU time in them, forward and backward; the time is -1 where it
-  // is not measured (a device backend, or several threads per rank).
+  // This rank's experts (its local FFNs): rows they computed, forward and
+  // backward, and the backend spans of their compute (Backend::span_begin;
+  // -1: not measured), for Backend::span_seconds until the backend's
+  // clear_spans().
   int64_t expert_rows = 0, expert_rows_bwd = 0;
   int64_t shadow_rows = 0;  // of expert_rows, the rows this rank's replicas (shadows) served
-  double expert_cpu_s = -1, expert_cpu_s_bwd = -1;
+  int expert_span = -1, expert_span_bwd = -1;
 };
 
 class MoeLayer {
@@ -181,8 +182,6 @@ class MoeLayer {
   const std::vector<int64_t>& local_experts() const;  // this rank's, ascending
   int ep_rank() const;
   int ep_size() const;
-  // The calling thread's CPU time in seconds, or -1 where not measured (moe.cpp).
-  double expert_clock() const;
 
  private:
   struct Slot;

@@ -79,6 +79,7 @@ CudaBackend::~CudaBackend() {
     if (e) (void)cudaEventDestroy(e);
   if (stage_host_) (void)cudaFreeHost(stage_host_);
   for (cudaEvent_t e : mark_events_) (void)cudaEventDestroy(e);
+  for (cudaEvent_t e : span_events_) (void)cudaEventDestroy(e);
   for (void*& p : scratch_)
     if (p) (void)cudaFree(p), p = nullptr;
   if (cublas_) (void)cublasDestroy(cublas_);
@@ -229,6 +230,42 @@ std::vector<double> CudaBackend::take_marks() {
   marks_used_ = 0;
   return s;
 }
+
+int CudaBackend::span_begin() {
+  const size_t id = span_open_.size();
+  if (id >= size_t(kMaxSpans)) return -1;
+  while (span_events_.size() < 2 * (id + 1)) {
+    cudaEvent_t e = nullptr;
+    ADGT_CUDA_OP(cudaEventCreate(&e), "span_begin");
+    span_events_.push_back(e);
+  }
+  ADGT_CUDA_OP(cudaEventRecord(span_events_[2 * id], stream_), "span_begin");
+  span_open_.push_back(1);
+  return int(id);
+}
+
+void CudaBackend::span_end(int id) {
+  if (id < 0) return;
+  ADGT_CHECK(size_t(id) < span_open_.size() && span_open_[size_t(id)],
+             name() << ": span_end(" << id << "): no such open span (" << span_open_.size()
+                    << " spans since clear_spans)");
+  ADGT_CUDA_OP(cudaEventRecord(span_events_[2 * size_t(id) + 1], stream_), "span_end");
+  span_open_[size_t(id)] = 0;
+}
+
+double CudaBackend::span_seconds(int id) {
+  if (id < 0) return -1;
+  ADGT_CHECK(size_t(id) < span_open_.size() && !span_open_[size_t(id)],
+             name() << ": span_seconds(" << id << "): no such closed span (" << span_open_.size()
+                    << " spans since clear_spans)");
+  ADGT_CUDA_OP(cudaEventSynchronize(span_events_[2 * size_t(id) + 1]), "span_seconds");
+  float ms = 0;
+  ADGT_CUDA_OP(cudaEventElapsedTime(&ms, span_events_[2 * size_t(id)], span_events_[2 * size_t(id) + 1]),
+               "span_seconds");
+  return double(ms) * 1e-3;
+}
+
+void CudaBackend::clear_spans() { span_open_.clear(); }
 
 void CudaBackend::synchronize() {
   ++host_reads_;

@@ -144,6 +144,10 @@ class CudaBackend final : public Backend {
   int64_t host_reads() const override { return host_reads_; }
   int mark() override;                        // an event recorded on the stream
   std::vector<double> take_marks() override;  // one wait, then cudaEventElapsedTime
+  int span_begin() override;                  // an event pair from a pool; the begin recorded
+  void span_end(int id) override;             // the end recorded on the stream
+  double span_seconds(int id) override;       // waits for the end event, then cudaEventElapsedTime
+  void clear_spans() override;
   void adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWHyper& h) override;
   // f32 master/grad/m/v with a bf16 copy: one kernel; other dtypes: adamw then cast.
   void adamw_cast(Tensor param, const Tensor& grad, Tensor m, Tensor v, Tensor lowp,
@@ -217,6 +221,8 @@ class CudaBackend final : public Backend {
   bool flash_path(const AttentionShape& s, std::initializer_list<const void*> tensors);
   std::vector<CUevent_st*> mark_events_;  // the pool mark() records into (cudaEvent_t)
   int marks_used_ = 0;
+  std::vector<CUevent_st*> span_events_;  // per span id: begin, end (cudaEvent_t), reused after clear_spans
+  std::vector<char> span_open_;           // per span id in use: 1 until span_end
 };
 
 }  // namespace adgt

@@ -59,10 +59,12 @@ class ExpertPlacementController final : public Controller {
     for (const MoeLayerStep& l : e.model().moe_stats()) {
       for (size_t i = 0; i < smp.load.size() && i < l.load.size(); ++i) smp.load[i] += double(l.load[i]);
       rows += double(l.expert_rows);
-      secs = secs < 0 || l.expert_cpu_s < 0 ? -1 : secs + l.expert_cpu_s;
-      dense = dense < 0 || l.dense_cpu_s < 0 ? -1 : dense + l.dense_cpu_s;
       a2a_s += l.a2a_seconds;
       a2a_b += double(l.a2a_bytes);
+    }
+    for (const MoeLayerTimes& l : e.model().moe_times()) {
+      secs = secs < 0 || l.expert_s < 0 ? -1 : secs + l.expert_s;
+      dense = dense < 0 || l.dense_s < 0 ? -1 : dense + l.dense_s;
     }
     if (e.groups().slowdown) {
       if (secs > 0) secs *= e.groups().slowdown->factor();
@@ -125,7 +127,7 @@ class ExpertPlacementController final : public Controller {
     }
     // Per step of the window (a step some rank did not record is left out):
     // each field, one value per rank.
-    const char* names[kFields] = {"rows", "seconds", "busy", "dense_cpu", "a2a_s", "a2a_bytes"};
+    const char* names[kFields] = {"rows", "seconds", "busy", "dense", "a2a_s", "a2a_bytes"};
     nlohmann::json steps = nlohmann::json::array();
     std::vector<nlohmann::json> fields(kFields, nlohmann::json::array());
     for (int64_t w = 0; w < W; ++w) {
@@ -168,21 +170,21 @@ class ExpertPlacementController final : public Controller {
   // rows per second (which small expert GEMMs bias: fewer rows per expert,
   // fewer rows per second).
   std::vector<double> capacities(const nlohmann::json& in, size_t t, bool& measured, bool& from_dense,
-                                 bool& cpu_timed) const {
+                                 bool& span_timed) const {
     const size_t n = in["ep"].size();
     const auto at = [&](const char* f, size_t i) { return in[f][t][i].get<double>(); };
     std::vector<double> dense(n, -1);
     std::map<int, std::vector<double>> by_stage;
-    // The MoE layers' dense CPU time (MoeLayerStep::dense_cpu_s, times the
-    // emulated slowdown) where every rank measured it: what a device's own
-    // timer reads. Else the step's compute less the experts' (busy, a
+    // The MoE layers' dense time (MoeLayerTimes::dense_s, the backend's own
+    // time: the CPU thread's, CUDA events; times the emulated slowdown) where
+    // every rank measured it. Else the step's compute less the experts' (busy, a
     // virtual or wall clock, which also counts what the rank does outside
     // the layers and scatters by tens of percent when 8 ranks share 2 cores).
-    cpu_timed = true;
-    for (size_t i = 0; i < n; ++i) cpu_timed = cpu_timed && at("dense_cpu", i) > 0;
+    span_timed = true;
+    for (size_t i = 0; i < n; ++i) span_timed = span_timed && at("dense", i) > 0;
     for (size_t i = 0; i < n; ++i) {
       const double s = at("seconds", i), b = at("busy", i);
-      if (cpu_timed) dense[i] = at("dense_cpu", i);
+      if (span_timed) dense[i] = at("dense", i);
       else if (s >= 0 && b - s > 0) dense[i] = b - s;
       if (dense[i] > 0) by_stage[in["stage"][i].get<int>()].push_back(dense[i]);
     }
@@ -227,11 +229,11 @@ class ExpertPlacementController final : public Controller {
     std::vector<double> xs, ps;
     std::vector<double> rows(size_t(ep_), 0.0), secs(size_t(ep_), 0.0);
     std::vector<std::vector<double>> secs_hist(static_cast<size_t>(ep_));
-    bool measured = true, from_dense = true, cpu_timed = true;
+    bool measured = true, from_dense = true, span_timed = true;
     for (size_t t = 0; t < T; ++t) {
       bool m = false, fd = false, ct = false;
       caps.push_back(capacities(in, t, m, fd, ct));
-      measured = measured && m, from_dense = from_dense && fd, cpu_timed = cpu_timed && ct;
+      measured = measured && m, from_dense = from_dense && fd, span_timed = span_timed && ct;
       double slowest = 0;
       std::vector<double> pb;
       std::vector<double> r_ep(size_t(ep_), 0.0), s_ep(size_t(ep_), 0.0);
@@ -317,7 +319,7 @@ class ExpertPlacementController final : public Controller {
     d["capacity_measured"] = measured;
     d["capacity_from"] = !measured     ? "none"
                          : !from_dense ? "expert rows"
-                         : cpu_timed   ? "dense compute (CPU time)"
+                         : span_timed  ? "dense compute (backend time)"
                                        : "dense compute (step clock)";
     if (c.predicted_now_s > 0) {
       d["expert_s"] = costs.expert_s;

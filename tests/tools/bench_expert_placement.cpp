@@ -15,7 +15,7 @@
 //
 // The slow ranks compute at 1/factor speed, emulated as the trainer does
 // (emulate.slow_ranks): a rank's expert time is its experts' thread CPU time
-// (forward and backward, MoeStats::expert_cpu_s) times its factor. The
+// (forward and backward, the spans MoeStats::expert_span) times its factor. The
 // layer's expert time per iteration is the slowest rank's (the all-to-all
 // waits for it).
 //
@@ -177,7 +177,9 @@ Measured run(MpiComm& world, const Opts& o, Weights& w, const std::vector<int>& 
     const double dt = wall() - t0;
     if (it < 0) continue;
     const MoeStats& st = layer.stats(0);
-    double mine_t[2] = {(st.expert_cpu_s + st.expert_cpu_s_bwd) * my_factor, double(st.expert_rows)};
+    const double expert_s = be.span_seconds(st.expert_span) + be.span_seconds(st.expert_span_bwd);
+    be.clear_spans();
+    double mine_t[2] = {expert_s * my_factor, double(st.expert_rows)};
     std::vector<double> all(size_t(2 * P));
     world.all_gather(Tensor(all.data(), DType::F64, {2 * P}), Tensor(mine_t, DType::F64, {2}));
     double slowest = 0;

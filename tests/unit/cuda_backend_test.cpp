@@ -300,6 +300,38 @@ TEST_CASE("cuda backend: memory and elementwise ops", "[cuda]") {
   }
 }
 
+TEST_CASE("cuda backend: spans time the stream with events, read after the work", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  auto be = make_backend("cuda");
+  const int64_t n = 2048;
+  Buffer x(*be, size_t(n * n) * 4), w(*be, size_t(n * n) * 4), y(*be, size_t(n * n) * 4);
+  be->zero(Tensor(x.data(), DType::F32, {n * n}));
+  be->zero(Tensor(w.data(), DType::F32, {n * n}));
+  const Tensor tx(x.data(), DType::F32, {n, n}), tw(w.data(), DType::F32, {n, n}),
+      ty(y.data(), DType::F32, {n, n});
+  be->linear_forward(ty, tx, tw);  // warm-up (handles, heuristics)
+  be->synchronize();
+  // One GEMM, then eight, each in its span; an empty span inside the second.
+  const int one = be->span_begin();
+  be->linear_forward(ty, tx, tw);
+  be->span_end(one);
+  const int eight = be->span_begin();
+  const int empty = be->span_begin();
+  be->span_end(empty);
+  for (int i = 0; i < 8; ++i) be->linear_forward(ty, tx, tw);
+  CHECK_THROWS_WITH(be->span_seconds(eight), Catch::Matchers::Contains("no such closed span"));
+  be->span_end(eight);
+  const double s1 = be->span_seconds(one), s8 = be->span_seconds(eight), s0 = be->span_seconds(empty);
+  INFO("one GEMM " << s1 << " s, eight " << s8 << " s, empty " << s0 << " s");
+  CHECK(s1 > 0);
+  CHECK(s8 > 4 * s1);  // the stream's time, not the host's enqueueing
+  CHECK(s0 < s1);
+  be->clear_spans();
+  CHECK(be->span_begin() == 0);  // the pool's events are reused
+  be->span_end(0);
+  CHECK(be->span_seconds(0) >= 0);
+}
+
 TEST_CASE("cuda backend: linear forward and backward", "[cuda]") {
   ADGT_REQUIRE_GPU();
   Backends b;

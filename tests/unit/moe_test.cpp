@@ -6,9 +6,13 @@
 // cases, the placement table's errors and the aux-loss-free bias.
 #include "core/model/moe.hpp"
 
+#include <omp.h>
+#include <time.h>
+
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "core/config.hpp"
@@ -16,6 +20,7 @@
 #include "core/model/moe_replicas.hpp"
 #include "core/rng.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
+#include "kernels/emulated/emulated_backend.hpp"
 
 using namespace adgt;
 
@@ -540,4 +545,122 @@ TEST_CASE("moe: model.moe_bias_init_zipf sets every MoE layer's initial selectio
                         Catch::Contains("set model.moe_aux_free: true"));
   CHECK_THROWS_WITH(load_config_text("model:\n  moe_bias_init_zipf: 1.2\n", "b.yaml"),
                     Catch::Contains("model.moe_bias_init_zipf is set but model.n_experts=0"));
+}
+
+namespace {
+
+// The calling thread's CPU seconds (an independent reading of the clock the
+// CPU backends' spans use).
+double thread_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// omp_set_num_threads(n) for a scope.
+struct OmpThreads {
+  int was = omp_get_max_threads();
+  explicit OmpThreads(int n) { omp_set_num_threads(n); }
+  ~OmpThreads() { omp_set_num_threads(was); }
+};
+
+}  // namespace
+
+TEST_CASE("backend spans: the thread's CPU time of a span, read after it; named errors", "[moe]") {
+  OmpThreads one(1);
+  for (int emulated = 0; emulated < 2; ++emulated) {
+    std::unique_ptr<Backend> be;
+    if (emulated)
+      be = std::make_unique<EmulatedBackend>(size_t(1) << 24);
+    else
+      be = std::make_unique<CpuBackend>();
+    INFO(be->name());
+    // A busy span of ~30 ms and an empty one inside it.
+    const double t0 = thread_cpu_s();
+    const int outer = be->span_begin();
+    const int inner = be->span_begin();
+    be->span_end(inner);
+    volatile double sink = 0;
+    while (thread_cpu_s() - t0 < 0.03) sink = sink + 1;
+    CHECK_THROWS_WITH(be->span_seconds(outer), Catch::Matchers::Contains("no such closed span"));
+    be->span_end(outer);
+    const double t1 = thread_cpu_s();
+    CHECK_THROWS_WITH(be->span_end(outer), Catch::Matchers::Contains("no such open span"));
+    CHECK(outer == 0);
+    CHECK(inner == 1);
+    const double s_outer = be->span_seconds(outer), s_inner = be->span_seconds(inner);
+    CHECK(s_outer >= 0.03);
+    CHECK(s_outer <= t1 - t0);
+    CHECK(s_inner >= 0);
+    CHECK(s_inner < 0.005);
+    CHECK(be->span_seconds(-1) == -1);
+    be->span_end(-1);  // not measured: nothing to close
+    be->clear_spans();
+    CHECK_THROWS_WITH(be->span_seconds(outer), Catch::Matchers::Contains("no such closed span"));
+    CHECK(be->span_begin() == 0);  // ids start again
+  }
+  OmpThreads two(2);  // the kernels' other threads are not this thread's clock
+  CpuBackend be;
+  CHECK(be.span_begin() == -1);
+}
+
+TEST_CASE("moe: the model's expert and dense times from backend spans, on the CPU and the emulated device",
+          "[moe]") {
+  ModelConfig m;
+  m.vocab_size = 13;
+  m.d_model = 32;
+  m.n_layers = 2;
+  m.n_heads = 4;
+  m.n_kv_heads = 2;
+  m.ffn_hidden = 64;
+  m.seq_len = 16;
+  m.init_std = 0.3;
+  m.n_experts = 4;
+  m.moe_top_k = 2;
+  m.moe_every = 2;  // layer 1: experts
+  const int64_t B = 4, T = 16;
+  std::vector<int32_t> in(size_t(B * T)), tg(size_t(B * T));
+  Rng r(3);
+  for (auto& x : in) x = int32_t(r.next() % uint64_t(m.vocab_size));
+  for (auto& x : tg) x = int32_t(r.next() % uint64_t(m.vocab_size));
+  for (int emulated = 0; emulated < 2; ++emulated) {
+    OmpThreads one(1);
+    std::unique_ptr<Backend> be;
+    if (emulated)
+      be = std::make_unique<EmulatedBackend>(size_t(1) << 26);
+    else
+      be = std::make_unique<CpuBackend>();
+    INFO(be->name());
+    Model model(m, *be, DType::F32, B, T);
+    model.init_weights(5);
+    model.reset_moe_stats();
+    REQUIRE(model.moe_times().size() == 1);
+    CHECK(model.moe_times()[0].expert_s == 0);  // nothing ran yet
+    // Two micro-batches' forward and backward, timed around them on the
+    // thread's own clock: the layer's parts lie inside it.
+    const double t0 = thread_cpu_s();
+    for (int mb = 0; mb < 2; ++mb) {
+      model.forward(in.data(), tg.data(), 1.0);
+      model.backward();
+    }
+    const double total = thread_cpu_s() - t0;
+    const MoeLayerTimes t = model.moe_times()[0];
+    CHECK(t.expert_s > 0);
+    CHECK(t.dense_s > 0);
+    CHECK(t.expert_s + t.dense_s <= total);
+    CHECK(model.moe_stats()[0].expert_rows > 0);
+    model.reset_moe_stats();
+    CHECK(model.moe_times()[0].expert_s == 0);
+    CHECK(model.moe_times()[0].dense_s == 0);
+  }
+  // Several threads per rank: not measured.
+  OmpThreads two(2);
+  CpuBackend be;
+  Model model(m, be, DType::F32, B, T);
+  model.init_weights(5);
+  model.reset_moe_stats();
+  model.forward(in.data(), tg.data(), 1.0);
+  model.backward();
+  CHECK(model.moe_times()[0].expert_s == -1);
+  CHECK(model.moe_times()[0].dense_s == -1);
 }
