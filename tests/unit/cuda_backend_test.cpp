@@ -791,6 +791,32 @@ Run run_model(Backend& be, DType dt, const ModelConfig& m, int64_t B, int64_t T,
 
 }  // namespace
 
+TEST_CASE("cuda backend: a MoE model's expert and dense times from spans", "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  auto gpu = make_backend("cuda");
+  ModelConfig m = small_model();
+  m.n_experts = 4;
+  m.moe_top_k = 2;
+  m.moe_every = 2;  // layer 1: experts
+  const int64_t B = 2, T = 24;
+  Model model(m, *gpu, DType::F32, B, T);
+  model.init_weights(5);
+  std::vector<int32_t> in(size_t(B * T)), tg(size_t(B * T));
+  Rng r(3);
+  for (auto& x : in) x = int32_t(r.next() % uint64_t(m.vocab_size));
+  for (auto& x : tg) x = int32_t(r.next() % uint64_t(m.vocab_size));
+  model.reset_moe_stats();
+  model.forward(in.data(), tg.data(), 1.0);
+  model.backward();
+  const auto t = model.moe_times();
+  REQUIRE(t.size() == 1);
+  INFO("expert " << t[0].expert_s << " s, dense " << t[0].dense_s << " s");
+  CHECK(t[0].expert_s > 0);
+  CHECK(t[0].dense_s > 0);
+  model.reset_moe_stats();
+  CHECK(model.moe_times()[0].expert_s == 0);
+}
+
 TEST_CASE("cuda backend: whole model forward, backward and AdamW steps", "[cuda]") {
   ADGT_REQUIRE_GPU();
   auto gpu = make_backend("cuda");
