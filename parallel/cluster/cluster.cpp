@@ -61,6 +61,12 @@ intra: {bandwidth_GBps: 450, latency_us: 3, efficiency: 0.8}
 inter: {bandwidth_GBps: 50, latency_us: 6, efficiency: 0.9}
 nics_per_node: 8
 )"},
+      // sustained_clock 0.84: fitted to adgt's first GPU run (one H200,
+      // 2026-12-04, docs/cuda.md): the 1.3B bf16 step (batch 8 x 2048)
+      // measured 263.3 ms, predicted 225.2 ms at 1.0 and 260.9 ms at 0.84;
+      // LLaMA-7B (seq 4096, micro-batch 1, selective recompute) 390.5 ms,
+      // predicted 332.8 and 380.9 ms. The whole gap, not only the clock: the
+      // optimizer alone is predicted 12.1 ms against 17.8 ms measured.
       {"dgx-h200", R"(name: dgx-h200
 nodes: 1
 devices_per_node: 8
@@ -76,6 +82,7 @@ device:
   attention_half_gflops: 4
   memory_efficiency: 0.8
   kernel_overhead_us: 4
+  sustained_clock: 0.84
 intra: {bandwidth_GBps: 450, latency_us: 3, efficiency: 0.8}
 inter: {bandwidth_GBps: 50, latency_us: 6, efficiency: 0.9}
 nics_per_node: 8

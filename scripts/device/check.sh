@@ -102,14 +102,21 @@ cmd_bundle() {
   grep -q '^CMAKE_CUDA_COMPILER:.*nvcc' "$BUILD/CMakeCache.txt" ||
     die "$BUILD was configured without CUDA; remove it and run again"
   # CHECK_NO_BUILD=1 (ctest): the build's binaries as they are, no rebuild.
-  [[ ${CHECK_NO_BUILD:-0} == 1 ]] || cmake --build "$BUILD" -j"${JOBS:-2}" --target "$BIN_NAME" adgt-train adgt-data
+  # adgt_parallel_nccl_test (NcclComm, one rank: stage 5b) when the build has NCCL.
+  local targets=("$BIN_NAME" adgt-train adgt-data)
+  if cmake --build "$BUILD" --target help 2>/dev/null | grep -q 'adgt_parallel_nccl_test'; then
+    targets+=(adgt_parallel_nccl_test)
+  fi
+  [[ ${CHECK_NO_BUILD:-0} == 1 ]] || cmake --build "$BUILD" -j"${JOBS:-2}" --target "${targets[@]}"
   local bin="$BUILD/tests/$BIN_NAME" train="$BUILD/apps/adgt-train"
+  local nccl_test="$BUILD/tests/adgt_parallel_nccl_test"
+  [[ -x "$nccl_test" ]] || nccl_test=""
   [[ -x "$bin" && -x "$train" ]] || die "build did not produce $bin and $train"
 
   local stage
   stage="$(mktemp -d)"
   mkdir -p "$stage/lib" "$stage/lib-fallback"
-  cp "$bin" "$train" "$stage/"
+  cp "$bin" "$train" ${nccl_test:+"$nccl_test"} "$stage/"
   # Open MPI's launcher and plugins in Debian's layout under ompi/usr, found
   # there through OPAL_PREFIX (the GPU machine has no MPI of its own).
   local ompi_lib=/usr/lib/x86_64-linux-gnu/openmpi
@@ -120,7 +127,7 @@ cmd_bundle() {
   cp -a "$ompi_lib/lib/openmpi3" "$stage/ompi$ompi_lib/lib/"
   cp -a /usr/share/openmpi "$stage/ompi/usr/share/"
   local name path f
-  for f in "$bin" "$train" "$stage/ompi/usr/bin/orterun" "$stage/ompi/usr/bin/orted" \
+  for f in "$bin" "$train" ${nccl_test:+"$nccl_test"} "$stage/ompi/usr/bin/orterun" "$stage/ompi/usr/bin/orted" \
     "$stage/ompi$ompi_lib/lib/openmpi3"/*.so; do
     while read -r name path; do
       [[ -n "$path" && -f "$path" ]] || continue
@@ -290,8 +297,28 @@ cmd_rehearse() {
   ((mrc == 0)) && echo "check.sh: rehearsal ok" || die "rehearsal: stage 5 failed (exit $mrc)"
 }
 
+# The run's logs into one archive in $OUT (checkpoints and token files left out).
+pack_logs() {
+  [[ -n "${CHECK_PACK_FROM:-}" && -d "$CHECK_PACK_FROM" ]] || return 0
+  tar -C "$(dirname "$CHECK_PACK_FROM")" --exclude='*.h5' --exclude='*.bin' --exclude='*.idx' \
+    -czf "$CHECK_PACK_TO/check_logs.tgz" "$(basename "$CHECK_PACK_FROM")" 2>/dev/null || true
+  cp "$CHECK_PACK_FROM/summary.txt" "$CHECK_PACK_TO/" 2>/dev/null || true
+}
+
 cmd_run() {
-  local out="${OUT:-$ROOT/build-devcheck}"
+  # On the device machine ($OUT set): the logs (20-odd files and folders) are
+  # written to /tmp/adgt-check and packed at exit, whatever the exit, into
+  # $OUT/check_logs.tgz beside $OUT/summary.txt (a device call brings back at
+  # most 8 files).
+  local out
+  if [[ -n "${OUT:-}" ]]; then
+    out=/tmp/adgt-check
+    rm -rf "$out"
+    CHECK_PACK_FROM=$out CHECK_PACK_TO=$OUT
+    trap pack_logs EXIT
+  else
+    out="$ROOT/build-devcheck"
+  fi
   mkdir -p "$out"
   [[ -f "$BUNDLE" ]] || die "$BUNDLE not found: run 'scripts/device/check.sh bundle' on the \
 build machine first and name build-devbundle in the device call's carry"
@@ -352,7 +379,7 @@ build machine first and name build-devbundle in the device call's carry"
   # own timeout so one hang cannot eat the call (~8 minutes in all).
   local left
   left() { local l=$((${CHECK_BUDGET_S:-470} - (SECONDS - t0))); ((l > 20)) && echo $l || echo 20; }
-  local trc=0 arc=0 trc2=0 brc=0 prc=0 krc=0 mrc=0 src=0
+  local trc=0 arc=0 trc2=0 brc=0 prc=0 krc=0 mrc=0 src=0 nrc=0
   set +e
   # 0. Before anything long: compute-sanitizer (memcheck, then racecheck) over
   # the small op cases, the embedding backward and the flash kernels, with
@@ -394,6 +421,20 @@ build machine first and name build-devbundle in the device call's carry"
     mrc=1 src=1
   else
     run_layout_stages "$b" cuda "$out"
+  fi
+
+  # 5b. NcclComm on one rank (the machine has one GPU): communicator set-up,
+  # its stream and events, every collective on exact integer data
+  # (tests/parallel/nccl_test.cpp; ctest parallel_nccl_np1 skips without a GPU).
+  if [[ -x "$b/adgt_parallel_nccl_test" ]]; then
+    echo "== 5b. NcclComm, one rank (adgt_parallel_nccl_test)"
+    local orun="$b/ompi/usr/bin/orterun --oversubscribe --bind-to none --mca btl self,vader"
+    [[ $(id -u) -eq 0 ]] && orun+=" --allow-run-as-root"
+    OPAL_PREFIX="$b/ompi/usr" timeout 90 $orun -np 1 "$b/adgt_parallel_nccl_test" 2>&1 |
+      tee "$out/nccl_np1.log"
+    nrc=${PIPESTATUS[0]}
+  else
+    echo "-- 5b. NcclComm: no adgt_parallel_nccl_test in the bundle (built without NCCL)"
   fi
 
   echo "== 3a. adgt: 1.3B bf16 training steps (train.attention=auto: the faster of flash and cuDNN)"
@@ -444,6 +485,7 @@ build machine first and name build-devbundle in the device call's carry"
   set -e
   nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,power.draw --format=csv >>"$out/machine.txt" 2>&1 || true
 
+  {
   echo
   echo "================ summary ($((SECONDS - t0)) s) ================"
   grep -E '^(device:|\|)' "$out/bench.log" "$out/bench_fp32.log" 2>/dev/null | cut -d: -f2- ||
@@ -478,9 +520,10 @@ if "tokens_per_s" in a and "tokens_per_s" in t:
 PYEOF
   grep -E '^[|]' "$out/multirank.log" 2>/dev/null || echo "(no stage-5 table)"
   grep -E '^[|]' "$out/llama7b.log" 2>/dev/null || echo "(no stage-6 table)"
-  echo "exits: tests $trc, adgt bench $brc, torch bench $prc, kernel benches $krc, multirank $mrc, llama-7b $src"
-  echo "logs: $out/{machine.txt,cuda_tests.log,adgt_bench.*,torch_bench.*,bench.log,bench_fp32.log}"
-  [[ $trc -eq 0 && $brc -eq 0 && $prc -eq 0 && $krc -eq 0 && $mrc -eq 0 && $src -eq 0 ]]
+  echo "exits: tests $trc, adgt bench $brc, torch bench $prc, kernel benches $krc, multirank $mrc, llama-7b $src, nccl np1 $nrc"
+  echo "logs: $out/{machine.txt,cuda_tests.log,adgt_bench.*,torch_bench.*,bench.log,bench_fp32.log,nccl_np1.log}${OUT:+ (packed into \$OUT/check_logs.tgz)}"
+  } 2>&1 | tee "$out/summary.txt"
+  [[ $trc -eq 0 && $brc -eq 0 && $prc -eq 0 && $krc -eq 0 && $mrc -eq 0 && $src -eq 0 && $nrc -eq 0 ]]
 }
 
 case "${1:-}" in
