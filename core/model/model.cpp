@@ -1,8 +1,9 @@
 #include "core/model/model.hpp"
 
 #include <cmath>
+#include <memory>
 
-#include "core/rng.hpp"
+#include "core/model/init_weights.hpp"
 #include "kernels/common/bf16.hpp"
 #include "kernels/check.hpp"
 
@@ -412,36 +413,13 @@ std::pair<int64_t, int64_t> Model::range(size_t first, size_t last) const {
 }
 
 void Model::init_weights(uint64_t seed) {
-  std::vector<float> host(size_t(flat_n_), 0.0f);
-  // Tensors in parallel (each has its own stream and its own part of host, so
-  // the values do not depend on the thread count): a 7B model's 7e9 draws
-  // take minutes on one core.
-#pragma omp parallel for schedule(dynamic, 1)
-  for (size_t ti = 0; ti < table_.size(); ++ti) {
-    const ParamSpec& p = table_[ti];
-    float* dst = host.data() + p.offset;
-    if (p.shape.size() == 1) {  // RMSNorm weights
-      std::fill(dst, dst + p.numel, 1.0f);
-      continue;
-    }
-    // The whole global tensor's stream, then this rank's shard of it.
-    const int64_t rows = p.global_shape[0], cols = p.global_shape[1];
-    std::vector<float> g(size_t(rows * cols));
-    Rng rng(seed ^ hash_string(p.name));
-    for (auto& x : g) x = float(cfg_.init_std * rng.normal());
-    if (p.shard_dim < 0) {
-      std::copy(g.begin(), g.end(), dst);
-    } else if (p.shard_dim == 0) {  // rows [start, start+valid); padding rows stay 0
-      std::copy(g.begin() + p.shard_start * cols, g.begin() + (p.shard_start + p.shard_valid) * cols,
-                dst);
-    } else {  // columns [start, start + local cols)
-      const int64_t lc = p.shape[1];
-      for (int64_t i = 0; i < rows; ++i)
-        std::copy(g.begin() + i * cols + p.shard_start, g.begin() + i * cols + p.shard_start + lc,
-                  dst + i * lc);
-    }
-  }
-  params_from_host(host);
+  // Uninitialised: draw_init_weights writes every element, each tensor's
+  // region by the thread that draws it (a 7B model's 27 GB were zero-filled
+  // on one thread before, and each tensor drawn into a copy of its own).
+  const size_t n = size_t(flat_n_);
+  std::unique_ptr<float[]> host(new float[n]);
+  draw_init_weights(table_, cfg_.init_std, seed, host.get(), flat_n_);
+  params_from_host(host.get(), n);
 }
 
 std::vector<float> Model::params_to_host() const {
@@ -463,13 +441,16 @@ void Model::params_to_host(std::vector<float>& out) const {
 }
 
 void Model::params_from_host(const std::vector<float>& flat_host) {
+  params_from_host(flat_host.data(), flat_host.size());
+}
+
+void Model::params_from_host(const float* flat_host, size_t count) {
   const size_t n = size_t(flat_n_);
-  ADGT_CHECK(flat_host.size() == n, "params_from_host: got " << flat_host.size()
-                                                             << " values, expected " << n);
+  ADGT_CHECK(count == n, "params_from_host: got " << count << " values, expected " << n);
   if (mdt_ == DType::F32) {
-    be_.to_device(master().data, flat_host.data(), n * 4);
+    be_.to_device(master().data, flat_host, n * 4);
   } else {
-    std::vector<double> d(flat_host.begin(), flat_host.end());
+    std::vector<double> d(flat_host, flat_host + n);
     be_.to_device(master().data, d.data(), n * 8);
   }
   sync_params();

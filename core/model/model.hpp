@@ -140,6 +140,7 @@ class Model {
   // checkpoint's staging buffer).
   void params_to_host(std::vector<float>& out) const;
   void params_from_host(const std::vector<float>& flat);
+  void params_from_host(const float* flat, size_t n);  // n: flat_size()
   std::vector<double> grads_to_host_f64() const;
   void zero_grads();
 
