@@ -87,6 +87,7 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--case", choices=["start", "onset", "link", "layers", "resume", "chunks", "memory"],
                     default="start")
+    ap.add_argument("--attempt", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.steps, args.slow = {"start": (24, "2:1.5"), "onset": (60, "2:2@30"), "link": (60, ""),
                              "layers": (24, "2:3"), "resume": (24, "2:3"), "chunks": (24, ""),
@@ -146,10 +147,22 @@ def main():
                       and r["inputs"]["stage_change"][2] > 1.1)
                      or r["inputs"]["stage_change"][2] >= 1.3)]
         if not late or late[0]["step"] > 50:
-            sys.exit("FAILED: no re-plan for stage 2's change within 20 steps of step 30: "
-                     + json.dumps([(r["step"], r["inputs"].get("replan"),
-                                    r["inputs"].get("stage_change"), r["inputs"].get("stage_flagged"))
-                                   for r in recs]))
+            what = json.dumps([(r["step"], r["inputs"].get("replan"), r["inputs"].get("stage_change"),
+                                r["inputs"].get("stage_flagged")) for r in recs])
+            # A change flagged before the onset is the host's noise (thread
+            # CPU time on a shared, oversubscribed VM: the suite at -j2 once
+            # read stage 2 at 2.4x from step ~18, 12 steps before its real
+            # onset, and re-planned for it at 24, so the onset at 30 was no
+            # change against that plan). Such a run proves nothing either
+            # way: it is run again, twice at most; a run without one must
+            # detect the onset.
+            if early and args.attempt < 3:
+                print(f"adapt-schedule: attempt {args.attempt}: change(s) flagged before the onset "
+                      f"{early} and none after it for stage 2 ({what}); running again", flush=True)
+                argv = [a for a in sys.argv[1:] if not a.startswith("--attempt")]
+                os.execv(sys.executable, [sys.executable, os.path.abspath(__file__)] + argv
+                         + [f"--attempt={args.attempt + 1}"])
+            sys.exit("FAILED: no re-plan for stage 2's change within 20 steps of step 30: " + what)
         r = late[0]
         print(f"adapt-schedule: rank 2 2x slower from step 30, detected at step {r['step']} "
               f"(stage changes {[round(x, 2) for x in r['inputs']['stage_change']]}, flagged "
