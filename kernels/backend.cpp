@@ -69,12 +69,18 @@ std::vector<double> Backend::take_marks() {
   return s;
 }
 
+namespace {
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+}  // namespace
+
 int Backend::span_begin() {
   if (omp_get_max_threads() != 1) return -1;  // the kernels' other threads are not this one's clock
   if (spans_.size() / 2 >= size_t(kMaxSpans)) return -1;
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  spans_.push_back(double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec));
+  spans_.push_back(thread_cpu_seconds());
   spans_.push_back(-1);
   return int(spans_.size() / 2) - 1;
 }
@@ -84,9 +90,7 @@ void Backend::span_end(int id) {
   ADGT_CHECK(size_t(id) < spans_.size() / 2 && spans_[2 * size_t(id) + 1] < 0,
              name() << ": span_end(" << id << "): no such open span (" << spans_.size() / 2
                     << " spans since clear_spans)");
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  spans_[2 * size_t(id) + 1] = double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+  spans_[2 * size_t(id) + 1] = thread_cpu_seconds();
 }
 
 double Backend::span_seconds(int id) {

@@ -207,6 +207,28 @@ __global__ void __launch_bounds__(kDwThreads)
   dw[c] += s;
 }
 
+// The weight gradient's two passes, every dtype: row blocks of kDwRows (more
+// only when the grid's y limit needs it); pass1(grid, part, direct, rows)
+// launches pass 1 (W columns per thread) into the partials `part`, or, with
+// one row block, adds to dw directly; pass 2 adds the partials (A: f32 for
+// bf16 and f32, f64) to dw in row-block order.
+template <class A, class Pass1>
+void dw_two_pass(const OpCtx& c, A* dw, int64_t N, int64_t C, int W, Pass1&& pass1) {
+  const int64_t rows = std::max<int64_t>(kDwRows, (N + 65534) / 65535);
+  const int64_t nrb = (N + rows - 1) / rows;
+  const int64_t per_block = int64_t(kDwThreads) * W;
+  ADGT_CHECK((C + per_block - 1) / per_block <= INT_MAX,
+             "rmsnorm_backward: C = " << C << " too large");
+  const dim3 grid(unsigned((C + per_block - 1) / per_block), unsigned(nrb));
+  A* part = nrb > 1 ? static_cast<A*>(c.scratch(CudaBackend::kScratchReduce,
+                                                size_t(nrb * C) * sizeof(A)))
+                    : nullptr;
+  pass1(grid, part, nrb > 1 ? nullptr : dw, rows);
+  if (nrb > 1)
+    launch("rmsnorm_backward (dw pass 2)", rmsnorm_dw_finish_kernel<A>,
+           unsigned((C + kDwThreads - 1) / kDwThreads), kDwThreads, 0, c.stream, dw, part, nrb, C);
+}
+
 // The bf16 forward, plain (y empty) or with the residual add.
 void residual_rmsnorm_bf16(const OpCtx& c, Tensor x, const Tensor& y, Tensor out, Tensor rstd,
                            const Tensor& w, double eps, const char* op) {
@@ -273,24 +295,13 @@ void rmsnorm_backward(const OpCtx& c, Tensor dx, Tensor dw, const Tensor& dout, 
            vec ? rmsnorm_bwd_dx_bf16_kernel<8> : rmsnorm_bwd_dx_bf16_kernel<1>, rows_grid(N, op),
            kThreads, 0, c.stream, dx.ptr<bf16_bits>(), g, xp, w.ptr<bf16_bits>(),
            rstd.ptr<float>(), C);
-    // dw: row blocks of kDwRows (more only when the grid's y limit needs it).
-    const int64_t rows = std::max<int64_t>(kDwRows, (N + 65534) / 65535);
-    const int64_t nrb = (N + rows - 1) / rows;
-    const int W = vec ? 8 : 1;
-    const int64_t per_block = int64_t(kDwThreads) * W;
-    const dim3 grid(unsigned((C + per_block - 1) / per_block), unsigned(nrb));
-    ADGT_CHECK((C + per_block - 1) / per_block <= INT_MAX, op << ": C = " << C << " too large");
-    float* part = nrb > 1 ? static_cast<float*>(c.scratch(CudaBackend::kScratchReduce,
-                                                           size_t(nrb * C) * 4))
-                          : nullptr;
-    float* direct = nrb > 1 ? nullptr : dw.ptr<float>();
-    launch("rmsnorm_backward (dw pass 1)",
-           vec ? rmsnorm_dw_partial_kernel<8> : rmsnorm_dw_partial_kernel<1>, grid, kDwThreads, 0,
-           c.stream, part, direct, g, xp, rstd.ptr<float>(), N, C, rows);
-    if (nrb > 1)
-      launch("rmsnorm_backward (dw pass 2)", rmsnorm_dw_finish_kernel<float>,
-             unsigned((C + kDwThreads - 1) / kDwThreads), kDwThreads, 0, c.stream,
-             dw.ptr<float>(), part, nrb, C);
+    dw_two_pass(c, dw.ptr<float>(), N, C, vec ? 8 : 1,
+                [&](dim3 grid, float* part, float* direct, int64_t rows) {
+                  launch("rmsnorm_backward (dw pass 1)",
+                         vec ? rmsnorm_dw_partial_kernel<8> : rmsnorm_dw_partial_kernel<1>, grid,
+                         kDwThreads, 0, c.stream, part, direct, g, xp, rstd.ptr<float>(), N, C,
+                         rows);
+                });
     return;
   }
   dispatch(x.dtype, "rmsnorm_backward", [&](auto z) {
@@ -298,21 +309,10 @@ void rmsnorm_backward(const OpCtx& c, Tensor dx, Tensor dw, const Tensor& dout, 
     launch("rmsnorm_backward (dx)", rmsnorm_bwd_dx_kernel<T>, rows_grid(N, "rmsnorm_backward"),
            kThreads, 0, c.stream, dx.ptr<T>(), dout.ptr<T>(), x.ptr<T>(), w.ptr<T>(),
            rstd.ptr<T>(), C);
-    const int64_t rows = std::max<int64_t>(kDwRows, (N + 65534) / 65535);
-    const int64_t nrb = (N + rows - 1) / rows;
-    ADGT_CHECK((C + kDwThreads - 1) / kDwThreads <= INT_MAX,
-               "rmsnorm_backward: C = " << C << " too large");
-    const dim3 grid(unsigned((C + kDwThreads - 1) / kDwThreads), unsigned(nrb));
-    T* part = nrb > 1 ? static_cast<T*>(c.scratch(CudaBackend::kScratchReduce,
-                                                   size_t(nrb * C) * sizeof(T)))
-                      : nullptr;
-    launch("rmsnorm_backward (dw pass 1)", rmsnorm_bwd_dw_partial_kernel<T>, grid, kDwThreads, 0,
-           c.stream, part, nrb > 1 ? nullptr : dw.ptr<T>(), dout.ptr<T>(), x.ptr<T>(),
-           rstd.ptr<T>(), N, C, rows);
-    if (nrb > 1)
-      launch("rmsnorm_backward (dw pass 2)", rmsnorm_dw_finish_kernel<T>,
-             unsigned((C + kDwThreads - 1) / kDwThreads), kDwThreads, 0, c.stream, dw.ptr<T>(),
-             part, nrb, C);
+    dw_two_pass(c, dw.ptr<T>(), N, C, 1, [&](dim3 grid, T* part, T* direct, int64_t rows) {
+      launch("rmsnorm_backward (dw pass 1)", rmsnorm_bwd_dw_partial_kernel<T>, grid, kDwThreads,
+             0, c.stream, part, direct, dout.ptr<T>(), x.ptr<T>(), rstd.ptr<T>(), N, C, rows);
+    });
   });
 }
 
