@@ -1,5 +1,6 @@
 #include "core/model/model.hpp"
 
+#include <chrono>
 #include <cmath>
 #include <memory>
 
@@ -417,9 +418,14 @@ void Model::init_weights(uint64_t seed) {
   // region by the thread that draws it (a 7B model's 27 GB were zero-filled
   // on one thread before, and each tensor drawn into a copy of its own).
   const size_t n = size_t(flat_n_);
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
   std::unique_ptr<float[]> host(new float[n]);
   draw_init_weights(table_, cfg_.init_std, seed, host.get(), flat_n_);
+  const auto t1 = clock::now();
   params_from_host(host.get(), n);
+  init_times_.draw_s = std::chrono::duration<double>(t1 - t0).count();
+  init_times_.to_device_s = std::chrono::duration<double>(clock::now() - t1).count();
 }
 
 std::vector<float> Model::params_to_host() const {

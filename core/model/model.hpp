@@ -134,6 +134,13 @@ class Model {
   // takes its shard, so every layout starts from the same weights; f32 and f64
   // models get the same values.
   void init_weights(uint64_t seed);
+  // What the last init_weights took: drawing on the host, and the values'
+  // copy to the backend with the working-precision cast (adgt-train's
+  // start-up line).
+  struct InitTimes {
+    double draw_s = 0, to_device_s = 0;
+  };
+  const InitTimes& init_times() const { return init_times_; }
   // Host copies of the flat (master) weights as fp32 / from fp32 (checkpoints).
   std::vector<float> params_to_host() const;
   // The same into `out` (resized; its memory reused when big enough: a
@@ -377,6 +384,7 @@ class Model {
   SelfComm self_;
   bool sp_;
   int64_t vocab_start_ = 0, vocab_valid_ = 0, flat_n_;
+  InitTimes init_times_;
   int64_t Hl_, KVl_, Fl_, Vl_ = 0;
   AttentionShape att_shape_;
   std::vector<ParamSpec> table_;

@@ -104,7 +104,11 @@ cmd_bundle() {
   # CHECK_NO_BUILD=1 (ctest): the build's binaries as they are, no rebuild.
   # adgt_parallel_nccl_test (NcclComm, one rank: stage 5b) when the build has NCCL.
   local targets=("$BIN_NAME" adgt-train adgt-data)
-  if cmake --build "$BUILD" --target help 2>/dev/null | grep -q 'adgt_parallel_nccl_test'; then
+  # (the listing read whole first: grep -q stopping early would end cmake with
+  # SIGPIPE, which pipefail turns into "no NCCL test" -- the first GPU run's bundle)
+  local help
+  help="$(cmake --build "$BUILD" --target help 2>/dev/null || true)"
+  if grep -q 'adgt_parallel_nccl_test' <<<"$help"; then
     targets+=(adgt_parallel_nccl_test)
   fi
   [[ ${CHECK_NO_BUILD:-0} == 1 ]] || cmake --build "$BUILD" -j"${JOBS:-2}" --target "${targets[@]}"
@@ -520,6 +524,7 @@ if "tokens_per_s" in a and "tokens_per_s" in t:
 PYEOF
   grep -E '^[|]' "$out/multirank.log" 2>/dev/null || echo "(no stage-5 table)"
   grep -E '^[|]' "$out/llama7b.log" 2>/dev/null || echo "(no stage-6 table)"
+  grep -E '^start-up:' "$out/llama7b.log" 2>/dev/null || true
   echo "exits: tests $trc, adgt bench $brc, torch bench $prc, kernel benches $krc, multirank $mrc, llama-7b $src, nccl np1 $nrc"
   echo "logs: $out/{machine.txt,cuda_tests.log,adgt_bench.*,torch_bench.*,bench.log,bench_fp32.log,nccl_np1.log}${OUT:+ (packed into \$OUT/check_logs.tgz)}"
   } 2>&1 | tee "$out/summary.txt"
