@@ -43,7 +43,8 @@ Tensor AdamW::at(Tensor f, int64_t begin, int64_t end, int64_t base) const {
                 {end - begin});
 }
 
-void AdamW::step(Tensor params, Tensor grads, double lr, int64_t step, Tensor lowp) {
+void AdamW::step(Tensor params, Tensor grads, double lr, int64_t step, Tensor lowp,
+                 double grad_scale) {
   ADGT_CHECK(params.numel() >= hi_ && grads.numel() >= hi_, "AdamW: flat buffer too small");
   AdamWHyper h;
   h.lr = lr;
@@ -51,6 +52,7 @@ void AdamW::step(Tensor params, Tensor grads, double lr, int64_t step, Tensor lo
   h.beta2 = cfg_.beta2;
   h.eps = cfg_.eps;
   h.step = step;
+  h.grad_scale = grad_scale;
   for (const Segment& s : segs_) {
     h.weight_decay = decays(table_[s.param], cfg_) ? cfg_.weight_decay : 0.0;
     if (lowp.data) {

@@ -29,7 +29,10 @@ class AdamW {
   // One update of the parameters in range; `step` is the 1-based count of updates.
   // params are the (fp32) master weights; a non-empty `lowp` (mixed precision)
   // receives the updated weights in its dtype (bf16) in the same pass.
-  void step(Tensor params, Tensor grads, double lr, int64_t step, Tensor lowp = {});
+  // grad_scale: the clipping coefficient, applied as each gradient is read
+  // (AdamWHyper::grad_scale; grads are left unscaled).
+  void step(Tensor params, Tensor grads, double lr, int64_t step, Tensor lowp = {},
+            double grad_scale = 1.0);
   int64_t lo() const { return lo_; }
   int64_t hi() const { return hi_; }
   Tensor exp_avg() const { return flat(m_); }     // (hi - lo)

@@ -37,6 +37,10 @@ namespace adgt {
 struct AdamWHyper {
   double lr = 0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0;
   int64_t step = 1;  // 1-based step count for bias correction
+  // The gradient-clipping coefficient, applied as the gradient is read
+  // (g * T(grad_scale) in the update's precision; grad itself is left as it
+  // is): no separate pass over the gradients. 1 changes nothing, bit for bit.
+  double grad_scale = 1;
 };
 
 struct AttentionShape {

@@ -58,16 +58,16 @@ void adamw_pass(const Tensor& param, const Tensor& grad, const Tensor& m, const 
   T* mp = m.ptr<T>();
   T* vp = v.ptr<T>();
   const T lr = T(h.lr), b1 = T(h.beta1), b2 = T(h.beta2), eps = T(h.eps), wd = T(h.weight_decay),
-          c1 = T(bc1), sc2 = T(std::sqrt(bc2));
+          c1 = T(bc1), sc2 = T(std::sqrt(bc2)), gs = T(h.grad_scale);
   const int64_t n = param.numel();
   if (!lowp) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i)
-      math::adamw_update(p[i], g[i], mp[i], vp[i], lr, b1, b2, eps, wd, c1, sc2);
+      math::adamw_update(p[i], g[i] * gs, mp[i], vp[i], lr, b1, b2, eps, wd, c1, sc2);
   } else {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) {
-      math::adamw_update(p[i], g[i], mp[i], vp[i], lr, b1, b2, eps, wd, c1, sc2);
+      math::adamw_update(p[i], g[i] * gs, mp[i], vp[i], lr, b1, b2, eps, wd, c1, sc2);
       lowp[i] = float_to_bf16(float(p[i]));
     }
   }

@@ -75,11 +75,11 @@ __global__ void sumsq_pass2(const double* __restrict__ part, int64_t nparts, dou
 template <class T>
 __global__ void adamw_kernel(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m,
                              T* __restrict__ v, int64_t n, T lr, T b1, T b2, T eps, T wd, T c1,
-                             T sc2) {
+                             T sc2, T gs) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     T pi = p[i], mi = m[i], vi = v[i];
-    math::adamw_update(pi, g[i], mi, vi, lr, b1, b2, eps, wd, c1, sc2);
+    math::adamw_update(pi, g[i] * gs, mi, vi, lr, b1, b2, eps, wd, c1, sc2);
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
@@ -91,7 +91,7 @@ struct AdamWCastOp {
   float *p, *m, *v;
   const float* g;
   bf16_bits* lo;
-  float lr, b1, b2, eps, wd, c1, sc2;
+  float lr, b1, b2, eps, wd, c1, sc2, gs;
   template <int W>
   __device__ void run(int64_t i) const {
     float pp[W], gg[W], mm[W], vv[W];
@@ -101,7 +101,7 @@ struct AdamWCastOp {
     ldv<W>(v + i, vv);
 #pragma unroll
     for (int k = 0; k < W; ++k)
-      math::adamw_update(pp[k], gg[k], mm[k], vv[k], lr, b1, b2, eps, wd, c1, sc2);
+      math::adamw_update(pp[k], gg[k] * gs, mm[k], vv[k], lr, b1, b2, eps, wd, c1, sc2);
     stv<W>(p + i, pp);
     stv<W>(m + i, mm);
     stv<W>(v + i, vv);
@@ -178,7 +178,7 @@ void adamw(const OpCtx& c, Tensor param, const Tensor& grad, Tensor m, Tensor v,
     using T = decltype(z);
     launch(op, adamw_kernel<T>, grid_for(n, kThreads), kThreads, 0, c.stream, param.ptr<T>(),
            grad.ptr<T>(), m.ptr<T>(), v.ptr<T>(), n, T(h.lr), T(h.beta1), T(h.beta2), T(h.eps),
-           T(h.weight_decay), T(bc1), T(std::sqrt(bc2)));
+           T(h.weight_decay), T(bc1), T(std::sqrt(bc2)), T(h.grad_scale));
   });
 }
 
@@ -201,7 +201,8 @@ void adamw_cast(const OpCtx& c, Tensor param, const Tensor& grad, Tensor m, Tens
   const double bc2 = 1.0 - std::pow(h.beta2, double(h.step));
   const AdamWCastOp o{param.ptr<float>(), m.ptr<float>(), v.ptr<float>(), grad.ptr<float>(),
                       lowp.ptr<bf16_bits>(), float(h.lr), float(h.beta1), float(h.beta2),
-                      float(h.eps), float(h.weight_decay), float(bc1), float(std::sqrt(bc2))};
+                      float(h.eps), float(h.weight_decay), float(bc1), float(std::sqrt(bc2)),
+                      float(h.grad_scale)};
   launch_map(o, n,
              aligned16(param.data) && aligned16(grad.data) && aligned16(m.data) &&
                  aligned16(v.data) && aligned16(lowp.data),

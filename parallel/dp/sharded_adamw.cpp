@@ -24,17 +24,19 @@ ShardedAdamW::ShardedAdamW(Backend& be, Model& model, const TrainConfig& t, Comm
 }
 
 void ShardedAdamW::step(double lr, int64_t adam_step, double clip_coef) {
-  Tensor g = flat_range(model_.grads(), lo(), hi());
-  if (clip_coef < 1.0) be_.scale_inplace(g, clip_coef);
+  // The clipping coefficient is applied as AdamW reads each gradient (a
+  // separate scale pass read and wrote every gradient once more: 54 GB a
+  // step for a 7B model on one GPU, ~3% of its step).
+  const double gs = clip_coef < 1.0 ? clip_coef : 1.0;
   // Mixed precision: AdamW updates the fp32 master weights and writes their
   // bf16 copy in the same pass; under ZeRO the master chunks are gathered and
   // the compute copy is refreshed from them.
   if (!shards_) {
     opt_->step(model_.master(), model_.grads(), lr, adam_step,
-               model_.mixed() ? model_.params() : Tensor());
+               model_.mixed() ? model_.params() : Tensor(), gs);
     return;
   }
-  opt_->step(model_.master(), model_.grads(), lr, adam_step);
+  opt_->step(model_.master(), model_.grads(), lr, adam_step, Tensor(), gs);
   // In place: this rank's chunk of the master buffer is the all-gather's input.
   shards_->all_gather(model_.master(), flat_range(model_.master(), lo(), hi()));
   model_.sync_params();

@@ -21,8 +21,9 @@ class ShardedAdamW {
   // shards: the ZeRO-1 group (nullptr or a group of one: no sharding).
   ShardedAdamW(Backend& be, Model& model, const TrainConfig& t, Comm* shards);
 
-  // Clips this rank's gradients by `clip_coef` (< 1 scales) and applies one
-  // AdamW update (`adam_step`: 1-based count of updates) to its part.
+  // Applies one AdamW update (`adam_step`: 1-based count of updates) to this
+  // rank's part with its gradients clipped by `clip_coef` (< 1 scales; applied
+  // as AdamW reads them, the gradient buffer itself is left unscaled).
   void step(double lr, int64_t adam_step, double clip_coef);
 
   bool sharded() const { return shards_ != nullptr; }

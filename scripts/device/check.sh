@@ -40,7 +40,9 @@
 # CUDA build instead of build-cuda), CHECK_NO_BUILD=1 (bundle that build's
 # binaries without rebuilding), CHECK_BUNDLE_DIR (instead of build-devbundle), BENCH_BATCH (sequences per
 # step of the 1.3B comparison, default 8), CHECK_BUDGET_S (seconds the run
-# stage may take in all, default 470).
+# stage may take in all, default 470), CHECK_QUICK=1 (a re-check: stages 0, 1,
+# 5, 5b, 6 and the 1.3B step, without the PyTorch comparison, the 1.3B
+# variants and the kernel tables; ~150 s).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -447,9 +449,14 @@ build machine first and name build-devbundle in the device call's carry"
     tee "$out/adgt_bench.log"
   brc=${PIPESTATUS[0]}
 
-  echo "== 3b. PyTorch: the same model (torch.compile, SDPA, autocast bf16)"
-  local py=python3
+  # CHECK_QUICK=1 (a re-check after a change, when the full tables have run
+  # before): no PyTorch comparison, no 1.3B variants, no kernel tables.
+  local py=python3  # (the summary's too)
   command -v "$py" >/dev/null || py=/opt/torch/.venv/bin/python3
+  if [[ ${CHECK_QUICK:-0} == 1 ]]; then
+  echo "-- CHECK_QUICK=1: 3b (PyTorch), 3c (1.3B variants) and 4 (kernel tables) skipped"
+  else
+  echo "== 3b. PyTorch: the same model (torch.compile, SDPA, autocast bf16)"
   PYTHONUNBUFFERED=1 timeout "$(left)" "$py" "$ROOT/scripts/device/torch_llama_bench.py" \
     --batch "${BENCH_BATCH:-8}" --steps 10 --warmup 3 --json "$out/torch_bench.json" 2>&1 |
     tee "$out/torch_bench.log"
@@ -486,6 +493,7 @@ build machine first and name build-devbundle in the device call's carry"
     ADGT_LT_ANY_REDUCTION=1 timeout "$(left)" "$b/$BIN_NAME" "cuda backend: bf16 benchmark" 2>&1 |
       tee "$out/bench_lt_any.log" | grep -E '^\| (GEMM|linear)' || true
   fi
+  fi  # CHECK_QUICK
   set -e
   nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,power.draw --format=csv >>"$out/machine.txt" 2>&1 || true
 

@@ -97,6 +97,7 @@ void check_ranges(DType dt, int mis) {
 AdamWHyper hyper(int64_t step) {
   AdamWHyper h;
   h.lr = 1e-2, h.beta1 = 0.9, h.beta2 = 0.95, h.eps = 1e-8, h.weight_decay = 0.1, h.step = step;
+  h.grad_scale = step == 1 ? 1.0 : 0.37;  // clipping applied as g is read, from the second step
   return h;
 }
 

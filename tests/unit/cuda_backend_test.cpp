@@ -736,6 +736,7 @@ TEST_CASE("cuda backend: sum of squares and AdamW", "[cuda]") {
     for (int64_t step = 1; step <= 3; ++step) {
       gr.set(randn(size_t(n), 103 + uint64_t(step)));
       h.step = step;
+      h.grad_scale = step == 2 ? 0.37 : 1.0;  // gradient clipping, fused into the read
       b.cpu.adamw(p.c(), gr.c(), m.c(), v.c(), h);
       b.gpu->adamw(p.g(), gr.g(), m.g(), v.g(), h);
     }
@@ -1301,6 +1302,7 @@ TEST_CASE("cuda backend: bf16 sum of squares and adamw_cast", "[cuda]") {
     for (int64_t step = 1; step <= 3; ++step) {
       gr.set(randn(size_t(n + 1), 103 + uint64_t(step)));
       h.step = step;
+      h.grad_scale = step == 2 ? 0.37 : 1.0;
       b.cpu.adamw_cast(at(p, false), at(gr, false), at(m, false), at(v, false), at(lo, false), h);
       b.gpu->adamw_cast(at(p, true), at(gr, true), at(m, true), at(v, true), at(lo, true), h);
     }

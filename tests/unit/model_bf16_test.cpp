@@ -4,6 +4,7 @@
 // gradients are from the fp32 model's on the same (bf16-representable) weights.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -174,6 +175,62 @@ TEST_CASE("bf16 model: the AdamW step updates the fp32 master and rounds the cop
   size_t bad = 0;
   for (size_t i = 0; i < p.size(); ++i) bad += p[i] != float_to_bf16(got[i]);
   CHECK(bad == 0);
+}
+
+TEST_CASE("AdamW clips as it reads each gradient: the update of scaling the gradients first, "
+          "the gradient buffer left unscaled", "[model][optimizer]") {
+  // The clip coefficient went from a separate scale pass over the gradients
+  // into AdamW's read (AdamWHyper::grad_scale). Reference: the old order,
+  // scale_inplace then AdamW, on copies. Two steps with different
+  // coefficients (one AdamW step alone does not depend on a gradient's scale).
+  CpuBackend be;
+  const ModelConfig m = small_model();
+  const int64_t B = 2, T = 16;
+  for (DType dt : {DType::F32, DType::F64, DType::BF16}) {
+    INFO("dtype " << dtype_name(dt));
+    Model model(m, be, dt, B, T);
+    model.init_weights(5);
+    TrainConfig tc;
+    tc.lr = 1e-2;
+    tc.weight_decay = 0.1;
+    ShardedAdamW opt(be, model, tc, nullptr);
+    const int64_t n = model.flat_size();
+    const DType mdt = model.master_dtype();
+    const size_t bytes = size_t(n) * dtype_size(mdt);
+    Buffer mb(be, bytes), gb(be, bytes);
+    be.copy(Tensor(mb.data(), mdt, {n}), model.master());
+    AdamW ref(be, model.table(), tc, mdt);
+    const double coef[2] = {0.8, 0.3};
+    for (int s = 0; s < 2; ++s) {
+      model.zero_grads();
+      const Batch bt = make_batch(B * T, m.vocab_size, 40 + uint64_t(s));
+      model.forward(bt.in.data(), bt.tg.data(), 1.0);
+      model.backward();
+      const std::vector<double> g0 = model.grads_to_host_f64();
+      be.copy(Tensor(gb.data(), mdt, {n}), model.grads());
+      be.scale_inplace(Tensor(gb.data(), mdt, {n}), coef[s]);
+      ref.step(Tensor(mb.data(), mdt, {n}), Tensor(gb.data(), mdt, {n}), 1e-2, s + 1);
+      opt.step(1e-2, s + 1, coef[s]);
+      CHECK(model.grads_to_host_f64() == g0);  // unscaled
+    }
+    std::vector<double> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+    {
+      Buffer w(be, size_t(n) * 8), g(be, size_t(n) * 8);
+      be.cast(Tensor(w.data(), DType::F64, {n}), Tensor(mb.data(), mdt, {n}));
+      be.cast(Tensor(g.data(), DType::F64, {n}), model.master());
+      be.to_host(want.data(), w.data(), size_t(n) * 8);
+      be.to_host(got.data(), g.data(), size_t(n) * 8);
+    }
+    // The same products, at most rounded differently where the compiler
+    // fuses g * scale into the moment's update (one rounding of the working
+    // precision in m and v, a few of it in p).
+    const double tol = mdt == DType::F64 ? 1e-14 : 1e-6;
+    double worst = 0;
+    for (size_t i = 0; i < want.size(); ++i)
+      worst = std::max(worst, std::fabs(got[i] - want[i]) / (std::fabs(want[i]) + 1e-3));
+    INFO("worst relative difference " << worst);
+    CHECK(worst <= tol);
+  }
 }
 
 namespace {
