@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 scripts/build.sh
 scripts/prepare_data.sh data/kjv
+source scripts/openblas_env.sh
 # One OpenMP/BLAS thread pool sized to the machine.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
 RUN_DIR=runs/tiny

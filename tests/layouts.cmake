@@ -104,10 +104,17 @@ set_tests_properties(emulated_catches_host_read_np1 emulated_catches_host_read_n
 # Activation recompute (train.recompute selective / full / full for one layer
 # per stage) gives the losses and weights of keeping everything, bit for bit,
 # single-process, tp+SP, pp (1f1b with dp, zb-h1's split backward) and MoE
-# with ep; --dry-run's activation memory falls. Also on the emulated device.
+# with ep; --dry-run's activation memory falls. Also on the emulated device,
+# there without "full for one layer per stage" (a mix of the full and the
+# kept layers' paths, which the other two modes take on that device; the cpu
+# run has all three).
 adgt_sweep_on_devices(NAME recompute_bitwise WORK ${CMAKE_BINARY_DIR}/recompute
-  TIMEOUT 600 LABELS parallel
+  TIMEOUT 600 LABELS parallel DEVICES cpu
   COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_recompute.py ${ADGT_SWEEP_ARGS})
+adgt_sweep_on_devices(NAME recompute_bitwise WORK ${CMAKE_BINARY_DIR}/recompute
+  TIMEOUT 600 LABELS parallel DEVICES emulated
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_recompute.py ${ADGT_SWEEP_ARGS}
+    --modes selective full)
 
 # A step waits for the device twice (its losses, the gradient norm), whatever
 # the micro-batches and tensors (the emulated device counts the waits).

@@ -10,6 +10,7 @@ device (which counts its buffers) the measured peak falls with it and stays
 within 15% above the --dry-run total.
 
 usage: compare_recompute.py --train BIN --mpirun WRAPPER --data DIR --work DIR [--device cpu|emulated]
+                            [--cases ...] [--modes selective full full1]
 """
 import argparse
 import os
@@ -87,6 +88,7 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--device", default="cpu", choices=["cpu", "emulated"])
     ap.add_argument("--cases", nargs="*", default=list(CASES))
+    ap.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     failed = []
@@ -97,7 +99,8 @@ def main():
             failed.append(f"{name} none: run failed")
             continue
         ref_l, ref_w = losses(ref[0]), ref[1]
-        for mode, extra in MODES.items():
+        for mode in args.modes:
+            extra = MODES[mode]
             r = train_run(args, config, f"{name}_{mode}", sets + extra, ranks)
             if r is None:
                 failed.append(f"{name} {mode}: run failed")

@@ -13,6 +13,7 @@ the order of summation differs).
 
 usage: compare_pipelines.py --train BIN --mpirun WRAPPER --data DIR --work DIR
                             [--pp 2 4] [--extras none tp2 dp2] [--schedules ...]
+                            [--m-per-pp 1 2 3]
 """
 import argparse
 import json
@@ -49,6 +50,8 @@ def main():
     ap.add_argument("--pp", type=int, nargs="*", default=[2, 4])
     ap.add_argument("--extras", nargs="*", default=["none", "tp2", "dp2"])
     ap.add_argument("--schedules", nargs="*", default=SCHEDULES)
+    ap.add_argument("--m-per-pp", type=int, nargs="*", default=[1, 2, 3],
+                    help="micro-batch counts as multiples of pp (default 1 2 3: m = pp, 2pp, 3pp)")
     ap.add_argument("--rendezvous", action="store_true",
                     help="ADGT_PP_RENDEZVOUS=1: the executor runs pp::for_rendezvous lists "
                          "(what it runs on NCCL) over MPI")
@@ -91,7 +94,7 @@ def main():
         for extra in args.extras:
             tp = 2 if extra == "tp2" else 1
             dp = 2 if extra == "dp2" else 1
-            for m in (pp, 2 * pp, 3 * pp):
+            for m in (k * pp for k in args.m_per_pp):
                 gb = m * dp
                 ref_l, ref_w, _, _ = reference(gb)
                 for sched in args.schedules:
