@@ -127,7 +127,9 @@ def main():
     # Checkpoints reshard across pipeline layouts: step_10 of one layout resumes in
     # another (same global batch 4) and ends like the uninterrupted single process;
     # the same layout resumes bit for bit.
-    if "none" in args.extras and 2 in args.pp and 4 in args.pp and "1f1b" in args.schedules:
+    # (They resume the sweep's own pp2_m4_1f1b_none run: m = 2pp must be in --m-per-pp.)
+    if ("none" in args.extras and 2 in args.pp and 4 in args.pp and "1f1b" in args.schedules
+            and 2 in args.m_per_pp):
         ref_l, ref_w, _, _ = reference(4)
         single = ["parallel.pp=1", "train.global_batch=4"]
         layouts = {
