@@ -20,5 +20,10 @@ add_test(NAME schedule_print_bad_microbatches
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh --status 2
           "parallel[.]microbatches=2 < parallel[.]pp=4: 1F1B needs at least pp micro-batches; use >= 4" --
           ${_sched} --print 1f1b --pp 4 --m 2)
-set_tests_properties(schedule_bubble_table schedule_print_zb_h1 schedule_print_bad_microbatches
+# ZB-V (the vee placement) at F = B = W: the timeline ends at 3m + (p-1)/2
+# (25.5 for m = 8; ZB-H1's is 27, 1F1B's 33).
+add_test(NAME schedule_print_zb_v
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh --success "^makespan 25[.]5, ideal 24 " --
+          ${_sched} --print zb-v --pp 4 --m 8)
+set_tests_properties(schedule_bubble_table schedule_print_zb_h1 schedule_print_zb_v schedule_print_bad_microbatches
   PROPERTIES LABELS schedule TIMEOUT 30)

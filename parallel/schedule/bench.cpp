@@ -49,10 +49,11 @@ std::vector<BenchRow> bubble_table(int pp, const std::vector<int>& ms, int v) {
   std::vector<BenchRow> rows;
   const StageCosts c1 = per_chunk(pp, 1);
   for (int m : ms) {
-    for (const char* name : {"gpipe", "1f1b", "interleaved", "zb-h1", "greedy"}) {
+    for (const char* name : {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "greedy"}) {
       const std::string n = name;
-      const int vv = n == "interleaved" ? v : 1;
-      const Schedule s = make_schedule(n, pp, m, vv, c1, pp);
+      if (n == "zb-v" && pp < 2) continue;
+      const int vv = n == "interleaved" ? v : n == "zb-v" ? 2 : 1;
+      const Schedule s = n == "zb-v" ? zb_v(pp, m, per_chunk(pp, 2)) : make_schedule(n, pp, m, vv, c1, pp);
       rows.push_back(row_of(s, vv == 1 ? c1 : per_chunk(pp, vv), theory_bubble_ratio(n, pp, m, vv)));
     }
   }

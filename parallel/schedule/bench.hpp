@@ -28,8 +28,10 @@ struct BenchRow {
 // m (T_F+T_B+T_W)); NaN for greedy.
 double theory_bubble_ratio(const std::string& schedule, int pp, int m, int v);
 
-// gpipe, 1f1b, interleaved (v chunks), zb-h1 and greedy (memory limit pp)
-// for each m, with F = B = W = 1 per stage (1/v per chunk), comm 0.
+// gpipe, 1f1b, interleaved (v chunks), zb-h1, zb-v (2 chunks, vee; pp >= 2;
+// no closed form: it simulates at (p-1)/(6m), half ZB-H1's) and greedy
+// (memory limit pp) for each m, with F = B = W = 1 per stage (1/v per
+// chunk), comm 0.
 std::vector<BenchRow> bubble_table(int pp, const std::vector<int>& ms, int v);
 
 // gpipe, 1f1b, zb-h1 and greedy (memory limit pp) for each m with the given

@@ -18,6 +18,7 @@ StageCosts StageCosts::uniform(int stages, double f, double b, double w, double 
 }
 
 double StageCosts::message(int from, int to, int pp) const {
+  if (from == to && from >= 0) return 0.0;  // vee's turn on rank pp-1: handed over in memory
   if (link.empty() || pp < 2 || from < 0 || to < 0) return comm;
   int k = std::min(from, to);
   if (std::abs(from - to) != 1) k = pp - 1;  // the wrap link (pp - 1 <-> 0)

@@ -33,7 +33,8 @@ struct StageCosts {
   static StageCosts uniform(int stages, double f, double b, double w, double comm = 0);
   int stages() const { return static_cast<int>(f.size()); }
   // A message's time from pipeline rank `from` to rank `to` (neighbours, or
-  // the wrap link) of a pipeline of pp ranks: link[k] when given, else comm.
+  // the wrap link) of a pipeline of pp ranks: link[k] when given, else comm;
+  // 0 from a rank to itself (the vee placement's turn, in memory).
   double message(int from, int to, int pp) const;
 };
 

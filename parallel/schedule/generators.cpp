@@ -87,7 +87,9 @@ Order zb_h1_order(int pp, int m) {
   return o;
 }
 
-Order interleaved_order(int pp, int m, int v) {
+// extra_warm[r] (when given): forwards rank r runs in its warm-up beyond
+// Megatron's count (more held, less waiting; clamped to m v).
+Order interleaved_order(int pp, int m, int v, const std::vector<int>* extra_warm = nullptr) {
   Order o(static_cast<size_t>(pp));
   const int total = m * v;
   const int group = pp * v;
@@ -101,7 +103,8 @@ Order interleaved_order(int pp, int m, int v) {
   };
   for (int r = 0; r < pp; ++r) {
     auto& out = o[static_cast<size_t>(r)];
-    const int warm = m == pp ? total : std::min(2 * (pp - r - 1) + (v - 1) * pp, total);
+    const int extra = extra_warm ? (*extra_warm)[static_cast<size_t>(r)] : 0;
+    const int warm = m == pp ? total : std::min(2 * (pp - r - 1) + (v - 1) * pp + extra, total);
     for (int k = 0; k < warm; ++k) out.push_back(fwd(k));
     for (int i = 0; i < total - warm; ++i) {
       out.push_back(fwd(warm + i));
@@ -119,25 +122,39 @@ struct Policy {
   bool w_fit_only;  // start a W only if it ends before the rank's next F or B can start
   bool f_deep;      // v > 1: of the ready forwards, the highest chunk's first (else the lowest's)
   const char* name;
+  bool w_frees = false;  // a micro-batch stays admitted until its last weight gradient on the
+                         // rank (else until its chunk-0 input backward): the limit then caps
+                         // what the rank holds, W's included (ZB-V's memory rule)
 };
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// One list-scheduling pass over S = pp * v stages (stage s on rank s % pp,
-// chunk s / pp). A micro-batch is admitted on a rank by its chunk-0 forward
+// One list-scheduling pass over S = pp * v stages (stage s on the rank and
+// chunk that `place` gives: looped s % pp and s / pp). A micro-batch is admitted on a rank by its chunk-0 forward
 // and leaves with its chunk-0 input backward; at most `limit` are admitted at
 // once, and the forwards of later chunks of admitted micro-batches always
 // may run, so every admitted micro-batch can finish (no deadlock by memory).
 // With v = 1 the admitted micro-batches are the activations in flight.
 // Returns nothing when every rank stalls (a guard; it cannot happen).
 std::optional<Order> list_schedule(int pp, int v, int m, const StageCosts& c, std::int64_t limit,
-                                   const Policy& pol) {
+                                   const Policy& pol, StagePlacement place = StagePlacement::looped) {
   const int S = pp * v;
   const auto U = [](int i) { return static_cast<size_t>(i); };
+  // rank_of[s], chunk_of[s]; stages_of[r]: rank r's stages by chunk (chunk 0
+  // first, which is also the lowest stage in both placements).
+  std::vector<int> rank_of(U(S)), chunk_of(U(S));
+  std::vector<std::vector<int>> stages_of(U(pp));
+  for (int r = 0; r < pp; ++r)
+    for (int ch = 0; ch < v; ++ch) {
+      const int s = stage_of(place, pp, r, ch);
+      rank_of[U(s)] = r, chunk_of[U(s)] = ch;
+      stages_of[U(r)].push_back(s);
+    }
   std::vector<std::vector<double>> endF(U(S), std::vector<double>(U(m), kInf));
   std::vector<std::vector<double>> endB(U(S), std::vector<double>(U(m), kInf));
   std::vector<int> nf(U(S), 0), nb(U(S), 0), nw(U(S), 0);
   std::vector<std::int64_t> admitted(U(pp), 0);
+  std::vector<std::vector<int>> w_done(U(pp), std::vector<int>(U(m), 0));  // per rank and micro-batch
   std::vector<double> free_at(U(pp), 0.0);
   Order order(U(pp));
 
@@ -146,14 +163,14 @@ std::optional<Order> list_schedule(int pp, int v, int m, const StageCosts& c, st
     if (k >= m || (s < pp && admitted[U(s)] >= limit)) return kInf;
     if (s == 0) return 0.0;
     const double e = endF[U(s - 1)][U(k)];
-    return e < kInf ? e + c.message((s - 1) % pp, s % pp, pp) : kInf;
+    return e < kInf ? e + c.message(rank_of[U(s - 1)], rank_of[U(s)], pp) : kInf;
   };
   auto ready_b = [&](int s) {
     const int k = nb[U(s)];
     if (k >= nf[U(s)]) return kInf;
     if (s == S - 1) return endF[U(s)][U(k)];
     const double e = endB[U(s + 1)][U(k)];
-    return e < kInf ? e + c.message((s + 1) % pp, s % pp, pp) : kInf;
+    return e < kInf ? e + c.message(rank_of[U(s + 1)], rank_of[U(s)], pp) : kInf;
   };
   auto ready_w = [&](int s) {
     const int k = nw[U(s)];
@@ -161,11 +178,11 @@ std::optional<Order> list_schedule(int pp, int v, int m, const StageCosts& c, st
   };
   auto remaining = [&](int r) {
     int n = 0;
-    for (int s = r; s < S; s += pp) n += 3 * m - nf[U(s)] - nb[U(s)] - nw[U(s)];
+    for (int s : stages_of[U(r)]) n += 3 * m - nf[U(s)] - nb[U(s)] - nw[U(s)];
     return n;
   };
   auto run = [&](int s, Op op, double t) {
-    const int r = s % pp;
+    const int r = rank_of[U(s)];
     double dur = 0;
     int k = 0;
     if (op == Op::Forward) {
@@ -177,25 +194,26 @@ std::optional<Order> list_schedule(int pp, int v, int m, const StageCosts& c, st
       k = nb[U(s)]++;
       dur = c.b[U(s)];
       endB[U(s)][U(k)] = t + dur;
-      if (s < pp) --admitted[U(r)];
+      if (s < pp && !pol.w_frees) --admitted[U(r)];
     } else {
       k = nw[U(s)]++;
       dur = c.w[U(s)];
+      if (pol.w_frees && ++w_done[U(r)][U(k)] == v) --admitted[U(r)];
     }
-    order[U(r)].push_back({op, k, s / pp});
+    order[U(r)].push_back({op, k, chunk_of[U(s)]});
     free_at[U(r)] = t + dur;
   };
   // Of rank r's stages, the one whose `ready` is at most T, chosen by `better`
   // (-1: none).
   auto pick = [&](int r, double T, auto&& ready, auto&& better) {
     int best = -1;
-    for (int s = r; s < S; s += pp)
+    for (int s : stages_of[U(r)])
       if (ready(s) <= T && (best < 0 || better(s, best))) best = s;
     return best;
   };
   auto earliest = [&](int r, auto&& ready) {
     double t = kInf;
-    for (int s = r; s < S; s += pp) t = std::min(t, ready(s));
+    for (int s : stages_of[U(r)]) t = std::min(t, ready(s));
     return t;
   };
 
@@ -217,7 +235,7 @@ std::optional<Order> list_schedule(int pp, int v, int m, const StageCosts& c, st
       const int sw = pick(r, T, ready_w, [&](int a, int b) { return ready_w(a) < ready_w(b); });
       const double next_fb = std::min(earliest(r, ready_f), earliest(r, ready_b));
       int done_b = 0;
-      for (int s = r; s < S; s += pp) done_b += nb[U(s)];
+      for (int s : stages_of[U(r)]) done_b += nb[U(s)];
       const bool can_w = sw >= 0 && (!pol.w_fit_only || done_b == m * v ||
                                      (next_fb < kInf && T + c.w[U(sw)] <= next_fb));
       if (pol.b_first && sb >= 0) run(sb, Op::BackwardInput, T);
@@ -234,7 +252,7 @@ std::optional<Order> list_schedule(int pp, int v, int m, const StageCosts& c, st
     for (int r = 0; r < pp; ++r) {
       if (remaining(r) == 0) continue;
       if (free_at[U(r)] > T) next = std::min(next, free_at[U(r)]);
-      for (int s = r; s < S; s += pp)
+      for (int s : stages_of[U(r)])
         for (double x : {ready_f(s), ready_b(s), ready_w(s)})
           if (x > T) next = std::min(next, x);
     }
@@ -262,8 +280,9 @@ std::optional<Order> list_schedule(int pp, int v, int m, const StageCosts& c, st
 // backward and a weight backward deferred as in ZB-H1: after the k-th input
 // backward of rank r (k = 0, 1, ...), the oldest pending W runs when
 // k >= defer * r; the rest fill the cool-down.
-Order interleaved_split_order(int pp, int m, int v, int defer) {
-  Order o = interleaved_order(pp, m, v);
+Order interleaved_split_order(int pp, int m, int v, const std::vector<int>& defer,
+                              const std::vector<int>* extra_warm = nullptr) {
+  Order o = interleaved_order(pp, m, v, extra_warm);
   for (int r = 0; r < pp; ++r) {
     std::vector<ComputeStep> out;
     std::vector<ComputeStep> pending;
@@ -276,7 +295,7 @@ Order interleaved_split_order(int pp, int m, int v, int defer) {
       }
       out.push_back({Op::BackwardInput, st.microbatch, st.chunk});
       pending.push_back({Op::BackwardWeight, st.microbatch, st.chunk});
-      if (k++ >= defer * r) out.push_back(pending[next_w++]);
+      if (k++ >= defer[static_cast<size_t>(r)]) out.push_back(pending[next_w++]);
     }
     while (next_w < pending.size()) out.push_back(pending[next_w++]);
     o[static_cast<size_t>(r)] = std::move(out);
@@ -293,11 +312,11 @@ std::int64_t peak_of(const Schedule& s) {
 }  // namespace
 
 const std::vector<std::string>& schedule_names() {
-  static const std::vector<std::string> names{"gpipe", "1f1b", "interleaved", "zb-h1", "greedy"};
+  static const std::vector<std::string> names{"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "greedy"};
   return names;
 }
 
-void check_schedule_args(const std::string& schedule, int pp, int v, int m) {
+void check_schedule_args(const std::string& schedule, int pp, int v, int m, StagePlacement placement) {
   const auto& names = schedule_names();
   if (std::find(names.begin(), names.end(), schedule) == names.end()) {
     std::string list;
@@ -307,6 +326,23 @@ void check_schedule_args(const std::string& schedule, int pp, int v, int m) {
   if (pp < 1) throw ScheduleError("parallel.pp=" + num(pp) + ": must be >= 1");
   if (m < 1) throw ScheduleError("parallel.microbatches=" + num(m) + ": must be >= 1");
   if (v < 1) throw ScheduleError("parallel.virtual_stages=" + num(v) + ": must be >= 1");
+  const bool vee = placement == StagePlacement::vee;
+  if (schedule == "zb-v" && !vee)
+    throw ScheduleError("parallel.schedule=\"zb-v\" runs on the V-shaped placement; set parallel.placement=vee "
+                        "(and parallel.virtual_stages=2)");
+  if (vee) {
+    if (v != 2)
+      throw ScheduleError("parallel.virtual_stages=" + num(v) +
+                          ": parallel.placement=vee places two chunks per rank (stages r and 2pp-1-r); use "
+                          "virtual_stages=2, or placement=looped");
+    if (pp < 2)
+      throw ScheduleError("parallel.pp=" + num(pp) + ": parallel.placement=vee needs at least 2 pipeline ranks; "
+                          "use pp >= 2, or placement=looped");
+    if (schedule != "zb-v" && schedule != "greedy")
+      throw ScheduleError("parallel.schedule=\"" + schedule +
+                          "\" does not run on parallel.placement=vee; use zb-v or greedy, or placement=looped");
+    return;  // zb-v and greedy take any m >= 1
+  }
   if (schedule == "interleaved") {
     if (v < 2)
       throw ScheduleError("parallel.virtual_stages=" + num(v) +
@@ -338,8 +374,9 @@ void check_schedule_args(const std::string& schedule, int pp, int v, int m) {
   }
 }
 
-void check_pipeline_config(int n_layers, int pp, int v, int m, const std::string& schedule) {
-  check_schedule_args(schedule, pp, v, m);
+void check_pipeline_config(int n_layers, int pp, int v, int m, const std::string& schedule,
+                           StagePlacement placement) {
+  check_schedule_args(schedule, pp, v, m, placement);
   if (n_layers < 1) throw ScheduleError("model.n_layers=" + num(n_layers) + ": must be >= 1");
   if (n_layers % pp != 0)
     throw ScheduleError("model.n_layers=" + num(n_layers) + " is not divisible by parallel.pp=" + num(pp) +
@@ -380,10 +417,10 @@ Schedule zb_h1(int pp, int m) {
 }
 
 Schedule greedy(int pp, int m, const StageCosts& costs, std::int64_t mem_limit_microbatches,
-                std::int64_t held_limit) {
+                std::int64_t held_limit, StagePlacement placement) {
   if (pp < 1) throw ScheduleError("parallel.pp=" + num(pp) + ": must be >= 1");
   const int v = costs.stages() > pp && costs.stages() % pp == 0 ? costs.stages() / pp : 1;
-  check_schedule_args("greedy", pp, v, m);
+  check_schedule_args("greedy", pp, v, m, placement);
   check_costs(costs, pp * v, "greedy");
   if (mem_limit_microbatches < 1)
     throw ScheduleError("greedy: mem_limit_microbatches=" + num(mem_limit_microbatches) +
@@ -415,9 +452,17 @@ Schedule greedy(int pp, int m, const StageCosts& costs, std::int64_t mem_limit_m
     policies.push_back({true, true, true, "list scheduling, B first, deepest F, W only where it fits"});
     policies.push_back({false, true, true, "list scheduling, F first, deepest F, W only where it fits"});
   }
+  // On the vee placement, the same with the limit counted to each
+  // micro-batch's last W on the rank (ZB-V's rule: W's cannot pile up).
+  for (size_t i = 0, n = placement == StagePlacement::vee ? policies.size() : 0; i < n; ++i) {
+    Policy p = policies[i];
+    p.w_frees = true;
+    policies.push_back(p);
+  }
   for (const Policy& pol : policies) {
-    if (auto o = list_schedule(pp, v, m, costs, limit, pol))
-      consider(from_compute_order("greedy", pp, m, v, *o), pol.name);
+    if (auto o = list_schedule(pp, v, m, costs, limit, pol, placement))
+      consider(from_compute_order("greedy", pp, m, v, *o, placement),
+               std::string(pol.name) + (pol.w_frees ? ", admitted to the last W" : ""));
   }
   // The hand-written orders, where they fit the memory limit: greedy is never
   // worse than them on the given costs. With several chunks, the interleaved
@@ -429,11 +474,53 @@ Schedule greedy(int pp, int m, const StageCosts& costs, std::int64_t mem_limit_m
       Schedule s = from_compute_order("greedy", pp, m, 1, order);
       if (peak_of(s) <= limit) consider(std::move(s), name);
     }
-  } else if (m >= pp && m % pp == 0) {
+  } else if (placement == StagePlacement::looped && m >= pp && m % pp == 0) {
     consider(from_compute_order("greedy", pp, m, v, interleaved_order(pp, m, v)), "interleaved order");
-    for (int d = 0; d <= 2 * v; ++d)
-      consider(from_compute_order("greedy", pp, m, v, interleaved_split_order(pp, m, v, d)),
-               "interleaved order, split, W deferred " + num(d) + " x rank");
+    std::vector<int> best_defer;
+    double best_sim = kInf;
+    for (int d = 0; d <= 2 * v; ++d) {
+      std::vector<int> dv(static_cast<size_t>(pp));
+      for (int r = 0; r < pp; ++r) dv[static_cast<size_t>(r)] = d * r;
+      Schedule s = from_compute_order("greedy", pp, m, v, interleaved_split_order(pp, m, v, dv));
+      if (max_held_activations(s) <= held_limit) {
+        const double t = simulate(s, costs).makespan;
+        if (t < best_sim) best_sim = t, best_defer = dv;
+      }
+      consider(std::move(s), "interleaved order, split, W deferred " + num(d) + " x rank");
+    }
+    // From the best of those, per-rank deferrals and extra warm-up forwards
+    // (coordinate descent on the medians' simulated makespan; a few
+    // hundred simulations).
+    if (!best_defer.empty()) {
+      std::vector<int> dv = best_defer, ew(static_cast<size_t>(pp), 0);
+      bool improved = true;
+      for (int sweep = 0; sweep < 3 && improved; ++sweep) {
+        improved = false;
+        for (int r = 0; r < pp; ++r)
+          for (int e = 0; e <= 2; ++e)
+            for (int d = 0; d <= 2 * v * pp; ++d) {
+              std::vector<int> dt = dv, et = ew;
+              dt[static_cast<size_t>(r)] = d, et[static_cast<size_t>(r)] = e;
+              if (dt == dv && et == ew) continue;
+              Schedule s = from_compute_order("greedy", pp, m, v, interleaved_split_order(pp, m, v, dt, &et));
+              if (max_held_activations(s) > held_limit) continue;
+              try {
+                validate(s);
+              } catch (const ScheduleError&) {
+                continue;
+              }
+              const double t = simulate(s, costs).makespan;
+              if (t < best_sim * (1 - 1e-9)) best_sim = t, dv = dt, ew = et, improved = true;
+            }
+      }
+      if (dv != best_defer) {
+        std::string d, e;
+        for (int r = 0; r < pp; ++r)
+          d += (r ? "," : "") + num(dv[static_cast<size_t>(r)]), e += (r ? "," : "") + num(ew[static_cast<size_t>(r)]);
+        consider(from_compute_order("greedy", pp, m, v, interleaved_split_order(pp, m, v, dv, &ew)),
+                 "interleaved order, split, W deferred per rank " + d + ", extra warm-up " + e);
+      }
+    }
   }
   if (!best)
     throw ScheduleError("greedy: no schedule fits mem_limit_microbatches=" + num(limit) +
@@ -444,9 +531,20 @@ Schedule greedy(int pp, int m, const StageCosts& costs, std::int64_t mem_limit_m
   return *best;
 }
 
+Schedule zb_v(int pp, int m, const StageCosts& costs) {
+  check_schedule_args("zb-v", pp, 2, m, StagePlacement::vee);
+  const StageCosts c = costs.f.empty() ? StageCosts::uniform(2 * pp, 1, 1, 1) : costs;
+  check_costs(c, 2 * pp, "zb-v");
+  // 1F1B's activations: pp stages' worth, 2pp chunks of half a stage.
+  Schedule s = greedy(pp, m, c, pp, 2 * std::int64_t(pp), StagePlacement::vee);
+  s.name = "zb-v";
+  return s;
+}
+
 Schedule make_schedule(const std::string& name, int pp, int m, int v, const StageCosts& costs,
-                       std::int64_t mem_limit, std::int64_t held_limit) {
-  check_schedule_args(name, pp, v, m);
+                       std::int64_t mem_limit, std::int64_t held_limit, StagePlacement placement) {
+  check_schedule_args(name, pp, v, m, placement);
+  if (name == "zb-v") return zb_v(pp, m, costs);
   if (name == "gpipe") return gpipe(pp, m);
   if (name == "1f1b") return one_f_one_b(pp, m);
   if (name == "interleaved") return interleaved_1f1b(pp, m, v);
@@ -455,7 +553,7 @@ Schedule make_schedule(const std::string& name, int pp, int m, int v, const Stag
     throw ScheduleError("greedy: memory limit " + num(mem_limit) + ": use >= 1 micro-batches, or 0 for pp");
   const StageCosts c = costs.f.empty() ? StageCosts::uniform(pp * v, 1, 1, 1) : costs;
   check_costs(c, pp * v, "greedy");
-  return greedy(pp, m, c, mem_limit == 0 ? pp : mem_limit, held_limit);
+  return greedy(pp, m, c, mem_limit == 0 ? pp : mem_limit, held_limit, placement);
 }
 
 }  // namespace adgt::pp

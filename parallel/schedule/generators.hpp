@@ -65,18 +65,33 @@ Schedule zb_h1(int pp, int m);
 // rank holds from forward to its last backward, weight gradients included,
 // summed over its chunks (max_held_activations, what the memory estimate
 // counts): candidates above it are skipped.
+// With placement vee (v = 2) the stages sit as ZB-V places them
+// (core/model/stage_map.hpp) and only the list-scheduling variants run.
 Schedule greedy(int pp, int m, const StageCosts& costs, std::int64_t mem_limit_microbatches,
-                std::int64_t held_limit = std::numeric_limits<std::int64_t>::max());
+                std::int64_t held_limit = std::numeric_limits<std::int64_t>::max(),
+                StagePlacement placement = StagePlacement::looped);
+
+// ZB-V (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"):
+// two chunks per rank in the V-shaped placement (rank r holds stages r and
+// 2pp-1-r, so rank 0 holds the first and the last, and rank pp-1 turns a
+// micro-batch around in memory), split backwards, and at most pp
+// micro-batches admitted per rank: 1F1B's activation memory (each chunk
+// holds half a stage of one chunk's layers). The order is greedy's list
+// scheduling over `costs` (empty: F = B = W = 1), which on equal times
+// fills the warm-up and cool-down with the other chunk's work and the W's.
+// Any m >= 1; pp >= 2.
+Schedule zb_v(int pp, int m, const StageCosts& costs = {});
 
 // The schedules make_schedule() knows, in the order of its error message.
-const std::vector<std::string>& schedule_names();  // gpipe 1f1b interleaved zb-h1 greedy
+const std::vector<std::string>& schedule_names();  // gpipe 1f1b interleaved zb-h1 zb-v greedy
 
 // Dispatch by name. `costs` is only used by greedy (empty: F = B = W = 1 per
 // stage, comm 0); `mem_limit` and `held_limit` only by greedy (mem_limit 0:
 // pp, 1F1B's peak). Checks the arguments first (check_schedule_args).
 Schedule make_schedule(const std::string& name, int pp, int m, int v,
                        const StageCosts& costs = {}, std::int64_t mem_limit = 0,
-                       std::int64_t held_limit = std::numeric_limits<std::int64_t>::max());
+                       std::int64_t held_limit = std::numeric_limits<std::int64_t>::max(),
+                       StagePlacement placement = StagePlacement::looped);
 
 // The settings rules of every schedule, as named errors (ScheduleError):
 //   parallel.schedule not one of schedule_names();
@@ -85,10 +100,14 @@ Schedule make_schedule(const std::string& name, int pp, int m, int v,
 //   or pp < 2; greedy with v > 1 and pp < 2;
 //   m < pp for 1f1b, zb-h1 and interleaved;
 //   interleaved with m not a multiple of pp (as Megatron requires).
-void check_schedule_args(const std::string& schedule, int pp, int v, int m);
+//   parallel.placement=vee without virtual_stages=2, pp >= 2 and schedule
+//   zb-v or greedy; zb-v without placement vee.
+void check_schedule_args(const std::string& schedule, int pp, int v, int m,
+                         StagePlacement placement = StagePlacement::looped);
 
 // check_schedule_args, plus model.n_layers divisible by pp * v (every stage
 // the same number of layers).
-void check_pipeline_config(int n_layers, int pp, int v, int m, const std::string& schedule);
+void check_pipeline_config(int n_layers, int pp, int v, int m, const std::string& schedule,
+                           StagePlacement placement = StagePlacement::looped);
 
 }  // namespace adgt::pp

@@ -40,8 +40,9 @@ std::string to_string(const Instr& in) {
 }
 
 Schedule from_compute_order(std::string name, int pp, int microbatches, int virtual_stages,
-                            const std::vector<std::vector<ComputeStep>>& order) {
+                            const std::vector<std::vector<ComputeStep>>& order, StagePlacement placement) {
   Schedule s;
+  s.placement = placement;
   s.pp = pp;
   s.microbatches = microbatches;
   s.virtual_stages = virtual_stages;

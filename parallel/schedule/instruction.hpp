@@ -12,7 +12,12 @@
 //     s = c * pp + r                       (rank = s % pp, chunk = s / pp)
 //
 // so with v = 1 rank r holds stage r, and with v = 2, pp = 4 rank 1 holds
-// stages 1 and 5. Stage 0 holds the embedding, stage S-1 the final norm, the
+// stages 1 and 5. That is the looped placement; the vee placement (ZB-V,
+// v = 2) puts chunk 1 of rank r on stage 2pp-1-r instead
+// (core/model/stage_map.hpp): Schedule::stage() and rank_of_stage() know
+// which. Under vee rank pp-1 holds stages pp-1 and pp: the Send/Recv pair
+// between them names the rank itself as its peer, and the executor hands
+// the tensor over in memory. Stage 0 holds the embedding, stage S-1 the final norm, the
 // head and the loss. A micro-batch's forward runs stages 0, 1, ..., S-1; its
 // backward S-1, ..., 0.
 //
@@ -33,7 +38,11 @@
 #include <string>
 #include <vector>
 
+#include "core/model/stage_map.hpp"
+
 namespace adgt::pp {
+
+using adgt::StagePlacement;
 
 // A malformed schedule, a bad generator argument or a bad pipeline setting.
 // The message names the setting (or the rank and instruction) and a fix.
@@ -71,14 +80,15 @@ struct Schedule {
   int pp = 1;              // pipeline ranks
   int microbatches = 1;    // m, per optimizer step
   int virtual_stages = 1;  // v, chunks per rank
+  StagePlacement placement = StagePlacement::looped;  // vee: v = 2, ZB-V's stage order
   std::vector<std::vector<Instr>> ranks;  // ranks[r]: rank r's instructions, in order
   std::string name;        // the generator: "1f1b", "zb-h1", ...
   std::string detail;      // free text from the generator (greedy: the variant it kept)
 
   int num_stages() const { return pp * virtual_stages; }
-  int stage(int rank, int chunk) const { return chunk * pp + rank; }
-  int rank_of_stage(int s) const { return s % pp; }
-  int chunk_of_stage(int s) const { return s / pp; }
+  int stage(int rank, int chunk) const { return stage_of(placement, pp, rank, chunk); }
+  int rank_of_stage(int s) const { return adgt::rank_of_stage(placement, pp, s); }
+  int chunk_of_stage(int s) const { return adgt::chunk_of_stage(placement, pp, s); }
 };
 
 bool is_compute(Op op);  // Forward, BackwardInput, BackwardWeight, Backward
@@ -108,7 +118,8 @@ struct ComputeStep {
 // validator's semantics (buffered sends, blocking receives); an executor may
 // post receives earlier.
 Schedule from_compute_order(std::string name, int pp, int microbatches, int virtual_stages,
-                            const std::vector<std::vector<ComputeStep>>& order);
+                            const std::vector<std::vector<ComputeStep>>& order,
+                            StagePlacement placement = StagePlacement::looped);
 
 // The schedule with a ReduceGrads(chunk c) on every rank right after the last
 // weight-gradient instruction (Backward or BackwardWeight) of chunk c: the

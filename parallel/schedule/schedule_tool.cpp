@@ -61,7 +61,12 @@ int main(int argc, char** argv) {
   double comm = 0;
   long long mem = 0;
   long long held = 0;
-  app.add_option("--print", print_name, "draw the timeline of one schedule: gpipe, 1f1b, interleaved, zb-h1, greedy");
+  std::string placement_s;
+  app.add_option("--print", print_name,
+                 "draw the timeline of one schedule: gpipe, 1f1b, interleaved, zb-h1, zb-v, greedy");
+  app.add_option("--placement", placement_s,
+                 "where stages sit: looped (stage c*pp + r on rank r) or vee (stages r and 2pp-1-r; "
+                 "greedy with --v 2); default vee for zb-v, else looped");
   app.add_option("--pp", pp, "pipeline ranks (default 4)");
   app.add_option("--m", ms, "micro-batches; a list for the table (default 4,8,16,32), one value for --print (default 8)")
       ->delimiter(',');
@@ -81,8 +86,11 @@ int main(int argc, char** argv) {
     if (!print_name.empty()) {
       if (ms.size() > 1) throw ScheduleError("--print takes one --m value, got " + std::to_string(ms.size()));
       const int m = ms.empty() ? 8 : ms[0];
-      const int vv = v > 0 ? v : (print_name == "interleaved" ? 2 : 1);
-      check_schedule_args(print_name, pp, vv, m);
+      const int vv = v > 0 ? v : (print_name == "interleaved" || print_name == "zb-v" ? 2 : 1);
+      const std::string pname = placement_s.empty() ? (print_name == "zb-v" ? "vee" : "looped") : placement_s;
+      const auto place = adgt::parse_stage_placement(pname);
+      if (!place) throw ScheduleError("--placement " + pname + ": use looped or vee");
+      check_schedule_args(print_name, pp, vv, m, *place);
       const int stages = pp * vv;
       // Given times are per stage of the whole model split pp ways; a chunk does 1/v of it.
       StageCosts c;
@@ -91,7 +99,7 @@ int main(int argc, char** argv) {
       c.w = per_stage(w, stages, 1.0 / vv, "w");
       c.comm = comm;
       const Schedule s = make_schedule(print_name, pp, m, vv, c, mem,
-                                       held > 0 ? held : std::numeric_limits<std::int64_t>::max());
+                                       held > 0 ? held : std::numeric_limits<std::int64_t>::max(), *place);
       validate(s);
       const SimResult r = simulate(s, c);
       std::fputs(timeline(s, r).c_str(), stdout);
