@@ -73,6 +73,10 @@ void PipelineExecutor::set_schedule(pp::Schedule s) {
   ADGT_CHECK(s.pp == comm_.size(), "pipeline executor: schedule '" << s.name << "' has pp=" << s.pp
                                                                    << " but the pipeline group has "
                                                                    << comm_.size() << " ranks");
+  ADGT_CHECK(s.placement == StagePlacement::looped,
+             "pipeline executor: schedule '" << s.name << "' uses the vee placement (ZB-V), which the "
+                                             "executor does not run yet; use a looped schedule "
+                                             "(docs/pipeline-schedules.md, \"Placements\")");
   ADGT_CHECK(s.virtual_stages == model_.num_chunks(),
              "pipeline executor: schedule '" << s.name << "' has " << s.virtual_stages
                                              << " chunks per rank but this rank holds "

@@ -513,7 +513,7 @@ Schedule greedy(int pp, int m, const StageCosts& costs, std::int64_t mem_limit_m
               if (t < best_sim * (1 - 1e-9)) best_sim = t, dv = dt, ew = et, improved = true;
             }
       }
-      if (dv != best_defer) {
+      if (dv != best_defer || std::any_of(ew.begin(), ew.end(), [](int e) { return e != 0; })) {
         std::string d, e;
         for (int r = 0; r < pp; ++r)
           d += (r ? "," : "") + num(dv[static_cast<size_t>(r)]), e += (r ? "," : "") + num(ew[static_cast<size_t>(r)]);

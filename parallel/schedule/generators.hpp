@@ -85,9 +85,10 @@ Schedule zb_v(int pp, int m, const StageCosts& costs = {});
 // The schedules make_schedule() knows, in the order of its error message.
 const std::vector<std::string>& schedule_names();  // gpipe 1f1b interleaved zb-h1 zb-v greedy
 
-// Dispatch by name. `costs` is only used by greedy (empty: F = B = W = 1 per
-// stage, comm 0); `mem_limit` and `held_limit` only by greedy (mem_limit 0:
-// pp, 1F1B's peak). Checks the arguments first (check_schedule_args).
+// Dispatch by name. `costs` is only used by greedy and zb-v (empty: F = B =
+// W = 1 per stage, comm 0); `mem_limit` and `held_limit` only by greedy
+// (mem_limit 0: pp, 1F1B's peak); `placement` must be vee for zb-v and may
+// be for greedy (v = 2). Checks the arguments first (check_schedule_args).
 Schedule make_schedule(const std::string& name, int pp, int m, int v,
                        const StageCosts& costs = {}, std::int64_t mem_limit = 0,
                        std::int64_t held_limit = std::numeric_limits<std::int64_t>::max(),

@@ -143,12 +143,17 @@ TEST_CASE("schedule simulate: bubbles equal the closed forms with equal stage ti
 
 TEST_CASE("schedule simulate: the bubble table checks itself", "[schedule]") {
   const auto rows = bubble_table(4, {4, 8, 16, 32}, 2);
-  CHECK(rows.size() == 20);
+  CHECK(rows.size() == 24);  // six schedules x four m
   CHECK(mismatches(rows).empty());
   for (const BenchRow& r : rows) {
     if (r.schedule == "1f1b" || r.schedule == "gpipe") CHECK(r.vs_1f1b == near(1));
-    if (r.schedule == "zb-h1" || r.schedule == "greedy" || r.schedule == "interleaved") CHECK(r.vs_1f1b < 1);
+    if (r.schedule == "zb-h1" || r.schedule == "greedy" || r.schedule == "interleaved" || r.schedule == "zb-v")
+      CHECK(r.vs_1f1b < 1);
   }
+  // ZB-V below ZB-H1 at every m (same activations: 8 chunks = 4 stages).
+  for (const BenchRow& z : rows)
+    for (const BenchRow& h : rows)
+      if (z.schedule == "zb-v" && h.schedule == "zb-h1" && z.m == h.m) CHECK(z.vs_1f1b < h.vs_1f1b);
   const std::string t = format_table(rows, true);
   CHECK_THAT(t, Contains("theory") && Contains("ok") && !Contains("DIFF"));
 }
