@@ -130,9 +130,10 @@ struct Policy {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // One list-scheduling pass over S = pp * v stages (stage s on the rank and
-// chunk that `place` gives: looped s % pp and s / pp). A micro-batch is admitted on a rank by its chunk-0 forward
-// and leaves with its chunk-0 input backward; at most `limit` are admitted at
-// once, and the forwards of later chunks of admitted micro-batches always
+// chunk that `place` gives: looped s % pp and s / pp). A micro-batch is
+// admitted on a rank by its chunk-0 forward and leaves with its chunk-0
+// input backward (with Policy::w_frees: its last W); at most `limit` are
+// admitted at once, and the forwards of later chunks of admitted micro-batches always
 // may run, so every admitted micro-batch can finish (no deadlock by memory).
 // With v = 1 the admitted micro-batches are the activations in flight.
 // Returns nothing when every rank stalls (a guard; it cannot happen).
