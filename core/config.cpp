@@ -266,6 +266,14 @@ const std::vector<Key>& schema() {
           "the relative change of a measured stage time, link time or rank speed that counts "
           "when it holds for 5 steps (parallel.adapt's detectors, parallel.auto's re-plan); "
           "0.25 keeps a clean run on a shared CPU host quiet (docs/adaptation.md)"),
+      key("parallel", &R::parallel, "link_times", &ParallelConfig::link_times, A::Choices,
+          "where parallel.adapt's pipeline link times come from: auto = the emulation's "
+          "stamps under emulate.cluster, else a ping-pong probe of each link between steps; "
+          "messages = the step's own pipeline messages (send and arrival times, both "
+          "directions of a link, so the ranks' clocks need not agree; sees a link slowed by "
+          "the step's own traffic; needs receives that block the host, else the probe; "
+          "noisy where ranks share cores); probe = the probe (docs/adaptation.md)",
+          {"auto", "messages", "probe"}),
       key("parallel", &R::parallel, "adapt_jitter_samples", &ParallelConfig::adapt_jitter_samples,
           A::NonNegative,
           "parallel.adapt's schedule re-plan: each candidate schedule's step time is the mean of "

@@ -131,6 +131,12 @@ struct ParallelConfig {
   // as sustained (held 5 steps): parallel.adapt's detectors and parallel.auto's
   // re-plan (docs/adaptation.md, "Sustained-change detection").
   double adapt_threshold = 0.25;
+  // Where parallel.adapt's link times come from (docs/adaptation.md, "Link
+  // times from the step's own messages"): auto = the emulation's stamps under
+  // emulate.cluster, else a ping-pong probe between steps; messages = the
+  // step's own pipeline messages (send and arrival times) where receives
+  // block the host (else the probe); probe = the probe, emulated or not.
+  std::string link_times = "auto";
   // parallel.adapt's schedule re-plan: each candidate's makespan is the mean
   // over this many simulations with single instructions' measured spread
   // drawn in (pp::expected_makespan); 0 = one simulation with the medians.

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <cstring>
 #include <map>
 
@@ -127,7 +129,17 @@ std::vector<double> measured_link_times(Engine& e, Comm& world) {
   const int pp = g.pp ? g.pp->size() : 1;
   std::vector<double> t(size_t(std::max(pp, 1)), 0.0);
   if (pp <= 1) return t;
-  if (!g.emulation) {  // real transports: one activation message per link, probed
+  const std::string& mode = e.config().parallel.link_times;
+  PipelineExecutor* pipe = e.pipeline();
+  const bool host_messages = pipe && pipe->last_wait_seconds() >= 0;  // receives block the host
+  if (mode == "messages" && host_messages) {
+    std::vector<double> m =
+        link_times_from_messages(*g.pp, pipe->message_times(), e.layout().virtual_stages > 1);
+    for (size_t k = 0; k < m.size() && k < t.size(); ++k) t[k] = m[k];
+    world.all_reduce(Tensor(t.data(), DType::F64, {int64_t(t.size())}), ReduceOp::Max);
+    return t;
+  }
+  if (!g.emulation || mode == "probe" || mode == "messages") {  // a probe per link
     const RunConfig& cfg = e.config();
     const DType dt = e.model().dtype();  // the activations' (the pipeline's messages)
     const int64_t n = cfg.train.micro_batch * cfg.model.seq_len * cfg.model.d_model;
@@ -148,6 +160,56 @@ std::vector<double> measured_link_times(Engine& e, Comm& world) {
     t[size_t(k)] = std::max(t[size_t(k)], lt.seconds / double(lt.messages));
   }
   world.all_reduce(Tensor(t.data(), DType::F64, {int64_t(t.size())}), ReduceOp::Max);
+  return t;
+}
+
+std::vector<double> link_times_from_messages(Comm& pp, const std::vector<MessageTime>& msgs, bool wrap) {
+  const int P = pp.size(), me = pp.rank();
+  const int links = P > 1 ? (wrap && P > 2 ? P : P - 1) : 0;
+  if (links == 0) return {};
+  // My send times per peer ([tag, t, tag, t, ...]) and my receive count per peer.
+  std::map<int, std::vector<double>> out;
+  std::map<int, int64_t> n_in;
+  for (const MessageTime& m : msgs) {
+    if (m.peer < 0 || m.peer == me) continue;
+    if (m.sent) {
+      out[m.peer].push_back(double(m.tag));
+      out[m.peer].push_back(m.t);
+    } else {
+      ++n_in[m.peer];
+    }
+  }
+  constexpr int kTag = 0x7e58;
+  for (auto& [peer, v] : out) pp.isend(Tensor(v.data(), DType::F64, {int64_t(v.size())}), peer, kTag);
+  // Per link: the least arrival − departure in its forward (k -> k+1) and
+  // backward direction; -1 where this rank did not receive on it.
+  std::vector<double> fwd(size_t(links), -1.0), bwd(size_t(links), -1.0);
+  for (const auto& [peer, n] : n_in) {
+    std::vector<double> theirs(size_t(2 * n), 0.0);
+    pp.recv(Tensor(theirs.data(), DType::F64, {int64_t(theirs.size())}), peer, kTag);
+    std::map<int, double> departure;
+    for (size_t i = 0; i + 1 < theirs.size(); i += 2) departure[int(theirs[i])] = theirs[i + 1];
+    double least = std::numeric_limits<double>::infinity();
+    for (const MessageTime& m : msgs)
+      if (!m.sent && m.peer == peer)
+        if (auto it = departure.find(m.tag); it != departure.end()) least = std::min(least, m.t - it->second);
+    if (!std::isfinite(least)) continue;
+    const int k = peer == me + 1 ? me : peer == me - 1 ? me - 1 : P - 1;  // else the wrap link
+    if (k < 0 || k >= links) continue;
+    const bool forward = me == (k + 1) % P && peer == k;  // received from the link's lower end
+    (forward ? fwd : bwd)[size_t(k)] = least;
+  }
+  pp.wait_sends();
+  std::vector<double> both(fwd);
+  both.insert(both.end(), bwd.begin(), bwd.end());
+  pp.all_reduce(Tensor(both.data(), DType::F64, {int64_t(both.size())}), ReduceOp::Max);
+  std::vector<double> t(size_t(links), 0.0);
+  for (int k = 0; k < links; ++k) {
+    const double f = both[size_t(k)], b = both[size_t(links + k)];
+    t[size_t(k)] = f >= 0 && b >= 0 ? 0.5 * (f + b) : std::max({f, b, 0.0});
+    // Offsets cancel in the mean; what rounding leaves below 0 is 0.
+    t[size_t(k)] = std::max(t[size_t(k)], 0.0);
+  }
   return t;
 }
 

@@ -133,11 +133,29 @@ std::vector<double> measured_jitter(const std::vector<ExecutedInstr>& timeline, 
 //  - with emulate.cluster: the mean seconds a message of the last step took
 //    on it (arrival − departure, as the link emulation times it:
 //    EmulatedRank::link_in); 0 for a link no message crossed;
-//  - on real transports: probe_link_times with one activation message (the
-//    pipeline's message: micro-batch x seq_len x d_model in the run's dtype).
+//  - with parallel.link_times: messages, where receives block the host (a
+//    host backend): link_times_from_messages of the step's own messages
+//    (PipelineExecutor::message_times), on the emulation's clock or the host's;
+//  - else on real transports (auto, probe, or messages on a device): probe_link_times with
+//    one activation message (the pipeline's message: micro-batch x seq_len x
+//    d_model in the run's dtype).
 // All 0 without a pipeline, and then nothing is exchanged; else collective
 // over `world`.
 std::vector<double> measured_link_times(Engine& e, Comm& world);
+
+// A message's time per pipeline link (as measured_link_times numbers them)
+// from one step's messages (`msgs`: this rank's sends and completed
+// receives, PipelineExecutor::message_times). Each rank sends its send
+// times to the peers it sent to; for each direction of a link the receiving
+// rank takes the least (arrival − departure) over the messages of the step
+// (a message its receiver was already waiting for: the transfer alone);
+// the link's time is the mean of its two directions' least, which cancels
+// any constant offset between the two ranks' clocks (as NTP does), so ranks
+// on different hosts need no common clock. A link with messages one way
+// only takes that way's least (exact on a shared clock). Collective over
+// `pp` (a neighbour exchange and one all-reduce); the result is the same on
+// every rank of the pipeline. `wrap`: the interleaved schedules' link pp - 1.
+std::vector<double> link_times_from_messages(Comm& pp, const std::vector<MessageTime>& msgs, bool wrap);
 
 // Ping-pong over each pipeline link of `pp` (link k: ranks k and k + 1; with
 // `wrap`, link pp - 1: ranks pp - 1 and 0), `rounds` times with `msg` (any

@@ -188,10 +188,18 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
     return vclock ? slow_->now()
                   : std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   };
+  msg_times_.clear();
   const auto recv = [&](Tensor t, int peer, int tg) {
     const double w0 = host_waits ? clock_now() : 0.0;
     comm_.recv(t, peer, tg);
-    if (host_waits) wait_s_ += clock_now() - w0;
+    if (host_waits) {
+      const double w1 = clock_now();
+      wait_s_ += w1 - w0;
+      msg_times_.push_back({peer, tg, false, w1});
+    }
+  };
+  const auto sent = [&](int peer, int tg) {
+    if (host_waits) msg_times_.push_back({peer, tg, true, clock_now()});
   };
   // The timeline from the backend's marks (no wait per instruction on a
   // device; taken once after the step): mark 0 is the start.
@@ -285,6 +293,7 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
       case pp::Op::SendAct: {
         const int slot = slot_for(c, mb);
         isend_copy(model_.stage_output(c, slot), in.peer, tag(kAct, mb, stage + 1));
+        sent(in.peer, tag(kAct, mb, stage + 1));
         break;
       }
       case pp::Op::SendGrad: {
@@ -293,6 +302,7 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
                                                                     << pp::to_string(in)
                                                                     << " before its backward");
         const int64_t id = comm_.isend(it->second, in.peer, tag(kGrad, mb, stage - 1));
+        sent(in.peer, tag(kGrad, mb, stage - 1));
         for (SendBuf& s : sends_)
           if (s.buf.data() == it->second.data) s.id = id;
         grad_out.erase(it);

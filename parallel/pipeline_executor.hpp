@@ -40,6 +40,17 @@ struct ExecutedInstr {
   double busy = -1;
 };
 
+// One pipeline message of the last step as this rank saw it, on the
+// timeline's clock (the emulation's virtual clock, else the host's steady
+// clock, which every process of a host shares): a send when its isend was
+// issued, a receive when it completed. `tag` is the same on both ends.
+struct MessageTime {
+  int peer = -1;
+  int tag = -1;
+  bool sent = false;
+  double t = 0;
+};
+
 // Fills the host token ids of micro-batch mb: inputs and targets, (B*T) each.
 using MicroBatchFetch = std::function<void(int mb, int32_t* inputs, int32_t* targets)>;
 // What the executor tells the data-parallel gradient reduction about final
@@ -92,6 +103,9 @@ class PipelineExecutor {
   // a neighbour's message, on the virtual clock of an emulation (else wall);
   // -1 where receives do not block the host (a device backend).
   double last_wait_seconds() const { return wait_s_; }
+  // The last run_step's messages (MessageTime), where receives block the
+  // host (last_wait_seconds() >= 0); else empty.
+  const std::vector<MessageTime>& message_times() const { return msg_times_; }
 
  private:
   int tag(int kind, int mb, int receiving_stage) const;
@@ -120,6 +134,7 @@ class PipelineExecutor {
   emulate::ComputeSlowdown* slow_ = nullptr;
   double step_s_ = 0;
   double wait_s_ = 0;
+  std::vector<MessageTime> msg_times_;
 };
 
 }  // namespace adgt

@@ -40,6 +40,16 @@ add_test(NAME adapt_schedule_slow_link_pp4
     --data ${CMAKE_BINARY_DIR}/data/kjv-byte --work ${CMAKE_BINARY_DIR}/adapt/link)
 set_tests_properties(adapt_schedule_slow_link_pp4 PROPERTIES
   FIXTURES_REQUIRED kjv_byte LABELS "parallel;adapt" TIMEOUT 180 PROCESSORS 2)
+# The same with parallel.link_times: messages (the step's own messages' send
+# and arrival times, as on real transports) on the virtual clock: the slow
+# link detected as with the emulation's stamps, and the warm-up re-plan's
+# link times within 25% of the stamps' (a third run).
+add_test(NAME adapt_schedule_slow_link_messages_pp4
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/adapt/schedule_adapt_test.py --case link-messages
+    --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
+    --data ${CMAKE_BINARY_DIR}/data/kjv-byte --work ${CMAKE_BINARY_DIR}/adapt/link_messages)
+set_tests_properties(adapt_schedule_slow_link_messages_pp4 PROPERTIES
+  FIXTURES_REQUIRED kjv_byte LABELS "parallel;adapt" TIMEOUT 180 PROCESSORS 2)
 # Expert placement at run time (parallel.expert_replace_interval;
 # tests/adapt/expert_placement_test.py): 4 ranks, ep 4, 8 experts, rank 2 3x
 # slow; the experts move off it in memory, and every loss and every tensor

@@ -18,6 +18,11 @@
       within 20 steps, naming link 1 (pp ranks 1-2) at about 4x, and no link
       change is flagged before step 30 (the emulation times each message,
       without noise).
+  --case link-messages: the same with parallel.link_times: messages (the
+      step's own messages' send and arrival times on the ranks' clocks, as
+      on real transports, not the emulation's stamps); also its link times
+      at the warm-up re-plan must agree with the stamps' (a third run) within
+      25%.
   --case layers: rank 2 computes 3x slower from the start under
       parallel.adapt: schedule+layers: the warm-up re-plan moves layers off
       stage 2 (an in-memory layout switch to parallel.stage_layers, logged),
@@ -85,10 +90,14 @@ def main():
     ap.add_argument("--mpirun", required=True)
     ap.add_argument("--data", required=True)
     ap.add_argument("--work", required=True)
-    ap.add_argument("--case", choices=["start", "onset", "link", "layers", "resume", "chunks", "memory"],
+    ap.add_argument("--case", choices=["start", "onset", "link", "link-messages", "layers", "resume", "chunks",
+                                       "memory"],
                     default="start")
     ap.add_argument("--attempt", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    messages = args.case == "link-messages"
+    if messages:
+        args.case = "link"
     args.steps, args.slow = {"start": (24, "2:1.5"), "onset": (60, "2:2@30"), "link": (60, ""),
                              "layers": (24, "2:3"), "resume": (24, "2:3"), "chunks": (24, ""),
                              "memory": (12, "")}[args.case]
@@ -99,9 +108,15 @@ def main():
     if args.case == "memory":
         return memory_case(args)
     chunks = ["parallel.schedule=interleaved", "parallel.virtual_stages=2"] if args.case == "chunks" else []
-    plain = run(args, "off", ["parallel.adapt=off"] + chunks)
+    plain = run(args, "off", ["parallel.adapt=off"] + chunks +
+                (["emulate.clock=virtual"] if messages else []))
     mode = "schedule+layers" if args.case == "layers" else "schedule"
-    adapt = run(args, "schedule", [f"parallel.adapt={mode}"] + chunks)
+    # The step's messages are timed on the ranks' clocks: the virtual one,
+    # where a wait ends exactly at the arrival (wall-clock waits sleep in
+    # 100 us polls, which the messages would measure too).
+    vclock = ["emulate.clock=virtual"] if messages else []
+    adapt = run(args, "schedule", [f"parallel.adapt={mode}"] + chunks + vclock +
+                (["parallel.link_times=messages"] if messages else []))
     loss = lambda recs: [(r["step"], r["loss"]) for r in recs if "loss" in r and "event" not in r]
     a, b = loss(plain), loss(adapt)
     if not a or a != b:
@@ -189,7 +204,16 @@ def main():
               f"{[round(x * 1e6, 1) for x in i['link_s']]} us); {r['decision']['schedule']} predicted "
               f"{r['decision']['predicted_after_s']:.4f} s against {r['decision']['predicted_before_s']:.4f} s "
               f"with {i['comm_s'] * 1e6:.1f} us a message; {len(recs)} re-plan(s) in {args.steps} steps; "
-              "losses equal bit for bit")
+              "losses equal bit for bit" + (" (link times from the step's messages)" if messages else ""))
+        if messages:
+            stamps = run(args, "stamps", ["parallel.adapt=schedule", "emulate.clock=virtual"])
+            srecs = [r for r in stamps if r.get("event") == "controller" and r.get("controller") == "adapt-schedule"]
+            got, want = recs[0]["inputs"]["link_s"], srecs[0]["inputs"]["link_s"]
+            bad = [k for k in range(3) if not abs(got[k] - want[k]) <= 0.25 * want[k]]
+            print(f"warm-up re-plan's link times: messages {[round(x * 1e6, 1) for x in got[:3]]} us, "
+                  f"the emulation's stamps {[round(x * 1e6, 1) for x in want[:3]]} us")
+            if bad or recs[0]["step"] != srecs[0]["step"]:
+                sys.exit(f"FAILED: link times from the messages differ from the stamps by > 25% on links {bad}")
         return
     first = recs[0]
     d = first["decision"]
