@@ -62,12 +62,12 @@ pp::StageCosts measured_stage_costs(Engine& e, Comm& world) {
   // Backward counts half as B and half as W. The maximum over the world
   // (every tp and dp replica of a stage) is the same on every rank.
   PipelineExecutor& pipe = *e.pipeline();
-  const int pp = pipe.schedule().pp, r = e.groups().pp->rank();
+  const int r = e.groups().pp->rank();
   const int S = pipe.schedule().num_stages();
   std::vector<double> sum(size_t(3 * S), 0.0), n(size_t(3 * S), 0.0);
   for (const ExecutedInstr& x : pipe.timeline()) {
     if (x.instr.chunk < 0) continue;
-    const size_t s = size_t(x.instr.chunk * pp + r);
+    const size_t s = size_t(pipe.schedule().stage(r, x.instr.chunk));
     const double d = x.busy >= 0 ? x.busy : x.end - x.start;  // compute's own time where measured
     switch (x.instr.op) {
       case pp::Op::Forward: sum[s] += d; n[s] += 1; break;

@@ -411,16 +411,16 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
 }
 
 double PipelineExecutor::forward_only(const int32_t* inputs, const int32_t* targets) {
-  const int S = sched_.num_stages(), pp = sched_.pp;
+  const int S = sched_.num_stages();
   double loss = 0;
   for (int s = 0; s < S; ++s) {
-    if (s % pp != rank_) continue;
-    const int c = s / pp;
+    if (sched_.rank_of_stage(s) != rank_) continue;
+    const int c = sched_.chunk_of_stage(s);
     const int slot = 0;  // nothing else is in flight during evaluation
-    if (s > 0) comm_.recv(model_.stage_input(c, slot), (s - 1) % pp, tag(kAct, 0, s));
+    if (s > 0) comm_.recv(model_.stage_input(c, slot), sched_.rank_of_stage(s - 1), tag(kAct, 0, s));
     const double l = model_.forward_chunk(c, slot, inputs, targets, 0.0);
     if (model_.chunk_has_head(c)) loss = l;
-    if (s + 1 < S) isend_copy(model_.stage_output(c, slot), (s + 1) % pp, tag(kAct, 0, s + 1));
+    if (s + 1 < S) isend_copy(model_.stage_output(c, slot), sched_.rank_of_stage(s + 1), tag(kAct, 0, s + 1));
   }
   comm_.wait_sends();
   for (SendBuf& b : sends_) b.id = -1;

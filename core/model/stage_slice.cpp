@@ -2,6 +2,8 @@
 // the layer counts come from parallel/cost/stages.hpp.
 #include "core/model/stage_slice.hpp"
 
+#include "core/model/stage_map.hpp"
+
 #include <stdexcept>
 #include <string>
 
@@ -26,11 +28,12 @@ StageSlice stage_slice(const std::vector<int64_t>& counts, int pp, int virtual_s
   for (size_t s = 0; s < counts.size(); ++s) first[s + 1] = first[s] + counts[s];
   StageSlice out;
   for (int c = 0; c < virtual_stages; ++c) {
-    const size_t s = size_t(c) * size_t(pp) + size_t(pp_rank);
+    const size_t s = size_t(stage_of(StagePlacement::looped, pp, pp_rank, c));
     out.chunks.emplace_back(first[s], first[s + 1]);
   }
-  out.embedding = pp_rank == 0;       // stage 0 = chunk 0 of rank 0
-  out.head = pp_rank == pp - 1;       // stage S-1 = chunk v-1 of rank pp-1
+  const int S = pp * virtual_stages;
+  out.embedding = rank_of_stage(StagePlacement::looped, pp, 0) == pp_rank;
+  out.head = rank_of_stage(StagePlacement::looped, pp, S - 1) == pp_rank;  // its last chunk
   return out;
 }
 

@@ -24,7 +24,8 @@ struct StageSlice {
   int64_t num_layers() const;  // layers over all chunks
 };
 // The slice of pipeline rank `pp_rank` for per-stage counts `counts`
-// (counts.size() == pp * virtual_stages): chunk c is stage c*pp + pp_rank.
+// (counts.size() == pp * virtual_stages): chunk c is stage c*pp + pp_rank (the
+// looped placement of core/model/stage_map.hpp).
 StageSlice stage_slice(const std::vector<int64_t>& counts, int pp, int virtual_stages,
                        int pp_rank);
 // No pipeline: one chunk [0, n_layers), embedding and head.
