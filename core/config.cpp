@@ -211,13 +211,14 @@ const std::vector<Key>& schema() {
           "pipeline-parallel degree; the layers are cut into pp x virtual_stages stages"),
       key("parallel", &R::parallel, "schedule", &ParallelConfig::schedule, A::Choices,
           "pipeline schedule (docs/pipeline-schedules.md)",
-          {"gpipe", "1f1b", "interleaved", "zb-h1", "greedy"}),
+          {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "greedy"}),
       key("parallel", &R::parallel, "microbatches", &ParallelConfig::microbatches,
           A::NonNegative,
           "pipeline micro-batches per step; 0 = derived: global_batch / (micro_batch x dp), "
           "the accumulation steps; if set, must equal that"),
       key("parallel", &R::parallel, "virtual_stages", &ParallelConfig::virtual_stages,
-          A::Positive, "model chunks per pipeline rank; > 1 only with schedule interleaved or greedy"),
+          A::Positive, "model chunks per pipeline rank; > 1 only with schedule interleaved or greedy, "
+          "exactly 2 with zb-v"),
       key("parallel", &R::parallel, "stage_layers", &ParallelConfig::stage_layers, A::Positive,
           "layers per pipeline stage, pp x virtual_stages entries summing to n_layers; "
           "[] = balanced by cost"),

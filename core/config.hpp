@@ -97,10 +97,11 @@ struct DataConfig {
 struct ParallelConfig {
   int64_t tp = 1, pp = 1, dp = 1, ep = 1;
   // Pipeline (pp > 1). The model is cut into S = pp x virtual_stages stages;
-  // chunk c of pipeline rank r is stage c*pp + r (core/model/stage_slice.hpp).
-  std::string schedule = "1f1b";     // gpipe | 1f1b | interleaved | zb-h1 | greedy
+  // chunk c of pipeline rank r is stage c*pp + r, or with zb-v stage r (c = 0)
+  // and 2pp-1-r (c = 1) (core/model/stage_map.hpp).
+  std::string schedule = "1f1b";     // gpipe | 1f1b | interleaved | zb-h1 | zb-v | greedy
   int64_t microbatches = 0;          // 0 = derived (accum_steps()); if set, must equal it
-  int64_t virtual_stages = 1;        // chunks per pipeline rank; > 1 only for interleaved
+  int64_t virtual_stages = 1;        // chunks per pipeline rank; > 1 for interleaved, greedy, zb-v (2)
   std::vector<int64_t> stage_layers; // layers per stage (S entries); empty = balanced by cost
   int64_t zero = 0;                // 1: ZeRO-1 (optimizer state sharded over dp)
   bool sequence_parallel = false;  // shard norm/residual regions along the sequence over tp

@@ -343,14 +343,26 @@ struct Checker {
             "parallel.virtual_stages=" + num(v) +
                 ": the interleaved schedule needs at least 2 chunks per rank; use "
                 "virtual_stages >= 2, or parallel.schedule=1f1b");
+    } else if (l.schedule == "zb-v") {
+      // ZB-V's V-shaped placement: rank r holds stages r and 2pp-1-r
+      // (core/model/stage_map.hpp), exactly two chunks per rank.
+      if (l.pp < 2)
+        add("parallel.pp", "parallel.pp=" + num(l.pp) +
+                               ": the zb-v schedule needs at least 2 pipeline ranks (it places two stages "
+                               "on each in a V); use pp >= 2, or parallel.schedule=1f1b");
+      if (v != 2)
+        add("parallel.virtual_stages",
+            "parallel.virtual_stages=" + num(v) +
+                ": the zb-v schedule places exactly 2 chunks per rank (stages r and 2pp-1-r); use "
+                "virtual_stages=2");
     } else if (v > 1 && l.schedule == "greedy") {
       if (l.pp < 2)
         add("parallel.pp", "parallel.pp=" + num(l.pp) + ": greedy with parallel.virtual_stages=" + num(v) +
                                " needs at least 2 pipeline ranks; use pp >= 2, or virtual_stages=1");
     } else if (v > 1) {
       add("parallel.virtual_stages",
-          "parallel.virtual_stages=" + num(v) + " needs parallel.schedule=interleaved or greedy (got " +
-              l.schedule + "); use virtual_stages=1, or schedule=interleaved or greedy");
+          "parallel.virtual_stages=" + num(v) + " needs parallel.schedule=interleaved, greedy or zb-v (got " +
+              l.schedule + "); use virtual_stages=1, or schedule=interleaved, greedy or zb-v");
     }
 
     if (l.pp > 1) {

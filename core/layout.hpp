@@ -24,7 +24,7 @@ struct Layout {
   int64_t tp = 1, pp = 1, dp = 1, ep = 1;  // ep divides dp: expert ranks are carved out of dp
   int64_t zero = 0;                        // 1: ZeRO-1 (optimizer state sharded over dp)
   bool sequence_parallel = false;          // norm/residual regions split along the sequence over tp
-  std::string schedule = "1f1b";           // gpipe | 1f1b | interleaved | zb-h1 | greedy
+  std::string schedule = "1f1b";           // gpipe | 1f1b | interleaved | zb-h1 | zb-v | greedy
   int64_t virtual_stages = 1;              // chunks per pipeline rank
   int64_t microbatches = 0;                // 0: derived from the batch (the accumulation steps)
   std::vector<int64_t> stage_layers;       // layers per stage (pp x virtual_stages); []: balanced

@@ -132,9 +132,13 @@ std::vector<double> measured_link_times(Engine& e, Comm& world) {
   const std::string& mode = e.config().parallel.link_times;
   PipelineExecutor* pipe = e.pipeline();
   const bool host_messages = pipe && pipe->last_wait_seconds() >= 0;  // receives block the host
+  // The looped placement with two or more chunks sends from rank pp-1 back to
+  // rank 0 (the wrap link); vee (zb-v) turns on rank pp-1 itself.
+  const bool wrap = e.layout().virtual_stages > 1 &&
+                    (!pipe || pipe->schedule().placement == StagePlacement::looped);
   if (mode == "messages" && host_messages) {
     std::vector<double> m =
-        link_times_from_messages(*g.pp, pipe->message_times(), e.layout().virtual_stages > 1);
+        link_times_from_messages(*g.pp, pipe->message_times(), wrap);
     for (size_t k = 0; k < m.size() && k < t.size(); ++k) t[k] = m[k];
     world.all_reduce(Tensor(t.data(), DType::F64, {int64_t(t.size())}), ReduceOp::Max);
     return t;
@@ -144,7 +148,6 @@ std::vector<double> measured_link_times(Engine& e, Comm& world) {
     const DType dt = e.model().dtype();  // the activations' (the pipeline's messages)
     const int64_t n = cfg.train.micro_batch * cfg.model.seq_len * cfg.model.d_model;
     Tensor msg = e.scratch_tensor(n, dt);
-    const bool wrap = e.layout().virtual_stages > 1;
     const auto clock = [] {
       return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
     };
@@ -262,6 +265,7 @@ pp::Schedule schedule_from_json(const pp::Schedule& like, const std::string& nam
   s.pp = like.pp;
   s.microbatches = like.microbatches;
   s.virtual_stages = like.virtual_stages;
+  s.placement = like.placement;  // the model's stages stay where they are
   s.name = name;
   s.detail = detail;
   for (const auto& l : ranks) {

@@ -57,7 +57,8 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
   const bool pipelined = ctx_.pp->size() > 1;
   const int pp = int(cfg.parallel.pp), v = int(cfg.parallel.virtual_stages);
   const StageSlice slice =
-      stage_slice(stage_layer_counts(cfg), pp, v, pipelined ? ctx_.pp->rank() : 0);
+      stage_slice(stage_layer_counts(cfg), pp, v, pipelined ? ctx_.pp->rank() : 0,
+                  placement_of_schedule(cfg.parallel.schedule));
   ExpertParallel ep;
   ep.comm = ctx_.ep;
   for (int64_t r : cfg.parallel.expert_placement) ep.placement.push_back(int(r));

@@ -73,10 +73,6 @@ void PipelineExecutor::set_schedule(pp::Schedule s) {
   ADGT_CHECK(s.pp == comm_.size(), "pipeline executor: schedule '" << s.name << "' has pp=" << s.pp
                                                                    << " but the pipeline group has "
                                                                    << comm_.size() << " ranks");
-  ADGT_CHECK(s.placement == StagePlacement::looped,
-             "pipeline executor: schedule '" << s.name << "' uses the vee placement (ZB-V), which the "
-                                             "executor does not run yet; use a looped schedule "
-                                             "(docs/pipeline-schedules.md, \"Placements\")");
   ADGT_CHECK(s.virtual_stages == model_.num_chunks(),
              "pipeline executor: schedule '" << s.name << "' has " << s.virtual_stages
                                              << " chunks per rank but this rank holds "
@@ -101,6 +97,8 @@ void PipelineExecutor::set_schedule(pp::Schedule s) {
     s = pp::for_rendezvous(s);
     pp::validate_grouped(s);
   }
+  ADGT_CHECK(self_msgs_.empty(), "pipeline executor: a schedule change with "
+                                     << self_msgs_.size() << " in-memory hand-overs pending");
   sched_ = std::move(s);
   slot_of_.assign(size_t(model_.num_chunks()), {});
   free_slots_.assign(size_t(model_.num_chunks()), {});
@@ -158,6 +156,33 @@ void PipelineExecutor::isend_copy(const Tensor& t, int peer, int tg) {
   const int64_t id = comm_.isend(b, peer, tg);
   for (SendBuf& s : sends_)
     if (s.buf.data() == b.data) s.id = id;
+}
+
+Buffer PipelineExecutor::take_buffer(std::vector<Buffer>& pool, size_t bytes) {
+  for (size_t f = 0; f < pool.size(); ++f)
+    if (pool[f].bytes() == bytes) {
+      Buffer b = std::move(pool[f]);
+      pool.erase(pool.begin() + std::ptrdiff_t(f));
+      return b;
+    }
+  return Buffer(be_, bytes);
+}
+
+void PipelineExecutor::hand_over(const Tensor& t, int tg, std::vector<Buffer>& pool) {
+  ADGT_CHECK(!self_msgs_.count(tg), "pipeline executor: rank " << rank_ << " hands message tag " << tg
+                                                               << " to itself twice");
+  Buffer b = take_buffer(pool, t.bytes());
+  be_.copy(Tensor(b.data(), t.dtype, {t.numel()}), Tensor(t.data, t.dtype, {t.numel()}));
+  self_msgs_.emplace(tg, std::move(b));
+}
+
+Buffer PipelineExecutor::take_over(int tg, const pp::Instr& in) {
+  auto it = self_msgs_.find(tg);
+  ADGT_CHECK(it != self_msgs_.end(), "pipeline executor: rank " << rank_ << " " << pp::to_string(in)
+                                                                << " from itself before its send");
+  Buffer b = std::move(it->second);
+  self_msgs_.erase(it);
+  return b;
 }
 
 double PipelineExecutor::last_busy_seconds() const {
@@ -273,10 +298,23 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
     switch (in.op) {
       case pp::Op::RecvAct: {
         const int slot = slot_for(c, mb);
+        if (in.peer == rank_) {  // the vee placement's turn on rank pp-1: in memory
+          Buffer b = take_over(tag(kAct, mb, stage), in);
+          const Tensor dst = model_.stage_input(c, slot);
+          Tensor src = dst;
+          src.data = b.data();
+          be_.copy(dst, src);
+          free_self_.push_back(std::move(b));
+          break;
+        }
         recv(model_.stage_input(c, slot), in.peer, tag(kAct, mb, stage));
         break;
       }
       case pp::Op::RecvGrad: {
+        if (in.peer == rank_) {
+          grads_in_[{c, mb}] = take_over(tag(kGrad, mb, stage), in);
+          break;
+        }
         Buffer& b = grads_in_[{c, mb}];
         const Tensor out = model_.stage_output(c, slot_for(c, mb));
         // Reuse a buffer whose gradient a backward has consumed: the rank
@@ -292,6 +330,10 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
       }
       case pp::Op::SendAct: {
         const int slot = slot_for(c, mb);
+        if (in.peer == rank_) {
+          hand_over(model_.stage_output(c, slot), tag(kAct, mb, stage + 1), free_self_);
+          break;
+        }
         isend_copy(model_.stage_output(c, slot), in.peer, tag(kAct, mb, stage + 1));
         sent(in.peer, tag(kAct, mb, stage + 1));
         break;
@@ -301,6 +343,13 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
         ADGT_CHECK(it != grad_out.end(), "pipeline executor: rank " << rank_ << " #" << i << " "
                                                                     << pp::to_string(in)
                                                                     << " before its backward");
+        if (in.peer == rank_) {  // into a buffer of the received gradients' pool
+          hand_over(it->second, tag(kGrad, mb, stage - 1), free_grads_);
+          for (SendBuf& s : sends_)
+            if (s.buf.data() == it->second.data) s.id = -1;  // the snapshot's buffer is free again
+          grad_out.erase(it);
+          break;
+        }
         const int64_t id = comm_.isend(it->second, in.peer, tag(kGrad, mb, stage - 1));
         sent(in.peer, tag(kGrad, mb, stage - 1));
         for (SendBuf& s : sends_)
@@ -402,6 +451,9 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
                               : timeline_.back().end;
   loss_sum += model_.take_deferred_loss();  // the forwards returned 0
   model_.defer_losses(false);
+  ADGT_CHECK(self_msgs_.empty(), "pipeline executor: rank " << rank_ << " still holds "
+                                                             << self_msgs_.size()
+                                                             << " messages to itself after the step");
   for (int c = 0; c < model_.num_chunks(); ++c)
     ADGT_CHECK(slot_of_[size_t(c)].empty(),
                "pipeline executor: rank " << rank_ << " chunk " << c << " still holds "
@@ -417,10 +469,18 @@ double PipelineExecutor::forward_only(const int32_t* inputs, const int32_t* targ
     if (sched_.rank_of_stage(s) != rank_) continue;
     const int c = sched_.chunk_of_stage(s);
     const int slot = 0;  // nothing else is in flight during evaluation
-    if (s > 0) comm_.recv(model_.stage_input(c, slot), sched_.rank_of_stage(s - 1), tag(kAct, 0, s));
+    if (s > 0 && sched_.rank_of_stage(s - 1) != rank_)  // else handed over below, in memory
+      comm_.recv(model_.stage_input(c, slot), sched_.rank_of_stage(s - 1), tag(kAct, 0, s));
     const double l = model_.forward_chunk(c, slot, inputs, targets, 0.0);
     if (model_.chunk_has_head(c)) loss = l;
-    if (s + 1 < S) isend_copy(model_.stage_output(c, slot), sched_.rank_of_stage(s + 1), tag(kAct, 0, s + 1));
+    if (s + 1 < S && sched_.rank_of_stage(s + 1) == rank_) {  // the vee placement's turn
+      const Tensor dst = model_.stage_input(sched_.chunk_of_stage(s + 1), slot);
+      Tensor src = dst;
+      src.data = model_.stage_output(c, slot).data;
+      be_.copy(dst, src);
+    } else if (s + 1 < S) {
+      isend_copy(model_.stage_output(c, slot), sched_.rank_of_stage(s + 1), tag(kAct, 0, s + 1));
+    }
   }
   comm_.wait_sends();
   for (SendBuf& b : sends_) b.id = -1;

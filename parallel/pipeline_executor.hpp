@@ -11,6 +11,8 @@
 //
 // Messages carry the tag 2 * (micro-batch * S + receiving stage) + kind
 // (0 activation, 1 gradient), so every message of a step has its own tag.
+// A Send/Recv pair between a rank and itself (the vee placement's turn on rank
+// pp-1, ZB-V) is a copy in memory, on every transport.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -113,6 +115,13 @@ class PipelineExecutor {
   void release_slot(int chunk, int mb);
   Tensor send_buffer(const Tensor& like);  // a buffer whose previous send has completed
   void isend_copy(const Tensor& t, int peer, int tag);
+  // A buffer of `bytes` from `pool` (or a new one).
+  Buffer take_buffer(std::vector<Buffer>& pool, size_t bytes);
+  // The vee placement's turn on rank pp-1 (stages pp-1 and pp on one rank):
+  // a Send to this rank itself copies `t` into a buffer of `pool` kept under
+  // its tag; the matching Recv takes it (take_over). No transport, no link.
+  void hand_over(const Tensor& t, int tag, std::vector<Buffer>& pool);
+  Buffer take_over(int tag, const pp::Instr& in);
 
   Model& model_;
   Backend& be_;
@@ -128,6 +137,8 @@ class PipelineExecutor {
   std::vector<SendBuf> sends_;
   std::map<std::pair<int, int>, Buffer> grads_in_;   // (chunk, mb) -> received output gradient
   std::vector<Buffer> free_grads_;                   // consumed ones, for the next RecvGrad
+  std::map<int, Buffer> self_msgs_;                  // tag -> a message this rank sent itself
+  std::vector<Buffer> free_self_;                    // activations handed over and consumed
   std::vector<int32_t> in_, tg_;
   std::vector<ExecutedInstr> timeline_;
   std::vector<Comm*> progress_comms_;

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <sstream>
 
+#include "core/model/stage_map.hpp"
 #include "parallel/schedule/generators.hpp"
 #include "parallel/schedule/print.hpp"
 #include "parallel/schedule/simulate.hpp"
@@ -32,8 +34,9 @@ pp::Schedule make_pipeline_schedule(const RunConfig& cfg, const pp::StageCosts* 
   const int pp = int(cfg.parallel.pp), v = int(cfg.parallel.virtual_stages);
   const int m = int(cfg.pipeline_microbatches());
   const pp::StageCosts predicted = costs ? pp::StageCosts{} : predicted_stage_costs(cfg);
-  pp::Schedule s =
-      pp::make_schedule(cfg.parallel.schedule, pp, m, v, costs ? *costs : predicted, pp);
+  pp::Schedule s = pp::make_schedule(cfg.parallel.schedule, pp, m, v, costs ? *costs : predicted, pp,
+                                     std::numeric_limits<std::int64_t>::max(),
+                                     placement_of_schedule(cfg.parallel.schedule));
   pp::validate(s);
   return s;
 }
@@ -45,8 +48,11 @@ std::string describe_pipeline_schedule(const RunConfig& cfg) {
     << ", micro-batches " << cfg.pipeline_microbatches() << ", virtual stages "
     << cfg.parallel.virtual_stages << "\n";
   const int pp = int(cfg.parallel.pp);
+  const StagePlacement place = placement_of_schedule(cfg.parallel.schedule);
+  if (place != StagePlacement::looped) o << "  stage placement: " << stage_placement_name(place) << "\n";
   for (size_t s = 0, first = 0; s < counts.size(); first += size_t(counts[s]), ++s) {
-    o << "  stage " << s << " (rank " << int(s) % pp << ", chunk " << int(s) / pp << "): layers "
+    o << "  stage " << s << " (rank " << rank_of_stage(place, pp, int(s)) << ", chunk "
+      << chunk_of_stage(place, pp, int(s)) << "): layers "
       << first << ".." << first + size_t(counts[s]) - 1;
     if (s == 0) o << " + embedding";
     if (s + 1 == counts.size()) o << " + final norm, lm_head, loss";

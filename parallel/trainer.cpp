@@ -343,7 +343,8 @@ void Trainer::save(MetricsLog* metrics, TeiMeter& tei, bool wait) {
     const pp::Schedule& s = engine_->pipeline()->schedule();
     schedule = nlohmann::json({{"name", s.name}, {"kept", s.detail.empty() ? s.name : s.detail},
                                {"pp", s.pp}, {"microbatches", s.microbatches},
-                               {"virtual_stages", s.virtual_stages}})
+                               {"virtual_stages", s.virtual_stages},
+                               {"placement", stage_placement_name(s.placement)}})
                    .dump();
   }
   st.state = trainer_state(cfg_.model, opt_steps_, bias, schedule);

@@ -42,4 +42,11 @@ inline int rank_of_stage(StagePlacement p, int pp, int s) {
 }
 inline int chunk_of_stage(StagePlacement, int pp, int s) { return s / pp; }
 
+// The placement a run's parallel.schedule puts its stages in: zb-v runs on
+// vee, every other schedule on looped. A run's placement is fixed when its
+// model is built (it decides which layers a rank holds); a re-plan keeps it.
+inline StagePlacement placement_of_schedule(const std::string& schedule) {
+  return schedule == "zb-v" ? StagePlacement::vee : StagePlacement::looped;
+}
+
 }  // namespace adgt

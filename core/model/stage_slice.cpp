@@ -16,7 +16,7 @@ int64_t StageSlice::num_layers() const {
 }
 
 StageSlice stage_slice(const std::vector<int64_t>& counts, int pp, int virtual_stages,
-                       int pp_rank) {
+                       int pp_rank, StagePlacement placement) {
   if (pp < 1 || virtual_stages < 1 || pp_rank < 0 || pp_rank >= pp ||
       counts.size() != size_t(pp) * size_t(virtual_stages))
     throw std::invalid_argument("stage_slice: need 0 <= pp_rank < pp and pp x virtual_stages "
@@ -24,16 +24,19 @@ StageSlice stage_slice(const std::vector<int64_t>& counts, int pp, int virtual_s
                                 std::to_string(virtual_stages) + " pp_rank=" +
                                 std::to_string(pp_rank) + " and " +
                                 std::to_string(counts.size()) + " counts");
+  if (placement == StagePlacement::vee && virtual_stages != 2)
+    throw std::invalid_argument("stage_slice: the vee placement holds 2 chunks per rank, not " +
+                                std::to_string(virtual_stages));
   std::vector<int64_t> first(counts.size() + 1, 0);  // first layer of each stage
   for (size_t s = 0; s < counts.size(); ++s) first[s + 1] = first[s] + counts[s];
   StageSlice out;
   for (int c = 0; c < virtual_stages; ++c) {
-    const size_t s = size_t(stage_of(StagePlacement::looped, pp, pp_rank, c));
+    const size_t s = size_t(stage_of(placement, pp, pp_rank, c));
     out.chunks.emplace_back(first[s], first[s + 1]);
   }
   const int S = pp * virtual_stages;
-  out.embedding = rank_of_stage(StagePlacement::looped, pp, 0) == pp_rank;
-  out.head = rank_of_stage(StagePlacement::looped, pp, S - 1) == pp_rank;  // its last chunk
+  out.embedding = rank_of_stage(placement, pp, 0) == pp_rank;
+  out.head = rank_of_stage(placement, pp, S - 1) == pp_rank;  // its last chunk (both placements)
   return out;
 }
 

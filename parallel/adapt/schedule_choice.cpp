@@ -13,8 +13,15 @@ namespace adgt::adapt {
 
 namespace {
 // `cfg` run with `s`: its generator (a split backward's buffers or not).
+// On the vee placement (a zb-v run) every candidate keeps zb-v: the stage
+// slices are the placement's, and zb-v's buffers are a split backward's (a
+// fused greedy candidate holds no more).
 RunConfig with_schedule(const RunConfig& cfg, const pp::Schedule& s) {
   RunConfig c = cfg;
+  if (s.placement == StagePlacement::vee) {
+    c.parallel.schedule = "zb-v";
+    return c;
+  }
   for (const char* n : {"1f1b", "zb-h1", "greedy", "interleaved", "gpipe"})
     if (s.name == n) c.parallel.schedule = n;
   return c;
@@ -49,11 +56,16 @@ ScheduleChoice choose_schedule(const pp::Schedule& current, const pp::StageCosts
   out.current_predicted_s = pp::expected_makespan(current, c);
   out.predicted_s = out.current_predicted_s;
   out.candidates.emplace_back("current " + out.name, out.predicted_s);
-  std::vector<std::string> names = v > 1 ? std::vector<std::string>{"interleaved", "greedy"}
-                                         : std::vector<std::string>{"1f1b", "zb-h1", "greedy"};
+  // The stages stay where the model holds them: on the vee placement (zb-v)
+  // only the schedules that run there.
+  const StagePlacement place = current.placement;
+  std::vector<std::string> names = place == StagePlacement::vee ? std::vector<std::string>{"zb-v", "greedy"}
+                                   : v > 1 ? std::vector<std::string>{"interleaved", "greedy"}
+                                           : std::vector<std::string>{"1f1b", "zb-h1", "greedy"};
   for (const std::string& n : names) {
     try {
-      pp::Schedule s = pp::with_grad_reductions(pp::make_schedule(n, P, m, v, c, P, held_limit));
+      pp::Schedule s =
+          pp::with_grad_reductions(pp::make_schedule(n, P, m, v, c, P, held_limit, place));
       pp::validate(s);
       if (pp::max_held_activations(s) > held_limit) continue;  // more memory than planned
       const std::string label = s.detail.empty() ? n : n + " (" + s.detail + ")";

@@ -127,9 +127,11 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
   const int pp = int(cfg.parallel.pp), v = int(cfg.parallel.virtual_stages);
   const std::vector<int64_t> counts = stage_layer_counts(cfg);
   const int64_t mb = cfg.pipeline_microbatches();
-  const bool split = pp > 1 && (cfg.parallel.schedule == "zb-h1" || cfg.parallel.schedule == "greedy");
+  const bool split = pp > 1 && (cfg.parallel.schedule == "zb-h1" || cfg.parallel.schedule == "zb-v" ||
+                                cfg.parallel.schedule == "greedy");
+  const StagePlacement placement = placement_of_schedule(cfg.parallel.schedule);
   for (int r = 0; r < pp; ++r) {
-    const StageSlice slice = stage_slice(counts, pp, v, r);
+    const StageSlice slice = stage_slice(counts, pp, v, r, placement);
     const int64_t numel =
         total_numel(build_param_table(m, tp, 0, &slice, m.n_experts > 0 ? &experts0 : nullptr));
     int64_t act = 0, n_held = 0, split_act = 0;
@@ -137,7 +139,9 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
     for (int c = 0; c < int(slice.chunks.size()); ++c) {
       const int64_t h = r < int(held.size()) && c < int(held[size_t(r)].size())
                             ? held[size_t(r)][size_t(c)]
-                            : (pp == 1 ? 1 : std::min<int64_t>(pp - r, mb));
+                            : pp == 1                            ? 1
+                              : placement == StagePlacement::vee ? std::min<int64_t>(pp, mb)  // ZB-V: 1F1B's pp stages
+                                                                 : std::min<int64_t>(pp - r, mb);
       const bool head = slice.head && c + 1 == int(slice.chunks.size());
       int64_t per = head ? a_final : 0;
       // A split backward (zb-h1, greedy) keeps each layer's output gradients
@@ -191,7 +195,9 @@ MemoryEstimate estimate_memory_replanned(const RunConfig& cfg, int64_t bpp,
   const int pp = int(cfg.parallel.pp);
   if (pp < 2) return estimate_memory(cfg, bpp, held);
   RunConfig split = cfg;
-  split.parallel.schedule = "greedy";  // a split backward, any number of chunks
+  // A split backward, any number of chunks; zb-v keeps its own (the vee
+  // placement's stage slices).
+  if (cfg.parallel.schedule != "zb-v") split.parallel.schedule = "greedy";
   const int64_t mb = cfg.pipeline_microbatches();
   std::vector<std::vector<int64_t>> most;
   for (int r = 0; r < pp; ++r) {

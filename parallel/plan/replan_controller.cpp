@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "core/layout.hpp"
+#include "core/model/stage_map.hpp"
 #include "parallel/emulate/emulation.hpp"
 
 #include "parallel/adapt/change_detector.hpp"
@@ -255,7 +256,10 @@ class ReplanController final : public Controller {
       return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
     };
     const std::vector<double> t =
-        probe_link_times(*g.pp, msg, e.layout().virtual_stages > 1, 3, clock);
+        probe_link_times(*g.pp, msg,
+                         e.layout().virtual_stages > 1 &&
+                             placement_of_schedule(e.layout().schedule) == StagePlacement::looped,
+                         3, clock);
     if (k > 0 && size_t(k - 1) < t.size()) secs = t[size_t(k - 1)];
   }
 

@@ -329,19 +329,20 @@ void check_schedule_args(const std::string& schedule, int pp, int v, int m, Stag
   if (v < 1) throw ScheduleError("parallel.virtual_stages=" + num(v) + ": must be >= 1");
   const bool vee = placement == StagePlacement::vee;
   if (schedule == "zb-v" && !vee)
-    throw ScheduleError("parallel.schedule=\"zb-v\" runs on the V-shaped placement; set parallel.placement=vee "
-                        "(and parallel.virtual_stages=2)");
+    throw ScheduleError("parallel.schedule=\"zb-v\" runs on the V-shaped (vee) stage placement only; "
+                        "adgt-train places its stages so, adgt-schedule with --placement vee");
   if (vee) {
     if (v != 2)
       throw ScheduleError("parallel.virtual_stages=" + num(v) +
-                          ": parallel.placement=vee places two chunks per rank (stages r and 2pp-1-r); use "
-                          "virtual_stages=2, or placement=looped");
+                          ": the vee stage placement (zb-v) places two chunks per rank (stages r and 2pp-1-r); use "
+                          "virtual_stages=2");
     if (pp < 2)
-      throw ScheduleError("parallel.pp=" + num(pp) + ": parallel.placement=vee needs at least 2 pipeline ranks; "
-                          "use pp >= 2, or placement=looped");
+      throw ScheduleError("parallel.pp=" + num(pp) + ": the vee stage placement (zb-v) needs at least 2 pipeline ranks; "
+                          "use pp >= 2");
     if (schedule != "zb-v" && schedule != "greedy")
       throw ScheduleError("parallel.schedule=\"" + schedule +
-                          "\" does not run on parallel.placement=vee; use zb-v or greedy, or placement=looped");
+                          "\" does not run on the vee stage placement; use zb-v or greedy there, or the looped "
+                          "placement");
     return;  // zb-v and greedy take any m >= 1
   }
   if (schedule == "interleaved") {
@@ -357,8 +358,8 @@ void check_schedule_args(const std::string& schedule, int pp, int v, int m, Stag
     throw ScheduleError("parallel.pp=" + num(pp) + ": greedy with parallel.virtual_stages=" + num(v) +
                         " needs at least 2 pipeline ranks; use pp >= 2, or virtual_stages=1");
   } else if (v > 1 && schedule != "greedy") {
-    throw ScheduleError("parallel.virtual_stages=" + num(v) + " needs parallel.schedule=interleaved or greedy (got " +
-                        schedule + "); use virtual_stages=1, or schedule=interleaved or greedy");
+    throw ScheduleError("parallel.virtual_stages=" + num(v) + " needs parallel.schedule=interleaved, greedy or zb-v (got " +
+                        schedule + "); use virtual_stages=1, or schedule=interleaved, greedy or zb-v");
   }
   if ((schedule == "1f1b" || schedule == "zb-h1" || schedule == "interleaved") && m < pp) {
     const std::string t = title(schedule);

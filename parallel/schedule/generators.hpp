@@ -97,11 +97,11 @@ Schedule make_schedule(const std::string& name, int pp, int m, int v,
 // The settings rules of every schedule, as named errors (ScheduleError):
 //   parallel.schedule not one of schedule_names();
 //   parallel.pp < 1, parallel.microbatches < 1, parallel.virtual_stages < 1;
-//   v > 1 with a schedule other than interleaved or greedy; interleaved with v < 2
+//   v > 1 with a schedule other than interleaved, greedy or zb-v; interleaved with v < 2
 //   or pp < 2; greedy with v > 1 and pp < 2;
 //   m < pp for 1f1b, zb-h1 and interleaved;
 //   interleaved with m not a multiple of pp (as Megatron requires).
-//   parallel.placement=vee without virtual_stages=2, pp >= 2 and schedule
+//   the vee placement without virtual_stages=2, pp >= 2 and schedule
 //   zb-v or greedy; zb-v without placement vee.
 void check_schedule_args(const std::string& schedule, int pp, int v, int m,
                          StagePlacement placement = StagePlacement::looped);

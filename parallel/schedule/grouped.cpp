@@ -37,6 +37,9 @@ void validate_grouped(const Schedule& s) {
     const auto& list = s.ranks[U(r)];
     for (int i = 0; i < static_cast<int>(list.size()); ++i) {
       const Instr& in = list[U(i)];
+      // A rank's message to itself (the vee placement's turn) is a copy in
+      // memory (the executor's hand-over), no transport operation.
+      if ((is_send(in.op) || is_recv(in.op)) && in.peer == r) continue;
       if (is_send(in.op)) {
         ops[U(r)].push_back({true, in.peer, i, -1, count[{true, in.peer}]++});
         queued.push_back(ops[U(r)].size() - 1);
@@ -165,8 +168,11 @@ Schedule for_rendezvous(const Schedule& s) {
   for (int r = 0; r < s.pp; ++r) {
     const auto& list = s.ranks[U(r)];
     std::vector<std::pair<int, size_t>> recvs;  // (message number, index), by number
+    // A receive from the rank itself (a hand-over in memory) stays where it
+    // is, after its send; it moves nothing and waits for nothing.
+    const auto moves = [&](const Instr& in) { return is_recv(in.op) && in.peer != r; };
     for (size_t i = 0; i < list.size(); ++i)
-      if (is_recv(list[i].op)) recvs.emplace_back(seq.at(message_of(s, r, list[i])), i);
+      if (moves(list[i])) recvs.emplace_back(seq.at(message_of(s, r, list[i])), i);
     std::sort(recvs.begin(), recvs.end());
     std::vector<Instr> moved;
     moved.reserve(list.size());
@@ -179,11 +185,11 @@ Schedule for_rendezvous(const Schedule& s) {
     };
     for (size_t i = 0; i < list.size(); ++i) {
       const Instr& in = list[i];
-      if (is_recv(in.op)) {
+      if (moves(in)) {
         while (!placed[i]) place_next();  // it, after the receives numbered before it
         continue;
       }
-      if (is_send(in.op)) {
+      if (is_send(in.op) && in.peer != r) {
         const int q = seq.at(message_of(s, r, in));
         while (k < recvs.size() && recvs[k].first < q) place_next();
       }

@@ -111,7 +111,8 @@ ExpectedCompression expected_compression(const RunConfig& cfg, const cluster::Cl
   // Each parameter of world rank 0's first pipeline stage, by the layer
   // index rank_work's buckets use (embedding -2, the head n_layers).
   const StageSlice slice = stage_slice(stage_layer_counts(cfg), int(cfg.parallel.pp),
-                                       int(cfg.parallel.virtual_stages), 0);
+                                       int(cfg.parallel.virtual_stages), 0,
+                                       placement_of_schedule(cfg.parallel.schedule));
   const std::vector<ParamSpec> table = build_param_table(cfg.model, cfg.parallel.tp, 0, &slice);
   struct Geo {
     int64_t n = 0, comp = 0, ps_p = 0, ps_q = 0;

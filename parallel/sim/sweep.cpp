@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/layout.hpp"
+#include "core/model/stage_map.hpp"
 #include "parallel/cost/memory.hpp"
 #include "parallel/pipeline_plan.hpp"
 #include "parallel/schedule/validate.hpp"
@@ -68,10 +69,12 @@ std::vector<int64_t> speed_weighted_stages(const RunConfig& cfg, const cluster::
   if (*std::max_element(speed.begin(), speed.end()) ==
       *std::min_element(speed.begin(), speed.end()))
     return {};
-  // Stage s = chunk * pp + rank; largest remainders, at least one layer each.
+  // Stage s sits on rank rank_of_stage (the run's placement); largest
+  // remainders, at least one layer each.
+  const StagePlacement place = placement_of_schedule(cfg.parallel.schedule);
   std::vector<double> w(static_cast<size_t>(S));
   double total = 0;
-  for (int64_t s = 0; s < S; ++s) total += (w[size_t(s)] = speed[size_t(s % P)]);
+  for (int64_t s = 0; s < S; ++s) total += (w[size_t(s)] = speed[size_t(rank_of_stage(place, P, int(s)))]);
   std::vector<int64_t> n(size_t(S), 1);
   int64_t left = L - S;
   std::vector<double> want(static_cast<size_t>(S));

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "core/model/stage_map.hpp"
 #include "parallel/cost/stages.hpp"
 
 namespace adgt::sim {
@@ -324,8 +325,9 @@ RankWork rank_work(const RunConfig& cfg, int pp_rank, const WorkOptions& opts) {
   RankWork rw;
   constexpr double kGradBytes = 4;  // gradients and their reduction are fp32
   std::vector<std::pair<int64_t, std::pair<double, double>>> units;  // (layer, params), completion order
+  const StagePlacement place = placement_of_schedule(par.schedule);
   for (int c = 0; c < v; ++c) {
-    const int s = c * pp + pp_rank;
+    const int s = stage_of(place, pp, pp_rank, c);
     StageWork st;
     st.first_layer = std::accumulate(counts.begin(), counts.begin() + s, int64_t{0});
     st.end_layer = st.first_layer + counts[size_t(s)];

@@ -2,8 +2,8 @@
 """Every pipeline schedule trains like the single process.
 
 For pp in {2, 4}, micro-batches m in {pp, 2pp, 3pp} and every generator
-(gpipe, 1f1b, interleaved with 2 virtual stages, zb-h1, greedy, and greedy
-with 2 virtual stages as greedy-v2), alone and
+(gpipe, 1f1b, interleaved with 2 virtual stages, zb-h1, greedy, greedy
+with 2 virtual stages as greedy-v2, and zb-v on the vee placement), alone and
 combined with tp=2 or dp=2, the 8-layer ~100k-parameter model
 (tests/pipeline/model.yaml) trains 20 steps under mpirun. Its per-step losses
 (metrics.jsonl) and final weights (the step_20 checkpoint's whole tensors,
@@ -26,7 +26,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "layouts"))
 from train_run import losses, rel_errors, train_run  # noqa: E402
-SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb-h1", "greedy", "greedy-v2"]
+SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb-h1", "greedy", "greedy-v2", "zb-v"]
 
 
 def run(args, name, sets, ranks, resume_from=None):
@@ -98,7 +98,7 @@ def main():
                 gb = m * dp
                 ref_l, ref_w, _, _ = reference(gb)
                 for sched in args.schedules:
-                    v = 2 if sched in ("interleaved", "greedy-v2") else 1
+                    v = 2 if sched in ("interleaved", "greedy-v2", "zb-v") else 1
                     name = f"pp{pp}_m{m}_{sched}_{extra}"
                     sets = [f"parallel.pp={pp}", f"parallel.tp={tp}", f"parallel.dp={dp}",
                             f"parallel.schedule={sched.removesuffix('-v2')}",

@@ -373,7 +373,7 @@ TEST_CASE("pipeline keys: defaults, values and pipeline_microbatches", "[config]
   RunConfig i = load(kPipe, {"parallel.schedule=interleaved", "parallel.virtual_stages=2"});
   CHECK(i.parallel.virtual_stages == 2);
   CHECK(error_of("parallel:\n  schedule: zb-h2\n") ==
-        "x.yaml:2: parallel.schedule: expected one of {gpipe, 1f1b, interleaved, zb-h1, greedy}, "
+        "x.yaml:2: parallel.schedule: expected one of {gpipe, 1f1b, interleaved, zb-h1, zb-v, greedy}, "
         "got \"zb-h2\"");
   CHECK(error_of("parallel:\n  virtual_stages: 0\n") ==
         "x.yaml:2: parallel.virtual_stages: expected a positive integer, got 0");
@@ -474,11 +474,11 @@ TEST_CASE("pipeline cross-field rules name the keys and a fix", "[config]") {
 
   // virtual_stages > 1 only with the interleaved and greedy schedules.
   CHECK(error_of(kPipe + "  virtual_stages: 2\n") ==
-        "x.yaml: parallel.virtual_stages=2 needs parallel.schedule=interleaved or greedy (got 1f1b); "
-        "use virtual_stages=1, or schedule=interleaved or greedy");
+        "x.yaml: parallel.virtual_stages=2 needs parallel.schedule=interleaved, greedy or zb-v (got 1f1b); "
+        "use virtual_stages=1, or schedule=interleaved, greedy or zb-v");
   CHECK(error_of(kPipe + "  virtual_stages: 2\n  schedule: zb-h1\n") ==
-        "x.yaml: parallel.virtual_stages=2 needs parallel.schedule=interleaved or greedy (got zb-h1); "
-        "use virtual_stages=1, or schedule=interleaved or greedy");
+        "x.yaml: parallel.virtual_stages=2 needs parallel.schedule=interleaved, greedy or zb-v (got zb-h1); "
+        "use virtual_stages=1, or schedule=interleaved, greedy or zb-v");
   CHECK(load(kPipe, {"parallel.virtual_stages=2", "parallel.schedule=greedy"}).parallel.virtual_stages == 2);
   CHECK(error_of("parallel:\n  schedule: greedy\n  virtual_stages: 2\n") ==
         "x.yaml: parallel.pp=1: greedy with parallel.virtual_stages=2 needs at least 2 pipeline ranks; use "

@@ -184,8 +184,8 @@ TEST_CASE("layout: layout_errors reports every broken rule, the first as validat
   CHECK(all[1].message == "parallel.zero=2: only ZeRO stage 0 or 1 is supported; use 0 or 1");
   CHECK(all[2].message == "parallel.tp=3 does not divide model.n_heads=8; use tp in {1,2,4}");
   CHECK(all[3].message ==
-        "parallel.virtual_stages=2 needs parallel.schedule=interleaved or greedy (got 1f1b); use "
-        "virtual_stages=1, or schedule=interleaved or greedy");
+        "parallel.virtual_stages=2 needs parallel.schedule=interleaved, greedy or zb-v (got 1f1b); use "
+        "virtual_stages=1, or schedule=interleaved, greedy or zb-v");
   CHECK(all[4].message ==
         "parallel.schedule=1f1b with parallel.pp=2: fewer micro-batches than stages "
         "(train.global_batch=8 / (train.micro_batch=8 x parallel.dp=1) = 1, need >= 2); use "

@@ -261,12 +261,12 @@ TEST_CASE("schedule generators: ZB-V on the vee placement", "[schedule]") {
   CHECK(max_held_activations(g) <= 10);
   // The placement's rules, as named errors.
   CHECK_THROWS_WITH(make_schedule("zb-v", 4, 8, 2),
-                    Contains("parallel.schedule=\"zb-v\" runs on the V-shaped placement"));
+                    Contains("parallel.schedule=\"zb-v\" runs on the V-shaped (vee) stage placement only"));
   CHECK_THROWS_WITH(make_schedule("greedy", 4, 8, 1, {}, 0, 100, StagePlacement::vee),
-                    Contains("parallel.placement=vee places two chunks per rank"));
+                    Contains("the vee stage placement (zb-v) places two chunks per rank"));
   CHECK_THROWS_WITH(make_schedule("interleaved", 4, 8, 2, {}, 0, 100, StagePlacement::vee),
-                    Contains("does not run on parallel.placement=vee"));
-  CHECK_THROWS_WITH(zb_v(1, 8), Contains("parallel.placement=vee needs at least 2 pipeline ranks"));
+                    Contains("does not run on the vee stage placement"));
+  CHECK_THROWS_WITH(zb_v(1, 8), Contains("the vee stage placement (zb-v) needs at least 2 pipeline ranks"));
 }
 
 TEST_CASE("schedule generators: make_schedule dispatches by name", "[schedule]") {
@@ -291,8 +291,8 @@ TEST_CASE("schedule generators: bad settings are named errors", "[schedule]") {
                     Equals("parallel.microbatches=6 is not a multiple of parallel.pp=4: the interleaved schedule runs "
                            "micro-batches in groups of pp (as Megatron does); use 4 or 8"));
   CHECK_THROWS_WITH(make_schedule("1f1b", 4, 8, 2),
-                    Equals("parallel.virtual_stages=2 needs parallel.schedule=interleaved or greedy (got 1f1b); "
-                           "use virtual_stages=1, or schedule=interleaved or greedy"));
+                    Equals("parallel.virtual_stages=2 needs parallel.schedule=interleaved, greedy or zb-v (got 1f1b); "
+                           "use virtual_stages=1, or schedule=interleaved, greedy or zb-v"));
   CHECK_THROWS_WITH(make_schedule("interleaved", 4, 8, 1), Contains("needs at least 2 chunks per rank"));
   CHECK_THROWS_WITH(make_schedule("interleaved", 1, 8, 2), Contains("needs at least 2 pipeline ranks"));
   CHECK_THROWS_WITH(make_schedule("zb-h2", 4, 8, 1),
