@@ -34,11 +34,11 @@ endforeach()
 # The lists the executor runs on NCCL (pp::for_rendezvous: receives moved to
 # the messages' global order), run over MPI: the same numbers as the single
 # process. The schedules whose lists it changes most (interleaved, greedy,
-# greedy over two chunks per rank).
+# greedy over two chunks per rank, zb-v with its in-memory turn on rank pp-1).
 add_test(NAME pipeline_match_single_process_rendezvous
   COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/pipeline/compare_pipelines.py
     --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
-    --data ${CMAKE_BINARY_DIR}/data/kjv-byte --extras none --schedules interleaved greedy greedy-v2 zb-h1
+    --data ${CMAKE_BINARY_DIR}/data/kjv-byte --extras none --schedules interleaved greedy greedy-v2 zb-h1 zb-v
     --m-per-pp 1 3 --rendezvous --work ${CMAKE_BINARY_DIR}/pipeline_rendezvous)
 set_tests_properties(pipeline_match_single_process_rendezvous PROPERTIES TIMEOUT 1200
   LABELS "parallel;pipeline" FIXTURES_REQUIRED kjv_byte RUN_SERIAL TRUE)

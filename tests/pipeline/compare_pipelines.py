@@ -141,9 +141,20 @@ def main():
             "pp2_tp2_gpipe": (["parallel.pp=2", "parallel.tp=2", "parallel.schedule=gpipe",
                                "train.global_batch=4"], 4),
         }
-        for src, dst in [("pp2_m4_1f1b_none", "single_gb4"), ("single_gb4", "pp4_m4_zb-h1"),
-                         ("pp2_m4_1f1b_none", "pp2_dp2_1f1b"), ("pp2_m4_1f1b_none", "pp2_tp2_gpipe"),
-                         ("pp2_m4_1f1b_none", "pp2_m4_1f1b_none")]:
+        pairs = [("pp2_m4_1f1b_none", "single_gb4"), ("single_gb4", "pp4_m4_zb-h1"),
+                 ("pp2_m4_1f1b_none", "pp2_dp2_1f1b"), ("pp2_m4_1f1b_none", "pp2_tp2_gpipe"),
+                 ("pp2_m4_1f1b_none", "pp2_m4_1f1b_none")]
+        if "zb-v" in args.schedules:
+            # The vee placement's checkpoints (rank 0 holds the first and the
+            # last stage) load into looped layouts and back, and resume bit
+            # for bit in their own.
+            layouts["pp4_m4_zb-v"] = (["parallel.pp=4", "parallel.schedule=zb-v",
+                                       "parallel.virtual_stages=2", "train.global_batch=4"], 4)
+            layouts["pp2_m4_zb-v_none"] = (["parallel.pp=2", "parallel.schedule=zb-v",
+                                            "parallel.virtual_stages=2", "train.global_batch=4"], 2)
+            pairs += [("pp2_m4_zb-v_none", "pp4_m4_zb-h1"), ("pp2_m4_1f1b_none", "pp4_m4_zb-v"),
+                      ("pp2_m4_zb-v_none", "pp2_m4_zb-v_none")]
+        for src, dst in pairs:
             name = f"resume_{src}_to_{dst}"
             sets, ranks = layouts[dst]
             r = run(args, name, sets, ranks,

@@ -633,3 +633,53 @@ TEST_CASE("adapt: emulate.slow_ranks with an onset step", "[adapt][config]") {
   CHECK_THROWS_WITH(parse_slow_rank_entries("5:1.5@x"), Catch::Contains("the step after '@'"));
   CHECK_THROWS_WITH(parse_slow_rank_entries("5:0.5@3"), Catch::Contains("< 1"));
 }
+
+TEST_CASE("adapt: a zb-v run re-plans on its own placement", "[adapt][schedule]") {
+  using namespace adgt;
+  using namespace adgt::adapt;
+  // The model's stages sit in a V (rank 0 holds the first and the last): a
+  // re-plan may only pick schedules that run there (zb-v, greedy on vee), and
+  // its memory check sees the vee slices.
+  const int P = 4, m = 8;
+  pp::StageCosts c;
+  c.f = {0.9, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 1.0};  // the end stages (both on rank 0) heavier
+  for (double f : c.f) c.b.push_back(1.1 * f), c.w.push_back(0.7 * f);
+  const pp::Schedule zv = pp::with_grad_reductions(pp::zb_v(P, m));
+  const RunConfig cfg = bench_config("zb-v", 2, m, "schedule");
+  const MemoryEstimate e = estimate_memory_replanned(cfg, 4, pp::held_activations(zv));
+  const ScheduleChoice ch = choose_schedule(zv, c, -1, [&](const pp::Schedule& s) {
+    return memory_fits(cfg, s, double(e.bytes_total));
+  });
+  CHECK(ch.schedule.placement == StagePlacement::vee);
+  for (const auto& [label, t] : ch.candidates) {
+    INFO(label);
+    CHECK((label.rfind("current", 0) == 0 || label.rfind("zb-v", 0) == 0 || label.rfind("greedy", 0) == 0));
+    CHECK(t > 0);
+  }
+  CHECK(ch.candidates.size() >= 2);
+  CHECK_NOTHROW(pp::validate(ch.schedule));
+  CHECK(pp::max_held_activations(ch.schedule) <= pp::max_held_activations(zv));
+
+  // ZB-V's memory: the vee slices put the embedding and the head on rank 0;
+  // with what the schedule holds, its busiest rank holds no more activations
+  // than ZB-H1's (1F1B's pp micro-batches of a whole stage, split buffers too).
+  const pp::Schedule zh = pp::with_grad_reductions(pp::zb_h1(P, m));
+  const MemoryEstimate ev = estimate_memory(bench_config("zb-v", 2, m, "off"), 4, pp::held_activations(zv));
+  const MemoryEstimate eh = estimate_memory(bench_config("zb-h1", 1, m, "off"), 4, pp::held_activations(zh));
+  const pp::Schedule il = pp::with_grad_reductions(pp::interleaved_1f1b(P, m, 2));
+  const MemoryEstimate ei =
+      estimate_memory(bench_config("interleaved", 2, m, "off"), 4, pp::held_activations(il));
+  // The split interleaved order the looped re-plan picks (the 0.4x-of-1F1B
+  // schedule): 12 chunks held on its busiest rank.
+  const ScheduleChoice gi = choose_schedule(il, c);
+  REQUIRE(gi.schedule.name == "greedy");
+  const MemoryEstimate eg =
+      estimate_memory(bench_config("greedy", 2, m, "off"), 4, pp::held_activations(gi.schedule));
+  INFO("activations: zb-v " << ev.bytes_activations << " (rank " << ev.pp_rank << "), zb-h1 "
+                            << eh.bytes_activations << ", interleaved " << ei.bytes_activations
+                            << ", the re-planned interleaved order " << eg.bytes_activations);
+  // ZB-H1's plus rank 0's head activations (the loss's rows): within 5%.
+  CHECK(double(ev.bytes_activations) <= 1.05 * double(eh.bytes_activations));
+  CHECK(double(ev.bytes_activations) < 0.9 * double(eg.bytes_activations));
+  CHECK(ev.pp_rank == 0);  // the embedding's and the head's rank
+}

@@ -315,3 +315,35 @@ TEST_CASE("stage_layers from the config drive the slices", "[pipeline_stages]") 
   CHECK(stage_slice(counts, 2, 1, 0).chunks[0] == std::pair<int64_t, int64_t>{0, 5});
   CHECK(stage_slice(counts, 2, 1, 1).chunks[0] == std::pair<int64_t, int64_t>{5, 8});
 }
+
+TEST_CASE("stage_slice on the vee placement (zb-v): rank r holds stages r and 2pp-1-r",
+          "[pipeline_stages]") {
+  // pp = 4, v = 2: 8 stages of 2 layers; rank 0 holds the first and the last.
+  const std::vector<int64_t> counts(8, 2);
+  const StageSlice r0 = stage_slice(counts, 4, 2, 0, StagePlacement::vee);  // stages 0 and 7
+  CHECK(r0.chunks == std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {14, 16}});
+  CHECK(r0.embedding);
+  CHECK(r0.head);  // on its last chunk, as with looped
+  const StageSlice r3 = stage_slice(counts, 4, 2, 3, StagePlacement::vee);  // stages 3 and 4
+  CHECK(r3.chunks == std::vector<std::pair<int64_t, int64_t>>{{6, 8}, {8, 10}});
+  CHECK(!r3.embedding);
+  CHECK(!r3.head);
+  // Every layer on exactly one chunk of one rank, uneven counts too.
+  const std::vector<int64_t> uneven = {1, 2, 3, 1, 2, 1};
+  std::vector<int> seen(10, 0);
+  for (int r = 0; r < 3; ++r) {
+    const StageSlice s = stage_slice(uneven, 3, 2, r, StagePlacement::vee);
+    REQUIRE(s.chunks.size() == 2);
+    CHECK(s.chunks[0].second - s.chunks[0].first == uneven[size_t(r)]);
+    CHECK(s.chunks[1].second - s.chunks[1].first == uneven[size_t(5 - r)]);
+    for (const auto& [a, b] : s.chunks)
+      for (int64_t l = a; l < b; ++l) ++seen[size_t(l)];
+    CHECK(s.embedding == (r == 0));
+    CHECK(s.head == (r == 0));
+  }
+  CHECK(seen == std::vector<int>(10, 1));
+  CHECK(placement_of_schedule("zb-v") == StagePlacement::vee);
+  CHECK(placement_of_schedule("greedy") == StagePlacement::looped);
+  CHECK_THROWS_AS(stage_slice(std::vector<int64_t>(12, 1), 4, 3, 0, StagePlacement::vee),
+                  std::invalid_argument);
+}

@@ -118,3 +118,36 @@ TEST_CASE("grouped sends: interleaved 1F1B as generated deadlocks on NCCL; for_r
   CHECK_THROWS_WITH(validate_grouped(s), Contains("deadlock with grouped rendezvous sends (NCCL)"));
   CHECK_NOTHROW(validate_grouped(for_rendezvous(s)));
 }
+
+TEST_CASE("grouped sends: zb-v's turn on rank pp-1 is no transport operation", "[schedule][grouped]") {
+  // Rank pp-1 sends stage pp-1's activations (and stage pp's input
+  // gradients) to itself: the executor copies them in memory. for_rendezvous
+  // keeps those receives where they were, after their sends, and
+  // validate_grouped does not count them as NCCL operations.
+  for (int pp : {2, 3, 4, 8})
+    for (int m : {1, pp, 2 * pp, 3 * pp + 1}) {
+      const Schedule s = with_grad_reductions(zb_v(pp, m));
+      INFO("zb-v pp=" << pp << " m=" << m);
+      check_rendezvous(s);
+      const Schedule t = for_rendezvous(s);
+      const auto& a = s.ranks[size_t(pp - 1)];
+      const auto& b = t.ranks[size_t(pp - 1)];
+      int self = 0;
+      for (size_t i = 0; i < a.size(); ++i)
+        if (is_recv(a[i].op) && a[i].peer == pp - 1) {
+          ++self;
+          // Same position among the rank's non-moving instructions: the
+          // instructions before it that are not moved receives are the same.
+          std::vector<Instr> before_a, before_b;
+          for (size_t k = 0; k < i; ++k)
+            if (!is_recv(a[k].op) || a[k].peer == pp - 1) before_a.push_back(a[k]);
+          size_t j = 0;
+          while (j < b.size() && !(b[j] == a[i])) ++j;
+          REQUIRE(j < b.size());
+          for (size_t k = 0; k < j; ++k)
+            if (!is_recv(b[k].op) || b[k].peer == pp - 1) before_b.push_back(b[k]);
+          CHECK(before_a == before_b);
+        }
+      CHECK(self == 2 * m);  // each micro-batch's activation and its gradient
+    }
+}
