@@ -12,7 +12,8 @@ scenarios, for each m:
   adapt        starts in 1f1b, parallel.adapt: schedule (one chunk per rank)
   interleaved  interleaved with 2 chunks per rank, adapt off
   adapt-v2     starts interleaved with 2 chunks per rank, parallel.adapt: schedule
-(and, with --scenarios, interleaved-v4 and adapt-v4: 4 chunks per rank, for
+(and, with --scenarios, zb-v and adapt-zbv: ZB-V's vee placement, static and
+re-planned on it; interleaved-v4 and adapt-v4: 4 chunks per rank, for
 --set model.n_layers=16).
 
 Each runs REPS times; a run's figure is the median over steps SKIP..STEPS of
@@ -38,6 +39,10 @@ SCENARIOS = {
     "adapt": ["parallel.schedule=1f1b", "parallel.adapt=schedule"],
     "interleaved": ["parallel.schedule=interleaved", "parallel.virtual_stages=2", "parallel.adapt=off"],
     "adapt-v2": ["parallel.schedule=interleaved", "parallel.virtual_stages=2", "parallel.adapt=schedule"],
+    # ZB-V (the vee placement, 2 chunks per rank: 1F1B's activations), static
+    # and re-planned (zb-v or greedy on the same placement).
+    "zb-v": ["parallel.schedule=zb-v", "parallel.virtual_stages=2", "parallel.adapt=off"],
+    "adapt-zbv": ["parallel.schedule=zb-v", "parallel.virtual_stages=2", "parallel.adapt=schedule"],
     # Four chunks per rank need model.n_layers a multiple of 16 (--set model.n_layers=16).
     "interleaved-v4": ["parallel.schedule=interleaved", "parallel.virtual_stages=4", "parallel.adapt=off"],
     "adapt-v4": ["parallel.schedule=interleaved", "parallel.virtual_stages=4", "parallel.adapt=schedule"],
