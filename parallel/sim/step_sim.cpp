@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "core/layout.hpp"
+#include "core/model/stage_map.hpp"
 #include "parallel/cluster/collectives.hpp"
 #include "parallel/cost/flops.hpp"
 #include "parallel/cost/memory.hpp"
@@ -90,9 +91,6 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
   // Per pipeline rank: its work and bucket durations (costed per replica below).
   std::vector<RankWork> work;
   for (int p = 0; p < P; ++p) work.push_back(rank_work(cfg, p, opts.work));
-  pp::Schedule sched;
-  if (P > 1) sched = engine_schedule(cfg);
-
   // Op costs, memoised per op.
   std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>, double> memo;
   auto op_time = [&](const Op& op) {
@@ -108,6 +106,46 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
     for (const Op& op : ops) t += op_time(op);
     return t;
   };
+
+  // The schedule. The cost-driven generators (greedy, zb-v) plan on this
+  // simulation's stage times (each pipeline rank's compute at its speed) and
+  // link times, as the run's re-plan does from its measured ones after its
+  // first steps (parallel/controller.cpp); the others are fixed orders.
+  pp::Schedule sched;
+  if (P > 1 && (cfg.parallel.schedule == "greedy" || cfg.parallel.schedule == "zb-v")) {
+    const int V = int(lay.virtual_stages);
+    const StagePlacement place = placement_of_schedule(cfg.parallel.schedule);
+    auto pass_s = [&](const PassWork& w) {
+      double t = 0;
+      for (const Piece& pc : w.pieces) t += ops_time(pc.ops);
+      return t;
+    };
+    auto lead_rank = [&](int p) { return rank_of(lay, RankCoords{0, 0, p, 0, 0}); };
+    pp::StageCosts sc;
+    sc.f.assign(size_t(P * V), 0);
+    sc.b.assign(size_t(P * V), 0);
+    sc.w.assign(size_t(P * V), 0);
+    for (int p = 0; p < P; ++p) {
+      double speed = cl.speed_of_node(cl.node_of(lead_rank(p)));
+      if (auto it = opts.slow_ranks.find(lead_rank(p)); it != opts.slow_ranks.end()) speed /= it->second;
+      for (int c = 0; c < V; ++c) {
+        const StageWork& st = work[size_t(p)].chunks[size_t(c)];
+        const size_t s = size_t(stage_of(place, P, p, c));
+        sc.f[s] = pass_s(st.forward) / speed;
+        sc.b[s] = pass_s(st.input_grad) / speed;
+        sc.w[s] = pass_s(st.weight_grad) / speed;
+      }
+    }
+    const double bytes_msg = work[0].chunks[0].activation_bytes;
+    const bool wrap = V > 1 && place == StagePlacement::looped;
+    for (int k = 0; k < (wrap ? P : P - 1); ++k)
+      sc.link.push_back(cluster::message_time(cl, lead_rank(k), lead_rank((k + 1) % P), bytes_msg));
+    bool usable = true;  // f and b > 0 (a stage without layers or ops would not plan)
+    for (size_t s = 0; s < sc.f.size(); ++s) usable = usable && sc.f[s] > 0 && sc.b[s] > 0;
+    sched = usable ? engine_schedule(cfg, &sc) : engine_schedule(cfg);
+  } else if (P > 1) {
+    sched = engine_schedule(cfg);
+  }
 
   // Units.
   std::vector<Unit> units;

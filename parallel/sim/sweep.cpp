@@ -2,6 +2,8 @@
 #include "parallel/sim/sweep.hpp"
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 #include <cmath>
 #include <numeric>
 
@@ -151,6 +153,8 @@ SweepResult sweep_layouts(const RunConfig& base, int64_t gpus, const cluster::Cl
   const double budget = cl.device.memory_bytes * (1 - opts.headroom);
   // Candidates that pass the rules, the constraints and memory, with bounds.
   std::vector<SweepRow> cand;
+  using HeldKey = std::tuple<std::string, int64_t, int64_t, int64_t, std::vector<int64_t>>;
+  std::map<HeldKey, std::vector<std::vector<int64_t>>> held_of;  // the schedules' held activations
   auto consider = [&](RunConfig c) {
     if (layout_error(c.model, c.train, layout_of(c))) {
       ++out.rejected_rules;
@@ -169,7 +173,17 @@ SweepResult sweep_layouts(const RunConfig& base, int64_t gpus, const cluster::Cl
       return;
     }
     std::vector<std::vector<int64_t>> held;
-    if (c.parallel.pp > 1) held = pp::held_activations(make_pipeline_schedule(c));
+    if (c.parallel.pp > 1) {
+      // The schedule depends on the stage costs' ratios only (the micro-batch
+      // scales every stage alike), so candidates that differ in tp, ZeRO,
+      // SP or recompute share it; zb-v and greedy list-schedule at every m.
+      const HeldKey k{c.parallel.schedule, c.parallel.pp, c.parallel.virtual_stages,
+                      c.pipeline_microbatches(), c.parallel.stage_layers};
+      auto it = held_of.find(k);
+      if (it == held_of.end())
+        it = held_of.emplace(k, pp::held_activations(make_pipeline_schedule(c))).first;
+      held = it->second;
+    }
     if (double(estimate_memory(c, bytes, held).bytes_total) > budget) {
       ++out.rejected_memory;
       return;
@@ -183,7 +197,7 @@ SweepResult sweep_layouts(const RunConfig& base, int64_t gpus, const cluster::Cl
   auto pick = [&](const char* key, auto value, auto base_value) {
     return !has(fx, key) || value == base_value;
   };
-  const std::vector<const char*> schedules = {"1f1b", "interleaved", "zb-h1"};
+  const std::vector<const char*> schedules = {"1f1b", "interleaved", "zb-h1", "zb-v"};
   for (int64_t tp : divisors(gpus)) {
     if (tp > max_tp || m.n_heads % tp || m.n_kv_heads % tp) continue;
     if (!pick("parallel.tp", tp, bp.tp)) { ++out.rejected_fixed; continue; }
@@ -219,6 +233,7 @@ SweepResult sweep_layouts(const RunConfig& base, int64_t gpus, const cluster::Cl
                 }
                 std::vector<int64_t> vs = {1};
                 if (sc == "interleaved") vs = {2, 4};
+                if (sc == "zb-v") vs = {2};
                 if (has(fx, "parallel.virtual_stages")) vs = {bp.virtual_stages};
                 for (int64_t v : vs) {
                   for (const char* rc : {"none", "selective", "full"}) {
