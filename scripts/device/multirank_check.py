@@ -4,6 +4,7 @@ single process on the same device, with the CPU tests' bounds.
 
 Layouts (4 ranks sharing the device, ADGT_SHARED_GPU_TEST=1, collectives
 host-staged through MPI): tp2 dp2 ZeRO-1 SP (bf16), pp2 zb-h1 dp2 (bf16),
+pp2 zb-v dp2 (bf16, 4 layers: rank 1's turn handed over in device memory),
 ep2 dp2 MoE (bf16). Each trains the
 ~100k-parameter layout model 20 steps; the relative loss error against the
 single process must stay under the bound the CPU tests use
@@ -41,6 +42,10 @@ LAYOUTS = {
     "pp2_zbh1_dp2": (DENSE, 4, "bf16", ["parallel.pp=2", "parallel.dp=2", "parallel.schedule=zb-h1"],
                      3.5e-4),
     "ep2_dp2_moe": (MOE, 2, "bf16", ["parallel.dp=2", "parallel.ep=2"], 1.8e-3),
+    # ZB-V: rank 1 hands its turn over in device memory (4 layers: 2 chunks
+    # per rank; its reference is the single process with the same model).
+    "pp2_zbv_dp2": (DENSE, 4, "bf16", ["model.n_layers=4", "parallel.pp=2", "parallel.dp=2",
+                                       "parallel.schedule=zb-v", "parallel.virtual_stages=2"], 3.5e-4),
 }
 
 
@@ -139,10 +144,12 @@ def main():
     rows, failed = [], []
     for name in args.layouts:
         config, ranks, dtype, sets, bound = LAYOUTS[name]
-        key = (config, dtype)
+        model_sets = [x for x in sets if x.startswith("model.")]  # the reference's model too
+        key = (config, dtype, tuple(model_sets))
         if key not in refs:
-            refs[key] = run(args, f"single_{os.path.basename(os.path.dirname(config))}_{dtype}",
-                            config, 1, [f"train.dtype={dtype}"])
+            suffix = "".join("_" + x.split("=")[0].split(".")[-1] + x.split("=")[1] for x in model_sets)
+            refs[key] = run(args, f"single_{os.path.basename(os.path.dirname(config))}_{dtype}{suffix}",
+                            config, 1, [f"train.dtype={dtype}"] + model_sets)
         ref = refs[key]
         got = run(args, name, config, ranks, sets + [f"train.dtype={dtype}"])
         if ref is None or got is None:
