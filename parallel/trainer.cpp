@@ -235,9 +235,10 @@ void Trainer::wire(ParallelContext ctx, bool init) {
     engine_->reducer().set_compression(cs, *backend_);
   }
   controllers_.clear();
-  // parallel.schedule: greedy re-plans once after step 2; the adapter (the
-  // default) then re-plans from step 10 on.
-  if (engine_->pipelined() && cfg.parallel.schedule == "greedy")
+  // parallel.schedule: greedy and zb-v (list-scheduled from costs) re-plan
+  // once after step 2 from the measured ones; the adapter (the default) then
+  // re-plans from step 10 on.
+  if (engine_->pipelined() && (cfg.parallel.schedule == "greedy" || cfg.parallel.schedule == "zb-v"))
     controllers_.push_back(make_greedy_replan(cfg));
   if (engine_->pipelined() && cfg.parallel.adapt != "off")  // docs/adaptation.md
     controllers_.push_back(adapt::make_schedule_adapter(cfg));
