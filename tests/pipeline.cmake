@@ -42,3 +42,16 @@ add_test(NAME pipeline_match_single_process_rendezvous
     --m-per-pp 1 3 --rendezvous --work ${CMAKE_BINARY_DIR}/pipeline_rendezvous)
 set_tests_properties(pipeline_match_single_process_rendezvous PROPERTIES TIMEOUT 1200
   LABELS "parallel;pipeline" FIXTURES_REQUIRED kjv_byte RUN_SERIAL TRUE)
+# zb-v's V-shaped placement as the run prints it (rank 0 holds the first and
+# the last stage), and its chunk-count rule as a named config error.
+add_test(NAME pipeline_print_schedule_zb_v
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh --success "^  stage 7 \\(rank 0, chunk 1\\): layers 7\\.\\.7 \\+ final norm"
+    -- $<TARGET_FILE:adgt-train> --config ${CMAKE_CURRENT_SOURCE_DIR}/pipeline/model.yaml --print-schedule
+    --set parallel.pp=4 --set parallel.schedule=zb-v --set parallel.virtual_stages=2 --set train.global_batch=8)
+add_test(NAME pipeline_zb_v_bad_chunks
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh
+    "parallel.virtual_stages=4: the zb-v schedule places exactly 2 chunks per rank"
+    -- $<TARGET_FILE:adgt-train> --config ${CMAKE_CURRENT_SOURCE_DIR}/pipeline/model.yaml --print-schedule
+    --set parallel.pp=4 --set parallel.schedule=zb-v --set parallel.virtual_stages=4)
+set_tests_properties(pipeline_print_schedule_zb_v pipeline_zb_v_bad_chunks PROPERTIES TIMEOUT 60
+  LABELS "pipeline;schedule")
