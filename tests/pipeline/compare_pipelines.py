@@ -201,6 +201,27 @@ def main():
                   f"{werr:.3e}  {'PASS' if ok else 'FAIL'}", flush=True)
             if not ok:
                 failed.append(f"resume_{src}_to_pp4_dp2")
+    if "none" in args.extras and 4 in args.pp and "zb-v" in args.schedules:
+        # Evaluation through the vee placement (forward_only hands rank pp-1's
+        # activations over in memory): the same validation losses.
+        vals = {}
+        for name, sets, ranks in [
+                ("eval_single_gb8", ["train.global_batch=8", "train.eval_interval=10"], 1),
+                ("eval_pp4_zb-v", ["parallel.pp=4", "parallel.schedule=zb-v", "parallel.virtual_stages=2",
+                                   "train.global_batch=8", "train.eval_interval=10"], 4)]:
+            if train_run(args, os.path.join(HERE, "model.yaml"), name, sets, ranks, weights=False) is None:
+                failed.append(f"{name}: exited non-zero")
+                continue
+            with open(os.path.join(args.work, name, "metrics.jsonl")) as f:
+                vals[name] = {q["step"]: q["val_loss"] for q in map(json.loads, filter(str.strip, f))
+                              if "val_loss" in q}
+        if len(vals) == 2:
+            a, b = vals["eval_single_gb8"], vals["eval_pp4_zb-v"]
+            ok = sorted(a) == sorted(b) == [10, 20] and all(abs(a[k] - b[k]) <= args.tol * abs(a[k]) for k in a)
+            print(f"eval_pp4_zb-v: val loss {b} against the single process {a}  {'PASS' if ok else 'FAIL'}",
+                  flush=True)
+            if not ok:
+                failed.append("eval_pp4_zb-v")
     if failed:
         sys.exit("FAIL: " + "; ".join(failed))
     print(f"PASS: {n} pipeline runs equal the single process within {args.tol}")
