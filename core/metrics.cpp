@@ -112,6 +112,7 @@ void MetricsLog::log_step(const StepMetrics& m) {
   j["comm_bytes"] = {{"tp", m.tp_bytes}, {"dp", m.dp_bytes}, {"pp", m.pp_bytes}};
   if (m.bubble >= 0) j["bubble"] = m.bubble;
   if (m.bubble_idle >= 0) j["bubble_idle"] = m.bubble_idle;
+  if (m.held >= 0) j["held"] = m.held;
   if (m.dp_wait_s >= 0) j["dp_wait_s"] = m.dp_wait_s;
   if (m.dp_wait_max_s >= 0) j["dp_wait_max_s"] = m.dp_wait_max_s;
   {

@@ -42,6 +42,7 @@ struct StepMetrics {
   int64_t host_reads = -1;  // device-to-host waits of the step (device backends; < 0: not counted)
   double bubble = -1;  // pipeline: measured idle share of the step (< 0: no pipeline)
   double bubble_idle = -1;  // of it, waiting for a neighbour (receives, end of the list)
+  int64_t held = -1;        // pipeline: most chunk activations a rank held at once (< 0: none)
   // Gradient compression (docs/compression.md; "" = off everywhere): the
   // buckets' levels ("int8", or a mix "int8:12,off:2"), and this rank's bytes
   // of the compressed buckets: sent, and what the fp32 reduce would have sent.

@@ -179,6 +179,7 @@ double Engine::forward_backward(const MicroBatchFetch& fetch) {
     measure_bubble();
   } else {
     times_.bubble = times_.bubble_idle = -1.0;
+    times_.held = -1;
   }
   return loss;
 }
@@ -242,9 +243,10 @@ void Engine::measure_bubble() {
   // (not measured where a rank's receives do not block its host: -1).
   const double own_span = pipe_->last_step_seconds(), wait = pipe_->last_wait_seconds();
   double sums[3] = {pipe_->last_busy_seconds(), wait - own_span, wait < 0 ? 1.0 : 0.0};
-  double span[1] = {own_span};
+  double span[2] = {own_span, double(pipe_->last_peak_held())};
   ctx_.pp->all_reduce(Tensor(sums, DType::F64, {3}));
-  ctx_.pp->all_reduce(Tensor(span, DType::F64, {1}), ReduceOp::Max);
+  ctx_.pp->all_reduce(Tensor(span, DType::F64, {2}), ReduceOp::Max);
+  times_.held = int64_t(span[1]);
   const double P = double(ctx_.pp->size());
   times_.bubble = span[0] > 0 ? 1.0 - sums[0] / (P * span[0]) : 0.0;
   times_.bubble_idle =

@@ -61,6 +61,10 @@ struct StepTimes {
   // Of `bubble`, the share spent waiting for a neighbour (in receives, or
   // done before the slowest rank); the rest is host work between instructions.
   double bubble_idle = -1;
+  // Pipeline: the most micro-batch activations a rank of the pipeline group
+  // held at once (chunk slots, all chunks; PipelineExecutor::last_peak_held);
+  // < 0: no pipeline.
+  int64_t held = -1;
 };
 
 class Engine {

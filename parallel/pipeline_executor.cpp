@@ -122,6 +122,7 @@ int PipelineExecutor::slot_for(int chunk, int mb) {
   const int s = fr.back();
   fr.pop_back();
   m[mb] = s;
+  peak_held_ = std::max(peak_held_, ++held_);
   return s;
 }
 
@@ -132,6 +133,7 @@ void PipelineExecutor::release_slot(int chunk, int mb) {
                                                               << " has no activations to release");
   free_slots_[size_t(chunk)].push_back(it->second);
   m.erase(it);
+  --held_;
 }
 
 Tensor PipelineExecutor::send_buffer(const Tensor& like) {
@@ -214,6 +216,7 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
                   : std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   };
   msg_times_.clear();
+  held_ = peak_held_ = 0;  // every slot is free between steps (checked at the end)
   const auto recv = [&](Tensor t, int peer, int tg) {
     const double w0 = host_waits ? clock_now() : 0.0;
     comm_.recv(t, peer, tg);

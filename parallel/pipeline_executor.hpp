@@ -108,6 +108,11 @@ class PipelineExecutor {
   // The last run_step's messages (MessageTime), where receives block the
   // host (last_wait_seconds() >= 0); else empty.
   const std::vector<MessageTime>& message_times() const { return msg_times_; }
+  // The most micro-batch activations this rank held at once in the last
+  // run_step, summed over its chunks (a chunk's slot in use from its
+  // RecvAct/Forward to its Backward or BackwardWeight): what the schedule's
+  // pp::held_activations counts, as the executor ran it.
+  int64_t last_peak_held() const { return peak_held_; }
 
  private:
   int tag(int kind, int mb, int receiving_stage) const;
@@ -146,6 +151,7 @@ class PipelineExecutor {
   double step_s_ = 0;
   double wait_s_ = 0;
   std::vector<MessageTime> msg_times_;
+  int64_t held_ = 0, peak_held_ = 0;  // slots in use now / at most, this step
 };
 
 }  // namespace adgt

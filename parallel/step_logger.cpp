@@ -49,6 +49,7 @@ void StepLogger::observe(Engine& e, const StepReport& r, Comm& world) {
   }
   m.bubble = e.last_times().bubble;
   m.bubble_idle = e.last_times().bubble_idle;
+  m.held = e.last_times().held;
   if (e.reducer().level_mix() != "off") {  // gradient compression (docs/compression.md)
     m.grad_compression = e.reducer().level_mix();
     m.gc_sent_bytes = e.reducer().last_compression().sent_bytes;

@@ -18,6 +18,7 @@ usage: compare_pipelines.py --train BIN --mpirun WRAPPER --data DIR --work DIR
 import argparse
 import json
 import os
+import subprocess
 import sys
 
 import h5py
@@ -30,12 +31,29 @@ SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb-h1", "greedy", "greedy-v2", "zb
 
 
 def run(args, name, sets, ranks, resume_from=None):
-    """(losses by step, final weights, seconds, per-step measured bubbles) or None."""
+    """(losses by step, final weights, seconds, per-step measured bubbles,
+    activations held at step 1) or None."""
     r = train_run(args, os.path.join(HERE, "model.yaml"), name, sets, ranks, resume_from)
     if r is None:
         return None
     recs, w, dt = r
-    return losses(recs), w, dt, [q["bubble"] for q in recs if "bubble" in q]
+    held = [q["held"] for q in recs if q.get("step") == 1 and "held" in q]
+    return losses(recs), w, dt, [q["bubble"] for q in recs if "bubble" in q], held[0] if held else None
+
+
+def planned_held(args, sets):
+    """The most chunk activations a rank holds in the configured schedule, as
+    `adgt-train --print-schedule` counts them (pp::held_activations: each
+    chunk's peak, summed over the rank's chunks; what --dry-run's memory
+    uses), or None."""
+    cmd = [args.train, "--config", os.path.join(HERE, "model.yaml"), "--print-schedule"]
+    for s in sets:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    for line in p.stdout.splitlines():
+        if line.startswith("activations held per rank"):
+            return max(int(x) for x in line.split(":")[1].split())
+    return None
 
 
 def main():
@@ -88,7 +106,7 @@ def main():
         return refs[global_batch]
 
     print(f"{'pp':>3} {'m':>3} {'schedule':>11} {'with':>5}  {'max rel loss err':>16}  "
-          f"{'max rel weight err':>18}  {'bubble':>6}  {'time':>6}", flush=True)
+          f"{'max rel weight err':>18}  {'bubble':>6}  {'held':>6}  {'time':>6}", flush=True)
     failed, n = [], 0
     for pp in args.pp:
         for extra in args.extras:
@@ -96,7 +114,7 @@ def main():
             dp = 2 if extra == "dp2" else 1
             for m in (k * pp for k in args.m_per_pp):
                 gb = m * dp
-                ref_l, ref_w, _, _ = reference(gb)
+                ref_l, ref_w, _, _, _ = reference(gb)
                 for sched in args.schedules:
                     v = 2 if sched in ("interleaved", "greedy-v2", "zb-v") else 1
                     name = f"pp{pp}_m{m}_{sched}_{extra}"
@@ -109,7 +127,16 @@ def main():
                     if r is None:
                         failed.append(f"{name}: exited non-zero")
                         continue
-                    l, w, t, bub = r
+                    l, w, t, bub, held = r
+                    # The executor holds at most what the schedule (and the
+                    # memory estimate) counts, measured at step 1 (before any
+                    # re-plan); exactly that with one chunk per rank. Not with
+                    # --rendezvous: its receives move earlier (more held).
+                    plan = None
+                    if not args.rendezvous:
+                        plan = planned_held(args, sets)
+                        if held is None or plan is None or held > plan or (v == 1 and held != plan):
+                            failed.append(f"{name}: activations held {held}, the schedule's count {plan}")
                     if sorted(l) != sorted(ref_l):
                         failed.append(f"{name}: logged steps {sorted(l)}")
                         continue
@@ -120,8 +147,9 @@ def main():
                     lerr, werr, worst = rel_errors(l, ref_l, w, ref_w)
                     ok = lerr <= args.tol and werr <= args.tol
                     b = f"{100 * np.median(bub):5.1f}%" if bub else "   n/a"
+                    h = f"{held}/{plan}" if plan is not None else "-"
                     print(f"{pp:>3} {m:>3} {sched:>11} {extra:>5}  {lerr:>16.3e}  {werr:>18.3e}  "
-                          f"{b}  {t:>5.1f}s  {'PASS' if ok else 'FAIL ' + worst}", flush=True)
+                          f"{b}  {h:>6}  {t:>5.1f}s  {'PASS' if ok else 'FAIL ' + worst}", flush=True)
                     if not ok:
                         failed.append(name)
     # Checkpoints reshard across pipeline layouts: step_10 of one layout resumes in
@@ -130,7 +158,7 @@ def main():
     # (They resume the sweep's own pp2_m4_1f1b_none run: m = 2pp must be in --m-per-pp.)
     if ("none" in args.extras and 2 in args.pp and 4 in args.pp and "1f1b" in args.schedules
             and 2 in args.m_per_pp):
-        ref_l, ref_w, _, _ = reference(4)
+        ref_l, ref_w, _, _, _ = reference(4)
         single = ["parallel.pp=1", "train.global_batch=4"]
         layouts = {
             "pp2_m4_1f1b_none": (["parallel.pp=2", "parallel.schedule=1f1b", "train.global_batch=4"], 2),
@@ -183,7 +211,7 @@ def main():
             if not ok:
                 failed.append(name)
         # The issue's example: tp=2 pp=2 dp=2 resumes as tp=1 pp=4 dp=2 (8 ranks each).
-        ref8_l, ref8_w, _, _ = reference(8)
+        ref8_l, ref8_w, _, _, _ = reference(8)
         src = "pp2_tp2_dp2_gb8"
         r0 = run(args, src, ["parallel.pp=2", "parallel.tp=2", "parallel.dp=2",
                              "parallel.schedule=1f1b", "train.global_batch=8"], 8)
