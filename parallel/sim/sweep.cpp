@@ -197,7 +197,10 @@ SweepResult sweep_layouts(const RunConfig& base, int64_t gpus, const cluster::Cl
   auto pick = [&](const char* key, auto value, auto base_value) {
     return !has(fx, key) || value == base_value;
   };
-  const std::vector<const char*> schedules = {"1f1b", "interleaved", "zb-h1", "zb-v"};
+  // zb-v is left out for now: at pp 2 it ties closely with zb-h1, and the
+  // straggler re-plan then flips between the two on a loaded host
+  // (plan_replan_slow_link_np8); it needs a re-plan hysteresis first.
+  const std::vector<const char*> schedules = {"1f1b", "interleaved", "zb-h1"};
   for (int64_t tp : divisors(gpus)) {
     if (tp > max_tp || m.n_heads % tp || m.n_kv_heads % tp) continue;
     if (!pick("parallel.tp", tp, bp.tp)) { ++out.rejected_fixed; continue; }

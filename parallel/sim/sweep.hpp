@@ -4,8 +4,8 @@
 // the layers, dp the rest; ep over the divisors of dp and the experts (MoE);
 // micro-batch sizes dividing the per-replica batch; ZeRO-1 with dp > 1;
 // sequence parallelism on and off with tp > 1; schedules 1f1b, interleaved (2
-// or 4 chunks), zb-h1 and zb-v (2 chunks in a V) with pp > 1, the layers split
-// evenly or, where the
+// or 4 chunks) and zb-h1 with pp > 1 (zb-v is simulated when a run asks for
+// it, not swept yet), the layers split evenly or, where the
 // stages' speeds differ (node_speed, slow ranks), in proportion to them;
 // recompute none, selective and full. A layout is kept when layout_errors()
 // has nothing against it and the dry-run memory fits the device with
