@@ -318,16 +318,11 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
           grads_in_[{c, mb}] = take_over(tag(kGrad, mb, stage), in);
           break;
         }
-        Buffer& b = grads_in_[{c, mb}];
         const Tensor out = model_.stage_output(c, slot_for(c, mb));
         // Reuse a buffer whose gradient a backward has consumed: the rank
         // holds only the gradients received and not yet used.
-        for (size_t f = 0; f < free_grads_.size() && b.bytes() != out.bytes(); ++f)
-          if (free_grads_[f].bytes() == out.bytes()) {
-            b = std::move(free_grads_[f]);
-            free_grads_.erase(free_grads_.begin() + std::ptrdiff_t(f));
-          }
-        if (b.bytes() != out.bytes()) b = Buffer(be_, out.bytes());
+        Buffer& b = grads_in_[{c, mb}];
+        if (b.bytes() != out.bytes()) b = take_buffer(free_grads_, out.bytes());
         recv(Tensor(b.data(), out.dtype, {out.numel()}), in.peer, tag(kGrad, mb, stage));
         break;
       }

@@ -236,7 +236,6 @@ SweepResult sweep_layouts(const RunConfig& base, int64_t gpus, const cluster::Cl
                 }
                 std::vector<int64_t> vs = {1};
                 if (sc == "interleaved") vs = {2, 4};
-                if (sc == "zb-v") vs = {2};
                 if (has(fx, "parallel.virtual_stages")) vs = {bp.virtual_stages};
                 for (int64_t v : vs) {
                   for (const char* rc : {"none", "selective", "full"}) {
