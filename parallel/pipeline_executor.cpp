@@ -193,6 +193,12 @@ double PipelineExecutor::last_busy_seconds() const {
   return b;
 }
 
+double PipelineExecutor::last_compute_seconds() const {
+  double b = 0;
+  for (const auto& e : timeline_) b += e.busy >= 0 ? e.busy : e.end - e.start;
+  return b;
+}
+
 double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scale,
                                   const GradHooks& hooks) {
   const auto& list = sched_.ranks[size_t(rank_)];

@@ -101,6 +101,10 @@ class PipelineExecutor {
   const std::vector<ExecutedInstr>& timeline() const { return timeline_; }
   double last_step_seconds() const { return step_s_; }  // barrier to the last instruction
   double last_busy_seconds() const;                      // sum of compute durations
+  // Sum of the compute's own times (ExecutedInstr::busy where measured, else
+  // end - start): what a rank's speed is judged by, free of the time it
+  // waited for a core on a shared host (the re-plan's and HERMP's input).
+  double last_compute_seconds() const;
   // Time the last step spent in its receives (RecvAct, RecvGrad): waiting for
   // a neighbour's message, on the virtual clock of an emulation (else wall);
   // -1 where receives do not block the host (a device backend).

@@ -73,7 +73,7 @@ class ExpertPlacementController final : public Controller {
     // The step's compute on this rank (its time outside blocking
     // communication, as parallel.auto's re-plan reads it), the fallback
     // where the layers' CPU time is not measured.
-    const double busy = e.pipelined() ? e.pipeline()->last_busy_seconds()
+    const double busy = e.pipelined() ? e.pipeline()->last_compute_seconds()
                                       : r.seconds - r.tp_seconds - r.pp_seconds - r.ep_seconds -
                                             e.last_times().dp_wait_s;
     smp.f = {rows, secs, busy, dense, a2a_s, a2a_b};

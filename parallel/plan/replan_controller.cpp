@@ -158,7 +158,7 @@ class ReplanController final : public Controller {
   nlohmann::json observe(Engine& e, const StepReport& r, Comm& world) override {
     double secs = 0;
     if (e.pipelined())
-      secs = e.pipeline()->last_busy_seconds();
+      secs = e.pipeline()->last_compute_seconds();
     else
       secs = std::max(0.0, r.seconds - r.tp_seconds - r.pp_seconds - r.ep_seconds -
                                e.last_times().dp_wait_s);
