@@ -369,9 +369,13 @@ struct Checker {
       if (m.tie_embeddings)
         add("model.tie_embeddings",
             "model.tie_embeddings=true with parallel.pp=" + num(l.pp) +
-                ": the embedding (first stage) and lm_head (last stage) live on different "
-                "pipeline ranks and cannot share one weight; set model.tie_embeddings: false or "
-                "parallel.pp: 1");
+                (l.schedule == "zb-v"
+                     ? ": zb-v puts the embedding (stage 0) and lm_head (stage " + num(2 * l.pp - 1) +
+                           ") on pipeline rank 0 but in different chunks, whose gradients are "
+                           "reduced separately, so they cannot share one weight; "
+                     : ": the embedding (first stage) and lm_head (last stage) live on different "
+                       "pipeline ranks and cannot share one weight; ") +
+                "set model.tie_embeddings: false or parallel.pp: 1");
       const bool needs_pp =
           l.schedule == "1f1b" || l.schedule == "zb-h1" || l.schedule == "interleaved";
       if (batch_exact && needs_pp && mb < l.pp) {

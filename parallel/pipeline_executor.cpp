@@ -15,6 +15,7 @@
 #include "kernels/check.hpp"
 #include "parallel/schedule/grouped.hpp"
 #include "parallel/emulate/slowdown.hpp"
+#include "parallel/mpi_comm.hpp"
 
 namespace adgt {
 
@@ -30,33 +31,44 @@ constexpr int kMaxTag = 32767;  // MPI guarantees MPI_TAG_UB >= 32767
 class SendProgress {
  public:
   // comms[0]: the pipeline group; the others' started collectives move too.
-  explicit SendProgress(std::vector<Comm*> comms) : comms_(std::move(comms)) {
+  // poll_us: between polls while the rank computes.
+  SendProgress(std::vector<Comm*> comms, int poll_us) : comms_(std::move(comms)), poll_us_(poll_us) {
     if (comms_[0]->size() > 1 && comms_[0]->progress_from_thread())
       thread_ = std::thread([this] { loop(); });
   }
   ~SendProgress() {
     stop_.store(true);
+    allow_.store(true);  // wakes the loop, which sees stop_ first
+    allow_.notify_one();
     if (thread_.joinable()) thread_.join();
   }
-  void compute_begin() { allow_.store(true); }
+  void compute_begin() {
+    allow_.store(true);
+    allow_.notify_one();
+  }
   void compute_end() {
     allow_.store(false);
     while (busy_.load()) std::this_thread::yield();
   }
 
  private:
+  // Polls every poll_us while the rank computes and sleeps (no wake-ups)
+  // between computes: with many ranks on few cores, a poll every 20 us on
+  // every rank's helper whether or not it computed was hundreds of
+  // thousands of wake-ups a second taking the cores from the ranks' compute.
   void loop() {
-    while (!stop_.load()) {
-      if (allow_.load()) {
-        busy_.store(true);
-        if (allow_.load())  // re-checked after announcing busy
-          for (Comm* c : comms_) c->progress();
-        busy_.store(false);
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    for (;;) {
+      allow_.wait(false);
+      if (stop_.load()) return;
+      busy_.store(true);
+      if (allow_.load())  // re-checked after announcing busy
+        for (Comm* c : comms_) c->progress();
+      busy_.store(false);
+      std::this_thread::sleep_for(std::chrono::microseconds(poll_us_));
     }
   }
   std::vector<Comm*> comms_;
+  int poll_us_;
   std::atomic<bool> allow_{false}, busy_{false}, stop_{false};
   std::thread thread_;
 };
@@ -244,7 +256,10 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
   model_.defer_losses(true);  // the head's losses are read once, after the step
   std::vector<Comm*> moving{&comm_};
   moving.insert(moving.end(), progress_comms_.begin(), progress_comms_.end());
-  SendProgress progress(moving);
+  // On the emulation's virtual clock a message's time is the link model's,
+  // not when its bytes moved: the helper polls as seldom as a blocking
+  // receive does there (mpi_poll_interval_us, 200 us), else every 20 us.
+  SendProgress progress(moving, vclock ? std::max(20, mpi_poll_interval_us()) : 20);
   // While a Recv or WaitSends waits for a neighbour (the bubble), the started
   // data-parallel collectives move along on this thread.
   struct WaitHook {

@@ -495,6 +495,10 @@ TEST_CASE("pipeline cross-field rules name the keys and a fix", "[config]") {
         "x.yaml: model.tie_embeddings=true with parallel.pp=2: the embedding (first stage) and "
         "lm_head (last stage) live on different pipeline ranks and cannot share one weight; set "
         "model.tie_embeddings: false or parallel.pp: 1");
+  CHECK(error_of(kPipe, {"model.tie_embeddings=true", "parallel.schedule=zb-v", "parallel.virtual_stages=2"}) ==
+        "x.yaml: model.tie_embeddings=true with parallel.pp=2: zb-v puts the embedding (stage 0) and "
+        "lm_head (stage 3) on pipeline rank 0 but in different chunks, whose gradients are reduced "
+        "separately, so they cannot share one weight; set model.tie_embeddings: false or parallel.pp: 1");
 
   // Fewer micro-batches than stages.
   CHECK(error_of(kPipe, {"parallel.pp=4", "train.global_batch=2"}) ==
