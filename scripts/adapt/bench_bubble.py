@@ -25,6 +25,11 @@ adaptation never changes the numbers).
 
   scripts/adapt/bench_bubble.py --train build/apps/adgt-train \\
       --data build/data/kjv-byte [--reps 3] [--m 8 16] [--scenarios ...] [--set KEY=VALUE ...]
+
+The issue's acceptance batch (docs/adaptation.md, "Measured again: the
+helper's wake-ups"): --reps 5 --m 8 16 --scenarios 1f1b zb-h1 adapt-v2
+--set model.n_layers=16 (two layers per chunk; on the default 8 layers the
+embedding's and head's extra cost keeps adapt-v2 near 0.45-0.54x of 1F1B).
 """
 import argparse
 import os
