@@ -68,7 +68,7 @@ pp::StageCosts measured_stage_costs(Engine& e, Comm& world) {
   for (const ExecutedInstr& x : pipe.timeline()) {
     if (x.instr.chunk < 0) continue;
     const size_t s = size_t(pipe.schedule().stage(r, x.instr.chunk));
-    const double d = x.busy >= 0 ? x.busy : x.end - x.start;  // compute's own time where measured
+    const double d = x.own_seconds();  // compute's own time where measured
     switch (x.instr.op) {
       case pp::Op::Forward: sum[s] += d; n[s] += 1; break;
       case pp::Op::BackwardInput: sum[size_t(S) + s] += d; n[size_t(S) + s] += 1; break;
@@ -97,7 +97,7 @@ std::vector<double> measured_jitter(const std::vector<ExecutedInstr>& timeline, 
   std::map<std::pair<int, int>, std::vector<double>> kinds;
   for (const ExecutedInstr& x : timeline) {
     if (x.instr.chunk < 0 || !pp::is_compute(x.instr.op)) continue;
-    const double d = x.busy >= 0 ? x.busy : x.end - x.start;
+    const double d = x.own_seconds();
     if (d > 0) kinds[{x.instr.chunk, int(x.instr.op)}].push_back(d);
   }
   std::vector<double> ratios;

@@ -207,7 +207,7 @@ double PipelineExecutor::last_busy_seconds() const {
 
 double PipelineExecutor::last_compute_seconds() const {
   double b = 0;
-  for (const auto& e : timeline_) b += e.busy >= 0 ? e.busy : e.end - e.start;
+  for (const auto& e : timeline_) b += e.own_seconds();
   return b;
 }
 

@@ -40,6 +40,7 @@ struct ExecutedInstr {
   // time times the rank's emulated slowdown factor — the time a dedicated
   // device of that speed would take. < 0: not measured (use end - start).
   double busy = -1;
+  double own_seconds() const { return busy >= 0 ? busy : end - start; }
 };
 
 // One pipeline message of the last step as this rank saw it, on the
