@@ -14,7 +14,7 @@
 #include "core/layout.hpp"
 #include "kernels/backend.hpp"
 #include "parallel/cluster/cluster.hpp"
-#include "parallel/schedule/instruction.hpp"
+#include "parallel/pipeline/instruction.hpp"
 #include "parallel/sim/host.hpp"
 #include "parallel/sim/profile.hpp"
 #include "parallel/sim/step_sim.hpp"

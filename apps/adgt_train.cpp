@@ -13,20 +13,20 @@
 #include "core/config.hpp"
 #include "core/layout.hpp"
 #include "parallel/cost/memory.hpp"
-#include "parallel/trainer.hpp"
-#include "parallel/agree.hpp"
-#include "parallel/device_assign.hpp"
+#include "parallel/trainer/trainer.hpp"
+#include "parallel/comm/agree.hpp"
+#include "parallel/mesh/device_assign.hpp"
 #include "parallel/emulate/emulation.hpp"
 #include "parallel/fault/watchdog.hpp"
-#include "parallel/launch.hpp"
-#include "parallel/mpi_env.hpp"
-#include "parallel/pipeline_plan.hpp"
-#include "parallel/process_groups.hpp"
+#include "parallel/comm/launch.hpp"
+#include "parallel/comm/mpi_env.hpp"
+#include "parallel/pipeline/run_schedule.hpp"
+#include "parallel/mesh/process_groups.hpp"
 #include "parallel/plan/launch_plan.hpp"
-#include "parallel/plan/replan_controller.hpp"
-#include "parallel/plan/trial_controller.hpp"
+#include "parallel/control/replan_controller.hpp"
+#include "parallel/control/trial_controller.hpp"
 #include "parallel/sim/dry_run.hpp"
-#include "parallel/schedule/validate.hpp"
+#include "parallel/pipeline/validate.hpp"
 
 namespace {
 
@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
                                                       pg.launch.host, adgt::pending_stop_signal);
     // The device of the run, agreed over the world; each rank's GPU (two
     // ranks on one GPU are refused unless ADGT_SHARED_GPU_TEST=1) and the
-    // transport of its collectives (parallel/device_plan.hpp).
+    // transport of its collectives (parallel/mesh/device_plan.hpp).
     const adgt::DevicePlan dev = adgt::plan_devices(pg, cfg.train.device);
     if (lead && !dev.warning.empty()) std::fprintf(stderr, "warning: %s\n", dev.warning.c_str());
     // Link and compute emulation (emulate.cluster; docs/emulation.md): null when off.

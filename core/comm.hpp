@@ -103,7 +103,7 @@ class Comm {
   // together with its receive, operations run in issue order on one stream,
   // and messages between two ranks match by order, not by tag. The pipeline
   // executor then runs pp::for_rendezvous of its schedule
-  // (parallel/schedule/grouped.hpp). False: sends are buffered (MPI).
+  // (parallel/pipeline/grouped.hpp). False: sends are buffered (MPI).
   virtual bool rendezvous_sends() const { return false; }
   // Called over and over, on the calling thread, while a blocking recv or
   // wait_sends of this group waits for its peer (a pipeline bubble): the
@@ -118,7 +118,7 @@ class Comm {
                            const std::vector<int64_t>& send_displs) = 0;
   virtual void barrier() = 0;
 
-  // Virtual so that a decorator (parallel/device_comm.hpp) reports its transports'.
+  // Virtual so that a decorator (parallel/comm/device_comm.hpp) reports its transports'.
   virtual const CommStats& stats() const { return stats_; }
   virtual void reset_stats() { stats_ = {}; }
 

@@ -115,11 +115,11 @@ struct ParallelConfig {
   bool auto_plan = false;  // YAML key: parallel.auto
   // With auto_plan: re-plan at run time when the measured compute speeds of
   // the ranks change, and switch the layout in memory when that pays
-  // (parallel/plan/replan_controller.hpp; docs/planner.md "Re-planning").
+  // (parallel/control/replan_controller.hpp; docs/planner.md "Re-planning").
   bool replan = true;
   // With auto_plan: after warm-up, run the planner's best `auto_trials` plans
   // a few steps each (switching in memory), then keep the fastest measured
-  // (parallel/plan/trial_controller.hpp; docs/planner.md "Trials"). 0: off.
+  // (parallel/control/trial_controller.hpp; docs/planner.md "Trials"). 0: off.
   int64_t auto_trials = 0;
   // Run-time adaptation (parallel/adapt/; docs/adaptation.md): off, or
   // schedule (the default) = re-plan the pipeline schedule from measured
@@ -166,7 +166,7 @@ struct ParallelConfig {
   std::string grad_compression = "off";
   int64_t powersgd_rank = 4;           // PowerSGD's rank r
   int64_t compress_min_elems = 4096;   // tensors with fewer elements (and 1-D ones) go uncompressed
-  // grad_compression auto (parallel/compress/controller.hpp): steps between
+  // grad_compression auto (parallel/control/compress_controller.hpp): steps between
   // decisions, the error budget (compression error <= budget x the gradient
   // noise share) and the hysteresis band (a share of the step, over the 5%).
   int64_t compress_interval = 20;

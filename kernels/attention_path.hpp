@@ -1,6 +1,6 @@
 // Which path the CUDA backend's bf16 attention takes for a shape, and what its
 // exact-kernel fallback costs: a pure rule, so the CPU tests it and
-// `--dry-run` counts it (docs/cuda.md, "Silent slow paths" of issue 18).
+// `--dry-run` counts it (docs/cuda.md, "Silent slow paths").
 //
 // The FlashAttention-2-style kernels take head_dim 64 or 128 with H % KV == 0,
 // B and H <= 65535 and T below INT_MAX minus a tile, on a device that gives

@@ -1,5 +1,6 @@
 // Run-time backend choice, and the deferred-failure path of Backend.
 #include "kernels/backend.hpp"
+#include "kernels/clock.hpp"
 
 #include <omp.h>
 #include <time.h>
@@ -68,14 +69,6 @@ std::vector<double> Backend::take_marks() {
   marks_.clear();
   return s;
 }
-
-namespace {
-double thread_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-}  // namespace
 
 int Backend::span_begin() {
   if (omp_get_max_threads() != 1) return -1;  // the kernels' other threads are not this one's clock

@@ -1,4 +1,4 @@
-# Hang and death detection (issue 17 part 3; docs/reliability.md): the pure
+# Hang and death detection (docs/reliability.md): the pure
 # parts in adgt_unit_tests (tests/unit/watchdog_test.cpp, tag [watchdog]);
 # under mpirun, 4 CPU ranks (tp2 dp2) of the layout-test model with
 # train.collective_timeout_s=5: SIGSTOP or SIGKILL of a random rank mid-run is
@@ -23,7 +23,7 @@ endforeach()
 set_tests_properties(watchdog_stop_np4 watchdog_kill_np4 watchdog_stall_np4 watchdog_clean_np4 PROPERTIES
   FIXTURES_REQUIRED kjv_byte LABELS "fault;parallel" TIMEOUT 240 PROCESSORS 4 RUN_SERIAL TRUE)
 
-# Elastic restart (issue 17 part 4; docs/reliability.md "Elastic restart"):
+# Elastic restart (docs/reliability.md, "Elastic restart"):
 # scripts/adgt-elastic over 4 CPU ranks of the layout-test model in f64, the
 # planner choosing each launch's layout. kill: SIGKILL of a random rank mid-run;
 # the relaunch drops its slot, skips 3 ranks (no layout: global batch 16),

@@ -1,4 +1,4 @@
-# Kernel emulation (issue 12, part 6): every handwritten CUDA kernel family
+# Kernel emulation (docs/cuda.md): every handwritten CUDA kernel family
 # runs in the host emulation of CUDA (tests/tools/cuda_sim/) against the CPU
 # backend, from the very kernel headers the CUDA backend compiles
 # (kernels/cuda/*_kernels.cuh, with their launch code). Plain C++: built and

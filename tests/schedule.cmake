@@ -3,10 +3,10 @@
 # adgt_unit_tests) and the adgt-schedule tool: its bubble table must match
 # every closed form and greedy must not lose to 1F1B (exit 0), --print draws
 # a timeline, a bad setting is a named error (exit 2).
-if(NOT TARGET adgt_schedule)
+if(NOT TARGET adgt_pipeline)
   return()
 endif()
-target_link_libraries(adgt_unit_tests PRIVATE adgt_schedule)
+target_link_libraries(adgt_unit_tests PRIVATE adgt_pipeline)
 
 set(_sched $<TARGET_FILE:adgt-schedule>)
 add_test(NAME schedule_bubble_table

@@ -1,4 +1,4 @@
-# In-memory layout switch (issue 17; docs/reliability.md): 8 CPU ranks switch
+# In-memory layout switch (docs/reliability.md): 8 CPU ranks switch
 # their layout at step boundaries as <log.dir>/switch asks, and must match
 # fresh runs resumed from the same state in the target layout bit for bit
 # (losses, weights, AdamW moments, named state).

@@ -112,7 +112,6 @@ const std::vector<int64_t>& MoeLayer::local_experts() const {
   return place_.local_experts(ep_->rank());
 }
 int MoeLayer::ep_rank() const { return ep_->rank(); }
-int MoeLayer::ep_size() const { return ep_->size(); }
 
 const MoeStats& MoeLayer::stats(int slot) const {
   ADGT_CHECK(slot >= 0 && slot < num_slots(),

@@ -181,7 +181,6 @@ class MoeLayer {
   const ExpertPlacement& placement() const { return place_; }
   const std::vector<int64_t>& local_experts() const;  // this rank's, ascending
   int ep_rank() const;
-  int ep_size() const;
 
  private:
   struct Slot;

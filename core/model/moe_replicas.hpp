@@ -1,4 +1,4 @@
-// Expert replicas in spare slots (issue 16's HERMP; docs/adaptation.md,
+// Expert replicas in spare slots (HERMP; docs/adaptation.md,
 // "Expert replicas"): beyond the experts it owns (ExpertPlacement), an ep
 // rank may hold copies of other ranks' experts, and every source rank splits
 // its tokens of a replicated expert among the expert's holders by fixed

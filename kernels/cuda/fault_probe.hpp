@@ -1,5 +1,5 @@
 // Test-only: a deliberate device fault, to prove that a fault on the GPU is
-// reported naming the op that caused it (issue 18; tests/unit/cuda_fault_test.cpp).
+// reported naming the op that caused it (tests/unit/cuda_fault_test.cpp).
 // Never called by the trainer.
 #pragma once
 

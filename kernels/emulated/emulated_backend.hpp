@@ -2,7 +2,7 @@
 // boundary, so the CPU runs the code paths the CUDA backend takes:
 //   - is_host() is false: the trainer, checkpoints, HF export, metrics, the
 //     reducers, the pipeline executor and MoE take their device branches, and
-//     collectives on its memory go through host staging (parallel/device_comm.hpp);
+//     collectives on its memory go through host staging (parallel/comm/device_comm.hpp);
 //   - its memory (kernels/emulated/device_arena.hpp) is PROT_NONE outside its
 //     own calls (a call opens the pages of its own tensors only): host code
 //     that reads or writes it faults with a report of where (the address,

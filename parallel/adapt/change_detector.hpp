@@ -1,5 +1,5 @@
-// Sustained-change detection for run-time adaptation (issue 16,
-// docs/adaptation.md): one series per measured quantity (a stage's forward
+// Sustained-change detection for run-time adaptation
+// (docs/adaptation.md): one series per measured quantity (a stage's forward
 // time, a link's transfer time), one sample per step, taken before any
 // collective evens the ranks out. A change is flagged when the median of the
 // last `window` samples stays at least `threshold` away from the reference

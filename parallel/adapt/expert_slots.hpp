@@ -1,5 +1,5 @@
-// Heterogeneous-capacity expert placement with replication (issue 16's
-// HERMP, docs/adaptation.md): which experts each expert-parallel rank holds
+// Heterogeneous-capacity expert placement with replication (HERMP,
+// docs/adaptation.md): which experts each expert-parallel rank holds
 // and what share of each expert's tokens each replica serves, so that every
 // rank's expected MoE time — the tokens it serves over its measured
 // throughput — is balanced.

@@ -1,4 +1,4 @@
-// Layer re-balancing of run-time adaptation (issue 16, parallel.adapt:
+// Layer re-balancing of run-time adaptation (parallel.adapt:
 // schedule+layers; docs/adaptation.md): contiguous layer counts per pipeline
 // stage that minimise the slowest stage's time when the stages run at
 // different measured speeds. Pure.

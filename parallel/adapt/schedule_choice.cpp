@@ -5,9 +5,9 @@
 #include <stdexcept>
 
 #include "parallel/cost/memory.hpp"
-#include "parallel/schedule/generators.hpp"
-#include "parallel/schedule/simulate.hpp"
-#include "parallel/schedule/validate.hpp"
+#include "parallel/pipeline/generators.hpp"
+#include "parallel/pipeline/timeline.hpp"
+#include "parallel/pipeline/validate.hpp"
 
 namespace adgt::adapt {
 

@@ -1,4 +1,4 @@
-// The schedule re-plan of run-time adaptation (issue 16, docs/adaptation.md):
+// The schedule re-plan of run-time adaptation (docs/adaptation.md):
 // from measured per-stage F, B and W times, every generator that fits the
 // pipeline (1F1B, ZB-H1 and the greedy list scheduler with its variants;
 // with several chunks per rank interleaved and greedy over the chunks, whose
@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "core/config.hpp"
-#include "parallel/schedule/costs.hpp"
-#include "parallel/schedule/instruction.hpp"
+#include "parallel/pipeline/costs.hpp"
+#include "parallel/pipeline/instruction.hpp"
 
 namespace adgt::adapt {
 

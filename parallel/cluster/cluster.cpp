@@ -395,12 +395,6 @@ std::vector<std::string> cluster_presets() {
   return out;
 }
 
-std::string preset_yaml(const std::string& name) {
-  auto it = presets().find(name);
-  if (it == presets().end()) throw ConfigError("no cluster preset '" + name + "'");
-  return it->second;
-}
-
 Cluster with_gpus(Cluster c, int64_t gpus) {
   if (gpus < 1) throw ConfigError("--gpus must be >= 1, got " + std::to_string(gpus));
   if (gpus < c.devices_per_node && c.nodes == 1) {

@@ -93,8 +93,6 @@ Cluster parse_cluster(const std::string& yaml, const std::string& name);
 Cluster load_cluster(const std::string& preset_or_path);
 // dgx-a100-80gb, dgx-h100, dgx-h200, cpu-here, ...
 std::vector<std::string> cluster_presets();
-// The preset's YAML text (docs/cluster.md shows them; a test parses each).
-std::string preset_yaml(const std::string& name);
 // The same cluster with enough nodes for `gpus` devices (gpus must be a
 // multiple of devices_per_node, or smaller than it: one node holding gpus
 // devices). node_speed and sites must be empty or already match.

@@ -6,7 +6,7 @@
 #include "kernels/check.hpp"
 #include "parallel/compress/chunk_codec.hpp"
 #include "parallel/compress/powersgd.hpp"
-#include "parallel/ring.hpp"
+#include "parallel/comm/ring.hpp"
 
 namespace adgt::compress {
 

@@ -31,7 +31,7 @@
 // its error feedback, is bit for bit what reduce_bucket gives it alone (the
 // quantized stages concatenate the buckets' encodings; the batched all-reduce
 // lays each buffer's ring chunks side by side so the transport's ring,
-// parallel/ring.hpp, adds every element in the order it would alone).
+// parallel/comm/ring.hpp, adds every element in the order it would alone).
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -51,7 +51,7 @@ int64_t compute_bytes_per_element(const RunConfig& cfg);
 // and with pipeline parallelism the pipeline rank with the largest total: its
 // stage's parameters and, per chunk c, held[r][c] micro-batches' activations
 // (what the schedule keeps in flight: pp::held_activations() in
-// parallel/schedule/validate.hpp). Without `held`: min(pp - r, m) per chunk
+// parallel/pipeline/validate.hpp). Without `held`: min(pp - r, m) per chunk
 // (1F1B's peak).
 MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bytes_per_param_compute,
                                const std::vector<std::vector<int64_t>>& held = {});

@@ -1,7 +1,6 @@
 #include "parallel/dp/grad_buckets.hpp"
 
 #include <algorithm>
-#include <sstream>
 
 #include "kernels/check.hpp"
 
@@ -87,15 +86,6 @@ std::vector<GradBucket> plan_grad_buckets(const BucketPlanInput& in) {
     }
   }
   return out;
-}
-
-std::string describe_buckets(const std::vector<GradBucket>& buckets) {
-  std::ostringstream os;
-  for (const GradBucket& b : buckets)
-    os << "bucket " << b.id << ": chunk " << b.chunk << " [" << b.begin << ", " << b.end << ") "
-       << (b.op == BucketOp::AllReduce ? "all-reduce" : "reduce-scatter") << ' '
-       << (b.group == BucketGroup::DataParallel ? "dp" : "edp") << '\n';
-  return os.str();
 }
 
 }  // namespace adgt

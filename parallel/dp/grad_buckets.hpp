@@ -56,7 +56,4 @@ struct BucketPlanInput {
 //    out. Ids number the buckets kept, from 0.
 std::vector<GradBucket> plan_grad_buckets(const BucketPlanInput& in);
 
-// One line per bucket, for logs and tests: "bucket 3: chunk 0 [1024, 4096) all-reduce dp".
-std::string describe_buckets(const std::vector<GradBucket>& b);
-
 }  // namespace adgt

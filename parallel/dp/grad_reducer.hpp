@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/checkpoint/checkpoint.hpp"
+#include "kernels/clock.hpp"
 #include "core/comm.hpp"
 #include "core/model/model.hpp"
 #include "kernels/backend.hpp"
@@ -157,9 +158,7 @@ class GradReducer {
   std::vector<size_t> queued_;    // compressed buckets started this step, in start order
   std::vector<std::vector<float>> staged_;  // per bucket: a device bucket's host copy while queued
   double wait_s_ = 0;
-  std::function<double()> now_ = [] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  };
+  std::function<double()> now_ = [] { return wall_seconds(); };
   compress::Settings settings_;
   Backend* be_ = nullptr;         // set_compression's: stages device gradients
   std::vector<ParamSpec> table_;  // the model's table (compressible tensors, PowerSGD shapes)

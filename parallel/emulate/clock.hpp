@@ -28,12 +28,11 @@
 #include <thread>
 #include <utility>
 
+#include "kernels/clock.hpp"
+
 namespace adgt::emulate {
 
-inline double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+inline double now_s() { return wall_seconds(); }
 
 // Sleeps until now_s() >= t. With `poll`, wakes at least every 100 us to run
 // it (a pipeline bubble moves the data-parallel reduction along meanwhile).

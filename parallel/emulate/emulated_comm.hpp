@@ -2,7 +2,7 @@
 // of a group take at least the time the cluster model (parallel/cluster/
 // collectives.hpp) gives it on an emulated cluster, with the numbers of the
 // inner transport unchanged, bit for bit. World rank r (the layout rank,
-// parallel/placement.hpp) is device EmulatedRank::device(r) of the cluster,
+// parallel/cluster/placement.hpp) is device EmulatedRank::device(r) of the cluster,
 // on node device / devices_per_node: by default device r; the run's
 // Emulation (emulation.hpp) maps each layout rank to the device its launcher
 // rank got under emulate.rank_order. Times are CLOCK_MONOTONIC (clock.hpp),

@@ -15,7 +15,6 @@
 #include "parallel/emulate/slowdown.hpp"
 
 namespace adgt {
-struct ParallelContext;
 struct Placement;
 }
 
@@ -23,7 +22,7 @@ namespace adgt::emulate {
 
 // The run's emulation, the same on every rank but for `state` and `slowdown`,
 // which are this rank's. "World rank" below is the layout rank (the rank of
-// the process groups' world, parallel/placement.hpp); the launcher (MPI) rank
+// the process groups' world, parallel/cluster/placement.hpp); the launcher (MPI) rank
 // decides the device under emulate.rank_order and is the key of
 // emulate.slow_ranks.
 struct Emulation {
@@ -114,11 +113,5 @@ std::vector<int> launcher_nodes(const cluster::Cluster& cl, int world,
 // its node.
 std::unique_ptr<Emulation> setup_emulation(const RunConfig& cfg, Comm* world, int world_rank,
                                            const Placement* placement = nullptr);
-
-// Wraps every group of ctx (tp, dp, pp, ep, edp, world; each distinct object
-// once) in an EmulatedComm with a private control channel, points ctx at the
-// wrappers and at emu's slowdown; returns the wrappers (they must outlive
-// every user of ctx). Collective over each group, in this order on every rank.
-std::vector<std::unique_ptr<Comm>> wrap_emulated_groups(ParallelContext& ctx, Emulation& emu);
 
 }  // namespace adgt::emulate

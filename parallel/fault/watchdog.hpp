@@ -46,7 +46,7 @@ struct WatchdogOptions {
   double tick_s = 0.1;   // checks
   double beat_s = 1.0;   // heartbeat writes
   double stale_s = 3.0;  // a heartbeat older than this is stale
-  int exit_code = 1;     // as fatal() (parallel/mpi_env.hpp)
+  int exit_code = 1;     // as fatal() (parallel/comm/mpi_env.hpp)
 };
 
 class Watchdog {

@@ -18,9 +18,9 @@
 #include "kernels/backend.hpp"
 #include "parallel/cluster/collectives.hpp"
 #include "parallel/emulate/emulation.hpp"
-#include "parallel/launch.hpp"
-#include "parallel/mpi_comm.hpp"
-#include "parallel/placement.hpp"
+#include "parallel/comm/launch.hpp"
+#include "parallel/comm/mpi_comm.hpp"
+#include "parallel/cluster/placement.hpp"
 #include "parallel/plan/planner.hpp"
 #include "parallel/sim/ops.hpp"
 #include "parallel/sim/profile.hpp"
@@ -49,7 +49,7 @@ std::vector<std::string> fixed_keys(const std::string& path, const std::vector<s
 
 // Launcher rank -> the simulator's rank: layout ranks in node-contiguous
 // order, what topology placement makes of any launcher order
-// (parallel/placement.hpp); the identity without an emulated cluster.
+// (parallel/cluster/placement.hpp); the identity without an emulated cluster.
 Placement sim_placement(const RunConfig& cfg, const cluster::Cluster& cl, int64_t world) {
   if (cfg.emulate.cluster.empty() || world > cl.world()) return {};
   return place_ranks(emulate::launcher_nodes(cl, int(world), cfg.emulate.rank_order), "topology", 1);
@@ -74,7 +74,7 @@ Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cl
   if (cfg.parallel.auto_trials > 1) in.top = std::max<size_t>(in.top, size_t(16 * cfg.parallel.auto_trials));
   // Slow ranks are launcher ranks; the simulator's ranks are layout ranks in
   // node-contiguous order (what topology placement makes of any launcher
-  // order, parallel/placement.hpp).
+  // order, parallel/cluster/placement.hpp).
   const Placement place = sim_placement(cfg, cl, world);
   if (cfg.parallel.placement == "launcher" && !place.identity())
     why += "; note: parallel.placement=launcher keeps the launcher's order, which is not "

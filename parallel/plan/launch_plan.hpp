@@ -14,7 +14,7 @@
 
 #include "core/config.hpp"
 #include "parallel/cluster/cluster.hpp"
-#include "parallel/plan/gpu_topology.hpp"
+#include "parallel/cluster/gpu_topology.hpp"
 #include "parallel/plan/planner.hpp"
 #include "parallel/sim/step_sim.hpp"
 

@@ -10,8 +10,8 @@
 
 #include "core/layout.hpp"
 #include "parallel/cost/memory.hpp"
-#include "parallel/pipeline_plan.hpp"
-#include "parallel/schedule/validate.hpp"
+#include "parallel/pipeline/run_schedule.hpp"
+#include "parallel/pipeline/validate.hpp"
 
 namespace adgt::plan {
 namespace {

@@ -10,6 +10,7 @@
 #include <omp.h>
 
 #include "core/layout.hpp"
+#include "kernels/clock.hpp"
 #include "core/model/model.hpp"
 #include "core/rng.hpp"
 #include "parallel/sim/profile.hpp"
@@ -80,12 +81,7 @@ double ProfileCosts::calibrate(const RunConfig& run) {
     tg[i] = int32_t(r.next() % uint64_t(m.vocab_size));
   }
   const auto now = [cpu = cpu_time()] {
-    if (cpu) {
-      timespec ts{};
-      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-      return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-    }
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    return cpu ? thread_cpu_seconds() : wall_seconds();
   };
   const auto pass = [&] {
     model.zero_grads();

@@ -19,7 +19,7 @@
 #include "parallel/cluster/collectives.hpp"
 #include "parallel/compress/block_codec.hpp"
 #include "parallel/compress/chunk_codec.hpp"
-#include "parallel/compress/controller.hpp"
+#include "parallel/compress/choice.hpp"
 #include "parallel/cost/stages.hpp"
 
 namespace adgt::sim {

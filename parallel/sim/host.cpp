@@ -1,5 +1,6 @@
 // Measuring the scheduler's slice (host.hpp).
 #include "parallel/sim/host.hpp"
+#include "kernels/clock.hpp"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -11,7 +12,7 @@
 namespace adgt::sim {
 namespace {
 double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return wall_seconds();
 }
 }  // namespace
 

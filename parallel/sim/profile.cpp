@@ -1,5 +1,6 @@
 // Timing ops on a backend, with a JSON cache (profile.hpp).
 #include "parallel/sim/profile.hpp"
+#include "kernels/clock.hpp"
 
 #include <time.h>
 
@@ -239,12 +240,7 @@ double ProfileCosts::measure(const Op& op, int bytes) {
   // in MPI, another job); the simulator models cores shared between ranks
   // itself. Otherwise (a device, several threads) wall time.
   const auto now = [cpu = cpu_time()] {
-    if (cpu) {
-      timespec ts{};
-      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-      return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-    }
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    return cpu ? thread_cpu_seconds() : wall_seconds();
   };
   for (auto& r : runs) r();  // warm-up: first-touch pages
   be_.synchronize();

@@ -13,10 +13,10 @@
 #include "parallel/cluster/collectives.hpp"
 #include "parallel/cost/flops.hpp"
 #include "parallel/cost/memory.hpp"
-#include "parallel/engine.hpp"
-#include "parallel/pipeline_plan.hpp"
+#include "parallel/pipeline/run_schedule.hpp"
+#include "parallel/pipeline/run_schedule.hpp"
 #include "parallel/sim/work.hpp"
-#include "parallel/schedule/validate.hpp"
+#include "parallel/pipeline/validate.hpp"
 
 namespace adgt::sim {
 namespace {
@@ -110,7 +110,7 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
   // The schedule. The cost-driven generators (greedy, zb-v) plan on this
   // simulation's stage times (each pipeline rank's compute at its speed) and
   // link times, as the run's re-plan does from its measured ones after its
-  // first steps (parallel/controller.cpp); the others are fixed orders.
+  // first steps (parallel/control/hook.cpp); the others are fixed orders.
   pp::Schedule sched;
   if (P > 1 && (cfg.parallel.schedule == "greedy" || cfg.parallel.schedule == "zb-v")) {
     const int V = int(lay.virtual_stages);

@@ -68,8 +68,8 @@ struct RankWork {
   std::vector<StageWork> chunks;   // (virtual_stages)
   std::vector<BucketWork> buckets; // in start order
   std::vector<Op> optimizer;       // the update: sum of squares, AdamW
-  // The step's blocking collectives in order (parallel/engine.cpp,
-  // trainer.cpp, pipeline_executor.cpp): the pipeline's start barrier, the
+  // The step's blocking collectives in order (parallel/engine/engine.cpp,
+  // trainer.cpp, pipeline/executor.cpp): the pipeline's start barrier, the
   // loss and bubble all-reduces, the gradient norm's, the stop-signal
   // agreement, ZeRO-1's parameter all-gather. Groups of one are left out.
   std::vector<CommOp> step_comms;

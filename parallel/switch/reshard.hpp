@@ -1,5 +1,5 @@
 // In-memory resharding of the training state from one layout to another
-// (issue 17, docs/reliability.md "In-memory layout switch"): the weights and
+// (docs/reliability.md, "In-memory layout switch"): the weights and
 // the AdamW moments move between ranks over MPI, piece by piece, by the same
 // geometry the checkpoint save and load use (core/checkpoint/geometry.hpp:
 // written_pieces, held_blocks, plan_moves). No file is touched.

@@ -1,5 +1,5 @@
-// Requests to change the layout of a running job in memory (issue 17,
-// docs/reliability.md "In-memory layout switch"). The user writes the control
+// Requests to change the layout of a running job in memory
+// (docs/reliability.md, "In-memory layout switch"). The user writes the control
 // file <log.dir>/switch, one request per line:
 //
 //   parallel.tp=1 parallel.pp=4        # at the next step boundary

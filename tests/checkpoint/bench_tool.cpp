@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "core/checkpoint/sharded.hpp"
-#include "parallel/mpi_env.hpp"
-#include "parallel/process_groups.hpp"
+#include "parallel/comm/mpi_env.hpp"
+#include "parallel/mesh/process_groups.hpp"
 
 using namespace adgt;
 

@@ -29,8 +29,8 @@
 
 #include "parallel/compress/block_codec.hpp"
 #include "parallel/compress/bucket_reduce.hpp"
-#include "parallel/mpi_comm.hpp"
-#include "parallel/mpi_env.hpp"
+#include "parallel/comm/mpi_comm.hpp"
+#include "parallel/comm/mpi_env.hpp"
 #include "tests/parallel/check.hpp"
 
 using namespace adgt;

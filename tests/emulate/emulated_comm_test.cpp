@@ -16,14 +16,14 @@
 #include <vector>
 
 #include "parallel/cluster/collectives.hpp"
-#include "parallel/controller.hpp"
+#include "parallel/measure/pipeline_times.hpp"
 #include "parallel/emulate/clock.hpp"
 #include "parallel/emulate/emulated_comm.hpp"
 #include "parallel/emulate/emulation.hpp"
-#include "parallel/engine.hpp"
-#include "parallel/mpi_comm.hpp"
-#include "parallel/mpi_env.hpp"
-#include "parallel/process_groups.hpp"
+#include "parallel/engine/engine.hpp"
+#include "parallel/comm/mpi_comm.hpp"
+#include "parallel/comm/mpi_env.hpp"
+#include "parallel/mesh/process_groups.hpp"
 #include "tests/parallel/check.hpp"
 
 using namespace adgt;
@@ -109,7 +109,7 @@ void test_send_recv(EmulatedComm& c, MPI_Comm g, emulate::EmulatedRank& st, int 
   }
 }
 
-// probe_link_times (parallel/controller.hpp, the pipeline's link timing on
+// probe_link_times (parallel/measure/pipeline_times.hpp, the pipeline's link timing on
 // real transports) over the emulated chain 0-1-2-3 (link 1 crosses the
 // nodes): each link's probed time is the model's one-way time of the
 // message, within check_time's slack; `slow`: link 1 emulate.slow_links 4x.

@@ -24,8 +24,8 @@
 #include "parallel/emulate/clock.hpp"
 #include "parallel/emulate/emulated_comm.hpp"
 #include "parallel/emulate/slowdown.hpp"
-#include "parallel/mpi_comm.hpp"
-#include "parallel/mpi_env.hpp"
+#include "parallel/comm/mpi_comm.hpp"
+#include "parallel/comm/mpi_env.hpp"
 #include "tests/parallel/check.hpp"
 
 using namespace adgt;

@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "parallel/launch.hpp"
-#include "parallel/mpi_comm.hpp"
-#include "parallel/mpi_env.hpp"
-#include "parallel/process_groups.hpp"
+#include "parallel/comm/launch.hpp"
+#include "parallel/comm/mpi_comm.hpp"
+#include "parallel/comm/mpi_env.hpp"
+#include "parallel/mesh/process_groups.hpp"
 #include "tests/parallel/check.hpp"
 
 using namespace adgt;

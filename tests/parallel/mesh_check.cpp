@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "parallel/device_assign.hpp"
-#include "parallel/mpi_env.hpp"
-#include "parallel/process_groups.hpp"
+#include "parallel/mesh/device_assign.hpp"
+#include "parallel/comm/mpi_env.hpp"
+#include "parallel/mesh/process_groups.hpp"
 
 using namespace adgt;
 

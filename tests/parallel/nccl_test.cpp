@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
-#include "parallel/device_assign.hpp"
-#include "parallel/mpi_comm.hpp"
-#include "parallel/mpi_env.hpp"
-#include "parallel/nccl_comm.hpp"
+#include "parallel/mesh/device_assign.hpp"
+#include "parallel/comm/mpi_comm.hpp"
+#include "parallel/comm/mpi_env.hpp"
+#include "parallel/comm/nccl_comm.hpp"
 #include "tests/parallel/check.hpp"
 
 using namespace adgt;

@@ -1,5 +1,5 @@
 // Capacity-weighted expert placement with replicas, measured on the MoE
-// layer (issue 16's MoE acceptance; docs/adaptation.md, "Expert replicas"):
+// layer (the MoE acceptance figure; docs/adaptation.md, "Expert replicas"):
 //
 //   OMP_NUM_THREADS=1 mpirun -np 8 adgt_bench_expert_placement
 //       [--experts 64] [--slots 9] [--zipf 1.2] [--slow 3,6] [--factor 2]
@@ -53,8 +53,8 @@
 #include "core/rng.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "parallel/adapt/expert_choice.hpp"
-#include "parallel/mpi_comm.hpp"
-#include "parallel/mpi_env.hpp"
+#include "parallel/comm/mpi_comm.hpp"
+#include "parallel/comm/mpi_env.hpp"
 
 using namespace adgt;
 

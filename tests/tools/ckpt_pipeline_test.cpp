@@ -38,8 +38,8 @@
 #include "core/checkpoint/checkpoint.hpp"
 #include "core/checkpoint/sharded.hpp"
 #include "core/checkpoint/hdf5_util.hpp"
-#include "parallel/mpi_comm.hpp"
-#include "parallel/mpi_env.hpp"
+#include "parallel/comm/mpi_comm.hpp"
+#include "parallel/comm/mpi_env.hpp"
 #include "tests/parallel/check.hpp"
 
 using namespace adgt;

@@ -27,8 +27,8 @@
 #include "core/model/moe.hpp"
 #include "core/rng.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
-#include "parallel/mpi_comm.hpp"
-#include "parallel/mpi_env.hpp"
+#include "parallel/comm/mpi_comm.hpp"
+#include "parallel/comm/mpi_env.hpp"
 #include "tests/parallel/check.hpp"
 
 using namespace adgt;

@@ -17,11 +17,11 @@
 #include "parallel/adapt/expert_choice.hpp"
 #include "parallel/adapt/expert_slots.hpp"
 #include "parallel/adapt/schedule_choice.hpp"
-#include "parallel/controller.hpp"
+#include "parallel/measure/pipeline_times.hpp"
 #include "parallel/cost/memory.hpp"
-#include "parallel/schedule/generators.hpp"
-#include "parallel/schedule/simulate.hpp"
-#include "parallel/schedule/validate.hpp"
+#include "parallel/pipeline/generators.hpp"
+#include "parallel/pipeline/timeline.hpp"
+#include "parallel/pipeline/validate.hpp"
 
 using namespace adgt::adapt;
 
@@ -123,7 +123,7 @@ TEST_CASE("adapt: a change under way survives a rebase on the planned level", "[
   }
 }
 
-// measured_jitter (parallel/controller.hpp): each instruction over its
+// measured_jitter (parallel/measure/pipeline_times.hpp): each instruction over its
 // kind's median in the step, as 20 quantiles. Forwards 1, 1, 2, 1 (median
 // 1) and backwards 3, 3, 3, 6 (median 3): six ratios of 1 and two of 2, so
 // the quantiles at (i + 0.5) / 20 are 1 for i < 15 and 2 from there; a kind
@@ -436,7 +436,7 @@ TEST_CASE("adapt: the schedule re-plan from measured stage times", "[adapt]") {
   const pp::StageCosts u = pp::StageCosts::uniform(P, 1, 1, 1);
   const ScheduleChoice c = choose_schedule(one_f_one_b, u);
   auto bubble = [&](const pp::Schedule& s) {
-    const pp::SimResult r = pp::simulate(s, u);
+    const pp::Timeline r = pp::time_schedule(s, u);
     return r.bubble_ratio;
   };
   const double b1 = bubble(one_f_one_b), bz = bubble(pp::with_grad_reductions(pp::zb_h1(P, m)));
@@ -449,8 +449,8 @@ TEST_CASE("adapt: the schedule re-plan from measured stage times", "[adapt]") {
   pp::StageCosts slow = u;
   for (double* x : {&slow.f[2], &slow.b[2], &slow.w[2]}) *x *= 1.5;
   const ScheduleChoice s = choose_schedule(one_f_one_b, slow);
-  CHECK(s.predicted_s <= pp::simulate(one_f_one_b, slow).makespan);
-  CHECK(s.predicted_s <= pp::simulate(pp::with_grad_reductions(pp::zb_h1(P, m)), slow).makespan);
+  CHECK(s.predicted_s <= pp::time_schedule(one_f_one_b, slow).makespan);
+  CHECK(s.predicted_s <= pp::time_schedule(pp::with_grad_reductions(pp::zb_h1(P, m)), slow).makespan);
   // The chosen schedule is a valid one (the controller validates it again on every rank).
   CHECK_NOTHROW(pp::validate(s.schedule));
   // The current schedule is kept on a tie.
@@ -516,7 +516,7 @@ TEST_CASE("adapt: with two chunks per rank the re-plan splits the interleaved sc
     // The interleaved schedule's memory (what the run planned for), and faster.
     CHECK(pp::max_held_activations(ch.schedule) <= pp::max_held_activations(il));
     CHECK(ch.predicted_s < 0.97 * ch.current_predicted_s);
-    CHECK(ch.predicted_s == Approx(pp::simulate(ch.schedule, c).makespan));
+    CHECK(ch.predicted_s == Approx(pp::time_schedule(ch.schedule, c).makespan));
     // Split backwards, each chunk's gradients reduced once, after its last W.
     int w = 0, reduces = 0;
     for (const auto& list : ch.schedule.ranks)

@@ -1,6 +1,6 @@
 // The CUDA backend's bf16 attention path rule (kernels/attention_path.hpp):
 // which shapes the flash kernels take, why others fall back to the exact fp32
-// kernel and what that costs, and --dry-run counting it (issue 18, finding 6).
+// kernel and what that costs, and --dry-run counting it (docs/cuda.md, "Silent slow paths").
 #include <catch2/catch.hpp>
 
 #include "core/config.hpp"

@@ -1,10 +1,10 @@
-// The compression controller's pure parts (parallel/compress/controller.hpp):
+// The compression level choice (parallel/compress/choice.hpp):
 // the link fit through the cluster model, and choose_levels on fixed inputs.
 #include <catch2/catch.hpp>
 
 #include <random>
 
-#include "parallel/compress/controller.hpp"
+#include "parallel/compress/choice.hpp"
 
 using namespace adgt;
 using namespace adgt::compress;
@@ -249,7 +249,7 @@ TEST_CASE("compress controller: signals round-trip through JSON", "[compress][co
 
 using Catch::Matchers::Contains;
 
-// --dry-run's expected levels (issue 15 part 4): the controller's rule on
+// --dry-run's expected levels (docs/compression.md): the controller's rule on
 // the cluster model's links. The 50 Mbit/s node of the slow-link ctest
 // compresses; the 100 Gbit/s one stays at off or bf16; off without auto or dp.
 TEST_CASE("compress: --dry-run's expected levels follow the cluster's link", "[compress][dryrun]") {

@@ -1,4 +1,4 @@
-// Inputs found by scripts/reliability/fuzz_configs.py (issue 17 part 5) that
+// Inputs found by scripts/reliability/fuzz_configs.py that
 // the config path once accepted silently or took minutes over; each must now be
 // refused quickly with the key and line named.
 #include <catch2/catch.hpp>

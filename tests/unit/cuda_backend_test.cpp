@@ -1607,7 +1607,7 @@ TEST_CASE("cuda backend: benchmark", "[.cudabench]") {
   bench_model("tiny.yaml step (cuda tf32)", be, tiny.model, B, T, 10, true);
   be.set_tf32(false);
   bench_model("tiny.yaml step (cpu fp32)", cpu, tiny.model, B, T, 3, true);
-  // A ~1.3B LLaMA-shaped model (issue 4's benchmark shape) at B=1, fp32 / TF32,
+  // A ~1.3B LLaMA-shaped model (the benchmark's shape, docs/cuda.md) at B=1, fp32 / TF32,
   // with the straightforward attention kernels: a baseline for the bf16 work.
   if (!std::getenv("ADGT_BENCH_SKIP_LARGE")) {
     ModelConfig big;

@@ -1,5 +1,5 @@
 // A device fault is named at the op that caused it, and the test binary
-// survives it long enough to report every case (issue 18). The faulting case
+// survives it long enough to report every case. The faulting case
 // is hidden ([.cudafault]) and runs in a child process of this binary with
 // ADGT_CUDA_SYNC=1: a test-only kernel (kernels/cuda/fault_probe.cu) writes
 // far out of bounds; the child must exit non-zero, its output must name the

@@ -1,6 +1,6 @@
 // Whole training steps on the CUDA backend against the CPU backend, on the
 // tiny config (configs/tiny.yaml), in fp32 and in bf16 mixed precision; and
-// the 1.3B-parameter benchmark of issue 4 (hidden tag "[.cudabench]"), which
+// the 1.3B-parameter benchmark (hidden tag "[.cudabench]"), which
 // scripts/device/check.sh runs next to the same model in PyTorch.
 //
 // Without a visible GPU the [cuda] cases WARN and pass (CI has no GPU).

@@ -1,11 +1,11 @@
-// DeviceComm (parallel/device_comm.hpp): device tensors staged through host
+// DeviceComm (parallel/comm/device_comm.hpp): device tensors staged through host
 // memory give the host transport's results bit for bit, asynchronous ones
 // land on completion, host tensors pass through, a mix is refused.
 #include <catch2/catch.hpp>
 #include <vector>
 
 #include "kernels/emulated/emulated_backend.hpp"
-#include "parallel/device_comm.hpp"
+#include "parallel/comm/device_comm.hpp"
 
 using namespace adgt;
 

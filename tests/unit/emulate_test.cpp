@@ -15,7 +15,7 @@
 #include "core/config.hpp"
 #include "parallel/emulate/clock.hpp"
 #include "parallel/emulate/emulation.hpp"
-#include "parallel/mpi_env.hpp"
+#include "parallel/comm/mpi_env.hpp"
 
 using namespace adgt;
 using Catch::Matchers::Contains;

@@ -9,8 +9,8 @@
 #include "core/model/model.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "parallel/dp/grad_buckets.hpp"
-#include "parallel/schedule/generators.hpp"
-#include "parallel/schedule/validate.hpp"
+#include "parallel/pipeline/generators.hpp"
+#include "parallel/pipeline/validate.hpp"
 
 using namespace adgt;
 using Catch::Matchers::Contains;

@@ -1,9 +1,9 @@
-// Device assignment (parallel/device_assign.hpp): one GPU per rank unless the
+// Device assignment (parallel/mesh/device_assign.hpp): one GPU per rank unless the
 // shared-GPU test mode is on.
 #include <catch2/catch.hpp>
 
-#include "parallel/device_assign.hpp"
-#include "parallel/device_plan.hpp"
+#include "parallel/mesh/device_assign.hpp"
+#include "parallel/mesh/device_plan.hpp"
 
 using namespace adgt;
 

@@ -1,9 +1,9 @@
-// Launch detection (parallel/launch.hpp) on hand-made environments: the
+// Launch detection (parallel/comm/launch.hpp) on hand-made environments: the
 // precedence mpirun > srun > single, Slurm's per-node task lists, and the
 // refusal of launchers adgt does not support.
 #include <catch2/catch.hpp>
 
-#include "parallel/launch.hpp"
+#include "parallel/comm/launch.hpp"
 
 using namespace adgt;
 

@@ -1,7 +1,7 @@
-// Rank placement (parallel/placement.hpp, docs/placement.md): the pure
+// Rank placement (parallel/cluster/placement.hpp, docs/placement.md): the pure
 // launcher-rank -> layout-rank map, its why and warning texts, host names to
 // nodes, and the emulated launcher's rank orders (emulate::launcher_devices).
-#include "parallel/placement.hpp"
+#include "parallel/cluster/placement.hpp"
 
 #include <catch2/catch.hpp>
 

@@ -10,7 +10,7 @@
 #include "core/config.hpp"
 #include "core/layout.hpp"
 #include "parallel/cluster/cluster.hpp"
-#include "parallel/plan/gpu_topology.hpp"
+#include "parallel/cluster/gpu_topology.hpp"
 #include "parallel/plan/launch_plan.hpp"
 #include "parallel/plan/planner.hpp"
 #include "parallel/sim/ops.hpp"

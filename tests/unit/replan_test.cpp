@@ -1,8 +1,8 @@
-// The re-planning decider of parallel.auto (parallel/plan/replan_controller.hpp):
+// The re-planning decider of parallel.auto (parallel/control/replan_controller.hpp):
 // when it calls the planner, with which slowdowns, and what it remembers.
 #include <catch2/catch.hpp>
 
-#include "parallel/plan/replan_controller.hpp"
+#include "parallel/control/replan_controller.hpp"
 
 using adgt::plan::LinkKey;
 using adgt::plan::ReplanDecider;

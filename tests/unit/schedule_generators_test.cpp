@@ -1,4 +1,4 @@
-// Pipeline-schedule generators (parallel/schedule/generators.hpp): every
+// Pipeline-schedule generators (parallel/pipeline/generators.hpp): every
 // generator's lists validate, with the peak in-flight activations its
 // description promises (the bound is tight); hand-written expected lists for
 // small cases; greedy against 1F1B on unequal stage times; the named errors.
@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "parallel/schedule/generators.hpp"
-#include "parallel/schedule/simulate.hpp"
-#include "parallel/schedule/validate.hpp"
+#include "parallel/pipeline/generators.hpp"
+#include "parallel/pipeline/timeline.hpp"
+#include "parallel/pipeline/validate.hpp"
 
 using namespace adgt::pp;
 using Catch::Matchers::Contains;
@@ -113,19 +113,19 @@ TEST_CASE("schedule generators: greedy from unequal stage times beats 1F1B withi
   c.comm = 0.1;
   for (int m : {4, 8, 16}) {
     INFO("m=" << m);
-    const double t1 = simulate(one_f_one_b(4, m), c).makespan;
+    const double t1 = time_schedule(one_f_one_b(4, m), c).makespan;
     for (std::int64_t limit : {4, 3, 2, 1}) {
       INFO("memory limit " << limit);
       const Schedule g = greedy(4, m, c, limit);
       CHECK_NOTHROW(validate(g, limit));
       CHECK(max_of(peak_inflight(g)) <= limit);
-      if (limit == 4) CHECK(simulate(g, c).makespan < t1);
+      if (limit == 4) CHECK(time_schedule(g, c).makespan < t1);
       // Never worse than ZB-H1 (which fits the 1F1B limit) either.
-      if (limit == 4) CHECK(simulate(g, c).makespan <= simulate(zb_h1(4, m), c).makespan + 1e-9);
+      if (limit == 4) CHECK(time_schedule(g, c).makespan <= time_schedule(zb_h1(4, m), c).makespan + 1e-9);
     }
   }
   // Equal times: greedy reaches ZB-H1's makespan, 3m + pp - 1.
-  for (int m : {4, 8}) CHECK(simulate(greedy(4, m, StageCosts::uniform(4, 1, 1, 1), 4), StageCosts::uniform(4, 1, 1, 1)).makespan == Approx(3 * m + 3));
+  for (int m : {4, 8}) CHECK(time_schedule(greedy(4, m, StageCosts::uniform(4, 1, 1, 1), 4), StageCosts::uniform(4, 1, 1, 1)).makespan == Approx(3 * m + 3));
   // Fewer micro-batches than ranks is fine for greedy.
   CHECK_NOTHROW(validate(greedy(4, 2, StageCosts::uniform(4, 1, 2, 1), 4)));
 }
@@ -146,7 +146,7 @@ TEST_CASE("schedule generators: greedy over several chunks per rank", "[schedule
     CHECK_NOTHROW(validate(g));
     // Within the interleaved schedule's memory and never slower than it on the given times.
     CHECK(max_held_activations(g) <= held);
-    const double tg = simulate(g, c).makespan, ti = simulate(il, c).makespan;
+    const double tg = time_schedule(g, c).makespan, ti = time_schedule(il, c).makespan;
     CHECK(tg <= ti + 1e-12);
     // Split backwards: the weight gradients fill the interleaved schedule's bubble.
     if (m >= 8) CHECK(tg < 0.97 * ti);
@@ -160,8 +160,8 @@ TEST_CASE("schedule generators: greedy over several chunks per rank", "[schedule
     }
     one.comm = c.comm;
     if (m >= 8) {
-      CHECK(tg < simulate(zb_h1(4, m), one).makespan);
-      CHECK(simulate(g, c).bubble_fraction <= 0.5 * simulate(one_f_one_b(4, m), one).bubble_fraction);
+      CHECK(tg < time_schedule(zb_h1(4, m), one).makespan);
+      CHECK(time_schedule(g, c).bubble_fraction <= 0.5 * time_schedule(one_f_one_b(4, m), one).bubble_fraction);
     }
   }
   // List scheduling alone (m not a multiple of pp: no interleaved order to
@@ -178,7 +178,7 @@ TEST_CASE("schedule generators: greedy over several chunks per rank", "[schedule
   // Equal times per chunk: never slower than interleaved 1F1B.
   const StageCosts u = StageCosts::uniform(8, 0.5, 0.5, 0.5);
   for (int m : {4, 8})
-    CHECK(simulate(greedy(4, m, u, 4), u).makespan <= simulate(interleaved_1f1b(4, m, 2), u).makespan + 1e-12);
+    CHECK(time_schedule(greedy(4, m, u, 4), u).makespan <= time_schedule(interleaved_1f1b(4, m, 2), u).makespan + 1e-12);
   // Three chunks per rank.
   const Schedule g3 = greedy(2, 4, StageCosts::uniform(6, 1, 1, 1), 2);
   CHECK(g3.virtual_stages == 3);
@@ -208,7 +208,7 @@ TEST_CASE("schedule generators: greedy's per-rank deferrals on the 16-layer mode
     CHECK_NOTHROW(validate(g));
     CHECK(max_held_activations(g) <= 12);
     CHECK(g.detail.find("per rank") != std::string::npos);
-    CHECK(simulate(g, c).bubble_fraction <= bound);
+    CHECK(time_schedule(g, c).bubble_fraction <= bound);
   }
 }
 
@@ -247,10 +247,10 @@ TEST_CASE("schedule generators: ZB-V on the vee placement", "[schedule]") {
     for (const Instr& in : z.ranks[0]) CHECK(in.peer != 3);
     // On equal times: far below ZB-H1's bubble and at most 0.3x 1F1B's (the
     // interleaved schedule needs 1.5x the memory for 0.66x).
-    const double bz = simulate(z, u).bubble_fraction;
+    const double bz = time_schedule(z, u).bubble_fraction;
     if (m >= 8) {
-      CHECK(bz < 0.6 * simulate(zb_h1(4, m), u1).bubble_fraction);
-      CHECK(bz <= 0.3 * simulate(one_f_one_b(4, m), u1).bubble_fraction);
+      CHECK(bz < 0.6 * time_schedule(zb_h1(4, m), u1).bubble_fraction);
+      CHECK(bz <= 0.3 * time_schedule(one_f_one_b(4, m), u1).bubble_fraction);
     }
   }
   // greedy on the vee placement, with measured-like costs and a held limit.

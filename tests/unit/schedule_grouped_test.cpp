@@ -1,4 +1,4 @@
-// Schedules under NCCL's grouped rendezvous sends (parallel/schedule/grouped.hpp):
+// Schedules under NCCL's grouped rendezvous sends (parallel/pipeline/grouped.hpp):
 // every generator's lists, after for_rendezvous, run (greedy's with skewed and
 // random costs, the schedules with grad reductions, interleaved, whose plain
 // lists deadlock on NCCL), and still pass validate(); hand-made lists that swap
@@ -9,10 +9,10 @@
 #include <random>
 #include <string>
 
-#include "parallel/schedule/costs.hpp"
-#include "parallel/schedule/generators.hpp"
-#include "parallel/schedule/grouped.hpp"
-#include "parallel/schedule/validate.hpp"
+#include "parallel/pipeline/costs.hpp"
+#include "parallel/pipeline/generators.hpp"
+#include "parallel/pipeline/grouped.hpp"
+#include "parallel/pipeline/validate.hpp"
 
 using namespace adgt::pp;
 using Catch::Matchers::Contains;

@@ -1,12 +1,12 @@
-// The schedule validator (parallel/schedule/validate.hpp) on hand-broken
+// The schedule validator (parallel/pipeline/validate.hpp) on hand-broken
 // lists: each error names the rank, the instruction index and what is wrong.
 #include <catch2/catch.hpp>
 
 #include <string>
 #include <vector>
 
-#include "parallel/schedule/generators.hpp"
-#include "parallel/schedule/validate.hpp"
+#include "parallel/pipeline/generators.hpp"
+#include "parallel/pipeline/validate.hpp"
 
 using namespace adgt::pp;
 using Catch::Matchers::Contains;

@@ -1,5 +1,5 @@
 // The step simulator (parallel/sim/) against independent references: its
-// pipeline phase against the schedule simulator (parallel/schedule/simulate),
+// pipeline phase against the schedule timeline (parallel/pipeline/timeline),
 // processor sharing against the single process, the data-parallel buckets
 // against their collective times summed by hand, a slow rank, the
 // homogeneous shortcut against simulating every replica, and named errors.
@@ -16,8 +16,8 @@
 #include "core/layout.hpp"
 #include "parallel/cluster/cluster.hpp"
 #include "parallel/cluster/collectives.hpp"
-#include "parallel/engine.hpp"
-#include "parallel/schedule/simulate.hpp"
+#include "parallel/engine/engine.hpp"
+#include "parallel/pipeline/timeline.hpp"
 #include "parallel/sim/step_sim.hpp"
 #include "parallel/sim/work.hpp"
 
@@ -121,7 +121,7 @@ TEST_CASE("sim: the pipeline phase equals the schedule simulator's makespan", "[
     // times (what the run's re-plan measures), the fixed orders as they are;
     // from the FLOP costs zb-v would order its list differently.
     const bool planned = std::string(sched) == "zb-v";
-    const pp::SimResult ref = pp::simulate(planned ? engine_schedule(cfg, &sc) : engine_schedule(cfg), sc);
+    const pp::Timeline ref = pp::time_schedule(planned ? engine_schedule(cfg, &sc) : engine_schedule(cfg), sc);
     const SimResult r = simulate_step(cfg, fast(), costs);
     CHECK(r.step_time_s == Approx(ref.makespan).epsilon(1e-6));
     CHECK(r.bubble == Approx(ref.bubble_fraction).margin(1e-6));

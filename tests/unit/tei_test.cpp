@@ -1,4 +1,4 @@
-// The Training Efficiency Index's accounting (parallel/tei.hpp, docs/tei.md)
+// The Training Efficiency Index's accounting (parallel/metrics/tei.hpp, docs/tei.md)
 // against hand-computed cases: one clean run, a crash with lost work and a
 // restart gap, a resume from an older checkpoint, skipped steps, the
 // recompute estimate, runs with different peaks; the recompute FLOPs against
@@ -11,8 +11,8 @@
 #include "core/comm.hpp"
 #include "core/config.hpp"
 #include "core/metrics.hpp"
-#include "parallel/tei.hpp"
-#include "parallel/tei_meter.hpp"
+#include "parallel/metrics/tei.hpp"
+#include "parallel/metrics/tei_meter.hpp"
 
 using namespace adgt;
 

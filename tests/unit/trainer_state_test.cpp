@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "core/checkpoint/checkpoint.hpp"
-#include "parallel/trainer_state.hpp"
+#include "parallel/trainer/trainer_state.hpp"
 
 using namespace adgt;
 namespace fs = std::filesystem;

@@ -1,11 +1,11 @@
-// parallel.auto_trials' decider (parallel/plan/trial_controller.hpp): warm-up
+// parallel.auto_trials' decider (parallel/control/trial_controller.hpp): warm-up
 // steps are not measured, each plan's median is kept, the next plan is asked
 // for in turn, the fastest measured is kept at the end (a switch back when it
 // is not the last), and a plan whose switch did not happen is skipped.
 #include <catch2/catch.hpp>
 
 #include "parallel/plan/launch_plan.hpp"
-#include "parallel/plan/trial_controller.hpp"
+#include "parallel/control/trial_controller.hpp"
 
 using namespace adgt::plan;
 

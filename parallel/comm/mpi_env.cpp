@@ -1,0 +1,114 @@
+#include "parallel/comm/mpi_env.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <sstream>
+#include <stdexcept>
+
+namespace adgt {
+
+namespace {
+bool mpi_running() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  return init && !fin;
+}
+}  // namespace
+
+int world_rank_or(int fallback) {
+  if (!mpi_running()) return fallback;
+  int r = fallback;
+  if (MPI_Comm_rank(MPI_COMM_WORLD, &r) != MPI_SUCCESS) return fallback;
+  return r;
+}
+
+namespace {
+// This process's rank as text: MPI's when MPI runs, else the launcher's
+// variable (before MPI_Init or when the launch itself was refused), else "?".
+std::string rank_label() {
+  const int r = world_rank_or(-1);
+  if (r >= 0) return std::to_string(r);
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "SLURM_PROCID"})
+    if (const char* v = std::getenv(var); v && *v) return v;
+  return "?";
+}
+}  // namespace
+
+std::string rank_host() { return "rank " + rank_label() + ", host " + host_name(); }
+
+void mpi_failed(const char* call, int code, const char* file, int line) {
+  char msg[MPI_MAX_ERROR_STRING] = {0};
+  int len = 0;
+  if (MPI_Error_string(code, msg, &len) != MPI_SUCCESS) std::snprintf(msg, sizeof msg, "MPI error %d", code);
+  std::ostringstream os;
+  os << "MPI call failed: " << call << ": " << msg << " (" << rank_host() << ", " << file << ":"
+     << line << ")";
+  throw std::runtime_error(os.str());
+}
+
+MpiEnv::MpiEnv(int* argc, char*** argv) : launch_(detect_launch()) {
+  int init = 0;
+  ADGT_MPI(MPI_Initialized(&init));
+  if (!init) {
+    int provided = 0;
+    // SERIALIZED lets the pipeline executor's progress thread push pending sends
+    // while the main thread computes (never at the same time as the main thread).
+    ADGT_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
+    owns_ = true;
+    if (provided < MPI_THREAD_FUNNELED)
+      throw std::runtime_error("MPI: MPI_Init_thread provided thread level " +
+                               std::to_string(provided) + " < MPI_THREAD_FUNNELED");
+  }
+  ADGT_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  ADGT_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+  ADGT_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+  if (size_ != launch_.world || rank_ != launch_.rank) {
+    std::ostringstream os;
+    os << "launch: " << launch_.launcher << " says rank " << launch_.rank << " of "
+       << launch_.world << " but MPI says rank " << rank_ << " of " << size_;
+    if (launch_.launcher == "srun") os << "; launch with `srun --mpi=pmix`";
+    else if (launch_.launcher == "single")
+      os << "; this MPI was started by a launcher adgt does not recognise: use Open MPI's mpirun or srun --mpi=pmix";
+    else os << "; the program and mpirun must come from the same Open MPI";
+    throw std::runtime_error(os.str());
+  }
+}
+
+MpiEnv::~MpiEnv() {
+  // While an exception unwinds through main, MPI stays up: MPI_Finalize would
+  // wait for ranks that may never get there, and fatal() needs MPI to abort.
+  if (owns_ && mpi_running() && std::uncaught_exceptions() == 0) MPI_Finalize();
+}
+
+void fatal(const std::exception& e) {
+  std::string line = "error: rank " + rank_label() + " (host " + host_name() + "): " + e.what() + "\n";
+  std::fputs(line.c_str(), stderr);  // one write: lines of different ranks do not interleave
+  std::fflush(stderr);
+  std::fflush(stdout);
+  int size = 1;
+  if (!mpi_running() || MPI_Comm_size(MPI_COMM_WORLD, &size) != MPI_SUCCESS || size == 1)
+    std::exit(1);
+  if (dynamic_cast<const CollectiveError*>(&e)) {
+    // Every rank is on its way here: wait (bounded) until all have printed,
+    // then end together and cleanly.
+    MPI_Request req;
+    if (MPI_Ibarrier(MPI_COMM_WORLD, &req) == MPI_SUCCESS) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      int done = 0;
+      while (MPI_Test(&req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done &&
+             std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (done) {
+        MPI_Finalize();
+        std::exit(1);
+      }
+    }
+  }
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::exit(1);
+}
+
+}  // namespace adgt

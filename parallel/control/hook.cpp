@@ -1,0 +1,68 @@
+#include "parallel/control/hook.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <cstring>
+#include <map>
+
+#include "core/metrics.hpp"
+#include "kernels/check.hpp"
+#include "parallel/emulate/emulation.hpp"
+#include "parallel/pipeline/timeline.hpp"
+#include "parallel/pipeline/validate.hpp"
+
+namespace adgt {
+
+std::string broadcast_text(Comm& comm, const std::string& text, int root) {
+  int32_t len[1] = {comm.rank() == root ? int32_t(text.size()) : 0};
+  comm.broadcast(Tensor(len, DType::I32, {1}), root);
+  std::vector<int32_t> words(size_t(len[0] + 3) / 4, 0);
+  if (comm.rank() == root) std::memcpy(words.data(), text.data(), text.size());
+  if (!words.empty()) comm.broadcast(Tensor(words.data(), DType::I32, {int64_t(words.size())}), root);
+  return std::string(reinterpret_cast<const char*>(words.data()), size_t(len[0]));
+}
+
+std::vector<nlohmann::json> run_controllers(const std::vector<Controller*>& cs, Engine& e,
+                                            const StepReport& r, Comm& world,
+                                            LayoutRequest* request) {
+  std::vector<nlohmann::json> records;
+  for (Controller* c : cs) {
+    c->record(e, r);
+    if (!c->due(r)) continue;
+    const nlohmann::json inputs = c->observe(e, r, world);
+    std::string text;
+    double decide_s = 0;  // rank 0's time in decide(): the re-plan itself
+    if (world.rank() == 0) {
+      const auto t0 = std::chrono::steady_clock::now();
+      text = c->decide(inputs).dump();
+      decide_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    text = broadcast_text(world, text);
+    const nlohmann::json decision = nlohmann::json::parse(text);
+    c->apply(e, decision);
+    if (request && decision.contains("layout_request") && decision["layout_request"].is_array() &&
+        !decision["layout_request"].empty())
+      *request = {c->name(), decision["layout_request"].get<std::vector<std::string>>()};
+    // A decision that changes nothing may ask not to be logged ("quiet").
+    if (world.rank() == 0 && !decision.value("quiet", false))
+      records.push_back({{"event", "controller"},
+                         {"controller", c->name()},
+                         {"step", r.step},
+                         {"inputs", inputs},
+                         {"decision", decision},
+                         {"decide_s", decide_s}});
+  }
+  return records;
+}
+
+LayoutRequest StepHook::after_step(Engine& e, const StepReport& r, Comm& world, MetricsLog* log) {
+  for (Observer* o : observers_) o->observe(e, r, world);
+  LayoutRequest request;
+  for (const nlohmann::json& rec : run_controllers(controllers_, e, r, world, &request))
+    if (log) log->log_record(rec);
+  return request;
+}
+
+}  // namespace adgt

@@ -1,0 +1,307 @@
+#include "parallel/engine/engine.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/check.hpp"
+#include "parallel/cost/stages.hpp"
+#include "parallel/dp/grad_norm.hpp"
+#include "parallel/emulate/slowdown.hpp"
+#include "parallel/pipeline/run_schedule.hpp"
+
+namespace adgt {
+
+namespace {
+emulate::ComputeSlowdown g_no_slowdown;  // factor 1: every call returns at once
+DType parse_dtype(const std::string& s) {
+  return s == "f64" ? DType::F64 : s == "bf16" ? DType::BF16 : DType::F32;
+}
+}  // namespace
+
+Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be, bool init)
+    : cfg_(config), ctx_(ctx), be_(be) {
+  layout_ = ctx.layout ? *ctx.layout : layout_of(config);
+  cfg_.parallel = with_layout(config.parallel, layout_);
+  const RunConfig& cfg = cfg_;
+  if (!ctx_.tp) ctx_.tp = &self_tp_;
+  if (!ctx_.dp) ctx_.dp = &self_dp_;
+  if (!ctx_.pp) ctx_.pp = &self_pp_;
+  if (!ctx_.ep) ctx_.ep = &self_ep_;
+  if (!ctx_.edp) ctx_.edp = ctx_.ep->size() > 1 ? &self_edp_ : ctx_.dp;
+  if (!ctx_.world) ctx_.world = &self_world_;
+  ADGT_CHECK(ctx_.tp->size() == cfg.parallel.tp && ctx_.dp->size() == cfg.parallel.dp &&
+                 ctx_.pp->size() == cfg.parallel.pp,
+             "Trainer: process groups (tp " << ctx_.tp->size() << ", dp " << ctx_.dp->size()
+                                            << ", pp " << ctx_.pp->size()
+                                            << ") do not match parallel.tp=" << cfg.parallel.tp
+                                            << ", parallel.dp=" << cfg.parallel.dp
+                                            << ", parallel.pp=" << cfg.parallel.pp);
+  const RankCoords& c = ctx_.coords;
+  ADGT_CHECK(ctx_.tp->rank() == c.tp && ctx_.dp->rank() == c.dp && ctx_.pp->rank() == c.pp &&
+                 (ctx_.ep->size() == 1 || ctx_.ep->rank() == c.ep),
+             "Engine: this rank's group ranks (tp " << ctx_.tp->rank() << ", dp " << ctx_.dp->rank()
+                                                    << ", pp " << ctx_.pp->rank()
+                                                    << ") are not its layout coordinates (tp " << c.tp
+                                                    << ", dp " << c.dp << ", pp " << c.pp << ")");
+  overlap_ = cfg.parallel.overlap;
+  slow_ = ctx_.slowdown ? ctx_.slowdown : &g_no_slowdown;
+  TensorParallel tp;
+  tp.comm = ctx_.tp;
+  tp.sequence_parallel = cfg.parallel.sequence_parallel;
+  tp.flat_multiple = 16 * (cfg.parallel.zero ? cfg.parallel.dp : 1);
+  const bool pipelined = ctx_.pp->size() > 1;
+  const int pp = int(cfg.parallel.pp), v = int(cfg.parallel.virtual_stages);
+  const StageSlice slice =
+      stage_slice(stage_layer_counts(cfg), pp, v, pipelined ? ctx_.pp->rank() : 0,
+                  placement_of_schedule(cfg.parallel.schedule));
+  ExpertParallel ep;
+  ep.comm = ctx_.ep;
+  for (int64_t r : cfg.parallel.expert_placement) ep.placement.push_back(int(r));
+  model_ = std::make_unique<Model>(cfg.model, be_, parse_dtype(cfg.train.dtype), cfg.train.micro_batch,
+                                   cfg.model.seq_len, tp, &slice, ep,
+                                   RecomputePolicy{parse_recompute(cfg.train.recompute),
+                                                   cfg.train.recompute_layers},
+                                   cfg.train.fused_projections);
+  if (init) model_->init_weights(cfg.train.seed);  // else the caller restores a state
+  if (!cfg.parallel.expert_replicas.empty() || cfg.parallel.expert_slots > 0)
+    set_expert_replicas(cfg.parallel.expert_replicas);
+  const bool zero = cfg.parallel.zero == 1 && ctx_.dp->size() > 1;
+  Comm* edp = ctx_.ep->size() > 1 ? ctx_.edp : nullptr;
+  reducer_ = std::make_unique<GradReducer>(*model_, *ctx_.dp, edp, zero, cfg.parallel.bucket_mb);
+  reducer_->set_clock([s = slow_] { return s->now(); });  // the emulation's clock, else wall
+  opt_ = std::make_unique<ShardedAdamW>(be_, *model_, cfg.train, zero ? ctx_.dp : nullptr);
+  if (pipelined) {
+    pipe_ = std::make_unique<PipelineExecutor>(*model_, be_, *ctx_.pp, engine_schedule(cfg));
+    pipe_->set_progress_comms(reducer_->comms());
+    pipe_->set_slowdown(slow_);
+  }
+  // Replicas return their gradients once per step: without a pipeline in
+  // the last micro-batch's backward (run_micro_batches knows it), in a
+  // pipeline in each chunk's last backward (the executor sets it per
+  // instruction).
+  model_->defer_replica_grads(!pipelined);
+  in_.assign(size_t(cfg.train.micro_batch * cfg.model.seq_len), 0);
+  tg_.assign(in_.size(), -1);
+}
+
+Engine::~Engine() = default;
+
+void Engine::move_experts(const std::vector<int64_t>& owner) {
+  const int64_t E = cfg_.model.n_experts;
+  Comm& ep = *ctx_.ep;
+  const int P = ep.size(), me = ep.rank();
+  const std::vector<int> was_t(layout_.expert_placement.begin(), layout_.expert_placement.end());
+  const std::vector<int> new_t(owner.begin(), owner.end());
+  const ExpertPlacement was(E, P, was_t), now(E, P, new_t);
+  Model& m = *model_;
+  const int L = m.num_moe_layers();
+  const int64_t block = m.expert_block();
+  // The buffers an expert lives in: the compute weights, the fp32 master
+  // (mixed precision), the AdamW moments (whole: ZeRO-1 is not used with ep).
+  std::vector<Tensor> bufs = {m.params()};
+  if (m.mixed()) bufs.push_back(m.master());
+  bufs.push_back(opt_->adamw().exp_avg());
+  bufs.push_back(opt_->adamw().exp_avg_sq());
+  // Send to d: the experts d will own that this rank owns now (ascending
+  // id), each layer's block; receive from s the experts this rank will own
+  // that s owns now, in the same order.
+  std::vector<int64_t> sc(size_t(P), 0), sd(size_t(P), 0), rc(size_t(P), 0), rd(size_t(P), 0);
+  int64_t ns = 0, nr = 0;
+  for (int d = 0; d < P; ++d) {
+    sd[size_t(d)] = ns, rd[size_t(d)] = nr;
+    for (int64_t e : now.local_experts(d))
+      if (was.owner(e) == me) sc[size_t(d)] += L * block;
+    for (int64_t e : now.local_experts(me))
+      if (was.owner(e) == d) rc[size_t(d)] += L * block;
+    ns += sc[size_t(d)], nr += rc[size_t(d)];
+  }
+  for (const Tensor& b : bufs) {
+    const DType dt = b.dtype;
+    auto at = [&](const Tensor& t, int64_t off) {
+      return Tensor(static_cast<char*>(t.data) + size_t(off) * dtype_size(dt), dt, {block});
+    };
+    Buffer send_b(be_, size_t(std::max<int64_t>(ns, 1)) * dtype_size(dt));
+    Buffer recv_b(be_, size_t(std::max<int64_t>(nr, 1)) * dtype_size(dt));
+    const Tensor send(send_b.data(), dt, {std::max<int64_t>(ns, 1)}),
+        recv(recv_b.data(), dt, {std::max<int64_t>(nr, 1)});
+    int64_t k = 0;
+    for (int d = 0; d < P; ++d)
+      for (int64_t e : now.local_experts(d)) {
+        if (was.owner(e) != me) continue;
+        for (int l = 0; l < L; ++l, k += block)
+          be_.copy(at(send, k), at(b, m.expert_offset(l, size_t(was.local_index(e)))));
+      }
+    ep.all_to_allv(recv, rc, rd, send, sc, sd);
+    k = 0;
+    for (int s = 0; s < P; ++s)
+      for (int64_t e : now.local_experts(me)) {
+        if (was.owner(e) != s) continue;
+        for (int l = 0; l < L; ++l, k += block)
+          be_.copy(at(b, m.expert_offset(l, size_t(now.local_index(e)))), at(recv, k));
+      }
+  }
+  ADGT_CHECK(!opt_->sharded(), "move_experts: ZeRO-1 shards the moments; experts need zero: 0");
+  if (m.has_moe()) m.set_expert_placement(new_t, &ep);
+  layout_.expert_placement = owner;
+  cfg_.parallel.expert_placement = owner;
+  cfg_.parallel.expert_replicas.clear();
+}
+
+Tensor Engine::scratch_tensor(int64_t n, DType dt) {
+  const size_t need = size_t(std::max<int64_t>(n, 1)) * dtype_size(dt);
+  if (scratch_.bytes() < need) scratch_ = Buffer(be_, need);
+  return Tensor(scratch_.data(), dt, {std::max<int64_t>(n, 1)});
+}
+
+void Engine::set_expert_replicas(const std::string& text) {
+  RunConfig next = cfg_;
+  next.parallel.expert_replicas = text;
+  if (auto err = expert_replicas_error(next)) throw ConfigError(*err);
+  const int64_t E = cfg_.model.n_experts, ep = ctx_.ep->size(), slots = cfg_.parallel.expert_slots;
+  if (E <= 0) return;
+  const std::vector<int> owner(layout_.expert_placement.begin(), layout_.expert_placement.end());
+  const ExpertReplicas r =
+      ExpertReplicas::parse(ExpertPlacement(E, int(ep), owner), text, int(slots > 0 ? slots : E / ep));
+  if (model_->has_moe()) model_->set_expert_replicas(r);
+  cfg_.parallel.expert_replicas = text;
+}
+
+double Engine::forward_backward(const MicroBatchFetch& fetch) {
+  model_->zero_grads();
+  model_->reset_moe_stats();
+  const double loss = pipelined() ? run_pipeline_step(fetch) : run_micro_batches(fetch);
+  if (pipelined()) {
+    measure_bubble();
+  } else {
+    times_.bubble = times_.bubble_idle = -1.0;
+    times_.held = -1;
+  }
+  return loss;
+}
+
+double Engine::run_micro_batches(const MicroBatchFetch& fetch) {
+  const int64_t A = cfg_.accum_steps(), D = ctx_.dp->size();
+  model_->defer_losses(true);  // one host read of the losses per step
+  for (int64_t a = 0; a < A; ++a) {
+    fetch(int(a), in_.data(), tg_.data());
+    // Each forward and backward is a compute piece of the slowdown hook
+    // (parallel/emulate/slowdown.hpp; inactive unless emulated).
+    slow_->run([&] { model_->forward(in_.data(), tg_.data(), 1.0 / double(A * D)); });
+    const bool last = a + 1 == A;
+    // The last micro-batch's backward starts each bucket's reduction as it completes it.
+    slow_->begin();
+    model_->backward(slow_->wrap(last && overlap_ ? reducer_->ready_hook()
+                                                  : std::function<void(int64_t, int64_t)>()),
+                     last);
+    slow_->catch_up();
+  }
+  reducer_->finish_grad_sync();
+  times_.dp_wait_s = reducer_->last_wait_seconds();
+  const double loss_sum = model_->take_deferred_loss();
+  model_->defer_losses(false);
+  double total[1] = {loss_sum};
+  ctx_.dp->all_reduce(Tensor(total, DType::F64, {1}));
+  return total[0] / double(A * D);
+}
+
+double Engine::run_pipeline_step(const MicroBatchFetch& fetch) {
+  const int64_t A = cfg_.accum_steps(), D = ctx_.dp->size();
+  std::vector<char> reduced(size_t(model_->num_chunks()), 0);
+  auto grads_final = [&](int c, bool fused_last) {
+    // Partial sums over tp first (SP norms, MoE routers; a chunk's last fused
+    // backward did them itself), then the chunk's buckets.
+    if (!fused_last) model_->reduce_tp_partial_grads(c);
+    reducer_->chunk_ready(c);
+    reduced[size_t(c)] = 1;
+  };
+  GradHooks hooks;
+  if (overlap_) {
+    hooks.chunk = grads_final;
+    hooks.unit = reducer_->ready_hook();
+  }
+  double loss[1] = {pipe_->run_step(fetch, 1.0 / double(A * D), hooks)};
+  for (int c = 0; c < model_->num_chunks(); ++c)  // a schedule without ReduceGrads
+    if (!reduced[size_t(c)]) grads_final(c, false);
+  reducer_->finish_grad_sync();
+  times_.dp_wait_s = reducer_->last_wait_seconds();
+  // The loss is known on the last stage; every rank logs and checks the same value.
+  ctx_.pp->all_reduce(Tensor(loss, DType::F64, {1}));
+  ctx_.dp->all_reduce(Tensor(loss, DType::F64, {1}));
+  return loss[0] / double(A * D);
+}
+
+void Engine::measure_bubble() {
+  // 1 - sum of busy time / (pp x the slowest rank's step time), over the
+  // pipeline group. Of it, idle: the receives' waits and each rank's time
+  // after its last instruction until the slowest rank's; the rest is the
+  // ranks' own work between instructions (copies for sends, bookkeeping).
+  // (not measured where a rank's receives do not block its host: -1).
+  const double own_span = pipe_->last_step_seconds(), wait = pipe_->last_wait_seconds();
+  double sums[3] = {pipe_->last_busy_seconds(), wait - own_span, wait < 0 ? 1.0 : 0.0};
+  double span[2] = {own_span, double(pipe_->last_peak_held())};
+  ctx_.pp->all_reduce(Tensor(sums, DType::F64, {3}));
+  ctx_.pp->all_reduce(Tensor(span, DType::F64, {2}), ReduceOp::Max);
+  times_.held = int64_t(span[1]);
+  const double P = double(ctx_.pp->size());
+  times_.bubble = span[0] > 0 ? 1.0 - sums[0] / (P * span[0]) : 0.0;
+  times_.bubble_idle =
+      sums[2] > 0 ? -1.0
+      : span[0] > 0 ? std::clamp((sums[1] + P * span[0]) / (P * span[0]), 0.0, 1.0)
+                    : 0.0;
+}
+
+double Engine::grad_norm() {
+  GradNormGroups g;
+  g.tp = ctx_.tp;
+  g.chunks = opt_->sharded() ? ctx_.dp : nullptr;
+  g.ep = ctx_.ep->size() > 1 ? ctx_.ep : nullptr;
+  g.pp = ctx_.pp;
+  return global_grad_norm(be_, model_->table(), model_->grads(), opt_->lo(), opt_->hi(), g);
+}
+
+void Engine::apply_update(double lr, int64_t opt_step, double clip_coef) {
+  slow_->run([&] {
+    opt_->step(lr, opt_step, clip_coef);
+    if (cfg_.model.moe_aux_free) model_->update_moe_bias(ctx_.edp);
+  });
+  model_->sync_expert_replicas();  // the shadows take the owners' new weights
+}
+
+double Engine::eval_loss(const int32_t* inputs, const int32_t* targets) {
+  if (!pipelined()) return model_->forward(inputs, targets, 0.0);
+  double l[1] = {pipe_->forward_only(inputs, targets)};  // known on the last stage
+  ctx_.pp->all_reduce(Tensor(l, DType::F64, {1}));
+  return l[0];
+}
+
+ShardLayout Engine::shard_layout() const { return shard_layout_of(layout_, ctx_.coords); }
+
+void Engine::fill_checkpoint(CheckpointState& st, ShardLayout& lay) {
+  // Every rank writes its own pieces; under ZeRO-1 each dp rank writes the
+  // AdamW state of its own chunk, so nothing is gathered.
+  // Into st's buffers: a recycled staging state (checkpoint.async) is reused
+  // in place, without touching fresh memory.
+  st.specs = model_->table();
+  model_->params_to_host(st.params);
+  if (opt_->sharded()) {
+    AdamW& opt = opt_->adamw();
+    opt.to_host(opt.exp_avg(), st.exp_avg);
+    opt.to_host(opt.exp_avg_sq(), st.exp_avg_sq);
+    lay.state_lo = opt.lo();
+    lay.state_hi = opt.hi();
+  } else {
+    opt_->full_exp_avg(st.exp_avg);
+    opt_->full_exp_avg_sq(st.exp_avg_sq);
+  }
+}
+
+void Engine::restore_checkpoint(CheckpointState& st) {
+  const auto n = size_t(model_->flat_size());
+  for (auto* v : {&st.params, &st.exp_avg, &st.exp_avg_sq}) v->resize(n, 0.0f);
+  model_->params_from_host(st.params);
+  opt_->load_state(st.exp_avg, st.exp_avg_sq);
+  model_->sync_expert_replicas();
+}
+
+}  // namespace adgt

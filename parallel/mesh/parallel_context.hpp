@@ -1,0 +1,53 @@
+// The parallel context of one rank: the layout it runs, its place in it and
+// the process groups it belongs to, as an Engine is built from them
+// (parallel/engine/engine.hpp), and the emulation's wrapping of those groups.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/comm.hpp"
+#include "core/layout.hpp"
+
+namespace adgt {
+
+namespace emulate {
+class ComputeSlowdown;
+struct Emulation;
+}  // namespace emulate
+
+// The layout and the process groups this rank belongs to (nullptr: a group of one).
+struct ParallelContext {
+  // The layout the groups were made for and this rank's place in it (none:
+  // the configuration's layout, this rank at the origin: a single process).
+  std::optional<Layout> layout;
+  RankCoords coords;
+  Comm* tp = nullptr;
+  Comm* dp = nullptr;
+  Comm* pp = nullptr;     // the pipeline group: the same tp and dp coordinates, every stage
+  Comm* ep = nullptr;     // expert parallelism: ep consecutive ranks of the dp group
+  Comm* edp = nullptr;    // the dp ranks holding the same experts
+  Comm* world = nullptr;  // every rank of the run: checkpoints are saved and loaded over it
+  int world_rank = 0;     // rank 0 logs, prints and commits checkpoints
+  // Link and compute emulation (parallel/emulate/, docs/emulation.md; not
+  // owned). emulation: set up by the launcher for the rank table (nullptr:
+  // the trainer sets it up when emulate.cluster asks for it). slowdown: this
+  // rank's compute slowdown hook (nullptr: none).
+  emulate::Emulation* emulation = nullptr;
+  emulate::ComputeSlowdown* slowdown = nullptr;
+  // parallel.auto's plan as JSON (parallel/plan/planner.hpp plan_json; "":
+  // none): logged to metrics.jsonl at the start and kept in every checkpoint
+  // as state/plan/chosen.
+  std::string plan_json;
+};
+
+namespace emulate {
+// Wraps every group of ctx (tp, dp, pp, ep, edp, world; each distinct object
+// once) in an EmulatedComm with a private control channel, points ctx at the
+// wrappers and at emu's slowdown; returns the wrappers (they must outlive
+// every user of ctx). Collective over each group, in this order on every rank.
+std::vector<std::unique_ptr<Comm>> wrap_emulated_groups(ParallelContext& ctx, Emulation& emu);
+}  // namespace emulate
+
+}  // namespace adgt

@@ -1,0 +1,87 @@
+#include "parallel/metrics/step_logger.hpp"
+
+#include <cstdio>
+
+#include "parallel/cost/memory.hpp"
+
+namespace adgt {
+
+StepLogger::StepLogger(const RunConfig& cfg, Backend& be, MetricsLog* log, double peak_tflops,
+                       bool measured_peak)
+    : cfg_(cfg), be_(be), log_(log), peak_(peak_tflops), measured_peak_(measured_peak),
+      flops_per_token_(estimate_memory(cfg, compute_bytes_per_element(cfg)).flops_per_token) {}
+
+void StepLogger::observe(Engine& e, const StepReport& r, Comm& world) {
+  if (r.step > r.first_step + 1) {  // the first step warms caches and thread pools
+    timed_s_ += r.seconds;
+    ++timed_steps_;
+  }
+  if (r.applied) {
+    interval_loss_ += r.loss;
+    ++interval_n_;
+  }
+  if (r.step % cfg_.log.interval != 0 && r.step != r.total_steps) return;
+  const ParallelContext& g = e.groups();
+  // The data-parallel reduction each rank waited for after its step's work:
+  // mean and maximum over the world (collective: every rank logs at the same steps).
+  double dp_wait[2] = {e.last_times().dp_wait_s, e.last_times().dp_wait_s};
+  if (g.dp->size() > 1) {
+    world.all_reduce(Tensor(dp_wait, DType::F64, {1}));
+    world.all_reduce(Tensor(dp_wait + 1, DType::F64, {1}), ReduceOp::Max);
+    dp_wait[0] /= double(world.size());
+  }
+  if (!log_) return;
+  StepMetrics m;
+  m.world = g.tp->size() * g.dp->size() * g.pp->size();
+  m.tp_bytes = r.tp_bytes;
+  m.dp_bytes = r.dp_bytes;
+  m.pp_bytes = r.pp_bytes;
+  for (const MoeLayerStep& x : e.model().moe_stats()) {
+    MoeLayerMetrics y;
+    y.layer = x.layer;
+    y.load = x.load;
+    y.tokens = x.tokens;
+    y.dropped = x.dropped;
+    y.aux = x.calls ? x.aux / double(x.calls) : 0;
+    y.a2a_bytes = x.a2a_bytes;
+    y.a2a_seconds = x.a2a_seconds;
+    m.moe.push_back(std::move(y));
+  }
+  m.bubble = e.last_times().bubble;
+  m.bubble_idle = e.last_times().bubble_idle;
+  m.held = e.last_times().held;
+  if (e.reducer().level_mix() != "off") {  // gradient compression (docs/compression.md)
+    m.grad_compression = e.reducer().level_mix();
+    m.gc_sent_bytes = e.reducer().last_compression().sent_bytes;
+    m.gc_fp32_bytes = e.reducer().last_compression().fp32_bytes;
+  }
+  m.dp_wait_s = g.dp->size() > 1 ? dp_wait[0] : -1.0;
+  m.dp_wait_max_s = g.dp->size() > 1 ? dp_wait[1] : -1.0;
+  m.tp_wait_s = g.tp->size() > 1 ? r.tp_seconds : -1.0;
+  m.pp_wait_s = g.pp->size() > 1 ? r.pp_seconds : -1.0;
+  m.ep_wait_s = g.ep->size() > 1 ? r.ep_seconds : -1.0;
+  m.host_reads = r.host_reads;
+  m.step = r.step;
+  m.total_steps = r.total_steps;
+  m.loss = interval_n_ ? interval_loss_ / double(interval_n_) : r.loss;
+  m.lr = r.lr;
+  m.grad_norm = r.grad_norm;
+  m.tokens_per_s = double(cfg_.train.global_batch * cfg_.model.seq_len) / r.seconds;
+  m.tflops = m.tokens_per_s * flops_per_token_ / 1e12 / double(m.world);  // per rank
+  if (measured_peak_ && peak_ > 0 && m.tflops > peak_)  // the start-up figure read low
+    peak_ = be_.remeasure_peak_tflops();
+  m.peak_tflops = peak_;
+  m.mfu = peak_ > 0 ? m.tflops / peak_ : -1;
+  m.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const double per_step = timed_steps_ ? mean_step_seconds() : r.seconds;
+  m.eta_s = per_step * double(r.total_steps - r.step);
+  m.skipped_steps = r.skipped_steps;
+  std::printf("%s\n", format_step_line(m).c_str());
+  std::fflush(stdout);
+  log_->log_step(m);
+  final_loss_ = m.loss;
+  interval_loss_ = 0;
+  interval_n_ = 0;
+}
+
+}  // namespace adgt

@@ -1,0 +1,409 @@
+// The trainer's in-memory layout switch (docs/reliability.md, "In-memory
+// layout switch"): at a step boundary, the state of the running layout is
+// moved over MPI into a new engine built for the requested layout, without
+// touching disk. Trainer members; the loop calls run_switch.
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/layout.hpp"
+#include "core/metrics.hpp"
+#include "parallel/control/hook.hpp"
+#include "parallel/fault/progress.hpp"
+#include "parallel/comm/mpi_comm.hpp"
+#include "parallel/switch/reshard.hpp"
+#include "parallel/switch/shared_sources.hpp"
+#include "parallel/switch/switch_request.hpp"
+#include "parallel/trainer/trainer.hpp"
+
+namespace adgt {
+
+namespace {
+std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// Rank 0: takes the first request of the control file due after `step`,
+// rewrites the file with the others (switch.done once none is left, the file
+// renamed to switch.rejected when it cannot be parsed), and returns the
+// decision: {"request": text, "line", "overrides"} or {"error": why}.
+nlohmann::json take_request(const RunConfig& cfg, int64_t step, int world) {
+  namespace fs = std::filesystem;
+  const std::string path = switch_file(cfg.log.dir);
+  std::error_code ec;
+  try {
+    std::vector<SwitchRequest> due, later;
+    split_due(parse_switch_requests(read_text(path), path), step, due, later);
+    if (due.empty()) return nlohmann::json::object();
+    const SwitchRequest req = due.front();
+    std::vector<SwitchRequest> rest(due.begin() + 1, due.end());
+    rest.insert(rest.end(), later.begin(), later.end());
+    if (rest.empty()) {
+      fs::rename(path, path + ".done", ec);
+    } else {
+      const std::string tmp = path + ".tmp";
+      std::ofstream(tmp) << format_switch_requests(rest);
+      fs::rename(tmp, path, ec);
+    }
+    nlohmann::json d = {{"request", req.text}, {"line", req.line}, {"overrides", req.overrides}};
+    try {
+      switched_config(cfg, req, world, path);  // refused here, before any rank tears down
+    } catch (const ConfigError& e) {
+      d["error"] = e.what();
+    }
+    return d;
+  } catch (const ConfigError& e) {
+    fs::rename(path, path + ".rejected", ec);
+    return {{"error", std::string(e.what()) + " (the file is now " + path + ".rejected)"}};
+  }
+}
+
+int mpi_world_rank() {
+  int init = 0;
+  MPI_Initialized(&init);
+  if (!init) return -1;
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+}  // namespace
+
+namespace {
+// The engine a switch would build is the one running (expert replicas aside).
+bool same_engine(const RunConfig& a, const RunConfig& b) {
+  return layout_of(a) == layout_of(b) && a.train.micro_batch == b.train.micro_batch &&
+         a.train.recompute == b.train.recompute &&
+         a.train.recompute_layers == b.train.recompute_layers &&
+         a.parallel.bucket_mb == b.parallel.bucket_mb && a.parallel.overlap == b.parallel.overlap;
+}
+}  // namespace
+
+bool Trainer::experts_in_place(const RunConfig& next, const std::string& who, MetricsLog* log) {
+  // Expert placement and replicas change in memory without a new engine:
+  // replicas are shadows of the owners' weights (nothing moves), and a new
+  // owner table moves only the experts' weights and moments (same sizes on
+  // every rank). Gradient compression's residuals would belong to other
+  // experts after a move: then the switch (which drops them with a note).
+  const ParallelConfig& a = next.parallel;
+  const ParallelConfig& b = cfg_.parallel;
+  if (a.expert_replicas == b.expert_replicas && a.expert_placement == b.expert_placement) return false;
+  RunConfig same = next;
+  same.parallel.expert_placement = b.expert_placement;
+  if (!same_engine(same, cfg_)) return false;
+  const bool move = a.expert_placement != b.expert_placement;
+  if (move && (!engine_->reducer().compression_state().empty() || cfg_.parallel.zero == 1)) return false;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t bytes0 = engine_->groups().ep->stats().bytes;
+  try {  // a bad text is refused before anything moves, the same on every rank
+    if (auto err = expert_replicas_error(next)) throw ConfigError(*err);
+    if (move) engine_->move_experts(a.expert_placement);
+    engine_->set_expert_replicas(a.expert_replicas);
+  } catch (const ConfigError& e) {
+    if (lead()) {
+      std::fprintf(stderr, "switch at step %ld refused: %s; training goes on as before\n",
+                   long(step_), e.what());
+      if (log)
+        log->log_record({{"event", "expert_replicas"}, {"step", step_}, {"by", who},
+                         {"refused", e.what()}});
+    }
+    return true;
+  }
+  cfg_.parallel.expert_placement = a.expert_placement;
+  cfg_.parallel.expert_replicas = a.expert_replicas;
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double mb[1] = {double(engine_->groups().ep->stats().bytes - bytes0) / 1e6};
+  engine_->groups().world->all_reduce(Tensor(mb, DType::F64, {1}));
+  if (lead()) {
+    std::printf("%s at step %ld (%s) in %.3f s, %.1f MB between ranks%s%s\n",
+                move ? "experts moved in memory" : "expert replicas set", long(step_), who.c_str(), s,
+                mb[0], a.expert_replicas.empty() ? "" : "; replicas ", a.expert_replicas.c_str());
+    std::fflush(stdout);
+    if (log) {
+      nlohmann::json rec = {{"event", move ? "expert_move" : "expert_replicas"}, {"step", step_},
+                            {"by", who}, {"replicas", a.expert_replicas}, {"seconds", s},
+                            {"mb", mb[0]}};
+      if (move) rec["placement"] = a.expert_placement;
+      log->log_record(rec);
+    }
+  }
+  return true;
+}
+
+bool Trainer::run_switch(MetricsLog* log) {
+  Comm& world = *engine_->groups().world;
+  nlohmann::json d;
+  if (lead()) {
+    d = take_request(cfg_, step_, world.size());
+    if (d.empty()) d = nlohmann::json::object();
+    if (!d.contains("error") && mpi_world_rank() < 0)
+      d["error"] = "an in-memory layout switch needs an MPI launch (mpirun or srun)";
+  }
+  d = nlohmann::json::parse(broadcast_text(world, lead() ? d.dump() : ""));
+  if (d.empty()) return false;
+  const std::string request = d.value("request", std::string());
+  if (d.contains("error")) {
+    if (lead()) {
+      std::fprintf(stderr, "switch at step %ld refused: %s; training goes on in the current layout\n",
+                   long(step_), d["error"].get<std::string>().c_str());
+      if (log)
+        log->log_record({{"event", "switch"}, {"step", step_}, {"request", request},
+                         {"refused", d["error"]}});
+    }
+    return false;
+  }
+  SwitchRequest req;
+  req.text = request;
+  req.line = d.value("line", 0);
+  req.overrides = d["overrides"].get<std::vector<std::string>>();
+  const RunConfig next = switched_config(cfg_, req, world.size(), switch_file(cfg_.log.dir));
+  if (experts_in_place(next, request, log)) return false;
+  if (same_engine(next, cfg_)) {
+    if (lead()) std::printf("switch at step %ld: '%s' is the layout in use; nothing to do\n",
+                            long(step_), request.c_str());
+    return false;
+  }
+  switch_layout(next, request, log);
+  return true;
+}
+
+bool Trainer::apply_layout_request(const std::vector<std::string>& overrides, const std::string& who,
+                                   MetricsLog* log) {
+  SwitchRequest req;
+  req.overrides = overrides;
+  for (const std::string& o : overrides) req.text += (req.text.empty() ? "" : " ") + o;
+  RunConfig next;
+  try {
+    next = switched_config(cfg_, req, engine_->groups().world->size(), who);
+  } catch (const ConfigError& e) {  // the same on every rank
+    if (lead()) {
+      std::fprintf(stderr, "switch at step %ld refused: %s; training goes on in the current layout\n",
+                   long(step_), e.what());
+      if (log)
+        log->log_record({{"event", "switch"}, {"step", step_}, {"request", who + ": " + req.text},
+                         {"refused", e.what()}});
+    }
+    return false;
+  }
+  if (experts_in_place(next, who, log)) return false;
+  switch_layout(next, who + ": " + req.text, log);
+  return true;
+}
+
+void Trainer::switch_layout(const RunConfig& next, const std::string& why, MetricsLog* log) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  // Moving a large state takes long: the watchdog's long deadline (docs/reliability.md).
+  fault::PhaseScope switching(fault::Phase::LayoutSwitch);
+  // Seconds of each phase on this rank (logged from rank 0).
+  nlohmann::json phases = nlohmann::json::object();
+  auto t_phase = t0;
+  const auto phase = [&](const char* name) {
+    const auto now = clock::now();
+    phases[name] = std::chrono::duration<double>(now - t_phase).count();
+    t_phase = now;
+  };
+  const std::string from_desc = describe(layout_of(cfg_));
+  const ParallelContext old = engine_->groups();
+  const int launcher_rank = mpi_world_rank();
+
+  // The new layout's rank placement; world rank 0 (which logs and commits
+  // checkpoints) must stay on the same process.
+  const Placement placement = place_launch(next);
+  const int new_rank = placement.layout_rank(launcher_rank);
+  {
+    int32_t moved[1] = {lead() != (new_rank == 0) ? 1 : 0};
+    old.world->all_reduce(Tensor(moved, DType::I32, {1}), ReduceOp::Max);
+    if (moved[0]) {
+      if (lead())
+        std::fprintf(stderr, "switch at step %ld refused: the placement of %s makes another process "
+                             "world rank 0 (the rank that logs); save and resume instead\n",
+                     long(step_), describe(layout_of(next)).c_str());
+      return;
+    }
+  }
+
+  // This rank's state in the running layout (host copies), and what is not
+  // sharded: the MoE selection biases (summed over the pipeline, as a save does).
+  RankState src;
+  {
+    ShardLayout lay = engine_->shard_layout();
+    CheckpointState st;
+    // Room to spare: these pages become the new layout's receive buffers
+    // below (touched memory; fresh pages cost a fault each, the larger part
+    // of a switch on a host whose memory is slow to fault in).
+    const size_t room = size_t(engine_->model().flat_size()) * 5 / 4;
+    for (auto* v : {&st.params, &st.exp_avg, &st.exp_avg_sq}) v->reserve(room);
+    engine_->fill_checkpoint(st, lay);
+    src.shards = {lay, std::move(st.specs)};
+    src.params = std::move(st.params);
+    src.exp_avg = std::move(st.exp_avg);
+    src.exp_avg_sq = std::move(st.exp_avg_sq);
+  }
+  const int src_rank = world_rank_;
+  std::vector<double> bias;
+  const bool moe_bias = engine_->model().has_moe() && cfg_.model.moe_aux_free;
+  if (moe_bias) {
+    bias = engine_->model().moe_bias_table();
+    old.pp->all_reduce(Tensor(bias.data(), DType::F64, {int64_t(bias.size())}));
+  }
+  // Where the new layout's ranks on this node read their pieces of this
+  // state (cross-memory from the host copy, or from the node's shared memory).
+  phase("copy_out");
+  std::optional<SharedSources> shared(std::in_place, src);
+  // Receive buffers for cross-memory reads, touched now: on the hosts
+  // measured, pages faulted in after the old engine's memory is freed cost
+  // about 5x more (docs/reliability.md). With room to spare for a new
+  // layout that holds more; the window path reuses src's pages instead.
+  RankState recv;
+  if (shared->mode() == SharedSources::Mode::CrossMemory) {
+    const std::vector<float>* from[3] = {&src.params, &src.exp_avg, &src.exp_avg_sq};
+    std::vector<float>* to[3] = {&recv.params, &recv.exp_avg, &recv.exp_avg_sq};
+    for (int g = 0; g < 3; ++g) {
+      to[g]->reserve(from[g]->capacity());
+      to[g]->resize(from[g]->size());
+    }
+  }
+  const bool had_ef = !engine_->reducer().compression_state().empty();
+  const std::string schedule_before =
+      engine_->pipelined() ? engine_->pipeline()->schedule().name : std::string();
+  phase("window");
+
+  // Tear down the running engine and its wrappers, then build the new groups
+  // (collective over MPI_COMM_WORLD) and the new engine on them.
+  controllers_.clear();
+  engine_.reset();
+  device_comms_.clear();
+  emulated_comms_.clear();
+  std::unique_ptr<ProcessGroups> prev = std::move(switched_groups_);
+  cfg_ = next;
+  switched_groups_ = std::make_unique<ProcessGroups>(make_process_groups(layout_of(cfg_), placement));
+  prev.reset();
+  ProcessGroups& pg = *switched_groups_;
+  ParallelContext ctx = context_of(pg);
+  ctx.plan_json = old.plan_json;
+  if (!cfg_.emulate.cluster.empty()) {
+    // The rank's clock goes on across the switch (a virtual clock keeps its time).
+    std::optional<emulate::Clock> clock;
+    if (emulation_ && emulation_->state) clock = std::move(emulation_->state->clock);
+    own_emulation_ = emulate::setup_emulation(cfg_, pg.world.get(), pg.world->rank(), &pg.placement);
+    if (clock && clock->kind() == own_emulation_->clock)
+      own_emulation_->state->clock = std::move(*clock);
+    ctx.emulation = own_emulation_.get();
+  }
+  phase("groups");
+  wire(ctx, /*init=*/false);  // the state arrives below
+  phase("engine");
+
+  // The new rank's place and buffers, filled from every rank's old state.
+  RankState dst;
+  {
+    ShardLayout lay = engine_->shard_layout();
+    if (engine_->optimizer().sharded()) {
+      lay.state_lo = engine_->optimizer().adamw().lo();
+      lay.state_hi = engine_->optimizer().adamw().hi();
+    }
+    dst.shards = {lay, engine_->model().table()};
+    const auto n = size_t(engine_->model().flat_size());
+    const size_t m = lay.state_hi >= 0 ? size_t(lay.state_hi - lay.state_lo) : n;
+    // Touched pages: the host copy's when the sources are read from the
+    // window, those made ready above for cross-memory reads (none for messages).
+    RankState& pages = shared->mode() == SharedSources::Mode::Window ? src : recv;
+    dst.params = std::move(pages.params);
+    dst.exp_avg = std::move(pages.exp_avg);
+    dst.exp_avg_sq = std::move(pages.exp_avg_sq);
+    dst.params.assign(n, 0.0f);
+    dst.exp_avg.assign(m, 0.0f);
+    dst.exp_avg_sq.assign(m, 0.0f);
+  }
+  phase("buffers");
+  ReshardStats rs;
+  const std::string shared_how = shared->describe();
+  {
+    std::unique_ptr<MpiComm> everyone = MpiComm::world("switch");
+    const std::vector<std::string> places = everyone->all_gather_strings(
+        place_record(src_rank, src.shards, world_rank_, dst.shards));
+    phase("plan");
+    const StateView mine =
+        shared->shared() ? shared->views()[size_t(everyone->rank())] : view_of(src);
+    rs = reshard(src.shards, mine, src_rank, dst, world_rank_, *everyone, places, shared->views());
+    shared.reset();  // collective: every process of the node has read its pieces
+  }
+  phase("exchange");
+  phases["exchange_plan"] = rs.plan_s;
+  phases["exchange_pack"] = rs.pack_s;
+  phases["exchange_transfer"] = rs.transfer_s;
+  phases["exchange_unpack"] = rs.unpack_s;
+  src = {};
+  CheckpointState st;
+  st.params = std::move(dst.params);
+  if (dst.shards.lay.state_hi >= 0) {  // a ZeRO-1 chunk: placed in the whole buffer for load_state
+    const auto n = size_t(engine_->model().flat_size());
+    st.exp_avg.assign(n, 0.0f);
+    st.exp_avg_sq.assign(n, 0.0f);
+    std::copy(dst.exp_avg.begin(), dst.exp_avg.end(), st.exp_avg.begin() + dst.shards.lay.state_lo);
+    std::copy(dst.exp_avg_sq.begin(), dst.exp_avg_sq.end(),
+              st.exp_avg_sq.begin() + dst.shards.lay.state_lo);
+  } else {
+    st.exp_avg = std::move(dst.exp_avg);
+    st.exp_avg_sq = std::move(dst.exp_avg_sq);
+  }
+  engine_->restore_checkpoint(st);
+  if (moe_bias) engine_->model().set_moe_bias_table(bias);
+  phase("restore");
+
+  double moved[3] = {double(rs.sent_bytes), double(rs.local_bytes), double(rs.shared_bytes)};
+  engine_->groups().world->all_reduce(Tensor(moved, DType::F64, {3}));
+  // The slowest rank's seconds per phase: a rank waits in the next
+  // collective for the others, so rank 0's phases alone can mislead.
+  nlohmann::json phases_max = nlohmann::json::object();
+  {
+    std::vector<double> v;
+    for (auto it = phases.begin(); it != phases.end(); ++it) v.push_back(it.value().get<double>());
+    engine_->groups().world->all_reduce(Tensor(v.data(), DType::F64, {int64_t(v.size())}),
+                                        ReduceOp::Max);
+    size_t i = 0;
+    for (auto it = phases.begin(); it != phases.end(); ++it) phases_max[it.key()] = v[i++];
+  }
+  const double seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  ++switches_;
+  const std::string table = rank_table(pg, dev_.device_id, dev_.transport, emulation_);
+  if (lead()) {
+    std::printf("switch at step %ld: %s -> %s in %.3f s (%.1f MB between ranks, %.1f MB within; "
+                "%.1f MB of it read without a message, by %s; request: %s)\n%s",
+                long(step_), from_desc.c_str(), describe(layout_of(cfg_)).c_str(), seconds,
+                moved[0] / 1e6, moved[1] / 1e6, moved[2] / 1e6, shared_how.c_str(), why.c_str(),
+                table.c_str());
+    if (had_ef)
+      std::fprintf(stderr, "note: switch at step %ld: gradient compression's error-feedback state is "
+                           "dropped (the layout changed); it restarts at zero\n", long(step_));
+    std::fflush(stdout);
+    if (log)
+      log->log_record({{"event", "switch"},
+                       {"step", step_},
+                       {"request", why},
+                       {"from", from_desc},
+                       {"to", describe(layout_of(cfg_))},
+                       {"schedule_before", schedule_before},
+                       {"seconds", seconds},
+                       {"moved_bytes", moved[0]},
+                       {"local_bytes", moved[1]},
+                       {"shared_bytes", moved[2]},
+                       {"exchange", shared_how},
+                       {"moves", rs.moves},
+                       {"phases_s", phases},
+                       {"phases_max_s", phases_max}});
+  }
+}
+
+}  // namespace adgt

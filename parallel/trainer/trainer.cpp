@@ -1,0 +1,693 @@
+#include "parallel/trainer/trainer.hpp"
+
+#include "parallel/control/expert_controller.hpp"
+#include "parallel/control/schedule_controller.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include <omp.h>
+
+#include "core/checkpoint/checkpoint.hpp"
+#include "core/checkpoint/async_save.hpp"
+#include "core/checkpoint/sharded.hpp"
+#include "core/metrics.hpp"
+#include "core/data/sampler.hpp"
+#include "core/data/token_shard.hpp"
+#include "kernels/attention_choice.hpp"
+#include "kernels/check.hpp"
+#include "parallel/control/compress_controller.hpp"
+#include "parallel/compress/level.hpp"
+#include "parallel/fault/progress.hpp"
+#include "parallel/comm/mpi_env.hpp"
+#include "parallel/pipeline/run_schedule.hpp"
+#include "parallel/metrics/step_logger.hpp"
+#include "parallel/switch/switch_request.hpp"
+#include "parallel/metrics/tei_meter.hpp"
+#include "parallel/trainer/trainer_state.hpp"
+
+namespace adgt {
+
+namespace {
+std::atomic<int> g_stop_signal{0};
+void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+std::unique_ptr<TokenShard> open_shard(const std::string& path, const char* key,
+                                       const ModelConfig& m) {
+  ADGT_CHECK(std::filesystem::exists(path),
+             key << ": token shard '" << path
+                 << "' does not exist; prepare it with `adgt-data prepare` (scripts/prepare_data.sh)");
+  auto s = std::make_unique<TokenShard>(path);
+  ADGT_CHECK(s->vocab_size() <= m.vocab_size,
+             key << ": shard '" << path << "' was tokenized with vocabulary " << s->vocab_size()
+                 << " but model.vocab_size=" << m.vocab_size << "; set model.vocab_size >= "
+                 << s->vocab_size());
+  return s;
+}
+// Fault injection for the emulated device's test (ctest
+// emulated_catches_host_read_*): ADGT_TEST_HOST_READ=1 makes the trainer read
+// its first weight through the raw pointer after step 1, the bug the emulated
+// device exists to catch (host code touching device memory). Harmless on the
+// CPU backend, a fault naming the buffer on the emulated device, an illegal
+// access on CUDA.
+void inject_host_read(const Model& model) {
+  static const bool on = [] {
+    const char* v = std::getenv("ADGT_TEST_HOST_READ");
+    return v && std::string(v) == "1";
+  }();
+  if (!on) return;
+  volatile const char* p = static_cast<const char*>(model.master().data);
+  const char first = p[0];
+  std::fprintf(stderr, "ADGT_TEST_HOST_READ: read the first weight byte (%d) from host code\n",
+               int(first));
+}
+
+// The coordinates a rank's compression state belongs to (state/compress/rank_coords
+// of its rank file): a resume restores it only at the same place of the same layout.
+std::vector<int64_t> rank_coords(const ShardLayout& l) {
+  return {l.tp, l.dp, l.pp, l.ep, l.tp_rank, l.dp_rank, l.pp_rank, l.ep_rank};
+}
+
+// ADGT_CHECK_DP_REPLICAS=1 (tests/compress/): after the run every data-parallel
+// replica must hold the same parameters, bit for bit. Collective over the world.
+void check_dp_replicas(Model& model, const ParallelContext& g, bool lead) {
+  const char* v = std::getenv("ADGT_CHECK_DP_REPLICAS");
+  if (!v || std::string(v) != "1") return;
+  const std::vector<float> p = model.params_to_host();
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto* b = reinterpret_cast<const unsigned char*>(p.data());
+  for (size_t i = 0; i < p.size() * 4; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  int32_t mm[8];  // the hash's four 16-bit words, and their negations: max and -min over dp
+  for (int k = 0; k < 4; ++k) {
+    mm[k] = int32_t((h >> (16 * k)) & 0xffff);
+    mm[4 + k] = -mm[k];
+  }
+  g.dp->all_reduce(Tensor(mm, DType::I32, {8}), ReduceOp::Max);
+  int32_t differ[1] = {0};
+  for (int k = 0; k < 4; ++k) differ[0] |= mm[k] != -mm[4 + k];
+  g.world->all_reduce(Tensor(differ, DType::I32, {1}), ReduceOp::Max);
+  ADGT_CHECK(!differ[0], "ADGT_CHECK_DP_REPLICAS: the data-parallel replicas' parameters differ "
+                         "after the run (dp=" << g.dp->size() << ")");
+  if (lead) {
+    std::printf("dp replicas: parameters bit-identical over dp=%d (rank 0 hash %016llx)\n",
+                g.dp->size(), (unsigned long long)h);
+    std::fflush(stdout);
+  }
+}
+}  // namespace
+
+void install_stop_handlers() {
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGUSR1, on_stop_signal);
+}
+
+int pending_stop_signal() { return g_stop_signal.load(); }
+
+// Wraps each group of ctx in a DeviceComm, so collectives on device tensors
+// are staged through host memory or go to NCCL (parallel/comm/device_comm.hpp).
+// Distinct group objects get one wrapper each; a missing group (a single
+// process) becomes a wrapped SelfComm, whose copies would otherwise be host
+// code on device memory. With nccl every group of more than one rank gets an
+// NCCL communicator (made in this fixed order on every rank); the pipeline
+// executor then runs its schedule with the receives in the messages' global
+// order (pp::for_rendezvous), which NCCL's rendezvous sends need.
+static std::vector<std::unique_ptr<Comm>> wrap_device_groups(ParallelContext& ctx, Backend& be,
+                                                             bool nccl) {
+  std::vector<std::unique_ptr<Comm>> owned;
+  std::vector<std::pair<Comm*, Comm*>> done;
+  const char* names[] = {"tp", "dp", "pp", "ep", "edp", "world"};
+  int i = 0;
+  for (Comm** slot : {&ctx.tp, &ctx.dp, &ctx.pp, &ctx.ep, &ctx.edp, &ctx.world}) {
+    if (!*slot) {
+      owned.push_back(std::make_unique<SelfComm>(names[i]));
+      *slot = owned.back().get();
+    }
+    ++i;
+    Comm* wrapped = nullptr;
+    for (auto& [from, to] : done)
+      if (from == *slot) wrapped = to;
+    if (!wrapped) {
+      std::unique_ptr<Comm> device;
+      if (nccl && (*slot)->size() > 1) device = make_nccl_comm(**slot, be);
+      owned.push_back(std::make_unique<DeviceComm>(**slot, be, std::move(device)));
+      wrapped = owned.back().get();
+      done.emplace_back(*slot, wrapped);
+    }
+    *slot = wrapped;
+  }
+  return owned;
+}
+
+Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx, std::optional<DevicePlan> plan)
+    : cfg_(cfg) {
+  // Every layout and model runs on every device: collectives on device
+  // memory go through DeviceComm (NCCL, or host-staged MPI).
+  // Without a plan (a single process: tests, tools) make_backend resolves
+  // cfg.train.device itself, and device memory is staged (no NCCL).
+  if (plan)
+    dev_ = *plan;
+  else
+    dev_.device = cfg.train.device;
+  backend_ = make_backend(dev_.device, dev_.cuda_device);
+  if (cfg.train.flush_denormals && backend_->name().rfind("cuda", 0) != 0)
+    flush_denormals_ = std::make_unique<cpu::FlushDenormals>();
+  // train.attention: the CUDA backend's bf16 kernel (auto decides per shape on
+  // its first call); the CPU and emulated backends refuse flash and cudnn.
+  configure_attention(*backend_, cfg.train.attention);
+  // A missing or mismatched shard is an input error every rank reports:
+  // agreed over the world (a rank that finds it first must not abort the
+  // others before they print), then thrown on every rank together.
+  std::string shard_error;
+  try {
+    train_shard_ = open_shard(cfg.data.train, "data.train", cfg.model);
+    val_shard_ = open_shard(cfg.data.val, "data.val", cfg.model);
+  } catch (const std::exception& e) {
+    shard_error = e.what();
+  }
+  if (ctx.world && ctx.world->size() > 1) shard_error = agree_error(*ctx.world, shard_error);
+  if (!shard_error.empty()) throw CollectiveError(shard_error);
+  sampler_ = std::make_unique<Sampler>(*train_shard_, cfg.model.seq_len, cfg.train.seed);
+  wire(std::move(ctx));
+}
+
+void Trainer::wire(ParallelContext ctx, bool init) {
+  const RunConfig& cfg = cfg_;
+  if (!cfg.emulate.cluster.empty()) {
+    // Every group's Comm is delayed by the cluster model, under the device
+    // staging (parallel/emulate/, docs/emulation.md).
+    emulation_ = ctx.emulation;
+    if (!emulation_) {
+      own_emulation_ = emulate::setup_emulation(cfg, ctx.world, ctx.world_rank);
+      emulation_ = own_emulation_.get();
+    }
+    if (dev_.nccl())
+      throw CollectiveError("emulate.cluster=\"" + cfg.emulate.cluster +
+                            "\": the emulation delays MPI transports of CPU ranks, but this run's "
+                            "collectives go to NCCL; use train.device=cpu or emulated");
+    if (emulation_->clock == emulate::ClockKind::Virtual &&
+        (!backend_->is_host() || omp_get_max_threads() != 1))
+      throw CollectiveError(
+          "emulate.clock=virtual counts each rank's training thread's CPU time as its compute, "
+          "so it needs the cpu backend with one thread per rank (OMP_NUM_THREADS=1); this run "
+          "has " + std::string(backend_->is_host() ? "" : "a device backend and ") +
+          std::to_string(omp_get_max_threads()) + " thread(s)");
+    emulation_->slowdown.set_backend(backend_.get());
+    emulated_comms_ = emulate::wrap_emulated_groups(ctx, *emulation_);
+  }
+  if (!backend_->is_host()) device_comms_ = wrap_device_groups(ctx, *backend_, dev_.nccl());
+  engine_ = std::make_unique<Engine>(cfg, ctx, *backend_, init);
+  world_rank_ = ctx.world_rank;
+  if (cfg.train.attention == "auto" && ctx.world && ctx.world->size() > 1) {
+    // Decide, broadcast, log: rank 0's measured choice for this layout's
+    // attention shape is every rank's (kernels/attention_choice.hpp), so no
+    // two ranks run different kernels. Re-decided when the layout changes.
+    configure_attention(*backend_, "auto");
+    const Model& m = engine_->model();
+    std::string k = ctx.world_rank == 0 ? probe_attention(*backend_, m.attention_shape(), m.dtype())
+                                        : std::string();
+    k = broadcast_text(*ctx.world, k);
+    configure_attention(*backend_, k);
+    const AttentionShape& s = m.attention_shape();
+    if (ctx.world_rank == 0 && backend_->name().rfind("cuda", 0) == 0)
+      std::printf("attention: train.attention=auto -> %s on every rank (rank 0's choice for "
+                  "B=%ld T=%ld heads %ld/%ld head_dim %ld, %s)\n",
+                  k.c_str(), long(s.B), long(s.T), long(s.n_heads), long(s.n_kv_heads),
+                  long(s.head_dim), dtype_name(m.dtype()));
+  }
+  {
+    // Gradient compression at the configured level (auto: off until a
+    // controller sets levels through GradReducer::set_level).
+    compress::Settings cs;
+    cs.level = compress::parse_level(cfg.parallel.grad_compression);
+    cs.powersgd_rank = int(cfg.parallel.powersgd_rank);
+    cs.min_elems = cfg.parallel.compress_min_elems;
+    cs.seed = cfg.train.seed;
+    engine_->reducer().set_compression(cs, *backend_);
+  }
+  controllers_.clear();
+  // parallel.schedule: greedy and zb-v (list-scheduled from costs) re-plan
+  // once after step 2 from the measured ones; the adapter (the default) then
+  // re-plans from step 10 on.
+  if (engine_->pipelined() && (cfg.parallel.schedule == "greedy" || cfg.parallel.schedule == "zb-v"))
+    controllers_.push_back(make_greedy_replan(cfg));
+  if (engine_->pipelined() && cfg.parallel.adapt != "off")  // docs/adaptation.md
+    controllers_.push_back(adapt::make_schedule_adapter(cfg));
+  if (cfg.parallel.grad_compression == "auto")  // docs/compression.md, "Controller"
+    controllers_.push_back(compress::make_compress_controller(cfg, *engine_));
+  if (engine_->model().has_moe() && cfg.parallel.ep > 1 && cfg.parallel.expert_replace_interval > 0)
+    controllers_.push_back(adapt::make_expert_placement_controller(cfg));  // docs/adaptation.md
+  for (const ControllerFactory& f : factories_) controllers_.push_back(f(cfg));
+}
+
+void Trainer::add_controller_factory(ControllerFactory f) {
+  factories_.push_back(std::move(f));
+  controllers_.push_back(factories_.back()(cfg_));
+}
+
+Trainer::~Trainer() = default;
+
+ParallelContext context_of(const ProcessGroups& pg) {
+  ParallelContext ctx;
+  ctx.tp = pg.tp.get();
+  ctx.dp = pg.dp.get();
+  ctx.pp = pg.pp.get();
+  ctx.ep = pg.ep.get();
+  ctx.edp = pg.edp.get();
+  ctx.world = pg.world.get();
+  ctx.world_rank = pg.world->rank();
+  ctx.layout = pg.layout;
+  ctx.coords = pg.coords;
+  return ctx;
+}
+
+void Trainer::load(const std::string& step_dir) {
+  // Collective over the world: each rank reads its own shards (any writer layout);
+  // an error on any rank stops every rank with that message.
+  Model& model = engine_->model();
+  CheckpointState st = load_checkpoint_sharded(step_dir, model.table(), engine_->shard_layout(),
+                                               *engine_->groups().world);
+  engine_->restore_checkpoint(st);
+  step_ = st.step;
+  samples_seen_ = st.samples_seen;
+  const RestoredTrainerState ts = restore_trainer_state(st, cfg_.model, step_dir);
+  opt_steps_ = ts.opt_steps;
+  if (model.has_moe() && cfg_.model.moe_aux_free) {
+    if (!ts.has_moe_bias && lead())
+      std::fprintf(stderr, "warning: checkpoint %s has no MoE selection biases; they restart at "
+                           "their initial values (model.moe_bias_init_zipf)\n",
+                   step_dir.c_str());
+    if (ts.has_moe_bias) model.set_moe_bias_table(ts.moe_bias);
+  }
+  {
+    // Gradient compression's error feedback: per rank, restored only into the
+    // same place of the same layout and bucket plan; otherwise dropped on every
+    // rank (docs/compression.md).
+    std::map<std::string, StateEntry> rs = load_rank_state(step_dir, world_rank_);
+    std::string why;
+    if (!rs.empty()) {
+      auto c = rs.find("compress/rank_coords");
+      if (c == rs.end() || c->second.ints != rank_coords(engine_->shard_layout()))
+        why = "it was saved by another layout or rank placement";
+      else
+        why = engine_->reducer().restore_compression_state(rs);
+    }
+    why = agree_error(*engine_->groups().world, why);
+    if (!why.empty()) {
+      engine_->reducer().clear_compression_state();
+      if (lead())
+        std::fprintf(stderr, "note: checkpoint %s: gradient compression's error-feedback state is "
+                             "dropped (%s); it restarts at zero\n", step_dir.c_str(), why.c_str());
+    }
+  }
+  if (st.seed != cfg_.train.seed && lead())
+    std::fprintf(stderr, "warning: checkpoint %s was trained with train.seed=%llu, this run has %llu\n",
+                 step_dir.c_str(), (unsigned long long)st.seed,
+                 (unsigned long long)cfg_.train.seed);
+}
+
+void Trainer::save(MetricsLog* metrics, TeiMeter& tei, bool wait) {
+  // Every rank writes its own pieces (checkpoint format version 2).
+  const auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  // checkpoint.async: the previous save is committed first (at most one in
+  // flight), and its host buffers are filled again in place.
+  if (saver_ && saver_->in_flight()) commit_checkpoint(metrics, tei, true);
+  const auto t0 = std::chrono::steady_clock::now();
+  ShardLayout lay = engine_->shard_layout();
+  CheckpointState st = saver_ ? saver_->take_buffers() : CheckpointState{};
+  engine_->fill_checkpoint(st, lay);
+  st.step = step_;
+  st.samples_seen = samples_seen_;
+  st.seed = cfg_.train.seed;
+  if (lead()) st.config_yaml = to_yaml(cfg_);
+  Model& model = engine_->model();
+  std::vector<double> bias;
+  if (model.has_moe() && cfg_.model.moe_aux_free) {
+    // Every pipeline stage holds its layers' biases (the same on its tp, dp and
+    // ep replicas); the sum over the pipeline group gives rank 0 the whole table.
+    bias = model.moe_bias_table();
+    engine_->groups().pp->all_reduce(Tensor(bias.data(), DType::F64, {int64_t(bias.size())}));
+  }
+  std::string schedule;
+  if (engine_->pipelined()) {
+    const pp::Schedule& s = engine_->pipeline()->schedule();
+    schedule = nlohmann::json({{"name", s.name}, {"kept", s.detail.empty() ? s.name : s.detail},
+                               {"pp", s.pp}, {"microbatches", s.microbatches},
+                               {"virtual_stages", s.virtual_stages},
+                               {"placement", stage_placement_name(s.placement)}})
+                   .dump();
+  }
+  st.state = trainer_state(cfg_.model, opt_steps_, bias, schedule);
+  st.rank_state = engine_->reducer().compression_state();  // per rank (docs/compression.md)
+  if (!st.rank_state.empty())
+    st.rank_state["compress/rank_coords"] = StateEntry::of_ints(rank_coords(lay));
+  if (!engine_->groups().plan_json.empty())  // recorded, not restored (docs/planner.md)
+    st.state["plan/chosen"] = StateEntry::of_text(engine_->groups().plan_json);
+  Comm& world = *engine_->groups().world;
+  if (!cfg_.checkpoint.async_save) {
+    last_checkpoint_ = save_checkpoint_sharded(cfg_.checkpoint.dir, st, lay, world, cfg_.checkpoint.keep);
+    const double stall = since(t0);
+    tei.add_checkpoint(stall);
+    if (lead()) {
+      std::printf("checkpoint: %s\n", last_checkpoint_.c_str());
+      std::fflush(stdout);
+    }
+    if (metrics)
+      metrics->log_record({{"event", "checkpoint"}, {"mode", "sync"}, {"step", step_},
+                           {"dir", last_checkpoint_}, {"stall_s", stall}});
+    return;
+  }
+  // checkpoint.async (docs/reliability.md): the state is in host memory now;
+  // the write runs on the saver's thread, the commit at a later step boundary.
+  const double copy_s = since(t0);
+  if (!saver_) saver_ = std::make_unique<AsyncCheckpointSaver>();
+  const auto t_begin = std::chrono::steady_clock::now();
+  saver_->start(std::move(st), lay, world, cfg_.checkpoint.dir, cfg_.checkpoint.keep);
+  saver_copy_s_ = copy_s;
+  tei.add_checkpoint(copy_s + since(t_begin));
+  if (lead()) {
+    std::printf("checkpoint: step %ld copied to host memory in %.3f s, writing in the background\n",
+                long(step_), copy_s);
+    std::fflush(stdout);
+  }
+  if (wait) commit_checkpoint(metrics, tei, true);
+}
+
+void Trainer::commit_checkpoint(MetricsLog* metrics, TeiMeter& tei, bool wait) {
+  if (!saver_ || !saver_->in_flight()) return;
+  // An error of any rank's write is thrown here on every rank: training stops,
+  // the previous checkpoint stays the newest complete one (docs/reliability.md).
+  const auto c = wait ? saver_->finish(*engine_->groups().world) : saver_->poll(*engine_->groups().world);
+  if (!c) return;
+  last_checkpoint_ = c->dir;
+  // The stall: what the step boundaries spent on this save (the copy, the
+  // begin phase, the polls, waiting for the writer, the commit).
+  const double stall = saver_copy_s_ + c->begin_s + c->poll_s + c->wait_s + c->commit_s;
+  tei.add_checkpoint(c->poll_s + c->wait_s + c->commit_s);
+  if (lead()) {
+    std::printf("checkpoint: %s (async: saved at step %ld, committed at step %ld; stall %.3f s, "
+                "write %.3f s)\n", c->dir.c_str(), long(c->step), long(step_), stall, c->write_s);
+    std::fflush(stdout);
+  }
+  if (metrics)
+    metrics->log_record({{"event", "checkpoint"}, {"mode", "async"}, {"step", c->step},
+                         {"committed_step", step_}, {"dir", c->dir}, {"stall_s", stall},
+                         {"copy_s", saver_copy_s_}, {"begin_s", c->begin_s}, {"poll_s", c->poll_s},
+                         {"polls", c->polls}, {"wait_s", c->wait_s}, {"commit_s", c->commit_s},
+                         {"write_s", c->write_s}});
+}
+
+void Trainer::fetch_micro_batch(int64_t first_sample, int64_t a, int32_t* in, int32_t* tg) {
+  // Global sample first + (a*dp + d)*B + b goes to data-parallel rank d, so a
+  // step reads the same samples whatever the layout.
+  const int64_t B = cfg_.train.micro_batch, T = cfg_.model.seq_len;
+  const Comm& dp = *engine_->groups().dp;
+  const int64_t D = dp.size(), d = dp.rank();
+  std::vector<int32_t> window(size_t(T + 1));
+  for (int64_t b = 0; b < B; ++b) {
+    sampler_->sample(first_sample + (a * D + d) * B + b, window.data());
+    std::copy(window.begin(), window.end() - 1, in + b * T);
+    std::copy(window.begin() + 1, window.end(), tg + b * T);
+  }
+}
+
+void Trainer::trace_pipeline_step() {
+  // ADGT_PIPELINE_TRACE=DIR: every pipeline rank appends each step's executed
+  // compute instructions (seconds from the step's common start) to
+  // DIR/pipeline_rank_<world rank>.jsonl: the executor's own timeline.
+  static const char* dir = std::getenv("ADGT_PIPELINE_TRACE");
+  if (!dir || !*dir || !engine_->pipelined()) return;
+  const PipelineExecutor& pipe = *engine_->pipeline();
+  std::filesystem::create_directories(dir);
+  const std::string path =
+      std::string(dir) + "/pipeline_rank_" + std::to_string(world_rank_) + ".jsonl";
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  ADGT_CHECK(f, "ADGT_PIPELINE_TRACE: cannot append to " << path);
+  std::fprintf(f, "{\"step\": %ld, \"pp_rank\": %d, \"span\": %.9f, \"ops\": [", long(step_ + 1),
+               engine_->groups().pp->rank(), pipe.last_step_seconds());
+  bool first = true;
+  for (const ExecutedInstr& e : pipe.timeline()) {
+    std::fprintf(f, "%s[\"%s\", %d, %d, %.9f, %.9f]", first ? "" : ", ", pp::op_name(e.instr.op),
+                 e.instr.microbatch, e.instr.chunk, e.start, e.end);
+    first = false;
+  }
+  std::fprintf(f, "]}\n");
+  std::fclose(f);
+}
+
+double Trainer::evaluate() {
+  const int64_t B = cfg_.train.micro_batch, T = cfg_.model.seq_len;
+  int64_t n = num_eval_windows(*val_shard_, T);
+  ADGT_CHECK(n > 0, "data.val: shard '" << val_shard_->path() << "' has fewer than "
+                                        << T + 1 << " tokens (model.seq_len + 1)");
+  if (cfg_.train.eval_batches > 0) n = std::min(n, cfg_.train.eval_batches * B);
+  std::vector<int32_t> window(size_t(T + 1)), in(size_t(B * T)), tg(size_t(B * T));
+  double total = 0;
+  int64_t tokens = 0;
+  for (int64_t w0 = 0; w0 < n; w0 += B) {
+    std::fill(in.begin(), in.end(), 0);
+    std::fill(tg.begin(), tg.end(), -1);  // padding rows of a short last batch are ignored
+    const int64_t rows = std::min(B, n - w0);
+    for (int64_t b = 0; b < rows; ++b) {
+      eval_window(*val_shard_, T, w0 + b, window.data());
+      std::copy(window.begin(), window.end() - 1, in.begin() + b * T);
+      std::copy(window.begin() + 1, window.end(), tg.begin() + b * T);
+    }
+    total += engine_->eval_loss(in.data(), tg.data()) * double(rows * T);
+    tokens += rows * T;
+  }
+  return total / double(tokens);
+}
+
+void Trainer::print_header(double peak) const {
+  const TrainConfig& t = cfg_.train;
+  const ParallelContext& g = engine_->groups();
+  std::printf("training %s: %ld steps from step %ld, %ld tokens/step (micro_batch %ld x seq %ld x "
+              "accum %ld x dp %d), tp %d%s, dp %d%s, pp %d, backend %s %s, %d threads/rank, MFU peak "
+              "%.3g TFLOP/s per rank (%s)\n",
+              cfg_.source.c_str(), long(t.steps), long(step_), long(t.global_batch * cfg_.model.seq_len),
+              long(t.micro_batch), long(cfg_.model.seq_len), long(cfg_.accum_steps()), g.dp->size(),
+              g.tp->size(),
+              cfg_.parallel.sequence_parallel && g.tp->size() > 1 ? " (sequence parallel)" : "",
+              g.dp->size(), engine_->optimizer().sharded() ? " (ZeRO-1)" : "", g.pp->size(),
+              backend_->name().c_str(), t.dtype.c_str(), omp_get_max_threads(), peak,
+              cfg_.log.peak_tflops > 0 ? "log.peak_tflops"
+              : backend_->peak_is_measured() ? "measured sgemm"
+                                       : "the device's rated figure");
+  if (engine_->pipelined()) std::printf("%s", describe_pipeline_schedule(cfg_).c_str());
+  // The launcher's rank table names the emulation when it set it up (several ranks).
+  if (emulation_ && (own_emulation_ || g.world->size() == 1))
+    std::printf("%s\n", emulation_->summary().c_str());
+  std::fflush(stdout);
+}
+
+int Trainer::agreed_stop_signal(bool* switch_due) {
+  const ParallelContext& g = engine_->groups();
+  // [0]: a stop signal; [1]: world rank 0 sees a due layout switch request.
+  int32_t flags[2] = {g_stop_signal.load(), 0};
+  if (switch_due && lead()) flags[1] = switch_request_due(cfg_.log.dir, step_);
+  g.tp->all_reduce(Tensor(flags, DType::I32, {2}), ReduceOp::Max);
+  g.dp->all_reduce(Tensor(flags, DType::I32, {2}), ReduceOp::Max);
+  g.pp->all_reduce(Tensor(flags, DType::I32, {2}), ReduceOp::Max);
+  if (switch_due) *switch_due = flags[1] != 0;
+  return flags[0];
+}
+
+TrainSummary Trainer::train() {
+  const TrainConfig& t = cfg_.train;
+  const ParallelContext& g0 = engine_->groups();  // the start's groups (a layout switch replaces them)
+  const bool measured_peak = cfg_.log.peak_tflops <= 0;
+  const double peak =
+      measured_peak ? backend_->peak_tflops_for(engine_->model().dtype()) : cfg_.log.peak_tflops;
+  std::unique_ptr<MetricsLog> metrics;
+  std::vector<TeiRun> earlier_runs;  // a resume appends: the job's earlier runs (docs/tei.md)
+  const bool append = step_ > 0 || continue_log_;
+  if (lead() && append) {
+    const std::string path = (std::filesystem::path(cfg_.log.dir) / "metrics.jsonl").string();
+    end_torn_line(path);
+    earlier_runs = read_tei_runs(path);
+  }
+  if (lead()) metrics = std::make_unique<MetricsLog>(cfg_.log.dir, append);
+  TrainSummary sum;
+  if (metrics) sum.metrics_path = metrics->path();
+  if (lead()) print_header(peak);
+  if (cfg_.checkpoint.async_save) {
+    // The staging buffers of the asynchronous saves, mapped in the background
+    // now so that no save's copy pays for fresh pages (docs/reliability.md).
+    if (!saver_) saver_ = std::make_unique<AsyncCheckpointSaver>();
+    ShardedAdamW& opt = engine_->optimizer();
+    const auto n = size_t(engine_->model().flat_size());
+    saver_->prepare_buffers(n, opt.sharded() ? size_t(opt.adamw().hi() - opt.adamw().lo()) : n);
+  }
+  // The hook after every step: the step metrics, then the controllers (made
+  // again after a layout switch: the new engine has its own).
+  StepLogger logger(cfg_, *backend_, metrics.get(), peak, measured_peak);
+  std::unique_ptr<StepHook> hook;
+  const auto make_hook = [&] {
+    hook = std::make_unique<StepHook>();
+    hook->add(logger);
+    for (auto& c : controllers_) hook->add(*c);
+  };
+  make_hook();
+  // The Training Efficiency Index's counters (parallel/metrics/tei_meter.hpp).
+  TeiMeter tei(cfg_, g0.world->size(), metrics.get(), std::move(earlier_runs), step_,
+               logger.peak_tflops());
+  if (metrics && !g0.plan_json.empty())  // parallel.auto's choice (docs/planner.md)
+    metrics->log_record({{"event", "plan"}, {"step", step_},
+                         {"plan", nlohmann::json::parse(g0.plan_json)}});
+
+  using clock = std::chrono::steady_clock;
+  const auto since = [](clock::time_point t) {
+    return std::chrono::duration<double>(clock::now() - t).count();
+  };
+  const auto t_start = clock::now();
+  int64_t consecutive_bad = 0;
+  const int64_t first_step = step_;
+  // A step's time: the emulation's virtual clock when it has one (what each
+  // rank would measure with a core of its own), else the wall clock.
+  const auto step_clock = [this] {
+    return emulation_ && emulation_->clock == emulate::ClockKind::Virtual
+               ? emulation_->state->clock.now()
+               : std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+  };
+  while (step_ < t.steps) {
+    const auto t0 = clock::now();
+    const double v0 = step_clock();
+    const ParallelContext& g = engine_->groups();
+    if (emulation_) emulation_->at_step(step_);  // a straggler injected mid-run starts here
+    tei.start_step();
+    StepReport r;
+    r.first_step = first_step;
+    r.total_steps = t.steps;
+    r.tp_bytes = -g.tp->stats().bytes, r.dp_bytes = -g.dp->stats().bytes, r.pp_bytes = -g.pp->stats().bytes;
+    r.tp_seconds = -g.tp->stats().seconds, r.pp_seconds = -g.pp->stats().seconds;
+    r.ep_seconds = -g.ep->stats().seconds;
+    const int64_t reads0 = backend_->host_reads();
+    r.lr = lr_at(t, step_);
+    const int64_t first_sample = samples_seen_;
+    const double tp_s0 = g.tp->stats().seconds, ep_s0 = g.ep->stats().seconds;
+    r.loss = engine_->forward_backward([&](int a, int32_t* in, int32_t* tg) {
+      fetch_micro_batch(first_sample, a, in, tg);
+    });
+    // TEI: exposed communication of the forward/backward (blocking tp and ep
+    // calls, the dp reduction's wait) and the pipeline's idle time.
+    TeiStepTimes tt;
+    tt.comm_s = (g.tp->stats().seconds - tp_s0) + (g.ep->stats().seconds - ep_s0) +
+                engine_->last_times().dp_wait_s;
+    if (engine_->pipelined())
+      tt.bubble_s = std::max(0.0, engine_->pipeline()->last_step_seconds() -
+                                      engine_->pipeline()->last_busy_seconds());
+    samples_seen_ += t.global_batch;
+    trace_pipeline_step();
+    const auto t_opt = clock::now();
+    r.grad_norm = engine_->grad_norm();
+    // Loss and norm are identical on every rank (deterministic reductions), so
+    // every rank takes the same branch.
+    r.applied = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
+    if (r.applied) {
+      engine_->apply_update(r.lr, ++opt_steps_, clip_coefficient(r.grad_norm, t.grad_clip));
+      consecutive_bad = 0;
+    } else {
+      ++sum.skipped_steps;
+      ++consecutive_bad;
+      if (lead())
+        std::fprintf(stderr, "step %ld: non-finite %s (loss %g, grad norm %g); update skipped\n",
+                     long(step_ + 1), std::isfinite(r.loss) ? "gradient norm" : "loss", r.loss,
+                     r.grad_norm);
+      ADGT_CHECK(consecutive_bad <= t.max_skipped_steps,
+                 consecutive_bad << " consecutive steps had a non-finite loss or gradient; "
+                                    "stopping (train.max_skipped_steps="
+                                 << t.max_skipped_steps << "); lower train.lr or resume from "
+                                                           "an earlier checkpoint");
+    }
+    tt.optimizer_s = since(t_opt);
+    r.step = ++step_;
+    if (step_ == 1) inject_host_read(engine_->model());
+    r.skipped_steps = sum.skipped_steps;
+    r.tp_bytes += g.tp->stats().bytes, r.dp_bytes += g.dp->stats().bytes, r.pp_bytes += g.pp->stats().bytes;
+    r.tp_seconds += g.tp->stats().seconds, r.pp_seconds += g.pp->stats().seconds;
+    r.ep_seconds += g.ep->stats().seconds;
+    if (reads0 >= 0) r.host_reads = backend_->host_reads() - reads0;
+    r.seconds = step_clock() - v0;
+    tt.seconds = r.seconds;
+    // The watchdog's automatic deadline (docs/reliability.md) is wall time.
+    fault::step_finished(std::chrono::duration<double>(clock::now() - t0).count());
+    tei.add_step(tt, r.applied);
+    // A layout change a controller decided (a layer move, a re-plan, an
+    // expert placement), made below at this boundary.
+    const LayoutRequest layout_request = hook->after_step(*engine_, r, *g.world, metrics.get());
+    const bool last = step_ == t.steps;
+    if (step_ % cfg_.log.interval == 0 || last)
+      tei.record(*g.world, TeiMeter::At::Interval, step_, logger.peak_tflops());
+    if (t.eval_interval > 0 && (step_ % t.eval_interval == 0 || last)) {
+      const auto t_eval = clock::now();
+      fault::PhaseScope eval_phase(fault::Phase::Eval);  // the watchdog's long deadline
+      const double vl = evaluate();
+      if (metrics) {
+        std::printf("eval step %ld: val loss %.4f\n", long(step_), vl);
+        std::fflush(stdout);
+        metrics->log_eval(step_, vl);
+      }
+      sum.final_val_loss = vl;
+      tei.add_eval(since(t_eval));
+    }
+    bool switch_due = false;
+    const int sig = agreed_stop_signal(&switch_due);
+    commit_checkpoint(metrics.get(), tei, false);  // checkpoint.async: once every rank has written
+    if (sig || (last && cfg_.checkpoint.at_end) ||
+        (cfg_.checkpoint.interval > 0 && step_ % cfg_.checkpoint.interval == 0)) {
+      fault::PhaseScope save_phase(fault::Phase::CheckpointSave);  // the watchdog's long deadline
+      save(metrics.get(), tei, sig || last);  // at a stop or the end: committed before going on
+      tei.record(*g.world, TeiMeter::At::Checkpoint, step_, logger.peak_tflops());
+    }
+    if (sig) {
+      if (lead())
+        std::printf("stopping at step %ld on signal %d (checkpoint saved)\n", long(step_), sig);
+      sum.stopped_by_signal = true;
+      break;
+    }
+    // A layout switch asked for in <log.dir>/switch (docs/reliability.md):
+    // between steps, after this boundary's checkpoint, which is committed
+    // first (checkpoint.async) since the switch replaces the groups.
+    if ((switch_due || !layout_request.empty()) && !last) {
+      commit_checkpoint(metrics.get(), tei, true);
+      const bool changed =
+          !layout_request.empty()
+              ? apply_layout_request(layout_request.overrides, "controller " + layout_request.by,
+                                     metrics.get())
+                               : run_switch(metrics.get());
+      if (changed) make_hook();
+    }
+  }
+  const ParallelContext& g = engine_->groups();
+  {
+    fault::PhaseScope save_phase(fault::Phase::CheckpointSave);
+    commit_checkpoint(metrics.get(), tei, true);  // a save still in flight (checkpoint.async)
+  }
+  check_dp_replicas(engine_->model(), g, lead());
+  sum.steps_done = step_;
+  sum.tei = tei.record(*g.world, TeiMeter::At::End, step_, logger.peak_tflops());
+  sum.wall_s = std::chrono::duration<double>(clock::now() - t_start).count();
+  const double per_step = logger.mean_step_seconds();
+  sum.tokens_per_s = per_step > 0 ? double(t.global_batch * cfg_.model.seq_len) / per_step : 0;
+  sum.final_train_loss = logger.final_train_loss();
+  sum.checkpoint = last_checkpoint_;
+  // The largest backend allocation peak over the world (-1 where untracked).
+  double mem_peak[1] = {double(backend_->peak_allocated_bytes())};
+  g.world->all_reduce(Tensor(mem_peak, DType::F64, {1}), ReduceOp::Max);
+  sum.peak_device_bytes = int64_t(mem_peak[0]);
+  return sum;
+}
+
+}  // namespace adgt

@@ -1,0 +1,72 @@
+#include "parallel/trainer/trainer_state.hpp"
+
+#include <cstring>
+
+namespace adgt {
+
+namespace {
+constexpr const char* kOptSteps = "trainer/opt_steps";
+
+std::string bias_name(int64_t layer) { return "moe/bias/layer_" + std::to_string(layer); }
+}  // namespace
+
+std::map<std::string, StateEntry> trainer_state(const ModelConfig& m, int64_t opt_steps,
+                                                const std::vector<double>& moe_bias,
+                                                const std::string& schedule_json) {
+  std::map<std::string, StateEntry> s;
+  s[kOptSteps] = StateEntry::of_ints({opt_steps});
+  const int64_t E = m.n_experts;
+  if (!moe_bias.empty())
+    for (int64_t l = 0; l < m.n_layers; ++l)
+      if (m.is_moe_layer(l))
+        s[bias_name(l)] = StateEntry::of_reals(
+            std::vector<double>(moe_bias.begin() + l * E, moe_bias.begin() + (l + 1) * E));
+  if (!schedule_json.empty()) s["pipeline/schedule"] = StateEntry::of_text(schedule_json);
+  return s;
+}
+
+std::map<std::string, StateEntry> with_legacy_state(const CheckpointState& st, const ModelConfig& m) {
+  if (!st.state.empty()) return st.state;
+  std::map<std::string, StateEntry> s;
+  s[kOptSteps] = StateEntry::of_ints({st.rng_state.empty() ? st.step : int64_t(st.rng_state[0])});
+  const size_t table = size_t(m.n_layers * m.n_experts);
+  if (m.n_experts > 0 && m.moe_aux_free && st.rng_state.size() == 1 + table) {
+    std::vector<double> t(table);
+    std::memcpy(t.data(), st.rng_state.data() + 1, table * 8);
+    for (auto& [k, v] : trainer_state(m, 0, t, ""))
+      if (k != kOptSteps) s[k] = v;
+  }
+  return s;
+}
+
+RestoredTrainerState restore_trainer_state(const CheckpointState& st, const ModelConfig& m,
+                                           const std::string& where) {
+  const std::map<std::string, StateEntry> s = with_legacy_state(st, m);
+  RestoredTrainerState r;
+  auto it = s.find(kOptSteps);
+  if (it == s.end()) throw CheckpointError(where + ": state/" + kOptSteps + " is missing");
+  if (it->second.kind != StateEntry::Kind::Ints || it->second.ints.size() != 1)
+    throw CheckpointError(where + ": state/" + kOptSteps + " must hold one integer");
+  r.opt_steps = it->second.ints[0];
+  if (m.n_experts > 0 && m.moe_aux_free) {
+    const int64_t E = m.n_experts;
+    r.moe_bias.assign(size_t(m.n_layers * E), 0.0);
+    r.has_moe_bias = true;
+    for (int64_t l = 0; l < m.n_layers; ++l) {
+      if (!m.is_moe_layer(l)) continue;
+      auto b = s.find(bias_name(l));
+      if (b == s.end()) {
+        r.has_moe_bias = false;
+        continue;
+      }
+      if (b->second.kind != StateEntry::Kind::Reals || int64_t(b->second.reals.size()) != E)
+        throw CheckpointError(where + ": state/" + bias_name(l) + " must hold model.n_experts=" +
+                              std::to_string(E) + " reals");
+      std::copy(b->second.reals.begin(), b->second.reals.end(), r.moe_bias.begin() + l * E);
+    }
+    if (!r.has_moe_bias) std::fill(r.moe_bias.begin(), r.moe_bias.end(), 0.0);
+  }
+  return r;
+}
+
+}  // namespace adgt
