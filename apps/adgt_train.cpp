@@ -5,7 +5,9 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <omp.h>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -47,192 +49,228 @@ void print_summary(const adgt::TrainSummary& s) {
   std::printf("%s", adgt::format_tei(s.tei).c_str());  // the job's TEI block (docs/tei.md)
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"adgt-train: pretrain a LLaMA-family model"};
+// The command line.
+struct Cli {
   std::string config_path, resume;
   std::vector<std::string> overrides;
   bool dry_run = false, eval_only = false, print_config = false, print_schedule = false;
   std::string cluster;
   int64_t gpus = 0;
-  app.add_option("--config", config_path, "YAML run file (configs/tiny.yaml, ...)")->required();
-  app.add_option("--set", overrides, "override a key: --set section.key=value (repeatable)");
-  app.add_option("--resume", resume,
-                 "continue from a checkpoint: a step directory, or 'auto' for the newest one "
-                 "under checkpoint.dir");
-  app.add_flag("--dry-run", dry_run,
-               "print parameter count, FLOPs per token and memory per rank; allocate nothing");
-  app.add_option("--cluster", cluster,
-                 "with --dry-run: predict the step time on this cluster (a preset such as "
-                 "dgx-h100, or a cluster file; default: this machine when the run is on its CPU)");
-  app.add_option("--gpus", gpus,
-                 "with --dry-run and parallel.auto: plan for this many devices of --cluster "
-                 "(default: the cluster file's devices, or the run's tp x pp x dp for a preset)");
-  app.add_flag("--eval-only", eval_only,
-               "evaluate on the validation split (with --resume) and print 'eval loss: <value>'");
-  app.add_flag("--print-config", print_config, "print the resolved configuration as YAML");
-  app.add_flag("--print-schedule", print_schedule,
-               "print the pipeline stages and each rank's schedule timeline with the predicted "
-               "bubble (parallel.pp > 1)");
-  CLI11_PARSE(app, argc, argv);
+};
 
-  if (dry_run || print_config || print_schedule) {  // no launch needed
-    try {
-      adgt::RunConfig cfg = adgt::load_config(config_path, overrides);
-      if (dry_run && cfg.parallel.auto_plan) {  // the plan table, then the chosen run's estimate
-        std::printf("%s", adgt::plan::plan_dry_run(cfg, config_path, overrides, cluster, gpus, &cfg)
-                              .c_str());
-      }
-      if (print_config) std::printf("%s", adgt::to_yaml(cfg).c_str());
-      if (print_schedule) {
-        if (cfg.parallel.pp > 1)
-          std::printf("%s", adgt::describe_pipeline_schedule(cfg).c_str());
-        else
-          std::printf("parallel.pp=1: no pipeline schedule (set parallel.pp > 1)\n");
-      }
-      if (dry_run) {
-        const auto held = cfg.parallel.pp > 1
-                              ? adgt::pp::held_activations(adgt::make_pipeline_schedule(cfg))
-                              : std::vector<std::vector<int64_t>>{};
-        const int64_t bpp = adgt::compute_bytes_per_element(cfg);
-        const auto est = adgt::estimate_memory(cfg, bpp, held);
-        // What parallel.adapt's schedule re-plan may come to hold (taken
-        // only where it fits the device: docs/adaptation.md).
-        const bool adaptive = cfg.parallel.pp > 1 && cfg.parallel.adapt != "off";
-        const auto replan = adaptive ? adgt::estimate_memory_replanned(cfg, bpp, held) : est;
-        std::printf("%s", adgt::format_estimate(cfg, est, adaptive ? &replan : nullptr).c_str());
-        std::printf("%s", adgt::sim::dry_run_prediction(cfg, cluster).c_str());
-      }
-      return 0;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "error: %s\n", e.what());
-      return dynamic_cast<const adgt::ConfigError*>(&e) || dynamic_cast<const adgt::pp::ScheduleError*>(&e) ? 2 : 1;
+// --dry-run, --print-config, --print-schedule: no launch needed. Exit code 0,
+// 2 for a configuration or schedule error, 1 otherwise.
+int print_without_launch(const Cli& cli) {
+  try {
+    adgt::RunConfig cfg = adgt::load_config(cli.config_path, cli.overrides);
+    if (cli.dry_run && cfg.parallel.auto_plan) {  // the plan table, then the chosen run's estimate
+      std::printf("%s", adgt::plan::plan_dry_run(cfg, cli.config_path, cli.overrides, cli.cluster,
+                                                 cli.gpus, &cfg)
+                            .c_str());
     }
+    if (cli.print_config) std::printf("%s", adgt::to_yaml(cfg).c_str());
+    if (cli.print_schedule) {
+      if (cfg.parallel.pp > 1)
+        std::printf("%s", adgt::describe_pipeline_schedule(cfg).c_str());
+      else
+        std::printf("parallel.pp=1: no pipeline schedule (set parallel.pp > 1)\n");
+    }
+    if (cli.dry_run) {
+      const auto held = cfg.parallel.pp > 1
+                            ? adgt::pp::held_activations(adgt::make_pipeline_schedule(cfg))
+                            : std::vector<std::vector<int64_t>>{};
+      const int64_t bpp = adgt::compute_bytes_per_element(cfg);
+      const auto est = adgt::estimate_memory(cfg, bpp, held);
+      // What parallel.adapt's schedule re-plan may come to hold (taken
+      // only where it fits the device: docs/adaptation.md).
+      const bool adaptive = cfg.parallel.pp > 1 && cfg.parallel.adapt != "off";
+      const auto replan = adaptive ? adgt::estimate_memory_replanned(cfg, bpp, held) : est;
+      std::printf("%s", adgt::format_estimate(cfg, est, adaptive ? &replan : nullptr).c_str());
+      std::printf("%s", adgt::sim::dry_run_prediction(cfg, cli.cluster).c_str());
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return dynamic_cast<const adgt::ConfigError*>(&e) || dynamic_cast<const adgt::pp::ScheduleError*>(&e) ? 2 : 1;
   }
+}
 
-  adgt::MpiEnv mpi(&argc, &argv);
-  // Configuration errors are the same on every rank: each rank reports it and
-  // all exit 2 together (agreed by one collective, so none is left waiting).
-  adgt::RunConfig cfg;
+std::string who(const adgt::MpiEnv& mpi) {
+  return "rank " + std::to_string(mpi.rank()) + " (host " + mpi.launch().host + ")";
+}
+
+// Loads the run file on every rank. Configuration errors are the same on
+// every rank: each rank reports it and all return false together (agreed by
+// one collective, so none is left waiting).
+bool load_agreed(const Cli& cli, const adgt::MpiEnv& mpi, adgt::RunConfig& cfg) {
   std::string config_error;
   try {
-    cfg = adgt::load_config(config_path, overrides);
+    cfg = adgt::load_config(cli.config_path, cli.overrides);
     if (!cfg.parallel.auto_plan) adgt::validate_world(cfg, mpi.size());  // else: planned below
   } catch (const adgt::ConfigError& e) {
     config_error = e.what();
   }
-  if (adgt::agree_max(config_error.empty() ? 0 : 1)) {
-    const std::string who = "rank " + std::to_string(mpi.rank()) + " (host " + mpi.launch().host + ")";
-    if (!config_error.empty())
-      std::fprintf(stderr, "error: %s: %s\n", who.c_str(), config_error.c_str());
-    else
-      std::fprintf(stderr, "error: %s: stopping: another rank rejected the configuration\n",
-                   who.c_str());
-    return 2;
-  }
-  // parallel.auto (docs/planner.md): rank 0 plans and broadcasts the plan;
-  // every rank loads the run with it, or every rank stops with the same error.
+  if (!adgt::agree_max(config_error.empty() ? 0 : 1)) return true;
+  if (!config_error.empty())
+    std::fprintf(stderr, "error: %s: %s\n", who(mpi).c_str(), config_error.c_str());
+  else
+    std::fprintf(stderr, "error: %s: stopping: another rank rejected the configuration\n",
+                 who(mpi).c_str());
+  return false;
+}
+
+// What parallel.auto decided at launch.
+struct AutoPlan {
   std::string plan_json;
   std::shared_ptr<adgt::plan::ReplanState> replan;  // parallel.replan (docs/planner.md)
   std::shared_ptr<adgt::plan::TrialState> trials;   // parallel.auto_trials
-  if (cfg.parallel.auto_plan) {
-    try {
-      adgt::plan::LaunchPlan lp = adgt::plan::plan_at_launch(cfg, config_path, overrides);
-      if (mpi.rank() == 0) {
-        std::printf("%s", lp.table.c_str());
-        adgt::plan::write_plan_file(lp.cfg.log.dir, lp.json);
-      }
-      cfg = lp.cfg;
-      plan_json = lp.json;
-      if (cfg.parallel.replan && mpi.size() > 1) {
-        replan = std::make_shared<adgt::plan::ReplanState>();
-        replan->hosts = lp.hosts;
-        replan->fixed = lp.fixed;
-      }
-      if (lp.trials.size() > 1) {
-        trials = std::make_shared<adgt::plan::TrialState>(
-            adgt::plan::make_trial_state(lp.trials, lp.trial_group));
-      }
-    } catch (const adgt::ConfigError& e) {
-      const std::string who = "rank " + std::to_string(mpi.rank()) + " (host " + mpi.launch().host + ")";
-      if (mpi.rank() == 0)
-        std::fprintf(stderr, "error: %s: %s\n", who.c_str(), e.what());
-      else
-        std::fprintf(stderr, "error: %s: stopping: parallel.auto found no plan (rank 0 says why)\n",
-                     who.c_str());
-      return 2;
-    }
-  }
+};
 
+// parallel.auto (docs/planner.md): rank 0 plans and broadcasts the plan;
+// every rank loads the run with it, or every rank returns false with the
+// same error.
+bool plan_launch(const Cli& cli, const adgt::MpiEnv& mpi, adgt::RunConfig& cfg, AutoPlan& ap) {
+  if (!cfg.parallel.auto_plan) return true;
   try {
-    // Rank placement (parallel.placement; docs/placement.md): world rank = layout rank.
-    adgt::ProcessGroups pg =
-        adgt::make_process_groups(adgt::layout_of(cfg), adgt::place_launch(cfg));
-    const bool lead = pg.world->rank() == 0;
-    // Hang and death detection (docs/reliability.md): heartbeats under
-    // <log.dir>/.heartbeat; a rank that stops progressing is named by every
-    // other rank, which exits 1. Stopped (the heartbeat says "done") at the end.
-    const auto watchdog = adgt::fault::start_watchdog(cfg, *pg.world, pg.launch.rank,
-                                                      pg.launch.host, adgt::pending_stop_signal);
-    // The device of the run, agreed over the world; each rank's GPU (two
-    // ranks on one GPU are refused unless ADGT_SHARED_GPU_TEST=1) and the
-    // transport of its collectives (parallel/mesh/device_plan.hpp).
-    const adgt::DevicePlan dev = adgt::plan_devices(pg, cfg.train.device);
-    if (lead && !dev.warning.empty()) std::fprintf(stderr, "warning: %s\n", dev.warning.c_str());
-    // Link and compute emulation (emulate.cluster; docs/emulation.md): null when off.
-    const auto emulation =
-        adgt::emulate::setup_emulation(cfg, pg.world.get(), pg.world->rank(), &pg.placement);
-    const std::string table = adgt::rank_table(pg, dev.device_id, dev.transport, emulation.get());
-    if (lead && pg.world->size() > 1) std::printf("%s", table.c_str());
+    adgt::plan::LaunchPlan lp = adgt::plan::plan_at_launch(cfg, cli.config_path, cli.overrides);
+    if (mpi.rank() == 0) {
+      std::printf("%s", lp.table.c_str());
+      adgt::plan::write_plan_file(lp.cfg.log.dir, lp.json);
+    }
+    cfg = lp.cfg;
+    ap.plan_json = lp.json;
+    if (cfg.parallel.replan && mpi.size() > 1) {
+      ap.replan = std::make_shared<adgt::plan::ReplanState>();
+      ap.replan->hosts = lp.hosts;
+      ap.replan->fixed = lp.fixed;
+    }
+    if (lp.trials.size() > 1) {
+      ap.trials = std::make_shared<adgt::plan::TrialState>(
+          adgt::plan::make_trial_state(lp.trials, lp.trial_group));
+    }
+    return true;
+  } catch (const adgt::ConfigError& e) {
+    if (mpi.rank() == 0)
+      std::fprintf(stderr, "error: %s: %s\n", who(mpi).c_str(), e.what());
+    else
+      std::fprintf(stderr, "error: %s: stopping: parallel.auto found no plan (rank 0 says why)\n",
+                   who(mpi).c_str());
+    return false;
+  }
+}
 
-    adgt::ParallelContext ctx = adgt::context_of(pg);
-    ctx.emulation = emulation.get();
-    ctx.plan_json = plan_json;
-    const auto t_build = std::chrono::steady_clock::now();
-    adgt::Trainer trainer(cfg, ctx, dev);
-    if (lead) {  // where a large model's start-up goes (the 7B's was 43 s on the first GPU run)
-      const auto& it = trainer.model().init_times();
-      std::printf("start-up: trainer ready in %.2f s (initial weights drawn in %.2f s on %d "
-                  "threads, copied to the backend in %.2f s)\n",
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t_build).count(),
-                  it.draw_s, omp_get_max_threads(), it.to_device_s);
-    }
-    if (replan)  // re-plans while training when the ranks' measured speeds change
-      trainer.add_controller_factory(
-          [replan](const adgt::RunConfig& c) { return adgt::plan::make_replan_controller(c, replan); });
-    if (trials)  // runs the planner's best plans and keeps the fastest measured
-      trainer.add_controller_factory(
-          [trials](const adgt::RunConfig& c) { return adgt::plan::make_trial_controller(c, trials); });
-    const std::string from = adgt::resolve_resume(resume, cfg.checkpoint.dir);
-    if (!resume.empty() && from.empty()) {
-      if (eval_only)
-        throw std::runtime_error("--resume " + resume + ": no complete checkpoint under " +
-                                 cfg.checkpoint.dir);
-      if (lead)
-        std::printf("--resume %s: no complete checkpoint under %s; starting from scratch\n",
-                    resume.c_str(), cfg.checkpoint.dir.c_str());
-      trainer.continue_job_log();  // the job's earlier runs stay in metrics.jsonl (docs/tei.md)
-    }
-    if (!from.empty()) {
-      adgt::fault::PhaseScope loading(adgt::fault::Phase::CheckpointLoad);
-      const auto t_load = std::chrono::steady_clock::now();
-      trainer.load(from);
-      if (lead)
-        std::printf("resumed from %s (loaded in %.3f s)\n", from.c_str(),
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count());
-    }
-    if (eval_only) {
-      if (from.empty()) throw std::runtime_error("--eval-only needs --resume DIR (or auto)");
-      adgt::fault::PhaseScope evaluating(adgt::fault::Phase::Eval);
-      const double loss = trainer.evaluate();
-      if (lead) std::printf("eval loss: %.6f\n", loss);
-      return 0;
-    }
-    adgt::install_stop_handlers();
-    const adgt::TrainSummary s = trainer.train();
-    if (lead) print_summary(s);
+// Resumes from --resume when it names a complete checkpoint (or says it
+// starts from scratch). Returns the checkpoint loaded ("" none).
+std::string resume_if_asked(const Cli& cli, const adgt::RunConfig& cfg, adgt::Trainer& trainer, bool lead) {
+  const std::string from = adgt::resolve_resume(cli.resume, cfg.checkpoint.dir);
+  if (!cli.resume.empty() && from.empty()) {
+    if (cli.eval_only)
+      throw std::runtime_error("--resume " + cli.resume + ": no complete checkpoint under " +
+                               cfg.checkpoint.dir);
+    if (lead)
+      std::printf("--resume %s: no complete checkpoint under %s; starting from scratch\n",
+                  cli.resume.c_str(), cfg.checkpoint.dir.c_str());
+    trainer.continue_job_log();  // the job's earlier runs stay in metrics.jsonl (docs/tei.md)
+  }
+  if (!from.empty()) {
+    adgt::fault::PhaseScope loading(adgt::fault::Phase::CheckpointLoad);
+    const auto t_load = std::chrono::steady_clock::now();
+    trainer.load(from);
+    if (lead)
+      std::printf("resumed from %s (loaded in %.3f s)\n", from.c_str(),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count());
+  }
+  return from;
+}
+
+// The launched run: process groups, watchdog, devices, emulation, the
+// trainer and its controllers, then training or an evaluation.
+int train_or_evaluate(const Cli& cli, const adgt::RunConfig& cfg, const AutoPlan& ap) {
+  // Rank placement (parallel.placement; docs/placement.md): world rank = layout rank.
+  adgt::ProcessGroups pg = adgt::make_process_groups(adgt::layout_of(cfg), adgt::place_launch(cfg));
+  const bool lead = pg.world->rank() == 0;
+  // Hang and death detection (docs/reliability.md): heartbeats under
+  // <log.dir>/.heartbeat; a rank that stops progressing is named by every
+  // other rank, which exits 1. Stopped (the heartbeat says "done") at the end.
+  const auto watchdog = adgt::fault::start_watchdog(cfg, *pg.world, pg.launch.rank, pg.launch.host,
+                                                    adgt::pending_stop_signal);
+  // The device of the run, agreed over the world; each rank's GPU (two
+  // ranks on one GPU are refused unless ADGT_SHARED_GPU_TEST=1) and the
+  // transport of its collectives (parallel/mesh/device_plan.hpp).
+  const adgt::DevicePlan dev = adgt::plan_devices(pg, cfg.train.device);
+  if (lead && !dev.warning.empty()) std::fprintf(stderr, "warning: %s\n", dev.warning.c_str());
+  // Link and compute emulation (emulate.cluster; docs/emulation.md): null when off.
+  const auto emulation = adgt::emulate::setup_emulation(cfg, pg.world.get(), pg.world->rank(), &pg.placement);
+  const std::string table = adgt::rank_table(pg, dev.device_id, dev.transport, emulation.get());
+  if (lead && pg.world->size() > 1) std::printf("%s", table.c_str());
+
+  adgt::ParallelContext ctx = adgt::context_of(pg);
+  ctx.emulation = emulation.get();
+  ctx.plan_json = ap.plan_json;
+  const auto t_build = std::chrono::steady_clock::now();
+  adgt::Trainer trainer(cfg, ctx, dev);
+  if (lead) {  // where a large model's start-up goes (the 7B's was 43 s on the first GPU run)
+    const auto& it = trainer.model().init_times();
+    std::printf("start-up: trainer ready in %.2f s (initial weights drawn in %.2f s on %d "
+                "threads, copied to the backend in %.2f s)\n",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_build).count(),
+                it.draw_s, omp_get_max_threads(), it.to_device_s);
+  }
+  if (ap.replan)  // re-plans while training when the ranks' measured speeds change
+    trainer.add_controller_factory([replan = ap.replan](const adgt::RunConfig& c) {
+      return adgt::plan::make_replan_controller(c, replan);
+    });
+  if (ap.trials)  // runs the planner's best plans and keeps the fastest measured
+    trainer.add_controller_factory([trials = ap.trials](const adgt::RunConfig& c) {
+      return adgt::plan::make_trial_controller(c, trials);
+    });
+  const std::string from = resume_if_asked(cli, cfg, trainer, lead);
+  if (cli.eval_only) {
+    if (from.empty()) throw std::runtime_error("--eval-only needs --resume DIR (or auto)");
+    adgt::fault::PhaseScope evaluating(adgt::fault::Phase::Eval);
+    const double loss = trainer.evaluate();
+    if (lead) std::printf("eval loss: %.6f\n", loss);
     return 0;
+  }
+  adgt::install_stop_handlers();
+  const adgt::TrainSummary s = trainer.train();
+  if (lead) print_summary(s);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"adgt-train: pretrain a LLaMA-family model"};
+  Cli cli;
+  app.add_option("--config", cli.config_path, "YAML run file (configs/tiny.yaml, ...)")->required();
+  app.add_option("--set", cli.overrides, "override a key: --set section.key=value (repeatable)");
+  app.add_option("--resume", cli.resume,
+                 "continue from a checkpoint: a step directory, or 'auto' for the newest one "
+                 "under checkpoint.dir");
+  app.add_flag("--dry-run", cli.dry_run,
+               "print parameter count, FLOPs per token and memory per rank; allocate nothing");
+  app.add_option("--cluster", cli.cluster,
+                 "with --dry-run: predict the step time on this cluster (a preset such as "
+                 "dgx-h100, or a cluster file; default: this machine when the run is on its CPU)");
+  app.add_option("--gpus", cli.gpus,
+                 "with --dry-run and parallel.auto: plan for this many devices of --cluster "
+                 "(default: the cluster file's devices, or the run's tp x pp x dp for a preset)");
+  app.add_flag("--eval-only", cli.eval_only,
+               "evaluate on the validation split (with --resume) and print 'eval loss: <value>'");
+  app.add_flag("--print-config", cli.print_config, "print the resolved configuration as YAML");
+  app.add_flag("--print-schedule", cli.print_schedule,
+               "print the pipeline stages and each rank's schedule timeline with the predicted "
+               "bubble (parallel.pp > 1)");
+  CLI11_PARSE(app, argc, argv);
+  if (cli.dry_run || cli.print_config || cli.print_schedule) return print_without_launch(cli);
+
+  adgt::MpiEnv mpi(&argc, &argv);
+  adgt::RunConfig cfg;
+  AutoPlan ap;
+  if (!load_agreed(cli, mpi, cfg) || !plan_launch(cli, mpi, cfg, ap)) return 2;
+  try {
+    return train_or_evaluate(cli, cfg, ap);
   } catch (const adgt::CheckpointError& e) {
     // Checkpoint saves and loads agree on failure over the world (every rank
     // throws together), so every rank prints its message before the job ends.

@@ -1,6 +1,5 @@
 // Run-time backend choice, and the deferred-failure path of Backend.
 #include "kernels/backend.hpp"
-#include "kernels/clock.hpp"
 
 #include <omp.h>
 #include <time.h>
@@ -9,6 +8,7 @@
 #include <stdexcept>
 
 #include "kernels/check.hpp"
+#include "kernels/clock.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/emulated/emulated_backend.hpp"
 #ifdef ADGT_HAVE_CUDA

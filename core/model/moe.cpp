@@ -330,42 +330,20 @@ void MoeLayer::a2av(Tensor out, const std::vector<int64_t>& recv_rows, const Ten
   (bwd ? st.a2a_seconds_bwd : st.a2a_seconds) += ep_->stats().seconds - t0;
 }
 
-double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams& p) {
-  ADGT_CHECK(slot >= 0 && slot < num_slots(), "moe: forward into slot "
-                                                  << slot << ", but the layer has " << num_slots()
-                                                  << " slots (add_slot)");
-  const int64_t N = x.ndim == 2 ? x.dim(0) : -1, C = C_, E = E_, k = k_;
-  ADGT_CHECK(x.ndim == 2 && x.dim(1) == C && x.dtype == dt_,
-             "moe: input x" << x.shape_str() << " " << dtype_name(x.dtype) << ", expected (N," << C
-                            << ") " << dtype_name(dt_));
-  ADGT_CHECK(N <= max_tokens_, "moe: " << N << " token rows exceed max_tokens=" << max_tokens_);
-  ADGT_CHECK(out.numel() == N * C && out.dtype == dt_,
-             "moe: output" << out.shape_str() << ", expected " << x.shape_str());
-  check_params(p, "params");
-  ADGT_CHECK(synced_, "moe: the layer's expert replicas were set but never synced "
-                      "(call sync_replicas after setting them and after every weight update)");
-  Slot& s = *slots_[size_t(slot)];
+MoeLayer::RoutePlan MoeLayer::route_forward(Slot& s, const Tensor& x, const MoeParams& p) {
   Scratch& sc = *scratch_;
-  const int P = ep_->size(), me = ep_->rank();
+  const int64_t N = s.N, C = C_, E = E_, k = k_;
+  const int P = ep_->size();
   const bool rep = rep_.any();
-  MoeParams with_rep;  // p plus the shadows (replicas only: no copy on the plain path)
-  if (rep) with_rep = with_shadows(p, false);
-  const MoeParams& full = rep ? with_rep : p;
-  const int64_t El = int64_t(held_[size_t(me)].size());
-  s.N = N;
-  s.has_forward = false;
-  s.stats = MoeStats{};
   MoeStats& st = s.stats;
-  last_slot_ = slot;
-
-  // ---- router: softmax, top-k, capacity and the send order, on the backend ----
+  RoutePlan rp;
   s.x = grow(s.x_b, N, C, dt_);
   Tensor logits = grow(sc.logits, N, E, dt_);
   const DType rt = dt_ == DType::F64 ? DType::F64 : DType::F32;
   s.route = {grow(s.probs_b, N, E, rt), grow(s.choice_b, N, k, DType::I32),
              grow(s.weight_b, N, k, rt), grow(s.norm_b, N, 1, rt), grow(s.w_b, N, k, dt_)};
   s.pos = grow(s.pos_b, N, k, DType::I32);
-  Tensor tok = grow(sc.send_tok, N * k, 1, DType::I32);
+  rp.tok = grow(sc.send_tok, N * k, 1, DType::I32);
   // The plan buffer: this rank's stats (3E + 2: routed, prob sums, N,
   // dropped, kept per send slot), the ep group's sums of the first 2E + 2,
   // and the counts received for this rank's experts (E; replicas: every
@@ -386,10 +364,10 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
     be_.moe_route(s.route, logits,
                   opt_.aux_free ? Tensor(bias_dev_.data(), DType::F64, {E}) : Tensor());
   }
-  be_.moe_dispatch_plan(s.pos, tok, local, s.route.choice, s.route.probs,
+  be_.moe_dispatch_plan(s.pos, rp.tok, local, s.route.choice, s.route.probs,
                         Tensor(slot_.data(), DType::I32, {E}), opt_.capacity_factor,
                         opt_.capacity_segment);
-  std::vector<double> ph(size_t(P > 1 ? L + G + R : L));
+  rp.host.resize(size_t(P > 1 ? L + G + R : L));
   if (P > 1) {
     be_.copy(group, part(0, G));
     ep_->all_reduce(group);
@@ -402,12 +380,17 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
     st.a2a_bytes += ep_->stats().bytes - b0;
     st.a2a_seconds += ep_->stats().seconds - t0;
   }
-  be_.to_host(ph.data(), plan.data, ph.size() * 8);  // the layer's one host read
-  const double* lr = ph.data();                      // this rank's tokens
-  const double* red = P > 1 ? ph.data() + L : lr;    // the ep group's
-  const double* rc = P > 1 ? ph.data() + L + G : lr + 2 * E + 2;
+  be_.to_host(rp.host.data(), plan.data, rp.host.size() * 8);  // the layer's one host read
+  rp.lr = rp.host.data();
+  rp.red = P > 1 ? rp.host.data() + L : rp.lr;
+  rp.rc = P > 1 ? rp.host.data() + L + G : rp.lr + 2 * E + 2;
+  return rp;
+}
 
-  // ---- load, aux loss ----
+void MoeLayer::load_and_aux_loss(Slot& s, const RoutePlan& rp) {
+  const int64_t E = E_, k = k_;
+  MoeStats& st = s.stats;
+  const double *lr = rp.lr, *red = rp.red;
   st.dropped_local = int64_t(std::llround(lr[2 * E + 1]));
   st.tokens = int64_t(std::llround(red[2 * E]));
   st.dropped = int64_t(std::llround(red[2 * E + 1]));
@@ -430,57 +413,68 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
   st.imbalance = sum_load ? double(max_load) * double(E) / double(sum_load) : 0.0;
   s.aux_dp = grow(s.aux_dp_b, E, 1, DType::F64);
   be_.to_device(s.aux_dp.data, aux_dp.data(), aux_dp.size() * 8);
+}
 
-  // ---- rows to and from each rank; receive and expert-major orders ----
+void MoeLayer::replica_rows(Slot& s, const RoutePlan& rp, std::vector<int64_t>& rcounts) {
+  const int64_t E = E_;
+  const int P = ep_->size(), me = ep_->rank();
+  const int64_t El = int64_t(held_[size_t(me)].size());
+  // kept(src, e): source src's kept rows of expert e; the plan's row of
+  // this rank's first row of e; then the send order by (destination, its
+  // held experts), each holder taking its split of e's rows.
+  auto kept = [&](int src, int64_t e) {
+    return int64_t(std::llround(rp.rc[src * E + slot_host_[size_t(e)]]));
+  };
+  std::vector<int64_t> first(static_cast<size_t>(E)), at_slot(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) at_slot[size_t(slot_host_[size_t(e)])] = e;
+  for (int64_t q = 0, row = 0; q < E; ++q) {
+    first[size_t(at_slot[size_t(q)])] = row;
+    row += kept(me, at_slot[size_t(q)]);
+  }
+  std::vector<int32_t> sperm;
+  for (int d = 0; d < P; ++d)
+    for (size_t i = 0; i < held_[size_t(d)].size(); ++i) {
+      const int64_t e = held_[size_t(d)][i];
+      int64_t b = 0, en = 0;
+      rep_.split(e, hidx_[size_t(d)][i], kept(me, e), b, en);
+      for (int64_t q = b; q < en; ++q) sperm.push_back(int32_t(first[size_t(e)] + q));
+      s.send_rows[size_t(d)] += en - b;
+    }
+  for (int src = 0; src < P; ++src)
+    for (int64_t le = 0; le < El; ++le) {
+      const int64_t e = held_[size_t(me)][size_t(le)];
+      int64_t b = 0, en = 0;
+      rep_.split(e, hidx_[size_t(me)][size_t(le)], kept(src, e), b, en);
+      rcounts[size_t(src * El + le)] = en - b;
+    }
+  std::vector<int32_t> sinv(sperm.size());
+  for (size_t i = 0; i < sperm.size(); ++i) sinv[size_t(sperm[i])] = int32_t(i);
+  s.sperm = grow(s.sperm_b, int64_t(sperm.size()), 1, DType::I32);
+  s.sinv = grow(s.sinv_b, int64_t(sperm.size()), 1, DType::I32);
+  upload_i32(s.sperm, sperm);
+  upload_i32(s.sinv, sinv);
+}
+
+void MoeLayer::plan_rows(Slot& s, const RoutePlan& rp, int64_t& Ms, int64_t& Mr) {
+  const int64_t E = E_;
+  const int P = ep_->size(), me = ep_->rank();
+  const int64_t El = int64_t(held_[size_t(me)].size());
   s.send_rows.assign(size_t(P), 0);
   std::vector<int64_t> rcounts(size_t(P * El));
-  if (!rep) {
+  if (!rep_.any()) {
     for (int d = 0; d < P; ++d)
       for (int64_t le = 0; le < El; ++le)
-        s.send_rows[size_t(d)] += int64_t(std::llround(lr[2 * E + 2 + d * El + le]));
-    for (size_t i = 0; i < rcounts.size(); ++i) rcounts[i] = int64_t(std::llround(rc[i]));
+        s.send_rows[size_t(d)] += int64_t(std::llround(rp.lr[2 * E + 2 + d * El + le]));
+    for (size_t i = 0; i < rcounts.size(); ++i) rcounts[i] = int64_t(std::llround(rp.rc[i]));
   } else {
-    // kept(src, e): source src's kept rows of expert e; the plan's row of
-    // this rank's first row of e; then the send order by (destination, its
-    // held experts), each holder taking its split of e's rows.
-    auto kept = [&](int src, int64_t e) {
-      return int64_t(std::llround(rc[src * E + slot_host_[size_t(e)]]));
-    };
-    std::vector<int64_t> first(static_cast<size_t>(E)), at_slot(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) at_slot[size_t(slot_host_[size_t(e)])] = e;
-    for (int64_t q = 0, row = 0; q < E; ++q) {
-      first[size_t(at_slot[size_t(q)])] = row;
-      row += kept(me, at_slot[size_t(q)]);
-    }
-    std::vector<int32_t> sperm;
-    for (int d = 0; d < P; ++d)
-      for (size_t i = 0; i < held_[size_t(d)].size(); ++i) {
-        const int64_t e = held_[size_t(d)][i];
-        int64_t b = 0, en = 0;
-        rep_.split(e, hidx_[size_t(d)][i], kept(me, e), b, en);
-        for (int64_t q = b; q < en; ++q) sperm.push_back(int32_t(first[size_t(e)] + q));
-        s.send_rows[size_t(d)] += en - b;
-      }
-    for (int src = 0; src < P; ++src)
-      for (int64_t le = 0; le < El; ++le) {
-        const int64_t e = held_[size_t(me)][size_t(le)];
-        int64_t b = 0, en = 0;
-        rep_.split(e, hidx_[size_t(me)][size_t(le)], kept(src, e), b, en);
-        rcounts[size_t(src * El + le)] = en - b;
-      }
-    std::vector<int32_t> sinv(sperm.size());
-    for (size_t i = 0; i < sperm.size(); ++i) sinv[size_t(sperm[i])] = int32_t(i);
-    s.sperm = grow(s.sperm_b, int64_t(sperm.size()), 1, DType::I32);
-    s.sinv = grow(s.sinv_b, int64_t(sperm.size()), 1, DType::I32);
-    upload_i32(s.sperm, sperm);
-    upload_i32(s.sinv, sinv);
+    replica_rows(s, rp, rcounts);
   }
-  int64_t Ms = 0;
+  Ms = 0;
   for (int d = 0; d < P; ++d) Ms += s.send_rows[size_t(d)];
   s.recv_rows.assign(size_t(P), 0);
   s.expert_rows.assign(size_t(El), 0);
   std::vector<int64_t> roff(size_t(P * El));
-  int64_t Mr = 0;
+  Mr = 0;
   for (int src = 0; src < P; ++src)
     for (int64_t le = 0; le < El; ++le) {
       const int64_t c = rcounts[size_t(src * El + le)];
@@ -503,32 +497,38 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
     upload_i32(s.perm, perm);
     upload_i32(s.inv, inv);
   }
-  tok = Tensor(tok.data, DType::I32, {Ms});
+}
 
-  // ---- dispatch ----
+void MoeLayer::dispatch_rows(Slot& s, const Tensor& tok, int64_t Ms, int64_t Mr, bool fused) {
+  Scratch& sc = *scratch_;
+  const int64_t C = C_;
+  const int P = ep_->size();
   s.xe = grow(s.xe_b, Mr, C, dt_);
-  s.fused = !p.w13.empty();
+  s.fused = fused;
   s.gate = grow(s.gate_b, Mr, s.fused ? 2 * F_ : F_, dt_);
   if (!s.fused) s.up = grow(s.up_b, Mr, F_, dt_);
   s.h = grow(s.h_b, Mr, F_, dt_);
   s.ysend = grow(s.ysend_b, Ms, C, dt_);
   if (P == 1) {
     if (Ms) be_.embedding_forward(s.xe, s.x, tok, 0);
-  } else {
-    Tensor send = grow(sc.send, Ms, C, dt_), recv = grow(sc.recv, Mr, C, dt_);
-    if (Ms && rep) {
-      Tensor planned = grow(sc.rows2, Ms, C, dt_);
-      be_.embedding_forward(planned, s.x, tok, 0);
-      be_.embedding_forward(send, planned, s.sperm, 0);
-    } else if (Ms) {
-      be_.embedding_forward(send, s.x, tok, 0);
-    }
-    a2av(recv, s.recv_rows, send, s.send_rows, st, false);
-    if (Mr) be_.embedding_forward(s.xe, recv, s.perm, 0);
+    return;
   }
+  Tensor send = grow(sc.send, Ms, C, dt_), recv = grow(sc.recv, Mr, C, dt_);
+  if (Ms && rep_.any()) {
+    Tensor planned = grow(sc.rows2, Ms, C, dt_);
+    be_.embedding_forward(planned, s.x, tok, 0);
+    be_.embedding_forward(send, planned, s.sperm, 0);
+  } else if (Ms) {
+    be_.embedding_forward(send, s.x, tok, 0);
+  }
+  a2av(recv, s.recv_rows, send, s.send_rows, s.stats, false);
+  if (Mr) be_.embedding_forward(s.xe, recv, s.perm, 0);
+}
 
-  // ---- experts ----
-  Tensor ye = P == 1 ? s.ysend : grow(sc.ye, Mr, C, dt_);
+Tensor MoeLayer::run_experts(Slot& s, const MoeParams& full, int64_t Mr) {
+  MoeStats& st = s.stats;
+  const int64_t El = int64_t(s.expert_rows.size());
+  Tensor ye = ep_->size() == 1 ? s.ysend : grow(scratch_->ye, Mr, C_, dt_);
   const int span = be_.span_begin();
   for (int64_t le = 0, off = 0; le < El; off += s.expert_rows[size_t(le)], ++le) {
     const int64_t m = s.expert_rows[size_t(le)];
@@ -549,22 +549,62 @@ double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams&
   for (int64_t le = place_.per_rank(); le < El; ++le) st.shadow_rows += s.expert_rows[size_t(le)];
   be_.span_end(span);
   st.expert_span = span;
+  return ye;
+}
 
-  // ---- results back, combine ----
-  if (P > 1) {
-    Tensor tmp = grow(sc.tmp, Mr, C, dt_);
-    if (Mr) be_.embedding_forward(tmp, ye, s.inv, 0);
-    if (rep) {
-      Tensor back = grow(sc.rows2, Ms, C, dt_);
-      a2av(back, s.send_rows, tmp, s.recv_rows, st, false);
-      if (Ms) be_.embedding_forward(s.ysend, back, s.sinv, 0);
-    } else {
-      a2av(s.ysend, s.send_rows, tmp, s.recv_rows, st, false);
-    }
+void MoeLayer::return_rows(Slot& s, const Tensor& ye, int64_t Ms, int64_t Mr) {
+  if (ep_->size() == 1) return;
+  Scratch& sc = *scratch_;
+  Tensor tmp = grow(sc.tmp, Mr, C_, dt_);
+  if (Mr) be_.embedding_forward(tmp, ye, s.inv, 0);
+  if (rep_.any()) {
+    Tensor back = grow(sc.rows2, Ms, C_, dt_);
+    a2av(back, s.send_rows, tmp, s.recv_rows, s.stats, false);
+    if (Ms) be_.embedding_forward(s.ysend, back, s.sinv, 0);
+  } else {
+    a2av(s.ysend, s.send_rows, tmp, s.recv_rows, s.stats, false);
   }
+}
+
+double MoeLayer::forward(int slot, Tensor out, const Tensor& x, const MoeParams& p) {
+  ADGT_CHECK(slot >= 0 && slot < num_slots(), "moe: forward into slot "
+                                                  << slot << ", but the layer has " << num_slots()
+                                                  << " slots (add_slot)");
+  const int64_t N = x.ndim == 2 ? x.dim(0) : -1, C = C_;
+  ADGT_CHECK(x.ndim == 2 && x.dim(1) == C && x.dtype == dt_,
+             "moe: input x" << x.shape_str() << " " << dtype_name(x.dtype) << ", expected (N," << C
+                            << ") " << dtype_name(dt_));
+  ADGT_CHECK(N <= max_tokens_, "moe: " << N << " token rows exceed max_tokens=" << max_tokens_);
+  ADGT_CHECK(out.numel() == N * C && out.dtype == dt_,
+             "moe: output" << out.shape_str() << ", expected " << x.shape_str());
+  check_params(p, "params");
+  ADGT_CHECK(synced_, "moe: the layer's expert replicas were set but never synced "
+                      "(call sync_replicas after setting them and after every weight update)");
+  Slot& s = *slots_[size_t(slot)];
+  const bool rep = rep_.any();
+  MoeParams with_rep;  // p plus the shadows (replicas only: no copy on the plain path)
+  if (rep) with_rep = with_shadows(p, false);
+  const MoeParams& full = rep ? with_rep : p;
+  s.N = N;
+  s.has_forward = false;
+  s.stats = MoeStats{};
+  last_slot_ = slot;
+
+  // Router: softmax, top-k, capacity and the send order, on the backend;
+  // then the load and the aux loss.
+  RoutePlan rp = route_forward(s, x, p);
+  load_and_aux_loss(s, rp);
+  // Rows to and from each rank; receive and expert-major orders.
+  int64_t Ms = 0, Mr = 0;
+  plan_rows(s, rp, Ms, Mr);
+  const Tensor tok(rp.tok.data, DType::I32, {Ms});
+  dispatch_rows(s, tok, Ms, Mr, !p.w13.empty());
+  const Tensor ye = run_experts(s, full, Mr);
+  // Results back, combined into each token's row.
+  return_rows(s, ye, Ms, Mr);
   if (N) be_.combine_rows(out, s.ysend, s.pos, s.route.w, false);
   s.has_forward = true;
-  return st.aux_loss;
+  return s.stats.aux_loss;
 }
 
 void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams& grads,

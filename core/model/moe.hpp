@@ -185,6 +185,24 @@ class MoeLayer {
  private:
   struct Slot;
   struct Scratch;
+  // forward()'s parts, in order. The router's plan read to the host once:
+  // this rank's counts (lr), the ep group's sums (red) and the counts
+  // received for this rank's experts (rc), all in `host`; tok the send order.
+  struct RoutePlan {
+    std::vector<double> host;
+    const double *lr = nullptr, *red = nullptr, *rc = nullptr;
+    Tensor tok;
+  };
+  RoutePlan route_forward(Slot& s, const Tensor& x, const MoeParams& p);
+  void load_and_aux_loss(Slot& s, const RoutePlan& rp);
+  // The rows sent to (Ms) and received from (Mr) the ep ranks and the
+  // expert-major order of the received ones; replica_rows splits a
+  // replicated expert's rows over its holders.
+  void plan_rows(Slot& s, const RoutePlan& rp, int64_t& Ms, int64_t& Mr);
+  void replica_rows(Slot& s, const RoutePlan& rp, std::vector<int64_t>& rcounts);
+  void dispatch_rows(Slot& s, const Tensor& tok, int64_t Ms, int64_t Mr, bool fused);
+  Tensor run_experts(Slot& s, const MoeParams& full, int64_t Mr);
+  void return_rows(Slot& s, const Tensor& ye, int64_t Ms, int64_t Mr);
   void check_params(const MoeParams& p, const char* what) const;
   // p followed by the shadows' weights (grads: their gradients).
   MoeParams with_shadows(const MoeParams& p, bool grads) const;

@@ -1,6 +1,5 @@
 // parallel.auto at run time (replan_controller.hpp; docs/planner.md "Re-planning").
 #include "parallel/control/replan_controller.hpp"
-#include "kernels/clock.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -9,6 +8,7 @@
 
 #include "core/layout.hpp"
 #include "core/model/stage_map.hpp"
+#include "kernels/clock.hpp"
 #include "parallel/emulate/emulation.hpp"
 
 #include "parallel/adapt/change_detector.hpp"

@@ -49,6 +49,14 @@ double head_forward_flops(const ModelConfig& m) {
 
 PassFlops training_pass(double forward) { return {forward, forward, forward}; }
 
+double gemm_flops(double m, double n, double k) { return 2.0 * m * n * k; }
+
+double attention_core_executed_flops(double b, double t, double h, double hd, bool backward) {
+  const double forward_factor = 2.0 * 2.0;  // 2 GEMMs x 2 FLOPs per multiply-add
+  return backward ? kAttentionBackwardExecuted * forward_factor * b * t * (t / 2) * h * hd
+                  : forward_factor * b * t * (t / 2) * h * hd;
+}
+
 double mfu_flops_per_token(const ModelConfig& m) {
   double forward = head_forward_flops(m);
   for (int64_t l = 0; l < m.n_layers; ++l)

@@ -75,6 +75,22 @@ double head_forward_flops(const ModelConfig& m);
 // input-gradient and a weight-gradient half.
 PassFlops training_pass(double forward);
 
+// Executed FLOPs of single ops, by shape: what the simulator (parallel/sim/
+// ops.cpp) times. They differ from the model's count above in one place: the
+// attention core's backward. The model (training_pass, MFU) counts every
+// backward as 2 x its forward; the flash-style kernels that run recompute the
+// scores QK^T in the backward, so its executed FLOPs are dV, dP, dQ, dK (4
+// GEMMs) plus that recompute: kAttentionBackwardExecuted x the forward. MFU
+// stays a model-FLOP figure comparable with published ones; step times come
+// from what runs.
+inline constexpr double kAttentionBackwardExecuted = 2.5;
+// (m x k) times (k x n): 2 m n k.
+double gemm_flops(double m, double n, double k);
+// The causal attention core of b sequences of t tokens, h query heads of
+// head_dim hd: forward QK^T and PV over the causal half, 2 GEMMs x 2 FLOPs x
+// b t (t/2) h hd; backward kAttentionBackwardExecuted x that.
+double attention_core_executed_flops(double b, double t, double h, double hd, bool backward);
+
 // The MFU convention above: training (3 x forward) FLOPs per token over the L
 // layers (AttentionCount::Full) and lm_head; no embedding. Equals
 // 6 * N_matmul_active + 12 * L * H * hd * T.

@@ -28,10 +28,10 @@
 #include <vector>
 
 #include "core/checkpoint/checkpoint.hpp"
-#include "kernels/clock.hpp"
 #include "core/comm.hpp"
 #include "core/model/model.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/clock.hpp"
 #include "parallel/compress/bucket_reduce.hpp"
 #include "parallel/dp/grad_buckets.hpp"
 

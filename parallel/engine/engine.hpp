@@ -78,7 +78,7 @@ class Engine {
   Backend& backend() { return be_; }
   const RunConfig& config() const { return cfg_; }  // with the engine's layout and replicas
   // n elements of device memory for short use between steps (the pipeline
-  // link probe, parallel/control/hook.hpp); kept and grown, contents undefined.
+  // link probe, parallel/measure/pipeline_times.hpp); kept and grown, contents undefined.
   Tensor scratch_tensor(int64_t n, DType dt);
   ShardedAdamW& optimizer() { return *opt_; }
   GradReducer& reducer() { return *reducer_; }

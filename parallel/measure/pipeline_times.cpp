@@ -1,5 +1,4 @@
 #include "parallel/measure/pipeline_times.hpp"
-#include "kernels/clock.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -8,6 +7,7 @@
 #include <map>
 
 #include "kernels/check.hpp"
+#include "kernels/clock.hpp"
 #include "parallel/emulate/emulation.hpp"
 
 namespace adgt {

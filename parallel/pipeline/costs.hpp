@@ -7,8 +7,8 @@
 
 namespace adgt::pp {
 
-// Times for one micro-batch, indexed by model stage s = chunk * pp + rank
-// (pp * v entries each). Any unit; the printer and the tables only use ratios.
+// Times for one micro-batch, indexed by model stage s (pp * v entries each;
+// which rank and chunk hold stage s: Schedule::stage(), core/model/stage_map.hpp). Any unit; the printer and the tables only use ratios.
 // A fused Backward costs b[s] + w[s].
 struct StageCosts {
   std::vector<double> f;  // (S) Forward

@@ -1,5 +1,4 @@
 #include "parallel/pipeline/executor.hpp"
-#include "kernels/clock.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -14,6 +13,7 @@
 #include <time.h>
 
 #include "kernels/check.hpp"
+#include "kernels/clock.hpp"
 #include "parallel/pipeline/grouped.hpp"
 #include "parallel/emulate/slowdown.hpp"
 #include "parallel/comm/mpi_comm.hpp"

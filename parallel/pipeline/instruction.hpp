@@ -24,9 +24,10 @@
 // Communication. Activations go from stage s to s+1, gradients from s+1 to s.
 // A Send/Recv names the chunk of the stage *on this rank* that produced
 // (Send) or will consume (Recv) the tensor, and the peer rank that holds the
-// adjacent stage. So SendAct(mb, chunk c) on rank r (stage s = c*pp + r)
-// matches RecvAct(mb, chunk c') on rank (s+1) % pp with c' = (s+1) / pp, and
-// SendGrad at stage s matches RecvGrad at stage s-1. Sends are buffered
+// adjacent stage. So SendAct(mb, chunk c) on rank r (stage s, looped:
+// s = c*pp + r) matches RecvAct(mb, chunk c') on the rank holding stage s+1
+// as its chunk c' (looped: rank (s+1) % pp, c' = (s+1) / pp), and SendGrad
+// at stage s matches RecvGrad at stage s-1. Sends are buffered
 // (non-blocking, completing without the receiver), receives block: see
 // validate.hpp and docs/pipeline-schedules.md.
 #pragma once
@@ -71,7 +72,7 @@ constexpr int kNumOps = 10;
 struct Instr {
   Op op = Op::WaitSends;
   int microbatch = -1;  // 0..m-1
-  int chunk = -1;       // 0..v-1, this rank's chunk (stage = chunk * pp + rank)
+  int chunk = -1;       // 0..v-1, this rank's chunk (its stage: Schedule::stage())
   int peer = -1;        // Send/Recv: the pipeline rank at the other end
   bool operator==(const Instr&) const = default;
 };

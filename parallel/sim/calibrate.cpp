@@ -10,9 +10,9 @@
 #include <omp.h>
 
 #include "core/layout.hpp"
-#include "kernels/clock.hpp"
 #include "core/model/model.hpp"
 #include "core/rng.hpp"
+#include "kernels/clock.hpp"
 #include "parallel/sim/profile.hpp"
 #include "parallel/sim/work.hpp"
 

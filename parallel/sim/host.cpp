@@ -1,6 +1,5 @@
 // Measuring the scheduler's slice (host.hpp).
 #include "parallel/sim/host.hpp"
-#include "kernels/clock.hpp"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -8,6 +7,8 @@
 
 #include <chrono>
 #include <vector>
+
+#include "kernels/clock.hpp"
 
 namespace adgt::sim {
 namespace {

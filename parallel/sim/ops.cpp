@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "parallel/cost/flops.hpp"
+
 namespace adgt::sim {
 
 const char* op_kind_name(OpKind k) {
@@ -36,14 +38,12 @@ double Op::flops() const {
   switch (kind) {
     case OpKind::GemmForward:
     case OpKind::GemmInputGrad:
-    case OpKind::GemmWeightGrad: return 2.0 * double(a) * double(b) * double(c);
+    case OpKind::GemmWeightGrad: return gemm_flops(double(a), double(b), double(c));
     case OpKind::AttentionForward:
-      // QK^T and PV over the causal half: 2 GEMMs x 2 FLOPs x B T (T/2) H hd.
-      return 2.0 * 2.0 * double(a) * double(b) * (double(b) / 2) * double(c) * double(e);
     case OpKind::AttentionBackward:
-      // dV, dP, dQ, dK (4 GEMMs) and the recomputed QK^T: 2.5 x the forward.
-      return 2.5 * 2.0 * 2.0 * double(a) * double(b) * (double(b) / 2) * double(c) * double(e);
-    case OpKind::BatchedGemm: return 2.0 * double(a) * double(b) * double(c) * double(d);
+      return attention_core_executed_flops(double(a), double(b), double(c), double(e),
+                                           kind == OpKind::AttentionBackward);
+    case OpKind::BatchedGemm: return gemm_flops(double(a), double(b), double(c)) * double(d);
     default: return 0;
   }
 }

@@ -1,6 +1,5 @@
 // Timing ops on a backend, with a JSON cache (profile.hpp).
 #include "parallel/sim/profile.hpp"
-#include "kernels/clock.hpp"
 
 #include <time.h>
 
@@ -13,6 +12,8 @@
 #include <vector>
 
 #include <omp.h>
+
+#include "kernels/clock.hpp"
 
 namespace adgt::sim {
 namespace {
@@ -31,6 +32,133 @@ struct Arena {
     return x;
   }
 };
+
+// One set of op's tensors in `ar` (activations in dt, statistics and
+// parameter gradients in st) and the backend call on them.
+std::function<void()> make_op_run(Backend& be, Arena& ar, const Op& op, DType dt, DType st) {
+  const int64_t a = op.a, b = op.b, c = op.c, d = op.d, e = op.e;
+  std::function<void()> run;
+  switch (op.kind) {
+    case OpKind::GemmForward: {
+      Tensor y = ar.make(dt, {a, b}), x = ar.make(dt, {a, c}), w = ar.make(dt, {b, c});
+      run = [=, &be] { be.linear_forward(y, x, w); };
+      break;
+    }
+    case OpKind::GemmInputGrad: {  // dx(a, b) = dy(a, c) w(c, b)
+      Tensor dx = ar.make(dt, {a, b}), dy = ar.make(dt, {a, c}), w = ar.make(dt, {c, b}),
+             x = ar.make(dt, {a, b});
+      run = [=, &be] { be.linear_backward(dx, Tensor(), dy, x, w, false); };
+      break;
+    }
+    case OpKind::GemmWeightGrad: {  // dw(a, b) += dy(c, a)^T x(c, b)
+      Tensor dw = ar.make(DType::F32, {a, b}), dy = ar.make(dt, {c, a}), x = ar.make(dt, {c, b}),
+             w = ar.make(dt, {a, b});
+      if (dt != DType::F32) dw = ar.make(dt, {a, b});
+      run = [=, &be] { be.linear_backward(Tensor(), dw, dy, x, w, false); };
+      break;
+    }
+    case OpKind::AttentionForward:
+    case OpKind::AttentionBackward: {
+      AttentionShape s{a, b, c, d, e};
+      Tensor q = ar.make(dt, {a, b, c, e}), k = ar.make(dt, {a, b, d, e}),
+             v = ar.make(dt, {a, b, d, e}), out = ar.make(dt, {a, b, c, e});
+      Tensor saved = ar.make(st, {std::max<int64_t>(1, be.attention_saved_elems(s))});
+      be.attention_forward(out, saved, q, k, v, s);
+      if (op.kind == OpKind::AttentionForward) {
+        run = [=, &be] { be.attention_forward(out, saved, q, k, v, s); };
+      } else {
+        Tensor dq = ar.make(dt, {a, b, c, e}), dk = ar.make(dt, {a, b, d, e}),
+               dv = ar.make(dt, {a, b, d, e}), dout = ar.make(dt, {a, b, c, e});
+        run = [=, &be] { be.attention_backward(dq, dk, dv, dout, q, k, v, out, saved, s); };
+      }
+      break;
+    }
+    case OpKind::RmsNormForward:
+    case OpKind::RmsNormBackward: {
+      Tensor x = ar.make(dt, {a, b}), out = ar.make(dt, {a, b}), w = ar.make(dt, {b}),
+             rstd = ar.make(st, {a});
+      if (op.kind == OpKind::RmsNormForward) {
+        run = [=, &be] { be.rmsnorm_forward(out, rstd, x, w, 1e-5); };
+      } else {
+        be.rmsnorm_forward(out, rstd, x, w, 1e-5);
+        Tensor dx = ar.make(dt, {a, b}), dw = ar.make(DType::F32, {b});
+        if (dt != DType::F32) dw = ar.make(dt, {b});
+        run = [=, &be] { be.rmsnorm_backward(dx, dw, out, x, w, rstd); };
+      }
+      break;
+    }
+    case OpKind::RopeForward:
+    case OpKind::RopeBackward: {
+      Tensor x = ar.make(dt, {a, b, c});
+      Tensor cs = ar.make(st, {a, c / 2}), sn = ar.make(st, {a, c / 2});
+      if (op.kind == OpKind::RopeForward)
+        run = [=, &be] { be.rope_forward(x, cs, sn, a); };
+      else
+        run = [=, &be] { be.rope_backward(x, cs, sn, a); };
+      break;
+    }
+    case OpKind::SwigluForward:
+    case OpKind::SwigluBackward: {
+      Tensor g = ar.make(dt, {a, b}), u = ar.make(dt, {a, b}), h = ar.make(dt, {a, b});
+      if (op.kind == OpKind::SwigluForward) {
+        run = [=, &be] { be.swiglu_forward(h, g, u); };
+      } else {
+        Tensor dg = ar.make(dt, {a, b}), du = ar.make(dt, {a, b});
+        run = [=, &be] { be.swiglu_backward(dg, du, h, g, u); };
+      }
+      break;
+    }
+    case OpKind::Add: {
+      Tensor y = ar.make(dt, {a}), x = ar.make(dt, {a});
+      run = [=, &be] { be.add_inplace(y, x); };
+      break;
+    }
+    case OpKind::EmbeddingForward:
+    case OpKind::EmbeddingBackward: {
+      Tensor out = ar.make(dt, {a, b}), table = ar.make(dt, {c, b}), tok = ar.make(DType::I32, {a});
+      if (op.kind == OpKind::EmbeddingForward) {
+        run = [=, &be] { be.embedding_forward(out, table, tok, 0); };
+      } else {
+        Tensor dt32 = ar.make(st, {c, b});
+        run = [=, &be] { be.embedding_backward(dt32, out, tok, 0); };
+      }
+      break;
+    }
+    case OpKind::CrossEntropy: {
+      Tensor logits = ar.make(dt, {a, b}), losses = ar.make(DType::F32, {a}),
+             tg = ar.make(DType::I32, {a});
+      if (dt == DType::F64) losses = ar.make(DType::F64, {a});
+      run = [=, &be] { be.cross_entropy(logits, losses, tg, 1.0); };
+      break;
+    }
+    case OpKind::AdamW: {
+      const DType mt = dt == DType::F64 ? DType::F64 : DType::F32;
+      Tensor p = ar.make(mt, {a}), g = ar.make(mt, {a}), m = ar.make(mt, {a}), v = ar.make(mt, {a});
+      AdamWHyper h;
+      h.lr = 1e-4;
+      if (b) {
+        Tensor low = ar.make(DType::BF16, {a});
+        run = [=, &be] { be.adamw_cast(p, g, m, v, low, h); };
+      } else {
+        run = [=, &be] { be.adamw(p, g, m, v, h); };
+      }
+      break;
+    }
+    case OpKind::SumSquares: {
+      Tensor g = ar.make(dt == DType::F64 ? DType::F64 : DType::F32, {a});
+      run = [=, &be] { (void)be.sum_squares(g); };
+      break;
+    }
+    case OpKind::BatchedGemm:
+    case OpKind::Softmax:
+    case OpKind::SoftmaxBackward:
+    case OpKind::Dropout:
+      throw std::invalid_argument("profile: " + to_string(op) +
+                                  " (unfused attention, dropout) has no backend op to time; "
+                                  "simulate it with the device model (--costs model)");
+  }
+  return run;
+}
 
 }  // namespace
 
@@ -101,131 +229,7 @@ double ProfileCosts::measure(const Op& op, int bytes) {
   // fp32 for bf16 activations, else the activations' dtype (f64 runs too).
   const DType st = dt == DType::BF16 ? DType::F32 : dt;
   Arena ar{be_, {}};
-  const int64_t a = op.a, b = op.b, c = op.c, d = op.d, e = op.e;
-  // One set of the op's tensors and the call on them.
-  auto make_run = [&]() -> std::function<void()> {
-  std::function<void()> run;
-  switch (op.kind) {
-    case OpKind::GemmForward: {
-      Tensor y = ar.make(dt, {a, b}), x = ar.make(dt, {a, c}), w = ar.make(dt, {b, c});
-      run = [=, this] { be_.linear_forward(y, x, w); };
-      break;
-    }
-    case OpKind::GemmInputGrad: {  // dx(a, b) = dy(a, c) w(c, b)
-      Tensor dx = ar.make(dt, {a, b}), dy = ar.make(dt, {a, c}), w = ar.make(dt, {c, b}),
-             x = ar.make(dt, {a, b});
-      run = [=, this] { be_.linear_backward(dx, Tensor(), dy, x, w, false); };
-      break;
-    }
-    case OpKind::GemmWeightGrad: {  // dw(a, b) += dy(c, a)^T x(c, b)
-      Tensor dw = ar.make(DType::F32, {a, b}), dy = ar.make(dt, {c, a}), x = ar.make(dt, {c, b}),
-             w = ar.make(dt, {a, b});
-      if (dt != DType::F32) dw = ar.make(dt, {a, b});
-      run = [=, this] { be_.linear_backward(Tensor(), dw, dy, x, w, false); };
-      break;
-    }
-    case OpKind::AttentionForward:
-    case OpKind::AttentionBackward: {
-      AttentionShape s{a, b, c, d, e};
-      Tensor q = ar.make(dt, {a, b, c, e}), k = ar.make(dt, {a, b, d, e}),
-             v = ar.make(dt, {a, b, d, e}), out = ar.make(dt, {a, b, c, e});
-      Tensor saved = ar.make(st, {std::max<int64_t>(1, be_.attention_saved_elems(s))});
-      be_.attention_forward(out, saved, q, k, v, s);
-      if (op.kind == OpKind::AttentionForward) {
-        run = [=, this] { be_.attention_forward(out, saved, q, k, v, s); };
-      } else {
-        Tensor dq = ar.make(dt, {a, b, c, e}), dk = ar.make(dt, {a, b, d, e}),
-               dv = ar.make(dt, {a, b, d, e}), dout = ar.make(dt, {a, b, c, e});
-        run = [=, this] { be_.attention_backward(dq, dk, dv, dout, q, k, v, out, saved, s); };
-      }
-      break;
-    }
-    case OpKind::RmsNormForward:
-    case OpKind::RmsNormBackward: {
-      Tensor x = ar.make(dt, {a, b}), out = ar.make(dt, {a, b}), w = ar.make(dt, {b}),
-             rstd = ar.make(st, {a});
-      if (op.kind == OpKind::RmsNormForward) {
-        run = [=, this] { be_.rmsnorm_forward(out, rstd, x, w, 1e-5); };
-      } else {
-        be_.rmsnorm_forward(out, rstd, x, w, 1e-5);
-        Tensor dx = ar.make(dt, {a, b}), dw = ar.make(DType::F32, {b});
-        if (dt != DType::F32) dw = ar.make(dt, {b});
-        run = [=, this] { be_.rmsnorm_backward(dx, dw, out, x, w, rstd); };
-      }
-      break;
-    }
-    case OpKind::RopeForward:
-    case OpKind::RopeBackward: {
-      Tensor x = ar.make(dt, {a, b, c});
-      Tensor cs = ar.make(st, {a, c / 2}), sn = ar.make(st, {a, c / 2});
-      if (op.kind == OpKind::RopeForward)
-        run = [=, this] { be_.rope_forward(x, cs, sn, a); };
-      else
-        run = [=, this] { be_.rope_backward(x, cs, sn, a); };
-      break;
-    }
-    case OpKind::SwigluForward:
-    case OpKind::SwigluBackward: {
-      Tensor g = ar.make(dt, {a, b}), u = ar.make(dt, {a, b}), h = ar.make(dt, {a, b});
-      if (op.kind == OpKind::SwigluForward) {
-        run = [=, this] { be_.swiglu_forward(h, g, u); };
-      } else {
-        Tensor dg = ar.make(dt, {a, b}), du = ar.make(dt, {a, b});
-        run = [=, this] { be_.swiglu_backward(dg, du, h, g, u); };
-      }
-      break;
-    }
-    case OpKind::Add: {
-      Tensor y = ar.make(dt, {a}), x = ar.make(dt, {a});
-      run = [=, this] { be_.add_inplace(y, x); };
-      break;
-    }
-    case OpKind::EmbeddingForward:
-    case OpKind::EmbeddingBackward: {
-      Tensor out = ar.make(dt, {a, b}), table = ar.make(dt, {c, b}), tok = ar.make(DType::I32, {a});
-      if (op.kind == OpKind::EmbeddingForward) {
-        run = [=, this] { be_.embedding_forward(out, table, tok, 0); };
-      } else {
-        Tensor dt32 = ar.make(st, {c, b});
-        run = [=, this] { be_.embedding_backward(dt32, out, tok, 0); };
-      }
-      break;
-    }
-    case OpKind::CrossEntropy: {
-      Tensor logits = ar.make(dt, {a, b}), losses = ar.make(DType::F32, {a}),
-             tg = ar.make(DType::I32, {a});
-      if (dt == DType::F64) losses = ar.make(DType::F64, {a});
-      run = [=, this] { be_.cross_entropy(logits, losses, tg, 1.0); };
-      break;
-    }
-    case OpKind::AdamW: {
-      const DType mt = dt == DType::F64 ? DType::F64 : DType::F32;
-      Tensor p = ar.make(mt, {a}), g = ar.make(mt, {a}), m = ar.make(mt, {a}), v = ar.make(mt, {a});
-      AdamWHyper h;
-      h.lr = 1e-4;
-      if (b) {
-        Tensor low = ar.make(DType::BF16, {a});
-        run = [=, this] { be_.adamw_cast(p, g, m, v, low, h); };
-      } else {
-        run = [=, this] { be_.adamw(p, g, m, v, h); };
-      }
-      break;
-    }
-    case OpKind::SumSquares: {
-      Tensor g = ar.make(dt == DType::F64 ? DType::F64 : DType::F32, {a});
-      run = [=, this] { (void)be_.sum_squares(g); };
-      break;
-    }
-    case OpKind::BatchedGemm:
-    case OpKind::Softmax:
-    case OpKind::SoftmaxBackward:
-    case OpKind::Dropout:
-      throw std::invalid_argument("profile: " + to_string(op) +
-                                  " (unfused attention, dropout) has no backend op to time; "
-                                  "simulate it with the device model (--costs model)");
-  }
-  return run;
-  };
+  auto make_run = [&] { return make_op_run(be_, ar, op, dt, st); };
   // As in a training step, an op's operands are partly not in the caches
   // (the step touches more than a rank's share of them): the calls cycle
   // through enough copies of the operands to exceed cold_bytes_.

@@ -110,7 +110,7 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
   // The schedule. The cost-driven generators (greedy, zb-v) plan on this
   // simulation's stage times (each pipeline rank's compute at its speed) and
   // link times, as the run's re-plan does from its measured ones after its
-  // first steps (parallel/control/hook.cpp); the others are fixed orders.
+  // first steps (parallel/control/schedule_controller.cpp, greedy-replan); the others are fixed orders.
   pp::Schedule sched;
   if (P > 1 && (cfg.parallel.schedule == "greedy" || cfg.parallel.schedule == "zb-v")) {
     const int V = int(lay.virtual_stages);

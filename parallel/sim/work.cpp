@@ -312,100 +312,104 @@ int compute_bytes(const RunConfig& cfg) {
   return 4;
 }
 
-RankWork rank_work(const RunConfig& cfg, int pp_rank, const WorkOptions& opts) {
+namespace {
+
+using GradUnit = std::pair<int64_t, std::pair<double, double>>;  // (layer, (params, expert params))
+
+// The work of model stage s (its layers, with the embedding on the first and
+// the head on the last of S stages): forward, the input-gradient half of the
+// backward (split schedules), the fused backward (the others) and the
+// weight-gradient half.
+StageWork stage_work(const RunConfig& cfg, const Dims& d, const std::vector<int64_t>& counts, int s, int S) {
   const ModelConfig& m = cfg.model;
-  const ParallelConfig& par = cfg.parallel;
-  Dims d = dims_of(cfg);
-  d.unfused = opts.unfused_attention;
-  d.dropout = opts.dropout;
-  plan_experts(d, m, par, opts);
-  const std::vector<int64_t> counts = stage_layer_counts(cfg);
-  const int pp = int(par.pp), v = int(par.virtual_stages), S = pp * v;
   const std::string rc = cfg.train.recompute;
-  RankWork rw;
-  constexpr double kGradBytes = 4;  // gradients and their reduction are fp32
-  std::vector<std::pair<int64_t, std::pair<double, double>>> units;  // (layer, params), completion order
-  const StagePlacement place = placement_of_schedule(par.schedule);
-  for (int c = 0; c < v; ++c) {
-    const int s = stage_of(place, pp, pp_rank, c);
-    StageWork st;
-    st.first_layer = std::accumulate(counts.begin(), counts.begin() + s, int64_t{0});
-    st.end_layer = st.first_layer + counts[size_t(s)];
-    st.embedding = s == 0;
-    st.head = s == S - 1;
-    st.activation_bytes = double(d.Ns) * d.C * d.b;
-    // Forward.
-    if (st.embedding) {
-      Piece p;
-      p.ops.push_back({OpKind::EmbeddingForward, d.N, d.C, d.Vl});
-      if (d.tp > 1)
-        p.comms.push_back({d.sp ? Collective::ReduceScatter : Collective::AllReduce, Group::tp,
-                           double(d.N) * d.C * d.b});
-      st.forward.pieces.push_back(std::move(p));
-    }
-    for (int64_t l = st.first_layer; l < st.end_layer; ++l) layer_forward(st.forward, m, l, d);
+  StageWork st;
+  st.first_layer = std::accumulate(counts.begin(), counts.begin() + s, int64_t{0});
+  st.end_layer = st.first_layer + counts[size_t(s)];
+  st.embedding = s == 0;
+  st.head = s == S - 1;
+  st.activation_bytes = double(d.Ns) * d.C * d.b;
+  // Forward.
+  if (st.embedding) {
+    Piece p;
+    p.ops.push_back({OpKind::EmbeddingForward, d.N, d.C, d.Vl});
+    if (d.tp > 1)
+      p.comms.push_back({d.sp ? Collective::ReduceScatter : Collective::AllReduce, Group::tp,
+                         double(d.N) * d.C * d.b});
+    st.forward.pieces.push_back(std::move(p));
+  }
+  for (int64_t l = st.first_layer; l < st.end_layer; ++l) layer_forward(st.forward, m, l, d);
+  if (st.head) {
+    Piece p;
+    p.ops.push_back({OpKind::RmsNormForward, d.Ns, d.C});
+    gather_act(p, d);
+    p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.Vl, d.C));
+    p.ops.push_back({OpKind::CrossEntropy, d.N, d.Vl});
+    if (d.tp > 1) p.comms.push_back({Collective::AllGather, Group::tp, double(d.N) * 2 * 4 * d.tp});
+    st.forward.pieces.push_back(std::move(p));
+  }
+  // The backward: B alone (split schedules), B and W fused (the others).
+  auto backward = [&](bool fused) {
+    PassWork w;
     if (st.head) {
       Piece p;
-      p.ops.push_back({OpKind::RmsNormForward, d.Ns, d.C});
-      gather_act(p, d);
-      p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.Vl, d.C));
-      p.ops.push_back({OpKind::CrossEntropy, d.N, d.Vl});
-      if (d.tp > 1) p.comms.push_back({Collective::AllGather, Group::tp, double(d.N) * 2 * 4 * d.tp});
-      st.forward.pieces.push_back(std::move(p));
+      p.ops.push_back(gemm(OpKind::GemmInputGrad, d.N, d.C, d.Vl));
+      if (fused) p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Vl, d.C, d.N));
+      p.ops.push_back({OpKind::RmsNormBackward, d.Ns, d.C});
+      reduce_act(p, d);
+      if (fused) p.grads_done_layer = m.n_layers;
+      w.pieces.push_back(std::move(p));
     }
-    // The backward: B alone (split schedules), B and W fused (the others).
-    auto backward = [&](bool fused) {
-      PassWork w;
-      if (st.head) {
-        Piece p;
-        p.ops.push_back(gemm(OpKind::GemmInputGrad, d.N, d.C, d.Vl));
-        if (fused) p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Vl, d.C, d.N));
-        p.ops.push_back({OpKind::RmsNormBackward, d.Ns, d.C});
-        reduce_act(p, d);
-        if (fused) p.grads_done_layer = m.n_layers;
-        w.pieces.push_back(std::move(p));
-      }
-      for (int64_t l = st.end_layer - 1; l >= st.first_layer; --l) {
-        const int64_t within = l - st.first_layer;
-        const bool full_rc = rc == "full" && (cfg.train.recompute_layers == 0 ||
-                                              within < cfg.train.recompute_layers);
-        layer_input_grad(w, m, l, d, full_rc, rc == "selective", fused);
-      }
-      if (st.embedding && fused) {
-        Piece p;
-        gather_act(p, d);
-        p.ops.push_back({OpKind::EmbeddingBackward, d.N, d.C, d.Vl});
-        p.grads_done_layer = -2;
-        w.pieces.push_back(std::move(p));
-      }
-      return w;
-    };
-    st.input_grad = backward(false);
-    st.backward = backward(true);
-    if (st.head) {
-      Piece p;
-      p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Vl, d.C, d.N));
-      p.grads_done_layer = m.n_layers;
-      st.weight_grad.pieces.push_back(std::move(p));
+    for (int64_t l = st.end_layer - 1; l >= st.first_layer; --l) {
+      const int64_t within = l - st.first_layer;
+      const bool full_rc = rc == "full" && (cfg.train.recompute_layers == 0 ||
+                                            within < cfg.train.recompute_layers);
+      layer_input_grad(w, m, l, d, full_rc, rc == "selective", fused);
     }
-    for (int64_t l = st.end_layer - 1; l >= st.first_layer; --l)
-      layer_weight_grad(st.weight_grad, m, l, d);
-    if (st.embedding) {
+    if (st.embedding && fused) {
       Piece p;
       gather_act(p, d);
       p.ops.push_back({OpKind::EmbeddingBackward, d.N, d.C, d.Vl});
       p.grads_done_layer = -2;
-      st.weight_grad.pieces.push_back(std::move(p));
+      w.pieces.push_back(std::move(p));
     }
-    // Gradient units of this chunk, in completion order.
-    if (st.head)
-      units.push_back({m.n_layers, {double(d.Vl) * d.C * (m.tie_embeddings && st.embedding ? 0 : 1) + d.C, 0}});
-    for (int64_t l = st.end_layer - 1; l >= st.first_layer; --l) units.push_back({l, layer_params(m, l, d)});
-    if (st.embedding) units.push_back({-2, {double(d.Vl) * d.C, 0}});
-    rw.chunks.push_back(std::move(st));
+    return w;
+  };
+  st.input_grad = backward(false);
+  st.backward = backward(true);
+  if (st.head) {
+    Piece p;
+    p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.Vl, d.C, d.N));
+    p.grads_done_layer = m.n_layers;
+    st.weight_grad.pieces.push_back(std::move(p));
   }
-  // Buckets: whole units of one chunk, closed at bucket_mb (grad_buckets.hpp).
-  for (const auto& u : units) rw.param_elems += u.second.first + u.second.second;
+  for (int64_t l = st.end_layer - 1; l >= st.first_layer; --l)
+    layer_weight_grad(st.weight_grad, m, l, d);
+  if (st.embedding) {
+    Piece p;
+    gather_act(p, d);
+    p.ops.push_back({OpKind::EmbeddingBackward, d.N, d.C, d.Vl});
+    p.grads_done_layer = -2;
+    st.weight_grad.pieces.push_back(std::move(p));
+  }
+  return st;
+}
+
+// The gradient units of a stage, in completion order (head, layers from the
+// last, embedding).
+void add_grad_units(std::vector<GradUnit>& units, const StageWork& st, const ModelConfig& m, const Dims& d) {
+  if (st.head)
+    units.push_back({m.n_layers, {double(d.Vl) * d.C * (m.tie_embeddings && st.embedding ? 0 : 1) + d.C, 0}});
+  for (int64_t l = st.end_layer - 1; l >= st.first_layer; --l) units.push_back({l, layer_params(m, l, d)});
+  if (st.embedding) units.push_back({-2, {double(d.Vl) * d.C, 0}});
+}
+
+// Buckets: whole units of one chunk, closed at bucket_mb (grad_buckets.hpp);
+// ZeRO-1 one reduce-scatter of every unit; expert weights over edp.
+void plan_buckets(RankWork& rw, const std::vector<GradUnit>& units, const ParallelConfig& par,
+                  const ModelConfig& m) {
+  constexpr double kGradBytes = 4;  // gradients and their reduction are fp32
+  const int v = int(par.virtual_stages);
   const bool zero = par.zero == 1 && par.dp > 1;
   const double bucket_bytes = std::max(1024.0 * 4, par.bucket_mb * 1024 * 1024);
   if (zero) {
@@ -452,7 +456,11 @@ RankWork rank_work(const RunConfig& cfg, int pp_rank, const WorkOptions& opts) {
         rw.buckets.push_back(b);
       }
   }
-  // The update.
+}
+
+// The update and the step's small collectives around it, in the executor's order.
+void add_update(RankWork& rw, const ParallelConfig& par, const Dims& d) {
+  const bool zero = par.zero == 1 && par.dp > 1;
   const double state = zero ? rw.param_elems / double(par.dp) : rw.param_elems;
   rw.optimizer.push_back({OpKind::SumSquares, int64_t(state)});
   rw.optimizer.push_back({OpKind::AdamW, int64_t(state), d.b == 2 ? 1 : 0});
@@ -472,6 +480,30 @@ RankWork rank_work(const RunConfig& cfg, int pp_rank, const WorkOptions& opts) {
   small(Group::tp, par.tp, CommOp::AfterUpdate);        // the stop-signal agreement
   small(Group::dp, par.dp, CommOp::AfterUpdate);
   small(Group::pp, par.pp, CommOp::AfterUpdate);
+}
+
+}  // namespace
+
+RankWork rank_work(const RunConfig& cfg, int pp_rank, const WorkOptions& opts) {
+  const ModelConfig& m = cfg.model;
+  const ParallelConfig& par = cfg.parallel;
+  Dims d = dims_of(cfg);
+  d.unfused = opts.unfused_attention;
+  d.dropout = opts.dropout;
+  plan_experts(d, m, par, opts);
+  const std::vector<int64_t> counts = stage_layer_counts(cfg);
+  const int pp = int(par.pp), v = int(par.virtual_stages), S = pp * v;
+  RankWork rw;
+  std::vector<GradUnit> units;  // completion order
+  const StagePlacement place = placement_of_schedule(par.schedule);
+  for (int c = 0; c < v; ++c) {
+    StageWork st = stage_work(cfg, d, counts, stage_of(place, pp, pp_rank, c), S);
+    add_grad_units(units, st, m, d);
+    rw.chunks.push_back(std::move(st));
+  }
+  for (const auto& u : units) rw.param_elems += u.second.first + u.second.second;
+  plan_buckets(rw, units, par, m);
+  add_update(rw, par, d);
   return rw;
 }
 

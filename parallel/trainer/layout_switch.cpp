@@ -200,6 +200,136 @@ bool Trainer::apply_layout_request(const std::vector<std::string>& overrides, co
   return true;
 }
 
+namespace {
+
+// This rank's state in the running layout as host copies, with room to
+// spare: these pages become the new layout's receive buffers (touched
+// memory; fresh pages cost a fault each, the larger part of a switch on a
+// host whose memory is slow to fault in).
+RankState copy_out_state(Engine& e) {
+  RankState src;
+  ShardLayout lay = e.shard_layout();
+  CheckpointState st;
+  const size_t room = size_t(e.model().flat_size()) * 5 / 4;
+  for (auto* v : {&st.params, &st.exp_avg, &st.exp_avg_sq}) v->reserve(room);
+  e.fill_checkpoint(st, lay);
+  src.shards = {lay, std::move(st.specs)};
+  src.params = std::move(st.params);
+  src.exp_avg = std::move(st.exp_avg);
+  src.exp_avg_sq = std::move(st.exp_avg_sq);
+  return src;
+}
+
+// Receive buffers for cross-memory reads, touched now: on the hosts
+// measured, pages faulted in after the old engine's memory is freed cost
+// about 5x more (docs/reliability.md). With room to spare for a new layout
+// that holds more; the window path reuses src's pages instead.
+RankState touched_receive_buffers(const SharedSources& shared, const RankState& src) {
+  RankState recv;
+  if (shared.mode() != SharedSources::Mode::CrossMemory) return recv;
+  const std::vector<float>* from[3] = {&src.params, &src.exp_avg, &src.exp_avg_sq};
+  std::vector<float>* to[3] = {&recv.params, &recv.exp_avg, &recv.exp_avg_sq};
+  for (int g = 0; g < 3; ++g) {
+    to[g]->reserve(from[g]->capacity());
+    to[g]->resize(from[g]->size());
+  }
+  return recv;
+}
+
+// The new rank's place and zeroed buffers in the new engine's layout, on
+// touched pages: the host copy's when the sources are read from the window,
+// those made ready for cross-memory reads otherwise (none for messages).
+RankState new_rank_state(Engine& e, SharedSources::Mode mode, RankState& src, RankState& recv) {
+  RankState dst;
+  ShardLayout lay = e.shard_layout();
+  if (e.optimizer().sharded()) {
+    lay.state_lo = e.optimizer().adamw().lo();
+    lay.state_hi = e.optimizer().adamw().hi();
+  }
+  dst.shards = {lay, e.model().table()};
+  const auto n = size_t(e.model().flat_size());
+  const size_t m = lay.state_hi >= 0 ? size_t(lay.state_hi - lay.state_lo) : n;
+  RankState& pages = mode == SharedSources::Mode::Window ? src : recv;
+  dst.params = std::move(pages.params);
+  dst.exp_avg = std::move(pages.exp_avg);
+  dst.exp_avg_sq = std::move(pages.exp_avg_sq);
+  dst.params.assign(n, 0.0f);
+  dst.exp_avg.assign(m, 0.0f);
+  dst.exp_avg_sq.assign(m, 0.0f);
+  return dst;
+}
+
+// Restores the new engine from the resharded state (a ZeRO-1 chunk is
+// placed in the whole buffer, as a loaded checkpoint's).
+void restore_resharded(Engine& e, RankState& dst) {
+  CheckpointState st;
+  st.params = std::move(dst.params);
+  if (dst.shards.lay.state_hi >= 0) {
+    const auto n = size_t(e.model().flat_size());
+    st.exp_avg.assign(n, 0.0f);
+    st.exp_avg_sq.assign(n, 0.0f);
+    std::copy(dst.exp_avg.begin(), dst.exp_avg.end(), st.exp_avg.begin() + dst.shards.lay.state_lo);
+    std::copy(dst.exp_avg_sq.begin(), dst.exp_avg_sq.end(),
+              st.exp_avg_sq.begin() + dst.shards.lay.state_lo);
+  } else {
+    st.exp_avg = std::move(dst.exp_avg);
+    st.exp_avg_sq = std::move(dst.exp_avg_sq);
+  }
+  e.restore_checkpoint(st);
+}
+
+// The slowest rank's seconds per phase: a rank waits in the next collective
+// for the others, so rank 0's phases alone can mislead. Collective over world.
+nlohmann::json slowest_phases(Comm& world, const nlohmann::json& phases) {
+  nlohmann::json phases_max = nlohmann::json::object();
+  std::vector<double> v;
+  for (auto it = phases.begin(); it != phases.end(); ++it) v.push_back(it.value().get<double>());
+  world.all_reduce(Tensor(v.data(), DType::F64, {int64_t(v.size())}), ReduceOp::Max);
+  size_t i = 0;
+  for (auto it = phases.begin(); it != phases.end(); ++it) phases_max[it.key()] = v[i++];
+  return phases_max;
+}
+
+}  // namespace
+
+bool Trainer::switch_keeps_lead(const RunConfig& next, const Placement& placement, Comm& world) {
+  int32_t moved[1] = {lead() != (placement.layout_rank(mpi_world_rank()) == 0) ? 1 : 0};
+  world.all_reduce(Tensor(moved, DType::I32, {1}), ReduceOp::Max);
+  if (!moved[0]) return true;
+  if (lead())
+    std::fprintf(stderr, "switch at step %ld refused: the placement of %s makes another process "
+                         "world rank 0 (the rank that logs); save and resume instead\n",
+                 long(step_), describe(layout_of(next)).c_str());
+  return false;
+}
+
+ParallelContext Trainer::rebuild_groups(const RunConfig& next, const Placement& placement,
+                                        const std::string& plan_json) {
+  // Tear down the running engine and its wrappers, then build the new groups
+  // (collective over MPI_COMM_WORLD) and the new engine on them.
+  controllers_.clear();
+  engine_.reset();
+  device_comms_.clear();
+  emulated_comms_.clear();
+  std::unique_ptr<ProcessGroups> prev = std::move(switched_groups_);
+  cfg_ = next;
+  switched_groups_ = std::make_unique<ProcessGroups>(make_process_groups(layout_of(cfg_), placement));
+  prev.reset();
+  ProcessGroups& pg = *switched_groups_;
+  ParallelContext ctx = context_of(pg);
+  ctx.plan_json = plan_json;
+  if (!cfg_.emulate.cluster.empty()) {
+    // The rank's clock goes on across the switch (a virtual clock keeps its time).
+    std::optional<emulate::Clock> clock;
+    if (emulation_ && emulation_->state) clock = std::move(emulation_->state->clock);
+    own_emulation_ = emulate::setup_emulation(cfg_, pg.world.get(), pg.world->rank(), &pg.placement);
+    if (clock && clock->kind() == own_emulation_->clock)
+      own_emulation_->state->clock = std::move(*clock);
+    ctx.emulation = own_emulation_.get();
+  }
+  return ctx;
+}
+
 void Trainer::switch_layout(const RunConfig& next, const std::string& why, MetricsLog* log) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
@@ -213,43 +343,18 @@ void Trainer::switch_layout(const RunConfig& next, const std::string& why, Metri
     phases[name] = std::chrono::duration<double>(now - t_phase).count();
     t_phase = now;
   };
-  const std::string from_desc = describe(layout_of(cfg_));
+  SwitchRecord rec;
+  rec.why = why;
+  rec.from = describe(layout_of(cfg_));
   const ParallelContext old = engine_->groups();
-  const int launcher_rank = mpi_world_rank();
-
   // The new layout's rank placement; world rank 0 (which logs and commits
   // checkpoints) must stay on the same process.
   const Placement placement = place_launch(next);
-  const int new_rank = placement.layout_rank(launcher_rank);
-  {
-    int32_t moved[1] = {lead() != (new_rank == 0) ? 1 : 0};
-    old.world->all_reduce(Tensor(moved, DType::I32, {1}), ReduceOp::Max);
-    if (moved[0]) {
-      if (lead())
-        std::fprintf(stderr, "switch at step %ld refused: the placement of %s makes another process "
-                             "world rank 0 (the rank that logs); save and resume instead\n",
-                     long(step_), describe(layout_of(next)).c_str());
-      return;
-    }
-  }
+  if (!switch_keeps_lead(next, placement, *old.world)) return;
 
-  // This rank's state in the running layout (host copies), and what is not
-  // sharded: the MoE selection biases (summed over the pipeline, as a save does).
-  RankState src;
-  {
-    ShardLayout lay = engine_->shard_layout();
-    CheckpointState st;
-    // Room to spare: these pages become the new layout's receive buffers
-    // below (touched memory; fresh pages cost a fault each, the larger part
-    // of a switch on a host whose memory is slow to fault in).
-    const size_t room = size_t(engine_->model().flat_size()) * 5 / 4;
-    for (auto* v : {&st.params, &st.exp_avg, &st.exp_avg_sq}) v->reserve(room);
-    engine_->fill_checkpoint(st, lay);
-    src.shards = {lay, std::move(st.specs)};
-    src.params = std::move(st.params);
-    src.exp_avg = std::move(st.exp_avg);
-    src.exp_avg_sq = std::move(st.exp_avg_sq);
-  }
+  // This rank's state in the running layout, and what is not sharded: the
+  // MoE selection biases (summed over the pipeline, as a save does).
+  RankState src = copy_out_state(*engine_);
   const int src_rank = world_rank_;
   std::vector<double> bias;
   const bool moe_bias = engine_->model().has_moe() && cfg_.model.moe_aux_free;
@@ -261,74 +366,20 @@ void Trainer::switch_layout(const RunConfig& next, const std::string& why, Metri
   // state (cross-memory from the host copy, or from the node's shared memory).
   phase("copy_out");
   std::optional<SharedSources> shared(std::in_place, src);
-  // Receive buffers for cross-memory reads, touched now: on the hosts
-  // measured, pages faulted in after the old engine's memory is freed cost
-  // about 5x more (docs/reliability.md). With room to spare for a new
-  // layout that holds more; the window path reuses src's pages instead.
-  RankState recv;
-  if (shared->mode() == SharedSources::Mode::CrossMemory) {
-    const std::vector<float>* from[3] = {&src.params, &src.exp_avg, &src.exp_avg_sq};
-    std::vector<float>* to[3] = {&recv.params, &recv.exp_avg, &recv.exp_avg_sq};
-    for (int g = 0; g < 3; ++g) {
-      to[g]->reserve(from[g]->capacity());
-      to[g]->resize(from[g]->size());
-    }
-  }
-  const bool had_ef = !engine_->reducer().compression_state().empty();
-  const std::string schedule_before =
-      engine_->pipelined() ? engine_->pipeline()->schedule().name : std::string();
+  RankState recv = touched_receive_buffers(*shared, src);
+  rec.had_ef = !engine_->reducer().compression_state().empty();
+  rec.schedule_before = engine_->pipelined() ? engine_->pipeline()->schedule().name : std::string();
   phase("window");
 
-  // Tear down the running engine and its wrappers, then build the new groups
-  // (collective over MPI_COMM_WORLD) and the new engine on them.
-  controllers_.clear();
-  engine_.reset();
-  device_comms_.clear();
-  emulated_comms_.clear();
-  std::unique_ptr<ProcessGroups> prev = std::move(switched_groups_);
-  cfg_ = next;
-  switched_groups_ = std::make_unique<ProcessGroups>(make_process_groups(layout_of(cfg_), placement));
-  prev.reset();
-  ProcessGroups& pg = *switched_groups_;
-  ParallelContext ctx = context_of(pg);
-  ctx.plan_json = old.plan_json;
-  if (!cfg_.emulate.cluster.empty()) {
-    // The rank's clock goes on across the switch (a virtual clock keeps its time).
-    std::optional<emulate::Clock> clock;
-    if (emulation_ && emulation_->state) clock = std::move(emulation_->state->clock);
-    own_emulation_ = emulate::setup_emulation(cfg_, pg.world.get(), pg.world->rank(), &pg.placement);
-    if (clock && clock->kind() == own_emulation_->clock)
-      own_emulation_->state->clock = std::move(*clock);
-    ctx.emulation = own_emulation_.get();
-  }
+  const ParallelContext ctx = rebuild_groups(next, placement, old.plan_json);
   phase("groups");
   wire(ctx, /*init=*/false);  // the state arrives below
   phase("engine");
 
   // The new rank's place and buffers, filled from every rank's old state.
-  RankState dst;
-  {
-    ShardLayout lay = engine_->shard_layout();
-    if (engine_->optimizer().sharded()) {
-      lay.state_lo = engine_->optimizer().adamw().lo();
-      lay.state_hi = engine_->optimizer().adamw().hi();
-    }
-    dst.shards = {lay, engine_->model().table()};
-    const auto n = size_t(engine_->model().flat_size());
-    const size_t m = lay.state_hi >= 0 ? size_t(lay.state_hi - lay.state_lo) : n;
-    // Touched pages: the host copy's when the sources are read from the
-    // window, those made ready above for cross-memory reads (none for messages).
-    RankState& pages = shared->mode() == SharedSources::Mode::Window ? src : recv;
-    dst.params = std::move(pages.params);
-    dst.exp_avg = std::move(pages.exp_avg);
-    dst.exp_avg_sq = std::move(pages.exp_avg_sq);
-    dst.params.assign(n, 0.0f);
-    dst.exp_avg.assign(m, 0.0f);
-    dst.exp_avg_sq.assign(m, 0.0f);
-  }
+  RankState dst = new_rank_state(*engine_, shared->mode(), src, recv);
   phase("buffers");
-  ReshardStats rs;
-  const std::string shared_how = shared->describe();
+  rec.exchange = shared->describe();
   {
     std::unique_ptr<MpiComm> everyone = MpiComm::world("switch");
     const std::vector<std::string> places = everyone->all_gather_strings(
@@ -336,74 +387,54 @@ void Trainer::switch_layout(const RunConfig& next, const std::string& why, Metri
     phase("plan");
     const StateView mine =
         shared->shared() ? shared->views()[size_t(everyone->rank())] : view_of(src);
-    rs = reshard(src.shards, mine, src_rank, dst, world_rank_, *everyone, places, shared->views());
+    rec.rs = reshard(src.shards, mine, src_rank, dst, world_rank_, *everyone, places, shared->views());
     shared.reset();  // collective: every process of the node has read its pieces
   }
   phase("exchange");
-  phases["exchange_plan"] = rs.plan_s;
-  phases["exchange_pack"] = rs.pack_s;
-  phases["exchange_transfer"] = rs.transfer_s;
-  phases["exchange_unpack"] = rs.unpack_s;
+  phases["exchange_plan"] = rec.rs.plan_s;
+  phases["exchange_pack"] = rec.rs.pack_s;
+  phases["exchange_transfer"] = rec.rs.transfer_s;
+  phases["exchange_unpack"] = rec.rs.unpack_s;
   src = {};
-  CheckpointState st;
-  st.params = std::move(dst.params);
-  if (dst.shards.lay.state_hi >= 0) {  // a ZeRO-1 chunk: placed in the whole buffer for load_state
-    const auto n = size_t(engine_->model().flat_size());
-    st.exp_avg.assign(n, 0.0f);
-    st.exp_avg_sq.assign(n, 0.0f);
-    std::copy(dst.exp_avg.begin(), dst.exp_avg.end(), st.exp_avg.begin() + dst.shards.lay.state_lo);
-    std::copy(dst.exp_avg_sq.begin(), dst.exp_avg_sq.end(),
-              st.exp_avg_sq.begin() + dst.shards.lay.state_lo);
-  } else {
-    st.exp_avg = std::move(dst.exp_avg);
-    st.exp_avg_sq = std::move(dst.exp_avg_sq);
-  }
-  engine_->restore_checkpoint(st);
+  restore_resharded(*engine_, dst);
   if (moe_bias) engine_->model().set_moe_bias_table(bias);
   phase("restore");
+  rec.phases = phases;
+  report_switch(rec, t0, log);
+}
 
-  double moved[3] = {double(rs.sent_bytes), double(rs.local_bytes), double(rs.shared_bytes)};
+void Trainer::report_switch(const SwitchRecord& rec, std::chrono::steady_clock::time_point t0, MetricsLog* log) {
+  double moved[3] = {double(rec.rs.sent_bytes), double(rec.rs.local_bytes), double(rec.rs.shared_bytes)};
   engine_->groups().world->all_reduce(Tensor(moved, DType::F64, {3}));
-  // The slowest rank's seconds per phase: a rank waits in the next
-  // collective for the others, so rank 0's phases alone can mislead.
-  nlohmann::json phases_max = nlohmann::json::object();
-  {
-    std::vector<double> v;
-    for (auto it = phases.begin(); it != phases.end(); ++it) v.push_back(it.value().get<double>());
-    engine_->groups().world->all_reduce(Tensor(v.data(), DType::F64, {int64_t(v.size())}),
-                                        ReduceOp::Max);
-    size_t i = 0;
-    for (auto it = phases.begin(); it != phases.end(); ++it) phases_max[it.key()] = v[i++];
-  }
-  const double seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  const nlohmann::json phases_max = slowest_phases(*engine_->groups().world, rec.phases);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ++switches_;
-  const std::string table = rank_table(pg, dev_.device_id, dev_.transport, emulation_);
-  if (lead()) {
-    std::printf("switch at step %ld: %s -> %s in %.3f s (%.1f MB between ranks, %.1f MB within; "
-                "%.1f MB of it read without a message, by %s; request: %s)\n%s",
-                long(step_), from_desc.c_str(), describe(layout_of(cfg_)).c_str(), seconds,
-                moved[0] / 1e6, moved[1] / 1e6, moved[2] / 1e6, shared_how.c_str(), why.c_str(),
-                table.c_str());
-    if (had_ef)
-      std::fprintf(stderr, "note: switch at step %ld: gradient compression's error-feedback state is "
-                           "dropped (the layout changed); it restarts at zero\n", long(step_));
-    std::fflush(stdout);
-    if (log)
-      log->log_record({{"event", "switch"},
-                       {"step", step_},
-                       {"request", why},
-                       {"from", from_desc},
-                       {"to", describe(layout_of(cfg_))},
-                       {"schedule_before", schedule_before},
-                       {"seconds", seconds},
-                       {"moved_bytes", moved[0]},
-                       {"local_bytes", moved[1]},
-                       {"shared_bytes", moved[2]},
-                       {"exchange", shared_how},
-                       {"moves", rs.moves},
-                       {"phases_s", phases},
-                       {"phases_max_s", phases_max}});
-  }
+  const std::string table = rank_table(*switched_groups_, dev_.device_id, dev_.transport, emulation_);
+  if (!lead()) return;
+  std::printf("switch at step %ld: %s -> %s in %.3f s (%.1f MB between ranks, %.1f MB within; "
+              "%.1f MB of it read without a message, by %s; request: %s)\n%s",
+              long(step_), rec.from.c_str(), describe(layout_of(cfg_)).c_str(), seconds,
+              moved[0] / 1e6, moved[1] / 1e6, moved[2] / 1e6, rec.exchange.c_str(), rec.why.c_str(),
+              table.c_str());
+  if (rec.had_ef)
+    std::fprintf(stderr, "note: switch at step %ld: gradient compression's error-feedback state is "
+                         "dropped (the layout changed); it restarts at zero\n", long(step_));
+  std::fflush(stdout);
+  if (log)
+    log->log_record({{"event", "switch"},
+                     {"step", step_},
+                     {"request", rec.why},
+                     {"from", rec.from},
+                     {"to", describe(layout_of(cfg_))},
+                     {"schedule_before", rec.schedule_before},
+                     {"seconds", seconds},
+                     {"moved_bytes", moved[0]},
+                     {"local_bytes", moved[1]},
+                     {"shared_bytes", moved[2]},
+                     {"exchange", rec.exchange},
+                     {"moves", rec.rs.moves},
+                     {"phases_s", rec.phases},
+                     {"phases_max_s", phases_max}});
 }
 
 }  // namespace adgt

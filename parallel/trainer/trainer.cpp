@@ -25,6 +25,7 @@
 #include "core/data/token_shard.hpp"
 #include "kernels/attention_choice.hpp"
 #include "kernels/check.hpp"
+#include "kernels/clock.hpp"
 #include "parallel/control/compress_controller.hpp"
 #include "parallel/compress/level.hpp"
 #include "parallel/fault/progress.hpp"
@@ -504,32 +505,146 @@ int Trainer::agreed_stop_signal(bool* switch_due) {
   return flags[0];
 }
 
+std::unique_ptr<MetricsLog> Trainer::open_metrics_log(std::vector<TeiRun>& earlier_runs) {
+  if (!lead()) return nullptr;
+  const bool append = step_ > 0 || continue_log_;  // a resume appends
+  if (append) {
+    const std::string path = (std::filesystem::path(cfg_.log.dir) / "metrics.jsonl").string();
+    end_torn_line(path);
+    earlier_runs = read_tei_runs(path);
+  }
+  return std::make_unique<MetricsLog>(cfg_.log.dir, append);
+}
+
+void Trainer::prepare_async_save() {
+  if (!cfg_.checkpoint.async_save) return;
+  // The staging buffers of the asynchronous saves, mapped in the background
+  // now so that no save's copy pays for fresh pages (docs/reliability.md).
+  if (!saver_) saver_ = std::make_unique<AsyncCheckpointSaver>();
+  ShardedAdamW& opt = engine_->optimizer();
+  const auto n = size_t(engine_->model().flat_size());
+  saver_->prepare_buffers(n, opt.sharded() ? size_t(opt.adamw().hi() - opt.adamw().lo()) : n);
+}
+
+double Trainer::step_clock() const {
+  return emulation_ && emulation_->clock == emulate::ClockKind::Virtual ? emulation_->state->clock.now()
+                                                                         : wall_seconds();
+}
+
+StepReport Trainer::run_step(TeiMeter& tei, TrainSummary& sum, int64_t first_step, int64_t& consecutive_bad) {
+  using clock = std::chrono::steady_clock;
+  const TrainConfig& t = cfg_.train;
+  const auto t0 = clock::now();
+  const double v0 = step_clock();
+  const ParallelContext& g = engine_->groups();
+  if (emulation_) emulation_->at_step(step_);  // a straggler injected mid-run starts here
+  tei.start_step();
+  StepReport r;
+  r.first_step = first_step;
+  r.total_steps = t.steps;
+  r.tp_bytes = -g.tp->stats().bytes, r.dp_bytes = -g.dp->stats().bytes, r.pp_bytes = -g.pp->stats().bytes;
+  r.tp_seconds = -g.tp->stats().seconds, r.pp_seconds = -g.pp->stats().seconds;
+  r.ep_seconds = -g.ep->stats().seconds;
+  const int64_t reads0 = backend_->host_reads();
+  r.lr = lr_at(t, step_);
+  const int64_t first_sample = samples_seen_;
+  const double tp_s0 = g.tp->stats().seconds, ep_s0 = g.ep->stats().seconds;
+  r.loss = engine_->forward_backward([&](int a, int32_t* in, int32_t* tg) {
+    fetch_micro_batch(first_sample, a, in, tg);
+  });
+  // TEI: exposed communication of the forward/backward (blocking tp and ep
+  // calls, the dp reduction's wait) and the pipeline's idle time.
+  TeiStepTimes tt;
+  tt.comm_s = (g.tp->stats().seconds - tp_s0) + (g.ep->stats().seconds - ep_s0) +
+              engine_->last_times().dp_wait_s;
+  if (engine_->pipelined())
+    tt.bubble_s = std::max(0.0, engine_->pipeline()->last_step_seconds() -
+                                    engine_->pipeline()->last_busy_seconds());
+  samples_seen_ += t.global_batch;
+  trace_pipeline_step();
+  const auto t_opt = clock::now();
+  r.grad_norm = engine_->grad_norm();
+  // Loss and norm are identical on every rank (deterministic reductions), so
+  // every rank takes the same branch.
+  r.applied = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
+  if (r.applied) {
+    engine_->apply_update(r.lr, ++opt_steps_, clip_coefficient(r.grad_norm, t.grad_clip));
+    consecutive_bad = 0;
+  } else {
+    ++sum.skipped_steps;
+    ++consecutive_bad;
+    if (lead())
+      std::fprintf(stderr, "step %ld: non-finite %s (loss %g, grad norm %g); update skipped\n",
+                   long(step_ + 1), std::isfinite(r.loss) ? "gradient norm" : "loss", r.loss,
+                   r.grad_norm);
+    ADGT_CHECK(consecutive_bad <= t.max_skipped_steps,
+               consecutive_bad << " consecutive steps had a non-finite loss or gradient; "
+                                  "stopping (train.max_skipped_steps="
+                               << t.max_skipped_steps << "); lower train.lr or resume from "
+                                                         "an earlier checkpoint");
+  }
+  tt.optimizer_s = std::chrono::duration<double>(clock::now() - t_opt).count();
+  r.step = ++step_;
+  if (step_ == 1) inject_host_read(engine_->model());
+  r.skipped_steps = sum.skipped_steps;
+  r.tp_bytes += g.tp->stats().bytes, r.dp_bytes += g.dp->stats().bytes, r.pp_bytes += g.pp->stats().bytes;
+  r.tp_seconds += g.tp->stats().seconds, r.pp_seconds += g.pp->stats().seconds;
+  r.ep_seconds += g.ep->stats().seconds;
+  if (reads0 >= 0) r.host_reads = backend_->host_reads() - reads0;
+  r.seconds = step_clock() - v0;
+  tt.seconds = r.seconds;
+  // The watchdog's automatic deadline (docs/reliability.md) is wall time.
+  fault::step_finished(std::chrono::duration<double>(clock::now() - t0).count());
+  tei.add_step(tt, r.applied);
+  return r;
+}
+
+void Trainer::evaluate_now(MetricsLog* metrics, TeiMeter& tei, TrainSummary& sum) {
+  const auto t_eval = std::chrono::steady_clock::now();
+  fault::PhaseScope eval_phase(fault::Phase::Eval);  // the watchdog's long deadline
+  const double vl = evaluate();
+  if (metrics) {
+    std::printf("eval step %ld: val loss %.4f\n", long(step_), vl);
+    std::fflush(stdout);
+    metrics->log_eval(step_, vl);
+  }
+  sum.final_val_loss = vl;
+  tei.add_eval(std::chrono::duration<double>(std::chrono::steady_clock::now() - t_eval).count());
+}
+
+void Trainer::finish_summary(TrainSummary& sum, MetricsLog* metrics, TeiMeter& tei,
+                             const StepLogger& logger, std::chrono::steady_clock::time_point t_start) {
+  const ParallelContext& g = engine_->groups();
+  {
+    fault::PhaseScope save_phase(fault::Phase::CheckpointSave);
+    commit_checkpoint(metrics, tei, true);  // a save still in flight (checkpoint.async)
+  }
+  check_dp_replicas(engine_->model(), g, lead());
+  sum.steps_done = step_;
+  sum.tei = tei.record(*g.world, TeiMeter::At::End, step_, logger.peak_tflops());
+  sum.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  const double per_step = logger.mean_step_seconds();
+  sum.tokens_per_s = per_step > 0 ? double(cfg_.train.global_batch * cfg_.model.seq_len) / per_step : 0;
+  sum.final_train_loss = logger.final_train_loss();
+  sum.checkpoint = last_checkpoint_;
+  // The largest backend allocation peak over the world (-1 where untracked).
+  double mem_peak[1] = {double(backend_->peak_allocated_bytes())};
+  g.world->all_reduce(Tensor(mem_peak, DType::F64, {1}), ReduceOp::Max);
+  sum.peak_device_bytes = int64_t(mem_peak[0]);
+}
+
 TrainSummary Trainer::train() {
   const TrainConfig& t = cfg_.train;
   const ParallelContext& g0 = engine_->groups();  // the start's groups (a layout switch replaces them)
   const bool measured_peak = cfg_.log.peak_tflops <= 0;
   const double peak =
       measured_peak ? backend_->peak_tflops_for(engine_->model().dtype()) : cfg_.log.peak_tflops;
-  std::unique_ptr<MetricsLog> metrics;
   std::vector<TeiRun> earlier_runs;  // a resume appends: the job's earlier runs (docs/tei.md)
-  const bool append = step_ > 0 || continue_log_;
-  if (lead() && append) {
-    const std::string path = (std::filesystem::path(cfg_.log.dir) / "metrics.jsonl").string();
-    end_torn_line(path);
-    earlier_runs = read_tei_runs(path);
-  }
-  if (lead()) metrics = std::make_unique<MetricsLog>(cfg_.log.dir, append);
+  std::unique_ptr<MetricsLog> metrics = open_metrics_log(earlier_runs);
   TrainSummary sum;
   if (metrics) sum.metrics_path = metrics->path();
   if (lead()) print_header(peak);
-  if (cfg_.checkpoint.async_save) {
-    // The staging buffers of the asynchronous saves, mapped in the background
-    // now so that no save's copy pays for fresh pages (docs/reliability.md).
-    if (!saver_) saver_ = std::make_unique<AsyncCheckpointSaver>();
-    ShardedAdamW& opt = engine_->optimizer();
-    const auto n = size_t(engine_->model().flat_size());
-    saver_->prepare_buffers(n, opt.sharded() ? size_t(opt.adamw().hi() - opt.adamw().lo()) : n);
-  }
+  prepare_async_save();
   // The hook after every step: the step metrics, then the controllers (made
   // again after a layout switch: the new engine has its own).
   StepLogger logger(cfg_, *backend_, metrics.get(), peak, measured_peak);
@@ -547,101 +662,19 @@ TrainSummary Trainer::train() {
     metrics->log_record({{"event", "plan"}, {"step", step_},
                          {"plan", nlohmann::json::parse(g0.plan_json)}});
 
-  using clock = std::chrono::steady_clock;
-  const auto since = [](clock::time_point t) {
-    return std::chrono::duration<double>(clock::now() - t).count();
-  };
-  const auto t_start = clock::now();
+  const auto t_start = std::chrono::steady_clock::now();
   int64_t consecutive_bad = 0;
   const int64_t first_step = step_;
-  // A step's time: the emulation's virtual clock when it has one (what each
-  // rank would measure with a core of its own), else the wall clock.
-  const auto step_clock = [this] {
-    return emulation_ && emulation_->clock == emulate::ClockKind::Virtual
-               ? emulation_->state->clock.now()
-               : std::chrono::duration<double>(clock::now().time_since_epoch()).count();
-  };
   while (step_ < t.steps) {
-    const auto t0 = clock::now();
-    const double v0 = step_clock();
+    const StepReport r = run_step(tei, sum, first_step, consecutive_bad);
     const ParallelContext& g = engine_->groups();
-    if (emulation_) emulation_->at_step(step_);  // a straggler injected mid-run starts here
-    tei.start_step();
-    StepReport r;
-    r.first_step = first_step;
-    r.total_steps = t.steps;
-    r.tp_bytes = -g.tp->stats().bytes, r.dp_bytes = -g.dp->stats().bytes, r.pp_bytes = -g.pp->stats().bytes;
-    r.tp_seconds = -g.tp->stats().seconds, r.pp_seconds = -g.pp->stats().seconds;
-    r.ep_seconds = -g.ep->stats().seconds;
-    const int64_t reads0 = backend_->host_reads();
-    r.lr = lr_at(t, step_);
-    const int64_t first_sample = samples_seen_;
-    const double tp_s0 = g.tp->stats().seconds, ep_s0 = g.ep->stats().seconds;
-    r.loss = engine_->forward_backward([&](int a, int32_t* in, int32_t* tg) {
-      fetch_micro_batch(first_sample, a, in, tg);
-    });
-    // TEI: exposed communication of the forward/backward (blocking tp and ep
-    // calls, the dp reduction's wait) and the pipeline's idle time.
-    TeiStepTimes tt;
-    tt.comm_s = (g.tp->stats().seconds - tp_s0) + (g.ep->stats().seconds - ep_s0) +
-                engine_->last_times().dp_wait_s;
-    if (engine_->pipelined())
-      tt.bubble_s = std::max(0.0, engine_->pipeline()->last_step_seconds() -
-                                      engine_->pipeline()->last_busy_seconds());
-    samples_seen_ += t.global_batch;
-    trace_pipeline_step();
-    const auto t_opt = clock::now();
-    r.grad_norm = engine_->grad_norm();
-    // Loss and norm are identical on every rank (deterministic reductions), so
-    // every rank takes the same branch.
-    r.applied = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
-    if (r.applied) {
-      engine_->apply_update(r.lr, ++opt_steps_, clip_coefficient(r.grad_norm, t.grad_clip));
-      consecutive_bad = 0;
-    } else {
-      ++sum.skipped_steps;
-      ++consecutive_bad;
-      if (lead())
-        std::fprintf(stderr, "step %ld: non-finite %s (loss %g, grad norm %g); update skipped\n",
-                     long(step_ + 1), std::isfinite(r.loss) ? "gradient norm" : "loss", r.loss,
-                     r.grad_norm);
-      ADGT_CHECK(consecutive_bad <= t.max_skipped_steps,
-                 consecutive_bad << " consecutive steps had a non-finite loss or gradient; "
-                                    "stopping (train.max_skipped_steps="
-                                 << t.max_skipped_steps << "); lower train.lr or resume from "
-                                                           "an earlier checkpoint");
-    }
-    tt.optimizer_s = since(t_opt);
-    r.step = ++step_;
-    if (step_ == 1) inject_host_read(engine_->model());
-    r.skipped_steps = sum.skipped_steps;
-    r.tp_bytes += g.tp->stats().bytes, r.dp_bytes += g.dp->stats().bytes, r.pp_bytes += g.pp->stats().bytes;
-    r.tp_seconds += g.tp->stats().seconds, r.pp_seconds += g.pp->stats().seconds;
-    r.ep_seconds += g.ep->stats().seconds;
-    if (reads0 >= 0) r.host_reads = backend_->host_reads() - reads0;
-    r.seconds = step_clock() - v0;
-    tt.seconds = r.seconds;
-    // The watchdog's automatic deadline (docs/reliability.md) is wall time.
-    fault::step_finished(std::chrono::duration<double>(clock::now() - t0).count());
-    tei.add_step(tt, r.applied);
     // A layout change a controller decided (a layer move, a re-plan, an
     // expert placement), made below at this boundary.
     const LayoutRequest layout_request = hook->after_step(*engine_, r, *g.world, metrics.get());
     const bool last = step_ == t.steps;
     if (step_ % cfg_.log.interval == 0 || last)
       tei.record(*g.world, TeiMeter::At::Interval, step_, logger.peak_tflops());
-    if (t.eval_interval > 0 && (step_ % t.eval_interval == 0 || last)) {
-      const auto t_eval = clock::now();
-      fault::PhaseScope eval_phase(fault::Phase::Eval);  // the watchdog's long deadline
-      const double vl = evaluate();
-      if (metrics) {
-        std::printf("eval step %ld: val loss %.4f\n", long(step_), vl);
-        std::fflush(stdout);
-        metrics->log_eval(step_, vl);
-      }
-      sum.final_val_loss = vl;
-      tei.add_eval(since(t_eval));
-    }
+    if (t.eval_interval > 0 && (step_ % t.eval_interval == 0 || last)) evaluate_now(metrics.get(), tei, sum);
     bool switch_due = false;
     const int sig = agreed_stop_signal(&switch_due);
     commit_checkpoint(metrics.get(), tei, false);  // checkpoint.async: once every rank has written
@@ -666,27 +699,11 @@ TrainSummary Trainer::train() {
           !layout_request.empty()
               ? apply_layout_request(layout_request.overrides, "controller " + layout_request.by,
                                      metrics.get())
-                               : run_switch(metrics.get());
+              : run_switch(metrics.get());
       if (changed) make_hook();
     }
   }
-  const ParallelContext& g = engine_->groups();
-  {
-    fault::PhaseScope save_phase(fault::Phase::CheckpointSave);
-    commit_checkpoint(metrics.get(), tei, true);  // a save still in flight (checkpoint.async)
-  }
-  check_dp_replicas(engine_->model(), g, lead());
-  sum.steps_done = step_;
-  sum.tei = tei.record(*g.world, TeiMeter::At::End, step_, logger.peak_tflops());
-  sum.wall_s = std::chrono::duration<double>(clock::now() - t_start).count();
-  const double per_step = logger.mean_step_seconds();
-  sum.tokens_per_s = per_step > 0 ? double(t.global_batch * cfg_.model.seq_len) / per_step : 0;
-  sum.final_train_loss = logger.final_train_loss();
-  sum.checkpoint = last_checkpoint_;
-  // The largest backend allocation peak over the world (-1 where untracked).
-  double mem_peak[1] = {double(backend_->peak_allocated_bytes())};
-  g.world->all_reduce(Tensor(mem_peak, DType::F64, {1}), ReduceOp::Max);
-  sum.peak_device_bytes = int64_t(mem_peak[0]);
+  finish_summary(sum, metrics.get(), tei, logger, t_start);
   return sum;
 }
 

@@ -6,6 +6,7 @@
 // clean stop on SIGTERM, SIGINT or SIGUSR1 (checkpoint at the step boundary,
 // exit 0).
 #pragma once
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -23,6 +24,7 @@
 #include "parallel/engine/engine.hpp"
 #include "parallel/mesh/process_groups.hpp"
 #include "parallel/metrics/tei.hpp"
+#include "parallel/switch/reshard.hpp"
 
 namespace adgt {
 
@@ -30,6 +32,7 @@ class TokenShard;
 class AsyncCheckpointSaver;
 class MetricsLog;
 class TeiMeter;
+class StepLogger;
 class Sampler;
 
 struct TrainSummary {
@@ -84,6 +87,20 @@ class Trainer {
   void commit_checkpoint(MetricsLog* metrics, TeiMeter& tei, bool wait);
   bool lead() const { return world_rank_ == 0; }
   void print_header(double peak) const;
+  // train()'s parts: rank 0's metrics.jsonl (nullptr elsewhere; a resume
+  // appends and reads the earlier runs' TEI records into earlier_runs); the
+  // asynchronous saves' staging buffers; one step (data, forward and
+  // backward, the update or a skipped one, the step's report); an evaluation
+  // now; the summary at the end.
+  std::unique_ptr<MetricsLog> open_metrics_log(std::vector<TeiRun>& earlier_runs);
+  void prepare_async_save();
+  StepReport run_step(TeiMeter& tei, TrainSummary& sum, int64_t first_step, int64_t& consecutive_bad);
+  void evaluate_now(MetricsLog* metrics, TeiMeter& tei, TrainSummary& sum);
+  void finish_summary(TrainSummary& sum, MetricsLog* metrics, TeiMeter& tei, const StepLogger& logger,
+                      std::chrono::steady_clock::time_point t_start);
+  // A step's time: the emulation's virtual clock when it has one (what each
+  // rank would measure with a core of its own), else the wall clock.
+  double step_clock() const;
   // A signal to any rank stops every rank at this step boundary; *switch_due:
   // world rank 0 has a due layout switch request (both agreed over the world).
   int agreed_stop_signal(bool* switch_due = nullptr);
@@ -95,6 +112,21 @@ class Trainer {
   // not. Returns whether the layout changed.
   bool run_switch(MetricsLog* log);
   void switch_layout(const RunConfig& next, const std::string& why, MetricsLog* log);
+  // switch_layout's parts: whether world rank 0 stays on this process under
+  // `placement` (refused and said otherwise; collective over world); the
+  // running engine torn down and the new layout's groups made (collective
+  // over MPI_COMM_WORLD), returned as the context to wire; the console line
+  // and metrics.jsonl record of a finished switch.
+  struct SwitchRecord {
+    std::string why, from, schedule_before, exchange;
+    bool had_ef = false;  // gradient compression's error feedback was dropped
+    ReshardStats rs;
+    nlohmann::json phases;  // this rank's seconds per phase
+  };
+  bool switch_keeps_lead(const RunConfig& next, const Placement& placement, Comm& world);
+  ParallelContext rebuild_groups(const RunConfig& next, const Placement& placement,
+                                 const std::string& plan_json);
+  void report_switch(const SwitchRecord& rec, std::chrono::steady_clock::time_point t0, MetricsLog* log);
   // A controller's layout request (the same on every rank): switched in
   // memory, or refused with a logged reason. Returns whether it changed.
   // A change of parallel.expert_placement and/or parallel.expert_replicas
