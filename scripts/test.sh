@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
-# The whole test suite: install what is missing, build, run every test through ctest.
+# The test suite: install what is missing, build, run the tests through ctest.
+#   scripts/test.sh            every test (what CI and the README's command run)
+#   scripts/test.sh --quick    the quick tier (ctest -L quick: unit cases, the kernel
+#                              emulation, CLI and config errors, short single-process
+#                              runs, a few 2-4-rank layouts; tests/tiers/quick.cmake)
+# Further arguments go to ctest (e.g. -R layouts, --schedule-random).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+tier=()
+if [[ "${1:-}" == --quick ]]; then
+  tier=(-L quick)
+  shift
+fi
 scripts/install_deps.sh
 scripts/build.sh
 source scripts/openblas_env.sh
 cd build
 # Each test process gets at most 2 OpenMP/BLAS threads (tests set their own where they need fewer).
-OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" ctest --output-on-failure -j"${CTEST_JOBS:-2}" "$@"
+OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" ctest --output-on-failure -j"${CTEST_JOBS:-2}" "${tier[@]}" "$@"

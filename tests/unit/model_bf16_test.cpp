@@ -273,7 +273,7 @@ OverfitRun overfit_f32_and_bf16(const ModelConfig& m, uint64_t batch_seed, bool 
 }
 }  // namespace
 
-TEST_CASE("bf16 model: training follows the fp32 run", "[bf16][model]") {
+TEST_CASE("bf16 model: training follows the fp32 run", "[bf16][model][slow]") {
   // Overfitting one batch for 30 steps: the bf16 run's losses stay within 2%
   // of the fp32 run's (measured: 0.4% at most) and fall as far.
   const OverfitRun r = overfit_f32_and_bf16(small_model(), 29, false);
@@ -281,7 +281,7 @@ TEST_CASE("bf16 model: training follows the fp32 run", "[bf16][model]") {
   CHECK(r.worst < 0.02);
 }
 
-TEST_CASE("bf16 model: a mixture-of-experts model trains like the fp32 one", "[bf16][model]") {
+TEST_CASE("bf16 model: a mixture-of-experts model trains like the fp32 one", "[bf16][model][slow]") {
   // 4 experts, top-2, the same: bound 4x the worst gap measured when this test
   // was written (1.07%; the dense model's is 0.4%, routing near-ties in bf16
   // add the rest); the gradients are fp32.

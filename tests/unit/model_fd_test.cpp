@@ -69,9 +69,9 @@ void check_model_gradients(bool tied) {
 }
 }  // namespace
 
-TEST_CASE("model gradients match finite differences (untied head)", "[model][fd]") {
+TEST_CASE("model gradients match finite differences (untied head)", "[model][fd][slow]") {
   check_model_gradients(false);
 }
-TEST_CASE("model gradients match finite differences (tied head)", "[model][fd]") {
+TEST_CASE("model gradients match finite differences (tied head)", "[model][fd][slow]") {
   check_model_gradients(true);
 }

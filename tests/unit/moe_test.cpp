@@ -200,7 +200,7 @@ void fd_case(const MoeOptions& o, int64_t N, uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("moe: forward matches the definition, gradients match finite differences", "[moe][fd]") {
+TEST_CASE("moe: forward matches the definition, gradients match finite differences", "[moe][fd][slow]") {
   MoeOptions o;
   o.n_experts = 4;
   o.top_k = 2;

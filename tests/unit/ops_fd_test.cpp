@@ -201,7 +201,7 @@ TEST_CASE("grouped-query causal attention matches the definition and finite diff
   check_attention({2, 5, 4, 2, 3}, 11);  // B, T, H, KV, hd: one query block
 }
 
-TEST_CASE("attention over several query blocks (T=130) matches finite differences", "[ops][fd]") {
+TEST_CASE("attention over several query blocks (T=130) matches finite differences", "[ops][fd][slow]") {
   check_attention({1, 130, 2, 1, 4}, 21);  // 64 + 64 + 2 query rows
 }
 
