@@ -1,5 +1,7 @@
-// CUDA causal grouped-query attention: a straightforward, exact kernel (not
-// FlashAttention; issue 4 replaces it). q(B,T,H,hd), k,v(B,T,KV,hd).
+// CUDA causal grouped-query attention: a straightforward, exact kernel, the
+// path of f32 and f64 and of the shapes the FlashAttention-2 style kernels
+// (flash_attention_kernels.cuh) do not take (attention.cu chooses).
+// q(B,T,H,hd), k,v(B,T,KV,hd).
 //
 // Forward: one block per (query row i, head h, batch b). Scores s_j = scale
 // q_i.k_j for j <= i (one warp per key, lanes over hd) go to shared memory,

@@ -326,7 +326,7 @@ double CudaBackend::rated_tflops(DType dt) const {
   if (dt == DType::BF16) {
     // NVIDIA's dense bf16 figures are quoted at the tensor-core boost clock,
     // 1.83 GHz on Hopper SXM (132 SMs x 4096 x 1.83 GHz = 989 TFLOP/s, the
-    // figure issue 4 measures MFU against), below the 1.98 GHz max SM clock
+    // figure MFU is measured against, docs/cuda.md), below the 1.98 GHz max SM clock
     // the device reports; 1.41 GHz on A100 (108 x 2048 x 1.41 = 312).
     const double quoted = sm_major_ == 9 ? 1.83e9 : sm_major_ == 8 && sm_minor_ == 0 ? 1.41e9 : clk;
     return sms * bf16_flops_per_clock_per_sm(sm_major_, sm_minor_) * std::min(clk, quoted) / 1e12;
