@@ -111,12 +111,9 @@ class ExpertPlacementController final : public Controller {
     // to it after the update, its gradient back once a step (in the last
     // backward of the step, or of the chunk in a pipeline:
     // Model::defer_replica_grads).
-    const RunConfig& cfg = e.config();
     const DType wd = e.model().dtype(), gd = wd == DType::BF16 ? DType::F32 : wd;
-    const double replica_bytes =
-        double(e.model().moe_stats().size()) * 3.0 * double(cfg.model.expert_ffn() / cfg.parallel.tp) *
-        double(cfg.model.d_model) *
-        (double(dtype_size(wd)) + double(dtype_size(gd)));
+    const double replica_bytes = double(e.model().moe_stats().size()) * double(e.model().expert_block()) *
+                                 (double(dtype_size(wd)) + double(dtype_size(gd)));
     nlohmann::json ep = nlohmann::json::array(), st = nlohmann::json::array();
     for (int i = 0; i < n; ++i) {
       ep.push_back(int(all[size_t(K * i)]));

@@ -7,12 +7,9 @@
 #include <cstdio>
 
 #include "core/layout.hpp"
-#include "core/model/stage_map.hpp"
-#include "kernels/clock.hpp"
-#include "parallel/emulate/emulation.hpp"
-
 #include "parallel/adapt/change_detector.hpp"
 #include "parallel/comm/mpi_env.hpp"
+#include "parallel/emulate/emulation.hpp"
 #include "parallel/measure/pipeline_times.hpp"
 #include "parallel/pipeline/executor.hpp"
 #include "parallel/plan/launch_plan.hpp"
@@ -177,7 +174,7 @@ class ReplanController final : public Controller {
       links.push_back(all[size_t(5 * i + 4)]);
     }
     const RunConfig& c = e.config();
-    const double bytes = double(c.train.micro_batch * c.model.seq_len * c.model.d_model) *
+    const double bytes = double(pipeline_message_elems(c)) *
                          double(dtype_size(e.model().dtype()));
     return {{"launcher", launcher}, {"stage", stage}, {"seconds", seconds},
             {"pred", preds},        {"link_s", links}, {"message_bytes", bytes}};
@@ -246,15 +243,7 @@ class ReplanController final : public Controller {
       return;
     }
     if (o_.probe_every <= 0 || r.step % o_.probe_every != 0) return;
-    const RunConfig& cfg = e.config();
-    Tensor msg = e.scratch_tensor(cfg.train.micro_batch * cfg.model.seq_len * cfg.model.d_model,
-                                  e.model().dtype());
-    const auto clock = [] { return wall_seconds(); };
-    const std::vector<double> t =
-        probe_link_times(*g.pp, msg,
-                         e.layout().virtual_stages > 1 &&
-                             placement_of_schedule(e.layout().schedule) == StagePlacement::looped,
-                         3, clock);
+    const std::vector<double> t = probe_pipeline_links(e);
     if (k > 0 && size_t(k - 1) < t.size()) secs = t[size_t(k - 1)];
   }
 

@@ -213,77 +213,6 @@ std::string GradReducer::level_mix() const {
   return os.str();
 }
 
-namespace {
-constexpr const char* kBuckets = "compress/buckets";
-constexpr const char* kGroups = "compress/groups";
-std::string bucket_key(size_t i, const char* what) {
-  return "compress/bucket_" + std::to_string(i) + "/" + what;
-}
-}  // namespace
-
-std::map<std::string, StateEntry> GradReducer::compression_state() const {
-  std::map<std::string, StateEntry> s;
-  bool any = false;
-  for (const BucketState& b : state_) any |= !b.codec.empty();
-  if (!any) return s;
-  std::vector<int64_t> geo;
-  for (size_t i = 0; i < buckets_.size(); ++i)
-    geo.insert(geo.end(), {buckets_[i].begin, buckets_[i].end, int64_t(buckets_[i].op),
-                           int64_t(buckets_[i].group), int64_t(state_[i].level)});
-  s[kBuckets] = StateEntry::of_ints(geo);
-  s[kGroups] = StateEntry::of_ints({dp_.size(), dp_.rank(), edp_ ? edp_->size() : 1, edp_ ? edp_->rank() : 0});
-  for (size_t i = 0; i < state_.size(); ++i) {
-    const compress::BucketCodecState& c = state_[i].codec;
-    if (!c.residual.empty()) s[bucket_key(i, "residual")] = StateEntry::of_floats(c.residual);
-    if (!c.owner_residual.empty()) s[bucket_key(i, "owner_residual")] = StateEntry::of_floats(c.owner_residual);
-    if (!c.q.empty()) s[bucket_key(i, "q")] = StateEntry::of_floats(c.q);
-  }
-  return s;
-}
-
-std::string GradReducer::restore_compression_state(const std::map<std::string, StateEntry>& s) {
-  auto it = s.find(kBuckets);
-  if (it == s.end()) return "";
-  auto g = s.find(kGroups);
-  const int64_t edp = edp_ ? edp_->size() : 1;
-  if (g == s.end() || g->second.ints.size() != 4 || g->second.ints[0] != dp_.size() ||
-      g->second.ints[2] != edp) {
-    std::ostringstream os;
-    os << "it was saved with dp=" << (g != s.end() && g->second.ints.size() == 4 ? g->second.ints[0] : -1)
-       << " (edp=" << (g != s.end() && g->second.ints.size() == 4 ? g->second.ints[2] : -1)
-       << "), this run has dp=" << dp_.size() << " (edp=" << edp << ")";
-    return os.str();
-  }
-  const std::vector<int64_t>& geo = it->second.ints;
-  bool same = geo.size() == 5 * buckets_.size();
-  for (size_t i = 0; same && i < buckets_.size(); ++i)
-    same = geo[5 * i] == buckets_[i].begin && geo[5 * i + 1] == buckets_[i].end &&
-           geo[5 * i + 2] == int64_t(buckets_[i].op) && geo[5 * i + 3] == int64_t(buckets_[i].group);
-  if (!same)
-    return "its gradient buckets differ from this run's (parallel.bucket_mb, parallel.zero or the "
-           "layout changed)";
-  std::vector<compress::BucketCodecState> got(state_.size());
-  for (size_t i = 0; i < state_.size(); ++i) {
-    const int64_t n = buckets_[i].end - buckets_[i].begin;
-    auto take = [&](const char* what, std::vector<float>& to) -> std::string {
-      auto e = s.find(bucket_key(i, what));
-      if (e == s.end()) return "";
-      if (e->second.kind != StateEntry::Kind::Floats)
-        return std::string("state ") + bucket_key(i, what) + " is not fp32";
-      to = e->second.floats;
-      return "";
-    };
-    for (auto [what, to] : {std::pair<const char*, std::vector<float>*>{"residual", &got[i].residual},
-                            {"owner_residual", &got[i].owner_residual}, {"q", &got[i].q}})
-      if (std::string e = take(what, *to); !e.empty()) return e;
-    if (!got[i].residual.empty() && int64_t(got[i].residual.size()) != n)
-      return bucket_key(i, "residual") + " has " + std::to_string(got[i].residual.size()) +
-             " values for a bucket of " + std::to_string(n);
-  }
-  for (size_t i = 0; i < state_.size(); ++i) state_[i].codec = std::move(got[i]);
-  return "";
-}
-
 void GradReducer::track_norms(bool on) {
   track_norms_ = on;
   reset_norm_stats();
@@ -293,6 +222,12 @@ void GradReducer::reset_norm_stats() {
   norms_.local_sq.assign(buckets_.size(), 0.0);
   norms_.reduced_sq.assign(buckets_.size(), 0.0);
   norms_.steps = 0;
+}
+
+bool GradReducer::has_compression_state() const {
+  for (const BucketState& b : state_)
+    if (!b.codec.empty()) return true;
+  return false;
 }
 
 void GradReducer::clear_compression_state() {

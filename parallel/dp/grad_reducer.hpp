@@ -27,7 +27,6 @@
 #include <string>
 #include <vector>
 
-#include "core/checkpoint/checkpoint.hpp"
 #include "core/comm.hpp"
 #include "core/model/model.hpp"
 #include "kernels/backend.hpp"
@@ -71,6 +70,9 @@ class GradReducer {
 
   const std::vector<GradBucket>& buckets() const { return buckets_; }
   BucketState& state(int bucket_id) { return state_[size_t(bucket_id)]; }
+  const BucketState& state(int bucket_id) const { return state_[size_t(bucket_id)]; }
+  const Comm& dp_group() const { return dp_; }
+  const Comm* edp_group() const { return edp_; }  // nullptr: no expert data parallelism
   // This rank's part of the gradient buffer once reduced: its ZeRO-1 chunk,
   // else the whole buffer.
   int64_t lo() const { return lo_; }
@@ -119,16 +121,9 @@ class GradReducer {
   const CompressionReport& last_compression() const { return report_; }
   // The levels over the buckets: "int8" when all agree, else "int8:12,off:2".
   std::string level_mix() const;
-  // This rank's compression state for its checkpoint file (per rank,
-  // CheckpointState::rank_state; docs/checkpoint-format.md): the buckets'
-  // geometry and levels, and their residuals and Q. Empty when no bucket
-  // holds any.
-  std::map<std::string, StateEntry> compression_state() const;
-  // Restores compression_state() of a checkpoint. Returns "" when restored
-  // (or there was none), else why it cannot be (a different dp size or
-  // bucket plan): the caller agrees over the ranks and drops it everywhere
-  // (clear_compression_state) with a note.
-  std::string restore_compression_state(const std::map<std::string, StateEntry>& s);
+  // Whether any bucket holds error-feedback residuals or PowerSGD's Q (its
+  // checkpoint form: parallel/dp/compression_state.hpp), and dropping them.
+  bool has_compression_state() const;
   void clear_compression_state();
   // Host gradients only: sum each bucket's squared norm before and after its
   // reduce into norm_stats() (one pass over the bucket each; off by default).

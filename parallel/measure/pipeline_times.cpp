@@ -12,6 +12,23 @@
 
 namespace adgt {
 
+int64_t pipeline_message_elems(const RunConfig& cfg) {
+  return cfg.train.micro_batch * cfg.model.seq_len * cfg.model.d_model;
+}
+
+bool pipeline_has_wrap_link(Engine& e) {
+  // The looped placement with two or more chunks sends from rank pp-1 back to
+  // rank 0 (the wrap link); vee (zb-v) turns on rank pp-1 itself.
+  const PipelineExecutor* pipe = e.pipeline();
+  return e.layout().virtual_stages > 1 && (!pipe || pipe->schedule().placement == StagePlacement::looped);
+}
+
+std::vector<double> probe_pipeline_links(Engine& e) {
+  // A message of the activations' dtype and size, on the wall clock.
+  Tensor msg = e.scratch_tensor(pipeline_message_elems(e.config()), e.model().dtype());
+  return probe_link_times(*e.groups().pp, msg, pipeline_has_wrap_link(e), 3, [] { return wall_seconds(); });
+}
+
 pp::StageCosts measured_stage_costs(Engine& e, Comm& world) {
   // Mean F, B and W seconds per stage from the last step's timeline; a fused
   // Backward counts half as B and half as W. The maximum over the world
@@ -87,10 +104,7 @@ std::vector<double> measured_link_times(Engine& e, Comm& world) {
   const std::string& mode = e.config().parallel.link_times;
   PipelineExecutor* pipe = e.pipeline();
   const bool host_messages = pipe && pipe->last_wait_seconds() >= 0;  // receives block the host
-  // The looped placement with two or more chunks sends from rank pp-1 back to
-  // rank 0 (the wrap link); vee (zb-v) turns on rank pp-1 itself.
-  const bool wrap = e.layout().virtual_stages > 1 &&
-                    (!pipe || pipe->schedule().placement == StagePlacement::looped);
+  const bool wrap = pipeline_has_wrap_link(e);
   if (mode == "messages" && host_messages) {
     std::vector<double> m =
         link_times_from_messages(*g.pp, pipe->message_times(), wrap);
@@ -99,12 +113,7 @@ std::vector<double> measured_link_times(Engine& e, Comm& world) {
     return t;
   }
   if (!g.emulation || mode == "probe" || mode == "messages") {  // a probe per link
-    const RunConfig& cfg = e.config();
-    const DType dt = e.model().dtype();  // the activations' (the pipeline's messages)
-    const int64_t n = cfg.train.micro_batch * cfg.model.seq_len * cfg.model.d_model;
-    Tensor msg = e.scratch_tensor(n, dt);
-    const auto clock = [] { return wall_seconds(); };
-    std::vector<double> probed = probe_link_times(*g.pp, msg, wrap, 3, clock);
+    const std::vector<double> probed = probe_pipeline_links(e);
     for (size_t k = 0; k < probed.size() && k < t.size(); ++k) t[k] = probed[k];
     world.all_reduce(Tensor(t.data(), DType::F64, {int64_t(t.size())}), ReduceOp::Max);
     return t;

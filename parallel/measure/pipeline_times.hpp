@@ -4,16 +4,32 @@
 // link model, or a ping-pong probe). The controllers that re-plan from
 // measured times read them here.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <vector>
 
 #include "core/comm.hpp"
+#include "core/config.hpp"
 #include "kernels/backend.hpp"
 #include "parallel/engine/engine.hpp"
 #include "parallel/pipeline/costs.hpp"
 #include "parallel/pipeline/executor.hpp"
 
 namespace adgt {
+
+// Elements of one pipeline message: a micro-batch's activations at a stage
+// boundary, micro_batch x seq_len x d_model (what the link probes send and
+// the re-plan's link model prices).
+int64_t pipeline_message_elems(const RunConfig& cfg);
+
+// Whether the pipeline uses the wrap link (pp rank pp - 1 to 0): the looped
+// placement with two or more chunks.
+bool pipeline_has_wrap_link(Engine& e);
+
+// probe_link_times over the engine's pipeline group with one pipeline
+// message (pipeline_message_elems, the model's dtype), 3 rounds on the wall
+// clock: seconds per link, agreed over pp. Collective over pp.
+std::vector<double> probe_pipeline_links(Engine& e);
 
 // Mean F, B and W seconds per model stage (pp x virtual_stages) of the last
 // pipeline step, the maximum over the world: the same on every rank. Each

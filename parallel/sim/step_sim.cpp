@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <tuple>
@@ -13,7 +14,6 @@
 #include "parallel/cluster/collectives.hpp"
 #include "parallel/cost/flops.hpp"
 #include "parallel/cost/memory.hpp"
-#include "parallel/pipeline/run_schedule.hpp"
 #include "parallel/pipeline/run_schedule.hpp"
 #include "parallel/sim/work.hpp"
 #include "parallel/pipeline/validate.hpp"
@@ -70,129 +70,154 @@ int64_t message_key(int type, int64_t mb, int64_t stage, int64_t dp) {
   return ((dp * 2 + type) * 1000003 + stage) * 1000003 + mb;
 }
 
-}  // namespace
+// One step's simulation: the units (a tp group each: one per pipeline rank
+// and data-parallel replica simulated), their task lists built from the
+// schedule and the work, and the event loop that runs them.
+class StepSimulation {
+ public:
+  StepSimulation(const RunConfig& cfg, const cluster::Cluster& cl, OpCosts& costs, const SimOptions& opts)
+      : cfg_(cfg), cl_(cl), costs_(costs), opts_(opts), lay_(layout_of(cfg)) {
+    world_ = lay_.world();
+    if (world_ > cl.world())
+      throw std::invalid_argument("simulate: the layout needs " + std::to_string(world_) +
+                                  " ranks (tp*pp*dp) but cluster " + cl.name + " has " +
+                                  std::to_string(cl.world()) + " devices");
+    P_ = int(lay_.pp);
+    bytes_ = compute_bytes(cfg);
+    m_ = cfg.accum_steps();
+    const bool hetero = !cl.node_speed.empty() || !opts.slow_ranks.empty() ||
+                        !opts.slow_links.empty() || !cl.link_overrides.empty() || cl.sites.size() > 1 ||
+                        opts.host_cores > 0 || cl.cores_per_node > 0 || opts.all_replicas;
+    replicas_ = hetero ? int(lay_.dp) : 1;
+    // Per pipeline rank: its work and bucket durations (costed per replica below).
+    for (int p = 0; p < P_; ++p) work_.push_back(rank_work(cfg, p, opts.work));
+  }
 
-SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCosts& costs,
-                        const SimOptions& opts) {
-  const Layout lay = layout_of(cfg);
-  const int64_t world = lay.world();
-  if (world > cl.world())
-    throw std::invalid_argument("simulate: the layout needs " + std::to_string(world) +
-                                " ranks (tp*pp*dp) but cluster " + cl.name + " has " +
-                                std::to_string(cl.world()) + " devices");
-  const int P = int(lay.pp), D = int(lay.dp);
-  const int bytes = compute_bytes(cfg);
-  const int64_t m = cfg.accum_steps();
-  const bool hetero = !cl.node_speed.empty() || !opts.slow_ranks.empty() ||
-                      !opts.slow_links.empty() || !cl.link_overrides.empty() || cl.sites.size() > 1 || opts.host_cores > 0 ||
-                      cl.cores_per_node > 0 || opts.all_replicas;
-  const int replicas = hetero ? D : 1;
+  SimResult run() {
+    if (P_ > 1) sched_ = plan_schedule();
+    make_units();
+    for (Unit& u : units_) add_tasks(u);
+    plan_bucket_durations();
+    for (int p = 0; p < P_; ++p) bucket_end_.push_back(std::vector<double>(work_[size_t(p)].buckets.size(), -1));
+    next_bucket_.assign(size_t(P_), 0);
+    while (true) {
+      run_instantaneous();
+      bool all_done = true;
+      const double next = next_event(all_done);
+      if (all_done) break;
+      if (!(next < kInf))
+        throw std::logic_error("simulate: no unit can proceed (a schedule that cannot complete)");
+      advance(next);
+      now_ = next;
+      for (Unit& u : units_)
+        if (u.pc >= u.tasks.size() && u.end == 0) u.end = now_;
+    }
+    for (Unit& u : units_)
+      if (u.end == 0) u.end = now_;
+    return result();
+  }
 
-  // Per pipeline rank: its work and bucket durations (costed per replica below).
-  std::vector<RankWork> work;
-  for (int p = 0; p < P; ++p) work.push_back(rank_work(cfg, p, opts.work));
+ private:
   // Op costs, memoised per op.
-  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>, double> memo;
-  auto op_time = [&](const Op& op) {
+  double op_time(const Op& op) {
     auto key = std::make_tuple(int(op.kind), op.a, op.b, op.c, op.d, op.e);
-    auto it = memo.find(key);
-    if (it != memo.end()) return it->second;
-    const double t = costs.seconds(op, bytes);
-    memo.emplace(key, t);
+    auto it = memo_.find(key);
+    if (it != memo_.end()) return it->second;
+    const double t = costs_.seconds(op, bytes_);
+    memo_.emplace(key, t);
     return t;
-  };
-  auto ops_time = [&](const std::vector<Op>& ops) {
+  }
+  double ops_time(const std::vector<Op>& ops) {
     double t = 0;
     for (const Op& op : ops) t += op_time(op);
     return t;
-  };
+  }
+  int unit_index(int d, int p) const { return p * replicas_ + d; }
 
   // The schedule. The cost-driven generators (greedy, zb-v) plan on this
   // simulation's stage times (each pipeline rank's compute at its speed) and
   // link times, as the run's re-plan does from its measured ones after its
   // first steps (parallel/control/schedule_controller.cpp, greedy-replan); the others are fixed orders.
-  pp::Schedule sched;
-  if (P > 1 && (cfg.parallel.schedule == "greedy" || cfg.parallel.schedule == "zb-v")) {
-    const int V = int(lay.virtual_stages);
-    const StagePlacement place = placement_of_schedule(cfg.parallel.schedule);
+  pp::Schedule plan_schedule() {
+    if (cfg_.parallel.schedule != "greedy" && cfg_.parallel.schedule != "zb-v") return engine_schedule(cfg_);
+    const int P = P_;
+    const int V = int(lay_.virtual_stages);
+    const StagePlacement place = placement_of_schedule(cfg_.parallel.schedule);
     auto pass_s = [&](const PassWork& w) {
       double t = 0;
       for (const Piece& pc : w.pieces) t += ops_time(pc.ops);
       return t;
     };
-    auto lead_rank = [&](int p) { return rank_of(lay, RankCoords{0, 0, p, 0, 0}); };
+    auto lead_rank = [&](int p) { return rank_of(lay_, RankCoords{0, 0, p, 0, 0}); };
     pp::StageCosts sc;
     sc.f.assign(size_t(P * V), 0);
     sc.b.assign(size_t(P * V), 0);
     sc.w.assign(size_t(P * V), 0);
     for (int p = 0; p < P; ++p) {
-      double speed = cl.speed_of_node(cl.node_of(lead_rank(p)));
-      if (auto it = opts.slow_ranks.find(lead_rank(p)); it != opts.slow_ranks.end()) speed /= it->second;
+      double speed = cl_.speed_of_node(cl_.node_of(lead_rank(p)));
+      if (auto it = opts_.slow_ranks.find(lead_rank(p)); it != opts_.slow_ranks.end()) speed /= it->second;
       for (int c = 0; c < V; ++c) {
-        const StageWork& st = work[size_t(p)].chunks[size_t(c)];
+        const StageWork& st = work_[size_t(p)].chunks[size_t(c)];
         const size_t s = size_t(stage_of(place, P, p, c));
         sc.f[s] = pass_s(st.forward) / speed;
         sc.b[s] = pass_s(st.input_grad) / speed;
         sc.w[s] = pass_s(st.weight_grad) / speed;
       }
     }
-    const double bytes_msg = work[0].chunks[0].activation_bytes;
+    const double bytes_msg = work_[0].chunks[0].activation_bytes;
     const bool wrap = V > 1 && place == StagePlacement::looped;
     for (int k = 0; k < (wrap ? P : P - 1); ++k)
-      sc.link.push_back(cluster::message_time(cl, lead_rank(k), lead_rank((k + 1) % P), bytes_msg));
+      sc.link.push_back(cluster::message_time(cl_, lead_rank(k), lead_rank((k + 1) % P), bytes_msg));
     bool usable = true;  // f and b > 0 (a stage without layers or ops would not plan)
     for (size_t s = 0; s < sc.f.size(); ++s) usable = usable && sc.f[s] > 0 && sc.b[s] > 0;
-    sched = usable ? engine_schedule(cfg, &sc) : engine_schedule(cfg);
-  } else if (P > 1) {
-    sched = engine_schedule(cfg);
+    return usable ? engine_schedule(cfg_, &sc) : engine_schedule(cfg_);
   }
 
-  // Units.
-  std::vector<Unit> units;
-  auto unit_index = [&](int d, int p) { return p * replicas + d; };
-  for (int p = 0; p < P; ++p)
-    for (int d = 0; d < replicas; ++d) {
-      Unit u;
-      u.dp = d;
-      u.pp = p;
-      for (int t = 0; t < int(lay.tp); ++t) u.ranks.push_back(rank_of(lay, RankCoords{t, d, p, 0, 0}));
-      u.speed = kInf;
-      for (int r : u.ranks) {
-        double s = cl.speed_of_node(cl.node_of(r));
-        if (auto it = opts.slow_ranks.find(r); it != opts.slow_ranks.end()) s /= it->second;
-        u.speed = std::min(u.speed, s);
+  // Units: one per pipeline rank and simulated replica, at the speed of its
+  // slowest rank, in a shared-core pool where the host's cores are modelled.
+  void make_units() {
+    for (int p = 0; p < P_; ++p)
+      for (int d = 0; d < replicas_; ++d) {
+        Unit u;
+        u.dp = d;
+        u.pp = p;
+        for (int t = 0; t < int(lay_.tp); ++t) u.ranks.push_back(rank_of(lay_, RankCoords{t, d, p, 0, 0}));
+        u.speed = kInf;
+        for (int r : u.ranks) {
+          double s = cl_.speed_of_node(cl_.node_of(r));
+          if (auto it = opts_.slow_ranks.find(r); it != opts_.slow_ranks.end()) s /= it->second;
+          u.speed = std::min(u.speed, s);
+        }
+        if (opts_.host_cores > 0) u.pool = 0;
+        else if (cl_.cores_per_node > 0) u.pool = int(cl_.node_of(u.ranks[0]));
+        u.sync_wait = u.pool >= 0 ? opts_.sync_wait_s : 0;
+        units_.push_back(std::move(u));
       }
-      if (opts.host_cores > 0) u.pool = 0;
-      else if (cl.cores_per_node > 0) u.pool = int(cl.node_of(u.ranks[0]));
-      u.sync_wait = u.pool >= 0 ? opts.sync_wait_s : 0;
-      units.push_back(std::move(u));
-    }
+  }
 
-  auto group_time = [&](const Unit& u, const CommOp& c) {
+  double group_time(const Unit& u, const CommOp& c) const {
     std::vector<int> ranks;
     switch (c.group) {
       case Group::tp: ranks = u.ranks; break;
-      default: ranks = group_ranks(lay, c.group, u.ranks[0]); break;
+      default: ranks = group_ranks(lay_, c.group, u.ranks[0]); break;
     }
     if (c.group == Group::world) {
-      ranks.resize(size_t(world));
-      for (int i = 0; i < int(world); ++i) ranks[size_t(i)] = i;
+      ranks.resize(size_t(world_));
+      for (int i = 0; i < int(world_); ++i) ranks[size_t(i)] = i;
     }
-    return cluster::collective_time(cl, c.kind, ranks, c.bytes);
-  };
+    return cluster::collective_time(cl_, c.kind, ranks, c.bytes);
+  }
 
-  // Task lists.
   // A pass's tasks, made once per (unit, pass): its pieces in order where the
   // order matters (ranks sharing cores, and the last micro-batch's gradient
   // milestones of an unpipelined step), else one compute task and the
   // tensor- and expert-parallel exchanges as two delays (same totals).
-  std::map<std::pair<const Unit*, const PassWork*>, std::vector<Task>> pass_cache;
-  auto add_pass = [&](Unit& u, const PassWork& w, bool last_mb) {
+  void add_pass(Unit& u, const PassWork& w, bool last_mb) {
     const bool keep_order = last_mb || u.pool >= 0;
     if (!keep_order) {
       auto key = std::make_pair(static_cast<const Unit*>(&u), &w);
-      auto it = pass_cache.find(key);
-      if (it == pass_cache.end()) {
+      auto it = pass_cache_.find(key);
+      if (it == pass_cache_.end()) {
         Task c{TaskKind::Compute}, tp{TaskKind::Delay}, ep{TaskKind::Delay};
         tp.cat = Cat::Tp;
         ep.cat = Cat::Ep;
@@ -204,7 +229,7 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
         std::vector<Task> ts{c};
         if (tp.amount > 0) ts.push_back(tp);
         if (ep.amount > 0) ts.push_back(ep);
-        it = pass_cache.emplace(key, std::move(ts)).first;
+        it = pass_cache_.emplace(key, std::move(ts)).first;
       }
       u.tasks.insert(u.tasks.end(), it->second.begin(), it->second.end());
       return;
@@ -223,78 +248,86 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
         if (dl.amount > 0) u.tasks.push_back(dl);
       }
     }
-  };
-  for (Unit& u : units) {
-    const RankWork& rw = work[size_t(u.pp)];
-    if (P == 1) {
-      for (int64_t mb = 0; mb < m; ++mb) {
+  }
+
+  // One pipeline instruction of unit u's rank as tasks.
+  void add_instruction(Unit& u, const RankWork& rw, const pp::Instr& in) {
+    const int s = in.chunk >= 0 ? sched_.stage(u.pp, in.chunk) : -1;
+    const StageWork* st = in.chunk >= 0 ? &rw.chunks[size_t(in.chunk)] : nullptr;
+    switch (in.op) {
+      case pp::Op::Forward: add_pass(u, st->forward, false); break;
+      case pp::Op::BackwardInput: add_pass(u, st->input_grad, false); break;
+      case pp::Op::BackwardWeight: add_pass(u, st->weight_grad, false); break;
+      case pp::Op::Backward: add_pass(u, st->backward, false); break;
+      case pp::Op::SendAct:
+      case pp::Op::SendGrad: {
+        Task t{TaskKind::Send};
+        const bool act = in.op == pp::Op::SendAct;
+        const int to_stage = act ? s + 1 : s - 1;
+        t.msg = message_key(act ? 0 : 1, in.microbatch, to_stage, u.dp);
+        t.peer = unit_index(u.dp, in.peer);
+        t.bytes = st->activation_bytes;
+        u.tasks.push_back(t);
+        break;
+      }
+      case pp::Op::RecvAct:
+      case pp::Op::RecvGrad: {
+        Task t{TaskKind::Recv};
+        t.msg = message_key(in.op == pp::Op::RecvAct ? 0 : 1, in.microbatch, s, u.dp);
+        u.tasks.push_back(t);
+        break;
+      }
+      case pp::Op::ReduceGrads: {
+        Task t{TaskKind::StartBuckets};
+        t.chunk = cfg_.parallel.overlap ? in.chunk : -1;
+        if (cfg_.parallel.overlap) u.tasks.push_back(t);
+        break;
+      }
+      case pp::Op::WaitSends: break;
+    }
+  }
+
+  void add_step_comms(Unit& u, const RankWork& rw, CommOp::When when) {
+    for (size_t i = 0; i < rw.step_comms.size(); ++i) {
+      const CommOp& c = rw.step_comms[i];
+      if (c.when != when) continue;
+      Task t{TaskKind::Sync};
+      t.cat = Cat::Step;
+      t.amount = group_time(u, c);
+      t.sync_id = int(i);
+      t.sync_group = c.group;
+      u.tasks.push_back(t);
+    }
+  }
+
+  // Unit u's task list: the step's start collectives, the micro-batches
+  // (the schedule's instructions with pp > 1), the buckets, the update and
+  // the collectives around it.
+  void add_tasks(Unit& u) {
+    const RankWork& rw = work_[size_t(u.pp)];
+    if (P_ == 1) {
+      for (int64_t mb = 0; mb < m_; ++mb) {
         add_pass(u, rw.chunks[0].forward, false);
-        add_pass(u, rw.chunks[0].backward, mb == m - 1 && cfg.parallel.overlap);
+        add_pass(u, rw.chunks[0].backward, mb == m_ - 1 && cfg_.parallel.overlap);
       }
     } else {
-      for (const pp::Instr& in : sched.ranks[size_t(u.pp)]) {
-        const int s = in.chunk >= 0 ? sched.stage(u.pp, in.chunk) : -1;
-        const StageWork* st = in.chunk >= 0 ? &rw.chunks[size_t(in.chunk)] : nullptr;
-        switch (in.op) {
-          case pp::Op::Forward: add_pass(u, st->forward, false); break;
-          case pp::Op::BackwardInput: add_pass(u, st->input_grad, false); break;
-          case pp::Op::BackwardWeight: add_pass(u, st->weight_grad, false); break;
-          case pp::Op::Backward: add_pass(u, st->backward, false); break;
-          case pp::Op::SendAct:
-          case pp::Op::SendGrad: {
-            Task t{TaskKind::Send};
-            const bool act = in.op == pp::Op::SendAct;
-            const int to_stage = act ? s + 1 : s - 1;
-            t.msg = message_key(act ? 0 : 1, in.microbatch, to_stage, u.dp);
-            t.peer = unit_index(u.dp, in.peer);
-            t.bytes = st->activation_bytes;
-            u.tasks.push_back(t);
-            break;
-          }
-          case pp::Op::RecvAct:
-          case pp::Op::RecvGrad: {
-            Task t{TaskKind::Recv};
-            t.msg = message_key(in.op == pp::Op::RecvAct ? 0 : 1, in.microbatch, s, u.dp);
-            u.tasks.push_back(t);
-            break;
-          }
-          case pp::Op::ReduceGrads: {
-            Task t{TaskKind::StartBuckets};
-            t.chunk = cfg.parallel.overlap ? in.chunk : -1;
-            if (cfg.parallel.overlap) u.tasks.push_back(t);
-            break;
-          }
-          case pp::Op::WaitSends: break;
-        }
-      }
+      for (const pp::Instr& in : sched_.ranks[size_t(u.pp)]) add_instruction(u, rw, in);
     }
     u.pipeline_end = 0;
-    auto add_step_comms = [&](CommOp::When when) {
-      for (size_t i = 0; i < rw.step_comms.size(); ++i) {
-        const CommOp& c = rw.step_comms[i];
-        if (c.when != when) continue;
-        Task t{TaskKind::Sync};
-        t.cat = Cat::Step;
-        t.amount = group_time(u, c);
-        t.sync_id = int(i);
-        t.sync_group = c.group;
-        u.tasks.push_back(t);
-      }
-    };
     Task sb{TaskKind::StartBuckets};
     sb.chunk = -1;
     u.tasks.push_back(sb);
     u.tasks.push_back(Task{TaskKind::WaitBuckets});
-    add_step_comms(CommOp::BeforeUpdate);
+    add_step_comms(u, rw, CommOp::BeforeUpdate);
     Task opt{TaskKind::Compute};
     opt.cat = Cat::Optimizer;
     opt.amount = ops_time(rw.optimizer);
     u.tasks.push_back(opt);
-    add_step_comms(CommOp::AfterUpdate);
+    add_step_comms(u, rw, CommOp::AfterUpdate);
     {
       std::vector<Task> start;
       std::swap(start, u.tasks);
-      add_step_comms(CommOp::Start);
+      add_step_comms(u, rw, CommOp::Start);
       u.tasks.insert(u.tasks.end(), start.begin(), start.end());
     }
     const size_t nb = rw.buckets.size();
@@ -305,69 +338,61 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
 
   // Bucket durations per pp rank (the groups of replica 0's ranks; every
   // replica's group spans the same nodes in the same pattern).
-  std::vector<std::vector<double>> bucket_dur(static_cast<size_t>(P));
-  for (int p = 0; p < P; ++p)
-    for (const BucketWork& b : work[size_t(p)].buckets) {
-      const Unit& u = units[size_t(unit_index(0, p))];
-      CommOp c{b.reduce_scatter ? cluster::Collective::ReduceScatter : cluster::Collective::AllReduce,
-               b.group, b.bytes};
-      bucket_dur[size_t(p)].push_back(group_time(u, c));
-    }
+  void plan_bucket_durations() {
+    bucket_dur_.resize(size_t(P_));
+    for (int p = 0; p < P_; ++p)
+      for (const BucketWork& b : work_[size_t(p)].buckets) {
+        const Unit& u = units_[size_t(unit_index(0, p))];
+        CommOp c{b.reduce_scatter ? cluster::Collective::ReduceScatter : cluster::Collective::AllReduce,
+                 b.group, b.bytes};
+        bucket_dur_[size_t(p)].push_back(group_time(u, c));
+      }
+  }
 
-  // Simulation state.
-  std::map<int64_t, double> arrival;                 // message -> arrival time
-  std::map<std::pair<int, int>, double> link_free;   // (from unit, to unit) -> free at
-  std::vector<std::vector<double>> bucket_end(static_cast<size_t>(P));  // [pp][bucket] end (replica-wide), -1
-  std::vector<size_t> next_bucket(static_cast<size_t>(P), 0);     // buckets are scheduled in id order
-  for (int p = 0; p < P; ++p) bucket_end[size_t(p)].assign(work[size_t(p)].buckets.size(), -1);
   // A step collective instance: (sync id, which group of that kind).
-  std::map<std::pair<int, int>, std::pair<int, double>> sync_arrived;  // -> (count, latest arrival)
-  std::map<std::pair<int, int>, double> sync_release;
-  auto sync_instance = [&](const Unit& u, Group g) {
+  int sync_instance(const Unit& u, Group g) const {
     switch (g) {
       case Group::pp: return u.dp;              // the stages of one replica
       case Group::dp: case Group::edp: return u.pp;  // the replicas of one stage
-      case Group::tp: return int(&u - units.data()) + 1000000;  // inside the unit
+      case Group::tp: return int(&u - units_.data()) + 1000000;  // inside the unit
       default: return 0;
     }
-  };
-  auto sync_members = [&](Group g) {
+  }
+  int sync_members(Group g) const {
     switch (g) {
-      case Group::pp: return P;
-      case Group::dp: case Group::edp: return replicas;
+      case Group::pp: return P_;
+      case Group::dp: case Group::edp: return replicas_;
       case Group::tp: return 1;
-      default: return int(units.size());
+      default: return int(units_.size());
     }
-  };
-  double now = 0;
-  int64_t events = 0;
+  }
 
-  auto bucket_is_ready = [&](const Unit& u, size_t b) {
-    const BucketWork& bw = work[size_t(u.pp)].buckets[b];
+  bool bucket_is_ready(const Unit& u, size_t b) const {
+    const BucketWork& bw = work_[size_t(u.pp)].buckets[b];
     for (int64_t l : bw.layers)
       if (std::find(u.layers_done.begin(), u.layers_done.end(), l) == u.layers_done.end())
         return false;
     return true;
-  };
+  }
   // Schedules the next buckets of pp rank p whose every replica has requested them.
-  auto schedule_buckets = [&](int p) {
-    auto& ends = bucket_end[size_t(p)];
-    while (next_bucket[size_t(p)] < ends.size()) {
-      const size_t b = next_bucket[size_t(p)];
+  void schedule_buckets(int p) {
+    auto& ends = bucket_end_[size_t(p)];
+    while (next_bucket_[size_t(p)] < ends.size()) {
+      const size_t b = next_bucket_[size_t(p)];
       double start = 0;
-      for (int d = 0; d < replicas; ++d) {
-        const Unit& u = units[size_t(unit_index(d, p))];
+      for (int d = 0; d < replicas_; ++d) {
+        const Unit& u = units_[size_t(unit_index(d, p))];
         if (!u.bucket_requested[b]) return;
         start = std::max({start, u.bucket_request_t[b], u.channel_free});
       }
-      const double end = start + bucket_dur[size_t(p)][b];
-      for (int d = 0; d < replicas; ++d) units[size_t(unit_index(d, p))].channel_free = end;
+      const double end = start + bucket_dur_[size_t(p)][b];
+      for (int d = 0; d < replicas_; ++d) units_[size_t(unit_index(d, p))].channel_free = end;
       ends[b] = end;
-      ++next_bucket[size_t(p)];
+      ++next_bucket_[size_t(p)];
     }
-  };
-  auto request = [&](Unit& u, int chunk) {
-    const auto& bs = work[size_t(u.pp)].buckets;
+  }
+  void request(Unit& u, int chunk) {
+    const auto& bs = work_[size_t(u.pp)].buckets;
     for (size_t b = 0; b < bs.size(); ++b) {
       if (u.bucket_requested[b]) continue;
       const bool match = chunk == -1 || bs[b].chunk == chunk ||
@@ -378,148 +403,160 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
       for (size_t e = 0; e < b; ++e) earlier = earlier && u.bucket_requested[e];
       if (!earlier) break;
       u.bucket_requested[b] = 1;
-      u.bucket_request_t[b] = now;
+      u.bucket_request_t[b] = now_;
     }
     schedule_buckets(u.pp);
-  };
+  }
 
-  const int n_units = int(units.size());
-  while (true) {
-    // Instantaneous steps.
+  // Whether unit u's task t (not a compute or delay) completes now; starts
+  // a compute or delay.
+  bool step_task(Unit& u, Task& t) {
+    switch (t.kind) {
+      case TaskKind::Compute:
+      case TaskKind::Delay:
+        if (!u.started) {
+          u.started = true;
+          u.since = now_;
+          u.remaining = t.amount;
+          u.until = now_ + t.amount;
+        }
+        return false;
+      case TaskKind::Send: {
+        const Unit& to = units_[size_t(t.peer)];
+        const double depart = std::max(now_, link_free_[{int(&u - units_.data()), t.peer}]);
+        double dt = cluster::message_time(cl_, u.ranks[0], to.ranks[0], t.bytes);
+        if (!opts_.slow_links.empty()) {  // the slowest member's link
+          double f = 1;
+          for (size_t i = 0; i < u.ranks.size() && i < to.ranks.size(); ++i) {
+            const auto it = opts_.slow_links.find(std::pair<int, int>(
+                std::min(u.ranks[i], to.ranks[i]), std::max(u.ranks[i], to.ranks[i])));
+            if (it != opts_.slow_links.end()) f = std::max(f, it->second);
+          }
+          dt *= f;
+        }
+        arrival_[t.msg] = depart + dt;
+        link_free_[{int(&u - units_.data()), t.peer}] = depart + dt;
+        return true;
+      }
+      case TaskKind::Recv: {
+        auto it = arrival_.find(t.msg);
+        if (!u.started) u.started = true, u.since = now_;
+        if (it != arrival_.end() && it->second + u.sync_wait <= now_) {
+          u.pp_wait += now_ - u.since;
+          return true;
+        }
+        return false;
+      }
+      case TaskKind::StartBuckets:
+        request(u, t.chunk);
+        return true;
+      case TaskKind::WaitBuckets: {
+        if (!u.started) u.started = true, u.since = now_, u.pipeline_end = now_;
+        const auto& ends = bucket_end_[size_t(u.pp)];
+        bool all = true;
+        for (double e : ends) all = all && e >= 0 && e <= now_;
+        if (all) {
+          u.dp_wait += now_ - u.since;
+          return true;
+        }
+        return false;
+      }
+      case TaskKind::Sync: {
+        const auto key = std::make_pair(t.sync_id, sync_instance(u, t.sync_group));
+        if (!u.started) {
+          u.started = true;
+          u.since = now_;
+          auto& [count, latest] = sync_arrived_[key];
+          ++count;
+          latest = std::max(latest, now_);
+          if (count == sync_members(t.sync_group))
+            sync_release_[key] = latest + t.amount + (sync_members(t.sync_group) > 1 ? u.sync_wait : 0);
+        }
+        auto it = sync_release_.find(key);
+        if (it != sync_release_.end() && it->second <= now_) {
+          u.step_wait += now_ - u.since;
+          return true;
+        }
+        return false;
+      }
+    }
+    return false;
+  }
+
+  // Every task that can complete at now_ does (instantaneous steps), until
+  // none moves.
+  void run_instantaneous() {
     bool moved = true;
     while (moved) {
       moved = false;
-      for (Unit& u : units) {
+      for (Unit& u : units_) {
         while (u.pc < u.tasks.size()) {
-          Task& t = u.tasks[u.pc];
-          bool done = false;
-          switch (t.kind) {
-            case TaskKind::Compute:
-            case TaskKind::Delay:
-              if (!u.started) {
-                u.started = true;
-                u.since = now;
-                u.remaining = t.amount;
-                u.until = now + t.amount;
-              }
-              break;
-            case TaskKind::Send: {
-              const Unit& to = units[size_t(t.peer)];
-              const double depart = std::max(now, link_free[{int(&u - units.data()), t.peer}]);
-              double dt = cluster::message_time(cl, u.ranks[0], to.ranks[0], t.bytes);
-              if (!opts.slow_links.empty()) {  // the slowest member's link
-                double f = 1;
-                for (size_t i = 0; i < u.ranks.size() && i < to.ranks.size(); ++i) {
-                  const auto it = opts.slow_links.find(std::pair<int, int>(
-                      std::min(u.ranks[i], to.ranks[i]), std::max(u.ranks[i], to.ranks[i])));
-                  if (it != opts.slow_links.end()) f = std::max(f, it->second);
-                }
-                dt *= f;
-              }
-              arrival[t.msg] = depart + dt;
-              link_free[{int(&u - units.data()), t.peer}] = depart + dt;
-              done = true;
-              break;
-            }
-            case TaskKind::Recv: {
-              auto it = arrival.find(t.msg);
-              if (!u.started) u.started = true, u.since = now;
-              if (it != arrival.end() && it->second + u.sync_wait <= now) {
-                u.pp_wait += now - u.since;
-                done = true;
-              }
-              break;
-            }
-            case TaskKind::StartBuckets:
-              request(u, t.chunk);
-              done = true;
-              break;
-            case TaskKind::WaitBuckets: {
-              if (!u.started) u.started = true, u.since = now, u.pipeline_end = now;
-              const auto& ends = bucket_end[size_t(u.pp)];
-              bool all = true;
-              for (double e : ends) all = all && e >= 0 && e <= now;
-              if (all) {
-                u.dp_wait += now - u.since;
-                done = true;
-              }
-              break;
-            }
-            case TaskKind::Sync: {
-              const auto key = std::make_pair(t.sync_id, sync_instance(u, t.sync_group));
-              if (!u.started) {
-                u.started = true;
-                u.since = now;
-                auto& [count, latest] = sync_arrived[key];
-                ++count;
-                latest = std::max(latest, now);
-                if (count == sync_members(t.sync_group))
-                  sync_release[key] = latest + t.amount + (sync_members(t.sync_group) > 1 ? u.sync_wait : 0);
-              }
-              auto it = sync_release.find(key);
-              if (it != sync_release.end() && it->second <= now) {
-                u.step_wait += now - u.since;
-                done = true;
-              }
-              break;
-            }
-          }
-          if (!done) break;
+          if (!step_task(u, u.tasks[u.pc])) break;
           u.started = false;
           ++u.pc;
-          ++events;
+          ++events_;
           moved = true;
         }
       }
     }
-    // Rates of the computing units.
-    std::map<int, double> demand;
-    for (const Unit& u : units)
+  }
+
+  // Rates of the computing units: a shared-core pool's cores divided over
+  // the ranks computing in it.
+  void update_demand() {
+    demand_.clear();
+    for (const Unit& u : units_)
       if (u.pc < u.tasks.size() && u.tasks[u.pc].kind == TaskKind::Compute && u.pool >= 0)
         // A slowed rank (emulate.slow_ranks) sleeps part of its compute: it
         // holds a core for speed of the time.
-        demand[u.pool] += double(u.ranks.size()) * std::min(1.0, u.speed);
-    const double cores_of_pool = opts.host_cores > 0 ? double(opts.host_cores)
-                                                     : double(cl.cores_per_node);
-    auto rate = [&](const Unit& u) {
-      double r = u.speed;
-      if (u.pool >= 0) r *= std::min(1.0, cores_of_pool / demand[u.pool]);
-      return r;
-    };
-    // The next event.
+        demand_[u.pool] += double(u.ranks.size()) * std::min(1.0, u.speed);
+    cores_of_pool_ = opts_.host_cores > 0 ? double(opts_.host_cores) : double(cl_.cores_per_node);
+  }
+  double rate(const Unit& u) {
+    double r = u.speed;
+    if (u.pool >= 0) r *= std::min(1.0, cores_of_pool_ / demand_[u.pool]);
+    return r;
+  }
+
+  // The time of the next event (kInf: none can happen); all_done: every
+  // unit has finished its tasks.
+  double next_event(bool& all_done) {
+    update_demand();
     double next = kInf;
-    bool all_done = true;
-    for (const Unit& u : units) {
+    all_done = true;
+    for (const Unit& u : units_) {
       if (u.pc >= u.tasks.size()) continue;
       all_done = false;
       const Task& t = u.tasks[u.pc];
       switch (t.kind) {
-        case TaskKind::Compute: next = std::min(next, now + u.remaining / rate(u)); break;
+        case TaskKind::Compute: next = std::min(next, now_ + u.remaining / rate(u)); break;
         case TaskKind::Delay: next = std::min(next, u.until); break;
         case TaskKind::Recv:
-          if (auto it = arrival.find(t.msg); it != arrival.end())
+          if (auto it = arrival_.find(t.msg); it != arrival_.end())
             next = std::min(next, it->second + u.sync_wait);
           break;
         case TaskKind::WaitBuckets: {
           double last = 0;
           bool known = true;
-          for (double e : bucket_end[size_t(u.pp)]) known = known && e >= 0, last = std::max(last, e);
+          for (double e : bucket_end_[size_t(u.pp)]) known = known && e >= 0, last = std::max(last, e);
           if (known) next = std::min(next, last);
           break;
         }
         case TaskKind::Sync:
-          if (auto it = sync_release.find(std::make_pair(t.sync_id, sync_instance(u, t.sync_group)));
-              it != sync_release.end())
+          if (auto it = sync_release_.find(std::make_pair(t.sync_id, sync_instance(u, t.sync_group)));
+              it != sync_release_.end())
             next = std::min(next, it->second);
           break;
         default: break;
       }
     }
-    if (all_done) break;
-    if (!(next < kInf))
-      throw std::logic_error("simulate: no unit can proceed (a schedule that cannot complete)");
-    const double dt = std::max(0.0, next - now);
-    for (Unit& u : units) {
+    return next;
+  }
+
+  // The computes and delays run until `next`; those that end there complete.
+  void advance(double next) {
+    const double dt = std::max(0.0, next - now_);
+    for (Unit& u : units_) {
       if (u.pc >= u.tasks.size()) continue;
       Task& t = u.tasks[u.pc];
       if (t.kind == TaskKind::Compute) {
@@ -529,10 +566,10 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
         // tolerance below: now + remaining rounds by more than that, and a
         // residual between the two could not move now (next == now): the loop
         // spun forever.
-        const bool ends_next = now + u.remaining / rate(u) <= next;  // as `next` was formed
+        const bool ends_next = now_ + u.remaining / rate(u) <= next;  // as `next` was formed
         u.remaining -= rate(u) * dt;
         if (ends_next || u.remaining <= 1e-15 * std::max(1.0, t.amount) ||
-            now + dt >= next && u.remaining <= 1e-12) {
+            now_ + dt >= next && u.remaining <= 1e-12) {
           const double took = next - u.since;
           (t.cat == Cat::Optimizer ? u.optimizer : u.compute) += took;
           if (t.grads_done > -3) {
@@ -544,9 +581,9 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
           }
           u.started = false;
           ++u.pc;
-          ++events;
-          if (t.last_mb && P == 1) {
-            now = next;
+          ++events_;
+          if (t.last_mb && P_ == 1) {
+            now_ = next;
             request(u, -4);
           }
         }
@@ -554,46 +591,77 @@ SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
         (t.cat == Cat::Ep ? u.ep : u.tp) += t.amount;
         u.started = false;
         ++u.pc;
-        ++events;
+        ++events_;
       }
     }
-    now = next;
-    for (Unit& u : units)
-      if (u.pc >= u.tasks.size() && u.end == 0) u.end = now;
   }
-  for (Unit& u : units)
-    if (u.end == 0) u.end = now;
 
-  SimResult r;
-  r.world = world;
-  r.microbatches = m;
-  r.units_simulated = n_units;
-  r.events = events;
-  for (const Unit& u : units) {
-    r.step_time_s = std::max(r.step_time_s, u.end);
-    r.exposed_tp_s = std::max(r.exposed_tp_s, u.tp);
-    r.exposed_ep_s = std::max(r.exposed_ep_s, u.ep);
-    r.exposed_pp_s = std::max(r.exposed_pp_s, u.pp_wait);
-    r.exposed_dp_s = std::max(r.exposed_dp_s, u.dp_wait);
-    r.exposed_step_s = std::max(r.exposed_step_s, u.step_wait);
-    r.compute_s = std::max(r.compute_s, u.compute);
-    r.optimizer_s = std::max(r.optimizer_s, u.optimizer);
+  SimResult result() const {
+    const int n_units = int(units_.size());
+    SimResult r;
+    r.world = world_;
+    r.microbatches = m_;
+    r.units_simulated = n_units;
+    r.events = events_;
+    for (const Unit& u : units_) {
+      r.step_time_s = std::max(r.step_time_s, u.end);
+      r.exposed_tp_s = std::max(r.exposed_tp_s, u.tp);
+      r.exposed_ep_s = std::max(r.exposed_ep_s, u.ep);
+      r.exposed_pp_s = std::max(r.exposed_pp_s, u.pp_wait);
+      r.exposed_dp_s = std::max(r.exposed_dp_s, u.dp_wait);
+      r.exposed_step_s = std::max(r.exposed_step_s, u.step_wait);
+      r.compute_s = std::max(r.compute_s, u.compute);
+      r.optimizer_s = std::max(r.optimizer_s, u.optimizer);
+    }
+    if (P_ > 1) {
+      double span = 0, busy = 0;
+      for (const Unit& u : units_) span = std::max(span, u.pipeline_end);
+      for (const Unit& u : units_) busy += u.compute + u.tp + u.ep;
+      r.bubble = span > 0 ? std::max(0.0, 1.0 - busy / (span * n_units)) : 0;
+    }
+    const double tokens = double(cfg_.train.global_batch) * double(cfg_.model.seq_len);
+    r.tokens_per_s = tokens / r.step_time_s;
+    r.tflops_per_gpu = mfu_flops_per_token(cfg_.model) * r.tokens_per_s / double(world_) / 1e12;
+    const double peak = bytes_ <= 2 ? cl_.device.peak_bf16_flops : cl_.device.peak_fp32_flops;
+    r.mfu = peak > 0 ? r.tflops_per_gpu * 1e12 / peak : 0;
+    std::vector<std::vector<int64_t>> held;
+    if (P_ > 1) held = pp::held_activations(sched_);
+    r.memory_bytes_max = double(estimate_memory(cfg_, bytes_, held).bytes_total);
+    return r;
   }
-  if (P > 1) {
-    double span = 0, busy = 0;
-    for (const Unit& u : units) span = std::max(span, u.pipeline_end);
-    for (const Unit& u : units) busy += u.compute + u.tp + u.ep;
-    r.bubble = span > 0 ? std::max(0.0, 1.0 - busy / (span * n_units)) : 0;
-  }
-  const double tokens = double(cfg.train.global_batch) * double(cfg.model.seq_len);
-  r.tokens_per_s = tokens / r.step_time_s;
-  r.tflops_per_gpu = mfu_flops_per_token(cfg.model) * r.tokens_per_s / double(world) / 1e12;
-  const double peak = bytes <= 2 ? cl.device.peak_bf16_flops : cl.device.peak_fp32_flops;
-  r.mfu = peak > 0 ? r.tflops_per_gpu * 1e12 / peak : 0;
-  std::vector<std::vector<int64_t>> held;
-  if (P > 1) held = pp::held_activations(sched);
-  r.memory_bytes_max = double(estimate_memory(cfg, bytes, held).bytes_total);
-  return r;
+
+  const RunConfig& cfg_;
+  const cluster::Cluster& cl_;
+  OpCosts& costs_;
+  const SimOptions& opts_;
+  const Layout lay_;
+  int64_t world_ = 0;
+  int P_ = 1, bytes_ = 4, replicas_ = 1;
+  int64_t m_ = 1;
+  std::vector<RankWork> work_;
+  pp::Schedule sched_;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>, double> memo_;
+  std::vector<Unit> units_;
+  std::map<std::pair<const Unit*, const PassWork*>, std::vector<Task>> pass_cache_;
+  std::vector<std::vector<double>> bucket_dur_;  // [pp][bucket] seconds
+  // Simulation state.
+  std::map<int64_t, double> arrival_;                // message -> arrival time
+  std::map<std::pair<int, int>, double> link_free_;  // (from unit, to unit) -> free at
+  std::vector<std::vector<double>> bucket_end_;      // [pp][bucket] end (replica-wide), -1
+  std::vector<size_t> next_bucket_;                  // buckets are scheduled in id order
+  std::map<std::pair<int, int>, std::pair<int, double>> sync_arrived_;  // -> (count, latest arrival)
+  std::map<std::pair<int, int>, double> sync_release_;
+  std::map<int, double> demand_;  // per shared-core pool: cores the computing ranks want
+  double cores_of_pool_ = 0;
+  double now_ = 0;
+  int64_t events_ = 0;
+};
+
+}  // namespace
+
+SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCosts& costs,
+                        const SimOptions& opts) {
+  return StepSimulation(cfg, cl, costs, opts).run();
 }
 
 std::string to_json(const SimResult& r) {

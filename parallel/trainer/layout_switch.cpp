@@ -102,7 +102,7 @@ bool Trainer::experts_in_place(const RunConfig& next, const std::string& who, Me
   same.parallel.expert_placement = b.expert_placement;
   if (!same_engine(same, cfg_)) return false;
   const bool move = a.expert_placement != b.expert_placement;
-  if (move && (!engine_->reducer().compression_state().empty() || cfg_.parallel.zero == 1)) return false;
+  if (move && (engine_->reducer().has_compression_state() || cfg_.parallel.zero == 1)) return false;
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t bytes0 = engine_->groups().ep->stats().bytes;
   try {  // a bad text is refused before anything moves, the same on every rank
@@ -367,7 +367,7 @@ void Trainer::switch_layout(const RunConfig& next, const std::string& why, Metri
   phase("copy_out");
   std::optional<SharedSources> shared(std::in_place, src);
   RankState recv = touched_receive_buffers(*shared, src);
-  rec.had_ef = !engine_->reducer().compression_state().empty();
+  rec.had_ef = engine_->reducer().has_compression_state();
   rec.schedule_before = engine_->pipelined() ? engine_->pipeline()->schedule().name : std::string();
   phase("window");
 

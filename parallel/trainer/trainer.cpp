@@ -28,6 +28,7 @@
 #include "kernels/clock.hpp"
 #include "parallel/control/compress_controller.hpp"
 #include "parallel/compress/level.hpp"
+#include "parallel/dp/compression_state.hpp"
 #include "parallel/fault/progress.hpp"
 #include "parallel/comm/mpi_env.hpp"
 #include "parallel/pipeline/run_schedule.hpp"
@@ -300,7 +301,7 @@ void Trainer::load(const std::string& step_dir) {
       if (c == rs.end() || c->second.ints != rank_coords(engine_->shard_layout()))
         why = "it was saved by another layout or rank placement";
       else
-        why = engine_->reducer().restore_compression_state(rs);
+        why = restore_compression_state(engine_->reducer(), rs);
     }
     why = agree_error(*engine_->groups().world, why);
     if (!why.empty()) {
@@ -350,7 +351,7 @@ void Trainer::save(MetricsLog* metrics, TeiMeter& tei, bool wait) {
                    .dump();
   }
   st.state = trainer_state(cfg_.model, opt_steps_, bias, schedule);
-  st.rank_state = engine_->reducer().compression_state();  // per rank (docs/compression.md)
+  st.rank_state = compression_state(engine_->reducer());  // per rank (docs/compression.md)
   if (!st.rank_state.empty())
     st.rank_state["compress/rank_coords"] = StateEntry::of_ints(rank_coords(lay));
   if (!engine_->groups().plan_json.empty())  // recorded, not restored (docs/planner.md)
