@@ -212,54 +212,265 @@ double PipelineExecutor::last_compute_seconds() const {
   return b;
 }
 
-double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scale,
-                                  const GradHooks& hooks) {
-  const auto& list = sched_.ranks[size_t(rank_)];
-  timeline_.clear();
-  timeline_.reserve(list.size());
-  comm_.barrier();  // a common start, so the timelines of the ranks line up
+// One step's state: what run_step's instructions share.
+struct PipelineExecutor::StepRun {
+  const MicroBatchFetch& fetch;
+  double grad_scale;
+  const GradHooks& hooks;
+  const std::vector<pp::Instr>& list;
   // On an emulation's virtual clock the timeline is in that clock's time
   // (what a rank with a core of its own would see): the backend's marks are
   // wall time, in which ranks sharing cores wait for each other's turn.
-  const bool vclock = slow_ && slow_->virtual_clock();
-  const double v_start = vclock ? slow_->now() : 0.0;
+  bool vclock = false;
+  double v_start = 0;
   std::vector<std::pair<double, double>> vmarks;  // per timeline entry, with vclock
   // Time in the receives (waiting for a neighbour, or the transport's copy),
   // on the timeline's clock: the virtual one, else the host's wall clock
   // when the receives block the host (a host backend). A device's receive
   // only enqueues (NCCL): not measured there (-1).
-  const bool host_waits = vclock || be_.is_host();
-  wait_s_ = host_waits ? 0.0 : -1.0;
-  const auto clock_now = [&] {
-    return vclock ? slow_->now() : wall_seconds();
-  };
+  bool host_waits = false;
+  std::vector<std::pair<int, int>> marks;  // per timeline entry: its start and end marks
+  double loss_sum = 0;
+  SendProgress* progress = nullptr;
+  // The helper thread may call MPI only while this thread makes no MPI call:
+  // not when a compute itself communicates (tensor parallelism, the MoE
+  // all-to-all).
+  bool progress_ok = false;
+  // Snapshots of input gradients between a backward and its SendGrad.
+  std::map<std::pair<int, int>, Tensor> grad_out;
+  // Per chunk: whether its last weight gradients came from a fused Backward
+  // that reported its units (hooks.unit) and summed its tp partials.
+  std::vector<char> fused_last;
+  // Each compute's busy time is measured as CPU time on a host backend with
+  // one thread per rank, else -1.
+  bool cpu_clock = false;
+  // Each chunk's last backward of the step: MoE expert replicas send their
+  // gradients (summed over the micro-batches) back to the owners there, once
+  // a step (Model::defer_replica_grads), before the chunk's ReduceGrads.
+  std::vector<size_t> last_backward;
+};
+
+double PipelineExecutor::clock_now(const StepRun& st) const {
+  return st.vclock ? slow_->now() : wall_seconds();
+}
+
+void PipelineExecutor::recv_timed(StepRun& st, Tensor t, int peer, int tg) {
+  const double w0 = st.host_waits ? clock_now(st) : 0.0;
+  comm_.recv(t, peer, tg);
+  if (st.host_waits) {
+    const double w1 = clock_now(st);
+    wait_s_ += w1 - w0;
+    msg_times_.push_back({peer, tg, false, w1});
+  }
+}
+
+void PipelineExecutor::note_sent(StepRun& st, int peer, int tg) {
+  if (st.host_waits) msg_times_.push_back({peer, tg, true, clock_now(st)});
+}
+
+// Every compute instruction runs here: the helper thread moves sends while
+// it computes (when `helper`), and the slowdown hook (inactive unless
+// emulated) stretches it, the helper still moving sends. Returns the
+// piece's busy time (ExecutedInstr::busy).
+template <class Piece>
+double PipelineExecutor::compute(StepRun& st, bool helper, Piece&& piece) {
+  const double c0 = st.cpu_clock ? thread_cpu_seconds() : 0;
+  if (helper) st.progress->compute_begin();
+  if (slow_) slow_->begin();
+  piece();
+  const double busy = st.cpu_clock ? (thread_cpu_seconds() - c0) * (slow_ ? slow_->factor() : 1.0) : -1.0;
+  if (slow_) slow_->catch_up();
+  st.progress->compute_end();
+  return busy;
+}
+
+void PipelineExecutor::timeline_entry(StepRun& st, const ExecutedInstr& e, int m0, double v0) {
+  st.marks.emplace_back(m0, be_.mark());
+  if (st.vclock) st.vmarks.emplace_back(v0 - st.v_start, slow_->now() - st.v_start);
+  timeline_.push_back(e);
+}
+
+void PipelineExecutor::exec_transfer(StepRun& st, size_t i, const pp::Instr& in, int stage) {
+  const int c = in.chunk, mb = in.microbatch;
+  switch (in.op) {
+    case pp::Op::RecvAct: {
+      const int slot = slot_for(c, mb);
+      if (in.peer == rank_) {  // the vee placement's turn on rank pp-1: in memory
+        Buffer b = take_over(tag(kAct, mb, stage), in);
+        const Tensor dst = model_.stage_input(c, slot);
+        Tensor src = dst;
+        src.data = b.data();
+        be_.copy(dst, src);
+        free_self_.push_back(std::move(b));
+        break;
+      }
+      recv_timed(st, model_.stage_input(c, slot), in.peer, tag(kAct, mb, stage));
+      break;
+    }
+    case pp::Op::RecvGrad: {
+      if (in.peer == rank_) {
+        grads_in_[{c, mb}] = take_over(tag(kGrad, mb, stage), in);
+        break;
+      }
+      const Tensor out = model_.stage_output(c, slot_for(c, mb));
+      // Reuse a buffer whose gradient a backward has consumed: the rank
+      // holds only the gradients received and not yet used.
+      Buffer& b = grads_in_[{c, mb}];
+      if (b.bytes() != out.bytes()) b = take_buffer(free_grads_, out.bytes());
+      recv_timed(st, Tensor(b.data(), out.dtype, {out.numel()}), in.peer, tag(kGrad, mb, stage));
+      break;
+    }
+    case pp::Op::SendAct: {
+      const int slot = slot_for(c, mb);
+      if (in.peer == rank_) {
+        hand_over(model_.stage_output(c, slot), tag(kAct, mb, stage + 1), free_self_);
+        break;
+      }
+      isend_copy(model_.stage_output(c, slot), in.peer, tag(kAct, mb, stage + 1));
+      note_sent(st, in.peer, tag(kAct, mb, stage + 1));
+      break;
+    }
+    case pp::Op::SendGrad: {
+      auto it = st.grad_out.find({c, mb});
+      ADGT_CHECK(it != st.grad_out.end(), "pipeline executor: rank " << rank_ << " #" << i << " "
+                                                                     << pp::to_string(in)
+                                                                     << " before its backward");
+      if (in.peer == rank_) {  // into a buffer of the received gradients' pool
+        hand_over(it->second, tag(kGrad, mb, stage - 1), free_grads_);
+        for (SendBuf& s : sends_)
+          if (s.buf.data() == it->second.data) s.id = -1;  // the snapshot's buffer is free again
+        st.grad_out.erase(it);
+        break;
+      }
+      const int64_t id = comm_.isend(it->second, in.peer, tag(kGrad, mb, stage - 1));
+      note_sent(st, in.peer, tag(kGrad, mb, stage - 1));
+      for (SendBuf& s : sends_)
+        if (s.buf.data() == it->second.data) s.id = id;
+      st.grad_out.erase(it);
+      break;
+    }
+    default: break;
+  }
+}
+
+void PipelineExecutor::exec_forward(StepRun& st, const pp::Instr& in) {
+  const int c = in.chunk, mb = in.microbatch;
+  ExecutedInstr e{in, 0, 0};
+  const int m0 = be_.mark();
+  const double v0 = st.vclock ? slow_->now() : 0.0;
+  const int slot = slot_for(c, mb);
+  const bool first = model_.chunk_has_embedding(c), last = model_.chunk_has_head(c);
+  e.busy = compute(st, st.progress_ok, [&] {
+    if (first || last) st.fetch(mb, in_.data(), tg_.data());
+    const double l = model_.forward_chunk(c, slot, in_.data(), tg_.data(), st.grad_scale);
+    if (last) st.loss_sum += l;
+  });
+  timeline_entry(st, e, m0, v0);
+}
+
+void PipelineExecutor::exec_backward(StepRun& st, size_t i, const pp::Instr& in, int stage) {
+  const int c = in.chunk, mb = in.microbatch;
+  ExecutedInstr e{in, 0, 0};
+  const int m0 = be_.mark();
+  const double v0 = st.vclock ? slow_->now() : 0.0;
+  const bool split = in.op == pp::Op::BackwardInput;
+  const int slot = slot_for(c, mb);
+  Tensor d_out;
+  if (!model_.chunk_has_head(c)) {
+    auto it = grads_in_.find({c, mb});
+    ADGT_CHECK(it != grads_in_.end(), "pipeline executor: rank "
+                                          << rank_ << " #" << i << " " << pp::to_string(in)
+                                          << " without its output gradient");
+    const Tensor out = model_.stage_output(c, slot);
+    d_out = Tensor(it->second.data(), out.dtype, {out.numel()});
+  }
+  // The chunk's last fused Backward reports its gradient units as they
+  // complete, so their buckets start during it (and move at each later
+  // unit). Starting a bucket is an MPI call of this thread, so the
+  // helper thread stays out of this compute (MPI_THREAD_SERIALIZED).
+  const auto& list = st.list;
+  const bool last_w = !split && st.hooks.unit && i + 1 < list.size() &&
+                      list[i + 1].op == pp::Op::ReduceGrads && list[i + 1].chunk == c;
+  std::function<void(int64_t, int64_t)> unit;
+  if (last_w) unit = slow_ ? slow_->wrap(st.hooks.unit) : st.hooks.unit;
+  model_.defer_replica_grads(i != st.last_backward[size_t(c)]);
+  e.busy = compute(st, st.progress_ok && !last_w,
+                   [&] { model_.backward_chunk(c, slot, d_out, split, unit, last_w); });
+  st.fused_last[size_t(c)] = last_w;
+  if (auto it = grads_in_.find({c, mb}); it != grads_in_.end()) {  // consumed
+    free_grads_.push_back(std::move(it->second));
+    grads_in_.erase(it);
+  }
+  if (stage > 0) {  // snapshot dL/d(input) for the SendGrad
+    Tensor g = model_.input_grad();
+    Tensor b = send_buffer(g);
+    be_.copy(b, Tensor(g.data, g.dtype, {g.numel()}));
+    st.grad_out[{c, mb}] = b;
+  }
+  if (!split) release_slot(c, mb);
+  timeline_entry(st, e, m0, v0);
+}
+
+void PipelineExecutor::exec_backward_weight(StepRun& st, const pp::Instr& in) {
+  const int c = in.chunk, mb = in.microbatch;
+  ExecutedInstr e{in, 0, 0};
+  const int m0 = be_.mark();
+  const double v0 = st.vclock ? slow_->now() : 0.0;
+  const int slot = slot_for(c, mb);
+  e.busy = compute(st, st.progress_ok, [&] { model_.backward_weight(c, slot); });
+  release_slot(c, mb);
+  timeline_entry(st, e, m0, v0);
+}
+
+void PipelineExecutor::finish_step(StepRun& st) {
+  const int m_end = be_.mark();
+  const std::vector<double> t = be_.take_marks();  // the step's one wait for the timeline
+  for (size_t j = 0; j < timeline_.size(); ++j) {
+    timeline_[j].start = t[size_t(st.marks[j].first)];
+    timeline_[j].end = t[size_t(st.marks[j].second)];
+  }
+  if (st.vclock)
+    for (size_t j = 0; j < timeline_.size(); ++j)
+      std::tie(timeline_[j].start, timeline_[j].end) = st.vmarks[j];
+  step_s_ = timeline_.empty() ? (st.vclock ? slow_->now() - st.v_start : t[size_t(m_end)])
+                              : timeline_.back().end;
+  st.loss_sum += model_.take_deferred_loss();  // the forwards returned 0
+  model_.defer_losses(false);
+  ADGT_CHECK(self_msgs_.empty(), "pipeline executor: rank " << rank_ << " still holds "
+                                                             << self_msgs_.size()
+                                                             << " messages to itself after the step");
+  for (int c = 0; c < model_.num_chunks(); ++c)
+    ADGT_CHECK(slot_of_[size_t(c)].empty(),
+               "pipeline executor: rank " << rank_ << " chunk " << c << " still holds "
+                                          << slot_of_[size_t(c)].size()
+                                          << " micro-batches' activations after the step");
+}
+
+double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scale,
+                                  const GradHooks& hooks) {
+  const auto& list = sched_.ranks[size_t(rank_)];
+  StepRun st{fetch, grad_scale, hooks, list};
+  timeline_.clear();
+  timeline_.reserve(list.size());
+  comm_.barrier();  // a common start, so the timelines of the ranks line up
+  st.vclock = slow_ && slow_->virtual_clock();
+  st.v_start = st.vclock ? slow_->now() : 0.0;
+  st.host_waits = st.vclock || be_.is_host();
+  wait_s_ = st.host_waits ? 0.0 : -1.0;
   msg_times_.clear();
   held_ = peak_held_ = 0;  // every slot is free between steps (checked at the end)
-  const auto recv = [&](Tensor t, int peer, int tg) {
-    const double w0 = host_waits ? clock_now() : 0.0;
-    comm_.recv(t, peer, tg);
-    if (host_waits) {
-      const double w1 = clock_now();
-      wait_s_ += w1 - w0;
-      msg_times_.push_back({peer, tg, false, w1});
-    }
-  };
-  const auto sent = [&](int peer, int tg) {
-    if (host_waits) msg_times_.push_back({peer, tg, true, clock_now()});
-  };
   // The timeline from the backend's marks (no wait per instruction on a
   // device; taken once after the step): mark 0 is the start.
   (void)be_.take_marks();
   be_.mark();
-  std::vector<std::pair<int, int>> marks;  // per timeline entry: its start and end marks
-  double loss_sum = 0;
   model_.defer_losses(true);  // the head's losses are read once, after the step
   std::vector<Comm*> moving{&comm_};
   moving.insert(moving.end(), progress_comms_.begin(), progress_comms_.end());
   // On the emulation's virtual clock a message's time is the link model's,
   // not when its bytes moved: the helper polls as seldom as a blocking
   // receive does there (mpi_poll_interval_us, 200 us), else every 20 us.
-  SendProgress progress(moving, vclock ? std::max(20, mpi_poll_interval_us()) : 20);
+  SendProgress progress(moving, st.vclock ? std::max(20, mpi_poll_interval_us()) : 20);
+  st.progress = &progress;
   // While a Recv or WaitSends waits for a neighbour (the bubble), the started
   // data-parallel collectives move along on this thread.
   struct WaitHook {
@@ -270,41 +481,14 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
     comm_.set_wait_hook([this] {
       for (Comm* pc : progress_comms_) pc->progress();
     });
-  // The helper thread may call MPI only while this thread makes no MPI call:
-  // not when a compute itself communicates (tensor parallelism, the MoE
-  // all-to-all).
-  const bool progress_ok = model_.tp_size() == 1 && !model_.has_moe();
-  // Snapshots of input gradients between a backward and its SendGrad.
-  std::map<std::pair<int, int>, Tensor> grad_out;
-  // Per chunk: whether its last weight gradients came from a fused Backward
-  // that reported its units (hooks.unit) and summed its tp partials.
-  std::vector<char> fused_last(size_t(model_.num_chunks()), 0);
-  // Every compute instruction runs here: the helper thread moves sends while
-  // it computes (when `helper`), and the slowdown hook (inactive unless
-  // emulated) stretches it, the helper still moving sends.
-  // Returns the piece's busy time (ExecutedInstr::busy): measured as CPU
-  // time on a host backend with one thread per rank, else -1.
-  const bool cpu_clock = be_.is_host() && omp_get_max_threads() == 1;
-  const auto thread_cpu = [] { return thread_cpu_seconds(); };
-  auto compute = [&](bool helper, auto&& piece) {
-    const double c0 = cpu_clock ? thread_cpu() : 0;
-    if (helper) progress.compute_begin();
-    if (slow_) slow_->begin();
-    piece();
-    const double busy = cpu_clock ? (thread_cpu() - c0) * (slow_ ? slow_->factor() : 1.0) : -1.0;
-    if (slow_) slow_->catch_up();
-    progress.compute_end();
-    return busy;
-  };
-
-  // Each chunk's last backward of the step: MoE expert replicas send their
-  // gradients (summed over the micro-batches) back to the owners there, once
-  // a step (Model::defer_replica_grads), before the chunk's ReduceGrads.
-  std::vector<size_t> last_backward(size_t(std::max(model_.num_chunks(), 1)), list.size());
+  st.progress_ok = model_.tp_size() == 1 && !model_.has_moe();
+  st.fused_last.assign(size_t(model_.num_chunks()), 0);
+  st.cpu_clock = be_.is_host() && omp_get_max_threads() == 1;
+  st.last_backward.assign(size_t(std::max(model_.num_chunks(), 1)), list.size());
   for (size_t j = 0; j < list.size(); ++j)
     if ((list[j].op == pp::Op::Backward || list[j].op == pp::Op::BackwardInput) && list[j].chunk >= 0 &&
-        size_t(list[j].chunk) < last_backward.size())
-      last_backward[size_t(list[j].chunk)] = j;
+        size_t(list[j].chunk) < st.last_backward.size())
+      st.last_backward[size_t(list[j].chunk)] = j;
   struct ReplicaReturn {
     Model& m;
     ~ReplicaReturn() { m.defer_replica_grads(false); }
@@ -312,140 +496,19 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
 
   for (size_t i = 0; i < list.size(); ++i) {
     const pp::Instr& in = list[i];
-    const int c = in.chunk, mb = in.microbatch;
     for (Comm* pc : progress_comms_) pc->progress();
-    const int stage = c >= 0 ? sched_.stage(rank_, c) : -1;
+    const int stage = in.chunk >= 0 ? sched_.stage(rank_, in.chunk) : -1;
     switch (in.op) {
-      case pp::Op::RecvAct: {
-        const int slot = slot_for(c, mb);
-        if (in.peer == rank_) {  // the vee placement's turn on rank pp-1: in memory
-          Buffer b = take_over(tag(kAct, mb, stage), in);
-          const Tensor dst = model_.stage_input(c, slot);
-          Tensor src = dst;
-          src.data = b.data();
-          be_.copy(dst, src);
-          free_self_.push_back(std::move(b));
-          break;
-        }
-        recv(model_.stage_input(c, slot), in.peer, tag(kAct, mb, stage));
-        break;
-      }
-      case pp::Op::RecvGrad: {
-        if (in.peer == rank_) {
-          grads_in_[{c, mb}] = take_over(tag(kGrad, mb, stage), in);
-          break;
-        }
-        const Tensor out = model_.stage_output(c, slot_for(c, mb));
-        // Reuse a buffer whose gradient a backward has consumed: the rank
-        // holds only the gradients received and not yet used.
-        Buffer& b = grads_in_[{c, mb}];
-        if (b.bytes() != out.bytes()) b = take_buffer(free_grads_, out.bytes());
-        recv(Tensor(b.data(), out.dtype, {out.numel()}), in.peer, tag(kGrad, mb, stage));
-        break;
-      }
-      case pp::Op::SendAct: {
-        const int slot = slot_for(c, mb);
-        if (in.peer == rank_) {
-          hand_over(model_.stage_output(c, slot), tag(kAct, mb, stage + 1), free_self_);
-          break;
-        }
-        isend_copy(model_.stage_output(c, slot), in.peer, tag(kAct, mb, stage + 1));
-        sent(in.peer, tag(kAct, mb, stage + 1));
-        break;
-      }
-      case pp::Op::SendGrad: {
-        auto it = grad_out.find({c, mb});
-        ADGT_CHECK(it != grad_out.end(), "pipeline executor: rank " << rank_ << " #" << i << " "
-                                                                    << pp::to_string(in)
-                                                                    << " before its backward");
-        if (in.peer == rank_) {  // into a buffer of the received gradients' pool
-          hand_over(it->second, tag(kGrad, mb, stage - 1), free_grads_);
-          for (SendBuf& s : sends_)
-            if (s.buf.data() == it->second.data) s.id = -1;  // the snapshot's buffer is free again
-          grad_out.erase(it);
-          break;
-        }
-        const int64_t id = comm_.isend(it->second, in.peer, tag(kGrad, mb, stage - 1));
-        sent(in.peer, tag(kGrad, mb, stage - 1));
-        for (SendBuf& s : sends_)
-          if (s.buf.data() == it->second.data) s.id = id;
-        grad_out.erase(it);
-        break;
-      }
-      case pp::Op::Forward: {
-        ExecutedInstr e{in, 0, 0};
-        const int m0 = be_.mark();
-        const double v0 = vclock ? slow_->now() : 0.0;
-        const int slot = slot_for(c, mb);
-        const bool first = model_.chunk_has_embedding(c), last = model_.chunk_has_head(c);
-        e.busy = compute(progress_ok, [&] {
-          if (first || last) fetch(mb, in_.data(), tg_.data());
-          const double l = model_.forward_chunk(c, slot, in_.data(), tg_.data(), grad_scale);
-          if (last) loss_sum += l;
-        });
-        marks.emplace_back(m0, be_.mark());
-        if (vclock) vmarks.emplace_back(v0 - v_start, slow_->now() - v_start);
-        timeline_.push_back(e);
-        break;
-      }
+      case pp::Op::RecvAct:
+      case pp::Op::RecvGrad:
+      case pp::Op::SendAct:
+      case pp::Op::SendGrad: exec_transfer(st, i, in, stage); break;
+      case pp::Op::Forward: exec_forward(st, in); break;
       case pp::Op::Backward:
-      case pp::Op::BackwardInput: {
-        ExecutedInstr e{in, 0, 0};
-        const int m0 = be_.mark();
-        const double v0 = vclock ? slow_->now() : 0.0;
-        const bool split = in.op == pp::Op::BackwardInput;
-        const int slot = slot_for(c, mb);
-        Tensor d_out;
-        if (!model_.chunk_has_head(c)) {
-          auto it = grads_in_.find({c, mb});
-          ADGT_CHECK(it != grads_in_.end(), "pipeline executor: rank "
-                                                << rank_ << " #" << i << " " << pp::to_string(in)
-                                                << " without its output gradient");
-          const Tensor out = model_.stage_output(c, slot);
-          d_out = Tensor(it->second.data(), out.dtype, {out.numel()});
-        }
-        // The chunk's last fused Backward reports its gradient units as they
-        // complete, so their buckets start during it (and move at each later
-        // unit). Starting a bucket is an MPI call of this thread, so the
-        // helper thread stays out of this compute (MPI_THREAD_SERIALIZED).
-        const bool last_w = !split && hooks.unit && i + 1 < list.size() &&
-                            list[i + 1].op == pp::Op::ReduceGrads && list[i + 1].chunk == c;
-        std::function<void(int64_t, int64_t)> unit;
-        if (last_w) unit = slow_ ? slow_->wrap(hooks.unit) : hooks.unit;
-        model_.defer_replica_grads(i != last_backward[size_t(c)]);
-        e.busy = compute(progress_ok && !last_w,
-                         [&] { model_.backward_chunk(c, slot, d_out, split, unit, last_w); });
-        fused_last[size_t(c)] = last_w;
-        if (auto it = grads_in_.find({c, mb}); it != grads_in_.end()) {  // consumed
-          free_grads_.push_back(std::move(it->second));
-          grads_in_.erase(it);
-        }
-        if (stage > 0) {  // snapshot dL/d(input) for the SendGrad
-          Tensor g = model_.input_grad();
-          Tensor b = send_buffer(g);
-          be_.copy(b, Tensor(g.data, g.dtype, {g.numel()}));
-          grad_out[{c, mb}] = b;
-        }
-        if (!split) release_slot(c, mb);
-        marks.emplace_back(m0, be_.mark());
-        if (vclock) vmarks.emplace_back(v0 - v_start, slow_->now() - v_start);
-        timeline_.push_back(e);
-        break;
-      }
-      case pp::Op::BackwardWeight: {
-        ExecutedInstr e{in, 0, 0};
-        const int m0 = be_.mark();
-        const double v0 = vclock ? slow_->now() : 0.0;
-        const int slot = slot_for(c, mb);
-        e.busy = compute(progress_ok, [&] { model_.backward_weight(c, slot); });
-        release_slot(c, mb);
-        marks.emplace_back(m0, be_.mark());
-        if (vclock) vmarks.emplace_back(v0 - v_start, slow_->now() - v_start);
-        timeline_.push_back(e);
-        break;
-      }
+      case pp::Op::BackwardInput: exec_backward(st, i, in, stage); break;
+      case pp::Op::BackwardWeight: exec_backward_weight(st, in); break;
       case pp::Op::ReduceGrads:
-        if (hooks.chunk) hooks.chunk(c, fused_last[size_t(c)] != 0);
+        if (hooks.chunk) hooks.chunk(in.chunk, st.fused_last[size_t(in.chunk)] != 0);
         break;
       case pp::Op::WaitSends:
         comm_.wait_sends();
@@ -453,28 +516,8 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
         break;
     }
   }
-  const int m_end = be_.mark();
-  const std::vector<double> t = be_.take_marks();  // the step's one wait for the timeline
-  for (size_t j = 0; j < timeline_.size(); ++j) {
-    timeline_[j].start = t[size_t(marks[j].first)];
-    timeline_[j].end = t[size_t(marks[j].second)];
-  }
-  if (vclock)
-    for (size_t j = 0; j < timeline_.size(); ++j)
-      std::tie(timeline_[j].start, timeline_[j].end) = vmarks[j];
-  step_s_ = timeline_.empty() ? (vclock ? slow_->now() - v_start : t[size_t(m_end)])
-                              : timeline_.back().end;
-  loss_sum += model_.take_deferred_loss();  // the forwards returned 0
-  model_.defer_losses(false);
-  ADGT_CHECK(self_msgs_.empty(), "pipeline executor: rank " << rank_ << " still holds "
-                                                             << self_msgs_.size()
-                                                             << " messages to itself after the step");
-  for (int c = 0; c < model_.num_chunks(); ++c)
-    ADGT_CHECK(slot_of_[size_t(c)].empty(),
-               "pipeline executor: rank " << rank_ << " chunk " << c << " still holds "
-                                          << slot_of_[size_t(c)].size()
-                                          << " micro-batches' activations after the step");
-  return loss_sum;
+  finish_step(st);
+  return st.loss_sum;
 }
 
 double PipelineExecutor::forward_only(const int32_t* inputs, const int32_t* targets) {

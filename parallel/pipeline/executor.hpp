@@ -120,6 +120,23 @@ class PipelineExecutor {
   int64_t last_peak_held() const { return peak_held_; }
 
  private:
+  // run_step's parts: the step's shared state (executor.cpp), a receive timed
+  // on the step's clock, a send noted, one compute instruction's run (the
+  // helper thread, the slowdown hook, its busy time), its timeline entry, the
+  // four kinds of instruction, and the timeline and checks after the step.
+  struct StepRun;
+  double clock_now(const StepRun& st) const;
+  void recv_timed(StepRun& st, Tensor t, int peer, int tg);
+  void note_sent(StepRun& st, int peer, int tg);
+  template <class Piece>
+  double compute(StepRun& st, bool helper, Piece&& piece);
+  void timeline_entry(StepRun& st, const ExecutedInstr& e, int m0, double v0);
+  void exec_transfer(StepRun& st, size_t i, const pp::Instr& in, int stage);
+  void exec_forward(StepRun& st, const pp::Instr& in);
+  void exec_backward(StepRun& st, size_t i, const pp::Instr& in, int stage);
+  void exec_backward_weight(StepRun& st, const pp::Instr& in);
+  void finish_step(StepRun& st);
+
   int tag(int kind, int mb, int receiving_stage) const;
   int slot_for(int chunk, int mb);      // assigns a free slot on first use
   void release_slot(int chunk, int mb);
