@@ -51,161 +51,192 @@ void print_result(const adgt::RunConfig& cfg, const adgt::cluster::Cluster& cl,
               r.memory_bytes_max / 1073741824.0);
 }
 
+// The command line.
+struct Cli {
+  std::string config_path, cluster_name = "dgx-h100", costs_mode = "auto", profile_cache, slow;
+  std::vector<std::string> overrides;
+  int64_t gpus = 0, host_cores = 0, top = 10, cold_mib = 16;
+  bool json = false, sweep = false, sweep_all = false, dropout = false, no_calibrate = false;
+  std::string attention = "flash", sync = "0";
+  double moe_skew = 0;
+  bool cluster_given = false;
+};
+
+// The op costs: measured on this CPU (a profile, calibrated unless
+// --no-calibrate; the cluster's peak becomes this machine's GEMM rate) or the
+// device model. `be` keeps the profile's backend.
+std::unique_ptr<adgt::sim::OpCosts> make_costs(const Cli& cli, const adgt::RunConfig& cfg,
+                                               adgt::cluster::Cluster& cl, std::unique_ptr<adgt::Backend>& be) {
+  const bool profile =
+      cli.costs_mode == "profile" || (cli.costs_mode == "auto" && cl.cores_per_node > 0);
+  if (cli.costs_mode != "auto" && cli.costs_mode != "model" && cli.costs_mode != "profile")
+    throw adgt::ConfigError("--costs: expected auto, model or profile, got '" + cli.costs_mode + "'");
+  if (!profile) return std::make_unique<adgt::sim::DeviceModelCosts>(cl.device);
+  be = adgt::make_backend("cpu");
+  auto pc = std::make_unique<adgt::sim::ProfileCosts>(*be, cli.profile_cache, 0.01,
+                                                       size_t(cli.cold_mib) << 20);
+  if (!cli.no_calibrate) pc->calibrate(cfg);
+  // MFU against this machine's measured GEMM rate, as the trainer reports it.
+  cl.device.peak_fp32_flops = cl.device.peak_bf16_flops = be->peak_tflops() * 1e12;
+  return pc;
+}
+
+// The simulation's options from the command line and the run file's emulate.*.
+adgt::sim::SimOptions sim_options(const Cli& cli, const adgt::RunConfig& cfg, const std::string& slow) {
+  adgt::sim::SimOptions opts;
+  opts.host_cores = cli.host_cores;
+  opts.slow_ranks = parse_slow(slow);
+  // The run file's slow links (emulate.slow_links: every entry, its onset aside).
+  for (const adgt::SlowLink& l : adgt::parse_slow_links(cfg.emulate.slow_links))
+    opts.slow_links[{int(std::min(l.a, l.b)), int(std::max(l.a, l.b))}] = l.factor;
+  if (cli.host_cores > 0) {
+    if (cli.sync == "auto") {
+      const int procs = int(adgt::layout_of(cfg).world());
+      opts.sync_wait_s = adgt::sim::sync_wait(adgt::sim::measure_scheduler_slice(procs), procs,
+                                              int(cli.host_cores));
+    } else {
+      opts.sync_wait_s = std::stod(cli.sync);
+    }
+  }
+  if (cli.attention != "flash" && cli.attention != "unfused")
+    throw adgt::ConfigError("--attention: expected flash or unfused, got '" + cli.attention + "'");
+  opts.work.unfused_attention = cli.attention == "unfused";
+  opts.work.dropout = cli.dropout;
+  if (cli.moe_skew < 0) throw adgt::ConfigError("--moe-skew must be >= 0");
+  if (cli.moe_skew > 0 && cfg.model.n_experts > 0)
+    opts.work.expert_load = adgt::sim::zipf_load(cfg.model.n_experts, cli.moe_skew);
+  return opts;
+}
+
+// One step of the run's own layout: a table, or one JSON object.
+void simulate_one(const Cli& cli, const adgt::RunConfig& cfg, const adgt::cluster::Cluster& cl,
+                  adgt::sim::OpCosts& costs, const adgt::sim::SimOptions& opts, int64_t world) {
+  if (cli.gpus > 0 && cli.gpus != world)
+    throw adgt::ConfigError("--gpus " + std::to_string(cli.gpus) + " but the run's layout has tp*pp*dp = " +
+                            std::to_string(world) + "; set parallel.* or use --sweep");
+  const auto t0 = std::chrono::steady_clock::now();
+  const adgt::sim::SimResult r = adgt::sim::simulate_step(cfg, cl, costs, opts);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (cli.json) {
+    auto j = nlohmann::json::parse(adgt::sim::to_json(r));
+    j["layout"] = adgt::sim::describe_layout(cfg);
+    j["cluster"] = cl.name;
+    j["costs"] = costs.describe();
+    j["sim_seconds"] = took;
+    j["sync_wait_s"] = opts.sync_wait_s;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    print_result(cfg, cl, r, costs.describe());
+    std::printf("simulated in:     %.3f s (%ld units, %ld events)\n", took,
+                long(r.units_simulated), long(r.events));
+  }
+}
+
+// Every feasible layout for --gpus, ranked: a table of the best --top, or a JSON array.
+void sweep(const Cli& cli, const adgt::RunConfig& cfg, const adgt::cluster::Cluster& cl,
+           adgt::sim::OpCosts& costs, const adgt::sim::SimOptions& opts) {
+  if (cli.gpus <= 0) throw adgt::ConfigError("--sweep needs --gpus N");
+  const auto t0 = std::chrono::steady_clock::now();
+  adgt::sim::SweepOptions so;
+  // Keys given with --set are held (the run file's layout is what the sweep varies).
+  for (const auto& ov : cli.overrides) so.fixed.push_back(ov.substr(0, ov.find('=')));
+  so.keep = cli.sweep_all ? 0 : size_t(std::max<int64_t>(cli.top, 1));
+  const adgt::sim::SweepResult sw = adgt::sim::sweep_layouts(cfg, cli.gpus, cl, costs, so, opts);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (cli.json) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& row : sw.rows) {
+      auto j = nlohmann::json::parse(adgt::sim::to_json(row.result));
+      j["layout"] = row.layout;
+      arr.push_back(j);
+    }
+    std::printf("%s\n", arr.dump().c_str());
+    return;
+  }
+  std::printf("%ld layouts fit, %ld simulated (%ld bounded out), %ld broke a layout rule, %ld "
+              "did not fit %.0f GiB, %ld differ from a --set key; %.2f s\n",
+              long(sw.candidates), long(sw.rows.size()), long(sw.bounded),
+              long(sw.rejected_rules), long(sw.rejected_memory),
+              cl.device.memory_bytes / 1073741824.0, long(sw.rejected_fixed), took);
+  std::printf("%-4s %-58s %10s %8s %7s %8s %9s\n", "#", "layout", "step s", "MFU", "bubble",
+              "exp.comm", "mem GiB");
+  for (size_t i = 0; i < sw.rows.size() && int64_t(i) < cli.top; ++i) {
+    const auto& r = sw.rows[i].result;
+    std::printf("%-4zu %-58s %10.4g %7.1f%% %6.1f%% %8.3g %9.1f\n", i + 1, sw.rows[i].layout.c_str(),
+                r.step_time_s, 100 * r.mfu, 100 * r.bubble, r.exposed_comm_s(),
+                r.memory_bytes_max / 1073741824.0);
+  }
+}
+
+int run(Cli cli) {
+  std::vector<std::string> ov = cli.overrides;
+  adgt::RunConfig cfg = cli.sweep ? adgt::load_config(cli.config_path, cli.overrides)
+                                  : adgt::load_config(cli.config_path, ov);
+  // The run file's emulated cluster and slow ranks (emulate.*) unless given here.
+  if (!cli.cluster_given && !cfg.emulate.cluster.empty()) cli.cluster_name = cfg.emulate.cluster;
+  std::string slow = cli.slow;
+  if (slow.empty() && !cfg.emulate.slow_ranks.empty()) slow = cfg.emulate.slow_ranks;
+  adgt::cluster::Cluster cl = adgt::cluster::load_cluster(cli.cluster_name);
+  const int64_t world = adgt::layout_of(cfg).world();
+  const int64_t want = cli.gpus > 0 ? cli.gpus : world;
+  if (want != cl.world()) cl = adgt::cluster::with_gpus(cl, want);
+  std::unique_ptr<adgt::Backend> be;
+  const std::unique_ptr<adgt::sim::OpCosts> costs = make_costs(cli, cfg, cl, be);
+  const adgt::sim::SimOptions opts = sim_options(cli, cfg, slow);
+  if (cli.sweep)
+    sweep(cli, cfg, cl, *costs, opts);
+  else
+    simulate_one(cli, cfg, cl, *costs, opts, world);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"adgt-sim: simulate a training step of a run file on a cluster"};
-  std::string config_path, cluster_name = "dgx-h100", costs_mode = "auto", profile_cache,
-                           slow;
-  std::vector<std::string> overrides;
-  int64_t gpus = 0, host_cores = 0, top = 10, cold_mib = 16;
-  bool json = false, sweep = false, sweep_all = false, dropout = false, no_calibrate = false;
-  std::string attention = "flash";
-  app.add_option("--config", config_path, "YAML run file")->required();
-  app.add_option("--set", overrides, "override a key: --set section.key=value (repeatable)");
-  app.add_option("--cluster", cluster_name,
+  Cli cli;
+  app.add_option("--config", cli.config_path, "YAML run file")->required();
+  app.add_option("--set", cli.overrides, "override a key: --set section.key=value (repeatable)");
+  app.add_option("--cluster", cli.cluster_name,
                  "a preset (dgx-a100-80gb, dgx-h100, dgx-h200, cpu-here) or a cluster file "
                  "(default: the run file's emulate.cluster, else dgx-h100)")->capture_default_str();
-  app.add_option("--gpus", gpus, "devices (default: the layout's tp*pp*dp; with --sweep required)");
-  app.add_option("--costs", costs_mode,
+  app.add_option("--gpus", cli.gpus, "devices (default: the layout's tp*pp*dp; with --sweep required)");
+  app.add_option("--costs", cli.costs_mode,
                  "auto (profile on CPU clusters, else the device model) | model | profile")
       ->capture_default_str();
-  app.add_option("--profile-cache", profile_cache, "JSON file of measured op times (read and extended)");
-  app.add_option("--profile-cold-mib", cold_mib,
+  app.add_option("--profile-cache", cli.profile_cache, "JSON file of measured op times (read and extended)");
+  app.add_option("--profile-cold-mib", cli.cold_mib,
                  "profile: cycle each op through copies of its operands totalling this many MiB "
                  "(0: cache-hot)")->capture_default_str();
-  app.add_flag("--no-calibrate", no_calibrate,
+  app.add_flag("--no-calibrate", cli.no_calibrate,
                "profile: the ops' times alone, without the in-situ factor (one micro-batch of the "
                "run's model on one rank against the profile's sum of its ops; docs/simulator.md)");
-  app.add_option("--host-cores", host_cores,
+  app.add_option("--host-cores", cli.host_cores,
                  "every rank shares this many cores (CPU ranks emulating the cluster on one host)");
-  std::string sync = "0";
-  app.add_option("--host-sync", sync,
+  app.add_option("--host-sync", cli.sync,
                  "with --host-cores: seconds each synchronisation of two ranks waits for the "
                  "scheduler (auto: a third of a round of this host's measured slices; 0: none, "
                  "the default: see docs/simulator.md for how each fares)")->capture_default_str();
-  app.add_option("--slow-ranks", slow,
+  app.add_option("--slow-ranks", cli.slow,
                  "rank:factor,... compute slowdowns (default: the run file's emulate.slow_ranks)");
-  app.add_option("--attention", attention,
+  app.add_option("--attention", cli.attention,
                  "flash (adgt's kernels) | unfused (scores in memory: other frameworks before "
                  "FlashAttention, for comparing with their published runs)")->capture_default_str();
-  app.add_flag("--dropout", dropout, "add attention and hidden dropout (GPT-3-era recipes)");
-  double moe_skew = 0;
-  app.add_option("--moe-skew", moe_skew,
+  app.add_flag("--dropout", cli.dropout, "add attention and hidden dropout (GPT-3-era recipes)");
+  app.add_option("--moe-skew", cli.moe_skew,
                  "MoE load model: expert e gets a share (e+1)^-S of the routed tokens (0: uniform)")
       ->capture_default_str();
-  app.add_flag("--json", json, "print one JSON object (an array with --sweep)");
-  app.add_flag("--sweep", sweep,
+  app.add_flag("--json", cli.json, "print one JSON object (an array with --sweep)");
+  app.add_flag("--sweep", cli.sweep,
                "rank every feasible layout for --gpus (keys given with --set are held)");
-  app.add_flag("--all", sweep_all,
+  app.add_flag("--all", cli.sweep_all,
                "with --sweep: simulate every layout (default: only until the best --top are "
                "certain, by a lower bound of each step time)");
-  app.add_option("--top", top, "rows of the --sweep table")->capture_default_str();
+  app.add_option("--top", cli.top, "rows of the --sweep table")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  cli.cluster_given = app.count("--cluster") > 0;
   try {
-    std::vector<std::string> ov = overrides;
-    adgt::RunConfig cfg = sweep ? adgt::load_config(config_path, overrides)
-                                : adgt::load_config(config_path, ov);
-    // The run file's emulated cluster and slow ranks (emulate.*) unless given here.
-    if (app.count("--cluster") == 0 && !cfg.emulate.cluster.empty()) cluster_name = cfg.emulate.cluster;
-    if (slow.empty() && !cfg.emulate.slow_ranks.empty()) slow = cfg.emulate.slow_ranks;
-    adgt::cluster::Cluster cl = adgt::cluster::load_cluster(cluster_name);
-    const int64_t world = adgt::layout_of(cfg).world();
-    const int64_t want = gpus > 0 ? gpus : world;
-    if (want != cl.world()) cl = adgt::cluster::with_gpus(cl, want);
-    std::unique_ptr<adgt::Backend> be;
-    std::unique_ptr<adgt::sim::OpCosts> costs;
-    const bool profile =
-        costs_mode == "profile" || (costs_mode == "auto" && cl.cores_per_node > 0);
-    if (costs_mode != "auto" && costs_mode != "model" && costs_mode != "profile")
-      throw adgt::ConfigError("--costs: expected auto, model or profile, got '" + costs_mode + "'");
-    if (profile) {
-      be = adgt::make_backend("cpu");
-      auto pc = std::make_unique<adgt::sim::ProfileCosts>(*be, profile_cache, 0.01,
-                                                           size_t(cold_mib) << 20);
-      if (!no_calibrate) pc->calibrate(cfg);
-      costs = std::move(pc);
-      // MFU against this machine's measured GEMM rate, as the trainer reports it.
-      cl.device.peak_fp32_flops = cl.device.peak_bf16_flops = be->peak_tflops() * 1e12;
-    } else {
-      costs = std::make_unique<adgt::sim::DeviceModelCosts>(cl.device);
-    }
-    adgt::sim::SimOptions opts;
-    opts.host_cores = host_cores;
-    opts.slow_ranks = parse_slow(slow);
-    // The run file's slow links (emulate.slow_links: every entry, its onset aside).
-    for (const adgt::SlowLink& l : adgt::parse_slow_links(cfg.emulate.slow_links))
-      opts.slow_links[{int(std::min(l.a, l.b)), int(std::max(l.a, l.b))}] = l.factor;
-    if (host_cores > 0) {
-      if (sync == "auto") {
-        const int procs = int(adgt::layout_of(cfg).world());
-        opts.sync_wait_s = adgt::sim::sync_wait(adgt::sim::measure_scheduler_slice(procs), procs,
-                                                int(host_cores));
-      } else {
-        opts.sync_wait_s = std::stod(sync);
-      }
-    }
-    if (attention != "flash" && attention != "unfused")
-      throw adgt::ConfigError("--attention: expected flash or unfused, got '" + attention + "'");
-    opts.work.unfused_attention = attention == "unfused";
-    opts.work.dropout = dropout;
-    if (moe_skew < 0) throw adgt::ConfigError("--moe-skew must be >= 0");
-    if (moe_skew > 0 && cfg.model.n_experts > 0)
-      opts.work.expert_load = adgt::sim::zipf_load(cfg.model.n_experts, moe_skew);
-    if (!sweep) {
-      if (gpus > 0 && gpus != world)
-        throw adgt::ConfigError("--gpus " + std::to_string(gpus) + " but the run's layout has tp*pp*dp = " +
-                                std::to_string(world) + "; set parallel.* or use --sweep");
-      const auto t0 = std::chrono::steady_clock::now();
-      const adgt::sim::SimResult r = adgt::sim::simulate_step(cfg, cl, *costs, opts);
-      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (json) {
-        auto j = nlohmann::json::parse(adgt::sim::to_json(r));
-        j["layout"] = adgt::sim::describe_layout(cfg);
-        j["cluster"] = cl.name;
-        j["costs"] = costs->describe();
-        j["sim_seconds"] = took;
-        j["sync_wait_s"] = opts.sync_wait_s;
-        std::printf("%s\n", j.dump().c_str());
-      } else {
-        print_result(cfg, cl, r, costs->describe());
-        std::printf("simulated in:     %.3f s (%ld units, %ld events)\n", took,
-                    long(r.units_simulated), long(r.events));
-      }
-      return 0;
-    }
-    if (gpus <= 0) throw adgt::ConfigError("--sweep needs --gpus N");
-    const auto t0 = std::chrono::steady_clock::now();
-    adgt::sim::SweepOptions so;
-    // Keys given with --set are held (the run file's layout is what the sweep varies).
-    for (const auto& ov : overrides) so.fixed.push_back(ov.substr(0, ov.find('=')));
-    so.keep = sweep_all ? 0 : size_t(std::max<int64_t>(top, 1));
-    const adgt::sim::SweepResult sw = adgt::sim::sweep_layouts(cfg, gpus, cl, *costs, so, opts);
-    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (json) {
-      nlohmann::json arr = nlohmann::json::array();
-      for (const auto& row : sw.rows) {
-        auto j = nlohmann::json::parse(adgt::sim::to_json(row.result));
-        j["layout"] = row.layout;
-        arr.push_back(j);
-      }
-      std::printf("%s\n", arr.dump().c_str());
-      return 0;
-    }
-    std::printf("%ld layouts fit, %ld simulated (%ld bounded out), %ld broke a layout rule, %ld "
-                "did not fit %.0f GiB, %ld differ from a --set key; %.2f s\n",
-                long(sw.candidates), long(sw.rows.size()), long(sw.bounded),
-                long(sw.rejected_rules), long(sw.rejected_memory),
-                cl.device.memory_bytes / 1073741824.0, long(sw.rejected_fixed), took);
-    std::printf("%-4s %-58s %10s %8s %7s %8s %9s\n", "#", "layout", "step s", "MFU", "bubble",
-                "exp.comm", "mem GiB");
-    for (size_t i = 0; i < sw.rows.size() && int64_t(i) < top; ++i) {
-      const auto& r = sw.rows[i].result;
-      std::printf("%-4zu %-58s %10.4g %7.1f%% %6.1f%% %8.3g %9.1f\n", i + 1, sw.rows[i].layout.c_str(),
-                  r.step_time_s, 100 * r.mfu, 100 * r.bubble, r.exposed_comm_s(),
-                  r.memory_bytes_max / 1073741824.0);
-    }
-    return 0;
+    return run(cli);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return dynamic_cast<const adgt::ConfigError*>(&e) ||

@@ -142,20 +142,22 @@ double step_lower_bound(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
   return lb;
 }
 
-SweepResult sweep_layouts(const RunConfig& base, int64_t gpus, const cluster::Cluster& cl,
-                          OpCosts& costs, const SweepOptions& opts, const SimOptions& sim) {
-  SweepResult out;
-  const ModelConfig& m = base.model;
-  const ParallelConfig& bp = base.parallel;
-  const auto& fx = opts.fixed;
-  const int64_t max_tp = opts.max_tp > 0 ? opts.max_tp : cl.devices_per_node;
-  const int bytes = base.train.dtype == "bf16" ? 2 : base.train.dtype == "f64" ? 8 : 4;
-  const double budget = cl.device.memory_bytes * (1 - opts.headroom);
-  // Candidates that pass the rules, the constraints and memory, with bounds.
+namespace {
+
+// The sweep's candidates: the layouts that pass the rules, the constraints
+// and memory, each with its step time's lower bound; `out` counts the rejected.
+struct Candidates {
+  const cluster::Cluster& cl;
+  OpCosts& costs;
+  const SimOptions& sim;
+  SweepResult& out;
+  int bytes = 4;
+  double budget = 0;
   std::vector<SweepRow> cand;
   using HeldKey = std::tuple<std::string, int64_t, int64_t, int64_t, std::vector<int64_t>>;
   std::map<HeldKey, std::vector<std::vector<int64_t>>> held_of;  // the schedules' held activations
-  auto consider = [&](RunConfig c) {
+
+  void consider(RunConfig c) {
     if (layout_error(c.model, c.train, layout_of(c))) {
       ++out.rejected_rules;
       return;
@@ -193,47 +195,55 @@ SweepResult sweep_layouts(const RunConfig& base, int64_t gpus, const cluster::Cl
     row.layout = describe_layout(c);
     row.cfg = std::move(c);
     cand.push_back(std::move(row));
-  };
+  }
+};
+
+// Every layout of `gpus` devices the sweep tries (tp, pp, dp, ep, micro-batch,
+// ZeRO, SP, schedule, virtual stages, recompute; keys given with --set held),
+// each given to cands.consider.
+void enumerate_layouts(const RunConfig& base, int64_t gpus, const cluster::Cluster& cl,
+                       const SweepOptions& opts, const SimOptions& sim, Candidates& cands) {
+  const ModelConfig& m = base.model;
+  const ParallelConfig& bp = base.parallel;
+  const auto& fx = opts.fixed;
+  const int64_t max_tp = opts.max_tp > 0 ? opts.max_tp : cl.devices_per_node;
   auto pick = [&](const char* key, auto value, auto base_value) {
     return !has(fx, key) || value == base_value;
   };
-  // zb-v is left out for now: at pp 2 it ties closely with zb-h1, and in one
-  // suite run the straggler re-plan flipped between the two after a rank
-  // read slow on wall time (plan_replan_slow_link_np8); the re-plan reads
-  // CPU time now, and zb-v comes back once the plan tests pass under load
-  // with it (docs/planner.md).
+  // zb-v is not swept: at pp 2 it ties closely with zb-h1, so a re-plan on
+  // noisy measurements could flip between the two (docs/planner.md).
   const std::vector<const char*> schedules = {"1f1b", "interleaved", "zb-h1"};
   for (int64_t tp : divisors(gpus)) {
     if (tp > max_tp || m.n_heads % tp || m.n_kv_heads % tp) continue;
-    if (!pick("parallel.tp", tp, bp.tp)) { ++out.rejected_fixed; continue; }
+    if (!pick("parallel.tp", tp, bp.tp)) { ++cands.out.rejected_fixed; continue; }
     for (int64_t pp : divisors(gpus / tp)) {
       if (pp > m.n_layers) continue;
-      if (!pick("parallel.pp", pp, bp.pp)) { ++out.rejected_fixed; continue; }
+      if (!pick("parallel.pp", pp, bp.pp)) { ++cands.out.rejected_fixed; continue; }
       const int64_t dp = gpus / tp / pp;
-      if (!pick("parallel.dp", dp, bp.dp)) { ++out.rejected_fixed; continue; }
+      if (!pick("parallel.dp", dp, bp.dp)) { ++cands.out.rejected_fixed; continue; }
       std::vector<int64_t> eps = {1};
       if (m.n_experts > 1)
         for (int64_t e : divisors(dp))
           if (e > 1 && m.n_experts % e == 0) eps.push_back(e);
       for (int64_t ep : eps) {
-        if (!pick("parallel.ep", ep, bp.ep)) { ++out.rejected_fixed; continue; }
+        if (!pick("parallel.ep", ep, bp.ep)) { ++cands.out.rejected_fixed; continue; }
         for (int64_t mb : {1, 2, 4, 8, 16}) {
           if (base.train.global_batch % (mb * dp)) continue;
-          if (!pick("train.micro_batch", mb, base.train.micro_batch)) { ++out.rejected_fixed; continue; }
+          if (!pick("train.micro_batch", mb, base.train.micro_batch)) { ++cands.out.rejected_fixed; continue; }
           for (int64_t zero : {0, 1}) {
             if (zero && dp == 1) continue;
-            if (!pick("parallel.zero", zero, dp > 1 ? bp.zero : 0)) { ++out.rejected_fixed; continue; }
+            if (!pick("parallel.zero", zero, dp > 1 ? bp.zero : 0)) { ++cands.out.rejected_fixed; continue; }
             for (bool sp : {true, false}) {
               if (!sp && tp == 1) continue;  // tp = 1: sequence parallelism is moot
               if (tp > 1 && !pick("parallel.sequence_parallel", sp, bp.sequence_parallel)) {
-                ++out.rejected_fixed;
+                ++cands.out.rejected_fixed;
                 continue;
               }
               for (const char* sched : schedules) {
                 const std::string sc = sched;
                 if (pp == 1 && sc != "1f1b") continue;
                 if (pp > 1 && has(fx, "parallel.schedule") && sc != bp.schedule) {
-                  ++out.rejected_fixed;
+                  ++cands.out.rejected_fixed;
                   continue;
                 }
                 std::vector<int64_t> vs = {1};
@@ -242,7 +252,7 @@ SweepResult sweep_layouts(const RunConfig& base, int64_t gpus, const cluster::Cl
                 for (int64_t v : vs) {
                   for (const char* rc : {"none", "selective", "full"}) {
                     if (!pick("train.recompute", std::string(rc), base.train.recompute)) {
-                      ++out.rejected_fixed;
+                      ++cands.out.rejected_fixed;
                       continue;
                     }
                     RunConfig c = base;
@@ -266,10 +276,10 @@ SweepResult sweep_layouts(const RunConfig& base, int64_t gpus, const cluster::Cl
                       if (!w.empty()) {
                         RunConfig cw = c;
                         cw.parallel.stage_layers = w;
-                        consider(std::move(cw));
+                        cands.consider(std::move(cw));
                       }
                     }
-                    consider(std::move(c));
+                    cands.consider(std::move(c));
                   }
                 }
               }
@@ -279,12 +289,23 @@ SweepResult sweep_layouts(const RunConfig& base, int64_t gpus, const cluster::Cl
       }
     }
   }
-  out.candidates = int64_t(cand.size());
-  std::stable_sort(cand.begin(), cand.end(), [](const SweepRow& a, const SweepRow& b) {
+}
+
+}  // namespace
+
+SweepResult sweep_layouts(const RunConfig& base, int64_t gpus, const cluster::Cluster& cl,
+                          OpCosts& costs, const SweepOptions& opts, const SimOptions& sim) {
+  SweepResult out;
+  Candidates cands{cl, costs, sim, out};
+  cands.bytes = base.train.dtype == "bf16" ? 2 : base.train.dtype == "f64" ? 8 : 4;
+  cands.budget = cl.device.memory_bytes * (1 - opts.headroom);
+  enumerate_layouts(base, gpus, cl, opts, sim, cands);
+  out.candidates = int64_t(cands.cand.size());
+  std::stable_sort(cands.cand.begin(), cands.cand.end(), [](const SweepRow& a, const SweepRow& b) {
     return a.lower_bound_s < b.lower_bound_s;
   });
   std::vector<double> best;  // simulated step times, sorted
-  for (SweepRow& row : cand) {
+  for (SweepRow& row : cands.cand) {
     if (opts.keep > 0 && best.size() >= opts.keep && row.lower_bound_s > best[opts.keep - 1]) {
       ++out.bounded;
       continue;
