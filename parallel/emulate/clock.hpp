@@ -32,15 +32,13 @@
 
 namespace adgt::emulate {
 
-inline double now_s() { return wall_seconds(); }
-
-// Sleeps until now_s() >= t. With `poll`, wakes at least every 100 us to run
+// Sleeps until wall_seconds() >= t. With `poll`, wakes at least every 100 us to run
 // it (a pipeline bubble moves the data-parallel reduction along meanwhile).
 inline void sleep_until(double t, const std::function<void()>& poll = {}) {
-  for (double n = now_s(); n < t; n = now_s()) {
+  for (double n = wall_seconds(); n < t; n = wall_seconds()) {
     if (poll) {
       poll();
-      n = now_s();
+      n = wall_seconds();
       if (n >= t) return;
       std::this_thread::sleep_for(std::chrono::duration<double>(std::min(t - n, 100e-6)));
     } else {
@@ -113,10 +111,10 @@ class Clock {
   ClockKind kind() const { return kind_; }
   bool is_virtual() const { return kind_ == ClockKind::Virtual; }
 
-  // Wall: now_s(). Virtual: v, first advanced by the thread's CPU time since
+  // Wall: wall_seconds(). Virtual: v, first advanced by the thread's CPU time since
   // the last mark unless an emulated call is in progress (paused).
   double now() {
-    if (kind_ == ClockKind::Wall) return now_s();
+    if (kind_ == ClockKind::Wall) return wall_seconds();
     if (paused_ == 0) {
       const double c = cpu_now();
       v_ += std::max(0.0, c - mark_);

@@ -13,7 +13,7 @@ ComputeSlowdown::ComputeSlowdown(double factor, std::shared_ptr<EmulatedRank> ra
   ADGT_CHECK(factor >= 1, "compute slowdown: factor " << factor << " < 1");
 }
 
-double ComputeSlowdown::now() const { return rank_ ? rank_->clock.now() : now_s(); }
+double ComputeSlowdown::now() const { return rank_ ? rank_->clock.now() : wall_seconds(); }
 
 bool ComputeSlowdown::virtual_clock() const { return rank_ && rank_->clock.is_virtual(); }
 

@@ -11,30 +11,24 @@
 #include "kernels/clock.hpp"
 
 namespace adgt::sim {
-namespace {
-double now_s() {
-  return wall_seconds();
-}
-}  // namespace
-
 double measure_scheduler_slice(int procs, double seconds) {
   std::vector<pid_t> kids;
   for (int i = 1; i < procs; ++i) {
     const pid_t pid = fork();
     if (pid == 0) {
       volatile double x = 0;
-      const double end = now_s() + seconds + 0.2;
-      while (now_s() < end) x = x + 1;
+      const double end = wall_seconds() + seconds + 0.2;
+      while (wall_seconds() < end) x = x + 1;
       _exit(0);
     }
     if (pid > 0) kids.push_back(pid);
   }
   // Run lengths: stretches of this loop without a gap longer than 50 us.
-  double start = now_s(), last = start, run_start = start, total = 0;
+  double start = wall_seconds(), last = start, run_start = start, total = 0;
   int runs = 0;
   const double end = start + seconds;
   while (last < end) {
-    const double t = now_s();
+    const double t = wall_seconds();
     if (t - last > 50e-6) {
       total += last - run_start;
       ++runs;

@@ -61,11 +61,6 @@ struct Unit {
   double channel_free = 0;
 };
 
-struct Bucket {
-  BucketWork w;
-  double duration = 0;  // for the group of this pp rank
-};
-
 int64_t message_key(int type, int64_t mb, int64_t stage, int64_t dp) {
   return ((dp * 2 + type) * 1000003 + stage) * 1000003 + mb;
 }

@@ -29,7 +29,6 @@
 using namespace adgt;
 using adgt::cluster::Collective;
 using adgt::emulate::EmulatedComm;
-using adgt::emulate::now_s;
 
 namespace {
 
@@ -76,16 +75,16 @@ void test_send_recv(EmulatedComm& c, MPI_Comm g, emulate::EmulatedRank& st, int 
   if (me == from) {
     for (int64_t i = 0; i < kFloats; ++i) x[size_t(i)] = val(from, i);
     const int64_t b0 = c.stats().bytes;
-    t0 = now_s();
+    t0 = wall_seconds();
     c.send(view(x), to, 5);
-    t1 = now_s();
+    t1 = wall_seconds();
     PCHECK(c.stats().bytes - b0 == kFloats * 4 + header,
            what << ": the group counted " << c.stats().bytes - b0 << " bytes sent, want "
                 << kFloats * 4 + header);
   } else if (me == to) {
     st.link_in.clear();
     c.recv(view(x), from, 5);
-    t1 = now_s();
+    t1 = wall_seconds();
     int bad = 0;
     for (int64_t i = 0; i < kFloats; ++i) bad += x[size_t(i)] != val(from, i);
     PCHECK(bad == 0, what << ": " << bad << " elements differ");
@@ -119,7 +118,7 @@ void test_probe(EmulatedComm& c, emulate::EmulatedRank& st, bool slow) {
   if (slow && (me == 1 || me == 2)) st.link_slowdown[me == 1 ? 2 : 1] = 4;
   MPI_Barrier(MPI_COMM_WORLD);
   const std::vector<double> t =
-      probe_link_times(c, view(x), false, 2, [] { return now_s(); });
+      probe_link_times(c, view(x), false, 2, [] { return wall_seconds(); });
   st.link_slowdown.clear();
   PCHECK(t.size() == 3, "probe: " << t.size() << " links, want 3");
   for (int k = 0; k < 3 && k < int(t.size()); ++k) {
@@ -139,17 +138,17 @@ void test_isend_serialized(EmulatedComm& c, const emulate::EmulatedRank& st, int
   double t0 = 0, t1 = 0;
   if (me == from) {
     for (int64_t i = 0; i < kFloats; ++i) a[size_t(i)] = val(1, i), b[size_t(i)] = val(2, i);
-    t0 = now_s();
+    t0 = wall_seconds();
     const int64_t ia = c.isend(view(a), to, 7);
     const int64_t ib = c.isend(view(b), to, 8);
     // Not blocking: far less than one message's 102 ms (a loaded machine may deschedule us).
-    PCHECK(now_s() - t0 < 0.05, "isend blocked for " << (now_s() - t0) * 1e3 << " ms");
+    PCHECK(wall_seconds() - t0 < 0.05, "isend blocked for " << (wall_seconds() - t0) * 1e3 << " ms");
     PCHECK(!c.send_done(ia) && !c.send_done(ib), "an isend completed before its message arrived");
     c.wait_sends();
   } else if (me == to) {
     c.recv(view(b), from, 8);
     c.recv(view(a), from, 7);
-    t1 = now_s();
+    t1 = wall_seconds();
     int bad = 0;
     for (int64_t i = 0; i < kFloats; ++i) bad += a[size_t(i)] != val(1, i) || b[size_t(i)] != val(2, i);
     PCHECK(bad == 0, "two isends: " << bad << " elements differ");
@@ -168,20 +167,20 @@ void test_all_reduce(EmulatedComm& c, MPI_Comm g, const emulate::EmulatedRank& s
   for (int k = 0; k < count; ++k)
     for (int64_t i = 0; i < kFloats; ++i) x[size_t(k)][size_t(i)] = val(st.world_rank + k, i);
   MPI_Barrier(MPI_COMM_WORLD);
-  const double entry = now_s();
+  const double entry = wall_seconds();
   if (!async) {
     c.all_reduce(view(x[0]));
   } else {
     std::vector<Work> w;
     for (int k = 0; k < count; ++k) w.push_back(c.start_all_reduce(view(x[size_t(k)])));
-    const double started = now_s() - entry;
+    const double started = wall_seconds() - entry;
     PCHECK(started < 0.025, what << ": starting took " << started * 1e3 << " ms (the model's time is 59 ms)");
     PCHECK(!w.back().test(), what << ": complete right after the start");
     std::this_thread::sleep_for(std::chrono::milliseconds(10));  // "compute"
     PCHECK(!w.back().test(), what << ": complete after 10 ms");
     for (Work& wk : w) wk.wait();
   }
-  const double end = now_s();
+  const double end = wall_seconds();
   const double last_entry = group_max(entry, g);
   const double model =
       count * cluster::collective_time(st.cluster, Collective::AllReduce, c.members(), kFloats * 4.0);

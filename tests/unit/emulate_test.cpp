@@ -48,8 +48,8 @@ void check_refused(Parse&& parse, const Refusals& bad, const std::string& key, c
 }
 
 void busy_for(double s) {
-  const double end = emulate::now_s() + s;
-  while (emulate::now_s() < end) {
+  const double end = wall_seconds() + s;
+  while (wall_seconds() < end) {
   }
 }
 
@@ -197,7 +197,7 @@ TEST_CASE("virtual clock: CPU time outside calls, nothing inside, waits jump", "
   CHECK(c.now() >= v2 + 1.5);
   // The wall clock is CLOCK_MONOTONIC.
   emulate::Clock w;
-  CHECK(std::abs(w.now() - emulate::now_s()) < 0.01);
+  CHECK(std::abs(w.now() - wall_seconds()) < 0.01);
 }
 
 TEST_CASE("core tokens: at most `cores` held, a timed-out wait takes none", "[emulate]") {
@@ -208,9 +208,9 @@ TEST_CASE("core tokens: at most `cores` held, a timed-out wait takes none", "[em
   CHECK_THROWS_WITH(emulate::CoreTokens(name, 2, false), Contains(name));  // the name is gone
   CHECK(a->acquire(0.01));
   CHECK(b.acquire(0.01));
-  const double t0 = emulate::now_s();
+  const double t0 = wall_seconds();
   CHECK_FALSE(b.acquire(0.05));  // both taken
-  CHECK(emulate::now_s() - t0 >= 0.04);
+  CHECK(wall_seconds() - t0 >= 0.04);
   a->release();
   CHECK(b.acquire(0.01));
   // A clock hands its token back while it may block and takes it again after.
@@ -237,9 +237,9 @@ TEST_CASE("compute slowdown: sleeps (factor - 1) x the compute, not the comm tim
   auto rank = std::make_shared<emulate::EmulatedRank>(cluster::load_cluster("cpu-here"), 0);
   emulate::ComputeSlowdown off;
   CHECK_FALSE(off.active());
-  const double t0 = emulate::now_s();
+  const double t0 = wall_seconds();
   off.run([] { busy_for(0.005); });
-  CHECK(emulate::now_s() - t0 < 0.004 + 0.005 + 0.02);
+  CHECK(wall_seconds() - t0 < 0.004 + 0.005 + 0.02);
   CHECK(off.slept_seconds() == 0);
 
   emulate::ComputeSlowdown slow(3, rank);
@@ -248,9 +248,9 @@ TEST_CASE("compute slowdown: sleeps (factor - 1) x the compute, not the comm tim
   // room for a loaded machine).
   slow.run([&] {
     busy_for(0.010);
-    const double c0 = emulate::now_s();
+    const double c0 = wall_seconds();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    rank->comm_seconds += emulate::now_s() - c0;
+    rank->comm_seconds += wall_seconds() - c0;
   });
   CHECK(slow.slept_seconds() >= 2 * 0.010);
   CHECK(slow.slept_seconds() < 0.060);
@@ -274,13 +274,13 @@ TEST_CASE("EmulatedComm on a group of one passes every call through", "[emulate]
   CHECK(c.name() == "dp");
   CHECK(c.size() == 1);
   std::vector<float> in = {1, 2, 3}, out(3);
-  const double t0 = emulate::now_s();
+  const double t0 = wall_seconds();
   c.all_reduce(Tensor(in.data(), DType::F32, {3}));
   c.reduce_scatter(Tensor(out.data(), DType::F32, {3}), Tensor(in.data(), DType::F32, {3}));
   Work w = c.start_all_gather(Tensor(out.data(), DType::F32, {3}), Tensor(in.data(), DType::F32, {3}));
   w.wait();
   c.barrier();
-  CHECK(emulate::now_s() - t0 < 0.05);
+  CHECK(wall_seconds() - t0 < 0.05);
   CHECK(out == in);
   CHECK(c.last_collective_end() == 0);  // nothing was delayed
   CHECK_THROWS_WITH(emulate::EmulatedComm(self, rank, {1}),
