@@ -381,8 +381,14 @@ const std::vector<Key>& schema() {
           "the emulation's clock: wall = CLOCK_MONOTONIC, waits sleep; virtual = per rank its "
           "training thread's CPU time plus the emulated waits, nothing sleeps (ranks sharing "
           "cores time their steps as if each had a core; step times and tokens/s are "
-          "virtual); virtual needs emulate.cluster and train.device cpu, one thread per rank",
-          {"wall", "virtual"}),
+          "virtual); model = the same with each rank's compute the matmul FLOPs it executes "
+          "at emulate.model_flops (times, and so every adaptive decision, are the same on any "
+          "machine under any load); virtual and model need emulate.cluster and a host backend "
+          "(train.device cpu or emulated), virtual also one thread per rank",
+          {"wall", "virtual", "model"}),
+      key("emulate", &R::emulate, "model_flops", &EmulateConfig::model_flops, A::Positive,
+          "the model clock's compute rate in FLOP/s per rank (emulate.clock: model); the "
+          "default 1e10 is of the order of one CPU core's matmul rate"),
   };
   return k;
 }
@@ -1183,12 +1189,17 @@ void validate(const RunConfig& cfg_in) {
     throw ConfigError(src + ": emulate.slow_ranks=" + yaml_quote(e.slow_ranks) +
                       " needs emulate.cluster (the emulation it is part of); set "
                       "emulate.cluster=cpu-here for this machine's links");
-  if (e.clock == "virtual" && trim(e.cluster).empty())
-    throw ConfigError(src + ": emulate.clock=virtual needs emulate.cluster (the emulation it "
+  if (e.clock != "wall" && trim(e.cluster).empty())
+    throw ConfigError(src + ": emulate.clock=" + e.clock + " needs emulate.cluster (the emulation it "
                             "times); set emulate.cluster=cpu-here for this machine's links");
   if (e.clock == "virtual" && cfg.train.device != "cpu" && cfg.train.device != "auto")
     throw ConfigError(src + ": emulate.clock=virtual needs train.device=cpu (it counts the "
                             "training thread's CPU time as compute), not train.device=" +
+                      yaml_quote(cfg.train.device));
+  if (e.clock == "model" && cfg.train.device != "cpu" && cfg.train.device != "auto" &&
+      cfg.train.device != "emulated")
+    throw ConfigError(src + ": emulate.clock=model needs train.device=cpu or emulated (it counts "
+                            "the CPU kernels' matmul FLOPs as compute), not train.device=" +
                       yaml_quote(cfg.train.device));
   const std::vector<SlowLink> slow_links = parse_slow_links(e.slow_links);
   if (!slow_links.empty() && trim(e.cluster).empty())

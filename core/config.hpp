@@ -223,8 +223,11 @@ struct EmulateConfig {
   // sleep); virtual = per rank, its training thread's CPU time plus the
   // emulated waits (nothing sleeps; ranks sharing cores time their steps as
   // if each had its own). Needs emulate.cluster; virtual needs train.device
-  // cpu with one thread per rank.
+  // cpu with one thread per rank. model = virtual with each rank's compute
+  // its executed matmul FLOPs at model_flops FLOP/s (deterministic); needs a
+  // host backend (cpu or emulated).
   std::string clock = "wall";
+  double model_flops = 1e10;  // the model clock's compute rate, FLOP/s per rank
   bool operator==(const EmulateConfig&) const = default;
 };
 

@@ -15,6 +15,14 @@
 // either clock. What a rank measures on the virtual clock is what it would
 // measure with a core of its own: 8 ranks sharing 2 cores time their steps
 // as 8 devices would.
+//
+// Model (emulate.clock: model): a virtual clock whose compute is the cost
+// model's instead of the host's: outside emulated Comm calls v advances by the
+// matmul FLOPs the rank executes (kernels/flop_counter.hpp) at
+// emulate.model_flops FLOP/s; waits jump as on the virtual clock. Every time
+// it gives is a function of the work, the cluster and the seed alone: the same
+// run makes the same measurements, and so the same decisions at the same
+// steps, on any machine under any load.
 #pragma once
 #include <pthread.h>
 #include <semaphore.h>
@@ -29,6 +37,7 @@
 #include <utility>
 
 #include "kernels/clock.hpp"
+#include "kernels/flop_counter.hpp"
 
 namespace adgt::emulate {
 
@@ -47,7 +56,7 @@ inline void sleep_until(double t, const std::function<void()>& poll = {}) {
   }
 }
 
-enum class ClockKind { Wall, Virtual };
+enum class ClockKind { Wall, Virtual, Model };
 
 // The host's cores as tokens shared by the ranks of one run (a POSIX named
 // semaphore): on a virtual clock a rank holds one while it computes and
@@ -82,11 +91,12 @@ class CoreTokens {
 // pipeline's helper thread only moves transports along (Comm::progress).
 class Clock {
  public:
-  explicit Clock(ClockKind k = ClockKind::Wall) : kind_(k) {
-    if (k == ClockKind::Virtual) {
-      if (pthread_getcpuclockid(pthread_self(), &cpu_) != 0) cpu_ = CLOCK_THREAD_CPUTIME_ID;
-      mark_ = cpu_now();
-    }
+  // flops_per_s: the model clock's compute rate (> 0 for ClockKind::Model).
+  explicit Clock(ClockKind k = ClockKind::Wall, double flops_per_s = 0)
+      : kind_(k), flops_per_s_(flops_per_s) {
+    if (k == ClockKind::Virtual && pthread_getcpuclockid(pthread_self(), &cpu_) != 0)
+      cpu_ = CLOCK_THREAD_CPUTIME_ID;
+    if (k != ClockKind::Wall) mark_ = compute_now();
   }
   // A clock holds at most one core token; moving hands it over.
   Clock(const Clock&) = delete;
@@ -96,6 +106,7 @@ class Clock {
     if (this != &o) {
       give_back();
       kind_ = o.kind_, cpu_ = o.cpu_, v_ = o.v_, mark_ = o.mark_, paused_ = o.paused_;
+      flops_per_s_ = o.flops_per_s_;
       tokens_ = std::move(o.tokens_);
       held_ = std::exchange(o.held_, false);
     }
@@ -109,18 +120,27 @@ class Clock {
     tokens_ = std::move(t);
   }
   ClockKind kind() const { return kind_; }
-  bool is_virtual() const { return kind_ == ClockKind::Virtual; }
+  // Virtual or model: the rank keeps its own time and nothing sleeps.
+  bool is_virtual() const { return kind_ != ClockKind::Wall; }
 
-  // Wall: wall_seconds(). Virtual: v, first advanced by the thread's CPU time since
-  // the last mark unless an emulated call is in progress (paused).
+  // Wall: wall_seconds(). Virtual and model: v, first advanced by the
+  // compute since the last mark (compute_now()) unless an emulated call is in
+  // progress (paused).
   double now() {
     if (kind_ == ClockKind::Wall) return wall_seconds();
     if (paused_ == 0) {
-      const double c = cpu_now();
+      const double c = compute_now();
       v_ += std::max(0.0, c - mark_);
       mark_ = c;
     }
     return v_;
+  }
+  // What this clock counts as a rank's compute, in seconds from an arbitrary
+  // origin: the model clock's FLOPs at its rate, else the constructing
+  // thread's CPU time.
+  double compute_now() const {
+    if (kind_ == ClockKind::Model) return double(gemm_flops_executed().load(std::memory_order_relaxed)) / flops_per_s_;
+    return cpu_now();
   }
   // Until now() >= t. Wall: sleeps (running `poll` every 100 us). Virtual:
   // runs `poll` once (the transports move along) and jumps.
@@ -134,11 +154,11 @@ class Clock {
   // (the CPU time spent inside it is dropped: the model's time replaces it).
   // Nested calls count once.
   void pause() {
-    if (paused_ == 0 && kind_ == ClockKind::Virtual) now();
+    if (paused_ == 0 && is_virtual()) now();
     ++paused_;
   }
   void resume() {
-    if (--paused_ == 0 && kind_ == ClockKind::Virtual) mark_ = cpu_now();
+    if (--paused_ == 0 && is_virtual()) mark_ = compute_now();
   }
   // Around a transport call that may block (a receive, a collective's
   // wait): the core token goes back meanwhile and is taken again after
@@ -162,6 +182,7 @@ class Clock {
   }
   ClockKind kind_;
   clockid_t cpu_ = CLOCK_THREAD_CPUTIME_ID;
+  double flops_per_s_ = 0;
   double v_ = 0, mark_ = 0;
   int paused_ = 0;
   std::shared_ptr<CoreTokens> tokens_;

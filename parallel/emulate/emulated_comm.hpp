@@ -57,9 +57,9 @@ namespace adgt::emulate {
 // thread (ComputeSlowdown subtracts it).
 struct EmulatedRank {
   EmulatedRank(cluster::Cluster c, int rank, std::vector<int> devices = {},
-               ClockKind clock_kind = ClockKind::Wall)
+               ClockKind clock_kind = ClockKind::Wall, double model_flops = 0)
       : cluster(std::move(c)), world_rank(rank), device_of(std::move(devices)),
-        clock(clock_kind) {}
+        clock(clock_kind, model_flops) {}
   cluster::Cluster cluster;
   int world_rank = 0;
   // Per world rank: its device of the cluster (node = device /

@@ -75,6 +75,9 @@ std::string Emulation::summary() const {
   if (clock == ClockKind::Virtual)
     os << "; virtual clock (each rank's CPU time plus the emulated waits"
        << (cores > 0 ? ", " + std::to_string(cores) + " computing at once" : std::string()) << ")";
+  if (clock == ClockKind::Model)
+    os << "; model clock (each rank's matmul FLOPs at " << num(model_flops / 1e9)
+       << " GFLOP/s plus the emulated waits)";
   os << " (docs/emulation.md)";
   return os.str();
 }
@@ -131,6 +134,46 @@ std::vector<int> launcher_nodes(const cluster::Cluster& cl, int world,
 // A virtual clock's ranks poll their transports this rarely while they wait
 // (MpiComm; 50 us otherwise): waiting costs no virtual time.
 constexpr int kVirtualPollUs = 200;
+
+namespace {
+
+// The host's cores as tokens (clock.hpp) for a virtual clock: rank 0 makes
+// the semaphore, the others open it, and its name goes once all have it open.
+void share_core_tokens(Emulation& emu, Comm& world) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  emu.cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
+                                                            : int(std::thread::hardware_concurrency());
+  if (const char* v = std::getenv("ADGT_EMULATE_CORES"); v && *v) emu.cores = std::max(1, std::atoi(v));
+  static int serial = 0;
+  double id[2] = {double(getpid()), double(++serial)};
+  world.broadcast(Tensor(id, DType::F64, {2}), 0);
+  const std::string name = "/adgt-emu-" + std::to_string(int64_t(id[0])) + "-" +
+                           std::to_string(int64_t(id[1]));
+  std::shared_ptr<CoreTokens> tokens;
+  std::string err;
+  if (emu.world_rank == 0) {
+    try {
+      tokens = std::make_shared<CoreTokens>(name, emu.cores, true);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  }
+  err = agree_error(world, err);
+  if (err.empty() && emu.world_rank != 0) {
+    try {
+      tokens = std::make_shared<CoreTokens>(name, emu.cores, false);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  }
+  err = agree_error(world, err);
+  if (tokens && emu.world_rank == 0) tokens->unlink();
+  if (!err.empty()) throw CollectiveError(err);
+  emu.state->clock.set_tokens(std::move(tokens));
+}
+
+}  // namespace
 
 std::unique_ptr<Emulation> setup_emulation(const RunConfig& cfg, Comm* world, int world_rank,
                                            const Placement* placement) {
@@ -210,46 +253,19 @@ std::unique_ptr<Emulation> setup_emulation(const RunConfig& cfg, Comm* world, in
   }
   emu->base = cl;
   emu->world_rank = world_rank;
-  emu->clock = cfg.emulate.clock == "virtual" ? ClockKind::Virtual : ClockKind::Wall;
-  emu->state = std::make_shared<EmulatedRank>(cl, world_rank, emu->devices, emu->clock);
-  if (emu->clock == ClockKind::Virtual && world && W > 1) {
+  emu->clock = cfg.emulate.clock == "virtual" ? ClockKind::Virtual
+               : cfg.emulate.clock == "model"   ? ClockKind::Model
+                                                : ClockKind::Wall;
+  emu->model_flops = cfg.emulate.model_flops;
+  emu->state = std::make_shared<EmulatedRank>(cl, world_rank, emu->devices, emu->clock, emu->model_flops);
+  if (emu->clock != ClockKind::Wall && world && W > 1) {
     if (const char* v = std::getenv("ADGT_EMULATE_POLL_US"); v && *v)
       set_mpi_poll_interval_us(std::atoi(v));
     else
       set_mpi_poll_interval_us(kVirtualPollUs);
-    // The host's cores as tokens (clock.hpp): rank 0 makes the semaphore, the
-    // others open it, and its name goes once all have it open.
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    emu->cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
-                                                              : int(std::thread::hardware_concurrency());
-    if (const char* v = std::getenv("ADGT_EMULATE_CORES"); v && *v) emu->cores = std::max(1, std::atoi(v));
-    static int serial = 0;
-    double id[2] = {double(getpid()), double(++serial)};
-    world->broadcast(Tensor(id, DType::F64, {2}), 0);
-    const std::string name = "/adgt-emu-" + std::to_string(int64_t(id[0])) + "-" +
-                             std::to_string(int64_t(id[1]));
-    std::shared_ptr<CoreTokens> tokens;
-    std::string err;
-    if (world_rank == 0) {
-      try {
-        tokens = std::make_shared<CoreTokens>(name, emu->cores, true);
-      } catch (const std::exception& e) {
-        err = e.what();
-      }
-    }
-    err = agree_error(*world, err);
-    if (err.empty() && world_rank != 0) {
-      try {
-        tokens = std::make_shared<CoreTokens>(name, emu->cores, false);
-      } catch (const std::exception& e) {
-        err = e.what();
-      }
-    }
-    err = agree_error(*world, err);
-    if (tokens && world_rank == 0) tokens->unlink();
-    if (!err.empty()) throw CollectiveError(err);
-    emu->state->clock.set_tokens(std::move(tokens));
+    // The model clock counts FLOPs, not CPU time: who computes when does not
+    // change its readings, so it needs no core tokens.
+    if (emu->clock == ClockKind::Virtual) share_core_tokens(*emu, *world);
   }
   if (const char* dir = std::getenv("ADGT_EMULATE_TRACE"); dir && *dir) {
     std::filesystem::create_directories(dir);

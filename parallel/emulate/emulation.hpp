@@ -53,6 +53,7 @@ struct Emulation {
   std::vector<SlowLinkW> slow_links;
   int world_rank = 0;
   ClockKind clock = ClockKind::Wall;  // emulate.clock
+  double model_flops = 0;             // emulate.model_flops (the model clock's compute rate)
   int cores = 0;                      // virtual clock: the host's core tokens (0: none)
   std::shared_ptr<EmulatedRank> state;
   ComputeSlowdown slowdown;

@@ -17,6 +17,14 @@ double ComputeSlowdown::now() const { return rank_ ? rank_->clock.now() : wall_s
 
 bool ComputeSlowdown::virtual_clock() const { return rank_ && rank_->clock.is_virtual(); }
 
+bool ComputeSlowdown::model_clock() const {
+  return rank_ && rank_->clock.kind() == ClockKind::Model;
+}
+
+double ComputeSlowdown::compute_now() const {
+  return rank_ ? rank_->clock.compute_now() : thread_cpu_seconds();
+}
+
 void ComputeSlowdown::begin() {
   if (!active()) return;
   t0_ = now();

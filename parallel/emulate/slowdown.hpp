@@ -46,6 +46,11 @@ class ComputeSlowdown {
   // virtual), and that clock's time (the wall clock without one).
   bool virtual_clock() const;
   double now() const;
+  // Whether that clock is the model clock (compute = counted matmul FLOPs),
+  // and what the rank's clock counts as compute, in seconds from an arbitrary
+  // origin (Clock::compute_now; the thread's CPU time without an emulation).
+  bool model_clock() const;
+  double compute_now() const;
 
  private:
   double comm_seconds() const { return rank_ ? rank_->comm_seconds : 0.0; }

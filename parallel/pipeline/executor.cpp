@@ -242,7 +242,7 @@ struct PipelineExecutor::StepRun {
   // that reported its units (hooks.unit) and summed its tp partials.
   std::vector<char> fused_last;
   // Each compute's busy time is measured as CPU time on a host backend with
-  // one thread per rank, else -1.
+  // one thread per rank, as counted FLOPs on the model clock, else -1.
   bool cpu_clock = false;
   // Each chunk's last backward of the step: MoE expert replicas send their
   // gradients (summed over the micro-batches) back to the owners there, once
@@ -274,11 +274,12 @@ void PipelineExecutor::note_sent(StepRun& st, int peer, int tg) {
 // piece's busy time (ExecutedInstr::busy).
 template <class Piece>
 double PipelineExecutor::compute(StepRun& st, bool helper, Piece&& piece) {
-  const double c0 = st.cpu_clock ? thread_cpu_seconds() : 0;
+  const auto work = [&] { return slow_ ? slow_->compute_now() : thread_cpu_seconds(); };
+  const double c0 = st.cpu_clock ? work() : 0;
   if (helper) st.progress->compute_begin();
   if (slow_) slow_->begin();
   piece();
-  const double busy = st.cpu_clock ? (thread_cpu_seconds() - c0) * (slow_ ? slow_->factor() : 1.0) : -1.0;
+  const double busy = st.cpu_clock ? (work() - c0) * (slow_ ? slow_->factor() : 1.0) : -1.0;
   if (slow_) slow_->catch_up();
   st.progress->compute_end();
   return busy;
@@ -483,7 +484,7 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
     });
   st.progress_ok = model_.tp_size() == 1 && !model_.has_moe();
   st.fused_last.assign(size_t(model_.num_chunks()), 0);
-  st.cpu_clock = be_.is_host() && omp_get_max_threads() == 1;
+  st.cpu_clock = (be_.is_host() && omp_get_max_threads() == 1) || (slow_ && slow_->model_clock());
   st.last_backward.assign(size_t(std::max(model_.num_chunks(), 1)), list.size());
   for (size_t j = 0; j < list.size(); ++j)
     if ((list[j].op == pp::Op::Backward || list[j].op == pp::Op::BackwardInput) && list[j].chunk >= 0 &&

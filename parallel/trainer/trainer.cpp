@@ -203,6 +203,10 @@ void Trainer::wire(ParallelContext ctx, bool init) {
           "so it needs the cpu backend with one thread per rank (OMP_NUM_THREADS=1); this run "
           "has " + std::string(backend_->is_host() ? "" : "a device backend and ") +
           std::to_string(omp_get_max_threads()) + " thread(s)");
+    if (emulation_->clock == emulate::ClockKind::Model && dev_.device == "cuda")
+      throw CollectiveError(
+          "emulate.clock=model counts the matmul FLOPs of the CPU kernels as each rank's "
+          "compute, so it needs train.device cpu or emulated; this run's device is cuda");
     emulation_->slowdown.set_backend(backend_.get());
     emulated_comms_ = emulate::wrap_emulated_groups(ctx, *emulation_);
   }
@@ -528,8 +532,8 @@ void Trainer::prepare_async_save() {
 }
 
 double Trainer::step_clock() const {
-  return emulation_ && emulation_->clock == emulate::ClockKind::Virtual ? emulation_->state->clock.now()
-                                                                         : wall_seconds();
+  return emulation_ && emulation_->clock != emulate::ClockKind::Wall ? emulation_->state->clock.now()
+                                                                      : wall_seconds();
 }
 
 StepReport Trainer::run_step(TeiMeter& tei, TrainSummary& sum, int64_t first_step, int64_t& consecutive_bad) {
