@@ -71,9 +71,10 @@ std::vector<double> Backend::take_marks() {
 }
 
 int Backend::span_begin() {
-  if (omp_get_max_threads() != 1) return -1;  // the kernels' other threads are not this one's clock
+  // The kernels' other threads are not this one's CPU clock.
+  if (!span_clock_ && omp_get_max_threads() != 1) return -1;
   if (spans_.size() / 2 >= size_t(kMaxSpans)) return -1;
-  spans_.push_back(thread_cpu_seconds());
+  spans_.push_back(span_clock_ ? span_clock_() : thread_cpu_seconds());
   spans_.push_back(-1);
   return int(spans_.size() / 2) - 1;
 }
@@ -83,7 +84,7 @@ void Backend::span_end(int id) {
   ADGT_CHECK(size_t(id) < spans_.size() / 2 && spans_[2 * size_t(id) + 1] < 0,
              name() << ": span_end(" << id << "): no such open span (" << spans_.size() / 2
                     << " spans since clear_spans)");
-  spans_[2 * size_t(id) + 1] = thread_cpu_seconds();
+  spans_[2 * size_t(id) + 1] = span_clock_ ? span_clock_() : thread_cpu_seconds();
 }
 
 double Backend::span_seconds(int id) {

@@ -25,6 +25,7 @@
 // f32 and f64 calls keep every tensor in the one dtype, as before.
 #pragma once
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -291,6 +292,11 @@ class Backend {
   virtual void span_end(int id);
   virtual double span_seconds(int id);
   virtual void clear_spans();
+  // What a host backend's spans are timed on instead of the thread's CPU
+  // time, in seconds (the emulation's model clock: the counted matmul FLOPs
+  // at its rate, parallel/emulate/clock.hpp); measured then whatever the
+  // threads. Empty: the thread's CPU time again.
+  void set_span_clock(std::function<double()> c) { span_clock_ = std::move(c); }
   // One AdamW step on a flat range (PyTorch's AdamW update order).
   virtual void adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v,
                      const AdamWHyper& h) = 0;
@@ -314,6 +320,7 @@ class Backend {
   int deferred_more_ = 0;
   std::vector<std::chrono::steady_clock::time_point> marks_;
   std::vector<double> spans_;  // per span: begin, end (thread CPU seconds; end -1 while open)
+  std::function<double()> span_clock_;
 };
 
 // Owns memory on a backend.

@@ -69,12 +69,13 @@ set_tests_properties(adapt_expert_replicas_np4 PROPERTIES
 # Expert re-placement in training, the suite's small version of
 # scripts/adapt/bench_experts_train.py (docs/adaptation.md, "Skewed routing
 # in training"): 8 ranks, ep 8, 64 experts, a learned router skewed from its
-# initialisation, ranks 3 and 6 at half speed, 60 steps; against the same
+# initialisation, ranks 3 and 6 at half speed, 60 steps on the emulation's
+# model clock (the same decisions under any load); against the same
 # run with parallel.expert_replace_dry_run, the windows from step 31 on
 # must show the imbalance under a third, the half-speed ranks' rows
 # 0.3-0.7x, replicas changed in place; losses bit for bit until the first
-# replicas. The slowest expert time's speed-up is a timing: printed, not
-# bounded (the benchmark measures the issue's 1.3x).
+# replicas. The slowest expert time's speed-up is printed, not bounded (the
+# benchmark measures the issue's 1.3x on the virtual clock).
 add_test(NAME adapt_experts_train_np8
   COMMAND ${ADGT_PYTHON} ${CMAKE_SOURCE_DIR}/scripts/adapt/bench_experts_train.py --check --reps 1
     --steps 60 --train $<TARGET_FILE:adgt-train> --data ${CMAKE_BINARY_DIR}/data/kjv-byte

@@ -28,8 +28,9 @@ set_tests_properties(plan_dry_run_70b_256_h100 PROPERTIES LABELS "plan" TIMEOUT 
 # Re-planning while training (tests/plan/replan_test.py; docs/planner.md
 # "Re-planning"): 8 ranks of the emulated 2-node cluster in f64; without a
 # straggler the layout stays; with launcher rank 3 16x slower from step 10 the
-# planner re-plans for the measured cluster and the run switches in memory;
-# the losses stay the single process's.
+# planner re-plans for the measured cluster (16x, on the emulation's model
+# clock: the same on any machine under any load) and the run switches in
+# memory; the losses stay the single process's.
 add_test(NAME plan_replan_straggler_np8
   COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/plan/replan_test.py
     --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh

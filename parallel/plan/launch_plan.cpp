@@ -106,8 +106,13 @@ Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cl
     std::filesystem::create_directories(cfg.log.dir, ec);
     const std::string cache = ec ? "" : cfg.log.dir + "/plan-profile.json";
     auto pc = std::make_unique<sim::ProfileCosts>(*be, cache);
+    // On the emulation's model clock the ranks' compute is counted FLOPs at
+    // emulate.model_flops: the plan costs the ops the same way.
+    const bool model_clock = cfg.emulate.clock == "model" && !cfg.emulate.cluster.empty();
+    if (model_clock) pc->count_flops(cfg.emulate.model_flops);
     pc->calibrate(cfg);  // the in-situ factor (docs/simulator.md, "Cost tables")
-    cl.device.peak_fp32_flops = cl.device.peak_bf16_flops = be->peak_tflops() * 1e12;
+    cl.device.peak_fp32_flops = cl.device.peak_bf16_flops =
+        model_clock ? cfg.emulate.model_flops : be->peak_tflops() * 1e12;
     costs = std::move(pc);
     // Every rank of the launch shares this host's cores (the emulation
     // needs one host; cpu-here says its own cores per node).

@@ -41,7 +41,7 @@ RunConfig one_rank(const RunConfig& cfg) {
 
 double ProfileCosts::calibrate(const RunConfig& run) {
   scale_ = 1;
-  if (!be_.is_host()) return 1;
+  if (!be_.is_host() || flop_rate_ > 0) return 1;
   const RunConfig cfg = one_rank(run);
   const int bytes = compute_bytes(cfg);
   const RankWork w = rank_work(cfg, 0);

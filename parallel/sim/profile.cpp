@@ -14,6 +14,7 @@
 #include <omp.h>
 
 #include "kernels/clock.hpp"
+#include "kernels/flop_counter.hpp"
 
 namespace adgt::sim {
 namespace {
@@ -187,6 +188,11 @@ ProfileCosts::~ProfileCosts() {
 bool ProfileCosts::cpu_time() const { return be_.is_host() && omp_get_max_threads() == 1; }
 
 std::string ProfileCosts::key_prefix(DType dt) const {
+  if (flop_rate_ > 0) {
+    char r[32];
+    std::snprintf(r, sizeof r, "%g", flop_rate_);
+    return be_.name() + "/" + dtype_name(dt) + "/flops" + r + "/";
+  }
   // "cpu-time": measured as the thread's CPU time (else wall time); the two
   // never mix in one cache.
   return be_.name() + "/" + dtype_name(dt) + "/cold" + std::to_string(cold_bytes_ >> 20) + "MiB/" +
@@ -230,6 +236,13 @@ double ProfileCosts::measure(const Op& op, int bytes) {
   const DType st = dt == DType::BF16 ? DType::F32 : dt;
   Arena ar{be_, {}};
   auto make_run = [&] { return make_op_run(be_, ar, op, dt, st); };
+  if (flop_rate_ > 0) {  // the model clock's cost: the op's counted matmul FLOPs
+    const auto run = make_run();
+    const uint64_t f0 = gemm_flops_executed().load(std::memory_order_relaxed);
+    run();
+    be_.synchronize();
+    return double(gemm_flops_executed().load(std::memory_order_relaxed) - f0) / flop_rate_;
+  }
   // As in a training step, an op's operands are partly not in the caches
   // (the step touches more than a rank's share of them): the calls cycle
   // through enough copies of the operands to exceed cold_bytes_.

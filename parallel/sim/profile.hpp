@@ -36,6 +36,10 @@ class ProfileCosts final : public OpCosts {
   double calibrate(const RunConfig& run);
   double scale() const { return scale_; }
   static constexpr double kCalibrateMaxParams = 64e6;
+  // Ops cost their counted matmul FLOPs at `flops_per_s` (the emulation's
+  // model clock, emulate.clock: model): the same profile on any machine under
+  // any load, and calibrate() keeps 1 (nothing to evict). 0: measured.
+  void count_flops(double flops_per_s) { flop_rate_ = flops_per_s; }
   void save() const;          // writes the cache (no-op without a path)
   int measured() const { return measured_; }  // ops timed in this process
   int cached() const { return int(table_.size()); }
@@ -44,13 +48,15 @@ class ProfileCosts final : public OpCosts {
   double measure(const Op& op, int bytes);
   // Host backend with one thread: ops are timed as the thread's CPU time.
   bool cpu_time() const;
-  std::string key_prefix(DType dt) const;  // "<backend>/<dtype>/cold<N>MiB/[cpu-time/]"
+  // "<backend>/<dtype>/cold<N>MiB/[cpu-time/]", or "<backend>/<dtype>/flops<rate>/"
+  std::string key_prefix(DType dt) const;
   Backend& be_;
   std::string path_;
   double min_seconds_;
   size_t cold_bytes_;
   std::map<std::string, double> table_;
   double scale_ = 1;  // calibrate()'s in-situ factor
+  double flop_rate_ = 0;  // count_flops()
   int measured_ = 0;
   bool dirty_ = false;
 };

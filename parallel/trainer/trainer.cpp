@@ -207,6 +207,8 @@ void Trainer::wire(ParallelContext ctx, bool init) {
       throw CollectiveError(
           "emulate.clock=model counts the matmul FLOPs of the CPU kernels as each rank's "
           "compute, so it needs train.device cpu or emulated; this run's device is cuda");
+    if (emulation_->clock == emulate::ClockKind::Model)  // the experts' spans too
+      backend_->set_span_clock([st = emulation_->state] { return st->clock.compute_now(); });
     emulation_->slowdown.set_backend(backend_.get());
     emulated_comms_ = emulate::wrap_emulated_groups(ctx, *emulation_);
   }
