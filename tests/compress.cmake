@@ -52,6 +52,8 @@ set_tests_properties(${ADGT_GC_TESTS} PROPERTIES
 # The controller of grad_compression auto (tests/compress/controller_train.py):
 # under a 50 Mbit/s emulated link it compresses, under 100 Gbit/s it stays at
 # off or bf16; every rank applies rank 0's logged decision; replicas identical.
+# On the emulation's model clock (compute, probes and codec costs counted):
+# the same decisions on any machine under any load.
 # schedule: fast -> 50 Mbit/s -> fast in one run (emulate.link_bandwidth), the
 # levels following each change within 2 controller intervals.
 foreach(link slow fast schedule)

@@ -311,4 +311,16 @@ std::array<double, kLevels> measure_codec_seconds(int powersgd_rank) {
   return measure_codecs(powersgd_rank);
 }
 
+std::array<double, kLevels> model_codec_seconds(int powersgd_rank, double flops_per_s) {
+  std::array<double, kLevels> ops{};
+  ops[size_t(Level::Bf16)] = 3;
+  ops[size_t(Level::Int8)] = 14;
+  ops[size_t(Level::Int4)] = 32;
+  ops[size_t(Level::Int3)] = 41;
+  ops[size_t(Level::Int2)] = 41;
+  ops[size_t(Level::PowerSgd)] = 15.5 * std::max(1, powersgd_rank);
+  for (double& x : ops) x /= flops_per_s;
+  return ops;
+}
+
 }  // namespace adgt::compress

@@ -111,6 +111,12 @@ std::vector<Choice> choose_levels(const Signals& s);
 // Encode+decode seconds per element of each level on this host (what the
 // controller measures at its first decision).
 std::array<double, kLevels> measure_codec_seconds(int powersgd_rank);
+// The same from a fixed count of operations per element at `flops_per_s`
+// (the emulation's model clock, emulate.clock: model): what the codecs
+// measured on the development VM (2026-12, at 1e10: bf16 0.28 ns, int8 1.4,
+// int4 3.2, int3 and int2 4.1, PowerSGD rank 4 6.2), so a controller on that
+// clock decides the same on any machine under any load.
+std::array<double, kLevels> model_codec_seconds(int powersgd_rank, double flops_per_s);
 
 nlohmann::json to_json(const Signals& s);
 Signals signals_from_json(const nlohmann::json& j);

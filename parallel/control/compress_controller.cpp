@@ -64,7 +64,10 @@ class CompressController final : public Controller {
     world.all_reduce(Tensor(kk, DType::F64, {1}), ReduceOp::Max);
     const size_t K = size_t(kk[0]);
     if (!codec_measured_) {
-      codec_ = measure_codec_seconds(int(red.compression().powersgd_rank));
+      const int rank = int(red.compression().powersgd_rank);
+      const emulate::ComputeSlowdown* slow = e.groups().slowdown;
+      codec_ = slow && slow->model_clock() ? model_codec_seconds(rank, cfg_.emulate.model_flops)
+                                           : measure_codec_seconds(rank);
       codec_measured_ = true;
     }
     const std::vector<double> mx = agreed_maxima(e, r, world, K);

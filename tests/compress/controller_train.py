@@ -52,9 +52,11 @@ def main():
             f"log.dir={out}", f"checkpoint.dir={out}/ckpt", "train.device=cpu", "parallel.dp=4",
             f"train.steps={args.steps}", "train.warmup_steps=10", "parallel.compress_interval=10",
             "parallel.grad_compression=auto", f"emulate.cluster={cluster}",
-            # The virtual clock: the probes read the link model's time, not a
-            # loaded host's scheduling (docs/emulation.md, "Clocks").
-            "emulate.clock=virtual"]
+            # The model clock: the probes read the link model's time, the
+            # compute and the codecs' costs are counted, not a loaded host's
+            # scheduling (docs/emulation.md, "Clocks"): the same decisions
+            # on any machine under any load.
+            "emulate.clock=model"]
     if schedule:
         sets.append("emulate.link_bandwidth=0.0005@30,1@60")
     cmd = [args.mpirun, "4", args.train, "--config", args.model]
