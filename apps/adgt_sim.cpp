@@ -75,9 +75,15 @@ std::unique_ptr<adgt::sim::OpCosts> make_costs(const Cli& cli, const adgt::RunCo
   be = adgt::make_backend("cpu");
   auto pc = std::make_unique<adgt::sim::ProfileCosts>(*be, cli.profile_cache, 0.01,
                                                        size_t(cli.cold_mib) << 20);
+  // The run file on the emulation's model clock (emulate.clock: model): the
+  // ops cost their counted matmul FLOPs at emulate.model_flops, as the run's
+  // ranks time their compute.
+  const bool model_clock = cfg.emulate.clock == "model";
+  if (model_clock) pc->count_flops(cfg.emulate.model_flops);
   if (!cli.no_calibrate) pc->calibrate(cfg);
   // MFU against this machine's measured GEMM rate, as the trainer reports it.
-  cl.device.peak_fp32_flops = cl.device.peak_bf16_flops = be->peak_tflops() * 1e12;
+  cl.device.peak_fp32_flops = cl.device.peak_bf16_flops =
+      model_clock ? cfg.emulate.model_flops : be->peak_tflops() * 1e12;
   return pc;
 }
 
