@@ -2,7 +2,8 @@
 # parts in adgt_unit_tests (tests/unit/watchdog_test.cpp, tag [watchdog]);
 # under mpirun, 4 CPU ranks (tp2 dp2) of the layout-test model with
 # train.collective_timeout_s=5: SIGSTOP or SIGKILL of a random rank mid-run is
-# named by every other rank, which all exit non-zero in time (no hang); a rank
+# named by every other rank, which all exit non-zero within 60 s of the signal
+# (12x the deadline: no hang, whatever the load); a rank
 # whose main thread stalls (ADGT_TEST_STALL, a stuck device) is named by its
 # sequence number though its process lives; and a
 # clean run with the same small deadline, evaluations and checkpoint saves does

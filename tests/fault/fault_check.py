@@ -5,7 +5,7 @@
                 train.collective_timeout_s=5: every other rank prints the
                 stopped rank's number and host, the group, operation and
                 sequence number it waits in, and the job ends non-zero within
-                the deadline + 25 s (else: a hang, the test kills it and fails).
+                the deadline + 60 s (else: a hang, the test kills it and fails).
   --mode kill   the same with SIGKILL: every survivor names the dead rank.
   --mode stall  a random rank's main thread stops for good before a tp
                 collective mid-run (ADGT_TEST_STALL, as on a stuck device): the
@@ -32,6 +32,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts", "reliability"))
 import chaos  # noqa: E402
 
+
+# What the tests bound is only what load cannot change: the right rank is
+# named, and the job ends before an outside limit many times the 5 s
+# deadline (detection takes about the deadline: the chaos campaign's
+# figures are scripts/reliability/chaos.py's, a benchmark). A hang never ends.
+HARD_SLACK = 60
 
 def clean(args):
     work = os.path.join(args.work, "clean")
@@ -113,12 +119,12 @@ def main():
         return stall(args, seed)
     ns = types.SimpleNamespace(data=args.data, timeout=args.timeout, ckpt_interval=0, layout="tp=2,dp=2",
                                set=[], ranks=4, train=args.train, min_step=3, max_delay=1.0,
-                               start_limit=120, hard_slack=25, resume=False, work=args.work)
+                               start_limit=120, hard_slack=HARD_SLACK, resume=False, work=args.work)
     r = chaos.trial(ns, 0, args.mode, random.Random(seed))
     print(f"seed {seed}: {r}")
     if not r["ok"]:
         sys.exit(f"FAIL: {r['why']} (see {args.work}/{args.mode}_0/run.log)")
-    limit = args.timeout + 25 if args.mode == "stop" else 25
+    limit = args.timeout + HARD_SLACK if args.mode == "stop" else HARD_SLACK
     if r["end_s"] > limit:
         sys.exit(f"FAIL: the job ended {r['end_s']:.1f} s after the signal (limit {limit} s)")
     print(f"PASS: SIG{args.mode.upper()} of rank {r['victim']}: named by {r['named']}/{r['survivors']} "
