@@ -197,7 +197,44 @@ TEST_CASE("virtual clock: CPU time outside calls, nothing inside, waits jump", "
   CHECK(c.now() >= v2 + 1.5);
   // The wall clock is CLOCK_MONOTONIC.
   emulate::Clock w;
-  CHECK(std::abs(w.now() - wall_seconds()) < 0.01);
+  const double w0 = wall_seconds(), x = w.now(), w1 = wall_seconds();
+  CHECK(w0 <= x);
+  CHECK(x <= w1);
+}
+
+TEST_CASE("model clock: counted matmul FLOPs at its rate outside calls, waits jump", "[emulate]") {
+  emulate::Clock c(emulate::ClockKind::Model, 2e9);
+  CHECK(c.is_virtual());
+  const double v0 = c.now();
+  busy_for(0.02);  // host time, wall and CPU: not the model clock's
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK(c.now() == v0);
+  count_gemm_flops(100, 200, 50);  // 2e6 FLOPs: 1 ms at 2e9 FLOP/s
+  CHECK(c.now() - v0 == Approx(1e-3).epsilon(1e-12));
+  CHECK(c.compute_now() - c.compute_now() == 0);
+  c.pause();  // inside an emulated call: its FLOPs (none are expected) are dropped
+  const double v1 = c.now();
+  count_gemm_flops(1000, 1000, 1000);
+  CHECK(c.now() == v1);
+  c.wait_until(v1 + 0.5);
+  CHECK(c.now() == v1 + 0.5);
+  c.resume();
+  CHECK(c.now() == v1 + 0.5);
+  count_gemm_flops(10, 10, 10);  // 2000 FLOPs: 1 us
+  CHECK(c.now() - (v1 + 0.5) == Approx(1e-6).epsilon(1e-9));
+}
+
+TEST_CASE("emulate.clock model: needs the cluster and a host backend", "[emulate]") {
+  CHECK_THAT(config_error("emulate:\n  clock: model\n"),
+             Contains("emulate.clock=model needs emulate.cluster"));
+  CHECK_THAT(config_error("train:\n  device: cuda\nemulate:\n  cluster: cpu-here\n  clock: model\n"),
+             Contains("emulate.clock=model needs train.device=cpu or emulated") && Contains("\"cuda\""));
+  CHECK_THAT(config_error("emulate:\n  cluster: cpu-here\n  clock: model\n  model_flops: 0\n"),
+             Contains("emulate.model_flops"));
+  const RunConfig ok = load_config_text(
+      "train:\n  device: emulated\nemulate:\n  cluster: cpu-here\n  clock: model\n  model_flops: 5e9\n", "x.yaml");
+  CHECK(ok.emulate.clock == "model");
+  CHECK(ok.emulate.model_flops == 5e9);
 }
 
 TEST_CASE("core tokens: at most `cores` held, a timed-out wait takes none", "[emulate]") {
@@ -237,15 +274,13 @@ TEST_CASE("compute slowdown: sleeps (factor - 1) x the compute, not the comm tim
   auto rank = std::make_shared<emulate::EmulatedRank>(cluster::load_cluster("cpu-here"), 0);
   emulate::ComputeSlowdown off;
   CHECK_FALSE(off.active());
-  const double t0 = wall_seconds();
   off.run([] { busy_for(0.005); });
-  CHECK(wall_seconds() - t0 < 0.004 + 0.005 + 0.02);
   CHECK(off.slept_seconds() == 0);
 
   emulate::ComputeSlowdown slow(3, rank);
-  // 10 ms of compute and 50 ms inside (pretend) emulated comm calls: 20 ms
-  // of sleep (120 ms if the comm time counted as compute; the bound leaves
-  // room for a loaded machine).
+  // 10 ms of compute and 50 ms inside (pretend) emulated comm calls: at least
+  // 20 ms of sleep (on the wall clock a loaded host only adds; the exact
+  // figure is the model clock's, below).
   slow.run([&] {
     busy_for(0.010);
     const double c0 = wall_seconds();
@@ -253,7 +288,26 @@ TEST_CASE("compute slowdown: sleeps (factor - 1) x the compute, not the comm tim
     rank->comm_seconds += wall_seconds() - c0;
   });
   CHECK(slow.slept_seconds() >= 2 * 0.010);
-  CHECK(slow.slept_seconds() < 0.060);
+
+  // On the model clock: 1e7 counted FLOPs at 1e9 FLOP/s are 10 ms of
+  // compute, a 50 ms emulated wait is comm: exactly 20 ms more, whatever the
+  // host does meanwhile (120 ms if the comm counted as compute).
+  auto model = std::make_shared<emulate::EmulatedRank>(cluster::load_cluster("cpu-here"), 0,
+                                                       std::vector<int>{}, emulate::ClockKind::Model, 1e9);
+  emulate::ComputeSlowdown on_model(3, model);
+  CHECK(on_model.model_clock());
+  const double m0 = model->clock.now();
+  on_model.run([&] {
+    count_gemm_flops(1000, 1000, 5);
+    busy_for(0.005);  // host time: not the model clock's
+    model->clock.pause();
+    const double c0 = model->clock.now();
+    model->clock.wait_until(c0 + 0.050);
+    model->comm_seconds += model->clock.now() - c0;
+    model->clock.resume();
+  });
+  CHECK(on_model.slept_seconds() == Approx(0.020).epsilon(1e-9));
+  CHECK(model->clock.now() - m0 == Approx(0.010 + 0.050 + 0.020).epsilon(1e-9));
 
   // A gradient hook catches up before it runs; an empty one stays empty.
   CHECK_FALSE(slow.wrap({}));
@@ -268,19 +322,21 @@ TEST_CASE("compute slowdown: sleeps (factor - 1) x the compute, not the comm tim
 }
 
 TEST_CASE("EmulatedComm on a group of one passes every call through", "[emulate]") {
-  auto rank = std::make_shared<emulate::EmulatedRank>(cluster::load_cluster("cpu-here"), 0);
+  // On the model clock: no delay means the clock does not move at all.
+  auto rank = std::make_shared<emulate::EmulatedRank>(cluster::load_cluster("cpu-here"), 0,
+                                                      std::vector<int>{}, emulate::ClockKind::Model, 1e9);
   SelfComm self("dp");
   emulate::EmulatedComm c(self, rank, {0});
   CHECK(c.name() == "dp");
   CHECK(c.size() == 1);
+  const double v0 = rank->clock.now();
   std::vector<float> in = {1, 2, 3}, out(3);
-  const double t0 = wall_seconds();
   c.all_reduce(Tensor(in.data(), DType::F32, {3}));
   c.reduce_scatter(Tensor(out.data(), DType::F32, {3}), Tensor(in.data(), DType::F32, {3}));
   Work w = c.start_all_gather(Tensor(out.data(), DType::F32, {3}), Tensor(in.data(), DType::F32, {3}));
   w.wait();
   c.barrier();
-  CHECK(wall_seconds() - t0 < 0.05);
+  CHECK(rank->clock.now() == v0);  // nothing was delayed
   CHECK(out == in);
   CHECK(c.last_collective_end() == 0);  // nothing was delayed
   CHECK_THROWS_WITH(emulate::EmulatedComm(self, rank, {1}),
