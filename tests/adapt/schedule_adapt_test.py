@@ -62,6 +62,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MODEL = os.path.join(ROOT, "tests", "emulate", "model.yaml")
+exact = True  # --clock model: exact bounds (set in main)
 
 
 def run(args, name, sets, extra=(), pp=4, env=None, expect_fail=False):
@@ -74,7 +75,7 @@ def run(args, name, sets, extra=(), pp=4, env=None, expect_fail=False):
               f"train.steps={args.steps}", "train.global_batch=8", "train.micro_batch=1",
               f"parallel.pp={pp}", "parallel.schedule=1f1b", f"emulate.cluster={args.cluster}",
               f"emulate.slow_ranks={args.slow}", f"emulate.slow_links={args.slow_links}",
-              "emulate.clock=model",
+              f"emulate.clock={args.clock}",
               f"log.dir={log}", f"checkpoint.dir={log}/ckpt"]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", **(env or {}))
     p = subprocess.run(["timeout", "120", args.mpirun, "4", args.train, "--config", MODEL]
@@ -96,7 +97,12 @@ def main():
     ap.add_argument("--case", choices=["start", "onset", "link", "link-messages", "layers", "resume", "chunks",
                                        "memory"],
                     default="start")
+    ap.add_argument("--clock", choices=["model", "virtual"], default="model",
+                    help="emulate.clock of every run: model (the ctest's: the same decisions under "
+                         "any load) or virtual (measured CPU time: scripts/bench.sh's figure)")
     args = ap.parse_args()
+    global exact
+    exact = args.clock == "model"
     messages = args.case == "link-messages"
     if messages:
         args.case = "link"
@@ -144,29 +150,35 @@ def main():
         # any change flagged before it is a defect.
         early = [(r["step"], r["inputs"].get("stage_change")) for r in recs
                  if r["inputs"].get("replan") == "change" and r["step"] <= 30]
+        # On the virtual clock (the benchmark's) the host's noise may flag a
+        # change before the onset (printed) and dilutes the 2x: a flag or
+        # 1.3x counts there.
         late = [r for r in recs if r["inputs"].get("replan") == "change" and r["step"] > 30
                 and 2 in (r["inputs"].get("stage_flagged") or [])
-                and abs(r["inputs"]["stage_change"][2] - 2.0) <= 0.05]
+                and (abs(r["inputs"]["stage_change"][2] - 2.0) <= 0.05 if exact
+                     else r["inputs"]["stage_change"][2] > 1.1)
+                or (not exact and r["inputs"].get("replan") == "change" and r["step"] > 30
+                    and r["inputs"]["stage_change"][2] >= 1.3)]
         what = json.dumps([(r["step"], r["inputs"].get("replan"), r["inputs"].get("stage_change"),
                             r["inputs"].get("stage_flagged")) for r in recs])
-        if early or not late or late[0]["step"] > 50:
+        if (early and exact) or not late or late[0]["step"] > 50:
             sys.exit("FAILED: want stage 2 flagged at about 2x within 20 steps of step 30 and no "
                      "change before: " + what)
-        # The same run again: the same decisions at the same steps.
-        again = run(args, "schedule_again", [f"parallel.adapt={mode}"])
-        same = lambda recs: [(r["step"], r["inputs"], r["decision"]) for r in recs
-                             if r.get("event") == "controller" and r.get("controller") == "adapt-schedule"]
-        if same(again) != same(adapt):
-            sys.exit("FAILED: the same run on the model clock decided differently:\n"
-                     + json.dumps(same(adapt)) + "\n" + json.dumps(same(again)))
+        if exact:  # the same run again: the same decisions at the same steps
+            again = run(args, "schedule_again", [f"parallel.adapt={mode}"])
+            same = lambda recs: [(r["step"], r["inputs"], r["decision"]) for r in recs
+                                 if r.get("event") == "controller" and r.get("controller") == "adapt-schedule"]
+            if same(again) != same(adapt):
+                sys.exit("FAILED: the same run on the model clock decided differently:\n"
+                         + json.dumps(same(adapt)) + "\n" + json.dumps(same(again)))
         r = late[0]
         print(f"adapt-schedule: rank 2 2x slower from step 30, detected at step {r['step']} "
               f"(stage changes {[round(x, 2) for x in r['inputs']['stage_change']]}, flagged "
               f"{r['inputs'].get('stage_flagged')}); "
               f"{r['decision']['schedule']} predicted {r['decision']['predicted_after_s']:.4f} s "
               f"against {r['decision']['predicted_before_s']:.4f} s; {len(recs)} re-plan(s) in "
-              f"{args.steps} steps, none before the onset; the same records on a second run; "
-              "losses equal bit for bit")
+              f"{args.steps} steps, {len(early)} change(s) flagged before the onset {early}"
+              f"{'; the same records on a second run' if exact else ''}; losses equal bit for bit")
         return
     if args.case == "link":
         # A re-plan names a link change in link_change whatever its reason
@@ -190,15 +202,17 @@ def main():
             stamps = run(args, "stamps", ["parallel.adapt=schedule"])
             srecs = [r for r in stamps if r.get("event") == "controller" and r.get("controller") == "adapt-schedule"]
             got, want = recs[0]["inputs"]["link_s"], srecs[0]["inputs"]["link_s"]
-            bad = [k for k in range(3) if not abs(got[k] - want[k]) <= 0.01 * want[k]]
+            tol = 0.01 if exact else 0.25
+            bad = [k for k in range(3) if not abs(got[k] - want[k]) <= tol * want[k]]
             print(f"warm-up re-plan's link times: messages {[round(x * 1e6, 1) for x in got[:3]]} us, "
                   f"the emulation's stamps {[round(x * 1e6, 1) for x in want[:3]]} us")
             if bad or recs[0]["step"] != srecs[0]["step"]:
-                sys.exit(f"FAILED: link times from the messages differ from the stamps by > 1% on links {bad}")
+                sys.exit(f"FAILED: link times from the messages differ from the stamps by > {tol:.0%} on links {bad}")
         return
     first = recs[0]
     d = first["decision"]
-    if first["inputs"].get("replan") != "warm-up" or first["step"] != 10:
+    if first["inputs"].get("replan") != "warm-up" or not (first["step"] == 10 or
+                                                         (not exact and 10 <= first["step"] <= 13)):
         sys.exit(f"FAILED: the first re-plan is not the warm-up one at step 10: {first}")
     if d["predicted_after_s"] > d["predicted_before_s"] * (1 + 1e-9) or len(d["candidates"]) < 3:
         sys.exit(f"FAILED: the re-plan predicts no gain or lists too few candidates: {d}")

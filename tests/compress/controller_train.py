@@ -41,6 +41,9 @@ def main():
         ap.add_argument(a, required=True)
     ap.add_argument("--link", choices=["slow", "fast", "schedule"], required=True)
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--clock", choices=["model", "virtual"], default="model",
+                    help="emulate.clock: model (the ctest's) or virtual (measured CPU time and codec "
+                         "speeds: scripts/bench.sh)")
     args = ap.parse_args()
     out = args.work
     shutil.rmtree(out, ignore_errors=True)
@@ -56,7 +59,7 @@ def main():
             # compute and the codecs' costs are counted, not a loaded host's
             # scheduling (docs/emulation.md, "Clocks"): the same decisions
             # on any machine under any load.
-            "emulate.clock=model"]
+            f"emulate.clock={args.clock}"]
     if schedule:
         sets.append("emulate.link_bandwidth=0.0005@30,1@60")
     cmd = [args.mpirun, "4", args.train, "--config", args.model]

@@ -109,10 +109,13 @@ def main():
     ap.add_argument("--data", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--case", choices=["straggler", "link"], default="straggler")
+    ap.add_argument("--clock", choices=["model", "virtual", "wall"], default="model",
+                    help="emulate.clock of the emulated runs: model (the ctest's: the same "
+                         "measurements under any load) or the host's (scripts/bench.sh)")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     ref = losses(run(args, "single", 1, []))
-    auto = ["parallel.auto=true", f"emulate.cluster={CLUSTER}", "emulate.clock=model"]
+    auto = ["parallel.auto=true", f"emulate.cluster={CLUSTER}", f"emulate.clock={args.clock}"]
     if args.case == "link":
         return slow_link(args, ref, auto)
 
@@ -131,8 +134,13 @@ def main():
         sys.exit(f"FAIL: no re-plan asked for a switch; re-plans: {[r['decision'] for r in recs]}")
     d = first["decision"]
     m = {int(k): v for k, v in d["measured_slowdown"].items()}
-    if abs(m.get(3, 1) - 16) > 0.32 or any(v > 1.1 for r, v in m.items() if r != 3):
-        sys.exit(f"FAIL: the re-plan measured {m}; want rank 3 at 16x (within 2%), the others 1x")
+    if args.clock == "model":
+        if abs(m.get(3, 1) - 16) > 0.32 or any(v > 1.1 for r, v in m.items() if r != 3):
+            sys.exit(f"FAIL: the re-plan measured {m}; want rank 3 at 16x (within 2%), the others 1x")
+    elif m.get(3, 1) < 2 or max(m, key=lambda r: m[r]) != 3 or sum(v >= 2 for v in m.values()) > 2:
+        # The host's clocks (the benchmark): ranks sharing 2 cores read noise.
+        sys.exit(f"FAIL: the re-plan measured {m}; want rank 3 the slowest, >= 2x (and at most one "
+                 f"other rank read as slow)")
     if first["step"] <= 10:
         sys.exit(f"FAIL: re-planned at step {first['step']}, before the straggler (step 10)")
     if not d["predicted_new_s"] < d["predicted_now_s"]:
@@ -208,13 +216,14 @@ def slow_link(args, ref, auto):
     if not 10 < first["step"] <= 30:
         sys.exit(f"FAIL: re-planned at step {first['step']}; the link slowed at step 10 (want 11..30)")
     links = d.get("measured_link_slowdown", {})
-    if abs(links.get(key, 1) - 16) > 0.32 or any(v > 1.1 for k, v in links.items() if k != key):
-        sys.exit(f"FAIL: the re-plan measured links {links}; want {key} at 16x (within 2%), "
-                 f"the others 1x")
+    exact = args.clock == "model"  # else the host's clocks (the benchmark): looser
+    if (abs(links.get(key, 1) - 16) > 0.32 if exact else links.get(key, 1) < 8) or \
+            any(v > (1.1 if exact else 2) for k, v in links.items() if k != key):
+        sys.exit(f"FAIL: the re-plan measured links {links}; want {key} at 16x, the others 1x")
     ranks = {int(k): v for k, v in d["measured_slowdown"].items()}
     # The link's time must not be read as any rank's compute (its end ranks'
     # above all: the misattribution this checks).
-    if any(v > 1.1 for v in ranks.values()):
+    if any(v > 1.1 for v in ranks.values()) if exact else any(ranks.get(r, 1) >= 2 for r in (a, b)):
         sys.exit(f"FAIL: a rank read as slow beside the slow link: {ranks}")
     if not d["predicted_new_s"] < d["predicted_now_s"]:
         sys.exit(f"FAIL: switch without a predicted gain: {d}")
