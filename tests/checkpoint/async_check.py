@@ -246,7 +246,7 @@ def check_kill(args):
         os.makedirs(out)
         log = open(os.path.join(out, "job.log"), "w")
         p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                             env=dict(os.environ, OMP_NUM_THREADS="1", ADGT_TEST_CKPT_WRITE_DELAY_S="2"))
+                             env=dict(os.environ, OMP_NUM_THREADS="1", ADGT_TEST_CKPT_WRITE_DELAY_S="6"))
         try:
             deadline = time.time() + 120
             # The first save complete, the second in flight (its temporary directory there).
@@ -254,7 +254,9 @@ def check_kill(args):
                 if p.poll() is not None or time.time() > deadline:
                     sys.exit(f"FAIL: trial {k}: no save in flight after step_2 (exit {p.poll()}; {log.name})")
                 time.sleep(0.01)
-            time.sleep(rng.uniform(0.0, 1.5))  # inside the 2 s delayed write
+            # Inside the 6 s delayed write: 4.5 s to spare for this script's
+            # own delays on a loaded host (the write's sleep does not stretch).
+            time.sleep(rng.uniform(0.0, 1.5))
             ranks = rank_pids(p.pid)
             victim = rng.randrange(4)
             in_flight = bool([d for d in os.listdir(ckpt) if d.startswith(".tmp_")])
