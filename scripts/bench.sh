@@ -43,14 +43,14 @@ BENCHES=(
   "emulate-comm|wall-clock emulation: every message and collective within model x 1.3 + 3 ms|emulated comm:|timeout 120 $MPIRUN 4 $BUILD/tests/adgt_emulated_comm_test tests/emulate/two_nodes.yaml --strict"
   "adapt-onset|a 2x slow rank from step 30 flagged within 20 steps (virtual clock)|detected at step|$PY tests/adapt/schedule_adapt_test.py --case onset --clock virtual --train $TRAIN --mpirun $MPIRUN --data $DATA --work WORK"
   "adapt-link|a 4x slow link from step 30 flagged within 20 steps, none before (virtual clock)|detected at step|$PY tests/adapt/schedule_adapt_test.py --case link-messages --clock virtual --train $TRAIN --mpirun $MPIRUN --data $DATA --work WORK"
-  "adapt-mitigation|a 1.5x slow stage of 16 layers (d_model 256): the layer moves mitigate >= 60% (virtual clock)|^mitigation:|FAILED|$PY scripts/adapt/bench_adapt.py --train $TRAIN --data $DATA --work WORK --reps 1 --steps 60 --set model.n_layers=16 --set model.d_model=256 --set model.ffn_hidden=1024 --set model.seq_len=128 --bound 0.6"
+  "adapt-mitigation|a 1.5x slow stage of 16 layers (d_model 256): the layer moves mitigate >= 60% (virtual clock)|mitigat|$PY scripts/adapt/bench_adapt.py --train $TRAIN --data $DATA --work WORK --reps 1 --steps 60 --set model.n_layers=16 --set model.d_model=256 --set model.ffn_hidden=1024 --set model.seq_len=128 --bound 0.6"
   "experts-train|skewed MoE: imbalance < 1/3 of static, half-speed rows 0.3-0.7x; expert time speed-up printed (virtual clock)|^check:|$PY scripts/adapt/bench_experts_train.py --check --clock virtual --reps 1 --steps 60 --train $TRAIN --data $DATA --work WORK"
   "replan-straggler|a 16x straggler read >= 2x, the slowest, and switched away from (virtual clock)|^straggler:|$PY tests/plan/replan_test.py --clock virtual --train $TRAIN --mpirun $MPIRUN --data $DATA --work WORK"
   "replan-link|a 16x slow link read >= 8x, its ranks not slow, one switch (virtual clock)|^link:|$PY tests/plan/replan_test.py --case link --clock virtual --train $TRAIN --mpirun $MPIRUN --data $DATA --work WORK"
   "compress-slow|50 Mbit/s link: the controller compresses, < 1/4 of the bytes (virtual clock, measured codecs)|step 40:|$PY tests/compress/controller_train.py --link slow --clock virtual --train $TRAIN --mpirun $MPIRUN --data $DATA --model tests/compress/model.yaml --work WORK"
   "compress-fast|100 Gbit/s link: every bucket off or bf16 (virtual clock, measured codecs)|step 40:|$PY tests/compress/controller_train.py --link fast --clock virtual --train $TRAIN --mpirun $MPIRUN --data $DATA --model tests/compress/model.yaml --work WORK"
   "sim-validate|simulator vs 4 measured layouts: mean 15%, each 25% after one host factor in 0.8-1.6 (virtual clock)|^host factor|$PY scripts/sim/validate_cpu.py --quick --train $TRAIN --sim $SIM --mpirun $MPIRUN --data $DATA --work WORK"
-  "watchdog|SIGSTOP/SIGKILL of a rank: every survivor names it, the job ends (4 trials, 5 s deadline)|detect|job end|$PY scripts/reliability/chaos.py --train $TRAIN --data $DATA --work WORK --signal both --trials 4 --ranks 4 --layout tp=2,dp=2 --timeout 5"
+  "watchdog|SIGSTOP/SIGKILL of a rank: every survivor names it, the job ends (4 trials, 5 s deadline)|job end|$PY scripts/reliability/chaos.py --train $TRAIN --data $DATA --work WORK --signal both --trials 4 --ranks 4 --layout tp=2,dp=2 --timeout 5"
 )
 
 if [[ $LIST -eq 1 ]]; then
