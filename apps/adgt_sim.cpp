@@ -78,7 +78,7 @@ std::unique_ptr<adgt::sim::OpCosts> make_costs(const Cli& cli, const adgt::RunCo
   // The run file on the emulation's model clock (emulate.clock: model): the
   // ops cost their counted matmul FLOPs at emulate.model_flops, as the run's
   // ranks time their compute.
-  const bool model_clock = cfg.emulate.clock == "model";
+  const bool model_clock = cfg.emulate.model_clock();
   if (model_clock) pc->count_flops(cfg.emulate.model_flops);
   if (!cli.no_calibrate) pc->calibrate(cfg);
   // MFU against this machine's measured GEMM rate, as the trainer reports it.

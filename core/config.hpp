@@ -228,6 +228,10 @@ struct EmulateConfig {
   // host backend (cpu or emulated).
   std::string clock = "wall";
   double model_flops = 1e10;  // the model clock's compute rate, FLOP/s per rank
+  // Whether the run is on the model clock: then its compute is counted matmul
+  // FLOPs at model_flops, which is also the peak its MFU, its launch plan and
+  // adgt-sim's profile use.
+  bool model_clock() const { return clock == "model" && !cluster.empty(); }
   bool operator==(const EmulateConfig&) const = default;
 };
 

@@ -108,7 +108,7 @@ Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cl
     auto pc = std::make_unique<sim::ProfileCosts>(*be, cache);
     // On the emulation's model clock the ranks' compute is counted FLOPs at
     // emulate.model_flops: the plan costs the ops the same way.
-    const bool model_clock = cfg.emulate.clock == "model" && !cfg.emulate.cluster.empty();
+    const bool model_clock = cfg.emulate.model_clock();
     if (model_clock) pc->count_flops(cfg.emulate.model_flops);
     pc->calibrate(cfg);  // the in-situ factor (docs/simulator.md, "Cost tables")
     cl.device.peak_fp32_flops = cl.device.peak_bf16_flops =

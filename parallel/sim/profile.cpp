@@ -241,7 +241,11 @@ double ProfileCosts::measure(const Op& op, int bytes) {
     const uint64_t f0 = gemm_flops_executed().load(std::memory_order_relaxed);
     run();
     be_.synchronize();
-    return double(gemm_flops_executed().load(std::memory_order_relaxed) - f0) / flop_rate_;
+    const uint64_t f = gemm_flops_executed().load(std::memory_order_relaxed) - f0;
+    // Taken off the count again: a re-plan that profiles an op mid-run is
+    // not the rank's training compute, which the model clock times.
+    gemm_flops_executed().fetch_sub(f, std::memory_order_relaxed);
+    return double(f) / flop_rate_;
   }
   // As in a training step, an op's operands are partly not in the caches
   // (the step touches more than a rank's share of them): the calls cycle

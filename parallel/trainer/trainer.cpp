@@ -491,6 +491,7 @@ void Trainer::print_header(double peak) const {
               g.dp->size(), engine_->optimizer().sharded() ? " (ZeRO-1)" : "", g.pp->size(),
               backend_->name().c_str(), t.dtype.c_str(), omp_get_max_threads(), peak,
               cfg_.log.peak_tflops > 0 ? "log.peak_tflops"
+              : cfg_.emulate.model_clock()  ? "emulate.model_flops"
               : backend_->peak_is_measured() ? "measured sgemm"
                                        : "the device's rated figure");
   if (engine_->pipelined()) std::printf("%s", describe_pipeline_schedule(cfg_).c_str());
@@ -643,9 +644,13 @@ void Trainer::finish_summary(TrainSummary& sum, MetricsLog* metrics, TeiMeter& t
 TrainSummary Trainer::train() {
   const TrainConfig& t = cfg_.train;
   const ParallelContext& g0 = engine_->groups();  // the start's groups (a layout switch replaces them)
-  const bool measured_peak = cfg_.log.peak_tflops <= 0;
-  const double peak =
-      measured_peak ? backend_->peak_tflops_for(engine_->model().dtype()) : cfg_.log.peak_tflops;
+  // On the model clock the peak is its compute rate (what the launch plan and
+  // adgt-sim use too): the MFU is then the step's share of counted matmul time.
+  const bool model_peak = cfg_.log.peak_tflops <= 0 && cfg_.emulate.model_clock();
+  const bool measured_peak = cfg_.log.peak_tflops <= 0 && !model_peak;
+  const double peak = model_peak      ? cfg_.emulate.model_flops / 1e12
+                      : measured_peak ? backend_->peak_tflops_for(engine_->model().dtype())
+                                      : cfg_.log.peak_tflops;
   std::vector<TeiRun> earlier_runs;  // a resume appends: the job's earlier runs (docs/tei.md)
   std::unique_ptr<MetricsLog> metrics = open_metrics_log(earlier_runs);
   TrainSummary sum;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/config.hpp"
+#include "kernels/backend.hpp"
 #include "parallel/emulate/clock.hpp"
 #include "parallel/emulate/emulation.hpp"
 #include "parallel/comm/mpi_env.hpp"
@@ -211,7 +212,14 @@ TEST_CASE("model clock: counted matmul FLOPs at its rate outside calls, waits ju
   CHECK(c.now() == v0);
   count_gemm_flops(100, 200, 50);  // 2e6 FLOPs: 1 ms at 2e9 FLOP/s
   CHECK(c.now() - v0 == Approx(1e-3).epsilon(1e-12));
-  CHECK(c.compute_now() - c.compute_now() == 0);
+  // The count is the CPU kernels' own: a linear's forward adds 2 N O I.
+  auto be = make_backend("cpu");
+  std::vector<float> x(3 * 8, 1.0f), w(5 * 8, 0.5f), y(3 * 5);
+  const double c0 = c.compute_now();
+  be->linear_forward(Tensor(y.data(), DType::F32, {3, 5}), Tensor(x.data(), DType::F32, {3, 8}),
+                     Tensor(w.data(), DType::F32, {5, 8}));
+  CHECK(c.compute_now() - c0 == Approx(2.0 * 3 * 5 * 8 / 2e9).epsilon(1e-12));
+  CHECK(y[0] == 4.0f);
   c.pause();  // inside an emulated call: its FLOPs (none are expected) are dropped
   const double v1 = c.now();
   count_gemm_flops(1000, 1000, 1000);

@@ -18,6 +18,9 @@
 #include "parallel/cluster/collectives.hpp"
 #include "parallel/engine/engine.hpp"
 #include "parallel/pipeline/timeline.hpp"
+#include "kernels/backend.hpp"
+#include "kernels/flop_counter.hpp"
+#include "parallel/sim/profile.hpp"
 #include "parallel/sim/step_sim.hpp"
 #include "parallel/sim/work.hpp"
 
@@ -320,4 +323,22 @@ TEST_CASE("sim: a slow pipeline link slows the messages that cross it", "[sim]")
   const int c = rank_of(layout_of(cfg), RankCoords{0, 1, 0});
   other.slow_links[{std::min(a, c), std::max(a, c)}] = 8;
   CHECK(simulate_step(cfg, cl, costs, other).step_time_s == Approx(even.step_time_s).epsilon(1e-12));
+}
+
+TEST_CASE("sim: a profile on the model clock costs the kernels' counted FLOPs, off the count", "[sim]") {
+  // The CPU kernels' count (kernels/flop_counter.hpp) against the
+  // simulator's own formula (Op::flops), and the profiling left off the
+  // count the model clock times a rank's compute by.
+  auto be = make_backend("cpu");
+  sim::ProfileCosts pc(*be, "");
+  pc.count_flops(1e9);
+  const uint64_t before = gemm_flops_executed().load();
+  for (const sim::Op op : {sim::Op{sim::OpKind::GemmForward, 64, 48, 32},
+                           sim::Op{sim::OpKind::GemmWeightGrad, 48, 32, 64},
+                           sim::Op{sim::OpKind::GemmInputGrad, 64, 32, 48}}) {
+    INFO(sim::to_string(op));
+    CHECK(pc.seconds(op, 4) == Approx(op.flops() / 1e9).epsilon(1e-12));
+  }
+  CHECK(gemm_flops_executed().load() == before);
+  CHECK(pc.seconds(sim::Op{sim::OpKind::RmsNormForward, 64, 32}, 4) == 0);  // no matmul: free
 }
