@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include "parallel/comm/mpi_comm.hpp"
 #include "parallel/comm/mpi_env.hpp"
 
 namespace adgt {
@@ -12,7 +13,9 @@ int agree_max(int value) {
   MPI_Finalized(&fin);
   if (!init || fin) return value;
   int out = value;
-  ADGT_MPI(MPI_Allreduce(&value, &out, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+  MPI_Request req;
+  ADGT_MPI(MPI_Iallreduce(&value, &out, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &req));
+  mpi_wait_politely(req);
   return out;
 }
 

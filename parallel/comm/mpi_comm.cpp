@@ -76,6 +76,14 @@ bool mpi_running() {
   return init && !fin;
 }
 
+// MPI_Comm_dup through MPI_Comm_idup: a rank that arrives first does not spin
+// while the others are still busy.
+void polite_dup(MPI_Comm comm, MPI_Comm* out) {
+  MPI_Request req;
+  ADGT_MPI(MPI_Comm_idup(comm, out, &req));
+  mpi_wait_politely(req);
+}
+
 }  // namespace
 
 MpiComm::MpiComm(MPI_Comm comm, std::string name, bool owned)
@@ -83,7 +91,7 @@ MpiComm::MpiComm(MPI_Comm comm, std::string name, bool owned)
   ADGT_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   ADGT_MPI(MPI_Comm_rank(comm_, &rank_));
   ADGT_MPI(MPI_Comm_size(comm_, &size_));
-  ADGT_MPI(MPI_Comm_dup(comm_, &ring_));
+  polite_dup(comm_, &ring_);
   ADGT_MPI(MPI_Comm_set_errhandler(ring_, MPI_ERRORS_RETURN));
   // The members as MPI_COMM_WORLD ranks: the watchdog's heartbeats name them so.
   MPI_Group mine = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
@@ -122,12 +130,17 @@ MpiComm::~MpiComm() {
 
 std::unique_ptr<MpiComm> MpiComm::world(const std::string& name) {
   MPI_Comm c = MPI_COMM_NULL;
-  ADGT_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &c));
+  polite_dup(MPI_COMM_WORLD, &c);
   return std::make_unique<MpiComm>(c, name, true);
 }
 
 std::unique_ptr<MpiComm> MpiComm::split(int color, int key, const std::string& name) const {
   MPI_Comm c = MPI_COMM_NULL;
+  // MPI_Comm_split has no non-blocking form: the members first meet in a
+  // polite barrier, so the blocking split's agreement finds them all there.
+  MPI_Request req;
+  ADGT_MPI(MPI_Ibarrier(comm_, &req));
+  mpi_wait_politely(req);
   ADGT_MPI(MPI_Comm_split(comm_, color, key, &c));
   return std::make_unique<MpiComm>(c, name, true);
 }
@@ -274,10 +287,29 @@ void MpiComm::advance_pending() {
 
 namespace {
 std::atomic<int> g_poll_us{50};
+constexpr int kSpins = 200;  // MPI_Tests before the first sleep
 }  // namespace
 
 void set_mpi_poll_interval_us(int us) { g_poll_us.store(std::max(1, us)); }
 int mpi_poll_interval_us() { return g_poll_us.load(); }
+
+void mpi_wait_politely(MPI_Request& req, MPI_Status* st) {
+  int done = 0;
+  for (int spin = 0;; ++spin) {
+    ADGT_MPI(MPI_Test(&req, &done, st));
+    if (done) return;
+    if (spin >= kSpins) std::this_thread::sleep_for(std::chrono::microseconds(g_poll_us.load()));
+  }
+}
+
+void mpi_wait_all_politely(std::vector<MPI_Request>& reqs) {
+  int done = 0;
+  for (int spin = 0;; ++spin) {
+    ADGT_MPI(MPI_Testall(int(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE));
+    if (done) return;
+    if (spin >= kSpins) std::this_thread::sleep_for(std::chrono::microseconds(g_poll_us.load()));
+  }
+}
 
 void MpiComm::run_until(const RingOp& op) {
   // A short spin, then polls every mpi_poll_interval_us() (50 us by default;
@@ -285,7 +317,7 @@ void MpiComm::run_until(const RingOp& op) {
   for (int spin = 0;; ++spin) {
     advance_pending();
     if (op.complete()) return;
-    if (spin >= 200) std::this_thread::sleep_for(std::chrono::microseconds(g_poll_us.load()));
+    if (spin >= kSpins) std::this_thread::sleep_for(std::chrono::microseconds(g_poll_us.load()));
   }
 }
 
@@ -361,13 +393,17 @@ void MpiComm::broadcast(Tensor t, int root) {
   std::vector<MPI_Request> reqs;
   for (int64_t o = 0; o < bytes; o += kBroadcastPiece) {
     const int n = int(std::min(kBroadcastPiece, bytes - o));
-    if (q > 0) ADGT_MPI(MPI_Recv(base + o, n, MPI_BYTE, prev, kRingTag, ring_, MPI_STATUS_IGNORE));
+    if (q > 0) {
+      MPI_Request rr;
+      ADGT_MPI(MPI_Irecv(base + o, n, MPI_BYTE, prev, kRingTag, ring_, &rr));
+      mpi_wait_politely(rr);
+    }
     if (q < p - 1) {
       reqs.emplace_back();
       ADGT_MPI(MPI_Isend(base + o, n, MPI_BYTE, next, kRingTag, ring_, &reqs.back()));
     }
   }
-  ADGT_MPI(MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+  mpi_wait_all_politely(reqs);
   if (q < p - 1) stats_.bytes += bytes;
 }
 
@@ -381,8 +417,12 @@ void MpiComm::send(const Tensor& t, int peer, int tag) {
   fault::WaitScope waiting(slot_.get(), fault::Op::Send, next_p2p(), world_of_[size_t(peer)]);
   const int64_t bytes = int64_t(t.bytes());
   const char* base = static_cast<const char*>(t.data);
-  for (int64_t o = 0; o < bytes; o += kMaxMessage)
-    ADGT_MPI(MPI_Send(base + o, int(std::min(kMaxMessage, bytes - o)), MPI_BYTE, peer, tag, comm_));
+  for (int64_t o = 0; o < bytes; o += kMaxMessage) {
+    MPI_Request req;
+    ADGT_MPI(MPI_Isend(base + o, int(std::min(kMaxMessage, bytes - o)), MPI_BYTE, peer, tag, comm_,
+                       &req));
+    wait_politely(req, MPI_STATUS_IGNORE);
+  }
   stats_.bytes += bytes;
 }
 
@@ -396,7 +436,7 @@ void MpiComm::wait_politely(MPI_Request& req, MPI_Status* st) {
     ADGT_MPI(MPI_Test(&req, &done, st));
     if (done) break;
     if (wait_hook_) wait_hook_();
-    if (spin >= 200) std::this_thread::sleep_for(std::chrono::microseconds(g_poll_us.load()));
+    if (spin >= kSpins) std::this_thread::sleep_for(std::chrono::microseconds(g_poll_us.load()));
   }
 }
 
@@ -490,7 +530,9 @@ void MpiComm::all_to_all(Tensor out, const Tensor& in) {
   fault::WaitScope waiting(slot_.get(), fault::Op::AllToAll, next_seq());
   const int chunk = to_int(int64_t(in.bytes()) / size_, "all_to_all chunk");
   const void* src = in.data == out.data ? MPI_IN_PLACE : in.data;
-  ADGT_MPI(MPI_Alltoall(src, chunk, MPI_BYTE, out.data, chunk, MPI_BYTE, comm_));
+  MPI_Request req;
+  ADGT_MPI(MPI_Ialltoall(src, chunk, MPI_BYTE, out.data, chunk, MPI_BYTE, comm_, &req));
+  mpi_wait_politely(req);
   stats_.bytes += int64_t(chunk) * (size_ - 1);
 }
 
@@ -529,7 +571,10 @@ void MpiComm::all_to_allv(Tensor out, const std::vector<int64_t>& recv_counts,
   fault::WaitScope waiting(slot_.get(), fault::Op::AllToAllv, next_seq());
   // What every peer will send us must be what we expect to receive.
   std::vector<int64_t> incoming(p);
-  ADGT_MPI(MPI_Alltoall(send_counts.data(), 1, MPI_INT64_T, incoming.data(), 1, MPI_INT64_T, comm_));
+  MPI_Request req;
+  ADGT_MPI(MPI_Ialltoall(send_counts.data(), 1, MPI_INT64_T, incoming.data(), 1, MPI_INT64_T, comm_,
+                         &req));
+  mpi_wait_politely(req);
   for (size_t j = 0; j < p; ++j)
     ADGT_CHECK(incoming[j] == recv_counts[j],
                "MpiComm(" << name_ << ")::all_to_allv: rank " << j << " sends " << incoming[j]
@@ -544,8 +589,9 @@ void MpiComm::all_to_allv(Tensor out, const std::vector<int64_t>& recv_counts,
     rd[j] = to_int(recv_displs[j] * es, "all_to_allv receive displacement");
     if (int(j) != rank_) sent += sc[j];
   }
-  ADGT_MPI(MPI_Alltoallv(in.data, sc.data(), sd.data(), MPI_BYTE, out.data, rc.data(), rd.data(),
-                         MPI_BYTE, comm_));
+  ADGT_MPI(MPI_Ialltoallv(in.data, sc.data(), sd.data(), MPI_BYTE, out.data, rc.data(), rd.data(),
+                          MPI_BYTE, comm_, &req));
+  mpi_wait_politely(req);
   stats_.bytes += sent;
 }
 
@@ -553,19 +599,24 @@ void MpiComm::barrier() {
   Timed timed(stats_);
   if (size_ == 1) return;
   fault::WaitScope waiting(slot_.get(), fault::Op::Barrier, next_seq());
-  ADGT_MPI(MPI_Barrier(comm_));
+  MPI_Request req;
+  ADGT_MPI(MPI_Ibarrier(comm_, &req));
+  mpi_wait_politely(req);
 }
 
 std::vector<std::string> MpiComm::all_gather_strings(const std::string& mine) const {
   const int len = to_int(int64_t(mine.size()), "string");
   std::vector<int> lens(size_), displs(size_);
   fault::WaitScope waiting(size_ > 1 ? slot_.get() : nullptr, fault::Op::Gather, next_seq());
-  ADGT_MPI(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_));
+  MPI_Request req;
+  ADGT_MPI(MPI_Iallgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_, &req));
+  mpi_wait_politely(req);
   int total = 0;
   for (int i = 0; i < size_; ++i) displs[i] = total, total += lens[i];
   std::vector<char> all(size_t(total) + 1);
-  ADGT_MPI(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(),
-                          MPI_CHAR, comm_));
+  ADGT_MPI(MPI_Iallgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(),
+                           MPI_CHAR, comm_, &req));
+  mpi_wait_politely(req);
   std::vector<std::string> out(size_);
   for (int i = 0; i < size_; ++i) out[i].assign(all.data() + displs[i], size_t(lens[i]));
   return out;
@@ -575,12 +626,15 @@ std::vector<std::string> MpiComm::gather_strings(const std::string& mine, int ro
   const int len = to_int(int64_t(mine.size()), "string");
   std::vector<int> lens(size_), displs(size_);
   fault::WaitScope waiting(size_ > 1 ? slot_.get() : nullptr, fault::Op::Gather, next_seq());
-  ADGT_MPI(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, root, comm_));
+  MPI_Request req;
+  ADGT_MPI(MPI_Igather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, root, comm_, &req));
+  mpi_wait_politely(req);
   int total = 0;
   for (int i = 0; i < size_; ++i) displs[i] = total, total += lens[i];
   std::vector<char> all(size_t(total) + 1);
-  ADGT_MPI(MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(),
-                       MPI_CHAR, root, comm_));
+  ADGT_MPI(MPI_Igatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(),
+                        MPI_CHAR, root, comm_, &req));
+  mpi_wait_politely(req);
   std::vector<std::string> out;
   if (rank_ != root) return out;
   out.resize(size_);
