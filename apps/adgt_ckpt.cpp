@@ -6,6 +6,8 @@
 //   adgt-ckpt import-hf <hf dir> <out dir> [--config base.yaml]
 //   adgt-ckpt info <step dir> [--tensors]
 #include <CLI/CLI.hpp>
+
+#include "apps/cli_parse.hpp"
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -113,7 +115,7 @@ int main(int argc, char** argv) {
   auto* in = app.add_subcommand("info", "print a checkpoint's step, config and tensors; verify checksums");
   in->add_option("step_dir", src, "checkpoint step directory")->required();
   in->add_flag("--tensors", list_tensors, "list every tensor with its shape");
-  CLI11_PARSE(app, argc, argv);
+  ADGT_CLI_PARSE(app, argc, argv);
 
   try {
     if (*ex) {

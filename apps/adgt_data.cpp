@@ -8,6 +8,8 @@
 //   adgt-data order   --shard FILE --seq-len T --seed S [--start I] [--count N]
 //                                                         windows samples I.. read
 #include <CLI/CLI.hpp>
+
+#include "apps/cli_parse.hpp"
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -271,7 +273,7 @@ int main(int argc, char** argv) {
   order->add_option("--start", start, "first global sample index")->capture_default_str();
   order->add_option("--count", count, "how many samples")->capture_default_str();
 
-  CLI11_PARSE(app, argc, argv);
+  ADGT_CLI_PARSE(app, argc, argv);
   try {
     if (prep->parsed()) return prepare(pa);
     if (enc->parsed()) {

@@ -12,6 +12,8 @@
 // lose to 1F1B.
 #include <CLI/CLI.hpp>
 
+#include "apps/cli_parse.hpp"
+
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -79,7 +81,7 @@ int main(int argc, char** argv) {
   app.add_option("--held", held,
                  "greedy: most activations a rank may hold to its last backward, summed over its chunks "
                  "(default: no limit)");
-  CLI11_PARSE(app, argc, argv);
+  ADGT_CLI_PARSE(app, argc, argv);
 
   try {
     const bool custom = !f.empty() || !b.empty() || !w.empty() || comm != 0;

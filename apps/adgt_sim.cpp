@@ -3,6 +3,8 @@
 // for adgt-train; --sweep ranks every feasible layout instead.
 #include <CLI/CLI.hpp>
 
+#include "apps/cli_parse.hpp"
+
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -239,7 +241,7 @@ int main(int argc, char** argv) {
                "with --sweep: simulate every layout (default: only until the best --top are "
                "certain, by a lower bound of each step time)");
   app.add_option("--top", cli.top, "rows of the --sweep table")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  ADGT_CLI_PARSE(app, argc, argv);
   cli.cluster_given = app.count("--cluster") > 0;
   try {
     return run(cli);

@@ -2,6 +2,8 @@
 // process groups, then train, evaluate, or print the dry-run estimate.
 // No math and no MPI calls here.
 #include <CLI/CLI.hpp>
+
+#include "apps/cli_parse.hpp"
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -13,6 +15,7 @@
 
 #include "core/checkpoint/checkpoint.hpp"
 #include "core/config.hpp"
+#include "core/data/data_check.hpp"
 #include "core/layout.hpp"
 #include "parallel/cost/memory.hpp"
 #include "parallel/trainer/trainer.hpp"
@@ -99,23 +102,26 @@ std::string who(const adgt::MpiEnv& mpi) {
   return "rank " + std::to_string(mpi.rank()) + " (host " + mpi.launch().host + ")";
 }
 
-// Loads the run file on every rank. Configuration errors are the same on
-// every rank: each rank reports it and all return false together (agreed by
-// one collective, so none is left waiting).
+// Loads the run file on every rank and checks the data inputs (shards,
+// tokenizer) before anything is launched. An input error is reported once per
+// job: by rank 0, or by the first rank that found one where rank 0 did not (a
+// file that only some hosts see); every rank returns false together (agreed by
+// one collective, so none is left waiting) and the job exits 2.
 bool load_agreed(const Cli& cli, const adgt::MpiEnv& mpi, adgt::RunConfig& cfg) {
   std::string config_error;
   try {
     cfg = adgt::load_config(cli.config_path, cli.overrides);
     if (!cfg.parallel.auto_plan) adgt::validate_world(cfg, mpi.size());  // else: planned below
+    adgt::check_data_inputs(cfg);
+    adgt::emulate::check_emulation_inputs(cfg, mpi.size());
   } catch (const adgt::ConfigError& e) {
-    config_error = e.what();
+    config_error = adgt::attribute_overrides(e.what(), cli.config_path, cli.overrides);
   }
-  if (!adgt::agree_max(config_error.empty() ? 0 : 1)) return true;
-  if (!config_error.empty())
+  // size - rank of the lowest failing rank (0: none failed).
+  const int first = adgt::agree_max(config_error.empty() ? 0 : mpi.size() - mpi.rank());
+  if (!first) return true;
+  if (mpi.rank() == mpi.size() - first)
     std::fprintf(stderr, "error: %s: %s\n", who(mpi).c_str(), config_error.c_str());
-  else
-    std::fprintf(stderr, "error: %s: stopping: another rank rejected the configuration\n",
-                 who(mpi).c_str());
   return false;
 }
 
@@ -262,7 +268,7 @@ int main(int argc, char** argv) {
   app.add_flag("--print-schedule", cli.print_schedule,
                "print the pipeline stages and each rank's schedule timeline with the predicted "
                "bubble (parallel.pp > 1)");
-  CLI11_PARSE(app, argc, argv);
+  ADGT_CLI_PARSE(app, argc, argv);
   if (cli.dry_run || cli.print_config || cli.print_schedule) return print_without_launch(cli);
 
   adgt::MpiEnv mpi(&argc, &argv);

@@ -12,6 +12,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -905,6 +906,7 @@ void apply_override(const std::string& ov, RunConfig& cfg) {
 
 std::string prefix(const RunConfig& cfg) { return cfg.source.empty() ? "config" : cfg.source; }
 
+
 // Divisors of n, the ones nearest `near` first, at most `max_n`, then sorted.
 // Only the divisor pairs (i, n/i) with i <= 2^20 are searched: the loop stays
 // short (and i*i cannot overflow) for any n a run file can give (up to 2^63-1,
@@ -947,6 +949,35 @@ std::string head_choices(const ModelConfig& m) {
 }
 
 }  // namespace
+
+// A cross-field rule's message names the run file ("configs/tiny.yaml: ...");
+// where a key it names was given by --set, the --set joins the attribution:
+// "configs/tiny.yaml, --set train.steps=1: train.warmup_steps=20 exceeds
+// train.steps=1; ...". The last --set of a key is the one in force.
+std::string attribute_overrides(const std::string& msg, const std::string& name,
+                                const std::vector<std::string>& overrides) {
+  const std::string head = (name.empty() ? std::string("config") : name) + ": ";
+  if (msg.rfind(head, 0) != 0) return msg;
+  const std::string body = msg.substr(head.size());
+  std::map<std::string, std::string> last;  // key -> its last --set
+  for (const auto& ov : overrides)
+    if (const size_t eq = ov.find('='); eq != std::string::npos) last[ov.substr(0, eq)] = ov;
+  std::string from;
+  for (const auto& [key, ov] : last) {
+    // The key as a whole word of the message: "train.steps" in "train.steps=1" or
+    // "train.steps;", not in "train.steps_per_eval".
+    for (size_t at = body.find(key); at != std::string::npos; at = body.find(key, at + 1)) {
+      const size_t end = at + key.size();
+      const auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+      if ((at == 0 || !word(body[at - 1])) && (end == body.size() || !word(body[end]))) {
+        from += ", --set " + ov;
+        break;
+      }
+    }
+  }
+  if (from.empty()) return msg;
+  return head.substr(0, head.size() - 2) + from + ": " + body;
+}
 
 // ------------------------------------------------------------------- public
 
@@ -1241,8 +1272,61 @@ std::optional<std::string> expert_replicas_error(const RunConfig& cfg) {
   return std::nullopt;
 }
 
+// A layout for `world` ranks that passes every rule of this run, printed as
+// the fix of the world-size error; "" when none is near. Tried in order: the
+// run's tp and pp with dp = world/(tp*pp); other splits of the world (tp
+// first, then pp, within the model's rules); the run's tp and pp with the
+// global batch raised to the next multiple of micro_batch x dp.
+static std::string world_suggestion(const RunConfig& cfg, int64_t world) {
+  const Layout l = layout_of(cfg);
+  const auto valid = [&](int64_t tp, int64_t pp, int64_t dp, int64_t gb) {
+    RunConfig c = cfg;
+    c.parallel.tp = tp, c.parallel.pp = pp, c.parallel.dp = dp, c.train.global_batch = gb;
+    if (c.parallel.ep > 1 && dp % c.parallel.ep != 0) return false;
+    try {
+      validate(c);
+      return true;
+    } catch (const ConfigError&) {
+      return false;
+    }
+  };
+  const int64_t gb = cfg.train.global_batch;
+  std::vector<std::pair<int64_t, int64_t>> splits;  // (tp, pp): the run's first
+  if (world % (l.tp * l.pp) == 0) splits.push_back({l.tp, l.pp});
+  for (int64_t tp = 1; tp <= world; ++tp)
+    for (int64_t pp = 1; tp * pp <= world; ++pp)
+      if (world % (tp * pp) == 0 && (tp != l.tp || pp != l.pp)) splits.push_back({tp, pp});
+  const auto name = [&](int64_t tp, int64_t pp) {
+    return tp == l.tp && pp == l.pp
+               ? "with tp=" + fmt_int(tp) + " pp=" + fmt_int(pp) + " use parallel.dp=" +
+                     fmt_int(world / (tp * pp))
+               : "use parallel.tp=" + fmt_int(tp) + " parallel.pp=" + fmt_int(pp) +
+                     " parallel.dp=" + fmt_int(world / (tp * pp));
+  };
+  for (const auto& [tp, pp] : splits)
+    if (valid(tp, pp, world / (tp * pp), gb)) return "; " + name(tp, pp);
+  // The batch does not split over any of them: the next multiple of micro_batch x dp.
+  for (const auto& [tp, pp] : splits) {
+    const int64_t dp = world / (tp * pp), unit = cfg.train.micro_batch * dp;
+    const int64_t gb2 = unit > 0 ? (gb + unit - 1) / unit * unit : gb;
+    if (gb2 != gb && valid(tp, pp, dp, gb2))
+      return "; " + name(tp, pp) + " and train.global_batch=" + fmt_int(gb2) +
+             " (a multiple of micro_batch x dp)";
+  }
+  return "";
+}
+
 void validate_world(const RunConfig& cfg, int world_size) {
-  if (auto err = world_error(layout_of(cfg), world_size)) throw ConfigError(prefix(cfg) + ": " + *err);
+  const Layout l = layout_of(cfg);
+  if (l.world() == world_size) return;
+  // world_error's text without its unchecked hint ("; with tp=.. use dp=..").
+  std::string err = *world_error(l, world_size);
+  if (const size_t at = err.find("; with tp="); at != std::string::npos) err.erase(at);
+  std::string hint = world_suggestion(cfg, world_size);
+  if (hint.empty())
+    hint = "; no layout of " + fmt_int(world_size) + " ranks fits this model and batch: launch " +
+           fmt_int(l.world()) + " ranks";
+  throw ConfigError(prefix(cfg) + ": " + err + hint);
 }
 
 RunConfig load_config_text(const std::string& yaml, const std::string& name,
@@ -1258,7 +1342,11 @@ RunConfig load_config_text(const std::string& yaml, const std::string& name,
   }
   apply_document(root, name, yaml, cfg);
   for (const auto& ov : overrides) apply_override(ov, cfg);
-  validate(cfg);
+  try {
+    validate(cfg);
+  } catch (const ConfigError& e) {
+    throw ConfigError(attribute_overrides(e.what(), name, overrides));
+  }
   return cfg;
 }
 

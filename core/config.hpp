@@ -295,6 +295,12 @@ void validate(const RunConfig& cfg);
 // The launch-dependent rule (world_error() of core/layout.hpp): tp * pp * dp
 // must equal the number of ranks.
 void validate_world(const RunConfig& cfg, int world_size);
+// A ConfigError message "<name>: ..." of a run loaded from `name` with
+// `overrides`: where a key it names was given by --set, the --set joins the
+// attribution ("configs/tiny.yaml, --set train.steps=1: train.warmup_steps=20
+// exceeds train.steps=1; ..."). Other messages come back unchanged.
+std::string attribute_overrides(const std::string& msg, const std::string& name,
+                                const std::vector<std::string>& overrides);
 // parallel.expert_slots and parallel.expert_replicas against the model and
 // the layout's placement (core/model/moe_replicas.hpp); the error naming
 // the key, or nothing. validate() and the engine (a switch's new text) ask.

@@ -1,10 +1,12 @@
 // Run-time backend choice, and the deferred-failure path of Backend.
 #include "kernels/backend.hpp"
 
+#include <dlfcn.h>
 #include <omp.h>
 #include <time.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <stdexcept>
 
 #include "kernels/check.hpp"
@@ -25,6 +27,15 @@ std::string cuda_device_uuid(int device) {
 #endif
 
 int cuda_device_count() { return cuda_device_query().count; }
+
+bool nvidia_driver_present() {
+  std::error_code ec;
+  if (std::filesystem::exists("/dev/nvidiactl", ec)) return true;
+  void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (!h) return false;
+  dlclose(h);
+  return true;
+}
 
 bool cuda_backend_built() {
 #ifdef ADGT_HAVE_CUDA
@@ -124,10 +135,13 @@ DeviceChoice choose_device(const std::string& device, const DeviceQuery& q, bool
           ? "the NVIDIA driver is older than this CUDA runtime needs: update the driver"
           : "check the NVIDIA driver (nvidia-smi) and CUDA_VISIBLE_DEVICES";
   if (device == "auto") {
-    if (q.error.empty()) return {"cpu", ""};
+    if (q.error.empty() || !q.driver) return {"cpu", ""};  // no GPU here: the CPU, silently
     return {"cpu", "train.device=auto: the CUDA runtime could not list devices: " + q.error + "; " +
                        fix + ". Training on the CPU."};
   }
+  ADGT_CHECK(q.driver, "train.device=cuda: no NVIDIA driver is installed on this machine "
+                      "(libcuda.so.1 does not load, no /dev/nvidiactl; the CUDA runtime says "
+                          << q.error << "); use train.device=cpu or auto here");
   ADGT_CHECK(q.error.empty(), "train.device=cuda: the CUDA runtime could not list devices: "
                                   << q.error << "; " << fix << ", or use train.device=cpu");
   ADGT_CHECK(false, "train.device=cuda: no CUDA device is visible (check the driver and "

@@ -361,8 +361,14 @@ class Buffer {
 struct DeviceQuery {
   int count = 0;
   std::string error;  // "" or "cudaErrorInsufficientDriver (CUDA driver version is insufficient ...)"
+  // Whether an NVIDIA driver is installed at all (libcuda.so.1 loads, or
+  // /dev/nvidiactl exists). Without one, train.device=auto uses the CPU
+  // silently: the runtime's error is then only "there is no GPU here".
+  bool driver = true;
 };
 DeviceQuery cuda_device_query();
+// libcuda.so.1 can be loaded, or /dev/nvidiactl exists.
+bool nvidia_driver_present();
 // Whether this binary has the CUDA backend.
 bool cuda_backend_built();
 // Number of visible CUDA devices (0 when CUDA is not built, on no device or on any error).

@@ -47,17 +47,17 @@ adgt_config_error(pp_interleaved_layers
   "^error: .*pp_interleaved_layers[.]yaml: model[.]n_layers=12 is not divisible by parallel[.]pp x parallel[.]virtual_stages = 2 x 4 = 8 stages: .*use virtual_stages in [{]2,3,6[}]")
 adgt_config_error(pp_stage_layers_entry
   "^error: .*pp_stage_layers_entry[.]yaml:11: parallel[.]stage_layers: expected a list of positive integers, got \"two\" at entry 2")
-# The same rule in a real launch: every rank reports it and the job ends
+# The same rule in a real launch: reported once (rank 0) and the job ends
 # (mpirun's status is a rank's: 2). pp=2 on 2 ranks, 2 / (2 x 1) = 1 micro-batch.
 add_test(NAME config_error_pp_fewer_microbatches_np2
-  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_all_ranks.sh 2
-    ".*pp_fewer_microbatches[.]yaml: parallel[.]schedule=1f1b with parallel[.]pp=2: fewer micro-batches than stages" --
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_one_report.sh 2
+    ".*pp_fewer_microbatches[.]yaml, --set parallel[.]pp=2, --set train[.]global_batch=2: parallel[.]schedule=1f1b with parallel[.]pp=2: fewer micro-batches than stages" --
     ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh 2 $<TARGET_FILE:adgt-train>
       --config ${ADGT_BAD_CONFIGS}/pp_fewer_microbatches.yaml
       --set parallel.pp=2 --set train.global_batch=2)
 add_test(NAME config_error_pp_fewer_microbatches_np2_status
   COMMAND bash ${ADGT_EXPECT} --status 2
-    "^error: rank 1 [(]host [^)]+[)]: .*parallel[.]pp=2: fewer micro-batches than stages" --
+    "^error: rank 0 [(]host [^)]+[)]: .*pp_fewer_microbatches[.]yaml, --set parallel[.]pp=2, --set train[.]global_batch=2: .*parallel[.]pp=2: fewer micro-batches than stages" --
     ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh 2 $<TARGET_FILE:adgt-train>
       --config ${ADGT_BAD_CONFIGS}/pp_fewer_microbatches.yaml
       --set parallel.pp=2 --set train.global_batch=2)

@@ -46,26 +46,29 @@ set_tests_properties(emulate_train_same_losses_tp2_pp2 emulate_train_same_losses
   emulate_train_slow_rank_pp2 PROPERTIES
   FIXTURES_REQUIRED kjv_byte LABELS "parallel;emulate" TIMEOUT 120 PROCESSORS 2)
 
-# Bad settings: every rank names the key and exits non-zero, no hang.
+# Bad settings: checked before the launch (check_emulation_inputs), reported
+# once for the job with the key, exit status 2 on every rank, no hang.
 set(ADGT_EMU_BAD ${ADGT_MPIRUN} 2 $<TARGET_FILE:adgt-train>
-  --config ${CMAKE_SOURCE_DIR}/configs/tiny.yaml --set parallel.dp=2 --set train.global_batch=16)
+  --config ${CMAKE_SOURCE_DIR}/configs/tiny.yaml --set parallel.dp=2 --set train.global_batch=16
+  --set data.train=${CMAKE_BINARY_DIR}/data/kjv-byte/train.bin
+  --set data.val=${CMAKE_BINARY_DIR}/data/kjv-byte/val.bin)
 add_test(NAME emulate_error_unknown_cluster
-  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_all_ranks.sh 2
-    "emulate[.]cluster=\"no-such-cluster\": cluster 'no-such-cluster' is neither a preset nor a readable file"
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_one_report.sh 2
+    ".*tiny[.]yaml: emulate[.]cluster=\"no-such-cluster\": cluster 'no-such-cluster' is neither a preset nor a readable file"
     -- ${ADGT_EMU_BAD} --set emulate.cluster=no-such-cluster)
 add_test(NAME emulate_error_cluster_too_small
-  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_all_ranks.sh 2
-    "emulate[.]cluster=\"[^\"]*one_device[.]yaml\": cluster one-device has 1 devices [(]1 nodes x 1[)] but the run has 2 ranks"
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_one_report.sh 2
+    ".*tiny[.]yaml: emulate[.]cluster=\"[^\"]*one_device[.]yaml\": cluster one-device has 1 devices [(]1 nodes x 1[)] but the run has 2 ranks"
     -- ${ADGT_EMU_BAD} --set emulate.cluster=${ADGT_EMU}/one_device.yaml)
 add_test(NAME emulate_error_slow_ranks_syntax
-  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_all_ranks.sh 2
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_one_report.sh 2
     ".*emulate[.]slow_ranks: entry 1 \"1-3\" has no ':'"
     -- ${ADGT_EMU_BAD} --set emulate.cluster=cpu-here --set emulate.slow_ranks=1-3)
 add_test(NAME emulate_error_slow_rank_outside
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh --status 2
-    "^error: .*tiny[.]yaml: emulate[.]slow_ranks=\"5:2\": rank 5 is outside the run's 2 ranks" --
+    "^error: .*tiny[.]yaml, --set emulate[.]slow_ranks=5:2: emulate[.]slow_ranks=\"5:2\": rank 5 is outside the run's 2 ranks" --
     $<TARGET_FILE:adgt-train> --config ${CMAKE_SOURCE_DIR}/configs/tiny.yaml --set parallel.dp=2
       --set train.global_batch=16 --set emulate.cluster=cpu-here --set emulate.slow_ranks=5:2 --dry-run)
 set_tests_properties(emulate_error_unknown_cluster emulate_error_cluster_too_small
   emulate_error_slow_ranks_syntax emulate_error_slow_rank_outside PROPERTIES
-  LABELS "config;emulate" TIMEOUT 90 PROCESSORS 2)
+  FIXTURES_REQUIRED kjv_byte LABELS "config;emulate" TIMEOUT 90 PROCESSORS 2)

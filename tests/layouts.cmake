@@ -31,14 +31,14 @@ set_tests_properties(layouts_srun_matches_mpirun PROPERTIES
 
 # Bad launches of adgt-train itself: every rank names the cause, exits non-zero, no hang.
 add_test(NAME layouts_error_world_size
-  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_all_ranks.sh 3
-    ".*tiny[.]yaml: parallel[.]tp=2 x pp=1 x dp=2 = 4 ranks, but the launch has 3"
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_one_report.sh 3
+    ".*tiny[.]yaml, --set parallel[.]dp=2, --set parallel[.]tp=2, --set train[.]global_batch=16: parallel[.]tp=2 x pp=1 x dp=2 = 4 ranks, but the launch has 3 [(]mpirun -np / srun -n[)]; use parallel[.]tp=1 parallel[.]pp=1 parallel[.]dp=3 and train[.]global_batch=24 [(]a multiple of micro_batch x dp[)]$"
     -- ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh 3 $<TARGET_FILE:adgt-train>
        --config ${CMAKE_SOURCE_DIR}/configs/tiny.yaml --set parallel.tp=2 --set parallel.dp=2
        --set train.global_batch=16)
 add_test(NAME layouts_error_missing_shard_all_ranks
-  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_all_ranks.sh 2
-    "data[.]train: token shard '/nonexistent/train.bin' does not exist"
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_one_report.sh 2
+    ".*tiny[.]yaml: data[.]train: token shard '/nonexistent/train.bin' does not exist"
     -- ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh 2 $<TARGET_FILE:adgt-train>
        --config ${CMAKE_SOURCE_DIR}/configs/tiny.yaml --set parallel.dp=2
        --set train.global_batch=16 --set data.train=/nonexistent/train.bin)

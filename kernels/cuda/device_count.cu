@@ -15,8 +15,10 @@ DeviceQuery cuda_device_query() {
   if (e == cudaSuccess) return q;
   (void)cudaGetLastError();
   q.count = 0;
-  if (e != cudaErrorNoDevice)
+  if (e != cudaErrorNoDevice) {
     q.error = std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")";
+    q.driver = nvidia_driver_present();
+  }
   return q;
 }
 

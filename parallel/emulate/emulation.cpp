@@ -107,6 +107,26 @@ cluster::Cluster load_emulated_cluster(const RunConfig& cfg, int W) {
   return cl;
 }
 
+void check_emulation_inputs(const RunConfig& cfg, int world) {
+  if (cfg.emulate.cluster.empty()) return;
+  const std::string src = (cfg.source.empty() ? std::string("config") : cfg.source) + ": ";
+  try {
+    (void)load_emulated_cluster(cfg, world);
+  } catch (const std::exception& e) {
+    throw ConfigError(src + e.what());
+  }
+  for (const SlowRank& s : parse_slow_rank_entries(cfg.emulate.slow_ranks))
+    if (s.rank >= world)
+      throw ConfigError(src + "emulate.slow_ranks: rank " + std::to_string(s.rank) +
+                        " is outside the run's " + std::to_string(world) + " ranks (0.." +
+                        std::to_string(world - 1) + ")");
+  for (const SlowLink& l : parse_slow_links(cfg.emulate.slow_links))
+    if (l.a >= world || l.b >= world)
+      throw ConfigError(src + "emulate.slow_links: link " + std::to_string(l.a) + "-" +
+                        std::to_string(l.b) + " names a rank outside the run's " +
+                        std::to_string(world) + " ranks (0.." + std::to_string(world - 1) + ")");
+}
+
 std::vector<int> launcher_devices(const cluster::Cluster& cl, int world,
                                   const std::string& rank_order) {
   if (rank_order != "block" && rank_order != "round-robin")

@@ -85,6 +85,11 @@ struct Emulation {
 // CollectiveError on every rank, naming emulate.cluster, when it is neither a
 // preset nor a readable file or has fewer devices than the run has ranks.
 cluster::Cluster load_emulated_cluster(const RunConfig& cfg, int world);
+// Before the launch (adgt-train's input checks): the emulation's inputs for a
+// world of `world` ranks — the cluster loads and is large enough, the slow
+// ranks and links name ranks of the run. Throws ConfigError (the run file's
+// name, the key, the fix); nothing when emulate.cluster is unset.
+void check_emulation_inputs(const RunConfig& cfg, int world);
 
 // The device of each launcher rank 0..world-1 on `cl` as the emulated launcher
 // hands them out (emulate.rank_order): "block": rank r is device r (node r /

@@ -45,14 +45,17 @@ void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
 std::unique_ptr<TokenShard> open_shard(const std::string& path, const char* key,
                                        const ModelConfig& m) {
-  ADGT_CHECK(std::filesystem::exists(path),
-             key << ": token shard '" << path
-                 << "' does not exist; prepare it with `adgt-data prepare` (scripts/prepare_data.sh)");
+  // adgt-train checked these before the launch (check_data_inputs); a file
+  // may still vanish or change in between.
+  if (!std::filesystem::exists(path))
+    throw ConfigError(std::string(key) + ": token shard '" + path +
+                      "' does not exist; prepare it with `adgt-data prepare` (scripts/prepare_data.sh)");
   auto s = std::make_unique<TokenShard>(path);
-  ADGT_CHECK(s->vocab_size() <= m.vocab_size,
-             key << ": shard '" << path << "' was tokenized with vocabulary " << s->vocab_size()
-                 << " but model.vocab_size=" << m.vocab_size << "; set model.vocab_size >= "
-                 << s->vocab_size());
+  if (s->vocab_size() > m.vocab_size)
+    throw ConfigError(std::string(key) + ": shard '" + path + "' was tokenized with vocabulary " +
+                      std::to_string(s->vocab_size()) + " but model.vocab_size=" +
+                      std::to_string(m.vocab_size) + "; set model.vocab_size >= " +
+                      std::to_string(s->vocab_size()));
   return s;
 }
 // Fault injection for the emulated device's test (ctest

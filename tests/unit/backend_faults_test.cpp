@@ -98,4 +98,12 @@ TEST_CASE("backend choice: a CUDA error is named, not mistaken for no GPU", "[ba
   CHECK_THROWS_WITH(choose_device("cuda", none, true), Contains("no CUDA device is visible"));
   CHECK_THROWS_WITH(choose_device("cuda", two, false), Contains("built without CUDA"));
   CHECK_THROWS_WITH(choose_device("tpu", two, true), Contains("unknown device 'tpu'"));
+  // No driver at all (no libcuda.so.1, no /dev/nvidiactl): the runtime's error
+  // means "no GPU here"; auto is silent, cuda says so.
+  DeviceQuery no_driver = old_driver;
+  no_driver.driver = false;
+  CHECK(choose_device("auto", no_driver, true).device == "cpu");
+  CHECK(choose_device("auto", no_driver, true).warning.empty());
+  CHECK_THROWS_WITH(choose_device("cuda", no_driver, true),
+                    Contains("no NVIDIA driver is installed") && Contains("train.device=cpu"));
 }

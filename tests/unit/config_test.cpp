@@ -2,6 +2,7 @@
 // the to_yaml round trip, the shipped configs and the docs table.
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -269,7 +270,33 @@ TEST_CASE("cross-field rules name both keys and a fix", "[config]") {
     } catch (const ConfigError& e) {
       CHECK(std::string(e.what()) ==
             "x.yaml: parallel.tp=2 x pp=1 x dp=2 = 4 ranks, but the launch has 8 (mpirun -np / "
-            "srun -n); with tp=2 pp=1 use dp=4");
+            "srun -n); with tp=2 pp=1 use parallel.dp=4");
+    }
+    // The suggestion passes every rule: on 3 ranks, dp=3 does not split the
+    // batch of 16 and tp=3 does not divide the heads, so the batch is raised.
+    try {
+      validate_world(c, 3);
+      FAIL("validate_world accepted 3 ranks for tp=2 x dp=2");
+    } catch (const ConfigError& e) {
+      const std::string m = e.what();
+      CHECK_THAT(m, Contains("but the launch has 3"));
+      const size_t at = m.find("use parallel.");
+      REQUIRE(at != std::string::npos);
+      // Apply the suggestion and check it validates for 3 ranks.
+      RunConfig s = c;
+      std::string rest = m.substr(at);
+      for (const char* key : {"parallel.tp=", "parallel.pp=", "parallel.dp=", "train.global_batch="})
+        if (const size_t k = rest.find(key); k != std::string::npos) {
+          const int64_t v = std::stoll(rest.substr(k + std::strlen(key)));
+          const std::string name = key;
+          if (name == "parallel.tp=") s.parallel.tp = v;
+          if (name == "parallel.pp=") s.parallel.pp = v;
+          if (name == "parallel.dp=") s.parallel.dp = v;
+          if (name == "train.global_batch=") s.train.global_batch = v;
+        }
+      CHECK_NOTHROW(validate(s));
+      CHECK_NOTHROW(validate_world(s, 3));
+      CHECK(m.find("use dp=") == std::string::npos);
     }
   }
   // validate() alone catches per-key ranges in a config built in code.
