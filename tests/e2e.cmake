@@ -23,7 +23,7 @@ endforeach()
 # Missing or mismatched data: a named error and a non-zero exit before training.
 add_test(NAME e2e_error_missing_shard
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh --status 2
-    "tiny.yaml: data.train: token shard '/nonexistent/train.bin' does not exist; prepare it with [`]adgt-data prepare[`] [(]scripts/prepare_data.sh[)]$"
+    "tiny.yaml, --set data.train=/nonexistent/train.bin: data.train: token shard '/nonexistent/train.bin' does not exist; prepare it with [`]adgt-data prepare[`] [(]scripts/prepare_data.sh[)]$"
     -- $<TARGET_FILE:adgt-train> --config ${CMAKE_SOURCE_DIR}/configs/tiny.yaml
        --set data.train=/nonexistent/train.bin --set log.dir=${CMAKE_BINARY_DIR}/e2e/missing)
 add_test(NAME e2e_error_vocab_too_small

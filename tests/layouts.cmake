@@ -29,16 +29,16 @@ add_test(NAME layouts_srun_matches_mpirun
 set_tests_properties(layouts_srun_matches_mpirun PROPERTIES
   FIXTURES_REQUIRED kjv_byte LABELS "parallel;slurm" TIMEOUT 300 RUN_SERIAL TRUE)
 
-# Bad launches of adgt-train itself: every rank names the cause, exits non-zero, no hang.
+# Bad launches of adgt-train itself: the cause reported once for the job, exit 2 on every rank, no hang.
 add_test(NAME layouts_error_world_size
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_one_report.sh 3
     ".*tiny[.]yaml, --set parallel[.]dp=2, --set parallel[.]tp=2, --set train[.]global_batch=16: parallel[.]tp=2 x pp=1 x dp=2 = 4 ranks, but the launch has 3 [(]mpirun -np / srun -n[)]; use parallel[.]tp=1 parallel[.]pp=1 parallel[.]dp=3 and train[.]global_batch=24 [(]a multiple of micro_batch x dp[)]$"
     -- ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh 3 $<TARGET_FILE:adgt-train>
        --config ${CMAKE_SOURCE_DIR}/configs/tiny.yaml --set parallel.tp=2 --set parallel.dp=2
        --set train.global_batch=16)
-add_test(NAME layouts_error_missing_shard_all_ranks
+add_test(NAME layouts_error_missing_shard_np2
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_one_report.sh 2
-    ".*tiny[.]yaml: data[.]train: token shard '/nonexistent/train.bin' does not exist"
+    ".*tiny[.]yaml, --set data[.]train=/nonexistent/train[.]bin: data[.]train: token shard '/nonexistent/train[.]bin' does not exist"
     -- ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh 2 $<TARGET_FILE:adgt-train>
        --config ${CMAKE_SOURCE_DIR}/configs/tiny.yaml --set parallel.dp=2
        --set train.global_batch=16 --set data.train=/nonexistent/train.bin)
@@ -46,7 +46,7 @@ add_test(NAME layouts_error_unknown_launcher
   COMMAND ${CMAKE_COMMAND} -E env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0
     ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh "unknown launcher"
     -- $<TARGET_FILE:adgt-train> --config ${CMAKE_SOURCE_DIR}/configs/tiny.yaml)
-set_tests_properties(layouts_error_world_size layouts_error_missing_shard_all_ranks
+set_tests_properties(layouts_error_world_size layouts_error_missing_shard_np2
   layouts_error_unknown_launcher PROPERTIES LABELS parallel TIMEOUT 90)
 
 # A stop signal to any rank, or SIGUSR1 to mpirun (Open MPI forwards SIGUSR1 and

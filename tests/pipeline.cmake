@@ -45,7 +45,7 @@ set_tests_properties(pipeline_match_single_process_rendezvous PROPERTIES TIMEOUT
 # zb-v's V-shaped placement as the run prints it (rank 0 holds the first and
 # the last stage), and its chunk-count rule as a named config error.
 add_test(NAME pipeline_print_schedule_zb_v
-  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh --success "^  stage 7 \\(rank 0, chunk 1\\): layers 7\\.\\.7 \\+ final norm"
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh --success "^  stage 7 \\(pipeline rank 0, chunk 1\\): layers 7\\.\\.7 \\+ final norm"
     -- $<TARGET_FILE:adgt-train> --config ${CMAKE_CURRENT_SOURCE_DIR}/pipeline/model.yaml --print-schedule
     --set parallel.pp=4 --set parallel.schedule=zb-v --set parallel.virtual_stages=2 --set train.global_batch=8)
 add_test(NAME pipeline_zb_v_bad_chunks
@@ -53,5 +53,12 @@ add_test(NAME pipeline_zb_v_bad_chunks
     "parallel.virtual_stages=4: the zb-v schedule places exactly 2 chunks per rank"
     -- $<TARGET_FILE:adgt-train> --config ${CMAKE_CURRENT_SOURCE_DIR}/pipeline/model.yaml --print-schedule
     --set parallel.pp=4 --set parallel.schedule=zb-v --set parallel.virtual_stages=4)
+# With tp and dp, each pipeline rank's world ranks (layout order: tp fastest,
+# then dp, then pp): pp=2 x dp=2 x tp=2, pipeline rank 1 = world ranks 4..7.
+add_test(NAME pipeline_print_schedule_world_ranks
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh --success "^  pipeline rank 1 = world ranks 4,5,6,7 [(]tp=2 x dp=2[)]$"
+    -- $<TARGET_FILE:adgt-train> --config ${CMAKE_CURRENT_SOURCE_DIR}/pipeline/model.yaml --print-schedule
+    --set parallel.pp=2 --set parallel.tp=2 --set parallel.dp=2 --set train.global_batch=16)
+set_tests_properties(pipeline_print_schedule_world_ranks PROPERTIES TIMEOUT 60 LABELS "pipeline;schedule")
 set_tests_properties(pipeline_print_schedule_zb_v pipeline_zb_v_bad_chunks PROPERTIES TIMEOUT 60
   LABELS "pipeline;schedule")

@@ -64,7 +64,8 @@ Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cl
                  int64_t world, bool cpu_ranks, std::string why, int64_t max_tp = 0,
                  const std::map<int, double>* measured = nullptr, const RunConfig* current = nullptr,
                  sim::SimResult* current_result = nullptr,
-                 const std::map<std::pair<int, int>, double>* measured_links = nullptr) {
+                 const std::map<std::pair<int, int>, double>* measured_links = nullptr,
+                 bool dry_run = false) {
   PlanInput in;
   in.max_tp = max_tp;
   in.base = cfg;
@@ -102,10 +103,13 @@ Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cl
   std::string profile_note;
   if (cpu_ranks) {
     be = make_backend("cpu");
+    // A launch caches the profile in log.dir; a dry run reads a cached one
+    // (a launch's) but writes nothing.
     std::error_code ec;
-    std::filesystem::create_directories(cfg.log.dir, ec);
+    if (!dry_run) std::filesystem::create_directories(cfg.log.dir, ec);
     const std::string cache = ec ? "" : cfg.log.dir + "/plan-profile.json";
     auto pc = std::make_unique<sim::ProfileCosts>(*be, cache);
+    if (dry_run) pc->read_only();
     // On the emulation's model clock the ranks' compute is counted FLOPs at
     // emulate.model_flops: the plan costs the ops the same way.
     const bool model_clock = cfg.emulate.model_clock();
@@ -401,7 +405,8 @@ std::string plan_dry_run(const RunConfig& cfg, const std::string& path,
     cl = launch_cluster(cfg, std::vector<std::string>(size_t(world), "localhost"), "", cores, &why);
     cpu = true;
   }
-  Planned p = plan_for(cfg, fixed_keys(path, overrides), cl, world, cpu, why);
+  Planned p = plan_for(cfg, fixed_keys(path, overrides), cl, world, cpu, why, 0, nullptr, nullptr,
+                       nullptr, nullptr, /*dry_run=*/true);
   if (chosen) *chosen = p.plan.chosen().cfg;
   return p.text;
 }

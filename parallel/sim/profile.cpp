@@ -202,11 +202,12 @@ std::string ProfileCosts::key_prefix(DType dt) const {
 std::string ProfileCosts::describe() const {
   char f[64] = "";
   if (scale_ != 1) std::snprintf(f, sizeof f, ", in-situ factor %.3f", scale_);
-  return "profile of backend " + be_.name() + f + (path_.empty() ? "" : " (cache " + path_ + ")");
+  return "profile of backend " + be_.name() + f +
+         (path_.empty() ? "" : read_only_ ? " (read from " + path_ + ", not written)" : " (cache " + path_ + ")");
 }
 
 void ProfileCosts::save() const {
-  if (path_.empty() || !dirty_) return;
+  if (path_.empty() || !dirty_ || read_only_) return;
   nlohmann::json j;
   j["format"] = "adgt-sim op profile 1";
   j["ops"] = table_;

@@ -40,11 +40,14 @@ class ProfileCosts final : public OpCosts {
   // model clock, emulate.clock: model): the same profile on any machine under
   // any load, and calibrate() keeps 1 (nothing to evict). 0: measured.
   void count_flops(double flops_per_s) { flop_rate_ = flops_per_s; }
-  void save() const;          // writes the cache (no-op without a path)
+  void save() const;          // writes the cache (no-op without a path or when read-only)
+  // Reads the cache if present but never writes it (a dry run writes nothing).
+  void read_only() { read_only_ = true; }
   int measured() const { return measured_; }  // ops timed in this process
   int cached() const { return int(table_.size()); }
 
  private:
+  bool read_only_ = false;
   double measure(const Op& op, int bytes);
   // Host backend with one thread: ops are timed as the thread's CPU time.
   bool cpu_time() const;

@@ -51,7 +51,7 @@ def planned_held(args, sets):
         cmd += ["--set", s]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     for line in p.stdout.splitlines():
-        if line.startswith("activations held per rank"):
+        if line.startswith("activations held per pipeline rank"):
             return max(int(x) for x in line.split(":")[1].split())
     return None
 
