@@ -17,6 +17,7 @@
 #include "kernels/backend.hpp"
 #include "parallel/cluster/cluster.hpp"
 #include "parallel/pipeline/instruction.hpp"
+#include "parallel/sim/dry_run.hpp"
 #include "parallel/sim/host.hpp"
 #include "parallel/sim/profile.hpp"
 #include "parallel/sim/step_sim.hpp"
@@ -37,6 +38,7 @@ void print_result(const adgt::RunConfig& cfg, const adgt::cluster::Cluster& cl,
   std::printf("cluster:          %s: %ld x %ld %s (%s)\n", cl.name.c_str(), long(cl.nodes),
               long(cl.devices_per_node), cl.device.name.c_str(), cl.source.c_str());
   std::printf("costs:            %s\n", costs.c_str());
+  std::printf("%s", ("precision:        " + adgt::sim::precision_line(cfg, cl).substr(11)).c_str());
   std::printf("layout:           %s (%ld ranks, %ld micro-batches)\n",
               adgt::sim::describe_layout(cfg).c_str(), long(r.world), long(r.microbatches));
   std::printf("step time:        %.6g s\n", r.step_time_s);
@@ -161,6 +163,7 @@ void sweep(const Cli& cli, const adgt::RunConfig& cfg, const adgt::cluster::Clus
     std::printf("%s\n", arr.dump().c_str());
     return;
   }
+  std::printf("%s", adgt::sim::precision_line(cfg, cl).c_str());
   std::printf("%ld layouts fit, %ld simulated (%ld bounded out), %ld broke a layout rule, %ld "
               "did not fit %.0f GiB, %ld differ from a --set key; %.2f s\n",
               long(sw.candidates), long(sw.rows.size()), long(sw.bounded),
@@ -184,6 +187,10 @@ int run(Cli cli) {
   if (!cli.cluster_given && !cfg.emulate.cluster.empty()) cli.cluster_name = cfg.emulate.cluster;
   std::string slow = cli.slow;
   if (slow.empty() && !cfg.emulate.slow_ranks.empty()) slow = cfg.emulate.slow_ranks;
+  // train.device=auto: the cluster's device (cuda on a GPU cluster), which the
+  // memory model follows; said on stderr (stdout stays the table or JSON).
+  if (const std::string note = adgt::sim::resolve_auto_device(cfg, cli.cluster_name); !note.empty())
+    std::fprintf(stderr, "%s", note.c_str());
   adgt::cluster::Cluster cl = adgt::cluster::load_cluster(cli.cluster_name);
   const int64_t world = adgt::layout_of(cfg).world();
   const int64_t want = cli.gpus > 0 ? cli.gpus : world;

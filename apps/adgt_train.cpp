@@ -66,6 +66,9 @@ struct Cli {
 int print_without_launch(const Cli& cli) {
   try {
     adgt::RunConfig cfg = adgt::load_config(cli.config_path, cli.overrides);
+    // train.device=auto estimates the device a launch would get (cuda on a GPU
+    // --cluster): the memory model and the costs follow it.
+    if (cli.dry_run) std::printf("%s", adgt::sim::resolve_auto_device(cfg, cli.cluster).c_str());
     if (cli.dry_run && cfg.parallel.auto_plan) {  // the plan table, then the chosen run's estimate
       std::printf("%s", adgt::plan::plan_dry_run(cfg, cli.config_path, cli.overrides, cli.cluster,
                                                  cli.gpus, &cfg)

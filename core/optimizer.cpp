@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <string>
 
 #include "kernels/check.hpp"
 
@@ -13,6 +15,34 @@ double lr_at(const TrainConfig& t, int64_t s) {
   const double span = double(std::max<int64_t>(1, t.steps - t.warmup_steps));
   const double p = std::min(1.0, double(s - t.warmup_steps) / span);
   return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(M_PI * p));
+}
+
+std::string lr_schedule_change(const TrainConfig& saved, const TrainConfig& now, int64_t step) {
+  const double was = lr_at(saved, step), is = lr_at(now, step);
+  if (saved.steps == now.steps && saved.lr == now.lr && saved.min_lr == now.min_lr &&
+      saved.warmup_steps == now.warmup_steps)
+    return "";
+  std::string keys;
+  const auto key = [&](const char* name, const std::string& a, const std::string& b) {
+    if (a != b) keys += std::string(keys.empty() ? "" : ", ") + "train." + name + "=" + b + " (the saved run's: " + a + ")";
+  };
+  const auto num = [](double x) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", x);
+    return std::string(b);
+  };
+  key("steps", std::to_string(saved.steps), std::to_string(now.steps));
+  key("lr", num(saved.lr), num(now.lr));
+  key("min_lr", num(saved.min_lr), num(now.min_lr));
+  key("warmup_steps", std::to_string(saved.warmup_steps), std::to_string(now.warmup_steps));
+  char b[160];
+  if (was == is)
+    std::snprintf(b, sizeof b, "; step %lld keeps lr %.2e", (long long)(step + 1), is);
+  else
+    std::snprintf(b, sizeof b, "; step %lld gets lr %.2e instead of %.2e", (long long)(step + 1), is, was);
+  return "resuming at step " + std::to_string(step) + " with " + keys +
+         ": the learning-rate schedule (warm-up, cosine to min_lr) is recomputed over " +
+         std::to_string(now.steps) + " steps" + b;
 }
 
 std::vector<Segment> segments_in(const std::vector<ParamSpec>& table, int64_t lo, int64_t hi) {

@@ -1,6 +1,7 @@
 // AdamW (decoupled weight decay, PyTorch semantics), the learning-rate
 // schedule (linear warm-up, cosine decay) and global-norm clipping.
 #pragma once
+#include <string>
 #include <vector>
 
 #include "core/config.hpp"
@@ -12,6 +13,14 @@ namespace adgt {
 // lr of 0-based step s: lr*(s+1)/warmup for s < warmup, then cosine from lr to
 // min_lr over the remaining steps.
 double lr_at(const TrainConfig& t, int64_t step);
+
+// A resume at `step` (steps done) whose schedule keys (train.steps, lr,
+// min_lr, warmup_steps) differ from the saved run's: one line saying how the
+// learning rate of the next step changes ("" when it does not), e.g.
+// "resuming at step 20 with train.steps=30 (the saved run's: 20): the
+// learning-rate schedule is recomputed over 30 steps; step 21 gets lr 8.2e-04
+// instead of 3.0e-04".
+std::string lr_schedule_change(const TrainConfig& saved, const TrainConfig& now, int64_t step);
 
 // A parameter's elements that fall inside a flat range [lo, hi).
 struct Segment {

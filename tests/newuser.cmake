@@ -7,3 +7,17 @@ add_test(NAME newuser_walkthrough
     ${CMAKE_BINARY_DIR}/data/kjv-byte ${CMAKE_BINARY_DIR}/newuser)
 set_tests_properties(newuser_walkthrough PROPERTIES
   FIXTURES_REQUIRED kjv_byte LABELS "config;newuser" TIMEOUT 300 PROCESSORS 2)
+# A switch file with a refused line: switch.rejected keeps it with the reason,
+# switch.done only what was applied (docs/reliability.md).
+add_test(NAME newuser_switch_rejected_np2
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/newuser/switch_rejected.sh $<TARGET_FILE:adgt-train>
+    ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh ${CMAKE_CURRENT_SOURCE_DIR}/layouts/model.yaml
+    ${CMAKE_BINARY_DIR}/data/kjv-byte ${CMAKE_BINARY_DIR}/newuser_switch)
+set_tests_properties(newuser_switch_rejected_np2 PROPERTIES
+  FIXTURES_REQUIRED kjv_byte LABELS "parallel;newuser" TIMEOUT 300 PROCESSORS 2)
+# The README's planner command: a bf16 plan on the GPUs' memory model whose
+# chosen layout's MFU is adgt-sim's for the same inputs within 1%.
+add_test(NAME newuser_plan_70b_matches_sim
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/newuser/plan_matches_sim.sh $<TARGET_FILE:adgt-train>
+    $<TARGET_FILE:adgt-sim> ${CMAKE_SOURCE_DIR}/configs/llama-70b.yaml)
+set_tests_properties(newuser_plan_70b_matches_sim PROPERTIES LABELS "plan;newuser" TIMEOUT 120)

@@ -18,10 +18,11 @@ foreach(case launch constraint infeasible resume)
   set_tests_properties(plan_auto_${case}_np8 PROPERTIES
     FIXTURES_REQUIRED kjv_byte LABELS "parallel;plan" TIMEOUT 240 PROCESSORS 2)
 endforeach()
-# The dry-run table for a cluster we do not have: 70B on 256 H100s.
+# The dry-run table for a cluster we do not have: 70B on 256 H100s (bf16, the
+# config's dtype; the device model is deterministic, so the choice is exact).
 add_test(NAME plan_dry_run_70b_256_h100
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh --success
-    "^  1 +tp=8 pp=[0-9]+ dp=[0-9]+ .*<- chosen$" --
+    "^  1 +tp=2 pp=16 dp=8 zero=1 sp=1 1f1b mb=1 rc=none .*<- chosen$" --
     $<TARGET_FILE:adgt-train> --config ${CMAKE_SOURCE_DIR}/configs/llama-70b.yaml
     --set parallel.auto=true --dry-run --cluster dgx-h100 --gpus 256)
 set_tests_properties(plan_dry_run_70b_256_h100 PROPERTIES LABELS "plan" TIMEOUT 120)

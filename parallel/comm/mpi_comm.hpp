@@ -50,10 +50,10 @@ int mpi_poll_interval_us();
 // mpi_poll_interval_us(). Every MpiComm call and agree_max wait through these
 // (collectives are started non-blocking; communicators are created with
 // MPI_Comm_idup, or after a polite barrier for MPI_Comm_split), so a rank that
-// waits for busy peers sleeps instead of spinning in Open MPI's progress loop.
-// Measured on 2 cores, 8 ranks tp2 dp4 of tests/layouts/model.yaml, 20 steps,
-// with OMPI_MCA_mpi_yield_when_idle=0: 3.9 s before, 3.1 s after (Open MPI's
-// default under --oversubscribe yields instead: 1.7 s either way).
+// waits for busy peers sleeps instead of spinning in Open MPI's progress loop
+// (docs/testing.md: with OMPI_MCA_mpi_yield_when_idle=0, 8 ranks on 2 cores
+// take 3.3 s beside two busy processes where Open MPI's default, which yields
+// in every poll, takes 8.7 s).
 void mpi_wait_politely(MPI_Request& req, MPI_Status* st = MPI_STATUS_IGNORE);
 void mpi_wait_all_politely(std::vector<MPI_Request>& reqs);
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <cstdio>
 #include <cstring>
 #include <map>
 
@@ -42,6 +43,11 @@ std::vector<nlohmann::json> run_controllers(const std::vector<Controller*>& cs, 
     text = broadcast_text(world, text);
     const nlohmann::json decision = nlohmann::json::parse(text);
     c->apply(e, decision);
+    // A decision that changes the running job says so on the console, once
+    // (its record goes to metrics.jsonl below).
+    if (world.rank() == 0 && decision.contains("console") && decision["console"].is_string())
+      std::printf("%s at step %ld: %s\n", c->name().c_str(), long(r.step),
+                  decision["console"].get<std::string>().c_str());
     if (request && decision.contains("layout_request") && decision["layout_request"].is_array() &&
         !decision["layout_request"].empty())
       *request = {c->name(), decision["layout_request"].get<std::vector<std::string>>()};

@@ -2,6 +2,7 @@
 #include "parallel/control/schedule_controller.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <deque>
 #include <vector>
 
@@ -231,6 +232,11 @@ class ScheduleAdapter final : public Controller {
       d["name"] = ch.schedule.name;
       d["detail"] = ch.schedule.detail;
       d["ranks"] = schedule_ranks_json(ch.schedule);
+      char b[160];
+      std::snprintf(b, sizeof b, " (predicted step %.4g s -> %.4g s)", ch.current_predicted_s,
+                    ch.predicted_s);
+      d["console"] = "pipeline schedule " + current_->name + " -> " + ch.schedule.name + b + " (" +
+                     in["replan"].get<std::string>() + ")";
     }
     return d;
   }
@@ -322,6 +328,10 @@ class GreedyReplan final : public Controller {
     d["predicted_bubble"] = sim.bubble_fraction;
     d["predicted_step_s"] = sim.makespan;
     d["ranks"] = schedule_ranks_json(s);
+    char b[160];
+    std::snprintf(b, sizeof b, " from the measured stage times (predicted bubble %.1f%%)",
+                  100 * sim.bubble_fraction);
+    d["console"] = "pipeline schedule -> " + s.name + b;
     return d;
   }
 

@@ -12,6 +12,7 @@
 #include "parallel/cost/memory.hpp"
 #include "parallel/pipeline/run_schedule.hpp"
 #include "parallel/pipeline/validate.hpp"
+#include "parallel/sim/dry_run.hpp"
 
 namespace adgt::plan {
 namespace {
@@ -152,6 +153,7 @@ std::string format_plan(const Plan& p, const cluster::Cluster& cl) {
                 cl.name.c_str(), long(cl.nodes), long(cl.devices_per_node),
                 cl.device.name.c_str(), p.costs.c_str());
   os << b;
+  if (!p.rows.empty()) os << "  " << sim::precision_line(p.chosen().cfg, cl);
   os << "  constraints: ";
   if (p.fixed.empty()) os << "none";
   for (size_t i = 0; i < p.fixed.size(); ++i)

@@ -24,8 +24,38 @@
 
 namespace adgt::sim {
 
-std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_arg) {
+std::string resolve_auto_device(RunConfig& cfg, const std::string& cluster_arg) {
+  if (cfg.train.device != "auto") return "";
+  std::string why;
+  if (!cluster_arg.empty()) {
+    const cluster::Cluster cl = cluster::load_cluster(cluster_arg);
+    cfg.train.device = cl.cores_per_node > 0 ? "cpu" : "cuda";
+    why = cl.cores_per_node > 0 ? "the CPU ranks of --cluster " + cluster_arg
+                                : "the GPUs of --cluster " + cluster_arg;
+  } else {
+    const bool gpu = cuda_backend_built() && cuda_device_count() > 0;
+    cfg.train.device = gpu ? "cuda" : "cpu";
+    why = gpu ? "a CUDA device is visible here" : "no CUDA device here";
+  }
+  return "train.device=auto: estimated as " + cfg.train.device + " (" + why +
+         "); set train.device to estimate another\n";
+}
+
+std::string precision_line(const RunConfig& cfg, const cluster::Cluster& cl) {
+  const bool half = cfg.train.dtype == "bf16";
+  const double peak = half ? cl.device.peak_bf16_flops : cl.device.peak_fp32_flops;
+  char b[256];
+  std::snprintf(b, sizeof b, "precision: %s on %s (MFU against %s's %s peak, %.4g TFLOP/s per device)\n",
+                cfg.train.dtype.c_str(), cfg.train.device.c_str(), cl.device.name.c_str(),
+                half ? "bf16" : "fp32", peak / 1e12);
+  return b;
+}
+
+std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_given) {
   const int64_t world = layout_of(cfg).world();
+  // Without --cluster, a run on an emulated cluster (emulate.cluster) is
+  // predicted on that cluster, as its launch plan and adgt-sim see it.
+  const std::string cluster_arg = cluster_given.empty() ? cfg.emulate.cluster : cluster_given;
   cluster::Cluster cl;
   if (!cluster_arg.empty()) {
     cl = cluster::load_cluster(cluster_arg);
@@ -55,10 +85,15 @@ std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_
   if (cl.cores_per_node > 0) {
     be = make_backend("cpu");
     auto pc = std::make_unique<ProfileCosts>(*be, "");
+    // On the emulation's model clock the ops cost their counted FLOPs, as the
+    // run's ranks, its launch plan and adgt-sim count them.
+    const bool model_clock = cfg.emulate.model_clock();
+    if (model_clock) pc->count_flops(cfg.emulate.model_flops);
     pc->calibrate(cfg);  // the in-situ factor (docs/simulator.md, "Cost tables")
     costs = std::move(pc);
     // MFU against this machine's measured GEMM rate, as the trainer reports it.
-    cl.device.peak_fp32_flops = cl.device.peak_bf16_flops = be->peak_tflops() * 1e12;
+    cl.device.peak_fp32_flops = cl.device.peak_bf16_flops =
+        model_clock ? cfg.emulate.model_flops : be->peak_tflops() * 1e12;
   } else {
     costs = std::make_unique<DeviceModelCosts>(cl.device);
   }
@@ -70,7 +105,7 @@ std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_
                 r.step_time_s, cl.name.c_str(), long(cl.nodes), long(cl.devices_per_node),
                 cl.device.name.c_str(), costs->describe().c_str(), r.tokens_per_s, 100 * r.mfu,
                 100 * r.bubble, r.exposed_comm_s());
-  return std::string(buf) + expected_compression(cfg, cl, r.compute_s, cl.cores_per_node > 0).line;
+  return std::string(buf) + "  " + precision_line(cfg, cl) + expected_compression(cfg, cl, r.compute_s, cl.cores_per_node > 0).line;
 }
 
 ExpectedCompression expected_compression(const RunConfig& cfg, const cluster::Cluster& cl,

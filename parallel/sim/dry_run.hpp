@@ -15,6 +15,17 @@ namespace adgt::sim {
 // cluster name or file.
 std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster);
 
+// train.device=auto in an estimate (--dry-run, adgt-sim): the device a launch
+// on that cluster would get. A GPU cluster (--cluster naming one) -> cuda; a
+// CPU cluster -> cpu; no cluster: this machine's (cuda where a GPU is visible).
+// Sets cfg.train.device and returns the line that says so ("" when the device
+// was not auto). The memory model and the costs then follow that device.
+std::string resolve_auto_device(RunConfig& cfg, const std::string& cluster);
+
+// "precision: bf16 on cuda (MFU against H100-SXM5-80GB's bf16 peak, 989 TFLOP/s
+// per device)": what a plan, sweep or prediction assumed.
+std::string precision_line(const RunConfig& cfg, const cluster::Cluster& cl);
+
 // With parallel.grad_compression=auto and dp > 1: the levels the controller
 // is expected to choose for the dp buckets after warm-up on `cl`, one line
 // ("" otherwise). Its rule (compress::choose_levels) on inputs the run would

@@ -16,6 +16,7 @@
 
 #include "core/layout.hpp"
 #include "core/metrics.hpp"
+#include "parallel/pipeline/run_schedule.hpp"
 #include "parallel/control/hook.hpp"
 #include "parallel/fault/progress.hpp"
 #include "parallel/comm/mpi_comm.hpp"
@@ -34,38 +35,55 @@ std::string read_text(const std::string& path) {
   return s.str();
 }
 
+// Appends `text` to <path>.rejected under a comment saying when and why: the
+// refused requests of a run, kept for the user (never read back).
+void append_rejected(const std::string& path, int64_t step, const std::string& why,
+                     const std::string& text) {
+  std::ofstream out(path + ".rejected", std::ios::app);
+  out << "# refused at the boundary after step " << step << ": " << why << "\n" << text;
+  if (!text.empty() && text.back() != '\n') out << "\n";
+}
+
 // Rank 0: takes the first request of the control file due after `step`,
-// rewrites the file with the others (switch.done once none is left, the file
-// renamed to switch.rejected when it cannot be parsed), and returns the
-// decision: {"request": text, "line", "overrides"} or {"error": why}.
+// rewrites the file with the others, and returns the decision: {"request":
+// text, "line", "overrides"} or with {"error": why}. Once no line is left the
+// file becomes switch.done if its last request was applied, and goes away if
+// it was refused; a refused line (and a file that cannot be parsed) is
+// appended to switch.rejected with the reason.
 nlohmann::json take_request(const RunConfig& cfg, int64_t step, int world) {
   namespace fs = std::filesystem;
   const std::string path = switch_file(cfg.log.dir);
   std::error_code ec;
+  std::string text;
   try {
+    text = read_text(path);
     std::vector<SwitchRequest> due, later;
-    split_due(parse_switch_requests(read_text(path), path), step, due, later);
+    split_due(parse_switch_requests(text, path), step, due, later);
     if (due.empty()) return nlohmann::json::object();
     const SwitchRequest req = due.front();
     std::vector<SwitchRequest> rest(due.begin() + 1, due.end());
     rest.insert(rest.end(), later.begin(), later.end());
-    if (rest.empty()) {
-      fs::rename(path, path + ".done", ec);
-    } else {
-      const std::string tmp = path + ".tmp";
-      std::ofstream(tmp) << format_switch_requests(rest);
-      fs::rename(tmp, path, ec);
-    }
     nlohmann::json d = {{"request", req.text}, {"line", req.line}, {"overrides", req.overrides}};
     try {
       switched_config(cfg, req, world, path);  // refused here, before any rank tears down
     } catch (const ConfigError& e) {
-      d["error"] = e.what();
+      d["error"] = std::string(e.what()) + " (the line is now in " + path + ".rejected)";
+      append_rejected(path, step, e.what(), req.text);
+    }
+    if (!rest.empty()) {
+      const std::string tmp = path + ".tmp";
+      std::ofstream(tmp) << format_switch_requests(rest);
+      fs::rename(tmp, path, ec);
+    } else if (d.contains("error")) {
+      fs::remove(path, ec);
+    } else {
+      fs::rename(path, path + ".done", ec);
     }
     return d;
   } catch (const ConfigError& e) {
-    fs::rename(path, path + ".rejected", ec);
-    return {{"error", std::string(e.what()) + " (the file is now " + path + ".rejected)"}};
+    append_rejected(path, step, e.what(), text);
+    fs::remove(path, ec);
+    return {{"error", std::string(e.what()) + " (the file is now in " + path + ".rejected)"}};
   }
 }
 
@@ -345,7 +363,13 @@ void Trainer::switch_layout(const RunConfig& next, const std::string& why, Metri
   };
   SwitchRecord rec;
   rec.why = why;
-  rec.from = describe(layout_of(cfg_));
+  // The layout really running: parallel.adapt may have changed the pipeline
+  // schedule since the run file's (the schedule the executor runs).
+  {
+    Layout running = layout_of(cfg_);
+    if (engine_->pipelined()) running.schedule = engine_->pipeline()->schedule().name;
+    rec.from = describe(running);
+  }
   const ParallelContext old = engine_->groups();
   // The new layout's rank placement; world rank 0 (which logs and commits
   // checkpoints) must stay on the same process.
@@ -419,6 +443,8 @@ void Trainer::report_switch(const SwitchRecord& rec, std::chrono::steady_clock::
   if (rec.had_ef)
     std::fprintf(stderr, "note: switch at step %ld: gradient compression's error-feedback state is "
                          "dropped (the layout changed); it restarts at zero\n", long(step_));
+  // Into a pipeline: its stages and schedule, as at the start of a run.
+  if (engine_->pipelined()) std::printf("%s", describe_pipeline_schedule(cfg_).c_str());
   std::fflush(stdout);
   if (log)
     log->log_record({{"event", "switch"},

@@ -21,6 +21,7 @@
 #include "core/checkpoint/async_save.hpp"
 #include "core/checkpoint/sharded.hpp"
 #include "core/metrics.hpp"
+#include "core/optimizer.hpp"
 #include "core/data/sampler.hpp"
 #include "core/data/token_shard.hpp"
 #include "kernels/attention_choice.hpp"
@@ -318,6 +319,16 @@ void Trainer::load(const std::string& step_dir) {
       if (lead())
         std::fprintf(stderr, "note: checkpoint %s: gradient compression's error-feedback state is "
                              "dropped (%s); it restarts at zero\n", step_dir.c_str(), why.c_str());
+    }
+  }
+  // A resume with other schedule keys (train.steps raised to train longer, a
+  // new lr) changes the learning rate from the next step on: say how.
+  if (lead() && !st.config_yaml.empty()) {
+    try {
+      const RunConfig saved = load_config_text(st.config_yaml, step_dir + ":meta/config_yaml");
+      const std::string note = lr_schedule_change(saved.train, cfg_.train, st.step);
+      if (!note.empty()) std::printf("note: %s\n", note.c_str());
+    } catch (const ConfigError&) {  // a saved config this build cannot read: nothing to compare
     }
   }
   if (st.seed != cfg_.train.seed && lead())

@@ -54,6 +54,17 @@ if expect_status info 0; then
   ok "adgt-ckpt info: the saving layout"
 fi
 
+# 2b. Training longer from the checkpoint (train.steps raised on resume) says
+#     how the learning-rate schedule changes.
+run resume "$bin/adgt-train" --config "$cfg" "${data_sets[@]}" --set train.steps=6 \
+  --set train.warmup_steps=1 --set train.eval_interval=0 --set log.dir=run \
+  --set checkpoint.dir=run/ckpt --set checkpoint.interval=0 --resume auto
+if expect_status resume 0; then
+  grep -Eq '^note: resuming at step 4 with train[.]steps=6 [(]the saved run.s: 4[)]: .* recomputed over 6 steps; step 5 gets lr [0-9.e+-]+ instead of [0-9.e+-]+$' resume.out ||
+    fail "resume: no note on the changed schedule: $(grep -i note resume.out resume.err)"
+  ok "resume with train.steps raised: the schedule change is named"
+fi
+
 # 3. Usage errors exit 2 in every tool (CLI11's own codes are 105-115).
 for tool in adgt-train adgt-ckpt adgt-sim adgt-data adgt-schedule; do
   run "usage_$tool" "$bin/$tool" --no-such-flag

@@ -270,7 +270,7 @@ TEST_CASE("cross-field rules name both keys and a fix", "[config]") {
     } catch (const ConfigError& e) {
       CHECK(std::string(e.what()) ==
             "x.yaml: parallel.tp=2 x pp=1 x dp=2 = 4 ranks, but the launch has 8 (mpirun -np / "
-            "srun -n); with tp=2 pp=1 use parallel.dp=4");
+            "srun -n); use parallel.tp=4 parallel.pp=1 parallel.dp=2");  // tp=2 x dp=4 splits no batch of 16
     }
     // The suggestion passes every rule: on 3 ranks, dp=3 does not split the
     // batch of 16 and tp=3 does not divide the heads, so the batch is raised.
@@ -349,7 +349,7 @@ TEST_CASE("overrides (--set) apply in order after the file", "[config]") {
   CHECK_THAT(error_of("", {"train.steps=[1"}),
              StartsWith("--set train.steps=[1: train.steps: cannot read the value as YAML"));
   CHECK(error_of("", {"parallel.tp=3"}) ==
-        "x.yaml: parallel.tp=3 does not divide model.n_heads=8; use tp in {1,2,4}");
+        "x.yaml, --set parallel.tp=3: parallel.tp=3 does not divide model.n_heads=8; use tp in {1,2,4}");
 }
 
 TEST_CASE("docs/config.md carries the generated key reference", "[config]") {
@@ -519,17 +519,20 @@ TEST_CASE("pipeline cross-field rules name the keys and a fix", "[config]") {
 
   // Tied embeddings cannot span stages.
   CHECK(error_of(kPipe, {"model.tie_embeddings=true"}) ==
-        "x.yaml: model.tie_embeddings=true with parallel.pp=2: the embedding (first stage) and "
+        "x.yaml, --set model.tie_embeddings=true: model.tie_embeddings=true with parallel.pp=2: "
+        "the embedding (first stage) and "
         "lm_head (last stage) live on different pipeline ranks and cannot share one weight; set "
         "model.tie_embeddings: false or parallel.pp: 1");
   CHECK(error_of(kPipe, {"model.tie_embeddings=true", "parallel.schedule=zb-v", "parallel.virtual_stages=2"}) ==
-        "x.yaml: model.tie_embeddings=true with parallel.pp=2: zb-v puts the embedding (stage 0) and "
+        "x.yaml, --set model.tie_embeddings=true: model.tie_embeddings=true with parallel.pp=2: zb-v "
+        "puts the embedding (stage 0) and "
         "lm_head (stage 3) on pipeline rank 0 but in different chunks, whose gradients are reduced "
         "separately, so they cannot share one weight; set model.tie_embeddings: false or parallel.pp: 1");
 
   // Fewer micro-batches than stages.
   CHECK(error_of(kPipe, {"parallel.pp=4", "train.global_batch=2"}) ==
-        "x.yaml: parallel.schedule=1f1b with parallel.pp=4: fewer micro-batches than stages "
+        "x.yaml, --set parallel.pp=4, --set train.global_batch=2: parallel.schedule=1f1b with "
+        "parallel.pp=4: fewer micro-batches than stages "
         "(train.global_batch=2 / (train.micro_batch=1 x parallel.dp=1) = 2, need >= 4); use "
         "train.global_batch >= 4, or parallel.schedule=gpipe");
   CHECK_THAT(error_of(kPipe, {"parallel.schedule=zb-h1", "train.global_batch=1"}),
@@ -546,13 +549,15 @@ TEST_CASE("pipeline cross-field rules name the keys and a fix", "[config]") {
   // Interleaved: micro-batches in groups of pp.
   CHECK(error_of(kPipe, {"parallel.schedule=interleaved", "parallel.virtual_stages=2",
                          "train.global_batch=5"}) ==
-        "x.yaml: parallel.schedule=interleaved with parallel.pp=2: the micro-batches "
+        "x.yaml, --set parallel.schedule=interleaved, --set train.global_batch=5: "
+        "parallel.schedule=interleaved with parallel.pp=2: the micro-batches "
         "(train.global_batch=5 / (train.micro_batch=1 x parallel.dp=1) = 5) run in groups of pp "
         "and must be a multiple of 2; use train.global_batch=4 or 6");
 
   // Enough layers for every stage.
   CHECK(error_of(kPipe, {"model.n_layers=3", "parallel.pp=4"}) ==
-        "x.yaml: model.n_layers=3 is fewer than parallel.pp x parallel.virtual_stages = 4 x 1 = 4 "
+        "x.yaml, --set model.n_layers=3, --set parallel.pp=4: model.n_layers=3 is fewer than "
+        "parallel.pp x parallel.virtual_stages = 4 x 1 = 4 "
         "stages (each stage needs at least one layer); use pp x virtual_stages <= 3");
   CHECK_THAT(error_of(kPipe, {"parallel.schedule=interleaved", "parallel.virtual_stages=8"}),
              Contains("model.n_layers=8 is fewer than parallel.pp x parallel.virtual_stages = 2 x "
@@ -561,7 +566,8 @@ TEST_CASE("pipeline cross-field rules name the keys and a fix", "[config]") {
   // Interleaved without a list: equal stages.
   CHECK(error_of(kPipe, {"model.n_layers=12", "parallel.schedule=interleaved",
                          "parallel.virtual_stages=4"}) ==
-        "x.yaml: model.n_layers=12 is not divisible by parallel.pp x parallel.virtual_stages = 2 "
+        "x.yaml, --set model.n_layers=12, --set parallel.virtual_stages=4: model.n_layers=12 is "
+        "not divisible by parallel.pp x parallel.virtual_stages = 2 "
         "x 4 = 8 stages: without parallel.stage_layers every interleaved stage holds the same "
         "number of layers; use virtual_stages in {2,3,6}, or list the layers per stage in "
         "parallel.stage_layers");

@@ -98,7 +98,7 @@ TEST_CASE("emulate.slow_links: a-b:factor[@step] entries", "[emulate]") {
                 },
                 "emulate.slow_links", "expected \"a-b:factor[@step],...\"");
   CHECK_THAT(config_error("", {"emulate.slow_links=0-1:2"}),
-             Contains("x.yaml: emulate.slow_links=\"0-1:2\" needs emulate.cluster"));
+             Contains("x.yaml, --set emulate.slow_links=0-1:2: emulate.slow_links=\"0-1:2\" needs emulate.cluster"));
   CHECK_THAT(config_error("emulate:\n  cluster: cpu-here\n  slow_links: \"0-1:0\"\n"),
              Contains("x.yaml:3: emulate.slow_links: entry 1 \"0-1:0\": factor 0 < 1"));
 
@@ -152,10 +152,11 @@ TEST_CASE("emulate keys: off by default, checked with the file's line", "[emulat
   CHECK_THAT(config_error("emulate:\n  cluster: cpu-here\n  slow_ranks: \"0:0.5\"\n"),
              Contains("x.yaml:3: emulate.slow_ranks: entry 1 \"0:0.5\": factor 0.5 < 1"));
   CHECK_THAT(config_error("", {"emulate.slow_ranks=0:2"}),
-             Contains("x.yaml: emulate.slow_ranks=\"0:2\" needs emulate.cluster"));
+             Contains("x.yaml, --set emulate.slow_ranks=0:2: emulate.slow_ranks=\"0:2\" needs emulate.cluster"));
   CHECK_THAT(config_error("parallel:\n  dp: 2\ntrain:\n  global_batch: 16\n",
                           {"emulate.cluster=cpu-here", "emulate.slow_ranks=1:2,2:3"}),
-             Contains("x.yaml: emulate.slow_ranks=\"1:2,2:3\": rank 2 is outside the run's 2 "
+             Contains("x.yaml, --set emulate.slow_ranks=1:2,2:3: emulate.slow_ranks=\"1:2,2:3\": "
+                      "rank 2 is outside the run's 2 "
                       "ranks (tp x pp x dp); world ranks are 0..1"));
 }
 
@@ -165,7 +166,7 @@ TEST_CASE("emulate.clock: wall by default; virtual needs the cluster and the cpu
   CHECK(load_config_text("", "x.yaml", {"emulate.cluster=cpu-here", "emulate.clock=virtual"})
             .emulate.clock == "virtual");
   CHECK_THAT(config_error("", {"emulate.clock=virtual"}),
-             Contains("x.yaml: emulate.clock=virtual needs emulate.cluster"));
+             Contains("x.yaml, --set emulate.clock=virtual: emulate.clock=virtual needs emulate.cluster"));
   CHECK_THAT(config_error("", {"emulate.cluster=cpu-here", "emulate.clock=virtual",
                                "train.device=emulated"}),
              Contains("emulate.clock=virtual needs train.device=cpu") && Contains("\"emulated\""));

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# A switch file with a refused line (docs/reliability.md, "In-memory layout
+# switch"): the refused line goes to <log.dir>/switch.rejected with its reason,
+# the applied one is switched to, and switch.done holds only what was applied.
+#   switch_rejected.sh TRAIN MPIRUN MODEL_YAML DATA_DIR WORK
+set -u
+train=$1 mpirun=$2 model=$3 data=$4 work=$5
+rm -rf "$work" && mkdir -p "$work" || exit 1
+fail() { echo "FAIL: $*"; exit 1; }
+# Step 2: train.lr cannot change in a running job (refused); step 4: tp=2 x dp=1.
+printf '@2 train.lr=1\n@4 parallel.tp=2 parallel.dp=1\n' >"$work/switch"
+OMP_NUM_THREADS=1 timeout 300 "$mpirun" 2 "$train" --config "$model" \
+  --set "data.train=$data/train.bin" --set "data.val=$data/val.bin" --set "log.dir=$work" \
+  --set "checkpoint.dir=$work/ckpt" --set train.steps=6 --set parallel.dp=2 \
+  --set checkpoint.interval=0 --set train.device=cpu >"$work/out.txt" 2>"$work/err.txt"
+rc=$?
+[[ $rc -eq 0 ]] || { cat "$work/err.txt"; fail "the run exited $rc"; }
+grep -q 'switch at step 2 refused: .*train[.]lr' "$work/err.txt" || { cat "$work/err.txt"; fail "no refusal on stderr"; }
+[[ -f $work/switch.rejected ]] || fail "no switch.rejected"
+grep -q '^# refused at the boundary after step 2: .*train[.]lr' "$work/switch.rejected" || fail "switch.rejected has no reason: $(cat "$work/switch.rejected")"
+grep -q '^@2 train[.]lr=1$\|^train[.]lr=1$' "$work/switch.rejected" || fail "switch.rejected lacks the refused line: $(cat "$work/switch.rejected")"
+[[ -f $work/switch.done ]] || fail "no switch.done after the applied line"
+grep -q 'train[.]lr' "$work/switch.done" && fail "switch.done holds the refused line: $(cat "$work/switch.done")"
+grep -q 'parallel[.]tp=2' "$work/switch.done" || fail "switch.done lacks the applied line: $(cat "$work/switch.done")"
+[[ -e $work/switch ]] && fail "the switch file is still there"
+grep -q '"event":"switch"' "$work/metrics.jsonl" || fail "no switch record in metrics.jsonl"
+echo "ok: the refused line in switch.rejected with its reason, the applied one in switch.done"
