@@ -8,34 +8,31 @@
 
 namespace adgt {
 
-namespace {
-
-std::string src(const RunConfig& cfg) { return cfg.source.empty() ? "config" : cfg.source; }
-
-void check_shard(const RunConfig& cfg, const std::string& path, const char* key) {
+std::unique_ptr<TokenShard> open_checked_shard(const std::string& path, const char* key,
+                                               const ModelConfig& m, const std::string& where) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec))
-    throw ConfigError(src(cfg) + ": " + key + ": token shard '" + path +
+    throw ConfigError(where + key + ": token shard '" + path +
                       "' does not exist; prepare it with `adgt-data prepare` "
                       "(scripts/prepare_data.sh)");
-  int64_t vocab = 0;
+  std::unique_ptr<TokenShard> s;
   try {
-    vocab = TokenShard(path).vocab_size();
+    s = std::make_unique<TokenShard>(path);
   } catch (const std::exception& e) {
-    throw ConfigError(src(cfg) + ": " + key + ": " + e.what());
+    throw ConfigError(where + key + ": " + e.what());
   }
-  if (vocab > cfg.model.vocab_size)
-    throw ConfigError(src(cfg) + ": " + key + ": shard '" + path + "' was tokenized with vocabulary " +
-                      std::to_string(vocab) + " but model.vocab_size=" +
-                      std::to_string(cfg.model.vocab_size) + "; set model.vocab_size >= " +
-                      std::to_string(vocab));
+  if (s->vocab_size() > m.vocab_size)
+    throw ConfigError(where + key + ": shard '" + path + "' was tokenized with vocabulary " +
+                      std::to_string(s->vocab_size()) + " but model.vocab_size=" +
+                      std::to_string(m.vocab_size) + "; set model.vocab_size >= " +
+                      std::to_string(s->vocab_size()));
+  return s;
 }
 
-}  // namespace
-
 void check_data_inputs(const RunConfig& cfg) {
-  check_shard(cfg, cfg.data.train, "data.train");
-  check_shard(cfg, cfg.data.val, "data.val");
+  const std::string where = (cfg.source.empty() ? std::string("config") : cfg.source) + ": ";
+  (void)open_checked_shard(cfg.data.train, "data.train", cfg.model, where);
+  (void)open_checked_shard(cfg.data.val, "data.val", cfg.model, where);
 }
 
 }  // namespace adgt

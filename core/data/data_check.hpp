@@ -4,10 +4,20 @@
 // ConfigError naming the key, the file and the fix (adgt-train exits 2 with
 // one message; the trainer still checks what it opens, for files that vanish).
 #pragma once
+#include <memory>
+#include <string>
+
 #include "core/config.hpp"
+#include "core/data/token_shard.hpp"
 
 namespace adgt {
 
 void check_data_inputs(const RunConfig& cfg);
+
+// The shard of `key` ("data.train") opened and checked against the model's
+// vocabulary; ConfigError naming the key, the file and the fix otherwise.
+// `where`: the message's prefix ("configs/tiny.yaml: ", or "").
+std::unique_ptr<TokenShard> open_checked_shard(const std::string& path, const char* key,
+                                               const ModelConfig& m, const std::string& where = "");
 
 }  // namespace adgt

@@ -28,10 +28,12 @@ std::string resolve_auto_device(RunConfig& cfg, const std::string& cluster_arg) 
   if (cfg.train.device != "auto") return "";
   std::string why;
   if (!cluster_arg.empty()) {
+    // A GPU cluster: no cores per node (a CPU cluster's) and a device that is
+    // not a CPU rank (the emulation's cluster files name theirs cpu-rank).
     const cluster::Cluster cl = cluster::load_cluster(cluster_arg);
-    cfg.train.device = cl.cores_per_node > 0 ? "cpu" : "cuda";
-    why = cl.cores_per_node > 0 ? "the CPU ranks of --cluster " + cluster_arg
-                                : "the GPUs of --cluster " + cluster_arg;
+    const bool cpu = cl.cores_per_node > 0 || cl.device.name.rfind("cpu", 0) == 0;
+    cfg.train.device = cpu ? "cpu" : "cuda";
+    why = cpu ? "the CPU ranks of --cluster " + cluster_arg : "the GPUs of --cluster " + cluster_arg;
   } else {
     const bool gpu = cuda_backend_built() && cuda_device_count() > 0;
     cfg.train.device = gpu ? "cuda" : "cpu";

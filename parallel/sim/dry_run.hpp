@@ -17,7 +17,9 @@ std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster)
 
 // train.device=auto in an estimate (--dry-run, adgt-sim): the device a launch
 // on that cluster would get. A GPU cluster (--cluster naming one) -> cuda; a
-// CPU cluster -> cpu; no cluster: this machine's (cuda where a GPU is visible).
+// CPU cluster (cores per node, or a device named cpu*, as the emulation's
+// cluster files name theirs) -> cpu; no cluster: this machine's (cuda where a
+// GPU is visible).
 // Sets cfg.train.device and returns the line that says so ("" when the device
 // was not auto). The memory model and the costs then follow that device.
 std::string resolve_auto_device(RunConfig& cfg, const std::string& cluster);

@@ -23,6 +23,7 @@
 #include "core/metrics.hpp"
 #include "core/optimizer.hpp"
 #include "core/data/sampler.hpp"
+#include "core/data/data_check.hpp"
 #include "core/data/token_shard.hpp"
 #include "kernels/attention_choice.hpp"
 #include "kernels/check.hpp"
@@ -44,21 +45,6 @@ namespace {
 std::atomic<int> g_stop_signal{0};
 void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
-std::unique_ptr<TokenShard> open_shard(const std::string& path, const char* key,
-                                       const ModelConfig& m) {
-  // adgt-train checked these before the launch (check_data_inputs); a file
-  // may still vanish or change in between.
-  if (!std::filesystem::exists(path))
-    throw ConfigError(std::string(key) + ": token shard '" + path +
-                      "' does not exist; prepare it with `adgt-data prepare` (scripts/prepare_data.sh)");
-  auto s = std::make_unique<TokenShard>(path);
-  if (s->vocab_size() > m.vocab_size)
-    throw ConfigError(std::string(key) + ": shard '" + path + "' was tokenized with vocabulary " +
-                      std::to_string(s->vocab_size()) + " but model.vocab_size=" +
-                      std::to_string(m.vocab_size) + "; set model.vocab_size >= " +
-                      std::to_string(s->vocab_size()));
-  return s;
-}
 // Fault injection for the emulated device's test (ctest
 // emulated_catches_host_read_*): ADGT_TEST_HOST_READ=1 makes the trainer read
 // its first weight through the raw pointer after step 1, the bug the emulated
@@ -175,8 +161,8 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx, std::optional<Device
   // others before they print), then thrown on every rank together.
   std::string shard_error;
   try {
-    train_shard_ = open_shard(cfg.data.train, "data.train", cfg.model);
-    val_shard_ = open_shard(cfg.data.val, "data.val", cfg.model);
+    train_shard_ = open_checked_shard(cfg.data.train, "data.train", cfg.model);
+    val_shard_ = open_checked_shard(cfg.data.val, "data.val", cfg.model);
   } catch (const std::exception& e) {
     shard_error = e.what();
   }
