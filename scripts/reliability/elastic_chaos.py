@@ -223,8 +223,22 @@ def trial_kill(args, k, rng, ref):
         res["why"] = out
         return res
     res["loss_rel_err"] = out[1]
+    # Lost steps are counted one way everywhere: the launches' sum in
+    # elastic.jsonl is the job's TEI count (the final summary's "N lost").
+    tei = [r for r in read_records(work) if "job" in r]
+    res["tei_lost_steps"] = tei[-1]["job"]["lost_steps"] if tei else None
+    elastic_lost = sum(l.get("lost_steps") or 0 for l in ls if l["outcome"] == "failed")
+    if res["tei_lost_steps"] != elastic_lost:
+        res["why"] = (f"elastic.jsonl counts {elastic_lost} lost steps, the run's TEI "
+                      f"{res['tei_lost_steps']}")
+        return res
     res["ok"] = True
     return res
+
+
+def read_records(work):
+    with open(os.path.join(work, "metrics.jsonl")) as f:
+        return [json.loads(l) for l in f if l.strip()]
 
 
 def trial_grow(args, k, rng, ref):
