@@ -124,9 +124,11 @@ void MetricsLog::log_step(const StepMetrics& m) {
     if (!w.empty()) j["comm_wait_s"] = w;
   }
   if (m.host_reads >= 0) j["host_reads"] = m.host_reads;
-  if (!m.grad_compression.empty())
+  if (!m.grad_compression.empty()) {
     j["grad_compression"] = {{"levels", m.grad_compression}, {"sent_bytes", m.gc_sent_bytes},
                              {"fp32_bytes", m.gc_fp32_bytes}};
+    if (m.gc_seconds >= 0) j["grad_compression"]["seconds"] = m.gc_seconds;
+  }
   if (!m.moe.empty()) {
     nlohmann::json layers = nlohmann::json::array();
     for (const auto& x : m.moe)

@@ -32,8 +32,8 @@ struct StepMetrics {
   int64_t tp_bytes = 0, dp_bytes = 0;  // bytes this rank sent in the step, per group
   int64_t pp_bytes = 0;
   // The data-parallel gradient reduction the step did not hide: seconds each
-  // rank waited for it after its step's work, mean and maximum over the ranks
-  // (< 0: dp = 1).
+  // rank waited for it after its step's work, the compressed buckets' reduce
+  // included, mean and maximum over the ranks (< 0: dp = 1).
   double dp_wait_s = -1, dp_wait_max_s = -1;
   // Exposed communication of this step per group, seconds (this rank; the
   // step line's "wait"): inside blocking tp/pp/ep calls, and dp_wait_s for dp.
@@ -48,6 +48,9 @@ struct StepMetrics {
   // of the compressed buckets: sent, and what the fp32 reduce would have sent.
   std::string grad_compression;
   int64_t gc_sent_bytes = 0, gc_fp32_bytes = 0;
+  // The compressed buckets' reduce, seconds, mean over the ranks: part of
+  // dp_wait_s (< 0: not measured).
+  double gc_seconds = -1;
   std::vector<MoeLayerMetrics> moe;  // this rank's MoE layers
 };
 

@@ -198,6 +198,7 @@ double Engine::run_micro_batches(const MicroBatchFetch& fetch) {
   }
   reducer_->finish_grad_sync();
   times_.dp_wait_s = reducer_->last_wait_seconds();
+  times_.dp_compressed_s = reducer_->last_compression().seconds;
   const double loss_sum = model_->take_deferred_loss();
   model_->defer_losses(false);
   double total[1] = {loss_sum};
@@ -225,6 +226,7 @@ double Engine::run_pipeline_step(const MicroBatchFetch& fetch) {
     if (!reduced[size_t(c)]) grads_final(c, false);
   reducer_->finish_grad_sync();
   times_.dp_wait_s = reducer_->last_wait_seconds();
+  times_.dp_compressed_s = reducer_->last_compression().seconds;
   // The loss is known on the last stage; every rank logs and checks the same value.
   ctx_.pp->all_reduce(Tensor(loss, DType::F64, {1}));
   ctx_.dp->all_reduce(Tensor(loss, DType::F64, {1}));

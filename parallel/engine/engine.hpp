@@ -29,6 +29,9 @@ namespace adgt {
 // What one step measured on this rank.
 struct StepTimes {
   double dp_wait_s = 0;  // finish_grad_sync's wait: data-parallel reduction not hidden
+  // The compressed buckets' reduce (encode, exchange, decode; docs/compression.md),
+  // on the step's path after the wait: exposed data-parallel time as well.
+  double dp_compressed_s = 0;
   double bubble = -1;    // pipeline: idle share of the pipeline group's step (< 0: no pipeline)
   // Of `bubble`, the share spent waiting for a neighbour (in receives, or
   // done before the slowest rank); the rest is host work between instructions.

@@ -22,13 +22,18 @@ void StepLogger::observe(Engine& e, const StepReport& r, Comm& world) {
   }
   if (r.step % cfg_.log.interval != 0 && r.step != r.total_steps) return;
   const ParallelContext& g = e.groups();
-  // The data-parallel reduction each rank waited for after its step's work:
-  // mean and maximum over the world (collective: every rank logs at the same steps).
-  double dp_wait[2] = {e.last_times().dp_wait_s, e.last_times().dp_wait_s};
+  // The data-parallel reduction each rank waited for after its step's work,
+  // its compressed buckets' reduce included (on the step's path too): mean and
+  // maximum over the world (collective: every rank logs at the same steps).
+  const double dp_exposed = e.last_times().dp_wait_s + e.last_times().dp_compressed_s;
+  double dp_wait[3] = {dp_exposed, dp_exposed, e.last_times().dp_compressed_s};
   if (g.dp->size() > 1) {
-    world.all_reduce(Tensor(dp_wait, DType::F64, {1}));
+    // Sums of the exposed time and of its compressed part in one call.
+    double sums[2] = {dp_wait[0], dp_wait[2]};
+    world.all_reduce(Tensor(sums, DType::F64, {2}));
     world.all_reduce(Tensor(dp_wait + 1, DType::F64, {1}), ReduceOp::Max);
-    dp_wait[0] /= double(world.size());
+    dp_wait[0] = sums[0] / double(world.size());
+    dp_wait[2] = sums[1] / double(world.size());
   }
   if (!log_) return;
   StepMetrics m;
@@ -54,6 +59,7 @@ void StepLogger::observe(Engine& e, const StepReport& r, Comm& world) {
     m.grad_compression = e.reducer().level_mix();
     m.gc_sent_bytes = e.reducer().last_compression().sent_bytes;
     m.gc_fp32_bytes = e.reducer().last_compression().fp32_bytes;
+    if (g.dp->size() > 1) m.gc_seconds = dp_wait[2];
   }
   m.dp_wait_s = g.dp->size() > 1 ? dp_wait[0] : -1.0;
   m.dp_wait_max_s = g.dp->size() > 1 ? dp_wait[1] : -1.0;

@@ -564,7 +564,7 @@ StepReport Trainer::run_step(TeiMeter& tei, TrainSummary& sum, int64_t first_ste
   // calls, the dp reduction's wait) and the pipeline's idle time.
   TeiStepTimes tt;
   tt.comm_s = (g.tp->stats().seconds - tp_s0) + (g.ep->stats().seconds - ep_s0) +
-              engine_->last_times().dp_wait_s;
+              engine_->last_times().dp_wait_s + engine_->last_times().dp_compressed_s;
   if (engine_->pipelined())
     tt.bubble_s = std::max(0.0, engine_->pipeline()->last_step_seconds() -
                                     engine_->pipeline()->last_busy_seconds());

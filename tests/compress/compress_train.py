@@ -96,6 +96,14 @@ def main():
             if not 0 < gc["sent_bytes"] < gc["fp32_bytes"]:
                 problems.append(f"step {r['step']}: sent {gc['sent_bytes']} bytes, fp32 {gc['fp32_bytes']}")
                 break
+            # The compressed reduce is on the step's path: the dp wait (the step
+            # line's, TEI's) counts it (it once showed 0.0 ms with every bucket
+            # compressed). Both are means over the ranks, of w + c and of c,
+            # w >= 0, so the inequality is exact.
+            if not 0 < gc.get("seconds", -1) <= r.get("dp_wait_s", -1):
+                problems.append(f"step {r['step']}: compressed reduce {gc.get('seconds')} s, dp wait "
+                                f"{r.get('dp_wait_s')} s: the compressed reduce is not counted")
+                break
         if recs and "grad_compression" in recs[-1]:
             gc = recs[-1]["grad_compression"]
             print(f"{args.level}: dp bytes per rank per step {gc['sent_bytes']} vs fp32 {gc['fp32_bytes']} "
