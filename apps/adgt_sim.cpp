@@ -72,7 +72,7 @@ struct Cli {
 std::unique_ptr<adgt::sim::OpCosts> make_costs(const Cli& cli, const adgt::RunConfig& cfg,
                                                adgt::cluster::Cluster& cl, std::unique_ptr<adgt::Backend>& be) {
   const bool profile =
-      cli.costs_mode == "profile" || (cli.costs_mode == "auto" && cl.cores_per_node > 0);
+      cli.costs_mode == "profile" || (cli.costs_mode == "auto" && cl.cpu_ranks());
   if (cli.costs_mode != "auto" && cli.costs_mode != "model" && cli.costs_mode != "profile")
     throw adgt::ConfigError("--costs: expected auto, model or profile, got '" + cli.costs_mode + "'");
   if (!profile) return std::make_unique<adgt::sim::DeviceModelCosts>(cl.device);

@@ -21,3 +21,10 @@ add_test(NAME newuser_plan_70b_matches_sim
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/newuser/plan_matches_sim.sh $<TARGET_FILE:adgt-train>
     $<TARGET_FILE:adgt-sim> ${CMAKE_SOURCE_DIR}/configs/llama-70b.yaml)
 set_tests_properties(newuser_plan_70b_matches_sim PROPERTIES LABELS "plan;newuser" TIMEOUT 120)
+# One forecast: --dry-run of a run on an emulated cluster predicts on that
+# cluster with adgt-sim's costs (a profile of this CPU), equal on the model clock.
+add_test(NAME newuser_forecast_emulated_cluster
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/newuser/forecast_agree.sh $<TARGET_FILE:adgt-train>
+    $<TARGET_FILE:adgt-sim> ${CMAKE_CURRENT_SOURCE_DIR}/compress/model.yaml
+    ${CMAKE_CURRENT_SOURCE_DIR}/compress/slow_link.yaml)
+set_tests_properties(newuser_forecast_emulated_cluster PROPERTIES LABELS "sim;newuser" TIMEOUT 120)

@@ -77,6 +77,10 @@ struct Cluster {
 
   int64_t world() const { return nodes * devices_per_node; }
   bool preset() const { return source.rfind("preset:", 0) == 0; }
+  // CPU ranks, not GPUs: cores per node are given (cpu-here), or the device
+  // is named cpu* (the emulation's cluster files: CPU ranks standing in for a
+  // cluster's devices). Their ops are costed by a profile of this CPU.
+  bool cpu_ranks() const { return cores_per_node > 0 || device.name.rfind("cpu", 0) == 0; }
   int64_t node_of(int64_t rank) const { return rank / devices_per_node; }
   int64_t site_of_node(int64_t node) const;
   double speed_of_node(int64_t node) const;  // 1 when node_speed is empty

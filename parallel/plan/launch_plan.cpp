@@ -394,7 +394,7 @@ std::string plan_dry_run(const RunConfig& cfg, const std::string& path,
     cl = cluster::load_cluster(cluster_arg);
     if (world <= 0) world = cl.preset() ? layout_of(cfg).world() : cl.world();
     if (cl.world() < world || (cl.preset() && cl.world() != world)) cl = cluster::with_gpus(cl, world);
-    cpu = cl.cores_per_node > 0;
+    cpu = cl.cpu_ranks();
   } else if (!cfg.emulate.cluster.empty()) {
     if (world <= 0) world = cluster::load_cluster(cfg.emulate.cluster).world();
     cl = launch_cluster(cfg, std::vector<std::string>(size_t(world), "localhost"), "", 0, &why);

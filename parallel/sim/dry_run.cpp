@@ -31,7 +31,7 @@ std::string resolve_auto_device(RunConfig& cfg, const std::string& cluster_arg) 
     // A GPU cluster: no cores per node (a CPU cluster's) and a device that is
     // not a CPU rank (the emulation's cluster files name theirs cpu-rank).
     const cluster::Cluster cl = cluster::load_cluster(cluster_arg);
-    const bool cpu = cl.cores_per_node > 0 || cl.device.name.rfind("cpu", 0) == 0;
+    const bool cpu = cl.cpu_ranks();
     cfg.train.device = cpu ? "cpu" : "cuda";
     why = cpu ? "the CPU ranks of --cluster " + cluster_arg : "the GPUs of --cluster " + cluster_arg;
   } else {
@@ -84,7 +84,7 @@ std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_
   }
   std::unique_ptr<Backend> be;
   std::unique_ptr<OpCosts> costs;
-  if (cl.cores_per_node > 0) {
+  if (cl.cpu_ranks()) {  // as adgt-sim --costs auto and the launch plan cost CPU ranks
     be = make_backend("cpu");
     auto pc = std::make_unique<ProfileCosts>(*be, "");
     // On the emulation's model clock the ops cost their counted FLOPs, as the
@@ -107,7 +107,7 @@ std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_
                 r.step_time_s, cl.name.c_str(), long(cl.nodes), long(cl.devices_per_node),
                 cl.device.name.c_str(), costs->describe().c_str(), r.tokens_per_s, 100 * r.mfu,
                 100 * r.bubble, r.exposed_comm_s());
-  return std::string(buf) + "  " + precision_line(cfg, cl) + expected_compression(cfg, cl, r.compute_s, cl.cores_per_node > 0).line;
+  return std::string(buf) + "  " + precision_line(cfg, cl) + expected_compression(cfg, cl, r.compute_s, cl.cpu_ranks()).line;
 }
 
 ExpectedCompression expected_compression(const RunConfig& cfg, const cluster::Cluster& cl,
