@@ -50,7 +50,7 @@ adgt_config_error(pp_stage_layers_entry
 # The same rule in a real launch: reported once (rank 0) and the job ends
 # (mpirun's status is a rank's: 2). pp=2 on 2 ranks, 2 / (2 x 1) = 1 micro-batch.
 add_test(NAME config_error_pp_fewer_microbatches_np2
-  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_one_report.sh 2
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_all_ranks.sh --once 2
     ".*pp_fewer_microbatches[.]yaml, --set parallel[.]pp=2, --set train[.]global_batch=2: parallel[.]schedule=1f1b with parallel[.]pp=2: fewer micro-batches than stages" --
     ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh 2 $<TARGET_FILE:adgt-train>
       --config ${ADGT_BAD_CONFIGS}/pp_fewer_microbatches.yaml

@@ -53,15 +53,15 @@ set(ADGT_EMU_BAD ${ADGT_MPIRUN} 2 $<TARGET_FILE:adgt-train>
   --set data.train=${CMAKE_BINARY_DIR}/data/kjv-byte/train.bin
   --set data.val=${CMAKE_BINARY_DIR}/data/kjv-byte/val.bin)
 add_test(NAME emulate_error_unknown_cluster
-  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_one_report.sh 2
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_all_ranks.sh --once 2
     ".*tiny[.]yaml, --set emulate[.]cluster=[^ ]*: emulate[.]cluster=\"no-such-cluster\": cluster 'no-such-cluster' is neither a preset nor a readable file"
     -- ${ADGT_EMU_BAD} --set emulate.cluster=no-such-cluster)
 add_test(NAME emulate_error_cluster_too_small
-  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_one_report.sh 2
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_all_ranks.sh --once 2
     ".*tiny[.]yaml, --set emulate[.]cluster=[^ ]*: emulate[.]cluster=\"[^\"]*one_device[.]yaml\": cluster one-device has 1 devices [(]1 nodes x 1[)] but the run has 2 ranks"
     -- ${ADGT_EMU_BAD} --set emulate.cluster=${ADGT_EMU}/one_device.yaml)
 add_test(NAME emulate_error_slow_ranks_syntax
-  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_one_report.sh 2
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_all_ranks.sh --once 2
     ".*emulate[.]slow_ranks: entry 1 \"1-3\" has no ':'"
     -- ${ADGT_EMU_BAD} --set emulate.cluster=cpu-here --set emulate.slow_ranks=1-3)
 add_test(NAME emulate_error_slow_rank_outside

@@ -31,13 +31,13 @@ set_tests_properties(layouts_srun_matches_mpirun PROPERTIES
 
 # Bad launches of adgt-train itself: the cause reported once for the job, exit 2 on every rank, no hang.
 add_test(NAME layouts_error_world_size
-  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_one_report.sh 3
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_all_ranks.sh --once 3
     ".*tiny[.]yaml, --set parallel[.]dp=2, --set parallel[.]tp=2, --set train[.]global_batch=16: parallel[.]tp=2 x pp=1 x dp=2 = 4 ranks, but the launch has 3 [(]mpirun -np / srun -n[)]; use parallel[.]tp=1 parallel[.]pp=1 parallel[.]dp=3 and train[.]global_batch=24 [(]a multiple of micro_batch x dp[)]$"
     -- ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh 3 $<TARGET_FILE:adgt-train>
        --config ${CMAKE_SOURCE_DIR}/configs/tiny.yaml --set parallel.tp=2 --set parallel.dp=2
        --set train.global_batch=16)
 add_test(NAME layouts_error_missing_shard_np2
-  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_one_report.sh 2
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_all_ranks.sh --once 2
     ".*tiny[.]yaml, --set data[.]train=/nonexistent/train[.]bin: data[.]train: token shard '/nonexistent/train[.]bin' does not exist"
     -- ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh 2 $<TARGET_FILE:adgt-train>
        --config ${CMAKE_SOURCE_DIR}/configs/tiny.yaml --set parallel.dp=2

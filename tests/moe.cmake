@@ -40,7 +40,7 @@ adgt_sweep_on_devices(NAME moe_layouts_match_single_process WORK ${CMAKE_BINARY_
 set(ADGT_MOE_YAML ${CMAKE_CURRENT_SOURCE_DIR}/moe/model.yaml)
 function(adgt_moe_error name ranks regex)
   add_test(NAME moe_error_${name}
-    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_one_report.sh ${ranks} ".*${regex}" --
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_all_ranks.sh --once ${ranks} ".*${regex}" --
       ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh ${ranks} $<TARGET_FILE:adgt-train>
       --config ${ADGT_MOE_YAML} ${ARGN})
   set_tests_properties(moe_error_${name} PROPERTIES LABELS "moe;config" TIMEOUT 90)
