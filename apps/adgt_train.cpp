@@ -122,7 +122,12 @@ bool load_agreed(const Cli& cli, const adgt::MpiEnv& mpi, adgt::RunConfig& cfg) 
   }
   // size - rank of the lowest failing rank (0: none failed).
   const int first = adgt::agree_max(config_error.empty() ? 0 : mpi.size() - mpi.rank());
-  if (!first) return true;
+  if (!first) {
+    if (mpi.rank() == 0)
+      if (const std::string w = adgt::tokenizer_warning(cfg); !w.empty())
+        std::fprintf(stderr, "warning: %s\n", w.c_str());
+    return true;
+  }
   if (mpi.rank() == mpi.size() - first)
     std::fprintf(stderr, "error: %s: %s\n", who(mpi).c_str(), config_error.c_str());
   return false;

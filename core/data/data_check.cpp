@@ -29,6 +29,17 @@ std::unique_ptr<TokenShard> open_checked_shard(const std::string& path, const ch
   return s;
 }
 
+std::string tokenizer_warning(const RunConfig& cfg) {
+  std::error_code ec;
+  if (cfg.data.tokenizer == "byte" || std::filesystem::is_regular_file(cfg.data.tokenizer, ec))
+    return "";
+  return "data.tokenizer: '" + cfg.data.tokenizer +
+         "' is not a file (working directory " + std::filesystem::current_path(ec).string() +
+         "); training reads token ids only, but the checkpoints record this path and "
+         "`adgt-ckpt export-hf` reads bos/eos from it: give the SentencePiece model the shards "
+         "were made with (adgt-data prepare writes <out>/tokenizer.model), or byte";
+}
+
 void check_data_inputs(const RunConfig& cfg) {
   const std::string where = (cfg.source.empty() ? std::string("config") : cfg.source) + ": ";
   (void)open_checked_shard(cfg.data.train, "data.train", cfg.model, where);

@@ -14,6 +14,12 @@ namespace adgt {
 
 void check_data_inputs(const RunConfig& cfg);
 
+// Training reads token ids only; data.tokenizer is recorded in the
+// checkpoints for `adgt-ckpt export-hf` (bos/eos ids). A path that is not a
+// file is said at the start ("" when it is a file or "byte"), not an error:
+// the run does not need it, the export will.
+std::string tokenizer_warning(const RunConfig& cfg);
+
 // The shard of `key` ("data.train") opened and checked against the model's
 // vocabulary; ConfigError naming the key, the file and the fix otherwise.
 // `where`: the message's prefix ("configs/tiny.yaml: ", or "").

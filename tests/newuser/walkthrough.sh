@@ -46,6 +46,17 @@ if expect_status train 0; then
   ok "train: 4 steps, summary, no false device warning"
 fi
 
+# 1b. A tokenizer path that is not a file is said at the start (training
+#     reads token ids; the checkpoints record the path for the HF export).
+run tokenizer "$bin/adgt-train" --config "$cfg" "${data_sets[@]}" --set data.tokenizer=no/such.model \
+  --set train.steps=1 --set train.warmup_steps=1 --set train.eval_interval=0 --set log.dir=tok \
+  --set checkpoint.dir=tok/ckpt --set checkpoint.interval=0 --set checkpoint.at_end=false
+if expect_status tokenizer 0; then
+  [[ $(grep -c "^warning: data[.]tokenizer: 'no/such[.]model' is not a file" tokenizer.err) -eq 1 ]] ||
+    fail "tokenizer: no single warning about the missing tokenizer: $(cat tokenizer.err)"
+  ok "a missing data.tokenizer is said once"
+fi
+
 # 2. adgt-ckpt info names the layout that saved the checkpoint.
 run info "$bin/adgt-ckpt" info run/ckpt/step_4
 if expect_status info 0; then
