@@ -85,6 +85,8 @@ def run(args, name, sets, extra=(), pp=4, env=None, expect_fail=False):
         return p
     if p.returncode != 0:
         sys.exit(f"FAILED: {name} exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    with open(os.path.join(log, "stdout.txt"), "w") as f:
+        f.write(p.stdout)
     return [json.loads(l) for l in open(m)]
 
 
@@ -127,6 +129,15 @@ def main():
     recs = [r for r in adapt if r.get("event") == "controller" and r.get("controller") == "adapt-schedule"]
     if not recs:
         sys.exit("FAILED: no adapt-schedule record in metrics.jsonl")
+    # Every schedule change the controller makes is one console line (rank 0),
+    # and nothing else prints one.
+    with open(os.path.join(args.work, "schedule", "stdout.txt")) as f:
+        said = [l.rstrip("\n") for l in f if l.startswith("adapt-schedule at step ")]
+    want = [f"adapt-schedule at step {r['step']}: {r['decision']['console']}" for r in recs
+            if "console" in r["decision"]]
+    if said != want:
+        sys.exit("FAILED: the console lines of schedule changes differ from the decisions:\n"
+                 + "\n".join(said) + "\nwant\n" + "\n".join(want))
     if args.case == "layers":
         sw = [r for r in adapt if r.get("event") == "switch"]
         moves = [r for r in recs if "layers" in r["decision"]]

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # A switch file with a refused line (docs/reliability.md, "In-memory layout
 # switch"): the refused line goes to <log.dir>/switch.rejected with its reason,
-# the applied one is switched to, and switch.done holds only what was applied.
+# the applied one (into a pipeline, pp=2) is switched to, its line names the
+# layout running before and after and the stage table follows, and
+# switch.done holds only what was applied.
 #   switch_rejected.sh TRAIN MPIRUN MODEL_YAML DATA_DIR WORK
 set -u
 train=$1 mpirun=$2 model=$3 data=$4 work=$5
 rm -rf "$work" && mkdir -p "$work" || exit 1
 fail() { echo "FAIL: $*"; exit 1; }
-# Step 2: train.lr cannot change in a running job (refused); step 4: tp=2 x dp=1.
-printf '@2 train.lr=1\n@4 parallel.tp=2 parallel.dp=1\n' >"$work/switch"
+# Step 2: train.lr cannot change in a running job (refused); step 4: pp=2 x dp=1.
+printf '@2 train.lr=1\n@4 parallel.pp=2 parallel.dp=1\n' >"$work/switch"
 OMP_NUM_THREADS=1 timeout 300 "$mpirun" 2 "$train" --config "$model" \
   --set "data.train=$data/train.bin" --set "data.val=$data/val.bin" --set "log.dir=$work" \
   --set "checkpoint.dir=$work/ckpt" --set train.steps=6 --set parallel.dp=2 \
@@ -21,7 +23,12 @@ grep -q '^# refused at the boundary after step 2: .*train[.]lr' "$work/switch.re
 grep -q '^@2 train[.]lr=1$\|^train[.]lr=1$' "$work/switch.rejected" || fail "switch.rejected lacks the refused line: $(cat "$work/switch.rejected")"
 [[ -f $work/switch.done ]] || fail "no switch.done after the applied line"
 grep -q 'train[.]lr' "$work/switch.done" && fail "switch.done holds the refused line: $(cat "$work/switch.done")"
-grep -q 'parallel[.]tp=2' "$work/switch.done" || fail "switch.done lacks the applied line: $(cat "$work/switch.done")"
+grep -q 'parallel[.]pp=2' "$work/switch.done" || fail "switch.done lacks the applied line: $(cat "$work/switch.done")"
+grep -Eq '^switch at step 4: .*dp=2.* -> .*pp=2.*schedule=1f1b' "$work/out.txt" ||
+  { cat "$work/out.txt"; fail "no switch line from the running layout to pp=2 1f1b"; }
+awk '/^switch at step 4:/ { s = 1 } s && /^pipeline: pp=2, schedule 1f1b/ { found = 1 } END { exit !found }' "$work/out.txt" ||
+  { cat "$work/out.txt"; fail "no stage table after the switch into the pipeline"; }
+grep -q '^  stage 1 (pipeline rank 1, chunk 0)' "$work/out.txt" || fail "the stage table lacks stage 1"
 [[ -e $work/switch ]] && fail "the switch file is still there"
 grep -q '"event":"switch"' "$work/metrics.jsonl" || fail "no switch record in metrics.jsonl"
 echo "ok: the refused line in switch.rejected with its reason, the applied one in switch.done"
