@@ -9,8 +9,6 @@
 
 #include "apps/cli_parse.hpp"
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <string>
@@ -60,17 +58,12 @@ int run_info(const std::string& step_dir, bool list_tensors) {
               human_bytes(bytes).c_str());
   std::printf("step:         %ld\n", long(st.step));
   // The layout of the run that saved it (it loads into any other: docs/checkpoint-format.md).
-  const std::string saved = adgt::checkpoint_saved_layout(step_dir);
-  if (saved.empty()) {
+  const adgt::SavedLayout saved = adgt::saved_layout(step_dir);
+  if (saved.description.empty())
     std::printf("saved by:     (not recorded: a format 1 checkpoint)\n");
-  } else {
-    long world = 1;  // tp x dp x pp of the description
-    for (const char* k : {"tp=", "dp=", "pp="})
-      if (const size_t at = (" " + saved).find(std::string(" ") + k); at != std::string::npos)
-        world *= std::atol(saved.c_str() + at + std::strlen(k));
-    std::printf("saved by:     %s (%ld rank%s); loads into any layout\n", saved.c_str(), world,
-                world == 1 ? "" : "s");
-  }
+  else
+    std::printf("saved by:     %s (%ld rank%s); loads into any layout\n", saved.description.c_str(),
+                long(saved.world_size), saved.world_size == 1 ? "" : "s");
   std::printf("samples seen: %ld\n", long(st.samples_seen));
   std::printf("seed:         %llu\n", (unsigned long long)st.seed);
   std::printf("model:        %s, %ld layers, d_model %ld, %ld heads (%ld KV, head_dim %ld), ffn %ld, "

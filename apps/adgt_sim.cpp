@@ -38,7 +38,7 @@ void print_result(const adgt::RunConfig& cfg, const adgt::cluster::Cluster& cl,
   std::printf("cluster:          %s: %ld x %ld %s (%s)\n", cl.name.c_str(), long(cl.nodes),
               long(cl.devices_per_node), cl.device.name.c_str(), cl.source.c_str());
   std::printf("costs:            %s\n", costs.c_str());
-  std::printf("%s", ("precision:        " + adgt::sim::precision_line(cfg, cl).substr(11)).c_str());
+  std::printf("precision:        %s\n", adgt::sim::precision_line(cfg, cl).c_str());
   std::printf("layout:           %s (%ld ranks, %ld micro-batches)\n",
               adgt::sim::describe_layout(cfg).c_str(), long(r.world), long(r.microbatches));
   std::printf("step time:        %.6g s\n", r.step_time_s);
@@ -163,7 +163,7 @@ void sweep(const Cli& cli, const adgt::RunConfig& cfg, const adgt::cluster::Clus
     std::printf("%s\n", arr.dump().c_str());
     return;
   }
-  std::printf("%s", adgt::sim::precision_line(cfg, cl).c_str());
+  std::printf("precision: %s\n", adgt::sim::precision_line(cfg, cl).c_str());
   std::printf("%ld layouts fit, %ld simulated (%ld bounded out), %ld broke a layout rule, %ld "
               "did not fit %.0f GiB, %ld differ from a --set key; %.2f s\n",
               long(sw.candidates), long(sw.rows.size()), long(sw.bounded),

@@ -82,6 +82,14 @@ std::string save_checkpoint(const std::string& root, const CheckpointState& st, 
 // specs = expected.
 CheckpointState load_checkpoint(const std::string& step_dir, const std::vector<ParamSpec>& expected);
 
+// The layout that saved a checkpoint (format 2: meta/layout, meta/world_size,
+// checksums verified); world_size 0 and "" for a format 1 checkpoint.
+struct SavedLayout {
+  std::string description;  // "tp=2 dp=2 zero=0 sequence_parallel=0 pp=1 ep=1"
+  int64_t world_size = 0;
+};
+SavedLayout saved_layout(const std::string& step_dir);
+
 // "" -> "" (no resume); "auto" -> newest complete step_<N> under root ("" if
 // none); otherwise `arg` itself, which must exist.
 std::string resolve_resume(const std::string& arg, const std::string& root);

@@ -483,6 +483,21 @@ CheckpointState load_checkpoint_sharded(const std::string& step_dir, const std::
 
 namespace adgt {
 
+SavedLayout saved_layout(const std::string& step_dir) {
+  std::filesystem::path file = step_dir;
+  std::error_code ec;
+  if (std::filesystem::is_directory(file, ec)) file /= "checkpoint.h5";
+  const std::string where = file.string() + ": ";
+  try {
+    h5::QuietErrors quiet;
+    h5::Id f(ADGT_H5(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT)), H5Fclose);
+    if (ADGT_H5(H5Lexists(f, "meta/layout", H5P_DEFAULT)) <= 0) return {};
+    return {read_string(f, "meta/layout", where), read_i64(f, "meta/world_size", where)};
+  } catch (const h5::Error& e) {
+    throw CheckpointError("reading " + file.string() + ": " + e.what());
+  }
+}
+
 std::map<std::string, StateEntry> load_rank_state(const std::string& step_dir, int world_rank) {
   const std::filesystem::path file = std::filesystem::path(step_dir) / rank_file_name(world_rank);
   const std::string where = file.string() + ": ";

@@ -177,9 +177,7 @@ TensorSource locate_tensors(const fs::path& dir) {
 
 // ---------------------------------------------------------------- checkpoint config
 
-namespace {
-// meta/<name> of a checkpoint as a string; "" when absent and !required.
-std::string read_meta_string(const std::string& step_dir, const std::string& name, bool required) {
+std::string read_checkpoint_config_yaml(const std::string& step_dir) {
   std::error_code ec;
   fs::path file = step_dir;
   if (!fs::exists(file, ec))
@@ -194,16 +192,13 @@ std::string read_meta_string(const std::string& step_dir, const std::string& nam
     h5::QuietErrors quiet;
     if (ADGT_H5(H5Fis_hdf5(file.c_str())) <= 0) throw CheckpointError(where + "not an HDF5 file");
     h5::Id f(ADGT_H5(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT)), H5Fclose);
-    const std::string path = "meta/" + name;
     if (ADGT_H5(H5Lexists(f, "meta", H5P_DEFAULT)) <= 0 ||
-        ADGT_H5(H5Lexists(f, path.c_str(), H5P_DEFAULT)) <= 0) {
-      if (!required) return "";
-      throw CheckpointError(where + "no " + path + "; not an adgt checkpoint (docs/checkpoint-format.md)");
-    }
-    h5::Id ds(ADGT_H5(H5Dopen2(f, path.c_str(), H5P_DEFAULT)), H5Dclose);
+        ADGT_H5(H5Lexists(f, "meta/config_yaml", H5P_DEFAULT)) <= 0)
+      throw CheckpointError(where + "no meta/config_yaml; not an adgt checkpoint (docs/checkpoint-format.md)");
+    h5::Id ds(ADGT_H5(H5Dopen2(f, "meta/config_yaml", H5P_DEFAULT)), H5Dclose);
     h5::Id ftype(ADGT_H5(H5Dget_type(ds)), H5Tclose);
     if (ADGT_H5(H5Tget_class(ftype)) != H5T_STRING)
-      throw CheckpointError(where + path + " is not a string");
+      throw CheckpointError(where + "meta/config_yaml is not a string");
     h5::Id space(ADGT_H5(H5Dget_space(ds)), H5Sclose);
     std::string s;
     if (ADGT_H5(H5Tis_variable_str(ftype)) > 0) {
@@ -220,18 +215,8 @@ std::string read_meta_string(const std::string& step_dir, const std::string& nam
     }
     return s;
   } catch (const h5::Error& e) {
-    throw CheckpointError(where + "cannot read meta/" + name + ": " + e.what());
+    throw CheckpointError(where + "cannot read meta/config_yaml: " + e.what());
   }
-}
-
-}  // namespace
-
-std::string read_checkpoint_config_yaml(const std::string& step_dir) {
-  return read_meta_string(step_dir, "config_yaml", true);
-}
-
-std::string checkpoint_saved_layout(const std::string& step_dir) {
-  return read_meta_string(step_dir, "layout", false);
 }
 
 RunConfig checkpoint_run_config(const std::string& step_dir) {

@@ -21,9 +21,6 @@ namespace adgt {
 // validated; `step_dir` is a step directory or its checkpoint.h5.
 std::string read_checkpoint_config_yaml(const std::string& step_dir);
 RunConfig checkpoint_run_config(const std::string& step_dir);
-// The layout that saved it (meta/layout: "tp=2 dp=2 zero=0 sequence_parallel=0
-// pp=1 ep=1"); "" for a checkpoint that does not record one (format 1).
-std::string checkpoint_saved_layout(const std::string& step_dir);
 
 // "5GB" -> 5e9, "100KB" -> 1e5, "10MiB" -> 10*2^20, "123" -> 123 (units B, KB,
 // MB, GB, TB powers of 1000; KiB, MiB, GiB, TiB powers of 1024; case-insensitive,

@@ -287,38 +287,50 @@ void MpiComm::advance_pending() {
 
 namespace {
 std::atomic<int> g_poll_us{50};
-constexpr int kSpins = 200;  // MPI_Tests before the first sleep
+
+// The one polling loop of every wait: `done()` until it says so, `between()`
+// after each miss; a short spin (200 polls), then a sleep of
+// mpi_poll_interval_us() before each poll (ranks may share cores).
+template <class Done, class Between>
+void poll_politely(Done done, Between between) {
+  constexpr int kSpins = 200;
+  for (int spin = 0; !done(); ++spin) {
+    between();
+    if (spin >= kSpins) std::this_thread::sleep_for(std::chrono::microseconds(g_poll_us.load()));
+  }
+}
 }  // namespace
 
 void set_mpi_poll_interval_us(int us) { g_poll_us.store(std::max(1, us)); }
 int mpi_poll_interval_us() { return g_poll_us.load(); }
 
 void mpi_wait_politely(MPI_Request& req, MPI_Status* st) {
-  int done = 0;
-  for (int spin = 0;; ++spin) {
-    ADGT_MPI(MPI_Test(&req, &done, st));
-    if (done) return;
-    if (spin >= kSpins) std::this_thread::sleep_for(std::chrono::microseconds(g_poll_us.load()));
-  }
+  poll_politely(
+      [&] {
+        int done = 0;
+        ADGT_MPI(MPI_Test(&req, &done, st));
+        return done != 0;
+      },
+      [] {});
 }
 
 void mpi_wait_all_politely(std::vector<MPI_Request>& reqs) {
-  int done = 0;
-  for (int spin = 0;; ++spin) {
-    ADGT_MPI(MPI_Testall(int(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE));
-    if (done) return;
-    if (spin >= kSpins) std::this_thread::sleep_for(std::chrono::microseconds(g_poll_us.load()));
-  }
+  poll_politely(
+      [&] {
+        int done = 0;
+        ADGT_MPI(MPI_Testall(int(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE));
+        return done != 0;
+      },
+      [] {});
 }
 
 void MpiComm::run_until(const RingOp& op) {
-  // A short spin, then polls every mpi_poll_interval_us() (50 us by default;
-  // ranks may share cores), like wait_politely.
-  for (int spin = 0;; ++spin) {
-    advance_pending();
-    if (op.complete()) return;
-    if (spin >= kSpins) std::this_thread::sleep_for(std::chrono::microseconds(g_poll_us.load()));
-  }
+  poll_politely(
+      [&] {
+        advance_pending();
+        return op.complete();
+      },
+      [] {});
 }
 
 void MpiComm::all_reduce(Tensor t, ReduceOp op) {
@@ -431,13 +443,15 @@ void MpiComm::wait_politely(MPI_Request& req, MPI_Status* st) {
   // without pause would take a core from the ranks that compute when ranks
   // share cores; after a short spin, poll every mpi_poll_interval_us(). The wait hook (the
   // executor's: other groups' started collectives) runs between polls.
-  int done = 0;
-  for (int spin = 0; !done; ++spin) {
-    ADGT_MPI(MPI_Test(&req, &done, st));
-    if (done) break;
-    if (wait_hook_) wait_hook_();
-    if (spin >= kSpins) std::this_thread::sleep_for(std::chrono::microseconds(g_poll_us.load()));
-  }
+  poll_politely(
+      [&] {
+        int done = 0;
+        ADGT_MPI(MPI_Test(&req, &done, st));
+        return done != 0;
+      },
+      [&] {
+        if (wait_hook_) wait_hook_();
+      });
 }
 
 int64_t MpiComm::isend(const Tensor& t, int peer, int tag) {

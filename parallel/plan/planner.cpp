@@ -153,7 +153,7 @@ std::string format_plan(const Plan& p, const cluster::Cluster& cl) {
                 cl.name.c_str(), long(cl.nodes), long(cl.devices_per_node),
                 cl.device.name.c_str(), p.costs.c_str());
   os << b;
-  if (!p.rows.empty()) os << "  " << sim::precision_line(p.chosen().cfg, cl);
+  if (!p.rows.empty()) os << "  precision: " << sim::precision_line(p.chosen().cfg, cl) << "\n";
   os << "  constraints: ";
   if (p.fixed.empty()) os << "none";
   for (size_t i = 0; i < p.fixed.size(); ++i)

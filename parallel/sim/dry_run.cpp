@@ -47,7 +47,7 @@ std::string precision_line(const RunConfig& cfg, const cluster::Cluster& cl) {
   const bool half = cfg.train.dtype == "bf16";
   const double peak = half ? cl.device.peak_bf16_flops : cl.device.peak_fp32_flops;
   char b[256];
-  std::snprintf(b, sizeof b, "precision: %s on %s (MFU against %s's %s peak, %.4g TFLOP/s per device)\n",
+  std::snprintf(b, sizeof b, "%s on %s (MFU against %s's %s peak, %.4g TFLOP/s per device)",
                 cfg.train.dtype.c_str(), cfg.train.device.c_str(), cl.device.name.c_str(),
                 half ? "bf16" : "fp32", peak / 1e12);
   return b;
@@ -107,7 +107,7 @@ std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_
                 r.step_time_s, cl.name.c_str(), long(cl.nodes), long(cl.devices_per_node),
                 cl.device.name.c_str(), costs->describe().c_str(), r.tokens_per_s, 100 * r.mfu,
                 100 * r.bubble, r.exposed_comm_s());
-  return std::string(buf) + "  " + precision_line(cfg, cl) + expected_compression(cfg, cl, r.compute_s, cl.cpu_ranks()).line;
+  return std::string(buf) + "  precision: " + precision_line(cfg, cl) + "\n" + expected_compression(cfg, cl, r.compute_s, cl.cpu_ranks()).line;
 }
 
 ExpectedCompression expected_compression(const RunConfig& cfg, const cluster::Cluster& cl,

@@ -24,8 +24,9 @@ std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster)
 // was not auto). The memory model and the costs then follow that device.
 std::string resolve_auto_device(RunConfig& cfg, const std::string& cluster);
 
-// "precision: bf16 on cuda (MFU against H100-SXM5-80GB's bf16 peak, 989 TFLOP/s
-// per device)": what a plan, sweep or prediction assumed.
+// "bf16 on cuda (MFU against H100-SXM5-80GB's bf16 peak, 989 TFLOP/s per
+// device)": what a plan, sweep or prediction assumed (each prints it as its
+// "precision:" line; no newline).
 std::string precision_line(const RunConfig& cfg, const cluster::Cluster& cl);
 
 // With parallel.grad_compression=auto and dp > 1: the levels the controller
