@@ -30,7 +30,11 @@ double upper_median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-bool ChangeDetector::add(double x) {
+bool out_of_band(double level, double reference, double threshold) {
+  return std::abs(level / reference - 1) >= threshold;
+}
+
+bool ChangeDetector::take(double x) {
   if (!(x > 0) || !std::isfinite(x)) return false;  // a step that measured nothing
   ++n_;
   ++since_rebase_;
@@ -46,8 +50,18 @@ bool ChangeDetector::add(double x) {
     ref_ = planned_;  // the first full median is compared with the plan's level
     planned_ = 0;
   }
-  const double rel = median_ / ref_ - 1;
-  if (std::abs(rel) < o_.threshold) {
+  return true;
+}
+
+void ChangeDetector::record(double x) { take(x); }
+
+bool ChangeDetector::out_of_band() const {
+  return full() && ref_ > 0 && adapt::out_of_band(median_, ref_, o_.threshold);
+}
+
+bool ChangeDetector::add(double x) {
+  if (!take(x)) return false;
+  if (!adapt::out_of_band(median_, ref_, o_.threshold)) {
     out_ = 0;
     ref_ = (1 - o_.drift) * ref_ + o_.drift * median_;
     return false;

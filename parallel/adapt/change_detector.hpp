@@ -12,6 +12,14 @@
 // Deterministic and pure: fed the same samples, every rank flags at the same
 // step (the samples themselves must be agreed first, e.g. an all-reduce of
 // the per-rank times).
+//
+// The one detector of the adaptive layer: the schedule adapter keeps one per
+// stage and link; the re-planner (control/replan_controller.hpp) keeps one
+// per rank and link with a fixed reference (the slowdown the running layout
+// was planned for: no drift, no warm-up beyond the window) and confirms over
+// all of them together (some series out of band for `confirm` steps in a
+// row, counted once every rank's window is full), through out_of_band()
+// and full() instead of add()'s own count.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -32,12 +40,27 @@ struct DetectorOptions {
 // n/2 in sorted order (the upper one for even n). v must not be empty.
 double upper_median(std::vector<double> v);
 
+// The band every detector uses: a level at least `threshold` (relative) away
+// from the reference is out of it.
+bool out_of_band(double level, double reference, double threshold);
+
 class ChangeDetector {
  public:
   explicit ChangeDetector(DetectorOptions o = {});
   // One step's sample (seconds, > 0). True on the step a sustained change is
   // confirmed; the reference then becomes the new level.
   bool add(double x);
+  // The sample alone, for a caller that confirms over several series itself
+  // (with the reference fixed by rebase(planned) and drift 0): the window and
+  // its median move, the reference is set once the window is full, nothing
+  // is counted or flagged.
+  void record(double x);
+  // The window holds `window` samples since construction or the last rebase.
+  bool full() const { return int(recent_.size()) == o_.window; }
+  // full(), with a reference, and the level out of band from it.
+  bool out_of_band() const;
+  // Samples in the window (0 right after a rebase).
+  int count() const { return int(recent_.size()); }
   bool ready() const { return ref_ > 0; }
   double reference() const { return ref_; }  // 0 before warm-up ends
   double level() const { return median_; }    // the current running median
@@ -51,6 +74,8 @@ class ChangeDetector {
   void rebase(double planned = 0);
 
  private:
+  // Puts x in the window; true once there is a reference to compare with.
+  bool take(double x);
   DetectorOptions o_;
   std::deque<double> recent_;
   double ref_ = 0, median_ = 0, last_ratio_ = 1;

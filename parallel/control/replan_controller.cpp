@@ -26,34 +26,42 @@ double faster_half_median(std::vector<double> v) {
   return half % 2 ? v[half / 2] : 0.5 * (v[half / 2 - 1] + v[half / 2]);
 }
 
-void push_window(std::vector<double>& w, double x, int window) {
-  w.push_back(x);
-  if (int(w.size()) > window) w.erase(w.begin());
-}
-
 std::string link_name(const LinkKey& k) { return std::to_string(k.first) + "-" + std::to_string(k.second); }
 double rounded(double f) { return std::round(f * 1000) / 1000; }
 }  // namespace
 
+adapt::DetectorOptions ReplanDecider::detector_options() const {
+  adapt::DetectorOptions d;
+  d.threshold = o_.threshold;
+  d.window = o_.window;
+  d.confirm = o_.confirm;  // (confirmed here, over every series together)
+  d.warmup = o_.window;
+  d.drift = 0;  // the reference is the planned slowdown until the next re-plan
+  return d;
+}
+
+adapt::ChangeDetector ReplanDecider::detector(double planned) const {
+  adapt::ChangeDetector d(detector_options());
+  d.rebase(planned);
+  return d;
+}
+
+double ReplanDecider::floored(double f) const { return f < o_.min_slowdown ? 1.0 : f; }
+
 std::map<int, double> ReplanDecider::estimate() const {
   // The median of each rank's window; below min_slowdown it is measurement
-  // noise (ranks sharing cores, caches) and counts as full speed.
+  // noise (ranks sharing cores, caches) and counts as full speed (the
+  // samples are floored: the median of floored samples is the floored median).
   std::map<int, double> out;
-  for (const auto& [r, w] : window_) {
-    if (w.empty()) continue;
-    const double f = adapt::upper_median(w);
-    out[r] = f < o_.min_slowdown ? 1.0 : f;
-  }
+  for (const auto& [r, d] : ranks_)
+    if (d.count() > 0) out[r] = d.level();
   return out;
 }
 
 std::map<LinkKey, double> ReplanDecider::link_estimate() const {
   std::map<LinkKey, double> out;
-  for (const auto& [k, w] : link_window_) {
-    if (int(w.size()) < o_.window) continue;
-    const double f = adapt::upper_median(w);
-    out[k] = f < o_.min_slowdown ? 1.0 : f;
-  }
+  for (const auto& [k, d] : links_)
+    if (d.full()) out[k] = d.level();
   return out;
 }
 
@@ -69,7 +77,12 @@ nlohmann::json ReplanDecider::add(const std::vector<ReplanSample>& step, const P
   for (const ReplanSample& s : step) {
     auto it = ref.find(s.stage);
     if (it == ref.end() || s.seconds <= 0 || it->second <= 0) continue;
-    push_window(window_[s.launcher], s.seconds / it->second, o_.window);
+    auto d = ranks_.find(s.launcher);
+    if (d == ranks_.end()) {
+      const auto p = s_->planned.find(s.launcher);
+      d = ranks_.emplace(s.launcher, detector(p == s_->planned.end() ? 1.0 : p->second)).first;
+    }
+    d->second.record(floored(s.seconds / it->second));
   }
   // A link's slowdown: its measured time over the model's, against the
   // faster half of all links' ratios this step.
@@ -78,33 +91,31 @@ nlohmann::json ReplanDecider::add(const std::vector<ReplanSample>& step, const P
     if (l.seconds > 0 && l.model > 0 && l.a != l.b) ratios.push_back(l.seconds / l.model);
   if (!ratios.empty()) {
     const double lref = faster_half_median(ratios);
-    for (const ReplanLink& l : links)
-      if (l.seconds > 0 && l.model > 0 && l.a != l.b && lref > 0)
-        push_window(link_window_[LinkKey(std::min(l.a, l.b), std::max(l.a, l.b))], l.seconds / l.model / lref,
-                             o_.window);
+    for (const ReplanLink& l : links) {
+      if (!(l.seconds > 0 && l.model > 0 && l.a != l.b && lref > 0)) continue;
+      const LinkKey k(std::min(l.a, l.b), std::max(l.a, l.b));
+      auto d = links_.find(k);
+      if (d == links_.end()) {
+        const auto p = s_->planned_links.find(k);
+        d = links_.emplace(k, detector(p == s_->planned_links.end() ? 1.0 : p->second)).first;
+      }
+      d->second.record(floored(l.seconds / l.model / lref));
+    }
   }
-  if (window_.empty()) return {};
-  for (const auto& [r, w] : window_)
-    if (int(w.size()) < o_.window) return {};
-  const std::map<int, double> est = estimate();
-  const std::map<LinkKey, double> lest = link_estimate();
+  if (ranks_.empty()) return {};
+  for (const auto& [r, d] : ranks_)
+    if (!d.full()) return {};
   bool changed = false;
-  for (const auto& [r, f] : est) {
-    const auto it = s_->planned.find(r);
-    const double was = it == s_->planned.end() ? 1.0 : it->second;
-    if (std::abs(f / was - 1.0) > o_.threshold) changed = true;
-  }
-  for (const auto& [k, f] : lest) {
-    const auto it = s_->planned_links.find(k);
-    const double was = it == s_->planned_links.end() ? 1.0 : it->second;
-    if (std::abs(f / was - 1.0) > o_.threshold) changed = true;
-  }
+  for (const auto& [r, d] : ranks_) changed = changed || d.out_of_band();
+  for (const auto& [k, d] : links_) changed = changed || d.out_of_band();
   // A change must hold for `confirm` steps in a row: on ranks sharing cores
   // one rank's CPU time can read 2x its peer's for a few steps (a clean
   // 4-rank run re-planned twice without it).
   pending_ = changed ? pending_ + 1 : 0;
   if (pending_ < o_.confirm) return {};
   pending_ = 0;
+  const std::map<int, double> est = estimate();
+  const std::map<LinkKey, double> lest = link_estimate();
   // The planner gets the slow ranks (the others are at full speed) and the
   // slow links: the measured ones, and those planned for before that this
   // layout does not use (nothing says they recovered).
@@ -136,8 +147,9 @@ nlohmann::json ReplanDecider::add(const std::vector<ReplanSample>& step, const P
   ++s_->replans;
   if (d.contains("layout_request") && d["layout_request"].is_array() && !d["layout_request"].empty())
     ++s_->switches;
-  window_.clear();
-  link_window_.clear();
+  // The next windows start empty, against what was just planned for.
+  ranks_.clear();
+  links_.clear();
   return d;
 }
 

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "parallel/adapt/change_detector.hpp"
 #include "parallel/control/hook.hpp"
 
 namespace adgt::plan {
@@ -68,7 +69,9 @@ struct ReplanState {
 };
 
 // The decider, apart from the loop (unit-tested): one step's per-rank
-// samples in, a decision out when due. `plan` runs the planner (replan() in
+// samples in, a decision out when due. One adapt::ChangeDetector per rank
+// and link holds the window, its median and the band around the planned
+// slowdown; the confirmation is over all of them together. `plan` runs the planner (replan() in
 // the trainer; a stub in tests) and returns {overrides or empty, record}.
 struct ReplanSample {
   int launcher = 0, stage = 0;
@@ -98,10 +101,14 @@ class ReplanDecider {
   std::map<LinkKey, double> link_estimate() const;
 
  private:
+  adapt::DetectorOptions detector_options() const;
+  // A detector whose reference is `planned` (the slowdown planned for).
+  adapt::ChangeDetector detector(double planned) const;
+  double floored(double f) const;  // below min_slowdown: 1 (noise)
   ReplanOptions o_;
   std::shared_ptr<ReplanState> s_;
-  std::map<int, std::vector<double>> window_;
-  std::map<LinkKey, std::vector<double>> link_window_;
+  std::map<int, adapt::ChangeDetector> ranks_;     // launcher rank -> its slowdowns
+  std::map<LinkKey, adapt::ChangeDetector> links_;  // link -> its slowdowns
   int pending_ = 0;  // consecutive steps with a change
 };
 
