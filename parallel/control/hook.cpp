@@ -25,6 +25,31 @@ std::string broadcast_text(Comm& comm, const std::string& text, int root) {
   return std::string(reinterpret_cast<const char*>(words.data()), size_t(len[0]));
 }
 
+nlohmann::json decide_broadcast(const std::string& name, int64_t step, Comm& world,
+                                const nlohmann::json& inputs,
+                                const std::function<nlohmann::json(const nlohmann::json&)>& decide,
+                                nlohmann::json* record) {
+  std::string text;
+  double decide_s = 0;  // rank 0's time in decide(): the re-plan itself
+  if (world.rank() == 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    text = decide(inputs).dump();
+    decide_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  text = broadcast_text(world, text);
+  nlohmann::json decision = nlohmann::json::parse(text);
+  if (record) *record = nlohmann::json();
+  if (world.rank() != 0) return decision;
+  // A decision that changes the running job says so on the console, once.
+  if (decision.contains("console") && decision["console"].is_string())
+    std::printf("%s at step %ld: %s\n", name.c_str(), long(step),
+                decision["console"].get<std::string>().c_str());
+  if (record && !decision.value("quiet", false))
+    *record = {{"event", "controller"}, {"controller", name}, {"step", step},
+               {"inputs", inputs},      {"decision", decision}, {"decide_s", decide_s}};
+  return decision;
+}
+
 std::vector<nlohmann::json> run_controllers(const std::vector<Controller*>& cs, Engine& e,
                                             const StepReport& r, Comm& world,
                                             LayoutRequest* request) {
@@ -33,32 +58,14 @@ std::vector<nlohmann::json> run_controllers(const std::vector<Controller*>& cs, 
     c->record(e, r);
     if (!c->due(r)) continue;
     const nlohmann::json inputs = c->observe(e, r, world);
-    std::string text;
-    double decide_s = 0;  // rank 0's time in decide(): the re-plan itself
-    if (world.rank() == 0) {
-      const auto t0 = std::chrono::steady_clock::now();
-      text = c->decide(inputs).dump();
-      decide_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
-    text = broadcast_text(world, text);
-    const nlohmann::json decision = nlohmann::json::parse(text);
+    nlohmann::json rec;
+    const nlohmann::json decision = decide_broadcast(
+        c->name(), r.step, world, inputs, [c](const nlohmann::json& in) { return c->decide(in); }, &rec);
     c->apply(e, decision);
-    // A decision that changes the running job says so on the console, once
-    // (its record goes to metrics.jsonl below).
-    if (world.rank() == 0 && decision.contains("console") && decision["console"].is_string())
-      std::printf("%s at step %ld: %s\n", c->name().c_str(), long(r.step),
-                  decision["console"].get<std::string>().c_str());
     if (request && decision.contains("layout_request") && decision["layout_request"].is_array() &&
         !decision["layout_request"].empty())
       *request = {c->name(), decision["layout_request"].get<std::vector<std::string>>()};
-    // A decision that changes nothing may ask not to be logged ("quiet").
-    if (world.rank() == 0 && !decision.value("quiet", false))
-      records.push_back({{"event", "controller"},
-                         {"controller", c->name()},
-                         {"step", r.step},
-                         {"inputs", inputs},
-                         {"decision", decision},
-                         {"decide_s", decide_s}});
+    if (!rec.is_null()) records.push_back(std::move(rec));
   }
   return records;
 }

@@ -64,6 +64,19 @@ struct LayoutRequest {
 // Rank `root` of `comm` sends `text`; every rank returns it. Collective.
 std::string broadcast_text(Comm& comm, const std::string& text, int root = 0);
 
+// One decision by the rule every controller follows, also for those made
+// outside the step loop (the attention kernel of a layout, a switch-file
+// request): `decide` runs on world rank 0 alone (timed) with `inputs`, its
+// JSON is broadcast, and every rank returns the same decision. On rank 0 a
+// "console" text is printed once ("<name> at step <step>: <text>") and, unless
+// the decision is "quiet" (it changed nothing), *record (may be null) gets the
+// metrics record {"event": "controller", "controller": name, "step",
+// "inputs", "decision", "decide_s"}; elsewhere *record is left empty.
+nlohmann::json decide_broadcast(const std::string& name, int64_t step, Comm& world,
+                                const nlohmann::json& inputs,
+                                const std::function<nlohmann::json(const nlohmann::json&)>& decide,
+                                nlohmann::json* record);
+
 // One cycle of every controller: record, and for the due ones observe, decide
 // on rank 0, broadcast, apply. Returns, on world rank 0, the records to log: {"event":
 // "controller", "controller", "step", "inputs", "decision"}; elsewhere empty.

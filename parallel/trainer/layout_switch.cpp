@@ -160,15 +160,21 @@ bool Trainer::experts_in_place(const RunConfig& next, const std::string& who, Me
 
 bool Trainer::run_switch(MetricsLog* log) {
   Comm& world = *engine_->groups().world;
-  nlohmann::json d;
-  if (lead()) {
-    d = take_request(cfg_, step_, world.size());
-    if (d.empty()) d = nlohmann::json::object();
-    if (!d.contains("error") && mpi_world_rank() < 0)
-      d["error"] = "an in-memory layout switch needs an MPI launch (mpirun or srun)";
-  }
-  d = nlohmann::json::parse(broadcast_text(world, lead() ? d.dump() : ""));
-  if (d.empty()) return false;
+  // Decide, broadcast, log: rank 0 takes the file's due request.
+  nlohmann::json rec;
+  const nlohmann::json in = {{"file", switch_file(cfg_.log.dir)}};
+  const nlohmann::json d = decide_broadcast(
+      "switch-file", step_, world, in,
+      [&](const nlohmann::json&) {
+        nlohmann::json r = take_request(cfg_, step_, world.size());
+        if (r.empty()) return nlohmann::json{{"quiet", true}};
+        if (!r.contains("error") && mpi_world_rank() < 0)
+          r["error"] = "an in-memory layout switch needs an MPI launch (mpirun or srun)";
+        return r;
+      },
+      &rec);
+  if (log && !rec.is_null()) log->log_record(rec);
+  if (!d.contains("request") && !d.contains("error")) return false;
   const std::string request = d.value("request", std::string());
   if (d.contains("error")) {
     if (lead()) {

@@ -209,18 +209,36 @@ void Trainer::wire(ParallelContext ctx, bool init) {
     // Decide, broadcast, log: rank 0's measured choice for this layout's
     // attention shape is every rank's (kernels/attention_choice.hpp), so no
     // two ranks run different kernels. Re-decided when the layout changes.
+    // (One process decides per shape inside the backend, at first use.)
     configure_attention(*backend_, "auto");
     const Model& m = engine_->model();
-    std::string k = ctx.world_rank == 0 ? probe_attention(*backend_, m.attention_shape(), m.dtype())
-                                        : std::string();
-    k = broadcast_text(*ctx.world, k);
-    configure_attention(*backend_, k);
     const AttentionShape& s = m.attention_shape();
-    if (ctx.world_rank == 0 && backend_->name().rfind("cuda", 0) == 0)
-      std::printf("attention: train.attention=auto -> %s on every rank (rank 0's choice for "
-                  "B=%ld T=%ld heads %ld/%ld head_dim %ld, %s)\n",
-                  k.c_str(), long(s.B), long(s.T), long(s.n_heads), long(s.n_kv_heads),
-                  long(s.head_dim), dtype_name(m.dtype()));
+    const nlohmann::json in = {{"B", s.B},
+                               {"T", s.T},
+                               {"heads", s.n_heads},
+                               {"kv_heads", s.n_kv_heads},
+                               {"head_dim", s.head_dim},
+                               {"dtype", dtype_name(m.dtype())},
+                               {"backend", backend_->name()}};
+    const bool say = backend_->name().rfind("cuda", 0) == 0;
+    nlohmann::json rec;
+    const nlohmann::json d = decide_broadcast(
+        "attention", step_, *ctx.world, in,
+        [&](const nlohmann::json&) {
+          const std::string k = probe_attention(*backend_, s, m.dtype());
+          nlohmann::json out = {{"attention", k}};
+          char b[200];
+          std::snprintf(b, sizeof b,
+                        "train.attention=auto -> %s on every rank (rank 0's choice for B=%ld T=%ld "
+                        "heads %ld/%ld head_dim %ld, %s)",
+                        k.c_str(), long(s.B), long(s.T), long(s.n_heads), long(s.n_kv_heads),
+                        long(s.head_dim), dtype_name(m.dtype()));
+          if (say) out["console"] = b;
+          return out;
+        },
+        &rec);
+    configure_attention(*backend_, d.at("attention").get<std::string>());
+    if (!rec.is_null()) unlogged_.push_back(std::move(rec));
   }
   {
     // Gradient compression at the configured level (auto: off until a
@@ -501,6 +519,12 @@ void Trainer::print_header(double peak) const {
   std::fflush(stdout);
 }
 
+void Trainer::log_decisions(MetricsLog* log) {
+  if (log)
+    for (const nlohmann::json& rec : unlogged_) log->log_record(rec);
+  unlogged_.clear();
+}
+
 int Trainer::agreed_stop_signal(bool* switch_due) {
   const ParallelContext& g = engine_->groups();
   // [0]: a stop signal; [1]: world rank 0 sees a due layout switch request.
@@ -673,6 +697,7 @@ TrainSummary Trainer::train() {
   if (metrics && !g0.plan_json.empty())  // parallel.auto's choice (docs/planner.md)
     metrics->log_record({{"event", "plan"}, {"step", step_},
                          {"plan", nlohmann::json::parse(g0.plan_json)}});
+  log_decisions(metrics.get());
 
   const auto t_start = std::chrono::steady_clock::now();
   int64_t consecutive_bad = 0;
@@ -713,6 +738,7 @@ TrainSummary Trainer::train() {
                                      metrics.get())
               : run_switch(metrics.get());
       if (changed) make_hook();
+      log_decisions(metrics.get());
     }
   }
   finish_summary(sum, metrics.get(), tei, logger, t_start);

@@ -111,6 +111,7 @@ class Trainer {
   // request of <log.dir>/switch, every rank applies it or every rank logs why
   // not. Returns whether the layout changed.
   bool run_switch(MetricsLog* log);
+  void log_decisions(MetricsLog* log);  // unlogged_, then cleared
   void switch_layout(const RunConfig& next, const std::string& why, MetricsLog* log);
   // switch_layout's parts: whether world rank 0 stays on this process under
   // `placement` (refused and said otherwise; collective over world); the
@@ -160,6 +161,9 @@ class Trainer {
   // rank for the state's exchange.
   std::unique_ptr<ProcessGroups> switched_groups_;
   int64_t switches_ = 0;  // layout switches so far in this run
+  // Rank 0: records of decisions made while wiring a layout (the attention
+  // kernel), written to metrics.jsonl once it is open (log_decisions).
+  std::vector<nlohmann::json> unlogged_;
   std::unique_ptr<TokenShard> train_shard_, val_shard_;
   std::unique_ptr<Sampler> sampler_;
   int64_t step_ = 0;            // steps completed

@@ -3,7 +3,8 @@
 # switch"): the refused line goes to <log.dir>/switch.rejected with its reason,
 # the applied one (into a pipeline, pp=2) is switched to, its line names the
 # layout running before and after and the stage table follows, and
-# switch.done holds only what was applied.
+# switch.done holds only what was applied; both requests and each layout's
+# attention kernel are logged as rank 0's decisions in metrics.jsonl.
 #   switch_rejected.sh TRAIN MPIRUN MODEL_YAML DATA_DIR WORK
 set -u
 train=$1 mpirun=$2 model=$3 data=$4 work=$5
@@ -31,4 +32,19 @@ awk '/^switch at step 4:/ { s = 1 } s && /^pipeline: pp=2, schedule 1f1b/ { foun
 grep -q '^  stage 1 (pipeline rank 1, chunk 0)' "$work/out.txt" || fail "the stage table lacks stage 1"
 [[ -e $work/switch ]] && fail "the switch file is still there"
 grep -q '"event":"switch"' "$work/metrics.jsonl" || fail "no switch record in metrics.jsonl"
+# Both requests were decisions of rank 0 logged like every controller's
+# (decide, broadcast, log); so was the attention kernel of each layout.
+/usr/bin/python3 - "$work/metrics.jsonl" <<'PY' || fail "decision records in metrics.jsonl"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+ctl = [r for r in recs if r.get("event") == "controller"]
+sw = [r for r in ctl if r["controller"] == "switch-file"]
+assert [r["step"] for r in sw] == [2, 4], sw
+assert "train.lr" in sw[0]["decision"]["error"] and sw[0]["decision"]["request"].endswith("train.lr=1"), sw[0]
+assert sw[1]["decision"]["overrides"] == ["parallel.pp=2", "parallel.dp=1"] and "error" not in sw[1]["decision"], sw[1]
+att = [r for r in ctl if r["controller"] == "attention"]
+assert [r["decision"]["attention"] for r in att] == ["exact", "exact"], att  # start, and after the switch
+assert att[0]["inputs"]["backend"].startswith("cpu") and att[1]["step"] == 4, att
+print("decisions logged:", len(sw), "switch-file,", len(att), "attention")
+PY
 echo "ok: the refused line in switch.rejected with its reason, the applied one in switch.done"
