@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/pipeline/bench.hpp"
+#include "apps/schedule_bench.hpp"
 #include "parallel/pipeline/generators.hpp"
 #include "parallel/pipeline/print.hpp"
 #include "parallel/pipeline/timeline.hpp"

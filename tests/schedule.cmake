@@ -6,7 +6,7 @@
 if(NOT TARGET adgt_pipeline)
   return()
 endif()
-target_link_libraries(adgt_unit_tests PRIVATE adgt_pipeline)
+target_link_libraries(adgt_unit_tests PRIVATE adgt_pipeline adgt_schedule_bench)
 
 set(_sched $<TARGET_FILE:adgt-schedule>)
 add_test(NAME schedule_bubble_table

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "parallel/pipeline/bench.hpp"
+#include "apps/schedule_bench.hpp"
 #include "parallel/pipeline/generators.hpp"
 #include "parallel/pipeline/print.hpp"
 #include "parallel/pipeline/timeline.hpp"

@@ -1,4 +1,4 @@
-#include "parallel/pipeline/bench.hpp"
+#include "apps/schedule_bench.hpp"
 
 #include <cmath>
 #include <cstdio>
