@@ -45,7 +45,8 @@ class CompressController final : public Controller {
   CompressController(const RunConfig& cfg, Engine& e) : cfg_(cfg) {
     interval_ = std::max<int64_t>(1, cfg.parallel.compress_interval);
     warmup_ = cfg.train.warmup_steps;
-    e.reducer().track_norms(true);
+    norms_ = std::make_shared<BucketNormTracker>(e.backend(), e.reducer().buckets().size());
+    e.reducer().set_norm_tracker(norms_);
   }
   std::string name() const override { return "grad-compression"; }
   // Every compress_interval steps, and after the last warm-up step: the
@@ -204,7 +205,7 @@ class CompressController final : public Controller {
   // steps they were summed over. Resets the reducer's norm statistics.
   std::vector<double> agreed_norm_sums(GradReducer& red, Comm& world, size_t K, int64_t& steps) {
     const auto& bk = red.buckets();
-    const BucketNormStats& ns = red.norm_stats();
+    const BucketNormStats& ns = norms_->stats();
     std::vector<double> sm(2 + K * 3, 0.0);
     for (size_t i = 0; i < bk.size(); ++i) {
       const bool ar = ns.reduced_sq.size() > i && ns.reduced_sq[i] >= 0;
@@ -222,7 +223,7 @@ class CompressController final : public Controller {
     }
     steps = ns.steps;
     world.all_reduce(Tensor(sm.data(), DType::F64, {int64_t(sm.size())}), ReduceOp::Sum);
-    red.reset_norm_stats();
+    norms_->reset();
     return sm;
   }
 
@@ -323,6 +324,7 @@ class CompressController final : public Controller {
   }
 
   RunConfig cfg_;
+  std::shared_ptr<BucketNormTracker> norms_;  // fed by the reducer, read at each decision
   int64_t interval_ = 20, warmup_ = 0;
   bool codec_measured_ = false, links_ = false, noise_ = false;
   std::array<double, kLevels> codec_{};

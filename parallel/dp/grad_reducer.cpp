@@ -85,10 +85,7 @@ void GradReducer::start(size_t i) {
   started_[i] = 1;
   const GradBucket& b = buckets_[i];
   ++step_report_.buckets[int(state_[i].level)];
-  // The noise estimate's norms (host gradients only: on a device each
-  // sum_squares is a host read, one per bucket and step).
-  if (track_norms_ && be_ && be_->is_host())
-    norms_.local_sq[i] += be_->sum_squares(flat_range(model_.grads(), b.begin, b.end));
+  if (norms_) norms_->before_reduce(i, flat_range(model_.grads(), b.begin, b.end));
   if (state_[i].level != compress::Level::None) {
     // Queued for finish_grad_sync's batched reduce; a device bucket is staged
     // through host memory now (its gradients are final).
@@ -213,17 +210,6 @@ std::string GradReducer::level_mix() const {
   return os.str();
 }
 
-void GradReducer::track_norms(bool on) {
-  track_norms_ = on;
-  reset_norm_stats();
-}
-
-void GradReducer::reset_norm_stats() {
-  norms_.local_sq.assign(buckets_.size(), 0.0);
-  norms_.reduced_sq.assign(buckets_.size(), 0.0);
-  norms_.steps = 0;
-}
-
 bool GradReducer::has_compression_state() const {
   for (const BucketState& b : state_)
     if (!b.codec.empty()) return true;
@@ -251,17 +237,13 @@ void GradReducer::finish_grad_sync() {
   reduce_compressed();
   for (Work& w : work_) w.wait();
   wait_s_ = now_() - t0 - (step_report_.seconds - compressed0);
-  if (track_norms_ && be_ && be_->is_host()) {
+  if (norms_) {
     for (size_t i = 0; i < buckets_.size(); ++i) {
       const GradBucket& b = buckets_[i];
-      if (b.op != BucketOp::AllReduce) {
-        norms_.reduced_sq[i] = -1;
-        continue;
-      }
-      norms_.reduced_sq[i] +=
-          be_->sum_squares(flat_range(model_.grads(), b.begin, b.end)) / group(b).size();
+      norms_->after_reduce(i, flat_range(model_.grads(), b.begin, b.end), group(b).size(),
+                           b.op == BucketOp::AllReduce);
     }
-    ++norms_.steps;
+    norms_->end_step();
   }
   report_ = step_report_;
   step_report_ = {};

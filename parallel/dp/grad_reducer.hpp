@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@
 #include "kernels/backend.hpp"
 #include "kernels/clock.hpp"
 #include "parallel/compress/bucket_reduce.hpp"
+#include "parallel/dp/bucket_norms.hpp"
 #include "parallel/dp/grad_buckets.hpp"
 
 namespace adgt {
@@ -48,17 +50,6 @@ struct CompressionReport {
   int64_t fp32_bytes = 0;  // bytes the fp32 ring would have sent for the compressed buckets
   int64_t sent_bytes = 0;  // bytes they did send (their groups' stats)
   double seconds = 0;      // wall time inside the compressed buckets' (synchronous) reduces
-};
-
-// Squared gradient norms per bucket, summed over the steps since the last
-// reset (GradReducer::track_norms): the inputs of the compression
-// controller's noise scale and critical-regime signals.
-struct BucketNormStats {
-  std::vector<double> local_sq;    // this rank's gradient before the reduce (its pre-scaled share)
-  std::vector<double> reduced_sq;  // after the reduce; all-reduce buckets / group size (so a
-                                   // sum over the group counts the bucket once); -1: not measured
-                                   // (ZeRO-1 reduce-scatter buckets)
-  int64_t steps = 0;
 };
 
 class GradReducer {
@@ -125,11 +116,10 @@ class GradReducer {
   // checkpoint form: parallel/dp/compression_state.hpp), and dropping them.
   bool has_compression_state() const;
   void clear_compression_state();
-  // Host gradients only: sum each bucket's squared norm before and after its
-  // reduce into norm_stats() (one pass over the bucket each; off by default).
-  void track_norms(bool on);
-  const BucketNormStats& norm_stats() const { return norms_; }
-  void reset_norm_stats();
+  // A tracker of the buckets' squared norms before and after their reduce
+  // (bucket_norms.hpp; one pass over each bucket each; nullptr: none, the
+  // default). Shared: the tracker's owner reads it between steps.
+  void set_norm_tracker(std::shared_ptr<BucketNormTracker> t) { norms_ = std::move(t); }
 
  private:
   void start(size_t i);
@@ -158,8 +148,7 @@ class GradReducer {
   Backend* be_ = nullptr;         // set_compression's: stages device gradients
   std::vector<ParamSpec> table_;  // the model's table (compressible tensors, PowerSGD shapes)
   CompressionReport step_report_, report_;  // this step's so far, the last finished one's
-  bool track_norms_ = false;
-  BucketNormStats norms_;
+  std::shared_ptr<BucketNormTracker> norms_;
 };
 
 }  // namespace adgt
