@@ -56,15 +56,81 @@ class ScheduleAdapter final : public Controller {
  public:
   ScheduleAdapter(const RunConfig& cfg, DetectorOptions o)
       : opts_(o), model_(cfg.model), layers_(cfg.parallel.adapt == "schedule+layers"),
-        jitter_samples_(int(cfg.parallel.adapt_jitter_samples)) {
+        jitter_samples_(int(cfg.parallel.adapt_jitter_samples)), run_cfg_(cfg),
+        adapt_(cfg.parallel.adapt != "off"),
+        list_warmup_(cfg.parallel.schedule == "greedy" || cfg.parallel.schedule == "zb-v") {
     // Layer moves: one chunk per pipeline rank (the stage is the rank).
     if (layers_ && cfg.parallel.virtual_stages == 1) counts_ = stage_layer_counts(cfg);
   }
   std::string name() const override { return "adapt-schedule"; }
-  bool due(const StepReport& r) const override { return r.step > r.first_step; }
+  bool due(const StepReport& r) const override {
+    return (adapt_ && r.step > r.first_step) || list_step(r);
+  }
 
   nlohmann::json observe(Engine& e, const StepReport& r, Comm& world) override {
     current_ = &e.pipeline()->schedule();  // decide() re-plans from it (rank 0)
+    if (!adapt_) return list_inputs(measured_stage_costs(e, world));
+    nlohmann::json in = adapt_inputs(e, r, world);
+    if (list_step(r)) in["list_schedule"] = list_inputs(last_measured_)["list_schedule"];
+    return in;
+  }
+
+  nlohmann::json decide(const nlohmann::json& in) override {
+    if (in.contains("list_schedule")) return list_decision(in["list_schedule"]);
+    return adapt_decision(in);
+  }
+
+  void apply(Engine& e, const nlohmann::json& d) override {
+    if (d.value("list_schedule", false)) {
+      // The warm-up re-plan replaces the schedule only: the detectors go on
+      // measuring as they were (their warm-up outlasts it).
+      PipelineExecutor& pipe = *e.pipeline();
+      pipe.set_schedule(schedule_from_json(pipe.schedule(), d.at("schedule").get<std::string>(),
+                                           d.at("kept").get<std::string>(), d.at("ranks")));
+      current_ = &pipe.schedule();
+      return;
+    }
+    adapt_apply(e, d);
+  }
+
+ private:
+  // The warm-up mode of a list-scheduled pipeline (parallel.schedule greedy
+  // or zb-v): after the run's second step (the first warms caches and
+  // buffers) the configured schedule is generated again, by the generator
+  // that planned the first steps from the FLOP cost model, from the F, B and
+  // W measured on that step (the maximum over the world).
+  bool list_step(const StepReport& r) const { return list_warmup_ && r.step == r.first_step + 2; }
+
+  static nlohmann::json list_inputs(const pp::StageCosts& c) {
+    nlohmann::json in;
+    in["f_s"] = c.f;
+    in["b_s"] = c.b;
+    in["w_s"] = c.w;
+    return {{"list_schedule", in}};
+  }
+
+  nlohmann::json list_decision(const nlohmann::json& in) const {
+    pp::StageCosts c;
+    for (double f : in["f_s"]) c.f.push_back(std::max(f, 1e-9));
+    for (double b : in["b_s"]) c.b.push_back(std::max(b, 1e-9));
+    for (double w : in["w_s"]) c.w.push_back(w);
+    const pp::Schedule s = engine_schedule(run_cfg_, &c);
+    const pp::Timeline sim = pp::time_schedule(s, c);
+    nlohmann::json d;
+    d["list_schedule"] = true;
+    d["schedule"] = s.name;
+    d["kept"] = s.detail.empty() ? s.name : s.detail;
+    d["predicted_bubble"] = sim.bubble_fraction;
+    d["predicted_step_s"] = sim.makespan;
+    d["ranks"] = schedule_ranks_json(s);
+    char b[160];
+    std::snprintf(b, sizeof b, " from the measured stage times (predicted bubble %.1f%%)",
+                  100 * sim.bubble_fraction);
+    d["console"] = "pipeline schedule -> " + s.name + b;
+    return d;
+  }
+
+  nlohmann::json adapt_inputs(Engine& e, const StepReport& r, Comm& world) {
     // The memory the run was planned with: what the engine's own schedule
     // holds (the configured one, before any re-plan of this controller).
     if (held_limit_ < 0) {
@@ -73,6 +139,7 @@ class ScheduleAdapter final : public Controller {
       budget_ = memory_budget(cfg_, *current_, e.backend().memory_capacity_bytes());
     }
     const pp::StageCosts now = measured_stage_costs(e, world);
+    last_measured_ = now;
     const std::vector<double> links = measured_link_times(e, world);
     const int S = now.stages();
     // The re-plan reads each stage's F, B and W as medians over the last
@@ -160,7 +227,7 @@ class ScheduleAdapter final : public Controller {
     return in;
   }
 
-  nlohmann::json decide(const nlohmann::json& in) override {
+  nlohmann::json adapt_decision(const nlohmann::json& in) {
     nlohmann::json d;
     if (in.value("replan", "").empty()) return {{"quiet", true}};
     pp::StageCosts c;
@@ -241,7 +308,7 @@ class ScheduleAdapter final : public Controller {
     return d;
   }
 
-  void apply(Engine& e, const nlohmann::json& d) override {
+  void adapt_apply(Engine& e, const nlohmann::json& d) {
     PipelineExecutor& pipe = *e.pipeline();
     current_ = &pipe.schedule();
     if (d.value("quiet", false)) return;
@@ -268,7 +335,6 @@ class ScheduleAdapter final : public Controller {
     current_ = &pipe.schedule();
   }
 
- private:
   DetectorOptions opts_;
   ModelConfig model_;
   bool layers_ = false;
@@ -285,6 +351,10 @@ class ScheduleAdapter final : public Controller {
   RunConfig cfg_;        // the engine's config at the first step (memory_fits)
   double budget_ = -1;   // memory_budget(): bytes a rank may hold; < 0 no limit
   const pp::Schedule* current_ = nullptr;
+  RunConfig run_cfg_;          // the layout's config (the warm-up re-plan's generator input)
+  bool adapt_ = true;          // parallel.adapt != off: the detectors and their re-plans
+  bool list_warmup_ = false;   // greedy or zb-v: the warm-up re-plan after the second step
+  pp::StageCosts last_measured_;  // this step's measured stage costs (adapt_inputs)
 };
 
 }  // namespace
@@ -295,60 +365,3 @@ std::unique_ptr<Controller> make_schedule_adapter(const RunConfig& cfg, Detector
 }
 
 }  // namespace adgt::adapt
-
-namespace adgt {
-
-namespace {
-
-class GreedyReplan final : public Controller {
- public:
-  explicit GreedyReplan(const RunConfig& cfg) : cfg_(cfg) {}
-  std::string name() const override { return "greedy-replan"; }
-  bool due(const StepReport& r) const override { return r.step == r.first_step + 2; }
-
-  nlohmann::json observe(Engine& e, const StepReport&, Comm& world) override {
-    const pp::StageCosts c = measured_stage_costs(e, world);
-    nlohmann::json in;
-    in["f_s"] = c.f;
-    in["b_s"] = c.b;
-    in["w_s"] = c.w;
-    return in;
-  }
-
-  nlohmann::json decide(const nlohmann::json& in) override {
-    pp::StageCosts c;
-    for (double f : in["f_s"]) c.f.push_back(std::max(f, 1e-9));
-    for (double b : in["b_s"]) c.b.push_back(std::max(b, 1e-9));
-    for (double w : in["w_s"]) c.w.push_back(w);
-    const pp::Schedule s = engine_schedule(cfg_, &c);
-    const pp::Timeline sim = pp::time_schedule(s, c);
-    nlohmann::json d;
-    d["schedule"] = s.name;
-    d["kept"] = s.detail.empty() ? s.name : s.detail;
-    d["predicted_bubble"] = sim.bubble_fraction;
-    d["predicted_step_s"] = sim.makespan;
-    d["ranks"] = schedule_ranks_json(s);
-    char b[160];
-    std::snprintf(b, sizeof b, " from the measured stage times (predicted bubble %.1f%%)",
-                  100 * sim.bubble_fraction);
-    d["console"] = "pipeline schedule -> " + s.name + b;
-    return d;
-  }
-
-  void apply(Engine& e, const nlohmann::json& d) override {
-    PipelineExecutor& pipe = *e.pipeline();
-    pipe.set_schedule(schedule_from_json(pipe.schedule(), d.at("schedule").get<std::string>(),
-                                         d.at("kept").get<std::string>(), d.at("ranks")));
-  }
-
- private:
-  RunConfig cfg_;
-};
-
-}  // namespace
-
-std::unique_ptr<Controller> make_greedy_replan(const RunConfig& cfg) {
-  return std::make_unique<GreedyReplan>(cfg);
-}
-
-}  // namespace adgt

@@ -14,6 +14,13 @@
 // step time measured before it (the next steps' times are on their step
 // lines). The schedule moves work in time only: the losses are the plain
 // run's.
+//
+// Its warm-up mode, for the list-scheduled pipelines (parallel.schedule
+// greedy or zb-v, whatever parallel.adapt says): after the run's second step
+// the configured schedule is generated again from the F, B and W measured on
+// that step, by the generator that planned the first steps from the FLOP
+// cost model. The one schedule re-planner: with parallel.adapt off it does
+// that alone.
 #pragma once
 #include <memory>
 
@@ -23,18 +30,10 @@
 
 namespace adgt::adapt {
 
-// opts.threshold is parallel.adapt_threshold's (the rest as given).
+// opts.threshold is parallel.adapt_threshold's (the rest as given). Made for
+// a pipelined layout when parallel.adapt is not off or the schedule is
+// list-scheduled.
 std::unique_ptr<Controller> make_schedule_adapter(const RunConfig& cfg,
                                                   DetectorOptions opts = {});
 
 }  // namespace adgt::adapt
-
-namespace adgt {
-
-// parallel.schedule: greedy. After the run's second step (the first warms
-// caches and buffers) it re-plans the pipeline schedule from the mean F, B and
-// W time per stage measured on that step (the maximum over the world), with
-// the same generator that planned the first steps from the FLOP cost model.
-std::unique_ptr<Controller> make_greedy_replan(const RunConfig& cfg);
-
-}  // namespace adgt

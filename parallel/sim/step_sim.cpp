@@ -132,7 +132,7 @@ class StepSimulation {
   // The schedule. The cost-driven generators (greedy, zb-v) plan on this
   // simulation's stage times (each pipeline rank's compute at its speed) and
   // link times, as the run's re-plan does from its measured ones after its
-  // first steps (parallel/control/schedule_controller.cpp, greedy-replan); the others are fixed orders.
+  // first steps (parallel/control/schedule_controller.cpp, the adapter's warm-up re-plan); the others are fixed orders.
   pp::Schedule plan_schedule() {
     if (cfg_.parallel.schedule != "greedy" && cfg_.parallel.schedule != "zb-v") return engine_schedule(cfg_);
     const int P = P_;

@@ -251,12 +251,12 @@ void Trainer::wire(ParallelContext ctx, bool init) {
     engine_->reducer().set_compression(cs, *backend_);
   }
   controllers_.clear();
-  // parallel.schedule: greedy and zb-v (list-scheduled from costs) re-plan
-  // once after step 2 from the measured ones; the adapter (the default) then
-  // re-plans from step 10 on.
-  if (engine_->pipelined() && (cfg.parallel.schedule == "greedy" || cfg.parallel.schedule == "zb-v"))
-    controllers_.push_back(make_greedy_replan(cfg));
-  if (engine_->pipelined() && cfg.parallel.adapt != "off")  // docs/adaptation.md
+  // The pipeline schedule's re-planner (docs/adaptation.md): greedy and
+  // zb-v (list-scheduled from costs) re-plan once after step 2 from the
+  // measured costs; with parallel.adapt on (the default) it then re-plans
+  // from the detectors' warm-up on.
+  const bool list_scheduled = cfg.parallel.schedule == "greedy" || cfg.parallel.schedule == "zb-v";
+  if (engine_->pipelined() && (cfg.parallel.adapt != "off" || list_scheduled))
     controllers_.push_back(adapt::make_schedule_adapter(cfg));
   if (cfg.parallel.grad_compression == "auto")  // docs/compression.md, "Controller"
     controllers_.push_back(compress::make_compress_controller(cfg, *engine_));
