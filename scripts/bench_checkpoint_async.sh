@@ -23,7 +23,7 @@
 #   slowdown     the extra time of the steps that ran while the write was in
 #                flight, against the median step of the synchronous run (the
 #                writer shares the cores and the memory bus with training).
-# The target (issue 17): async stall <= 10% of the sync save.
+# The target: async stall <= 10% of the sync save.
 # BUILD_DIR (default build) needs apps/adgt-train and the byte corpus
 # BUILD/data/kjv-byte (ctest -R layouts_prepare_bytes). WORK_DIR (default
 # BUILD/bench_checkpoint_async) must be on the disk to measure (~4 GB).

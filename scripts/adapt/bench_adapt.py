@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Static against adaptive pipeline on a slow stage or a slow link, side by
-side (issue 16; docs/adaptation.md).
+side (docs/adaptation.md).
 
 4 CPU ranks, pp = 4, the 8-layer model of tests/emulate/model.yaml. The
 scenarios:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The pipeline bubble on uniform stages, static schedules against the
-adaptive one, side by side (issue 16; docs/adaptation.md, "Bubble on uniform
+adaptive one, side by side (docs/adaptation.md, "Bubble on uniform
 stages").
 
 8 CPU ranks (pp 4 x dp 2), the 8-layer model of tests/emulate/model.yaml at

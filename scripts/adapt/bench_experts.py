@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 16's MoE acceptance, median of N runs of the MoE-layer benchmark.
+"""The MoE target of docs/adaptation.md, median of N runs of the MoE-layer benchmark.
 
 Runs tests/tools/bench_expert_placement.cpp (8 ranks, ep 8, 64 experts top-2,
 Zipf(1.2) routing, ranks 3 and 6 at half speed, 9 slots per rank; static

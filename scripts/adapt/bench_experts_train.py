@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 16's MoE scenario in training: static against adaptive expert
+"""The MoE scenario of docs/adaptation.md in training: static against adaptive expert
 placement with a learned, skewed router, side by side (docs/adaptation.md,
 "Skewed routing in training").
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Acceptance benchmark of the gradient-compression controller (issue 15;
-docs/compression.md, "Controller"): 4 CPU ranks (dp=4), the ~90k-parameter
+"""Acceptance benchmark of the gradient-compression controller
+(docs/compression.md, "Controller"): 4 CPU ranks (dp=4), the ~90k-parameter
 model of tests/compress/model.yaml, the byte-level KJV corpus, links emulated
 by emulate.cluster (tests/compress/slow_link.yaml: 50 Mbit/s;
 fast_link.yaml: 100 Gbit/s), grad_compression off against auto, per seed.
@@ -137,7 +137,7 @@ def main():
               f"{vo:.4f} auto {va:.4f} ({va / vo:.4f}x); steps at L0/L1 after warm-up {l01 * 100:.1f}%")
         if link == "slow":
             # The bound is read after warm-up: the controller may not compress
-            # during warm-up (issue 15), and warm-up steps at fp32 alone are
+            # during warm-up, and warm-up steps at fp32 alone are
             # warmup/steps of the whole run's baseline (0.05 of it at 30 of
             # 600), which would leave 4 bits per element only to int2
             # (docs/compression.md, "Acceptance benchmark"). Both are printed.

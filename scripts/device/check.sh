@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one-call GPU check of the CUDA backend (issue 4; docs/cuda.md).
+# The one-call GPU check of the CUDA backend (docs/cuda.md).
 #
 # The GPU machine has nvcc, CMake and PyTorch but none of the Debian libraries
 # adgt links (OpenBLAS, yaml-cpp, HDF5, sentencepiece, ...), so the test binary
@@ -258,7 +258,7 @@ find_nccl() {
   find_nvidia_lib libnccl.so.2
 }
 
-# Stages 5 and 6 (issue 12) from the unpacked bundle $1, on device $2 (cuda,
+# Stages 5 and 6 from the unpacked bundle $1, on device $2 (cuda,
 # or emulated for the rehearsal), logs under $3. Sets mrc and src.
 run_layout_stages() {
   local b=$1 device=$2 out=$3
@@ -392,7 +392,7 @@ build machine first and name build-devbundle in the device call's carry"
   cd "$ROOT"
   # Order: correctness first (every op, the flash kernels, whole training
   # steps against the CPU), then the 1.3B comparison with PyTorch (the
-  # figure issue 4 is judged by), then the kernel tables. Each stage has its
+  # figure the GPU work is judged by), then the kernel tables. Each stage has its
   # own timeout so one hang cannot eat the call (~8 minutes in all).
   local left
   left() { local l=$((${CHECK_BUDGET_S:-470} - (SECONDS - t0))); ((l > 20)) && echo $l || echo 20; }
@@ -499,7 +499,7 @@ build machine first and name build-devbundle in the device call's carry"
     ADGT_BENCH_SKIP_LARGE=1 timeout "$(left)" "$b/$BIN_NAME" "cuda backend: benchmark" 2>&1 |
       tee "$out/bench_fp32.log"
   fi
-  if (( $(left) > 60 )); then  # issue 18, finding 4: does restricting split-K cost speed?
+  if (( $(left) > 60 )); then  # does restricting split-K to fp32 partials cost speed?
     echo "-- the bf16 GEMM rows again with any cuBLASLt reduction scheme (ADGT_LT_ANY_REDUCTION=1)"
     ADGT_LT_ANY_REDUCTION=1 timeout "$(left)" "$b/$BIN_NAME" "cuda backend: bf16 benchmark" 2>&1 |
       tee "$out/bench_lt_any.log" | grep -E '^\| (GEMM|linear)' || true

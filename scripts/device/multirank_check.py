@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Several ranks on one GPU (issue 12, check stage 5): each layout against the
+"""Several ranks on one GPU (check.sh stage 5): each layout against the
 single process on the same device, with the CPU tests' bounds.
 
 Layouts (4 ranks sharing the device, ADGT_SHARED_GPU_TEST=1, collectives

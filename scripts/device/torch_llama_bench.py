@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The PyTorch baseline for adgt's GPU benchmark (docs/cuda.md, issue 4).
+"""The PyTorch baseline for adgt's GPU benchmark (docs/cuda.md).
 
 A self-contained LLaMA-style decoder with HuggingFace LlamaForCausalLM
 semantics (RMSNorm pre-norm, rotary embeddings rotate-half, SwiGLU MLP, no

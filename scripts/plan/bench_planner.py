@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The planner against measured runs (issue 14 acceptance, docs/planner.md).
+"""The planner against measured runs (docs/planner.md, "Measured").
 
 8 CPU ranks on this host emulate a 2-node cluster (emulate.cluster: 2 x 4,
 the link between the nodes 10x slower than inside). For the planner's model

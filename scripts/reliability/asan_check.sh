@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sanitizer build of issue 17 part 5 (docs/reliability.md, "Fuzzing and
+# The sanitizer build (docs/reliability.md, "Fuzzing and
 # corruption campaigns"): configures BUILD (default build-asan) without CUDA
 # and with -DADGT_SANITIZE=address,undefined (host code only; -O1 -g), builds
 # adgt-train and adgt_unit_tests, runs the unit tests and the config fuzz set

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The in-memory layout switch against a synchronous save plus load of the
-same state (issue 17: switch time <= 10% of save + load; docs/reliability.md).
+same state (the target: switch time <= 10% of save + load; docs/reliability.md).
 
 8 CPU ranks train a ~27M-parameter model (d_model 512, 8 layers, FFN 1536,
 byte vocabulary) in tp2/pp2/dp2 for one step, save a synchronous checkpoint

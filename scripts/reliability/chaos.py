@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Chaos campaign for hang and death detection (docs/reliability.md, issue 17 part 5).
+"""Chaos campaign for hang and death detection (docs/reliability.md).
 
 Each trial trains a ~100k-parameter model on N CPU ranks under mpirun
 (default 8: tp2 dp2 pp2), waits until it has finished a few steps, then at a

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checkpoint corruption campaign (issue 17 part 5): bit flips and truncations.
+"""Checkpoint corruption campaign (docs/reliability.md): bit flips and truncations.
 
 Trains the layout-test model (tests/layouts/model.yaml) for 2 steps on 2 ranks
 (tp=2, format version 2: checkpoint.h5 + rank_0.h5 + rank_1.h5 + COMPLETE),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Elastic restart campaign (docs/reliability.md "Elastic restart", issue 17 parts 4 and 5).
+"""Elastic restart campaign (docs/reliability.md "Elastic restart").
 
 Each trial runs scripts/adgt-elastic over the ~100k-parameter layout-test model
 on CPU ranks of this host (a hostfile `localhost slots=N`), with the planner

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Config fuzzing (issue 17 part 5): mutated run files through adgt-train's config path.
+"""Config fuzzing (docs/reliability.md): mutated run files through adgt-train's config path.
 
 Generates N fuzzed run files from the shipped configs (configs/*.yaml), seeded
 and reproducible, writes each to OUT/cases/case_NNNN.yaml (with its mutation in

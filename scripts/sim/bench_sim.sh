@@ -17,7 +17,7 @@ t1=$(date +%s.%N)
 "$sim" --config "$root/configs/llama-70b.yaml" --cluster dgx-h100 --set train.dtype=bf16 \
   --gpus 256 --sweep --all --top 3
 t2=$(date +%s.%N)
-# The planner (parallel.auto, issue 14): 70B on 1024 simulated H100s, bound 10 s.
+# The planner (parallel.auto): 70B on 1024 simulated H100s, bound 10 s.
 "$train" --config "$root/configs/llama-70b.yaml" --set train.dtype=bf16 --set parallel.auto=true \
   --dry-run --cluster dgx-h100 --gpus 1024 | sed -n '1,4p;/layouts fit/p'
 t3=$(date +%s.%N)

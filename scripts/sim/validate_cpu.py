@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The simulator against measured runs (issue 13 acceptance, docs/simulator.md):
+"""The simulator against measured runs (docs/simulator.md):
 8 CPU ranks on this host emulate a 2-node cluster (emulate.cluster), and for
 each layout the measured step time (median of the steps after the warm-up) is
 compared with adgt-sim's prediction for the same run file and cluster, costed

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's adgt-train journeys as a new user takes them on the CPU (the
 # tiny model, byte-level data so it is quick), each checked for what the docs
-# promise about its output, exit status and files (issue: what a new user hits):
+# promise about its output, exit status and files (what a new user hits first):
 #   walkthrough.sh BIN_DIR DATA_DIR WORK
 # BIN_DIR holds adgt-train, adgt-ckpt, adgt-sim, adgt-data, adgt-schedule;
 # DATA_DIR a byte-level shard pair (train.bin, val.bin); WORK a scratch folder

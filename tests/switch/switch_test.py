@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """In-memory layout switch against fresh runs from the same state
-(issue 17; docs/reliability.md, "In-memory layout switch").
+(docs/reliability.md, "In-memory layout switch").
 
 Run A trains on 8 CPU ranks and switches its layout in memory at step
 boundaries, as asked by the control file <log.dir>/switch; it also saves a
