@@ -85,6 +85,33 @@ TEST_CASE("adapt: a sustained change is found within 20 steps", "[adapt]") {
   CHECK_THROWS_AS(ChangeDetector(DetectorOptions{0.1, 5, 5, 2, 0.02}), std::invalid_argument);
 }
 
+// The re-planner's use (control/replan_controller.hpp): the reference fixed
+// at the planned level, samples recorded without the detector's own count,
+// the band asked once the window is full; at least `threshold` away counts.
+TEST_CASE("adapt: record and out_of_band against a planned reference", "[adapt]") {
+  CHECK(adgt::adapt::out_of_band(1.25, 1.0, 0.25));
+  CHECK_FALSE(adgt::adapt::out_of_band(1.2499, 1.0, 0.25));
+  CHECK(adgt::adapt::out_of_band(0.5, 1.0, 0.25));
+  ChangeDetector d(DetectorOptions{0.25, 3, 1, 3, 0.0});
+  d.rebase(2.0);  // planned for a 2x slowdown
+  d.record(2.0);
+  d.record(4.0);
+  CHECK_FALSE(d.full());
+  CHECK_FALSE(d.out_of_band());  // not before the window is full
+  d.record(4.0);
+  REQUIRE(d.full());
+  CHECK(d.reference() == 2.0);
+  CHECK(d.level() == 4.0);
+  CHECK(d.out_of_band());
+  for (int i = 0; i < 5; ++i) d.record(4.0);  // recording never moves the reference
+  CHECK(d.reference() == 2.0);
+  CHECK(d.out_of_band());
+  d.rebase(4.0);
+  CHECK(d.count() == 0);
+  for (int i = 0; i < 3; ++i) d.record(4.4);  // +10% < 25%
+  CHECK_FALSE(d.out_of_band());
+}
+
 // A re-plan rebases the detectors while a change on another stage is under
 // way (its median already out of band, not yet confirmed): rebased on the
 // level the plan used, the change is still flagged; rebased on nothing, the
