@@ -7,6 +7,7 @@ PKGS=(
   build-essential cmake pkg-config
   libyaml-cpp-dev libcli11-dev libhdf5-dev libopenmpi-dev openmpi-bin
   catch2 libopenblas-openmp-dev libsentencepiece-dev nlohmann-json3-dev
+  zlib1g-dev libzstd-dev                       # compressed corpus files (.gz, .zst)
   bible-kjv                                    # the default corpus (King James Bible)
   python3-torch python3-h5py python3-numpy python3-matplotlib python3-yaml  # tests and plots (/usr/bin/python3)
   slurmctld slurmd slurm-client munge         # tests/slurm/with_slurm.sh: a private one-node Slurm cluster
