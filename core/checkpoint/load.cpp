@@ -174,207 +174,259 @@ struct FileTensors {
   std::vector<int32_t> verified;  // pieces of each path this rank verifies
 };
 
-CheckpointState read_shards(const std::string& step_dir, const std::vector<ParamSpec>& local, const ShardLayout& lay,
-                            FileTensors& listed) {
+// Where a checkpoint is: its index file, the step directory and the directory
+// of steps (for available_hint).
+struct CheckpointFiles {
+  fs::path dir, file, root;
+  std::string where;  // "checkpoint <file>: "
+  std::map<std::string, std::string> marker;  // what COMPLETE records (check_complete)
+};
+
+// step_dir is a step directory or its index file.
+CheckpointFiles checkpoint_files(const std::string& step_dir) {
   const fs::path arg(step_dir);
   std::error_code ec;
-  fs::path dir, file;
+  CheckpointFiles cf;
   if (fs::is_regular_file(arg, ec) || arg.extension() == ".h5") {
-    file = arg;
-    dir = arg.has_parent_path() ? arg.parent_path() : fs::path(".");
+    cf.file = arg;
+    cf.dir = arg.has_parent_path() ? arg.parent_path() : fs::path(".");
   } else {
-    dir = arg;
-    file = arg / kH5Name;
+    cf.dir = arg;
+    cf.file = arg / kH5Name;
   }
-  const std::string where = "checkpoint " + file.string() + ": ";
-  listed.where = where;
-  const fs::path root = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
-  if (!fs::is_regular_file(file, ec)) throw CheckpointError(where + "file not found" + available_hint(root));
-  if (!fs::is_regular_file(dir / kMarkerName, ec))
-    throw CheckpointError(where + "no COMPLETE marker in " + dir.string() +
+  cf.where = "checkpoint " + cf.file.string() + ": ";
+  cf.root = cf.dir.has_parent_path() ? cf.dir.parent_path() : fs::path(".");
+  return cf;
+}
+
+// The index file is there, the save finished (COMPLETE), and the file has the
+// size COMPLETE records; cf.marker gets COMPLETE's records.
+void check_complete(CheckpointFiles& cf) {
+  std::error_code ec;
+  const std::string& where = cf.where;
+  if (!fs::is_regular_file(cf.file, ec)) throw CheckpointError(where + "file not found" + available_hint(cf.root));
+  if (!fs::is_regular_file(cf.dir / kMarkerName, ec))
+    throw CheckpointError(where + "no COMPLETE marker in " + cf.dir.string() +
                           ": the save did not finish (the process stopped while writing it); resume from "
-                          "another checkpoint" + available_hint(root));
-  const auto marker = read_marker(dir / kMarkerName);
-  const auto actual_bytes = fs::file_size(file, ec);
-  if (auto it = marker.find("bytes"); it != marker.end() && it->second != std::to_string(actual_bytes))
+                          "another checkpoint" + available_hint(cf.root));
+  cf.marker = read_marker(cf.dir / kMarkerName);
+  const auto actual_bytes = fs::file_size(cf.file, ec);
+  if (auto it = cf.marker.find("bytes"); it != cf.marker.end() && it->second != std::to_string(actual_bytes))
     throw CheckpointError(where + "file is " + std::to_string(actual_bytes) + " bytes but COMPLETE records " +
                           it->second + ": it was truncated or modified after saving; resume from another checkpoint" +
-                          available_hint(root));
-  check_table(local, "load_checkpoint(" + file.string() + ")");
+                          available_hint(cf.root));
+}
 
-  CheckpointState st;
-  st.specs = local;
-  const auto total = static_cast<size_t>(total_numel(local));
-  std::vector<float>* bufs[3] = {&st.params, &st.exp_avg, &st.exp_avg_sq};
-  // The optimizer state's buffers are made while the weights are read.
-  zeroed(st.params, total);
-  std::future<void> state_buffers = std::async(std::launch::async, [&st, total] {
-    zeroed(st.exp_avg, total);
-    zeroed(st.exp_avg_sq, total);
-  });
-  const size_t n = local.size();
-  const std::vector<Region> mine = needed_regions(local, lay);  // what this rank reads of each tensor
-  std::map<std::string, size_t> index;
-  for (size_t i = 0; i < n; ++i) index[local[i].name] = i;
+// How a rank verifies a piece: not at all (another rank does), from the data
+// it read into its buffer, or by reading the piece from its file.
+enum class Check { kNone, kBuffer, kFile };
 
-  h5::QuietErrors quiet;
-  try {
-    if (ADGT_H5(H5Fis_hdf5(file.c_str())) <= 0)
+// One rank's load of one checkpoint: reads meta/ into the state, this rank's
+// hyperslab of each of its tensors into the state's buffers, and verifies the
+// crc32 of the pieces that fall to it; fills `listed` with the checkpoint's
+// tensors for the check across ranks (load_checkpoint_sharded).
+class ShardReader {
+ public:
+  ShardReader(const CheckpointFiles& cf, const std::vector<ParamSpec>& local, const ShardLayout& lay,
+              CheckpointState& st, FileTensors& listed)
+      : cf_(cf), local_(local), lay_(lay), st_(st), listed_(listed), n_(local.size()),
+        mine_(needed_regions(local, lay)) {
+    for (size_t i = 0; i < n_; ++i) index_[local[i].name] = i;
+  }
+
+  // The whole load; state_buffers makes the optimizer state's buffers, which
+  // the read of optim/ waits for.
+  void run(std::future<void>& state_buffers) {
+    const std::string& where = cf_.where;
+    if (ADGT_H5(H5Fis_hdf5(cf_.file.c_str())) <= 0)
       throw CheckpointError(where + "not an HDF5 file (damaged or overwritten); resume from another checkpoint" +
-                            available_hint(root));
+                            available_hint(cf_.root));
     h5::Id fapl = file_access();
-    h5::Id f(ADGT_H5(H5Fopen(file.c_str(), H5F_ACC_RDONLY, fapl)), H5Fclose);
-    const int64_t version = read_i64(f, "meta/format_version", where);
-    if (version != 1 && version != kFormatVersion)
-      throw CheckpointError(where + "format version " + std::to_string(version) +
+    h5::Id f(ADGT_H5(H5Fopen(cf_.file.c_str(), H5F_ACC_RDONLY, fapl)), H5Fclose);
+    read_meta(f);
+    covered_.assign(3 * n_, 0);
+    if (version_ == kFormatVersion) read_pieces(f);
+    for (size_t k = 0; k < pieces_.size(); ++k) number(k);
+    for (size_t k = 0; k < pieces_.size(); ++k) pieces_of_[{pieces_[k].g, pieces_[k].i}].push_back(k);
+    read_groups(f, state_buffers);
+    count_verified();
+    std::vector<std::pair<size_t, uint32_t>> got;  // (piece, computed crc)
+    for (auto& [k, fut] : pending_) got.emplace_back(k, fut.get());
+    verify_from_files(f, fapl, got);
+    report_first_failure(got);
+  }
+
+ private:
+  // meta/: the format version, the step and the state; the step must be the one COMPLETE records.
+  void read_meta(hid_t f) {
+    const std::string& where = cf_.where;
+    version_ = read_i64(f, "meta/format_version", where);
+    if (version_ != 1 && version_ != kFormatVersion)
+      throw CheckpointError(where + "format version " + std::to_string(version_) +
                             "; this build reads versions 1 and 2");
-    st.step = read_i64(f, "meta/step", where);
-    st.samples_seen = read_i64(f, "meta/samples_seen", where);
-    st.seed = read_u64(f, "meta/seed", where);
-    st.config_yaml = read_string(f, "meta/config_yaml", where);
-    st.rng_state = read_u64_array(f, "meta/rng_state", where);
-    st.state = read_state(f, where);
-    if (auto it = marker.find("step"); it != marker.end() && it->second != std::to_string(st.step))
-      throw CheckpointError(where + "meta/step is " + std::to_string(st.step) + " but COMPLETE says step " +
+    st_.step = read_i64(f, "meta/step", where);
+    st_.samples_seen = read_i64(f, "meta/samples_seen", where);
+    st_.seed = read_u64(f, "meta/seed", where);
+    st_.config_yaml = read_string(f, "meta/config_yaml", where);
+    st_.rng_state = read_u64_array(f, "meta/rng_state", where);
+    st_.state = read_state(f, where);
+    if (auto it = cf_.marker.find("step"); it != cf_.marker.end() && it->second != std::to_string(st_.step))
+      throw CheckpointError(where + "meta/step is " + std::to_string(st_.step) + " but COMPLETE says step " +
                             it->second + "; the file does not belong to this directory");
+  }
 
-    // Pieces and their files (version 2): each must be there, at the size COMPLETE records,
-    // before anything reads through the virtual datasets (HDF5 fills a missing source with zeros).
-    std::vector<SrcPiece> pieces;
-    std::vector<int64_t> covered(3 * n, 0);  // elements of each (group, tensor) in meta/pieces
-    std::map<std::string, int32_t> pieces_in_file;  // dataset path -> its pieces (version 1: 1 each)
-    if (version == kFormatVersion) {
-      pieces = read_piece_table(f, dir, index, where, pieces_in_file);
-      for (SrcPiece& p : pieces)
-        for (Block& b : p.blocks) b.r.nd = int(local[p.i].global_shape.size());
-      for (const SrcPiece& p : pieces) covered[size_t(p.g) * n + p.i] += p.numel;
-      std::map<fs::path, std::pair<std::string, int>> held;  // file -> (first tensor, pieces)
-      for (const SrcPiece& p : pieces) {
-        auto& h = held[p.file];
-        if (h.second++ == 0) h.first = p.path + " " + piece_str(p);
-      }
-      for (const auto& [path, h] : held) {
-        const std::string also = h.second > 1 ? " and " + std::to_string(h.second - 1) + " more pieces" : "";
-        if (!fs::is_regular_file(path, ec))
-          throw CheckpointError(where + "rank file " + path.string() + " is missing; it holds tensor " + h.first +
-                                also + ": the checkpoint is incomplete or was damaged after saving; resume from "
-                                "another checkpoint" + available_hint(root));
-        const auto bytes = fs::file_size(path, ec);
-        if (auto it = marker.find("bytes." + path.filename().string());
-            it != marker.end() && it->second != std::to_string(bytes))
-          throw CheckpointError(where + "rank file " + path.string() + " is " + std::to_string(bytes) +
-                                " bytes but COMPLETE records " + it->second + " (it holds tensor " + h.first + also +
-                                "): it was truncated or modified after saving; resume from another checkpoint" +
-                                available_hint(root));
-      }
+  // Version 2: the pieces of this rank's tensors and their files. Each file
+  // must be there, at the size COMPLETE records, before anything reads
+  // through the virtual datasets (HDF5 fills a missing source with zeros).
+  void read_pieces(hid_t f) {
+    std::error_code ec;
+    const std::string& where = cf_.where;
+    pieces_ = read_piece_table(f, cf_.dir, index_, where, pieces_in_file_);
+    for (SrcPiece& p : pieces_)
+      for (Block& b : p.blocks) b.r.nd = int(local_[p.i].global_shape.size());
+    for (const SrcPiece& p : pieces_) covered_[size_t(p.g) * n_ + p.i] += p.numel;
+    std::map<fs::path, std::pair<std::string, int>> held;  // file -> (first tensor, pieces)
+    for (const SrcPiece& p : pieces_) {
+      auto& h = held[p.file];
+      if (h.second++ == 0) h.first = p.path + " " + piece_str(p);
     }
+    for (const auto& [path, h] : held) {
+      const std::string also = h.second > 1 ? " and " + std::to_string(h.second - 1) + " more pieces" : "";
+      if (!fs::is_regular_file(path, ec))
+        throw CheckpointError(where + "rank file " + path.string() + " is missing; it holds tensor " + h.first +
+                              also + ": the checkpoint is incomplete or was damaged after saving; resume from "
+                              "another checkpoint" + available_hint(cf_.root));
+      const auto bytes = fs::file_size(path, ec);
+      if (auto it = cf_.marker.find("bytes." + path.filename().string());
+          it != cf_.marker.end() && it->second != std::to_string(bytes))
+        throw CheckpointError(where + "rank file " + path.string() + " is " + std::to_string(bytes) +
+                              " bytes but COMPLETE records " + it->second + " (it holds tensor " + h.first + also +
+                              "): it was truncated or modified after saving; resume from another checkpoint" +
+                              available_hint(cf_.root));
+    }
+  }
 
-    // Who verifies each piece (every piece once across the ranks of a stage
-    // that hold its tensor): a rank whose shard contains it, from the data it
-    // read (round robin among them); else a rank chosen round robin, reading
-    // the piece from its file. The pieces of non-expert and of expert tensors
-    // are numbered apart (`ordinal`), so that ranks of a stage number them
-    // alike even when they hold different experts; an expert's pieces go to
-    // the dp ranks of this ep rank (lay.ep_rank + lay.ep * j).
-    std::vector<size_t> ordinal;
-    size_t next_ordinal[2] = {0, 0};
-    auto number = [&](size_t k) {
-      ordinal.resize(std::max(ordinal.size(), k + 1));
-      ordinal[k] = next_ordinal[local[pieces[k].i].expert >= 0 ? 1 : 0]++;
-    };
-    for (size_t k = 0; k < pieces.size(); ++k) number(k);
-    enum class Check { kNone, kBuffer, kFile };
-    auto check_of = [&](size_t k) {
-      const SrcPiece& p = pieces[k];
-      const bool expert = local[p.i].expert >= 0 && lay.ep > 1;
-      const size_t holders = size_t(expert ? lay.dp / lay.ep : lay.dp);  // dp ranks holding the tensor
-      const int me = expert ? lay.dp_rank / lay.ep : lay.dp_rank;         // this rank among them
-      const size_t o = ordinal[k];
-      std::vector<int> cand;  // tp ranks whose shard contains the piece
-      for (int t = 0; t < lay.tp; ++t)
-        if (p.inside(shard_region(local[p.i], t, lay.tp))) cand.push_back(t);
-      if (!cand.empty()) {
-        const size_t pick = o % (cand.size() * holders);
-        return cand[pick / holders] == lay.tp_rank && int(pick % holders) == me ? Check::kBuffer : Check::kNone;
-      }
-      return int(o % size_t(lay.tp)) == lay.tp_rank && int(o / size_t(lay.tp) % holders) == me ? Check::kFile
-                                                                                             : Check::kNone;
-    };
-    std::map<std::string, int32_t> verified;  // dataset path -> pieces this rank verifies
-    // CRCs of pieces verified from the buffer run on a second thread while the
-    // next tensors are read.
-    std::vector<std::pair<size_t, std::future<uint32_t>>> pending;
-    auto crc_from_buffer = [&](size_t k) {
-      const SrcPiece& p = pieces[k];
-      const ParamSpec& l = local[p.i];
-      Region outer = mine[p.i];
-      outer.count[1] = l.shape.size() > 1 ? l.shape[1] : 1;  // the local buffer's row length
-      std::vector<ByteRange> ranges;
-      for (const Block& b : p.blocks) piece_ranges(bufs[p.g]->data() + l.offset, outer, b.r, ranges);
-      pending.emplace_back(k, std::async(std::launch::async, [ranges = std::move(ranges)] {
-                             uint32_t c = 0;
-                             for (const ByteRange& r : ranges) c = crc32_update(c, r.data, r.bytes);
-                             return c;
-                           }));
-    };
-    std::map<std::pair<int, size_t>, std::vector<size_t>> pieces_of;  // (group, param) -> pieces (version 2)
-    for (size_t k = 0; k < pieces.size(); ++k) pieces_of[{pieces[k].g, pieces[k].i}].push_back(k);
+  // Who verifies each piece (every piece once across the ranks of a stage
+  // that hold its tensor): a rank whose shard contains it, from the data it
+  // read (round robin among them); else a rank chosen round robin, reading
+  // the piece from its file. The pieces of non-expert and of expert tensors
+  // are numbered apart (`ordinal`), so that ranks of a stage number them
+  // alike even when they hold different experts; an expert's pieces go to
+  // the dp ranks of this ep rank (lay.ep_rank + lay.ep * j).
+  void number(size_t k) {
+    ordinal_.resize(std::max(ordinal_.size(), k + 1));
+    ordinal_[k] = next_ordinal_[local_[pieces_[k].i].expert >= 0 ? 1 : 0]++;
+  }
+  Check check_of(size_t k) const {
+    const SrcPiece& p = pieces_[k];
+    const bool expert = local_[p.i].expert >= 0 && lay_.ep > 1;
+    const size_t holders = size_t(expert ? lay_.dp / lay_.ep : lay_.dp);  // dp ranks holding the tensor
+    const int me = expert ? lay_.dp_rank / lay_.ep : lay_.dp_rank;         // this rank among them
+    const size_t o = ordinal_[k];
+    std::vector<int> cand;  // tp ranks whose shard contains the piece
+    for (int t = 0; t < lay_.tp; ++t)
+      if (p.inside(shard_region(local_[p.i], t, lay_.tp))) cand.push_back(t);
+    if (!cand.empty()) {
+      const size_t pick = o % (cand.size() * holders);
+      return cand[pick / holders] == lay_.tp_rank && int(pick % holders) == me ? Check::kBuffer : Check::kNone;
+    }
+    return int(o % size_t(lay_.tp)) == lay_.tp_rank && int(o / size_t(lay_.tp) % holders) == me ? Check::kFile
+                                                                                                : Check::kNone;
+  }
 
-    // Every tensor: this rank's hyperslab, read through the (virtual or real) dataset.
+  // The CRC of piece k from the buffer, on a second thread while the next
+  // tensors are read.
+  void crc_from_buffer(size_t k) {
+    const SrcPiece& p = pieces_[k];
+    const ParamSpec& l = local_[p.i];
+    Region outer = mine_[p.i];
+    outer.count[1] = l.shape.size() > 1 ? l.shape[1] : 1;  // the local buffer's row length
+    std::vector<ByteRange> ranges;
+    for (const Block& b : p.blocks) piece_ranges(buffer(p.g)->data() + l.offset, outer, b.r, ranges);
+    pending_.emplace_back(k, std::async(std::launch::async, [ranges = std::move(ranges)] {
+                            uint32_t c = 0;
+                            for (const ByteRange& r : ranges) c = crc32_update(c, r.data, r.bytes);
+                            return c;
+                          }));
+  }
+
+  // The buffer of tensor group g: weights, first and second moments.
+  std::vector<float>* buffer(int g) const {
+    std::vector<float>* bufs[3] = {&st_.params, &st_.exp_avg, &st_.exp_avg_sq};
+    return bufs[g];
+  }
+
+  // Every tensor: this rank's hyperslab, read through the (virtual or real)
+  // dataset; and the names of the checkpoint's tensors, into listed_.
+  void read_groups(hid_t f, std::future<void>& state_buffers) {
     std::set<std::string> names;
-    for (const ParamSpec& l : local) names.insert(l.name);
+    for (const ParamSpec& l : local_) names.insert(l.name);
     for (int g = 0; g < 3; ++g) {
       const std::string gname = kTensorGroups[g];
       if (ADGT_H5(H5Lexists(f, gname.substr(0, gname.find('/')).c_str(), H5P_DEFAULT)) <= 0 ||
           ADGT_H5(H5Lexists(f, gname.c_str(), H5P_DEFAULT)) <= 0)
-        throw CheckpointError(where + "group " + gname + " is missing (see docs/checkpoint-format.md)");
+        throw CheckpointError(cf_.where + "group " + gname + " is missing (see docs/checkpoint-format.md)");
       h5::Id grp(ADGT_H5(H5Gopen2(f, gname.c_str(), H5P_DEFAULT)), H5Gclose);
       if (g == 1) state_buffers.get();
-      for (size_t i = 0; i < n; ++i) {
-        h5::Id ds = read_shard(grp, gname, local[i], mine[i], bufs[g]->data() + local[i].offset, where);
-        if (version == 1) {  // the whole tensor is the piece; its crc is the dataset's attribute
-          const Region whole = whole_region(local[i].global_shape, local[i].name);
-          SrcPiece p{g, i, gname + "/" + local[i].name, file, {{whole, 0}}, whole.numel(), 0};
-          if (!read_crc(ds, &p.crc))
-            throw CheckpointError(where + "tensor " + p.path + " has no crc32 attribute (see docs/checkpoint-format.md)");
-          pieces.push_back(std::move(p));
-          number(pieces.size() - 1);
-          if (check_of(pieces.size() - 1) == Check::kBuffer) crc_from_buffer(pieces.size() - 1);
-        } else {
-          const int64_t want = whole_region(local[i].global_shape, local[i].name).numel();
-          if (covered[size_t(g) * n + i] != want)
-            throw CheckpointError(where + "meta/pieces covers " + std::to_string(covered[size_t(g) * n + i]) +
-                                  " of the " + std::to_string(want) + " elements of tensor " + gname + "/" +
-                                  local[i].name + "; the index is damaged");
-          for (size_t k : pieces_of[{g, i}])
-            if (check_of(k) == Check::kBuffer) crc_from_buffer(k);
-        }
-      }
+      for (size_t i = 0; i < n_; ++i) read_tensor(grp, g, gname, i);
       for (const std::string& nm : link_names(grp)) {
-        listed.paths.push_back(gname + "/" + nm);
-        listed.loaded.push_back(names.count(nm) ? 1 : 0);
-        const auto it = pieces_in_file.find(listed.paths.back());
-        listed.pieces.push_back(version == 1 ? 1 : it == pieces_in_file.end() ? 0 : it->second);
+        listed_.paths.push_back(gname + "/" + nm);
+        listed_.loaded.push_back(names.count(nm) ? 1 : 0);
+        const auto it = pieces_in_file_.find(listed_.paths.back());
+        listed_.pieces.push_back(version_ == 1 ? 1 : it == pieces_in_file_.end() ? 0 : it->second);
       }
     }
-    for (size_t k = 0; k < pieces.size(); ++k)
-      if (check_of(k) != Check::kNone) ++verified[pieces[k].path];
-    for (const std::string& path : listed.paths) {
-      const auto it = verified.find(path);
-      listed.verified.push_back(it == verified.end() ? 0 : it->second);
-    }
+  }
 
-    std::vector<std::pair<size_t, uint32_t>> got;  // (piece, computed crc)
-    for (auto& [k, fut] : pending) got.emplace_back(k, fut.get());
+  // Tensor i of group g: reads it and starts the CRCs of its pieces this rank
+  // verifies from the buffer. Version 1: the whole tensor is the piece, its
+  // crc the dataset's attribute; version 2: meta/pieces must cover it.
+  void read_tensor(hid_t grp, int g, const std::string& gname, size_t i) {
+    const std::string& where = cf_.where;
+    const ParamSpec& l = local_[i];
+    h5::Id ds = read_shard(grp, gname, l, mine_[i], buffer(g)->data() + l.offset, where);
+    if (version_ == 1) {
+      const Region whole = whole_region(l.global_shape, l.name);
+      SrcPiece p{g, i, gname + "/" + l.name, cf_.file, {{whole, 0}}, whole.numel(), 0};
+      if (!read_crc(ds, &p.crc))
+        throw CheckpointError(where + "tensor " + p.path + " has no crc32 attribute (see docs/checkpoint-format.md)");
+      pieces_.push_back(std::move(p));
+      number(pieces_.size() - 1);
+      if (check_of(pieces_.size() - 1) == Check::kBuffer) crc_from_buffer(pieces_.size() - 1);
+    } else {
+      const int64_t want = whole_region(l.global_shape, l.name).numel();
+      if (covered_[size_t(g) * n_ + i] != want)
+        throw CheckpointError(where + "meta/pieces covers " + std::to_string(covered_[size_t(g) * n_ + i]) +
+                              " of the " + std::to_string(want) + " elements of tensor " + gname + "/" + l.name +
+                              "; the index is damaged");
+      for (size_t k : pieces_of_[{g, i}])
+        if (check_of(k) == Check::kBuffer) crc_from_buffer(k);
+    }
+  }
+
+  // The pieces of each listed tensor this rank verifies.
+  void count_verified() {
+    std::map<std::string, int32_t> verified;  // dataset path -> pieces this rank verifies
+    for (size_t k = 0; k < pieces_.size(); ++k)
+      if (check_of(k) != Check::kNone) ++verified[pieces_[k].path];
+    for (const std::string& path : listed_.paths) {
+      const auto it = verified.find(path);
+      listed_.verified.push_back(it == verified.end() ? 0 : it->second);
+    }
+  }
+
+  // The pieces this rank verifies from their files: each read whole and its
+  // CRC appended to `got`.
+  void verify_from_files(hid_t f, hid_t fapl, std::vector<std::pair<size_t, uint32_t>>& got) {
     std::map<fs::path, h5::Id> open_files;
     std::vector<float> read_back;
-    for (size_t k = 0; k < pieces.size(); ++k) {
+    for (size_t k = 0; k < pieces_.size(); ++k) {
       if (check_of(k) != Check::kFile) continue;
-      const SrcPiece& p = pieces[k];
-      const std::string at = where + "tensor " + p.path + " " + piece_str(p) + " in " + p.file.string() + ": ";
+      const SrcPiece& p = pieces_[k];
+      const std::string at = cf_.where + "tensor " + p.path + " " + piece_str(p) + " in " + p.file.string() + ": ";
       try {
         hid_t src = f;
-        if (p.file != file) {
+        if (p.file != cf_.file) {
           auto it = open_files.find(p.file);
           if (it == open_files.end())
             it = open_files.emplace(p.file, h5::Id(ADGT_H5(H5Fopen(p.file.c_str(), H5F_ACC_RDONLY, fapl)), H5Fclose))
@@ -389,27 +441,73 @@ CheckpointState read_shards(const std::string& step_dir, const std::vector<Param
         ADGT_H5(H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, read_back.data()));
       } catch (const h5::Error& e) {
         throw CheckpointError(at + "cannot read it: " + e.what() + "; resume from another checkpoint" +
-                              available_hint(root));
+                              available_hint(cf_.root));
       }
       got.emplace_back(k, crc32_many({{read_back.data(), read_back.size() * sizeof(float)}})[0]);
     }
-    // Report the first failure in piece order.
+  }
+
+  // Throws for the first piece, in piece order, whose computed CRC differs from the stored one.
+  void report_first_failure(std::vector<std::pair<size_t, uint32_t>>& got) const {
+    const std::string& where = cf_.where;
     std::sort(got.begin(), got.end());
     for (const auto& [k, crc] : got) {
-      const SrcPiece& p = pieces[k];
+      const SrcPiece& p = pieces_[k];
       if (crc == p.crc) continue;
       const std::string sums = "stored crc32 " + hex32(p.crc) + ", computed " + hex32(crc);
-      if (version == 1)
+      if (version_ == 1)
         throw CheckpointError(where + "tensor " + p.path + " fails its checksum (" + sums +
-                              "): the file is corrupt; resume from another checkpoint" + available_hint(root));
+                              "): the file is corrupt; resume from another checkpoint" + available_hint(cf_.root));
       throw CheckpointError(where + "tensor " + p.path + " fails its checksum: piece " + piece_str(p) + " in " +
                             p.file.string() + " (" + sums + ") is corrupt; resume from another checkpoint" +
-                            available_hint(root));
+                            available_hint(cf_.root));
     }
+  }
+
+  const CheckpointFiles& cf_;
+  const std::vector<ParamSpec>& local_;
+  const ShardLayout& lay_;
+  CheckpointState& st_;
+  FileTensors& listed_;
+  const size_t n_;
+  const std::vector<Region> mine_;      // what this rank reads of each tensor
+  std::map<std::string, size_t> index_;  // name -> position in local_
+  int64_t version_ = 0;
+  std::vector<SrcPiece> pieces_;
+  std::vector<int64_t> covered_;                  // elements of each (group, tensor) in meta/pieces
+  std::map<std::string, int32_t> pieces_in_file_;  // dataset path -> its pieces (version 1: 1 each)
+  std::map<std::pair<int, size_t>, std::vector<size_t>> pieces_of_;  // (group, param) -> pieces (version 2)
+  std::vector<size_t> ordinal_;                   // per piece (number)
+  size_t next_ordinal_[2] = {0, 0};               // non-expert, expert
+  // CRCs of pieces verified from the buffer, computing on other threads.
+  std::vector<std::pair<size_t, std::future<uint32_t>>> pending_;
+};
+
+CheckpointState read_shards(const std::string& step_dir, const std::vector<ParamSpec>& local, const ShardLayout& lay,
+                            FileTensors& listed) {
+  CheckpointFiles cf = checkpoint_files(step_dir);
+  listed.where = cf.where;
+  check_complete(cf);
+  check_table(local, "load_checkpoint(" + cf.file.string() + ")");
+
+  CheckpointState st;
+  st.specs = local;
+  const auto total = static_cast<size_t>(total_numel(local));
+  // The optimizer state's buffers are made while the weights are read.
+  zeroed(st.params, total);
+  std::future<void> state_buffers = std::async(std::launch::async, [&st, total] {
+    zeroed(st.exp_avg, total);
+    zeroed(st.exp_avg_sq, total);
+  });
+  ShardReader reader(cf, local, lay, st, listed);
+
+  h5::QuietErrors quiet;
+  try {
+    reader.run(state_buffers);
   } catch (const CheckpointError&) {
     throw;
   } catch (const std::exception& e) {
-    throw CheckpointError(where + e.what());
+    throw CheckpointError(cf.where + e.what());
   }
   return st;
 }
