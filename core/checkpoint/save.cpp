@@ -283,17 +283,24 @@ int64_t layer_of(const std::string& name) {
   return k < name.size() && name[k] == '.' ? n : -1;
 }
 
-// Rank 0: checks the reports against each other and the layout and turns them
-// into the index's tensors (in HF order: what comes before the layers, the
-// layers by number, what comes after; each stage's table order within) and the
-// blocks of each (group, tensor): per[g * tensors.size() + t].
-void assemble_index(const std::vector<RankReport>& reps, const ShardLayout& lay, const std::string& who,
-                    std::vector<IndexTensor>& tensors, std::vector<std::vector<IndexBlock>>& per) {
+// "tp 1, dp 0, pp 2" (", ep 1" added with expert parallelism): a rank's place
+// in the layout, for error messages.
+std::string place_of(const RankReport& r, const ShardLayout& lay) {
+  return "tp " + std::to_string(r.tp_rank) + ", dp " + std::to_string(r.dp_rank) + ", pp " +
+         std::to_string(r.pp_rank) + (lay.ep > 1 ? ", ep " + std::to_string(r.ep_rank) : std::string());
+}
+
+// Which rank saves at each place of the layout.
+struct Places {
+  Layout L;
+  std::vector<int> rank;  // by rank_of(L, place), -1 where none
+  int at(int t, int d, int p) const { return rank[size_t(rank_of(L, RankCoords{t, d, p, 0, 0}))]; }
+};
+
+// Checks that every rank reports the same layout as rank 0, an ep rank that
+// follows from its dp rank, and a place in the layout of its own.
+Places places_of(const std::vector<RankReport>& reps, const ShardLayout& lay, const std::string& who) {
   const int W = int(reps.size());
-  auto place = [&lay](const RankReport& r) {
-    return "tp " + std::to_string(r.tp_rank) + ", dp " + std::to_string(r.dp_rank) + ", pp " +
-           std::to_string(r.pp_rank) + (lay.ep > 1 ? ", ep " + std::to_string(r.ep_rank) : std::string());
-  };
   std::vector<int> at_coord(size_t(W), -1);
   for (int r = 0; r < W; ++r) {
     const RankReport& q = reps[size_t(r)];
@@ -316,39 +323,47 @@ void assemble_index(const std::vector<RankReport>& reps, const ShardLayout& lay,
     const int c = rank_of(ql, RankCoords{q.tp_rank, q.dp_rank, q.pp_rank, 0, 0});
     if (at_coord[size_t(c)] >= 0)
       throw CheckpointError(who + ": ranks " + std::to_string(at_coord[size_t(c)]) + " and " + std::to_string(r) +
-                            " both save as " + place(q) + "; every rank needs its own place in the layout");
+                            " both save as " + place_of(q, lay) + "; every rank needs its own place in the layout");
     at_coord[size_t(c)] = r;
   }
-  const Layout L{.tp = lay.tp, .pp = lay.pp, .dp = lay.dp, .ep = lay.ep};
-  auto rank_at = [&](int t, int d, int p) { return at_coord[size_t(rank_of(L, RankCoords{t, d, p, 0, 0}))]; };
+  return Places{Layout{.tp = lay.tp, .pp = lay.pp, .dp = lay.dp, .ep = lay.ep}, std::move(at_coord)};
+}
 
-  // Every rank of a stage holds the stage's non-expert tensors, and the experts of its ep rank.
-  for (int r = 0; r < W; ++r) {
+// Every rank of a stage holds the stage's non-expert tensors, and the experts of its ep rank.
+void check_stage_tables(const std::vector<RankReport>& reps, const ShardLayout& lay, const std::string& who,
+                        const Places& places) {
+  for (int r = 0; r < int(reps.size()); ++r) {
     const RankReport& q = reps[size_t(r)];
-    const int lead = rank_at(0, 0, q.pp_rank), ep_lead = rank_at(0, q.ep_rank, q.pp_rank);
+    const int lead = places.at(0, 0, q.pp_rank), ep_lead = places.at(0, q.ep_rank, q.pp_rank);
     if (q.shared_hash != reps[size_t(lead)].shared_hash)
-      throw CheckpointError(who + ": rank " + std::to_string(r) + " (" + place(q) +
+      throw CheckpointError(who + ": rank " + std::to_string(r) + " (" + place_of(q, lay) +
                             ") holds other tensors (names, shapes or sharding) than rank " + std::to_string(lead) +
-                            " (" + place(reps[size_t(lead)]) + "), which is in the same pipeline stage; every "
-                            "rank of a stage must hold the same parameter table" +
+                            " (" + place_of(reps[size_t(lead)], lay) + "), which is in the same pipeline stage; "
+                            "every rank of a stage must hold the same parameter table" +
                             (lay.ep > 1 ? " (but for its ep rank's experts)" : ""));
     if (q.table_hash != reps[size_t(ep_lead)].table_hash)
       throw CheckpointError(
-          who + ": rank " + std::to_string(r) + " (" + place(q) + ") holds other expert weights than rank " +
-          std::to_string(ep_lead) + " (" + place(reps[size_t(ep_lead)]) + "), which is in the same pipeline stage" +
+          who + ": rank " + std::to_string(r) + " (" + place_of(q, lay) + ") holds other expert weights than rank " +
+          std::to_string(ep_lead) + " (" + place_of(reps[size_t(ep_lead)], lay) +
+          "), which is in the same pipeline stage" +
           (lay.ep > 1 ? " and ep rank; the dp ranks of one ep rank must hold the same experts"
                       : "; with expert parallelism pass ShardLayout::ep and ep_rank (ep ranks hold different "
                         "experts)"));
   }
+}
 
-  // The tensors: the first rank of each ep rank of each stage (tp 0, dp = the ep
-  // rank) lists its whole table; the non-expert tensors are taken from ep rank
-  // 0's, the expert tensors from each. A name on two stages, or an expert on
-  // two ep ranks, is an error.
+// The tensors: the first rank of each ep rank of each stage (tp 0, dp = the ep
+// rank) lists its whole table; the non-expert tensors are taken from ep rank
+// 0's, the expert tensors from each. A name on two stages, or an expert on
+// two ep ranks, is an error. Appended to `tensors` in HF order (what comes
+// before the layers, the layers by number, what comes after; each stage's
+// table order within).
+void collect_tensors(const std::vector<RankReport>& reps, const ShardLayout& lay, const std::string& who,
+                     const Places& places, std::vector<IndexTensor>& tensors) {
   std::map<std::string, size_t> first_seen;
   for (int p = 0; p < lay.pp; ++p)
     for (int e = 0; e < lay.ep; ++e) {
-      const RankReport& q = reps[size_t(rank_at(0, e, p))];
+      const RankReport& q = reps[size_t(places.at(0, e, p))];
       size_t first_layer = q.tensors.size();
       for (size_t j = 0; j < q.tensors.size() && first_layer == q.tensors.size(); ++j)
         if (layer_of(q.tensors[j].name) >= 0) first_layer = j;
@@ -378,9 +393,10 @@ void assemble_index(const std::vector<RankReport>& reps, const ShardLayout& lay,
     return std::tie(a.band, a.layer, a.stage, a.anchor, a.expert, a.pos) <
            std::tie(b.band, b.layer, b.stage, b.anchor, b.expert, b.pos);
   });
-  std::map<std::string, size_t> tid;
-  for (size_t t = 0; t < tensors.size(); ++t) tid[tensors[t].name] = t;
-  // The union over the stages: no layer may be missing between the first and the last.
+}
+
+// The union over the stages: no layer may be missing between the first and the last.
+void check_layers_held(const std::vector<IndexTensor>& tensors, const std::string& who) {
   std::set<int64_t> layers;
   for (const IndexTensor& t : tensors)
     if (t.layer >= 0) layers.insert(t.layer);
@@ -389,8 +405,11 @@ void assemble_index(const std::vector<RankReport>& reps, const ShardLayout& lay,
       throw CheckpointError(who + ": no pipeline stage holds model.layers." + std::to_string(l) +
                             ".* (the stages hold layers up to " + std::to_string(*layers.rbegin()) +
                             "); together the stages must hold the whole model");
-  // Every expert of every MoE layer, as many as its router has rows, each with
-  // as many tensors as the others (w1, w2, w3).
+}
+
+// Every expert of every MoE layer, as many as its router has rows, each with
+// as many tensors as the others (w1, w2, w3).
+void check_experts_held(const std::vector<IndexTensor>& tensors, const ShardLayout& lay, const std::string& who) {
   std::map<int64_t, const IndexTensor*> router_of;               // layer -> its router
   std::map<int64_t, std::map<int64_t, int64_t>> experts_of;      // layer -> expert -> tensors
   for (const IndexTensor& t : tensors) {
@@ -421,11 +440,17 @@ void assemble_index(const std::vector<RankReport>& reps, const ShardLayout& lay,
                               " " + std::to_string(held.begin()->second) + "; every expert needs the same weights");
     }
   }
+}
 
-  // Each rank's blocks are pieces of its stage's (and ep rank's) tensors.
+// Each rank's blocks are pieces of its stage's (and ep rank's) tensors:
+// per[g * tensors.size() + t] gets the blocks of (group g, tensor t).
+void collect_blocks(const std::vector<RankReport>& reps, const std::vector<IndexTensor>& tensors,
+                    const std::string& who, std::vector<std::vector<IndexBlock>>& per) {
+  std::map<std::string, size_t> tid;
+  for (size_t t = 0; t < tensors.size(); ++t) tid[tensors[t].name] = t;
   const size_t n = tensors.size();
   per.assign(3 * n, {});
-  for (int r = 0; r < W; ++r) {
+  for (int r = 0; r < int(reps.size()); ++r) {
     const RankReport& q = reps[size_t(r)];
     for (size_t k = 0; k < q.blocks.size(); k += kRecordWords) {
       const int64_t* b = q.blocks.data() + k;
@@ -442,6 +467,20 @@ void assemble_index(const std::vector<RankReport>& reps, const ShardLayout& lay,
       per[size_t(b[0]) * n + it->second].push_back(ib);
     }
   }
+}
+
+// Rank 0: checks the reports against each other and the layout and turns them
+// into the index's tensors (in HF order: what comes before the layers, the
+// layers by number, what comes after; each stage's table order within) and the
+// blocks of each (group, tensor): per[g * tensors.size() + t].
+void assemble_index(const std::vector<RankReport>& reps, const ShardLayout& lay, const std::string& who,
+                    std::vector<IndexTensor>& tensors, std::vector<std::vector<IndexBlock>>& per) {
+  const Places places = places_of(reps, lay, who);
+  check_stage_tables(reps, lay, who, places);
+  collect_tensors(reps, lay, who, places, tensors);
+  check_layers_held(tensors, who);
+  check_experts_held(tensors, lay, who);
+  collect_blocks(reps, tensors, who, per);
 }
 
 // Writes checkpoint.h5: virtual datasets over every rank's pieces, and meta/.
