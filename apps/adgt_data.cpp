@@ -56,12 +56,9 @@ struct PrepareArgs {
   double val_fraction = 0.05;
 };
 
-int prepare(const PrepareArgs& a) {
-  const auto t_start = Clock::now();
-  const std::string text = read_text(a.input);
-  if (text.find_first_not_of(" \t\r\n") == std::string::npos)
-    throw std::runtime_error("--input '" + a.input + "' is empty (no non-blank text)");
-  const adgt::TextSplit split = adgt::split_text(text, a.val_fraction);
+// Checks the tokenizer arguments before any work (the vocab size is in range,
+// or the tokenizer is "byte" or a file), then creates --out.
+void check_tokenizer_args(const PrepareArgs& a) {
   std::error_code ec;
   if (a.tokenizer.empty()) {
     if (a.vocab_size < adgt::kMinSentencePieceVocab || a.vocab_size > adgt::kMaxSentencePieceVocab)
@@ -76,17 +73,26 @@ int prepare(const PrepareArgs& a) {
   fs::create_directories(a.out, ec);
   if (ec)
     throw std::runtime_error("--out '" + a.out + "': cannot create directory: " + ec.message());
-  const fs::path dir(a.out);
-  const double t_read = seconds_since(t_start);
+}
 
-  // ---- tokenizer ----
-  const auto t_tok = Clock::now();
-  nlohmann::json tok_meta;
-  std::string tok_spec;
+// The tokenizer the shards are written with: its spec (for Tokenizer::load)
+// and its entry in meta.json.
+struct TokenizerChoice {
+  std::string spec;
+  nlohmann::json meta;
+};
+
+// "byte"; a given SentencePiece model, copied into dir (with its .vocab when
+// there is one); or, without --tokenizer, a BPE model trained on the
+// training blocks of `text` only (the tokenizer never sees validation text).
+TokenizerChoice make_tokenizer(const PrepareArgs& a, const fs::path& dir, const std::string& text,
+                               const adgt::TextSplit& split) {
+  std::error_code ec;
+  TokenizerChoice t;
   const fs::path model_dst = dir / "tokenizer.model", vocab_dst = dir / "tokenizer.vocab";
   if (a.tokenizer == "byte") {
-    tok_spec = "byte";
-    tok_meta = {{"kind", "byte"}, {"path", "byte"}, {"trained", false}};
+    t.spec = "byte";
+    t.meta = {{"kind", "byte"}, {"path", "byte"}, {"trained", false}};
     fs::remove(model_dst, ec);  // no stale model from an earlier run beside byte shards
     fs::remove(vocab_dst, ec);
   } else if (!a.tokenizer.empty()) {
@@ -102,13 +108,13 @@ int prepare(const PrepareArgs& a) {
       else
         fs::remove(vocab_dst, ec);
     }
-    tok_spec = model_dst.string();
-    tok_meta = {{"kind", "sentencepiece"},
-                {"path", tok_spec},
-                {"trained", false},
-                {"copied_from", a.tokenizer}};
+    t.spec = model_dst.string();
+    t.meta = {{"kind", "sentencepiece"},
+              {"path", t.spec},
+              {"trained", false},
+              {"copied_from", a.tokenizer}};
   } else {
-    std::string train_text;  // the tokenizer never sees validation text
+    std::string train_text;
     train_text.reserve(text.size());
     for (const auto& b : split.blocks)
       if (!b.val) train_text.append(text, b.begin, b.end - b.begin);
@@ -117,61 +123,52 @@ int prepare(const PrepareArgs& a) {
                 train_text.size(), a.input.c_str());
     std::fflush(stdout);
     adgt::train_sentencepiece_text(train_text, prefix, a.vocab_size, a.input);
-    tok_spec = prefix + ".model";
-    tok_meta = {{"kind", "sentencepiece"},
-                {"path", tok_spec},
-                {"trained", true},
-                {"vocab_size_requested", a.vocab_size},
-                {"model_type", "bpe"}};
+    t.spec = prefix + ".model";
+    t.meta = {{"kind", "sentencepiece"},
+              {"path", t.spec},
+              {"trained", true},
+              {"vocab_size_requested", a.vocab_size},
+              {"model_type", "bpe"}};
   }
-  const auto tok = adgt::Tokenizer::load(tok_spec);
-  const int64_t vocab = tok->vocab_size();
-  tok_meta["vocab_size"] = vocab;
-  if (a.tokenizer.empty() && vocab < a.vocab_size)
-    std::printf(
-        "note: the text supports only %lld pieces; the vocab is %lld, not --vocab-size %d\n",
-        static_cast<long long>(vocab), static_cast<long long>(vocab), a.vocab_size);
-  const double t_train = seconds_since(t_tok);
+  return t;
+}
 
-  // ---- encode, block by block, in parallel ----
-  const auto t_enc = Clock::now();
-  std::vector<std::string_view> pieces;
-  for (const auto& b : split.blocks)
-    pieces.push_back(std::string_view(text).substr(b.begin, b.end - b.begin));
-  const auto encoded = tok->encode_batch(pieces);
+// The token ids of the training and validation blocks, and the text bytes
+// behind each.
+struct EncodedSplit {
   std::vector<int32_t> train, val;
   size_t train_bytes = 0, val_bytes = 0, val_blocks = 0;
+  std::vector<int32_t> first_ids;  // block 0's ids, for the lossless check
+};
+
+// The text of block b.
+std::string_view block_text(const std::string& text, const adgt::TextSplit& split, size_t b) {
+  return std::string_view(text).substr(split.blocks[b].begin, split.blocks[b].end - split.blocks[b].begin);
+}
+
+// Encodes the blocks in parallel and appends each to its side of the split.
+EncodedSplit encode_split(const adgt::Tokenizer& tok, const std::string& text, const adgt::TextSplit& split) {
+  std::vector<std::string_view> pieces;
+  for (size_t b = 0; b < split.blocks.size(); ++b) pieces.push_back(block_text(text, split, b));
+  auto encoded = tok.encode_batch(pieces);
+  EncodedSplit out;
   for (size_t i = 0; i < encoded.size(); ++i) {
-    auto& dst = split.blocks[i].val ? val : train;
+    auto& dst = split.blocks[i].val ? out.val : out.train;
     dst.insert(dst.end(), encoded[i].begin(), encoded[i].end());
-    (split.blocks[i].val ? val_bytes : train_bytes) += pieces[i].size();
-    val_blocks += split.blocks[i].val;
+    (split.blocks[i].val ? out.val_bytes : out.train_bytes) += pieces[i].size();
+    out.val_blocks += split.blocks[i].val;
   }
-  const double t_encode = seconds_since(t_enc);
+  out.first_ids = std::move(encoded.front());
+  return out;
+}
 
-  // Lossless check on the first block (cheap; catches normalising models).
-  const bool lossless = tok->decode(encoded.front()) == pieces.front();
-  if (!lossless)
-    std::fprintf(stderr,
-                 "adgt-data: warning: tokenizer '%s' does not reproduce the text exactly "
-                 "(decode(encode(block 0)) != block 0); it normalises text\n",
-                 tok_spec.c_str());
-
-  // ---- write ----
-  const auto t_wr = Clock::now();
-  const std::string train_path = (dir / "train.bin").string(),
-                    val_path = (dir / "val.bin").string();
-  adgt::write_token_shard(train_path, train, vocab);
-  adgt::write_token_shard(val_path, val, vocab);
-  if (val.empty())
-    std::fprintf(stderr,
-                 "adgt-data: warning: %s is empty (--val-fraction %g); evaluation "
-                 "will have nothing to read\n",
-                 val_path.c_str(), a.val_fraction);
-
+// meta.json: the source, tokenizer, dtype, the split's rule and both shards.
+nlohmann::json prepare_meta(const PrepareArgs& a, const std::string& text, const adgt::TextSplit& split,
+                            const nlohmann::json& tok_meta, int64_t vocab, bool lossless, const EncodedSplit& enc,
+                            const std::string& train_path, const std::string& val_path) {
   char hash[17];
   std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(fnv1a64(text)));
-  const nlohmann::json meta = {
+  return {
       {"format", "adgt token shard v1 (docs/data-format.md)"},
       {"source", {{"path", a.input}, {"bytes", text.size()}, {"fnv1a64", hash}}},
       {"tokenizer", tok_meta},
@@ -183,13 +180,63 @@ int prepare(const PrepareArgs& a) {
         {"k", split.k},
         {"block_bytes", split.block_bytes},
         {"blocks", split.blocks.size()},
-        {"val_blocks", val_blocks},
+        {"val_blocks", enc.val_blocks},
         {"rule",
          "blocks of ~block_bytes cut at blank lines/newlines; block b is val iff "
          "k > 0 and b % k == k-1 (last block if none qualifies)"}}},
-      {"train", {{"path", train_path}, {"tokens", train.size()}, {"text_bytes", train_bytes}}},
-      {"val", {{"path", val_path}, {"tokens", val.size()}, {"text_bytes", val_bytes}}},
+      {"train", {{"path", train_path}, {"tokens", enc.train.size()}, {"text_bytes", enc.train_bytes}}},
+      {"val", {{"path", val_path}, {"tokens", enc.val.size()}, {"text_bytes", enc.val_bytes}}},
   };
+}
+
+int prepare(const PrepareArgs& a) {
+  const auto t_start = Clock::now();
+  const std::string text = read_text(a.input);
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+    throw std::runtime_error("--input '" + a.input + "' is empty (no non-blank text)");
+  const adgt::TextSplit split = adgt::split_text(text, a.val_fraction);
+  check_tokenizer_args(a);
+  const fs::path dir(a.out);
+  const double t_read = seconds_since(t_start);
+
+  // ---- tokenizer ----
+  const auto t_tok = Clock::now();
+  TokenizerChoice choice = make_tokenizer(a, dir, text, split);
+  const std::string& tok_spec = choice.spec;
+  const auto tok = adgt::Tokenizer::load(tok_spec);
+  const int64_t vocab = tok->vocab_size();
+  choice.meta["vocab_size"] = vocab;
+  if (a.tokenizer.empty() && vocab < a.vocab_size)
+    std::printf(
+        "note: the text supports only %lld pieces; the vocab is %lld, not --vocab-size %d\n",
+        static_cast<long long>(vocab), static_cast<long long>(vocab), a.vocab_size);
+  const double t_train = seconds_since(t_tok);
+
+  // ---- encode, block by block, in parallel ----
+  const auto t_enc = Clock::now();
+  const EncodedSplit enc = encode_split(*tok, text, split);
+  const double t_encode = seconds_since(t_enc);
+
+  // Lossless check on the first block (cheap; catches normalising models).
+  const bool lossless = tok->decode(enc.first_ids) == block_text(text, split, 0);
+  if (!lossless)
+    std::fprintf(stderr,
+                 "adgt-data: warning: tokenizer '%s' does not reproduce the text exactly "
+                 "(decode(encode(block 0)) != block 0); it normalises text\n",
+                 tok_spec.c_str());
+
+  // ---- write ----
+  const auto t_wr = Clock::now();
+  const std::string train_path = (dir / "train.bin").string(),
+                    val_path = (dir / "val.bin").string();
+  adgt::write_token_shard(train_path, enc.train, vocab);
+  adgt::write_token_shard(val_path, enc.val, vocab);
+  if (enc.val.empty())
+    std::fprintf(stderr,
+                 "adgt-data: warning: %s is empty (--val-fraction %g); evaluation "
+                 "will have nothing to read\n",
+                 val_path.c_str(), a.val_fraction);
+  const nlohmann::json meta = prepare_meta(a, text, split, choice.meta, vocab, lossless, enc, train_path, val_path);
   const std::string meta_path = (dir / "meta.json").string();
   {
     std::ofstream mf(meta_path);
@@ -200,14 +247,14 @@ int prepare(const PrepareArgs& a) {
 
   std::printf("source     %s: %zu bytes, %zu blocks of ~%lld bytes, %zu to val (k=%lld)\n",
               a.input.c_str(), text.size(), split.blocks.size(),
-              static_cast<long long>(split.block_bytes), val_blocks,
+              static_cast<long long>(split.block_bytes), enc.val_blocks,
               static_cast<long long>(split.k));
   std::printf("tokenizer  %s (%s), vocab %lld\n", tok_spec.c_str(), tok->kind().c_str(),
               static_cast<long long>(vocab));
-  std::printf("train      %s: %zu tokens (%.3f bytes/token)\n", train_path.c_str(), train.size(),
-              train.empty() ? 0.0 : double(train_bytes) / double(train.size()));
-  std::printf("val        %s: %zu tokens (%.3f bytes/token)\n", val_path.c_str(), val.size(),
-              val.empty() ? 0.0 : double(val_bytes) / double(val.size()));
+  std::printf("train      %s: %zu tokens (%.3f bytes/token)\n", train_path.c_str(), enc.train.size(),
+              enc.train.empty() ? 0.0 : double(enc.train_bytes) / double(enc.train.size()));
+  std::printf("val        %s: %zu tokens (%.3f bytes/token)\n", val_path.c_str(), enc.val.size(),
+              enc.val.empty() ? 0.0 : double(enc.val_bytes) / double(enc.val.size()));
   std::printf("meta       %s\n", meta_path.c_str());
   std::printf("time       %.2f s total: read %.2f, tokenizer %.2f, encode %.2f, write %.2f\n",
               seconds_since(t_start), t_read, t_train, t_encode, t_write);
