@@ -209,25 +209,54 @@ class ExpertPlacementController final : public Controller {
 
   nlohmann::json decide(const nlohmann::json& in) override {
     const std::vector<double> load = in["load"].get<std::vector<double>>();
+    const size_t T = in["steps"].size();
+    WindowFigures w = window_figures(in);
+    // Three steps at least, and some load.
+    if (T < 3 || std::accumulate(load.begin(), load.end(), 0.0) <= 0) return {{"quiet", true}};
+    std::vector<double> cap, secs;
+    pool_capacities(w, cap, secs);
+    const bool full = in.value("full", true);
+    const std::vector<int64_t> now = in["placement"].get<std::vector<int64_t>>();
+    const std::string rep_now = in["replicas"].get<std::string>();
+    ReplicaCosts costs;
+    if (!w.xs.empty() && !w.ps.empty()) {
+      costs.expert_s = upper_median(std::move(w.xs));
+      costs.per_replica_s = upper_median(std::move(w.ps)) * in["replica_bytes"].get<double>();
+    }
+    const Choice ch = choose(load, cap, now, rep_now, costs, full);
+    return decision(ch, w, load, cap, secs, now, rep_now, costs, T);
+  }
+
+  // The move itself is the decision's "layout_request" (the trainer's).
+  void apply(Engine&, const nlohmann::json&) override {}
+
+ private:
+  // What decide reads of the window, per step t of in["steps"]: capacities
+  // (capacities()), the replicas' costs (the slowest rank's expert seconds
+  // and the ep group's seconds per byte: the fastest rank's rate, since the
+  // others' all-to-alls include waiting for the slowest, which is not what a
+  // replica's bytes cost) and what each ep index computed (its busiest
+  // holder's rows and slowest holder's expert seconds: with ep = dp these
+  // are the rank's own; with pp or edp replicas the busiest of them, not
+  // their sum). decide takes medians over the steps (one step's compute
+  // times on ranks sharing cores scatter by tens of percent).
+  struct WindowFigures {
+    std::vector<std::vector<double>> caps;       // per step, per ep index
+    std::vector<double> xs, ps;                  // per step: slowest expert seconds, seconds per byte
+    std::vector<double> rows;                    // per ep index, summed over the steps
+    std::vector<std::vector<double>> secs_hist;  // per ep index, per step
+    bool measured = true, from_dense = true, span_timed = true;  // every step's capacities
+  };
+
+  WindowFigures window_figures(const nlohmann::json& in) const {
     const size_t n = in["ep"].size(), T = in["steps"].size();
-    // Per step of the window: capacities, the replicas' costs (the slowest
-    // rank's expert seconds and the ep group's seconds per byte: the fastest
-    // rank's rate, since the others' all-to-alls include waiting for the
-    // slowest, which is not what a replica's bytes cost) and what each ep
-    // index computed (its busiest holder's rows and slowest holder's expert
-    // seconds: with ep = dp these are the rank's own; with pp or edp
-    // replicas the busiest of them, not their sum). Then medians over the
-    // steps (one step's compute times on ranks sharing cores scatter by
-    // tens of percent).
-    std::vector<std::vector<double>> caps;
-    std::vector<double> xs, ps;
-    std::vector<double> rows(size_t(ep_), 0.0), secs(size_t(ep_), 0.0);
-    std::vector<std::vector<double>> secs_hist(static_cast<size_t>(ep_));
-    bool measured = true, from_dense = true, span_timed = true;
+    WindowFigures w;
+    w.rows.assign(size_t(ep_), 0.0);
+    w.secs_hist.resize(static_cast<size_t>(ep_));
     for (size_t t = 0; t < T; ++t) {
       bool m = false, fd = false, ct = false;
-      caps.push_back(capacities(in, t, m, fd, ct));
-      measured = measured && m, from_dense = from_dense && fd, span_timed = span_timed && ct;
+      w.caps.push_back(capacities(in, t, m, fd, ct));
+      w.measured = w.measured && m, w.from_dense = w.from_dense && fd, w.span_timed = w.span_timed && ct;
       double slowest = 0;
       std::vector<double> pb;
       std::vector<double> r_ep(size_t(ep_), 0.0), s_ep(size_t(ep_), 0.0);
@@ -240,51 +269,70 @@ class ExpertPlacementController final : public Controller {
         r_ep[size_t(j)] = std::max(r_ep[size_t(j)], in["rows"][t][i].get<double>());
         s_ep[size_t(j)] = std::max(s_ep[size_t(j)], s);
       }
-      if (m && slowest > 0) xs.push_back(slowest);
-      if (!pb.empty()) ps.push_back(*std::min_element(pb.begin(), pb.end()));
-      for (int j = 0; j < ep_; ++j) rows[size_t(j)] += r_ep[size_t(j)], secs_hist[size_t(j)].push_back(s_ep[size_t(j)]);
+      if (m && slowest > 0) w.xs.push_back(slowest);
+      if (!pb.empty()) w.ps.push_back(*std::min_element(pb.begin(), pb.end()));
+      for (int j = 0; j < ep_; ++j)
+        w.rows[size_t(j)] += r_ep[size_t(j)], w.secs_hist[size_t(j)].push_back(s_ep[size_t(j)]);
     }
-    // Three steps at least, and some load.
-    if (T < 3 || std::accumulate(load.begin(), load.end(), 0.0) <= 0) return {{"quiet", true}};
-    // Capacities from the dense compute do not depend on where the experts
-    // are, so they pool over the last kCapacitySteps steps, across moves (a
-    // rank's speed holds; the window's median alone read full-speed ranks
-    // at 0.78-1.0 on 2 shared cores). From the expert rows they would not:
-    // then the window's alone.
-    if (from_dense && measured) {
-      cap_pool_.insert(cap_pool_.end(), caps.begin(), caps.end());
+    return w;
+  }
+
+  // The capacities a decision uses (cap) and each ep index's median expert
+  // seconds per step (secs). Capacities from the dense compute do not depend
+  // on where the experts are, so they pool over the last kCapacitySteps
+  // steps, across moves (a rank's speed holds; the window's median alone read
+  // full-speed ranks at 0.78-1.0 on 2 shared cores). From the expert rows
+  // they would not: then the window's alone.
+  void pool_capacities(const WindowFigures& w, std::vector<double>& cap, std::vector<double>& secs) {
+    if (w.from_dense && w.measured) {
+      cap_pool_.insert(cap_pool_.end(), w.caps.begin(), w.caps.end());
       while (int64_t(cap_pool_.size()) > kCapacitySteps) cap_pool_.pop_front();
     } else {
-      cap_pool_.assign(caps.begin(), caps.end());
+      cap_pool_.assign(w.caps.begin(), w.caps.end());
     }
-    std::vector<double> cap(size_t(ep_), 1.0);
+    cap.assign(size_t(ep_), 1.0);
+    secs.assign(size_t(ep_), 0.0);
     for (int j = 0; j < ep_; ++j) {
       std::vector<double> v;
       for (const auto& c : cap_pool_) v.push_back(c[size_t(j)]);
       cap[size_t(j)] = upper_median(std::move(v));
-      secs[size_t(j)] = upper_median(secs_hist[size_t(j)]);
+      secs[size_t(j)] = upper_median(w.secs_hist[size_t(j)]);
     }
-    bool full = in.value("full", true);
+  }
 
-    const std::vector<int64_t> now = in["placement"].get<std::vector<int64_t>>();
-    const std::string rep_now = in["replicas"].get<std::string>();
-    ReplicaCosts costs;
-    if (!xs.empty() && !ps.empty()) {
-      costs.expert_s = upper_median(std::move(xs));
-      costs.per_replica_s = upper_median(std::move(ps)) * in["replica_bytes"].get<double>();
-    }
-    PlacementChoice c = choose_placement(load, cap, now, rep_now, slots_, costs, !full);
-    // Between placements, owners move early when the replicas alone leave
-    // the slowest rank kEarlyGain slower than a new placement would: the
-    // loads moved too far for the spare slots (an expert the router turned
-    // to, sitting on a half-speed rank). Rare, and a move costs tens of ms.
-    bool early = false;
+  // The plan chosen, whether it is a full placement or replicas only, and
+  // whether it moves owners early.
+  struct Choice {
+    PlacementChoice c;
+    bool full = true, early = false;
+  };
+
+  // The plan for the window's loads and capacities: a placement at a full
+  // decision, else replicas only. Between placements, owners move early when
+  // the replicas alone leave the slowest rank kEarlyGain slower than a new
+  // placement would: the loads moved too far for the spare slots (an expert
+  // the router turned to, sitting on a half-speed rank). Rare, and a move
+  // costs tens of ms.
+  Choice choose(const std::vector<double>& load, const std::vector<double>& cap, const std::vector<int64_t>& now,
+                const std::string& rep_now, const ReplicaCosts& costs, bool full) const {
+    Choice ch{choose_placement(load, cap, now, rep_now, slots_, costs, !full), full, false};
     if (!full) {
       PlacementChoice f = choose_placement(load, cap, now, rep_now, slots_, costs, false);
-      const double over = c.predicted_s > 0 ? 1.0 - f.predicted_s / c.predicted_s
-                                            : 1.0 - (1.0 + f.plan.imbalance) / (1.0 + c.plan.imbalance);
-      if (over >= kEarlyGain) c = std::move(f), full = early = true;
+      const double over = ch.c.predicted_s > 0 ? 1.0 - f.predicted_s / ch.c.predicted_s
+                                               : 1.0 - (1.0 + f.plan.imbalance) / (1.0 + ch.c.plan.imbalance);
+      if (over >= kEarlyGain) ch.c = std::move(f), ch.full = ch.early = true;
     }
+    return ch;
+  }
+
+  // The decision's record (logged) and, when it moves, its layout request
+  // and console line.
+  nlohmann::json decision(const Choice& ch, const WindowFigures& w, const std::vector<double>& load,
+                          const std::vector<double>& cap, const std::vector<double>& secs,
+                          const std::vector<int64_t>& now, const std::string& rep_now, const ReplicaCosts& costs,
+                          size_t T) const {
+    const PlacementChoice& c = ch.c;
+    const bool full = ch.full;
     const double cur = c.imbalance_now;
     const SlotPlan& p = c.plan;
     const std::vector<int64_t>& next = c.owner;
@@ -307,14 +355,14 @@ class ExpertPlacementController final : public Controller {
     std::vector<double> share = load;
     for (double& x : share) x /= sum;
     d["load_share"] = round3(share);
-    d["scope"] = early ? "placement (early)" : full ? "placement" : "replicas";
+    d["scope"] = ch.early ? "placement (early)" : full ? "placement" : "replicas";
     d["window_steps"] = T;
     d["capacity"] = round3(cap);
-    d["capacity_measured"] = measured;
-    d["capacity_from"] = !measured     ? "none"
-                         : !from_dense ? "expert rows"
-                         : span_timed  ? "dense compute (backend time)"
-                                       : "dense compute (step clock)";
+    d["capacity_measured"] = w.measured;
+    d["capacity_from"] = !w.measured     ? "none"
+                         : !w.from_dense ? "expert rows"
+                         : w.span_timed  ? "dense compute (backend time)"
+                                         : "dense compute (step clock)";
     if (c.predicted_now_s > 0) {
       d["expert_s"] = costs.expert_s;
       d["replica_s"] = costs.per_replica_s;
@@ -327,6 +375,7 @@ class ExpertPlacementController final : public Controller {
     // (summed over the window's steps) and its expert seconds per step
     // (median); the placement in use then is placement_now.
     {
+      std::vector<double> rows = w.rows;
       const double total = std::accumulate(rows.begin(), rows.end(), 0.0);
       if (total > 0)
         for (double& x : rows) x /= total;
@@ -357,10 +406,6 @@ class ExpertPlacementController final : public Controller {
     return d;
   }
 
-  // The move itself is the decision's "layout_request" (the trainer's).
-  void apply(Engine&, const nlohmann::json&) override {}
-
- private:
   struct Sample {
     int64_t step = 0;
     std::vector<double> load;  // per expert, this rank's MoE layers
