@@ -129,6 +129,199 @@ struct Policy {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// The state of one list-scheduling pass (list_schedule below): per stage, how
+// many forwards (F), input backwards (B) and weight backwards (W) have run and
+// when each F and B ends; per rank, when it is free next and how many
+// micro-batches it has admitted; the order so far.
+class ListScheduler {
+ public:
+  ListScheduler(int pp, int v, int m, const StageCosts& c, std::int64_t limit, const Policy& pol,
+                StagePlacement place)
+      : pp_(pp), v_(v), m_(m), S_(pp * v), c_(c), limit_(limit), pol_(pol) {
+    // rank_of[s], chunk_of[s]; stages_of[r]: rank r's stages by chunk (chunk 0
+    // first, which is also the lowest stage in both placements).
+    rank_of_.assign(U(S_), 0), chunk_of_.assign(U(S_), 0);
+    stages_of_.assign(U(pp), {});
+    for (int r = 0; r < pp; ++r)
+      for (int ch = 0; ch < v; ++ch) {
+        const int s = stage_of(place, pp, r, ch);
+        rank_of_[U(s)] = r, chunk_of_[U(s)] = ch;
+        stages_of_[U(r)].push_back(s);
+      }
+    endF_.assign(U(S_), std::vector<double>(U(m), kInf));
+    endB_.assign(U(S_), std::vector<double>(U(m), kInf));
+    nf_.assign(U(S_), 0), nb_.assign(U(S_), 0), nw_.assign(U(S_), 0);
+    admitted_.assign(U(pp), 0);
+    w_done_.assign(U(pp), std::vector<int>(U(m), 0));
+    free_at_.assign(U(pp), 0.0);
+    order_.assign(U(pp), {});
+    left_ = 3 * m * S_;
+  }
+
+  // Runs every step; nothing when every rank stalls.
+  std::optional<Order> run_all() {
+    while (left_ > 0) {
+      double T = kInf;
+      for (int r = 0; r < pp_; ++r)
+        if (remaining(r) > 0) T = std::min(T, free_at_[U(r)]);
+      if (start_ready(T)) continue;
+      // Nothing could start at T: the waiting ranks move to the next event.
+      if (advance_waiting(T)) continue;
+      // No event ahead: only W's can move (fit-only held them back), else a stall.
+      if (!start_held_weight(T)) return std::nullopt;
+    }
+    return order_;
+  }
+
+ private:
+  static size_t U(int i) { return static_cast<size_t>(i); }
+
+  // When stage s's next F, B or W can start (kInf: not yet known, or none left).
+  double ready_f(int s) const {
+    const int k = nf_[U(s)];
+    if (k >= m_ || (s < pp_ && admitted_[U(s)] >= limit_)) return kInf;
+    if (s == 0) return 0.0;
+    const double e = endF_[U(s - 1)][U(k)];
+    return e < kInf ? e + c_.message(rank_of_[U(s - 1)], rank_of_[U(s)], pp_) : kInf;
+  }
+  double ready_b(int s) const {
+    const int k = nb_[U(s)];
+    if (k >= nf_[U(s)]) return kInf;
+    if (s == S_ - 1) return endF_[U(s)][U(k)];
+    const double e = endB_[U(s + 1)][U(k)];
+    return e < kInf ? e + c_.message(rank_of_[U(s + 1)], rank_of_[U(s)], pp_) : kInf;
+  }
+  double ready_w(int s) const {
+    const int k = nw_[U(s)];
+    return k < nb_[U(s)] ? endB_[U(s)][U(k)] : kInf;
+  }
+  // Steps rank r has yet to run.
+  int remaining(int r) const {
+    int n = 0;
+    for (int s : stages_of_[U(r)]) n += 3 * m_ - nf_[U(s)] - nb_[U(s)] - nw_[U(s)];
+    return n;
+  }
+  // Runs stage s's next `op` from time t.
+  void run(int s, Op op, double t) {
+    const int r = rank_of_[U(s)];
+    double dur = 0;
+    int k = 0;
+    if (op == Op::Forward) {
+      k = nf_[U(s)]++;
+      dur = c_.f[U(s)];
+      endF_[U(s)][U(k)] = t + dur;
+      if (s < pp_) ++admitted_[U(r)];
+    } else if (op == Op::BackwardInput) {
+      k = nb_[U(s)]++;
+      dur = c_.b[U(s)];
+      endB_[U(s)][U(k)] = t + dur;
+      if (s < pp_ && !pol_.w_frees) --admitted_[U(r)];
+    } else {
+      k = nw_[U(s)]++;
+      dur = c_.w[U(s)];
+      if (pol_.w_frees && ++w_done_[U(r)][U(k)] == v_) --admitted_[U(r)];
+    }
+    order_[U(r)].push_back({op, k, chunk_of_[U(s)]});
+    free_at_[U(r)] = t + dur;
+    --left_;
+  }
+  // Of rank r's stages, the one whose `ready` is at most T, chosen by `better`
+  // (-1: none).
+  template <class Ready, class Better>
+  int pick(int r, double T, Ready&& ready, Better&& better) const {
+    int best = -1;
+    for (int s : stages_of_[U(r)])
+      if (ready(s) <= T && (best < 0 || better(s, best))) best = s;
+    return best;
+  }
+  template <class Ready>
+  double earliest(int r, Ready&& ready) const {
+    double t = kInf;
+    for (int s : stages_of_[U(r)]) t = std::min(t, ready(s));
+    return t;
+  }
+  // Rank r's W to run at T: the oldest input backward's (-1: none ready).
+  int pick_w(int r, double T) const {
+    return pick(r, T, [&](int s) { return ready_w(s); }, [&](int a, int b) { return ready_w(a) < ready_w(b); });
+  }
+
+  // Every rank free at T starts its next step, if one is ready; whether any did.
+  bool start_ready(double T) {
+    const auto f_ready = [&](int s) { return ready_f(s); };
+    const auto b_ready = [&](int s) { return ready_b(s); };
+    bool progressed = false;
+    for (int r = 0; r < pp_; ++r) {
+      if (remaining(r) == 0 || free_at_[U(r)] != T) continue;
+      // B: the earliest ready, then the oldest micro-batch; F: the deepest or
+      // the shallowest chunk; W: the oldest input backward's.
+      const int sb = pick(r, T, b_ready, [&](int a, int b) {
+        const double ra = ready_b(a), rb = ready_b(b);
+        return ra != rb ? ra < rb : nb_[U(a)] < nb_[U(b)];
+      });
+      const int sf = pick(r, T, f_ready, [&](int a, int b) { return pol_.f_deep ? a > b : a < b; });
+      const int sw = pick_w(r, T);
+      const double next_fb = std::min(earliest(r, f_ready), earliest(r, b_ready));
+      int done_b = 0;
+      for (int s : stages_of_[U(r)]) done_b += nb_[U(s)];
+      const bool can_w = sw >= 0 && (!pol_.w_fit_only || done_b == m_ * v_ ||
+                                     (next_fb < kInf && T + c_.w[U(sw)] <= next_fb));
+      if (pol_.b_first && sb >= 0) run(sb, Op::BackwardInput, T);
+      else if (sf >= 0) run(sf, Op::Forward, T);
+      else if (sb >= 0) run(sb, Op::BackwardInput, T);
+      else if (can_w) run(sw, Op::BackwardWeight, T);
+      else continue;
+      progressed = true;
+    }
+    return progressed;
+  }
+
+  // The ranks waiting at T move to the next event (a rank freeing up or a step
+  // becoming ready); false when there is none ahead.
+  bool advance_waiting(double T) {
+    double next = kInf;
+    for (int r = 0; r < pp_; ++r) {
+      if (remaining(r) == 0) continue;
+      if (free_at_[U(r)] > T) next = std::min(next, free_at_[U(r)]);
+      for (int s : stages_of_[U(r)])
+        for (double x : {ready_f(s), ready_b(s), ready_w(s)})
+          if (x > T) next = std::min(next, x);
+    }
+    if (next < kInf) {
+      for (int r = 0; r < pp_; ++r)
+        if (remaining(r) > 0 && free_at_[U(r)] == T) free_at_[U(r)] = next;
+      return true;
+    }
+    return false;
+  }
+
+  // The first rank waiting at T with a W ready runs it; false when none has one.
+  bool start_held_weight(double T) {
+    for (int r = 0; r < pp_; ++r) {
+      if (remaining(r) == 0 || free_at_[U(r)] != T) continue;
+      const int sw = pick_w(r, T);
+      if (sw >= 0) {
+        run(sw, Op::BackwardWeight, T);
+        return true;
+      }
+    }
+    return false;
+  }
+
+  const int pp_, v_, m_, S_;
+  const StageCosts& c_;
+  const std::int64_t limit_;
+  const Policy& pol_;
+  std::vector<int> rank_of_, chunk_of_;           // per stage
+  std::vector<std::vector<int>> stages_of_;       // per rank
+  std::vector<std::vector<double>> endF_, endB_;  // per stage and micro-batch (kInf: not run)
+  std::vector<int> nf_, nb_, nw_;                 // per stage: F, B, W run so far
+  std::vector<std::int64_t> admitted_;            // per rank
+  std::vector<std::vector<int>> w_done_;          // per rank and micro-batch: W's run (w_frees)
+  std::vector<double> free_at_;                   // per rank
+  Order order_;
+  int left_ = 0;  // steps not yet run, all ranks
+};
+
 // One list-scheduling pass over S = pp * v stages (stage s on the rank and
 // chunk that `place` gives: looped s % pp and s / pp). A micro-batch is
 // admitted on a rank by its chunk-0 forward and leaves with its chunk-0
@@ -139,142 +332,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // Returns nothing when every rank stalls (a guard; it cannot happen).
 std::optional<Order> list_schedule(int pp, int v, int m, const StageCosts& c, std::int64_t limit,
                                    const Policy& pol, StagePlacement place = StagePlacement::looped) {
-  const int S = pp * v;
-  const auto U = [](int i) { return static_cast<size_t>(i); };
-  // rank_of[s], chunk_of[s]; stages_of[r]: rank r's stages by chunk (chunk 0
-  // first, which is also the lowest stage in both placements).
-  std::vector<int> rank_of(U(S)), chunk_of(U(S));
-  std::vector<std::vector<int>> stages_of(U(pp));
-  for (int r = 0; r < pp; ++r)
-    for (int ch = 0; ch < v; ++ch) {
-      const int s = stage_of(place, pp, r, ch);
-      rank_of[U(s)] = r, chunk_of[U(s)] = ch;
-      stages_of[U(r)].push_back(s);
-    }
-  std::vector<std::vector<double>> endF(U(S), std::vector<double>(U(m), kInf));
-  std::vector<std::vector<double>> endB(U(S), std::vector<double>(U(m), kInf));
-  std::vector<int> nf(U(S), 0), nb(U(S), 0), nw(U(S), 0);
-  std::vector<std::int64_t> admitted(U(pp), 0);
-  std::vector<std::vector<int>> w_done(U(pp), std::vector<int>(U(m), 0));  // per rank and micro-batch
-  std::vector<double> free_at(U(pp), 0.0);
-  Order order(U(pp));
-
-  auto ready_f = [&](int s) {
-    const int k = nf[U(s)];
-    if (k >= m || (s < pp && admitted[U(s)] >= limit)) return kInf;
-    if (s == 0) return 0.0;
-    const double e = endF[U(s - 1)][U(k)];
-    return e < kInf ? e + c.message(rank_of[U(s - 1)], rank_of[U(s)], pp) : kInf;
-  };
-  auto ready_b = [&](int s) {
-    const int k = nb[U(s)];
-    if (k >= nf[U(s)]) return kInf;
-    if (s == S - 1) return endF[U(s)][U(k)];
-    const double e = endB[U(s + 1)][U(k)];
-    return e < kInf ? e + c.message(rank_of[U(s + 1)], rank_of[U(s)], pp) : kInf;
-  };
-  auto ready_w = [&](int s) {
-    const int k = nw[U(s)];
-    return k < nb[U(s)] ? endB[U(s)][U(k)] : kInf;
-  };
-  auto remaining = [&](int r) {
-    int n = 0;
-    for (int s : stages_of[U(r)]) n += 3 * m - nf[U(s)] - nb[U(s)] - nw[U(s)];
-    return n;
-  };
-  auto run = [&](int s, Op op, double t) {
-    const int r = rank_of[U(s)];
-    double dur = 0;
-    int k = 0;
-    if (op == Op::Forward) {
-      k = nf[U(s)]++;
-      dur = c.f[U(s)];
-      endF[U(s)][U(k)] = t + dur;
-      if (s < pp) ++admitted[U(r)];
-    } else if (op == Op::BackwardInput) {
-      k = nb[U(s)]++;
-      dur = c.b[U(s)];
-      endB[U(s)][U(k)] = t + dur;
-      if (s < pp && !pol.w_frees) --admitted[U(r)];
-    } else {
-      k = nw[U(s)]++;
-      dur = c.w[U(s)];
-      if (pol.w_frees && ++w_done[U(r)][U(k)] == v) --admitted[U(r)];
-    }
-    order[U(r)].push_back({op, k, chunk_of[U(s)]});
-    free_at[U(r)] = t + dur;
-  };
-  // Of rank r's stages, the one whose `ready` is at most T, chosen by `better`
-  // (-1: none).
-  auto pick = [&](int r, double T, auto&& ready, auto&& better) {
-    int best = -1;
-    for (int s : stages_of[U(r)])
-      if (ready(s) <= T && (best < 0 || better(s, best))) best = s;
-    return best;
-  };
-  auto earliest = [&](int r, auto&& ready) {
-    double t = kInf;
-    for (int s : stages_of[U(r)]) t = std::min(t, ready(s));
-    return t;
-  };
-
-  int left = 3 * m * S;
-  while (left > 0) {
-    double T = kInf;
-    for (int r = 0; r < pp; ++r)
-      if (remaining(r) > 0) T = std::min(T, free_at[U(r)]);
-    bool progressed = false;
-    for (int r = 0; r < pp; ++r) {
-      if (remaining(r) == 0 || free_at[U(r)] != T) continue;
-      // B: the earliest ready, then the oldest micro-batch; F: the deepest or
-      // the shallowest chunk; W: the oldest input backward's.
-      const int sb = pick(r, T, ready_b, [&](int a, int b) {
-        const double ra = ready_b(a), rb = ready_b(b);
-        return ra != rb ? ra < rb : nb[U(a)] < nb[U(b)];
-      });
-      const int sf = pick(r, T, ready_f, [&](int a, int b) { return pol.f_deep ? a > b : a < b; });
-      const int sw = pick(r, T, ready_w, [&](int a, int b) { return ready_w(a) < ready_w(b); });
-      const double next_fb = std::min(earliest(r, ready_f), earliest(r, ready_b));
-      int done_b = 0;
-      for (int s : stages_of[U(r)]) done_b += nb[U(s)];
-      const bool can_w = sw >= 0 && (!pol.w_fit_only || done_b == m * v ||
-                                     (next_fb < kInf && T + c.w[U(sw)] <= next_fb));
-      if (pol.b_first && sb >= 0) run(sb, Op::BackwardInput, T);
-      else if (sf >= 0) run(sf, Op::Forward, T);
-      else if (sb >= 0) run(sb, Op::BackwardInput, T);
-      else if (can_w) run(sw, Op::BackwardWeight, T);
-      else continue;
-      --left;
-      progressed = true;
-    }
-    if (progressed) continue;
-    // Nothing could start at T: the waiting ranks move to the next event.
-    double next = kInf;
-    for (int r = 0; r < pp; ++r) {
-      if (remaining(r) == 0) continue;
-      if (free_at[U(r)] > T) next = std::min(next, free_at[U(r)]);
-      for (int s : stages_of[U(r)])
-        for (double x : {ready_f(s), ready_b(s), ready_w(s)})
-          if (x > T) next = std::min(next, x);
-    }
-    if (next < kInf) {
-      for (int r = 0; r < pp; ++r)
-        if (remaining(r) > 0 && free_at[U(r)] == T) free_at[U(r)] = next;
-      continue;
-    }
-    // No event ahead: only W's can move (fit-only held them back), else a stall.
-    for (int r = 0; r < pp && !progressed; ++r) {
-      if (remaining(r) == 0 || free_at[U(r)] != T) continue;
-      const int sw = pick(r, T, ready_w, [&](int a, int b) { return ready_w(a) < ready_w(b); });
-      if (sw >= 0) {
-        run(sw, Op::BackwardWeight, T);
-        --left;
-        progressed = true;
-      }
-    }
-    if (!progressed) return std::nullopt;
-  }
-  return order;
+  return ListScheduler(pp, v, m, c, limit, pol, place).run_all();
 }
 
 // The interleaved order with each fused Backward split into its input
