@@ -62,10 +62,12 @@ int64_t compute_bytes_per_element(const RunConfig& cfg) {
 //   A_final if c holds the head); with a split backward (zb-h1, greedy) each
 //   layer also keeps its output gradients from B to W: 2C + 2F/tp +
 //   (H + 2KV) hd/tp per token (and C for the embedding's chunk).
-MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
-                               const std::vector<std::vector<int64_t>>& held) {
+namespace {
+
+// The whole model's counts, the same on every rank: parameters (from the
+// parameter table), matmul weights, and the training FLOPs per token and step.
+void count_model(const RunConfig& cfg, MemoryEstimate& e) {
   const ModelConfig& m = cfg.model;
-  MemoryEstimate e;
   const auto table = build_param_table(m);
   e.n_params = param_count(table);
   int64_t embedding = 0;
@@ -74,21 +76,51 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
     if (p.is_embedding || p.name == "lm_head.weight") embedding += p.numel;
   }
   e.n_params_non_embedding = e.n_params - embedding;
-  const int64_t V = m.vocab_size, C = m.d_model, H = m.n_heads, KV = m.n_kv_heads,
-                hd = m.head_dim(), F = m.ffn_hidden, T = m.seq_len, B = cfg.train.micro_batch;
-  if (m.tie_embeddings) e.n_params_matmul += V * C;
+  if (m.tie_embeddings) e.n_params_matmul += m.vocab_size * m.d_model;
 
   e.flops_per_token = mfu_flops_per_token(m);
-  e.tokens_per_step = cfg.train.global_batch * T;
+  e.tokens_per_step = cfg.train.global_batch * m.seq_len;
   e.flops_per_step = e.flops_per_token * static_cast<double>(e.tokens_per_step);
+}
 
-  // Per rank: this rank's tensor-parallel shards (the parameter table for rank
-  // 0 of tp), AdamW state divided over dp under ZeRO-1, and with sequence
-  // parallelism the residual/norm rows divided over tp.
-  const int64_t tp = cfg.parallel.tp, dp = cfg.parallel.dp;
+// What one token keeps on one rank, in compute-dtype elements: per dense and
+// MoE layer, for the head, and what recompute keeps of a layer (the formulas
+// of the notation comment above).
+struct ActivationSizes {
+  const RunConfig& cfg;
+  int64_t rows = 1;         // tp with sequence parallelism (residual rows split over tp), else 1
+  int64_t a_layer = 0;      // a dense layer
+  int64_t a_moe_layer = 0;  // an MoE layer
+  int64_t a_final = 0;      // the final norm, logits and loss
+  int64_t att_core = 0;     // what selective recompute drops of the attention
+  int64_t moe_state = 0;    // an MoE block's own state, which full recompute keeps
+  int64_t shared_rc = 0;    // the recomputed part's buffers, once per rank
+  int64_t Fl = 0;           // the FFN's hidden width on this rank
+
+  bool recomputed(int64_t index_in_chunk) const {
+    const std::string& rc = cfg.train.recompute;
+    if (rc == "selective") return true;
+    return rc == "full" && (cfg.train.recompute_layers == 0 || index_in_chunk < cfg.train.recompute_layers);
+  }
+  // What layer l (index_in_chunk within its chunk) keeps per token.
+  int64_t kept(int64_t l, int64_t index_in_chunk) const {
+    const bool moe = cfg.model.is_moe_layer(l);
+    const int64_t all = moe ? a_moe_layer : a_layer;
+    if (!recomputed(index_in_chunk)) return all;
+    if (cfg.train.recompute == "selective") return all - att_core - (moe ? 0 : Fl);
+    return cfg.model.d_model / rows + (moe ? moe_state : 0);
+  }
+};
+
+ActivationSizes activation_sizes(const RunConfig& cfg, int64_t bpp) {
+  const ModelConfig& m = cfg.model;
+  const int64_t C = m.d_model, H = m.n_heads, KV = m.n_kv_heads, hd = m.head_dim(), F = m.ffn_hidden,
+                T = m.seq_len;
+  const int64_t tp = cfg.parallel.tp;
   const bool sp = cfg.parallel.sequence_parallel && tp > 1;
   const int64_t Hl = H / tp, KVl = KV / tp, Fl = F / tp, Vl = padded_vocab(m, tp) / tp;
-  const int64_t rows = sp ? tp : 1;  // residual stream, norm inputs and rstd split over tp with SP
+  ActivationSizes z{cfg};
+  z.rows = sp ? tp : 1;
   const int64_t a_layer_num = 2 * C + 2;  // x_in, x_mid, rstd1, rstd2 (divided by `rows`)
   // What the attention saves per token and head: the CPU backend's T
   // probabilities, or the CUDA kernels' one fp32 log-sum-exp (train.device:
@@ -96,93 +128,129 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
   const int64_t att_saved =
       cfg.train.device == "cuda" ? std::max<int64_t>(1, 4 / bpp) : T;
   const int64_t a_layer_full = 2 * C + 2 * Hl * hd + 2 * KVl * hd + Hl * att_saved + 3 * Fl;
-  const int64_t a_layer = a_layer_num / rows + a_layer_full;
+  z.a_layer = a_layer_num / z.rows + a_layer_full;
   // An MoE layer keeps, instead of the dense FFN's 3F, per token: the router
   // probabilities (E) and for each of its top_k assignments the gathered input
   // row (C), the expert's gate, up and h (3 Fe / tp) and its output row (C).
   const int64_t Fel = m.expert_ffn() / tp;
-  const int64_t a_moe_layer =
-      a_layer - 3 * Fl + m.n_experts + m.moe_top_k * (2 * C + 3 * Fel);
+  z.a_moe_layer = z.a_layer - 3 * Fl + m.n_experts + m.moe_top_k * (2 * C + 3 * Fel);
+  z.a_final = C / z.rows + 1 + C + Vl + 1;
+  // Recompute: what a layer keeps, and the shared buffers of the recomputed part.
+  const std::string& rc = cfg.train.recompute;
+  z.att_core = Hl * att_saved + Hl * hd;  // selective drops these (and h)
+  z.moe_state = m.n_experts + m.moe_top_k * (2 * C + 3 * Fel);
+  z.shared_rc = rc == "selective" ? z.att_core + Fl : rc == "full" ? z.a_layer - C / z.rows : 0;
+  z.Fl = Fl;
+  return z;
+}
+
+// One pipeline rank's activations per token, summed over its chunks, each
+// times the micro-batches it holds.
+struct RankActivations {
+  int64_t act = 0;        // everything kept, the recomputed part's shared buffers included
+  int64_t n_held = 0;     // micro-batches held, over all chunks
+  int64_t split_act = 0;  // of act: a split backward's output gradients
+};
+
+// held[r][c] where given, else what 1F1B (or ZB-V's vee) holds at most.
+RankActivations rank_activations(const RunConfig& cfg, const ActivationSizes& z, const StageSlice& slice, int r,
+                                 const std::vector<std::vector<int64_t>>& held, bool split,
+                                 StagePlacement placement) {
+  const ModelConfig& m = cfg.model;
+  const int64_t C = m.d_model, hd = m.head_dim(), tp = cfg.parallel.tp;
+  const int64_t Hl = m.n_heads / tp, KVl = m.n_kv_heads / tp;
+  const int pp = int(cfg.parallel.pp);
+  const int64_t mb = cfg.pipeline_microbatches();
+  RankActivations out;
+  bool any_recomputed = false;
+  for (int c = 0; c < int(slice.chunks.size()); ++c) {
+    const int64_t h = r < int(held.size()) && c < int(held[size_t(r)].size())
+                          ? held[size_t(r)][size_t(c)]
+                          : pp == 1                            ? 1
+                            : placement == StagePlacement::vee ? std::min<int64_t>(pp, mb)  // ZB-V: 1F1B's pp stages
+                                                               : std::min<int64_t>(pp - r, mb);
+    const bool head = slice.head && c + 1 == int(slice.chunks.size());
+    int64_t per = head ? z.a_final : 0;
+    // A split backward (zb-h1, greedy) keeps each layer's output gradients
+    // from B to W (model.cpp make_split_buffers), and the embedding's.
+    if (split) {
+      const int64_t layers = slice.chunks[size_t(c)].second - slice.chunks[size_t(c)].first;
+      const int64_t g = layers * (2 * C + 2 * z.Fl + (Hl + 2 * KVl) * hd) +
+                        (slice.embedding && c == 0 ? C : 0);
+      per += g;
+      out.split_act += h * g;
+    }
+    for (int64_t l = slice.chunks[size_t(c)].first; l < slice.chunks[size_t(c)].second; ++l) {
+      const int64_t i = l - slice.chunks[size_t(c)].first;
+      per += z.kept(l, i);
+      any_recomputed = any_recomputed || z.recomputed(i);
+    }
+    out.act += h * per;
+    out.n_held += h;
+  }
+  if (any_recomputed) out.act += z.shared_rc;
+  return out;
+}
+
+// x's per-rank bytes for a rank holding `numel` parameter elements and the
+// activations `a`.
+void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, int64_t numel, const RankActivations& a,
+                     const ActivationSizes& z, MemoryEstimate& x) {
+  const ModelConfig& m = cfg.model;
+  const int64_t C = m.d_model, hd = m.head_dim(), T = m.seq_len, B = cfg.train.micro_batch;
+  const int64_t tp = cfg.parallel.tp, dp = cfg.parallel.dp;
+  const bool sp = cfg.parallel.sequence_parallel && tp > 1;
+  const int64_t Hl = m.n_heads / tp, KVl = m.n_kv_heads / tp;
+  x.bytes_params = numel * bpp;
+  x.bytes_grads = numel * std::max<int64_t>(bpp, 4);
+  x.bytes_optimizer = 2 * numel * std::max<int64_t>(bpp, 4) / (cfg.parallel.zero ? dp : 1) +
+                      (bpp < 4 ? numel * 4 : 0);
+  x.bytes_activations = B * T * a.act * bpp;
+  x.bytes_split = B * T * a.split_act * bpp;
+  if (cfg.train.device == "cuda" && cfg.train.dtype == "bf16") {
+    const AttentionPath ap = cuda_attention_path(AttentionShape{B, T, Hl, KVl, hd});
+    x.bytes_attention_fallback = ap.fallback_bytes;
+    x.attention_fallback = ap.reason;
+  }
+  const int64_t Nt = B * T, Nl = Nt / z.rows, mbytes = std::max<int64_t>(bpp, 4);
+  x.bytes_scratch =
+      (Nl * C + Nt * C + (sp ? 2 * Nl * C + 2 * Nt * C : 0) + Nt * (2 * Hl + 2 * KVl) * hd +
+       3 * Nt * z.Fl + (cfg.train.fused_projections ? Nt * (Hl + 2 * KVl) * hd : 0)) * bpp +
+      T * hd * mbytes + a.n_held * (Nl * C * bpp + 2 * Nt * 4);
+  x.bytes_total = x.bytes_params + x.bytes_grads + x.bytes_optimizer + x.bytes_activations +
+                  x.bytes_attention_fallback + x.bytes_scratch;
+}
+
+}  // namespace
+
+// Per rank: this rank's tensor-parallel shards (the parameter table for rank 0
+// of tp), AdamW state divided over dp under ZeRO-1, and with sequence
+// parallelism the residual/norm rows divided over tp; with pipeline
+// parallelism the pipeline rank with the largest total.
+MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
+                               const std::vector<std::vector<int64_t>>& held) {
+  const ModelConfig& m = cfg.model;
+  MemoryEstimate e;
+  count_model(cfg, e);
+  const ActivationSizes z = activation_sizes(cfg, bpp);
   const int64_t ep = std::max<int64_t>(1, cfg.parallel.ep);
   std::vector<int64_t> experts0;  // ep rank 0's experts (every rank holds E / ep)
   for (int64_t x = 0; x < m.n_experts / ep; ++x) experts0.push_back(x);
-  const int64_t a_final = C / rows + 1 + C + Vl + 1;
-  // Recompute: what a layer keeps, and the shared buffers of the recomputed part.
-  const std::string rc = cfg.train.recompute;
-  const int64_t att_core = Hl * att_saved + Hl * hd;  // selective drops these (and h)
-  const int64_t moe_state = m.n_experts + m.moe_top_k * (2 * C + 3 * Fel);
-  auto recomputed = [&](int64_t index_in_chunk) {
-    if (rc == "selective") return true;
-    return rc == "full" && (cfg.train.recompute_layers == 0 || index_in_chunk < cfg.train.recompute_layers);
-  };
-  auto kept = [&](int64_t l, int64_t index_in_chunk) -> int64_t {
-    const bool moe = m.is_moe_layer(l);
-    const int64_t all = moe ? a_moe_layer : a_layer;
-    if (!recomputed(index_in_chunk)) return all;
-    if (rc == "selective") return all - att_core - (moe ? 0 : Fl);
-    return C / rows + (moe ? moe_state : 0);
-  };
-  const int64_t shared_rc = rc == "selective" ? att_core + Fl : rc == "full" ? a_layer - C / rows : 0;
   e.bytes_per_element = bpp;
   const int pp = int(cfg.parallel.pp), v = int(cfg.parallel.virtual_stages);
   const std::vector<int64_t> counts = stage_layer_counts(cfg);
-  const int64_t mb = cfg.pipeline_microbatches();
   const bool split = pp > 1 && (cfg.parallel.schedule == "zb-h1" || cfg.parallel.schedule == "zb-v" ||
                                 cfg.parallel.schedule == "greedy");
   const StagePlacement placement = placement_of_schedule(cfg.parallel.schedule);
   for (int r = 0; r < pp; ++r) {
     const StageSlice slice = stage_slice(counts, pp, v, r, placement);
-    const int64_t numel =
-        total_numel(build_param_table(m, tp, 0, &slice, m.n_experts > 0 ? &experts0 : nullptr));
-    int64_t act = 0, n_held = 0, split_act = 0;
-    bool any_recomputed = false;
-    for (int c = 0; c < int(slice.chunks.size()); ++c) {
-      const int64_t h = r < int(held.size()) && c < int(held[size_t(r)].size())
-                            ? held[size_t(r)][size_t(c)]
-                            : pp == 1                            ? 1
-                              : placement == StagePlacement::vee ? std::min<int64_t>(pp, mb)  // ZB-V: 1F1B's pp stages
-                                                                 : std::min<int64_t>(pp - r, mb);
-      const bool head = slice.head && c + 1 == int(slice.chunks.size());
-      int64_t per = head ? a_final : 0;
-      // A split backward (zb-h1, greedy) keeps each layer's output gradients
-      // from B to W (model.cpp make_split_buffers), and the embedding's.
-      if (split) {
-        const int64_t layers = slice.chunks[size_t(c)].second - slice.chunks[size_t(c)].first;
-        const int64_t g = layers * (2 * C + 2 * Fl + (Hl + 2 * KVl) * hd) +
-                          (slice.embedding && c == 0 ? C : 0);
-        per += g;
-        split_act += h * g;
-      }
-      for (int64_t l = slice.chunks[size_t(c)].first; l < slice.chunks[size_t(c)].second; ++l) {
-        const int64_t i = l - slice.chunks[size_t(c)].first;
-        per += kept(l, i);
-        any_recomputed = any_recomputed || recomputed(i);
-      }
-      act += h * per;
-      n_held += h;
-    }
-    if (any_recomputed) act += shared_rc;
+    const int64_t numel = total_numel(
+        build_param_table(m, cfg.parallel.tp, 0, &slice, m.n_experts > 0 ? &experts0 : nullptr));
+    const RankActivations a = rank_activations(cfg, z, slice, r, held, split, placement);
     MemoryEstimate x = e;
-    x.bytes_params = numel * bpp;
-    x.bytes_grads = numel * std::max<int64_t>(bpp, 4);
-    x.bytes_optimizer = 2 * numel * std::max<int64_t>(bpp, 4) / (cfg.parallel.zero ? dp : 1) +
-                        (bpp < 4 ? numel * 4 : 0);
-    x.bytes_activations = B * T * act * bpp;
-    x.bytes_split = B * T * split_act * bpp;
-    if (cfg.train.device == "cuda" && cfg.train.dtype == "bf16") {
-      const AttentionPath ap = cuda_attention_path(AttentionShape{B, T, Hl, KVl, hd});
-      x.bytes_attention_fallback = ap.fallback_bytes;
-      x.attention_fallback = ap.reason;
-    }
-    const int64_t Nt = B * T, Nl = Nt / rows, mbytes = std::max<int64_t>(bpp, 4);
-    x.bytes_scratch =
-        (Nl * C + Nt * C + (sp ? 2 * Nl * C + 2 * Nt * C : 0) + Nt * (2 * Hl + 2 * KVl) * hd +
-         3 * Nt * Fl + (cfg.train.fused_projections ? Nt * (Hl + 2 * KVl) * hd : 0)) * bpp +
-        T * hd * mbytes + n_held * (Nl * C * bpp + 2 * Nt * 4);
-    x.bytes_total = x.bytes_params + x.bytes_grads + x.bytes_optimizer + x.bytes_activations +
-                    x.bytes_attention_fallback + x.bytes_scratch;
+    fill_rank_bytes(cfg, bpp, numel, a, z, x);
     x.pp_rank = r;
-    x.microbatches_held = n_held;
+    x.microbatches_held = a.n_held;
     if (r == 0 || x.bytes_total > e.bytes_total) e = x;
   }
   return e;
