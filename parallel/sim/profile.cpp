@@ -34,60 +34,114 @@ struct Arena {
   }
 };
 
+// The GEMM ops' tensors in `ar` and the backend call on them.
+std::function<void()> gemm_run(Backend& be, Arena& ar, const Op& op, DType dt) {
+  const int64_t a = op.a, b = op.b, c = op.c;
+  std::function<void()> run;
+  if (op.kind == OpKind::GemmForward) {
+    Tensor y = ar.make(dt, {a, b}), x = ar.make(dt, {a, c}), w = ar.make(dt, {b, c});
+    run = [=, &be] { be.linear_forward(y, x, w); };
+  } else if (op.kind == OpKind::GemmInputGrad) {  // dx(a, b) = dy(a, c) w(c, b)
+    Tensor dx = ar.make(dt, {a, b}), dy = ar.make(dt, {a, c}), w = ar.make(dt, {c, b}),
+           x = ar.make(dt, {a, b});
+    run = [=, &be] { be.linear_backward(dx, Tensor(), dy, x, w, false); };
+  } else {  // GemmWeightGrad: dw(a, b) += dy(c, a)^T x(c, b)
+    Tensor dw = ar.make(DType::F32, {a, b}), dy = ar.make(dt, {c, a}), x = ar.make(dt, {c, b}),
+           w = ar.make(dt, {a, b});
+    if (dt != DType::F32) dw = ar.make(dt, {a, b});
+    run = [=, &be] { be.linear_backward(Tensor(), dw, dy, x, w, false); };
+  }
+  return run;
+}
+
+// Attention forward or backward. One forward runs here first: the backward
+// reads its output and saved statistics.
+std::function<void()> attention_run(Backend& be, Arena& ar, const Op& op, DType dt, DType st) {
+  const int64_t a = op.a, b = op.b, c = op.c, d = op.d, e = op.e;
+  std::function<void()> run;
+  AttentionShape s{a, b, c, d, e};
+  Tensor q = ar.make(dt, {a, b, c, e}), k = ar.make(dt, {a, b, d, e}),
+         v = ar.make(dt, {a, b, d, e}), out = ar.make(dt, {a, b, c, e});
+  Tensor saved = ar.make(st, {std::max<int64_t>(1, be.attention_saved_elems(s))});
+  be.attention_forward(out, saved, q, k, v, s);
+  if (op.kind == OpKind::AttentionForward) {
+    run = [=, &be] { be.attention_forward(out, saved, q, k, v, s); };
+  } else {
+    Tensor dq = ar.make(dt, {a, b, c, e}), dk = ar.make(dt, {a, b, d, e}),
+           dv = ar.make(dt, {a, b, d, e}), dout = ar.make(dt, {a, b, c, e});
+    run = [=, &be] { be.attention_backward(dq, dk, dv, dout, q, k, v, out, saved, s); };
+  }
+  return run;
+}
+
+// RMSNorm forward or backward (the backward reads one forward's rstd).
+std::function<void()> rmsnorm_run(Backend& be, Arena& ar, const Op& op, DType dt, DType st) {
+  const int64_t a = op.a, b = op.b;
+  std::function<void()> run;
+  Tensor x = ar.make(dt, {a, b}), out = ar.make(dt, {a, b}), w = ar.make(dt, {b}),
+         rstd = ar.make(st, {a});
+  if (op.kind == OpKind::RmsNormForward) {
+    run = [=, &be] { be.rmsnorm_forward(out, rstd, x, w, 1e-5); };
+  } else {
+    be.rmsnorm_forward(out, rstd, x, w, 1e-5);
+    Tensor dx = ar.make(dt, {a, b}), dw = ar.make(DType::F32, {b});
+    if (dt != DType::F32) dw = ar.make(dt, {b});
+    run = [=, &be] { be.rmsnorm_backward(dx, dw, out, x, w, rstd); };
+  }
+  return run;
+}
+
+// Embedding lookup forward, or its table gradient (in st) backward.
+std::function<void()> embedding_run(Backend& be, Arena& ar, const Op& op, DType dt, DType st) {
+  const int64_t a = op.a, b = op.b, c = op.c;
+  std::function<void()> run;
+  Tensor out = ar.make(dt, {a, b}), table = ar.make(dt, {c, b}), tok = ar.make(DType::I32, {a});
+  if (op.kind == OpKind::EmbeddingForward) {
+    run = [=, &be] { be.embedding_forward(out, table, tok, 0); };
+  } else {
+    Tensor dt32 = ar.make(st, {c, b});
+    run = [=, &be] { be.embedding_backward(dt32, out, tok, 0); };
+  }
+  return run;
+}
+
+// One AdamW update of `a` parameters (master state in fp32, or f64 under
+// f64); with op.b, also the cast of the updated weights to bf16.
+std::function<void()> adamw_run(Backend& be, Arena& ar, const Op& op, DType dt) {
+  const int64_t a = op.a, b = op.b;
+  std::function<void()> run;
+  const DType mt = dt == DType::F64 ? DType::F64 : DType::F32;
+  Tensor p = ar.make(mt, {a}), g = ar.make(mt, {a}), m = ar.make(mt, {a}), v = ar.make(mt, {a});
+  AdamWHyper h;
+  h.lr = 1e-4;
+  if (b) {
+    Tensor low = ar.make(DType::BF16, {a});
+    run = [=, &be] { be.adamw_cast(p, g, m, v, low, h); };
+  } else {
+    run = [=, &be] { be.adamw(p, g, m, v, h); };
+  }
+  return run;
+}
+
 // One set of op's tensors in `ar` (activations in dt, statistics and
 // parameter gradients in st) and the backend call on them.
 std::function<void()> make_op_run(Backend& be, Arena& ar, const Op& op, DType dt, DType st) {
-  const int64_t a = op.a, b = op.b, c = op.c, d = op.d, e = op.e;
+  const int64_t a = op.a, b = op.b, c = op.c;
   std::function<void()> run;
   switch (op.kind) {
-    case OpKind::GemmForward: {
-      Tensor y = ar.make(dt, {a, b}), x = ar.make(dt, {a, c}), w = ar.make(dt, {b, c});
-      run = [=, &be] { be.linear_forward(y, x, w); };
+    case OpKind::GemmForward:
+    case OpKind::GemmInputGrad:
+    case OpKind::GemmWeightGrad:
+      run = gemm_run(be, ar, op, dt);
       break;
-    }
-    case OpKind::GemmInputGrad: {  // dx(a, b) = dy(a, c) w(c, b)
-      Tensor dx = ar.make(dt, {a, b}), dy = ar.make(dt, {a, c}), w = ar.make(dt, {c, b}),
-             x = ar.make(dt, {a, b});
-      run = [=, &be] { be.linear_backward(dx, Tensor(), dy, x, w, false); };
-      break;
-    }
-    case OpKind::GemmWeightGrad: {  // dw(a, b) += dy(c, a)^T x(c, b)
-      Tensor dw = ar.make(DType::F32, {a, b}), dy = ar.make(dt, {c, a}), x = ar.make(dt, {c, b}),
-             w = ar.make(dt, {a, b});
-      if (dt != DType::F32) dw = ar.make(dt, {a, b});
-      run = [=, &be] { be.linear_backward(Tensor(), dw, dy, x, w, false); };
-      break;
-    }
     case OpKind::AttentionForward:
-    case OpKind::AttentionBackward: {
-      AttentionShape s{a, b, c, d, e};
-      Tensor q = ar.make(dt, {a, b, c, e}), k = ar.make(dt, {a, b, d, e}),
-             v = ar.make(dt, {a, b, d, e}), out = ar.make(dt, {a, b, c, e});
-      Tensor saved = ar.make(st, {std::max<int64_t>(1, be.attention_saved_elems(s))});
-      be.attention_forward(out, saved, q, k, v, s);
-      if (op.kind == OpKind::AttentionForward) {
-        run = [=, &be] { be.attention_forward(out, saved, q, k, v, s); };
-      } else {
-        Tensor dq = ar.make(dt, {a, b, c, e}), dk = ar.make(dt, {a, b, d, e}),
-               dv = ar.make(dt, {a, b, d, e}), dout = ar.make(dt, {a, b, c, e});
-        run = [=, &be] { be.attention_backward(dq, dk, dv, dout, q, k, v, out, saved, s); };
-      }
+    case OpKind::AttentionBackward:
+      run = attention_run(be, ar, op, dt, st);
       break;
-    }
     case OpKind::RmsNormForward:
-    case OpKind::RmsNormBackward: {
-      Tensor x = ar.make(dt, {a, b}), out = ar.make(dt, {a, b}), w = ar.make(dt, {b}),
-             rstd = ar.make(st, {a});
-      if (op.kind == OpKind::RmsNormForward) {
-        run = [=, &be] { be.rmsnorm_forward(out, rstd, x, w, 1e-5); };
-      } else {
-        be.rmsnorm_forward(out, rstd, x, w, 1e-5);
-        Tensor dx = ar.make(dt, {a, b}), dw = ar.make(DType::F32, {b});
-        if (dt != DType::F32) dw = ar.make(dt, {b});
-        run = [=, &be] { be.rmsnorm_backward(dx, dw, out, x, w, rstd); };
-      }
+    case OpKind::RmsNormBackward:
+      run = rmsnorm_run(be, ar, op, dt, st);
       break;
-    }
     case OpKind::RopeForward:
     case OpKind::RopeBackward: {
       Tensor x = ar.make(dt, {a, b, c});
@@ -115,16 +169,9 @@ std::function<void()> make_op_run(Backend& be, Arena& ar, const Op& op, DType dt
       break;
     }
     case OpKind::EmbeddingForward:
-    case OpKind::EmbeddingBackward: {
-      Tensor out = ar.make(dt, {a, b}), table = ar.make(dt, {c, b}), tok = ar.make(DType::I32, {a});
-      if (op.kind == OpKind::EmbeddingForward) {
-        run = [=, &be] { be.embedding_forward(out, table, tok, 0); };
-      } else {
-        Tensor dt32 = ar.make(st, {c, b});
-        run = [=, &be] { be.embedding_backward(dt32, out, tok, 0); };
-      }
+    case OpKind::EmbeddingBackward:
+      run = embedding_run(be, ar, op, dt, st);
       break;
-    }
     case OpKind::CrossEntropy: {
       Tensor logits = ar.make(dt, {a, b}), losses = ar.make(DType::F32, {a}),
              tg = ar.make(DType::I32, {a});
@@ -132,19 +179,9 @@ std::function<void()> make_op_run(Backend& be, Arena& ar, const Op& op, DType dt
       run = [=, &be] { be.cross_entropy(logits, losses, tg, 1.0); };
       break;
     }
-    case OpKind::AdamW: {
-      const DType mt = dt == DType::F64 ? DType::F64 : DType::F32;
-      Tensor p = ar.make(mt, {a}), g = ar.make(mt, {a}), m = ar.make(mt, {a}), v = ar.make(mt, {a});
-      AdamWHyper h;
-      h.lr = 1e-4;
-      if (b) {
-        Tensor low = ar.make(DType::BF16, {a});
-        run = [=, &be] { be.adamw_cast(p, g, m, v, low, h); };
-      } else {
-        run = [=, &be] { be.adamw(p, g, m, v, h); };
-      }
+    case OpKind::AdamW:
+      run = adamw_run(be, ar, op, dt);
       break;
-    }
     case OpKind::SumSquares: {
       Tensor g = ar.make(dt == DType::F64 ? DType::F64 : DType::F32, {a});
       run = [=, &be] { (void)be.sum_squares(g); };
