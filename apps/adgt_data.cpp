@@ -331,9 +331,14 @@ int main(int argc, char** argv) {
       std::cout << adgt::Tokenizer::load(spec)->decode(parse_ids(ids)) << "\n";
     } else if (info->parsed()) {
       const adgt::TokenShard s(shard);
-      std::printf("%s: %lld tokens, vocab %lld, dtype %s\n", s.path().c_str(),
+      std::printf("%s: %lld tokens, vocab %lld, dtype %s", s.path().c_str(),
                   static_cast<long long>(s.size()), static_cast<long long>(s.vocab_size()),
-                  s.dtype() == adgt::kTokenDtypeU16 ? "uint16" : "uint32");
+                  s.dtype_name());
+      if (s.format() != adgt::TokenFileFormat::Adgt)
+        std::printf(" (%s, %lld documents; vocab = largest id + 1)",
+                    adgt::token_file_format_name(s.format()),
+                    static_cast<long long>(s.document_starts().size()));
+      std::printf("\n");
       const int64_t n = std::min<int64_t>(std::max<int64_t>(head, 0), s.size());
       std::vector<int32_t> v(static_cast<size_t>(n));
       s.read(0, n, v.data());

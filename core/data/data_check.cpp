@@ -10,8 +10,7 @@ namespace adgt {
 
 std::unique_ptr<TokenShard> open_checked_shard(const std::string& path, const char* key,
                                                const ModelConfig& m, const std::string& where) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec))
+  if (!token_file_exists(path))
     throw ConfigError(where + key + ": token shard '" + path +
                       "' does not exist; prepare it with `adgt-data prepare` "
                       "(scripts/prepare_data.sh)");
@@ -21,6 +20,12 @@ std::unique_ptr<TokenShard> open_checked_shard(const std::string& path, const ch
   } catch (const std::exception& e) {
     throw ConfigError(where + key + ": " + e.what());
   }
+  if (s->vocab_size() > m.vocab_size && !s->vocab_from_header())
+    throw ConfigError(where + key + ": " + token_file_format_name(s->format()) + " file '" + path +
+                      "' holds token id " + std::to_string(s->vocab_size() - 1) +
+                      ", outside model.vocab_size=" + std::to_string(m.vocab_size) +
+                      "; set model.vocab_size >= " + std::to_string(s->vocab_size()) +
+                      " (the vocabulary the file was tokenized with)");
   if (s->vocab_size() > m.vocab_size)
     throw ConfigError(where + key + ": shard '" + path + "' was tokenized with vocabulary " +
                       std::to_string(s->vocab_size()) + " but model.vocab_size=" +

@@ -88,68 +88,132 @@ void write_token_shard(const std::string& path, const std::vector<int32_t>& toke
   if (ec) shard_error(path, "cannot rename " + tmp + " into place: " + ec.message());
 }
 
+const char* token_file_format_name(TokenFileFormat f) {
+  switch (f) {
+    case TokenFileFormat::Adgt: return "adgt";
+    case TokenFileFormat::Megatron: return "megatron";
+    case TokenFileFormat::Llmc: return "llm.c";
+  }
+  return "?";
+}
+
+bool token_file_exists(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec) || std::filesystem::exists(path + ".idx", ec);
+}
+
 TokenShard::TokenShard(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // A Megatron dataset is named by its prefix, its .bin or its .idx.
+  std::string data = path, index;
+  const auto ends = [&](const char* ext) {
+    return path.size() > 4 && path.compare(path.size() - 4, 4, ext) == 0;
+  };
+  const std::string stem = path.size() > 4 ? path.substr(0, path.size() - 4) : path;
+  std::error_code ec;
+  if (ends(".idx")) {
+    index = path;
+    data = stem + ".bin";
+  } else if (ends(".bin") && is_megatron_index(stem + ".idx")) {
+    index = stem + ".idx";
+  } else if (!std::filesystem::exists(path, ec) && std::filesystem::exists(path + ".idx", ec)) {
+    index = path + ".idx";
+    data = path + ".bin";
+  }
+
+  const int fd = ::open(data.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
-    shard_error(path, std::string("cannot open: ") + std::strerror(errno) +
-                          " (make it with `adgt-data prepare`)");
+    shard_error(data, std::string("cannot open: ") + std::strerror(errno) +
+                          (index.empty() ? " (make it with `adgt-data prepare`)"
+                                         : " (the data file of Megatron index " + index + ")"));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int e = errno;
     ::close(fd);
-    shard_error(path, std::string("cannot stat: ") + std::strerror(e));
+    shard_error(data, std::string("cannot stat: ") + std::strerror(e));
   }
   const auto file_bytes = static_cast<uint64_t>(st.st_size);
-  if (file_bytes < sizeof(Header)) {
+  if (file_bytes > 0) {
+    map_ = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, fd, 0);
+    const int map_errno = errno;
     ::close(fd);
-    shard_error(path, "file is " + std::to_string(file_bytes) +
-                          " bytes, shorter than the 64-byte header; it is truncated or not a "
-                          "token shard");
-  }
-  map_ = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, fd, 0);
-  const int map_errno = errno;
-  ::close(fd);
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    shard_error(path, std::string("mmap failed: ") + std::strerror(map_errno));
+    if (map_ == MAP_FAILED) {
+      map_ = nullptr;
+      shard_error(data, std::string("mmap failed: ") + std::strerror(map_errno));
+    }
+  } else {
+    ::close(fd);
   }
   map_bytes_ = file_bytes;
 
-  Header h;
-  std::memcpy(&h, map_, sizeof h);
   try {
-    if (std::memcmp(h.magic, kTokenShardMagic, 8) != 0)
-      shard_error(path, "bad magic (expected \"ADGTTOK\\0\"); not a token shard");
-    if (h.version != kTokenShardVersion)
-      shard_error(path, "version " + std::to_string(h.version) + " is not supported (expected " +
-                            std::to_string(kTokenShardVersion) + "); re-run adgt-data prepare");
-    if (h.dtype != kTokenDtypeU16 && h.dtype != kTokenDtypeU32)
-      shard_error(path,
-                  "dtype code " + std::to_string(h.dtype) + " is unknown (1 = uint16, 2 = uint32)");
-    if (h.vocab == 0 || h.vocab > (uint64_t{1} << 31))
-      shard_error(path, "vocab size " + std::to_string(h.vocab) + " in the header is invalid");
-    if (h.dtype == kTokenDtypeU16 && h.vocab > 65536)
-      shard_error(path, "dtype uint16 cannot hold vocab size " + std::to_string(h.vocab));
-    const uint64_t payload = file_bytes - sizeof(Header);
-    const uint64_t esz = dtype_bytes(h.dtype);
-    if (h.count > payload / esz)
-      shard_error(path, "truncated: the header says " + std::to_string(h.count) + " tokens (" +
-                            std::to_string(h.count * esz) + " bytes) but only " +
-                            std::to_string(payload) +
-                            " bytes follow the header; re-run adgt-data prepare");
-    if (h.count * esz != payload)
-      shard_error(path, "corrupt: " + std::to_string(payload - h.count * esz) +
-                            " bytes follow the " + std::to_string(h.count) +
-                            " tokens the header promises; re-run adgt-data prepare");
+    if (!index.empty()) {
+      format_ = TokenFileFormat::Megatron;
+    } else if (file_bytes >= 8 && std::memcmp(map_, kTokenShardMagic, 8) == 0) {
+      format_ = TokenFileFormat::Adgt;
+    } else if (is_llmc_magic(map_, file_bytes)) {
+      format_ = TokenFileFormat::Llmc;
+    } else if (file_bytes >= sizeof kMegatronIndexMagic &&
+               std::memcmp(map_, kMegatronIndexMagic, sizeof kMegatronIndexMagic) == 0) {
+      shard_error(data, "this is a Megatron index; name it PREFIX.idx (beside PREFIX.bin) "
+                        "or give the prefix");
+    } else if (file_bytes < sizeof(Header)) {
+      shard_error(data, "file is " + std::to_string(file_bytes) +
+                            " bytes, shorter than the 64-byte header; it is truncated or not a "
+                            "token shard");
+    } else {
+      shard_error(data, "bad magic (expected \"ADGTTOK\\0\", an llm.c magic 20240520 or "
+                        "20240801, or a Megatron PREFIX.idx beside PREFIX.bin); not a token "
+                        "shard");
+    }
+    if (format_ == TokenFileFormat::Adgt) {
+      read_adgt_header(data, file_bytes);
+    } else {
+      TokenLayout t = format_ == TokenFileFormat::Llmc
+                          ? llmc_layout(data, map_, file_bytes)
+                          : megatron_layout(index, data, file_bytes);
+      tokens_ = static_cast<const char*>(map_) + t.offset;
+      count_ = static_cast<int64_t>(t.count);
+      elem_ = t.elem;
+      doc_starts_ = std::move(t.document_starts);
+      ::madvise(map_, map_bytes_, MADV_SEQUENTIAL);
+      vocab_ = max_token_id(data, tokens_, elem_, t.count) + 1;
+    }
   } catch (...) {
     unmap();
     throw;
   }
-  ::madvise(map_, map_bytes_, MADV_RANDOM);
+  if (map_) ::madvise(map_, map_bytes_, MADV_RANDOM);
+}
+
+void TokenShard::read_adgt_header(const std::string& path, uint64_t file_bytes) {
+  Header h;
+  std::memcpy(&h, map_, sizeof h);
+  if (h.version != kTokenShardVersion)
+    shard_error(path, "version " + std::to_string(h.version) + " is not supported (expected " +
+                          std::to_string(kTokenShardVersion) + "); re-run adgt-data prepare");
+  if (h.dtype != kTokenDtypeU16 && h.dtype != kTokenDtypeU32)
+    shard_error(path,
+                "dtype code " + std::to_string(h.dtype) + " is unknown (1 = uint16, 2 = uint32)");
+  if (h.vocab == 0 || h.vocab > (uint64_t{1} << 31))
+    shard_error(path, "vocab size " + std::to_string(h.vocab) + " in the header is invalid");
+  if (h.dtype == kTokenDtypeU16 && h.vocab > 65536)
+    shard_error(path, "dtype uint16 cannot hold vocab size " + std::to_string(h.vocab));
+  const uint64_t payload = file_bytes - sizeof(Header);
+  const uint64_t esz = dtype_bytes(h.dtype);
+  if (h.count > payload / esz)
+    shard_error(path, "truncated: the header says " + std::to_string(h.count) + " tokens (" +
+                          std::to_string(h.count * esz) + " bytes) but only " +
+                          std::to_string(payload) +
+                          " bytes follow the header; re-run adgt-data prepare");
+  if (h.count * esz != payload)
+    shard_error(path, "corrupt: " + std::to_string(payload - h.count * esz) +
+                          " bytes follow the " + std::to_string(h.count) +
+                          " tokens the header promises; re-run adgt-data prepare");
   tokens_ = static_cast<const char*>(map_) + sizeof(Header);
   count_ = static_cast<int64_t>(h.count);
   vocab_ = static_cast<int64_t>(h.vocab);
-  dtype_ = h.dtype;
+  elem_ = h.dtype == kTokenDtypeU16 ? TokenElem::U16 : TokenElem::U32;
+  if (count_) doc_starts_ = {0};
 }
 
 TokenShard::TokenShard(TokenShard&& o) noexcept { *this = std::move(o); }
@@ -163,11 +227,14 @@ TokenShard& TokenShard::operator=(TokenShard&& o) noexcept {
     tokens_ = o.tokens_;
     count_ = o.count_;
     vocab_ = o.vocab_;
-    dtype_ = o.dtype_;
+    elem_ = o.elem_;
+    format_ = o.format_;
+    doc_starts_ = std::move(o.doc_starts_);
     o.map_ = nullptr;
     o.map_bytes_ = 0;
     o.tokens_ = nullptr;
     o.count_ = 0;
+    o.doc_starts_.clear();
   }
   return *this;
 }
@@ -185,12 +252,22 @@ void TokenShard::read(int64_t start, int64_t n, int32_t* out) const {
   ADGT_CHECK(start >= 0 && n >= 0 && start <= count_ && n <= count_ - start,
              "token shard '" << path_ << "': read of [" << start << ", " << start + n
                              << ") is outside its " << count_ << " tokens");
-  if (dtype_ == kTokenDtypeU16) {
-    const auto* p = static_cast<const uint16_t*>(tokens_) + start;
-    for (int64_t i = 0; i < n; ++i) out[i] = p[i];
-  } else {
-    std::memcpy(out, static_cast<const uint32_t*>(tokens_) + start,
-                static_cast<size_t>(n) * sizeof(int32_t));
+  const char* base = static_cast<const char*>(tokens_);
+  const auto widen = [&](auto tag) {
+    using T = decltype(tag);
+    const auto* p = reinterpret_cast<const T*>(base) + start;
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(p[i]);
+  };
+  switch (elem_) {
+    case TokenElem::U8: widen(uint8_t{}); break;
+    case TokenElem::I8: widen(int8_t{}); break;
+    case TokenElem::I16: widen(int16_t{}); break;
+    case TokenElem::U16: widen(uint16_t{}); break;
+    case TokenElem::I64: widen(int64_t{}); break;
+    case TokenElem::I32:
+    case TokenElem::U32:
+      if (n) std::memcpy(out, base + start * 4, static_cast<size_t>(n) * sizeof(int32_t));
+      break;
   }
 }
 

@@ -11,11 +11,16 @@
 //       64     -  the tokens, token count * (2 or 4) bytes, nothing after
 //
 // dtype is uint16 when vocab size <= 65536, else uint32.
+//
+// TokenShard also reads Megatron-LM indexed datasets and llm.c shards in place
+// (core/data/foreign_tokens.hpp); their vocab size is the largest id + 1.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "core/data/foreign_tokens.hpp"
 
 namespace adgt {
 
@@ -34,8 +39,20 @@ uint32_t token_dtype_for_vocab(int64_t vocab_size);
 void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens,
                        int64_t vocab_size);
 
-// A read-only memory map of a shard. Validates the whole header and the file
-// length on open; throws std::runtime_error naming the file and a fix.
+enum class TokenFileFormat { Adgt, Megatron, Llmc };
+const char* token_file_format_name(TokenFileFormat f);
+
+// True when `path` names something TokenShard can try to open: a file, or the
+// prefix of a Megatron PREFIX.idx.
+bool token_file_exists(const std::string& path);
+
+// A read-only memory map of a token file. `path` is an adgt shard, an llm.c
+// shard, or a Megatron dataset (PREFIX, PREFIX.bin or PREFIX.idx); the format
+// comes from the files' first bytes: a PREFIX.idx starting "MMIDIDX" next to
+// the data makes it Megatron, else the file's magic decides. Validates the
+// headers and the file lengths on open, and for llm.c and Megatron files
+// scans every token once (vocab_size() = largest id + 1); throws
+// std::runtime_error naming the file and a fix.
 class TokenShard {
  public:
   explicit TokenShard(const std::string& path);
@@ -46,9 +63,17 @@ class TokenShard {
   ~TokenShard();
 
   int64_t size() const { return count_; }  // token count
+  // adgt shards: the header's vocab size. llm.c and Megatron files carry none:
+  // the largest token id + 1 (0 when empty).
   int64_t vocab_size() const { return vocab_; }
-  uint32_t dtype() const { return dtype_; }
+  bool vocab_from_header() const { return format_ == TokenFileFormat::Adgt; }
+  TokenFileFormat format() const { return format_; }
+  const char* dtype_name() const { return token_elem_name(elem_); }
   const std::string& path() const { return path_; }
+  // Token offsets where documents start, ascending: Megatron's document
+  // boundaries; {0} for the single stream of an adgt or llm.c file ({} when
+  // empty). The sampler ignores them and reads the concatenated stream.
+  const std::vector<int64_t>& document_starts() const { return doc_starts_; }
 
   // out[0, n) = tokens [start, start+n); throws unless 0 <= start, 0 <= n,
   // start+n <= size().
@@ -56,14 +81,17 @@ class TokenShard {
 
  private:
   void unmap() noexcept;
+  void read_adgt_header(const std::string& path, uint64_t file_bytes);
 
   std::string path_;
   void* map_ = nullptr;  // whole file, PROT_READ
   size_t map_bytes_ = 0;
-  const void* tokens_ = nullptr;  // map_ + 64
+  const void* tokens_ = nullptr;  // map_ + header bytes
   int64_t count_ = 0;
   int64_t vocab_ = 0;
-  uint32_t dtype_ = 0;
+  TokenElem elem_ = TokenElem::U16;
+  TokenFileFormat format_ = TokenFileFormat::Adgt;
+  std::vector<int64_t> doc_starts_;
 };
 
 // ---- the train/validation split of a text (docs/data-format.md) ----

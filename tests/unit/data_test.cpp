@@ -111,7 +111,7 @@ TEST_CASE("token shard: uint16 round trip and the documented header bytes", "[da
   const TokenShard s(d.file("a.bin"));
   CHECK(s.size() == static_cast<int64_t>(toks.size()));
   CHECK(s.vocab_size() == 65536);
-  CHECK(s.dtype() == kTokenDtypeU16);
+  CHECK(s.dtype_name() == std::string("uint16"));
   CHECK(s.path() == d.file("a.bin"));
   std::vector<int32_t> all(toks.size());
   s.read(0, s.size(), all.data());
@@ -136,7 +136,7 @@ TEST_CASE("token shard: uint32 round trip for vocab > 65536", "[data]") {
   CHECK(get<uint32_t>(raw, 12) == 2);
   CHECK(get<uint32_t>(raw, 64 + 4 * 6) == 65536);
   TokenShard s(d.file("b.bin"));
-  CHECK(s.dtype() == kTokenDtypeU32);
+  CHECK(s.dtype_name() == std::string("uint32"));
   std::vector<int32_t> back(toks.size());
   s.read(0, s.size(), back.data());
   CHECK(back == toks);
