@@ -95,3 +95,19 @@ for seed in (0, 99, 2**64 - 1):
 print('ok: W =', W, '1000 samples x 3 seeds match')
 ]=] ${CMAKE_SOURCE_DIR}/docs/data-format.md $<TARGET_FILE:adgt-data> ${ADGT_DATA_E2E}/bpe/val.bin)
 set_tests_properties(data_sampler_matches_doc PROPERTIES FIXTURES_REQUIRED data_bpe)
+
+# Megatron-LM indexed datasets and llm.c shards, read in place: the script
+# writes the byte-level KJV shards' token ids in each project's own layout
+# (numpy and struct, not their code) and checks reading, training and errors.
+if(TARGET adgt-train)
+  foreach(check read train errors)
+    add_test(NAME data_foreign_${check}
+      COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/data/foreign_tokens_check.py ${check}
+              --data-exe $<TARGET_FILE:adgt-data> --train-exe $<TARGET_FILE:adgt-train>
+              --shards ${CMAKE_BINARY_DIR}/data/kjv-byte
+              --model ${CMAKE_CURRENT_SOURCE_DIR}/layouts/model.yaml
+              --work ${CMAKE_BINARY_DIR}/tests/data_foreign)
+    set_tests_properties(data_foreign_${check} PROPERTIES FIXTURES_REQUIRED kjv_byte
+      ENVIRONMENT "OMP_NUM_THREADS=1")
+  endforeach()
+endif()
