@@ -37,6 +37,12 @@ struct Header {
 };
 static_assert(sizeof(Header) == kTokenShardHeaderBytes);
 
+[[noreturn]] void too_short(const std::string& path, uint64_t file_bytes) {
+  shard_error(path, "file is " + std::to_string(file_bytes) +
+                        " bytes, shorter than the 64-byte header; it is truncated or not a "
+                        "token shard");
+}
+
 size_t dtype_bytes(uint32_t dtype) { return dtype == kTokenDtypeU16 ? 2 : 4; }
 
 }  // namespace
@@ -157,9 +163,7 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
       shard_error(data, "this is a Megatron index; name it PREFIX.idx (beside PREFIX.bin) "
                         "or give the prefix");
     } else if (file_bytes < sizeof(Header)) {
-      shard_error(data, "file is " + std::to_string(file_bytes) +
-                            " bytes, shorter than the 64-byte header; it is truncated or not a "
-                            "token shard");
+      too_short(data, file_bytes);
     } else {
       shard_error(data, "bad magic (expected \"ADGTTOK\\0\", an llm.c magic 20240520 or "
                         "20240801, or a Megatron PREFIX.idx beside PREFIX.bin); not a token "
@@ -186,6 +190,7 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
 }
 
 void TokenShard::read_adgt_header(const std::string& path, uint64_t file_bytes) {
+  if (file_bytes < sizeof(Header)) too_short(path, file_bytes);
   Header h;
   std::memcpy(&h, map_, sizeof h);
   if (h.version != kTokenShardVersion)
