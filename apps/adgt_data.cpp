@@ -1,7 +1,8 @@
 // adgt-data: text -> tokenizer + token shards (docs/data-format.md).
 //
-//   adgt-data prepare --input FILE --out DIR [--vocab-size 4096 | --tokenizer MODEL|byte]
-//                     [--val-fraction 0.05]
+//   adgt-data prepare --input PATH [PATH ...] --out DIR [--vocab-size 4096 | --tokenizer MODEL|byte]
+//                     [--val-fraction 0.05] [--text-field text] [--split-on-blank-lines]
+//                     [--on-bad-record skip|fail]
 //   adgt-data encode  --tokenizer SPEC --text "..."       ids, one line
 //   adgt-data decode  --tokenizer SPEC --ids "1 2 3"      text
 //   adgt-data info    --shard FILE [--head N]             header (+ first N tokens)
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "core/data/sampler.hpp"
+#include "core/data/text_sources.hpp"
 #include "core/data/token_shard.hpp"
 #include "core/data/tokenizer.hpp"
 
@@ -33,17 +35,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-std::string read_text(const std::string& path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec))
-    throw std::runtime_error("--input '" + path + "' is not a readable file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("--input '" + path + "' cannot be opened");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 uint64_t fnv1a64(std::string_view s) {
   uint64_t h = 0xcbf29ce484222325ULL;
   for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
@@ -51,10 +42,63 @@ uint64_t fnv1a64(std::string_view s) {
 }
 
 struct PrepareArgs {
-  std::string input, out, tokenizer;
+  std::vector<std::string> inputs;  // files, directories, globs (core/data/text_sources.hpp)
+  std::string input;                // how the inputs are named in messages
+  std::string out, tokenizer;
   int vocab_size = 4096;
   double val_fraction = 0.05;
+  adgt::data::SourceOptions source;
+  std::string on_bad_record = "skip";
 };
+
+// The corpus as one text: every document of every input file, in order,
+// joined by a blank line (so the block split below cuts between documents
+// where it can), with what was read and what was skipped.
+struct Corpus {
+  std::string text;
+  std::vector<std::string> files, passed;
+  int64_t documents = 0, empty = 0;
+  std::vector<adgt::data::BadRecord> bad;
+  std::string bad_summary;
+};
+
+Corpus read_corpus(const PrepareArgs& a) {
+  Corpus c;
+  adgt::data::Inputs in = adgt::data::expand_inputs(a.inputs);
+  c.files = std::move(in.files);
+  c.passed = std::move(in.passed);
+  adgt::data::SourceOptions o = a.source;
+  o.fail_on_bad = a.on_bad_record == "fail";
+  adgt::data::DocumentSource src(o);
+  for (const std::string& f : c.files)
+    src.read(f, [&](std::string_view d) {
+      if (!c.text.empty()) c.text += "\n\n";
+      c.text.append(d);
+    });
+  c.documents = src.documents();
+  c.empty = src.empty();
+  c.bad = src.bad();
+  c.bad_summary = src.bad_summary();
+  return c;
+}
+
+// Says what was passed over and skipped: on stderr, and every bad record in
+// DIR/bad_records.txt ("FILE:LINE: why"; removed when there is none).
+void report_skipped(const Corpus& c, const fs::path& dir) {
+  if (!c.passed.empty())
+    std::fprintf(stderr, "adgt-data: note: %zu file(s) of no known format left out (the first: %s)\n",
+                 c.passed.size(), c.passed.front().c_str());
+  const fs::path bad_path = dir / "bad_records.txt";
+  std::error_code ec;
+  if (c.bad.empty()) {
+    fs::remove(bad_path, ec);
+    return;
+  }
+  std::ofstream out(bad_path);
+  for (const adgt::data::BadRecord& b : c.bad) out << b.file << ":" << b.line << ": " << b.why << "\n";
+  std::fprintf(stderr, "adgt-data: warning: %s; all of them in %s\n", c.bad_summary.c_str(),
+               bad_path.string().c_str());
+}
 
 // Checks the tokenizer arguments before any work (the vocab size is in range,
 // or the tokenizer is "byte" or a file), then creates --out.
@@ -163,14 +207,22 @@ EncodedSplit encode_split(const adgt::Tokenizer& tok, const std::string& text, c
 }
 
 // meta.json: the source, tokenizer, dtype, the split's rule and both shards.
-nlohmann::json prepare_meta(const PrepareArgs& a, const std::string& text, const adgt::TextSplit& split,
+nlohmann::json prepare_meta(const PrepareArgs& a, const Corpus& corpus, const adgt::TextSplit& split,
                             const nlohmann::json& tok_meta, int64_t vocab, bool lossless, const EncodedSplit& enc,
                             const std::string& train_path, const std::string& val_path) {
+  const std::string& text = corpus.text;
   char hash[17];
   std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(fnv1a64(text)));
+  nlohmann::json source = {{"path", a.input}, {"bytes", text.size()}, {"fnv1a64", hash}};
+  if (corpus.files.size() > 1 || corpus.documents > 1 || !corpus.bad.empty()) {
+    source["files"] = corpus.files;
+    source["documents"] = corpus.documents;
+    source["bad_records"] = corpus.bad.size();
+    source["joined_by"] = "a blank line between documents";
+  }
   return {
       {"format", "adgt token shard v1 (docs/data-format.md)"},
-      {"source", {{"path", a.input}, {"bytes", text.size()}, {"fnv1a64", hash}}},
+      {"source", source},
       {"tokenizer", tok_meta},
       {"vocab_size", vocab},
       {"dtype", adgt::token_dtype_for_vocab(vocab) == adgt::kTokenDtypeU16 ? "uint16" : "uint32"},
@@ -191,9 +243,11 @@ nlohmann::json prepare_meta(const PrepareArgs& a, const std::string& text, const
 
 int prepare(const PrepareArgs& a) {
   const auto t_start = Clock::now();
-  const std::string text = read_text(a.input);
+  const Corpus corpus = read_corpus(a);
+  const std::string& text = corpus.text;
   if (text.find_first_not_of(" \t\r\n") == std::string::npos)
-    throw std::runtime_error("--input '" + a.input + "' is empty (no non-blank text)");
+    throw std::runtime_error("--input '" + a.input + "' is empty (no non-blank text" +
+                             (corpus.bad.empty() ? std::string(")") : "; " + corpus.bad_summary + ")"));
   const adgt::TextSplit split = adgt::split_text(text, a.val_fraction);
   check_tokenizer_args(a);
   const fs::path dir(a.out);
@@ -236,7 +290,8 @@ int prepare(const PrepareArgs& a) {
                  "adgt-data: warning: %s is empty (--val-fraction %g); evaluation "
                  "will have nothing to read\n",
                  val_path.c_str(), a.val_fraction);
-  const nlohmann::json meta = prepare_meta(a, text, split, choice.meta, vocab, lossless, enc, train_path, val_path);
+  report_skipped(corpus, dir);
+  const nlohmann::json meta = prepare_meta(a, corpus, split, choice.meta, vocab, lossless, enc, train_path, val_path);
   const std::string meta_path = (dir / "meta.json").string();
   {
     std::ofstream mf(meta_path);
@@ -245,6 +300,9 @@ int prepare(const PrepareArgs& a) {
   }
   const double t_write = seconds_since(t_wr);
 
+  if (corpus.files.size() > 1 || corpus.documents > 1)
+    std::printf("inputs     %zu file(s), %lld documents, %zu bad record(s) skipped\n", corpus.files.size(),
+                static_cast<long long>(corpus.documents), corpus.bad.size());
   std::printf("source     %s: %zu bytes, %zu blocks of ~%lld bytes, %zu to val (k=%lld)\n",
               a.input.c_str(), text.size(), split.blocks.size(),
               static_cast<long long>(split.block_bytes), enc.val_blocks,
@@ -287,7 +345,21 @@ int main(int argc, char** argv) {
   PrepareArgs pa;
   auto* prep =
       app.add_subcommand("prepare", "text -> DIR/{tokenizer.model,train.bin,val.bin,meta.json}");
-  prep->add_option("--input", pa.input, "UTF-8 text file")->required();
+  prep->add_option("--input", pa.inputs,
+                   "UTF-8 text: files, directories (recursed) or globs; .txt, .jsonl, .json, each "
+                   "optionally .gz or .zst")
+      ->required()
+      ->expected(1, -1);
+  prep->add_option("--text-field", pa.source.text_field,
+                   "JSON lines: the field holding a document's text (a.b: nested)")
+      ->capture_default_str();
+  prep->add_flag("--split-on-blank-lines", pa.source.split_on_blank_lines,
+                 ".txt: blank lines separate documents (else a file is one document)");
+  prep->add_option("--on-bad-record", pa.on_bad_record,
+                   "a record that is not UTF-8, not JSON or lacks the text field: skip (named in "
+                   "DIR/bad_records.txt) or fail")
+      ->check(CLI::IsMember({"skip", "fail"}))
+      ->capture_default_str();
   prep->add_option("--out", pa.out, "output directory (created)")->required();
   auto* vs = prep->add_option("--vocab-size", pa.vocab_size,
                               "train a SentencePiece BPE tokenizer of this size")
@@ -322,7 +394,11 @@ int main(int argc, char** argv) {
 
   ADGT_CLI_PARSE(app, argc, argv);
   try {
-    if (prep->parsed()) return prepare(pa);
+    if (prep->parsed()) {
+      pa.input = pa.inputs.size() == 1 ? pa.inputs[0]
+                                       : std::to_string(pa.inputs.size()) + " inputs (" + pa.inputs[0] + ", ...)";
+      return prepare(pa);
+    }
     if (enc->parsed()) {
       const auto v = adgt::Tokenizer::load(spec)->encode(text);
       for (size_t i = 0; i < v.size(); ++i) std::printf(i ? " %d" : "%d", v[i]);

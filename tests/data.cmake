@@ -55,13 +55,20 @@ add_test(NAME data_encode_decode_byte
   COMMAND sh -c "\"$1\" encode --tokenizer byte --text 'hi!' | grep -x '104 105 33' && \"$1\" decode --tokenizer byte --ids '104 105 33' | grep -x 'hi!'"
           sh ${_data})
 
+# Several inputs (a directory of JSON lines, gzip, a file of no known
+# format, bad records): the shards equal those of one text file holding the
+# same documents; every bad record named (docs/data-format.md, "Inputs").
+add_test(NAME data_prepare_inputs
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/data/prepare_inputs.py --data ${_data}
+          --text ${ADGT_DATA_E2E}/input.txt --work ${ADGT_DATA_E2E}/inputs)
+
 # Errors exit non-zero and name the file / flag.
 function(adgt_data_error_test name pattern)
   add_test(NAME ${name}
     COMMAND sh -c "out=$(\"$0\" \"$@\" 2>&1); rc=$?; echo \"$out\"; [ $rc -ne 0 ] && echo \"$out\" | grep -q -- \"${pattern}\""
             ${_data} ${ARGN})
 endfunction()
-adgt_data_error_test(data_error_missing_input "nope.txt' is not a readable file"
+adgt_data_error_test(data_error_missing_input "nope.txt': no such file, directory or match"
   prepare --input ${ADGT_DATA_E2E}/nope.txt --out ${ADGT_DATA_E2E}/err)
 adgt_data_error_test(data_error_bad_vocab "--vocab-size 10 is out of range"
   prepare --input ${ADGT_DATA_E2E}/input.txt --out ${ADGT_DATA_E2E}/err --vocab-size 10)
