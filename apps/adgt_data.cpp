@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "core/data/hf_tokenizer.hpp"
 #include "core/data/sampler.hpp"
 #include "core/data/text_sources.hpp"
 #include "core/data/token_shard.hpp"
@@ -112,7 +113,8 @@ void check_tokenizer_args(const PrepareArgs& a) {
           std::to_string(adgt::kMaxSentencePieceVocab) + "], or --tokenizer byte");
   } else if (a.tokenizer != "byte" && !fs::is_regular_file(a.tokenizer, ec)) {
     throw std::runtime_error("--tokenizer '" + a.tokenizer +
-                             "' is not a file; pass a SentencePiece .model or \"byte\"");
+                             "' is not a file; pass a SentencePiece .model, a HuggingFace tokenizer.json "
+                             "or \"byte\"");
   }
   fs::create_directories(a.out, ec);
   if (ec)
@@ -139,6 +141,20 @@ TokenizerChoice make_tokenizer(const PrepareArgs& a, const fs::path& dir, const 
     t.meta = {{"kind", "byte"}, {"path", "byte"}, {"trained", false}};
     fs::remove(model_dst, ec);  // no stale model from an earlier run beside byte shards
     fs::remove(vocab_dst, ec);
+  } else if (adgt::is_hf_tokenizer_spec(a.tokenizer)) {
+    // A tokenizer.json, copied into dir under that name (no .model beside it).
+    adgt::Tokenizer::load(a.tokenizer);  // fail here, naming the original and the key
+    const fs::path json_dst = dir / "tokenizer.json";
+    if (!fs::exists(json_dst) || !fs::equivalent(a.tokenizer, json_dst)) {
+      fs::copy_file(a.tokenizer, json_dst, fs::copy_options::overwrite_existing, ec);
+      if (ec)
+        throw std::runtime_error("cannot copy --tokenizer '" + a.tokenizer + "' to '" + json_dst.string() +
+                                 "': " + ec.message());
+    }
+    fs::remove(model_dst, ec);
+    fs::remove(vocab_dst, ec);
+    t.spec = json_dst.string();
+    t.meta = {{"kind", "hf-bpe"}, {"path", t.spec}, {"trained", false}, {"copied_from", a.tokenizer}};
   } else if (!a.tokenizer.empty()) {
     adgt::Tokenizer::load(a.tokenizer);  // fail here, naming the original, if it is not a model
     if (!fs::exists(model_dst) || !fs::equivalent(a.tokenizer, model_dst)) {
@@ -365,7 +381,8 @@ int main(int argc, char** argv) {
                               "train a SentencePiece BPE tokenizer of this size")
                  ->capture_default_str();
   auto* tk = prep->add_option("--tokenizer", pa.tokenizer,
-                              "use this SentencePiece .model (copied to DIR) or \"byte\"");
+                              "use this SentencePiece .model or HuggingFace tokenizer.json (copied to DIR) "
+                              "or \"byte\"");
   vs->excludes(tk);
   prep->add_option("--val-fraction", pa.val_fraction, "fraction of blocks held out (every k-th)")
       ->capture_default_str();
@@ -373,10 +390,17 @@ int main(int argc, char** argv) {
   std::string spec, text, ids, shard;
   int64_t head = 0;
   auto* enc = app.add_subcommand("encode", "print the token ids of --text");
-  enc->add_option("--tokenizer", spec, "SentencePiece .model or \"byte\"")->required();
-  enc->add_option("--text", text, "text to encode")->required();
+  std::string jsonl;
+  enc->add_option("--tokenizer", spec, "SentencePiece .model, tokenizer.json or \"byte\"")->required();
+  auto* txt = enc->add_option("--text", text, "text to encode");
+  auto* jl = enc->add_option("--jsonl", jsonl,
+                             "a file of JSON strings, one a line: one line of ids each (a batch, in parallel)");
+  txt->excludes(jl);
+  bool roundtrip = false;
+  enc->add_flag("--check-roundtrip", roundtrip,
+                "also decode each encoding: exit 1 naming the first text that does not come back");
   auto* dec = app.add_subcommand("decode", "print the text of --ids");
-  dec->add_option("--tokenizer", spec, "SentencePiece .model or \"byte\"")->required();
+  dec->add_option("--tokenizer", spec, "SentencePiece .model, tokenizer.json or \"byte\"")->required();
   dec->add_option("--ids", ids, "space-separated token ids")->required();
   auto* info = app.add_subcommand("info", "print a token shard's header");
   info->add_option("--shard", shard, "token shard (.bin)")->required();
@@ -400,9 +424,35 @@ int main(int argc, char** argv) {
       return prepare(pa);
     }
     if (enc->parsed()) {
-      const auto v = adgt::Tokenizer::load(spec)->encode(text);
-      for (size_t i = 0; i < v.size(); ++i) std::printf(i ? " %d" : "%d", v[i]);
-      std::printf("\n");
+      if (txt->count() == 0 && jl->count() == 0) throw std::runtime_error("encode: give --text or --jsonl");
+      const auto tok = adgt::Tokenizer::load(spec);
+      std::vector<std::string> texts;
+      if (jsonl.empty()) {
+        texts.push_back(text);
+      } else {
+        std::ifstream in(jsonl, std::ios::binary);
+        if (!in) throw std::runtime_error("--jsonl '" + jsonl + "': cannot open");
+        int64_t n = 0;
+        for (std::string line; std::getline(in, line);) {
+          ++n;
+          const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+          if (!j.is_string()) throw std::runtime_error(jsonl + ":" + std::to_string(n) + ": not a JSON string");
+          texts.push_back(j.get<std::string>());
+        }
+      }
+      const std::vector<std::string_view> views(texts.begin(), texts.end());
+      const auto encoded = tok->encode_batch(views);
+      for (const auto& v : encoded) {
+        for (size_t i = 0; i < v.size(); ++i) std::printf(i ? " %d" : "%d", v[i]);
+        std::printf("\n");
+      }
+      if (roundtrip)
+        for (size_t t = 0; t < texts.size(); ++t)
+          if (tok->decode(encoded[t]) != texts[t]) {
+            std::fflush(stdout);
+            std::fprintf(stderr, "adgt-data: text %zu does not come back from decode(encode(text))\n", t + 1);
+            return 1;
+          }
     } else if (dec->parsed()) {
       std::cout << adgt::Tokenizer::load(spec)->decode(parse_ids(ids)) << "\n";
     } else if (info->parsed()) {

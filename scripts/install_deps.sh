@@ -8,6 +8,7 @@ PKGS=(
   libyaml-cpp-dev libcli11-dev libhdf5-dev libopenmpi-dev openmpi-bin
   catch2 libopenblas-openmp-dev libsentencepiece-dev nlohmann-json3-dev
   zlib1g-dev libzstd-dev                       # compressed corpus files (.gz, .zst)
+  libpcre2-dev                                 # tokenizer.json pre-tokenizer regexes
   bible-kjv                                    # the default corpus (King James Bible)
   python3-torch python3-h5py python3-numpy python3-matplotlib python3-yaml  # tests and plots (/usr/bin/python3)
   slurmctld slurmd slurm-client munge         # tests/slurm/with_slurm.sh: a private one-node Slurm cluster
@@ -56,6 +57,39 @@ PYEOF
   echo "install_deps: cudnn-frontend $CUDNN_FE_VERSION headers in $dest/include"
 }
 install_cudnn_frontend
+
+# HuggingFace `tokenizers`, the test oracle of the tokenizer.json reader
+# (tests/data/hf_tokenizer_parity.py): its abi3 wheel unpacked into
+# .deps/python for Debian's /usr/bin/python3 (ignored by git; no system
+# site-packages touched). Needs pip and the network once; without them that
+# test fails naming this script.
+TOKENIZERS_VERSION=0.23.3
+install_tokenizers_oracle() {
+  local root dest
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  dest="$root/.deps/python"
+  if [[ -f "$dest/tokenizers/__init__.py" && "$(cat "$dest/TOKENIZERS_VERSION" 2>/dev/null)" == "$TOKENIZERS_VERSION" ]]; then
+    echo "install_deps: tokenizers $TOKENIZERS_VERSION present ($dest)"
+    return 0
+  fi
+  local tmp
+  tmp="$(mktemp -d)"
+  if ! python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+      --platform manylinux_2_17_x86_64 -d "$tmp" "tokenizers==$TOKENIZERS_VERSION"; then
+    echo "install_deps: warning: could not download tokenizers $TOKENIZERS_VERSION (pip or the network" \
+      "missing); the tokenizer parity test will fail" >&2
+    rm -rf "$tmp"
+    return 0
+  fi
+  rm -rf "$dest"
+  mkdir -p "$dest"
+  python3 -c 'import sys, zipfile, glob; zipfile.ZipFile(glob.glob(sys.argv[1] + "/tokenizers-*.whl")[0]).extractall(sys.argv[2])' \
+    "$tmp" "$dest"
+  echo "$TOKENIZERS_VERSION" >"$dest/TOKENIZERS_VERSION"
+  rm -rf "$tmp"
+  echo "install_deps: tokenizers $TOKENIZERS_VERSION in $dest"
+}
+install_tokenizers_oracle
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -118,3 +118,12 @@ if(TARGET adgt-train)
       ENVIRONMENT "OMP_NUM_THREADS=1")
   endforeach()
 endif()
+
+# The tokenizer.json reader against HuggingFace tokenizers (the oracle in
+# .deps/python, scripts/install_deps.sh): GPT-2- and Llama-3-style byte-level
+# BPE files trained by tokenizers in the test, 0.3 MB of mixed text each,
+# ids equal and decode(encode(x)) == x (docs/data-format.md, "Tokenizers").
+add_test(NAME data_hf_tokenizer_parity
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/data/hf_tokenizer_parity.py --data ${_data}
+          --text ${CMAKE_BINARY_DIR}/data/kjv-byte/kjv.txt --work ${CMAKE_BINARY_DIR}/tests/data_hf_tokenizer)
+set_tests_properties(data_hf_tokenizer_parity PROPERTIES FIXTURES_REQUIRED kjv_byte TIMEOUT 300)

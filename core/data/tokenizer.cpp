@@ -1,5 +1,8 @@
 #include "core/data/tokenizer.hpp"
 
+#include "core/data/hf_tokenizer.hpp"
+#include "core/data/parallel_for.hpp"
+
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
@@ -57,22 +60,6 @@ void for_each_unit(std::string_view t, F&& f) {
     f(t.substr(i, j - i));
     i = j;
   }
-}
-
-// Runs body(i) for i in [0, n) on all OpenMP threads; rethrows the first error.
-template <class F>
-void parallel_for(int64_t n, int64_t chunk, F&& body) {
-  std::string first_error;
-#pragma omp parallel for schedule(dynamic, chunk)
-  for (int64_t i = 0; i < n; ++i) {
-    try {
-      body(i);
-    } catch (const std::exception& e) {
-#pragma omp critical(adgt_tokenizer_error)
-      if (first_error.empty()) first_error = e.what();
-    }
-  }
-  if (!first_error.empty()) throw std::runtime_error(first_error);
 }
 
 class SentencePieceTokenizer final : public Tokenizer {
@@ -216,6 +203,7 @@ void push_cut(std::string_view line, std::vector<std::string>& out) {
 
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& spec) {
   if (spec == "byte") return std::make_unique<ByteTokenizer>();
+  if (is_hf_tokenizer_spec(spec)) return load_hf_tokenizer(spec);
   return std::make_unique<SentencePieceTokenizer>(spec);
 }
 

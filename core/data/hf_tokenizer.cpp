@@ -1,0 +1,450 @@
+// HuggingFace byte-level BPE tokenizer.json (hf_tokenizer.hpp).
+#include "core/data/hf_tokenizer.hpp"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/data/parallel_for.hpp"
+
+namespace adgt {
+namespace {
+
+using json = nlohmann::json;
+
+// The GPT-2 pattern ByteLevel's use_regex applies (tokenizers' byte_level.rs).
+constexpr const char* kByteLevelPattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+std::string utf8(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s += char(cp);
+  } else if (cp < 0x800) {
+    s += char(0xC0 | (cp >> 6));
+    s += char(0x80 | (cp & 0x3F));
+  } else {
+    s += char(0xE0 | (cp >> 12));
+    s += char(0x80 | ((cp >> 6) & 0x3F));
+    s += char(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+// GPT-2's bytes_to_unicode: printable bytes stand for themselves, the
+// others for 256 + n in order. (Every code point is below U+0800.)
+struct ByteAlphabet {
+  std::string of[256];                        // byte -> its character, UTF-8
+  std::unordered_map<uint32_t, uint8_t> back;  // character -> byte
+  ByteAlphabet() {
+    int n = 0;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+      const uint32_t cp = printable ? uint32_t(b) : uint32_t(256 + n++);
+      of[b] = utf8(cp);
+      back[cp] = uint8_t(b);
+    }
+  }
+};
+const ByteAlphabet& alphabet() {
+  static const ByteAlphabet a;
+  return a;
+}
+
+// A PCRE2 pattern compiled for UTF-8 with Unicode properties (JIT when
+// available): every match in order, as [begin, end) byte offsets.
+class Regex {
+ public:
+  Regex(const std::string& pattern, const std::string& where) {
+    int err = 0;
+    PCRE2_SIZE off = 0;
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
+                          &err, &off, nullptr);
+    if (!code_) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof msg);
+      throw std::runtime_error(where + ": the regex does not compile at offset " + std::to_string(off) + ": " +
+                               reinterpret_cast<const char*>(msg));
+    }
+    pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // the interpreter otherwise
+  }
+  ~Regex() { pcre2_code_free(code_); }
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+
+  template <class Fn>
+  void for_each_match(std::string_view s, Fn fn) const {
+    pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
+    PCRE2_SIZE at = 0;
+    while (at < s.size()) {
+      const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), at,
+                                 PCRE2_NO_UTF_CHECK, md, nullptr);
+      if (rc < 0) break;
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+      if (ov[1] == ov[0]) {  // an empty match: step over one character
+        at = ov[0] + 1;
+        while (at < s.size() && (static_cast<unsigned char>(s[at]) & 0xC0) == 0x80) ++at;
+        continue;
+      }
+      fn(size_t(ov[0]), size_t(ov[1]));
+      at = ov[1];
+    }
+    pcre2_match_data_free(md);
+  }
+
+ private:
+  pcre2_code* code_ = nullptr;
+};
+
+// One step of the pre-tokenizer on a piece of text: into sub-pieces.
+struct SplitStep {
+  std::unique_ptr<Regex> re;
+  bool isolated_gaps = true;  // Split(Isolated): the text between matches is a piece too
+};
+
+class HfBpeTokenizer final : public Tokenizer {
+ public:
+  explicit HfBpeTokenizer(const std::string& path) : path_(path) { parse(read_json()); }
+
+  std::vector<int32_t> encode(const std::string& text) const override {
+    std::vector<int32_t> ids;
+    std::unordered_map<std::string, std::vector<int32_t>> cache;
+    for_each_piece(text, [&](int32_t added, std::string_view piece) {
+      if (added >= 0) {
+        ids.push_back(added);
+        return;
+      }
+      auto it = cache.find(std::string(piece));
+      if (it == cache.end()) it = cache.emplace(std::string(piece), bpe(piece)).first;
+      ids.insert(ids.end(), it->second.begin(), it->second.end());
+    });
+    return ids;
+  }
+
+  std::vector<std::vector<int32_t>> encode_batch(const std::vector<std::string_view>& texts) const override {
+    // Each text's pieces (parallel), each distinct piece merged once (parallel).
+    struct Piece {
+      int32_t added;
+      std::string_view text;
+    };
+    std::vector<std::vector<Piece>> pieces(texts.size());
+    parallel_for(int64_t(texts.size()), 1, [&](int64_t t) {
+      for_each_piece(texts[size_t(t)], [&](int32_t a, std::string_view p) { pieces[size_t(t)].push_back({a, p}); });
+    });
+    std::unordered_map<std::string_view, uint32_t> index;
+    std::vector<std::string_view> uniq;
+    for (const auto& v : pieces)
+      for (const Piece& p : v)
+        if (p.added < 0 && index.try_emplace(p.text, uint32_t(uniq.size())).second) uniq.push_back(p.text);
+    std::vector<std::vector<int32_t>> merged(uniq.size());
+    parallel_for(int64_t(uniq.size()), 256, [&](int64_t u) { merged[size_t(u)] = bpe(uniq[size_t(u)]); });
+    std::vector<std::vector<int32_t>> out(texts.size());
+    parallel_for(int64_t(texts.size()), 1, [&](int64_t t) {
+      for (const Piece& p : pieces[size_t(t)]) {
+        if (p.added >= 0) {
+          out[size_t(t)].push_back(p.added);
+          continue;
+        }
+        const auto& m = merged[index.at(p.text)];
+        out[size_t(t)].insert(out[size_t(t)].end(), m.begin(), m.end());
+      }
+    });
+    return out;
+  }
+
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::string out;
+    const ByteAlphabet& ab = alphabet();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const int32_t id = ids[i];
+      if (id < 0 || id >= int32_t(tokens_.size()) || (tokens_[size_t(id)].empty() && !is_added(id)))
+        throw std::runtime_error(path_ + ": id " + std::to_string(id) + " at position " + std::to_string(i) +
+                                 " is not in the vocabulary");
+      if (is_added(id)) {
+        out += tokens_[size_t(id)];
+        continue;
+      }
+      const std::string& t = tokens_[size_t(id)];
+      for (size_t k = 0; k < t.size();) {  // the byte-level characters back to bytes
+        uint32_t cp;
+        const auto c = static_cast<unsigned char>(t[k]);
+        int len = c < 0x80 ? 1 : c < 0xE0 ? 2 : 3;
+        cp = len == 1 ? c : len == 2 ? (c & 0x1F) : (c & 0x0F);
+        for (int j = 1; j < len && k + size_t(j) < t.size(); ++j) cp = (cp << 6) | (t[k + size_t(j)] & 0x3F);
+        const auto b = ab.back.find(cp);
+        if (b == ab.back.end())
+          throw std::runtime_error(path_ + ": token " + std::to_string(id) + " holds a character outside the " +
+                                   "byte-level alphabet");
+        out += char(b->second);
+        k += size_t(len);
+      }
+    }
+    return out;
+  }
+
+  int64_t vocab_size() const override { return int64_t(tokens_.size()); }
+  std::string kind() const override { return "hf-bpe"; }
+
+ private:
+  json read_json() const {
+    std::ifstream in(path_, std::ios::binary);
+    if (!in) throw std::runtime_error(path_ + ": cannot open the tokenizer");
+    try {
+      return json::parse(in);
+    } catch (const json::exception& e) {
+      throw std::runtime_error(path_ + ": not a JSON file (" + e.what() + ")");
+    }
+  }
+
+  [[noreturn]] void refuse(const std::string& key, const std::string& why) const {
+    throw std::runtime_error(path_ + ": " + key + ": " + why +
+                             " (adgt reads byte-level BPE tokenizer.json files: docs/data-format.md, \"Tokenizers\")");
+  }
+
+  void parse(const json& j) {
+    if (!j.is_object()) refuse("(top)", "not a JSON object");
+    if (j.contains("normalizer") && !j["normalizer"].is_null())
+      refuse("normalizer", "type " + j["normalizer"].value("type", std::string("?")) + " is not supported");
+    parse_model(j.value("model", json()));
+    parse_pre_tokenizer(j.value("pre_tokenizer", json()));
+    if (j.contains("added_tokens")) parse_added(j["added_tokens"]);
+  }
+
+  void parse_model(const json& m) {
+    if (!m.is_object() || m.value("type", std::string()) != "BPE")
+      refuse("model.type", "'" + (m.is_object() ? m.value("type", std::string("?")) : std::string("?")) +
+                               "' (only BPE)");
+    if (m.contains("dropout") && !m["dropout"].is_null()) refuse("model.dropout", "dropout is not supported");
+    for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
+      if (m.contains(k) && !m[k].is_null() && !(m[k].is_string() && m[k].get<std::string>().empty()))
+        refuse(std::string("model.") + k, "is not supported");
+    if (m.value("byte_fallback", false)) refuse("model.byte_fallback", "is not supported (a byte-level model needs none)");
+    ignore_merges_ = m.value("ignore_merges", false);
+    const json& vocab = m.value("vocab", json());
+    if (!vocab.is_object() || vocab.empty()) refuse("model.vocab", "missing or empty");
+    for (const auto& [tok, id] : vocab.items()) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (int64_t(1) << 24))
+        refuse("model.vocab[" + tok + "]", "not an id in [0, 2^24]");
+      const auto i = size_t(id.get<int64_t>());
+      if (tokens_.size() <= i) tokens_.resize(i + 1);
+      tokens_[i] = tok;
+      vocab_.emplace(tok, int32_t(i));
+    }
+    const json& merges = m.value("merges", json::array());
+    int32_t rank = 0;
+    for (const json& mg : merges) {
+      std::string a, b;
+      if (mg.is_string()) {  // "a b"
+        const std::string s = mg.get<std::string>();
+        const size_t sp = s.find(' ');
+        if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+          refuse("model.merges[" + std::to_string(rank) + "]", "'" + s + "' is not two tokens");
+        a = s.substr(0, sp);
+        b = s.substr(sp + 1);
+      } else if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string()) {
+        a = mg[0].get<std::string>();
+        b = mg[1].get<std::string>();
+      } else {
+        refuse("model.merges[" + std::to_string(rank) + "]", "neither \"a b\" nor [\"a\", \"b\"]");
+      }
+      const auto ia = vocab_.find(a), ib = vocab_.find(b), iab = vocab_.find(a + b);
+      if (ia == vocab_.end() || ib == vocab_.end() || iab == vocab_.end())
+        refuse("model.merges[" + std::to_string(rank) + "]", "'" + a + " " + b + "' merges tokens not in the vocabulary");
+      merges_.emplace(pair_key(ia->second, ib->second), std::make_pair(rank, iab->second));
+      ++rank;
+    }
+    const ByteAlphabet& ab = alphabet();
+    for (int b = 0; b < 256; ++b) {
+      const auto it = vocab_.find(ab.of[b]);
+      if (it == vocab_.end())
+        refuse("model.vocab", "byte " + std::to_string(b) + " of the byte-level alphabet has no token");
+      byte_id_[b] = it->second;
+    }
+  }
+
+  // ByteLevel's own fields: add_prefix_space must be false (a space
+  // prepended to the text) -- supported only when false, as in GPT-2 and
+  // Llama 3 files; use_regex chooses the GPT-2 split.
+  void byte_level(const json& p, const std::string& key) {
+    if (p.value("add_prefix_space", false)) refuse(key + ".add_prefix_space", "true is not supported");
+    if (p.value("use_regex", true)) {
+      SplitStep s;
+      s.re = std::make_unique<Regex>(kByteLevelPattern, path_ + ": " + key);
+      s.isolated_gaps = true;
+      steps_.push_back(std::move(s));
+    }
+    byte_level_ = true;
+  }
+
+  void split(const json& p, const std::string& key) {
+    const json& pat = p.value("pattern", json());
+    std::string re;
+    if (pat.is_object() && pat.contains("Regex") && pat["Regex"].is_string()) {
+      re = pat["Regex"].get<std::string>();
+    } else if (pat.is_object() && pat.contains("String") && pat["String"].is_string()) {
+      const std::string lit = pat["String"].get<std::string>();
+      for (char c : lit) {  // the literal, quoted for PCRE2
+        if (std::string("\\^$.|?*+()[]{}").find(c) != std::string::npos) re += '\\';
+        re += c;
+      }
+    } else {
+      refuse(key + ".pattern", "neither {\"Regex\": ...} nor {\"String\": ...}");
+    }
+    if (p.value("behavior", std::string()) != "Isolated") refuse(key + ".behavior", "only Isolated is supported");
+    if (p.value("invert", false)) refuse(key + ".invert", "true is not supported");
+    SplitStep s;
+    s.re = std::make_unique<Regex>(re, path_ + ": " + key);
+    steps_.push_back(std::move(s));
+  }
+
+  void parse_pre_tokenizer(const json& p) {
+    if (!p.is_object()) refuse("pre_tokenizer", "missing (a byte-level BPE file has ByteLevel)");
+    const std::string type = p.value("type", std::string());
+    if (type == "ByteLevel") {
+      byte_level(p, "pre_tokenizer");
+    } else if (type == "Sequence") {
+      const json& list = p.value("pretokenizers", json::array());
+      for (size_t i = 0; i < list.size(); ++i) {
+        const std::string key = "pre_tokenizer.pretokenizers[" + std::to_string(i) + "]";
+        const std::string t = list[i].value("type", std::string());
+        if (t == "Split" && !byte_level_) split(list[i], key);
+        else if (t == "ByteLevel" && !byte_level_) byte_level(list[i], key);
+        else refuse(key + ".type", "'" + t + "' here is not supported (Split steps, then ByteLevel)");
+      }
+    } else {
+      refuse("pre_tokenizer.type", "'" + type + "' is not supported (ByteLevel, or a Sequence of Split and ByteLevel)");
+    }
+    if (!byte_level_) refuse("pre_tokenizer", "no ByteLevel step: not a byte-level BPE file");
+  }
+
+  void parse_added(const json& list) {
+    for (size_t i = 0; i < list.size(); ++i) {
+      const json& t = list[i];
+      const std::string key = "added_tokens[" + std::to_string(i) + "]";
+      if (!t.is_object() || !t.contains("id") || !t.contains("content") || !t["content"].is_string())
+        refuse(key, "needs id and content");
+      for (const char* k : {"single_word", "lstrip", "rstrip"})
+        if (t.value(k, false)) refuse(key + "." + k, "true is not supported");
+      const std::string content = t["content"].get<std::string>();
+      if (content.empty()) refuse(key + ".content", "empty");
+      const auto id = size_t(t["id"].get<int64_t>());
+      if (tokens_.size() <= id) tokens_.resize(id + 1);
+      tokens_[id] = content;
+      added_.emplace_back(content, int32_t(id));
+      if (added_ids_.size() <= id) added_ids_.resize(id + 1, 0);
+      added_ids_[id] = 1;
+    }
+    // Longest first: at a position the longest added token that matches wins.
+    std::stable_sort(added_.begin(), added_.end(),
+                     [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  }
+
+  bool is_added(int32_t id) const { return size_t(id) < added_ids_.size() && added_ids_[size_t(id)]; }
+
+  static uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
+
+  // Calls fn(added id, "") for each added token and fn(-1, piece) for each
+  // pre-token, in text order.
+  template <class Fn>
+  void for_each_piece(std::string_view text, Fn fn) const {
+    size_t start = 0;
+    const auto plain = [&](std::string_view seg) { split_steps(seg, 0, fn); };
+    if (!added_.empty()) {
+      for (size_t i = 0; i < text.size();) {
+        bool hit = false;
+        for (const auto& [content, id] : added_) {
+          if (text.compare(i, content.size(), content) == 0) {
+            if (i > start) plain(text.substr(start, i - start));
+            fn(id, std::string_view());
+            i += content.size();
+            start = i;
+            hit = true;
+            break;
+          }
+        }
+        if (!hit) ++i;
+      }
+    }
+    if (start < text.size()) plain(text.substr(start));
+  }
+
+  template <class Fn>
+  void split_steps(std::string_view seg, size_t step, Fn& fn) const {
+    if (seg.empty()) return;
+    if (step == steps_.size()) {
+      fn(-1, seg);
+      return;
+    }
+    const SplitStep& s = steps_[step];
+    size_t last = 0;
+    s.re->for_each_match(seg, [&](size_t b, size_t e) {
+      if (b > last && s.isolated_gaps) split_steps(seg.substr(last, b - last), step + 1, fn);
+      split_steps(seg.substr(b, e - b), step + 1, fn);
+      last = e;
+    });
+    if (last < seg.size()) split_steps(seg.substr(last), step + 1, fn);
+  }
+
+  // BPE over one pre-token's bytes.
+  std::vector<int32_t> bpe(std::string_view piece) const {
+    const ByteAlphabet& ab = alphabet();
+    if (ignore_merges_) {
+      std::string whole;
+      for (unsigned char c : piece) whole += ab.of[c];
+      const auto it = vocab_.find(whole);
+      if (it != vocab_.end()) return {it->second};
+    }
+    std::vector<int32_t> sym(piece.size());
+    for (size_t i = 0; i < piece.size(); ++i) sym[i] = byte_id_[static_cast<unsigned char>(piece[i])];
+    // The pair of lowest rank, leftmost among equals, merged until none is left.
+    for (;;) {
+      int32_t best_rank = std::numeric_limits<int32_t>::max(), best_id = -1;
+      size_t best = 0;
+      for (size_t i = 0; i + 1 < sym.size(); ++i) {
+        const auto it = merges_.find(pair_key(sym[i], sym[i + 1]));
+        if (it != merges_.end() && it->second.first < best_rank) {
+          best_rank = it->second.first;
+          best_id = it->second.second;
+          best = i;
+        }
+      }
+      if (best_id < 0) break;
+      sym[best] = best_id;
+      sym.erase(sym.begin() + long(best) + 1);
+    }
+    return sym;
+  }
+
+  std::string path_;
+  std::vector<std::string> tokens_;  // id -> token (byte-level characters; an added token's text)
+  std::unordered_map<std::string, int32_t> vocab_;
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // (a, b) -> (rank, merged id)
+  std::vector<std::pair<std::string, int32_t>> added_;                // longest first
+  std::vector<char> added_ids_;
+  std::vector<SplitStep> steps_;
+  bool byte_level_ = false, ignore_merges_ = false;
+  int32_t byte_id_[256] = {};
+};
+
+}  // namespace
+
+bool is_hf_tokenizer_spec(const std::string& spec) {
+  return spec.size() >= 5 && spec.compare(spec.size() - 5, 5, ".json") == 0;
+}
+
+std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path) {
+  return std::make_unique<HfBpeTokenizer>(path);
+}
+
+}  // namespace adgt
