@@ -2,6 +2,8 @@
 // docs/huggingface.md (keep the two in step).
 #include "core/hf/export.hpp"
 
+#include "core/data/tokenizer.hpp"
+
 #include <fcntl.h>
 #include <sentencepiece_processor.h>
 #include <unistd.h>
@@ -422,6 +424,26 @@ HfImportResult import_hf(const std::string& hf_dir_s, const std::string& out_dir
     return read_safetensors_f32(h, *t);
   };
 
+  // The model's tokenizer.json goes beside the checkpoint, and data.tokenizer
+  // names it when adgt reads it (docs/data-format.md, "Tokenizers") and no
+  // base config chose the data.
+  const fs::path tok_src = dir / "tokenizer.json", tok_dst = out / "tokenizer.json";
+  const bool copy_tokenizer = fs::is_regular_file(tok_src, ec);
+  if (copy_tokenizer) {
+    try {
+      const int64_t v = Tokenizer::load(tok_src.string())->vocab_size();
+      if (v > cfg.model.vocab_size)
+        r.notes.push_back("tokenizer.json copied; its vocabulary (" + std::to_string(v) + ") exceeds vocab_size " +
+                          std::to_string(cfg.model.vocab_size) + ", so data.tokenizer does not name it");
+      else if (!base_config.empty())
+        r.notes.push_back("tokenizer.json copied to " + tok_dst.string() + "; data.tokenizer is " + base_config + "'s");
+      else
+        cfg.data.tokenizer = tok_dst.string();
+    } catch (const std::exception& e) {
+      r.notes.push_back(std::string("tokenizer.json copied, but adgt cannot encode with it: ") + e.what());
+    }
+  }
+
   const std::vector<ParamSpec> specs = build_param_table(cfg.model);
   CheckpointState st;
   st.step = 0;
@@ -466,6 +488,10 @@ HfImportResult import_hf(const std::string& hf_dir_s, const std::string& out_dir
   }
 
   fs::create_directories(out, ec);
+  if (copy_tokenizer) {
+    fs::copy_file(tok_src, tok_dst, fs::copy_options::overwrite_existing, ec);
+    if (ec) throw HfError("cannot copy " + tok_src.string() + " to " + tok_dst.string() + ": " + ec.message());
+  }
   r.step_dir = save_checkpoint(out.string(), st, 0);
   const fs::path yaml = out / "config.yaml";
   const fs::path tmp = out / (".config.yaml.tmp-" + std::to_string(::getpid()));

@@ -143,6 +143,23 @@ def check_config_json(hf_dir: str, yaml_model: dict, torch_dtype: str) -> None:
     expect("bos_token_id" not in c and "eos_token_id" not in c, "config.json: unexpected bos/eos ids")
 
 
+def byte_level_tokenizer() -> dict:
+    """A tokenizer.json of GPT-2's byte-level alphabet alone (256 tokens, no merges)."""
+    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    vocab = {chr(c): i for i, c in enumerate(cs)}
+    return {"version": "1.0", "added_tokens": [], "normalizer": None,
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                              "use_regex": True},
+            "decoder": {"type": "ByteLevel"},
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "vocab": vocab, "merges": []}}
+
+
 # ---------------------------------------------------------------- checks
 
 def check_roundtrip(c: Ctx) -> None:
@@ -152,8 +169,18 @@ def check_roundtrip(c: Ctx) -> None:
         src = c.checkpoint("src_" + label, *overrides)
         hf, imp = c.path("hf_" + label), c.path("imp_" + label)
         c.ckpt("export-hf", src, hf, *extra)
+        if label == "f32":  # a byte-level BPE tokenizer.json beside the weights travels with them
+            with open(os.path.join(hf, "tokenizer.json"), "w") as f:
+                json.dump(byte_level_tokenizer(), f)
         out = c.ckpt("import-hf", hf, imp).stdout
         expect("adgt-train --config" in out, f"import-hf output lacks the start command:\n{out}")
+        if label == "f32":
+            tok = os.path.join(imp, "tokenizer.json")
+            expect(os.path.isfile(tok), "import-hf did not copy tokenizer.json")
+            with open(os.path.join(imp, "config.yaml")) as f:
+                y = f.read()
+            expect(f'tokenizer: "{tok}"' in y or f"tokenizer: {tok}" in y,
+                   "config.yaml's data.tokenizer does not name tokenizer.json")
         step0 = os.path.join(imp, "step_0")
         with h5py.File(os.path.join(src, "checkpoint.h5"), "r") as a, \
                 h5py.File(os.path.join(step0, "checkpoint.h5"), "r") as b:
