@@ -200,7 +200,9 @@ const std::vector<Key>& schema() {
           "(docs/reliability.md); 0 = auto: max(30 s, 5 x the slowest step); start-up, "
           "checkpoint save/load and evaluation wait up to max(300 s, the deadline) on a live peer"),
       key("data", &R::data, "train", &DataConfig::train, A::NonEmpty,
-          "training token shard (adgt-data output); checked when the trainer opens it"),
+          "training token file (adgt-data output, a Megatron dataset or an llm.c shard), or a "
+          "blend \"0.7 A 0.3 B\" (weights and files in turn; a directory stands for its "
+          "train.bin); checked when the trainer opens it"),
       key("data", &R::data, "val", &DataConfig::val, A::NonEmpty,
           "validation token shard"),
       key("data", &R::data, "tokenizer", &DataConfig::tokenizer, A::NonEmpty,

@@ -137,6 +137,7 @@ void MetricsLog::log_step(const StepMetrics& m) {
                         {"a2a_bytes", x.a2a_bytes}, {"a2a_s", x.a2a_seconds}});
     j["moe"] = layers;
   }
+  if (!m.source_tokens.empty()) j["source_tokens"] = m.source_tokens;
   out_ << j.dump() << "\n";
   out_.flush();
 }

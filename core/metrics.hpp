@@ -52,6 +52,9 @@ struct StepMetrics {
   // dp_wait_s (< 0: not measured).
   double gc_seconds = -1;
   std::vector<MoeLayerMetrics> moe;  // this rank's MoE layers
+  // A blend of token files (data.train with weights): training tokens read
+  // from each source so far, in the run's order (empty: one source).
+  std::vector<int64_t> source_tokens;
 };
 
 std::string format_duration(double seconds);  // "1h02m", "3m12s", "45s"

@@ -127,3 +127,14 @@ add_test(NAME data_hf_tokenizer_parity
   COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/data/hf_tokenizer_parity.py --data ${_data}
           --text ${CMAKE_BINARY_DIR}/data/kjv-byte/kjv.txt --work ${CMAKE_BINARY_DIR}/tests/data_hf_tokenizer)
 set_tests_properties(data_hf_tokenizer_parity PROPERTIES FIXTURES_REQUIRED kjv_byte TIMEOUT 300)
+
+# A two-source blend in training: shares, resume and a resume into dp=2
+# continue the same order (docs/data-format.md, "Blends").
+if(TARGET adgt-train)
+  add_test(NAME data_blend_train
+    COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/data/blend_train.py --train $<TARGET_FILE:adgt-train>
+            --data ${_data} --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
+            --model ${CMAKE_CURRENT_SOURCE_DIR}/layouts/model.yaml --shard ${CMAKE_BINARY_DIR}/data/kjv-byte/train.bin
+            --text ${ADGT_DATA_E2E}/input.txt --work ${CMAKE_BINARY_DIR}/tests/data_blend)
+  set_tests_properties(data_blend_train PROPERTIES FIXTURES_REQUIRED kjv_byte TIMEOUT 600 LABELS parallel)
+endif()

@@ -1,5 +1,7 @@
 #include "core/data/data_check.hpp"
 
+#include "core/data/blend.hpp"
+
 #include <filesystem>
 #include <stdexcept>
 #include <string>
@@ -45,9 +47,27 @@ std::string tokenizer_warning(const RunConfig& cfg) {
          "were made with (adgt-data prepare writes <out>/tokenizer.model), or byte";
 }
 
+std::vector<std::unique_ptr<TokenShard>> open_checked_blend(const std::string& value, const char* key,
+                                                            const ModelConfig& m, const std::string& where) {
+  std::vector<BlendSource> blend;
+  try {
+    blend = parse_blend(value, key);
+  } catch (const std::runtime_error& e) {
+    throw ConfigError(where + e.what());
+  }
+  std::vector<std::unique_ptr<TokenShard>> out;
+  for (const BlendSource& s : blend) {
+    std::error_code ec;
+    const bool dir = blend.size() > 1 && std::filesystem::is_directory(s.path, ec);
+    out.push_back(open_checked_shard(dir ? (std::filesystem::path(s.path) / "train.bin").string() : s.path, key, m,
+                                     where));
+  }
+  return out;
+}
+
 void check_data_inputs(const RunConfig& cfg) {
   const std::string where = (cfg.source.empty() ? std::string("config") : cfg.source) + ": ";
-  (void)open_checked_shard(cfg.data.train, "data.train", cfg.model, where);
+  (void)open_checked_blend(cfg.data.train, "data.train", cfg.model, where);
   (void)open_checked_shard(cfg.data.val, "data.val", cfg.model, where);
 }
 

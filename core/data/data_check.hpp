@@ -5,6 +5,7 @@
 // one message; the trainer still checks what it opens, for files that vanish).
 #pragma once
 #include <memory>
+#include <vector>
 #include <string>
 
 #include "core/config.hpp"
@@ -25,5 +26,10 @@ std::string tokenizer_warning(const RunConfig& cfg);
 // `where`: the message's prefix ("configs/tiny.yaml: ", or "").
 std::unique_ptr<TokenShard> open_checked_shard(const std::string& path, const char* key,
                                                const ModelConfig& m, const std::string& where = "");
+
+// Every source of a blend ("PATH", or "0.7 A 0.3 B": core/data/blend.hpp; a
+// directory stands for its train.bin) opened and checked as above, in order.
+std::vector<std::unique_ptr<TokenShard>> open_checked_blend(const std::string& value, const char* key,
+                                                            const ModelConfig& m, const std::string& where = "");
 
 }  // namespace adgt

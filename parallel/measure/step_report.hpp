@@ -26,6 +26,9 @@ struct StepReport {
   // Backend calls that waited for the device to hand the host a value in this
   // step (Backend::host_reads; -1 where not counted: the CPU backend).
   int64_t host_reads = -1;
+  // A blend of token files: training tokens read from each source so far
+  // (the same on every rank: a function of the global sample index).
+  std::vector<int64_t> source_tokens;
 };
 
 // This rank's compute in the step: with a pipeline, the executor's compute

@@ -67,6 +67,7 @@ void StepLogger::observe(Engine& e, const StepReport& r, Comm& world) {
   m.pp_wait_s = g.pp->size() > 1 ? r.pp_seconds : -1.0;
   m.ep_wait_s = g.ep->size() > 1 ? r.ep_seconds : -1.0;
   m.host_reads = r.host_reads;
+  m.source_tokens = r.source_tokens;
   m.step = r.step;
   m.total_steps = r.total_steps;
   m.loss = interval_n_ ? interval_loss_ / double(interval_n_) : r.loss;

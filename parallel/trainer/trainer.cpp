@@ -22,6 +22,7 @@
 #include "core/checkpoint/sharded.hpp"
 #include "core/metrics.hpp"
 #include "core/optimizer.hpp"
+#include "core/data/blend.hpp"
 #include "core/data/sampler.hpp"
 #include "core/data/data_check.hpp"
 #include "core/data/token_shard.hpp"
@@ -161,14 +162,23 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx, std::optional<Device
   // others before they print), then thrown on every rank together.
   std::string shard_error;
   try {
-    train_shard_ = open_checked_shard(cfg.data.train, "data.train", cfg.model);
+    train_shards_ = open_checked_blend(cfg.data.train, "data.train", cfg.model);
     val_shard_ = open_checked_shard(cfg.data.val, "data.val", cfg.model);
   } catch (const std::exception& e) {
     shard_error = e.what();
   }
   if (ctx.world && ctx.world->size() > 1) shard_error = agree_error(*ctx.world, shard_error);
   if (!shard_error.empty()) throw CollectiveError(shard_error);
-  sampler_ = std::make_unique<Sampler>(*train_shard_, cfg.model.seq_len, cfg.train.seed);
+  {
+    const std::vector<BlendSource> blend = parse_blend(cfg.data.train, "data.train");
+    std::vector<const TokenShard*> shards;
+    std::vector<double> weights;
+    for (size_t s = 0; s < blend.size(); ++s) {
+      shards.push_back(train_shards_[s].get());
+      weights.push_back(blend[s].weight);
+    }
+    sampler_ = std::make_unique<BlendSampler>(shards, weights, cfg.model.seq_len, cfg.train.seed);
+  }
   wire(std::move(ctx));
 }
 
@@ -593,6 +603,9 @@ StepReport Trainer::run_step(TeiMeter& tei, TrainSummary& sum, int64_t first_ste
     tt.bubble_s = std::max(0.0, engine_->pipeline()->last_step_seconds() -
                                     engine_->pipeline()->last_busy_seconds());
   samples_seen_ += t.global_batch;
+  if (sampler_->sources() > 1)
+    for (int s = 0; s < sampler_->sources(); ++s)
+      r.source_tokens.push_back(sampler_->consumed(s, samples_seen_) * cfg_.model.seq_len);
   trace_pipeline_step();
   const auto t_opt = clock::now();
   r.grad_norm = engine_->grad_norm();

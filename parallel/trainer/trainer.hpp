@@ -33,7 +33,7 @@ class AsyncCheckpointSaver;
 class MetricsLog;
 class TeiMeter;
 class StepLogger;
-class Sampler;
+class BlendSampler;
 
 struct TrainSummary {
   int64_t steps_done = 0;
@@ -164,8 +164,9 @@ class Trainer {
   // Rank 0: records of decisions made while wiring a layout (the attention
   // kernel), written to metrics.jsonl once it is open (log_decisions).
   std::vector<nlohmann::json> unlogged_;
-  std::unique_ptr<TokenShard> train_shard_, val_shard_;
-  std::unique_ptr<Sampler> sampler_;
+  std::vector<std::unique_ptr<TokenShard>> train_shards_;  // one per blend source
+  std::unique_ptr<TokenShard> val_shard_;
+  std::unique_ptr<BlendSampler> sampler_;
   int64_t step_ = 0;            // steps completed
   bool continue_log_ = false;   // continue_job_log()
   int64_t opt_steps_ = 0;       // AdamW updates applied (steps minus skipped ones)
