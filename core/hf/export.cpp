@@ -2,6 +2,7 @@
 // docs/huggingface.md (keep the two in step).
 #include "core/hf/export.hpp"
 
+#include "core/data/hf_tokenizer.hpp"
 #include "core/data/tokenizer.hpp"
 
 #include <fcntl.h>
@@ -103,6 +104,11 @@ void special_ids(const std::string& spec, int64_t vocab, HfExportResult& r) {
   }
   if (!fs::is_regular_file(spec, ec)) {
     r.note = "tokenizer " + spec + " not found: bos_token_id/eos_token_id omitted (pass --tokenizer)";
+    return;
+  }
+  if (is_hf_tokenizer_spec(spec)) {
+    r.note = "tokenizer " + spec + " (tokenizer.json) copied beside the weights; bos_token_id/eos_token_id "
+             "omitted (a tokenizer.json does not say which tokens they are)";
     return;
   }
   sentencepiece::SentencePieceProcessor sp;
@@ -346,6 +352,13 @@ HfExportResult export_hf(const std::string& step_dir, const std::string& out_dir
       if (r.eos_token_id >= 0) g["eos_token_id"] = r.eos_token_id;
       write_file_synced(tmp / "generation_config.json", g.dump(2) + "\n");
       r.files.push_back("generation_config.json");
+    }
+    // A tokenizer.json the run read goes with the weights, as HuggingFace
+    // models carry it (bos/eos ids are not guessed from it).
+    const std::string spec = opt.tokenizer.empty() ? cfg.data.tokenizer : opt.tokenizer;
+    if (is_hf_tokenizer_spec(spec) && fs::is_regular_file(spec, ec)) {
+      fs::copy_file(spec, tmp / "tokenizer.json", fs::copy_options::overwrite_existing);
+      r.files.push_back("tokenizer.json");
     }
     fsync_dir(tmp);
     install_dir(tmp, out, opt.force);

@@ -181,6 +181,10 @@ def check_roundtrip(c: Ctx) -> None:
                 y = f.read()
             expect(f'tokenizer: "{tok}"' in y or f"tokenizer: {tok}" in y,
                    "config.yaml's data.tokenizer does not name tokenizer.json")
+            again = c.path("hf_f32_again")  # and the export of the import carries it on
+            c.ckpt("export-hf", os.path.join(imp, "step_0"), again)
+            with open(tok, "rb") as f1, open(os.path.join(again, "tokenizer.json"), "rb") as f2:
+                expect(f1.read() == f2.read(), "export-hf did not copy data.tokenizer's tokenizer.json")
         step0 = os.path.join(imp, "step_0")
         with h5py.File(os.path.join(src, "checkpoint.h5"), "r") as a, \
                 h5py.File(os.path.join(step0, "checkpoint.h5"), "r") as b:
