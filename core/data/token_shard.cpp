@@ -33,7 +33,8 @@ struct Header {
   uint32_t dtype;
   uint64_t count;
   uint64_t vocab;
-  uint8_t zero[32];
+  uint64_t documents;  // version 2: entries of the document index after the tokens (0 in version 1)
+  uint8_t zero[24];
 };
 static_assert(sizeof(Header) == kTokenShardHeaderBytes);
 
@@ -52,7 +53,12 @@ uint32_t token_dtype_for_vocab(int64_t vocab_size) {
 }
 
 void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens,
-                       int64_t vocab_size) {
+                       int64_t vocab_size, const std::vector<int64_t>& document_starts) {
+  for (size_t i = 0; i < document_starts.size(); ++i)
+    if (document_starts[i] < 0 || document_starts[i] >= int64_t(tokens.size()) ||
+        (i > 0 && document_starts[i] <= document_starts[i - 1]) || (i == 0 && document_starts[i] != 0))
+      shard_error(path, "document start " + std::to_string(i) + " (" + std::to_string(document_starts[i]) +
+                            ") is not ascending from 0 inside the " + std::to_string(tokens.size()) + " tokens");
   if (vocab_size <= 0 || vocab_size > (int64_t{1} << 31))
     shard_error(path, "vocab size " + std::to_string(vocab_size) +
                           " is out of range; it must be in [1, 2^31]");
@@ -64,10 +70,11 @@ void write_token_shard(const std::string& path, const std::vector<int32_t>& toke
   }
   Header h{};
   std::memcpy(h.magic, kTokenShardMagic, 8);
-  h.version = kTokenShardVersion;
+  h.version = document_starts.empty() ? 1 : kTokenShardVersion;
   h.dtype = token_dtype_for_vocab(vocab_size);
   h.count = tokens.size();
   h.vocab = static_cast<uint64_t>(vocab_size);
+  h.documents = document_starts.size();
 
   const std::string tmp = path + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
@@ -84,6 +91,8 @@ void write_token_shard(const std::string& path, const std::vector<int32_t>& toke
   } else {
     ok = ok && (tokens.empty() || std::fwrite(tokens.data(), 4, tokens.size(), f) == tokens.size());
   }
+  ok = ok && (document_starts.empty() ||
+              std::fwrite(document_starts.data(), 8, document_starts.size(), f) == document_starts.size());
   ok = (std::fclose(f) == 0) && ok;
   if (!ok) {
     std::remove(tmp.c_str());
@@ -193,9 +202,13 @@ void TokenShard::read_adgt_header(const std::string& path, uint64_t file_bytes) 
   if (file_bytes < sizeof(Header)) too_short(path, file_bytes);
   Header h;
   std::memcpy(&h, map_, sizeof h);
-  if (h.version != kTokenShardVersion)
-    shard_error(path, "version " + std::to_string(h.version) + " is not supported (expected " +
+  if (h.version != 1 && h.version != kTokenShardVersion)
+    shard_error(path, "version " + std::to_string(h.version) + " is not supported (1 or " +
                           std::to_string(kTokenShardVersion) + "); re-run adgt-data prepare");
+  if (h.version == 1 && h.documents != 0)
+    shard_error(path, "corrupt: a version 1 header with a document count");
+  if (h.version == 2 && h.documents == 0 && h.count > 0)
+    shard_error(path, "corrupt: a version 2 header without a document index");
   if (h.dtype != kTokenDtypeU16 && h.dtype != kTokenDtypeU32)
     shard_error(path,
                 "dtype code " + std::to_string(h.dtype) + " is unknown (1 = uint16, 2 = uint32)");
@@ -203,8 +216,11 @@ void TokenShard::read_adgt_header(const std::string& path, uint64_t file_bytes) 
     shard_error(path, "vocab size " + std::to_string(h.vocab) + " in the header is invalid");
   if (h.dtype == kTokenDtypeU16 && h.vocab > 65536)
     shard_error(path, "dtype uint16 cannot hold vocab size " + std::to_string(h.vocab));
-  const uint64_t payload = file_bytes - sizeof(Header);
   const uint64_t esz = dtype_bytes(h.dtype);
+  if (h.documents > (file_bytes - sizeof(Header)) / 8)
+    shard_error(path, "truncated: the header says " + std::to_string(h.documents) +
+                          " documents, more than the file could index; re-run adgt-data prepare");
+  const uint64_t payload = file_bytes - sizeof(Header) - 8 * h.documents;
   if (h.count > payload / esz)
     shard_error(path, "truncated: the header says " + std::to_string(h.count) + " tokens (" +
                           std::to_string(h.count * esz) + " bytes) but only " +
@@ -218,7 +234,19 @@ void TokenShard::read_adgt_header(const std::string& path, uint64_t file_bytes) 
   count_ = static_cast<int64_t>(h.count);
   vocab_ = static_cast<int64_t>(h.vocab);
   elem_ = h.dtype == kTokenDtypeU16 ? TokenElem::U16 : TokenElem::U32;
-  if (count_) doc_starts_ = {0};
+  if (h.documents == 0) {
+    if (count_) doc_starts_ = {0};
+    return;
+  }
+  // Version 2: the document index after the tokens, ascending from 0.
+  doc_starts_.resize(size_t(h.documents));
+  std::memcpy(doc_starts_.data(), static_cast<const char*>(map_) + sizeof(Header) + h.count * esz,
+              size_t(h.documents) * 8);
+  for (size_t i = 0; i < doc_starts_.size(); ++i)
+    if (doc_starts_[i] < 0 || doc_starts_[i] >= count_ || (i == 0 && doc_starts_[i] != 0) ||
+        (i > 0 && doc_starts_[i] <= doc_starts_[i - 1]))
+      shard_error(path, "corrupt: document index entry " + std::to_string(i) + " (" +
+                            std::to_string(doc_starts_[i]) + ") is not ascending from 0 inside the tokens");
 }
 
 TokenShard::TokenShard(TokenShard&& o) noexcept { *this = std::move(o); }

@@ -3,12 +3,15 @@
 //
 //   offset  size  field
 //        0     8  magic "ADGTTOK\0"
-//        8     4  u32 version (= 1)
+//        8     4  u32 version (1, or 2 with a document index)
 //       12     4  u32 dtype (1 = uint16, 2 = uint32)
 //       16     8  u64 token count
 //       24     8  u64 vocab size (every token id < vocab size)
-//       32    32  zero
-//       64     -  the tokens, token count * (2 or 4) bytes, nothing after
+//       32     8  u64 document count D (version 2; 0 in version 1)
+//       40    24  zero
+//       64     -  the tokens, token count * (2 or 4) bytes
+//        -   8*D  version 2: i64 token offset where each document starts,
+//                 ascending from 0; nothing after
 //
 // dtype is uint16 when vocab size <= 65536, else uint32.
 //
@@ -25,7 +28,7 @@
 namespace adgt {
 
 inline constexpr char kTokenShardMagic[8] = {'A', 'D', 'G', 'T', 'T', 'O', 'K', '\0'};
-inline constexpr uint32_t kTokenShardVersion = 1;
+inline constexpr uint32_t kTokenShardVersion = 2;  // the newest; version 1 shards still load
 inline constexpr uint32_t kTokenDtypeU16 = 1;
 inline constexpr uint32_t kTokenDtypeU32 = 2;
 inline constexpr int64_t kTokenShardHeaderBytes = 64;
@@ -36,8 +39,10 @@ uint32_t token_dtype_for_vocab(int64_t vocab_size);
 // Writes `tokens` (each in [0, vocab_size)) to `path`: first to `path`.tmp,
 // then renamed over `path`, so a reader never sees a half-written shard.
 // Throws naming the file (and the offending token) on any failure.
+// With `document_starts` (ascending from 0, each < the token count) the
+// shard is version 2 and keeps them; without, version 1.
 void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens,
-                       int64_t vocab_size);
+                       int64_t vocab_size, const std::vector<int64_t>& document_starts = {});
 
 enum class TokenFileFormat { Adgt, Megatron, Llmc };
 const char* token_file_format_name(TokenFileFormat f);

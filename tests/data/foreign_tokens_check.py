@@ -31,7 +31,7 @@ def read_adgt(path):
     raw = open(path, 'rb').read()
     assert raw[:8] == b'ADGTTOK\0', path
     version, dtype, count, vocab = struct.unpack_from('<IIQQ', raw, 8)
-    assert version == 1 and dtype in (1, 2), path
+    assert version in (1, 2) and dtype in (1, 2), path
     return np.frombuffer(raw, dtype=np.uint16 if dtype == 1 else np.uint32, count=count,
                          offset=64).astype(np.int64)
 

@@ -36,14 +36,15 @@ SHARD_HEADER = 64
 
 def open_shard(path: str) -> np.ndarray:
     """Memory-maps an adgt token shard: 64-byte header (magic "ADGTTOK\\0",
-    u32 version 1, u32 dtype 1=uint16/2=uint32, u64 count, u64 vocab, zeros)
-    then the tokens."""
+    u32 version 1 or 2, u32 dtype 1=uint16/2=uint32, u64 count, u64 vocab, u64
+    documents (version 2), zeros) then the tokens (then version 2's document
+    index)."""
     with open(path, "rb") as f:
         head = f.read(SHARD_HEADER)
     if len(head) < SHARD_HEADER or head[:8] != SHARD_MAGIC:
         raise SystemExit(f"{path}: not an adgt token shard (bad magic); make one with adgt-data prepare")
     version, dt, count, vocab = struct.unpack_from("<IIQQ", head, 8)
-    if version != 1 or dt not in (1, 2):
+    if version not in (1, 2) or dt not in (1, 2):
         raise SystemExit(f"{path}: unsupported shard version {version} / dtype {dt}")
     return np.memmap(path, dtype=np.uint16 if dt == 1 else np.uint32, mode="r",
                      offset=SHARD_HEADER, shape=(count,))

@@ -172,6 +172,35 @@ TEST_CASE("token shard: empty shard, bad tokens and out-of-range reads", "[data]
   CHECK_THROWS(s.read(4, 0, buf));
 }
 
+TEST_CASE("token shard: version 2 keeps the document index; damaged indexes are named", "[data]") {
+  TempDir d("shard_v2");
+  std::vector<int32_t> toks(50);
+  std::iota(toks.begin(), toks.end(), 0);
+  write_token_shard(d.file("v2.bin"), toks, 70000, {0, 7, 30});  // uint32 tokens
+  const TokenShard s(d.file("v2.bin"));
+  CHECK(s.size() == 50);
+  CHECK(s.document_starts() == std::vector<int64_t>{0, 7, 30});
+  std::vector<int32_t> got(50);
+  s.read(0, 50, got.data());
+  CHECK(got == toks);
+  const std::string raw = slurp(d.file("v2.bin"));
+  CHECK(raw.size() == 64 + 50 * 4 + 3 * 8);
+  CHECK(get<uint32_t>(raw, 8) == 2);
+  CHECK(get<uint64_t>(raw, 32) == 3);
+  // Without starts: version 1, one document.
+  write_token_shard(d.file("v1.bin"), toks, 1000);
+  CHECK(get<uint32_t>(slurp(d.file("v1.bin")), 8) == 1);
+  CHECK(TokenShard(d.file("v1.bin")).document_starts() == std::vector<int64_t>{0});
+  CHECK_THROWS_WITH(write_token_shard(d.file("bad.bin"), toks, 1000, {0, 9, 9}), Contains("not ascending"));
+  CHECK_THROWS_WITH(write_token_shard(d.file("bad.bin"), toks, 1000, {3}), Contains("not ascending"));
+  std::string b = raw;
+  put<int64_t>(b, 64 + 50 * 4 + 8, 60);  // a start past the tokens
+  spit(d.file("past.bin"), b);
+  CHECK_THROWS_WITH(TokenShard(d.file("past.bin")), Contains("past.bin") && Contains("document index entry 1"));
+  spit(d.file("cut.bin"), raw.substr(0, raw.size() - 8));
+  CHECK_THROWS_WITH(TokenShard(d.file("cut.bin")), Contains("cut.bin"));
+}
+
 TEST_CASE("token shard: corrupt or truncated files are rejected, naming the file", "[data]") {
   TempDir d("shard_corrupt");
   std::vector<int32_t> toks(100);
@@ -189,9 +218,13 @@ TEST_CASE("token shard: corrupt or truncated files are rejected, naming the file
   CHECK_THROWS_WITH(TokenShard(magic), Contains("magic.bin") && Contains("magic"));
 
   b = good;
-  put<uint32_t>(b, 8, 2);
+  put<uint32_t>(b, 8, 3);
   const std::string version = with("version.bin", b);
-  CHECK_THROWS_WITH(TokenShard(version), Contains("version.bin") && Contains("version 2"));
+  CHECK_THROWS_WITH(TokenShard(version), Contains("version.bin") && Contains("version 3"));
+  b = good;
+  put<uint32_t>(b, 8, 2);  // version 2 promises a document index
+  const std::string noindex = with("noindex.bin", b);
+  CHECK_THROWS_WITH(TokenShard(noindex), Contains("noindex.bin") && Contains("without a document index"));
 
   b = good;
   put<uint32_t>(b, 12, 3);
