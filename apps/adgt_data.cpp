@@ -11,7 +11,9 @@
 #include <CLI/CLI.hpp>
 
 #include "apps/cli_parse.hpp"
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -50,12 +52,14 @@ struct PrepareArgs {
   double val_fraction = 0.05;
   adgt::data::SourceOptions source;
   std::string on_bad_record = "skip";
+  bool eos = true, bos = false;  // documents: end (and begin) each with the tokenizer's token
 };
 
-// The corpus as one text: every document of every input file, in order,
-// joined by a blank line (so the block split below cuts between documents
-// where it can), with what was read and what was skipped.
+// The corpus: every document of every input file, in order, with what was
+// read and what was skipped. `text` is the one document of a single-document
+// corpus (split into blocks as a text file always was).
 struct Corpus {
+  std::vector<std::string> docs;
   std::string text;
   std::vector<std::string> files, passed;
   int64_t documents = 0, empty = 0;
@@ -71,11 +75,8 @@ Corpus read_corpus(const PrepareArgs& a) {
   adgt::data::SourceOptions o = a.source;
   o.fail_on_bad = a.on_bad_record == "fail";
   adgt::data::DocumentSource src(o);
-  for (const std::string& f : c.files)
-    src.read(f, [&](std::string_view d) {
-      if (!c.text.empty()) c.text += "\n\n";
-      c.text.append(d);
-    });
+  for (const std::string& f : c.files) src.read(f, [&](std::string_view d) { c.docs.emplace_back(d); });
+  if (c.docs.size() == 1) c.text = std::move(c.docs[0]);
   c.documents = src.documents();
   c.empty = src.empty();
   c.bad = src.bad();
@@ -257,9 +258,125 @@ nlohmann::json prepare_meta(const PrepareArgs& a, const Corpus& corpus, const ad
   };
 }
 
+// Several documents (docs/data-format.md, "Documents"): each is encoded on
+// its own and written as [bos] ids [eos] (bos with --bos; eos unless
+// --no-eos, when the tokenizer has one, else the text "\n\n" between
+// documents), document d goes to validation iff k > 0 and d % k == k-1 (the
+// last one when none does), and both shards are version 2 with the document
+// index. The tokenizer is trained on the training documents only.
+int prepare_documents(const PrepareArgs& a, Corpus& corpus, Clock::time_point t_start) {
+  const size_t n = corpus.docs.size();
+  if (!(a.val_fraction >= 0.0 && a.val_fraction <= 0.5))
+    throw std::runtime_error("--val-fraction " + std::to_string(a.val_fraction) +
+                             " is out of range; use a value in [0, 0.5] (e.g. 0.05)");
+  const int64_t k = a.val_fraction > 0 ? std::max<int64_t>(2, std::llround(1.0 / a.val_fraction)) : 0;
+  std::vector<char> val(n, 0);
+  for (size_t d = 0; d < n; ++d) val[d] = k > 0 && int64_t(d) % k == k - 1;
+  if (k > 0 && std::find(val.begin(), val.end(), 1) == val.end()) val[n - 1] = 1;
+  check_tokenizer_args(a);
+  const fs::path dir(a.out);
+  const double t_read = seconds_since(t_start);
+
+  const auto t_tok = Clock::now();
+  std::string train_text;  // the tokenizer never sees validation documents
+  for (size_t d = 0; d < n; ++d)
+    if (!val[d]) train_text.append(corpus.docs[d]).append("\n");
+  adgt::TextSplit whole;
+  whole.blocks.push_back({0, train_text.size(), false});
+  TokenizerChoice choice = make_tokenizer(a, dir, train_text, whole);
+  train_text = std::string();
+  const auto tok = adgt::Tokenizer::load(choice.spec);
+  const int64_t vocab = tok->vocab_size();
+  choice.meta["vocab_size"] = vocab;
+  const int32_t eos = a.eos ? tok->eos_id() : -1, bos = a.bos ? tok->bos_id() : -1;
+  if (a.bos && bos < 0)
+    throw std::runtime_error("--bos: tokenizer '" + choice.spec + "' has no beginning-of-document token");
+  std::vector<int32_t> gap;  // between documents when there is no eos token
+  if (eos < 0 && a.eos) {
+    gap = tok->encode("\n\n");
+    std::fprintf(stderr, "adgt-data: note: tokenizer '%s' has no end-of-document token; documents are "
+                         "separated by the text \"\\n\\n\" instead\n", choice.spec.c_str());
+  }
+  const double t_train = seconds_since(t_tok);
+
+  const auto t_enc = Clock::now();
+  const std::vector<std::string_view> views(corpus.docs.begin(), corpus.docs.end());
+  const auto encoded = tok->encode_batch(views);
+  std::vector<int32_t> shard[2];
+  std::vector<int64_t> starts[2];
+  size_t bytes[2] = {0, 0}, docs[2] = {0, 0};
+  for (size_t d = 0; d < n; ++d) {
+    const int s = val[d] ? 1 : 0;
+    if (!gap.empty() && !shard[s].empty()) shard[s].insert(shard[s].end(), gap.begin(), gap.end());
+    starts[s].push_back(int64_t(shard[s].size()));
+    if (bos >= 0) shard[s].push_back(bos);
+    shard[s].insert(shard[s].end(), encoded[d].begin(), encoded[d].end());
+    if (eos >= 0) shard[s].push_back(eos);
+    bytes[s] += corpus.docs[d].size();
+    ++docs[s];
+  }
+  const double t_encode = seconds_since(t_enc);
+  const bool lossless = tok->decode(encoded.front()) == corpus.docs.front();
+  if (!lossless)
+    std::fprintf(stderr, "adgt-data: warning: tokenizer '%s' does not reproduce the text exactly "
+                         "(decode(encode(document 0)) != document 0); it normalises text\n", choice.spec.c_str());
+
+  const auto t_wr = Clock::now();
+  const std::string train_path = (dir / "train.bin").string(), val_path = (dir / "val.bin").string();
+  adgt::write_token_shard(train_path, shard[0], vocab, starts[0]);
+  adgt::write_token_shard(val_path, shard[1], vocab, starts[1]);
+  if (shard[1].empty())
+    std::fprintf(stderr, "adgt-data: warning: %s is empty (--val-fraction %g); evaluation will have nothing to read\n",
+                 val_path.c_str(), a.val_fraction);
+  report_skipped(corpus, dir);
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (const std::string& d : corpus.docs) {
+    h = (h ^ fnv1a64(d)) * 0x100000001b3ULL;
+  }
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(h));
+  const nlohmann::json meta = {
+      {"format", "adgt token shard v2 with a document index (docs/data-format.md)"},
+      {"source",
+       {{"path", a.input}, {"files", corpus.files}, {"documents", n}, {"bad_records", corpus.bad.size()},
+        {"bytes", bytes[0] + bytes[1]}, {"fnv1a64_of_documents", hash}}},
+      {"tokenizer", choice.meta},
+      {"vocab_size", vocab},
+      {"dtype", adgt::token_dtype_for_vocab(vocab) == adgt::kTokenDtypeU16 ? "uint16" : "uint32"},
+      {"lossless", lossless},
+      {"documents",
+       {{"eos_id", eos}, {"bos_id", bos}, {"separator", gap.empty() ? "eos token" : "\"\\n\\n\" (no eos token)"}}},
+      {"split",
+       {{"val_fraction", a.val_fraction},
+        {"k", k},
+        {"rule", "document d is val iff k > 0 and d % k == k-1 (the last document if none qualifies)"}}},
+      {"train", {{"path", train_path}, {"tokens", shard[0].size()}, {"documents", docs[0]}, {"text_bytes", bytes[0]}}},
+      {"val", {{"path", val_path}, {"tokens", shard[1].size()}, {"documents", docs[1]}, {"text_bytes", bytes[1]}}},
+  };
+  const std::string meta_path = (dir / "meta.json").string();
+  {
+    std::ofstream mf(meta_path);
+    mf << meta.dump(2) << "\n";
+    if (!mf) throw std::runtime_error("cannot write '" + meta_path + "'");
+  }
+  const double t_write = seconds_since(t_wr);
+  std::printf("inputs     %zu file(s), %zu documents, %zu bad record(s) skipped\n", corpus.files.size(), n,
+              corpus.bad.size());
+  std::printf("tokenizer  %s (%s), vocab %lld, eos %d, bos %d\n", choice.spec.c_str(), tok->kind().c_str(),
+              static_cast<long long>(vocab), eos, bos);
+  std::printf("train      %s: %zu tokens, %zu documents\n", train_path.c_str(), shard[0].size(), docs[0]);
+  std::printf("val        %s: %zu tokens, %zu documents (every %lld-th)\n", val_path.c_str(), shard[1].size(), docs[1],
+              static_cast<long long>(k));
+  std::printf("meta       %s\n", meta_path.c_str());
+  std::printf("time       %.2f s total: read %.2f, tokenizer %.2f, encode %.2f, write %.2f\n",
+              seconds_since(t_start), t_read, t_train, t_encode, t_write);
+  return 0;
+}
+
 int prepare(const PrepareArgs& a) {
   const auto t_start = Clock::now();
-  const Corpus corpus = read_corpus(a);
+  Corpus corpus = read_corpus(a);
+  if (corpus.docs.size() > 1) return prepare_documents(a, corpus, t_start);
   const std::string& text = corpus.text;
   if (text.find_first_not_of(" \t\r\n") == std::string::npos)
     throw std::runtime_error("--input '" + a.input + "' is empty (no non-blank text" +
@@ -376,6 +493,9 @@ int main(int argc, char** argv) {
                    "DIR/bad_records.txt) or fail")
       ->check(CLI::IsMember({"skip", "fail"}))
       ->capture_default_str();
+  prep->add_flag("--eos,!--no-eos", pa.eos,
+                 "several documents: end each with the tokenizer's end-of-document token (default on)");
+  prep->add_flag("--bos", pa.bos, "several documents: begin each with the beginning-of-document token");
   prep->add_option("--out", pa.out, "output directory (created)")->required();
   auto* vs = prep->add_option("--vocab-size", pa.vocab_size,
                               "train a SentencePiece BPE tokenizer of this size")
@@ -460,6 +580,8 @@ int main(int argc, char** argv) {
       std::printf("%s: %lld tokens, vocab %lld, dtype %s", s.path().c_str(),
                   static_cast<long long>(s.size()), static_cast<long long>(s.vocab_size()),
                   s.dtype_name());
+      if (s.format() == adgt::TokenFileFormat::Adgt && s.document_starts().size() > 1)
+        std::printf(" (%lld documents)", static_cast<long long>(s.document_starts().size()));
       if (s.format() != adgt::TokenFileFormat::Adgt)
         std::printf(" (%s, %lld documents; vocab = largest id + 1)",
                     adgt::token_file_format_name(s.format()),

@@ -195,6 +195,8 @@ class HfBpeTokenizer final : public Tokenizer {
 
   int64_t vocab_size() const override { return int64_t(tokens_.size()); }
   std::string kind() const override { return "hf-bpe"; }
+  int32_t eos_id() const override { return eos_; }
+  int32_t bos_id() const override { return bos_; }
 
  private:
   json read_json() const {
@@ -219,6 +221,41 @@ class HfBpeTokenizer final : public Tokenizer {
     parse_model(j.value("model", json()));
     parse_pre_tokenizer(j.value("pre_tokenizer", json()));
     if (j.contains("added_tokens")) parse_added(j["added_tokens"]);
+    find_specials();
+  }
+
+  // The added token named `content`, or -1.
+  int32_t added_id(const std::string& content) const {
+    for (const auto& [c, id] : added_)
+      if (c == content) return id;
+    return -1;
+  }
+
+  // eos/bos: tokenizer_config.json's eos_token/bos_token when that file lies
+  // beside this one (a string or {"content": ...}), else the first added
+  // token with a name models use for them.
+  void find_specials() {
+    const auto named = [&](const json& cfg, const char* key) -> int32_t {
+      if (!cfg.contains(key)) return -1;
+      const json& v = cfg[key];
+      if (v.is_string()) return added_id(v.get<std::string>());
+      if (v.is_object() && v.contains("content") && v["content"].is_string())
+        return added_id(v["content"].get<std::string>());
+      return -1;
+    };
+    std::string dir = path_.substr(0, path_.find_last_of('/') == std::string::npos ? 0 : path_.find_last_of('/') + 1);
+    std::ifstream in(dir + "tokenizer_config.json", std::ios::binary);
+    if (in) {
+      const json cfg = json::parse(in, nullptr, false);
+      if (cfg.is_object()) {
+        eos_ = named(cfg, "eos_token");
+        bos_ = named(cfg, "bos_token");
+      }
+    }
+    for (const char* n : {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>"})
+      if (eos_ < 0) eos_ = added_id(n);
+    for (const char* n : {"<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>"})
+      if (bos_ < 0) bos_ = added_id(n);
   }
 
   void parse_model(const json& m) {
@@ -434,6 +471,7 @@ class HfBpeTokenizer final : public Tokenizer {
   std::vector<char> added_ids_;
   std::vector<SplitStep> steps_;
   bool byte_level_ = false, ignore_merges_ = false;
+  int32_t eos_ = -1, bos_ = -1;
   int32_t byte_id_[256] = {};
 };
 

@@ -122,6 +122,8 @@ class SentencePieceTokenizer final : public Tokenizer {
   }
   int64_t vocab_size() const override { return vocab_; }
   std::string kind() const override { return "sentencepiece"; }
+  int32_t eos_id() const override { return sp_.eos_id() >= 0 && sp_.eos_id() < vocab_ ? sp_.eos_id() : -1; }
+  int32_t bos_id() const override { return sp_.bos_id() >= 0 && sp_.bos_id() < vocab_ ? sp_.bos_id() : -1; }
   bool word_cache() const { return word_cache_; }
 
  private:

@@ -25,7 +25,10 @@ class Tokenizer {
   // Throws on ids outside [0, vocab_size()).
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   virtual int64_t vocab_size() const = 0;
-  virtual std::string kind() const = 0;  // "sentencepiece" or "byte"
+  virtual std::string kind() const = 0;  // "sentencepiece", "hf-bpe" or "byte"
+  // The end- and beginning-of-document tokens (-1: the tokenizer has none).
+  virtual int32_t eos_id() const { return -1; }
+  virtual int32_t bos_id() const { return -1; }
   // result[i] == encode(texts[i]), computed in parallel (OpenMP). The
   // SentencePiece tokenizer also encodes each distinct word only once across
   // all texts (see tokenizer.cpp), which makes large corpora ~10x faster.
