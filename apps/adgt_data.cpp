@@ -11,6 +11,8 @@
 #include <CLI/CLI.hpp>
 
 #include "apps/cli_parse.hpp"
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -53,6 +55,7 @@ struct PrepareArgs {
   adgt::data::SourceOptions source;
   std::string on_bad_record = "skip";
   bool eos = true, bos = false;  // documents: end (and begin) each with the tokenizer's token
+  int workers = 0;               // encoding threads (0: OpenMP's default, every core)
 };
 
 // The corpus: every document of every input file, in order, with what was
@@ -375,6 +378,7 @@ int prepare_documents(const PrepareArgs& a, Corpus& corpus, Clock::time_point t_
 
 int prepare(const PrepareArgs& a) {
   const auto t_start = Clock::now();
+  if (a.workers > 0) omp_set_num_threads(a.workers);
   Corpus corpus = read_corpus(a);
   if (corpus.docs.size() > 1) return prepare_documents(a, corpus, t_start);
   const std::string& text = corpus.text;
@@ -496,6 +500,8 @@ int main(int argc, char** argv) {
   prep->add_flag("--eos,!--no-eos", pa.eos,
                  "several documents: end each with the tokenizer's end-of-document token (default on)");
   prep->add_flag("--bos", pa.bos, "several documents: begin each with the beginning-of-document token");
+  prep->add_option("--workers", pa.workers, "encoding threads (default: every core)")
+      ->check(CLI::NonNegativeNumber);
   prep->add_option("--out", pa.out, "output directory (created)")->required();
   auto* vs = prep->add_option("--vocab-size", pa.vocab_size,
                               "train a SentencePiece BPE tokenizer of this size")
