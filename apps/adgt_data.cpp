@@ -154,6 +154,12 @@ TokenizerChoice make_tokenizer(const PrepareArgs& a, const fs::path& dir, const 
       if (ec)
         throw std::runtime_error("cannot copy --tokenizer '" + a.tokenizer + "' to '" + json_dst.string() +
                                  "': " + ec.message());
+      // tokenizer_config.json names the end and beginning tokens: it goes along.
+      const fs::path cfg_src = fs::path(a.tokenizer).parent_path() / "tokenizer_config.json";
+      if (fs::is_regular_file(cfg_src, ec))
+        fs::copy_file(cfg_src, dir / "tokenizer_config.json", fs::copy_options::overwrite_existing, ec);
+      else
+        fs::remove(dir / "tokenizer_config.json", ec);
     }
     fs::remove(model_dst, ec);
     fs::remove(vocab_dst, ec);

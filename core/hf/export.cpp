@@ -504,6 +504,9 @@ HfImportResult import_hf(const std::string& hf_dir_s, const std::string& out_dir
   if (copy_tokenizer) {
     fs::copy_file(tok_src, tok_dst, fs::copy_options::overwrite_existing, ec);
     if (ec) throw HfError("cannot copy " + tok_src.string() + " to " + tok_dst.string() + ": " + ec.message());
+    if (fs::is_regular_file(dir / "tokenizer_config.json", ec))  // names the end and beginning tokens
+      fs::copy_file(dir / "tokenizer_config.json", out / "tokenizer_config.json", fs::copy_options::overwrite_existing,
+                    ec);
   }
   r.step_dir = save_checkpoint(out.string(), st, 0);
   const fs::path yaml = out / "config.yaml";

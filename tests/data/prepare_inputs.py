@@ -121,6 +121,17 @@ def main():
             if toks != want[s][0] or starts != want[s][1]:
                 failures.append(f"eos {name}: {len(toks)} tokens, want {len(want[s][0])}; starts {starts[:4]} "
                                 f"want {want[s][1][:4]}")
+    # tokenizer_config.json beside the file names the end token (here a second added token).
+    cfg_dir = os.path.join(a.work, "with_config")
+    os.makedirs(cfg_dir)
+    spec = json.load(open(tj))
+    spec["added_tokens"].append({"id": 257, "content": "<|eot|>", "special": True})
+    json.dump(spec, open(os.path.join(cfg_dir, "tokenizer.json"), "w"))
+    json.dump({"eos_token": {"content": "<|eot|>"}}, open(os.path.join(cfg_dir, "tokenizer_config.json"), "w"))
+    got = run([a.data, "prepare", "--input", corpus, "--out", os.path.join(a.work, "eot"), "--tokenizer",
+               os.path.join(cfg_dir, "tokenizer.json"), "--val-fraction", "0.1"])
+    if got.returncode or "eos 257" not in got.stdout:
+        failures.append(f"tokenizer_config.json's eos_token: exit {got.returncode}, {got.stdout}{got.stderr}")
     nobos = run([a.data, "prepare", "--input", corpus, "--out", os.path.join(a.work, "bos"), "--tokenizer", tj, "--bos"])
     if nobos.returncode == 0 or "no beginning-of-document token" not in nobos.stderr:
         failures.append(f"--bos without a bos token: exit {nobos.returncode}, {nobos.stderr!r}")
