@@ -14,82 +14,55 @@ PKGS=(
   slurmctld slurmd slurm-client munge         # tests/slurm/with_slurm.sh: a private one-node Slurm cluster
 )
 
+# Unpacks the members of PyPI wheel SPEC whose names start with PREFIX ("":
+# all, and a LICENSE beside them) into DEST once (DEST/WHEEL_VERSION records
+# SPEC); extra pip arguments follow. Needs pip and the network the first
+# time; without them it warns with WITHOUT (what is then missing) and goes on.
+#   unpack_wheel SPEC DEST PREFIX WITHOUT [pip args...]
+unpack_wheel() {
+  local spec=$1 dest=$2 prefix=$3 without=$4
+  shift 4
+  if [[ "$(cat "$dest/WHEEL_VERSION" 2>/dev/null)" == "$spec" ]]; then
+    echo "install_deps: $spec present ($dest)"
+    return 0
+  fi
+  local tmp
+  tmp="$(mktemp -d)"
+  if ! python3 -m pip download -q --no-deps --only-binary=:all: "$@" -d "$tmp" "$spec"; then
+    echo "install_deps: warning: could not download $spec (pip or the network missing); $without" >&2
+    rm -rf "$tmp"
+    return 0
+  fi
+  rm -rf "$dest"
+  mkdir -p "$dest"
+  python3 - "$tmp" "$dest" "$prefix" <<'PYEOF'
+import glob, sys, zipfile
+tmp, dest, prefix = sys.argv[1:4]
+with zipfile.ZipFile(glob.glob(tmp + "/*.whl")[0]) as z:
+    z.extractall(dest, [n for n in z.namelist() if n.startswith(prefix)])
+    lic = [n for n in z.namelist() if n.endswith("LICENSE.txt") or n.endswith("LICENSE")]
+    if prefix and lic:
+        z.extract(lic[0], dest)
+PYEOF
+  echo "$spec" >"$dest/WHEEL_VERSION"
+  rm -rf "$tmp"
+  echo "install_deps: $spec unpacked in $dest"
+}
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
 # cudnn-frontend: the header-only C++ graph API over cuDNN that the CUDA
 # backend's cuDNN attention is written against (kernels/cuda/cudnn_attention.cpp;
 # cuDNN itself ships with the CUDA toolkit). From PyPI's nvidia-cudnn-frontend
 # wheel, whose include/ is unpacked into .deps/cudnn-frontend/include (ignored
 # by git, outside build/; CMake looks there, or in CUDNN_FRONTEND_INCLUDE_DIR).
-# Needs pip and the network once; without them the build has no cuDNN
-# attention (train.attention=cudnn then refuses, naming this script).
-CUDNN_FE_VERSION=1.16.0
-install_cudnn_frontend() {
-  local root dest
-  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-  dest="$root/.deps/cudnn-frontend"
-  if [[ -f "$dest/include/cudnn_frontend.h" && "$(cat "$dest/VERSION" 2>/dev/null)" == "$CUDNN_FE_VERSION" ]]; then
-    echo "install_deps: cudnn-frontend $CUDNN_FE_VERSION present ($dest)"
-    return 0
-  fi
-  local tmp
-  tmp="$(mktemp -d)"
-  if ! python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp" \
-      "nvidia-cudnn-frontend==$CUDNN_FE_VERSION"; then
-    echo "install_deps: warning: could not download nvidia-cudnn-frontend $CUDNN_FE_VERSION (pip or" \
-      "the network missing); the build will have no cuDNN attention" >&2
-    rm -rf "$tmp"
-    return 0
-  fi
-  rm -rf "$dest"
-  mkdir -p "$dest"
-  python3 - "$tmp" "$dest" <<'PYEOF'
-import glob, sys, zipfile
-tmp, dest = sys.argv[1], sys.argv[2]
-whl = glob.glob(tmp + "/nvidia_cudnn_frontend-*.whl")[0]
-with zipfile.ZipFile(whl) as z:
-    names = [n for n in z.namelist() if n.startswith("include/")]
-    z.extractall(dest, names)
-    lic = [n for n in z.namelist() if n.endswith("LICENSE.txt") or n.endswith("LICENSE")]
-    if lic:
-        z.extract(lic[0], dest)
-PYEOF
-  echo "$CUDNN_FE_VERSION" >"$dest/VERSION"
-  rm -rf "$tmp"
-  echo "install_deps: cudnn-frontend $CUDNN_FE_VERSION headers in $dest/include"
-}
-install_cudnn_frontend
+unpack_wheel nvidia-cudnn-frontend==1.16.0 "$ROOT/.deps/cudnn-frontend" include/ \
+  "the build will have no cuDNN attention (train.attention=cudnn then refuses, naming this script)"
 
 # HuggingFace `tokenizers`, the test oracle of the tokenizer.json reader
 # (tests/data/hf_tokenizer_parity.py): its abi3 wheel unpacked into
-# .deps/python for Debian's /usr/bin/python3 (ignored by git; no system
-# site-packages touched). Needs pip and the network once; without them that
-# test fails naming this script.
-TOKENIZERS_VERSION=0.23.3
-install_tokenizers_oracle() {
-  local root dest
-  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-  dest="$root/.deps/python"
-  if [[ -f "$dest/tokenizers/__init__.py" && "$(cat "$dest/TOKENIZERS_VERSION" 2>/dev/null)" == "$TOKENIZERS_VERSION" ]]; then
-    echo "install_deps: tokenizers $TOKENIZERS_VERSION present ($dest)"
-    return 0
-  fi
-  local tmp
-  tmp="$(mktemp -d)"
-  if ! python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
-      --platform manylinux_2_17_x86_64 -d "$tmp" "tokenizers==$TOKENIZERS_VERSION"; then
-    echo "install_deps: warning: could not download tokenizers $TOKENIZERS_VERSION (pip or the network" \
-      "missing); the tokenizer parity test will fail" >&2
-    rm -rf "$tmp"
-    return 0
-  fi
-  rm -rf "$dest"
-  mkdir -p "$dest"
-  python3 -c 'import sys, zipfile, glob; zipfile.ZipFile(glob.glob(sys.argv[1] + "/tokenizers-*.whl")[0]).extractall(sys.argv[2])' \
-    "$tmp" "$dest"
-  echo "$TOKENIZERS_VERSION" >"$dest/TOKENIZERS_VERSION"
-  rm -rf "$tmp"
-  echo "install_deps: tokenizers $TOKENIZERS_VERSION in $dest"
-}
-install_tokenizers_oracle
+# .deps/python for Debian's /usr/bin/python3 (no system site-packages touched).
+unpack_wheel tokenizers==0.23.3 "$ROOT/.deps/python" "" "the tokenizer parity test will fail" \
+  --python-version 3.11 --platform manylinux_2_17_x86_64
 
 missing=()
 for p in "${PKGS[@]}"; do
