@@ -21,6 +21,9 @@ import struct
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from byte_level_tokenizer import byte_alphabet, byte_level_tokenizer  # noqa: E402
+
 
 def run(cmd):
     return subprocess.run(cmd, capture_output=True, text=True)
@@ -97,19 +100,10 @@ def main():
         failures.append(f"meta.json source: {src} (want {len(paras)} documents, 4 bad records, 2 files)")
     # A tokenizer.json with an end-of-document token (GPT-2's byte alphabet, no merges): every
     # document ends with it; --bos is refused (it has no beginning token).
-    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    byte_id = {b: i for i, b in enumerate(bs)}
+    byte_id = {b: i for i, b in enumerate(byte_alphabet()[0])}
     tj = os.path.join(a.work, "tokenizer.json")
     with open(tj, "w") as f:
-        json.dump({"added_tokens": [{"id": 256, "content": "<|endoftext|>", "special": True}], "normalizer": None,
-                   "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
-                   "model": {"type": "BPE", "vocab": {chr(c): i for i, c in enumerate(cs)}, "merges": []}}, f)
+        json.dump(byte_level_tokenizer([(256, "<|endoftext|>")]), f)
     got = run([a.data, "prepare", "--input", corpus, "--out", os.path.join(a.work, "eos"), "--tokenizer", tj,
                "--val-fraction", "0.1"])
     if got.returncode:

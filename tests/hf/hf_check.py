@@ -43,6 +43,9 @@ import subprocess
 import sys
 
 import h5py
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from byte_level_tokenizer import byte_level_tokenizer  # noqa: E402
 import numpy as np
 import torch
 
@@ -141,23 +144,6 @@ def check_config_json(hf_dir: str, yaml_model: dict, torch_dtype: str) -> None:
         expect(k in c and c[k] == v, f"config.json: {k} = {c.get(k)!r}, expected {v!r}")
     # The byte tokenizer has no bos/eos: the keys are omitted, not invented.
     expect("bos_token_id" not in c and "eos_token_id" not in c, "config.json: unexpected bos/eos ids")
-
-
-def byte_level_tokenizer() -> dict:
-    """A tokenizer.json of GPT-2's byte-level alphabet alone (256 tokens, no merges)."""
-    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    vocab = {chr(c): i for i, c in enumerate(cs)}
-    return {"version": "1.0", "added_tokens": [], "normalizer": None,
-            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                              "use_regex": True},
-            "decoder": {"type": "ByteLevel"},
-            "model": {"type": "BPE", "dropout": None, "unk_token": None, "vocab": vocab, "merges": []}}
 
 
 # ---------------------------------------------------------------- checks
