@@ -81,9 +81,10 @@ bool known_format(const std::string& path) {
 
 TextFormat text_format_of(const std::string& path) {
   const std::string n = uncompressed_name(path);
-  if (ends_with(n, ".txt")) return TextFormat::Text;
   if (ends_with(n, ".jsonl") || ends_with(n, ".json")) return TextFormat::JsonLines;
-  throw std::runtime_error(path + ": not a known input format (.txt, .jsonl or .json, each optionally .gz or .zst)");
+  if (ends_with(n, ".parquet"))
+    throw std::runtime_error(path + ": Parquet files are not read yet; convert them to JSON lines (.jsonl)");
+  return TextFormat::Text;
 }
 
 Inputs expand_inputs(const std::vector<std::string>& args) {
@@ -112,6 +113,8 @@ Inputs expand_inputs(const std::vector<std::string>& args) {
   };
   for (const std::string& a : args) {
     matched = false;
+    // (a file named itself, or matched by a glob, is read as text unless its
+    // name says JSON lines: inside a directory only the known names count)
     std::vector<std::string> named;
     if (fs::exists(a)) {
       named.push_back(a);
@@ -125,7 +128,7 @@ Inputs expand_inputs(const std::vector<std::string>& args) {
       if (fs::is_directory(p)) {
         add_dir(p);
       } else {
-        text_format_of(p);  // a file named or matched must be of a known format
+        text_format_of(p);  // a file named or matched is text unless JSON lines (Parquet: refused)
         add(p);
       }
     }

@@ -29,14 +29,16 @@ struct Inputs {
 
 // Every file named by `args`, each once, in the order given; a directory's
 // files (recursed) and a glob's matches in sorted order. Inside a directory
-// only files of a known format count (the others are listed in `passed`, to
-// be said), and hidden files and folders (a name starting with '.') are left
-// out; a file named itself or matched by a glob must be of a known format.
-// Throws naming an argument that names no file, or a file of no known format.
+// only files of a known name (.txt, .jsonl, .json, each optionally .gz or
+// .zst) count (the others are listed in `passed`, to be said), and hidden
+// files and folders (a name starting with '.') are left out; a file named
+// itself or matched by a glob is read whatever its name (text_format_of).
+// Throws naming an argument that names no file, or a Parquet file.
 Inputs expand_inputs(const std::vector<std::string>& args);
 
-// By the name, a .gz/.zst suffix aside: .txt, .jsonl, .json (JSON lines);
-// anything else is a std::runtime_error naming the file and the formats.
+// By the name, a .gz/.zst suffix aside: .jsonl and .json are JSON lines,
+// .parquet a std::runtime_error naming the file (not read yet), anything
+// else plain text (a file named directly, as adgt-data always read it).
 TextFormat text_format_of(const std::string& path);
 bool known_format(const std::string& path);
 

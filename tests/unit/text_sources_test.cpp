@@ -255,7 +255,13 @@ TEST_CASE("corpus: inputs from files, directories and globs", "[data]") {
     return std::string("no error");
   };
   CHECK(error_of({(d / "missing").string()}).find("no such file, directory or match") != std::string::npos);
-  CHECK(error_of({(d / "src" / "README.md").string()}).find("not a known input format") != std::string::npos);
+  // Named directly, a file of another name is text (as adgt-data always read
+  // it); a Parquet file is refused by name.
+  CHECK(adgt::data::expand_inputs({(d / "src" / "README.md").string()}).files ==
+        std::vector<std::string>{(d / "src" / "README.md").string()});
+  CHECK(adgt::data::text_format_of("x/notes") == adgt::data::TextFormat::Text);
+  write_file(d / "t.parquet", "PAR1");
+  CHECK(error_of({(d / "t.parquet").string()}).find("t.parquet: Parquet files are not read yet") != std::string::npos);
   CHECK(error_of({(d / "nothing*.jsonl").string()}).find("nothing*.jsonl") != std::string::npos);
 }
 
