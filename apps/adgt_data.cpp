@@ -479,13 +479,8 @@ std::vector<int32_t> parse_ids(const std::string& s) {
   return ids;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"adgt-data: train a tokenizer and write token shards (docs/data-format.md)"};
-  app.require_subcommand(1);
-
-  PrepareArgs pa;
+// The prepare subcommand and its options, into `pa`.
+CLI::App* add_prepare(CLI::App& app, PrepareArgs& pa) {
   auto* prep =
       app.add_subcommand("prepare", "text -> DIR/{tokenizer.model,train.bin,val.bin,meta.json}");
   prep->add_option("--input", pa.inputs,
@@ -518,6 +513,72 @@ int main(int argc, char** argv) {
   vs->excludes(tk);
   prep->add_option("--val-fraction", pa.val_fraction, "fraction of blocks held out (every k-th)")
       ->capture_default_str();
+  return prep;
+}
+
+// encode: the ids of --text, or of each JSON string of --jsonl (one line of
+// ids each, encoded as one batch); with --check-roundtrip exit 1 naming the
+// first text decode(encode(text)) does not give back.
+int encode_command(const std::string& spec, const std::string& text, const std::string& jsonl, bool roundtrip) {
+  const auto tok = adgt::Tokenizer::load(spec);
+  std::vector<std::string> texts;
+  if (jsonl.empty()) {
+    texts.push_back(text);
+  } else {
+    std::ifstream in(jsonl, std::ios::binary);
+    if (!in) throw std::runtime_error("--jsonl '" + jsonl + "': cannot open");
+    int64_t n = 0;
+    for (std::string line; std::getline(in, line);) {
+      ++n;
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_string()) throw std::runtime_error(jsonl + ":" + std::to_string(n) + ": not a JSON string");
+      texts.push_back(j.get<std::string>());
+    }
+  }
+  const std::vector<std::string_view> views(texts.begin(), texts.end());
+  const auto encoded = tok->encode_batch(views);
+  for (const auto& v : encoded) {
+    for (size_t i = 0; i < v.size(); ++i) std::printf(i ? " %d" : "%d", v[i]);
+    std::printf("\n");
+  }
+  if (roundtrip)
+    for (size_t t = 0; t < texts.size(); ++t)
+      if (tok->decode(encoded[t]) != texts[t]) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "adgt-data: text %zu does not come back from decode(encode(text))\n", t + 1);
+        return 1;
+      }
+  return 0;
+}
+
+// info: a token file's header (format, documents), then its first `head` tokens.
+void info_command(const std::string& shard, int64_t head) {
+  const adgt::TokenShard s(shard);
+  std::printf("%s: %lld tokens, vocab %lld, dtype %s", s.path().c_str(),
+              static_cast<long long>(s.size()), static_cast<long long>(s.vocab_size()),
+              s.dtype_name());
+  if (s.format() == adgt::TokenFileFormat::Adgt && s.document_starts().size() > 1)
+    std::printf(" (%lld documents)", static_cast<long long>(s.document_starts().size()));
+  if (s.format() != adgt::TokenFileFormat::Adgt)
+    std::printf(" (%s, %lld documents; vocab = largest id + 1)",
+                adgt::token_file_format_name(s.format()),
+                static_cast<long long>(s.document_starts().size()));
+  std::printf("\n");
+  const int64_t n = std::min<int64_t>(std::max<int64_t>(head, 0), s.size());
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  s.read(0, n, v.data());
+  for (int64_t i = 0; i < n; ++i) std::printf(i ? " %d" : "%d", v[i]);
+  if (n) std::printf("\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"adgt-data: train a tokenizer and write token shards (docs/data-format.md)"};
+  app.require_subcommand(1);
+
+  PrepareArgs pa;
+  CLI::App* prep = add_prepare(app, pa);
 
   std::string spec, text, ids, shard;
   int64_t head = 0;
@@ -557,53 +618,11 @@ int main(int argc, char** argv) {
     }
     if (enc->parsed()) {
       if (txt->count() == 0 && jl->count() == 0) throw std::runtime_error("encode: give --text or --jsonl");
-      const auto tok = adgt::Tokenizer::load(spec);
-      std::vector<std::string> texts;
-      if (jsonl.empty()) {
-        texts.push_back(text);
-      } else {
-        std::ifstream in(jsonl, std::ios::binary);
-        if (!in) throw std::runtime_error("--jsonl '" + jsonl + "': cannot open");
-        int64_t n = 0;
-        for (std::string line; std::getline(in, line);) {
-          ++n;
-          const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-          if (!j.is_string()) throw std::runtime_error(jsonl + ":" + std::to_string(n) + ": not a JSON string");
-          texts.push_back(j.get<std::string>());
-        }
-      }
-      const std::vector<std::string_view> views(texts.begin(), texts.end());
-      const auto encoded = tok->encode_batch(views);
-      for (const auto& v : encoded) {
-        for (size_t i = 0; i < v.size(); ++i) std::printf(i ? " %d" : "%d", v[i]);
-        std::printf("\n");
-      }
-      if (roundtrip)
-        for (size_t t = 0; t < texts.size(); ++t)
-          if (tok->decode(encoded[t]) != texts[t]) {
-            std::fflush(stdout);
-            std::fprintf(stderr, "adgt-data: text %zu does not come back from decode(encode(text))\n", t + 1);
-            return 1;
-          }
+      return encode_command(spec, text, jsonl, roundtrip);
     } else if (dec->parsed()) {
       std::cout << adgt::Tokenizer::load(spec)->decode(parse_ids(ids)) << "\n";
     } else if (info->parsed()) {
-      const adgt::TokenShard s(shard);
-      std::printf("%s: %lld tokens, vocab %lld, dtype %s", s.path().c_str(),
-                  static_cast<long long>(s.size()), static_cast<long long>(s.vocab_size()),
-                  s.dtype_name());
-      if (s.format() == adgt::TokenFileFormat::Adgt && s.document_starts().size() > 1)
-        std::printf(" (%lld documents)", static_cast<long long>(s.document_starts().size()));
-      if (s.format() != adgt::TokenFileFormat::Adgt)
-        std::printf(" (%s, %lld documents; vocab = largest id + 1)",
-                    adgt::token_file_format_name(s.format()),
-                    static_cast<long long>(s.document_starts().size()));
-      std::printf("\n");
-      const int64_t n = std::min<int64_t>(std::max<int64_t>(head, 0), s.size());
-      std::vector<int32_t> v(static_cast<size_t>(n));
-      s.read(0, n, v.data());
-      for (int64_t i = 0; i < n; ++i) std::printf(i ? " %d" : "%d", v[i]);
-      if (n) std::printf("\n");
+      info_command(shard, head);
     } else if (order->parsed()) {
       const adgt::TokenShard s(shard);
       const adgt::Sampler sampler(s, seq_len, seed);

@@ -374,6 +374,61 @@ HfExportResult export_hf(const std::string& step_dir, const std::string& out_dir
 
 // ---------------------------------------------------------------- import
 
+namespace {
+
+// The model's tokenizer.json goes beside the imported checkpoint, and
+// data.tokenizer names it when adgt reads it (docs/data-format.md,
+// "Tokenizers") and no base config chose the data; notes say otherwise.
+// Returns whether there is one to copy (copy_tokenizer_files).
+bool adopt_tokenizer(const fs::path& dir, const fs::path& out, const std::string& base_config, RunConfig& cfg,
+                     std::vector<std::string>& notes) {
+  std::error_code ec;
+  const fs::path tok_src = dir / "tokenizer.json", tok_dst = out / "tokenizer.json";
+  if (!fs::is_regular_file(tok_src, ec)) return false;
+  try {
+    const int64_t v = Tokenizer::load(tok_src.string())->vocab_size();
+    if (v > cfg.model.vocab_size)
+      notes.push_back("tokenizer.json copied; its vocabulary (" + std::to_string(v) + ") exceeds vocab_size " +
+                      std::to_string(cfg.model.vocab_size) + ", so data.tokenizer does not name it");
+    else if (!base_config.empty())
+      notes.push_back("tokenizer.json copied to " + tok_dst.string() + "; data.tokenizer is " + base_config + "'s");
+    else
+      cfg.data.tokenizer = tok_dst.string();
+  } catch (const std::exception& e) {
+    notes.push_back(std::string("tokenizer.json copied, but adgt cannot encode with it: ") + e.what());
+  }
+  return true;
+}
+
+// tokenizer.json, and the tokenizer_config.json that names its end and
+// beginning tokens when there is one, from dir into out.
+void copy_tokenizer_files(const fs::path& dir, const fs::path& out) {
+  std::error_code ec;
+  fs::copy_file(dir / "tokenizer.json", out / "tokenizer.json", fs::copy_options::overwrite_existing, ec);
+  if (ec) throw HfError("cannot copy " + (dir / "tokenizer.json").string() + " into " + out.string() + ": " + ec.message());
+  if (fs::is_regular_file(dir / "tokenizer_config.json", ec))
+    fs::copy_file(dir / "tokenizer_config.json", out / "tokenizer_config.json", fs::copy_options::overwrite_existing,
+                  ec);
+}
+
+// <out>/config.yaml of an import (written to a temporary name, synced,
+// renamed), headed by the command that starts from `step_dir`.
+fs::path write_import_config(const fs::path& dir, const fs::path& out, const std::string& step_dir,
+                             const RunConfig& cfg) {
+  std::error_code ec;
+  const fs::path yaml = out / "config.yaml";
+  const fs::path tmp = out / (".config.yaml.tmp-" + std::to_string(::getpid()));
+  fs::remove(tmp, ec);
+  write_file_synced(tmp, "# imported from " + dir.string() + " by adgt-ckpt import-hf; start with\n" +
+                             "#   adgt-train --config " + yaml.string() + " --resume " + step_dir +
+                             "\n" + to_yaml(cfg));
+  fs::rename(tmp, yaml);
+  fsync_dir(out);
+  return yaml;
+}
+
+}  // namespace
+
 HfImportResult import_hf(const std::string& hf_dir_s, const std::string& out_dir,
                          const std::string& base_config) {
   std::error_code ec;
@@ -437,25 +492,7 @@ HfImportResult import_hf(const std::string& hf_dir_s, const std::string& out_dir
     return read_safetensors_f32(h, *t);
   };
 
-  // The model's tokenizer.json goes beside the checkpoint, and data.tokenizer
-  // names it when adgt reads it (docs/data-format.md, "Tokenizers") and no
-  // base config chose the data.
-  const fs::path tok_src = dir / "tokenizer.json", tok_dst = out / "tokenizer.json";
-  const bool copy_tokenizer = fs::is_regular_file(tok_src, ec);
-  if (copy_tokenizer) {
-    try {
-      const int64_t v = Tokenizer::load(tok_src.string())->vocab_size();
-      if (v > cfg.model.vocab_size)
-        r.notes.push_back("tokenizer.json copied; its vocabulary (" + std::to_string(v) + ") exceeds vocab_size " +
-                          std::to_string(cfg.model.vocab_size) + ", so data.tokenizer does not name it");
-      else if (!base_config.empty())
-        r.notes.push_back("tokenizer.json copied to " + tok_dst.string() + "; data.tokenizer is " + base_config + "'s");
-      else
-        cfg.data.tokenizer = tok_dst.string();
-    } catch (const std::exception& e) {
-      r.notes.push_back(std::string("tokenizer.json copied, but adgt cannot encode with it: ") + e.what());
-    }
-  }
+  const bool copy_tokenizer = adopt_tokenizer(dir, out, base_config, cfg, r.notes);
 
   const std::vector<ParamSpec> specs = build_param_table(cfg.model);
   CheckpointState st;
@@ -501,22 +538,9 @@ HfImportResult import_hf(const std::string& hf_dir_s, const std::string& out_dir
   }
 
   fs::create_directories(out, ec);
-  if (copy_tokenizer) {
-    fs::copy_file(tok_src, tok_dst, fs::copy_options::overwrite_existing, ec);
-    if (ec) throw HfError("cannot copy " + tok_src.string() + " to " + tok_dst.string() + ": " + ec.message());
-    if (fs::is_regular_file(dir / "tokenizer_config.json", ec))  // names the end and beginning tokens
-      fs::copy_file(dir / "tokenizer_config.json", out / "tokenizer_config.json", fs::copy_options::overwrite_existing,
-                    ec);
-  }
+  if (copy_tokenizer) copy_tokenizer_files(dir, out);
   r.step_dir = save_checkpoint(out.string(), st, 0);
-  const fs::path yaml = out / "config.yaml";
-  const fs::path tmp = out / (".config.yaml.tmp-" + std::to_string(::getpid()));
-  fs::remove(tmp, ec);
-  write_file_synced(tmp, "# imported from " + dir.string() + " by adgt-ckpt import-hf; start with\n" +
-                             "#   adgt-train --config " + yaml.string() + " --resume " + r.step_dir +
-                             "\n" + to_yaml(cfg));
-  fs::rename(tmp, yaml);
-  fsync_dir(out);
+  const fs::path yaml = write_import_config(dir, out, r.step_dir, cfg);
   r.config_path = yaml.string();
   r.cfg = cfg;
   return r;
