@@ -125,8 +125,9 @@ class HfBpeTokenizer final : public Tokenizer {
         ids.push_back(added);
         return;
       }
-      auto it = cache.find(std::string(piece));
-      if (it == cache.end()) it = cache.emplace(std::string(piece), bpe(piece)).first;
+      std::string key(piece);
+      auto it = cache.find(key);
+      if (it == cache.end()) it = cache.emplace(std::move(key), bpe(piece)).first;
       ids.insert(ids.end(), it->second.begin(), it->second.end());
     });
     return ids;
@@ -385,6 +386,7 @@ class HfBpeTokenizer final : public Tokenizer {
     // Longest first: at a position the longest added token that matches wins.
     std::stable_sort(added_.begin(), added_.end(),
                      [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+    for (const auto& a : added_) added_first_[static_cast<unsigned char>(a.first[0])] = 1;
   }
 
   bool is_added(int32_t id) const { return size_t(id) < added_ids_.size() && added_ids_[size_t(id)]; }
@@ -399,6 +401,11 @@ class HfBpeTokenizer final : public Tokenizer {
     const auto plain = [&](std::string_view seg) { split_steps(seg, 0, fn); };
     if (!added_.empty()) {
       for (size_t i = 0; i < text.size();) {
+        // Only where some added token begins with this byte (Llama 3 has 256 of them).
+        if (!added_first_[static_cast<unsigned char>(text[i])]) {
+          ++i;
+          continue;
+        }
         bool hit = false;
         for (const auto& [content, id] : added_) {
           if (text.compare(i, content.size(), content) == 0) {
@@ -469,6 +476,7 @@ class HfBpeTokenizer final : public Tokenizer {
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // (a, b) -> (rank, merged id)
   std::vector<std::pair<std::string, int32_t>> added_;                // longest first
   std::vector<char> added_ids_;
+  char added_first_[256] = {};  // bytes an added token begins with
   std::vector<SplitStep> steps_;
   bool byte_level_ = false, ignore_merges_ = false;
   int32_t eos_ = -1, bos_ = -1;
