@@ -46,6 +46,12 @@ struct AdamWHyper {
 
 struct AttentionShape {
   int64_t B = 0, T = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  // Document masking (train.document_mask): int32 (B*T) in the backend's
+  // memory (device memory on CUDA and the emulated device), for each token the
+  // position within its sequence (0..T-1) where its document begins:
+  // non-decreasing along a sequence, doc_start[b*T + t] <= t. Query t then
+  // attends to keys j with doc_start[b*T + t] <= j <= t. nullptr: plain causal.
+  const int32_t* doc_start = nullptr;
 };
 
 // Shape/dtype precondition shared by the backends' ops: same dtype, same size.
@@ -156,7 +162,7 @@ class Backend {
                                        const Tensor& dv, const Tensor& cos, const Tensor& sin,
                                        int64_t T) = 0;
 
-  // ---- causal grouped-query attention ----
+  // ---- causal grouped-query attention (document-masked with s.doc_start) ----
   // q(B,T,H,hd), k,v(B,T,KV,hd) -> out(B,T,H,hd). `saved` holds what the backward
   // needs; its element count is attention_saved_elems().
   virtual int64_t attention_saved_elems(const AttentionShape& s) const = 0;

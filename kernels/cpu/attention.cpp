@@ -1,7 +1,9 @@
 // CPU causal grouped-query attention. Per (batch, head) and block of query
 // rows: S = scale Q K^T and O = P V as OpenBLAS GEMMs on strided views of the
 // (B,T,H,hd) activations; the probabilities P (B,H,T,T) are saved for the backward
-// (in fp32 when the activations are bf16).
+// (in fp32 when the activations are bf16). With document masking
+// (AttentionShape::doc_start) a row's keys start at its document's first
+// position, and a block's GEMMs start at its first row's (the smallest).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -33,27 +35,33 @@ void forward(T* out, T* P, const T* q, const T* k, const T* v, const AttentionSh
       const T* V = v + b * Tn * ldk + kh * hd;
       T* S = P + (b * H + h) * Tn * Tn;
       T* O = out + b * Tn * ldq + h * hd;
+      const int32_t* ds = s.doc_start ? s.doc_start + b * Tn : nullptr;
       for (int64_t r0 = 0; r0 < Tn; r0 += kQBlock) {
         const int64_t rows = std::min(kQBlock, Tn - r0), kend = r0 + rows;
+        const int64_t k0 = ds ? ds[r0] : 0;  // the block's first key
         T* Sb = S + r0 * Tn;
-        cpu::gemm(false, true, rows, kend, hd, scale, Q + r0 * ldq, ldq, K, ldk, T(0), Sb, Tn);
+        cpu::gemm(false, true, rows, kend - k0, hd, scale, Q + r0 * ldq, ldq, K + k0 * ldk, ldk,
+                  T(0), Sb + k0, Tn);
         for (int64_t i = r0; i < kend; ++i) {
           T* row = S + i * Tn;
-          T mx = row[0];
+          const int64_t lo = ds ? ds[i] : 0;
+          T mx = row[lo];
 #pragma omp simd reduction(max : mx)
-          for (int64_t j = 1; j <= i; ++j) mx = row[j] > mx ? row[j] : mx;
+          for (int64_t j = lo + 1; j <= i; ++j) mx = row[j] > mx ? row[j] : mx;
           T sum = 0;
 #pragma omp simd reduction(+ : sum)
-          for (int64_t j = 0; j <= i; ++j) {
+          for (int64_t j = lo; j <= i; ++j) {
             row[j] = cpu::vexp(row[j] - mx);
             sum += row[j];
           }
           const T inv = T(1) / sum;
 #pragma omp simd
-          for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+          for (int64_t j = lo; j <= i; ++j) row[j] *= inv;
+          std::fill(row, row + lo, T(0));
           std::fill(row + i + 1, row + Tn, T(0));
         }
-        cpu::gemm(false, false, rows, hd, kend, T(1), Sb, Tn, V, ldk, T(0), O + r0 * ldq, ldq);
+        cpu::gemm(false, false, rows, hd, kend - k0, T(1), Sb + k0, Tn, V + k0 * ldk, ldk, T(0),
+                  O + r0 * ldq, ldq);
       }
     }
   }
@@ -87,29 +95,34 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const 
           const T* dO = dout + b * Tn * ldq + h * hd;
           T* dQ = dq + b * Tn * ldq + h * hd;
           const T* Ph = P + (b * H + h) * Tn * Tn;
+          const int32_t* ds = s.doc_start ? s.doc_start + b * Tn : nullptr;
           for (int64_t r0 = 0; r0 < Tn; r0 += kQBlock) {
             const int64_t rows = std::min(kQBlock, Tn - r0), kend = r0 + rows;
-            const T* Pb = Ph + r0 * Tn;
+            const int64_t k0 = ds ? ds[r0] : 0, kn = kend - k0;  // the block's keys [k0, kend)
+            const T* Pb = Ph + r0 * Tn + k0;
             const T* dOb = dO + r0 * ldq;
-            // dV[:kend] += P_b^T dO_b ; dP_b = dO_b V[:kend]^T
-            cpu::gemm(true, false, kend, hd, rows, T(1), Pb, Tn, dOb, ldq, T(1), dV, ldk);
-            cpu::gemm(false, true, rows, kend, hd, T(1), dOb, ldq, V, ldk, T(0), dS.data(), Tn);
-            // dS = P * (dP - rowsum(P * dP)) on the causal triangle.
+            T* dSb = dS.data() + k0;
+            // dV[k0:kend] += P_b^T dO_b ; dP_b = dO_b V[k0:kend]^T
+            cpu::gemm(true, false, kn, hd, rows, T(1), Pb, Tn, dOb, ldq, T(1), dV + k0 * ldk, ldk);
+            cpu::gemm(false, true, rows, kn, hd, T(1), dOb, ldq, V + k0 * ldk, ldk, T(0), dSb, Tn);
+            // dS = P * (dP - rowsum(P * dP)) on the causal triangle (of the row's document).
             for (int64_t i = r0; i < kend; ++i) {
               const T* pr = Ph + i * Tn;
               T* dr = dS.data() + (i - r0) * Tn;
+              const int64_t lo = ds ? ds[i] : 0;
               T dot = 0;
 #pragma omp simd reduction(+ : dot)
-              for (int64_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
+              for (int64_t j = lo; j <= i; ++j) dot += pr[j] * dr[j];
 #pragma omp simd
-              for (int64_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot);
+              for (int64_t j = lo; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot);
+              std::fill(dr + k0, dr + lo, T(0));
               std::fill(dr + i + 1, dr + kend, T(0));
             }
-            // dQ_b = scale dS_b K[:kend] ; dK[:kend] += scale dS_b^T Q_b
-            cpu::gemm(false, false, rows, hd, kend, scale, dS.data(), Tn, K, ldk, T(0),
+            // dQ_b = scale dS_b K[k0:kend] ; dK[k0:kend] += scale dS_b^T Q_b
+            cpu::gemm(false, false, rows, hd, kn, scale, dSb, Tn, K + k0 * ldk, ldk, T(0),
                       dQ + r0 * ldq, ldq);
-            cpu::gemm(true, false, kend, hd, rows, scale, dS.data(), Tn, Q + r0 * ldq, ldq, T(1),
-                      dK, ldk);
+            cpu::gemm(true, false, kn, hd, rows, scale, dSb, Tn, Q + r0 * ldq, ldq, T(1),
+                      dK + k0 * ldk, ldk);
           }
         }
       }

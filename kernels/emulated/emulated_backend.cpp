@@ -137,20 +137,31 @@ void EmulatedBackend::rope_backward(Tensor dx, const Tensor& cos, const Tensor& 
   const char* op = "rope_backward";
   ADGT_EMU_OP(op, (D(dx), D(cos), D(sin)), rope_backward(dx, cos, sin, T));
 }
+namespace {
+// The document-masking boundaries (AttentionShape::doc_start) as a tensor, so
+// they are checked to be device memory like every operand; empty when off.
+Tensor doc_start_tensor(const AttentionShape& s) {
+  if (!s.doc_start) return Tensor();
+  return Tensor(const_cast<int32_t*>(s.doc_start), DType::I32, {s.B * s.T});
+}
+}  // namespace
 int64_t EmulatedBackend::attention_saved_elems(const AttentionShape& s) const {
   return cpu_.attention_saved_elems(s);
 }
 void EmulatedBackend::attention_forward(Tensor out, Tensor saved, const Tensor& q, const Tensor& k,
                                         const Tensor& v, const AttentionShape& s) {
   const char* op = "attention_forward";
-  ADGT_EMU_OP(op, (D(out), D(saved), D(q), D(k), D(v)), attention_forward(out, saved, q, k, v, s));
+  const Tensor doc_start = doc_start_tensor(s);
+  ADGT_EMU_OP(op, (D(out), D(saved), D(q), D(k), D(v), D(doc_start)),
+              attention_forward(out, saved, q, k, v, s));
 }
 void EmulatedBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
                                          const Tensor& q, const Tensor& k, const Tensor& v,
                                          const Tensor& out, const Tensor& saved,
                                          const AttentionShape& s) {
   const char* op = "attention_backward";
-  ADGT_EMU_OP(op, (D(dq), D(dk), D(dv), D(dout), D(q), D(k), D(v), D(out), D(saved)),
+  const Tensor doc_start = doc_start_tensor(s);
+  ADGT_EMU_OP(op, (D(dq), D(dk), D(dv), D(dout), D(q), D(k), D(v), D(out), D(saved), D(doc_start)),
               attention_backward(dq, dk, dv, dout, q, k, v, out, saved, s));
 }
 void EmulatedBackend::qkv_rope_split(Tensor q, Tensor k, Tensor v, const Tensor& qkv,
