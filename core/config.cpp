@@ -107,6 +107,11 @@ const std::vector<Key>& schema() {
           "RMSNorm epsilon"),
       key("model", &R::model, "tie_embeddings", &ModelConfig::tie_embeddings, A::Any,
           "lm_head shares model.embed_tokens.weight"),
+      key("model", &R::model, "rope_reset_per_document", &ModelConfig::rope_reset_per_document,
+          A::Any,
+          "rotary positions restart at 0 after each end-of-document token (data.eos_id), so "
+          "each packed document sees the positions it would have alone; usually with "
+          "train.document_mask"),
       key("model", &R::model, "init_std", &ModelConfig::init_std, A::Positive,
           "standard deviation of the normal weight initialisation"),
       key("model", &R::model, "n_experts", &ModelConfig::n_experts, A::NonNegative,
@@ -181,6 +186,10 @@ const std::vector<Key>& schema() {
       key("train", &R::train, "fused_projections", &TrainConfig::fused_projections, A::Any,
           "one GEMM for q/k/v and one for gate/up per layer (weights adjacent in memory, "
           "checkpoints unchanged; docs/cuda.md); false = five separate GEMMs"),
+      key("train", &R::train, "document_mask", &TrainConfig::document_mask, A::Any,
+          "attention does not cross document boundaries inside a packed sequence: a new "
+          "document starts after each end-of-document token (data.eos_id); CPU, emulated and "
+          "the CUDA flash and exact kernels (cuDNN: auto takes flash); false = plain causal"),
       key("train", &R::train, "attention", &TrainConfig::attention, A::Choices,
           "attention kernels: auto = time the candidates on the run's shapes at start-up and "
           "keep the faster (CUDA: flash and cuDNN SDPA); flash = the handwritten kernels; "
@@ -207,6 +216,10 @@ const std::vector<Key>& schema() {
           "validation token shard"),
       key("data", &R::data, "tokenizer", &DataConfig::tokenizer, A::NonEmpty,
           "SentencePiece model file, or \"byte\""),
+      key("data", &R::data, "eos_id", &DataConfig::eos_id, A::Any,
+          "end-of-document token id for train.document_mask and model.rope_reset_per_document; "
+          "-1 = from the training data's meta.json (adgt-data prepare's documents.eos_id), else "
+          "from data.tokenizer"),
       // parallel
       key("parallel", &R::parallel, "tp", &ParallelConfig::tp, A::Positive,
           "tensor-parallel degree; divides n_heads, n_kv_heads and ffn_hidden"),

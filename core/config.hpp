@@ -27,6 +27,9 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   bool tie_embeddings = false;  // lm_head shares model.embed_tokens.weight
+  // Rotary positions restart at 0 after each EOS (each packed document's
+  // tokens at the positions of a run of that document alone).
+  bool rope_reset_per_document = false;
   double init_std = 0.02;
   // Mixture of experts (Mixtral): n_experts > 0 turns the FFN of every
   // moe_every-th layer (layers l with (l + 1) % moe_every == 0) into
@@ -72,6 +75,9 @@ struct TrainConfig {
   // One GEMM for q/k/v and one for gate/up (weights adjacent in the flat
   // buffer; checkpoints keep the HF names). false: five GEMMs.
   bool fused_projections = true;
+  // Attention does not cross document boundaries (a new document starts after
+  // each data.eos_id token) inside a packed sequence.
+  bool document_mask = false;
   // Attention kernels: auto (time the candidates on the run's shapes at
   // start-up, keep the faster) | flash (handwritten) | cudnn (cuDNN SDPA) |
   // exact (the reference kernel). The CPU backend has one kernel (exact).
@@ -91,6 +97,10 @@ struct DataConfig {
   std::string train = "data/kjv/train.bin";  // token shard (adgt-data output)
   std::string val = "data/kjv/val.bin";
   std::string tokenizer = "data/kjv/tokenizer.model";  // or "byte"
+  // The end-of-document token for train.document_mask and
+  // model.rope_reset_per_document; -1: the training data's meta.json
+  // (documents.eos_id), else data.tokenizer's EOS.
+  int64_t eos_id = -1;
   bool operator==(const DataConfig&) const = default;
 };
 

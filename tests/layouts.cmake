@@ -19,6 +19,28 @@ adgt_sweep_on_devices(NAME layouts_match_single_process WORK ${CMAKE_BINARY_DIR}
 adgt_sweep_on_devices(NAME layouts_bf16_match_single_process WORK ${CMAKE_BINARY_DIR}/layouts_bf16
   TIMEOUT 600 LABELS parallel
   COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_bf16.py ${ADGT_SWEEP_ARGS})
+# Document masking and per-document positions in layouts that split them
+# (tp with SP, interleaved pp's middle chunks, ZeRO-1) against one process.
+adgt_sweep_on_devices(NAME layouts_document_mask WORK ${CMAKE_BINARY_DIR}/layouts_documents
+  TIMEOUT 600 LABELS parallel
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_documents.py ${ADGT_SWEEP_ARGS}
+    --config ${CMAKE_CURRENT_SOURCE_DIR}/layouts/model.yaml)
+set(ADGT_DOC_ARGS --config ${CMAKE_CURRENT_SOURCE_DIR}/layouts/model.yaml
+  --set data.train=${ADGT_KJV_BYTE}/train.bin --set data.val=${ADGT_KJV_BYTE}/val.bin
+  --set train.steps=5 --set log.dir=${CMAKE_BINARY_DIR}/layouts_documents_err
+  --set checkpoint.dir=${CMAKE_BINARY_DIR}/layouts_documents_err/ckpt)
+add_test(NAME layouts_document_mask_needs_eos_np2
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/parallel/expect_all_ranks.sh --once 2
+    ".*train[.]document_mask / model[.]rope_reset_per_document need the end-of-document token: set data[.]eos_id [(]no meta[.]json with documents[.]eos_id beside data[.]train, and data[.]tokenizer byte has no EOS token[)]"
+    -- ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh 2 $<TARGET_FILE:adgt-train> ${ADGT_DOC_ARGS}
+       --set parallel.dp=2 --set train.document_mask=true)
+add_test(NAME layouts_document_eos_outside_vocabulary
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh
+    "end-of-document token 300 [(]from data[.]eos_id[)] is outside the model's vocabulary [[]0, 256[)]"
+    -- $<TARGET_FILE:adgt-train> ${ADGT_DOC_ARGS} --set model.rope_reset_per_document=true
+       --set data.eos_id=300)
+set_tests_properties(layouts_document_mask_needs_eos_np2 layouts_document_eos_outside_vocabulary
+  PROPERTIES FIXTURES_REQUIRED kjv_byte LABELS parallel TIMEOUT 90)
 
 # The same run through srun on a real (private, single-node) Slurm cluster gives
 # the mpirun losses bit for bit.

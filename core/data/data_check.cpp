@@ -1,5 +1,7 @@
 #include "core/data/data_check.hpp"
 
+#include "core/data/document_eos.hpp"
+
 #include "core/data/blend.hpp"
 
 #include <filesystem>
@@ -67,8 +69,17 @@ std::vector<std::unique_ptr<TokenShard>> open_checked_blend(const std::string& v
 
 void check_data_inputs(const RunConfig& cfg) {
   const std::string where = (cfg.source.empty() ? std::string("config") : cfg.source) + ": ";
-  (void)open_checked_blend(cfg.data.train, "data.train", cfg.model, where);
+  const auto train = open_checked_blend(cfg.data.train, "data.train", cfg.model, where);
   (void)open_checked_shard(cfg.data.val, "data.val", cfg.model, where);
+  if (cfg.train.document_mask || cfg.model.rope_reset_per_document) {
+    std::vector<std::string> files;
+    for (const auto& s : train) files.push_back(s->path());
+    try {
+      (void)resolve_document_eos(cfg.data.eos_id, files, cfg.data.tokenizer, cfg.model.vocab_size);
+    } catch (const std::runtime_error& e) {
+      throw ConfigError(where + e.what());
+    }
+  }
 }
 
 }  // namespace adgt

@@ -171,6 +171,14 @@ class Model {
   // number that adding the forwards' returns gives, bit for bit).
   void defer_losses(bool on) { defer_losses_ = on; }
   double take_deferred_loss();
+  // Packed documents (train.document_mask, model.rope_reset_per_document): in
+  // each sequence a new document starts after every `eos` token. mask:
+  // attention stays inside a token's document (AttentionShape::doc_start);
+  // rope_reset: rotary positions restart at 0 at each document's start. Either
+  // makes every chunk's forward read the micro-batch's token ids (inputs), and
+  // leaves the numbers of a run without it unchanged when off.
+  void set_documents(int32_t eos, bool mask, bool rope_reset);
+  bool needs_inputs_everywhere() const { return docs_.mask || docs_.rope_reset; }
   // If on, forward() keeps a host copy of this rank's logits (N, Vl) before the loss.
   void set_capture_logits(bool on) { capture_logits_ = on; }
   const std::vector<double>& captured_logits() const { return logits_host_; }
@@ -295,6 +303,10 @@ class Model {
     Tensor losses;                     // (N) per-row loss, master dtype
     Tensor in_tok, tgt_tok;            // (N) int32
     Tensor d_emb;                      // (N, C) split backward of the embedding chunk
+    // set_documents: each token's document start (N) int32 and, with
+    // rope_reset, its position in the document (N) int32 and the rotary
+    // tables gathered at those positions (N, hd/2).
+    Tensor doc_start, doc_pos, rope_cos, rope_sin;
     double grad_scale = 0;             // the forward's (MoE aux loss gradient)
   };
   struct Chunk {
@@ -327,6 +339,15 @@ class Model {
   LayerActs layer_acts(Recompute shared);
   void alloc_core(LayerActs& a);  // att_saved, att, h: what selective recompute shares
   void build_rope_tables();   // rope_cos_, rope_sin_ allocated and filled
+  // The rotary tables a slot's q and k take: the model's (T, hd/2) rows by
+  // position in the sequence, or with rope_reset the slot's per-token rows.
+  struct Rope {
+    Tensor cos, sin;
+    int64_t T;
+  };
+  Rope rope_of(const Slot& s) const;
+  AttentionShape attention_of(const Slot& s) const;  // att_shape_, masked by the slot's documents
+  void load_documents(Slot& s, const int32_t* inputs);  // set_documents' per-micro-batch part
 
   // ---- pass pieces (model_forward_backward.cpp) ----
   Slot& slot_of(int chunk, int slot) { return chunks_[size_t(chunk)].slots[size_t(slot)]; }
@@ -341,7 +362,7 @@ class Model {
   void head_backward(Slot& s, BackwardMode mode);  // logit gradient -> d_resid_
   void layer_backward(int chunk, int slot, size_t l, BackwardMode mode);  // d_resid_ in and out
   // q, k, v from ln1, rotated (the forward's, and the recompute's: one code path).
-  void qkv_forward(LayerActs& a, const LayerIdx& w);
+  void qkv_forward(LayerActs& a, const LayerIdx& w, const Rope& rope);
   // gate and up (or gu) from ln2, and the SwiGLU product h of a dense layer.
   void gate_up_forward(LayerActs& a, const LayerIdx& w);
   void swiglu_forward(LayerActs& a);
@@ -426,6 +447,10 @@ class Model {
   Tensor ce_gathered_;          // (tp*N, 3) every tp rank's
   Tensor ce_combined_;          // (N, 3)
   Tensor rope_cos_, rope_sin_;  // (T, hd/2)
+  struct Documents {
+    int32_t eos = -1;
+    bool mask = false, rope_reset = false;
+  } docs_;
   bool capture_logits_ = false;
   bool defer_losses_ = false;
   Tensor loss_rows_;                 // (cap*N) the deferred per-row losses, master dtype

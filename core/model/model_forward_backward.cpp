@@ -105,6 +105,7 @@ double Model::forward_chunk(int chunk, int slot, const int32_t* inputs, const in
   Slot& s = slot_of(chunk, slot);
   const bool head = chunk_has_head(chunk);
   s.grad_scale = grad_scale;
+  if (needs_inputs_everywhere()) load_documents(s, inputs);
   if (chunk_has_embedding(chunk)) embedding_forward(s, inputs);
   const int64_t n_valid = head ? load_targets(s, targets) : 0;
   // Each residual add is fused with the norm that reads its result
@@ -141,17 +142,17 @@ int64_t Model::load_targets(Slot& s, const int32_t* targets) {
   return n_valid;
 }
 
-void Model::qkv_forward(LayerActs& a, const LayerIdx& w) {
+void Model::qkv_forward(LayerActs& a, const LayerIdx& w, const Rope& r) {
   if (fused_) {
     be_.linear_forward(qkv_, a.ln1, weights(w.q, w.v));
-    be_.qkv_rope_split(a.q, a.k, a.v, qkv_, rope_cos_, rope_sin_, T_);
+    be_.qkv_rope_split(a.q, a.k, a.v, qkv_, r.cos, r.sin, r.T);
     return;
   }
   be_.linear_forward(a.q, a.ln1, param(w.q));
   be_.linear_forward(a.k, a.ln1, param(w.k));
   be_.linear_forward(a.v, a.ln1, param(w.v));
-  be_.rope_forward(a.q, rope_cos_, rope_sin_, T_);
-  be_.rope_forward(a.k, rope_cos_, rope_sin_, T_);
+  be_.rope_forward(a.q, r.cos, r.sin, r.T);
+  be_.rope_forward(a.k, r.cos, r.sin, r.T);
 }
 
 void Model::gate_up_forward(LayerActs& a, const LayerIdx& w) {
@@ -178,8 +179,8 @@ bool Model::layer_forward(int chunk, int slot, size_t l, bool ln1_ready) {
   LayerSpans spans(be_, w.moe >= 0 ? &moe_spans_[size_t(w.moe)] : nullptr);
   // Attention branch: x_mid = x_in + o(attention(rope(q), rope(k), v)).
   if (!ln1_ready) norm_forward(a.ln1, a.rstd1, a.x_in, w.in_norm);
-  qkv_forward(a, w);
-  be_.attention_forward(a.att, a.att_saved, a.q, a.k, a.v, att_shape_);
+  qkv_forward(a, w, rope_of(s));
+  be_.attention_forward(a.att, a.att_saved, a.q, a.k, a.v, attention_of(s));
   Tensor o = sp_ ? partial_ : a.x_mid;
   be_.linear_forward(o, a.att, param(w.o));
   reduce_rows(a.x_mid, o);
@@ -308,6 +309,7 @@ void Model::recompute_layer(int chunk, int slot, size_t l) {
   // recomputed activations are the forward's bit for bit (an ln1 the forward
   // got from the previous layer's fused add is the plain norm of x_in).
   const Chunk& ch = chunks_[size_t(chunk)];
+  const Slot& s = slot_of(chunk, slot);
   LayerActs& a = slot_of(chunk, slot).layers[l];
   const LayerIdx& w = layer_idx_[ch.first_local + l];
   const Recompute m = layer_rc_[ch.first_local + l];
@@ -315,9 +317,9 @@ void Model::recompute_layer(int chunk, int slot, size_t l) {
   const bool full = m == Recompute::Full;
   if (full) {
     norm_forward(a.ln1, a.rstd1, a.x_in, w.in_norm);
-    qkv_forward(a, w);
+    qkv_forward(a, w, rope_of(s));
   }
-  be_.attention_forward(a.att, a.att_saved, a.q, a.k, a.v, att_shape_);
+  be_.attention_forward(a.att, a.att_saved, a.q, a.k, a.v, attention_of(s));
   if (full) {
     Tensor o = sp_ ? partial_ : a.x_mid;
     be_.linear_forward(o, a.att, param(w.o));
@@ -368,13 +370,14 @@ void Model::layer_backward(int chunk, int slot, size_t l, BackwardMode mode) {
   // d_resid = dL/dx_mid. Attention branch: x_mid = x_in + o(att).
   gather_rows(d_full_, d_resid_);
   linear_bwd(d_att_, w.o, w.o, d_full_, a.att, a.d_o, false);
-  be_.attention_backward(dq_, dk_, dv_, d_att_, a.q, a.k, a.v, a.att, a.att_saved, att_shape_);
+  be_.attention_backward(dq_, dk_, dv_, d_att_, a.q, a.k, a.v, a.att, a.att_saved, attention_of(s));
+  const Rope r = rope_of(s);
   if (fused_) {
-    be_.qkv_rope_merge_backward(qkv_, dq_, dk_, dv_, rope_cos_, rope_sin_, T_);
+    be_.qkv_rope_merge_backward(qkv_, dq_, dk_, dv_, r.cos, r.sin, r.T);
     linear_bwd(d_tmp_, w.q, w.v, qkv_, a.ln1, a.d_qkv, false);
   } else {
-    be_.rope_backward(dq_, rope_cos_, rope_sin_, T_);
-    be_.rope_backward(dk_, rope_cos_, rope_sin_, T_);
+    be_.rope_backward(dq_, r.cos, r.sin, r.T);
+    be_.rope_backward(dk_, r.cos, r.sin, r.T);
     linear_bwd(d_tmp_, w.q, w.q, dq_, a.ln1, a.d_q, false);
     linear_bwd(d_tmp_, w.k, w.k, dk_, a.ln1, a.d_k, true);
     linear_bwd(d_tmp_, w.v, w.v, dv_, a.ln1, a.d_v, true);

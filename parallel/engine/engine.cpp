@@ -63,6 +63,8 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
                                    RecomputePolicy{parse_recompute(cfg.train.recompute),
                                                    cfg.train.recompute_layers},
                                    cfg.train.fused_projections);
+  model_->set_documents(int32_t(cfg.data.eos_id), cfg.train.document_mask,
+                        cfg.model.rope_reset_per_document);
   if (init) model_->init_weights(cfg.train.seed);  // else the caller restores a state
   if (!cfg.parallel.expert_replicas.empty() || cfg.parallel.expert_slots > 0)
     set_expert_replicas(cfg.parallel.expert_replicas);

@@ -362,7 +362,7 @@ void PipelineExecutor::exec_forward(StepRun& st, const pp::Instr& in) {
   const int slot = slot_for(c, mb);
   const bool first = model_.chunk_has_embedding(c), last = model_.chunk_has_head(c);
   e.busy = compute(st, st.progress_ok, [&] {
-    if (first || last) st.fetch(mb, in_.data(), tg_.data());
+    if (first || last || model_.needs_inputs_everywhere()) st.fetch(mb, in_.data(), tg_.data());
     const double l = model_.forward_chunk(c, slot, in_.data(), tg_.data(), st.grad_scale);
     if (last) st.loss_sum += l;
   });

@@ -23,6 +23,7 @@
 #include "core/metrics.hpp"
 #include "core/optimizer.hpp"
 #include "core/data/blend.hpp"
+#include "core/data/document_eos.hpp"
 #include "core/data/sampler.hpp"
 #include "core/data/data_check.hpp"
 #include "core/data/token_shard.hpp"
@@ -164,6 +165,12 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx, std::optional<Device
   try {
     train_shards_ = open_checked_blend(cfg.data.train, "data.train", cfg.model);
     val_shard_ = open_checked_shard(cfg.data.val, "data.val", cfg.model);
+    if (cfg.train.document_mask || cfg.model.rope_reset_per_document) {
+      std::vector<std::string> files;
+      for (const auto& s : train_shards_) files.push_back(s->path());
+      cfg_.data.eos_id = resolve_document_eos(cfg.data.eos_id, files, cfg.data.tokenizer,
+                                              cfg.model.vocab_size);
+    }
   } catch (const std::exception& e) {
     shard_error = e.what();
   }

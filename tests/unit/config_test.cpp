@@ -135,7 +135,8 @@ TEST_CASE("unknown keys and sections name the line and suggest", "[config]") {
   CHECK(error_of("model:\n  d_model: 256\n  n_layerz: 4\n") ==
         "x.yaml:3: model.n_layerz: unknown key; did you mean model.n_layers? (allowed keys in "
         "model: vocab_size, d_model, n_layers, n_heads, n_kv_heads, ffn_hidden, seq_len, "
-        "rope_theta, norm_eps, tie_embeddings, init_std, n_experts, moe_top_k, moe_every, "
+        "rope_theta, norm_eps, tie_embeddings, rope_reset_per_document, init_std, n_experts, "
+        "moe_top_k, moe_every, "
               "expert_ffn_hidden, moe_aux_loss_coef, moe_aux_free, moe_bias_rate, moe_bias_init_zipf, "
         "moe_capacity_factor)");
   // A key from another section.
@@ -198,7 +199,8 @@ TEST_CASE("wrong types say what was expected and what was found", "[config]") {
         "x.yaml:2: data.train: expected a non-empty string, got an empty string");
   CHECK(error_of("model: 5\n") ==
         "x.yaml:1: model: expected a mapping of keys (vocab_size, d_model, n_layers, n_heads, "
-        "n_kv_heads, ffn_hidden, seq_len, rope_theta, norm_eps, tie_embeddings, init_std, n_experts, "
+        "n_kv_heads, ffn_hidden, seq_len, rope_theta, norm_eps, tie_embeddings, "
+        "rope_reset_per_document, init_std, n_experts, "
               "moe_top_k, moe_every, expert_ffn_hidden, moe_aux_loss_coef, moe_aux_free, moe_bias_rate, "
               "moe_bias_init_zipf, moe_capacity_factor), got \"5\"");
   CHECK_THAT(error_of("- a\n- b\n"),
@@ -365,7 +367,7 @@ TEST_CASE("docs/config.md carries the generated key reference", "[config]") {
     FAIL("docs/config.md is out of date with the schema in core/config.cpp; paste " + out +
          " between its BEGIN/END markers");
   }
-  CHECK(config_keys().size() == 93);
+  CHECK(config_keys().size() == 96);
   for (const auto& k : config_keys()) {
     CHECK(!k.doc.empty());
     CHECK(!k.allowed.empty());
