@@ -242,8 +242,11 @@ int train_or_evaluate(const Cli& cli, const adgt::RunConfig& cfg, const AutoPlan
   if (cli.eval_only) {
     if (from.empty()) throw std::runtime_error("--eval-only needs --resume DIR (or auto)");
     adgt::fault::PhaseScope evaluating(adgt::fault::Phase::Eval);
-    const double loss = trainer.evaluate();
-    if (lead) std::printf("eval loss: %.6f\n", loss);
+    const adgt::ValLoss loss = trainer.evaluate_sources();  // a blend: each source's, then the mean
+    if (lead) {
+      for (const auto& [source, l] : loss.by_source) std::printf("eval loss %s: %.6f\n", source.c_str(), l);
+      std::printf("eval loss: %.6f\n", loss.loss);
+    }
     return 0;
   }
   adgt::install_stop_handlers();

@@ -30,6 +30,7 @@
 #include <type_traits>
 #include <variant>
 
+#include "core/config_blend.hpp"
 #include "core/layout.hpp"
 #include "core/model/moe_replicas.hpp"
 
@@ -51,6 +52,7 @@ enum class Allow {
   RankFactors,  // "rank:factor,..." (emulate.slow_ranks), factor >= 1, ranks distinct
   StepFactors,  // "factor@step,..." (emulate.link_bandwidth), factor > 0, steps ascending
   LinkFactors,  // "a-b:factor[@step],..." (emulate.slow_links), factor >= 1, pairs distinct
+  Blend,        // data.train/val: a token file, "0.7 A 0.3 B", or (YAML) a list of {path, weight}
 };
 
 using FieldRef =
@@ -168,7 +170,7 @@ const std::vector<Key>& schema() {
       key("train", &R::train, "eval_interval", &TrainConfig::eval_interval, A::NonNegative,
           "steps between validation evals; 0 disables"),
       key("train", &R::train, "eval_batches", &TrainConfig::eval_batches, A::NonNegative,
-          "micro-batches per eval; 0 = the whole validation split"),
+          "micro-batches per eval (of each data.val source); 0 = the whole validation split"),
       key("train", &R::train, "max_skipped_steps", &TrainConfig::max_skipped_steps,
           A::NonNegative, "consecutive non-finite steps tolerated before aborting"),
       key("train", &R::train, "dtype", &TrainConfig::dtype, A::Choices,
@@ -208,12 +210,15 @@ const std::vector<Key>& schema() {
           "rank that stops progressing is named by every other rank, which exits non-zero "
           "(docs/reliability.md); 0 = auto: max(30 s, 5 x the slowest step); start-up, "
           "checkpoint save/load and evaluation wait up to max(300 s, the deadline) on a live peer"),
-      key("data", &R::data, "train", &DataConfig::train, A::NonEmpty,
+      key("data", &R::data, "train", &DataConfig::train, A::Blend,
           "training token file (adgt-data output, a Megatron dataset or an llm.c shard), or a "
-          "blend \"0.7 A 0.3 B\" (weights and files in turn; a directory stands for its "
-          "train.bin); checked when the trainer opens it"),
-      key("data", &R::data, "val", &DataConfig::val, A::NonEmpty,
-          "validation token shard"),
+          "blend: \"0.7 A 0.3 B\" (weights and files in turn) or a YAML list of {path, weight} "
+          "(weights > 0, all or none, normalised; a directory stands for its train.bin); "
+          "checked when the trainer opens it"),
+      key("data", &R::data, "val", &DataConfig::val, A::Blend,
+          "validation token file, or a blend in the forms of data.train (a directory stands "
+          "for its val.bin): each source is evaluated alone (val_loss_by_source) and val_loss "
+          "is their weighted mean (docs/config.md, \"Data blends\")"),
       key("data", &R::data, "tokenizer", &DataConfig::tokenizer, A::NonEmpty,
           "SentencePiece model file, or \"byte\""),
       key("data", &R::data, "eos_id", &DataConfig::eos_id, A::Any,
@@ -580,6 +585,8 @@ std::string allowed_text(const Key& k) {
         return "\"factor@step,...\" with factors > 0 and ascending steps, or \"\"";
       if (k.allow == Allow::LinkFactors)
         return "\"a-b:factor[@step],...\" with distinct rank pairs and factors >= 1, or \"\"";
+      if (k.allow == Allow::Blend)
+        return "a token file, a blend \"W1 FILE1 W2 FILE2 ...\", or a list of {path: FILE, weight: W}";
       return k.allow == Allow::NonEmpty ? "a non-empty string" : "a string";
     case Type::IntList:
       return k.allow == Allow::Positive ? "a list of positive integers" : "a list of integers";
@@ -609,7 +616,8 @@ std::optional<std::string> check_range(const Key& k, RunConfig& cfg) {
           if (k.allow == Allow::UnitHalfOpen) ok = ok && v >= 0 && v < 1;
           if (!ok) return expected(k, fmt_real(v));
         } else if constexpr (std::is_same_v<T, std::string>) {
-          if (k.allow == Allow::NonEmpty && v.empty()) return expected(k, "an empty string");
+          if ((k.allow == Allow::NonEmpty || k.allow == Allow::Blend) && v.empty())
+            return expected(k, "an empty string");
           if (k.allow == Allow::Choices &&
               std::find(k.choices.begin(), k.choices.end(), v) == k.choices.end())
             return expected(k, yaml_quote(v));
@@ -738,6 +746,8 @@ std::optional<std::string> assign_list(const Key& k, const YAML::Node& v, RunCon
 std::optional<std::string> assign(const Key& k, const YAML::Node& v, RunConfig& cfg,
                                   YAML::Mark* mark = nullptr) {
   if (k.type == Type::IntList) return assign_list(k, v, cfg, mark);
+  if (k.allow == Allow::Blend && v.IsSequence())
+    return blend_list_text(v, k.full(), std::get<std::string*>(k.bind(cfg)), mark);
   if (!v.IsScalar()) return expected(k, node_kind(v));
   const std::string s = v.Scalar();
   // A quoted scalar ("8") is a string in YAML; only string keys take one.
@@ -903,9 +913,11 @@ void apply_override(const std::string& ov, RunConfig& cfg) {
   const Key* k = find_key(sec, kname);
   if (!k) throw ConfigError(where + ": " + unknown_key_msg(sec, kname));
   YAML::Node v;
-  if (k->type == Type::Str && (text.empty() || (text[0] != '"' && text[0] != '\''))) {
+  const bool blend_list = k->allow == Allow::Blend && !text.empty() && text[0] == '[';
+  if (k->type == Type::Str && !blend_list && (text.empty() || (text[0] != '"' && text[0] != '\''))) {
     // Strings are taken literally unless quoted (then YAML decodes the quotes),
-    // so paths with ':' or '#' need no escaping.
+    // so paths with ':' or '#' need no escaping; a blend's list is YAML flow
+    // ([{path: A, weight: 0.7}, ...]).
     v = YAML::Node(text);
   } else {
     if (auto err = check_quoted(*k, text, 0)) throw ConfigError(where + ": " + *err);
@@ -1423,6 +1435,13 @@ std::string to_yaml(const RunConfig& cfg_in) {
           else return yaml_quote(*field);
         },
         k.bind(cfg));
+    if (k.allow == Allow::Blend)  // a blend of two or more as its list (config_blend.hpp)
+      if (auto list = blend_list_of(*std::get<std::string*>(k.bind(cfg)))) {
+        out += "  " + std::string(k.name) + ":\n";
+        for (const BlendSource& b : *list)
+          out += "    - path: " + yaml_quote(b.path) + "\n      weight: " + yaml_real(b.weight) + "\n";
+        continue;
+      }
     out += "  " + std::string(k.name) + ": " + v + "\n";
   }
   return out;
@@ -1443,7 +1462,8 @@ const std::vector<ConfigKeyInfo>& config_keys() {
       defaults[section + "." + line.substr(2, c - 2)] = line.substr(c + 2);
     }
     for (const auto& k : schema())
-      out.push_back({k.section, k.name, type_name(k.type), defaults.at(k.full()),
+      out.push_back({k.section, k.name, k.allow == Allow::Blend ? "string or list" : type_name(k.type),
+                     defaults.at(k.full()),
                      allowed_text(k), k.doc});
     return out;
   }();

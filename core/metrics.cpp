@@ -147,9 +147,23 @@ void MetricsLog::log_record(const nlohmann::json& record) {
   out_.flush();
 }
 
-void MetricsLog::log_eval(int64_t step, double val_loss) {
-  out_ << nlohmann::json({{"step", step}, {"val_loss", val_loss}}).dump() << "\n";
+void MetricsLog::log_eval(int64_t step, double val_loss,
+                          const std::vector<std::pair<std::string, double>>& by_source) {
+  nlohmann::json j = {{"step", step}, {"val_loss", val_loss}};
+  for (const auto& [name, loss] : by_source) j["val_loss_by_source"][name] = loss;
+  out_ << j.dump() << "\n";
   out_.flush();
+}
+
+std::string format_val_loss(double val_loss, const std::vector<std::pair<std::string, double>>& by_source) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "val loss %.4f", val_loss);
+  std::string out = buf;
+  for (size_t i = 0; i < by_source.size(); ++i) {
+    std::snprintf(buf, sizeof buf, " %.4f", by_source[i].second);
+    out += (i ? ", " : " (") + by_source[i].first + buf;
+  }
+  return by_source.empty() ? out : out + ")";
 }
 
 }  // namespace adgt

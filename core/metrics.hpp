@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -59,13 +60,19 @@ struct StepMetrics {
 
 std::string format_duration(double seconds);  // "1h02m", "3m12s", "45s"
 std::string format_step_line(const StepMetrics& m);
+// The eval line's loss: "val loss 3.1234", and for a blend of data.val
+// sources each one's: "val loss 3.1234 (data/a 3.0000, data/b 3.5000)".
+std::string format_val_loss(double val_loss, const std::vector<std::pair<std::string, double>>& by_source);
 
 class MetricsLog {
  public:
   // Opens <dir>/metrics.jsonl; `append` keeps earlier records (resume).
   MetricsLog(const std::string& dir, bool append);
   void log_step(const StepMetrics& m);
-  void log_eval(int64_t step, double val_loss);
+  // {"step", "val_loss"}, and for a blend of data.val sources
+  // "val_loss_by_source": {path as written: that source's loss}.
+  void log_eval(int64_t step, double val_loss,
+                const std::vector<std::pair<std::string, double>>& by_source = {});
   // Any other record (a controller's decision with its inputs), one line.
   void log_record(const nlohmann::json& record);
   const std::string& path() const { return path_; }

@@ -137,4 +137,13 @@ if(TARGET adgt-train)
             --model ${CMAKE_CURRENT_SOURCE_DIR}/layouts/model.yaml --shard ${CMAKE_BINARY_DIR}/data/kjv-byte/train.bin
             --text ${ADGT_DATA_E2E}/input.txt --work ${CMAKE_BINARY_DIR}/tests/data_blend)
   set_tests_properties(data_blend_train PROPERTIES FIXTURES_REQUIRED kjv_byte TIMEOUT 600 LABELS parallel)
+  # A blend in data.val, written as a list (the run's printed config): each
+  # source's val loss == that source alone, in one process, dp=2 and tp=2;
+  # val_loss their weighted mean; against PyTorch float64 where installed.
+  add_test(NAME data_blend_val
+    COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/data/blend_val.py --train $<TARGET_FILE:adgt-train>
+            --data ${_data} --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
+            --model ${CMAKE_CURRENT_SOURCE_DIR}/layouts/model.yaml --shards ${CMAKE_BINARY_DIR}/data/kjv-byte
+            --text ${ADGT_DATA_E2E}/input.txt --work ${CMAKE_BINARY_DIR}/tests/data_blend_val)
+  set_tests_properties(data_blend_val PROPERTIES FIXTURES_REQUIRED kjv_byte TIMEOUT 600 LABELS parallel)
 endif()

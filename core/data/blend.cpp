@@ -2,6 +2,8 @@
 #include "core/data/blend.hpp"
 
 #include <algorithm>
+#include <charconv>
+#include <filesystem>
 #include <cmath>
 #include <set>
 #include <sstream>
@@ -10,6 +12,14 @@
 namespace adgt {
 
 std::vector<BlendSource> parse_blend(const std::string& value, const std::string& key) {
+  std::vector<BlendSource> out = parse_blend_as_written(value, key);
+  double total = 0;
+  for (const BlendSource& s : out) total += s.weight;
+  for (BlendSource& s : out) s.weight /= total;
+  return out;
+}
+
+std::vector<BlendSource> parse_blend_as_written(const std::string& value, const std::string& key) {
   std::istringstream in(value);
   std::vector<std::string> words;
   for (std::string w; in >> w;) words.push_back(w);
@@ -18,7 +28,6 @@ std::vector<BlendSource> parse_blend(const std::string& value, const std::string
     throw std::runtime_error(key + ": '" + value + "': one token file, or weights and token files in turn (\"0.7 A 0.3 B\")");
   std::vector<BlendSource> out;
   std::set<std::string> seen;
-  double total = 0;
   for (size_t i = 0; i < words.size(); i += 2) {
     double w = 0;
     size_t used = 0;
@@ -32,10 +41,25 @@ std::vector<BlendSource> parse_blend(const std::string& value, const std::string
     if (!seen.insert(words[i + 1]).second)
       throw std::runtime_error(key + ": " + words[i + 1] + " is named twice; give it one weight");
     out.push_back({words[i + 1], w});
-    total += w;
   }
-  for (BlendSource& s : out) s.weight /= total;
   return out;
+}
+
+std::string blend_text(const std::vector<BlendSource>& sources) {
+  if (sources.size() == 1) return sources[0].path;
+  std::string out;
+  for (const BlendSource& s : sources) {
+    char buf[64];
+    const auto r = std::to_chars(buf, buf + sizeof buf, s.weight);
+    out += (out.empty() ? "" : " ") + std::string(buf, r.ptr) + " " + s.path;
+  }
+  return out;
+}
+
+std::string blend_source_file(const std::string& path, size_t n, const std::string& split) {
+  std::error_code ec;
+  if (n > 1 && std::filesystem::is_directory(path, ec)) return (std::filesystem::path(path) / split).string();
+  return path;
 }
 
 BlendSampler::BlendSampler(std::vector<const TokenShard*> shards, const std::vector<double>& weights,

@@ -1,7 +1,9 @@
 // Weighted blends of token files (docs/data-format.md, "Blends"):
 // data.train names one token file, or several with weights in the form
 // "0.7 PATH_A 0.3 PATH_B" (weights > 0, normalised; a directory stands for
-// its train.bin). The blend is a pure function of (seed, global sample
+// its train.bin), or, in YAML, a list of {path, weight} maps that the config
+// turns into that text (core/config_blend.hpp). data.val takes the same forms
+// (a directory stands for its val.bin there) and is evaluated per source. The blend is a pure function of (seed, global sample
 // index), like the sampler of one file, so the order is the same for any
 // layout and a resume continues it exactly:
 //
@@ -34,10 +36,18 @@ struct BlendSource {
   double weight = 1;  // normalised: the weights sum to 1
 };
 
-// data.train's value as sources. `key` names the setting in errors.
-// Throws std::runtime_error on an odd list, a weight that is not a positive
-// number, or a path given twice.
+// data.train's (or data.val's) value as sources. `key` names the setting in
+// errors. Throws std::runtime_error on an odd list, a weight that is not a
+// positive number, or a path given twice.
 std::vector<BlendSource> parse_blend(const std::string& value, const std::string& key);
+// The same with the weights as written (not normalised; 1 for a lone path).
+std::vector<BlendSource> parse_blend_as_written(const std::string& value, const std::string& key);
+// The shorthand text of sources: "0.7 A 0.3 B" (the shortest decimal that
+// reads back as each weight), or the lone path of one source.
+std::string blend_text(const std::vector<BlendSource>& sources);
+// The token file source `path` stands for in a blend of `n` sources: a
+// directory's `split` file ("train.bin", "val.bin") when n > 1, else the path.
+std::string blend_source_file(const std::string& path, size_t n, const std::string& split);
 
 class BlendSampler {
  public:

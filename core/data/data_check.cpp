@@ -57,20 +57,18 @@ std::vector<std::unique_ptr<TokenShard>> open_checked_blend(const std::string& v
   } catch (const std::runtime_error& e) {
     throw ConfigError(where + e.what());
   }
+  // A directory in a blend stands for its split's file.
+  const std::string split = std::string(key) == "data.val" ? "val.bin" : "train.bin";
   std::vector<std::unique_ptr<TokenShard>> out;
-  for (const BlendSource& s : blend) {
-    std::error_code ec;
-    const bool dir = blend.size() > 1 && std::filesystem::is_directory(s.path, ec);
-    out.push_back(open_checked_shard(dir ? (std::filesystem::path(s.path) / "train.bin").string() : s.path, key, m,
-                                     where));
-  }
+  for (const BlendSource& s : blend)
+    out.push_back(open_checked_shard(blend_source_file(s.path, blend.size(), split), key, m, where));
   return out;
 }
 
 void check_data_inputs(const RunConfig& cfg) {
   const std::string where = (cfg.source.empty() ? std::string("config") : cfg.source) + ": ";
   const auto train = open_checked_blend(cfg.data.train, "data.train", cfg.model, where);
-  (void)open_checked_shard(cfg.data.val, "data.val", cfg.model, where);
+  (void)open_checked_blend(cfg.data.val, "data.val", cfg.model, where);
   if (cfg.train.document_mask || cfg.model.rope_reset_per_document) {
     std::vector<std::string> files;
     for (const auto& s : train) files.push_back(s->path());

@@ -28,7 +28,8 @@ std::unique_ptr<TokenShard> open_checked_shard(const std::string& path, const ch
                                                const ModelConfig& m, const std::string& where = "");
 
 // Every source of a blend ("PATH", or "0.7 A 0.3 B": core/data/blend.hpp; a
-// directory stands for its train.bin) opened and checked as above, in order.
+// directory stands for its train.bin, or its val.bin when `key` is
+// "data.val") opened and checked as above, in order.
 std::vector<std::unique_ptr<TokenShard>> open_checked_blend(const std::string& value, const char* key,
                                                             const ModelConfig& m, const std::string& where = "");
 

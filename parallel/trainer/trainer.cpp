@@ -164,7 +164,7 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx, std::optional<Device
   std::string shard_error;
   try {
     train_shards_ = open_checked_blend(cfg.data.train, "data.train", cfg.model);
-    val_shard_ = open_checked_shard(cfg.data.val, "data.val", cfg.model);
+    val_shards_ = open_checked_blend(cfg.data.val, "data.val", cfg.model);
     if (cfg.train.document_mask || cfg.model.rope_reset_per_document) {
       std::vector<std::string> files;
       for (const auto& s : train_shards_) files.push_back(s->path());
@@ -186,6 +186,7 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx, std::optional<Device
     }
     sampler_ = std::make_unique<BlendSampler>(shards, weights, cfg.model.seq_len, cfg.train.seed);
   }
+  val_sources_ = parse_blend(cfg.data.val, "data.val");
   wire(std::move(ctx));
 }
 
@@ -489,30 +490,6 @@ void Trainer::trace_pipeline_step() {
   std::fclose(f);
 }
 
-double Trainer::evaluate() {
-  const int64_t B = cfg_.train.micro_batch, T = cfg_.model.seq_len;
-  int64_t n = num_eval_windows(*val_shard_, T);
-  ADGT_CHECK(n > 0, "data.val: shard '" << val_shard_->path() << "' has fewer than "
-                                        << T + 1 << " tokens (model.seq_len + 1)");
-  if (cfg_.train.eval_batches > 0) n = std::min(n, cfg_.train.eval_batches * B);
-  std::vector<int32_t> window(size_t(T + 1)), in(size_t(B * T)), tg(size_t(B * T));
-  double total = 0;
-  int64_t tokens = 0;
-  for (int64_t w0 = 0; w0 < n; w0 += B) {
-    std::fill(in.begin(), in.end(), 0);
-    std::fill(tg.begin(), tg.end(), -1);  // padding rows of a short last batch are ignored
-    const int64_t rows = std::min(B, n - w0);
-    for (int64_t b = 0; b < rows; ++b) {
-      eval_window(*val_shard_, T, w0 + b, window.data());
-      std::copy(window.begin(), window.end() - 1, in.begin() + b * T);
-      std::copy(window.begin() + 1, window.end(), tg.begin() + b * T);
-    }
-    total += engine_->eval_loss(in.data(), tg.data()) * double(rows * T);
-    tokens += rows * T;
-  }
-  return total / double(tokens);
-}
-
 void Trainer::print_header(double peak) const {
   const TrainConfig& t = cfg_.train;
   const ParallelContext& g = engine_->groups();
@@ -654,13 +631,13 @@ StepReport Trainer::run_step(TeiMeter& tei, TrainSummary& sum, int64_t first_ste
 void Trainer::evaluate_now(MetricsLog* metrics, TeiMeter& tei, TrainSummary& sum) {
   const auto t_eval = std::chrono::steady_clock::now();
   fault::PhaseScope eval_phase(fault::Phase::Eval);  // the watchdog's long deadline
-  const double vl = evaluate();
+  const ValLoss vl = evaluate_sources();
   if (metrics) {
-    std::printf("eval step %ld: val loss %.4f\n", long(step_), vl);
+    std::printf("eval step %ld: %s\n", long(step_), format_val_loss(vl.loss, vl.by_source).c_str());
     std::fflush(stdout);
-    metrics->log_eval(step_, vl);
+    metrics->log_eval(step_, vl.loss, vl.by_source);
   }
-  sum.final_val_loss = vl;
+  sum.final_val_loss = vl.loss;
   tei.add_eval(std::chrono::duration<double>(std::chrono::steady_clock::now() - t_eval).count());
 }
 

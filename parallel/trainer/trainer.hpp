@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "core/data/blend.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/cpu/float_env.hpp"
 #include "parallel/control/hook.hpp"
@@ -34,6 +35,14 @@ class MetricsLog;
 class TeiMeter;
 class StepLogger;
 class BlendSampler;
+
+// One evaluation (docs/config.md, "Data blends"): each source of data.val
+// evaluated alone, and val_loss = sum_s w_s * loss_s with the normalised
+// weights; one source: val_loss is its loss and by_source is empty.
+struct ValLoss {
+  double loss = 0;
+  std::vector<std::pair<std::string, double>> by_source;  // (path as written, loss), in order
+};
 
 struct TrainSummary {
   int64_t steps_done = 0;
@@ -65,7 +74,10 @@ class Trainer {
   // first save): the job goes on, so metrics.jsonl is appended to (the
   // earlier run's time counts in the TEI as lost) instead of started afresh.
   void continue_job_log() { continue_log_ = true; }
-  double evaluate();  // mean loss over the validation split (or eval_batches of it)
+  // Mean loss over the validation split (or eval_batches of it); a blend:
+  // the weighted mean of its sources' (evaluate_sources).
+  double evaluate() { return evaluate_sources().loss; }
+  ValLoss evaluate_sources();
   Model& model() { return engine_->model(); }
   Engine& engine() { return *engine_; }
   // A controller made by the caller (parallel.auto's re-planner lives above
@@ -78,6 +90,8 @@ class Trainer {
   // Fills micro-batch a's (B, T) inputs and targets of the step starting at first_sample.
   void fetch_micro_batch(int64_t first_sample, int64_t a, int32_t* in, int32_t* tg);
   void trace_pipeline_step();  // ADGT_PIPELINE_TRACE
+  // Mean loss over the first windows of one validation shard (validation.cpp).
+  double evaluate_shard(const TokenShard& shard);
   // Writes this step's checkpoint (checkpoint.async: copies the state to host
   // memory and starts the background write; wait: also commits it now).
   // Collective over the world.
@@ -165,7 +179,8 @@ class Trainer {
   // kernel), written to metrics.jsonl once it is open (log_decisions).
   std::vector<nlohmann::json> unlogged_;
   std::vector<std::unique_ptr<TokenShard>> train_shards_;  // one per blend source
-  std::unique_ptr<TokenShard> val_shard_;
+  std::vector<std::unique_ptr<TokenShard>> val_shards_;  // one per data.val source
+  std::vector<BlendSource> val_sources_;                  // their paths and normalised weights
   std::unique_ptr<BlendSampler> sampler_;
   int64_t step_ = 0;            // steps completed
   bool continue_log_ = false;   // continue_job_log()

@@ -194,9 +194,12 @@ TEST_CASE("wrong types say what was expected and what was found", "[config]") {
   CHECK(error_of("train:\n  seed: -1\n") ==
         "x.yaml:2: train.seed: expected an integer in [0, 2^64), got \"-1\"");
   CHECK(error_of("data:\n  train: [a]\n") ==
-        "x.yaml:2: data.train: expected a non-empty string, got a sequence");
+        "x.yaml:2: data.train[0]: expected a mapping {path: FILE, weight: W}, got \"a\"");
   CHECK(error_of("data:\n  train: ''\n") ==
-        "x.yaml:2: data.train: expected a non-empty string, got an empty string");
+        "x.yaml:2: data.train: expected a token file, a blend \"W1 FILE1 W2 FILE2 ...\", or a list of "
+        "{path: FILE, weight: W}, got an empty string");
+  CHECK(error_of("data:\n  tokenizer: [a]\n") ==
+        "x.yaml:2: data.tokenizer: expected a non-empty string, got a sequence");
   CHECK(error_of("model: 5\n") ==
         "x.yaml:1: model: expected a mapping of keys (vocab_size, d_model, n_layers, n_heads, "
         "n_kv_heads, ffn_hidden, seq_len, rope_theta, norm_eps, tie_embeddings, "
