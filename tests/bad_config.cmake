@@ -47,6 +47,8 @@ adgt_config_error(pp_interleaved_layers
   "^error: .*pp_interleaved_layers[.]yaml: model[.]n_layers=12 is not divisible by parallel[.]pp x parallel[.]virtual_stages = 2 x 4 = 8 stages: .*use virtual_stages in [{]2,3,6[}]")
 adgt_config_error(pp_stage_layers_entry
   "^error: .*pp_stage_layers_entry[.]yaml:11: parallel[.]stage_layers: expected a list of positive integers, got \"two\" at entry 2")
+adgt_config_error(blend_weight
+  "^error: .*blend_weight[.]yaml:7: data[.]val[[]1[]][.]weight: expected a number > 0, got -1")
 # The same rule in a real launch: reported once (rank 0) and the job ends
 # (mpirun's status is a rank's: 2). pp=2 on 2 ranks, 2 / (2 x 1) = 1 micro-batch.
 add_test(NAME config_error_pp_fewer_microbatches_np2
