@@ -1,11 +1,17 @@
 // data.train and data.val as a YAML list of {path, weight} (core/config_blend.hpp):
 // the list equals the shorthand "W A W B", --set takes either, every bad
 // entry is named by its key path and line, and to_yaml writes a blend back
-// as the list, which loads to the same configuration.
+// as the list, which loads to the same configuration. Also the eval record
+// and line of a data.val blend (core/metrics.hpp).
 #include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "core/config.hpp"
 #include "core/data/blend.hpp"
+#include "core/metrics.hpp"
 
 using namespace adgt;
 
@@ -114,4 +120,26 @@ TEST_CASE("blend: to_yaml writes a blend as its list, which loads back", "[confi
   t.source = "x.yaml";
   t.data.train = "0.3333333333333333 a 2 b";
   CHECK(load(to_yaml(t)) == t);
+}
+
+TEST_CASE("blend: the eval record and line carry each val source's loss", "[config]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(ADGT_BINARY_DIR) / "tmp" / "blend_eval_record";
+  fs::remove_all(dir);
+  {
+    MetricsLog log(dir.string(), false);
+    log.log_eval(4, 2.5);
+    log.log_eval(8, 0.75 * 2.0 + 0.25 * 3.0, {{"data/a", 2.0}, {"data/b/val.bin", 3.0}});
+  }
+  std::ifstream in(dir / "metrics.jsonl");
+  std::string one, two;
+  REQUIRE(std::getline(in, one));
+  REQUIRE(std::getline(in, two));
+  CHECK(nlohmann::json::parse(one) == nlohmann::json({{"step", 4}, {"val_loss", 2.5}}));
+  CHECK(nlohmann::json::parse(two) ==
+        nlohmann::json({{"step", 8}, {"val_loss", 2.25},
+                        {"val_loss_by_source", {{"data/a", 2.0}, {"data/b/val.bin", 3.0}}}}));
+  CHECK(format_val_loss(2.5, {}) == "val loss 2.5000");
+  CHECK(format_val_loss(2.25, {{"data/a", 2.0}, {"data/b/val.bin", 3.0}}) ==
+        "val loss 2.2500 (data/a 2.0000, data/b/val.bin 3.0000)");
 }
