@@ -23,8 +23,9 @@ micro_batch windows of seq_len + 1 tokens, stride seq_len), within 1e-5
 relative (the float32 forward), when torch is installed; the saved config
 (meta/config_yaml) holds the list and loads back to the same printout.
 
---ref-train OLD_ADGT_TRAIN (by hand, not in ctest): a build from before
-blends in data.val gives the lone-source run's val_loss bit for bit.
+--ref-train OLD_ADGT_TRAIN (or the environment's ADGT_REF_TRAIN; not set by
+ctest): a build from before blends in data.val gives the lone-source run's
+val_loss bit for bit.
 
 usage: blend_val.py --train ADGT_TRAIN --data ADGT_DATA --mpirun MPIRUN --model MODEL_YAML
                     --shards KJV_BYTE_DIR --text TEXT --work DIR [--ref-train OLD_ADGT_TRAIN]
@@ -84,7 +85,7 @@ def main():
     ap = argparse.ArgumentParser()
     for k in ("train", "data", "mpirun", "model", "shards", "text", "work"):
         ap.add_argument("--" + k, required=True)
-    ap.add_argument("--ref-train")
+    ap.add_argument("--ref-train", default=os.environ.get("ADGT_REF_TRAIN"))
     a = ap.parse_args()
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
