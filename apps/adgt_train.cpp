@@ -229,6 +229,11 @@ int train_or_evaluate(const Cli& cli, const adgt::RunConfig& cfg, const AutoPlan
                 "threads, copied to the backend in %.2f s)\n",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t_build).count(),
                 it.draw_s, omp_get_max_threads(), it.to_device_s);
+    const adgt::RunConfig& rc = trainer.config();
+    if (rc.train.document_mask || rc.model.rope_reset_per_document)
+      std::printf("documents: a new one after each token %ld;%s%s\n", long(rc.data.eos_id),
+                  rc.train.document_mask ? " attention masked at the boundaries" : "",
+                  rc.model.rope_reset_per_document ? " positions restart per document" : "");
   }
   if (ap.replan)  // re-plans while training when the ranks' measured speeds change
     trainer.add_controller_factory([replan = ap.replan](const adgt::RunConfig& c) {

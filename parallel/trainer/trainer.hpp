@@ -79,6 +79,9 @@ class Trainer {
   double evaluate() { return evaluate_sources().loss; }
   ValLoss evaluate_sources();
   Model& model() { return engine_->model(); }
+  // The run's configuration as the trainer resolved it (data.eos_id found for
+  // document masking).
+  const RunConfig& config() const { return cfg_; }
   Engine& engine() { return *engine_; }
   // A controller made by the caller (parallel.auto's re-planner lives above
   // this library): made now for the running layout, and again after every
