@@ -2,7 +2,8 @@
 //
 //   adgt-data prepare --input PATH [PATH ...] --out DIR [--vocab-size 4096 | --tokenizer MODEL|byte]
 //                     [--val-fraction 0.05] [--text-field text] [--split-on-blank-lines]
-//                     [--on-bad-record skip|fail]
+//                     [--on-bad-record skip|fail] [--workers N] [--progress auto|bar|lines|off]
+//                     [--resume | --force]
 //   adgt-data encode  --tokenizer SPEC --text "..."       ids, one line
 //   adgt-data decode  --tokenizer SPEC --ids "1 2 3"      text
 //   adgt-data info    --shard FILE [--head N]             header (+ first N tokens)
@@ -21,6 +22,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -31,38 +33,17 @@
 #include "core/data/token_shard.hpp"
 #include "core/data/tokenizer.hpp"
 
-namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
+#include "apps/data_prepare.hpp"
+#include "core/data/prepare/journal.hpp"
+#include "core/data/prepare/progress_meter.hpp"
+
+using namespace adgt_data;
 
 namespace {
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-uint64_t fnv1a64(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
-  return h;
-}
-
-struct PrepareArgs {
-  std::vector<std::string> inputs;  // files, directories, globs (core/data/text_sources.hpp)
-  std::string input;                // how the inputs are named in messages
-  std::string out, tokenizer;
-  int vocab_size = 4096;
-  double val_fraction = 0.05;
-  adgt::data::SourceOptions source;
-  std::string on_bad_record = "skip";
-  bool eos = true, bos = false;  // documents: end (and begin) each with the tokenizer's token
-  int workers = 0;               // encoding threads (0: OpenMP's default, every core)
-};
-
-// The corpus: every document of every input file, in order, with what was
-// read and what was skipped. `text` is the one document of a single-document
-// corpus (split into blocks as a text file always was).
+// A corpus of at most one document: its text (split into blocks as a text
+// file always was), with what was read and what was skipped.
 struct Corpus {
-  std::vector<std::string> docs;
   std::string text;
   std::vector<std::string> files, passed;
   int64_t documents = 0, empty = 0;
@@ -70,16 +51,26 @@ struct Corpus {
   std::string bad_summary;
 };
 
-Corpus read_corpus(const PrepareArgs& a) {
+struct SecondDocument {};  // thrown to stop reading: the corpus has several documents
+
+// Reads the inputs until a second document turns up: then nothing (the
+// streamed path reads them); else the corpus of the one document (or none).
+std::optional<Corpus> read_single_document(const PrepareArgs& a, const adgt::data::Inputs& in) {
   Corpus c;
-  adgt::data::Inputs in = adgt::data::expand_inputs(a.inputs);
-  c.files = std::move(in.files);
-  c.passed = std::move(in.passed);
+  c.files = in.files;
+  c.passed = in.passed;
   adgt::data::SourceOptions o = a.source;
   o.fail_on_bad = a.on_bad_record == "fail";
   adgt::data::DocumentSource src(o);
-  for (const std::string& f : c.files) src.read(f, [&](std::string_view d) { c.docs.emplace_back(d); });
-  if (c.docs.size() == 1) c.text = std::move(c.docs[0]);
+  try {
+    for (const std::string& f : c.files)
+      src.read(f, [&](std::string_view d) {
+        if (src.documents() > 1) throw SecondDocument{};
+        c.text = d;
+      });
+  } catch (const SecondDocument&) {
+    return std::nullopt;
+  }
   c.documents = src.documents();
   c.empty = src.empty();
   c.bad = src.bad();
@@ -87,120 +78,22 @@ Corpus read_corpus(const PrepareArgs& a) {
   return c;
 }
 
-// Says what was passed over and skipped: on stderr, and every bad record in
-// DIR/bad_records.txt ("FILE:LINE: why"; removed when there is none).
-void report_skipped(const Corpus& c, const fs::path& dir) {
-  if (!c.passed.empty())
-    std::fprintf(stderr, "adgt-data: note: %zu file(s) of no known format left out (the first: %s)\n",
-                 c.passed.size(), c.passed.front().c_str());
-  const fs::path bad_path = dir / "bad_records.txt";
-  std::error_code ec;
-  if (c.bad.empty()) {
-    fs::remove(bad_path, ec);
-    return;
-  }
-  std::ofstream out(bad_path);
-  for (const adgt::data::BadRecord& b : c.bad) out << b.file << ":" << b.line << ": " << b.why << "\n";
-  std::fprintf(stderr, "adgt-data: warning: %s; all of them in %s\n", c.bad_summary.c_str(),
-               bad_path.string().c_str());
-}
-
-// Checks the tokenizer arguments before any work (the vocab size is in range,
-// or the tokenizer is "byte" or a file), then creates --out.
-void check_tokenizer_args(const PrepareArgs& a) {
-  std::error_code ec;
-  if (a.tokenizer.empty()) {
-    if (a.vocab_size < adgt::kMinSentencePieceVocab || a.vocab_size > adgt::kMaxSentencePieceVocab)
-      throw std::runtime_error(
-          "--vocab-size " + std::to_string(a.vocab_size) + " is out of range; use a value in [" +
-          std::to_string(adgt::kMinSentencePieceVocab) + ", " +
-          std::to_string(adgt::kMaxSentencePieceVocab) + "], or --tokenizer byte");
-  } else if (a.tokenizer != "byte" && !fs::is_regular_file(a.tokenizer, ec)) {
-    throw std::runtime_error("--tokenizer '" + a.tokenizer +
-                             "' is not a file; pass a SentencePiece .model, a HuggingFace tokenizer.json "
-                             "or \"byte\"");
-  }
-  fs::create_directories(a.out, ec);
-  if (ec)
-    throw std::runtime_error("--out '" + a.out + "': cannot create directory: " + ec.message());
-}
-
-// The tokenizer the shards are written with: its spec (for Tokenizer::load)
-// and its entry in meta.json.
-struct TokenizerChoice {
-  std::string spec;
-  nlohmann::json meta;
-};
-
-// "byte"; a given SentencePiece model, copied into dir (with its .vocab when
-// there is one); or, without --tokenizer, a BPE model trained on the
-// training blocks of `text` only (the tokenizer never sees validation text).
+// The tokenizer of one document split into blocks: given, or a BPE model
+// trained on the training blocks of `text` only (the tokenizer never sees
+// validation text).
 TokenizerChoice make_tokenizer(const PrepareArgs& a, const fs::path& dir, const std::string& text,
                                const adgt::TextSplit& split) {
-  std::error_code ec;
-  TokenizerChoice t;
-  const fs::path model_dst = dir / "tokenizer.model", vocab_dst = dir / "tokenizer.vocab";
-  if (a.tokenizer == "byte") {
-    t.spec = "byte";
-    t.meta = {{"kind", "byte"}, {"path", "byte"}, {"trained", false}};
-    fs::remove(model_dst, ec);  // no stale model from an earlier run beside byte shards
-    fs::remove(vocab_dst, ec);
-  } else if (adgt::is_hf_tokenizer_spec(a.tokenizer)) {
-    // A tokenizer.json, copied into dir under that name (no .model beside it).
-    adgt::Tokenizer::load(a.tokenizer);  // fail here, naming the original and the key
-    const fs::path json_dst = dir / "tokenizer.json";
-    if (!fs::exists(json_dst) || !fs::equivalent(a.tokenizer, json_dst)) {
-      fs::copy_file(a.tokenizer, json_dst, fs::copy_options::overwrite_existing, ec);
-      if (ec)
-        throw std::runtime_error("cannot copy --tokenizer '" + a.tokenizer + "' to '" + json_dst.string() +
-                                 "': " + ec.message());
-      // tokenizer_config.json names the end and beginning tokens: it goes along.
-      const fs::path cfg_src = fs::path(a.tokenizer).parent_path() / "tokenizer_config.json";
-      if (fs::is_regular_file(cfg_src, ec))
-        fs::copy_file(cfg_src, dir / "tokenizer_config.json", fs::copy_options::overwrite_existing, ec);
-      else
-        fs::remove(dir / "tokenizer_config.json", ec);
-    }
-    fs::remove(model_dst, ec);
-    fs::remove(vocab_dst, ec);
-    t.spec = json_dst.string();
-    t.meta = {{"kind", "hf-bpe"}, {"path", t.spec}, {"trained", false}, {"copied_from", a.tokenizer}};
-  } else if (!a.tokenizer.empty()) {
-    adgt::Tokenizer::load(a.tokenizer);  // fail here, naming the original, if it is not a model
-    if (!fs::exists(model_dst) || !fs::equivalent(a.tokenizer, model_dst)) {
-      fs::copy_file(a.tokenizer, model_dst, fs::copy_options::overwrite_existing, ec);
-      if (ec)
-        throw std::runtime_error("cannot copy --tokenizer '" + a.tokenizer + "' to '" +
-                                 model_dst.string() + "': " + ec.message());
-      const fs::path vocab_src = fs::path(a.tokenizer).replace_extension(".vocab");
-      if (fs::is_regular_file(vocab_src, ec))
-        fs::copy_file(vocab_src, vocab_dst, fs::copy_options::overwrite_existing, ec);
-      else
-        fs::remove(vocab_dst, ec);
-    }
-    t.spec = model_dst.string();
-    t.meta = {{"kind", "sentencepiece"},
-              {"path", t.spec},
-              {"trained", false},
-              {"copied_from", a.tokenizer}};
-  } else {
-    std::string train_text;
-    train_text.reserve(text.size());
-    for (const auto& b : split.blocks)
-      if (!b.val) train_text.append(text, b.begin, b.end - b.begin);
-    const std::string prefix = (dir / "tokenizer").string();
-    std::printf("training SentencePiece BPE (vocab %d) on %zu bytes of %s ...\n", a.vocab_size,
-                train_text.size(), a.input.c_str());
-    std::fflush(stdout);
-    adgt::train_sentencepiece_text(train_text, prefix, a.vocab_size, a.input);
-    t.spec = prefix + ".model";
-    t.meta = {{"kind", "sentencepiece"},
-              {"path", t.spec},
-              {"trained", true},
-              {"vocab_size_requested", a.vocab_size},
-              {"model_type", "bpe"}};
-  }
-  return t;
+  if (!a.tokenizer.empty()) return given_tokenizer(a, dir);
+  std::string train_text;
+  train_text.reserve(text.size());
+  for (const auto& b : split.blocks)
+    if (!b.val) train_text.append(text, b.begin, b.end - b.begin);
+  const std::string prefix = (dir / "tokenizer").string();
+  std::printf("training SentencePiece BPE (vocab %d) on %zu bytes of %s ...\n", a.vocab_size,
+              train_text.size(), a.input.c_str());
+  std::fflush(stdout);
+  adgt::train_sentencepiece_text(train_text, prefix, a.vocab_size, a.input);
+  return trained_tokenizer(a, dir);
 }
 
 // The token ids of the training and validation blocks, and the text bytes
@@ -267,126 +160,23 @@ nlohmann::json prepare_meta(const PrepareArgs& a, const Corpus& corpus, const ad
   };
 }
 
-// Several documents (docs/data-format.md, "Documents"): each is encoded on
-// its own and written as [bos] ids [eos] (bos with --bos; eos unless
-// --no-eos, when the tokenizer has one, else the text "\n\n" between
-// documents), document d goes to validation iff k > 0 and d % k == k-1 (the
-// last one when none does), and both shards are version 2 with the document
-// index. The tokenizer is trained on the training documents only.
-int prepare_documents(const PrepareArgs& a, Corpus& corpus, Clock::time_point t_start) {
-  const size_t n = corpus.docs.size();
-  if (!(a.val_fraction >= 0.0 && a.val_fraction <= 0.5))
-    throw std::runtime_error("--val-fraction " + std::to_string(a.val_fraction) +
-                             " is out of range; use a value in [0, 0.5] (e.g. 0.05)");
-  const int64_t k = a.val_fraction > 0 ? std::max<int64_t>(2, std::llround(1.0 / a.val_fraction)) : 0;
-  std::vector<char> val(n, 0);
-  for (size_t d = 0; d < n; ++d) val[d] = k > 0 && int64_t(d) % k == k - 1;
-  if (k > 0 && std::find(val.begin(), val.end(), 1) == val.end()) val[n - 1] = 1;
-  check_tokenizer_args(a);
-  const fs::path dir(a.out);
-  const double t_read = seconds_since(t_start);
-
-  const auto t_tok = Clock::now();
-  std::string train_text;  // the tokenizer never sees validation documents
-  for (size_t d = 0; d < n; ++d)
-    if (!val[d]) train_text.append(corpus.docs[d]).append("\n");
-  adgt::TextSplit whole;
-  whole.blocks.push_back({0, train_text.size(), false});
-  TokenizerChoice choice = make_tokenizer(a, dir, train_text, whole);
-  train_text = std::string();
-  const auto tok = adgt::Tokenizer::load(choice.spec);
-  const int64_t vocab = tok->vocab_size();
-  choice.meta["vocab_size"] = vocab;
-  const int32_t eos = a.eos ? tok->eos_id() : -1, bos = a.bos ? tok->bos_id() : -1;
-  if (a.bos && bos < 0)
-    throw std::runtime_error("--bos: tokenizer '" + choice.spec + "' has no beginning-of-document token");
-  std::vector<int32_t> gap;  // between documents when there is no eos token
-  if (eos < 0 && a.eos) {
-    gap = tok->encode("\n\n");
-    std::fprintf(stderr, "adgt-data: note: tokenizer '%s' has no end-of-document token; documents are "
-                         "separated by the text \"\\n\\n\" instead\n", choice.spec.c_str());
-  }
-  const double t_train = seconds_since(t_tok);
-
-  const auto t_enc = Clock::now();
-  const std::vector<std::string_view> views(corpus.docs.begin(), corpus.docs.end());
-  const auto encoded = tok->encode_batch(views);
-  std::vector<int32_t> shard[2];
-  std::vector<int64_t> starts[2];
-  size_t bytes[2] = {0, 0}, docs[2] = {0, 0};
-  for (size_t d = 0; d < n; ++d) {
-    const int s = val[d] ? 1 : 0;
-    if (!gap.empty() && !shard[s].empty()) shard[s].insert(shard[s].end(), gap.begin(), gap.end());
-    starts[s].push_back(int64_t(shard[s].size()));
-    if (bos >= 0) shard[s].push_back(bos);
-    shard[s].insert(shard[s].end(), encoded[d].begin(), encoded[d].end());
-    if (eos >= 0) shard[s].push_back(eos);
-    bytes[s] += corpus.docs[d].size();
-    ++docs[s];
-  }
-  const double t_encode = seconds_since(t_enc);
-  const bool lossless = tok->decode(encoded.front()) == corpus.docs.front();
-  if (!lossless)
-    std::fprintf(stderr, "adgt-data: warning: tokenizer '%s' does not reproduce the text exactly "
-                         "(decode(encode(document 0)) != document 0); it normalises text\n", choice.spec.c_str());
-
-  const auto t_wr = Clock::now();
-  const std::string train_path = (dir / "train.bin").string(), val_path = (dir / "val.bin").string();
-  adgt::write_token_shard(train_path, shard[0], vocab, starts[0]);
-  adgt::write_token_shard(val_path, shard[1], vocab, starts[1]);
-  if (shard[1].empty())
-    std::fprintf(stderr, "adgt-data: warning: %s is empty (--val-fraction %g); evaluation will have nothing to read\n",
-                 val_path.c_str(), a.val_fraction);
-  report_skipped(corpus, dir);
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (const std::string& d : corpus.docs) {
-    h = (h ^ fnv1a64(d)) * 0x100000001b3ULL;
-  }
-  char hash[17];
-  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(h));
-  const nlohmann::json meta = {
-      {"format", "adgt token shard v2 with a document index (docs/data-format.md)"},
-      {"source",
-       {{"path", a.input}, {"files", corpus.files}, {"documents", n}, {"bad_records", corpus.bad.size()},
-        {"bytes", bytes[0] + bytes[1]}, {"fnv1a64_of_documents", hash}}},
-      {"tokenizer", choice.meta},
-      {"vocab_size", vocab},
-      {"dtype", adgt::token_dtype_for_vocab(vocab) == adgt::kTokenDtypeU16 ? "uint16" : "uint32"},
-      {"lossless", lossless},
-      {"documents",
-       {{"eos_id", eos}, {"bos_id", bos}, {"separator", gap.empty() ? "eos token" : "\"\\n\\n\" (no eos token)"}}},
-      {"split",
-       {{"val_fraction", a.val_fraction},
-        {"k", k},
-        {"rule", "document d is val iff k > 0 and d % k == k-1 (the last document if none qualifies)"}}},
-      {"train", {{"path", train_path}, {"tokens", shard[0].size()}, {"documents", docs[0]}, {"text_bytes", bytes[0]}}},
-      {"val", {{"path", val_path}, {"tokens", shard[1].size()}, {"documents", docs[1]}, {"text_bytes", bytes[1]}}},
-  };
-  const std::string meta_path = (dir / "meta.json").string();
-  {
-    std::ofstream mf(meta_path);
-    mf << meta.dump(2) << "\n";
-    if (!mf) throw std::runtime_error("cannot write '" + meta_path + "'");
-  }
-  const double t_write = seconds_since(t_wr);
-  std::printf("inputs     %zu file(s), %zu documents, %zu bad record(s) skipped\n", corpus.files.size(), n,
-              corpus.bad.size());
-  std::printf("tokenizer  %s (%s), vocab %lld, eos %d, bos %d\n", choice.spec.c_str(), tok->kind().c_str(),
-              static_cast<long long>(vocab), eos, bos);
-  std::printf("train      %s: %zu tokens, %zu documents\n", train_path.c_str(), shard[0].size(), docs[0]);
-  std::printf("val        %s: %zu tokens, %zu documents (every %lld-th)\n", val_path.c_str(), shard[1].size(), docs[1],
-              static_cast<long long>(k));
-  std::printf("meta       %s\n", meta_path.c_str());
-  std::printf("time       %.2f s total: read %.2f, tokenizer %.2f, encode %.2f, write %.2f\n",
-              seconds_since(t_start), t_read, t_train, t_encode, t_write);
-  return 0;
-}
-
 int prepare(const PrepareArgs& a) {
   const auto t_start = Clock::now();
   if (a.workers > 0) omp_set_num_threads(a.workers);
-  Corpus corpus = read_corpus(a);
-  if (corpus.docs.size() > 1) return prepare_documents(a, corpus, t_start);
+  adgt::data::progress_mode(a.progress);  // a bad --progress fails before any work
+  const adgt::data::Inputs in = adgt::data::expand_inputs(a.inputs);
+  const std::string journal = (fs::path(a.out) / adgt::data::kJournalName).string();
+  const auto j = a.force ? std::nullopt : adgt::data::read_journal(journal);
+  if (j && !j->done && !a.resume)
+    throw std::runtime_error("--out '" + a.out + "' holds an unfinished prepare (" + journal + ": " +
+                             std::to_string(j->files.size()) + " input file(s) done); pass --resume to go on " +
+                             "from there, or --force to start over");
+  if (j && a.resume) return prepare_documents(a, in, t_start);  // only the streamed path keeps a journal
+  const std::optional<Corpus> one = read_single_document(a, in);
+  if (!one) return prepare_documents(a, in, t_start);
+  const Corpus& corpus = *one;
+  std::error_code ec;
+  fs::remove(journal, ec);  // one document: no journal (and none left from another run)
   const std::string& text = corpus.text;
   if (text.find_first_not_of(" \t\r\n") == std::string::npos)
     throw std::runtime_error("--input '" + a.input + "' is empty (no non-blank text" +
@@ -433,14 +223,10 @@ int prepare(const PrepareArgs& a) {
                  "adgt-data: warning: %s is empty (--val-fraction %g); evaluation "
                  "will have nothing to read\n",
                  val_path.c_str(), a.val_fraction);
-  report_skipped(corpus, dir);
+  report_skipped(corpus.passed, corpus.bad, dir);
   const nlohmann::json meta = prepare_meta(a, corpus, split, choice.meta, vocab, lossless, enc, train_path, val_path);
   const std::string meta_path = (dir / "meta.json").string();
-  {
-    std::ofstream mf(meta_path);
-    mf << meta.dump(2) << "\n";
-    if (!mf) throw std::runtime_error("cannot write '" + meta_path + "'");
-  }
+  write_meta(meta_path, meta);
   const double t_write = seconds_since(t_wr);
 
   if (corpus.files.size() > 1 || corpus.documents > 1)
@@ -503,6 +289,15 @@ CLI::App* add_prepare(CLI::App& app, PrepareArgs& pa) {
   prep->add_flag("--bos", pa.bos, "several documents: begin each with the beginning-of-document token");
   prep->add_option("--workers", pa.workers, "encoding threads (default: every core)")
       ->check(CLI::NonNegativeNumber);
+  prep->add_option("--progress", pa.progress,
+                   "on stderr: bar (one line redrawn), lines (every few seconds), off, or auto (bar on a "
+                   "terminal, else lines)")
+      ->check(CLI::IsMember({"auto", "bar", "lines", "off"}))
+      ->capture_default_str();
+  auto* resume = prep->add_flag("--resume", pa.resume,
+                                "go on from where an interrupted prepare into --out stopped (its "
+                                "prepare.journal.jsonl); the output is that of an uninterrupted run");
+  prep->add_flag("--force", pa.force, "start over even when --out holds an unfinished prepare")->excludes(resume);
   prep->add_option("--out", pa.out, "output directory (created)")->required();
   auto* vs = prep->add_option("--vocab-size", pa.vocab_size,
                               "train a SentencePiece BPE tokenizer of this size")

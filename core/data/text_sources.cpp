@@ -212,6 +212,11 @@ void DocumentSource::json_line(const std::string& file, int64_t line, std::strin
 void DocumentSource::read(const std::string& path, const DocumentFn& doc) {
   const TextFormat format = text_format_of(path);
   ByteStream in(path);
+  stream_ = &in;
+  struct Unset {
+    const ByteStream*& p;
+    ~Unset() { p = nullptr; }
+  } unset{stream_};
   int64_t last = 0;
   try {
     if (format == TextFormat::JsonLines) {
@@ -248,7 +253,9 @@ void DocumentSource::read(const std::string& path, const DocumentFn& doc) {
   }
 }
 
-std::string DocumentSource::bad_summary() const {
+int64_t DocumentSource::file_bytes_read() const { return stream_ ? stream_->file_bytes() : 0; }
+
+std::string bad_summary(const std::vector<BadRecord>& bad_) {
   if (bad_.empty()) return "";
   std::map<std::string, int64_t> per_file;
   for (const BadRecord& b : bad_) ++per_file[b.file];

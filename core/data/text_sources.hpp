@@ -58,6 +58,11 @@ struct BadRecord {
   std::string why;
 };
 
+// "N bad records skipped (K in FILE, ...; the first: ...)" or "" when none.
+std::string bad_summary(const std::vector<BadRecord>& bad);
+
+class ByteStream;
+
 class DocumentSource {
  public:
   using DocumentFn = std::function<void(std::string_view)>;
@@ -70,7 +75,10 @@ class DocumentSource {
   int64_t empty() const { return empty_; }          // empty texts, skipped
   int64_t text_bytes() const { return text_bytes_; }  // bytes of the documents handed on
   // "N bad records skipped (K in FILE, ...)" or "" when none.
-  std::string bad_summary() const;
+  std::string bad_summary() const { return data::bad_summary(bad_); }
+  // Inside `doc`: the bytes of the file being read consumed so far
+  // (compressed bytes for .gz and .zst); 0 outside read().
+  int64_t file_bytes_read() const;
 
  private:
   void bad(const std::string& file, int64_t line, const std::string& why);
@@ -78,6 +86,7 @@ class DocumentSource {
   void json_line(const std::string& file, int64_t line, std::string_view text, const DocumentFn& doc);
 
   SourceOptions o_;
+  const ByteStream* stream_ = nullptr;  // during read()
   std::vector<std::string> field_path_;
   std::vector<BadRecord> bad_;
   int64_t documents_ = 0, empty_ = 0, text_bytes_ = 0;

@@ -209,14 +209,12 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& spec) {
   return std::make_unique<SentencePieceTokenizer>(spec);
 }
 
+size_t sentencepiece_sample_step(size_t lines, size_t bytes) {
+  return std::max<size_t>({1, (lines + kMaxTrainLines - 1) / kMaxTrainLines, (bytes + kMaxTrainBytes - 1) / kMaxTrainBytes});
+}
+
 void train_sentencepiece_text(std::string_view text, const std::string& model_prefix,
                               int vocab_size, const std::string& source) {
-  if (vocab_size < kMinSentencePieceVocab || vocab_size > kMaxSentencePieceVocab)
-    throw std::runtime_error("vocab size " + std::to_string(vocab_size) + " for '" + source +
-                             "' is out of range; use a value in [" +
-                             std::to_string(kMinSentencePieceVocab) + ", " +
-                             std::to_string(kMaxSentencePieceVocab) +
-                             "] (256 byte pieces + specials + merges), or --tokenizer byte");
   // Split into lines (no '\n'; a trailing '\r' is kept: identity normalisation).
   std::vector<std::string_view> lines;
   size_t total = 0;
@@ -230,15 +228,28 @@ void train_sentencepiece_text(std::string_view text, const std::string& model_pr
     }
     pos = nl + 1;
   }
+  // Deterministic subsample: every k-th line when over the caps.
+  const size_t k = sentencepiece_sample_step(lines.size(), total);
+  std::vector<std::string_view> sampled;
+  sampled.reserve(lines.size() / k + 1);
+  for (size_t i = 0; i < lines.size(); i += k) sampled.push_back(lines[i]);
+  train_sentencepiece_lines(sampled, model_prefix, vocab_size, source);
+}
+
+void train_sentencepiece_lines(const std::vector<std::string_view>& lines, const std::string& model_prefix,
+                               int vocab_size, const std::string& source) {
+  if (vocab_size < kMinSentencePieceVocab || vocab_size > kMaxSentencePieceVocab)
+    throw std::runtime_error("vocab size " + std::to_string(vocab_size) + " for '" + source +
+                             "' is out of range; use a value in [" +
+                             std::to_string(kMinSentencePieceVocab) + ", " +
+                             std::to_string(kMaxSentencePieceVocab) +
+                             "] (256 byte pieces + specials + merges), or --tokenizer byte");
   if (lines.empty())
     throw std::runtime_error("tokenizer training text '" + source +
                              "' has no non-blank lines; give it some text");
-  // Deterministic subsample: every k-th line when over the caps.
-  const size_t k = std::max<size_t>({1, (lines.size() + kMaxTrainLines - 1) / kMaxTrainLines,
-                                     (total + kMaxTrainBytes - 1) / kMaxTrainBytes});
   std::vector<std::string> sentences;
-  sentences.reserve(lines.size() / k + 1);
-  for (size_t i = 0; i < lines.size(); i += k) push_cut(lines[i], sentences);
+  sentences.reserve(lines.size());
+  for (std::string_view l : lines) push_cut(l, sentences);
 
   const std::unordered_map<std::string, std::string> args = {
       {"model_prefix", model_prefix},

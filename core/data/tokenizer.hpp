@@ -57,6 +57,15 @@ void train_sentencepiece(const std::string& corpus_path, const std::string& mode
 void train_sentencepiece_text(std::string_view text, const std::string& model_prefix,
                               int vocab_size, const std::string& source = "<text>");
 
+// The k of "every k-th line" above for a text of `lines` non-blank lines
+// holding `bytes` bytes (1 when under both caps).
+size_t sentencepiece_sample_step(size_t lines, size_t bytes);
+// The training itself on lines already chosen (non-blank, no '\n'): what
+// train_sentencepiece_text does after sampling. A streamed corpus counts its
+// lines first, then hands over every k-th one (the same model, bounded memory).
+void train_sentencepiece_lines(const std::vector<std::string_view>& lines, const std::string& model_prefix,
+                               int vocab_size, const std::string& source);
+
 // Smallest/largest vocab size train_sentencepiece accepts: 256 byte pieces,
 // 3 specials, and room for characters and merges.
 inline constexpr int kMinSentencePieceVocab = 320;
