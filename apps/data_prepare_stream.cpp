@@ -210,6 +210,8 @@ void stream_files(const PrepareArgs& a, const adgt::data::Inputs& in, Stream& s,
   adgt::data::ProgressMeter progress(adgt::data::progress_mode(a.progress), total, done);
   const char* stop_env = std::getenv("ADGT_DATA_TEST_STOP_AFTER_FILES");  // tests: an interruption
   const int64_t stop_after = stop_env ? std::atoll(stop_env) : -1;
+  const char* batch_env = std::getenv("ADGT_DATA_TEST_BATCH_DOCS");  // tests: batches cut mid-file
+  const size_t batch_docs = batch_env && std::atoll(batch_env) > 0 ? size_t(std::atoll(batch_env)) : kBatchDocs;
   for (size_t f = size_t(s.st.files_done); f < in.files.size(); ++f) {
     adgt::data::DocumentSource src(source_options(a));
     std::vector<std::string> batch;
@@ -217,7 +219,7 @@ void stream_files(const PrepareArgs& a, const adgt::data::Inputs& in, Stream& s,
     src.read(in.files[f], [&](std::string_view d) {
       batch.emplace_back(d);
       batch_bytes += d.size();
-      if (batch_bytes >= kBatchBytes || batch.size() >= kBatchDocs) write_batch(s, batch), batch_bytes = 0;
+      if (batch_bytes >= kBatchBytes || batch.size() >= batch_docs) write_batch(s, batch), batch_bytes = 0;
       progress.update(done + src.file_bytes_read(), s.st.documents + int64_t(batch.size()),
                       s.st.side[0].tokens + s.st.side[1].tokens);
     });

@@ -62,6 +62,16 @@ add_test(NAME data_prepare_inputs
   COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/data/prepare_inputs.py --data ${_data}
           --text ${ADGT_DATA_E2E}/input.txt --work ${ADGT_DATA_E2E}/inputs)
 
+# Streaming (docs/data-format.md, "Streaming and --resume"): --workers 1,
+# --workers 2 in batches of 3 documents and a run stopped after 2 of 5 files
+# then --resume'd write the same bytes, equal to the fixture made by the
+# whole-corpus encoding from before streaming; one test per tokenizer case.
+foreach(case byte json_bos bpe last_to_val)
+  add_test(NAME data_prepare_stream_${case}
+    COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/data/prepare_stream.py --data ${_data} --case ${case}
+            --work ${ADGT_DATA_E2E}/stream_${case})
+endforeach()
+
 # Errors exit non-zero and name the file / flag.
 function(adgt_data_error_test name pattern)
   add_test(NAME ${name}
