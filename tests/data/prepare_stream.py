@@ -136,7 +136,9 @@ def one_case(exe, work, name, n, args, golden, write_golden):
     again = run(exe, args, cw)
     if again.returncode == 0 or "--resume" not in again.stderr or "--force" not in again.stderr:
         fails.append(f"{name}: an unfinished --out without --resume: exit {again.returncode}, {again.stderr!r}")
-    other = run(exe, args + ["--resume", "--val-fraction", "0.25"], cw)
+    changed = list(args)
+    changed[changed.index("--val-fraction") + 1] = "0.25"
+    other = run(exe, changed + ["--resume"], cw)
     if other.returncode == 0 or "option val_fraction" not in other.stderr:
         fails.append(f"{name}: --resume with another --val-fraction: exit {other.returncode}, {other.stderr!r}")
     resumed = run(exe, args + ["--resume", "--workers", "2"], cw)
