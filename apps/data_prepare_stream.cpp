@@ -2,7 +2,8 @@
 // "Documents" and "Streaming and --resume"): each input file is read a batch
 // of documents at a time, the batch encoded on --workers threads and
 // appended to the shards; after each file the shards are fsynced and a line
-// goes into DIR/prepare.journal.jsonl, so memory stays flat in the corpus
+// goes into DIR/prepare.journal.jsonl (the reading runs ahead on a thread
+// of its own, core/data/prepare/batch_reader.hpp), so memory stays flat in the corpus
 // size and an interrupted run goes on with --resume. The bytes written are
 // those of encoding the whole corpus at once.
 #include <omp.h>
@@ -16,6 +17,7 @@
 #include <stdexcept>
 
 #include "apps/data_prepare.hpp"
+#include "core/data/prepare/batch_reader.hpp"
 #include "core/data/prepare/journal.hpp"
 #include "core/data/prepare/progress_meter.hpp"
 #include "core/data/prepare/shard_appender.hpp"
@@ -27,7 +29,7 @@ namespace {
 using adgt::data::PrepareState;
 using adgt::data::ShardAppender;
 
-constexpr size_t kBatchBytes = size_t(8) << 20;  // text encoded at once
+constexpr size_t kBatchBytes = size_t(4) << 20;  // text encoded at once
 constexpr size_t kBatchDocs = 1 << 16;
 
 // Document d is validation iff k > 0 and d % k == k-1 (and, when none is,
@@ -175,7 +177,7 @@ struct Stream {
 };
 
 // Encodes a batch of documents on all threads and appends them in order.
-void write_batch(Stream& s, std::vector<std::string>& docs) {
+void write_batch(Stream& s, const std::vector<std::string>& docs) {
   if (docs.empty()) return;
   const std::vector<std::string_view> views(docs.begin(), docs.end());
   const auto encoded = s.tok.encode_batch(views);
@@ -197,11 +199,11 @@ void write_batch(Stream& s, std::vector<std::string>& docs) {
     s.st.last_doc_bytes = int64_t(docs[i].size());
     ++s.st.documents;
   }
-  docs.clear();
 }
 
-// Reads, encodes and writes input files from st.files_done on; after each,
-// the shards are fsynced and its journal line written.
+// Reads (on the reader's thread), encodes (on --workers threads) and writes
+// input files from st.files_done on; after each, the shards are fsynced and
+// its journal line written.
 void stream_files(const PrepareArgs& a, const adgt::data::Inputs& in, Stream& s, const std::string& journal) {
   std::vector<int64_t> sizes;
   int64_t total = 0, done = 0;
@@ -212,27 +214,21 @@ void stream_files(const PrepareArgs& a, const adgt::data::Inputs& in, Stream& s,
   const int64_t stop_after = stop_env ? std::atoll(stop_env) : -1;
   const char* batch_env = std::getenv("ADGT_DATA_TEST_BATCH_DOCS");  // tests: batches cut mid-file
   const size_t batch_docs = batch_env && std::atoll(batch_env) > 0 ? size_t(std::atoll(batch_env)) : kBatchDocs;
-  for (size_t f = size_t(s.st.files_done); f < in.files.size(); ++f) {
-    adgt::data::DocumentSource src(source_options(a));
-    std::vector<std::string> batch;
-    size_t batch_bytes = 0;
-    src.read(in.files[f], [&](std::string_view d) {
-      batch.emplace_back(d);
-      batch_bytes += d.size();
-      if (batch_bytes >= kBatchBytes || batch.size() >= batch_docs) write_batch(s, batch), batch_bytes = 0;
-      progress.update(done + src.file_bytes_read(), s.st.documents + int64_t(batch.size()),
-                      s.st.side[0].tokens + s.st.side[1].tokens);
-    });
-    write_batch(s, batch);
+  adgt::data::BatchReader reader(in.files, size_t(s.st.files_done), source_options(a), kBatchBytes, batch_docs);
+  for (adgt::data::DocumentBatch b; reader.next(b);) {
+    write_batch(s, b.docs);
+    const int64_t tokens = s.st.side[0].tokens + s.st.side[1].tokens;
+    progress.update(done + b.file_bytes_read, s.st.documents, tokens);
+    if (!b.file_end) continue;
     const size_t bad_from = s.st.bad.size();
-    s.st.bad.insert(s.st.bad.end(), src.bad().begin(), src.bad().end());
-    s.st.empty += src.empty();
+    s.st.bad.insert(s.st.bad.end(), b.bad.begin(), b.bad.end());
+    s.st.empty += b.empty;
     s.shard[0]->sync();
     s.shard[1]->sync();
-    s.st.files_done = int64_t(f) + 1;
-    adgt::data::append_journal(journal, adgt::data::file_record(s.st, int64_t(f), in.files[f], bad_from));
-    done += sizes[f];
-    progress.update(done, s.st.documents, s.st.side[0].tokens + s.st.side[1].tokens);
+    s.st.files_done = int64_t(b.file) + 1;
+    adgt::data::append_journal(journal, adgt::data::file_record(s.st, int64_t(b.file), in.files[b.file], bad_from));
+    done += sizes[b.file];
+    progress.update(done, s.st.documents, tokens);
     if (s.st.files_done == stop_after)
       throw std::runtime_error("stopped after " + std::to_string(stop_after) +
                                " input file(s) (ADGT_DATA_TEST_STOP_AFTER_FILES); go on with --resume");
