@@ -255,12 +255,12 @@ void DocumentSource::read(const std::string& path, const DocumentFn& doc) {
 
 int64_t DocumentSource::file_bytes_read() const { return stream_ ? stream_->file_bytes() : 0; }
 
-std::string bad_summary(const std::vector<BadRecord>& bad_) {
-  if (bad_.empty()) return "";
+std::string bad_summary(const std::vector<BadRecord>& bad) {
+  if (bad.empty()) return "";
   std::map<std::string, int64_t> per_file;
-  for (const BadRecord& b : bad_) ++per_file[b.file];
+  for (const BadRecord& b : bad) ++per_file[b.file];
   std::ostringstream os;
-  os << bad_.size() << " bad record" << (bad_.size() == 1 ? "" : "s") << " skipped (";
+  os << bad.size() << " bad record" << (bad.size() == 1 ? "" : "s") << " skipped (";
   int shown = 0;
   for (const auto& [f, n] : per_file) {
     if (shown++ == 5) {
@@ -269,7 +269,7 @@ std::string bad_summary(const std::vector<BadRecord>& bad_) {
     }
     os << (shown > 1 ? ", " : "") << n << " in " << f;
   }
-  os << "; the first: " << bad_[0].file << ":" << bad_[0].line << ": " << bad_[0].why << ")";
+  os << "; the first: " << bad[0].file << ":" << bad[0].line << ": " << bad[0].why << ")";
   return os.str();
 }
 

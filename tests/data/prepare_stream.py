@@ -10,7 +10,8 @@
     after 2 of the 5 input files (ADGT_DATA_TEST_STOP_AFTER_FILES) then
     --resume'd, give the same bytes in every file, journal included;
   - an unfinished directory is refused without --resume (naming --resume and
-    --force), and --resume with another option is refused naming it.
+    --force), --resume with another option is refused naming it, and
+    --force starts it over (the same bytes again).
 
 Cases: byte (no end token: "\\n\\n" between documents), tokenizer.json with
 end and beginning tokens (--bos), a SentencePiece model trained here (two
@@ -145,8 +146,10 @@ def one_case(exe, work, name, n, args, golden, write_golden):
     if "resuming after 2 of 5 input file(s)" not in resumed.stdout:
         fails.append(f"{name}: --resume did not say where it goes on: {resumed.stdout!r}")
     finished("resumed", resumed)
+    run(exe, args, cw, {"ADGT_DATA_TEST_STOP_AFTER_FILES": "3"})
+    finished("forced", run(exe, args + ["--force"], cw))  # an unfinished --out started over
     ref = results.get("workers1", {})
-    for label in ("workers2", "resumed"):
+    for label in ("workers2", "resumed", "forced"):
         got = results.get(label)
         if got is None:
             continue
