@@ -287,7 +287,8 @@ CLI::App* add_prepare(CLI::App& app, PrepareArgs& pa) {
   prep->add_flag("--eos,!--no-eos", pa.eos,
                  "several documents: end each with the tokenizer's end-of-document token (default on)");
   prep->add_flag("--bos", pa.bos, "several documents: begin each with the beginning-of-document token");
-  prep->add_option("--workers", pa.workers, "encoding threads (default: every core)")
+  prep->add_option("--workers", pa.workers,
+                   "encoding threads (default: every core); several documents: one more thread reads ahead")
       ->check(CLI::NonNegativeNumber);
   prep->add_option("--progress", pa.progress,
                    "on stderr: bar (one line redrawn), lines (every few seconds), off, or auto (bar on a "
