@@ -78,6 +78,10 @@ void start_journal(const std::string& path, const nlohmann::json& header) {
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) fail(path, "cannot rename " + tmp + " into place: " + ec.message());
+  // The rename itself durable: fsync the directory.
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) ::fsync(dfd), ::close(dfd);
 }
 
 void append_journal(const std::string& path, const nlohmann::json& line) {
