@@ -6,7 +6,8 @@ prepares each with a byte-level tokenizer.json (GPT-2's byte alphabet and
 <|endoftext|>, tests/byte_level_tokenizer.py) under `/usr/bin/time -v`, and
 prints each run's peak RSS and tokens/s, the large/small RSS ratio at each
 worker count (the target: within 1.10, memory flat in the corpus size) and
-the tokens/s of --workers 2 over --workers 1. Each run is checked: it exits
+the tokens/s of --workers 2 over --workers 1 (with the CPU seconds of each
+run and the load average, since a shared machine moves wall-clock rates). Each run is checked: it exits
 0 and meta.json's token and document counts add up to the shards' headers.
 Everything is written under --work and removed at the end (--keep keeps it).
 
@@ -79,6 +80,7 @@ def prepare(data, corpus, out, tok, workers):
     if r.returncode:
         sys.exit(f"FAILED: {' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-3000:]}")
     rss_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", r.stderr).group(1))
+    cpu = sum(float(re.search(rf"{k} time \(seconds\): ([0-9.]+)", r.stderr).group(1)) for k in ("User", "System"))
     m = re.search(r"read\+encode\+write ([0-9.]+) \(([0-9.]+) tokens/s", r.stdout)
     meta = json.load(open(os.path.join(out, "meta.json")))
     for side in ("train", "val"):
@@ -87,7 +89,7 @@ def prepare(data, corpus, out, tok, workers):
             sys.exit(f"FAILED: {out}/{side}.bin holds {count} tokens, {docs} documents; meta.json says "
                      f"{meta[side]['tokens']}, {meta[side]['documents']}")
     tokens = meta["train"]["tokens"] + meta["val"]["tokens"]
-    return rss_kb / 1024.0, float(m.group(2)), float(m.group(1)), tokens, meta["source"]["documents"]
+    return rss_kb / 1024.0, float(m.group(2)), float(m.group(1)), tokens, meta["source"]["documents"], cpu
 
 
 def main():
@@ -108,10 +110,10 @@ def main():
             corpus = os.path.join(a.work, f"corpus-{mb}mb")
             write_corpus(corpus, mb)
             for w in a.workers:
-                rss, tok_s, secs, tokens, docs = prepare(data, corpus, os.path.join(a.work, "out"), tok, w)
+                rss, tok_s, secs, tokens, docs, cpu = prepare(data, corpus, os.path.join(a.work, "out"), tok, w)
                 rows[(mb, w)] = (rss, tok_s)
                 print(f"{mb:5d} MB  workers {w}: peak RSS {rss:7.1f} MiB, {tokens} tokens, {docs} documents, "
-                      f"{secs:.1f} s, {tok_s / 1e6:.2f} M tokens/s", flush=True)
+                      f"{secs:.1f} s, {tok_s / 1e6:.2f} M tokens/s, {cpu:.1f} CPU s", flush=True)
             shutil.rmtree(corpus)
             shutil.rmtree(os.path.join(a.work, "out"), ignore_errors=True)
     finally:
@@ -124,6 +126,8 @@ def main():
         ok &= ratio <= 1.10
         print(f"workers {w}: peak RSS {large} MB / {small} MB = {ratio:.3f} (target <= 1.10: "
               f"{'met' if ratio <= 1.10 else 'NOT met'})")
+    load = os.getloadavg()[0]
+    print(f"load average {load:.1f} on {os.cpu_count()} cores (tokens/s are wall-clock: a loaded machine lowers them)")
     if 1 in a.workers and 2 in a.workers:
         for mb in a.sizes_mb:
             print(f"{mb} MB: tokens/s workers 2 / workers 1 = {rows[(mb, 2)][1] / rows[(mb, 1)][1]:.2f} "
