@@ -64,6 +64,16 @@ unpack_wheel nvidia-cudnn-frontend==1.16.0 "$ROOT/.deps/cudnn-frontend" include/
 unpack_wheel tokenizers==0.23.3 "$ROOT/.deps/python" "" "the tokenizer parity test will fail" \
   --python-version 3.11 --platform manylinux_2_17_x86_64
 
+# Apache Arrow's C++ library for Parquet corpus files (core/data/parquet_source.cpp;
+# Debian has no libarrow): the pyarrow wheel's libarrow/libparquet and their
+# headers (pyarrow/include), unpacked whole into .deps/pyarrow, where CMake
+# looks (or -DADGT_ARROW_ROOT). The same package is the tests' Parquet writer
+# (tests/data/parquet_inputs.py, PYTHONPATH=.deps/pyarrow). Pinned: the C++
+# API and the libraries' soname (libarrow.so.2600) move with the version.
+unpack_wheel pyarrow==26.0.1 "$ROOT/.deps/pyarrow" pyarrow/ \
+  "the build will read no .parquet input (adgt-data prepare refuses them, naming this script)" \
+  --python-version 3.11 --platform "manylinux_2_28_$(uname -m)"
+
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -72,6 +72,42 @@ foreach(case byte json_bos bpe last_to_val)
             --work ${ADGT_DATA_E2E}/stream_${case})
 endforeach()
 
+# Parquet inputs (pyarrow writes the fixtures; docs/data-format.md, "Inputs"):
+# the shards equal those of the same documents as JSON lines; nulls, a
+# damaged row group and a file that is not Parquet are named bad records.
+# A build without Arrow (scripts/install_deps.sh not run) refuses them by
+# name instead, and says how to enable them.
+set(_pq ${ADGT_DATA_E2E}/parquet)
+if(ADGT_HAVE_PARQUET)
+  add_test(NAME data_prepare_parquet
+    COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/data/parquet_inputs.py --data ${_data}
+            --text ${ADGT_DATA_E2E}/input.txt --work ${_pq} --pyarrow ${ADGT_ARROW_ROOT}/..)
+  set_tests_properties(data_prepare_parquet PROPERTIES FIXTURES_SETUP data_parquet)
+  foreach(case "id;a.parquet: column 'id' is int64, not a string column"
+               "meta;a.parquet: column 'meta' is struct<body: string, n: int32>, not a string column"
+               "meta.n;a.parquet: column 'meta.n' is int32, not a string column"
+               "body;a.parquet: no column 'body' \\(the file has id, text, meta\\)"
+               "text.x;a.parquet: column 'text' is string, not a struct")
+    list(GET case 0 _field)
+    list(GET case 1 _pattern)
+    add_test(NAME data_parquet_field_${_field}
+      COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh "${_pattern}" --
+              ${_data} prepare --input ${_pq}/corpus/a.parquet --out ${_pq}/err --tokenizer byte --text-field ${_field})
+    set_tests_properties(data_parquet_field_${_field} PROPERTIES FIXTURES_REQUIRED data_parquet)
+  endforeach()
+  add_test(NAME data_parquet_damaged_fail
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh
+            "damaged.parquet:4: row group 1 \\(rows 4-6\\): .*checksum.* \\(--on-bad-record fail\\)" --
+            ${_data} prepare --input ${_pq}/damaged.parquet --out ${_pq}/err --tokenizer byte --on-bad-record fail)
+  set_tests_properties(data_parquet_damaged_fail PROPERTIES FIXTURES_REQUIRED data_parquet)
+else()
+  file(WRITE ${_pq}/t.parquet "PAR1")
+  add_test(NAME data_parquet_refused
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh
+            "t.parquet: this build reads no Parquet .*run scripts/install_deps.sh" --
+            ${_data} prepare --input ${_pq}/t.parquet --out ${_pq}/err --tokenizer byte)
+endif()
+
 # Errors exit non-zero and name the file / flag.
 function(adgt_data_error_test name pattern)
   add_test(NAME ${name}

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/data/byte_stream.hpp"
+#include "core/data/parquet_source.hpp"
 
 namespace adgt::data {
 namespace fs = std::filesystem;
@@ -76,14 +77,17 @@ bool blank(std::string_view s) {
 
 bool known_format(const std::string& path) {
   const std::string n = uncompressed_name(path);
-  return ends_with(n, ".txt") || ends_with(n, ".jsonl") || ends_with(n, ".json");
+  return ends_with(n, ".txt") || ends_with(n, ".jsonl") || ends_with(n, ".json") || ends_with(path, ".parquet");
 }
 
 TextFormat text_format_of(const std::string& path) {
   const std::string n = uncompressed_name(path);
   if (ends_with(n, ".jsonl") || ends_with(n, ".json")) return TextFormat::JsonLines;
-  if (ends_with(n, ".parquet"))
-    throw std::runtime_error(path + ": Parquet files are not read yet; convert them to JSON lines (.jsonl)");
+  if (ends_with(n, ".parquet")) {
+    if (n != path) throw std::runtime_error(path + ": a compressed Parquet file; Parquet compresses inside, decompress it");
+    require_parquet(path);  // (a build without Arrow: refused, naming the fix)
+    return TextFormat::Parquet;
+  }
   return TextFormat::Text;
 }
 
@@ -128,14 +132,14 @@ Inputs expand_inputs(const std::vector<std::string>& args) {
       if (fs::is_directory(p)) {
         add_dir(p);
       } else {
-        text_format_of(p);  // a file named or matched is text unless JSON lines (Parquet: refused)
+        text_format_of(p);  // a file named or matched is text unless JSON lines or Parquet
         add(p);
       }
     }
     if (!matched)
       throw std::runtime_error("--input '" + a + "': " +
                                (named.empty() ? std::string("no such file, directory or match")
-                                              : std::string("no .txt, .jsonl or .json file (optionally .gz or .zst) in it")));
+                                              : std::string("no .txt, .jsonl or .json file (optionally .gz or .zst) or .parquet file in it")));
   }
   return out;
 }
@@ -211,6 +215,11 @@ void DocumentSource::json_line(const std::string& file, int64_t line, std::strin
 
 void DocumentSource::read(const std::string& path, const DocumentFn& doc) {
   const TextFormat format = text_format_of(path);
+  if (format == TextFormat::Parquet) {
+    return read_parquet(path, field_path_,
+                        {[&](int64_t row, std::string_view t) { emit(path, row, t, doc); },
+                         [&](int64_t row, const std::string& why) { bad(path, row, why); }});
+  }
   ByteStream in(path);
   stream_ = &in;
   struct Unset {

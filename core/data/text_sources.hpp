@@ -3,12 +3,13 @@
 // plain text (.txt: the whole file one document, or documents separated by
 // blank lines) or JSON lines (.jsonl, .json: one object per line, the
 // document's text in a string field, "a.b" for a nested one), each
-// optionally compressed (.gz, .zst; byte_stream.hpp). Files are read as
-// streams (a JSONL file of any size in bounded memory).
+// optionally compressed (.gz, .zst; byte_stream.hpp), or Parquet (.parquet:
+// each row of a string column a document; parquet_source.hpp). Files are
+// read as streams (a JSONL file of any size in bounded memory).
 //
 // A bad record -- text that is not UTF-8, a line that is not a JSON object,
 // a missing or non-string text field, a compressed stream that is damaged or
-// ends early -- is either skipped and kept in bad() with the file, line and
+// ends early, a null Parquet value, a Parquet row group that does not decode -- is either skipped and kept in bad() with the file, line and
 // reason (the default: nothing is dropped without being named), or, with
 // fail_on_bad, a std::runtime_error with the same words.
 #pragma once
@@ -20,7 +21,7 @@
 
 namespace adgt::data {
 
-enum class TextFormat { Text, JsonLines };
+enum class TextFormat { Text, JsonLines, Parquet };
 
 struct Inputs {
   std::vector<std::string> files;   // each once, in the order found
@@ -30,15 +31,17 @@ struct Inputs {
 // Every file named by `args`, each once, in the order given; a directory's
 // files (recursed) and a glob's matches in sorted order. Inside a directory
 // only files of a known name (.txt, .jsonl, .json, each optionally .gz or
-// .zst) count (the others are listed in `passed`, to be said), and hidden
+// .zst; .parquet) count (the others are listed in `passed`, to be said), and hidden
 // files and folders (a name starting with '.') are left out; a file named
 // itself or matched by a glob is read whatever its name (text_format_of).
-// Throws naming an argument that names no file, or a Parquet file.
+// Throws naming an argument that names no file, or a Parquet file named in a
+// build that reads none.
 Inputs expand_inputs(const std::vector<std::string>& args);
 
 // By the name, a .gz/.zst suffix aside: .jsonl and .json are JSON lines,
-// .parquet a std::runtime_error naming the file (not read yet), anything
-// else plain text (a file named directly, as adgt-data always read it).
+// .parquet Parquet (a std::runtime_error naming the file and the fix in a
+// build without Arrow, or when compressed outside), anything else plain text
+// (a file named directly, as adgt-data always read it).
 TextFormat text_format_of(const std::string& path);
 bool known_format(const std::string& path);
 
@@ -47,14 +50,14 @@ bool known_format(const std::string& path);
 bool valid_utf8(std::string_view s);
 
 struct SourceOptions {
-  std::string text_field = "text";    // JSON lines: the text's field ("a.b": nested)
+  std::string text_field = "text";    // JSON lines, Parquet: the text's field ("a.b": nested)
   bool split_on_blank_lines = false;  // .txt: blank lines separate documents
   bool fail_on_bad = false;           // the first bad record is an error
 };
 
 struct BadRecord {
   std::string file;
-  int64_t line = 0;  // 1-based; for a .txt document, its first line
+  int64_t line = 0;  // 1-based; for a .txt document, its first line; for Parquet, the row
   std::string why;
 };
 
