@@ -37,15 +37,17 @@ bool text_type(const arrow::DataType& t) {
 
 // The leaf column named by `field` in the file's schema, or an error naming
 // the file, the column and what is there instead.
-const parquet::arrow::SchemaField& column_of(const std::string& path, const parquet::arrow::SchemaManifest& m,
+const parquet::arrow::SchemaField& column_of(const std::string& path,
+                                             const parquet::arrow::SchemaManifest& m,
                                              const std::vector<std::string>& field) {
   const std::vector<parquet::arrow::SchemaField>* level = &m.schema_fields;
   const parquet::arrow::SchemaField* found = nullptr;
   for (size_t i = 0; i < field.size(); ++i) {
     const std::string at = dotted(field, i + 1);
     if (found && found->field->type()->id() != arrow::Type::STRUCT)
-      throw std::runtime_error(path + ": column '" + dotted(field, i) + "' is " + found->field->type()->ToString() +
-                               ", not a struct, so it has no field '" + at + "'; check --text-field");
+      throw std::runtime_error(
+          path + ": column '" + dotted(field, i) + "' is " + found->field->type()->ToString() +
+          ", not a struct, so it has no field '" + at + "'; check --text-field");
     found = nullptr;
     std::string names;
     for (const parquet::arrow::SchemaField& f : *level) {
@@ -53,35 +55,41 @@ const parquet::arrow::SchemaField& column_of(const std::string& path, const parq
       names += (names.empty() ? "" : ", ") + f.field->name();
     }
     if (!found)
-      throw std::runtime_error(path + ": no column '" + at + "' (" + (i ? "'" + dotted(field, i) + "' has " : "the file has ") +
-                               names + "); name the text column with --text-field");
+      throw std::runtime_error(path + ": no column '" + at + "' (" +
+                               (i ? "'" + dotted(field, i) + "' has " : "the file has ") + names +
+                               "); name the text column with --text-field");
     level = &found->children;
   }
   if (!text_type(*found->field->type()) || !found->is_leaf())
-    throw std::runtime_error(path + ": column '" + dotted(field, field.size()) + "' is " +
-                             found->field->type()->ToString() +
-                             ", not a string column (string, large_string or string_view); name the text column "
-                             "with --text-field");
+    throw std::runtime_error(
+        path + ": column '" + dotted(field, field.size()) + "' is " +
+        found->field->type()->ToString() +
+        ", not a string column (string, large_string or string_view); name the text column "
+        "with --text-field");
   return *found;
 }
 
 // The value of row i of a string array of any width.
 std::string_view text_at(const arrow::Array& a, int64_t i) {
   switch (a.type_id()) {
-    case arrow::Type::STRING: return static_cast<const arrow::StringArray&>(a).GetView(i);
-    case arrow::Type::LARGE_STRING: return static_cast<const arrow::LargeStringArray&>(a).GetView(i);
-    default: return static_cast<const arrow::StringViewArray&>(a).GetView(i);
+    case arrow::Type::STRING:
+      return static_cast<const arrow::StringArray&>(a).GetView(i);
+    case arrow::Type::LARGE_STRING:
+      return static_cast<const arrow::LargeStringArray&>(a).GetView(i);
+    default:
+      return static_cast<const arrow::StringViewArray&>(a).GetView(i);
   }
 }
 
 // Hands on each row of a batch (its one column: the text, or the struct
 // holding it); a row null at any level of nesting is a bad record.
-void batch_rows(const arrow::RecordBatch& b, const std::vector<std::string>& field, int rg, int64_t first_row,
-                const ParquetRows& rows) {
+void batch_rows(const arrow::RecordBatch& b, const std::vector<std::string>& field, int rg,
+                int64_t first_row, const ParquetRows& rows) {
   std::vector<std::shared_ptr<arrow::Array>> levels{b.column(0)};
   for (size_t i = 1; i < field.size(); ++i) {
     auto child = static_cast<const arrow::StructArray&>(*levels.back()).GetFieldByName(field[i]);
-    if (!child) throw std::runtime_error("Parquet reader: no struct field '" + field[i] + "' in a batch");
+    if (!child)
+      throw std::runtime_error("Parquet reader: no struct field '" + field[i] + "' in a batch");
     levels.push_back(std::move(child));
   }
   const arrow::Array& leaf = *levels.back();
@@ -89,7 +97,8 @@ void batch_rows(const arrow::RecordBatch& b, const std::vector<std::string>& fie
     bool null = false;
     for (const auto& l : levels) null = null || l->IsNull(i);
     if (null)
-      rows.bad(first_row + i, "row group " + std::to_string(rg) + ": '" + dotted(field, field.size()) + "' is null");
+      rows.bad(first_row + i, "row group " + std::to_string(rg) + ": '" +
+                                  dotted(field, field.size()) + "' is null");
     else
       rows.text(first_row + i, text_at(leaf, i));
   }
@@ -103,7 +112,8 @@ void read_row_group(parquet::arrow::FileReader& r, int rg, int leaf, int64_t fir
   int64_t done = 0;
   std::string failed;
   try {
-    arrow::Result<std::unique_ptr<arrow::RecordBatchReader>> batches = r.GetRecordBatchReader({rg}, {leaf});
+    arrow::Result<std::unique_ptr<arrow::RecordBatchReader>> batches =
+        r.GetRecordBatchReader({rg}, {leaf});
     if (!batches.ok()) {
       failed = batches.status().ToString();
     } else {
@@ -118,12 +128,15 @@ void read_row_group(parquet::arrow::FileReader& r, int rg, int leaf, int64_t fir
         done += b->num_rows();
       }
     }
-  } catch (const parquet::ParquetException& e) {  // (the Arrow API returns Status; this is belt and braces)
+  } catch (const parquet::ParquetException&
+               e) {  // (the Arrow API returns Status; this is belt and braces)
     failed = e.what();
   }
-  if (failed.empty() && done != n) failed = "decoded " + std::to_string(done) + " rows of " + std::to_string(n);
+  if (failed.empty() && done != n)
+    failed = "decoded " + std::to_string(done) + " rows of " + std::to_string(n);
   if (!failed.empty())
-    rows.bad(first_row + done, "row group " + std::to_string(rg) + " (rows " + std::to_string(first_row) + "-" +
+    rows.bad(first_row + done, "row group " + std::to_string(rg) + " (rows " +
+                                   std::to_string(first_row) + "-" +
                                    std::to_string(first_row + n - 1) + "): " + one_line(failed) +
                                    "; the rest of the row group is lost");
 }
@@ -132,9 +145,11 @@ void read_row_group(parquet::arrow::FileReader& r, int rg, int leaf, int64_t fir
 
 void require_parquet(const std::string&) {}
 
-void read_parquet(const std::string& path, const std::vector<std::string>& field, const ParquetRows& rows) {
+void read_parquet(const std::string& path, const std::vector<std::string>& field,
+                  const ParquetRows& rows) {
   parquet::ReaderProperties props = parquet::default_reader_properties();
-  props.set_page_checksum_verification(true);  // a damaged page with a checksum is an error, not odd text
+  props.set_page_checksum_verification(
+      true);  // a damaged page with a checksum is an error, not odd text
   parquet::ArrowReaderProperties arrow_props;
   arrow_props.set_batch_size(kBatchRows);
   parquet::arrow::FileReaderBuilder builder;
@@ -146,7 +161,9 @@ void read_parquet(const std::string& path, const std::vector<std::string>& field
   } catch (const parquet::ParquetException& e) {
     st = arrow::Status::IOError(e.what());
   }
-  if (!st.ok()) return rows.bad(1, "not a readable Parquet file (" + one_line(st.ToString()) + "); the whole file is lost");
+  if (!st.ok())
+    return rows.bad(
+        1, "not a readable Parquet file (" + one_line(st.ToString()) + "); the whole file is lost");
   const int leaf = column_of(path, reader->manifest(), field).column_index;
   const auto meta = reader->parquet_reader()->metadata();
   int64_t first_row = 1;

@@ -35,6 +35,7 @@ struct ParquetRows {
 // group is read; a file whose footer does not parse is one bad record.
 // Throws a std::runtime_error naming the file when it has no such column or
 // the column is not a string column (string, large_string or string_view).
-void read_parquet(const std::string& path, const std::vector<std::string>& field, const ParquetRows& rows);
+void read_parquet(const std::string& path, const std::vector<std::string>& field,
+                  const ParquetRows& rows);
 
 }  // namespace adgt::data

@@ -8,6 +8,7 @@ unpacks into .deps/pyarrow) writes the fixtures here:
                         empty string, an int64 column `id` and a struct
                         column `meta` {body: string, n: int32}
   corpus/sub/b.parquet  the second half: large_string, zstd, row groups of 5
+  meta_b.parquet        the second half again, as the struct column meta {body}
   damaged.parquet       9 rows in 3 row groups with page checksums, a page
                         of row group 1 overwritten
   junk.parquet          not Parquet at all
@@ -85,7 +86,7 @@ def write_fixtures(pa, pq, paras, work):
     write_jsonl(os.path.join(twin + "_meta", "a.jsonl"), first, ("meta", "body"))
     write_jsonl(os.path.join(twin + "_meta", "sub", "b.jsonl"), second, ("meta", "body"))
     pq.write_table(pa.table({"meta": pa.array([{"body": d} for d in second])}),
-                   os.path.join(corpus + "_meta_b.parquet"), row_group_size=5)
+                   os.path.join(work, "meta_b.parquet"), row_group_size=5)
 
     # damaged.parquet: plain pages with checksums; bytes inside row group 1's page overwritten.
     nine = paras[:9]
@@ -104,9 +105,8 @@ def write_fixtures(pa, pq, paras, work):
 
 
 def prepare(data, inputs, out, *extra):
-    got = run([data, "prepare", "--input", *inputs, "--out", out, "--tokenizer", "byte", "--val-fraction", "0.1",
-               *extra])
-    return got
+    return run([data, "prepare", "--input", *inputs, "--out", out, "--tokenizer", "byte", "--val-fraction", "0.1",
+                *extra])
 
 
 def same_shards(a, b):
@@ -114,6 +114,7 @@ def same_shards(a, b):
 
 
 def check_pair(failures, what, data, parquet_inputs, jsonl_inputs, out, *extra):
+    """prepare on the Parquet inputs and on their JSON-lines twins: the same shards, byte for byte."""
     p = prepare(data, parquet_inputs, out + "_parquet", *extra)
     j = prepare(data, jsonl_inputs, out + "_jsonl", *extra)
     if p.returncode or j.returncode:
@@ -121,7 +122,6 @@ def check_pair(failures, what, data, parquet_inputs, jsonl_inputs, out, *extra):
                         f"{p.stderr}{j.stderr}")
     elif not same_shards(out + "_parquet", out + "_jsonl"):
         failures.append(f"{what}: the Parquet shards differ from the JSON lines' (cmp train.bin, val.bin)")
-    return p
 
 
 def bad_lines(out):
@@ -146,7 +146,7 @@ def main():
     failures = []
     w = lambda *p: os.path.join(a.work, *p)  # noqa: E731
 
-    p = check_pair(failures, "corpus", a.data, [corpus], [twin], w("out"))
+    check_pair(failures, "corpus", a.data, [corpus], [twin], w("out"))
     want_bad = [("a.parquet:4: ", "row group 0: 'text' is null"), ("a.parquet:17: ", "row group 2: 'text' is null")]
     bad = bad_lines(w("out_parquet"))
     if len(bad) != 2 or any(x[0] not in b or x[1] not in b for x, b in zip(want_bad, bad)):
@@ -154,7 +154,7 @@ def main():
     meta = json.load(open(w("out_parquet", "meta.json")))["source"]
     if meta.get("bad_records") != 2 or meta.get("documents") != len(paras):
         failures.append(f"corpus: meta.json source {meta}; want {len(paras)} documents, 2 bad records")
-    check_pair(failures, "--text-field meta.body", a.data, [os.path.join(corpus, "a.parquet"), corpus + "_meta_b.parquet"],
+    check_pair(failures, "--text-field meta.body", a.data, [os.path.join(corpus, "a.parquet"), w("meta_b.parquet")],
                [os.path.join(twin + "_meta", "a.jsonl"), os.path.join(twin + "_meta", "sub", "b.jsonl")],
                w("meta"), "--text-field", "meta.body")
     check_pair(failures, "damaged row group", a.data, [w("damaged.parquet")], [w("damaged_twin.jsonl")], w("damaged"))
@@ -171,9 +171,10 @@ def main():
         failures.append(f"junk.parquet: exit {junk.returncode}, bad_records {bad}, stderr {junk.stderr!r}")
     if failures:
         sys.exit("FAILED:\n" + "\n".join(failures))
-    print(f"ok: {len(paras)} documents from Parquet (string and large_string, zstd, {pq.ParquetFile(os.path.join(corpus, 'a.parquet')).num_row_groups}"
-          f"+{pq.ParquetFile(os.path.join(corpus, 'sub', 'b.parquet')).num_row_groups} row groups, struct field) give "
-          f"the JSON lines' shards byte for byte; nulls, a damaged row group and a non-Parquet file named as bad records")
+    groups = [pq.ParquetFile(os.path.join(corpus, *f)).num_row_groups for f in (["a.parquet"], ["sub", "b.parquet"])]
+    print(f"ok: {len(paras)} documents from Parquet (string and large_string, zstd, {groups[0]}+{groups[1]} row "
+          f"groups, a struct field) give the JSON lines' shards byte for byte; nulls, a damaged row group and a "
+          f"file that is not Parquet named as bad records")
 
 
 if __name__ == "__main__":
