@@ -1,8 +1,9 @@
 // Parquet files as documents (docs/data-format.md, "Inputs"): one string
 // column, each row a document, read with Apache Arrow's own C++ library (the
 // libarrow/libparquet and headers of the pyarrow wheel that
-// scripts/install_deps.sh unpacks into .deps/pyarrow). One row group is read
-// at a time, in batches of rows, so a file of any size takes bounded memory.
+// scripts/install_deps.sh unpacks into .deps/pyarrow). Row groups are read
+// one at a time, page by page, in batches of rows: a file of any size, and a
+// row group of any size, takes bounded memory.
 //
 // A build configured without Arrow links parquet_source_absent.cpp instead:
 // there require_parquet refuses every .parquet input, naming the fix.
