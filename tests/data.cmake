@@ -92,13 +92,13 @@ if(ADGT_HAVE_PARQUET)
     list(GET case 1 _pattern)
     add_test(NAME data_parquet_field_${_field}
       COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh "${_pattern}" --
-              ${_data} prepare --input ${_pq}/corpus/a.parquet --out ${_pq}/err --tokenizer byte --text-field ${_field})
+              ${_data} prepare --input ${_pq}/corpus/a.parquet --out ${_pq}/err_${_field} --tokenizer byte --text-field ${_field})
     set_tests_properties(data_parquet_field_${_field} PROPERTIES FIXTURES_REQUIRED data_parquet)
   endforeach()
   add_test(NAME data_parquet_damaged_fail
     COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh
             "damaged.parquet:4: row group 1 \\(rows 4-6\\): .*checksum.* \\(--on-bad-record fail\\)" --
-            ${_data} prepare --input ${_pq}/damaged.parquet --out ${_pq}/err --tokenizer byte --on-bad-record fail)
+            ${_data} prepare --input ${_pq}/damaged.parquet --out ${_pq}/err_damaged --tokenizer byte --on-bad-record fail)
   set_tests_properties(data_parquet_damaged_fail PROPERTIES FIXTURES_REQUIRED data_parquet)
 else()
   file(WRITE ${_pq}/t.parquet "PAR1")
