@@ -6,6 +6,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <compare>
+#include <map>
+#include <mutex>
 #include <cstring>
 #include <stdexcept>
 
@@ -229,7 +232,22 @@ TokenLayout megatron_layout(const std::string& idx_path, const std::string& bin_
   return t;
 }
 
-int64_t max_token_id(const std::string& path, const void* tokens, TokenElem elem, uint64_t count) {
+namespace {
+
+// A scanned file as the process saw it: another file, or the same one
+// rewritten, has another key.
+struct ScanKey {
+  uint64_t dev, ino, size;
+  int64_t mtime_ns;
+  uint64_t count;
+  int elem;
+  auto operator<=>(const ScanKey&) const = default;
+};
+std::mutex g_scan_mutex;
+std::map<ScanKey, int64_t> g_scans;
+
+int64_t scan_max_token_id(const std::string& path, const void* tokens, TokenElem elem,
+                          uint64_t count) {
   switch (elem) {
     case TokenElem::U8: return max_of(path, static_cast<const uint8_t*>(tokens), count);
     case TokenElem::I8: return max_of(path, static_cast<const int8_t*>(tokens), count);
@@ -240,6 +258,23 @@ int64_t max_token_id(const std::string& path, const void* tokens, TokenElem elem
     case TokenElem::I64: return max_of(path, static_cast<const int64_t*>(tokens), count);
   }
   return -1;
+}
+
+}  // namespace
+
+int64_t max_token_id(const std::string& path, const void* tokens, TokenElem elem, uint64_t count) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return scan_max_token_id(path, tokens, elem, count);
+  const ScanKey key{uint64_t(st.st_dev), uint64_t(st.st_ino), uint64_t(st.st_size),
+                    int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec, count, int(elem)};
+  {
+    std::lock_guard<std::mutex> lock(g_scan_mutex);
+    if (auto it = g_scans.find(key); it != g_scans.end()) return it->second;
+  }
+  const int64_t m = scan_max_token_id(path, tokens, elem, count);
+  std::lock_guard<std::mutex> lock(g_scan_mutex);
+  g_scans[key] = m;
+  return m;
 }
 
 }  // namespace adgt

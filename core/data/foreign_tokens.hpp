@@ -55,7 +55,10 @@ TokenLayout megatron_layout(const std::string& idx_path, const std::string& bin_
                             uint64_t bin_bytes);
 
 // The largest of `count` token ids of type `elem` at `tokens`. Throws naming
-// `path` and the position of the first id that is negative or >= 2^31.
+// `path` and the position of the first id that is negative or >= 2^31. A
+// file's result is remembered for the process (by device, inode, size and
+// modification time), so adgt-train's pre-launch check and the trainer scan a
+// Megatron or llm.c file once per rank, not twice.
 int64_t max_token_id(const std::string& path, const void* tokens, TokenElem elem, uint64_t count);
 
 }  // namespace adgt

@@ -95,7 +95,7 @@ void install_dir(const fs::path& tmp, const fs::path& out, bool force) {
   if (!old.empty()) fs::remove_all(old, ec);
 }
 
-// bos/eos ids of a SentencePiece model; both -1 (and a note) when unknown.
+// bos/eos ids of a SentencePiece model or a tokenizer.json; both -1 (and a note) when unknown.
 void special_ids(const std::string& spec, int64_t vocab, HfExportResult& r) {
   std::error_code ec;
   if (spec == "byte") {
@@ -107,8 +107,22 @@ void special_ids(const std::string& spec, int64_t vocab, HfExportResult& r) {
     return;
   }
   if (is_hf_tokenizer_spec(spec)) {
-    r.note = "tokenizer " + spec + " (tokenizer.json) copied beside the weights; bos_token_id/eos_token_id "
-             "omitted (a tokenizer.json does not say which tokens they are)";
+    // Its bos/eos: tokenizer_config.json's bos_token/eos_token beside it, or
+    // the known special-token names (Tokenizer::bos_id/eos_id).
+    std::unique_ptr<Tokenizer> tok;
+    try {
+      tok = Tokenizer::load(spec);
+    } catch (const std::exception& e) {
+      r.note = "tokenizer " + spec + " could not be read (" + e.what() +
+               "): bos_token_id/eos_token_id omitted";
+      return;
+    }
+    if (tok->bos_id() >= 0 && tok->bos_id() < vocab) r.bos_token_id = tok->bos_id();
+    if (tok->eos_id() >= 0 && tok->eos_id() < vocab) r.eos_token_id = tok->eos_id();
+    if (r.bos_token_id < 0 && r.eos_token_id < 0)
+      r.note = "tokenizer " + spec + " (tokenizer.json) copied beside the weights; it names no "
+               "bos/eos token (no tokenizer_config.json beside it, no known special-token name): "
+               "bos_token_id/eos_token_id omitted";
     return;
   }
   sentencepiece::SentencePieceProcessor sp;

@@ -6,7 +6,9 @@ itself -- GPT-2 style (the ByteLevel pre-tokenizer with its regex) and Llama
 3 style (a Split on Llama 3's regex, then ByteLevel without one, with
 ignore_merges) -- on a mixed text: English, CJK, emoji, combining marks,
 right-to-left scripts, numbers, runs of spaces, tabs and newlines,
-contractions in both cases, special tokens inside the text. Every text's ids
+contractions in both cases, special tokens inside the text -- and the Llama 3
+style again with 300 whole words added to its vocabulary without merges, so
+that ignore_merges decides their ids. Every text's ids
 from `adgt-data encode --jsonl` must equal tokenizers' encode(text,
 add_special_tokens=False).ids, and decode(encode(text)) == text in adgt.
 
@@ -77,6 +79,36 @@ def train(kind, texts, path):
     return tok
 
 
+def with_whole_words(path, texts, out_path):
+    """The Llama-3-style tokenizer.json with 300 frequent words of `texts`
+    that its merges do not reach added to the vocabulary (new ids, no merges)
+    and ignore_merges on, as Llama 3's: a pre-token found whole in the
+    vocabulary is one id, whatever the merges would make of it. Returns the
+    oracle and whether ignore_merges changes its ids on `texts` (it must, or
+    the case would not test it)."""
+    with open(path, encoding="utf-8") as f:
+        j = json.load(f)
+    base = Tokenizer.from_file(path)
+    counts = {}
+    for t in texts:
+        for w, _ in base.pre_tokenizer.pre_tokenize_str(t):
+            if len(w) >= 4 and w not in j["model"]["vocab"]:
+                counts[w] = counts.get(w, 0) + 1
+    next_id = max(list(j["model"]["vocab"].values()) + [a["id"] for a in j["added_tokens"]]) + 1
+    for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:300]:
+        j["model"]["vocab"][w] = next_id
+        next_id += 1
+    j["model"]["ignore_merges"] = True
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump(j, f, ensure_ascii=False)
+    j["model"]["ignore_merges"] = False
+    off = Tokenizer.from_str(json.dumps(j))
+    tok = Tokenizer.from_file(out_path)
+    on_ids = [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+    off_ids = [e.ids for e in off.encode_batch(texts, add_special_tokens=False)]
+    return tok, on_ids != off_ids
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", required=True)
@@ -92,9 +124,14 @@ def main():
         for t in texts:
             f.write(json.dumps(t) + "\n")
     failed = []
-    for kind in ("gpt2", "llama3"):
+    for kind in ("gpt2", "llama3", "llama3_words"):
         path = os.path.join(a.work, f"{kind}.tokenizer.json")
-        tok = train(kind, train_texts, path)
+        if kind == "llama3_words":
+            tok, matters = with_whole_words(os.path.join(a.work, "llama3.tokenizer.json"), texts, path)
+            if not matters:
+                failed.append("llama3_words: ignore_merges changes no id of the texts; the case tests nothing")
+        else:
+            tok = train(kind, train_texts, path)
         want = [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
         r = subprocess.run([a.data, "encode", "--tokenizer", path, "--jsonl", jl, "--check-roundtrip"],
                            capture_output=True, text=True)

@@ -157,7 +157,7 @@ def check_roundtrip(c: Ctx) -> None:
         c.ckpt("export-hf", src, hf, *extra)
         if label == "f32":  # a byte-level BPE tokenizer.json beside the weights travels with them
             with open(os.path.join(hf, "tokenizer.json"), "w") as f:
-                json.dump(byte_level_tokenizer(), f)
+                json.dump(byte_level_tokenizer(added=[(255, "<|endoftext|>")]), f)
         out = c.ckpt("import-hf", hf, imp).stdout
         expect("adgt-train --config" in out, f"import-hf output lacks the start command:\n{out}")
         if label == "f32":
@@ -171,6 +171,10 @@ def check_roundtrip(c: Ctx) -> None:
             c.ckpt("export-hf", os.path.join(imp, "step_0"), again)
             with open(tok, "rb") as f1, open(os.path.join(again, "tokenizer.json"), "rb") as f2:
                 expect(f1.read() == f2.read(), "export-hf did not copy data.tokenizer's tokenizer.json")
+            with open(os.path.join(again, "config.json")) as f:  # its eos named in config.json
+                j = json.load(f)
+            expect(j.get("eos_token_id") == 255 and "bos_token_id" not in j,
+                   f"export-hf: bos/eos ids from tokenizer.json's <|endoftext|>: {j}")
         step0 = os.path.join(imp, "step_0")
         with h5py.File(os.path.join(src, "checkpoint.h5"), "r") as a, \
                 h5py.File(os.path.join(step0, "checkpoint.h5"), "r") as b:
