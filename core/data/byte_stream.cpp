@@ -94,7 +94,13 @@ size_t ByteStream::read(char* out, size_t n) {
   size_t done = 0;
   while (done < n) {
     if (!s.refill(path_)) {
-      // The end of the file: it must not fall inside a member or a frame.
+      // The end of the file: it must not fall inside a member or a frame,
+      // nor come before the first (gzip -t and zstd -t refuse an empty file).
+      if (s.consumed == 0)
+        throw std::runtime_error(path_ + ": the file is empty, not a " +
+                                 (s.kind == Compression::Gzip ? "gzip" : "zstd") +
+                                 " stream (a compressed file holds at least one " +
+                                 (s.kind == Compression::Gzip ? "member" : "frame") + ")");
       if (s.kind == Compression::Gzip && s.in_member)
         throw std::runtime_error(path_ + ": the gzip stream is truncated (it ends inside a member)" + where());
       if (s.kind == Compression::Zstd && s.zstd_hint != 0)

@@ -1,8 +1,9 @@
 // A file's bytes, decompressed on the fly when its name ends in .gz (zlib:
 // every gzip member) or .zst (libzstd: every frame), read in order in
 // chunks of bounded size (the corpus is never held whole). A stream that
-// ends inside a gzip member or a zstd frame, or whose compressed data are
-// damaged, is a std::runtime_error naming the file and what was read of it.
+// ends inside a gzip member or a zstd frame, an empty file (no member or
+// frame at all), or compressed data that are damaged, is a
+// std::runtime_error naming the file and what was read of it.
 #pragma once
 #include <cstddef>
 #include <cstdint>
