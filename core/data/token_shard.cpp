@@ -302,6 +302,15 @@ void TokenShard::read(int64_t start, int64_t n, int32_t* out) const {
       if (n) std::memcpy(out, base + start * 4, static_cast<size_t>(n) * sizeof(int32_t));
       break;
   }
+  if (format_ == TokenFileFormat::Adgt) {
+    // Unsigned: an id of 2^31 or more (uint32 shards) reads as negative.
+    const auto vocab = static_cast<uint32_t>(vocab_);
+    for (int64_t i = 0; i < n; ++i)
+      if (static_cast<uint32_t>(out[i]) >= vocab) [[unlikely]]
+        throw std::runtime_error("token shard '" + path_ + "': token " + std::to_string(start + i) + " has id " +
+                                 std::to_string(static_cast<uint32_t>(out[i])) + ", outside the header's vocab size " +
+                                 std::to_string(vocab_) + "; the file is corrupt (re-run adgt-data prepare)");
+  }
 }
 
 }  // namespace adgt

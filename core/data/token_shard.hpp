@@ -81,7 +81,10 @@ class TokenShard {
   const std::vector<int64_t>& document_starts() const { return doc_starts_; }
 
   // out[0, n) = tokens [start, start+n); throws unless 0 <= start, 0 <= n,
-  // start+n <= size().
+  // start+n <= size(). An adgt shard's tokens are checked against its
+  // header's vocabulary as they are read (a damaged or hand-made file can
+  // hold larger ids; foreign files take theirs from the tokens): an id
+  // outside it throws, naming the file and the token.
   void read(int64_t start, int64_t n, int32_t* out) const;
 
  private:
