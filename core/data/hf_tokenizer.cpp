@@ -376,6 +376,8 @@ class HfBpeTokenizer final : public Tokenizer {
         if (t.value(k, false)) refuse(key + "." + k, "true is not supported");
       const std::string content = t["content"].get<std::string>();
       if (content.empty()) refuse(key + ".content", "empty");
+      if (!t["id"].is_number_integer() || t["id"].get<int64_t>() < 0 || t["id"].get<int64_t>() > (int64_t(1) << 24))
+        refuse(key + ".id", "not an id in [0, 2^24]");
       const auto id = size_t(t["id"].get<int64_t>());
       if (tokens_.size() <= id) tokens_.resize(id + 1);
       tokens_[id] = content;
