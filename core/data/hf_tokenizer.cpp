@@ -115,7 +115,15 @@ struct SplitStep {
 
 class HfBpeTokenizer final : public Tokenizer {
  public:
-  explicit HfBpeTokenizer(const std::string& path) : path_(path) { parse(read_json()); }
+  explicit HfBpeTokenizer(const std::string& path) : path_(path) {
+    const json j = read_json();
+    try {
+      parse(j);
+    } catch (const json::exception& e) {  // a field of another JSON type than the reader asks for
+      throw std::runtime_error(path_ + ": a field has the wrong JSON type (" + e.what() +
+                               "); not a tokenizer.json adgt reads (docs/data-format.md, \"Tokenizers\")");
+    }
+  }
 
   std::vector<int32_t> encode(const std::string& text) const override {
     std::vector<int32_t> ids;
@@ -280,6 +288,7 @@ class HfBpeTokenizer final : public Tokenizer {
       vocab_.emplace(tok, int32_t(i));
     }
     const json& merges = m.value("merges", json::array());
+    if (!merges.is_array()) refuse("model.merges", std::string("a JSON ") + merges.type_name() + ", not an array");
     int32_t rank = 0;
     for (const json& mg : merges) {
       std::string a, b;
@@ -353,6 +362,8 @@ class HfBpeTokenizer final : public Tokenizer {
       byte_level(p, "pre_tokenizer");
     } else if (type == "Sequence") {
       const json& list = p.value("pretokenizers", json::array());
+      if (!list.is_array())
+        refuse("pre_tokenizer.pretokenizers", std::string("a JSON ") + list.type_name() + ", not an array");
       for (size_t i = 0; i < list.size(); ++i) {
         const std::string key = "pre_tokenizer.pretokenizers[" + std::to_string(i) + "]";
         const std::string t = list[i].value("type", std::string());
@@ -367,6 +378,7 @@ class HfBpeTokenizer final : public Tokenizer {
   }
 
   void parse_added(const json& list) {
+    if (!list.is_array()) refuse("added_tokens", std::string("a JSON ") + list.type_name() + ", not an array");
     for (size_t i = 0; i < list.size(); ++i) {
       const json& t = list[i];
       const std::string key = "added_tokens[" + std::to_string(i) + "]";
