@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/data/parallel_for.hpp"
+#include "core/data/text_sources.hpp"
 
 namespace adgt {
 namespace {
@@ -408,9 +409,14 @@ class HfBpeTokenizer final : public Tokenizer {
   static uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
 
   // Calls fn(added id, "") for each added token and fn(-1, piece) for each
-  // pre-token, in text order.
+  // pre-token, in text order. The text must be UTF-8: the regexes run
+  // without PCRE2's own check (it would rescan the text at every match), and
+  // PCRE2 on ill-formed UTF-8 is undefined (a lone 0xFF byte crashed it).
   template <class Fn>
   void for_each_piece(std::string_view text, Fn fn) const {
+    if (!data::valid_utf8(text))
+      throw std::runtime_error(path_ + ": the text to encode is not valid UTF-8 (a tokenizer.json splits UTF-8 "
+                               "text; adgt-data prepare skips such documents as bad records)");
     size_t start = 0;
     const auto plain = [&](std::string_view seg) { split_steps(seg, 0, fn); };
     if (!added_.empty()) {
