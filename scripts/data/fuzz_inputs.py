@@ -9,7 +9,7 @@ DIR/cases.jsonl, one case a line:
 
   id       "c0042"
   class    the kind of damage: gz, zst, utf8_txt, utf8_jsonl, json, tokenizer_json,
-           spm_model, megatron, llmc, adgt_shard, train_shard (parquet: the
+           tokenizer_text, spm_model, megatron, llmc, adgt_shard, train_shard (parquet: the
            place kept for the Parquet reader, see parquet_case)
   what     the damage in words
   argv     the command; {data} {train} {model} {root} {work} are the
@@ -553,6 +553,16 @@ def tokenizer_json_case(c, rng):
     return c.done('tokenizer.json: ' + what, argv, 'error', 'tokenizer.json')
 
 
+def tokenizer_text_case(c, rng):
+    """A good tokenizer.json given text that is not UTF-8 (adgt-data encode
+    --text: the one way in that no reader has checked first)."""
+    path = c.write('tokenizer.json', json.dumps(good_tokenizer()))
+    bad, what = damage_utf8(rng, sentence(rng))
+    text = bad.decode('utf-8', 'surrogateescape')  # the bytes themselves reach the command line
+    argv = ['{data}', 'encode', '--tokenizer', path, '--text', text]
+    return c.done('encode --text with ' + what, argv, 'error', 'tokenizer.json')
+
+
 def varint(n):
     out = bytearray()
     while True:
@@ -862,7 +872,7 @@ def parquet_case(c, rng):
 CLASSES = [
     ('gz', gz_case), ('zst', zst_case), ('utf8_txt', utf8_txt_case), ('utf8_jsonl', utf8_jsonl_case),
     ('json', json_case), ('json', json_case), ('tokenizer_json', tokenizer_json_case),
-    ('tokenizer_json', tokenizer_json_case), ('spm_model', spm_model_case), ('megatron', megatron_case),
+    ('tokenizer_json', tokenizer_json_case), ('tokenizer_text', tokenizer_text_case), ('spm_model', spm_model_case), ('megatron', megatron_case),
     ('megatron', megatron_case), ('llmc', llmc_case), ('adgt_shard', adgt_shard_case),
     ('adgt_shard', adgt_shard_case), ('train_shard', train_shard_case),
     ('parquet', parquet_case),
