@@ -557,7 +557,12 @@ def tokenizer_text_case(c, rng):
     """A good tokenizer.json given text that is not UTF-8 (adgt-data encode
     --text: the one way in that no reader has checked first)."""
     path = c.write('tokenizer.json', json.dumps(good_tokenizer()))
-    bad, what = damage_utf8(rng, sentence(rng))
+    where = rng.choice(['alone', 'end', 'inside'])
+    if where != 'inside':  # at the very end, where PCRE2 read past the text
+        seq, what = rng.choice(BAD_UTF8)
+        bad, what = (b'' if where == 'alone' else sentence(rng).encode()) + seq, what + ' ' + where
+    else:
+        bad, what = damage_utf8(rng, sentence(rng))
     text = bad.decode('utf-8', 'surrogateescape')  # the bytes themselves reach the command line
     argv = ['{data}', 'encode', '--tokenizer', path, '--text', text]
     return c.done('encode --text with ' + what, argv, 'error', 'tokenizer.json')
