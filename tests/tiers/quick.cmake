@@ -4,7 +4,8 @@
 # not tagged [slow] (labelled by their registration in tests/CMakeLists.txt),
 # the layering check, the kernel emulation of every CUDA kernel family (not
 # the mutants), configuration and CLI errors, the PyTorch and HuggingFace
-# references, the single-process end-to-end runs except the long ones, and a
+# references, the damaged-input fuzz set (40 cases, a few seconds), the
+# single-process end-to-end runs except the long ones, and a
 # handful of 2-4-rank layouts. Fixtures (the prepared corpora) run first by
 # themselves. A name no module registered (a module that returns early when
 # its target is not built) is left out with a warning.
@@ -18,7 +19,7 @@ set(ADGT_QUICK_TESTS
   schedule_bubble_table schedule_print_zb_h1 pipeline_print_schedule_zb_v
   sim_cli_json sim_cli_bad_cluster sim_dry_run_prediction
   hf_unit hf_roundtrip hf_torch torch_reference_f32 torch_reference_f64 moe_torch_f32
-  checkpoint_h5py
+  checkpoint_h5py data_fuzz_inputs
   e2e_signal e2e_eval e2e_nan e2e_resume
   parallel_collectives_np2 parallel_collectives_np4 parallel_mesh_check_tp2_dp2
   parallel_one_rank_fails layouts_error_world_size
