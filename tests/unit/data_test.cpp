@@ -247,6 +247,15 @@ TEST_CASE("token shard: corrupt or truncated files are rejected, naming the file
 
   CHECK_THROWS_WITH(TokenShard(d.file("missing.bin")), Contains("missing.bin"));
   CHECK_NOTHROW(TokenShard(d.file("good.bin")));
+
+  // A header vocabulary below the ids: the ids are checked as they are read.
+  b = good;
+  put<uint64_t>(b, 24, 50);
+  const TokenShard low(with("low_vocab.bin", b));
+  std::vector<int32_t> out(100);
+  CHECK_NOTHROW(low.read(0, 50, out.data()));
+  CHECK_THROWS_WITH(low.read(40, 20, out.data()),
+                    Contains("low_vocab.bin") && Contains("token 50 has id 50") && Contains("vocab size 50"));
 }
 
 // ---------------------------------------------------------------- split rule

@@ -137,6 +137,13 @@ TEST_CASE("corpus: plain, gzip and zstd streams give the same bytes", "[data]") 
   };
   CHECK(error_of("cut.txt.gz").find("cut.txt.gz: the gzip stream is truncated") != std::string::npos);
   CHECK(error_of("cut.txt.zst").find("cut.txt.zst: the zstd stream is truncated") != std::string::npos);
+  // Empty: no member or frame at all is damage too (gzip -t, zstd -t), not an empty text.
+  write_file(d / "empty.txt.gz", "");
+  write_file(d / "empty.txt.zst", "");
+  CHECK(error_of("empty.txt.gz").find("empty.txt.gz: the file is empty, not a gzip stream") != std::string::npos);
+  CHECK(error_of("empty.txt.zst").find("empty.txt.zst: the file is empty, not a zstd stream") != std::string::npos);
+  write_file(d / "empty.txt", "");
+  CHECK(stream_all((d / "empty.txt").string()).empty());
   const std::string e = error_of("bad.txt.gz");
   CHECK((e.find("bad.txt.gz: damaged gzip data") != std::string::npos ||
          e.find("bad.txt.gz: the gzip stream is truncated") != std::string::npos));
