@@ -1,8 +1,8 @@
 """Runs the damaged inputs of scripts/data/fuzz_inputs.py against a build and
 counts what went wrong (docs/data-format.md, "Damaged inputs").
 
-    python3 scripts/data/fuzz_inputs.py --out /tmp/fuzz --count 500 --seed 1
-    python3 scripts/data/fuzz_run.py --cases /tmp/fuzz --build build-asan \
+    python3 scripts/data/fuzz_inputs.py --out build-asan/fuzz --count 500 --seed 1
+    python3 scripts/data/fuzz_run.py --cases build-asan/fuzz --build build-asan \
         --model tests/layouts/model.yaml -j 2
 
 Each case runs with a time limit (--timeout, 20 s) under ASAN_OPTIONS and
