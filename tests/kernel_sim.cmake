@@ -24,12 +24,17 @@ function(adgt_kernel_sim family)
 endfunction()
 
 # adgt_kernel_mutant(<name> TEST <family> HEADER <kernels/cuda/x.cuh>
-#                    FROM <text> TO <text>): the family's test built against
-# the header with FROM (found exactly once) replaced by TO; ctest
-# kernel_sim_mutant_<name> passes when that test fails by a check ("FAIL")
-# or an emulation error ("cuda-sim:").
+#                    FROM <text> TO <text> [SOURCE <test.cpp>] [ARGS <args>]):
+# the family's test (tests/kernel_sim/<family>_sim_test.cpp, or SOURCE)
+# built against the header with FROM (found exactly once) replaced by TO and
+# run with ARGS; ctest kernel_sim_mutant_<name> passes when that test fails by
+# a check ("FAIL") or an emulation error ("cuda-sim:").
 function(adgt_kernel_mutant name)
-  cmake_parse_arguments(PARSE_ARGV 1 M "" "TEST;HEADER;FROM;TO" "")
+  cmake_parse_arguments(PARSE_ARGV 1 M "" "TEST;HEADER;FROM;TO;SOURCE" "ARGS")
+  set(src ${CMAKE_CURRENT_SOURCE_DIR}/kernel_sim/${M_TEST}_sim_test.cpp)
+  if(M_SOURCE)
+    set(src ${CMAKE_CURRENT_SOURCE_DIR}/${M_SOURCE})
+  endif()
   set(dir ${CMAKE_CURRENT_BINARY_DIR}/kernel_sim_mutants/${name})
   set(spec ${dir}/mutation.cmake)
   file(WRITE ${spec}.in "set(FROM [==[${M_FROM}]==])\nset(TO [==[${M_TO}]==])\n")
@@ -40,14 +45,13 @@ function(adgt_kernel_mutant name)
     DEPENDS ${CMAKE_SOURCE_DIR}/${M_HEADER} ${spec}
       ${CMAKE_CURRENT_SOURCE_DIR}/kernel_sim/mutate.cmake
     COMMENT "kernel mutant ${name}")
-  add_executable(adgt_kernel_mutant_${name}
-    ${CMAKE_CURRENT_SOURCE_DIR}/kernel_sim/${M_TEST}_sim_test.cpp ${dir}/${M_HEADER})
+  add_executable(adgt_kernel_mutant_${name} ${src} ${dir}/${M_HEADER})
   target_include_directories(adgt_kernel_mutant_${name} BEFORE PRIVATE ${dir})
   target_link_libraries(adgt_kernel_mutant_${name} PRIVATE adgt_kernels)
   target_compile_options(adgt_kernel_mutant_${name} PRIVATE -O2 -fno-strict-aliasing
     -Wno-unknown-pragmas)
   add_test(NAME kernel_sim_mutant_${name}
-    COMMAND ${CMAKE_COMMAND} -DBIN=$<TARGET_FILE:adgt_kernel_mutant_${name}>
+    COMMAND ${CMAKE_COMMAND} -DBIN=$<TARGET_FILE:adgt_kernel_mutant_${name}> "-DARGS=${M_ARGS}"
       -P ${CMAKE_CURRENT_SOURCE_DIR}/kernel_sim/expect_failure.cmake)
   set_tests_properties(kernel_sim_mutant_${name} PROPERTIES LABELS "cuda;kernel_sim" TIMEOUT 300)
 endfunction()
@@ -237,8 +241,8 @@ add_test(NAME kernel_sim_attention_long COMMAND adgt_kernel_sim_attention long)
 set_tests_properties(kernel_sim_attention_long PROPERTIES LABELS "cuda;kernel_sim" TIMEOUT 300)
 adgt_kernel_mutant(attention_causal_diag TEST attention HEADER kernels/cuda/attention_kernels.cuh
   # dK/dV start their query rows past the diagonal: the i = j term is lost
-  FROM [[for (int64_t i0 = j; i0 < s.T; i0 += kChunk) {]]
-  TO [[for (int64_t i0 = j + 1; i0 < s.T; i0 += kChunk) {]])
+  FROM [[for (int64_t i0 = j; i0 < iend; i0 += kChunk) {]]
+  TO [[for (int64_t i0 = j + 1; i0 < iend; i0 += kChunk) {]])
 adgt_kernel_mutant(attention_gqa_map TEST attention HEADER kernels/cuda/attention_kernels.cuh
   # the forward maps query head h to kv head h % KV (interleaved), not h / group
   FROM [[kh = h / s.group;
@@ -257,6 +261,20 @@ adgt_kernel_mutant(attention_dkv_barrier TEST attention HEADER kernels/cuda/atte
   TO [[          acck += dsc[ii] * Q[i * ldq + d];
         }
       }]])
+adgt_kernel_mutant(attention_doc_forward TEST attention HEADER kernels/cuda/attention_kernels.cuh
+  # the forward ignores the document mask: every row's keys start at 0
+  FROM [[const int64_t j0 = row_first_key(s, b, i);  // keys [j0, i]
+  T mx]]
+  TO [[const int64_t j0 = 0;
+  T mx]])
+adgt_kernel_mutant(attention_doc_dkv_rows TEST attention HEADER kernels/cuda/attention_kernels.cuh
+  # dK/dV take every later query row, masked or not
+  FROM [[const int64_t iend = key_rows_end(s, b, j);]]
+  TO [[const int64_t iend = s.T;]])
+adgt_kernel_mutant(attention_doc_rows_search TEST attention HEADER kernels/cuda/attention_kernels.cuh
+  # the search ends a key's rows at the document starting at the key itself
+  FROM [[if (ds[mid] > j)]]
+  TO [[if (ds[mid] >= j)]])
 adgt_kernel_mutant(attention_bf16_tail TEST attention HEADER kernels/cuda/attention_kernels.cuh
   # the fp32-to-bf16 conversion stops one element short of n
   FROM [[const float* __restrict__ src,
@@ -272,3 +290,35 @@ adgt_kernel_mutant(combine_pos_unchecked TEST combine HEADER kernels/cuda/combin
         continue;
       }]]
   TO [[]])
+# Document masking in the flash kernels (tests/tools/flash_sim_test.cpp, run
+# on its document-masked cases: `docs`).
+adgt_kernel_mutant(flash_doc_fwd_mask TEST flash SOURCE tools/flash_sim_test.cpp ARGS docs
+  HEADER kernels/cuda/flash_attention_kernels.cuh
+  # the forward's per-element document mask never masks
+  FROM [[if (key0 + nt * 8 + 2 * t4 + (c & 1) < dlo[c >> 1]) s[nt][c] = -INFINITY;]]
+  TO [[if (key0 + nt * 8 + 2 * t4 + (c & 1) < 0) s[nt][c] = -INFINITY;]])
+adgt_kernel_mutant(flash_doc_first_block TEST flash SOURCE tools/flash_sim_test.cpp ARGS docs
+  HEADER kernels/cuda/flash_attention_kernels.cuh
+  # the forward and dQ start at the block after the one holding the document start
+  FROM [[return ds ? ds[qb * kBlock] / kBlock : 0;]]
+  TO [[return ds ? (ds[qb * kBlock] + kBlock - 1) / kBlock : 0;]])
+adgt_kernel_mutant(flash_doc_dq_mask TEST flash SOURCE tools/flash_sim_test.cpp ARGS docs
+  HEADER kernels/cuda/flash_attention_kernels.cuh
+  # dQ keeps P of keys before the row's document start
+  FROM [[if (docm && key < dlo[c >> 1]) pr = 0.f;]]
+  TO [[]])
+adgt_kernel_mutant(flash_doc_dkdv_mask TEST flash SOURCE tools/flash_sim_test.cpp ARGS docs
+  HEADER kernels/cuda/flash_attention_kernels.cuh
+  # dK/dV keep P^T of queries whose document starts after the key
+  FROM [[if (qi < p.T && kj < ds[qi]) s[nt][c] = 0.f;]]
+  TO [[]])
+adgt_kernel_mutant(flash_doc_dkdv_end TEST flash SOURCE tools/flash_sim_test.cpp ARGS docs
+  HEADER kernels/cuda/flash_attention_kernels.cuh
+  # dK/dV stop at a query block starting its document inside the key block
+  FROM [[ds[(kb + n - 1) * kBlock] > klast]]
+  TO [[ds[(kb + n - 1) * kBlock] > kb * kBlock]])
+adgt_kernel_mutant(flash_doc_dkdv_last_key TEST flash SOURCE tools/flash_sim_test.cpp ARGS docs
+  HEADER kernels/cuda/flash_attention_kernels.cuh
+  # dK/dV stop at a query block whose document starts at the key block's last key
+  FROM [[> klast) --n;]]
+  TO [[>= klast) --n;]])

@@ -15,6 +15,14 @@
 // No atomics: every output element is summed by one thread (or a fixed tree)
 // in a fixed order, so results are deterministic. head_dim <= 256.
 //
+// Document masking (AttentionShape::doc_start, doc_start[b*T + i] <= i,
+// non-decreasing): row i's keys are [doc_start_i, i] instead of [0, i]; the
+// forward and dQ kernels start their key loops there (masked keys never enter
+// the max or the sums), and the dK/dV kernel ends its query rows at the first
+// row whose document starts after key j (a binary search: rows past it see
+// key j no more), so masked ranges cost nothing. Without it (nullptr) the
+// loops are the plain causal ones, unchanged.
+//
 // bf16 (q, k, v, out, dq, dk, dv, dout bf16; saved fp32): the FlashAttention-2
 // style tensor-core kernels of flash_attention.cu for head_dim 64 and 128;
 // any other bf16 shape (or ADGT_ATTENTION=exact) runs these exact fp32
@@ -39,7 +47,30 @@ constexpr int kChunk = 64;     // query rows per step of the dK/dV kernel
 
 struct AttDims {
   int64_t B, T, H, KV, hd, group;
+  const int32_t* doc = nullptr;  // (B*T) each token's document start; nullptr: causal
 };
+
+// The first key of row i of sequence b: its document's start (0 without a mask).
+__device__ __forceinline__ int64_t row_first_key(const AttDims& s, int64_t b, int64_t i) {
+  return s.doc ? int64_t(s.doc[b * s.T + i]) : 0;
+}
+
+// One past the last query row of sequence b that attends key j: rows i >= j
+// attend it while their document starts at or before j (non-decreasing, so a
+// binary search over (j, T]); T without a mask.
+__device__ __forceinline__ int64_t key_rows_end(const AttDims& s, int64_t b, int64_t j) {
+  if (!s.doc) return s.T;
+  const int32_t* ds = s.doc + b * s.T;
+  int64_t lo = j + 1, hi = s.T;  // ds[j] <= j: row j attends key j
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (ds[mid] > j)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
 
 // a.b over hd elements, lanes over d; every lane gets the sum (fixed order).
 template <class T>
@@ -67,29 +98,30 @@ __global__ void attn_fwd_kernel(T* __restrict__ out, T* __restrict__ lse, const 
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) sq[d] = Q[d];
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int64_t j0 = row_first_key(s, b, i);  // keys [j0, i]
   T mx = -INFINITY;
-  for (int64_t j = warp; j <= i; j += nw) {
+  for (int64_t j = j0 + warp; j <= i; j += nw) {
     const T sc = scale * warp_dot(sq, K + j * ldk, hd, lane);
     if (lane == 0) p[j] = sc;
     mx = sc > mx ? sc : mx;
   }
   mx = block_max(mx, red);  // its barriers also publish p
   T sum = 0;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
+  for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x) {
     const T e = dexp(p[j] - mx);
     p[j] = e;
     sum += e;
   }
   sum = block_sum(sum, red);
   const T inv = T(1) / sum;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) p[j] *= inv;
+  for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x) p[j] *= inv;
   __syncthreads();
   // out_i[d]: G groups of hd threads each sum every G-th key, then a fixed-order sum.
   const int64_t G = blockDim.x / hd, e = threadIdx.x;
   if (e < G * hd) {
     const int64_t d = e % hd, g = e / hd;
     T acc = 0;
-    for (int64_t j = g; j <= i; j += G) acc += p[j] * V[j * ldk + d];
+    for (int64_t j = j0 + g; j <= i; j += G) acc += p[j] * V[j * ldk + d];
     part[e] = acc;
   }
   __syncthreads();
@@ -125,7 +157,8 @@ __global__ void attn_bwd_dq_kernel(T* __restrict__ dq, T* __restrict__ Dbuf,
   const T L = lse[(b * s.H + h) * s.T + i];
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  for (int64_t j = warp; j <= i; j += nw) {
+  const int64_t j0 = row_first_key(s, b, i);  // keys [j0, i], as the forward
+  for (int64_t j = j0 + warp; j <= i; j += nw) {
     const T sc = scale * warp_dot(sq, K + j * ldk, hd, lane);
     const T dpv = warp_dot(sdo, V + j * ldk, hd, lane);
     if (lane == 0) {
@@ -135,16 +168,16 @@ __global__ void attn_bwd_dq_kernel(T* __restrict__ dq, T* __restrict__ Dbuf,
   }
   __syncthreads();
   T dsum = 0;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) dsum += p[j] * dp[j];
+  for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x) dsum += p[j] * dp[j];
   const T D = block_sum(dsum, red);
   if (threadIdx.x == 0) Dbuf[(b * s.H + h) * s.T + i] = D;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) p[j] = p[j] * (dp[j] - D);
+  for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x) p[j] = p[j] * (dp[j] - D);
   __syncthreads();
   const int64_t G = blockDim.x / hd, e = threadIdx.x;
   if (e < G * hd) {
     const int64_t d = e % hd, g = e / hd;
     T acc = 0;
-    for (int64_t j = g; j <= i; j += G) acc += p[j] * K[j * ldk + d];
+    for (int64_t j = j0 + g; j <= i; j += G) acc += p[j] * K[j * ldk + d];
     part[e] = acc;
   }
   __syncthreads();
@@ -179,6 +212,7 @@ __global__ void attn_bwd_dkv_kernel(T* __restrict__ dk, T* __restrict__ dv,
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const int64_t G = blockDim.x / hd, e = threadIdx.x;
   const int64_t d = e % hd, g = e / hd;
+  const int64_t iend = key_rows_end(s, b, j);  // query rows [j, iend) attend key j
   T acck = 0, accv = 0;
   for (int64_t hh = 0; hh < s.group; ++hh) {
     const int64_t h = kh * s.group + hh;
@@ -186,8 +220,8 @@ __global__ void attn_bwd_dkv_kernel(T* __restrict__ dk, T* __restrict__ dv,
     const T* dO = dout + b * s.T * ldq + h * hd;
     const T* L = lse + (b * s.H + h) * s.T;
     const T* Dh = Dbuf + (b * s.H + h) * s.T;
-    for (int64_t i0 = j; i0 < s.T; i0 += kChunk) {
-      const int64_t cnt = s.T - i0 < kChunk ? s.T - i0 : kChunk;
+    for (int64_t i0 = j; i0 < iend; i0 += kChunk) {
+      const int64_t cnt = iend - i0 < kChunk ? iend - i0 : kChunk;
       for (int64_t ii = warp; ii < cnt; ii += nw) {
         const int64_t i = i0 + ii;
         // The same dot products, in the same order, as attn_bwd_dq_kernel.
@@ -308,7 +342,7 @@ bool attention_backward_checks(const Tensor& dq, const Tensor& dk, const Tensor&
 }
 
 AttDims dims_of(const AttentionShape& s) {
-  return {s.B, s.T, s.n_heads, s.n_kv_heads, s.head_dim, s.n_heads / s.n_kv_heads};
+  return {s.B, s.T, s.n_heads, s.n_kv_heads, s.head_dim, s.n_heads / s.n_kv_heads, s.doc_start};
 }
 
 // Raises the kernel's dynamic shared-memory limit when `bytes` needs more than

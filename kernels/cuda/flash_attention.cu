@@ -17,7 +17,9 @@ namespace adgt::cuda {
 namespace {
 
 FlashParams params_of(const AttentionShape& s) {
-  return flash_params(s.T, s.n_heads, s.n_kv_heads, s.head_dim);
+  FlashParams p = flash_params(s.T, s.n_heads, s.n_kv_heads, s.head_dim);
+  p.doc = s.doc_start;  // document masking (device memory), or nullptr
+  return p;
 }
 
 template <class K>

@@ -5,7 +5,8 @@
 // (B,T,KV,hd), all bf16 (raw bits, uint16_t), 16-byte aligned; lse (B,H,T)
 // fp32, the natural-log log-sum-exp of the scaled scores of each row (the
 // exact kernel's `saved`); causal, scale 1/sqrt(hd), head h reads kv head
-// h / (H/KV).
+// h / (H/KV). With s.doc_start (device int32 (B*T), each token's document
+// start) row i attends keys [doc_start_i, i] only (document masking).
 #pragma once
 #include <cuda_runtime.h>
 

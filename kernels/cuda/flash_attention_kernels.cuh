@@ -26,6 +26,18 @@
 //   dQ: one CTA per (query block, head, batch) over key blocks up to the
 //     diagonal: S, P, dP = dO V^T, dS, dQ += dS K; scaled at the end.
 //
+// Document masking (FlashParams::doc, AttentionShape::doc_start: each token's
+// document start, non-decreasing, <= its position): row i attends keys
+// [doc_i, i]. The forward and dQ kernels start their key loops at the block
+// holding the document start of the query block's first row (the smallest)
+// and mask keys before each row's start to -inf (P = 0) in the blocks that
+// have such keys; a row with every key of a block masked keeps its running
+// max (or, with none yet, the 0 offset of the causal case), so no NaN. The
+// dK/dV kernel stops at the first query block whose first row's document
+// starts after the key block's last key (every later one does too) and
+// masks P^T where the block holds rows of later documents. doc == nullptr:
+// the causal kernels exactly (the same loops; only null-pointer branches).
+//
 // This header holds the device code only (helpers and __global__ templates);
 // flash_attention.cu has the host launchers and is the one CUDA translation
 // unit that includes it. The inline-PTX wrappers live in flash_ptx.cuh. With
@@ -62,6 +74,7 @@ struct FlashParams {
   int64_t ldq, ldk;    // row strides in elements: H*hd (q, out, dout, dq), KV*hd (k, v, dk, dv)
   float scale;         // 1/sqrt(hd)
   float scale_log2;    // scale * log2(e)
+  const int32_t* doc = nullptr;  // (B*T) each token's document start; nullptr: causal
 };
 
 // Kernel parameters of a (T, H, KV, hd) shape.
@@ -242,7 +255,61 @@ __device__ __forceinline__ void store_rows(uint16_t* sw, const float (&acc)[HD /
   }
 }
 
+// ---- document masking ------------------------------------------------------------
+
+// Sequence b's document starts (nullptr without a mask).
+__device__ __forceinline__ const int32_t* doc_of(const FlashParams& p, int b) {
+  return p.doc ? p.doc + int64_t(b) * p.T : nullptr;
+}
+
+// The document start of row r; past T the last row's (the starts stay
+// non-decreasing; those rows are never stored).
+__device__ __forceinline__ int doc_row(const int32_t* ds, int r, int T) {
+  return ds[r < T ? r : T - 1];
+}
+
+// The first key block query block qb needs: the one holding its first row's
+// document start (the smallest of its rows'); 0 without a mask.
+__device__ __forceinline__ int first_key_block(const int32_t* ds, int qb) {
+  return ds ? ds[qb * kBlock] / kBlock : 0;
+}
+
+// How many query blocks from key block kb on attend its keys: up to the last
+// whose first row's document starts at or before kb's last key (the starts
+// are non-decreasing, so no later block does); nblk - kb without a mask.
+__device__ __forceinline__ int query_blocks_of(const int32_t* ds, int kb, int nblk, int T) {
+  int n = nblk - kb;
+  if (!ds) return n;
+  const int klast = (kb + 1) * kBlock < T ? (kb + 1) * kBlock - 1 : T - 1;
+  while (n > 1 && ds[(kb + n - 1) * kBlock] > klast) --n;
+  return n;
+}
+
 // ---- kernels ------------------------------------------------------------------
+
+// The forward's masks on the warp's S (16 rows x the 64 keys from key0) to
+// -inf: with diag (the diagonal block) keys after the row (row_lo: row g,
+// +8 for c2, c3), with docm (document masking) keys before the row's
+// document start dlo[0] (row g) or dlo[1] (row g+8).
+__device__ __forceinline__ void fwd_mask(float (&s)[8][4], int key0, bool diag, bool docm,
+                                         int row_lo, const int (&dlo)[2], int t4) {
+  if (diag) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int key = key0 + nt * 8 + 2 * t4 + (c & 1);
+        if (key > row_lo + (c >> 1) * 8) s[nt][c] = -INFINITY;
+      }
+  }
+  if (docm) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (key0 + nt * 8 + 2 * t4 + (c & 1) < dlo[c >> 1]) s[nt][c] = -INFINITY;
+  }
+}
 
 template <int HD>
 __global__ void __launch_bounds__(kThreads, 2)
@@ -266,10 +333,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int q0 = qb * kBlock;
   const int64_t qoff = int64_t(b) * p.T * p.ldq + int64_t(h) * HD;
   const int64_t koff = int64_t(b) * p.T * p.ldk + int64_t(kh) * HD;
+  const int32_t* ds = doc_of(p, b);
+  const int kb0 = first_key_block(ds, qb);  // key blocks kb0..qb
 
   load_tile<HD>(sQ, q + qoff, p.ldq, q0, p.T, tid);
-  load_tile<HD>(sK, k + koff, p.ldk, 0, p.T, tid);
-  load_tile<HD>(sV, v + koff, p.ldk, 0, p.T, tid);
+  load_tile<HD>(sK, k + koff, p.ldk, kb0 * kBlock, p.T, tid);
+  load_tile<HD>(sV, v + koff, p.ldk, kb0 * kBlock, p.T, tid);
   cp_async_commit();
 
   uint32_t qf[HD / 16][4];
@@ -278,10 +347,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   float m[2] = {-INFINITY, -INFINITY};  // running max of the log2-domain scores, rows g, g+8
   float l[2] = {0.f, 0.f};              // this thread's part of the running sum
   const int row_lo = q0 + warp * 16 + g;
-  const int nkb = qb + 1;  // key blocks 0..qb; only qb is masked
-  for (int n = 0; n < nkb; ++n) {
+  // Document starts of rows g and g+8 (document masking only).
+  const int dlo[2] = {ds ? doc_row(ds, row_lo, p.T) : 0, ds ? doc_row(ds, row_lo + 8, p.T) : 0};
+  const int nkb = qb + 1;  // key blocks kb0..qb; qb has the causal mask
+  for (int n = kb0; n < nkb; ++n) {
     if (n + 1 < nkb) {
-      const int nb = (n + 1) & 1;
+      const int nb = (n + 1 - kb0) & 1;
       load_tile<HD>(sK + nb * Tl::kElems, k + koff, p.ldk, (n + 1) * kBlock, p.T, tid);
       load_tile<HD>(sV + nb * Tl::kElems, v + koff, p.ldk, (n + 1) * kBlock, p.T, tid);
       cp_async_commit();
@@ -290,26 +361,18 @@ __global__ void __launch_bounds__(kThreads, 2)
       cp_async_wait<0>();
     }
     __syncthreads();
-    if (n == 0) {
+    if (n == kb0) {
 #pragma unroll
       for (int kt = 0; kt < HD / 16; ++kt)
         ldsm_x4(qf[kt], smem_u32(sQ + (warp * 16 + (lane & 15)) * LD + kt * 16 + ((lane >> 4) << 3)));
     }
-    const uint16_t* cK = sK + (n & 1) * Tl::kElems;
-    const uint16_t* cV = sV + (n & 1) * Tl::kElems;
+    const uint16_t* cK = sK + ((n - kb0) & 1) * Tl::kElems;
+    const uint16_t* cV = sV + ((n - kb0) & 1) * Tl::kElems;
 
     float s[8][4];
     zero(s);
     gemm_rT<HD>(s, qf, cK, lane);
-    if (n == qb) {
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int key = n * kBlock + nt * 8 + 2 * t4 + (c & 1);
-          if (key > row_lo + (c >> 1) * 8) s[nt][c] = -INFINITY;
-        }
-    }
+    fwd_mask(s, n * kBlock, n == qb, ds && n * kBlock < dlo[1], row_lo, dlo, t4);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
@@ -390,6 +453,45 @@ __global__ void flash_bwd_dsum_kernel(float* __restrict__ D, const uint16_t* __r
   }
 }
 
+// The dK/dV kernel's P^T (the warp's 16 keys from key_lo x the 64 queries of
+// the block at q0) as A fragments: S^T = K Q^T, P^T = exp(S^T - lse), zero
+// where masked: with need_mask a query before the key or past T, with docm
+// (document masking) a key before the query's document start.
+template <int HD>
+__device__ __forceinline__ void dkdv_pt(uint32_t (&pa)[4][4], const uint16_t* wK,
+                                        const uint16_t* cQ, const float* cL, const FlashParams& p,
+                                        const int32_t* ds, int q0, int key_lo, bool need_mask,
+                                        bool docm, int lane) {
+  const int t4 = lane & 3;
+  float s[8][4];  // S^T: rows = the warp's 16 keys, columns = 64 queries
+  zero(s);
+  gemm_sT<HD>(s, wK, cQ, lane);
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    const int qc = nt * 8 + 2 * t4;  // query column of c0 (c1: +1)
+    const float l0 = cL[qc] * kLog2e, l1 = cL[qc + 1] * kLog2e;
+    s[nt][0] = fast_exp2(fmaf(s[nt][0], p.scale_log2, -l0));
+    s[nt][1] = fast_exp2(fmaf(s[nt][1], p.scale_log2, -l1));
+    s[nt][2] = fast_exp2(fmaf(s[nt][2], p.scale_log2, -l0));
+    s[nt][3] = fast_exp2(fmaf(s[nt][3], p.scale_log2, -l1));
+    if (need_mask) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int qi = q0 + qc + (c & 1), kj = key_lo + (c >> 1) * 8;
+        if (qi < kj || qi >= p.T) s[nt][c] = 0.f;
+      }
+    }
+    if (docm) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int qi = q0 + qc + (c & 1), kj = key_lo + (c >> 1) * 8;
+        if (qi < p.T && kj < ds[qi]) s[nt][c] = 0.f;
+      }
+    }
+  }
+  to_afrag(pa, s);
+}
+
 template <int HD>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_bwd_dkdv_kernel(uint16_t* __restrict__ dk, uint16_t* __restrict__ dv,
@@ -414,7 +516,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int nblk = (p.T + kBlock - 1) / kBlock;
   const int kb = blockIdx.x, kh = blockIdx.y, b = blockIdx.z;
   const int k0 = kb * kBlock;
-  const int nq = nblk - kb;          // query blocks kb..nblk-1 see these keys
+  const int32_t* ds = doc_of(p, b);
+  const int nq = query_blocks_of(ds, kb, nblk, p.T);  // query blocks kb..kb+nq-1 see these keys
   const int iters = p.group * nq;    // (head of the group, query block), head-major
   const int64_t koff = int64_t(b) * p.T * p.ldk + int64_t(kh) * HD;
 
@@ -456,28 +559,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool need_mask = q0 == k0 || q0 + kBlock > p.T;
 
     uint32_t pa[4][4];  // P^T, then dS^T, as A fragments (rows = keys, k = queries)
-    {
-      float s[8][4];  // S^T: rows = the warp's 16 keys, columns = 64 queries
-      zero(s);
-      gemm_sT<HD>(s, wK, cQ, lane);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const int qc = nt * 8 + 2 * t4;  // query column of c0 (c1: +1)
-        const float l0 = cL[qc] * kLog2e, l1 = cL[qc + 1] * kLog2e;
-        s[nt][0] = fast_exp2(fmaf(s[nt][0], p.scale_log2, -l0));
-        s[nt][1] = fast_exp2(fmaf(s[nt][1], p.scale_log2, -l1));
-        s[nt][2] = fast_exp2(fmaf(s[nt][2], p.scale_log2, -l0));
-        s[nt][3] = fast_exp2(fmaf(s[nt][3], p.scale_log2, -l1));
-        if (need_mask) {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            const int qi = q0 + qc + (c & 1), kj = key_lo + (c >> 1) * 8;
-            if (qi < kj || qi >= p.T) s[nt][c] = 0.f;
-          }
-        }
-      }
-      to_afrag(pa, s);
-    }
+    // Document masking: rows of a later document in this query block (the
+    // last row's start is past the key block's first key).
+    const bool docm = ds && doc_row(ds, q0 + kBlock - 1, p.T) > k0;
+    dkdv_pt<HD>(pa, wK, cQ, cL, p, ds, q0, key_lo, need_mask, docm, lane);
     gemm_py<HD>(dva, pa, cdO, lane);  // dV += P^T dO
     // dP^T = V dO^T and dS^T = P^T (dP^T - D), in two halves of 32 queries
     // (fewer live registers); half hf rewrites pa[2hf], pa[2hf+1] in place.
@@ -544,12 +629,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t qoff = int64_t(b) * p.T * p.ldq + int64_t(h) * HD;
   const int64_t koff = int64_t(b) * p.T * p.ldk + int64_t(kh) * HD;
   const int64_t loff = (int64_t(b) * p.H + h) * p.T;
+  const int32_t* ds = doc_of(p, b);
+  const int kb0 = first_key_block(ds, qb);  // key blocks kb0..qb, as the forward
 
   load_tile<HD>(sQ, q + qoff, p.ldq, q0, p.T, tid);
   load_tile<HD>(sdO, dout + qoff, p.ldq, q0, p.T, tid);
   load_stats(sL, sD, lse + loff, Dsum + loff, q0, p.T, tid);
-  load_tile<HD>(sK, k + koff, p.ldk, 0, p.T, tid);
-  load_tile<HD>(sV, v + koff, p.ldk, 0, p.T, tid);
+  load_tile<HD>(sK, k + koff, p.ldk, kb0 * kBlock, p.T, tid);
+  load_tile<HD>(sV, v + koff, p.ldk, kb0 * kBlock, p.T, tid);
   cp_async_commit();
 
   float dqa[HD / 8][4];
@@ -558,10 +645,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int rl = warp * 16 + g;                   // local row of c0, c1; +8 for c2, c3
   const uint16_t* wQ = sQ + warp * 16 * LD;
   const uint16_t* wdO = sdO + warp * 16 * LD;
+  // Document starts of rows rl and rl+8 (document masking only).
+  const int dlo[2] = {ds ? doc_row(ds, q0 + rl, p.T) : 0, ds ? doc_row(ds, q0 + rl + 8, p.T) : 0};
   const int nkb = qb + 1;
-  for (int n = 0; n < nkb; ++n) {
+  for (int n = kb0; n < nkb; ++n) {
     if (n + 1 < nkb) {
-      const int nb = (n + 1) & 1;
+      const int nb = (n + 1 - kb0) & 1;
       load_tile<HD>(sK + nb * Tl::kElems, k + koff, p.ldk, (n + 1) * kBlock, p.T, tid);
       load_tile<HD>(sV + nb * Tl::kElems, v + koff, p.ldk, (n + 1) * kBlock, p.T, tid);
       cp_async_commit();
@@ -570,26 +659,29 @@ __global__ void __launch_bounds__(kThreads, 2)
       cp_async_wait<0>();
     }
     __syncthreads();
-    if (n == 0) {
+    if (n == kb0) {
       lr[0] = sL[rl] * kLog2e;
       lr[1] = sL[rl + 8] * kLog2e;
       dr[0] = sD[rl];
       dr[1] = sD[rl + 8];
     }
-    const uint16_t* cK = sK + (n & 1) * Tl::kElems;
-    const uint16_t* cV = sV + (n & 1) * Tl::kElems;
+    const uint16_t* cK = sK + ((n - kb0) & 1) * Tl::kElems;
+    const uint16_t* cV = sV + ((n - kb0) & 1) * Tl::kElems;
     float s[8][4], dp[8][4];
     zero(s);
     zero(dp);
     gemm_sT<HD>(s, wQ, cK, lane);    // S = Q K^T
     gemm_sT<HD>(dp, wdO, cV, lane);  // dP = dO V^T
     const bool diag = n == qb;
+    const bool docm = ds && n * kBlock < dlo[1];  // keys before a row's document start
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         float pr = fast_exp2(fmaf(s[nt][c], p.scale_log2, -lr[c >> 1]));
-        if (diag && n * kBlock + nt * 8 + 2 * t4 + (c & 1) > q0 + rl + (c >> 1) * 8) pr = 0.f;
+        const int key = n * kBlock + nt * 8 + 2 * t4 + (c & 1);
+        if (diag && key > q0 + rl + (c >> 1) * 8) pr = 0.f;
+        if (docm && key < dlo[c >> 1]) pr = 0.f;
         s[nt][c] = pr * (dp[nt][c] - dr[c >> 1]);  // dS
       }
     uint32_t pa[4][4];

@@ -7,7 +7,10 @@
 // or of the dK/dV kernel's 64-row chunk, and above each (above a block of 256
 // in the `long` run), head_dim 8..160 (256 / head_dim groups of threads in the
 // P.V and dS.K sums: 32 down to 1), misaligned views, the preconditions.
-// See sim_check.hpp.
+// Document masking (AttentionShape::doc_start) against the CPU backend's:
+// one document, boundaries inside and on the edge of the dK/dV kernel's
+// 64-row chunk, one-token documents, many short ones, two sequences with
+// different layouts. See sim_check.hpp.
 //
 // Not reached: the dynamic shared-memory opt-in past 48 KB (T above ~2800 in
 // f64, ~5900 in f32, for the dq kernel) and the conversion kernels'
@@ -34,7 +37,34 @@ std::string name(DType dt, const Case& c) {
          (c.mis ? " misaligned" : "");
 }
 
-// lse[(b*H + h)*T + i] = log sum_{j<=i} exp(scale q_i.k_j), long double.
+// Each sequence's document starts (the first is 0), one list per sequence:
+// the (B*T) doc_start of AttentionShape (each token's document start).
+using Docs = std::vector<std::vector<int32_t>>;
+std::vector<int32_t> doc_start_of(const Docs& docs, int64_t T) {
+  std::vector<int32_t> ds;
+  for (const auto& starts : docs)
+    for (int64_t t = 0; t < T; ++t) {
+      int32_t d = 0;
+      for (int32_t st : starts)
+        if (st <= t) d = st;
+      ds.push_back(d);
+    }
+  return ds;
+}
+
+std::string docs_str(const Docs& docs) {
+  if (docs.empty()) return "";
+  std::string r = " docs";
+  for (const auto& starts : docs) {
+    r += " {";
+    for (size_t i = 0; i < starts.size(); ++i) r += (i ? "," : "") + std::to_string(starts[i]);
+    r += "}";
+  }
+  return r;
+}
+
+// lse[(b*H + h)*T + i] = log sum_{j0<=j<=i} exp(scale q_i.k_j), long double;
+// j0 = the row's document start (0 without doc_start).
 void reference_lse(const Tensor& lse, const Tensor& q, const Tensor& k, const AttentionShape& s) {
   const int64_t T = s.T, H = s.n_heads, KV = s.n_kv_heads, hd = s.head_dim, group = H / KV;
   const long double scale = 1.0L / std::sqrt((long double)hd);
@@ -42,8 +72,9 @@ void reference_lse(const Tensor& lse, const Tensor& q, const Tensor& k, const At
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t i = 0; i < T; ++i) {
+        const int64_t j0 = s.doc_start ? s.doc_start[b * T + i] : 0;
         long double mx = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = j0; j <= i; ++j) {
           long double dot = 0;
           for (int64_t d = 0; d < hd; ++d)
             dot += (long double)at(q, ((b * T + i) * H + h) * hd + d) *
@@ -52,7 +83,7 @@ void reference_lse(const Tensor& lse, const Tensor& q, const Tensor& k, const At
           mx = std::max(mx, sc[size_t(j)]);
         }
         long double sum = 0;
-        for (int64_t j = 0; j <= i; ++j) sum += std::exp(sc[size_t(j)] - mx);
+        for (int64_t j = j0; j <= i; ++j) sum += std::exp(sc[size_t(j)] - mx);
         const double l = double(mx + std::log(sum));
         const int64_t r = (b * H + h) * T + i;
         if (lse.dtype == DType::F64)
@@ -62,9 +93,16 @@ void reference_lse(const Tensor& lse, const Tensor& q, const Tensor& k, const At
       }
 }
 
-void run_case(DType dt, const Case& c) {
-  const std::string what = name(dt, c);
-  const AttentionShape s{c.B, c.T, c.H, c.KV, c.hd};
+// docs: document masking with these layouts (one per sequence); none: causal.
+void run_case(DType dt, const Case& c, const Docs& docs = {}) {
+  const std::string what = name(dt, c) + docs_str(docs);
+  // The emulated device reads doc_start as plain host memory, as the CPU does.
+  const std::vector<int32_t> ds = doc_start_of(docs, c.T);
+  AttentionShape s{c.B, c.T, c.H, c.KV, c.hd};
+  if (!docs.empty()) {
+    if (int64_t(docs.size()) != c.B) fail(what + ": one layout per sequence");
+    s.doc_start = ds.data();
+  }
   const DType sdt = stat_dtype(dt);
   std::mt19937 rng(unsigned(c.T * 1009 + c.H * 101 + c.KV * 11 + c.hd));
   Mem m;
@@ -174,6 +212,17 @@ int main(int argc, char** argv) {
       {1, 35, 2, 1, 64, 0}, {1, 17, 8, 2, 128, 1}, {2, 11, 2, 2, 24, 0}, {1, 17, 4, 4, 72, 5},
   };
   for (const Case& c : bf16_cases) run_case(DType::BF16, c);
+  // Document masking: a single document (the causal answer), boundaries
+  // inside and on the edge (64) of the dK/dV chunk, one-token documents (13;
+  // the last row), many short documents, two sequences laid out differently;
+  // group 1, 2, 4; T off every tile.
+  run_case(DType::F32, {1, 66, 2, 1, 40, 0}, {{0, 13, 14, 40, 64}});
+  run_case(DType::F32, {1, 19, 4, 1, 128, 1}, {{0}});
+  run_case(DType::F32, {2, 21, 4, 2, 32, 0}, {{0, 7, 8, 15}, {0, 1, 2, 3, 10, 20}});
+  run_case(DType::F64, {1, 34, 4, 2, 48, 0}, {{0, 17, 33}});
+  run_case(DType::F64, {2, 13, 1, 1, 8, 0}, {{0, 2, 4, 6, 8, 10, 12}, {0, 5}});
+  run_case(DType::BF16, {1, 35, 2, 1, 64, 0}, {{0, 8, 32}});
+  run_case(DType::BF16, {2, 17, 4, 4, 72, 5}, {{0, 16}, {0, 3, 9}});
   refusals();
   return finish("attention");
 }

@@ -1,8 +1,9 @@
-# cmake -DBIN=<mutant test> -P expect_failure.cmake: passes when the test
-# built against a deliberately broken kernel fails by one of its checks
-# ("FAIL ...") or an emulation error ("cuda-sim: ..."); fails when it passes,
-# or fails some other way (it did not run, a crash the emulation did not name).
-execute_process(COMMAND ${BIN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+# cmake -DBIN=<mutant test> [-DARGS=<its arguments>] -P expect_failure.cmake:
+# passes when the test built against a deliberately broken kernel fails by one
+# of its checks ("FAIL ...") or an emulation error ("cuda-sim: ..."); fails
+# when it passes, or fails some other way (it did not run, a crash the
+# emulation did not name).
+execute_process(COMMAND ${BIN} ${ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 string(REGEX MATCH "FAIL [^\n]*" failed "${out}")
 string(REGEX MATCH "cuda-sim: [^\n]*" simerr "${err}")
 if(rc EQUAL 0)

@@ -11,7 +11,15 @@
 // Every shape runs twice, the warps scheduled in ascending and in descending
 // order (see tests/tools/cuda_sim/sim_runtime.hpp).
 //
+// Document masking (FlashParams::doc, AttentionShape::doc_start): cases with
+// document layouts — boundaries inside a 64-row tile and on its edge,
+// one-token documents, many short ones, two sequences laid out differently,
+// key blocks skipped whole — against the reference restricted to each row's
+// document; one document of the whole sequence must give the causal kernels'
+// bits exactly.
+//
 // Usage: adgt_flash_sim_test               all shapes
+//        adgt_flash_sim_test docs          the document-masked shapes
 //        adgt_flash_sim_test B T H KV hd   one shape
 #define ADGT_CUDA_SIM 1
 #include "tests/tools/cuda_sim/sim_runtime.hpp"
@@ -23,6 +31,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -36,9 +45,25 @@ namespace ac = adgt::cuda;
 using adgt::bf16_to_float;
 using adgt::float_to_bf16;
 
+// docs: each sequence's document starts (the first 0), one list per
+// sequence; empty: causal.
 struct Case {
   int B, T, H, KV, hd;
+  std::vector<std::vector<int>> docs = {};
 };
+
+// The (B*T) doc_start of a case: each token's document start; empty without docs.
+std::vector<int32_t> doc_start_of(const Case& c) {
+  std::vector<int32_t> ds;
+  for (const auto& starts : c.docs)
+    for (int t = 0; t < c.T; ++t) {
+      int d = 0;
+      for (int st : starts)
+        if (st <= t) d = st;
+      ds.push_back(d);
+    }
+  return ds;
+}
 
 // A device buffer stand-in with guard zones before and after, filled with a
 // pattern the kernels must not touch.
@@ -64,12 +89,14 @@ struct Guarded {
 
 // Independent reference: causal attention in double on the bf16 inputs.
 // q, out, dout, dq (B,T,H,hd); k, v, dk, dv (B,T,KV,hd); lse, D (B,H,T);
-// query head h attends with kv head h / (H/KV); scale 1/sqrt(hd).
+// query head h attends with kv head h / (H/KV); scale 1/sqrt(hd). With
+// doc_start (non-empty) row i's keys are [doc_start[b*T + i], i].
 struct Reference {
   std::vector<double> out, lse, dq, dk, dv;
 };
 Reference reference(const Case& c, const std::vector<uint16_t>& q, const std::vector<uint16_t>& k,
-                    const std::vector<uint16_t>& v, const std::vector<uint16_t>& dout) {
+                    const std::vector<uint16_t>& v, const std::vector<uint16_t>& dout,
+                    const std::vector<int32_t>& doc_start) {
   const int B = c.B, T = c.T, H = c.H, KV = c.KV, hd = c.hd;
   auto f = [](uint16_t x) { return double(bf16_to_float(x)); };
   auto qi = [&](int b, int t, int h) { return ((size_t(b) * T + t) * H + h) * hd; };
@@ -87,25 +114,26 @@ Reference reference(const Case& c, const std::vector<uint16_t>& q, const std::ve
       const int kvh = h / (H / KV);
       for (int i = 0; i < T; ++i) {
         const size_t qo = qi(b, i, h);
+        const int j0 = doc_start.empty() ? 0 : doc_start[size_t(b) * T + i];
         double mx = -INFINITY;
-        for (int j = 0; j <= i; ++j) {
+        for (int j = j0; j <= i; ++j) {
           double s = 0;
           for (int e = 0; e < hd; ++e) s += f(q[qo + e]) * f(k[ki(b, j, kvh) + e]);
           p[j] = s * scale;
           mx = std::max(mx, p[j]);
         }
         double sum = 0;
-        for (int j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - mx));
-        for (int j = 0; j <= i; ++j) p[j] /= sum;
+        for (int j = j0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (int j = j0; j <= i; ++j) p[j] /= sum;
         r.lse[(size_t(b) * H + h) * T + i] = mx + std::log(sum);
         double Drow = 0;  // rowsum(dO * O) = sum_j P_j dP_j
-        for (int j = 0; j <= i; ++j) {
+        for (int j = j0; j <= i; ++j) {
           double d = 0;
           for (int e = 0; e < hd; ++e) d += f(dout[qo + e]) * f(v[ki(b, j, kvh) + e]);
           dp[j] = d;
           Drow += p[j] * d;
         }
-        for (int j = 0; j <= i; ++j) {
+        for (int j = j0; j <= i; ++j) {
           const size_t ko = ki(b, j, kvh);
           const double ds = p[j] * (dp[j] - Drow);
           for (int e = 0; e < hd; ++e) {
@@ -169,6 +197,57 @@ void run_kernels(const Case& c, fs::WarpOrder order, const ac::FlashParams& p, c
              [&] { ac::flash_bwd_dq_kernel<HD>(dq, q, k, v, dout, lse, D, p); });
 }
 
+// The kernels' outputs of one run, NaN-filled first (an element left unwritten
+// fails), with guard zones.
+struct Outputs {
+  Guarded<uint16_t> out, dq, dk, dv;
+  Guarded<float> lse, D;
+  Outputs(size_t nq, size_t nk, size_t ns)
+      : out(nq, 0x7fc1, 0x5a5a), dq(nq, 0x7fc1, 0x5a5a), dk(nk, 0x7fc1, 0x5a5a),
+        dv(nk, 0x7fc1, 0x5a5a), lse(ns, NAN, -1234.5f), D(ns, NAN, -1234.5f) {}
+  bool guards_intact() const {
+    return out.guards_intact() && dq.guards_intact() && dk.guards_intact() &&
+           dv.guards_intact() && lse.guards_intact() && D.guards_intact();
+  }
+  // Bitwise the same out, lse, D, dq, dk, dv as o.
+  bool same_bits(const Outputs& o) const {
+    auto eq = [](const auto& a, const auto& b) {
+      return std::memcmp(a.data(), b.data(), a.n * sizeof(*a.data())) == 0;
+    };
+    return eq(out, o.out) && eq(lse, o.lse) && eq(D, o.D) && eq(dq, o.dq) && eq(dk, o.dk) &&
+           eq(dv, o.dv);
+  }
+};
+
+void run_once(const Case& c, fs::WarpOrder order, const ac::FlashParams& p,
+              const std::vector<uint16_t>& q, const std::vector<uint16_t>& k,
+              const std::vector<uint16_t>& v, const std::vector<uint16_t>& dout, Outputs& o) {
+  if (c.hd == 64)
+    run_kernels<64>(c, order, p, q.data(), k.data(), v.data(), dout.data(), o.out.data(),
+                    o.lse.data(), o.D.data(), o.dq.data(), o.dk.data(), o.dv.data());
+  else
+    run_kernels<128>(c, order, p, q.data(), k.data(), v.data(), dout.data(), o.out.data(),
+                     o.lse.data(), o.D.data(), o.dq.data(), o.dk.data(), o.dv.data());
+}
+
+// Every sequence one document: the masked kernels must equal the causal ones.
+bool one_document(const Case& c) {
+  if (c.docs.empty()) return false;
+  for (const auto& starts : c.docs)
+    if (starts.size() != 1) return false;
+  return true;
+}
+
+std::string docs_str(const Case& c) {
+  std::string r;
+  for (const auto& starts : c.docs) {
+    r += " {";
+    for (size_t i = 0; i < starts.size(); ++i) r += (i ? "," : "") + std::to_string(starts[i]);
+    r += "}";
+  }
+  return c.docs.empty() ? r : " docs" + r;
+}
+
 // Runs the kernels on one shape with each warp order and checks them;
 // returns the number of failed runs.
 int run_case(const Case& c) {
@@ -177,45 +256,46 @@ int run_case(const Case& c) {
   const size_t ns = size_t(c.B) * c.H * c.T;
   const auto q = random_bf16(rng, nq, 1.5f), k = random_bf16(rng, nk, 1.5f);
   const auto v = random_bf16(rng, nk, 1.f), dout = random_bf16(rng, nq, 1.f);
-  const Reference r = reference(c, q, k, v, dout);
-  const ac::FlashParams p = ac::flash_params(c.T, c.H, c.KV, c.hd);
+  const std::vector<int32_t> doc_start = doc_start_of(c);
+  const Reference r = reference(c, q, k, v, dout, doc_start);
+  ac::FlashParams p = ac::flash_params(c.T, c.H, c.KV, c.hd);
+  p.doc = doc_start.empty() ? nullptr : doc_start.data();
   int failed = 0;
   for (const fs::WarpOrder order : {fs::WarpOrder::Ascending, fs::WarpOrder::Descending}) {
     const auto t0 = std::chrono::steady_clock::now();
-    const uint16_t nan16 = 0x7fc1, guard16 = 0x5a5a;
-    const float nanf = NAN, guardf = -1234.5f;
-    Guarded<uint16_t> out(nq, nan16, guard16), dq(nq, nan16, guard16), dk(nk, nan16, guard16),
-        dv(nk, nan16, guard16);
-    Guarded<float> lse(ns, nanf, guardf), D(ns, nanf, guardf);
-    if (c.hd == 64)
-      run_kernels<64>(c, order, p, q.data(), k.data(), v.data(), dout.data(), out.data(),
-                      lse.data(), D.data(), dq.data(), dk.data(), dv.data());
-    else
-      run_kernels<128>(c, order, p, q.data(), k.data(), v.data(), dout.data(), out.data(),
-                       lse.data(), D.data(), dq.data(), dk.data(), dv.data());
+    Outputs o(nq, nk, ns);
+    run_once(c, order, p, q, k, v, dout, o);
     const auto t1 = std::chrono::steady_clock::now();
+    // One document per sequence: the causal kernels' bits (doc == nullptr).
+    bool same = true;
+    if (one_document(c)) {
+      Outputs causal(nq, nk, ns);
+      ac::FlashParams pc = p;
+      pc.doc = nullptr;
+      run_once(c, order, pc, q, k, v, dout, causal);
+      same = o.same_bits(causal);
+    }
 
     double lse_err = 0, d_err = 0;
     for (size_t i = 0; i < ns; ++i) {
-      const double e = std::fabs(double(lse.data()[i]) - r.lse[i]);
+      const double e = std::fabs(double(o.lse.data()[i]) - r.lse[i]);
       lse_err = std::isfinite(e) ? std::max(lse_err, e) : INFINITY;
     }
     // D against a double sum over the kernel's own bf16 out (what it reads).
     for (int b = 0; b < c.B; ++b)
       for (int i = 0; i < c.T; ++i)
         for (int h = 0; h < c.H; ++h) {
-          const size_t o = ((size_t(b) * c.T + i) * c.H + h) * c.hd;
+          const size_t off = ((size_t(b) * c.T + i) * c.H + h) * c.hd;
           double s = 0;
           for (int e = 0; e < c.hd; ++e)
-            s += double(bf16_to_float(dout[o + e])) * bf16_to_float(out.data()[o + e]);
+            s += double(bf16_to_float(dout[off + e])) * bf16_to_float(o.out.data()[off + e]);
           const double e =
-              std::fabs(D.data()[(size_t(b) * c.H + h) * c.T + i] - s) / (1 + std::fabs(s));
+              std::fabs(o.D.data()[(size_t(b) * c.H + h) * c.T + i] - s) / (1 + std::fabs(s));
           d_err = std::isfinite(e) ? std::max(d_err, e) : INFINITY;
         }
-    const double eo = rel_error(out.data(), r.out), edq = rel_error(dq.data(), r.dq),
-                 edk = rel_error(dk.data(), r.dk), edv = rel_error(dv.data(), r.dv);
-    const bool guards = out.guards_intact() && dq.guards_intact() && dk.guards_intact() &&
-                        dv.guards_intact() && lse.guards_intact() && D.guards_intact();
+    const double eo = rel_error(o.out.data(), r.out), edq = rel_error(o.dq.data(), r.dq),
+                 edk = rel_error(o.dk.data(), r.dk), edv = rel_error(o.dv.data(), r.dv);
+    const bool guards = o.guards_intact();
     // Relative to the double reference on the same bf16 inputs. The kernels
     // round P and dS to bf16 for the tensor-core products (as FlashAttention-2
     // does); the dK/dV kernel also forms dS^T from the bf16-rounded P of its
@@ -225,38 +305,65 @@ int run_case(const Case& c) {
     // noise of the others, and every gradient stays under one bound.
     const double tol = 1e-2;
     const bool ok = eo < tol && edq < tol && edk < tol && edv < tol && lse_err < 1e-3 &&
-                    d_err < 1e-4 && guards;
+                    d_err < 1e-4 && guards && same;
     failed += !ok;
     std::printf(
-        "%s B=%d T=%3d H=%d KV=%d hd=%3d warps %s: rel err out %.1e dq %.1e dk %.1e dv %.1e, "
-        "max |lse err| %.1e, D %.1e%s (%.2f s)\n",
-        ok ? "ok  " : "FAIL", c.B, c.T, c.H, c.KV, c.hd,
+        "%s B=%d T=%3d H=%d KV=%d hd=%3d%s warps %s: rel err out %.1e dq %.1e dk %.1e dv %.1e, "
+        "max |lse err| %.1e, D %.1e%s%s (%.2f s)\n",
+        ok ? "ok  " : "FAIL", c.B, c.T, c.H, c.KV, c.hd, docs_str(c).c_str(),
         order == fs::WarpOrder::Ascending ? "asc " : "desc", eo, edq, edk, edv, lse_err, d_err,
         guards ? "" : ", WROTE OUTSIDE ITS OUTPUTS",
+        same ? "" : ", NOT THE CAUSAL KERNELS' BITS WITH ONE DOCUMENT",
         std::chrono::duration<double>(t1 - t0).count());
     std::fflush(stdout);
   }
   return failed;
 }
 
+// MHA, GQA and MQA; hd 64 and 128; T = 1 (one row), 17 (inside one block),
+// 64 (exactly one block), 100, 128 and 130 (two or three blocks, the last
+// ragged or full); B = 2 where the batch offset matters.
+std::vector<Case> causal_cases() {
+  return {
+      {1, 1, 4, 2, 64},   {1, 1, 2, 1, 128},  {2, 17, 2, 2, 128}, {1, 64, 4, 1, 64},
+      {1, 64, 8, 2, 128}, {2, 100, 2, 2, 64}, {1, 100, 4, 2, 128}, {1, 128, 2, 1, 64},
+      {1, 130, 4, 2, 64}, {1, 130, 4, 1, 128}, {2, 130, 8, 2, 64},
+  };
+}
+
+// Document masking: boundaries inside a tile (30, 100) and on its edge (64,
+// with a one-token document there); many short documents (one starting at a
+// key block's last key, 63, and running into the next query block) and a
+// one-token last one, B = 2 laid out differently, group 4; a long document
+// whose later query blocks skip key blocks 0-1 whole, rows 150.. masked for
+// two blocks before their first key, and key blocks whose dK/dV loop ends
+// early (hd 128, group 1); one document per sequence, bitwise the causal
+// kernels.
+std::vector<Case> document_cases() {
+  return {
+      {1, 130, 4, 2, 64, {{0, 30, 64, 65, 100}}},
+      {2, 150, 4, 1, 64, {{0, 70, 128}, {0, 5, 9, 10, 17, 33, 40, 63, 66, 90, 127, 128, 140, 149}}},
+      {1, 200, 2, 2, 128, {{0, 150}}},
+      {2, 100, 4, 2, 64, {{0}, {0}}},
+  };
+}
+
 }  // namespace
 
+// Usage: no arguments, every case; `docs`, the document-masked ones (the
+// mutants of tests/kernel_sim.cmake); B T H KV hd, one causal shape.
 int main(int argc, char** argv) {
   std::vector<Case> cases;
   if (argc == 6) {
     cases.push_back({std::stoi(argv[1]), std::stoi(argv[2]), std::stoi(argv[3]),
                      std::stoi(argv[4]), std::stoi(argv[5])});
+  } else if (argc == 2 && std::string(argv[1]) == "docs") {
+    cases = document_cases();
   } else if (argc == 1) {
-    // MHA, GQA and MQA; hd 64 and 128; T = 1 (one row), 17 (inside one
-    // block), 64 (exactly one block), 100, 128 and 130 (two or three blocks,
-    // the last ragged or full); B = 2 where the batch offset matters.
-    cases = {
-        {1, 1, 4, 2, 64},   {1, 1, 2, 1, 128},  {2, 17, 2, 2, 128}, {1, 64, 4, 1, 64},
-        {1, 64, 8, 2, 128}, {2, 100, 2, 2, 64}, {1, 100, 4, 2, 128}, {1, 128, 2, 1, 64},
-        {1, 130, 4, 2, 64}, {1, 130, 4, 1, 128}, {2, 130, 8, 2, 64},
-    };
+    cases = causal_cases();
+    for (const Case& c : document_cases()) cases.push_back(c);
   } else {
-    std::fprintf(stderr, "usage: %s [B T H KV hd]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s [docs | B T H KV hd]\n", argv[0]);
     return 2;
   }
   for (const Case& c : cases)
