@@ -72,10 +72,26 @@ std::string probe_attention(Backend& be, const AttentionShape& s, DType dt) {
     be.to_device(q.data(), host.data(), q.bytes());
     be.to_device(kk.data(), host.data(), kk.bytes());
     be.to_device(v.data(), host.data() + 1, v.bytes());  // v unlike k
+    // Document-masked shapes are decided apart (the mask is part of the
+    // backend's key) on a layout of the probe's own: three documents per
+    // sequence, so the candidates' masks are compared too.
+    AttentionShape ps = s;
+    Buffer docs;
+    if (s.doc_start) {
+      const int64_t len = std::max<int64_t>(1, (s.T + 2) / 3);
+      std::vector<int32_t> ds(size_t(s.B * s.T));
+      for (size_t i = 0; i < ds.size(); ++i) {
+        const int64_t t = int64_t(i) % s.T;
+        ds[i] = int32_t(t - t % len);
+      }
+      docs = Buffer(be, ds.size() * sizeof(int32_t));
+      be.to_device(docs.data(), ds.data(), docs.bytes());
+      ps.doc_start = static_cast<const int32_t*>(docs.data());
+    }
     const Tensor tq(q.data(), DType::BF16, {nq}), tk(kk.data(), DType::BF16, {nkv}),
         tv(v.data(), DType::BF16, {nkv}), to(out.data(), DType::BF16, {nq}),
         ts(saved.data(), DType::F32, {be.attention_saved_elems(s)});
-    be.attention_forward(to, ts, tq, tk, tv, s);
+    be.attention_forward(to, ts, tq, tk, tv, ps);
     be.synchronize();
     k = cuda->attention_kernel(s);
     ADGT_CHECK(!k.empty(), "train.attention=auto: the probe call decided no kernel for B="

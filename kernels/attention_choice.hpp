@@ -53,7 +53,11 @@ void configure_attention(Backend& be, const std::string& value);
 // undecided; "exact" on backends with one kernel. With more than one process
 // the trainer takes rank 0's answer, broadcasts it and fixes it on every rank
 // with configure_attention (decide, broadcast, log: ranks never run
-// different kernels).
+// different kernels). Document masking: s.doc_start non-null (its memory is
+// not read; the probe draws a layout of its own) decides the masked shape,
+// which never picks cudnn (it has no document masking); a run with
+// train.document_mask must probe with it, or an unmasked cudnn answer would
+// be fixed for masked calls (an error naming flash and auto).
 std::string probe_attention(Backend& be, const AttentionShape& s, DType dt);
 
 // The relative error two attention kernels may differ by on `dt` outputs:

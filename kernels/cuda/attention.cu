@@ -8,6 +8,12 @@
 // first call (the decision kept per shape for this backend). f32 and f64 run
 // the exact kernels. All three write the same `saved`: the natural-log
 // log-sum-exp of each row's scaled scores, fp32 (B, H, T).
+//
+// Document masking (AttentionShape::doc_start): flash and exact take it;
+// cuDNN does not (CudnnAttention::support says why), so `auto` decides masked
+// shapes apart from unmasked ones (the mask is part of the decision's key)
+// among flash and exact, logging cudnn's reason, and `cudnn` is an error
+// naming flash and auto.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -26,13 +32,14 @@ namespace adgt {
 
 struct CudaBackend::AttentionState {
   AttentionSetting setting = AttentionSetting::Flash;  // unset: flash (tests, tools)
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>;  // B, T, H, KV, hd
-  std::map<Key, AttnKernel> decided;  // auto's choice per shape (bf16)
+  // B, T, H, KV, hd, document-masked
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+  std::map<Key, AttnKernel> decided;  // auto's choice per shape and masking (bf16)
 #ifdef ADGT_HAVE_CUDNN_ATTENTION
   std::unique_ptr<cuda::CudnnAttention> cudnn;
 #endif
   static Key key(const AttentionShape& s) {
-    return {s.B, s.T, s.n_heads, s.n_kv_heads, s.head_dim};
+    return {s.B, s.T, s.n_heads, s.n_kv_heads, s.head_dim, s.doc_start != nullptr};
   }
 };
 
@@ -59,7 +66,7 @@ const char* kernel_name(int k) {
 std::string shape_str(const AttentionShape& s) {
   return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " H=" +
          std::to_string(s.n_heads) + " KV=" + std::to_string(s.n_kv_heads) +
-         " head_dim=" + std::to_string(s.head_dim);
+         " head_dim=" + std::to_string(s.head_dim) + (s.doc_start ? " document-masked" : "");
 }
 
 const char* kNoCudnn =

@@ -218,6 +218,9 @@ struct CudnnAttention::Impl {
 
   void execute(Plan& p, std::unordered_map<int64_t, void*>& pack, const char* op,
                const AttentionShape& s) {
+    ADGT_CHECK(!s.doc_start, "cuda attention (cudnn): " << op << " " << shape_str(s)
+                                 << ": document masking (train.document_mask) is not supported "
+                                    "by the cuDNN path; use train.attention=flash or auto");
     ADGT_CHECK(p.graph, "cuda attention (cudnn): " << op << " " << shape_str(s)
                                                    << ": cuDNN " << version_string()
                                                    << " has no engine: " << p.error
@@ -247,6 +250,8 @@ CudnnAttention::~CudnnAttention() {
 std::string CudnnAttention::version() const { return Impl::version_string(); }
 
 std::string CudnnAttention::support(const AttentionShape& s) {
+  if (s.doc_start)
+    return "document masking (train.document_mask) is not supported by the cuDNN path";
   if (s.n_kv_heads <= 0 || s.n_heads % s.n_kv_heads != 0)
     return "n_heads " + std::to_string(s.n_heads) + " not a multiple of n_kv_heads " +
            std::to_string(s.n_kv_heads);

@@ -10,6 +10,7 @@
 //                      kernels' `saved`, so attention_saved_elems (B*H*T) and
 //                      the memory estimates hold for either kernel
 //   scale              1/sqrt(hd); causal with the diagonal at top left (T_q == T_kv)
+//   no document masking (AttentionShape::doc_start): support() refuses it
 //
 // Graphs are built once per (shape, dtype, device, direction) and cached; the
 // workspace comes from the backend (the callback given at construction). The
@@ -56,7 +57,9 @@ class CudnnAttention {
   CudnnAttention& operator=(const CudnnAttention&) = delete;
 
   // "" when cuDNN has engines for s's forward and backward (building and
-  // caching both graphs), else why not ("cuDNN 9.13: no engine for ...").
+  // caching both graphs), else why not ("cuDNN 9.13: no engine for ...");
+  // document masking (s.doc_start) is never supported: its reason says so
+  // (train.attention=auto then takes flash; cudnn names the fix).
   std::string support(const AttentionShape& s);
   // Whether s's backward graph is cuDNN's deterministic algorithm (builds it).
   bool deterministic(const AttentionShape& s);

@@ -5,8 +5,9 @@
 // dv (outputs poisoned with NaN first; NaN fails), and the saved row
 // log-sum-exp against one computed in double on the host (1e-3). Also: the
 // fallback shape (head_dim 32), bitwise determinism on a rerun, and agreement
-// with ADGT_ATTENTION=exact. Tag [cuda]; without a GPU every case WARNs and
-// passes.
+// with ADGT_ATTENTION=exact, document masking (AttentionShape::doc_start) on
+// flash, exact and auto against the CPU's, cudnn refusing it. Tag [cuda];
+// without a GPU every case WARNs and passes.
 //
 // The hidden case "[.cudabench]" times the forward and forward+backward at
 // B=1..8, T=2048, H=16, hd=128 (the 1.3B model's attention) against the H100/
@@ -119,6 +120,7 @@ struct Results {
 };
 
 // The CPU backend in fp32 on the bf16 values; lse in double on the host.
+// s.doc_start, if any, in host memory.
 Results run_cpu(const AttentionShape& s, const Inputs& in) {
   CpuBackend cpu;
   const int64_t nq = int64_t(in.q.size()), nk = int64_t(in.k.size());
@@ -139,8 +141,9 @@ Results run_cpu(const AttentionShape& s, const Inputs& in) {
     for (int64_t h = 0; h < H; ++h)
       for (int64_t i = 0; i < T; ++i) {
         const float* qi = &in.q[size_t(((b * T + i) * H + h) * hd)];
+        const int64_t j0 = s.doc_start ? s.doc_start[b * T + i] : 0;
         double mx = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = j0; j <= i; ++j) {
           const float* kj = &in.k[size_t(((b * T + j) * KV + h / group) * hd)];
           double d = 0;
           for (int64_t e = 0; e < hd; ++e) d += double(qi[e]) * double(kj[e]);
@@ -148,7 +151,7 @@ Results run_cpu(const AttentionShape& s, const Inputs& in) {
           mx = std::max(mx, sc[size_t(j)]);
         }
         double sum = 0;
-        for (int64_t j = 0; j <= i; ++j) sum += std::exp(sc[size_t(j)] - mx);
+        for (int64_t j = j0; j <= i; ++j) sum += std::exp(sc[size_t(j)] - mx);
         lse[size_t((b * H + h) * T + i)] = float(mx + std::log(sum));
       }
   return {out, lse, dq, dk, dv};
@@ -459,6 +462,65 @@ TEST_CASE("cuda attention: auto checks the candidates and keeps one per shape", 
   // An explicit setting overrides auto's decisions.
   configure_attention(*g, "flash");
   CHECK(as_cuda(*g).attention_kernel(shapes[0]) == "flash");
+}
+
+TEST_CASE("cuda attention: bf16 document masking on flash, exact and auto against the CPU",
+          "[cuda]") {
+  ADGT_REQUIRE_GPU();
+  auto g = make_backend("cuda");
+  // Flash shapes (hd 64, 128; groups 1, 2, 4; T off the 64-row tile) and a
+  // fallback one (hd 32). Sequence 0: boundaries inside a tile and on its
+  // edge, a one-token document at 64; sequence 1: one-token documents at the
+  // start and the end, a long one (its later query blocks skip key blocks).
+  const AttentionShape shapes[] = {
+      {2, 200, 8, 2, 128}, {2, 130, 4, 1, 64}, {2, 100, 4, 4, 64}, {2, 100, 4, 2, 32}};
+  uint64_t seed = 900;
+  for (const AttentionShape& shape : shapes) {
+    const int64_t T = shape.T;
+    const std::vector<int64_t> starts[2] = {{0, 30, 64, 65, T - 20}, {0, 1, 2, T - 1}};
+    std::vector<int32_t> ds;
+    for (const auto& st : starts)
+      for (int64_t t = 0; t < T; ++t) {
+        int64_t d = 0;
+        for (int64_t x : st)
+          if (x <= t) d = x;
+        ds.push_back(int32_t(d));
+      }
+    Buffer dds(*g, ds.size() * sizeof(int32_t));
+    g->to_device(dds.data(), ds.data(), dds.bytes());
+    AttentionShape host = shape, dev = shape;
+    host.doc_start = ds.data();
+    dev.doc_start = static_cast<const int32_t*>(dds.data());
+    INFO(shape_str(shape) << " document-masked");
+    const Inputs in = make_inputs(shape, seed += 10);
+    const Results ref = run_cpu(host, in);
+    configure_attention(*g, "flash");
+    const Results a = run_gpu(*g, dev, in), b = run_gpu(*g, dev, in);
+    expect_close(a, ref, 1e-2, 1e-3);
+    CHECK(a.out == b.out);  // deterministic, like the causal kernels
+    CHECK(a.dk == b.dk);
+    CHECK(rel_err(a.out, run_cpu(shape, in).out) > 1e-2);  // the mask changed the answer
+    {
+      EnvGuard env("exact");
+      INFO("exact");
+      expect_close(run_gpu(*g, dev, in), ref, 1e-2, 1e-3);
+    }
+    // auto decides masked shapes apart and never picks cudnn for them.
+    configure_attention(*g, "auto");
+    const Results c = run_gpu(*g, dev, in);
+    const std::string k = as_cuda(*g).attention_kernel(dev);
+    INFO("auto chose " << k);
+    CHECK((k == "flash" || k == "exact"));
+    CHECK(as_cuda(*g).attention_kernel(shape).empty());  // the unmasked shape: undecided
+    expect_close(c, ref, 1e-2, 1e-3);
+    CHECK(probe_attention(*g, dev, DType::BF16) == k);
+    if (cuda::cudnn_attention_built()) {
+      configure_attention(*g, "cudnn");
+      CHECK_THROWS_WITH(run_gpu(*g, dev, in),
+                        Catch::Matchers::Contains("document masking") &&
+                            Catch::Matchers::Contains("use train.attention=flash or auto"));
+    }
+  }
 }
 
 TEST_CASE("cuda attention: flash vs cudnn benchmark", "[.cudabench]") {
