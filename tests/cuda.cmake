@@ -19,10 +19,12 @@ set_tests_properties(torch_llama_bench_smoke PROPERTIES
 
 # The flash attention kernels (kernels/cuda/flash_attention_kernels.cuh) run
 # in a host emulation of CUDA (tests/tools/cuda_sim/) against a double
-# reference: a plain C++ build that needs neither nvcc nor a GPU, so it is
-# registered with or without the CUDA toolkit. Always optimised (the
-# emulation is ~10x slower at -O0); -fno-strict-aliasing as nvcc assumes.
+# reference (whose document masking is checked against the CPU backend's): a
+# plain C++ build that needs neither nvcc nor a GPU, so it is registered with
+# or without the CUDA toolkit. Always optimised (the emulation is ~10x slower
+# at -O0); -fno-strict-aliasing as nvcc assumes.
 add_executable(adgt_flash_sim_test ${CMAKE_CURRENT_SOURCE_DIR}/tools/flash_sim_test.cpp)
+target_link_libraries(adgt_flash_sim_test PRIVATE adgt_kernels)
 target_compile_options(adgt_flash_sim_test PRIVATE -O2 -fno-strict-aliasing -Wno-unknown-pragmas)
 add_test(NAME flash_attention_emulated COMMAND adgt_flash_sim_test)
 set_tests_properties(flash_attention_emulated PROPERTIES LABELS cuda TIMEOUT 300)

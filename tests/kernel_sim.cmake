@@ -315,10 +315,10 @@ adgt_kernel_mutant(flash_doc_dkdv_mask TEST flash SOURCE tools/flash_sim_test.cp
 adgt_kernel_mutant(flash_doc_dkdv_end TEST flash SOURCE tools/flash_sim_test.cpp ARGS docs
   HEADER kernels/cuda/flash_attention_kernels.cuh
   # dK/dV stop at a query block starting its document inside the key block
-  FROM [[ds[(kb + n - 1) * kBlock] > klast]]
-  TO [[ds[(kb + n - 1) * kBlock] > kb * kBlock]])
+  FROM [[if (ds[(kb + mid - 1) * kBlock] <= klast)]]
+  TO [[if (ds[(kb + mid - 1) * kBlock] <= kb * kBlock)]])
 adgt_kernel_mutant(flash_doc_dkdv_last_key TEST flash SOURCE tools/flash_sim_test.cpp ARGS docs
   HEADER kernels/cuda/flash_attention_kernels.cuh
   # dK/dV stop at a query block whose document starts at the key block's last key
-  FROM [[> klast) --n;]]
-  TO [[>= klast) --n;]])
+  FROM [[if (ds[(kb + mid - 1) * kBlock] <= klast)]]
+  TO [[if (ds[(kb + mid - 1) * kBlock] < klast)]])

@@ -276,13 +276,20 @@ __device__ __forceinline__ int first_key_block(const int32_t* ds, int qb) {
 
 // How many query blocks from key block kb on attend its keys: up to the last
 // whose first row's document starts at or before kb's last key (the starts
-// are non-decreasing, so no later block does); nblk - kb without a mask.
+// are non-decreasing, so no later block does; a binary search); nblk - kb
+// without a mask.
 __device__ __forceinline__ int query_blocks_of(const int32_t* ds, int kb, int nblk, int T) {
-  int n = nblk - kb;
-  if (!ds) return n;
+  if (!ds) return nblk - kb;
   const int klast = (kb + 1) * kBlock < T ? (kb + 1) * kBlock - 1 : T - 1;
-  while (n > 1 && ds[(kb + n - 1) * kBlock] > klast) --n;
-  return n;
+  int lo = 1, hi = nblk - kb;  // block kb always: its row k0 attends key k0
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (ds[(kb + mid - 1) * kBlock] <= klast)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
 }
 
 // ---- kernels ------------------------------------------------------------------
