@@ -59,7 +59,8 @@ class CudaBackend final : public Backend {
   // build without cuDNN attention, naming the fix.
   void set_attention(const std::string& setting);
   // The kernel bf16 attention runs for s ("flash", "cudnn", "exact"); under
-  // auto, the decision taken for s ("" while undecided).
+  // auto, the decision taken for s ("" while undecided), kept apart for
+  // document-masked s (s.doc_start non-null; never cudnn).
   std::string attention_kernel(const AttentionShape& s);
 
   // Grow-only device scratch, one per purpose; contents are only valid within
