@@ -230,13 +230,18 @@ void Trainer::wire(ParallelContext ctx, bool init) {
     // (One process decides per shape inside the backend, at first use.)
     configure_attention(*backend_, "auto");
     const Model& m = engine_->model();
-    const AttentionShape& s = m.attention_shape();
+    AttentionShape s = m.attention_shape();
+    // A masked run decides the masked shape (probe_attention reads no
+    // boundaries: any non-null pointer marks it; cudnn is then left out).
+    static const int32_t kMasked = 0;
+    if (cfg.train.document_mask) s.doc_start = &kMasked;
     const nlohmann::json in = {{"B", s.B},
                                {"T", s.T},
                                {"heads", s.n_heads},
                                {"kv_heads", s.n_kv_heads},
                                {"head_dim", s.head_dim},
                                {"dtype", dtype_name(m.dtype())},
+                               {"document_mask", cfg.train.document_mask},
                                {"backend", backend_->name()}};
     const bool say = backend_->name().rfind("cuda", 0) == 0;
     nlohmann::json rec;
