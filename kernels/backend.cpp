@@ -68,6 +68,26 @@ void Backend::sum_squares_ranges(Tensor out, const Tensor& x, const std::vector<
   if (k) to_device(out.data, s.data(), k * sizeof(double));
 }
 
+// The blockwise attention ops (ring attention) where a backend has none.
+void Backend::attention_block_forward(Tensor, Tensor, const Tensor&, const Tensor&, const Tensor&,
+                                      const AttentionBlock&) {
+  ADGT_CHECK(false, "attention_block_forward: not implemented on this backend (" << name()
+                        << "); context parallelism (ring attention) runs on the cpu and "
+                           "emulated devices for now");
+}
+void Backend::attention_merge(Tensor, Tensor, const Tensor&, const Tensor&) {
+  ADGT_CHECK(false, "attention_merge: not implemented on this backend ("
+                        << name() << "); context parallelism (ring attention) runs on the cpu "
+                                     "and emulated devices for now");
+}
+void Backend::attention_block_backward(Tensor, Tensor, Tensor, const Tensor&, const Tensor&,
+                                       const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                       const AttentionBlock&, bool) {
+  ADGT_CHECK(false, "attention_block_backward: not implemented on this backend ("
+                        << name() << "); context parallelism (ring attention) runs on the cpu "
+                                     "and emulated devices for now");
+}
+
 int Backend::mark() {
   marks_.push_back(std::chrono::steady_clock::now());
   return int(marks_.size()) - 1;

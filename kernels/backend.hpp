@@ -15,10 +15,10 @@
 //  - parameter gradients are fp32: linear_backward's dw, rmsnorm_backward's
 //    dw and embedding_backward's dtable are F32 while x, dy, w are BF16;
 //  - statistics are fp32: rmsnorm's rstd, the attention's `saved`, the
-//    rotary cos/sin tables, cross_entropy's losses, ce_* stats/combined/
-//    gathered/losses (logits are BF16 and get their gradient in place in BF16),
-//    combine_rows_backward's dw (the router weights' gradient; w itself is in
-//    the rows' dtype);
+//    attention blocks' lse, the rotary cos/sin tables, cross_entropy's
+//    losses, ce_* stats/combined/gathered/losses (logits are BF16 and get
+//    their gradient in place in BF16), combine_rows_backward's dw (the
+//    router weights' gradient; w itself is in the rows' dtype);
 //  - sum_squares accepts any float dtype; adamw works on fp32 master weights
 //    (adamw_cast also writes their bf16 copy); cast converts between any
 //    two float dtypes.
@@ -52,6 +52,19 @@ struct AttentionShape {
   // non-decreasing along a sequence, doc_start[b*T + t] <= t. Query t then
   // attends to keys j with doc_start[b*T + t] <= j <= t. nullptr: plain causal.
   const int32_t* doc_start = nullptr;
+};
+
+// One block of blockwise (ring) attention: queries (B, Tq, H, hd) against a
+// block of keys and values (B, Tk, KV, hd), KV dividing H (grouped-query).
+// mask: full — every key of the block is visible to every query; causal —
+// the diagonal block of a causal attention (the queries and keys are the same
+// Tq == Tk positions): key j is visible to query i iff j <= i. Document
+// masking inside a block is not supported by these ops; it is future work
+// (AttentionShape::doc_start is the whole-sequence op's).
+enum class BlockMask { full, causal };
+struct AttentionBlock {
+  int64_t B = 0, Tq = 0, Tk = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  BlockMask mask = BlockMask::full;
 };
 
 // Shape/dtype precondition shared by the backends' ops: same dtype, same size.
@@ -173,6 +186,40 @@ class Backend {
                                   const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& out, const Tensor& saved,
                                   const AttentionShape& s) = 0;
+
+  // ---- blockwise attention with log-sum-exp statistics (ring attention,
+  // parallel/cp/) ----
+  // The attention of a query block over several key blocks is built one key
+  // block at a time: each block's (out_b, lse_b) is merged into a running
+  // (out, lse) by the online-softmax rule, and the backward of each block
+  // needs only the final (out, lse). lse (B, H, Tq) is in the statistics
+  // dtype (f32 for bf16 and f32 activations, f64 for f64); -inf means "no
+  // key seen yet". The backends without these ops (CUDA for now) throw
+  // "not implemented on this backend".
+  //
+  // out(B,Tq,H,hd) = softmax(scale q k^T + mask) v over the block's keys,
+  // lse(B,H,Tq) = log sum_j exp(scale q_i . k_j) over the visible keys,
+  // scale = 1/sqrt(hd). Both overwritten.
+  virtual void attention_block_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
+                                       const Tensor& v, const AttentionBlock& b);
+  // Merges a block's partial result into the running one, per (b, h, i):
+  // lse' = log(exp(lse) + exp(lse_b)), out' = exp(lse - lse') out +
+  // exp(lse_b - lse') out_b (computed around the larger lse, so it never
+  // overflows; an lse of -inf contributes nothing). out, out_b (B,Tq,H,hd);
+  // lse, lse_b (B,H,Tq), three-dimensional (they give the shape); out and
+  // lse updated in place.
+  virtual void attention_merge(Tensor out, Tensor lse, const Tensor& out_b, const Tensor& lse_b);
+  // The block's gradient given the FINAL merged out (B,Tq,H,hd) and lse
+  // (B,H,Tq) of the whole attention: with P = exp(scale q k^T - lse) on the
+  // visible keys and D = rowsum(dout * out) per (b, h, i),
+  //   dv(B,Tk,KV,hd) = P^T dout, dk = scale dS^T q (both overwritten; the
+  //   heads of a kv group summed), dq (=|+=) scale dS k,
+  // where dS = P * (dout v^T - D). Summed over every key block, these are
+  // attention_backward's gradients.
+  virtual void attention_block_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
+                                        const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const Tensor& out, const Tensor& lse,
+                                        const AttentionBlock& b, bool accumulate_dq);
 
   // ---- SwiGLU: h = silu(gate) * up ----
   virtual void swiglu_forward(Tensor h, const Tensor& gate, const Tensor& up) = 0;

@@ -20,6 +20,71 @@ inline void check_attention_shapes(const AttentionShape& s, const Tensor& q, con
              op << ": q" << q.shape_str() << " k" << k.shape_str() << " v" << v.shape_str());
 }
 
+// Blockwise attention (attention_block_*): n_kv_heads divides n_heads, every
+// size positive, a causal block square (Tq == Tk); q (B,Tq,H,hd), k and v
+// (B,Tk,KV,hd) by element count, in one dtype.
+inline void check_attention_block(const AttentionBlock& b, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const char* op) {
+  ADGT_CHECK(b.n_kv_heads > 0 && b.n_heads % b.n_kv_heads == 0,
+             op << ": n_kv_heads=" << b.n_kv_heads << " must divide n_heads=" << b.n_heads);
+  ADGT_CHECK(b.B > 0 && b.Tq > 0 && b.Tk > 0 && b.head_dim > 0,
+             op << ": B=" << b.B << " Tq=" << b.Tq << " Tk=" << b.Tk << " head_dim=" << b.head_dim
+                << " must all be positive");
+  ADGT_CHECK(b.mask != BlockMask::causal || b.Tq == b.Tk,
+             op << ": a causal block is the diagonal one: Tq=" << b.Tq << " must equal Tk="
+                << b.Tk << " (use BlockMask::full for a block of earlier keys)");
+  ADGT_CHECK(q.numel() == b.B * b.Tq * b.n_heads * b.head_dim &&
+                 k.numel() == b.B * b.Tk * b.n_kv_heads * b.head_dim && v.numel() == k.numel(),
+             op << ": q" << q.shape_str() << " k" << k.shape_str() << " v" << v.shape_str()
+                << " for B=" << b.B << " Tq=" << b.Tq << " Tk=" << b.Tk << " H=" << b.n_heads
+                << " KV=" << b.n_kv_heads << " hd=" << b.head_dim);
+  ADGT_CHECK(q.dtype == k.dtype && q.dtype == v.dtype && q.dtype != DType::I32,
+             op << ": q " << dtype_name(q.dtype) << ", k " << dtype_name(k.dtype) << ", v "
+                << dtype_name(v.dtype) << ": one float dtype expected");
+}
+// out (B,Tq,H,hd) in q's dtype a; lse (B,H,Tq) in the statistics dtype (f32
+// for bf16, else a).
+inline void check_block_outputs(const AttentionBlock& b, const Tensor& out, const Tensor& lse,
+                                DType a, const char* op) {
+  const DType st = a == DType::BF16 ? DType::F32 : a;
+  ADGT_CHECK(out.numel() == b.B * b.Tq * b.n_heads * b.head_dim && out.dtype == a &&
+                 lse.numel() == b.B * b.n_heads * b.Tq && lse.dtype == st,
+             op << ": out" << out.shape_str() << " " << dtype_name(out.dtype) << ", lse"
+                << lse.shape_str() << " " << dtype_name(lse.dtype) << ": expected out (B,Tq,H,hd) "
+                << dtype_name(a) << " and lse (B,H,Tq) " << dtype_name(st));
+}
+// dq, dout like q; dk, dv like k.
+inline void check_block_grads(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                              const Tensor& dout, const Tensor& q, const Tensor& k,
+                              const char* op) {
+  ADGT_CHECK(dq.numel() == q.numel() && dout.numel() == q.numel() && dk.numel() == k.numel() &&
+                 dv.numel() == k.numel() && dq.dtype == q.dtype && dout.dtype == q.dtype &&
+                 dk.dtype == q.dtype && dv.dtype == q.dtype,
+             op << ": dq" << dq.shape_str() << " " << dtype_name(dq.dtype) << " dk"
+                << dk.shape_str() << " " << dtype_name(dk.dtype) << " dv" << dv.shape_str() << " "
+                << dtype_name(dv.dtype) << " dout" << dout.shape_str() << " "
+                << dtype_name(dout.dtype) << ": expected dq and dout like q" << q.shape_str()
+                << ", dk and dv like k" << k.shape_str() << ", all " << dtype_name(q.dtype));
+}
+// attention_merge: lse and lse_b (B,H,Tq) give the shape; out and out_b
+// (B,Tq,H,hd) in one float dtype a, lse and lse_b in the statistics dtype.
+// Returns the shape as a block (Tk unused).
+inline AttentionBlock check_attention_merge(const Tensor& out, const Tensor& lse,
+                                            const Tensor& out_b, const Tensor& lse_b,
+                                            const char* op) {
+  ADGT_CHECK(lse.ndim == 3 && lse.numel() > 0 && out.numel() % lse.numel() == 0,
+             op << ": lse" << lse.shape_str() << " must be (B,H,Tq) and out" << out.shape_str()
+                << " (B,Tq,H,hd)");
+  AttentionBlock b;
+  b.B = lse.dim(0), b.n_heads = lse.dim(1), b.Tq = lse.dim(2), b.Tk = b.Tq;
+  b.n_kv_heads = b.n_heads, b.head_dim = out.numel() / lse.numel();
+  ADGT_CHECK(out.dtype != DType::I32,
+             op << ": out " << dtype_name(out.dtype) << " is not a float dtype");
+  check_block_outputs(b, out, lse, out.dtype, op);
+  check_block_outputs(b, out_b, lse_b, out.dtype, op);
+  return b;
+}
+
 // The fused q/k/v rotary (qkv_rope_split, qkv_rope_merge_backward): qkv
 // (rows, Hq + 2 KV, hd), q (rows, Hq, hd), k and v (rows, KV, hd) by element
 // count, in one dtype; cos and sin (>= T, hd/2) tables in the statistics

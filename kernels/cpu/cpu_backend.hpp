@@ -53,6 +53,13 @@ class CpuBackend : public Backend {
   void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                           const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& saved,
                           const AttentionShape& s) override;
+  void attention_block_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
+                               const Tensor& v, const AttentionBlock& b) override;
+  void attention_merge(Tensor out, Tensor lse, const Tensor& out_b, const Tensor& lse_b) override;
+  void attention_block_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
+                                const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& out, const Tensor& lse, const AttentionBlock& b,
+                                bool accumulate_dq) override;
   void swiglu_forward(Tensor h, const Tensor& gate, const Tensor& up) override;
   void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dh, const Tensor& gate,
                        const Tensor& up) override;

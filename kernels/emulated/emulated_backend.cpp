@@ -164,6 +164,25 @@ void EmulatedBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, const 
   ADGT_EMU_OP(op, (D(dq), D(dk), D(dv), D(dout), D(q), D(k), D(v), D(out), D(saved), D(doc_start)),
               attention_backward(dq, dk, dv, dout, q, k, v, out, saved, s));
 }
+void EmulatedBackend::attention_block_forward(Tensor out, Tensor lse, const Tensor& q,
+                                              const Tensor& k, const Tensor& v,
+                                              const AttentionBlock& b) {
+  const char* op = "attention_block_forward";
+  ADGT_EMU_OP(op, (D(out), D(lse), D(q), D(k), D(v)), attention_block_forward(out, lse, q, k, v, b));
+}
+void EmulatedBackend::attention_merge(Tensor out, Tensor lse, const Tensor& out_b,
+                                      const Tensor& lse_b) {
+  const char* op = "attention_merge";
+  ADGT_EMU_OP(op, (D(out), D(lse), D(out_b), D(lse_b)), attention_merge(out, lse, out_b, lse_b));
+}
+void EmulatedBackend::attention_block_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
+                                               const Tensor& q, const Tensor& k, const Tensor& v,
+                                               const Tensor& out, const Tensor& lse,
+                                               const AttentionBlock& b, bool accumulate_dq) {
+  const char* op = "attention_block_backward";
+  ADGT_EMU_OP(op, (D(dq), D(dk), D(dv), D(dout), D(q), D(k), D(v), D(out), D(lse)),
+              attention_block_backward(dq, dk, dv, dout, q, k, v, out, lse, b, accumulate_dq));
+}
 void EmulatedBackend::qkv_rope_split(Tensor q, Tensor k, Tensor v, const Tensor& qkv,
                                      const Tensor& cos, const Tensor& sin, int64_t T) {
   const char* op = "qkv_rope_split";
