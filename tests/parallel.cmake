@@ -22,6 +22,18 @@ foreach(n 1 2 3 4 8)
   set_tests_properties(parallel_collectives_np${n} PROPERTIES LABELS parallel TIMEOUT 150 PROCESSORS 2)
 endforeach()
 
+# Ring attention (parallel/cp/) on 2, 3 and 4 ranks: each rank's chunks of out,
+# dq, dk, dv against the single-process attention on the whole sequence, f64
+# and f32.
+add_executable(adgt_parallel_ring_attention_test ${ADGT_PAR}/ring_attention_test.cpp)
+target_link_libraries(adgt_parallel_ring_attention_test PRIVATE adgt_parallel)
+foreach(n 2 3 4)
+  add_test(NAME parallel_ring_attention_cp${n}
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh --success "^ring attention: ok on ${n} ranks" --
+            timeout 90 ${ADGT_MPIRUN} ${n} $<TARGET_FILE:adgt_parallel_ring_attention_test>)
+  set_tests_properties(parallel_ring_attention_cp${n} PROPERTIES LABELS parallel TIMEOUT 120 PROCESSORS 2)
+endforeach()
+
 add_test(NAME parallel_mesh_check_tp2_dp2
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh --success "^mesh-check: ok [(]4 ranks, launcher mpirun[)]" --
           timeout 60 ${ADGT_MPIRUN} 4 $<TARGET_FILE:adgt-mesh-check> --tp 2 --dp 2)

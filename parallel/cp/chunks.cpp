@@ -1,0 +1,27 @@
+#include "parallel/cp/chunks.hpp"
+
+#include "kernels/check.hpp"
+
+namespace adgt::cp {
+
+std::array<int, 2> rank_chunks(int rank, int P) {
+  ADGT_CHECK(P >= 1 && rank >= 0 && rank < P,
+             "context parallelism: rank " << rank << " outside 0.." << P - 1);
+  return {rank, 2 * P - 1 - rank};
+}
+
+int64_t chunk_tokens(int64_t T, int P) {
+  ADGT_CHECK(P >= 1 && T > 0 && T % (2 * P) == 0,
+             "context parallelism: cp=" << P << " splits the sequence into 2*cp=" << 2 * P
+                                        << " chunks, which must divide seq_len=" << T
+                                        << "; use a seq_len that is a multiple of " << 2 * P);
+  return T / (2 * P);
+}
+
+std::optional<BlockMask> chunk_pair_mask(int qc, int kc) {
+  if (kc == qc) return BlockMask::causal;
+  if (kc < qc) return BlockMask::full;
+  return std::nullopt;
+}
+
+}  // namespace adgt::cp

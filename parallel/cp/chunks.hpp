@@ -1,0 +1,30 @@
+// Megatron's load balance for causal context parallelism: the sequence of T
+// tokens is cut into 2P chunks of c = T / (2P) tokens, and cp rank r holds
+// chunks r and 2P-1-r (an early and a late chunk), so every rank has the same
+// amount of causal attention work. With P = 2: rank 0 holds chunks 0 and 3,
+// rank 1 chunks 1 and 2.
+//
+// A rank's local tensors hold its two chunks side by side along the
+// sequence, per sequence of the batch: local (B, 2c, ...) = [chunk r | chunk
+// 2P-1-r]. "Half" 0 is the first of the two, half 1 the second.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <optional>
+
+#include "kernels/backend.hpp"
+
+namespace adgt::cp {
+
+// The two global chunks cp rank `rank` of `P` holds: {rank, 2P-1-rank}.
+std::array<int, 2> rank_chunks(int rank, int P);
+
+// Tokens per chunk: T / (2P). Throws, naming the fix, unless 2P divides T.
+int64_t chunk_tokens(int64_t T, int P);
+
+// The mask of query chunk qc against key chunk kc under causal attention:
+// causal on the diagonal (qc == kc), full for an earlier key chunk (kc < qc),
+// none (the block is skipped) for a later one.
+std::optional<BlockMask> chunk_pair_mask(int qc, int kc);
+
+}  // namespace adgt::cp

@@ -1,0 +1,73 @@
+// Ring attention: causal grouped-query attention over a sequence split over
+// the P ranks of the cp group, with Megatron's load balance (chunks.hpp: rank
+// r holds chunks r and 2P-1-r of c tokens each). The K/V blocks travel around
+// the ring while each rank computes on the one in hand, with the backend's
+// blockwise ops (Backend::attention_block_forward, attention_merge,
+// attention_block_backward). The numbers are those of attention_forward /
+// attention_backward on the whole sequence up to the summation order.
+//
+// Shapes on each rank (local tensors hold the rank's two chunks side by side,
+// chunks.hpp): q, out, dq, dout (B, 2c, H, hd); k, v, dk, dv (B, 2c, KV, hd);
+// lse (2, B, H, c) in the statistics dtype (f32 for bf16 and f32, f64 for
+// f64): per local chunk the log-sum-exp of its rows, written by the forward
+// and read by the backward. All in the backend's memory. Only the KV heads
+// travel (grouped-query attention sends H/KV times less than the queries).
+//
+// The schedule (r = this rank, src = (r - s) mod P: whose K/V is in hand at
+// step s; ring_schedule.hpp lists the blocks of each step and their masks).
+// K/V travel as one buffer: k's two chunks, then v's, each (B, c, KV, hd).
+//
+// Forward, steps s = 0..P-1:
+//   1. s < P-1: isend the K/V in hand to r+1 (tag kTagKv), so the transfer
+//      runs while this rank computes on them;
+//   2. every block of ring_step_blocks(r, P, s): attention_block_forward of
+//      the query chunk against the key chunk; the first block of a query
+//      chunk (at s = 0) writes its (out, lse), every later one is merged in
+//      with attention_merge;
+//   3. s < P-1: recv the next K/V from r-1 into the other buffer, wait_sends
+//      (the buffer sent is refilled at the next step), swap the buffers.
+// Backward, steps s = 0..P-1, with the final out and lse of the forward:
+//   1. s < P-1: isend the K/V in hand to r+1 (tag kTagKv);
+//   2. every block: attention_block_backward; dq accumulates in place (the
+//      first block of a query chunk overwrites), the block's dK/dV (into a
+//      scratch) are added to the dK/dV accumulator that travels with the
+//      K/V in hand (zero at s = 0, this rank's own);
+//   3. P > 1: isend the accumulator to r+1 (tag kTagDkv); recv from r-1 the
+//      next K/V (s < P-1) and the next accumulator; wait_sends; swap.
+//   At step P-1 rank r holds the accumulator of rank (r+1) mod P: its send at
+//   that step is the way home, and what rank r receives then is its own
+//   dK/dV, complete. So the dK/dV of a K/V block are summed along the ring in
+//   the order src, src+1, ..., src+P-1, the same on every run.
+// Traffic per rank: P-1 K/V messages in each pass and P dK/dV messages in
+// the backward, each 4 B c KV hd elements. Deadlock-free with buffered
+// (MPI) sends: every rank sends before it receives.
+#pragma once
+#include <cstdint>
+
+#include "core/comm.hpp"
+#include "kernels/backend.hpp"
+
+namespace adgt::cp {
+
+constexpr int kTagKv = 1;   // K/V blocks
+constexpr int kTagDkv = 2;  // dK/dV accumulators
+
+struct RingShape {
+  int64_t B = 0;      // sequences
+  int64_t chunk = 0;  // tokens per chunk c = T / (2P) (chunk_tokens)
+  int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
+};
+
+// Elements of lse: 2 B H c.
+int64_t ring_lse_elems(const RingShape& s);
+
+// out and lse overwritten.
+void ring_attention_forward(Backend& be, Comm& cp, Tensor out, Tensor lse, const Tensor& q,
+                            const Tensor& k, const Tensor& v, const RingShape& s);
+
+// dq, dk, dv overwritten; out and lse are the forward's.
+void ring_attention_backward(Backend& be, Comm& cp, Tensor dq, Tensor dk, Tensor dv,
+                             const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& out, const Tensor& lse, const RingShape& s);
+
+}  // namespace adgt::cp
