@@ -30,6 +30,12 @@
 // Both write the same `saved` (the natural-log row log-sum-exp of the scaled
 // scores), so either backward accepts either forward's `saved`.
 //
+// Blocks (attention_block_kernels.cuh, ring attention's ops): the same three
+// kernels over Tq query rows and Tk key rows per sequence (AttDims::T, Tk),
+// with every key visible (AttDims::full) or the causal diagonal block; the
+// block backward's D = rowsum(dout * out) comes precomputed (d_given) and dq
+// may accumulate (acc_dq). The whole-sequence attention leaves them off.
+//
 // This header holds the exact kernels and the ops that launch them (f32, f64,
 // and bf16 through fp32 copies); attention.cu (the CUDA backend's methods)
 // picks flash or exact and includes it, as does the host emulation's test
@@ -46,9 +52,25 @@ constexpr int kThreads = 256;  // >= head_dim
 constexpr int kChunk = 64;     // query rows per step of the dK/dV kernel
 
 struct AttDims {
-  int64_t B, T, H, KV, hd, group;
+  int64_t B, T, H, KV, hd, group;  // T: query rows per sequence
   const int32_t* doc = nullptr;  // (B*T) each token's document start; nullptr: causal
+  // The blockwise ops (attention_block_kernels.cuh) only; the whole-sequence
+  // attention leaves them as dims_of sets them (Tk = T, causal, D computed,
+  // dq overwritten).
+  int64_t Tk = 0;        // key rows per sequence (T for the whole-sequence attention)
+  bool full = false;     // every key visible to every query row (else causal: j <= i)
+  bool d_given = false;  // the dq kernel reads D from Dbuf instead of computing it
+  bool acc_dq = false;   // dq += instead of dq =
 };
+
+// One past the last key of query row i: i + 1 (causal), or every key (full).
+__device__ __forceinline__ int64_t row_end_key(const AttDims& s, int64_t i) {
+  return s.full ? s.Tk : i + 1;
+}
+// The first query row that attends key j: j (causal), or 0 (full).
+__device__ __forceinline__ int64_t key_first_row(const AttDims& s, int64_t j) {
+  return s.full ? 0 : j;
+}
 
 // The first key of row i of sequence b: its document's start (0 without a mask).
 __device__ __forceinline__ int64_t row_first_key(const AttDims& s, int64_t b, int64_t i) {
@@ -87,41 +109,42 @@ __global__ void attn_fwd_kernel(T* __restrict__ out, T* __restrict__ lse, const 
                                 T scale) {
   ADGT_DYNAMIC_SMEM(smem_raw);
   T* sq = reinterpret_cast<T*>(smem_raw);  // (hd)
-  T* p = sq + s.hd;                         // (T)
-  T* part = p + s.T;                        // (blockDim)
+  T* p = sq + s.hd;                         // (Tk)
+  T* part = p + s.Tk;                       // (blockDim)
   __shared__ T red[32];
   const int64_t i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kh = h / s.group;
   const int64_t hd = s.hd, ldq = s.H * hd, ldk = s.KV * hd;
   const T* Q = q + (b * s.T + i) * ldq + h * hd;
-  const T* K = k + b * s.T * ldk + kh * hd;
-  const T* V = v + b * s.T * ldk + kh * hd;
+  const T* K = k + b * s.Tk * ldk + kh * hd;
+  const T* V = v + b * s.Tk * ldk + kh * hd;
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) sq[d] = Q[d];
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const int64_t j0 = row_first_key(s, b, i);  // keys [j0, i]
+  const int64_t j0 = row_first_key(s, b, i);  // keys [j0, je)
+  const int64_t je = row_end_key(s, i);
   T mx = -INFINITY;
-  for (int64_t j = j0 + warp; j <= i; j += nw) {
+  for (int64_t j = j0 + warp; j < je; j += nw) {
     const T sc = scale * warp_dot(sq, K + j * ldk, hd, lane);
     if (lane == 0) p[j] = sc;
     mx = sc > mx ? sc : mx;
   }
   mx = block_max(mx, red);  // its barriers also publish p
   T sum = 0;
-  for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x) {
+  for (int64_t j = j0 + threadIdx.x; j < je; j += blockDim.x) {
     const T e = dexp(p[j] - mx);
     p[j] = e;
     sum += e;
   }
   sum = block_sum(sum, red);
   const T inv = T(1) / sum;
-  for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x) p[j] *= inv;
+  for (int64_t j = j0 + threadIdx.x; j < je; j += blockDim.x) p[j] *= inv;
   __syncthreads();
   // out_i[d]: G groups of hd threads each sum every G-th key, then a fixed-order sum.
   const int64_t G = blockDim.x / hd, e = threadIdx.x;
   if (e < G * hd) {
     const int64_t d = e % hd, g = e / hd;
     T acc = 0;
-    for (int64_t j = j0 + g; j <= i; j += G) acc += p[j] * V[j * ldk + d];
+    for (int64_t j = j0 + g; j < je; j += G) acc += p[j] * V[j * ldk + d];
     part[e] = acc;
   }
   __syncthreads();
@@ -130,6 +153,7 @@ __global__ void attn_fwd_kernel(T* __restrict__ out, T* __restrict__ lse, const 
     for (int64_t g = 0; g < G; ++g) acc += part[g * hd + e];
     out[(b * s.T + i) * ldq + h * hd + e] = acc;
   }
+  // A row with no key (je == j0): out 0 and lse -inf (mx -inf, log 0 -inf).
   if (e == 0) lse[(b * s.H + h) * s.T + i] = mx + dlog(sum);
 }
 
@@ -141,15 +165,15 @@ __global__ void attn_bwd_dq_kernel(T* __restrict__ dq, T* __restrict__ Dbuf,
   ADGT_DYNAMIC_SMEM(smem_raw);
   T* sq = reinterpret_cast<T*>(smem_raw);  // (hd)
   T* sdo = sq + s.hd;                       // (hd)
-  T* p = sdo + s.hd;                        // (T): p, then dS
-  T* dp = p + s.T;                          // (T)
-  T* part = dp + s.T;                       // (blockDim)
+  T* p = sdo + s.hd;                        // (Tk): p, then dS
+  T* dp = p + s.Tk;                         // (Tk)
+  T* part = dp + s.Tk;                      // (blockDim)
   __shared__ T red[32];
   const int64_t i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kh = h / s.group;
   const int64_t hd = s.hd, ldq = s.H * hd, ldk = s.KV * hd;
   const int64_t qoff = (b * s.T + i) * ldq + h * hd;
-  const T* K = k + b * s.T * ldk + kh * hd;
-  const T* V = v + b * s.T * ldk + kh * hd;
+  const T* K = k + b * s.Tk * ldk + kh * hd;
+  const T* V = v + b * s.Tk * ldk + kh * hd;
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
     sq[d] = q[qoff + d];
     sdo[d] = dout[qoff + d];
@@ -157,8 +181,9 @@ __global__ void attn_bwd_dq_kernel(T* __restrict__ dq, T* __restrict__ Dbuf,
   const T L = lse[(b * s.H + h) * s.T + i];
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const int64_t j0 = row_first_key(s, b, i);  // keys [j0, i], as the forward
-  for (int64_t j = j0 + warp; j <= i; j += nw) {
+  const int64_t j0 = row_first_key(s, b, i);  // keys [j0, je), as the forward
+  const int64_t je = row_end_key(s, i);
+  for (int64_t j = j0 + warp; j < je; j += nw) {
     const T sc = scale * warp_dot(sq, K + j * ldk, hd, lane);
     const T dpv = warp_dot(sdo, V + j * ldk, hd, lane);
     if (lane == 0) {
@@ -167,24 +192,29 @@ __global__ void attn_bwd_dq_kernel(T* __restrict__ dq, T* __restrict__ Dbuf,
     }
   }
   __syncthreads();
-  T dsum = 0;
-  for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x) dsum += p[j] * dp[j];
-  const T D = block_sum(dsum, red);
-  if (threadIdx.x == 0) Dbuf[(b * s.H + h) * s.T + i] = D;
-  for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x) p[j] = p[j] * (dp[j] - D);
+  T D;
+  if (s.d_given) {
+    D = Dbuf[(b * s.H + h) * s.T + i];
+  } else {
+    T dsum = 0;
+    for (int64_t j = j0 + threadIdx.x; j < je; j += blockDim.x) dsum += p[j] * dp[j];
+    D = block_sum(dsum, red);
+    if (threadIdx.x == 0) Dbuf[(b * s.H + h) * s.T + i] = D;
+  }
+  for (int64_t j = j0 + threadIdx.x; j < je; j += blockDim.x) p[j] = p[j] * (dp[j] - D);
   __syncthreads();
   const int64_t G = blockDim.x / hd, e = threadIdx.x;
   if (e < G * hd) {
     const int64_t d = e % hd, g = e / hd;
     T acc = 0;
-    for (int64_t j = j0 + g; j <= i; j += G) acc += p[j] * K[j * ldk + d];
+    for (int64_t j = j0 + g; j < je; j += G) acc += p[j] * K[j * ldk + d];
     part[e] = acc;
   }
   __syncthreads();
   if (e < hd) {
     T acc = 0;
     for (int64_t g = 0; g < G; ++g) acc += part[g * hd + e];
-    dq[qoff + e] = scale * acc;
+    dq[qoff + e] = s.acc_dq ? dq[qoff + e] + scale * acc : scale * acc;
   }
 }
 
@@ -203,7 +233,7 @@ __global__ void attn_bwd_dkv_kernel(T* __restrict__ dk, T* __restrict__ dv,
   T* partv = partk + blockDim.x;            // (blockDim)
   const int64_t j = blockIdx.x, kh = blockIdx.y, b = blockIdx.z;
   const int64_t hd = s.hd, ldq = s.H * hd, ldk = s.KV * hd;
-  const int64_t koff = (b * s.T + j) * ldk + kh * hd;
+  const int64_t koff = (b * s.Tk + j) * ldk + kh * hd;
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
     sk[d] = k[koff + d];
     sv[d] = v[koff + d];
@@ -212,7 +242,8 @@ __global__ void attn_bwd_dkv_kernel(T* __restrict__ dk, T* __restrict__ dv,
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const int64_t G = blockDim.x / hd, e = threadIdx.x;
   const int64_t d = e % hd, g = e / hd;
-  const int64_t iend = key_rows_end(s, b, j);  // query rows [j, iend) attend key j
+  const int64_t ibeg = key_first_row(s, j);
+  const int64_t iend = key_rows_end(s, b, j);  // query rows [ibeg, iend) attend key j
   T acck = 0, accv = 0;
   for (int64_t hh = 0; hh < s.group; ++hh) {
     const int64_t h = kh * s.group + hh;
@@ -220,7 +251,7 @@ __global__ void attn_bwd_dkv_kernel(T* __restrict__ dk, T* __restrict__ dv,
     const T* dO = dout + b * s.T * ldq + h * hd;
     const T* L = lse + (b * s.H + h) * s.T;
     const T* Dh = Dbuf + (b * s.H + h) * s.T;
-    for (int64_t i0 = j; i0 < iend; i0 += kChunk) {
+    for (int64_t i0 = ibeg; i0 < iend; i0 += kChunk) {
       const int64_t cnt = iend - i0 < kChunk ? iend - i0 : kChunk;
       for (int64_t ii = warp; ii < cnt; ii += nw) {
         const int64_t i = i0 + ii;
@@ -342,7 +373,9 @@ bool attention_backward_checks(const Tensor& dq, const Tensor& dk, const Tensor&
 }
 
 AttDims dims_of(const AttentionShape& s) {
-  return {s.B, s.T, s.n_heads, s.n_kv_heads, s.head_dim, s.n_heads / s.n_kv_heads, s.doc_start};
+  AttDims d{s.B, s.T, s.n_heads, s.n_kv_heads, s.head_dim, s.n_heads / s.n_kv_heads, s.doc_start};
+  d.Tk = s.T;
+  return d;
 }
 
 // Raises the kernel's dynamic shared-memory limit when `bytes` needs more than
@@ -367,32 +400,37 @@ void allow_smem(K kernel, size_t bytes, const char* op) {
                op);
 }
 
-// The exact kernels, T = float or double (also bf16's fallback, in fp32).
+// The exact kernels, T = float or double (also bf16's fallback, in fp32), on
+// the dims d (the whole sequence's, dims_of, or a block's). ops: the launches'
+// names (forward; dq; dk, dv).
+struct ExactOps {
+  const char *fwd, *dq, *dkv;
+};
+constexpr ExactOps kAttentionOps{"attention_forward", "attention_backward (dq)",
+                                 "attention_backward (dk, dv)"};
+
 template <class T>
 void exact_forward(const OpCtx& c, T* out, T* lse, const T* q, const T* k, const T* v,
-                   const AttentionShape& s, const char* op) {
-  const size_t smem = size_t(s.head_dim + s.T + kThreads) * sizeof(T);
+                   const AttDims& d, const char* op) {
+  const size_t smem = size_t(d.hd + d.Tk + kThreads) * sizeof(T);
   allow_smem(attn_fwd_kernel<T>, smem, op);
-  const T scale = T(1) / std::sqrt(T(s.head_dim));
-  launch(op, attn_fwd_kernel<T>, dim3(unsigned(s.T), unsigned(s.n_heads), unsigned(s.B)),
-         kThreads, smem, c.stream, out, lse, q, k, v, dims_of(s), scale);
+  const T scale = T(1) / std::sqrt(T(d.hd));
+  launch(op, attn_fwd_kernel<T>, dim3(unsigned(d.T), unsigned(d.H), unsigned(d.B)), kThreads,
+         smem, c.stream, out, lse, q, k, v, d, scale);
 }
 
-// D: B*H*T elements of scratch.
+// D: B*H*T elements of scratch (d.d_given: D already there).
 template <class T>
 void exact_backward(const OpCtx& c, T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
-                    const T* v, const T* lse, T* D, const AttentionShape& s, const char* op) {
-  const AttDims d = dims_of(s);
-  const T scale = T(1) / std::sqrt(T(s.head_dim));
-  const size_t smem1 = size_t(2 * s.head_dim + 2 * s.T + kThreads) * sizeof(T);
-  allow_smem(attn_bwd_dq_kernel<T>, smem1, op);
-  launch("attention_backward (dq)", attn_bwd_dq_kernel<T>,
-         dim3(unsigned(s.T), unsigned(s.n_heads), unsigned(s.B)), kThreads, smem1, c.stream, dq,
-         D, dout, q, k, v, lse, d, scale);
-  const size_t smem2 = size_t(2 * s.head_dim + 2 * kChunk + 2 * kThreads) * sizeof(T);
-  launch("attention_backward (dk, dv)", attn_bwd_dkv_kernel<T>,
-         dim3(unsigned(s.T), unsigned(s.n_kv_heads), unsigned(s.B)), kThreads, smem2, c.stream,
-         dk, dv, dout, q, k, v, lse, D, d, scale);
+                    const T* v, const T* lse, T* D, const AttDims& d, const ExactOps& ops) {
+  const T scale = T(1) / std::sqrt(T(d.hd));
+  const size_t smem1 = size_t(2 * d.hd + 2 * d.Tk + kThreads) * sizeof(T);
+  allow_smem(attn_bwd_dq_kernel<T>, smem1, ops.dq);
+  launch(ops.dq, attn_bwd_dq_kernel<T>, dim3(unsigned(d.T), unsigned(d.H), unsigned(d.B)),
+         kThreads, smem1, c.stream, dq, D, dout, q, k, v, lse, d, scale);
+  const size_t smem2 = size_t(2 * d.hd + 2 * kChunk + 2 * kThreads) * sizeof(T);
+  launch(ops.dkv, attn_bwd_dkv_kernel<T>, dim3(unsigned(d.Tk), unsigned(d.KV), unsigned(d.B)),
+         kThreads, smem2, c.stream, dk, dv, dout, q, k, v, lse, D, d, scale);
 }
 
 // out (B,T,H,hd) and saved (the row log-sum-exp, B*H*T) overwritten by the
@@ -410,13 +448,14 @@ void attention_forward_exact(const OpCtx& c, Tensor out, Tensor saved, const Ten
     to_f32(c, q32, q.data, nq, op);
     to_f32(c, k32, k.data, nk, op);
     to_f32(c, v32, v.data, nk, op);
-    exact_forward<float>(c, o32, saved.ptr<float>(), q32, k32, v32, s, op);
+    exact_forward<float>(c, o32, saved.ptr<float>(), q32, k32, v32, dims_of(s), op);
     to_bf16(c, out.data, o32, nq, op);
     return;
   }
   dispatch(q.dtype, op, [&](auto z) {
     using T = decltype(z);
-    exact_forward<T>(c, out.ptr<T>(), saved.ptr<T>(), q.ptr<T>(), k.ptr<T>(), v.ptr<T>(), s, op);
+    exact_forward<T>(c, out.ptr<T>(), saved.ptr<T>(), q.ptr<T>(), k.ptr<T>(), v.ptr<T>(),
+                     dims_of(s), op);
   });
 }
 
@@ -440,7 +479,8 @@ void attention_backward_exact(const OpCtx& c, Tensor dq, Tensor dk, Tensor dv, c
     to_f32(c, q32, q.data, nq, op);
     to_f32(c, k32, k.data, nk, op);
     to_f32(c, v32, v.data, nk, op);
-    exact_backward<float>(c, dq32, dk32, dv32, do32, q32, k32, v32, saved.ptr<float>(), D, s, op);
+    exact_backward<float>(c, dq32, dk32, dv32, do32, q32, k32, v32, saved.ptr<float>(), D,
+                          dims_of(s), kAttentionOps);
     to_bf16(c, dq.data, dq32, nq, op);
     to_bf16(c, dk.data, dk32, nk, op);
     to_bf16(c, dv.data, dv32, nk, op);
@@ -450,7 +490,7 @@ void attention_backward_exact(const OpCtx& c, Tensor dq, Tensor dk, Tensor dv, c
     using T = decltype(z);
     T* D = static_cast<T*>(c.scratch(CudaBackend::kScratchAttention, nrows * sizeof(T)));
     exact_backward<T>(c, dq.ptr<T>(), dk.ptr<T>(), dv.ptr<T>(), dout.ptr<T>(), q.ptr<T>(),
-                      k.ptr<T>(), v.ptr<T>(), saved.ptr<T>(), D, s, op);
+                      k.ptr<T>(), v.ptr<T>(), saved.ptr<T>(), D, dims_of(s), kAttentionOps);
   });
 }
 

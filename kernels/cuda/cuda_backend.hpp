@@ -110,6 +110,16 @@ class CudaBackend final : public Backend {
   void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                           const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& saved,
                           const AttentionShape& s) override;
+  // Blockwise attention with log-sum-exp (ring attention): the exact kernels
+  // on a block's dims (attention_block_kernels.cuh); f32, f64, bf16 through
+  // fp32 copies. Not the flash or cuDNN kernels.
+  void attention_block_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
+                               const Tensor& v, const AttentionBlock& b) override;
+  void attention_merge(Tensor out, Tensor lse, const Tensor& out_b, const Tensor& lse_b) override;
+  void attention_block_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
+                                const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& out, const Tensor& lse, const AttentionBlock& b,
+                                bool accumulate_dq) override;
   void qkv_rope_split(Tensor q, Tensor k, Tensor v, const Tensor& qkv, const Tensor& cos,
                       const Tensor& sin, int64_t T) override;
   void qkv_rope_merge_backward(Tensor dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv,
