@@ -70,6 +70,38 @@ adgt_kernel_mutant(rmsnorm_dw_rows TEST rmsnorm HEADER kernels/cuda/rmsnorm_kern
 
 adgt_kernel_sim(attention)
 
+adgt_kernel_sim(attention_block)
+adgt_kernel_mutant(attention_block_merge_empty TEST attention_block
+  HEADER kernels/cuda/attention_block_kernels.cuh
+  # the merge into a running lse of -inf weighs its (undefined) out by 0
+  # instead of taking the block's row: 0 * NaN
+  FROM [[if (l == T(-INFINITY)) {]]
+  TO [[if (false) {]])
+adgt_kernel_mutant(attention_block_d_from_p TEST attention_block
+  HEADER kernels/cuda/attention_block_kernels.cuh
+  # the backward computes D from the block's own P and dP (right for a whole
+  # attention, wrong for one block of it) instead of rowsum(dout * out)
+  FROM [[d.d_given = true;]]
+  TO [[d.d_given = false;]])
+adgt_kernel_mutant(attention_block_full_dkv_rows TEST attention_block
+  HEADER kernels/cuda/attention_kernels.cuh
+  # dK/dV of a full block take only the query rows from the key's own index
+  # on, as if the block were causal
+  FROM [[return s.full ? 0 : j;]]
+  TO [[return j;]])
+adgt_kernel_mutant(attention_block_key_stride TEST attention_block
+  HEADER kernels/cuda/attention_kernels.cuh
+  # the forward steps over a sequence's keys by the query length Tq
+  FROM [[const T* Q = q + (b * s.T + i) * ldq + h * hd;
+  const T* K = k + b * s.Tk * ldk + kh * hd;]]
+  TO [[const T* Q = q + (b * s.T + i) * ldq + h * hd;
+  const T* K = k + b * s.T * ldk + kh * hd;]])
+adgt_kernel_mutant(attention_block_dq_overwrite TEST attention_block
+  HEADER kernels/cuda/attention_kernels.cuh
+  # accumulate_dq ignored: dq overwritten
+  FROM [[dq[qoff + e] = s.acc_dq ? dq[qoff + e] + scale * acc : scale * acc;]]
+  TO [[dq[qoff + e] = scale * acc;]])
+
 adgt_kernel_sim(pointwise)
 
 adgt_kernel_sim(classifier)
@@ -241,8 +273,8 @@ add_test(NAME kernel_sim_attention_long COMMAND adgt_kernel_sim_attention long)
 set_tests_properties(kernel_sim_attention_long PROPERTIES LABELS "cuda;kernel_sim" TIMEOUT 300)
 adgt_kernel_mutant(attention_causal_diag TEST attention HEADER kernels/cuda/attention_kernels.cuh
   # dK/dV start their query rows past the diagonal: the i = j term is lost
-  FROM [[for (int64_t i0 = j; i0 < iend; i0 += kChunk) {]]
-  TO [[for (int64_t i0 = j + 1; i0 < iend; i0 += kChunk) {]])
+  FROM [[const int64_t ibeg = key_first_row(s, j);]]
+  TO [[const int64_t ibeg = key_first_row(s, j) + 1;]])
 adgt_kernel_mutant(attention_gqa_map TEST attention HEADER kernels/cuda/attention_kernels.cuh
   # the forward maps query head h to kv head h % KV (interleaved), not h / group
   FROM [[kh = h / s.group;
@@ -263,9 +295,11 @@ adgt_kernel_mutant(attention_dkv_barrier TEST attention HEADER kernels/cuda/atte
       }]])
 adgt_kernel_mutant(attention_doc_forward TEST attention HEADER kernels/cuda/attention_kernels.cuh
   # the forward ignores the document mask: every row's keys start at 0
-  FROM [[const int64_t j0 = row_first_key(s, b, i);  // keys [j0, i]
+  FROM [[const int64_t j0 = row_first_key(s, b, i);  // keys [j0, je)
+  const int64_t je = row_end_key(s, i);
   T mx]]
   TO [[const int64_t j0 = 0;
+  const int64_t je = row_end_key(s, i);
   T mx]])
 adgt_kernel_mutant(attention_doc_dkv_rows TEST attention HEADER kernels/cuda/attention_kernels.cuh
   # dK/dV take every later query row, masked or not

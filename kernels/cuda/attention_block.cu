@@ -19,8 +19,8 @@ void CudaBackend::attention_block_backward(Tensor dq, Tensor dk, Tensor dv, cons
                                            const Tensor& q, const Tensor& k, const Tensor& v,
                                            const Tensor& out, const Tensor& lse,
                                            const AttentionBlock& b, bool accumulate_dq) {
-  cuda::attention_block_backward_exact(cuda::op_ctx(*this), dq, dk, dv, dout, q, k, v, out, lse,
-                                       b, accumulate_dq);
+  cuda::attention_block_backward_exact(cuda::op_ctx(*this), dq, dk, dv, dout, q, k, v, out, lse, b,
+                                       accumulate_dq);
 }
 
 }  // namespace adgt

@@ -148,8 +148,8 @@ void attention_merge_exact(const OpCtx& c, Tensor out, Tensor lse, const Tensor&
   if (out.dtype == DType::BF16) {
     // The fp32 kernel on fp32 copies (scratch: out, out_b); out rounded once.
     const int64_t n = out.numel();
-    float* w = static_cast<float*>(
-        c.scratch(CudaBackend::kScratchFlash, size_t(2 * n) * sizeof(float)));
+    float* w =
+        static_cast<float*>(c.scratch(CudaBackend::kScratchFlash, size_t(2 * n) * sizeof(float)));
     float *o32 = w, *ob32 = w + n;
     to_f32(c, o32, out.data, n, op);
     to_f32(c, ob32, out_b.data, n, op);
