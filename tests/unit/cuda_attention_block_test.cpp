@@ -95,7 +95,7 @@ struct Outputs {
 Inputs make_inputs(const Case& c, uint64_t seed) {
   Rng r(seed);
   auto u = [&](int64_t n, double a) {
-    V x(size_t(n));
+    V x(static_cast<size_t>(n));
     for (double& e : x) e = a * (2 * r.uniform() - 1);
     return x;
   };
