@@ -214,14 +214,15 @@ void refusals() {
 
 int main() {
   // Full blocks with fewer and more keys than queries (Tq 67 past the dK/dV
-  // kernel's 64-row chunk; Tk 70 past a warp's 8-key steps), causal diagonal
+  // kernel's 64-row chunk; Tk 70 past a warp's 8-key steps; Tk 300 past a
+  // block of 256 threads in the softmax loops), causal diagonal
   // blocks (Tq 66 past the chunk); group 1, 2, 4; head_dim 8 (32 groups of
   // threads in the P.V and dS.K sums) to 160 (1 group).
   const Case f32_cases[] = {
       {1, 13, 21, 2, 1, 40, BlockMask::full, 0},    {2, 19, 7, 4, 2, 32, BlockMask::full, 1},
       {1, 67, 5, 2, 2, 8, BlockMask::full, 0},      {1, 9, 70, 1, 1, 96, BlockMask::full, 3},
       {1, 17, 17, 4, 1, 64, BlockMask::causal, 0},  {2, 66, 66, 1, 1, 8, BlockMask::causal, 0},
-      {1, 11, 11, 2, 1, 160, BlockMask::causal, 1},
+      {1, 11, 11, 2, 1, 160, BlockMask::causal, 1}, {1, 3, 300, 2, 1, 8, BlockMask::full, 0},
   };
   for (const Case& c : f32_cases) forward_and_backward(DType::F32, c, c.Tq % 2 == 1);
   const Case f64_cases[] = {
