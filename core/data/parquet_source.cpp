@@ -140,12 +140,8 @@ void read_row_group(parquet::arrow::FileReader& r, int rg, int leaf, int64_t fir
                                    "; the rest of the row group is lost");
 }
 
-}  // namespace
-
-void require_parquet(const std::string&) {}
-
-void read_parquet(const std::string& path, const std::vector<std::string>& field,
-                  const ParquetRows& rows) {
+void read_parquet_arrow(const std::string& path, const std::vector<std::string>& field,
+                        const ParquetRows& rows) {
   parquet::ReaderProperties props = parquet::default_reader_properties();
   // A damaged page that has a checksum is an error, not odd text. Pages are
   // read through a buffered stream, not a whole column chunk at once (nor
@@ -176,5 +172,10 @@ void read_parquet(const std::string& path, const std::vector<std::string>& field
     first_row += meta->RowGroup(rg)->num_rows();
   }
 }
+
+// Linked into a program, this reader is the one read_parquet calls.
+[[maybe_unused]] const bool kRegistered = (register_parquet_reader(&read_parquet_arrow), true);
+
+}  // namespace
 
 }  // namespace adgt::data

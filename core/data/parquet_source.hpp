@@ -5,8 +5,11 @@
 // one at a time, page by page, in batches of rows: a file of any size, and a
 // row group of any size, takes bounded memory.
 //
-// A build configured without Arrow links parquet_source_absent.cpp instead:
-// there require_parquet refuses every .parquet input, naming the fix.
+// The Arrow reader (parquet_source.cpp, the object library
+// adgt_parquet_reader) registers itself in the programs that link it:
+// adgt-data, in a build that found Arrow. In every other program, and in a
+// build without Arrow, require_parquet refuses every .parquet input, naming
+// the fix (parquet_source_dispatch.cpp).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -38,5 +41,10 @@ struct ParquetRows {
 // the column is not a string column (string, large_string or string_view).
 void read_parquet(const std::string& path, const std::vector<std::string>& field,
                   const ParquetRows& rows);
+
+// The reader read_parquet calls (the Arrow reader's static registration).
+using ParquetReadFn = void (*)(const std::string& path, const std::vector<std::string>& field,
+                               const ParquetRows& rows);
+void register_parquet_reader(ParquetReadFn f);
 
 }  // namespace adgt::data
