@@ -121,16 +121,7 @@ void attention_block_forward_exact(const OpCtx& c, Tensor out, Tensor lse, const
   check_block_limits(b, op);
   const AttDims d = dims_of(b);
   if (q.dtype == DType::BF16) {
-    // The fp32 kernel on fp32 copies (scratch: q, out, k, v).
-    const int64_t nq = q.numel(), nk = k.numel();
-    float* w = static_cast<float*>(
-        c.scratch(CudaBackend::kScratchFlash, size_t(2 * nq + 2 * nk) * sizeof(float)));
-    float *q32 = w, *o32 = q32 + nq, *k32 = o32 + nq, *v32 = k32 + nk;
-    to_f32(c, q32, q.data, nq, op);
-    to_f32(c, k32, k.data, nk, op);
-    to_f32(c, v32, v.data, nk, op);
-    exact_forward<float>(c, o32, lse.ptr<float>(), q32, k32, v32, d, op);
-    to_bf16(c, out.data, o32, nq, op);
+    exact_forward_bf16(c, out, lse.ptr<float>(), q, k, v, d, op);
     return;
   }
   dispatch(q.dtype, op, [&](auto z) {

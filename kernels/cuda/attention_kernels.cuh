@@ -433,6 +433,21 @@ void exact_backward(const OpCtx& c, T* dq, T* dk, T* dv, const T* dout, const T*
          kThreads, smem2, c.stream, dk, dv, dout, q, k, v, lse, D, d, scale);
 }
 
+// bf16 attention (whole sequence or block, by d) through the exact fp32
+// kernel on fp32 copies (scratch: q, k, v, out); lse fp32.
+inline void exact_forward_bf16(const OpCtx& c, Tensor out, float* lse, const Tensor& q,
+                               const Tensor& k, const Tensor& v, const AttDims& d, const char* op) {
+  const int64_t nq = q.numel(), nk = k.numel();
+  float* w = static_cast<float*>(
+      c.scratch(CudaBackend::kScratchFlash, size_t(2 * nq + 2 * nk) * sizeof(float)));
+  float *q32 = w, *k32 = q32 + nq, *v32 = k32 + nk, *o32 = v32 + nk;
+  to_f32(c, q32, q.data, nq, op);
+  to_f32(c, k32, k.data, nk, op);
+  to_f32(c, v32, v.data, nk, op);
+  exact_forward<float>(c, o32, lse, q32, k32, v32, d, op);
+  to_bf16(c, out.data, o32, nq, op);
+}
+
 // out (B,T,H,hd) and saved (the row log-sum-exp, B*H*T) overwritten by the
 // exact kernel: f32, f64, or bf16 through fp32 copies.
 void attention_forward_exact(const OpCtx& c, Tensor out, Tensor saved, const Tensor& q,
@@ -440,16 +455,7 @@ void attention_forward_exact(const OpCtx& c, Tensor out, Tensor saved, const Ten
   const char* op = "attention_forward";
   if (!attention_forward_checks(out, saved, q, k, v, s)) return;
   if (q.dtype == DType::BF16) {
-    // The exact fp32 kernel on fp32 copies (scratch: q, k, v, out).
-    const int64_t nq = q.numel(), nk = k.numel();
-    float* w = static_cast<float*>(
-        c.scratch(CudaBackend::kScratchFlash, size_t(2 * nq + 2 * nk) * sizeof(float)));
-    float *q32 = w, *k32 = q32 + nq, *v32 = k32 + nk, *o32 = v32 + nk;
-    to_f32(c, q32, q.data, nq, op);
-    to_f32(c, k32, k.data, nk, op);
-    to_f32(c, v32, v.data, nk, op);
-    exact_forward<float>(c, o32, saved.ptr<float>(), q32, k32, v32, dims_of(s), op);
-    to_bf16(c, out.data, o32, nq, op);
+    exact_forward_bf16(c, out, saved.ptr<float>(), q, k, v, dims_of(s), op);
     return;
   }
   dispatch(q.dtype, op, [&](auto z) {

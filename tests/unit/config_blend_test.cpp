@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/config.hpp"
+#include "tests/unit/config_text.hpp"
 #include "core/data/blend.hpp"
 #include "core/metrics.hpp"
 
@@ -17,18 +18,8 @@ using namespace adgt;
 
 namespace {
 
-RunConfig load(const std::string& y, const std::vector<std::string>& ov = {}) {
-  return load_config_text(y, "x.yaml", ov);
-}
-
-std::string error_of(const std::string& y, const std::vector<std::string>& ov = {}) {
-  try {
-    load(y, ov);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
+using test::load;
 
 const char* kList =
     "data:\n"

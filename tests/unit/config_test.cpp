@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/config.hpp"
+#include "tests/unit/config_text.hpp"
 
 using namespace adgt;
 using Catch::Matchers::Contains;
@@ -17,18 +18,8 @@ namespace {
 
 const std::string kSrc = ADGT_SOURCE_DIR;
 
-RunConfig load(const std::string& y, const std::vector<std::string>& ov = {}) {
-  return load_config_text(y, "x.yaml", ov);
-}
-
-std::string error_of(const std::string& y, const std::vector<std::string>& ov = {}) {
-  try {
-    load(y, ov);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
+using test::load;
 
 }  // namespace
 
