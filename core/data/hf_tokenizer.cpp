@@ -2,11 +2,13 @@
 #include "core/data/hf_tokenizer.hpp"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
+#include <omp.h>
 #include <pcre2.h>
 
 #include <algorithm>
 #include <fstream>
 #include <limits>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 #include <string_view>
@@ -114,6 +116,35 @@ struct SplitStep {
   bool isolated_gaps = true;  // Split(Isolated): the text between matches is a piece too
 };
 
+// One thread's memory of the pre-tokens it has merged: a piece's ids, kept
+// across batches. It forgets everything when it holds kMaxWords pieces (a
+// corpus of ever new words keeps it bounded, at some 100 MB a thread).
+class WordCache {
+ public:
+  // The ids of `piece` (a pointer and a count, valid until the next call),
+  // made by merge() the first time.
+  template <class Merge>
+  std::pair<const int32_t*, size_t> ids_of(std::string_view piece, Merge merge) {
+    auto it = at_.find(piece);
+    if (it == at_.end()) {
+      if (at_.size() >= kMaxWords) at_.clear(), ids_.clear();
+      const std::vector<int32_t> m = merge();
+      it = at_.emplace(std::string(piece), std::make_pair(ids_.size(), m.size())).first;
+      ids_.insert(ids_.end(), m.begin(), m.end());
+    }
+    return {ids_.data() + it->second.first, it->second.second};
+  }
+
+ private:
+  static constexpr size_t kMaxWords = size_t(1) << 20;
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
+  };
+  std::unordered_map<std::string, std::pair<size_t, size_t>, Hash, std::equal_to<>> at_;  // piece -> (offset, count) in ids_
+  std::vector<int32_t> ids_;
+};
+
 class HfBpeTokenizer final : public Tokenizer {
  public:
   explicit HfBpeTokenizer(const std::string& path) : path_(path) {
@@ -142,33 +173,26 @@ class HfBpeTokenizer final : public Tokenizer {
     return ids;
   }
 
+  // Each text on one thread, start to end; a thread's word cache (its
+  // pre-tokens and their ids, kept from batch to batch) spares the merging
+  // of words it has met. Nothing is shared between the threads while they
+  // run, so the work has no serial step and scales with them; each thread
+  // merges a word once at most (a few per cent of the work).
   std::vector<std::vector<int32_t>> encode_batch(const std::vector<std::string_view>& texts) const override {
-    // Each text's pieces (parallel), each distinct piece merged once (parallel).
-    struct Piece {
-      int32_t added;
-      std::string_view text;
-    };
-    std::vector<std::vector<Piece>> pieces(texts.size());
-    parallel_for(int64_t(texts.size()), 1, [&](int64_t t) {
-      for_each_piece(texts[size_t(t)], [&](int32_t a, std::string_view p) { pieces[size_t(t)].push_back({a, p}); });
-    });
-    std::unordered_map<std::string_view, uint32_t> index;
-    std::vector<std::string_view> uniq;
-    for (const auto& v : pieces)
-      for (const Piece& p : v)
-        if (p.added < 0 && index.try_emplace(p.text, uint32_t(uniq.size())).second) uniq.push_back(p.text);
-    std::vector<std::vector<int32_t>> merged(uniq.size());
-    parallel_for(int64_t(uniq.size()), 256, [&](int64_t u) { merged[size_t(u)] = bpe(uniq[size_t(u)]); });
+    std::lock_guard<std::mutex> lock(caches_mu_);  // one batch at a time owns the caches
+    caches_.resize(std::max<size_t>(caches_.size(), size_t(omp_get_max_threads())));
     std::vector<std::vector<int32_t>> out(texts.size());
-    parallel_for(int64_t(texts.size()), 1, [&](int64_t t) {
-      for (const Piece& p : pieces[size_t(t)]) {
-        if (p.added >= 0) {
-          out[size_t(t)].push_back(p.added);
-          continue;
+    parallel_for(int64_t(texts.size()), 16, [&](int64_t t) {
+      WordCache& cache = caches_[size_t(omp_get_thread_num())];
+      std::vector<int32_t>& ids = out[size_t(t)];
+      for_each_piece(texts[size_t(t)], [&](int32_t added, std::string_view piece) {
+        if (added >= 0) {
+          ids.push_back(added);
+          return;
         }
-        const auto& m = merged[index.at(p.text)];
-        out[size_t(t)].insert(out[size_t(t)].end(), m.begin(), m.end());
-      }
+        const auto [from, n] = cache.ids_of(piece, [&] { return bpe(piece); });
+        ids.insert(ids.end(), from, from + n);
+      });
     });
     return out;
   }
@@ -501,6 +525,8 @@ class HfBpeTokenizer final : public Tokenizer {
   bool byte_level_ = false, ignore_merges_ = false;
   int32_t eos_ = -1, bos_ = -1;
   int32_t byte_id_[256] = {};
+  mutable std::mutex caches_mu_;
+  mutable std::vector<WordCache> caches_;  // one per OpenMP thread (encode_batch)
 };
 
 }  // namespace
