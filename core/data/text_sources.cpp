@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/data/byte_stream.hpp"
+#include "core/data/json_text_line.hpp"
 #include "core/data/parquet_source.hpp"
 
 namespace adgt::data {
@@ -195,6 +196,8 @@ void DocumentSource::emit(const std::string& file, int64_t line, std::string_vie
 void DocumentSource::json_line(const std::string& file, int64_t line, std::string_view text,
                                const DocumentFn& doc) {
   if (blank(text)) return;  // an empty line is no record
+  if (field_path_.size() == 1 && json_text_line(text, field_path_[0], line_text_))
+    return emit(file, line, line_text_, doc);  // {"text": "..."}, the common line
   nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     // nlohmann rejects ill-formed UTF-8 in strings as a parse error: say which.

@@ -92,6 +92,7 @@ class DocumentSource {
   const ByteStream* stream_ = nullptr;  // during read()
   std::vector<std::string> field_path_;
   std::vector<BadRecord> bad_;
+  std::string line_text_;  // a JSON line's text (json_text_line.hpp)
   int64_t documents_ = 0, empty_ = 0, text_bytes_ = 0;
 };
 
