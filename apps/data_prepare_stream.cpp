@@ -17,6 +17,7 @@
 #include <stdexcept>
 
 #include "apps/data_prepare.hpp"
+#include "core/data/parallel_for.hpp"
 #include "core/data/prepare/batch_reader.hpp"
 #include "core/data/prepare/journal.hpp"
 #include "core/data/prepare/progress_meter.hpp"
@@ -181,6 +182,8 @@ void write_batch(Stream& s, const std::vector<std::string>& docs) {
   if (docs.empty()) return;
   const std::vector<std::string_view> views(docs.begin(), docs.end());
   const auto encoded = s.tok.encode_batch(views);
+  std::vector<uint64_t> hashes(docs.size());  // of each document, for the corpus's hash
+  adgt::parallel_for(int64_t(docs.size()), 64, [&](int64_t i) { hashes[size_t(i)] = fnv1a64(docs[size_t(i)]); });
   const std::vector<int32_t> eos{s.frame.eos}, bos{s.frame.bos};
   for (size_t i = 0; i < docs.size(); ++i) {
     const int64_t d = s.st.documents;
@@ -195,7 +198,7 @@ void write_batch(Stream& s, const std::vector<std::string>& docs) {
     s.st.side[side].tokens = out.tokens();
     s.st.side[side].text_bytes += int64_t(docs[i].size());
     ++s.st.side[side].documents;
-    s.st.doc_hash = (s.st.doc_hash ^ fnv1a64(docs[i])) * 0x100000001b3ULL;
+    s.st.doc_hash = (s.st.doc_hash ^ hashes[i]) * 0x100000001b3ULL;
     s.st.last_doc_bytes = int64_t(docs[i].size());
     ++s.st.documents;
   }
