@@ -117,17 +117,20 @@ struct SplitStep {
 };
 
 // One thread's memory of the pre-tokens it has merged: a piece's ids, kept
-// across batches. It forgets everything when it holds kMaxWords pieces (a
-// corpus of ever new words keeps it bounded, at some 100 MB a thread).
+// across batches. It forgets everything when it holds max_words pieces
+// (some 100 bytes each), so a corpus of ever new words keeps it bounded.
 class WordCache {
  public:
+  // The caches of `threads` threads together hold about 2^18 pieces (26 MB).
+  explicit WordCache(size_t threads = 1) : max_words_(std::max<size_t>(size_t(1) << 13, (size_t(1) << 18) / threads)) {}
+
   // The ids of `piece` (a pointer and a count, valid until the next call),
   // made by merge() the first time.
   template <class Merge>
   std::pair<const int32_t*, size_t> ids_of(std::string_view piece, Merge merge) {
     auto it = at_.find(piece);
     if (it == at_.end()) {
-      if (at_.size() >= kMaxWords) at_.clear(), ids_.clear();
+      if (at_.size() >= max_words_) at_.clear(), ids_.clear();
       const std::vector<int32_t> m = merge();
       it = at_.emplace(std::string(piece), std::make_pair(ids_.size(), m.size())).first;
       ids_.insert(ids_.end(), m.begin(), m.end());
@@ -136,7 +139,7 @@ class WordCache {
   }
 
  private:
-  static constexpr size_t kMaxWords = size_t(1) << 20;
+  size_t max_words_;
   struct Hash {
     using is_transparent = void;
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
@@ -180,7 +183,8 @@ class HfBpeTokenizer final : public Tokenizer {
   // merges a word once at most (a few per cent of the work).
   std::vector<std::vector<int32_t>> encode_batch(const std::vector<std::string_view>& texts) const override {
     std::lock_guard<std::mutex> lock(caches_mu_);  // one batch at a time owns the caches
-    caches_.resize(std::max<size_t>(caches_.size(), size_t(omp_get_max_threads())));
+    const size_t threads = size_t(omp_get_max_threads());
+    if (caches_.size() < threads) caches_.assign(threads, WordCache(threads));
     std::vector<std::vector<int32_t>> out(texts.size());
     parallel_for(int64_t(texts.size()), 16, [&](int64_t t) {
       WordCache& cache = caches_[size_t(omp_get_thread_num())];
