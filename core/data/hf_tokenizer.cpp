@@ -179,8 +179,8 @@ class HfBpeTokenizer final : public Tokenizer {
   // Each text on one thread, start to end; a thread's word cache (its
   // pre-tokens and their ids, kept from batch to batch) spares the merging
   // of words it has met. Nothing is shared between the threads while they
-  // run, so the work has no serial step and scales with them; each thread
-  // merges a word once at most (a few per cent of the work).
+  // run, so the work has no serial step and scales with them; a thread
+  // merges a word again only after its cache was full and emptied.
   std::vector<std::vector<int32_t>> encode_batch(const std::vector<std::string_view>& texts) const override {
     std::lock_guard<std::mutex> lock(caches_mu_);  // one batch at a time owns the caches
     const size_t threads = size_t(omp_get_max_threads());
