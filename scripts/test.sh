@@ -16,5 +16,9 @@ scripts/install_deps.sh
 scripts/build.sh
 source scripts/openblas_env.sh
 cd build
+# One machine: Open MPI's ob1 messaging layer (over shared memory), not a probe of
+# the cm layer's network libraries (PSM, OFI) in every process, single-process
+# runs included (0.2 s of each of some thousand launches; docs/testing.md).
+export OMPI_MCA_pml="${OMPI_MCA_pml:-ob1}"
 # Each test process gets at most 2 OpenMP/BLAS threads (tests set their own where they need fewer).
 OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" ctest --output-on-failure -j"${CTEST_JOBS:-2}" "${tier[@]}" "$@"

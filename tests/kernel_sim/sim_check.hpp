@@ -28,6 +28,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <random>
@@ -43,10 +44,14 @@ namespace adgt::sim_check {
 inline int failures = 0;
 inline int checks = 0;
 
+// With ADGT_SIM_FAIL_FAST=1 (tests/kernel_sim/expect_failure.cmake sets it for
+// the mutants) the first failed check ends the test: its verdict is known, and
+// the remaining cases would only cost time.
 inline void fail(const std::string& what) {
   ++failures;
   std::printf("FAIL %s\n", what.c_str());
   std::fflush(stdout);
+  if (const char* e = std::getenv("ADGT_SIM_FAIL_FAST"); e != nullptr && e[0] == '1') std::_Exit(1);
 }
 
 inline CpuBackend& cpu() {

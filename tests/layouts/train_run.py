@@ -4,8 +4,8 @@
 train_run() starts `adgt-train --config CONFIG` (under `mpirun N` when N > 1)
 with the data, log and checkpoint paths under WORK/NAME plus `sets`,
 with train.device=args.device (default cpu; a later entry of sets wins),
-returns (metrics records with a loss, final weights of step_20 as float64
-whole tensors or {}, seconds), or None after printing the output when the run
+returns (metrics records with a loss, final weights of the last checkpoint
+(step_20 with the models' 20 steps) as float64 whole tensors or {}, seconds), or None after printing the output when the run
 failed. rel_errors() compares losses and weights with a reference run.
 """
 import json
@@ -42,7 +42,9 @@ def train_run(args, config, name, sets, ranks, resume_from=None, weights=True):
         recs = [r for r in map(json.loads, filter(str.strip, f)) if "loss" in r]
     w = {}
     if weights:
-        with h5py.File(os.path.join(out, "ckpt", "step_20", "checkpoint.h5"), "r") as h:
+        last = max((d for d in os.listdir(os.path.join(out, "ckpt")) if d.startswith("step_")),
+                   key=lambda d: int(d[5:]))
+        with h5py.File(os.path.join(out, "ckpt", last, "checkpoint.h5"), "r") as h:
             w = {k: h["model"][k][...].astype(np.float64) for k in h["model"]}
     return recs, w, dt
 
