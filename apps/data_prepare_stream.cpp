@@ -9,10 +9,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <future>
 #include <optional>
 #include <stdexcept>
 
@@ -177,32 +179,77 @@ struct Stream {
   PrepareState& st;
 };
 
-// Encodes a batch of documents on all threads and appends them in order.
-void write_batch(Stream& s, const std::vector<std::string>& docs) {
-  if (docs.empty()) return;
-  const std::vector<std::string_view> views(docs.begin(), docs.end());
-  const auto encoded = s.tok.encode_batch(views);
-  std::vector<uint64_t> hashes(docs.size());  // of each document, for the corpus's hash
-  adgt::parallel_for(int64_t(docs.size()), 64, [&](int64_t i) { hashes[size_t(i)] = fnv1a64(docs[size_t(i)]); });
+// A batch of documents with their ids and hashes (for the corpus's hash).
+struct EncodedBatch {
+  std::vector<std::string> docs;
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<uint64_t> hashes;
+};
+
+// Encodes a batch of documents on all threads.
+EncodedBatch encode_batch(const adgt::Tokenizer& tok, std::vector<std::string>&& docs) {
+  EncodedBatch e;
+  e.docs = std::move(docs);
+  if (e.docs.empty()) return e;
+  const std::vector<std::string_view> views(e.docs.begin(), e.docs.end());
+  e.ids = tok.encode_batch(views);
+  e.hashes.resize(e.docs.size());
+  adgt::parallel_for(int64_t(e.docs.size()), 64, [&](int64_t i) { e.hashes[size_t(i)] = fnv1a64(e.docs[size_t(i)]); });
+  return e;
+}
+
+// Appends an encoded batch to the shards, in order.
+void append_batch(Stream& s, const EncodedBatch& e) {
   const std::vector<int32_t> eos{s.frame.eos}, bos{s.frame.bos};
-  for (size_t i = 0; i < docs.size(); ++i) {
+  for (size_t i = 0; i < e.docs.size(); ++i) {
     const int64_t d = s.st.documents;
     const int side = is_val(s.k, d) ? 1 : 0;
     ShardAppender& out = *s.shard[side];
     if (!s.frame.gap.empty() && out.tokens() > 0) out.append(s.frame.gap);
     out.begin_document();
     if (s.frame.bos >= 0) out.append(bos);
-    out.append(encoded[i]);
+    out.append(e.ids[i]);
     if (s.frame.eos >= 0) out.append(eos);
-    if (d == 0) s.st.lossless = s.tok.decode(encoded[i]) == docs[i];
+    if (d == 0) s.st.lossless = s.tok.decode(e.ids[i]) == e.docs[i];
     s.st.side[side].tokens = out.tokens();
-    s.st.side[side].text_bytes += int64_t(docs[i].size());
+    s.st.side[side].text_bytes += int64_t(e.docs[i].size());
     ++s.st.side[side].documents;
-    s.st.doc_hash = (s.st.doc_hash ^ hashes[i]) * 0x100000001b3ULL;
-    s.st.last_doc_bytes = int64_t(docs[i].size());
+    s.st.doc_hash = (s.st.doc_hash ^ e.hashes[i]) * 0x100000001b3ULL;
+    s.st.last_doc_bytes = int64_t(e.docs[i].size());
     ++s.st.documents;
   }
 }
+
+// The in-order append of one batch on a thread of its own while the workers
+// encode the next (the append is serial: on the main thread the workers would
+// wait for it). At most one is in flight; wait() before reading the state.
+class Appender {
+ public:
+  explicit Appender(Stream& s)
+      : s_(s), documents_(s.st.documents), tokens_(s.st.side[0].tokens + s.st.side[1].tokens) {}
+  ~Appender() {
+    if (pending_.valid()) pending_.wait();  // an error is already being thrown
+  }
+  void start(EncodedBatch&& e) {
+    wait();
+    pending_ = std::async(std::launch::async, [this, e = std::move(e)] {
+      append_batch(s_, e);
+      documents_ = s_.st.documents;
+      tokens_ = s_.st.side[0].tokens + s_.st.side[1].tokens;
+    });
+  }
+  // The documents and tokens of the batches appended so far (for the progress).
+  int64_t documents() const { return documents_; }
+  int64_t tokens() const { return tokens_; }
+  void wait() {
+    if (pending_.valid()) pending_.get();  // rethrows the append's error
+  }
+
+ private:
+  Stream& s_;
+  std::future<void> pending_;
+  std::atomic<int64_t> documents_{0}, tokens_{0};
+};
 
 // Reads (on the reader's thread), encodes (on --workers threads) and writes
 // input files from st.files_done on; after each, the shards are fsynced and
@@ -218,11 +265,17 @@ void stream_files(const PrepareArgs& a, const adgt::data::Inputs& in, Stream& s,
   const char* batch_env = std::getenv("ADGT_DATA_TEST_BATCH_DOCS");  // tests: batches cut mid-file
   const size_t batch_docs = batch_env && std::atoll(batch_env) > 0 ? size_t(std::atoll(batch_env)) : kBatchDocs;
   adgt::data::BatchReader reader(in.files, size_t(s.st.files_done), source_options(a), kBatchBytes, batch_docs);
+  Appender appender(s);
   for (adgt::data::DocumentBatch b; reader.next(b);) {
-    write_batch(s, b.docs);
+    EncodedBatch e = encode_batch(s.tok, std::move(b.docs));
+    appender.start(std::move(e));  // after the previous batch's append
+    if (!b.file_end) {
+      progress.update(done + b.file_bytes_read, appender.documents(), appender.tokens());
+      continue;
+    }
+    appender.wait();
     const int64_t tokens = s.st.side[0].tokens + s.st.side[1].tokens;
     progress.update(done + b.file_bytes_read, s.st.documents, tokens);
-    if (!b.file_end) continue;
     const size_t bad_from = s.st.bad.size();
     s.st.bad.insert(s.st.bad.end(), b.bad.begin(), b.bad.end());
     s.st.empty += b.empty;
@@ -236,6 +289,7 @@ void stream_files(const PrepareArgs& a, const adgt::data::Inputs& in, Stream& s,
       throw std::runtime_error("stopped after " + std::to_string(stop_after) +
                                " input file(s) (ADGT_DATA_TEST_STOP_AFTER_FILES); go on with --resume");
   }
+  appender.wait();
   progress.finish();
 }
 

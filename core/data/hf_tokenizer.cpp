@@ -6,6 +6,8 @@
 #include <pcre2.h>
 
 #include <algorithm>
+#include <bit>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <mutex>
@@ -117,34 +119,70 @@ struct SplitStep {
 };
 
 // One thread's memory of the pre-tokens it has merged: a piece's ids, kept
-// across batches. It forgets everything when it holds max_words pieces
-// (some 100 bytes each), so a corpus of ever new words keeps it bounded.
+// across batches. It forgets everything when it holds max_words pieces or
+// 64 MiB of them (48 bytes a slot, two slots a piece, plus its bytes and
+// ids), so a corpus of ever new words keeps it bounded.
 class WordCache {
  public:
-  // The caches of `threads` threads together hold about 2^18 pieces (26 MB).
-  explicit WordCache(size_t threads = 1) : max_words_(std::max<size_t>(size_t(1) << 13, (size_t(1) << 18) / threads)) {}
+  // The caches of `threads` threads together hold about 2^18 pieces.
+  explicit WordCache(size_t threads = 1)
+      : max_words_(std::max<size_t>(size_t(1) << 13, (size_t(1) << 18) / threads)),
+        slots_(2 * std::bit_ceil(max_words_)) {}
 
   // The ids of `piece` (a pointer and a count, valid until the next call),
   // made by merge() the first time.
   template <class Merge>
   std::pair<const int32_t*, size_t> ids_of(std::string_view piece, Merge merge) {
-    auto it = at_.find(piece);
-    if (it == at_.end()) {
-      if (at_.size() >= max_words_) at_.clear(), ids_.clear();
-      const std::vector<int32_t> m = merge();
-      it = at_.emplace(std::string(piece), std::make_pair(ids_.size(), m.size())).first;
-      ids_.insert(ids_.end(), m.begin(), m.end());
+    const uint64_t h = hash(piece);
+    const size_t mask = slots_.size() - 1;
+    size_t i = size_t(h) & mask;
+    for (; slots_[i].hash != 0; i = (i + 1) & mask) {
+      const Slot& sl = slots_[i];
+      if (sl.hash == h && sl.key_len == piece.size() &&
+          std::memcmp(keys_.data() + sl.key_off, piece.data(), piece.size()) == 0)
+        return {ids_.data() + sl.ids_off, sl.ids_len};
     }
-    return {ids_.data() + it->second.first, it->second.second};
+    if (piece.size() > kMaxBytes / 4) {  // not kept: a piece of megabytes is met once
+      uncached_ = merge();
+      return {uncached_.data(), uncached_.size()};
+    }
+    if (words_ >= max_words_ || keys_.size() + piece.size() > kMaxBytes) {
+      // full: start again (the slot found empty stays right)
+      std::fill(slots_.begin(), slots_.end(), Slot{});
+      keys_.clear(), ids_.clear(), words_ = 0;
+      for (i = size_t(h) & mask; slots_[i].hash != 0; i = (i + 1) & mask) {
+      }
+    }
+    const std::vector<int32_t> m = merge();
+    slots_[i] = Slot{h, uint32_t(keys_.size()), uint32_t(piece.size()), uint32_t(ids_.size()), uint32_t(m.size())};
+    keys_.append(piece);
+    ids_.insert(ids_.end(), m.begin(), m.end());
+    ++words_;
+    return {ids_.data() + slots_[i].ids_off, m.size()};
   }
 
  private:
-  size_t max_words_;
-  struct Hash {
-    using is_transparent = void;
-    size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
+  // Open addressing over one flat array (half full at most), the pieces'
+  // bytes and ids in two arenas: a lookup touches one or two cache lines,
+  // where a node-based map chased three pointers (a quarter of the encode
+  // time went there).
+  struct Slot {
+    uint64_t hash = 0;  // 0: empty
+    uint32_t key_off = 0, key_len = 0, ids_off = 0, ids_len = 0;
   };
-  std::unordered_map<std::string, std::pair<size_t, size_t>, Hash, std::equal_to<>> at_;  // piece -> (offset, count) in ids_
+  static uint64_t hash(std::string_view s) {  // FNV-1a, then mixed; never 0
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (const char c : s) h = (h ^ uint8_t(c)) * 0x100000001b3ULL;
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ULL;
+    h ^= h >> 32;
+    return h | 1;
+  }
+  static constexpr size_t kMaxBytes = size_t(64) << 20;  // of pieces (and of their ids: fewer)
+  size_t max_words_, words_ = 0;
+  std::vector<Slot> slots_;
+  std::vector<int32_t> uncached_;
+  std::string keys_;
   std::vector<int32_t> ids_;
 };
 
