@@ -120,7 +120,7 @@ struct SplitStep {
 
 // One thread's memory of the pre-tokens it has merged: a piece's ids, kept
 // across batches. It forgets everything when it holds max_words pieces or
-// 64 MiB of them (48 bytes a slot, two slots a piece, plus its bytes and
+// 64 MiB of them (24 bytes a slot, two slots a piece, plus its bytes and
 // ids), so a corpus of ever new words keeps it bounded.
 class WordCache {
  public:
