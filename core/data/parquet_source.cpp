@@ -29,7 +29,11 @@ std::string one_line(std::string s) {
   return s;
 }
 
+// A string column of any width, or a dictionary of strings (pandas'
+// categoricals, written with their Arrow schema, read back as one).
 bool text_type(const arrow::DataType& t) {
+  if (t.id() == arrow::Type::DICTIONARY)
+    return text_type(*static_cast<const arrow::DictionaryType&>(t).value_type());
   return t.id() == arrow::Type::STRING || t.id() == arrow::Type::LARGE_STRING ||
          t.id() == arrow::Type::STRING_VIEW;
 }
@@ -63,14 +67,26 @@ const parquet::arrow::SchemaField& column_of(const std::string& path,
     throw std::runtime_error(
         path + ": column '" + dotted(field, field.size()) + "' is " +
         found->field->type()->ToString() +
-        ", not a string column (string, large_string or string_view); name the text column "
+        ", not a string column (string, large_string, string_view or a dictionary of them); "
+        "name the text column "
         "with --text-field");
   return *found;
 }
 
-// The value of row i of a string array of any width.
+// The value of row i of a string array of any width (a dictionary's: its
+// entry's), and whether it is null (a dictionary's entry may be).
+bool text_null(const arrow::Array& a, int64_t i) {
+  if (a.IsNull(i)) return true;
+  if (a.type_id() != arrow::Type::DICTIONARY) return false;
+  const auto& d = static_cast<const arrow::DictionaryArray&>(a);
+  return d.dictionary()->IsNull(d.GetValueIndex(i));
+}
 std::string_view text_at(const arrow::Array& a, int64_t i) {
   switch (a.type_id()) {
+    case arrow::Type::DICTIONARY: {
+      const auto& d = static_cast<const arrow::DictionaryArray&>(a);
+      return text_at(*d.dictionary(), d.GetValueIndex(i));
+    }
     case arrow::Type::STRING:
       return static_cast<const arrow::StringArray&>(a).GetView(i);
     case arrow::Type::LARGE_STRING:
@@ -94,7 +110,7 @@ void batch_rows(const arrow::RecordBatch& b, const std::vector<std::string>& fie
   const arrow::Array& leaf = *levels.back();
   for (int64_t i = 0; i < b.num_rows(); ++i) {
     bool null = false;
-    for (const auto& l : levels) null = null || l->IsNull(i);
+    for (const auto& l : levels) null = null || (l == levels.back() ? text_null(*l, i) : l->IsNull(i));
     if (null)
       rows.bad(first_row + i, "row group " + std::to_string(rg) + ": '" +
                                   dotted(field, field.size()) + "' is null");

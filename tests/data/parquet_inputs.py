@@ -9,6 +9,9 @@ unpacks into .deps/pyarrow) writes the fixtures here:
                         column `meta` {body: string, n: int32}
   corpus/sub/b.parquet  the second half: large_string, zstd, row groups of 5
   meta_b.parquet        the second half again, as the struct column meta {body}
+  dict.parquet          the first half again, `text` dictionary-encoded in
+                        Arrow (dictionary<values=string>: pandas' categoricals,
+                        read back as a dictionary array), a null among them
   damaged.parquet       9 rows in 3 row groups with page checksums, a page
                         of row group 1 overwritten
   junk.parquet          not Parquet at all
@@ -88,6 +91,9 @@ def write_fixtures(pa, pq, paras, work):
     pq.write_table(pa.table({"meta": pa.array([{"body": d} for d in second])}),
                    os.path.join(work, "meta_b.parquet"), row_group_size=5)
 
+    pq.write_table(pa.table({"text": pa.array(first, pa.string()).dictionary_encode()}),
+                   os.path.join(work, "dict.parquet"), row_group_size=7)
+
     # damaged.parquet: plain pages with checksums; bytes inside row group 1's page overwritten.
     nine = paras[:9]
     damaged = os.path.join(work, "damaged.parquet")
@@ -157,6 +163,13 @@ def main():
     check_pair(failures, "--text-field meta.body", a.data, [os.path.join(corpus, "a.parquet"), w("meta_b.parquet")],
                [os.path.join(twin + "_meta", "a.jsonl"), os.path.join(twin + "_meta", "sub", "b.jsonl")],
                w("meta"), "--text-field", "meta.body")
+    check_pair(failures, "dictionary column", a.data, [w("dict.parquet")], [os.path.join(twin, "a.jsonl")],
+               w("dict"))
+    if pq.read_schema(w("dict.parquet")).field("text").type != pa.dictionary(pa.int32(), pa.string()):
+        failures.append(f"dict.parquet: written as {pq.read_schema(w('dict.parquet')).field('text').type}")
+    bad = bad_lines(w("dict_parquet"))
+    if len(bad) != 2 or "dict.parquet:4: row group 0: 'text' is null" not in bad[0]:
+        failures.append("dictionary column: bad_records.txt:\n" + "\n".join(bad))
     check_pair(failures, "damaged row group", a.data, [w("damaged.parquet")], [w("damaged_twin.jsonl")], w("damaged"))
     bad = bad_lines(w("damaged_parquet"))
     if len(bad) != 1 or not bad[0].startswith(w("damaged.parquet") + ":4: row group 1 (rows 4-6): ") or \
@@ -172,8 +185,8 @@ def main():
     if failures:
         sys.exit("FAILED:\n" + "\n".join(failures))
     groups = [pq.ParquetFile(os.path.join(corpus, *f)).num_row_groups for f in (["a.parquet"], ["sub", "b.parquet"])]
-    print(f"ok: {len(paras)} documents from Parquet (string and large_string, zstd, {groups[0]}+{groups[1]} row "
-          f"groups, a struct field) give the JSON lines' shards byte for byte; nulls, a damaged row group and a "
+    print(f"ok: {len(paras)} documents from Parquet (string, large_string and a dictionary of strings, zstd, "
+          f"{groups[0]}+{groups[1]} row groups, a struct field) give the JSON lines' shards byte for byte; nulls, a damaged row group and a "
           f"file that is not Parquet named as bad records")
 
 
