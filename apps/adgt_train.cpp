@@ -18,6 +18,7 @@
 #include "core/data/data_check.hpp"
 #include "core/layout.hpp"
 #include "parallel/cost/memory.hpp"
+#include "parallel/engine/engine.hpp"
 #include "parallel/trainer/trainer.hpp"
 #include "parallel/comm/agree.hpp"
 #include "parallel/mesh/device_assign.hpp"
@@ -115,6 +116,8 @@ bool load_agreed(const Cli& cli, const adgt::MpiEnv& mpi, adgt::RunConfig& cfg) 
   try {
     cfg = adgt::load_config(cli.config_path, cli.overrides);
     if (!cfg.parallel.auto_plan) adgt::validate_world(cfg, mpi.size());  // else: planned below
+    if (const std::string why = adgt::context_parallel_unsupported(cfg); !why.empty())
+      throw adgt::ConfigError(cfg.source + ": " + why);
     adgt::check_data_inputs(cfg);
     adgt::emulate::check_emulation_inputs(cfg, mpi.size());
   } catch (const adgt::ConfigError& e) {

@@ -244,7 +244,14 @@ const std::vector<Key>& schema() {
           "layers per pipeline stage, pp x virtual_stages entries summing to n_layers; "
           "[] = balanced by cost"),
       key("parallel", &R::parallel, "dp", &ParallelConfig::dp, A::Positive,
-          "data-parallel degree; tp x pp x dp = number of ranks"),
+          "data-parallel degree; tp x cp x pp x dp = number of ranks"),
+      key("parallel", &R::parallel, "cp", &ParallelConfig::cp, A::Positive,
+          "context-parallel degree: each sequence split over cp ranks (2 x cp chunks, two a "
+          "rank; seq_len divisible by 2 x cp; docs/context-parallel.md)"),
+      key("parallel", &R::parallel, "cp_mode", &ParallelConfig::cp_mode, A::Choices,
+          "context-parallel attention: ring (K/V blocks around the cp ring) or all-to-all "
+          "(heads scattered, sequence gathered; heads / tp divisible by cp)",
+          {"ring", "all-to-all"}),
       key("parallel", &R::parallel, "ep", &ParallelConfig::ep, A::Positive,
           "expert-parallel degree: experts split over ep ranks carved out of dp; divides dp and n_experts"),
       key("parallel", &R::parallel, "expert_placement", &ParallelConfig::expert_placement,
@@ -1162,6 +1169,7 @@ std::optional<std::string> size_error(const RunConfig& c) {
       {"parallel.pp", c.parallel.pp, int64_t(1) << 20},
       {"parallel.dp", c.parallel.dp, int64_t(1) << 20},
       {"parallel.ep", c.parallel.ep, int64_t(1) << 20},
+      {"parallel.cp", c.parallel.cp, int64_t(1) << 20},
       {"parallel.virtual_stages", c.parallel.virtual_stages, int64_t(1) << 16},
       {"parallel.microbatches", c.parallel.microbatches, int64_t(1) << 40},
       {"parallel.powersgd_rank", c.parallel.powersgd_rank, int64_t(1) << 20},
@@ -1179,11 +1187,13 @@ std::optional<std::string> size_error(const RunConfig& c) {
     return "train.micro_batch=" + fmt_int(c.train.micro_batch) + " x model.seq_len=" +
            fmt_int(m.seq_len) + " = " + fmt_real(tokens) +
            " tokens per micro-batch is more than adgt supports (2^36); lower one of them";
-  const double ranks = double(c.parallel.tp) * double(c.parallel.pp) * double(c.parallel.dp);
+  const double ranks =
+      double(c.parallel.tp) * double(c.parallel.cp) * double(c.parallel.pp) * double(c.parallel.dp);
   if (ranks > std::ldexp(1.0, 24))
-    return "parallel.tp=" + fmt_int(c.parallel.tp) + " x parallel.pp=" + fmt_int(c.parallel.pp) +
-           " x parallel.dp=" + fmt_int(c.parallel.dp) + " = " + fmt_real(ranks) +
-           " ranks is more than adgt supports (2^24)";
+    return "parallel.tp=" + fmt_int(c.parallel.tp) +
+           (c.parallel.cp > 1 ? " x parallel.cp=" + fmt_int(c.parallel.cp) : std::string()) +
+           " x parallel.pp=" + fmt_int(c.parallel.pp) + " x parallel.dp=" + fmt_int(c.parallel.dp) +
+           " = " + fmt_real(ranks) + " ranks is more than adgt supports (2^24)";
   const double d = double(m.d_model), hd = d / double(m.n_heads);
   const double attn = d * hd * (2.0 * double(m.n_heads) + 2.0 * double(m.n_kv_heads));
   const double dense = 3.0 * d * double(m.ffn_hidden);
@@ -1299,13 +1309,17 @@ std::optional<std::string> expert_replicas_error(const RunConfig& cfg) {
   return std::nullopt;
 }
 
-// A layout for `world` ranks that passes every rule of this run, printed as
-// the fix of the world-size error; "" when none is near. Tried in order: the
-// run's tp and pp with dp = world/(tp*pp); other splits of the world (tp
+// A layout for `launch` ranks that passes every rule of this run, printed as
+// the fix of the world-size error; "" when none is near. The run's cp kept
+// (world = launch / cp below), tried in order: the run's tp and pp with dp =
+// world/(tp*pp); other splits of the world (tp
 // first, then pp, within the model's rules); the run's tp and pp with the
 // global batch raised to the next multiple of micro_batch x dp.
-static std::string world_suggestion(const RunConfig& cfg, int64_t world) {
+static std::string world_suggestion(const RunConfig& cfg, int64_t launch) {
   const Layout l = layout_of(cfg);
+  // The run's cp stays: the splits are of the ranks per cp group.
+  if (launch % l.cp != 0) return "";
+  const int64_t world = launch / l.cp;
   const auto valid = [&](int64_t tp, int64_t pp, int64_t dp, int64_t gb) {
     RunConfig c = cfg;
     c.parallel.tp = tp, c.parallel.pp = pp, c.parallel.dp = dp, c.train.global_batch = gb;

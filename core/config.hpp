@@ -106,6 +106,10 @@ struct DataConfig {
 
 struct ParallelConfig {
   int64_t tp = 1, pp = 1, dp = 1, ep = 1;
+  // Context parallelism (docs/context-parallel.md): each sequence split over
+  // cp ranks; cp_mode ring | all-to-all.
+  int64_t cp = 1;
+  std::string cp_mode = "ring";
   // Pipeline (pp > 1). The model is cut into S = pp x virtual_stages stages;
   // chunk c of pipeline rank r is stage c*pp + r, or with zb-v stage r (c = 0)
   // and 2pp-1-r (c = 1) (core/model/stage_map.hpp).
@@ -302,8 +306,8 @@ RunConfig load_config_text(const std::string& yaml, const std::string& name,
 // ConfigError with the first broken rule. The parallel-layout rules are
 // layout_errors() of core/layout.hpp, which lists every broken one.
 void validate(const RunConfig& cfg);
-// The launch-dependent rule (world_error() of core/layout.hpp): tp * pp * dp
-// must equal the number of ranks.
+// The launch-dependent rule (world_error() of core/layout.hpp): tp * cp * pp *
+// dp must equal the number of ranks.
 void validate_world(const RunConfig& cfg, int world_size);
 // A ConfigError message "<name>: ..." of a run loaded from `name` with
 // `overrides`: where a key it names was given by --set, the --set joins the

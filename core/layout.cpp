@@ -12,7 +12,8 @@ namespace adgt {
 const std::vector<std::string>& layout_keys() {
   static const std::vector<std::string> k = {
       "parallel.tp",           "parallel.pp",           "parallel.dp",
-      "parallel.ep",           "parallel.zero",         "parallel.sequence_parallel",
+      "parallel.ep",           "parallel.cp",           "parallel.cp_mode",
+      "parallel.zero",         "parallel.sequence_parallel",
       "parallel.schedule",     "parallel.virtual_stages", "parallel.stage_layers",
       "parallel.microbatches", "parallel.expert_placement", "train.micro_batch",
       "train.recompute",       "train.recompute_layers"};
@@ -20,7 +21,8 @@ const std::vector<std::string>& layout_keys() {
 }
 
 Layout layout_of(const ParallelConfig& p) {
-  return Layout{.tp = p.tp, .pp = p.pp, .dp = p.dp, .ep = p.ep, .zero = p.zero,
+  return Layout{.tp = p.tp, .pp = p.pp, .dp = p.dp, .ep = p.ep, .cp = p.cp,
+                .cp_mode = p.cp_mode, .zero = p.zero,
                 .sequence_parallel = p.sequence_parallel, .schedule = p.schedule,
                 .virtual_stages = p.virtual_stages, .microbatches = p.microbatches,
                 .stage_layers = p.stage_layers, .expert_placement = p.expert_placement};
@@ -30,6 +32,7 @@ Layout layout_of(const RunConfig& cfg) { return layout_of(cfg.parallel); }
 
 ParallelConfig with_layout(ParallelConfig p, const Layout& l) {
   p.tp = l.tp, p.pp = l.pp, p.dp = l.dp, p.ep = l.ep, p.zero = l.zero;
+  p.cp = l.cp, p.cp_mode = l.cp_mode;
   p.sequence_parallel = l.sequence_parallel;
   p.schedule = l.schedule;
   p.virtual_stages = l.virtual_stages;
@@ -41,19 +44,24 @@ ParallelConfig with_layout(ParallelConfig p, const Layout& l) {
 
 std::string describe(const Layout& l) {
   std::string s = "tp=" + std::to_string(l.tp) + " dp=" + std::to_string(l.dp) +
-                  " zero=" + std::to_string(l.zero == 1 && l.dp > 1 ? 1 : 0) +
+                  " zero=" + std::to_string(l.zero == 1 && l.dp * l.cp > 1 ? 1 : 0) +
                   " sequence_parallel=" + std::to_string(l.sequence_parallel && l.tp > 1 ? 1 : 0) +
                   " pp=" + std::to_string(l.pp) + " ep=" + std::to_string(l.ep);
   if (l.pp > 1) s += " schedule=" + l.schedule + " virtual_stages=" + std::to_string(l.virtual_stages);
+  if (l.cp > 1) s += " cp=" + std::to_string(l.cp) + " cp_mode=" + l.cp_mode;
   return s;
 }
 
 // ------------------------------------------------------------ rank layout
 //
-// tp fastest, then dp, then pp; ep is carved out of dp:
+// tp fastest, then cp, then dp, then pp; ep is carved out of dp:
 //
-//   rank = tp_rank + tp * (dp_rank + dp * pp_rank)
+//   rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))
 //   ep_rank = dp_rank % ep,  edp_rank = dp_rank / ep
+//
+// cp next to tp: its ring exchanges K/V every attention layer, so a cp group
+// stays inside a node after the tp groups (with cp = 1 the formula is the
+// one before context parallelism: rank = tp_rank + tp * (dp_rank + dp * pp_rank)).
 //
 // Worked example, 16 ranks with tp=2, dp=4, pp=2, ep=2:
 //   rank  0: tp 0 dp 0 pp 0 (ep 0 edp 0)     rank  8: tp 0 dp 0 pp 1
@@ -66,35 +74,43 @@ std::string describe(const Layout& l) {
 //   pp groups:  {0,8} {1,9} ... {7,15}
 //   ep groups:  {0,2} {4,6} {1,3} {5,7} ...      (ep consecutive dp ranks)
 //   edp groups: {0,4} {2,6} {1,5} {3,7} ...      (the dp ranks with the same ep rank)
+//
+// With tp=2, cp=2, dp=2 (8 ranks): rank 0 tp 0 cp 0 dp 0, rank 1 tp 1 cp 0,
+// rank 2 tp 0 cp 1, rank 3 tp 1 cp 1, rank 4 tp 0 cp 0 dp 1 ...;
+//   cp groups {0,2} {1,3} {4,6} {5,7}; dp groups {0,4} {1,5} {2,6} {3,7};
+//   dpcp groups {0,2,4,6} {1,3,5,7} (in the order cp fastest, then dp).
 
 namespace {
 
 void check_sizes(const Layout& l) {
-  ADGT_CHECK(l.tp >= 1 && l.dp >= 1 && l.pp >= 1 && l.ep >= 1,
-             "parallel: tp=" << l.tp << " dp=" << l.dp << " pp=" << l.pp << " ep=" << l.ep
-                             << ": every size must be >= 1");
+  ADGT_CHECK(l.tp >= 1 && l.dp >= 1 && l.pp >= 1 && l.ep >= 1 && l.cp >= 1,
+             "parallel: tp=" << l.tp << " cp=" << l.cp << " dp=" << l.dp << " pp=" << l.pp
+                             << " ep=" << l.ep << ": every size must be >= 1");
   ADGT_CHECK(l.dp % l.ep == 0, "parallel: ep=" << l.ep << " does not divide dp=" << l.dp);
-  ADGT_CHECK(l.tp <= INT_MAX / l.dp / l.pp,
-             "parallel: tp=" << l.tp << " x dp=" << l.dp << " x pp=" << l.pp
+  ADGT_CHECK(l.tp <= INT_MAX / l.dp / l.pp / l.cp,
+             "parallel: tp=" << l.tp << " x cp=" << l.cp << " x dp=" << l.dp << " x pp=" << l.pp
                              << " is more ranks than an int counts");
 }
 
 void check_rank(const Layout& l, int rank) {
   check_sizes(l);
   ADGT_CHECK(rank >= 0 && rank < l.world(),
-             "parallel: rank " << rank << " is outside tp=" << l.tp << " x dp=" << l.dp
-                               << " x pp=" << l.pp << " = " << l.world() << " ranks");
+             "parallel: rank " << rank << " is outside tp=" << l.tp
+                               << (l.cp > 1 ? " x cp=" + std::to_string(l.cp) : std::string())
+                               << " x dp=" << l.dp << " x pp=" << l.pp << " = " << l.world()
+                               << " ranks");
 }
 
 }  // namespace
 
 RankCoords coords_of(const Layout& l, int rank) {
   check_rank(l, rank);
-  const int tp = int(l.tp), dp = int(l.dp), ep = int(l.ep);
+  const int tp = int(l.tp), cp = int(l.cp), dp = int(l.dp), ep = int(l.ep);
   RankCoords c;
   c.tp = rank % tp;
-  c.dp = rank / tp % dp;
-  c.pp = rank / (tp * dp);
+  c.cp = rank / tp % cp;
+  c.dp = rank / (tp * cp) % dp;
+  c.pp = rank / (tp * cp * dp);
   c.ep = c.dp % ep;
   c.edp = c.dp / ep;
   return c;
@@ -102,11 +118,14 @@ RankCoords coords_of(const Layout& l, int rank) {
 
 int rank_of(const Layout& l, const RankCoords& c) {
   check_sizes(l);
-  ADGT_CHECK(c.tp >= 0 && c.tp < l.tp && c.dp >= 0 && c.dp < l.dp && c.pp >= 0 && c.pp < l.pp,
-             "parallel: coordinates tp " << c.tp << " dp " << c.dp << " pp " << c.pp
-                                         << " are outside tp=" << l.tp << " dp=" << l.dp
-                                         << " pp=" << l.pp);
-  return c.tp + int(l.tp) * (c.dp + int(l.dp) * c.pp);
+  ADGT_CHECK(c.tp >= 0 && c.tp < l.tp && c.cp >= 0 && c.cp < l.cp && c.dp >= 0 && c.dp < l.dp &&
+                 c.pp >= 0 && c.pp < l.pp,
+             "parallel: coordinates tp " << c.tp << (l.cp > 1 ? " cp " + std::to_string(c.cp) : "")
+                                         << " dp " << c.dp << " pp " << c.pp << " are outside tp="
+                                         << l.tp
+                                         << (l.cp > 1 ? " cp=" + std::to_string(l.cp) : std::string())
+                                         << " dp=" << l.dp << " pp=" << l.pp);
+  return c.tp + int(l.tp) * (c.cp + int(l.cp) * (c.dp + int(l.dp) * c.pp));
 }
 
 const char* group_name(Group g) {
@@ -117,6 +136,8 @@ const char* group_name(Group g) {
     case Group::ep: return "ep";
     case Group::edp: return "edp";
     case Group::world: return "world";
+    case Group::cp: return "cp";
+    case Group::dpcp: return "dpcp";
   }
   return "?";
 }
@@ -133,15 +154,19 @@ std::vector<int> group_ranks(const Layout& l, Group g, int rank) {
       case Group::ep: c.dp = me.edp * int(l.ep) + k; break;  // ep consecutive dp ranks
       case Group::edp: c.dp = k * int(l.ep) + me.ep; break;  // same ep rank, every ep block
       case Group::world: return k;
+      case Group::cp: c.cp = k; break;
+      case Group::dpcp: c.cp = k % int(l.cp), c.dp = k / int(l.cp); break;  // cp fastest
     }
     return rank_of(l, c);
   };
-  const int64_t n = g == Group::tp    ? l.tp
-                    : g == Group::dp  ? l.dp
-                    : g == Group::pp  ? l.pp
-                    : g == Group::ep  ? l.ep
-                    : g == Group::edp ? l.dp / l.ep
-                                      : l.world();
+  const int64_t n = g == Group::tp     ? l.tp
+                    : g == Group::dp   ? l.dp
+                    : g == Group::pp   ? l.pp
+                    : g == Group::ep   ? l.ep
+                    : g == Group::edp  ? l.dp / l.ep
+                    : g == Group::cp   ? l.cp
+                    : g == Group::dpcp ? l.dp * l.cp
+                                       : l.world();
   std::vector<int> out;
   for (int k = 0; k < int(n); ++k) out.push_back(member(k));
   return out;
@@ -156,6 +181,8 @@ int group_rank(const Layout& l, Group g, int rank) {
     case Group::ep: return c.ep;
     case Group::edp: return c.edp;
     case Group::world: return rank;
+    case Group::cp: return c.cp;
+    case Group::dpcp: return c.cp + int(l.cp) * c.dp;
   }
   return rank;
 }
@@ -204,7 +231,7 @@ struct Checker {
   bool sizes_ok() {
     const std::pair<const char*, int64_t> sizes[] = {
         {"parallel.tp", l.tp}, {"parallel.pp", l.pp}, {"parallel.dp", l.dp},
-        {"parallel.ep", l.ep}, {"parallel.virtual_stages", l.virtual_stages},
+        {"parallel.ep", l.ep}, {"parallel.cp", l.cp}, {"parallel.virtual_stages", l.virtual_stages},
         {"train.micro_batch", t.micro_batch}};
     for (const auto& [key, v] : sizes)
       if (v < 1) add(key, std::string(key) + "=" + num(v) + ": must be >= 1");
@@ -307,10 +334,42 @@ struct Checker {
                                "; use tp in " + divisors_text(all_three));
         break;
       }
-    if (l.sequence_parallel && l.tp > 1 && (t.micro_batch * m.seq_len) % l.tp != 0)
+    const int64_t local_seq = m.seq_len % l.cp == 0 ? m.seq_len / l.cp : m.seq_len;
+    if (l.sequence_parallel && l.tp > 1 && (t.micro_batch * local_seq) % l.tp != 0)
       add("parallel.sequence_parallel",
-          "parallel.sequence_parallel needs train.micro_batch x model.seq_len = " +
-              num(t.micro_batch * m.seq_len) + " tokens divisible by parallel.tp=" + num(l.tp));
+          "parallel.sequence_parallel needs train.micro_batch x model.seq_len" +
+              std::string(l.cp > 1 ? " / parallel.cp" : "") + " = " +
+              num(t.micro_batch * local_seq) + " tokens divisible by parallel.tp=" + num(l.tp));
+  }
+
+  // Context parallelism (parallel.cp, cp_mode; docs/context-parallel.md).
+  void context() {
+    if (l.cp_mode != "ring" && l.cp_mode != "all-to-all")
+      add("parallel.cp_mode",
+          "parallel.cp_mode='" + l.cp_mode + "': use ring or all-to-all");
+    if (l.cp == 1) return;
+    // Each rank holds chunks r and 2cp-1-r of every sequence: 2cp equal chunks.
+    if (m.seq_len % (2 * l.cp) != 0) {
+      std::vector<int64_t> fit;
+      for (int64_t c = 1; 2 * c <= m.seq_len && fit.size() < 12; ++c)
+        if (m.seq_len % (2 * c) == 0) fit.push_back(c);
+      add("parallel.cp", "parallel.cp=" + num(l.cp) + " needs model.seq_len=" + num(m.seq_len) +
+                             " divisible by 2 x cp = " + num(2 * l.cp) +
+                             " (each rank holds two of 2 x cp equal chunks of a sequence); use cp in " +
+                             (fit.empty() ? std::string("{1}") : set_text(fit)));
+    }
+    if (l.cp_mode == "all-to-all") {
+      // Ulysses: each rank of the cp group takes heads/cp of the (tp-local)
+      // heads for the whole sequence.
+      const int64_t h = m.n_heads % l.tp == 0 ? m.n_heads / l.tp : m.n_heads;
+      const int64_t kv = m.n_kv_heads % l.tp == 0 ? m.n_kv_heads / l.tp : m.n_kv_heads;
+      if (h % l.cp != 0 || kv % l.cp != 0)
+        add("parallel.cp_mode",
+            "parallel.cp_mode=all-to-all scatters the attention heads over the cp ranks: it needs "
+            "model.n_heads / tp = " + num(h) + " and model.n_kv_heads / tp = " + num(kv) +
+                " divisible by parallel.cp=" + num(l.cp) + "; use cp in " +
+                divisors_text(std::gcd(h, kv)) + " or cp_mode: ring");
+    }
   }
 
   // Pipeline rules (parallel.pp, schedule, microbatches, virtual_stages,
@@ -445,6 +504,7 @@ std::vector<LayoutIssue> layout_errors(const ModelConfig& m, const TrainConfig& 
   c.batch();
   c.experts();
   c.dense();
+  c.context();
   c.pipeline();
   return c.out;
 }
@@ -460,12 +520,13 @@ std::optional<std::string> world_error(const Layout& l, int64_t world_size) {
   const int64_t want = l.world();
   if (want == world_size) return std::nullopt;
   std::string alt;
-  if (l.tp * l.pp > 0 && world_size % (l.tp * l.pp) == 0)
-    alt = "; with tp=" + num(l.tp) + " pp=" + num(l.pp) +
-          " use dp=" + num(world_size / (l.tp * l.pp));
-  return "parallel.tp=" + num(l.tp) + " x pp=" + num(l.pp) + " x dp=" + num(l.dp) + " = " +
-         num(want) + " ranks, but the launch has " + num(world_size) +
-         " (mpirun -np / srun -n)" + alt;
+  const int64_t fixed = l.tp * l.pp * l.cp;  // all but dp
+  if (fixed > 0 && world_size % fixed == 0)
+    alt = "; with tp=" + num(l.tp) + (l.cp > 1 ? " cp=" + num(l.cp) : std::string()) +
+          " pp=" + num(l.pp) + " use dp=" + num(world_size / fixed);
+  return "parallel.tp=" + num(l.tp) + (l.cp > 1 ? " x cp=" + num(l.cp) : std::string()) +
+         " x pp=" + num(l.pp) + " x dp=" + num(l.dp) + " = " + num(want) +
+         " ranks, but the launch has " + num(world_size) + " (mpirun -np / srun -n)" + alt;
 }
 
 }  // namespace adgt

@@ -22,6 +22,11 @@ namespace adgt {
 
 struct Layout {
   int64_t tp = 1, pp = 1, dp = 1, ep = 1;  // ep divides dp: expert ranks are carved out of dp
+  // Context parallelism (docs/context-parallel.md): each sequence split over
+  // cp ranks, attention by ring (K/V blocks around the cp ring) or
+  // all-to-all (heads scattered, sequence gathered: Ulysses).
+  int64_t cp = 1;
+  std::string cp_mode = "ring";            // ring | all-to-all
   int64_t zero = 0;                        // 1: ZeRO-1 (optimizer state sharded over dp)
   bool sequence_parallel = false;          // norm/residual regions split along the sequence over tp
   std::string schedule = "1f1b";           // gpipe | 1f1b | interleaved | zb-h1 | zb-v | greedy
@@ -32,7 +37,7 @@ struct Layout {
   // Sizes are int64_t like the config keys they come from, so a check reports
   // any value read from YAML as it was written; the rank functions below take
   // and give int ranks.
-  int64_t world() const { return tp * pp * dp; }
+  int64_t world() const { return tp * cp * pp * dp; }
   bool operator==(const Layout&) const = default;
 };
 
@@ -58,17 +63,21 @@ std::string describe(const Layout& l);
 // expert-data-parallel group, the dp ranks holding the same experts).
 struct RankCoords {
   int tp = 0, dp = 0, pp = 0, ep = 0, edp = 0;
+  int cp = 0;  // the rank's place in its cp group (which chunks of each sequence it holds)
   bool operator==(const RankCoords&) const = default;
 };
 
 // Both throw (std::runtime_error, via ADGT_CHECK) for sizes < 1, ep not
-// dividing dp, or a rank / coordinate outside the layout. rank_of reads tp, dp
-// and pp (ep and edp are implied by dp).
+// dividing dp, or a rank / coordinate outside the layout. rank_of reads tp, cp,
+// dp and pp (ep and edp are implied by dp).
 RankCoords coords_of(const Layout& l, int rank);
 int rank_of(const Layout& l, const RankCoords& c);
 
-enum class Group { tp, dp, pp, ep, edp, world };
-const char* group_name(Group g);  // "tp", "dp", ..., "world"
+// cp: the ranks holding the chunks of the same sequences (the same tp, dp and
+// pp coordinates); dpcp: the ranks holding the same weights of one stage's tp
+// shard, dp x cp of them (gradients are reduced over it; dp when cp = 1).
+enum class Group { tp, dp, pp, ep, edp, world, cp, dpcp };
+const char* group_name(Group g);  // "tp", "dp", ..., "world", "cp", "dpcp"
 // World ranks of the g group containing `rank`, in group-rank order (group
 // rank k is entry k); this rank's group rank is group_rank(l, g, rank).
 std::vector<int> group_ranks(const Layout& l, Group g, int rank);
@@ -92,7 +101,7 @@ std::vector<LayoutIssue> layout_errors(const ModelConfig& m, const TrainConfig& 
 // The first of layout_errors(), or none.
 std::optional<std::string> layout_error(const ModelConfig& m, const TrainConfig& t,
                                         const Layout& l);
-// The launch rule: tp * pp * dp must equal the number of ranks.
+// The launch rule: tp * cp * pp * dp must equal the number of ranks.
 std::optional<std::string> world_error(const Layout& l, int64_t world_size);
 
 }  // namespace adgt

@@ -98,7 +98,10 @@ bool stage_leader(const ShardLayout& lay) { return lay.tp_rank == 0 && lay.dp_ra
 ShardLayout shard_layout_of(const Layout& l, const RankCoords& c) {
   ShardLayout s;
   s.tp = int(l.tp), s.tp_rank = c.tp;
-  s.dp = int(l.dp), s.dp_rank = c.dp;
+  // Context parallelism: the cp ranks of a replica hold the same weights, so
+  // a checkpoint sees dp x cp replicas, this rank the dpcp group's rank (over
+  // which ZeRO-1 chunks the AdamW state too); cp is not in the saved tensors.
+  s.dp = int(l.dp * l.cp), s.dp_rank = c.cp + int(l.cp) * c.dp;
   s.pp = int(l.pp), s.pp_rank = c.pp;
   s.ep = int(l.ep), s.ep_rank = c.ep;
   s.description = describe(l);

@@ -61,4 +61,18 @@ AttentionShape Model::attention_of(const Slot& s) const {
   return a;
 }
 
+void Model::attention_forward(LayerActs& a, const Slot& s) {
+  if (context_)
+    context_->forward(a.att, a.att_saved, a.q, a.k, a.v, att_shape_);
+  else
+    be_.attention_forward(a.att, a.att_saved, a.q, a.k, a.v, attention_of(s));
+}
+
+void Model::attention_backward(const LayerActs& a, const Slot& s) {
+  if (context_)
+    context_->backward(dq_, dk_, dv_, d_att_, a.q, a.k, a.v, a.att, a.att_saved, att_shape_);
+  else
+    be_.attention_backward(dq_, dk_, dv_, d_att_, a.q, a.k, a.v, a.att, a.att_saved, attention_of(s));
+}
+
 }  // namespace adgt

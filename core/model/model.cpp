@@ -12,7 +12,7 @@ namespace adgt {
 
 Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_t T,
              TensorParallel tpc, const StageSlice* stage, ExpertParallel epc,
-             RecomputePolicy recompute, bool fused)
+             RecomputePolicy recompute, bool fused, ContextAttention* context)
     : cfg_(cfg),
       stage_(stage ? *stage : whole_model(cfg)),
       be_(be),
@@ -25,6 +25,7 @@ Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_
       self_("tp"),
       recompute_(recompute),
       fused_(fused) {
+  context_ = context;
   if (!tp_) tp_ = &self_;
   const int64_t tp = tp_->size();
   sp_ = tpc.sequence_parallel && tp > 1;
@@ -188,7 +189,8 @@ void Model::plan_recompute() {
 }
 
 void Model::alloc_core(LayerActs& a) {
-  a.att_saved = act(be_.attention_saved_elems(att_shape_), 1, mdt_);
+  a.att_saved = act(context_ ? context_->saved_elems(att_shape_) : be_.attention_saved_elems(att_shape_),
+                    1, mdt_);
   a.att = act(N_, Hl_ * cfg_.head_dim(), dtype_);
   a.h = act(N_, Fl_, dtype_);
 }
@@ -292,10 +294,16 @@ void Model::build_rope_tables() {
   rope_cos_ = act(T_, half, mdt_);
   rope_sin_ = act(T_, half, mdt_);
   std::vector<double> c(size_t(T_ * half)), s(size_t(T_ * half));
+  // Row t: the position of local token t (its own index, or under context
+  // parallelism where the rank's chunks sit in the sequence).
+  std::vector<int64_t> pos(static_cast<size_t>(T_));
+  for (int64_t t = 0; t < T_; ++t) pos[size_t(t)] = t;
+  if (context_) pos = context_->positions(T_);
+  ADGT_CHECK(int64_t(pos.size()) == T_, "Model: " << pos.size() << " rotary positions for " << T_ << " tokens");
   for (int64_t t = 0; t < T_; ++t)
     for (int64_t i = 0; i < half; ++i) {
       const double inv = std::pow(cfg_.rope_theta, -double(2 * i) / double(hd));
-      const double a = double(t) * inv;
+      const double a = double(pos[size_t(t)]) * inv;
       c[size_t(t * half + i)] = std::cos(a);
       s[size_t(t * half + i)] = std::sin(a);
     }

@@ -17,6 +17,7 @@
 
 #include "core/comm.hpp"
 #include "core/config.hpp"
+#include "core/model/context_attention.hpp"
 #include "core/model/moe.hpp"
 #include "core/model/param_table.hpp"
 #include "core/model/stage_slice.hpp"
@@ -104,9 +105,12 @@ class Model {
   // gradient of a fused GEMM sums over all its output columns in one
   // product instead of adding three (or two) products, so the backward's
   // d(ln1) and d(ln2) differ by rounding (weight gradients do not).
+  // `context` (not owned; context parallelism, core/model/context_attention.hpp):
+  // T is this rank's tokens of a sequence, and `context` computes the
+  // attention and gives the tokens' rotary positions.
   Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_t T,
         TensorParallel tp = {}, const StageSlice* stage = nullptr, ExpertParallel ep = {},
-        RecomputePolicy recompute = {}, bool fused = true);
+        RecomputePolicy recompute = {}, bool fused = true, ContextAttention* context = nullptr);
 
   const ModelConfig& config() const { return cfg_; }
   const StageSlice& stage() const { return stage_; }
@@ -347,6 +351,9 @@ class Model {
   };
   Rope rope_of(const Slot& s) const;
   AttentionShape attention_of(const Slot& s) const;  // att_shape_, masked by the slot's documents
+  // The attention of a layer: the backend's, or context_'s over the cp group.
+  void attention_forward(LayerActs& a, const Slot& s);
+  void attention_backward(const LayerActs& a, const Slot& s);
   void load_documents(Slot& s, const int32_t* inputs);  // set_documents' per-micro-batch part
 
   // ---- pass pieces (model_forward_backward.cpp) ----
@@ -403,6 +410,7 @@ class Model {
   int64_t B_, T_, N_, Nl_;
   Comm* tp_;
   SelfComm self_;
+  ContextAttention* context_ = nullptr;  // context parallelism: the attention over the cp group
   bool sp_;
   int64_t vocab_start_ = 0, vocab_valid_ = 0, flat_n_;
   InitTimes init_times_;

@@ -180,7 +180,7 @@ bool Model::layer_forward(int chunk, int slot, size_t l, bool ln1_ready) {
   // Attention branch: x_mid = x_in + o(attention(rope(q), rope(k), v)).
   if (!ln1_ready) norm_forward(a.ln1, a.rstd1, a.x_in, w.in_norm);
   qkv_forward(a, w, rope_of(s));
-  be_.attention_forward(a.att, a.att_saved, a.q, a.k, a.v, attention_of(s));
+  attention_forward(a, s);
   Tensor o = sp_ ? partial_ : a.x_mid;
   be_.linear_forward(o, a.att, param(w.o));
   reduce_rows(a.x_mid, o);
@@ -319,7 +319,7 @@ void Model::recompute_layer(int chunk, int slot, size_t l) {
     norm_forward(a.ln1, a.rstd1, a.x_in, w.in_norm);
     qkv_forward(a, w, rope_of(s));
   }
-  be_.attention_forward(a.att, a.att_saved, a.q, a.k, a.v, attention_of(s));
+  attention_forward(a, s);
   if (full) {
     Tensor o = sp_ ? partial_ : a.x_mid;
     be_.linear_forward(o, a.att, param(w.o));
@@ -370,7 +370,7 @@ void Model::layer_backward(int chunk, int slot, size_t l, BackwardMode mode) {
   // d_resid = dL/dx_mid. Attention branch: x_mid = x_in + o(att).
   gather_rows(d_full_, d_resid_);
   linear_bwd(d_att_, w.o, w.o, d_full_, a.att, a.d_o, false);
-  be_.attention_backward(dq_, dk_, dv_, d_att_, a.q, a.k, a.v, a.att, a.att_saved, attention_of(s));
+  attention_backward(a, s);
   const Rope r = rope_of(s);
   if (fused_) {
     be_.qkv_rope_merge_backward(qkv_, dq_, dk_, dv_, r.cos, r.sin, r.T);

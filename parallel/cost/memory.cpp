@@ -11,12 +11,18 @@
 
 namespace adgt {
 
+int64_t local_seq_len(const RunConfig& cfg) {
+  const int64_t cp = std::max<int64_t>(1, cfg.parallel.cp);
+  return cfg.model.seq_len % cp == 0 ? cfg.model.seq_len / cp : cfg.model.seq_len;
+}
+
 int64_t compute_bytes_per_element(const RunConfig& cfg) {
   return cfg.train.dtype == "f64" ? 8 : cfg.train.dtype == "bf16" ? 2 : 4;
 }
 
 // Notation: V vocab, C d_model, L layers, H heads, KV kv heads, hd head_dim,
-// F ffn_hidden, T seq_len, B micro_batch, b bytes per element.
+// F ffn_hidden, T seq_len (a rank's seq_len / cp under context parallelism),
+// B micro_batch, b bytes per element.
 //
 // Parameters come from build_param_table (a list of ~9L+3 names and shapes,
 // no storage), so the count is exactly what the model allocates.
@@ -115,7 +121,7 @@ struct ActivationSizes {
 ActivationSizes activation_sizes(const RunConfig& cfg, int64_t bpp) {
   const ModelConfig& m = cfg.model;
   const int64_t C = m.d_model, H = m.n_heads, KV = m.n_kv_heads, hd = m.head_dim(), F = m.ffn_hidden,
-                T = m.seq_len;
+                T = local_seq_len(cfg);
   const int64_t tp = cfg.parallel.tp;
   const bool sp = cfg.parallel.sequence_parallel && tp > 1;
   const int64_t Hl = H / tp, KVl = KV / tp, Fl = F / tp, Vl = padded_vocab(m, tp) / tp;
@@ -124,9 +130,11 @@ ActivationSizes activation_sizes(const RunConfig& cfg, int64_t bpp) {
   const int64_t a_layer_num = 2 * C + 2;  // x_in, x_mid, rstd1, rstd2 (divided by `rows`)
   // What the attention saves per token and head: the CPU backend's T
   // probabilities, or the CUDA kernels' one fp32 log-sum-exp (train.device:
-  // cuda), counted in compute-dtype elements.
+  // cuda), counted in compute-dtype elements. Context parallelism's ring
+  // keeps the merged log-sum-exp on every backend (its backward recomputes
+  // each block's probabilities from it).
   const int64_t att_saved =
-      cfg.train.device == "cuda" ? std::max<int64_t>(1, 4 / bpp) : T;
+      cfg.train.device == "cuda" || cfg.parallel.cp > 1 ? std::max<int64_t>(1, 4 / bpp) : T;
   const int64_t a_layer_full = 2 * C + 2 * Hl * hd + 2 * KVl * hd + Hl * att_saved + 3 * Fl;
   z.a_layer = a_layer_num / z.rows + a_layer_full;
   // An MoE layer keeps, instead of the dense FFN's 3F, per token: the router
@@ -197,13 +205,15 @@ RankActivations rank_activations(const RunConfig& cfg, const ActivationSizes& z,
 void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, int64_t numel, const RankActivations& a,
                      const ActivationSizes& z, MemoryEstimate& x) {
   const ModelConfig& m = cfg.model;
-  const int64_t C = m.d_model, hd = m.head_dim(), T = m.seq_len, B = cfg.train.micro_batch;
+  const int64_t C = m.d_model, hd = m.head_dim(), T = local_seq_len(cfg), B = cfg.train.micro_batch;
   const int64_t tp = cfg.parallel.tp, dp = cfg.parallel.dp;
   const bool sp = cfg.parallel.sequence_parallel && tp > 1;
   const int64_t Hl = m.n_heads / tp, KVl = m.n_kv_heads / tp;
   x.bytes_params = numel * bpp;
   x.bytes_grads = numel * std::max<int64_t>(bpp, 4);
-  x.bytes_optimizer = 2 * numel * std::max<int64_t>(bpp, 4) / (cfg.parallel.zero ? dp : 1) +
+  // ZeRO-1 shards the AdamW state over the ranks holding the same weights:
+  // dp x cp (Megatron's distributed optimizer does the same with cp).
+  x.bytes_optimizer = 2 * numel * std::max<int64_t>(bpp, 4) / (cfg.parallel.zero ? dp * cfg.parallel.cp : 1) +
                       (bpp < 4 ? numel * 4 : 0);
   x.bytes_activations = B * T * a.act * bpp;
   x.bytes_split = B * T * a.split_act * bpp;
@@ -217,6 +227,14 @@ void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, int64_t numel, const Ran
       (Nl * C + Nt * C + (sp ? 2 * Nl * C + 2 * Nt * C : 0) + Nt * (2 * Hl + 2 * KVl) * hd +
        3 * Nt * z.Fl + (cfg.train.fused_projections ? Nt * (Hl + 2 * KVl) * hd : 0)) * bpp +
       T * hd * mbytes + a.n_held * (Nl * C * bpp + 2 * Nt * 4);
+  // Context parallelism's ring: the K/V block arriving while the one in hand
+  // is computed on, and in the backward the dK/dV accumulator travelling with
+  // each (docs/context-parallel.md): four K/V-sized buffers, plus the running
+  // output and log-sum-exp of the merge.
+  if (cfg.parallel.cp > 1) {
+    x.bytes_ring = (4 * Nt * 2 * KVl * hd + Nt * Hl * hd) * bpp + Nt * Hl * 4;
+    x.bytes_scratch += x.bytes_ring;
+  }
   x.bytes_total = x.bytes_params + x.bytes_grads + x.bytes_optimizer + x.bytes_activations +
                   x.bytes_attention_fallback + x.bytes_scratch;
 }
@@ -339,6 +357,7 @@ std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e,
        (m.tie_embeddings ? ", tied embeddings" : ", untied embeddings"));
   line("  parameters   " + with_thousands(e.n_params) + " (" + short_count(e.n_params) +
        "); non-embedding " + with_thousands(e.n_params_non_embedding));
+  const int64_t cp = cfg.parallel.cp;
   line("  batch        " + std::to_string(t.global_batch) + " sequences/step = micro_batch " +
        std::to_string(t.micro_batch) + " x " + std::to_string(cfg.accum_steps()) +
        " accumulation x dp " + std::to_string(cfg.parallel.dp) + "; " +
@@ -351,10 +370,13 @@ std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e,
   line("  memory per rank (" + (mixed ? std::string("bf16 parameters, fp32 master weights and gradients")
                                       : dt + " parameters and gradients") +
        ", AdamW m and v; attention saves " +
-       (t.device == "cuda" ? "log-sum-exps (train.device cuda)" : "probabilities (CPU backend)") +
+       (cp > 1              ? "log-sum-exps (ring attention)"
+        : t.device == "cuda" ? "log-sum-exps (train.device cuda)"
+                             : "probabilities (CPU backend)") +
        "; tp " +
        std::to_string(par.tp) + (par.sequence_parallel && par.tp > 1 ? " with SP" : "") +
-       ", dp " + std::to_string(par.dp) + (par.zero && par.dp > 1 ? " with ZeRO-1" : "") +
+       (cp > 1 ? ", cp " + std::to_string(cp) + " " + par.cp_mode : std::string()) +
+       ", dp " + std::to_string(par.dp) + (par.zero && par.dp * par.cp > 1 ? " with ZeRO-1" : "") +
        (par.pp > 1 ? ", pp " + std::to_string(par.pp) + " " + par.schedule + ": pipeline rank " +
                          std::to_string(e.pp_rank) + ", the largest" : std::string()) +
        "):");
@@ -364,6 +386,7 @@ std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e,
        (mixed ? "  (AdamW m, v, fp32 master weights)" : "  (AdamW m, v)"));
   line("    activations  " + gib(e.bytes_activations) + "  (micro_batch " +
        std::to_string(t.micro_batch) + " x seq_len " + std::to_string(m.seq_len) +
+       (cp > 1 ? " / cp " + std::to_string(cp) : std::string()) +
        (par.pp > 1 ? " x " + std::to_string(e.microbatches_held) + " chunk micro-batches in flight"
                    : std::string()) +
        ", saved for backward" +
@@ -382,7 +405,10 @@ std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e,
          "  (fp32 scratch: bf16 attention runs the exact kernel, not flash: " +
          e.attention_fallback + ")");
   line("    scratch      " + gib(e.bytes_scratch) +
-       "  (one layer's activation gradients, rotary tables, chunk outputs in flight)");
+       "  (one layer's activation gradients, rotary tables, chunk outputs in flight" +
+       (e.bytes_ring > 0 ? "; " + trim(gib(e.bytes_ring)) + " the cp ring's K/V and dK/dV buffers"
+                         : std::string()) +
+       ")");
   line("    total        " + gib(e.bytes_total));
   if (replan && replan->bytes_total > e.bytes_total)
     line("  parallel.adapt: a re-plan to a split schedule would hold up to " +

@@ -37,10 +37,16 @@ struct MemoryEstimate {
   // worth: core/model/model.cpp make_scratch), the rotary tables and, per
   // micro-batch in flight, each chunk's output rows and token ids.
   int64_t bytes_scratch = 0;
+  // Of bytes_scratch: context parallelism's ring buffers (K/V in flight,
+  // dK/dV accumulators, the merge's running output).
+  int64_t bytes_ring = 0;
   int64_t bytes_total = 0;
   int pp_rank = 0;                     // pipeline: the rank reported (the largest total)
   int64_t microbatches_held = 1;       // pipeline: micro-batches in flight on that rank (all chunks)
 };
+
+// The tokens of a sequence one rank holds: model.seq_len / parallel.cp.
+int64_t local_seq_len(const RunConfig& cfg);
 
 // Bytes per parameter/activation element of the configured compute dtype:
 // 8 for train.dtype f64, 2 for bf16, else 4.

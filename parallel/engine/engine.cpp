@@ -1,11 +1,14 @@
 #include "parallel/engine/engine.hpp"
 
+#include "parallel/cp/ring_context.hpp"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
 #include "kernels/check.hpp"
 #include "parallel/cost/stages.hpp"
+#include "parallel/cp/ring_context.hpp"
 #include "parallel/dp/grad_norm.hpp"
 #include "parallel/emulate/slowdown.hpp"
 #include "parallel/pipeline/run_schedule.hpp"
@@ -24,12 +27,25 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
   layout_ = ctx.layout ? *ctx.layout : layout_of(config);
   cfg_.parallel = with_layout(config.parallel, layout_);
   const RunConfig& cfg = cfg_;
+  if (const std::string why = context_parallel_unsupported(cfg); !why.empty())
+    throw std::runtime_error("Engine: " + why);
+  ADGT_CHECK(layout_.cp == 1 || be.name().rfind("cuda", 0) != 0,
+             "Engine: parallel.cp=" << layout_.cp << " on " << be.name()
+                                    << ": context parallelism does not run on CUDA yet "
+                                       "(docs/context-parallel.md); use train.device: cpu or emulated");
   if (!ctx_.tp) ctx_.tp = &self_tp_;
   if (!ctx_.dp) ctx_.dp = &self_dp_;
   if (!ctx_.pp) ctx_.pp = &self_pp_;
   if (!ctx_.ep) ctx_.ep = &self_ep_;
   if (!ctx_.edp) ctx_.edp = ctx_.ep->size() > 1 ? &self_edp_ : ctx_.dp;
   if (!ctx_.world) ctx_.world = &self_world_;
+  if (!ctx_.cp) ctx_.cp = &self_cp_;
+  if (!ctx_.dpcp) ctx_.dpcp = ctx_.cp->size() > 1 ? &self_dpcp_ : ctx_.dp;
+  ADGT_CHECK(ctx_.cp->size() == layout_.cp && ctx_.dpcp->size() == layout_.cp * layout_.dp &&
+                 ctx_.cp->rank() == ctx_.coords.cp,
+             "Engine: the cp group (size " << ctx_.cp->size() << ", rank " << ctx_.cp->rank()
+                                           << ") does not match parallel.cp=" << layout_.cp
+                                           << " (cp rank " << ctx_.coords.cp << ")");
   ADGT_CHECK(ctx_.tp->size() == cfg.parallel.tp && ctx_.dp->size() == cfg.parallel.dp &&
                  ctx_.pp->size() == cfg.parallel.pp,
              "Trainer: process groups (tp " << ctx_.tp->size() << ", dp " << ctx_.dp->size()
@@ -49,7 +65,7 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
   TensorParallel tp;
   tp.comm = ctx_.tp;
   tp.sequence_parallel = cfg.parallel.sequence_parallel;
-  tp.flat_multiple = 16 * (cfg.parallel.zero ? cfg.parallel.dp : 1);
+  tp.flat_multiple = 16 * (cfg.parallel.zero ? cfg.parallel.dp * cfg.parallel.cp : 1);
   const bool pipelined = ctx_.pp->size() > 1;
   const int pp = int(cfg.parallel.pp), v = int(cfg.parallel.virtual_stages);
   const StageSlice slice =
@@ -58,21 +74,26 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
   ExpertParallel ep;
   ep.comm = ctx_.ep;
   for (int64_t r : cfg.parallel.expert_placement) ep.placement.push_back(int(r));
+  // Context parallelism: the model holds this rank's seq_len / cp tokens of
+  // each sequence and runs its attention around the cp ring.
+  if (layout_.cp > 1) context_ = std::make_unique<cp::RingContextAttention>(be_, *ctx_.cp);
   model_ = std::make_unique<Model>(cfg.model, be_, parse_dtype(cfg.train.dtype), cfg.train.micro_batch,
-                                   cfg.model.seq_len, tp, &slice, ep,
+                                   cfg.model.seq_len / layout_.cp, tp, &slice, ep,
                                    RecomputePolicy{parse_recompute(cfg.train.recompute),
                                                    cfg.train.recompute_layers},
-                                   cfg.train.fused_projections);
+                                   cfg.train.fused_projections, context_.get());
   model_->set_documents(int32_t(cfg.data.eos_id), cfg.train.document_mask,
                         cfg.model.rope_reset_per_document);
   if (init) model_->init_weights(cfg.train.seed);  // else the caller restores a state
   if (!cfg.parallel.expert_replicas.empty() || cfg.parallel.expert_slots > 0)
     set_expert_replicas(cfg.parallel.expert_replicas);
-  const bool zero = cfg.parallel.zero == 1 && ctx_.dp->size() > 1;
+  // Gradients (and ZeRO-1's AdamW chunks) over the ranks holding the same
+  // weights: dp, times cp under context parallelism.
+  const bool zero = cfg.parallel.zero == 1 && ctx_.dpcp->size() > 1;
   Comm* edp = ctx_.ep->size() > 1 ? ctx_.edp : nullptr;
-  reducer_ = std::make_unique<GradReducer>(*model_, *ctx_.dp, edp, zero, cfg.parallel.bucket_mb);
+  reducer_ = std::make_unique<GradReducer>(*model_, *ctx_.dpcp, edp, zero, cfg.parallel.bucket_mb);
   reducer_->set_clock([s = slow_] { return s->now(); });  // the emulation's clock, else wall
-  opt_ = std::make_unique<ShardedAdamW>(be_, *model_, cfg.train, zero ? ctx_.dp : nullptr);
+  opt_ = std::make_unique<ShardedAdamW>(be_, *model_, cfg.train, zero ? ctx_.dpcp : nullptr);
   if (pipelined) {
     pipe_ = std::make_unique<PipelineExecutor>(*model_, be_, *ctx_.pp, engine_schedule(cfg));
     pipe_->set_progress_comms(reducer_->comms());
@@ -85,6 +106,39 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
   model_->defer_replica_grads(!pipelined);
   in_.assign(size_t(cfg.train.micro_batch * cfg.model.seq_len), 0);
   tg_.assign(in_.size(), -1);
+  if (layout_.cp > 1) {
+    in_local_.assign(in_.size() / size_t(layout_.cp), 0);
+    tg_local_.assign(in_local_.size(), -1);
+  }
+}
+
+std::string context_parallel_unsupported(const RunConfig& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  if (p.cp <= 1) return "";
+  const std::string cp = "parallel.cp=" + std::to_string(p.cp);
+  const std::string see = " (docs/context-parallel.md, \"What remains\")";
+  if (p.cp_mode != "ring")
+    return cp + " with parallel.cp_mode=" + p.cp_mode + ": only the ring runs yet" + see +
+           "; use cp_mode: ring";
+  if (p.pp > 1)
+    return cp + " with parallel.pp=" + std::to_string(p.pp) +
+           ": context parallelism does not run under a pipeline yet" + see + "; use pp: 1";
+  if (cfg.model.n_experts > 0)
+    return cp + " with a mixture-of-experts model: not run yet" + see + "; use cp: 1";
+  if (p.auto_plan)
+    return cp + " with parallel.auto: the planner and the simulator do not model cp yet" + see +
+           "; set the layout yourself";
+  if (cfg.train.device == "cuda")
+    return cp + " on train.device=cuda: the ring's block kernels have run in the CUDA emulation "
+                "only, and its sends over NCCL are not paired yet" + see +
+           "; use train.device: cpu or emulated";
+  if (p.grad_compression != "off")
+    return cp + " with parallel.grad_compression=" + p.grad_compression +
+           ": compression over the dp x cp ranks is not run yet" + see + "; use grad_compression: off";
+  if (cfg.train.document_mask || cfg.model.rope_reset_per_document)
+    return cp + " with train.document_mask or model.rope_reset_per_document: document "
+                "boundaries inside the ring are not run yet" + see;
+  return "";
 }
 
 Engine::~Engine() = default;
@@ -182,14 +236,25 @@ double Engine::forward_backward(const MicroBatchFetch& fetch) {
   return loss;
 }
 
+std::pair<const int32_t*, const int32_t*> Engine::local_batch(const int32_t* in, const int32_t* tg) {
+  if (layout_.cp == 1) return {in, tg};
+  const int64_t B = cfg_.train.micro_batch, T = cfg_.model.seq_len;
+  const int r = ctx_.cp->rank(), P = ctx_.cp->size();
+  cp::local_tokens(in, in_local_.data(), B, T, r, P);
+  cp::local_tokens(tg, tg_local_.data(), B, T, r, P);
+  return {in_local_.data(), tg_local_.data()};
+}
+
 double Engine::run_micro_batches(const MicroBatchFetch& fetch) {
-  const int64_t A = cfg_.accum_steps(), D = ctx_.dp->size();
+  // D: the ranks whose losses make the step's mean (each a mean over its tokens).
+  const int64_t A = cfg_.accum_steps(), D = ctx_.dpcp->size();
   model_->defer_losses(true);  // one host read of the losses per step
   for (int64_t a = 0; a < A; ++a) {
     fetch(int(a), in_.data(), tg_.data());
+    const auto [in, tg] = local_batch(in_.data(), tg_.data());
     // Each forward and backward is a compute piece of the slowdown hook
     // (parallel/emulate/slowdown.hpp; inactive unless emulated).
-    slow_->run([&] { model_->forward(in_.data(), tg_.data(), 1.0 / double(A * D)); });
+    slow_->run([&] { model_->forward(in, tg, 1.0 / double(A * D)); });
     const bool last = a + 1 == A;
     // The last micro-batch's backward starts each bucket's reduction as it completes it.
     slow_->begin();
@@ -204,7 +269,7 @@ double Engine::run_micro_batches(const MicroBatchFetch& fetch) {
   const double loss_sum = model_->take_deferred_loss();
   model_->defer_losses(false);
   double total[1] = {loss_sum};
-  ctx_.dp->all_reduce(Tensor(total, DType::F64, {1}));
+  ctx_.dpcp->all_reduce(Tensor(total, DType::F64, {1}));
   return total[0] / double(A * D);
 }
 
@@ -258,7 +323,7 @@ void Engine::measure_bubble() {
 double Engine::grad_norm() {
   GradNormGroups g;
   g.tp = ctx_.tp;
-  g.chunks = opt_->sharded() ? ctx_.dp : nullptr;
+  g.chunks = opt_->sharded() ? ctx_.dpcp : nullptr;
   g.ep = ctx_.ep->size() > 1 ? ctx_.ep : nullptr;
   g.pp = ctx_.pp;
   return global_grad_norm(be_, model_->table(), model_->grads(), opt_->lo(), opt_->hi(), g);
@@ -273,6 +338,12 @@ void Engine::apply_update(double lr, int64_t opt_step, double clip_coef) {
 }
 
 double Engine::eval_loss(const int32_t* inputs, const int32_t* targets) {
+  if (layout_.cp > 1) {  // the mean of the cp ranks' means: each holds as many of every row's tokens
+    const auto [in, tg] = local_batch(inputs, targets);
+    double l[1] = {model_->forward(in, tg, 0.0)};
+    ctx_.cp->all_reduce(Tensor(l, DType::F64, {1}));
+    return l[0] / double(ctx_.cp->size());
+  }
   if (!pipelined()) return model_->forward(inputs, targets, 0.0);
   double l[1] = {pipe_->forward_only(inputs, targets)};  // known on the last stage
   ctx_.pp->all_reduce(Tensor(l, DType::F64, {1}));

@@ -112,7 +112,8 @@ class Engine {
   ParallelContext ctx_;
   Layout layout_;
   SelfComm self_tp_{"tp"}, self_dp_{"dp"}, self_pp_{"pp"}, self_ep_{"ep"}, self_edp_{"edp"},
-      self_world_{"world"};
+      self_world_{"world"}, self_cp_{"cp"}, self_dpcp_{"dpcp"};
+  std::unique_ptr<ContextAttention> context_;  // parallel.cp > 1: the ring (before model_)
   Backend& be_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<GradReducer> reducer_;
@@ -122,6 +123,13 @@ class Engine {
   emulate::ComputeSlowdown* slow_ = nullptr;  // ctx.slowdown, or an inactive one
   StepTimes times_;
   std::vector<int32_t> in_, tg_;
+  std::vector<int32_t> in_local_, tg_local_;  // parallel.cp > 1: this rank's chunks of them
+  // The tokens of a micro-batch this rank's model takes: all, or its cp chunks.
+  std::pair<const int32_t*, const int32_t*> local_batch(const int32_t* in, const int32_t* tg);
 };
+
+// Why this run's context parallelism cannot train yet ("" when it can, or
+// cp = 1): the combinations not wired (docs/context-parallel.md).
+std::string context_parallel_unsupported(const RunConfig& cfg);
 
 }  // namespace adgt

@@ -15,7 +15,8 @@ std::vector<std::unique_ptr<Comm>> wrap_emulated_groups(ParallelContext& ctx, Em
   ADGT_CHECK(ctx.layout, "emulation: the process groups come without their layout");
   const std::pair<Comm**, Group> slots[] = {{&ctx.tp, Group::tp}, {&ctx.dp, Group::dp},
                                             {&ctx.pp, Group::pp}, {&ctx.ep, Group::ep},
-                                            {&ctx.edp, Group::edp}, {&ctx.world, Group::world}};
+                                            {&ctx.edp, Group::edp}, {&ctx.world, Group::world},
+                                            {&ctx.cp, Group::cp},   {&ctx.dpcp, Group::dpcp}};
   std::vector<std::pair<Comm*, Comm*>> done;
   for (const auto& [slot, group] : slots) {
     if (!*slot) continue;

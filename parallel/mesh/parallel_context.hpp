@@ -29,6 +29,10 @@ struct ParallelContext {
   Comm* ep = nullptr;     // expert parallelism: ep consecutive ranks of the dp group
   Comm* edp = nullptr;    // the dp ranks holding the same experts
   Comm* world = nullptr;  // every rank of the run: checkpoints are saved and loaded over it
+  // Context parallelism (core/layout.hpp Group::cp, dpcp): made by the process
+  // groups, not used by the engine yet (docs/context-parallel.md).
+  Comm* cp = nullptr;
+  Comm* dpcp = nullptr;
   int world_rank = 0;     // rank 0 logs, prints and commits checkpoints
   // Link and compute emulation (parallel/emulate/, docs/emulation.md; not
   // owned). emulation: set up by the launcher for the rank table (nullptr:

@@ -16,7 +16,9 @@ namespace {
 
 std::string layout_str(const Layout& l) {
   std::ostringstream os;
-  os << "tp=" << l.tp << " x dp=" << l.dp << " x pp=" << l.pp;
+  os << "tp=" << l.tp;
+  if (l.cp > 1) os << " x cp=" << l.cp;
+  os << " x dp=" << l.dp << " x pp=" << l.pp;
   return os.str();
 }
 
@@ -24,10 +26,11 @@ std::string mismatch_message(const Layout& l, int world) {
   std::ostringstream os;
   os << "parallel: " << layout_str(l) << " = " << l.world() << " ranks but the launch has "
      << world << " (mpirun -np / srun -n); use -np " << l.world() << " / -n " << l.world();
-  if (world % (l.tp * l.pp) == 0)
-    os << ", or parallel.dp=" << world / (l.tp * l.pp) << " for " << world << " ranks";
+  const int64_t fixed = l.tp * l.cp * l.pp;  // all but dp
+  if (world % fixed == 0)
+    os << ", or parallel.dp=" << world / fixed << " for " << world << " ranks";
   else
-    os << ", or a layout whose tp x dp x pp is " << world;
+    os << ", or a layout whose tp x " << (l.cp > 1 ? "cp x " : "") << "dp x pp is " << world;
   return os.str();
 }
 
@@ -125,6 +128,8 @@ ProcessGroups make_process_groups(const Layout& layout, const Placement& placeme
   pg.pp = split(Group::pp);
   pg.ep = split(Group::ep);
   pg.edp = split(Group::edp);
+  pg.cp = split(Group::cp);
+  pg.dpcp = split(Group::dpcp);
   pg.world = std::move(world);
   return pg;
 }
@@ -139,7 +144,10 @@ std::string rank_table(const ProcessGroups& pg, const std::string& device,
   if (launcher_col) mine << '\t' << pl.launcher_rank(me);
   mine << '\t' << pg.launch.host << '\t' << pg.launch.local_rank << '/' << pg.launch.local_world;
   if (node_col) mine << '\t' << pl.node_of_layout(me);
-  mine << '\t' << pg.coords.tp << '\t' << pg.coords.dp << '\t' << pg.coords.pp << '\t' << device
+  const bool cp_col = pg.layout.cp > 1;
+  mine << '\t' << pg.coords.tp;
+  if (cp_col) mine << '\t' << pg.coords.cp;
+  mine << '\t' << pg.coords.dp << '\t' << pg.coords.pp << '\t' << device
        << '\t' << collectives;
   if (emulation) mine << '\t' << emulation->cell(me);
   std::vector<std::string> lines = as_mpi(*pg.world).gather_strings(mine.str(), 0);
@@ -149,7 +157,9 @@ std::string rank_table(const ProcessGroups& pg, const std::string& device,
   if (launcher_col) rows[0].push_back("launcher");
   rows[0].insert(rows[0].end(), {"host", "local"});
   if (node_col) rows[0].push_back("node");
-  rows[0].insert(rows[0].end(), {"tp", "dp", "pp", "device", "collectives"});
+  rows[0].push_back("tp");
+  if (cp_col) rows[0].push_back("cp");
+  rows[0].insert(rows[0].end(), {"dp", "pp", "device", "collectives"});
   if (emulation) rows[0].push_back("emulated");
   for (const std::string& l : lines) {
     std::vector<std::string> f;

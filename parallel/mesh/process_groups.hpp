@@ -29,6 +29,10 @@ struct ProcessGroups {
   // Expert parallelism (ep consecutive ranks of each dp group) and the
   // expert-data-parallel group: the dp ranks holding the same experts.
   std::unique_ptr<Comm> ep, edp;
+  // Context parallelism: the cp ranks sharing each sequence, and the dp x cp
+  // ranks replicating one stage's tp shard (both groups of one when cp = 1
+  // and dp = 1; dpcp is the dp group's members when cp = 1).
+  std::unique_ptr<Comm> cp, dpcp;
 };
 
 // Collective over MPI_COMM_WORLD: the placement of cfg.parallel.placement

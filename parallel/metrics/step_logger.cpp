@@ -27,7 +27,7 @@ void StepLogger::observe(Engine& e, const StepReport& r, Comm& world) {
   // maximum over the world (collective: every rank logs at the same steps).
   const double dp_exposed = e.last_times().dp_wait_s + e.last_times().dp_compressed_s;
   double dp_wait[3] = {dp_exposed, dp_exposed, e.last_times().dp_compressed_s};
-  if (g.dp->size() > 1) {
+  if (g.dpcp->size() > 1) {
     // Sums of the exposed time and of its compressed part in one call.
     double sums[2] = {dp_wait[0], dp_wait[2]};
     world.all_reduce(Tensor(sums, DType::F64, {2}));
@@ -37,7 +37,7 @@ void StepLogger::observe(Engine& e, const StepReport& r, Comm& world) {
   }
   if (!log_) return;
   StepMetrics m;
-  m.world = g.tp->size() * g.dp->size() * g.pp->size();
+  m.world = g.tp->size() * g.dpcp->size() * g.pp->size();  // dp x cp
   m.tp_bytes = r.tp_bytes;
   m.dp_bytes = r.dp_bytes;
   m.pp_bytes = r.pp_bytes;
@@ -59,10 +59,10 @@ void StepLogger::observe(Engine& e, const StepReport& r, Comm& world) {
     m.grad_compression = e.reducer().level_mix();
     m.gc_sent_bytes = e.reducer().last_compression().sent_bytes;
     m.gc_fp32_bytes = e.reducer().last_compression().fp32_bytes;
-    if (g.dp->size() > 1) m.gc_seconds = dp_wait[2];
+    if (g.dpcp->size() > 1) m.gc_seconds = dp_wait[2];
   }
-  m.dp_wait_s = g.dp->size() > 1 ? dp_wait[0] : -1.0;
-  m.dp_wait_max_s = g.dp->size() > 1 ? dp_wait[1] : -1.0;
+  m.dp_wait_s = g.dpcp->size() > 1 ? dp_wait[0] : -1.0;
+  m.dp_wait_max_s = g.dpcp->size() > 1 ? dp_wait[1] : -1.0;
   m.tp_wait_s = g.tp->size() > 1 ? r.tp_seconds : -1.0;
   m.pp_wait_s = g.pp->size() > 1 ? r.pp_seconds : -1.0;
   m.ep_wait_s = g.ep->size() > 1 ? r.ep_seconds : -1.0;

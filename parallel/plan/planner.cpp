@@ -29,6 +29,8 @@ std::string value_of(const RunConfig& c, const std::string& key) {
   if (key == "parallel.pp") return std::to_string(p.pp);
   if (key == "parallel.dp") return std::to_string(p.dp);
   if (key == "parallel.ep") return std::to_string(p.ep);
+  if (key == "parallel.cp") return std::to_string(p.cp);
+  if (key == "parallel.cp_mode") return p.cp_mode;
   if (key == "parallel.zero") return std::to_string(p.zero);
   if (key == "parallel.sequence_parallel") return p.sequence_parallel ? "true" : "false";
   if (key == "parallel.schedule") return p.schedule;

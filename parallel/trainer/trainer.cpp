@@ -85,15 +85,15 @@ void check_dp_replicas(Model& model, const ParallelContext& g, bool lead) {
     mm[k] = int32_t((h >> (16 * k)) & 0xffff);
     mm[4 + k] = -mm[k];
   }
-  g.dp->all_reduce(Tensor(mm, DType::I32, {8}), ReduceOp::Max);
+  g.dpcp->all_reduce(Tensor(mm, DType::I32, {8}), ReduceOp::Max);  // dp, with cp's ranks
   int32_t differ[1] = {0};
   for (int k = 0; k < 4; ++k) differ[0] |= mm[k] != -mm[4 + k];
   g.world->all_reduce(Tensor(differ, DType::I32, {1}), ReduceOp::Max);
   ADGT_CHECK(!differ[0], "ADGT_CHECK_DP_REPLICAS: the data-parallel replicas' parameters differ "
-                         "after the run (dp=" << g.dp->size() << ")");
+                         "after the run (dp x cp=" << g.dpcp->size() << ")");
   if (lead) {
     std::printf("dp replicas: parameters bit-identical over dp=%d (rank 0 hash %016llx)\n",
-                g.dp->size(), (unsigned long long)h);
+                g.dpcp->size(), (unsigned long long)h);
     std::fflush(stdout);
   }
 }
@@ -119,9 +119,9 @@ static std::vector<std::unique_ptr<Comm>> wrap_device_groups(ParallelContext& ct
                                                              bool nccl) {
   std::vector<std::unique_ptr<Comm>> owned;
   std::vector<std::pair<Comm*, Comm*>> done;
-  const char* names[] = {"tp", "dp", "pp", "ep", "edp", "world"};
+  const char* names[] = {"tp", "dp", "pp", "ep", "edp", "world", "cp", "dpcp"};
   int i = 0;
-  for (Comm** slot : {&ctx.tp, &ctx.dp, &ctx.pp, &ctx.ep, &ctx.edp, &ctx.world}) {
+  for (Comm** slot : {&ctx.tp, &ctx.dp, &ctx.pp, &ctx.ep, &ctx.edp, &ctx.world, &ctx.cp, &ctx.dpcp}) {
     if (!*slot) {
       owned.push_back(std::make_unique<SelfComm>(names[i]));
       *slot = owned.back().get();
@@ -302,6 +302,10 @@ ParallelContext context_of(const ProcessGroups& pg) {
   ctx.pp = pg.pp.get();
   ctx.ep = pg.ep.get();
   ctx.edp = pg.edp.get();
+  // Context parallelism's groups; with cp = 1 the dp group is the dp x cp one
+  // (the same object: one reducer's communicator, one NCCL communicator).
+  ctx.cp = pg.layout.cp > 1 ? pg.cp.get() : nullptr;
+  ctx.dpcp = pg.layout.cp > 1 ? pg.dpcp.get() : ctx.dp;
   ctx.world = pg.world.get();
   ctx.world_rank = pg.world->rank();
   ctx.layout = pg.layout;
@@ -498,14 +502,20 @@ void Trainer::trace_pipeline_step() {
 void Trainer::print_header(double peak) const {
   const TrainConfig& t = cfg_.train;
   const ParallelContext& g = engine_->groups();
+  const std::string cp_text =
+      g.cp && g.cp->size() > 1
+          ? "cp " + std::to_string(g.cp->size()) + " (" + cfg_.parallel.cp_mode + ", seq " +
+                std::to_string(cfg_.model.seq_len / g.cp->size()) + " a rank), "
+          : std::string();
   std::printf("training %s: %ld steps from step %ld, %ld tokens/step (micro_batch %ld x seq %ld x "
-              "accum %ld x dp %d), tp %d%s, dp %d%s, pp %d, backend %s %s, %d threads/rank, MFU peak "
+              "accum %ld x dp %d), tp %d%s, %sdp %d%s, pp %d, backend %s %s, %d threads/rank, MFU peak "
               "%.3g TFLOP/s per rank (%s)\n",
               cfg_.source.c_str(), long(t.steps), long(step_), long(t.global_batch * cfg_.model.seq_len),
               long(t.micro_batch), long(cfg_.model.seq_len), long(cfg_.accum_steps()), g.dp->size(),
               g.tp->size(),
               cfg_.parallel.sequence_parallel && g.tp->size() > 1 ? " (sequence parallel)" : "",
-              g.dp->size(), engine_->optimizer().sharded() ? " (ZeRO-1)" : "", g.pp->size(),
+              cp_text.c_str(), g.dp->size(), engine_->optimizer().sharded() ? " (ZeRO-1)" : "",
+              g.pp->size(),
               backend_->name().c_str(), t.dtype.c_str(), omp_get_max_threads(), peak,
               cfg_.log.peak_tflops > 0 ? "log.peak_tflops"
               : cfg_.emulate.model_clock()  ? "emulate.model_flops"
@@ -532,6 +542,7 @@ int Trainer::agreed_stop_signal(bool* switch_due) {
   g.tp->all_reduce(Tensor(flags, DType::I32, {2}), ReduceOp::Max);
   g.dp->all_reduce(Tensor(flags, DType::I32, {2}), ReduceOp::Max);
   g.pp->all_reduce(Tensor(flags, DType::I32, {2}), ReduceOp::Max);
+  if (g.cp && g.cp->size() > 1) g.cp->all_reduce(Tensor(flags, DType::I32, {2}), ReduceOp::Max);
   if (switch_due) *switch_due = flags[1] != 0;
   return flags[0];
 }

@@ -16,13 +16,14 @@ using namespace adgt;
 
 namespace {
 
-Layout dims(int tp, int dp, int pp, int ep = 1) {
+Layout dims(int tp, int dp, int pp, int ep = 1, int cp = 1) {
   Layout l;
-  l.tp = tp, l.dp = dp, l.pp = pp, l.ep = ep;
+  l.tp = tp, l.dp = dp, l.pp = pp, l.ep = ep, l.cp = cp;
   return l;
 }
 
-const Group kGroups[] = {Group::tp, Group::dp, Group::pp, Group::ep, Group::edp, Group::world};
+const Group kGroups[] = {Group::tp, Group::dp,    Group::pp, Group::ep,
+                         Group::edp, Group::world, Group::cp, Group::dpcp};
 
 // Rank r's g group by brute force: the ranks whose other coordinates equal
 // r's, ordered by the group's own coordinate.
@@ -32,24 +33,38 @@ std::vector<int> brute_group(const Layout& l, Group g, int r) {
   std::vector<M> same;  // the coordinates every member shares
   M own = nullptr;      // the coordinate that orders the group
   switch (g) {
-    case Group::tp: same = {&RankCoords::dp, &RankCoords::pp}; own = &RankCoords::tp; break;
-    case Group::dp: same = {&RankCoords::tp, &RankCoords::pp}; own = &RankCoords::dp; break;
-    case Group::pp: same = {&RankCoords::tp, &RankCoords::dp}; own = &RankCoords::pp; break;
+    case Group::tp:
+      same = {&RankCoords::cp, &RankCoords::dp, &RankCoords::pp};
+      own = &RankCoords::tp;
+      break;
+    case Group::dp:
+      same = {&RankCoords::tp, &RankCoords::cp, &RankCoords::pp};
+      own = &RankCoords::dp;
+      break;
+    case Group::pp:
+      same = {&RankCoords::tp, &RankCoords::cp, &RankCoords::dp};
+      own = &RankCoords::pp;
+      break;
     case Group::ep:
-      same = {&RankCoords::tp, &RankCoords::pp, &RankCoords::edp};
+      same = {&RankCoords::tp, &RankCoords::cp, &RankCoords::pp, &RankCoords::edp};
       own = &RankCoords::ep;
       break;
     case Group::edp:
-      same = {&RankCoords::tp, &RankCoords::pp, &RankCoords::ep};
+      same = {&RankCoords::tp, &RankCoords::cp, &RankCoords::pp, &RankCoords::ep};
       own = &RankCoords::edp;
       break;
+    case Group::cp:
+      same = {&RankCoords::tp, &RankCoords::dp, &RankCoords::pp};
+      own = &RankCoords::cp;
+      break;
+    case Group::dpcp: same = {&RankCoords::tp, &RankCoords::pp}; break;  // ordered by (dp, cp)
     case Group::world: break;
   }
   std::vector<std::pair<int, int>> found;  // (own coordinate, rank)
   for (int q = 0; q < l.world(); ++q) {
     const RankCoords c = coords_of(l, q);
     if (std::all_of(same.begin(), same.end(), [&](M m) { return c.*m == me.*m; }))
-      found.push_back({own ? c.*own : q, q});
+      found.push_back({own ? c.*own : g == Group::dpcp ? c.dp * int(l.cp) + c.cp : q, q});
   }
   std::sort(found.begin(), found.end());
   std::vector<int> out;
@@ -60,7 +75,9 @@ std::vector<int> brute_group(const Layout& l, Group g, int r) {
 const std::vector<Layout> kLayouts = {
     dims(1, 1, 1),    dims(2, 1, 1),    dims(1, 2, 1),    dims(4, 2, 1),    dims(2, 4, 1),
     dims(8, 1, 1),    dims(2, 3, 2),    dims(3, 2, 4),    dims(1, 2, 1, 2), dims(2, 4, 2, 2),
-    dims(1, 4, 1, 4), dims(2, 6, 1, 3), dims(3, 4, 2, 2), dims(1, 8, 3, 4), dims(2, 4, 1, 4)};
+    dims(1, 4, 1, 4), dims(2, 6, 1, 3), dims(3, 4, 2, 2), dims(1, 8, 3, 4), dims(2, 4, 1, 4),
+    dims(1, 1, 1, 1, 2), dims(2, 2, 1, 1, 2), dims(1, 2, 2, 2, 3), dims(2, 2, 2, 2, 2),
+    dims(1, 1, 2, 1, 4)};
 
 }  // namespace
 
@@ -98,6 +115,36 @@ TEST_CASE("layout: the 16-rank worked example of core/layout.cpp", "[layout][mes
   CHECK(group_rank(d, Group::world, 9) == 9);
 }
 
+TEST_CASE("layout: context parallelism's worked example of core/layout.cpp", "[layout][mesh]") {
+  const Layout d = dims(2, 2, 1, 1, 2);  // tp=2 cp=2 dp=2: 8 ranks
+  REQUIRE(d.world() == 8);
+  struct Row { int rank, tp, cp, dp; };
+  for (Row r : {Row{0, 0, 0, 0}, Row{1, 1, 0, 0}, Row{2, 0, 1, 0}, Row{3, 1, 1, 0},
+                Row{4, 0, 0, 1}, Row{7, 1, 1, 1}}) {
+    const RankCoords c = coords_of(d, r.rank);
+    CHECK((c.tp == r.tp && c.cp == r.cp && c.dp == r.dp && c.pp == 0));
+    CHECK(rank_of(d, c) == r.rank);
+  }
+  using V = std::vector<int>;
+  CHECK(group_ranks(d, Group::cp, 0) == V{0, 2});
+  CHECK(group_ranks(d, Group::cp, 3) == V{1, 3});
+  CHECK(group_ranks(d, Group::cp, 6) == V{4, 6});
+  CHECK(group_ranks(d, Group::dp, 0) == V{0, 4});
+  CHECK(group_ranks(d, Group::dp, 7) == V{3, 7});
+  CHECK(group_ranks(d, Group::dpcp, 4) == V{0, 2, 4, 6});
+  CHECK(group_ranks(d, Group::dpcp, 3) == V{1, 3, 5, 7});
+  CHECK(group_rank(d, Group::dpcp, 6) == 3);
+  CHECK(group_ranks(d, Group::tp, 6) == V{6, 7});
+  // cp = 1 keeps the formula before context parallelism (checkpoints, rank tables).
+  const Layout e = dims(2, 4, 2, 2);
+  for (int r = 0; r < 16; ++r) {
+    const RankCoords c = coords_of(e, r);
+    CHECK(r == c.tp + 2 * (c.dp + 4 * c.pp));
+    CHECK(group_ranks(e, Group::dpcp, r) == group_ranks(e, Group::dp, r));
+    CHECK(group_ranks(e, Group::cp, r) == V{r});
+  }
+}
+
 TEST_CASE("layout: coords_of and rank_of round-trip on every rank", "[layout][mesh]") {
   for (const Layout& d : kLayouts) {
     std::set<std::vector<int>> seen;
@@ -106,7 +153,8 @@ TEST_CASE("layout: coords_of and rank_of round-trip on every rank", "[layout][me
       CHECK(rank_of(d, c) == r);
       CHECK((c.tp >= 0 && c.tp < d.tp && c.dp >= 0 && c.dp < d.dp && c.pp >= 0 && c.pp < d.pp));
       CHECK((c.ep >= 0 && c.ep < d.ep && c.edp >= 0 && c.edp < d.dp / d.ep));
-      CHECK(seen.insert({c.tp, c.dp, c.pp}).second);  // one rank per place
+      CHECK((c.cp >= 0 && c.cp < d.cp));
+      CHECK(seen.insert({c.tp, c.cp, c.dp, c.pp}).second);  // one rank per place
     }
   }
 }
@@ -225,4 +273,57 @@ TEST_CASE("layout: rules whose premise is broken are not evaluated", "[layout][c
   const std::vector<LayoutIssue> pl = layout_errors(m, t, e);
   REQUIRE(pl.size() == 1);
   CHECK(pl[0].key == "parallel.expert_placement");
+}
+
+TEST_CASE("layout: context parallelism's rules name the rule and a fitting cp", "[layout][config]") {
+  ModelConfig m;  // n_heads 8, n_kv_heads 4
+  m.seq_len = 96;
+  TrainConfig t;
+  t.micro_batch = 1, t.global_batch = 4;
+  Layout l = dims(1, 1, 1, 1, 4);  // 96 = 12 chunks of 8: fits
+  CHECK(layout_errors(m, t, l).empty());
+  l.cp = 5;  // 96 is not 10 chunks
+  std::vector<LayoutIssue> all = layout_errors(m, t, l);
+  REQUIRE(all.size() == 1);
+  CHECK(all[0].key == "parallel.cp");
+  CHECK(all[0].message ==
+        "parallel.cp=5 needs model.seq_len=96 divisible by 2 x cp = 10 (each rank holds two of 2 "
+        "x cp equal chunks of a sequence); use cp in {1,2,3,4,6,8,12,16,24,48}");
+  // all-to-all scatters the heads: heads / tp divisible by cp.
+  l = dims(2, 1, 1, 1, 4);
+  l.cp_mode = "all-to-all";
+  all = layout_errors(m, t, l);
+  REQUIRE(all.size() == 1);
+  CHECK(all[0].key == "parallel.cp_mode");
+  CHECK(all[0].message ==
+        "parallel.cp_mode=all-to-all scatters the attention heads over the cp ranks: it needs "
+        "model.n_heads / tp = 4 and model.n_kv_heads / tp = 2 divisible by parallel.cp=4; use cp "
+        "in {1,2} or cp_mode: ring");
+  l.cp = 2;
+  CHECK(layout_errors(m, t, l).empty());
+  l.cp_mode = "ulysses";
+  all = layout_errors(m, t, l);
+  REQUIRE(all.size() == 1);
+  CHECK(all[0].message == "parallel.cp_mode='ulysses': use ring or all-to-all");
+  // Sequence parallelism splits a rank's seq_len / cp tokens over tp.
+  l = dims(4, 1, 1, 1, 3);
+  l.sequence_parallel = true;
+  m.seq_len = 6 * 5;  // 30 / 3 = 10 tokens: not a multiple of tp = 4
+  m.n_heads = 8, m.n_kv_heads = 4;
+  all = layout_errors(m, t, l);
+  REQUIRE(all.size() == 1);
+  CHECK(all[0].message ==
+        "parallel.sequence_parallel needs train.micro_batch x model.seq_len / parallel.cp = 10 "
+        "tokens divisible by parallel.tp=4");
+  // The world counts cp.
+  l = dims(2, 2, 2, 1, 2);
+  CHECK(l.world() == 16);
+  CHECK(world_error(l, 24) ==
+        "parallel.tp=2 x cp=2 x pp=2 x dp=2 = 16 ranks, but the launch has 24 (mpirun -np / srun "
+        "-n); with tp=2 cp=2 pp=2 use dp=3");
+  CHECK(describe(l) ==
+        "tp=2 dp=2 zero=0 sequence_parallel=0 pp=2 ep=1 schedule=1f1b virtual_stages=1 cp=2 "
+        "cp_mode=ring");
+  CHECK(describe(dims(2, 2, 2)) ==
+        "tp=2 dp=2 zero=0 sequence_parallel=0 pp=2 ep=1 schedule=1f1b virtual_stages=1");
 }

@@ -146,6 +146,57 @@ TEST_CASE("dry run divides memory by the layout", "[dryrun]") {
   CHECK(e.bytes_activations < one.bytes_activations);
 }
 
+TEST_CASE("dry run with context parallelism: a rank's activations are 1/cp, plus the ring's buffers",
+          "[dryrun]") {
+  // On cuda the attention keeps a log-sum-exp with or without cp, so every
+  // saved activation is per token and cp = 4 keeps exactly a quarter.
+  const std::string base = "model:\n  seq_len: 4096\ntrain:\n  device: cuda\n  global_batch: 8\n";
+  const RunConfig one = load_config_text(base, "x.yaml");
+  const RunConfig four = load_config_text(base + "parallel:\n  cp: 4\n", "x.yaml");
+  const MemoryEstimate a = estimate_memory(one, 4), b = estimate_memory(four, 4);
+  CHECK(b.bytes_activations * 4 == a.bytes_activations);
+  CHECK(b.bytes_params == a.bytes_params);  // cp ranks hold every weight of their shard
+  CHECK(b.bytes_optimizer == a.bytes_optimizer);
+  const ModelConfig& m = one.model;
+  const int64_t Nt = one.train.micro_batch * 4096 / 4, KV = m.n_kv_heads, H = m.n_heads, hd = m.head_dim();
+  CHECK(a.bytes_ring == 0);
+  CHECK(b.bytes_ring == (4 * Nt * 2 * KV * hd + Nt * H * hd) * 4 + Nt * H * 4);
+  CHECK(b.bytes_scratch > b.bytes_ring);
+  const std::string s = format_estimate(four, b);
+  INFO(s);
+  CHECK_THAT(s, Catch::Matchers::Contains("seq_len 4096 / cp 4"));
+  CHECK_THAT(s, Catch::Matchers::Contains("cp 4 ring"));
+  CHECK_THAT(s, Catch::Matchers::Contains("the cp ring's K/V and dK/dV buffers"));
+  // On the CPU backend the T probabilities give way to the ring's log-sum-exp.
+  const RunConfig cpu4 = load_config_text("model:\n  seq_len: 512\ntrain:\n  device: cpu\n"
+                                          "parallel:\n  cp: 4\n", "x.yaml");
+  RunConfig cpu1 = cpu4;
+  cpu1.parallel.cp = 1;
+  CHECK(estimate_memory(cpu4, 4).bytes_activations * 4 < estimate_memory(cpu1, 4).bytes_activations);
+
+  // The sizing: llama-70b at 131072 tokens on tp 8 x cp 16 x pp 4
+  // H100s fits 80 GiB (ZeRO-1 over the dp x cp ranks), where cp = 1 does not
+  // come near.
+  RunConfig big = shipped("llama-70b");
+  big.model.seq_len = 131072;
+  big.train.device = "cuda";
+  big.train.global_batch = 16;
+  big.parallel.tp = 8, big.parallel.pp = 4, big.parallel.cp = 16, big.parallel.dp = 1;
+  big.parallel.sequence_parallel = true;
+  big.parallel.zero = 1;  // the AdamW state over dp x cp = 16 ranks
+  big.parallel.schedule = "1f1b";
+  big.parallel.virtual_stages = 1;
+  big.parallel.stage_layers.clear();
+  big.train.micro_batch = 1;
+  validate(big);
+  const MemoryEstimate e70 = estimate_memory(big, compute_bytes_per_element(big));
+  INFO(format_estimate(big, e70));
+  CHECK(double(e70.bytes_total) < 80.0 * (1LL << 30));
+  big.parallel.cp = 1;
+  CHECK(double(estimate_memory(big, compute_bytes_per_element(big)).bytes_activations) >
+        7 * 80.0 * (1LL << 30));  // 615 GiB
+}
+
 TEST_CASE("dry run of a mixture of experts: Mixtral 8x7B's count, top-k FLOPs, experts over ep",
           "[dryrun]") {
   const std::string mixtral =

@@ -1,0 +1,54 @@
+#include "parallel/cp/ring_context.hpp"
+
+#include <algorithm>
+
+#include "kernels/check.hpp"
+#include "parallel/cp/chunks.hpp"
+#include "parallel/cp/ring_attention.hpp"
+
+namespace adgt::cp {
+namespace {
+
+// The ring's shape of a local attention shape: T local = 2 chunks.
+RingShape ring_shape(const AttentionShape& l) {
+  ADGT_CHECK(l.T % 2 == 0, "context parallelism: a rank's " << l.T << " tokens are not two chunks");
+  ADGT_CHECK(l.doc_start == nullptr,
+             "context parallelism: document masking inside the ring is not implemented");
+  return RingShape{l.B, l.T / 2, l.n_heads, l.n_kv_heads, l.head_dim};
+}
+
+}  // namespace
+
+int64_t RingContextAttention::saved_elems(const AttentionShape& local) const {
+  return ring_lse_elems(ring_shape(local));
+}
+
+void RingContextAttention::forward(Tensor out, Tensor saved, const Tensor& q, const Tensor& k,
+                                   const Tensor& v, const AttentionShape& local) {
+  ring_attention_forward(be_, cp_, out, saved, q, k, v, ring_shape(local));
+}
+
+void RingContextAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
+                                    const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& out, const Tensor& saved,
+                                    const AttentionShape& local) {
+  ring_attention_backward(be_, cp_, dq, dk, dv, dout, q, k, v, out, saved, ring_shape(local));
+}
+
+std::vector<int64_t> RingContextAttention::positions(int64_t local_T) const {
+  const int64_t c = local_T / 2;
+  const std::array<int, 2> ch = rank_chunks(cp_.rank(), cp_.size());
+  std::vector<int64_t> pos(static_cast<size_t>(local_T));
+  for (int64_t t = 0; t < local_T; ++t) pos[size_t(t)] = ch[size_t(t / c)] * c + t % c;
+  return pos;
+}
+
+void local_tokens(const int32_t* full, int32_t* local, int64_t B, int64_t T, int rank, int P) {
+  const int64_t c = chunk_tokens(T, P);
+  const std::array<int, 2> ch = rank_chunks(rank, P);
+  for (int64_t b = 0; b < B; ++b)
+    for (int h = 0; h < 2; ++h)
+      std::copy_n(full + b * T + ch[size_t(h)] * c, c, local + b * 2 * c + h * c);
+}
+
+}  // namespace adgt::cp
