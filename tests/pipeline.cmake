@@ -4,8 +4,8 @@
 if(NOT TARGET adgt-train OR NOT TARGET adgt_parallel)
   return()
 endif()
-# On the emulated device: every schedule (extras none) at m = 2pp, and the
-# checkpoint reshards; tp2 and dp2 with the pipeline run on the cpu only (the
+# On the emulated device: the schedules of each instruction kind (below;
+# extras none) at m = 2pp, and the checkpoint reshards; tp2 and dp2 with the pipeline run on the cpu only (the
 # emulated layout sweep covers tp and dp). The device paths a schedule takes
 # (staged messages, buffers held per micro-batch in flight) are the same at
 # m = pp and 3pp, which the cpu runs cover for the schedules themselves.
@@ -19,8 +19,15 @@ foreach(extra none tp2 dp2)
   endif()
   foreach(device ${devices})
     set(ms 1 2 3)
+    set(schedules)
     if(device STREQUAL "emulated")
       set(ms 2)
+      # The device paths of a schedule are its instruction kinds: a fused
+      # backward (1f1b), two chunks per rank (interleaved), the split backward
+      # (zb-h1) and both with the vee placement (zb-v). gpipe and greedy run
+      # those same kinds in other orders (the cpu sweep and the rendezvous
+      # lists cover the orders).
+      set(schedules --schedules 1f1b interleaved zb-h1 zb-v)
     elseif(NOT extra STREQUAL "none")
       set(ms 1 3)
     endif()
@@ -28,7 +35,7 @@ foreach(extra none tp2 dp2)
       WORK ${CMAKE_BINARY_DIR}/pipeline_${extra} TIMEOUT 1200 LABELS parallel pipeline
       COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/pipeline/compare_pipelines.py
         --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
-        --data ${CMAKE_BINARY_DIR}/data/kjv-byte --extras ${extra} --m-per-pp ${ms})
+        --data ${CMAKE_BINARY_DIR}/data/kjv-byte --extras ${extra} --m-per-pp ${ms} ${schedules})
   endforeach()
 endforeach()
 # The lists the executor runs on NCCL (pp::for_rendezvous: receives moved to

@@ -120,9 +120,6 @@ std::string context_parallel_unsupported(const RunConfig& cfg) {
   if (p.cp_mode != "ring")
     return cp + " with parallel.cp_mode=" + p.cp_mode + ": only the ring runs yet" + see +
            "; use cp_mode: ring";
-  if (p.pp > 1)
-    return cp + " with parallel.pp=" + std::to_string(p.pp) +
-           ": context parallelism does not run under a pipeline yet" + see + "; use pp: 1";
   if (cfg.model.n_experts > 0)
     return cp + " with a mixture-of-experts model: not run yet" + see + "; use cp: 1";
   if (p.auto_plan)
@@ -273,8 +270,17 @@ double Engine::run_micro_batches(const MicroBatchFetch& fetch) {
   return total[0] / double(A * D);
 }
 
-double Engine::run_pipeline_step(const MicroBatchFetch& fetch) {
-  const int64_t A = cfg_.accum_steps(), D = ctx_.dp->size();
+double Engine::run_pipeline_step(const MicroBatchFetch& whole) {
+  const int64_t A = cfg_.accum_steps(), D = ctx_.dpcp->size();
+  // Under context parallelism the executor's micro-batches are this rank's
+  // chunks of the sequences the trainer reads.
+  MicroBatchFetch chunks = [&](int mb, int32_t* in, int32_t* tg) {
+    whole(mb, in_.data(), tg_.data());
+    const auto [lin, ltg] = local_batch(in_.data(), tg_.data());
+    std::copy_n(lin, in_local_.size(), in);
+    std::copy_n(ltg, tg_local_.size(), tg);
+  };
+  const MicroBatchFetch& fetch = layout_.cp > 1 ? chunks : whole;
   std::vector<char> reduced(size_t(model_->num_chunks()), 0);
   auto grads_final = [&](int c, bool fused_last) {
     // Partial sums over tp first (SP norms, MoE routers; a chunk's last fused
@@ -296,7 +302,7 @@ double Engine::run_pipeline_step(const MicroBatchFetch& fetch) {
   times_.dp_compressed_s = reducer_->last_compression().seconds;
   // The loss is known on the last stage; every rank logs and checks the same value.
   ctx_.pp->all_reduce(Tensor(loss, DType::F64, {1}));
-  ctx_.dp->all_reduce(Tensor(loss, DType::F64, {1}));
+  ctx_.dpcp->all_reduce(Tensor(loss, DType::F64, {1}));
   return loss[0] / double(A * D);
 }
 
@@ -338,15 +344,18 @@ void Engine::apply_update(double lr, int64_t opt_step, double clip_coef) {
 }
 
 double Engine::eval_loss(const int32_t* inputs, const int32_t* targets) {
-  if (layout_.cp > 1) {  // the mean of the cp ranks' means: each holds as many of every row's tokens
-    const auto [in, tg] = local_batch(inputs, targets);
-    double l[1] = {model_->forward(in, tg, 0.0)};
-    ctx_.cp->all_reduce(Tensor(l, DType::F64, {1}));
-    return l[0] / double(ctx_.cp->size());
+  const auto [in, tg] = local_batch(inputs, targets);  // this rank's chunks under cp
+  double l[1];
+  if (!pipelined()) {
+    l[0] = model_->forward(in, tg, 0.0);
+  } else {
+    l[0] = pipe_->forward_only(in, tg);  // known on the last stage
+    ctx_.pp->all_reduce(Tensor(l, DType::F64, {1}));
   }
-  if (!pipelined()) return model_->forward(inputs, targets, 0.0);
-  double l[1] = {pipe_->forward_only(inputs, targets)};  // known on the last stage
-  ctx_.pp->all_reduce(Tensor(l, DType::F64, {1}));
+  if (layout_.cp > 1) {  // the mean of the cp ranks' means: each holds as many of every row's tokens
+    ctx_.cp->all_reduce(Tensor(l, DType::F64, {1}));
+    l[0] /= double(ctx_.cp->size());
+  }
   return l[0];
 }
 

@@ -16,6 +16,8 @@ the weights, stored in fp32 by the checkpoint, within 1e-7:
   tp2_cp2               tensor parallelism inside each cp rank
   tp2_sp_cp2            ... with sequence parallelism (a rank's 16 tokens over tp)
   cp2_dp2_zero1         ZeRO-1's AdamW chunks over the dp x cp ranks
+  cp2_pp2_1f1b, _zb     under a pipeline (the executor's micro-batches are the
+                        rank's chunks), with the fused and the split backward
 
 The cp ranks' parameters must stay bit-identical (ADGT_CHECK_DP_REPLICAS:
 hashed over the dp x cp group after the run). A cp2 checkpoint (step_10)
@@ -40,6 +42,8 @@ CASES = {
     "tp2_cp2": (4, ["parallel.tp=2", "parallel.cp=2"]),
     "tp2_sp_cp2": (4, ["parallel.tp=2", "parallel.cp=2", "parallel.sequence_parallel=true"]),
     "cp2_dp2_zero1": (4, ["parallel.cp=2", "parallel.dp=2", "parallel.zero=1"]),
+    "cp2_pp2_1f1b": (4, ["parallel.cp=2", "parallel.pp=2", "parallel.schedule=1f1b"]),
+    "cp2_pp2_zb": (4, ["parallel.cp=2", "parallel.pp=2", "parallel.schedule=zb-h1"]),
 }
 
 
