@@ -43,19 +43,21 @@ set_tests_properties(layouts_document_mask_needs_eos_np2 layouts_document_eos_ou
   PROPERTIES FIXTURES_REQUIRED kjv_byte LABELS parallel TIMEOUT 90)
 
 # Context parallelism (docs/context-parallel.md): cp2, cp4, tp2 x cp2 (with
-# and without SP), cp2 x dp2 with ZeRO-1 and cp2 x pp2 (1f1b, zb-h1) against
-# the single process (f32: 1e-5), a cp2 checkpoint resumed into cp1 and cp4;
-# in f64 cp2 and cp4 within 1e-12 (cpu only).
+# and without SP), cp2 x dp2 with ZeRO-1, cp2 x pp2 (1f1b, zb-h1) and the
+# all-to-all mode (cp2, cp4, tp2 x cp2) against the single process (f32:
+# 1e-5), a cp2 checkpoint resumed into cp1 and cp4; in f64 cp2 and cp4 within
+# 1e-12 (cpu only).
 adgt_sweep_on_devices(NAME layouts_cp_match_single_process WORK ${CMAKE_BINARY_DIR}/layouts_cp
   TIMEOUT 600 LABELS parallel DEVICES cpu
   COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_cp.py ${ADGT_SWEEP_ARGS})
 # On the emulated device the ring's device paths (its sends staged through
-# host memory, the block ops' device buffers) with and without ZeRO-1, and
-# the resumes into cp1 and cp4; tp with cp is the cpu run's.
+# host memory, the block ops' device buffers) with and without ZeRO-1, the
+# all-to-all mode's (gathers by index on the device, all-to-alls staged), and
+# the resumes into cp1 and cp4; tp and pp with cp are the cpu run's.
 adgt_sweep_on_devices(NAME layouts_cp_match_single_process WORK ${CMAKE_BINARY_DIR}/layouts_cp
   TIMEOUT 600 LABELS parallel DEVICES emulated
   COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_cp.py ${ADGT_SWEEP_ARGS}
-    --cases cp2 cp2_dp2_zero1)
+    --cases cp2 cp2_dp2_zero1 cp2_a2a)
 adgt_sweep_on_devices(NAME layouts_cp_f64 WORK ${CMAKE_BINARY_DIR}/layouts_cp_f64
   TIMEOUT 600 LABELS parallel DEVICES cpu
   COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_cp.py ${ADGT_SWEEP_ARGS}
@@ -67,7 +69,7 @@ set(ADGT_CP_ARGS --config ${CMAKE_CURRENT_SOURCE_DIR}/layouts/model.yaml
   --set checkpoint.dir=${CMAKE_BINARY_DIR}/layouts_cp_err/ckpt)
 foreach(case
     "documents;2;--set train.document_mask=true --set data.eos_id=10;parallel[.]cp=2 with train[.]document_mask or model[.]rope_reset_per_document: document boundaries inside the ring are not run yet"
-    "all_to_all;2;--set parallel.cp_mode=all-to-all;parallel[.]cp=2 with parallel[.]cp_mode=all-to-all: only the ring runs yet"
+    "all_to_all_heads;2;--set parallel.cp_mode=all-to-all --set model.n_kv_heads=1 --set model.n_heads=2;parallel[.]cp_mode=all-to-all scatters the attention heads over the cp ranks: it needs model[.]n_heads / tp = 2 and model[.]n_kv_heads / tp = 1 divisible by parallel[.]cp=2; use cp in [{]1[}] or cp_mode: ring"
     "seq_len;2;--set model.seq_len=30;parallel[.]cp=2 needs model[.]seq_len=30 divisible by 2 x cp = 4 [(]each rank holds two of 2 x cp equal chunks of a sequence[)]; use cp in [{]1,3,5,15[}]"
     "world;3;;parallel[.]tp=1 x cp=2 x pp=1 x dp=1 = 2 ranks, but the launch has 3")
   list(GET case 0 _name)

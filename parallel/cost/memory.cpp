@@ -133,8 +133,11 @@ ActivationSizes activation_sizes(const RunConfig& cfg, int64_t bpp) {
   // cuda), counted in compute-dtype elements. Context parallelism's ring
   // keeps the merged log-sum-exp on every backend (its backward recomputes
   // each block's probabilities from it).
+  // All-to-all keeps the backend's own saved tensor for the whole sequence
+  // over heads / cp: per local token, as many as without cp.
+  const bool ring = cfg.parallel.cp > 1 && cfg.parallel.cp_mode == "ring";
   const int64_t att_saved =
-      cfg.train.device == "cuda" || cfg.parallel.cp > 1 ? std::max<int64_t>(1, 4 / bpp) : T;
+      cfg.train.device == "cuda" || ring ? std::max<int64_t>(1, 4 / bpp) : m.seq_len;
   const int64_t a_layer_full = 2 * C + 2 * Hl * hd + 2 * KVl * hd + Hl * att_saved + 3 * Fl;
   z.a_layer = a_layer_num / z.rows + a_layer_full;
   // An MoE layer keeps, instead of the dense FFN's 3F, per token: the router
@@ -231,8 +234,14 @@ void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, int64_t numel, const Ran
   // is computed on, and in the backward the dK/dV accumulator travelling with
   // each (docs/context-parallel.md): four K/V-sized buffers, plus the running
   // output and log-sum-exp of the merge.
-  if (cfg.parallel.cp > 1) {
+  if (cfg.parallel.cp > 1 && cfg.parallel.cp_mode == "ring") {
     x.bytes_ring = (4 * Nt * 2 * KVl * hd + Nt * Hl * hd) * bpp + Nt * Hl * 4;
+    x.bytes_scratch += x.bytes_ring;
+  } else if (cfg.parallel.cp > 1) {
+    // All-to-all: the head-sharded q, k, v, out and in the backward dout,
+    // dq, dk, dv (each as many elements as the local one), and a send and a
+    // receive buffer of the largest.
+    x.bytes_ring = (4 * Nt * Hl * hd + 4 * Nt * 2 * KVl * hd / 2 + 2 * Nt * Hl * hd) * bpp;
     x.bytes_scratch += x.bytes_ring;
   }
   x.bytes_total = x.bytes_params + x.bytes_grads + x.bytes_optimizer + x.bytes_activations +
@@ -370,9 +379,9 @@ std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e,
   line("  memory per rank (" + (mixed ? std::string("bf16 parameters, fp32 master weights and gradients")
                                       : dt + " parameters and gradients") +
        ", AdamW m and v; attention saves " +
-       (cp > 1              ? "log-sum-exps (ring attention)"
-        : t.device == "cuda" ? "log-sum-exps (train.device cuda)"
-                             : "probabilities (CPU backend)") +
+       (cp > 1 && par.cp_mode == "ring" ? "log-sum-exps (ring attention)"
+        : t.device == "cuda"             ? "log-sum-exps (train.device cuda)"
+                                         : "probabilities (CPU backend)") +
        "; tp " +
        std::to_string(par.tp) + (par.sequence_parallel && par.tp > 1 ? " with SP" : "") +
        (cp > 1 ? ", cp " + std::to_string(cp) + " " + par.cp_mode : std::string()) +
@@ -406,7 +415,9 @@ std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e,
          e.attention_fallback + ")");
   line("    scratch      " + gib(e.bytes_scratch) +
        "  (one layer's activation gradients, rotary tables, chunk outputs in flight" +
-       (e.bytes_ring > 0 ? "; " + trim(gib(e.bytes_ring)) + " the cp ring's K/V and dK/dV buffers"
+       (e.bytes_ring > 0 ? "; " + trim(gib(e.bytes_ring)) +
+                               (cfg.parallel.cp_mode == "ring" ? " the cp ring's K/V and dK/dV buffers"
+                                                               : " the cp all-to-all's buffers")
                          : std::string()) +
        ")");
   line("    total        " + gib(e.bytes_total));

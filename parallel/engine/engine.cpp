@@ -1,6 +1,7 @@
 #include "parallel/engine/engine.hpp"
 
 #include "parallel/cp/ring_context.hpp"
+#include "parallel/cp/ulysses_context.hpp"
 
 #include <algorithm>
 #include <cstdlib>
@@ -75,8 +76,12 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
   ep.comm = ctx_.ep;
   for (int64_t r : cfg.parallel.expert_placement) ep.placement.push_back(int(r));
   // Context parallelism: the model holds this rank's seq_len / cp tokens of
-  // each sequence and runs its attention around the cp ring.
-  if (layout_.cp > 1) context_ = std::make_unique<cp::RingContextAttention>(be_, *ctx_.cp);
+  // each sequence and runs its attention around the cp ring, or between two
+  // all-to-alls (cp_mode all-to-all).
+  if (layout_.cp > 1 && layout_.cp_mode == "all-to-all")
+    context_ = std::make_unique<cp::UlyssesContextAttention>(be_, *ctx_.cp);
+  else if (layout_.cp > 1)
+    context_ = std::make_unique<cp::RingContextAttention>(be_, *ctx_.cp);
   model_ = std::make_unique<Model>(cfg.model, be_, parse_dtype(cfg.train.dtype), cfg.train.micro_batch,
                                    cfg.model.seq_len / layout_.cp, tp, &slice, ep,
                                    RecomputePolicy{parse_recompute(cfg.train.recompute),
@@ -117,9 +122,6 @@ std::string context_parallel_unsupported(const RunConfig& cfg) {
   if (p.cp <= 1) return "";
   const std::string cp = "parallel.cp=" + std::to_string(p.cp);
   const std::string see = " (docs/context-parallel.md, \"What remains\")";
-  if (p.cp_mode != "ring")
-    return cp + " with parallel.cp_mode=" + p.cp_mode + ": only the ring runs yet" + see +
-           "; use cp_mode: ring";
   if (cfg.model.n_experts > 0)
     return cp + " with a mixture-of-experts model: not run yet" + see + "; use cp: 1";
   if (p.auto_plan)
@@ -127,7 +129,8 @@ std::string context_parallel_unsupported(const RunConfig& cfg) {
            "; set the layout yourself";
   if (cfg.train.device == "cuda")
     return cp + " on train.device=cuda: the ring's block kernels have run in the CUDA emulation "
-                "only, and its sends over NCCL are not paired yet" + see +
+                "only, and its sends over NCCL are not paired yet (nor has all-to-all run on a "
+                "GPU)" + see +
            "; use train.device: cpu or emulated";
   if (p.grad_compression != "off")
     return cp + " with parallel.grad_compression=" + p.grad_compression +

@@ -1,0 +1,154 @@
+#include "parallel/cp/ulysses_context.hpp"
+
+#include <array>
+
+#include "kernels/check.hpp"
+#include "parallel/cp/chunks.hpp"
+
+namespace adgt::cp {
+namespace {
+
+// Rows of a (rows, width) view of t.
+Tensor rows_of(const Tensor& t, int64_t rows) {
+  return Tensor(t.data, t.dtype, {rows, t.numel() / rows});
+}
+
+Buffer int_buffer(Backend& be, const std::vector<int32_t>& v) {
+  Buffer b(be, v.size() * 4);
+  be.to_device(b.data(), v.data(), v.size() * 4);
+  return b;
+}
+
+}  // namespace
+
+AttentionShape UlyssesContextAttention::sharded(const AttentionShape& l) const {
+  const int P = cp_.size();
+  ADGT_CHECK(l.n_heads % P == 0 && l.n_kv_heads % P == 0,
+             "context parallelism (all-to-all): " << l.n_heads << " heads and " << l.n_kv_heads
+                                                  << " KV heads a rank do not split over cp=" << P);
+  ADGT_CHECK(l.doc_start == nullptr,
+             "context parallelism: document masking with all-to-all is not implemented");
+  return AttentionShape{l.B, l.T * P, l.n_heads / P, l.n_kv_heads / P, l.head_dim};
+}
+
+int64_t UlyssesContextAttention::saved_elems(const AttentionShape& local) const {
+  return be_.attention_saved_elems(sharded(local));
+}
+
+std::vector<int64_t> UlyssesContextAttention::positions(int64_t local_T) const {
+  const int64_t c = local_T / 2;
+  const std::array<int, 2> ch = rank_chunks(cp_.rank(), cp_.size());
+  std::vector<int64_t> pos(static_cast<size_t>(local_T));
+  for (int64_t t = 0; t < local_T; ++t) pos[size_t(t)] = ch[size_t(t / c)] * c + t % c;
+  return pos;
+}
+
+const UlyssesContextAttention::Maps& UlyssesContextAttention::maps(const AttentionShape& l) {
+  if (maps_.B == l.B && maps_.T == l.T) return maps_;
+  const int P = cp_.size();
+  const int64_t B = l.B, Tl = l.T, c = chunk_tokens(Tl * P, P), T = Tl * P, N = B * Tl;
+  // A token's rows are P pieces of its heads (piece j: head group j); the
+  // send blocks are per destination rank: block j holds every local token's
+  // piece j. Rank i's local token (b, l) sits at g(i, l) in the sequence.
+  auto global = [&](int i, int64_t l) {
+    const std::array<int, 2> ch = rank_chunks(i, P);
+    return ch[size_t(l / c)] * c + l % c;
+  };
+  std::vector<int32_t> to_heads(size_t(P * N)), from_tokens(size_t(P * N));
+  for (int j = 0; j < P; ++j)
+    for (int64_t t = 0; t < N; ++t) {
+      to_heads[size_t(j * N + t)] = int32_t(t * P + j);
+      from_tokens[size_t(t * P + j)] = int32_t(j * N + t);
+    }
+  std::vector<int32_t> from_heads(size_t(B * T)), to_tokens(size_t(P * N));
+  for (int i = 0; i < P; ++i)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t l2 = 0; l2 < Tl; ++l2) {
+        const int64_t g = global(i, l2), recv_row = i * N + b * Tl + l2;
+        from_heads[size_t(b * T + g)] = int32_t(recv_row);
+        to_tokens[size_t(recv_row)] = int32_t(b * T + g);
+      }
+  ADGT_CHECK(P * N < (int64_t(1) << 31), "context parallelism (all-to-all): too many rows");
+  maps_.B = B, maps_.T = Tl;
+  maps_.to_heads = int_buffer(be_, to_heads);
+  maps_.from_heads = int_buffer(be_, from_heads);
+  maps_.to_tokens = int_buffer(be_, to_tokens);
+  maps_.from_tokens = int_buffer(be_, from_tokens);
+  return maps_;
+}
+
+Tensor UlyssesContextAttention::scratch(size_t i, DType dt, int64_t n) {
+  if (scratch_.size() <= i) scratch_.resize(i + 1);
+  const size_t bytes = size_t(n) * dtype_size(dt);
+  if (scratch_[i].bytes() < bytes) scratch_[i] = Buffer(be_, bytes);
+  return Tensor(scratch_[i].data(), dt, {n});
+}
+
+void UlyssesContextAttention::scatter_heads(Tensor y, const Tensor& x, int64_t n_heads,
+                                            const AttentionShape& l) {
+  const int P = cp_.size();
+  const Maps& m = maps(l);
+  const int64_t N = l.B * l.T, rows = P * N, w = n_heads / P * l.head_dim;
+  const Tensor send = scratch(0, x.dtype, rows * w), recv = scratch(1, x.dtype, rows * w);
+  be_.embedding_forward(rows_of(send, rows), rows_of(x, rows),
+                        Tensor(m.to_heads.data(), DType::I32, {rows}));
+  cp_.all_to_all(recv, send);
+  be_.embedding_forward(rows_of(y, l.B * l.T * P), rows_of(recv, rows),
+                        Tensor(m.from_heads.data(), DType::I32, {l.B * l.T * P}));
+}
+
+void UlyssesContextAttention::gather_heads(Tensor x, const Tensor& y, int64_t n_heads,
+                                           const AttentionShape& l) {
+  const int P = cp_.size();
+  const Maps& m = maps(l);
+  const int64_t N = l.B * l.T, rows = P * N, w = n_heads / P * l.head_dim;
+  const Tensor send = scratch(0, y.dtype, rows * w), recv = scratch(1, y.dtype, rows * w);
+  be_.embedding_forward(rows_of(send, rows), rows_of(y, rows),
+                        Tensor(m.to_tokens.data(), DType::I32, {rows}));
+  cp_.all_to_all(recv, send);
+  be_.embedding_forward(rows_of(x, rows), rows_of(recv, rows),
+                        Tensor(m.from_tokens.data(), DType::I32, {rows}));
+}
+
+void UlyssesContextAttention::forward(Tensor out, Tensor saved, const Tensor& q, const Tensor& k,
+                                      const Tensor& v, const AttentionShape& local) {
+  const AttentionShape sh = sharded(local);
+  const int64_t rows = sh.B * sh.T, hd = sh.head_dim;
+  const DType dt = q.dtype;
+  Tensor qh = scratch(2, dt, rows * sh.n_heads * hd), kh = scratch(3, dt, rows * sh.n_kv_heads * hd),
+         vh = scratch(4, dt, rows * sh.n_kv_heads * hd), oh = scratch(5, dt, rows * sh.n_heads * hd);
+  scatter_heads(qh, q, local.n_heads, local);
+  scatter_heads(kh, k, local.n_kv_heads, local);
+  scatter_heads(vh, v, local.n_kv_heads, local);
+  const auto view = [&](const Tensor& t, int64_t h) { return Tensor(t.data, t.dtype, {sh.B, sh.T, h, hd}); };
+  be_.attention_forward(view(oh, sh.n_heads), saved, view(qh, sh.n_heads), view(kh, sh.n_kv_heads),
+                        view(vh, sh.n_kv_heads), sh);
+  gather_heads(out, oh, local.n_heads, local);
+}
+
+void UlyssesContextAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
+                                       const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Tensor& out, const Tensor& saved,
+                                       const AttentionShape& local) {
+  const AttentionShape sh = sharded(local);
+  const int64_t rows = sh.B * sh.T, hd = sh.head_dim, nq = rows * sh.n_heads * hd,
+                nk = rows * sh.n_kv_heads * hd;
+  const DType dt = q.dtype;
+  Tensor qh = scratch(2, dt, nq), kh = scratch(3, dt, nk), vh = scratch(4, dt, nk), oh = scratch(5, dt, nq);
+  Tensor doh = scratch(6, dt, nq), dqh = scratch(7, dt, nq), dkh = scratch(8, dt, nk), dvh = scratch(9, dt, nk);
+  // The forward's head-sharded tensors again (the same rows, bit for bit).
+  scatter_heads(qh, q, local.n_heads, local);
+  scatter_heads(kh, k, local.n_kv_heads, local);
+  scatter_heads(vh, v, local.n_kv_heads, local);
+  scatter_heads(oh, out, local.n_heads, local);
+  scatter_heads(doh, dout, local.n_heads, local);
+  const auto view = [&](const Tensor& t, int64_t h) { return Tensor(t.data, t.dtype, {sh.B, sh.T, h, hd}); };
+  be_.attention_backward(view(dqh, sh.n_heads), view(dkh, sh.n_kv_heads), view(dvh, sh.n_kv_heads),
+                         view(doh, sh.n_heads), view(qh, sh.n_heads), view(kh, sh.n_kv_heads),
+                         view(vh, sh.n_kv_heads), view(oh, sh.n_heads), saved, sh);
+  gather_heads(dq, dqh, local.n_heads, local);
+  gather_heads(dk, dkh, local.n_kv_heads, local);
+  gather_heads(dv, dvh, local.n_kv_heads, local);
+}
+
+}  // namespace adgt::cp
