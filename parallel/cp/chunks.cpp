@@ -18,6 +18,14 @@ int64_t chunk_tokens(int64_t T, int P) {
   return T / (2 * P);
 }
 
+std::vector<int64_t> chunk_positions(int rank, int P, int64_t local_T) {
+  const int64_t c = chunk_tokens(local_T * P, P);
+  const std::array<int, 2> ch = rank_chunks(rank, P);
+  std::vector<int64_t> pos(static_cast<size_t>(local_T));
+  for (int64_t t = 0; t < local_T; ++t) pos[size_t(t)] = ch[size_t(t / c)] * c + t % c;
+  return pos;
+}
+
 std::optional<BlockMask> chunk_pair_mask(int qc, int kc) {
   if (kc == qc) return BlockMask::causal;
   if (kc < qc) return BlockMask::full;

@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "kernels/backend.hpp"
 
@@ -21,6 +22,9 @@ std::array<int, 2> rank_chunks(int rank, int P);
 
 // Tokens per chunk: T / (2P). Throws, naming the fix, unless 2P divides T.
 int64_t chunk_tokens(int64_t T, int P);
+// The position in the sequence of each of cp rank `rank`'s local_T = 2c
+// tokens (its two chunks side by side): the rotary positions of its model.
+std::vector<int64_t> chunk_positions(int rank, int P, int64_t local_T);
 
 // The mask of query chunk qc against key chunk kc under causal attention:
 // causal on the diagonal (qc == kc), full for an earlier key chunk (kc < qc),

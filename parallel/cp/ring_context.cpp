@@ -36,11 +36,7 @@ void RingContextAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Tenso
 }
 
 std::vector<int64_t> RingContextAttention::positions(int64_t local_T) const {
-  const int64_t c = local_T / 2;
-  const std::array<int, 2> ch = rank_chunks(cp_.rank(), cp_.size());
-  std::vector<int64_t> pos(static_cast<size_t>(local_T));
-  for (int64_t t = 0; t < local_T; ++t) pos[size_t(t)] = ch[size_t(t / c)] * c + t % c;
-  return pos;
+  return chunk_positions(cp_.rank(), cp_.size(), local_T);
 }
 
 void local_tokens(const int32_t* full, int32_t* local, int64_t B, int64_t T, int rank, int P) {

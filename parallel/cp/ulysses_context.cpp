@@ -36,11 +36,7 @@ int64_t UlyssesContextAttention::saved_elems(const AttentionShape& local) const 
 }
 
 std::vector<int64_t> UlyssesContextAttention::positions(int64_t local_T) const {
-  const int64_t c = local_T / 2;
-  const std::array<int, 2> ch = rank_chunks(cp_.rank(), cp_.size());
-  std::vector<int64_t> pos(static_cast<size_t>(local_T));
-  for (int64_t t = 0; t < local_T; ++t) pos[size_t(t)] = ch[size_t(t / c)] * c + t % c;
-  return pos;
+  return chunk_positions(cp_.rank(), cp_.size(), local_T);
 }
 
 const UlyssesContextAttention::Maps& UlyssesContextAttention::maps(const AttentionShape& l) {
