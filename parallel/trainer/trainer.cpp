@@ -92,8 +92,8 @@ void check_dp_replicas(Model& model, const ParallelContext& g, bool lead) {
   ADGT_CHECK(!differ[0], "ADGT_CHECK_DP_REPLICAS: the data-parallel replicas' parameters differ "
                          "after the run (dp x cp=" << g.dpcp->size() << ")");
   if (lead) {
-    std::printf("dp replicas: parameters bit-identical over dp=%d (rank 0 hash %016llx)\n",
-                g.dpcp->size(), (unsigned long long)h);
+    std::printf("dp replicas: parameters bit-identical over %s=%d (rank 0 hash %016llx)\n",
+                g.dpcp == g.dp ? "dp" : "dp x cp", g.dpcp->size(), (unsigned long long)h);
     std::fflush(stdout);
   }
 }
