@@ -13,6 +13,7 @@
 
 #include "kernels/emulated/emulated_backend.hpp"
 #include "parallel/cp/chunks.hpp"
+#include "parallel/cp/ring_context.hpp"
 #include "parallel/cp/ring_schedule.hpp"
 #include "tests/unit/attention_fixture.hpp"
 
@@ -31,6 +32,27 @@ TEST_CASE("cp load balance: rank r holds chunks r and 2P-1-r; 2P must divide T",
   CHECK(cp::chunk_pair_mask(2, 2) == BlockMask::causal);
   CHECK(cp::chunk_pair_mask(2, 1) == BlockMask::full);
   CHECK(!cp::chunk_pair_mask(1, 2).has_value());
+}
+
+TEST_CASE("cp tokens: a rank's two chunks of every sequence and their positions", "[cp]") {
+  // P = 2, T = 8: c = 2; rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2.
+  using V = std::vector<int64_t>;
+  CHECK(cp::chunk_positions(0, 2, 4) == V{0, 1, 6, 7});
+  CHECK(cp::chunk_positions(1, 2, 4) == V{2, 3, 4, 5});
+  CHECK(cp::chunk_positions(0, 1, 6) == V{0, 1, 2, 3, 4, 5});  // cp = 1: the sequence itself
+  // Every position once over the ranks, for P = 3, T = 12.
+  std::vector<int> seen(12, 0);
+  for (int r = 0; r < 3; ++r)
+    for (int64_t p : cp::chunk_positions(r, 3, 4)) ++seen[size_t(p)];
+  CHECK(seen == std::vector<int>(12, 1));
+  // local_tokens: B = 2 sequences of T = 8 tokens 0..15; rank 1 of 2 takes
+  // positions 2..5 of each.
+  std::vector<int32_t> full(16), local(8);
+  for (int i = 0; i < 16; ++i) full[size_t(i)] = i;
+  cp::local_tokens(full.data(), local.data(), 2, 8, 1, 2);
+  CHECK(local == std::vector<int32_t>{2, 3, 4, 5, 10, 11, 12, 13});
+  cp::local_tokens(full.data(), local.data(), 2, 8, 0, 2);
+  CHECK(local == std::vector<int32_t>{0, 1, 6, 7, 8, 9, 14, 15});
 }
 
 TEST_CASE("ring schedule: every causal chunk pair once, the same work on every rank and step",
