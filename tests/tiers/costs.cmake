@@ -3,10 +3,10 @@
 # CTestCostData.txt yet) it only knows from here. Seconds each test took
 # alone-ish in a full run on the 2-core VM (2026-12-06, a fresh clone; tests
 # of 4 s or more); a stale figure only changes the order, never a verdict.
-# RUN_SERIAL tests go first, all of them (10000 is added to their cost): one
-# due while others run holds the queue until they end, which left a core
-# idle for the length of e2e_loss (~100 s of a 1190 s suite). After them the
-# longest parallel ones start first and the rest pack around them.
+# The longest parallel tests start first and the rest pack around them;
+# ctest starts a RUN_SERIAL test only when nothing else runs, whatever its
+# cost (a +10000 on theirs, tried, did not move them: they still ran after
+# the parallel ones).
 set(_adgt_costs
   e2e_loss 123
   pipeline_match_single_process_none_emulated 78
@@ -96,17 +96,5 @@ foreach(_i RANGE 0 ${_last} 2)
   list(GET _adgt_costs ${_j} _cost)
   if(TEST ${_name})
     set_tests_properties(${_name} PROPERTIES COST ${_cost})
-  endif()
-endforeach()
-get_property(_adgt_tests DIRECTORY PROPERTY TESTS)
-foreach(_t ${_adgt_tests})
-  get_test_property(${_t} RUN_SERIAL _serial)
-  if(_serial)
-    get_test_property(${_t} COST _cost)
-    if(NOT _cost)
-      set(_cost 0)
-    endif()
-    math(EXPR _cost "${_cost} + 10000")
-    set_tests_properties(${_t} PROPERTIES COST ${_cost})
   endif()
 endforeach()
