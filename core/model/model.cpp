@@ -1,5 +1,6 @@
 #include "core/model/model.hpp"
 
+#include <numeric>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -297,8 +298,10 @@ void Model::build_rope_tables() {
   // Row t: the position of local token t (its own index, or under context
   // parallelism where the rank's chunks sit in the sequence).
   std::vector<int64_t> pos(static_cast<size_t>(T_));
-  for (int64_t t = 0; t < T_; ++t) pos[size_t(t)] = t;
-  if (context_) pos = context_->positions(T_);
+  if (context_)
+    pos = context_->positions(T_);
+  else
+    std::iota(pos.begin(), pos.end(), int64_t(0));
   ADGT_CHECK(int64_t(pos.size()) == T_, "Model: " << pos.size() << " rotary positions for " << T_ << " tokens");
   for (int64_t t = 0; t < T_; ++t)
     for (int64_t i = 0; i < half; ++i) {

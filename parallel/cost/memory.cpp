@@ -241,7 +241,7 @@ void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, int64_t numel, const Ran
     // All-to-all: the head-sharded q, k, v, out and in the backward dout,
     // dq, dk, dv (each as many elements as the local one), and a send and a
     // receive buffer of the largest.
-    x.bytes_ring = (4 * Nt * Hl * hd + 4 * Nt * 2 * KVl * hd / 2 + 2 * Nt * Hl * hd) * bpp;
+    x.bytes_ring = (4 * Nt * Hl * hd + 4 * Nt * KVl * hd + 2 * Nt * Hl * hd) * bpp;
     x.bytes_scratch += x.bytes_ring;
   }
   x.bytes_total = x.bytes_params + x.bytes_grads + x.bytes_optimizer + x.bytes_activations +

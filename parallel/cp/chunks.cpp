@@ -1,5 +1,7 @@
 #include "parallel/cp/chunks.hpp"
 
+#include <algorithm>
+
 #include "kernels/check.hpp"
 
 namespace adgt::cp {
@@ -24,6 +26,14 @@ std::vector<int64_t> chunk_positions(int rank, int P, int64_t local_T) {
   std::vector<int64_t> pos(static_cast<size_t>(local_T));
   for (int64_t t = 0; t < local_T; ++t) pos[size_t(t)] = ch[size_t(t / c)] * c + t % c;
   return pos;
+}
+
+void local_tokens(const int32_t* full, int32_t* local, int64_t B, int64_t T, int rank, int P) {
+  const int64_t c = chunk_tokens(T, P);
+  const std::array<int, 2> ch = rank_chunks(rank, P);
+  for (int64_t b = 0; b < B; ++b)
+    for (int h = 0; h < 2; ++h)
+      std::copy_n(full + b * T + ch[size_t(h)] * c, c, local + b * 2 * c + h * c);
 }
 
 std::optional<BlockMask> chunk_pair_mask(int qc, int kc) {

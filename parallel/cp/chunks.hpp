@@ -25,6 +25,10 @@ int64_t chunk_tokens(int64_t T, int P);
 // The position in the sequence of each of cp rank `rank`'s local_T = 2c
 // tokens (its two chunks side by side): the rotary positions of its model.
 std::vector<int64_t> chunk_positions(int rank, int P, int64_t local_T);
+// This cp rank's tokens of a micro-batch: from `full` (B sequences of T
+// tokens, row-major) the rank's two chunks of each sequence, side by side
+// (B x 2c): what the model of the rank takes as its inputs and targets.
+void local_tokens(const int32_t* full, int32_t* local, int64_t B, int64_t T, int rank, int P);
 
 // The mask of query chunk qc against key chunk kc under causal attention:
 // causal on the diagonal (qc == kc), full for an earlier key chunk (kc < qc),

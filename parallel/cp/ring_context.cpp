@@ -1,7 +1,5 @@
 #include "parallel/cp/ring_context.hpp"
 
-#include <algorithm>
-
 #include "kernels/check.hpp"
 #include "parallel/cp/chunks.hpp"
 #include "parallel/cp/ring_attention.hpp"
@@ -37,14 +35,6 @@ void RingContextAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Tenso
 
 std::vector<int64_t> RingContextAttention::positions(int64_t local_T) const {
   return chunk_positions(cp_.rank(), cp_.size(), local_T);
-}
-
-void local_tokens(const int32_t* full, int32_t* local, int64_t B, int64_t T, int rank, int P) {
-  const int64_t c = chunk_tokens(T, P);
-  const std::array<int, 2> ch = rank_chunks(rank, P);
-  for (int64_t b = 0; b < B; ++b)
-    for (int h = 0; h < 2; ++h)
-      std::copy_n(full + b * T + ch[size_t(h)] * c, c, local + b * 2 * c + h * c);
 }
 
 }  // namespace adgt::cp

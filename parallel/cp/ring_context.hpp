@@ -29,9 +29,4 @@ class RingContextAttention final : public ContextAttention {
   Comm& cp_;
 };
 
-// This cp rank's tokens of a micro-batch: from `full` (B sequences of T
-// tokens, row-major) the rank's two chunks of each sequence, side by side
-// (B x 2c): what the model of the rank takes as its inputs and targets.
-void local_tokens(const int32_t* full, int32_t* local, int64_t B, int64_t T, int rank, int P);
-
 }  // namespace adgt::cp

@@ -80,30 +80,19 @@ Tensor UlyssesContextAttention::scratch(size_t i, DType dt, int64_t n) {
   return Tensor(scratch_[i].data(), dt, {n});
 }
 
-void UlyssesContextAttention::scatter_heads(Tensor y, const Tensor& x, int64_t n_heads,
-                                            const AttentionShape& l) {
+void UlyssesContextAttention::move(Tensor dst, const Tensor& src, int64_t n_heads,
+                                   const AttentionShape& l, bool to_heads) {
   const int P = cp_.size();
   const Maps& m = maps(l);
-  const int64_t N = l.B * l.T, rows = P * N, w = n_heads / P * l.head_dim;
-  const Tensor send = scratch(0, x.dtype, rows * w), recv = scratch(1, x.dtype, rows * w);
-  be_.embedding_forward(rows_of(send, rows), rows_of(x, rows),
-                        Tensor(m.to_heads.data(), DType::I32, {rows}));
+  // Both ways B*T rows of (heads/P) x hd: gathered into the send blocks, sent
+  // to their ranks, gathered from the receive blocks into place.
+  const int64_t rows = P * l.B * l.T, w = n_heads / P * l.head_dim;
+  const Tensor send = scratch(0, src.dtype, rows * w), recv = scratch(1, src.dtype, rows * w);
+  const Buffer& before = to_heads ? m.to_heads : m.to_tokens;
+  const Buffer& after = to_heads ? m.from_heads : m.from_tokens;
+  be_.embedding_forward(rows_of(send, rows), rows_of(src, rows), Tensor(before.data(), DType::I32, {rows}));
   cp_.all_to_all(recv, send);
-  be_.embedding_forward(rows_of(y, l.B * l.T * P), rows_of(recv, rows),
-                        Tensor(m.from_heads.data(), DType::I32, {l.B * l.T * P}));
-}
-
-void UlyssesContextAttention::gather_heads(Tensor x, const Tensor& y, int64_t n_heads,
-                                           const AttentionShape& l) {
-  const int P = cp_.size();
-  const Maps& m = maps(l);
-  const int64_t N = l.B * l.T, rows = P * N, w = n_heads / P * l.head_dim;
-  const Tensor send = scratch(0, y.dtype, rows * w), recv = scratch(1, y.dtype, rows * w);
-  be_.embedding_forward(rows_of(send, rows), rows_of(y, rows),
-                        Tensor(m.to_tokens.data(), DType::I32, {rows}));
-  cp_.all_to_all(recv, send);
-  be_.embedding_forward(rows_of(x, rows), rows_of(recv, rows),
-                        Tensor(m.from_tokens.data(), DType::I32, {rows}));
+  be_.embedding_forward(rows_of(dst, rows), rows_of(recv, rows), Tensor(after.data(), DType::I32, {rows}));
 }
 
 void UlyssesContextAttention::forward(Tensor out, Tensor saved, const Tensor& q, const Tensor& k,
@@ -113,13 +102,13 @@ void UlyssesContextAttention::forward(Tensor out, Tensor saved, const Tensor& q,
   const DType dt = q.dtype;
   Tensor qh = scratch(2, dt, rows * sh.n_heads * hd), kh = scratch(3, dt, rows * sh.n_kv_heads * hd),
          vh = scratch(4, dt, rows * sh.n_kv_heads * hd), oh = scratch(5, dt, rows * sh.n_heads * hd);
-  scatter_heads(qh, q, local.n_heads, local);
-  scatter_heads(kh, k, local.n_kv_heads, local);
-  scatter_heads(vh, v, local.n_kv_heads, local);
+  move(qh, q, local.n_heads, local, true);
+  move(kh, k, local.n_kv_heads, local, true);
+  move(vh, v, local.n_kv_heads, local, true);
   const auto view = [&](const Tensor& t, int64_t h) { return Tensor(t.data, t.dtype, {sh.B, sh.T, h, hd}); };
   be_.attention_forward(view(oh, sh.n_heads), saved, view(qh, sh.n_heads), view(kh, sh.n_kv_heads),
                         view(vh, sh.n_kv_heads), sh);
-  gather_heads(out, oh, local.n_heads, local);
+  move(out, oh, local.n_heads, local, false);
 }
 
 void UlyssesContextAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
@@ -133,18 +122,18 @@ void UlyssesContextAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Te
   Tensor qh = scratch(2, dt, nq), kh = scratch(3, dt, nk), vh = scratch(4, dt, nk), oh = scratch(5, dt, nq);
   Tensor doh = scratch(6, dt, nq), dqh = scratch(7, dt, nq), dkh = scratch(8, dt, nk), dvh = scratch(9, dt, nk);
   // The forward's head-sharded tensors again (the same rows, bit for bit).
-  scatter_heads(qh, q, local.n_heads, local);
-  scatter_heads(kh, k, local.n_kv_heads, local);
-  scatter_heads(vh, v, local.n_kv_heads, local);
-  scatter_heads(oh, out, local.n_heads, local);
-  scatter_heads(doh, dout, local.n_heads, local);
+  move(qh, q, local.n_heads, local, true);
+  move(kh, k, local.n_kv_heads, local, true);
+  move(vh, v, local.n_kv_heads, local, true);
+  move(oh, out, local.n_heads, local, true);
+  move(doh, dout, local.n_heads, local, true);
   const auto view = [&](const Tensor& t, int64_t h) { return Tensor(t.data, t.dtype, {sh.B, sh.T, h, hd}); };
   be_.attention_backward(view(dqh, sh.n_heads), view(dkh, sh.n_kv_heads), view(dvh, sh.n_kv_heads),
                          view(doh, sh.n_heads), view(qh, sh.n_heads), view(kh, sh.n_kv_heads),
                          view(vh, sh.n_kv_heads), view(oh, sh.n_heads), saved, sh);
-  gather_heads(dq, dqh, local.n_heads, local);
-  gather_heads(dk, dkh, local.n_kv_heads, local);
-  gather_heads(dv, dvh, local.n_kv_heads, local);
+  move(dq, dqh, local.n_heads, local, false);
+  move(dk, dkh, local.n_kv_heads, local, false);
+  move(dv, dvh, local.n_kv_heads, local, false);
 }
 
 }  // namespace adgt::cp

@@ -43,10 +43,10 @@ class UlyssesContextAttention final : public ContextAttention {
     Buffer to_tokens, from_tokens;  // and back: sequence -> send blocks; receive blocks -> local
   };
   const Maps& maps(const AttentionShape& local);
-  // x local (B*T_local, n_heads*hd) -> y (B*T, n_heads/P*hd) over the group.
-  void scatter_heads(Tensor y, const Tensor& x, int64_t n_heads, const AttentionShape& local);
-  // y (B*T, n_heads/P*hd) -> x local (B*T_local, n_heads*hd).
-  void gather_heads(Tensor x, const Tensor& y, int64_t n_heads, const AttentionShape& local);
+  // to_heads: src local (B*T_local, n_heads*hd) -> dst (B*T, n_heads/P*hd)
+  // over the group; else the way back.
+  void move(Tensor dst, const Tensor& src, int64_t n_heads, const AttentionShape& local,
+            bool to_heads);
   Tensor scratch(size_t i, DType dt, int64_t n);  // backend memory kept between calls
 
   Backend& be_;

@@ -1,15 +1,14 @@
 #include "parallel/engine/engine.hpp"
 
-#include "parallel/cp/ring_context.hpp"
-#include "parallel/cp/ulysses_context.hpp"
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
 #include "kernels/check.hpp"
 #include "parallel/cost/stages.hpp"
+#include "parallel/cp/chunks.hpp"
 #include "parallel/cp/ring_context.hpp"
+#include "parallel/cp/ulysses_context.hpp"
 #include "parallel/dp/grad_norm.hpp"
 #include "parallel/emulate/slowdown.hpp"
 #include "parallel/pipeline/run_schedule.hpp"
@@ -277,11 +276,11 @@ double Engine::run_pipeline_step(const MicroBatchFetch& whole) {
   const int64_t A = cfg_.accum_steps(), D = ctx_.dpcp->size();
   // Under context parallelism the executor's micro-batches are this rank's
   // chunks of the sequences the trainer reads.
+  const int64_t B = cfg_.train.micro_batch, T = cfg_.model.seq_len;
   MicroBatchFetch chunks = [&](int mb, int32_t* in, int32_t* tg) {
     whole(mb, in_.data(), tg_.data());
-    const auto [lin, ltg] = local_batch(in_.data(), tg_.data());
-    std::copy_n(lin, in_local_.size(), in);
-    std::copy_n(ltg, tg_local_.size(), tg);
+    cp::local_tokens(in_.data(), in, B, T, ctx_.cp->rank(), ctx_.cp->size());
+    cp::local_tokens(tg_.data(), tg, B, T, ctx_.cp->rank(), ctx_.cp->size());
   };
   const MicroBatchFetch& fetch = layout_.cp > 1 ? chunks : whole;
   std::vector<char> reduced(size_t(model_->num_chunks()), 0);

@@ -29,8 +29,9 @@ struct ParallelContext {
   Comm* ep = nullptr;     // expert parallelism: ep consecutive ranks of the dp group
   Comm* edp = nullptr;    // the dp ranks holding the same experts
   Comm* world = nullptr;  // every rank of the run: checkpoints are saved and loaded over it
-  // Context parallelism (core/layout.hpp Group::cp, dpcp): made by the process
-  // groups, not used by the engine yet (docs/context-parallel.md).
+  // Context parallelism (core/layout.hpp Group::cp, dpcp; docs/context-parallel.md):
+  // the ranks sharing each sequence, and those holding the same weights (the
+  // dp group itself when cp = 1).
   Comm* cp = nullptr;
   Comm* dpcp = nullptr;
   int world_rank = 0;     // rank 0 logs, prints and commits checkpoints

@@ -13,7 +13,6 @@
 
 #include "kernels/emulated/emulated_backend.hpp"
 #include "parallel/cp/chunks.hpp"
-#include "parallel/cp/ring_context.hpp"
 #include "parallel/cp/ring_schedule.hpp"
 #include "tests/unit/attention_fixture.hpp"
 
