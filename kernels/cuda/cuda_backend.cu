@@ -56,9 +56,9 @@ CudaBackend::CudaBackend(int device) {
   ADGT_CUDA_OP(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), op);
   stream_ = s;
   cublasHandle_t h = nullptr;
-  ADGT_CUBLAS_OP(cublasCreate(&h), op);
+  ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasCreate)(&h), op);
   cublas_ = h;
-  ADGT_CUBLAS_OP(cublasSetStream(h, s), op);
+  ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasSetStream)(h, s), op);
   set_tf32(false);
   void* e = nullptr;
   ADGT_CUDA_OP(cudaHostAlloc(&e, 4 * sizeof(int64_t), cudaHostAllocMapped), op);
@@ -82,7 +82,7 @@ CudaBackend::~CudaBackend() {
   for (cudaEvent_t e : span_events_) (void)cudaEventDestroy(e);
   for (void*& p : scratch_)
     if (p) (void)cudaFree(p), p = nullptr;
-  if (cublas_) (void)cublasDestroy(cublas_);
+  if (cublas_) (void)ADGT_CUBLAS(cublasDestroy)(cublas_);
   if (stream_) (void)cudaStreamDestroy(stream_);
 }
 
@@ -92,7 +92,8 @@ std::string CudaBackend::name() const {
 }
 
 void CudaBackend::set_tf32(bool on) {
-  ADGT_CUBLAS_OP(cublasSetMathMode(cublas_, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
+  ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasSetMathMode)(
+                     cublas_, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
                  "set_tf32");
   tf32_ = on;
   peak_tflops_ = 0;

@@ -8,9 +8,10 @@
 // kernel_sim_*); the CUDA headers and cuBLAS are left out.
 #pragma once
 #ifndef ADGT_CUDA_SIM
-#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#include "kernels/cuda/cublas_lib.hpp"
 #endif
 
 #include <climits>
@@ -52,14 +53,13 @@ namespace adgt::cuda {
 
 #ifndef ADGT_CUDA_SIM
 // Every cuBLAS call; with ADGT_CUDA_SYNC=1 also the device work it enqueued.
-#define ADGT_CUBLAS_OP(call, op)                                                       \
-  do {                                                                                 \
-    cublasStatus_t adgt_st_ = (call);                                                  \
-    if (adgt_st_ != CUBLAS_STATUS_SUCCESS)                                             \
-      ::adgt::cuda::call_failed(#call, (op), cublasGetStatusString(adgt_st_), __FILE__, \
-                                __LINE__);                                             \
-    if (::adgt::cuda::sync_debug())                                                    \
-      ADGT_CUDA_OP(cudaDeviceSynchronize(), (op));                                     \
+#define ADGT_CUBLAS_OP(call, op)                                                           \
+  do {                                                                                     \
+    cublasStatus_t adgt_st_ = (call);                                                      \
+    if (adgt_st_ != CUBLAS_STATUS_SUCCESS)                                                 \
+      ::adgt::cuda::call_failed(#call, (op), ADGT_CUBLAS(cublasGetStatusString)(adgt_st_), \
+                                __FILE__, __LINE__);                                       \
+    if (::adgt::cuda::sync_debug()) ADGT_CUDA_OP(cudaDeviceSynchronize(), (op));           \
   } while (0)
 
 namespace adgt::cuda {

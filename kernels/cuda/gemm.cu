@@ -41,10 +41,10 @@ struct LtPlan {
 };
 
 void destroy(LtPlan& p) {
-  if (p.a) (void)cublasLtMatrixLayoutDestroy(p.a);
-  if (p.b) (void)cublasLtMatrixLayoutDestroy(p.b);
-  if (p.c) (void)cublasLtMatrixLayoutDestroy(p.c);
-  if (p.op) (void)cublasLtMatmulDescDestroy(p.op);
+  if (p.a) (void)ADGT_CUBLAS(cublasLtMatrixLayoutDestroy)(p.a);
+  if (p.b) (void)ADGT_CUBLAS(cublasLtMatrixLayoutDestroy)(p.b);
+  if (p.c) (void)ADGT_CUBLAS(cublasLtMatrixLayoutDestroy)(p.c);
+  if (p.op) (void)ADGT_CUBLAS(cublasLtMatmulDescDestroy)(p.op);
   p = LtPlan{};
 }
 
@@ -72,7 +72,7 @@ struct CudaBackend::LtState {
   std::map<LtKey, LtPlan> plans;
   ~LtState() {
     for (auto& kv : plans) destroy(kv.second);
-    if (handle) (void)cublasLtDestroy(handle);
+    if (handle) (void)ADGT_CUBLAS(cublasLtDestroy)(handle);
   }
 };
 
@@ -100,10 +100,11 @@ void CudaBackend::gemm_lt(bool ta, bool tb, int64_t M, int64_t N, int64_t K, con
              op << ": GEMM dimensions " << M << "x" << N << "x" << K << " exceed 32-bit sizes");
   if (!lt_) {
     auto* st = new LtState;
-    const cublasStatus_t e = cublasLtCreate(&st->handle);
+    const cublasStatus_t e = ADGT_CUBLAS(cublasLtCreate)(&st->handle);
     if (e != CUBLAS_STATUS_SUCCESS) {
       delete st;
-      call_failed("cublasLtCreate(&handle)", op, cublasGetStatusString(e), __FILE__, __LINE__);
+      call_failed("cublasLtCreate(&handle)", op, ADGT_CUBLAS(cublasGetStatusString)(e), __FILE__,
+                  __LINE__);
     }
     lt_ = st;
   }
@@ -135,31 +136,34 @@ void CudaBackend::gemm_lt(bool ta, bool tb, int64_t M, int64_t N, int64_t K, con
     }
     LtPlan p;
     try {
-      ADGT_CUBLAS_OP(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), op);
-      ADGT_CUBLAS_OP(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa,
-                                                    sizeof opa),
+      ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatmulDescCreate)(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                      op);
-      ADGT_CUBLAS_OP(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb,
-                                                    sizeof opb),
+      ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatmulDescSetAttribute)(p.op, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                                 &opa, sizeof opa),
+                     op);
+      ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatmulDescSetAttribute)(p.op, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                                 &opb, sizeof opb),
                      op);
       // Stored shapes (column-major rows x cols) of the library's A (= our B) and B (= our A).
       const uint64_t ar = opa == CUBLAS_OP_N ? m : k, ac = opa == CUBLAS_OP_N ? k : m;
       const uint64_t br = opb == CUBLAS_OP_N ? k : n, bc = opb == CUBLAS_OP_N ? n : k;
-      ADGT_CUBLAS_OP(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, ar, ac, ldb), op);
-      ADGT_CUBLAS_OP(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, br, bc, lda), op);
-      ADGT_CUBLAS_OP(cublasLtMatrixLayoutCreate(&p.c, ct, uint64_t(m), uint64_t(n), ldc), op);
+      ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatrixLayoutCreate)(&p.a, CUDA_R_16BF, ar, ac, ldb), op);
+      ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatrixLayoutCreate)(&p.b, CUDA_R_16BF, br, bc, lda), op);
+      ADGT_CUBLAS_OP(
+          ADGT_CUBLAS(cublasLtMatrixLayoutCreate)(&p.c, ct, uint64_t(m), uint64_t(n), ldc), op);
 
       cublasLtMatmulPreference_t pref = nullptr;
-      ADGT_CUBLAS_OP(cublasLtMatmulPreferenceCreate(&pref), op);
+      ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatmulPreferenceCreate)(&pref), op);
       const uint64_t wsb = kWorkspaceBytes;
       const uint32_t al[4] = {key.align_a, key.align_b, key.align_c, key.align_c};
-      cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+      cublasStatus_t st = ADGT_CUBLAS(cublasLtMatmulPreferenceSetAttribute)(
           pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
       const cublasLtMatmulPreferenceAttributes_t which[4] = {
           CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
           CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
       for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; ++i)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]);
+        st =
+            ADGT_CUBLAS(cublasLtMatmulPreferenceSetAttribute)(pref, which[i], &al[i], sizeof al[i]);
       // bf16 output: each element rounded once. A split-K algorithm must not
       // add its partial sums in the output type (INPLACE, OUTPUT_TYPE): only
       // none or fp32 partials (COMPUTE_TYPE), as PyTorch does when reduced-
@@ -169,21 +173,20 @@ void CudaBackend::gemm_lt(bool ta, bool tb, int64_t M, int64_t N, int64_t K, con
                                   ? uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
                                   : uint32_t(CUBLASLT_REDUCTION_SCHEME_MASK);
       if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                                  &scheme, sizeof scheme);
+        st = ADGT_CUBLAS(cublasLtMatmulPreferenceSetAttribute)(
+            pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &scheme, sizeof scheme);
       cublasLtMatmulHeuristicResult_t res{};
       int found = 0;
       if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulAlgoGetHeuristic(lt_->handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &res,
-                                            &found);
-      (void)cublasLtMatmulPreferenceDestroy(pref);
+        st = ADGT_CUBLAS(cublasLtMatmulAlgoGetHeuristic)(lt_->handle, p.op, p.a, p.b, p.c, p.c,
+                                                         pref, 1, &res, &found);
+      (void)ADGT_CUBLAS(cublasLtMatmulPreferenceDestroy)(pref);
       ADGT_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
                  op << ": cuBLASLt has no bf16 algorithm for row-major " << M << "x" << N << "x"
                     << K << " (lda " << lda << ", ldb " << ldb << ", ldc " << ldc << ", C "
-                    << dtype_name(c_dtype) << ", alignments " << key.align_b << "/"
-                    << key.align_a << "/" << key.align_c
-                    << " bytes, reduction schemes " << scheme
-                    << "): " << cublasGetStatusString(st));
+                    << dtype_name(c_dtype) << ", alignments " << key.align_b << "/" << key.align_a
+                    << "/" << key.align_c << " bytes, reduction schemes " << scheme
+                    << "): " << ADGT_CUBLAS(cublasGetStatusString)(st));
       p.algo = res.algo;
     } catch (...) {
       destroy(p);
@@ -193,11 +196,12 @@ void CudaBackend::gemm_lt(bool ta, bool tb, int64_t M, int64_t N, int64_t K, con
   }
   const LtPlan& p = it->second;
   const float alpha = 1.0f;
-  const cublasStatus_t st = cublasLtMatmul(lt_->handle, p.op, &alpha, B, p.a, A, p.b, &beta, C,
-                                           p.c, C, p.c, &p.algo, ws, kWorkspaceBytes, stream_);
+  const cublasStatus_t st =
+      ADGT_CUBLAS(cublasLtMatmul)(lt_->handle, p.op, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c,
+                                  &p.algo, ws, kWorkspaceBytes, stream_);
   std::string err;
   if (st != CUBLAS_STATUS_SUCCESS) {
-    err = cublasGetStatusString(st);
+    err = ADGT_CUBLAS(cublasGetStatusString)(st);
   } else if (sync_debug()) {  // ADGT_CUDA_SYNC=1: the GEMM's own device errors, here
     const cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) err = std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")";

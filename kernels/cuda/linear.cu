@@ -23,9 +23,9 @@ void gemm_rm(cublasHandle_t h, bool ta, bool tb, int64_t M, int64_t N, int64_t K
              int64_t ldc, const char* op) {
   if (M == 0 || N == 0) return;
   check_dims(M, N, K, lda, ldb, ldc, op);
-  ADGT_CUBLAS_OP(cublasSgemm(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                             int(N), int(M), int(K), &alpha, B, int(ldb), A, int(lda), &beta, C,
-                             int(ldc)),
+  ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasSgemm)(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                          ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M), int(K),
+                                          &alpha, B, int(ldb), A, int(lda), &beta, C, int(ldc)),
                  op);
 }
 void gemm_rm(cublasHandle_t h, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
@@ -33,9 +33,9 @@ void gemm_rm(cublasHandle_t h, bool ta, bool tb, int64_t M, int64_t N, int64_t K
              int64_t ldc, const char* op) {
   if (M == 0 || N == 0) return;
   check_dims(M, N, K, lda, ldb, ldc, op);
-  ADGT_CUBLAS_OP(cublasDgemm(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                             int(N), int(M), int(K), &alpha, B, int(ldb), A, int(lda), &beta, C,
-                             int(ldc)),
+  ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasDgemm)(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                          ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M), int(K),
+                                          &alpha, B, int(ldb), A, int(lda), &beta, C, int(ldc)),
                  op);
 }
 
