@@ -79,6 +79,10 @@ std::string describe(const Layout& l) {
 // rank 2 tp 0 cp 1, rank 3 tp 1 cp 1, rank 4 tp 0 cp 0 dp 1 ...;
 //   cp groups {0,2} {1,3} {4,6} {5,7}; dp groups {0,4} {1,5} {2,6} {3,7};
 //   dpcp groups {0,2,4,6} {1,3,5,7} (in the order cp fastest, then dp).
+// With ep=2 as well (dp 0 and 1 one ep group): dpcp groups {0,4,2,6} {1,5,3,7}
+// (ep fastest, then cp, then edp: a checkpoint sees dp x cp replicas whose
+// ep rank is their place modulo ep, as without cp); edpcp groups {0,2} {4,6}
+// {1,3} {5,7} (the cp ranks of each edp group).
 
 namespace {
 
@@ -138,6 +142,7 @@ const char* group_name(Group g) {
     case Group::world: return "world";
     case Group::cp: return "cp";
     case Group::dpcp: return "dpcp";
+    case Group::edpcp: return "edpcp";
   }
   return "?";
 }
@@ -155,7 +160,12 @@ std::vector<int> group_ranks(const Layout& l, Group g, int rank) {
       case Group::edp: c.dp = k * int(l.ep) + me.ep; break;  // same ep rank, every ep block
       case Group::world: return k;
       case Group::cp: c.cp = k; break;
-      case Group::dpcp: c.cp = k % int(l.cp), c.dp = k / int(l.cp); break;  // cp fastest
+      case Group::dpcp: {  // ep fastest, then cp, then edp
+        const int e = k % int(l.ep), r = k / int(l.ep);
+        c.cp = r % int(l.cp), c.dp = (r / int(l.cp)) * int(l.ep) + e;
+        break;
+      }
+      case Group::edpcp: c.cp = k % int(l.cp), c.dp = (k / int(l.cp)) * int(l.ep) + me.ep; break;
     }
     return rank_of(l, c);
   };
@@ -166,6 +176,7 @@ std::vector<int> group_ranks(const Layout& l, Group g, int rank) {
                     : g == Group::edp  ? l.dp / l.ep
                     : g == Group::cp   ? l.cp
                     : g == Group::dpcp ? l.dp * l.cp
+                    : g == Group::edpcp ? l.dp / l.ep * l.cp
                                        : l.world();
   std::vector<int> out;
   for (int k = 0; k < int(n); ++k) out.push_back(member(k));
@@ -182,7 +193,8 @@ int group_rank(const Layout& l, Group g, int rank) {
     case Group::edp: return c.edp;
     case Group::world: return rank;
     case Group::cp: return c.cp;
-    case Group::dpcp: return c.cp + int(l.cp) * c.dp;
+    case Group::dpcp: return c.ep + int(l.ep) * (c.cp + int(l.cp) * c.edp);
+    case Group::edpcp: return c.cp + int(l.cp) * c.edp;
   }
   return rank;
 }

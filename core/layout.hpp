@@ -75,9 +75,12 @@ int rank_of(const Layout& l, const RankCoords& c);
 
 // cp: the ranks holding the chunks of the same sequences (the same tp, dp and
 // pp coordinates); dpcp: the ranks holding the same weights of one stage's tp
-// shard, dp x cp of them (gradients are reduced over it; dp when cp = 1).
-enum class Group { tp, dp, pp, ep, edp, world, cp, dpcp };
-const char* group_name(Group g);  // "tp", "dp", ..., "world", "cp", "dpcp"
+// shard, dp x cp of them (gradients are reduced over it; dp when cp = 1),
+// ordered ep fastest, then cp, then edp (cp, then dp, when ep = 1); edpcp:
+// of them, those holding the same experts (the same ep coordinate), edp x cp
+// (expert gradients are reduced over it; edp when cp = 1), cp fastest.
+enum class Group { tp, dp, pp, ep, edp, world, cp, dpcp, edpcp };
+const char* group_name(Group g);  // "tp", "dp", ..., "world", "cp", "dpcp", "edpcp"
 // World ranks of the g group containing `rank`, in group-rank order (group
 // rank k is entry k); this rank's group rank is group_rank(l, g, rank).
 std::vector<int> group_ranks(const Layout& l, Group g, int rank);

@@ -100,8 +100,9 @@ ShardLayout shard_layout_of(const Layout& l, const RankCoords& c) {
   s.tp = int(l.tp), s.tp_rank = c.tp;
   // Context parallelism: the cp ranks of a replica hold the same weights, so
   // a checkpoint sees dp x cp replicas, this rank the dpcp group's rank (over
-  // which ZeRO-1 chunks the AdamW state too); cp is not in the saved tensors.
-  s.dp = int(l.dp * l.cp), s.dp_rank = c.cp + int(l.cp) * c.dp;
+  // which ZeRO-1 chunks the AdamW state too; ep fastest, so the rank modulo
+  // ep is still its ep rank); cp is not in the saved tensors.
+  s.dp = int(l.dp * l.cp), s.dp_rank = c.ep + int(l.ep) * (c.cp + int(l.cp) * c.edp);
   s.pp = int(l.pp), s.pp_rank = c.pp;
   s.ep = int(l.ep), s.ep_rank = c.ep;
   s.description = describe(l);

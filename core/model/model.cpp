@@ -49,6 +49,7 @@ Model::Model(const ModelConfig& cfg, Backend& be, DType dtype, int64_t B, int64_
   table_ = build_param_table(cfg, tp, tp_->rank(), &stage_,
                              cfg.n_experts > 0 ? &local_experts : nullptr);
   index_params(local_experts.size());
+  moe_aux_group_ = epc.aux_group;
   if (placement) make_moe_layers(*placement, epc.comm);
   make_flat_buffers(tpc.flat_multiple);
   plan_recompute();
@@ -136,7 +137,7 @@ void Model::make_moe_layers(const ExpertPlacement& placement, Comm* ep) {
       ADGT_CHECK(w.moe == int(moe_.size()), "Model: MoE layers out of layer order");
       moe_.push_back(std::make_unique<MoeLayer>(be_, dtype_, N_, cfg_.d_model,
                                                 cfg_.expert_ffn() / tp_->size(), o,
-                                                placement.table(), ep));
+                                                placement.table(), ep, moe_aux_group_));
       if (cfg_.moe_aux_free && cfg_.moe_bias_init_zipf > 0)
         moe_.back()->set_bias(zipf_selection_bias(cfg_.n_experts, cfg_.d_model, cfg_.init_std,
                                                   cfg_.moe_bias_init_zipf));

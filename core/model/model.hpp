@@ -36,6 +36,10 @@ struct TensorParallel {
 struct ExpertParallel {
   Comm* comm = nullptr;
   std::vector<int> placement;
+  // Context parallelism: the cp group, whose ranks hold the rest of each
+  // sequence; the aux loss is over all of its tokens (MoeLayer's aux_group),
+  // as one process computes it over the whole micro-batch. nullptr: none.
+  Comm* aux_group = nullptr;
 };
 
 // One MoE layer's figures, summed over the micro-batches since the last
@@ -425,6 +429,7 @@ class Model {
   std::vector<Chunk> chunks_;
   std::vector<std::unique_ptr<MoeLayer>> moe_;  // this rank's MoE layers, in layer order
   std::vector<MoeLayerStep> moe_step_;
+  Comm* moe_aux_group_ = nullptr;  // ExpertParallel::aux_group
   // Per MoE layer, the backend spans (Backend::span_begin) since the last
   // reset_moe_stats(): its experts', the whole layer's and its MoE block's
   // (moe_times(): dense = layers - blocks).

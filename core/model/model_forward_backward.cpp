@@ -515,10 +515,15 @@ void Model::moe_backward(Slot& s, LayerActs& a, const LayerIdx& w, int slot, boo
   MoeLayer& m = *moe_[size_t(w.moe)];
   // d_tmp_ gets dL/d(ln2) (partial over tp, like the dense gate/up backward).
   // The aux-loss term is the same on every tp rank; scaled by 1/tp it is
-  // counted once when the partial sums are reduced.
+  // counted once when the partial sums are reduced. Under context
+  // parallelism s.grad_scale weighs this rank's share of the sequence's
+  // tokens (1/cp of the LM loss), while the aux loss is one term over all
+  // of them, each cp rank differentiating it for its own rows: its scale is
+  // cp times that.
+  const double cp = moe_aux_group_ ? double(moe_aux_group_->size()) : 1.0;
   be_.zero(d_tmp_);
   m.backward(slot, d_tmp_, moe_params(w, false), moe_params(w, true), d_full_,
-             s.grad_scale / double(tp_->size()), !defer_replica_grads_ || last_micro_batch);
+             s.grad_scale * cp / double(tp_->size()), !defer_replica_grads_ || last_micro_batch);
   const MoeStats& st = m.stats(slot);
   MoeLayerStep& acc = moe_step_[size_t(w.moe)];
   acc.a2a_bytes += st.a2a_bytes_bwd;

@@ -57,7 +57,7 @@ struct MoeLayer::Scratch {
 };
 
 MoeLayer::MoeLayer(Backend& be, DType dt, int64_t max_tokens, int64_t C, int64_t F, MoeOptions o,
-                   std::vector<int> placement, Comm* ep)
+                   std::vector<int> placement, Comm* ep, Comm* aux_group)
     : be_(be),
       dt_(dt),
       max_tokens_(max_tokens),
@@ -68,6 +68,7 @@ MoeLayer::MoeLayer(Backend& be, DType dt, int64_t max_tokens, int64_t C, int64_t
       opt_(o),
       self_("ep"),
       ep_(ep ? ep : &self_),
+      aux_(aux_group && aux_group->size() > 1 ? aux_group : nullptr),
       place_(o.n_experts, ep ? ep->size() : 1, std::move(placement)),
       scratch_(std::make_unique<Scratch>()) {
   ADGT_CHECK(dt == DType::F32 || dt == DType::F64 || dt == DType::BF16,
@@ -346,14 +347,16 @@ MoeLayer::RoutePlan MoeLayer::route_forward(Slot& s, const Tensor& x, const MoeP
   rp.tok = grow(sc.send_tok, N * k, 1, DType::I32);
   // The plan buffer: this rank's stats (3E + 2: routed, prob sums, N,
   // dropped, kept per send slot), the ep group's sums of the first 2E + 2,
-  // and the counts received for this rank's experts (E; replicas: every
-  // rank's kept counts, P x E); read at once.
-  const int64_t L = 3 * E + 2, G = 2 * E + 2, R = rep ? P * E : E;
-  Tensor plan = grow(sc.plan, L + G + R, 1, DType::F64);
+  // the counts received for this rank's experts (E; replicas: every rank's
+  // kept counts, P x E) and, with an aux group, its sums of the first 2E + 2
+  // (the aux loss's token set); read at once.
+  const int64_t L = 3 * E + 2, G = 2 * E + 2, R = rep ? P * E : E, A = aux_ ? G : 0;
+  Tensor plan = grow(sc.plan, L + G + R + A, 1, DType::F64);
   auto part = [&](int64_t off, int64_t n) {
     return Tensor(static_cast<double*>(plan.data) + off, DType::F64, {n});
   };
-  const Tensor local = part(0, L), group = part(L, G), rcv = part(L + G, R);
+  const Tensor local = part(0, L), group = part(L, G), rcv = part(L + G, R),
+               aux = part(L + G + R, A);
   if (opt_.aux_free && bias_dirty_) {
     be_.to_device(bias_dev_.data(), bias_.data(), bias_.size() * 8);
     bias_dirty_ = false;
@@ -367,7 +370,11 @@ MoeLayer::RoutePlan MoeLayer::route_forward(Slot& s, const Tensor& x, const MoeP
   be_.moe_dispatch_plan(s.pos, rp.tok, local, s.route.choice, s.route.probs,
                         Tensor(slot_.data(), DType::I32, {E}), opt_.capacity_factor,
                         opt_.capacity_segment);
-  rp.host.resize(size_t(P > 1 ? L + G + R : L));
+  rp.host.resize(size_t(P > 1 || aux_ ? L + G + R + A : L));
+  if (aux_) {
+    be_.copy(aux, part(0, G));
+    aux_->all_reduce(aux);
+  }
   if (P > 1) {
     be_.copy(group, part(0, G));
     ep_->all_reduce(group);
@@ -384,6 +391,7 @@ MoeLayer::RoutePlan MoeLayer::route_forward(Slot& s, const Tensor& x, const MoeP
   rp.lr = rp.host.data();
   rp.red = P > 1 ? rp.host.data() + L : rp.lr;
   rp.rc = P > 1 ? rp.host.data() + L + G : rp.lr + 2 * E + 2;
+  rp.ar = aux_ ? rp.host.data() + L + G + R : rp.lr;
   return rp;
 }
 
@@ -397,8 +405,9 @@ void MoeLayer::load_and_aux_loss(Slot& s, const RoutePlan& rp) {
   st.load.assign(size_t(E), 0);
   std::vector<double> aux_dp(size_t(E), 0.0);
   int64_t max_load = 0, sum_load = 0;
-  // The aux loss over the ep group's tokens, or over this rank's (aux_over_ep_group false).
-  const double* ar = opt_.aux_over_ep_group ? red : lr;
+  // The aux loss over the ep group's tokens, or over this rank's and its aux
+  // group's (aux_over_ep_group false).
+  const double* ar = opt_.aux_over_ep_group ? red : rp.ar;
   const double n_aux = ar[2 * E];
   for (int64_t e = 0; e < E; ++e) {
     st.load[size_t(e)] = int64_t(std::llround(red[e]));

@@ -141,8 +141,14 @@ class MoeLayer {
   // fp32 gradients, routing in fp32 on the backend). max_tokens: most rows per call on this rank. C: d_model,
   // F: expert hidden size. placement: owner rank per expert (empty:
   // contiguous). ep: the expert-parallel group (nullptr: one rank, all experts).
+  // aux_group (context parallelism: the cp group, whose ranks hold the other
+  // tokens of this rank's sequences; nullptr: none): with
+  // aux_over_ep_group false, the aux loss is over the rows of every rank of
+  // aux_group (their routed counts, probability sums and rows summed over it:
+  // one value on each), each rank's backward giving its own rows' share of
+  // its gradient; pass backward the aux_grad_scale of the whole micro-batch.
   MoeLayer(Backend& be, DType dt, int64_t max_tokens, int64_t C, int64_t F, MoeOptions o,
-           std::vector<int> placement = {}, Comm* ep = nullptr);
+           std::vector<int> placement = {}, Comm* ep = nullptr, Comm* aux_group = nullptr);
   ~MoeLayer();
   MoeLayer(const MoeLayer&) = delete;
   MoeLayer& operator=(const MoeLayer&) = delete;
@@ -190,7 +196,9 @@ class MoeLayer {
   // received for this rank's experts (rc), all in `host`; tok the send order.
   struct RoutePlan {
     std::vector<double> host;
-    const double *lr = nullptr, *red = nullptr, *rc = nullptr;
+    // Into host: this rank's stats, the ep group's sums, the received
+    // counts, the aux group's sums (lr when there is none).
+    const double *lr = nullptr, *red = nullptr, *rc = nullptr, *ar = nullptr;
     Tensor tok;
   };
   RoutePlan route_forward(Slot& s, const Tensor& x, const MoeParams& p);
@@ -233,6 +241,7 @@ class MoeLayer {
   MoeOptions opt_;
   SelfComm self_;
   Comm* ep_;
+  Comm* aux_;  // the aux loss's other ranks (context parallelism); nullptr: none
   ExpertPlacement place_;
   ExpertReplicas rep_;
   std::vector<std::vector<int64_t>> held_;  // per ep rank: owned experts, then shadows

@@ -41,6 +41,11 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
   if (!ctx_.world) ctx_.world = &self_world_;
   if (!ctx_.cp) ctx_.cp = &self_cp_;
   if (!ctx_.dpcp) ctx_.dpcp = ctx_.cp->size() > 1 ? &self_dpcp_ : ctx_.dp;
+  if (!ctx_.edpcp && ctx_.cp->size() == 1) ctx_.edpcp = ctx_.edp;
+  if (!ctx_.edpcp && ctx_.ep->size() == 1) ctx_.edpcp = ctx_.dpcp;
+  ADGT_CHECK(ctx_.edpcp && ctx_.edpcp->size() * ctx_.ep->size() == ctx_.dpcp->size(),
+             "Engine: the experts' replica group (edp x cp) is missing or does not match dp x cp="
+                 << ctx_.dpcp->size() << " over ep=" << ctx_.ep->size());
   ADGT_CHECK(ctx_.cp->size() == layout_.cp && ctx_.dpcp->size() == layout_.cp * layout_.dp &&
                  ctx_.cp->rank() == ctx_.coords.cp,
              "Engine: the cp group (size " << ctx_.cp->size() << ", rank " << ctx_.cp->rank()
@@ -73,6 +78,7 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
                   placement_of_schedule(cfg.parallel.schedule));
   ExpertParallel ep;
   ep.comm = ctx_.ep;
+  ep.aux_group = layout_.cp > 1 ? ctx_.cp : nullptr;  // the aux loss over whole sequences
   for (int64_t r : cfg.parallel.expert_placement) ep.placement.push_back(int(r));
   // Context parallelism: the model holds this rank's seq_len / cp tokens of
   // each sequence and runs its attention around the cp ring, or between two
@@ -92,9 +98,10 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
   if (!cfg.parallel.expert_replicas.empty() || cfg.parallel.expert_slots > 0)
     set_expert_replicas(cfg.parallel.expert_replicas);
   // Gradients (and ZeRO-1's AdamW chunks) over the ranks holding the same
-  // weights: dp, times cp under context parallelism.
+  // weights: dp, times cp under context parallelism; the experts' over edp
+  // (times cp).
   const bool zero = cfg.parallel.zero == 1 && ctx_.dpcp->size() > 1;
-  Comm* edp = ctx_.ep->size() > 1 ? ctx_.edp : nullptr;
+  Comm* edp = ctx_.ep->size() > 1 ? ctx_.edpcp : nullptr;
   reducer_ = std::make_unique<GradReducer>(*model_, *ctx_.dpcp, edp, zero, cfg.parallel.bucket_mb);
   reducer_->set_clock([s = slow_] { return s->now(); });  // the emulation's clock, else wall
   opt_ = std::make_unique<ShardedAdamW>(be_, *model_, cfg.train, zero ? ctx_.dpcp : nullptr);
@@ -121,8 +128,10 @@ std::string context_parallel_unsupported(const RunConfig& cfg) {
   if (p.cp <= 1) return "";
   const std::string cp = "parallel.cp=" + std::to_string(p.cp);
   const std::string see = " (docs/context-parallel.md, \"What remains\")";
-  if (cfg.model.n_experts > 0)
-    return cp + " with a mixture-of-experts model: not run yet" + see + "; use cp: 1";
+  if (cfg.model.n_experts > 0 && cfg.model.moe_capacity_factor > 0)
+    return cp + " with model.moe_capacity_factor=" + fmt_real(cfg.model.moe_capacity_factor) +
+           ": an expert's capacity is counted over a micro-batch's tokens in order, which cp "
+           "splits over its ranks (not run yet)" + see + "; use a dropless model (moe_capacity_factor: 0)";
   if (p.auto_plan)
     return cp + " with parallel.auto: the planner and the simulator do not model cp yet" + see +
            "; set the layout yourself";
@@ -340,7 +349,7 @@ double Engine::grad_norm() {
 void Engine::apply_update(double lr, int64_t opt_step, double clip_coef) {
   slow_->run([&] {
     opt_->step(lr, opt_step, clip_coef);
-    if (cfg_.model.moe_aux_free) model_->update_moe_bias(ctx_.edp);
+    if (cfg_.model.moe_aux_free) model_->update_moe_bias(ctx_.edpcp);
   });
   model_->sync_expert_replicas();  // the shadows take the owners' new weights
 }

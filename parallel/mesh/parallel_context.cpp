@@ -16,7 +16,8 @@ std::vector<std::unique_ptr<Comm>> wrap_emulated_groups(ParallelContext& ctx, Em
   const std::pair<Comm**, Group> slots[] = {{&ctx.tp, Group::tp}, {&ctx.dp, Group::dp},
                                             {&ctx.pp, Group::pp}, {&ctx.ep, Group::ep},
                                             {&ctx.edp, Group::edp}, {&ctx.world, Group::world},
-                                            {&ctx.cp, Group::cp},   {&ctx.dpcp, Group::dpcp}};
+                                            {&ctx.cp, Group::cp},   {&ctx.dpcp, Group::dpcp},
+                                            {&ctx.edpcp, Group::edpcp}};
   std::vector<std::pair<Comm*, Comm*>> done;
   for (const auto& [slot, group] : slots) {
     if (!*slot) continue;

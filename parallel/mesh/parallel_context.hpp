@@ -34,6 +34,7 @@ struct ParallelContext {
   // dp group itself when cp = 1).
   Comm* cp = nullptr;
   Comm* dpcp = nullptr;
+  Comm* edpcp = nullptr;  // of dpcp, the ranks holding the same experts (edp when cp = 1)
   int world_rank = 0;     // rank 0 logs, prints and commits checkpoints
   // Link and compute emulation (parallel/emulate/, docs/emulation.md; not
   // owned). emulation: set up by the launcher for the rank table (nullptr:

@@ -130,6 +130,7 @@ ProcessGroups make_process_groups(const Layout& layout, const Placement& placeme
   pg.edp = split(Group::edp);
   pg.cp = split(Group::cp);
   pg.dpcp = split(Group::dpcp);
+  pg.edpcp = split(Group::edpcp);
   pg.world = std::move(world);
   return pg;
 }

@@ -31,8 +31,9 @@ struct ProcessGroups {
   std::unique_ptr<Comm> ep, edp;
   // Context parallelism: the cp ranks sharing each sequence, and the dp x cp
   // ranks replicating one stage's tp shard (both groups of one when cp = 1
-  // and dp = 1; dpcp is the dp group's members when cp = 1).
-  std::unique_ptr<Comm> cp, dpcp;
+  // and dp = 1; dpcp is the dp group's members when cp = 1), and of them
+  // those holding the same experts (edp x cp; edp's members when cp = 1).
+  std::unique_ptr<Comm> cp, dpcp, edpcp;
 };
 
 // Collective over MPI_COMM_WORLD: the placement of cfg.parallel.placement

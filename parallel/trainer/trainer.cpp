@@ -85,15 +85,19 @@ void check_dp_replicas(Model& model, const ParallelContext& g, bool lead) {
     mm[k] = int32_t((h >> (16 * k)) & 0xffff);
     mm[4 + k] = -mm[k];
   }
-  g.dpcp->all_reduce(Tensor(mm, DType::I32, {8}), ReduceOp::Max);  // dp, with cp's ranks
+  // The ranks holding the same parameters: dp with cp's ranks; of them the
+  // same experts' holders under expert parallelism (edp x cp).
+  Comm* same = g.ep && g.ep->size() > 1 && g.edpcp ? g.edpcp : g.dpcp;
+  same->all_reduce(Tensor(mm, DType::I32, {8}), ReduceOp::Max);
   int32_t differ[1] = {0};
   for (int k = 0; k < 4; ++k) differ[0] |= mm[k] != -mm[4 + k];
   g.world->all_reduce(Tensor(differ, DType::I32, {1}), ReduceOp::Max);
   ADGT_CHECK(!differ[0], "ADGT_CHECK_DP_REPLICAS: the data-parallel replicas' parameters differ "
-                         "after the run (dp x cp=" << g.dpcp->size() << ")");
+                         "after the run (" << same->name() << "=" << same->size() << ")");
   if (lead) {
     std::printf("dp replicas: parameters bit-identical over %s=%d (rank 0 hash %016llx)\n",
-                g.dpcp == g.dp ? "dp" : "dp x cp", g.dpcp->size(), (unsigned long long)h);
+                same == g.dp ? "dp" : same == g.dpcp ? "dp x cp" : "edp x cp", same->size(),
+                (unsigned long long)h);
     std::fflush(stdout);
   }
 }
@@ -119,9 +123,10 @@ static std::vector<std::unique_ptr<Comm>> wrap_device_groups(ParallelContext& ct
                                                              bool nccl) {
   std::vector<std::unique_ptr<Comm>> owned;
   std::vector<std::pair<Comm*, Comm*>> done;
-  const char* names[] = {"tp", "dp", "pp", "ep", "edp", "world", "cp", "dpcp"};
+  const char* names[] = {"tp", "dp", "pp", "ep", "edp", "world", "cp", "dpcp", "edpcp"};
   int i = 0;
-  for (Comm** slot : {&ctx.tp, &ctx.dp, &ctx.pp, &ctx.ep, &ctx.edp, &ctx.world, &ctx.cp, &ctx.dpcp}) {
+  for (Comm** slot : {&ctx.tp, &ctx.dp, &ctx.pp, &ctx.ep, &ctx.edp, &ctx.world, &ctx.cp, &ctx.dpcp,
+                      &ctx.edpcp}) {
     if (!*slot) {
       owned.push_back(std::make_unique<SelfComm>(names[i]));
       *slot = owned.back().get();
@@ -306,6 +311,8 @@ ParallelContext context_of(const ProcessGroups& pg) {
   // (the same object: one reducer's communicator, one NCCL communicator).
   ctx.cp = pg.layout.cp > 1 ? pg.cp.get() : nullptr;
   ctx.dpcp = pg.layout.cp > 1 ? pg.dpcp.get() : ctx.dp;
+  // The experts' replicas: edp, times cp (all of dpcp when ep = 1).
+  ctx.edpcp = pg.layout.cp == 1 ? ctx.edp : pg.layout.ep == 1 ? ctx.dpcp : pg.edpcp.get();
   ctx.world = pg.world.get();
   ctx.world_rank = pg.world->rank();
   ctx.layout = pg.layout;

@@ -4,12 +4,14 @@
 The ~100k-parameter MoE model (tests/moe/model.yaml: 4 experts, top-2) trains
 20 steps under mpirun with ep in {1, 2, 4} (ep ranks carved out of dp), alone
 and with tp=2, with a non-contiguous placement table, with dp=4 over ep=2,
-under a pipeline, and with expert replicas (parallel.expert_replicas); its per-step losses and final weights (the step_20
+under a pipeline, and with expert replicas (parallel.expert_replicas), and under context parallelism
+(cp2 alone, all-to-all, with ep2 x dp2, with dp2 and ZeRO-1); its per-step losses and final weights (the step_20
 checkpoint's whole tensors) must equal the single process's within 1e-5
 relative (fp32: only summation order differs). Dropless by default; then with
 moe_capacity_factor 0.5 the dropped assignments per step (metrics.jsonl,
 summed over layers) must equal the single process's exactly, and the losses
-match too.
+match too. Checkpoints move between these layouts (cp's included), and the
+aux-loss-free biases resume bitwise and follow the single process under cp.
 
 usage: compare_experts.py --train BIN --mpirun WRAPPER --data DIR --work DIR
 """
@@ -77,6 +79,13 @@ def main():
         # each chunk's last B, once a step.
         ("pp2_ep2_dp2_replicas_zb", ["parallel.pp=2", "parallel.dp=2", "parallel.ep=2",
                                      "parallel.schedule=zb-h1"] + rep2, 4),
+        # Context parallelism: each rank routes its chunks of the sequences;
+        # the aux loss is over the whole sequences (summed over cp), the
+        # experts' gradients over edp x cp, ZeRO-1 over dp x cp.
+        ("cp2", ["parallel.cp=2"], 2),
+        ("cp2_a2a", ["parallel.cp=2", "parallel.cp_mode=all-to-all"], 2),
+        ("cp2_ep2_dp2", ["parallel.cp=2", "parallel.dp=2", "parallel.ep=2"], 4),
+        ("cp2_dp2_zero1", ["parallel.cp=2", "parallel.dp=2", "parallel.zero=1"], 4),
     ]
     print(f"{'layout':>20}  {'max rel loss err':>16}  {'max rel weight err':>18}  {'time':>6}")
     for name, sets, ranks in layouts:
@@ -99,7 +108,13 @@ def main():
                                     ("ep2_dp2", ("ep4_dp4", ["parallel.dp=4", "parallel.ep=4"], 4)),
                                     ("tp2_ep2_dp2", ("ep4_dp4_placement",
                                                      ["parallel.dp=4", "parallel.ep=4",
-                                                      "parallel.expert_placement=[2,0,3,1]"], 4))]:
+                                                      "parallel.expert_placement=[2,0,3,1]"], 4)),
+                                    # cp's ranks are dp x cp replicas to a checkpoint, ZeRO-1's
+                                    # AdamW chunks among them
+                                    ("cp2_ep2_dp2", ("ep4_dp4", ["parallel.dp=4", "parallel.ep=4"], 4)),
+                                    ("cp2_dp2_zero1", ("ep2_dp2", ["parallel.dp=2", "parallel.ep=2"], 2)),
+                                    ("ep2_dp2", ("cp2_ep2_dp2", ["parallel.cp=2", "parallel.dp=2",
+                                                                 "parallel.ep=2"], 4))]:
         name = f"resume_{src}_to_{dst}"
         r = run(args, name, sets, ranks, resume_from=os.path.join(args.work, src, "ckpt", "step_10"))
         if r is None:
@@ -122,6 +137,16 @@ def main():
     print(f"aux-free bias resume (ep2): {'PASS bitwise' if ok else 'FAIL'}", flush=True)
     if not ok:
         failed.append("aux_free_resume")
+    # The biases follow the load of every token: under cp summed over the
+    # experts' replicas edp x cp, as the single process counts them.
+    s1 = run(args, "aux_free_single", af, 1, weights=False)
+    c2 = run(args, "aux_free_cp2_ep2_dp2", af + ["parallel.cp=2", "parallel.dp=2", "parallel.ep=2"], 4,
+             weights=False)
+    lerr = rel_errors(c2[0], s1[0], {}, {})[0] if s1 and c2 and sorted(c2[0]) == sorted(s1[0]) else 1.0
+    print(f"aux-free biases under cp2 x ep2 x dp2: max rel loss err {lerr:.3e} against the single "
+          f"process  {'PASS' if lerr <= args.tol else 'FAIL'}", flush=True)
+    if lerr > args.tol:
+        failed.append("aux_free_cp2_ep2_dp2")
     # Capacity: drops counted and identical to the single process's.
     cap = ["model.moe_capacity_factor=0.5"]
     c1 = run(args, "cap_single", cap, 1, weights=False)

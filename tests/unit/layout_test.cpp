@@ -22,8 +22,8 @@ Layout dims(int tp, int dp, int pp, int ep = 1, int cp = 1) {
   return l;
 }
 
-const Group kGroups[] = {Group::tp, Group::dp,    Group::pp, Group::ep,
-                         Group::edp, Group::world, Group::cp, Group::dpcp};
+const Group kGroups[] = {Group::tp,    Group::dp, Group::pp,   Group::ep,   Group::edp,
+                         Group::world, Group::cp, Group::dpcp, Group::edpcp};
 
 // Rank r's g group by brute force: the ranks whose other coordinates equal
 // r's, ordered by the group's own coordinate.
@@ -57,14 +57,22 @@ std::vector<int> brute_group(const Layout& l, Group g, int r) {
       same = {&RankCoords::tp, &RankCoords::dp, &RankCoords::pp};
       own = &RankCoords::cp;
       break;
-    case Group::dpcp: same = {&RankCoords::tp, &RankCoords::pp}; break;  // ordered by (dp, cp)
+    case Group::dpcp: same = {&RankCoords::tp, &RankCoords::pp}; break;  // by (edp, cp, ep)
+    case Group::edpcp:
+      same = {&RankCoords::tp, &RankCoords::pp, &RankCoords::ep};  // by (edp, cp)
+      break;
     case Group::world: break;
   }
+  // The order of the groups of two coordinates: the slower one first.
+  auto order = [&](const RankCoords& c) {
+    if (g == Group::dpcp) return (c.edp * int(l.cp) + c.cp) * int(l.ep) + c.ep;
+    return c.edp * int(l.cp) + c.cp;
+  };
   std::vector<std::pair<int, int>> found;  // (own coordinate, rank)
   for (int q = 0; q < l.world(); ++q) {
     const RankCoords c = coords_of(l, q);
     if (std::all_of(same.begin(), same.end(), [&](M m) { return c.*m == me.*m; }))
-      found.push_back({own ? c.*own : g == Group::dpcp ? c.dp * int(l.cp) + c.cp : q, q});
+      found.push_back({own ? c.*own : g == Group::world ? q : order(c), q});
   }
   std::sort(found.begin(), found.end());
   std::vector<int> out;
@@ -135,6 +143,18 @@ TEST_CASE("layout: context parallelism's worked example of core/layout.cpp", "[l
   CHECK(group_ranks(d, Group::dpcp, 3) == V{1, 3, 5, 7});
   CHECK(group_rank(d, Group::dpcp, 6) == 3);
   CHECK(group_ranks(d, Group::tp, 6) == V{6, 7});
+  // With ep = 2 (core/layout.cpp's example): dpcp ep fastest, then cp, then edp.
+  Layout x = d;
+  x.ep = 2;
+  CHECK(group_ranks(x, Group::dpcp, 0) == V{0, 4, 2, 6});
+  CHECK(group_ranks(x, Group::dpcp, 7) == V{1, 5, 3, 7});
+  CHECK(group_rank(x, Group::dpcp, 2) == 2);
+  CHECK(group_ranks(x, Group::edpcp, 0) == V{0, 2});
+  CHECK(group_ranks(x, Group::edpcp, 6) == V{4, 6});
+  CHECK(group_ranks(x, Group::edpcp, 5) == V{5, 7});
+  CHECK(group_ranks(x, Group::ep, 0) == V{0, 4});
+  for (int r = 0; r < 8; ++r)  // the checkpoint's view: a dpcp rank modulo ep is the ep rank
+    CHECK(group_rank(x, Group::dpcp, r) % 2 == coords_of(x, r).ep);
   // cp = 1 keeps the formula before context parallelism (checkpoints, rank tables).
   const Layout e = dims(2, 4, 2, 2);
   for (int r = 0; r < 16; ++r) {
