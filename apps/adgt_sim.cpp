@@ -46,9 +46,9 @@ void print_result(const adgt::RunConfig& cfg, const adgt::cluster::Cluster& cl,
   std::printf("TFLOP/s per GPU:  %.4g (MFU %.1f%%, model FLOPs without recompute)\n",
               r.tflops_per_gpu, 100 * r.mfu);
   std::printf("bubble:           %.1f%%\n", 100 * r.bubble);
-  std::printf("exposed comm:     %.4g s (tp %.4g, pp %.4g, dp %.4g, ep %.4g, step %.4g)\n",
+  std::printf("exposed comm:     %.4g s (tp %.4g, pp %.4g, dp %.4g, ep %.4g, cp %.4g, step %.4g)\n",
               r.exposed_comm_s(), r.exposed_tp_s, r.exposed_pp_s, r.exposed_dp_s, r.exposed_ep_s,
-              r.exposed_step_s);
+              r.exposed_cp_s, r.exposed_step_s);
   std::printf("compute:          %.4g s (busiest rank), optimizer %.4g s\n", r.compute_s,
               r.optimizer_s);
   std::printf("memory:           %.2f GiB (largest rank, the --dry-run estimate)\n",

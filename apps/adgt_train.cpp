@@ -18,6 +18,7 @@
 #include "core/data/data_check.hpp"
 #include "core/layout.hpp"
 #include "parallel/cost/memory.hpp"
+#include "parallel/cp/support.hpp"
 #include "parallel/engine/engine.hpp"
 #include "parallel/trainer/trainer.hpp"
 #include "parallel/comm/agree.hpp"

@@ -86,6 +86,7 @@ const char* collective_name(Collective c) {
     case Collective::AllGather: return "all_gather";
     case Collective::AllToAll: return "all_to_all";
     case Collective::Broadcast: return "broadcast";
+    case Collective::RingShift: return "ring_shift";
   }
   return "?";
 }
@@ -93,6 +94,12 @@ const char* collective_name(Collective c) {
 double collective_time(const Cluster& cl, Collective c, const std::vector<int>& ranks,
                        double bytes) {
   if (ranks.size() <= 1 || bytes < 0) return 0;
+  if (c == Collective::RingShift) {  // one hop each, all at once: the slowest
+    double t = 0;
+    for (size_t i = 0; i < ranks.size(); ++i)
+      t = std::max(t, message_time(cl, ranks[i], ranks[(i + 1) % ranks.size()], bytes));
+    return t;
+  }
   const Shape s = shape_of(cl, ranks);
   const double bwi = cl.intra.effective_bandwidth(), lati = cl.intra.latency;
   const int n = static_cast<int>(s.nodes.size());
@@ -104,6 +111,7 @@ double collective_time(const Cluster& cl, Collective c, const std::vector<int>& 
       case Collective::AllGather: return ring(s.p, bytes, bwi, lati, 1);
       case Collective::Broadcast: return bytes / bwi + std::ceil(std::log2(s.p)) * lati;
       case Collective::AllToAll: return (s.p - 1.0) / s.p * bytes / bwi + lati;
+      case Collective::RingShift: break;
     }
   }
   // Hierarchical: intra-node phases over g members, the node ring on 1/g.
@@ -123,6 +131,7 @@ double collective_time(const Cluster& cl, Collective c, const std::vector<int>& 
       const double inter_bytes = (s.p - s.g) / static_cast<double>(s.p) * bytes;
       return std::max(intra_bytes / bwi, inter_bytes / s.pair_bw) + std::max(lati, s.pair_lat);
     }
+    case Collective::RingShift: break;
   }
   return 0;
 }
@@ -143,8 +152,8 @@ double bus_bandwidth(const Cluster& cl, Collective c, const std::vector<int>& ra
   const double t = collective_time(cl, c, ranks, bytes);
   if (t <= 0) return 0;
   const double p = static_cast<double>(ranks.size());
-  const double factor = c == Collective::AllReduce ? 2 * (p - 1) / p
-                        : c == Collective::Broadcast ? 1.0
+  const double factor = c == Collective::AllReduce                                  ? 2 * (p - 1) / p
+                        : c == Collective::Broadcast || c == Collective::RingShift ? 1.0
                                                      : (p - 1) / p;
   return factor * bytes / t;
 }

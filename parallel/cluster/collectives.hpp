@@ -11,7 +11,10 @@
 // - all-to-all: every member sends (p-1)/p of its buffer, the intra-node part
 //   over the intra link and the rest over its share of the node's NICs, at
 //   the slowest link between any two of the group's nodes;
-// - send/recv: latency + bytes / bandwidth of the link crossed.
+// - send/recv: latency + bytes / bandwidth of the link crossed;
+// - ring shift (context parallelism's K/V exchange): every member sends its
+//   buffer to the next member in group order at once, the slowest of those
+//   messages.
 // NIC sharing: every device of a node runs the same kind of collective at the
 // same time (SPMD), so a rank's inter-node bandwidth is
 // nics_per_node * inter / (devices active on the node); a WAN link is shared
@@ -27,7 +30,7 @@
 
 namespace adgt::cluster {
 
-enum class Collective { AllReduce, ReduceScatter, AllGather, AllToAll, Broadcast };
+enum class Collective { AllReduce, ReduceScatter, AllGather, AllToAll, Broadcast, RingShift };
 const char* collective_name(Collective c);  // "all_reduce", ...
 
 // Seconds for `c` over the group `ranks` (world ranks, group order), where

@@ -128,8 +128,4 @@ class Engine {
   std::pair<const int32_t*, const int32_t*> local_batch(const int32_t* in, const int32_t* tg);
 };
 
-// Why this run's context parallelism cannot train yet ("" when it can, or
-// cp = 1): the combinations not wired (docs/context-parallel.md).
-std::string context_parallel_unsupported(const RunConfig& cfg);
-
 }  // namespace adgt

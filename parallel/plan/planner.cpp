@@ -10,6 +10,7 @@
 
 #include "core/layout.hpp"
 #include "parallel/cost/memory.hpp"
+#include "parallel/cp/support.hpp"
 #include "parallel/pipeline/run_schedule.hpp"
 #include "parallel/pipeline/validate.hpp"
 #include "parallel/sim/dry_run.hpp"
@@ -64,7 +65,8 @@ std::string plan_limit(const sim::SimResult& r, const cluster::Cluster& cl) {
   std::vector<std::pair<double, std::string>> parts = {
       {r.bubble * T, "bubble"},          {r.exposed_tp_s, "tp comm"},
       {r.exposed_pp_s, "pp comm"},       {r.exposed_dp_s, "dp comm"},
-      {r.exposed_ep_s, "ep comm"},       {r.exposed_step_s, "step comm"},
+      {r.exposed_ep_s, "ep comm"},       {r.exposed_cp_s, "cp comm"},
+      {r.exposed_step_s, "step comm"},
       {r.optimizer_s, "optimizer"}};
   const auto top = *std::max_element(parts.begin(), parts.end());
   std::string s = top.first / T >= 0.05 ? top.second + " " + pct(top.first / T) : "compute";
@@ -93,6 +95,14 @@ Plan make_plan(const PlanInput& in, sim::OpCosts& costs) {
   so.fixed = plan.fixed;
   so.keep = std::max<size_t>(in.top, 1);
   so.max_tp = in.max_tp;
+  // Context parallelism where this run could train it: on host ranks (CPU or
+  // the emulated device; not yet on CUDA) and without what cp does not run
+  // yet (parallel/cp/support.hpp).
+  RunConfig c2 = in.base;
+  c2.parallel.cp = 2;
+  const std::string& dev = in.base.train.device;
+  const bool host = dev == "cpu" || dev == "emulated" || (dev == "auto" && in.cluster.cpu_ranks());
+  so.context_parallel = host && context_parallel_unsupported(c2).empty();
   sim::SweepResult sw = sim::sweep_layouts(in.base, in.world, in.cluster, costs, so, in.sim);
   plan.candidates = sw.candidates;
   plan.simulated = int64_t(sw.rows.size());

@@ -54,9 +54,6 @@ std::string precision_line(const RunConfig& cfg, const cluster::Cluster& cl) {
 }
 
 std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_given) {
-  if (cfg.parallel.cp > 1)
-    return "predicted step:   (adgt-sim does not model parallel.cp yet: the ring's messages and "
-           "the split sequence's compute; docs/context-parallel.md)\n";
   const int64_t world = layout_of(cfg).world();
   // Without --cluster, a run on an emulated cluster (emulate.cluster) is
   // predicted on that cluster, as its launch plan and adgt-sim see it.

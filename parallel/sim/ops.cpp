@@ -30,6 +30,8 @@ const char* op_kind_name(OpKind k) {
     case OpKind::Softmax: return "softmax";
     case OpKind::SoftmaxBackward: return "softmax_backward";
     case OpKind::Dropout: return "dropout";
+    case OpKind::AttentionBlockForward: return "attention_block_forward";
+    case OpKind::AttentionBlockBackward: return "attention_block_backward";
   }
   return "?";
 }
@@ -43,6 +45,10 @@ double Op::flops() const {
     case OpKind::AttentionBackward:
       return attention_core_executed_flops(double(a), double(b), double(c), double(e),
                                            kind == OpKind::AttentionBackward);
+    case OpKind::AttentionBlockForward:  // every score, not the causal half
+    case OpKind::AttentionBlockBackward:
+      return 2 * attention_core_executed_flops(double(a), double(b), double(c), double(e),
+                                               kind == OpKind::AttentionBlockBackward);
     case OpKind::BatchedGemm: return gemm_flops(double(a), double(b), double(c)) * double(d);
     default: return 0;
   }
@@ -65,8 +71,10 @@ double DeviceModelCosts::bytes_moved(const Op& op, int b) {
     case OpKind::GemmForward:
     case OpKind::GemmInputGrad: return b * (a * c + x * c + a * x);
     case OpKind::GemmWeightGrad: return b * (c * a + c * x) + 4 * a * x * 2;  // fp32 dw += 
-    case OpKind::AttentionForward: return b * a * x * (2 * c + 2 * d) * e;
-    case OpKind::AttentionBackward: return b * a * x * (4 * c + 4 * d) * e;
+    case OpKind::AttentionForward:
+    case OpKind::AttentionBlockForward: return b * a * x * (2 * c + 2 * d) * e;
+    case OpKind::AttentionBackward:
+    case OpKind::AttentionBlockBackward: return b * a * x * (4 * c + 4 * d) * e;
     case OpKind::RmsNormForward: return b * 2 * a * x;
     case OpKind::RmsNormBackward: return b * 3 * a * x;
     case OpKind::RopeForward:
@@ -93,7 +101,9 @@ double DeviceModelCosts::seconds(const Op& op, int bytes) {
   const double f = op.flops();
   double compute = 0;
   if (f > 0) {
-    const bool attn = op.kind == OpKind::AttentionForward || op.kind == OpKind::AttentionBackward;
+    const bool attn = op.kind == OpKind::AttentionForward || op.kind == OpKind::AttentionBackward ||
+                      op.kind == OpKind::AttentionBlockForward ||
+                      op.kind == OpKind::AttentionBlockBackward;
     const double emax = attn ? d_.attention_efficiency : d_.gemm_efficiency;
     const double half = attn ? d_.attention_half_flops : d_.gemm_half_flops;
     compute = f / (peak * emax * f / (f + half));

@@ -37,8 +37,13 @@ enum class OpKind : uint8_t {
   Softmax,          // a=rows, b=columns: fused scale-mask-softmax, read and write
   SoftmaxBackward,  // a=rows, b=columns
   Dropout,          // a=elements: the mask drawn and applied (forward), or applied (backward)
+  // Context parallelism's ring (parallel/cp/ring_attention.hpp): one full
+  // (unmasked) block of b queries against b keys, with its log-sum-exp;
+  // a=B, b=T, c=heads, d=kv heads, e=head_dim. Backend::attention_block_*.
+  AttentionBlockForward,
+  AttentionBlockBackward,
 };
-constexpr int kNumOpKinds = 21;
+constexpr int kNumOpKinds = 23;
 const char* op_kind_name(OpKind k);  // "gemm_forward", ...
 
 struct Op {

@@ -74,6 +74,22 @@ std::function<void()> attention_run(Backend& be, Arena& ar, const Op& op, DType 
   return run;
 }
 
+// One full block of context parallelism's ring, forward or backward (the
+// backward reads one forward's output and log-sum-exp).
+std::function<void()> attention_block_run(Backend& be, Arena& ar, const Op& op, DType dt, DType st) {
+  const int64_t a = op.a, b = op.b, c = op.c, d = op.d, e = op.e;
+  const AttentionBlock blk{a, b, b, c, d, e, BlockMask::full};
+  Tensor q = ar.make(dt, {a, b, c, e}), k = ar.make(dt, {a, b, d, e}),
+         v = ar.make(dt, {a, b, d, e}), out = ar.make(dt, {a, b, c, e}),
+         lse = ar.make(st, {a, c, b});
+  be.attention_block_forward(out, lse, q, k, v, blk);
+  if (op.kind == OpKind::AttentionBlockForward)
+    return [=, &be] { be.attention_block_forward(out, lse, q, k, v, blk); };
+  Tensor dq = ar.make(dt, {a, b, c, e}), dk = ar.make(dt, {a, b, d, e}),
+         dv = ar.make(dt, {a, b, d, e}), dout = ar.make(dt, {a, b, c, e});
+  return [=, &be] { be.attention_block_backward(dq, dk, dv, dout, q, k, v, out, lse, blk, false); };
+}
+
 // RMSNorm forward or backward (the backward reads one forward's rstd).
 std::function<void()> rmsnorm_run(Backend& be, Arena& ar, const Op& op, DType dt, DType st) {
   const int64_t a = op.a, b = op.b;
@@ -137,6 +153,10 @@ std::function<void()> make_op_run(Backend& be, Arena& ar, const Op& op, DType dt
     case OpKind::AttentionForward:
     case OpKind::AttentionBackward:
       run = attention_run(be, ar, op, dt, st);
+      break;
+    case OpKind::AttentionBlockForward:
+    case OpKind::AttentionBlockBackward:
+      run = attention_block_run(be, ar, op, dt, st);
       break;
     case OpKind::RmsNormForward:
     case OpKind::RmsNormBackward:

@@ -24,7 +24,7 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 enum class TaskKind : uint8_t { Compute, Delay, Send, Recv, StartBuckets, WaitBuckets, Sync };
-enum class Cat : uint8_t { Pipeline, Optimizer, Tp, Ep, Step };
+enum class Cat : uint8_t { Pipeline, Optimizer, Tp, Ep, Cp, Step };
 
 struct Task {
   TaskKind kind;
@@ -52,7 +52,7 @@ struct Unit {
   bool started = false;
   double remaining = 0, until = 0, since = 0;
   // Statistics.
-  double compute = 0, optimizer = 0, tp = 0, ep = 0, pp_wait = 0, dp_wait = 0, step_wait = 0;
+  double compute = 0, optimizer = 0, tp = 0, ep = 0, cp = 0, pp_wait = 0, dp_wait = 0, step_wait = 0;
   double pipeline_end = 0, end = 0;
   std::vector<char> bucket_ready;      // all of the bucket's layers final
   std::vector<char> bucket_requested;  // the executor reached its start
@@ -75,7 +75,7 @@ class StepSimulation {
     world_ = lay_.world();
     if (world_ > cl.world())
       throw std::invalid_argument("simulate: the layout needs " + std::to_string(world_) +
-                                  " ranks (tp*pp*dp) but cluster " + cl.name + " has " +
+                                  " ranks (tp*cp*pp*dp) but cluster " + cl.name + " has " +
                                   std::to_string(cl.world()) + " devices");
     P_ = int(lay_.pp);
     bytes_ = compute_bytes(cfg);
@@ -83,7 +83,9 @@ class StepSimulation {
     const bool hetero = !cl.node_speed.empty() || !opts.slow_ranks.empty() ||
                         !opts.slow_links.empty() || !cl.link_overrides.empty() || cl.sites.size() > 1 ||
                         opts.host_cores > 0 || cl.cores_per_node > 0 || opts.all_replicas;
-    replicas_ = hetero ? int(lay_.dp) : 1;
+    // A replica: a stage's tp group at one dp and cp coordinate (cp fastest);
+    // the cp ranks of a replica do equal work (the ring's load balance).
+    replicas_ = hetero ? int(lay_.dp * lay_.cp) : 1;
     // Per pipeline rank: its work and bucket durations (costed per replica below).
     for (int p = 0; p < P_; ++p) work_.push_back(rank_work(cfg, p, opts.work));
   }
@@ -176,7 +178,9 @@ class StepSimulation {
         Unit u;
         u.dp = d;
         u.pp = p;
-        for (int t = 0; t < int(lay_.tp); ++t) u.ranks.push_back(rank_of(lay_, RankCoords{t, d, p, 0, 0}));
+        const int cp = int(lay_.cp);
+        for (int t = 0; t < int(lay_.tp); ++t)
+          u.ranks.push_back(rank_of(lay_, RankCoords{t, d / cp, p, 0, 0, d % cp}));
         u.speed = kInf;
         for (int r : u.ranks) {
           double s = cl_.speed_of_node(cl_.node_of(r));
@@ -190,7 +194,7 @@ class StepSimulation {
       }
   }
 
-  double group_time(const Unit& u, const CommOp& c) const {
+  double group_time(const Unit& u, const CommOp& c) {
     std::vector<int> ranks;
     switch (c.group) {
       case Group::tp: ranks = u.ranks; break;
@@ -200,8 +204,12 @@ class StepSimulation {
       ranks.resize(size_t(world_));
       for (int i = 0; i < int(world_); ++i) ranks[size_t(i)] = i;
     }
-    return cluster::collective_time(cl_, c.kind, ranks, c.bytes);
+    const double t = cluster::collective_time(cl_, c.kind, ranks, c.bytes);
+    if (c.hide.empty()) return double(c.repeat) * t;
+    // Overlapped with the compute of `hide` (at this unit's speed), each time.
+    return double(c.repeat) * std::max(0.0, t - ops_time(c.hide) / u.speed);
   }
+  static Cat comm_cat(Group g) { return g == Group::ep ? Cat::Ep : g == Group::cp ? Cat::Cp : Cat::Tp; }
 
   // A pass's tasks, made once per (unit, pass): its pieces in order where the
   // order matters (ranks sharing cores, and the last micro-batch's gradient
@@ -213,17 +221,21 @@ class StepSimulation {
       auto key = std::make_pair(static_cast<const Unit*>(&u), &w);
       auto it = pass_cache_.find(key);
       if (it == pass_cache_.end()) {
-        Task c{TaskKind::Compute}, tp{TaskKind::Delay}, ep{TaskKind::Delay};
+        Task c{TaskKind::Compute}, tp{TaskKind::Delay}, ep{TaskKind::Delay}, cp{TaskKind::Delay};
         tp.cat = Cat::Tp;
         ep.cat = Cat::Ep;
+        cp.cat = Cat::Cp;
         for (const Piece& pc : w.pieces) {
           c.amount += ops_time(pc.ops);
-          for (const CommOp& cm : pc.comms)
-            (cm.group == Group::ep ? ep : tp).amount += group_time(u, cm) + u.sync_wait;
+          for (const CommOp& cm : pc.comms) {
+            const Cat k = comm_cat(cm.group);
+            (k == Cat::Ep ? ep : k == Cat::Cp ? cp : tp).amount += group_time(u, cm) + u.sync_wait;
+          }
         }
         std::vector<Task> ts{c};
         if (tp.amount > 0) ts.push_back(tp);
         if (ep.amount > 0) ts.push_back(ep);
+        if (cp.amount > 0) ts.push_back(cp);
         it = pass_cache_.emplace(key, std::move(ts)).first;
       }
       u.tasks.insert(u.tasks.end(), it->second.begin(), it->second.end());
@@ -237,7 +249,7 @@ class StepSimulation {
       u.tasks.push_back(t);
       for (const CommOp& c : pc.comms) {
         Task dl{TaskKind::Delay};
-        dl.cat = c.group == Group::ep ? Cat::Ep : Cat::Tp;
+        dl.cat = comm_cat(c.group);
         dl.amount = group_time(u, c);
         if (dl.amount > 0) dl.amount += u.sync_wait;
         if (dl.amount > 0) u.tasks.push_back(dl);
@@ -348,7 +360,8 @@ class StepSimulation {
   int sync_instance(const Unit& u, Group g) const {
     switch (g) {
       case Group::pp: return u.dp;              // the stages of one replica
-      case Group::dp: case Group::edp: return u.pp;  // the replicas of one stage
+      case Group::dp: case Group::edp: case Group::dpcp: case Group::edpcp:
+        return u.pp;  // the replicas of one stage
       case Group::tp: return int(&u - units_.data()) + 1000000;  // inside the unit
       default: return 0;
     }
@@ -356,7 +369,7 @@ class StepSimulation {
   int sync_members(Group g) const {
     switch (g) {
       case Group::pp: return P_;
-      case Group::dp: case Group::edp: return replicas_;
+      case Group::dp: case Group::edp: case Group::dpcp: case Group::edpcp: return replicas_;
       case Group::tp: return 1;
       default: return int(units_.size());
     }
@@ -583,7 +596,7 @@ class StepSimulation {
           }
         }
       } else if (t.kind == TaskKind::Delay && u.until <= next) {
-        (t.cat == Cat::Ep ? u.ep : u.tp) += t.amount;
+        (t.cat == Cat::Ep ? u.ep : t.cat == Cat::Cp ? u.cp : u.tp) += t.amount;
         u.started = false;
         ++u.pc;
         ++events_;
@@ -602,6 +615,7 @@ class StepSimulation {
       r.step_time_s = std::max(r.step_time_s, u.end);
       r.exposed_tp_s = std::max(r.exposed_tp_s, u.tp);
       r.exposed_ep_s = std::max(r.exposed_ep_s, u.ep);
+      r.exposed_cp_s = std::max(r.exposed_cp_s, u.cp);
       r.exposed_pp_s = std::max(r.exposed_pp_s, u.pp_wait);
       r.exposed_dp_s = std::max(r.exposed_dp_s, u.dp_wait);
       r.exposed_step_s = std::max(r.exposed_step_s, u.step_wait);
@@ -611,7 +625,7 @@ class StepSimulation {
     if (P_ > 1) {
       double span = 0, busy = 0;
       for (const Unit& u : units_) span = std::max(span, u.pipeline_end);
-      for (const Unit& u : units_) busy += u.compute + u.tp + u.ep;
+      for (const Unit& u : units_) busy += u.compute + u.tp + u.ep + u.cp;
       r.bubble = span > 0 ? std::max(0.0, 1.0 - busy / (span * n_units)) : 0;
     }
     const double tokens = double(cfg_.train.global_batch) * double(cfg_.model.seq_len);
@@ -668,7 +682,7 @@ std::string to_json(const SimResult& r) {
   j["bubble"] = r.bubble;
   j["exposed_comm_s"] = r.exposed_comm_s();
   j["exposed_s"] = {{"tp", r.exposed_tp_s}, {"pp", r.exposed_pp_s}, {"dp", r.exposed_dp_s},
-                    {"ep", r.exposed_ep_s}, {"step", r.exposed_step_s}};
+                    {"ep", r.exposed_ep_s}, {"cp", r.exposed_cp_s}, {"step", r.exposed_step_s}};
   j["compute_s"] = r.compute_s;
   j["optimizer_s"] = r.optimizer_s;
   j["memory_gib_max"] = r.memory_bytes_max / 1073741824.0;

@@ -55,8 +55,12 @@ struct SimResult {
   // waited for a group's transfers instead of computing.
   double exposed_tp_s = 0, exposed_pp_s = 0, exposed_dp_s = 0, exposed_ep_s = 0,
          exposed_step_s = 0;  // the norm/loss all-reduces and ZeRO-1's all-gather
+  // Context parallelism: the ring's K/V exchange not hidden behind the block
+  // before it, the all-to-alls around the attention, the MoE aux sums.
+  double exposed_cp_s = 0;
   double exposed_comm_s() const {
-    return exposed_tp_s + exposed_pp_s + exposed_dp_s + exposed_ep_s + exposed_step_s;
+    return exposed_tp_s + exposed_pp_s + exposed_dp_s + exposed_ep_s + exposed_cp_s +
+           exposed_step_s;
   }
   double compute_s = 0;        // the busiest rank's compute
   double optimizer_s = 0;      // the update (sum of squares + AdamW)

@@ -44,10 +44,11 @@ double stage_rank_speed(const RunConfig& cfg, const cluster::Cluster& cl, const 
 
 std::string describe_layout(const RunConfig& cfg) {
   const ParallelConfig& p = cfg.parallel;
-  std::string s = "tp=" + std::to_string(p.tp) + " pp=" + std::to_string(p.pp) +
-                  " dp=" + std::to_string(p.dp);
+  std::string s = "tp=" + std::to_string(p.tp);
+  if (p.cp > 1) s += " cp=" + std::to_string(p.cp) + (p.cp_mode == "all-to-all" ? " a2a" : "");
+  s += " pp=" + std::to_string(p.pp) + " dp=" + std::to_string(p.dp);
   if (p.ep > 1) s += " ep=" + std::to_string(p.ep);
-  s += " zero=" + std::to_string(p.dp > 1 ? p.zero : 0) +
+  s += " zero=" + std::to_string(p.dp * p.cp > 1 ? p.zero : 0) +
        " sp=" + std::to_string(p.tp > 1 && p.sequence_parallel ? 1 : 0);
   if (p.pp > 1) {
     s += " " + p.schedule + (p.virtual_stages > 1 ? " v=" + std::to_string(p.virtual_stages) : "");
@@ -113,7 +114,7 @@ double step_lower_bound(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
   // (a node's cores_per_node, or every rank on host_cores), a pool's work
   // over its cores (processor sharing runs at most `cores` ranks at once).
   const Layout lay = layout_of(cfg);
-  const int64_t per_stage = lay.tp * lay.dp;
+  const int64_t per_stage = lay.tp * lay.dp * lay.cp;
   double lb = 0, all_ranks = 0;
   std::vector<double> node_work(size_t(cl.nodes), 0);
   for (int p = 0; p < int(cfg.parallel.pp); ++p) {
@@ -126,9 +127,10 @@ double step_lower_bound(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
     lb = std::max(lb, busy / stage_rank_speed(cfg, cl, sim, p));
     all_ranks += busy * double(per_stage);
     if (cl.cores_per_node > 0)
-      for (int d = 0; d < int(lay.dp); ++d)
+      for (int d = 0; d < int(lay.dp * lay.cp); ++d)  // cp fastest
         for (int t = 0; t < int(lay.tp); ++t) {
-          const int64_t n = cl.node_of(rank_of(lay, RankCoords{t, d, p, 0, 0}));
+          const int cp = int(lay.cp);
+          const int64_t n = cl.node_of(rank_of(lay, RankCoords{t, d / cp, p, 0, 0, d % cp}));
           if (n < cl.nodes) node_work[size_t(n)] += busy;
         }
   }
@@ -219,7 +221,15 @@ void enumerate_layouts(const RunConfig& base, int64_t gpus, const cluster::Clust
     for (int64_t pp : divisors(gpus / tp)) {
       if (pp > m.n_layers) continue;
       if (!pick("parallel.pp", pp, bp.pp)) { ++cands.out.rejected_fixed; continue; }
-      const int64_t dp = gpus / tp / pp;
+      // cp: held, or 1 and (long sequences) each cp leaving a rank
+      // kCpMinTokens tokens or more; the rules reject what seq_len does not divide.
+      std::vector<int64_t> cps = {has(fx, "parallel.cp") ? bp.cp : 1};
+      if (!has(fx, "parallel.cp") && opts.context_parallel)
+        for (int64_t c : divisors(gpus / tp / pp))
+          if (c > 1 && m.seq_len / c >= kCpMinTokens) cps.push_back(c);
+      for (int64_t cp : cps) {
+      if ((gpus / tp / pp) % cp) continue;
+      const int64_t dp = gpus / tp / pp / cp;
       if (!pick("parallel.dp", dp, bp.dp)) { ++cands.out.rejected_fixed; continue; }
       std::vector<int64_t> eps = {1};
       if (m.n_experts > 1)
@@ -231,8 +241,11 @@ void enumerate_layouts(const RunConfig& base, int64_t gpus, const cluster::Clust
           if (base.train.global_batch % (mb * dp)) continue;
           if (!pick("train.micro_batch", mb, base.train.micro_batch)) { ++cands.out.rejected_fixed; continue; }
           for (int64_t zero : {0, 1}) {
-            if (zero && dp == 1) continue;
-            if (!pick("parallel.zero", zero, dp > 1 ? bp.zero : 0)) { ++cands.out.rejected_fixed; continue; }
+            if (zero && dp * cp == 1) continue;
+            if (!pick("parallel.zero", zero, dp * cp > 1 ? bp.zero : 0)) {
+              ++cands.out.rejected_fixed;
+              continue;
+            }
             for (bool sp : {true, false}) {
               if (!sp && tp == 1) continue;  // tp = 1: sequence parallelism is moot
               if (tp > 1 && !pick("parallel.sequence_parallel", sp, bp.sequence_parallel)) {
@@ -260,6 +273,8 @@ void enumerate_layouts(const RunConfig& base, int64_t gpus, const cluster::Clust
                     p.tp = tp;
                     p.pp = pp;
                     p.dp = dp;
+                    p.cp = cp;
+                    if (!has(fx, "parallel.cp_mode")) p.cp_mode = "ring";
                     p.ep = ep;
                     p.zero = zero;
                     p.sequence_parallel = tp > 1 && sp;
@@ -287,6 +302,7 @@ void enumerate_layouts(const RunConfig& base, int64_t gpus, const cluster::Clust
           }
         }
       }
+      }  // cp
     }
   }
 }

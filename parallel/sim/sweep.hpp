@@ -36,13 +36,18 @@ struct SweepRow {
 struct SweepOptions {
   double headroom = 0.1;            // keep 10% of the device memory free
   // "section.key" names held at the base run's value (the planner's
-  // constraints): parallel.tp, pp, dp, ep, zero, sequence_parallel, schedule,
+  // constraints): parallel.tp, pp, dp, cp, cp_mode, ep, zero, sequence_parallel, schedule,
   // virtual_stages, stage_layers, microbatches, expert_placement,
   // train.micro_batch, recompute, recompute_layers. Other names are ignored.
   std::vector<std::string> fixed;
   int64_t max_tp = 0;               // 0: devices per node
   size_t keep = 0;                  // > 0: simulate until the best `keep` are certain
+  // Context parallelism (cp_mode ring) for long sequences: cp > 1 where each
+  // rank keeps at least kCpMinTokens tokens of a sequence. parallel.cp (and
+  // cp_mode) given with --set hold it; false: cp as the base run has it.
+  bool context_parallel = true;
 };
+constexpr int64_t kCpMinTokens = 4096;
 
 // `gpus` devices of `cl` (with_gpus applied by the caller). Rows sorted by
 // step time; with keep > 0, at most the rows it had to simulate (the best

@@ -19,6 +19,10 @@ struct Dims {
   int64_t B, T, N, Ns, C, Hl, KVl, hd, Fl, Vl, E, El, Fel, k;
   int b;
   int64_t tp, ep;
+  // Context parallelism: T is the rank's seq_len / cp tokens of a sequence;
+  // ring (cp_mode ring) or all-to-all around the attention.
+  int64_t cp = 1;
+  bool ring = false;
   bool sp;
   bool unfused = false, dropout = false;
   bool fused = true;  // train.fused_projections: one q/k/v and one gate/up GEMM
@@ -26,9 +30,48 @@ struct Dims {
   double a2a_tokens = 0;          // rows an ep rank sends or receives at most (dispatch)
 };
 
+// Context parallelism's ring (parallel/cp/ring_attention.cpp): step 0 is
+// the causal attention of the rank's own two chunks (c = T / 2 tokens each),
+// every other of the cp - 1 steps two full c x c blocks merged into the
+// running output, while the next K/V block (both chunks) travels; the
+// backward circulates dK/dV with K/V (cp hops, the last one home).
+std::vector<Op> ring_step(const Dims& d, bool backward) {
+  const int64_t c = d.T / 2;
+  const OpKind k = backward ? OpKind::AttentionBlockBackward : OpKind::AttentionBlockForward;
+  const Op block{k, d.B, c, d.Hl, d.KVl, d.hd};
+  // Forward: each block merged into the running output; backward: each
+  // block's dK, dV added to the travelling accumulator.
+  const Op add{OpKind::Add, d.B * c * (backward ? 2 * d.KVl : d.Hl) * d.hd};
+  return {block, add, block, add};
+}
+void ring_core(Piece& p, const Dims& d, bool backward) {
+  p.ops.push_back({backward ? OpKind::AttentionBackward : OpKind::AttentionForward, d.B, d.T,
+                   d.Hl, d.KVl, d.hd});
+  const std::vector<Op> step = ring_step(d, backward);
+  for (int64_t s = 1; s < d.cp; ++s) p.ops.insert(p.ops.end(), step.begin(), step.end());
+  const double kv = 2.0 * double(d.B * d.T * d.KVl * d.hd) * d.b;  // K and V, both chunks
+  CommOp hop{Collective::RingShift, Group::cp, backward ? 2 * kv : kv};  // (with dK, dV)
+  hop.repeat = d.cp - 1;
+  hop.hide = step;
+  p.comms.push_back(hop);
+  if (backward) p.comms.push_back({Collective::RingShift, Group::cp, kv});  // dK, dV home
+}
+// All-to-all (parallel/cp/ulysses_context.cpp): q, k, v to (the whole
+// sequence, heads / cp), the backend's attention, the output back; the
+// backward moves q, k, v, out and dout again and sends dq, dk, dv back.
+void all_to_all_core(Piece& p, const Dims& d, bool backward) {
+  const double row = double(d.N) * d.hd * d.b;  // one head's rows of the rank's tokens
+  const double qkv = row * double(d.Hl + 2 * d.KVl), o = row * double(d.Hl);
+  p.comms.push_back({Collective::AllToAll, Group::cp, backward ? qkv + 2 * o : qkv});
+  p.ops.push_back({backward ? OpKind::AttentionBackward : OpKind::AttentionForward, d.B,
+                   d.T * d.cp, d.Hl / d.cp, d.KVl / d.cp, d.hd});
+  p.comms.push_back({Collective::AllToAll, Group::cp, backward ? qkv : o});
+}
+
 // The attention core forward: the flash kernel, or (unfused) QK^T, the
 // softmax, the attention dropout and PV over the whole (non-causal) T x T.
 void core_forward(Piece& p, const Dims& d) {
+  if (d.cp > 1) return d.ring ? ring_core(p, d, false) : all_to_all_core(p, d, false);
   if (!d.unfused) {
     p.ops.push_back({OpKind::AttentionForward, d.B, d.T, d.Hl, d.KVl, d.hd});
     return;
@@ -40,6 +83,7 @@ void core_forward(Piece& p, const Dims& d) {
   p.ops.push_back({OpKind::BatchedGemm, bh, d.T, d.hd, d.T});
 }
 void core_backward(Piece& p, const Dims& d) {
+  if (d.cp > 1) return d.ring ? ring_core(p, d, true) : all_to_all_core(p, d, true);
   if (!d.unfused) {
     p.ops.push_back({OpKind::AttentionBackward, d.B, d.T, d.Hl, d.KVl, d.hd});
     return;
@@ -58,7 +102,9 @@ Dims dims_of(const RunConfig& cfg) {
   const ParallelConfig& p = cfg.parallel;
   Dims d{};
   d.B = cfg.train.micro_batch;
-  d.T = m.seq_len;
+  d.cp = std::max<int64_t>(1, p.cp);
+  d.ring = d.cp > 1 && p.cp_mode != "all-to-all";
+  d.T = m.seq_len / d.cp;
   d.N = d.B * d.T;
   d.tp = p.tp;
   d.ep = p.ep;
@@ -181,6 +227,8 @@ void moe_ffn_forward(Piece& p, const Dims& d) {
   p.ops.push_back({OpKind::Add, d.Ns * d.C});
   gather_act(p, d);
   p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.E, d.C));  // router
+  // Under cp the aux loss's counts and sums over the cp group (MoeLayer's aux group).
+  if (d.cp > 1) p.comms.push_back({Collective::AllReduce, Group::cp, double(2 * d.E + 2) * 8});
   const double a2a = d.a2a_tokens * d.C * d.b;
   if (d.ep > 1) p.comms.push_back({Collective::AllToAll, Group::ep, a2a});
   for (const int64_t t : d.expert_t) {
@@ -405,17 +453,21 @@ void add_grad_units(std::vector<GradUnit>& units, const StageWork& st, const Mod
 }
 
 // Buckets: whole units of one chunk, closed at bucket_mb (grad_buckets.hpp);
-// ZeRO-1 one reduce-scatter of every unit; expert weights over edp.
+// ZeRO-1 one reduce-scatter of every unit; expert weights over edp. Under
+// context parallelism the same over dp x cp (dpcp) and edp x cp (edpcp).
 void plan_buckets(RankWork& rw, const std::vector<GradUnit>& units, const ParallelConfig& par,
                   const ModelConfig& m) {
   constexpr double kGradBytes = 4;  // gradients and their reduction are fp32
   const int v = int(par.virtual_stages);
-  const bool zero = par.zero == 1 && par.dp > 1;
+  const int64_t D = par.dp * par.cp, eD = par.dp / par.ep * par.cp;
+  const Group dense = par.cp > 1 ? Group::dpcp : Group::dp;
+  const bool zero = par.zero == 1 && D > 1;
   const double bucket_bytes = std::max(1024.0 * 4, par.bucket_mb * 1024 * 1024);
   if (zero) {
     BucketWork b;
     b.chunk = -1;
     b.reduce_scatter = true;
+    b.group = dense;
     for (const auto& u : units) {
       b.layers.push_back(u.first);
       b.bytes += (u.second.first + (par.ep > 1 ? 0 : u.second.second)) * kGradBytes;
@@ -431,28 +483,30 @@ void plan_buckets(RankWork& rw, const std::vector<GradUnit>& units, const Parall
     }
     return 0;
   };
-  if (!zero && par.dp > 1) {
+  if (!zero && D > 1) {
     BucketWork cur;
     cur.chunk = -100;
+    cur.group = dense;
     for (const auto& u : units) {
       const int c = chunk_of_layer(u.first);
-      if (cur.chunk != c && !cur.layers.empty()) rw.buckets.push_back(cur), cur = {};
+      if (cur.chunk != c && !cur.layers.empty()) rw.buckets.push_back(cur), cur = {}, cur.group = dense;
       cur.chunk = c;
       cur.layers.push_back(u.first);
       cur.bytes += (u.second.first + (par.ep > 1 ? 0 : u.second.second)) * kGradBytes;
-      if (cur.bytes >= bucket_bytes) rw.buckets.push_back(cur), cur = {}, cur.chunk = -100;
+      if (cur.bytes >= bucket_bytes)
+        rw.buckets.push_back(cur), cur = {}, cur.chunk = -100, cur.group = dense;
     }
     if (!cur.layers.empty()) rw.buckets.push_back(cur);
   }
-  // Expert weights reduce over edp (dp / ep ranks) when ep > 1.
-  if (par.ep > 1 && par.dp / par.ep > 1) {
+  // Expert weights reduce over edp (dp / ep ranks; times cp) when ep > 1.
+  if (par.ep > 1 && eD > 1) {
     for (const auto& u : units)
       if (u.second.second > 0) {
         BucketWork b;
         b.chunk = chunk_of_layer(u.first);
         b.layers = {u.first};
         b.bytes = u.second.second * kGradBytes;
-        b.group = Group::edp;
+        b.group = par.cp > 1 ? Group::edpcp : Group::edp;
         rw.buckets.push_back(b);
       }
   }
@@ -460,8 +514,11 @@ void plan_buckets(RankWork& rw, const std::vector<GradUnit>& units, const Parall
 
 // The update and the step's small collectives around it, in the executor's order.
 void add_update(RankWork& rw, const ParallelConfig& par, const Dims& d) {
-  const bool zero = par.zero == 1 && par.dp > 1;
-  const double state = zero ? rw.param_elems / double(par.dp) : rw.param_elems;
+  // The replicas of a stage's tp shard: dp, times cp under context parallelism.
+  const int64_t D = par.dp * par.cp;
+  const Group dp = par.cp > 1 ? Group::dpcp : Group::dp;
+  const bool zero = par.zero == 1 && D > 1;
+  const double state = zero ? rw.param_elems / double(D) : rw.param_elems;
   rw.optimizer.push_back({OpKind::SumSquares, int64_t(state)});
   rw.optimizer.push_back({OpKind::AdamW, int64_t(state), d.b == 2 ? 1 : 0});
   auto small = [&](Group g, int64_t size, CommOp::When when) {
@@ -469,16 +526,16 @@ void add_update(RankWork& rw, const ParallelConfig& par, const Dims& d) {
   };
   small(Group::pp, par.pp, CommOp::Start);              // the executor's common start
   small(Group::pp, par.pp, CommOp::BeforeUpdate);       // the loss over the stages
-  small(Group::dp, par.dp, CommOp::BeforeUpdate);       // ... and the replicas
+  small(dp, D, CommOp::BeforeUpdate);                   // ... and the replicas
   small(Group::pp, par.pp, CommOp::BeforeUpdate);       // the measured bubble: busy
   small(Group::pp, par.pp, CommOp::BeforeUpdate);       // ... and span
-  if (zero) small(Group::dp, par.dp, CommOp::BeforeUpdate);  // the norm: ZeRO-1 chunks
+  if (zero) small(dp, D, CommOp::BeforeUpdate);         // the norm: ZeRO-1 chunks
   small(Group::tp, par.tp, CommOp::BeforeUpdate);       // ... tensor shards
   small(Group::pp, par.pp, CommOp::BeforeUpdate);       // ... stages
   if (zero)
-    rw.step_comms.push_back({Collective::AllGather, Group::dp, rw.param_elems * d.b, CommOp::AfterUpdate});
+    rw.step_comms.push_back({Collective::AllGather, dp, rw.param_elems * d.b, CommOp::AfterUpdate});
   small(Group::tp, par.tp, CommOp::AfterUpdate);        // the stop-signal agreement
-  small(Group::dp, par.dp, CommOp::AfterUpdate);
+  small(dp, D, CommOp::AfterUpdate);                    // (over cp too)
   small(Group::pp, par.pp, CommOp::AfterUpdate);
 }
 

@@ -20,11 +20,19 @@ namespace adgt::sim {
 
 struct CommOp {
   cluster::Collective kind = cluster::Collective::AllReduce;
-  Group group = Group::tp;  // tp or ep (in a layer), dp / edp / pp / world (the step)
+  // tp, ep or cp (in a layer); dp / edp / pp / world, or dpcp / edpcp under
+  // context parallelism (the step)
+  Group group = Group::tp;
   double bytes = 0;         // collective_time's `bytes`
   // A step collective's place: before the first instruction, between the
   // gradient reduction and the update, or after the update.
   enum When : uint8_t { Start, BeforeUpdate, AfterUpdate } when = BeforeUpdate;
+  // In a layer: the collective `repeat` times, each overlapped with the
+  // compute of `hide` (ops also counted in the piece's own ops), so each
+  // repetition exposes max(0, its time - theirs): the ring's K/V exchange
+  // with the attention of the block before it (parallel/cp/ring_attention.cpp).
+  int64_t repeat = 1;
+  std::vector<Op> hide;
 };
 
 // A piece of work in execution order: ops, then the collectives that follow

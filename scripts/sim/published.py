@@ -99,8 +99,6 @@ def why_skipped(run):
     z = str(lay.get("zero", 0))
     if z.startswith("3"):
         return "ZeRO-3 / FSDP full sharding (parameters gathered per layer) is not modelled"
-    if as_int(lay.get("cp", 1), 1) > 1:
-        return "context parallelism is not modelled"
     if "fp8" in str(run.get("precision", "")).lower():
         return "fp8 GEMMs are not modelled"
     if run["gpu"] not in PRESET:
@@ -148,6 +146,9 @@ def sets_of(run):
             f"parallel.tp={lay['tp']}", f"parallel.pp={pp}", f"parallel.dp={lay['dp']}",
             f"parallel.zero={1 if zero >= 1 and lay['dp'] > 1 else 0}",
             f"parallel.sequence_parallel={'true' if sp and lay['tp'] > 1 else 'false'}"]
+    cp = as_int(lay.get("cp", 1), 1)
+    if cp > 1:
+        sets.append(f"parallel.cp={cp}")
     if pp > 1:
         sets += [f"parallel.schedule={'interleaved' if v > 1 else '1f1b'}",
                  f"parallel.virtual_stages={v}"]

@@ -212,7 +212,7 @@ TEST_CASE("sim: mixture of experts, recompute and errors", "[sim]") {
   cluster::Cluster small = fast();
   small.devices_per_node = 2;
   CHECK_THROWS_WITH(simulate_step(run({"parallel.dp=4"}), small, costs),
-                    Contains("the layout needs 4 ranks (tp*pp*dp) but cluster custom has 2 devices"));
+                    Contains("the layout needs 4 ranks (tp*cp*pp*dp) but cluster custom has 2 devices"));
 }
 
 TEST_CASE("sim: the MoE load model and the expert placement", "[sim]") {
@@ -341,4 +341,88 @@ TEST_CASE("sim: a profile on the model clock costs the kernels' counted FLOPs, o
   }
   CHECK(gemm_flops_executed().load() == before);
   CHECK(pc.seconds(sim::Op{sim::OpKind::RmsNormForward, 64, 32}, 4) == 0);  // no matmul: free
+}
+
+TEST_CASE("sim: context parallelism, the rank's tokens, the ring's exposure and the all-to-alls",
+          "[sim][cp]") {
+  FakeCosts costs;
+  // One K/V block of cp2 (2 x 16 tokens x 4 KV heads x 8 x 4 bytes, K and
+  // V: 8 KiB) takes ~8 ms, longer than a ring step's four 1 ms ops.
+  const cluster::Cluster cl = cluster::parse_cluster(
+      "nodes: 1\ndevices_per_node: 8\n"
+      "device: {peak_bf16_tflops: 1, peak_fp32_tflops: 1, memory_gib: 16, hbm_GBps: 1}\n"
+      "intra: {bandwidth_GBps: 0.001, latency_us: 10}\n",
+      "slow-cp.yaml");
+  const int64_t B = 2, T = 32, KV = 4, hd = 8, L = 8;
+  for (int cp : {2, 4}) {
+    INFO("cp " << cp);
+    const RunConfig cfg = run({"parallel.cp=" + std::to_string(cp)});
+    const RankWork rw = rank_work(cfg, 0);
+    const StageWork& st = rw.chunks[0];
+    // Per token the rank's T / cp tokens: the first projection's rows.
+    const Piece& a0 = st.forward.pieces[1];  // after the embedding: layer 0's attention
+    REQUIRE(!a0.ops.empty());
+    int causal = 0, blocks = 0;
+    const CommOp* hop = nullptr;
+    for (const Op& op : a0.ops) {
+      if (op.kind == OpKind::GemmForward) CHECK(op.a == B * T / cp);
+      if (op.kind == OpKind::AttentionForward) {
+        ++causal;
+        CHECK((op.a == B && op.b == T / cp && op.c == 8 && op.d == KV && op.e == hd));
+      }
+      if (op.kind == OpKind::AttentionBlockForward) {
+        ++blocks;
+        CHECK(op.b == T / cp / 2);  // one chunk against one chunk
+      }
+    }
+    for (const CommOp& c : a0.comms)
+      if (c.kind == cluster::Collective::RingShift) hop = &c;
+    CHECK(causal == 1);
+    CHECK(blocks == 2 * (cp - 1));
+    REQUIRE(hop);
+    CHECK(hop->group == Group::cp);
+    CHECK(hop->repeat == cp - 1);
+    const double kv = 2.0 * B * (T / cp) * KV * hd * 4;
+    CHECK(hop->bytes == kv);
+    // The step's exposed cp time: per layer and micro-batch, the forward's
+    // cp - 1 hops less the block each hides, the backward's (K/V with dK/dV)
+    // likewise, and the accumulator's last hop home.
+    std::vector<int> ring;
+    for (int r = 0; r < cp; ++r) ring.push_back(r);
+    auto hop_s = [&](double bytes) {
+      double t = 0;
+      for (int r = 0; r < cp; ++r) t = std::max(t, cluster::message_time(cl, r, (r + 1) % cp, bytes));
+      return t;
+    };
+    CHECK(cluster::collective_time(cl, cluster::Collective::RingShift, ring, kv) == hop_s(kv));
+    const double hide_f = 4e-3 + 2 * (Op{OpKind::AttentionBlockForward, B, T / cp / 2, 8, KV, hd}.flops() * 1e-15),
+                 hide_b = 4e-3 + 2 * (Op{OpKind::AttentionBlockBackward, B, T / cp / 2, 8, KV, hd}.flops() * 1e-15);
+    const double per_layer = (cp - 1) * std::max(0.0, hop_s(kv) - hide_f) +
+                             (cp - 1) * std::max(0.0, hop_s(2 * kv) - hide_b) + hop_s(kv);
+    REQUIRE(hop_s(kv) > hide_f);
+    const SimResult r = simulate_step(cfg, cl, costs);
+    CHECK(r.exposed_cp_s == Approx(per_layer * L * cfg.accum_steps()).epsilon(1e-9));
+    CHECK(r.step_time_s > r.exposed_cp_s);
+    // The gradients over dp x cp: the buckets' group.
+    for (const BucketWork& b : rw.buckets) CHECK(b.group == Group::dpcp);
+  }
+  // All-to-all: q, k, v out and the output back (forward), the backward's
+  // five tensors out and three back; the attention over the whole sequence
+  // on heads / cp.
+  const RunConfig a2a = run({"parallel.cp=2", "parallel.cp_mode=all-to-all"});
+  const RankWork rw = rank_work(a2a, 0);
+  const Piece& a0 = rw.chunks[0].forward.pieces[1];
+  const double row = double(B * T / 2) * hd * 4;
+  std::vector<double> bytes;
+  for (const CommOp& c : a0.comms)
+    if (c.group == Group::cp) {
+      CHECK(c.kind == cluster::Collective::AllToAll);
+      bytes.push_back(c.bytes);
+    }
+  CHECK(bytes == std::vector<double>{row * (8 + 2 * KV), row * 8});
+  bool whole = false;
+  for (const Op& op : a0.ops)
+    if (op.kind == OpKind::AttentionForward) whole = op.b == T && op.c == 4 && op.d == KV / 2;
+  CHECK(whole);
+  CHECK(simulate_step(a2a, cl, costs).exposed_cp_s > 0);
 }

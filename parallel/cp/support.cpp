@@ -1,0 +1,29 @@
+// What context parallelism does not run yet (support.hpp).
+#include "parallel/cp/support.hpp"
+
+namespace adgt {
+
+std::string context_parallel_unsupported(const RunConfig& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  if (p.cp <= 1) return "";
+  const std::string cp = "parallel.cp=" + std::to_string(p.cp);
+  const std::string see = " (docs/context-parallel.md, \"What remains\")";
+  if (cfg.model.n_experts > 0 && cfg.model.moe_capacity_factor > 0)
+    return cp + " with model.moe_capacity_factor=" + fmt_real(cfg.model.moe_capacity_factor) +
+           ": an expert's capacity is counted over a micro-batch's tokens in order, which cp "
+           "splits over its ranks (not run yet)" + see + "; use a dropless model (moe_capacity_factor: 0)";
+  if (cfg.train.device == "cuda")
+    return cp + " on train.device=cuda: the ring's block kernels have run in the CUDA emulation "
+                "only, and its sends over NCCL are not paired yet (nor has all-to-all run on a "
+                "GPU)" + see +
+           "; use train.device: cpu or emulated";
+  if (p.grad_compression != "off")
+    return cp + " with parallel.grad_compression=" + p.grad_compression +
+           ": compression over the dp x cp ranks is not run yet" + see + "; use grad_compression: off";
+  if (cfg.train.document_mask || cfg.model.rope_reset_per_document)
+    return cp + " with train.document_mask or model.rope_reset_per_document: document "
+                "boundaries inside the ring are not run yet" + see;
+  return "";
+}
+
+}  // namespace adgt
