@@ -197,3 +197,49 @@ TEST_CASE("plan: NVLink domains from nvidia-smi topo -m", "[plan]") {
   CHECK(cpu.devices_per_node == 8);
   CHECK(cpu.cores_per_node == 2);
 }
+
+TEST_CASE("plan: context parallelism for long sequences, where cp can train", "[plan][cp]") {
+  // A sequence of 8192 tokens: cp 2 leaves each rank 4096 (kCpMinTokens),
+  // cp 4 too few; 2048 tokens: no cp at all.
+  sim::DeviceModelCosts costs(two_nodes().device);
+  const std::vector<std::string> lng = {"model.seq_len=8192", "train.device=cpu"};
+  auto cps = [](const auto& rows) {
+    std::vector<int64_t> c;
+    for (const auto& r : rows) c.push_back(r.cfg.parallel.cp);
+    std::sort(c.begin(), c.end());
+    c.erase(std::unique(c.begin(), c.end()), c.end());
+    return c;
+  };
+  sim::SweepOptions all;
+  cluster::Cluster big = two_nodes();
+  big.device.memory_bytes = int64_t(1) << 40;  // every layout fits
+  const auto with = sim::sweep_layouts(run(lng), 8, big, costs, all);
+  CHECK(cps(with.rows) == std::vector<int64_t>{1, 2});
+  for (const auto& r : with.rows)
+    if (r.cfg.parallel.cp == 2) {
+      CHECK(r.cfg.parallel.cp_mode == "ring");
+      CHECK(r.cfg.parallel.tp * 2 * r.cfg.parallel.pp * r.cfg.parallel.dp == 8);
+      CHECK(r.layout.find("cp=2") != std::string::npos);
+    }
+  sim::SweepOptions off;
+  off.context_parallel = false;
+  CHECK(cps(sim::sweep_layouts(run(lng), 8, big, costs, off).rows) == std::vector<int64_t>{1});
+  CHECK(cps(sim::sweep_layouts(run({"model.seq_len=2048"}), 8, big, costs, all).rows) ==
+        std::vector<int64_t>{1});
+  // parallel.cp held by --set: only it.
+  sim::SweepOptions held;
+  held.fixed = {"parallel.cp"};
+  CHECK(cps(sim::sweep_layouts(run({"model.seq_len=8192", "parallel.cp=2"}), 8, big, costs, held)
+                .rows) == std::vector<int64_t>{2});
+  // The planner offers cp on host ranks without what cp cannot run yet; a
+  // run on CUDA, or with document masking, keeps cp = 1.
+  auto planned = [&](const std::vector<std::string>& sets) {
+    plan::PlanInput in = input({}, sets, big);
+    in.top = 1000;
+    return cps(plan::make_plan(in, costs).rows);
+  };
+  CHECK(planned(lng) == std::vector<int64_t>{1, 2});
+  CHECK(planned({"model.seq_len=8192", "train.device=cuda"}) == std::vector<int64_t>{1});
+  CHECK(planned({"model.seq_len=8192", "train.device=cpu", "train.document_mask=true",
+                 "data.eos_id=10"}) == std::vector<int64_t>{1});
+}
