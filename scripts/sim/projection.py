@@ -14,7 +14,10 @@ H100s (the dgx-h100 preset: 8 per node, NVLink 4, 8 x 400 Gb/s NDR) for
  - the best layout of adgt-sim --sweep (every feasible tp, pp, dp, ZeRO,
    micro-batch, schedule and recompute);
 and the cross-datacenter case: 70B on 256 H100s in two sites of 16 nodes
-joined by one 100 Gb/s link (configs/clusters/two-sites-h100.yaml).
+joined by one 100 Gb/s link (configs/clusters/two-sites-h100.yaml); and long
+context: 70B at 131072 tokens a sequence (32 sequences a step: the config's
+4M tokens) on 256 H100s, where Megatron's heuristic adds context parallelism
+(the smallest cp that fits, ring attention) and the sweep chooses cp too.
 """
 import argparse
 import json
@@ -45,27 +48,33 @@ def n_layers(config):
     return int(re.search(r"n_layers:\s*(\d+)", open(config).read()).group(1))
 
 
-def megatron(args, config, cluster, gpus, memory_gib):
+def megatron(args, config, cluster, gpus, memory_gib, extra_sets=(), cps=(1,)):
     """Megatron-LM's heuristic: the layout and its simulation, or None."""
     layers = n_layers(config)
-    for rc in ("selective", "full"):
-        for pp in [p for p in range(1, layers + 1) if (gpus // 8) % p == 0]:
-            dp = gpus // 8 // pp
+    for rc, cp in [(rc, cp) for rc in ("selective", "full") for cp in cps]:
+        for pp in [p for p in range(1, layers + 1) if (gpus // 8 // cp) % p == 0]:
+            dp = gpus // 8 // cp // pp
+            if dp < 1:
+                continue
             v = 2 if pp > 1 and layers % (2 * pp) == 0 else 1
             sets = [f"parallel.tp=8", f"parallel.pp={pp}", f"parallel.dp={dp}", "parallel.zero=1",
                     "parallel.sequence_parallel=true", "train.micro_batch=1", f"train.recompute={rc}"]
             if pp > 1:
                 sets += ["parallel.schedule=" + ("interleaved" if v > 1 else "1f1b"),
                          f"parallel.virtual_stages={v}"]
-            r, err = sim(args, config, cluster, sets, ["--gpus", str(gpus)] if False else [])
+            if cp > 1:
+                sets.append(f"parallel.cp={cp}")
+            r, err = sim(args, config, cluster, list(extra_sets) + sets)
             if r and r["memory_gib_max"] <= memory_gib * 0.9:
                 return r
     return None
 
 
-def best(args, config, cluster, gpus):
+def best(args, config, cluster, gpus, extra_sets=()):
     cmd = [args.sim, "--config", config, "--cluster", cluster, "--gpus", str(gpus), "--sweep",
            "--json", "--set", "train.dtype=bf16"]
+    for s in extra_sets:
+        cmd += ["--set", s]
     t0 = time.time()
     out = subprocess.run(cmd, capture_output=True, text=True)
     took = time.time() - t0
@@ -105,6 +114,13 @@ def main():
     b, took = best(args, config, two, 256)
     speed = f"{meg['step_time_s'] / b['step_time_s']:.2f}x" if meg and b else "-"
     lines.append(f"| llama-70b, two sites (100 Gb/s WAN) | 256 | {row(meg)} | {row(b)} | {speed} | "
+                 f"{took:.1f} s |")
+    print(lines[-1], flush=True)
+    long = ["model.seq_len=131072", "train.global_batch=32"]
+    meg = megatron(args, config, "dgx-h100", 256, 80, long, cps=(1, 2, 4, 8, 16, 32))
+    b, took = best(args, config, "dgx-h100", 256, long)
+    speed = f"{meg['step_time_s'] / b['step_time_s']:.2f}x" if meg and b else "-"
+    lines.append(f"| llama-70b, 131072 tokens a sequence | 256 | {row(meg)} | {row(b)} | {speed} | "
                  f"{took:.1f} s |")
     print(lines[-1], flush=True)
     table = "\n".join(lines)
