@@ -200,7 +200,27 @@ struct Candidates {
   }
 };
 
-// Every layout of `gpus` devices the sweep tries (tp, pp, dp, ep, micro-batch,
+// The (pp, cp) pairs of `ranks` devices (a tp group each): pp up to the
+// layers; cp held by the options, or 1 and, for long sequences, each cp
+// leaving a rank kCpMinTokens tokens or more (the rules reject what seq_len
+// does not divide).
+std::vector<std::pair<int64_t, int64_t>> pp_and_cp(const RunConfig& base, int64_t ranks,
+                                                   const SweepOptions& opts) {
+  const bool held = has(opts.fixed, "parallel.cp");
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t pp : divisors(ranks)) {
+    if (pp > base.model.n_layers) continue;
+    std::vector<int64_t> cps = {held ? base.parallel.cp : 1};
+    if (!held && opts.context_parallel)
+      for (int64_t c : divisors(ranks / pp))
+        if (c > 1 && base.model.seq_len / c >= kCpMinTokens) cps.push_back(c);
+    for (int64_t cp : cps)
+      if ((ranks / pp) % cp == 0) out.emplace_back(pp, cp);
+  }
+  return out;
+}
+
+// Every layout of `gpus` devices the sweep tries (tp, pp, cp, dp, ep, micro-batch,
 // ZeRO, SP, schedule, virtual stages, recompute; keys given with --set held),
 // each given to cands.consider.
 void enumerate_layouts(const RunConfig& base, int64_t gpus, const cluster::Cluster& cl,
@@ -218,17 +238,8 @@ void enumerate_layouts(const RunConfig& base, int64_t gpus, const cluster::Clust
   for (int64_t tp : divisors(gpus)) {
     if (tp > max_tp || m.n_heads % tp || m.n_kv_heads % tp) continue;
     if (!pick("parallel.tp", tp, bp.tp)) { ++cands.out.rejected_fixed; continue; }
-    for (int64_t pp : divisors(gpus / tp)) {
-      if (pp > m.n_layers) continue;
+    for (const auto& [pp, cp] : pp_and_cp(base, gpus / tp, opts)) {
       if (!pick("parallel.pp", pp, bp.pp)) { ++cands.out.rejected_fixed; continue; }
-      // cp: held, or 1 and (long sequences) each cp leaving a rank
-      // kCpMinTokens tokens or more; the rules reject what seq_len does not divide.
-      std::vector<int64_t> cps = {has(fx, "parallel.cp") ? bp.cp : 1};
-      if (!has(fx, "parallel.cp") && opts.context_parallel)
-        for (int64_t c : divisors(gpus / tp / pp))
-          if (c > 1 && m.seq_len / c >= kCpMinTokens) cps.push_back(c);
-      for (int64_t cp : cps) {
-      if ((gpus / tp / pp) % cp) continue;
       const int64_t dp = gpus / tp / pp / cp;
       if (!pick("parallel.dp", dp, bp.dp)) { ++cands.out.rejected_fixed; continue; }
       std::vector<int64_t> eps = {1};
@@ -302,7 +313,6 @@ void enumerate_layouts(const RunConfig& base, int64_t gpus, const cluster::Clust
           }
         }
       }
-      }  // cp
     }
   }
 }
