@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 MODEL = os.environ.get("ADGT_VALIDATE_MODEL", os.path.join(HERE, "validate_model.yaml"))
 CLUSTER = os.path.join(ROOT, "configs", "clusters", "emulated-2node.yaml")
 
-# (name, --set overrides): tp, pp, dp, ZeRO, schedules and micro-batch counts.
+# (name, --set overrides): tp, pp, dp, cp, ZeRO, schedules and micro-batch counts.
 LAYOUTS = [
     ("dp8", ["parallel.dp=8"]),
     ("dp8 zero1", ["parallel.dp=8", "parallel.zero=1"]),
@@ -49,6 +49,12 @@ LAYOUTS = [
                            "parallel.schedule=zb-h1"]),
     ("tp2 pp2 dp2 zero1 mb4", ["parallel.tp=2", "parallel.pp=2", "parallel.dp=2",
                                "parallel.zero=1", "train.micro_batch=4"]),
+    # Context parallelism (docs/context-parallel.md): the ring's hops
+    # between its blocks, the all-to-alls around the attention.
+    ("cp2 dp4", ["parallel.cp=2", "parallel.dp=4"]),
+    ("cp4 dp2", ["parallel.cp=4", "parallel.dp=2"]),
+    ("cp2 dp4 a2a", ["parallel.cp=2", "parallel.dp=4", "parallel.cp_mode=all-to-all"]),
+    ("tp2 cp2 dp2", ["parallel.tp=2", "parallel.cp=2", "parallel.dp=2"]),
 ]
 # The ctest's set: layouts whose ranks synchronise rarely (docs/simulator.md:
 # on this 2-core host tightly coupled groups wait for the scheduler).
