@@ -9,6 +9,7 @@ PKGS=(
   catch2 libopenblas-openmp-dev libsentencepiece-dev nlohmann-json3-dev
   zlib1g-dev libzstd-dev                       # compressed corpus files (.gz, .zst)
   libpcre2-dev                                 # tokenizer.json pre-tokenizer regexes
+  libboost-context-dev                         # the CUDA emulation's fibers (tests/tools/cuda_sim)
   bible-kjv                                    # the default corpus (King James Bible)
   python3-torch python3-h5py python3-numpy python3-matplotlib python3-yaml  # tests and plots (/usr/bin/python3)
   slurmctld slurmd slurm-client munge         # tests/slurm/with_slurm.sh: a private one-node Slurm cluster

@@ -24,7 +24,7 @@ set_tests_properties(torch_llama_bench_smoke PROPERTIES
 # or without the CUDA toolkit. Always optimised (the emulation is ~10x slower
 # at -O0); -fno-strict-aliasing as nvcc assumes.
 add_executable(adgt_flash_sim_test ${CMAKE_CURRENT_SOURCE_DIR}/tools/flash_sim_test.cpp)
-target_link_libraries(adgt_flash_sim_test PRIVATE adgt_kernels)
+target_link_libraries(adgt_flash_sim_test PRIVATE adgt_kernels Boost::context)
 target_compile_options(adgt_flash_sim_test PRIVATE -O2 -fno-strict-aliasing -Wno-unknown-pragmas)
 add_test(NAME flash_attention_emulated COMMAND adgt_flash_sim_test)
 set_tests_properties(flash_attention_emulated PROPERTIES LABELS cuda TIMEOUT 300)

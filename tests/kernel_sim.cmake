@@ -15,7 +15,7 @@
 function(adgt_kernel_sim family)
   add_executable(adgt_kernel_sim_${family}
     ${CMAKE_CURRENT_SOURCE_DIR}/kernel_sim/${family}_sim_test.cpp)
-  target_link_libraries(adgt_kernel_sim_${family} PRIVATE adgt_kernels)
+  target_link_libraries(adgt_kernel_sim_${family} PRIVATE adgt_kernels Boost::context)
   # Optimised (the emulation is ~10x slower at -O0); nvcc's aliasing rules.
   target_compile_options(adgt_kernel_sim_${family} PRIVATE -O2 -fno-strict-aliasing
     -Wno-unknown-pragmas)
@@ -47,7 +47,7 @@ function(adgt_kernel_mutant name)
     COMMENT "kernel mutant ${name}")
   add_executable(adgt_kernel_mutant_${name} ${src} ${dir}/${M_HEADER})
   target_include_directories(adgt_kernel_mutant_${name} BEFORE PRIVATE ${dir})
-  target_link_libraries(adgt_kernel_mutant_${name} PRIVATE adgt_kernels)
+  target_link_libraries(adgt_kernel_mutant_${name} PRIVATE adgt_kernels Boost::context)
   target_compile_options(adgt_kernel_mutant_${name} PRIVATE -O2 -fno-strict-aliasing
     -Wno-unknown-pragmas)
   add_test(NAME kernel_sim_mutant_${name}

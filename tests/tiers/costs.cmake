@@ -2,7 +2,9 @@
 # the costliest tests first, which on a fresh clone (no Testing/Temporary/
 # CTestCostData.txt yet) it only knows from here. Seconds each test took
 # alone-ish in a full run on the 2-core VM (2026-12-06, a fresh clone; tests
-# of 4 s or more); a stale figure only changes the order, never a verdict.
+# of 4 s or more; the kernel emulation's from 2026-12-06 08:05, after its
+# fibers moved to Boost.Context: 2 s or less each); a stale figure only changes
+# the order, never a verdict.
 # The longest parallel tests start first and the rest pack around them;
 # ctest starts a RUN_SERIAL test only when nothing else runs, whatever its
 # cost (a +10000 on theirs, tried, did not move them: they still ran after
@@ -31,19 +33,15 @@ set(_adgt_costs
   reliability_checkpoint_corruption 19
   recompute_bitwise 17
   newuser_walkthrough 16
-  kernel_sim_mutant_attention_block_merge_empty 16
-  kernel_sim_attention_block 15
   adapt_experts_train_np8 15
   checkpoint_expert_np4 14
   slurm_sbatch_template_elastic 14
   plan_replan_straggler_np8 14
   slurm_sbatch_template_requeue 14
   plan_auto_launch_np8 13
-  flash_attention_emulated 13
+  flash_attention_emulated 6
   layouts_bf16_match_single_process_emulated 12
-  kernel_sim_attention 11
   data_foreign_train 11
-  kernel_sim_attention_long 11
   adapt_expert_replicas_np4 10
   checkpoint_pipeline_np4 10
   switch_in_memory_zero_np8 10
@@ -53,9 +51,6 @@ set(_adgt_costs
   plan_replan_slow_link_np8 9
   layouts_bf16_match_single_process 9
   e2e_resume 9
-  kernel_sim_mutant_attention_doc_rows_search 9
-  kernel_sim_mutant_attention_doc_forward 9
-  kernel_sim_mutant_attention_doc_dkv_rows 8
   switch_in_memory_dense_messages_np8 8
   data_blend_val 8
   switch_in_memory_moe_np8 8
@@ -65,26 +60,16 @@ set(_adgt_costs
   switch_in_memory_dense_window_np8 7
   watchdog_stop_np4 7
   adapt_schedule_slow_rank_onset_pp4 7
-  kernel_sim_mutant_embedding_offsets_carry 7
-  kernel_sim_embedding 7
-  kernel_sim_mutant_embedding_scan_reuse 7
   checkpoint_sigkill_during_save 7
-  kernel_sim_mutant_attention_bf16_tail 6
   slurm_srun_collectives 6
   adapt_expert_placement_slow_rank_np4 6
   watchdog_stall_np4 6
   layouts_srun_matches_mpirun 6
   reliability_config_fuzz 5
   attention 5
-  kernel_sim_mutant_flash_doc_fwd_mask 5
   fused 5
-  kernel_sim_mutant_flash_doc_dkdv_last_key 5
-  kernel_sim_mutant_flash_doc_dq_mask 5
-  kernel_sim_mutant_flash_doc_dkdv_mask 5
   adapt_schedule_slow_link_pp4 5
   bf16 4
-  kernel_sim_mutant_flash_doc_dkdv_end 4
-  kernel_sim_mutant_flash_doc_first_block 4
   layouts_document_mask_emulated 4
   sim_published_runs 4
 )

@@ -4,7 +4,9 @@
 // __syncthreads, __syncwarp, __shfl_xor_sync, ...), and a launcher that runs
 // a grid one CTA at a time.
 //
-// Every CUDA thread of a CTA is a fiber (ucontext) on the calling OS thread,
+// Every CUDA thread of a CTA is a fiber (Boost.Context's fcontext: a switch
+// is a few instructions, where ucontext's swapcontext made a sigprocmask
+// system call each time, 30% of a family's run on a VM) on the calling OS thread,
 // so a run is deterministic. A fiber runs until it reaches a warp collective
 // (__syncwarp, a shuffle, and the emulated ldmatrix / mma of sim_ptx.hpp,
 // which exchange registers between lanes) or __syncthreads, and then hands
@@ -28,7 +30,7 @@
 // deadlock here; the kernels never do that).
 #pragma once
 #include <math.h>  // INFINITY, fmaf, fmaxf, log2f in the global namespace, as in CUDA
-#include <ucontext.h>
+#include <boost/context/detail/fcontext.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -97,8 +99,10 @@ struct Slot {
 
 enum class State { Ready, WaitWarp, WaitCta, Done };
 
+namespace fctx = boost::context::detail;
+
 struct Fiber {
-  ucontext_t ctx;
+  fctx::fcontext_t ctx = nullptr;  // where it resumes
   std::unique_ptr<char[]> stack;
   unsigned tid = 0;
   State state = State::Ready;
@@ -119,7 +123,7 @@ struct Runtime {
   unsigned cta_arrived = 0;
   uint64_t cta_gen = 0;
   Fiber* cur = nullptr;
-  ucontext_t launcher;
+  fctx::fcontext_t launcher = nullptr;
   WarpOrder order = WarpOrder::Ascending;
   const std::function<void()>* body = nullptr;
   size_t smem_bytes = 0;  // this launch's dynamic shared memory
@@ -130,6 +134,14 @@ struct Runtime {
 inline Runtime rt;
 
 constexpr size_t kStackBytes = 256 * 1024;
+
+// Suspends the running context into `self` and resumes `to`. Each jump
+// carries the address of the suspended context's slot, and whoever resumes
+// first stores the context it came from there.
+inline void jump(fctx::fcontext_t& self, fctx::fcontext_t to) {
+  const fctx::transfer_t t = fctx::jump_fcontext(to, &self);
+  *static_cast<fctx::fcontext_t*>(t.data) = t.fctx;
+}
 
 inline bool runnable(const Fiber& f) {
   switch (f.state) {
@@ -176,7 +188,7 @@ inline void schedule() {
   if (!next) {
     for (const Fiber& f : rt.fibers)
       if (f.state != State::Done) deadlock();
-    swapcontext(&self->ctx, &rt.launcher);  // the CTA is finished; never resumed
+    jump(self->ctx, rt.launcher);  // the CTA is finished; never resumed
     fail("finished thread resumed");
   }
   if (next == self) {
@@ -186,7 +198,7 @@ inline void schedule() {
   rt.cur = next;
   threadIdx = {next->tid, 0, 0};
   ++rt.switches;
-  swapcontext(&self->ctx, &next->ctx);
+  jump(self->ctx, next->ctx);
   // resumed: restore this fiber's view
   rt.cur = self;
   threadIdx = {self->tid, 0, 0};
@@ -230,7 +242,8 @@ inline void cta_barrier() {
   }
 }
 
-inline void fiber_main() {
+inline void fiber_main(fctx::transfer_t from) {
+  *static_cast<fctx::fcontext_t*>(from.data) = from.fctx;  // as jump() does
   Fiber& f = *rt.cur;
   (*rt.body)();
   if (!f.open.empty() || !f.groups.empty()) fail("thread exited with cp.async copies outstanding");
@@ -272,16 +285,13 @@ inline void launch(uint3 grid, unsigned threads, size_t smem, WarpOrder order,
           f.state = State::Ready;
           f.open.clear();
           f.groups.clear();
-          getcontext(&f.ctx);
-          f.ctx.uc_stack.ss_sp = f.stack.get();
-          f.ctx.uc_stack.ss_size = kStackBytes;
-          f.ctx.uc_link = nullptr;  // fiber_main never returns
-          makecontext(&f.ctx, fiber_main, 0);
+          // fiber_main never returns (the stack grows down from its top).
+          f.ctx = fctx::make_fcontext(f.stack.get() + kStackBytes, kStackBytes, fiber_main);
         }
         Fiber& first = order == WarpOrder::Ascending ? rt.fibers.front() : rt.fibers[threads - 32];
         rt.cur = &first;
         threadIdx = {first.tid, 0, 0};
-        swapcontext(&rt.launcher, &first.ctx);
+        jump(rt.launcher, first.ctx);
       }
   rt.cur = nullptr;
 }
