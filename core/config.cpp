@@ -258,7 +258,18 @@ const std::vector<Key>& schema() {
           A::NonNegative, "owner ep rank of each expert (n_experts entries, n_experts/ep per "
                           "rank); [] = contiguous blocks"),
       key("parallel", &R::parallel, "zero", &ParallelConfig::zero, A::NonNegative,
-          "0, or 1 for ZeRO-1: AdamW state and master-weight updates sharded over dp"),
+          "ZeRO stage over dp (x cp): 0 none; 1 AdamW state sharded; 2 also the gradients "
+          "(reduce-scattered as each layer's backward ends); 3 also the weights (gathered layer "
+          "by layer, freed after use; docs/zero.md)"),
+      key("parallel", &R::parallel, "zero3_prefetch", &ParallelConfig::zero3_prefetch,
+          A::NonNegative,
+          "zero: 3: how many units (layers, the embedding, the head) ahead a unit's gather "
+          "starts while the current one computes; 0 gathers each when it is needed"),
+      key("parallel", &R::parallel, "zero3_reshard_after_forward",
+          &ParallelConfig::zero3_reshard_after_forward, A::Any,
+          "zero: 3: free a unit's gathered weights after its forward and gather it again "
+          "for its backward (true); false keeps them from the forward to the backward "
+          "(less traffic, the whole model's weights held at the end of the forward)"),
       key("parallel", &R::parallel, "sequence_parallel", &ParallelConfig::sequence_parallel,
           A::Any, "shard the norm and residual regions along the sequence over tp"),
       key("parallel", &R::parallel, "bucket_mb", &ParallelConfig::bucket_mb, A::Positive,

@@ -117,7 +117,10 @@ struct ParallelConfig {
   int64_t microbatches = 0;          // 0 = derived (accum_steps()); if set, must equal it
   int64_t virtual_stages = 1;        // chunks per pipeline rank; > 1 for interleaved, greedy, zb-v (2)
   std::vector<int64_t> stage_layers; // layers per stage (S entries); empty = balanced by cost
-  int64_t zero = 0;                // 1: ZeRO-1 (optimizer state sharded over dp)
+  // ZeRO over dp x cp (docs/zero.md): 1 AdamW state, 2 also gradients, 3 also weights.
+  int64_t zero = 0;
+  int64_t zero3_prefetch = 1;             // zero 3: units gathered ahead of the one computing
+  bool zero3_reshard_after_forward = true;  // zero 3: free after the forward, gather again for the backward
   bool sequence_parallel = false;  // shard norm/residual regions along the sequence over tp
   double bucket_mb = 4;            // gradient all-reduce bucket size (MiB)
   bool overlap = true;             // start each bucket's reduction once its gradients are complete

@@ -44,7 +44,7 @@ ParallelConfig with_layout(ParallelConfig p, const Layout& l) {
 
 std::string describe(const Layout& l) {
   std::string s = "tp=" + std::to_string(l.tp) + " dp=" + std::to_string(l.dp) +
-                  " zero=" + std::to_string(l.zero == 1 && l.dp * l.cp > 1 ? 1 : 0) +
+                  " zero=" + std::to_string(l.dp * l.cp > 1 ? l.zero : 0) +
                   " sequence_parallel=" + std::to_string(l.sequence_parallel && l.tp > 1 ? 1 : 0) +
                   " pp=" + std::to_string(l.pp) + " ep=" + std::to_string(l.ep);
   if (l.pp > 1) s += " schedule=" + l.schedule + " virtual_stages=" + std::to_string(l.virtual_stages);
@@ -297,7 +297,7 @@ struct Checker {
                              "group); use ep in " +
                              divisors_text(std::gcd(l.dp, m.n_experts)));
     if (l.ep > 1 && l.zero)
-      add("parallel.zero", "parallel.zero=1 with parallel.ep=" + num(l.ep) +
+      add("parallel.zero", "parallel.zero=" + num(l.zero) + " with parallel.ep=" + num(l.ep) +
                                " is not supported yet (expert weights differ across the "
                                "data-parallel group); use zero: 0");
     if (m.expert_ffn() % l.tp != 0)
@@ -333,9 +333,13 @@ struct Checker {
 
   // ZeRO, tensor and sequence parallelism.
   void dense() {
-    if (l.zero < 0 || l.zero > 1)
+    if (l.zero < 0 || l.zero > 3)
       add("parallel.zero", "parallel.zero=" + num(l.zero) +
-                               ": only ZeRO stage 0 or 1 is supported; use 0 or 1");
+                               ": ZeRO stages are 0, 1, 2 and 3");
+    if (l.zero >= 2 && l.pp > 1)
+      add("parallel.zero", "parallel.zero=" + num(l.zero) + " with parallel.pp=" + num(l.pp) +
+                               " is not supported yet (sharded gradients and weights run "
+                               "without a pipeline; docs/zero.md); use zero: 1 or pp: 1");
     const std::pair<const char*, int64_t> split[] = {
         {"model.n_heads", m.n_heads}, {"model.n_kv_heads", m.n_kv_heads},
         {"model.ffn_hidden", m.ffn_hidden}};

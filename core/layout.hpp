@@ -27,7 +27,7 @@ struct Layout {
   // all-to-all (heads scattered, sequence gathered: Ulysses).
   int64_t cp = 1;
   std::string cp_mode = "ring";            // ring | all-to-all
-  int64_t zero = 0;                        // 1: ZeRO-1 (optimizer state sharded over dp)
+  int64_t zero = 0;                        // ZeRO stage 0-3 over dp x cp (docs/zero.md)
   bool sequence_parallel = false;          // norm/residual regions split along the sequence over tp
   std::string schedule = "1f1b";           // gpipe | 1f1b | interleaved | zb-h1 | zb-v | greedy
   int64_t virtual_stages = 1;              // chunks per pipeline rank

@@ -353,7 +353,12 @@ Tensor Model::act(int64_t rows, int64_t cols, DType dt) {
   return Tensor(owned_.back().data(), dt, {rows, cols});
 }
 
-Tensor Model::flat(const Buffer& b, DType dt) const { return Tensor(b.data(), dt, {flat_n_}); }
+Tensor Model::flat(const Buffer& b, DType dt) const {
+  ADGT_CHECK(b.data() || !store_,
+             "Model: the flat weight or gradient buffer is not kept under ZeRO-2/3 (the unit "
+             "storage holds them; parallel/dp/zero_store.hpp)");
+  return Tensor(b.data(), dt, {flat_n_});
+}
 
 void Model::sync_params(int64_t lo, int64_t hi) {
   if (!mixed()) return;
@@ -387,7 +392,12 @@ std::vector<double> Model::read_host(const Tensor& t) const {
 
 Tensor Model::param(size_t i) const {
   const ParamSpec& p = table_[i];
-  Tensor t(static_cast<char*>(params_.data()) + size_t(p.offset) * dtype_size(dtype_), dtype_, {});
+  char* base = static_cast<char*>(params_.data()) + size_t(p.offset) * dtype_size(dtype_);
+  if (store_ && store_->holds_weights()) {
+    const int u = unit_of_param_[i];
+    base = store_->weights(u) + size_t(p.offset - unit_begin_[size_t(u)]) * dtype_size(dtype_);
+  }
+  Tensor t(base, dtype_, {});
   for (int64_t s : p.shape) t.shape[t.ndim++] = s;
   return t;
 }
@@ -395,8 +405,72 @@ Tensor Model::param(size_t i) const {
 Tensor Model::grad(size_t i) const {
   Tensor t = param(i);
   t.dtype = mdt_;
-  t.data = static_cast<char*>(grads_.data()) + size_t(table_[i].offset) * dtype_size(mdt_);
+  const ParamSpec& p = table_[i];
+  if (store_ && store_->holds_grads()) {
+    const int u = unit_of_param_[i];
+    t.data = store_->grads(u) + size_t(p.offset - unit_begin_[size_t(u)]) * dtype_size(mdt_);
+  } else {
+    t.data = static_cast<char*>(grads_.data()) + size_t(p.offset) * dtype_size(mdt_);
+  }
   return t;
+}
+
+void Model::set_unit_storage(UnitStorage* s) {
+  store_ = nullptr;
+  unit_of_param_.clear();
+  unit_begin_.clear();
+  if (!s) return;
+  ADGT_CHECK(num_chunks() == 1 && chunk_has_embedding(0) && chunk_has_head(0),
+             "Model::set_unit_storage: ZeRO-2/3 hold the whole model on one pipeline rank");
+  const std::vector<GradUnit> units = grad_units();
+  unit_of_param_.assign(table_.size(), -1);
+  for (size_t u = 0; u < units.size(); ++u) {
+    unit_begin_.push_back(units[u].begin);
+    for (size_t i = 0; i < table_.size(); ++i)
+      if (table_[i].offset >= units[u].begin && table_[i].offset < units[u].end)
+        unit_of_param_[i] = int(u);
+  }
+  for (size_t i = 0; i < table_.size(); ++i)
+    ADGT_CHECK(unit_of_param_[i] >= 0, "Model::set_unit_storage: " << table_[i].name
+                                                                   << " is in no gradient unit");
+  store_ = s;
+  if (s->holds_weights()) {
+    params_.reset();
+    master_.reset();
+  }
+  if (s->holds_grads()) grads_.reset();
+}
+
+int Model::unit_index(int chunk, int64_t layer) const {
+  // grad_units()' order for one chunk: the head, the layers from the last, the embedding.
+  const Chunk& ch = chunks_[size_t(chunk)];
+  const int head = chunk_has_head(chunk) ? 1 : 0;
+  if (layer >= ch.n_layers) return 0;
+  if (layer < 0) return head + int(ch.n_layers);
+  return head + int(ch.n_layers - 1 - layer);
+}
+
+void Model::store_forward(int chunk, int64_t layer) {
+  if (!store_) return;
+  const Chunk& ch = chunks_[size_t(chunk)];
+  const int u = unit_index(chunk, layer);
+  std::vector<int> reads = {u};
+  if (layer >= 0 && layer < ch.n_layers) {
+    // A layer's last add computes the next layer's first norm (or the head's final norm).
+    if (layer + 1 < ch.n_layers || chunk_has_head(chunk)) reads.push_back(unit_index(chunk, layer + 1));
+  } else if (layer >= ch.n_layers && head_idx_ == emb_idx_) {
+    reads.push_back(unit_index(chunk, -1));  // the tied head reads the embedding
+  }
+  store_->begin_unit(UnitStorage::Pass::Forward, u, reads);
+}
+
+void Model::store_backward(int chunk, int64_t layer) {
+  if (!store_) return;
+  const int u = unit_index(chunk, layer);
+  std::vector<int> reads = {u};
+  if (layer >= chunks_[size_t(chunk)].n_layers && head_idx_ == emb_idx_)
+    reads.push_back(unit_index(chunk, -1));
+  store_->begin_unit(UnitStorage::Pass::Backward, u, reads);
 }
 
 Tensor Model::weights(size_t first, size_t last) const {
@@ -417,7 +491,7 @@ Tensor Model::weights(size_t first, size_t last) const {
 Tensor Model::weight_grads(size_t first, size_t last) const {
   Tensor t = weights(first, last);
   t.dtype = mdt_;
-  t.data = static_cast<char*>(grads_.data()) + size_t(table_[first].offset) * dtype_size(mdt_);
+  t.data = grad(first).data;
   return t;
 }
 
@@ -478,7 +552,10 @@ std::vector<double> Model::grads_to_host_f64() const {
   return read_host(grads());
 }
 
-void Model::zero_grads() { be_.zero(grads()); }
+void Model::zero_grads() {
+  if (store_ && store_->holds_grads()) return;  // the storage's unit buffers start at zero
+  be_.zero(grads());
+}
 std::vector<double> Model::moe_bias_table() const {
   const size_t E = size_t(std::max<int64_t>(cfg_.n_experts, 0));
   std::vector<double> t(size_t(cfg_.n_layers) * E, 0.0);

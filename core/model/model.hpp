@@ -21,6 +21,7 @@
 #include "core/model/moe.hpp"
 #include "core/model/param_table.hpp"
 #include "core/model/stage_slice.hpp"
+#include "core/model/unit_storage.hpp"
 #include "kernels/backend.hpp"
 
 namespace adgt {
@@ -158,6 +159,14 @@ class Model {
   void params_from_host(const float* flat, size_t n);  // n: flat_size()
   std::vector<double> grads_to_host_f64() const;
   void zero_grads();
+  // ZeRO-2/3 (core/model/unit_storage.hpp): the weights and/or gradients
+  // live in `s` by gradient unit from now on, and the model frees the flat
+  // buffers `s` holds (params() / master() / grads() are then refused).
+  // One chunk (no pipeline) only. nullptr: none (the flat buffers stay).
+  void set_unit_storage(UnitStorage* s);
+  const UnitStorage* unit_storage() const { return store_; }
+  // The grad_units() index of each parameter's unit.
+  const std::vector<int>& unit_of_param() const { return unit_of_param_; }
 
   // ---- the whole model (no pipeline: one chunk holding embedding and head) ----
   // inputs, targets: host (B, T) int32; a target < 0 is ignored. Returns the
@@ -440,6 +449,13 @@ class Model {
   bool defer_replica_grads_ = false;
   size_t emb_idx_ = kNone, norm_idx_ = kNone, head_idx_ = kNone;
   Buffer params_, grads_, master_;  // (flat_size) weights, gradients, master weights (mixed only)
+  UnitStorage* store_ = nullptr;    // set_unit_storage's (not owned)
+  std::vector<int> unit_of_param_;  // per parameter: its grad_units() index
+  std::vector<int64_t> unit_begin_;  // per grad unit: its first flat element
+  // The unit-storage events of a pass (no-ops without a storage).
+  void store_forward(int chunk, int64_t layer);  // layer -1: embedding, n_layers: head
+  void store_backward(int chunk, int64_t layer);
+  int unit_index(int chunk, int64_t layer) const;  // grad_units() index (one chunk)
   std::vector<Buffer> owned_;  // activations and scratch
   Tensor ln_local_;             // (Nl, C) norm output before the gather (SP only)
   Tensor partial_;              // (N, C) row-parallel partial sums (SP only)

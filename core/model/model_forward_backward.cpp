@@ -106,13 +106,20 @@ double Model::forward_chunk(int chunk, int slot, const int32_t* inputs, const in
   const bool head = chunk_has_head(chunk);
   s.grad_scale = grad_scale;
   if (needs_inputs_everywhere()) load_documents(s, inputs);
-  if (chunk_has_embedding(chunk)) embedding_forward(s, inputs);
+  if (chunk_has_embedding(chunk)) {
+    store_forward(chunk, -1);
+    embedding_forward(s, inputs);
+  }
   const int64_t n_valid = head ? load_targets(s, targets) : 0;
   // Each residual add is fused with the norm that reads its result
   // (residual_rmsnorm_forward; the same numbers as the add then the norm).
   bool normed = false;  // the next norm's output was computed by the previous layer's add
-  for (size_t l = 0; l < s.layers.size(); ++l) normed = layer_forward(chunk, slot, l, normed);
+  for (size_t l = 0; l < s.layers.size(); ++l) {
+    store_forward(chunk, int64_t(l));
+    normed = layer_forward(chunk, slot, l, normed);
+  }
   if (!head) return 0.0;
+  store_forward(chunk, int64_t(s.layers.size()));
   return head_forward(s, normed, n_valid, grad_scale);
 }
 
@@ -260,9 +267,11 @@ void Model::backward_chunk(int chunk, int slot, const Tensor& d_out, bool split,
     ADGT_CHECK(next_unit < units.size(), "Model::backward_chunk: more gradient units than "
                                              << units.size() << " in chunk " << chunk);
     const GradUnit& u = units[next_unit++];
+    if (store_) store_->grads_done(int(next_unit - 1));
     if (on_ready && !split) on_ready(u.begin, u.end);
   };
   if (chunk_has_head(chunk)) {
+    store_backward(chunk, int64_t(s.layers.size()));
     head_backward(s, mode);
     ready();
   } else {
@@ -272,10 +281,12 @@ void Model::backward_chunk(int chunk, int slot, const Tensor& d_out, bool split,
     be_.copy(d_resid_, d_out);
   }
   for (size_t l = s.layers.size(); l-- > 0;) {
+    store_backward(chunk, int64_t(l));
     layer_backward(chunk, slot, l, mode);
     ready();
   }
   if (chunk_has_embedding(chunk)) {
+    store_backward(chunk, -1);
     embedding_backward(s, split);
     ready();
   }

@@ -1,5 +1,7 @@
 #include "parallel/dp/sharded_adamw.hpp"
 
+#include <algorithm>
+
 #include "kernels/check.hpp"
 
 namespace adgt {
@@ -23,11 +25,22 @@ ShardedAdamW::ShardedAdamW(Backend& be, Model& model, const TrainConfig& t, Comm
   opt_ = std::make_unique<AdamW>(be, model.table(), t, model.master_dtype(), lo, hi);
 }
 
+ShardedAdamW::ShardedAdamW(Backend& be, Model& model, const TrainConfig& t, ZeroStore& store)
+    : be_(be), model_(model), shards_(nullptr), store_(&store) {
+  opt_ = std::make_unique<AdamW>(be, store.shards().table, t, model.master_dtype(), 0,
+                                 std::max<int64_t>(store.shards().shard_size, 1));
+}
+
 void ShardedAdamW::step(double lr, int64_t adam_step, double clip_coef) {
   // The clipping coefficient is applied as AdamW reads each gradient (a
   // separate scale pass read and wrote every gradient once more: 54 GB a
   // step for a 7B model on one GPU, ~3% of its step).
   const double gs = clip_coef < 1.0 ? clip_coef : 1.0;
+  if (store_) {
+    opt_->step(store_->master_shard(), store_->grad_shard(), lr, adam_step, store_->compute_shard(), gs);
+    store_->after_update();
+    return;
+  }
   // Mixed precision: AdamW updates the fp32 master weights and writes their
   // bf16 copy in the same pass; under ZeRO the master chunks are gathered and
   // the compute copy is refreshed from them.
@@ -49,6 +62,7 @@ std::vector<float> ShardedAdamW::gather_state(const Tensor& t) {
 }
 
 void ShardedAdamW::gather_state(const Tensor& t, std::vector<float>& out) {
+  if (store_) return store_->shard_to_flat_host(t, out);
   if (!shards_) return opt_->to_host(t, out);
   Buffer full(be_, size_t(model_.flat_size()) * dtype_size(model_.master_dtype()));
   Tensor f(full.data(), model_.master_dtype(), {model_.flat_size()});
@@ -65,6 +79,11 @@ void ShardedAdamW::load_state(const std::vector<float>& m, const std::vector<flo
   ADGT_CHECK(int64_t(m.size()) == model_.flat_size() && int64_t(v.size()) == model_.flat_size(),
              "ShardedAdamW::load_state: " << m.size() << " and " << v.size()
                                           << " values for a flat buffer of " << model_.flat_size());
+  if (store_) {
+    store_->flat_host_to_shard(m.data(), m.size(), opt_->exp_avg());
+    store_->flat_host_to_shard(v.data(), v.size(), opt_->exp_avg_sq());
+    return;
+  }
   opt_->from_host(opt_->exp_avg(), std::vector<float>(m.begin() + lo(), m.begin() + hi()));
   opt_->from_host(opt_->exp_avg_sq(), std::vector<float>(v.begin() + lo(), v.begin() + hi()));
 }

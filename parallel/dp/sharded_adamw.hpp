@@ -13,6 +13,7 @@
 #include "core/config.hpp"
 #include "core/model/model.hpp"
 #include "core/optimizer.hpp"
+#include "parallel/dp/zero_store.hpp"
 
 namespace adgt {
 
@@ -20,13 +21,19 @@ class ShardedAdamW {
  public:
   // shards: the ZeRO-1 group (nullptr or a group of one: no sharding).
   ShardedAdamW(Backend& be, Model& model, const TrainConfig& t, Comm* shards);
+  // ZeRO-2/3: AdamW over the store's shard (its master, gradient and, in
+  // mixed precision, compute shards); after each update the store publishes
+  // the new weights (ZeroStore::after_update).
+  ShardedAdamW(Backend& be, Model& model, const TrainConfig& t, ZeroStore& store);
 
   // Applies one AdamW update (`adam_step`: 1-based count of updates) to this
   // rank's part with its gradients clipped by `clip_coef` (< 1 scales; applied
   // as AdamW reads them, the gradient buffer itself is left unscaled).
   void step(double lr, int64_t adam_step, double clip_coef);
 
+  // ZeRO-1: this rank's moments are the flat range [lo, hi).
   bool sharded() const { return shards_ != nullptr; }
+  ZeroStore* zero_store() const { return store_; }  // ZeRO-2/3, else nullptr
   int64_t lo() const { return opt_->lo(); }
   int64_t hi() const { return opt_->hi(); }
   AdamW& adamw() { return *opt_; }
@@ -47,6 +54,7 @@ class ShardedAdamW {
   Backend& be_;
   Model& model_;
   Comm* shards_;
+  ZeroStore* store_ = nullptr;
   std::unique_ptr<AdamW> opt_;
 };
 

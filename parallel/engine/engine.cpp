@@ -101,11 +101,34 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
   // Gradients (and ZeRO-1's AdamW chunks) over the ranks holding the same
   // weights: dp, times cp under context parallelism; the experts' over edp
   // (times cp).
-  const bool zero = cfg.parallel.zero == 1 && ctx_.dpcp->size() > 1;
+  const int64_t zero_level = ctx_.dpcp->size() > 1 ? cfg.parallel.zero : 0;
+  const bool zero = zero_level == 1;
   Comm* edp = ctx_.ep->size() > 1 ? ctx_.edpcp : nullptr;
-  reducer_ = std::make_unique<GradReducer>(*model_, *ctx_.dpcp, edp, zero, cfg.parallel.bucket_mb);
+  if (zero_level >= 2) {
+    // ZeRO-2/3: the store takes this rank's shard of the weights now and
+    // holds the gradients (and weights) from here on (docs/zero.md).
+    if (cfg.parallel.grad_compression != "off")
+      throw ConfigError("parallel.grad_compression=" + cfg.parallel.grad_compression +
+                        " with parallel.zero=" + std::to_string(zero_level) +
+                        " is not supported yet (compression acts on the bucketed all-reduce and "
+                        "ZeRO-1's reduce-scatter; docs/zero.md); use grad_compression: off or zero: 1");
+    ZeroOptions zo;
+    zo.level = int(zero_level);
+    zo.prefetch = int(cfg.parallel.zero3_prefetch);
+    zo.reshard_after_forward = cfg.parallel.zero3_reshard_after_forward;
+    store_ = std::make_unique<ZeroStore>(*model_, be_, *ctx_.dpcp, zo);
+    store_->set_clock([s = slow_] { return s->now(); });
+    model_->set_unit_storage(store_.get());
+  }
+  // Under ZeRO-2/3 the store reduces the gradients: the bucket reducer gets
+  // a group of one (no buckets).
+  reducer_ = std::make_unique<GradReducer>(*model_, store_ ? self_dp_ : *ctx_.dpcp,
+                                           store_ ? nullptr : edp, zero, cfg.parallel.bucket_mb);
   reducer_->set_clock([s = slow_] { return s->now(); });  // the emulation's clock, else wall
-  opt_ = std::make_unique<ShardedAdamW>(be_, *model_, cfg.train, zero ? ctx_.dpcp : nullptr);
+  if (store_)
+    opt_ = std::make_unique<ShardedAdamW>(be_, *model_, cfg.train, *store_);
+  else
+    opt_ = std::make_unique<ShardedAdamW>(be_, *model_, cfg.train, zero ? ctx_.dpcp : nullptr);
   if (pipelined) {
     pipe_ = std::make_unique<PipelineExecutor>(*model_, be_, *ctx_.pp, engine_schedule(cfg));
     pipe_->set_progress_comms(reducer_->comms());
@@ -209,6 +232,7 @@ void Engine::set_expert_replicas(const std::string& text) {
 
 double Engine::forward_backward(const MicroBatchFetch& fetch) {
   model_->zero_grads();
+  if (store_) store_->begin_step();
   model_->reset_moe_stats();
   const double loss = pipelined() ? run_pipeline_step(fetch) : run_micro_batches(fetch);
   if (pipelined()) {
@@ -241,15 +265,25 @@ double Engine::run_micro_batches(const MicroBatchFetch& fetch) {
     slow_->run([&] { model_->forward(in, tg, 1.0 / double(A * D)); });
     const bool last = a + 1 == A;
     // The last micro-batch's backward starts each bucket's reduction as it completes it.
+    // Under ZeRO-2/3 every micro-batch's gradients are final for the store,
+    // which reduce-scatters each unit as the backward completes it (tp partial
+    // sums finished per micro-batch: sums, the same up to rounding order).
     slow_->begin();
     model_->backward(slow_->wrap(last && overlap_ ? reducer_->ready_hook()
                                                   : std::function<void(int64_t, int64_t)>()),
-                     last);
+                     last || store_ != nullptr);
     slow_->catch_up();
   }
   reducer_->finish_grad_sync();
   times_.dp_wait_s = reducer_->last_wait_seconds();
   times_.dp_compressed_s = reducer_->last_compression().seconds;
+  if (store_) {
+    store_->finish_grads();
+    const ZeroTimes& z = store_->last_times();
+    times_.zero_gathers = z.gathers, times_.zero_reduces = z.reduces;
+    times_.zero_gather_wait_s = z.gather_wait_s, times_.zero_reduce_wait_s = z.reduce_wait_s;
+    times_.dp_wait_s = z.gather_wait_s + z.reduce_wait_s;
+  }
   const double loss_sum = model_->take_deferred_loss();
   model_->defer_losses(false);
   double total[1] = {loss_sum};
@@ -319,6 +353,11 @@ double Engine::grad_norm() {
   g.chunks = opt_->sharded() ? ctx_.dpcp : nullptr;
   g.ep = ctx_.ep->size() > 1 ? ctx_.ep : nullptr;
   g.pp = ctx_.pp;
+  if (store_) {  // the shard's pieces: disjoint over the sharding group
+    g.chunks = ctx_.dpcp;
+    const Tensor gs = store_->grad_shard();
+    return global_grad_norm(be_, store_->shards().table, gs, 0, gs.numel(), g);
+  }
   return global_grad_norm(be_, model_->table(), model_->grads(), opt_->lo(), opt_->hi(), g);
 }
 
@@ -354,6 +393,14 @@ void Engine::fill_checkpoint(CheckpointState& st, ShardLayout& lay) {
   // Into st's buffers: a recycled staging state (checkpoint.async) is reused
   // in place, without touching fresh memory.
   st.specs = model_->table();
+  if (store_) {
+    // ZeRO-2/3: gathered over the sharding group into the whole local
+    // buffers (a collective; the saved tensors are ZeRO 0's).
+    store_->shard_to_flat_host(store_->master_shard(), st.params);
+    opt_->full_exp_avg(st.exp_avg);
+    opt_->full_exp_avg_sq(st.exp_avg_sq);
+    return;
+  }
   model_->params_to_host(st.params);
   if (opt_->sharded()) {
     AdamW& opt = opt_->adamw();
@@ -370,7 +417,10 @@ void Engine::fill_checkpoint(CheckpointState& st, ShardLayout& lay) {
 void Engine::restore_checkpoint(CheckpointState& st) {
   const auto n = size_t(model_->flat_size());
   for (auto* v : {&st.params, &st.exp_avg, &st.exp_avg_sq}) v->resize(n, 0.0f);
-  model_->params_from_host(st.params);
+  if (store_)
+    store_->load_weights(st.params.data(), st.params.size());
+  else
+    model_->params_from_host(st.params);
   opt_->load_state(st.exp_avg, st.exp_avg_sq);
   model_->sync_expert_replicas();
 }

@@ -19,6 +19,7 @@
 #include "kernels/backend.hpp"
 #include "parallel/dp/grad_reducer.hpp"
 #include "parallel/dp/sharded_adamw.hpp"
+#include "parallel/dp/zero_store.hpp"
 #include "parallel/mesh/parallel_context.hpp"
 #include "parallel/pipeline/executor.hpp"
 #include "parallel/pipeline/costs.hpp"
@@ -29,6 +30,11 @@ namespace adgt {
 // What one step measured on this rank.
 struct StepTimes {
   double dp_wait_s = 0;  // finish_grad_sync's wait: data-parallel reduction not hidden
+  // ZeRO-2/3 (ZeroStore): the step's weight gathers and gradient
+  // reduce-scatters, and the seconds the step waited for them (their
+  // exposed part; dp_wait_s is their sum).
+  int64_t zero_gathers = 0, zero_reduces = 0;
+  double zero_gather_wait_s = 0, zero_reduce_wait_s = 0;
   // The compressed buckets' reduce (encode, exchange, decode; docs/compression.md),
   // on the step's path after the wait: exposed data-parallel time as well.
   double dp_compressed_s = 0;
@@ -85,6 +91,8 @@ class Engine {
   Tensor scratch_tensor(int64_t n, DType dt);
   ShardedAdamW& optimizer() { return *opt_; }
   GradReducer& reducer() { return *reducer_; }
+  // ZeRO-2/3's store (parallel/dp/zero_store.hpp); nullptr at ZeRO 0 and 1.
+  ZeroStore* zero_store() { return store_.get(); }
   PipelineExecutor* pipeline() { return pipe_.get(); }
   bool pipelined() const { return pipe_ != nullptr; }
   const ParallelContext& groups() const { return ctx_; }
@@ -116,6 +124,7 @@ class Engine {
   std::unique_ptr<ContextAttention> context_;  // parallel.cp > 1: the ring (before model_)
   Backend& be_;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<ZeroStore> store_;  // ZeRO-2/3: the model's gradients (and weights) by unit
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<ShardedAdamW> opt_;
   std::unique_ptr<PipelineExecutor> pipe_;

@@ -514,6 +514,10 @@ void Trainer::print_header(double peak) const {
           ? "cp " + std::to_string(g.cp->size()) + " (" + cfg_.parallel.cp_mode + ", seq " +
                 std::to_string(cfg_.model.seq_len / g.cp->size()) + " a rank), "
           : std::string();
+  const std::string zero_text = engine_->optimizer().sharded() ? " (ZeRO-1)"
+                                : engine_->zero_store()
+                                    ? " (ZeRO-" + std::to_string(engine_->zero_store()->level()) + ")"
+                                    : "";
   std::printf("training %s: %ld steps from step %ld, %ld tokens/step (micro_batch %ld x seq %ld x "
               "accum %ld x dp %d), tp %d%s, %sdp %d%s, pp %d, backend %s %s, %d threads/rank, MFU peak "
               "%.3g TFLOP/s per rank (%s)\n",
@@ -521,7 +525,7 @@ void Trainer::print_header(double peak) const {
               long(t.micro_batch), long(cfg_.model.seq_len), long(cfg_.accum_steps()), g.dp->size(),
               g.tp->size(),
               cfg_.parallel.sequence_parallel && g.tp->size() > 1 ? " (sequence parallel)" : "",
-              cp_text.c_str(), g.dp->size(), engine_->optimizer().sharded() ? " (ZeRO-1)" : "",
+              cp_text.c_str(), g.dp->size(), zero_text.c_str(),
               g.pp->size(),
               backend_->name().c_str(), t.dtype.c_str(), omp_get_max_threads(), peak,
               cfg_.log.peak_tflops > 0 ? "log.peak_tflops"

@@ -1,0 +1,303 @@
+#include "parallel/dp/zero_store.hpp"
+
+#include <algorithm>
+#include <exception>
+
+#include "kernels/check.hpp"
+#include "kernels/common/bf16.hpp"
+
+namespace adgt {
+
+namespace {
+
+// Kept in flight before the oldest reduce-scatter is waited for: bounds the
+// whole-unit gradients alive at once (the backward moves on meanwhile).
+constexpr size_t kReducesInFlight = 2;
+
+Tensor elems(void* p, DType dt, int64_t n) { return Tensor(p, dt, {n}); }
+
+// n elements of a host copy of `src` (f32, f64 or bf16) as floats.
+void to_floats(Backend& be, const Tensor& src, int64_t n, float* dst) {
+  const size_t k = size_t(n);
+  if (src.dtype == DType::F32) {
+    be.to_host(dst, src.data, k * 4);
+  } else if (src.dtype == DType::F64) {
+    std::vector<double> d(k);
+    be.to_host(d.data(), src.data, k * 8);
+    for (size_t i = 0; i < k; ++i) dst[i] = float(d[i]);
+  } else {
+    ADGT_CHECK(src.dtype == DType::BF16, "ZeroStore: dtype " << dtype_name(src.dtype));
+    std::vector<bf16_bits> h(k);
+    be.to_host(h.data(), src.data, k * 2);
+    for (size_t i = 0; i < k; ++i) dst[i] = bf16_to_float(h[i]);
+  }
+}
+
+}  // namespace
+
+ZeroStore::ZeroStore(Model& model, Backend& be, Comm& group, const ZeroOptions& o)
+    : model_(model), be_(be), group_(group), opt_(o), wdt_(model.dtype()), mdt_(model.master_dtype()) {
+  ADGT_CHECK(o.level == 2 || o.level == 3, "ZeroStore: ZeRO level " << o.level << " (2 or 3)");
+  ADGT_CHECK(o.prefetch >= 0, "parallel.zero3_prefetch=" << o.prefetch << " must be >= 0");
+  const std::vector<GradUnit> units = model.grad_units();
+  n_units_ = int(units.size());
+  shards_ = plan_zero_shards(units, model.table(), group.size(), group.rank());
+  const int64_t S = std::max<int64_t>(shards_.shard_size, 1);
+  master_ = Buffer(be, size_t(S) * dtype_size(mdt_));
+  grad_ = Buffer(be, size_t(S) * dtype_size(mdt_));
+  be.zero(elems(master_.data(), mdt_, S));
+  be.zero(elems(grad_.data(), mdt_, S));
+  // This rank's pieces of the model's (whole) master weights.
+  const Tensor whole = model.master();
+  for (const ZeroUnit& u : shards_.units)
+    if (u.hi > u.lo)
+      be.copy(elems(static_cast<char*>(master_.data()) + size_t(u.offset) * dtype_size(mdt_), mdt_,
+                    u.hi - u.lo),
+              elems(static_cast<char*>(whole.data) + size_t(u.lo) * dtype_size(mdt_), mdt_,
+                    u.hi - u.lo));
+  if (model.mixed()) {
+    compute_ = Buffer(be, size_t(S) * dtype_size(wdt_));
+    be.cast(elems(compute_.data(), wdt_, S), elems(master_.data(), mdt_, S));
+  }
+}
+
+ZeroStore::~ZeroStore() {
+  // Collectives still running write into buffers freed here: finish them.
+  try {
+    for (auto& [u, g] : gathered_) g.work.wait();
+    for (Reduce& r : reducing_) r.work.wait();
+  } catch (const std::exception&) {
+    // The group failed; the error was reported where it happened.
+  }
+}
+
+Tensor ZeroStore::master_shard() const {
+  return elems(master_.data(), mdt_, std::max<int64_t>(shards_.shard_size, 1));
+}
+Tensor ZeroStore::grad_shard() const {
+  return elems(grad_.data(), mdt_, std::max<int64_t>(shards_.shard_size, 1));
+}
+Tensor ZeroStore::compute_shard() const {
+  if (!compute_.data()) return Tensor();
+  return elems(compute_.data(), wdt_, std::max<int64_t>(shards_.shard_size, 1));
+}
+
+Tensor ZeroStore::slot(const Tensor& shard, const ZeroUnit& u) const {
+  return elems(static_cast<char*>(shard.data) + size_t(u.offset) * dtype_size(shard.dtype),
+               shard.dtype, u.per_rank);
+}
+
+void ZeroStore::account(int64_t delta) {
+  working_ += delta;
+  peak_working_ = std::max(peak_working_, working_);
+}
+
+// ---------------------------------------------------------------- weights
+
+void ZeroStore::start_gather(int su) {
+  if (gathered_.count(su)) return;
+  const ZeroUnit& u = shards_.units[size_t(su)];
+  const int64_t n = u.per_rank * shards_.ranks;
+  Gather g;
+  g.buf = Buffer(be_, size_t(n) * dtype_size(wdt_));
+  account(int64_t(g.buf.bytes()));
+  const Tensor from = model_.mixed() ? compute_shard() : master_shard();
+  g.work = group_.start_all_gather(elems(g.buf.data(), wdt_, n), slot(from, u));
+  ++cur_.gathers;
+  cur_.gather_bytes += int64_t(size_t(u.per_rank) * dtype_size(wdt_)) * (shards_.ranks - 1);
+  gathered_.emplace(su, std::move(g));
+}
+
+void ZeroStore::wait_gather(int su) {
+  Gather& g = gathered_.at(su);
+  if (g.waited) return;
+  const double t0 = now_();
+  g.work.wait();
+  cur_.gather_wait_s += now_() - t0;
+  g.waited = true;
+}
+
+void ZeroStore::free_gather(int su) {
+  auto it = gathered_.find(su);
+  if (it == gathered_.end()) return;
+  it->second.work.wait();  // a prefetch not used: it must land before its buffer goes
+  account(-int64_t(it->second.buf.bytes()));
+  gathered_.erase(it);
+}
+
+std::vector<int> ZeroStore::upcoming(Pass pass, int g) const {
+  // grad_units' order is the backward's; the forward runs it backwards.
+  std::vector<int> out;
+  for (int k = 1; k <= opt_.prefetch; ++k) {
+    const int n = pass == Pass::Backward ? g + k : g - k;
+    if (n < 0 || n >= n_units_) break;
+    out.push_back(n);
+  }
+  return out;
+}
+
+void ZeroStore::begin_unit(Pass pass, int g, const std::vector<int>& reads) {
+  group_.progress();
+  reap(false);
+  if (opt_.level < 3) return;
+  auto reads_unit = [&](int su) {
+    for (int r : reads)
+      if (shard_unit(r) == su) return true;
+    return false;
+  };
+  // Free what the pass has moved past: in the forward the units after this
+  // one in grad_units' order (unless they stay until the backward), in the
+  // backward the ones before it.
+  const bool free_behind = pass == Pass::Backward || opt_.reshard_after_forward;
+  if (free_behind) {
+    std::vector<int> drop;
+    for (const auto& [su, gat] : gathered_) {
+      (void)gat;
+      int gi = -1;
+      for (int k = 0; k < n_units_; ++k)
+        if (shard_unit(k) == su) gi = k;
+      const bool behind = pass == Pass::Forward ? gi > g : gi < g;
+      if (behind && !reads_unit(su)) drop.push_back(su);
+    }
+    for (int su : drop) free_gather(su);
+  }
+  for (int r : reads) start_gather(shard_unit(r));
+  for (int n : upcoming(pass, g)) start_gather(shard_unit(n));
+  for (int r : reads) wait_gather(shard_unit(r));
+}
+
+char* ZeroStore::weights(int g) {
+  const int su = shard_unit(g);
+  auto it = gathered_.find(su);
+  ADGT_CHECK(it != gathered_.end() && it->second.waited,
+             "ZeRO-3: gradient unit " << g << "'s weights [" << shards_.units[size_t(su)].begin << ", "
+                                      << shards_.units[size_t(su)].end
+                                      << ") were read while not gathered (the model must name "
+                                         "a unit before it computes with it)");
+  return static_cast<char*>(it->second.buf.data());
+}
+
+// -------------------------------------------------------------- gradients
+
+char* ZeroStore::grads(int g) {
+  const int su = shard_unit(g);
+  auto it = unit_grads_.find(su);
+  if (it == unit_grads_.end()) {
+    const ZeroUnit& u = shards_.units[size_t(su)];
+    const int64_t n = u.per_rank * shards_.ranks;
+    Buffer b(be_, size_t(n) * dtype_size(mdt_));
+    be_.zero(elems(b.data(), mdt_, n));
+    account(int64_t(b.bytes()));
+    it = unit_grads_.emplace(su, std::move(b)).first;
+  }
+  return static_cast<char*>(it->second.data());
+}
+
+void ZeroStore::grads_done(int g) {
+  const int su = shard_unit(g);
+  grads(g);  // a unit whose gradients nothing wrote still takes part (zeros)
+  const ZeroUnit& u = shards_.units[size_t(su)];
+  Reduce r;
+  r.unit = su;
+  r.grad = std::move(unit_grads_.at(su));
+  unit_grads_.erase(su);
+  r.out = Buffer(be_, size_t(u.per_rank) * dtype_size(mdt_));
+  account(int64_t(r.out.bytes()));
+  r.work = group_.start_reduce_scatter(elems(r.out.data(), mdt_, u.per_rank),
+                                       elems(r.grad.data(), mdt_, u.per_rank * shards_.ranks));
+  ++cur_.reduces;
+  cur_.reduce_bytes += int64_t(size_t(u.per_rank) * dtype_size(mdt_)) * (shards_.ranks - 1);
+  reducing_.push_back(std::move(r));
+  group_.progress();
+  reap(false);
+}
+
+void ZeroStore::reap(bool all) {
+  while (!reducing_.empty()) {
+    Reduce& r = reducing_.front();
+    const bool must = all || reducing_.size() > kReducesInFlight;
+    if (!must && !r.work.test()) break;
+    const double t0 = now_();
+    r.work.wait();
+    cur_.reduce_wait_s += now_() - t0;
+    be_.add_inplace(slot(grad_shard(), shards_.units[size_t(r.unit)]),
+                    elems(r.out.data(), mdt_, shards_.units[size_t(r.unit)].per_rank));
+    account(-int64_t(r.grad.bytes() + r.out.bytes()));
+    reducing_.pop_front();
+  }
+}
+
+void ZeroStore::begin_step() {
+  be_.zero(grad_shard());
+  cur_ = {};
+}
+
+void ZeroStore::finish_grads() {
+  reap(true);
+  ADGT_CHECK(unit_grads_.empty(), "ZeroStore: " << unit_grads_.size()
+                                                << " gradient units written but never completed "
+                                                   "by the backward");
+  last_ = cur_;
+}
+
+// ----------------------------------------------------------------- update
+
+void ZeroStore::after_update() {
+  if (opt_.level >= 3) {
+    std::vector<int> all;
+    for (const auto& [su, g] : gathered_) all.push_back(su);
+    for (int su : all) free_gather(su);
+    return;
+  }
+  // ZeRO-2: the new weights, unit by unit, into the model's flat buffer.
+  const double t0 = now_();
+  const Tensor from = model_.mixed() ? compute_shard() : master_shard();
+  Buffer tmp(be_, size_t(std::max<int64_t>(shards_.max_unit, 1)) * dtype_size(wdt_));
+  const Tensor params = model_.params();
+  for (const ZeroUnit& u : shards_.units) {
+    const int64_t n = u.per_rank * shards_.ranks;
+    group_.all_gather(elems(tmp.data(), wdt_, n), slot(from, u));
+    be_.copy(elems(static_cast<char*>(params.data) + size_t(u.begin) * dtype_size(wdt_), wdt_,
+                   u.end - u.begin),
+             elems(tmp.data(), wdt_, u.end - u.begin));
+  }
+  last_.update_gather_s = now_() - t0;
+}
+
+// -------------------------------------------------------------- host copies
+
+void ZeroStore::shard_to_flat_host(const Tensor& shard, std::vector<float>& out) {
+  out.assign(size_t(model_.flat_size()), 0.0f);
+  const DType dt = shard.dtype;
+  Buffer tmp(be_, size_t(std::max<int64_t>(shards_.max_unit, 1)) * dtype_size(dt));
+  for (const ZeroUnit& u : shards_.units) {
+    group_.all_gather(elems(tmp.data(), dt, u.per_rank * shards_.ranks), slot(shard, u));
+    to_floats(be_, elems(tmp.data(), dt, u.end - u.begin), u.end - u.begin, out.data() + u.begin);
+  }
+}
+
+void ZeroStore::flat_host_to_shard(const float* flat, size_t n, Tensor shard) {
+  ADGT_CHECK(int64_t(n) == model_.flat_size(),
+             "ZeroStore: " << n << " values for a flat buffer of " << model_.flat_size());
+  const size_t S = size_t(std::max<int64_t>(shards_.shard_size, 1));
+  if (shard.dtype == DType::F32) {
+    std::vector<float> h(S, 0.0f);
+    for (const ZeroUnit& u : shards_.units)
+      std::copy(flat + u.lo, flat + u.hi, h.begin() + u.offset);
+    be_.to_device(shard.data, h.data(), S * 4);
+  } else {
+    ADGT_CHECK(shard.dtype == DType::F64, "ZeroStore: a " << dtype_name(shard.dtype) << " shard from the host");
+    std::vector<double> h(S, 0.0);
+    for (const ZeroUnit& u : shards_.units)
+      std::copy(flat + u.lo, flat + u.hi, h.begin() + u.offset);
+    be_.to_device(shard.data, h.data(), S * 8);
+  }
+}
+
+void ZeroStore::load_weights(const float* flat, size_t n) {
+  flat_host_to_shard(flat, n, master_shard());
+  if (model_.mixed()) be_.cast(compute_shard(), master_shard());
+  after_update();
+}
+
+}  // namespace adgt
