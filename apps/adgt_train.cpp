@@ -46,8 +46,8 @@ void print_summary(const adgt::TrainSummary& s) {
   std::printf("tokens/s:         %.0f\n", s.tokens_per_s);
   std::printf("wall time:        %.1f s\n", s.wall_s);
   if (s.peak_device_bytes >= 0)
-    std::printf("device memory:    %.3f GiB peak of the backend's buffers (largest rank)\n",
-                double(s.peak_device_bytes) / double(1 << 30));
+    std::printf("device memory:    %.3f GiB peak of the backend's buffers (largest rank; %lld bytes)\n",
+                double(s.peak_device_bytes) / double(1 << 30), (long long)s.peak_device_bytes);
   if (s.skipped_steps) std::printf("skipped steps:    %ld (non-finite)\n", long(s.skipped_steps));
   std::printf("checkpoint:       %s\n", s.checkpoint.empty() ? "(none)" : s.checkpoint.c_str());
   std::printf("metrics:          %s\n", s.metrics_path.c_str());

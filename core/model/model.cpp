@@ -152,14 +152,7 @@ void Model::make_moe_layers(const ExpertPlacement& placement, Comm* ep) {
 void Model::make_flat_buffers(int64_t flat_multiple) {
   const int64_t mult = std::max<int64_t>(16, flat_multiple);
   flat_n_ = (total_numel(table_) + mult - 1) / mult * mult;
-  params_ = Buffer(be_, size_t(flat_n_) * dtype_size(dtype_));
-  grads_ = Buffer(be_, size_t(flat_n_) * dtype_size(mdt_));
-  be_.zero(params());
-  be_.zero(grads());
-  if (mixed()) {
-    master_ = Buffer(be_, size_t(flat_n_) * dtype_size(mdt_));
-    be_.zero(master());
-  }
+  // The buffers themselves are made at their first use (flat()).
 }
 
 Recompute parse_recompute(const std::string& s) {
@@ -354,9 +347,17 @@ Tensor Model::act(int64_t rows, int64_t cols, DType dt) {
 }
 
 Tensor Model::flat(const Buffer& b, DType dt) const {
-  ADGT_CHECK(b.data() || !store_,
-             "Model: the flat weight or gradient buffer is not kept under ZeRO-2/3 (the unit "
-             "storage holds them; parallel/dp/zero_store.hpp)");
+  if (!b.data()) {
+    // Made zeroed at the first use; what a unit storage holds never is.
+    const bool held = store_ && (&b != &params_ || store_->holds_weights());
+    ADGT_CHECK(!held, "Model: the flat "
+                          << (&b == &grads_ ? "gradient" : &b == &master_ ? "master weight" : "weight")
+                          << " buffer is not kept under ZeRO-2/3 (the unit storage holds it; "
+                             "parallel/dp/zero_store.hpp)");
+    Buffer& m = &b == &params_ ? params_ : &b == &grads_ ? grads_ : master_;
+    m = Buffer(be_, size_t(flat_n_) * dtype_size(dt));
+    be_.zero(Tensor(m.data(), dt, {flat_n_}));
+  }
   return Tensor(b.data(), dt, {flat_n_});
 }
 
@@ -392,10 +393,12 @@ std::vector<double> Model::read_host(const Tensor& t) const {
 
 Tensor Model::param(size_t i) const {
   const ParamSpec& p = table_[i];
-  char* base = static_cast<char*>(params_.data()) + size_t(p.offset) * dtype_size(dtype_);
+  char* base;
   if (store_ && store_->holds_weights()) {
     const int u = unit_of_param_[i];
     base = store_->weights(u) + size_t(p.offset - unit_begin_[size_t(u)]) * dtype_size(dtype_);
+  } else {
+    base = static_cast<char*>(params().data) + size_t(p.offset) * dtype_size(dtype_);
   }
   Tensor t(base, dtype_, {});
   for (int64_t s : p.shape) t.shape[t.ndim++] = s;
@@ -410,7 +413,7 @@ Tensor Model::grad(size_t i) const {
     const int u = unit_of_param_[i];
     t.data = store_->grads(u) + size_t(p.offset - unit_begin_[size_t(u)]) * dtype_size(mdt_);
   } else {
-    t.data = static_cast<char*>(grads_.data()) + size_t(p.offset) * dtype_size(mdt_);
+    t.data = static_cast<char*>(grads().data) + size_t(p.offset) * dtype_size(mdt_);
   }
   return t;
 }
@@ -434,10 +437,9 @@ void Model::set_unit_storage(UnitStorage* s) {
     ADGT_CHECK(unit_of_param_[i] >= 0, "Model::set_unit_storage: " << table_[i].name
                                                                    << " is in no gradient unit");
   store_ = s;
-  if (s->holds_weights()) {
-    params_.reset();
-    master_.reset();
-  }
+  // The store keeps the master weights (and at ZeRO-3 the compute weights).
+  master_.reset();
+  if (s->holds_weights()) params_.reset();
   if (s->holds_grads()) grads_.reset();
 }
 

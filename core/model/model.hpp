@@ -448,7 +448,9 @@ class Model {
   std::vector<MoeSpans> moe_spans_;
   bool defer_replica_grads_ = false;
   size_t emb_idx_ = kNone, norm_idx_ = kNone, head_idx_ = kNone;
-  Buffer params_, grads_, master_;  // (flat_size) weights, gradients, master weights (mixed only)
+  // (flat_size) weights, gradients, master weights (mixed only); made (zeroed)
+  // at their first use, so a ZeRO-2/3 model never holds what its store holds.
+  mutable Buffer params_, grads_, master_;
   UnitStorage* store_ = nullptr;    // set_unit_storage's (not owned)
   std::vector<int> unit_of_param_;  // per parameter: its grad_units() index
   std::vector<int64_t> unit_begin_;  // per grad unit: its first flat element

@@ -205,8 +205,69 @@ RankActivations rank_activations(const RunConfig& cfg, const ActivationSizes& z,
 
 // x's per-rank bytes for a rank holding `numel` parameter elements and the
 // activations `a`.
-void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, int64_t numel, const RankActivations& a,
-                     const ActivationSizes& z, MemoryEstimate& x) {
+// ZeRO-2/3's shard and largest unit (parallel/dp/zero_shards.hpp): the
+// units are the embedding, each layer, and the final norm with the head;
+// each is split into D slots of ceil(n / D) rounded up to 16 elements.
+struct ZeroSizes {
+  int64_t shard = 0;     // elements of a rank's shard (its slots)
+  int64_t max_unit = 0;  // the largest unit's slots x D (a gathered unit's buffer)
+  std::vector<int64_t> slot;  // per unit, in the backward's order (the head first)
+};
+ZeroSizes zero_sizes(const std::vector<ParamSpec>& table, int64_t D) {
+  ZeroSizes z;
+  auto unit_of = [](const std::string& name) {
+    if (name.rfind("model.layers.", 0) == 0) return name.substr(0, name.find('.', 13));
+    return name == "model.embed_tokens.weight" ? std::string("embed") : std::string("head");
+  };
+  for (size_t i = 0; i < table.size();) {
+    const std::string u = unit_of(table[i].name);
+    size_t j = i;
+    while (j + 1 < table.size() && unit_of(table[j + 1].name) == u) ++j;
+    const int64_t n = table[j].offset + (table[j].numel + 15) / 16 * 16 - table[i].offset;
+    const int64_t slot = ((n + D - 1) / D + 15) / 16 * 16;
+    z.shard += slot;
+    z.max_unit = std::max(z.max_unit, slot * D);
+    z.slot.insert(z.slot.begin(), slot);
+    i = j + 1;
+  }
+  return z;
+}
+
+// The most ZeroStore holds besides its shards (bytes), walking the units as
+// a step does: in the forward a unit, the next one (its norm) and the
+// prefetched ones gathered; in the backward a unit and the prefetched ones
+// gathered (every unit not yet done without resharding after the forward),
+// its whole gradient being written and the two before it being
+// reduce-scattered (each with its output slot). ZeRO-2: the gradients only,
+// or the update's gather buffer.
+int64_t zero_working_bytes(const ZeroSizes& z, int64_t D, int level, int64_t prefetch, bool reshard,
+                           int64_t b, int64_t mb) {
+  const int64_t n = int64_t(z.slot.size());
+  auto unit = [&](int64_t g) { return g >= 0 && g < n ? z.slot[size_t(g)] * D : 0; };
+  int64_t most = level >= 3 ? 0 : z.max_unit * b;
+  for (int64_t g = n - 1; g >= 0 && level >= 3; --g) {  // the forward: g - 1 is next
+    int64_t w = 0;
+    if (reshard) {
+      for (int64_t k = 0; k <= std::max<int64_t>(1, prefetch); ++k) w += unit(g - k);
+    } else {
+      for (int64_t k = g - std::max<int64_t>(1, prefetch); k < n; ++k) w += unit(k);
+    }
+    most = std::max(most, w * b);
+  }
+  for (int64_t g = 0; g < n; ++g) {  // the backward: g + 1 is next
+    int64_t w = 0;
+    if (level >= 3)
+      for (int64_t k = g; k <= (reshard ? g + prefetch : n - 1); ++k) w += unit(k);
+    int64_t grads = unit(g);
+    for (int64_t k = 1; k <= 2 && g - k >= 0; ++k) grads += unit(g - k) + z.slot[size_t(g - k)];
+    most = std::max(most, w * b + grads * mb);
+  }
+  return most;
+}
+
+void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, const std::vector<ParamSpec>& table,
+                     const RankActivations& a, const ActivationSizes& z, MemoryEstimate& x) {
+  const int64_t numel = total_numel(table);
   const ModelConfig& m = cfg.model;
   const int64_t C = m.d_model, hd = m.head_dim(), T = local_seq_len(cfg), B = cfg.train.micro_batch;
   const int64_t tp = cfg.parallel.tp, dp = cfg.parallel.dp;
@@ -218,6 +279,25 @@ void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, int64_t numel, const Ran
   // dp x cp (Megatron's distributed optimizer does the same with cp).
   x.bytes_optimizer = 2 * numel * std::max<int64_t>(bpp, 4) / (cfg.parallel.zero ? dp * cfg.parallel.cp : 1) +
                       (bpp < 4 ? numel * 4 : 0);
+  const int64_t D = dp * cfg.parallel.cp;
+  if (cfg.parallel.zero >= 2 && D > 1) {
+    // ZeRO-2/3 (parallel/dp/zero_store.hpp): the shards (master, gradient,
+    // AdamW m and v; in mixed precision also the bf16 compute copy), and the
+    // working set: whole-unit gradients while they are reduce-scattered (the
+    // unit being written and two in flight, with their output slots), and at
+    // ZeRO-3 the gathered units (the forward's unit and the next one or the
+    // prefetched ones; the backward's and its prefetched ones beside the
+    // gradients; without resharding after the forward every unit).
+    const int64_t mb = std::max<int64_t>(bpp, 4);
+    const ZeroSizes zs = zero_sizes(table, D);
+    const int64_t compute_shard = bpp < 4 ? zs.shard * bpp : 0;
+    const int64_t p = std::max<int64_t>(0, cfg.parallel.zero3_prefetch);
+    x.bytes_params = cfg.parallel.zero >= 3 ? compute_shard : numel * bpp + compute_shard;
+    x.bytes_grads = zs.shard * mb;
+    x.bytes_optimizer = 3 * zs.shard * mb;
+    x.bytes_zero_working = zero_working_bytes(zs, D, int(cfg.parallel.zero), p,
+                                              cfg.parallel.zero3_reshard_after_forward, bpp, mb);
+  }
   x.bytes_activations = B * T * a.act * bpp;
   x.bytes_split = B * T * a.split_act * bpp;
   if (cfg.train.device == "cuda" && cfg.train.dtype == "bf16") {
@@ -245,7 +325,7 @@ void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, int64_t numel, const Ran
     x.bytes_scratch += x.bytes_ring;
   }
   x.bytes_total = x.bytes_params + x.bytes_grads + x.bytes_optimizer + x.bytes_activations +
-                  x.bytes_attention_fallback + x.bytes_scratch;
+                  x.bytes_attention_fallback + x.bytes_scratch + x.bytes_zero_working;
 }
 
 }  // namespace
@@ -271,11 +351,11 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, int64_t bpp,
   const StagePlacement placement = placement_of_schedule(cfg.parallel.schedule);
   for (int r = 0; r < pp; ++r) {
     const StageSlice slice = stage_slice(counts, pp, v, r, placement);
-    const int64_t numel = total_numel(
-        build_param_table(m, cfg.parallel.tp, 0, &slice, m.n_experts > 0 ? &experts0 : nullptr));
+    const std::vector<ParamSpec> table =
+        build_param_table(m, cfg.parallel.tp, 0, &slice, m.n_experts > 0 ? &experts0 : nullptr);
     const RankActivations a = rank_activations(cfg, z, slice, r, held, split, placement);
     MemoryEstimate x = e;
-    fill_rank_bytes(cfg, bpp, numel, a, z, x);
+    fill_rank_bytes(cfg, bpp, table, a, z, x);
     x.pp_rank = r;
     x.microbatches_held = a.n_held;
     if (r == 0 || x.bytes_total > e.bytes_total) e = x;
@@ -385,14 +465,35 @@ std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e,
        "; tp " +
        std::to_string(par.tp) + (par.sequence_parallel && par.tp > 1 ? " with SP" : "") +
        (cp > 1 ? ", cp " + std::to_string(cp) + " " + par.cp_mode : std::string()) +
-       ", dp " + std::to_string(par.dp) + (par.zero && par.dp * par.cp > 1 ? " with ZeRO-1" : "") +
+       ", dp " + std::to_string(par.dp) +
+       (par.zero && par.dp * par.cp > 1 ? " with ZeRO-" + std::to_string(par.zero) : std::string()) +
        (par.pp > 1 ? ", pp " + std::to_string(par.pp) + " " + par.schedule + ": pipeline rank " +
                          std::to_string(e.pp_rank) + ", the largest" : std::string()) +
        "):");
+  const bool zero23 = par.zero >= 2 && par.dp * par.cp > 1;
+  if (zero23) {
+    line("    parameters   " + gib(e.bytes_params) +
+         (par.zero >= 3 ? (mixed ? "  (this rank's shard of the bf16 copy)" : "  (held as the master shard)")
+                        : (mixed ? "  (whole bf16 weights, and this rank's shard of them)"
+                                 : "  (whole weights)")));
+    line("    gradients    " + gib(e.bytes_grads) + "  (this rank's shard)");
+    line("    optimizer    " + gib(e.bytes_optimizer) + "  (AdamW m, v and the " +
+         (mixed ? "fp32 " : "") + "master weights: this rank's shard)");
+    line("    ZeRO working " + gib(e.bytes_zero_working) +
+         (par.zero >= 3 ? "  (gathered units: the largest x " +
+                              (par.zero3_reshard_after_forward
+                                   ? std::to_string(1 + std::max<int64_t>(1, par.zero3_prefetch)) +
+                                         " (parallel.zero3_prefetch " +
+                                         std::to_string(par.zero3_prefetch) + ")"
+                                   : std::string("all (zero3_reshard_after_forward false)")) +
+                              "; whole-unit gradients being reduce-scattered)"
+                        : "  (whole-unit gradients being reduce-scattered)"));
+  } else {
   line("    parameters   " + gib(e.bytes_params));
   line("    gradients    " + gib(e.bytes_grads));
   line("    optimizer    " + gib(e.bytes_optimizer) +
        (mixed ? "  (AdamW m, v, fp32 master weights)" : "  (AdamW m, v)"));
+  }
   line("    activations  " + gib(e.bytes_activations) + "  (micro_batch " +
        std::to_string(t.micro_batch) + " x seq_len " + std::to_string(m.seq_len) +
        (cp > 1 ? " / cp " + std::to_string(cp) : std::string()) +

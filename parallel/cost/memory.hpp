@@ -40,6 +40,9 @@ struct MemoryEstimate {
   // Of bytes_scratch: context parallelism's ring buffers (K/V in flight,
   // dK/dV accumulators, the merge's running output).
   int64_t bytes_ring = 0;
+  // ZeRO-2/3: what the store holds besides its shards at its most (gathered
+  // units, whole-unit gradients in flight; parallel/dp/zero_store.hpp).
+  int64_t bytes_zero_working = 0;
   int64_t bytes_total = 0;
   int pp_rank = 0;                     // pipeline: the rank reported (the largest total)
   int64_t microbatches_held = 1;       // pipeline: micro-batches in flight on that rank (all chunks)

@@ -35,7 +35,8 @@ void to_floats(Backend& be, const Tensor& src, int64_t n, float* dst) {
 
 }  // namespace
 
-ZeroStore::ZeroStore(Model& model, Backend& be, Comm& group, const ZeroOptions& o)
+ZeroStore::ZeroStore(Model& model, Backend& be, Comm& group, const ZeroOptions& o,
+                     const float* initial)
     : model_(model), be_(be), group_(group), opt_(o), wdt_(model.dtype()), mdt_(model.master_dtype()) {
   ADGT_CHECK(o.level == 2 || o.level == 3, "ZeroStore: ZeRO level " << o.level << " (2 or 3)");
   ADGT_CHECK(o.prefetch >= 0, "parallel.zero3_prefetch=" << o.prefetch << " must be >= 0");
@@ -47,14 +48,7 @@ ZeroStore::ZeroStore(Model& model, Backend& be, Comm& group, const ZeroOptions& 
   grad_ = Buffer(be, size_t(S) * dtype_size(mdt_));
   be.zero(elems(master_.data(), mdt_, S));
   be.zero(elems(grad_.data(), mdt_, S));
-  // This rank's pieces of the model's (whole) master weights.
-  const Tensor whole = model.master();
-  for (const ZeroUnit& u : shards_.units)
-    if (u.hi > u.lo)
-      be.copy(elems(static_cast<char*>(master_.data()) + size_t(u.offset) * dtype_size(mdt_), mdt_,
-                    u.hi - u.lo),
-              elems(static_cast<char*>(whole.data) + size_t(u.lo) * dtype_size(mdt_), mdt_,
-                    u.hi - u.lo));
+  if (initial) flat_host_to_shard(initial, size_t(model.flat_size()), master_shard());
   if (model.mixed()) {
     compute_ = Buffer(be, size_t(S) * dtype_size(wdt_));
     be.cast(elems(compute_.data(), wdt_, S), elems(master_.data(), mdt_, S));
@@ -299,5 +293,7 @@ void ZeroStore::load_weights(const float* flat, size_t n) {
   if (model_.mixed()) be_.cast(compute_shard(), master_shard());
   after_update();
 }
+
+void ZeroStore::publish() { after_update(); }
 
 }  // namespace adgt

@@ -55,10 +55,13 @@ struct ZeroTimes {
 
 class ZeroStore final : public UnitStorage {
  public:
-  // `model` must still hold its whole flat buffers (its initial or restored
-  // weights): the store takes its pieces of them here; the caller then
-  // hands it to model.set_unit_storage, which frees what the store holds.
-  ZeroStore(Model& model, Backend& be, Comm& group, const ZeroOptions& o);
+  // `initial`: the model's whole flat weights on the host (flat_size fp32
+  // values: the drawn initial weights), of which the store keeps its pieces;
+  // nullptr: zeros (a state restored at once with load_weights). The caller
+  // then hands the store to model.set_unit_storage before anything uses the
+  // model's flat buffers, so they are never made (the model makes them at
+  // their first use).
+  ZeroStore(Model& model, Backend& be, Comm& group, const ZeroOptions& o, const float* initial);
   ~ZeroStore() override;
 
   // --- UnitStorage ---
@@ -97,6 +100,9 @@ class ZeroStore final : public UnitStorage {
   // switch): the master shard, its compute copy, and under ZeRO-2 the
   // model's flat weights. Collective.
   void load_weights(const float* flat, size_t n);
+  // The shards' weights into the model (ZeRO-2: its flat weights, gathered;
+  // collective), as after an update: once after construction.
+  void publish();
 
   // The clock the waits are timed on (the emulation's virtual clock under emulation).
   void set_clock(std::function<double()> now) { now_ = std::move(now); }

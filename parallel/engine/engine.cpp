@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/model/init_weights.hpp"
 #include "kernels/check.hpp"
 #include "parallel/cost/stages.hpp"
 #include "parallel/cp/chunks.hpp"
@@ -95,13 +96,15 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
                                    cfg.train.fused_projections, context_.get());
   model_->set_documents(int32_t(cfg.data.eos_id), cfg.train.document_mask,
                         cfg.model.rope_reset_per_document);
-  if (init) model_->init_weights(cfg.train.seed);  // else the caller restores a state
+  const int64_t zero_level = ctx_.dpcp->size() > 1 ? cfg.parallel.zero : 0;
+  // ZeRO-2/3: the store takes the initial weights (below), and the model's
+  // flat buffers are never made.
+  if (init && zero_level < 2) model_->init_weights(cfg.train.seed);  // else the caller restores a state
   if (!cfg.parallel.expert_replicas.empty() || cfg.parallel.expert_slots > 0)
     set_expert_replicas(cfg.parallel.expert_replicas);
   // Gradients (and ZeRO-1's AdamW chunks) over the ranks holding the same
   // weights: dp, times cp under context parallelism; the experts' over edp
   // (times cp).
-  const int64_t zero_level = ctx_.dpcp->size() > 1 ? cfg.parallel.zero : 0;
   const bool zero = zero_level == 1;
   Comm* edp = ctx_.ep->size() > 1 ? ctx_.edpcp : nullptr;
   if (zero_level >= 2) {
@@ -116,9 +119,16 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
     zo.level = int(zero_level);
     zo.prefetch = int(cfg.parallel.zero3_prefetch);
     zo.reshard_after_forward = cfg.parallel.zero3_reshard_after_forward;
-    store_ = std::make_unique<ZeroStore>(*model_, be_, *ctx_.dpcp, zo);
+    std::vector<float> initial;
+    if (init) {  // the model's initial weights, drawn on the host as Model::init_weights does
+      initial.resize(size_t(model_->flat_size()));
+      draw_init_weights(model_->table(), cfg.model.init_std, cfg.train.seed, initial.data(),
+                        model_->flat_size());
+    }
+    store_ = std::make_unique<ZeroStore>(*model_, be_, *ctx_.dpcp, zo, init ? initial.data() : nullptr);
     store_->set_clock([s = slow_] { return s->now(); });
     model_->set_unit_storage(store_.get());
+    store_->publish();
   }
   // Under ZeRO-2/3 the store reduces the gradients: the bucket reducer gets
   // a group of one (no buckets).
