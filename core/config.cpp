@@ -1261,6 +1261,11 @@ void validate(const RunConfig& cfg_in) {
     if (auto err = layout_error(m, t, layout_of(cfg))) throw ConfigError(src + ": " + *err);
   if (!cfg.parallel.auto_plan)
     if (auto err = expert_replicas_error(cfg)) throw ConfigError(src + ": " + *err);
+  if (cfg.parallel.zero >= 2 && cfg.parallel.grad_compression != "off")
+    throw ConfigError(src + ": parallel.grad_compression=" + cfg.parallel.grad_compression +
+                      " with parallel.zero=" + fmt_int(cfg.parallel.zero) +
+                      " is not supported yet (compression acts on the bucketed all-reduce and "
+                      "ZeRO-1's reduce-scatter; docs/zero.md); use grad_compression: off or zero: 1");
 
   const EmulateConfig& e = cfg.emulate;
   const auto slow = parse_slow_ranks(e.slow_ranks);

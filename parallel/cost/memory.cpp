@@ -240,11 +240,16 @@ ZeroSizes zero_sizes(const std::vector<ParamSpec>& table, int64_t D) {
 // its whole gradient being written and the two before it being
 // reduce-scattered (each with its output slot). ZeRO-2: the gradients only,
 // or the update's gather buffer.
+// With accumulation the last two units' reduce-scatters of a micro-batch's
+// backward may still be in flight in the next micro-batch's forward.
 int64_t zero_working_bytes(const ZeroSizes& z, int64_t D, int level, int64_t prefetch, bool reshard,
-                           int64_t b, int64_t mb) {
+                           int64_t b, int64_t mb, bool accumulates) {
   const int64_t n = int64_t(z.slot.size());
   auto unit = [&](int64_t g) { return g >= 0 && g < n ? z.slot[size_t(g)] * D : 0; };
-  int64_t most = level >= 3 ? 0 : z.max_unit * b;
+  int64_t inflight = 0;
+  for (int64_t g = n - 2; accumulates && g < n; ++g)
+    if (g >= 0) inflight += (unit(g) + z.slot[size_t(g)]) * mb;
+  int64_t most = level >= 3 ? 0 : std::max(z.max_unit * b, inflight);
   for (int64_t g = n - 1; g >= 0 && level >= 3; --g) {  // the forward: g - 1 is next
     int64_t w = 0;
     if (reshard) {
@@ -252,7 +257,7 @@ int64_t zero_working_bytes(const ZeroSizes& z, int64_t D, int level, int64_t pre
     } else {
       for (int64_t k = g - std::max<int64_t>(1, prefetch); k < n; ++k) w += unit(k);
     }
-    most = std::max(most, w * b);
+    most = std::max(most, w * b + inflight);
   }
   for (int64_t g = 0; g < n; ++g) {  // the backward: g + 1 is next
     int64_t w = 0;
@@ -296,7 +301,8 @@ void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, const std::vector<ParamS
     x.bytes_grads = zs.shard * mb;
     x.bytes_optimizer = 3 * zs.shard * mb;
     x.bytes_zero_working = zero_working_bytes(zs, D, int(cfg.parallel.zero), p,
-                                              cfg.parallel.zero3_reshard_after_forward, bpp, mb);
+                                              cfg.parallel.zero3_reshard_after_forward, bpp, mb,
+                                              cfg.accum_steps() > 1);
   }
   x.bytes_activations = B * T * a.act * bpp;
   x.bytes_split = B * T * a.split_act * bpp;

@@ -635,7 +635,10 @@ class StepSimulation {
     r.mfu = peak > 0 ? r.tflops_per_gpu * 1e12 / peak : 0;
     std::vector<std::vector<int64_t>> held;
     if (P_ > 1) held = pp::held_activations(sched_);
-    r.memory_bytes_max = double(estimate_memory(cfg_, bytes_, held).bytes_total);
+    const MemoryEstimate me = estimate_memory(cfg_, bytes_, held);
+    r.memory_bytes_max = double(me.bytes_total);
+    r.memory_state_bytes = double(me.bytes_params + me.bytes_grads + me.bytes_optimizer);
+    r.memory_zero_working_bytes = double(me.bytes_zero_working);
     return r;
   }
 
@@ -686,6 +689,8 @@ std::string to_json(const SimResult& r) {
   j["compute_s"] = r.compute_s;
   j["optimizer_s"] = r.optimizer_s;
   j["memory_gib_max"] = r.memory_bytes_max / 1073741824.0;
+  j["memory_state_bytes"] = r.memory_state_bytes;
+  j["memory_zero_working_bytes"] = r.memory_zero_working_bytes;
   j["world"] = r.world;
   j["microbatches"] = r.microbatches;
   j["units_simulated"] = r.units_simulated;

@@ -65,6 +65,9 @@ struct SimResult {
   double compute_s = 0;        // the busiest rank's compute
   double optimizer_s = 0;      // the update (sum of squares + AdamW)
   double memory_bytes_max = 0; // the dry run's estimate (parallel/cost/memory.hpp)
+  // Of it: the model state (parameters, gradients, optimizer with master
+  // weights) and ZeRO-2/3's working set (gathered units, unit gradients).
+  double memory_state_bytes = 0, memory_zero_working_bytes = 0;
   int64_t world = 0;
   int64_t microbatches = 0;
   int64_t units_simulated = 0;
