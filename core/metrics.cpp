@@ -124,6 +124,13 @@ void MetricsLog::log_step(const StepMetrics& m) {
     if (!w.empty()) j["comm_wait_s"] = w;
   }
   if (m.host_reads >= 0) j["host_reads"] = m.host_reads;
+  if (m.zero_level >= 2)
+    j["zero"] = {{"level", m.zero_level},
+                 {"gathers", m.zero_gathers},
+                 {"gather_bytes", m.zero_gather_bytes},
+                 {"reduce_scatters", m.zero_reduces},
+                 {"gather_wait_s", m.zero_gather_wait_s},
+                 {"reduce_wait_s", m.zero_reduce_wait_s}};
   if (!m.grad_compression.empty()) {
     j["grad_compression"] = {{"levels", m.grad_compression}, {"sent_bytes", m.gc_sent_bytes},
                              {"fp32_bytes", m.gc_fp32_bytes}};

@@ -52,6 +52,11 @@ struct StepMetrics {
   // The compressed buckets' reduce, seconds, mean over the ranks: part of
   // dp_wait_s (< 0: not measured).
   double gc_seconds = -1;
+  // ZeRO-2/3 (docs/zero.md; zero_level 0: not in use): this rank's unit
+  // weight gathers and gradient reduce-scatters of the step, and the seconds
+  // it waited for them (their exposed part; together dp_wait_s).
+  int64_t zero_level = 0, zero_gathers = 0, zero_reduces = 0, zero_gather_bytes = 0;
+  double zero_gather_wait_s = 0, zero_reduce_wait_s = 0;
   std::vector<MoeLayerMetrics> moe;  // this rank's MoE layers
   // A blend of token files (data.train with weights): training tokens read
   // from each source so far, in the run's order (empty: one source).

@@ -19,7 +19,9 @@ class UnitStorage {
   virtual bool holds_grads() const = 0;    // else the model's flat gradient buffer
   // The pass is about to compute unit `unit` (an index into grad_units()),
   // reading the weights of `reads` (the unit itself and, for a layer's
-  // forward, the next unit's first norm; the tied embedding for the head).
+  // forward, the next unit's first norm at its end; the tied embedding for
+  // the head). The unit's weights are ready when this returns; another
+  // read's may still be arriving (weights() waits for them).
   virtual void begin_unit(Pass pass, int unit, const std::vector<int>& reads) = 0;
   // The backward has completed unit `unit`'s gradients for this micro-batch.
   virtual void grads_done(int unit) = 0;

@@ -151,24 +151,31 @@ void ZeroStore::begin_unit(Pass pass, int g, const std::vector<int>& reads) {
       for (int k = 0; k < n_units_; ++k)
         if (shard_unit(k) == su) gi = k;
       const bool behind = pass == Pass::Forward ? gi > g : gi < g;
-      if (behind && !reads_unit(su)) drop.push_back(su);
+      // The forward keeps the units the backward starts with (the head and
+      // the prefetched ones after it: FSDP does not reshard the last unit).
+      const bool backward_first = pass == Pass::Forward && gi <= opt_.prefetch;
+      if (behind && !backward_first && !reads_unit(su)) drop.push_back(su);
     }
     for (int su : drop) free_gather(su);
   }
-  for (int r : reads) start_gather(shard_unit(r));
+  // The unit first, then what it also reads and the prefetched ones, in
+  // the pass's order; only the unit is waited for now: another read (the
+  // next layer's first norm, at the end of this layer's forward) waits in
+  // weights() when the model reaches it, so its gather travels meanwhile.
+  start_gather(shard_unit(g));
+  if (opt_.prefetch > 0)  // prefetch 0: each gather starts when it is needed
+    for (int r : reads) start_gather(shard_unit(r));
   for (int n : upcoming(pass, g)) start_gather(shard_unit(n));
-  for (int r : reads) wait_gather(shard_unit(r));
+  wait_gather(shard_unit(g));
 }
 
 char* ZeroStore::weights(int g) {
+  // A read the pass named (begin_unit's `reads`) may still be arriving, or
+  // (prefetch 0) not started: gathered now, in the same order on every rank.
   const int su = shard_unit(g);
-  auto it = gathered_.find(su);
-  ADGT_CHECK(it != gathered_.end() && it->second.waited,
-             "ZeRO-3: gradient unit " << g << "'s weights [" << shards_.units[size_t(su)].begin << ", "
-                                      << shards_.units[size_t(su)].end
-                                      << ") were read while not gathered (the model must name "
-                                         "a unit before it computes with it)");
-  return static_cast<char*>(it->second.buf.data());
+  start_gather(su);
+  wait_gather(su);
+  return static_cast<char*>(gathered_.at(su).buf.data());
 }
 
 // -------------------------------------------------------------- gradients

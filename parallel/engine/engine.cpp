@@ -291,6 +291,7 @@ double Engine::run_micro_batches(const MicroBatchFetch& fetch) {
     store_->finish_grads();
     const ZeroTimes& z = store_->last_times();
     times_.zero_gathers = z.gathers, times_.zero_reduces = z.reduces;
+    times_.zero_gather_bytes = z.gather_bytes;
     times_.zero_gather_wait_s = z.gather_wait_s, times_.zero_reduce_wait_s = z.reduce_wait_s;
     times_.dp_wait_s = z.gather_wait_s + z.reduce_wait_s;
   }

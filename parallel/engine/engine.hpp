@@ -33,7 +33,7 @@ struct StepTimes {
   // ZeRO-2/3 (ZeroStore): the step's weight gathers and gradient
   // reduce-scatters, and the seconds the step waited for them (their
   // exposed part; dp_wait_s is their sum).
-  int64_t zero_gathers = 0, zero_reduces = 0;
+  int64_t zero_gathers = 0, zero_reduces = 0, zero_gather_bytes = 0;
   double zero_gather_wait_s = 0, zero_reduce_wait_s = 0;
   // The compressed buckets' reduce (encode, exchange, decode; docs/compression.md),
   // on the step's path after the wait: exposed data-parallel time as well.

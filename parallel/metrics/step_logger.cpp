@@ -61,6 +61,13 @@ void StepLogger::observe(Engine& e, const StepReport& r, Comm& world) {
     m.gc_fp32_bytes = e.reducer().last_compression().fp32_bytes;
     if (g.dpcp->size() > 1) m.gc_seconds = dp_wait[2];
   }
+  if (const ZeroStore* z = e.zero_store()) {
+    const StepTimes& t = e.last_times();
+    m.zero_level = z->level();
+    m.zero_gathers = t.zero_gathers, m.zero_reduces = t.zero_reduces;
+    m.zero_gather_bytes = t.zero_gather_bytes;
+    m.zero_gather_wait_s = t.zero_gather_wait_s, m.zero_reduce_wait_s = t.zero_reduce_wait_s;
+  }
   m.dp_wait_s = g.dpcp->size() > 1 ? dp_wait[0] : -1.0;
   m.dp_wait_max_s = g.dpcp->size() > 1 ? dp_wait[1] : -1.0;
   m.tp_wait_s = g.tp->size() > 1 ? r.tp_seconds : -1.0;
