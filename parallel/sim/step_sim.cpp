@@ -24,7 +24,7 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 enum class TaskKind : uint8_t { Compute, Delay, Send, Recv, StartBuckets, WaitBuckets, Sync };
-enum class Cat : uint8_t { Pipeline, Optimizer, Tp, Ep, Cp, Step };
+enum class Cat : uint8_t { Pipeline, Optimizer, Tp, Ep, Cp, Step, Dp };
 
 struct Task {
   TaskKind kind;
@@ -204,12 +204,19 @@ class StepSimulation {
       ranks.resize(size_t(world_));
       for (int i = 0; i < int(world_); ++i) ranks[size_t(i)] = i;
     }
-    const double t = cluster::collective_time(cl_, c.kind, ranks, c.bytes);
+    double t = cluster::collective_time(cl_, c.kind, ranks, c.bytes);
+    for (const auto& [kind, bytes] : c.with) t += cluster::collective_time(cl_, kind, ranks, bytes);
     if (c.hide.empty()) return double(c.repeat) * t;
     // Overlapped with the compute of `hide` (at this unit's speed), each time.
     return double(c.repeat) * std::max(0.0, t - ops_time(c.hide) / u.speed);
   }
-  static Cat comm_cat(Group g) { return g == Group::ep ? Cat::Ep : g == Group::cp ? Cat::Cp : Cat::Tp; }
+  // In a pass: ZeRO-2/3's unit gathers and reduce-scatters are data-parallel time.
+  static Cat comm_cat(Group g) {
+    return g == Group::ep                          ? Cat::Ep
+           : g == Group::cp                        ? Cat::Cp
+           : g == Group::dp || g == Group::dpcp ? Cat::Dp
+                                                   : Cat::Tp;
+  }
 
   // A pass's tasks, made once per (unit, pass): its pieces in order where the
   // order matters (ranks sharing cores, and the last micro-batch's gradient
@@ -221,21 +228,25 @@ class StepSimulation {
       auto key = std::make_pair(static_cast<const Unit*>(&u), &w);
       auto it = pass_cache_.find(key);
       if (it == pass_cache_.end()) {
-        Task c{TaskKind::Compute}, tp{TaskKind::Delay}, ep{TaskKind::Delay}, cp{TaskKind::Delay};
+        Task c{TaskKind::Compute}, tp{TaskKind::Delay}, ep{TaskKind::Delay}, cp{TaskKind::Delay},
+            dp{TaskKind::Delay};
         tp.cat = Cat::Tp;
         ep.cat = Cat::Ep;
         cp.cat = Cat::Cp;
+        dp.cat = Cat::Dp;
         for (const Piece& pc : w.pieces) {
           c.amount += ops_time(pc.ops);
           for (const CommOp& cm : pc.comms) {
             const Cat k = comm_cat(cm.group);
-            (k == Cat::Ep ? ep : k == Cat::Cp ? cp : tp).amount += group_time(u, cm) + u.sync_wait;
+            (k == Cat::Ep ? ep : k == Cat::Cp ? cp : k == Cat::Dp ? dp : tp).amount +=
+                group_time(u, cm) + u.sync_wait;
           }
         }
         std::vector<Task> ts{c};
         if (tp.amount > 0) ts.push_back(tp);
         if (ep.amount > 0) ts.push_back(ep);
         if (cp.amount > 0) ts.push_back(cp);
+        if (dp.amount > 0) ts.push_back(dp);
         it = pass_cache_.emplace(key, std::move(ts)).first;
       }
       u.tasks.insert(u.tasks.end(), it->second.begin(), it->second.end());
@@ -596,7 +607,7 @@ class StepSimulation {
           }
         }
       } else if (t.kind == TaskKind::Delay && u.until <= next) {
-        (t.cat == Cat::Ep ? u.ep : t.cat == Cat::Cp ? u.cp : u.tp) += t.amount;
+        (t.cat == Cat::Ep ? u.ep : t.cat == Cat::Cp ? u.cp : t.cat == Cat::Dp ? u.dp_wait : u.tp) += t.amount;
         u.started = false;
         ++u.pc;
         ++events_;

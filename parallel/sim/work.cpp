@@ -462,6 +462,7 @@ void plan_buckets(RankWork& rw, const std::vector<GradUnit>& units, const Parall
   const int64_t D = par.dp * par.cp, eD = par.dp / par.ep * par.cp;
   const Group dense = par.cp > 1 ? Group::dpcp : Group::dp;
   const bool zero = par.zero == 1 && D > 1;
+  if (par.zero >= 2 && D > 1) return;  // ZeRO-2/3: in the passes (add_zero_traffic)
   const double bucket_bytes = std::max(1024.0 * 4, par.bucket_mb * 1024 * 1024);
   if (zero) {
     BucketWork b;
@@ -512,12 +513,83 @@ void plan_buckets(RankWork& rw, const std::vector<GradUnit>& units, const Parall
   }
 }
 
+// ZeRO-2/3 (parallel/dp/zero_store.hpp; one chunk: no pipeline) in the
+// passes, unit by unit (the embedding, each layer, the head; `units` in the
+// backward's order). Each micro-batch's backward reduce-scatters every
+// unit's fp32 gradient while the next unit computes (the last one's
+// exposed). At ZeRO-3 each unit's weights are gathered before its forward
+// and again before its backward (the first `prefetch` units of the backward
+// are kept from the forward), each gather travelling during the compute of
+// the `prefetch` units before it in the pass (prefetch 0: not hidden) and
+// sharing the link with the reduce-scatter of the unit two back.
+void add_zero_traffic(StageWork& st, const std::vector<GradUnit>& units, const ParallelConfig& par,
+                      const ModelConfig& m, const Dims& d) {
+  const Group dp = par.cp > 1 ? Group::dpcp : Group::dp;
+  const int64_t n = int64_t(units.size());
+  const int64_t p = std::max<int64_t>(0, par.zero3_prefetch);
+  const bool z3 = par.zero >= 3;
+  auto elems = [&](int64_t g) { return units[size_t(g)].second.first + units[size_t(g)].second.second; };
+  // The pieces of each unit in a pass: the embedding and the head one each,
+  // a layer two (the attention, the FFN).
+  auto split = [&](PassWork& w, bool backward) {
+    std::vector<std::vector<size_t>> by;  // by grad-unit index (the backward's order)
+    by.resize(size_t(n));
+    size_t k = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t g = backward ? i : n - 1 - i;
+      const int64_t layer = units[size_t(g)].first;
+      const size_t pieces = layer >= 0 && layer < m.n_layers ? 2 : 1;  // a layer: attention and FFN
+      for (size_t j = 0; j < pieces && k < w.pieces.size(); ++j) by[size_t(g)].push_back(k++);
+    }
+    return by;
+  };
+  auto ops_of = [](const PassWork& w, const std::vector<size_t>& pieces) {
+    std::vector<Op> ops;
+    for (size_t i : pieces) ops.insert(ops.end(), w.pieces[i].ops.begin(), w.pieces[i].ops.end());
+    return ops;
+  };
+  if (z3) {
+    const auto by = split(st.forward, false);
+    for (int64_t g = n - 1; g >= 0; --g) {  // the forward's order
+      CommOp c{cluster::Collective::AllGather, dp, elems(g) * d.b};
+      for (int64_t k = 1; k <= p && g + k < n; ++k) {
+        const auto o = ops_of(st.forward, by[size_t(g + k)]);
+        c.hide.insert(c.hide.end(), o.begin(), o.end());
+      }
+      st.forward.pieces[by[size_t(g)].front()].comms.push_back(c);
+    }
+  }
+  const auto by = split(st.backward, true);
+  for (int64_t g = 0; g < n; ++g) {  // the backward's order
+    CommOp c{cluster::Collective::ReduceScatter, dp, 0};
+    const bool gather = z3 && g > p;
+    if (gather) c = {cluster::Collective::AllGather, dp, elems(g) * d.b};
+    if (g >= 2 || (!z3 && g >= 1)) {  // an earlier unit's reduce-scatter in this window
+      const int64_t r = z3 ? g - 2 : g - 1;
+      if (gather)
+        c.with.push_back({cluster::Collective::ReduceScatter, elems(r) * 4});
+      else
+        c.bytes = elems(r) * 4;
+    }
+    if (c.bytes <= 0) continue;
+    for (int64_t k = 1; k <= std::max<int64_t>(1, p) && g - k >= 0; ++k) {
+      const auto o = ops_of(st.backward, by[size_t(g - k)]);
+      c.hide.insert(c.hide.end(), o.begin(), o.end());
+    }
+    if (gather && p == 0) c.hide.clear();
+    st.backward.pieces[by[size_t(g)].front()].comms.push_back(c);
+  }
+  // The last units' reduce-scatters: after the pass, exposed.
+  for (int64_t g = std::max<int64_t>(0, n - (z3 ? 2 : 1)); g < n; ++g)
+    st.backward.pieces.back().comms.push_back({cluster::Collective::ReduceScatter, dp, elems(g) * 4});
+}
+
 // The update and the step's small collectives around it, in the executor's order.
 void add_update(RankWork& rw, const ParallelConfig& par, const Dims& d) {
   // The replicas of a stage's tp shard: dp, times cp under context parallelism.
   const int64_t D = par.dp * par.cp;
   const Group dp = par.cp > 1 ? Group::dpcp : Group::dp;
-  const bool zero = par.zero == 1 && D > 1;
+  const bool zero = par.zero >= 1 && D > 1;
   const double state = zero ? rw.param_elems / double(D) : rw.param_elems;
   rw.optimizer.push_back({OpKind::SumSquares, int64_t(state)});
   rw.optimizer.push_back({OpKind::AdamW, int64_t(state), d.b == 2 ? 1 : 0});
@@ -532,7 +604,7 @@ void add_update(RankWork& rw, const ParallelConfig& par, const Dims& d) {
   if (zero) small(dp, D, CommOp::BeforeUpdate);         // the norm: ZeRO-1 chunks
   small(Group::tp, par.tp, CommOp::BeforeUpdate);       // ... tensor shards
   small(Group::pp, par.pp, CommOp::BeforeUpdate);       // ... stages
-  if (zero)
+  if (zero && par.zero <= 2)  // ZeRO-1's master, ZeRO-2's compute weights (ZeRO-3 keeps its shard)
     rw.step_comms.push_back({Collective::AllGather, dp, rw.param_elems * d.b, CommOp::AfterUpdate});
   small(Group::tp, par.tp, CommOp::AfterUpdate);        // the stop-signal agreement
   small(dp, D, CommOp::AfterUpdate);                    // (over cp too)
@@ -559,6 +631,7 @@ RankWork rank_work(const RunConfig& cfg, int pp_rank, const WorkOptions& opts) {
     rw.chunks.push_back(std::move(st));
   }
   for (const auto& u : units) rw.param_elems += u.second.first + u.second.second;
+  if (par.zero >= 2 && par.dp * par.cp > 1 && v == 1) add_zero_traffic(rw.chunks[0], units, par, m, d);
   plan_buckets(rw, units, par, m);
   add_update(rw, par, d);
   return rw;

@@ -33,6 +33,11 @@ struct CommOp {
   // with the attention of the block before it (parallel/cp/ring_attention.cpp).
   int64_t repeat = 1;
   std::vector<Op> hide;
+  // Collectives of the same group that share the link and the window
+  // (ZeRO-3: a unit's weight gather with an earlier unit's gradient
+  // reduce-scatter, both during the compute of the unit before): their
+  // times add to this one's before `hide` is taken off.
+  std::vector<std::pair<cluster::Collective, double>> with;
 };
 
 // A piece of work in execution order: ops, then the collectives that follow

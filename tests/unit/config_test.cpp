@@ -250,8 +250,7 @@ TEST_CASE("cross-field rules name both keys and a fix", "[config]") {
   CHECK(error_of("parallel:\n  ep: 2\n") ==
         "x.yaml: parallel.ep=2 needs a mixture-of-experts model; set model.n_experts (e.g. 8) or "
               "parallel.ep: 1");
-  CHECK(error_of("parallel:\n  zero: 2\n") ==
-        "x.yaml: parallel.zero=2: only ZeRO stage 0 or 1 is supported; use 0 or 1");
+  CHECK(error_of("parallel:\n  zero: 4\n") == "x.yaml: parallel.zero=4: ZeRO stages are 0, 1, 2 and 3");
   CHECK(error_of("model:\n  ffn_hidden: 690\nparallel:\n  tp: 4\n") ==
         "x.yaml: parallel.tp=4 does not divide model.ffn_hidden=690; use tp in {1,2}");
   CHECK(error_of("parallel:\n  dp: 4\ntrain:\n  global_batch: 30\n  micro_batch: 4\n") ==
@@ -361,7 +360,7 @@ TEST_CASE("docs/config.md carries the generated key reference", "[config]") {
     FAIL("docs/config.md is out of date with the schema in core/config.cpp; paste " + out +
          " between its BEGIN/END markers");
   }
-  CHECK(config_keys().size() == 98);
+  CHECK(config_keys().size() == 100);
   for (const auto& k : config_keys()) {
     CHECK(!k.doc.empty());
     CHECK(!k.allowed.empty());
