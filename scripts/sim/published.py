@@ -144,8 +144,10 @@ def sets_of(run):
             f"model.seq_len={m['seq_len']}", f"train.global_batch={lay['global_batch']}",
             f"train.micro_batch={mb}", "train.dtype=bf16", f"train.recompute={rc}",
             f"parallel.tp={lay['tp']}", f"parallel.pp={pp}", f"parallel.dp={lay['dp']}",
-            f"parallel.zero={zero if zero >= 1 and lay['dp'] > 1 else 0}",
+            f"parallel.zero={(1 if pp > 1 else zero) if zero >= 1 and lay['dp'] > 1 else 0}",
             f"parallel.sequence_parallel={'true' if sp and lay['tp'] > 1 else 'false'}"]
+    if zero == 2 and pp > 1 and lay["dp"] > 1:
+        assumed.append("ZeRO-2 as ZeRO-1 (adgt's ZeRO-2 runs without a pipeline)")
     cp = as_int(lay.get("cp", 1), 1)
     if cp > 1:
         sets.append(f"parallel.cp={cp}")

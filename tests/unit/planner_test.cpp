@@ -243,3 +243,33 @@ TEST_CASE("plan: context parallelism for long sequences, where cp can train", "[
   CHECK(planned({"model.seq_len=8192", "train.device=cpu", "train.document_mask=true",
                  "data.eos_id=10"}) == std::vector<int64_t>{1});
 }
+
+TEST_CASE("plan: the sweep tries ZeRO-2 and ZeRO-3 where they run, and they save memory", "[plan][zero]") {
+  sim::DeviceModelCosts costs(two_nodes().device);
+  const RunConfig base = run();
+  sim::SweepOptions all;
+  const auto full = sim::sweep_layouts(base, 8, two_nodes(), costs, all);
+  int z23 = 0;
+  for (const auto& r : full.rows) {
+    const ParallelConfig& p = r.cfg.parallel;
+    if (p.zero < 2) continue;
+    ++z23;
+    CHECK(p.pp == 1);  // not with a pipeline, experts or compression (docs/zero.md)
+    CHECK(p.ep == 1);
+    CHECK(p.dp * p.cp > 1);
+    CHECK(r.layout.find("zero=" + std::to_string(p.zero)) != std::string::npos);
+  }
+  CHECK(z23 > 0);
+  // The same layout at ZeRO 0..3: each level holds less.
+  std::vector<double> mem;
+  for (int z = 0; z <= 3; ++z) {
+    RunConfig c = base;
+    c.parallel.dp = 8;
+    c.parallel.zero = z;
+    mem.push_back(sim::simulate_step(c, two_nodes(), costs).memory_state_bytes);
+  }
+  CHECK(mem[1] < mem[0]);
+  CHECK(mem[2] < mem[1]);
+  CHECK(mem[3] < mem[2]);
+  CHECK(mem[3] <= mem[0] / 6);
+}

@@ -426,3 +426,67 @@ TEST_CASE("sim: context parallelism, the rank's tokens, the ring's exposure and 
   CHECK(whole);
   CHECK(simulate_step(a2a, cl, costs).exposed_cp_s > 0);
 }
+
+TEST_CASE("sim: ZeRO-2 and ZeRO-3 move every unit's gradient and (3) weights in the passes",
+          "[sim][zero]") {
+  FakeCosts costs;
+  // 8 layers, the embedding and the head: 10 units.
+  const int64_t n_units = 10;
+  double unit_sum = 0;  // every unit's elements once
+  {
+    const RankWork rw = rank_work(run({"parallel.dp=4"}), 0);
+    unit_sum = rw.param_elems;
+    REQUIRE(!rw.buckets.empty());  // zero 0: the bucketed all-reduce
+  }
+  for (int zero : {2, 3}) {
+    INFO("zero " << zero);
+    const RunConfig cfg = run({"parallel.dp=4", "parallel.zero=" + std::to_string(zero)});
+    const RankWork rw = rank_work(cfg, 0);
+    CHECK(rw.buckets.empty());  // the store reduces, in the passes
+    const StageWork& st = rw.chunks[0];
+    double gathered_f = 0, gathered_b = 0, scattered = 0;
+    int gathers_f = 0, gathers_b = 0;
+    for (const Piece& p : st.forward.pieces)
+      for (const CommOp& c : p.comms)
+        if (c.group == Group::dp && c.kind == cluster::Collective::AllGather) gathered_f += c.bytes, ++gathers_f;
+    for (const Piece& p : st.backward.pieces)
+      for (const CommOp& c : p.comms) {
+        if (c.group != Group::dp) continue;
+        if (c.kind == cluster::Collective::AllGather) gathered_b += c.bytes, ++gathers_b;
+        if (c.kind == cluster::Collective::ReduceScatter) scattered += c.bytes;
+        for (const auto& [k, b] : c.with)
+          if (k == cluster::Collective::ReduceScatter) scattered += b;
+      }
+    // Every unit's fp32 gradient reduce-scattered once a micro-batch.
+    CHECK(scattered == Approx(unit_sum * 4));
+    if (zero == 3) {
+      CHECK(gathers_f == n_units);     // every unit before its forward
+      CHECK(gathers_b == n_units - 2);  // the head and the prefetched unit kept from the forward
+      CHECK(gathered_f == Approx(unit_sum * 4));
+    } else {
+      CHECK(gathers_f + gathers_b == 0);
+    }
+    // The weights after the update: ZeRO-2 gathers them, ZeRO-3 keeps its shard.
+    int after = 0;
+    for (const CommOp& c : rw.step_comms)
+      if (c.kind == cluster::Collective::AllGather && c.when == CommOp::AfterUpdate) ++after;
+    CHECK(after == (zero == 2 ? 1 : 0));
+  }
+  // On a slow link the prefetch hides gathers behind the units before them:
+  // the exposed data-parallel time falls with the depth, and is zero on a
+  // fast link.
+  const cluster::Cluster slow = cluster::parse_cluster(
+      "nodes: 1\ndevices_per_node: 8\n"
+      "device: {peak_bf16_tflops: 1, peak_fp32_tflops: 1, memory_gib: 16, hbm_GBps: 1}\n"
+      "intra: {bandwidth_GBps: 0.01, latency_us: 10}\n",
+      "slow-dp.yaml");
+  std::vector<double> exposed;
+  for (int p : {0, 1, 2}) {
+    const RunConfig cfg = run({"parallel.dp=4", "parallel.zero=3", "parallel.zero3_prefetch=" + std::to_string(p)});
+    exposed.push_back(simulate_step(cfg, slow, costs).exposed_dp_s);
+    CHECK(simulate_step(cfg, fast(), costs).exposed_dp_s == Approx(0).margin(1e-6));
+  }
+  CHECK(exposed[0] > exposed[1]);
+  CHECK(exposed[1] > exposed[2]);
+  CHECK(exposed[2] > 0);
+}
