@@ -12,7 +12,7 @@ are expected bit for bit) and the same parameters and AdamW moments at the
 next checkpoint (bitwise, over every tensor of the checkpoint).
 
   switch_test.py --train adgt-train --mpirun tests/parallel/mpirun.sh \\
-      --data DIR --work DIR --case dense|moe|zero
+      --data DIR --work DIR --case dense|moe|zero|zero23
 """
 import argparse
 import json
@@ -48,6 +48,15 @@ CASES = {
             ["parallel.tp=4", "parallel.pp=1", "parallel.dp=2", "parallel.zero=0",
              "parallel.sequence_parallel=true", "parallel.schedule=1f1b",
              "parallel.virtual_stages=1"],
+        ]),
+    # ZeRO-3 out of and ZeRO-2 into the switch (docs/zero.md: through whole tensors).
+    "zero23": dict(
+        config=os.path.join(TESTS, "layouts", "model.yaml"),
+        base=["model.n_layers=4"],
+        layouts=[
+            ["parallel.tp=2", "parallel.pp=1", "parallel.dp=4", "parallel.zero=3"],
+            ["parallel.tp=1", "parallel.pp=2", "parallel.dp=4", "parallel.zero=1"],
+            ["parallel.tp=1", "parallel.pp=1", "parallel.dp=8", "parallel.zero=2"],
         ]),
     # Mixture of experts: ep2 -> ep4, with the aux-loss-free selection biases.
     "moe": dict(
