@@ -233,41 +233,70 @@ ZeroSizes zero_sizes(const std::vector<ParamSpec>& table, int64_t D) {
   return z;
 }
 
-// The most ZeroStore holds besides its shards (bytes), walking the units as
-// a step does: in the forward a unit, the next one (its norm) and the
-// prefetched ones gathered; in the backward a unit and the prefetched ones
-// gathered (every unit not yet done without resharding after the forward),
-// its whole gradient being written and the two before it being
-// reduce-scattered (each with its output slot). ZeRO-2: the gradients only,
-// or the update's gather buffer.
-// With accumulation the last two units' reduce-scatters of a micro-batch's
-// backward may still be in flight in the next micro-batch's forward.
+// What ZeroStore keeps besides its shards (bytes). It walks the units as a
+// step does and lists the buffers in use at each point: in the forward a
+// unit, the next one (its norm) and the prefetched ones gathered; in the
+// backward a unit and the prefetched ones gathered (every unit not yet done
+// without resharding after the forward), its whole gradient being written
+// and the two before it being reduce-scattered (each with its output slot);
+// with accumulation the last two units' reduce-scatters still in flight in
+// the next micro-batch's forward; ZeRO-2: the gradients, and the update's
+// gather buffer. The store keeps its buffers for reuse (ZeroStore::take:
+// a buffer serves requests down to 2/3 of its size), so what it holds is,
+// for each size class, the most of that class in use at one point, times
+// the class's largest size.
 int64_t zero_working_bytes(const ZeroSizes& z, int64_t D, int level, int64_t prefetch, bool reshard,
                            int64_t b, int64_t mb, bool accumulates) {
   const int64_t n = int64_t(z.slot.size());
   auto unit = [&](int64_t g) { return g >= 0 && g < n ? z.slot[size_t(g)] * D : 0; };
-  int64_t inflight = 0;
+  std::vector<std::vector<int64_t>> points;  // the buffers (bytes) in use at each point
+  std::vector<int64_t> inflight;
   for (int64_t g = n - 2; accumulates && g < n; ++g)
-    if (g >= 0) inflight += (unit(g) + z.slot[size_t(g)]) * mb;
-  int64_t most = level >= 3 ? 0 : std::max(z.max_unit * b, inflight);
+    if (g >= 0) inflight.insert(inflight.end(), {unit(g) * mb, z.slot[size_t(g)] * mb});
+  if (level < 3) {
+    points.push_back({z.max_unit * b});
+    points.push_back(inflight);
+  }
   for (int64_t g = n - 1; g >= 0 && level >= 3; --g) {  // the forward: g - 1 is next
-    int64_t w = 0;
-    if (reshard) {
-      for (int64_t k = 0; k <= std::max<int64_t>(1, prefetch); ++k) w += unit(g - k);
-    } else {
-      for (int64_t k = g - std::max<int64_t>(1, prefetch); k < n; ++k) w += unit(k);
-    }
-    most = std::max(most, w * b + inflight);
+    std::vector<int64_t> pt = inflight;
+    const int64_t ahead = std::max<int64_t>(1, prefetch);
+    for (int64_t k = reshard ? g - ahead : g - ahead; k <= (reshard ? g : n - 1); ++k)
+      if (unit(k) > 0) pt.push_back(unit(k) * b);
+    points.push_back(pt);
   }
   for (int64_t g = 0; g < n; ++g) {  // the backward: g + 1 is next
-    int64_t w = 0;
+    std::vector<int64_t> pt;
     if (level >= 3)
-      for (int64_t k = g; k <= (reshard ? g + prefetch : n - 1); ++k) w += unit(k);
-    int64_t grads = unit(g);
-    for (int64_t k = 1; k <= 2 && g - k >= 0; ++k) grads += unit(g - k) + z.slot[size_t(g - k)];
-    most = std::max(most, w * b + grads * mb);
+      for (int64_t k = g; k <= (reshard ? g + prefetch : n - 1); ++k)
+        if (unit(k) > 0) pt.push_back(unit(k) * b);
+    pt.push_back(unit(g) * mb);
+    for (int64_t k = 1; k <= 2 && g - k >= 0; ++k)
+      pt.insert(pt.end(), {unit(g - k) * mb, z.slot[size_t(g - k)] * mb});
+    points.push_back(pt);
   }
-  return most;
+  // Size classes: sizes within 1.5x of the class's smallest share buffers.
+  std::vector<int64_t> sizes;
+  for (const auto& pt : points) sizes.insert(sizes.end(), pt.begin(), pt.end());
+  std::sort(sizes.begin(), sizes.end());
+  std::vector<std::pair<int64_t, int64_t>> classes;  // (smallest, largest)
+  for (int64_t x : sizes) {
+    if (x <= 0) continue;
+    if (!classes.empty() && x <= classes.back().first + classes.back().first / 2)
+      classes.back().second = x;
+    else
+      classes.push_back({x, x});
+  }
+  int64_t total = 0;
+  for (const auto& [lo, hi] : classes) {
+    int64_t most = 0;
+    for (const auto& pt : points) {
+      int64_t k = 0;
+      for (int64_t x : pt) k += x >= lo && x <= hi;
+      most = std::max(most, k);
+    }
+    total += most * hi;
+  }
+  return total;
 }
 
 void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, const std::vector<ParamSpec>& table,

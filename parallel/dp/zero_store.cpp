@@ -86,6 +86,25 @@ void ZeroStore::account(int64_t delta) {
   peak_working_ = std::max(peak_working_, working_);
 }
 
+Buffer ZeroStore::take(size_t bytes) {
+  size_t best = pool_.size();
+  // Within 1.5x: a small request (a reduce-scatter's output slot) does not
+  // take a unit's buffer that a unit will want again, so the kept buffers
+  // stay what the step uses at once, size by size.
+  for (size_t i = 0; i < pool_.size(); ++i)
+    if (pool_[i].bytes() >= bytes && pool_[i].bytes() <= bytes + bytes / 2 &&
+        (best == pool_.size() || pool_[i].bytes() < pool_[best].bytes()))
+      best = i;
+  if (best == pool_.size()) return Buffer(be_, bytes);
+  Buffer b = std::move(pool_[best]);
+  pool_.erase(pool_.begin() + std::ptrdiff_t(best));
+  return b;
+}
+
+void ZeroStore::give(Buffer b) {
+  if (b.data()) pool_.push_back(std::move(b));
+}
+
 // ---------------------------------------------------------------- weights
 
 void ZeroStore::start_gather(int su) {
@@ -93,8 +112,8 @@ void ZeroStore::start_gather(int su) {
   const ZeroUnit& u = shards_.units[size_t(su)];
   const int64_t n = u.per_rank * shards_.ranks;
   Gather g;
-  g.buf = Buffer(be_, size_t(n) * dtype_size(wdt_));
-  account(int64_t(g.buf.bytes()));
+  g.buf = take(size_t(n) * dtype_size(wdt_));
+  account(int64_t(size_t(n) * dtype_size(wdt_)));
   const Tensor from = model_.mixed() ? compute_shard() : master_shard();
   g.work = group_.start_all_gather(elems(g.buf.data(), wdt_, n), slot(from, u));
   ++cur_.gathers;
@@ -115,7 +134,9 @@ void ZeroStore::free_gather(int su) {
   auto it = gathered_.find(su);
   if (it == gathered_.end()) return;
   it->second.work.wait();  // a prefetch not used: it must land before its buffer goes
-  account(-int64_t(it->second.buf.bytes()));
+  const ZeroUnit& u = shards_.units[size_t(su)];
+  account(-int64_t(size_t(u.per_rank * shards_.ranks) * dtype_size(wdt_)));
+  give(std::move(it->second.buf));
   gathered_.erase(it);
 }
 
@@ -186,9 +207,9 @@ char* ZeroStore::grads(int g) {
   if (it == unit_grads_.end()) {
     const ZeroUnit& u = shards_.units[size_t(su)];
     const int64_t n = u.per_rank * shards_.ranks;
-    Buffer b(be_, size_t(n) * dtype_size(mdt_));
+    Buffer b = take(size_t(n) * dtype_size(mdt_));
     be_.zero(elems(b.data(), mdt_, n));
-    account(int64_t(b.bytes()));
+    account(int64_t(size_t(n) * dtype_size(mdt_)));
     it = unit_grads_.emplace(su, std::move(b)).first;
   }
   return static_cast<char*>(it->second.data());
@@ -202,8 +223,8 @@ void ZeroStore::grads_done(int g) {
   r.unit = su;
   r.grad = std::move(unit_grads_.at(su));
   unit_grads_.erase(su);
-  r.out = Buffer(be_, size_t(u.per_rank) * dtype_size(mdt_));
-  account(int64_t(r.out.bytes()));
+  r.out = take(size_t(u.per_rank) * dtype_size(mdt_));
+  account(int64_t(size_t(u.per_rank) * dtype_size(mdt_)));
   r.work = group_.start_reduce_scatter(elems(r.out.data(), mdt_, u.per_rank),
                                        elems(r.grad.data(), mdt_, u.per_rank * shards_.ranks));
   ++cur_.reduces;
@@ -221,9 +242,11 @@ void ZeroStore::reap(bool all) {
     const double t0 = now_();
     r.work.wait();
     cur_.reduce_wait_s += now_() - t0;
-    be_.add_inplace(slot(grad_shard(), shards_.units[size_t(r.unit)]),
-                    elems(r.out.data(), mdt_, shards_.units[size_t(r.unit)].per_rank));
-    account(-int64_t(r.grad.bytes() + r.out.bytes()));
+    const ZeroUnit& u = shards_.units[size_t(r.unit)];
+    be_.add_inplace(slot(grad_shard(), u), elems(r.out.data(), mdt_, u.per_rank));
+    account(-int64_t(size_t(u.per_rank * (shards_.ranks + 1)) * dtype_size(mdt_)));
+    give(std::move(r.grad));
+    give(std::move(r.out));
     reducing_.pop_front();
   }
 }
@@ -253,7 +276,7 @@ void ZeroStore::after_update() {
   // ZeRO-2: the new weights, unit by unit, into the model's flat buffer.
   const double t0 = now_();
   const Tensor from = model_.mixed() ? compute_shard() : master_shard();
-  Buffer tmp(be_, size_t(std::max<int64_t>(shards_.max_unit, 1)) * dtype_size(wdt_));
+  Buffer tmp = take(size_t(std::max<int64_t>(shards_.max_unit, 1)) * dtype_size(wdt_));
   const Tensor params = model_.params();
   for (const ZeroUnit& u : shards_.units) {
     const int64_t n = u.per_rank * shards_.ranks;
@@ -262,6 +285,7 @@ void ZeroStore::after_update() {
                    u.end - u.begin),
              elems(tmp.data(), wdt_, u.end - u.begin));
   }
+  give(std::move(tmp));
   last_.update_gather_s = now_() - t0;
 }
 
@@ -270,11 +294,12 @@ void ZeroStore::after_update() {
 void ZeroStore::shard_to_flat_host(const Tensor& shard, std::vector<float>& out) {
   out.assign(size_t(model_.flat_size()), 0.0f);
   const DType dt = shard.dtype;
-  Buffer tmp(be_, size_t(std::max<int64_t>(shards_.max_unit, 1)) * dtype_size(dt));
+  Buffer tmp = take(size_t(std::max<int64_t>(shards_.max_unit, 1)) * dtype_size(dt));
   for (const ZeroUnit& u : shards_.units) {
     group_.all_gather(elems(tmp.data(), dt, u.per_rank * shards_.ranks), slot(shard, u));
     to_floats(be_, elems(tmp.data(), dt, u.end - u.begin), u.end - u.begin, out.data() + u.begin);
   }
+  give(std::move(tmp));
 }
 
 void ZeroStore::flat_host_to_shard(const float* flat, size_t n, Tensor shard) {

@@ -130,6 +130,12 @@ class ZeroStore final : public UnitStorage {
   void free_gather(int unit);
   void reap(bool all);           // finished reduce-scatters into the shard (all: wait for each)
   void account(int64_t delta);
+  // Unit buffers are reused, not freed: a device backend's free waits for
+  // its stream (CUDA: cudaStreamSynchronize + cudaFree), which would stall
+  // every overlap. take() returns the smallest kept buffer of at least
+  // `bytes` (else a new one), give() keeps one for later.
+  Buffer take(size_t bytes);
+  void give(Buffer b);
   // The units a pass needs after `unit`, in its order (grad-unit indices).
   std::vector<int> upcoming(Pass pass, int grad_unit) const;
 
@@ -144,6 +150,7 @@ class ZeroStore final : public UnitStorage {
   std::map<int, Gather> gathered_;  // shard unit -> its gathered weights (ZeRO-3)
   std::map<int, Buffer> unit_grads_;  // shard unit -> its gradient this micro-batch
   std::deque<Reduce> reducing_;
+  std::vector<Buffer> pool_;  // buffers given back, for take()
   ZeroTimes cur_, last_;
   int64_t working_ = 0, peak_working_ = 0;
   std::function<double()> now_ = [] { return wall_seconds(); };

@@ -141,7 +141,7 @@ def memory(args, failed):
                                        "parallel.zero3_reshard_after_forward=false"])]
     for name, sets in cases:
         log = os.path.join(args.work, "mem_" + name)
-        flags = sum([["--set", s] for s in common + DP4 + sets + [f"log.dir={log}"]], [])
+        flags = sum([["--set", s] for s in common + DP4 + sets + [f"log.dir={log}", f"checkpoint.dir={log}/ckpt"]], [])
         out = subprocess.run([args.mpirun, "4", args.train, "--config", MODEL] + flags,
                              capture_output=True, text=True, env=env, timeout=600)
         m = re.search(r"device memory:.*; (\d+) bytes\)", out.stdout)
