@@ -336,10 +336,6 @@ struct Checker {
     if (l.zero < 0 || l.zero > 3)
       add("parallel.zero", "parallel.zero=" + num(l.zero) +
                                ": ZeRO stages are 0, 1, 2 and 3");
-    if (l.zero >= 2 && l.pp > 1)
-      add("parallel.zero", "parallel.zero=" + num(l.zero) + " with parallel.pp=" + num(l.pp) +
-                               " is not supported yet (sharded gradients and weights run "
-                               "without a pipeline; docs/zero.md); use zero: 1 or pp: 1");
     const std::pair<const char*, int64_t> split[] = {
         {"model.n_heads", m.n_heads}, {"model.n_kv_heads", m.n_kv_heads},
         {"model.ffn_hidden", m.ffn_hidden}};

@@ -423,8 +423,6 @@ void Model::set_unit_storage(UnitStorage* s) {
   unit_of_param_.clear();
   unit_begin_.clear();
   if (!s) return;
-  ADGT_CHECK(num_chunks() == 1 && chunk_has_embedding(0) && chunk_has_head(0),
-             "Model::set_unit_storage: ZeRO-2/3 hold the whole model on one pipeline rank");
   const std::vector<GradUnit> units = grad_units();
   unit_of_param_.assign(table_.size(), -1);
   for (size_t u = 0; u < units.size(); ++u) {
@@ -444,12 +442,18 @@ void Model::set_unit_storage(UnitStorage* s) {
 }
 
 int Model::unit_index(int chunk, int64_t layer) const {
-  // grad_units()' order for one chunk: the head, the layers from the last, the embedding.
+  // grad_units()' order: chunk by chunk, each the head, the layers from the
+  // last, the embedding (`layer` is the chunk's local index; n_layers: the
+  // head, -1: the embedding).
+  int first = 0;
+  for (int c = 0; c < chunk; ++c)
+    first += int(chunks_[size_t(c)].n_layers) + (chunk_has_head(c) ? 1 : 0) +
+             (chunk_has_embedding(c) ? 1 : 0);
   const Chunk& ch = chunks_[size_t(chunk)];
   const int head = chunk_has_head(chunk) ? 1 : 0;
-  if (layer >= ch.n_layers) return 0;
-  if (layer < 0) return head + int(ch.n_layers);
-  return head + int(ch.n_layers - 1 - layer);
+  if (layer >= ch.n_layers) return first;
+  if (layer < 0) return first + head + int(ch.n_layers);
+  return first + head + int(ch.n_layers - 1 - layer);
 }
 
 void Model::store_forward(int chunk, int64_t layer) {

@@ -162,7 +162,7 @@ class Model {
   // ZeRO-2/3 (core/model/unit_storage.hpp): the weights and/or gradients
   // live in `s` by gradient unit from now on, and the model frees the flat
   // buffers `s` holds (params() / master() / grads() are then refused).
-  // One chunk (no pipeline) only. nullptr: none (the flat buffers stay).
+  // nullptr: none (the flat buffers stay).
   void set_unit_storage(UnitStorage* s);
   const UnitStorage* unit_storage() const { return store_; }
   // The grad_units() index of each parameter's unit.

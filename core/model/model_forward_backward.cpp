@@ -441,9 +441,12 @@ void Model::backward_weight(int chunk, int slot) {
   const Chunk& ch = chunks_[size_t(chunk)];
   Slot& s = slot_of(chunk, slot);
   // The same weight-gradient products as the fused backward, in the same order.
-  if (chunk_has_head(chunk))
+  if (chunk_has_head(chunk)) {
+    store_backward(chunk, int64_t(s.layers.size()));
     be_.linear_backward(Tensor(), grad(head_idx_), s.logits, s.lnf, param(head_idx_), false);
+  }
   for (size_t l = s.layers.size(); l-- > 0;) {
+    store_backward(chunk, int64_t(l));
     LayerActs& a = s.layers[l];
     const LayerIdx& w = layer_idx_[ch.first_local + l];
     ADGT_CHECK(a.d_o.data, "Model::backward_weight: chunk " << chunk << " slot " << slot
@@ -470,8 +473,10 @@ void Model::backward_weight(int chunk, int slot) {
       dw(w.v, w.v, a.d_v, a.ln1);
     }
   }
-  if (chunk_has_embedding(chunk))
+  if (chunk_has_embedding(chunk)) {
+    store_backward(chunk, -1);
     be_.embedding_backward(grad(emb_idx_), s.d_emb, s.in_tok, vocab_start_);
+  }
 }
 
 void Model::reduce_tp_partial_grads(int chunk) {

@@ -332,6 +332,19 @@ void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, const std::vector<ParamS
     x.bytes_zero_working = zero_working_bytes(zs, D, int(cfg.parallel.zero), p,
                                               cfg.parallel.zero3_reshard_after_forward, bpp, mb,
                                               cfg.accum_steps() > 1);
+    if (cfg.parallel.pp > 1) {
+      // With a pipeline the stage's gradients stay whole over the step (each
+      // unit's buffer, reduce-scattered at its chunk's ReduceGrads), and at
+      // ZeRO-3 a pass holds its unit, the next and the prefetched ones (every
+      // unit of the stage without resharding). Not yet checked against a
+      // measured peak (docs/zero.md).
+      x.bytes_grads += numel * mb;
+      x.bytes_zero_working =
+          cfg.parallel.zero >= 3 ? (cfg.parallel.zero3_reshard_after_forward
+                                        ? (1 + std::max<int64_t>(1, p)) * zs.max_unit * bpp
+                                        : numel * bpp)
+                                 : zs.max_unit * bpp;
+    }
   }
   x.bytes_activations = B * T * a.act * bpp;
   x.bytes_split = B * T * a.split_act * bpp;

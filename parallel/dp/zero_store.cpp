@@ -42,6 +42,7 @@ ZeroStore::ZeroStore(Model& model, Backend& be, Comm& group, const ZeroOptions& 
   ADGT_CHECK(o.prefetch >= 0, "parallel.zero3_prefetch=" << o.prefetch << " must be >= 0");
   const std::vector<GradUnit> units = model.grad_units();
   n_units_ = int(units.size());
+  for (const GradUnit& u : units) chunk_of_.push_back(u.chunk);
   shards_ = plan_zero_shards(units, model.table(), group.size(), group.rank());
   const int64_t S = std::max<int64_t>(shards_.shard_size, 1);
   master_ = Buffer(be, size_t(S) * dtype_size(mdt_));
@@ -145,7 +146,7 @@ std::vector<int> ZeroStore::upcoming(Pass pass, int g) const {
   std::vector<int> out;
   for (int k = 1; k <= opt_.prefetch; ++k) {
     const int n = pass == Pass::Backward ? g + k : g - k;
-    if (n < 0 || n >= n_units_) break;
+    if (n < 0 || n >= n_units_ || chunk_of_[size_t(n)] != chunk_of_[size_t(g)]) break;  // the chunk's pass
     out.push_back(n);
   }
   return out;
@@ -164,7 +165,23 @@ void ZeroStore::begin_unit(Pass pass, int g, const std::vector<int>& reads) {
   // one in grad_units' order (unless they stay until the backward), in the
   // backward the ones before it.
   const bool free_behind = pass == Pass::Backward || opt_.reshard_after_forward;
-  if (free_behind) {
+  if (opt_.pipelined) {
+    // Passes of chunks and micro-batches interleave: everything but this
+    // unit, its reads and its prefetched ones goes (or, not resharding,
+    // nothing until the update).
+    if (opt_.reshard_after_forward) {
+      std::vector<int> keep;
+      for (int r : reads) keep.push_back(shard_unit(r));
+      keep.push_back(shard_unit(g));
+      for (int n : upcoming(pass, g)) keep.push_back(shard_unit(n));
+      std::vector<int> drop;
+      for (const auto& [su, gat] : gathered_) {
+        (void)gat;
+        if (std::find(keep.begin(), keep.end(), su) == keep.end()) drop.push_back(su);
+      }
+      for (int su : drop) free_gather(su);
+    }
+  } else if (free_behind) {
     std::vector<int> drop;
     for (const auto& [su, gat] : gathered_) {
       (void)gat;
@@ -216,6 +233,16 @@ char* ZeroStore::grads(int g) {
 }
 
 void ZeroStore::grads_done(int g) {
+  if (opt_.pipelined) return;  // the chunk's ReduceGrads (chunk_done)
+  reduce(g);
+}
+
+void ZeroStore::chunk_done(int chunk) {
+  for (int g = 0; g < n_units_; ++g)
+    if (chunk_of_[size_t(g)] == chunk) reduce(g);
+}
+
+void ZeroStore::reduce(int g) {
   const int su = shard_unit(g);
   grads(g);  // a unit whose gradients nothing wrote still takes part (zeros)
   const ZeroUnit& u = shards_.units[size_t(su)];

@@ -41,6 +41,11 @@ struct ZeroOptions {
   int level = 2;                      // 2 or 3
   int prefetch = 1;                   // ZeRO-3: units gathered ahead
   bool reshard_after_forward = true;  // ZeRO-3
+  // Pipeline parallelism: a chunk's gradients accumulate whole over the
+  // step's micro-batches and are reduce-scattered at its ReduceGrads
+  // (chunk_done), as the gradient buckets are; reshard_after_forward false
+  // keeps every gathered unit until the update.
+  bool pipelined = false;
 };
 
 // What the store's collectives did in the last step (forward_backward and
@@ -75,6 +80,9 @@ class ZeroStore final : public UnitStorage {
   // --- the step ---
   // Zeroes the shard's gradient (the step's first micro-batch adds into it).
   void begin_step();
+  // Pipelined: every gradient of model chunk `chunk` is final for the step;
+  // its units' reduce-scatters start.
+  void chunk_done(int chunk);
   // Every unit's reduce-scatter finished and added into the shard.
   void finish_grads();
   // After AdamW updated the master shard (and wrote the compute shard):
@@ -129,6 +137,7 @@ class ZeroStore final : public UnitStorage {
   void wait_gather(int unit);
   void free_gather(int unit);
   void reap(bool all);           // finished reduce-scatters into the shard (all: wait for each)
+  void reduce(int grad_unit);    // start grad unit's reduce-scatter
   void account(int64_t delta);
   // Unit buffers are reused, not freed: a device backend's free waits for
   // its stream (CUDA: cudaStreamSynchronize + cudaFree), which would stall
@@ -146,6 +155,7 @@ class ZeroStore final : public UnitStorage {
   ZeroShards shards_;
   DType wdt_, mdt_;   // compute and master dtypes
   int n_units_ = 0;   // grad units
+  std::vector<int> chunk_of_;  // per grad unit: its model chunk
   Buffer master_, compute_, grad_;  // shards
   std::map<int, Gather> gathered_;  // shard unit -> its gathered weights (ZeRO-3)
   std::map<int, Buffer> unit_grads_;  // shard unit -> its gradient this micro-batch

@@ -119,6 +119,7 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
     zo.level = int(zero_level);
     zo.prefetch = int(cfg.parallel.zero3_prefetch);
     zo.reshard_after_forward = cfg.parallel.zero3_reshard_after_forward;
+    zo.pipelined = ctx_.pp->size() > 1;
     std::vector<float> initial;
     if (init) {  // the model's initial weights, drawn on the host as Model::init_weights does
       initial.resize(size_t(model_->flat_size()));
@@ -319,6 +320,7 @@ double Engine::run_pipeline_step(const MicroBatchFetch& whole) {
     // backward did them itself), then the chunk's buckets.
     if (!fused_last) model_->reduce_tp_partial_grads(c);
     reducer_->chunk_ready(c);
+    if (store_) store_->chunk_done(c);
     reduced[size_t(c)] = 1;
   };
   GradHooks hooks;
@@ -332,6 +334,14 @@ double Engine::run_pipeline_step(const MicroBatchFetch& whole) {
   reducer_->finish_grad_sync();
   times_.dp_wait_s = reducer_->last_wait_seconds();
   times_.dp_compressed_s = reducer_->last_compression().seconds;
+  if (store_) {
+    store_->finish_grads();
+    const ZeroTimes& z = store_->last_times();
+    times_.zero_gathers = z.gathers, times_.zero_reduces = z.reduces;
+    times_.zero_gather_bytes = z.gather_bytes;
+    times_.zero_gather_wait_s = z.gather_wait_s, times_.zero_reduce_wait_s = z.reduce_wait_s;
+    times_.dp_wait_s = z.gather_wait_s + z.reduce_wait_s;
+  }
   // The loss is known on the last stage; every rank logs and checks the same value.
   ctx_.pp->all_reduce(Tensor(loss, DType::F64, {1}));
   ctx_.dpcp->all_reduce(Tensor(loss, DType::F64, {1}));

@@ -482,7 +482,8 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
     comm_.set_wait_hook([this] {
       for (Comm* pc : progress_comms_) pc->progress();
     });
-  st.progress_ok = model_.tp_size() == 1 && !model_.has_moe();
+  // (ZeRO-2/3's store starts its gathers and reduce-scatters inside the computes.)
+  st.progress_ok = model_.tp_size() == 1 && !model_.has_moe() && !model_.unit_storage();
   st.fused_last.assign(size_t(model_.num_chunks()), 0);
   st.cpu_clock = (be_.is_host() && omp_get_max_threads() == 1) || (slow_ && slow_->model_clock());
   st.last_backward.assign(size_t(std::max(model_.num_chunks(), 1)), list.size());

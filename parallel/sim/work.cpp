@@ -461,8 +461,11 @@ void plan_buckets(RankWork& rw, const std::vector<GradUnit>& units, const Parall
   const int v = int(par.virtual_stages);
   const int64_t D = par.dp * par.cp, eD = par.dp / par.ep * par.cp;
   const Group dense = par.cp > 1 ? Group::dpcp : Group::dp;
+  // ZeRO-2/3 without a pipeline: in the passes (add_zero_traffic); with
+  // one, each chunk's gradients reduce-scatter at its ReduceGrads.
+  if (par.zero >= 2 && D > 1 && par.pp == 1) return;
   const bool zero = par.zero == 1 && D > 1;
-  if (par.zero >= 2 && D > 1) return;  // ZeRO-2/3: in the passes (add_zero_traffic)
+  const bool chunk_rs = par.zero >= 2 && D > 1;
   const double bucket_bytes = std::max(1024.0 * 4, par.bucket_mb * 1024 * 1024);
   if (zero) {
     BucketWork b;
@@ -492,9 +495,10 @@ void plan_buckets(RankWork& rw, const std::vector<GradUnit>& units, const Parall
       const int c = chunk_of_layer(u.first);
       if (cur.chunk != c && !cur.layers.empty()) rw.buckets.push_back(cur), cur = {}, cur.group = dense;
       cur.chunk = c;
+      cur.reduce_scatter = chunk_rs;
       cur.layers.push_back(u.first);
       cur.bytes += (u.second.first + (par.ep > 1 ? 0 : u.second.second)) * kGradBytes;
-      if (cur.bytes >= bucket_bytes)
+      if (cur.bytes >= bucket_bytes && !chunk_rs)
         rw.buckets.push_back(cur), cur = {}, cur.chunk = -100, cur.group = dense;
     }
     if (!cur.layers.empty()) rw.buckets.push_back(cur);
@@ -522,8 +526,13 @@ void plan_buckets(RankWork& rw, const std::vector<GradUnit>& units, const Parall
 // are kept from the forward), each gather travelling during the compute of
 // the `prefetch` units before it in the pass (prefetch 0: not hidden) and
 // sharing the link with the reduce-scatter of the unit two back.
+// With a pipeline (`pipelined`) the gradients are the buckets' (one
+// reduce-scatter per chunk at its ReduceGrads: plan_buckets), and the
+// gathers are made for each chunk pass (forward, fused backward, the split
+// backward's input half; the weight half's on-demand gathers are not
+// modelled).
 void add_zero_traffic(StageWork& st, const std::vector<GradUnit>& units, const ParallelConfig& par,
-                      const ModelConfig& m, const Dims& d) {
+                      const ModelConfig& m, const Dims& d, bool pipelined = false) {
   const Group dp = par.cp > 1 ? Group::dpcp : Group::dp;
   const int64_t n = int64_t(units.size());
   const int64_t p = std::max<int64_t>(0, par.zero3_prefetch);
@@ -558,6 +567,21 @@ void add_zero_traffic(StageWork& st, const std::vector<GradUnit>& units, const P
       }
       st.forward.pieces[by[size_t(g)].front()].comms.push_back(c);
     }
+  }
+  if (pipelined) {
+    if (!z3) return;
+    for (PassWork* w : {&st.backward, &st.input_grad}) {
+      const auto by = split(*w, true);
+      for (int64_t g = 0; g < n; ++g) {
+        CommOp c{cluster::Collective::AllGather, dp, elems(g) * d.b};
+        for (int64_t k = 1; k <= p && g - k >= 0; ++k) {
+          const auto o = ops_of(*w, by[size_t(g - k)]);
+          c.hide.insert(c.hide.end(), o.begin(), o.end());
+        }
+        if (!by[size_t(g)].empty()) w->pieces[by[size_t(g)].front()].comms.push_back(c);
+      }
+    }
+    return;
   }
   const auto by = split(st.backward, true);
   for (int64_t g = 0; g < n; ++g) {  // the backward's order
@@ -631,7 +655,20 @@ RankWork rank_work(const RunConfig& cfg, int pp_rank, const WorkOptions& opts) {
     rw.chunks.push_back(std::move(st));
   }
   for (const auto& u : units) rw.param_elems += u.second.first + u.second.second;
-  if (par.zero >= 2 && par.dp * par.cp > 1 && v == 1) add_zero_traffic(rw.chunks[0], units, par, m, d);
+  if (par.zero >= 2 && par.dp * par.cp > 1) {
+    if (pp == 1 && v == 1) {
+      add_zero_traffic(rw.chunks[0], units, par, m, d);
+    } else {
+      for (StageWork& st : rw.chunks) {  // each chunk's own units
+        std::vector<GradUnit> mine;
+        for (const GradUnit& u : units)
+          if ((u.first >= st.first_layer && u.first < st.end_layer) || (u.first == -2 && st.embedding) ||
+              (u.first == m.n_layers && st.head))
+            mine.push_back(u);
+        add_zero_traffic(st, mine, par, m, d, true);
+      }
+    }
+  }
   plan_buckets(rw, units, par, m);
   add_update(rw, par, d);
   return rw;

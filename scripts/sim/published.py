@@ -97,8 +97,7 @@ def ffn_of(m, tp=8):
 def why_skipped(run):
     lay = run["layout"]
     z = str(lay.get("zero", 0))
-    if z.startswith("3") and (lay.get("pp", 1) > 1 or lay.get("tp", 1) > 1 and lay.get("cp", 1) > 1):
-        return "ZeRO-3 / FSDP with a pipeline is not modelled (adgt runs ZeRO-2/3 without pp)"
+
     if "fp8" in str(run.get("precision", "")).lower():
         return "fp8 GEMMs are not modelled"
     if run["gpu"] not in PRESET:
@@ -144,10 +143,8 @@ def sets_of(run):
             f"model.seq_len={m['seq_len']}", f"train.global_batch={lay['global_batch']}",
             f"train.micro_batch={mb}", "train.dtype=bf16", f"train.recompute={rc}",
             f"parallel.tp={lay['tp']}", f"parallel.pp={pp}", f"parallel.dp={lay['dp']}",
-            f"parallel.zero={(1 if pp > 1 else zero) if zero >= 1 and lay['dp'] > 1 else 0}",
+            f"parallel.zero={zero if zero >= 1 and lay['dp'] > 1 else 0}",
             f"parallel.sequence_parallel={'true' if sp and lay['tp'] > 1 else 'false'}"]
-    if zero == 2 and pp > 1 and lay["dp"] > 1:
-        assumed.append("ZeRO-2 as ZeRO-1 (adgt's ZeRO-2 runs without a pipeline)")
     cp = as_int(lay.get("cp", 1), 1)
     if cp > 1:
         sets.append(f"parallel.cp={cp}")

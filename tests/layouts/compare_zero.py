@@ -18,7 +18,10 @@ difference over the reference's):
 Cases (f32): dp4 at zero 2 and 3; zero 3 with prefetch 0 and 2 and with
 the weights kept from the forward to the backward; tp2 x dp2 with sequence
 parallelism at zero 3; cp2 x dp2 at zero 3 (the shards over dp x cp); tied
-embeddings at zero 3 (the head reads the embedding's unit). Then a zero-3
+embeddings at zero 3 (the head reads the embedding's unit); pp2 x dp2 at
+zero 2 and 3 under 1f1b, zb-h1 (the split backward's weight gradients) and
+interleaved (two chunks), and tp2 x pp2 x dp2 with SP keeping the weights
+(these sum in zero 0's order: measured bit for bit). Then a zero-3
 checkpoint (step_10) resumes at zero 0 as tp2 x dp2 and at zero 1 as dp2,
 and must end within 1e-5 of the uninterrupted zero-0 run.
 
@@ -49,6 +52,8 @@ DP4 = ["parallel.dp=4"]
 TP2DP2 = ["parallel.tp=2", "parallel.dp=2", "parallel.sequence_parallel=true"]
 CP2DP2 = ["parallel.cp=2", "parallel.dp=2"]
 TIED = DP4 + ["model.tie_embeddings=true"]
+PP2DP2 = ["parallel.pp=2", "parallel.dp=2"]
+TP2PP2DP2 = ["parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.sequence_parallel=true"]
 # name: (ranks, the zero-0 reference's sets, the case's extra sets)
 CASES = {
     "dp4_zero2": (4, DP4, ["parallel.zero=2"]),
@@ -59,6 +64,15 @@ CASES = {
     "tp2_dp2_sp_zero3": (4, TP2DP2, ["parallel.zero=3"]),
     "cp2_dp2_zero3": (4, CP2DP2, ["parallel.zero=3"]),
     "tied_dp4_zero3": (4, TIED, ["parallel.zero=3"]),
+    # With a pipeline: each stage's units; the gradients accumulate whole
+    # over the micro-batches and are reduce-scattered at ReduceGrads.
+    "pp2_dp2_zero2": (4, PP2DP2, ["parallel.zero=2"]),
+    "pp2_dp2_zero3": (4, PP2DP2, ["parallel.zero=3"]),
+    "pp2_dp2_zero3_zbh1": (4, PP2DP2 + ["parallel.schedule=zb-h1"], ["parallel.zero=3"]),
+    "pp2_v2_dp2_zero3": (4, PP2DP2 + ["parallel.schedule=interleaved", "parallel.virtual_stages=2",
+                                      "model.n_layers=4"], ["parallel.zero=3"]),
+    "tp2_pp2_dp2_sp_zero3_keep": (8, TP2PP2DP2, ["parallel.zero=3",
+                                                 "parallel.zero3_reshard_after_forward=false"]),
 }
 
 

@@ -237,7 +237,7 @@ TEST_CASE("layout: layout_errors reports every broken rule, the first as validat
   cfg.train.micro_batch = 8, cfg.train.global_batch = 8;  // one micro-batch
   cfg.parallel.tp = 3;              // does not divide n_heads
   cfg.parallel.ep = 2;              // needs experts
-  cfg.parallel.zero = 2;            // no ZeRO-2 with a pipeline
+  cfg.parallel.zero = 5;            // no ZeRO-5
   cfg.parallel.pp = 2;              // one micro-batch is fewer than two stages under 1f1b
   cfg.parallel.virtual_stages = 2;  // needs the interleaved schedule
   const std::vector<LayoutIssue> all = layout_errors(cfg.model, cfg.train, layout_of(cfg));
@@ -249,9 +249,7 @@ TEST_CASE("layout: layout_errors reports every broken rule, the first as validat
   CHECK(all[0].message ==
         "parallel.ep=2 needs a mixture-of-experts model; set model.n_experts (e.g. 8) or "
         "parallel.ep: 1");
-  CHECK(all[1].message ==
-        "parallel.zero=2 with parallel.pp=2 is not supported yet (sharded gradients and weights run "
-        "without a pipeline; docs/zero.md); use zero: 1 or pp: 1");
+  CHECK(all[1].message == "parallel.zero=5: ZeRO stages are 0, 1, 2 and 3");
   CHECK(all[2].message == "parallel.tp=3 does not divide model.n_heads=8; use tp in {1,2,4}");
   CHECK(all[3].message ==
         "parallel.virtual_stages=2 needs parallel.schedule=interleaved, greedy or zb-v (got 1f1b); use "
