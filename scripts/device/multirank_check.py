@@ -3,7 +3,7 @@
 single process on the same device, with the CPU tests' bounds.
 
 Layouts (4 ranks sharing the device, ADGT_SHARED_GPU_TEST=1, collectives
-host-staged through MPI): tp2 dp2 ZeRO-1 SP (bf16), pp2 zb-h1 dp2 (bf16),
+host-staged through MPI): tp2 dp2 ZeRO-1 SP (bf16), dp2 ZeRO-3 (bf16), pp2 zb-h1 dp2 (bf16),
 pp2 zb-v dp2 (bf16, 4 layers: rank 1's turn handed over in device memory),
 ep2 dp2 MoE (bf16). Each trains the
 ~100k-parameter layout model 20 steps; the relative loss error against the
@@ -42,6 +42,9 @@ LAYOUTS = {
     "pp2_zbh1_dp2": (DENSE, 4, "bf16", ["parallel.pp=2", "parallel.dp=2", "parallel.schedule=zb-h1"],
                      3.5e-4),
     "ep2_dp2_moe": (MOE, 2, "bf16", ["parallel.dp=2", "parallel.ep=2"], 1.8e-3),
+    # ZeRO-3 (docs/zero.md): bf16 unit gathers and fp32 reduce-scatters on
+    # NCCL's stream, the store's kept buffers on the device.
+    "dp2_zero3": (DENSE, 2, "bf16", ["parallel.dp=2", "parallel.zero=3"], 3.5e-4),
     # ZB-V: rank 1 hands its turn over in device memory (4 layers: 2 chunks
     # per rank; its reference is the single process with the same model).
     "pp2_zbv_dp2": (DENSE, 4, "bf16", ["model.n_layers=4", "parallel.pp=2", "parallel.dp=2",
