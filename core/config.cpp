@@ -1310,6 +1310,11 @@ std::optional<std::string> expert_replicas_error(const RunConfig& cfg) {
     return std::string(p.expert_replicas.empty() ? "parallel.expert_slots" : "parallel.expert_replicas") +
            " is set but model.n_experts=0; remove it or set model.n_experts";
   if (ep < 1 || E % ep != 0) return std::nullopt;  // the layout rules name it
+  if (p.zero >= 2 && p.dp * p.cp > 1)
+    return std::string(p.expert_replicas.empty() ? "parallel.expert_slots" : "parallel.expert_replicas") +
+           " with parallel.zero=" + fmt_int(p.zero) +
+           " is not supported yet (replicas shadow their owners' whole weights; docs/zero.md); "
+           "remove it or use zero: 0";
   if (p.expert_slots > 0 && p.expert_slots < E / ep)
     return "parallel.expert_slots=" + fmt_int(p.expert_slots) + " is less than the " + fmt_int(E / ep) +
            " experts each ep rank owns (n_experts/ep); use 0 (no replicas) or at least " + fmt_int(E / ep);

@@ -296,10 +296,10 @@ struct Checker {
                              " (expert-parallel ranks are carved out of the data-parallel "
                              "group); use ep in " +
                              divisors_text(std::gcd(l.dp, m.n_experts)));
-    if (l.ep > 1 && l.zero)
+    if (l.ep > 1 && l.zero == 1)
       add("parallel.zero", "parallel.zero=" + num(l.zero) + " with parallel.ep=" + num(l.ep) +
                                " is not supported yet (expert weights differ across the "
-                               "data-parallel group); use zero: 0");
+                               "data-parallel group); use zero: 0, 2 or 3");
     if (m.expert_ffn() % l.tp != 0)
       add("parallel.tp", "parallel.tp=" + num(l.tp) + " does not divide the expert FFN size " +
                              num(m.expert_ffn()) + " (model.expert_ffn_hidden, or ffn_hidden)");

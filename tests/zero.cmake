@@ -2,8 +2,9 @@
 # docs/zero.md) against ZeRO 0 in the same layout (tests/layouts/compare_zero.py):
 # dp4, prefetch 0 and 2, weights kept from the forward to the backward,
 # tp2 x dp2 with SP, cp2 x dp2, tied embeddings, pp2 x dp2 (1f1b, zb-h1,
-# interleaved), tp2 x pp2 x dp2, bf16, and a zero-3 checkpoint resumed at
-# zero 0, 1 and 3 in other layouts (f32, 1e-5; ~50 s a device).
+# interleaved), tp2 x pp2 x dp2, MoE with ep2 (dp4, and pp2 x dp2), bf16, and
+# a zero-3 checkpoint resumed at zero 0, 1 and 3 in other layouts (f32, 1e-5;
+# ~60 s a device).
 if(NOT TARGET adgt-train OR NOT TARGET adgt-sim)
   return()
 endif()
@@ -29,7 +30,7 @@ set(ADGT_ZERO_ERR_ARGS --config ${CMAKE_CURRENT_SOURCE_DIR}/layouts/model.yaml
   --set log.dir=${CMAKE_BINARY_DIR}/zero_err --set checkpoint.dir=${CMAKE_BINARY_DIR}/zero_err/ckpt)
 foreach(case
     "compression;2;--set parallel.dp=2 --set parallel.zero=2 --set parallel.grad_compression=int8;parallel[.]grad_compression=int8 with parallel[.]zero=2 is not supported yet"
-    "experts;2;--set parallel.dp=2 --set parallel.zero=3 --set parallel.ep=2 --set model.n_experts=4;parallel[.]zero=3 with parallel[.]ep=2 is not supported yet"
+    "replicas;2;--set parallel.dp=2 --set parallel.zero=3 --set parallel.ep=2 --set model.n_experts=4 --set parallel.expert_slots=3;parallel[.]expert_slots with parallel[.]zero=3 is not supported yet"
     "stage;2;--set parallel.dp=2 --set parallel.zero=4;parallel[.]zero=4: ZeRO stages are 0, 1, 2 and 3")
   list(GET case 0 _name)
   list(GET case 1 _np)

@@ -396,7 +396,7 @@ Tensor Model::param(size_t i) const {
   char* base;
   if (store_ && store_->holds_weights()) {
     const int u = unit_of_param_[i];
-    base = store_->weights(u) + size_t(p.offset - unit_begin_[size_t(u)]) * dtype_size(dtype_);
+    base = store_->weights(u, p.offset);
   } else {
     base = static_cast<char*>(params().data) + size_t(p.offset) * dtype_size(dtype_);
   }
@@ -411,7 +411,7 @@ Tensor Model::grad(size_t i) const {
   const ParamSpec& p = table_[i];
   if (store_ && store_->holds_grads()) {
     const int u = unit_of_param_[i];
-    t.data = store_->grads(u) + size_t(p.offset - unit_begin_[size_t(u)]) * dtype_size(mdt_);
+    t.data = store_->grads(u, p.offset);
   } else {
     t.data = static_cast<char*>(grads().data) + size_t(p.offset) * dtype_size(mdt_);
   }

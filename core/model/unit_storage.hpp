@@ -25,10 +25,11 @@ class UnitStorage {
   virtual void begin_unit(Pass pass, int unit, const std::vector<int>& reads) = 0;
   // The backward has completed unit `unit`'s gradients for this micro-batch.
   virtual void grads_done(int unit) = 0;
-  // Unit `unit`'s whole weights (compute dtype) / gradients (master dtype):
-  // the address of its flat element `begin` (Model offsets are added to it).
-  virtual char* weights(int unit) = 0;
-  virtual char* grads(int unit) = 0;
+  // The address of flat element `at` of unit `unit`'s whole weights (compute
+  // dtype) / gradients (master dtype); a parameter's elements are contiguous
+  // there (a unit may be held in pieces: its dense and its expert weights).
+  virtual char* weights(int unit, int64_t at) = 0;
+  virtual char* grads(int unit, int64_t at) = 0;
 };
 
 }  // namespace adgt

@@ -28,7 +28,8 @@ double global_grad_norm(Backend& be, const std::vector<ParamSpec>& table, Tensor
     s[slot] += sums[i];
   }
   if (g.chunks) g.chunks->all_reduce(Tensor(s, DType::F64, {2}));  // chunks -> whole buffer
-  if (g.ep) {  // experts: shards over tp, distinct experts over ep
+  if (g.ep) {  // experts: pieces over their replicas, shards over tp, distinct experts over ep
+    if (g.expert_chunks) g.expert_chunks->all_reduce(Tensor(s + 2, DType::F64, {1}));
     if (g.tp) g.tp->all_reduce(Tensor(s + 2, DType::F64, {1}));
     g.ep->all_reduce(Tensor(s + 2, DType::F64, {1}));
     s[1] += s[2];

@@ -15,6 +15,9 @@ struct GradNormGroups {
   Comm* tp = nullptr;      // shards of one tensor (nullptr: a group of one)
   Comm* chunks = nullptr;  // ZeRO-1: the dp group whose ranks hold disjoint chunks; else nullptr
   Comm* ep = nullptr;      // expert parallelism: distinct experts (nullptr: none)
+  // ZeRO-2/3 with expert parallelism: the experts' replica group, whose ranks
+  // hold disjoint pieces of the expert weights (nullptr: none).
+  Comm* expert_chunks = nullptr;
   Comm* pp = nullptr;      // pipeline stages (nullptr: one stage)
 };
 

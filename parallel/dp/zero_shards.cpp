@@ -15,9 +15,12 @@ int ZeroShards::unit_of(int64_t at) const {
 }
 
 ZeroShards plan_zero_shards(const std::vector<GradUnit>& grad_units,
-                            const std::vector<ParamSpec>& table, int ranks, int rank) {
+                            const std::vector<ParamSpec>& table, int ranks, int rank,
+                            int expert_ranks, int expert_rank) {
   ADGT_CHECK(ranks >= 1 && rank >= 0 && rank < ranks,
              "ZeRO shards: rank " << rank << " of " << ranks);
+  ADGT_CHECK(expert_ranks == 0 || (expert_rank >= 0 && expert_rank < expert_ranks),
+             "ZeRO shards: expert rank " << expert_rank << " of " << expert_ranks);
   ZeroShards z;
   z.ranks = ranks;
   z.rank = rank;
@@ -25,24 +28,42 @@ ZeroShards plan_zero_shards(const std::vector<GradUnit>& grad_units,
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(),
             [&](size_t a, size_t b) { return grad_units[a].begin < grad_units[b].begin; });
-  z.by_grad_unit.assign(grad_units.size(), -1);
+  z.by_grad_unit.assign(grad_units.size(), {});
+  auto add = [&](size_t k, int64_t b, int64_t e, int group) {
+    const int P = group ? expert_ranks : ranks, r = group ? expert_rank : rank;
+    ZeroUnit u;
+    u.begin = b;
+    u.end = e;
+    u.group = group;
+    u.ranks = P;
+    u.grad_unit = int(k);
+    const int64_t n = e - b;
+    u.per_rank = ((n + P - 1) / P + 15) / 16 * 16;
+    u.lo = std::min(u.end, u.begin + r * u.per_rank);
+    u.hi = std::min(u.end, u.lo + u.per_rank);
+    u.offset = z.shard_size;
+    z.shard_size += u.per_rank;
+    z.max_unit = std::max(z.max_unit, u.per_rank * P);
+    z.by_grad_unit[k].push_back(int(z.units.size()));
+    z.units.push_back(u);
+  };
   for (size_t k : order) {
     const GradUnit& g = grad_units[k];
     ADGT_CHECK(g.end > g.begin, "ZeRO shards: empty gradient unit [" << g.begin << ", " << g.end << ")");
     ADGT_CHECK(z.units.empty() || z.units.back().end <= g.begin,
                "ZeRO shards: gradient units overlap at " << g.begin);
-    ZeroUnit u;
-    u.begin = g.begin;
-    u.end = g.end;
-    const int64_t n = g.end - g.begin;
-    u.per_rank = ((n + ranks - 1) / ranks + 15) / 16 * 16;
-    u.lo = std::min(u.end, u.begin + rank * u.per_rank);
-    u.hi = std::min(u.end, u.lo + u.per_rank);
-    u.offset = z.shard_size;
-    z.shard_size += u.per_rank;
-    z.max_unit = std::max(z.max_unit, u.per_rank * ranks);
-    z.by_grad_unit[k] = int(z.units.size());
-    z.units.push_back(u);
+    // Expert parallelism: the unit's expert weights from the first one on.
+    int64_t cut = g.end;
+    if (expert_ranks > 0)
+      for (const ParamSpec& p : table)
+        if (p.expert >= 0 && p.offset >= g.begin && p.offset < g.end) cut = std::min(cut, p.offset);
+    if (cut > g.begin) add(k, g.begin, cut, 0);
+    if (cut < g.end) {
+      for (const ParamSpec& p : table)
+        ADGT_CHECK(!(p.offset >= cut && p.offset < g.end && p.expert < 0),
+                   "ZeRO shards: " << p.name << " follows an expert weight in its unit");
+      add(k, cut, g.end, 1);
+    }
   }
   for (const ZeroUnit& u : z.units)
     for (const ParamSpec& p : table) {

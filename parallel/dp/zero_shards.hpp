@@ -21,8 +21,14 @@
 
 namespace adgt {
 
+// A unit, or with expert parallelism one of its two segments: its dense
+// weights (sharded over dp x cp) and its experts' (over the experts' replica
+// group, edp x cp), each sharded on its own group.
 struct ZeroUnit {
-  int64_t begin = 0, end = 0;  // the unit's flat range
+  int64_t begin = 0, end = 0;  // the unit's (segment's) flat range
+  int group = 0;               // 0: the sharding group, 1: the experts' (expert weights)
+  int ranks = 1;               // its group's size
+  int grad_unit = 0;           // the Model::grad_units() index it belongs to
   int64_t per_rank = 0;        // slot size: ceil((end - begin) / P) rounded up to 16
   int64_t lo = 0, hi = 0;      // this rank's piece, flat: begin + r * per_rank, clamped to end
   int64_t offset = 0;          // where the piece's slot starts in the shard
@@ -31,7 +37,7 @@ struct ZeroUnit {
 struct ZeroShards {
   int ranks = 1, rank = 0;
   std::vector<ZeroUnit> units;  // in flat order
-  std::vector<int> by_grad_unit;  // Model::grad_units() index -> index in units
+  std::vector<std::vector<int>> by_grad_unit;  // Model::grad_units() index -> its indices in units
   int64_t shard_size = 0;         // sum of the slots (elements)
   int64_t max_unit = 0;           // the largest per_rank * ranks (a gather's buffer)
   // The model's parameter table re-based onto the shard: one entry per
@@ -42,8 +48,11 @@ struct ZeroShards {
 };
 
 // The plan for `ranks` ranks, this one `rank`. `units` may be in any order
-// (Model::grad_units' backward order); they must not overlap.
+// (Model::grad_units' backward order); they must not overlap. With
+// `expert_ranks` > 0 (expert parallelism) each unit's expert weights (a
+// suffix of an MoE layer's unit) are a segment of their own, sharded over
+// `expert_ranks` ranks (this one `expert_rank`).
 ZeroShards plan_zero_shards(const std::vector<GradUnit>& units, const std::vector<ParamSpec>& table,
-                            int ranks, int rank);
+                            int ranks, int rank, int expert_ranks = 0, int expert_rank = 0);
 
 }  // namespace adgt

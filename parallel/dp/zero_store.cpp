@@ -36,14 +36,16 @@ void to_floats(Backend& be, const Tensor& src, int64_t n, float* dst) {
 }  // namespace
 
 ZeroStore::ZeroStore(Model& model, Backend& be, Comm& group, const ZeroOptions& o,
-                     const float* initial)
-    : model_(model), be_(be), group_(group), opt_(o), wdt_(model.dtype()), mdt_(model.master_dtype()) {
+                     const float* initial, Comm* experts)
+    : model_(model), be_(be), group_(group), experts_(experts), opt_(o), wdt_(model.dtype()),
+      mdt_(model.master_dtype()) {
   ADGT_CHECK(o.level == 2 || o.level == 3, "ZeroStore: ZeRO level " << o.level << " (2 or 3)");
   ADGT_CHECK(o.prefetch >= 0, "parallel.zero3_prefetch=" << o.prefetch << " must be >= 0");
   const std::vector<GradUnit> units = model.grad_units();
   n_units_ = int(units.size());
   for (const GradUnit& u : units) chunk_of_.push_back(u.chunk);
-  shards_ = plan_zero_shards(units, model.table(), group.size(), group.rank());
+  shards_ = plan_zero_shards(units, model.table(), group.size(), group.rank(),
+                             experts ? experts->size() : 0, experts ? experts->rank() : 0);
   const int64_t S = std::max<int64_t>(shards_.shard_size, 1);
   master_ = Buffer(be, size_t(S) * dtype_size(mdt_));
   grad_ = Buffer(be, size_t(S) * dtype_size(mdt_));
@@ -111,15 +113,31 @@ void ZeroStore::give(Buffer b) {
 void ZeroStore::start_gather(int su) {
   if (gathered_.count(su)) return;
   const ZeroUnit& u = shards_.units[size_t(su)];
-  const int64_t n = u.per_rank * shards_.ranks;
+  const int64_t n = u.per_rank * u.ranks;
   Gather g;
   g.buf = take(size_t(n) * dtype_size(wdt_));
   account(int64_t(size_t(n) * dtype_size(wdt_)));
   const Tensor from = model_.mixed() ? compute_shard() : master_shard();
-  g.work = group_.start_all_gather(elems(g.buf.data(), wdt_, n), slot(from, u));
+  g.work = group_of(u).start_all_gather(elems(g.buf.data(), wdt_, n), slot(from, u));
   ++cur_.gathers;
-  cur_.gather_bytes += int64_t(size_t(u.per_rank) * dtype_size(wdt_)) * (shards_.ranks - 1);
+  cur_.gather_bytes += int64_t(size_t(u.per_rank) * dtype_size(wdt_)) * (u.ranks - 1);
   gathered_.emplace(su, std::move(g));
+}
+
+void ZeroStore::start_unit(int g) {
+  for (int su : segments(g)) start_gather(su);
+}
+
+void ZeroStore::wait_unit(int g) {
+  for (int su : segments(g)) wait_gather(su);
+}
+
+int ZeroStore::segment_at(int g, int64_t at) const {
+  for (int su : segments(g)) {
+    const ZeroUnit& u = shards_.units[size_t(su)];
+    if (at >= u.begin && at < u.end) return su;
+  }
+  ADGT_CHECK(false, "ZeroStore: flat element " << at << " is not in gradient unit " << g);
 }
 
 void ZeroStore::wait_gather(int su) {
@@ -136,7 +154,7 @@ void ZeroStore::free_gather(int su) {
   if (it == gathered_.end()) return;
   it->second.work.wait();  // a prefetch not used: it must land before its buffer goes
   const ZeroUnit& u = shards_.units[size_t(su)];
-  account(-int64_t(size_t(u.per_rank * shards_.ranks) * dtype_size(wdt_)));
+  account(-int64_t(size_t(u.per_rank * u.ranks) * dtype_size(wdt_)));
   give(std::move(it->second.buf));
   gathered_.erase(it);
 }
@@ -157,9 +175,8 @@ void ZeroStore::begin_unit(Pass pass, int g, const std::vector<int>& reads) {
   reap(false);
   if (opt_.level < 3) return;
   auto reads_unit = [&](int su) {
-    for (int r : reads)
-      if (shard_unit(r) == su) return true;
-    return false;
+    const int gu = shards_.units[size_t(su)].grad_unit;
+    return std::find(reads.begin(), reads.end(), gu) != reads.end();
   };
   // Free what the pass has moved past: in the forward the units after this
   // one in grad_units' order (unless they stay until the backward), in the
@@ -170,14 +187,14 @@ void ZeroStore::begin_unit(Pass pass, int g, const std::vector<int>& reads) {
     // unit, its reads and its prefetched ones goes (or, not resharding,
     // nothing until the update).
     if (opt_.reshard_after_forward) {
-      std::vector<int> keep;
-      for (int r : reads) keep.push_back(shard_unit(r));
-      keep.push_back(shard_unit(g));
-      for (int n : upcoming(pass, g)) keep.push_back(shard_unit(n));
+      std::vector<int> keep = reads;  // grad units
+      keep.push_back(g);
+      for (int n : upcoming(pass, g)) keep.push_back(n);
       std::vector<int> drop;
       for (const auto& [su, gat] : gathered_) {
         (void)gat;
-        if (std::find(keep.begin(), keep.end(), su) == keep.end()) drop.push_back(su);
+        const int gu = shards_.units[size_t(su)].grad_unit;
+        if (std::find(keep.begin(), keep.end(), gu) == keep.end()) drop.push_back(su);
       }
       for (int su : drop) free_gather(su);
     }
@@ -185,9 +202,7 @@ void ZeroStore::begin_unit(Pass pass, int g, const std::vector<int>& reads) {
     std::vector<int> drop;
     for (const auto& [su, gat] : gathered_) {
       (void)gat;
-      int gi = -1;
-      for (int k = 0; k < n_units_; ++k)
-        if (shard_unit(k) == su) gi = k;
+      const int gi = shards_.units[size_t(su)].grad_unit;
       const bool behind = pass == Pass::Forward ? gi > g : gi < g;
       // The forward keeps the units the backward starts with (the head and
       // the prefetched ones after it: FSDP does not reshard the last unit).
@@ -200,36 +215,38 @@ void ZeroStore::begin_unit(Pass pass, int g, const std::vector<int>& reads) {
   // the pass's order; only the unit is waited for now: another read (the
   // next layer's first norm, at the end of this layer's forward) waits in
   // weights() when the model reaches it, so its gather travels meanwhile.
-  start_gather(shard_unit(g));
+  start_unit(g);
   if (opt_.prefetch > 0)  // prefetch 0: each gather starts when it is needed
-    for (int r : reads) start_gather(shard_unit(r));
-  for (int n : upcoming(pass, g)) start_gather(shard_unit(n));
-  wait_gather(shard_unit(g));
+    for (int r : reads) start_unit(r);
+  for (int n : upcoming(pass, g)) start_unit(n);
+  wait_unit(g);
 }
 
-char* ZeroStore::weights(int g) {
+char* ZeroStore::weights(int g, int64_t at) {
   // A read the pass named (begin_unit's `reads`) may still be arriving, or
   // (prefetch 0) not started: gathered now, in the same order on every rank.
-  const int su = shard_unit(g);
+  const int su = segment_at(g, at);
   start_gather(su);
   wait_gather(su);
-  return static_cast<char*>(gathered_.at(su).buf.data());
+  return static_cast<char*>(gathered_.at(su).buf.data()) +
+         size_t(at - shards_.units[size_t(su)].begin) * dtype_size(wdt_);
 }
 
 // -------------------------------------------------------------- gradients
 
-char* ZeroStore::grads(int g) {
-  const int su = shard_unit(g);
+char* ZeroStore::grads(int g, int64_t at) {
+  const int su = segment_at(g, at);
   auto it = unit_grads_.find(su);
   if (it == unit_grads_.end()) {
     const ZeroUnit& u = shards_.units[size_t(su)];
-    const int64_t n = u.per_rank * shards_.ranks;
+    const int64_t n = u.per_rank * u.ranks;
     Buffer b = take(size_t(n) * dtype_size(mdt_));
     be_.zero(elems(b.data(), mdt_, n));
     account(int64_t(size_t(n) * dtype_size(mdt_)));
     it = unit_grads_.emplace(su, std::move(b)).first;
   }
-  return static_cast<char*>(it->second.data());
+  return static_cast<char*>(it->second.data()) +
+         size_t(at - shards_.units[size_t(su)].begin) * dtype_size(mdt_);
 }
 
 void ZeroStore::grads_done(int g) {
@@ -243,22 +260,23 @@ void ZeroStore::chunk_done(int chunk) {
 }
 
 void ZeroStore::reduce(int g) {
-  const int su = shard_unit(g);
-  grads(g);  // a unit whose gradients nothing wrote still takes part (zeros)
+  for (int su : segments(g)) {
   const ZeroUnit& u = shards_.units[size_t(su)];
+  grads(g, u.begin);  // a unit whose gradients nothing wrote still takes part (zeros)
   Reduce r;
   r.unit = su;
   r.grad = std::move(unit_grads_.at(su));
   unit_grads_.erase(su);
   r.out = take(size_t(u.per_rank) * dtype_size(mdt_));
   account(int64_t(size_t(u.per_rank) * dtype_size(mdt_)));
-  r.work = group_.start_reduce_scatter(elems(r.out.data(), mdt_, u.per_rank),
-                                       elems(r.grad.data(), mdt_, u.per_rank * shards_.ranks));
+  r.work = group_of(u).start_reduce_scatter(elems(r.out.data(), mdt_, u.per_rank),
+                                             elems(r.grad.data(), mdt_, u.per_rank * u.ranks));
   ++cur_.reduces;
-  cur_.reduce_bytes += int64_t(size_t(u.per_rank) * dtype_size(mdt_)) * (shards_.ranks - 1);
+  cur_.reduce_bytes += int64_t(size_t(u.per_rank) * dtype_size(mdt_)) * (u.ranks - 1);
   reducing_.push_back(std::move(r));
-  group_.progress();
+  group_of(u).progress();
   reap(false);
+  }
 }
 
 void ZeroStore::reap(bool all) {
@@ -271,7 +289,7 @@ void ZeroStore::reap(bool all) {
     cur_.reduce_wait_s += now_() - t0;
     const ZeroUnit& u = shards_.units[size_t(r.unit)];
     be_.add_inplace(slot(grad_shard(), u), elems(r.out.data(), mdt_, u.per_rank));
-    account(-int64_t(size_t(u.per_rank * (shards_.ranks + 1)) * dtype_size(mdt_)));
+    account(-int64_t(size_t(u.per_rank * (u.ranks + 1)) * dtype_size(mdt_)));
     give(std::move(r.grad));
     give(std::move(r.out));
     reducing_.pop_front();
@@ -306,8 +324,8 @@ void ZeroStore::after_update() {
   Buffer tmp = take(size_t(std::max<int64_t>(shards_.max_unit, 1)) * dtype_size(wdt_));
   const Tensor params = model_.params();
   for (const ZeroUnit& u : shards_.units) {
-    const int64_t n = u.per_rank * shards_.ranks;
-    group_.all_gather(elems(tmp.data(), wdt_, n), slot(from, u));
+    const int64_t n = u.per_rank * u.ranks;
+    group_of(u).all_gather(elems(tmp.data(), wdt_, n), slot(from, u));
     be_.copy(elems(static_cast<char*>(params.data) + size_t(u.begin) * dtype_size(wdt_), wdt_,
                    u.end - u.begin),
              elems(tmp.data(), wdt_, u.end - u.begin));
@@ -323,7 +341,7 @@ void ZeroStore::shard_to_flat_host(const Tensor& shard, std::vector<float>& out)
   const DType dt = shard.dtype;
   Buffer tmp = take(size_t(std::max<int64_t>(shards_.max_unit, 1)) * dtype_size(dt));
   for (const ZeroUnit& u : shards_.units) {
-    group_.all_gather(elems(tmp.data(), dt, u.per_rank * shards_.ranks), slot(shard, u));
+    group_of(u).all_gather(elems(tmp.data(), dt, u.per_rank * u.ranks), slot(shard, u));
     to_floats(be_, elems(tmp.data(), dt, u.end - u.begin), u.end - u.begin, out.data() + u.begin);
   }
   give(std::move(tmp));

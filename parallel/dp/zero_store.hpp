@@ -66,7 +66,10 @@ class ZeroStore final : public UnitStorage {
   // then hands the store to model.set_unit_storage before anything uses the
   // model's flat buffers, so they are never made (the model makes them at
   // their first use).
-  ZeroStore(Model& model, Backend& be, Comm& group, const ZeroOptions& o, const float* initial);
+  // `experts`: with expert parallelism, the experts' replica group (edp x
+  // cp), over which expert weights shard (nullptr: every weight over `group`).
+  ZeroStore(Model& model, Backend& be, Comm& group, const ZeroOptions& o, const float* initial,
+            Comm* experts = nullptr);
   ~ZeroStore() override;
 
   // --- UnitStorage ---
@@ -74,8 +77,8 @@ class ZeroStore final : public UnitStorage {
   bool holds_grads() const override { return true; }
   void begin_unit(Pass pass, int unit, const std::vector<int>& reads) override;
   void grads_done(int unit) override;
-  char* weights(int unit) override;
-  char* grads(int unit) override;
+  char* weights(int unit, int64_t at) override;
+  char* grads(int unit, int64_t at) override;
 
   // --- the step ---
   // Zeroes the shard's gradient (the step's first micro-batch adds into it).
@@ -93,6 +96,7 @@ class ZeroStore final : public UnitStorage {
   const ZeroShards& shards() const { return shards_; }
   int level() const { return opt_.level; }
   Comm& group() const { return group_; }
+  Comm* expert_group() const { return experts_; }
   Tensor master_shard() const;   // (shard_size) master dtype
   Tensor grad_shard() const;     // (shard_size) master dtype, the reduced mean gradients
   // (shard_size) the compute dtype's copy AdamW writes in mixed precision; empty otherwise.
@@ -131,11 +135,15 @@ class ZeroStore final : public UnitStorage {
     Buffer grad, out;
     Work work;
   };
-  int shard_unit(int grad_unit) const { return shards_.by_grad_unit[size_t(grad_unit)]; }
+  const std::vector<int>& segments(int grad_unit) const { return shards_.by_grad_unit[size_t(grad_unit)]; }
+  int segment_at(int grad_unit, int64_t at) const;  // the one of grad_unit's segments holding `at`
+  Comm& group_of(const ZeroUnit& u) const { return u.group ? *experts_ : group_; }
   Tensor slot(const Tensor& shard, const ZeroUnit& u) const;  // u's slot of a shard tensor
-  void start_gather(int unit);   // shard unit
-  void wait_gather(int unit);
-  void free_gather(int unit);
+  void start_gather(int seg);   // a shard unit (segment)
+  void wait_gather(int seg);
+  void free_gather(int seg);
+  void start_unit(int grad_unit);  // each segment's gather
+  void wait_unit(int grad_unit);
   void reap(bool all);           // finished reduce-scatters into the shard (all: wait for each)
   void reduce(int grad_unit);    // start grad unit's reduce-scatter
   void account(int64_t delta);
@@ -151,6 +159,7 @@ class ZeroStore final : public UnitStorage {
   Model& model_;
   Backend& be_;
   Comm& group_;
+  Comm* experts_;
   ZeroOptions opt_;
   ZeroShards shards_;
   DType wdt_, mdt_;   // compute and master dtypes

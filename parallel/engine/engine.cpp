@@ -126,7 +126,8 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
       draw_init_weights(model_->table(), cfg.model.init_std, cfg.train.seed, initial.data(),
                         model_->flat_size());
     }
-    store_ = std::make_unique<ZeroStore>(*model_, be_, *ctx_.dpcp, zo, init ? initial.data() : nullptr);
+    store_ = std::make_unique<ZeroStore>(*model_, be_, *ctx_.dpcp, zo, init ? initial.data() : nullptr,
+                                         edp);  // expert weights over their replicas (edp x cp)
     store_->set_clock([s = slow_] { return s->now(); });
     model_->set_unit_storage(store_.get());
     store_->publish();
@@ -162,6 +163,7 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
 Engine::~Engine() = default;
 
 void Engine::move_experts(const std::vector<int64_t>& owner) {
+  ADGT_CHECK(!opt_->sharded() && !store_, "move_experts: ZeRO shards the moments; experts need zero: 0");
   const int64_t E = cfg_.model.n_experts;
   Comm& ep = *ctx_.ep;
   const int P = ep.size(), me = ep.rank();
@@ -215,7 +217,6 @@ void Engine::move_experts(const std::vector<int64_t>& owner) {
           be_.copy(at(b, m.expert_offset(l, size_t(now.local_index(e)))), at(recv, k));
       }
   }
-  ADGT_CHECK(!opt_->sharded(), "move_experts: ZeRO-1 shards the moments; experts need zero: 0");
   if (m.has_moe()) m.set_expert_placement(new_t, &ep);
   layout_.expert_placement = owner;
   cfg_.parallel.expert_placement = owner;
@@ -374,8 +375,9 @@ double Engine::grad_norm() {
   g.chunks = opt_->sharded() ? ctx_.dpcp : nullptr;
   g.ep = ctx_.ep->size() > 1 ? ctx_.ep : nullptr;
   g.pp = ctx_.pp;
-  if (store_) {  // the shard's pieces: disjoint over the sharding group
+  if (store_) {  // the shard's pieces: disjoint over the sharding group (experts': their replicas)
     g.chunks = ctx_.dpcp;
+    g.expert_chunks = store_->expert_group();
     const Tensor gs = store_->grad_shard();
     return global_grad_norm(be_, store_->shards().table, gs, 0, gs.numel(), g);
   }

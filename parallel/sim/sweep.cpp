@@ -253,8 +253,8 @@ void enumerate_layouts(const RunConfig& base, int64_t gpus, const cluster::Clust
           if (!pick("train.micro_batch", mb, base.train.micro_batch)) { ++cands.out.rejected_fixed; continue; }
           for (int64_t zero : {0, 1, 2, 3}) {
             if (zero && dp * cp == 1) continue;
-            // ZeRO-2/3 run without experts or gradient compression (docs/zero.md).
-            if (zero >= 2 && (ep > 1 || base.parallel.grad_compression != "off")) continue;
+            // ZeRO-2/3 run without gradient compression (docs/zero.md).
+            if (zero >= 2 && base.parallel.grad_compression != "off") continue;
             if (!pick("parallel.zero", zero, dp * cp > 1 ? bp.zero : 0)) {
               ++cands.out.rejected_fixed;
               continue;

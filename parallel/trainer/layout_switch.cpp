@@ -120,7 +120,7 @@ bool Trainer::experts_in_place(const RunConfig& next, const std::string& who, Me
   same.parallel.expert_placement = b.expert_placement;
   if (!same_engine(same, cfg_)) return false;
   const bool move = a.expert_placement != b.expert_placement;
-  if (move && (engine_->reducer().has_compression_state() || cfg_.parallel.zero == 1)) return false;
+  if (move && (engine_->reducer().has_compression_state() || cfg_.parallel.zero >= 1)) return false;
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t bytes0 = engine_->groups().ep->stats().bytes;
   try {  // a bad text is refused before anything moves, the same on every rank

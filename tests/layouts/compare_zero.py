@@ -21,7 +21,9 @@ parallelism at zero 3; cp2 x dp2 at zero 3 (the shards over dp x cp); tied
 embeddings at zero 3 (the head reads the embedding's unit); pp2 x dp2 at
 zero 2 and 3 under 1f1b, zb-h1 (the split backward's weight gradients) and
 interleaved (two chunks), and tp2 x pp2 x dp2 with SP keeping the weights
-(these sum in zero 0's order: measured bit for bit). Then a zero-3
+(these sum in zero 0's order: measured bit for bit); the MoE model
+(tests/moe/model.yaml) at ep2 x dp4 zero 2 and 3 (the expert weights
+sharded over their replicas), ep2 x dp2 x pp2 zero 3 and dp4 zero 3. Then a zero-3
 checkpoint (step_10) resumes at zero 0 as tp2 x dp2 and at zero 1 as dp2,
 and must end within 1e-5 of the uninterrupted zero-0 run.
 
@@ -46,6 +48,7 @@ from train_run import losses, rel_errors, train_run  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL = os.path.join(HERE, "model.yaml")
+MOE_MODEL = os.path.join(os.path.dirname(HERE), "moe", "model.yaml")  # 4 experts, top-2
 CLUSTER = os.path.join(os.path.dirname(HERE), "..", "configs", "clusters", "emulated-2node.yaml")
 
 DP4 = ["parallel.dp=4"]
@@ -73,7 +76,19 @@ CASES = {
                                       "model.n_layers=4"], ["parallel.zero=3"]),
     "tp2_pp2_dp2_sp_zero3_keep": (8, TP2PP2DP2, ["parallel.zero=3",
                                                  "parallel.zero3_reshard_after_forward=false"]),
+    # Mixture of experts (tests/moe/model.yaml): the expert weights shard over
+    # their replicas (edp), the rest over dp.
+    "moe_ep2_dp4_zero2": (4, ["moe", "parallel.dp=4", "parallel.ep=2"], ["parallel.zero=2"]),
+    "moe_ep2_dp4_zero3": (4, ["moe", "parallel.dp=4", "parallel.ep=2"], ["parallel.zero=3"]),
+    "moe_ep2_dp2_pp2_zero3": (4, ["moe", "parallel.dp=2", "parallel.ep=2", "parallel.pp=2"],
+                              ["parallel.zero=3"]),
+    "moe_dp4_zero3": (4, ["moe", "parallel.dp=4"], ["parallel.zero=3"]),
 }
+
+
+def model_of(sets):
+    """The config a case's sets name ("moe": the MoE model) and the rest."""
+    return (MOE_MODEL, [s for s in sets if s != "moe"]) if "moe" in sets else (MODEL, sets)
 
 
 def check(name, r, ref, lb, wb, failed):
@@ -92,12 +107,13 @@ def equivalence(args, failed):
     for name in args.cases:
         ranks, ref_sets, sets = CASES[name]
         key = tuple(ref_sets)
+        config, ref_only = model_of(ref_sets)
         if key not in refs:
-            refs[key] = train_run(args, MODEL, "ref_" + "_".join(s.replace("parallel.", "").replace("=", "")
-                                                                 for s in ref_sets), base + ref_sets, ranks)
+            refs[key] = train_run(args, config, "ref_" + "_".join(s.replace("parallel.", "").replace("=", "")
+                                                                  for s in ref_sets), base + ref_only, ranks)
             if not refs[key]:
                 sys.exit("FAIL: a zero-0 reference run failed")
-        r = train_run(args, MODEL, name, base + ref_sets + sets, ranks)
+        r = train_run(args, config, name, base + ref_only + sets, ranks)
         if not r:
             failed.append(name)
             continue

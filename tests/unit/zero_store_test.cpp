@@ -182,3 +182,43 @@ TEST_CASE("ZeRO store: the gathered working set follows the prefetch depth", "[d
   CHECK(peaks[2] > peaks[1]);
   CHECK(peaks[3] > peaks[2]);   // every unit kept
 }
+
+TEST_CASE("ZeRO shards: with expert parallelism an MoE unit's experts are a segment of their own",
+          "[dp][zero]") {
+  CpuBackend be;
+  ModelConfig m = zero_model();
+  m.n_experts = 4;
+  m.moe_top_k = 2;
+  Model model(m, be, DType::F32, 2, 8);
+  const std::vector<GradUnit> units = model.grad_units();
+  const int P = 4, E = 2;  // dp ranks, the experts' replicas
+  std::vector<int> owner_dense(size_t(model.flat_size()), -1), owner_expert(size_t(model.flat_size()), -1);
+  for (int r = 0; r < P; ++r) {
+    const ZeroShards z = plan_zero_shards(units, model.table(), P, r, E, r % E);
+    int expert_segments = 0;
+    for (const ZeroUnit& u : z.units) {
+      CHECK(u.ranks == (u.group ? E : P));
+      expert_segments += u.group;
+      for (const ParamSpec& p : model.table())
+        if (p.offset >= u.begin && p.offset < u.end) CHECK((p.expert >= 0) == (u.group == 1));
+      if (u.group == 1 && r >= E) continue;  // the other replicas hold the same pieces
+      for (int64_t k = u.lo; k < u.hi; ++k) {
+        auto& o = u.group ? owner_expert : owner_dense;
+        CHECK(o[size_t(k)] == -1);
+        o[size_t(k)] = r;
+      }
+    }
+    CHECK(expert_segments == int(m.n_layers));  // every layer is an MoE layer here
+    // Each grad unit's segments cover it, dense first.
+    for (size_t g = 0; g < units.size(); ++g) {
+      int64_t at = units[g].begin;
+      for (int su : z.by_grad_unit[g]) {
+        CHECK(z.units[size_t(su)].begin == at);
+        at = z.units[size_t(su)].end;
+      }
+      CHECK(at == units[g].end);
+    }
+  }
+  for (const GradUnit& u : units)
+    for (int64_t k = u.begin; k < u.end; ++k) CHECK((owner_dense[size_t(k)] >= 0) != (owner_expert[size_t(k)] >= 0));
+}
