@@ -114,6 +114,7 @@ class Engine {
   double run_micro_batches(const MicroBatchFetch& fetch);
   double run_pipeline_step(const MicroBatchFetch& fetch);
   void measure_bubble();  // times_.bubble and bubble_idle, over the pipeline group
+  void finish_zero_grads();  // ZeRO-2/3: the store's reduce-scatters done, its times in times_
 
   RunConfig cfg_;  // with the engine's layout
   Buffer scratch_;  // scratch_tensor's
