@@ -421,12 +421,10 @@ Tensor Model::grad(size_t i) const {
 void Model::set_unit_storage(UnitStorage* s) {
   store_ = nullptr;
   unit_of_param_.clear();
-  unit_begin_.clear();
   if (!s) return;
   const std::vector<GradUnit> units = grad_units();
   unit_of_param_.assign(table_.size(), -1);
   for (size_t u = 0; u < units.size(); ++u) {
-    unit_begin_.push_back(units[u].begin);
     for (size_t i = 0; i < table_.size(); ++i)
       if (table_[i].offset >= units[u].begin && table_[i].offset < units[u].end)
         unit_of_param_[i] = int(u);

@@ -453,7 +453,6 @@ class Model {
   mutable Buffer params_, grads_, master_;
   UnitStorage* store_ = nullptr;    // set_unit_storage's (not owned)
   std::vector<int> unit_of_param_;  // per parameter: its grad_units() index
-  std::vector<int64_t> unit_begin_;  // per grad unit: its first flat element
   // The unit-storage events of a pass (no-ops without a storage).
   void store_forward(int chunk, int64_t layer);  // layer -1: embedding, n_layers: head
   void store_backward(int chunk, int64_t layer);
