@@ -15,9 +15,9 @@ set(_adgt_costs
   pipeline_match_single_process_none 69
   e2e_bf16 53
   layouts_match_single_process_emulated 49
-  zero_match_zero0_emulated 43
-  zero_match_zero0 28
-  zero_match_zero0_f64 15
+  zero_match_zero0 40
+  zero_match_zero0_emulated 15
+  zero_match_zero0_f64 10
   zero_memory_estimate_emulated 7
   pipeline_match_single_process_tp2 40
   pipeline_match_single_process_dp2 40
