@@ -570,6 +570,20 @@ std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e,
                          : std::string()) +
        ")");
   line("    total        " + gib(e.bytes_total));
+  if (par.dp * par.cp > 1) {
+    // The same layout at every ZeRO level: model state (parameters,
+    // gradients, optimizer) and the total (docs/zero.md).
+    std::string z = "  ZeRO levels  ";
+    for (int64_t level = 0; level <= 3; ++level) {
+      RunConfig c = cfg;
+      c.parallel.zero = level;
+      const MemoryEstimate x = estimate_memory(c, bpp);
+      z += (level ? "; " : "") + std::to_string(level) + ": state " +
+           trim(gib(x.bytes_params + x.bytes_grads + x.bytes_optimizer)) + ", total " +
+           trim(gib(x.bytes_total));
+    }
+    line(z + (par.pp > 1 ? " (1 micro-batch in flight)" : ""));
+  }
   if (replan && replan->bytes_total > e.bytes_total)
     line("  parallel.adapt: a re-plan to a split schedule would hold up to " +
          trim(gib(replan->bytes_total)) + " (pipeline rank " + std::to_string(replan->pp_rank) +
