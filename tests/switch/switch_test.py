@@ -12,7 +12,7 @@ are expected bit for bit) and the same parameters and AdamW moments at the
 next checkpoint (bitwise, over every tensor of the checkpoint).
 
   switch_test.py --train adgt-train --mpirun tests/parallel/mpirun.sh \\
-      --data DIR --work DIR --case dense|moe|zero|zero23
+      --data DIR --work DIR --case dense|moe|zero|zero23|cp
 """
 import argparse
 import json
@@ -57,6 +57,15 @@ CASES = {
             ["parallel.tp=2", "parallel.pp=1", "parallel.dp=4", "parallel.zero=3"],
             ["parallel.tp=1", "parallel.pp=2", "parallel.dp=4", "parallel.zero=1"],
             ["parallel.tp=1", "parallel.pp=1", "parallel.dp=8", "parallel.zero=2"],
+        ]),
+    # Context parallelism in and out (docs/context-parallel.md), with ZeRO-1 over dp x cp.
+    "cp": dict(
+        config=os.path.join(TESTS, "layouts", "model.yaml"),
+        base=["model.n_layers=4"],
+        layouts=[
+            ["parallel.tp=2", "parallel.cp=2", "parallel.pp=1", "parallel.dp=2"],
+            ["parallel.tp=1", "parallel.cp=4", "parallel.pp=1", "parallel.dp=2", "parallel.zero=1"],
+            ["parallel.tp=2", "parallel.cp=1", "parallel.pp=2", "parallel.dp=2", "parallel.zero=0"],
         ]),
     # Mixture of experts: ep2 -> ep4, with the aux-loss-free selection biases.
     "moe": dict(

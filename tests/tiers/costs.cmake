@@ -50,6 +50,7 @@ set(_adgt_costs
   checkpoint_pipeline_np4 10
   switch_in_memory_zero_np8 10
   switch_in_memory_zero23_np8 10
+  switch_in_memory_cp_np8 10
   plan_auto_constraint_np8 10
   switch_in_memory_dense_np8 9
   checkpoint_damaged_all_ranks 9
