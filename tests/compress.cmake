@@ -4,7 +4,7 @@
 # training on 4 CPU ranks of the byte-level KJV corpus
 # (tests/compress/compress_train.py): off unchanged, every level trains with
 # bit-identical dp replicas, a resume restores the error feedback bit for bit,
-# and the layouts tp=2 dp=2, pp=2 dp=2 and ZeRO-1.
+# and the layouts tp=2 dp=2, pp=2 dp=2, ZeRO-1 and cp=2 dp=2.
 if(NOT TARGET adgt_parallel)
   return()
 endif()
@@ -37,7 +37,8 @@ foreach(level int8 int3 int2 powersgd)
 endforeach()
 # Layouts: each dp group compresses on its own.
 foreach(case "tp2_dp2;tp=2,dp=2;int8" "pp2_dp2;pp=2,dp=2;int4" "zero1;dp=4,zero=1;int8"
-             "zero1_powersgd;dp=4,zero=1;powersgd")
+             "zero1_powersgd;dp=4,zero=1;powersgd" "cp2_dp2;cp=2,dp=2;int8"
+             "cp2_dp2_powersgd;cp=2,dp=2;powersgd")
   list(GET case 0 name)
   list(GET case 1 layout)
   list(GET case 2 level)
@@ -46,6 +47,12 @@ foreach(case "tp2_dp2;tp=2,dp=2;int8" "pp2_dp2;pp=2,dp=2;int4" "zero1;dp=4,zero=
             --layout ${layout})
   list(APPEND ADGT_GC_TESTS compress_train_${name})
 endforeach()
+# Context parallelism: the buckets reduce over dp x cp; a resume restores
+# the error feedback there bit for bit.
+add_test(NAME compress_resume_cp2_dp2
+  COMMAND ${ADGT_GC_ARGS} --work ${CMAKE_BINARY_DIR}/compress/resume_cp2_dp2 --case resume --level int8
+          --layout cp=2,dp=2)
+list(APPEND ADGT_GC_TESTS compress_resume_cp2_dp2)
 set_tests_properties(${ADGT_GC_TESTS} PROPERTIES
   FIXTURES_REQUIRED kjv_byte LABELS "parallel;compress" TIMEOUT 120 PROCESSORS 2)
 

@@ -17,9 +17,6 @@ std::string context_parallel_unsupported(const RunConfig& cfg) {
                 "only, and its sends over NCCL are not paired yet (nor has all-to-all run on a "
                 "GPU)" + see +
            "; use train.device: cpu or emulated";
-  if (p.grad_compression != "off")
-    return cp + " with parallel.grad_compression=" + p.grad_compression +
-           ": compression over the dp x cp ranks is not run yet" + see + "; use grad_compression: off";
   if (cfg.train.document_mask || cfg.model.rope_reset_per_document)
     return cp + " with train.document_mask or model.rope_reset_per_document: document "
                 "boundaries inside the ring are not run yet" + see;

@@ -59,13 +59,13 @@ def main():
         ap.add_argument(a, required=True)
     ap.add_argument("--case", choices=["off", "train", "resume"], required=True)
     ap.add_argument("--level", default="int8")
-    ap.add_argument("--layout", default="dp=4", help="dp=4 | tp=2,dp=2 | pp=2,dp=2 | dp=4,zero=1")
+    ap.add_argument("--layout", default="dp=4", help="dp=4 | tp=2,dp=2 | pp=2,dp=2 | dp=4,zero=1 | cp=2,dp=2")
     args = ap.parse_args()
     lay = [f"parallel.{kv}" for kv in args.layout.split(",")]
     ranks = 1
     for kv in args.layout.split(","):
         k, v = kv.split("=")
-        if k in ("tp", "pp", "dp"):
+        if k in ("tp", "pp", "dp", "cp"):
             ranks *= int(v)
     problems = []
     if args.case == "off":
@@ -120,8 +120,9 @@ def main():
                 problems.append(f"step {s}: uninterrupted {a.get(s)!r} vs resumed {b.get(s)!r}")
         if "dropped" in log:
             problems.append("the resume at the same layout dropped the error feedback")
-        # Into dp=2: the error feedback is dropped with a note, training goes on.
-        other = [s for s in sets if not s.startswith("parallel.dp=")] + ["parallel.dp=2"]
+        # Into half the dp ranks: the error feedback is dropped with a note, training goes on.
+        dp = int(dict(kv.split("=") for kv in args.layout.split(",")).get("dp", 1))
+        other = [s for s in sets if not s.startswith("parallel.dp=")] + [f"parallel.dp={dp // 2}"]
         _, log2 = run(args, "resumed_dp2", other, ranks // 2, resume=step4)
         if "error-feedback state is dropped" not in log2:
             problems.append("a resume at dp=2 did not note that the error feedback was dropped")
