@@ -172,6 +172,7 @@ std::vector<int> ZeroStore::upcoming(Pass pass, int g) const {
 
 void ZeroStore::begin_unit(Pass pass, int g, const std::vector<int>& reads) {
   group_.progress();
+  if (experts_) experts_->progress();
   reap(false);
   if (opt_.level < 3) return;
   auto reads_unit = [&](int su) {
