@@ -207,27 +207,41 @@ RankActivations rank_activations(const RunConfig& cfg, const ActivationSizes& z,
 // activations `a`.
 // ZeRO-2/3's shard and largest unit (parallel/dp/zero_shards.hpp): the
 // units are the embedding, each layer, and the final norm with the head;
-// each is split into D slots of ceil(n / D) rounded up to 16 elements.
+// each is split into D slots of ceil(n / D) rounded up to 16 elements. With
+// expert parallelism (De > 0) an MoE layer's expert weights are a segment of
+// their own, split into De (edp x cp) slots.
 struct ZeroSizes {
   int64_t shard = 0;     // elements of a rank's shard (its slots)
-  int64_t max_unit = 0;  // the largest unit's slots x D (a gathered unit's buffer)
-  std::vector<int64_t> slot;  // per unit, in the backward's order (the head first)
+  int64_t max_unit = 0;  // the largest segment's slots x ranks (a gathered buffer)
+  // Per unit, in the backward's order (the head first): its segments' (slot, ranks).
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> segs;
 };
-ZeroSizes zero_sizes(const std::vector<ParamSpec>& table, int64_t D) {
+ZeroSizes zero_sizes(const std::vector<ParamSpec>& table, int64_t D, int64_t De) {
   ZeroSizes z;
   auto unit_of = [](const std::string& name) {
     if (name.rfind("model.layers.", 0) == 0) return name.substr(0, name.find('.', 13));
     return name == "model.embed_tokens.weight" ? std::string("embed") : std::string("head");
   };
+  auto seg = [&](int64_t n, int64_t P, std::vector<std::pair<int64_t, int64_t>>& out) {
+    if (n <= 0) return;
+    const int64_t slot = ((n + P - 1) / P + 15) / 16 * 16;
+    z.shard += slot;
+    z.max_unit = std::max(z.max_unit, slot * P);
+    out.push_back({slot, P});
+  };
   for (size_t i = 0; i < table.size();) {
     const std::string u = unit_of(table[i].name);
     size_t j = i;
     while (j + 1 < table.size() && unit_of(table[j + 1].name) == u) ++j;
-    const int64_t n = table[j].offset + (table[j].numel + 15) / 16 * 16 - table[i].offset;
-    const int64_t slot = ((n + D - 1) / D + 15) / 16 * 16;
-    z.shard += slot;
-    z.max_unit = std::max(z.max_unit, slot * D);
-    z.slot.insert(z.slot.begin(), slot);
+    const int64_t end = table[j].offset + (table[j].numel + 15) / 16 * 16;
+    int64_t cut = end;  // the first expert weight (a suffix of the unit)
+    if (De > 0)
+      for (size_t k = i; k <= j; ++k)
+        if (table[k].expert >= 0) cut = std::min(cut, table[k].offset);
+    std::vector<std::pair<int64_t, int64_t>> segs;
+    seg(cut - table[i].offset, D, segs);
+    seg(end - cut, De, segs);
+    z.segs.insert(z.segs.begin(), segs);
     i = j + 1;
   }
   return z;
@@ -241,18 +255,25 @@ ZeroSizes zero_sizes(const std::vector<ParamSpec>& table, int64_t D) {
 // and the two before it being reduce-scattered (each with its output slot);
 // with accumulation the last two units' reduce-scatters still in flight in
 // the next micro-batch's forward; ZeRO-2: the gradients, and the update's
-// gather buffer. The store keeps its buffers for reuse (ZeroStore::take:
-// a buffer serves requests down to 2/3 of its size), so what it holds is,
-// for each size class, the most of that class in use at one point, times
-// the class's largest size.
-int64_t zero_working_bytes(const ZeroSizes& z, int64_t D, int level, int64_t prefetch, bool reshard,
+// gather buffer. Each unit is a buffer per segment. The store keeps its
+// buffers for reuse (ZeroStore::take: a buffer serves requests down to 2/3
+// of its size), so what it holds is, for each size class, the most of that
+// class in use at one point, times the class's largest size.
+int64_t zero_working_bytes(const ZeroSizes& z, int level, int64_t prefetch, bool reshard,
                            int64_t b, int64_t mb, bool accumulates) {
-  const int64_t n = int64_t(z.slot.size());
-  auto unit = [&](int64_t g) { return g >= 0 && g < n ? z.slot[size_t(g)] * D : 0; };
+  const int64_t n = int64_t(z.segs.size());
+  // Unit g's whole buffers (bytes per element e), or its output slots.
+  auto whole = [&](std::vector<int64_t>& pt, int64_t g, int64_t e) {
+    if (g < 0 || g >= n) return;
+    for (const auto& [slot, P] : z.segs[size_t(g)]) pt.push_back(slot * P * e);
+  };
+  auto slots = [&](std::vector<int64_t>& pt, int64_t g) {
+    if (g < 0 || g >= n) return;
+    for (const auto& [slot, P] : z.segs[size_t(g)]) pt.push_back(slot * mb);
+  };
   std::vector<std::vector<int64_t>> points;  // the buffers (bytes) in use at each point
   std::vector<int64_t> inflight;
-  for (int64_t g = n - 2; accumulates && g < n; ++g)
-    if (g >= 0) inflight.insert(inflight.end(), {unit(g) * mb, z.slot[size_t(g)] * mb});
+  for (int64_t g = n - 2; accumulates && g < n; ++g) whole(inflight, g, mb), slots(inflight, g);
   if (level < 3) {
     points.push_back({z.max_unit * b});
     points.push_back(inflight);
@@ -260,18 +281,15 @@ int64_t zero_working_bytes(const ZeroSizes& z, int64_t D, int level, int64_t pre
   for (int64_t g = n - 1; g >= 0 && level >= 3; --g) {  // the forward: g - 1 is next
     std::vector<int64_t> pt = inflight;
     const int64_t ahead = std::max<int64_t>(1, prefetch);
-    for (int64_t k = reshard ? g - ahead : g - ahead; k <= (reshard ? g : n - 1); ++k)
-      if (unit(k) > 0) pt.push_back(unit(k) * b);
+    for (int64_t k = g - ahead; k <= (reshard ? g : n - 1); ++k) whole(pt, k, b);
     points.push_back(pt);
   }
   for (int64_t g = 0; g < n; ++g) {  // the backward: g + 1 is next
     std::vector<int64_t> pt;
     if (level >= 3)
-      for (int64_t k = g; k <= (reshard ? g + prefetch : n - 1); ++k)
-        if (unit(k) > 0) pt.push_back(unit(k) * b);
-    pt.push_back(unit(g) * mb);
-    for (int64_t k = 1; k <= 2 && g - k >= 0; ++k)
-      pt.insert(pt.end(), {unit(g - k) * mb, z.slot[size_t(g - k)] * mb});
+      for (int64_t k = g; k <= (reshard ? g + prefetch : n - 1); ++k) whole(pt, k, b);
+    whole(pt, g, mb);
+    for (int64_t k = 1; k <= 2 && g - k >= 0; ++k) whole(pt, g - k, mb), slots(pt, g - k);
     points.push_back(pt);
   }
   // Size classes: sizes within 1.5x of the class's smallest share buffers.
@@ -323,13 +341,14 @@ void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, const std::vector<ParamS
     // prefetched ones; the backward's and its prefetched ones beside the
     // gradients; without resharding after the forward every unit).
     const int64_t mb = std::max<int64_t>(bpp, 4);
-    const ZeroSizes zs = zero_sizes(table, D);
+    const int64_t ep = std::max<int64_t>(1, cfg.parallel.ep);
+    const ZeroSizes zs = zero_sizes(table, D, ep > 1 ? D / ep : 0);
     const int64_t compute_shard = bpp < 4 ? zs.shard * bpp : 0;
     const int64_t p = std::max<int64_t>(0, cfg.parallel.zero3_prefetch);
     x.bytes_params = cfg.parallel.zero >= 3 ? compute_shard : numel * bpp + compute_shard;
     x.bytes_grads = zs.shard * mb;
     x.bytes_optimizer = 3 * zs.shard * mb;
-    x.bytes_zero_working = zero_working_bytes(zs, D, int(cfg.parallel.zero), p,
+    x.bytes_zero_working = zero_working_bytes(zs, int(cfg.parallel.zero), p,
                                               cfg.parallel.zero3_reshard_after_forward, bpp, mb,
                                               cfg.accum_steps() > 1);
     if (cfg.parallel.pp > 1) {

@@ -175,13 +175,17 @@ def memory(args, failed):
              ("zero3", ["parallel.zero=3"]),
              ("zero3_prefetch2_keep", ["parallel.zero=3", "parallel.zero3_prefetch=2",
                                        "parallel.zero3_reshard_after_forward=false"])]
-    for name, sets in cases:
+    # (The MoE model is left out: its estimate is 29% under the emulated
+    # device's peak already at zero 0, ep2 x dp4; its activations are not
+    # ZeRO's. ZeRO-3 saves 255 KB there, estimated 220 KB.)
+    for name, case_sets in cases:
+        config, sets = model_of(case_sets)
         log = os.path.join(args.work, "mem_" + name)
         flags = sum([["--set", s] for s in common + DP4 + sets + [f"log.dir={log}", f"checkpoint.dir={log}/ckpt"]], [])
-        out = subprocess.run([args.mpirun, "4", args.train, "--config", MODEL] + flags,
+        out = subprocess.run([args.mpirun, "4", args.train, "--config", config] + flags,
                              capture_output=True, text=True, env=env, timeout=600)
         m = re.search(r"device memory:.*; (\d+) bytes\)", out.stdout)
-        sim = subprocess.run([args.sim, "--config", MODEL, "--cluster", CLUSTER, "--costs", "model", "--json"]
+        sim = subprocess.run([args.sim, "--config", config, "--cluster", CLUSTER, "--costs", "model", "--json"]
                              + sum([["--set", s] for s in DP4 + sets + ["train.device=emulated"]], []),
                              capture_output=True, text=True, env=env, timeout=600)
         if out.returncode != 0 or not m or sim.returncode != 0:
