@@ -23,7 +23,8 @@ zero 2 and 3 under 1f1b, zb-h1 (the split backward's weight gradients) and
 interleaved (two chunks), and tp2 x pp2 x dp2 with SP keeping the weights
 (these sum in zero 0's order: measured bit for bit); the MoE model
 (tests/moe/model.yaml) at ep2 x dp4 zero 2 and 3 (the expert weights
-sharded over their replicas), ep2 x dp2 x pp2 zero 3 and dp4 zero 3. Then a zero-3
+sharded over their replicas), ep2 x dp2 zero 3 (one replica: unsharded),
+ep2 x dp2 x pp2 zero 3 and dp4 zero 3. Then a zero-3
 checkpoint (step_10) resumes at zero 0 as tp2 x dp2 and at zero 1 as dp2,
 and must end within 1e-5 of the uninterrupted zero-0 run.
 
@@ -80,6 +81,8 @@ CASES = {
     # their replicas (edp), the rest over dp.
     "moe_ep2_dp4_zero2": (4, ["moe", "parallel.dp=4", "parallel.ep=2"], ["parallel.zero=2"]),
     "moe_ep2_dp4_zero3": (4, ["moe", "parallel.dp=4", "parallel.ep=2"], ["parallel.zero=3"]),
+    # ep2 x dp2: each expert on one rank of its replica group (edp 1): its segment unsharded.
+    "moe_ep2_dp2_zero3": (2, ["moe", "parallel.dp=2", "parallel.ep=2"], ["parallel.zero=3"]),
     "moe_ep2_dp2_pp2_zero3": (4, ["moe", "parallel.dp=2", "parallel.ep=2", "parallel.pp=2"],
                               ["parallel.zero=3"]),
     "moe_dp4_zero3": (4, ["moe", "parallel.dp=4"], ["parallel.zero=3"]),
