@@ -175,8 +175,23 @@ const std::vector<Key>& schema() {
           A::NonNegative, "consecutive non-finite steps tolerated before aborting"),
       key("train", &R::train, "dtype", &TrainConfig::dtype, A::Choices,
           "precision: f32; bf16 = mixed precision (bf16 weights and activations, fp32 master "
-          "weights, gradients, optimizer state and loss); f64 for reference checks",
-          {"f32", "bf16", "f64"}),
+          "weights, gradients, optimizer state and loss); fp8 = bf16 mixed precision with the "
+          "layers' linear GEMMs in FP8 (train.fp8_*, docs/fp8.md); f64 for reference checks",
+          {"f32", "bf16", "fp8", "f64"}),
+      key("train", &R::train, "fp8_format", &TrainConfig::fp8_format, A::Choices,
+          "with dtype fp8: hybrid = E4M3 weights and activations, E5M2 output gradients; "
+          "e4m3 = E4M3 for all three",
+          {"hybrid", "e4m3"}),
+      key("train", &R::train, "fp8_recipe", &TrainConfig::fp8_recipe, A::Choices,
+          "with dtype fp8, how activations and gradients are scaled: tensorwise = from this "
+          "tensor's amax now (current scaling); delayed = from the largest amax of the last "
+          "fp8_amax_history steps (weights are scaled from their amax in both)",
+          {"tensorwise", "delayed"}),
+      key("train", &R::train, "fp8_amax_history", &TrainConfig::fp8_amax_history, A::Positive,
+          "with fp8_recipe delayed: steps of amax history a scale is taken from"),
+      key("train", &R::train, "fp8_margin", &TrainConfig::fp8_margin, A::NonNegative,
+          "with dtype fp8: binades of headroom below the format's largest value a scale keeps "
+          "(scales are powers of two)"),
       key("train", &R::train, "recompute", &TrainConfig::recompute, A::Choices,
           "activation recompute: none; selective = the attention core and the SwiGLU product "
           "are recomputed in the backward; full = the chosen layers keep only their input "

@@ -69,7 +69,14 @@ struct TrainConfig {
   int64_t eval_interval = 100;  // steps between validation evals; 0 disables
   int64_t eval_batches = 0;     // micro-batches per eval; 0 = the whole split
   int64_t max_skipped_steps = 20;  // consecutive non-finite steps before aborting
-  std::string dtype = "f32";    // f32 | bf16 (mixed precision) | f64 (reference checks)
+  std::string dtype = "f32";    // f32 | bf16 (mixed precision) | fp8 | f64 (reference checks)
+  // dtype fp8 (docs/fp8.md): the formats (hybrid: E4M3 forward, E5M2 output
+  // gradients | e4m3), the scaling recipe (tensorwise | delayed), its amax
+  // history length and the headroom in binades.
+  std::string fp8_format = "hybrid";
+  std::string fp8_recipe = "tensorwise";
+  int64_t fp8_amax_history = 16;
+  int64_t fp8_margin = 0;
   std::string recompute = "none";  // none | selective | full (core/model/model.hpp)
   int64_t recompute_layers = 0;    // full: layers per chunk that recompute; 0 = all
   // One GEMM for q/k/v and one for gate/up (weights adjacent in the flat
@@ -92,6 +99,10 @@ struct TrainConfig {
   double collective_timeout_s = 0;
   bool operator==(const TrainConfig&) const = default;
 };
+
+// Whether a run keeps bf16 weights and activations (train.dtype bf16, or fp8:
+// bf16 with FP8 GEMMs).
+inline bool bf16_compute(const TrainConfig& t) { return t.dtype == "bf16" || t.dtype == "fp8"; }
 
 struct DataConfig {
   std::string train = "data/kjv/train.bin";  // token shard (adgt-data output)

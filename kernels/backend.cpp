@@ -181,3 +181,61 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int cuda_device
 }
 
 }  // namespace adgt
+
+// ---- FP8 defaults (kernels/backend.hpp) ----
+namespace adgt {
+
+void Backend::fp8_amax(Tensor, const Tensor&, bool) {
+  ADGT_CHECK(false, name() << ": FP8 (train.dtype: fp8) is not implemented on this backend");
+}
+void Backend::fp8_scale(Tensor, const Tensor&, Fp8Kind, int) {
+  ADGT_CHECK(false, name() << ": FP8 (train.dtype: fp8) is not implemented on this backend");
+}
+void Backend::fp8_quantize(Tensor, Tensor, const Tensor&, const Tensor&) {
+  ADGT_CHECK(false, name() << ": FP8 (train.dtype: fp8) is not implemented on this backend");
+}
+void Backend::fp8_dequantize(Tensor, const Tensor&, const Tensor&) {
+  ADGT_CHECK(false, name() << ": FP8 (train.dtype: fp8) is not implemented on this backend");
+}
+
+namespace {
+// An F32 copy of an FP8 operand's values (q / scale) in `buf`.
+Tensor dequantized(Backend& be, Buffer& buf, const Fp8Operand& o) {
+  buf = Buffer(be, size_t(o.q.numel()) * 4);
+  Tensor t = o.q;
+  t.data = buf.data();
+  t.dtype = DType::F32;
+  be.fp8_dequantize(t, o.q, o.scale);
+  return t;
+}
+// out itself when it is F32, else F32 scratch in `buf` (holding out's values if `load`).
+Tensor f32_view(Backend& be, Buffer& buf, const Tensor& out, bool load) {
+  if (!out.data || out.dtype == DType::F32) return out;
+  buf = Buffer(be, size_t(out.numel()) * 4);
+  Tensor t = out;
+  t.data = buf.data();
+  t.dtype = DType::F32;
+  if (load) be.cast(t, out);
+  return t;
+}
+}  // namespace
+
+void Backend::linear_forward_fp8(Tensor y, const Fp8Operand& x, const Fp8Operand& w) {
+  Buffer bx, bw, by;
+  const Tensor xf = dequantized(*this, bx, x), wf = dequantized(*this, bw, w);
+  const Tensor yf = f32_view(*this, by, y, false);
+  linear_forward(yf, xf, wf);
+  if (yf.data != y.data) cast(y, yf);
+}
+
+void Backend::linear_backward_fp8(Tensor dx, Tensor dw, const Fp8Operand& dy, const Fp8Operand& x,
+                                  const Fp8Operand& w, bool accumulate_dx) {
+  Buffer bdy, bx, bw, bdx;
+  const Tensor dyf = dequantized(*this, bdy, dy), wf = dequantized(*this, bw, w);
+  const Tensor xf = dw.data ? dequantized(*this, bx, x) : Tensor(nullptr, DType::F32, {x.q.dim(0), x.q.dim(1)});
+  const Tensor dxf = f32_view(*this, bdx, dx, accumulate_dx);
+  linear_backward(dxf, dw, dyf, xf, wf, accumulate_dx);
+  if (dxf.data && dxf.data != dx.data) cast(dx, dxf);
+}
+
+}  // namespace adgt

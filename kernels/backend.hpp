@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "kernels/check.hpp"
+#include "kernels/common/fp8.hpp"
 #include "kernels/tensor.hpp"
 
 namespace adgt {
@@ -42,6 +43,15 @@ struct AdamWHyper {
   // (g * T(grad_scale) in the update's precision; grad itself is left as it
   // is): no separate pass over the gradients. 1 changes nothing, bit for bit.
   double grad_scale = 1;
+};
+
+// An FP8 operand of a GEMM: q (E4M3 or E5M2) holds x * scale rounded to FP8,
+// so its value is q / scale. qt: the same codes transposed ((cols, rows);
+// the CUDA backend's FP8 GEMMs read the backward's operands that way; may be
+// empty where a backend does not need it, see fp8_needs_transpose). scale:
+// F32 (1) in the backend's memory, a power of two.
+struct Fp8Operand {
+  Tensor q, qt, scale;
 };
 
 struct AttentionShape {
@@ -239,6 +249,30 @@ class Backend {
   virtual void scale_inplace(Tensor x, double s) = 0;
   // dst = src converted to dst's dtype (f32/f64/bf16, same element count).
   virtual void cast(Tensor dst, const Tensor& src) = 0;
+
+  // ---- FP8 (train.dtype: fp8; docs/fp8.md, kernels/common/fp8.hpp) ----
+  // The defaults refuse with a named error; the CPU backend (and the
+  // emulated device) implement them exactly, the CUDA backend with kernels.
+  // amax (F32 (1)) = max |x| over x (BF16 or F32); accumulate: max(amax, that).
+  // A NaN in x makes amax NaN.
+  virtual void fp8_amax(Tensor amax, const Tensor& x, bool accumulate);
+  // scale (F32 (1)) = 2^fp8_scale_exponent(amax[0], kind, margin), computed
+  // where the tensors live (no host read).
+  virtual void fp8_scale(Tensor scale, const Tensor& amax, Fp8Kind kind, int margin);
+  // q (E4M3 | E5M2, x's shape) = float_to_fp8(x * scale[0]) for x (rows, cols)
+  // in BF16 or F32; qt (optional, (cols, rows), q's dtype) = q transposed.
+  virtual void fp8_quantize(Tensor q, Tensor qt, const Tensor& x, const Tensor& scale);
+  // out (BF16 | F32) = fp8_to_float(q) / scale[0] (exact in F32; rounded once in BF16).
+  virtual void fp8_dequantize(Tensor out, const Tensor& q, const Tensor& scale);
+  // Whether linear_*_fp8 read the transposed codes (qt) of dy, x and w.
+  virtual bool fp8_needs_transpose() const { return false; }
+  // FP8 GEMMs with fp32 accumulation: linear_forward / linear_backward on the
+  // operands' values (q / scale), outputs as their bf16 versions give them
+  // (y, dx BF16 rounded once, dw F32 accumulated). The default dequantizes
+  // into fp32 scratch and runs the fp32 GEMMs: the exact emulation.
+  virtual void linear_forward_fp8(Tensor y, const Fp8Operand& x, const Fp8Operand& w);
+  virtual void linear_backward_fp8(Tensor dx, Tensor dw, const Fp8Operand& dy,
+                                   const Fp8Operand& x, const Fp8Operand& w, bool accumulate_dx);
 
   // ---- indexed rows (mixture-of-experts combine; the dispatch's row gather is
   // embedding_forward with the row indices as tokens) ----

@@ -8,7 +8,8 @@
 
 namespace adgt {
 
-enum class DType : uint8_t { F32, F64, I32, BF16 };
+// E4M3 / E5M2: FP8 (kernels/common/fp8.hpp), one byte an element.
+enum class DType : uint8_t { F32, F64, I32, BF16, E4M3, E5M2 };
 
 inline size_t dtype_size(DType t) {
   switch (t) {
@@ -16,6 +17,8 @@ inline size_t dtype_size(DType t) {
     case DType::F64: return 8;
     case DType::I32: return 4;
     case DType::BF16: return 2;
+    case DType::E4M3:
+    case DType::E5M2: return 1;
   }
   return 0;
 }
@@ -25,6 +28,8 @@ inline const char* dtype_name(DType t) {
     case DType::F64: return "f64";
     case DType::I32: return "i32";
     case DType::BF16: return "bf16";
+    case DType::E4M3: return "e4m3";
+    case DType::E5M2: return "e5m2";
   }
   return "?";
 }

@@ -18,6 +18,7 @@
 #include "core/comm.hpp"
 #include "core/config.hpp"
 #include "core/model/context_attention.hpp"
+#include "core/model/fp8_linear.hpp"
 #include "core/model/moe.hpp"
 #include "core/model/param_table.hpp"
 #include "core/model/stage_slice.hpp"
@@ -164,6 +165,17 @@ class Model {
   // buffers `s` holds (params() / master() / grads() are then refused).
   // nullptr: none (the flat buffers stay).
   void set_unit_storage(UnitStorage* s);
+  // train.dtype fp8 (core/model/fp8_linear.hpp): the layers' q/k/v, o,
+  // gate/up and down GEMMs in FP8 from now on (the head and MoE experts stay
+  // bf16). Needs bf16 compute. cp: the context-parallel group (nullptr: none).
+  void enable_fp8(const Fp8Options& o, Comm* cp);
+  Fp8Linears* fp8() { return fp8_.get(); }
+  // Delayed scaling's amax histories by global layer and role (q, k, v, o,
+  // gate, up, down; a fused site fills its roles alike): (n_layers x 7 x 2
+  // (x, dy) x history), zero for layers elsewhere, and the steps filled.
+  std::vector<double> fp8_history_table() const;
+  // Loads such a table (a fused site takes the max over its roles).
+  void set_fp8_history_table(const std::vector<double>& t, int64_t steps);
   const UnitStorage* unit_storage() const { return store_; }
   // The grad_units() index of each parameter's unit.
   const std::vector<int>& unit_of_param() const { return unit_of_param_; }
@@ -458,6 +470,12 @@ class Model {
   void store_backward(int chunk, int64_t layer);
   int unit_index(int chunk, int64_t layer) const;  // grad_units() index (one chunk)
   std::vector<Buffer> owned_;  // activations and scratch
+  // The layers' linear GEMMs: through fp8_ when its site covers weights wi..wl.
+  void mm_fwd(Tensor y, const Tensor& x, size_t wi, size_t wl);
+  void mm_bwd(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, size_t wi, size_t wl,
+              bool accumulate_dx);
+  std::unique_ptr<Fp8Linears> fp8_;
+  std::vector<int> fp8_site_;  // per parameter: the FP8 site of the linear starting there, or -1
   Tensor ln_local_;             // (Nl, C) norm output before the gather (SP only)
   Tensor partial_;              // (N, C) row-parallel partial sums (SP only)
   // Backward scratch; without SP d_full_ is d_resid_ and d_tmp_local_ is d_tmp_.

@@ -151,24 +151,24 @@ int64_t Model::load_targets(Slot& s, const int32_t* targets) {
 
 void Model::qkv_forward(LayerActs& a, const LayerIdx& w, const Rope& r) {
   if (fused_) {
-    be_.linear_forward(qkv_, a.ln1, weights(w.q, w.v));
+    mm_fwd(qkv_, a.ln1, w.q, w.v);
     be_.qkv_rope_split(a.q, a.k, a.v, qkv_, r.cos, r.sin, r.T);
     return;
   }
-  be_.linear_forward(a.q, a.ln1, param(w.q));
-  be_.linear_forward(a.k, a.ln1, param(w.k));
-  be_.linear_forward(a.v, a.ln1, param(w.v));
+  mm_fwd(a.q, a.ln1, w.q, w.q);
+  mm_fwd(a.k, a.ln1, w.k, w.k);
+  mm_fwd(a.v, a.ln1, w.v, w.v);
   be_.rope_forward(a.q, r.cos, r.sin, r.T);
   be_.rope_forward(a.k, r.cos, r.sin, r.T);
 }
 
 void Model::gate_up_forward(LayerActs& a, const LayerIdx& w) {
   if (fused_) {
-    be_.linear_forward(a.gu, a.ln2, weights(w.gate, w.up));
+    mm_fwd(a.gu, a.ln2, w.gate, w.up);
     return;
   }
-  be_.linear_forward(a.gate, a.ln2, param(w.gate));
-  be_.linear_forward(a.up, a.ln2, param(w.up));
+  mm_fwd(a.gate, a.ln2, w.gate, w.gate);
+  mm_fwd(a.up, a.ln2, w.up, w.up);
 }
 
 void Model::swiglu_forward(LayerActs& a) {
@@ -189,7 +189,7 @@ bool Model::layer_forward(int chunk, int slot, size_t l, bool ln1_ready) {
   qkv_forward(a, w, rope_of(s));
   attention_forward(a, s);
   Tensor o = sp_ ? partial_ : a.x_mid;
-  be_.linear_forward(o, a.att, param(w.o));
+  mm_fwd(o, a.att, w.o, w.o);
   reduce_rows(a.x_mid, o);
   add_norm_forward(a.x_mid, a.x_in, a.ln2, a.rstd2, w.post_norm);
   // MLP branch: out = x_mid + down(swiglu(gate, up)) (or the MoE block).
@@ -201,7 +201,7 @@ bool Model::layer_forward(int chunk, int slot, size_t l, bool ln1_ready) {
   } else {
     gate_up_forward(a, w);
     swiglu_forward(a);
-    be_.linear_forward(down, a.h, param(w.down));
+    mm_fwd(down, a.h, w.down, w.down);
   }
   reduce_rows(next, down);
   if (!last) {
@@ -333,7 +333,7 @@ void Model::recompute_layer(int chunk, int slot, size_t l) {
   attention_forward(a, s);
   if (full) {
     Tensor o = sp_ ? partial_ : a.x_mid;
-    be_.linear_forward(o, a.att, param(w.o));
+    mm_fwd(o, a.att, w.o, w.o);
     reduce_rows(a.x_mid, o);
     add_norm_forward(a.x_mid, a.x_in, a.ln2, a.rstd2, w.post_norm);
     if (w.moe < 0) gate_up_forward(a, w);
@@ -354,10 +354,10 @@ void Model::layer_backward(int chunk, int slot, size_t l, BackwardMode mode) {
   auto linear_bwd = [&](Tensor dx, size_t wi, size_t wl, const Tensor& dy, const Tensor& x,
                         Tensor saved, bool acc) {
     if (mode.split) {
-      be_.linear_backward(dx, Tensor(), dy, x, weights(wi, wl), acc);
+      mm_bwd(dx, Tensor(), dy, x, wi, wl, acc);
       be_.copy(saved, dy);
     } else {
-      be_.linear_backward(dx, weight_grads(wi, wl), dy, x, weights(wi, wl), acc);
+      mm_bwd(dx, weight_grads(wi, wl), dy, x, wi, wl, acc);
     }
   };
   // d_resid = dL/d(layer output). MLP branch: out = x_mid + down(h).
@@ -453,7 +453,7 @@ void Model::backward_weight(int chunk, int slot) {
                                                             << " had no split backward");
     recompute_layer(chunk, slot, l);  // the inputs of the weight gradients, once more
     auto dw = [&](size_t wi, size_t wl, const Tensor& dy, const Tensor& x) {
-      be_.linear_backward(Tensor(), weight_grads(wi, wl), dy, x, weights(wi, wl), false);
+      mm_bwd(Tensor(), weight_grads(wi, wl), dy, x, wi, wl, false);
     };
     if (w.moe < 0) {
       dw(w.down, w.down, a.d_down, a.h);

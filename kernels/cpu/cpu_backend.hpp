@@ -69,6 +69,10 @@ class CpuBackend : public Backend {
   void copy(Tensor dst, const Tensor& src) override;
   void scale_inplace(Tensor x, double s) override;
   void cast(Tensor dst, const Tensor& src) override;
+  void fp8_amax(Tensor amax, const Tensor& x, bool accumulate) override;
+  void fp8_scale(Tensor scale, const Tensor& amax, Fp8Kind kind, int margin) override;
+  void fp8_quantize(Tensor q, Tensor qt, const Tensor& x, const Tensor& scale) override;
+  void fp8_dequantize(Tensor out, const Tensor& q, const Tensor& scale) override;
   void combine_rows(Tensor out, const Tensor& y, const Tensor& pos, const Tensor& w,
                     bool accumulate) override;  // in embedding.cpp (indexed rows)
   void combine_rows_backward(Tensor dy, Tensor dw, const Tensor& dout, const Tensor& y,

@@ -228,6 +228,22 @@ void EmulatedBackend::cast(Tensor dst, const Tensor& src) {
   const char* op = "cast";
   ADGT_EMU_OP(op, (D(dst), D(src)), cast(dst, src));
 }
+void EmulatedBackend::fp8_amax(Tensor amax, const Tensor& x, bool accumulate) {
+  const char* op = "fp8_amax";
+  ADGT_EMU_OP(op, (D(amax), D(x)), fp8_amax(amax, x, accumulate));
+}
+void EmulatedBackend::fp8_scale(Tensor scale, const Tensor& amax, Fp8Kind kind, int margin) {
+  const char* op = "fp8_scale";
+  ADGT_EMU_OP(op, (D(scale), D(amax)), fp8_scale(scale, amax, kind, margin));
+}
+void EmulatedBackend::fp8_quantize(Tensor q, Tensor qt, const Tensor& x, const Tensor& scale) {
+  const char* op = "fp8_quantize";
+  ADGT_EMU_OP(op, (D(q), D(qt), D(x), D(scale)), fp8_quantize(q, qt, x, scale));
+}
+void EmulatedBackend::fp8_dequantize(Tensor out, const Tensor& q, const Tensor& scale) {
+  const char* op = "fp8_dequantize";
+  ADGT_EMU_OP(op, (D(out), D(q), D(scale)), fp8_dequantize(out, q, scale));
+}
 void EmulatedBackend::combine_rows(Tensor out, const Tensor& y, const Tensor& pos, const Tensor& w,
                                    bool accumulate) {
   const char* op = "combine_rows";

@@ -24,6 +24,8 @@ ncclDataType_t nccl_type(DType t) {
     case DType::F64: return ncclFloat64;
     case DType::I32: return ncclInt32;
     case DType::BF16: return ncclBfloat16;
+    case DType::E4M3:
+    case DType::E5M2: return ncclUint8;  // moved, never reduced
   }
   ADGT_CHECK(false, "NcclComm: unknown dtype");
 }

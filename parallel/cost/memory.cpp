@@ -17,7 +17,7 @@ int64_t local_seq_len(const RunConfig& cfg) {
 }
 
 int64_t compute_bytes_per_element(const RunConfig& cfg) {
-  return cfg.train.dtype == "f64" ? 8 : cfg.train.dtype == "bf16" ? 2 : 4;
+  return cfg.train.dtype == "f64" ? 8 : bf16_compute(cfg.train) ? 2 : 4;
 }
 
 // Notation: V vocab, C d_model, L layers, H heads, KV kv heads, hd head_dim,
@@ -367,7 +367,7 @@ void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, const std::vector<ParamS
   }
   x.bytes_activations = B * T * a.act * bpp;
   x.bytes_split = B * T * a.split_act * bpp;
-  if (cfg.train.device == "cuda" && cfg.train.dtype == "bf16") {
+  if (cfg.train.device == "cuda" && bf16_compute(cfg.train)) {
     const AttentionPath ap = cuda_attention_path(AttentionShape{B, T, Hl, KVl, hd});
     x.bytes_attention_fallback = ap.fallback_bytes;
     x.attention_fallback = ap.reason;
@@ -522,7 +522,7 @@ std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e,
        " FLOP/token (6 x matmul params + 12 L H hd T, no causal discount); " +
        printf_str("%.3e", e.flops_per_step) + " FLOP/step");
   const ParallelConfig& par = cfg.parallel;
-  const bool mixed = t.dtype == "bf16";
+  const bool mixed = bf16_compute(t);
   line("  memory per rank (" + (mixed ? std::string("bf16 parameters, fp32 master weights and gradients")
                                       : dt + " parameters and gradients") +
        ", AdamW m and v; attention saves " +

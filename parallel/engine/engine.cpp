@@ -20,7 +20,7 @@ namespace adgt {
 namespace {
 emulate::ComputeSlowdown g_no_slowdown;  // factor 1: every call returns at once
 DType parse_dtype(const std::string& s) {
-  return s == "f64" ? DType::F64 : s == "bf16" ? DType::BF16 : DType::F32;
+  return s == "f64" ? DType::F64 : (s == "bf16" || s == "fp8") ? DType::BF16 : DType::F32;
 }
 }  // namespace
 
@@ -96,6 +96,9 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
                                    cfg.train.fused_projections, context_.get());
   model_->set_documents(int32_t(cfg.data.eos_id), cfg.train.document_mask,
                         cfg.model.rope_reset_per_document);
+  // train.dtype fp8: the layers' GEMMs in FP8 (core/model/fp8_linear.hpp);
+  // amaxes of tensors split over tp or cp are maxed over those groups.
+  model_->enable_fp8(fp8_options(cfg.train), ctx_.cp->size() > 1 ? ctx_.cp : nullptr);
   const int64_t zero_level = ctx_.dpcp->size() > 1 ? cfg.parallel.zero : 0;
   // ZeRO-2/3: the store takes the initial weights (below), and the model's
   // flat buffers are never made.
@@ -244,9 +247,15 @@ void Engine::set_expert_replicas(const std::string& text) {
 
 double Engine::forward_backward(const MicroBatchFetch& fetch) {
   model_->zero_grads();
+  if (Fp8Linears* f = model_->fp8()) {  // the weights were updated: cast again; delayed scales
+    f->invalidate_weights();
+    f->begin_step();
+  }
   if (store_) store_->begin_step();
   model_->reset_moe_stats();
   const double loss = pipelined() ? run_pipeline_step(fetch) : run_micro_batches(fetch);
+  // Delayed scaling: the step's amaxes over the ranks holding the same layers.
+  if (Fp8Linears* f = model_->fp8()) f->end_step({ctx_.tp, ctx_.dpcp});
   if (pipelined()) {
     measure_bubble();
   } else {
@@ -388,6 +397,7 @@ void Engine::apply_update(double lr, int64_t opt_step, double clip_coef) {
 }
 
 double Engine::eval_loss(const int32_t* inputs, const int32_t* targets) {
+  if (Fp8Linears* f = model_->fp8()) f->invalidate_weights();  // updated since the step's cast
   const auto [in, tg] = local_batch(inputs, targets);  // this rank's chunks under cp
   double l[1];
   if (!pipelined()) {

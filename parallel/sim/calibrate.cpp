@@ -20,7 +20,7 @@ namespace adgt::sim {
 namespace {
 
 DType dtype_of_run(const RunConfig& cfg) {
-  return cfg.train.dtype == "f64" ? DType::F64 : cfg.train.dtype == "bf16" ? DType::BF16 : DType::F32;
+  return cfg.train.dtype == "f64" ? DType::F64 : bf16_compute(cfg.train) ? DType::BF16 : DType::F32;
 }
 
 // The run on one rank: the whole model, one micro-batch per step.

@@ -44,7 +44,7 @@ std::string resolve_auto_device(RunConfig& cfg, const std::string& cluster_arg) 
 }
 
 std::string precision_line(const RunConfig& cfg, const cluster::Cluster& cl) {
-  const bool half = cfg.train.dtype == "bf16";
+  const bool half = bf16_compute(cfg.train);
   const double peak = half ? cl.device.peak_bf16_flops : cl.device.peak_fp32_flops;
   char b[256];
   std::snprintf(b, sizeof b, "%s on %s (MFU against %s's %s peak, %.4g TFLOP/s per device)",

@@ -325,7 +325,7 @@ SweepResult sweep_layouts(const RunConfig& base, int64_t gpus, const cluster::Cl
                           OpCosts& costs, const SweepOptions& opts, const SimOptions& sim) {
   SweepResult out;
   Candidates cands{cl, costs, sim, out};
-  cands.bytes = base.train.dtype == "bf16" ? 2 : base.train.dtype == "f64" ? 8 : 4;
+  cands.bytes = bf16_compute(base.train) ? 2 : base.train.dtype == "f64" ? 8 : 4;
   cands.budget = cl.device.memory_bytes * (1 - opts.headroom);
   enumerate_layouts(base, gpus, cl, opts, sim, cands);
   out.candidates = int64_t(cands.cand.size());

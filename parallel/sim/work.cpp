@@ -355,7 +355,7 @@ std::vector<double> zipf_load(int64_t n, double s) {
 }
 
 int compute_bytes(const RunConfig& cfg) {
-  if (cfg.train.dtype == "bf16") return 2;
+  if (bf16_compute(cfg.train)) return 2;
   if (cfg.train.dtype == "f64") return 8;
   return 4;
 }

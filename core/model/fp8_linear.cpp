@@ -1,0 +1,191 @@
+#include "core/model/fp8_linear.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/check.hpp"
+
+namespace adgt {
+
+namespace {
+constexpr int kW = 0, kX = 1, kDy = 2;
+}  // namespace
+
+Fp8Options fp8_options(const TrainConfig& t) {
+  Fp8Options o;
+  o.on = t.dtype == "fp8";
+  o.grad_kind = t.fp8_format == "e4m3" ? Fp8Kind::E4M3 : Fp8Kind::E5M2;
+  o.delayed = t.fp8_recipe == "delayed";
+  o.history = int(std::max<int64_t>(1, t.fp8_amax_history));
+  o.margin = int(t.fp8_margin);
+  return o;
+}
+
+Fp8Linears::Fp8Linears(Backend& be, const Fp8Options& o, Comm* tp, Comm* cp)
+    : be_(be), o_(o), tp_(tp && tp->size() > 1 ? tp : nullptr), cp_(cp && cp->size() > 1 ? cp : nullptr) {}
+
+int Fp8Linears::add_site(int64_t key, int64_t O, int64_t I) {
+  ADGT_CHECK(!amax_.data(), "Fp8Linears: sites are added before the first GEMM");
+  Site s;
+  s.key = key;
+  s.O = O;
+  s.I = I;
+  sites_.push_back(std::move(s));
+  hist_.assign(sites_.size() * 2 * size_t(o_.history), 0.0f);
+  return int(sites_.size()) - 1;
+}
+
+Tensor Fp8Linears::scalar(const Buffer& b, int site, int which) const {
+  return Tensor(static_cast<float*>(b.data()) + size_t(which) * sites_.size() + size_t(site),
+                DType::F32, {1});
+}
+
+Tensor Fp8Linears::scratch(Buffer& b, int64_t rows, int64_t cols, DType dt) {
+  const size_t bytes = size_t(rows * cols) * dtype_size(dt);
+  if (b.bytes() < bytes) b = Buffer(be_, bytes);
+  return Tensor(b.data(), dt, {rows, cols});
+}
+
+void Fp8Linears::current_scale(int site, int which, const Tensor& x, bool tokens) {
+  if (!amax_.data()) {  // first use: the scalar slots of every site
+    const size_t n = 3 * sites_.size() * 4;
+    amax_ = Buffer(be_, n);
+    scale_ = Buffer(be_, n);
+    step_amax_ = Buffer(be_, n);
+    be_.zero(Tensor(step_amax_.data(), DType::F32, {int64_t(3 * sites_.size())}));
+  }
+  Tensor a = scalar(amax_, site, which);
+  be_.fp8_amax(a, x, false);
+  if (tp_) tp_->all_reduce(a, ReduceOp::Max);
+  if (cp_ && tokens) cp_->all_reduce(a, ReduceOp::Max);
+  be_.fp8_scale(scalar(scale_, site, which), a, which == kDy ? o_.grad_kind : Fp8Kind::E4M3,
+                o_.margin);
+}
+
+Fp8Operand Fp8Linears::quantize(int site, int which, const Tensor& x, Buffer& q, Buffer& qt) {
+  const int64_t rows = x.dim(0), cols = x.numel() / rows;
+  if (!o_.delayed || !have_history(site, which)) current_scale(site, which, x, true);
+  if (o_.delayed) be_.fp8_amax(scalar(step_amax_, site, which), x, true);
+  const DType dt = which == kDy && o_.grad_kind == Fp8Kind::E5M2 ? DType::E5M2 : DType::E4M3;
+  Fp8Operand r;
+  r.q = scratch(q, rows, cols, dt);
+  if (be_.fp8_needs_transpose()) r.qt = scratch(qt, cols, rows, dt);
+  r.scale = scalar(scale_, site, which);
+  be_.fp8_quantize(r.q, r.qt, x, r.scale);
+  return r;
+}
+
+Fp8Operand Fp8Linears::weight(int site, const Tensor& w) {
+  Site& s = sites_[size_t(site)];
+  ADGT_CHECK(w.dim(0) == s.O && w.numel() == s.O * s.I,
+             "Fp8Linears: site " << s.key << " was registered for (" << s.O << "," << s.I
+                                 << ") weights, got " << w.shape_str());
+  Fp8Operand r;
+  r.scale = Tensor();
+  if (!s.w_valid) {
+    current_scale(site, kW, w, false);
+    if (!s.wq.data()) s.wq = Buffer(be_, size_t(s.O * s.I));
+    if (be_.fp8_needs_transpose() && !s.wqt.data()) s.wqt = Buffer(be_, size_t(s.O * s.I));
+  }
+  r.q = Tensor(s.wq.data(), DType::E4M3, {s.O, s.I});
+  if (be_.fp8_needs_transpose()) r.qt = Tensor(s.wqt.data(), DType::E4M3, {s.I, s.O});
+  r.scale = scalar(scale_, site, kW);
+  if (!s.w_valid) {
+    be_.fp8_quantize(r.q, r.qt, w, r.scale);
+    s.w_valid = true;
+  }
+  return r;
+}
+
+void Fp8Linears::forward(int site, Tensor y, const Tensor& x, const Tensor& w) {
+  const Fp8Operand wq = weight(site, w);
+  const Fp8Operand xq = quantize(site, kX, x, xq_, xqt_);
+  be_.linear_forward_fp8(y, xq, wq);
+}
+
+void Fp8Linears::backward(int site, Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x,
+                          const Tensor& w, bool accumulate_dx) {
+  const Fp8Operand wq = weight(site, w);
+  const Fp8Operand dyq = quantize(site, kDy, dy, dyq_, dyqt_);
+  // The input's codes again (the forward's scale: its amax is the same, or
+  // the step's delayed scale).
+  Fp8Operand xq;
+  if (dw.data) {
+    xq = quantize(site, kX, x, xq_, xqt_);
+  } else {
+    xq.q = Tensor(nullptr, DType::E4M3, {x.dim(0), x.numel() / x.dim(0)});
+  }
+  be_.linear_backward_fp8(dx, dw, dyq, xq, wq, accumulate_dx);
+}
+
+void Fp8Linears::invalidate_weights() {
+  for (Site& s : sites_) s.w_valid = false;
+}
+
+bool Fp8Linears::have_history(int, int) const { return filled_ > 0; }
+
+void Fp8Linears::begin_step() {
+  if (!o_.delayed || filled_ == 0 || sites_.empty()) return;
+  const size_t S = sites_.size(), H = size_t(o_.history);
+  const size_t n = size_t(std::min<int64_t>(filled_, o_.history));
+  std::vector<float> sc(2 * S);
+  for (size_t i = 0; i < S; ++i)
+    for (int j = 0; j < 2; ++j) {
+      const float* h = &hist_[(i * 2 + size_t(j)) * H];
+      float m = 0;
+      for (size_t k = 0; k < n; ++k) m = std::max(m, h[(size_t(head_) + H - 1 - k) % H]);
+      const Fp8Kind kind = j == 1 ? o_.grad_kind : Fp8Kind::E4M3;
+      sc[size_t(j) * S + i] = pow2f(fp8_scale_exponent(m, kind, o_.margin));
+    }
+  if (!amax_.data()) {
+    const size_t bytes = 3 * S * 4;
+    amax_ = Buffer(be_, bytes);
+    scale_ = Buffer(be_, bytes);
+    step_amax_ = Buffer(be_, bytes);
+    be_.zero(Tensor(step_amax_.data(), DType::F32, {int64_t(3 * S)}));
+  }
+  be_.to_device(static_cast<float*>(scale_.data()) + S, sc.data(), sc.size() * 4);
+}
+
+void Fp8Linears::end_step(const std::vector<Comm*>& groups) {
+  if (!o_.delayed || sites_.empty() || !step_amax_.data()) return;
+  const size_t S = sites_.size(), H = size_t(o_.history);
+  Tensor t(static_cast<float*>(step_amax_.data()) + S, DType::F32, {int64_t(2 * S)});
+  for (Comm* g : groups)
+    if (g && g->size() > 1) g->all_reduce(t, ReduceOp::Max);
+  std::vector<float> a(2 * S);
+  be_.to_host(a.data(), t.data, a.size() * 4);
+  be_.zero(t);
+  for (float v : a)
+    if (!std::isfinite(v)) return;  // a skipped step: the history stays
+  for (size_t i = 0; i < S; ++i)
+    for (size_t j = 0; j < 2; ++j) hist_[(i * 2 + j) * H + size_t(head_)] = a[j * S + i];
+  head_ = (head_ + 1) % int64_t(H);
+  ++filled_;
+}
+
+std::vector<double> Fp8Linears::history() const {
+  const size_t S = sites_.size(), H = size_t(o_.history);
+  std::vector<double> out(S * 2 * H, 0.0);
+  const size_t n = size_t(std::min<int64_t>(filled_, o_.history));
+  // Oldest first, the newest at index n - 1.
+  for (size_t r = 0; r < S * 2; ++r)
+    for (size_t k = 0; k < n; ++k)
+      out[r * H + k] = hist_[r * H + (size_t(head_) + H - n + k) % H];
+  return out;
+}
+
+void Fp8Linears::set_history(const std::vector<double>& h, int64_t steps) {
+  const size_t S = sites_.size(), H = size_t(o_.history);
+  ADGT_CHECK(h.size() == S * 2 * H && steps >= 0,
+             "Fp8Linears: a history of " << h.size() << " values for " << S << " sites x 2 x "
+                                         << H << " steps");
+  const size_t n = size_t(std::min<int64_t>(steps, o_.history));
+  std::fill(hist_.begin(), hist_.end(), 0.0f);
+  for (size_t r = 0; r < S * 2; ++r)
+    for (size_t k = 0; k < n; ++k) hist_[r * H + k] = float(h[r * H + k]);
+  filled_ = int64_t(n);
+  head_ = int64_t(n % H);
+}
+
+}  // namespace adgt

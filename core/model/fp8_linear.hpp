@@ -1,0 +1,112 @@
+// FP8 linear layers (train.dtype: fp8; docs/fp8.md). The model's layer
+// GEMMs (q/k/v or qkv, o, gate/up or gu, down) run on FP8 operands:
+//   forward   y  = Q(x) Q(w)^T          x, w in E4M3
+//   backward  dx = Q(dy) Q(w)           dy in E5M2 (hybrid) or E4M3
+//             dw += Q(dy)^T Q(x)
+// with fp32 accumulation and bf16 outputs (dw fp32), each Q a per-tensor
+// power-of-two scale then a round-to-nearest-even, saturating cast
+// (kernels/common/fp8.hpp). The head, the attention core, norms, SwiGLU,
+// the loss, the router and the MoE experts stay bf16/fp32.
+//
+// Scales. Weights: from their amax when cast, once per step (the cast codes
+// are cached until the weights change: invalidate_weights). Activations (x)
+// and output gradients (dy):
+//   tensorwise  from this tensor's amax now (current scaling);
+//   delayed     from the largest amax of the last `history` steps (TE's
+//               delayed scaling); a site with no history yet scales from its
+//               amax now. Each step's amax (the largest over the step's
+//               micro-batches and over the ranks that share the layer) is
+//               pushed at end_step.
+// Every amax is the whole tensor's: a tensor split over the tp group (a
+// weight shard, a row-parallel input, a column-parallel output gradient) or
+// over the cp group (a sequence's tokens) takes the max over that group, so
+// a layout computes the scales one process would. A micro-batch's amax is
+// its own under data parallelism, as in one process's accumulation.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/comm.hpp"
+#include "core/config.hpp"
+#include "kernels/backend.hpp"
+
+namespace adgt {
+
+struct Fp8Options {
+  bool on = false;
+  Fp8Kind grad_kind = Fp8Kind::E5M2;  // fp8_format hybrid; e4m3: E4M3
+  bool delayed = false;               // fp8_recipe
+  int history = 16;                   // fp8_amax_history
+  int margin = 0;                     // fp8_margin
+};
+// From train.dtype and train.fp8_* (on only for dtype fp8).
+Fp8Options fp8_options(const TrainConfig& t);
+
+class Fp8Linears {
+ public:
+  // tp, cp: the groups a tensor may be split over (nullptr or one rank: none).
+  Fp8Linears(Backend& be, const Fp8Options& o, Comm* tp, Comm* cp);
+  Fp8Linears(const Fp8Linears&) = delete;
+  Fp8Linears& operator=(const Fp8Linears&) = delete;
+
+  // A linear layer of (O, I) weights; returns its site. `key`: a name the
+  // checkpoint state uses (global layer * 8 + role, see Model).
+  int add_site(int64_t key, int64_t O, int64_t I);
+  int sites() const { return int(sites_.size()); }
+  int64_t key(int site) const { return sites_[size_t(site)].key; }
+
+  // Backend::linear_forward / linear_backward of the site on FP8 operands.
+  void forward(int site, Tensor y, const Tensor& x, const Tensor& w);
+  void backward(int site, Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                bool accumulate_dx);
+
+  // The weights changed (an update, a load): each site casts its weights
+  // again at its next use.
+  void invalidate_weights();
+  // Delayed scaling: uploads this step's activation and gradient scales
+  // from the histories (no-op otherwise).
+  void begin_step();
+  // Delayed scaling: the step's amax of every site, max over `groups` (the
+  // ranks holding the same layers: tp, dp x cp), pushed into the histories
+  // (a non-finite amax is not: that step is skipped). Collective over them.
+  void end_step(const std::vector<Comm*>& groups);
+
+  // The histories, oldest first: (sites, 2 (x, dy), history) and how many
+  // steps are filled (at most history). For checkpoints.
+  std::vector<double> history() const;
+  int64_t history_steps() const { return filled_; }
+  void set_history(const std::vector<double>& h, int64_t steps);
+
+  const Fp8Options& options() const { return o_; }
+
+ private:
+  struct Site {
+    int64_t key = 0, O = 0, I = 0;
+    Buffer wq, wqt;      // the cached weight codes (E4M3), and transposed
+    bool w_valid = false;
+  };
+  // Slots in the scalar buffers: per site [w, x, dy].
+  Tensor scalar(const Buffer& b, int site, int which) const;
+  Tensor scratch(Buffer& b, int64_t rows, int64_t cols, DType dt);
+  // amax of x into amax slot (site, which), max over tp (and cp when
+  // `tokens`), then its scale into the scale slot.
+  void current_scale(int site, int which, const Tensor& x, bool tokens);
+  // q (and qt) of x at the scale of (site, which); the activation recipes.
+  Fp8Operand quantize(int site, int which, const Tensor& x, Buffer& q, Buffer& qt);
+  Fp8Operand weight(int site, const Tensor& w);
+  bool have_history(int site, int which) const;
+
+  Backend& be_;
+  Fp8Options o_;
+  Comm* tp_ = nullptr;
+  Comm* cp_ = nullptr;
+  std::vector<Site> sites_;
+  Buffer amax_, scale_, step_amax_;  // F32 (3 x sites): now, scale, the step's (delayed)
+  Buffer xq_, xqt_, dyq_, dyqt_;     // activation and gradient codes (grown)
+  std::vector<float> hist_;          // (sites, 2, history) ring: slot (filled_ + i) % history
+  int64_t filled_ = 0;               // steps pushed (capped at history for reads)
+  int64_t head_ = 0;                 // next ring slot
+};
+
+}  // namespace adgt
