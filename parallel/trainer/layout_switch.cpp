@@ -392,6 +392,14 @@ void Trainer::switch_layout(const RunConfig& next, const std::string& why, Metri
     bias = engine_->model().moe_bias_table();
     old.pp->all_reduce(Tensor(bias.data(), DType::F64, {int64_t(bias.size())}));
   }
+  // FP8 delayed scaling's amax histories, by layer (summed over the pipeline).
+  std::vector<double> fp8_hist;
+  int64_t fp8_steps = 0;
+  if (Fp8Linears* f = engine_->model().fp8(); f && f->options().delayed) {
+    fp8_hist = engine_->model().fp8_history_table();
+    fp8_steps = f->history_steps();
+    old.pp->all_reduce(Tensor(fp8_hist.data(), DType::F64, {int64_t(fp8_hist.size())}));
+  }
   // Where the new layout's ranks on this node read their pieces of this
   // state (cross-memory from the host copy, or from the node's shared memory).
   phase("copy_out");
@@ -428,6 +436,7 @@ void Trainer::switch_layout(const RunConfig& next, const std::string& why, Metri
   src = {};
   restore_resharded(*engine_, dst);
   if (moe_bias) engine_->model().set_moe_bias_table(bias);
+  if (!fp8_hist.empty()) engine_->model().set_fp8_history_table(fp8_hist, fp8_steps);
   phase("restore");
   rec.phases = phases;
   report_switch(rec, t0, log);

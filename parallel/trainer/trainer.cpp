@@ -338,6 +338,17 @@ void Trainer::load(const std::string& step_dir) {
                    step_dir.c_str());
     if (ts.has_moe_bias) model.set_moe_bias_table(ts.moe_bias);
   }
+  if (Fp8Linears* f = model.fp8(); f && f->options().delayed) {
+    std::vector<double> t;
+    int64_t steps = 0;
+    if (take_fp8_state(st, cfg_.model, f->options().history, t, steps, step_dir)) {
+      model.set_fp8_history_table(t, steps);
+    } else if (lead()) {
+      std::fprintf(stderr, "note: checkpoint %s has no FP8 amax history (a bf16 or tensorwise "
+                           "run's); delayed scaling starts from current scaling\n",
+                   step_dir.c_str());
+    }
+  }
   {
     // Gradient compression's error feedback: per rank, restored only into the
     // same place of the same layout and bucket plan; otherwise dropped on every
@@ -409,6 +420,13 @@ void Trainer::save(MetricsLog* metrics, TeiMeter& tei, bool wait) {
                    .dump();
   }
   st.state = trainer_state(cfg_.model, opt_steps_, bias, schedule);
+  if (Fp8Linears* f = model.fp8(); f && f->options().delayed) {
+    // Each pipeline stage holds its layers' histories (the same on its tp,
+    // dp and cp replicas); the sum over the pipeline gives the whole table.
+    std::vector<double> t = model.fp8_history_table();
+    engine_->groups().pp->all_reduce(Tensor(t.data(), DType::F64, {int64_t(t.size())}));
+    put_fp8_state(st.state, t, f->history_steps(), f->options().history);
+  }
   st.rank_state = compression_state(engine_->reducer());  // per rank (docs/compression.md)
   if (!st.rank_state.empty())
     st.rank_state["compress/rank_coords"] = StateEntry::of_ints(rank_coords(lay));

@@ -1,5 +1,6 @@
 #include "parallel/trainer/trainer_state.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 namespace adgt {
@@ -67,6 +68,42 @@ RestoredTrainerState restore_trainer_state(const CheckpointState& st, const Mode
     if (!r.has_moe_bias) std::fill(r.moe_bias.begin(), r.moe_bias.end(), 0.0);
   }
   return r;
+}
+
+namespace {
+constexpr const char* kFp8History = "fp8/amax_history";
+constexpr const char* kFp8Len = "fp8/amax_history_len";
+}  // namespace
+
+void put_fp8_state(std::map<std::string, StateEntry>& s, const std::vector<double>& table,
+                   int64_t steps, int64_t history) {
+  s[kFp8History] = StateEntry::of_reals(table);
+  s[kFp8Len] = StateEntry::of_ints({std::min(steps, history), history});
+}
+
+bool take_fp8_state(const CheckpointState& st, const ModelConfig& m, int64_t history,
+                    std::vector<double>& table, int64_t& steps, const std::string& where) {
+  auto h = st.state.find(kFp8History);
+  auto n = st.state.find(kFp8Len);
+  if (h == st.state.end() && n == st.state.end()) return false;
+  if (h == st.state.end() || n == st.state.end())
+    throw CheckpointError(where + ": state/" + (h == st.state.end() ? kFp8History : kFp8Len) +
+                          " is missing (the other fp8/ entry is there)");
+  if (n->second.kind != StateEntry::Kind::Ints || n->second.ints.size() != 2 ||
+      n->second.ints[1] < 1 || n->second.ints[0] < 0 || n->second.ints[0] > n->second.ints[1])
+    throw CheckpointError(where + ": state/" + kFp8Len + " must hold (steps, history), 0 <= steps <= history");
+  const int64_t saved_h = n->second.ints[1], saved_n = n->second.ints[0];
+  const size_t rows = size_t(m.n_layers) * 7 * 2;
+  if (h->second.kind != StateEntry::Kind::Reals || h->second.reals.size() != rows * size_t(saved_h))
+    throw CheckpointError(where + ": state/" + kFp8History + " must hold n_layers x 7 x 2 x " +
+                          std::to_string(saved_h) + " reals");
+  steps = std::min(saved_n, history);
+  table.assign(rows * size_t(history), 0.0);
+  for (size_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < steps; ++k)  // the newest `steps` of the saved ones, oldest first
+      table[r * size_t(history) + size_t(k)] =
+          h->second.reals[r * size_t(saved_h) + size_t(saved_n - steps + k)];
+  return true;
 }
 
 }  // namespace adgt

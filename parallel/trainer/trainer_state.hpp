@@ -9,6 +9,11 @@
 //                                     the variant kept (greedy); recorded, not restored
 //   plan/chosen            text       parallel.auto's plan as JSON (docs/planner.md);
 //                                     recorded, not restored (a resume plans anew)
+//   fp8/amax_history       reals      train.fp8_recipe delayed: every FP8 GEMM's amax
+//                                     history (n_layers x 7 roles (q, k, v, o, gate,
+//                                     up, down) x 2 (input, output gradient) x
+//                                     fp8/amax_history_len[1]), oldest first
+//   fp8/amax_history_len   ints (2)   steps filled, history length
 //
 // Checkpoints written before named state packed the first two into
 // meta/rng_state (word 0: the update count; then n_layers x E doubles as bit
@@ -45,6 +50,16 @@ struct RestoredTrainerState {
 // it and the checkpoint.
 RestoredTrainerState restore_trainer_state(const CheckpointState& st, const ModelConfig& m,
                                            const std::string& where);
+
+// FP8 delayed scaling's histories (Model::fp8_history_table, summed over the
+// pipeline stages) as the fp8/ entries above.
+void put_fp8_state(std::map<std::string, StateEntry>& s, const std::vector<double>& table,
+                   int64_t steps, int64_t history);
+// The saved histories re-laid for a history of `history` steps (the newest
+// ones kept), and the steps filled; false when the checkpoint has none (a
+// bf16 or tensorwise run's). A malformed entry is an error naming it.
+bool take_fp8_state(const CheckpointState& st, const ModelConfig& m, int64_t history,
+                    std::vector<double>& table, int64_t& steps, const std::string& where);
 
 // The named entries a pre-named-state checkpoint's rng_state words stand for.
 std::map<std::string, StateEntry> with_legacy_state(const CheckpointState& st, const ModelConfig& m);
