@@ -356,3 +356,25 @@ adgt_kernel_mutant(flash_doc_dkdv_last_key TEST flash SOURCE tools/flash_sim_tes
   # dK/dV stop at a query block whose document starts at the key block's last key
   FROM [[if (ds[(kb + mid - 1) * kBlock] <= klast)]]
   TO [[if (ds[(kb + mid - 1) * kBlock] < klast)]])
+
+adgt_kernel_sim(fp8)
+adgt_kernel_mutant(fp8_amax_sign TEST fp8 HEADER kernels/cuda/fp8_kernels.cuh
+  # the sign bit is kept: a negative value's bits beat every positive one
+  FROM [[return __float_as_uint(v) & 0x7fffffffu;]]
+  TO [[return __float_as_uint(v);]])
+adgt_kernel_mutant(fp8_amax_accumulate TEST fp8 HEADER kernels/cuda/fp8_kernels.cuh
+  # accumulate ignores the old amax
+  FROM [[      m = old > m ? old : m;]]
+  TO [[      (void)old;]])
+adgt_kernel_mutant(fp8_quantize_unscaled TEST fp8 HEADER kernels/cuda/fp8_kernels.cuh
+  # the cast forgets the scale
+  FROM [[q[i] = float_to_fp8(fp8_load(x, i) * s, Fp8Kind(kind));]]
+  TO [[q[i] = float_to_fp8(fp8_load(x, i), Fp8Kind(kind));]])
+adgt_kernel_mutant(fp8_transpose_tile TEST fp8 HEADER kernels/cuda/fp8_kernels.cuh
+  # the tile is read back in the order it was written: qt is not transposed
+  FROM [[qt[c * R + r] = tile[tx][k];]]
+  TO [[qt[c * R + r] = tile[k][tx];]])
+adgt_kernel_mutant(fp8_dequantize_scale TEST fp8 HEADER kernels/cuda/fp8_kernels.cuh
+  # multiplies by the scale instead of dividing
+  FROM [[const float v = fp8_to_float(q[i], Fp8Kind(kind)) / s;]]
+  TO [[const float v = fp8_to_float(q[i], Fp8Kind(kind)) * s;]])
