@@ -264,6 +264,9 @@ class Backend {
   virtual void fp8_quantize(Tensor q, Tensor qt, const Tensor& x, const Tensor& scale);
   // out (BF16 | F32) = fp8_to_float(q) / scale[0] (exact in F32; rounded once in BF16).
   virtual void fp8_dequantize(Tensor out, const Tensor& q, const Tensor& scale);
+  // Why this device cannot run FP8 GEMMs ("" when it can): the CUDA backend
+  // below sm_89 (FP8 tensor cores are Ada's and Hopper's).
+  virtual std::string fp8_unsupported() const { return ""; }
   // Whether linear_*_fp8 read the transposed codes (qt) of dy, x and w.
   virtual bool fp8_needs_transpose() const { return false; }
   // FP8 GEMMs with fp32 accumulation: linear_forward / linear_backward on the

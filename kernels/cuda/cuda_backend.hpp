@@ -159,6 +159,16 @@ class CudaBackend final : public Backend {
   void span_end(int id) override;             // the end recorded on the stream
   double span_seconds(int id) override;       // waits for the end event, then cudaEventElapsedTime
   void clear_spans() override;
+  // ---- FP8 (fp8.cu; kernels/cuda/fp8_kernels.cuh; GEMMs on cuBLASLt, sm_89+) ----
+  void fp8_amax(Tensor amax, const Tensor& x, bool accumulate) override;
+  void fp8_scale(Tensor scale, const Tensor& amax, Fp8Kind kind, int margin) override;
+  void fp8_quantize(Tensor q, Tensor qt, const Tensor& x, const Tensor& scale) override;
+  void fp8_dequantize(Tensor out, const Tensor& q, const Tensor& scale) override;
+  bool fp8_needs_transpose() const override { return true; }
+  std::string fp8_unsupported() const override;
+  void linear_forward_fp8(Tensor y, const Fp8Operand& x, const Fp8Operand& w) override;
+  void linear_backward_fp8(Tensor dx, Tensor dw, const Fp8Operand& dy, const Fp8Operand& x,
+                           const Fp8Operand& w, bool accumulate_dx) override;
   void adamw(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWHyper& h) override;
   // f32 master/grad/m/v with a bf16 copy: one kernel; other dtypes: adamw then cast.
   void adamw_cast(Tensor param, const Tensor& grad, Tensor m, Tensor v, Tensor lowp,
@@ -171,6 +181,12 @@ class CudaBackend final : public Backend {
   void gemm_lt(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda,
                const void* B, int64_t ldb, float beta, void* C, DType c_dtype, int64_t ldc,
                const char* op);
+  // Row-major C(M,N) = A(M,K) B(N,K)^T on FP8 operands (values: codes times
+  // a_inv[0] / b_inv[0], device pointers), fp32 accumulation, C bf16 or f32
+  // (gemm.cu).
+  void gemm_lt_fp8(int64_t M, int64_t N, int64_t K, const void* A, DType a_dtype,
+                   const float* a_inv, const void* B, DType b_dtype, const float* b_inv, float beta,
+                   void* C, DType c_dtype, const char* op);
   struct LtState;           // cuBLASLt handle and plan cache (gemm.cu), made on first use
   LtState* lt_ = nullptr;
   void lt_release();        // gemm.cu

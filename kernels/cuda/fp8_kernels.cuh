@@ -108,6 +108,15 @@ __global__ void fp8_dequantize_kernel(D* __restrict__ out, const uint8_t* __rest
   }
 }
 
+// out[0] = 1 / a[0], out[1] = 1 / b[0]: the GEMM's dequantization factors.
+__global__ void fp8_inverse_kernel(float* __restrict__ out, const float* __restrict__ a,
+                                   const float* __restrict__ b) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) {
+    out[0] = 1.0f / a[0];
+    out[1] = 1.0f / b[0];
+  }
+}
+
 Fp8Kind fp8_kind_of(const Tensor& q, const char* op) {
   ADGT_CHECK(q.dtype == DType::E4M3 || q.dtype == DType::E5M2,
              op << ": the FP8 tensor is " << dtype_name(q.dtype) << ", not e4m3 or e5m2");
@@ -124,8 +133,6 @@ void fp8_lowp(const Tensor& x, const char* op, F&& f) {
   ADGT_CHECK(x.dtype == DType::BF16, op << ": x is " << dtype_name(x.dtype) << ", not bf16 or f32");
   f(x.ptr<bf16_bits>());
 }
-
-}  // namespace
 
 void fp8_amax(const OpCtx& c, Tensor amax, const Tensor& x, bool accumulate) {
   const char* op = "fp8_amax";
@@ -177,6 +184,11 @@ void fp8_quantize(const OpCtx& c, Tensor q, Tensor qt, const Tensor& x, const Te
   });
 }
 
+// out[0..1] = 1 / a[0], 1 / b[0] (device pointers).
+void fp8_inverse_pair(const OpCtx& c, float* out, const float* a, const float* b) {
+  launch("fp8_inverse", fp8_inverse_kernel, 1u, 32, 0, c.stream, out, a, b);
+}
+
 void fp8_dequantize(const OpCtx& c, Tensor out, const Tensor& q, const Tensor& scale) {
   const char* op = "fp8_dequantize";
   const Fp8Kind k = fp8_kind_of(q, op);
@@ -196,4 +208,5 @@ void fp8_dequantize(const OpCtx& c, Tensor out, const Tensor& q, const Tensor& s
          out.ptr<bf16_bits>(), static_cast<const uint8_t*>(q.ptr<uint8_t>()), s, n, int(k));
 }
 
+}  // namespace
 }  // namespace adgt::cuda

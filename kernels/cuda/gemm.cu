@@ -27,9 +27,10 @@ struct LtKey {
   int64_t m, n, k, lda, ldb, ldc;
   int opa, opb, ctype, beta_nonzero;
   unsigned align_a, align_b, align_c;
+  int atype = -1, btype = -1;  // the library's A and B types: -1 bf16, else FP8 (gemm_lt_fp8)
   auto tie() const {
     return std::tie(m, n, k, lda, ldb, ldc, opa, opb, ctype, beta_nonzero, align_a, align_b,
-                    align_c);
+                    align_c, atype, btype);
   }
   bool operator<(const LtKey& o) const { return tie() < o.tie(); }
 };
@@ -211,6 +212,130 @@ void CudaBackend::gemm_lt(bool ta, bool tb, int64_t M, int64_t N, int64_t K, con
     os << "cublasLtMatmul, row-major " << M << "x" << N << "x" << K << (ta ? " A^T" : "")
        << (tb ? " B^T" : "") << " lda " << lda << " ldb " << ldb << " ldc " << ldc << " beta "
        << beta << ", C " << dtype_name(c_dtype);
+    call_failed(os.str().c_str(), op, err, __FILE__, __LINE__);
+  }
+}
+
+// FP8 GEMMs (train.dtype: fp8): row-major C(M,N) = A(M,K) B(N,K)^T, both
+// operands K-contiguous as Hopper's FP8 tensor cores take them (the library's
+// "TN", the only layout cuBLASLt offers for FP8), A and B E4M3 or E5M2 (not
+// both E5M2), fp32 accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM off: the
+// products are promoted to fp32 sums as the CPU's emulation sums them), each
+// operand's value its codes times inv[i] (device pointers: 1/scale, powers of
+// two), C bf16 or f32 with beta 0 or 1. The caller checks the shapes (every
+// dimension a multiple of 16, 16-byte aligned pointers).
+void CudaBackend::gemm_lt_fp8(int64_t M, int64_t N, int64_t K, const void* A, DType a_dtype,
+                              const float* a_inv, const void* B, DType b_dtype, const float* b_inv,
+                              float beta, void* C, DType c_dtype, const char* op) {
+  if (M == 0 || N == 0) return;
+  ADGT_CHECK((a_dtype == DType::E4M3 || a_dtype == DType::E5M2) &&
+                 (b_dtype == DType::E4M3 || b_dtype == DType::E5M2) &&
+                 !(a_dtype == DType::E5M2 && b_dtype == DType::E5M2) &&
+                 (c_dtype == DType::BF16 || c_dtype == DType::F32),
+             op << ": FP8 GEMM of " << dtype_name(a_dtype) << " x " << dtype_name(b_dtype) << " into "
+                << dtype_name(c_dtype) << " (E4M3/E5M2, not both E5M2; bf16 or f32 out)");
+  ADGT_CHECK(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX && K > 0,
+             op << ": FP8 GEMM dimensions " << M << "x" << N << "x" << K);
+  if (!lt_) {
+    auto* st = new LtState;
+    const cublasStatus_t e = ADGT_CUBLAS(cublasLtCreate)(&st->handle);
+    if (e != CUBLAS_STATUS_SUCCESS) {
+      delete st;
+      call_failed("cublasLtCreate(&handle)", op, ADGT_CUBLAS(cublasGetStatusString)(e), __FILE__,
+                  __LINE__);
+    }
+    lt_ = st;
+  }
+  void* ws = scratch(kScratchGemm, kWorkspaceBytes);
+  auto fp8_type = [](DType d) { return d == DType::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; };
+  // Column-major: D(m = N, n = M) = B^T(op T on the stored K x N) A(K x M).
+  const cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
+  const int64_t m = N, n = M, k = K;
+  const cudaDataType_t ct = c_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  LtKey key{m, n, k, K, K, N, int(opa), int(opb), int(ct), beta != 0.0f ? 1 : 0,
+            alignment_of(B), alignment_of(A), alignment_of(C)};
+  key.atype = int(fp8_type(b_dtype));
+  key.btype = int(fp8_type(a_dtype));
+  auto it = lt_->plans.find(key);
+  if (it == lt_->plans.end()) {
+    if (lt_->plans.size() >= 4096) {
+      for (auto& kv : lt_->plans) destroy(kv.second);
+      lt_->plans.clear();
+    }
+    LtPlan p;
+    try {
+      ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatmulDescCreate)(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                     op);
+      ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatmulDescSetAttribute)(p.op, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                                 &opa, sizeof opa),
+                     op);
+      ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatmulDescSetAttribute)(p.op, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                                 &opb, sizeof opb),
+                     op);
+      const int8_t fast = 0;
+      ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatmulDescSetAttribute)(
+                         p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast),
+                     op);
+      ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatrixLayoutCreate)(&p.a, fp8_type(b_dtype), uint64_t(k),
+                                                             uint64_t(m), K),
+                     op);
+      ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatrixLayoutCreate)(&p.b, fp8_type(a_dtype), uint64_t(k),
+                                                             uint64_t(n), K),
+                     op);
+      ADGT_CUBLAS_OP(
+          ADGT_CUBLAS(cublasLtMatrixLayoutCreate)(&p.c, ct, uint64_t(m), uint64_t(n), N), op);
+      cublasLtMatmulPreference_t pref = nullptr;
+      ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatmulPreferenceCreate)(&pref), op);
+      const uint64_t wsb = kWorkspaceBytes;
+      cublasStatus_t st = ADGT_CUBLAS(cublasLtMatmulPreferenceSetAttribute)(
+          pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+      const uint32_t scheme = uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
+      if (st == CUBLAS_STATUS_SUCCESS)
+        st = ADGT_CUBLAS(cublasLtMatmulPreferenceSetAttribute)(
+            pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &scheme, sizeof scheme);
+      cublasLtMatmulHeuristicResult_t res{};
+      int found = 0;
+      if (st == CUBLAS_STATUS_SUCCESS)
+        st = ADGT_CUBLAS(cublasLtMatmulAlgoGetHeuristic)(lt_->handle, p.op, p.a, p.b, p.c, p.c,
+                                                         pref, 1, &res, &found);
+      (void)ADGT_CUBLAS(cublasLtMatmulPreferenceDestroy)(pref);
+      ADGT_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
+                 op << ": cuBLASLt has no FP8 algorithm for row-major " << M << "x" << N << "x" << K
+                    << " (" << dtype_name(a_dtype) << " x " << dtype_name(b_dtype) << " -> "
+                    << dtype_name(c_dtype) << ", sm_" << sm_major_ << sm_minor_
+                    << "; FP8 GEMMs need sm_89 or newer): "
+                    << ADGT_CUBLAS(cublasGetStatusString)(st));
+      p.algo = res.algo;
+    } catch (...) {
+      destroy(p);
+      throw;
+    }
+    it = lt_->plans.emplace(key, p).first;
+  }
+  const LtPlan& p = it->second;
+  // The operands' scales: the library's A is our B.
+  ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatmulDescSetAttribute)(
+                     p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_inv, sizeof b_inv),
+                 op);
+  ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatmulDescSetAttribute)(
+                     p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_inv, sizeof a_inv),
+                 op);
+  const float alpha = 1.0f;
+  const cublasStatus_t st =
+      ADGT_CUBLAS(cublasLtMatmul)(lt_->handle, p.op, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c,
+                                  &p.algo, ws, kWorkspaceBytes, stream_);
+  std::string err;
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    err = ADGT_CUBLAS(cublasGetStatusString)(st);
+  } else if (sync_debug()) {
+    const cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) err = std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")";
+  }
+  if (!err.empty()) {
+    std::ostringstream os;
+    os << "cublasLtMatmul (FP8), row-major " << M << "x" << N << "x" << K << " "
+       << dtype_name(a_dtype) << " x " << dtype_name(b_dtype) << " beta " << beta << ", C "
+       << dtype_name(c_dtype);
     call_failed(os.str().c_str(), op, err, __FILE__, __LINE__);
   }
 }

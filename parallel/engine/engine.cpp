@@ -98,6 +98,8 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
                         cfg.model.rope_reset_per_document);
   // train.dtype fp8: the layers' GEMMs in FP8 (core/model/fp8_linear.hpp);
   // amaxes of tensors split over tp or cp are maxed over those groups.
+  if (cfg.train.dtype == "fp8")
+    ADGT_CHECK(be_.fp8_unsupported().empty(), "train.dtype: fp8: " << be_.fp8_unsupported());
   model_->enable_fp8(fp8_options(cfg.train), ctx_.cp->size() > 1 ? ctx_.cp : nullptr);
   const int64_t zero_level = ctx_.dpcp->size() > 1 ? cfg.parallel.zero : 0;
   // ZeRO-2/3: the store takes the initial weights (below), and the model's
