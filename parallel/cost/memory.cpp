@@ -391,8 +391,23 @@ void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, const std::vector<ParamS
     x.bytes_ring = (4 * Nt * Hl * hd + 4 * Nt * KVl * hd + 2 * Nt * Hl * hd) * bpp;
     x.bytes_scratch += x.bytes_ring;
   }
+  if (cfg.train.dtype == "fp8") {
+    // The FP8 linears (core/model/fp8_linear.hpp): the layers' q/k/v, o,
+    // gate/up and down weights cast once per step and kept (one byte each,
+    // two on CUDA with the transposed codes the backward reads); one
+    // GEMM's input and output-gradient codes; on the CPU backends the
+    // emulation's fp32 copies of the largest GEMM (gate/up: x, w, y).
+    const bool cuda = cfg.train.device == "cuda";
+    int64_t linear = 0;
+    for (const ParamSpec& p : table)
+      if (p.name.find("_proj.weight") != std::string::npos) linear += p.numel;
+    const int64_t widest = std::max({C, 2 * z.Fl, (Hl + 2 * KVl) * hd});
+    x.bytes_fp8 = linear * (cuda ? 2 : 1) + 2 * Nt * widest * (cuda ? 2 : 1);
+    if (!cuda) x.bytes_fp8 += (Nt * C + 2 * z.Fl * C + Nt * 2 * z.Fl) * 4;
+  }
   x.bytes_total = x.bytes_params + x.bytes_grads + x.bytes_optimizer + x.bytes_activations +
-                  x.bytes_attention_fallback + x.bytes_scratch + x.bytes_zero_working;
+                  x.bytes_attention_fallback + x.bytes_scratch + x.bytes_zero_working +
+                  x.bytes_fp8;
 }
 
 }  // namespace
@@ -588,6 +603,11 @@ std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e,
                                                                : " the cp all-to-all's buffers")
                          : std::string()) +
        ")");
+  if (e.bytes_fp8 > 0)
+    line("    fp8          " + gib(e.bytes_fp8) +
+         "  (cached FP8 weight codes" + (t.device == "cuda" ? " and their transposes" : "") +
+         ", one GEMM's input and gradient codes" +
+         (t.device == "cuda" ? "" : ", the CPU emulation's fp32 operand copies") + ")");
   line("    total        " + gib(e.bytes_total));
   if (par.dp * par.cp > 1) {
     // The same layout at every ZeRO level: model state (parameters,

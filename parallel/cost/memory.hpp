@@ -43,6 +43,11 @@ struct MemoryEstimate {
   // ZeRO-2/3: what the store holds besides its shards at its most (gathered
   // units, whole-unit gradients in flight; parallel/dp/zero_store.hpp).
   int64_t bytes_zero_working = 0;
+  // train.dtype fp8 (docs/fp8.md): the layers' cached FP8 weight codes (and
+  // their transposes on CUDA), the activation and gradient codes of one
+  // GEMM, and on the CPU backends the emulation's fp32 copies of the largest
+  // GEMM's operands.
+  int64_t bytes_fp8 = 0;
   int64_t bytes_total = 0;
   int pp_rank = 0;                     // pipeline: the rank reported (the largest total)
   int64_t microbatches_held = 1;       // pipeline: micro-batches in flight on that rank (all chunks)
