@@ -49,6 +49,7 @@ device:
   name: H100-SXM5-80GB
   peak_bf16_tflops: 989
   peak_fp32_tflops: 67
+  peak_fp8_tflops: 1979
   memory_gib: 80
   hbm_GBps: 3350
   gemm_efficiency: 0.80
@@ -74,6 +75,7 @@ device:
   name: H200-SXM-141GB
   peak_bf16_tflops: 989
   peak_fp32_tflops: 67
+  peak_fp8_tflops: 1979
   memory_gib: 140
   hbm_GBps: 4800
   gemm_efficiency: 0.83
@@ -234,7 +236,7 @@ Device parse_device(const std::string& name, const YAML::Node& n) {
   Device d;
   std::map<std::string, bool> got;
   for_keys(name, n, "device",
-           {"name", "peak_bf16_tflops", "peak_fp32_tflops", "memory_gib", "hbm_GBps",
+           {"name", "peak_bf16_tflops", "peak_fp32_tflops", "peak_fp8_tflops", "memory_gib", "hbm_GBps",
             "gemm_efficiency", "gemm_half_gflops", "attention_efficiency",
             "attention_half_gflops", "memory_efficiency", "kernel_overhead_us", "sustained_clock"},
            [&](const std::string& k, const YAML::Node& v) {
@@ -246,6 +248,7 @@ Device parse_device(const std::string& name, const YAML::Node& n) {
              }
              if (k == "peak_bf16_tflops") d.peak_bf16_flops = positive(name, v, key) * 1e12;
              if (k == "peak_fp32_tflops") d.peak_fp32_flops = positive(name, v, key) * 1e12;
+             if (k == "peak_fp8_tflops") d.peak_fp8_flops = non_negative(name, v, key) * 1e12;
              if (k == "memory_gib") d.memory_bytes = positive(name, v, key) * 1073741824.0;
              if (k == "hbm_GBps") d.hbm_bandwidth = positive(name, v, key) * 1e9;
              if (k == "gemm_efficiency") d.gemm_efficiency = fraction(name, v, key);
@@ -436,6 +439,7 @@ std::string to_yaml(const Cluster& c) {
      << c.devices_per_node << "\ncores_per_node: " << c.cores_per_node << "\ndevice:\n  name: "
      << d.name << "\n  peak_bf16_tflops: " << num(d.peak_bf16_flops / 1e12)
      << "\n  peak_fp32_tflops: " << num(d.peak_fp32_flops / 1e12)
+     << "\n  peak_fp8_tflops: " << num(d.peak_fp8_flops / 1e12)
      << "\n  memory_gib: " << num(d.memory_bytes / 1073741824.0)
      << "\n  hbm_GBps: " << num(d.hbm_bandwidth / 1e9)
      << "\n  gemm_efficiency: " << num(d.gemm_efficiency)

@@ -31,6 +31,9 @@ struct Device {
   std::string name = "device";
   double peak_bf16_flops = 0;  // FLOP/s, dense (YAML: peak_bf16_tflops)
   double peak_fp32_flops = 0;  // FLOP/s (YAML: peak_fp32_tflops)
+  // FLOP/s, dense FP8 tensor cores (YAML: peak_fp8_tflops; 0: none, FP8
+  // GEMMs are costed at the bf16 peak)
+  double peak_fp8_flops = 0;
   double memory_bytes = 0;     // YAML: memory_gib
   double hbm_bandwidth = 0;    // bytes/s (YAML: hbm_GBps)
   // GEMM efficiency: eff(f) = gemm_efficiency * f / (f + gemm_half_flops) for a

@@ -32,6 +32,7 @@ const char* op_kind_name(OpKind k) {
     case OpKind::Dropout: return "dropout";
     case OpKind::AttentionBlockForward: return "attention_block_forward";
     case OpKind::AttentionBlockBackward: return "attention_block_backward";
+    case OpKind::Fp8Cast: return "fp8_cast";
   }
   return "?";
 }
@@ -61,16 +62,18 @@ std::string to_string(const Op& op) {
   for (int i = 0; i < 5; ++i)
     if (dims[i] != 0) n = i + 1;
   for (int i = 0; i < n; ++i) s += (i ? "x" : " ") + std::to_string(dims[i]);
-  return s;
+  return op.fp8 ? s + " fp8" : s;
 }
 
 double DeviceModelCosts::bytes_moved(const Op& op, int b) {
   const double a = double(op.a), x = double(op.b), c = double(op.c), d = double(op.d),
                e = double(op.e);
+  const int ib = op.fp8 ? 1 : b;  // the operands' bytes
   switch (op.kind) {
     case OpKind::GemmForward:
-    case OpKind::GemmInputGrad: return b * (a * c + x * c + a * x);
-    case OpKind::GemmWeightGrad: return b * (c * a + c * x) + 4 * a * x * 2;  // fp32 dw += 
+    case OpKind::GemmInputGrad: return ib * (a * c + x * c) + b * a * x;
+    case OpKind::GemmWeightGrad: return ib * (c * a + c * x) + 4 * a * x * 2;  // fp32 dw += 
+    case OpKind::Fp8Cast: return b * a * 2 + 2 * a;  // read twice (amax, cast); codes and transpose
     case OpKind::AttentionForward:
     case OpKind::AttentionBlockForward: return b * a * x * (2 * c + 2 * d) * e;
     case OpKind::AttentionBackward:
@@ -97,7 +100,10 @@ double DeviceModelCosts::bytes_moved(const Op& op, int b) {
 
 double DeviceModelCosts::seconds(const Op& op, int bytes) {
   const double peak =
-      (bytes <= 2 ? d_.peak_bf16_flops : d_.peak_fp32_flops) * d_.sustained_clock;
+      (op.fp8 && d_.peak_fp8_flops > 0 ? d_.peak_fp8_flops
+       : bytes <= 2                    ? d_.peak_bf16_flops
+                                       : d_.peak_fp32_flops) *
+      d_.sustained_clock;
   const double f = op.flops();
   double compute = 0;
   if (f > 0) {

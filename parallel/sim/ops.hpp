@@ -42,13 +42,17 @@ enum class OpKind : uint8_t {
   // a=B, b=T, c=heads, d=kv heads, e=head_dim. Backend::attention_block_*.
   AttentionBlockForward,
   AttentionBlockBackward,
+  // train.dtype fp8 (docs/fp8.md): the amax and the cast of a = elements of
+  // a GEMM operand to FP8 codes (and their transpose on CUDA).
+  Fp8Cast,
 };
-constexpr int kNumOpKinds = 23;
+constexpr int kNumOpKinds = 24;
 const char* op_kind_name(OpKind k);  // "gemm_forward", ...
 
 struct Op {
   OpKind kind = OpKind::Add;
   int64_t a = 0, b = 0, c = 0, d = 0, e = 0;
+  bool fp8 = false;  // a GEMM on FP8 operands (train.dtype fp8: the layers' linears)
   double flops() const;  // the arithmetic it does (GEMMs 2mnk; attention causal)
   bool operator==(const Op&) const = default;
 };
@@ -65,7 +69,9 @@ class OpCosts {
 
 // Roofline: max(flops / (peak x eff(flops)), bytes moved / (hbm x memory
 // efficiency)) + kernel_overhead. eff(f) = E f / (f + f_half) with the
-// device's GEMM or attention curve; bf16 (or f32) peak by `bytes`.
+// device's GEMM or attention curve; bf16 (or f32) peak by `bytes`, the FP8
+// peak (peak_fp8_tflops; the bf16 one where the device has none) for an
+// op.fp8 GEMM, whose operands are one byte.
 class DeviceModelCosts final : public OpCosts {
  public:
   explicit DeviceModelCosts(cluster::Device d) : d_(std::move(d)) {}

@@ -34,10 +34,46 @@ struct Arena {
   }
 };
 
+// An FP8 operand (rows, cols) of zero codes at scale 1 (and its transpose
+// where the backend reads one).
+Fp8Operand fp8_operand(Backend& be, Arena& ar, DType q, int64_t rows, int64_t cols) {
+  Fp8Operand o;
+  o.q = ar.make(q, {rows, cols});
+  if (be.fp8_needs_transpose()) o.qt = ar.make(q, {cols, rows});
+  o.scale = ar.make(DType::F32, {1});
+  const float one = 1.0f;
+  be.to_device(o.scale.data, &one, 4);
+  return o;
+}
+
+// An FP8 GEMM (op.fp8): E4M3 inputs and weights, E5M2 output gradients.
+std::function<void()> fp8_gemm_run(Backend& be, Arena& ar, const Op& op) {
+  const int64_t a = op.a, b = op.b, c = op.c;
+  const DType e4 = DType::E4M3, e5 = DType::E5M2;
+  if (op.kind == OpKind::GemmForward) {
+    Tensor y = ar.make(DType::BF16, {a, b});
+    const Fp8Operand x = fp8_operand(be, ar, e4, a, c), w = fp8_operand(be, ar, e4, b, c);
+    return [=, &be] { be.linear_forward_fp8(y, x, w); };
+  }
+  if (op.kind == OpKind::GemmInputGrad) {  // dx(a, b) = dy(a, c) w(c, b)
+    Tensor dx = ar.make(DType::BF16, {a, b});
+    const Fp8Operand dy = fp8_operand(be, ar, e5, a, c), w = fp8_operand(be, ar, e4, c, b);
+    Fp8Operand x;
+    x.q = Tensor(nullptr, e4, {a, b});
+    return [=, &be] { be.linear_backward_fp8(dx, Tensor(), dy, x, w, false); };
+  }
+  // GemmWeightGrad: dw(a, b) += dy(c, a)^T x(c, b)
+  Tensor dw = ar.make(DType::F32, {a, b});
+  const Fp8Operand dy = fp8_operand(be, ar, e5, c, a), x = fp8_operand(be, ar, e4, c, b),
+                   w = fp8_operand(be, ar, e4, a, b);
+  return [=, &be] { be.linear_backward_fp8(Tensor(), dw, dy, x, w, false); };
+}
+
 // The GEMM ops' tensors in `ar` and the backend call on them.
 std::function<void()> gemm_run(Backend& be, Arena& ar, const Op& op, DType dt) {
   const int64_t a = op.a, b = op.b, c = op.c;
   std::function<void()> run;
+  if (op.fp8) return fp8_gemm_run(be, ar, op);
   if (op.kind == OpKind::GemmForward) {
     Tensor y = ar.make(dt, {a, b}), x = ar.make(dt, {a, c}), w = ar.make(dt, {b, c});
     run = [=, &be] { be.linear_forward(y, x, w); };
@@ -205,6 +241,18 @@ std::function<void()> make_op_run(Backend& be, Arena& ar, const Op& op, DType dt
     case OpKind::SumSquares: {
       Tensor g = ar.make(dt == DType::F64 ? DType::F64 : DType::F32, {a});
       run = [=, &be] { (void)be.sum_squares(g); };
+      break;
+    }
+    case OpKind::Fp8Cast: {  // amax, scale and the cast (with the transpose where read)
+      Tensor x = ar.make(dt == DType::F32 ? DType::F32 : DType::BF16, {a, 1});
+      Tensor am = ar.make(DType::F32, {1}), sc = ar.make(DType::F32, {1}),
+             q = ar.make(DType::E4M3, {a, 1});
+      Tensor qt = be.fp8_needs_transpose() ? ar.make(DType::E4M3, {1, a}) : Tensor();
+      run = [=, &be] {
+        be.fp8_amax(am, x, false);
+        be.fp8_scale(sc, am, Fp8Kind::E4M3, 0);
+        be.fp8_quantize(q, qt, x, sc);
+      };
       break;
     }
     case OpKind::BatchedGemm:

@@ -26,6 +26,7 @@ struct Dims {
   bool sp;
   bool unfused = false, dropout = false;
   bool fused = true;  // train.fused_projections: one q/k/v and one gate/up GEMM
+  bool fp8 = false;   // train.dtype fp8: the layers' linears on FP8 operands (not experts, head)
   std::vector<int64_t> expert_t;  // tokens of each expert of the busiest ep rank
   double a2a_tokens = 0;          // rows an ep rank sends or receives at most (dispatch)
 };
@@ -122,36 +123,54 @@ Dims dims_of(const RunConfig& cfg) {
   d.k = m.moe_top_k;
   d.b = compute_bytes(cfg);
   d.fused = cfg.train.fused_projections;
+  d.fp8 = cfg.train.dtype == "fp8";
   return d;
 }
 
 Op gemm(OpKind k, int64_t m, int64_t n, int64_t kk) { return Op{k, m, n, kk, 0, 0}; }
+
+// A layer's linear GEMM: on FP8 operands when f8 (core/model/fp8_linear.hpp),
+// after the cast of the operand it quantizes: the input (forward, and again
+// for the weight gradient) or the output gradient (input gradient). The
+// weights' cast, once per step, is not counted.
+void lin(Piece& p, bool f8, OpKind k, int64_t m, int64_t n, int64_t kk) {
+  Op g = gemm(k, m, n, kk);
+  if (f8) {
+    g.fp8 = true;
+    const int64_t cast = k == OpKind::GemmWeightGrad ? kk * n : m * kk;
+    p.ops.push_back({OpKind::Fp8Cast, cast});
+  }
+  p.ops.push_back(g);
+}
 
 // The projections into a column-parallel block of `parts` output widths
 // (q, k, v; gate, up) from the (rows, C) input: one GEMM of their summed
 // width when fused (train.fused_projections, core/model/model.hpp), else
 // one per part. Forward, input gradient (summed over the parts) and weight
 // gradient.
-void proj_forward(Piece& p, const Dims& d, int64_t rows, std::initializer_list<int64_t> parts) {
+void proj_forward(Piece& p, const Dims& d, int64_t rows, std::initializer_list<int64_t> parts,
+                  bool f8 = false) {
   if (d.fused)
-    p.ops.push_back(gemm(OpKind::GemmForward, rows, std::accumulate(parts.begin(), parts.end(),
-                                                                    int64_t{0}), d.C));
+    lin(p, f8, OpKind::GemmForward, rows,
+        std::accumulate(parts.begin(), parts.end(), int64_t{0}), d.C);
   else
-    for (int64_t w : parts) p.ops.push_back(gemm(OpKind::GemmForward, rows, w, d.C));
+    for (int64_t w : parts) lin(p, f8, OpKind::GemmForward, rows, w, d.C);
 }
-void proj_input_grad(Piece& p, const Dims& d, int64_t rows, std::initializer_list<int64_t> parts) {
+void proj_input_grad(Piece& p, const Dims& d, int64_t rows, std::initializer_list<int64_t> parts,
+                     bool f8 = false) {
   if (d.fused)
-    p.ops.push_back(gemm(OpKind::GemmInputGrad, rows, d.C,
-                         std::accumulate(parts.begin(), parts.end(), int64_t{0})));
+    lin(p, f8, OpKind::GemmInputGrad, rows, d.C,
+        std::accumulate(parts.begin(), parts.end(), int64_t{0}));
   else
-    for (int64_t w : parts) p.ops.push_back(gemm(OpKind::GemmInputGrad, rows, d.C, w));
+    for (int64_t w : parts) lin(p, f8, OpKind::GemmInputGrad, rows, d.C, w);
 }
-void proj_weight_grad(Piece& p, const Dims& d, int64_t rows, std::initializer_list<int64_t> parts) {
+void proj_weight_grad(Piece& p, const Dims& d, int64_t rows, std::initializer_list<int64_t> parts,
+                      bool f8 = false) {
   if (d.fused)
-    p.ops.push_back(gemm(OpKind::GemmWeightGrad,
-                         std::accumulate(parts.begin(), parts.end(), int64_t{0}), d.C, rows));
+    lin(p, f8, OpKind::GemmWeightGrad, std::accumulate(parts.begin(), parts.end(), int64_t{0}),
+        d.C, rows);
   else
-    for (int64_t w : parts) p.ops.push_back(gemm(OpKind::GemmWeightGrad, w, d.C, rows));
+    for (int64_t w : parts) lin(p, f8, OpKind::GemmWeightGrad, w, d.C, rows);
 }
 // The rotary of q and k (fused: qkv_rope_split / merge over all the heads,
 // v's copied: the same bytes as rotating them).
@@ -181,19 +200,19 @@ void gather_act(Piece& p, const Dims& d) {
 void attention_forward(Piece& p, const Dims& d) {
   p.ops.push_back({OpKind::RmsNormForward, d.Ns, d.C});
   gather_act(p, d);
-  proj_forward(p, d, d.N, {d.Hl * d.hd, d.KVl * d.hd, d.KVl * d.hd});
+  proj_forward(p, d, d.N, {d.Hl * d.hd, d.KVl * d.hd, d.KVl * d.hd}, d.fp8);
   rope_ops(p, d, OpKind::RopeForward);
   core_forward(p, d);
-  p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.C, d.Hl * d.hd));
+  lin(p, d.fp8, OpKind::GemmForward, d.N, d.C, d.Hl * d.hd);
 }
 
 void dense_ffn_forward(Piece& p, const Dims& d) {
   p.ops.push_back({OpKind::RmsNormForward, d.Ns, d.C});
   p.ops.push_back({OpKind::Add, d.Ns * d.C});
   gather_act(p, d);
-  proj_forward(p, d, d.N, {d.Fl, d.Fl});
+  proj_forward(p, d, d.N, {d.Fl, d.Fl}, d.fp8);
   p.ops.push_back({OpKind::SwigluForward, d.N, d.Fl});
-  p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.C, d.Fl));
+  lin(p, d.fp8, OpKind::GemmForward, d.N, d.C, d.Fl);
 }
 
 // Tokens one local expert runs with uniform routing: N k ep / E.
@@ -284,12 +303,12 @@ void layer_input_grad(PassWork& w, const ModelConfig& m, int64_t l, const Dims& 
     if (fused_weight) f.ops.push_back(gemm(OpKind::GemmWeightGrad, d.E, d.C, d.N));
   } else {
     if (selective_rc && !full_rc) f.ops.push_back({OpKind::SwigluForward, d.N, d.Fl});
-    f.ops.push_back(gemm(OpKind::GemmInputGrad, d.N, d.Fl, d.C));
+    lin(f, d.fp8, OpKind::GemmInputGrad, d.N, d.Fl, d.C);
     f.ops.push_back({OpKind::SwigluBackward, d.N, d.Fl});
-    proj_input_grad(f, d, d.N, {d.Fl, d.Fl});
+    proj_input_grad(f, d, d.N, {d.Fl, d.Fl}, d.fp8);
     if (fused_weight) {
-      f.ops.push_back(gemm(OpKind::GemmWeightGrad, d.C, d.Fl, d.N));
-      proj_weight_grad(f, d, d.N, {d.Fl, d.Fl});
+      lin(f, d.fp8, OpKind::GemmWeightGrad, d.C, d.Fl, d.N);
+      proj_weight_grad(f, d, d.N, {d.Fl, d.Fl}, d.fp8);
     }
   }
   f.ops.push_back({OpKind::RmsNormBackward, d.Ns, d.C});
@@ -299,13 +318,14 @@ void layer_input_grad(PassWork& w, const ModelConfig& m, int64_t l, const Dims& 
   Piece a;
   if (d.dropout) a.ops.push_back({OpKind::Dropout, d.Ns * d.C});
   gather_act(a, d);
-  a.ops.push_back(gemm(OpKind::GemmInputGrad, d.N, d.Hl * d.hd, d.C));
-  if (fused_weight) a.ops.push_back(gemm(OpKind::GemmWeightGrad, d.C, d.Hl * d.hd, d.N));
+  lin(a, d.fp8, OpKind::GemmInputGrad, d.N, d.Hl * d.hd, d.C);
+  if (fused_weight) lin(a, d.fp8, OpKind::GemmWeightGrad, d.C, d.Hl * d.hd, d.N);
   if (selective_rc && !full_rc) core_forward(a, d);
   core_backward(a, d);
   rope_ops(a, d, OpKind::RopeBackward);
-  proj_input_grad(a, d, d.N, {d.Hl * d.hd, d.KVl * d.hd, d.KVl * d.hd});
-  if (fused_weight) proj_weight_grad(a, d, d.N, {d.Hl * d.hd, d.KVl * d.hd, d.KVl * d.hd});
+  proj_input_grad(a, d, d.N, {d.Hl * d.hd, d.KVl * d.hd, d.KVl * d.hd}, d.fp8);
+  if (fused_weight)
+    proj_weight_grad(a, d, d.N, {d.Hl * d.hd, d.KVl * d.hd, d.KVl * d.hd}, d.fp8);
   a.ops.push_back({OpKind::RmsNormBackward, d.Ns, d.C});
   reduce_act(a, d);
   a.ops.push_back({OpKind::Add, d.Ns * d.C});
@@ -322,11 +342,11 @@ void layer_weight_grad(PassWork& w, const ModelConfig& m, int64_t l, const Dims&
     }
     p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.E, d.C, d.N));
   } else {
-    p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.C, d.Fl, d.N));
-    proj_weight_grad(p, d, d.N, {d.Fl, d.Fl});
+    lin(p, d.fp8, OpKind::GemmWeightGrad, d.C, d.Fl, d.N);
+    proj_weight_grad(p, d, d.N, {d.Fl, d.Fl}, d.fp8);
   }
-  p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.C, d.Hl * d.hd, d.N));
-  proj_weight_grad(p, d, d.N, {d.Hl * d.hd, d.KVl * d.hd, d.KVl * d.hd});
+  lin(p, d.fp8, OpKind::GemmWeightGrad, d.C, d.Hl * d.hd, d.N);
+  proj_weight_grad(p, d, d.N, {d.Hl * d.hd, d.KVl * d.hd, d.KVl * d.hd}, d.fp8);
   p.grads_done_layer = l;
   w.pieces.push_back(std::move(p));
 }

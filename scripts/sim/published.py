@@ -15,8 +15,9 @@ the source counts FLOPs:
 
 GPT-architecture models (GELU MLP of 4h) are simulated as LLaMA blocks with
 a SwiGLU width of 2/3 x 4h: the same MLP parameters and FLOPs. Runs whose
-layout the simulator does not model (ZeRO-3/FSDP sharded parameters, context
-parallelism, fp8) are listed as skipped with the reason.
+layout the simulator does not model are listed as skipped with the reason.
+fp8 runs are simulated with train.dtype fp8 (the layers' linears on the
+device's FP8 peak, docs/fp8.md).
 
   scripts/sim/published.py --sim build/apps/adgt-sim [--markdown] [--json OUT]
 """
@@ -98,8 +99,6 @@ def why_skipped(run):
     lay = run["layout"]
     z = str(lay.get("zero", 0))
 
-    if "fp8" in str(run.get("precision", "")).lower():
-        return "fp8 GEMMs are not modelled"
     if run["gpu"] not in PRESET:
         return f"no preset for {run['gpu']}"
     pub = run["published"]
@@ -133,6 +132,8 @@ def sets_of(run):
     sp = lay.get("sequence_parallel")
     sp = sp is True or (isinstance(sp, str) and "likely yes" in sp)
     zero = as_int(lay.get("zero", 0), 0)
+    if str(lay.get("zero", "")).startswith("FSDP"):  # Megatron FSDP: sharded parameters
+        zero = 3
     rc = str(lay.get("recompute", "none")).split()[0]
     if rc not in ("none", "selective", "full"):
         rc = "full"
@@ -141,7 +142,9 @@ def sets_of(run):
             f"model.n_layers={layers}", f"model.n_heads={m['n_heads']}",
             f"model.n_kv_heads={m['n_kv_heads']}", f"model.ffn_hidden={ffn_of(m, lay['tp'])}",
             f"model.seq_len={m['seq_len']}", f"train.global_batch={lay['global_batch']}",
-            f"train.micro_batch={mb}", "train.dtype=bf16", f"train.recompute={rc}",
+            f"train.micro_batch={mb}",
+            f"train.dtype={'fp8' if 'fp8' in str(run.get('precision', '')).lower() else 'bf16'}",
+            f"train.recompute={rc}",
             f"parallel.tp={lay['tp']}", f"parallel.pp={pp}", f"parallel.dp={lay['dp']}",
             f"parallel.zero={zero if zero >= 1 and lay['dp'] > 1 else 0}",
             f"parallel.sequence_parallel={'true' if sp and lay['tp'] > 1 else 'false'}"]
@@ -155,6 +158,8 @@ def sets_of(run):
 
 
 def print_markdown(rows, skipped):
+    # Paths in the simulator's messages, relative to the repository.
+    skipped = [(n, why.replace(ROOT + os.sep, "")) for n, why in skipped]
     print("| run | GPUs | layout (simulated) | counted as | published TFLOP/s/GPU | predicted | error | source |")
     print("|---|---|---|---|---|---|---|---|")
     for x in rows:
