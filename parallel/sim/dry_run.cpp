@@ -46,10 +46,13 @@ std::string resolve_auto_device(RunConfig& cfg, const std::string& cluster_arg) 
 std::string precision_line(const RunConfig& cfg, const cluster::Cluster& cl) {
   const bool half = bf16_compute(cfg.train);
   const double peak = half ? cl.device.peak_bf16_flops : cl.device.peak_fp32_flops;
-  char b[256];
-  std::snprintf(b, sizeof b, "%s on %s (MFU against %s's %s peak, %.4g TFLOP/s per device)",
+  char b[384];
+  std::snprintf(b, sizeof b, "%s on %s (MFU against %s's %s peak, %.4g TFLOP/s per device%s)",
                 cfg.train.dtype.c_str(), cfg.train.device.c_str(), cl.device.name.c_str(),
-                half ? "bf16" : "fp32", peak / 1e12);
+                half ? "bf16" : "fp32", peak / 1e12,
+                cfg.train.dtype != "fp8"            ? ""
+                : cl.device.peak_fp8_flops > 0      ? "; the layers' linears at its FP8 peak"
+                                                    : "; this device has no FP8 peak: FP8 GEMMs costed at bf16's");
   return b;
 }
 

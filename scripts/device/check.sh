@@ -459,6 +459,12 @@ build machine first and name build-devbundle in the device call's carry"
     timeout "$(left)" "$b/$BIN_NAME" "cuda: 1.3B bf16 training-step benchmark" 2>&1 |
     tee "$out/adgt_bench.log"
   brc=${PIPESTATUS[0]}
+  # The same steps with the layers' linears in FP8 (train.dtype fp8,
+  # tensorwise scaling; docs/fp8.md): tokens/s against 3a's.
+  echo "== 3a'. adgt: 1.3B fp8 training steps (cuBLASLt FP8 GEMMs)"
+  ADGT_BENCH_FP8=1 ADGT_BENCH_JSON="$out/adgt_bench_fp8.json" ADGT_BENCH_BATCH="${BENCH_BATCH:-8}" \
+    timeout "$(left)" "$b/$BIN_NAME" "cuda: 1.3B bf16 training-step benchmark" 2>&1 |
+    tee "$out/adgt_bench_fp8.log"
 
   # CHECK_QUICK=1 (a re-check after a change, when the full tables have run
   # before): no PyTorch comparison, no 1.3B variants, no kernel tables.
@@ -518,7 +524,7 @@ build machine first and name build-devbundle in the device call's carry"
       grep -E '^\| (GEMM|linear)' "$out/bench_lt_any.log" || true; }
   echo "tests: $(grep -E 'test cases|All tests passed' "$out/cuda_tests.log" | tail -1) (exit $trc)"
   grep -E 'FAILED|failed' "$out/cuda_tests.log" | head -20 || true
-  "$py" - "$out/adgt_bench.json" "$out/torch_bench.json" "$out"/adgt_bench_{flash,cudnn,unfused}.json <<'PYEOF' || true
+  "$py" - "$out/adgt_bench.json" "$out/torch_bench.json" "$out"/adgt_bench_{flash,cudnn,unfused,fp8}.json <<'PYEOF' || true
 import json, sys
 def load(p):
     try:
@@ -527,7 +533,7 @@ def load(p):
         return {"error": str(e)}
 a, t = load(sys.argv[1]), load(sys.argv[2])
 variants = [("adgt attention=flash", load(sys.argv[3])), ("adgt attention=cudnn", load(sys.argv[4])),
-            ("adgt unfused projections", load(sys.argv[5]))]
+            ("adgt unfused projections", load(sys.argv[5])), ("adgt fp8 (train.dtype fp8)", load(sys.argv[6]))]
 print("| 1.3B bf16 training | batch | step ms | tokens/s | TFLOP/s | MFU (of 989) |")
 print("|---|---|---|---|---|---|")
 best = "adgt (auto: %s)" % a.get("attention", "?")
@@ -540,6 +546,10 @@ for name, r in [(best, a)] + variants + [("PyTorch compile+SDPA", t)]:
 if "tokens_per_s" in a and "tokens_per_s" in t:
     note = "" if a.get("batch") == t.get("batch") else " (different batch sizes)"
     print(f"adgt / PyTorch tokens/s: {a['tokens_per_s'] / t['tokens_per_s']:.2f}x{note}")
+f8 = variants[3][1]
+if "tokens_per_s" in a and "tokens_per_s" in f8:
+    print(f"adgt fp8 / bf16 tokens/s: {f8['tokens_per_s'] / a['tokens_per_s']:.2f}x "
+          f"(loss {f8.get('loss', 0):.4f} vs {a.get('loss', 0):.4f})")
 PYEOF
   grep -E '^[|]' "$out/multirank.log" 2>/dev/null || echo "(no stage-5 table)"
   grep -E '^[|]|^-- 6\.' "$out/llama7b.log" 2>/dev/null || echo "(no stage-6 table)"

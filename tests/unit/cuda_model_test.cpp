@@ -182,7 +182,9 @@ TEST_CASE("cuda: FP8 training steps of the tiny config against the CPU's emulati
 // ADGT_BENCH_STEPS (10), ADGT_BENCH_LAYERS (24), ADGT_BENCH_JSON (a file for
 // the figures), ADGT_BENCH_ATTENTION (train.attention: auto, the default, or
 // flash, cudnn, exact; ADGT_ATTENTION still overrides it), ADGT_BENCH_FUSED
-// (train.fused_projections: 1, the default, or 0).
+// (train.fused_projections: 1, the default, or 0), ADGT_BENCH_FP8 (1: the
+// layers' linears in FP8, train.dtype fp8 with tensorwise scaling; MFU stays
+// against the bf16 peak, as the TFLOP/s are model FLOPs either way).
 TEST_CASE("cuda: 1.3B bf16 training-step benchmark", "[.cudabench][model]") {
   if (!gpu_visible()) {
     WARN("no CUDA device visible: benchmark skipped");
@@ -206,9 +208,19 @@ TEST_CASE("cuda: 1.3B bf16 training-step benchmark", "[.cudabench][model]") {
   const char* attn_env = std::getenv("ADGT_BENCH_ATTENTION");
   const std::string attention = attn_env && *attn_env ? attn_env : "auto";
   const bool fused = env("ADGT_BENCH_FUSED", 1) != 0;
+  const bool fp8 = env("ADGT_BENCH_FP8", 0) != 0;
   auto be = make_backend("cuda");
   configure_attention(*be, attention);
   Model model(m, *be, DType::BF16, B, T, {}, nullptr, {}, {}, fused);
+  if (fp8) {
+    if (!be->fp8_unsupported().empty()) {
+      WARN(be->fp8_unsupported());
+      return;
+    }
+    TrainConfig f;
+    f.dtype = "fp8";
+    model.enable_fp8(fp8_options(f), nullptr);
+  }
   {
     // init_weights draws 1.4e9 normals on the host (~40 s); for timing, a
     // repeated 2^24-value N(0, 0.02) pattern with the norms at 1 does as well.
@@ -239,6 +251,7 @@ TEST_CASE("cuda: 1.3B bf16 training-step benchmark", "[.cudabench][model]") {
     be->synchronize();
     const auto t0 = clk::now();
     model.zero_grads();
+    if (model.fp8()) model.fp8()->invalidate_weights();  // updated: cast once this step
     loss = model.forward(in.data(), tg.data(), 1.0);  // reads the loss: synchronises
     const auto t1 = clk::now();
     model.backward();
@@ -274,22 +287,23 @@ TEST_CASE("cuda: 1.3B bf16 training-step benchmark", "[.cudabench][model]") {
   const double st = median(t_step), tok_s = double(B * T) / st;
   const double tflops = flops_tok * tok_s / 1e12, mfu = tflops / 989.0;
   std::printf(
-      "\nadgt 1.3B bf16: %.3fB params, B=%lld T=%lld, loss %.4f, attention %s (train.attention=%s), "
+      "\nadgt 1.3B %s: %.3fB params, B=%lld T=%lld, loss %.4f, attention %s (train.attention=%s), "
       "fused projections %s\n"
       "| step ms %.1f | fwd ms %.1f | bwd ms %.1f | optimizer ms %.1f | tokens/s %.0f | "
       "%.1f TFLOP/s | MFU %.1f%% of 989 |\n",
-      double(n_params) / 1e9, (long long)B, (long long)T, loss, kernel.c_str(), attention.c_str(),
+      fp8 ? "fp8" : "bf16", double(n_params) / 1e9, (long long)B, (long long)T, loss, kernel.c_str(), attention.c_str(),
       fused ? "on" : "off", st * 1e3, median(t_fwd) * 1e3,
       median(t_bwd) * 1e3, median(t_opt) * 1e3, tok_s, tflops, 100 * mfu);
   std::fflush(stdout);
   if (const char* path = std::getenv("ADGT_BENCH_JSON")) {
     if (FILE* f = std::fopen(path, "w")) {
       std::fprintf(f,
-                   "{\"impl\": \"adgt\", \"params\": %lld, \"batch\": %lld, \"seq\": %lld, "
+                   "{\"impl\": \"%s\", \"params\": %lld, \"batch\": %lld, \"seq\": %lld, "
                    "\"step_ms\": %.3f, \"fwd_ms\": %.3f, \"bwd_ms\": %.3f, \"opt_ms\": %.3f, "
                    "\"tokens_per_s\": %.1f, \"tflops\": %.2f, \"mfu\": %.4f, \"loss\": %.5f, "
                    "\"attention\": \"%s\", \"attention_setting\": \"%s\", \"fused\": %s}\n",
-                   (long long)n_params, (long long)B, (long long)T, st * 1e3,
+                   fp8 ? "adgt-fp8" : "adgt", (long long)n_params, (long long)B, (long long)T,
+                   st * 1e3,
                    median(t_fwd) * 1e3, median(t_bwd) * 1e3, median(t_opt) * 1e3, tok_s, tflops,
                    mfu, loss, kernel.c_str(), attention.c_str(), fused ? "true" : "false");
       std::fclose(f);
