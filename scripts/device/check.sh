@@ -298,6 +298,21 @@ run_layout_stages() {
   src=${PIPESTATUS[0]}
   "$py" "$ROOT/scripts/device/llama7b_table.py" "$out/llama7b/metrics.jsonl" "$out/llama7b.log" \
     "$out/llama7b_dryrun.txt" | tee -a "$out/llama7b.log" || true
+  # 6'. The same steps in FP8 (train.dtype fp8, docs/fp8.md; STAGE6_FP8=0
+  # skips it): its dry run adds the weight codes and their transposes.
+  [[ ${STAGE6_FP8:-1} == 1 ]] || return 0
+  echo "== 6'. LLaMA-7B on one GPU in fp8 (the same steps)"
+  local f8=("${sets[@]}" --set train.dtype=fp8 --set log.dir="$out/llama7b_fp8")
+  "$b/adgt-train" --config "$ROOT/configs/llama-7b.yaml" "${f8[@]}" --dry-run >"$out/llama7b_fp8_dryrun.txt" 2>&1
+  need=$(sed -nE 's/^ *total +([0-9.]+) GiB.*/\1/p' "$out/llama7b_fp8_dryrun.txt" | head -1)
+  if [[ -n $need && -n $have ]] && awk -v n="$need" -v h="$have" 'BEGIN { exit !(n * 1024 > h) }'; then
+    echo "-- 6'. skipped: the fp8 dry run needs $need GiB, this GPU has $have MiB" | tee "$out/llama7b_fp8.log"
+    return 0
+  fi
+  OMP_NUM_THREADS=16 timeout "${STAGE6_S:-240}" "$b/adgt-train" --config "$ROOT/configs/llama-7b.yaml" \
+    "${f8[@]}" 2>&1 | tee "$out/llama7b_fp8.log"
+  "$py" "$ROOT/scripts/device/llama7b_table.py" "$out/llama7b_fp8/metrics.jsonl" "$out/llama7b_fp8.log" \
+    "$out/llama7b_fp8_dryrun.txt" fp8 | tee -a "$out/llama7b_fp8.log" || true
 }
 
 cmd_rehearse() {
@@ -553,6 +568,7 @@ if "tokens_per_s" in a and "tokens_per_s" in f8:
 PYEOF
   grep -E '^[|]' "$out/multirank.log" 2>/dev/null || echo "(no stage-5 table)"
   grep -E '^[|]|^-- 6\.' "$out/llama7b.log" 2>/dev/null || echo "(no stage-6 table)"
+  grep -E '^[|] seq|^-- 6' "$out/llama7b_fp8.log" 2>/dev/null || echo "(no stage-6' fp8 row)"
   grep -E '^start-up:' "$out/llama7b.log" 2>/dev/null || true
   echo "exits: tests $trc, adgt bench $brc, torch bench $prc, kernel benches $krc, multirank $mrc, llama-7b $src, nccl np1 $nrc"
   echo "logs: $out/{machine.txt,cuda_tests.log,adgt_bench.*,torch_bench.*,bench.log,bench_fp32.log,nccl_np1.log}${OUT:+ (packed into \$OUT/check_logs.tgz)}"

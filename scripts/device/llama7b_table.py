@@ -4,7 +4,7 @@ MFU (mean over the steps after the first, from metrics.jsonl), the peak of the
 backend's device buffers (the run's summary line) against the --dry-run
 estimate's total.
 
-usage: llama7b_table.py METRICS.jsonl RUN.log DRYRUN.txt
+usage: llama7b_table.py METRICS.jsonl RUN.log DRYRUN.txt [DTYPE (bf16)]
 """
 import json
 import re
@@ -19,5 +19,6 @@ tps = sum(r["tokens_per_s"] for r in last) / len(last)
 mfu = sum(r["mfu"] for r in last) / len(last)
 print("| LLaMA-7B, one GPU | tokens/s | MFU | peak device GiB (backend buffers) | --dry-run estimate GiB |")
 print("|---|---|---|---|---|")
-print(f"| seq 4096, micro-batch 1, selective recompute, bf16 | {tps:.0f} | {100 * mfu:.1f}% | "
+dtype = sys.argv[4] if len(sys.argv) > 4 else "bf16"
+print(f"| seq 4096, micro-batch 1, selective recompute, {dtype} | {tps:.0f} | {100 * mfu:.1f}% | "
       f"{peak.group(1) if peak else '?'} | {est.group(1) if est else '?'} |")
