@@ -9,7 +9,7 @@ endif()
 # here); the dense case also through the shared-memory window and as
 # messages, the ways a host without cross-memory rights (or several nodes)
 # takes; and the fallback to the window when one rank's reads are refused.
-foreach(case dense zero zero23 cp moe dense:window dense:messages dense:fallback)
+foreach(case dense zero zero23 cp moe fp8 dense:window dense:messages dense:fallback)
   string(REPLACE ":" ";" parts ${case})
   list(GET parts 0 model)
   list(LENGTH parts n)

@@ -67,6 +67,16 @@ CASES = {
             ["parallel.tp=1", "parallel.cp=4", "parallel.pp=1", "parallel.dp=2", "parallel.zero=1"],
             ["parallel.tp=2", "parallel.cp=1", "parallel.pp=2", "parallel.dp=2", "parallel.zero=0"],
         ]),
+    # FP8 with delayed scaling (docs/fp8.md): the amax histories, named state
+    # by layer, go through the switch with the weights.
+    "fp8": dict(
+        config=os.path.join(TESTS, "layouts", "model.yaml"),
+        base=["model.n_layers=4", "train.dtype=fp8", "train.fp8_recipe=delayed"],
+        layouts=[
+            ["parallel.tp=2", "parallel.pp=2", "parallel.dp=2"],
+            ["parallel.tp=1", "parallel.pp=4", "parallel.dp=2", "parallel.zero=1"],
+            ["parallel.tp=2", "parallel.pp=1", "parallel.dp=4"],
+        ]),
     # Mixture of experts: ep2 -> ep4, with the aux-loss-free selection biases.
     "moe": dict(
         config=os.path.join(TESTS, "moe", "model.yaml"),
