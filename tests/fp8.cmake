@@ -9,7 +9,7 @@ set(ADGT_FP8_ARGS --train $<TARGET_FILE:adgt-train>
   --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh --data ${ADGT_FP8_DATA})
 # Every layout against the single fp8 process, within the bf16 layout test's
 # bounds (tests/layouts/compare_fp8.py; ~20 s). On the emulated device the
-# tensorwise dense layouts (--quick): the device code paths of the casts.
+# tp2 SP tensorwise and dp2 delayed (--quick): the device code paths.
 add_test(NAME fp8_layouts_match_single_process
   COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_fp8.py ${ADGT_FP8_ARGS}
     --work ${CMAKE_BINARY_DIR}/fp8_layouts --device cpu)

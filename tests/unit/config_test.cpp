@@ -217,7 +217,7 @@ TEST_CASE("out-of-range values", "[config]") {
   CHECK(error_of("train:\n  device: gpu\n") ==
         "x.yaml:2: train.device: expected one of {auto, cpu, cuda, emulated}, got \"gpu\"");
   CHECK(error_of("train:\n  dtype: f16\n") ==
-        "x.yaml:2: train.dtype: expected one of {f32, bf16, f64}, got \"f16\"");
+        "x.yaml:2: train.dtype: expected one of {f32, bf16, fp8, f64}, got \"f16\"");
   CHECK(error_of("parallel:\n  tp: 0\n") ==
         "x.yaml:2: parallel.tp: expected a positive integer, got 0");
   CHECK(error_of("checkpoint:\n  keep: -1\n") ==
