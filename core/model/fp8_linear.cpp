@@ -46,14 +46,17 @@ Tensor Fp8Linears::scratch(Buffer& b, int64_t rows, int64_t cols, DType dt) {
   return Tensor(b.data(), dt, {rows, cols});
 }
 
+void Fp8Linears::make_slots() {
+  if (amax_.data()) return;
+  const size_t n = 3 * sites_.size() * 4;
+  amax_ = Buffer(be_, n);
+  scale_ = Buffer(be_, n);
+  step_amax_ = Buffer(be_, n);
+  be_.zero(Tensor(step_amax_.data(), DType::F32, {int64_t(3 * sites_.size())}));
+}
+
 void Fp8Linears::current_scale(int site, int which, const Tensor& x, bool tokens) {
-  if (!amax_.data()) {  // first use: the scalar slots of every site
-    const size_t n = 3 * sites_.size() * 4;
-    amax_ = Buffer(be_, n);
-    scale_ = Buffer(be_, n);
-    step_amax_ = Buffer(be_, n);
-    be_.zero(Tensor(step_amax_.data(), DType::F32, {int64_t(3 * sites_.size())}));
-  }
+  make_slots();
   Tensor a = scalar(amax_, site, which);
   be_.fp8_amax(a, x, false);
   if (tp_) tp_->all_reduce(a, ReduceOp::Max);
@@ -64,6 +67,9 @@ void Fp8Linears::current_scale(int site, int which, const Tensor& x, bool tokens
 
 Fp8Operand Fp8Linears::quantize(int site, int which, const Tensor& x, Buffer& q, Buffer& qt) {
   const int64_t rows = x.dim(0), cols = x.numel() / rows;
+  // (A pass before any begin_step since the history was set, an evaluation
+  // right after a resume: the scales from the history first.)
+  if (o_.delayed && have_history(site, which) && !uploaded_) begin_step();
   if (!o_.delayed || !have_history(site, which)) current_scale(site, which, x, true);
   if (o_.delayed) be_.fp8_amax(scalar(step_amax_, site, which), x, true);
   const DType dt = which == kDy && o_.grad_kind == Fp8Kind::E5M2 ? DType::E5M2 : DType::E4M3;
@@ -81,7 +87,6 @@ Fp8Operand Fp8Linears::weight(int site, const Tensor& w) {
              "Fp8Linears: site " << s.key << " was registered for (" << s.O << "," << s.I
                                  << ") weights, got " << w.shape_str());
   Fp8Operand r;
-  r.scale = Tensor();
   if (!s.w_valid) {
     current_scale(site, kW, w, false);
     if (!s.wq.data()) s.wq = Buffer(be_, size_t(s.O * s.I));
@@ -137,14 +142,9 @@ void Fp8Linears::begin_step() {
       const Fp8Kind kind = j == 1 ? o_.grad_kind : Fp8Kind::E4M3;
       sc[size_t(j) * S + i] = pow2f(fp8_scale_exponent(m, kind, o_.margin));
     }
-  if (!amax_.data()) {
-    const size_t bytes = 3 * S * 4;
-    amax_ = Buffer(be_, bytes);
-    scale_ = Buffer(be_, bytes);
-    step_amax_ = Buffer(be_, bytes);
-    be_.zero(Tensor(step_amax_.data(), DType::F32, {int64_t(3 * S)}));
-  }
+  make_slots();
   be_.to_device(static_cast<float*>(scale_.data()) + S, sc.data(), sc.size() * 4);
+  uploaded_ = true;
 }
 
 void Fp8Linears::end_step(const std::vector<Comm*>& groups) {
@@ -162,6 +162,7 @@ void Fp8Linears::end_step(const std::vector<Comm*>& groups) {
     for (size_t j = 0; j < 2; ++j) hist_[(i * 2 + j) * H + size_t(head_)] = a[j * S + i];
   head_ = (head_ + 1) % int64_t(H);
   ++filled_;
+  uploaded_ = false;  // an evaluation before the next step scales from the new history
 }
 
 std::vector<double> Fp8Linears::history() const {
@@ -186,6 +187,7 @@ void Fp8Linears::set_history(const std::vector<double>& h, int64_t steps) {
     for (size_t k = 0; k < n; ++k) hist_[r * H + k] = float(h[r * H + k]);
   filled_ = int64_t(n);
   head_ = int64_t(n % H);
+  uploaded_ = false;
 }
 
 }  // namespace adgt

@@ -86,6 +86,7 @@ class Fp8Linears {
     Buffer wq, wqt;      // the cached weight codes (E4M3), and transposed
     bool w_valid = false;
   };
+  void make_slots();  // the scalar buffers, at first use (after every add_site)
   // Slots in the scalar buffers: per site [w, x, dy].
   Tensor scalar(const Buffer& b, int site, int which) const;
   Tensor scratch(Buffer& b, int64_t rows, int64_t cols, DType dt);
@@ -107,6 +108,7 @@ class Fp8Linears {
   std::vector<float> hist_;          // (sites, 2, history) ring: slot (filled_ + i) % history
   int64_t filled_ = 0;               // steps pushed (capped at history for reads)
   int64_t head_ = 0;                 // next ring slot
+  bool uploaded_ = false;            // the scales of the current history are on the device
 };
 
 }  // namespace adgt
