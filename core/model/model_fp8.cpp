@@ -10,6 +10,10 @@ namespace adgt {
 namespace {
 // Roles of a layer's linears in the history table.
 enum Role { kQ = 0, kK, kV, kO, kGate, kUp, kDown, kRoles };
+// The last role a site of `role` stands for: a fused site (qkv, gate/up) its three or two.
+int last_role(int role, bool fused) {
+  return !fused ? role : role == kQ ? kV : role == kGate ? kUp : role;
+}
 }  // namespace
 
 void Model::enable_fp8(const Fp8Options& o, Comm* cp) {
@@ -71,8 +75,7 @@ std::vector<double> Model::fp8_history_table() const {
   for (int s = 0; s < fp8_->sites(); ++s) {
     const int64_t key = fp8_->key(s), layer = key / 8;
     const int role = int(key % 8);
-    // A fused site stands for its roles: q, k, v or gate, up.
-    const int last = !fused_ ? role : role == kQ ? kV : role == kGate ? kUp : role;
+    const int last = last_role(role, fused_);
     for (int r = role; r <= last; ++r)
       std::copy(h.begin() + std::ptrdiff_t(size_t(s) * row),
                 h.begin() + std::ptrdiff_t(size_t(s + 1) * row),
@@ -91,7 +94,7 @@ void Model::set_fp8_history_table(const std::vector<double>& t, int64_t steps) {
   for (int s = 0; s < fp8_->sites(); ++s) {
     const int64_t key = fp8_->key(s), layer = key / 8;
     const int role = int(key % 8);
-    const int last = !fused_ ? role : role == kQ ? kV : role == kGate ? kUp : role;
+    const int last = last_role(role, fused_);
     for (int r = role; r <= last; ++r)
       for (size_t k = 0; k < row; ++k)
         h[size_t(s) * row + k] =

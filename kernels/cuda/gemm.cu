@@ -66,11 +66,32 @@ unsigned alignment_of(const void* p) {
   return low == 0 || low > 256 ? 256u : unsigned(low);
 }
 
+// "" when cublasLtMatmul returned success (and, under ADGT_CUDA_SYNC=1, the
+// GEMM's own device errors are none), else what went wrong.
+std::string matmul_error(cublasStatus_t st) {
+  if (st != CUBLAS_STATUS_SUCCESS) return ADGT_CUBLAS(cublasGetStatusString)(st);
+  if (sync_debug()) {
+    const cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) return std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")";
+  }
+  return "";
+}
+
 }  // namespace
 
 struct CudaBackend::LtState {
   cublasLtHandle_t handle = nullptr;
   std::map<LtKey, LtPlan> plans;
+  static LtState* make(const char* op) {
+    auto* st = new LtState;
+    const cublasStatus_t e = ADGT_CUBLAS(cublasLtCreate)(&st->handle);
+    if (e != CUBLAS_STATUS_SUCCESS) {
+      delete st;
+      call_failed("cublasLtCreate(&handle)", op, ADGT_CUBLAS(cublasGetStatusString)(e), __FILE__,
+                  __LINE__);
+    }
+    return st;
+  }
   ~LtState() {
     for (auto& kv : plans) destroy(kv.second);
     if (handle) (void)ADGT_CUBLAS(cublasLtDestroy)(handle);
@@ -99,16 +120,7 @@ void CudaBackend::gemm_lt(bool ta, bool tb, int64_t M, int64_t N, int64_t K, con
   }
   ADGT_CHECK(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX,
              op << ": GEMM dimensions " << M << "x" << N << "x" << K << " exceed 32-bit sizes");
-  if (!lt_) {
-    auto* st = new LtState;
-    const cublasStatus_t e = ADGT_CUBLAS(cublasLtCreate)(&st->handle);
-    if (e != CUBLAS_STATUS_SUCCESS) {
-      delete st;
-      call_failed("cublasLtCreate(&handle)", op, ADGT_CUBLAS(cublasGetStatusString)(e), __FILE__,
-                  __LINE__);
-    }
-    lt_ = st;
-  }
+  if (!lt_) lt_ = LtState::make(op);
   void* ws = scratch(kScratchGemm, kWorkspaceBytes);
 
   // Column-major: D(m = N, n = M) = opA(B) opB(A), k = K.
@@ -200,13 +212,7 @@ void CudaBackend::gemm_lt(bool ta, bool tb, int64_t M, int64_t N, int64_t K, con
   const cublasStatus_t st =
       ADGT_CUBLAS(cublasLtMatmul)(lt_->handle, p.op, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c,
                                   &p.algo, ws, kWorkspaceBytes, stream_);
-  std::string err;
-  if (st != CUBLAS_STATUS_SUCCESS) {
-    err = ADGT_CUBLAS(cublasGetStatusString)(st);
-  } else if (sync_debug()) {  // ADGT_CUDA_SYNC=1: the GEMM's own device errors, here
-    const cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) err = std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")";
-  }
+  const std::string err = matmul_error(st);
   if (!err.empty()) {
     std::ostringstream os;
     os << "cublasLtMatmul, row-major " << M << "x" << N << "x" << K << (ta ? " A^T" : "")
@@ -236,16 +242,7 @@ void CudaBackend::gemm_lt_fp8(int64_t M, int64_t N, int64_t K, const void* A, DT
                 << dtype_name(c_dtype) << " (E4M3/E5M2, not both E5M2; bf16 or f32 out)");
   ADGT_CHECK(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX && K > 0,
              op << ": FP8 GEMM dimensions " << M << "x" << N << "x" << K);
-  if (!lt_) {
-    auto* st = new LtState;
-    const cublasStatus_t e = ADGT_CUBLAS(cublasLtCreate)(&st->handle);
-    if (e != CUBLAS_STATUS_SUCCESS) {
-      delete st;
-      call_failed("cublasLtCreate(&handle)", op, ADGT_CUBLAS(cublasGetStatusString)(e), __FILE__,
-                  __LINE__);
-    }
-    lt_ = st;
-  }
+  if (!lt_) lt_ = LtState::make(op);
   void* ws = scratch(kScratchGemm, kWorkspaceBytes);
   auto fp8_type = [](DType d) { return d == DType::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; };
   // Column-major: D(m = N, n = M) = B^T(op T on the stored K x N) A(K x M).
@@ -324,13 +321,7 @@ void CudaBackend::gemm_lt_fp8(int64_t M, int64_t N, int64_t K, const void* A, DT
   const cublasStatus_t st =
       ADGT_CUBLAS(cublasLtMatmul)(lt_->handle, p.op, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c,
                                   &p.algo, ws, kWorkspaceBytes, stream_);
-  std::string err;
-  if (st != CUBLAS_STATUS_SUCCESS) {
-    err = ADGT_CUBLAS(cublasGetStatusString)(st);
-  } else if (sync_debug()) {
-    const cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) err = std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")";
-  }
+  const std::string err = matmul_error(st);
   if (!err.empty()) {
     std::ostringstream os;
     os << "cublasLtMatmul (FP8), row-major " << M << "x" << N << "x" << K << " "
