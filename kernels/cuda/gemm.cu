@@ -66,6 +66,17 @@ unsigned alignment_of(const void* p) {
   return low == 0 || low > 256 ? 256u : unsigned(low);
 }
 
+// The operation descriptor of a plan: fp32 compute and scale, the transposes.
+void make_desc(LtPlan& p, cublasOperation_t opa, cublasOperation_t opb, const char* op) {
+  ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatmulDescCreate)(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), op);
+  ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatmulDescSetAttribute)(p.op, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                             &opa, sizeof opa),
+                 op);
+  ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatmulDescSetAttribute)(p.op, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                             &opb, sizeof opb),
+                 op);
+}
+
 // "" when cublasLtMatmul returned success (and, under ADGT_CUDA_SYNC=1, the
 // GEMM's own device errors are none), else what went wrong.
 std::string matmul_error(cublasStatus_t st) {
@@ -82,6 +93,11 @@ std::string matmul_error(cublasStatus_t st) {
 struct CudaBackend::LtState {
   cublasLtHandle_t handle = nullptr;
   std::map<LtKey, LtPlan> plans;
+  void make_room() {  // many shapes (a sweep): start over
+    if (plans.size() < 4096) return;
+    for (auto& kv : plans) destroy(kv.second);
+    plans.clear();
+  }
   static LtState* make(const char* op) {
     auto* st = new LtState;
     const cublasStatus_t e = ADGT_CUBLAS(cublasLtCreate)(&st->handle);
@@ -143,20 +159,10 @@ void CudaBackend::gemm_lt(bool ta, bool tb, int64_t M, int64_t N, int64_t K, con
                   alignment_of(C)};
   auto it = lt_->plans.find(key);
   if (it == lt_->plans.end()) {
-    if (lt_->plans.size() >= 4096) {  // many shapes (a sweep): start over
-      for (auto& kv : lt_->plans) destroy(kv.second);
-      lt_->plans.clear();
-    }
+    lt_->make_room();
     LtPlan p;
     try {
-      ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatmulDescCreate)(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F),
-                     op);
-      ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatmulDescSetAttribute)(p.op, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                                 &opa, sizeof opa),
-                     op);
-      ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatmulDescSetAttribute)(p.op, CUBLASLT_MATMUL_DESC_TRANSB,
-                                                                 &opb, sizeof opb),
-                     op);
+      make_desc(p, opa, opb, op);
       // Stored shapes (column-major rows x cols) of the library's A (= our B) and B (= our A).
       const uint64_t ar = opa == CUBLAS_OP_N ? m : k, ac = opa == CUBLAS_OP_N ? k : m;
       const uint64_t br = opb == CUBLAS_OP_N ? k : n, bc = opb == CUBLAS_OP_N ? n : k;
@@ -255,20 +261,10 @@ void CudaBackend::gemm_lt_fp8(int64_t M, int64_t N, int64_t K, const void* A, DT
   key.btype = int(fp8_type(a_dtype));
   auto it = lt_->plans.find(key);
   if (it == lt_->plans.end()) {
-    if (lt_->plans.size() >= 4096) {
-      for (auto& kv : lt_->plans) destroy(kv.second);
-      lt_->plans.clear();
-    }
+    lt_->make_room();
     LtPlan p;
     try {
-      ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatmulDescCreate)(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F),
-                     op);
-      ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatmulDescSetAttribute)(p.op, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                                 &opa, sizeof opa),
-                     op);
-      ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatmulDescSetAttribute)(p.op, CUBLASLT_MATMUL_DESC_TRANSB,
-                                                                 &opb, sizeof opb),
-                     op);
+      make_desc(p, opa, opb, op);
       const int8_t fast = 0;
       ADGT_CUBLAS_OP(ADGT_CUBLAS(cublasLtMatmulDescSetAttribute)(
                          p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast),
