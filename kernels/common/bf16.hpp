@@ -7,30 +7,17 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/common/float_bits.hpp"
 #include "kernels/common/hd.hpp"
 
 namespace adgt {
 
 using bf16_bits = uint16_t;
 
-ADGT_HD float bf16_to_float(bf16_bits h) {
-  const uint32_t u = uint32_t(h) << 16;
-  float f;
-#if defined(__CUDA_ARCH__)
-  f = __uint_as_float(u);
-#else
-  std::memcpy(&f, &u, 4);
-#endif
-  return f;
-}
+ADGT_HD float bf16_to_float(bf16_bits h) { return bits_float(uint32_t(h) << 16); }
 
 ADGT_HD bf16_bits float_to_bf16(float f) {
-  uint32_t u;
-#if defined(__CUDA_ARCH__)
-  u = __float_as_uint(f);
-#else
-  std::memcpy(&u, &f, 4);
-#endif
+  uint32_t u = float_bits(f);
   if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu))  // NaN: keep it a (quiet) NaN
     return bf16_bits((u >> 16) | 0x0040u);
   u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even (overflow goes to inf)

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/common/float_bits.hpp"
 #include "kernels/common/hd.hpp"
 
 namespace adgt {
@@ -24,30 +25,11 @@ namespace adgt {
 enum class Fp8Kind : uint8_t { E4M3, E5M2 };
 
 namespace fp8_detail {
-ADGT_HD uint32_t bits_of(float f) {
-  uint32_t u;
-#if defined(__CUDA_ARCH__)
-  u = __float_as_uint(f);
-#else
-  std::memcpy(&u, &f, 4);
-#endif
-  return u;
-}
-ADGT_HD float float_of(uint32_t u) {
-  float f;
-#if defined(__CUDA_ARCH__)
-  f = __uint_as_float(u);
-#else
-  std::memcpy(&f, &u, 4);
-#endif
-  return f;
-}
-
 // M mantissa bits, exponent bias B, MAXBITS: the float bits of the largest
 // finite value, MAXCODE its fp8 code.
 template <int M, int B, uint32_t MAXBITS, uint8_t MAXCODE>
 ADGT_HD uint8_t encode(float f) {
-  const uint32_t u = bits_of(f);
+  const uint32_t u = float_bits(f);
   const uint8_t sign = uint8_t((u >> 24) & 0x80u);
   const uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return 0x7f;                 // NaN
@@ -81,17 +63,17 @@ ADGT_HD uint8_t float_to_e5m2(float f) {
 
 ADGT_HD float e4m3_to_float(uint8_t c) {
   const uint32_t s = uint32_t(c & 0x80u) << 24, em = c & 0x7fu;
-  if (em == 0x7fu) return fp8_detail::float_of(0x7fc00000u);
+  if (em == 0x7fu) return bits_float(0x7fc00000u);
   const uint32_t e = em >> 3, m = em & 7u;
-  if (e == 0) return fp8_detail::float_of(s | fp8_detail::bits_of(float(m) * 0.001953125f));  // m 2^-9
-  return fp8_detail::float_of(s | ((e - 7u + 127u) << 23) | (m << 20));
+  if (e == 0) return bits_float(s | float_bits(float(m) * 0.001953125f));  // m 2^-9
+  return bits_float(s | ((e - 7u + 127u) << 23) | (m << 20));
 }
 ADGT_HD float e5m2_to_float(uint8_t c) {
   const uint32_t s = uint32_t(c & 0x80u) << 24, em = c & 0x7fu;
   const uint32_t e = em >> 2, m = em & 3u;
-  if (e == 31u) return fp8_detail::float_of(m ? 0x7fc00000u : (s | 0x7f800000u));
-  if (e == 0) return fp8_detail::float_of(s | fp8_detail::bits_of(float(m) * 1.52587890625e-05f));  // m 2^-16
-  return fp8_detail::float_of(s | ((e - 15u + 127u) << 23) | (m << 21));
+  if (e == 31u) return bits_float(m ? 0x7fc00000u : (s | 0x7f800000u));
+  if (e == 0) return bits_float(s | float_bits(float(m) * 1.52587890625e-05f));  // m 2^-16
+  return bits_float(s | ((e - 15u + 127u) << 23) | (m << 21));
 }
 
 ADGT_HD uint8_t float_to_fp8(float f, Fp8Kind k) {
@@ -110,7 +92,7 @@ ADGT_HD float fp8_max(Fp8Kind k) { return k == Fp8Kind::E4M3 ? 448.0f : 57344.0f
 // scale; a non-finite one makes the step non-finite and it is skipped).
 // Clamped to [-100, 100].
 ADGT_HD int fp8_scale_exponent(float amax, Fp8Kind k, int margin) {
-  const uint32_t a = fp8_detail::bits_of(amax) & 0x7fffffffu;
+  const uint32_t a = float_bits(amax) & 0x7fffffffu;
   if (a < 0x00800000u || a >= 0x7f800000u) return 0;
   // amax = f 2^kx, f in [1, 2); fp8_max = 1.75 2^emax.
   const int kx = int(a >> 23) - 127;
@@ -120,6 +102,6 @@ ADGT_HD int fp8_scale_exponent(float amax, Fp8Kind k, int margin) {
   return n < -100 ? -100 : n > 100 ? 100 : n;
 }
 // 2^n as a float (n in [-126, 127]).
-ADGT_HD float pow2f(int n) { return fp8_detail::float_of(uint32_t(n + 127) << 23); }
+ADGT_HD float pow2f(int n) { return bits_float(uint32_t(n + 127) << 23); }
 
 }  // namespace adgt
