@@ -52,6 +52,7 @@ enum class Allow {
   RankFactors,  // "rank:factor,..." (emulate.slow_ranks), factor >= 1, ranks distinct
   StepFactors,  // "factor@step,..." (emulate.link_bandwidth), factor > 0, steps ascending
   LinkFactors,  // "a-b:factor[@step],..." (emulate.slow_links), factor >= 1, pairs distinct
+  StepRange,    // "" or "N" or "A-B" (log.trace), 1 <= A <= B
   Blend,        // data.train/val: a token file, "0.7 A 0.3 B", or (YAML) a list of {path, weight}
 };
 
@@ -408,6 +409,14 @@ const std::vector<Key>& schema() {
           "steps between log lines"),
       key("log", &R::log, "peak_tflops", &LogConfig::peak_tflops, A::NonNegative,
           "MFU denominator in TFLOP/s; 0 = measure the CPU GEMM peak at start"),
+      key("log", &R::log, "trace", &LogConfig::trace, A::StepRange,
+          "steps whose timeline goes to <log.dir>/trace.json (Chrome trace for Perfetto or "
+          "chrome://tracing, one track per rank: pipeline instructions, collectives, waits, "
+          "optimizer, checkpoint phases, decisions; docs/trace.md): \"12\" or \"10-12\"; \"\" = off"),
+      key("log", &R::log, "telemetry_interval_s", &LogConfig::telemetry_interval_s, A::NonNegative,
+          "seconds between each rank's telemetry readings (GPU power, energy, clocks, "
+          "temperatures, throttle reasons through NVML; CPU energy through RAPL where readable; "
+          "docs/telemetry.md); 0 = off"),
       // emulate
       key("emulate", &R::emulate, "cluster", &EmulateConfig::cluster, A::Any,
           "link and compute emulation on CPU ranks (docs/emulation.md): a cluster preset "
@@ -618,6 +627,8 @@ std::string allowed_text(const Key& k) {
         return "\"factor@step,...\" with factors > 0 and ascending steps, or \"\"";
       if (k.allow == Allow::LinkFactors)
         return "\"a-b:factor[@step],...\" with distinct rank pairs and factors >= 1, or \"\"";
+      if (k.allow == Allow::StepRange)
+        return "a step \"N\" or a range \"A-B\" of steps >= 1, or \"\"";
       if (k.allow == Allow::Blend)
         return "a token file, a blend \"W1 FILE1 W2 FILE2 ...\", or a list of {path: FILE, weight: W}";
       return k.allow == Allow::NonEmpty ? "a non-empty string" : "a string";
@@ -664,6 +675,13 @@ std::optional<std::string> check_range(const Key& k, RunConfig& cfg) {
           if (k.allow == Allow::StepFactors) {
             try {
               (void)parse_link_bandwidth(v);
+            } catch (const ConfigError& e) {
+              return std::string(e.what());
+            }
+          }
+          if (k.allow == Allow::StepRange) {
+            try {
+              (void)parse_step_range(v);
             } catch (const ConfigError& e) {
               return std::string(e.what());
             }
@@ -1133,6 +1151,23 @@ std::vector<std::pair<int64_t, double>> parse_link_bandwidth(const std::string& 
   return out;
 }
 
+std::optional<std::pair<int64_t, int64_t>> parse_step_range(const std::string& spec) {
+  const std::string t = trim(spec);
+  if (t.empty()) return std::nullopt;
+  auto bad = [&](const std::string& what) {
+    return ConfigError("log.trace: " + what + " in " + yaml_quote(spec) +
+                       "; expected a step \"12\" or a range \"10-12\" of steps >= 1 (as the "
+                       "step lines number them), or \"\" for no trace");
+  };
+  const size_t d = t.find('-');
+  const std::string a = trim(t.substr(0, d)), b = d == std::string::npos ? a : trim(t.substr(d + 1));
+  int64_t first = 0, last = 0;
+  if (!read_count(a, first) || !read_count(b, last)) throw bad("a step is not a non-negative integer");
+  if (first < 1) throw bad("step " + a + " is before step 1");
+  if (last < first) throw bad("the range ends (" + b + ") before it starts (" + a + ")");
+  return std::make_pair(first, last);
+}
+
 std::vector<SlowLink> parse_slow_links(const std::string& spec) {
   std::vector<SlowLink> out;
   auto bad = [&](const std::string& what) {
@@ -1261,6 +1296,9 @@ void validate(const RunConfig& cfg_in) {
                                              [](int64_t) { return true; })));
 
   const TrainConfig& t = cfg.train;
+  if (const auto tr = parse_step_range(cfg.log.trace); tr && tr->first > t.steps)
+    throw ConfigError(src + ": log.trace=" + yaml_quote(cfg.log.trace) + " starts after the run's last step (train.steps=" +
+                      fmt_int(t.steps) + "); trace steps in 1.." + fmt_int(t.steps));
   if (t.min_lr > t.lr)
     throw ConfigError(src + ": train.min_lr=" + fmt_real(t.min_lr) + " is greater than train.lr=" +
                       fmt_real(t.lr) + "; use min_lr <= lr (e.g. lr/10 = " +

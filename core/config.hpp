@@ -218,6 +218,13 @@ struct LogConfig {
   std::string dir = "runs/tiny";
   int64_t interval = 10;
   double peak_tflops = 0;  // MFU denominator; 0 = measure the CPU GEMM peak at start
+  // Steps whose timeline is written to <dir>/trace.json (Chrome trace, every
+  // rank a track; docs/trace.md): "12" or "10-12" (steps as the step lines
+  // number them, from 1); "" = off.
+  std::string trace;
+  // Seconds between the telemetry sampler's readings (power, clocks,
+  // temperatures, throttling; docs/telemetry.md); 0 = off.
+  double telemetry_interval_s = 1;
   bool operator==(const LogConfig&) const = default;
 };
 
@@ -288,6 +295,10 @@ std::vector<SlowLink> parse_slow_links(const std::string& spec);
 // emulate.link_bandwidth as (from step, factor) pairs, steps strictly
 // ascending, factors > 0; throws ConfigError "emulate.link_bandwidth: ...".
 std::vector<std::pair<int64_t, double>> parse_link_bandwidth(const std::string& spec);
+// log.trace: the first and last step traced ("12" -> {12, 12}, "10-12" ->
+// {10, 12}, steps >= 1); nullopt for "" (off). Throws ConfigError
+// "log.trace: ..." on anything else.
+std::optional<std::pair<int64_t, int64_t>> parse_step_range(const std::string& spec);
 
 struct RunConfig {
   ModelConfig model;
