@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "core/trace.hpp"
+
 namespace adgt {
 
 std::string format_duration(double s) {
@@ -150,6 +152,11 @@ void MetricsLog::log_step(const StepMetrics& m) {
 }
 
 void MetricsLog::log_record(const nlohmann::json& record) {
+  // A decision or event (checkpoint, plan, switch, a controller's choice) is
+  // also an instant on world rank 0's timeline while log.trace records.
+  if (trace::recorder().on() && record.is_object() && record.contains("event") &&
+      record["event"].is_string())
+    trace::recorder().instant(record["event"].get<std::string>(), "control", record.dump());
   out_ << record.dump() << "\n";
   out_.flush();
 }

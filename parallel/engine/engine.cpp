@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/model/init_weights.hpp"
+#include "core/trace.hpp"
 #include "kernels/check.hpp"
 #include "parallel/cost/stages.hpp"
 #include "parallel/cp/chunks.hpp"
@@ -248,17 +249,21 @@ void Engine::set_expert_replicas(const std::string& text) {
 }
 
 double Engine::forward_backward(const MicroBatchFetch& fetch) {
-  model_->zero_grads();
-  if (Fp8Linears* f = model_->fp8()) {  // the weights were updated: cast again; delayed scales
-    f->invalidate_weights();
-    f->begin_step();
+  {
+    trace::Span s("step setup", "compute");
+    model_->zero_grads();
+    if (Fp8Linears* f = model_->fp8()) {  // the weights were updated: cast again; delayed scales
+      f->invalidate_weights();
+      f->begin_step();
+    }
+    if (store_) store_->begin_step();
+    model_->reset_moe_stats();
   }
-  if (store_) store_->begin_step();
-  model_->reset_moe_stats();
   const double loss = pipelined() ? run_pipeline_step(fetch) : run_micro_batches(fetch);
   // Delayed scaling: the step's amaxes over the ranks holding the same layers.
   if (Fp8Linears* f = model_->fp8()) f->end_step({ctx_.tp, ctx_.dpcp});
   if (pipelined()) {
+    trace::Span s("measure bubble", "pipeline");
     measure_bubble();
   } else {
     times_.bubble = times_.bubble_idle = -1.0;
@@ -280,12 +285,25 @@ double Engine::run_micro_batches(const MicroBatchFetch& fetch) {
   // D: the ranks whose losses make the step's mean (each a mean over its tokens).
   const int64_t A = cfg_.accum_steps(), D = ctx_.dpcp->size();
   model_->defer_losses(true);  // one host read of the losses per step
+  // On the trace (log.trace) under the names a one-stage schedule's
+  // instructions print (pp::to_string): what adgt-sim --trace names them.
+  const bool tracing = trace::recorder().on();
+  auto name = [&](pp::Op op, int64_t a) {
+    return tracing ? pp::to_string(pp::Instr{op, int(a), 0}) : std::string();
+  };
   for (int64_t a = 0; a < A; ++a) {
-    fetch(int(a), in_.data(), tg_.data());
+    {
+      trace::Span s(tracing ? "fetch " + std::to_string(a) : std::string(), "data");
+      fetch(int(a), in_.data(), tg_.data());
+    }
     const auto [in, tg] = local_batch(in_.data(), tg_.data());
     // Each forward and backward is a compute piece of the slowdown hook
     // (parallel/emulate/slowdown.hpp; inactive unless emulated).
-    slow_->run([&] { model_->forward(in, tg, 1.0 / double(A * D)); });
+    {
+      trace::Span s(name(pp::Op::Forward, a), "compute");
+      slow_->run([&] { model_->forward(in, tg, 1.0 / double(A * D)); });
+    }
+    trace::Span backward_span(name(pp::Op::Backward, a), "compute");
     const bool last = a + 1 == A;
     // The last micro-batch's backward starts each bucket's reduction as it completes it.
     // Under ZeRO-2/3 every micro-batch's gradients are final for the store,
@@ -297,10 +315,7 @@ double Engine::run_micro_batches(const MicroBatchFetch& fetch) {
                      last || store_ != nullptr);
     slow_->catch_up();
   }
-  reducer_->finish_grad_sync();
-  times_.dp_wait_s = reducer_->last_wait_seconds();
-  times_.dp_compressed_s = reducer_->last_compression().seconds;
-  if (store_) finish_zero_grads();
+  finish_dp_grads();
   const double loss_sum = model_->take_deferred_loss();
   model_->defer_losses(false);
   double total[1] = {loss_sum};
@@ -333,17 +348,34 @@ double Engine::run_pipeline_step(const MicroBatchFetch& whole) {
     hooks.chunk = grads_final;
     hooks.unit = reducer_->ready_hook();
   }
-  double loss[1] = {pipe_->run_step(fetch, 1.0 / double(A * D), hooks)};
-  for (int c = 0; c < model_->num_chunks(); ++c)  // a schedule without ReduceGrads
-    if (!reduced[size_t(c)]) grads_final(c, false);
-  reducer_->finish_grad_sync();
-  times_.dp_wait_s = reducer_->last_wait_seconds();
-  times_.dp_compressed_s = reducer_->last_compression().seconds;
-  if (store_) finish_zero_grads();
+  double loss[1] = {0};
+  {
+    trace::Span s("pipeline step", "pipeline");  // the executor's set-up and finish included
+    loss[0] = pipe_->run_step(fetch, 1.0 / double(A * D), hooks);
+  }
+  {
+    trace::Span s("ReduceGrads (rest)", "pipeline");
+    for (int c = 0; c < model_->num_chunks(); ++c)  // a schedule without ReduceGrads
+      if (!reduced[size_t(c)]) grads_final(c, false);
+  }
+  finish_dp_grads();
   // The loss is known on the last stage; every rank logs and checks the same value.
   ctx_.pp->all_reduce(Tensor(loss, DType::F64, {1}));
   ctx_.dpcp->all_reduce(Tensor(loss, DType::F64, {1}));
   return loss[0] / double(A * D);
+}
+
+void Engine::finish_dp_grads() {
+  {
+    trace::Span s("dp wait", "wait");
+    reducer_->finish_grad_sync();
+  }
+  times_.dp_wait_s = reducer_->last_wait_seconds();
+  times_.dp_compressed_s = reducer_->last_compression().seconds;
+  if (store_) {
+    trace::Span s("zero grads wait", "wait");
+    finish_zero_grads();
+  }
 }
 
 void Engine::finish_zero_grads() {

@@ -114,6 +114,9 @@ class Engine {
   double run_micro_batches(const MicroBatchFetch& fetch);
   double run_pipeline_step(const MicroBatchFetch& fetch);
   void measure_bubble();  // times_.bubble and bubble_idle, over the pipeline group
+  // The step's data-parallel reduction completed (the buckets, ZeRO-2/3's
+  // store), its waits in times_.
+  void finish_dp_grads();
   void finish_zero_grads();  // ZeRO-2/3: the store's reduce-scatters done, its times in times_
 
   RunConfig cfg_;  // with the engine's layout

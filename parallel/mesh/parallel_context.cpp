@@ -4,6 +4,7 @@
 
 #include "kernels/check.hpp"
 #include "parallel/comm/mpi_comm.hpp"
+#include "parallel/comm/traced_comm.hpp"
 #include "parallel/emulate/emulation.hpp"
 
 namespace adgt::emulate {
@@ -39,3 +40,26 @@ std::vector<std::unique_ptr<Comm>> wrap_emulated_groups(ParallelContext& ctx, Em
 }
 
 }  // namespace adgt::emulate
+
+namespace adgt {
+
+std::vector<std::unique_ptr<Comm>> wrap_traced_groups(ParallelContext& ctx) {
+  std::vector<std::unique_ptr<Comm>> owned;
+  std::vector<std::pair<Comm*, Comm*>> done;
+  for (Comm** slot : {&ctx.tp, &ctx.dp, &ctx.pp, &ctx.ep, &ctx.edp, &ctx.world, &ctx.cp, &ctx.dpcp,
+                      &ctx.edpcp}) {
+    if (!*slot) continue;
+    Comm* wrapped = nullptr;
+    for (const auto& [from, to] : done)
+      if (from == *slot) wrapped = to;
+    if (!wrapped) {
+      owned.push_back(std::make_unique<TracedComm>(**slot));
+      wrapped = owned.back().get();
+      done.emplace_back(*slot, wrapped);
+    }
+    *slot = wrapped;
+  }
+  return owned;
+}
+
+}  // namespace adgt

@@ -56,4 +56,10 @@ namespace emulate {
 std::vector<std::unique_ptr<Comm>> wrap_emulated_groups(ParallelContext& ctx, Emulation& emu);
 }  // namespace emulate
 
+// Wraps every group of ctx (each distinct object once) in a TracedComm
+// (parallel/comm/traced_comm.hpp: its blocking calls on the rank's timeline
+// while log.trace records) and points ctx at the wrappers, which it returns
+// (they must outlive every user of ctx). Local: no communication.
+std::vector<std::unique_ptr<Comm>> wrap_traced_groups(ParallelContext& ctx);
+
 }  // namespace adgt

@@ -12,6 +12,7 @@
 #include <omp.h>
 #include <time.h>
 
+#include "core/trace.hpp"
 #include "kernels/check.hpp"
 #include "kernels/clock.hpp"
 #include "parallel/pipeline/grouped.hpp"
@@ -248,6 +249,13 @@ struct PipelineExecutor::StepRun {
   // gradients (summed over the micro-batches) back to the owners there, once
   // a step (Model::defer_replica_grads), before the chunk's ReduceGrads.
   std::vector<size_t> last_backward;
+  // log.trace: the recorder's time at the step's start (the timeline's 0);
+  // host_spans: every instruction's span is taken in the loop, from the end
+  // of the previous one (its bookkeeping and the started collectives'
+  // progress included), on the recorder's clock (a host backend), else only
+  // the non-compute ones.
+  bool tracing = false, host_spans = false;
+  double trace0 = 0;
 };
 
 double PipelineExecutor::clock_now(const StepRun& st) const {
@@ -435,6 +443,15 @@ void PipelineExecutor::finish_step(StepRun& st) {
       std::tie(timeline_[j].start, timeline_[j].end) = st.vmarks[j];
   step_s_ = timeline_.empty() ? (st.vclock ? slow_->now() - st.v_start : t[size_t(m_end)])
                               : timeline_.back().end;
+  // A device backend's compute spans on the rank's trace are the timeline's
+  // (device times; the host only enqueued them), under the names the
+  // schedule prints (pp::to_string). A host backend's were taken in the loop.
+  if (st.tracing && !st.host_spans)
+    for (const ExecutedInstr& e : timeline_)
+      trace::recorder().span(pp::to_string(e.instr), "compute", st.trace0 + e.start, st.trace0 + e.end,
+                             trace::kMainTrack,
+                             "{\"mb\": " + std::to_string(e.instr.microbatch) + ", \"chunk\": " +
+                                 std::to_string(e.instr.chunk) + "}");
   st.loss_sum += model_.take_deferred_loss();  // the forwards returned 0
   model_.defer_losses(false);
   ADGT_CHECK(self_msgs_.empty(), "pipeline executor: rank " << rank_ << " still holds "
@@ -464,6 +481,9 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
   // device; taken once after the step): mark 0 is the start.
   (void)be_.take_marks();
   be_.mark();
+  st.tracing = trace::recorder().on();
+  st.trace0 = st.tracing ? trace::recorder().now() : 0.0;
+  st.host_spans = st.tracing && (be_.is_host() || st.vclock);
   model_.defer_losses(true);  // the head's losses are read once, after the step
   std::vector<Comm*> moving{&comm_};
   moving.insert(moving.end(), progress_comms_.begin(), progress_comms_.end());
@@ -496,8 +516,15 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
     ~ReplicaReturn() { m.defer_replica_grads(false); }
   } replica_return{model_};
 
+  // Spans in the loop follow each other: one starts where the last ended,
+  // so the bookkeeping between instructions (and the recording itself) is
+  // in the next instruction's span, not in a gap.
+  double t_prev = st.tracing ? trace::recorder().now() : 0.0;
+  if (st.tracing) trace::recorder().span("pipeline setup", "pipeline", st.trace0, t_prev);
   for (size_t i = 0; i < list.size(); ++i) {
     const pp::Instr& in = list[i];
+    const bool span_here = st.host_spans || (st.tracing && !pp::is_compute(in.op));
+    const double t_in = st.host_spans ? t_prev : span_here ? trace::recorder().now() : 0.0;
     for (Comm* pc : progress_comms_) pc->progress();
     const int stage = in.chunk >= 0 ? sched_.stage(rank_, in.chunk) : -1;
     switch (in.op) {
@@ -517,7 +544,19 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
         for (SendBuf& s : sends_) s.id = -1;
         break;
     }
+    if (span_here) {
+      const double t_out = trace::recorder().now();
+      t_prev = t_out;
+      trace::recorder().span(pp::to_string(in),
+                             pp::is_compute(in.op)                                 ? "compute"
+                             : pp::is_recv(in.op) || in.op == pp::Op::WaitSends ? "wait"
+                                                                                  : "pipeline",
+                             t_in, t_out, trace::kMainTrack,
+                             "{\"mb\": " + std::to_string(in.microbatch) + ", \"chunk\": " +
+                                 std::to_string(in.chunk) + "}");
+    }
   }
+  if (st.tracing) trace::recorder().span("pipeline finish", "pipeline", t_prev, trace::recorder().now());
   finish_step(st);
   return st.loss_sum;
 }

@@ -22,6 +22,7 @@
 #include "core/checkpoint/sharded.hpp"
 #include "core/metrics.hpp"
 #include "core/optimizer.hpp"
+#include "core/trace.hpp"
 #include "core/data/blend.hpp"
 #include "core/data/document_eos.hpp"
 #include "core/data/sampler.hpp"
@@ -39,6 +40,7 @@
 #include "parallel/metrics/step_logger.hpp"
 #include "parallel/switch/switch_request.hpp"
 #include "parallel/metrics/tei_meter.hpp"
+#include "parallel/metrics/trace_file.hpp"
 #include "parallel/trainer/trainer_state.hpp"
 
 namespace adgt {
@@ -192,6 +194,7 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx, std::optional<Device
     sampler_ = std::make_unique<BlendSampler>(shards, weights, cfg.model.seq_len, cfg.train.seed);
   }
   val_sources_ = parse_blend(cfg.data.val, "data.val");
+  trace_steps_ = parse_step_range(cfg.log.trace);
   wire(std::move(ctx));
 }
 
@@ -226,6 +229,8 @@ void Trainer::wire(ParallelContext ctx, bool init) {
     emulated_comms_ = emulate::wrap_emulated_groups(ctx, *emulation_);
   }
   if (!backend_->is_host()) device_comms_ = wrap_device_groups(ctx, *backend_, dev_.nccl());
+  if (trace_steps_)  // outermost: the calls the engine makes (earlier layouts' wrappers kept)
+    for (auto& c : wrap_traced_groups(ctx)) traced_comms_.push_back(std::move(c));
   engine_ = std::make_unique<Engine>(cfg, ctx, *backend_, init);
   world_rank_ = ctx.world_rank;
   if (cfg.train.attention == "auto" && ctx.world && ctx.world->size() > 1) {
@@ -597,6 +602,32 @@ void Trainer::prepare_async_save() {
   saver_->prepare_buffers(n, opt.sharded() ? size_t(opt.adamw().hi() - opt.adamw().lo()) : n);
 }
 
+void Trainer::trace_begin() {
+  // A common start: each rank's times count from its clock's time after the
+  // world's barrier (one instant on a virtual clock, and on the wall clock
+  // the barrier's exit skew, microseconds on one host).
+  engine_->groups().world->barrier();
+  trace::recorder().start([this] { return step_clock(); }, step_clock());
+}
+
+void Trainer::trace_end() {
+  const ParallelContext& g = engine_->groups();
+  const std::string path = (std::filesystem::path(cfg_.log.dir) / "trace.json").string();
+  const nlohmann::json about = {
+      {"config", cfg_.source},
+      {"steps", cfg_.log.trace},
+      {"clock", emulation_ && emulation_->clock != emulate::ClockKind::Wall ? "emulated" : "wall"},
+      {"layout", describe(engine_->layout())},
+      {"schedule", engine_->pipelined() ? engine_->pipeline()->schedule().name : ""},
+      {"world", g.world->size()}};
+  write_trace_file(*g.world, world_rank_, engine_->layout(), g.coords, path, about.dump());
+  if (lead()) {
+    std::printf("trace: steps %s of every rank in %s (open in https://ui.perfetto.dev or "
+                "chrome://tracing)\n", cfg_.log.trace.c_str(), path.c_str());
+    std::fflush(stdout);
+  }
+}
+
 double Trainer::step_clock() const {
   return emulation_ && emulation_->clock != emulate::ClockKind::Wall ? emulation_->state->clock.now()
                                                                       : wall_seconds();
@@ -605,6 +636,12 @@ double Trainer::step_clock() const {
 StepReport Trainer::run_step(TeiMeter& tei, TrainSummary& sum, int64_t first_step, int64_t& consecutive_bad) {
   using clock = std::chrono::steady_clock;
   const TrainConfig& t = cfg_.train;
+  // (a run resumed inside the traced steps starts recording at its first step)
+  if (trace_steps_ && !trace::recorder().on() && step_ + 1 >= trace_steps_->first &&
+      step_ + 1 <= trace_steps_->second)
+    trace_begin();
+  trace::Recorder& rec = trace::recorder();
+  const double trace_t0 = rec.now();
   const auto t0 = clock::now();
   const double v0 = step_clock();
   const ParallelContext& g = engine_->groups();
@@ -637,11 +674,15 @@ StepReport Trainer::run_step(TeiMeter& tei, TrainSummary& sum, int64_t first_ste
       r.source_tokens.push_back(sampler_->consumed(s, samples_seen_) * cfg_.model.seq_len);
   trace_pipeline_step();
   const auto t_opt = clock::now();
-  r.grad_norm = engine_->grad_norm();
+  {
+    trace::Span span("grad norm", "optimizer");
+    r.grad_norm = engine_->grad_norm();
+  }
   // Loss and norm are identical on every rank (deterministic reductions), so
   // every rank takes the same branch.
   r.applied = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
   if (r.applied) {
+    trace::Span span("optimizer", "optimizer");
     engine_->apply_update(r.lr, ++opt_steps_, clip_coefficient(r.grad_norm, t.grad_clip));
     consecutive_bad = 0;
   } else {
@@ -667,6 +708,10 @@ StepReport Trainer::run_step(TeiMeter& tei, TrainSummary& sum, int64_t first_ste
   if (reads0 >= 0) r.host_reads = backend_->host_reads() - reads0;
   r.seconds = step_clock() - v0;
   tt.seconds = r.seconds;
+  if (rec.on())
+    rec.span("step " + std::to_string(step_), "step", trace_t0, rec.now(), trace::kMainTrack,
+             "{\"loss\": " + nlohmann::json(r.loss).dump() + ", \"seconds\": " +
+                 nlohmann::json(r.seconds).dump() + "}");
   // The watchdog's automatic deadline (docs/reliability.md) is wall time.
   fault::step_finished(std::chrono::duration<double>(clock::now() - t0).count());
   tei.add_step(tt, r.applied);
@@ -722,6 +767,9 @@ TrainSummary Trainer::train() {
   TrainSummary sum;
   if (metrics) sum.metrics_path = metrics->path();
   if (lead()) print_header(peak);
+  if (lead() && trace_steps_ && step_ >= trace_steps_->second)
+    std::printf("log.trace=%s: this run starts after step %ld, past the traced steps; no trace is "
+                "written\n", cfg_.log.trace.c_str(), long(step_));
   prepare_async_save();
   // The hook after every step: the step metrics, then the controllers (made
   // again after a layout switch: the new engine has its own).
@@ -749,16 +797,32 @@ TrainSummary Trainer::train() {
     const ParallelContext& g = engine_->groups();
     // A layout change a controller decided (a layer move, a re-plan, an
     // expert placement), made below at this boundary.
-    const LayoutRequest layout_request = hook->after_step(*engine_, r, *g.world, metrics.get());
+    // The step boundary's phases, on the timeline while log.trace records.
+    const LayoutRequest layout_request = [&] {
+      trace::Span span("step hook", "control");
+      return hook->after_step(*engine_, r, *g.world, metrics.get());
+    }();
     const bool last = step_ == t.steps;
-    if (step_ % cfg_.log.interval == 0 || last)
+    if (step_ % cfg_.log.interval == 0 || last) {
+      trace::Span span("tei record", "control");
       tei.record(*g.world, TeiMeter::At::Interval, step_, logger.peak_tflops());
-    if (t.eval_interval > 0 && (step_ % t.eval_interval == 0 || last)) evaluate_now(metrics.get(), tei, sum);
+    }
+    if (t.eval_interval > 0 && (step_ % t.eval_interval == 0 || last)) {
+      trace::Span span("eval", "eval");
+      evaluate_now(metrics.get(), tei, sum);
+    }
     bool switch_due = false;
-    const int sig = agreed_stop_signal(&switch_due);
-    commit_checkpoint(metrics.get(), tei, false);  // checkpoint.async: once every rank has written
+    const int sig = [&] {
+      trace::Span span("stop signal", "control");
+      return agreed_stop_signal(&switch_due);
+    }();
+    {
+      trace::Span span("checkpoint commit", "checkpoint");
+      commit_checkpoint(metrics.get(), tei, false);  // checkpoint.async: once every rank has written
+    }
     if (sig || (last && cfg_.checkpoint.at_end) ||
         (cfg_.checkpoint.interval > 0 && step_ % cfg_.checkpoint.interval == 0)) {
+      trace::Span span("checkpoint save", "checkpoint");
       fault::PhaseScope save_phase(fault::Phase::CheckpointSave);  // the watchdog's long deadline
       save(metrics.get(), tei, sig || last);  // at a stop or the end: committed before going on
       tei.record(*g.world, TeiMeter::At::Checkpoint, step_, logger.peak_tflops());
@@ -782,7 +846,9 @@ TrainSummary Trainer::train() {
       if (changed) make_hook();
       log_decisions(metrics.get());
     }
+    if (trace_steps_ && trace::recorder().on() && step_ >= trace_steps_->second) trace_end();
   }
+  if (trace::recorder().on()) trace_end();  // stopped (a signal) inside the traced steps
   finish_summary(sum, metrics.get(), tei, logger, t_start);
   return sum;
 }

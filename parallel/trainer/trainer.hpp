@@ -93,6 +93,11 @@ class Trainer {
   // Fills micro-batch a's (B, T) inputs and targets of the step starting at first_sample.
   void fetch_micro_batch(int64_t first_sample, int64_t a, int32_t* in, int32_t* tg);
   void trace_pipeline_step();  // ADGT_PIPELINE_TRACE
+  // log.trace (docs/trace.md): recording starts at the first traced step
+  // (collective: a world barrier) and ends after the last one's boundary,
+  // when every rank's events are gathered into <log.dir>/trace.json.
+  void trace_begin();
+  void trace_end();
   // Mean loss over the first windows of one validation shard (validation.cpp).
   double evaluate_shard(const TokenShard& shard);
   // Writes this step's checkpoint (checkpoint.async: copies the state to host
@@ -169,6 +174,10 @@ class Trainer {
   // With a device backend: the groups, wrapped so device tensors are staged
   // or go to NCCL (parallel/comm/device_comm.hpp). Outlive the engine.
   std::vector<std::unique_ptr<Comm>> device_comms_;
+  // log.trace: the steps traced, and the groups wrapped in TracedComms
+  // (every layout's: an engine of an earlier layout may outlive its wiring).
+  std::optional<std::pair<int64_t, int64_t>> trace_steps_;
+  std::vector<std::unique_ptr<Comm>> traced_comms_;
   std::unique_ptr<Engine> engine_;
   std::vector<std::unique_ptr<Controller>> controllers_;
   std::vector<ControllerFactory> factories_;  // add_controller_factory
