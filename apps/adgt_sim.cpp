@@ -14,6 +14,7 @@
 
 #include "core/config.hpp"
 #include "core/layout.hpp"
+#include "core/trace.hpp"
 #include "kernels/backend.hpp"
 #include "parallel/cluster/cluster.hpp"
 #include "parallel/pipeline/instruction.hpp"
@@ -58,6 +59,7 @@ void print_result(const adgt::RunConfig& cfg, const adgt::cluster::Cluster& cl,
 // The command line.
 struct Cli {
   std::string config_path, cluster_name = "dgx-h100", costs_mode = "auto", profile_cache, slow;
+  std::string trace_path;  // --trace
   std::vector<std::string> overrides;
   int64_t gpus = 0, host_cores = 0, top = 10, cold_mib = 16;
   bool json = false, sweep = false, sweep_all = false, dropout = false, no_calibrate = false;
@@ -118,6 +120,41 @@ adgt::sim::SimOptions sim_options(const Cli& cli, const adgt::RunConfig& cfg, co
   return opts;
 }
 
+// --trace FILE: the simulated step as a Chrome trace in the format of
+// adgt-train's log.trace (docs/trace.md), one track per simulated unit (a tp
+// group: its first rank's track, named by its coordinates), each task's span
+// named as the run's trace names it, and a "step 1" span per unit.
+void write_sim_trace(const std::string& path, const adgt::RunConfig& cfg, const adgt::cluster::Cluster& cl,
+                     const adgt::sim::SimTrace& trace, const adgt::sim::SimResult& r) {
+  const adgt::Layout lay = adgt::layout_of(cfg);
+  std::vector<std::string> parts;
+  for (const auto& u : trace.units) {
+    std::vector<adgt::trace::Event> ev;
+    double end = 0;
+    for (const auto& sp : u.spans) {
+      ev.push_back({sp.name, sp.cat, adgt::trace::kMainTrack, sp.start, sp.end, ""});
+      end = std::max(end, sp.end);
+    }
+    ev.insert(ev.begin(), adgt::trace::Event{"step 1", "step", adgt::trace::kMainTrack, 0.0, end, ""});
+    const std::string name =
+        adgt::trace::rank_name(u.world_rank, lay, adgt::coords_of(lay, u.world_rank)) +
+        (u.ranks.size() > 1 ? " [tp group of " + std::to_string(u.ranks.size()) + "]" : "");
+    parts.push_back(adgt::trace::chrome_events(u.world_rank, name, u.world_rank, ev,
+                                               {{adgt::trace::kMainTrack, "step (simulated)"}}));
+  }
+  const nlohmann::json about = {{"config", cfg.source},
+                                {"simulated", true},
+                                {"cluster", cl.name},
+                                {"layout", adgt::sim::describe_layout(cfg)},
+                                {"step_time_s", r.step_time_s},
+                                {"units_simulated", r.units_simulated}};
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) throw std::runtime_error("--trace: cannot write " + path);
+  const std::string text = adgt::trace::chrome_trace(parts, about.dump());
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok) throw std::runtime_error("--trace: writing " + path + " failed");
+}
+
 // One step of the run's own layout: a table, or one JSON object.
 void simulate_one(const Cli& cli, const adgt::RunConfig& cfg, const adgt::cluster::Cluster& cl,
                   adgt::sim::OpCosts& costs, const adgt::sim::SimOptions& opts, int64_t world) {
@@ -125,8 +162,11 @@ void simulate_one(const Cli& cli, const adgt::RunConfig& cfg, const adgt::cluste
     throw adgt::ConfigError("--gpus " + std::to_string(cli.gpus) + " but the run's layout has tp*pp*dp = " +
                             std::to_string(world) + "; set parallel.* or use --sweep");
   const auto t0 = std::chrono::steady_clock::now();
-  const adgt::sim::SimResult r = adgt::sim::simulate_step(cfg, cl, costs, opts);
+  adgt::sim::SimTrace trace;
+  const adgt::sim::SimResult r =
+      adgt::sim::simulate_step(cfg, cl, costs, opts, cli.trace_path.empty() ? nullptr : &trace);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!cli.trace_path.empty()) write_sim_trace(cli.trace_path, cfg, cl, trace, r);
   if (cli.json) {
     auto j = nlohmann::json::parse(adgt::sim::to_json(r));
     j["layout"] = adgt::sim::describe_layout(cfg);
@@ -242,6 +282,9 @@ int main(int argc, char** argv) {
                  "MoE load model: expert e gets a share (e+1)^-S of the routed tokens (0: uniform)")
       ->capture_default_str();
   app.add_flag("--json", cli.json, "print one JSON object (an array with --sweep)");
+  app.add_option("--trace", cli.trace_path,
+                 "write the simulated step as a Chrome trace (Perfetto, chrome://tracing) in the "
+                 "format of adgt-train's log.trace (docs/trace.md)");
   app.add_flag("--sweep", cli.sweep,
                "rank every feasible layout for --gpus (keys given with --set are held)");
   app.add_flag("--all", cli.sweep_all,

@@ -54,6 +54,14 @@ Span::~Span() {
   if (on_) recorder().span(std::move(name_), cat_, t0_, recorder().now(), track_, std::move(args_));
 }
 
+std::string rank_name(int world_rank, const Layout& lay, const RankCoords& c) {
+  std::string s = "rank " + std::to_string(world_rank) + " (tp " + std::to_string(c.tp);
+  if (lay.cp > 1) s += ", cp " + std::to_string(c.cp);
+  s += ", pp " + std::to_string(c.pp) + ", dp " + std::to_string(c.dp);
+  if (lay.ep > 1) s += ", ep " + std::to_string(c.ep);
+  return s + ")";
+}
+
 namespace {
 // Microseconds, the unit of Chrome trace timestamps, to the nanosecond.
 double us(double s) { return std::round(s * 1e9) / 1e3; }

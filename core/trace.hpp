@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/layout.hpp"
+
 namespace adgt::trace {
 
 // Tracks of a rank (Chrome trace "threads"): what the training thread does,
@@ -78,6 +80,9 @@ class Span {
   int track_ = kMainTrack;
   double t0_ = 0;
 };
+
+// The name of a rank's track: "rank 5 (tp 1, pp 2, dp 0)" (cp and ep where > 1).
+std::string rank_name(int world_rank, const Layout& lay, const RankCoords& c);
 
 // One rank's part of a Chrome trace: its process (pid = world rank) and
 // track names, then its events, as the comma-separated JSON objects of the

@@ -354,7 +354,7 @@ double Engine::run_pipeline_step(const MicroBatchFetch& whole) {
     loss[0] = pipe_->run_step(fetch, 1.0 / double(A * D), hooks);
   }
   {
-    trace::Span s("ReduceGrads (rest)", "pipeline");
+    trace::Span s("remaining grad reductions", "pipeline");
     for (int c = 0; c < model_->num_chunks(); ++c)  // a schedule without ReduceGrads
       if (!reduced[size_t(c)]) grads_final(c, false);
   }

@@ -11,14 +11,6 @@
 
 namespace adgt {
 
-std::string trace_process_name(int world_rank, const Layout& lay, const RankCoords& c) {
-  std::string s = "rank " + std::to_string(world_rank) + " (tp " + std::to_string(c.tp);
-  if (lay.cp > 1) s += ", cp " + std::to_string(c.cp);
-  s += ", pp " + std::to_string(c.pp) + ", dp " + std::to_string(c.dp);
-  if (lay.ep > 1) s += ", ep " + std::to_string(c.ep);
-  return s + ")";
-}
-
 namespace {
 // A string as I32 words (the transports move tensors of I32/F32/F64): the
 // byte count first, then the bytes, zero-padded to a whole word.
@@ -35,7 +27,7 @@ void write_trace_file(Comm& world, int world_rank, const Layout& lay, const Rank
   trace::Recorder& rec = trace::recorder();
   rec.stop();
   const std::string mine =
-      trace::chrome_events(world_rank, trace_process_name(world_rank, lay, coords), world_rank, rec.take(),
+      trace::chrome_events(world_rank, trace::rank_name(world_rank, lay, coords), world_rank, rec.take(),
                            {{trace::kMainTrack, "step"}, {trace::kCommTrack, "collectives"}});
   // Rank r's part to rank 0: its length in words, then the words.
   const int n = world.size(), me = world.rank();

@@ -18,7 +18,4 @@ namespace adgt {
 void write_trace_file(Comm& world, int world_rank, const Layout& lay, const RankCoords& coords,
                       const std::string& path, const std::string& about);
 
-// The name of a rank's track: "rank 5 (tp 1, pp 2, dp 0)" (cp and ep where > 1).
-std::string trace_process_name(int world_rank, const Layout& lay, const RankCoords& c);
-
 }  // namespace adgt

@@ -23,7 +23,8 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-enum class TaskKind : uint8_t { Compute, Delay, Send, Recv, StartBuckets, WaitBuckets, Sync };
+// Mark: no work, completes at once (a traced instruction without tasks: WaitSends).
+enum class TaskKind : uint8_t { Compute, Delay, Send, Recv, StartBuckets, WaitBuckets, Sync, Mark };
 enum class Cat : uint8_t { Pipeline, Optimizer, Tp, Ep, Cp, Step, Dp };
 
 struct Task {
@@ -38,6 +39,7 @@ struct Task {
   bool last_mb = false;    // Compute: part of the step's last micro-batch (pp == 1)
   int sync_id = -1;        // Sync: which step collective
   Group sync_group = Group::world;  // Sync: its group (members wait for each other)
+  int label = -1;          // its span's name in StepSimulation::labels_ (SimTrace), -1: none
 };
 
 struct Unit {
@@ -59,6 +61,7 @@ struct Unit {
   std::vector<double> bucket_request_t;
   std::vector<int64_t> layers_done;
   double channel_free = 0;
+  std::vector<double> ends;  // with a trace: each completed task's end, in order
 };
 
 int64_t message_key(int type, int64_t mb, int64_t stage, int64_t dp) {
@@ -70,8 +73,9 @@ int64_t message_key(int type, int64_t mb, int64_t stage, int64_t dp) {
 // schedule and the work, and the event loop that runs them.
 class StepSimulation {
  public:
-  StepSimulation(const RunConfig& cfg, const cluster::Cluster& cl, OpCosts& costs, const SimOptions& opts)
-      : cfg_(cfg), cl_(cl), costs_(costs), opts_(opts), lay_(layout_of(cfg)) {
+  StepSimulation(const RunConfig& cfg, const cluster::Cluster& cl, OpCosts& costs, const SimOptions& opts,
+                 SimTrace* trace)
+      : cfg_(cfg), cl_(cl), costs_(costs), opts_(opts), lay_(layout_of(cfg)), trace_(trace) {
     world_ = lay_.world();
     if (world_ > cl.world())
       throw std::invalid_argument("simulate: the layout needs " + std::to_string(world_) +
@@ -111,6 +115,7 @@ class StepSimulation {
     }
     for (Unit& u : units_)
       if (u.end == 0) u.end = now_;
+    if (trace_) fill_trace();
     return result();
   }
 
@@ -268,8 +273,58 @@ class StepSimulation {
     }
   }
 
-  // One pipeline instruction of unit u's rank as tasks.
+  // The trace's name for tasks [from, end) of u: a label (with its category).
+  void label_tasks(Unit& u, size_t from, const std::string& name, const char* cat) {
+    if (!trace_) return;
+    auto it = label_of_.find(name);
+    if (it == label_of_.end()) {
+      it = label_of_.emplace(name, int(labels_.size())).first;
+      labels_.push_back({name, cat});
+    }
+    for (size_t k = from; k < u.tasks.size(); ++k) u.tasks[k].label = it->second;
+  }
+  // A task completed now (with a trace: its end noted).
+  void complete(Unit& u, double at) {
+    if (trace_) u.ends.push_back(at);
+    u.started = false;
+    ++u.pc;
+    ++events_;
+  }
+  // Each unit's completed tasks as spans: consecutive tasks of one label are
+  // one span, from the end of the task before the first to the last's end.
+  void fill_trace() {
+    for (const Unit& u : units_) {
+      SimTrace::UnitTimeline tl;
+      tl.world_rank = u.ranks[0];
+      tl.pp = u.pp;
+      tl.dp = u.dp;
+      tl.ranks = u.ranks;
+      double prev = 0;
+      for (size_t k = 0; k < u.ends.size(); ++k) {
+        const int l = u.tasks[k].label;
+        if (l >= 0) {
+          const bool extend = !tl.spans.empty() && k > 0 && u.tasks[k - 1].label == l;
+          if (extend)
+            tl.spans.back().end = u.ends[k];
+          else
+            tl.spans.push_back({labels_[size_t(l)].first, labels_[size_t(l)].second, prev, u.ends[k]});
+        }
+        prev = u.ends[k];
+      }
+      trace_->units.push_back(std::move(tl));
+    }
+  }
+
+  // One pipeline instruction of unit u's rank as tasks, named for the trace.
   void add_instruction(Unit& u, const RankWork& rw, const pp::Instr& in) {
+    const size_t from = u.tasks.size();
+    add_instruction_tasks(u, rw, in);
+    label_tasks(u, from, pp::to_string(in),
+                pp::is_compute(in.op)                              ? "compute"
+                : pp::is_recv(in.op) || in.op == pp::Op::WaitSends ? "wait"
+                                                                   : "pipeline");
+  }
+  void add_instruction_tasks(Unit& u, const RankWork& rw, const pp::Instr& in) {
     const int s = in.chunk >= 0 ? sched_.stage(u.pp, in.chunk) : -1;
     const StageWork* st = in.chunk >= 0 ? &rw.chunks[size_t(in.chunk)] : nullptr;
     switch (in.op) {
@@ -301,7 +356,9 @@ class StepSimulation {
         if (cfg_.parallel.overlap) u.tasks.push_back(t);
         break;
       }
-      case pp::Op::WaitSends: break;
+      case pp::Op::WaitSends:  // the sends' time is the receivers'; on the trace as an instant span
+        if (trace_) u.tasks.push_back(Task{TaskKind::Mark});
+        break;
     }
   }
 
@@ -315,6 +372,8 @@ class StepSimulation {
       t.sync_id = int(i);
       t.sync_group = c.group;
       u.tasks.push_back(t);
+      label_tasks(u, u.tasks.size() - 1,
+                  std::string(cluster::collective_name(c.kind)) + " " + group_name(c.group), "comm");
     }
   }
 
@@ -323,10 +382,14 @@ class StepSimulation {
   // the collectives around it.
   void add_tasks(Unit& u) {
     const RankWork& rw = work_[size_t(u.pp)];
-    if (P_ == 1) {
+    if (P_ == 1) {  // named as the trainer's trace names an unpipelined step's micro-batches
       for (int64_t mb = 0; mb < m_; ++mb) {
+        size_t from = u.tasks.size();
         add_pass(u, rw.chunks[0].forward, false);
+        label_tasks(u, from, pp::to_string(pp::Instr{pp::Op::Forward, int(mb), 0}), "compute");
+        from = u.tasks.size();
         add_pass(u, rw.chunks[0].backward, mb == m_ - 1 && cfg_.parallel.overlap);
+        label_tasks(u, from, pp::to_string(pp::Instr{pp::Op::Backward, int(mb), 0}), "compute");
       }
     } else {
       for (const pp::Instr& in : sched_.ranks[size_t(u.pp)]) add_instruction(u, rw, in);
@@ -336,11 +399,13 @@ class StepSimulation {
     sb.chunk = -1;
     u.tasks.push_back(sb);
     u.tasks.push_back(Task{TaskKind::WaitBuckets});
+    label_tasks(u, u.tasks.size() - 1, "dp wait", "wait");
     add_step_comms(u, rw, CommOp::BeforeUpdate);
     Task opt{TaskKind::Compute};
     opt.cat = Cat::Optimizer;
     opt.amount = ops_time(rw.optimizer);
     u.tasks.push_back(opt);
+    label_tasks(u, u.tasks.size() - 1, "optimizer", "optimizer");
     add_step_comms(u, rw, CommOp::AfterUpdate);
     {
       std::vector<Task> start;
@@ -431,6 +496,7 @@ class StepSimulation {
   // a compute or delay.
   bool step_task(Unit& u, Task& t) {
     switch (t.kind) {
+      case TaskKind::Mark: return true;
       case TaskKind::Compute:
       case TaskKind::Delay:
         if (!u.started) {
@@ -511,9 +577,7 @@ class StepSimulation {
       for (Unit& u : units_) {
         while (u.pc < u.tasks.size()) {
           if (!step_task(u, u.tasks[u.pc])) break;
-          u.started = false;
-          ++u.pc;
-          ++events_;
+          complete(u, now_);
           moved = true;
         }
       }
@@ -598,9 +662,7 @@ class StepSimulation {
                 if (!u.bucket_ready[b] && bucket_is_ready(u, b)) u.bucket_ready[b] = 1;
             }
           }
-          u.started = false;
-          ++u.pc;
-          ++events_;
+          complete(u, next);
           if (t.last_mb && P_ == 1) {
             now_ = next;
             request(u, -4);
@@ -608,9 +670,7 @@ class StepSimulation {
         }
       } else if (t.kind == TaskKind::Delay && u.until <= next) {
         (t.cat == Cat::Ep ? u.ep : t.cat == Cat::Cp ? u.cp : t.cat == Cat::Dp ? u.dp_wait : u.tp) += t.amount;
-        u.started = false;
-        ++u.pc;
-        ++events_;
+        complete(u, next);
       }
     }
   }
@@ -678,13 +738,16 @@ class StepSimulation {
   double cores_of_pool_ = 0;
   double now_ = 0;
   int64_t events_ = 0;
+  SimTrace* trace_ = nullptr;
+  std::vector<std::pair<std::string, const char*>> labels_;  // a task label's name and category
+  std::map<std::string, int> label_of_;
 };
 
 }  // namespace
 
 SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCosts& costs,
-                        const SimOptions& opts) {
-  return StepSimulation(cfg, cl, costs, opts).run();
+                        const SimOptions& opts, SimTrace* trace) {
+  return StepSimulation(cfg, cl, costs, opts, trace).run();
 }
 
 std::string to_json(const SimResult& r) {

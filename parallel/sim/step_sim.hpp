@@ -19,6 +19,7 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/config.hpp"
 #include "parallel/cluster/cluster.hpp"
@@ -74,11 +75,32 @@ struct SimResult {
   int64_t events = 0;
 };
 
+// The simulated step as a timeline (adgt-sim --trace; docs/trace.md): per
+// simulated unit (a tp group of one pipeline rank and replica), its tasks
+// grouped under the names the run's trace gives them — each pipeline
+// instruction as pp::to_string prints it ("Forward(mb 0, chunk 0)", also for
+// an unpipelined step's micro-batches), "dp wait", the step's collectives
+// ("all_reduce dp"), "optimizer" — each span from the end of the task before
+// it to the end of its last task, seconds from the step's start.
+struct SimTrace {
+  struct Span {
+    std::string name, cat;  // cat: compute, wait, pipeline, comm, optimizer (the run's categories)
+    double start = 0, end = 0;
+  };
+  struct UnitTimeline {
+    int world_rank = 0;  // the unit's first rank (tp 0)
+    int pp = 0, dp = 0;  // the unit's pipeline rank and replica (dp x cp, cp fastest)
+    std::vector<int> ranks;  // its tp group's world ranks
+    std::vector<Span> spans;
+  };
+  std::vector<UnitTimeline> units;
+};
+
 // Simulates one step of the validated `cfg` (its layout in parallel.*) on
 // `cl`, whose devices must be at least tp*pp*dp (std::invalid_argument
-// otherwise, naming both).
+// otherwise, naming both). trace: filled with the step's timeline.
 SimResult simulate_step(const RunConfig& cfg, const cluster::Cluster& cl, OpCosts& costs,
-                        const SimOptions& opts = {});
+                        const SimOptions& opts = {}, SimTrace* trace = nullptr);
 
 // One JSON object: step_time_s, tokens_per_s, tflops_per_gpu, mfu, bubble,
 // exposed_comm_s (and per group), memory_gib_max, ...
