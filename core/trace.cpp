@@ -42,16 +42,20 @@ Recorder& recorder() {
   return r;
 }
 
-Span::Span(std::string_view name, std::string_view cat, int track) : on_(recorder().on()) {
-  if (!on_) return;
+Span::Span(std::string_view name, std::string_view cat, int track)
+    : on_(recorder().on()), ranges_(recorder().ranges()) {
+  if (!on_ && !ranges_) return;
   name_ = name;
+  if (ranges_) ranges_->range_push(name_.c_str());
+  if (!on_) return;
   cat_ = cat;
   track_ = track;
   t0_ = recorder().now();
 }
 
 Span::~Span() {
-  if (on_) recorder().span(std::move(name_), cat_, t0_, recorder().now(), track_, std::move(args_));
+  if (on_) recorder().span(name_, cat_, t0_, recorder().now(), track_, std::move(args_));
+  if (ranges_) ranges_->range_pop();
 }
 
 std::string rank_name(int world_rank, const Layout& lay, const RankCoords& c) {

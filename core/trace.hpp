@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/layout.hpp"
+#include "kernels/backend.hpp"
 
 namespace adgt::trace {
 
@@ -52,8 +53,13 @@ class Recorder {
   void instant(std::string name, std::string_view cat, std::string args = {}, int track = kMainTrack);
   // The events recorded so far, in the order recorded; the recorder keeps none.
   std::vector<Event> take();
+  // A backend whose named ranges (Backend::range_push/pop: NVTX on CUDA)
+  // every Span also opens and closes, recording or not; nullptr: none.
+  void set_ranges(Backend* be) { ranges_.store(be, std::memory_order_relaxed); }
+  Backend* ranges() const { return ranges_.load(std::memory_order_relaxed); }
 
  private:
+  std::atomic<Backend*> ranges_{nullptr};
   std::atomic<bool> on_{false};
   std::function<double()> clock_;
   double origin_ = 0;
@@ -64,8 +70,9 @@ class Recorder {
 // The process's recorder.
 Recorder& recorder();
 
-// A span from its construction to its destruction on the recorder's clock;
-// nothing (no clock read) while recording is off.
+// A span from its construction to its destruction on the recorder's clock
+// (and a profiler range of the same name where the recorder has a backend
+// with ranges); nothing (no clock read) while recording is off.
 class Span {
  public:
   Span(std::string_view name, std::string_view cat, int track = kMainTrack);
@@ -76,6 +83,7 @@ class Span {
 
  private:
   bool on_ = false;
+  Backend* ranges_ = nullptr;
   std::string name_, cat_, args_;
   int track_ = kMainTrack;
   double t0_ = 0;

@@ -119,6 +119,12 @@ class Backend {
   virtual int64_t memory_capacity_bytes() const { return -1; }
   // Waits for queued work; throws a failure a noexcept path deferred.
   virtual void synchronize() { throw_deferred_error(); }
+  // A named range on a profiler's timeline (CUDA: NVTX, which Nsight Systems
+  // shows; log.trace's spans carry the same names, core/trace.hpp), pushed
+  // and popped in nested order on the calling thread. Default: nothing.
+  virtual bool has_ranges() const { return false; }
+  virtual void range_push(const char* name) { (void)name; }
+  virtual void range_pop() {}
   // Dense matmul peak in TFLOP/s for MFU: measured (CPU: an sgemm timing) or
   // the device's rated figure. Non-positive when unknown.
   virtual double peak_tflops() = 0;

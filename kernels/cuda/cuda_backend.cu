@@ -6,6 +6,8 @@
 #include <chrono>
 #include <vector>
 
+#include <nvtx3/nvToolsExt.h>
+
 #include "kernels/common/bf16.hpp"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/pointwise_kernels.cuh"
@@ -85,6 +87,9 @@ CudaBackend::~CudaBackend() {
   if (cublas_) (void)ADGT_CUBLAS(cublasDestroy)(cublas_);
   if (stream_) (void)cudaStreamDestroy(stream_);
 }
+
+void CudaBackend::range_push(const char* name) { nvtxRangePushA(name); }
+void CudaBackend::range_pop() { nvtxRangePop(); }
 
 std::string CudaBackend::name() const {
   return "cuda (" + device_name_ + ", sm_" + std::to_string(sm_major_) +

@@ -33,6 +33,11 @@ class CudaBackend final : public Backend {
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   std::string name() const override;  // "cuda (NVIDIA H200, sm_90)"
+  // NVTX ranges (the CUDA toolkit's header-only nvtx3: no library to link;
+  // without a profiler attached each call returns at once).
+  bool has_ranges() const override { return true; }
+  void range_push(const char* name) override;
+  void range_pop() override;
   bool is_host() const override { return false; }
   bool is_device_pointer(const void* p) const override;  // cudaPointerGetAttributes
   int64_t peak_allocated_bytes() const override { return int64_t(peak_bytes_); }

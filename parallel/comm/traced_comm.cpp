@@ -16,10 +16,18 @@ namespace {
 template <class Call>
 void traced(const Comm& c, const char* what, size_t bytes, int peer, Call&& call) {
   trace::Recorder& r = trace::recorder();
-  if (!r.on() || c.size() == 1) return call();
+  Backend* ranges = r.ranges();
+  if ((!r.on() && !ranges) || c.size() == 1) return call();
+  if (!r.on()) {  // a profiler's range only (NVTX)
+    ranges->range_push((std::string(what) + " " + c.name()).c_str());
+    call();
+    return ranges->range_pop();
+  }
+  if (ranges) ranges->range_push((std::string(what) + " " + c.name()).c_str());
   const double t0 = r.now();
   call();
   const double t1 = r.now();
+  if (ranges) ranges->range_pop();
   std::string args = "{\"bytes\": " + std::to_string(bytes) + ", \"group_size\": " + std::to_string(c.size());
   if (peer >= 0) args += ", \"peer\": " + std::to_string(peer);
   r.span(std::string(what) + " " + c.name(), "comm", t0, t1, trace::kCommTrack, args + "}");

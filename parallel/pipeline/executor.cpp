@@ -256,6 +256,7 @@ struct PipelineExecutor::StepRun {
   // the non-compute ones.
   bool tracing = false, host_spans = false;
   double trace0 = 0;
+  Backend* ranges = nullptr;  // the recorder's profiler ranges (NVTX), nullptr: none
 };
 
 double PipelineExecutor::clock_now(const StepRun& st) const {
@@ -484,6 +485,7 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
   st.tracing = trace::recorder().on();
   st.trace0 = st.tracing ? trace::recorder().now() : 0.0;
   st.host_spans = st.tracing && (be_.is_host() || st.vclock);
+  st.ranges = trace::recorder().ranges();
   model_.defer_losses(true);  // the head's losses are read once, after the step
   std::vector<Comm*> moving{&comm_};
   moving.insert(moving.end(), progress_comms_.begin(), progress_comms_.end());
@@ -525,6 +527,10 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
     const pp::Instr& in = list[i];
     const bool span_here = st.host_spans || (st.tracing && !pp::is_compute(in.op));
     const double t_in = st.host_spans ? t_prev : span_here ? trace::recorder().now() : 0.0;
+    // A profiler's range of the same name (NVTX on CUDA: the kernels the
+    // instruction launches fall under it in Nsight Systems).
+    const std::string name = span_here || st.ranges ? pp::to_string(in) : std::string();
+    if (st.ranges) st.ranges->range_push(name.c_str());
     for (Comm* pc : progress_comms_) pc->progress();
     const int stage = in.chunk >= 0 ? sched_.stage(rank_, in.chunk) : -1;
     switch (in.op) {
@@ -544,10 +550,11 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
         for (SendBuf& s : sends_) s.id = -1;
         break;
     }
+    if (st.ranges) st.ranges->range_pop();
     if (span_here) {
       const double t_out = trace::recorder().now();
       t_prev = t_out;
-      trace::recorder().span(pp::to_string(in),
+      trace::recorder().span(name,
                              pp::is_compute(in.op)                                 ? "compute"
                              : pp::is_recv(in.op) || in.op == pp::Op::WaitSends ? "wait"
                                                                                   : "pipeline",

@@ -160,6 +160,11 @@ Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx, std::optional<Device
   else
     dev_.device = cfg.train.device;
   backend_ = make_backend(dev_.device, dev_.cuda_device);
+  // Profiler ranges (NVTX on CUDA) named as the trace's spans: with log.trace,
+  // or ADGT_NVTX=1 for an Nsight Systems run without a trace (docs/trace.md).
+  if (const char* nvtx = std::getenv("ADGT_NVTX");
+      backend_->has_ranges() && (!cfg.log.trace.empty() || (nvtx && std::string(nvtx) == "1")))
+    trace::recorder().set_ranges(backend_.get());
   if (cfg.train.flush_denormals && backend_->name().rfind("cuda", 0) != 0)
     flush_denormals_ = std::make_unique<cpu::FlushDenormals>();
   // train.attention: the CUDA backend's bf16 kernel (auto decides per shape on
@@ -229,7 +234,8 @@ void Trainer::wire(ParallelContext ctx, bool init) {
     emulated_comms_ = emulate::wrap_emulated_groups(ctx, *emulation_);
   }
   if (!backend_->is_host()) device_comms_ = wrap_device_groups(ctx, *backend_, dev_.nccl());
-  if (trace_steps_)  // outermost: the calls the engine makes (earlier layouts' wrappers kept)
+  // Outermost: the calls the engine makes (earlier layouts' wrappers kept).
+  if (trace_steps_ || trace::recorder().ranges())
     for (auto& c : wrap_traced_groups(ctx)) traced_comms_.push_back(std::move(c));
   engine_ = std::make_unique<Engine>(cfg, ctx, *backend_, init);
   world_rank_ = ctx.world_rank;
@@ -303,7 +309,9 @@ void Trainer::add_controller_factory(ControllerFactory f) {
   controllers_.push_back(factories_.back()(cfg_));
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  if (trace::recorder().ranges() == backend_.get()) trace::recorder().set_ranges(nullptr);  // goes with it
+}
 
 ParallelContext context_of(const ProcessGroups& pg) {
   ParallelContext ctx;
