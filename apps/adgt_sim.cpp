@@ -54,12 +54,22 @@ void print_result(const adgt::RunConfig& cfg, const adgt::cluster::Cluster& cl,
               r.optimizer_s);
   std::printf("memory:           %.2f GiB (largest rank, the --dry-run estimate)\n",
               r.memory_bytes_max / 1073741824.0);
+  const adgt::cluster::PowerModel& pw = cl.device.power;
+  if (r.energy_j > 0)
+    std::printf("energy:           %.4g J/token, %.4g W per device on average (%s; power cap %.0f W%s; "
+                "idle %.0f W; devices only, no links or hosts)\n",
+                r.energy_per_token_j, r.mean_power_w, pw.source.c_str(), pw.cap(),
+                pw.cap_w > 0 ? ", --power-cap" : ", the limit", pw.idle_w);
+  else
+    std::printf("energy:           not modelled (%s)\n",
+                pw.on() ? "measured op costs carry no energy" : "the cluster's device has no power model");
 }
 
 // The command line.
 struct Cli {
   std::string config_path, cluster_name = "dgx-h100", costs_mode = "auto", profile_cache, slow;
   std::string trace_path;  // --trace
+  double power_cap = 0;    // --power-cap W (0: none)
   std::vector<std::string> overrides;
   int64_t gpus = 0, host_cores = 0, top = 10, cold_mib = 16;
   bool json = false, sweep = false, sweep_all = false, dropout = false, no_calibrate = false;
@@ -209,13 +219,13 @@ void sweep(const Cli& cli, const adgt::RunConfig& cfg, const adgt::cluster::Clus
               long(sw.candidates), long(sw.rows.size()), long(sw.bounded),
               long(sw.rejected_rules), long(sw.rejected_memory),
               cl.device.memory_bytes / 1073741824.0, long(sw.rejected_fixed), took);
-  std::printf("%-4s %-58s %10s %8s %7s %8s %9s\n", "#", "layout", "step s", "MFU", "bubble",
-              "exp.comm", "mem GiB");
+  std::printf("%-4s %-58s %10s %8s %7s %8s %9s %8s\n", "#", "layout", "step s", "MFU", "bubble",
+              "exp.comm", "mem GiB", "J/token");
   for (size_t i = 0; i < sw.rows.size() && int64_t(i) < cli.top; ++i) {
     const auto& r = sw.rows[i].result;
-    std::printf("%-4zu %-58s %10.4g %7.1f%% %6.1f%% %8.3g %9.1f\n", i + 1, sw.rows[i].layout.c_str(),
+    std::printf("%-4zu %-58s %10.4g %7.1f%% %6.1f%% %8.3g %9.1f %8.4g\n", i + 1, sw.rows[i].layout.c_str(),
                 r.step_time_s, 100 * r.mfu, 100 * r.bubble, r.exposed_comm_s(),
-                r.memory_bytes_max / 1073741824.0);
+                r.memory_bytes_max / 1073741824.0, r.energy_per_token_j);
   }
 }
 
@@ -235,6 +245,15 @@ int run(Cli cli) {
   const int64_t world = adgt::layout_of(cfg).world();
   const int64_t want = cli.gpus > 0 ? cli.gpus : world;
   if (want != cl.world()) cl = adgt::cluster::with_gpus(cl, want);
+  if (cli.power_cap > 0) {  // every device capped (docs/cluster.md, "Power")
+    if (!cl.device.power.on())
+      throw adgt::ConfigError("--power-cap " + std::to_string(cli.power_cap) + ": cluster " + cl.name +
+                              "'s device has no power model (device.power in docs/cluster.md)");
+    if (cli.power_cap <= cl.device.power.idle_w)
+      throw adgt::ConfigError("--power-cap " + std::to_string(cli.power_cap) + " W is not above the device's idle " +
+                              std::to_string(cl.device.power.idle_w) + " W");
+    cl.device.power.cap_w = cli.power_cap;
+  }
   std::unique_ptr<adgt::Backend> be;
   const std::unique_ptr<adgt::sim::OpCosts> costs = make_costs(cli, cfg, cl, be);
   const adgt::sim::SimOptions opts = sim_options(cli, cfg, slow);
@@ -282,6 +301,10 @@ int main(int argc, char** argv) {
                  "MoE load model: expert e gets a share (e+1)^-S of the routed tokens (0: uniform)")
       ->capture_default_str();
   app.add_flag("--json", cli.json, "print one JSON object (an array with --sweep)");
+  app.add_option("--power-cap", cli.power_cap,
+                 "every device capped at this many watts: the power model's clock under the cap "
+                 "slows the compute-bound side of each op (docs/cluster.md, \"Power\"); energy per "
+                 "token in the result");
   app.add_option("--trace", cli.trace_path,
                  "write the simulated step as a Chrome trace (Perfetto, chrome://tracing) in the "
                  "format of adgt-train's log.trace (docs/trace.md)");

@@ -38,6 +38,9 @@ device:
   memory_efficiency: 0.8
   kernel_overhead_us: 4
   sustained_clock: 0.8
+  power: {idle_w: 55, limit_w: 400, pj_per_flop_bf16: 1.6, pj_per_flop_fp8: 0, pj_per_flop_fp32: 16,
+          pj_per_byte: 60, clock_exponent: 3,
+          source: "spec sheet (400 W TDP) and public estimates; not measured by adgt"}
 intra: {bandwidth_GBps: 300, latency_us: 3, efficiency: 0.78}
 inter: {bandwidth_GBps: 25, latency_us: 6, efficiency: 0.9}
 nics_per_node: 8
@@ -58,6 +61,9 @@ device:
   attention_half_gflops: 4
   memory_efficiency: 0.8
   kernel_overhead_us: 4
+  power: {idle_w: 75, limit_w: 700, pj_per_flop_bf16: 0.75, pj_per_flop_fp8: 0.40, pj_per_flop_fp32: 9,
+          pj_per_byte: 60, clock_exponent: 3,
+          source: "spec sheet (700 W TDP) and public estimates; not measured by adgt"}
 intra: {bandwidth_GBps: 450, latency_us: 3, efficiency: 0.8}
 inter: {bandwidth_GBps: 50, latency_us: 6, efficiency: 0.9}
 nics_per_node: 8
@@ -85,6 +91,9 @@ device:
   memory_efficiency: 0.8
   kernel_overhead_us: 4
   sustained_clock: 0.84
+  power: {idle_w: 75, limit_w: 700, pj_per_flop_bf16: 0.75, pj_per_flop_fp8: 0.40, pj_per_flop_fp32: 9,
+          pj_per_byte: 60, clock_exponent: 3,
+          source: "spec sheet (700 W TDP) and public estimates; not measured by adgt"}
 intra: {bandwidth_GBps: 450, latency_us: 3, efficiency: 0.8}
 inter: {bandwidth_GBps: 50, latency_us: 6, efficiency: 0.9}
 nics_per_node: 8
@@ -232,13 +241,40 @@ Link parse_link(const std::string& name, const YAML::Node& n, const std::string&
   return l;
 }
 
+PowerModel parse_power(const std::string& name, const YAML::Node& n) {
+  PowerModel p;
+  bool idle = false, limit = false;
+  for_keys(name, n, "device.power",
+           {"idle_w", "limit_w", "pj_per_flop_bf16", "pj_per_flop_fp8", "pj_per_flop_fp32", "pj_per_byte",
+            "clock_exponent", "source"},
+           [&](const std::string& k, const YAML::Node& v) {
+             const std::string key = "device.power." + k;
+             if (k == "idle_w") p.idle_w = non_negative(name, v, key), idle = true;
+             if (k == "limit_w") p.limit_w = positive(name, v, key), limit = true;
+             if (k == "pj_per_flop_bf16") p.pj_per_flop_bf16 = non_negative(name, v, key);
+             if (k == "pj_per_flop_fp8") p.pj_per_flop_fp8 = non_negative(name, v, key);
+             if (k == "pj_per_flop_fp32") p.pj_per_flop_fp32 = non_negative(name, v, key);
+             if (k == "pj_per_byte") p.pj_per_byte = non_negative(name, v, key);
+             if (k == "clock_exponent") p.clock_exponent = positive(name, v, key);
+             if (k == "source") {
+               if (!v.IsScalar()) fail(name, v, key + ": expected a string, got " + kind(v));
+               p.source = v.Scalar();
+             }
+           });
+  if (!idle || !limit) fail(name, n, "device.power: idle_w and limit_w are required");
+  if (p.idle_w >= p.limit_w)
+    fail(name, n, "device.power: idle_w (" + std::to_string(p.idle_w) + ") must be below limit_w (" +
+                      std::to_string(p.limit_w) + ")");
+  return p;
+}
+
 Device parse_device(const std::string& name, const YAML::Node& n) {
   Device d;
   std::map<std::string, bool> got;
   for_keys(name, n, "device",
            {"name", "peak_bf16_tflops", "peak_fp32_tflops", "peak_fp8_tflops", "memory_gib", "hbm_GBps",
             "gemm_efficiency", "gemm_half_gflops", "attention_efficiency",
-            "attention_half_gflops", "memory_efficiency", "kernel_overhead_us", "sustained_clock"},
+            "attention_half_gflops", "memory_efficiency", "kernel_overhead_us", "sustained_clock", "power"},
            [&](const std::string& k, const YAML::Node& v) {
              const std::string key = "device." + k;
              got[k] = true;
@@ -259,6 +295,7 @@ Device parse_device(const std::string& name, const YAML::Node& n) {
              if (k == "memory_efficiency") d.memory_efficiency = fraction(name, v, key);
              if (k == "kernel_overhead_us") d.kernel_overhead = non_negative(name, v, key) * 1e-6;
              if (k == "sustained_clock") d.sustained_clock = fraction(name, v, key);
+             if (k == "power") d.power = parse_power(name, v);
            });
   for (const char* req : {"peak_bf16_tflops", "peak_fp32_tflops", "memory_gib", "hbm_GBps"})
     if (!got[req]) fail(name, n, std::string("device.") + req + " is required");
@@ -448,7 +485,15 @@ std::string to_yaml(const Cluster& c) {
      << "\n  attention_half_gflops: " << num(d.attention_half_flops / 1e9)
      << "\n  memory_efficiency: " << num(d.memory_efficiency)
      << "\n  kernel_overhead_us: " << num(d.kernel_overhead * 1e6)
-     << "\n  sustained_clock: " << num(d.sustained_clock) << "\nintra: "
+     << "\n  sustained_clock: " << num(d.sustained_clock);
+  if (d.power.on())
+    os << "\n  power: {idle_w: " << num(d.power.idle_w) << ", limit_w: " << num(d.power.limit_w)
+       << ", pj_per_flop_bf16: " << num(d.power.pj_per_flop_bf16)
+       << ", pj_per_flop_fp8: " << num(d.power.pj_per_flop_fp8)
+       << ", pj_per_flop_fp32: " << num(d.power.pj_per_flop_fp32)
+       << ", pj_per_byte: " << num(d.power.pj_per_byte)
+       << ", clock_exponent: " << num(d.power.clock_exponent) << ", source: \"" << d.power.source << "\"}";
+  os << "\nintra: "
      << link_yaml(c.intra) << "\ninter: " << link_yaml(c.inter)
      << "\nnics_per_node: " << c.nics_per_node << "\n";
   if (!c.node_speed.empty()) {

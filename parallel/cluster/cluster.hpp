@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "parallel/cluster/power.hpp"
+
 namespace adgt::cluster {
 
 // One link class: the time to move b bytes is latency + b / (bandwidth * efficiency).
@@ -49,6 +51,7 @@ struct Device {
   // (power-limited parts throttle): scales the compute-bound side.
   double sustained_clock = 1.0;
   double kernel_overhead = 4e-6;   // seconds per kernel launch (or per CPU op)
+  PowerModel power;                // YAML: power: {...} (power.hpp); none: no energy, no cap
   bool operator==(const Device&) const = default;
 };
 

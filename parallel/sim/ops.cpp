@@ -98,7 +98,7 @@ double DeviceModelCosts::bytes_moved(const Op& op, int b) {
   return 0;
 }
 
-double DeviceModelCosts::seconds(const Op& op, int bytes) {
+std::pair<double, double> DeviceModelCosts::compute_and_memory(const Op& op, int bytes) const {
   const double peak =
       (op.fp8 && d_.peak_fp8_flops > 0 ? d_.peak_fp8_flops
        : bytes <= 2                    ? d_.peak_bf16_flops
@@ -115,7 +115,26 @@ double DeviceModelCosts::seconds(const Op& op, int bytes) {
     compute = f / (peak * emax * f / (f + half));
   }
   const double memory = bytes_moved(op, bytes) / (d_.hbm_bandwidth * d_.memory_efficiency);
-  return std::max(compute, memory) + d_.kernel_overhead;
+  return {compute, memory};
+}
+
+double DeviceModelCosts::clock(const Op& op, int bytes) const {
+  if (!d_.power.on() || d_.power.cap_w <= 0) return 1.0;
+  const auto [compute, memory] = compute_and_memory(op, bytes);
+  const double t = std::max(compute, memory) + d_.kernel_overhead;
+  const double e = cluster::dynamic_joules(d_.power, op.flops(), flop_bytes(op, bytes), bytes_moved(op, bytes));
+  return cluster::capped_clock(d_.power, e / t);
+}
+
+double DeviceModelCosts::seconds(const Op& op, int bytes) {
+  const auto [compute, memory] = compute_and_memory(op, bytes);
+  return std::max(compute / clock(op, bytes), memory) + d_.kernel_overhead;
+}
+
+double DeviceModelCosts::joules(const Op& op, int bytes) {
+  if (!d_.power.on()) return -1;
+  return cluster::dynamic_joules(d_.power, op.flops(), flop_bytes(op, bytes), bytes_moved(op, bytes),
+                                 clock(op, bytes));
 }
 
 }  // namespace adgt::sim

@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "parallel/cluster/cluster.hpp"
 
@@ -64,6 +65,13 @@ class OpCosts {
   // Seconds for one call of `op` on one device of nominal speed, in `bytes`
   // per element (4 f32, 2 bf16, 8 f64).
   virtual double seconds(const Op& op, int bytes) = 0;
+  // Dynamic energy of one call, joules (cluster/power.hpp; the device's idle
+  // power is the simulator's to add); < 0: not modelled (no power model, or
+  // measured costs).
+  virtual double joules(const Op& op, int bytes) {
+    (void)op, (void)bytes;
+    return -1;
+  }
   virtual std::string describe() const = 0;
 };
 
@@ -71,16 +79,24 @@ class OpCosts {
 // efficiency)) + kernel_overhead. eff(f) = E f / (f + f_half) with the
 // device's GEMM or attention curve; bf16 (or f32) peak by `bytes`, the FP8
 // peak (peak_fp8_tflops; the bf16 one where the device has none) for an
-// op.fp8 GEMM, whose operands are one byte.
+// op.fp8 GEMM, whose operands are one byte. Under a power cap
+// (device.power.cap_w > 0) the compute side runs at the capped clock
+// (cluster/power.hpp) the op's draw at the sustained clock leads to.
 class DeviceModelCosts final : public OpCosts {
  public:
   explicit DeviceModelCosts(cluster::Device d) : d_(std::move(d)) {}
   double seconds(const Op& op, int bytes) override;
+  double joules(const Op& op, int bytes) override;
+  // The clock the op runs at under the cap (1: none, or it fits).
+  double clock(const Op& op, int bytes) const;
   std::string describe() const override { return "device model (" + d_.name + ")"; }
   // Bytes an op reads and writes (the memory-bound side of the roofline).
   static double bytes_moved(const Op& op, int bytes);
 
  private:
+  // The roofline's two sides at the sustained clock, seconds (no overhead).
+  std::pair<double, double> compute_and_memory(const Op& op, int bytes) const;
+  int flop_bytes(const Op& op, int bytes) const { return op.fp8 ? 1 : bytes; }
   cluster::Device d_;
 };
 

@@ -40,6 +40,7 @@ struct Task {
   int sync_id = -1;        // Sync: which step collective
   Group sync_group = Group::world;  // Sync: its group (members wait for each other)
   int label = -1;          // its span's name in StepSimulation::labels_ (SimTrace), -1: none
+  double joules = 0;       // Compute: the device's dynamic energy (OpCosts::joules)
 };
 
 struct Unit {
@@ -55,6 +56,7 @@ struct Unit {
   double remaining = 0, until = 0, since = 0;
   // Statistics.
   double compute = 0, optimizer = 0, tp = 0, ep = 0, cp = 0, pp_wait = 0, dp_wait = 0, step_wait = 0;
+  double joules = 0;  // dynamic energy of one of its devices' computes
   double pipeline_end = 0, end = 0;
   std::vector<char> bucket_ready;      // all of the bucket's layers final
   std::vector<char> bucket_requested;  // the executor reached its start
@@ -133,6 +135,19 @@ class StepSimulation {
     double t = 0;
     for (const Op& op : ops) t += op_time(op);
     return t;
+  }
+  // Dynamic energy of ops (memoised); an op the costs cannot price marks the
+  // step's energy unknown.
+  double ops_joules(const std::vector<Op>& ops) {
+    double j = 0;
+    for (const Op& op : ops) {
+      auto key = std::make_tuple(int(op.kind), op.a, op.b, op.c, op.d, op.e);
+      auto it = joule_memo_.find(key);
+      if (it == joule_memo_.end()) it = joule_memo_.emplace(key, costs_.joules(op, bytes_)).first;
+      if (it->second < 0) energy_known_ = false;
+      j += std::max(0.0, it->second);
+    }
+    return j;
   }
   int unit_index(int d, int p) const { return p * replicas_ + d; }
 
@@ -241,6 +256,7 @@ class StepSimulation {
         dp.cat = Cat::Dp;
         for (const Piece& pc : w.pieces) {
           c.amount += ops_time(pc.ops);
+          c.joules += ops_joules(pc.ops);
           for (const CommOp& cm : pc.comms) {
             const Cat k = comm_cat(cm.group);
             (k == Cat::Ep ? ep : k == Cat::Cp ? cp : k == Cat::Dp ? dp : tp).amount +=
@@ -260,6 +276,7 @@ class StepSimulation {
     for (const Piece& pc : w.pieces) {
       Task t{TaskKind::Compute};
       t.amount = ops_time(pc.ops);
+      t.joules = ops_joules(pc.ops);
       t.grads_done = pc.grads_done_layer;
       t.last_mb = last_mb;
       u.tasks.push_back(t);
@@ -404,6 +421,7 @@ class StepSimulation {
     Task opt{TaskKind::Compute};
     opt.cat = Cat::Optimizer;
     opt.amount = ops_time(rw.optimizer);
+    opt.joules = ops_joules(rw.optimizer);
     u.tasks.push_back(opt);
     label_tasks(u, u.tasks.size() - 1, "optimizer", "optimizer");
     add_step_comms(u, rw, CommOp::AfterUpdate);
@@ -655,6 +673,7 @@ class StepSimulation {
             now_ + dt >= next && u.remaining <= 1e-12) {
           const double took = next - u.since;
           (t.cat == Cat::Optimizer ? u.optimizer : u.compute) += took;
+          u.joules += t.joules;
           if (t.grads_done > -3) {
             u.layers_done.push_back(t.grads_done);
             if (t.last_mb) {
@@ -701,6 +720,17 @@ class StepSimulation {
     }
     const double tokens = double(cfg_.train.global_batch) * double(cfg_.model.seq_len);
     r.tokens_per_s = tokens / r.step_time_s;
+    // Energy (device.power): each device's idle power over the step plus the
+    // dynamic energy of its computes; a unit stands for its tp group's
+    // devices, and for the replicas not simulated. Links and hosts not counted.
+    if (energy_known_ && cl_.device.power.on()) {
+      double dyn = 0;
+      for (const Unit& u : units_) dyn += u.joules * double(u.ranks.size());
+      dyn *= double(lay_.dp * lay_.cp) / double(replicas_);
+      r.energy_j = dyn + cl_.device.power.idle_w * r.step_time_s * double(world_);
+      r.energy_per_token_j = r.energy_j / tokens;
+      r.mean_power_w = r.energy_j / (r.step_time_s * double(world_));
+    }
     r.tflops_per_gpu = mfu_flops_per_token(cfg_.model) * r.tokens_per_s / double(world_) / 1e12;
     const double peak = bytes_ <= 2 ? cl_.device.peak_bf16_flops : cl_.device.peak_fp32_flops;
     r.mfu = peak > 0 ? r.tflops_per_gpu * 1e12 / peak : 0;
@@ -739,6 +769,8 @@ class StepSimulation {
   double now_ = 0;
   int64_t events_ = 0;
   SimTrace* trace_ = nullptr;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>, double> joule_memo_;
+  bool energy_known_ = true;
   std::vector<std::pair<std::string, const char*>> labels_;  // a task label's name and category
   std::map<std::string, int> label_of_;
 };
@@ -769,6 +801,11 @@ std::string to_json(const SimResult& r) {
   j["microbatches"] = r.microbatches;
   j["units_simulated"] = r.units_simulated;
   j["events"] = r.events;
+  if (r.energy_j > 0) {
+    j["energy_j"] = r.energy_j;
+    j["energy_per_token_j"] = r.energy_per_token_j;
+    j["mean_power_w"] = r.mean_power_w;
+  }
   return j.dump();
 }
 

@@ -69,6 +69,10 @@ struct SimResult {
   // Of it: the model state (parameters, gradients, optimizer with master
   // weights) and ZeRO-2/3's working set (gathered units, unit gradients).
   double memory_state_bytes = 0, memory_zero_working_bytes = 0;
+  // Energy of the step over every device (device.power; 0: not modelled —
+  // no power model, or measured op costs): idle power over the step plus
+  // the computes' dynamic energy (interconnect and hosts not counted).
+  double energy_j = 0, energy_per_token_j = 0, mean_power_w = 0;
   int64_t world = 0;
   int64_t microbatches = 0;
   int64_t units_simulated = 0;

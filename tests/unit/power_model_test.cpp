@@ -1,0 +1,167 @@
+// The power model (parallel/cluster/power.hpp) and what the simulator makes
+// of it: the capped clock and the dynamic energy against their formulas
+// evaluated here, an op's capped time against its roofline recomputed by
+// hand, the step's energy against the per-op energies summed over the rank's
+// work (parallel/sim/work.hpp), the unsimulated replicas counted, and the
+// cluster file's errors.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "core/config.hpp"
+#include "parallel/cluster/cluster.hpp"
+#include "parallel/cluster/power.hpp"
+#include "parallel/sim/ops.hpp"
+#include "parallel/sim/step_sim.hpp"
+#include "parallel/sim/work.hpp"
+
+using namespace adgt;
+using namespace adgt::sim;
+using Catch::Matchers::Contains;
+
+namespace {
+
+RunConfig run(const std::vector<std::string>& sets) {
+  return load_config_text(R"(model: {vocab_size: 256, d_model: 256, n_layers: 4, n_heads: 8,
+         n_kv_heads: 4, ffn_hidden: 512, seq_len: 256}
+train: {micro_batch: 2, global_batch: 8, dtype: bf16}
+)",
+                          "power.yaml", sets);
+}
+
+// The dgx-h100 preset with its power model, `gpus` devices.
+cluster::Cluster h100(int64_t gpus, double cap = 0) {
+  cluster::Cluster c = cluster::with_gpus(cluster::load_cluster("dgx-h100"), gpus);
+  c.device.power.cap_w = cap;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("power: the capped clock and the dynamic energy are the model's formulas", "[sim][power]") {
+  cluster::PowerModel p;
+  p.idle_w = 75, p.limit_w = 700, p.pj_per_flop_bf16 = 0.75, p.pj_per_flop_fp8 = 0.4,
+  p.pj_per_flop_fp32 = 9, p.pj_per_byte = 60, p.clock_exponent = 3;
+  CHECK(cluster::capped_clock(p, 600) == 1.0);  // 75 + 600 fits 700
+  p.cap_w = 500;
+  CHECK(cluster::capped_clock(p, 400) == 1.0);
+  CHECK(cluster::capped_clock(p, 610) == Approx(std::cbrt(425.0 / 610.0)).epsilon(1e-14));
+  p.cap_w = 50;  // below idle: the slowest the model goes
+  CHECK(cluster::capped_clock(p, 610) == 1e-3);
+  cluster::PowerModel none;
+  CHECK(cluster::capped_clock(none, 1e9) == 1.0);
+  // 1 TFLOP of bf16 and 1 GB at clock 0.9: the FLOPs' energy x 0.9^2, HBM's unchanged.
+  CHECK(cluster::dynamic_joules(p, 1e12, 2, 1e9, 0.9) == Approx(0.75 * 0.81 + 0.06).epsilon(1e-14));
+  CHECK(cluster::dynamic_joules(p, 1e12, 1, 0, 1) == Approx(0.4).epsilon(1e-14));
+  CHECK(cluster::dynamic_joules(p, 1e12, 4, 0, 1) == Approx(9.0).epsilon(1e-14));
+}
+
+TEST_CASE("power: an op under a cap runs its compute side at the capped clock", "[sim][power]") {
+  const cluster::Device d = cluster::load_cluster("dgx-h100").device;
+  REQUIRE(d.power.on());
+  cluster::Device nopower = d;
+  nopower.power = {};
+  const Op gemm{OpKind::GemmForward, 8192, 8192, 8192};
+  const Op norm{OpKind::RmsNormForward, 16384, 8192};
+  DeviceModelCosts base(nopower), uncapped(d);
+  // No cap given: the preset's limit is what its sustained clock already
+  // holds (the big GEMM's draw fits 700 W), so times are the plain roofline's.
+  CHECK(uncapped.seconds(gemm, 2) == base.seconds(gemm, 2));
+  CHECK(uncapped.seconds(norm, 2) == base.seconds(norm, 2));
+  CHECK(base.joules(gemm, 2) < 0);  // no model: not priced
+  // At 400 W: the roofline recomputed here, the compute side / c.
+  cluster::Device capped_d = d;
+  capped_d.power.cap_w = 400;
+  DeviceModelCosts capped(capped_d);
+  const double f = gemm.flops(), bytes = DeviceModelCosts::bytes_moved(gemm, 2);
+  const double peak = d.peak_bf16_flops * d.sustained_clock;
+  const double compute = f / (peak * d.gemm_efficiency * f / (f + d.gemm_half_flops));
+  const double memory = bytes / (d.hbm_bandwidth * d.memory_efficiency);
+  const double t = std::max(compute, memory) + d.kernel_overhead;
+  const double dyn_w = (0.75e-12 * f + 60e-12 * bytes) / t;
+  const double c = std::cbrt((400.0 - 75.0) / dyn_w);
+  REQUIRE(c < 0.9);  // the cap binds
+  CHECK(capped.clock(gemm, 2) == Approx(c).epsilon(1e-12));
+  CHECK(capped.seconds(gemm, 2) ==
+        Approx(std::max(compute / c, memory) + d.kernel_overhead).epsilon(1e-12));
+  CHECK(capped.joules(gemm, 2) == Approx(0.75e-12 * f * c * c + 60e-12 * bytes).epsilon(1e-12));
+  // A memory-bound op draws little: its clock stays, its time too.
+  CHECK(capped.clock(norm, 2) == 1.0);
+  CHECK(capped.seconds(norm, 2) == base.seconds(norm, 2));
+}
+
+TEST_CASE("power: a step's energy is idle power over the step plus its ops' dynamic energy",
+          "[sim][power]") {
+  const RunConfig cfg = run({});
+  const cluster::Cluster cl = h100(1);
+  DeviceModelCosts costs(cl.device);
+  const SimResult r = simulate_step(cfg, cl, costs);
+  REQUIRE(r.energy_j > 0);
+  // By hand: the rank's forward and backward per micro-batch, and the update.
+  const RankWork w = rank_work(cfg, 0);
+  double dyn = 0;
+  auto add = [&](const std::vector<Op>& ops) {
+    for (const Op& op : ops) dyn += costs.joules(op, 2);
+  };
+  for (int64_t mb = 0; mb < cfg.accum_steps(); ++mb) {
+    for (const Piece& p : w.chunks[0].forward.pieces) add(p.ops);
+    for (const Piece& p : w.chunks[0].backward.pieces) add(p.ops);
+  }
+  add(w.optimizer);
+  CHECK(r.energy_j == Approx(dyn + 75.0 * r.step_time_s).epsilon(1e-9));
+  const double tokens = double(cfg.train.global_batch * cfg.model.seq_len);
+  CHECK(r.energy_per_token_j == Approx(r.energy_j / tokens).epsilon(1e-12));
+  CHECK(r.mean_power_w == Approx(r.energy_j / r.step_time_s).epsilon(1e-12));
+
+  // dp 4 with 4x the batch: the simulator runs one replica (all alike) and
+  // counts the other three; each device's compute energy is the single one's.
+  const RunConfig cfg4 = run({"parallel.dp=4", "train.global_batch=32"});
+  const cluster::Cluster cl4 = h100(4);
+  DeviceModelCosts costs4(cl4.device);
+  const SimResult r4 = simulate_step(cfg4, cl4, costs4);
+  REQUIRE(r4.units_simulated == 1);
+  CHECK(r4.energy_j - 4 * 75.0 * r4.step_time_s == Approx(4 * dyn).epsilon(1e-9));
+  // Simulating every replica gives the same energy.
+  SimOptions all;
+  all.all_replicas = true;
+  const SimResult r4all = simulate_step(cfg4, cl4, costs4, all);
+  CHECK(r4all.units_simulated == 4);
+  CHECK(r4all.energy_j == Approx(r4.energy_j).epsilon(1e-12));
+
+  // A cap below what this small model's GEMMs draw (the step averages ~97 W):
+  // a longer step at a lower mean power.
+  const cluster::Cluster capped = h100(1, 85);
+  DeviceModelCosts ccosts(capped.device);
+  const SimResult rc = simulate_step(cfg, capped, ccosts);
+  CHECK(rc.step_time_s > r.step_time_s);
+  CHECK(rc.mean_power_w < r.mean_power_w);
+}
+
+TEST_CASE("power: the cluster file's power block and its errors", "[sim][power]") {
+  const std::string base =
+      "nodes: 1\ndevices_per_node: 2\ndevice: {peak_bf16_tflops: 100, peak_fp32_tflops: 10, "
+      "memory_gib: 16, hbm_GBps: 1000";
+  const cluster::Cluster c = cluster::parse_cluster(
+      base + ", power: {idle_w: 50, limit_w: 300, pj_per_flop_bf16: 1.5, pj_per_byte: 40, "
+             "source: \"measured\"}}\nintra: {bandwidth_GBps: 100, latency_us: 1}\n",
+      "p.yaml");
+  CHECK(c.device.power.idle_w == 50);
+  CHECK(c.device.power.limit_w == 300);
+  CHECK(c.device.power.pj_per_flop_bf16 == 1.5);
+  CHECK(c.device.power.clock_exponent == 3);
+  CHECK(c.device.power.source == "measured");
+  // The YAML writer and the parser agree.
+  CHECK(cluster::parse_cluster(cluster::to_yaml(c), "round.yaml").device.power == c.device.power);
+  CHECK_THROWS_WITH(cluster::parse_cluster(base + ", power: {idle_w: 50}}\nintra: {bandwidth_GBps: 100, "
+                                                  "latency_us: 1}\n",
+                                           "p.yaml"),
+                    Contains("device.power: idle_w and limit_w are required"));
+  CHECK_THROWS_WITH(cluster::parse_cluster(base + ", power: {idle_w: 400, limit_w: 300}}\nintra: "
+                                                  "{bandwidth_GBps: 100, latency_us: 1}\n",
+                                           "p.yaml"),
+                    Contains("must be below limit_w"));
+  CHECK_THROWS_WITH(cluster::parse_cluster(base + ", power: {idle_w: 40, limit_w: 300, watts: 3}}\n"
+                                                  "intra: {bandwidth_GBps: 100, latency_us: 1}\n",
+                                           "p.yaml"),
+                    Contains("device.power.watts: unknown key"));
+}
