@@ -440,6 +440,11 @@ const std::vector<Key>& schema() {
           "between launcher ranks 1 and 2 (either way: the pipeline's activations and "
           "gradients) takes 4x the cluster model's time; collectives keep the cluster's links; "
           "needs emulate.cluster"),
+      key("emulate", &R::emulate, "power_cap_w", &EmulateConfig::power_cap_w, A::NonNegative,
+          "every emulated device capped at this many watts: each rank computes as much slower "
+          "as the cluster device's power model (device.power, docs/cluster.md) says the capped "
+          "device would at the run's micro-batch; its ranks report throttling "
+          "(docs/power.md); 0 = none; needs emulate.cluster"),
       key("emulate", &R::emulate, "clock", &EmulateConfig::clock, A::Choices,
           "the emulation's clock: wall = CLOCK_MONOTONIC, waits sleep; virtual = per rank its "
           "training thread's CPU time plus the emulated waits, nothing sleeps (ranks sharing "
@@ -1326,6 +1331,10 @@ void validate(const RunConfig& cfg_in) {
     throw ConfigError(src + ": emulate.slow_ranks=" + yaml_quote(e.slow_ranks) +
                       " needs emulate.cluster (the emulation it is part of); set "
                       "emulate.cluster=cpu-here for this machine's links");
+  if (e.power_cap_w > 0 && trim(e.cluster).empty())
+    throw ConfigError(src + ": emulate.power_cap_w=" + fmt_real(e.power_cap_w) +
+                      " needs emulate.cluster (a cluster whose device has a power model, "
+                      "docs/cluster.md); set emulate.cluster=dgx-h100 for example");
   if (e.clock != "wall" && trim(e.cluster).empty())
     throw ConfigError(src + ": emulate.clock=" + e.clock + " needs emulate.cluster (the emulation it "
                             "times); set emulate.cluster=cpu-here for this machine's links");

@@ -263,6 +263,10 @@ struct EmulateConfig {
   // host backend (cpu or emulated).
   std::string clock = "wall";
   double model_flops = 1e10;  // the model clock's compute rate, FLOP/s per rank
+  // Every emulated device capped at this many watts (0: none): each rank
+  // computes as much slower as the cluster device's power model says that
+  // device would at the run's micro-batch (docs/power.md).
+  double power_cap_w = 0;
   // Whether the run is on the model clock: then its compute is counted matmul
   // FLOPs at model_flops, which is also the peak its MFU, its launch plan and
   // adgt-sim's profile use.

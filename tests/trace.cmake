@@ -13,3 +13,13 @@ add_test(NAME trace_timeline_pp4_dp2
     --data ${CMAKE_BINARY_DIR}/data/kjv-byte --work ${CMAKE_BINARY_DIR}/trace_timeline)
 set_tests_properties(trace_timeline_pp4_dp2 PROPERTIES
   FIXTURES_REQUIRED kjv_byte LABELS "parallel;trace" TIMEOUT 300 PROCESSORS 2)
+
+# The power model (docs/power.md): adgt-sim --power-cap, emulate.power_cap_w on
+# the model clock and the power controller's decisions (tests/power/check_power.py).
+add_test(NAME power_cap_emulated_np2
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/power/check_power.py
+    --train $<TARGET_FILE:adgt-train> --sim $<TARGET_FILE:adgt-sim>
+    --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh --source ${CMAKE_SOURCE_DIR}
+    --data ${CMAKE_BINARY_DIR}/data/kjv-byte --work ${CMAKE_BINARY_DIR}/power_cap)
+set_tests_properties(power_cap_emulated_np2 PROPERTIES
+  FIXTURES_REQUIRED kjv_byte LABELS "parallel;power" TIMEOUT 300 PROCESSORS 2)

@@ -298,14 +298,22 @@ std::unique_ptr<Emulation> setup_emulation(const RunConfig& cfg, Comm* world, in
   return emu;
 }
 
+void Emulation::set_power_factor(double f) {
+  power_factor = f;
+  const size_t me = size_t(world_rank);
+  const double onset = onset_on && me < onset_factor.size() ? onset_factor[me] : 1.0;
+  slowdown.set_factor((me < factors.size() ? factors[me] : 1.0) * onset * f);
+}
+
 void Emulation::at_step(int64_t step) {
   if (state && state->trace)
     std::fprintf(state->trace, "{\"op\": \"step\", \"step\": %ld, \"now\": %.9f}\n",
                  long(step + 1), state->clock.now());
   const size_t me = size_t(world_rank);
-  if (me < onset_factor.size() && onset_factor[me] != 1 && step >= onset_step[me] &&
-      slowdown.factor() == factors[me])
-    slowdown.set_factor(factors[me] * onset_factor[me]);
+  if (me < onset_factor.size() && onset_factor[me] != 1 && step >= onset_step[me] && !onset_on) {
+    onset_on = true;
+    slowdown.set_factor(factors[me] * onset_factor[me] * power_factor);
+  }
   if (state)
     for (const SlowLinkW& l : slow_links) {
       if (l.a != world_rank && l.b != world_rank) continue;

@@ -57,6 +57,13 @@ struct Emulation {
   int cores = 0;                      // virtual clock: the host's core tokens (0: none)
   std::shared_ptr<EmulatedRank> state;
   ComputeSlowdown slowdown;
+  // emulate.power_cap_w: this rank's further slowdown, what the power model
+  // says the capped device's clock costs its compute at the running
+  // micro-batch (>= 1; 1: not throttled). The throttling this rank reports.
+  double power_factor = 1;
+  bool onset_on = false;  // the "rank:factor@step" slowdown has started
+  // Sets power_factor; the slowdown becomes factors x onset x power.
+  void set_power_factor(double f);
 
   // The training loop calls this at the start of every step: a straggler
   // injected mid-run ("rank:factor@step") starts computing slower here, and

@@ -32,11 +32,13 @@
 #include "kernels/check.hpp"
 #include "kernels/clock.hpp"
 #include "parallel/control/compress_controller.hpp"
+#include "parallel/control/power_controller.hpp"
 #include "parallel/compress/level.hpp"
 #include "parallel/dp/compression_state.hpp"
 #include "parallel/fault/progress.hpp"
 #include "parallel/comm/mpi_env.hpp"
 #include "parallel/pipeline/run_schedule.hpp"
+#include "parallel/sim/power_slowdown.hpp"
 #include "parallel/metrics/step_logger.hpp"
 #include "parallel/switch/switch_request.hpp"
 #include "parallel/metrics/tei_meter.hpp"
@@ -301,6 +303,25 @@ void Trainer::wire(ParallelContext ctx, bool init) {
     controllers_.push_back(compress::make_compress_controller(cfg, *engine_));
   if (engine_->model().has_moe() && cfg.parallel.ep > 1 && cfg.parallel.expert_replace_interval > 0)
     controllers_.push_back(adapt::make_expert_placement_controller(cfg));  // docs/adaptation.md
+  // emulate.power_cap_w (docs/power.md): this rank computes
+  // as the capped device would at this layout's micro-batch; with
+  // parallel.adapt on, the power controller re-plans the micro-batch.
+  if (emulation_ && cfg.emulate.power_cap_w > 0) {
+    const cluster::Device& dev = emulation_->cluster.device;
+    if (!dev.power.on())
+      throw ConfigError("emulate.power_cap_w=" + std::to_string(cfg.emulate.power_cap_w) +
+                        ": emulate.cluster=" + cfg.emulate.cluster + "'s device " + dev.name +
+                        " has no power model (device.power, docs/cluster.md)");
+    const double f = sim::power_cap_slowdown(cfg, dev, cfg.emulate.power_cap_w, ctx.coords.pp);
+    emulation_->set_power_factor(f);
+    if (ctx.world_rank == 0)
+      std::printf("emulate.power_cap_w=%g W: pipeline rank 0 computes x%.3f at micro-batch %ld (%s's "
+                  "power model: %s)\n",
+                  cfg.emulate.power_cap_w, f, long(cfg.train.micro_batch), dev.name.c_str(),
+                  dev.power.source.c_str());
+    if (cfg.parallel.adapt != "off")
+      controllers_.push_back(make_power_controller(cfg, emulation_->cluster, cfg.emulate.power_cap_w));
+  }
   for (const ControllerFactory& f : factories_) controllers_.push_back(f(cfg));
 }
 
