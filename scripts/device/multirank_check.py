@@ -39,8 +39,10 @@ MOE = os.path.join(ROOT, "tests", "moe", "model.yaml")
 LAYOUTS = {
     "tp2_dp2_zero1_sp": (DENSE, 4, "bf16", ["parallel.tp=2", "parallel.dp=2", "parallel.zero=1",
                                             "parallel.sequence_parallel=true"], 1.1e-3),
-    "pp2_zbh1_dp2": (DENSE, 4, "bf16", ["parallel.pp=2", "parallel.dp=2", "parallel.schedule=zb-h1"],
-                     3.5e-4),
+    # log.trace of steps 3-4 too (docs/trace.md: on CUDA the compute spans are
+    # the executor's device times, and NVTX ranges are pushed): checked by trace_summary.
+    "pp2_zbh1_dp2": (DENSE, 4, "bf16", ["parallel.pp=2", "parallel.dp=2", "parallel.schedule=zb-h1",
+                                        "log.trace=3-4"], 3.5e-4),
     "ep2_dp2_moe": (MOE, 2, "bf16", ["parallel.dp=2", "parallel.ep=2"], 1.8e-3),
     # ZeRO-3 (docs/zero.md): bf16 unit gathers and fp32 reduce-scatters on
     # NCCL's stream, the store's kept buffers on the device.
@@ -75,6 +77,27 @@ def run(args, name, config, ranks, sets):
     recs = [r for r in recs if "loss" in r]
     table = [l for l in p.stdout.splitlines() if l.startswith("  ") and "collectives" in l]
     return recs, dt, table
+
+
+def trace_summary(args, name):
+    """The trace.json of a layout run with log.trace: (ok, text). Every rank's
+    track with two step spans and compute spans inside them; the share of each
+    step its spans cover (reported, not bounded: on a device the compute spans
+    are device times, the others host times)."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "trace"))
+    import trace_lib  # noqa: E402
+    path = os.path.join(args.work, name, "trace.json")
+    try:
+        events, names = trace_lib.by_rank(trace_lib.load(path))
+    except Exception as e:  # noqa: BLE001 - any failure to read is the finding
+        return False, f"{path}: {e}"
+    covs, computes = [], 0
+    for pid, ev in events.items():
+        computes += sum(1 for e in ev if e.get("cat") == "compute")
+        covs += [c for _, _, c in trace_lib.step_coverage(ev)]
+    ok = len(names) == 4 and len(covs) == 8 and computes > 0
+    return ok, (f"{len(names)} rank tracks, {len(covs)} step spans, {computes} compute spans, "
+                f"spans cover {100 * min(covs or [0]):.1f}-{100 * max(covs or [0]):.1f}% of the steps")
 
 
 def watchdog_kill(args):
@@ -180,6 +203,11 @@ def main():
     for n, r, d, e, b, s, w, v in rows:
         waits = " / ".join(f"{w[g]:.2f}" if g in w else "-" for g in ("tp", "dp", "pp", "ep"))
         print(f"| {n} | {r} | {d} | {e:.2e} | {b:.1e} | {s:.1f} | {waits} | {v} |")
+    if "pp2_zbh1_dp2" in args.layouts:
+        ok, text = trace_summary(args, "pp2_zbh1_dp2")
+        print(f"trace ({args.device}, pp2 zb-h1 dp2, steps 3-4): {'ok' if ok else 'FAIL'}: {text}")
+        if not ok:
+            failed.append("trace: " + text)
     if "watchdog" in args.extra:
         ok, text = watchdog_kill(args)
         print(f"watchdog ({args.device}, 4 ranks tp2 dp2, SIGKILL of rank 1 after step 3): "
