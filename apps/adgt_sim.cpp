@@ -70,6 +70,7 @@ struct Cli {
   std::string config_path, cluster_name = "dgx-h100", costs_mode = "auto", profile_cache, slow;
   std::string trace_path;  // --trace
   double power_cap = 0;    // --power-cap W (0: none)
+  std::string objective = "time";  // --objective: how --sweep ranks
   std::vector<std::string> overrides;
   int64_t gpus = 0, host_cores = 0, top = 10, cold_mib = 16;
   bool json = false, sweep = false, sweep_all = false, dropout = false, no_calibrate = false;
@@ -201,6 +202,7 @@ void sweep(const Cli& cli, const adgt::RunConfig& cfg, const adgt::cluster::Clus
   // Keys given with --set are held (the run file's layout is what the sweep varies).
   for (const auto& ov : cli.overrides) so.fixed.push_back(ov.substr(0, ov.find('=')));
   so.keep = cli.sweep_all ? 0 : size_t(std::max<int64_t>(cli.top, 1));
+  so.energy = cli.objective == "energy";
   const adgt::sim::SweepResult sw = adgt::sim::sweep_layouts(cfg, cli.gpus, cl, costs, so, opts);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (cli.json) {
@@ -305,6 +307,11 @@ int main(int argc, char** argv) {
                  "every device capped at this many watts: the power model's clock under the cap "
                  "slows the compute-bound side of each op (docs/cluster.md, \"Power\"); energy per "
                  "token in the result");
+  app.add_option("--objective", cli.objective,
+                 "with --sweep: rank by step time, or by energy per token (the device's power model; "
+                 "every layout simulated)")
+      ->check(CLI::IsMember({"time", "energy"}))
+      ->capture_default_str();
   app.add_option("--trace", cli.trace_path,
                  "write the simulated step as a Chrome trace (Perfetto, chrome://tracing) in the "
                  "format of adgt-train's log.trace (docs/trace.md)");

@@ -307,6 +307,11 @@ const std::vector<Key>& schema() {
           "(switching the layout in memory) and keep the fastest measured; the simulator's "
           "ranking decides what is tried, the clock what is kept (docs/planner.md, \"Trials\"); "
           "0: the launch's plan stays"),
+      key("parallel", &R::parallel, "auto_objective", &ParallelConfig::auto_objective, A::Choices,
+          "what parallel.auto (and --dry-run's plan) ranks layouts by: time = step time; energy = "
+          "energy per token from the cluster device's power model (docs/power.md; every layout "
+          "simulated; emulate.power_cap_w caps the devices it plans for)",
+          {"time", "energy"}),
       key("parallel", &R::parallel, "adapt", &ParallelConfig::adapt, A::Choices,
           "run-time adaptation (docs/adaptation.md): off = parallel.schedule throughout; "
           "schedule = with pp > 1, re-plan the pipeline schedule from the measured stage and "

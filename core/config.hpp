@@ -200,6 +200,9 @@ struct ParallelConfig {
   int64_t compress_interval = 20;
   double compress_error_budget = 1.0;
   double compress_hysteresis = 0.1;
+  // parallel.auto ranks its candidates by step time or by energy per token
+  // (the cluster's power model, docs/power.md).
+  std::string auto_objective = "time";
   bool operator==(const ParallelConfig&) const = default;
 };
 

@@ -68,6 +68,8 @@ Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cl
                  bool dry_run = false) {
   PlanInput in;
   in.max_tp = max_tp;
+  // emulate.power_cap_w: the devices planned for are capped (docs/power.md).
+  if (cfg.emulate.power_cap_w > 0 && cl.device.power.on()) cl.device.power.cap_w = cfg.emulate.power_cap_w;
   in.base = cfg;
   in.world = world;
   in.fixed = fixed;

@@ -95,6 +95,7 @@ Plan make_plan(const PlanInput& in, sim::OpCosts& costs) {
   so.fixed = plan.fixed;
   so.keep = std::max<size_t>(in.top, 1);
   so.max_tp = in.max_tp;
+  so.energy = in.base.parallel.auto_objective == "energy";
   // Context parallelism where this run could train it: on host ranks (CPU or
   // the emulated device; not yet on CUDA) and without what cp does not run
   // yet (parallel/cp/support.hpp).

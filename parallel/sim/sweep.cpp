@@ -324,6 +324,9 @@ void enumerate_layouts(const RunConfig& base, int64_t gpus, const cluster::Clust
 SweepResult sweep_layouts(const RunConfig& base, int64_t gpus, const cluster::Cluster& cl,
                           OpCosts& costs, const SweepOptions& opts, const SimOptions& sim) {
   SweepResult out;
+  if (opts.energy && !cl.device.power.on())
+    throw ConfigError("the energy objective needs the cluster's power model: " + cl.name + "'s device " +
+                      cl.device.name + " has no device.power (docs/power.md, docs/cluster.md)");
   Candidates cands{cl, costs, sim, out};
   cands.bytes = bf16_compute(base.train) ? 2 : base.train.dtype == "f64" ? 8 : 4;
   cands.budget = cl.device.memory_bytes * (1 - opts.headroom);
@@ -334,7 +337,8 @@ SweepResult sweep_layouts(const RunConfig& base, int64_t gpus, const cluster::Cl
   });
   std::vector<double> best;  // simulated step times, sorted
   for (SweepRow& row : cands.cand) {
-    if (opts.keep > 0 && best.size() >= opts.keep && row.lower_bound_s > best[opts.keep - 1]) {
+    if (!opts.energy && opts.keep > 0 && best.size() >= opts.keep &&
+        row.lower_bound_s > best[opts.keep - 1]) {
       ++out.bounded;
       continue;
     }
@@ -343,9 +347,14 @@ SweepResult sweep_layouts(const RunConfig& base, int64_t gpus, const cluster::Cl
                 row.result.step_time_s);
     out.rows.push_back(std::move(row));
   }
-  std::stable_sort(out.rows.begin(), out.rows.end(), [](const SweepRow& a, const SweepRow& b) {
-    return a.result.step_time_s < b.result.step_time_s;
+  std::stable_sort(out.rows.begin(), out.rows.end(), [&](const SweepRow& a, const SweepRow& b) {
+    return opts.energy ? a.result.energy_per_token_j < b.result.energy_per_token_j
+                       : a.result.step_time_s < b.result.step_time_s;
   });
+  if (opts.energy && !out.rows.empty() && out.rows.front().result.energy_j <= 0)
+    throw ConfigError("the energy objective: " + costs.describe() +
+                      " carries no energy (measured op costs); plan with the device model");
+  if (opts.energy && opts.keep > 0 && out.rows.size() > opts.keep) out.rows.resize(opts.keep);
   return out;
 }
 

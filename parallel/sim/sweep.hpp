@@ -46,11 +46,15 @@ struct SweepOptions {
   // rank keeps at least kCpMinTokens tokens of a sequence. parallel.cp (and
   // cp_mode) given with --set hold it; false: cp as the base run has it.
   bool context_parallel = true;
+  // Rank by energy per token (device.power, docs/power.md) instead of step
+  // time: every candidate is simulated (the bound is a time's). Throws
+  // ConfigError when the cluster's device has no power model.
+  bool energy = false;
 };
 constexpr int64_t kCpMinTokens = 4096;
 
 // `gpus` devices of `cl` (with_gpus applied by the caller). Rows sorted by
-// step time; with keep > 0, at most the rows it had to simulate (the best
+// step time (energy per token with opts.energy); with keep > 0, at most the rows it had to simulate (the best
 // `keep` among them are the best of all candidates).
 struct SweepResult {
   std::vector<SweepRow> rows;

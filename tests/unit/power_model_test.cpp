@@ -13,6 +13,7 @@
 #include "parallel/cluster/power.hpp"
 #include "parallel/sim/ops.hpp"
 #include "parallel/sim/step_sim.hpp"
+#include "parallel/sim/sweep.hpp"
 #include "parallel/sim/work.hpp"
 
 using namespace adgt;
@@ -164,4 +165,29 @@ TEST_CASE("power: the cluster file's power block and its errors", "[sim][power]"
                                                   "intra: {bandwidth_GBps: 100, latency_us: 1}\n",
                                            "p.yaml"),
                     Contains("device.power.watts: unknown key"));
+}
+
+TEST_CASE("power: the sweep's energy objective ranks by energy per token", "[sim][power]") {
+  const RunConfig cfg = run({"model.n_layers=8"});
+  const cluster::Cluster cl = h100(8, 400);
+  DeviceModelCosts costs(cl.device);
+  SweepOptions all;  // every layout, ranked by time
+  const SweepResult by_time = sweep_layouts(cfg, 8, cl, costs, all);
+  REQUIRE(by_time.rows.size() > 3);
+  SweepOptions e;
+  e.energy = true;
+  e.keep = 3;
+  const SweepResult by_energy = sweep_layouts(cfg, 8, cl, costs, e);
+  REQUIRE(by_energy.rows.size() == 3);
+  CHECK(by_energy.bounded == 0);  // no time bound prunes an energy ranking
+  double least = 1e300;
+  for (const SweepRow& r : by_time.rows) least = std::min(least, r.result.energy_per_token_j);
+  CHECK(by_energy.rows[0].result.energy_per_token_j == least);
+  CHECK(by_energy.rows[0].result.energy_per_token_j <= by_energy.rows[1].result.energy_per_token_j);
+  CHECK(by_energy.rows[1].result.energy_per_token_j <= by_energy.rows[2].result.energy_per_token_j);
+  // A device without a power model: refused by name.
+  cluster::Cluster nopower = cl;
+  nopower.device.power = {};
+  DeviceModelCosts c2(nopower.device);
+  CHECK_THROWS_WITH(sweep_layouts(cfg, 8, nopower, c2, e), Contains("has no device.power"));
 }
