@@ -78,7 +78,7 @@ nlohmann::json run_energy_json(const RunEnergy& e) {
   nlohmann::json j = nlohmann::json::object();
   if (e.has_energy()) {
     j["energy_j"] = e.energy_j;
-    j["tokens"] = e.tokens;
+    j["tokens"] = int64_t(e.tokens);
     j["j_per_token"] = e.j_per_token();
     j["ranks"] = e.energy_ranks;
   }

@@ -241,3 +241,28 @@ TEST_CASE("telemetry: off, or a CPU rank with nothing readable, makes no sampler
   CHECK_FALSE(make_telemetry_sampler(1, cpu, false));
   unsetenv("ADGT_POWERCAP_ROOT");
 }
+
+TEST_CASE("telemetry: a CUDA rank reads its own GPU through the NVML that ADGT_NVML_LIBRARY names", "[telemetry]") {
+  DevicePlan gpu;
+  gpu.device = "cuda";
+  gpu.cuda_device = 5;  // CUDA's index: not NVML's, so the UUID decides
+  gpu.device_id = "GPU-fake-0";
+  setenv("ADGT_NVML_LIBRARY", ADGT_FAKE_NVML, 1);
+  {
+    // A long period: the thread only waits; stop() (the destructor) wakes it.
+    std::unique_ptr<TelemetrySampler> s = make_telemetry_sampler(1000, gpu, false);
+    REQUIRE(s);
+    REQUIRE(s->sources().size() == 1);
+    CHECK(s->sources()[0]->describe() == "NVML GPU GPU-fake-0");
+    s->stop();
+    // The start's baseline reading and the stop's closing one.
+    CHECK(s->take().gauge[kPowerW].n == 2);
+    CHECK(s->totals().has_energy);
+  }
+  gpu.device_id = "GPU-elsewhere";
+  CHECK_FALSE(make_telemetry_sampler(1000, gpu, false));
+  setenv("ADGT_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1", 1);
+  gpu.device_id = "GPU-fake-0";
+  CHECK_FALSE(make_telemetry_sampler(1000, gpu, false));
+  unsetenv("ADGT_NVML_LIBRARY");
+}
