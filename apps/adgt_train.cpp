@@ -52,6 +52,7 @@ void print_summary(const adgt::TrainSummary& s) {
   std::printf("checkpoint:       %s\n", s.checkpoint.empty() ? "(none)" : s.checkpoint.c_str());
   std::printf("metrics:          %s\n", s.metrics_path.c_str());
   std::printf("%s", adgt::format_tei(s.tei).c_str());  // the job's TEI block (docs/tei.md)
+  std::printf("%s", adgt::format_run_energy(s.energy).c_str());  // J/token, throttling (docs/telemetry.md)
 }
 
 // The command line.

@@ -81,6 +81,17 @@ std::string format_step_line(const StepMetrics& m) {
                   aux, long(dropped), bytes / 1e6);
     line += moe;
   }
+  {  // telemetry: the mean over the ranks and samples, where measured
+    std::string hw;
+    char x[48];
+    for (const TelemetryStat& t : m.telemetry) {
+      if (t.name == "power_w") std::snprintf(x, sizeof x, " power %.0f W", t.mean);
+      else if (t.name == "sm_clock_mhz") std::snprintf(x, sizeof x, " sm %.0f MHz", t.mean);
+      else continue;
+      hw += x;
+    }
+    if (!hw.empty()) line += " |" + hw;
+  }
   if (m.skipped_steps) line += " | skipped " + std::to_string(m.skipped_steps);
   return line;
 }
@@ -147,6 +158,15 @@ void MetricsLog::log_step(const StepMetrics& m) {
     j["moe"] = layers;
   }
   if (!m.source_tokens.empty()) j["source_tokens"] = m.source_tokens;
+  if (!m.telemetry.empty()) {
+    nlohmann::json& t = j["telemetry"];
+    for (const TelemetryStat& x : m.telemetry) {
+      nlohmann::json f = {{"min", x.min}, {"mean", x.mean}, {"max", x.max}};
+      f[x.per_rank ? "ranks" : "samples"] = x.count;
+      if (x.total >= 0) f["total"] = x.total;
+      t[x.name] = f;
+    }
+  }
   out_ << j.dump() << "\n";
   out_.flush();
 }

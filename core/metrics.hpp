@@ -22,6 +22,18 @@ struct MoeLayerMetrics {
   double imbalance() const;   // max load / mean load (1 = balanced)
 };
 
+// One hardware telemetry field over a log interval (docs/telemetry.md),
+// reduced over the ranks that measured it: per-sample fields (power_w,
+// temperatures, clocks; `count` samples) and per-rank ones (energy_j, the
+// throttled shares; `count` ranks). A field no rank measured is not listed.
+struct TelemetryStat {
+  std::string name;          // "power_w", "sm_clock_mhz", "energy_j", "throttled", ...
+  bool per_rank = false;     // count is ranks (else samples)
+  int64_t count = 0;
+  double min = 0, mean = 0, max = 0;
+  double total = -1;         // the sum over the ranks (energy_j only; < 0: not reported)
+};
+
 struct StepMetrics {
   int64_t step = 0, total_steps = 0;  // step is 1-based (steps completed)
   double loss = 0, lr = 0, grad_norm = 0;
@@ -61,6 +73,10 @@ struct StepMetrics {
   // A blend of token files (data.train with weights): training tokens read
   // from each source so far, in the run's order (empty: one source).
   std::vector<int64_t> source_tokens;
+  // Hardware telemetry of the interval (log.telemetry_interval_s; empty:
+  // off, or nothing measured): the step line shows power_w's and
+  // sm_clock_mhz's means, metrics.jsonl every field under "telemetry".
+  std::vector<TelemetryStat> telemetry;
 };
 
 std::string format_duration(double seconds);  // "1h02m", "3m12s", "45s"

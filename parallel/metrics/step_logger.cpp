@@ -7,11 +7,24 @@
 namespace adgt {
 
 StepLogger::StepLogger(const RunConfig& cfg, Backend& be, MetricsLog* log, double peak_tflops,
-                       bool measured_peak)
+                       bool measured_peak, std::unique_ptr<TelemetrySampler> telemetry)
     : cfg_(cfg), be_(be), log_(log), peak_(peak_tflops), measured_peak_(measured_peak),
-      flops_per_token_(estimate_memory(cfg, compute_bytes_per_element(cfg)).flops_per_token) {}
+      flops_per_token_(estimate_memory(cfg, compute_bytes_per_element(cfg)).flops_per_token),
+      telemetry_(std::move(telemetry)) {}
+
+RunEnergy StepLogger::finish_telemetry(Comm& world) const {
+  if (cfg_.log.telemetry_interval_s <= 0) return {};
+  TelemetryTotals mine;
+  if (telemetry_) {
+    telemetry_->stop();
+    mine = telemetry_->totals();
+  }
+  return reduce_run_energy(mine, double(steps_seen_) * double(cfg_.train.global_batch * cfg_.model.seq_len),
+                           world);
+}
 
 void StepLogger::observe(Engine& e, const StepReport& r, Comm& world) {
+  ++steps_seen_;
   if (r.step > r.first_step + 1) {  // the first step warms caches and thread pools
     timed_s_ += r.seconds;
     ++timed_steps_;
@@ -35,8 +48,14 @@ void StepLogger::observe(Engine& e, const StepReport& r, Comm& world) {
     dp_wait[0] = sums[0] / double(world.size());
     dp_wait[2] = sums[1] / double(world.size());
   }
+  // The interval's telemetry (taken without waiting for a reading; reduced
+  // on every rank, a rank without a sampler adding nothing).
+  std::vector<TelemetryStat> telemetry;
+  if (cfg_.log.telemetry_interval_s > 0)
+    telemetry = reduce_telemetry(telemetry_ ? telemetry_->take() : TelemetryInterval{}, world);
   if (!log_) return;
   StepMetrics m;
+  m.telemetry = std::move(telemetry);
   m.world = g.tp->size() * g.dpcp->size() * g.pp->size();  // dp x cp
   m.tp_bytes = r.tp_bytes;
   m.dp_bytes = r.dp_bytes;

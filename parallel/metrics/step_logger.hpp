@@ -4,15 +4,19 @@
 // throughput, TFLOP/s and MFU (the MFU convention of parallel/cost/flops.hpp),
 // ETA, bytes per group, the pipeline bubble, the data-parallel reduction each
 // rank waited for (mean and maximum over the world: collective, so it runs on
-// every rank) and the MoE loads.
+// every rank), the MoE loads and the hardware telemetry of the interval
+// (docs/telemetry.md; reduced over the world: collective too).
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <memory>
 
 #include "core/config.hpp"
 #include "core/metrics.hpp"
 #include "kernels/backend.hpp"
 #include "parallel/control/hook.hpp"
+#include "parallel/metrics/telemetry.hpp"
+#include "parallel/metrics/telemetry_reduce.hpp"
 
 namespace adgt {
 
@@ -21,8 +25,16 @@ class StepLogger final : public Observer {
   // `log`: world rank 0's metrics log (nullptr elsewhere: nothing printed).
   // `peak_tflops`: the MFU denominator; measured_peak: it was measured at
   // start (a step faster than it re-measures it).
-  StepLogger(const RunConfig& cfg, Backend& be, MetricsLog* log, double peak_tflops, bool measured_peak);
+  // `telemetry`: this rank's started sampler (make_telemetry_sampler; nullptr
+  // where it reads nothing). With log.telemetry_interval_s > 0 every rank
+  // joins the telemetry reduction at each logged step, sampler or not.
+  StepLogger(const RunConfig& cfg, Backend& be, MetricsLog* log, double peak_tflops, bool measured_peak,
+             std::unique_ptr<TelemetrySampler> telemetry = nullptr);
   void observe(Engine& e, const StepReport& r, Comm& world) override;
+  // The run's energy per token and throttled share (docs/telemetry.md): stops
+  // the sampler (its last reading closes the run) and sums over the world.
+  // Collective; nothing measured (or telemetry off): an empty RunEnergy.
+  RunEnergy finish_telemetry(Comm& world) const;
 
   double final_train_loss() const { return final_loss_; }  // the last logged interval's
   // Mean step time over the timed steps (every step but the run's first, which
@@ -45,6 +57,8 @@ class StepLogger final : public Observer {
   double interval_loss_ = 0;
   int64_t interval_n_ = 0;
   double final_loss_ = 0;
+  int64_t steps_seen_ = 0;  // steps of this run (the tokens of its energy per token)
+  std::unique_ptr<TelemetrySampler> telemetry_;
 };
 
 }  // namespace adgt

@@ -214,6 +214,8 @@ TeiBreakdown TeiMeter::record(Comm& world, At at, int64_t step, double peak_tflo
                 {"counted_flops", b.counted_flops},
                 {"counted_steps", b.counted_steps},
                 {"lost_steps", b.lost_steps}};
+  if (at == At::End)
+    if (json e = run_energy_json(energy_); !e.empty()) rec["energy"] = std::move(e);
   log_->log_record(rec);
   return b;
 }

@@ -8,7 +8,8 @@
 // "counters" are this run's raw cumulative counters (TeiCounters); "tei",
 // "breakdown" and "job" are the job so far: the earlier runs of the same log
 // directory (read back from metrics.jsonl at the start) and this one
-// (tei_account, parallel/metrics/tei.hpp).
+// (tei_account, parallel/metrics/tei.hpp). The end record also carries the
+// run's "energy" (docs/telemetry.md) where a rank measured it.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -19,6 +20,7 @@
 #include "core/config.hpp"
 #include "core/metrics.hpp"
 #include "parallel/metrics/tei.hpp"
+#include "parallel/metrics/telemetry_reduce.hpp"
 
 namespace adgt {
 
@@ -57,6 +59,9 @@ class TeiMeter {
   void add_step(const TeiStepTimes& t, bool applied);
   void add_checkpoint(double seconds) { c_.checkpoint_s += seconds; }
   void add_eval(double seconds) { c_.eval_s += seconds; }
+  // The run's energy per token and throttled share, for the end record
+  // ("energy": run_energy_json; left out when nothing was measured).
+  void set_run_energy(const RunEnergy& e) { energy_ = e; }
   // Collective over `world`: sums the counters over the ranks and, on rank
   // 0, appends the tei record of `step` and returns the job's breakdown
   // (invalid elsewhere).
@@ -69,6 +74,7 @@ class TeiMeter {
   std::chrono::steady_clock::time_point process_start_;
   bool started_ = false;
   TeiCounters c_;  // this rank's
+  RunEnergy energy_;
   std::vector<TeiRun> runs_;  // the earlier runs, then this one (rank 0)
 };
 

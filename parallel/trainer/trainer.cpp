@@ -42,6 +42,7 @@
 #include "parallel/metrics/step_logger.hpp"
 #include "parallel/switch/switch_request.hpp"
 #include "parallel/metrics/tei_meter.hpp"
+#include "parallel/metrics/telemetry_sources.hpp"
 #include "parallel/metrics/trace_file.hpp"
 #include "parallel/trainer/trainer_state.hpp"
 
@@ -769,6 +770,10 @@ void Trainer::finish_summary(TrainSummary& sum, MetricsLog* metrics, TeiMeter& t
   }
   check_dp_replicas(engine_->model(), g, lead());
   sum.steps_done = step_;
+  // The run's energy per token and throttled share (docs/telemetry.md):
+  // stops the telemetry sampler; collective. In the TEI's end record too.
+  sum.energy = logger.finish_telemetry(*g.world);
+  tei.set_run_energy(sum.energy);
   sum.tei = tei.record(*g.world, TeiMeter::At::End, step_, logger.peak_tflops());
   sum.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   const double per_step = logger.mean_step_seconds();
@@ -802,7 +807,8 @@ TrainSummary Trainer::train() {
   prepare_async_save();
   // The hook after every step: the step metrics, then the controllers (made
   // again after a layout switch: the new engine has its own).
-  StepLogger logger(cfg_, *backend_, metrics.get(), peak, measured_peak);
+  StepLogger logger(cfg_, *backend_, metrics.get(), peak, measured_peak,
+                    make_telemetry_sampler(cfg_.log.telemetry_interval_s, dev_, lead()));
   std::unique_ptr<StepHook> hook;
   const auto make_hook = [&] {
     hook = std::make_unique<StepHook>();

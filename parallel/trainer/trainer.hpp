@@ -25,6 +25,7 @@
 #include "parallel/engine/engine.hpp"
 #include "parallel/mesh/process_groups.hpp"
 #include "parallel/metrics/tei.hpp"
+#include "parallel/metrics/telemetry_reduce.hpp"
 #include "parallel/switch/reshard.hpp"
 
 namespace adgt {
@@ -58,6 +59,9 @@ struct TrainSummary {
   // The Training Efficiency Index over the job so far: this run and the
   // earlier ones of the same log directory (docs/tei.md; valid on world rank 0).
   TeiBreakdown tei;
+  // Energy per token and the throttled share of the run (docs/telemetry.md;
+  // empty where no rank measured them or log.telemetry_interval_s is 0).
+  RunEnergy energy;
 };
 
 class Trainer {
