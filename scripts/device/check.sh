@@ -570,6 +570,11 @@ PYEOF
   grep -E '^[|]|^-- 6\.' "$out/llama7b.log" 2>/dev/null || echo "(no stage-6 table)"
   grep -E '^[|] seq|^-- 6' "$out/llama7b_fp8.log" 2>/dev/null || echo "(no stage-6' fp8 row)"
   grep -E '^start-up:' "$out/llama7b.log" 2>/dev/null || true
+  # Telemetry (docs/telemetry.md): NVML's reading of the 7B steps, the run's
+  # J/token and throttled share; the power model's presets are to be
+  # calibrated from these (docs/power.md).
+  grep -E '^telemetry:|^ *energy:|^ *throttled:' "$out/llama7b.log" 2>/dev/null || echo "(no stage-6 telemetry)"
+  grep -oE '[|] power [0-9.]+ W sm [0-9.]+ MHz' "$out/llama7b.log" 2>/dev/null | tail -1 || true
   echo "exits: tests $trc, adgt bench $brc, torch bench $prc, kernel benches $krc, multirank $mrc, llama-7b $src, nccl np1 $nrc"
   echo "logs: $out/{machine.txt,cuda_tests.log,adgt_bench.*,torch_bench.*,bench.log,bench_fp32.log,nccl_np1.log}${OUT:+ (packed into \$OUT/check_logs.tgz)}"
   } 2>&1 | tee "$out/summary.txt"
