@@ -2,6 +2,7 @@
 // the process groups it belongs to, as an Engine is built from them
 // (parallel/engine/engine.hpp), and the emulation's wrapping of those groups.
 #pragma once
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,6 +56,15 @@ namespace emulate {
 // every user of ctx). Collective over each group, in this order on every rank.
 std::vector<std::unique_ptr<Comm>> wrap_emulated_groups(ParallelContext& ctx, Emulation& emu);
 }  // namespace emulate
+
+// Points every group slot of ctx (tp, dp, pp, ep, edp, world, cp, dpcp,
+// edpcp, in that order) at wrap(group, its Comm): distinct Comm objects are
+// wrapped once (a slot sharing another's object shares its wrapper); empty
+// slots are left empty unless `fill` makes them a SelfComm of the group's
+// name first. Returns what it made (wrappers and fills), which must outlive
+// every user of ctx.
+std::vector<std::unique_ptr<Comm>> wrap_groups(
+    ParallelContext& ctx, const std::function<std::unique_ptr<Comm>(Group, Comm&)>& wrap, bool fill = false);
 
 // Wraps every group of ctx (each distinct object once) in a TracedComm
 // (parallel/comm/traced_comm.hpp: its blocking calls on the rank's timeline

@@ -126,30 +126,14 @@ int pending_stop_signal() { return g_stop_signal.load(); }
 // order (pp::for_rendezvous), which NCCL's rendezvous sends need.
 static std::vector<std::unique_ptr<Comm>> wrap_device_groups(ParallelContext& ctx, Backend& be,
                                                              bool nccl) {
-  std::vector<std::unique_ptr<Comm>> owned;
-  std::vector<std::pair<Comm*, Comm*>> done;
-  const char* names[] = {"tp", "dp", "pp", "ep", "edp", "world", "cp", "dpcp", "edpcp"};
-  int i = 0;
-  for (Comm** slot : {&ctx.tp, &ctx.dp, &ctx.pp, &ctx.ep, &ctx.edp, &ctx.world, &ctx.cp, &ctx.dpcp,
-                      &ctx.edpcp}) {
-    if (!*slot) {
-      owned.push_back(std::make_unique<SelfComm>(names[i]));
-      *slot = owned.back().get();
-    }
-    ++i;
-    Comm* wrapped = nullptr;
-    for (auto& [from, to] : done)
-      if (from == *slot) wrapped = to;
-    if (!wrapped) {
-      std::unique_ptr<Comm> device;
-      if (nccl && (*slot)->size() > 1) device = make_nccl_comm(**slot, be);
-      owned.push_back(std::make_unique<DeviceComm>(**slot, be, std::move(device)));
-      wrapped = owned.back().get();
-      done.emplace_back(*slot, wrapped);
-    }
-    *slot = wrapped;
-  }
-  return owned;
+  return wrap_groups(
+      ctx,
+      [&](Group, Comm& c) -> std::unique_ptr<Comm> {
+        std::unique_ptr<Comm> device;
+        if (nccl && c.size() > 1) device = make_nccl_comm(c, be);
+        return std::make_unique<DeviceComm>(c, be, std::move(device));
+      },
+      /*fill=*/true);
 }
 
 Trainer::Trainer(const RunConfig& cfg, ParallelContext ctx, std::optional<DevicePlan> plan)
