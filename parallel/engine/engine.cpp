@@ -287,13 +287,14 @@ double Engine::run_micro_batches(const MicroBatchFetch& fetch) {
   model_->defer_losses(true);  // one host read of the losses per step
   // On the trace (log.trace) under the names a one-stage schedule's
   // instructions print (pp::to_string): what adgt-sim --trace names them.
-  const bool tracing = trace::recorder().on();
+  // Named only where a span is kept (log.trace) or a profiler range pushed (NVTX).
+  const bool named = trace::recorder().on() || trace::recorder().ranges();
   auto name = [&](pp::Op op, int64_t a) {
-    return tracing ? pp::to_string(pp::Instr{op, int(a), 0}) : std::string();
+    return named ? pp::to_string(pp::Instr{op, int(a), 0}) : std::string();
   };
   for (int64_t a = 0; a < A; ++a) {
     {
-      trace::Span s(tracing ? "fetch " + std::to_string(a) : std::string(), "data");
+      trace::Span s(named ? "fetch " + std::to_string(a) : std::string(), "data");
       fetch(int(a), in_.data(), tg_.data());
     }
     const auto [in, tg] = local_batch(in_.data(), tg_.data());

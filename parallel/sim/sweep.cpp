@@ -98,18 +98,6 @@ std::vector<int64_t> speed_weighted_stages(const RunConfig& cfg, const cluster::
 
 double step_lower_bound(const RunConfig& cfg, const cluster::Cluster& cl, OpCosts& costs,
                         const SimOptions& sim) {
-  const int bytes = compute_bytes(cfg);
-  const int64_t m = cfg.accum_steps();
-  auto ops_time = [&](const std::vector<Op>& ops) {
-    double t = 0;
-    for (const Op& op : ops) t += costs.seconds(op, bytes);
-    return t;
-  };
-  auto pass_time = [&](const PassWork& w) {
-    double t = 0;
-    for (const Piece& p : w.pieces) t += ops_time(p.ops);
-    return t;
-  };
   // Each pipeline rank's compute at its speed; and where ranks share cores
   // (a node's cores_per_node, or every rank on host_cores), a pool's work
   // over its cores (processor sharing runs at most `cores` ranks at once).
@@ -118,12 +106,7 @@ double step_lower_bound(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
   double lb = 0, all_ranks = 0;
   std::vector<double> node_work(size_t(cl.nodes), 0);
   for (int p = 0; p < int(cfg.parallel.pp); ++p) {
-    const RankWork rw = rank_work(cfg, p, sim.work);
-    double per_mb = 0;
-    for (const StageWork& st : rw.chunks)
-      per_mb += pass_time(st.forward) +
-                std::min(pass_time(st.backward), pass_time(st.input_grad) + pass_time(st.weight_grad));
-    const double busy = double(m) * per_mb + ops_time(rw.optimizer);
+    const double busy = rank_step_compute(cfg, p, costs, sim.work);
     lb = std::max(lb, busy / stage_rank_speed(cfg, cl, sim, p));
     all_ranks += busy * double(per_stage);
     if (cl.cores_per_node > 0)

@@ -374,6 +374,26 @@ std::vector<double> zipf_load(int64_t n, double s) {
   return l;
 }
 
+double rank_step_compute(const RunConfig& cfg, int pp_rank, OpCosts& costs, const WorkOptions& opts) {
+  const int bytes = compute_bytes(cfg);
+  auto ops_time = [&](const std::vector<Op>& ops) {
+    double t = 0;
+    for (const Op& op : ops) t += costs.seconds(op, bytes);
+    return t;
+  };
+  auto pass_time = [&](const PassWork& w) {
+    double t = 0;
+    for (const Piece& p : w.pieces) t += ops_time(p.ops);
+    return t;
+  };
+  const RankWork rw = rank_work(cfg, pp_rank, opts);
+  double per_mb = 0;
+  for (const StageWork& st : rw.chunks)
+    per_mb += pass_time(st.forward) +
+              std::min(pass_time(st.backward), pass_time(st.input_grad) + pass_time(st.weight_grad));
+  return double(cfg.accum_steps()) * per_mb + ops_time(rw.optimizer);
+}
+
 int compute_bytes(const RunConfig& cfg) {
   if (bf16_compute(cfg.train)) return 2;
   if (cfg.train.dtype == "f64") return 8;

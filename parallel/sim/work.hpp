@@ -113,4 +113,10 @@ int compute_bytes(const RunConfig& cfg);
 // same) for the validated configuration `cfg` (its layout keys in effect).
 RankWork rank_work(const RunConfig& cfg, int pp_rank, const WorkOptions& opts = {});
 
+// Seconds of pipeline rank pp_rank's compute in one step at nominal speed,
+// nothing overlapped: accum_steps() x every chunk's forward and backward (the
+// cheaper of the fused and the split backward), plus the update. The sweep's
+// lower bound and what a power cap costs a rank (power_slowdown.hpp) read it.
+double rank_step_compute(const RunConfig& cfg, int pp_rank, OpCosts& costs, const WorkOptions& opts = {});
+
 }  // namespace adgt::sim

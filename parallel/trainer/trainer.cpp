@@ -519,30 +519,6 @@ void Trainer::fetch_micro_batch(int64_t first_sample, int64_t a, int32_t* in, in
   }
 }
 
-void Trainer::trace_pipeline_step() {
-  // ADGT_PIPELINE_TRACE=DIR: every pipeline rank appends each step's executed
-  // compute instructions (seconds from the step's common start) to
-  // DIR/pipeline_rank_<world rank>.jsonl: the executor's own timeline.
-  static const char* dir = std::getenv("ADGT_PIPELINE_TRACE");
-  if (!dir || !*dir || !engine_->pipelined()) return;
-  const PipelineExecutor& pipe = *engine_->pipeline();
-  std::filesystem::create_directories(dir);
-  const std::string path =
-      std::string(dir) + "/pipeline_rank_" + std::to_string(world_rank_) + ".jsonl";
-  std::FILE* f = std::fopen(path.c_str(), "a");
-  ADGT_CHECK(f, "ADGT_PIPELINE_TRACE: cannot append to " << path);
-  std::fprintf(f, "{\"step\": %ld, \"pp_rank\": %d, \"span\": %.9f, \"ops\": [", long(step_ + 1),
-               engine_->groups().pp->rank(), pipe.last_step_seconds());
-  bool first = true;
-  for (const ExecutedInstr& e : pipe.timeline()) {
-    std::fprintf(f, "%s[\"%s\", %d, %d, %.9f, %.9f]", first ? "" : ", ", pp::op_name(e.instr.op),
-                 e.instr.microbatch, e.instr.chunk, e.start, e.end);
-    first = false;
-  }
-  std::fprintf(f, "]}\n");
-  std::fclose(f);
-}
-
 void Trainer::print_header(double peak) const {
   const TrainConfig& t = cfg_.train;
   const ParallelContext& g = engine_->groups();
@@ -686,7 +662,6 @@ StepReport Trainer::run_step(TeiMeter& tei, TrainSummary& sum, int64_t first_ste
   if (sampler_->sources() > 1)
     for (int s = 0; s < sampler_->sources(); ++s)
       r.source_tokens.push_back(sampler_->consumed(s, samples_seen_) * cfg_.model.seq_len);
-  trace_pipeline_step();
   const auto t_opt = clock::now();
   {
     trace::Span span("grad norm", "optimizer");

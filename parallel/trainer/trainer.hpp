@@ -96,7 +96,6 @@ class Trainer {
  private:
   // Fills micro-batch a's (B, T) inputs and targets of the step starting at first_sample.
   void fetch_micro_batch(int64_t first_sample, int64_t a, int32_t* in, int32_t* tg);
-  void trace_pipeline_step();  // ADGT_PIPELINE_TRACE
   // log.trace (docs/trace.md): recording starts at the first traced step
   // (collective: a world barrier) and ends after the last one's boundary,
   // when every rank's events are gathered into <log.dir>/trace.json.
