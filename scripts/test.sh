@@ -20,5 +20,10 @@ cd build
 # the cm layer's network libraries (PSM, OFI) in every process, single-process
 # runs included (0.2 s of each of some thousand launches; docs/testing.md).
 export OMPI_MCA_pml="${OMPI_MCA_pml:-ob1}"
+# OpenMP (and OpenBLAS, its OpenMP build) threads sleep at a barrier instead of
+# spinning: two tests share the two cores, and a spinning thread beside a busy
+# core made a 2-thread test 2.7x slower (3.1 s alone; 16.3 s active, 6.1 s
+# passive beside one busy loop; no difference when alone; docs/testing.md).
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 # Each test process gets at most 2 OpenMP/BLAS threads (tests set their own where they need fewer).
 OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" ctest --output-on-failure -j"${CTEST_JOBS:-2}" "${tier[@]}" "$@"
