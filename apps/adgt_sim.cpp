@@ -16,6 +16,7 @@
 #include "core/layout.hpp"
 #include "core/trace.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/cpu_threads.hpp"
 #include "parallel/cluster/cluster.hpp"
 #include "parallel/pipeline/instruction.hpp"
 #include "parallel/sim/dry_run.hpp"
@@ -90,6 +91,9 @@ std::unique_ptr<adgt::sim::OpCosts> make_costs(const Cli& cli, const adgt::RunCo
     throw adgt::ConfigError("--costs: expected auto, model or profile, got '" + cli.costs_mode + "'");
   if (!profile) return std::make_unique<adgt::sim::DeviceModelCosts>(cl.device);
   be = adgt::make_backend("cpu");
+  // Ranks sharing a node's cores run (and so are profiled) on the cluster's
+  // threads per rank (cluster.hpp; cpu-here: cores / ranks per node).
+  if (cl.cores_per_node > 0) adgt::set_cpu_threads(int(cl.rank_threads()));
   auto pc = std::make_unique<adgt::sim::ProfileCosts>(*be, cli.profile_cache, 0.01,
                                                        size_t(cli.cold_mib) << 20);
   // The run file on the emulation's model clock (emulate.clock: model): the

@@ -6,6 +6,7 @@
 #include "apps/cli_parse.hpp"
 #include <chrono>
 #include <cstdio>
+#include <thread>
 #include <exception>
 #include <memory>
 #include <omp.h>
@@ -25,7 +26,9 @@
 #include "parallel/mesh/device_assign.hpp"
 #include "parallel/emulate/emulation.hpp"
 #include "parallel/fault/watchdog.hpp"
+#include "kernels/cpu_threads.hpp"
 #include "parallel/comm/launch.hpp"
+#include "parallel/comm/mpi_comm.hpp"
 #include "parallel/comm/mpi_env.hpp"
 #include "parallel/pipeline/run_schedule.hpp"
 #include "parallel/mesh/process_groups.hpp"
@@ -293,6 +296,22 @@ int main(int argc, char** argv) {
   if (cli.dry_run || cli.print_config || cli.print_schedule) return print_without_launch(cli);
 
   adgt::MpiEnv mpi(&argc, &argv);
+  // Each rank's OpenMP/BLAS threads: OMP_NUM_THREADS, else the host's cores
+  // over its ranks (libgomp's default, every core in every rank, ran N x C
+  // threads on C cores; kernels/cpu_threads.hpp). Before the plan profiles ops.
+  const int local = mpi.launch().local_world;
+  const adgt::RankThreads th = adgt::rank_threads(local);
+  if (!th.from_env) {
+    adgt::set_cpu_threads(th.threads);
+    if (mpi.rank() == 0 && local > 1)
+      std::printf("cpu threads: %d per rank (OMP_NUM_THREADS unset: %s)\n", th.threads, th.why.c_str());
+  }
+  // Ranks with cores of their own spin briefly in their waits; without a
+  // spare core the pipeline's send helper polls seldom (mpi_comm.hpp).
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  if (local > 1 && local * th.threads <= cores) adgt::set_mpi_spin_us(2000);
+  if (const char* e = std::getenv("ADGT_MPI_SPIN_US"); e && *e) adgt::set_mpi_spin_us(std::atoi(e));
+  adgt::set_host_spare_core(local * th.threads < cores);
   adgt::RunConfig cfg;
   AutoPlan ap;
   if (!load_agreed(cli, mpi, cfg) || !plan_launch(cli, mpi, cfg, ap)) return 2;

@@ -25,5 +25,9 @@ export OMPI_MCA_pml="${OMPI_MCA_pml:-ob1}"
 # core made a 2-thread test 2.7x slower (3.1 s alone; 16.3 s active, 6.1 s
 # passive beside one busy loop; no difference when alone; docs/testing.md).
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
+# The dry runs' profile cache (docs/simulator.md, "The profile cache") in the
+# build tree: the tests neither read a profile the user's runs left in
+# ~/.cache/adgt nor leave theirs there.
+export XDG_CACHE_HOME="${ADGT_TEST_CACHE_HOME:-$PWD/test-cache}"
 # Each test process gets at most 2 OpenMP/BLAS threads (tests set their own where they need fewer).
 OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" ctest --output-on-failure -j"${CTEST_JOBS:-2}" "${tier[@]}" "$@"

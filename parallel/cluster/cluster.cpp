@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "core/config.hpp"
 
@@ -339,7 +340,8 @@ Cluster parse_cluster(const std::string& yaml, const std::string& name) {
   c.source = name;
   std::map<std::string, YAML::Node> got;
   for_keys(name, root, "",
-           {"name", "nodes", "devices_per_node", "cores_per_node", "device", "intra", "inter",
+           {"name", "nodes", "devices_per_node", "cores_per_node", "threads_per_rank", "device",
+            "intra", "inter",
             "nics_per_node", "node_speed", "link_overrides", "sites", "wan"},
            [&](const std::string& k, const YAML::Node& v) {
              got[k] = v;
@@ -350,6 +352,7 @@ Cluster parse_cluster(const std::string& yaml, const std::string& name) {
              if (k == "nodes") c.nodes = integer(name, v, k, 1);
              if (k == "devices_per_node") c.devices_per_node = integer(name, v, k, 1);
              if (k == "cores_per_node") c.cores_per_node = integer(name, v, k, 0);
+             if (k == "threads_per_rank") c.threads_per_rank = integer(name, v, k, 0);
              if (k == "nics_per_node") c.nics_per_node = integer(name, v, k, 1);
              if (k == "device") c.device = parse_device(name, v);
              if (k == "intra") c.intra = parse_link(name, v, "intra");
@@ -398,11 +401,21 @@ Cluster parse_cluster(const std::string& yaml, const std::string& name) {
   } else if (got.count("wan")) {
     fail(name, got["wan"], "wan: only meaningful with sites: [nodes of site 0, nodes of site 1, ...]");
   }
+  if (c.threads_per_rank > 0 && c.cores_per_node == 0)
+    fail(name, got["threads_per_rank"],
+         "threads_per_rank: only meaningful for CPU ranks; give cores_per_node (the cores the "
+         "node's ranks share)");
   if (c.cores_per_node == 0 && c.nics_per_node > c.devices_per_node)
     fail(name, got.count("nics_per_node") ? got["nics_per_node"] : root,
          "nics_per_node=" + std::to_string(c.nics_per_node) + " exceeds devices_per_node=" +
              std::to_string(c.devices_per_node));
   return c;
+}
+
+int64_t Cluster::rank_threads() const {
+  if (threads_per_rank > 0) return threads_per_rank;
+  if (cores_per_node <= 0) return 1;
+  return std::max<int64_t>(1, cores_per_node / std::max<int64_t>(1, devices_per_node));
 }
 
 Cluster load_cluster_file(const std::string& path) {
@@ -418,6 +431,9 @@ Cluster load_cluster_file(const std::string& path) {
 Cluster load_cluster(const std::string& preset_or_path) {
   if (auto it = presets().find(preset_or_path); it != presets().end()) {
     Cluster c = parse_cluster(it->second, "preset:" + it->first);
+    // cpu-here is this machine: its cores (the preset's 2 where unknown).
+    if (it->first == "cpu-here")
+      if (const unsigned n = std::thread::hardware_concurrency(); n > 0) c.cores_per_node = n;
     return c;
   }
   if (!std::filesystem::exists(preset_or_path)) {
@@ -473,7 +489,8 @@ std::string to_yaml(const Cluster& c) {
   std::ostringstream os;
   const Device& d = c.device;
   os << "name: " << c.name << "\nnodes: " << c.nodes << "\ndevices_per_node: "
-     << c.devices_per_node << "\ncores_per_node: " << c.cores_per_node << "\ndevice:\n  name: "
+     << c.devices_per_node << "\ncores_per_node: " << c.cores_per_node
+     << "\nthreads_per_rank: " << c.threads_per_rank << "\ndevice:\n  name: "
      << d.name << "\n  peak_bf16_tflops: " << num(d.peak_bf16_flops / 1e12)
      << "\n  peak_fp32_tflops: " << num(d.peak_fp32_flops / 1e12)
      << "\n  peak_fp8_tflops: " << num(d.peak_fp8_flops / 1e12)

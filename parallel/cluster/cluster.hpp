@@ -80,8 +80,15 @@ struct Cluster {
   Link wan;
   // Cores each node's ranks share (CPU ranks: `cpu-here`); 0: every rank owns its device.
   int64_t cores_per_node = 0;
+  // CPU ranks: the OpenMP/BLAS threads each rank runs its ops with, and so the
+  // cores a computing rank wants (its ops are profiled at that count); 0:
+  // auto, max(1, cores_per_node / devices_per_node), what adgt-train gives
+  // each rank when OMP_NUM_THREADS is unset (kernels/cpu_threads.hpp).
+  int64_t threads_per_rank = 0;
 
   int64_t world() const { return nodes * devices_per_node; }
+  // threads_per_rank, or its automatic value (1 without cores_per_node).
+  int64_t rank_threads() const;
   bool preset() const { return source.rfind("preset:", 0) == 0; }
   // CPU ranks, not GPUs: cores per node are given (cpu-here), or the device
   // is named cpu* (the emulation's cluster files: CPU ranks standing in for a

@@ -44,6 +44,22 @@ namespace adgt {
 // no time there, and fewer wake-ups leave the computing ranks' cores (and
 // caches) alone.
 void set_mpi_poll_interval_us(int us);
+// How long a wait polls without sleeping (after its 200 polls): 0 (the
+// default) sleeps from then on. adgt-train sets 2 ms where each rank has
+// cores of its own (local ranks x threads <= the host's cores; the
+// environment's ADGT_MPI_SPIN_US overrides): with sleeps between polls the
+// fragments of a 1 MiB tensor-parallel all-reduce on 2 ranks moved one per
+// wake-up, 1.7-1.9 ms each (0.3 ms spin), against 0.34-0.41 ms with a 3 ms
+// spin and 0.55 ms for MPI_Allreduce (docs/simulator.md, "On real CPU ranks").
+void set_mpi_spin_us(int us);
+int mpi_spin_us();
+// Whether the host has a core beyond its ranks' threads (default true;
+// adgt-train sets it at start-up): without one, the pipeline's send helper
+// (executor.cpp) polls every 200 us instead of 20, since each poll takes the
+// core from its own rank's compute (pp2 on 2 cores: 1.30 s a step at 20 us,
+// 1.16 s at 200 us).
+void set_host_spare_core(bool spare);
+bool host_spare_core();
 int mpi_poll_interval_us();
 
 // MPI_Wait(s) that stop spinning: a short spin of MPI_Test, then a test every

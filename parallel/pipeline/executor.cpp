@@ -492,7 +492,9 @@ double PipelineExecutor::run_step(const MicroBatchFetch& fetch, double grad_scal
   // On the emulation's virtual clock a message's time is the link model's,
   // not when its bytes moved: the helper polls as seldom as a blocking
   // receive does there (mpi_poll_interval_us, 200 us), else every 20 us.
-  SendProgress progress(moving, st.vclock ? std::max(20, mpi_poll_interval_us()) : 20);
+  // Without a spare core on the host, every 200 us (mpi_comm.hpp host_spare_core).
+  const int poll_us = st.vclock ? std::max(20, mpi_poll_interval_us()) : host_spare_core() ? 20 : 200;
+  SendProgress progress(moving, poll_us);
   st.progress = &progress;
   // While a Recv or WaitSends waits for a neighbour (the bubble), the started
   // data-parallel collectives move along on this thread.

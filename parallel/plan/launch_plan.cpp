@@ -11,11 +11,14 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include "core/layout.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/cpu_threads.hpp"
+#include <omp.h>
 #include "parallel/cluster/collectives.hpp"
 #include "parallel/emulate/emulation.hpp"
 #include "parallel/comm/launch.hpp"
@@ -23,6 +26,8 @@
 #include "parallel/cluster/placement.hpp"
 #include "parallel/plan/planner.hpp"
 #include "parallel/sim/ops.hpp"
+#include "parallel/sim/dry_run.hpp"
+#include "parallel/sim/host.hpp"
 #include "parallel/sim/profile.hpp"
 
 namespace adgt::plan {
@@ -102,16 +107,31 @@ Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cl
   }
   std::unique_ptr<Backend> be;
   std::unique_ptr<sim::OpCosts> costs;
+  std::unique_ptr<sim::OpCosts> shared;  // SharedMemoryCosts over costs, or none
+  std::optional<ScopedCpuThreads> threads;
+  sim::ProfileCosts* profile = nullptr;
   std::string profile_note;
   if (cpu_ranks) {
     be = make_backend("cpu");
-    // A launch caches the profile in log.dir; a dry run reads a cached one
-    // (a launch's) but writes nothing.
+    // Ranks sharing a node's cores: the ops are timed at each rank's threads
+    // (held until the plan is made: the keys carry the count).
+    if (cl.cores_per_node > 0) threads.emplace(int(cl.rank_threads()));
+    // A launch caches the profile in log.dir; a dry run in this machine's
+    // and binary's cache (sim::default_profile_cache: the next dry run reads
+    // it), after reading a launch's from log.dir if there is one.
     std::error_code ec;
     if (!dry_run) std::filesystem::create_directories(cfg.log.dir, ec);
-    const std::string cache = ec ? "" : cfg.log.dir + "/plan-profile.json";
+    std::string cache = ec ? "" : cfg.log.dir + "/plan-profile.json";
+    if (dry_run && !std::filesystem::exists(cache)) cache = sim::default_profile_cache();
     auto pc = std::make_unique<sim::ProfileCosts>(*be, cache);
-    if (dry_run) pc->read_only();
+    if (dry_run && cache == cfg.log.dir + "/plan-profile.json") pc->read_only();
+    if (dry_run)
+      pc->on_first_measure([cache] {
+        std::printf("profiling this machine's ops once for the planner's layouts (%s)\n",
+                    cache.empty() ? "not cached: ADGT_PROFILE_CACHE=off or no home directory"
+                                  : ("cached in " + cache).c_str());
+        std::fflush(stdout);
+      });
     // On the emulation's model clock the ranks' compute is counted FLOPs at
     // emulate.model_flops: the plan costs the ops the same way.
     const bool model_clock = cfg.emulate.model_clock();
@@ -119,6 +139,15 @@ Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cl
     pc->calibrate(cfg);  // the in-situ factor (docs/simulator.md, "Cost tables")
     cl.device.peak_fp32_flops = cl.device.peak_bf16_flops =
         model_clock ? cfg.emulate.model_flops : be->peak_tflops() * 1e12;
+    // The host's memory bandwidth shared by the ranks that run at once.
+    const double running = std::min<double>(
+        double(cl.devices_per_node),
+        std::max(1.0, double(cl.cores_per_node) / double(cl.rank_threads())));
+    if (cl.cores_per_node > 0 && !model_clock && running > 1)
+      shared = std::make_unique<sim::SharedMemoryCosts>(
+          *pc, pc->memory_bandwidth(int(cl.cores_per_node)), running);
+    in.sim.sync_wait_s = sim::host_sync_wait(cl, *pc, model_clock);
+    profile = pc.get();
     costs = std::move(pc);
     // Every rank of the launch shares this host's cores (the emulation
     // needs one host; cpu-here says its own cores per node).
@@ -128,12 +157,13 @@ Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cl
     costs = std::make_unique<sim::DeviceModelCosts>(cl.device);
   }
   in.cluster = cl;
+  sim::OpCosts& used = shared ? *shared : *costs;
   const auto t0 = std::chrono::steady_clock::now();
   // The profile is measured as the sweep asks for ops; time it apart.
-  Planned out{make_plan(in, *costs), cl, "", in};
-  if (current && current_result) *current_result = sim::simulate_step(*current, cl, *costs, in.sim);
+  Planned out{make_plan(in, used), cl, "", in};
+  if (current && current_result) *current_result = sim::simulate_step(*current, cl, used, in.sim);
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (auto* pc = dynamic_cast<sim::ProfileCosts*>(costs.get())) {
+  if (sim::ProfileCosts* pc = profile) {
     pc->save();
     char b[160];
     std::snprintf(b, sizeof b, "  profile: %d ops measured, %d cached; planning with the profile %.2f s\n",
@@ -143,7 +173,7 @@ Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cl
   out.text = format_plan(out.plan, cl);
   if (!why.empty()) out.text += "  cluster: " + why + "\n";
   out.text += profile_note;
-  if (auto meg = megatron_default(in, *costs)) {
+  if (auto meg = megatron_default(in, used)) {
     char b[512];
     std::snprintf(b, sizeof b,
                   "  Megatron's default (tp = devices per node, smallest pp that fits): %s: %.4g s; "
@@ -222,8 +252,12 @@ namespace {
 cluster::Cluster hosts_cluster(const RunConfig& cfg, const std::vector<std::string>& hosts,
                                const std::string& gpu, std::string* why, int64_t* max_tp) {
   const GpuTopology topo = gpu.empty() ? GpuTopology{} : parse_nvidia_topology(read_nvidia_topology());
-  return launch_cluster(cfg, hosts, gpu, std::max<int64_t>(1, std::thread::hardware_concurrency()),
-                        why, topo, max_tp);
+  cluster::Cluster cl = launch_cluster(cfg, hosts, gpu,
+                                       std::max<int64_t>(1, std::thread::hardware_concurrency()),
+                                       why, topo, max_tp);
+  // The ranks run with this rank's threads (adgt-train set them at start-up).
+  if (cl.cores_per_node > 0) cl.threads_per_rank = omp_get_max_threads();
+  return cl;
 }
 }  // namespace
 
@@ -403,8 +437,12 @@ std::string plan_dry_run(const RunConfig& cfg, const std::string& path,
     cpu = true;
   } else {
     if (world <= 0) world = layout_of(cfg).world();
-    const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+    const int64_t cores = usable_cores();
     cl = launch_cluster(cfg, std::vector<std::string>(size_t(world), "localhost"), "", cores, &why);
+    // The threads adgt-train will give each rank (OMP_NUM_THREADS, else cores / ranks).
+    const RankThreads th = rank_threads(int(cl.devices_per_node), int(cores));
+    cl.threads_per_rank = th.threads;
+    why += ", " + std::to_string(th.threads) + " thread(s) each (" + th.why + ")";
     cpu = true;
   }
   Planned p = plan_for(cfg, fixed_keys(path, overrides), cl, world, cpu, why, 0, nullptr, nullptr,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include <omp.h>
@@ -37,7 +38,27 @@ RunConfig one_rank(const RunConfig& cfg) {
   return c;
 }
 
+// The factor's key in the cache: the one-rank run's model and micro-batch.
+std::string calibrate_signature(const RunConfig& cfg) {
+  const ModelConfig& m = cfg.model;
+  char sig[320];
+  std::snprintf(sig, sizeof sig,
+                "in_situ v%ld d%ld L%ld h%ld kv%ld f%ld E%ld/%ld/%ld/%ld mb%ld T%ld rc=%s/%ld fused%d",
+                long(m.vocab_size), long(m.d_model), long(m.n_layers), long(m.n_heads),
+                long(m.n_kv_heads), long(m.ffn_hidden), long(m.n_experts), long(m.moe_top_k),
+                long(m.moe_every), long(m.expert_ffn()),
+                long(cfg.train.micro_batch), long(m.seq_len), cfg.train.recompute.c_str(),
+                long(cfg.train.recompute_layers), int(cfg.train.fused_projections));
+  return sig;
+}
+
 }  // namespace
+
+bool ProfileCosts::calibrated(const RunConfig& run) const {
+  if (!be_.is_host() || flop_rate_ > 0) return true;
+  const RunConfig cfg = one_rank(run);
+  return table_.count(key_prefix(dtype_of_run(cfg)) + calibrate_signature(cfg)) > 0;
+}
 
 double ProfileCosts::calibrate(const RunConfig& run) {
   scale_ = 1;
@@ -48,16 +69,9 @@ double ProfileCosts::calibrate(const RunConfig& run) {
   // Larger models than a CPU rank trains here: the ops alone.
   if (w.param_elems > kCalibrateMaxParams || w.chunks.empty()) return 1;
   const ModelConfig& m = cfg.model;
-  char sig[320];
-  std::snprintf(sig, sizeof sig,
-                "in_situ v%ld d%ld L%ld h%ld kv%ld f%ld E%ld/%ld/%ld/%ld mb%ld T%ld rc=%s/%ld fused%d",
-                long(m.vocab_size), long(m.d_model), long(m.n_layers), long(m.n_heads),
-                long(m.n_kv_heads), long(m.ffn_hidden), long(m.n_experts), long(m.moe_top_k),
-                long(m.moe_every), long(m.expert_ffn()),
-                long(cfg.train.micro_batch), long(m.seq_len), cfg.train.recompute.c_str(),
-                long(cfg.train.recompute_layers), int(cfg.train.fused_projections));
-  const std::string key = key_prefix(dtype_of_run(cfg)) + sig;
+  const std::string key = key_prefix(dtype_of_run(cfg)) + calibrate_signature(cfg);
   if (auto it = table_.find(key); it != table_.end()) return scale_ = it->second;
+  announce();
 
   // The profile's sum for one micro-batch's forward and backward.
   double summed = 0;

@@ -3,10 +3,15 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
+#include <set>
 #include <thread>
 
 #include "core/layout.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/clock.hpp"
+#include "kernels/cpu_threads.hpp"
+#include "parallel/sim/host.hpp"
 #include "parallel/cluster/cluster.hpp"
 #include "parallel/cost/flops.hpp"
 #include "parallel/sim/profile.hpp"
@@ -56,6 +61,43 @@ std::string precision_line(const RunConfig& cfg, const cluster::Cluster& cl) {
   return b;
 }
 
+namespace {
+// Counts the ops a step asks for that the profile lacks (a pass of the
+// simulator with every op at 1 us).
+class MissingOps final : public OpCosts {
+ public:
+  explicit MissingOps(const ProfileCosts& pc) : pc_(pc) {}
+  double seconds(const Op& op, int bytes) override {
+    if (!pc_.has(op, bytes)) missing_.insert(to_string(op) + "/" + std::to_string(bytes));
+    return 1e-6;
+  }
+  std::string describe() const override { return "missing ops"; }
+  size_t count() const { return missing_.size(); }
+
+ private:
+  const ProfileCosts& pc_;
+  std::set<std::string> missing_;
+};
+}  // namespace
+
+void announce_profiling(const RunConfig& cfg, const cluster::Cluster& cl, const ProfileCosts& pc) {
+  MissingOps miss(pc);
+  (void)simulate_step(cfg, cl, miss);
+  const double est = double(miss.count()) * kProfileSecondsPerOp + (pc.calibrated(cfg) ? 0.0 : 1.5);
+  std::printf("profiling this machine's ops once (%zu ops, ~%.0f s; %s)\n", miss.count(),
+              std::max(1.0, est),
+              pc.path().empty() ? "not cached: ADGT_PROFILE_CACHE=off or no home directory"
+                                : ("cached in " + pc.path()).c_str());
+  std::fflush(stdout);
+}
+
+double host_sync_wait(const cluster::Cluster& cl, ProfileCosts& pc, bool model_clock) {
+  if (model_clock || cl.cores_per_node <= 0) return 0;
+  const int64_t procs = cl.devices_per_node * cl.rank_threads();
+  if (procs <= cl.cores_per_node) return 0;
+  return sync_wait(pc.scheduler_slice(int(procs)), int(procs), int(cl.cores_per_node));
+}
+
 std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_given) {
   const int64_t world = layout_of(cfg).world();
   // Without --cluster, a run on an emulated cluster (emulate.cluster) is
@@ -81,20 +123,42 @@ std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_
     if (flops > 5e11)
       return "predicted step:   (a step of this model is too large to profile on this CPU; add "
              "--cluster PRESET|FILE, e.g. --cluster dgx-h100, for the simulator's step time)\n";
+    // This host: the run's ranks share its cores, each with the threads
+    // adgt-train gives it (OMP_NUM_THREADS, else cores / ranks).
     cl = cluster::load_cluster("cpu-here");
     cl.devices_per_node = world;
-    cl.cores_per_node = std::max<int64_t>(1, std::thread::hardware_concurrency());
+    cl.cores_per_node = usable_cores();
+    cl.threads_per_rank = rank_threads(int(world), int(cl.cores_per_node)).threads;
   }
   std::unique_ptr<Backend> be;
   std::unique_ptr<OpCosts> costs;
+  std::unique_ptr<OpCosts> shared;  // the host's memory bandwidth over its ranks
+  std::optional<ScopedCpuThreads> threads;
+  SimOptions opts;
+  ProfileCosts* profile = nullptr;
+  double profiled_s = 0;
   if (cl.cpu_ranks()) {  // as adgt-sim --costs auto and the launch plan cost CPU ranks
     be = make_backend("cpu");
-    auto pc = std::make_unique<ProfileCosts>(*be, "");
+    // Ranks sharing a node's cores: the ops are timed at each rank's threads.
+    if (cl.cores_per_node > 0) threads.emplace(int(cl.rank_threads()));
+    auto pc = std::make_unique<ProfileCosts>(*be, default_profile_cache());
+    profile = pc.get();
     // On the emulation's model clock the ops cost their counted FLOPs, as the
     // run's ranks, its launch plan and adgt-sim count them.
     const bool model_clock = cfg.emulate.model_clock();
     if (model_clock) pc->count_flops(cfg.emulate.model_flops);
+    pc->on_first_measure([&] {
+      announce_profiling(cfg, cl, *profile);
+      profiled_s = -wall_seconds();
+    });
     pc->calibrate(cfg);  // the in-situ factor (docs/simulator.md, "Cost tables")
+    const double running = std::min<double>(
+        double(cl.devices_per_node),
+        std::max(1.0, double(cl.cores_per_node) / double(cl.rank_threads())));
+    if (cl.cores_per_node > 0 && !model_clock && running > 1)
+      shared = std::make_unique<SharedMemoryCosts>(
+          *pc, pc->memory_bandwidth(int(cl.cores_per_node)), running);
+    opts.sync_wait_s = host_sync_wait(cl, *pc, model_clock);
     costs = std::move(pc);
     // MFU against this machine's measured GEMM rate, as the trainer reports it.
     cl.device.peak_fp32_flops = cl.device.peak_bf16_flops =
@@ -102,15 +166,36 @@ std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_
   } else {
     costs = std::make_unique<DeviceModelCosts>(cl.device);
   }
-  const SimResult r = simulate_step(cfg, cl, *costs);
+  OpCosts& used = shared ? *shared : *costs;
+  const SimResult r = simulate_step(cfg, cl, used, opts);
+  std::string note;
+  if (profile && profile->measured() > 0) {
+    profile->save();
+    profiled_s += wall_seconds();
+    char b[512];
+    std::snprintf(b, sizeof b, "  profile: %d ops of this machine measured in %.1f s%s\n",
+                  profile->measured(), profiled_s,
+                  profile->path().empty() ? " (no cache: ADGT_PROFILE_CACHE=off or no home directory)"
+                                          : ("; cached in " + profile->path()).c_str());
+    note = b;
+  }
+  if (cl.cores_per_node > 0) {
+    char b[256];
+    std::snprintf(b, sizeof b, "  cores: %ld ranks on %ld cores, %ld thread(s) each%s\n",
+                  long(cl.devices_per_node), long(cl.cores_per_node), long(cl.rank_threads()),
+                  cl.threads_per_rank > 0 && cluster_arg.empty()
+                      ? (" (" + rank_threads(int(world), int(cl.cores_per_node)).why + ")").c_str()
+                      : "");
+    note += b;
+  }
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "predicted step:   %.4g s on %s (%ld x %ld %s; adgt-sim, %s): %.4g tokens/s, "
                 "MFU %.1f%%, bubble %.1f%%, exposed communication %.3g s\n",
                 r.step_time_s, cl.name.c_str(), long(cl.nodes), long(cl.devices_per_node),
-                cl.device.name.c_str(), costs->describe().c_str(), r.tokens_per_s, 100 * r.mfu,
+                cl.device.name.c_str(), used.describe().c_str(), r.tokens_per_s, 100 * r.mfu,
                 100 * r.bubble, r.exposed_comm_s());
-  return std::string(buf) + "  precision: " + precision_line(cfg, cl) + "\n" + expected_compression(cfg, cl, r.compute_s, cl.cpu_ranks()).line;
+  return std::string(buf) + note + "  precision: " + precision_line(cfg, cl) + "\n" + expected_compression(cfg, cl, r.compute_s, cl.cpu_ranks()).line;
 }
 
 ExpectedCompression expected_compression(const RunConfig& cfg, const cluster::Cluster& cl,

@@ -12,8 +12,24 @@
 namespace adgt::sim {
 
 // The text to print (lines ending in '\n'). Throws ConfigError for a bad
-// cluster name or file.
+// cluster name or file. CPU ranks are costed by the profile of this machine
+// and binary (profile.hpp default_profile_cache()): measured once, read after;
+// before measuring, a line on stdout says how many ops and about how long.
 std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster);
+
+// The line before a profile measures: the ops a step of `cfg` on `cl` asks
+// for that `pc` lacks, and about how long they take (kProfileSecondsPerOp
+// each, measured on the 2-core VM: the rounds, the warm-up, the copies;
+// 1.5 s more for the in-situ factor).
+class ProfileCosts;
+// CPU ranks on a node of fewer cores than their threads take turns on them:
+// each synchronisation with another rank waits, on average, a third of a
+// scheduling round (host.hpp sync_wait, the slice measured once and cached
+// in the profile); 0 where every rank has its cores, on the model clock, or
+// for devices.
+double host_sync_wait(const cluster::Cluster& cl, ProfileCosts& pc, bool model_clock);
+constexpr double kProfileSecondsPerOp = 0.12;
+void announce_profiling(const RunConfig& cfg, const cluster::Cluster& cl, const ProfileCosts& pc);
 
 // train.device=auto in an estimate (--dry-run, adgt-sim): the device a launch
 // on that cluster would get. A GPU cluster (--cluster naming one) -> cuda; a

@@ -5,8 +5,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <vector>
+
+#include <omp.h>
 
 #include "kernels/clock.hpp"
 
@@ -45,6 +49,35 @@ double measure_scheduler_slice(int procs, double seconds) {
 double sync_wait(double slice, int procs, int cores) {
   if (cores <= 0 || procs <= cores) return 0;
   return slice * double(procs) / double(cores) / 3.0;
+}
+
+double measure_memory_bandwidth(int threads) {
+  threads = std::max(1, threads);
+  const size_t n = size_t(64) << 20 >> 3;  // 64 MiB of doubles per array
+  std::vector<double> a(n), b(n), c(n);
+  double best = 0;
+  for (int pass = 0; pass < 6; ++pass) {
+    const double t0 = wall_seconds();
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (size_t i = 0; i < n; ++i) a[i] = b[i] + 3.0 * c[i];
+    const double t = wall_seconds() - t0;
+    if (pass > 0 && t > 0) best = std::max(best, 3.0 * 8.0 * double(n) / t);
+  }
+  return best;
+}
+
+double SharedMemoryCosts::seconds(const Op& op, int bytes) {
+  const double t = inner_.seconds(op, bytes);
+  if (running_ <= 1 || bw_ <= 0) return t;
+  return std::max(t, running_ * DeviceModelCosts::bytes_moved(op, bytes) / bw_);
+}
+
+std::string SharedMemoryCosts::describe() const {
+  if (running_ <= 1 || bw_ <= 0) return inner_.describe();
+  char b[160];
+  std::snprintf(b, sizeof b, "; the host's memory %.3g GB/s shared by %.3g ranks at once", bw_ / 1e9,
+                running_);
+  return inner_.describe() + b;
 }
 
 }  // namespace adgt::sim

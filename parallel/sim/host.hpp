@@ -5,6 +5,9 @@
 // The simulator's processor sharing is fluid; it adds this wait per
 // synchronisation.
 #pragma once
+#include <string>
+
+#include "parallel/sim/ops.hpp"
 
 namespace adgt::sim {
 
@@ -18,5 +21,28 @@ double measure_scheduler_slice(int procs, double seconds = 0.5);
 // slices), the mean gap between two independent phases of a round; 0 when
 // every rank has a core.
 double sync_wait(double slice, int procs, int cores);
+
+// The host's memory bandwidth with `threads` threads streaming at once
+// (bytes/s): a triad a = b + s c over three 64 MiB arrays, the best of 5 passes
+// after one that first-touches the pages (STREAM's kernel and rule).
+double measure_memory_bandwidth(int threads);
+
+// CPU ranks of one host share its memory bandwidth (docs/simulator.md, "Ranks
+// sharing cores"): an op's time is at least `running` x the bytes it moves
+// (DeviceModelCosts::bytes_moved) over the host's bandwidth, where `running`
+// is how many ranks run at once (the ranks of the host, at most its cores
+// over each rank's threads); the op's own time, measured alone, otherwise.
+// running <= 1 or no bandwidth: the inner costs unchanged.
+class SharedMemoryCosts final : public OpCosts {
+ public:
+  SharedMemoryCosts(OpCosts& inner, double host_bandwidth, double running)
+      : inner_(inner), bw_(host_bandwidth), running_(running) {}
+  double seconds(const Op& op, int bytes) override;
+  std::string describe() const override;
+
+ private:
+  OpCosts& inner_;
+  double bw_, running_;
+};
 
 }  // namespace adgt::sim

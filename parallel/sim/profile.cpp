@@ -2,8 +2,10 @@
 #include "parallel/sim/profile.hpp"
 
 #include <time.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,7 +16,9 @@
 #include <omp.h>
 
 #include "kernels/clock.hpp"
+#include "kernels/cpu_threads.hpp"
 #include "kernels/flop_counter.hpp"
+#include "parallel/sim/host.hpp"
 
 namespace adgt::sim {
 namespace {
@@ -299,9 +303,13 @@ std::string ProfileCosts::key_prefix(DType dt) const {
     return be_.name() + "/" + dtype_name(dt) + "/flops" + r + "/";
   }
   // "cpu-time": measured as the thread's CPU time (else wall time); the two
-  // never mix in one cache.
+  // never mix in one cache. A host backend on several threads: the count
+  // (the ranks of a run profile at theirs, kernels/cpu_threads.hpp).
+  const int threads = be_.is_host() ? omp_get_max_threads() : 1;
   return be_.name() + "/" + dtype_name(dt) + "/cold" + std::to_string(cold_bytes_ >> 20) + "MiB/" +
-         (cpu_time() ? "cpu-time/" : "");
+         (cpu_time()      ? "cpu-time/"
+          : threads > 1   ? "threads" + std::to_string(threads) + "/"
+                          : "");
 }
 
 std::string ProfileCosts::describe() const {
@@ -313,10 +321,28 @@ std::string ProfileCosts::describe() const {
 
 void ProfileCosts::save() const {
   if (path_.empty() || !dirty_ || read_only_) return;
+  // What another process saved since this one read the file is kept (two
+  // dry runs at once, the ranks of a launch): its ops, then this one's.
+  std::map<std::string, double> merged;
+  if (std::filesystem::exists(path_)) {
+    try {
+      std::ifstream in(path_);
+      nlohmann::json old;
+      in >> old;
+      for (auto& [k, v] : old.at("ops").items()) merged[k] = v.get<double>();
+    } catch (const std::exception&) {
+      merged.clear();  // unreadable: replaced
+    }
+  }
+  for (const auto& [k, v] : table_) merged[k] = v;
   nlohmann::json j;
   j["format"] = "adgt-sim op profile 1";
-  j["ops"] = table_;
-  const std::string tmp = path_ + ".tmp";
+  j["ops"] = merged;
+  if (const auto dir = std::filesystem::path(path_).parent_path(); !dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+  }
+  const std::string tmp = path_ + ".tmp." + std::to_string(getpid());
   {
     std::ofstream out(tmp);
     out << j.dump(1) << "\n";
@@ -325,9 +351,34 @@ void ProfileCosts::save() const {
   std::filesystem::rename(tmp, path_);
 }
 
+double ProfileCosts::memory_bandwidth(int threads) {
+  const std::string key = "host/memory-bandwidth/threads" + std::to_string(threads);
+  if (auto it = table_.find(key); it != table_.end()) return it->second;
+  announce();
+  const double bw = measure_memory_bandwidth(threads);
+  table_[key] = bw;
+  dirty_ = true;
+  return bw;
+}
+
+double ProfileCosts::scheduler_slice(int procs) {
+  const std::string key = "host/scheduler-slice/procs" + std::to_string(procs);
+  if (auto it = table_.find(key); it != table_.end()) return it->second;
+  announce();
+  const double slice = measure_scheduler_slice(procs);
+  table_[key] = slice;
+  dirty_ = true;
+  return slice;
+}
+
+bool ProfileCosts::has(const Op& op, int bytes) const {
+  return table_.count(key_prefix(dtype_of(bytes)) + to_string(op)) > 0;
+}
+
 double ProfileCosts::seconds(const Op& op, int bytes) {
   const std::string key = key_prefix(dtype_of(bytes)) + to_string(op);
   if (auto it = table_.find(key); it != table_.end()) return scale_ * it->second;
+  announce();
   const double t = measure(op, bytes);
   table_[key] = t;
   ++measured_;
@@ -391,6 +442,47 @@ double ProfileCosts::measure(const Op& op, int bytes) {
     if (round == 0 || mean < best) best = mean;
   }
   return best;
+}
+
+}  // namespace adgt::sim
+
+namespace adgt::sim {
+namespace {
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 1);
+  return "unknown cpu";
+}
+}  // namespace
+
+std::string default_profile_cache() {
+  if (const char* v = std::getenv("ADGT_PROFILE_CACHE"); v && *v)
+    return std::string(v) == "off" ? "" : std::string(v);
+  std::string dir;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) dir = std::string(x) + "/adgt";
+  else if (const char* h = std::getenv("HOME"); h && *h) dir = std::string(h) + "/.cache/adgt";
+  else return "";
+  std::string id = cpu_model() + "|" + std::to_string(usable_cores());
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    id += "|" + exe.string();
+    const auto size = std::filesystem::file_size(exe, ec);
+    if (!ec) id += "|" + std::to_string(size);
+    const auto mtime = std::filesystem::last_write_time(exe, ec);
+    if (!ec) id += "|" + std::to_string(mtime.time_since_epoch().count());
+  }
+  char key[32];
+  std::snprintf(key, sizeof key, "%016llx", static_cast<unsigned long long>(fnv1a(id)));
+  return dir + "/op-profile-" + key + ".json";
 }
 
 }  // namespace adgt::sim

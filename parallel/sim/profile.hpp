@@ -5,6 +5,7 @@
 // later run (or a sweep over layouts) reuses it. The CPU backend runs with the
 // threads it was given (tests and the validation: one per rank).
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
 
@@ -44,6 +45,19 @@ class ProfileCosts final : public OpCosts {
   // Reads the cache if present but never writes it (a dry run writes nothing).
   void read_only() { read_only_ = true; }
   int measured() const { return measured_; }  // ops timed in this process
+  const std::string& path() const { return path_; }  // the cache file ("" none)
+  // Whether `op` is in the table (cached or measured) at this thread count.
+  bool has(const Op& op, int bytes) const;
+  // Called once, before the first op this process measures (a line saying
+  // that the machine is being profiled).
+  void on_first_measure(std::function<void()> f) { on_first_measure_ = std::move(f); }
+  bool calibrated(const RunConfig& run) const;  // calibrate(run) would read its factor
+  // The host's memory bandwidth with `threads` streaming threads (host.hpp
+  // measure_memory_bandwidth), measured once and cached with the ops; bytes/s.
+  double memory_bandwidth(int threads);
+  // The scheduler's slice with `procs` busy processes on this host (host.hpp
+  // measure_scheduler_slice), measured once and cached with the ops; seconds.
+  double scheduler_slice(int procs);
   int cached() const { return int(table_.size()); }
 
  private:
@@ -62,6 +76,21 @@ class ProfileCosts final : public OpCosts {
   double flop_rate_ = 0;  // count_flops()
   int measured_ = 0;
   bool dirty_ = false;
+  std::function<void()> on_first_measure_;
+  bool announced_ = false;
+  void announce() {
+    if (!announced_ && on_first_measure_) on_first_measure_();
+    announced_ = true;
+  }
 };
+
+// The profile cache of this machine and binary (docs/simulator.md, "The
+// profile cache"): ADGT_PROFILE_CACHE when set ("off": none), else
+// $XDG_CACHE_HOME/adgt (or ~/.cache/adgt) / op-profile-<key>.json, where the
+// key hashes the CPU model, the usable cores and this executable (path, size,
+// modification time): another machine or a rebuilt binary measures again;
+// the ops' shapes, dtype and thread count are keys inside. "" when no home
+// directory is known.
+std::string default_profile_cache();
 
 }  // namespace adgt::sim

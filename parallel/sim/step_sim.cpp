@@ -609,9 +609,14 @@ class StepSimulation {
     for (const Unit& u : units_)
       if (u.pc < u.tasks.size() && u.tasks[u.pc].kind == TaskKind::Compute && u.pool >= 0)
         // A slowed rank (emulate.slow_ranks) sleeps part of its compute: it
-        // holds a core for speed of the time.
-        demand_[u.pool] += double(u.ranks.size()) * std::min(1.0, u.speed);
+        // holds its cores for speed of the time. A rank of a cluster's node
+        // wants its threads' cores (cluster.hpp threads_per_rank), and its
+        // ops were profiled at that many threads.
+        demand_[u.pool] += double(u.ranks.size()) * threads_per_rank() * std::min(1.0, u.speed);
     cores_of_pool_ = opts_.host_cores > 0 ? double(opts_.host_cores) : double(cl_.cores_per_node);
+  }
+  double threads_per_rank() const {
+    return opts_.host_cores > 0 ? 1.0 : double(cl_.rank_threads());
   }
   double rate(const Unit& u) {
     double r = u.speed;

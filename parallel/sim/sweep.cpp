@@ -122,8 +122,9 @@ double step_lower_bound(const RunConfig& cfg, const cluster::Cluster& cl, OpCost
   double top_speed = 1;
   for (int64_t n = 0; n < cl.nodes; ++n) top_speed = std::max(top_speed, cl.speed_of_node(n));
   if (sim.host_cores > 0) lb = std::max(lb, all_ranks / double(sim.host_cores) / top_speed);
-  else if (cl.cores_per_node > 0)
-    for (double w : node_work) lb = std::max(lb, w / double(cl.cores_per_node) / top_speed);
+  else if (cl.cores_per_node > 0)  // each computing rank takes its threads' cores
+    for (double w : node_work)
+      lb = std::max(lb, w * double(cl.rank_threads()) / double(cl.cores_per_node) / top_speed);
   return lb;
 }
 

@@ -6,11 +6,16 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <future>
 #include <memory>
 #include <numeric>
 #include <optional>
 #include <thread>
+
+#include <omp.h>
+#include <unistd.h>
 
 #include "core/config.hpp"
 #include "core/layout.hpp"
@@ -19,8 +24,11 @@
 #include "parallel/engine/engine.hpp"
 #include "parallel/pipeline/timeline.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/cpu_threads.hpp"
 #include "kernels/flop_counter.hpp"
+#include "parallel/sim/host.hpp"
 #include "parallel/sim/profile.hpp"
+#include "parallel/sim/sweep.hpp"
 #include "parallel/sim/step_sim.hpp"
 #include "parallel/sim/work.hpp"
 
@@ -145,6 +153,55 @@ TEST_CASE("sim: ranks sharing cores share them (processor sharing)", "[sim]") {
   const double tp2_two_cores = simulate_step(run({"parallel.tp=2", "parallel.dp=2"}), fast(2), costs).step_time_s;
   const double tp2_own = simulate_step(run({"parallel.tp=2", "parallel.dp=2"}), fast(), costs).step_time_s;
   CHECK(tp2_two_cores == Approx(2 * tp2_own).epsilon(1e-3));
+}
+
+TEST_CASE("sim: CPU ranks of several threads each want that many cores", "[sim]") {
+  FakeCosts costs;
+  const RunConfig single_cfg = run({}), dp4 = run({"parallel.dp=4"});
+  const double single = simulate_step(single_cfg, fast(), costs).step_time_s;
+  // 4 ranks on 8 cores: with 1 or 2 threads each they all run at once; with
+  // 4 each (the costs are their ops at 4 threads) they want 16 cores: half speed.
+  for (const auto& [threads, expect] : std::vector<std::pair<int64_t, double>>{
+           {1, single / 4}, {2, single / 4}, {4, single / 2}}) {
+    INFO("threads per rank " << threads);
+    cluster::Cluster cl = fast(8);
+    cl.threads_per_rank = threads;
+    CHECK(cl.rank_threads() == threads);
+    const double t = simulate_step(dp4, cl, costs).step_time_s;
+    CHECK(t == Approx(expect).epsilon(1e-3));
+    // The sweep's bound stays below the simulation.
+    CHECK(step_lower_bound(dp4, cl, costs, {}) <= t * (1 + 1e-9));
+    CHECK(step_lower_bound(dp4, cl, costs, {}) == Approx(expect).epsilon(1e-3));
+  }
+  // Automatic: the node's cores over its ranks (8 over 8: one each), one
+  // without cores per node; a file's threads need cores.
+  CHECK(fast(8).rank_threads() == 1);
+  CHECK(fast(16).rank_threads() == 2);
+  CHECK(fast(0).rank_threads() == 1);
+  CHECK_THROWS_WITH(cluster::parse_cluster("nodes: 1\ndevices_per_node: 2\nthreads_per_rank: 2\n"
+                                           "device: {peak_bf16_tflops: 1, peak_fp32_tflops: 1, "
+                                           "memory_gib: 1, hbm_GBps: 1}\nintra: {bandwidth_GBps: 1, "
+                                           "latency_us: 1}\n",
+                                           "t.yaml"),
+                    Catch::Contains("t.yaml:3: threads_per_rank: only meaningful for CPU ranks"));
+  // It round-trips through the YAML form.
+  cluster::Cluster c = fast(8);
+  c.threads_per_rank = 3;
+  CHECK(cluster::parse_cluster(cluster::to_yaml(c), "rt.yaml").threads_per_rank == 3);
+}
+
+TEST_CASE("sim: ranks of a host share its memory bandwidth", "[sim]") {
+  FakeCosts inner;
+  const Op adam{OpKind::AdamW, 1 << 20};        // 28 MiB moved
+  const Op gemm{OpKind::GemmForward, 64, 64, 64};  // compute-bound
+  const double bw = 10e9;
+  SharedMemoryCosts alone(inner, bw, 1), two(inner, bw, 2);
+  CHECK(alone.seconds(adam, 4) == inner.seconds(adam, 4));
+  const double floor2 = 2 * DeviceModelCosts::bytes_moved(adam, 4) / bw;
+  CHECK(two.seconds(adam, 4) == Approx(std::max(inner.seconds(adam, 4), floor2)));
+  CHECK(two.seconds(gemm, 4) == Approx(std::max(inner.seconds(gemm, 4),
+                                                2 * DeviceModelCosts::bytes_moved(gemm, 4) / bw)));
+  CHECK_THAT(two.describe(), Catch::Contains("shared by 2 ranks"));
 }
 
 TEST_CASE("sim: data-parallel buckets, overlapped or after the backward", "[sim]") {
@@ -341,6 +398,93 @@ TEST_CASE("sim: a profile on the model clock costs the kernels' counted FLOPs, o
   }
   CHECK(gemm_flops_executed().load() == before);
   CHECK(pc.seconds(sim::Op{sim::OpKind::RmsNormForward, 64, 32}, 4) == 0);  // no matmul: free
+}
+
+TEST_CASE("sim: the profile cache: thread counts apart, saves merged, the default path", "[sim]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("adgt-profile-test-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string cache = (dir / "p.json").string();
+  auto be = make_backend("cpu");
+  const sim::Op a{sim::OpKind::GemmForward, 32, 32, 32}, b{sim::OpKind::Add, 4096};
+  {
+    ScopedCpuThreads one(1);
+    sim::ProfileCosts pc(*be, cache, 0.001, 0);
+    (void)pc.seconds(a, 4);
+    CHECK(pc.has(a, 4));
+    {
+      ScopedCpuThreads two(2);
+      CHECK_FALSE(pc.has(a, 4));  // another thread count: another entry
+      (void)pc.seconds(a, 4);
+      CHECK(pc.has(a, 4));
+    }
+    CHECK(pc.measured() == 2);
+    // Another process saves its op meanwhile: both are kept.
+    sim::ProfileCosts other(*be, cache, 0.001, 0);
+    (void)other.seconds(b, 4);
+    other.save();
+    pc.save();
+  }
+  {
+    ScopedCpuThreads one(1);
+    sim::ProfileCosts again(*be, cache, 0.001, 0);
+    CHECK(again.has(a, 4));
+    CHECK(again.has(b, 4));
+    bool announced = false;
+    again.on_first_measure([&] { announced = true; });
+    (void)again.seconds(a, 4);
+    CHECK_FALSE(announced);  // read, not measured
+    (void)again.seconds(sim::Op{sim::OpKind::Add, 8192}, 4);
+    CHECK(announced);
+    CHECK(again.measured() == 1);
+  }
+  // The default path: ADGT_PROFILE_CACHE, else XDG_CACHE_HOME/adgt.
+  const char* had = std::getenv("ADGT_PROFILE_CACHE");
+  const std::string was = had ? had : "";
+  ::unsetenv("ADGT_PROFILE_CACHE");
+  ::setenv("XDG_CACHE_HOME", dir.c_str(), 1);
+  const std::string def = sim::default_profile_cache();
+  CHECK(def.rfind((dir / "adgt" / "op-profile-").string(), 0) == 0);
+  CHECK(def == sim::default_profile_cache());  // stable for this binary and machine
+  ::setenv("ADGT_PROFILE_CACHE", "off", 1);
+  CHECK(sim::default_profile_cache().empty());
+  if (had) ::setenv("ADGT_PROFILE_CACHE", was.c_str(), 1);
+  else ::unsetenv("ADGT_PROFILE_CACHE");
+  ::unsetenv("XDG_CACHE_HOME");
+  fs::remove_all(dir);
+}
+
+TEST_CASE("sim: rank threads: OMP_NUM_THREADS, else the host's cores over its ranks", "[sim]") {
+  const char* had = std::getenv("OMP_NUM_THREADS");
+  const std::string was = had ? had : "";
+  const char* had_ob = std::getenv("OPENBLAS_NUM_THREADS");
+  const std::string was_ob = had_ob ? had_ob : "";
+  ::unsetenv("OPENBLAS_NUM_THREADS");
+  ::unsetenv("OMP_NUM_THREADS");
+  CHECK(rank_threads(2, 8).threads == 4);
+  CHECK_FALSE(rank_threads(2, 8).from_env);
+  CHECK(rank_threads(2, 8).why == "8 cores / 2 ranks on this host");
+  CHECK(rank_threads(4, 2).threads == 1);  // never below one
+  CHECK(rank_threads(1, 2).threads == 2);
+  ::setenv("OMP_NUM_THREADS", "3,1", 1);  // nested levels: the first
+  CHECK(rank_threads(2, 8).threads == 3);
+  CHECK(rank_threads(2, 8).from_env);
+  ::setenv("OMP_NUM_THREADS", "zero", 1);  // not a count: ignored
+  CHECK(rank_threads(2, 8).threads == 4);
+  ::unsetenv("OMP_NUM_THREADS");
+  ::setenv("OPENBLAS_NUM_THREADS", "2", 1);
+  CHECK(rank_threads(1, 8).threads == 2);
+  if (had_ob) ::setenv("OPENBLAS_NUM_THREADS", was_ob.c_str(), 1);
+  else ::unsetenv("OPENBLAS_NUM_THREADS");
+  if (had) ::setenv("OMP_NUM_THREADS", was.c_str(), 1);
+  // ScopedCpuThreads sets and restores.
+  const int before = omp_get_max_threads();
+  {
+    ScopedCpuThreads t(before + 1);
+    CHECK(omp_get_max_threads() == before + 1);
+  }
+  CHECK(omp_get_max_threads() == before);
 }
 
 TEST_CASE("sim: context parallelism, the rank's tokens, the ring's exposure and the all-to-alls",
