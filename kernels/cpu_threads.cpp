@@ -44,11 +44,16 @@ RankThreads rank_threads(int ranks_on_host, int cores) {
       return r;
     }
   }
-  if (cores <= 0) cores = usable_cores();
   ranks_on_host = std::max(1, ranks_on_host);
-  r.threads = std::max(1, cores / ranks_on_host);
+  // This process's cores when the launcher bound it to fewer than the host's
+  // (srun --cpus-per-task, mpirun --bind-to core or socket): at most those.
+  const int bound = cores > 0 ? cores : usable_cores();
+  if (cores <= 0) cores = std::max(bound, int(std::thread::hardware_concurrency()));
+  r.threads = std::max(1, std::min(bound, cores / ranks_on_host));
   r.why = std::to_string(cores) + (cores == 1 ? " core / " : " cores / ") + std::to_string(ranks_on_host) +
           (ranks_on_host == 1 ? " rank" : " ranks") + " on this host";
+  if (bound < cores)
+    r.why += ", at most the " + std::to_string(bound) + " this rank is bound to";
   return r;
 }
 

@@ -23,7 +23,8 @@ struct RankThreads {
 
 // The threads of one of `ranks_on_host` CPU ranks: OMP_NUM_THREADS when set
 // (a positive integer; the first of a list), else max(1, cores / ranks_on_host)
-// over `cores` (0: usable_cores()).
+// over `cores` (0: the host's, and at most the cores this process is bound to:
+// srun --cpus-per-task=8 gives 8, mpirun --bind-to core 1).
 RankThreads rank_threads(int ranks_on_host, int cores = 0);
 
 // Sets this process's OpenMP (and OpenBLAS, when it keeps its own count)

@@ -26,7 +26,6 @@
 #include "parallel/cluster/placement.hpp"
 #include "parallel/plan/planner.hpp"
 #include "parallel/sim/ops.hpp"
-#include "parallel/sim/dry_run.hpp"
 #include "parallel/sim/host.hpp"
 #include "parallel/sim/profile.hpp"
 
@@ -146,7 +145,6 @@ Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cl
     if (cl.cores_per_node > 0 && !model_clock && running > 1)
       shared = std::make_unique<sim::SharedMemoryCosts>(
           *pc, pc->memory_bandwidth(int(cl.cores_per_node)), running);
-    in.sim.sync_wait_s = sim::host_sync_wait(cl, *pc, model_clock);
     profile = pc.get();
     costs = std::move(pc);
     // Every rank of the launch shares this host's cores (the emulation

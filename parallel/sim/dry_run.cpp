@@ -91,13 +91,6 @@ void announce_profiling(const RunConfig& cfg, const cluster::Cluster& cl, const 
   std::fflush(stdout);
 }
 
-double host_sync_wait(const cluster::Cluster& cl, ProfileCosts& pc, bool model_clock) {
-  if (model_clock || cl.cores_per_node <= 0) return 0;
-  const int64_t procs = cl.devices_per_node * cl.rank_threads();
-  if (procs <= cl.cores_per_node) return 0;
-  return sync_wait(pc.scheduler_slice(int(procs)), int(procs), int(cl.cores_per_node));
-}
-
 std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_given) {
   const int64_t world = layout_of(cfg).world();
   // Without --cluster, a run on an emulated cluster (emulate.cluster) is
@@ -134,7 +127,6 @@ std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_
   std::unique_ptr<OpCosts> costs;
   std::unique_ptr<OpCosts> shared;  // the host's memory bandwidth over its ranks
   std::optional<ScopedCpuThreads> threads;
-  SimOptions opts;
   ProfileCosts* profile = nullptr;
   double profiled_s = 0;
   if (cl.cpu_ranks()) {  // as adgt-sim --costs auto and the launch plan cost CPU ranks
@@ -158,7 +150,6 @@ std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_
     if (cl.cores_per_node > 0 && !model_clock && running > 1)
       shared = std::make_unique<SharedMemoryCosts>(
           *pc, pc->memory_bandwidth(int(cl.cores_per_node)), running);
-    opts.sync_wait_s = host_sync_wait(cl, *pc, model_clock);
     costs = std::move(pc);
     // MFU against this machine's measured GEMM rate, as the trainer reports it.
     cl.device.peak_fp32_flops = cl.device.peak_bf16_flops =
@@ -167,7 +158,7 @@ std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_
     costs = std::make_unique<DeviceModelCosts>(cl.device);
   }
   OpCosts& used = shared ? *shared : *costs;
-  const SimResult r = simulate_step(cfg, cl, used, opts);
+  const SimResult r = simulate_step(cfg, cl, used);
   std::string note;
   if (profile && profile->measured() > 0) {
     profile->save();

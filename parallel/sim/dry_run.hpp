@@ -22,12 +22,6 @@ std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster)
 // each, measured on the 2-core VM: the rounds, the warm-up, the copies;
 // 1.5 s more for the in-situ factor).
 class ProfileCosts;
-// CPU ranks on a node of fewer cores than their threads take turns on them:
-// each synchronisation with another rank waits, on average, a third of a
-// scheduling round (host.hpp sync_wait, the slice measured once and cached
-// in the profile); 0 where every rank has its cores, on the model clock, or
-// for devices.
-double host_sync_wait(const cluster::Cluster& cl, ProfileCosts& pc, bool model_clock);
 constexpr double kProfileSecondsPerOp = 0.12;
 void announce_profiling(const RunConfig& cfg, const cluster::Cluster& cl, const ProfileCosts& pc);
 

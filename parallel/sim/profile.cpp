@@ -351,24 +351,18 @@ void ProfileCosts::save() const {
   std::filesystem::rename(tmp, path_);
 }
 
-double ProfileCosts::memory_bandwidth(int threads) {
-  const std::string key = "host/memory-bandwidth/threads" + std::to_string(threads);
+double ProfileCosts::host_figure(const std::string& key, const std::function<double()>& measure) {
   if (auto it = table_.find(key); it != table_.end()) return it->second;
   announce();
-  const double bw = measure_memory_bandwidth(threads);
-  table_[key] = bw;
+  const double v = measure();
+  table_[key] = v;
   dirty_ = true;
-  return bw;
+  return v;
 }
 
-double ProfileCosts::scheduler_slice(int procs) {
-  const std::string key = "host/scheduler-slice/procs" + std::to_string(procs);
-  if (auto it = table_.find(key); it != table_.end()) return it->second;
-  announce();
-  const double slice = measure_scheduler_slice(procs);
-  table_[key] = slice;
-  dirty_ = true;
-  return slice;
+double ProfileCosts::memory_bandwidth(int threads) {
+  return host_figure("host/memory-bandwidth/threads" + std::to_string(threads),
+                     [threads] { return measure_memory_bandwidth(threads); });
 }
 
 bool ProfileCosts::has(const Op& op, int bytes) const {

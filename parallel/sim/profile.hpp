@@ -55,14 +55,14 @@ class ProfileCosts final : public OpCosts {
   // The host's memory bandwidth with `threads` streaming threads (host.hpp
   // measure_memory_bandwidth), measured once and cached with the ops; bytes/s.
   double memory_bandwidth(int threads);
-  // The scheduler's slice with `procs` busy processes on this host (host.hpp
-  // measure_scheduler_slice), measured once and cached with the ops; seconds.
-  double scheduler_slice(int procs);
   int cached() const { return int(table_.size()); }
 
  private:
   bool read_only_ = false;
   double measure(const Op& op, int bytes);
+  // A figure of the host (its memory bandwidth) under `key`:
+  // cached, or measured now and kept with the ops.
+  double host_figure(const std::string& key, const std::function<double()>& measure);
   // Host backend with one thread: ops are timed as the thread's CPU time.
   bool cpu_time() const;
   // "<backend>/<dtype>/cold<N>MiB/[cpu-time/]", or "<backend>/<dtype>/flops<rate>/"

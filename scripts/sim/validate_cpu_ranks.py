@@ -33,6 +33,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 TINY = os.path.join(ROOT, "configs", "tiny.yaml")
 TINY_MOE = os.path.join(ROOT, "configs", "tiny-moe.yaml")
+sys.path.insert(0, HERE)
+from validate_cpu import spearman  # noqa: E402
 
 # (name, ranks, run file, --set overrides)
 LAYOUTS = [
@@ -59,26 +61,6 @@ LAYOUTS = [
     ("pp4 m4", 4, TINY, ["parallel.pp=4"]),
     ("moe dp2 ep2", 2, TINY_MOE, ["parallel.dp=2", "parallel.ep=2", "model.moe_capacity_factor=1.0"]),
 ]
-
-
-def spearman(a, b):
-    def ranks(x):
-        order = sorted(range(len(x)), key=lambda i: x[i])
-        r = [0.0] * len(x)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and x[order[j + 1]] == x[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2.0
-            i = j + 1
-        return r
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.mean(ra), statistics.mean(rb)
-    num = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    den = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
-    return num / den if den else 0.0
 
 
 def mpirun(n):
