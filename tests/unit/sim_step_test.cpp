@@ -15,6 +15,7 @@
 #include <thread>
 
 #include <omp.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include "core/config.hpp"
@@ -478,6 +479,24 @@ TEST_CASE("sim: rank threads: OMP_NUM_THREADS, else the host's cores over its ra
   if (had_ob) ::setenv("OPENBLAS_NUM_THREADS", was_ob.c_str(), 1);
   else ::unsetenv("OPENBLAS_NUM_THREADS");
   if (had) ::setenv("OMP_NUM_THREADS", was.c_str(), 1);
+  // Bound by the launcher to fewer cores than the host's (here: this thread
+  // to its first allowed core): at most those.
+  cpu_set_t was_set, one;
+  CPU_ZERO(&was_set);
+  REQUIRE(sched_getaffinity(0, sizeof(was_set), &was_set) == 0);
+  if (CPU_COUNT(&was_set) > 1) {
+    int first = 0;
+    while (!CPU_ISSET(first, &was_set)) ++first;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    REQUIRE(sched_setaffinity(0, sizeof(one), &one) == 0);
+    ::unsetenv("OMP_NUM_THREADS");
+    const RankThreads bound = rank_threads(1);
+    CHECK(bound.threads == 1);
+    CHECK_THAT(bound.why, Contains("at most the 1 this rank is bound to"));
+    REQUIRE(sched_setaffinity(0, sizeof(was_set), &was_set) == 0);
+    if (had) ::setenv("OMP_NUM_THREADS", was.c_str(), 1);
+  }
   // ScopedCpuThreads sets and restores.
   const int before = omp_get_max_threads();
   {
