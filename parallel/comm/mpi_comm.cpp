@@ -288,10 +288,13 @@ void MpiComm::advance_pending() {
 namespace {
 std::atomic<int> g_poll_us{50};
 
-// The one polling loop of every wait: `done()` until it says so, `between()`
-// after each miss; a short spin (200 polls), then a sleep of
-// mpi_poll_interval_us() before each poll (ranks may share cores).
 std::atomic<int> g_spin_us{0};
+std::atomic<bool> g_spare_core{true};
+
+// The one polling loop of every wait: `done()` until it says so, `between()`
+// after each miss; a short spin (200 polls, and up to g_spin_us more where
+// the ranks have cores of their own), then a sleep of
+// mpi_poll_interval_us() before each poll (ranks may share cores).
 template <class Done, class Between>
 void poll_politely(Done done, Between between) {
   constexpr int kSpins = 200;
@@ -307,10 +310,6 @@ void poll_politely(Done done, Between between) {
 
 void set_mpi_poll_interval_us(int us) { g_poll_us.store(std::max(1, us)); }
 void set_mpi_spin_us(int us) { g_spin_us.store(std::max(0, us)); }
-int mpi_spin_us() { return g_spin_us.load(); }
-namespace {
-std::atomic<bool> g_spare_core{true};
-}
 void set_host_spare_core(bool spare) { g_spare_core.store(spare); }
 bool host_spare_core() { return g_spare_core.load(); }
 int mpi_poll_interval_us() { return g_poll_us.load(); }

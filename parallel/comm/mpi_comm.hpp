@@ -52,7 +52,6 @@ void set_mpi_poll_interval_us(int us);
 // wake-up, 1.7-1.9 ms each (0.3 ms spin), against 0.34-0.41 ms with a 3 ms
 // spin and 0.55 ms for MPI_Allreduce (docs/simulator.md, "On real CPU ranks").
 void set_mpi_spin_us(int us);
-int mpi_spin_us();
 // Whether the host has a core beyond its ranks' threads (default true;
 // adgt-train sets it at start-up): without one, the pipeline's send helper
 // (executor.cpp) polls every 200 us instead of 20, since each poll takes the

@@ -139,12 +139,7 @@ Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cl
     cl.device.peak_fp32_flops = cl.device.peak_bf16_flops =
         model_clock ? cfg.emulate.model_flops : be->peak_tflops() * 1e12;
     // The host's memory bandwidth shared by the ranks that run at once.
-    const double running = std::min<double>(
-        double(cl.devices_per_node),
-        std::max(1.0, double(cl.cores_per_node) / double(cl.rank_threads())));
-    if (cl.cores_per_node > 0 && !model_clock && running > 1)
-      shared = std::make_unique<sim::SharedMemoryCosts>(
-          *pc, pc->memory_bandwidth(int(cl.cores_per_node)), running);
+    shared = sim::shared_memory_costs(cl, *pc, model_clock);
     profile = pc.get();
     costs = std::move(pc);
     // Every rank of the launch shares this host's cores (the emulation

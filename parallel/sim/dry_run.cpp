@@ -144,12 +144,7 @@ std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_
       profiled_s = -wall_seconds();
     });
     pc->calibrate(cfg);  // the in-situ factor (docs/simulator.md, "Cost tables")
-    const double running = std::min<double>(
-        double(cl.devices_per_node),
-        std::max(1.0, double(cl.cores_per_node) / double(cl.rank_threads())));
-    if (cl.cores_per_node > 0 && !model_clock && running > 1)
-      shared = std::make_unique<SharedMemoryCosts>(
-          *pc, pc->memory_bandwidth(int(cl.cores_per_node)), running);
+    shared = shared_memory_costs(cl, *pc, model_clock);
     costs = std::move(pc);
     // MFU against this machine's measured GEMM rate, as the trainer reports it.
     cl.device.peak_fp32_flops = cl.device.peak_bf16_flops =

@@ -13,6 +13,7 @@
 #include <omp.h>
 
 #include "kernels/clock.hpp"
+#include "parallel/sim/profile.hpp"
 
 namespace adgt::sim {
 double measure_scheduler_slice(int procs, double seconds) {
@@ -70,6 +71,15 @@ double SharedMemoryCosts::seconds(const Op& op, int bytes) {
   const double t = inner_.seconds(op, bytes);
   if (running_ <= 1 || bw_ <= 0) return t;
   return std::max(t, running_ * DeviceModelCosts::bytes_moved(op, bytes) / bw_);
+}
+
+std::unique_ptr<OpCosts> shared_memory_costs(const cluster::Cluster& cl, ProfileCosts& pc,
+                                             bool model_clock) {
+  if (cl.cores_per_node <= 0 || model_clock) return nullptr;
+  const double running = std::min<double>(
+      double(cl.devices_per_node), std::max(1.0, double(cl.cores_per_node) / double(cl.rank_threads())));
+  if (running <= 1) return nullptr;
+  return std::make_unique<SharedMemoryCosts>(pc, pc.memory_bandwidth(int(cl.cores_per_node)), running);
 }
 
 std::string SharedMemoryCosts::describe() const {

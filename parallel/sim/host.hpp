@@ -5,6 +5,7 @@
 // The simulator's processor sharing is fluid; it adds this wait per
 // synchronisation.
 #pragma once
+#include <memory>
 #include <string>
 
 #include "parallel/sim/ops.hpp"
@@ -44,5 +45,14 @@ class SharedMemoryCosts final : public OpCosts {
   OpCosts& inner_;
   double bw_, running_;
 };
+
+class ProfileCosts;
+// The wrapper for CPU ranks sharing a node (cores_per_node > 0) on the
+// measured clock: `running` = min(ranks per node, cores / threads per rank),
+// the bandwidth from the profile (measured once, cached); null where it does
+// not apply (no shared cores, the model clock, one rank running at a time).
+// What the dry run and the planner cost CPU ranks with.
+std::unique_ptr<OpCosts> shared_memory_costs(const cluster::Cluster& cl, ProfileCosts& pc,
+                                             bool model_clock);
 
 }  // namespace adgt::sim

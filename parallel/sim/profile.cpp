@@ -438,9 +438,6 @@ double ProfileCosts::measure(const Op& op, int bytes) {
   return best;
 }
 
-}  // namespace adgt::sim
-
-namespace adgt::sim {
 namespace {
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
