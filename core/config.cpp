@@ -364,10 +364,16 @@ const std::vector<Key>& schema() {
           "shares sum to 1; replicated experts only); written by the re-placement, kept by "
           "switches and checkpoints; \"\" = none"),
       key("parallel", &R::parallel, "placement", &ParallelConfig::placement, A::Choices,
-          "rank placement (docs/placement.md): topology = rank order rebuilt from the nodes "
-          "(tp groups inside a node, then dp, pipeline stages outermost); launcher = the "
-          "launcher's order as it comes",
-          {"topology", "launcher"}),
+          "rank placement (docs/placement.md): topology = rank order rebuilt from the sites and "
+          "nodes (sites one after another, tp groups inside a node, then dp, pipeline stages "
+          "outermost); nodes = the same with the sites ignored; launcher = the launcher's order "
+          "as it comes",
+          {"topology", "nodes", "launcher"}),
+      key("parallel", &R::parallel, "site_reduce", &ParallelConfig::site_reduce, A::Choices,
+          "the data-parallel reduction of a group spanning sites (docs/sites.md): hierarchical "
+          "= reduce-scatter inside each site, one exchange of each member's shard across the "
+          "wide-area link, all-gather inside the site; flat = one ring over the whole group",
+          {"hierarchical", "flat"}),
       key("parallel", &R::parallel, "grad_compression", &ParallelConfig::grad_compression,
           A::Choices,
           "data-parallel gradient compression with error feedback (docs/compression.md): off; "
@@ -433,8 +439,10 @@ const std::vector<Key>& schema() {
           "1.5x from step 100 on (on top of the cluster's node_speed); needs emulate.cluster"),
       key("emulate", &R::emulate, "rank_order", &EmulateConfig::rank_order, A::Choices,
           "how the emulated launcher hands ranks to nodes: block = rank r on node "
-          "r / devices_per_node; round-robin = node r % nodes (mpirun --map-by node)",
-          {"block", "round-robin"}),
+          "r / devices_per_node; round-robin = node r % nodes (mpirun --map-by node); "
+          "interleave-sites = block, with the nodes taken from the cluster's sites in turn "
+          "(a host list that alternates datacenters)",
+          {"block", "round-robin", "interleave-sites"}),
       key("emulate", &R::emulate, "link_bandwidth", &EmulateConfig::link_bandwidth,
           A::StepFactors,
           "a bandwidth schedule of every emulated link: \"0.0005@200,1@400\" = from step 200 "

@@ -185,9 +185,14 @@ struct ParallelConfig {
   // expert_placement's owners. Set by the re-placement (and switched in place).
   std::string expert_replicas;
   // Rank placement (docs/placement.md): topology = rank order rebuilt from
-  // the nodes (tp groups inside a node, then dp, pipeline stages outermost);
-  // launcher = the launcher's rank order as it comes.
+  // the sites and nodes (sites in turn, tp groups inside a node, then dp,
+  // pipeline stages outermost); nodes = the same ignoring sites; launcher =
+  // the launcher's rank order as it comes.
   std::string placement = "topology";
+  // The data-parallel reduction of a group whose ranks span sites
+  // (docs/sites.md): hierarchical (inside each site, then one cross-site
+  // exchange of each member's shard) or flat (one ring over the group).
+  std::string site_reduce = "hierarchical";
   // Gradient compression of the data-parallel reduce (parallel/compress/,
   // docs/compression.md): off | bf16 | int8 | int4 | int3 | int2 | powersgd | auto (auto:
   // a controller sets each bucket's level; without one it runs as off).
@@ -244,7 +249,8 @@ struct EmulateConfig {
   std::string slow_ranks;
   // How the emulated launcher hands out ranks to the cluster's nodes: block =
   // rank r on node r / devices_per_node; round-robin = node r % nodes (as
-  // mpirun --map-by node does).
+  // mpirun --map-by node does); interleave-sites = block over the nodes taken
+  // from the cluster's sites in turn (site 0's first node, site 1's first, ...).
   std::string rank_order = "block";
   // A bandwidth schedule of every link: "factor@step,..." ("0.0005@200,1@400":
   // from step 200 every link of the cluster carries 0.0005x its bandwidth,

@@ -47,15 +47,32 @@ int Placement::node_of_layout(int layout_rank) const {
   return node_of.empty() ? -1 : node_of.at(size_t(launcher_rank(layout_rank)));
 }
 
-Placement place_ranks(const std::vector<int>& node_of_launcher, const std::string& mode, int tp) {
-  if (mode != "topology" && mode != "launcher")
+int Placement::site_of_layout(int layout_rank) const {
+  return site_of.empty() ? 0 : site_of.at(size_t(launcher_rank(layout_rank)));
+}
+
+std::vector<int> Placement::layout_sites() const {
+  std::vector<int> out;
+  for (size_t l = 0; l < site_of.size(); ++l) out.push_back(site_of_layout(int(l)));
+  for (int s : out)
+    if (s != out.front()) return out;
+  return {};
+}
+
+Placement place_ranks(const std::vector<int>& node_of_launcher, const std::string& mode, int tp,
+                      const std::vector<int>& site_of_launcher) {
+  if (mode != "topology" && mode != "nodes" && mode != "launcher")
     throw std::invalid_argument("parallel.placement=\"" + mode +
-                                "\": unknown placement; use topology or launcher");
+                                "\": unknown placement; use topology, nodes or launcher");
   if (tp < 1) throw std::invalid_argument("placement: tp=" + std::to_string(tp) + " must be >= 1");
   const int W = int(node_of_launcher.size());
+  if (!site_of_launcher.empty() && int(site_of_launcher.size()) != W)
+    throw std::invalid_argument("placement: " + std::to_string(site_of_launcher.size()) +
+                                " sites for " + std::to_string(W) + " launcher ranks");
   Placement p;
   p.mode = mode;
   p.node_of = node_of_launcher;
+  p.site_of = site_of_launcher;
 
   // Nodes in the order of their first launcher rank, each with its ranks in order.
   std::vector<int> order;
@@ -65,12 +82,34 @@ Placement place_ranks(const std::vector<int>& node_of_launcher, const std::strin
     if (!ranks_on.count(n)) order.push_back(n);
     ranks_on[n].push_back(r);
   }
+  // Each node's site (one per node), and the sites in order of first appearance.
+  std::map<int, int> site_of_node;
+  std::vector<int> sites;
+  for (int r = 0; r < W && !site_of_launcher.empty(); ++r) {
+    const int n = node_of_launcher[size_t(r)], s = site_of_launcher[size_t(r)];
+    auto [it, fresh] = site_of_node.emplace(n, s);
+    if (!fresh && it->second != s)
+      throw std::invalid_argument("placement: node " + std::to_string(n) + " holds ranks of site " +
+                                  std::to_string(it->second) + " and of site " + std::to_string(s) +
+                                  " (launcher rank " + std::to_string(r) +
+                                  "); every rank of a host must name the same site (ADGT_SITE)");
+    if (std::find(sites.begin(), sites.end(), s) == sites.end()) sites.push_back(s);
+  }
+  // topology: the nodes site by site (stable inside a site).
+  std::vector<int> node_order = order;
+  if (mode == "topology" && sites.size() > 1) {
+    node_order.clear();
+    for (int s : sites)
+      for (int n : order)
+        if (site_of_node[n] == s) node_order.push_back(n);
+  }
+  const bool sites_moved = node_order != order;
 
   p.launcher_of.resize(size_t(W));
   for (int r = 0; r < W; ++r) p.launcher_of[size_t(r)] = r;
-  if (mode == "topology") {
+  if (mode != "launcher") {
     p.launcher_of.clear();
-    for (int n : order)
+    for (int n : node_order)
       for (int r : ranks_on[n]) p.launcher_of.push_back(r);
   }
   p.layout_of.assign(size_t(W), 0);
@@ -85,12 +124,20 @@ Placement place_ranks(const std::vector<int>& node_of_launcher, const std::strin
   const int cross_before = crossing_tp_groups(before, tp);
   const int cross_after = crossing_tp_groups(after, tp);
 
+  const std::string n_sites = std::to_string(sites.size()) + " sites";
   if (mode == "launcher") {
     p.why = "placement: launcher (the launcher's order as it comes; " +
             (cross_after == 0 ? std::string("every tp group is inside one node)")
                               : of_groups(cross_after, groups) +
                                     " cross nodes; parallel.placement=topology orders the "
                                     "ranks by node)");
+  } else if (sites_moved) {
+    p.why = "placement: topology (the launcher's order interleaved the " + n_sites +
+            "; rebuilt site by site, node-contiguous inside each, so dp groups fill a site "
+            "before they cross the wide-area link and pipeline stages split at it)";
+  } else if (p.identity() && sites.size() > 1 && mode == "topology") {
+    p.why = "placement: topology (the launcher's order is already site by site over " + n_sites +
+            " and node-contiguous)";
   } else if (p.identity()) {
     p.why = order.size() <= 1
                 ? "placement: topology (one node: the launcher's order)"
@@ -104,6 +151,11 @@ Placement place_ranks(const std::vector<int>& node_of_launcher, const std::strin
     p.why =
         "placement: topology (the launcher's order interleaved the nodes; rebuilt "
         "node-contiguous so dp groups take the faster links before pp does)";
+  }
+
+  if (mode == "nodes") {
+    p.why.replace(p.why.find("topology"), 8, "nodes");
+    if (sites.size() > 1) p.why.insert(p.why.size() - 1, "; the " + n_sites + " ignored");
   }
 
   // The node shape: unequal nodes, or tp not dividing the ranks per node,

@@ -112,6 +112,7 @@ class EmulatedComm final : public Comm {
   int size() const override { return inner_.size(); }
   std::string name() const override { return inner_.name(); }
   const std::vector<int>& members() const { return members_; }
+  Comm& inner() { return inner_; }  // the transport it delays
 
   void all_reduce(Tensor t, ReduceOp op = ReduceOp::Sum) override;
   void reduce_scatter(Tensor out, const Tensor& in) override;

@@ -129,18 +129,29 @@ void check_emulation_inputs(const RunConfig& cfg, int world) {
 
 std::vector<int> launcher_devices(const cluster::Cluster& cl, int world,
                                   const std::string& rank_order) {
-  if (rank_order != "block" && rank_order != "round-robin")
+  if (rank_order != "block" && rank_order != "round-robin" && rank_order != "interleave-sites")
     throw std::invalid_argument("emulate.rank_order=\"" + rank_order +
-                                "\": unknown order; use block or round-robin");
+                                "\": unknown order; use block, round-robin or interleave-sites");
   if (world > cl.world())
     throw std::invalid_argument("emulate.rank_order: " + std::to_string(world) +
                                 " ranks on the " + std::to_string(cl.world()) +
                                 " devices of cluster " + cl.name);
+  // interleave-sites: the launcher's nodes, taking one from each site in turn.
+  std::vector<int64_t> node_order;
+  if (rank_order == "interleave-sites") {
+    std::vector<std::vector<int64_t>> by_site(std::max<size_t>(1, cl.sites.size()));
+    for (int64_t n = 0; n < cl.nodes; ++n) by_site[size_t(cl.site_of_node(n))].push_back(n);
+    for (size_t i = 0; int64_t(node_order.size()) < cl.nodes; ++i)
+      for (const auto& s : by_site)
+        if (i < s.size()) node_order.push_back(s[i]);
+  }
   std::vector<int> dev(static_cast<size_t>(world));
+  const int64_t dpn = cl.devices_per_node;
   for (int r = 0; r < world; ++r)
-    dev[size_t(r)] = rank_order == "block"
-                         ? r
-                         : int((r % cl.nodes) * cl.devices_per_node + r / cl.nodes);
+    dev[size_t(r)] = rank_order == "block" ? r
+                     : rank_order == "round-robin"
+                         ? int((r % cl.nodes) * dpn + r / cl.nodes)
+                         : int(node_order[size_t(r / dpn)] * dpn + r % dpn);
   return dev;
 }
 
@@ -149,6 +160,14 @@ std::vector<int> launcher_nodes(const cluster::Cluster& cl, int world,
   std::vector<int> nodes;
   for (int d : launcher_devices(cl, world, rank_order)) nodes.push_back(int(cl.node_of(d)));
   return nodes;
+}
+
+std::vector<int> launcher_sites(const cluster::Cluster& cl, int world,
+                                const std::string& rank_order) {
+  if (cl.sites.size() <= 1) return {};
+  std::vector<int> sites;
+  for (int n : launcher_nodes(cl, world, rank_order)) sites.push_back(int(cl.site_of_node(n)));
+  return sites;
 }
 
 // A virtual clock's ranks poll their transports this rarely while they wait

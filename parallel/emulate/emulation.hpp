@@ -101,7 +101,10 @@ void check_emulation_inputs(const RunConfig& cfg, int world);
 // The device of each launcher rank 0..world-1 on `cl` as the emulated launcher
 // hands them out (emulate.rank_order): "block": rank r is device r (node r /
 // devices_per_node); "round-robin": rank r is on node r % nodes, as its
-// (r / nodes)-th device (mpirun --map-by node). Pure; throws
+// (r / nodes)-th device (mpirun --map-by node); "interleave-sites": block
+// over the nodes taken from the cluster's sites in turn (site 0's first node,
+// site 1's first, site 0's second, ...: a host list alternating datacenters).
+// Pure; throws
 // std::invalid_argument for another order or too small a cluster.
 std::vector<int> launcher_devices(const cluster::Cluster& cl, int world,
                                   const std::string& rank_order);
@@ -111,6 +114,9 @@ cluster::Cluster scale_link_bandwidth(const cluster::Cluster& c, double f);
 
 // The node of each launcher rank: cl.node_of(launcher_devices(...)[r]).
 std::vector<int> launcher_nodes(const cluster::Cluster& cl, int world,
+                                const std::string& rank_order);
+// The site of each launcher rank's node; empty when the cluster has one site.
+std::vector<int> launcher_sites(const cluster::Cluster& cl, int world,
                                 const std::string& rank_order);
 
 // nullptr when cfg.emulate.cluster is "". Otherwise loads the cluster and

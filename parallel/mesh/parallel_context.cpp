@@ -4,6 +4,7 @@
 
 #include "kernels/check.hpp"
 #include "parallel/comm/mpi_comm.hpp"
+#include "parallel/comm/site_comm.hpp"
 #include "parallel/comm/traced_comm.hpp"
 #include "parallel/emulate/emulation.hpp"
 
@@ -51,6 +52,70 @@ std::vector<std::unique_ptr<Comm>> wrap_groups(
       done.emplace_back(*slot, wrapped);
     }
     *slot = wrapped;
+  }
+  return owned;
+}
+
+std::vector<std::unique_ptr<Comm>> wrap_site_groups(ParallelContext& ctx,
+                                                    emulate::Emulation* emulation,
+                                                    std::vector<std::string>* notes) {
+  std::vector<std::unique_ptr<Comm>> owned;
+  if (ctx.sites.empty() || !ctx.world || !ctx.layout) return owned;
+  const Layout lay = *ctx.layout;
+  const int me = ctx.world_rank;
+  std::vector<std::pair<Comm*, Comm*>> done;  // (object, its wrapper)
+  const std::pair<Comm**, Group> slots[] = {{&ctx.dp, Group::dp}, {&ctx.edp, Group::edp},
+                                            {&ctx.dpcp, Group::dpcp}, {&ctx.edpcp, Group::edpcp}};
+  for (const auto& [slot, group] : slots) {
+    if (!*slot || (*slot)->size() <= 1) continue;
+    Comm* wrapped = nullptr;
+    for (const auto& [from, to] : done)
+      if (from == *slot) wrapped = to;
+    if (wrapped) {
+      *slot = wrapped;
+      continue;
+    }
+    const std::vector<int> members = group_ranks(lay, group, me);
+    std::vector<int> site_of;
+    for (int w : members) site_of.push_back(ctx.sites.at(size_t(w)));
+    std::string why;
+    const std::optional<SiteSplit> split = split_by_site(site_of, &why);
+    auto* em = dynamic_cast<emulate::EmulatedComm*>(*slot);
+    auto* raw = dynamic_cast<MpiComm*>(em ? &em->inner() : *slot);
+    if (split && !raw) why = "its transport is not MPI (NCCL reduces it flat across the sites)";
+    if (!split || !raw) {
+      // One site needs no note; the others say why the group stays flat.
+      if (notes && why != "the group's ranks are on one site")
+        notes->push_back(std::string(group_name(group)) + " group: flat reduction: " + why);
+      done.emplace_back(*slot, *slot);
+      continue;
+    }
+    const int r = (*slot)->rank();
+    const int site = split->site[size_t(r)], place = split->place[size_t(r)];
+    // Both splits on every member, in this order (collective over the group).
+    std::unique_ptr<Comm> local = raw->split(site, place, std::string(group_name(group)) + "-site");
+    std::unique_ptr<Comm> cross = raw->split(place, site, std::string(group_name(group)) + "-wan");
+    std::vector<std::unique_ptr<Comm>> keep;
+    if (emulation && em) {
+      const auto wrap = [&](std::unique_ptr<Comm>& sub, const std::vector<int>& sub_members) {
+        std::unique_ptr<Comm> control;
+        if (auto* m = dynamic_cast<MpiComm*>(sub.get()); m && m->size() > 1)
+          control = m->split(0, m->rank(), m->name());
+        auto e = std::make_unique<emulate::EmulatedComm>(*sub, emulation->state, sub_members,
+                                                         std::move(control));
+        keep.push_back(std::move(sub));
+        sub = std::move(e);
+      };
+      std::vector<int> local_members, cross_members;
+      for (int i : split->rank_at[size_t(site)]) local_members.push_back(members[size_t(i)]);
+      for (const auto& at_site : split->rank_at) cross_members.push_back(members[size_t(at_site[size_t(place)])]);
+      wrap(local, local_members);
+      wrap(cross, cross_members);
+    }
+    owned.push_back(std::make_unique<SiteComm>(**slot, *split, std::move(local), std::move(cross),
+                                               std::move(keep)));
+    done.emplace_back(*slot, owned.back().get());
+    *slot = owned.back().get();
   }
   return owned;
 }

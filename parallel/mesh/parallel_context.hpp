@@ -43,11 +43,27 @@ struct ParallelContext {
   // rank's compute slowdown hook (nullptr: none).
   emulate::Emulation* emulation = nullptr;
   emulate::ComputeSlowdown* slowdown = nullptr;
+  // Per world rank: its site (parallel/cluster/placement.hpp layout_sites();
+  // docs/sites.md); empty: one site.
+  std::vector<int> sites;
   // parallel.auto's plan as JSON (parallel/plan/planner.hpp plan_json; "":
   // none): logged to metrics.jsonl at the start and kept in every checkpoint
   // as state/plan/chosen.
   std::string plan_json;
 };
+
+// The hierarchical reduction over sites (parallel/comm/site_comm.hpp,
+// docs/sites.md): every data-parallel group of ctx (dp, edp, dpcp, edpcp;
+// each distinct object once) whose members span ctx.sites in equal numbers
+// becomes a SiteComm over sub-groups split from its MPI transport (under the
+// emulation, each sub-group delayed as its own members: the WAN only on the
+// cross-site exchange). ctx's slots point at the wrappers, which it returns
+// (they must outlive every user of ctx). Groups left flat (one site, unequal
+// sites, a transport that is not MPI) are named in *notes, one line each.
+// Collective over each group, in this order on every rank.
+std::vector<std::unique_ptr<Comm>> wrap_site_groups(ParallelContext& ctx,
+                                                    emulate::Emulation* emulation,
+                                                    std::vector<std::string>* notes = nullptr);
 
 namespace emulate {
 // Wraps every group of ctx (tp, dp, pp, ep, edp, world; each distinct object

@@ -1,6 +1,7 @@
 #include "parallel/mesh/process_groups.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 
@@ -60,25 +61,55 @@ void check_placement(const Placement& p, int world) {
 
 }  // namespace
 
+namespace {
+
+// The sites of the launcher ranks from ADGT_SITE (a site name per process;
+// docs/sites.md): ids in order of first appearance, empty when no rank sets
+// it or all name one site. Collective over `world`.
+std::vector<int> sites_of_env(MpiComm& world) {
+  const char* v = std::getenv("ADGT_SITE");
+  const std::vector<std::string> all = world.all_gather_strings(v ? v : "");
+  std::vector<int> unset;
+  for (size_t r = 0; r < all.size(); ++r)
+    if (all[r].empty()) unset.push_back(int(r));
+  if (unset.size() == all.size()) return {};
+  if (!unset.empty()) {
+    std::string list;
+    for (size_t i = 0; i < unset.size() && i < 8; ++i) list += (i ? "," : "") + std::to_string(unset[i]);
+    if (unset.size() > 8) list += ",...";
+    throw CollectiveError("ADGT_SITE is set on some ranks but not on launcher ranks " + list +
+                          " (" + std::to_string(unset.size()) + " of " + std::to_string(all.size()) +
+                          "); set it on every rank (the site, i.e. datacenter, of its host) or on none");
+  }
+  std::vector<int> ids = nodes_of_hosts(all);  // site names -> ids by first appearance
+  for (int s : ids)
+    if (s != ids.front()) return ids;
+  return {};
+}
+
+}  // namespace
+
 Placement place_launch(const RunConfig& cfg) {
   int init = 0;
   ADGT_MPI(MPI_Initialized(&init));
   ADGT_CHECK(init, "place_launch: MPI is not running; create an adgt::MpiEnv first");
   auto launch_world = MpiComm::world("placement");
   const int W = launch_world->size();
-  std::vector<int> nodes;
+  std::vector<int> nodes, sites;
   if (!cfg.emulate.cluster.empty()) {
     const cluster::Cluster cl = emulate::load_emulated_cluster(cfg, W);
     try {
       nodes = emulate::launcher_nodes(cl, W, cfg.emulate.rank_order);
+      sites = emulate::launcher_sites(cl, W, cfg.emulate.rank_order);
     } catch (const std::exception& e) {  // the same on every rank
       throw CollectiveError(e.what());
     }
   } else {
     nodes = nodes_of_hosts(launch_world->all_gather_strings(host_name()));
+    sites = sites_of_env(*launch_world);
   }
   try {
-    return place_ranks(nodes, cfg.parallel.placement, int(cfg.parallel.tp));
+    return place_ranks(nodes, cfg.parallel.placement, int(cfg.parallel.tp), sites);
   } catch (const std::exception& e) {
     throw CollectiveError(e.what());
   }
@@ -139,12 +170,14 @@ std::string rank_table(const ProcessGroups& pg, const std::string& device,
                        const std::string& collectives, const emulate::Emulation* emulation) {
   const Placement& pl = pg.placement;
   const bool launcher_col = !pl.identity(), node_col = !pl.node_of.empty();
+  const bool site_col = !pl.layout_sites().empty();
   const int me = pg.world->rank();
   std::ostringstream mine;
   mine << me;
   if (launcher_col) mine << '\t' << pl.launcher_rank(me);
   mine << '\t' << pg.launch.host << '\t' << pg.launch.local_rank << '/' << pg.launch.local_world;
   if (node_col) mine << '\t' << pl.node_of_layout(me);
+  if (site_col) mine << '\t' << pl.site_of_layout(me);
   const bool cp_col = pg.layout.cp > 1;
   mine << '\t' << pg.coords.tp;
   if (cp_col) mine << '\t' << pg.coords.cp;
@@ -158,6 +191,7 @@ std::string rank_table(const ProcessGroups& pg, const std::string& device,
   if (launcher_col) rows[0].push_back("launcher");
   rows[0].insert(rows[0].end(), {"host", "local"});
   if (node_col) rows[0].push_back("node");
+  if (site_col) rows[0].push_back("site");
   rows[0].push_back("tp");
   if (cp_col) rows[0].push_back("cp");
   rows[0].insert(rows[0].end(), {"dp", "pp", "device", "collectives"});

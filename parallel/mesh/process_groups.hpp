@@ -38,10 +38,11 @@ struct ProcessGroups {
 
 // Collective over MPI_COMM_WORLD: the placement of cfg.parallel.placement
 // for this launch (place_ranks() with tp = cfg.parallel.tp). The physical node
-// of each launcher rank: under emulation (cfg.emulate.cluster set) the
-// emulated cluster's, as emulate.rank_order hands them out
+// and site of each launcher rank: under emulation (cfg.emulate.cluster set)
+// the emulated cluster's, as emulate.rank_order hands them out
 // (emulate::launcher_devices); otherwise the host names of all ranks
-// (nodes_of_hosts). An unknown or too small emulated cluster throws the same
+// (nodes_of_hosts) and each rank's ADGT_SITE (set on every rank or none; a
+// CollectiveError naming the ranks without it otherwise). An unknown or too small emulated cluster throws the same
 // CollectiveError on every rank, naming emulate.cluster.
 Placement place_launch(const RunConfig& cfg);
 
@@ -60,7 +61,8 @@ ProcessGroups make_process_groups(const Layout& layout, const Placement& placeme
 // Collective: one line per rank, in layout-rank order — rank (the layout
 // rank), its launcher rank (a column only when the placement reorders), host,
 // local rank, node (the placement's physical node; a column only when the
-// placement knows them), tp/dp/pp coordinates, device, and the transport of
+// placement knows them), site (a column only when the placement knows two or
+// more: the emulated cluster's sites or ADGT_SITE), tp/dp/pp coordinates, device, and the transport of
 // its groups' collectives ("mpi"; "mpi (host-staged)" for device memory
 // without NCCL; "nccl") — gathered to world rank 0, which gets the table
 // (header first, then the placement's why and warning lines when it has

@@ -334,6 +334,7 @@ ParallelContext Trainer::rebuild_groups(const RunConfig& next, const Placement& 
   controllers_.clear();
   engine_.reset();
   device_comms_.clear();
+  site_comms_.clear();
   emulated_comms_.clear();
   std::unique_ptr<ProcessGroups> prev = std::move(switched_groups_);
   cfg_ = next;

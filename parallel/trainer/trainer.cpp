@@ -33,6 +33,7 @@
 #include "kernels/clock.hpp"
 #include "parallel/control/compress_controller.hpp"
 #include "parallel/control/power_controller.hpp"
+#include "parallel/comm/site_comm.hpp"
 #include "parallel/compress/level.hpp"
 #include "parallel/dp/compression_state.hpp"
 #include "parallel/fault/progress.hpp"
@@ -220,6 +221,21 @@ void Trainer::wire(ParallelContext ctx, bool init) {
     emulation_->slowdown.set_backend(backend_.get());
     emulated_comms_ = emulate::wrap_emulated_groups(ctx, *emulation_);
   }
+  if (!ctx.sites.empty() && cfg.parallel.site_reduce == "hierarchical") {
+    // Data-parallel groups spanning sites reduce inside each site first and
+    // cross the wide-area link once (docs/sites.md).
+    std::vector<std::string> notes;
+    site_comms_ = wrap_site_groups(ctx, emulation_, &notes);
+    if (ctx.world_rank == 0) {
+      for (const auto& c : site_comms_)
+        if (const auto* sc = dynamic_cast<const SiteComm*>(c.get()))
+          std::printf("sites: %s groups reduce hierarchically (%d sites x %d ranks: inside each "
+                      "site, then one cross-site exchange of each rank's 1/%d shard)\n",
+                      sc->name().c_str(), sc->split().sites, sc->split().per_site,
+                      sc->split().per_site);
+      for (const auto& n : notes) std::printf("sites: %s\n", n.c_str());
+    }
+  }
   if (!backend_->is_host()) device_comms_ = wrap_device_groups(ctx, *backend_, dev_.nccl());
   // Outermost: the calls the engine makes (earlier layouts' wrappers kept).
   if (trace_steps_ || trace::recorder().ranges())
@@ -336,6 +352,7 @@ ParallelContext context_of(const ProcessGroups& pg) {
   ctx.world_rank = pg.world->rank();
   ctx.layout = pg.layout;
   ctx.coords = pg.coords;
+  ctx.sites = pg.placement.layout_sites();
   return ctx;
 }
 

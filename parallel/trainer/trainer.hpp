@@ -174,6 +174,9 @@ class Trainer {
   std::unique_ptr<emulate::Emulation> own_emulation_;
   emulate::Emulation* emulation_ = nullptr;
   std::vector<std::unique_ptr<Comm>> emulated_comms_;
+  // The data-parallel groups spanning sites, reduced hierarchically
+  // (parallel.site_reduce; docs/sites.md); over the emulated groups.
+  std::vector<std::unique_ptr<Comm>> site_comms_;
   // With a device backend: the groups, wrapped so device tensors are staged
   // or go to NCCL (parallel/comm/device_comm.hpp). Outlive the engine.
   std::vector<std::unique_ptr<Comm>> device_comms_;

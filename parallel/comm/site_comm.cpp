@@ -1,0 +1,228 @@
+// The hierarchical reduction over sites (site_comm.hpp; docs/sites.md).
+#include "parallel/comm/site_comm.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <map>
+
+#include "kernels/check.hpp"
+
+namespace adgt {
+
+std::optional<SiteSplit> split_by_site(const std::vector<int>& site_of_member, std::string* why) {
+  const auto say = [&](const std::string& w) {
+    if (why) *why = w;
+    return std::nullopt;
+  };
+  std::map<int, int> index;  // site id -> site index, by first member
+  SiteSplit s;
+  std::vector<int> count;
+  for (int id : site_of_member) {
+    auto [it, fresh] = index.emplace(id, int(index.size()));
+    if (fresh) count.push_back(0);
+    s.site.push_back(it->second);
+    s.place.push_back(count[size_t(it->second)]++);
+  }
+  if (index.size() <= 1) return say("the group's ranks are on one site");
+  for (size_t i = 0; i < count.size(); ++i)
+    if (count[i] != count[0]) {
+      std::string w = "the sites hold unequal numbers of the group's ranks (";
+      for (size_t j = 0; j < count.size(); ++j)
+        w += (j ? ", " : "") + std::to_string(count[j]);
+      return say(w + ")");
+    }
+  s.sites = int(count.size());
+  s.per_site = count[0];
+  s.rank_at.assign(size_t(s.sites), std::vector<int>(size_t(s.per_site), 0));
+  for (size_t r = 0; r < s.site.size(); ++r) s.rank_at[size_t(s.site[r])][size_t(s.place[r])] = int(r);
+  return s;
+}
+
+// One hierarchical collective: its phases (each a started collective on a
+// sub-group), the scratch they use, and what is copied back at the end.
+struct SiteComm::Op {
+  std::vector<std::function<Work()>> phases;
+  std::function<void()> finish;  // after the last phase completed (copy-backs)
+  size_t next = 0;               // the next phase to start
+  Work work;                     // the running phase's
+  bool done = false;
+  std::vector<char> buf1, buf2;  // scratch
+  bool started_all() const { return next == phases.size(); }
+};
+
+struct SiteComm::OpWork : Work::Impl {
+  SiteComm* comm;
+  std::shared_ptr<Op> op;
+  OpWork(SiteComm* c, std::shared_ptr<Op> o) : comm(c), op(std::move(o)) {}
+  bool test() override {
+    comm->advance(op.get(), false);
+    return op->done;
+  }
+  void wait() override { comm->advance(op.get(), true); }
+};
+
+namespace {
+
+Tensor flat(void* data, DType t, int64_t n) { return Tensor(data, t, {n}); }
+
+char* at(const Tensor& t, int64_t elem) {
+  return static_cast<char*>(t.data) + size_t(elem) * dtype_size(t.dtype);
+}
+
+}  // namespace
+
+SiteComm::SiteComm(Comm& full, SiteSplit split, std::unique_ptr<Comm> local,
+                   std::unique_ptr<Comm> cross, std::vector<std::unique_ptr<Comm>> keep)
+    : full_(full), split_(std::move(split)), keep_(std::move(keep)), local_(std::move(local)),
+      cross_(std::move(cross)) {
+  const int me = full_.rank();
+  ADGT_CHECK(local_ && cross_, "SiteComm(" << name() << "): no sub-groups");
+  ADGT_CHECK(int(split_.site.size()) == full_.size() && split_.sites * split_.per_site == full_.size(),
+             "SiteComm(" << name() << "): a split of " << split_.site.size() << " ranks ("
+                         << split_.sites << " sites x " << split_.per_site << ") for a group of "
+                         << full_.size());
+  ADGT_CHECK(local_->size() == split_.per_site && local_->rank() == split_.place[size_t(me)] &&
+                 cross_->size() == split_.sites && cross_->rank() == split_.site[size_t(me)],
+             "SiteComm(" << name() << "): sub-groups local " << local_->rank() << "/"
+                         << local_->size() << " and cross " << cross_->rank() << "/"
+                         << cross_->size() << " do not match group rank " << me << " (site "
+                         << split_.site[size_t(me)] << ", place " << split_.place[size_t(me)]
+                         << " of " << split_.per_site << ")");
+}
+
+SiteComm::~SiteComm() = default;
+
+Work SiteComm::enqueue(std::shared_ptr<Op> op) {
+  queue_.push_back(op);
+  advance(nullptr, false);
+  if (op->done) return {};
+  return Work(std::make_shared<OpWork>(this, std::move(op)));
+}
+
+void SiteComm::advance(const Op* until, bool block) {
+  for (;;) {
+    // Phases start in one order on every rank: op by op; an op's phase once
+    // its previous phase completed and the op before it started its last.
+    for (size_t j = 0; j < queue_.size(); ++j) {
+      Op& op = *queue_[j];
+      for (;;) {
+        if (op.work.pending() && !op.work.test()) break;
+        if (op.started_all()) {
+          if (!op.done) {
+            if (op.finish) op.finish();
+            op.done = true;
+          }
+          break;
+        }
+        if (j > 0 && !queue_[j - 1]->started_all()) break;
+        op.work = op.phases[op.next++]();
+      }
+      if (!op.started_all()) break;  // the ops after it wait for its last phase
+    }
+    while (!queue_.empty() && queue_.front()->done) queue_.pop_front();
+    if (!block || !until || until->done) return;
+    // The first op's running phase: every member reaches it in this order.
+    queue_.front()->work.wait();
+  }
+}
+
+void SiteComm::progress() {
+  advance(nullptr, false);
+  local_->progress();
+  cross_->progress();
+  full_.progress();
+}
+
+bool SiteComm::progress_from_thread() const {
+  return full_.progress_from_thread() && local_->progress_from_thread() &&
+         cross_->progress_from_thread();
+}
+
+Work SiteComm::start_all_reduce(Tensor t, ReduceOp op_kind) {
+  if (op_kind != ReduceOp::Sum)  // a Max (flags, norms): small; the flat group's
+    return full_.start_all_reduce(t, op_kind);
+  auto op = std::make_shared<Op>();
+  const int64_t n = t.numel(), k = split_.per_site, m = (n + k - 1) / k;
+  const size_t es = dtype_size(t.dtype);
+  Tensor whole = flat(t.data, t.dtype, n);
+  if (n % k != 0 || n == 0) {  // padded with zeros to k equal chunks (x + 0 == x)
+    op->buf1.assign(size_t(k * std::max<int64_t>(m, 1)) * es, 0);
+    std::memcpy(op->buf1.data(), t.data, size_t(n) * es);
+    whole = flat(op->buf1.data(), t.dtype, k * std::max<int64_t>(m, 1));
+    op->finish = [op = op.get(), t, n, es] { std::memcpy(t.data, op->buf1.data(), size_t(n) * es); };
+  }
+  const int64_t mm = whole.numel() / k;
+  op->buf2.assign(size_t(mm) * es, 0);
+  Tensor shard = flat(op->buf2.data(), t.dtype, mm);
+  op->phases = {[this, shard, whole] { return local_->start_reduce_scatter(shard, whole); },
+                [this, shard] { return cross_->start_all_reduce(shard, ReduceOp::Sum); },
+                [this, shard, whole] { return local_->start_all_gather(whole, shard); }};
+  return enqueue(std::move(op));
+}
+
+Work SiteComm::start_reduce_scatter(Tensor out, const Tensor& in) {
+  const int64_t m = out.numel(), S = split_.sites, k = split_.per_site;
+  ADGT_CHECK(in.numel() == m * size() && in.dtype == out.dtype,
+             "SiteComm(" << name() << ")::reduce_scatter: in" << in.shape_str() << " must hold "
+                         << size() << " x out" << out.shape_str() << " of one dtype");
+  auto op = std::make_shared<Op>();
+  const size_t es = dtype_size(in.dtype), cb = size_t(m) * es;
+  // Local chunk i: the chunks of the ranks at place i of every site, by site.
+  op->buf1.resize(size_t(size()) * cb);
+  for (int64_t i = 0; i < k; ++i)
+    for (int64_t s = 0; s < S; ++s)
+      std::memcpy(op->buf1.data() + size_t(i * S + s) * cb,
+                  at(in, int64_t(split_.rank_at[size_t(s)][size_t(i)]) * m), cb);
+  op->buf2.resize(size_t(S) * cb);
+  Tensor b1 = flat(op->buf1.data(), in.dtype, m * size()), b2 = flat(op->buf2.data(), in.dtype, m * S);
+  Tensor o = flat(out.data, out.dtype, m);
+  op->phases = {[this, b1, b2] { return local_->start_reduce_scatter(b2, b1); },
+                [this, b2, o] { return cross_->start_reduce_scatter(o, b2); }};
+  return enqueue(std::move(op));
+}
+
+Work SiteComm::start_all_gather(Tensor out, const Tensor& in) {
+  const int64_t m = in.numel(), S = split_.sites, k = split_.per_site;
+  ADGT_CHECK(out.numel() == m * size() && in.dtype == out.dtype,
+             "SiteComm(" << name() << ")::all_gather: out" << out.shape_str() << " must hold "
+                         << size() << " x in" << in.shape_str() << " of one dtype");
+  auto op = std::make_shared<Op>();
+  const size_t es = dtype_size(in.dtype), cb = size_t(m) * es;
+  op->buf1.resize(size_t(size()) * cb);
+  op->buf2.resize(size_t(S) * cb);
+  Tensor b1 = flat(op->buf1.data(), in.dtype, m * size()), b2 = flat(op->buf2.data(), in.dtype, m * S);
+  Tensor i1 = flat(in.data, in.dtype, m);
+  op->phases = {[this, b2, i1] { return cross_->start_all_gather(b2, i1); },
+                [this, b1, b2] { return local_->start_all_gather(b1, b2); }};
+  op->finish = [op = op.get(), out, m, S, k, cb, this] {
+    for (int64_t i = 0; i < k; ++i)
+      for (int64_t s = 0; s < S; ++s)
+        std::memcpy(at(out, int64_t(split_.rank_at[size_t(s)][size_t(i)]) * m),
+                    op->buf1.data() + size_t(i * S + s) * cb, cb);
+  };
+  return enqueue(std::move(op));
+}
+
+void SiteComm::all_reduce(Tensor t, ReduceOp op) { start_all_reduce(t, op).wait(); }
+void SiteComm::reduce_scatter(Tensor out, const Tensor& in) { start_reduce_scatter(out, in).wait(); }
+void SiteComm::all_gather(Tensor out, const Tensor& in) { start_all_gather(out, in).wait(); }
+
+const CommStats& SiteComm::stats() const {
+  merged_ = {};
+  for (const Comm* c : {static_cast<const Comm*>(&full_), static_cast<const Comm*>(local_.get()),
+                        static_cast<const Comm*>(cross_.get())}) {
+    merged_.bytes += c->stats().bytes;
+    merged_.calls += c->stats().calls;
+    merged_.seconds += c->stats().seconds;
+  }
+  return merged_;
+}
+
+void SiteComm::reset_stats() {
+  full_.reset_stats();
+  local_->reset_stats();
+  cross_->reset_stats();
+}
+
+}  // namespace adgt
