@@ -22,18 +22,6 @@ foreach(n 1 2 3 4 8)
   set_tests_properties(parallel_collectives_np${n} PROPERTIES LABELS parallel TIMEOUT 150 PROCESSORS 2)
 endforeach()
 
-# The hierarchical reduction over sites (parallel/comm/site_comm.hpp): exact
-# on integer data against the definitions, started several at a time, the WAN
-# bytes, and random data within the rounding of the flat ring's order.
-add_executable(adgt_parallel_site_comm_test ${ADGT_PAR}/site_comm_test.cpp)
-target_link_libraries(adgt_parallel_site_comm_test PRIVATE adgt_parallel)
-foreach(n 4 6 8)
-  add_test(NAME parallel_site_comm_np${n}
-    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh --success "^site comm: ok on ${n} ranks" --
-            timeout 120 ${ADGT_MPIRUN} ${n} $<TARGET_FILE:adgt_parallel_site_comm_test>)
-  set_tests_properties(parallel_site_comm_np${n} PROPERTIES LABELS parallel TIMEOUT 150 PROCESSORS 2)
-endforeach()
-
 # Ring attention (parallel/cp/) on 2, 3 and 4 ranks: each rank's chunks of out,
 # dq, dk, dv against the single-process attention on the whole sequence, f64
 # and f32.

@@ -51,6 +51,11 @@ std::string Emulation::summary() const {
      << " ranks: " << cluster.nodes << " nodes x " << cluster.devices_per_node
      << " devices; intra " << link_text(cluster.intra) << ", inter " << link_text(cluster.inter)
      << ", " << cluster.nics_per_node << " NIC(s) per node";
+  if (cluster.sites.size() > 1) {
+    os << "; " << cluster.sites.size() << " sites (";
+    for (size_t i = 0; i < cluster.sites.size(); ++i) os << (i ? ", " : "") << cluster.sites[i];
+    os << " nodes) joined by a WAN of " << link_text(cluster.wan);
+  }
   if (rank_order != "block") os << "; launcher ranks handed out " << rank_order;
   bool slow = false;
   for (double f : factors) slow = slow || f != 1;

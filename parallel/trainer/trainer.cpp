@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -227,12 +228,21 @@ void Trainer::wire(ParallelContext ctx, bool init) {
     std::vector<std::string> notes;
     site_comms_ = wrap_site_groups(ctx, emulation_, &notes);
     if (ctx.world_rank == 0) {
+      // One line per shape: "dp, edp groups reduce ..." when both are split alike.
+      std::vector<std::pair<std::string, const SiteComm*>> lines;
       for (const auto& c : site_comms_)
-        if (const auto* sc = dynamic_cast<const SiteComm*>(c.get()))
-          std::printf("sites: %s groups reduce hierarchically (%d sites x %d ranks: inside each "
-                      "site, then one cross-site exchange of each rank's 1/%d shard)\n",
-                      sc->name().c_str(), sc->split().sites, sc->split().per_site,
-                      sc->split().per_site);
+        if (const auto* sc = dynamic_cast<const SiteComm*>(c.get())) {
+          auto same = std::find_if(lines.begin(), lines.end(), [&](const auto& l) {
+            return l.second->split().sites == sc->split().sites &&
+                   l.second->split().per_site == sc->split().per_site;
+          });
+          if (same == lines.end()) lines.emplace_back(sc->name(), sc);
+          else same->first += ", " + sc->name();
+        }
+      for (const auto& [names, sc] : lines)
+        std::printf("sites: %s groups reduce hierarchically (%d sites x %d ranks: inside each "
+                    "site, then one cross-site exchange of each rank's 1/%d shard)\n",
+                    names.c_str(), sc->split().sites, sc->split().per_site, sc->split().per_site);
       for (const auto& n : notes) std::printf("sites: %s\n", n.c_str());
     }
   }

@@ -34,6 +34,9 @@ def train_run(args, config, name, sets, ranks, resume_from=None, weights=True):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
     dt = time.time() - t0
+    if os.path.isdir(out):  # what the run said, for drivers that check it
+        with open(os.path.join(out, "stdout.txt"), "w") as f:
+            f.write(p.stdout)
     if p.returncode != 0:
         print(" ".join(cmd))
         print(p.stdout[-4000:], p.stderr[-4000:])

@@ -25,7 +25,8 @@ set(ADGT_QUICK_TESTS
   parallel_one_rank_fails layouts_error_world_size
   compress_reduce_np4 compress_train_int8 compress_train_tp2_dp2 compress_train_pp2_dp2
   moe_ep_np2 dp_overlap_bitwise_1f1b emulate_train_same_losses_tp2_pp2
-  checkpoint_async_identical_pp2 trace_timeline_pp4_dp2 power_cap_emulated_np2 telemetry_train)
+  checkpoint_async_identical_pp2 trace_timeline_pp4_dp2 power_cap_emulated_np2 telemetry_train
+  parallel_site_comm_np4 sites_hierarchical_matches_flat_f32)
 foreach(t ${ADGT_QUICK_TESTS})
   if(TEST ${t})
     set_property(TEST ${t} APPEND PROPERTY LABELS quick)

@@ -115,7 +115,7 @@ TEST_CASE("placement launcher: the identity, and the why names crossing tp group
       "placement: launcher (the launcher's order as it comes; every tp group is inside one node)");
   CHECK_THROWS_WITH(
       place_ranks({0}, "random", 1),
-      Contains("parallel.placement=\"random\": unknown placement; use topology or launcher"));
+      Contains("parallel.placement=\"random\": unknown placement; use topology, nodes or launcher"));
   // A default Placement is the identity with unknown nodes.
   const Placement none;
   CHECK(none.identity());
@@ -189,4 +189,75 @@ TEST_CASE("setup_emulation: layout ranks sit on their launcher rank's device",
   CHECK(mapped.device(0) == 4);
   CHECK(mapped.device(1) == 0);
   CHECK(emulate::EmulatedRank(cluster::load_cluster("cpu-here"), 0).device(3) == 3);
+}
+
+TEST_CASE("placement topology: sites one after another, nodes inside each", "[placement][sites]") {
+  // Nodes 0..3 with two ranks each; the launcher's node order alternates the
+  // sites (node 0 and 2 on site 0, nodes 1 and 3 on site 1).
+  const std::vector<int> nodes{0, 0, 1, 1, 2, 2, 3, 3}, sites{0, 0, 1, 1, 0, 0, 1, 1};
+  const Placement p = place_ranks(nodes, "topology", 2, sites);
+  CHECK(p.launcher_of == std::vector<int>{0, 1, 4, 5, 2, 3, 6, 7});
+  CHECK(inverse(p));
+  CHECK(p.layout_sites() == std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1});
+  CHECK(p.why ==
+        "placement: topology (the launcher's order interleaved the 2 sites; rebuilt site by site, "
+        "node-contiguous inside each, so dp groups fill a site before they cross the wide-area "
+        "link and pipeline stages split at it)");
+  // tp2 x dp2 x pp2: each pipeline stage is one site, its dp groups inside it.
+  const Layout L{.tp = 2, .pp = 2, .dp = 2};
+  for (int l = 0; l < 8; ++l) {
+    for (int m : group_ranks(L, Group::dp, l)) CHECK(p.site_of_layout(m) == p.site_of_layout(l));
+    const auto pp = group_ranks(L, Group::pp, l);
+    CHECK(p.site_of_layout(pp[0]) != p.site_of_layout(pp[1]));
+  }
+  // nodes: the same launch with the sites ignored keeps the node order, so
+  // the stages straddle the sites and the dp groups cross the WAN.
+  const Placement q = place_ranks(nodes, "nodes", 2, sites);
+  CHECK(q.identity());
+  CHECK(q.layout_sites() == sites);
+  CHECK(q.why == "placement: nodes (the launcher's order is already node-contiguous; the 2 sites "
+                 "ignored)");
+  for (int l = 0; l < 8; ++l) {
+    const auto dp = group_ranks(L, Group::dp, l);
+    CHECK(q.site_of_layout(dp[0]) != q.site_of_layout(dp[1]));
+  }
+  // A launch already site by site is kept, and says so.
+  CHECK(place_ranks(nodes, "topology", 2, {0, 0, 0, 0, 1, 1, 1, 1}).why ==
+        "placement: topology (the launcher's order is already site by site over 2 sites and "
+        "node-contiguous)");
+  // One site: as without sites.
+  CHECK(place_ranks(nodes, "topology", 2, std::vector<int>(8, 4)).layout_sites().empty());
+  CHECK(place_ranks(nodes, "topology", 2, std::vector<int>(8, 4)).identity());
+}
+
+TEST_CASE("placement: a node in two sites and a short site list are refused", "[placement][sites]") {
+  CHECK_THROWS_WITH(place_ranks({0, 0, 1, 1}, "topology", 1, {0, 1, 1, 1}),
+                    "placement: node 0 holds ranks of site 0 and of site 1 (launcher rank 1); "
+                    "every rank of a host must name the same site (ADGT_SITE)");
+  CHECK_THROWS_WITH(place_ranks({0, 0, 1, 1}, "topology", 1, {0, 1}),
+                    "placement: 2 sites for 4 launcher ranks");
+  CHECK_THROWS_WITH(place_ranks({0}, "random", 1),
+                    Contains("use topology, nodes or launcher"));
+}
+
+TEST_CASE("emulated launcher: interleave-sites takes the sites' nodes in turn",
+          "[placement][emulate][sites]") {
+  const cluster::Cluster cl = cluster::parse_cluster(
+      "nodes: 4\ndevices_per_node: 2\ndevice: {name: cpu-rank, peak_bf16_tflops: 0.05, "
+      "peak_fp32_tflops: 0.05, memory_gib: 24, hbm_GBps: 10}\n"
+      "intra: {bandwidth_GBps: 1, latency_us: 5}\ninter: {bandwidth_GBps: 1, latency_us: 5}\n"
+      "sites: [2, 2]\nwan: {bandwidth_GBps: 0.1, latency_us: 100}\n",
+      "two-sites");
+  CHECK(emulate::launcher_devices(cl, 8, "interleave-sites") ==
+        std::vector<int>{0, 1, 4, 5, 2, 3, 6, 7});
+  CHECK(emulate::launcher_nodes(cl, 4, "interleave-sites") == std::vector<int>{0, 0, 2, 2});
+  CHECK(emulate::launcher_sites(cl, 8, "interleave-sites") ==
+        std::vector<int>{0, 0, 1, 1, 0, 0, 1, 1});
+  CHECK(emulate::launcher_sites(cl, 8, "block") == std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1});
+  // The placement rebuilds the site order from it.
+  const Placement p = place_ranks(emulate::launcher_nodes(cl, 8, "interleave-sites"), "topology", 2,
+                                  emulate::launcher_sites(cl, 8, "interleave-sites"));
+  CHECK(p.layout_sites() == std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1});
+  // One site: no sites.
+  CHECK(emulate::launcher_sites(cluster::load_cluster("cpu-here"), 1, "block").empty());
 }

@@ -1,0 +1,35 @@
+# Training across sites (docs/sites.md): the hierarchical reduction of
+# data-parallel groups spanning sites (parallel/comm/site_comm.hpp) under
+# mpirun at 4, 6 and 8 ranks, and 4-rank training runs on the emulated
+# two-site cluster tests/emulate/two_sites.yaml with the hierarchical
+# reduction against the flat one (dp4, dp4 ZeRO-1, MoE ep2 x dp4; f32 within
+# 1e-6, f64 within 1e-12; tests/layouts/compare_sites.py). The placement's
+# site order: tests/unit/placement_test.cpp.
+if(NOT TARGET adgt_parallel)
+  return()
+endif()
+set(ADGT_PAR ${CMAKE_CURRENT_SOURCE_DIR}/parallel)
+set(ADGT_MPIRUN ${ADGT_PAR}/mpirun.sh)
+# The hierarchical reduction over sites (parallel/comm/site_comm.hpp): exact
+# on integer data against the definitions, started several at a time, the WAN
+# bytes, and random data within the rounding of the flat ring's order.
+add_executable(adgt_parallel_site_comm_test ${ADGT_PAR}/site_comm_test.cpp)
+target_link_libraries(adgt_parallel_site_comm_test PRIVATE adgt_parallel)
+foreach(n 4 6 8)
+  add_test(NAME parallel_site_comm_np${n}
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh --success "^site comm: ok on ${n} ranks" --
+            timeout 120 ${ADGT_MPIRUN} ${n} $<TARGET_FILE:adgt_parallel_site_comm_test>)
+  set_tests_properties(parallel_site_comm_np${n} PROPERTIES LABELS parallel TIMEOUT 150 PROCESSORS 2)
+endforeach()
+
+if(NOT TARGET adgt-train)
+  return()
+endif()
+foreach(dtype f32 f64)
+  add_test(NAME sites_hierarchical_matches_flat_${dtype}
+    COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_sites.py
+      --train $<TARGET_FILE:adgt-train> --mpirun ${ADGT_MPIRUN}
+      --data ${CMAKE_BINARY_DIR}/data/kjv-byte --work ${CMAKE_BINARY_DIR}/sites_${dtype} --dtype ${dtype})
+  set_tests_properties(sites_hierarchical_matches_flat_${dtype} PROPERTIES FIXTURES_REQUIRED kjv_byte
+    LABELS "parallel;emulate" TIMEOUT 300 PROCESSORS 2)
+endforeach()
