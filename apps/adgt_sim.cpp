@@ -19,6 +19,7 @@
 #include "kernels/cpu_threads.hpp"
 #include "parallel/cluster/cluster.hpp"
 #include "parallel/pipeline/instruction.hpp"
+#include "parallel/emulate/emulation.hpp"
 #include "parallel/sim/dry_run.hpp"
 #include "parallel/sim/host.hpp"
 #include "parallel/sim/profile.hpp"
@@ -51,6 +52,10 @@ void print_result(const adgt::RunConfig& cfg, const adgt::cluster::Cluster& cl,
   std::printf("exposed comm:     %.4g s (tp %.4g, pp %.4g, dp %.4g, ep %.4g, cp %.4g, step %.4g)\n",
               r.exposed_comm_s(), r.exposed_tp_s, r.exposed_pp_s, r.exposed_dp_s, r.exposed_ep_s,
               r.exposed_cp_s, r.exposed_step_s);
+  if (r.wan_bytes > 0)
+    std::printf("WAN:              %.4g MB per step across the sites, %.4g s of the busiest rank in "
+                "WAN phases (their exposed part is in dp and pp above)\n",
+                r.wan_bytes / 1e6, r.wan_s);
   std::printf("compute:          %.4g s (busiest rank), optimizer %.4g s\n", r.compute_s,
               r.optimizer_s);
   std::printf("memory:           %.2f GiB (largest rank, the --dry-run estimate)\n",
@@ -262,7 +267,16 @@ int run(Cli cli) {
   }
   std::unique_ptr<adgt::Backend> be;
   const std::unique_ptr<adgt::sim::OpCosts> costs = make_costs(cli, cfg, cl, be);
-  const adgt::sim::SimOptions opts = sim_options(cli, cfg, slow);
+  adgt::sim::SimOptions opts = sim_options(cli, cfg, slow);
+  // The run file's emulated cluster: its ranks where the emulated launcher
+  // and parallel.placement put them (a placement ignoring sites costs as it runs).
+  if (!cfg.emulate.cluster.empty() && cli.cluster_name == cfg.emulate.cluster && world <= cl.world()) {
+    try {
+      opts.device_of = adgt::emulate::layout_devices(cfg, cl, int(world));
+    } catch (const std::invalid_argument& e) {
+      throw adgt::ConfigError(e.what());
+    }
+  }
   if (cli.sweep)
     sweep(cli, cfg, cl, *costs, opts);
   else

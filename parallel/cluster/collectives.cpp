@@ -8,14 +8,21 @@
 namespace adgt::cluster {
 namespace {
 
+bool crosses_wan(const Cluster& cl, int64_t a, int64_t b) {
+  return !cl.sites.empty() && a != b && cl.site_of_node(a) != cl.site_of_node(b) &&
+         &cl.link_between(a, b) == &cl.wan;
+}
+
 // A rank's share of the bandwidth of the link between nodes a != b (bytes/s):
-// every device of a node uses the node's NICs at once; a WAN is one pipe.
-double rank_bandwidth(const Cluster& cl, int64_t a, int64_t b) {
+// every device of a node uses the node's NICs at once; the WAN is one pipe
+// per direction between two sites, shared by every device of the
+// `wan_nodes` nodes of a's site that cross it at once.
+double rank_bandwidth(const Cluster& cl, int64_t a, int64_t b, int64_t wan_nodes = 1) {
   const Link& l = cl.link_between(a, b);
   const double dpn = static_cast<double>(cl.devices_per_node);
   if (a == b) return l.effective_bandwidth();
-  if (!cl.sites.empty() && cl.site_of_node(a) != cl.site_of_node(b) && &l == &cl.wan)
-    return l.effective_bandwidth() / dpn;
+  if (crosses_wan(cl, a, b))
+    return l.effective_bandwidth() / (dpn * static_cast<double>(std::max<int64_t>(1, wan_nodes)));
   return l.effective_bandwidth() * std::min(1.0, static_cast<double>(cl.nics_per_node) / dpn);
 }
 
@@ -49,18 +56,36 @@ Shape shape_of(const Cluster& cl, const std::vector<int>& ranks) {
   }
   for (int c : count) s.g = std::max(s.g, c);
   if (s.nodes.size() > 1) {
+    const size_t n = s.nodes.size();
+    // The ring's hops from one site to another run at once and share the WAN.
+    const auto wan_hops = [&](int64_t a, int64_t b) {
+      int64_t h = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const int64_t x = s.nodes[i], y = s.nodes[(i + 1) % n];
+        h += crosses_wan(cl, x, y) && cl.site_of_node(x) == cl.site_of_node(a) &&
+             cl.site_of_node(y) == cl.site_of_node(b);
+      }
+      return h;
+    };
     s.ring_bw = INFINITY;
-    for (size_t i = 0; i < s.nodes.size(); ++i) {
-      const int64_t a = s.nodes[i], b = s.nodes[(i + 1) % s.nodes.size()];
-      s.ring_bw = std::min(s.ring_bw, rank_bandwidth(cl, a, b));
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t a = s.nodes[i], b = s.nodes[(i + 1) % n];
+      s.ring_bw = std::min(s.ring_bw, rank_bandwidth(cl, a, b, crosses_wan(cl, a, b) ? wan_hops(a, b) : 1));
       s.ring_lat = std::max(s.ring_lat, cl.link_between(a, b).latency);
     }
-    // Every member of an all-to-all talks to every node, not only the ring's neighbours.
+    // Every member of an all-to-all talks to every node, not only the ring's
+    // neighbours; every node of a site sends across the WAN at once.
+    const auto nodes_in_site = [&](int64_t a) {
+      int64_t k = 0;
+      for (int64_t x : s.nodes) k += cl.site_of_node(x) == cl.site_of_node(a);
+      return k;
+    };
     s.pair_bw = INFINITY;
-    for (size_t i = 0; i < s.nodes.size(); ++i)
-      for (size_t j = i + 1; j < s.nodes.size(); ++j) {
-        s.pair_bw = std::min(s.pair_bw, rank_bandwidth(cl, s.nodes[i], s.nodes[j]));
-        s.pair_lat = std::max(s.pair_lat, cl.link_between(s.nodes[i], s.nodes[j]).latency);
+    for (size_t i = 0; i < n; ++i)
+      for (size_t j = i + 1; j < n; ++j) {
+        const int64_t a = s.nodes[i], b = s.nodes[j];
+        s.pair_bw = std::min(s.pair_bw, rank_bandwidth(cl, a, b, std::max(nodes_in_site(a), nodes_in_site(b))));
+        s.pair_lat = std::max(s.pair_lat, cl.link_between(a, b).latency);
       }
   }
   return s;
@@ -144,7 +169,141 @@ double message_time(const Cluster& cl, int from, int to, double bytes) {
                                   " is outside the cluster's " + std::to_string(cl.world()) +
                                   " devices (" + cl.name + ")");
   const int64_t a = cl.node_of(from), b = cl.node_of(to);
-  return cl.link_between(a, b).latency + bytes / rank_bandwidth(cl, a, b);
+  // Across the WAN: every node of the sending site sends at once (a pipeline
+  // stage boundary on the WAN, every rank of the stage).
+  const int64_t site_nodes =
+      crosses_wan(cl, a, b) ? cl.sites.at(size_t(cl.site_of_node(a))) : int64_t(1);
+  return cl.link_between(a, b).latency + bytes / rank_bandwidth(cl, a, b, site_nodes);
+}
+
+std::vector<std::vector<int>> members_by_site(const Cluster& cl, const std::vector<int>& ranks) {
+  if (cl.sites.size() <= 1) return {};
+  std::vector<int64_t> ids;
+  std::vector<std::vector<int>> by;
+  for (int r : ranks) {
+    const int64_t s = cl.site_of_node(cl.node_of(r));
+    auto it = std::find(ids.begin(), ids.end(), s);
+    if (it == ids.end()) {
+      ids.push_back(s);
+      by.emplace_back();
+      it = ids.end() - 1;
+    }
+    by[size_t(it - ids.begin())].push_back(r);
+  }
+  if (by.size() <= 1) return {};
+  for (const auto& m : by)
+    if (m.size() != by[0].size()) return {};
+  return by;
+}
+
+double cross_site_time(const Cluster& cl, Collective c, const std::vector<int>& cross, double bytes,
+                       int64_t site_nodes) {
+  const int S = int(cross.size());
+  if (S <= 1 || bytes <= 0) return 0;
+  double bw = INFINITY, lat = 0;
+  for (int i = 0; i < S; ++i) {
+    const int64_t a = cl.node_of(cross[size_t(i)]), b = cl.node_of(cross[size_t((i + 1) % S)]);
+    bw = std::min(bw, rank_bandwidth(cl, a, b, site_nodes));
+    lat = std::max(lat, cl.link_between(a, b).latency);
+  }
+  switch (c) {
+    case Collective::AllReduce: return ring(S, bytes, bw, lat, 2);
+    case Collective::ReduceScatter:
+    case Collective::AllGather: return ring(S, bytes, bw, lat, 1);
+    default: return collective_time(cl, c, cross, bytes);
+  }
+}
+
+namespace {
+
+bool site_phased(Collective c) {
+  return c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::AllGather;
+}
+
+// Nodes holding the members of one site (the most of any site).
+int64_t nodes_per_site(const Cluster& cl, const std::vector<std::vector<int>>& by) {
+  int64_t most = 1;
+  for (const auto& m : by) {
+    std::vector<int64_t> nodes;
+    for (int r : m)
+      if (std::find(nodes.begin(), nodes.end(), cl.node_of(r)) == nodes.end()) nodes.push_back(cl.node_of(r));
+    most = std::max<int64_t>(most, int64_t(nodes.size()));
+  }
+  return most;
+}
+
+}  // namespace
+
+double reduction_time(const Cluster& cl, Collective c, const std::vector<int>& ranks, double bytes,
+                      SiteReduce how) {
+  if (how == SiteReduce::Flat || !site_phased(c)) return collective_time(cl, c, ranks, bytes);
+  const auto by = members_by_site(cl, ranks);
+  if (by.empty()) return collective_time(cl, c, ranks, bytes);
+  const size_t k = by[0].size();
+  const int64_t site_nodes = nodes_per_site(cl, by);
+  double inside_rs = 0, inside_ag = 0, cross = 0;
+  for (const auto& m : by) {
+    inside_rs = std::max(inside_rs, collective_time(cl, Collective::ReduceScatter, m, bytes));
+    inside_ag = std::max(inside_ag, collective_time(cl, Collective::AllGather, m, bytes));
+  }
+  for (size_t i = 0; i < k; ++i) {
+    std::vector<int> x;
+    for (const auto& m : by) x.push_back(m[i]);
+    cross = std::max(cross, cross_site_time(cl, c, x, bytes / double(k), site_nodes));
+  }
+  switch (c) {
+    case Collective::AllReduce: return inside_rs + cross + inside_ag;
+    case Collective::ReduceScatter: return inside_rs + cross;
+    default: return cross + inside_ag;  // all-gather
+  }
+}
+
+double wan_bytes(const Cluster& cl, Collective c, const std::vector<int>& ranks, double bytes,
+                 SiteReduce how) {
+  if (cl.sites.size() <= 1 || ranks.size() <= 1 || bytes <= 0) return 0;
+  const auto site_of = [&](int r) { return cl.site_of_node(cl.node_of(r)); };
+  const double p = double(ranks.size());
+  if (c == Collective::AllToAll) {  // each member's (p-1)/p, the part to other sites' members
+    double b = 0;
+    for (int r : ranks)
+      for (int q : ranks)
+        if (q != r && site_of(q) != site_of(r)) b += bytes / p;
+    return b;
+  }
+  if (c == Collective::RingShift) {
+    double b = 0;
+    for (size_t i = 0; i < ranks.size(); ++i)
+      if (site_of(ranks[i]) != site_of(ranks[(i + 1) % ranks.size()])) b += bytes;
+    return b;
+  }
+  const double passes = c == Collective::AllReduce ? 2 : 1;
+  if (how == SiteReduce::Hierarchical && site_phased(c)) {
+    const auto by = members_by_site(cl, ranks);
+    if (!by.empty()) {  // k cross groups of S members, each sending (S-1)/S of the shard per pass
+      const double S = double(by.size()), k = double(by[0].size());
+      return k * S * passes * (S - 1) / S * bytes / k;
+    }
+  }
+  if (c == Collective::Broadcast) {  // the chain crosses each site boundary once
+    std::vector<int64_t> sites;
+    for (int r : ranks)
+      if (std::find(sites.begin(), sites.end(), site_of(r)) == sites.end()) sites.push_back(site_of(r));
+    return (double(sites.size()) - 1) * bytes;
+  }
+  // Flat: NCCL's node ring, every hop carrying (n-1)/n of the buffer per pass.
+  std::vector<int64_t> nodes;
+  for (int r : ranks)
+    if (std::find(nodes.begin(), nodes.end(), cl.node_of(r)) == nodes.end()) nodes.push_back(cl.node_of(r));
+  const double n = double(nodes.size());
+  double hops = 0;
+  for (size_t i = 0; i < nodes.size(); ++i)
+    hops += cl.site_of_node(nodes[i]) != cl.site_of_node(nodes[(i + 1) % nodes.size()]);
+  return hops * passes * (n - 1) / n * bytes;
+}
+
+double message_wan_bytes(const Cluster& cl, int from, int to, double bytes) {
+  if (cl.sites.size() <= 1) return 0;
+  return cl.site_of_node(cl.node_of(from)) != cl.site_of_node(cl.node_of(to)) ? bytes : 0;
 }
 
 double bus_bandwidth(const Cluster& cl, Collective c, const std::vector<int>& ranks,

@@ -44,6 +44,47 @@ double collective_time(const Cluster& cl, Collective c, const std::vector<int>& 
 // (0 when from == to), with the NIC sharing above.
 double message_time(const Cluster& cl, int from, int to, double bytes);
 
+// The data-parallel reduction of a group whose members span sites
+// (parallel.site_reduce; docs/sites.md, parallel/comm/site_comm.hpp).
+enum class SiteReduce { Flat, Hierarchical };
+
+// The group's members (world ranks) by site: sites in the order of their
+// first member, each site's members in group order. Empty when they sit on
+// one site or the sites hold unequal numbers of them (SiteComm then runs the
+// group flat).
+std::vector<std::vector<int>> members_by_site(const Cluster& cl, const std::vector<int>& ranks);
+
+// The cross-site phase of the hierarchical reduction: c over `cross` (one
+// member per site, site order) on `bytes` (collective_time's convention, the
+// shard), a ring over the sites whose WAN hops are shared by every device of
+// the `site_nodes` nodes of the sending site that hold the group (every
+// place's cross group runs at once, and every device of those nodes is in
+// one: SPMD).
+double cross_site_time(const Cluster& cl, Collective c, const std::vector<int>& cross, double bytes,
+                       int64_t site_nodes);
+
+// c over `ranks` as adgt runs it. Hierarchical, for an all-reduce,
+// reduce-scatter or all-gather over a group that members_by_site splits:
+// SiteComm's phases — inside each site (collective_time over the slowest
+// site's members: reduce-scatter of the whole buffer for an all-reduce or a
+// reduce-scatter), the cross-site exchange of each member's 1/k shard
+// (cross_site_time), inside each site again (all-gather for an all-reduce or
+// an all-gather). Anything else: collective_time.
+double reduction_time(const Cluster& cl, Collective c, const std::vector<int>& ranks, double bytes,
+                      SiteReduce how);
+
+// Bytes crossing the WAN, all members and directions together, for one c
+// over `ranks` as reduction_time runs it: hierarchical, each cross group's
+// ring (all-reduce 2(S-1)/S of the shard per member, reduce-scatter and
+// all-gather (S-1)/S); flat, NCCL's node ring (each hop from one site to
+// another carries (n-1)/n of the buffer per pass over n nodes: 2 passes for
+// an all-reduce); an all-to-all, each member's (p-1)/p share to the members
+// of other sites. 0 on one site.
+double wan_bytes(const Cluster& cl, Collective c, const std::vector<int>& ranks, double bytes,
+                 SiteReduce how);
+// One message's WAN bytes: `bytes` when from and to sit on different sites, else 0.
+double message_wan_bytes(const Cluster& cl, int from, int to, double bytes);
+
 // NCCL's bus bandwidth of an all-reduce (nccl-tests' busBw = 2(p-1)/p *
 // bytes / time): what docs/cluster.md compares with published measurements.
 double bus_bandwidth(const Cluster& cl, Collective c, const std::vector<int>& ranks, double bytes);

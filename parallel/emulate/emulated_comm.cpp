@@ -119,7 +119,8 @@ bool EmulatedComm::resolve(const Timing& t, bool block) {
     else if (!f.reduce.test())
       return false;
     const double begin = std::max(f.buf[0], free_at_);  // the last entry, after the previous one
-    f.end = begin + cluster::collective_time(rank_->cluster, f.kind, devices_, f.buf[1]);
+    f.end = begin + (timer_ ? timer_(rank_->cluster, f.kind, devices_, f.buf[1])
+                            : cluster::collective_time(rank_->cluster, f.kind, devices_, f.buf[1]));
     f.resolved = true;
     if (rank_->trace)
       std::fprintf(rank_->trace,

@@ -113,6 +113,14 @@ class EmulatedComm final : public Comm {
   std::string name() const override { return inner_.name(); }
   const std::vector<int>& members() const { return members_; }
   Comm& inner() { return inner_; }  // the transport it delays
+  // The time of this group's collectives when not collective_time over its
+  // members' devices: (the cluster now, kind, the members' devices, bytes)
+  // -> seconds. The cross-site group of a SiteComm (parallel/comm/
+  // site_comm.hpp) is delayed by cluster::cross_site_time, which knows the
+  // other places' cross groups share the WAN with it.
+  using Timer = std::function<double(const cluster::Cluster&, cluster::Collective,
+                                     const std::vector<int>&, double)>;
+  void set_timer(Timer t) { timer_ = std::move(t); }
 
   void all_reduce(Tensor t, ReduceOp op = ReduceOp::Sum) override;
   void reduce_scatter(Tensor out, const Tensor& in) override;
@@ -171,6 +179,7 @@ class EmulatedComm final : public Comm {
   std::deque<std::shared_ptr<Timing>> queue_;  // entered, end not yet known, start order
   double free_at_ = 0;                         // end of the last resolved collective
   std::function<void()> wait_hook_;
+  Timer timer_;
   struct PendingSend {
     int64_t inner_id = 0, control_id = 0;
     double arrival = 0;

@@ -167,6 +167,20 @@ std::vector<int> launcher_nodes(const cluster::Cluster& cl, int world,
   return nodes;
 }
 
+std::vector<int> layout_devices(const RunConfig& cfg, const cluster::Cluster& cl, int world) {
+  const std::vector<int> dev = launcher_devices(cl, world, cfg.emulate.rank_order);
+  const Placement p = place_ranks(launcher_nodes(cl, world, cfg.emulate.rank_order),
+                                  cfg.parallel.placement, int(cfg.parallel.tp),
+                                  launcher_sites(cl, world, cfg.emulate.rank_order));
+  std::vector<int> out;
+  bool identity = true;
+  for (int l = 0; l < world; ++l) {
+    out.push_back(dev.at(size_t(p.launcher_rank(l))));
+    identity = identity && out.back() == l;
+  }
+  return identity ? std::vector<int>{} : out;
+}
+
 std::vector<int> launcher_sites(const cluster::Cluster& cl, int world,
                                 const std::string& rank_order) {
   if (cl.sites.size() <= 1) return {};

@@ -115,6 +115,13 @@ cluster::Cluster scale_link_bandwidth(const cluster::Cluster& c, double f);
 // The node of each launcher rank: cl.node_of(launcher_devices(...)[r]).
 std::vector<int> launcher_nodes(const cluster::Cluster& cl, int world,
                                 const std::string& rank_order);
+// The device of each layout rank of a `world`-rank run of cfg on `cl`: the
+// emulated launcher's devices (emulate.rank_order) reordered by
+// parallel.placement, as the run places them (what adgt-sim simulates, so a
+// placement that ignores the sites is priced as it runs). Empty when that is
+// the identity. Throws std::invalid_argument as launcher_devices and
+// place_ranks do.
+std::vector<int> layout_devices(const RunConfig& cfg, const cluster::Cluster& cl, int world);
 // The site of each launcher rank's node; empty when the cluster has one site.
 std::vector<int> launcher_sites(const cluster::Cluster& cl, int world,
                                 const std::string& rank_order);

@@ -1,5 +1,6 @@
 #include "parallel/mesh/parallel_context.hpp"
 
+#include <algorithm>
 #include <utility>
 
 #include "kernels/check.hpp"
@@ -105,12 +106,26 @@ std::vector<std::unique_ptr<Comm>> wrap_site_groups(ParallelContext& ctx,
                                                          std::move(control));
         keep.push_back(std::move(sub));
         sub = std::move(e);
+        return static_cast<emulate::EmulatedComm*>(sub.get());
       };
       std::vector<int> local_members, cross_members;
       for (int i : split->rank_at[size_t(site)]) local_members.push_back(members[size_t(i)]);
       for (const auto& at_site : split->rank_at) cross_members.push_back(members[size_t(at_site[size_t(place)])]);
       wrap(local, local_members);
-      wrap(cross, cross_members);
+      // The cross group shares the WAN with every other place's (and every
+      // device of the site's nodes holding the group): the cost model's
+      // cross-site phase (parallel/cluster/collectives.hpp).
+      std::vector<int64_t> site_nodes;
+      for (int w : local_members) {
+        const int64_t n = emulation->cluster.node_of(emulation->state->device(w));
+        if (std::find(site_nodes.begin(), site_nodes.end(), n) == site_nodes.end()) site_nodes.push_back(n);
+      }
+      wrap(cross, cross_members)
+          ->set_timer([nodes = int64_t(site_nodes.size())](const cluster::Cluster& cl,
+                                                           cluster::Collective c,
+                                                           const std::vector<int>& devices, double bytes) {
+            return cluster::cross_site_time(cl, c, devices, bytes, nodes);
+          });
     }
     owned.push_back(std::make_unique<SiteComm>(**slot, *split, std::move(local), std::move(cross),
                                                std::move(keep)));

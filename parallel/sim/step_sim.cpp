@@ -88,7 +88,8 @@ class StepSimulation {
     m_ = cfg.accum_steps();
     const bool hetero = !cl.node_speed.empty() || !opts.slow_ranks.empty() ||
                         !opts.slow_links.empty() || !cl.link_overrides.empty() || cl.sites.size() > 1 ||
-                        opts.host_cores > 0 || cl.cores_per_node > 0 || opts.all_replicas;
+                        opts.host_cores > 0 || cl.cores_per_node > 0 || opts.all_replicas ||
+                        !opts.device_of.empty();
     // A replica: a stage's tp group at one dp and cp coordinate (cp fastest);
     // the cp ranks of a replica do equal work (the ring's load balance).
     replicas_ = hetero ? int(lay_.dp * lay_.cp) : 1;
@@ -171,7 +172,7 @@ class StepSimulation {
     sc.b.assign(size_t(P * V), 0);
     sc.w.assign(size_t(P * V), 0);
     for (int p = 0; p < P; ++p) {
-      double speed = cl_.speed_of_node(cl_.node_of(lead_rank(p)));
+      double speed = cl_.speed_of_node(cl_.node_of(dev(lead_rank(p))));
       if (auto it = opts_.slow_ranks.find(lead_rank(p)); it != opts_.slow_ranks.end()) speed /= it->second;
       for (int c = 0; c < V; ++c) {
         const StageWork& st = work_[size_t(p)].chunks[size_t(c)];
@@ -184,7 +185,7 @@ class StepSimulation {
     const double bytes_msg = work_[0].chunks[0].activation_bytes;
     const bool wrap = V > 1 && place == StagePlacement::looped;
     for (int k = 0; k < (wrap ? P : P - 1); ++k)
-      sc.link.push_back(cluster::message_time(cl_, lead_rank(k), lead_rank((k + 1) % P), bytes_msg));
+      sc.link.push_back(cluster::message_time(cl_, dev(lead_rank(k)), dev(lead_rank((k + 1) % P)), bytes_msg));
     bool usable = true;  // f and b > 0 (a stage without layers or ops would not plan)
     for (size_t s = 0; s < sc.f.size(); ++s) usable = usable && sc.f[s] > 0 && sc.b[s] > 0;
     return usable ? engine_schedule(cfg_, &sc) : engine_schedule(cfg_);
@@ -203,15 +204,110 @@ class StepSimulation {
           u.ranks.push_back(rank_of(lay_, RankCoords{t, d / cp, p, 0, 0, d % cp}));
         u.speed = kInf;
         for (int r : u.ranks) {
-          double s = cl_.speed_of_node(cl_.node_of(r));
+          double s = cl_.speed_of_node(cl_.node_of(dev(r)));
           if (auto it = opts_.slow_ranks.find(r); it != opts_.slow_ranks.end()) s /= it->second;
           u.speed = std::min(u.speed, s);
         }
         if (opts_.host_cores > 0) u.pool = 0;
-        else if (cl_.cores_per_node > 0) u.pool = int(cl_.node_of(u.ranks[0]));
+        else if (cl_.cores_per_node > 0) u.pool = int(cl_.node_of(dev(u.ranks[0])));
         u.sync_wait = u.pool >= 0 ? opts_.sync_wait_s : 0;
         units_.push_back(std::move(u));
       }
+  }
+
+  int dev(int r) const {
+    return opts_.device_of.empty() ? r : opts_.device_of.at(size_t(r));
+  }
+  std::vector<int> devs(const std::vector<int>& ranks) const {
+    std::vector<int> d;
+    for (int r : ranks) d.push_back(dev(r));
+    return d;
+  }
+  static bool data_parallel(Group g) {
+    return g == Group::dp || g == Group::edp || g == Group::dpcp || g == Group::edpcp;
+  }
+  // One collective of group g over `ranks` (world ranks) as the run does it:
+  // the data-parallel groups by parallel.site_reduce (hierarchical across
+  // sites), the others flat.
+  double comm_time(Group g, cluster::Collective kind, const std::vector<int>& ranks, double bytes) const {
+    return cluster::reduction_time(cl_, kind, devs(ranks), bytes,
+                                   data_parallel(g) ? site_reduce_ : cluster::SiteReduce::Flat);
+  }
+  // The WAN part of it: (bytes over every member, seconds of its WAN phases).
+  std::pair<double, double> comm_wan(Group g, cluster::Collective kind, const std::vector<int>& ranks,
+                                     double bytes) const {
+    const auto how = data_parallel(g) ? site_reduce_ : cluster::SiteReduce::Flat;
+    const std::vector<int> d = devs(ranks);
+    const double b = cluster::wan_bytes(cl_, kind, d, bytes, how);
+    if (b <= 0) return {0, 0};
+    const auto by = cluster::members_by_site(cl_, d);
+    if (how == cluster::SiteReduce::Hierarchical && !by.empty() &&
+        (kind == cluster::Collective::AllReduce || kind == cluster::Collective::ReduceScatter ||
+         kind == cluster::Collective::AllGather)) {  // the cross phase alone
+      const double all = cluster::reduction_time(cl_, kind, d, bytes, how);
+      double inside = 0;
+      for (const auto& m : by) {
+        double t = 0;
+        if (kind != cluster::Collective::AllGather)
+          t += cluster::collective_time(cl_, cluster::Collective::ReduceScatter, m, bytes);
+        if (kind != cluster::Collective::ReduceScatter)
+          t += cluster::collective_time(cl_, cluster::Collective::AllGather, m, bytes);
+        inside = std::max(inside, t);
+      }
+      return {b, std::max(0.0, all - inside)};
+    }
+    return {b, cluster::reduction_time(cl_, kind, d, bytes, how)};  // flat: the whole ring waits on it
+  }
+
+  // The step's WAN bytes (every group counted once, by its first member) and
+  // the WAN seconds of the busiest rank.
+  void account_wan(SimResult& r) const {
+    if (cl_.sites.size() <= 1) return;
+    std::vector<double> secs(size_t(world_), 0);
+    const auto add = [&](int rank, Group g, cluster::Collective kind, double bytes, double times) {
+      const std::vector<int> ranks = group_ranks(lay_, g, rank);
+      if (ranks.size() <= 1) return;
+      const auto [b, t] = comm_wan(g, kind, ranks, bytes);
+      if (ranks.front() == rank) r.wan_bytes += b * times;
+      secs[size_t(rank)] += t * times;
+    };
+    const int64_t V = lay_.virtual_stages;
+    for (int rank = 0; rank < int(world_); ++rank) {
+      const RankCoords rc = coords_of(lay_, rank);
+      const RankWork& w = work_[size_t(rc.pp)];
+      for (const BucketWork& b : w.buckets)
+        add(rank, b.group, b.reduce_scatter ? cluster::Collective::ReduceScatter : cluster::Collective::AllReduce,
+            b.bytes, 1);
+      for (const CommOp& c : w.step_comms) add(rank, c.group, c.kind, c.bytes, 1);
+      for (const StageWork& st : w.chunks) {
+        // Per micro-batch: the forward and the backward (fused; the split
+        // backward's pieces carry the same collectives).
+        for (const PassWork* pw : {&st.forward, &st.backward})
+          for (const Piece& pc : pw->pieces)
+            for (const CommOp& c : pc.comms)
+              if (c.group != Group::world) add(rank, c.group, c.kind, c.bytes, double(m_ * c.repeat));
+      }
+      // The pipeline's messages to the next stage: activations forward,
+      // gradients back, per micro-batch and chunk.
+      if (P_ > 1) {
+        RankCoords next = rc;
+        next.pp = (rc.pp + 1) % P_;
+        const int to = rank_of(lay_, next);
+        const bool wraps = rc.pp + 1 == P_;
+        const double chunks = wraps ? double(V - 1) : double(V);
+        if (chunks > 0) {
+          const double bytes = w.chunks[0].activation_bytes;
+          const double b = cluster::message_wan_bytes(cl_, dev(rank), dev(to), bytes);
+          if (b > 0) {
+            const double t = cluster::message_time(cl_, dev(rank), dev(to), bytes);
+            r.wan_bytes += 2 * b * double(m_) * chunks;
+            secs[size_t(rank)] += t * double(m_) * chunks;
+            secs[size_t(to)] += t * double(m_) * chunks;
+          }
+        }
+      }
+    }
+    for (double t : secs) r.wan_s = std::max(r.wan_s, t);
   }
 
   double group_time(const Unit& u, const CommOp& c) {
@@ -224,8 +320,8 @@ class StepSimulation {
       ranks.resize(size_t(world_));
       for (int i = 0; i < int(world_); ++i) ranks[size_t(i)] = i;
     }
-    double t = cluster::collective_time(cl_, c.kind, ranks, c.bytes);
-    for (const auto& [kind, bytes] : c.with) t += cluster::collective_time(cl_, kind, ranks, bytes);
+    double t = comm_time(c.group, c.kind, ranks, c.bytes);
+    for (const auto& [kind, bytes] : c.with) t += comm_time(c.group, kind, ranks, bytes);
     if (c.hide.empty()) return double(c.repeat) * t;
     // Overlapped with the compute of `hide` (at this unit's speed), each time.
     return double(c.repeat) * std::max(0.0, t - ops_time(c.hide) / u.speed);
@@ -527,7 +623,7 @@ class StepSimulation {
       case TaskKind::Send: {
         const Unit& to = units_[size_t(t.peer)];
         const double depart = std::max(now_, link_free_[{int(&u - units_.data()), t.peer}]);
-        double dt = cluster::message_time(cl_, u.ranks[0], to.ranks[0], t.bytes);
+        double dt = cluster::message_time(cl_, dev(u.ranks[0]), dev(to.ranks[0]), t.bytes);
         if (!opts_.slow_links.empty()) {  // the slowest member's link
           double f = 1;
           for (size_t i = 0; i < u.ranks.size() && i < to.ranks.size(); ++i) {
@@ -745,6 +841,7 @@ class StepSimulation {
     r.memory_bytes_max = double(me.bytes_total);
     r.memory_state_bytes = double(me.bytes_params + me.bytes_grads + me.bytes_optimizer);
     r.memory_zero_working_bytes = double(me.bytes_zero_working);
+    account_wan(r);
     return r;
   }
 
@@ -753,6 +850,9 @@ class StepSimulation {
   OpCosts& costs_;
   const SimOptions& opts_;
   const Layout lay_;
+  const cluster::SiteReduce site_reduce_ = cfg_.parallel.site_reduce == "flat"
+                                               ? cluster::SiteReduce::Flat
+                                               : cluster::SiteReduce::Hierarchical;
   int64_t world_ = 0;
   int P_ = 1, bytes_ = 4, replicas_ = 1;
   int64_t m_ = 1;
@@ -806,6 +906,10 @@ std::string to_json(const SimResult& r) {
   j["microbatches"] = r.microbatches;
   j["units_simulated"] = r.units_simulated;
   j["events"] = r.events;
+  if (r.wan_bytes > 0) {
+    j["wan_bytes"] = r.wan_bytes;
+    j["wan_s"] = r.wan_s;
+  }
   if (r.energy_j > 0) {
     j["energy_j"] = r.energy_j;
     j["energy_per_token_j"] = r.energy_per_token_j;

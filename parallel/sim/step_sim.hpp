@@ -43,6 +43,9 @@ struct SimOptions {
   // synchronisation with another rank (a collective, a pipeline message), the
   // scheduler's turn-taking (host.hpp: sync_wait). 0: none.
   double sync_wait_s = 0;
+  // Per world (layout) rank: the cluster device it runs on (the rank
+  // placement; parallel/cluster/placement.hpp). Empty: rank r is device r.
+  std::vector<int> device_of;
 };
 
 struct SimResult {
@@ -63,6 +66,13 @@ struct SimResult {
     return exposed_tp_s + exposed_pp_s + exposed_dp_s + exposed_ep_s + exposed_cp_s +
            exposed_step_s;
   }
+  // Wide-area traffic of the step (clusters with sites; docs/sites.md): the
+  // bytes crossing the WAN, every rank and direction together (the
+  // collectives as parallel.site_reduce runs them, and the pipeline's
+  // messages), and the seconds the busiest rank spends in WAN phases
+  // (cross-site collective phases and messages; their exposed part is in
+  // exposed_dp_s / exposed_pp_s).
+  double wan_bytes = 0, wan_s = 0;
   double compute_s = 0;        // the busiest rank's compute
   double optimizer_s = 0;      // the update (sum of squares + AdamW)
   double memory_bytes_max = 0; // the dry run's estimate (parallel/cost/memory.hpp)

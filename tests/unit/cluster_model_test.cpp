@@ -128,8 +128,9 @@ link_overrides:
   CHECK(&c.link_between(0, 2) == &c.wan);
   CHECK(c.link_between(0, 1).bandwidth == Approx(2e9));
   CHECK(&c.link_between(2, 3) == &c.inter);
-  // Across the WAN a rank gets wan / devices_per_node.
-  CHECK(message_time(c, 0, 4, 1e6) == Approx(5000e-6 + 1e6 / (1e9 / 2)));
+  // Across the WAN a message shares it with every device of its site (2
+  // nodes x 2): a pipeline stage boundary on the WAN sends from all at once.
+  CHECK(message_time(c, 0, 4, 1e6) == Approx(5000e-6 + 1e6 / (1e9 / 4)));
   CHECK(message_time(c, 0, 2, 1e6) == Approx(50e-6 + 1e6 / 2e9));
   CHECK(message_time(c, 4, 6, 1e6) == Approx(10e-6 + 1e6 / 10e9));
   // A dp group of one rank per node within site 1: the fast NIC ring; across
@@ -139,6 +140,53 @@ link_overrides:
   const double both = collective_time(c, Collective::AllReduce, {0, 2, 4, 6}, B);
   CHECK(site1 == Approx(std::min(B / 10e9 + 2 * 10e-6, 2 * 10e-6 + 2 * B / 10e9)));
   CHECK(both == Approx(std::min(2 * 0.75 * B / 0.5e9 + 6 * 5000e-6, 2 * 2 * 5000e-6 + 2 * B / 0.5e9)));
+}
+
+TEST_CASE("collectives: the WAN is one pipe per direction; the hierarchical reduction crosses it once",
+          "[cluster][sites]") {
+  Cluster c = parse_cluster(std::string(R"(nodes: 4
+devices_per_node: 2
+)") + kDevice + R"(intra: {bandwidth_GBps: 100, latency_us: 2}
+inter: {bandwidth_GBps: 10, latency_us: 10}
+nics_per_node: 2
+sites: [2, 2]
+wan: {bandwidth_GBps: 1, latency_us: 5000}
+)",
+                            "wan.yaml");
+  const double B = 1e8;
+  // A ring in site order crosses once each way (a node's 2 devices share
+  // it); interleaved, twice each way at once: half of that each.
+  const double ordered = collective_time(c, Collective::AllReduce, {0, 2, 4, 6}, B);
+  const double interleaved = collective_time(c, Collective::AllReduce, {0, 4, 2, 6}, B);
+  CHECK(ordered == Approx(std::min(2 * 0.75 * B / 0.5e9 + 6 * 5000e-6, 2 * 2 * 5000e-6 + 2 * B / 0.5e9)));
+  CHECK(interleaved == Approx(std::min(2 * 0.75 * B / 0.25e9 + 6 * 5000e-6, 2 * 2 * 5000e-6 + 2 * B / 0.25e9)));
+  // The members by site: equal sites split, others not.
+  CHECK(members_by_site(c, {0, 4, 2, 6}) == std::vector<std::vector<int>>{{0, 2}, {4, 6}});
+  CHECK(members_by_site(c, {0, 2}).empty());
+  CHECK(members_by_site(c, {0, 2, 4}).empty());
+  // Hierarchical: inside site 0 (nodes 0, 1), the shard across the WAN
+  // (shared by the 2 x 2 devices of the site's nodes), inside again.
+  const double cross = 2 * (0.5 * (B / 2) / (1e9 / 4) + 5000e-6);
+  CHECK(cross_site_time(c, Collective::AllReduce, {0, 4}, B / 2, 2) == Approx(cross));
+  const double rs = collective_time(c, Collective::ReduceScatter, {0, 2}, B);
+  const double ag = collective_time(c, Collective::AllGather, {0, 2}, B);
+  CHECK(reduction_time(c, Collective::AllReduce, {0, 2, 4, 6}, B, SiteReduce::Hierarchical) ==
+        Approx(rs + cross + ag));
+  CHECK(reduction_time(c, Collective::ReduceScatter, {0, 2, 4, 6}, B, SiteReduce::Hierarchical) ==
+        Approx(rs + cross / 2));
+  CHECK(reduction_time(c, Collective::AllReduce, {0, 2, 4, 6}, B, SiteReduce::Flat) == Approx(ordered));
+  CHECK(reduction_time(c, Collective::AllReduce, {0, 2}, B, SiteReduce::Hierarchical) ==
+        Approx(collective_time(c, Collective::AllReduce, {0, 2}, B)));
+  // WAN bytes: hierarchical, 2 cross groups x 2 members x 2 passes x 1/2 of
+  // the B/2 shard = B each way; flat, the 4-node ring's 2 crossing hops x 2
+  // passes x 3/4 B.
+  CHECK(wan_bytes(c, Collective::AllReduce, {0, 2, 4, 6}, B, SiteReduce::Hierarchical) == Approx(2 * B));
+  CHECK(wan_bytes(c, Collective::AllReduce, {0, 2, 4, 6}, B, SiteReduce::Flat) == Approx(3 * B));
+  CHECK(wan_bytes(c, Collective::ReduceScatter, {0, 2, 4, 6}, B, SiteReduce::Hierarchical) == Approx(B));
+  CHECK(wan_bytes(c, Collective::AllReduce, {0, 2}, B, SiteReduce::Flat) == 0);
+  CHECK(wan_bytes(c, Collective::AllToAll, {0, 4}, B, SiteReduce::Flat) == Approx(B));
+  CHECK(message_wan_bytes(c, 0, 4, B) == B);
+  CHECK(message_wan_bytes(c, 0, 2, B) == 0);
 }
 
 TEST_CASE("collectives: an all-to-all runs at the slowest link between any two of its nodes", "[cluster]") {
