@@ -255,7 +255,11 @@ int run(Cli cli) {
   adgt::cluster::Cluster cl = adgt::cluster::load_cluster(cli.cluster_name);
   const int64_t world = adgt::layout_of(cfg).world();
   const int64_t want = cli.gpus > 0 ? cli.gpus : world;
-  if (want != cl.world()) cl = adgt::cluster::with_gpus(cl, want);
+  // The run file's emulated cluster stays whole: its ranks sit on the devices
+  // the emulated launcher gives them (below), the rest idle, as in the run.
+  const bool emulated = !cfg.emulate.cluster.empty() && cli.cluster_name == cfg.emulate.cluster &&
+                        cli.gpus <= 0 && want <= cl.world();
+  if (want != cl.world() && !emulated) cl = adgt::cluster::with_gpus(cl, want);
   if (cli.power_cap > 0) {  // every device capped (docs/cluster.md, "Power")
     if (!cl.device.power.on())
       throw adgt::ConfigError("--power-cap " + std::to_string(cli.power_cap) + ": cluster " + cl.name +

@@ -51,6 +51,11 @@ void print_summary(const adgt::TrainSummary& s) {
   if (s.peak_device_bytes >= 0)
     std::printf("device memory:    %.3f GiB peak of the backend's buffers (largest rank; %lld bytes)\n",
                 double(s.peak_device_bytes) / double(1 << 30), (long long)s.peak_device_bytes);
+  if (s.wan_bytes >= 0)
+    std::printf("WAN:              %.6g MB sent across the sites by all ranks, %.6g MB per step "
+                "(%ld steps; docs/sites.md)\n",
+                s.wan_bytes / 1e6, s.wan_steps > 0 ? s.wan_bytes / 1e6 / double(s.wan_steps) : 0.0,
+                long(s.wan_steps));
   if (s.skipped_steps) std::printf("skipped steps:    %ld (non-finite)\n", long(s.skipped_steps));
   std::printf("checkpoint:       %s\n", s.checkpoint.empty() ? "(none)" : s.checkpoint.c_str());
   std::printf("metrics:          %s\n", s.metrics_path.c_str());

@@ -99,6 +99,7 @@ MpiComm::MpiComm(MPI_Comm comm, std::string name, bool owned)
   ADGT_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world));
   std::vector<int> ranks(size_t(size_), 0);
   world_of_.assign(size_t(size_), 0);
+  sent_to_.assign(size_t(size_), 0);
   for (int i = 0; i < size_; ++i) ranks[size_t(i)] = i;
   ADGT_MPI(MPI_Group_translate_ranks(mine, size_, ranks.data(), world, world_of_.data()));
   MPI_Group_free(&mine);
@@ -244,6 +245,7 @@ void MpiComm::post_step(RingOp& o) {
                        o.tag, ring_, &o.reqs.back()));
   }
   stats_.bytes += send_bytes;
+  sent_to_[size_t(right)] += send_bytes;
   o.posted = true;
 }
 
@@ -426,7 +428,10 @@ void MpiComm::broadcast(Tensor t, int root) {
     }
   }
   mpi_wait_all_politely(reqs);
-  if (q < p - 1) stats_.bytes += bytes;
+  if (q < p - 1) {
+    stats_.bytes += bytes;
+    sent_to_[size_t(next)] += bytes;
+  }
 }
 
 void MpiComm::send(const Tensor& t, int peer, int tag) {
@@ -446,6 +451,7 @@ void MpiComm::send(const Tensor& t, int peer, int tag) {
     wait_politely(req, MPI_STATUS_IGNORE);
   }
   stats_.bytes += bytes;
+  sent_to_[size_t(peer)] += bytes;
 }
 
 void MpiComm::wait_politely(MPI_Request& req, MPI_Status* st) {
@@ -481,6 +487,7 @@ int64_t MpiComm::isend(const Tensor& t, int peer, int tag) {
                        &reqs.back()));
   }
   stats_.bytes += bytes;
+  sent_to_[size_t(peer)] += bytes;
   return next_send_id_++;
 }
 
@@ -558,6 +565,8 @@ void MpiComm::all_to_all(Tensor out, const Tensor& in) {
   ADGT_MPI(MPI_Ialltoall(src, chunk, MPI_BYTE, out.data, chunk, MPI_BYTE, comm_, &req));
   mpi_wait_politely(req);
   stats_.bytes += int64_t(chunk) * (size_ - 1);
+  for (int j = 0; j < size_; ++j)
+    if (j != rank_) sent_to_[size_t(j)] += chunk;
 }
 
 void MpiComm::all_to_allv(Tensor out, const std::vector<int64_t>& recv_counts,
@@ -617,6 +626,8 @@ void MpiComm::all_to_allv(Tensor out, const std::vector<int64_t>& recv_counts,
                           MPI_BYTE, comm_, &req));
   mpi_wait_politely(req);
   stats_.bytes += sent;
+  for (size_t j = 0; j < p; ++j)
+    if (int(j) != rank_) sent_to_[j] += sc[j];
 }
 
 void MpiComm::barrier() {

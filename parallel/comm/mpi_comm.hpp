@@ -93,6 +93,10 @@ class MpiComm final : public Comm {
   MPI_Comm handle() const { return comm_; }
   // The members as MPI_COMM_WORLD ranks, in group-rank order.
   const std::vector<int>& world_ranks() const { return world_of_; }
+  // Bytes this rank handed to the transport for each group rank since the
+  // communicator was made (every call; reset_stats leaves them): what the
+  // emulation counts as crossing the WAN (parallel/emulate/emulated_comm.hpp).
+  const std::vector<int64_t>& bytes_sent_to() const { return sent_to_; }
 
   void all_reduce(Tensor t, ReduceOp op = ReduceOp::Sum) override;
   void reduce_scatter(Tensor out, const Tensor& in) override;
@@ -169,6 +173,7 @@ class MpiComm final : public Comm {
   std::function<void()> wait_hook_;
   std::map<int64_t, std::vector<MPI_Request>> pending_;  // isend id -> its requests
   int64_t next_send_id_ = 1;
+  std::vector<int64_t> sent_to_;  // (size) bytes_sent_to()
 };
 
 }  // namespace adgt

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "kernels/check.hpp"
+#include "parallel/comm/mpi_comm.hpp"
 #include "parallel/emulate/clock.hpp"
 
 namespace adgt::emulate {
@@ -96,9 +97,32 @@ EmulatedComm::EmulatedComm(Comm& inner, std::shared_ptr<EmulatedRank> rank,
   if (control_)
     ADGT_CHECK(control_->size() == inner_.size() && control_->rank() == inner_.rank(),
                "EmulatedComm(" << inner_.name() << "): the control channel is not a copy of the group");
+  rank_->groups.push_back(this);
 }
 
-EmulatedComm::~EmulatedComm() = default;
+EmulatedComm::~EmulatedComm() {
+  auto& g = rank_->groups;
+  g.erase(std::remove(g.begin(), g.end(), this), g.end());
+  rank_->wan_bytes_gone += wan_bytes_sent();
+}
+
+double EmulatedComm::wan_bytes_sent() const {
+  const auto* m = dynamic_cast<const MpiComm*>(&inner_);
+  const cluster::Cluster& cl = rank_->cluster;
+  if (!m || cl.sites.size() <= 1) return 0;
+  const auto site = [&](int device) { return cl.site_of_node(cl.node_of(device)); };
+  const int64_t mine = site(devices_[size_t(inner_.rank())]);
+  double b = 0;
+  for (size_t q = 0; q < devices_.size(); ++q)
+    if (site(devices_[q]) != mine) b += double(m->bytes_sent_to()[q]);
+  return b;
+}
+
+double EmulatedRank::wan_bytes_sent() const {
+  double b = wan_bytes_gone;
+  for (const EmulatedComm* c : groups) b += c->wan_bytes_sent();
+  return b;
+}
 
 std::shared_ptr<EmulatedComm::Timing> EmulatedComm::enter(Collective c, double bytes) {
   auto t = std::make_shared<Timing>();

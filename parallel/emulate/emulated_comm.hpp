@@ -88,6 +88,12 @@ struct EmulatedRank {
   };
   std::map<std::pair<std::string, int>, LinkTime> link_in;
   double comm_seconds = 0;                 // inside emulated calls (outermost only), clock seconds
+  // Bytes this rank's transports sent to ranks of another site (docs/sites.md):
+  // the live groups' (EmulatedComm::wan_bytes_sent) plus those of groups
+  // already gone (a layout switch).
+  std::vector<const class EmulatedComm*> groups;
+  double wan_bytes_gone = 0;
+  double wan_bytes_sent() const;
   int depth = 0;                           // emulated calls in progress on this thread
   // ADGT_EMULATE_TRACE=DIR: each collective, message and wait of this rank
   // as a JSON line, clock times (DIR/emulate_rank_<world rank>.jsonl; the
@@ -148,6 +154,11 @@ class EmulatedComm final : public Comm {
   // (the emulated delays included).
   const CommStats& stats() const override;
   void reset_stats() override;
+
+  // Bytes the inner MPI transport sent to members on another site than this
+  // rank's (its per-peer counts, MpiComm::bytes_sent_to; 0 for another
+  // transport or one site).
+  double wan_bytes_sent() const;
 
   // The model's end time of the last collective resolved on this group
   // (the rank's clock; 0 before any): what the tests compare against.

@@ -770,6 +770,13 @@ void Trainer::finish_summary(TrainSummary& sum, MetricsLog* metrics, TeiMeter& t
   double mem_peak[1] = {double(backend_->peak_allocated_bytes())};
   g.world->all_reduce(Tensor(mem_peak, DType::F64, {1}), ReduceOp::Max);
   sum.peak_device_bytes = int64_t(mem_peak[0]);
+  // The bytes that crossed the emulated WAN, every rank's (docs/sites.md).
+  if (emulation_ && emulation_->cluster.sites.size() > 1) {
+    double wan[1] = {emulation_->state->wan_bytes_sent()};
+    g.world->all_reduce(Tensor(wan, DType::F64, {1}), ReduceOp::Sum);
+    sum.wan_bytes = wan[0];
+    sum.wan_steps = step_ - run_start_step_;
+  }
 }
 
 TrainSummary Trainer::train() {
@@ -785,6 +792,7 @@ TrainSummary Trainer::train() {
   std::vector<TeiRun> earlier_runs;  // a resume appends: the job's earlier runs (docs/tei.md)
   std::unique_ptr<MetricsLog> metrics = open_metrics_log(earlier_runs);
   TrainSummary sum;
+  run_start_step_ = step_;
   if (metrics) sum.metrics_path = metrics->path();
   if (lead()) print_header(peak);
   if (lead() && trace_steps_ && step_ >= trace_steps_->second)

@@ -62,6 +62,11 @@ struct TrainSummary {
   // Energy per token and the throttled share of the run (docs/telemetry.md;
   // empty where no rank measured them or log.telemetry_interval_s is 0).
   RunEnergy energy;
+  // Under an emulated cluster with sites: the bytes every rank's transports
+  // sent to ranks of another site over the wan_steps steps of this run
+  // (docs/sites.md); -1: not measured.
+  double wan_bytes = -1;
+  int64_t wan_steps = 0;
 };
 
 class Trainer {
@@ -177,6 +182,7 @@ class Trainer {
   // The data-parallel groups spanning sites, reduced hierarchically
   // (parallel.site_reduce; docs/sites.md); over the emulated groups.
   std::vector<std::unique_ptr<Comm>> site_comms_;
+  int64_t run_start_step_ = 0;  // the step train() started from
   // With a device backend: the groups, wrapped so device tensors are staged
   // or go to NCCL (parallel/comm/device_comm.hpp). Outlive the engine.
   std::vector<std::unique_ptr<Comm>> device_comms_;
