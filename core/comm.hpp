@@ -110,6 +110,16 @@ class Comm {
   // pipeline executor moves the data-parallel reduction along in that time.
   // Empty: none. A transport that never waits may ignore it.
   virtual void set_wait_hook(std::function<void()> hook) { (void)hook; }
+  // Emulated transports (parallel/emulate/emulated_comm.hpp) keep a modelled
+  // clock: its time now, the modelled end of the last collective completed
+  // on this group (both < 0: not modelled), and issue_at(t): the next
+  // collective started on this group was issued at t (<= now) by a stream
+  // that launches a chain of collectives back to back (the hierarchical
+  // reduction's phases, parallel/comm/site_comm.hpp), so it enters at t.
+  // Other transports ignore them.
+  virtual double modelled_now() const { return -1; }
+  virtual double modelled_end() const { return -1; }
+  virtual void issue_at(double /*t*/) {}
   virtual void all_to_all(Tensor out, const Tensor& in) = 0;      // size()*n each; chunk r -> rank r
   // Element counts and displacements per rank.
   virtual void all_to_allv(Tensor out, const std::vector<int64_t>& recv_counts,

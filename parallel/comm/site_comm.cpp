@@ -42,10 +42,15 @@ std::optional<SiteSplit> split_by_site(const std::vector<int>& site_of_member, s
 // One hierarchical collective: its phases (each a started collective on a
 // sub-group), the scratch they use, and what is copied back at the end.
 struct SiteComm::Op {
-  std::vector<std::function<Work()>> phases;
+  std::vector<std::pair<Comm*, std::function<Work()>>> phases;  // (its sub-group, its start)
   std::function<void()> finish;  // after the last phase completed (copy-backs)
   size_t next = 0;               // the next phase to start
   Work work;                     // the running phase's
+  // Modelled clocks (an emulated transport; < 0 otherwise): when the caller
+  // started the op, and when its last completed phase ended there. The next
+  // phase is issued then, as a stream launching the chain would.
+  double issued = -1, prev_end = -1;
+  Comm* prev = nullptr;  // the sub-group of the running (or last) phase
   bool done = false;
   std::vector<char> buf1, buf2;  // scratch
   bool started_all() const { return next == phases.size(); }
@@ -94,6 +99,7 @@ SiteComm::SiteComm(Comm& full, SiteSplit split, std::unique_ptr<Comm> local,
 SiteComm::~SiteComm() = default;
 
 Work SiteComm::enqueue(std::shared_ptr<Op> op) {
+  op->issued = full_.modelled_now();
   queue_.push_back(op);
   advance(nullptr, false);
   if (op->done) return {};
@@ -107,7 +113,10 @@ void SiteComm::advance(const Op* until, bool block) {
     for (size_t j = 0; j < queue_.size(); ++j) {
       Op& op = *queue_[j];
       for (;;) {
-        if (op.work.pending() && !op.work.test()) break;
+        if (op.work.pending()) {
+          if (!op.work.test()) break;
+          op.prev_end = op.prev->modelled_end();
+        }
         if (op.started_all()) {
           if (!op.done) {
             if (op.finish) op.finish();
@@ -116,14 +125,22 @@ void SiteComm::advance(const Op* until, bool block) {
           break;
         }
         if (j > 0 && !queue_[j - 1]->started_all()) break;
-        op.work = op.phases[op.next++]();
+        auto& [sub, start] = op.phases[op.next];
+        const double at = op.next == 0 ? op.issued : op.prev_end;
+        if (at >= 0) sub->issue_at(at);
+        ++op.next;
+        op.work = start();
+        op.prev = sub;
+        op.prev_end = -1;
       }
       if (!op.started_all()) break;  // the ops after it wait for its last phase
     }
     while (!queue_.empty() && queue_.front()->done) queue_.pop_front();
     if (!block || !until || until->done) return;
     // The first op's running phase: every member reaches it in this order.
-    queue_.front()->work.wait();
+    Op& front = *queue_.front();
+    front.work.wait();
+    if (front.prev) front.prev_end = front.prev->modelled_end();
   }
 }
 
@@ -155,9 +172,9 @@ Work SiteComm::start_all_reduce(Tensor t, ReduceOp op_kind) {
   const int64_t mm = whole.numel() / k;
   op->buf2.assign(size_t(mm) * es, 0);
   Tensor shard = flat(op->buf2.data(), t.dtype, mm);
-  op->phases = {[this, shard, whole] { return local_->start_reduce_scatter(shard, whole); },
-                [this, shard] { return cross_->start_all_reduce(shard, ReduceOp::Sum); },
-                [this, shard, whole] { return local_->start_all_gather(whole, shard); }};
+  op->phases = {{local_.get(), [this, shard, whole] { return local_->start_reduce_scatter(shard, whole); }},
+                {cross_.get(), [this, shard] { return cross_->start_all_reduce(shard, ReduceOp::Sum); }},
+                {local_.get(), [this, shard, whole] { return local_->start_all_gather(whole, shard); }}};
   return enqueue(std::move(op));
 }
 
@@ -177,8 +194,8 @@ Work SiteComm::start_reduce_scatter(Tensor out, const Tensor& in) {
   op->buf2.resize(size_t(S) * cb);
   Tensor b1 = flat(op->buf1.data(), in.dtype, m * size()), b2 = flat(op->buf2.data(), in.dtype, m * S);
   Tensor o = flat(out.data, out.dtype, m);
-  op->phases = {[this, b1, b2] { return local_->start_reduce_scatter(b2, b1); },
-                [this, b2, o] { return cross_->start_reduce_scatter(o, b2); }};
+  op->phases = {{local_.get(), [this, b1, b2] { return local_->start_reduce_scatter(b2, b1); }},
+                {cross_.get(), [this, b2, o] { return cross_->start_reduce_scatter(o, b2); }}};
   return enqueue(std::move(op));
 }
 
@@ -193,8 +210,8 @@ Work SiteComm::start_all_gather(Tensor out, const Tensor& in) {
   op->buf2.resize(size_t(S) * cb);
   Tensor b1 = flat(op->buf1.data(), in.dtype, m * size()), b2 = flat(op->buf2.data(), in.dtype, m * S);
   Tensor i1 = flat(in.data, in.dtype, m);
-  op->phases = {[this, b2, i1] { return cross_->start_all_gather(b2, i1); },
-                [this, b1, b2] { return local_->start_all_gather(b1, b2); }};
+  op->phases = {{cross_.get(), [this, b2, i1] { return cross_->start_all_gather(b2, i1); }},
+                {local_.get(), [this, b1, b2] { return local_->start_all_gather(b1, b2); }}};
   op->finish = [op = op.get(), out, m, S, k, cb, this] {
     for (int64_t i = 0; i < k; ++i)
       for (int64_t s = 0; s < S; ++s)

@@ -127,7 +127,9 @@ double EmulatedRank::wan_bytes_sent() const {
 std::shared_ptr<EmulatedComm::Timing> EmulatedComm::enter(Collective c, double bytes) {
   auto t = std::make_shared<Timing>();
   t->kind = c;
-  t->buf[0] = t->mine = rank_->clock.now();
+  const double now = rank_->clock.now();
+  t->buf[0] = t->mine = issue_at_ >= 0 ? std::min(now, issue_at_) : now;
+  issue_at_ = -1;
   t->buf[1] = bytes;
   t->reduce = control().start_all_reduce(Tensor(t->buf, DType::F64, {2}), ReduceOp::Max);
   queue_.push_back(t);

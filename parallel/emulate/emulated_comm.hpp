@@ -160,6 +160,10 @@ class EmulatedComm final : public Comm {
   // transport or one site).
   double wan_bytes_sent() const;
 
+  double modelled_now() const override { return rank_->clock.now(); }
+  double modelled_end() const override { return free_at_ > 0 ? free_at_ : -1; }
+  void issue_at(double t) override { issue_at_ = t; }
+
   // The model's end time of the last collective resolved on this group
   // (the rank's clock; 0 before any): what the tests compare against.
   double last_collective_end() const { return free_at_; }
@@ -189,6 +193,7 @@ class EmulatedComm final : public Comm {
   std::unique_ptr<Comm> control_;
   std::deque<std::shared_ptr<Timing>> queue_;  // entered, end not yet known, start order
   double free_at_ = 0;                         // end of the last resolved collective
+  double issue_at_ = -1;                       // issue_at(): the next collective's entry
   std::function<void()> wait_hook_;
   Timer timer_;
   struct PendingSend {

@@ -51,12 +51,13 @@ std::vector<std::string> fixed_keys(const std::string& path, const std::vector<s
   return out;
 }
 
-// Launcher rank -> the simulator's rank: layout ranks in node-contiguous
-// order, what topology placement makes of any launcher order
+// Launcher rank -> the simulator's rank: layout ranks site by site and
+// node-contiguous, what topology placement makes of any launcher order
 // (parallel/cluster/placement.hpp); the identity without an emulated cluster.
 Placement sim_placement(const RunConfig& cfg, const cluster::Cluster& cl, int64_t world) {
   if (cfg.emulate.cluster.empty() || world > cl.world()) return {};
-  return place_ranks(emulate::launcher_nodes(cl, int(world), cfg.emulate.rank_order), "topology", 1);
+  return place_ranks(emulate::launcher_nodes(cl, int(world), cfg.emulate.rank_order), "topology", 1,
+                     emulate::launcher_sites(cl, int(world), cfg.emulate.rank_order));
 }
 
 // The plan for `world` ranks of `cl` (costs from a profile on this CPU when
@@ -86,6 +87,10 @@ Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cl
   if (cfg.parallel.placement == "launcher" && !place.identity())
     why += "; note: parallel.placement=launcher keeps the launcher's order, which is not "
            "node-contiguous here; the plan assumes it is";
+  else if (cfg.parallel.placement == "nodes" && place.layout_sites().size() > 0 &&
+           place_ranks(place.node_of, "nodes", 1, place.site_of).launcher_of != place.launcher_of)
+    why += "; note: parallel.placement=nodes ignores the sites, which the launcher's order "
+           "interleaves here; the plan assumes the ranks site by site";
   const auto layout_rank = [&](int r) { return r < world ? place.layout_rank(r) : r; };
   const auto link_key = [&](int a, int b) {  // by value: std::minmax returns references
     const int x = layout_rank(a), y = layout_rank(b);
@@ -143,8 +148,9 @@ Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cl
     profile = pc.get();
     costs = std::move(pc);
     // Every rank of the launch shares this host's cores (the emulation
-    // needs one host; cpu-here says its own cores per node).
-    if (!cfg.emulate.cluster.empty())
+    // needs one host; cpu-here says its own cores per node) — on the wall
+    // clock: the virtual and model clocks time each rank as if it had a core.
+    if (!cfg.emulate.cluster.empty() && cfg.emulate.clock == "wall")
       in.sim.host_cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
   } else {
     costs = std::make_unique<sim::DeviceModelCosts>(cl.device);
