@@ -97,14 +97,17 @@ def main():
                          "ranks sharing its cores); model = each rank's compute its counted matmul "
                          "FLOPs at emulate.model_flops, the links the cluster model's: the same "
                          "times on any machine under any load")
+    ap.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE",
+                    help="a run-file override for every run, prediction and the planner (repeatable)")
     args = ap.parse_args()
     args.train, args.sim, args.mpirun = (os.path.abspath(p) for p in (args.train, args.sim, args.mpirun))
     text = open(MODEL).read()
-    args.tokens = int(re.search(r"global_batch:\s*(\d+)", text).group(1)) * int(
-        re.search(r"seq_len:\s*(\d+)", text).group(1))
+    over = dict(s.split("=", 1) for s in args.sets)
+    args.tokens = int(over.get("train.global_batch", re.search(r"global_batch:\s*(\d+)", text).group(1))) * int(
+        over.get("model.seq_len", re.search(r"seq_len:\s*(\d+)", text).group(1)))
     os.makedirs(args.work, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    clock = [f"emulate.clock={args.clock}"]
+    clock = [f"emulate.clock={args.clock}"] + args.sets
 
     dry = subprocess.run([args.train, "--config", MODEL, "--dry-run", "--set", "parallel.auto=true"] + flags(clock),
                          capture_output=True, text=True, env=env, cwd=ROOT)
@@ -113,7 +116,8 @@ def main():
     print(dry.stdout.split("dry run:")[0])
     chosen = re.search(r"^\s+1\s+(.+?)\s{2,}[\d.e+-]+\s", dry.stdout, re.M).group(1).strip()
     meg = re.search(r"Megatron's default .*?: (tp=.+?): ([\d.e+-]+) s", dry.stdout).group(1).strip()
-    cache = re.search(r"cache (\S+?\.json)", dry.stdout).group(1)
+    m = re.search(r"cache (\S+?\.json)", dry.stdout)  # the planner's profile (none: adgt-sim's own)
+    cache = m.group(1) if m else os.path.join(args.work, "profile.json")
 
     runs = [("planner's choice", chosen, clock + layout_sets(chosen)),
             ("same layout, sites ignored", chosen, clock + layout_sets(chosen) + ["parallel.placement=nodes",
