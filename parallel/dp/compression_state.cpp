@@ -20,7 +20,8 @@ std::map<std::string, StateEntry> compression_state(const GradReducer& r) {
   const Comm* edp_comm = r.edp_group();
   std::map<std::string, StateEntry> s;
   bool any = false;
-  for (size_t i = 0; i < buckets.size(); ++i) any |= !r.state(int(i)).codec.empty();
+  for (size_t i = 0; i < buckets.size(); ++i)
+    any |= !r.state(int(i)).codec.empty() || !r.state(int(i)).wan.empty();
   if (!any) return s;
   std::vector<int64_t> geo;
   for (size_t i = 0; i < buckets.size(); ++i)
@@ -33,6 +34,11 @@ std::map<std::string, StateEntry> compression_state(const GradReducer& r) {
     if (!c.residual.empty()) s[bucket_key(i, "residual")] = StateEntry::of_floats(c.residual);
     if (!c.owner_residual.empty()) s[bucket_key(i, "owner_residual")] = StateEntry::of_floats(c.owner_residual);
     if (!c.q.empty()) s[bucket_key(i, "q")] = StateEntry::of_floats(c.q);
+    // The cross-site level's (docs/sites.md): this rank's shard.
+    const compress::BucketCodecState& w = r.state(int(i)).wan;
+    if (!w.residual.empty()) s[bucket_key(i, "wan_residual")] = StateEntry::of_floats(w.residual);
+    if (!w.owner_residual.empty())
+      s[bucket_key(i, "wan_owner_residual")] = StateEntry::of_floats(w.owner_residual);
   }
   return s;
 }
@@ -61,7 +67,7 @@ std::string restore_compression_state(GradReducer& r, const std::map<std::string
   if (!same)
     return "its gradient buckets differ from this run's (parallel.bucket_mb, parallel.zero or the "
            "layout changed)";
-  std::vector<compress::BucketCodecState> got(buckets.size());
+  std::vector<compress::BucketCodecState> got(buckets.size()), wan(buckets.size());
   for (size_t i = 0; i < buckets.size(); ++i) {
     const int64_t n = buckets[i].end - buckets[i].begin;
     auto take = [&](const char* what, std::vector<float>& to) -> std::string {
@@ -73,13 +79,18 @@ std::string restore_compression_state(GradReducer& r, const std::map<std::string
       return "";
     };
     for (auto [what, to] : {std::pair<const char*, std::vector<float>*>{"residual", &got[i].residual},
-                            {"owner_residual", &got[i].owner_residual}, {"q", &got[i].q}})
+                            {"owner_residual", &got[i].owner_residual}, {"q", &got[i].q},
+                            {"wan_residual", &wan[i].residual},
+                            {"wan_owner_residual", &wan[i].owner_residual}})
       if (std::string e = take(what, *to); !e.empty()) return e;
     if (!got[i].residual.empty() && int64_t(got[i].residual.size()) != n)
       return bucket_key(i, "residual") + " has " + std::to_string(got[i].residual.size()) +
              " values for a bucket of " + std::to_string(n);
   }
-  for (size_t i = 0; i < buckets.size(); ++i) r.state(int(i)).codec = std::move(got[i]);
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    r.state(int(i)).codec = std::move(got[i]);
+    r.state(int(i)).wan = std::move(wan[i]);
+  }
   return "";
 }
 

@@ -1,5 +1,7 @@
 #include "parallel/dp/grad_reducer.hpp"
 
+#include "parallel/comm/site_comm.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <sstream>
@@ -98,6 +100,26 @@ void GradReducer::start(size_t i) {
     return;
   }
   Tensor g = model_.grads();
+  if (!state_[i].wan.empty()) {
+    // Back to off after the cross-site level: the shard's residual (the
+    // error of its site sum) goes into this rank's own part of the gradient,
+    // once, so the site's sum carries it.
+    const compress::BucketCodecState& w = state_[i].wan;
+    auto* sc = dynamic_cast<SiteComm*>(&group(b));
+    const int64_t n = b.end - b.begin;
+    if (sc && !w.residual.empty()) {
+      const int64_t k = sc->split().per_site, m = (n + k - 1) / k;
+      const int64_t first = int64_t(sc->split().place[size_t(sc->rank())]) * m;
+      const int64_t real = std::max<int64_t>(0, std::min<int64_t>(int64_t(w.residual.size()), n - first));
+      std::vector<float> h(static_cast<size_t>(real));
+      float* p = static_cast<float*>(g.data) + b.begin + first;
+      if (!be_->is_host()) be_->to_host(h.data(), p, size_t(real) * 4);
+      float* x = be_->is_host() ? p : h.data();
+      for (int64_t k2 = 0; k2 < real; ++k2) x[k2] += w.residual[size_t(k2)];
+      if (!be_->is_host()) be_->to_device(p, h.data(), size_t(real) * 4);
+    }
+    state_[i].wan = {};
+  }
   if (!state_[i].codec.empty()) {
     // Back to off: the residuals not yet sent go into this gradient, once.
     compress::BucketCodecState& st = state_[i].codec;
@@ -134,6 +156,13 @@ void GradReducer::reduce_compressed() {
     if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
   }
   for (const auto& [c, l] : keys) {
+    if (auto* sc = dynamic_cast<SiteComm*>(c); sc && compress::quantized(l)) {
+      std::vector<size_t> ids;
+      for (size_t i : queued_)
+        if (&group(buckets_[i]) == c && state_[i].level == l) ids.push_back(i);
+      reduce_over_sites(*sc, l, ids);
+      continue;
+    }
     std::vector<compress::BatchItem> items;
     std::vector<size_t> ids;
     for (size_t i : queued_) {
@@ -162,6 +191,60 @@ void GradReducer::reduce_compressed() {
       }
   }
   queued_.clear();
+}
+
+void GradReducer::reduce_over_sites(SiteComm& sc, compress::Level l, const std::vector<size_t>& ids) {
+  // Per bucket (n elements; k ranks a site, this rank at place `place`): the
+  // fp32 reduce-scatter inside the site into this rank's m = ceil(n/k)
+  // elements, then every bucket's shard compressed across the sites in one
+  // batch (the codec's error feedback per bucket shard), then the fp32
+  // all-gather inside the site. A ZeRO-1 bucket is reduced whole (its chunk
+  // is part of it).
+  const int64_t k = sc.split().per_site;
+  const int place = sc.split().place[size_t(sc.rank())];
+  const double t0 = now_();
+  const int64_t bytes0 = sc.stats().bytes;
+  std::vector<std::vector<float>> padded(ids.size()), shard(ids.size());
+  std::vector<compress::BatchItem> items;
+  for (size_t j = 0; j < ids.size(); ++j) {
+    const size_t i = ids[j];
+    const GradBucket& b = buckets_[i];
+    const int64_t n = b.end - b.begin, m = (n + k - 1) / k;
+    float* p = be_->is_host() ? static_cast<float*>(model_.grads().data) + b.begin : staged_[i].data();
+    padded[j].assign(size_t(k * m), 0.0f);
+    std::copy(p, p + n, padded[j].begin());
+    shard[j].assign(size_t(m), 0.0f);
+    sc.local().reduce_scatter(Tensor(shard[j].data(), DType::F32, {m}),
+                              Tensor(padded[j].data(), DType::F32, {k * m}));
+    // The shard's real elements (the last place's may end early; padding stays 0).
+    const int64_t first = int64_t(place) * m, real = std::max<int64_t>(0, std::min(m, n - first));
+    compress::BatchItem it;
+    it.view = {shard[j].data(), b.begin + first, real, false};
+    it.state = &state_[i].wan;
+    items.push_back(it);
+    step_report_.fp32_bytes += compress::fp32_ring_bytes(n, sc.size(), b.op == BucketOp::ReduceScatter);
+  }
+  // Every member of a cross group holds the same place, so the same shard
+  // ranges: the batch matches across the sites.
+  std::vector<compress::BatchItem> nonempty;
+  for (const auto& it : items)
+    if (it.view.n > 0) nonempty.push_back(it);
+  if (!nonempty.empty()) compress::reduce_buckets(sc.cross(), l, nonempty, table_, settings_);
+  for (size_t j = 0; j < ids.size(); ++j) {
+    const size_t i = ids[j];
+    const GradBucket& b = buckets_[i];
+    const int64_t n = b.end - b.begin, m = int64_t(shard[j].size());
+    sc.local().all_gather(Tensor(padded[j].data(), DType::F32, {k * m}),
+                          Tensor(shard[j].data(), DType::F32, {m}));
+    float* p = be_->is_host() ? static_cast<float*>(model_.grads().data) + b.begin : staged_[i].data();
+    std::copy(padded[j].begin(), padded[j].begin() + n, p);
+    if (!be_->is_host()) {
+      be_->to_device(static_cast<float*>(model_.grads().data) + b.begin, staged_[i].data(), size_t(n) * 4);
+      staged_[i] = {};
+    }
+  }
+  step_report_.seconds += now_() - t0;
+  step_report_.sent_bytes += sc.stats().bytes - bytes0;
 }
 
 void GradReducer::set_compression(const compress::Settings& s, Backend& be) {
@@ -217,7 +300,7 @@ bool GradReducer::has_compression_state() const {
 }
 
 void GradReducer::clear_compression_state() {
-  for (BucketState& b : state_) b.codec = {};
+  for (BucketState& b : state_) b.codec = b.wan = {};
 }
 
 void GradReducer::start_grad_sync() {

@@ -39,9 +39,15 @@
 namespace adgt {
 
 // Per-bucket state that outlives a step.
+class SiteComm;
+
 struct BucketState {
   compress::Level level = compress::Level::None;  // None: the reduce of an uncompressed run
   compress::BucketCodecState codec;  // error feedback and PowerSGD's Q; empty until a codec uses it
+  // A group reduced hierarchically over sites (parallel/comm/site_comm.hpp):
+  // a quantized level compresses only the cross-site exchange of this rank's
+  // shard, whose error feedback is kept here (docs/sites.md).
+  compress::BucketCodecState wan;
 };
 
 // What the compressed buckets of the last step did, for the step line.
@@ -125,6 +131,9 @@ class GradReducer {
   void start(size_t i);
   // Reduces the queued compressed buckets, batched per group and level.
   void reduce_compressed();
+  // The quantized buckets `ids` of a group reduced over sites: exact inside
+  // each site, compressed (level l) across (docs/sites.md).
+  void reduce_over_sites(SiteComm& sc, compress::Level l, const std::vector<size_t>& ids);
   void reset();
   Comm& group(const GradBucket& b) const { return b.group == BucketGroup::DataParallel ? dp_ : *edp_; }
 

@@ -21,9 +21,16 @@ hierarchical path); the MoE model at ep2 x dp4 (the expert weights reduce over
 edp = one rank per site, the rest over dp). Every hierarchical run must say
 it reduced hierarchically ("sites: dp ... groups reduce hierarchically").
 
+--compress LEVEL: instead, dp4 over the two sites for 200 steps uncompressed
+and with parallel.grad_compression=LEVEL, which on a group reduced over sites
+compresses only the cross-site exchange (docs/sites.md): the final loss
+within 1% of the uncompressed run's, and the WAN bytes (the runs' summary)
+at most --wan-ratio of the uncompressed run's.
+
 usage: compare_sites.py --train BIN --mpirun WRAPPER --data DIR --work DIR
-                        [--dtype f32|f64] [--cases NAME ...]
+                        [--dtype f32|f64] [--cases NAME ...] [--compress LEVEL --wan-ratio R]
 """
+import re
 import argparse
 import os
 import sys
@@ -52,8 +59,13 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--dtype", default="f32", choices=["f32", "f64"])
     ap.add_argument("--cases", nargs="+", default=list(CASES))
+    ap.add_argument("--compress", help="a quantized level: the WAN-only compression check")
+    ap.add_argument("--wan-ratio", type=float, default=0.3)
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
+    if args.compress:
+        compress(args)
+        return
     tol = 1e-12 if args.dtype == "f64" else 1e-6
     failed = []
     for name in args.cases:
@@ -77,6 +89,32 @@ def main():
     if failed:
         sys.exit("FAIL: " + ", ".join(failed))
     print(f"sites: hierarchical = flat ({args.dtype}, {len(args.cases)} cases)")
+
+
+def compress(args):
+    base = SITES + ["parallel.dp=4", "train.steps=200", "log.interval=50", "checkpoint.interval=0",
+                    "checkpoint.at_end=false", "parallel.compress_min_elems=64"]
+    runs = {}
+    for level in ("off", args.compress):
+        r = train_run(args, MODEL, "compress_" + level, base + [f"parallel.grad_compression={level}"], 4,
+                      weights=False)
+        if not r:
+            sys.exit(f"FAIL: the {level} run failed")
+        with open(os.path.join(args.work, "compress_" + level, "stdout.txt")) as f:
+            out = f.read()
+        wan = re.search(r"^WAN:\s+\S+ MB sent .*?, (\S+) MB per step", out, re.M)
+        final = re.search(r"^final train loss: (\S+)", out, re.M)
+        if not wan or not final or "groups reduce hierarchically" not in out:
+            sys.exit(f"FAIL: the {level} run printed no WAN line, final loss or hierarchical groups")
+        runs[level] = (float(final.group(1)), float(wan.group(1)))
+    (l0, w0), (l1, w1) = runs["off"], runs[args.compress]
+    lerr, ratio = abs(l1 - l0) / l0, w1 / w0
+    ok = lerr <= 0.01 and ratio <= args.wan_ratio
+    print(f"{'ok  ' if ok else 'FAIL'} {args.compress} on the WAN only, 200 steps: final loss {l1:.4f} vs "
+          f"{l0:.4f} uncompressed ({100 * lerr:.2f}%, bound 1%); WAN {w1:.4f} MB/step vs {w0:.4f} "
+          f"({ratio:.3f}x, bound {args.wan_ratio})")
+    if not ok:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
