@@ -33,6 +33,17 @@ foreach(dtype f32 f64)
   set_tests_properties(sites_hierarchical_matches_flat_${dtype} PROPERTIES FIXTURES_REQUIRED kjv_byte
     LABELS "parallel;emulate" TIMEOUT 300 PROCESSORS 2)
 endforeach()
+# A pipeline whose stage boundary is the WAN (4 ranks, pp4, two sites of
+# configs/clusters/two-sites-cpu.yaml) under parallel.adapt: the warm-up
+# re-plan measures link 1 at >= 10x the others, predicts no slower a step, and
+# the losses equal the run without adaptation bit for bit (model clock).
+add_test(NAME adapt_schedule_sites_pp4
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/adapt/schedule_adapt_test.py --case sites
+    --train $<TARGET_FILE:adgt-train> --mpirun ${ADGT_MPIRUN}
+    --data ${CMAKE_BINARY_DIR}/data/kjv-byte --work ${CMAKE_BINARY_DIR}/adapt/sites)
+set_tests_properties(adapt_schedule_sites_pp4 PROPERTIES
+  FIXTURES_REQUIRED kjv_byte LABELS "parallel;adapt;emulate" TIMEOUT 180 PROCESSORS 2)
+
 # The two-site benchmark's small version (scripts/sites/bench_sites.py on a
 # 6.3M-parameter model): on the emulation's model clock the times are the same
 # on any machine under any load, so its bounds are checked here — the
