@@ -161,7 +161,7 @@ double collective_time(const Cluster& cl, Collective c, const std::vector<int>& 
   return 0;
 }
 
-double message_time(const Cluster& cl, int from, int to, double bytes) {
+double message_time(const Cluster& cl, int from, int to, double bytes, int64_t wan_senders) {
   if (from == to) return 0;
   for (int r : {from, to})
     if (r < 0 || r >= cl.world())
@@ -169,11 +169,12 @@ double message_time(const Cluster& cl, int from, int to, double bytes) {
                                   " is outside the cluster's " + std::to_string(cl.world()) +
                                   " devices (" + cl.name + ")");
   const int64_t a = cl.node_of(from), b = cl.node_of(to);
-  // Across the WAN: every node of the sending site sends at once (a pipeline
-  // stage boundary on the WAN, every rank of the stage).
-  const int64_t site_nodes =
-      crosses_wan(cl, a, b) ? cl.sites.at(size_t(cl.site_of_node(a))) : int64_t(1);
-  return cl.link_between(a, b).latency + bytes / rank_bandwidth(cl, a, b, site_nodes);
+  // Across the WAN: wan_senders ranks at once (rank_bandwidth shares it by
+  // nodes of devices_per_node ranks).
+  const double bw = crosses_wan(cl, a, b) && wan_senders > 0
+                        ? cl.wan.effective_bandwidth() / double(wan_senders)
+                        : rank_bandwidth(cl, a, b);
+  return cl.link_between(a, b).latency + bytes / bw;
 }
 
 std::vector<std::vector<int>> members_by_site(const Cluster& cl, const std::vector<int>& ranks) {

@@ -41,8 +41,11 @@ double collective_time(const Cluster& cl, Collective c, const std::vector<int>& 
                        double bytes);
 
 // Seconds for one message of `bytes` from world rank `from` to `to`
-// (0 when from == to), with the NIC sharing above.
-double message_time(const Cluster& cl, int from, int to, double bytes);
+// (0 when from == to), with the NIC sharing above. Across the WAN the message
+// shares it with `wan_senders` ranks sending across at once (a pipeline stage
+// boundary on the WAN: every rank of the stage, world / pp); 0: the
+// devices of one node.
+double message_time(const Cluster& cl, int from, int to, double bytes, int64_t wan_senders = 0);
 
 // The data-parallel reduction of a group whose members span sites
 // (parallel.site_reduce; docs/sites.md, parallel/comm/site_comm.hpp).

@@ -254,7 +254,7 @@ double EmulatedComm::arrival_of(int peer, double bytes, double* departure_out) {
   const double departure = std::max(rank_->clock.now(), free);
   if (departure_out) *departure_out = departure;
   double t = cluster::message_time(rank_->cluster, rank_->device(rank_->world_rank),
-                                   devices_[size_t(peer)], bytes);
+                                   devices_[size_t(peer)], bytes, rank_->wan_senders);
   if (auto it = rank_->link_slowdown.find(to); it != rank_->link_slowdown.end()) t *= it->second;
   free = departure + t;
   return free;

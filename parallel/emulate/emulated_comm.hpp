@@ -73,6 +73,9 @@ struct EmulatedRank {
   // the training thread.
   Clock clock;
   std::map<int, double> link_free_at;      // destination world rank -> clock time when free
+  // The ranks that send pipeline messages at once (world / pp): a message
+  // across the WAN shares it with them (cluster::message_time); 0: a node's.
+  int64_t wan_senders = 0;
   // emulate.slow_links in force: peer world rank -> factor on the time of
   // every message to it (Emulation::at_step sets it; absent: 1).
   std::map<int, double> link_slowdown;

@@ -17,6 +17,7 @@ std::vector<std::unique_ptr<Comm>> wrap_emulated_groups(ParallelContext& ctx, Em
   ADGT_CHECK(ctx.layout, "emulation: the process groups come without their layout");
   const Layout lay = *ctx.layout;
   const int me = ctx.world_rank;
+  emu.state->wan_senders = lay.world() / std::max<int64_t>(1, lay.pp);  // one stage's ranks
   return wrap_groups(ctx, [&](Group group, Comm& c) -> std::unique_ptr<Comm> {
     std::unique_ptr<Comm> control;
     if (auto* m = dynamic_cast<MpiComm*>(&c); m && m->size() > 1)

@@ -484,7 +484,8 @@ std::map<std::pair<int, int>, double> link_model_times(const RunConfig& cfg,
   std::map<std::pair<int, int>, double> out;
   for (const auto& [a, b] : links)
     if (a != b && layout_rank(a) < cl.world() && layout_rank(b) < cl.world())
-      out[{a, b}] = cluster::message_time(cl, layout_rank(a), layout_rank(b), bytes);
+      out[{a, b}] = cluster::message_time(cl, layout_rank(a), layout_rank(b), bytes,
+                                          world / std::max<int64_t>(1, cfg.parallel.pp));
   return out;
 }
 

@@ -185,7 +185,8 @@ class StepSimulation {
     const double bytes_msg = work_[0].chunks[0].activation_bytes;
     const bool wrap = V > 1 && place == StagePlacement::looped;
     for (int k = 0; k < (wrap ? P : P - 1); ++k)
-      sc.link.push_back(cluster::message_time(cl_, dev(lead_rank(k)), dev(lead_rank((k + 1) % P)), bytes_msg));
+      sc.link.push_back(cluster::message_time(cl_, dev(lead_rank(k)), dev(lead_rank((k + 1) % P)), bytes_msg,
+                                              stage_ranks()));
     bool usable = true;  // f and b > 0 (a stage without layers or ops would not plan)
     for (size_t s = 0; s < sc.f.size(); ++s) usable = usable && sc.f[s] > 0 && sc.b[s] > 0;
     return usable ? engine_schedule(cfg_, &sc) : engine_schedule(cfg_);
@@ -215,6 +216,9 @@ class StepSimulation {
       }
   }
 
+  // The ranks of one pipeline stage: those that send across a stage
+  // boundary at once (the WAN's share of a message crossing it).
+  int64_t stage_ranks() const { return world_ / std::max<int64_t>(1, lay_.pp); }
   int dev(int r) const {
     return opts_.device_of.empty() ? r : opts_.device_of.at(size_t(r));
   }
@@ -299,7 +303,7 @@ class StepSimulation {
           const double bytes = w.chunks[0].activation_bytes;
           const double b = cluster::message_wan_bytes(cl_, dev(rank), dev(to), bytes);
           if (b > 0) {
-            const double t = cluster::message_time(cl_, dev(rank), dev(to), bytes);
+            const double t = cluster::message_time(cl_, dev(rank), dev(to), bytes, stage_ranks());
             r.wan_bytes += 2 * b * double(m_) * chunks;
             secs[size_t(rank)] += t * double(m_) * chunks;
             secs[size_t(to)] += t * double(m_) * chunks;
@@ -623,7 +627,7 @@ class StepSimulation {
       case TaskKind::Send: {
         const Unit& to = units_[size_t(t.peer)];
         const double depart = std::max(now_, link_free_[{int(&u - units_.data()), t.peer}]);
-        double dt = cluster::message_time(cl_, dev(u.ranks[0]), dev(to.ranks[0]), t.bytes);
+        double dt = cluster::message_time(cl_, dev(u.ranks[0]), dev(to.ranks[0]), t.bytes, stage_ranks());
         if (!opts_.slow_links.empty()) {  // the slowest member's link
           double f = 1;
           for (size_t i = 0; i < u.ranks.size() && i < to.ranks.size(); ++i) {

@@ -128,9 +128,10 @@ link_overrides:
   CHECK(&c.link_between(0, 2) == &c.wan);
   CHECK(c.link_between(0, 1).bandwidth == Approx(2e9));
   CHECK(&c.link_between(2, 3) == &c.inter);
-  // Across the WAN a message shares it with every device of its site (2
-  // nodes x 2): a pipeline stage boundary on the WAN sends from all at once.
-  CHECK(message_time(c, 0, 4, 1e6) == Approx(5000e-6 + 1e6 / (1e9 / 4)));
+  // Across the WAN a message shares it with the devices of its node, or with
+  // the ranks that send across at once (a pipeline stage: world / pp).
+  CHECK(message_time(c, 0, 4, 1e6) == Approx(5000e-6 + 1e6 / (1e9 / 2)));
+  CHECK(message_time(c, 0, 4, 1e6, 4) == Approx(5000e-6 + 1e6 / (1e9 / 4)));
   CHECK(message_time(c, 0, 2, 1e6) == Approx(50e-6 + 1e6 / 2e9));
   CHECK(message_time(c, 4, 6, 1e6) == Approx(10e-6 + 1e6 / 10e9));
   // A dp group of one rank per node within site 1: the fast NIC ring; across
