@@ -101,9 +101,10 @@ EmulatedComm::EmulatedComm(Comm& inner, std::shared_ptr<EmulatedRank> rank,
 }
 
 EmulatedComm::~EmulatedComm() {
+  // Only unregisters: the inner transport may be gone already (a layout
+  // switch carries the bytes over itself, EmulatedRank::wan_bytes_gone).
   auto& g = rank_->groups;
   g.erase(std::remove(g.begin(), g.end(), this), g.end());
-  rank_->wan_bytes_gone += wan_bytes_sent();
 }
 
 double EmulatedComm::wan_bytes_sent() const {

@@ -93,7 +93,8 @@ struct EmulatedRank {
   double comm_seconds = 0;                 // inside emulated calls (outermost only), clock seconds
   // Bytes this rank's transports sent to ranks of another site (docs/sites.md):
   // the live groups' (EmulatedComm::wan_bytes_sent) plus those of groups
-  // already gone (a layout switch).
+  // already gone (a layout switch reads the total before it tears the groups
+  // down and hands it to the next emulation here).
   std::vector<const class EmulatedComm*> groups;
   double wan_bytes_gone = 0;
   double wan_bytes_sent() const;

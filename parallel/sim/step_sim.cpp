@@ -268,10 +268,20 @@ class StepSimulation {
   void account_wan(SimResult& r) const {
     if (cl_.sites.size() <= 1) return;
     std::vector<double> secs(size_t(world_), 0);
+    // Layers repeat the same collectives: each (group, kind, bytes) of a
+    // group is costed once (a 256-rank sweep would otherwise cost them
+    // hundreds of thousands of times).
+    std::map<std::pair<int, int>, std::vector<int>> groups;  // (group, rank) -> members
+    std::map<std::tuple<int, int, int, double>, std::pair<double, double>> costed;
     const auto add = [&](int rank, Group g, cluster::Collective kind, double bytes, double times) {
-      const std::vector<int> ranks = group_ranks(lay_, g, rank);
+      auto git = groups.find({int(g), rank});
+      if (git == groups.end()) git = groups.emplace(std::make_pair(int(g), rank), group_ranks(lay_, g, rank)).first;
+      const std::vector<int>& ranks = git->second;
       if (ranks.size() <= 1) return;
-      const auto [b, t] = comm_wan(g, kind, ranks, bytes);
+      const auto key = std::make_tuple(int(g), int(kind), ranks.front(), bytes);
+      auto cit = costed.find(key);
+      if (cit == costed.end()) cit = costed.emplace(key, comm_wan(g, kind, ranks, bytes)).first;
+      const auto [b, t] = cit->second;
       if (ranks.front() == rank) r.wan_bytes += b * times;
       secs[size_t(rank)] += t * times;
     };

@@ -333,6 +333,8 @@ ParallelContext Trainer::rebuild_groups(const RunConfig& next, const Placement& 
   // (collective over MPI_COMM_WORLD) and the new engine on them.
   controllers_.clear();
   engine_.reset();
+  // The WAN bytes so far (docs/sites.md), read while the transports live.
+  const double wan_sent = emulation_ && emulation_->state ? emulation_->state->wan_bytes_sent() : 0;
   device_comms_.clear();
   site_comms_.clear();
   emulated_comms_.clear();
@@ -350,6 +352,7 @@ ParallelContext Trainer::rebuild_groups(const RunConfig& next, const Placement& 
     own_emulation_ = emulate::setup_emulation(cfg_, pg.world.get(), pg.world->rank(), &pg.placement);
     if (clock && clock->kind() == own_emulation_->clock)
       own_emulation_->state->clock = std::move(*clock);
+    own_emulation_->state->wan_bytes_gone = wan_sent;
     ctx.emulation = own_emulation_.get();
   }
   return ctx;
