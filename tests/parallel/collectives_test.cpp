@@ -19,22 +19,15 @@
 #include "parallel/comm/mpi_env.hpp"
 #include "parallel/mesh/process_groups.hpp"
 #include "tests/parallel/check.hpp"
+#include "tests/parallel/int_data.hpp"
 
 using namespace adgt;
+using ptest::dtype_of;
+using ptest::val;
+using ptest::view;
 
 namespace {
 
-template <class T> DType dtype_of();
-template <> DType dtype_of<float>() { return DType::F32; }
-template <> DType dtype_of<double>() { return DType::F64; }
-template <> DType dtype_of<int32_t>() { return DType::I32; }
-
-template <class T> Tensor view(std::vector<T>& v) {
-  return Tensor(v.data(), dtype_of<T>(), {int64_t(v.size())});
-}
-
-// Integer-valued test data: small enough that every sum is exact in fp32.
-int64_t val(int r, int64_t i) { return (i * 7 + r * 13) % 101 - 50 + r; }
 int64_t val_max(int r, int64_t i) { return (i * 3 + r * 5) % 23 - 11; }
 
 // Elements of chunk c when n elements are cut over p ranks (first n % p get one more).

@@ -25,20 +25,14 @@
 #include "parallel/comm/ring.hpp"
 #include "parallel/comm/site_comm.hpp"
 #include "tests/parallel/check.hpp"
+#include "tests/parallel/int_data.hpp"
 
 using namespace adgt;
+using ptest::dtype_of;
+using ptest::val;
+using ptest::view;
 
 namespace {
-
-template <class T> DType dtype_of();
-template <> DType dtype_of<float>() { return DType::F32; }
-template <> DType dtype_of<double>() { return DType::F64; }
-template <> DType dtype_of<int32_t>() { return DType::I32; }
-template <class T> Tensor view(std::vector<T>& v) {
-  return Tensor(v.data(), dtype_of<T>(), {int64_t(v.size())});
-}
-
-int64_t val(int r, int64_t i) { return (i * 7 + r * 13) % 101 - 50 + r; }
 
 struct Case {
   std::string name;

@@ -113,15 +113,24 @@ TEST_CASE("collectives: ring and hierarchical times by hand", "[cluster]") {
   CHECK_THROWS_WITH(message_time(c, 0, 8, B), Contains("rank 8 is outside the cluster's 8 devices"));
 }
 
-TEST_CASE("collectives: a WAN between sites and a slow link override slow the ring", "[cluster]") {
-  Cluster c = parse_cluster(std::string(R"(nodes: 4
+namespace {
+
+// 2 sites x 2 nodes x 2 devices joined by a 1 GB/s, 5 ms WAN.
+std::string two_sites() {
+  return std::string(R"(nodes: 4
 devices_per_node: 2
 )") + kDevice + R"(intra: {bandwidth_GBps: 100, latency_us: 2}
 inter: {bandwidth_GBps: 10, latency_us: 10}
 nics_per_node: 2
 sites: [2, 2]
 wan: {bandwidth_GBps: 1, latency_us: 5000}
-link_overrides:
+)";
+}
+
+}  // namespace
+
+TEST_CASE("collectives: a WAN between sites and a slow link override slow the ring", "[cluster]") {
+  Cluster c = parse_cluster(two_sites() + R"(link_overrides:
   - {nodes: [0, 1], bandwidth_GBps: 2, latency_us: 50}
 )",
                             "wan.yaml");
@@ -145,15 +154,7 @@ link_overrides:
 
 TEST_CASE("collectives: the WAN is one pipe per direction; the hierarchical reduction crosses it once",
           "[cluster][sites]") {
-  Cluster c = parse_cluster(std::string(R"(nodes: 4
-devices_per_node: 2
-)") + kDevice + R"(intra: {bandwidth_GBps: 100, latency_us: 2}
-inter: {bandwidth_GBps: 10, latency_us: 10}
-nics_per_node: 2
-sites: [2, 2]
-wan: {bandwidth_GBps: 1, latency_us: 5000}
-)",
-                            "wan.yaml");
+  const Cluster c = parse_cluster(two_sites(), "wan.yaml");
   const double B = 1e8;
   // A ring in site order crosses once each way (a node's 2 devices share
   // it); interleaved, twice each way at once: half of that each.
