@@ -54,8 +54,8 @@ void print_result(const adgt::RunConfig& cfg, const adgt::cluster::Cluster& cl,
               r.exposed_cp_s, r.exposed_step_s);
   if (r.wan_bytes > 0)
     std::printf("WAN:              %.4g MB per step across the sites, %.4g s of the busiest rank in "
-                "WAN phases (their exposed part is in dp and pp above)\n",
-                r.wan_bytes / 1e6, r.wan_s);
+                "WAN phases, about %.4g s of it exposed (within dp and pp above)\n",
+                r.wan_bytes / 1e6, r.wan_s, r.exposed_wan_s);
   std::printf("compute:          %.4g s (busiest rank), optimizer %.4g s\n", r.compute_s,
               r.optimizer_s);
   std::printf("memory:           %.2f GiB (largest rank, the --dry-run estimate)\n",

@@ -69,10 +69,12 @@ struct SimResult {
   // Wide-area traffic of the step (clusters with sites; docs/sites.md): the
   // bytes crossing the WAN, every rank and direction together (the
   // collectives as parallel.site_reduce runs them, and the pipeline's
-  // messages), and the seconds the busiest rank spends in WAN phases
-  // (cross-site collective phases and messages; their exposed part is in
-  // exposed_dp_s / exposed_pp_s).
-  double wan_bytes = 0, wan_s = 0;
+  // messages), the seconds the busiest rank spends in WAN phases
+  // (cross-site collective phases and messages), and the exposed part,
+  // estimated: exposed_dp_s and exposed_pp_s (which contain it) times the
+  // WAN's share of the gradient reduction's and of the pipeline messages'
+  // time (the most of any rank).
+  double wan_bytes = 0, wan_s = 0, exposed_wan_s = 0;
   double compute_s = 0;        // the busiest rank's compute
   double optimizer_s = 0;      // the update (sum of squares + AdamW)
   double memory_bytes_max = 0; // the dry run's estimate (parallel/cost/memory.hpp)
