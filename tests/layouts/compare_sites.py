@@ -17,7 +17,8 @@ tensor's difference over the reference's):
        the WAN once cannot have; the measured differences are printed.)
 
 Cases: dp4; dp4 with ZeRO-1 (the reduce-scatter and the all-gather take the
-hierarchical path); the MoE model at ep2 x dp4 (the expert weights reduce over
+hierarchical path); dp4 with ZeRO-3 (the units' gathers and reduce-scatters,
+started ahead and completed out of order); the MoE model at ep2 x dp4 (the expert weights reduce over
 edp = one rank per site, the rest over dp). Every hierarchical run must say
 it reduced hierarchically ("sites: dp ... groups reduce hierarchically").
 
@@ -47,6 +48,7 @@ SITES = [f"emulate.cluster={CLUSTER}", "emulate.rank_order=interleave-sites"]
 CASES = {
     "dp4": (MODEL, ["parallel.dp=4"]),
     "dp4_zero1": (MODEL, ["parallel.dp=4", "parallel.zero=1"]),
+    "dp4_zero3": (MODEL, ["parallel.dp=4", "parallel.zero=3"]),
     "moe_ep2_dp4": (MOE_MODEL, ["parallel.dp=4", "parallel.ep=2"]),
 }
 
