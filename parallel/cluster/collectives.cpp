@@ -1,8 +1,11 @@
 // The collective and message cost model (collectives.hpp; docs/cluster.md).
 #include "parallel/cluster/collectives.hpp"
 
+#include "core/site_split.hpp"
+
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 
 namespace adgt::cluster {
@@ -179,21 +182,15 @@ double message_time(const Cluster& cl, int from, int to, double bytes, int64_t w
 
 std::vector<std::vector<int>> members_by_site(const Cluster& cl, const std::vector<int>& ranks) {
   if (cl.sites.size() <= 1) return {};
-  std::vector<int64_t> ids;
+  std::vector<int> site_of;
+  for (int r : ranks) site_of.push_back(int(cl.site_of_node(cl.node_of(r))));
+  const std::optional<SiteSplit> split = split_by_site(site_of);  // SiteComm's split
+  if (!split) return {};
   std::vector<std::vector<int>> by;
-  for (int r : ranks) {
-    const int64_t s = cl.site_of_node(cl.node_of(r));
-    auto it = std::find(ids.begin(), ids.end(), s);
-    if (it == ids.end()) {
-      ids.push_back(s);
-      by.emplace_back();
-      it = ids.end() - 1;
-    }
-    by[size_t(it - ids.begin())].push_back(r);
+  for (const auto& at : split->rank_at) {
+    by.emplace_back();
+    for (int i : at) by.back().push_back(ranks[size_t(i)]);
   }
-  if (by.size() <= 1) return {};
-  for (const auto& m : by)
-    if (m.size() != by[0].size()) return {};
   return by;
 }
 
@@ -235,28 +232,33 @@ int64_t nodes_per_site(const Cluster& cl, const std::vector<std::vector<int>>& b
 
 }  // namespace
 
-double reduction_time(const Cluster& cl, Collective c, const std::vector<int>& ranks, double bytes,
-                      SiteReduce how) {
-  if (how == SiteReduce::Flat || !site_phased(c)) return collective_time(cl, c, ranks, bytes);
+std::optional<SitePhases> site_phases(const Cluster& cl, Collective c, const std::vector<int>& ranks,
+                                      double bytes) {
+  if (!site_phased(c)) return std::nullopt;
   const auto by = members_by_site(cl, ranks);
-  if (by.empty()) return collective_time(cl, c, ranks, bytes);
+  if (by.empty()) return std::nullopt;
   const size_t k = by[0].size();
   const int64_t site_nodes = nodes_per_site(cl, by);
-  double inside_rs = 0, inside_ag = 0, cross = 0;
+  SitePhases p;
   for (const auto& m : by) {
-    inside_rs = std::max(inside_rs, collective_time(cl, Collective::ReduceScatter, m, bytes));
-    inside_ag = std::max(inside_ag, collective_time(cl, Collective::AllGather, m, bytes));
+    if (c != Collective::AllGather)
+      p.before = std::max(p.before, collective_time(cl, Collective::ReduceScatter, m, bytes));
+    if (c != Collective::ReduceScatter)
+      p.after = std::max(p.after, collective_time(cl, Collective::AllGather, m, bytes));
   }
   for (size_t i = 0; i < k; ++i) {
     std::vector<int> x;
     for (const auto& m : by) x.push_back(m[i]);
-    cross = std::max(cross, cross_site_time(cl, c, x, bytes / double(k), site_nodes));
+    p.cross = std::max(p.cross, cross_site_time(cl, c, x, bytes / double(k), site_nodes));
   }
-  switch (c) {
-    case Collective::AllReduce: return inside_rs + cross + inside_ag;
-    case Collective::ReduceScatter: return inside_rs + cross;
-    default: return cross + inside_ag;  // all-gather
-  }
+  return p;
+}
+
+double reduction_time(const Cluster& cl, Collective c, const std::vector<int>& ranks, double bytes,
+                      SiteReduce how) {
+  if (how == SiteReduce::Hierarchical)
+    if (const auto p = site_phases(cl, c, ranks, bytes)) return p->before + p->cross + p->after;
+  return collective_time(cl, c, ranks, bytes);
 }
 
 double wan_bytes(const Cluster& cl, Collective c, const std::vector<int>& ranks, double bytes,

@@ -23,6 +23,7 @@
 // also on a node the run uses only partly (a conservative bandwidth there).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,13 +67,25 @@ std::vector<std::vector<int>> members_by_site(const Cluster& cl, const std::vect
 double cross_site_time(const Cluster& cl, Collective c, const std::vector<int>& cross, double bytes,
                        int64_t site_nodes);
 
+// The phases of the hierarchical c over `ranks` (an all-reduce,
+// reduce-scatter or all-gather over a group that members_by_site splits;
+// nullopt otherwise), seconds: inside each site before (the slowest site's
+// reduce-scatter of the whole buffer; 0 for an all-gather), the cross-site
+// exchange of each member's 1/k shard (cross_site_time), inside each site
+// after (all-gather; 0 for a reduce-scatter).
+struct SitePhases {
+  double before = 0, cross = 0, after = 0;
+};
+std::optional<SitePhases> site_phases(const Cluster& cl, Collective c, const std::vector<int>& ranks,
+                                      double bytes);
+
 // c over `ranks` as adgt runs it. Hierarchical, for an all-reduce,
 // reduce-scatter or all-gather over a group that members_by_site splits:
 // SiteComm's phases — inside each site (collective_time over the slowest
 // site's members: reduce-scatter of the whole buffer for an all-reduce or a
 // reduce-scatter), the cross-site exchange of each member's 1/k shard
 // (cross_site_time), inside each site again (all-gather for an all-reduce or
-// an all-gather). Anything else: collective_time.
+// an all-gather): the sum of site_phases. Anything else: collective_time.
 double reduction_time(const Cluster& cl, Collective c, const std::vector<int>& ranks, double bytes,
                       SiteReduce how);
 

@@ -10,35 +10,6 @@
 
 namespace adgt {
 
-std::optional<SiteSplit> split_by_site(const std::vector<int>& site_of_member, std::string* why) {
-  const auto say = [&](const std::string& w) {
-    if (why) *why = w;
-    return std::nullopt;
-  };
-  std::map<int, int> index;  // site id -> site index, by first member
-  SiteSplit s;
-  std::vector<int> count;
-  for (int id : site_of_member) {
-    auto [it, fresh] = index.emplace(id, int(index.size()));
-    if (fresh) count.push_back(0);
-    s.site.push_back(it->second);
-    s.place.push_back(count[size_t(it->second)]++);
-  }
-  if (index.size() <= 1) return say("the group's ranks are on one site");
-  for (size_t i = 0; i < count.size(); ++i)
-    if (count[i] != count[0]) {
-      std::string w = "the sites hold unequal numbers of the group's ranks (";
-      for (size_t j = 0; j < count.size(); ++j)
-        w += (j ? ", " : "") + std::to_string(count[j]);
-      return say(w + ")");
-    }
-  s.sites = int(count.size());
-  s.per_site = count[0];
-  s.rank_at.assign(size_t(s.sites), std::vector<int>(size_t(s.per_site), 0));
-  for (size_t r = 0; r < s.site.size(); ++r) s.rank_at[size_t(s.site[r])][size_t(s.place[r])] = int(r);
-  return s;
-}
-
 // One hierarchical collective: its phases (each a started collective on a
 // sub-group), the scratch they use, and what is copied back at the end.
 struct SiteComm::Op {

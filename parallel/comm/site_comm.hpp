@@ -34,22 +34,9 @@
 #include <vector>
 
 #include "core/comm.hpp"
+#include "core/site_split.hpp"
 
 namespace adgt {
-
-// The split of a group by its members' sites: for group rank r, its site
-// index (sites numbered in order of first member) and its place inside the
-// site (its order among the site's members). nullopt when the members are on
-// one site or the sites hold unequal numbers of them (`why` says which).
-struct SiteSplit {
-  int sites = 1;                // S
-  int per_site = 1;             // k
-  std::vector<int> site;        // (group size) site index of group rank r
-  std::vector<int> place;       // (group size) place of group rank r inside its site
-  std::vector<std::vector<int>> rank_at;  // [site][place] -> group rank
-};
-std::optional<SiteSplit> split_by_site(const std::vector<int>& site_of_member,
-                                       std::string* why = nullptr);
 
 class SiteComm final : public Comm {
  public:

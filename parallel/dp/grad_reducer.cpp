@@ -108,9 +108,8 @@ void GradReducer::start(size_t i) {
     auto* sc = dynamic_cast<SiteComm*>(&group(b));
     const int64_t n = b.end - b.begin;
     if (sc && !w.residual.empty()) {
-      const int64_t k = sc->split().per_site, m = (n + k - 1) / k;
-      const int64_t first = int64_t(sc->split().place[size_t(sc->rank())]) * m;
-      const int64_t real = std::max<int64_t>(0, std::min<int64_t>(int64_t(w.residual.size()), n - first));
+      auto [first, real] = sc->split().shard(n, sc->rank());
+      real = std::min<int64_t>(real, int64_t(w.residual.size()));
       std::vector<float> h(static_cast<size_t>(real));
       float* p = static_cast<float*>(g.data) + b.begin + first;
       if (!be_->is_host()) be_->to_host(h.data(), p, size_t(real) * 4);
@@ -201,7 +200,6 @@ void GradReducer::reduce_over_sites(SiteComm& sc, compress::Level l, const std::
   // all-gather inside the site. A ZeRO-1 bucket is reduced whole (its chunk
   // is part of it).
   const int64_t k = sc.split().per_site;
-  const int place = sc.split().place[size_t(sc.rank())];
   const double t0 = now_();
   const int64_t bytes0 = sc.stats().bytes;
   std::vector<std::vector<float>> padded(ids.size()), shard(ids.size());
@@ -217,7 +215,7 @@ void GradReducer::reduce_over_sites(SiteComm& sc, compress::Level l, const std::
     sc.local().reduce_scatter(Tensor(shard[j].data(), DType::F32, {m}),
                               Tensor(padded[j].data(), DType::F32, {k * m}));
     // The shard's real elements (the last place's may end early; padding stays 0).
-    const int64_t first = int64_t(place) * m, real = std::max<int64_t>(0, std::min(m, n - first));
+    const auto [first, real] = sc.split().shard(n, sc.rank());
     compress::BatchItem it;
     it.view = {shard[j].data(), b.begin + first, real, false};
     it.state = &state_[i].wan;

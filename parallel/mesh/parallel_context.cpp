@@ -19,11 +19,15 @@ std::vector<std::unique_ptr<Comm>> wrap_emulated_groups(ParallelContext& ctx, Em
   const int me = ctx.world_rank;
   emu.state->wan_senders = lay.world() / std::max<int64_t>(1, lay.pp);  // one stage's ranks
   return wrap_groups(ctx, [&](Group group, Comm& c) -> std::unique_ptr<Comm> {
-    std::unique_ptr<Comm> control;
-    if (auto* m = dynamic_cast<MpiComm*>(&c); m && m->size() > 1)
-      control = m->split(0, m->rank(), m->name());  // a private duplicate, same order
-    return std::make_unique<EmulatedComm>(c, emu.state, group_ranks(lay, group, me), std::move(control));
+    return emulated_group(c, emu, group_ranks(lay, group, me));
   });
+}
+
+std::unique_ptr<EmulatedComm> emulated_group(Comm& c, Emulation& emu, std::vector<int> members) {
+  std::unique_ptr<Comm> control;
+  if (auto* m = dynamic_cast<MpiComm*>(&c); m && m->size() > 1)
+    control = m->split(0, m->rank(), m->name());  // a private duplicate, same order
+  return std::make_unique<EmulatedComm>(c, emu.state, std::move(members), std::move(control));
 }
 
 }  // namespace adgt::emulate
@@ -100,11 +104,7 @@ std::vector<std::unique_ptr<Comm>> wrap_site_groups(ParallelContext& ctx,
     std::vector<std::unique_ptr<Comm>> keep;
     if (emulation && em) {
       const auto wrap = [&](std::unique_ptr<Comm>& sub, const std::vector<int>& sub_members) {
-        std::unique_ptr<Comm> control;
-        if (auto* m = dynamic_cast<MpiComm*>(sub.get()); m && m->size() > 1)
-          control = m->split(0, m->rank(), m->name());
-        auto e = std::make_unique<emulate::EmulatedComm>(*sub, emulation->state, sub_members,
-                                                         std::move(control));
+        auto e = emulate::emulated_group(*sub, *emulation, sub_members);
         keep.push_back(std::move(sub));
         sub = std::move(e);
         return static_cast<emulate::EmulatedComm*>(sub.get());

@@ -15,6 +15,7 @@ namespace adgt {
 
 namespace emulate {
 class ComputeSlowdown;
+class EmulatedComm;
 struct Emulation;
 }  // namespace emulate
 
@@ -71,6 +72,10 @@ namespace emulate {
 // wrappers and at emu's slowdown; returns the wrappers (they must outlive
 // every user of ctx). Collective over each group, in this order on every rank.
 std::vector<std::unique_ptr<Comm>> wrap_emulated_groups(ParallelContext& ctx, Emulation& emu);
+// One group's EmulatedComm over `c` (members: the group's world ranks in
+// group order), with a private control channel split from c when it is an
+// MpiComm. Collective over the group.
+std::unique_ptr<EmulatedComm> emulated_group(Comm& c, Emulation& emu, std::vector<int> members);
 }  // namespace emulate
 
 // Points every group slot of ctx (tp, dp, pp, ep, edp, world, cp, dpcp,

@@ -351,18 +351,14 @@ void ProfileCosts::save() const {
   std::filesystem::rename(tmp, path_);
 }
 
-double ProfileCosts::host_figure(const std::string& key, const std::function<double()>& measure) {
+double ProfileCosts::memory_bandwidth(int threads) {
+  const std::string key = "host/memory-bandwidth/threads" + std::to_string(threads);
   if (auto it = table_.find(key); it != table_.end()) return it->second;
   announce();
-  const double v = measure();
-  table_[key] = v;
+  const double bw = measure_memory_bandwidth(threads);
+  table_[key] = bw;
   dirty_ = true;
-  return v;
-}
-
-double ProfileCosts::memory_bandwidth(int threads) {
-  return host_figure("host/memory-bandwidth/threads" + std::to_string(threads),
-                     [threads] { return measure_memory_bandwidth(threads); });
+  return bw;
 }
 
 bool ProfileCosts::has(const Op& op, int bytes) const {

@@ -60,9 +60,6 @@ class ProfileCosts final : public OpCosts {
  private:
   bool read_only_ = false;
   double measure(const Op& op, int bytes);
-  // A figure of the host (its memory bandwidth) under `key`:
-  // cached, or measured now and kept with the ops.
-  double host_figure(const std::string& key, const std::function<double()>& measure);
   // Host backend with one thread: ops are timed as the thread's CPU time.
   bool cpu_time() const;
   // "<backend>/<dtype>/cold<N>MiB/[cpu-time/]", or "<backend>/<dtype>/flops<rate>/"

@@ -237,30 +237,23 @@ class StepSimulation {
     return cluster::reduction_time(cl_, kind, devs(ranks), bytes,
                                    data_parallel(g) ? site_reduce_ : cluster::SiteReduce::Flat);
   }
-  // The WAN part of it: (bytes over every member, seconds of its WAN phases).
-  std::pair<double, double> comm_wan(Group g, cluster::Collective kind, const std::vector<int>& ranks,
-                                     double bytes) const {
+  // The WAN part of it: bytes over every member, seconds of its WAN phases
+  // (hierarchical: the cross-site phase; flat: the whole ring waits on its
+  // WAN hops), and the whole collective's seconds.
+  struct WanCost {
+    double bytes = 0, wan_s = 0, all_s = 0;
+  };
+  WanCost comm_wan(Group g, cluster::Collective kind, const std::vector<int>& ranks, double bytes) const {
     const auto how = data_parallel(g) ? site_reduce_ : cluster::SiteReduce::Flat;
     const std::vector<int> d = devs(ranks);
-    const double b = cluster::wan_bytes(cl_, kind, d, bytes, how);
-    if (b <= 0) return {0, 0};
-    const auto by = cluster::members_by_site(cl_, d);
-    if (how == cluster::SiteReduce::Hierarchical && !by.empty() &&
-        (kind == cluster::Collective::AllReduce || kind == cluster::Collective::ReduceScatter ||
-         kind == cluster::Collective::AllGather)) {  // the cross phase alone
-      const double all = cluster::reduction_time(cl_, kind, d, bytes, how);
-      double inside = 0;
-      for (const auto& m : by) {
-        double t = 0;
-        if (kind != cluster::Collective::AllGather)
-          t += cluster::collective_time(cl_, cluster::Collective::ReduceScatter, m, bytes);
-        if (kind != cluster::Collective::ReduceScatter)
-          t += cluster::collective_time(cl_, cluster::Collective::AllGather, m, bytes);
-        inside = std::max(inside, t);
-      }
-      return {b, std::max(0.0, all - inside)};
-    }
-    return {b, cluster::reduction_time(cl_, kind, d, bytes, how)};  // flat: the whole ring waits on it
+    WanCost w;
+    w.all_s = cluster::reduction_time(cl_, kind, d, bytes, how);
+    w.bytes = cluster::wan_bytes(cl_, kind, d, bytes, how);
+    if (w.bytes <= 0) return w;
+    const auto p = how == cluster::SiteReduce::Hierarchical ? cluster::site_phases(cl_, kind, d, bytes)
+                                                            : std::nullopt;
+    w.wan_s = p ? p->cross : w.all_s;
+    return w;
   }
 
   // The step's WAN bytes (every group counted once, by its first member) and
@@ -272,18 +265,20 @@ class StepSimulation {
     // group is costed once (a 256-rank sweep would otherwise cost them
     // hundreds of thousands of times).
     std::map<std::pair<int, int>, std::vector<int>> groups;  // (group, rank) -> members
-    std::map<std::tuple<int, int, int, double>, std::pair<double, double>> costed;
+    std::map<std::tuple<int, int, int, double>, WanCost> costed;
+    // Adds `times` of one collective to the account; returns its cost.
     const auto add = [&](int rank, Group g, cluster::Collective kind, double bytes, double times) {
       auto git = groups.find({int(g), rank});
       if (git == groups.end()) git = groups.emplace(std::make_pair(int(g), rank), group_ranks(lay_, g, rank)).first;
       const std::vector<int>& ranks = git->second;
-      if (ranks.size() <= 1) return;
+      if (ranks.size() <= 1) return WanCost{};
       const auto key = std::make_tuple(int(g), int(kind), ranks.front(), bytes);
       auto cit = costed.find(key);
       if (cit == costed.end()) cit = costed.emplace(key, comm_wan(g, kind, ranks, bytes)).first;
-      const auto [b, t] = cit->second;
-      if (ranks.front() == rank) r.wan_bytes += b * times;
-      secs[size_t(rank)] += t * times;
+      const WanCost& w = cit->second;
+      if (ranks.front() == rank) r.wan_bytes += w.bytes * times;
+      secs[size_t(rank)] += w.wan_s * times;
+      return w;
     };
     const int64_t V = lay_.virtual_stages;
     // The WAN's share of the gradient reduction's time and of the pipeline
@@ -294,14 +289,14 @@ class StepSimulation {
     for (int rank = 0; rank < int(world_); ++rank) {
       const RankCoords rc = coords_of(lay_, rank);
       const RankWork& w = work_[size_t(rc.pp)];
-      const double before = secs[size_t(rank)];
-      double dp_all = 0;
+      double dp_wan = 0, dp_all = 0;
       for (const BucketWork& b : w.buckets) {
         const auto kind = b.reduce_scatter ? cluster::Collective::ReduceScatter : cluster::Collective::AllReduce;
-        add(rank, b.group, kind, b.bytes, 1);
-        dp_all += comm_time(b.group, kind, group_ranks(lay_, b.group, rank), b.bytes);
+        const WanCost c = add(rank, b.group, kind, b.bytes, 1);
+        dp_wan += c.wan_s;
+        dp_all += c.all_s;
       }
-      if (dp_all > 0) dp_share = std::max(dp_share, (secs[size_t(rank)] - before) / dp_all);
+      if (dp_all > 0) dp_share = std::max(dp_share, dp_wan / dp_all);
       for (const CommOp& c : w.step_comms) add(rank, c.group, c.kind, c.bytes, 1);
       for (const StageWork& st : w.chunks) {
         // Per micro-batch: the forward and the backward (fused; the split
@@ -322,23 +317,21 @@ class StepSimulation {
         if (chunks > 0) {
           const double bytes = w.chunks[0].activation_bytes;
           const double b = cluster::message_wan_bytes(cl_, dev(rank), dev(to), bytes);
+          const double out = cluster::message_time(cl_, dev(rank), dev(to), bytes, stage_ranks());
           if (b > 0) {
-            const double t = cluster::message_time(cl_, dev(rank), dev(to), bytes, stage_ranks());
             r.wan_bytes += 2 * b * double(m_) * chunks;
-            secs[size_t(rank)] += t * double(m_) * chunks;
-            secs[size_t(to)] += t * double(m_) * chunks;
+            secs[size_t(rank)] += out * double(m_) * chunks;
+            secs[size_t(to)] += out * double(m_) * chunks;
           }
-          // This boundary's share of the stage's two boundaries' message time.
+          // The WAN's share of this rank's two boundaries' message time.
           RankCoords prev = rc;
           prev.pp = (rc.pp + P_ - 1) % P_;
           const int from = rank_of(lay_, prev);
-          const double out = cluster::message_time(cl_, dev(rank), dev(to), bytes, stage_ranks());
           const double in = rc.pp > 0 || V > 1
                                 ? cluster::message_time(cl_, dev(from), dev(rank), bytes, stage_ranks())
                                 : 0;
-          const double wan_out = b > 0 ? out : 0;
           const double wan_in = cluster::message_wan_bytes(cl_, dev(from), dev(rank), bytes) > 0 ? in : 0;
-          if (out + in > 0) pp_share = std::max(pp_share, (wan_out + wan_in) / (out + in));
+          if (out + in > 0) pp_share = std::max(pp_share, ((b > 0 ? out : 0) + wan_in) / (out + in));
         }
       }
     }
