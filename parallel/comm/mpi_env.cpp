@@ -53,6 +53,11 @@ MpiEnv::MpiEnv(int* argc, char*** argv) : launch_(detect_launch()) {
   int init = 0;
   ADGT_MPI(MPI_Initialized(&init));
   if (!init) {
+    // Without a launcher (one process started by hand), Open MPI's singleton
+    // start forks an orted daemon, which only MPI_Comm_spawn needs (adgt never
+    // spawns): 0.1-0.2 s and a second process on every single-process run.
+    // A user's own setting wins.
+    if (launch_.launcher == "single") ::setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
     int provided = 0;
     // SERIALIZED lets the pipeline executor's progress thread push pending sends
     // while the main thread computes (never at the same time as the main thread).

@@ -49,7 +49,11 @@ Watchdog::Watchdog(WatchdogOptions o) : o_(std::move(o)) {
 }
 
 Watchdog::~Watchdog() {
-  stop_.store(true);
+  {
+    std::lock_guard<std::mutex> lk(wake_mu_);
+    stop_.store(true);
+  }
+  wake_.notify_all();
   if (thread_.joinable()) thread_.join();
   int64_t since = 0;
   Heartbeat me = current(&since);
@@ -188,8 +192,11 @@ void Watchdog::run() {
   const std::string vpath = verdict_path(o_.dir, o_.token);
   int64_t last_beat = steady_ns(), last_check = 0;
   while (!stop_.load()) {
-    sleep_s(o_.tick_s);
-    if (stop_.load()) break;
+    {
+      std::unique_lock<std::mutex> lk(wake_mu_);
+      if (wake_.wait_for(lk, std::chrono::duration<double>(o_.tick_s), [this] { return stop_.load(); }))
+        break;
+    }
     int64_t since = 0;
     Heartbeat me = current(&since);
     const int64_t now = steady_ns();
