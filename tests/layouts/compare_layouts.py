@@ -23,6 +23,9 @@ import time
 import h5py
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_run import in_pairs  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT = [f"{tp}:{dp}:{z}:{sp}" for tp, dp in [(2, 1), (1, 2), (2, 2), (4, 2), (2, 4), (8, 1)]
            for z in (0, 1) for sp in ((0, 1) if tp > 1 else (0,))]
@@ -73,17 +76,21 @@ def main():
     ap.add_argument("--layouts", nargs="*", default=DEFAULT)
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
-    ref_l, ref_w, ref_t, _ = run(args, "single", 1, 1, 0, 0)
+    specs = [tuple(int(x) for x in spec.split(":")) for spec in args.layouts]
+    # The single process and the layouts are independent runs: two at a time
+    # (tests/layouts/train_run.py, in_pairs), checked in order.
+    (ref_l, ref_w, ref_t, _), *runs = in_pairs(
+        [lambda: run(args, "single", 1, 1, 0, 0)]
+        + [lambda q=q: run(args, "tp{}_dp{}_z{}_sp{}".format(*q), *q) for q in specs],
+        [1] + [q[0] * q[1] for q in specs])
     if sorted(ref_l) != list(range(1, 21)):
         sys.exit(f"FAIL: the single-process run logged steps {sorted(ref_l)}")
     print(f"single process: loss {ref_l[1]:.6f} -> {ref_l[20]:.6f} ({ref_t:.1f} s)")
     print(f"{'tp':>3} {'dp':>3} {'zero':>4} {'sp':>3}  {'max rel loss err':>16}  "
           f"{'max rel weight err':>18}  {'time':>6}")
     failed = []
-    for spec in args.layouts:
-        tp, dp, zero, sp = (int(x) for x in spec.split(":"))
+    for (tp, dp, zero, sp), (l, w, t, _) in zip(specs, runs):
         name = f"tp{tp}_dp{dp}_z{zero}_sp{sp}"
-        l, w, t, _ = run(args, name, tp, dp, zero, sp)
         if sorted(l) != sorted(ref_l):
             failed.append(f"{name}: logged steps {sorted(l)}")
             continue
@@ -103,15 +110,24 @@ def main():
     # resumes in another and continues like the uninterrupted single process.
     def lname(l):
         return "single" if l == (1, 1, 0, 0) else "tp{}_dp{}_z{}_sp{}".format(*l)
-    for src, dst in [((2, 2, 1, 1), (1, 1, 0, 0)), ((1, 1, 0, 0), (4, 2, 1, 0)),
-                     ((8, 1, 0, 1), (2, 4, 1, 1)), ((2, 1, 0, 0), (1, 2, 1, 0)),
-                     ((1, 2, 1, 0), (2, 2, 0, 0)), ((4, 2, 0, 0), (2, 1, 0, 0))]:
-        sname = lname(src)
-        if not os.path.isdir(os.path.join(args.work, sname)):
-            continue
-        name = "resume_{}_to_{}".format(sname, lname(dst))
-        l, w, _, _ = run(args, name, *dst,
-                         resume_from=os.path.join(args.work, sname, "ckpt", "step_10"))
+    resumes = [(src, dst) for src, dst in [((2, 2, 1, 1), (1, 1, 0, 0)), ((1, 1, 0, 0), (4, 2, 1, 0)),
+                                           ((8, 1, 0, 1), (2, 4, 1, 1)), ((2, 1, 0, 0), (1, 2, 1, 0)),
+                                           ((1, 2, 1, 0), (2, 2, 0, 0)), ((4, 2, 0, 0), (2, 1, 0, 0))]
+               if os.path.isdir(os.path.join(args.work, lname(src)))]
+    same = (2, 2, 1, 0)
+    same_name = f"resume_{lname(same)}_same_layout"
+    have_same = os.path.isdir(os.path.join(args.work, lname(same)))
+    done = in_pairs([lambda src=src, dst=dst: run(
+                        args, "resume_{}_to_{}".format(lname(src), lname(dst)), *dst,
+                        resume_from=os.path.join(args.work, lname(src), "ckpt", "step_10"))
+                     for src, dst in resumes]
+                    + ([lambda: run(args, same_name, *same,
+                                    resume_from=os.path.join(args.work, lname(same), "ckpt", "step_10"))]
+                       if have_same else []),
+                    [dst[0] * dst[1] for _, dst in resumes] + ([same[0] * same[1]] if have_same else []))
+    same_run = done.pop() if have_same else None
+    for (src, dst), (l, w, _, _) in zip(resumes, done):
+        name = "resume_{}_to_{}".format(lname(src), lname(dst))
         lerr = max(abs(l[s] - ref_l[s]) / abs(ref_l[s]) for s in l)
         werr = max(np.linalg.norm(w[k] - r) / np.linalg.norm(r) for k, r in ref_w.items())
         ok = lerr <= args.tol and werr <= args.tol
@@ -120,11 +136,9 @@ def main():
         if not ok:
             failed.append(name)
     # The same layout resumes bit for bit: losses, weights and AdamW state.
-    same = (2, 2, 1, 0)
-    if os.path.isdir(os.path.join(args.work, lname(same))):
-        name = f"resume_{lname(same)}_same_layout"
-        l, _, _, _ = run(args, name, *same,
-                         resume_from=os.path.join(args.work, lname(same), "ckpt", "step_10"))
+    if have_same:
+        name = same_name
+        l = same_run[0]
         with open(os.path.join(args.work, lname(same), "metrics.jsonl")) as f:
             full_l = {r["step"]: r["loss"] for r in map(json.loads, filter(str.strip, f)) if "loss" in r}
         diff = [s for s in l if l[s] != full_l[s]]

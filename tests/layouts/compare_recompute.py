@@ -22,7 +22,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from train_run import losses, train_run  # noqa: E402
+from train_run import in_pairs, losses, train_run  # noqa: E402
 
 DENSE = os.path.join(HERE, "model.yaml")
 MOE = os.path.join(HERE, "..", "moe", "model.yaml")
@@ -100,19 +100,26 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     failed = []
+    # Bit for bit from the first step on: 6 steps (past the 4 warm-up steps,
+    # into the decay) show any difference as well as the model's 20. Every
+    # run is independent: two at a time (in_pairs), compared in order.
+    jobs = []  # (case, mode or "none", config, sets, ranks)
     for name in args.cases:
         config, ranks, sets = CASES[name]
-        # Bit for bit from the first step on: 6 steps (past the 4 warm-up steps,
-        # into the decay) show any difference as well as the model's 20.
         sets = sets + ["train.steps=6"]
-        ref = train_run(args, config, f"{name}_none", sets, ranks)
+        jobs += [(name, mode, config, sets + (MODES[mode] if mode != "none" else []), ranks)
+                 for mode in ["none"] + list(args.modes)]
+    done = dict(zip([(j[0], j[1]) for j in jobs],
+                    in_pairs([lambda j=j: train_run(args, j[2], f"{j[0]}_{j[1]}", j[3], j[4]) for j in jobs],
+                             [j[4] for j in jobs])))
+    for name in args.cases:
+        ref = done[(name, "none")]
         if ref is None:
             failed.append(f"{name} none: run failed")
             continue
         ref_l, ref_w = losses(ref[0]), ref[1]
         for mode in args.modes:
-            extra = MODES[mode]
-            r = train_run(args, config, f"{name}_{mode}", sets + extra, ranks)
+            r = done[(name, mode)]
             if r is None:
                 failed.append(f"{name} {mode}: run failed")
                 continue

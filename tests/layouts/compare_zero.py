@@ -45,7 +45,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_run import losses, rel_errors, train_run  # noqa: E402
+from train_run import in_pairs, losses, rel_errors, train_run  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL = os.path.join(HERE, "model.yaml")
@@ -113,20 +113,27 @@ def equivalence(args, failed):
     tol = 1e-12 if args.dtype == "f64" else 1e-5
     base = [f"train.dtype={args.dtype}"]
     refs = {}
-    for name in args.cases:
-        ranks, ref_sets, sets = CASES[name]
-        key = tuple(ref_sets)
-        config, ref_only = model_of(ref_sets)
-        if key not in refs:
-            refs[key] = train_run(args, config, "ref_" + "_".join(s.replace("parallel.", "").replace("=", "")
-                                                                  for s in ref_sets), base + ref_only, ranks)
-            if not refs[key]:
-                sys.exit("FAIL: a zero-0 reference run failed")
-        r = train_run(args, config, name, base + ref_only + sets, ranks)
+
+    def ref_name(ref_sets):
+        return "ref_" + "_".join(s.replace("parallel.", "").replace("=", "") for s in ref_sets)
+    # The references, then the cases: independent runs, two at a time (in_pairs).
+    keys = list(dict.fromkeys(tuple(CASES[name][1]) for name in args.cases))
+    for key, r in zip(keys, in_pairs(
+            [lambda k=k: train_run(args, model_of(list(k))[0], ref_name(k), base + model_of(list(k))[1],
+                                   next(CASES[n][0] for n in args.cases if tuple(CASES[n][1]) == k))
+             for k in keys],
+            [next(CASES[n][0] for n in args.cases if tuple(CASES[n][1]) == k) for k in keys])):
+        if not r:
+            sys.exit("FAIL: a zero-0 reference run failed")
+        refs[key] = r
+    runs = in_pairs([lambda n=n: train_run(args, model_of(CASES[n][1])[0], n,
+                                           base + model_of(CASES[n][1])[1] + CASES[n][2], CASES[n][0])
+                     for n in args.cases], [CASES[n][0] for n in args.cases])
+    for name, r in zip(args.cases, runs):
         if not r:
             failed.append(name)
             continue
-        check(name, r, refs[key], tol, tol, failed)
+        check(name, r, refs[tuple(CASES[name][1])], tol, tol, failed)
     return refs.get(tuple(DP4))
 
 

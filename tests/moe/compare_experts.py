@@ -22,7 +22,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "layouts"))
-from train_run import losses, rel_errors, train_run  # noqa: E402
+from train_run import in_pairs, losses, rel_errors, train_run  # noqa: E402
 
 
 def run(args, name, sets, ranks, weights=True, resume_from=None):
@@ -88,8 +88,9 @@ def main():
         ("cp2_dp2_zero1", ["parallel.cp=2", "parallel.dp=2", "parallel.zero=1"], 4),
     ]
     print(f"{'layout':>20}  {'max rel loss err':>16}  {'max rel weight err':>18}  {'time':>6}")
-    for name, sets, ranks in layouts:
-        r = run(args, name, sets, ranks)
+    # Independent runs: two at a time (in_pairs), checked in order.
+    for (name, sets, ranks), r in zip(layouts, in_pairs([lambda e=e: run(args, *e) for e in layouts],
+                                                          [e[2] for e in layouts])):
         if r is None:
             failed.append(f"{name}: exited non-zero")
             continue
@@ -104,19 +105,20 @@ def main():
         if not ok:
             failed.append(name)
     # Checkpoints move between expert layouts: step_10 of one resumes in another.
-    for src, (dst, sets, ranks) in [("ep2_dp2", ("single", [], 1)),
-                                    ("ep2_dp2", ("ep4_dp4", ["parallel.dp=4", "parallel.ep=4"], 4)),
-                                    ("tp2_ep2_dp2", ("ep4_dp4_placement",
-                                                     ["parallel.dp=4", "parallel.ep=4",
+    resumes = [("ep2_dp2", ("single", [], 1)),
+               ("ep2_dp2", ("ep4_dp4", ["parallel.dp=4", "parallel.ep=4"], 4)),
+               ("tp2_ep2_dp2", ("ep4_dp4_placement", ["parallel.dp=4", "parallel.ep=4",
                                                       "parallel.expert_placement=[2,0,3,1]"], 4)),
-                                    # cp's ranks are dp x cp replicas to a checkpoint, ZeRO-1's
-                                    # AdamW chunks among them
-                                    ("cp2_ep2_dp2", ("ep4_dp4", ["parallel.dp=4", "parallel.ep=4"], 4)),
-                                    ("cp2_dp2_zero1", ("ep2_dp2", ["parallel.dp=2", "parallel.ep=2"], 2)),
-                                    ("ep2_dp2", ("cp2_ep2_dp2", ["parallel.cp=2", "parallel.dp=2",
-                                                                 "parallel.ep=2"], 4))]:
+               # cp's ranks are dp x cp replicas to a checkpoint, ZeRO-1's
+               # AdamW chunks among them
+               ("cp2_ep2_dp2", ("ep4_dp4", ["parallel.dp=4", "parallel.ep=4"], 4)),
+               ("cp2_dp2_zero1", ("ep2_dp2", ["parallel.dp=2", "parallel.ep=2"], 2)),
+               ("ep2_dp2", ("cp2_ep2_dp2", ["parallel.cp=2", "parallel.dp=2", "parallel.ep=2"], 4))]
+    done = in_pairs([lambda src=src, d=d: run(args, f"resume_{src}_to_{d[0]}", d[1], d[2],
+                                              resume_from=os.path.join(args.work, src, "ckpt", "step_10"))
+                     for src, d in resumes], [d[2] for _, d in resumes])
+    for (src, (dst, sets, ranks)), r in zip(resumes, done):
         name = f"resume_{src}_to_{dst}"
-        r = run(args, name, sets, ranks, resume_from=os.path.join(args.work, src, "ckpt", "step_10"))
         if r is None:
             failed.append(f"{name}: exited non-zero")
             continue
@@ -130,7 +132,18 @@ def main():
     # The aux-loss-free biases are part of the checkpoint: a resume is bitwise
     # (without them the routing after the resume would differ).
     af = ["model.moe_aux_free=true", "model.moe_bias_rate=0.01"]
-    a = run(args, "aux_free_ep2", af + ["parallel.dp=2", "parallel.ep=2"], 2, weights=False)
+    cap = ["model.moe_capacity_factor=0.5"]
+    caps = [("cap_ep2_dp2", ["parallel.dp=2", "parallel.ep=2"], 2),
+            ("cap_ep4_dp4", ["parallel.dp=4", "parallel.ep=4"], 4)]
+    # The runs below that need no other's checkpoint, in pairs.
+    a, s1, c2, c1, *cr = in_pairs(
+        [lambda: run(args, "aux_free_ep2", af + ["parallel.dp=2", "parallel.ep=2"], 2, weights=False),
+         lambda: run(args, "aux_free_single", af, 1, weights=False),
+         lambda: run(args, "aux_free_cp2_ep2_dp2", af + ["parallel.cp=2", "parallel.dp=2", "parallel.ep=2"],
+                     4, weights=False),
+         lambda: run(args, "cap_single", cap, 1, weights=False)]
+        + [lambda e=e: run(args, e[0], cap + e[1], e[2], weights=False) for e in caps],
+        [2, 1, 4, 1] + [e[2] for e in caps])
     b = run(args, "aux_free_ep2_resumed", af + ["parallel.dp=2", "parallel.ep=2"], 2, weights=False,
             resume_from=os.path.join(args.work, "aux_free_ep2", "ckpt", "step_10"))
     ok = a is not None and b is not None and min(b[0]) == 11 and all(b[0][k] == a[0][k] for k in b[0])
@@ -139,20 +152,13 @@ def main():
         failed.append("aux_free_resume")
     # The biases follow the load of every token: under cp summed over the
     # experts' replicas edp x cp, as the single process counts them.
-    s1 = run(args, "aux_free_single", af, 1, weights=False)
-    c2 = run(args, "aux_free_cp2_ep2_dp2", af + ["parallel.cp=2", "parallel.dp=2", "parallel.ep=2"], 4,
-             weights=False)
     lerr = rel_errors(c2[0], s1[0], {}, {})[0] if s1 and c2 and sorted(c2[0]) == sorted(s1[0]) else 1.0
     print(f"aux-free biases under cp2 x ep2 x dp2: max rel loss err {lerr:.3e} against the single "
           f"process  {'PASS' if lerr <= args.tol else 'FAIL'}", flush=True)
     if lerr > args.tol:
         failed.append("aux_free_cp2_ep2_dp2")
     # Capacity: drops counted and identical to the single process's.
-    cap = ["model.moe_capacity_factor=0.5"]
-    c1 = run(args, "cap_single", cap, 1, weights=False)
-    for name, sets, ranks in [("cap_ep2_dp2", ["parallel.dp=2", "parallel.ep=2"], 2),
-                              ("cap_ep4_dp4", ["parallel.dp=4", "parallel.ep=4"], 4)]:
-        r = run(args, name, cap + sets, ranks, weights=False)
+    for (name, sets, ranks), r in zip(caps, cr):
         if c1 is None or r is None:
             failed.append(f"{name}: exited non-zero")
             continue

@@ -26,7 +26,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "layouts"))
-from train_run import losses, rel_errors, train_run  # noqa: E402
+from train_run import in_pairs, losses, rel_errors, train_run  # noqa: E402
 SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb-h1", "greedy", "greedy-v2", "zb-v"]
 
 
@@ -108,50 +108,54 @@ def main():
     print(f"{'pp':>3} {'m':>3} {'schedule':>11} {'with':>5}  {'max rel loss err':>16}  "
           f"{'max rel weight err':>18}  {'bubble':>6}  {'held':>6}  {'time':>6}", flush=True)
     failed, n = [], 0
+    sweep = []  # (pp, m, schedule, extra, global batch, name, sets, ranks, virtual stages)
     for pp in args.pp:
         for extra in args.extras:
             tp = 2 if extra == "tp2" else 1
             dp = 2 if extra == "dp2" else 1
             for m in (k * pp for k in args.m_per_pp):
-                gb = m * dp
-                ref_l, ref_w, _, _, _ = reference(gb)
                 for sched in args.schedules:
                     v = 2 if sched in ("interleaved", "greedy-v2", "zb-v") else 1
-                    name = f"pp{pp}_m{m}_{sched}_{extra}"
                     sets = [f"parallel.pp={pp}", f"parallel.tp={tp}", f"parallel.dp={dp}",
                             f"parallel.schedule={sched.removesuffix('-v2')}",
-                            f"parallel.virtual_stages={v}",
-                            f"train.global_batch={gb}"]
-                    r = run(args, name, sets, pp * tp * dp)
-                    n += 1
-                    if r is None:
-                        failed.append(f"{name}: exited non-zero")
-                        continue
-                    l, w, t, bub, held = r
-                    # The executor holds at most what the schedule (and the
-                    # memory estimate) counts, measured at step 1 (before any
-                    # re-plan); exactly that with one chunk per rank. Not with
-                    # --rendezvous: its receives move earlier (more held).
-                    plan = None
-                    if not args.rendezvous:
-                        plan = planned_held(args, sets)
-                        if held is None or plan is None or held > plan or (v == 1 and held != plan):
-                            failed.append(f"{name}: activations held {held}, the schedule's count {plan}")
-                    if sorted(l) != sorted(ref_l):
-                        failed.append(f"{name}: logged steps {sorted(l)}")
-                        continue
-                    if sorted(w) != sorted(ref_w):
-                        failed.append(f"{name}: checkpoint tensors differ: "
-                                      f"{sorted(set(w) ^ set(ref_w))[:4]}")
-                        continue
-                    lerr, werr, worst = rel_errors(l, ref_l, w, ref_w)
-                    ok = lerr <= args.tol and werr <= args.tol
-                    b = f"{100 * np.median(bub):5.1f}%" if bub else "   n/a"
-                    h = f"{held}/{plan}" if plan is not None else "-"
-                    print(f"{pp:>3} {m:>3} {sched:>11} {extra:>5}  {lerr:>16.3e}  {werr:>18.3e}  "
-                          f"{b}  {h:>6}  {t:>5.1f}s  {'PASS' if ok else 'FAIL ' + worst}", flush=True)
-                    if not ok:
-                        failed.append(name)
+                            f"parallel.virtual_stages={v}", f"train.global_batch={m * dp}"]
+                    sweep.append((pp, m, sched, extra, m * dp, f"pp{pp}_m{m}_{sched}_{extra}", sets,
+                                  pp * tp * dp, v))
+    # The references and the layouts are independent runs: two at a time
+    # (in_pairs), checked in order below.
+    in_pairs([lambda g=g: reference(g) for g in sorted({e[4] for e in sweep})])
+    results = in_pairs([lambda e=e: (run(args, e[5], e[6], e[7]),
+                                     None if args.rendezvous else planned_held(args, e[6]))
+                        for e in sweep], [e[7] for e in sweep])
+    for (pp, m, sched, extra, gb, name, sets, ranks, v), (r, plan) in zip(sweep, results):
+        ref_l, ref_w, _, _, _ = reference(gb)
+        n += 1
+        if r is None:
+            failed.append(f"{name}: exited non-zero")
+            continue
+        l, w, t, bub, held = r
+        # The executor holds at most what the schedule (and the
+        # memory estimate) counts, measured at step 1 (before any
+        # re-plan); exactly that with one chunk per rank. Not with
+        # --rendezvous: its receives move earlier (more held).
+        if not args.rendezvous:
+            if held is None or plan is None or held > plan or (v == 1 and held != plan):
+                failed.append(f"{name}: activations held {held}, the schedule's count {plan}")
+        if sorted(l) != sorted(ref_l):
+            failed.append(f"{name}: logged steps {sorted(l)}")
+            continue
+        if sorted(w) != sorted(ref_w):
+            failed.append(f"{name}: checkpoint tensors differ: "
+                          f"{sorted(set(w) ^ set(ref_w))[:4]}")
+            continue
+        lerr, werr, worst = rel_errors(l, ref_l, w, ref_w)
+        ok = lerr <= args.tol and werr <= args.tol
+        b = f"{100 * np.median(bub):5.1f}%" if bub else "   n/a"
+        h = f"{held}/{plan}" if plan is not None else "-"
+        print(f"{pp:>3} {m:>3} {sched:>11} {extra:>5}  {lerr:>16.3e}  {werr:>18.3e}  "
+              f"{b}  {h:>6}  {t:>5.1f}s  {'PASS' if ok else 'FAIL ' + worst}", flush=True)
+        if not ok:
+            failed.append(name)
     # Checkpoints reshard across pipeline layouts: step_10 of one layout resumes in
     # another (same global batch 4) and ends like the uninterrupted single process;
     # the same layout resumes bit for bit.
@@ -182,11 +186,19 @@ def main():
                                             "parallel.virtual_stages=2", "train.global_batch=4"], 2)
             pairs += [("pp2_m4_zb-v_none", "pp4_m4_zb-h1"), ("pp2_m4_1f1b_none", "pp4_m4_zb-v"),
                       ("pp2_m4_zb-v_none", "pp2_m4_zb-v_none")]
-        for src, dst in pairs:
+        # The resumes (and the example below) are independent runs: in pairs.
+        src8 = "pp2_tp2_dp2_gb8"
+        reference(8)
+        done = in_pairs([lambda src=src, dst=dst: run(
+                            args, f"resume_{src}_to_{dst}", *layouts[dst],
+                            resume_from=os.path.join(args.work, src, "ckpt", "step_10"))
+                         for src, dst in pairs]
+                        + [lambda: run(args, src8, ["parallel.pp=2", "parallel.tp=2", "parallel.dp=2",
+                                                    "parallel.schedule=1f1b", "train.global_batch=8"], 8)],
+                        [layouts[dst][1] for _, dst in pairs] + [8])
+        r0 = done.pop()
+        for (src, dst), r in zip(pairs, done):
             name = f"resume_{src}_to_{dst}"
-            sets, ranks = layouts[dst]
-            r = run(args, name, sets, ranks,
-                    resume_from=os.path.join(args.work, src, "ckpt", "step_10"))
             if r is None:
                 failed.append(f"{name}: exited non-zero")
                 continue
@@ -212,9 +224,7 @@ def main():
                 failed.append(name)
         # The example: tp=2 pp=2 dp=2 resumes as tp=1 pp=4 dp=2 (8 ranks each).
         ref8_l, ref8_w, _, _, _ = reference(8)
-        src = "pp2_tp2_dp2_gb8"
-        r0 = run(args, src, ["parallel.pp=2", "parallel.tp=2", "parallel.dp=2",
-                             "parallel.schedule=1f1b", "train.global_batch=8"], 8)
+        src = src8
         r = None if r0 is None else run(
             args, f"resume_{src}_to_pp4_dp2", ["parallel.pp=4", "parallel.dp=2",
                                                "parallel.schedule=zb-h1", "train.global_batch=8"], 8,
@@ -235,11 +245,13 @@ def main():
         # first 8 windows of the split (the whole split costs ~30 s a run).
         vals = {}
         ev = ["train.eval_interval=10", "train.eval_batches=8"]
-        for name, sets, ranks in [
-                ("eval_single_gb8", ["train.global_batch=8"] + ev, 1),
-                ("eval_pp4_zb-v", ["parallel.pp=4", "parallel.schedule=zb-v", "parallel.virtual_stages=2",
-                                   "train.global_batch=8"] + ev, 4)]:
-            if train_run(args, os.path.join(HERE, "model.yaml"), name, sets, ranks, weights=False) is None:
+        evals = [("eval_single_gb8", ["train.global_batch=8"] + ev, 1),
+                 ("eval_pp4_zb-v", ["parallel.pp=4", "parallel.schedule=zb-v", "parallel.virtual_stages=2",
+                                    "train.global_batch=8"] + ev, 4)]
+        done = in_pairs([lambda e=e: train_run(args, os.path.join(HERE, "model.yaml"), *e, weights=False)
+                         for e in evals], [e[2] for e in evals])
+        for (name, sets, ranks), r in zip(evals, done):
+            if r is None:
                 failed.append(f"{name}: exited non-zero")
                 continue
             with open(os.path.join(args.work, name, "metrics.jsonl")) as f:
