@@ -1,83 +1,81 @@
 # Test costs for ctest's scheduling (docs/testing.md): with -j2 ctest starts
 # the costliest tests first, which on a fresh clone (no Testing/Temporary/
 # CTestCostData.txt yet) it only knows from here. Seconds each test took
-# alone-ish in a full run on the 2-core VM (2026-12-06, a fresh clone; tests
-# of 4 s or more; the kernel emulation's from 2026-12-06 08:05, after its
-# fibers moved to Boost.Context: 2 s or less each); a stale figure only changes
-# the order, never a verdict.
+# in a full run on the 2-core VM (2026-12-07 03:37, the build directory, idle;
+# tests of 4 s or more); a stale figure only changes the order, never a verdict.
 # The longest parallel tests start first and the rest pack around them;
 # ctest starts a RUN_SERIAL test only when nothing else runs, whatever its
 # cost (a +10000 on theirs, tried, did not move them: they still ran after
 # the parallel ones).
 set(_adgt_costs
-  e2e_loss 82
-  pipeline_match_single_process_none_emulated 78
-  pipeline_match_single_process_none 69
-  e2e_bf16 53
-  layouts_match_single_process_emulated 49
-  zero_match_zero0 40
-  zero_match_zero0_emulated 15
-  zero_match_zero0_f64 10
-  zero_memory_estimate_emulated 7
-  pipeline_match_single_process_tp2 40
-  pipeline_match_single_process_dp2 40
-  pipeline_match_single_process_rendezvous 40
-  layouts_match_single_process 39
-  elastic_grow_np4 25
-  sim_validate_cpu_quick 25
-  recompute_bitwise_emulated 25
-  moe_layouts_match_single_process_emulated 22
-  adapt_schedule_slow_rank_memory_pp4 22
-  elastic_kill_np4 22
-  checkpoint_async_sigkill 21
-  cuda_check_bundle_rehearsal 21
-  bf16 19
-  plan_auto_resume_np8 19
-  moe_layouts_match_single_process 19
+  e2e_loss 56
+  layouts_match_single_process_emulated 44
+  fp8_train_converges_resumes 34
+  checkpoint_expert_np4 30
+  pipeline_match_single_process_dp2 30
+  pipeline_match_single_process_none 29
+  pipeline_match_single_process_tp2 29
+  moe_layouts_match_single_process_emulated 29
+  layouts_match_single_process 28
+  adapt_schedule_slow_rank_memory_pp4 28
+  pipeline_match_single_process_none_emulated 26
+  cuda_check_bundle_rehearsal 25
+  sim_validate_cpu_quick 24
+  recompute_bitwise_emulated 22
+  zero_match_zero0 22
+  checkpoint_pipeline_np4 22
+  checkpoint_async_sigkill 20
   reliability_checkpoint_corruption 19
-  recompute_bitwise 17
-  newuser_walkthrough 16
-  adapt_experts_train_np8 15
-  checkpoint_expert_np4 14
-  slurm_sbatch_template_elastic 14
-  plan_replan_straggler_np8 14
+  elastic_grow_np4 19
+  pipeline_match_single_process_rendezvous 17
+  data_foreign_train 17
+  elastic_kill_np4 16
+  slurm_sbatch_template_elastic 15
+  fp8_layouts_match_single_process 14
+  sites_bench_model_clock 14
   slurm_sbatch_template_requeue 14
-  plan_auto_launch_np8 13
-  flash_attention_emulated 6
-  layouts_bf16_match_single_process_emulated 12
-  data_foreign_train 11
-  adapt_expert_replicas_np4 10
-  checkpoint_pipeline_np4 10
-  switch_in_memory_zero_np8 10
-  switch_in_memory_zero23_np8 10
-  switch_in_memory_cp_np8 10
-  plan_auto_constraint_np8 10
-  switch_in_memory_dense_np8 9
-  checkpoint_damaged_all_ranks 9
-  plan_replan_slow_link_np8 9
-  layouts_bf16_match_single_process 9
-  e2e_resume 9
-  switch_in_memory_dense_messages_np8 8
-  data_blend_val 8
-  switch_in_memory_moe_np8 8
-  switch_in_memory_dense_fallback_np8 8
-  plan_auto_infeasible_np8 7
-  adapt_schedule_slow_link_messages_pp4 7
-  switch_in_memory_dense_window_np8 7
+  adapt_experts_train_np8 13
+  plan_replan_straggler_np8 12
+  moe_layouts_match_single_process 11
+  layouts_bf16_match_single_process_emulated 11
+  fp8_layouts_match_single_process_emulated 11
+  zero_match_zero0_emulated 11
+  newuser_plan_70b_matches_sim 11
+  layouts_cp_match_single_process 10
+  plan_dry_run_70b_256_h100 10
+  plan_replan_slow_link_np8 10
+  recompute_bitwise 9
+  layouts_cp_match_single_process_emulated 8
+  flash_attention_emulated 8
+  data_foreign_read 8
+  torch_compare_selftest 8
+  newuser_walkthrough 8
+  switch_in_memory_fp8_np8 8
+  sim_published_runs 7
+  plan_auto_launch_np8 7
+  switch_in_memory_cp_np8 7
+  adapt_expert_replicas_np4 7
+  plan_auto_resume_np8 7
+  data_blend_val 7
+  switch_in_memory_zero23_np8 7
   watchdog_stop_np4 7
-  adapt_schedule_slow_rank_onset_pp4 7
-  checkpoint_sigkill_during_save 7
-  slurm_srun_collectives 6
-  adapt_expert_placement_slow_rank_np4 6
   watchdog_stall_np4 6
-  layouts_srun_matches_mpirun 6
-  reliability_config_fuzz 5
-  attention 5
-  fused 5
-  adapt_schedule_slow_link_pp4 5
-  bf16 4
-  layouts_document_mask_emulated 4
-  sim_published_runs 4
+  sites_hierarchical_matches_flat_f64 6
+  layouts_bf16_match_single_process 6
+  slurm_srun_collectives 6
+  switch_in_memory_dense_messages_np8 6
+  switch_in_memory_dense_fallback_np8 6
+  switch_in_memory_zero_np8 6
+  checkpoint_sigkill_during_save 5
+  sites_hierarchical_matches_flat_f32 5
+  sites_compress_wan_only_int4 5
+  e2e_bf16 5
+  switch_in_memory_dense_window_np8 5
+  adapt_expert_placement_slow_rank_np4 5
+  layouts_srun_matches_mpirun 5
+  switch_in_memory_moe_np8 5
+  switch_in_memory_dense_np8 5
+  tei_interrupted_job 4
 )
 list(LENGTH _adgt_costs _n)
 math(EXPR _last "${_n} - 1")
