@@ -68,13 +68,21 @@ struct AttentionShape {
 // block of keys and values (B, Tk, KV, hd), KV dividing H (grouped-query).
 // mask: full — every key of the block is visible to every query; causal —
 // the diagonal block of a causal attention (the queries and keys are the same
-// Tq == Tk positions): key j is visible to query i iff j <= i. Document
-// masking inside a block is not supported by these ops; it is future work
-// (AttentionShape::doc_start is the whole-sequence op's).
+// Tq == Tk positions): key j is visible to query i iff j <= i.
+// Document masking (ring attention over packed documents): q_doc_start, int32
+// (B, Tq) in the backend's memory, gives for each query row the position in
+// the whole sequence where its document begins, and k_pos the position of the
+// block's first key; key j then stays visible to query i only if
+// q_doc_start[b*Tq + i] <= k_pos + j. A row that sees no key of the block gets
+// out 0 and lse -inf (attention_merge skips it). nullptr: no document mask.
+// The CPU reference and the emulated device run it; the CUDA kernels refuse it
+// (context parallelism is refused on CUDA: parallel/cp/support.cpp).
 enum class BlockMask { full, causal };
 struct AttentionBlock {
   int64_t B = 0, Tq = 0, Tk = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
   BlockMask mask = BlockMask::full;
+  const int32_t* q_doc_start = nullptr;
+  int64_t k_pos = 0;
 };
 
 // Shape/dtype precondition shared by the backends' ops: same dtype, same size.

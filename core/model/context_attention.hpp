@@ -29,6 +29,13 @@ class ContextAttention {
                         const AttentionShape& local) = 0;
   // The global position of each of the rank's `local_T` tokens of a sequence.
   virtual std::vector<int64_t> positions(int64_t local_T) const = 0;
+  // Packed documents (train.document_mask, model.rope_reset_per_document):
+  // for each local token (`inputs`: B x local_T, the rank's token ids) the
+  // global position where its document begins (after an `eos`, or the
+  // sequence's start). Collective over the group. AttentionShape::doc_start
+  // of the local shape then holds these global positions.
+  virtual std::vector<int32_t> document_starts(const int32_t* inputs, int64_t B, int64_t local_T,
+                                               int32_t eos) = 0;
 };
 
 }  // namespace adgt

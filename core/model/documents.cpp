@@ -17,6 +17,7 @@ void Model::set_documents(int32_t eos, bool mask, bool rope_reset) {
   docs_.eos = eos;
   docs_.mask = mask;
   docs_.rope_reset = rope_reset;
+  if (context_ && rope_reset) build_rope_tables();  // rows by position in a document
 }
 
 void Model::load_documents(Slot& s, const int32_t* inputs) {
@@ -33,13 +34,22 @@ void Model::load_documents(Slot& s, const int32_t* inputs) {
     }
   }
   std::vector<int32_t> start(static_cast<size_t>(N)), pos(static_cast<size_t>(N));
-  for (int64_t b = 0; b < N / T; ++b) {
-    int32_t first = 0;
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t i = b * T + t;
-      if (t > 0 && inputs[i - 1] == docs_.eos) first = int32_t(t);
-      start[size_t(i)] = first;
-      pos[size_t(i)] = int32_t(t) - first;
+  if (context_) {
+    // Context parallelism: T is this rank's two chunks of each sequence; a
+    // token's document may begin in another rank's chunk, and its start and
+    // position are in the whole sequence (the ring's blocks mask by them).
+    start = context_->document_starts(inputs, N / T, T, docs_.eos);
+    const std::vector<int64_t> at = context_->positions(T);
+    for (int64_t i = 0; i < N; ++i) pos[size_t(i)] = int32_t(at[size_t(i % T)]) - start[size_t(i)];
+  } else {
+    for (int64_t b = 0; b < N / T; ++b) {
+      int32_t first = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t i = b * T + t;
+        if (t > 0 && inputs[i - 1] == docs_.eos) first = int32_t(t);
+        start[size_t(i)] = first;
+        pos[size_t(i)] = int32_t(t) - first;
+      }
     }
   }
   be_.to_device(s.doc_start.data, start.data(), size_t(N) * 4);
@@ -63,14 +73,14 @@ AttentionShape Model::attention_of(const Slot& s) const {
 
 void Model::attention_forward(LayerActs& a, const Slot& s) {
   if (context_)
-    context_->forward(a.att, a.att_saved, a.q, a.k, a.v, att_shape_);
+    context_->forward(a.att, a.att_saved, a.q, a.k, a.v, attention_of(s));
   else
     be_.attention_forward(a.att, a.att_saved, a.q, a.k, a.v, attention_of(s));
 }
 
 void Model::attention_backward(const LayerActs& a, const Slot& s) {
   if (context_)
-    context_->backward(dq_, dk_, dv_, d_att_, a.q, a.k, a.v, a.att, a.att_saved, att_shape_);
+    context_->backward(dq_, dk_, dv_, d_att_, a.q, a.k, a.v, a.att, a.att_saved, attention_of(s));
   else
     be_.attention_backward(dq_, dk_, dv_, d_att_, a.q, a.k, a.v, a.att, a.att_saved, attention_of(s));
 }

@@ -1,5 +1,6 @@
 #include "core/model/model.hpp"
 
+#include <algorithm>
 #include <numeric>
 #include <chrono>
 #include <cmath>
@@ -286,9 +287,6 @@ void Model::make_scratch() {
 void Model::build_rope_tables() {
   // HF: inv_freq[i] = theta^(-2i/hd); angle(t, i) = t * inv_freq[i]; computed in double.
   const int64_t half = cfg_.head_dim() / 2, hd = cfg_.head_dim();
-  rope_cos_ = act(T_, half, mdt_);
-  rope_sin_ = act(T_, half, mdt_);
-  std::vector<double> c(size_t(T_ * half)), s(size_t(T_ * half));
   // Row t: the position of local token t (its own index, or under context
   // parallelism where the rank's chunks sit in the sequence).
   std::vector<int64_t> pos(static_cast<size_t>(T_));
@@ -297,7 +295,21 @@ void Model::build_rope_tables() {
   else
     std::iota(pos.begin(), pos.end(), int64_t(0));
   ADGT_CHECK(int64_t(pos.size()) == T_, "Model: " << pos.size() << " rotary positions for " << T_ << " tokens");
-  for (int64_t t = 0; t < T_; ++t)
+  if (context_ && docs_.rope_reset) {
+    // Per-document positions under cp: load_documents looks rows up by a
+    // token's position in its document, which runs up to this rank's last
+    // global position: row p is position p (set_documents rebuilds it).
+    const int64_t n = *std::max_element(pos.begin(), pos.end()) + 1;
+    pos.resize(size_t(n));
+    std::iota(pos.begin(), pos.end(), int64_t(0));
+  }
+  const int64_t rows = int64_t(pos.size());
+  if (!rope_cos_.data || rope_cos_.dim(0) != rows) {
+    rope_cos_ = act(rows, half, mdt_);
+    rope_sin_ = act(rows, half, mdt_);
+  }
+  std::vector<double> c(size_t(rows * half)), s(size_t(rows * half));
+  for (int64_t t = 0; t < rows; ++t)
     for (int64_t i = 0; i < half; ++i) {
       const double inv = std::pow(cfg_.rope_theta, -double(2 * i) / double(hd));
       const double a = double(pos[size_t(t)]) * inv;

@@ -27,6 +27,13 @@ constexpr int64_t kQBlock = 64;
 int64_t visible_keys(const AttentionBlock& b, int64_t i) {
   return b.mask == BlockMask::causal ? i + 1 : b.Tk;
 }
+// The first key of the block visible to query row i of sequence bi: its
+// document's start (b.q_doc_start) relative to the block's first key, or 0.
+// Keys [first_key, visible_keys) are the row's; none when first >= visible.
+int64_t first_key(const AttentionBlock& b, int64_t bi, int64_t i) {
+  if (!b.q_doc_start) return 0;
+  return std::max<int64_t>(0, int64_t(b.q_doc_start[bi * b.Tq + i]) - b.k_pos);
+}
 // Keys the GEMMs of the query rows [r0, r0 + rows) cover.
 int64_t block_keys(const AttentionBlock& b, int64_t r0, int64_t rows) {
   return b.mask == BlockMask::causal ? r0 + rows : b.Tk;
@@ -54,19 +61,25 @@ void block_forward(T* out, T* lse, const T* q, const T* k, const T* v, const Att
                     Tk);
           for (int64_t i = 0; i < rows; ++i) {
             T* row = S.data() + i * Tk;
-            const int64_t ke = visible_keys(b, r0 + i);
-            T mx = row[0];
+            const int64_t ke = visible_keys(b, r0 + i), j0 = first_key(b, bi, r0 + i);
+            if (j0 >= ke) {  // no key of this block in the row's document
+              std::fill(row, row + kn, T(0));
+              L[r0 + i] = -std::numeric_limits<T>::infinity();
+              continue;
+            }
+            T mx = row[j0];
 #pragma omp simd reduction(max : mx)
-            for (int64_t j = 1; j < ke; ++j) mx = row[j] > mx ? row[j] : mx;
+            for (int64_t j = j0 + 1; j < ke; ++j) mx = row[j] > mx ? row[j] : mx;
             T sum = 0;
 #pragma omp simd reduction(+ : sum)
-            for (int64_t j = 0; j < ke; ++j) {
+            for (int64_t j = j0; j < ke; ++j) {
               row[j] = cpu::vexp(row[j] - mx);
               sum += row[j];
             }
             const T inv = T(1) / sum;
 #pragma omp simd
-            for (int64_t j = 0; j < ke; ++j) row[j] *= inv;
+            for (int64_t j = j0; j < ke; ++j) row[j] *= inv;
+            std::fill(row, row + j0, T(0));
             std::fill(row + ke, row + kn, T(0));
             L[r0 + i] = mx + std::log(sum);
           }
@@ -145,15 +158,18 @@ struct BlockGrad {
           const T* o = out + off + (r0 + i) * ldq;
           const T* g = dOb + i * ldq;
           const int64_t ke = visible_keys(b, r0 + i);
+          const int64_t j0 = std::min(first_key(b, bi, r0 + i), ke);
           const T li = L[r0 + i];
           T D = 0;  // rowsum(dout * out)
 #pragma omp simd reduction(+ : D)
           for (int64_t d = 0; d < hd; ++d) D += g[d] * o[d];
 #pragma omp simd
-          for (int64_t j = 0; j < ke; ++j) {
+          for (int64_t j = j0; j < ke; ++j) {
             pr[j] = cpu::vexp(pr[j] - li);
             dr[j] = pr[j] * (dr[j] - D);  // dS
           }
+          std::fill(pr, pr + j0, T(0));
+          std::fill(dr, dr + j0, T(0));
           std::fill(pr + ke, pr + kn, T(0));
           std::fill(dr + ke, dr + kn, T(0));
         }

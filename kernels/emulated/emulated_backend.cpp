@@ -144,6 +144,10 @@ Tensor doc_start_tensor(const AttentionShape& s) {
   if (!s.doc_start) return Tensor();
   return Tensor(const_cast<int32_t*>(s.doc_start), DType::I32, {s.B * s.T});
 }
+Tensor doc_start_tensor(const AttentionBlock& b) {
+  if (!b.q_doc_start) return Tensor();
+  return Tensor(const_cast<int32_t*>(b.q_doc_start), DType::I32, {b.B * b.Tq});
+}
 }  // namespace
 int64_t EmulatedBackend::attention_saved_elems(const AttentionShape& s) const {
   return cpu_.attention_saved_elems(s);
@@ -168,7 +172,9 @@ void EmulatedBackend::attention_block_forward(Tensor out, Tensor lse, const Tens
                                               const Tensor& k, const Tensor& v,
                                               const AttentionBlock& b) {
   const char* op = "attention_block_forward";
-  ADGT_EMU_OP(op, (D(out), D(lse), D(q), D(k), D(v)), attention_block_forward(out, lse, q, k, v, b));
+  const Tensor doc_start = doc_start_tensor(b);
+  ADGT_EMU_OP(op, (D(out), D(lse), D(q), D(k), D(v), D(doc_start)),
+              attention_block_forward(out, lse, q, k, v, b));
 }
 void EmulatedBackend::attention_merge(Tensor out, Tensor lse, const Tensor& out_b,
                                       const Tensor& lse_b) {
@@ -180,7 +186,8 @@ void EmulatedBackend::attention_block_backward(Tensor dq, Tensor dk, Tensor dv, 
                                                const Tensor& out, const Tensor& lse,
                                                const AttentionBlock& b, bool accumulate_dq) {
   const char* op = "attention_block_backward";
-  ADGT_EMU_OP(op, (D(dq), D(dk), D(dv), D(dout), D(q), D(k), D(v), D(out), D(lse)),
+  const Tensor doc_start = doc_start_tensor(b);
+  ADGT_EMU_OP(op, (D(dq), D(dk), D(dv), D(dout), D(q), D(k), D(v), D(out), D(lse), D(doc_start)),
               attention_block_backward(dq, dk, dv, dout, q, k, v, out, lse, b, accumulate_dq));
 }
 void EmulatedBackend::qkv_rope_split(Tensor q, Tensor k, Tensor v, const Tensor& qkv,

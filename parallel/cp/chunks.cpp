@@ -36,6 +36,41 @@ void local_tokens(const int32_t* full, int32_t* local, int64_t B, int64_t T, int
       std::copy_n(full + b * T + ch[size_t(h)] * c, c, local + b * 2 * c + h * c);
 }
 
+namespace {
+// local_tokens' inverse for one rank: its two chunks of each sequence back
+// into `full` (B x T).
+void local_chunks_to_full(const int32_t* local, int32_t* full, int64_t B, int64_t T, int rank, int P) {
+  const int64_t c = chunk_tokens(T, P);
+  const std::array<int, 2> ch = rank_chunks(rank, P);
+  for (int64_t b = 0; b < B; ++b)
+    for (int h = 0; h < 2; ++h)
+      std::copy_n(local + b * 2 * c + h * c, c, full + b * T + ch[size_t(h)] * c);
+}
+}  // namespace
+
+std::vector<int32_t> document_starts(Comm& cp, const int32_t* local, int64_t B, int64_t local_T,
+                                     int32_t eos) {
+  const int P = cp.size();
+  const int64_t n = B * local_T, T = local_T * P;
+  (void)chunk_tokens(T, P);  // T splits into 2P chunks, or a named error
+  std::vector<int32_t> all(size_t(P * n)), full(size_t(B * T));
+  cp.all_gather(Tensor(all.data(), DType::I32, {P * n}),
+                Tensor(const_cast<int32_t*>(local), DType::I32, {n}));
+  for (int i = 0; i < P; ++i)  // rank i's tokens back into the whole sequences
+    local_chunks_to_full(all.data() + i * n, full.data(), B, T, i, P);
+  std::vector<int32_t> start(full.size());
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t first = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (t > 0 && full[size_t(b * T + t - 1)] == eos) first = int32_t(t);
+      start[size_t(b * T + t)] = first;
+    }
+  }
+  std::vector<int32_t> mine(static_cast<size_t>(n));
+  local_tokens(start.data(), mine.data(), B, T, cp.rank(), P);
+  return mine;
+}
+
 std::optional<BlockMask> chunk_pair_mask(int qc, int kc) {
   if (kc == qc) return BlockMask::causal;
   if (kc < qc) return BlockMask::full;

@@ -13,6 +13,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/comm.hpp"
 #include "kernels/backend.hpp"
 
 namespace adgt::cp {
@@ -29,6 +30,15 @@ std::vector<int64_t> chunk_positions(int rank, int P, int64_t local_T);
 // tokens, row-major) the rank's two chunks of each sequence, side by side
 // (B x 2c): what the model of the rank takes as its inputs and targets.
 void local_tokens(const int32_t* full, int32_t* local, int64_t B, int64_t T, int rank, int P);
+
+// Packed documents under cp: for each of this rank's local tokens (`local`,
+// B x local_T, its two chunks of each sequence) the position in the whole
+// sequence where its document begins (a document starts after each `eos` and
+// at every sequence's first token, as core/model/documents.cpp counts them on
+// one rank). Collective over `cp`: an all-gather of the local tokens (a
+// document may begin in another rank's chunk).
+std::vector<int32_t> document_starts(Comm& cp, const int32_t* local, int64_t B, int64_t local_T,
+                                     int32_t eos);
 
 // The mask of query chunk qc against key chunk kc under causal attention:
 // causal on the diagonal (qc == kc), full for an earlier key chunk (kc < qc),

@@ -1,5 +1,6 @@
 #include "parallel/cp/ring_attention.hpp"
 
+#include <memory>
 #include <utility>
 
 #include "kernels/check.hpp"
@@ -51,8 +52,21 @@ void from_chunk_major(Backend& be, const Tensor& local, const Tensor& cm, const 
       be.copy(L.rows((2 * b + h) * c, c), C.rows((h * s.B + b) * c, c));
 }
 
-AttentionBlock block_of(const RingShape& s, BlockMask m) {
-  return {s.B, s.chunk, s.chunk, s.n_heads, s.n_kv_heads, s.head_dim, m};
+// The document starts (RingShape::doc_start) chunk-major, (2, B, c) int32 on
+// the backend: each query half's rows contiguous, as a block takes them.
+struct DocStarts {
+  std::unique_ptr<Scratch> cm;
+  DocStarts(Backend& be, const RingShape& s);
+  const int32_t* half(int h) const {
+    return cm ? part(cm->t, 2, h).ptr<int32_t>() : nullptr;
+  }
+};
+
+AttentionBlock block_of(const RingShape& s, const RingBlock& rb, const DocStarts& docs) {
+  AttentionBlock b{s.B, s.chunk, s.chunk, s.n_heads, s.n_kv_heads, s.head_dim, rb.mask};
+  b.q_doc_start = docs.half(rb.q_half);
+  b.k_pos = int64_t(rb.k_chunk) * s.chunk;
+  return b;
 }
 
 void check_ring(const RingShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -75,6 +89,13 @@ void check_ring(const RingShape& s, const Tensor& q, const Tensor& k, const Tens
                 << dtype_name(stats_dtype(q.dtype)));
 }
 
+DocStarts::DocStarts(Backend& be, const RingShape& s) {
+  if (!s.doc_start) return;
+  const int64_t n = 2 * s.B * s.chunk;
+  cm = std::make_unique<Scratch>(be, DType::I32, n);
+  to_chunk_major(be, cm->t, Tensor(const_cast<int32_t*>(s.doc_start), DType::I32, {n}), s);
+}
+
 }  // namespace
 
 int64_t ring_lse_elems(const RingShape& s) { return 2 * s.B * s.n_heads * s.chunk; }
@@ -92,6 +113,7 @@ void ring_attention_forward(Backend& be, Comm& cp, Tensor out, Tensor lse, const
   to_chunk_major(be, qc.t, q, s);
   to_chunk_major(be, part(kv0.t, 2, 0), k, s);
   to_chunk_major(be, part(kv0.t, 2, 1), v, s);
+  const DocStarts docs(be, s);
   const Tensor lb3(lb.t.data, lb.t.dtype, {s.B, s.n_heads, s.chunk});
   Tensor cur = kv0.t, nxt = kv1.t;
   bool seen[2] = {false, false};
@@ -99,7 +121,7 @@ void ring_attention_forward(Backend& be, Comm& cp, Tensor out, Tensor lse, const
     const bool pass_on = step < P - 1;
     if (pass_on) cp.isend(cur, next, kTagKv);
     for (const RingBlock& rb : ring_step_blocks(r, P, step)) {
-      const AttentionBlock b = block_of(s, rb.mask);
+      const AttentionBlock b = block_of(s, rb, docs);
       const Tensor qh = part(qc.t, 2, rb.q_half), oh = part(oc.t, 2, rb.q_half);
       const Tensor kh = part(cur, 4, rb.k_half), vh = part(cur, 4, 2 + rb.k_half);
       const Tensor lh = lse_half(lse, rb.q_half, s);
@@ -144,6 +166,7 @@ void ring_attention_backward(Backend& be, Comm& cp, Tensor dq, Tensor dk, Tensor
   to_chunk_major(be, part(kv0.t, 2, 0), k, s);
   to_chunk_major(be, part(kv0.t, 2, 1), v, s);
   be.zero(dkv0.t);
+  const DocStarts docs(be, s);
   Tensor cur = kv0.t, nxt = kv1.t, dcur = dkv0.t, dnxt = dkv1.t;
   bool seen[2] = {false, false};
   for (int step = 0; step < P; ++step) {
@@ -153,7 +176,7 @@ void ring_attention_backward(Backend& be, Comm& cp, Tensor dq, Tensor dk, Tensor
       const int qh = rb.q_half, kh = rb.k_half;
       be.attention_block_backward(part(dqc.t, 2, qh), gk.t, gv.t, part(gc.t, 2, qh),
                                   part(qc.t, 2, qh), part(cur, 4, kh), part(cur, 4, 2 + kh),
-                                  part(oc.t, 2, qh), lse_half(lse, qh, s), block_of(s, rb.mask),
+                                  part(oc.t, 2, qh), lse_half(lse, qh, s), block_of(s, rb, docs),
                                   seen[qh]);
       seen[qh] = true;
       be.add_inplace(part(dcur, 4, kh), gk.t);

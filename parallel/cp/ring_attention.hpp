@@ -56,6 +56,12 @@ struct RingShape {
   int64_t B = 0;      // sequences
   int64_t chunk = 0;  // tokens per chunk c = T / (2P) (chunk_tokens)
   int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  // Packed documents: int32 (B, 2c) in the backend's memory, each local
+  // token's document start as a position in the whole sequence (the model's
+  // documents under cp, core/model/documents.cpp); every block then masks
+  // keys before the query's document (AttentionBlock::q_doc_start, with the
+  // key chunk's position). nullptr: plain causal.
+  const int32_t* doc_start = nullptr;
 };
 
 // Elements of lse: 2 B H c.

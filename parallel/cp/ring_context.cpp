@@ -10,9 +10,7 @@ namespace {
 // The ring's shape of a local attention shape: T local = 2 chunks.
 RingShape ring_shape(const AttentionShape& l) {
   ADGT_CHECK(l.T % 2 == 0, "context parallelism: a rank's " << l.T << " tokens are not two chunks");
-  ADGT_CHECK(l.doc_start == nullptr,
-             "context parallelism: document masking inside the ring is not implemented");
-  return RingShape{l.B, l.T / 2, l.n_heads, l.n_kv_heads, l.head_dim};
+  return RingShape{l.B, l.T / 2, l.n_heads, l.n_kv_heads, l.head_dim, l.doc_start};
 }
 
 }  // namespace
@@ -35,6 +33,11 @@ void RingContextAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Tenso
 
 std::vector<int64_t> RingContextAttention::positions(int64_t local_T) const {
   return chunk_positions(cp_.rank(), cp_.size(), local_T);
+}
+
+std::vector<int32_t> RingContextAttention::document_starts(const int32_t* inputs, int64_t B,
+                                                           int64_t local_T, int32_t eos) {
+  return cp::document_starts(cp_, inputs, B, local_T, eos);
 }
 
 }  // namespace adgt::cp

@@ -27,7 +27,8 @@ AttentionShape UlyssesContextAttention::sharded(const AttentionShape& l) const {
              "context parallelism (all-to-all): " << l.n_heads << " heads and " << l.n_kv_heads
                                                   << " KV heads a rank do not split over cp=" << P);
   ADGT_CHECK(l.doc_start == nullptr,
-             "context parallelism: document masking with all-to-all is not implemented");
+             "context parallelism (all-to-all): document masking is not built for the gathered "
+             "sequence yet; use parallel.cp_mode: ring (docs/context-parallel.md)");
   return AttentionShape{l.B, l.T * P, l.n_heads / P, l.n_kv_heads / P, l.head_dim};
 }
 
@@ -134,6 +135,13 @@ void UlyssesContextAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Te
   move(dq, dqh, local.n_heads, local, false);
   move(dk, dkh, local.n_kv_heads, local, false);
   move(dv, dvh, local.n_kv_heads, local, false);
+}
+
+std::vector<int32_t> UlyssesContextAttention::document_starts(const int32_t* inputs, int64_t B,
+                                                              int64_t local_T, int32_t eos) {
+  // Per-document positions (model.rope_reset_per_document) need no mask;
+  // the mask itself is refused (sharded, parallel/cp/support.cpp).
+  return cp::document_starts(cp_, inputs, B, local_T, eos);
 }
 
 }  // namespace adgt::cp

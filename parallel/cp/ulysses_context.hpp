@@ -32,6 +32,8 @@ class UlyssesContextAttention final : public ContextAttention {
                 const Tensor& v, const Tensor& out, const Tensor& saved,
                 const AttentionShape& local) override;
   std::vector<int64_t> positions(int64_t local_T) const override;
+  std::vector<int32_t> document_starts(const int32_t* inputs, int64_t B, int64_t local_T,
+                                       int32_t eos) override;
 
  private:
   // The head-sharded whole-sequence shape of a local one.

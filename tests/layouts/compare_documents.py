@@ -5,7 +5,10 @@ trained 6 steps in one process, and in layouts that split what the masking
 touches: tp2 dp2 with sequence parallelism (the attention's heads split, the
 rows gathered), interleaved pp2 with 2 chunks per rank (a chunk with neither
 the embedding nor the head reads the micro-batch's token ids for its
-boundaries), and dp2 with ZeRO-1. Each must equal the single process within
+boundaries), dp2 with ZeRO-1, and context parallelism (ring attention: cp2,
+cp4, cp2 x dp2 with ZeRO-1; a document begins in one rank's chunk and goes
+on in another's, the blocks masked by global document starts). Each must
+equal the single process within
 the layout tests' 1e-5 (losses and weights, fp32; compare_layouts.py).
 The masking must also matter: the single process without it, and with
 only the position reset, trains to other losses.
@@ -13,7 +16,7 @@ only the position reset, trains to other losses.
 import argparse
 import sys
 
-from train_run import losses, rel_errors, train_run
+from train_run import in_pairs, losses, rel_errors, train_run
 
 DOCS = ["data.eos_id=32", "train.document_mask=true", "model.rope_reset_per_document=true"]
 BASE = ["train.steps=6", "checkpoint.interval=6", "model.n_layers=4"]
@@ -23,7 +26,13 @@ LAYOUTS = {
     "pp2_interleaved": (2, ["parallel.pp=2", "parallel.virtual_stages=2",
                             "parallel.schedule=interleaved"]),
     "dp2_zero1": (2, ["parallel.dp=2", "parallel.zero=1"]),
+    "cp2": (2, ["parallel.cp=2"]),
+    "cp4": (4, ["parallel.cp=4"]),
+    "cp2_dp2_zero1": (4, ["parallel.cp=2", "parallel.dp=2", "parallel.zero=1"]),
 }
+# All-to-all cp runs the per-document positions (its mask on the gathered
+# sequence is refused by name): against the single process's reset-only run.
+RESET_ONLY = {"cp2_a2a_reset_only": (2, ["parallel.cp=2", "parallel.cp_mode=all-to-all"])}
 
 
 def main():
@@ -49,19 +58,24 @@ def main():
     ok = True
     # Masking alone differs from masking with the reset only by rounding
     # (rotary scores depend on distances, which the reset keeps): not compared.
+    refs = {}
     for name, sets in [("plain", []), ("reset_only", [DOCS[0], DOCS[2]])]:
-        l = losses(run(name, sets)[0])
+        l = refs[name] = losses(run(name, sets)[0])
         d = max(abs(l[s] - ref_l[s]) for s in ref_l)
         print(f"{name:18s} differs from masked+reset by {d:.3e} (must be > 1e-4)")
         ok &= d > 1e-4
-    for name, (ranks, sets) in LAYOUTS.items():
-        l = losses(run(name, DOCS + sets, ranks)[0])
-        lerr, _, _ = rel_errors(l, ref_l, {}, {})
+    cases = [(name, ranks, DOCS + sets, ref_l) for name, (ranks, sets) in LAYOUTS.items()]
+    cases += [(name, ranks, [DOCS[0], DOCS[2]] + sets, refs["reset_only"])
+              for name, (ranks, sets) in RESET_ONLY.items()]
+    for (name, ranks, sets, want), r in zip(cases, in_pairs([lambda c=c: run(c[0], c[2], c[1])
+                                                             for c in cases], [c[1] for c in cases])):
+        l = losses(r[0])
+        lerr, _, _ = rel_errors(l, want, {}, {})
         print(f"{name:18s} np{ranks}: loss rel err {lerr:.2e}")
-        ok &= set(l) == set(ref_l) and lerr <= args.tol
+        ok &= set(l) == set(want) and lerr <= args.tol
     if not ok:
         sys.exit("FAIL: document masking across layouts")
-    print(f"PASS: document masking equals the single process in {len(LAYOUTS)} layouts")
+    print(f"PASS: document masking equals the single process in {len(cases)} layouts")
 
 
 if __name__ == "__main__":

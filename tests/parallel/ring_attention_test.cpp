@@ -10,7 +10,12 @@
 // (H/KV = 2); chunks of 37 and 70 tokens (not multiples of the kernel's
 // 64-row block; 70 crosses it); B = 2. In f64 also on the emulated device
 // (device memory, K/V staged through the host by DeviceComm), which must give
-// the CPU's numbers bit for bit. Prints every failure with its rank
+// the CPU's numbers bit for bit. And with packed documents: token ids with an
+// end-of-document id every few tokens (documents crossing the chunks' and the
+// ranks' edges), cp::document_starts over the group must give each local
+// token its document's start in the whole sequence, and the ring masked by
+// them must equal the whole-sequence attention masked by the same starts
+// (AttentionShape::doc_start). Prints every failure with its rank
 // and, on rank 0, the worst errors over all ranks; exits non-zero on any.
 #include "parallel/cp/ring_attention.hpp"
 
@@ -53,12 +58,16 @@ struct Local {
 };
 
 // This rank's part of ring attention of p on backend `be` over `comm`.
+// docs (optional): this rank's local tokens' document starts (B, 2c).
 template <class T>
-Local<T> run_ring(Backend& be, Comm& comm, const Problem<T>& p, int64_t c) {
+Local<T> run_ring(Backend& be, Comm& comm, const Problem<T>& p, int64_t c,
+                  const std::vector<int32_t>* docs = nullptr) {
   const int P = comm.size(), r = comm.rank();
   const int64_t B = p.B, T_ = p.T, H = p.H, KV = p.KV, hd = p.hd, wq = H * hd, wk = KV * hd;
-  const cp::RingShape s{B, cp::chunk_tokens(T_, P), H, KV, hd};
+  cp::RingShape s{B, cp::chunk_tokens(T_, P), H, KV, hd};
   Mem<T> m(be);
+  Mem<int32_t> mi(be);
+  if (docs) s.doc_start = mi.put(*docs, {B, 2 * c}).ptr<int32_t>();
   const Tensor q = m.put(local_rows(p.q, B, T_, wq, c, r, P), {B, 2 * c, H, hd});
   const Tensor k = m.put(local_rows(p.k, B, T_, wk, c, r, P), {B, 2 * c, KV, hd});
   const Tensor v = m.put(local_rows(p.v, B, T_, wk, c, r, P), {B, 2 * c, KV, hd});
@@ -75,14 +84,31 @@ Local<T> run_ring(Backend& be, Comm& comm, const Problem<T>& p, int64_t c) {
 // through the host-staged DeviceComm: the CPU's numbers bit for bit);
 // returns this rank's worst error over out, dq, dk, dv.
 template <class T>
-double run_case(Comm& comm, int64_t c, double tol) {
+double run_case(Comm& comm, int64_t c, double tol, bool masked) {
   const int P = comm.size(), r = comm.rank();
   const int64_t B = 2, H = 4, KV = 2, hd = 8, T_ = 2 * P * c, wq = H * hd, wk = KV * hd;
   const Problem<T> p(B, T_, H, KV, hd, 1234 + uint64_t(c));
-  const Grads<T> want = reference(p);
+  // Packed documents: token ids (t * 7 + 3b) mod 23, the end of a document
+  // id 0 (every 23 tokens, at a different phase in each sequence).
+  std::vector<int32_t> tokens(size_t(B * T_)), starts(size_t(B * T_)), mine;
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t first = 0;
+    for (int64_t t = 0; t < T_; ++t) {
+      tokens[size_t(b * T_ + t)] = int32_t((t * 7 + 3 * b) % 23);
+      if (t > 0 && tokens[size_t(b * T_ + t - 1)] == 0) first = int32_t(t);
+      starts[size_t(b * T_ + t)] = first;
+    }
+  }
+  if (masked) {
+    mine = cp::document_starts(comm, local_rows(tokens, B, T_, 1, c, r, P).data(), B, 2 * c, 0);
+    PCHECK(mine == local_rows(starts, B, T_, 1, c, r, P),
+           "chunk " << c << ": cp::document_starts differs from the whole sequence's starts");
+  }
+  const Grads<T> want = reference(p, masked ? &starts : nullptr);
   CpuBackend be;
-  const Local<T> got = run_ring(be, comm, p, c);
-  const char* ty = dtype_name(dtype_of<T>());
+  const Local<T> got = run_ring(be, comm, p, c, masked ? &mine : nullptr);
+  const std::string tys = std::string(dtype_name(dtype_of<T>())) + (masked ? " documents" : "");
+  const char* ty = tys.c_str();
   const double eo = max_abs_diff(got.out, local_rows(want.out, B, T_, wq, c, r, P));
   const double eq = max_abs_diff(got.dq, local_rows(want.dq, B, T_, wq, c, r, P));
   const double ek = max_abs_diff(got.dk, local_rows(want.dk, B, T_, wk, c, r, P));
@@ -94,7 +120,7 @@ double run_case(Comm& comm, int64_t c, double tol) {
   if (dtype_of<T>() == DType::F64) {
     EmulatedBackend emu(size_t(1) << 30);
     DeviceComm staged(comm, emu);
-    const Local<T> e = run_ring(emu, staged, p, c);
+    const Local<T> e = run_ring(emu, staged, p, c, masked ? &mine : nullptr);
     PCHECK(e.out == got.out && e.dq == got.dq && e.dk == got.dk && e.dv == got.dv,
            ty << " chunk " << c << ": the emulated device's results differ from the CPU's");
   }
@@ -110,10 +136,11 @@ int main(int argc, char** argv) {
     auto cp_group = MpiComm::world("cp");
     const int P = cp_group->size();
     double worst[2] = {0, 0};  // f64, f32
-    for (int64_t c : {int64_t(37), int64_t(70)}) {
-      worst[0] = std::max(worst[0], run_case<double>(*cp_group, c, 1e-12));
-      worst[1] = std::max(worst[1], run_case<float>(*cp_group, c, 1e-5));
-    }
+    for (int64_t c : {int64_t(37), int64_t(70)})
+      for (bool masked : {false, true}) {
+        worst[0] = std::max(worst[0], run_case<double>(*cp_group, c, 1e-12, masked));
+        worst[1] = std::max(worst[1], run_case<float>(*cp_group, c, 1e-5, masked));
+      }
     double all[2] = {0, 0};
     ADGT_MPI(MPI_Allreduce(worst, all, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
     const auto& t = ptest::tally();

@@ -37,9 +37,12 @@ std::vector<T> ninf(size_t n) {
 // diagonal, full before), merged; then the backward block by block with the
 // final out and lse. from_ninf: every block is merged into (0, -inf);
 // otherwise the diagonal block writes (out, lse) and the others are merged.
+// docs (B*T, optional): each token's document start in the whole sequence,
+// given to every block of its query chunk (q_doc_start, k_pos = the key
+// chunk's first position).
 template <class T>
 Grads<T> by_blocks(Backend& be, const Problem<T>& p, const std::vector<int64_t>& sizes,
-                   bool from_ninf) {
+                   bool from_ninf, const std::vector<int32_t>* docs = nullptr) {
   const int64_t B = p.B, T_ = p.T, H = p.H, KV = p.KV, hd = p.hd, wq = H * hd, wk = KV * hd;
   std::vector<int64_t> at{0};
   for (int64_t n : sizes) at.push_back(at.back() + n);
@@ -47,6 +50,7 @@ Grads<T> by_blocks(Backend& be, const Problem<T>& p, const std::vector<int64_t>&
   Grads<T> g{std::vector<T>(p.q.size()), std::vector<T>(p.q.size()), std::vector<T>(p.k.size()),
              std::vector<T>(p.k.size())};
   Mem<T> m(be);
+  Mem<int32_t> mi(be);
   const int n = int(sizes.size());
   std::vector<Tensor> k(n), v(n);
   for (int j = 0; j < n; ++j) {
@@ -60,12 +64,19 @@ Grads<T> by_blocks(Backend& be, const Problem<T>& p, const std::vector<int64_t>&
     const Tensor out = m.zeros({B, L, H, hd}), ob = m.zeros({B, L, H, hd}),
                  dq = m.zeros({B, L, H, hd});
     const Tensor lse = m.put(ninf<T>(size_t(B * H * L)), {B, H, L}), lb = m.zeros({B, H, L});
+    const int32_t* qdoc = docs ? mi.put(rows_of(*docs, B, T_, 1, at[i], L), {B, L}).ptr<int32_t>()
+                               : nullptr;
+    auto block = [&](int j) {
+      AttentionBlock b{B, L, sizes[j], H, KV, hd, j == i ? BlockMask::causal : BlockMask::full};
+      b.q_doc_start = qdoc;
+      b.k_pos = at[j];
+      return b;
+    };
     // Diagonal first, then the earlier chunks in descending order.
     std::vector<int> order{i};
     for (int j = i - 1; j >= 0; --j) order.push_back(j);
     for (int j : order) {
-      const AttentionBlock b{
-          B, L, sizes[j], H, KV, hd, j == i ? BlockMask::causal : BlockMask::full};
+      const AttentionBlock b = block(j);
       if (j == i && !from_ninf) {
         be.attention_block_forward(out, lse, q, k[j], v[j], b);
         continue;
@@ -76,8 +87,7 @@ Grads<T> by_blocks(Backend& be, const Problem<T>& p, const std::vector<int64_t>&
     put_rows(g.out, m.get(out), B, T_, wq, at[i], L);
     for (size_t o = 0; o < order.size(); ++o) {
       const int j = order[o];
-      const AttentionBlock b{
-          B, L, sizes[j], H, KV, hd, j == i ? BlockMask::causal : BlockMask::full};
+      const AttentionBlock b = block(j);
       const Tensor dk = m.zeros({B, sizes[j], KV, hd}), dv = m.zeros({B, sizes[j], KV, hd});
       be.attention_block_backward(dq, dk, dv, dout, q, k[j], v[j], out, lse, b, o > 0);
       put_rows(g.dk, m.get(dk), B, T_, wk, at[j], sizes[j], true);
@@ -113,7 +123,57 @@ void blocks_equal_whole(double tol, const char* ty) {
   expect_close(by_blocks(be, p, {50, 37, 63}, true), want, tol, t + " chunks 50+37+63 from -inf");
 }
 
+// Packed documents: starts (positions in the sequence) per sequence, as the
+// whole-sequence op's doc_start (B*T).
+std::vector<int32_t> doc_starts(int64_t T, const std::vector<std::vector<int32_t>>& starts) {
+  std::vector<int32_t> d;
+  for (const auto& st : starts)
+    for (int64_t t = 0; t < T; ++t) {
+      int32_t first = 0;
+      for (int32_t x : st)
+        if (x <= t) first = x;
+      d.push_back(first);
+    }
+  return d;
+}
+
+template <class T>
+void masked_blocks_equal_whole(double tol, const char* ty) {
+  CpuBackend be;
+  EmulatedBackend emu(size_t(1) << 30);
+  const Problem<T> p(2, 150, 4, 2, 8, 12);
+  // Documents across the chunks' edges (50, 87): one starting exactly at a
+  // chunk's first row, one of a single token, and long ones spanning three
+  // chunks; query rows whose document begins inside their own chunk see no
+  // key of an earlier block (lse -inf there, skipped by the merge).
+  const std::vector<int32_t> docs = doc_starts(150, {{0, 20, 45, 60, 100, 140}, {0, 87, 88, 149}});
+  const Grads<T> want = reference(p, &docs);
+  const Grads<T> plain = reference(p);
+  const std::string t = ty;
+  // The mask matters: the masked attention is not the plain one.
+  CHECK(max_abs_diff(want.out, plain.out) > 1e-2);
+  expect_close(by_blocks(be, p, {150}, false, &docs), want, tol, t + " masked, one causal block");
+  expect_close(by_blocks(be, p, {50, 37, 63}, false, &docs), want, tol, t + " masked, chunks 50+37+63");
+  expect_close(by_blocks(be, p, {70, 80}, true, &docs), want, tol, t + " masked, chunks 70+80 from -inf");
+  // The emulated device: the CPU's numbers bit for bit, the doc starts checked as device memory.
+  const Grads<T> cpu = by_blocks(be, p, {50, 37, 63}, false, &docs);
+  const Grads<T> dev = by_blocks(emu, p, {50, 37, 63}, false, &docs);
+  CHECK(max_abs_diff(cpu.out, dev.out) == 0);
+  CHECK(max_abs_diff(cpu.dq, dev.dq) == 0);
+  CHECK(max_abs_diff(cpu.dk, dev.dk) == 0);
+}
+
 }  // namespace
+
+TEST_CASE("attention blocks: document-masked blocks are the whole masked attention (f64)",
+          "[attention][cp]") {
+  masked_blocks_equal_whole<double>(1e-12, "f64");
+}
+
+TEST_CASE("attention blocks: document-masked blocks are the whole masked attention (f32)",
+          "[attention][cp]") {
+  masked_blocks_equal_whole<float>(1e-5, "f32");
+}
 
 TEST_CASE("attention blocks: a causal block and merged chunks are the whole attention (f64)",
           "[attention][cp]") {

@@ -28,6 +28,10 @@ template <>
 inline DType dtype_of<double>() {
   return DType::F64;
 }
+template <>
+inline DType dtype_of<int32_t>() {
+  return DType::I32;
+}
 
 // q (B,T,H,hd), k and v (B,T,KV,hd), dout like q: uniform in [-1, 1).
 template <class E>
@@ -55,10 +59,12 @@ struct Grads {
 };
 
 // The whole sequence's causal attention and its gradients on the CPU backend.
+// doc_start (B*T, optional): the whole-sequence op's document mask.
 template <class T>
-Grads<T> reference(const Problem<T>& p) {
+Grads<T> reference(const Problem<T>& p, const std::vector<int32_t>* doc_start = nullptr) {
   CpuBackend be;
-  const AttentionShape s = p.shape();
+  AttentionShape s = p.shape();
+  if (doc_start) s.doc_start = doc_start->data();
   Grads<T> g{std::vector<T>(p.q.size()), std::vector<T>(p.q.size()), std::vector<T>(p.k.size()),
              std::vector<T>(p.k.size())};
   std::vector<T> saved(size_t(be.attention_saved_elems(s)));
