@@ -218,8 +218,9 @@ class Backend {
   // (out, lse) by the online-softmax rule, and the backward of each block
   // needs only the final (out, lse). lse (B, H, Tq) is in the statistics
   // dtype (f32 for bf16 and f32 activations, f64 for f64); -inf means "no
-  // key seen yet". The backends without these ops (CUDA for now) throw
-  // "not implemented on this backend".
+  // key seen yet". A backend without these ops throws "not implemented on
+  // this backend" (CPU, emulated and CUDA have them; CUDA's are the exact
+  // kernels, without the document mask: AttentionBlock).
   //
   // out(B,Tq,H,hd) = softmax(scale q k^T + mask) v over the block's keys,
   // lse(B,H,Tq) = log sum_j exp(scale q_i . k_j) over the visible keys,
