@@ -16,6 +16,7 @@
 // f64, ~5900 in f32, for the dq kernel) and the conversion kernels'
 // grid-stride loop (past 65536 x 256 elements): too large to emulate.
 #include "tests/kernel_sim/sim_check.hpp"
+#include "tests/unit/doc_starts.hpp"
 #include "tests/tools/cuda_sim/sim_attention.hpp"
 
 #include "kernels/cuda/attention_kernels.cuh"
@@ -40,17 +41,7 @@ std::string name(DType dt, const Case& c) {
 // Each sequence's document starts (the first is 0), one list per sequence:
 // the (B*T) doc_start of AttentionShape (each token's document start).
 using Docs = std::vector<std::vector<int32_t>>;
-std::vector<int32_t> doc_start_of(const Docs& docs, int64_t T) {
-  std::vector<int32_t> ds;
-  for (const auto& starts : docs)
-    for (int64_t t = 0; t < T; ++t) {
-      int32_t d = 0;
-      for (int32_t st : starts)
-        if (st <= t) d = st;
-      ds.push_back(d);
-    }
-  return ds;
-}
+std::vector<int32_t> doc_start_of(const Docs& docs, int64_t T) { return test::doc_starts_of(docs, T); }
 
 std::string docs_str(const Docs& docs) {
   if (docs.empty()) return "";

@@ -24,6 +24,7 @@
 #define ADGT_CUDA_SIM 1
 #include "tests/tools/cuda_sim/sim_runtime.hpp"
 #include "tests/tools/cuda_sim/sim_ptx.hpp"
+#include "tests/unit/doc_starts.hpp"
 // the kernels, with the emulated built-ins and PTX wrappers above
 #include "kernels/cuda/flash_attention_kernels.cuh"
 
@@ -54,17 +55,7 @@ struct Case {
 };
 
 // The (B*T) doc_start of a case: each token's document start; empty without docs.
-std::vector<int32_t> doc_start_of(const Case& c) {
-  std::vector<int32_t> ds;
-  for (const auto& starts : c.docs)
-    for (int t = 0; t < c.T; ++t) {
-      int d = 0;
-      for (int st : starts)
-        if (st <= t) d = st;
-      ds.push_back(d);
-    }
-  return ds;
-}
+std::vector<int32_t> doc_start_of(const Case& c) { return adgt::test::doc_starts_of(c.docs, c.T); }
 
 // A device buffer stand-in with guard zones before and after, filled with a
 // pattern the kernels must not touch.

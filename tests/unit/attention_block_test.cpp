@@ -20,6 +20,7 @@
 #include "kernels/common/bf16.hpp"
 #include "kernels/emulated/emulated_backend.hpp"
 #include "tests/unit/attention_fixture.hpp"
+#include "tests/unit/doc_starts.hpp"
 
 using namespace adgt;
 using namespace adgt::attn_test;
@@ -123,20 +124,6 @@ void blocks_equal_whole(double tol, const char* ty) {
   expect_close(by_blocks(be, p, {50, 37, 63}, true), want, tol, t + " chunks 50+37+63 from -inf");
 }
 
-// Packed documents: starts (positions in the sequence) per sequence, as the
-// whole-sequence op's doc_start (B*T).
-std::vector<int32_t> doc_starts(int64_t T, const std::vector<std::vector<int32_t>>& starts) {
-  std::vector<int32_t> d;
-  for (const auto& st : starts)
-    for (int64_t t = 0; t < T; ++t) {
-      int32_t first = 0;
-      for (int32_t x : st)
-        if (x <= t) first = x;
-      d.push_back(first);
-    }
-  return d;
-}
-
 template <class T>
 void masked_blocks_equal_whole(double tol, const char* ty) {
   CpuBackend be;
@@ -146,7 +133,8 @@ void masked_blocks_equal_whole(double tol, const char* ty) {
   // chunk's first row, one of a single token, and long ones spanning three
   // chunks; query rows whose document begins inside their own chunk see no
   // key of an earlier block (lse -inf there, skipped by the merge).
-  const std::vector<int32_t> docs = doc_starts(150, {{0, 20, 45, 60, 100, 140}, {0, 87, 88, 149}});
+  const std::vector<int32_t> docs =
+      test::doc_starts_of<int32_t>({{0, 20, 45, 60, 100, 140}, {0, 87, 88, 149}}, 150);
   const Grads<T> want = reference(p, &docs);
   const Grads<T> plain = reference(p);
   const std::string t = ty;

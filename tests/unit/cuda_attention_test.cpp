@@ -41,6 +41,7 @@
 #include "kernels/cuda/cudnn_attention.hpp"
 #endif
 #include "tests/unit/bench_timing.hpp"
+#include "tests/unit/doc_starts.hpp"
 
 using namespace adgt;
 
@@ -477,15 +478,8 @@ TEST_CASE("cuda attention: bf16 document masking on flash, exact and auto agains
   uint64_t seed = 900;
   for (const AttentionShape& shape : shapes) {
     const int64_t T = shape.T;
-    const std::vector<int64_t> starts[2] = {{0, 30, 64, 65, T - 20}, {0, 1, 2, T - 1}};
-    std::vector<int32_t> ds;
-    for (const auto& st : starts)
-      for (int64_t t = 0; t < T; ++t) {
-        int64_t d = 0;
-        for (int64_t x : st)
-          if (x <= t) d = x;
-        ds.push_back(int32_t(d));
-      }
+    const std::vector<int32_t> ds =
+        test::doc_starts_of<int64_t>({{0, 30, 64, 65, T - 20}, {0, 1, 2, T - 1}}, T);
     Buffer dds(*g, ds.size() * sizeof(int32_t));
     g->to_device(dds.data(), ds.data(), dds.bytes());
     AttentionShape host = shape, dev = shape;
