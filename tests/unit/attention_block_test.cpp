@@ -153,13 +153,9 @@ void masked_blocks_equal_whole(double tol, const char* ty) {
 
 }  // namespace
 
-TEST_CASE("attention blocks: document-masked blocks are the whole masked attention (f64)",
+TEST_CASE("attention blocks: document-masked blocks are the whole masked attention (f64, f32)",
           "[attention][cp]") {
   masked_blocks_equal_whole<double>(1e-12, "f64");
-}
-
-TEST_CASE("attention blocks: document-masked blocks are the whole masked attention (f32)",
-          "[attention][cp]") {
   masked_blocks_equal_whole<float>(1e-5, "f32");
 }
 
