@@ -5,6 +5,7 @@
 // Each slot keeps its micro-batch's boundaries until its backward is done.
 #include <vector>
 
+#include "core/model/document_starts.hpp"
 #include "core/model/model.hpp"
 #include "kernels/check.hpp"
 
@@ -42,15 +43,8 @@ void Model::load_documents(Slot& s, const int32_t* inputs) {
     const std::vector<int64_t> at = context_->positions(T);
     for (int64_t i = 0; i < N; ++i) pos[size_t(i)] = int32_t(at[size_t(i % T)]) - start[size_t(i)];
   } else {
-    for (int64_t b = 0; b < N / T; ++b) {
-      int32_t first = 0;
-      for (int64_t t = 0; t < T; ++t) {
-        const int64_t i = b * T + t;
-        if (t > 0 && inputs[i - 1] == docs_.eos) first = int32_t(t);
-        start[size_t(i)] = first;
-        pos[size_t(i)] = int32_t(t) - first;
-      }
-    }
+    sequence_document_starts(inputs, N / T, T, docs_.eos, start.data());
+    for (int64_t i = 0; i < N; ++i) pos[size_t(i)] = int32_t(i % T) - start[size_t(i)];
   }
   be_.to_device(s.doc_start.data, start.data(), size_t(N) * 4);
   if (docs_.rope_reset) {

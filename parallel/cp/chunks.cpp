@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/model/document_starts.hpp"
 #include "kernels/check.hpp"
 
 namespace adgt::cp {
@@ -52,20 +53,13 @@ std::vector<int32_t> document_starts(Comm& cp, const int32_t* local, int64_t B, 
                                      int32_t eos) {
   const int P = cp.size();
   const int64_t n = B * local_T, T = local_T * P;
-  (void)chunk_tokens(T, P);  // T splits into 2P chunks, or a named error
   std::vector<int32_t> all(size_t(P * n)), full(size_t(B * T));
   cp.all_gather(Tensor(all.data(), DType::I32, {P * n}),
                 Tensor(const_cast<int32_t*>(local), DType::I32, {n}));
   for (int i = 0; i < P; ++i)  // rank i's tokens back into the whole sequences
     local_chunks_to_full(all.data() + i * n, full.data(), B, T, i, P);
   std::vector<int32_t> start(full.size());
-  for (int64_t b = 0; b < B; ++b) {
-    int32_t first = 0;
-    for (int64_t t = 0; t < T; ++t) {
-      if (t > 0 && full[size_t(b * T + t - 1)] == eos) first = int32_t(t);
-      start[size_t(b * T + t)] = first;
-    }
-  }
+  sequence_document_starts(full.data(), B, T, eos, start.data());
   std::vector<int32_t> mine(static_cast<size_t>(n));
   local_tokens(start.data(), mine.data(), B, T, cp.rank(), P);
   return mine;

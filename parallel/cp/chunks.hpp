@@ -33,9 +33,8 @@ void local_tokens(const int32_t* full, int32_t* local, int64_t B, int64_t T, int
 
 // Packed documents under cp: for each of this rank's local tokens (`local`,
 // B x local_T, its two chunks of each sequence) the position in the whole
-// sequence where its document begins (a document starts after each `eos` and
-// at every sequence's first token, as core/model/documents.cpp counts them on
-// one rank). Collective over `cp`: an all-gather of the local tokens (a
+// sequence where its document begins (core/model/document_starts.hpp's rule
+// over the whole sequences). Collective over `cp`: an all-gather of the local tokens (a
 // document may begin in another rank's chunk).
 std::vector<int32_t> document_starts(Comm& cp, const int32_t* local, int64_t B, int64_t local_T,
                                      int32_t eos);

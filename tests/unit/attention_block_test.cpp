@@ -149,6 +149,7 @@ void masked_blocks_equal_whole(double tol, const char* ty) {
   CHECK(max_abs_diff(cpu.out, dev.out) == 0);
   CHECK(max_abs_diff(cpu.dq, dev.dq) == 0);
   CHECK(max_abs_diff(cpu.dk, dev.dk) == 0);
+  CHECK(max_abs_diff(cpu.dv, dev.dv) == 0);
 }
 
 }  // namespace
