@@ -54,7 +54,7 @@ std::string format_step_line(const StepMetrics& m) {
     std::string w;
     char x[48];
     for (auto [name, s] : {std::pair<const char*, double>{"tp", m.tp_wait_s}, {"dp", m.dp_wait_s},
-                           {"pp", m.pp_wait_s}, {"ep", m.ep_wait_s}})
+                           {"pp", m.pp_wait_s}, {"ep", m.ep_wait_s}, {"cp", m.cp_wait_s}})
       if (s >= 0) {
         std::snprintf(x, sizeof x, " %s %.1f ms", name, 1e3 * s);
         w += x;
@@ -123,6 +123,7 @@ void MetricsLog::log_step(const StepMetrics& m) {
   j["peak_tflops"] = m.peak_tflops;
   j["world"] = m.world;
   j["comm_bytes"] = {{"tp", m.tp_bytes}, {"dp", m.dp_bytes}, {"pp", m.pp_bytes}};
+  if (m.cp_bytes >= 0) j["comm_bytes"]["cp"] = m.cp_bytes;
   if (m.bubble >= 0) j["bubble"] = m.bubble;
   if (m.bubble_idle >= 0) j["bubble_idle"] = m.bubble_idle;
   if (m.held >= 0) j["held"] = m.held;
@@ -134,6 +135,7 @@ void MetricsLog::log_step(const StepMetrics& m) {
     if (m.dp_wait_s >= 0) w["dp"] = m.dp_wait_s;
     if (m.pp_wait_s >= 0) w["pp"] = m.pp_wait_s;
     if (m.ep_wait_s >= 0) w["ep"] = m.ep_wait_s;
+    if (m.cp_wait_s >= 0) w["cp"] = m.cp_wait_s;
     if (!w.empty()) j["comm_wait_s"] = w;
   }
   if (m.host_reads >= 0) j["host_reads"] = m.host_reads;

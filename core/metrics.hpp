@@ -51,7 +51,8 @@ struct StepMetrics {
   // Exposed communication of this step per group, seconds (this rank; the
   // step line's "wait"): inside blocking tp/pp/ep calls, and dp_wait_s for dp.
   // Groups of one are left out (< 0).
-  double tp_wait_s = -1, pp_wait_s = -1, ep_wait_s = -1;
+  double tp_wait_s = -1, pp_wait_s = -1, ep_wait_s = -1, cp_wait_s = -1;
+  int64_t cp_bytes = -1;  // context parallelism: bytes this rank sent over cp (< 0: cp = 1)
   int64_t host_reads = -1;  // device-to-host waits of the step (device backends; < 0: not counted)
   double bubble = -1;  // pipeline: measured idle share of the step (< 0: no pipeline)
   double bubble_idle = -1;  // of it, waiting for a neighbour (receives, end of the list)

@@ -51,6 +51,7 @@ BENCHES=(
   "compress-fast|100 Gbit/s link: every bucket off or bf16 (virtual clock, measured codecs)|step 40:|$PY tests/compress/controller_train.py --link fast --clock virtual --train $TRAIN --mpirun $MPIRUN --data $DATA --model tests/compress/model.yaml --work WORK"
   "sim-validate|simulator vs 4 measured layouts: mean 15%, each 25% after one host factor in 0.8-1.6 (virtual clock)|^host factor|$PY scripts/sim/validate_cpu.py --quick --train $TRAIN --sim $SIM --mpirun $MPIRUN --data $DATA --work WORK"
   "zero-overlap|ZeRO-3 dp4, a unit's gather <= its forward's compute: prefetch 1 exposes <= 25% of the gathers' time (model clock)|exposes .* of the gather time|$PY scripts/bench_zero_overlap.py --train $TRAIN --mpirun $MPIRUN --data $DATA"
+  "cp-overlap|cp2/cp4 ring, a K/V block's transfer 0.75x its block's attention: exposed cp <= 20% of the transfers' time; all-to-all reported (model clock)|exposes at most|$PY scripts/bench_cp_overlap.py --train $TRAIN --mpirun $MPIRUN --data $DATA"
   "watchdog|SIGSTOP/SIGKILL of a rank: every survivor names it, the job ends (4 trials, 5 s deadline)|job end|$PY scripts/reliability/chaos.py --train $TRAIN --data $DATA --work WORK --signal both --trials 4 --ranks 4 --layout tp=2,dp=2 --timeout 5"
 )
 

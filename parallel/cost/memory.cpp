@@ -378,11 +378,11 @@ void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, const std::vector<ParamS
        3 * Nt * z.Fl + (cfg.train.fused_projections ? Nt * (Hl + 2 * KVl) * hd : 0)) * bpp +
       T * hd * mbytes + a.n_held * (Nl * C * bpp + 2 * Nt * 4);
   // Context parallelism's ring: the K/V block arriving while the one in hand
-  // is computed on, and in the backward the dK/dV accumulator travelling with
-  // each (docs/context-parallel.md): four K/V-sized buffers, plus the running
-  // output and log-sum-exp of the merge.
+  // is computed on, and in the backward this rank's own dK/dV, a step's dK/dV
+  // and two travelling accumulators (parallel/cp/ring_attention.hpp): six
+  // K/V-sized buffers, plus the running output and log-sum-exp of the merge.
   if (cfg.parallel.cp > 1 && cfg.parallel.cp_mode == "ring") {
-    x.bytes_ring = (4 * Nt * 2 * KVl * hd + Nt * Hl * hd) * bpp + Nt * Hl * 4;
+    x.bytes_ring = (6 * Nt * 2 * KVl * hd + Nt * Hl * hd) * bpp + Nt * Hl * 4;
     x.bytes_scratch += x.bytes_ring;
   } else if (cfg.parallel.cp > 1) {
     // All-to-all: the head-sharded q, k, v, out and in the backward dout,

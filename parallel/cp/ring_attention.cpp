@@ -1,7 +1,9 @@
 #include "parallel/cp/ring_attention.hpp"
 
+#include <algorithm>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "kernels/check.hpp"
 #include "parallel/cp/ring_schedule.hpp"
@@ -54,11 +56,22 @@ void from_chunk_major(Backend& be, const Tensor& local, const Tensor& cm, const 
 
 // The document starts (RingShape::doc_start) chunk-major, (2, B, c) int32 on
 // the backend: each query half's rows contiguous, as a block takes them.
+// Also, on the host, each query half's earliest document start: a block
+// whose every row's document begins after its key chunk's last key has no
+// visible key (each row would be out 0, lse -inf, which the merge and the
+// dK/dV sums leave as they are) and is skipped.
 struct DocStarts {
   std::unique_ptr<Scratch> cm;
+  int64_t min_start[2] = {0, 0};
   DocStarts(Backend& be, const RingShape& s);
   const int32_t* half(int h) const {
     return cm ? part(cm->t, 2, h).ptr<int32_t>() : nullptr;
+  }
+  // Whether some query row of block rb sees a key of it (always without documents;
+  // a causal block's rows see themselves).
+  bool visible(const RingBlock& rb, int64_t chunk) const {
+    return !cm || rb.mask == BlockMask::causal ||
+           min_start[rb.q_half] < (int64_t(rb.k_chunk) + 1) * chunk;
   }
 };
 
@@ -94,14 +107,18 @@ DocStarts::DocStarts(Backend& be, const RingShape& s) {
   const int64_t n = 2 * s.B * s.chunk;
   cm = std::make_unique<Scratch>(be, DType::I32, n);
   to_chunk_major(be, cm->t, Tensor(const_cast<int32_t*>(s.doc_start), DType::I32, {n}), s);
+  std::vector<int32_t> host(static_cast<size_t>(n));
+  be.to_host(host.data(), cm->t.data, size_t(n) * 4);
+  for (int h = 0; h < 2; ++h)
+    min_start[h] = *std::min_element(host.begin() + h * (n / 2), host.begin() + (h + 1) * (n / 2));
 }
 
 }  // namespace
 
 int64_t ring_lse_elems(const RingShape& s) { return 2 * s.B * s.n_heads * s.chunk; }
 
-void ring_attention_forward(Backend& be, Comm& cp, Tensor out, Tensor lse, const Tensor& q,
-                            const Tensor& k, const Tensor& v, const RingShape& s) {
+int ring_attention_forward(Backend& be, Comm& cp, Tensor out, Tensor lse, const Tensor& q,
+                           const Tensor& k, const Tensor& v, const RingShape& s) {
   const char* op = "ring_attention_forward";
   check_ring(s, q, k, v, lse, op);
   ADGT_CHECK(out.numel() == q.numel() && out.dtype == q.dtype,
@@ -117,10 +134,15 @@ void ring_attention_forward(Backend& be, Comm& cp, Tensor out, Tensor lse, const
   const Tensor lb3(lb.t.data, lb.t.dtype, {s.B, s.n_heads, s.chunk});
   Tensor cur = kv0.t, nxt = kv1.t;
   bool seen[2] = {false, false};
+  int skipped = 0;
   for (int step = 0; step < P; ++step) {
     const bool pass_on = step < P - 1;
     if (pass_on) cp.isend(cur, next, kTagKv);
     for (const RingBlock& rb : ring_step_blocks(r, P, step)) {
+      if (!docs.visible(rb, s.chunk)) {
+        ++skipped;
+        continue;
+      }
       const AttentionBlock b = block_of(s, rb, docs);
       const Tensor qh = part(qc.t, 2, rb.q_half), oh = part(oc.t, 2, rb.q_half);
       const Tensor kh = part(cur, 4, rb.k_half), vh = part(cur, 4, 2 + rb.k_half);
@@ -140,11 +162,12 @@ void ring_attention_forward(Backend& be, Comm& cp, Tensor out, Tensor lse, const
     }
   }
   from_chunk_major(be, out, oc.t, s);
+  return skipped;
 }
 
-void ring_attention_backward(Backend& be, Comm& cp, Tensor dq, Tensor dk, Tensor dv,
-                             const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                             const Tensor& out, const Tensor& lse, const RingShape& s) {
+int ring_attention_backward(Backend& be, Comm& cp, Tensor dq, Tensor dk, Tensor dv,
+                            const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& out, const Tensor& lse, const RingShape& s) {
   const char* op = "ring_attention_backward";
   check_ring(s, q, k, v, lse, op);
   ADGT_CHECK(out.numel() == q.numel() && dout.numel() == q.numel() && dq.numel() == q.numel() &&
@@ -158,42 +181,91 @@ void ring_attention_backward(Backend& be, Comm& cp, Tensor dq, Tensor dk, Tensor
   const int P = cp.size(), r = cp.rank(), next = (r + 1) % P, prev = (r + P - 1) % P;
   const DType a = q.dtype;
   const int64_t nq = q.numel(), nkv = 2 * k.numel();
+  // K/V buffers as in the forward; own: the dK/dV of this rank's K/V from
+  // its own blocks (and, at the end, every rank's); mine: this step's blocks'
+  // dK/dV of the K/V in hand; acc[2]: the travelling accumulators, in turn.
   Scratch qc(be, a, nq), oc(be, a, nq), gc(be, a, nq), dqc(be, a, nq), kv0(be, a, nkv),
-      kv1(be, a, nkv), dkv0(be, a, nkv), dkv1(be, a, nkv), gk(be, a, nkv / 4), gv(be, a, nkv / 4);
+      kv1(be, a, nkv), own(be, a, nkv), mine(be, a, nkv), acc0(be, a, nkv), acc1(be, a, nkv),
+      gk(be, a, nkv / 4), gv(be, a, nkv / 4);
   to_chunk_major(be, qc.t, q, s);
   to_chunk_major(be, oc.t, out, s);
   to_chunk_major(be, gc.t, dout, s);
-  to_chunk_major(be, part(kv0.t, 2, 0), k, s);
-  to_chunk_major(be, part(kv0.t, 2, 1), v, s);
-  be.zero(dkv0.t);
+  const auto own_kv = [&](const Tensor& buf) {
+    to_chunk_major(be, part(buf, 2, 0), k, s);
+    to_chunk_major(be, part(buf, 2, 1), v, s);
+  };
+  own_kv(kv0.t);
   const DocStarts docs(be, s);
-  Tensor cur = kv0.t, nxt = kv1.t, dcur = dkv0.t, dnxt = dkv1.t;
   bool seen[2] = {false, false};
-  for (int step = 0; step < P; ++step) {
-    const bool pass_on = step < P - 1;
-    if (pass_on) cp.isend(cur, next, kTagKv);
-    for (const RingBlock& rb : ring_step_blocks(r, P, step)) {
+  int skipped = 0;
+  // The blocks `blocks` against the K/V in `kv`: dq accumulated in place,
+  // their dK/dV added into `into`.
+  const auto run = [&](const std::vector<RingBlock>& blocks, const Tensor& kv, const Tensor& into) {
+    for (const RingBlock& rb : blocks) {
+      if (!docs.visible(rb, s.chunk)) {
+        ++skipped;
+        continue;
+      }
       const int qh = rb.q_half, kh = rb.k_half;
       be.attention_block_backward(part(dqc.t, 2, qh), gk.t, gv.t, part(gc.t, 2, qh),
-                                  part(qc.t, 2, qh), part(cur, 4, kh), part(cur, 4, 2 + kh),
+                                  part(qc.t, 2, qh), part(kv, 4, kh), part(kv, 4, 2 + kh),
                                   part(oc.t, 2, qh), lse_half(lse, qh, s), block_of(s, rb, docs),
                                   seen[qh]);
       seen[qh] = true;
-      be.add_inplace(part(dcur, 4, kh), gk.t);
-      be.add_inplace(part(dcur, 4, 2 + kh), gv.t);
+      be.add_inplace(part(into, 4, kh), gk.t);
+      be.add_inplace(part(into, 4, 2 + kh), gv.t);
     }
-    if (P > 1) {  // the accumulator moves on; at the last step, home to its owner
-      cp.isend(dcur, next, kTagDkv);
-      if (pass_on) cp.recv(nxt, prev, kTagKv);
-      cp.recv(dnxt, prev, kTagDkv);
-      cp.wait_sends();
-      std::swap(cur, nxt);
-      std::swap(dcur, dnxt);
-    }
+  };
+  // Step 0's blocks (this rank's own K/V): the full one runs first, while
+  // the K/V travel to the next rank; the two causal ones run last, while
+  // the accumulator of this rank's K/V comes home.
+  std::vector<RingBlock> first, last;
+  for (const RingBlock& rb : ring_step_blocks(r, P, 0))
+    (rb.mask == BlockMask::causal && P > 1 ? last : first).push_back(rb);
+  be.zero(own.t);
+  Tensor cur = kv0.t, nxt = kv1.t;
+  const Tensor acc[2] = {acc0.t, acc1.t};
+  if (P > 1) cp.isend(cur, next, kTagKv);
+  run(first, cur, own.t);
+  if (P > 1) {
+    cp.recv(nxt, prev, kTagKv);
+    cp.wait_sends();
+    std::swap(cur, nxt);
+  }
+  for (int step = 1; step < P; ++step) {
+    const bool pass_on = step < P - 1;
+    if (pass_on) cp.isend(cur, next, kTagKv);
+    be.zero(mine.t);
+    run(ring_step_blocks(r, P, step), cur, mine.t);
+    // The accumulator of the K/V in hand: this rank starts it at step 1;
+    // later it comes from r-1, sent at the end of r-1's previous step (it
+    // travelled while this step computed).
+    const Tensor in_hand = acc[step % 2];
+    if (step > 1) cp.recv(in_hand, prev, kTagDkv);
+    if (pass_on) cp.recv(nxt, prev, kTagKv);
+    cp.wait_sends();  // this step's K/V and the previous step's accumulator
+    if (step > 1)
+      be.add_inplace(in_hand, mine.t);
+    else
+      be.copy(in_hand, mine.t);
+    cp.isend(in_hand, next, kTagDkv);  // waited at the next step's wait_sends, or below
+    if (pass_on) std::swap(cur, nxt);
+  }
+  if (P > 1) {
+    // The K/V in hand are not sent at the last step: that buffer takes this
+    // rank's own K/V again for the causal blocks, which run while r-1's
+    // accumulator of them (its last step's) comes home.
+    own_kv(cur);
+    run(last, cur, own.t);
+    const Tensor home = acc[P % 2];
+    cp.recv(home, prev, kTagDkv);
+    cp.wait_sends();
+    be.add_inplace(own.t, home);
   }
   from_chunk_major(be, dq, dqc.t, s);
-  from_chunk_major(be, dk, part(dcur, 2, 0), s);
-  from_chunk_major(be, dv, part(dcur, 2, 1), s);
+  from_chunk_major(be, dk, part(own.t, 2, 0), s);
+  from_chunk_major(be, dv, part(own.t, 2, 1), s);
+  return skipped;
 }
 
 }  // namespace adgt::cp

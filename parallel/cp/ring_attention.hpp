@@ -26,21 +26,37 @@
 //      with attention_merge;
 //   3. s < P-1: recv the next K/V from r-1 into the other buffer, wait_sends
 //      (the buffer sent is refilled at the next step), swap the buffers.
-// Backward, steps s = 0..P-1, with the final out and lse of the forward:
-//   1. s < P-1: isend the K/V in hand to r+1 (tag kTagKv);
-//   2. every block: attention_block_backward; dq accumulates in place (the
-//      first block of a query chunk overwrites), the block's dK/dV (into a
-//      scratch) are added to the dK/dV accumulator that travels with the
-//      K/V in hand (zero at s = 0, this rank's own);
-//   3. P > 1: isend the accumulator to r+1 (tag kTagDkv); recv from r-1 the
-//      next K/V (s < P-1) and the next accumulator; wait_sends; swap.
-//   At step P-1 rank r holds the accumulator of rank (r+1) mod P: its send at
-//   that step is the way home, and what rank r receives then is its own
-//   dK/dV, complete. So the dK/dV of a K/V block are summed along the ring in
-//   the order src, src+1, ..., src+P-1, the same on every run.
-// Traffic per rank: P-1 K/V messages in each pass and P dK/dV messages in
-// the backward, each 4 B c KV hd elements. Deadlock-free with buffered
-// (MPI) sends: every rank sends before it receives.
+// Backward, with the final out and lse of the forward. The dK/dV of a K/V
+// block travel as an accumulator that each rank holding the block adds its
+// blocks' dK/dV to, and that reaches the block's owner last; every transfer
+// is timed to travel while the receiver computes:
+//   step 0 (own K/V): isend them to r+1 (tag kTagKv); the step's full block
+//      (q1 x k0) runs, its dK/dV kept in `own`; recv the next K/V; wait_sends.
+//   steps s = 1..P-1 (the K/V of src = r-s): s < P-1: isend them to r+1;
+//      the step's blocks run into `mine`; s > 1: recv src's accumulator from
+//      r-1 (sent at the end of r-1's step s-1); s < P-1: recv the next K/V;
+//      wait_sends (this step's K/V, the previous step's accumulator); the
+//      accumulator = (s = 1: mine, else received + mine); isend it to r+1
+//      (tag kTagDkv) — at s = P-1 that is src's owner: the way home.
+//   then: the own K/V's two causal blocks run into `own` while r-1's last
+//      accumulator (this rank's K/V's) comes home; recv it; own += it.
+// dq accumulates in place over all blocks (the first computed block of a
+// query chunk overwrites). So the dK/dV of a K/V block are summed as
+// ((own full block + ranks src+1, ..., src+P-1 in order) + own causal
+// blocks), the same on every run. Of the 2(P-1) transfers of the backward
+// (P-1 K/V, P-1 accumulators), none waits on the compute's critical path
+// when one block's compute takes at least one transfer (the overlap benchmark: scripts/bench_cp_overlap.py).
+// Packed documents (RingShape::doc_start): a full block none of whose query
+// rows sees a key of its key chunk (every row's document begins after the
+// chunk) is skipped in both passes: its rows would be out 0 and lse -inf,
+// which the merge leaves as they are, and its dK/dV 0. The K/V still travel
+// (the next rank may need them). Diagonal (causal) blocks always run, so
+// every query chunk has a computed block.
+// The skip is decided from each query chunk's earliest document start,
+// read to the host once per call (2 B c int32).
+// Traffic per rank: P-1 K/V messages in each pass and P-1 dK/dV messages
+// in the backward, each 4 B c KV hd elements. Deadlock-free: every rank
+// posts the receives of a step before it waits for its sends.
 #pragma once
 #include <cstdint>
 
@@ -67,13 +83,15 @@ struct RingShape {
 // Elements of lse: 2 B H c.
 int64_t ring_lse_elems(const RingShape& s);
 
-// out and lse overwritten.
-void ring_attention_forward(Backend& be, Comm& cp, Tensor out, Tensor lse, const Tensor& q,
-                            const Tensor& k, const Tensor& v, const RingShape& s);
+// out and lse overwritten. Returns the blocks skipped on this rank (packed
+// documents: see the top of this file).
+int ring_attention_forward(Backend& be, Comm& cp, Tensor out, Tensor lse, const Tensor& q,
+                           const Tensor& k, const Tensor& v, const RingShape& s);
 
-// dq, dk, dv overwritten; out and lse are the forward's.
-void ring_attention_backward(Backend& be, Comm& cp, Tensor dq, Tensor dk, Tensor dv,
-                             const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                             const Tensor& out, const Tensor& lse, const RingShape& s);
+// dq, dk, dv overwritten; out and lse are the forward's. Returns the blocks
+// skipped on this rank (the forward's).
+int ring_attention_backward(Backend& be, Comm& cp, Tensor dq, Tensor dk, Tensor dv,
+                            const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& out, const Tensor& lse, const RingShape& s);
 
 }  // namespace adgt::cp

@@ -17,9 +17,6 @@ std::string context_parallel_unsupported(const RunConfig& cfg) {
                 "only, and its sends over NCCL are not paired yet (nor has all-to-all run on a "
                 "GPU)" + see +
            "; use train.device: cpu or emulated";
-  if (cfg.train.document_mask && p.cp_mode == "all-to-all")
-    return cp + " with parallel.cp_mode=all-to-all and train.document_mask: the mask on the "
-                "gathered sequence is not built yet" + see + "; use parallel.cp_mode: ring";
   return "";
 }
 

@@ -26,10 +26,25 @@ AttentionShape UlyssesContextAttention::sharded(const AttentionShape& l) const {
   ADGT_CHECK(l.n_heads % P == 0 && l.n_kv_heads % P == 0,
              "context parallelism (all-to-all): " << l.n_heads << " heads and " << l.n_kv_heads
                                                   << " KV heads a rank do not split over cp=" << P);
-  ADGT_CHECK(l.doc_start == nullptr,
-             "context parallelism (all-to-all): document masking is not built for the gathered "
-             "sequence yet; use parallel.cp_mode: ring (docs/context-parallel.md)");
   return AttentionShape{l.B, l.T * P, l.n_heads / P, l.n_kv_heads / P, l.head_dim};
+}
+
+const int32_t* UlyssesContextAttention::whole_doc_starts(const AttentionShape& l) {
+  if (!l.doc_start) return nullptr;
+  // Every rank's local starts (global positions, chunks.hpp's order), then
+  // each rank's two chunks of each sequence copied to where they sit.
+  const int P = cp_.size();
+  const int64_t N = l.B * l.T, T = l.T * P, c = chunk_tokens(T, P);
+  const Tensor all = scratch(10, DType::I32, P * N), whole = scratch(11, DType::I32, l.B * T);
+  cp_.all_gather(all, Tensor(const_cast<int32_t*>(l.doc_start), DType::I32, {N}));
+  const Tensor from = rows_of(all, P * N), to = rows_of(whole, l.B * T);
+  for (int i = 0; i < P; ++i) {
+    const std::array<int, 2> ch = rank_chunks(i, P);
+    for (int64_t b = 0; b < l.B; ++b)
+      for (int h = 0; h < 2; ++h)
+        be_.copy(to.rows(b * T + ch[size_t(h)] * c, c), from.rows(i * N + b * l.T + h * c, c));
+  }
+  return whole.ptr<int32_t>();
 }
 
 int64_t UlyssesContextAttention::saved_elems(const AttentionShape& local) const {
@@ -98,7 +113,8 @@ void UlyssesContextAttention::move(Tensor dst, const Tensor& src, int64_t n_head
 
 void UlyssesContextAttention::forward(Tensor out, Tensor saved, const Tensor& q, const Tensor& k,
                                       const Tensor& v, const AttentionShape& local) {
-  const AttentionShape sh = sharded(local);
+  AttentionShape sh = sharded(local);
+  sh.doc_start = whole_doc_starts(local);
   const int64_t rows = sh.B * sh.T, hd = sh.head_dim;
   const DType dt = q.dtype;
   Tensor qh = scratch(2, dt, rows * sh.n_heads * hd), kh = scratch(3, dt, rows * sh.n_kv_heads * hd),
@@ -116,7 +132,8 @@ void UlyssesContextAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Te
                                        const Tensor& q, const Tensor& k, const Tensor& v,
                                        const Tensor& out, const Tensor& saved,
                                        const AttentionShape& local) {
-  const AttentionShape sh = sharded(local);
+  AttentionShape sh = sharded(local);
+  sh.doc_start = whole_doc_starts(local);
   const int64_t rows = sh.B * sh.T, hd = sh.head_dim, nq = rows * sh.n_heads * hd,
                 nk = rows * sh.n_kv_heads * hd;
   const DType dt = q.dtype;
@@ -139,8 +156,6 @@ void UlyssesContextAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Te
 
 std::vector<int32_t> UlyssesContextAttention::document_starts(const int32_t* inputs, int64_t B,
                                                               int64_t local_T, int32_t eos) {
-  // Per-document positions (model.rope_reset_per_document) need no mask;
-  // the mask itself is refused (sharded, parallel/cp/support.cpp).
   return cp::document_starts(cp_, inputs, B, local_T, eos);
 }
 

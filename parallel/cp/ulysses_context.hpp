@@ -6,7 +6,9 @@
 // share), the backend's own causal attention runs on that, and a second
 // all-to-all brings each rank its tokens' outputs back. The backward
 // gathers q, k, v, out and dout the same way (the forward keeps only the
-// backend's saved tensor) and sends dq, dk, dv back.
+// backend's saved tensor) and sends dq, dk, dv back. Packed documents
+// (train.document_mask): the whole sequences' document starts are gathered
+// beside them, and the backend's document-masked attention runs on them.
 //
 // Every move of rows is a gather by index on the backend (embedding_forward
 // with a permutation as the tokens), so device memory stays on the device;
@@ -38,6 +40,10 @@ class UlyssesContextAttention final : public ContextAttention {
  private:
   // The head-sharded whole-sequence shape of a local one.
   AttentionShape sharded(const AttentionShape& local) const;
+  // Document masking: the whole sequences' document starts (B, T int32 on
+  // the backend, in scratch) from the local shape's, gathered over the
+  // group (nullptr without a mask). Rebuilt by each forward and backward.
+  const int32_t* whole_doc_starts(const AttentionShape& local);
   // Index tensors (int32, on the backend) for a local shape and head count.
   struct Maps {
     int64_t B = -1, T = -1;

@@ -19,10 +19,11 @@ struct StepReport {
   int64_t skipped_steps = 0;  // updates skipped so far in this run
   double seconds = 0;      // this rank: the step's wall time
   int64_t tp_bytes = 0, dp_bytes = 0, pp_bytes = 0;  // this rank: bytes sent in the step, per group
-  // This rank: seconds the step spent inside blocking calls of its tp, pp and
-  // ep groups (the compute waited on them: exposed communication); the dp
+  int64_t cp_bytes = 0;  // context parallelism: the ring's K/V and dK/dV, or the all-to-alls
+  // This rank: seconds the step spent inside blocking calls of its tp, pp, ep
+  // and cp groups (the compute waited on them: exposed communication); the dp
   // reduction's exposed part is the engine's dp_wait_s.
-  double tp_seconds = 0, pp_seconds = 0, ep_seconds = 0;
+  double tp_seconds = 0, pp_seconds = 0, ep_seconds = 0, cp_seconds = 0;
   // Backend calls that waited for the device to hand the host a value in this
   // step (Backend::host_reads; -1 where not counted: the CPU backend).
   int64_t host_reads = -1;
@@ -34,7 +35,7 @@ struct StepReport {
 // This rank's compute in the step: with a pipeline, the executor's compute
 // instructions' own time (PipelineExecutor::last_compute_seconds: CPU time x
 // the emulated slowdown where measured); else the step's wall time less the
-// time blocked in tp, pp and ep calls and the exposed dp wait. The re-plan of
+// time blocked in tp, pp, ep and cp calls and the exposed dp wait. The re-plan of
 // parallel.auto and the expert-placement controller read a rank's speed from it.
 double rank_compute_seconds(Engine& e, const StepReport& r);
 

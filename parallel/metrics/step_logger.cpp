@@ -92,6 +92,8 @@ void StepLogger::observe(Engine& e, const StepReport& r, Comm& world) {
   m.tp_wait_s = g.tp->size() > 1 ? r.tp_seconds : -1.0;
   m.pp_wait_s = g.pp->size() > 1 ? r.pp_seconds : -1.0;
   m.ep_wait_s = g.ep->size() > 1 ? r.ep_seconds : -1.0;
+  m.cp_wait_s = g.cp->size() > 1 ? r.cp_seconds : -1.0;
+  m.cp_bytes = g.cp->size() > 1 ? r.cp_bytes : -1;
   m.host_reads = r.host_reads;
   m.source_tokens = r.source_tokens;
   m.step = r.step;

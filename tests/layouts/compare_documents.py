@@ -7,7 +7,9 @@ rows gathered), interleaved pp2 with 2 chunks per rank (a chunk with neither
 the embedding nor the head reads the micro-batch's token ids for its
 boundaries), dp2 with ZeRO-1, and context parallelism (ring attention: cp2,
 cp4, cp2 x dp2 with ZeRO-1; a document begins in one rank's chunk and goes
-on in another's, the blocks masked by global document starts). Each must
+on in another's, the blocks masked by global document starts; all-to-all
+cp2 and cp4, the whole sequence's starts gathered around the attention, and
+all-to-all cp2 with the position reset only). Each must
 equal the single process within
 the layout tests' 1e-5 (losses and weights, fp32; compare_layouts.py).
 The masking must also matter: the single process without it, and with
@@ -29,9 +31,10 @@ LAYOUTS = {
     "cp2": (2, ["parallel.cp=2"]),
     "cp4": (4, ["parallel.cp=4"]),
     "cp2_dp2_zero1": (4, ["parallel.cp=2", "parallel.dp=2", "parallel.zero=1"]),
+    "cp2_a2a": (2, ["parallel.cp=2", "parallel.cp_mode=all-to-all"]),
+    "cp4_a2a": (4, ["parallel.cp=4", "parallel.cp_mode=all-to-all"]),
 }
-# All-to-all cp runs the per-document positions (its mask on the gathered
-# sequence is refused by name): against the single process's reset-only run.
+# The position reset without the mask: against the single process's reset-only run.
 RESET_ONLY = {"cp2_a2a_reset_only": (2, ["parallel.cp=2", "parallel.cp_mode=all-to-all"])}
 
 
