@@ -140,6 +140,11 @@ const std::vector<Key>& schema() {
           "moe_bias_rate 0 keeps it (docs/adaptation.md, \"Skewed routing in training\"); 0 = off"),
       key("model", &R::model, "moe_capacity_factor", &ModelConfig::moe_capacity_factor,
           A::NonNegative, "expert capacity = factor x tokens x top_k / n_experts per rank; 0 = dropless"),
+      key("model", &R::model, "moe_capacity_segment", &ModelConfig::moe_capacity_segment,
+          A::NonNegative,
+          "tokens per expert-capacity group, in token order: a divisor of seq_len (the capacity "
+          "is factor x segment x top_k / n_experts per group); 0 = a rank's micro-batch. "
+          "Context parallelism with a capacity needs it to divide seq_len / (2 cp)"),
       // train
       key("train", &R::train, "steps", &TrainConfig::steps, A::Positive,
           "optimizer steps to train for"),
@@ -1312,6 +1317,12 @@ void validate(const RunConfig& cfg_in) {
                       "; choose n_kv_heads in " +
                       set_text(divisors_near(m.n_heads, m.n_kv_heads, 16,
                                              [](int64_t) { return true; })));
+
+  if (m.moe_capacity_segment > 0 && m.seq_len % m.moe_capacity_segment != 0)
+    throw ConfigError(src + ": model.moe_capacity_segment=" + fmt_int(m.moe_capacity_segment) +
+                      " does not divide model.seq_len=" + fmt_int(m.seq_len) +
+                      " (a capacity group never spans two sequences); use a divisor of " +
+                      fmt_int(m.seq_len) + ", or 0 for a rank's micro-batch");
 
   const TrainConfig& t = cfg.train;
   if (const auto tr = parse_step_range(cfg.log.trace); tr && tr->first > t.steps)

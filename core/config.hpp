@@ -45,6 +45,10 @@ struct ModelConfig {
   // at -s beta ln(e + 1) for expert e (moe_router_bias_init_zipf()); 0 = 0.
   double moe_bias_init_zipf = 0;
   double moe_capacity_factor = 0;     // 0: dropless
+  // Tokens per expert-capacity group, in token order (a divisor of seq_len;
+  // 0: a rank's micro-batch). Groups inside a chunk keep cp's drops the
+  // single process's (docs/moe.md, "Capacity").
+  int64_t moe_capacity_segment = 0;
   int64_t head_dim() const { return d_model / n_heads; }
   bool is_moe_layer(int64_t l) const { return n_experts > 0 && (l + 1) % moe_every == 0; }
   int64_t expert_ffn() const { return expert_ffn_hidden > 0 ? expert_ffn_hidden : ffn_hidden; }

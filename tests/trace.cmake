@@ -1,7 +1,7 @@
 # Timelines (docs/trace.md): log.trace's Chrome trace of a pp4 x dp2 run on an
-# emulated DGX H100 (virtual clock) and adgt-sim --trace of the same layout
+# emulated DGX H100 (model clock) and adgt-sim --trace of the same layout
 # (tests/trace/check_trace.py: the 1F1B instructions per rank, spans covering
-# >= 98% of each step, the simulator's names alike, losses unchanged by tracing).
+# >= 99.5% of each step, the simulator's names alike, losses unchanged by tracing).
 if(NOT TARGET adgt-train OR NOT TARGET adgt-sim)
   return()
 endif()

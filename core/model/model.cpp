@@ -129,6 +129,7 @@ void Model::make_moe_layers(const ExpertPlacement& placement, Comm* ep) {
                      .aux_free = cfg_.moe_aux_free,
                      .bias_rate = cfg_.moe_bias_rate,
                      .capacity_factor = cfg_.moe_capacity_factor,
+                     .capacity_segment = cfg_.moe_capacity_segment,
                      // per rank's micro-batch: a layout-independent objective
                      .aux_over_ep_group = false};
   for (const Chunk& ch : chunks_)

@@ -10,7 +10,9 @@ checkpoint's whole tensors) must equal the single process's within 1e-5
 relative (fp32: only summation order differs). Dropless by default; then with
 moe_capacity_factor 0.5 the dropped assignments per step (metrics.jsonl,
 summed over layers) must equal the single process's exactly, and the losses
-match too. Checkpoints move between these layouts (cp's included), and the
+match too (ep2 x dp2, ep4 x dp4; and with moe_capacity_segment 8 or 4, groups
+inside cp's chunks, cp2, cp2 x ep2 x dp2, all-to-all cp2 and cp4 against the
+single process with the same segment). Checkpoints move between these layouts (cp's included), and the
 aux-loss-free biases resume bitwise and follow the single process under cp.
 
 usage: compare_experts.py --train BIN --mpirun WRAPPER --data DIR --work DIR
@@ -135,6 +137,14 @@ def main():
     cap = ["model.moe_capacity_factor=0.5"]
     caps = [("cap_ep2_dp2", ["parallel.dp=2", "parallel.ep=2"], 2),
             ("cap_ep4_dp4", ["parallel.dp=4", "parallel.ep=4"], 4)]
+    # Capacity groups of a segment inside cp's chunks (seq_len 32: chunks of 8
+    # at cp2, 4 at cp4): the drops of the single process with the same segment.
+    seg = [("model.moe_capacity_segment=8", [("cap_seg8_cp2", ["parallel.cp=2"], 2),
+                                             ("cap_seg8_cp2_ep2_dp2", ["parallel.cp=2", "parallel.dp=2",
+                                                                       "parallel.ep=2"], 4),
+                                             ("cap_seg8_cp2_a2a", ["parallel.cp=2",
+                                                                   "parallel.cp_mode=all-to-all"], 2)]),
+           ("model.moe_capacity_segment=4", [("cap_seg4_cp4", ["parallel.cp=4"], 4)])]
     # The runs below that need no other's checkpoint, in pairs.
     a, s1, c2, c1, *cr = in_pairs(
         [lambda: run(args, "aux_free_ep2", af + ["parallel.dp=2", "parallel.ep=2"], 2, weights=False),
@@ -142,8 +152,13 @@ def main():
          lambda: run(args, "aux_free_cp2_ep2_dp2", af + ["parallel.cp=2", "parallel.dp=2", "parallel.ep=2"],
                      4, weights=False),
          lambda: run(args, "cap_single", cap, 1, weights=False)]
-        + [lambda e=e: run(args, e[0], cap + e[1], e[2], weights=False) for e in caps],
-        [2, 1, 4, 1] + [e[2] for e in caps])
+        + [lambda e=e: run(args, e[0], cap + e[1], e[2], weights=False) for e in caps]
+        + [lambda s=s: run(args, "cap_" + s.split("=")[1] + "_single", cap + [s], 1, weights=False)
+           for s, _ in seg]
+        + [lambda s=s, e=e: run(args, e[0], cap + [s] + e[1], e[2], weights=False)
+           for s, es in seg for e in es],
+        [2, 1, 4, 1] + [e[2] for e in caps] + [1 for _ in seg] + [e[2] for _, es in seg for e in es])
+    cr, seg_single, seg_runs = cr[:len(caps)], cr[len(caps):len(caps) + len(seg)], cr[len(caps) + len(seg):]
     b = run(args, "aux_free_ep2_resumed", af + ["parallel.dp=2", "parallel.ep=2"], 2, weights=False,
             resume_from=os.path.join(args.work, "aux_free_ep2", "ckpt", "step_10"))
     ok = a is not None and b is not None and min(b[0]) == 11 and all(b[0][k] == a[0][k] for k in b[0])
@@ -157,17 +172,32 @@ def main():
           f"process  {'PASS' if lerr <= args.tol else 'FAIL'}", flush=True)
     if lerr > args.tol:
         failed.append("aux_free_cp2_ep2_dp2")
-    # Capacity: drops counted and identical to the single process's.
-    for (name, sets, ranks), r in zip(caps, cr):
-        if c1 is None or r is None:
+    # Capacity: drops counted and identical to the single process's. Under
+    # cp rank 0 counts the drops of its chunks only (metrics: over its ep
+    # group): there the losses carry the check (a different grouping drops
+    # other assignments, which moves the loss by far more than the
+    # tolerance), and the segment must change the single process's drops.
+    against = [(e, r, c1, True) for e, r in zip(caps, cr)]
+    it = iter(seg_runs)
+    for (s, es), single in zip(seg, seg_single):
+        against += [(e, next(it), single, False) for e in es]
+        ok = single is not None and c1 is not None and single[3] != c1[3]
+        print(f"single process, {s}: dropped {sum(single[3].values()) if single else '-'} "
+              f"(whole micro-batch groups: {sum(c1[3].values()) if c1 else '-'}), per step "
+              f"{'different' if ok else 'THE SAME'}  {'PASS' if ok else 'FAIL'}", flush=True)
+        if not ok:
+            failed.append(f"single process {s}: the segment changes no drop")
+    for (name, sets, ranks), r, ref, exact in against:
+        if ref is None or r is None:
             failed.append(f"{name}: exited non-zero")
             continue
-        lerr = rel_errors(r[0], c1[0], {}, {})[0]
-        same_drops = r[3] == c1[3]
-        total = sum(c1[3].values())
+        lerr = rel_errors(r[0], ref[0], {}, {})[0]
+        same_drops = r[3] == ref[3] if exact else sum(r[3].values()) > 0
+        total = sum(ref[3].values())
         ok = lerr <= args.tol and same_drops and total > 0
-        print(f"{name}: dropped {sum(r[3].values())} assignments over 20 steps (single process "
-              f"{total}), max rel loss err {lerr:.3e}  {'PASS' if ok else 'FAIL'}", flush=True)
+        print(f"{name}: dropped {sum(r[3].values())} assignments over 20 steps "
+              f"({'' if exact else 'rank 0 chunks; '}single process {total}), max rel loss err "
+              f"{lerr:.3e}  {'PASS' if ok else 'FAIL'}", flush=True)
         if not ok:
             failed.append(name)
     if failed:

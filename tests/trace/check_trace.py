@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """log.trace and adgt-sim --trace (docs/trace.md), on 8 CPU ranks of an
-emulated DGX H100 (virtual clock: each rank's time is its own thread's CPU
-time, so a busy host does not open gaps in it).
+emulated DGX H100 on the emulation's model clock (compute is the counted
+matmul FLOPs at emulate.model_flops, waits the emulated links' times: the
+same times under any load). The virtual clock (each rank's thread CPU time)
+was used before 2026-12-07, and a busy host still opened gaps in it: a
+rank's spin in a wait outside the instructions is CPU time (97.26% coverage
+once, with two busy loops beside the suite).
 
 A pp4 x dp2 1F1B run of the layout model traces steps 2-3. Checked:
   - trace.json is JSON with one named process track per rank (8);
@@ -11,7 +15,9 @@ A pp4 x dp2 1F1B run of the layout model traces steps 2-3. Checked:
     neighbours, ReduceGrads and WaitSends once; min(pp - r, m) forwards before
     the first backward on pipeline rank r; a micro-batch's receive before its
     forward, its forward before its backward;
-  - each rank's other spans cover its step span: >= 98% (issue 48's "within 2%");
+  - each rank's other spans cover its step span: >= 99.5% (issue 48's "within 2%";
+    100.00% measured on the model clock: any GEMM or wait outside the spans
+    opens a gap);
   - the losses of the traced run equal an untraced run's bit for bit;
   - adgt-sim --trace of the same layout on the same cluster names the same
     instructions, in the same order, on each pipeline rank;
@@ -77,7 +83,7 @@ def main():
     os.makedirs(a.work)
     common = ["--config", a.config, "--set", "model.n_layers=4", "--set", f"parallel.pp={PP}",
               "--set", f"parallel.dp={DP}", "--set", "parallel.schedule=1f1b", "--set", "train.steps=4",
-              "--set", "emulate.cluster=dgx-h100", "--set", "emulate.clock=virtual",
+              "--set", "emulate.cluster=dgx-h100", "--set", "emulate.clock=model",
               "--set", f"data.train={a.data}/train.bin", "--set", f"data.val={a.data}/val.bin",
               "--set", "checkpoint.at_end=false"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -135,8 +141,8 @@ def main():
         cov = trace_lib.step_coverage(ev)
         for step, dur, share in cov:
             print(f"rank {rank} {step}: {dur:.0f} us, covered {100 * share:.2f}%")
-            if share < 0.98:
-                fails.append(f"rank {rank} {step}: spans cover {100 * share:.2f}% of the step (< 98%)")
+            if share < 0.995:
+                fails.append(f"rank {rank} {step}: spans cover {100 * share:.2f}% of the step (< 99.5%)")
     decisions = [e for e in events.get(0, []) if e["ph"] == "i" and e["cat"] == "control"]
     print(f"rank 0: {len(decisions)} decision/event instants ({sorted({e['name'] for e in decisions})})")
 
@@ -169,7 +175,7 @@ def main():
     if fails:
         print("FAIL:\n  " + "\n  ".join(fails))
         return 1
-    print(f"OK: {PP * DP} ranks x 2 steps traced, instructions = 1F1B's, spans cover >= 98%, "
+    print(f"OK: {PP * DP} ranks x 2 steps traced, instructions = 1F1B's, spans cover >= 99.5%, "
           f"adgt-sim names them alike, losses unchanged")
     return 0
 

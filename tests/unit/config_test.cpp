@@ -129,7 +129,7 @@ TEST_CASE("unknown keys and sections name the line and suggest", "[config]") {
         "rope_theta, norm_eps, tie_embeddings, rope_reset_per_document, init_std, n_experts, "
         "moe_top_k, moe_every, "
               "expert_ffn_hidden, moe_aux_loss_coef, moe_aux_free, moe_bias_rate, moe_bias_init_zipf, "
-        "moe_capacity_factor)");
+        "moe_capacity_factor, moe_capacity_segment)");
   // A key from another section.
   CHECK_THAT(error_of("train:\n  seq_len: 4\n"),
              StartsWith("x.yaml:2: train.seq_len: unknown key; did you mean model.seq_len?"));
@@ -196,7 +196,7 @@ TEST_CASE("wrong types say what was expected and what was found", "[config]") {
         "n_kv_heads, ffn_hidden, seq_len, rope_theta, norm_eps, tie_embeddings, "
         "rope_reset_per_document, init_std, n_experts, "
               "moe_top_k, moe_every, expert_ffn_hidden, moe_aux_loss_coef, moe_aux_free, moe_bias_rate, "
-              "moe_bias_init_zipf, moe_capacity_factor), got \"5\"");
+              "moe_bias_init_zipf, moe_capacity_factor, moe_capacity_segment), got \"5\"");
   CHECK_THAT(error_of("- a\n- b\n"),
              StartsWith("x.yaml:1: expected a mapping of sections (model, train,"));
 }
@@ -245,6 +245,9 @@ TEST_CASE("cross-field rules name both keys and a fix", "[config]") {
         "= 1e-04)");
   CHECK(error_of("train:\n  steps: 10\n  warmup_steps: 20\n") ==
         "x.yaml: train.warmup_steps=20 exceeds train.steps=10; use warmup_steps <= 10");
+  CHECK(error_of("model:\n  seq_len: 96\n  moe_capacity_segment: 64\n") ==
+        "x.yaml: model.moe_capacity_segment=64 does not divide model.seq_len=96 (a capacity group "
+        "never spans two sequences); use a divisor of 96, or 0 for a rank's micro-batch");
   CHECK(error_of("parallel:\n  tp: 3\n") ==
         "x.yaml: parallel.tp=3 does not divide model.n_heads=8; use tp in {1,2,4}");
   CHECK(error_of("parallel:\n  ep: 2\n") ==
@@ -360,7 +363,7 @@ TEST_CASE("docs/config.md carries the generated key reference", "[config]") {
     FAIL("docs/config.md is out of date with the schema in core/config.cpp; paste " + out +
          " between its BEGIN/END markers");
   }
-  CHECK(config_keys().size() == 109);
+  CHECK(config_keys().size() == 110);
   for (const auto& k : config_keys()) {
     CHECK(!k.doc.empty());
     CHECK(!k.allowed.empty());
