@@ -31,14 +31,13 @@ usage: bench_cp_overlap.py [--train BIN] [--mpirun WRAPPER] [--data DIR] [--cps 
                            [--seq 1024] [--steps 4] [--ratio 0.75] [--bound 0.2]
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench_lib import TRAIN, add_build_args, run_train
+
 MODEL = """model:
   vocab_size: 256
   d_model: {d_model}
@@ -47,20 +46,7 @@ MODEL = """model:
   n_kv_heads: {kv_heads}
   ffn_hidden: {ffn}
   seq_len: {seq}
-train:
-  steps: {steps}
-  micro_batch: 1
-  global_batch: 2
-  warmup_steps: 1
-  eval_interval: 0
-  seed: 3
-log:
-  interval: 1
-checkpoint:
-  interval: 0
-data:
-  tokenizer: byte
-"""
+""" + TRAIN
 MODEL_FLOPS = 1e10   # emulate.model_flops (its default)
 LINK_BPS = 4e9       # cpu-here's link
 LATENCY = 5e-6
@@ -68,27 +54,15 @@ LATENCY = 5e-6
 
 def run(args, work, cp, mode, factor, flops):
     out = os.path.join(work, f"cp{cp}_{mode}_{flops:g}")
-    cmd = [args.mpirun, str(cp), args.train, "--config", os.path.join(work, "model.yaml")]
-    for s in [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin", f"log.dir={out}",
-              f"parallel.cp={cp}", f"parallel.cp_mode={mode}",
-              "emulate.cluster=cpu-here", "emulate.clock=model", f"emulate.model_flops={flops:g}",
-              f"emulate.link_bandwidth={factor:.6g}@1"]:
-        cmd += ["--set", s]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                       timeout=1800)
-    if p.returncode != 0:
-        print(" ".join(cmd))
-        sys.exit(f"FAIL: cp{cp} {mode} exited {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        recs = [r for r in map(json.loads, filter(str.strip, f)) if "loss" in r and "step" in r]
-    return recs
+    return run_train(args, os.path.join(work, "model.yaml"), cp, out,
+                     [f"parallel.cp={cp}", f"parallel.cp_mode={mode}", "emulate.cluster=cpu-here",
+                      "emulate.clock=model", f"emulate.model_flops={flops:g}",
+                      f"emulate.link_bandwidth={factor:.6g}@1"], f"cp{cp} {mode}")
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--train", default=os.path.join(ROOT, "build", "apps", "adgt-train"))
-    ap.add_argument("--mpirun", default=os.path.join(ROOT, "tests", "parallel", "mpirun.sh"))
-    ap.add_argument("--data", default=os.path.join(ROOT, "build", "data", "kjv-byte"))
+    add_build_args(ap)
     ap.add_argument("--cps", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--modes", nargs="+", default=["ring", "all-to-all"])
     ap.add_argument("--layers", type=int, default=4)
@@ -107,7 +81,7 @@ def main():
         with open(os.path.join(work, "model.yaml"), "w") as f:
             f.write(MODEL.format(d_model=args.d_model, layers=args.layers, heads=args.heads,
                                  kv_heads=args.kv_heads, ffn=4 * args.d_model, seq=args.seq,
-                                 steps=args.steps))
+                                 steps=args.steps, gb=2))
         for cp in args.cps:
             c = args.seq // (2 * cp)
             block_s = 4 * c * c * args.heads * hd / MODEL_FLOPS      # one full block's forward

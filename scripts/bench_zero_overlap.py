@@ -27,14 +27,13 @@ usage: bench_zero_overlap.py [--train BIN] [--mpirun WRAPPER] [--data DIR] [--dp
                              [--link-factor 0.025] [--steps 6] [--bound 0.25]
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench_lib import TRAIN, add_build_args, run_train
+
 MODEL = """model:
   vocab_size: 256
   d_model: {d_model}
@@ -43,45 +42,20 @@ MODEL = """model:
   n_kv_heads: 8
   ffn_hidden: {ffn}
   seq_len: {seq}
-train:
-  steps: {steps}
-  micro_batch: 1
-  global_batch: {gb}
-  warmup_steps: 1
-  eval_interval: 0
-  seed: 3
-log:
-  interval: 1
-checkpoint:
-  interval: 0
-data:
-  tokenizer: byte
-"""
+""" + TRAIN
 
 
 def run(args, work, prefetch):
-    out = os.path.join(work, f"prefetch{prefetch}")
-    cmd = [args.mpirun, str(args.dp), args.train, "--config", os.path.join(work, "model.yaml")]
-    for s in [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin", f"log.dir={out}",
-              f"parallel.dp={args.dp}", "parallel.zero=3", f"parallel.zero3_prefetch={prefetch}",
-              "emulate.cluster=cpu-here", "emulate.clock=model",
-              f"emulate.link_bandwidth={args.link_factor}@1"]:
-        cmd += ["--set", s]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                       timeout=900)
-    if p.returncode != 0:
-        print(" ".join(cmd))
-        sys.exit(f"FAIL: prefetch {prefetch} exited {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        recs = [r for r in map(json.loads, filter(str.strip, f)) if "loss" in r and "zero" in r]
-    return recs
+    recs = run_train(args, os.path.join(work, "model.yaml"), args.dp, os.path.join(work, f"prefetch{prefetch}"),
+                     [f"parallel.dp={args.dp}", "parallel.zero=3", f"parallel.zero3_prefetch={prefetch}",
+                      "emulate.cluster=cpu-here", "emulate.clock=model",
+                      f"emulate.link_bandwidth={args.link_factor}@1"], f"prefetch {prefetch}", timeout=900)
+    return [r for r in recs if "zero" in r]
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--train", default=os.path.join(ROOT, "build", "apps", "adgt-train"))
-    ap.add_argument("--mpirun", default=os.path.join(ROOT, "tests", "parallel", "mpirun.sh"))
-    ap.add_argument("--data", default=os.path.join(ROOT, "build", "data", "kjv-byte"))
+    add_build_args(ap)
     ap.add_argument("--dp", type=int, default=4)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--d-model", type=int, default=256)
