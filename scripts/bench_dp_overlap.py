@@ -30,6 +30,8 @@ import subprocess
 import sys
 import tempfile
 
+from bench_lib import TRAIN
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = """model:
   vocab_size: 256
@@ -39,21 +41,7 @@ MODEL = """model:
   n_kv_heads: 8
   ffn_hidden: {ffn}
   seq_len: 32
-train:
-  steps: {steps}
-  micro_batch: 1
-  global_batch: {gb}
-  warmup_steps: 1
-  eval_interval: 0
-  seed: 3
-log:
-  interval: 1
-checkpoint:
-  interval: 0
-  keep: 1
-data:
-  tokenizer: byte
-"""
+""" + TRAIN
 
 
 def run(args, work, cfg, name, overlap):

@@ -33,6 +33,8 @@ import subprocess
 import sys
 import tempfile
 
+from bench_lib import TRAIN
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb-h1", "greedy"]
 MODEL = """model:
@@ -43,21 +45,7 @@ MODEL = """model:
   n_kv_heads: 8
   ffn_hidden: 688
   seq_len: 128
-train:
-  steps: {steps}
-  micro_batch: 1
-  global_batch: 4
-  warmup_steps: 1
-  eval_interval: 0
-  seed: 3
-log:
-  interval: 1
-checkpoint:
-  interval: 0
-  keep: 1
-data:
-  tokenizer: byte
-"""
+""" + TRAIN.replace("{gb}", "4")
 
 
 def closed_form(sched, p, m, v):
