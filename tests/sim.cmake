@@ -40,7 +40,7 @@ set_tests_properties(sim_cli_json sim_cli_bad_cluster sim_cli_sweep sim_dry_run_
 # bounded: their two H100 rows are over-predicted by 32% and 50% (the A100
 # rows are within 9%), which issue 46 leaves open (docs/zero.md); with them
 # the held-out mean is 11.7%, without them 9.8% (Megatron-Bridge's FP8 runs,
-# simulated since issue 47, added 8B -7.5%, 70B -24.1%, 405B -29.4% with full
+# simulated since issue 47, added 8B -7.5%, 70B -24.1%, 405B -29.2% with full
 # recompute assumed; before them 10.6% and 8.0%).
 add_test(NAME sim_published_runs
   COMMAND ${ADGT_PYTHON} ${CMAKE_SOURCE_DIR}/scripts/sim/published.py --sim ${_sim} --bound 0.10

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numeric>
 #include <stdexcept>
+#include <utility>
 
 #include "core/model/stage_map.hpp"
 #include "parallel/cost/stages.hpp"
@@ -31,11 +32,14 @@ struct Dims {
   double a2a_tokens = 0;          // rows an ep rank sends or receives at most (dispatch)
 };
 
-// Context parallelism's ring (parallel/cp/ring_attention.cpp): step 0 is
+// Context parallelism's ring (parallel/cp/ring_attention.hpp): step 0 is
 // the causal attention of the rank's own two chunks (c = T / 2 tokens each),
 // every other of the cp - 1 steps two full c x c blocks merged into the
-// running output, while the next K/V block (both chunks) travels; the
-// backward circulates dK/dV with K/V (cp hops, the last one home).
+// running output, while the next K/V block (both chunks) travels. The
+// backward's transfers each travel while the receiver computes: the first
+// K/V hop behind the own full block, in step s the next K/V (s < cp - 1) and
+// the accumulator of step s - 1 (s >= 2) behind the step's blocks, and the
+// last accumulator's way home behind the own two causal blocks.
 std::vector<Op> ring_step(const Dims& d, bool backward) {
   const int64_t c = d.T / 2;
   const OpKind k = backward ? OpKind::AttentionBlockBackward : OpKind::AttentionBlockForward;
@@ -51,11 +55,24 @@ void ring_core(Piece& p, const Dims& d, bool backward) {
   const std::vector<Op> step = ring_step(d, backward);
   for (int64_t s = 1; s < d.cp; ++s) p.ops.insert(p.ops.end(), step.begin(), step.end());
   const double kv = 2.0 * double(d.B * d.T * d.KVl * d.hd) * d.b;  // K and V, both chunks
-  CommOp hop{Collective::RingShift, Group::cp, backward ? 2 * kv : kv};  // (with dK, dV)
-  hop.repeat = d.cp - 1;
-  hop.hide = step;
-  p.comms.push_back(hop);
-  if (backward) p.comms.push_back({Collective::RingShift, Group::cp, kv});  // dK, dV home
+  auto hop = [&](double bytes, int64_t repeat, std::vector<Op> hide) {
+    CommOp h{Collective::RingShift, Group::cp, bytes};
+    h.repeat = repeat;
+    h.hide = std::move(hide);
+    if (repeat > 0) p.comms.push_back(std::move(h));
+  };
+  if (!backward) {
+    hop(kv, d.cp - 1, step);
+    return;
+  }
+  const int64_t c = d.T / 2;
+  hop(kv, 1, {{OpKind::AttentionBlockBackward, d.B, c, d.Hl, d.KVl, d.hd}});  // step 0
+  if (d.cp >= 3) {
+    hop(kv, 2, step);               // steps 1 and cp - 1: one transfer each
+    hop(2 * kv, d.cp - 3, step);    // steps 2 .. cp - 2: a K/V block and an accumulator
+  }
+  const Op causal{OpKind::AttentionBackward, d.B, c, d.Hl, d.KVl, d.hd};
+  hop(kv, 1, {causal, causal});  // dK, dV home
 }
 // All-to-all (parallel/cp/ulysses_context.cpp): q, k, v to (the whole
 // sequence, heads / cp), the backend's attention, the output back; the

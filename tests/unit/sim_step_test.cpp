@@ -548,8 +548,11 @@ TEST_CASE("sim: context parallelism, the rank's tokens, the ring's exposure and 
     const double kv = 2.0 * B * (T / cp) * KV * hd * 4;
     CHECK(hop->bytes == kv);
     // The step's exposed cp time: per layer and micro-batch, the forward's
-    // cp - 1 hops less the block each hides, the backward's (K/V with dK/dV)
-    // likewise, and the accumulator's last hop home.
+    // cp - 1 hops less the step each hides; the backward's first K/V hop
+    // less the own full block, then per step what travels in it (the next
+    // K/V at steps 1..cp-2, the previous accumulator at steps 2..cp-1) less
+    // the step, and the last accumulator's hop home less the own two causal
+    // blocks (parallel/cp/ring_attention.hpp).
     std::vector<int> ring;
     for (int r = 0; r < cp; ++r) ring.push_back(r);
     auto hop_s = [&](double bytes) {
@@ -560,8 +563,12 @@ TEST_CASE("sim: context parallelism, the rank's tokens, the ring's exposure and 
     CHECK(cluster::collective_time(cl, cluster::Collective::RingShift, ring, kv) == hop_s(kv));
     const double hide_f = 4e-3 + 2 * (Op{OpKind::AttentionBlockForward, B, T / cp / 2, 8, KV, hd}.flops() * 1e-15),
                  hide_b = 4e-3 + 2 * (Op{OpKind::AttentionBlockBackward, B, T / cp / 2, 8, KV, hd}.flops() * 1e-15);
-    const double per_layer = (cp - 1) * std::max(0.0, hop_s(kv) - hide_f) +
-                             (cp - 1) * std::max(0.0, hop_s(2 * kv) - hide_b) + hop_s(kv);
+    const double full_b = 1e-3 + Op{OpKind::AttentionBlockBackward, B, T / cp / 2, 8, KV, hd}.flops() * 1e-15,
+                 causal_b = 1e-3 + Op{OpKind::AttentionBackward, B, T / cp / 2, 8, KV, hd}.flops() * 1e-15;
+    double back = std::max(0.0, hop_s(kv) - full_b) + std::max(0.0, hop_s(kv) - 2 * causal_b);
+    for (int s = 1; s < cp; ++s)
+      if (const int n = (s < cp - 1) + (s >= 2); n > 0) back += std::max(0.0, hop_s(n * kv) - hide_b);
+    const double per_layer = (cp - 1) * std::max(0.0, hop_s(kv) - hide_f) + back;
     REQUIRE(hop_s(kv) > hide_f);
     const SimResult r = simulate_step(cfg, cl, costs);
     CHECK(r.exposed_cp_s == Approx(per_layer * L * cfg.accum_steps()).epsilon(1e-9));
