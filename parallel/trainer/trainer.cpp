@@ -670,12 +670,14 @@ StepReport Trainer::run_step(TeiMeter& tei, TrainSummary& sum, int64_t first_ste
   r.tp_bytes = -g.tp->stats().bytes, r.dp_bytes = -g.dp->stats().bytes, r.pp_bytes = -g.pp->stats().bytes;
   r.tp_seconds = -g.tp->stats().seconds, r.pp_seconds = -g.pp->stats().seconds;
   r.ep_seconds = -g.ep->stats().seconds;
-  r.cp_bytes = -g.cp->stats().bytes, r.cp_seconds = -g.cp->stats().seconds;
+  // cp = 1: a group of one that may be shared with other groups of one.
+  const bool cp_on = g.cp->size() > 1;
+  if (cp_on) r.cp_bytes = -g.cp->stats().bytes, r.cp_seconds = -g.cp->stats().seconds;
   const int64_t reads0 = backend_->host_reads();
   r.lr = lr_at(t, step_);
   const int64_t first_sample = samples_seen_;
   const double tp_s0 = g.tp->stats().seconds, ep_s0 = g.ep->stats().seconds,
-               cp_s0 = g.cp->stats().seconds;
+               cp_s0 = cp_on ? g.cp->stats().seconds : 0.0;
   r.loss = engine_->forward_backward([&](int a, int32_t* in, int32_t* tg) {
     fetch_micro_batch(first_sample, a, in, tg);
   });
@@ -683,7 +685,8 @@ StepReport Trainer::run_step(TeiMeter& tei, TrainSummary& sum, int64_t first_ste
   // calls, the dp reduction's wait) and the pipeline's idle time.
   TeiStepTimes tt;
   tt.comm_s = (g.tp->stats().seconds - tp_s0) + (g.ep->stats().seconds - ep_s0) +
-              (g.cp->stats().seconds - cp_s0) + engine_->last_times().dp_wait_s + engine_->last_times().dp_compressed_s;
+              (cp_on ? g.cp->stats().seconds - cp_s0 : 0.0) + engine_->last_times().dp_wait_s +
+              engine_->last_times().dp_compressed_s;
   if (engine_->pipelined())
     tt.bubble_s = std::max(0.0, engine_->pipeline()->last_step_seconds() -
                                     engine_->pipeline()->last_busy_seconds());
@@ -723,7 +726,7 @@ StepReport Trainer::run_step(TeiMeter& tei, TrainSummary& sum, int64_t first_ste
   r.tp_bytes += g.tp->stats().bytes, r.dp_bytes += g.dp->stats().bytes, r.pp_bytes += g.pp->stats().bytes;
   r.tp_seconds += g.tp->stats().seconds, r.pp_seconds += g.pp->stats().seconds;
   r.ep_seconds += g.ep->stats().seconds;
-  r.cp_bytes += g.cp->stats().bytes, r.cp_seconds += g.cp->stats().seconds;
+  if (cp_on) r.cp_bytes += g.cp->stats().bytes, r.cp_seconds += g.cp->stats().seconds;
   if (reads0 >= 0) r.host_reads = backend_->host_reads() - reads0;
   r.seconds = step_clock() - v0;
   tt.seconds = r.seconds;
