@@ -51,8 +51,14 @@ EXTRA = {
 # with only the input gradients' summation order changed (fused vs unfused
 # q/k/v and gate/up GEMMs: bit-identical forwards) 7.18e-2 in fp8 against
 # 8.93e-3 in bf16. So these layouts' weight bound is the larger of the bf16
-# bound and twice that one-process order effect, measured in the same run;
-# their loss bound stays the bf16 one.
+# bound and twice that one-process order effect, measured in the same run,
+# and since 2026-12-07 their loss bound likewise (the one-process order
+# effect on the loss: 7.25e-4, so 1.45e-3 against the bf16 1.1e-3): the
+# ring's backward then began summing dK/dV in another order (accumulators
+# sent a step ahead, parallel/cp/ring_attention.hpp), which moved cp2's fp8
+# loss difference from 6.63e-4 to 1.23e-3 (weights 8.24e-2 -> 1.14e-1)
+# while its f64 run still equals the single process within 1e-12
+# (layouts_cp_f64): the order alone, amplified by FP8's steps.
 ORDER_BOUND = ["tp2", "tp2_sp", "cp2", "cp2_a2a"]
 # --quick (the emulated device's run: its device paths, not the layouts'
 # numbers again): tp2 SP tensorwise (amaxes all-reduced over tp through host
@@ -61,11 +67,12 @@ ORDER_BOUND = ["tp2", "tp2_sp", "cp2", "cp2_a2a"]
 QUICK = {"tensorwise": ["tp2_sp"], "delayed": ["dp2"]}
 
 
-def check(args, model, tag, base, ref, bounds, failed, order=0.0):
+def check(args, model, tag, base, ref, bounds, failed, order=0.0, order_loss=0.0):
     ref_l, ref_w = losses(ref[0]), ref[1]
     for name, (ranks, sets, lb, wb) in bounds.items():
         if name in ORDER_BOUND:
             wb = max(wb, 2 * order)
+            lb = max(lb, 2 * order_loss)
         r = train_run(args, model, tag + name, base + sets, ranks)
         if not r:
             failed.append(tag + name)
@@ -108,11 +115,12 @@ def main():
                 sys.exit("FAIL: the single unfused fp8 run failed")
             ol, order, _ = rel_errors(losses(un[0]), losses(ref[0]), un[1], ref[1])
             print(f"fp8 unfused vs fused, single process (summation order only): loss {ol:.2e}, "
-                  f"weights {order:.2e}: tp and cp weights held to {2 * order:.2e}")
+                  f"weights {order:.2e}: tp and cp held to {2 * ol:.2e} / {2 * order:.2e} where "
+                  f"the bf16 bound is tighter")
         bounds = dict(BOUNDS, **EXTRA) if recipe == "tensorwise" else {k: BOUNDS[k] for k in DELAYED}
         if args.quick:
             bounds = {k: v for k, v in bounds.items() if k in QUICK[recipe]}
-        check(args, MODEL, f"{recipe}_", base, ref, bounds, failed, order)
+        check(args, MODEL, f"{recipe}_", base, ref, bounds, failed, order, ol)
     if not args.quick:
         base = ["train.dtype=fp8"]
         ref = train_run(args, MOE_MODEL, "moe_single_fp8", base, 1)
