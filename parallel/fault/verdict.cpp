@@ -73,7 +73,14 @@ Culprit examine(const Heartbeat& w, const std::function<PeerView(int)>& peer, do
       else if (got == Cause::Stopped)
         u.detail = "stopped progressing: no heartbeat for " + secs(v.age_s) +
                    " s (process stopped, SIGSTOP?)";
-      else
+      else if (v.live == Liveness::InIo) {
+        // Not hung: the disk is slow. Its heartbeat writer waits on the same
+        // filesystem; the long deadline applies (a stuck mount still ends the run).
+        u.long_phase = true;
+        u.detail = "stopped progressing: no heartbeat for " + secs(v.age_s) +
+                   " s while its process waits on the disk (a thread in uninterruptible I/O: "
+                   "a slow or stuck filesystem under log.dir or checkpoint.dir)";
+      } else
         u.detail = "stopped progressing: no heartbeat for " + secs(v.age_s) + " s" +
                    (v.live == Liveness::Running
                         ? " (its process runs but does not heartbeat: starved or swapping?)"
@@ -195,8 +202,9 @@ bool should_fire(double waited_s, const Culprit& c, bool me_long_phase, const De
   if (c.cause == Cause::Dead || c.cause == Cause::Exited) return waited_s >= 1.0;
   if (waited_s < d.normal_s) return false;
   switch (c.cause) {
+    case Cause::Stale:  // in a disk wait: the long deadline
+      return !c.long_phase || waited_s >= d.long_s;
     case Cause::Stopped:
-    case Cause::Stale:
     case Cause::NoHeartbeat:
       return true;
     default:  // alive: a long phase here or there may legitimately take longer

@@ -33,7 +33,11 @@ struct Deadlines {
 };
 Deadlines deadlines_for(double collective_timeout_s, double slowest_step_s);
 
-enum class Liveness { Unknown, Running, Stopped, Dead };  // Unknown: another host
+// Unknown: another host. InIo: running, and one of its threads is in an
+// uninterruptible disk wait (state D: an fsync or a rename behind a busy
+// filesystem's journal, which can hold a checkpoint save and the heartbeat
+// writer for tens of seconds on a loaded host).
+enum class Liveness { Unknown, Running, Stopped, Dead, InIo };
 
 struct PeerView {
   const Heartbeat* hb = nullptr;  // nullptr: no (valid, this run's) heartbeat file

@@ -33,6 +33,15 @@ Liveness local_liveness(int pid) {
   const char st = (*stat)[p + 2];
   if (st == 'T' || st == 't') return Liveness::Stopped;
   if (st == 'Z' || st == 'X') return Liveness::Dead;
+  // Any thread in an uninterruptible (disk) wait: the main thread in an
+  // fsync, or the heartbeat writer behind the journal.
+  if (st == 'D') return Liveness::InIo;
+  std::error_code ec;
+  for (const auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    const auto ts = read_small_file(t.path().string() + "/stat");
+    const size_t q = ts ? ts->rfind(") ") : std::string::npos;
+    if (q != std::string::npos && q + 2 < ts->size() && (*ts)[q + 2] == 'D') return Liveness::InIo;
+  }
   return Liveness::Running;
 }
 

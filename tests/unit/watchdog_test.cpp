@@ -133,7 +133,18 @@ TEST_CASE("a stopped peer of the group is named, with the cause", "[watchdog]") 
   CHECK_FALSE(should_fire(0.5, dead, false, d));
   // Another host, no heartbeat for longer than stale: stale.
   w.live[2] = Liveness::Unknown;
-  CHECK(find_culprit(w.hb[0], std::ref(w), 3.0).cause == Cause::Stale);
+  const Culprit stale = find_culprit(w.hb[0], std::ref(w), 3.0);
+  CHECK(stale.cause == Cause::Stale);
+  CHECK(should_fire(5.1, stale, false, d));
+  // Same host, a thread of it in a disk wait (state D: an fsync behind a busy
+  // journal holds the heartbeat writer too): stale, but the long deadline.
+  w.live[2] = Liveness::InIo;
+  const Culprit io = find_culprit(w.hb[0], std::ref(w), 3.0);
+  CHECK(io.cause == Cause::Stale);
+  CHECK(io.long_phase);
+  CHECK(describe_culprit(io).find("waits on the disk") != std::string::npos);
+  CHECK_FALSE(should_fire(48, io, false, d));
+  CHECK(should_fire(301, io, false, d));
   // A fresh heartbeat that has not entered the op and waits in nothing: behind.
   w.age[2] = 0.3;
   const Culprit behind = find_culprit(w.hb[0], std::ref(w), 3.0);
