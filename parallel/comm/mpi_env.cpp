@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <system_error>
 #include <thread>
 #include <sstream>
 #include <stdexcept>
@@ -35,6 +37,36 @@ std::string rank_label() {
     if (const char* v = std::getenv(var); v && *v) return v;
   return "?";
 }
+
+// A single process's own Open MPI session directory base (see MpiEnv's
+// constructor), removed when the process exits, error exits included.
+std::string& private_session_base() {
+  static std::string base;
+  return base;
+}
+
+void remove_private_session_base() {
+  std::error_code ec;
+  if (!private_session_base().empty()) std::filesystem::remove_all(private_session_base(), ec);
+}
+
+// Open MPI 4.1 keeps every job's session files under one directory per host
+// and user ($TMPDIR/ompi.HOST.UID), made by the first job to start and removed
+// by the last to end: a process whose start meets another's end can find it
+// made and gone again ("mkdir ...: File exists", orte_session_dir failed) and
+// abort in MPI_Init. Seen with single-process runs started side by side. A
+// single process has no peer to share session files with, so it gets a fresh
+// base of its own; the variable is dropped again once MPI has read it, so
+// nothing the process starts inherits it. A user's own setting wins.
+void use_private_session_base() {
+  if (std::getenv("OMPI_MCA_orte_tmpdir_base")) return;
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/adgt-mpi.XXXXXX";
+  if (!::mkdtemp(pattern.data())) return;  // Open MPI's default then, as before
+  private_session_base() = pattern;
+  std::atexit(remove_private_session_base);
+  ::setenv("OMPI_MCA_orte_tmpdir_base", pattern.c_str(), 1);
+}
 }  // namespace
 
 std::string rank_host() { return "rank " + rank_label() + ", host " + host_name(); }
@@ -57,11 +89,16 @@ MpiEnv::MpiEnv(int* argc, char*** argv) : launch_(detect_launch()) {
     // start forks an orted daemon, which only MPI_Comm_spawn needs (adgt never
     // spawns): 0.1-0.2 s and a second process on every single-process run.
     // A user's own setting wins.
-    if (launch_.launcher == "single") ::setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
+    if (launch_.launcher == "single") {
+      ::setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
+      use_private_session_base();
+    }
     int provided = 0;
     // SERIALIZED lets the pipeline executor's progress thread push pending sends
     // while the main thread computes (never at the same time as the main thread).
-    ADGT_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
+    const int init_rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+    if (!private_session_base().empty()) ::unsetenv("OMPI_MCA_orte_tmpdir_base");
+    ADGT_MPI(init_rc);
     owns_ = true;
     if (provided < MPI_THREAD_FUNNELED)
       throw std::runtime_error("MPI: MPI_Init_thread provided thread level " +
