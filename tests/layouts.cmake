@@ -130,6 +130,16 @@ foreach(case "TERM;rank" "USR1;mpirun" "USR1;rank")
     FIXTURES_REQUIRED kjv_byte LABELS parallel TIMEOUT 300)
 endforeach()
 
+# Open MPI's session files: each launch in a base of its own (a single
+# process: MpiEnv; a 2-rank launch: tests/parallel/mpirun.sh), nothing left
+# behind, the variable not inherited (docs/testing.md).
+add_test(NAME layouts_session_dir_per_launch
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/parallel/session_dir_check.py
+    --train $<TARGET_FILE:adgt-train> --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh
+    --data ${ADGT_KJV_BYTE} --work ${CMAKE_BINARY_DIR}/session_dir)
+set_tests_properties(layouts_session_dir_per_launch PROPERTIES
+  FIXTURES_REQUIRED kjv_byte LABELS parallel TIMEOUT 300)
+
 # bf16 mixed precision under pp (bitwise), dp, ZeRO-1, tp and SP against the
 # single bf16 process (tests/layouts/compare_bf16.py; ~20 s).
 # (layouts_bf16_match_single_process[_emulated] are made with the layout sweep above.)

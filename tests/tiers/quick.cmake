@@ -22,7 +22,7 @@ set(ADGT_QUICK_TESTS
   checkpoint_h5py data_fuzz_inputs
   e2e_signal e2e_eval e2e_nan e2e_resume
   parallel_collectives_np2 parallel_collectives_np4 parallel_mesh_check_tp2_dp2
-  parallel_one_rank_fails layouts_error_world_size
+  parallel_one_rank_fails layouts_error_world_size layouts_session_dir_per_launch
   compress_reduce_np4 compress_train_int8 compress_train_tp2_dp2 compress_train_pp2_dp2
   moe_ep_np2 dp_overlap_bitwise_1f1b emulate_train_same_losses_tp2_pp2
   checkpoint_async_identical_pp2 trace_timeline_pp4_dp2 power_cap_emulated_np2 telemetry_train
