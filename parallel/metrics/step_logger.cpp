@@ -1,5 +1,6 @@
 #include "parallel/metrics/step_logger.hpp"
 
+#include <cmath>
 #include <cstdio>
 
 #include "parallel/cost/memory.hpp"
@@ -53,6 +54,26 @@ void StepLogger::observe(Engine& e, const StepReport& r, Comm& world) {
   std::vector<TelemetryStat> telemetry;
   if (cfg_.log.telemetry_interval_s > 0)
     telemetry = reduce_telemetry(telemetry_ ? telemetry_->take() : TelemetryInterval{}, world);
+  // MoE loads and drops: each rank's are its ep group's tokens (the same on
+  // every member), summed over the ranks holding the same experts for the
+  // other tokens of the batch (edp x cp), so the record counts the whole
+  // batch as the single process does, in any layout.
+  std::vector<MoeLayerStep> moe = e.model().moe_stats();
+  if (!moe.empty() && g.edpcp && g.edpcp->size() > 1) {
+    std::vector<double> counts;
+    for (const MoeLayerStep& x : moe) {
+      counts.insert(counts.end(), x.load.begin(), x.load.end());
+      counts.push_back(double(x.tokens));
+      counts.push_back(double(x.dropped));
+    }
+    g.edpcp->all_reduce(Tensor(counts.data(), DType::F64, {int64_t(counts.size())}));
+    size_t i = 0;
+    for (MoeLayerStep& x : moe) {
+      for (int64_t& l : x.load) l = std::llround(counts[i++]);
+      x.tokens = std::llround(counts[i++]);
+      x.dropped = std::llround(counts[i++]);
+    }
+  }
   if (!log_) return;
   StepMetrics m;
   m.telemetry = std::move(telemetry);
@@ -60,7 +81,7 @@ void StepLogger::observe(Engine& e, const StepReport& r, Comm& world) {
   m.tp_bytes = r.tp_bytes;
   m.dp_bytes = r.dp_bytes;
   m.pp_bytes = r.pp_bytes;
-  for (const MoeLayerStep& x : e.model().moe_stats()) {
+  for (const MoeLayerStep& x : moe) {
     MoeLayerMetrics y;
     y.layer = x.layer;
     y.load = x.load;

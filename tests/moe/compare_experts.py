@@ -10,7 +10,7 @@ checkpoint's whole tensors) must equal the single process's within 1e-5
 relative (fp32: only summation order differs). Dropless by default; then with
 moe_capacity_factor 0.5 the dropped assignments per step (metrics.jsonl,
 summed over layers) must equal the single process's exactly, and the losses
-match too (ep2 x dp2, ep4 x dp4; and with moe_capacity_segment 8 or 4, groups
+match too (ep2 x dp2, ep4 x dp4, ep2 x dp4; and with moe_capacity_segment 8 or 4, groups
 inside cp's chunks, cp2, cp2 x ep2 x dp2, all-to-all cp2 and cp4 against the
 single process with the same segment). Checkpoints move between these layouts (cp's included), and the
 aux-loss-free biases resume bitwise and follow the single process under cp.
@@ -136,7 +136,9 @@ def main():
     af = ["model.moe_aux_free=true", "model.moe_bias_rate=0.01"]
     cap = ["model.moe_capacity_factor=0.5"]
     caps = [("cap_ep2_dp2", ["parallel.dp=2", "parallel.ep=2"], 2),
-            ("cap_ep4_dp4", ["parallel.dp=4", "parallel.ep=4"], 4)]
+            ("cap_ep4_dp4", ["parallel.dp=4", "parallel.ep=4"], 4),
+            # two ep groups: the record adds the other group's tokens (edp)
+            ("cap_ep2_dp4", ["parallel.dp=4", "parallel.ep=2"], 4)]
     # Capacity groups of a segment inside cp's chunks (seq_len 32: chunks of 8
     # at cp2, 4 at cp4): the drops of the single process with the same segment.
     seg = [("model.moe_capacity_segment=8", [("cap_seg8_cp2", ["parallel.cp=2"], 2),
@@ -172,31 +174,30 @@ def main():
           f"process  {'PASS' if lerr <= args.tol else 'FAIL'}", flush=True)
     if lerr > args.tol:
         failed.append("aux_free_cp2_ep2_dp2")
-    # Capacity: drops counted and identical to the single process's. Under
-    # cp rank 0 counts the drops of its chunks only (metrics: over its ep
-    # group): there the losses carry the check (a different grouping drops
-    # other assignments, which moves the loss by far more than the
-    # tolerance), and the segment must change the single process's drops.
-    against = [(e, r, c1, True) for e, r in zip(caps, cr)]
+    # Capacity: drops counted and identical to the single process's, step by
+    # step (the record sums every rank's tokens: over ep, then edp x cp), and
+    # the segment must change the single process's drops (else the cp runs'
+    # grouping would go unchecked).
+    against = [(e, r, c1) for e, r in zip(caps, cr)]
     it = iter(seg_runs)
     for (s, es), single in zip(seg, seg_single):
-        against += [(e, next(it), single, False) for e in es]
+        against += [(e, next(it), single) for e in es]
         ok = single is not None and c1 is not None and single[3] != c1[3]
         print(f"single process, {s}: dropped {sum(single[3].values()) if single else '-'} "
               f"(whole micro-batch groups: {sum(c1[3].values()) if c1 else '-'}), per step "
               f"{'different' if ok else 'THE SAME'}  {'PASS' if ok else 'FAIL'}", flush=True)
         if not ok:
             failed.append(f"single process {s}: the segment changes no drop")
-    for (name, sets, ranks), r, ref, exact in against:
+    for (name, sets, ranks), r, ref in against:
         if ref is None or r is None:
             failed.append(f"{name}: exited non-zero")
             continue
         lerr = rel_errors(r[0], ref[0], {}, {})[0]
-        same_drops = r[3] == ref[3] if exact else sum(r[3].values()) > 0
+        same_drops = r[3] == ref[3]
         total = sum(ref[3].values())
         ok = lerr <= args.tol and same_drops and total > 0
         print(f"{name}: dropped {sum(r[3].values())} assignments over 20 steps "
-              f"({'' if exact else 'rank 0 chunks; '}single process {total}), max rel loss err "
+              f"(single process {total}{'' if same_drops else ', NOT step by step the same'}), max rel loss err "
               f"{lerr:.3e}  {'PASS' if ok else 'FAIL'}", flush=True)
         if not ok:
             failed.append(name)
