@@ -63,7 +63,9 @@ set_tests_properties(${ADGT_GC_TESTS} PROPERTIES
 # the same decisions on any machine under any load.
 # schedule: fast -> 50 Mbit/s -> fast in one run (emulate.link_bandwidth), the
 # levels following each change within 2 controller intervals.
-foreach(link slow fast schedule)
+# sites: two sites joined by a 50 Mbit/s WAN, fast inside, the dp group reduced
+# over the sites: the cross-site exchange priced apart from the sites' links.
+foreach(link slow fast schedule sites)
   add_test(NAME compress_controller_${link}_np4
     COMMAND ${ADGT_PYTHON} ${ADGT_GC}/controller_train.py --train $<TARGET_FILE:adgt-train>
             --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh --data ${CMAKE_BINARY_DIR}/data/kjv-byte

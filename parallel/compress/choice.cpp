@@ -89,9 +89,53 @@ double batch_members(const Signals& s) {
 // A collective of a batch (GradReducer reduces the compressed buckets of a
 // level together, one collective per stage), as bucket b's share: its bytes'
 // time and 1/m of the collective's latency term.
-double batched_time(const Signals& s, cluster::Collective c, const LinkFit& l, double bytes) {
-  const double lat = link_time(c, s.ranks, l, 0.0);
-  return link_time(c, s.ranks, l, bytes) - lat + lat / batch_members(s);
+double batched_time(const Signals& s, cluster::Collective c, const LinkFit& l, double bytes,
+                    int ranks = 0) {
+  ranks = ranks > 0 ? ranks : s.ranks;
+  const double lat = link_time(c, ranks, l, 0.0);
+  return link_time(c, ranks, l, bytes) - lat + lat / batch_members(s);
+}
+
+// predict_seconds over sites (SiteComm's phases; see the header).
+double predict_over_sites(const Signals& s, const BucketSignals& b, Level l) {
+  using cluster::Collective;
+  const int k = s.site_ranks, S = s.sites;
+  const double full = b.buf[0];  // the bucket's fp32 bytes
+  const double rs_in = link_time(Collective::ReduceScatter, k, s.site_link, full);
+  const double ag_in = link_time(Collective::AllGather, k, s.site_link, full);
+  const double share = 1.0 / double(std::max(k, 1));
+  const double codec = s.codec_s_per_elem[size_t(l)] * double(b.compressible) * share;
+  // An all-reduce of `bytes` through the phases (an off bucket; PowerSGD's P and Q).
+  // batched: one call for every compressed bucket (each phase's latency shared).
+  auto phased = [&](double bytes, bool batched) {
+    auto t = [&](Collective c, int ranks, const LinkFit& link, double b) {
+      return batched ? batched_time(s, c, link, b, ranks) : link_time(c, ranks, link, b);
+    };
+    return t(Collective::ReduceScatter, k, s.site_link, bytes) +
+           t(Collective::AllReduce, S, s.all_reduce, bytes * share) +
+           t(Collective::AllGather, k, s.site_link, bytes);
+  };
+  switch (l) {
+    case Level::None: {
+      const double t = b.reduce_scatter
+                           ? rs_in + link_time(Collective::ReduceScatter, S, s.all_reduce, full * share)
+                           : phased(full, false);
+      return std::max(0.0, t - b.hide_s);
+    }
+    case Level::Bf16:
+    case Level::Int8:
+    case Level::Int4:
+    case Level::Int3:
+    case Level::Int2:
+      // reduce_over_sites: the whole bucket inside (a ZeRO-1 bucket too), the
+      // shard's all-to-all of encoded chunks and the owners' all-gather across.
+      return rs_in + ag_in +
+             2 * (batched_time(s, Collective::AllToAll, s.all_to_all, b.buf[size_t(l)] * share, S) + codec);
+    case Level::PowerSgd:
+      return s.codec_s_per_elem[size_t(l)] * double(b.compressible) + phased(b.buf[size_t(l)], true) +
+             phased(b.buf_q, true);
+  }
+  return 0;
 }
 
 }  // namespace
@@ -100,6 +144,7 @@ double predict_seconds(const Signals& s, const BucketSignals& b, Level l) {
   using cluster::Collective;
   const int D = s.ranks;
   if (D <= 1) return 0;
+  if (s.sites > 1 && s.site_ranks >= 1) return predict_over_sites(s, b, l);
   const double codec = s.codec_s_per_elem[size_t(l)] * double(b.compressible);
   switch (l) {
     case Level::None: {
@@ -214,6 +259,12 @@ nlohmann::json to_json(const Signals& s) {
                           {"bandwidth_Bps", finite(s.all_reduce.beta, 1e13)}};
   j["all_to_all_link"] = {{"latency_s", finite(s.all_to_all.alpha, 0)},
                           {"bandwidth_Bps", finite(s.all_to_all.beta, 1e13)}};
+  if (s.sites > 1) {
+    j["sites"] = s.sites;
+    j["site_ranks"] = s.site_ranks;
+    j["site_link"] = {{"latency_s", finite(s.site_link.alpha, 0)},
+                      {"bandwidth_Bps", finite(s.site_link.beta, 1e13)}};
+  }
   j["codec_s_per_elem"] = s.codec_s_per_elem;
   j["noise_share"] = finite(s.noise_share);
   j["budget"] = s.budget;
@@ -238,6 +289,11 @@ Signals signals_from_json(const nlohmann::json& j) {
   s.ranks = j.at("ranks");
   s.all_reduce = {j.at("all_reduce_link").at("latency_s"), j.at("all_reduce_link").at("bandwidth_Bps")};
   s.all_to_all = {j.at("all_to_all_link").at("latency_s"), j.at("all_to_all_link").at("bandwidth_Bps")};
+  if (j.contains("sites")) {
+    s.sites = j.at("sites");
+    s.site_ranks = j.at("site_ranks");
+    s.site_link = {j.at("site_link").at("latency_s"), j.at("site_link").at("bandwidth_Bps")};
+  }
   s.codec_s_per_elem = j.at("codec_s_per_elem");
   s.noise_share = j.at("noise_share");
   s.budget = j.at("budget");

@@ -74,7 +74,17 @@ struct BucketSignals {
 struct Signals {
   int64_t step = 0, warmup_steps = 0;  // step: the last finished one (the levels apply from step + 1)
   int ranks = 1;                                // the dp group's size
+  // Flat: the group's links. Over sites (sites > 1): the cross-site group's
+  // (one member per site), each member's shard crossing there.
   LinkFit all_reduce, all_to_all;               // measured (smoothed)
+  // A group reduced over sites (parallel.site_reduce: hierarchical,
+  // parallel/comm/site_comm.hpp): `sites` sites of site_ranks members each
+  // (sites * site_ranks = ranks); 0: flat. Inside a site the reduction is
+  // fp32 at every level (reduce-scatter of the bucket, then all-gather) over
+  // `site_link`; a level compresses only the cross-site exchange of each
+  // member's 1/site_ranks shard (GradReducer::reduce_over_sites).
+  int sites = 0, site_ranks = 0;
+  LinkFit site_link;                            // inside a site (all-reduce fit), measured
   std::array<double, kLevels> codec_s_per_elem{};  // measured encode+decode seconds per element
   double noise_share = -1;  // rho = (S/B) / (|G|^2 + S/B) of the reduced gradient; < 0: unknown
   double budget = 1;        // parallel.compress_error_budget
@@ -98,7 +108,13 @@ double error_prior(Level l);
 // collectives.hpp, codec cost, an off bucket's overlap with the compute after
 // it). A compressed level counts its collectives' bytes and 1/m of their
 // latency, m the buckets of s with a compressible tensor (a batch shares one
-// collective per stage).
+// collective per stage). Over sites (s.sites > 1) SiteComm's phases: inside
+// each site the fp32 reduce-scatter of the bucket and (all-reduce buckets,
+// and every compressed one) the all-gather back, at every level, plus the
+// cross-site exchange of the 1/site_ranks shard: off, its fp32 all-reduce
+// (reduce-scatter); a quantized level, its encoded chunks (buf / site_ranks)
+// and the codec on the shard; PowerSGD, its P and Q all-reduces through the
+// same phases.
 double predict_seconds(const Signals& s, const BucketSignals& b, Level l);
 
 struct Choice {

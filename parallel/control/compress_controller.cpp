@@ -11,6 +11,7 @@
 #include "parallel/compress/bucket_reduce.hpp"
 #include "parallel/compress/chunk_codec.hpp"
 #include "parallel/compress/powersgd.hpp"
+#include "parallel/comm/site_comm.hpp"
 #include "parallel/dp/grad_reducer.hpp"
 #include "parallel/emulate/slowdown.hpp"
 
@@ -81,11 +82,16 @@ class CompressController final : public Controller {
     s.ranks = D;
     s.budget = cfg_.parallel.compress_error_budget;
     s.hysteresis = cfg_.parallel.compress_hysteresis;
-    if (smooth_links(D, mx)) s.hysteresis = 0;
+    if (mx[kSites] > 1) {
+      s.sites = int(mx[kSites]);
+      s.site_ranks = int(mx[kSites + 1]);
+    }
+    if (smooth_links(D, s.sites, s.site_ranks, mx)) s.hysteresis = 0;
     s.all_reduce = ar_;
     s.all_to_all = aa_;
-    for (int l = 0; l < kLevels; ++l) s.codec_s_per_elem[size_t(l)] = mx[6 + size_t(l)];
-    compute_s_ = compute_s_ > 0 ? 0.5 * (compute_s_ + mx[4]) : mx[4];
+    s.site_link = site_;
+    for (int l = 0; l < kLevels; ++l) s.codec_s_per_elem[size_t(l)] = mx[kCodec + size_t(l)];
+    compute_s_ = compute_s_ > 0 ? 0.5 * (compute_s_ + mx[kCompute]) : mx[kCompute];
     double g2 = 0, tr = 0;
     const double b_noise = noise_scale(s, D, sm, steps, g2, tr);
     add_bucket_signals(s, red, K, mx, sm, steps);
@@ -93,13 +99,14 @@ class CompressController final : public Controller {
 
     nlohmann::json in = to_json(s);
     in["measured"] = {{"compute_s", compute_s_},
-                      {"reduce_s", mx[5]},
+                      {"reduce_s", mx[kCompute + 1]},
                       {"probe_s", {mx[0], mx[1], mx[2], mx[3]}},
                       {"grad_sq", g2},
                       {"trace_sigma", tr},
                       {"noise_scale_tokens", b_noise},
                       {"lr", r.lr},
                       {"norm_steps", steps}};
+    if (s.sites > 1) in["measured"]["site_probe_s"] = {mx[4], mx[5]};
     return in;
   }
 
@@ -135,38 +142,58 @@ class CompressController final : public Controller {
   }
 
  private:
-  // The probes' sizes in floats per member of the dp group: latency (1 float)
-  // and bandwidth (4096 floats, 16 KiB).
+  // The probes' sizes in floats per member of the probed group: latency (1
+  // float) and bandwidth (4096 floats, 16 KiB).
   static int64_t small_probe(int D) { return D; }
   static int64_t big_probe(int D) { return 4096 * int64_t(D); }
-  // agreed_maxima's layout: kGlobals values (4 probe times, compute, reduce,
-  // codec seconds per level), then kPerBucket per bucket (elements,
-  // compressible elements, reduce-scatter, the level's buffer bytes, PowerSGD's Q bytes).
-  static constexpr size_t kGlobals = 4 + 2 + kLevels, kPerBucket = 3 + kLevels + 1;
+  // agreed_maxima's layout: kGlobals values (4 probe times: all-reduce and
+  // all-to-all, small and big, of the dp group or, over sites, of the
+  // cross-site group; 2 of the site's group (all-reduce, small and big); the
+  // sites and members a site (0 0: flat); compute, reduce; codec seconds per
+  // level), then kPerBucket per bucket (elements, compressible elements,
+  // reduce-scatter, the level's buffer bytes, PowerSGD's Q bytes).
+  static constexpr size_t kSites = 6, kCompute = 8, kCodec = 10;
+  static constexpr size_t kGlobals = kCodec + kLevels, kPerBucket = 3 + kLevels + 1;
 
-  // The dp group's probes (between steps: no step's dp bytes count them),
-  // the step's compute and reduce seconds, the codec times and every
-  // bucket's geometry, each the maximum over the world.
+  // The dp group's probes (between steps: no step's dp bytes count them) —
+  // over sites, the cross-site group's and the site's (SiteComm's phases are
+  // priced apart: choice.hpp) —, the step's compute and reduce seconds, the
+  // codec times and every bucket's geometry, each the maximum over the world
+  // (a run whose groups differ, some over sites and some flat, is priced
+  // over sites with the slowest links of each kind).
   std::vector<double> agreed_maxima(Engine& e, const StepReport& r, Comm& world, size_t K) {
     GradReducer& red = e.reducer();
     Comm& dp = *e.groups().dp;
-    const int D = dp.size();
     const auto& bk = red.buckets();
     const compress::Settings& set = red.compression();
-    const int64_t small = small_probe(D), big = big_probe(D);
-    double probes[4] = {0, 0, 0, 0};
+    double probes[6] = {0, 0, 0, 0, 0, 0}, sites[2] = {0, 0};
+    const emulate::ComputeSlowdown& clk = e.slowdown();
+    auto* sc = dynamic_cast<SiteComm*>(&red.data_group());
+    Comm& across = sc ? sc->cross() : dp;
+    const int D = across.size();
     if (D > 1) {
-      probes[0] = probe(dp, cluster::Collective::AllReduce, small, e.slowdown());
-      probes[1] = probe(dp, cluster::Collective::AllReduce, big, e.slowdown());
-      probes[2] = probe(dp, cluster::Collective::AllToAll, small, e.slowdown());
-      probes[3] = probe(dp, cluster::Collective::AllToAll, big, e.slowdown());
+      probes[0] = probe(across, cluster::Collective::AllReduce, small_probe(D), clk);
+      probes[1] = probe(across, cluster::Collective::AllReduce, big_probe(D), clk);
+      probes[2] = probe(across, cluster::Collective::AllToAll, small_probe(D), clk);
+      probes[3] = probe(across, cluster::Collective::AllToAll, big_probe(D), clk);
+    }
+    if (sc) {
+      const int k = sc->local().size();
+      sites[0] = sc->cross().size();
+      sites[1] = k;
+      if (k > 1) {
+        probes[4] = probe(sc->local(), cluster::Collective::AllReduce, small_probe(k), clk);
+        probes[5] = probe(sc->local(), cluster::Collective::AllReduce, big_probe(k), clk);
+      }
     }
     const size_t G = kGlobals, F = kPerBucket;
     std::vector<double> mx(G + K * F, 0.0);
-    for (int i = 0; i < 4; ++i) mx[size_t(i)] = probes[i];
-    mx[4] = std::max(0.0, r.seconds - red.last_wait_seconds() - red.last_compression().seconds);
-    mx[5] = red.last_wait_seconds() + red.last_compression().seconds;  // measured reduce time
-    for (int l = 0; l < kLevels; ++l) mx[6 + size_t(l)] = codec_[size_t(l)];
+    for (int i = 0; i < 6; ++i) mx[size_t(i)] = probes[i];
+    mx[kSites] = sites[0];
+    mx[kSites + 1] = sites[1];
+    mx[kCompute] = std::max(0.0, r.seconds - red.last_wait_seconds() - red.last_compression().seconds);
+    mx[kCompute + 1] = red.last_wait_seconds() + red.last_compression().seconds;  // measured reduce time
+    for (int l = 0; l < kLevels; ++l) mx[kCodec + size_t(l)] = codec_[size_t(l)];
     const std::vector<ParamSpec>& table = e.model().table();
     for (size_t i = 0; i < bk.size(); ++i) {
       const GradBucket& b = bk[i];
@@ -184,10 +211,11 @@ class CompressController final : public Controller {
       f[1] = double(comp);
       f[2] = rs ? 1 : 0;
       f[3] = 4.0 * double(n);
+      const int Dg = dp.size();  // the level's chunks: over the whole group
       for (Level l : kQuantizedLevels) {
         int64_t words = 0;
-        for (int d = 0; d < D; ++d) {
-          const auto [lo, hi] = chunk_range(n, D, d, rs);
+        for (int d = 0; d < Dg; ++d) {
+          const auto [lo, hi] = chunk_range(n, Dg, d, rs);
           if (hi > lo) words += chunk_words(l, chunk_layout(table, b.begin + lo, b.begin + hi, set.min_elems));
         }
         f[3 + int(l)] = 4.0 * double(words);
@@ -234,10 +262,17 @@ class CompressController final : public Controller {
   // the next interval (an average would take log2(ratio) intervals to
   // forget a 2000x slower link, and hysteresis would keep a compressed
   // level that costs little more on a fast link). Returns whether a link changed.
-  bool smooth_links(int D, const std::vector<double>& mx) {
+  // Over sites (sites > 1): the cross-site group's links (sites members)
+  // and the site's (site_ranks members).
+  bool smooth_links(int D, int sites, int site_ranks, const std::vector<double>& mx) {
+    if (sites > 1) D = sites;
     const int64_t small = small_probe(D), big = big_probe(D);
     const LinkFit ar = fit_link(cluster::Collective::AllReduce, D, 4.0 * small, mx[0], 4.0 * big, mx[1]);
     const LinkFit aa = fit_link(cluster::Collective::AllToAll, D, 4.0 * small, mx[2], 4.0 * big, mx[3]);
+    const int k = site_ranks;
+    const LinkFit in = sites > 1 ? fit_link(cluster::Collective::AllReduce, k, 4.0 * small_probe(k), mx[4],
+                                            4.0 * big_probe(k), mx[5])
+                                 : LinkFit{};
     constexpr double kLinkJump = 4;
     bool link_changed = false;
     auto smooth = [&](LinkFit& avg, const LinkFit& now) {
@@ -249,6 +284,7 @@ class CompressController final : public Controller {
     };
     smooth(ar_, ar);
     smooth(aa_, aa);
+    if (sites > 1) smooth(site_, in);
     links_ = true;
     return link_changed;
   }
@@ -328,7 +364,7 @@ class CompressController final : public Controller {
   int64_t interval_ = 20, warmup_ = 0;
   bool codec_measured_ = false, links_ = false, noise_ = false;
   std::array<double, kLevels> codec_{};
-  LinkFit ar_, aa_;
+  LinkFit ar_, aa_, site_;  // site_: inside a site (a group over sites)
   double compute_s_ = 0, g2_ = 0, tr_ = 0;
   int rank_ = 0;
   int64_t step_ = 0;

@@ -100,6 +100,9 @@ class GradReducer {
   void set_clock(std::function<double()> now) { now_ = std::move(now); }
   // The groups with started collectives (for a progress thread).
   std::vector<Comm*> comms() const;
+  // The group the dense buckets reduce over (dp x cp; a SiteComm when it
+  // spans sites and parallel.site_reduce is hierarchical).
+  Comm& data_group() const { return dp_; }
 
   // --- Gradient compression (docs/compression.md) ---
   // Every bucket's level becomes s.level, with s's codec settings. `be`: the

@@ -1,6 +1,7 @@
 // adgt-train --dry-run's prediction (dry_run.hpp).
 #include "parallel/sim/dry_run.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -207,6 +208,32 @@ ExpectedCompression expected_compression(const RunConfig& cfg, const cluster::Cl
   };
   s.all_reduce = fit(Collective::AllReduce);
   s.all_to_all = fit(Collective::AllToAll);
+  // A group reduced over sites: the controller probes the cross-site group
+  // (one member a site, the WAN shared as cross_site_time prices it) and a
+  // site's members apart (choice.hpp prices the phases).
+  const auto by = cfg.parallel.site_reduce == "flat" ? std::vector<std::vector<int>>{}
+                                                     : cluster::members_by_site(cl, dp);
+  if (by.size() > 1) {
+    const int S = int(by.size()), k = int(by[0].size());
+    std::vector<int> cross;
+    for (const auto& m : by) cross.push_back(m[0]);
+    std::vector<int64_t> nodes;
+    for (int w : by[0])
+      if (std::find(nodes.begin(), nodes.end(), cl.node_of(w)) == nodes.end()) nodes.push_back(cl.node_of(w));
+    const double cs = 4.0 * S, cb = 4.0 * 4096 * S;
+    auto fit_cross = [&](Collective c) {
+      const auto t = [&](double b) { return cluster::cross_site_time(cl, c, cross, b, int64_t(nodes.size())); };
+      return compress::fit_link(c, S, cs, t(cs), cb, t(cb));
+    };
+    s.sites = S;
+    s.site_ranks = k;
+    s.all_reduce = fit_cross(Collective::AllReduce);
+    s.all_to_all = fit_cross(Collective::AllToAll);
+    const double ks = 4.0 * k, kb = 4.0 * 4096 * k;
+    s.site_link = compress::fit_link(Collective::AllReduce, k, ks,
+                                     cluster::collective_time(cl, Collective::AllReduce, by[0], ks), kb,
+                                     cluster::collective_time(cl, Collective::AllReduce, by[0], kb));
+  }
   const int r = int(std::max<int64_t>(1, cfg.parallel.powersgd_rank));
   if (cpu_codecs) {
     s.codec_s_per_elem = compress::measure_codec_seconds(r);
@@ -285,11 +312,18 @@ ExpectedCompression expected_compression(const RunConfig& cfg, const cluster::Cl
   out.link_latency_s = s.all_reduce.alpha;
   std::string mix;
   for (const auto& [name, n] : count) mix += (mix.empty() ? "" : ", ") + name + " " + std::to_string(n);
-  char buf[512];
+  char where[160] = "";
+  if (s.sites > 1)
+    std::snprintf(where, sizeof where, " over %d sites of %d, compressed across only: cross-site", s.sites,
+                  s.site_ranks);
+  char inside[96] = "";
+  if (s.sites > 1) std::snprintf(inside, sizeof inside, ", inside a site %.4g GB/s", s.site_link.beta / 1e9);
+  char buf[640];
   std::snprintf(buf, sizeof buf,
-                "grad compression: auto expects %s of %zu dp buckets after warm-up (dp=%d link "
-                "%.4g GB/s, %.3g us; if the gradient noise allows; docs/compression.md)\n",
-                mix.c_str(), out.levels.size(), D, out.link_Bps / 1e9, out.link_latency_s * 1e6);
+                "grad compression: auto expects %s of %zu dp buckets after warm-up (dp=%d%s link "
+                "%.4g GB/s, %.3g us%s; if the gradient noise allows; docs/compression.md)\n",
+                mix.c_str(), out.levels.size(), D, where, out.link_Bps / 1e9, out.link_latency_s * 1e6,
+                inside);
   out.line = buf;
   return out;
 }

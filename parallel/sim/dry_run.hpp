@@ -51,7 +51,7 @@ std::string precision_line(const RunConfig& cfg, const cluster::Cluster& cl);
 // level, so the line says "if the gradient noise allows".
 struct ExpectedCompression {
   std::vector<std::string> levels;  // per dp bucket of world rank 0, start order
-  double link_Bps = 0, link_latency_s = 0;  // the fitted all-reduce link
+  double link_Bps = 0, link_latency_s = 0;  // the fitted all-reduce link (over sites: the cross-site one)
   std::string line;
 };
 ExpectedCompression expected_compression(const RunConfig& cfg, const cluster::Cluster& cl,

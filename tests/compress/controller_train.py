@@ -12,6 +12,13 @@ docs/compression.md, "Controller") on 4 CPU ranks under the link emulation
       levels follow each change within 2 controller intervals (compressing
       by the decision at step 50, off or bf16 again by step 80), and are off
       or bf16 before the first change.
+  --link sites: two sites joined by a 50 Mbit/s WAN, fast inside
+      (two_sites_slow_wan.yaml; one node of each site, the dp group reduced
+      over the sites: parallel.site_reduce=hierarchical): the controller
+      prices the cross-site exchange apart from the links inside the sites
+      (its inputs carry sites 2, 2 members a site, and the two links: the
+      cross-site one within 25% of the WAN's share in the model, the site's
+      at least 100x faster), and compresses (the last step sends fewer bytes than fp32).
 
 Both: the controller records of metrics.jsonl (rank 0) equal what every rank
 applied (ADGT_LOG_CONTROLLER=1 lines on stderr), and the dp replicas hold the
@@ -39,7 +46,7 @@ def main():
     ap = argparse.ArgumentParser()
     for a in ("--train", "--mpirun", "--data", "--model", "--work"):
         ap.add_argument(a, required=True)
-    ap.add_argument("--link", choices=["slow", "fast", "schedule"], required=True)
+    ap.add_argument("--link", choices=["slow", "fast", "schedule", "sites"], required=True)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--clock", choices=["model", "virtual"], default="model",
                     help="emulate.clock: model (the ctest's) or virtual (measured CPU time and codec "
@@ -50,7 +57,9 @@ def main():
     schedule = args.link == "schedule"
     if schedule:
         args.steps = max(args.steps, 90)
-    cluster = os.path.join(HERE, f"{'fast' if schedule else args.link}_link.yaml")
+    sites = args.link == "sites"
+    cluster = os.path.join(HERE, "two_sites_slow_wan.yaml" if sites else
+                           f"{'fast' if schedule else args.link}_link.yaml")
     sets = [f"data.train={args.data}/train.bin", f"data.val={args.data}/val.bin",
             f"log.dir={out}", f"checkpoint.dir={out}/ckpt", "train.device=cpu", "parallel.dp=4",
             f"train.steps={args.steps}", "train.warmup_steps=10", "parallel.compress_interval=10",
@@ -62,6 +71,8 @@ def main():
             f"emulate.clock={args.clock}"]
     if schedule:
         sets.append("emulate.link_bandwidth=0.0005@30,1@60")
+    if sites:
+        sets += ["emulate.rank_order=interleave-sites", "parallel.site_reduce=hierarchical"]
     cmd = [args.mpirun, "4", args.train, "--config", args.model]
     for s in sets:
         cmd += ["--set", s]
@@ -115,6 +126,31 @@ def main():
         for r in ctl:
             if r["step"] > 80 and compressing(r):
                 problems.append(f"schedule: step {r['step']} (fast link again) compresses")
+    elif sites:
+        # The WAN of the cluster model: 0.00625 GB/s, shared by the cross
+        # groups of the 2 places at once (cluster::cross_site_time: every
+        # place's exchange runs together), so each reads half of it.
+        wan = 0.00625e9 / 2
+        for r in ctl:
+            i = r["inputs"]
+            if i.get("sites") != 2 or i.get("site_ranks") != 2:
+                problems.append(f"sites: step {r['step']}: inputs without the sites ({i.get('sites')}, "
+                                f"{i.get('site_ranks')})")
+                continue
+            cross = i["all_reduce_link"]["bandwidth_Bps"]
+            inside = i["site_link"]["bandwidth_Bps"]
+            print(f"    cross-site link {cross / 1e6:.3g} MB/s, inside a site {inside / 1e9:.3g} GB/s")
+            if not 0.8 * wan <= cross <= 1.25 * wan:
+                problems.append(f"sites: step {r['step']}: the cross-site link reads {cross:.3g} B/s, "
+                                f"the WAN is {wan:.3g}")
+            if inside < 100 * cross:
+                problems.append(f"sites: step {r['step']}: the site's link {inside:.3g} B/s is not "
+                                f"100x the cross-site one {cross:.3g}")
+        if not after or not compressing(after[-1]):
+            problems.append("sites: the last decision compresses no bucket")
+        last = steps[-1].get("grad_compression")
+        if not last or not 0 < last["sent_bytes"] < last["fp32_bytes"]:
+            problems.append(f"sites: the last step sent {last}")
     elif args.link == "slow":
         if not after or not any(l in COMPRESSING for l in after[-1]["decision"]["levels"]):
             problems.append("slow link: the last decision compresses no bucket")

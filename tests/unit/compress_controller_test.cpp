@@ -245,6 +245,96 @@ TEST_CASE("compress controller: signals round-trip through JSON", "[compress][co
   for (size_t i = 0; i < a.size(); ++i) CHECK(a[i].level == b[i].level);
 }
 
+// A dp group of 8 over 2 sites of 4 (parallel.site_reduce: hierarchical):
+// `fixed`'s buckets, the cross-site links at `wan_Bps`, the site's at `site_Bps`.
+Signals over_sites(double wan_Bps, double site_Bps, double wan_latency = 5e-3) {
+  Signals s = fixed(wan_Bps);
+  s.ranks = 8;
+  s.sites = 2;
+  s.site_ranks = 4;
+  s.all_reduce = {wan_latency, wan_Bps};
+  s.all_to_all = {wan_latency, wan_Bps};
+  s.site_link = {5e-6, site_Bps};
+  return s;
+}
+
+TEST_CASE("compress controller over sites: a level prices the cross-site exchange alone",
+          "[compress][controller][sites]") {
+  // Inside the sites the reduction is fp32 at every level: a slower site
+  // link adds the same time to every quantized level (its reduce-scatter and
+  // all-gather of the whole bucket) and nothing to the cross-site part.
+  const Signals fast = over_sites(2.5e6, 1e10), slow = over_sites(2.5e6, 1e8);
+  const BucketSignals& b = fast.buckets[0];
+  const double inside_fast = link_time(Collective::ReduceScatter, 4, fast.site_link, b.buf[0]) +
+                             link_time(Collective::AllGather, 4, fast.site_link, b.buf[0]);
+  const double inside_slow = link_time(Collective::ReduceScatter, 4, slow.site_link, b.buf[0]) +
+                             link_time(Collective::AllGather, 4, slow.site_link, b.buf[0]);
+  REQUIRE(inside_slow > 10 * inside_fast);
+  for (Level l : {Level::Bf16, Level::Int8, Level::Int4})
+    CHECK(predict_seconds(slow, b, l) - predict_seconds(fast, b, l) == Approx(inside_slow - inside_fast));
+  // The cross-site part of a quantized level: each member's 1/4 shard, the
+  // all-to-all of its encoded chunks and the owners' all-gather over the 2
+  // sites (3 buckets share each call's latency; the codec on the shard).
+  Signals nocodec = fast;
+  nocodec.codec_s_per_elem = {0, 0, 0, 0, 0, 0, 0};
+  const double lat = link_time(Collective::AllToAll, 2, fast.all_to_all, 0);
+  const double cross = 2 * (link_time(Collective::AllToAll, 2, fast.all_to_all, b.buf[size_t(Level::Int8)] / 4) -
+                            lat + lat / 3);
+  CHECK(predict_seconds(nocodec, b, Level::Int8) == Approx(inside_fast + cross));
+  // Off: SiteComm's all-reduce, the shard's fp32 all-reduce across, less what
+  // the compute after the bucket hides.
+  BucketSignals bare = b;
+  bare.hide_s = 0;
+  CHECK(predict_seconds(fast, bare, Level::None) ==
+        Approx(inside_fast + link_time(Collective::AllReduce, 2, fast.all_reduce, b.buf[0] / 4)));
+}
+
+TEST_CASE("compress controller over sites: compress where the WAN is slow, not where the site is",
+          "[compress][controller][sites]") {
+  // A slow WAN (20 Mbit/s) and fast sites: the cross-site exchange dominates
+  // and a quantized level pays.
+  for (const Choice& c : choose_levels(over_sites(2.5e6, 1e10)))
+    CHECK(level_order(c.level) >= level_order(Level::Int8));
+  // A fast WAN and slow sites (0.1 GB/s): the time is inside the sites, which
+  // no quantized level shrinks, so every bucket stays off. (The noise allows
+  // int3 but not PowerSGD, which would shrink the traffic inside the sites
+  // too: its P and Q go through the phases.)
+  Signals s = over_sites(1e11, 1e8, 5e-6);
+  s.noise_share = 0.1;
+  for (const Choice& c : choose_levels(s)) CHECK(c.level == Level::None);
+  // Priced flat instead, with the group's link fitted to the whole
+  // hierarchical all-reduce (what a probe of the group measures), the same
+  // step would compress its exposed bucket (bf16: half the bytes, a saving
+  // that inside the sites does not exist): the site-blind price this rule
+  // replaces.
+  Signals flat = s;
+  flat.sites = flat.site_ranks = 0;
+  const BucketSignals& b = s.buckets[0];
+  BucketSignals bare = b;
+  bare.hide_s = 0;
+  const double whole_small = predict_seconds(s, BucketSignals{.buf = {4.0 * 8}}, Level::None);
+  const double whole_big = predict_seconds(s, bare, Level::None);
+  flat.all_reduce = fit_link(Collective::AllReduce, 8, 4.0 * 8, whole_small, b.buf[0], whole_big);
+  flat.all_to_all = flat.all_reduce;
+  int compressed = 0;
+  for (const Choice& c : choose_levels(flat)) compressed += c.level != Level::None;
+  CHECK(compressed > 0);
+}
+
+TEST_CASE("compress controller over sites: the site fields round-trip through JSON",
+          "[compress][controller][sites]") {
+  const Signals s = over_sites(2.5e6, 1e9);
+  const Signals t = signals_from_json(nlohmann::json::parse(to_json(s).dump()));
+  CHECK(t.sites == 2);
+  CHECK(t.site_ranks == 4);
+  CHECK(t.site_link.beta == Approx(1e9));
+  CHECK(to_json(t) == to_json(s));
+  const auto a = choose_levels(s), c = choose_levels(t);
+  for (size_t i = 0; i < a.size(); ++i) CHECK(a[i].level == c[i].level);
+  // A flat group's JSON has no site fields (the decision logs stay as they were).
+  CHECK_FALSE(to_json(fixed(6.25e6)).contains("sites"));
+}
+
 #include "parallel/sim/dry_run.hpp"
 
 using Catch::Matchers::Contains;
@@ -273,4 +363,32 @@ TEST_CASE("compress: --dry-run's expected levels follow the cluster's link", "[c
                             Contains("dp buckets after warm-up (dp=4 link"));
   cfg.parallel.grad_compression = "off";
   CHECK(expect("slow_link.yaml").line.empty());
+}
+
+// Over sites: dp 8 on tests/compress/two_sites_slow_wan.yaml (ranks 0-3 on
+// site 0, 4-7 on site 1), reduced hierarchically: the dry run fits the
+// cross-site link (the WAN, shared by the 4 places' exchanges at once) and
+// the site's apart, as the controller probes them, and names both; flat, it
+// fits the whole group's ring.
+TEST_CASE("compress: --dry-run's expected levels over sites", "[compress][dryrun][sites]") {
+  const std::string dir = std::string(ADGT_SOURCE_DIR) + "/tests/compress/";
+  const cluster::Cluster cl = cluster::load_cluster(dir + "two_sites_slow_wan.yaml");
+  RunConfig cfg = load_config(dir + "model.yaml", {"parallel.dp=8", "parallel.grad_compression=auto"});
+  const sim::ExpectedCompression hier = sim::expected_compression(cfg, cl, 0.005, true);
+  std::vector<int> cross = {0, 4};
+  // One place's exchange: cross_site_time with the site's 2 nodes sharing the WAN.
+  const double t_big = cluster::cross_site_time(cl, Collective::AllReduce, cross, 4.0 * 4096 * 2, 2);
+  const double t_small = cluster::cross_site_time(cl, Collective::AllReduce, cross, 4.0 * 2, 2);
+  const LinkFit want = fit_link(Collective::AllReduce, 2, 4.0 * 2, t_small, 4.0 * 4096 * 2, t_big);
+  CHECK(hier.link_Bps == Approx(want.beta).epsilon(1e-6));
+  CHECK(hier.link_Bps < 0.00625e9);  // shared: below the WAN's own bandwidth
+  CHECK_THAT(hier.line, Contains("(dp=8 over 2 sites of 4, compressed across only: cross-site link") &&
+                            Contains(", inside a site "));
+  int compressed = 0;
+  for (const std::string& l : hier.levels) compressed += l != "off" && l != "bf16";
+  CHECK(compressed > 0);
+  cfg.parallel.site_reduce = "flat";
+  const sim::ExpectedCompression flat = sim::expected_compression(cfg, cl, 0.005, true);
+  CHECK_THAT(flat.line, !Contains("sites"));
+  CHECK(flat.link_Bps != Approx(hier.link_Bps).epsilon(0.01));
 }
