@@ -154,7 +154,14 @@ std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_
     costs = std::make_unique<DeviceModelCosts>(cl.device);
   }
   OpCosts& used = shared ? *shared : *costs;
-  const SimResult r = simulate_step(cfg, cl, used);
+  // An emulated cluster run here on the wall clock: every rank shares this
+  // host's cores, as the launch plan prices it (the virtual and model clocks
+  // time each rank as if it had a core).
+  SimOptions opt;
+  const bool on_host = cluster_given.empty() && !cfg.emulate.cluster.empty() &&
+                       cfg.emulate.clock == "wall" && cl.cpu_ranks();
+  if (on_host) opt.host_cores = std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()));
+  const SimResult r = simulate_step(cfg, cl, used, opt);
   std::string note;
   if (profile && profile->measured() > 0) {
     profile->save();
@@ -166,7 +173,14 @@ std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_
                                           : ("; cached in " + profile->path()).c_str());
     note = b;
   }
-  if (cl.cores_per_node > 0) {
+  if (on_host) {
+    char b[256];
+    std::snprintf(b, sizeof b,
+                  "  cores: the %ld emulated ranks share this host's %ld cores (emulate.clock wall; "
+                  "virtual or model: a core each)\n",
+                  long(world), long(opt.host_cores));
+    note += b;
+  } else if (cl.cores_per_node > 0) {
     char b[256];
     std::snprintf(b, sizeof b, "  cores: %ld ranks on %ld cores, %ld thread(s) each%s\n",
                   long(cl.devices_per_node), long(cl.cores_per_node), long(cl.rank_threads()),
