@@ -39,7 +39,7 @@ if [[ -z "${OMPI_MCA_orte_tmpdir_base:-}" ]]; then
     [[ -d $old ]] || continue
     pid=${old#"$prefix"}
     [[ $pid =~ ^[0-9]+$ && $pid != "$$" ]] || continue
-    kill -0 "$pid" 2>/dev/null || rm -rf "$old"
+    kill -0 "$pid" 2>/dev/null || rm -rf "$old" 2>/dev/null || true  # another launch may be removing it too
   done
   base="$prefix$$"
   rm -rf "$base"  # one left by a process that had this number before
