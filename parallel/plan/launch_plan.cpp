@@ -150,8 +150,7 @@ Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cl
     // Every rank of the launch shares this host's cores (the emulation
     // needs one host; cpu-here says its own cores per node) — on the wall
     // clock: the virtual and model clocks time each rank as if it had a core.
-    if (!cfg.emulate.cluster.empty() && cfg.emulate.clock == "wall")
-      in.sim.host_cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+    in.sim.host_cores = sim::emulated_host_cores(cfg);
   } else {
     costs = std::make_unique<sim::DeviceModelCosts>(cl.device);
   }

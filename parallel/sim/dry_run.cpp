@@ -158,9 +158,8 @@ std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_
   // host's cores, as the launch plan prices it (the virtual and model clocks
   // time each rank as if it had a core).
   SimOptions opt;
-  const bool on_host = cluster_given.empty() && !cfg.emulate.cluster.empty() &&
-                       cfg.emulate.clock == "wall" && cl.cpu_ranks();
-  if (on_host) opt.host_cores = std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()));
+  if (cluster_given.empty() && cl.cpu_ranks()) opt.host_cores = emulated_host_cores(cfg);
+  const bool on_host = opt.host_cores > 0;
   const SimResult r = simulate_step(cfg, cl, used, opt);
   std::string note;
   if (profile && profile->measured() > 0) {
@@ -214,39 +213,38 @@ ExpectedCompression expected_compression(const RunConfig& cfg, const cluster::Cl
   s.budget = cfg.parallel.compress_error_budget;
   s.hysteresis = 0;      // a first decision
   s.noise_share = 1;     // assumed: the budget allows every level
-  // The controller's probes (1 and 4096 floats per member), timed by the model.
-  const double small = 4.0 * D, big = 4.0 * 4096 * D;
-  auto fit = [&](Collective c) {
-    return compress::fit_link(c, D, small, cluster::collective_time(cl, c, dp, small), big,
-                              cluster::collective_time(cl, c, dp, big));
+  // The controller's probes (1 and 4096 floats per member of n), timed by
+  // `time` (bytes -> seconds), fitted as the controller fits what it measures.
+  auto fit = [](Collective c, int n, const auto& time) {
+    const double small = 4.0 * n, big = 4.0 * 4096 * n;
+    return compress::fit_link(c, n, small, time(small), big, time(big));
   };
-  s.all_reduce = fit(Collective::AllReduce);
-  s.all_to_all = fit(Collective::AllToAll);
+  auto group = [&](Collective c, const std::vector<int>& g) {
+    return fit(c, int(g.size()), [&](double b) { return cluster::collective_time(cl, c, g, b); });
+  };
+  s.all_reduce = group(Collective::AllReduce, dp);
+  s.all_to_all = group(Collective::AllToAll, dp);
   // A group reduced over sites: the controller probes the cross-site group
   // (one member a site, the WAN shared as cross_site_time prices it) and a
   // site's members apart (choice.hpp prices the phases).
   const auto by = cfg.parallel.site_reduce == "flat" ? std::vector<std::vector<int>>{}
                                                      : cluster::members_by_site(cl, dp);
   if (by.size() > 1) {
-    const int S = int(by.size()), k = int(by[0].size());
     std::vector<int> cross;
     for (const auto& m : by) cross.push_back(m[0]);
     std::vector<int64_t> nodes;
     for (int w : by[0])
       if (std::find(nodes.begin(), nodes.end(), cl.node_of(w)) == nodes.end()) nodes.push_back(cl.node_of(w));
-    const double cs = 4.0 * S, cb = 4.0 * 4096 * S;
-    auto fit_cross = [&](Collective c) {
-      const auto t = [&](double b) { return cluster::cross_site_time(cl, c, cross, b, int64_t(nodes.size())); };
-      return compress::fit_link(c, S, cs, t(cs), cb, t(cb));
+    auto across = [&](Collective c) {
+      return fit(c, int(cross.size()), [&](double b) {
+        return cluster::cross_site_time(cl, c, cross, b, int64_t(nodes.size()));
+      });
     };
-    s.sites = S;
-    s.site_ranks = k;
-    s.all_reduce = fit_cross(Collective::AllReduce);
-    s.all_to_all = fit_cross(Collective::AllToAll);
-    const double ks = 4.0 * k, kb = 4.0 * 4096 * k;
-    s.site_link = compress::fit_link(Collective::AllReduce, k, ks,
-                                     cluster::collective_time(cl, Collective::AllReduce, by[0], ks), kb,
-                                     cluster::collective_time(cl, Collective::AllReduce, by[0], kb));
+    s.sites = int(by.size());
+    s.site_ranks = int(by[0].size());
+    s.all_reduce = across(Collective::AllReduce);
+    s.all_to_all = across(Collective::AllToAll);
+    s.site_link = group(Collective::AllReduce, by[0]);
   }
   const int r = int(std::max<int64_t>(1, cfg.parallel.powersgd_rank));
   if (cpu_codecs) {

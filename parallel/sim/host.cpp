@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <thread>
 #include <vector>
 
 #include <omp.h>
@@ -88,6 +89,11 @@ std::string SharedMemoryCosts::describe() const {
   std::snprintf(b, sizeof b, "; the host's memory %.3g GB/s shared by %.3g ranks at once", bw_ / 1e9,
                 running_);
   return inner_.describe() + b;
+}
+
+int64_t emulated_host_cores(const RunConfig& cfg) {
+  if (cfg.emulate.cluster.empty() || cfg.emulate.clock != "wall") return 0;
+  return std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()));
 }
 
 }  // namespace adgt::sim

@@ -5,9 +5,11 @@
 // The simulator's processor sharing is fluid; it adds this wait per
 // synchronisation.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 
+#include "core/config.hpp"
 #include "parallel/sim/ops.hpp"
 
 namespace adgt::sim {
@@ -54,5 +56,11 @@ class ProfileCosts;
 // What the dry run and the planner cost CPU ranks with.
 std::unique_ptr<OpCosts> shared_memory_costs(const cluster::Cluster& cl, ProfileCosts& pc,
                                              bool model_clock);
+
+// The cores every emulated rank of the run shares (emulate.cluster on this
+// host, on the wall clock: all ranks run here), 0 otherwise (no emulation,
+// or the virtual and model clocks, which time each rank as if it had a
+// core). The launch plan and the dry run price CPU ranks with it.
+int64_t emulated_host_cores(const RunConfig& cfg);
 
 }  // namespace adgt::sim
