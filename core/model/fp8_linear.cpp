@@ -24,12 +24,13 @@ Fp8Options fp8_options(const TrainConfig& t) {
 Fp8Linears::Fp8Linears(Backend& be, const Fp8Options& o, Comm* tp, Comm* cp)
     : be_(be), o_(o), tp_(tp && tp->size() > 1 ? tp : nullptr), cp_(cp && cp->size() > 1 ? cp : nullptr) {}
 
-int Fp8Linears::add_site(int64_t key, int64_t O, int64_t I) {
+int Fp8Linears::add_site(int64_t key, int64_t O, int64_t I, bool split_tokens) {
   ADGT_CHECK(!amax_.data(), "Fp8Linears: sites are added before the first GEMM");
   Site s;
   s.key = key;
   s.O = O;
   s.I = I;
+  s.split_tokens = split_tokens;
   sites_.push_back(std::move(s));
   hist_.assign(sites_.size() * 2 * size_t(o_.history), 0.0f);
   return int(sites_.size()) - 1;
@@ -60,7 +61,7 @@ void Fp8Linears::current_scale(int site, int which, const Tensor& x, bool tokens
   Tensor a = scalar(amax_, site, which);
   be_.fp8_amax(a, x, false);
   if (tp_) tp_->all_reduce(a, ReduceOp::Max);
-  if (cp_ && tokens) cp_->all_reduce(a, ReduceOp::Max);
+  if (cp_ && tokens && sites_[size_t(site)].split_tokens) cp_->all_reduce(a, ReduceOp::Max);
   be_.fp8_scale(scalar(scale_, site, which), a, which == kDy ? o_.grad_kind : Fp8Kind::E4M3,
                 o_.margin);
 }
@@ -69,7 +70,7 @@ Fp8Operand Fp8Linears::quantize(int site, int which, const Tensor& x, Buffer& q,
   const int64_t rows = x.dim(0), cols = x.numel() / rows;
   // (A pass before any begin_step since the history was set, an evaluation
   // right after a resume: the scales from the history first.)
-  if (o_.delayed && have_history(site, which) && !uploaded_) begin_step();
+  if (o_.delayed && filled_ > 0 && !uploaded_) begin_step();
   if (!o_.delayed || !have_history(site, which)) current_scale(site, which, x, true);
   if (o_.delayed) be_.fp8_amax(scalar(step_amax_, site, which), x, true);
   const DType dt = which == kDy && o_.grad_kind == Fp8Kind::E5M2 ? DType::E5M2 : DType::E4M3;
@@ -127,18 +128,23 @@ void Fp8Linears::invalidate_weights() {
   for (Site& s : sites_) s.w_valid = false;
 }
 
-bool Fp8Linears::have_history(int, int) const { return filled_ > 0; }
+bool Fp8Linears::have_history(int site, int which) const {
+  return filled_ > 0 && hist_ok_.size() == 2 * sites_.size() &&
+         hist_ok_[size_t(which - kX) * sites_.size() + size_t(site)];
+}
 
 void Fp8Linears::begin_step() {
   if (!o_.delayed || filled_ == 0 || sites_.empty()) return;
   const size_t S = sites_.size(), H = size_t(o_.history);
   const size_t n = size_t(std::min<int64_t>(filled_, o_.history));
   std::vector<float> sc(2 * S);
+  hist_ok_.assign(2 * S, 0);
   for (size_t i = 0; i < S; ++i)
     for (int j = 0; j < 2; ++j) {
       const float* h = &hist_[(i * 2 + size_t(j)) * H];
       float m = 0;
       for (size_t k = 0; k < n; ++k) m = std::max(m, h[(size_t(head_) + H - 1 - k) % H]);
+      hist_ok_[size_t(j) * S + i] = m > 0;
       const Fp8Kind kind = j == 1 ? o_.grad_kind : Fp8Kind::E4M3;
       sc[size_t(j) * S + i] = pow2f(fp8_scale_exponent(m, kind, o_.margin));
     }

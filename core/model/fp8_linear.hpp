@@ -6,7 +6,8 @@
 // with fp32 accumulation and bf16 outputs (dw fp32), each Q a per-tensor
 // power-of-two scale then a round-to-nearest-even, saturating cast
 // (kernels/common/fp8.hpp). The head, the attention core, norms, SwiGLU,
-// the loss, the router and the MoE experts stay bf16/fp32.
+// the loss and the router stay bf16/fp32. The MoE experts' GEMMs are sites
+// too (MoeLayer::set_fp8), one per expert and projection.
 //
 // Scales. Weights: from their amax when cast, once per step (the cast codes
 // are cached until the weights change: invalidate_weights). Activations (x)
@@ -22,6 +23,13 @@
 // over the cp group (a sequence's tokens) takes the max over that group, so
 // a layout computes the scales one process would. A micro-batch's amax is
 // its own under data parallelism, as in one process's accumulation.
+// An expert's site (split_tokens false) takes no max over cp: its rows are
+// the ones routed to that expert on this rank, gathered from the ep group
+// (its amax is the block's, as a grouped GEMM's per-expert scale; with
+// power-of-two scales that casts every value in E4M3's normal range exactly
+// as the micro-batches' own scales would, docs/fp8.md).
+// Delayed scaling with an all-zero history for a site (an expert no token
+// reached in the window) scales from the current amax, not from zero.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -51,8 +59,10 @@ class Fp8Linears {
   Fp8Linears& operator=(const Fp8Linears&) = delete;
 
   // A linear layer of (O, I) weights; returns its site. `key`: a name the
-  // checkpoint state uses (global layer * 8 + role, see Model).
-  int add_site(int64_t key, int64_t O, int64_t I);
+  // checkpoint state uses (see Model: dense layer * 8 + role; an expert's
+  // is negative). split_tokens: the site's activations are a sequence's
+  // tokens split over cp (amax maxed over cp); false for experts.
+  int add_site(int64_t key, int64_t O, int64_t I, bool split_tokens = true);
   int sites() const { return int(sites_.size()); }
   int64_t key(int site) const { return sites_[size_t(site)].key; }
 
@@ -83,6 +93,7 @@ class Fp8Linears {
  private:
   struct Site {
     int64_t key = 0, O = 0, I = 0;
+    bool split_tokens = true;
     Buffer wq, wqt;      // the cached weight codes (E4M3), and transposed
     bool w_valid = false;
   };
@@ -106,6 +117,7 @@ class Fp8Linears {
   Buffer amax_, scale_, step_amax_;  // F32 (3 x sites): now, scale, the step's (delayed)
   Buffer xq_, xqt_, dyq_, dyqt_;     // activation and gradient codes (grown)
   std::vector<float> hist_;          // (sites, 2, history) ring: slot (filled_ + i) % history
+  std::vector<uint8_t> hist_ok_;     // (2, sites): the window's amax is > 0 (begin_step)
   int64_t filled_ = 0;               // steps pushed (capped at history for reads)
   int64_t head_ = 0;                 // next ring slot
   bool uploaded_ = false;            // the scales of the current history are on the device

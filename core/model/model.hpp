@@ -166,13 +166,16 @@ class Model {
   // nullptr: none (the flat buffers stay).
   void set_unit_storage(UnitStorage* s);
   // train.dtype fp8 (core/model/fp8_linear.hpp): the layers' q/k/v, o,
-  // gate/up and down GEMMs in FP8 from now on (the head and MoE experts stay
-  // bf16). Needs bf16 compute. cp: the context-parallel group (nullptr: none).
+  // gate/up and down GEMMs and the MoE experts' w1/w3 (or w13) and w2 GEMMs
+  // in FP8 from now on (the head and the router stay bf16). Needs bf16
+  // compute. cp: the context-parallel group (nullptr: none).
   void enable_fp8(const Fp8Options& o, Comm* cp);
   Fp8Linears* fp8() { return fp8_.get(); }
   // Delayed scaling's amax histories by global layer and role (q, k, v, o,
   // gate, up, down; a fused site fills its roles alike): (n_layers x 7 x 2
-  // (x, dy) x history), zero for layers elsewhere, and the steps filled.
+  // (x, dy) x history), then, with experts, by global layer, expert and
+  // projection (w1, w3, w2): (n_layers x n_experts x 3 x 2 x history); zero
+  // for layers elsewhere (and for dense layers' experts), and the steps filled.
   std::vector<double> fp8_history_table() const;
   // Loads such a table (a fused site takes the max over its roles).
   void set_fp8_history_table(const std::vector<double>& t, int64_t steps);
@@ -475,6 +478,9 @@ class Model {
   void mm_bwd(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, size_t wi, size_t wl,
               bool accumulate_dx);
   std::unique_ptr<Fp8Linears> fp8_;
+  void add_expert_sites(int64_t layer, MoeLayer& m);
+  std::vector<size_t> fp8_table_rows(int site) const;  // model_fp8.cpp
+  size_t fp8_table_size() const;
   std::vector<int> fp8_site_;  // per parameter: the FP8 site of the linear starting there, or -1
   Tensor ln_local_;             // (Nl, C) norm output before the gather (SP only)
   Tensor partial_;              // (N, C) row-parallel partial sums (SP only)

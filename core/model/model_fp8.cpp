@@ -16,6 +16,25 @@ int last_role(int role, bool fused) {
 }
 }  // namespace
 
+// Every expert of the layer has its sites on every rank (the ones it holds
+// use theirs, owned or replicated), keyed -1 - ((layer * E + e) * 3 + proj).
+// Expert weights are split over tp (F / tp rows of w1, w3; columns of w2).
+void Model::add_expert_sites(int64_t layer, MoeLayer& m) {
+  const int64_t E = cfg_.n_experts, C = cfg_.d_model, F = cfg_.expert_ffn() / tp_->size();
+  std::vector<int> sites(size_t(3 * E), -1);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t key = -1 - (layer * E + e) * 3;
+    if (fused_) {
+      sites[size_t(e * 3)] = fp8_->add_site(key, 2 * F, C, false);
+    } else {
+      sites[size_t(e * 3)] = fp8_->add_site(key, F, C, false);
+      sites[size_t(e * 3 + 1)] = fp8_->add_site(key - 1, F, C, false);
+    }
+    sites[size_t(e * 3 + 2)] = fp8_->add_site(key - 2, C, F, false);
+  }
+  m.set_fp8(fp8_.get(), std::move(sites));
+}
+
 void Model::enable_fp8(const Fp8Options& o, Comm* cp) {
   if (!o.on) return;
   ADGT_CHECK(dtype_ == DType::BF16 && mdt_ == DType::F32,
@@ -39,7 +58,10 @@ void Model::enable_fp8(const Fp8Options& o, Comm* cp) {
         add(g, kV, w.v, w.v);
       }
       add(g, kO, w.o, w.o);
-      if (w.moe >= 0) continue;  // the experts stay bf16
+      if (w.moe >= 0) {
+        add_expert_sites(g, *moe_[size_t(w.moe)]);
+        continue;
+      }
       if (fused_) {
         add(g, kGate, w.gate, w.up);
       } else {
@@ -67,39 +89,53 @@ void Model::mm_bwd(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, size
     be_.linear_backward(dx, dw, dy, x, weights(wi, wl), accumulate_dx);
 }
 
+// The table: (n_layers, 7 roles, 2, H) for the dense linears, then, in a
+// model with experts, (n_layers, n_experts, 3 (w1, w3, w2), 2, H).
+// A site's rows in it (a fused site stands for two or three roles).
+std::vector<size_t> Model::fp8_table_rows(int site) const {
+  const int64_t key = fp8_->key(site);
+  std::vector<size_t> rows;
+  if (key >= 0) {
+    const int64_t layer = key / 8;
+    const int role = int(key % 8);
+    for (int r = role; r <= last_role(role, fused_); ++r) rows.push_back(size_t(layer) * kRoles + size_t(r));
+    return rows;
+  }
+  const int64_t i = -1 - key;  // (layer * E + e) * 3 + proj
+  const size_t dense = size_t(cfg_.n_layers) * kRoles;
+  rows.push_back(dense + size_t(i));
+  if (fused_ && i % 3 == 0) rows.push_back(dense + size_t(i) + 1);  // w13: w1 and w3
+  return rows;
+}
+
+size_t Model::fp8_table_size() const {
+  const size_t H = size_t(fp8_->options().history);
+  return (size_t(cfg_.n_layers) * kRoles + size_t(cfg_.n_layers * cfg_.n_experts) * 3) * 2 * H;
+}
+
 std::vector<double> Model::fp8_history_table() const {
   if (!fp8_) return {};
-  const size_t H = size_t(fp8_->options().history), row = 2 * H;
-  std::vector<double> t(size_t(cfg_.n_layers) * kRoles * row, 0.0);
+  const size_t row = 2 * size_t(fp8_->options().history);
+  std::vector<double> t(fp8_table_size(), 0.0);
   const std::vector<double> h = fp8_->history();
-  for (int s = 0; s < fp8_->sites(); ++s) {
-    const int64_t key = fp8_->key(s), layer = key / 8;
-    const int role = int(key % 8);
-    const int last = last_role(role, fused_);
-    for (int r = role; r <= last; ++r)
+  for (int s = 0; s < fp8_->sites(); ++s)
+    for (size_t r : fp8_table_rows(s))
       std::copy(h.begin() + std::ptrdiff_t(size_t(s) * row),
-                h.begin() + std::ptrdiff_t(size_t(s + 1) * row),
-                t.begin() + std::ptrdiff_t((size_t(layer) * kRoles + size_t(r)) * row));
-  }
+                h.begin() + std::ptrdiff_t(size_t(s + 1) * row), t.begin() + std::ptrdiff_t(r * row));
   return t;
 }
 
 void Model::set_fp8_history_table(const std::vector<double>& t, int64_t steps) {
   if (!fp8_) return;
   const size_t H = size_t(fp8_->options().history), row = 2 * H;
-  ADGT_CHECK(t.size() == size_t(cfg_.n_layers) * kRoles * row,
-             "Model: an FP8 history table of " << t.size() << " values, expected n_layers x 7 x 2 x "
-                                               << H);
+  ADGT_CHECK(t.size() == fp8_table_size(),
+             "Model: an FP8 history table of " << t.size() << " values, expected (n_layers x 7 + "
+                                               << "n_layers x n_experts x 3) x 2 x " << H);
   std::vector<double> h(size_t(fp8_->sites()) * row, 0.0);
-  for (int s = 0; s < fp8_->sites(); ++s) {
-    const int64_t key = fp8_->key(s), layer = key / 8;
-    const int role = int(key % 8);
-    const int last = last_role(role, fused_);
-    for (int r = role; r <= last; ++r)
+  for (int s = 0; s < fp8_->sites(); ++s)
+    for (size_t r : fp8_table_rows(s))
       for (size_t k = 0; k < row; ++k)
-        h[size_t(s) * row + k] =
-            std::max(h[size_t(s) * row + k], t[(size_t(layer) * kRoles + size_t(r)) * row + k]);
-  }
+        h[size_t(s) * row + k] = std::max(h[size_t(s) * row + k], t[r * row + k]);
   fp8_->set_history(h, steps);
 }
 

@@ -534,6 +534,36 @@ void MoeLayer::dispatch_rows(Slot& s, const Tensor& tok, int64_t Ms, int64_t Mr,
   if (Mr) be_.embedding_forward(s.xe, recv, s.perm, 0);
 }
 
+void MoeLayer::set_fp8(Fp8Linears* f, std::vector<int> sites) {
+  ADGT_CHECK(!f || int64_t(sites.size()) == 3 * E_,
+             "moe: set_fp8 takes 3 sites per expert (" << 3 * E_ << "), got " << sites.size());
+  fp8_ = f;
+  fp8_sites_ = f ? std::move(sites) : std::vector<int>{};
+}
+
+int MoeLayer::fp8_site(int64_t le, int proj) const {
+  if (!fp8_) return -1;
+  const int64_t e = held_[size_t(ep_->rank())][size_t(le)];
+  return fp8_sites_[size_t(e * 3 + proj)];
+}
+
+void MoeLayer::expert_forward(int64_t le, int proj, Tensor y, const Tensor& x, const Tensor& w) {
+  const int site = fp8_site(le, proj);
+  if (site >= 0)
+    fp8_->forward(site, y, x, w);
+  else
+    be_.linear_forward(y, x, w);
+}
+
+void MoeLayer::expert_backward(int64_t le, int proj, Tensor dx, Tensor dw, const Tensor& dy,
+                               const Tensor& x, const Tensor& w, bool accumulate_dx) {
+  const int site = fp8_site(le, proj);
+  if (site >= 0)
+    fp8_->backward(site, dx, dw, dy, x, w, accumulate_dx);
+  else
+    be_.linear_backward(dx, dw, dy, x, w, accumulate_dx);
+}
+
 Tensor MoeLayer::run_experts(Slot& s, const MoeParams& full, int64_t Mr) {
   MoeStats& st = s.stats;
   const int64_t El = int64_t(s.expert_rows.size());
@@ -544,15 +574,15 @@ Tensor MoeLayer::run_experts(Slot& s, const MoeParams& full, int64_t Mr) {
     if (!m) continue;
     Tensor xb = s.xe.rows(off, m), gb = s.gate.rows(off, m), hb = s.h.rows(off, m);
     if (s.fused) {
-      be_.linear_forward(gb, xb, full.w13[size_t(le)]);
+      expert_forward(le, 0, gb, xb, full.w13[size_t(le)]);
       be_.swiglu_packed_forward(hb, gb);
     } else {
       Tensor ub = s.up.rows(off, m);
-      be_.linear_forward(gb, xb, full.w1[size_t(le)]);
-      be_.linear_forward(ub, xb, full.w3[size_t(le)]);
+      expert_forward(le, 0, gb, xb, full.w1[size_t(le)]);
+      expert_forward(le, 1, ub, xb, full.w3[size_t(le)]);
       be_.swiglu_forward(hb, gb, ub);
     }
-    be_.linear_forward(ye.rows(off, m), hb, full.w2[size_t(le)]);
+    expert_forward(le, 2, ye.rows(off, m), hb, full.w2[size_t(le)]);
   }
   st.expert_rows = Mr;
   for (int64_t le = place_.per_rank(); le < El; ++le) st.shadow_rows += s.expert_rows[size_t(le)];
@@ -671,17 +701,17 @@ void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams
     if (!m) continue;
     const size_t i = size_t(le);
     Tensor xb = s.xe.rows(off, m), dxb = dxe.rows(off, m);
-    be_.linear_backward(dh.rows(off, m), fg.w2[i], dye.rows(off, m), s.h.rows(off, m), fp.w2[i],
-                        false);
+    expert_backward(le, 2, dh.rows(off, m), fg.w2[i], dye.rows(off, m), s.h.rows(off, m),
+                    fp.w2[i], false);
     if (s.fused) {
       be_.swiglu_packed_backward(dg.rows(off, m), dh.rows(off, m), s.gate.rows(off, m));
-      be_.linear_backward(dxb, fg.w13[i], dg.rows(off, m), xb, fp.w13[i], false);
+      expert_backward(le, 0, dxb, fg.w13[i], dg.rows(off, m), xb, fp.w13[i], false);
       continue;
     }
     be_.swiglu_backward(dg.rows(off, m), du.rows(off, m), dh.rows(off, m), s.gate.rows(off, m),
                         s.up.rows(off, m));
-    be_.linear_backward(dxb, fg.w1[i], dg.rows(off, m), xb, fp.w1[i], false);
-    be_.linear_backward(dxb, fg.w3[i], du.rows(off, m), xb, fp.w3[i], true);
+    expert_backward(le, 0, dxb, fg.w1[i], dg.rows(off, m), xb, fp.w1[i], false);
+    expert_backward(le, 1, dxb, fg.w3[i], du.rows(off, m), xb, fp.w3[i], true);
   }
   if (rep && return_shadows) return_shadow_grads(grads);
   st.expert_rows_bwd = Mr;

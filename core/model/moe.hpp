@@ -68,6 +68,7 @@
 #include <vector>
 
 #include "core/comm.hpp"
+#include "core/model/fp8_linear.hpp"
 #include "core/model/moe_placement.hpp"
 #include "core/model/moe_replicas.hpp"
 #include "kernels/backend.hpp"
@@ -183,6 +184,13 @@ class MoeLayer {
   // p: this rank's owned experts (as forward takes them). Collective over ep.
   void sync_replicas(const MoeParams& p);
 
+  // train.dtype fp8: the experts' GEMMs on FP8 operands through f's sites
+  // (core/model/fp8_linear.hpp), `sites` indexed by global expert e * 3 +
+  // projection: 0 w1 (the fused w13 when the layer runs fused), 1 w3, 2 w2
+  // (-1: that GEMM stays bf16). Each expert's rows on this rank are one
+  // GEMM's operand, scaled from their own amax (or the site's history).
+  void set_fp8(Fp8Linears* f, std::vector<int> sites);
+
   const MoeOptions& options() const { return opt_; }
   const ExpertPlacement& placement() const { return place_; }
   const std::vector<int64_t>& local_experts() const;  // this rank's, ascending
@@ -210,6 +218,12 @@ class MoeLayer {
   void replica_rows(Slot& s, const RoutePlan& rp, std::vector<int64_t>& rcounts);
   void dispatch_rows(Slot& s, const Tensor& tok, int64_t Ms, int64_t Mr, bool fused);
   Tensor run_experts(Slot& s, const MoeParams& full, int64_t Mr);
+  // An expert's GEMM (Backend::linear_forward / linear_backward), in FP8 when
+  // set_fp8 gave expert e's projection a site. le: this rank's held index.
+  int fp8_site(int64_t le, int proj) const;
+  void expert_forward(int64_t le, int proj, Tensor y, const Tensor& x, const Tensor& w);
+  void expert_backward(int64_t le, int proj, Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x,
+                       const Tensor& w, bool accumulate_dx);
   void return_rows(Slot& s, const Tensor& ye, int64_t Ms, int64_t Mr);
   void check_params(const MoeParams& p, const char* what) const;
   // p followed by the shadows' weights (grads: their gradients).
@@ -253,6 +267,8 @@ class MoeLayer {
   Buffer bias_dev_;           // its device copy, uploaded before a forward when changed
   bool bias_dirty_ = true;
   Buffer slot_;               // (E) int32: each expert's place in the send order
+  Fp8Linears* fp8_ = nullptr;
+  std::vector<int> fp8_sites_;  // (E, 3) see set_fp8
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<Scratch> scratch_;
   int last_slot_ = -1;

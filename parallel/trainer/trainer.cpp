@@ -387,8 +387,13 @@ void Trainer::load(const std::string& step_dir) {
   if (Fp8Linears* f = model.fp8(); f && f->options().delayed) {
     std::vector<double> t;
     int64_t steps = 0;
-    if (take_fp8_state(st, cfg_.model, f->options().history, t, steps, step_dir)) {
+    bool no_experts = false;
+    if (take_fp8_state(st, cfg_.model, f->options().history, t, steps, step_dir, &no_experts)) {
       model.set_fp8_history_table(t, steps);
+      if (no_experts && lead())
+        std::fprintf(stderr, "note: checkpoint %s has no FP8 amax history for the experts' GEMMs "
+                             "(saved before they ran in FP8); they start from current scaling\n",
+                     step_dir.c_str());
     } else if (lead()) {
       std::fprintf(stderr, "note: checkpoint %s has no FP8 amax history (a bf16 or tensorwise "
                            "run's); delayed scaling starts from current scaling\n",
@@ -471,7 +476,7 @@ void Trainer::save(MetricsLog* metrics, TeiMeter& tei, bool wait) {
     // dp and cp replicas); the sum over the pipeline gives the whole table.
     std::vector<double> t = model.fp8_history_table();
     engine_->groups().pp->all_reduce(Tensor(t.data(), DType::F64, {int64_t(t.size())}));
-    put_fp8_state(st.state, t, f->history_steps(), f->options().history);
+    put_fp8_state(st.state, cfg_.model, t, f->history_steps(), f->options().history);
   }
   st.rank_state = compression_state(engine_->reducer());  // per rank (docs/compression.md)
   if (!st.rank_state.empty())

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/check.hpp"
+
 namespace adgt {
 
 namespace {
@@ -72,17 +74,27 @@ RestoredTrainerState restore_trainer_state(const CheckpointState& st, const Mode
 
 namespace {
 constexpr const char* kFp8History = "fp8/amax_history";
+constexpr const char* kFp8Experts = "fp8/expert_amax_history";
 constexpr const char* kFp8Len = "fp8/amax_history_len";
+size_t fp8_dense_rows(const ModelConfig& m) { return size_t(m.n_layers) * 7 * 2; }
+size_t fp8_expert_rows(const ModelConfig& m) { return size_t(m.n_layers * m.n_experts) * 3 * 2; }
 }  // namespace
 
-void put_fp8_state(std::map<std::string, StateEntry>& s, const std::vector<double>& table,
-                   int64_t steps, int64_t history) {
-  s[kFp8History] = StateEntry::of_reals(table);
+void put_fp8_state(std::map<std::string, StateEntry>& s, const ModelConfig& m,
+                   const std::vector<double>& table, int64_t steps, int64_t history) {
+  const size_t dense = fp8_dense_rows(m) * size_t(history);
+  ADGT_CHECK(table.size() == dense + fp8_expert_rows(m) * size_t(history),
+             "put_fp8_state: a table of " << table.size() << " values for this model");
+  s[kFp8History] = StateEntry::of_reals(std::vector<double>(table.begin(), table.begin() + std::ptrdiff_t(dense)));
+  if (m.n_experts > 0)
+    s[kFp8Experts] = StateEntry::of_reals(std::vector<double>(table.begin() + std::ptrdiff_t(dense), table.end()));
   s[kFp8Len] = StateEntry::of_ints({std::min(steps, history), history});
 }
 
 bool take_fp8_state(const CheckpointState& st, const ModelConfig& m, int64_t history,
-                    std::vector<double>& table, int64_t& steps, const std::string& where) {
+                    std::vector<double>& table, int64_t& steps, const std::string& where,
+                    bool* experts_missing) {
+  if (experts_missing) *experts_missing = false;
   auto h = st.state.find(kFp8History);
   auto n = st.state.find(kFp8Len);
   if (h == st.state.end() && n == st.state.end()) return false;
@@ -93,16 +105,35 @@ bool take_fp8_state(const CheckpointState& st, const ModelConfig& m, int64_t his
       n->second.ints[1] < 1 || n->second.ints[0] < 0 || n->second.ints[0] > n->second.ints[1])
     throw CheckpointError(where + ": state/" + kFp8Len + " must hold (steps, history), 0 <= steps <= history");
   const int64_t saved_h = n->second.ints[1], saved_n = n->second.ints[0];
-  const size_t rows = size_t(m.n_layers) * 7 * 2;
+  const size_t rows = fp8_dense_rows(m), erows = fp8_expert_rows(m);
   if (h->second.kind != StateEntry::Kind::Reals || h->second.reals.size() != rows * size_t(saved_h))
     throw CheckpointError(where + ": state/" + kFp8History + " must hold n_layers x 7 x 2 x " +
                           std::to_string(saved_h) + " reals");
+  // The experts' rows (a model with experts); a checkpoint of an fp8 run from
+  // before the experts' GEMMs were FP8 has none: their histories start empty.
+  const std::vector<double>* ex = nullptr;
+  if (erows) {
+    auto x = st.state.find(kFp8Experts);
+    if (x == st.state.end()) {
+      if (experts_missing) *experts_missing = true;
+    } else if (x->second.kind != StateEntry::Kind::Reals ||
+               x->second.reals.size() != erows * size_t(saved_h)) {
+      throw CheckpointError(where + ": state/" + kFp8Experts +
+                            " must hold n_layers x n_experts x 3 x 2 x " +
+                            std::to_string(saved_h) + " reals");
+    } else {
+      ex = &x->second.reals;
+    }
+  }
   steps = std::min(saved_n, history);
-  table.assign(rows * size_t(history), 0.0);
-  for (size_t r = 0; r < rows; ++r)
+  table.assign((rows + erows) * size_t(history), 0.0);
+  auto take = [&](const std::vector<double>& src, size_t r, size_t dst_row) {
     for (int64_t k = 0; k < steps; ++k)  // the newest `steps` of the saved ones, oldest first
-      table[r * size_t(history) + size_t(k)] =
-          h->second.reals[r * size_t(saved_h) + size_t(saved_n - steps + k)];
+      table[dst_row * size_t(history) + size_t(k)] = src[r * size_t(saved_h) + size_t(saved_n - steps + k)];
+  };
+  for (size_t r = 0; r < rows; ++r) take(h->second.reals, r, r);
+  if (ex)
+    for (size_t r = 0; r < erows; ++r) take(*ex, r, rows + r);
   return true;
 }
 

@@ -13,6 +13,9 @@
 //                                     history (n_layers x 7 roles (q, k, v, o, gate,
 //                                     up, down) x 2 (input, output gradient) x
 //                                     fp8/amax_history_len[1]), oldest first
+//   fp8/expert_amax_history reals     the same for the MoE experts' GEMMs (n_layers x
+//                                     n_experts x 3 (w1, w3, w2) x 2 x history); a
+//                                     model with experts only
 //   fp8/amax_history_len   ints (2)   steps filled, history length
 //
 // Checkpoints written before named state packed the first two into
@@ -52,14 +55,18 @@ RestoredTrainerState restore_trainer_state(const CheckpointState& st, const Mode
                                            const std::string& where);
 
 // FP8 delayed scaling's histories (Model::fp8_history_table, summed over the
-// pipeline stages) as the fp8/ entries above.
-void put_fp8_state(std::map<std::string, StateEntry>& s, const std::vector<double>& table,
-                   int64_t steps, int64_t history);
+// pipeline stages) as the fp8/ entries above: fp8/amax_history the dense
+// linears', fp8/expert_amax_history (a model with experts) the experts'.
+void put_fp8_state(std::map<std::string, StateEntry>& s, const ModelConfig& m,
+                   const std::vector<double>& table, int64_t steps, int64_t history);
 // The saved histories re-laid for a history of `history` steps (the newest
 // ones kept), and the steps filled; false when the checkpoint has none (a
-// bf16 or tensorwise run's). A malformed entry is an error naming it.
+// bf16 or tensorwise run's). A malformed entry is an error naming it. A
+// model with experts whose checkpoint has no expert histories (an fp8 run's
+// from before the experts were FP8) takes them empty: *experts_missing.
 bool take_fp8_state(const CheckpointState& st, const ModelConfig& m, int64_t history,
-                    std::vector<double>& table, int64_t& steps, const std::string& where);
+                    std::vector<double>& table, int64_t& steps, const std::string& where,
+                    bool* experts_missing = nullptr);
 
 // The named entries a pre-named-state checkpoint's rng_state words stand for.
 std::map<std::string, StateEntry> with_legacy_state(const CheckpointState& st, const ModelConfig& m);
