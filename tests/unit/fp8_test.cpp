@@ -7,7 +7,8 @@
 // and on random fp32 bit patterns; the scale exponent against a search; the
 // CPU and emulated backends' FP8 ops against the scalar functions; and the
 // FP8 linear layer (Fp8Linears) against a double-precision GEMM of the
-// quantized operands.
+// quantized operands; the MoE layer's experts in FP8 against a double
+// reference of the same recipe (each expert's own operand scales).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "core/model/fp8_linear.hpp"
+#include "core/model/moe.hpp"
 #include "core/rng.hpp"
 #include "kernels/common/bf16.hpp"
 #include "kernels/common/fp8.hpp"
@@ -364,6 +366,220 @@ TEST_CASE("fp8: an FP8 linear layer is the fp32 GEMM of its quantized operands",
                       Tensor(const_cast<bf16_bits*>(x.data()), DType::BF16, {N, I}),
                       Tensor(const_cast<bf16_bits*>(w.data()), DType::BF16, {O, I}));
     CHECK(yb != y);
+  }
+}
+
+namespace {
+using Vd = std::vector<double>;
+double bf(double v) { return double(bf16_to_float(float_to_bf16(float(v)))); }
+// v's values after the per-tensor power-of-two cast (or unchanged: !on).
+Vd fq(const Vd& v, Fp8Kind k, bool on) {
+  if (!on) return v;
+  float a = 0;
+  for (double e : v) a = std::max(a, std::fabs(float(e)));
+  const float sc = pow2f(fp8_scale_exponent(a, k, 0));
+  Vd r(v.size());
+  for (size_t i = 0; i < v.size(); ++i)
+    r[i] = double(fp8_to_float(float_to_fp8(float(v[i]) * sc, k), k)) / double(sc);
+  return r;
+}
+// (n, o) = a (n, i) b (o, i)^T, each result rounded to bf16 when `round`.
+Vd mm_t(const Vd& a, const Vd& b, int64_t n, int64_t i, int64_t o, bool round) {
+  Vd r(size_t(n * o), 0.0);
+  for (int64_t x = 0; x < n; ++x)
+    for (int64_t y = 0; y < o; ++y) {
+      double s = 0;
+      for (int64_t z = 0; z < i; ++z) s += a[size_t(x * i + z)] * b[size_t(y * i + z)];
+      r[size_t(x * o + y)] = round ? bf(s) : s;
+    }
+  return r;
+}
+Vd transpose(const Vd& a, int64_t r, int64_t c) {
+  Vd t(a.size());
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j) t[size_t(j * r + i)] = a[size_t(i * c + j)];
+  return t;
+}
+double rel_err(const Vd& a, const Vd& ref) {
+  double n = 0, d = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += (a[i] - ref[i]) * (a[i] - ref[i]), d += ref[i] * ref[i];
+  return std::sqrt(n / d);
+}
+Vd slice(const Vd& v, int64_t off, int64_t n) {
+  return Vd(v.begin() + std::ptrdiff_t(off), v.begin() + std::ptrdiff_t(off + n));
+}
+}  // namespace
+
+// Two experts, top-2 of 2 and a zero router (every token to both experts with
+// weight 1/2, no router gradient into dx), expert 1's weights 8x expert 0's
+// (a scale shared between experts would saturate one or flush the other):
+// the layer's output, dx and every expert's dw1, dw3, dw2 against a double
+// reference that casts each expert's operands at their own amax (x, w1, w3
+// or the fused w13, w2 and h in E4M3; the output gradients dy and the
+// SwiGLU's dg, du in E5M2) and rounds the GEMM outputs to bf16; the same
+// reference without the casts is far off (the test can tell FP8 from bf16).
+TEST_CASE("fp8: the MoE experts' GEMMs cast each expert's operands at their own scales", "[fp8][moe]") {
+  const int64_t N = 16, C = 32, F = 16, E = 2;
+  Rng rng(21);
+  for (const bool fused : {false, true}) {
+    INFO("fused gate/up " << fused);
+    // Weights, bf16: w13 (E, 2F, C) = w1 rows then w3 rows, w2 (E, C, F).
+    Vd x(size_t(N * C)), w13(size_t(E * 2 * F * C)), w2(size_t(E * C * F)), dout(size_t(N * C));
+    for (auto& v : x) v = bf(rng.normal());
+    for (int64_t e = 0; e < E; ++e) {
+      const double s = e ? 0.8 : 0.1;
+      for (int64_t i = 0; i < 2 * F * C; ++i) w13[size_t(e * 2 * F * C + i)] = bf(s * rng.normal());
+      for (int64_t i = 0; i < C * F; ++i) w2[size_t(e * C * F + i)] = bf(s * rng.normal());
+    }
+    for (auto& v : dout) v = bf(1e-2 * rng.normal());
+    auto to_bf = [](const Vd& v) {
+      std::vector<bf16_bits> b(v.size());
+      for (size_t i = 0; i < v.size(); ++i) b[i] = float_to_bf16(float(v[i]));
+      return b;
+    };
+    std::vector<bf16_bits> xb = to_bf(x), w13b = to_bf(w13), w2b = to_bf(w2), db = to_bf(dout),
+                           gate(size_t(E * C), 0), out(size_t(N * C)), dx(size_t(N * C), 0);
+    std::vector<float> g13(w13.size(), 0.0f), g2(w2.size(), 0.0f), ggate(size_t(E * C), 0.0f);
+    MoeParams p, g;
+    p.gate = Tensor(gate.data(), DType::BF16, {E, C});
+    g.gate = Tensor(ggate.data(), DType::F32, {E, C});
+    for (int64_t e = 0; e < E; ++e) {
+      bf16_bits* w = w13b.data() + e * 2 * F * C;
+      float* gw = g13.data() + e * 2 * F * C;
+      p.w1.push_back(Tensor(w, DType::BF16, {F, C}));
+      p.w3.push_back(Tensor(w + F * C, DType::BF16, {F, C}));
+      p.w2.push_back(Tensor(w2b.data() + e * C * F, DType::BF16, {C, F}));
+      g.w1.push_back(Tensor(gw, DType::F32, {F, C}));
+      g.w3.push_back(Tensor(gw + F * C, DType::F32, {F, C}));
+      g.w2.push_back(Tensor(g2.data() + e * C * F, DType::F32, {C, F}));
+      if (fused) {
+        p.w13.push_back(Tensor(w, DType::BF16, {2 * F, C}));
+        g.w13.push_back(Tensor(gw, DType::F32, {2 * F, C}));
+      }
+    }
+    TrainConfig tc;
+    tc.dtype = "fp8";
+    const Fp8Options o = fp8_options(tc);
+    CpuBackend be;
+    Fp8Linears lin(be, o, nullptr, nullptr);
+    MoeLayer moe(be, DType::BF16, N, C, F, MoeOptions{.n_experts = E, .top_k = 2, .aux_loss_coef = 0});
+    std::vector<int> sites(size_t(3 * E), -1);
+    for (int64_t e = 0; e < E; ++e) {
+      sites[size_t(3 * e)] = lin.add_site(-1 - 3 * e, fused ? 2 * F : F, C, false);
+      if (!fused) sites[size_t(3 * e + 1)] = lin.add_site(-2 - 3 * e, F, C, false);
+      sites[size_t(3 * e + 2)] = lin.add_site(-3 - 3 * e, C, F, false);
+    }
+    moe.set_fp8(&lin, sites);
+    const int slot = moe.add_slot();
+    moe.forward(slot, Tensor(out.data(), DType::BF16, {N, C}), Tensor(xb.data(), DType::BF16, {N, C}), p);
+    moe.backward(slot, Tensor(dx.data(), DType::BF16, {N, C}), p, g,
+                 Tensor(db.data(), DType::BF16, {N, C}), 1.0);
+    auto from_bf = [](const std::vector<bf16_bits>& b) {
+      Vd v(b.size());
+      for (size_t i = 0; i < b.size(); ++i) v[i] = double(bf16_to_float(b[i]));
+      return v;
+    };
+    const Vd got_out = from_bf(out), got_dx = from_bf(dx);
+
+    struct Ref {
+      Vd out, dx, dw13, dw2;
+    };
+    auto reference = [&](bool q) {
+      const Fp8Kind G = o.grad_kind, K = Fp8Kind::E4M3;
+      Ref r;
+      r.out.assign(size_t(N * C), 0.0);
+      r.dx.assign(size_t(N * C), 0.0);
+      r.dw13.assign(w13.size(), 0.0);
+      r.dw2.assign(w2.size(), 0.0);
+      const Vd xq = fq(x, K, q), dy = [&] {  // the combine's backward: dout / 2 per expert
+        Vd d(dout.size());
+        for (size_t i = 0; i < d.size(); ++i) d[i] = bf(0.5 * dout[i]);
+        return d;
+      }();
+      const Vd dyq = fq(dy, G, q);
+      Vd dxs(size_t(N * C), 0.0);
+      for (int64_t e = 0; e < E; ++e) {
+        const Vd w13e = slice(w13, e * 2 * F * C, 2 * F * C), w2q = fq(slice(w2, e * C * F, C * F), K, q);
+        Vd w1q, w3q;
+        if (fused) {
+          const Vd w = fq(w13e, K, q);
+          w1q = slice(w, 0, F * C), w3q = slice(w, F * C, F * C);
+        } else {
+          w1q = fq(slice(w13e, 0, F * C), K, q), w3q = fq(slice(w13e, F * C, F * C), K, q);
+        }
+        const Vd gg = mm_t(xq, w1q, N, C, F, true), uu = mm_t(xq, w3q, N, C, F, true);
+        Vd h(size_t(N * F)), sg(size_t(N * F));
+        for (size_t i = 0; i < h.size(); ++i) {
+          sg[i] = 1.0 / (1.0 + std::exp(-gg[i]));
+          h[i] = bf(gg[i] * sg[i] * uu[i]);
+        }
+        const Vd hq = fq(h, K, q), y = mm_t(hq, w2q, N, F, C, true);
+        for (size_t i = 0; i < y.size(); ++i) r.out[i] += 0.5 * y[i];
+        // Backward: dh = dy w2, dw2 = dy^T h; the SwiGLU; dx = dg w1 + du w3.
+        const Vd dh = mm_t(dyq, transpose(w2q, C, F), N, C, F, true);
+        const Vd dw2 = mm_t(transpose(dyq, N, C), transpose(hq, N, F), C, N, F, false);
+        std::copy(dw2.begin(), dw2.end(), r.dw2.begin() + std::ptrdiff_t(e * C * F));
+        Vd dg(h.size()), du(h.size());
+        for (size_t i = 0; i < h.size(); ++i) {
+          dg[i] = bf(dh[i] * uu[i] * sg[i] * (1.0 + gg[i] * (1.0 - sg[i])));
+          du[i] = bf(dh[i] * gg[i] * sg[i]);
+        }
+        Vd dgq, duq;
+        if (fused) {  // one cast of the packed (N, 2F) gradient
+          Vd pk(size_t(N * 2 * F));
+          for (int64_t n = 0; n < N; ++n)
+            for (int64_t f = 0; f < F; ++f) {
+              pk[size_t(n * 2 * F + f)] = dg[size_t(n * F + f)];
+              pk[size_t(n * 2 * F + F + f)] = du[size_t(n * F + f)];
+            }
+          pk = fq(pk, G, q);
+          dgq.resize(dg.size()), duq.resize(du.size());
+          for (int64_t n = 0; n < N; ++n)
+            for (int64_t f = 0; f < F; ++f) {
+              dgq[size_t(n * F + f)] = pk[size_t(n * 2 * F + f)];
+              duq[size_t(n * F + f)] = pk[size_t(n * 2 * F + F + f)];
+            }
+        } else {
+          dgq = fq(dg, G, q), duq = fq(du, G, q);
+        }
+        const Vd dx1 = mm_t(dgq, transpose(w1q, F, C), N, F, C, true),
+                 dx3 = mm_t(duq, transpose(w3q, F, C), N, F, C, true);
+        for (size_t i = 0; i < dxs.size(); ++i) r.dx[i] += bf(dx1[i] + dx3[i]);
+        const Vd dw1 = mm_t(transpose(dgq, N, F), transpose(xq, N, C), F, N, C, false),
+                 dw3 = mm_t(transpose(duq, N, F), transpose(xq, N, C), F, N, C, false);
+        std::copy(dw1.begin(), dw1.end(), r.dw13.begin() + std::ptrdiff_t(e * 2 * F * C));
+        std::copy(dw3.begin(), dw3.end(), r.dw13.begin() + std::ptrdiff_t(e * 2 * F * C + F * C));
+      }
+      return r;
+    };
+    const Ref ref = reference(true), plain = reference(false);
+    const Vd got_dw13(g13.begin(), g13.end()), got_dw2(g2.begin(), g2.end());
+    struct Item {
+      const char* what;
+      Vd got, ref, plain;
+    };
+    std::vector<Item> items = {{"out", got_out, ref.out, plain.out}, {"dx", got_dx, ref.dx, plain.dx}};
+    for (int64_t e = 0; e < E; ++e) {
+      items.push_back({e ? "expert 1 dw1" : "expert 0 dw1", slice(got_dw13, e * 2 * F * C, F * C),
+                       slice(ref.dw13, e * 2 * F * C, F * C), slice(plain.dw13, e * 2 * F * C, F * C)});
+      items.push_back({e ? "expert 1 dw3" : "expert 0 dw3", slice(got_dw13, e * 2 * F * C + F * C, F * C),
+                       slice(ref.dw13, e * 2 * F * C + F * C, F * C),
+                       slice(plain.dw13, e * 2 * F * C + F * C, F * C)});
+      items.push_back({e ? "expert 1 dw2" : "expert 0 dw2", slice(got_dw2, e * C * F, C * F),
+                       slice(ref.dw2, e * C * F, C * F), slice(plain.dw2, e * C * F, C * F)});
+    }
+    for (const Item& it : items) {
+      const double err = rel_err(it.got, it.ref), far = rel_err(it.got, it.plain);
+      INFO(it.what << ": against the FP8 reference " << err << ", against the reference without casts "
+                   << far);
+      // y, dx: one bf16 rounding more or less of an operand (the reference
+      // rounds where the backend does, but sums in another order) can move
+      // its FP8 code; dw is the fp32 sum of exact products of the same codes.
+      const bool dw = std::strstr(it.what, "dw") != nullptr;
+      CHECK(err < (dw ? 1e-6 : 8e-3));
+      CHECK(far > 4 * err);
+      CHECK(far > 1e-2);
+    }
   }
 }
 
