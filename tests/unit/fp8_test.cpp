@@ -591,6 +591,7 @@ TEST_CASE("fp8: delayed scaling takes the largest amax of the history", "[fp8]")
   tc.fp8_amax_history = 3;
   Fp8Linears lin(be, fp8_options(tc), nullptr, nullptr);
   const int site = lin.add_site(0, 2, 2);
+  const int idle = lin.add_site(8, 2, 2);  // no GEMM until the end (an expert no token reached)
   std::vector<bf16_bits> w = {float_to_bf16(1), float_to_bf16(0), float_to_bf16(0), float_to_bf16(1)};
   std::vector<bf16_bits> y(4);
   auto step = [&](float xval) {
@@ -630,9 +631,19 @@ TEST_CASE("fp8: delayed scaling takes the largest amax of the history", "[fp8]")
   const int64_t before = lin.history_steps();
   lin.end_step({});
   CHECK(lin.history_steps() == before);
+  // A site whose window holds no amax scales from the current one: 1000 at
+  // 2^-2 is 250 -> E4M3 256 -> 1024 (from the empty history's scale 1 it
+  // would saturate to 448).
+  lin.begin_step();
+  x = {float_to_bf16(1000.0f), 0, 0, 0};
+  lin.forward(idle, Tensor(y.data(), DType::BF16, {2, 2}), Tensor(x.data(), DType::BF16, {2, 2}),
+              Tensor(w.data(), DType::BF16, {2, 2}));
+  CHECK(bf16_to_float(y[0]) == 1024.0f);
+  lin.end_step({});
   // set_history round-trips.
   Fp8Linears other(be, fp8_options(tc), nullptr, nullptr);
   other.add_site(0, 2, 2);
+  other.add_site(8, 2, 2);
   other.set_history(lin.history(), lin.history_steps());
   CHECK(other.history() == lin.history());
 }
