@@ -393,17 +393,51 @@ void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, const std::vector<ParamS
   }
   if (cfg.train.dtype == "fp8") {
     // The FP8 linears (core/model/fp8_linear.hpp): the layers' q/k/v, o,
-    // gate/up and down weights cast once per step and kept (one byte each,
-    // two on CUDA with the transposed codes the backward reads); one
-    // GEMM's input and output-gradient codes; on the CPU backends the
-    // emulation's fp32 copies of the largest GEMM (gate/up: x, w, y).
+    // gate/up and down weights and the experts' w1, w3, w2 (this rank's,
+    // and the replicas it serves: parallel.expert_slots beyond E / ep) cast
+    // once per step and kept (one byte each, two on CUDA with the
+    // transposed codes the backward reads); the input and output-gradient
+    // codes, each grown to its largest GEMM; on the CPU backends the
+    // emulation's fp32 copies of the largest GEMM (its backward: dy, w, x
+    // and dx). An expert's GEMM has up to twice the uniform routing's rows
+    // (Nt k ep / E), at most Nt ep.
     const bool cuda = cfg.train.device == "cuda";
-    int64_t linear = 0;
-    for (const ParamSpec& p : table)
+    int64_t linear = 0, expert = 0;
+    for (const ParamSpec& p : table) {
       if (p.name.find("_proj.weight") != std::string::npos) linear += p.numel;
-    const int64_t widest = std::max({C, 2 * z.Fl, (Hl + 2 * KVl) * hd});
-    x.bytes_fp8 = linear * (cuda ? 2 : 1) + 2 * Nt * widest * (cuda ? 2 : 1);
-    if (!cuda) x.bytes_fp8 += (Nt * C + 2 * z.Fl * C + Nt * 2 * z.Fl) * 4;
+      if (p.expert >= 0) expert += p.numel;
+    }
+    const int64_t ep = std::max<int64_t>(1, cfg.parallel.ep);
+    const int64_t per_rank = m.n_experts > 0 ? m.n_experts / ep : 0;
+    if (per_rank > 0 && cfg.parallel.expert_slots > per_rank)
+      expert = expert / per_rank * cfg.parallel.expert_slots;
+    int64_t xq = 0, dyq = 0, scratch = 0;
+    auto gemm = [&](int64_t rows, int64_t O, int64_t I) {  // y (rows, O) = x (rows, I) w^T
+      xq = std::max(xq, rows * I);
+      dyq = std::max(dyq, rows * O);
+      scratch = std::max(scratch, (rows * O + O * I + 2 * rows * I) * 4);
+    };
+    const bool fused = cfg.train.fused_projections;
+    bool dense_ffn = false;
+    for (int64_t l = 0; l < m.n_layers; ++l) dense_ffn = dense_ffn || !m.is_moe_layer(l);
+    if (fused) {
+      gemm(Nt, (Hl + 2 * KVl) * hd, C);
+    } else {
+      gemm(Nt, Hl * hd, C);
+      gemm(Nt, KVl * hd, C);
+    }
+    gemm(Nt, C, Hl * hd);
+    if (dense_ffn) {
+      gemm(Nt, fused ? 2 * z.Fl : z.Fl, C);
+      gemm(Nt, C, z.Fl);
+    }
+    if (m.n_experts > 0) {
+      const int64_t Fel = m.expert_ffn() / tp;
+      const int64_t rows = std::min(Nt * ep, (2 * Nt * m.moe_top_k * ep + m.n_experts - 1) / m.n_experts);
+      gemm(rows, fused ? 2 * Fel : Fel, C);
+      gemm(rows, C, Fel);
+    }
+    x.bytes_fp8 = (linear + expert + xq + dyq) * (cuda ? 2 : 1) + (cuda ? 0 : scratch);
   }
   x.bytes_total = x.bytes_params + x.bytes_grads + x.bytes_optimizer + x.bytes_activations +
                   x.bytes_attention_fallback + x.bytes_scratch + x.bytes_zero_working +

@@ -27,7 +27,7 @@ struct Dims {
   bool sp;
   bool unfused = false, dropout = false;
   bool fused = true;  // train.fused_projections: one q/k/v and one gate/up GEMM
-  bool fp8 = false;   // train.dtype fp8: the layers' linears on FP8 operands (not experts, head)
+  bool fp8 = false;   // train.dtype fp8: the layers' and experts' linears on FP8 operands (not the head, router)
   std::vector<int64_t> expert_t;  // tokens of each expert of the busiest ep rank
   double a2a_tokens = 0;          // rows an ep rank sends or receives at most (dispatch)
 };
@@ -268,9 +268,9 @@ void moe_ffn_forward(Piece& p, const Dims& d) {
   const double a2a = d.a2a_tokens * d.C * d.b;
   if (d.ep > 1) p.comms.push_back({Collective::AllToAll, Group::ep, a2a});
   for (const int64_t t : d.expert_t) {
-    proj_forward(p, d, t, {d.Fel, d.Fel});
+    proj_forward(p, d, t, {d.Fel, d.Fel}, d.fp8);
     p.ops.push_back({OpKind::SwigluForward, t, d.Fel});
-    p.ops.push_back(gemm(OpKind::GemmForward, t, d.C, d.Fel));
+    lin(p, d.fp8, OpKind::GemmForward, t, d.C, d.Fel);
   }
   if (d.ep > 1) p.comms.push_back({Collective::AllToAll, Group::ep, a2a});
   p.ops.push_back({OpKind::Add, d.N * d.k * d.C});  // the weighted combine
@@ -307,12 +307,12 @@ void layer_input_grad(PassWork& w, const ModelConfig& m, int64_t l, const Dims& 
     if (d.ep > 1) f.comms.push_back({Collective::AllToAll, Group::ep, a2a});
     for (const int64_t t : d.expert_t) {
       if (selective_rc && !full_rc) f.ops.push_back({OpKind::SwigluForward, t, d.Fel});
-      f.ops.push_back(gemm(OpKind::GemmInputGrad, t, d.Fel, d.C));
+      lin(f, d.fp8, OpKind::GemmInputGrad, t, d.Fel, d.C);
       f.ops.push_back({OpKind::SwigluBackward, t, d.Fel});
-      proj_input_grad(f, d, t, {d.Fel, d.Fel});
+      proj_input_grad(f, d, t, {d.Fel, d.Fel}, d.fp8);
       if (fused_weight) {
-        f.ops.push_back(gemm(OpKind::GemmWeightGrad, d.C, d.Fel, t));
-        proj_weight_grad(f, d, t, {d.Fel, d.Fel});
+        lin(f, d.fp8, OpKind::GemmWeightGrad, d.C, d.Fel, t);
+        proj_weight_grad(f, d, t, {d.Fel, d.Fel}, d.fp8);
       }
     }
     if (d.ep > 1) f.comms.push_back({Collective::AllToAll, Group::ep, a2a});
@@ -354,8 +354,8 @@ void layer_weight_grad(PassWork& w, const ModelConfig& m, int64_t l, const Dims&
   Piece p;
   if (m.is_moe_layer(l)) {
     for (const int64_t t : d.expert_t) {
-      p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.C, d.Fel, t));
-      proj_weight_grad(p, d, t, {d.Fel, d.Fel});
+      lin(p, d.fp8, OpKind::GemmWeightGrad, d.C, d.Fel, t);
+      proj_weight_grad(p, d, t, {d.Fel, d.Fel}, d.fp8);
     }
     p.ops.push_back(gemm(OpKind::GemmWeightGrad, d.E, d.C, d.N));
   } else {
