@@ -284,6 +284,11 @@ class Backend {
   virtual std::string fp8_unsupported() const { return ""; }
   // Whether linear_*_fp8 read the transposed codes (qt) of dy, x and w.
   virtual bool fp8_needs_transpose() const { return false; }
+  // The row count an FP8 GEMM's operands must be a multiple of to take the
+  // backend's FP8 GEMMs rather than its dequantized fallback (cuBLASLt: 16;
+  // the emulated device models the same). Fp8Linears pads rows to it (a MoE
+  // expert's rows are any count).
+  virtual int64_t fp8_row_multiple() const { return 1; }
   // FP8 GEMMs with fp32 accumulation: linear_forward / linear_backward on the
   // operands' values (q / scale), outputs as their bf16 versions give them
   // (y, dx BF16 rounded once, dw F32 accumulated). The default dequantizes

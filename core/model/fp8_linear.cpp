@@ -22,7 +22,11 @@ Fp8Options fp8_options(const TrainConfig& t) {
 }
 
 Fp8Linears::Fp8Linears(Backend& be, const Fp8Options& o, Comm* tp, Comm* cp)
-    : be_(be), o_(o), tp_(tp && tp->size() > 1 ? tp : nullptr), cp_(cp && cp->size() > 1 ? cp : nullptr) {}
+    : be_(be),
+      o_(o),
+      tp_(tp && tp->size() > 1 ? tp : nullptr),
+      cp_(cp && cp->size() > 1 ? cp : nullptr),
+      row_multiple_(std::max<int64_t>(1, be.fp8_row_multiple())) {}
 
 int Fp8Linears::add_site(int64_t key, int64_t O, int64_t I, bool split_tokens) {
   ADGT_CHECK(!amax_.data(), "Fp8Linears: sites are added before the first GEMM");
@@ -103,14 +107,44 @@ Fp8Operand Fp8Linears::weight(int site, const Tensor& w) {
   return r;
 }
 
+Tensor Fp8Linears::padded(Buffer& b, const Tensor& t, int64_t padded_rows) {
+  const int64_t rows = t.dim(0), cols = t.numel() / std::max<int64_t>(1, rows);
+  Tensor p = scratch(b, padded_rows, cols, t.dtype);
+  if (rows) be_.copy(p.rows(0, rows), Tensor(t.data, t.dtype, {rows, cols}));
+  be_.zero(p.rows(rows, padded_rows - rows));
+  return p;
+}
+
 void Fp8Linears::forward(int site, Tensor y, const Tensor& x, const Tensor& w) {
+  const int64_t rows = x.dim(0), pr = (rows + row_multiple_ - 1) / row_multiple_ * row_multiple_;
+  if (pr == rows) return forward_rows(site, y, x, w);
+  const Tensor xp = padded(xpad_, x, pr);
+  Tensor yp = scratch(outpad_, pr, y.numel() / std::max<int64_t>(1, rows), y.dtype);
+  forward_rows(site, yp, xp, w);
+  if (rows) be_.copy(Tensor(y.data, y.dtype, {rows, yp.dim(1)}), yp.rows(0, rows));
+}
+
+void Fp8Linears::backward(int site, Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x,
+                          const Tensor& w, bool accumulate_dx) {
+  const int64_t rows = dy.dim(0), pr = (rows + row_multiple_ - 1) / row_multiple_ * row_multiple_;
+  if (pr == rows) return backward_rows(site, dx, dw, dy, x, w, accumulate_dx);
+  const int64_t cols = x.numel() / std::max<int64_t>(1, rows);
+  const Tensor dyp = padded(dypad_, dy, pr);
+  const Tensor xp = dw.data ? padded(xpad_, x, pr) : Tensor(nullptr, x.dtype, {pr, cols});
+  Tensor dxp(nullptr, dx.dtype, {pr, cols});
+  if (dx.data) dxp = accumulate_dx ? padded(outpad_, dx, pr) : scratch(outpad_, pr, cols, dx.dtype);
+  backward_rows(site, dxp, dw, dyp, xp, w, accumulate_dx);
+  if (dx.data && rows) be_.copy(Tensor(dx.data, dx.dtype, {rows, cols}), dxp.rows(0, rows));
+}
+
+void Fp8Linears::forward_rows(int site, Tensor y, const Tensor& x, const Tensor& w) {
   const Fp8Operand wq = weight(site, w);
   const Fp8Operand xq = quantize(site, kX, x, xq_, xqt_);
   be_.linear_forward_fp8(y, xq, wq);
 }
 
-void Fp8Linears::backward(int site, Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x,
-                          const Tensor& w, bool accumulate_dx) {
+void Fp8Linears::backward_rows(int site, Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x,
+                               const Tensor& w, bool accumulate_dx) {
   const Fp8Operand wq = weight(site, w);
   const Fp8Operand dyq = quantize(site, kDy, dy, dyq_, dyqt_);
   // The input's codes again (the forward's scale: its amax is the same, or

@@ -67,9 +67,15 @@ class Fp8Linears {
   int64_t key(int site) const { return sites_[size_t(site)].key; }
 
   // Backend::linear_forward / linear_backward of the site on FP8 operands.
+  // Rows that are not a multiple of the backend's fp8_row_multiple() (an
+  // expert's) are padded with zero rows in scratch copies, which changes no
+  // number: a zero row's codes are zero, its amax adds nothing, its
+  // products are zeros.
   void forward(int site, Tensor y, const Tensor& x, const Tensor& w);
   void backward(int site, Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,
                 bool accumulate_dx);
+  // The multiple rows are padded to (default: the backend's; tests).
+  void set_row_multiple(int64_t m) { row_multiple_ = m < 1 ? 1 : m; }
 
   // The weights changed (an update, a load): each site casts its weights
   // again at its next use.
@@ -107,6 +113,11 @@ class Fp8Linears {
   // q (and qt) of x at the scale of (site, which); the activation recipes.
   Fp8Operand quantize(int site, int which, const Tensor& x, Buffer& q, Buffer& qt);
   Fp8Operand weight(int site, const Tensor& w);
+  void forward_rows(int site, Tensor y, const Tensor& x, const Tensor& w);
+  void backward_rows(int site, Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x,
+                     const Tensor& w, bool accumulate_dx);
+  // t (rows, cols) into b as (padded, cols): t's rows, then zero rows.
+  Tensor padded(Buffer& b, const Tensor& t, int64_t padded_rows);
   bool have_history(int site, int which) const;
 
   Backend& be_;
@@ -116,6 +127,8 @@ class Fp8Linears {
   std::vector<Site> sites_;
   Buffer amax_, scale_, step_amax_;  // F32 (3 x sites): now, scale, the step's (delayed)
   Buffer xq_, xqt_, dyq_, dyqt_;     // activation and gradient codes (grown)
+  Buffer xpad_, dypad_, outpad_;     // row-padded copies (x, dy; y or dx)
+  int64_t row_multiple_ = 1;
   std::vector<float> hist_;          // (sites, 2, history) ring: slot (filled_ + i) % history
   std::vector<uint8_t> hist_ok_;     // (2, sites): the window's amax is > 0 (begin_step)
   int64_t filled_ = 0;               // steps pushed (capped at history for reads)

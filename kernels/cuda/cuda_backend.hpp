@@ -170,6 +170,7 @@ class CudaBackend final : public Backend {
   void fp8_quantize(Tensor q, Tensor qt, const Tensor& x, const Tensor& scale) override;
   void fp8_dequantize(Tensor out, const Tensor& q, const Tensor& scale) override;
   bool fp8_needs_transpose() const override { return true; }
+  int64_t fp8_row_multiple() const override { return 16; }
   std::string fp8_unsupported() const override;
   void linear_forward_fp8(Tensor y, const Fp8Operand& x, const Fp8Operand& w) override;
   void linear_backward_fp8(Tensor dx, Tensor dw, const Fp8Operand& dy, const Fp8Operand& x,

@@ -27,6 +27,8 @@ class EmulatedBackend final : public Backend {
 
   std::string name() const override;  // "emulated device (cpu (OpenBLAS ...))"
   bool is_host() const override { return false; }
+  // As a CUDA device's FP8 GEMMs (cuBLASLt): rows padded to 16 (Fp8Linears).
+  int64_t fp8_row_multiple() const override { return 16; }
   bool is_device_pointer(const void* p) const override { return arena_.in_range(p); }
   const DeviceArena& arena() const { return arena_; }
 

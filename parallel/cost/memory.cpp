@@ -431,13 +431,22 @@ void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, const std::vector<ParamS
       gemm(Nt, fused ? 2 * z.Fl : z.Fl, C);
       gemm(Nt, C, z.Fl);
     }
+    // On CUDA (and the emulated device, which models it) an expert GEMM's
+    // rows are padded to 16 in bf16 copies of x, dy and the output (y or dx).
+    const bool pads = cuda || cfg.train.device == "emulated";
+    int64_t padded = 0;
     if (m.n_experts > 0) {
-      const int64_t Fel = m.expert_ffn() / tp;
-      const int64_t rows = std::min(Nt * ep, (2 * Nt * m.moe_top_k * ep + m.n_experts - 1) / m.n_experts);
-      gemm(rows, fused ? 2 * Fel : Fel, C);
+      const int64_t Fel = m.expert_ffn() / tp, O1 = fused ? 2 * Fel : Fel;
+      int64_t rows = std::min(Nt * ep, (2 * Nt * m.moe_top_k * ep + m.n_experts - 1) / m.n_experts);
+      if (pads) rows = (rows + 15) / 16 * 16;
+      gemm(rows, O1, C);
       gemm(rows, C, Fel);
+      if (pads) {
+        const int64_t px = rows * std::max(C, Fel), pdy = rows * std::max(O1, C);
+        padded = (px + pdy + std::max(px, pdy)) * 2;
+      }
     }
-    x.bytes_fp8 = (linear + expert + xq + dyq) * (cuda ? 2 : 1) + (cuda ? 0 : scratch);
+    x.bytes_fp8 = (linear + expert + xq + dyq) * (cuda ? 2 : 1) + (cuda ? 0 : scratch) + padded;
   }
   x.bytes_total = x.bytes_params + x.bytes_grads + x.bytes_optimizer + x.bytes_activations +
                   x.bytes_attention_fallback + x.bytes_scratch + x.bytes_zero_working +

@@ -419,7 +419,7 @@ Vd slice(const Vd& v, int64_t off, int64_t n) {
 // SwiGLU's dg, du in E5M2) and rounds the GEMM outputs to bf16; the same
 // reference without the casts is far off (the test can tell FP8 from bf16).
 TEST_CASE("fp8: the MoE experts' GEMMs cast each expert's operands at their own scales", "[fp8][moe]") {
-  const int64_t N = 16, C = 32, F = 16, E = 2;
+  const int64_t N = 13, C = 32, F = 16, E = 2;
   Rng rng(21);
   for (const bool fused : {false, true}) {
     INFO("fused gate/up " << fused);
@@ -437,49 +437,68 @@ TEST_CASE("fp8: the MoE experts' GEMMs cast each expert's operands at their own 
       for (size_t i = 0; i < v.size(); ++i) b[i] = float_to_bf16(float(v[i]));
       return b;
     };
-    std::vector<bf16_bits> xb = to_bf(x), w13b = to_bf(w13), w2b = to_bf(w2), db = to_bf(dout),
-                           gate(size_t(E * C), 0), out(size_t(N * C)), dx(size_t(N * C), 0);
-    std::vector<float> g13(w13.size(), 0.0f), g2(w2.size(), 0.0f), ggate(size_t(E * C), 0.0f);
-    MoeParams p, g;
-    p.gate = Tensor(gate.data(), DType::BF16, {E, C});
-    g.gate = Tensor(ggate.data(), DType::F32, {E, C});
-    for (int64_t e = 0; e < E; ++e) {
-      bf16_bits* w = w13b.data() + e * 2 * F * C;
-      float* gw = g13.data() + e * 2 * F * C;
-      p.w1.push_back(Tensor(w, DType::BF16, {F, C}));
-      p.w3.push_back(Tensor(w + F * C, DType::BF16, {F, C}));
-      p.w2.push_back(Tensor(w2b.data() + e * C * F, DType::BF16, {C, F}));
-      g.w1.push_back(Tensor(gw, DType::F32, {F, C}));
-      g.w3.push_back(Tensor(gw + F * C, DType::F32, {F, C}));
-      g.w2.push_back(Tensor(g2.data() + e * C * F, DType::F32, {C, F}));
-      if (fused) {
-        p.w13.push_back(Tensor(w, DType::BF16, {2 * F, C}));
-        g.w13.push_back(Tensor(gw, DType::F32, {2 * F, C}));
-      }
-    }
     TrainConfig tc;
     tc.dtype = "fp8";
     const Fp8Options o = fp8_options(tc);
-    CpuBackend be;
-    Fp8Linears lin(be, o, nullptr, nullptr);
-    MoeLayer moe(be, DType::BF16, N, C, F, MoeOptions{.n_experts = E, .top_k = 2, .aux_loss_coef = 0});
-    std::vector<int> sites(size_t(3 * E), -1);
-    for (int64_t e = 0; e < E; ++e) {
-      sites[size_t(3 * e)] = lin.add_site(-1 - 3 * e, fused ? 2 * F : F, C, false);
-      if (!fused) sites[size_t(3 * e + 1)] = lin.add_site(-2 - 3 * e, F, C, false);
-      sites[size_t(3 * e + 2)] = lin.add_site(-3 - 3 * e, C, F, false);
-    }
-    moe.set_fp8(&lin, sites);
-    const int slot = moe.add_slot();
-    moe.forward(slot, Tensor(out.data(), DType::BF16, {N, C}), Tensor(xb.data(), DType::BF16, {N, C}), p);
-    moe.backward(slot, Tensor(dx.data(), DType::BF16, {N, C}), p, g,
-                 Tensor(db.data(), DType::BF16, {N, C}), 1.0);
+    struct Got {
+      std::vector<bf16_bits> out, dx;
+      std::vector<float> g13, g2;
+    };
+    // rows: a multiple rows are padded to (16: as on CUDA, N = 13 rows padded).
+    auto run = [&](int64_t rows) {
+      std::vector<bf16_bits> xb = to_bf(x), w13b = to_bf(w13), w2b = to_bf(w2), db = to_bf(dout),
+                             gate(size_t(E * C), 0);
+      Got r{std::vector<bf16_bits>(size_t(N * C)), std::vector<bf16_bits>(size_t(N * C), 0),
+            std::vector<float>(w13.size(), 0.0f), std::vector<float>(w2.size(), 0.0f)};
+      std::vector<float> ggate(size_t(E * C), 0.0f);
+      MoeParams p, g;
+      p.gate = Tensor(gate.data(), DType::BF16, {E, C});
+      g.gate = Tensor(ggate.data(), DType::F32, {E, C});
+      for (int64_t e = 0; e < E; ++e) {
+        bf16_bits* w = w13b.data() + e * 2 * F * C;
+        float* gw = r.g13.data() + e * 2 * F * C;
+        p.w1.push_back(Tensor(w, DType::BF16, {F, C}));
+        p.w3.push_back(Tensor(w + F * C, DType::BF16, {F, C}));
+        p.w2.push_back(Tensor(w2b.data() + e * C * F, DType::BF16, {C, F}));
+        g.w1.push_back(Tensor(gw, DType::F32, {F, C}));
+        g.w3.push_back(Tensor(gw + F * C, DType::F32, {F, C}));
+        g.w2.push_back(Tensor(r.g2.data() + e * C * F, DType::F32, {C, F}));
+        if (fused) {
+          p.w13.push_back(Tensor(w, DType::BF16, {2 * F, C}));
+          g.w13.push_back(Tensor(gw, DType::F32, {2 * F, C}));
+        }
+      }
+      CpuBackend be;
+      Fp8Linears lin(be, o, nullptr, nullptr);
+      lin.set_row_multiple(rows);
+      MoeLayer moe(be, DType::BF16, N, C, F, MoeOptions{.n_experts = E, .top_k = 2, .aux_loss_coef = 0});
+      std::vector<int> sites(size_t(3 * E), -1);
+      for (int64_t e = 0; e < E; ++e) {
+        sites[size_t(3 * e)] = lin.add_site(-1 - 3 * e, fused ? 2 * F : F, C, false);
+        if (!fused) sites[size_t(3 * e + 1)] = lin.add_site(-2 - 3 * e, F, C, false);
+        sites[size_t(3 * e + 2)] = lin.add_site(-3 - 3 * e, C, F, false);
+      }
+      moe.set_fp8(&lin, sites);
+      const int slot = moe.add_slot();
+      moe.forward(slot, Tensor(r.out.data(), DType::BF16, {N, C}), Tensor(xb.data(), DType::BF16, {N, C}), p);
+      moe.backward(slot, Tensor(r.dx.data(), DType::BF16, {N, C}), p, g,
+                   Tensor(db.data(), DType::BF16, {N, C}), 1.0);
+      return r;
+    };
+    const Got got = run(1), padded = run(16);
+    // Padding the rows to 16 (zero rows in copies) changes no number.
+    CHECK(padded.out == got.out);
+    CHECK(padded.dx == got.dx);
+    CHECK(padded.g13 == got.g13);
+    CHECK(padded.g2 == got.g2);
     auto from_bf = [](const std::vector<bf16_bits>& b) {
       Vd v(b.size());
       for (size_t i = 0; i < b.size(); ++i) v[i] = double(bf16_to_float(b[i]));
       return v;
     };
-    const Vd got_out = from_bf(out), got_dx = from_bf(dx);
+    const Vd got_out = from_bf(got.out), got_dx = from_bf(got.dx);
+    const std::vector<float>& g13 = got.g13;
+    const std::vector<float>& g2 = got.g2;
 
     struct Ref {
       Vd out, dx, dw13, dw2;
