@@ -293,6 +293,10 @@ const std::vector<Key>& schema() {
           "(less traffic, the whole model's weights held at the end of the forward)"),
       key("parallel", &R::parallel, "sequence_parallel", &ParallelConfig::sequence_parallel,
           A::Any, "shard the norm and residual regions along the sequence over tp"),
+      key("parallel", &R::parallel, "fp8_allgather", &ParallelConfig::fp8_allgather, A::Any,
+          "with train.dtype fp8 and sequence parallelism: all-gather the FP8 codes of the "
+          "q/k/v and (dense) gate/up GEMMs' input, one byte an element instead of two; the "
+          "same numbers (docs/fp8.md); without sequence parallelism nothing is gathered"),
       key("parallel", &R::parallel, "bucket_mb", &ParallelConfig::bucket_mb, A::Positive,
           "gradient all-reduce bucket size in MiB (started as buckets complete)"),
       key("parallel", &R::parallel, "overlap", &ParallelConfig::overlap, A::Any,
@@ -1325,6 +1329,9 @@ void validate(const RunConfig& cfg_in) {
                       fmt_int(m.seq_len) + ", or 0 for a rank's micro-batch");
 
   const TrainConfig& t = cfg.train;
+  if (cfg.parallel.fp8_allgather && t.dtype != "fp8")
+    throw ConfigError(src + ": parallel.fp8_allgather gathers FP8 codes, but train.dtype is " + t.dtype +
+                      "; set train.dtype: fp8 or parallel.fp8_allgather: false");
   if (const auto tr = parse_step_range(cfg.log.trace); tr && tr->first > t.steps)
     throw ConfigError(src + ": log.trace=" + yaml_quote(cfg.log.trace) + " starts after the run's last step (train.steps=" +
                       fmt_int(t.steps) + "); trace steps in 1.." + fmt_int(t.steps));

@@ -137,6 +137,10 @@ struct ParallelConfig {
   int64_t zero3_prefetch = 1;             // zero 3: units gathered ahead of the one computing
   bool zero3_reshard_after_forward = true;  // zero 3: free after the forward, gather again for the backward
   bool sequence_parallel = false;  // shard norm/residual regions along the sequence over tp
+  // train.dtype fp8 with sequence parallelism: all-gather the FP8 codes of
+  // the sequence-sharded input of the q/k/v and gate/up GEMMs (one byte an
+  // element) instead of its bf16 values (docs/fp8.md)
+  bool fp8_allgather = false;
   double bucket_mb = 4;            // gradient all-reduce bucket size (MiB)
   bool overlap = true;             // start each bucket's reduction once its gradients are complete
   // Owner ep rank of each expert (model.n_experts entries); empty: contiguous blocks.

@@ -21,6 +21,22 @@ Fp8Options fp8_options(const TrainConfig& t) {
   return o;
 }
 
+void Fp8Linears::gather(const std::vector<int>& sites, Tensor full, const Tensor& local,
+                        Comm& group) {
+  const int64_t rows = local.dim(0), cols = local.numel() / std::max<int64_t>(1, rows);
+  const int site = sites.at(0);
+  if (o_.delayed && filled_ > 0 && !uploaded_) begin_step();
+  if (!o_.delayed || !have_history(site, kX)) current_scale(site, kX, local, true);
+  if (o_.delayed)
+    for (int s : sites) be_.fp8_amax(scalar(step_amax_, s, kX), local, true);
+  const Tensor sc = scalar(scale_, site, kX);
+  Tensor q = scratch(gq_, rows, cols, DType::E4M3);
+  be_.fp8_quantize(q, Tensor(nullptr, DType::E4M3, {cols, rows}), local, sc);
+  Tensor qf = scratch(gqf_, full.dim(0), cols, DType::E4M3);
+  group.all_gather(qf, q);
+  be_.fp8_dequantize(full, qf, sc);
+}
+
 Fp8Linears::Fp8Linears(Backend& be, const Fp8Options& o, Comm* tp, Comm* cp)
     : be_(be),
       o_(o),
@@ -76,7 +92,8 @@ Fp8Operand Fp8Linears::quantize(int site, int which, const Tensor& x, Buffer& q,
   // right after a resume: the scales from the history first.)
   if (o_.delayed && filled_ > 0 && !uploaded_) begin_step();
   if (!o_.delayed || !have_history(site, which)) current_scale(site, which, x, true);
-  if (o_.delayed) be_.fp8_amax(scalar(step_amax_, site, which), x, true);
+  if (o_.delayed && !(which == kX && sites_[size_t(site)].gathered))
+    be_.fp8_amax(scalar(step_amax_, site, which), x, true);
   const DType dt = which == kDy && o_.grad_kind == Fp8Kind::E5M2 ? DType::E5M2 : DType::E4M3;
   Fp8Operand r;
   r.q = scratch(q, rows, cols, dt);

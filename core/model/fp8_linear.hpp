@@ -43,6 +43,7 @@ namespace adgt {
 
 struct Fp8Options {
   bool on = false;
+  bool allgather = false;             // parallel.fp8_allgather (Model: the SP gathers)
   Fp8Kind grad_kind = Fp8Kind::E5M2;  // fp8_format hybrid; e4m3: E4M3
   bool delayed = false;               // fp8_recipe
   int history = 16;                   // fp8_amax_history
@@ -77,6 +78,22 @@ class Fp8Linears {
   // The multiple rows are padded to (default: the backend's; tests).
   void set_row_multiple(int64_t m) { row_multiple_ = m < 1 ? 1 : m; }
 
+  // parallel.fp8_allgather: `full` (rows x cols, bf16) = the all-gather over
+  // `group` (the tp group, sequence parallelism) of `local`'s FP8 codes at
+  // the scale the site's forward takes for the gathered tensor (the local
+  // amaxes maxed over tp and cp, or the history's), dequantized. So `full`
+  // holds Q(x) where the plain gather holds x, and the site's GEMMs give
+  // the same numbers from it: Q(x)'s own scale is the same power of two or
+  // a larger one, at which Q(x) casts to itself.
+  // `sites`: the GEMMs reading `full` (q, k, v or the fused qkv; gate, up
+  // or the fused gate/up), the first's scale taken; under delayed scaling
+  // their step amaxes come from `local` here (the amax of x, not of Q(x):
+  // the same history as the plain gather's), marked by set_gathered.
+  void gather(const std::vector<int>& sites, Tensor full, const Tensor& local, Comm& group);
+  // The site's input is always gathered by gather(): its GEMMs' casts of it
+  // do not add to the step's amax (delayed scaling).
+  void set_gathered(int site) { sites_[size_t(site)].gathered = true; }
+
   // The weights changed (an update, a load): each site casts its weights
   // again at its next use.
   void invalidate_weights();
@@ -100,6 +117,7 @@ class Fp8Linears {
   struct Site {
     int64_t key = 0, O = 0, I = 0;
     bool split_tokens = true;
+    bool gathered = false;  // set_gathered
     Buffer wq, wqt;      // the cached weight codes (E4M3), and transposed
     bool w_valid = false;
   };
@@ -128,6 +146,7 @@ class Fp8Linears {
   Buffer amax_, scale_, step_amax_;  // F32 (3 x sites): now, scale, the step's (delayed)
   Buffer xq_, xqt_, dyq_, dyqt_;     // activation and gradient codes (grown)
   Buffer xpad_, dypad_, outpad_;     // row-padded copies (x, dy; y or dx)
+  Buffer gq_, gqf_;                  // gather: the local and the gathered codes
   int64_t row_multiple_ = 1;
   std::vector<float> hist_;          // (sites, 2, history) ring: slot (filled_ + i) % history
   std::vector<uint8_t> hist_ok_;     // (2, sites): the window's amax is > 0 (begin_step)

@@ -479,6 +479,12 @@ class Model {
               bool accumulate_dx);
   std::unique_ptr<Fp8Linears> fp8_;
   void add_expert_sites(int64_t layer, MoeLayer& m);
+  // Under SP: full = the gathered ln_local_, the output of norm parameter
+  // norm_w; as FP8 codes when parallel.fp8_allgather gives it a site.
+  void gather_norm(Tensor full, size_t norm_w);
+  // Per norm parameter: the FP8 sites reading its gathered output (its
+  // gather moves codes at the first's scale), or none.
+  std::vector<std::vector<int>> fp8_gather_sites_;
   std::vector<size_t> fp8_table_rows(int site) const;  // model_fp8.cpp
   size_t fp8_table_size() const;
   std::vector<int> fp8_site_;  // per parameter: the FP8 site of the linear starting there, or -1

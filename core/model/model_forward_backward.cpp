@@ -61,7 +61,7 @@ void Model::reduce_rows(Tensor local, Tensor partial) {
 void Model::norm_forward(Tensor full_out, Tensor rstd, const Tensor& x, size_t w) {
   if (sp_) {
     be_.rmsnorm_forward(ln_local_, rstd, x, param(w), cfg_.norm_eps);
-    gather_rows(full_out, ln_local_);
+    gather_norm(full_out, w);
   } else {
     be_.rmsnorm_forward(full_out, rstd, x, param(w), cfg_.norm_eps);
   }
@@ -70,7 +70,7 @@ void Model::norm_forward(Tensor full_out, Tensor rstd, const Tensor& x, size_t w
 void Model::add_norm_forward(Tensor x, const Tensor& y, Tensor full_out, Tensor rstd, size_t w) {
   if (sp_) {
     be_.residual_rmsnorm_forward(x, y, ln_local_, rstd, param(w), cfg_.norm_eps);
-    gather_rows(full_out, ln_local_);
+    gather_norm(full_out, w);
   } else {
     be_.residual_rmsnorm_forward(x, y, full_out, rstd, param(w), cfg_.norm_eps);
   }

@@ -70,6 +70,31 @@ void Model::enable_fp8(const Fp8Options& o, Comm* cp) {
       }
       add(g, kDown, w.down, w.down);
     }
+  // parallel.fp8_allgather: the sequence-parallel gathers of ln1 (into q/k/v)
+  // and of a dense layer's ln2 (into gate/up) move FP8 codes, at the scale
+  // of the GEMM that reads them (q's, or the fused qkv's; gate's or gate/up's).
+  fp8_gather_sites_.assign(table_.size(), {});
+  auto gathered = [&](size_t norm, std::initializer_list<size_t> readers) {
+    for (size_t r : readers)
+      if (fp8_site_[r] >= 0) {
+        fp8_gather_sites_[norm].push_back(fp8_site_[r]);
+        fp8_->set_gathered(fp8_site_[r]);
+      }
+  };
+  if (o.allgather && sp_)
+    for (const Chunk& ch : chunks_)
+      for (int64_t l = 0; l < ch.n_layers; ++l) {
+        const LayerIdx& w = layer_idx_[ch.first_local + size_t(l)];
+        gathered(w.in_norm, {w.q, w.k, w.v});               // fused: the qkv site is q's
+        if (w.moe < 0) gathered(w.post_norm, {w.gate, w.up});  // a router reads MoE's ln2
+      }
+}
+
+void Model::gather_norm(Tensor full, size_t norm_w) {
+  if (fp8_ && norm_w < fp8_gather_sites_.size() && !fp8_gather_sites_[norm_w].empty())
+    fp8_->gather(fp8_gather_sites_[norm_w], full, ln_local_, *tp_);
+  else
+    gather_rows(full, ln_local_);
 }
 
 void Model::mm_fwd(Tensor y, const Tensor& x, size_t wi, size_t wl) {

@@ -447,6 +447,8 @@ void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, const std::vector<ParamS
       }
     }
     x.bytes_fp8 = (linear + expert + xq + dyq) * (cuda ? 2 : 1) + (cuda ? 0 : scratch) + padded;
+    // parallel.fp8_allgather: the local and the gathered codes of one gather.
+    if (cfg.parallel.fp8_allgather && sp) x.bytes_fp8 += Nt * C + Nt * C / tp;
   }
   x.bytes_total = x.bytes_params + x.bytes_grads + x.bytes_optimizer + x.bytes_activations +
                   x.bytes_attention_fallback + x.bytes_scratch + x.bytes_zero_working +

@@ -101,7 +101,9 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
   // amaxes of tensors split over tp or cp are maxed over those groups.
   if (cfg.train.dtype == "fp8")
     ADGT_CHECK(be_.fp8_unsupported().empty(), "train.dtype: fp8: " << be_.fp8_unsupported());
-  model_->enable_fp8(fp8_options(cfg.train), ctx_.cp->size() > 1 ? ctx_.cp : nullptr);
+  Fp8Options f8 = fp8_options(cfg.train);
+  f8.allgather = cfg.parallel.fp8_allgather;
+  model_->enable_fp8(f8, ctx_.cp->size() > 1 ? ctx_.cp : nullptr);
   const int64_t zero_level = ctx_.dpcp->size() > 1 ? cfg.parallel.zero : 0;
   // ZeRO-2/3: the store takes the initial weights (below), and the model's
   // flat buffers are never made.

@@ -28,6 +28,7 @@ struct Dims {
   bool unfused = false, dropout = false;
   bool fused = true;  // train.fused_projections: one q/k/v and one gate/up GEMM
   bool fp8 = false;   // train.dtype fp8: the layers' and experts' linears on FP8 operands (not the head, router)
+  bool fp8_gather = false;  // parallel.fp8_allgather: ln1 and a dense ln2 gathered as FP8 codes
   std::vector<int64_t> expert_t;  // tokens of each expert of the busiest ep rank
   double a2a_tokens = 0;          // rows an ep rank sends or receives at most (dispatch)
 };
@@ -141,6 +142,7 @@ Dims dims_of(const RunConfig& cfg) {
   d.b = compute_bytes(cfg);
   d.fused = cfg.train.fused_projections;
   d.fp8 = cfg.train.dtype == "fp8";
+  d.fp8_gather = d.fp8 && cfg.parallel.fp8_allgather;
   return d;
 }
 
@@ -212,11 +214,24 @@ void gather_act(Piece& p, const Dims& d) {
   if (d.tp == 1 || !d.sp) return;
   p.comms.push_back({Collective::AllGather, Group::tp, double(d.N) * d.C * d.b});
 }
+// The gather of an FP8 GEMM's input (ln1; a dense layer's ln2): with
+// parallel.fp8_allgather one byte an element, after the cast of the local
+// rows and before the gathered codes' dequantization into the bf16 input
+// the GEMMs read as before (core/model/fp8_linear.hpp). The dequantization
+// (a code read, a bf16 written: 3 bytes an element) is priced as the cast
+// of half as many elements (6 bytes an element).
+void gather_fp8_input(Piece& p, const Dims& d) {
+  if (d.tp == 1 || !d.sp) return;
+  if (!d.fp8_gather) return gather_act(p, d);
+  p.ops.push_back({OpKind::Fp8Cast, d.Ns * d.C});
+  p.comms.push_back({Collective::AllGather, Group::tp, double(d.N) * d.C});
+  p.ops.push_back({OpKind::Fp8Cast, d.N * d.C / 2});
+}
 
 // Attention half of a layer, forward.
 void attention_forward(Piece& p, const Dims& d) {
   p.ops.push_back({OpKind::RmsNormForward, d.Ns, d.C});
-  gather_act(p, d);
+  gather_fp8_input(p, d);
   proj_forward(p, d, d.N, {d.Hl * d.hd, d.KVl * d.hd, d.KVl * d.hd}, d.fp8);
   rope_ops(p, d, OpKind::RopeForward);
   core_forward(p, d);
@@ -226,7 +241,7 @@ void attention_forward(Piece& p, const Dims& d) {
 void dense_ffn_forward(Piece& p, const Dims& d) {
   p.ops.push_back({OpKind::RmsNormForward, d.Ns, d.C});
   p.ops.push_back({OpKind::Add, d.Ns * d.C});
-  gather_act(p, d);
+  gather_fp8_input(p, d);
   proj_forward(p, d, d.N, {d.Fl, d.Fl}, d.fp8);
   p.ops.push_back({OpKind::SwigluForward, d.N, d.Fl});
   lin(p, d.fp8, OpKind::GemmForward, d.N, d.C, d.Fl);

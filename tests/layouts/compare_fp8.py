@@ -12,7 +12,9 @@ the bf16 layouts' summation order, which an FP8 rounding boundary can
 amplify. pp2 runs the same ops per stage: bit-identical.
 
 Both recipes: tensorwise (current scaling) for every layout (and ZeRO-3,
-cp2 ring and all-to-all), delayed for dp2, tp2 and pp2. tp and cp weights
+cp2 ring and all-to-all), delayed for dp2, tp2 and pp2; parallel.fp8_allgather
+(tp2 SP gathering FP8 codes) bit-identical to tp2 SP, with the tp bytes it
+saves counted. tp and cp weights
 have a bound measured in the same run (ORDER_BOUND below). MoE (the experts'
 GEMMs in FP8 too), both recipes: ep2 dp2, pp2 ep2 dp2, tp2 and cp2.
 Also prints fp8 vs bf16 of the single process, for scale.
@@ -97,6 +99,52 @@ def check(args, model, tag, base, ref, bounds, failed, order=0.0, order_loss=0.0
             failed.append(tag + name)
 
 
+def metrics(args, name):
+    import json
+    with open(os.path.join(args.work, name, "metrics.jsonl")) as f:
+        return [r for r in map(json.loads, filter(str.strip, f)) if "loss" in r]
+
+
+def allgather(args, failed, recipes):
+    """parallel.fp8_allgather: tp2 SP with the q/k/v and gate/up inputs
+    gathered as FP8 codes against the same run gathering bf16: losses,
+    weights and the fp8 state bit-identical, and each step's tp traffic
+    smaller by half of every such gather's payload (8 layers x 2 gathers x
+    4 micro-batches of 32 rows x d_model 32, a rank sending half of each),
+    less at most one 4-byte all-reduce of the local amax per gather."""
+    import h5py
+    import numpy as np
+    gathers, payload = 8 * 2 * 4, 32 * 32 // 2  # elements a rank sends per gather
+    for recipe in recipes:
+        base = ["train.dtype=fp8", f"train.fp8_recipe={recipe}", "train.global_batch=4",
+                "parallel.tp=2", "parallel.sequence_parallel=true"]
+        runs = {}
+        for ag in ("false", "true"):
+            name = f"allgather_{recipe}_{ag}"
+            if not train_run(args, MODEL, name, base + [f"parallel.fp8_allgather={ag}"], 2, weights=False):
+                failed.append(name)
+                return
+            ck = os.path.join(args.work, name, "ckpt", "step_20", "checkpoint.h5")
+            with h5py.File(ck, "r") as h:
+                w = {k: h["model"][k][...] for k in h["model"]}
+                st = {k: h["state"]["fp8"][k][...] for k in h["state"]["fp8"]} if "fp8" in h["state"] else {}
+            runs[ag] = (metrics(args, name), w, st)
+        (m0, w0, s0), (m1, w1, s1) = runs["false"], runs["true"]
+        same = ([r["loss"] for r in m0] == [r["loss"] for r in m1] and w0.keys() == w1.keys() and
+                all(np.array_equal(w0[k], w1[k]) for k in w0) and s0.keys() == s1.keys() and
+                all(np.array_equal(s0[k], s1[k]) for k in s0))
+        saved = [a["comm_bytes"]["tp"] - b["comm_bytes"]["tp"] for a, b in zip(m0, m1)]
+        lo, hi = gathers * payload - gathers * 4, gathers * payload
+        bytes_ok = len(saved) == 20 and all(lo <= x <= hi for x in saved)
+        ok = same and bytes_ok
+        print(f"{'ok  ' if ok else 'FAIL'} fp8_allgather {recipe:10s} tp2 SP: losses, weights and fp8 state "
+              f"{'bit-identical' if same else 'DIFFER'}; tp bytes per step {m1[-1]['comm_bytes']['tp']} "
+              f"against {m0[-1]['comm_bytes']['tp']}, saved {min(saved)}..{max(saved)} (expected "
+              f"{lo}..{hi})")
+        if not ok:
+            failed.append(f"allgather_{recipe}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--train", required=True)
@@ -135,6 +183,7 @@ def main():
         if args.quick:
             bounds = {k: v for k, v in bounds.items() if k in QUICK[recipe]}
         check(args, MODEL, f"{recipe}_", base, ref, bounds, failed, order, ol)
+    allgather(args, failed, ["tensorwise"] if args.quick else ["tensorwise", "delayed"])
     # MoE (--quick, the emulated device: ep2 dp2 tensorwise, whose expert
     # GEMMs pad their rows to 16 as on CUDA).
     for recipe in ["tensorwise"] if args.quick else ["tensorwise", "delayed"]:

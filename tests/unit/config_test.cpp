@@ -225,6 +225,9 @@ TEST_CASE("out-of-range values", "[config]") {
 }
 
 TEST_CASE("cross-field rules name both keys and a fix", "[config]") {
+  CHECK(error_of("train:\n  dtype: bf16\nparallel:\n  fp8_allgather: true\n") ==
+        "x.yaml: parallel.fp8_allgather gathers FP8 codes, but train.dtype is bf16; set "
+        "train.dtype: fp8 or parallel.fp8_allgather: false");
   CHECK(error_of("model:\n  d_model: 768\n  n_heads: 12\n  n_kv_heads: 8\n") ==
         "x.yaml: model.n_heads=12 is not divisible by model.n_kv_heads=8; choose n_kv_heads in "
         "{1,2,3,4,6,12}");
@@ -363,7 +366,7 @@ TEST_CASE("docs/config.md carries the generated key reference", "[config]") {
     FAIL("docs/config.md is out of date with the schema in core/config.cpp; paste " + out +
          " between its BEGIN/END markers");
   }
-  CHECK(config_keys().size() == 110);
+  CHECK(config_keys().size() == 111);
   for (const auto& k : config_keys()) {
     CHECK(!k.doc.empty());
     CHECK(!k.allowed.empty());
