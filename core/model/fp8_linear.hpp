@@ -70,8 +70,8 @@ class Fp8Linears {
   // Backend::linear_forward / linear_backward of the site on FP8 operands.
   // Rows that are not a multiple of the backend's fp8_row_multiple() (an
   // expert's) are padded with zero rows in scratch copies, which changes no
-  // number: a zero row's codes are zero, its amax adds nothing, its
-  // products are zeros.
+  // output row (a zero row's codes are zero, its amax adds nothing, its
+  // products are zeros; dw's sum over rows only by the padded K's blocking).
   void forward(int site, Tensor y, const Tensor& x, const Tensor& w);
   void backward(int site, Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,
                 bool accumulate_dx);

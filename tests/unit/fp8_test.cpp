@@ -486,11 +486,19 @@ TEST_CASE("fp8: the MoE experts' GEMMs cast each expert's operands at their own 
       return r;
     };
     const Got got = run(1), padded = run(16);
-    // Padding the rows to 16 (zero rows in copies) changes no number.
+    // Padding the rows to 16 (zero rows in copies) changes no output row (y,
+    // dx bit for bit); dw sums over the rows, where the zero rows change
+    // only the GEMM's blocking, so fp32 summation order (BLAS kernels for
+    // K = 13 and K = 16 differ).
     CHECK(padded.out == got.out);
     CHECK(padded.dx == got.dx);
-    CHECK(padded.g13 == got.g13);
-    CHECK(padded.g2 == got.g2);
+    auto rel32 = [](const std::vector<float>& a, const std::vector<float>& b) {
+      double n = 0, d = 0;
+      for (size_t i = 0; i < a.size(); ++i) n += double(a[i] - b[i]) * (a[i] - b[i]), d += double(b[i]) * b[i];
+      return std::sqrt(n / d);
+    };
+    CHECK(rel32(padded.g13, got.g13) <= 1e-6);
+    CHECK(rel32(padded.g2, got.g2) <= 1e-6);
     auto from_bf = [](const std::vector<bf16_bits>& b) {
       Vd v(b.size());
       for (size_t i = 0; i < b.size(); ++i) v[i] = double(bf16_to_float(b[i]));
