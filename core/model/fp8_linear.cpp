@@ -109,13 +109,22 @@ Fp8Operand Fp8Linears::weight(int site, const Tensor& w) {
              "Fp8Linears: site " << s.key << " was registered for (" << s.O << "," << s.I
                                  << ") weights, got " << w.shape_str());
   Fp8Operand r;
+  const bool t = be_.fp8_needs_transpose();
+  if (!o_.cache_weights) {  // cast at every use into one scratch (ZeRO-3: sharded weights)
+    current_scale(site, kW, w, false);
+    r.scale = scalar(scale_, site, kW);
+    r.q = scratch(wq_, s.O, s.I, DType::E4M3);
+    r.qt = t ? scratch(wqt_, s.I, s.O, DType::E4M3) : Tensor(nullptr, DType::E4M3, {s.I, s.O});
+    be_.fp8_quantize(r.q, r.qt, w, r.scale);
+    return r;
+  }
   if (!s.w_valid) {
     current_scale(site, kW, w, false);
     if (!s.wq.data()) s.wq = Buffer(be_, size_t(s.O * s.I));
-    if (be_.fp8_needs_transpose() && !s.wqt.data()) s.wqt = Buffer(be_, size_t(s.O * s.I));
+    if (t && !s.wqt.data()) s.wqt = Buffer(be_, size_t(s.O * s.I));
   }
   r.q = Tensor(s.wq.data(), DType::E4M3, {s.O, s.I});
-  if (be_.fp8_needs_transpose()) r.qt = Tensor(s.wqt.data(), DType::E4M3, {s.I, s.O});
+  if (t) r.qt = Tensor(s.wqt.data(), DType::E4M3, {s.I, s.O});
   r.scale = scalar(scale_, site, kW);
   if (!s.w_valid) {
     be_.fp8_quantize(r.q, r.qt, w, r.scale);

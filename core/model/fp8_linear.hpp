@@ -10,7 +10,8 @@
 // too (MoeLayer::set_fp8), one per expert and projection.
 //
 // Scales. Weights: from their amax when cast, once per step (the cast codes
-// are cached until the weights change: invalidate_weights). Activations (x)
+// are cached until the weights change: invalidate_weights), or at every use
+// without the cache (Fp8Options::cache_weights, ZeRO-3). Activations (x)
 // and output gradients (dy):
 //   tensorwise  from this tensor's amax now (current scaling);
 //   delayed     from the largest amax of the last `history` steps (TE's
@@ -44,6 +45,10 @@ namespace adgt {
 struct Fp8Options {
   bool on = false;
   bool allgather = false;             // parallel.fp8_allgather (Model: the SP gathers)
+  // Weight codes cached from one cast a step (true), or cast at each use
+  // into one scratch (false: ZeRO-3 freeing each unit's gathered weights
+  // after use; the same codes, without a whole model of them kept).
+  bool cache_weights = true;
   Fp8Kind grad_kind = Fp8Kind::E5M2;  // fp8_format hybrid; e4m3: E4M3
   bool delayed = false;               // fp8_recipe
   int history = 16;                   // fp8_amax_history
@@ -147,6 +152,7 @@ class Fp8Linears {
   Buffer xq_, xqt_, dyq_, dyqt_;     // activation and gradient codes (grown)
   Buffer xpad_, dypad_, outpad_;     // row-padded copies (x, dy; y or dx)
   Buffer gq_, gqf_;                  // gather: the local and the gathered codes
+  Buffer wq_, wqt_;                  // !cache_weights: the weight codes of the GEMM at hand
   int64_t row_multiple_ = 1;
   std::vector<float> hist_;          // (sites, 2, history) ring: slot (filled_ + i) % history
   std::vector<uint8_t> hist_ok_;     // (2, sites): the window's amax is > 0 (begin_step)

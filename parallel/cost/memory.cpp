@@ -395,17 +395,19 @@ void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, const std::vector<ParamS
     // The FP8 linears (core/model/fp8_linear.hpp): the layers' q/k/v, o,
     // gate/up and down weights and the experts' w1, w3, w2 (this rank's,
     // and the replicas it serves: parallel.expert_slots beyond E / ep) cast
-    // once per step and kept (one byte each, two on CUDA with the
+    // once per step and kept (ZeRO-3: cast at each use, below) (one byte each, two on CUDA with the
     // transposed codes the backward reads); the input and output-gradient
     // codes, each grown to its largest GEMM; on the CPU backends the
     // emulation's fp32 copies of the largest GEMM (its backward: dy, w, x
     // and dx). An expert's GEMM has up to twice the uniform routing's rows
     // (Nt k ep / E), at most Nt ep.
     const bool cuda = cfg.train.device == "cuda";
-    int64_t linear = 0, expert = 0;
+    int64_t linear = 0, expert = 0, largest = 0;
     for (const ParamSpec& p : table) {
+      const bool f8 = p.name.find("_proj.weight") != std::string::npos || p.expert >= 0;
       if (p.name.find("_proj.weight") != std::string::npos) linear += p.numel;
       if (p.expert >= 0) expert += p.numel;
+      if (f8) largest = std::max(largest, p.numel);
     }
     const int64_t ep = std::max<int64_t>(1, cfg.parallel.ep);
     const int64_t per_rank = m.n_experts > 0 ? m.n_experts / ep : 0;
@@ -446,6 +448,12 @@ void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, const std::vector<ParamS
         padded = (px + pdy + std::max(px, pdy)) * 2;
       }
     }
+    // ZeRO-3 (weights sharded over dp x cp) freeing each unit after use:
+    // no cache, one GEMM's weight codes at a time (Fp8Options::
+    // cache_weights); the fused GEMMs' weights are two or three of the
+    // table's adjacent tensors.
+    if (cfg.parallel.zero >= 3 && D > 1 && cfg.parallel.zero3_reshard_after_forward)
+      linear = 3 * largest, expert = 0;
     x.bytes_fp8 = (linear + expert + xq + dyq) * (cuda ? 2 : 1) + (cuda ? 0 : scratch) + padded;
     // parallel.fp8_allgather: the local and the gathered codes of one gather.
     if (cfg.parallel.fp8_allgather && sp) x.bytes_fp8 += Nt * C + Nt * C / tp;
@@ -650,7 +658,10 @@ std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e,
        ")");
   if (e.bytes_fp8 > 0)
     line("    fp8          " + gib(e.bytes_fp8) +
-         "  (cached FP8 weight codes" + (t.device == "cuda" ? " and their transposes" : "") +
+         (par.zero >= 3 && par.dp * par.cp > 1 && par.zero3_reshard_after_forward
+              ? "  (one GEMM's FP8 weight codes (ZeRO-3: cast at each use)"
+                                                : "  (cached FP8 weight codes") +
+         (t.device == "cuda" ? " and their transposes" : "") +
          ", one GEMM's input and gradient codes" +
          (t.device == "cuda" ? "" : ", the CPU emulation's fp32 operand copies") + ")");
   line("    total        " + gib(e.bytes_total));

@@ -27,7 +27,10 @@ struct Dims {
   bool sp;
   bool unfused = false, dropout = false;
   bool fused = true;  // train.fused_projections: one q/k/v and one gate/up GEMM
-  bool fp8 = false;   // train.dtype fp8: the layers' and experts' linears on FP8 operands (not the head, router)
+  // train.dtype fp8: the layers' and experts' linears on FP8 operands (not
+  // the head, router): 1; 2 with the weights cast at each use (ZeRO-3 with
+  // zero3_reshard_after_forward).
+  int fp8 = 0;
   bool fp8_gather = false;  // parallel.fp8_allgather: ln1 and a dense ln2 gathered as FP8 codes
   std::vector<int64_t> expert_t;  // tokens of each expert of the busiest ep rank
   double a2a_tokens = 0;          // rows an ep rank sends or receives at most (dispatch)
@@ -141,7 +144,10 @@ Dims dims_of(const RunConfig& cfg) {
   d.k = m.moe_top_k;
   d.b = compute_bytes(cfg);
   d.fused = cfg.train.fused_projections;
-  d.fp8 = cfg.train.dtype == "fp8";
+  d.fp8 = cfg.train.dtype != "fp8" ? 0
+          : p.zero >= 3 && p.dp * std::max<int64_t>(1, p.cp) > 1 && p.zero3_reshard_after_forward
+              ? 2
+              : 1;
   d.fp8_gather = d.fp8 && cfg.parallel.fp8_allgather;
   return d;
 }
@@ -151,13 +157,16 @@ Op gemm(OpKind k, int64_t m, int64_t n, int64_t kk) { return Op{k, m, n, kk, 0, 
 // A layer's linear GEMM: on FP8 operands when f8 (core/model/fp8_linear.hpp),
 // after the cast of the operand it quantizes: the input (forward, and again
 // for the weight gradient) or the output gradient (input gradient). The
-// weights' cast, once per step, is not counted.
-void lin(Piece& p, bool f8, OpKind k, int64_t m, int64_t n, int64_t kk) {
+// weights' cast, once per step, is not counted; at each use with f8 == 2
+// (ZeRO-3, uncached weight codes) it is, before the forward and the input
+// gradient.
+void lin(Piece& p, int f8, OpKind k, int64_t m, int64_t n, int64_t kk) {
   Op g = gemm(k, m, n, kk);
   if (f8) {
     g.fp8 = true;
     const int64_t cast = k == OpKind::GemmWeightGrad ? kk * n : m * kk;
     p.ops.push_back({OpKind::Fp8Cast, cast});
+    if (f8 == 2 && k != OpKind::GemmWeightGrad) p.ops.push_back({OpKind::Fp8Cast, n * kk});
   }
   p.ops.push_back(g);
 }
@@ -168,7 +177,7 @@ void lin(Piece& p, bool f8, OpKind k, int64_t m, int64_t n, int64_t kk) {
 // one per part. Forward, input gradient (summed over the parts) and weight
 // gradient.
 void proj_forward(Piece& p, const Dims& d, int64_t rows, std::initializer_list<int64_t> parts,
-                  bool f8 = false) {
+                  int f8 = 0) {
   if (d.fused)
     lin(p, f8, OpKind::GemmForward, rows,
         std::accumulate(parts.begin(), parts.end(), int64_t{0}), d.C);
@@ -176,7 +185,7 @@ void proj_forward(Piece& p, const Dims& d, int64_t rows, std::initializer_list<i
     for (int64_t w : parts) lin(p, f8, OpKind::GemmForward, rows, w, d.C);
 }
 void proj_input_grad(Piece& p, const Dims& d, int64_t rows, std::initializer_list<int64_t> parts,
-                     bool f8 = false) {
+                     int f8 = 0) {
   if (d.fused)
     lin(p, f8, OpKind::GemmInputGrad, rows, d.C,
         std::accumulate(parts.begin(), parts.end(), int64_t{0}));
@@ -184,7 +193,7 @@ void proj_input_grad(Piece& p, const Dims& d, int64_t rows, std::initializer_lis
     for (int64_t w : parts) lin(p, f8, OpKind::GemmInputGrad, rows, d.C, w);
 }
 void proj_weight_grad(Piece& p, const Dims& d, int64_t rows, std::initializer_list<int64_t> parts,
-                      bool f8 = false) {
+                      int f8 = 0) {
   if (d.fused)
     lin(p, f8, OpKind::GemmWeightGrad, std::accumulate(parts.begin(), parts.end(), int64_t{0}),
         d.C, rows);

@@ -39,7 +39,11 @@ EXTRA = {
     # Recompute runs the same casts again on the same values: bit-identical.
     "recompute_full": (1, ["train.recompute=full"], 0.0, 0.0),
     "recompute_selective": (1, ["train.recompute=selective"], 0.0, 0.0),
+    # ZeRO-3 casts the weights at each use (no cache); keeping the gathered
+    # weights keeps the cached codes: both paths.
     "dp2_zero3": (2, ["parallel.dp=2", "parallel.zero=3"], BOUNDS["dp2"][2], BOUNDS["dp2"][3]),
+    "dp2_zero3_keep": (2, ["parallel.dp=2", "parallel.zero=3", "parallel.zero3_reshard_after_forward=false"],
+                       BOUNDS["dp2"][2], BOUNDS["dp2"][3]),
     "cp2": (2, ["parallel.cp=2"], BOUNDS["tp2"][2], BOUNDS["tp2"][3]),
     "cp2_a2a": (2, ["parallel.cp=2", "parallel.cp_mode=all-to-all"], BOUNDS["tp2"][2],
                 BOUNDS["tp2"][3]),
