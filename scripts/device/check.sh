@@ -29,7 +29,8 @@
 # The bundle also carries adgt-train, Open MPI's launcher and plugins
 # (relocated with OPAL_PREFIX: the GPU machine has no MPI) and a 1 MB
 # byte-level corpus, for stage 5 (4 ranks sharing the GPU: tp2 dp2 ZeRO-1 SP,
-# pp2 zb-h1 dp2, ep2 MoE, pp2 zb-v dp2, each against the single GPU process; then SIGKILL
+# pp2 zb-h1 dp2, ep2 MoE, pp2 zb-v dp2, and in fp8 ep2 MoE (padded expert
+# GEMMs) and tp2 SP with parallel.fp8_allgather, each against the single GPU process; then SIGKILL
 # of one of 4 ranks mid-run, which every survivor's watchdog must name within
 # 30 s; scripts/device/multirank_check.py) and stage 6 (LLaMA-7B, seq 4096,
 # micro-batch 1, selective recompute, bf16, a few steps: tokens/s, MFU of 989
@@ -268,7 +269,7 @@ run_layout_stages() {
   [[ $(id -u) -eq 0 ]] && mpirun+=" --allow-run-as-root"
   local py=python3
   command -v "$py" >/dev/null || py=/opt/torch/.venv/bin/python3
-  echo "== 5. several ranks on one device ($device): tp2 dp2 ZeRO-1 SP, pp2 zb-h1 dp2, ep2 MoE, dp2 ZeRO-3, pp2 zb-v dp2 vs one process"
+  echo "== 5. several ranks on one device ($device): tp2 dp2 ZeRO-1 SP, pp2 zb-h1 dp2, ep2 MoE, dp2 ZeRO-3, pp2 zb-v dp2; fp8 ep2 MoE, fp8 tp2 SP fp8_allgather; vs one process"
   OMP_NUM_THREADS="${STAGE5_THREADS:-2}" PYTHONUNBUFFERED=1 timeout "${STAGE5_S:-150}" "$py" \
     "$ROOT/scripts/device/multirank_check.py" --train "$b/adgt-train" --mpirun "$mpirun" \
     --data "$b/data" --work "$out/multirank" --device "$device" 2>&1 | tee "$out/multirank.log"

@@ -51,6 +51,12 @@ LAYOUTS = {
     # per rank; its reference is the single process with the same model).
     "pp2_zbv_dp2": (DENSE, 4, "bf16", ["model.n_layers=4", "parallel.pp=2", "parallel.dp=2",
                                        "parallel.schedule=zb-v", "parallel.virtual_stages=2"], 3.5e-4),
+    # FP8 (docs/fp8.md; sm_89+): the experts' GEMMs with their rows padded to
+    # 16 for cuBLASLt, and the SP input gathered as FP8 codes over NCCL
+    # (bounds: compare_fp8.py's MoE ep2 dp2 and its tp2 order bound).
+    "ep2_dp2_moe_fp8": (MOE, 2, "fp8", ["parallel.dp=2", "parallel.ep=2"], 1.8e-3),
+    "tp2_sp_fp8_allgather": (DENSE, 2, "fp8", ["parallel.tp=2", "parallel.sequence_parallel=true",
+                                               "parallel.fp8_allgather=true"], 1.5e-3),
 }
 
 
