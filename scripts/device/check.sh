@@ -270,7 +270,7 @@ run_layout_stages() {
   local py=python3
   command -v "$py" >/dev/null || py=/opt/torch/.venv/bin/python3
   echo "== 5. several ranks on one device ($device): tp2 dp2 ZeRO-1 SP, pp2 zb-h1 dp2, ep2 MoE, dp2 ZeRO-3, pp2 zb-v dp2; fp8 ep2 MoE, fp8 tp2 SP fp8_allgather; vs one process"
-  OMP_NUM_THREADS="${STAGE5_THREADS:-2}" PYTHONUNBUFFERED=1 timeout "${STAGE5_S:-150}" "$py" \
+  OMP_NUM_THREADS="${STAGE5_THREADS:-2}" PYTHONUNBUFFERED=1 timeout "${STAGE5_S:-180}" "$py" \
     "$ROOT/scripts/device/multirank_check.py" --train "$b/adgt-train" --mpirun "$mpirun" \
     --data "$b/data" --work "$out/multirank" --device "$device" 2>&1 | tee "$out/multirank.log"
   mrc=${PIPESTATUS[0]}
