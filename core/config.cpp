@@ -198,6 +198,12 @@ const std::vector<Key>& schema() {
       key("train", &R::train, "fp8_margin", &TrainConfig::fp8_margin, A::NonNegative,
           "with dtype fp8: binades of headroom below the format's largest value a scale keeps "
           "(scales are powers of two)"),
+      key("train", &R::train, "fp8_weight_cache", &TrainConfig::fp8_weight_cache, A::Choices,
+          "with dtype fp8: on = the weights' FP8 codes cast once a step and kept (1 byte a "
+          "weight, 2 on CUDA); off = cast at each use (forward and input gradient of every "
+          "micro-batch); auto = off at ZeRO-3 freeing the gathered weights "
+          "(zero3_reshard_after_forward), else on. The same numbers either way",
+          {"auto", "on", "off"}),
       key("train", &R::train, "recompute", &TrainConfig::recompute, A::Choices,
           "activation recompute: none; selective = the attention core and the SwiGLU product "
           "are recomputed in the backward; full = the chosen layers keep only their input "
@@ -1297,6 +1303,13 @@ std::optional<std::string> size_error(const RunConfig& c) {
 }
 
 }  // namespace
+
+bool fp8_weight_cache_on(const RunConfig& cfg) {
+  const std::string& c = cfg.train.fp8_weight_cache;
+  if (c != "auto") return c == "on";
+  const ParallelConfig& p = cfg.parallel;
+  return !(p.zero >= 3 && p.dp * std::max<int64_t>(1, p.cp) > 1 && p.zero3_reshard_after_forward);
+}
 
 void validate(const RunConfig& cfg_in) {
   RunConfig cfg = cfg_in;  // the binders take a mutable config

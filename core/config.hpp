@@ -81,6 +81,9 @@ struct TrainConfig {
   std::string fp8_recipe = "tensorwise";
   int64_t fp8_amax_history = 16;
   int64_t fp8_margin = 0;
+  // FP8 weight codes: on = cast once a step and kept; off = cast at each use;
+  // auto = off at ZeRO-3 with zero3_reshard_after_forward, else on.
+  std::string fp8_weight_cache = "auto";
   std::string recompute = "none";  // none | selective | full (core/model/model.hpp)
   int64_t recompute_layers = 0;    // full: layers per chunk that recompute; 0 = all
   // One GEMM for q/k/v and one for gate/up (weights adjacent in the flat
@@ -338,6 +341,11 @@ struct RunConfig {
   int64_t pipeline_microbatches() const { return accum_steps(); }
   bool operator==(const RunConfig&) const = default;
 };
+
+// train.fp8_weight_cache resolved: whether the FP8 weight codes are cached
+// for the step (auto: not at ZeRO-3 over dp x cp > 1 freeing each unit's
+// gathered weights after use, whose cache would keep a whole model of codes).
+bool fp8_weight_cache_on(const RunConfig& cfg);
 
 // Parses `path` (YAML), applies `overrides` ("section.key=value", in order),
 // validates, and returns the result. Relative data paths stay as written.

@@ -448,12 +448,10 @@ void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, const std::vector<ParamS
         padded = (px + pdy + std::max(px, pdy)) * 2;
       }
     }
-    // ZeRO-3 (weights sharded over dp x cp) freeing each unit after use:
-    // no cache, one GEMM's weight codes at a time (Fp8Options::
-    // cache_weights); the fused GEMMs' weights are two or three of the
-    // table's adjacent tensors.
-    if (cfg.parallel.zero >= 3 && D > 1 && cfg.parallel.zero3_reshard_after_forward)
-      linear = 3 * largest, expert = 0;
+    // Without the cache (train.fp8_weight_cache; auto: ZeRO-3 freeing each
+    // unit after use) one GEMM's weight codes at a time; the fused GEMMs'
+    // weights are two or three of the table's adjacent tensors.
+    if (!fp8_weight_cache_on(cfg)) linear = 3 * largest, expert = 0;
     x.bytes_fp8 = (linear + expert + xq + dyq) * (cuda ? 2 : 1) + (cuda ? 0 : scratch) + padded;
     // parallel.fp8_allgather: the local and the gathered codes of one gather.
     if (cfg.parallel.fp8_allgather && sp) x.bytes_fp8 += Nt * C + Nt * C / tp;
@@ -658,9 +656,8 @@ std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e,
        ")");
   if (e.bytes_fp8 > 0)
     line("    fp8          " + gib(e.bytes_fp8) +
-         (par.zero >= 3 && par.dp * par.cp > 1 && par.zero3_reshard_after_forward
-              ? "  (one GEMM's FP8 weight codes (ZeRO-3: cast at each use)"
-                                                : "  (cached FP8 weight codes") +
+         (!fp8_weight_cache_on(cfg) ? "  (one GEMM's FP8 weight codes (cast at each use)"
+                                    : "  (cached FP8 weight codes") +
          (t.device == "cuda" ? " and their transposes" : "") +
          ", one GEMM's input and gradient codes" +
          (t.device == "cuda" ? "" : ", the CPU emulation's fp32 operand copies") + ")");

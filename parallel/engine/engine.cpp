@@ -103,11 +103,9 @@ Engine::Engine(const RunConfig& config, const ParallelContext& ctx, Backend& be,
     ADGT_CHECK(be_.fp8_unsupported().empty(), "train.dtype: fp8: " << be_.fp8_unsupported());
   Fp8Options f8 = fp8_options(cfg.train);
   f8.allgather = cfg.parallel.fp8_allgather;
-  // ZeRO-3 frees each unit's gathered weights after use: no whole model of
-  // weight codes either (cast at each use). Keeping the gathered weights
-  // (zero3_reshard_after_forward: false) keeps the codes too.
-  f8.cache_weights = !(ctx_.dpcp->size() > 1 && cfg.parallel.zero >= 3 &&
-                       cfg.parallel.zero3_reshard_after_forward);
+  // train.fp8_weight_cache (auto: ZeRO-3 freeing each unit's gathered
+  // weights after use casts them at each use, no whole model of codes).
+  f8.cache_weights = fp8_weight_cache_on(cfg);
   model_->enable_fp8(f8, ctx_.cp->size() > 1 ? ctx_.cp : nullptr);
   const int64_t zero_level = ctx_.dpcp->size() > 1 ? cfg.parallel.zero : 0;
   // ZeRO-2/3: the store takes the initial weights (below), and the model's

@@ -28,8 +28,8 @@ struct Dims {
   bool unfused = false, dropout = false;
   bool fused = true;  // train.fused_projections: one q/k/v and one gate/up GEMM
   // train.dtype fp8: the layers' and experts' linears on FP8 operands (not
-  // the head, router): 1; 2 with the weights cast at each use (ZeRO-3 with
-  // zero3_reshard_after_forward).
+  // the head, router): 1; 2 with the weights cast at each use
+  // (train.fp8_weight_cache off, or auto at ZeRO-3 with resharding).
   int fp8 = 0;
   bool fp8_gather = false;  // parallel.fp8_allgather: ln1 and a dense ln2 gathered as FP8 codes
   std::vector<int64_t> expert_t;  // tokens of each expert of the busiest ep rank
@@ -144,10 +144,7 @@ Dims dims_of(const RunConfig& cfg) {
   d.k = m.moe_top_k;
   d.b = compute_bytes(cfg);
   d.fused = cfg.train.fused_projections;
-  d.fp8 = cfg.train.dtype != "fp8" ? 0
-          : p.zero >= 3 && p.dp * std::max<int64_t>(1, p.cp) > 1 && p.zero3_reshard_after_forward
-              ? 2
-              : 1;
+  d.fp8 = cfg.train.dtype != "fp8" ? 0 : fp8_weight_cache_on(cfg) ? 1 : 2;
   d.fp8_gather = d.fp8 && cfg.parallel.fp8_allgather;
   return d;
 }

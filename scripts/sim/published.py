@@ -17,7 +17,10 @@ GPT-architecture models (GELU MLP of 4h) are simulated as LLaMA blocks with
 a SwiGLU width of 2/3 x 4h: the same MLP parameters and FLOPs. Runs whose
 layout the simulator does not model are listed as skipped with the reason.
 fp8 runs are simulated with train.dtype fp8 (the layers' linears on the
-device's FP8 peak, docs/fp8.md).
+device's FP8 peak, docs/fp8.md), their weights cast once a step
+(train.fp8_weight_cache on: Megatron's FSDP gathers FP8 parameters cast
+once a step, fp8_param_gather, where adgt's ZeRO-3 default would recast
+the gathered bf16 weights at each use).
 
   scripts/sim/published.py --sim build/apps/adgt-sim [--markdown] [--json OUT]
 """
@@ -144,6 +147,7 @@ def sets_of(run):
             f"model.seq_len={m['seq_len']}", f"train.global_batch={lay['global_batch']}",
             f"train.micro_batch={mb}",
             f"train.dtype={'fp8' if 'fp8' in str(run.get('precision', '')).lower() else 'bf16'}",
+            "train.fp8_weight_cache=on",
             f"train.recompute={rc}",
             f"parallel.tp={lay['tp']}", f"parallel.pp={pp}", f"parallel.dp={lay['dp']}",
             f"parallel.zero={zero if zero >= 1 and lay['dp'] > 1 else 0}",

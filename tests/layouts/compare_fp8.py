@@ -39,6 +39,8 @@ EXTRA = {
     # Recompute runs the same casts again on the same values: bit-identical.
     "recompute_full": (1, ["train.recompute=full"], 0.0, 0.0),
     "recompute_selective": (1, ["train.recompute=selective"], 0.0, 0.0),
+    # The weights cast at each use instead of once a step: the same codes.
+    "weight_cache_off": (1, ["train.fp8_weight_cache=off"], 0.0, 0.0),
     # ZeRO-3 casts the weights at each use (no cache); keeping the gathered
     # weights keeps the cached codes: both paths.
     "dp2_zero3": (2, ["parallel.dp=2", "parallel.zero=3"], BOUNDS["dp2"][2], BOUNDS["dp2"][3]),

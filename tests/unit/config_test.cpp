@@ -366,7 +366,7 @@ TEST_CASE("docs/config.md carries the generated key reference", "[config]") {
     FAIL("docs/config.md is out of date with the schema in core/config.cpp; paste " + out +
          " between its BEGIN/END markers");
   }
-  CHECK(config_keys().size() == 111);
+  CHECK(config_keys().size() == 112);
   for (const auto& k : config_keys()) {
     CHECK(!k.doc.empty());
     CHECK(!k.allowed.empty());
@@ -596,4 +596,25 @@ TEST_CASE("pipeline cross-field rules name the keys and a fix", "[config]") {
   CHECK(error_of("parallel:\n  stage_layers: [3]\n") ==
         "x.yaml: parallel.stage_layers=[3] sums to 3, but model.n_layers=4; make the counts add "
         "up to 4, or use [] to balance by cost");
+}
+
+TEST_CASE("train.fp8_weight_cache: auto caches unless ZeRO-3 frees the gathered weights", "[config]") {
+  RunConfig c;
+  c.train.dtype = "fp8";
+  CHECK(fp8_weight_cache_on(c));  // one process
+  c.parallel.dp = 4;
+  c.parallel.zero = 3;
+  CHECK_FALSE(fp8_weight_cache_on(c));  // ZeRO-3, resharding after the forward
+  c.parallel.zero3_reshard_after_forward = false;
+  CHECK(fp8_weight_cache_on(c));  // the gathered weights kept: their codes too
+  c.parallel.zero3_reshard_after_forward = true;
+  c.parallel.dp = 1;
+  CHECK(fp8_weight_cache_on(c));  // nothing sharded
+  c.parallel.cp = 2;
+  CHECK_FALSE(fp8_weight_cache_on(c));  // ZeRO shards over dp x cp
+  c.train.fp8_weight_cache = "on";
+  CHECK(fp8_weight_cache_on(c));
+  c.parallel.zero = 0;
+  c.train.fp8_weight_cache = "off";
+  CHECK_FALSE(fp8_weight_cache_on(c));
 }
