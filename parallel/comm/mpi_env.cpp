@@ -1,5 +1,10 @@
 #include "parallel/comm/mpi_env.hpp"
 
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -58,10 +63,36 @@ void remove_private_session_base() {
 // single process has no peer to share session files with, so it gets a fresh
 // base of its own; the variable is dropped again once MPI has read it, so
 // nothing the process starts inherits it. A user's own setting wins.
+// The base is named for the process (adgt-mpi.PID.XXXXXX); one whose
+// process is gone (a SIGKILL skips the removal at exit) is removed by the
+// next single process that starts, as tests/parallel/mpirun.sh does for
+// launches.
+void sweep_ended_session_bases(const std::string& dir) {
+  std::error_code ec;
+  const std::string prefix = "adgt-mpi.";
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const size_t dot = name.find('.', prefix.size());
+    if (dot == std::string::npos || dot == prefix.size()) continue;
+    const std::string digits = name.substr(prefix.size(), dot - prefix.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) continue;
+    const pid_t pid = pid_t(std::stol(digits));
+    struct stat st {};
+    if (::lstat(e.path().c_str(), &st) != 0 || st.st_uid != ::getuid() || !S_ISDIR(st.st_mode))
+      continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    std::error_code rm;
+    std::filesystem::remove_all(e.path(), rm);  // another sweep may meet it too: ignore
+  }
+}
+
 void use_private_session_base() {
   if (std::getenv("OMPI_MCA_orte_tmpdir_base")) return;
   const char* tmp = std::getenv("TMPDIR");
-  std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/adgt-mpi.XXXXXX";
+  const std::string dir = tmp && *tmp ? tmp : "/tmp";
+  sweep_ended_session_bases(dir);
+  std::string pattern = dir + "/adgt-mpi." + std::to_string(::getpid()) + ".XXXXXX";
   if (!::mkdtemp(pattern.data())) return;  // Open MPI's default then, as before
   private_session_base() = pattern;
   std::atexit(remove_private_session_base);

@@ -6,12 +6,13 @@ between launches started side by side).
 For a single process (MpiEnv) and a 2-rank launch (tests/parallel/mpirun.sh),
 each with TMPDIR set to a fresh directory: once the run has printed its first
 step (MPI is up), Open MPI's session directory (ompi.*) must sit inside the
-launch's own base (adgt-mpi.* for the single process, adgt-mpirun.UID.PID for
-mpirun, PID being mpirun's), never directly in TMPDIR, and the training
-process must not carry OMPI_MCA_orte_tmpdir_base in its environment (what it
-starts would share the base). SIGTERM then stops the run cleanly (exit 0);
-afterwards the single process's base is gone, and the next mpirun.sh launch
-removes the ended one's.
+launch's own base (adgt-mpi.PID.* for the single process, PID its own;
+adgt-mpirun.UID.PID for mpirun, PID being mpirun's), never directly in
+TMPDIR, and the training process must not carry OMPI_MCA_orte_tmpdir_base in
+its environment (what it starts would share the base). SIGTERM then stops
+the run cleanly (exit 0); afterwards the single process's base is gone. The
+start of each removes the bases of ended ones (a planted base of a pid that
+does not exist) and keeps a live process's.
 
 usage: session_dir_check.py --train BIN --mpirun WRAPPER --data DIR --work DIR
 """
@@ -98,19 +99,29 @@ def main():
     tmp = os.path.join(args.work, "tmp_single")
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
+    # A SIGKILLed single process's base (no such pid: swept at the next
+    # start) and a live process's (this script's: kept).
+    stale = os.path.join(tmp, "adgt-mpi.999999999.AbCdEf")
+    os.makedirs(os.path.join(stale, "ompi.vm.0"))
+    live = f"adgt-mpi.{os.getpid()}.KeepMe"
+    os.makedirs(os.path.join(tmp, live))
     p, log, log_path = launch(args, os.path.join(args.work, "single"), tmp, 1)
-    bases = glob.glob(os.path.join(tmp, "adgt-mpi.*"))
+    bases = glob.glob(os.path.join(tmp, f"adgt-mpi.{p.pid}.*"))
     inside = [d for b in bases for d in glob.glob(os.path.join(b, "ompi.*"))]
     outside = glob.glob(os.path.join(tmp, "ompi.*"))
     leaked_env = environ_has_base(p.pid)
+    stale_left = os.path.isdir(stale)
     stop(p, log, log_path, "single process")
     if len(bases) != 1 or not inside or outside:
         sys.exit(f"FAIL: single process: bases {bases}, session dirs inside {inside}, in TMPDIR itself {outside}")
     if leaked_env:
         sys.exit("FAIL: single process: OMPI_MCA_orte_tmpdir_base is still in its environment after MPI_Init")
-    if os.listdir(tmp):
-        sys.exit(f"FAIL: single process: left {os.listdir(tmp)} in TMPDIR")
-    print(f"PASS: single process: session files in {os.path.basename(bases[0])}, removed at exit")
+    if stale_left:
+        sys.exit("FAIL: single process: an ended process's base (adgt-mpi.999999999.*) was not removed")
+    if os.listdir(tmp) != [live]:
+        sys.exit(f"FAIL: single process: left {os.listdir(tmp)} in TMPDIR (expected only the live {live})")
+    print(f"PASS: single process: session files in {os.path.basename(bases[0])}, removed at exit; "
+          "an ended process's base swept, a live one's kept")
 
     # Two ranks through the tests' wrapper: mpirun is p itself (exec).
     tmp = os.path.join(args.work, "tmp_mpirun")
