@@ -395,8 +395,9 @@ void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, const std::vector<ParamS
     // The FP8 linears (core/model/fp8_linear.hpp): the layers' q/k/v, o,
     // gate/up and down weights and the experts' w1, w3, w2 (this rank's,
     // and the replicas it serves: parallel.expert_slots beyond E / ep) cast
-    // once per step and kept (ZeRO-3: cast at each use, below) (one byte each, two on CUDA with the
-    // transposed codes the backward reads); the input and output-gradient
+    // once per step and kept (one byte each, two on CUDA with the
+    // transposed codes the backward reads; without train.fp8_weight_cache
+    // cast at each use, below); the input and output-gradient
     // codes, each grown to its largest GEMM; on the CPU backends the
     // emulation's fp32 copies of the largest GEMM (its backward: dy, w, x
     // and dx). An expert's GEMM has up to twice the uniform routing's rows
@@ -404,10 +405,10 @@ void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, const std::vector<ParamS
     const bool cuda = cfg.train.device == "cuda";
     int64_t linear = 0, expert = 0, largest = 0;
     for (const ParamSpec& p : table) {
-      const bool f8 = p.name.find("_proj.weight") != std::string::npos || p.expert >= 0;
-      if (p.name.find("_proj.weight") != std::string::npos) linear += p.numel;
+      const bool proj = p.name.find("_proj.weight") != std::string::npos;
+      if (proj) linear += p.numel;
       if (p.expert >= 0) expert += p.numel;
-      if (f8) largest = std::max(largest, p.numel);
+      if (proj || p.expert >= 0) largest = std::max(largest, p.numel);
     }
     const int64_t ep = std::max<int64_t>(1, cfg.parallel.ep);
     const int64_t per_rank = m.n_experts > 0 ? m.n_experts / ep : 0;

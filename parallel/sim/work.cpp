@@ -155,8 +155,8 @@ Op gemm(OpKind k, int64_t m, int64_t n, int64_t kk) { return Op{k, m, n, kk, 0, 
 // after the cast of the operand it quantizes: the input (forward, and again
 // for the weight gradient) or the output gradient (input gradient). The
 // weights' cast, once per step, is not counted; at each use with f8 == 2
-// (ZeRO-3, uncached weight codes) it is, before the forward and the input
-// gradient.
+// (uncached weight codes: train.fp8_weight_cache) it is, before the
+// forward and the input gradient.
 void lin(Piece& p, int f8, OpKind k, int64_t m, int64_t n, int64_t kk) {
   Op g = gemm(k, m, n, kk);
   if (f8) {
