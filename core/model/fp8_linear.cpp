@@ -25,8 +25,7 @@ void Fp8Linears::gather(const std::vector<int>& sites, Tensor full, const Tensor
                         Comm& group) {
   const int64_t rows = local.dim(0), cols = local.numel() / std::max<int64_t>(1, rows);
   const int site = sites.at(0);
-  if (o_.delayed && filled_ > 0 && !uploaded_) begin_step();
-  if (!o_.delayed || !have_history(site, kX)) current_scale(site, kX, local, true);
+  activation_scale(site, kX, local);
   if (o_.delayed)
     for (int s : sites) be_.fp8_amax(scalar(step_amax_, s, kX), local, true);
   const Tensor sc = scalar(scale_, site, kX);
@@ -86,12 +85,16 @@ void Fp8Linears::current_scale(int site, int which, const Tensor& x, bool tokens
                 o_.margin);
 }
 
-Fp8Operand Fp8Linears::quantize(int site, int which, const Tensor& x, Buffer& q, Buffer& qt) {
-  const int64_t rows = x.dim(0), cols = x.numel() / rows;
+void Fp8Linears::activation_scale(int site, int which, const Tensor& x) {
   // (A pass before any begin_step since the history was set, an evaluation
   // right after a resume: the scales from the history first.)
   if (o_.delayed && filled_ > 0 && !uploaded_) begin_step();
   if (!o_.delayed || !have_history(site, which)) current_scale(site, which, x, true);
+}
+
+Fp8Operand Fp8Linears::quantize(int site, int which, const Tensor& x, Buffer& q, Buffer& qt) {
+  const int64_t rows = x.dim(0), cols = x.numel() / rows;
+  activation_scale(site, which, x);
   if (o_.delayed && !(which == kX && sites_[size_t(site)].gathered))
     be_.fp8_amax(scalar(step_amax_, site, which), x, true);
   const DType dt = which == kDy && o_.grad_kind == Fp8Kind::E5M2 ? DType::E5M2 : DType::E4M3;

@@ -133,6 +133,9 @@ class Fp8Linears {
   // amax of x into amax slot (site, which), max over tp (and cp when
   // `tokens`), then its scale into the scale slot.
   void current_scale(int site, int which, const Tensor& x, bool tokens);
+  // The scale slot (site, which) for the activation or gradient x: the
+  // recipe's (the delayed history's, else x's current amax).
+  void activation_scale(int site, int which, const Tensor& x);
   // q (and qt) of x at the scale of (site, which); the activation recipes.
   Fp8Operand quantize(int site, int which, const Tensor& x, Buffer& q, Buffer& qt);
   Fp8Operand weight(int site, const Tensor& w);

@@ -137,6 +137,7 @@ def sets_of(run):
     zero = as_int(lay.get("zero", 0), 0)
     if str(lay.get("zero", "")).startswith("FSDP"):  # Megatron FSDP: sharded parameters
         zero = 3
+    fp8 = "fp8" in str(run.get("precision", "")).lower()
     rc = str(lay.get("recompute", "none")).split()[0]
     if rc not in ("none", "selective", "full"):
         rc = "full"
@@ -146,12 +147,13 @@ def sets_of(run):
             f"model.n_kv_heads={m['n_kv_heads']}", f"model.ffn_hidden={ffn_of(m, lay['tp'])}",
             f"model.seq_len={m['seq_len']}", f"train.global_batch={lay['global_batch']}",
             f"train.micro_batch={mb}",
-            f"train.dtype={'fp8' if 'fp8' in str(run.get('precision', '')).lower() else 'bf16'}",
-            "train.fp8_weight_cache=on",
+            f"train.dtype={'fp8' if fp8 else 'bf16'}",
             f"train.recompute={rc}",
             f"parallel.tp={lay['tp']}", f"parallel.pp={pp}", f"parallel.dp={lay['dp']}",
             f"parallel.zero={zero if zero >= 1 and lay['dp'] > 1 else 0}",
             f"parallel.sequence_parallel={'true' if sp and lay['tp'] > 1 else 'false'}"]
+    if fp8:
+        sets.append("train.fp8_weight_cache=on")
     cp = as_int(lay.get("cp", 1), 1)
     if cp > 1:
         sets.append(f"parallel.cp={cp}")
