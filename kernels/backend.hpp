@@ -324,11 +324,26 @@ class Backend {
   // Fills r from logits (N, E) (any float dtype); bias: F64 (E) added to the
   // selection score only, or empty. k = r.choice's columns.
   virtual void moe_route(const MoeRouting& r, const Tensor& logits, const Tensor& bias) = 0;
+  // An expert's capacity in moe_dispatch_plan. factor <= 0: dropless. The
+  // rows are cut into runs of `segment` rows (0: one run of all N); each run
+  // is part of a capacity group of `group_rows` rows (0: the run is its own
+  // group), which may span runs on other ranks (context parallelism cuts a
+  // group into chunks). Expert e keeps at most cap = ceil(factor x
+  // group_rows x k / E) of a group's assignments to it, in assignment order:
+  // in a run, those before the group's cap-th, counting `prior` (I32 (N /
+  // segment, E): the assignments to e in the run's group before the run;
+  // empty: none, and N % segment == 0 is then not needed).
+  struct MoeCapacity {
+    double factor = 0;
+    int64_t segment = 0;
+    int64_t group_rows = 0;
+    Tensor prior;
+  };
   // The dispatch plan. slot (E) int32: each expert's place in the send order
   // (destination rank x experts per rank + local index; a permutation of
-  // 0..E-1). Capacity (capacity_factor > 0): per group of `segment` rows (0:
-  // all N), expert e keeps the first ceil(cf * rows * k / E) of the group's
-  // assignments to it in assignment order (t*k+j); the rest are dropped. Out:
+  // 0..E-1). Capacity (cap.factor > 0): per group (MoeCapacity), expert e
+  // keeps the first ceil(factor * rows * k / E) of the group's assignments to
+  // it in assignment order (t*k+j); the rest are dropped. Out:
   //   pos (N, k) int32: the send row of each kept assignment, -1 if dropped;
   //     send rows are by slot, then assignment order;
   //   send_tok (>= N*k) int32: the token of each send row (the first
@@ -336,8 +351,8 @@ class Backend {
   //   stats F64 (2E + 2 + E): [assignments routed to each expert before drops
   //     (E), the column sums of probs (E), N, dropped, kept per slot (E)].
   virtual void moe_dispatch_plan(Tensor pos, Tensor send_tok, Tensor stats, const Tensor& choice,
-                                 const Tensor& probs, const Tensor& slot, double capacity_factor,
-                                 int64_t segment) = 0;
+                                 const Tensor& probs, const Tensor& slot,
+                                 const MoeCapacity& cap) = 0;
   // dlogits (N, E), in the logits' dtype, = softmax backward of g, where
   // g[e] = a * aux_dp[e] + sum over j with choice[t,j] == e of
   // (dw[t,j] - sum_i dw[t,i] weight[t,i]) / norm[t]; dw (N, k) in the

@@ -2,6 +2,8 @@
 // reference and the CUDA backend (kernels/cuda/*_kernels.cuh, also run in the
 // CUDA emulation) refuse the same calls with the same messages.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -200,6 +202,33 @@ inline MoeDims check_moe_plan(const Tensor& pos, const Tensor& send_tok, const T
                 << ": expected int32 choice (N,k), probs (N,E) f32/f64, int32 pos (N,k), send_tok "
                    "(>= N*k), slot (E), F64 stats (3E+2)");
   return {N, E, k};
+}
+// moe_dispatch_plan's capacity (Backend::MoeCapacity): prior I32 (N /
+// segment, E) with segment dividing N, or empty; group_rows >= 0. On the
+// host also prior's values (>= 0) when host_prior.
+inline void check_moe_capacity(const Backend::MoeCapacity& c, const MoeDims& d, const char* op,
+                               bool host_prior = true) {
+  ADGT_CHECK(std::isfinite(c.factor) && c.segment >= 0 && c.group_rows >= 0,
+             op << ": capacity factor " << c.factor << ", segment " << c.segment << ", group_rows "
+                << c.group_rows << ": expected a finite factor and segment, group_rows >= 0");
+  if (!c.prior.data) return;
+  ADGT_CHECK(c.segment > 0 && d.N % c.segment == 0 && c.prior.dtype == DType::I32 &&
+                 c.prior.numel() == d.N / std::max<int64_t>(c.segment, 1) * d.E,
+             op << ": prior" << c.prior.shape_str() << " " << dtype_name(c.prior.dtype)
+                << " with segment " << c.segment << " and N = " << d.N
+                << ": expected int32 (N / segment, E) = (" << (c.segment > 0 ? d.N / c.segment : -1)
+                << ", " << d.E << "), segment > 0 dividing N");
+  if (!host_prior) return;
+  const int32_t* p = c.prior.ptr<int32_t>();
+  for (int64_t i = 0; i < c.prior.numel(); ++i)
+    ADGT_CHECK(p[i] >= 0, op << ": prior[" << i / d.E << ", " << i % d.E << "] = " << p[i]
+                             << " (a count of assignments: >= 0)");
+}
+// An expert's capacity in a run of `rows` rows (Backend::MoeCapacity).
+inline int64_t moe_capacity_limit(const Backend::MoeCapacity& c, int64_t rows, int64_t k,
+                                  int64_t E) {
+  const int64_t g = c.group_rows > 0 ? c.group_rows : rows;
+  return int64_t(std::ceil(c.factor * double(g * k) / double(E)));
 }
 // slot (host copy): a permutation of 0..E-1.
 inline void check_moe_slots(const int32_t* slot, int64_t E, const char* op) {

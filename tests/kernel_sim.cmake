@@ -175,8 +175,16 @@ adgt_kernel_mutant(moe_plan_scan_inclusive TEST moe_routing HEADER kernels/cuda/
   TO [[return before + v;]])
 adgt_kernel_mutant(moe_plan_capacity_off_by_one TEST moe_routing HEADER kernels/cuda/moe_routing_kernels.cuh
   # capacity keeps one assignment too many per expert and group
-  FROM [[pos[a] = r < cap ? int32_t(kept + r) : -1;]]
-  TO [[pos[a] = r <= cap ? int32_t(kept + r) : -1;]])
+  FROM [[pos[a] = r < cap ? int32_t(kept + r - kept0) : -1;]]
+  TO [[pos[a] = r <= cap ? int32_t(kept + r - kept0) : -1;]])
+adgt_kernel_mutant(moe_plan_prior_ignored TEST moe_routing HEADER kernels/cuda/moe_routing_kernels.cuh
+  # a run of a larger capacity group counts from 0, not from its prior
+  FROM [[int64_t carry = p0;]]
+  TO [[int64_t carry = 0;]])
+adgt_kernel_mutant(moe_plan_prior_past_cap TEST moe_routing HEADER kernels/cuda/moe_routing_kernels.cuh
+  # a prior past the cap is not clamped: the kept count goes negative
+  FROM [[const int64_t kept0 = p0 < cap ? p0 : cap;]]
+  TO [[const int64_t kept0 = p0;]])
 adgt_kernel_mutant(moe_plan_carry_dropped TEST moe_routing HEADER kernels/cuda/moe_routing_kernels.cuh
   # the scan's carry is not kept from one chunk of the block to the next
   FROM [[      carry += tot;

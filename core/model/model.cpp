@@ -140,6 +140,10 @@ void Model::make_moe_layers(const ExpertPlacement& placement, Comm* ep) {
       moe_.push_back(std::make_unique<MoeLayer>(be_, dtype_, N_, cfg_.d_model,
                                                 cfg_.expert_ffn() / tp_->size(), o,
                                                 placement.table(), ep, moe_aux_group_));
+      // Context parallelism: capacity groups that span the cp ranks' chunks.
+      if (context_ && moe_aux_group_)
+        moe_.back()->set_sequence_split(
+            {moe_aux_group_, context_->positions(T_), T_ * int64_t(moe_aux_group_->size()), T_ / 2});
       if (cfg_.moe_aux_free && cfg_.moe_bias_init_zipf > 0)
         moe_.back()->set_bias(zipf_selection_bias(cfg_.n_experts, cfg_.d_model, cfg_.init_std,
                                                   cfg_.moe_bias_init_zipf));

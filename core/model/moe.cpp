@@ -54,6 +54,7 @@ struct MoeLayer::Slot {
 struct MoeLayer::Scratch {
   Buffer logits, send_tok, send, recv, ye, tmp, dh, dgate, dup, dw, plan;
   Buffer rows2, sync;  // replicas: send rows in the plan's order; packed weights or gradients
+  Buffer runs, runs_all, prior;  // capacity groups spanning ranks: counts, gathered, priors
 };
 
 MoeLayer::MoeLayer(Backend& be, DType dt, int64_t max_tokens, int64_t C, int64_t F, MoeOptions o,
@@ -331,6 +332,47 @@ void MoeLayer::a2av(Tensor out, const std::vector<int64_t>& recv_rows, const Ten
   (bwd ? st.a2a_seconds_bwd : st.a2a_seconds) += ep_->stats().seconds - t0;
 }
 
+void MoeLayer::set_sequence_split(MoeSequenceSplit s) {
+  if (s.group && s.group->size() > 1) {
+    ADGT_CHECK(!s.positions.empty() && s.seq_len >= int64_t(s.positions.size()),
+               "moe: sequence split of " << s.positions.size() << " local tokens of " << s.seq_len);
+    moe_capacity_runs(s, opt_.capacity_segment, int64_t(s.positions.size()));  // checks positions
+  }
+  split_ = std::move(s);
+}
+
+Backend::MoeCapacity MoeLayer::capacity(const Tensor& choice, int64_t N) {
+  Backend::MoeCapacity cap{.factor = opt_.capacity_factor, .segment = opt_.capacity_segment};
+  if (opt_.capacity_factor <= 0 || !split_.group || split_.group->size() <= 1) return cap;
+  const MoeCapacityRuns runs = moe_capacity_runs(split_, opt_.capacity_segment, N);
+  if (!runs.spans) return cap;
+  // Every rank's runs: [start in the micro-batch, count per expert], gathered.
+  Scratch& sc = *scratch_;
+  const int64_t E = E_, R = N / runs.run, P = split_.group->size();
+  std::vector<int32_t> ch(size_t(N * k_));
+  if (N) be_.to_host(ch.data(), choice.data, ch.size() * 4);
+  const std::vector<int64_t> counts = moe_run_counts(ch.data(), N, k_, E, runs.run);
+  const std::vector<int64_t> starts = moe_run_starts(split_, runs.run, N);
+  std::vector<double> mine(size_t(R * (E + 1)));
+  for (int64_t i = 0; i < R; ++i) {
+    mine[size_t(i * (E + 1))] = double(starts[size_t(i)]);
+    for (int64_t e = 0; e < E; ++e) mine[size_t(i * (E + 1) + 1 + e)] = double(counts[size_t(i * E + e)]);
+  }
+  Tensor t = grow(sc.runs, R * (E + 1), 1, DType::F64);
+  Tensor all = grow(sc.runs_all, P * R * (E + 1), 1, DType::F64);
+  if (!mine.empty()) be_.to_device(t.data, mine.data(), mine.size() * 8);
+  split_.group->all_gather(all, t);
+  std::vector<double> host(size_t(P * R * (E + 1)));
+  if (!host.empty()) be_.to_host(host.data(), all.data, host.size() * 8);
+  const std::vector<int32_t> prior =
+      moe_run_priors(host, split_.group->rank(), int(P), R, E, runs.group_rows);
+  cap.segment = runs.run;
+  cap.group_rows = runs.group_rows;
+  cap.prior = grow(sc.prior, R, E, DType::I32);
+  upload_i32(cap.prior, prior);
+  return cap;
+}
+
 MoeLayer::RoutePlan MoeLayer::route_forward(Slot& s, const Tensor& x, const MoeParams& p) {
   Scratch& sc = *scratch_;
   const int64_t N = s.N, C = C_, E = E_, k = k_;
@@ -368,8 +410,7 @@ MoeLayer::RoutePlan MoeLayer::route_forward(Slot& s, const Tensor& x, const MoeP
                   opt_.aux_free ? Tensor(bias_dev_.data(), DType::F64, {E}) : Tensor());
   }
   be_.moe_dispatch_plan(s.pos, rp.tok, local, s.route.choice, s.route.probs,
-                        Tensor(slot_.data(), DType::I32, {E}), opt_.capacity_factor,
-                        opt_.capacity_segment);
+                        Tensor(slot_.data(), DType::I32, {E}), capacity(s.route.choice, N));
   rp.host.resize(size_t(P > 1 || aux_ ? L + G + R + A : L));
   if (aux_) {
     be_.copy(aux, part(0, G));

@@ -69,6 +69,7 @@
 
 #include "core/comm.hpp"
 #include "core/model/fp8_linear.hpp"
+#include "core/model/moe_capacity.hpp"
 #include "core/model/moe_placement.hpp"
 #include "core/model/moe_replicas.hpp"
 #include "kernels/backend.hpp"
@@ -191,6 +192,14 @@ class MoeLayer {
   // GEMM's operand, scaled from their own amax (or the site's history).
   void set_fp8(Fp8Linears* f, std::vector<int> sites);
 
+  // Context parallelism (moe_capacity.hpp): how this rank's rows sit in
+  // the micro-batch. With a capacity whose groups span the ranks of
+  // s.group (capacity_segment 0, or one that does not divide a chunk),
+  // forward counts each group's assignments over s.group (an all-gather of
+  // per-run counts and a host read per call), so the drops are one
+  // process's. Without it (the default) the groups are this rank's rows.
+  void set_sequence_split(MoeSequenceSplit s);
+
   const MoeOptions& options() const { return opt_; }
   const ExpertPlacement& placement() const { return place_; }
   const std::vector<int64_t>& local_experts() const;  // this rank's, ascending
@@ -269,6 +278,10 @@ class MoeLayer {
   Buffer slot_;               // (E) int32: each expert's place in the send order
   Fp8Linears* fp8_ = nullptr;
   std::vector<int> fp8_sites_;  // (E, 3) see set_fp8
+  MoeSequenceSplit split_;      // see set_sequence_split
+  // The plan's capacity for a call of N rows (priors from the cp group
+  // when its groups span ranks: collective over split_.group then).
+  Backend::MoeCapacity capacity(const Tensor& choice, int64_t N);
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<Scratch> scratch_;
   int last_slot_ = -1;

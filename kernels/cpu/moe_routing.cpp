@@ -92,10 +92,11 @@ void CpuBackend::moe_route(const MoeRouting& r, const Tensor& logits, const Tens
 }
 
 void CpuBackend::moe_dispatch_plan(Tensor pos, Tensor send_tok, Tensor stats, const Tensor& choice,
-                                   const Tensor& probs, const Tensor& slot, double capacity_factor,
-                                   int64_t segment) {
+                                   const Tensor& probs, const Tensor& slot,
+                                   const MoeCapacity& cap) {
   const char* op = "moe_dispatch_plan";
   const MoeDims d = check_moe_plan(pos, send_tok, stats, choice, probs, slot, op);
+  check_moe_capacity(cap, d, op);
   const int64_t N = d.N, E = d.E, k = d.k;
   const int32_t* ch = choice.ptr<int32_t>();
   const int32_t* sl = slot.ptr<int32_t>();
@@ -109,16 +110,19 @@ void CpuBackend::moe_dispatch_plan(Tensor pos, Tensor send_tok, Tensor stats, co
   // Capacity: per group of rows, per expert, in assignment order.
   std::vector<char> keep(size_t(N * k), 1);
   int64_t dropped = 0;
-  if (capacity_factor > 0) {
-    const int64_t seg = segment > 0 ? segment : std::max<int64_t>(N, 1);
+  if (cap.factor > 0) {
+    const int64_t seg = cap.segment > 0 ? cap.segment : std::max<int64_t>(N, 1);
+    const int32_t* prior = cap.prior.data ? cap.prior.ptr<int32_t>() : nullptr;
     std::vector<int64_t> used(static_cast<size_t>(E));
     for (int64_t g0 = 0; g0 < N; g0 += seg) {
       const int64_t rows = std::min(seg, N - g0);
-      const auto cap = int64_t(std::ceil(capacity_factor * double(rows * k) / double(E)));
-      std::fill(used.begin(), used.end(), 0);
+      const int64_t limit = moe_capacity_limit(cap, rows, k, E);
+      // The group's assignments before this run, as far as they were kept.
+      for (int64_t e = 0; e < E; ++e)
+        used[size_t(e)] = prior ? std::min<int64_t>(prior[(g0 / seg) * E + e], limit) : 0;
       for (int64_t a = g0 * k; a < (g0 + rows) * k; ++a) {
         int64_t& u = used[size_t(ch[a])];
-        if (u < cap)
+        if (u < limit)
           ++u;
         else
           keep[size_t(a)] = 0, ++dropped;

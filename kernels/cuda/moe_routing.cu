@@ -10,9 +10,8 @@ void CudaBackend::moe_route(const MoeRouting& r, const Tensor& logits, const Ten
 
 void CudaBackend::moe_dispatch_plan(Tensor pos, Tensor send_tok, Tensor stats,
                                     const Tensor& choice, const Tensor& probs, const Tensor& slot,
-                                    double capacity_factor, int64_t segment) {
-  cuda::moe_dispatch_plan(cuda::op_ctx(*this), pos, send_tok, stats, choice, probs, slot,
-                          capacity_factor, segment);
+                                    const MoeCapacity& cap) {
+  cuda::moe_dispatch_plan(cuda::op_ctx(*this), pos, send_tok, stats, choice, probs, slot, cap);
 }
 
 void CudaBackend::moe_router_backward(Tensor dlogits, const MoeRouting& r, const Tensor& dw,

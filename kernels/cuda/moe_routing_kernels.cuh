@@ -130,19 +130,25 @@ __device__ int block_excl_scan(int f, int* sh, int* total) {
 
 // Block e: pos[a] = the rank of assignment a among expert e's kept ones (in
 // assignment order), -1 if capacity drops it; per_e = [kept (E), routed
-// (E), dropped (E)].
+// (E), dropped (E)]. A run's count starts at its prior (the group's
+// assignments to e before the run; Backend::MoeCapacity), so it keeps those
+// below the group's cap.
 __global__ void moe_rank_kernel(int32_t* __restrict__ pos, int64_t* __restrict__ per_e,
                                 const int32_t* __restrict__ choice, int64_t N, int64_t k,
-                                int64_t E, int64_t segment, double cf, int64_t* err) {
+                                int64_t E, int64_t segment, int64_t group_rows, double cf,
+                                const int32_t* __restrict__ prior, int64_t* err) {
   __shared__ int sh[32];
   const int64_t e = blockIdx.x;
   const int64_t seg = segment > 0 ? segment : (N > 1 ? N : 1);
   int64_t kept = 0, routed = 0, dropped = 0;
   for (int64_t g0 = 0; g0 < N; g0 += seg) {
     const int64_t rows = seg < N - g0 ? seg : N - g0;
-    const int64_t cap = cf > 0 ? int64_t(::ceil(cf * double(rows * k) / double(E))) : LLONG_MAX;
+    const int64_t g = group_rows > 0 ? group_rows : rows;
+    const int64_t cap = cf > 0 ? int64_t(::ceil(cf * double(g * k) / double(E))) : LLONG_MAX;
     const int64_t a1 = (g0 + rows) * k;
-    int64_t carry = 0;
+    const int64_t p0 = prior ? int64_t(prior[(g0 / seg) * E + e]) : 0;
+    const int64_t kept0 = p0 < cap ? p0 : cap;  // the group's kept before this run
+    int64_t carry = p0;
     for (int64_t base = g0 * k; base < a1; base += blockDim.x) {
       const int64_t a = base + threadIdx.x;
       const int32_t c = a < a1 ? choice[a] : -1;
@@ -152,14 +158,14 @@ __global__ void moe_rank_kernel(int32_t* __restrict__ pos, int64_t* __restrict__
       const int ex = block_excl_scan(f, sh, &tot);
       if (f) {
         const int64_t r = carry + ex;
-        pos[a] = r < cap ? int32_t(kept + r) : -1;
+        pos[a] = r < cap ? int32_t(kept + r - kept0) : -1;
       }
       carry += tot;
     }
-    const int64_t kk = carry < cap ? carry : cap;
-    routed += carry;
+    const int64_t kk = (carry < cap ? carry : cap) - kept0;
+    routed += carry - p0;
     kept += kk;
-    dropped += carry - kk;
+    dropped += carry - p0 - kk;
   }
   if (threadIdx.x == 0) {
     per_e[e] = kept;
@@ -281,9 +287,10 @@ void moe_route(const OpCtx& c, const Backend::MoeRouting& r, const Tensor& logit
 
 void moe_dispatch_plan(const OpCtx& c, Tensor pos, Tensor send_tok, Tensor stats,
                        const Tensor& choice, const Tensor& probs, const Tensor& slot,
-                       double capacity_factor, int64_t segment) {
+                       const Backend::MoeCapacity& cap) {
   const char* op = "moe_dispatch_plan";
   const MoeDims d = check_moe_plan(pos, send_tok, stats, choice, probs, slot, op);
+  check_moe_capacity(cap, d, op, /*host_prior=*/false);  // prior is device memory
   ADGT_CHECK(d.E <= INT_MAX && d.N * d.k <= INT_MAX,
              op << ": " << d.N * d.k << " assignments over " << d.E << " experts exceed int32 rows");
   auto* ws = static_cast<int64_t*>(c.scratch(CudaBackend::kScratchIndex,
@@ -295,7 +302,8 @@ void moe_dispatch_plan(const OpCtx& c, Tensor pos, Tensor send_tok, Tensor stats
     ADGT_CUDA_OP(cudaMemsetAsync(per_e, 0, size_t(3 * d.E) * sizeof(int64_t), c.stream), op);
   } else {
     launch(op, moe_rank_kernel, unsigned(d.E), kPlanThreads, 0, c.stream, pos.ptr<int32_t>(),
-           per_e, choice.ptr<int32_t>(), d.N, d.k, d.E, segment, capacity_factor, c.err_dev);
+           per_e, choice.ptr<int32_t>(), d.N, d.k, d.E, cap.segment, cap.group_rows, cap.factor,
+           cap.prior.data ? cap.prior.ptr<int32_t>() : nullptr, c.err_dev);
   }
   dispatch(probs.dtype, op, [&](auto z) {
     using R = decltype(z);

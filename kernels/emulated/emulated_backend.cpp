@@ -268,11 +268,10 @@ void EmulatedBackend::moe_route(const MoeRouting& r, const Tensor& logits, const
 }
 void EmulatedBackend::moe_dispatch_plan(Tensor pos, Tensor send_tok, Tensor stats,
                                         const Tensor& choice, const Tensor& probs,
-                                        const Tensor& slot, double capacity_factor,
-                                        int64_t segment) {
+                                        const Tensor& slot, const MoeCapacity& cap) {
   const char* op = "moe_dispatch_plan";
-  ADGT_EMU_OP(op, (D(pos), D(send_tok), D(stats), D(choice), D(probs), D(slot)),
-              moe_dispatch_plan(pos, send_tok, stats, choice, probs, slot, capacity_factor, segment));
+  ADGT_EMU_OP(op, (D(pos), D(send_tok), D(stats), D(choice), D(probs), D(slot), D(cap.prior)),
+              moe_dispatch_plan(pos, send_tok, stats, choice, probs, slot, cap));
 }
 void EmulatedBackend::moe_router_backward(Tensor dlogits, const MoeRouting& r, const Tensor& dw,
                                           const Tensor& aux_dp, double a) {

@@ -97,8 +97,8 @@ class EmulatedBackend final : public Backend {
                              const Tensor& pos, const Tensor& w) override;
   void moe_route(const MoeRouting& r, const Tensor& logits, const Tensor& bias) override;
   void moe_dispatch_plan(Tensor pos, Tensor send_tok, Tensor stats, const Tensor& choice,
-                         const Tensor& probs, const Tensor& slot, double capacity_factor,
-                         int64_t segment) override;
+                         const Tensor& probs, const Tensor& slot,
+                         const MoeCapacity& cap) override;
   void moe_router_backward(Tensor dlogits, const MoeRouting& r, const Tensor& dw,
                            const Tensor& aux_dp, double a) override;
   void cross_entropy(Tensor logits, Tensor losses, const Tensor& targets,

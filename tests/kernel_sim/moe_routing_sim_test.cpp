@@ -4,7 +4,8 @@
 //    bias, rows with exact ties (equal logits: the lower id must win, in
 //    order), k = 1 .. E; the choices must equal the CPU's exactly;
 //  - moe_dispatch_plan dropless and with capacity (one group and several
-//    segments), identity and shuffled slots, more assignments than a block
+//    segments; runs of a larger group with prior counts), identity and
+//    shuffled slots, more assignments than a block
 //    (the scan's carry); pos, the send tokens and every count exactly, the
 //    probability sums to rounding; a bad choice and a bad slot set the error
 //    words (kind 2);
@@ -13,6 +14,7 @@
 #include "tests/kernel_sim/sim_check.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "kernels/cuda/moe_routing_kernels.cuh"
@@ -107,12 +109,17 @@ Tensor random_choice(Mem& m, std::mt19937& rng, const Case& s) {
   return c;
 }
 
-void plan(DType rt, const Case& s, double cf, int64_t segment, bool shuffled) {
+// group_rows > 0: each run of `segment` rows is part of a larger group with
+// random prior counts (context parallelism's groups spanning chunks), some
+// at or past the cap.
+void plan(DType rt, const Case& s, double cf, int64_t segment, bool shuffled,
+          int64_t group_rows = 0) {
   const std::string what =
       name("moe_dispatch_plan", rt, s,
            " cf=" + std::to_string(cf) + " segment=" + std::to_string(segment) +
-               (shuffled ? " shuffled slots" : ""));
-  std::mt19937 rng(unsigned(s.N * 5 + s.E + s.k * 11 + segment + shuffled));
+               (shuffled ? " shuffled slots" : "") +
+               (group_rows ? " group_rows=" + std::to_string(group_rows) + " with priors" : ""));
+  std::mt19937 rng(unsigned(s.N * 5 + s.E + s.k * 11 + segment + shuffled + group_rows));
   Mem m;
   Ctx ctx;
   Tensor choice = random_choice(m, rng, s);
@@ -124,7 +131,14 @@ void plan(DType rt, const Case& s, double cf, int64_t segment, bool shuffled) {
   Tensor posc = m.make(DType::I32, {s.N, s.k}), tokc = m.make(DType::I32, {s.N * s.k}),
          stc = m.make(DType::F64, {3 * s.E + 2});
   std::fill(tokc.ptr<int32_t>(), tokc.ptr<int32_t>() + s.N * s.k, -7);
-  cpu().moe_dispatch_plan(posc, tokc, stc, choice, probs, slot, cf, segment);
+  Backend::MoeCapacity cap{.factor = cf, .segment = segment, .group_rows = group_rows};
+  if (group_rows > 0) {
+    const int64_t limit = int64_t(std::ceil(cf * double(group_rows * s.k) / double(s.E)));
+    cap.prior = m.make(DType::I32, {s.N / segment, s.E});
+    std::uniform_int_distribution<int32_t> u(0, int32_t(std::max<int64_t>(limit, 1) + 2));
+    for (int64_t i = 0; i < cap.prior.numel(); ++i) cap.prior.ptr<int32_t>()[i] = u(rng);
+  }
+  cpu().moe_dispatch_plan(posc, tokc, stc, choice, probs, slot, cap);
   Tensor pos[2], tok[2], st[2];
   int o = 0;
   run_both([&] {
@@ -132,7 +146,7 @@ void plan(DType rt, const Case& s, double cf, int64_t segment, bool shuffled) {
     tok[o] = m.make(DType::I32, {s.N * s.k});
     st[o] = m.make(DType::F64, {3 * s.E + 2});
     std::fill(tok[o].ptr<int32_t>(), tok[o].ptr<int32_t>() + s.N * s.k, -7);
-    cuda::moe_dispatch_plan(ctx.get(), pos[o], tok[o], st[o], choice, probs, slot, cf, segment);
+    cuda::moe_dispatch_plan(ctx.get(), pos[o], tok[o], st[o], choice, probs, slot, cap);
     ++o;
   });
   m.guards_ok(what);
@@ -166,7 +180,7 @@ void bad_plan() {
          tok = m.make(DType::I32, {s.N * s.k}), st = m.make(DType::F64, {3 * s.E + 2});
   std::iota(slot.ptr<int32_t>(), slot.ptr<int32_t>() + s.E, 0);
   choice.ptr<int32_t>()[5] = 4;  // expert 4 of 4
-  cuda::moe_dispatch_plan(ctx.get(), pos, tok, st, choice, probs, slot, 0, 0);
+  cuda::moe_dispatch_plan(ctx.get(), pos, tok, st, choice, probs, slot, {});
   int64_t* e = ctx.err();
   if (e[0] != 2 || e[1] != 5 || e[2] != 4 || e[3] != 4)
     fail("moe_dispatch_plan choice 4 of 4 experts: error words [" + std::to_string(e[0]) + ", " +
@@ -174,13 +188,13 @@ void bad_plan() {
   std::fill(e, e + 4, int64_t(0));
   choice.ptr<int32_t>()[5] = 3;
   slot.ptr<int32_t>()[2] = 1;  // slot 1 twice
-  cuda::moe_dispatch_plan(ctx.get(), pos, tok, st, choice, probs, slot, 0, 0);
+  cuda::moe_dispatch_plan(ctx.get(), pos, tok, st, choice, probs, slot, {});
   if (e[0] != 2 || (e[1] >> 32) != 1 || e[2] != 1)
     fail("moe_dispatch_plan slot 1 twice: error words not set");
   std::fill(e, e + 4, int64_t(0));
   expect_throw("moe_dispatch_plan stats of the wrong size", [&] {
     cuda::moe_dispatch_plan(ctx.get(), pos, tok, m.make(DType::F64, {3 * s.E}), choice, probs,
-                            slot, 0, 0);
+                            slot, {});
   });
   m.guards_ok("moe_dispatch_plan refusals");
 }
@@ -224,6 +238,12 @@ int main() {
     for (double cf : {0.0, 1.0, 0.5})
       for (int64_t seg : {int64_t(0), int64_t(13)})
         for (bool sh : {false, true}) plan(s.E == 5 ? DType::F64 : DType::F32, s, cf, seg, sh);
+  // Runs of a larger group with prior counts (dropless: the priors change nothing).
+  for (double cf : {0.0, 1.0, 0.5}) {
+    plan(DType::F32, {300, 8, 2}, cf, 30, true, 120);  // runs of 30 in groups of 120
+    plan(DType::F32, {300, 8, 2}, cf, 300, false, 1200);  // one run past a block
+    plan(DType::F64, {33, 5, 5}, cf, 11, true, 44);
+  }
   bad_plan();
   for (DType dt : {DType::F32, DType::F64, DType::BF16})
     for (const Case& s : {Case{7, 8, 2}, Case{12, 5, 5}, Case{3, 6, 1}})

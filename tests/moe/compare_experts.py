@@ -10,9 +10,11 @@ checkpoint's whole tensors) must equal the single process's within 1e-5
 relative (fp32: only summation order differs). Dropless by default; then with
 moe_capacity_factor 0.5 the dropped assignments per step (metrics.jsonl,
 summed over layers) must equal the single process's exactly, and the losses
-match too (ep2 x dp2, ep4 x dp4, ep2 x dp4; and with moe_capacity_segment 8 or 4, groups
-inside cp's chunks, cp2, cp2 x ep2 x dp2, all-to-all cp2 and cp4 against the
-single process with the same segment). Checkpoints move between these layouts (cp's included), and the
+match too (ep2 x dp2, ep4 x dp4, ep2 x dp4; groups of a whole micro-batch that
+span cp's chunks: cp2, all-to-all cp2, cp2 x ep2 x dp2, cp4; with
+moe_capacity_segment 8 or 4, groups inside cp's chunks, cp2, cp2 x ep2 x dp2,
+all-to-all cp2 and cp4, and 16, a group of two chunks on two ranks, cp2,
+against the single process with the same segment). Checkpoints move between these layouts (cp's included), and the
 aux-loss-free biases resume bitwise and follow the single process under cp.
 
 usage: compare_experts.py --train BIN --mpirun WRAPPER --data DIR --work DIR
@@ -138,7 +140,13 @@ def main():
     caps = [("cap_ep2_dp2", ["parallel.dp=2", "parallel.ep=2"], 2),
             ("cap_ep4_dp4", ["parallel.dp=4", "parallel.ep=4"], 4),
             # two ep groups: the record adds the other group's tokens (edp)
-            ("cap_ep2_dp4", ["parallel.dp=4", "parallel.ep=2"], 4)]
+            ("cap_ep2_dp4", ["parallel.dp=4", "parallel.ep=2"], 4),
+            # groups of a whole micro-batch spanning cp's chunks: each run's
+            # prior counts all-gathered over cp (core/model/moe_capacity.hpp)
+            ("cap_cp2", ["parallel.cp=2"], 2),
+            ("cap_cp2_a2a", ["parallel.cp=2", "parallel.cp_mode=all-to-all"], 2),
+            ("cap_cp2_ep2_dp2", ["parallel.cp=2", "parallel.dp=2", "parallel.ep=2"], 4),
+            ("cap_cp4", ["parallel.cp=4"], 4)]
     # Capacity groups of a segment inside cp's chunks (seq_len 32: chunks of 8
     # at cp2, 4 at cp4): the drops of the single process with the same segment.
     seg = [("model.moe_capacity_segment=8", [("cap_seg8_cp2", ["parallel.cp=2"], 2),
@@ -146,7 +154,9 @@ def main():
                                                                        "parallel.ep=2"], 4),
                                              ("cap_seg8_cp2_a2a", ["parallel.cp=2",
                                                                    "parallel.cp_mode=all-to-all"], 2)]),
-           ("model.moe_capacity_segment=4", [("cap_seg4_cp4", ["parallel.cp=4"], 4)])]
+           ("model.moe_capacity_segment=4", [("cap_seg4_cp4", ["parallel.cp=4"], 4)]),
+           # a segment of two chunks (16 at cp2: chunks 0 and 1 on two ranks)
+           ("model.moe_capacity_segment=16", [("cap_seg16_cp2", ["parallel.cp=2"], 2)])]
     # The runs below that need no other's checkpoint, in pairs.
     a, s1, c2, c1, *cr = in_pairs(
         [lambda: run(args, "aux_free_ep2", af + ["parallel.dp=2", "parallel.ep=2"], 2, weights=False),

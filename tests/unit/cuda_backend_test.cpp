@@ -612,8 +612,8 @@ TEST_CASE("cuda backend: MoE routing, its dispatch plan and the router backward"
     for (double cf : {0.0, 0.5}) {
       INFO("capacity factor " << cf);
       for (Twin* t : {&pos, &tok, &st}) t->poison();
-      b.cpu.moe_dispatch_plan(pos.c(), tok.c(), st.c(), choice.c(), probs.c(), slot.c(), cf, 64);
-      b.gpu->moe_dispatch_plan(pos.g(), tok.g(), st.g(), choice.g(), probs.g(), slot.g(), cf, 64);
+      b.cpu.moe_dispatch_plan(pos.c(), tok.c(), st.c(), choice.c(), probs.c(), slot.c(), {.factor = cf, .segment = 64});
+      b.gpu->moe_dispatch_plan(pos.g(), tok.g(), st.g(), choice.g(), probs.g(), slot.g(), {.factor = cf, .segment = 64});
       CHECK(pos.get_gpu() == pos.get_cpu());
       CHECK(tok.get_gpu() == tok.get_cpu());
       expect_close(st, 1e-12, "moe_dispatch_plan stats");
