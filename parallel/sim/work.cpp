@@ -8,7 +8,9 @@
 #include <stdexcept>
 #include <utility>
 
+#include "core/model/moe_capacity.hpp"
 #include "core/model/stage_map.hpp"
+#include "parallel/cp/chunks.hpp"
 #include "parallel/cost/stages.hpp"
 
 namespace adgt::sim {
@@ -32,6 +34,9 @@ struct Dims {
   // (train.fp8_weight_cache off, or auto at ZeRO-3 with resharding).
   int fp8 = 0;
   bool fp8_gather = false;  // parallel.fp8_allgather: ln1 and a dense ln2 gathered as FP8 codes
+  // Capacity groups spanning cp's chunks (core/model/moe_capacity.hpp): the
+  // rank's runs, whose counts each MoE forward all-gathers over cp; 0: none.
+  int64_t cap_runs = 0;
   std::vector<int64_t> expert_t;  // tokens of each expert of the busiest ep rank
   double a2a_tokens = 0;          // rows an ep rank sends or receives at most (dispatch)
 };
@@ -146,6 +151,11 @@ Dims dims_of(const RunConfig& cfg) {
   d.fused = cfg.train.fused_projections;
   d.fp8 = cfg.train.dtype != "fp8" ? 0 : fp8_weight_cache_on(cfg) ? 1 : 2;
   d.fp8_gather = d.fp8 && cfg.parallel.fp8_allgather;
+  if (d.E > 0 && m.moe_capacity_factor > 0 && d.cp > 1 && d.T % 2 == 0 && d.N > 0) {
+    const MoeSequenceSplit split{nullptr, cp::chunk_positions(0, int(d.cp), d.T), m.seq_len, d.T / 2};
+    const MoeCapacityRuns runs = moe_capacity_runs(split, m.moe_capacity_segment, d.N);
+    if (runs.spans) d.cap_runs = d.N / runs.run;
+  }
   return d;
 }
 
@@ -286,6 +296,10 @@ void moe_ffn_forward(Piece& p, const Dims& d) {
   p.ops.push_back(gemm(OpKind::GemmForward, d.N, d.E, d.C));  // router
   // Under cp the aux loss's counts and sums over the cp group (MoeLayer's aux group).
   if (d.cp > 1) p.comms.push_back({Collective::AllReduce, Group::cp, double(2 * d.E + 2) * 8});
+  // A capacity whose groups span the chunks: every rank's runs' [start,
+  // counts] (f64), gathered over cp before the plan.
+  if (d.cap_runs)
+    p.comms.push_back({Collective::AllGather, Group::cp, double(d.cp * d.cap_runs * (d.E + 1)) * 8});
   const double a2a = d.a2a_tokens * d.C * d.b;
   if (d.ep > 1) p.comms.push_back({Collective::AllToAll, Group::ep, a2a});
   for (const int64_t t : d.expert_t) {

@@ -242,11 +242,12 @@ TEST_CASE("plan: context parallelism for long sequences, where cp can train", "[
   CHECK(planned({"model.seq_len=8192", "train.device=cuda"}) == std::vector<int64_t>{1});
   CHECK(planned({"model.seq_len=8192", "train.device=cpu", "train.document_mask=true",
                  "data.eos_id=10"}) == std::vector<int64_t>{1, 2});
-  // An expert capacity: cp only with capacity groups inside its chunks
-  // (8192 / (2 x 2) = 2048 tokens at cp 2).
+  // An expert capacity, its groups spanning cp's chunks (the whole
+  // micro-batch: the run counts gathered over cp) or inside them (8192 /
+  // (2 x 2) = 2048 tokens at cp 2): cp either way.
   std::vector<std::string> moe = {"model.seq_len=8192", "train.device=cpu", "model.n_experts=4",
                                   "model.moe_capacity_factor=1.0"};
-  CHECK(planned(moe) == std::vector<int64_t>{1});
+  CHECK(planned(moe) == std::vector<int64_t>{1, 2});
   moe.push_back("model.moe_capacity_segment=2048");
   CHECK(planned(moe) == std::vector<int64_t>{1, 2});
 }

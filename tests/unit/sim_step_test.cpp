@@ -597,6 +597,40 @@ TEST_CASE("sim: context parallelism, the rank's tokens, the ring's exposure and 
   CHECK(simulate_step(a2a, cl, costs).exposed_cp_s > 0);
 }
 
+TEST_CASE("sim: a capacity whose groups span cp's chunks gathers the run counts over cp",
+          "[sim][cp][moe]") {
+  const int64_t B = 2, E = 4;
+  // One MoE forward piece's cp all-gathers: bytes of each.
+  auto gathers = [](const RunConfig& cfg) {
+    std::vector<double> out;
+    for (const Piece& p : rank_work(cfg, 0).chunks[0].forward.pieces)
+      for (const CommOp& c : p.comms)
+        if (c.group == Group::cp && c.kind == cluster::Collective::AllGather) out.push_back(c.bytes);
+    return out;
+  };
+  const std::vector<std::string> moe = {"model.n_experts=4", "model.moe_top_k=2",
+                                        "model.moe_capacity_factor=1.0", "parallel.cp=2"};
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> sets = moe;
+    sets.insert(sets.end(), more.begin(), more.end());
+    return run(sets);
+  };
+  const RunConfig whole = with({});
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < whole.model.n_layers; ++l) moe_layers += whole.model.is_moe_layer(l);
+  REQUIRE(moe_layers > 0);
+  // Whole micro-batch groups at cp2: chunks of 8 tokens, 2 B runs of 8 per
+  // rank, each [start, E counts] in f64, gathered from both ranks.
+  const double bytes = 2.0 * (B * 2) * (E + 1) * 8;
+  CHECK(gathers(whole) == std::vector<double>(size_t(moe_layers), bytes));
+  // A segment of two chunks: the same runs; one inside a chunk, or
+  // dropless, or cp1: none.
+  CHECK(gathers(with({"model.moe_capacity_segment=16"})) == std::vector<double>(size_t(moe_layers), bytes));
+  CHECK(gathers(with({"model.moe_capacity_segment=8"})).empty());
+  CHECK(gathers(with({"model.moe_capacity_factor=0"})).empty());
+  CHECK(gathers(with({"parallel.cp=1"})).empty());
+}
+
 TEST_CASE("sim: ZeRO-2 and ZeRO-3 move every unit's gradient and (3) weights in the passes",
           "[sim][zero]") {
   FakeCosts costs;
