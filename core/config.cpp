@@ -143,8 +143,8 @@ const std::vector<Key>& schema() {
       key("model", &R::model, "moe_capacity_segment", &ModelConfig::moe_capacity_segment,
           A::NonNegative,
           "tokens per expert-capacity group, in token order: a divisor of seq_len (the capacity "
-          "is factor x segment x top_k / n_experts per group); 0 = a rank's micro-batch. "
-          "Context parallelism with a capacity needs it to divide seq_len / (2 cp)"),
+          "is factor x segment x top_k / n_experts per group); 0 = a micro-batch (its whole "
+          "sequences, under context parallelism too)"),
       // train
       key("train", &R::train, "steps", &TrainConfig::steps, A::Positive,
           "optimizer steps to train for"),

@@ -11,7 +11,8 @@
 //   out[t] = sum over the chosen, kept experts e of weight[t,e] * y_e(x[t]).
 //
 // Capacity (capacity_factor > 0): each rank's rows (or each capacity_segment
-// rows of them) form a capacity group; expert e accepts at most
+// rows of them; under context parallelism the micro-batch's whole
+// sequences, set_sequence_split) form a capacity group; expert e accepts at most
 // ceil(capacity_factor * rows * top_k / E) of a group's assignments, in token
 // order; the rest are dropped: they contribute 0 and their weight is NOT
 // renormalised away over the surviving experts (a token with every choice
