@@ -15,6 +15,23 @@ void copy_same(Tensor out, const Tensor& in, const char* op) {
 }
 }  // namespace
 
+Work Comm::start_exchange(const std::vector<Message>& out, int to, const std::vector<Message>& in,
+                          int from) {
+  for (const Message& m : out) isend(m.t, to, m.tag);
+  struct Impl : Work::Impl {
+    Comm* c;
+    std::vector<Message> in;
+    int from;
+    Impl(Comm* c_, std::vector<Message> in_, int from_) : c(c_), in(std::move(in_)), from(from_) {}
+    bool test() override { return false; }  // completes in wait()
+    void wait() override {
+      for (const Message& m : in) c->recv(m.t, from, m.tag);
+      c->wait_sends();
+    }
+  };
+  return Work(std::make_shared<Impl>(this, in, from));
+}
+
 void SelfComm::reduce_scatter(Tensor out, const Tensor& in) { copy_same(out, in, "reduce_scatter"); }
 void SelfComm::all_gather(Tensor out, const Tensor& in) { copy_same(out, in, "all_gather"); }
 void SelfComm::all_to_all(Tensor out, const Tensor& in) { copy_same(out, in, "all_to_all"); }

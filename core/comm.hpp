@@ -94,6 +94,23 @@ class Comm {
   }
   virtual bool send_done(int64_t /*id*/) { return true; }
   virtual void wait_sends() {}  // every isend of this group has completed
+  // A step of a ring (context parallelism, parallel/cp/ring_attention.hpp):
+  // sends `out` to rank `to` and receives `in` from rank `from`, each list
+  // in its order, all started now; the Work completes once every message of
+  // `in` has arrived and every isend of this group (these and earlier ones)
+  // has completed. Until then nothing in `in` may be read and nothing in
+  // `out` written. Messages between two ranks must be sent and received in
+  // the same order (NCCL matches by order; the tags are MPI's). The default
+  // isends `out` at once and does the receives and wait_sends() in wait():
+  // a buffered transport (MPI) moves the sends meanwhile. NCCL overrides it
+  // with one group of every send and receive on its communication stream,
+  // beside the compute that follows (the transfer overlaps it).
+  struct Message {
+    Tensor t;
+    int tag = 0;
+  };
+  virtual Work start_exchange(const std::vector<Message>& out, int to,
+                              const std::vector<Message>& in, int from);
   // Moves pending isends and started collectives along (a transport that
   // needs its own calls to progress a message); callable from another thread while the calling
   // thread makes no call on any Comm, when progress_from_thread() says so.

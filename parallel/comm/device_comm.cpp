@@ -207,6 +207,22 @@ bool DeviceComm::send_done(int64_t id) {
   return true;
 }
 
+Work DeviceComm::start_exchange(const std::vector<Message>& out, int to,
+                               const std::vector<Message>& in, int from) {
+  bool dev = false;
+  for (const auto* list : {&out, &in})
+    for (const Message& m : *list) dev = on_device({&m.t}, "start_exchange") || dev;
+  if (dev && device_) {
+    for (const auto* list : {&out, &in})
+      for (const Message& m : *list)
+        ADGT_CHECK(on_device({&m.t}, "start_exchange") || !m.t.data || m.t.numel() == 0,
+                   "DeviceComm(" << host_.name() << ")::start_exchange: some tensors are device "
+                                 "memory and some host memory; an exchange takes one kind");
+    return device_->start_exchange(out, to, in, from);
+  }
+  return Comm::start_exchange(out, to, in, from);  // isend / recv, staged when on the device
+}
+
 void DeviceComm::wait_sends() {
   host_.wait_sends();
   if (device_) device_->wait_sends();

@@ -48,6 +48,9 @@ class DeviceComm final : public Comm {
   int64_t isend(const Tensor& t, int peer, int tag = 0) override;
   bool send_done(int64_t id) override;
   void wait_sends() override;
+  // Device tensors on NCCL: its exchange; otherwise the staged isend / recv.
+  Work start_exchange(const std::vector<Message>& out, int to, const std::vector<Message>& in,
+                      int from) override;
   void progress() override { host_.progress(); }
   bool progress_from_thread() const override { return host_.progress_from_thread(); }
   bool rendezvous_sends() const override { return device_ && device_->rendezvous_sends(); }

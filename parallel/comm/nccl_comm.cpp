@@ -334,6 +334,25 @@ void NcclComm::wait_sends() {
   in_flight_.clear();
 }
 
+Work NcclComm::start_exchange(const std::vector<Message>& out, int to,
+                               const std::vector<Message>& in, int from) {
+  ADGT_CHECK((out.empty() || (to >= 0 && to < size_ && to != rank_)) &&
+                 (in.empty() || (from >= 0 && from < size_ && from != rank_)),
+             "NcclComm(" << name_ << ")::start_exchange: peers " << to << " and " << from
+                         << " must be other ranks of 0.." << size_ - 1);
+  if (out.empty() && in.empty() && unsent_.empty()) return {};
+  for (const Message& m : out) stats_.bytes += int64_t(m.t.bytes());
+  Event done = enqueue("exchange", true, [&] {
+    for (const Message& m : out)
+      ADGT_NCCL(ncclSend(m.t.data, size_t(m.t.numel()), nccl_type(m.t.dtype), to, comm_,
+                         comm_stream_));
+    for (const Message& m : in)
+      ADGT_NCCL(ncclRecv(m.t.data, size_t(m.t.numel()), nccl_type(m.t.dtype), from, comm_,
+                         comm_stream_));
+  });
+  return make_work(std::move(done), "exchange");
+}
+
 void NcclComm::send(const Tensor& t, int peer, int tag) {
   isend(t, peer, tag);
   // The caller may overwrite t once send returns: later compute waits for it.

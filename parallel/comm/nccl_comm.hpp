@@ -92,6 +92,11 @@ class NcclComm final : public Comm {
   bool send_done(int64_t id) override;
   bool rendezvous_sends() const override { return true; }
   void wait_sends() override;
+  // One NCCL group on the communication stream (after the queued isends):
+  // the sends to `to` and the receives from `from`, running beside the
+  // compute stream's later work; wait() makes the compute stream wait for it.
+  Work start_exchange(const std::vector<Message>& out, int to, const std::vector<Message>& in,
+                      int from) override;
   void all_to_all(Tensor out, const Tensor& in) override;
   void all_to_allv(Tensor out, const std::vector<int64_t>& recv_counts,
                    const std::vector<int64_t>& recv_displs, const Tensor& in,

@@ -66,6 +66,10 @@ class SiteComm final : public Comm {
   void send(const Tensor& t, int peer, int tag = 0) override { full_.send(t, peer, tag); }
   void recv(Tensor t, int peer, int tag = 0) override { full_.recv(t, peer, tag); }
   int64_t isend(const Tensor& t, int peer, int tag = 0) override { return full_.isend(t, peer, tag); }
+  Work start_exchange(const std::vector<Message>& out, int to, const std::vector<Message>& in,
+                      int from) override {
+    return full_.start_exchange(out, to, in, from);
+  }
   bool send_done(int64_t id) override { return full_.send_done(id); }
   void wait_sends() override { full_.wait_sends(); }
   void progress() override;

@@ -77,6 +77,13 @@ int64_t TracedComm::isend(const Tensor& t, int peer, int tag) {
   note(*this, "isend", t.bytes(), peer);
   return inner_.isend(t, peer, tag);
 }
+Work TracedComm::start_exchange(const std::vector<Message>& out, int to,
+                               const std::vector<Message>& in, int from) {
+  int64_t bytes = 0;
+  for (const Message& m : out) bytes += int64_t(m.t.bytes());
+  note(*this, "start exchange", bytes, to);
+  return inner_.start_exchange(out, to, in, from);
+}
 void TracedComm::wait_sends() {
   traced(*this, "wait_sends", 0, -1, [&] { inner_.wait_sends(); });
 }

@@ -35,6 +35,9 @@ class TracedComm final : public Comm {
   int64_t isend(const Tensor& t, int peer, int tag = 0) override;
   bool send_done(int64_t id) override { return inner_.send_done(id); }
   void wait_sends() override;
+  // An instant (its wait is the caller's), the inner transport's exchange.
+  Work start_exchange(const std::vector<Message>& out, int to, const std::vector<Message>& in,
+                      int from) override;
   void progress() override { inner_.progress(); }
   bool progress_from_thread() const override { return inner_.progress_from_thread(); }
   bool rendezvous_sends() const override { return inner_.rendezvous_sends(); }

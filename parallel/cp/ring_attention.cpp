@@ -137,7 +137,9 @@ int ring_attention_forward(Backend& be, Comm& cp, Tensor out, Tensor lse, const 
   int skipped = 0;
   for (int step = 0; step < P; ++step) {
     const bool pass_on = step < P - 1;
-    if (pass_on) cp.isend(cur, next, kTagKv);
+    // The K/V in hand on to r+1, the next from r-1, while the blocks run.
+    Work hop;
+    if (pass_on) hop = cp.start_exchange({{cur, kTagKv}}, next, {{nxt, kTagKv}}, prev);
     for (const RingBlock& rb : ring_step_blocks(r, P, step)) {
       if (!docs.visible(rb, s.chunk)) {
         ++skipped;
@@ -156,8 +158,7 @@ int ring_attention_forward(Backend& be, Comm& cp, Tensor out, Tensor lse, const 
       }
     }
     if (pass_on) {
-      cp.recv(nxt, prev, kTagKv);
-      cp.wait_sends();
+      hop.wait();
       std::swap(cur, nxt);
     }
   }
@@ -225,41 +226,45 @@ int ring_attention_backward(Backend& be, Comm& cp, Tensor dq, Tensor dk, Tensor 
   be.zero(own.t);
   Tensor cur = kv0.t, nxt = kv1.t;
   const Tensor acc[2] = {acc0.t, acc1.t};
-  if (P > 1) cp.isend(cur, next, kTagKv);
+  Work hop;
+  if (P > 1) hop = cp.start_exchange({{cur, kTagKv}}, next, {{nxt, kTagKv}}, prev);
   run(first, cur, own.t);
   if (P > 1) {
-    cp.recv(nxt, prev, kTagKv);
-    cp.wait_sends();
+    hop.wait();
     std::swap(cur, nxt);
   }
   for (int step = 1; step < P; ++step) {
     const bool pass_on = step < P - 1;
-    if (pass_on) cp.isend(cur, next, kTagKv);
-    be.zero(mine.t);
-    run(ring_step_blocks(r, P, step), cur, mine.t);
     // The accumulator of the K/V in hand: this rank starts it at step 1;
     // later it comes from r-1, sent at the end of r-1's previous step (it
-    // travelled while this step computed).
+    // travels while this step computes, with the K/V in hand on to r+1 and
+    // the next from r-1; messages between two ranks in the order sent:
+    // r-1's accumulator of its step s-1, then its K/V of step s).
     const Tensor in_hand = acc[step % 2];
-    if (step > 1) cp.recv(in_hand, prev, kTagDkv);
-    if (pass_on) cp.recv(nxt, prev, kTagKv);
-    cp.wait_sends();  // this step's K/V and the previous step's accumulator
+    std::vector<Comm::Message> out, in;
+    if (pass_on) out.push_back({cur, kTagKv});
+    if (step > 1) in.push_back({in_hand, kTagDkv});
+    if (pass_on) in.push_back({nxt, kTagKv});
+    hop = cp.start_exchange(out, next, in, prev);
+    be.zero(mine.t);
+    run(ring_step_blocks(r, P, step), cur, mine.t);
+    hop.wait();  // this step's K/V, the previous step's accumulator
     if (step > 1)
       be.add_inplace(in_hand, mine.t);
     else
       be.copy(in_hand, mine.t);
-    cp.isend(in_hand, next, kTagDkv);  // waited at the next step's wait_sends, or below
+    cp.isend(in_hand, next, kTagDkv);  // completed by the next exchange's wait
     if (pass_on) std::swap(cur, nxt);
   }
   if (P > 1) {
     // The K/V in hand are not sent at the last step: that buffer takes this
     // rank's own K/V again for the causal blocks, which run while r-1's
     // accumulator of them (its last step's) comes home.
+    const Tensor home = acc[P % 2];
+    hop = cp.start_exchange({}, next, {{home, kTagDkv}}, prev);
     own_kv(cur);
     run(last, cur, own.t);
-    const Tensor home = acc[P % 2];
-    cp.recv(home, prev, kTagDkv);
-    cp.wait_sends();
+    hop.wait();
     be.add_inplace(own.t, home);
   }
   from_chunk_major(be, dq, dqc.t, s);

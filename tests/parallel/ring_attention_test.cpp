@@ -15,7 +15,13 @@
 // ranks' edges), cp::document_starts over the group must give each local
 // token its document's start in the whole sequence, and the ring masked by
 // them must equal the whole-sequence attention masked by the same starts
-// (AttentionShape::doc_start). Prints every failure with its rank
+// (AttentionShape::doc_start). And over a transport that, like NCCL,
+// matches the messages between two ranks by their order, not their tags
+// (OrderedComm: every tag 0; isends queued until the next exchange, receive
+// or wait, as NcclComm issues them): K/V blocks and dK/dV accumulators have
+// the same size, so a ring that sent them in another order than its
+// neighbour receives them would swap them; the results must be the tagged
+// run's bit for bit. Prints every failure with its rank
 // and, on rank 0, the worst errors over all ranks; exits non-zero on any.
 #include "parallel/cp/ring_attention.hpp"
 
@@ -56,6 +62,49 @@ template <class T>
 struct Local {
   std::vector<T> out, dq, dk, dv;
   int skipped_fwd = 0, skipped_bwd = 0;  // blocks skipped (packed documents)
+};
+
+// Point-to-point matched by order, as on NCCL (see the top): tags dropped,
+// isends queued and issued, in order, at the next exchange, receive or
+// wait_sends. Everything else is the inner transport's.
+class OrderedComm final : public Comm {
+ public:
+  explicit OrderedComm(Comm& inner) : c_(inner) {}
+  int rank() const override { return c_.rank(); }
+  int size() const override { return c_.size(); }
+  std::string name() const override { return c_.name(); }
+  void all_reduce(Tensor t, ReduceOp op) override { c_.all_reduce(t, op); }
+  void reduce_scatter(Tensor out, const Tensor& in) override { c_.reduce_scatter(out, in); }
+  void all_gather(Tensor out, const Tensor& in) override { c_.all_gather(out, in); }
+  void broadcast(Tensor t, int root) override { c_.broadcast(t, root); }
+  void send(const Tensor& t, int peer, int) override { flush(), c_.send(t, peer, 0); }
+  void recv(Tensor t, int peer, int) override { flush(), c_.recv(t, peer, 0); }
+  int64_t isend(const Tensor& t, int peer, int) override {
+    queued_.push_back({t, peer});
+    return 0;
+  }
+  void wait_sends() override { flush(), c_.wait_sends(); }
+  bool rendezvous_sends() const override { return true; }
+  void all_to_all(Tensor out, const Tensor& in) override { c_.all_to_all(out, in); }
+  void all_to_allv(Tensor out, const std::vector<int64_t>& rc, const std::vector<int64_t>& rd,
+                   const Tensor& in, const std::vector<int64_t>& sc,
+                   const std::vector<int64_t>& sd) override {
+    c_.all_to_allv(out, rc, rd, in, sc, sd);
+  }
+  void barrier() override { c_.barrier(); }
+  Work start_exchange(const std::vector<Message>& out, int to, const std::vector<Message>& in,
+                      int from) override {
+    flush();
+    return Comm::start_exchange(out, to, in, from);  // isends (queued: flushed in wait)
+  }
+
+ private:
+  void flush() {
+    for (const auto& [t, peer] : queued_) c_.isend(t, peer, 0);
+    queued_.clear();
+  }
+  Comm& c_;
+  std::vector<std::pair<Tensor, int>> queued_;
 };
 
 // This rank's part of ring attention of p on backend `be` over `comm`.
@@ -137,6 +186,13 @@ double run_case(Comm& comm, int64_t c, double tol, bool masked) {
               << (2 * P - 1) * (2 * P - 2) / 2);
   if (masked && r == 0)
     std::printf("%s chunk %lld: %d blocks skipped over %d ranks\n", ty, (long long)c, all_skipped, P);
+  {
+    OrderedComm ordered(comm);
+    const Local<T> o = run_ring(be, ordered, p, c, masked ? &mine : nullptr);
+    PCHECK(o.out == got.out && o.dq == got.dq && o.dk == got.dk && o.dv == got.dv,
+           ty << " chunk " << c << ": messages matched by order (as on NCCL) give other results "
+                 "than by tag");
+  }
   if (dtype_of<T>() == DType::F64) {
     EmulatedBackend emu(size_t(1) << 30);
     DeviceComm staged(comm, emu);
