@@ -17,29 +17,36 @@
 // step s; ring_schedule.hpp lists the blocks of each step and their masks).
 // K/V travel as one buffer: k's two chunks, then v's, each (B, c, KV, hd).
 //
+// Each step's messages go through one Comm::start_exchange (core/comm.hpp:
+// on MPI the isends at once and the receives in wait(); on NCCL one group
+// on the communication stream beside the step's compute). NCCL matches the
+// messages between two ranks by order, so both sides keep one order: r-1's
+// accumulator of its step s-1, then its K/V of step s.
 // Forward, steps s = 0..P-1:
-//   1. s < P-1: isend the K/V in hand to r+1 (tag kTagKv), so the transfer
-//      runs while this rank computes on them;
+//   1. s < P-1: start the exchange: the K/V in hand to r+1 (tag kTagKv), the
+//      next from r-1, so the transfer runs while this rank computes;
 //   2. every block of ring_step_blocks(r, P, s): attention_block_forward of
 //      the query chunk against the key chunk; the first block of a query
 //      chunk (at s = 0) writes its (out, lse), every later one is merged in
 //      with attention_merge;
-//   3. s < P-1: recv the next K/V from r-1 into the other buffer, wait_sends
-//      (the buffer sent is refilled at the next step), swap the buffers.
+//   3. s < P-1: wait for the exchange (the next K/V in the other buffer;
+//      the buffer sent is refilled at the next step), swap the buffers.
 // Backward, with the final out and lse of the forward. The dK/dV of a K/V
 // block travel as an accumulator that each rank holding the block adds its
 // blocks' dK/dV to, and that reaches the block's owner last; every transfer
 // is timed to travel while the receiver computes:
-//   step 0 (own K/V): isend them to r+1 (tag kTagKv); the step's full block
-//      (q1 x k0) runs, its dK/dV kept in `own`; recv the next K/V; wait_sends.
-//   steps s = 1..P-1 (the K/V of src = r-s): s < P-1: isend them to r+1;
-//      the step's blocks run into `mine`; s > 1: recv src's accumulator from
-//      r-1 (sent at the end of r-1's step s-1); s < P-1: recv the next K/V;
-//      wait_sends (this step's K/V, the previous step's accumulator); the
+//   step 0 (own K/V): exchange: them to r+1 (tag kTagKv), the next K/V from
+//      r-1; the step's full block (q1 x k0) runs, its dK/dV kept in `own`;
+//      wait.
+//   steps s = 1..P-1 (the K/V of src = r-s): exchange: s < P-1 the K/V in
+//      hand to r+1; from r-1, s > 1 src's accumulator (sent at the end of
+//      r-1's step s-1) and s < P-1 the next K/V; the step's blocks run into
+//      `mine`; wait (this step's K/V, the previous step's accumulator); the
 //      accumulator = (s = 1: mine, else received + mine); isend it to r+1
-//      (tag kTagDkv) — at s = P-1 that is src's owner: the way home.
-//   then: the own K/V's two causal blocks run into `own` while r-1's last
-//      accumulator (this rank's K/V's) comes home; recv it; own += it.
+//      (tag kTagDkv; on NCCL it leaves with the next exchange) — at s = P-1
+//      that is src's owner: the way home.
+//   then: exchange: r-1's last accumulator (this rank's K/V's) home; the own
+//      K/V's two causal blocks run into `own` meanwhile; wait; own += it.
 // dq accumulates in place over all blocks (the first computed block of a
 // query chunk overwrites). So the dK/dV of a K/V block are summed as
 // ((own full block + ranks src+1, ..., src+P-1 in order) + own causal

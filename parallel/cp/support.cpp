@@ -8,11 +8,12 @@ std::string context_parallel_unsupported(const RunConfig& cfg) {
   if (p.cp <= 1) return "";
   const std::string cp = "parallel.cp=" + std::to_string(p.cp);
   const std::string see = " (docs/context-parallel.md, \"What remains\")";
-  if (cfg.train.device == "cuda")
-    return cp + " on train.device=cuda: the ring's block kernels have run in the CUDA emulation "
-                "only, and its sends over NCCL are not paired yet (nor has all-to-all run on a "
-                "GPU)" + see +
-           "; use train.device: cpu or emulated";
+  // On CUDA the ring's block kernels mask causally only: packed documents
+  // run there in all-to-all mode (the flash kernels mask documents).
+  if (cfg.train.device == "cuda" && cfg.train.document_mask && p.cp_mode != "all-to-all")
+    return cp + " (cp_mode " + p.cp_mode + ") with train.document_mask on train.device=cuda: "
+                "the ring's CUDA block kernels do not mask documents yet" + see +
+           "; use parallel.cp_mode: all-to-all, or train.device: cpu or emulated";
   return "";
 }
 

@@ -97,8 +97,10 @@ Plan make_plan(const PlanInput& in, sim::OpCosts& costs) {
   so.max_tp = in.max_tp;
   so.energy = in.base.parallel.auto_objective == "energy";
   // Context parallelism where this run could train it: on host ranks (CPU or
-  // the emulated device; not yet on CUDA) and without what cp does not run
-  // yet (parallel/cp/support.hpp).
+  // the emulated device) and without what cp does not run yet
+  // (parallel/cp/support.hpp). CUDA runs cp when a run file asks for it, but
+  // the planner does not choose it there until it has run on a GPU
+  // (docs/context-parallel.md, "What remains").
   RunConfig c2 = in.base;
   c2.parallel.cp = 2;
   const std::string& dev = in.base.train.device;

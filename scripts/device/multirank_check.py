@@ -5,14 +5,17 @@ single process on the same device, with the CPU tests' bounds.
 Layouts (4 ranks sharing the device, ADGT_SHARED_GPU_TEST=1, collectives
 host-staged through MPI): tp2 dp2 ZeRO-1 SP (bf16), dp2 ZeRO-3 (bf16), pp2 zb-h1 dp2 (bf16),
 pp2 zb-v dp2 (bf16, 4 layers: rank 1's turn handed over in device memory),
-ep2 dp2 MoE (bf16). Each trains the
+ep2 dp2 MoE (bf16), FP8 ep2 dp2 MoE and tp2 SP with the FP8 gather, cp2 in
+ring and all-to-all mode (bf16; bound: compare_bf16.py's tp bound, the
+order of the sums being what differs; 2.9e-4 measured on the emulated
+device). Each trains the
 ~100k-parameter layout model 20 steps; the relative loss error against the
 single process must stay under the bound the CPU tests use
 (tests/layouts/compare_bf16.py: 1.1e-3 with tp, 3.5e-4 with dp; pp bf16 is
 bitwise on the CPU, given 3.5e-4 here with dp; MoE ep2 dp2 in bf16 1.8e-3,
 its MOE_BOUNDS). Prints a table with
 step time and the exposed communication per group and step (metrics.jsonl's
-comm_wait_s: time inside blocking tp/pp/ep calls, and for dp the gradient
+comm_wait_s: time inside blocking tp/pp/ep/cp calls, and for dp the gradient
 reduction the step could not hide).
 
 Runs with --device emulated on a CPU machine too (the rehearsal of the GPU
@@ -57,6 +60,11 @@ LAYOUTS = {
     "ep2_dp2_moe_fp8": (MOE, 2, "fp8", ["parallel.dp=2", "parallel.ep=2"], 1.8e-3),
     "tp2_sp_fp8_allgather": (DENSE, 2, "fp8", ["parallel.tp=2", "parallel.sequence_parallel=true",
                                                "parallel.fp8_allgather=true"], 1.5e-3),
+    # Context parallelism (docs/context-parallel.md): the ring's block
+    # kernels and merge on the device, its exchanges host-staged here (NCCL
+    # on one GPU a rank); the all-to-all mode's gathers by index.
+    "cp2_ring": (DENSE, 2, "bf16", ["parallel.cp=2"], 1.1e-3),
+    "cp2_a2a": (DENSE, 2, "bf16", ["parallel.cp=2", "parallel.cp_mode=all-to-all"], 1.1e-3),
 }
 
 
@@ -198,16 +206,16 @@ def main():
         # reduction the step did not hide), mean ms per step after the first.
         later = recs[1:] or recs
         wait_ms = {g: 1000 * sum(r.get("comm_wait_s", {}).get(g, 0) for r in later) / len(later)
-                   for g in ("tp", "dp", "pp", "ep") if g in later[0].get("comm_wait_s", {})}
+                   for g in ("tp", "dp", "pp", "ep", "cp") if g in later[0].get("comm_wait_s", {})}
         ok = sorted(gl) == sorted(rl) and err <= bound
         if not ok:
             failed.append(f"{name}: loss error {err:.2e} > {bound:.1e}")
         rows.append((name, ranks, dtype, err, bound, step_ms, wait_ms, "ok" if ok else "FAIL"))
     print(f"| layout ({args.device}, ranks share one device) | ranks | dtype | max rel loss err "
-          f"| bound | step ms | exposed comm ms/step: tp / dp / pp / ep | |")
+          f"| bound | step ms | exposed comm ms/step: tp / dp / pp / ep / cp | |")
     print("|---|---|---|---|---|---|---|---|")
     for n, r, d, e, b, s, w, v in rows:
-        waits = " / ".join(f"{w[g]:.2f}" if g in w else "-" for g in ("tp", "dp", "pp", "ep"))
+        waits = " / ".join(f"{w[g]:.2f}" if g in w else "-" for g in ("tp", "dp", "pp", "ep", "cp"))
         print(f"| {n} | {r} | {d} | {e:.2e} | {b:.1e} | {s:.1f} | {waits} | {v} |")
     if "pp2_zbh1_dp2" in args.layouts:
         ok, text = trace_summary(args, "pp2_zbh1_dp2")
