@@ -28,3 +28,11 @@ add_test(NAME newuser_forecast_emulated_cluster
     $<TARGET_FILE:adgt-sim> ${CMAKE_CURRENT_SOURCE_DIR}/compress/model.yaml
     ${CMAKE_CURRENT_SOURCE_DIR}/compress/slow_link.yaml)
 set_tests_properties(newuser_forecast_emulated_cluster PROPERTIES LABELS "sim;newuser" TIMEOUT 120)
+# The planner's table and --dry-run of its rows agree on CPU ranks (each row
+# costed with its own in-situ factor): the chosen row and two whose
+# micro-batch or recompute differ.
+add_test(NAME newuser_plan_rows_agree
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/newuser/plan_rows_agree.py
+    --train $<TARGET_FILE:adgt-train> --model ${CMAKE_CURRENT_SOURCE_DIR}/compress/model.yaml
+    --cluster ${CMAKE_CURRENT_SOURCE_DIR}/compress/slow_link.yaml)
+set_tests_properties(newuser_plan_rows_agree PROPERTIES LABELS "sim;newuser" TIMEOUT 180)

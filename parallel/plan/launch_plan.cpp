@@ -51,6 +51,27 @@ std::vector<std::string> fixed_keys(const std::string& path, const std::vector<s
   return out;
 }
 
+// The table's rows each costed with the in-situ factor of their own run
+// (ProfileCosts::calibrate keys it by the model, micro-batch and recompute:
+// one micro-batch's forward and backward timed once per key, then cached),
+// not the run file's, and re-ordered: the plan's step times are then the
+// ones a --dry-run of each row prints (tests/newuser/plan_rows_agree.py).
+// The factor is the run file's again afterwards.
+void own_factors(Plan& p, const PlanInput& in, sim::ProfileCosts& pc, sim::OpCosts& used,
+                 const RunConfig& base) {
+  for (PlanRow& r : p.rows) {
+    pc.calibrate(r.cfg);
+    r.result = sim::simulate_step(r.cfg, in.cluster, used, in.sim);
+    r.limit = plan_limit(r.result, in.cluster);
+  }
+  const bool energy = in.base.parallel.auto_objective == "energy";
+  std::stable_sort(p.rows.begin(), p.rows.end(), [&](const PlanRow& a, const PlanRow& b) {
+    return energy ? a.result.energy_per_token_j < b.result.energy_per_token_j
+                  : a.result.step_time_s < b.result.step_time_s;
+  });
+  pc.calibrate(base);
+}
+
 // Launcher rank -> the simulator's rank: layout ranks site by site and
 // node-contiguous, what topology placement makes of any launcher order
 // (parallel/cluster/placement.hpp); the identity without an emulated cluster.
@@ -159,6 +180,7 @@ Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cl
   const auto t0 = std::chrono::steady_clock::now();
   // The profile is measured as the sweep asks for ops; time it apart.
   Planned out{make_plan(in, used), cl, "", in};
+  if (profile && !cfg.emulate.model_clock()) own_factors(out.plan, in, *profile, used, cfg);
   if (current && current_result) *current_result = sim::simulate_step(*current, cl, used, in.sim);
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (sim::ProfileCosts* pc = profile) {
