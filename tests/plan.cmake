@@ -22,7 +22,7 @@ endforeach()
 # config's dtype; the device model is deterministic, so the choice is exact).
 add_test(NAME plan_dry_run_70b_256_h100
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_error.sh --success
-    "^  1 +tp=2 pp=16 dp=8 zero=1 sp=1 1f1b mb=1 rc=none .*<- chosen$" --
+    "^  1 +tp=4 pp=8 dp=8 zero=2 sp=1 zb-h1 mb=1 rc=none .*<- chosen$" --
     $<TARGET_FILE:adgt-train> --config ${CMAKE_SOURCE_DIR}/configs/llama-70b.yaml
     --set parallel.auto=true --dry-run --cluster dgx-h100 --gpus 256)
 set_tests_properties(plan_dry_run_70b_256_h100 PROPERTIES LABELS "plan" TIMEOUT 120)

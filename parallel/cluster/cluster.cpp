@@ -46,6 +46,11 @@ intra: {bandwidth_GBps: 300, latency_us: 3, efficiency: 0.78}
 inter: {bandwidth_GBps: 25, latency_us: 6, efficiency: 0.9}
 nics_per_node: 8
 )"},
+      // sustained_clock 0.90: fitted to adgt's fourth GPU run (one H100 SXM,
+      // 2026-12-05, docs/cuda.md), as the H200's below to its first: the
+      // 1.3B bf16 step (batch 8 x 2048) measured 268.7 ms, predicted 246.4 ms
+      // at 1.0 and 267.8 ms at 0.90 (set 2026-12-07; docs/scale.md's H100
+      // rows moved with it).
       {"dgx-h100", R"(name: dgx-h100
 nodes: 1
 devices_per_node: 8
@@ -62,6 +67,7 @@ device:
   attention_half_gflops: 4
   memory_efficiency: 0.8
   kernel_overhead_us: 4
+  sustained_clock: 0.90
   power: {idle_w: 75, limit_w: 700, pj_per_flop_bf16: 0.75, pj_per_flop_fp8: 0.40, pj_per_flop_fp32: 9,
           pj_per_byte: 60, clock_exponent: 3,
           source: "spec sheet (700 W TDP) and public estimates; not measured by adgt"}

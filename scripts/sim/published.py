@@ -116,6 +116,9 @@ def sets_of(run):
     pp = lay["pp"]
     assumed = []
     layers = m["n_layers"]
+    if not isinstance(v, int) and as_int(v, 0) > 0:  # "8 (inferred: ...)"
+        v = as_int(v, 0)
+        assumed.append(f"v={v} inferred")
     if not isinstance(v, int):
         v = 2 if pp > 1 else 1
         padded = (layers + pp * v - 1) // (pp * v) * (pp * v)
