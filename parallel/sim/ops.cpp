@@ -46,10 +46,10 @@ double Op::flops() const {
     case OpKind::AttentionBackward:
       return attention_core_executed_flops(double(a), double(b), double(c), double(e),
                                            kind == OpKind::AttentionBackward);
-    case OpKind::AttentionBlockForward:  // every score, not the causal half
+    case OpKind::AttentionBlockForward:  // every score (a causal block: the causal half)
     case OpKind::AttentionBlockBackward:
-      return 2 * attention_core_executed_flops(double(a), double(b), double(c), double(e),
-                                               kind == OpKind::AttentionBlockBackward);
+      return (causal ? 1 : 2) * attention_core_executed_flops(double(a), double(b), double(c), double(e),
+                                                              kind == OpKind::AttentionBlockBackward);
     case OpKind::BatchedGemm: return gemm_flops(double(a), double(b), double(c)) * double(d);
     default: return 0;
   }
@@ -62,6 +62,7 @@ std::string to_string(const Op& op) {
   for (int i = 0; i < 5; ++i)
     if (dims[i] != 0) n = i + 1;
   for (int i = 0; i < n; ++i) s += (i ? "x" : " ") + std::to_string(dims[i]);
+  if (op.causal) s += " causal";
   return op.fp8 ? s + " fp8" : s;
 }
 

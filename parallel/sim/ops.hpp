@@ -38,9 +38,10 @@ enum class OpKind : uint8_t {
   Softmax,          // a=rows, b=columns: fused scale-mask-softmax, read and write
   SoftmaxBackward,  // a=rows, b=columns
   Dropout,          // a=elements: the mask drawn and applied (forward), or applied (backward)
-  // Context parallelism's ring (parallel/cp/ring_attention.hpp): one full
-  // (unmasked) block of b queries against b keys, with its log-sum-exp;
-  // a=B, b=T, c=heads, d=kv heads, e=head_dim. Backend::attention_block_*.
+  // Context parallelism's ring (parallel/cp/ring_attention.hpp): one block
+  // of b queries against b keys, with its log-sum-exp, full (unmasked) or
+  // with Op::causal the causal diagonal block; a=B, b=T, c=heads, d=kv
+  // heads, e=head_dim. Backend::attention_block_*.
   AttentionBlockForward,
   AttentionBlockBackward,
   // train.dtype fp8 (docs/fp8.md): the amax and the cast of a = elements of
@@ -54,6 +55,7 @@ struct Op {
   OpKind kind = OpKind::Add;
   int64_t a = 0, b = 0, c = 0, d = 0, e = 0;
   bool fp8 = false;  // a GEMM on FP8 operands (train.dtype fp8: the layers' linears)
+  bool causal = false;  // an attention block with the causal mask (AttentionBlock*)
   double flops() const;  // the arithmetic it does (GEMMs 2mnk; attention causal)
   bool operator==(const Op&) const = default;
 };

@@ -114,11 +114,12 @@ std::function<void()> attention_run(Backend& be, Arena& ar, const Op& op, DType 
   return run;
 }
 
-// One full block of context parallelism's ring, forward or backward (the
-// backward reads one forward's output and log-sum-exp).
+// One block of context parallelism's ring, full or causal (Op::causal),
+// forward or backward (the backward reads one forward's output and
+// log-sum-exp).
 std::function<void()> attention_block_run(Backend& be, Arena& ar, const Op& op, DType dt, DType st) {
   const int64_t a = op.a, b = op.b, c = op.c, d = op.d, e = op.e;
-  const AttentionBlock blk{a, b, b, c, d, e, BlockMask::full};
+  const AttentionBlock blk{a, b, b, c, d, e, op.causal ? BlockMask::causal : BlockMask::full};
   Tensor q = ar.make(dt, {a, b, c, e}), k = ar.make(dt, {a, b, d, e}),
          v = ar.make(dt, {a, b, d, e}), out = ar.make(dt, {a, b, c, e}),
          lse = ar.make(st, {a, c, b});

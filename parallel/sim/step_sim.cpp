@@ -125,7 +125,7 @@ class StepSimulation {
  private:
   // Op costs, memoised per op.
   double op_time(const Op& op) {
-    auto key = std::make_tuple(int(op.kind), op.a, op.b, op.c, op.d, op.e);
+    auto key = std::make_tuple(int(op.kind), op.a, op.b, op.c, op.d, op.e, op.fp8, op.causal);
     auto it = memo_.find(key);
     if (it != memo_.end()) return it->second;
     const double t = costs_.seconds(op, bytes_);
@@ -142,7 +142,7 @@ class StepSimulation {
   double ops_joules(const std::vector<Op>& ops) {
     double j = 0;
     for (const Op& op : ops) {
-      auto key = std::make_tuple(int(op.kind), op.a, op.b, op.c, op.d, op.e);
+      auto key = std::make_tuple(int(op.kind), op.a, op.b, op.c, op.d, op.e, op.fp8, op.causal);
       auto it = joule_memo_.find(key);
       if (it == joule_memo_.end()) it = joule_memo_.emplace(key, costs_.joules(op, bytes_)).first;
       if (it->second < 0) energy_known_ = false;
@@ -887,7 +887,7 @@ class StepSimulation {
   int64_t m_ = 1;
   std::vector<RankWork> work_;
   pp::Schedule sched_;
-  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>, double> memo_;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>, double> memo_;  // by every field of Op
   std::vector<Unit> units_;
   std::map<std::pair<const Unit*, const PassWork*>, std::vector<Task>> pass_cache_;
   std::vector<std::vector<double>> bucket_dur_;  // [pp][bucket] seconds
@@ -903,7 +903,7 @@ class StepSimulation {
   double now_ = 0;
   int64_t events_ = 0;
   SimTrace* trace_ = nullptr;
-  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>, double> joule_memo_;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>, double> joule_memo_;
   bool energy_known_ = true;
   std::vector<std::pair<std::string, const char*>> labels_;  // a task label's name and category
   std::map<std::string, int> label_of_;

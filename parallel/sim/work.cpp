@@ -41,14 +41,16 @@ struct Dims {
   double a2a_tokens = 0;          // rows an ep rank sends or receives at most (dispatch)
 };
 
-// Context parallelism's ring (parallel/cp/ring_attention.hpp): step 0 is
-// the causal attention of the rank's own two chunks (c = T / 2 tokens each),
-// every other of the cp - 1 steps two full c x c blocks merged into the
-// running output, while the next K/V block (both chunks) travels. The
-// backward's transfers each travel while the receiver computes: the first
-// K/V hop behind the own full block, in step s the next K/V (s < cp - 1) and
-// the accumulator of step s - 1 (s >= 2) behind the step's blocks, and the
-// last accumulator's way home behind the own two causal blocks.
+// Context parallelism's ring (parallel/cp/ring_attention.hpp), block by
+// block as it runs: step 0 the rank's own two chunks (c = T / 2 tokens
+// each): two causal diagonal blocks and one full block, the second block of
+// the later query chunk merged in; every other of the cp - 1 steps two full
+// c x c blocks merged into the running output; each step's K/V hop (both
+// chunks) travels beside that step's blocks. The backward's transfers each
+// travel while the receiver computes: the first K/V hop behind the own full
+// block, in step s the next K/V (s < cp - 1) and the accumulator of step
+// s - 1 (s >= 2) behind the step's blocks, and the last accumulator's way
+// home behind the own two causal blocks.
 std::vector<Op> ring_step(const Dims& d, bool backward) {
   const int64_t c = d.T / 2;
   const OpKind k = backward ? OpKind::AttentionBlockBackward : OpKind::AttentionBlockForward;
@@ -59,8 +61,20 @@ std::vector<Op> ring_step(const Dims& d, bool backward) {
   return {block, add, block, add};
 }
 void ring_core(Piece& p, const Dims& d, bool backward) {
-  p.ops.push_back({backward ? OpKind::AttentionBackward : OpKind::AttentionForward, d.B, d.T,
-                   d.Hl, d.KVl, d.hd});
+  const int64_t c = d.T / 2;
+  const OpKind bk = backward ? OpKind::AttentionBlockBackward : OpKind::AttentionBlockForward;
+  const Op full{bk, d.B, c, d.Hl, d.KVl, d.hd};
+  Op causal = full;
+  causal.causal = true;
+  // Forward step 0: q0 x k0 and q1 x k1 causal, q1 x k0 full, one merge;
+  // backward: the full block first (its dK/dV kept), the causal two last,
+  // each block's dK, dV added to the own accumulator.
+  const Op merge{OpKind::Add, d.B * c * d.Hl * d.hd};
+  const Op acc{OpKind::Add, d.B * c * 2 * d.KVl * d.hd};
+  const std::vector<Op> own = backward ? std::vector<Op>{full, acc}
+                                       : std::vector<Op>{causal, full, causal, merge};
+  const std::vector<Op> own_last = {causal, acc, causal, acc};
+  p.ops.insert(p.ops.end(), own.begin(), own.end());
   const std::vector<Op> step = ring_step(d, backward);
   for (int64_t s = 1; s < d.cp; ++s) p.ops.insert(p.ops.end(), step.begin(), step.end());
   const double kv = 2.0 * double(d.B * d.T * d.KVl * d.hd) * d.b;  // K and V, both chunks
@@ -71,17 +85,17 @@ void ring_core(Piece& p, const Dims& d, bool backward) {
     if (repeat > 0) p.comms.push_back(std::move(h));
   };
   if (!backward) {
-    hop(kv, d.cp - 1, step);
+    hop(kv, 1, own);           // step 0's hop beside the own blocks
+    hop(kv, d.cp - 2, step);  // steps 1 .. cp - 2
     return;
   }
-  const int64_t c = d.T / 2;
-  hop(kv, 1, {{OpKind::AttentionBlockBackward, d.B, c, d.Hl, d.KVl, d.hd}});  // step 0
+  p.ops.insert(p.ops.end(), own_last.begin(), own_last.end());
+  hop(kv, 1, own);  // step 0
   if (d.cp >= 3) {
     hop(kv, 2, step);               // steps 1 and cp - 1: one transfer each
     hop(2 * kv, d.cp - 3, step);    // steps 2 .. cp - 2: a K/V block and an accumulator
   }
-  const Op causal{OpKind::AttentionBackward, d.B, c, d.Hl, d.KVl, d.hd};
-  hop(kv, 1, {causal, causal});  // dK, dV home
+  hop(kv, 1, own_last);  // dK, dV home
 }
 // All-to-all (parallel/cp/ulysses_context.cpp): q, k, v to (the whole
 // sequence, heads / cp), the backend's attention, the output back; the

@@ -525,26 +525,31 @@ TEST_CASE("sim: context parallelism, the rank's tokens, the ring's exposure and 
     // Per token the rank's T / cp tokens: the first projection's rows.
     const Piece& a0 = st.forward.pieces[1];  // after the embedding: layer 0's attention
     REQUIRE(!a0.ops.empty());
-    int causal = 0, blocks = 0;
-    const CommOp* hop = nullptr;
+    // The ring block by block: step 0 two causal diagonal blocks and one
+    // full one, each later step two full ones; no whole-sequence attention.
+    int whole = 0, causal = 0, blocks = 0;
+    std::vector<const CommOp*> hops;
     for (const Op& op : a0.ops) {
       if (op.kind == OpKind::GemmForward) CHECK(op.a == B * T / cp);
-      if (op.kind == OpKind::AttentionForward) {
-        ++causal;
-        CHECK((op.a == B && op.b == T / cp && op.c == 8 && op.d == KV && op.e == hd));
-      }
+      if (op.kind == OpKind::AttentionForward) ++whole;
       if (op.kind == OpKind::AttentionBlockForward) {
         ++blocks;
-        CHECK(op.b == T / cp / 2);  // one chunk against one chunk
+        causal += op.causal;
+        CHECK((op.a == B && op.b == T / cp / 2 && op.c == 8 && op.d == KV && op.e == hd));
       }
     }
     for (const CommOp& c : a0.comms)
-      if (c.kind == cluster::Collective::RingShift) hop = &c;
-    CHECK(causal == 1);
-    CHECK(blocks == 2 * (cp - 1));
-    REQUIRE(hop);
+      if (c.kind == cluster::Collective::RingShift) hops.push_back(&c);
+    CHECK(whole == 0);
+    CHECK(causal == 2);
+    CHECK(blocks == 3 + 2 * (cp - 1));
+    // Step 0's hop beside the own three blocks, steps 1 .. cp-2's beside two.
+    REQUIRE(hops.size() == size_t(cp > 2 ? 2 : 1));
+    const CommOp* hop = hops[0];
     CHECK(hop->group == Group::cp);
-    CHECK(hop->repeat == cp - 1);
+    CHECK(hop->repeat == 1);
+    CHECK(hop->hide.size() == 4);
+    if (cp > 2) CHECK(hops[1]->repeat == cp - 2);
     const double kv = 2.0 * B * (T / cp) * KV * hd * 4;
     CHECK(hop->bytes == kv);
     // The step's exposed cp time: per layer and micro-batch, the forward's
@@ -561,14 +566,22 @@ TEST_CASE("sim: context parallelism, the rank's tokens, the ring's exposure and 
       return t;
     };
     CHECK(cluster::collective_time(cl, cluster::Collective::RingShift, ring, kv) == hop_s(kv));
-    const double hide_f = 4e-3 + 2 * (Op{OpKind::AttentionBlockForward, B, T / cp / 2, 8, KV, hd}.flops() * 1e-15),
-                 hide_b = 4e-3 + 2 * (Op{OpKind::AttentionBlockBackward, B, T / cp / 2, 8, KV, hd}.flops() * 1e-15);
-    const double full_b = 1e-3 + Op{OpKind::AttentionBlockBackward, B, T / cp / 2, 8, KV, hd}.flops() * 1e-15,
-                 causal_b = 1e-3 + Op{OpKind::AttentionBackward, B, T / cp / 2, 8, KV, hd}.flops() * 1e-15;
-    double back = std::max(0.0, hop_s(kv) - full_b) + std::max(0.0, hop_s(kv) - 2 * causal_b);
+    // FakeCosts: 1 ms an op plus its FLOPs at 1e15/s; a causal block is
+    // half a full one; each step's merges and dK/dV additions are ops too.
+    auto block = [&](OpKind k, bool causal_mask) {
+      Op o{k, B, T / cp / 2, 8, KV, hd};
+      o.causal = causal_mask;
+      return 1e-3 + o.flops() * 1e-15;
+    };
+    const OpKind bf = OpKind::AttentionBlockForward, bb = OpKind::AttentionBlockBackward;
+    const double hide_f = 2e-3 + 2 * block(bf, false), hide_b = 2e-3 + 2 * block(bb, false);
+    const double own_f = 1e-3 + block(bf, false) + 2 * block(bf, true);
+    const double full_b = 1e-3 + block(bb, false), causal_b = 2e-3 + 2 * block(bb, true);
+    double back = std::max(0.0, hop_s(kv) - full_b) + std::max(0.0, hop_s(kv) - causal_b);
     for (int s = 1; s < cp; ++s)
       if (const int n = (s < cp - 1) + (s >= 2); n > 0) back += std::max(0.0, hop_s(n * kv) - hide_b);
-    const double per_layer = (cp - 1) * std::max(0.0, hop_s(kv) - hide_f) + back;
+    const double per_layer = std::max(0.0, hop_s(kv) - own_f) +
+                             (cp - 2) * std::max(0.0, hop_s(kv) - hide_f) + back;
     REQUIRE(hop_s(kv) > hide_f);
     const SimResult r = simulate_step(cfg, cl, costs);
     CHECK(r.exposed_cp_s == Approx(per_layer * L * cfg.accum_steps()).epsilon(1e-9));
