@@ -24,15 +24,20 @@ the issue's claim (45): in ring mode the exposed cp time is at most --bound
 which cannot start before they arrive: its transfers are on the critical
 path by construction and reported, not bounded. The losses of each case
 with and without free compute are checked identical (the clock changes no
-number).
+number). With --sim ADGT_SIM each case also gets adgt-sim's prediction of
+the same step (the run file, the model clock and a cpu-here copy with the
+link slowed by the same factor): its exposed cp time beside the measured
+one (one cost model: parallel/sim/work.cpp prices the ring's hops).
 
 usage: bench_cp_overlap.py [--train BIN] [--mpirun WRAPPER] [--data DIR] [--cps 2 4]
                            [--layers 4] [--d-model 256] [--heads 8] [--kv-heads 8]
                            [--seq 1024] [--steps 4] [--ratio 0.75] [--bound 0.2]
 """
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -48,8 +53,48 @@ MODEL = """model:
   seq_len: {seq}
 """ + TRAIN
 MODEL_FLOPS = 1e10   # emulate.model_flops (its default)
+# The cpu-here preset (parallel/cluster/cluster.cpp) with its link slowed as
+# emulate.link_bandwidth slows it (--sim).
+CPU_HERE = """name: cpu-here-slowed
+nodes: 1
+devices_per_node: 8
+cores_per_node: 2
+device:
+  name: cpu-rank
+  peak_bf16_tflops: 0.05
+  peak_fp32_tflops: 0.05
+  memory_gib: 24
+  hbm_GBps: 10
+  gemm_efficiency: 0.9
+  gemm_half_gflops: 0.01
+  attention_efficiency: 0.5
+  attention_half_gflops: 0.01
+  memory_efficiency: 0.5
+  kernel_overhead_us: 2
+intra: {{bandwidth_GBps: {bw:.6g}, latency_us: 5, efficiency: 1}}
+inter: {{bandwidth_GBps: {bw:.6g}, latency_us: 5, efficiency: 1}}
+nics_per_node: 1
+"""
 LINK_BPS = 4e9       # cpu-here's link
 LATENCY = 5e-6
+
+
+def predict(args, work, cp, mode, factor):
+    """adgt-sim's exposed cp seconds a step for the case (None without --sim)."""
+    if not args.sim:
+        return None
+    cluster = os.path.join(work, f"cpu-here-x{factor:.6g}.yaml")
+    with open(cluster, "w") as f:
+        f.write(CPU_HERE.format(bw=LINK_BPS / 1e9 * factor))
+    cmd = [args.sim, "--config", os.path.join(work, "model.yaml"), "--json",
+           "--costs", "profile"]
+    for s in [f"parallel.cp={cp}", f"parallel.cp_mode={mode}", f"emulate.cluster={cluster}", "emulate.clock=model",
+              f"emulate.model_flops={MODEL_FLOPS:g}", "train.device=cpu"]:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if p.returncode != 0:
+        sys.exit(f"FAIL: {' '.join(cmd)}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    return json.loads(p.stdout)["exposed_s"]["cp"]
 
 
 def run(args, work, cp, mode, factor, flops):
@@ -73,6 +118,7 @@ def main():
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--ratio", type=float, default=0.75)
     ap.add_argument("--bound", type=float, default=0.2)
+    ap.add_argument("--sim", default="", help="adgt-sim: print its predicted exposed cp time too")
     args = ap.parse_args()
     hd = args.d_model // args.heads
     ok = True
@@ -106,19 +152,22 @@ def main():
                 else:
                     link = float("nan")
                 share = exposed / transfer if transfer > 0 else 1.0
-                rows.append((cp, mode, factor, block_s, kv_bytes, exposed, transfer, link, sent, share))
+                pred = predict(args, work, cp, mode, factor)
+                rows.append((cp, mode, factor, block_s, kv_bytes, exposed, transfer, link, sent, share, pred))
                 if mode == "ring":
                     ok &= share <= args.bound
     print(f"cp overlap: {args.layers} layers, d_model {args.d_model}, {args.heads} heads "
           f"({args.kv_heads} KV), seq {args.seq}, model clock {MODEL_FLOPS:g} FLOP/s, cpu-here link "
           f"slowed so one K/V block's transfer = {args.ratio} x one block's forward attention")
     print(f"{'case':18s} {'link x':>8s} {'block ms':>9s} {'K/V ms':>8s} {'MB sent':>8s} "
-          f"{'transfer ms':>12s} {'(link)':>8s} {'exposed ms':>11s} {'exposed %':>10s}")
-    for cp, mode, factor, block_s, kv_bytes, exposed, transfer, link, sent, share in rows:
+          f"{'transfer ms':>12s} {'(link)':>8s} {'exposed ms':>11s} {'exposed %':>10s}"
+          + (f" {'adgt-sim ms':>12s}" if args.sim else ""))
+    for cp, mode, factor, block_s, kv_bytes, exposed, transfer, link, sent, share, pred in rows:
         kv_s = LATENCY + kv_bytes / (LINK_BPS * factor)
         link_s = f"{1e3 * link:8.1f}" if mode == "ring" else f"{'-':>8s}"
         print(f"cp{cp} {mode:13s} {factor:8.4f} {1e3 * block_s:9.2f} {1e3 * kv_s:8.2f} {sent / 1e6:8.2f} "
-              f"{1e3 * transfer:12.1f} {link_s} {1e3 * exposed:11.1f} {100 * share:9.1f}%")
+              f"{1e3 * transfer:12.1f} {link_s} {1e3 * exposed:11.1f} {100 * share:9.1f}%"
+              + (f" {1e3 * pred:12.1f}" if pred is not None else ""))
     print(f"{'PASS' if ok else 'FAIL'}: ring mode exposes at most {100 * args.bound:.0f}% of its "
           f"transfers' time (all-to-all reported only: its transfers precede and follow the attention)")
     sys.exit(0 if ok else 1)
