@@ -83,6 +83,7 @@ struct Cli {
   std::string attention = "flash", sync = "0";
   double moe_skew = 0;
   bool cluster_given = false;
+  bool print_cluster = false;  // --print-cluster
 };
 
 // The op costs: measured on this CPU (a profile, calibrated unless
@@ -293,7 +294,7 @@ int run(Cli cli) {
 int main(int argc, char** argv) {
   CLI::App app{"adgt-sim: simulate a training step of a run file on a cluster"};
   Cli cli;
-  app.add_option("--config", cli.config_path, "YAML run file")->required();
+  app.add_option("--config", cli.config_path, "YAML run file (required but with --print-cluster)");
   app.add_option("--set", cli.overrides, "override a key: --set section.key=value (repeatable)");
   app.add_option("--cluster", cli.cluster_name,
                  "a preset (dgx-a100-80gb, dgx-h100, dgx-h200, cpu-here) or a cluster file "
@@ -343,9 +344,17 @@ int main(int argc, char** argv) {
                "with --sweep: simulate every layout (default: only until the best --top are "
                "certain, by a lower bound of each step time)");
   app.add_option("--top", cli.top, "rows of the --sweep table")->capture_default_str();
+  app.add_flag("--print-cluster", cli.print_cluster,
+               "print --cluster (a preset or a file) as a cluster file, every field, and exit: "
+               "the start of a modified copy");
   ADGT_CLI_PARSE(app, argc, argv);
   cli.cluster_given = app.count("--cluster") > 0;
   try {
+    if (cli.print_cluster) {
+      std::printf("%s", adgt::cluster::to_yaml(adgt::cluster::load_cluster(cli.cluster_name)).c_str());
+      return 0;
+    }
+    if (cli.config_path.empty()) throw adgt::ConfigError("--config is required (a YAML run file)");
     return run(cli);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

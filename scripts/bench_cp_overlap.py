@@ -36,6 +36,7 @@ usage: bench_cp_overlap.py [--train BIN] [--mpirun WRAPPER] [--data DIR] [--cps 
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -53,28 +54,6 @@ MODEL = """model:
   seq_len: {seq}
 """ + TRAIN
 MODEL_FLOPS = 1e10   # emulate.model_flops (its default)
-# The cpu-here preset (parallel/cluster/cluster.cpp) with its link slowed as
-# emulate.link_bandwidth slows it (--sim).
-CPU_HERE = """name: cpu-here-slowed
-nodes: 1
-devices_per_node: 8
-cores_per_node: 2
-device:
-  name: cpu-rank
-  peak_bf16_tflops: 0.05
-  peak_fp32_tflops: 0.05
-  memory_gib: 24
-  hbm_GBps: 10
-  gemm_efficiency: 0.9
-  gemm_half_gflops: 0.01
-  attention_efficiency: 0.5
-  attention_half_gflops: 0.01
-  memory_efficiency: 0.5
-  kernel_overhead_us: 2
-intra: {{bandwidth_GBps: {bw:.6g}, latency_us: 5, efficiency: 1}}
-inter: {{bandwidth_GBps: {bw:.6g}, latency_us: 5, efficiency: 1}}
-nics_per_node: 1
-"""
 LINK_BPS = 4e9       # cpu-here's link
 LATENCY = 5e-6
 
@@ -84,8 +63,15 @@ def predict(args, work, cp, mode, factor):
     if not args.sim:
         return None
     cluster = os.path.join(work, f"cpu-here-x{factor:.6g}.yaml")
+    here = subprocess.run([args.sim, "--print-cluster", "--cluster", "cpu-here"], capture_output=True,
+                          text=True)
+    if here.returncode != 0:
+        sys.exit(f"FAIL: adgt-sim --print-cluster --cluster cpu-here: {here.stderr}")
+    # Every link slowed by the factor, as emulate.link_bandwidth slows them.
+    text = re.sub(r"(bandwidth_GBps: )([0-9.e+-]+)",
+                  lambda m: m.group(1) + f"{float(m.group(2)) * factor:.6g}", here.stdout)
     with open(cluster, "w") as f:
-        f.write(CPU_HERE.format(bw=LINK_BPS / 1e9 * factor))
+        f.write(text)
     cmd = [args.sim, "--config", os.path.join(work, "model.yaml"), "--json",
            "--costs", "profile"]
     for s in [f"parallel.cp={cp}", f"parallel.cp_mode={mode}", f"emulate.cluster={cluster}", "emulate.clock=model",

@@ -22,6 +22,10 @@ add_test(NAME sim_cli_json
 add_test(NAME sim_cli_bad_cluster
   COMMAND bash ${_expect} --status 2 "bad_cluster.yaml:7: inter.bandwidth_gbps: unknown key; allowed: bandwidth_GBps, latency_us, efficiency"
     -- ${_sim} --config ${CMAKE_SOURCE_DIR}/configs/tiny.yaml --cluster ${CMAKE_CURRENT_SOURCE_DIR}/sim/bad_cluster.yaml)
+# --print-cluster: a preset as a cluster file, every field (the H100's fitted clock).
+add_test(NAME sim_cli_print_cluster
+  COMMAND bash ${_expect} --success "sustained_clock: 0[.]9\n"
+    -- ${_sim} --print-cluster --cluster dgx-h100)
 add_test(NAME sim_cli_sweep
   COMMAND bash ${_expect} --success "^1 +tp=.* pp=.* dp=" --
     ${_sim} --config ${CMAKE_SOURCE_DIR}/configs/llama-13b.yaml --cluster dgx-h100 --gpus 32 --sweep

@@ -30,7 +30,8 @@
 # (relocated with OPAL_PREFIX: the GPU machine has no MPI) and a 1 MB
 # byte-level corpus, for stage 5 (4 ranks sharing the GPU: tp2 dp2 ZeRO-1 SP,
 # pp2 zb-h1 dp2, ep2 MoE, pp2 zb-v dp2, and in fp8 ep2 MoE (padded expert
-# GEMMs) and tp2 SP with parallel.fp8_allgather, each against the single GPU process; then SIGKILL
+# GEMMs) and tp2 SP with parallel.fp8_allgather, and context parallelism cp2
+# in ring and all-to-all mode (bf16), each against the single GPU process; then SIGKILL
 # of one of 4 ranks mid-run, which every survivor's watchdog must name within
 # 30 s; scripts/device/multirank_check.py) and stage 6 (LLaMA-7B, seq 4096,
 # micro-batch 1, selective recompute, bf16, a few steps: tokens/s, MFU of 989
