@@ -24,7 +24,7 @@ add_test(NAME sim_cli_bad_cluster
     -- ${_sim} --config ${CMAKE_SOURCE_DIR}/configs/tiny.yaml --cluster ${CMAKE_CURRENT_SOURCE_DIR}/sim/bad_cluster.yaml)
 # --print-cluster: a preset as a cluster file, every field (the H100's fitted clock).
 add_test(NAME sim_cli_print_cluster
-  COMMAND bash ${_expect} --success "sustained_clock: 0[.]9\n"
+  COMMAND bash ${_expect} --success "^  sustained_clock: 0[.]9$"
     -- ${_sim} --print-cluster --cluster dgx-h100)
 add_test(NAME sim_cli_sweep
   COMMAND bash ${_expect} --success "^1 +tp=.* pp=.* dp=" --
