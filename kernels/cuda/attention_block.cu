@@ -8,8 +8,9 @@ namespace adgt {
 void CudaBackend::attention_block_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
                                           const Tensor& v, const AttentionBlock& b) {
   ADGT_CHECK(!b.q_doc_start, "attention_block_forward: document masking inside a block is not "
-                             "built on CUDA yet (the CPU and emulated backends run it; context "
-                             "parallelism is refused on CUDA, docs/context-parallel.md)");
+                             "built on CUDA yet (the CPU and emulated backends run it; adgt-train "
+                             "refuses ring mode with train.document_mask on CUDA: use cp_mode "
+                             "all-to-all, docs/context-parallel.md)");
   cuda::attention_block_forward_exact(cuda::op_ctx(*this), out, lse, q, k, v, b);
 }
 
