@@ -89,6 +89,18 @@ adgt_kernel_mutant(attention_block_full_dkv_rows TEST attention_block
   # on, as if the block were causal
   FROM [[return s.full ? 0 : j;]]
   TO [[return j;]])
+adgt_kernel_mutant(attention_block_doc_offset TEST attention_block
+  HEADER kernels/cuda/attention_kernels.cuh
+  # packed documents in a block: a row's first key taken as its document's
+  # start in sequence positions, not less the block's first key position
+  FROM [[const int64_t f = int64_t(s.doc[b * s.T + i]) - s.doc_off;]]
+  TO [[const int64_t f = int64_t(s.doc[b * s.T + i]);]])
+adgt_kernel_mutant(attention_block_doc_key_rows TEST attention_block
+  HEADER kernels/cuda/attention_kernels.cuh
+  # dK/dV: a key's rows end where documents start after its index in the
+  # block, not after its position in the sequence
+  FROM [[if (ds[mid] > pos)]]
+  TO [[if (ds[mid] > j)]])
 adgt_kernel_mutant(attention_block_key_stride TEST attention_block
   HEADER kernels/cuda/attention_kernels.cuh
   # the forward steps over a sequence's keys by the query length Tq

@@ -7,10 +7,6 @@ namespace adgt {
 
 void CudaBackend::attention_block_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
                                           const Tensor& v, const AttentionBlock& b) {
-  ADGT_CHECK(!b.q_doc_start, "attention_block_forward: document masking inside a block is not "
-                             "built on CUDA yet (the CPU and emulated backends run it; adgt-train "
-                             "refuses ring mode with train.document_mask on CUDA: use cp_mode "
-                             "all-to-all, docs/context-parallel.md)");
   cuda::attention_block_forward_exact(cuda::op_ctx(*this), out, lse, q, k, v, b);
 }
 
@@ -23,8 +19,6 @@ void CudaBackend::attention_block_backward(Tensor dq, Tensor dk, Tensor dv, cons
                                            const Tensor& q, const Tensor& k, const Tensor& v,
                                            const Tensor& out, const Tensor& lse,
                                            const AttentionBlock& b, bool accumulate_dq) {
-  ADGT_CHECK(!b.q_doc_start, "attention_block_backward: document masking inside a block is not "
-                             "built on CUDA yet (docs/context-parallel.md)");
   cuda::attention_block_backward_exact(cuda::op_ctx(*this), dq, dk, dv, dout, q, k, v, out, lse, b,
                                        accumulate_dq);
 }

@@ -5,10 +5,11 @@
 //
 //   forward   the exact forward kernel of attention_kernels.cuh on the
 //             block's dims (Tq query rows, Tk key rows; every key visible,
-//             or the causal diagonal block): out and lse (B,H,Tq), the
-//             natural-log log-sum-exp of each row's scaled scores. A row
-//             with no visible key would get out 0 and lse -inf (none has
-//             one: Tk > 0, and a causal block's row i sees key i).
+//             or the causal diagonal block; with packed documents only the
+//             keys at or after the row's document start): out and lse
+//             (B,H,Tq), the natural-log log-sum-exp of each row's scaled
+//             scores. A row with no visible key (its document starts after
+//             the block's keys) gets out 0 and lse -inf.
 //   merge     one warp per row (b, h, i), lanes over hd: the online-softmax
 //             merge of (out_b, lse_b) into (out, lse) around the larger lse;
 //             an lse_b of -inf leaves the row, an lse of -inf takes the
@@ -102,6 +103,8 @@ AttDims dims_of(const AttentionBlock& b) {
   AttDims d{b.B, b.Tq, b.n_heads, b.n_kv_heads, b.head_dim, b.n_heads / b.n_kv_heads};
   d.Tk = b.Tk;
   d.full = b.mask == BlockMask::full;
+  d.doc = b.q_doc_start;  // packed documents: keys at k_pos + j (attention_kernels.cuh)
+  d.doc_off = b.k_pos;
   return d;
 }
 

@@ -34,7 +34,12 @@
 // kernels over Tq query rows and Tk key rows per sequence (AttDims::T, Tk),
 // with every key visible (AttDims::full) or the causal diagonal block; the
 // block backward's D = rowsum(dout * out) comes precomputed (d_given) and dq
-// may accumulate (acc_dq). The whole-sequence attention leaves them off.
+// may accumulate (acc_dq). Packed documents in a block: doc holds each query
+// row's document start in whole-sequence positions and key j sits at
+// doc_off + j (AttentionBlock::q_doc_start, k_pos), so row i's keys start at
+// max(0, doc_i - doc_off), a row may see none (out 0, lse -inf), and a key's
+// rows end at the first whose document starts after it. The whole-sequence
+// attention leaves them off (doc_off 0).
 //
 // This header holds the exact kernels and the ops that launch them (f32, f64,
 // and bf16 through fp32 copies); attention.cu (the CUDA backend's methods)
@@ -61,6 +66,7 @@ struct AttDims {
   bool full = false;     // every key visible to every query row (else causal: j <= i)
   bool d_given = false;  // the dq kernel reads D from Dbuf instead of computing it
   bool acc_dq = false;   // dq += instead of dq =
+  int64_t doc_off = 0;   // with doc: the whole-sequence position of key 0
 };
 
 // One past the last key of query row i: i + 1 (causal), or every key (full).
@@ -72,21 +78,25 @@ __device__ __forceinline__ int64_t key_first_row(const AttDims& s, int64_t j) {
   return s.full ? 0 : j;
 }
 
-// The first key of row i of sequence b: its document's start (0 without a mask).
+// The first key of row i of sequence b: its document's start (0 without a
+// mask), as a key index (a block's keys begin at doc_off; past Tk: none).
 __device__ __forceinline__ int64_t row_first_key(const AttDims& s, int64_t b, int64_t i) {
-  return s.doc ? int64_t(s.doc[b * s.T + i]) : 0;
+  if (!s.doc) return 0;
+  const int64_t f = int64_t(s.doc[b * s.T + i]) - s.doc_off;
+  return f > 0 ? f : 0;
 }
 
-// One past the last query row of sequence b that attends key j: rows i >= j
-// attend it while their document starts at or before j (non-decreasing, so a
-// binary search over (j, T]); T without a mask.
+// One past the last query row of sequence b that attends key j: rows from
+// key_first_row attend it while their document starts at or before the key's
+// position doc_off + j (non-decreasing, so a binary search); T without a mask.
 __device__ __forceinline__ int64_t key_rows_end(const AttDims& s, int64_t b, int64_t j) {
   if (!s.doc) return s.T;
   const int32_t* ds = s.doc + b * s.T;
-  int64_t lo = j + 1, hi = s.T;  // ds[j] <= j: row j attends key j
+  const int64_t pos = s.doc_off + j;
+  int64_t lo = key_first_row(s, j), hi = s.T;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
-    if (ds[mid] > j)
+    if (ds[mid] > pos)
       hi = mid;
     else
       lo = mid + 1;

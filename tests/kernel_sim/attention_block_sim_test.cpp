@@ -14,6 +14,10 @@
 //  - merge: random partials with -inf in the running lse (its out NaN: never
 //    read), in the block's, and in both, and rows that differ by more than
 //    the range of exp (one weight underflows to 0);
+//  - packed documents (AttentionBlock::q_doc_start, k_pos): a full block of
+//    an earlier key chunk whose query rows see all, some or none of its keys
+//    (out 0, lse -inf), and a causal diagonal block with documents starting
+//    inside it, against the CPU's masked ops;
 //  - each op in both warp orders, bitwise equal; outputs start as NaN, so an
 //    element left unwritten fails; the preconditions refuse before launching.
 // See sim_check.hpp.
@@ -77,13 +81,33 @@ bool close_lse(const std::string& what, const Tensor& got, const Tensor& want, d
 double rt(DType dt) { return rtol_of(dt); }
 double at_(DType dt) { return dt == DType::BF16 ? rtol_of(DType::F32) : rtol_of(dt); }
 
-void forward_and_backward(DType dt, const Case& c, bool acc) {
-  const std::string what = name(dt, c) + (acc ? " dq+=" : "");
-  const AttentionBlock b{c.B, c.Tq, c.Tk, c.H, c.KV, c.hd, c.mask};
+// docs: packed documents. The keys sit at positions 40.. of the sequence,
+// the query rows right after them (full) or on them (causal); documents
+// begin at 0 and at a few positions that differ per sequence: before the
+// keys, inside them, between them and the rows' own (rows seeing none).
+void forward_and_backward(DType dt, const Case& c, bool acc, bool docs = false) {
+  const std::string what = name(dt, c) + (acc ? " dq+=" : "") + (docs ? " documents" : "");
+  AttentionBlock b{c.B, c.Tq, c.Tk, c.H, c.KV, c.hd, c.mask};
   const DType sdt = stat_dtype(dt);
-  std::mt19937 rng(unsigned(c.Tq * 1009 + c.Tk * 313 + c.H * 101 + c.KV * 11 + c.hd));
+  std::mt19937 rng(unsigned(c.Tq * 1009 + c.Tk * 313 + c.H * 101 + c.KV * 11 + c.hd + docs));
   Mem m;
   Ctx ctx;
+  if (docs) {
+    const int64_t k_pos = 40, q_pos = c.mask == BlockMask::causal ? k_pos : k_pos + c.Tk + 3;
+    Tensor starts = m.make(DType::I32, {c.B, c.Tq});
+    for (int64_t bi = 0; bi < c.B; ++bi) {
+      const int64_t cuts[] = {0, 17 + bi, k_pos + c.Tk / 3 + bi, k_pos + (2 * c.Tk) / 3,
+                              q_pos + c.Tq / 2 - bi};
+      for (int64_t i = 0; i < c.Tq; ++i) {
+        int64_t s = 0;
+        for (int64_t x : cuts)
+          if (x <= q_pos + i) s = std::max(s, x);
+        starts.ptr<int32_t>()[bi * c.Tq + i] = int32_t(s);
+      }
+    }
+    b.q_doc_start = starts.ptr<int32_t>();
+    b.k_pos = k_pos;
+  }
   auto qs = [&](int mis) { return m.make(dt, {c.B, c.Tq, c.H, c.hd}, mis); };
   auto ks = [&](int mis) { return m.make(dt, {c.B, c.Tk, c.KV, c.hd}, mis); };
   auto ls = [&] { return m.make(sdt, {c.B, c.H, c.Tq}); };
@@ -101,7 +125,14 @@ void forward_and_backward(DType dt, const Case& c, bool acc) {
     ++r;
   });
   close("attention_block_forward " + what + " out", outs[0], outc, rt(dt), at_(dt));
-  close("attention_block_forward " + what + " lse", lses[0], lsec, rtol_of(sdt), rtol_of(sdt));
+  close_lse("attention_block_forward " + what + " lse", lses[0], lsec, rtol_of(sdt));
+  if (docs) {  // the case has rows that see no key, and rows that see some
+    int64_t none = 0;
+    for (int64_t i = 0; i < lsec.numel(); ++i) none += std::isinf(at(lsec, i));
+    if (c.mask == BlockMask::full && (none == 0 || none == lsec.numel()))
+      fail("attention_block_forward " + what + ": " + std::to_string(none) + " of " +
+           std::to_string(lsec.numel()) + " rows see no key (the case should have some)");
+  }
   if (!same_bits(outs[0], outs[1]) || !same_bits(lses[0], lses[1]))
     fail("attention_block_forward " + what + ": the two warp orders differ");
 
@@ -110,7 +141,9 @@ void forward_and_backward(DType dt, const Case& c, bool acc) {
   Tensor fout = qs(c.mis), flse = ls(), dq0 = qs(c.mis);
   fill(fout, rng), fill(dq0, rng);
   std::uniform_real_distribution<double> up(0, 1);
-  for (int64_t i = 0; i < flse.numel(); ++i) set(flse, i, at(lsec, i) + up(rng));
+  // (A row that saw no key of this block saw its own elsewhere: finite.)
+  for (int64_t i = 0; i < flse.numel(); ++i)
+    set(flse, i, std::isinf(at(lsec, i)) ? up(rng) : at(lsec, i) + up(rng));
   Tensor dqc = qs(0), dkc = ks(0), dvc = ks(0);
   if (acc) copy(dqc, dq0);
   cpu().attention_block_backward(dqc, dkc, dvc, dout, q, k, v, fout, flse, b, acc);
@@ -243,6 +276,17 @@ int main() {
   for (const Case& c : bf16_cases) {
     forward_and_backward(DType::BF16, c, false);
     forward_and_backward(DType::BF16, c, true);
+  }
+  // Packed documents: full blocks (rows seeing all, some or none of the keys;
+  // Tq past the dK/dV kernel's chunk) and causal diagonal blocks.
+  const Case doc_cases[] = {
+      {2, 13, 21, 2, 1, 40, BlockMask::full, 0},   {1, 67, 30, 2, 2, 8, BlockMask::full, 1},
+      {2, 17, 17, 4, 2, 64, BlockMask::causal, 0}, {1, 66, 66, 1, 1, 8, BlockMask::causal, 0},
+  };
+  for (const Case& c : doc_cases) {
+    forward_and_backward(DType::F32, c, false, true);
+    forward_and_backward(DType::F64, c, true, true);
+    forward_and_backward(DType::BF16, c, false, true);
   }
   merge_case(DType::F32, 2, 3, 10, 40, 0);
   merge_case(DType::F32, 1, 2, 7, 130, 1);  // hd past 4 lanes' strides

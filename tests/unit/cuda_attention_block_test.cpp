@@ -7,10 +7,14 @@
 // lse -inf (no change); the backward of both blocks from the final (out, lse),
 // dq overwritten by the first and accumulated by the second. Max error
 // |gpu - cpu| / max(1, |cpu|): f64 1e-11, f32 1e-5, bf16 1e-2 (both round
-// the same fp32 math once). lse's -inf must match exactly. Tag [cuda];
+// the same fp32 math once). lse's -inf must match exactly. Each case also
+// with packed documents (AttentionBlock::q_doc_start, k_pos: documents that
+// begin inside the earlier keys and inside the query chunk, so rows see all,
+// some or none of the earlier block's keys). Tag [cuda];
 // without a GPU every case WARNs and passes. The kernels' logic is also
 // checked in the CUDA emulation (tests/kernel_sim/attention_block_sim_test.cpp).
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -82,6 +86,7 @@ class Arrays {
 
 struct Case {
   int64_t B, Tq, Tk2, H, KV, hd;  // the diagonal block Tq x Tq; the earlier one Tq x Tk2
+  bool docs = false;              // packed documents (the earlier keys at 0, the chunk after a gap)
 };
 
 struct Inputs {
@@ -110,8 +115,27 @@ Outputs run(Backend& be, DType dt, const Case& c, const Inputs& in) {
   const int64_t B = c.B, Tq = c.Tq, H = c.H, KV = c.KV, hd = c.hd, nq = B * Tq * H * hd;
   const int64_t nl = B * H * Tq;
   const double ninf = -std::numeric_limits<double>::infinity();
-  const AttentionBlock diag{B, Tq, Tq, H, KV, hd, BlockMask::causal};
-  const AttentionBlock early{B, Tq, c.Tk2, H, KV, hd, BlockMask::full};
+  AttentionBlock diag{B, Tq, Tq, H, KV, hd, BlockMask::causal};
+  AttentionBlock early{B, Tq, c.Tk2, H, KV, hd, BlockMask::full};
+  // Packed documents: the earlier keys at positions 0.., the query chunk at
+  // q_pos..; documents begin at 0, inside the earlier keys and inside the chunk.
+  Buffer starts_buf(be, size_t(B * Tq) * 4);
+  if (c.docs) {
+    const int64_t q_pos = c.Tk2 + 5;
+    std::vector<int32_t> starts(size_t(B * Tq));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < Tq; ++i) {
+        const int64_t cuts[] = {0, c.Tk2 / 2 + b, q_pos + Tq / 3 - b};
+        int64_t s = 0;
+        for (int64_t x : cuts)
+          if (x <= q_pos + i) s = std::max(s, x);
+        starts[size_t(b * Tq + i)] = int32_t(s);
+      }
+    be.to_device(starts_buf.data(), starts.data(), starts.size() * 4);
+    diag.q_doc_start = early.q_doc_start = static_cast<const int32_t*>(starts_buf.data());
+    diag.k_pos = q_pos;
+    early.k_pos = 0;
+  }
   const Tensor q = a.act(in.q, {B, Tq, H, hd}), dout = a.act(in.dout, {B, Tq, H, hd});
   const Tensor k1 = a.act(in.k1, {B, Tq, KV, hd}), v1 = a.act(in.v1, {B, Tq, KV, hd});
   const Tensor k2 = a.act(in.k2, {B, c.Tk2, KV, hd}), v2 = a.act(in.v2, {B, c.Tk2, KV, hd});
@@ -151,13 +175,17 @@ double max_err(const V& got, const V& want) {
 void check_dtype(DType dt, double tol) {
   auto cpu = make_backend("cpu");
   auto gpu = make_backend("cuda");
-  const Case cases[] = {{2, 37, 50, 4, 2, 64}, {1, 70, 23, 2, 1, 40}, {1, 9, 12, 8, 2, 128}};
+  std::vector<Case> cases = {{2, 37, 50, 4, 2, 64}, {1, 70, 23, 2, 1, 40}, {1, 9, 12, 8, 2, 128}};
+  for (size_t i = 0, n = cases.size(); i < n; ++i) {
+    cases.push_back(cases[i]);
+    cases.back().docs = true;
+  }
   uint64_t seed = 40;
   for (const Case& c : cases) {
     const Inputs in = make_inputs(c, seed += 10);
     const Outputs g = run(*gpu, dt, c, in), w = run(*cpu, dt, c, in);
     INFO(dtype_name(dt) << " B=" << c.B << " Tq=" << c.Tq << " Tk2=" << c.Tk2 << " H=" << c.H
-                        << " KV=" << c.KV << " hd=" << c.hd);
+                        << " KV=" << c.KV << " hd=" << c.hd << (c.docs ? " documents" : ""));
     CHECK(max_err(g.out, w.out) <= tol);
     CHECK(max_err(g.lse, w.lse) <= tol);
     CHECK(max_err(g.dq, w.dq) <= tol);
