@@ -327,8 +327,8 @@ adgt_kernel_mutant(attention_doc_dkv_rows TEST attention HEADER kernels/cuda/att
   TO [[const int64_t iend = s.T;]])
 adgt_kernel_mutant(attention_doc_rows_search TEST attention HEADER kernels/cuda/attention_kernels.cuh
   # the search ends a key's rows at the document starting at the key itself
-  FROM [[if (ds[mid] > j)]]
-  TO [[if (ds[mid] >= j)]])
+  FROM [[if (ds[mid] > pos)]]
+  TO [[if (ds[mid] >= pos)]])
 adgt_kernel_mutant(attention_bf16_tail TEST attention HEADER kernels/cuda/attention_kernels.cuh
   # the fp32-to-bf16 conversion stops one element short of n
   FROM [[const float* __restrict__ src,
