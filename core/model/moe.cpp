@@ -339,12 +339,17 @@ void MoeLayer::set_sequence_split(MoeSequenceSplit s) {
     moe_capacity_runs(s, opt_.capacity_segment, int64_t(s.positions.size()));  // checks positions
   }
   split_ = std::move(s);
+  split_runs_n_ = -1;
 }
 
 Backend::MoeCapacity MoeLayer::capacity(const Tensor& choice, int64_t N) {
   Backend::MoeCapacity cap{.factor = opt_.capacity_factor, .segment = opt_.capacity_segment};
   if (opt_.capacity_factor <= 0 || !split_.group || split_.group->size() <= 1) return cap;
-  const MoeCapacityRuns runs = moe_capacity_runs(split_, opt_.capacity_segment, N);
+  if (split_runs_n_ != N) {  // the positions' checks once, not every forward
+    split_runs_ = moe_capacity_runs(split_, opt_.capacity_segment, N);
+    split_runs_n_ = N;
+  }
+  const MoeCapacityRuns& runs = split_runs_;
   if (!runs.spans) return cap;
   // Every rank's runs: [start in the micro-batch, count per expert], gathered.
   Scratch& sc = *scratch_;

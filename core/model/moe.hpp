@@ -280,6 +280,8 @@ class MoeLayer {
   Fp8Linears* fp8_ = nullptr;
   std::vector<int> fp8_sites_;  // (E, 3) see set_fp8
   MoeSequenceSplit split_;      // see set_sequence_split
+  int64_t split_runs_n_ = -1;   // the rows split_runs_ was cut for (-1: none yet)
+  MoeCapacityRuns split_runs_;  // moe_capacity_runs(split_, segment, N), checked once per N
   // The plan's capacity for a call of N rows (priors from the cp group
   // when its groups span ranks: collective over split_.group then).
   Backend::MoeCapacity capacity(const Tensor& choice, int64_t N);
