@@ -38,17 +38,16 @@ add_test(NAME sim_dry_run_prediction
 set_tests_properties(sim_cli_json sim_cli_bad_cluster sim_cli_sweep sim_dry_run_prediction
   PROPERTIES LABELS sim TIMEOUT 120)
 
-# Against published runs (docs/scale.md): the runs other than the A100
-# calibration set within a mean |error| of 10% (the device model only: fast).
-# MosaicML's FSDP runs (simulated since ZeRO-3, 2026-12-06) are reported, not
-# bounded: their two H100 rows are over-predicted by 32% and 50% (the A100
-# rows are within 9%), which issue 46 leaves open (docs/zero.md); with them
-# the held-out mean is 11.7%, without them 9.8% (Megatron-Bridge's FP8 runs,
-# simulated since issue 47, added 8B -7.5%, 70B -24.1%, 405B -29.2% with full
-# recompute assumed; before them 10.6% and 8.0%).
+# Against published runs (docs/scale.md): the runs other than the calibration
+# sets (Megatron-LM 2021 Table 1 for the A100 clock, MosaicML's other H100
+# rows for the factor of its 2023 software, scripts/sim/published.py STACKS)
+# within a mean |error| of 10% (the device model only: fast): 26 runs, 7.2%
+# on 2026-12-07. --check-stacks refits that factor and fails when the stored
+# one is off by more than 0.01 (a change to the simulator that moves it must
+# restate it, with docs/scale.md).
 add_test(NAME sim_published_runs
   COMMAND ${ADGT_PYTHON} ${CMAKE_SOURCE_DIR}/scripts/sim/published.py --sim ${_sim} --bound 0.10
-    --unbounded mosaicml)
+    --check-stacks)
 set_tests_properties(sim_published_runs PROPERTIES LABELS sim TIMEOUT 300)
 
 # Against measured runs on 8 CPU ranks with an emulated 2-node cluster timed on
