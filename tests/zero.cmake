@@ -14,11 +14,11 @@ adgt_sweep_on_devices(NAME zero_match_zero0 WORK ${CMAKE_BINARY_DIR}/zero
   TIMEOUT 600 LABELS parallel DEVICES cpu
   COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_zero.py ${ADGT_ZERO_ARGS})
 # On the emulated device the store's device paths (its kept buffers, the
-# staged gathers and reduce-scatters) in one case of each kind.
+# staged gathers and reduce-scatters): the same cases, bf16 and resumes
+# (15 s on 2 cores, 2026-12-07).
 adgt_sweep_on_devices(NAME zero_match_zero0 WORK ${CMAKE_BINARY_DIR}/zero
   TIMEOUT 600 LABELS parallel DEVICES emulated
-  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_zero.py ${ADGT_ZERO_ARGS}
-    --cases dp4_zero2 tp2_dp2_sp_zero3 pp2_dp2_zero3_zbh1 moe_ep2_dp4_zero3 --no-resume)
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_zero.py ${ADGT_ZERO_ARGS})
 # f64: the same sums in another order, within 1e-12.
 adgt_sweep_on_devices(NAME zero_match_zero0_f64 WORK ${CMAKE_BINARY_DIR}/zero_f64
   TIMEOUT 600 LABELS parallel DEVICES cpu
