@@ -189,14 +189,14 @@ void Model::plan_recompute() {
     alloc_core(rc_);
 }
 
-void Model::alloc_core(LayerActs& a) {
+void Model::alloc_core(LayerActs& a, bool moe) {
   a.att_saved = act(context_ ? context_->saved_elems(att_shape_) : be_.attention_saved_elems(att_shape_),
                     1, mdt_);
   a.att = act(N_, Hl_ * cfg_.head_dim(), dtype_);
-  a.h = act(N_, Fl_, dtype_);
+  if (!moe) a.h = act(N_, Fl_, dtype_);
 }
 
-Model::LayerActs Model::layer_acts(Recompute shared) {
+Model::LayerActs Model::layer_acts(Recompute shared, bool moe) {
   const int64_t C = cfg_.d_model, hd = cfg_.head_dim(), N = N_, Nl = Nl_;
   const DType dt = dtype_, sdt = mdt_;
   LayerActs a;
@@ -210,7 +210,7 @@ Model::LayerActs Model::layer_acts(Recompute shared) {
     a.att = rc_.att;
     a.h = rc_.h;
   } else {
-    alloc_core(a);
+    alloc_core(a, moe);
   }
   a.x_in = act(Nl, C, dt);
   a.ln1 = act(N, C, dt);
@@ -221,7 +221,9 @@ Model::LayerActs Model::layer_acts(Recompute shared) {
   a.x_mid = act(Nl, C, dt);
   a.ln2 = act(N, C, dt);
   a.rstd2 = act(Nl, 1, sdt);
-  if (fused_) {
+  if (moe) {
+    // The MoE block's own buffers are its layer's (MoeLayer slots).
+  } else if (fused_) {
     a.gu = act(N, 2 * Fl_, dt);
   } else {
     a.gate = act(N, Fl_, dt);
@@ -236,7 +238,8 @@ void Model::add_slot(int chunk) {
   const DType dt = dtype_, sdt = mdt_;
   Slot s;
   for (int64_t l = 0; l < ch.n_layers; ++l)
-    s.layers.push_back(layer_acts(layer_rc_[ch.first_local + size_t(l)]));
+    s.layers.push_back(layer_acts(layer_rc_[ch.first_local + size_t(l)],
+                                  layer_idx_[ch.first_local + size_t(l)].moe >= 0));
   s.x_out = act(Nl, C, dt);
   if (chunk_has_head(chunk)) {
     s.lnf = act(N, C, dt);

@@ -368,8 +368,9 @@ class Model {
   void plan_recompute();      // layer_rc_, and rc_ (the shared buffers) when anything recomputes
   // A layer's saved activations: new buffers, except what `shared` takes from
   // rc_ (selective: the attention core and SwiGLU product; full: all but x_in).
-  LayerActs layer_acts(Recompute shared);
-  void alloc_core(LayerActs& a);  // att_saved, att, h: what selective recompute shares
+  // An MoE layer (moe) has no dense FFN: no gate/up and h (its block's buffers are MoeLayer's).
+  LayerActs layer_acts(Recompute shared, bool moe = false);
+  void alloc_core(LayerActs& a, bool moe = false);  // att_saved, att, h: what selective recompute shares
   void build_rope_tables();   // rope_cos_, rope_sin_ allocated and filled
   // The rotary tables a slot's q and k take: the model's (T, hd/2) rows by
   // position in the sequence, or with rope_reset the slot's per-token rows.

@@ -23,6 +23,7 @@
 
 #include "kernels/check.hpp"
 #include "kernels/common/bf16.hpp"
+#include "kernels/op_checks.hpp"
 
 namespace adgt {
 
@@ -304,12 +305,25 @@ void MoeLayer::check_params(const MoeParams& p, const char* what) const {
   }
 }
 
-Tensor MoeLayer::grow(Buffer& b, int64_t rows, int64_t cols, DType dt) {
+Tensor MoeLayer::grow(Buffer& b, int64_t rows, int64_t cols, DType dt, int64_t reserve_rows) {
   // At least one row, so a buffer is never null (all_to_allv needs in != out).
-  const size_t need =
-      size_t(std::max<int64_t>(rows, 1) * std::max<int64_t>(cols, 1)) * dtype_size(dt);
-  if (b.bytes() < need) b = Buffer(be_, need + need / 4);
+  const size_t need = size_t(std::max<int64_t>({rows, reserve_rows, 1}) * std::max<int64_t>(cols, 1)) *
+                      dtype_size(dt);
+  if (b.bytes() < need) {
+    const bool beyond = b.bytes() > 0 && rows > reserve_rows;  // a routing past the reserve, again
+    b = Buffer();  // the old one first: never both at once
+    b = Buffer(be_, beyond ? need + need / 4 : need);
+  }
   return Tensor(b.data(), dt, {rows, cols});
+}
+
+// The expert rows this rank's buffers are sized for (moe_recv_reserve; the
+// memory estimate counts the same); with replicas, or capacity groups that
+// span context-parallel ranks, the uniform routing's N k.
+int64_t MoeLayer::recv_reserve(int64_t N) const {
+  if (rep_.any() || (split_.group && split_.group->size() > 1)) return N * k_;
+  return moe_recv_reserve(opt_.capacity_factor, opt_.capacity_segment, N, k_, E_, ep_->size(),
+                          int64_t(held_[size_t(ep_->rank())].size()));
 }
 
 void MoeLayer::upload_i32(Tensor dst, const std::vector<int32_t>& src) {
@@ -538,8 +552,9 @@ void MoeLayer::plan_rows(Slot& s, const RoutePlan& rp, int64_t& Ms, int64_t& Mr)
       s.recv_rows[size_t(src)] += c;
       s.expert_rows[size_t(le)] += c;
     }
-  s.perm = grow(s.perm_b, Mr, 1, DType::I32);
-  s.inv = grow(s.inv_b, Mr, 1, DType::I32);
+  const int64_t res = recv_reserve(s.N);
+  s.perm = grow(s.perm_b, Mr, 1, DType::I32, res);
+  s.inv = grow(s.inv_b, Mr, 1, DType::I32, res);
   if (P > 1) {
     std::vector<int32_t> perm(static_cast<size_t>(Mr)), inv(static_cast<size_t>(Mr));
     int64_t i = 0;
@@ -558,19 +573,20 @@ void MoeLayer::dispatch_rows(Slot& s, const Tensor& tok, int64_t Ms, int64_t Mr,
   Scratch& sc = *scratch_;
   const int64_t C = C_;
   const int P = ep_->size();
-  s.xe = grow(s.xe_b, Mr, C, dt_);
+  const int64_t res = recv_reserve(s.N), sent = s.N * k_;
+  s.xe = grow(s.xe_b, Mr, C, dt_, res);
   s.fused = fused;
-  s.gate = grow(s.gate_b, Mr, s.fused ? 2 * F_ : F_, dt_);
-  if (!s.fused) s.up = grow(s.up_b, Mr, F_, dt_);
-  s.h = grow(s.h_b, Mr, F_, dt_);
-  s.ysend = grow(s.ysend_b, Ms, C, dt_);
+  s.gate = grow(s.gate_b, Mr, s.fused ? 2 * F_ : F_, dt_, res);
+  if (!s.fused) s.up = grow(s.up_b, Mr, F_, dt_, res);
+  s.h = grow(s.h_b, Mr, F_, dt_, res);
+  s.ysend = grow(s.ysend_b, Ms, C, dt_, sent);
   if (P == 1) {
     if (Ms) be_.embedding_forward(s.xe, s.x, tok, 0);
     return;
   }
-  Tensor send = grow(sc.send, Ms, C, dt_), recv = grow(sc.recv, Mr, C, dt_);
+  Tensor send = grow(sc.send, Ms, C, dt_, sent), recv = grow(sc.recv, Mr, C, dt_, res);
   if (Ms && rep_.any()) {
-    Tensor planned = grow(sc.rows2, Ms, C, dt_);
+    Tensor planned = grow(sc.rows2, Ms, C, dt_, sent);
     be_.embedding_forward(planned, s.x, tok, 0);
     be_.embedding_forward(send, planned, s.sperm, 0);
   } else if (Ms) {
@@ -613,7 +629,7 @@ void MoeLayer::expert_backward(int64_t le, int proj, Tensor dx, Tensor dw, const
 Tensor MoeLayer::run_experts(Slot& s, const MoeParams& full, int64_t Mr) {
   MoeStats& st = s.stats;
   const int64_t El = int64_t(s.expert_rows.size());
-  Tensor ye = ep_->size() == 1 ? s.ysend : grow(scratch_->ye, Mr, C_, dt_);
+  Tensor ye = ep_->size() == 1 ? s.ysend : grow(scratch_->ye, Mr, C_, dt_, recv_reserve(s.N));
   const int span = be_.span_begin();
   for (int64_t le = 0, off = 0; le < El; off += s.expert_rows[size_t(le)], ++le) {
     const int64_t m = s.expert_rows[size_t(le)];
@@ -640,10 +656,10 @@ Tensor MoeLayer::run_experts(Slot& s, const MoeParams& full, int64_t Mr) {
 void MoeLayer::return_rows(Slot& s, const Tensor& ye, int64_t Ms, int64_t Mr) {
   if (ep_->size() == 1) return;
   Scratch& sc = *scratch_;
-  Tensor tmp = grow(sc.tmp, Mr, C_, dt_);
+  Tensor tmp = grow(sc.tmp, Mr, C_, dt_, recv_reserve(s.N));
   if (Mr) be_.embedding_forward(tmp, ye, s.inv, 0);
   if (rep_.any()) {
-    Tensor back = grow(sc.rows2, Ms, C_, dt_);
+    Tensor back = grow(sc.rows2, Ms, C_, dt_, s.N * k_);
     a2av(back, s.send_rows, tmp, s.recv_rows, s.stats, false);
     if (Ms) be_.embedding_forward(s.ysend, back, s.sinv, 0);
   } else {
@@ -718,29 +734,30 @@ void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams
   for (int i = 0; i < P; ++i) Ms += s.send_rows[size_t(i)], Mr += s.recv_rows[size_t(i)];
 
   // Combine: dy rows (send order) and d(weights).
-  Tensor dys = grow(sc.send, Ms, C, dt_), dwt = grow(sc.dw, N, k, grad_dtype());
+  const int64_t res = recv_reserve(N), sent = N * k;
+  Tensor dys = grow(sc.send, Ms, C, dt_, sent), dwt = grow(sc.dw, N, k, grad_dtype());
   if (N) be_.combine_rows_backward(dys, dwt, dout, s.ysend, s.pos, s.route.w);
 
   // Output gradients to the experts.
   Tensor dye = dys;
   if (P > 1) {
-    Tensor recv = grow(sc.recv, Mr, C, dt_);
+    Tensor recv = grow(sc.recv, Mr, C, dt_, res);
     if (rep) {
-      Tensor sent = grow(sc.rows2, Ms, C, dt_);
-      if (Ms) be_.embedding_forward(sent, dys, s.sperm, 0);
-      a2av(recv, s.recv_rows, sent, s.send_rows, st, true);
+      Tensor planned = grow(sc.rows2, Ms, C, dt_, sent);
+      if (Ms) be_.embedding_forward(planned, dys, s.sperm, 0);
+      a2av(recv, s.recv_rows, planned, s.send_rows, st, true);
     } else {
       a2av(recv, s.recv_rows, dys, s.send_rows, st, true);
     }
-    dye = grow(sc.ye, Mr, C, dt_);
+    dye = grow(sc.ye, Mr, C, dt_, res);
     if (Mr) be_.embedding_forward(dye, recv, s.perm, 0);
   }
-  Tensor dxe = grow(sc.recv, Mr, C, dt_);  // free again: dye holds the gathered rows
+  Tensor dxe = grow(sc.recv, Mr, C, dt_, res);  // free again: dye holds the gathered rows
   ADGT_CHECK(s.fused == !p.w13.empty(),
              "moe: the backward was " << (s.fused ? "not " : "") << "given the fused w1/w3 its "
                                       << "forward ran with");
-  Tensor dh = grow(sc.dh, Mr, F_, dt_), dg = grow(sc.dgate, Mr, s.fused ? 2 * F_ : F_, dt_),
-         du = s.fused ? Tensor() : grow(sc.dup, Mr, F_, dt_);
+  Tensor dh = grow(sc.dh, Mr, F_, dt_, res), dg = grow(sc.dgate, Mr, s.fused ? 2 * F_ : F_, dt_, res),
+         du = s.fused ? Tensor() : grow(sc.dup, Mr, F_, dt_, res);
   const int span = be_.span_begin();
   for (int64_t le = 0, off = 0; le < El; off += s.expert_rows[size_t(le)], ++le) {
     const int64_t m = s.expert_rows[size_t(le)];
@@ -767,11 +784,11 @@ void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams
   // Input gradients back to the tokens' ranks, summed over each token's experts.
   Tensor dxs = dxe;
   if (P > 1) {
-    Tensor tmp = grow(sc.tmp, Mr, C, dt_);
+    Tensor tmp = grow(sc.tmp, Mr, C, dt_, res);
     if (Mr) be_.embedding_forward(tmp, dxe, s.inv, 0);
-    dxs = grow(sc.send, Ms, C, dt_);  // free again: dys went out above
+    dxs = grow(sc.send, Ms, C, dt_, sent);  // free again: dys went out above
     if (rep) {
-      Tensor back = grow(sc.rows2, Ms, C, dt_);
+      Tensor back = grow(sc.rows2, Ms, C, dt_, sent);
       a2av(back, s.send_rows, tmp, s.recv_rows, st, true);
       if (Ms) be_.embedding_forward(dxs, back, s.sinv, 0);
     } else {

@@ -61,8 +61,11 @@
 // (destination, its local expert) blocks.
 //
 // Slots: a micro-batch in flight keeps what its backward needs in a slot
-// (add_slot(); forward(slot) overwrites, backward(slot) reads). Buffers grow to
-// the largest routing seen and are kept.
+// (add_slot(); forward(slot) overwrites, backward(slot) reads). A buffer of
+// the expert rows is sized on first use for recv_reserve(N) rows (the
+// capacity's most with moe_capacity_factor, else the uniform routing's N k:
+// what parallel/cost/memory.cpp estimates) and grows, 25% to spare, only
+// when a routing needs more; the rows sent are at most N k.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -254,7 +257,11 @@ class MoeLayer {
   void return_shadow_grads(const MoeParams& grads);
   // Gradients and the combine weights' gradient: fp32 under bf16, else the layer's dtype.
   DType grad_dtype() const { return dt_ == DType::BF16 ? DType::F32 : dt_; }
-  Tensor grow(Buffer& b, int64_t rows, int64_t cols, DType dt);
+  // A (rows, cols) view of b, grown to hold max(rows, reserve_rows) rows:
+  // exactly so on first use and while rows stay within the reserve, with 25%
+  // to spare beyond it.
+  Tensor grow(Buffer& b, int64_t rows, int64_t cols, DType dt, int64_t reserve_rows = 0);
+  int64_t recv_reserve(int64_t N) const;
   void upload_i32(Tensor dst, const std::vector<int32_t>& src);
   void a2av(Tensor out, const std::vector<int64_t>& recv_rows, const Tensor& in,
             const std::vector<int64_t>& send_rows, MoeStats& st, bool bwd);

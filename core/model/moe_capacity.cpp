@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "kernels/check.hpp"
+#include "kernels/op_checks.hpp"
 
 namespace adgt {
 
@@ -81,6 +82,16 @@ std::vector<int32_t> moe_run_priors(const std::vector<double>& gathered, int ran
     }
   }
   return prior;
+}
+
+int64_t moe_recv_reserve(double factor, int64_t segment, int64_t N, int64_t k, int64_t E, int64_t P,
+                         int64_t El) {
+  if (factor <= 0) return N * k;
+  const int64_t seg = segment > 0 ? segment : std::max<int64_t>(N, 1);
+  int64_t per = 0;  // one sender's most rows of one expert
+  for (int64_t g0 = 0; g0 < N; g0 += seg)
+    per += moe_capacity_limit(Backend::MoeCapacity{.factor = factor}, std::min(seg, N - g0), k, E);
+  return std::min(P * El * std::min(N, per), P * N * std::min(k, El));
 }
 
 }  // namespace adgt

@@ -45,6 +45,16 @@ struct MoeCapacityRuns {
 };
 MoeCapacityRuns moe_capacity_runs(const MoeSequenceSplit& s, int64_t segment, int64_t N);
 
+// The expert rows a rank's MoE buffers are sized for (MoeLayer::grow; the
+// memory estimate counts the same): with capacity factor `factor` > 0 each of
+// the P senders keeps at most moe_capacity_limit rows of each of the El held
+// experts per capacity group of `segment` rows (0: the whole N), so the
+// rank receives at most P x El x min(N, the groups' limits), and never more
+// than P x N x min(k, El); dropless (factor <= 0), the uniform routing's
+// N x k, which a skewed routing exceeds.
+int64_t moe_recv_reserve(double factor, int64_t segment, int64_t N, int64_t k, int64_t E, int64_t P,
+                         int64_t El);
+
 // Each run's first row's index in the micro-batch (b x seq_len + position).
 std::vector<int64_t> moe_run_starts(const MoeSequenceSplit& s, int64_t run, int64_t N);
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "core/model/param_table.hpp"
+#include "core/model/moe_capacity.hpp"
 #include "kernels/attention_path.hpp"
 #include "core/model/stage_slice.hpp"
 #include "parallel/cost/flops.hpp"
@@ -43,12 +44,16 @@ int64_t compute_bytes_per_element(const RunConfig& cfg) {
 //     A_layer = C (residual input) + C (norm1 out) + 1 (rstd1)
 //             + H*hd (q) + KV*hd (k) + KV*hd (v) + H*hd (attention out)
 //             + H*T (attention probabilities: the T x T matrix per head, i.e.
-//                    the CPU backend's attention_saved_elems = B*H*T*T; with
+//                    the CPU backend's attention_saved_elems = B*H*T*T, in the
+//                    master dtype: 2 H*T elements of b under bf16; with
 //                    train.device: cuda, H fp32 log-sum-exps instead)
 //             + C (residual 2) + C (norm2 out) + 1 (rstd2)
 //             + F (gate) + F (up) + F (h = silu(gate)*up)
 //     A_final = C (last block output) + C (final norm out) + 1 (rstd)
 //             + V (logits, overwritten in place by their gradient) + 1 (loss)
+//   An MoE layer keeps A_layer less the FFN's 3F (it has none), and its
+//   block's buffers per micro-batch in flight plus its scratch (moe_bytes,
+//   below: the expert rows of the capacity, or of uniform routing).
 //   Scratch (bytes_scratch; core/model/model.cpp make_scratch): the backward's
 //   activation gradients of one layer, N = B*T rows, Nl = N/tp with SP else N:
 //     Nl*C (d_resid) + N*C (d_tmp) [+ SP: 2 Nl*C + 2 N*C] + N*(2 H + 2 KV)*hd/tp
@@ -59,8 +64,7 @@ int64_t compute_bytes_per_element(const RunConfig& cfg) {
 //   keeps per micro-batch in flight, plus one shared set of buffers per rank:
 //     selective: a layer drops H*T (or the lse) + H*hd (attention) and F (h;
 //                dense layers); shared: those once;
-//     full:      a recomputed layer keeps C/rows (its input), an MoE one also
-//                its block's own state (E + top_k (2C + 3Fe)); shared: one
+//     full:      a recomputed layer keeps C/rows (its input); shared: one
 //                layer's activations besides the input; recompute_layers
 //                limits it to the first layers of each chunk.
 //   Pipeline parallelism: the rank's stage slice gives the table; the
@@ -99,7 +103,6 @@ struct ActivationSizes {
   int64_t a_moe_layer = 0;  // an MoE layer
   int64_t a_final = 0;      // the final norm, logits and loss
   int64_t att_core = 0;     // what selective recompute drops of the attention
-  int64_t moe_state = 0;    // an MoE block's own state, which full recompute keeps
   int64_t shared_rc = 0;    // the recomputed part's buffers, once per rank
   int64_t Fl = 0;           // the FFN's hidden width on this rank
 
@@ -114,7 +117,7 @@ struct ActivationSizes {
     const int64_t all = moe ? a_moe_layer : a_layer;
     if (!recomputed(index_in_chunk)) return all;
     if (cfg.train.recompute == "selective") return all - att_core - (moe ? 0 : Fl);
-    return cfg.model.d_model / rows + (moe ? moe_state : 0);
+    return cfg.model.d_model / rows;
   }
 };
 
@@ -135,21 +138,24 @@ ActivationSizes activation_sizes(const RunConfig& cfg, int64_t bpp) {
   // each block's probabilities from it).
   // All-to-all keeps the backend's own saved tensor for the whole sequence
   // over heads / cp: per local token, as many as without cp.
+  // The saved tensor is in the model's master dtype (core/model/model.cpp
+  // mdt_: fp32 when the activations are bf16), so a bf16 run's T
+  // probabilities take 2 T compute-dtype elements (the estimate counted T:
+  // 44.6% under the emulated device's peak at seq_len 512 before).
   const bool ring = cfg.parallel.cp > 1 && cfg.parallel.cp_mode == "ring";
-  const int64_t att_saved =
-      cfg.train.device == "cuda" || ring ? std::max<int64_t>(1, 4 / bpp) : m.seq_len;
+  const int64_t att_saved = cfg.train.device == "cuda" || ring
+                                ? std::max<int64_t>(1, 4 / bpp)
+                                : m.seq_len * std::max<int64_t>(1, 4 / bpp);
   const int64_t a_layer_full = 2 * C + 2 * Hl * hd + 2 * KVl * hd + Hl * att_saved + 3 * Fl;
   z.a_layer = a_layer_num / z.rows + a_layer_full;
-  // An MoE layer keeps, instead of the dense FFN's 3F, per token: the router
-  // probabilities (E) and for each of its top_k assignments the gathered input
-  // row (C), the expert's gate, up and h (3 Fe / tp) and its output row (C).
-  const int64_t Fel = m.expert_ffn() / tp;
-  z.a_moe_layer = z.a_layer - 3 * Fl + m.n_experts + m.moe_top_k * (2 * C + 3 * Fel);
+  // An MoE layer keeps the dense layer's but the FFN's 3F; its MoE block's
+  // own buffers are counted apart, in bytes (moe_bytes: they are kept under
+  // every recompute mode).
+  z.a_moe_layer = z.a_layer - 3 * Fl;
   z.a_final = C / z.rows + 1 + C + Vl + 1;
   // Recompute: what a layer keeps, and the shared buffers of the recomputed part.
   const std::string& rc = cfg.train.recompute;
   z.att_core = Hl * att_saved + Hl * hd;  // selective drops these (and h)
-  z.moe_state = m.n_experts + m.moe_top_k * (2 * C + 3 * Fel);
   z.shared_rc = rc == "selective" ? z.att_core + Fl : rc == "full" ? z.a_layer - C / z.rows : 0;
   z.Fl = Fl;
   return z;
@@ -161,6 +167,8 @@ struct RankActivations {
   int64_t act = 0;        // everything kept, the recomputed part's shared buffers included
   int64_t n_held = 0;     // micro-batches held, over all chunks
   int64_t split_act = 0;  // of act: a split backward's output gradients
+  int64_t moe_layers = 0;  // MoE layers on this rank (each its own scratch: moe_bytes)
+  int64_t moe_slots = 0;   // MoE layers x the micro-batches each holds (a slot each)
 };
 
 // held[r][c] where given, else what 1F1B (or ZB-V's vee) holds at most.
@@ -195,6 +203,7 @@ RankActivations rank_activations(const RunConfig& cfg, const ActivationSizes& z,
       const int64_t i = l - slice.chunks[size_t(c)].first;
       per += z.kept(l, i);
       any_recomputed = any_recomputed || z.recomputed(i);
+      if (m.is_moe_layer(l)) out.moe_layers += 1, out.moe_slots += h;
     }
     out.act += h * per;
     out.n_held += h;
@@ -317,6 +326,41 @@ int64_t zero_working_bytes(const ZeroSizes& z, int level, int64_t prefetch, bool
   return total;
 }
 
+// An MoE layer's buffers (core/model/moe.cpp), in bytes, for N = B x T
+// token rows: per micro-batch in flight (its slot: the input copy, the
+// routing, the send positions, the received rows' permutation, the experts'
+// inputs, gate (fused: gate and up), up, h, and the outputs in send order)
+// and once per layer (its scratch: logits, the send list and plan, the send,
+// receive and gathered rows, the return's, the backward's dh, dgate, dup and
+// the combine weights' gradient). The rows are MoeLayer's: N k sent, and
+// received moe_recv_reserve (the capacity's most; dropless, the uniform
+// routing's N k, which a skewed routing exceeds). Expert replicas'
+// buffers (expert_slots) are not counted.
+struct MoeBytes {
+  int64_t slot = 0, scratch = 0;
+};
+MoeBytes moe_bytes(const RunConfig& cfg, int64_t bpp, int64_t N) {
+  const ModelConfig& m = cfg.model;
+  MoeBytes b;
+  if (m.n_experts <= 0) return b;
+  const int64_t C = m.d_model, E = m.n_experts, k = m.moe_top_k, F = m.expert_ffn() / cfg.parallel.tp;
+  const int64_t P = std::max<int64_t>(1, cfg.parallel.ep), El = E / P;
+  const bool fused = cfg.train.fused_projections;
+  const int64_t rb = bpp == 8 ? 8 : 4;                 // the routing's dtype (f64, else f32)
+  const int64_t gb = std::max<int64_t>(bpp, 4);         // gradients' (fp32 under bf16)
+  const int64_t Ms = N * k;
+  const int64_t Mr = cfg.parallel.cp > 1 ? N * k  // capacity groups spanning cp ranks: uniform
+                                         : moe_recv_reserve(m.moe_capacity_factor, m.moe_capacity_segment,
+                                                            N, k, E, P, El);
+  const int64_t gate = fused ? 2 * F : F, up = fused ? 0 : F;
+  b.slot = N * C * bpp + N * E * rb + N * k * (4 + rb + bpp + 4) + N * rb + E * 8 + Mr * 2 * 4 +
+           Mr * (C + gate + up + F) * bpp + Ms * C * bpp;
+  const int64_t L = 3 * E + 2, G = 2 * E + 2;
+  b.scratch = N * E * bpp + N * k * 4 + (L + G + E) * 8 + Ms * C * bpp + Mr * C * bpp +
+              (P > 1 ? 2 * Mr * C * bpp : 0) + Mr * (F + gate + up) * bpp + N * k * gb;
+  return b;
+}
+
 void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, const std::vector<ParamSpec>& table,
                      const RankActivations& a, const ActivationSizes& z, MemoryEstimate& x) {
   const int64_t numel = total_numel(table);
@@ -365,7 +409,8 @@ void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, const std::vector<ParamS
                                  : zs.max_unit * bpp;
     }
   }
-  x.bytes_activations = B * T * a.act * bpp;
+  const MoeBytes moe = moe_bytes(cfg, bpp, B * T);
+  x.bytes_activations = B * T * a.act * bpp + a.moe_slots * moe.slot;
   x.bytes_split = B * T * a.split_act * bpp;
   if (cfg.train.device == "cuda" && bf16_compute(cfg.train)) {
     const AttentionPath ap = cuda_attention_path(AttentionShape{B, T, Hl, KVl, hd});
@@ -376,7 +421,7 @@ void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, const std::vector<ParamS
   x.bytes_scratch =
       (Nl * C + Nt * C + (sp ? 2 * Nl * C + 2 * Nt * C : 0) + Nt * (2 * Hl + 2 * KVl) * hd +
        3 * Nt * z.Fl + (cfg.train.fused_projections ? Nt * (Hl + 2 * KVl) * hd : 0)) * bpp +
-      T * hd * mbytes + a.n_held * (Nl * C * bpp + 2 * Nt * 4);
+      T * hd * mbytes + a.n_held * (Nl * C * bpp + 2 * Nt * 4) + a.moe_layers * moe.scratch;
   // Context parallelism's ring: the K/V block arriving while the one in hand
   // is computed on, and in the backward this rank's own dK/dV, a step's dK/dV
   // and two travelling accumulators (parallel/cp/ring_attention.hpp): six
@@ -640,6 +685,12 @@ std::string format_estimate(const RunConfig& cfg, const MemoryEstimate& e,
             : "; full recompute of " +
                   (t.recompute_layers ? std::to_string(t.recompute_layers) + " layers per stage"
                                       : std::string("every layer"))) +
+       (m.n_experts > 0
+            ? m.moe_capacity_factor > 0
+                  ? std::string("; expert rows at most the capacity's")
+                  : std::string("; expert rows of uniform routing: a skewed one adds to them, "
+                                "model.moe_capacity_factor bounds them")
+            : std::string()) +
        ")");
   if (e.bytes_split > 0)
     line("                 of which " + gib(e.bytes_split) +

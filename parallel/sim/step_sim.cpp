@@ -359,7 +359,7 @@ class StepSimulation {
   static Cat comm_cat(Group g) {
     return g == Group::ep                          ? Cat::Ep
            : g == Group::cp                        ? Cat::Cp
-           : g == Group::dp || g == Group::dpcp ? Cat::Dp
+           : g == Group::dp || g == Group::dpcp || g == Group::edp || g == Group::edpcp ? Cat::Dp
                                                    : Cat::Tp;
   }
 

@@ -640,10 +640,20 @@ void plan_buckets(RankWork& rw, const std::vector<GradUnit>& units, const Parall
 void add_zero_traffic(StageWork& st, const std::vector<GradUnit>& units, const ParallelConfig& par,
                       const ModelConfig& m, const Dims& d, bool pipelined = false) {
   const Group dp = par.cp > 1 ? Group::dpcp : Group::dp;
+  const Group edp = par.cp > 1 ? Group::edpcp : Group::edp;
   const int64_t n = int64_t(units.size());
   const int64_t p = std::max<int64_t>(0, par.zero3_prefetch);
   const bool z3 = par.zero >= 3;
-  auto elems = [&](int64_t g) { return units[size_t(g)].second.first + units[size_t(g)].second.second; };
+  // A unit's segments (ZeroStore): with expert parallelism its expert
+  // weights are their own segment, gathered and reduce-scattered over edp
+  // (the ranks holding the same experts), the rest over dp; else one.
+  const bool split_experts = par.ep > 1;
+  auto elems = [&](int64_t g, Group grp) {
+    const auto& [dense, expert] = units[size_t(g)].second;
+    if (!split_experts) return dense + expert;
+    return grp == edp ? expert : dense;
+  };
+  const std::vector<Group> groups = split_experts ? std::vector<Group>{dp, edp} : std::vector<Group>{dp};
   // The pieces of each unit in a pass: the embedding and the head one each,
   // a layer two (the attention, the FFN).
   auto split = [&](PassWork& w, bool backward) {
@@ -665,53 +675,61 @@ void add_zero_traffic(StageWork& st, const std::vector<GradUnit>& units, const P
   };
   if (z3) {
     const auto by = split(st.forward, false);
-    for (int64_t g = n - 1; g >= 0; --g) {  // the forward's order
-      CommOp c{cluster::Collective::AllGather, dp, elems(g) * d.b};
-      for (int64_t k = 1; k <= p && g + k < n; ++k) {
-        const auto o = ops_of(st.forward, by[size_t(g + k)]);
-        c.hide.insert(c.hide.end(), o.begin(), o.end());
+    for (int64_t g = n - 1; g >= 0; --g)  // the forward's order
+      for (Group grp : groups) {
+        if (elems(g, grp) <= 0) continue;
+        CommOp c{cluster::Collective::AllGather, grp, elems(g, grp) * d.b};
+        for (int64_t k = 1; k <= p && g + k < n; ++k) {
+          const auto o = ops_of(st.forward, by[size_t(g + k)]);
+          c.hide.insert(c.hide.end(), o.begin(), o.end());
+        }
+        st.forward.pieces[by[size_t(g)].front()].comms.push_back(c);
       }
-      st.forward.pieces[by[size_t(g)].front()].comms.push_back(c);
-    }
   }
   if (pipelined) {
     if (!z3) return;
     for (PassWork* w : {&st.backward, &st.input_grad}) {
       const auto by = split(*w, true);
-      for (int64_t g = 0; g < n; ++g) {
-        CommOp c{cluster::Collective::AllGather, dp, elems(g) * d.b};
-        for (int64_t k = 1; k <= p && g - k >= 0; ++k) {
-          const auto o = ops_of(*w, by[size_t(g - k)]);
-          c.hide.insert(c.hide.end(), o.begin(), o.end());
+      for (int64_t g = 0; g < n; ++g)
+        for (Group grp : groups) {
+          if (elems(g, grp) <= 0) continue;
+          CommOp c{cluster::Collective::AllGather, grp, elems(g, grp) * d.b};
+          for (int64_t k = 1; k <= p && g - k >= 0; ++k) {
+            const auto o = ops_of(*w, by[size_t(g - k)]);
+            c.hide.insert(c.hide.end(), o.begin(), o.end());
+          }
+          if (!by[size_t(g)].empty()) w->pieces[by[size_t(g)].front()].comms.push_back(c);
         }
-        if (!by[size_t(g)].empty()) w->pieces[by[size_t(g)].front()].comms.push_back(c);
-      }
     }
     return;
   }
   const auto by = split(st.backward, true);
-  for (int64_t g = 0; g < n; ++g) {  // the backward's order
-    CommOp c{cluster::Collective::ReduceScatter, dp, 0};
-    const bool gather = z3 && g > p;
-    if (gather) c = {cluster::Collective::AllGather, dp, elems(g) * d.b};
-    if (g >= 2 || (!z3 && g >= 1)) {  // an earlier unit's reduce-scatter in this window
-      const int64_t r = z3 ? g - 2 : g - 1;
-      if (gather)
-        c.with.push_back({cluster::Collective::ReduceScatter, elems(r) * 4});
-      else
-        c.bytes = elems(r) * 4;
+  for (int64_t g = 0; g < n; ++g)  // the backward's order
+    for (Group grp : groups) {
+      CommOp c{cluster::Collective::ReduceScatter, grp, 0};
+      const bool gather = z3 && g > p && elems(g, grp) > 0;
+      if (gather) c = {cluster::Collective::AllGather, grp, elems(g, grp) * d.b};
+      if (g >= 2 || (!z3 && g >= 1)) {  // an earlier unit's reduce-scatter in this window
+        const int64_t r = z3 ? g - 2 : g - 1;
+        if (gather) {
+          if (elems(r, grp) > 0) c.with.push_back({cluster::Collective::ReduceScatter, elems(r, grp) * 4});
+        } else {
+          c.bytes = elems(r, grp) * 4;
+        }
+      }
+      if (c.bytes <= 0) continue;
+      for (int64_t k = 1; k <= std::max<int64_t>(1, p) && g - k >= 0; ++k) {
+        const auto o = ops_of(st.backward, by[size_t(g - k)]);
+        c.hide.insert(c.hide.end(), o.begin(), o.end());
+      }
+      if (gather && p == 0) c.hide.clear();
+      st.backward.pieces[by[size_t(g)].front()].comms.push_back(c);
     }
-    if (c.bytes <= 0) continue;
-    for (int64_t k = 1; k <= std::max<int64_t>(1, p) && g - k >= 0; ++k) {
-      const auto o = ops_of(st.backward, by[size_t(g - k)]);
-      c.hide.insert(c.hide.end(), o.begin(), o.end());
-    }
-    if (gather && p == 0) c.hide.clear();
-    st.backward.pieces[by[size_t(g)].front()].comms.push_back(c);
-  }
   // The last units' reduce-scatters: after the pass, exposed.
   for (int64_t g = std::max<int64_t>(0, n - (z3 ? 2 : 1)); g < n; ++g)
-    st.backward.pieces.back().comms.push_back({cluster::Collective::ReduceScatter, dp, elems(g) * 4});
+    for (Group grp : groups)
+      if (elems(g, grp) > 0)
+        st.backward.pieces.back().comms.push_back({cluster::Collective::ReduceScatter, grp, elems(g, grp) * 4});
 }
 
 // The update and the step's small collectives around it, in the executor's order.
@@ -734,8 +752,17 @@ void add_update(RankWork& rw, const ParallelConfig& par, const Dims& d) {
   if (zero) small(dp, D, CommOp::BeforeUpdate);         // the norm: ZeRO-1 chunks
   small(Group::tp, par.tp, CommOp::BeforeUpdate);       // ... tensor shards
   small(Group::pp, par.pp, CommOp::BeforeUpdate);       // ... stages
-  if (zero && par.zero <= 2)  // ZeRO-1's master, ZeRO-2's compute weights (ZeRO-3 keeps its shard)
-    rw.step_comms.push_back({Collective::AllGather, dp, rw.param_elems * d.b, CommOp::AfterUpdate});
+  // ZeRO-1's master, ZeRO-2's compute weights (ZeRO-3 keeps its shard); at
+  // ZeRO-2 with expert parallelism the experts' over edp (ZeRO-1 with ep is
+  // refused).
+  if (zero && par.zero <= 2) {
+    const bool edp = par.zero == 2 && par.ep > 1 && rw.expert_param_elems > 0;
+    const double dense = rw.param_elems - (edp ? rw.expert_param_elems : 0);
+    rw.step_comms.push_back({Collective::AllGather, dp, dense * d.b, CommOp::AfterUpdate});
+    if (edp && par.dp / par.ep > 1)
+      rw.step_comms.push_back({Collective::AllGather, par.cp > 1 ? Group::edpcp : Group::edp,
+                               rw.expert_param_elems * d.b, CommOp::AfterUpdate});
+  }
   small(Group::tp, par.tp, CommOp::AfterUpdate);        // the stop-signal agreement
   small(dp, D, CommOp::AfterUpdate);                    // (over cp too)
   small(Group::pp, par.pp, CommOp::AfterUpdate);
@@ -761,6 +788,7 @@ RankWork rank_work(const RunConfig& cfg, int pp_rank, const WorkOptions& opts) {
     rw.chunks.push_back(std::move(st));
   }
   for (const auto& u : units) rw.param_elems += u.second.first + u.second.second;
+  for (const auto& u : units) rw.expert_param_elems += u.second.second;
   if (par.zero >= 2 && par.dp * par.cp > 1) {
     if (pp == 1 && v == 1) {
       add_zero_traffic(rw.chunks[0], units, par, m, d);

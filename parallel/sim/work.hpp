@@ -87,6 +87,7 @@ struct RankWork {
   // agreement, ZeRO-1's parameter all-gather. Groups of one are left out.
   std::vector<CommOp> step_comms;
   double param_elems = 0;          // this rank's parameters
+  double expert_param_elems = 0;   // of which expert weights (ZeRO-2/3 with ep: their own segment, over edp)
 };
 
 // How the run being simulated computes what adgt computes one way: for

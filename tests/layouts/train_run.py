@@ -62,9 +62,11 @@ def losses(recs):
 def rel_errors(l, ref_l, w, ref_w):
     """Max relative loss error over l's steps; max relative (Frobenius) weight
     error over ref_w's tensors and the worst tensor's name."""
-    if not l or not ref_w:
-        # Nothing to compare would read as a perfect match.
-        raise ValueError(f"rel_errors: {len(l)} losses and {len(ref_w)} reference tensors: nothing to compare")
+    # Nothing to compare would read as a perfect match: no losses, or a run's
+    # weights against none (callers comparing losses only pass {} for both).
+    if not l or (w and not ref_w):
+        raise ValueError(f"rel_errors: {len(l)} losses, {len(w)} weights against {len(ref_w)} "
+                         "reference tensors: nothing to compare")
     lerr = max(abs(l[s] - ref_l[s]) / abs(ref_l[s]) for s in l)
     werr, worst = 0.0, ""
     for k, q in ref_w.items():
