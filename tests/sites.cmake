@@ -33,6 +33,16 @@ foreach(dtype f32 f64)
   set_tests_properties(sites_hierarchical_matches_flat_${dtype} PROPERTIES FIXTURES_REQUIRED kjv_byte
     LABELS "parallel;emulate" TIMEOUT 300 PROCESSORS 2)
 endforeach()
+# On the emulated device: the data-parallel groups are wrapped for the device
+# first and the site sub-groups too (the path NCCL takes on GPUs: scratch and
+# permutations on the device), the same bounds, and dp4's hierarchical run
+# bit for bit against the CPU ranks'.
+add_test(NAME sites_hierarchical_matches_flat_f32_emulated
+  COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layouts/compare_sites.py
+    --train $<TARGET_FILE:adgt-train> --mpirun ${ADGT_MPIRUN}
+    --data ${CMAKE_BINARY_DIR}/data/kjv-byte --work ${CMAKE_BINARY_DIR}/sites_emulated --device emulated)
+set_tests_properties(sites_hierarchical_matches_flat_f32_emulated PROPERTIES FIXTURES_REQUIRED kjv_byte
+  LABELS "parallel;emulate" TIMEOUT 300 PROCESSORS 2)
 # Gradient compression on the cross-site exchange only: int4, 200 steps of
 # dp4 over 2 sites, the final loss within 1% of the uncompressed run's and the
 # WAN bytes at most 0.2x (measured: +0.22%, 0.13x).

@@ -35,6 +35,14 @@ class DeviceComm final : public Comm {
   std::string name() const override { return host_.name(); }
   // "nccl" or "mpi (host-staged)", for the rank table.
   std::string transport() const { return device_ ? "nccl" : "mpi (host-staged)"; }
+  Comm& host() { return host_; }      // the group's MPI transport (or its emulation)
+  Backend& backend() { return be_; }
+  bool has_device_transport() const { return device_ != nullptr; }
+  // The host transport's modelled clock (an emulated group's; parallel/comm/site_comm.hpp
+  // chains its phases on it).
+  double modelled_now() const override { return host_.modelled_now(); }
+  double modelled_end() const override { return host_.modelled_end(); }
+  void issue_at(double t) override { host_.issue_at(t); }
 
   void all_reduce(Tensor t, ReduceOp op = ReduceOp::Sum) override;
   void reduce_scatter(Tensor out, const Tensor& in) override;

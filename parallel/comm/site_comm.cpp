@@ -23,7 +23,8 @@ struct SiteComm::Op {
   double issued = -1, prev_end = -1;
   Comm* prev = nullptr;  // the sub-group of the running (or last) phase
   bool done = false;
-  std::vector<char> buf1, buf2;  // scratch
+  std::vector<char> buf1, buf2;  // scratch (host tensors)
+  Buffer dev1, dev2;             // scratch (device tensors), back to the pool when done
   bool started_all() const { return next == phases.size(); }
 };
 
@@ -49,8 +50,8 @@ char* at(const Tensor& t, int64_t elem) {
 }  // namespace
 
 SiteComm::SiteComm(Comm& full, SiteSplit split, std::unique_ptr<Comm> local,
-                   std::unique_ptr<Comm> cross, std::vector<std::unique_ptr<Comm>> keep)
-    : full_(full), split_(std::move(split)), keep_(std::move(keep)), local_(std::move(local)),
+                   std::unique_ptr<Comm> cross, std::vector<std::unique_ptr<Comm>> keep, Backend* be)
+    : full_(full), split_(std::move(split)), be_(be), keep_(std::move(keep)), local_(std::move(local)),
       cross_(std::move(cross)) {
   const int me = full_.rank();
   ADGT_CHECK(local_ && cross_, "SiteComm(" << name() << "): no sub-groups");
@@ -67,7 +68,49 @@ SiteComm::SiteComm(Comm& full, SiteSplit split, std::unique_ptr<Comm> local,
                          << " of " << split_.per_site << ")");
 }
 
-SiteComm::~SiteComm() = default;
+SiteComm::~SiteComm() {
+  // The sub-groups, then what they use, last made first (a wrapper before
+  // the transport it wraps).
+  local_.reset();
+  cross_.reset();
+  while (!keep_.empty()) keep_.pop_back();
+}
+
+char* SiteComm::scratch(Op& op, int which, DType dt, int64_t n, bool device, bool zeroed) {
+  const size_t bytes = size_t(n) * dtype_size(dt);
+  if (!device) {
+    std::vector<char>& v = which == 1 ? op.buf1 : op.buf2;
+    v.assign(bytes, 0);
+    return v.data();
+  }
+  // The smallest kept buffer that holds it, else a new one. A buffer goes
+  // back when its op is done: on a stream-ordered transport (NCCL) the next
+  // op's first use is ordered after the compute stream's wait for it.
+  size_t best = pool_.size();
+  for (size_t i = 0; i < pool_.size(); ++i)
+    if (pool_[i].bytes() >= bytes && (best == pool_.size() || pool_[i].bytes() < pool_[best].bytes()))
+      best = i;
+  Buffer b;
+  if (best < pool_.size()) {
+    b = std::move(pool_[best]);
+    pool_.erase(pool_.begin() + std::ptrdiff_t(best));
+  } else {
+    b = Buffer(*be_, std::max<size_t>(bytes, 1));
+  }
+  char* p = static_cast<char*>(b.data());
+  if (zeroed && n > 0) be_->zero(Tensor(p, dt, {n}));
+  (which == 1 ? op.dev1 : op.dev2) = std::move(b);
+  return p;
+}
+
+void SiteComm::copy_bytes(bool device, void* dst, const void* src, DType dt, int64_t n) {
+  if (n <= 0) return;
+  if (!device) {
+    std::memcpy(dst, src, size_t(n) * dtype_size(dt));
+    return;
+  }
+  be_->copy(Tensor(dst, dt, {n}), Tensor(const_cast<void*>(src), dt, {n}));
+}
 
 Work SiteComm::enqueue(std::shared_ptr<Op> op) {
   op->issued = full_.modelled_now();
@@ -92,6 +135,8 @@ void SiteComm::advance(const Op* until, bool block) {
           if (!op.done) {
             if (op.finish) op.finish();
             op.done = true;
+            for (Buffer* b : {&op.dev1, &op.dev2})
+              if (b->data()) pool_.push_back(std::move(*b));
           }
           break;
         }
@@ -131,18 +176,19 @@ Work SiteComm::start_all_reduce(Tensor t, ReduceOp op_kind) {
   if (op_kind != ReduceOp::Sum)  // a Max (flags, norms): small; the flat group's
     return full_.start_all_reduce(t, op_kind);
   auto op = std::make_shared<Op>();
+  const bool dev = on_device(t);
   const int64_t n = t.numel(), k = split_.per_site, m = (n + k - 1) / k;
   const size_t es = dtype_size(t.dtype);
   Tensor whole = flat(t.data, t.dtype, n);
   if (n % k != 0 || n == 0) {  // padded with zeros to k equal chunks (x + 0 == x)
-    op->buf1.assign(size_t(k * std::max<int64_t>(m, 1)) * es, 0);
-    std::memcpy(op->buf1.data(), t.data, size_t(n) * es);
-    whole = flat(op->buf1.data(), t.dtype, k * std::max<int64_t>(m, 1));
-    op->finish = [op = op.get(), t, n, es] { std::memcpy(t.data, op->buf1.data(), size_t(n) * es); };
+    const int64_t padded = k * std::max<int64_t>(m, 1);
+    char* b1 = scratch(*op, 1, t.dtype, padded, dev, true);
+    copy_bytes(dev, b1, t.data, t.dtype, n);
+    whole = flat(b1, t.dtype, padded);
+    op->finish = [this, dev, b1, t, n] { copy_bytes(dev, t.data, b1, t.dtype, n); };
   }
   const int64_t mm = whole.numel() / k;
-  op->buf2.assign(size_t(mm) * es, 0);
-  Tensor shard = flat(op->buf2.data(), t.dtype, mm);
+  Tensor shard = flat(scratch(*op, 2, t.dtype, mm, dev, false), t.dtype, mm);
   op->phases = {{local_.get(), [this, shard, whole] { return local_->start_reduce_scatter(shard, whole); }},
                 {cross_.get(), [this, shard] { return cross_->start_all_reduce(shard, ReduceOp::Sum); }},
                 {local_.get(), [this, shard, whole] { return local_->start_all_gather(whole, shard); }}};
@@ -155,15 +201,16 @@ Work SiteComm::start_reduce_scatter(Tensor out, const Tensor& in) {
              "SiteComm(" << name() << ")::reduce_scatter: in" << in.shape_str() << " must hold "
                          << size() << " x out" << out.shape_str() << " of one dtype");
   auto op = std::make_shared<Op>();
+  const bool dev = on_device(in);
   const size_t es = dtype_size(in.dtype), cb = size_t(m) * es;
   // Local chunk i: the chunks of the ranks at place i of every site, by site.
-  op->buf1.resize(size_t(size()) * cb);
+  char* s1 = scratch(*op, 1, in.dtype, m * size(), dev, false);
   for (int64_t i = 0; i < k; ++i)
     for (int64_t s = 0; s < S; ++s)
-      std::memcpy(op->buf1.data() + size_t(i * S + s) * cb,
-                  at(in, int64_t(split_.rank_at[size_t(s)][size_t(i)]) * m), cb);
-  op->buf2.resize(size_t(S) * cb);
-  Tensor b1 = flat(op->buf1.data(), in.dtype, m * size()), b2 = flat(op->buf2.data(), in.dtype, m * S);
+      copy_bytes(dev, s1 + size_t(i * S + s) * cb, at(in, int64_t(split_.rank_at[size_t(s)][size_t(i)]) * m),
+                 in.dtype, m);
+  char* s2 = scratch(*op, 2, in.dtype, m * S, dev, false);
+  Tensor b1 = flat(s1, in.dtype, m * size()), b2 = flat(s2, in.dtype, m * S);
   Tensor o = flat(out.data, out.dtype, m);
   op->phases = {{local_.get(), [this, b1, b2] { return local_->start_reduce_scatter(b2, b1); }},
                 {cross_.get(), [this, b2, o] { return cross_->start_reduce_scatter(o, b2); }}};
@@ -176,18 +223,19 @@ Work SiteComm::start_all_gather(Tensor out, const Tensor& in) {
              "SiteComm(" << name() << ")::all_gather: out" << out.shape_str() << " must hold "
                          << size() << " x in" << in.shape_str() << " of one dtype");
   auto op = std::make_shared<Op>();
+  const bool dev = on_device(in);
   const size_t es = dtype_size(in.dtype), cb = size_t(m) * es;
-  op->buf1.resize(size_t(size()) * cb);
-  op->buf2.resize(size_t(S) * cb);
-  Tensor b1 = flat(op->buf1.data(), in.dtype, m * size()), b2 = flat(op->buf2.data(), in.dtype, m * S);
+  char* s1 = scratch(*op, 1, in.dtype, m * size(), dev, false);
+  char* s2 = scratch(*op, 2, in.dtype, m * S, dev, false);
+  Tensor b1 = flat(s1, in.dtype, m * size()), b2 = flat(s2, in.dtype, m * S);
   Tensor i1 = flat(in.data, in.dtype, m);
   op->phases = {{cross_.get(), [this, b2, i1] { return cross_->start_all_gather(b2, i1); }},
                 {local_.get(), [this, b1, b2] { return local_->start_all_gather(b1, b2); }}};
-  op->finish = [op = op.get(), out, m, S, k, cb, this] {
+  op->finish = [this, dev, s1, out, m, S, k, cb] {
     for (int64_t i = 0; i < k; ++i)
       for (int64_t s = 0; s < S; ++s)
-        std::memcpy(at(out, int64_t(split_.rank_at[size_t(s)][size_t(i)]) * m),
-                    op->buf1.data() + size_t(i * S + s) * cb, cb);
+        copy_bytes(dev, at(out, int64_t(split_.rank_at[size_t(s)][size_t(i)]) * m),
+                   s1 + size_t(i * S + s) * cb, out.dtype, m);
   };
   return enqueue(std::move(op));
 }

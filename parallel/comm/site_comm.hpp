@@ -21,6 +21,12 @@
 // all-reduces, broadcasts, messages, all-to-alls and barriers go to the full
 // group unchanged.
 //
+// Device tensors (a DeviceComm group, `be` given: CUDA with NCCL sub-groups,
+// or the emulated device staging through MPI): the scratch is the backend's
+// memory (kept between collectives, reused by size) and the permutations and
+// copy-backs are the backend's copies, ordered on its stream before and after
+// the phases; host tensors take host scratch as without `be`.
+//
 // Started collectives (start_*) queue their phases; phases start in one
 // fixed order on every rank (op by op, each after its own previous phase has
 // completed and the previous op's last phase has started), so the sub-groups
@@ -35,6 +41,7 @@
 
 #include "core/comm.hpp"
 #include "core/site_split.hpp"
+#include "kernels/backend.hpp"
 
 namespace adgt {
 
@@ -45,8 +52,10 @@ class SiteComm final : public Comm {
   // sub-groups of full made by the caller, e.g. MpiComm::split). keep: what
   // local and cross use and must outlive them (their transports under a
   // decorator), destroyed after them.
+  // be: the backend whose device memory the group's tensors may live in
+  // (nullptr: host memory only).
   SiteComm(Comm& full, SiteSplit split, std::unique_ptr<Comm> local, std::unique_ptr<Comm> cross,
-           std::vector<std::unique_ptr<Comm>> keep = {});
+           std::vector<std::unique_ptr<Comm>> keep = {}, Backend* be = nullptr);
   ~SiteComm() override;
 
   int rank() const override { return full_.rank(); }
@@ -98,9 +107,16 @@ class SiteComm final : public Comm {
   // waits for the first op's current phase before trying again, until `until`
   // (null: nothing) is done.
   void advance(const Op* until, bool block);
+  // Scratch of `bytes`: host (op's vectors) or, for device tensors, a kept
+  // device buffer of at least that size; and copies within the same kind.
+  char* scratch(Op& op, int which, DType dt, int64_t n, bool device, bool zeroed);
+  void copy_bytes(bool device, void* dst, const void* src, DType dt, int64_t n);
+  bool on_device(const Tensor& t) const { return be_ && t.data && be_->is_device_pointer(t.data); }
 
   Comm& full_;
   SiteSplit split_;
+  Backend* be_ = nullptr;
+  std::vector<Buffer> pool_;  // device scratch no op holds, reused by size
   std::vector<std::unique_ptr<Comm>> keep_;  // before local_ and cross_: destroyed after them
   std::unique_ptr<Comm> local_, cross_;
   std::deque<std::shared_ptr<Op>> queue_;  // started ops, start order; done ones leave the front

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "kernels/check.hpp"
+#include "parallel/comm/device_comm.hpp"
 #include "parallel/comm/mpi_comm.hpp"
 #include "parallel/comm/site_comm.hpp"
 #include "parallel/comm/traced_comm.hpp"
@@ -64,7 +65,8 @@ std::vector<std::unique_ptr<Comm>> wrap_groups(
 
 std::vector<std::unique_ptr<Comm>> wrap_site_groups(ParallelContext& ctx,
                                                     emulate::Emulation* emulation,
-                                                    std::vector<std::string>* notes) {
+                                                    std::vector<std::string>* notes, Backend* be,
+                                                    bool nccl) {
   std::vector<std::unique_ptr<Comm>> owned;
   if (ctx.sites.empty() || !ctx.world || !ctx.layout) return owned;
   const Layout lay = *ctx.layout;
@@ -86,10 +88,15 @@ std::vector<std::unique_ptr<Comm>> wrap_site_groups(ParallelContext& ctx,
     for (int w : members) site_of.push_back(ctx.sites.at(size_t(w)));
     std::string why;
     const std::optional<SiteSplit> split = split_by_site(site_of, &why);
-    auto* em = dynamic_cast<emulate::EmulatedComm*>(*slot);
-    auto* raw = dynamic_cast<MpiComm*>(em ? &em->inner() : *slot);
-    if (split && !raw) why = "its transport is not MPI (NCCL reduces it flat across the sites)";
-    if (!split || !raw) {
+    // A device group (DeviceComm): its host transport is split, and each
+    // sub-group wrapped for the device as the group is.
+    auto* dc = dynamic_cast<DeviceComm*>(*slot);
+    Comm* host = dc ? &dc->host() : *slot;
+    auto* em = dynamic_cast<emulate::EmulatedComm*>(host);
+    auto* raw = dynamic_cast<MpiComm*>(em ? &em->inner() : host);
+    if (split && !raw) why = "its transport is not MPI";
+    if (split && dc && !be) why = "a device group without its backend";
+    if (!split || !raw || (dc && !be)) {
       // One site needs no note; the others say why the group stays flat.
       if (notes && why != "the group's ranks are on one site")
         notes->push_back(std::string(group_name(group)) + " group: flat reduction: " + why);
@@ -128,8 +135,26 @@ std::vector<std::unique_ptr<Comm>> wrap_site_groups(ParallelContext& ctx,
             return cluster::cross_site_time(cl, c, devices, bytes, nodes);
           });
     }
+    if (dc) {
+      // The sub-groups as the group: device tensors staged through them, or
+      // on NCCL communicators of their own (made collectively, local then
+      // cross, on every member; the emulated transports stay staged).
+      const auto device_wrap = [&](std::unique_ptr<Comm>& sub, MpiComm* sub_mpi) {
+        std::unique_ptr<Comm> transport =
+            nccl && dc->has_device_transport() && !em && sub_mpi && sub->size() > 1
+                ? make_nccl_comm(*sub_mpi, *be)
+                : nullptr;
+        auto wrapped = std::make_unique<DeviceComm>(*sub, *be, std::move(transport));
+        keep.push_back(std::move(sub));
+        sub = std::move(wrapped);
+      };
+      MpiComm* local_mpi = em ? nullptr : dynamic_cast<MpiComm*>(local.get());
+      MpiComm* cross_mpi = em ? nullptr : dynamic_cast<MpiComm*>(cross.get());
+      device_wrap(local, local_mpi);
+      device_wrap(cross, cross_mpi);
+    }
     owned.push_back(std::make_unique<SiteComm>(**slot, *split, std::move(local), std::move(cross),
-                                               std::move(keep)));
+                                               std::move(keep), dc ? be : nullptr));
     done.emplace_back(*slot, owned.back().get());
     *slot = owned.back().get();
   }

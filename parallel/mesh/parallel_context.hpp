@@ -13,6 +13,8 @@
 
 namespace adgt {
 
+class Backend;
+
 namespace emulate {
 class ComputeSlowdown;
 class EmulatedComm;
@@ -55,6 +57,20 @@ struct ParallelContext {
 
 // The hierarchical reduction over sites (parallel/comm/site_comm.hpp,
 // docs/sites.md): every data-parallel group of ctx (dp, edp, dpcp, edpcp;
+// each distinct object once) whose members span ctx.sites in equal numbers
+// becomes a SiteComm over sub-groups split from its MPI transport (under the
+// emulation, each sub-group delayed as its own members: the WAN only on the
+// cross-site exchange). A group already wrapped for a device backend (a
+// DeviceComm: wrap the device groups first) gets sub-groups wrapped alike,
+// each with its own NCCL communicator when `nccl`, and device scratch from
+// `be`. ctx's slots point at the wrappers, which it returns (they must
+// outlive every user of ctx). Groups left flat (one site, unequal sites, a
+// transport that is not MPI) are named in *notes, one line each.
+// Collective over each group, in this order on every rank.
+std::vector<std::unique_ptr<Comm>> wrap_site_groups(ParallelContext& ctx,
+                                                    emulate::Emulation* emulation,
+                                                    std::vector<std::string>* notes = nullptr,
+                                                    Backend* be = nullptr, bool nccl = false);
 // each distinct object once) whose members span ctx.sites in equal numbers
 // becomes a SiteComm over sub-groups split from its MPI transport (under the
 // emulation, each sub-group delayed as its own members: the WAN only on the

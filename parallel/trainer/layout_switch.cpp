@@ -335,8 +335,8 @@ ParallelContext Trainer::rebuild_groups(const RunConfig& next, const Placement& 
   engine_.reset();
   // The WAN bytes so far (docs/sites.md), read while the transports live.
   const double wan_sent = emulation_ && emulation_->state ? emulation_->state->wan_bytes_sent() : 0;
-  device_comms_.clear();
   site_comms_.clear();
+  device_comms_.clear();
   emulated_comms_.clear();
   std::unique_ptr<ProcessGroups> prev = std::move(switched_groups_);
   cfg_ = next;

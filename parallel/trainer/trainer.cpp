@@ -222,11 +222,16 @@ void Trainer::wire(ParallelContext ctx, bool init) {
     emulation_->slowdown.set_backend(backend_.get());
     emulated_comms_ = emulate::wrap_emulated_groups(ctx, *emulation_);
   }
+  // With a device backend the groups are wrapped for it first, so a group
+  // reduced over sites splits into device sub-groups (NCCL communicators of
+  // their own), its scratch on the device.
+  if (!backend_->is_host()) device_comms_ = wrap_device_groups(ctx, *backend_, dev_.nccl());
   if (!ctx.sites.empty() && cfg.parallel.site_reduce == "hierarchical") {
     // Data-parallel groups spanning sites reduce inside each site first and
     // cross the wide-area link once (docs/sites.md).
     std::vector<std::string> notes;
-    site_comms_ = wrap_site_groups(ctx, emulation_, &notes);
+    site_comms_ = wrap_site_groups(ctx, emulation_, &notes,
+                                   backend_->is_host() ? nullptr : backend_.get(), dev_.nccl());
     if (ctx.world_rank == 0) {
       // One line per shape: "dp, edp groups reduce ..." when both are split alike.
       std::vector<std::pair<std::string, const SiteComm*>> lines;
@@ -246,7 +251,6 @@ void Trainer::wire(ParallelContext ctx, bool init) {
       for (const auto& n : notes) std::printf("sites: %s\n", n.c_str());
     }
   }
-  if (!backend_->is_host()) device_comms_ = wrap_device_groups(ctx, *backend_, dev_.nccl());
   // Outermost: the calls the engine makes (earlier layouts' wrappers kept).
   if (trace_steps_ || trace::recorder().ranges())
     for (auto& c : wrap_traced_groups(ctx)) traced_comms_.push_back(std::move(c));

@@ -179,13 +179,14 @@ class Trainer {
   std::unique_ptr<emulate::Emulation> own_emulation_;
   emulate::Emulation* emulation_ = nullptr;
   std::vector<std::unique_ptr<Comm>> emulated_comms_;
-  // The data-parallel groups spanning sites, reduced hierarchically
-  // (parallel.site_reduce; docs/sites.md); over the emulated groups.
-  std::vector<std::unique_ptr<Comm>> site_comms_;
   int64_t run_start_step_ = 0;  // the step train() started from
   // With a device backend: the groups, wrapped so device tensors are staged
   // or go to NCCL (parallel/comm/device_comm.hpp). Outlive the engine.
   std::vector<std::unique_ptr<Comm>> device_comms_;
+  // The data-parallel groups spanning sites, reduced hierarchically
+  // (parallel.site_reduce; docs/sites.md); over the device groups (or the
+  // emulated ones), so destroyed before them.
+  std::vector<std::unique_ptr<Comm>> site_comms_;
   // log.trace: the steps traced, and the groups wrapped in TracedComms
   // (every layout's: an engine of an earlier layout may outlive its wiring).
   std::optional<std::pair<int64_t, int64_t>> trace_steps_;

@@ -28,8 +28,14 @@ compresses only the cross-site exchange (docs/sites.md): the final loss
 within 1% of the uncompressed run's, and the WAN bytes (the runs' summary)
 at most --wan-ratio of the uncompressed run's.
 
+--device emulated: the same on the emulated device (the groups wrapped for
+the device first, the site sub-groups too: parallel/comm/site_comm.hpp's
+device path, as NCCL takes it), and the first case's hierarchical run bit
+for bit against the CPU ranks'.
+
 usage: compare_sites.py --train BIN --mpirun WRAPPER --data DIR --work DIR
-                        [--dtype f32|f64] [--cases NAME ...] [--compress LEVEL --wan-ratio R]
+                        [--dtype f32|f64] [--device cpu|emulated] [--cases NAME ...]
+                        [--compress LEVEL --wan-ratio R]
 """
 import re
 import argparse
@@ -60,6 +66,7 @@ def main():
     ap.add_argument("--data", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--dtype", default="f32", choices=["f32", "f64"])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "emulated"])
     ap.add_argument("--cases", nargs="+", default=list(CASES))
     ap.add_argument("--compress", help="a quantized level: the WAN-only compression check")
     ap.add_argument("--wan-ratio", type=float, default=0.3)
@@ -88,9 +95,22 @@ def main():
               f"{hier[2]:.1f} s / {flat[2]:.1f} s", flush=True)
         if not ok:
             failed.append(name)
+        if args.device == "emulated" and name == args.cases[0]:
+            # The device path (the site groups' scratch and permutations on
+            # the device, each sub-group staged) adds in the host path's
+            # order: the same bits as the CPU ranks' hierarchical run.
+            cpu = train_run(argparse.Namespace(**{**vars(args), "device": "cpu"}), config, name + "_hier_cpu",
+                            base + ["parallel.site_reduce=hierarchical"], 4)
+            le, we, worst = rel_errors(losses(hier[0]), losses(cpu[0]), hier[1], cpu[1]) if cpu else (1, 1, "")
+            same = le == 0 and we == 0
+            print(f"{'ok  ' if same else 'FAIL'} {name:12s} {args.dtype} hierarchical, emulated device vs cpu: "
+                  f"loss {le:.2e}, weights {we:.2e} (bit for bit{'' if same else ', worst ' + worst})",
+                  flush=True)
+            if not same:
+                failed.append(name + "_device_vs_cpu")
     if failed:
         sys.exit("FAIL: " + ", ".join(failed))
-    print(f"sites: hierarchical = flat ({args.dtype}, {len(args.cases)} cases)")
+    print(f"sites: hierarchical = flat ({args.dtype}, {args.device}, {len(args.cases)} cases)")
 
 
 def compress(args):
