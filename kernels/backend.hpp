@@ -75,8 +75,8 @@ struct AttentionShape {
 // block's first key; key j then stays visible to query i only if
 // q_doc_start[b*Tq + i] <= k_pos + j. A row that sees no key of the block gets
 // out 0 and lse -inf (attention_merge skips it). nullptr: no document mask.
-// The CPU reference and the emulated device run it; the CUDA kernels refuse it
-// (context parallelism is refused on CUDA: parallel/cp/support.cpp).
+// Every backend runs it (the CUDA block kernels since 2026-12-07:
+// kernels/cuda/attention_block_kernels.cuh, AttDims::doc_off).
 enum class BlockMask { full, causal };
 struct AttentionBlock {
   int64_t B = 0, Tq = 0, Tk = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
