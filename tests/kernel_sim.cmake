@@ -377,6 +377,49 @@ adgt_kernel_mutant(flash_doc_dkdv_last_key TEST flash SOURCE tools/flash_sim_tes
   FROM [[if (ds[(kb + mid - 1) * kBlock] <= klast)]]
   TO [[if (ds[(kb + mid - 1) * kBlock] < klast)]])
 
+# Ring attention's blocks in the flash kernels (block_params; flash_sim_test
+# `blocks`: a full block of Tk1 keys and the causal diagonal merged, dq
+# accumulated).
+adgt_kernel_mutant(flash_block_fwd_ragged TEST flash SOURCE tools/flash_sim_test.cpp ARGS blocks
+  HEADER kernels/cuda/flash_attention_kernels.cuh
+  # the forward of a full block leaves out its ragged last key tile
+  FROM [[a full block, all of Tk.
+  const int kb0 = FULL ? 0 : first_key_block(ds, qb);
+  const int nkb = FULL ? (Tk + kBlock - 1) / kBlock : qb + 1;]]
+  TO [[a full block, all of Tk.
+  const int kb0 = FULL ? 0 : first_key_block(ds, qb);
+  const int nkb = FULL ? Tk / kBlock : qb + 1;]])
+adgt_kernel_mutant(flash_block_fwd_tail TEST flash SOURCE tools/flash_sim_test.cpp ARGS blocks
+  HEADER kernels/cuda/flash_attention_kernels.cuh
+  # the forward counts the zero-filled keys past Tk in the softmax
+  FROM [[if (key0 + nt * 8 + 2 * t4 + (c & 1) >= kend) s[nt][c] = -INFINITY;]]
+  TO [[(void)s;]])
+adgt_kernel_mutant(flash_block_fwd_diag TEST flash SOURCE tools/flash_sim_test.cpp ARGS blocks
+  HEADER kernels/cuda/flash_attention_kernels.cuh
+  # a full block's forward masks its last key tile as a causal diagonal
+  FROM [[fwd_mask(s, n * kBlock, !FULL && n == qb,]]
+  TO [[fwd_mask(s, n * kBlock, n == qb,]])
+adgt_kernel_mutant(flash_block_dq_acc TEST flash SOURCE tools/flash_sim_test.cpp ARGS blocks
+  HEADER kernels/cuda/flash_attention_kernels.cuh
+  # dQ overwrites where a block accumulates
+  FROM [[p.T, lane, p.acc_dq);]]
+  TO [[p.T, lane, false);]])
+adgt_kernel_mutant(flash_block_dq_diag TEST flash SOURCE tools/flash_sim_test.cpp ARGS blocks
+  HEADER kernels/cuda/flash_attention_kernels.cuh
+  # dQ of a full block masks as the causal diagonal
+  FROM [[const bool diag = !FULL && n == qb;]]
+  TO [[const bool diag = n == qb;]])
+adgt_kernel_mutant(flash_block_dkdv_first TEST flash SOURCE tools/flash_sim_test.cpp ARGS blocks
+  HEADER kernels/cuda/flash_attention_kernels.cuh
+  # dK/dV of a full block start at the diagonal's query block
+  FROM [[const int qb0 = FULL ? 0 : kb;]]
+  TO [[const int qb0 = kb;]])
+adgt_kernel_mutant(flash_block_dkdv_mask TEST flash SOURCE tools/flash_sim_test.cpp ARGS blocks
+  HEADER kernels/cuda/flash_attention_kernels.cuh
+  # dK/dV of a full block mask queries before the key
+  FROM [[if ((!FULL && qi < kj) || qi >= p.T) s[nt][c] = 0.f;]]
+  TO [[if (qi < kj || qi >= p.T) s[nt][c] = 0.f;]])
+
 adgt_kernel_sim(fp8)
 adgt_kernel_mutant(fp8_amax_sign TEST fp8 HEADER kernels/cuda/fp8_kernels.cuh
   # the sign bit is kept: a negative value's bits beat every positive one

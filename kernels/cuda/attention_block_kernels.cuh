@@ -1,7 +1,10 @@
 // CUDA blockwise attention with log-sum-exp statistics: the CUDA backend's
 // attention_block_forward, attention_merge and attention_block_backward (ring
 // attention's ops, parallel/cp/; the semantics are kernels/backend.hpp's, the
-// reference kernels/cpu/attention_block.cpp). Correct first, not fast:
+// reference kernels/cpu/attention_block.cpp). bf16 blocks of head_dim 64 or
+// 128 without documents take the flash kernels instead (attention_block.cu,
+// CudaBackend::block_flash; flash_attention_kernels.cuh block_params); these
+// are the rest. Correct first, not fast:
 //
 //   forward   the exact forward kernel of attention_kernels.cuh on the
 //             block's dims (Tq query rows, Tk key rows; every key visible,

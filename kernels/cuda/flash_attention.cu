@@ -59,6 +59,38 @@ void backward_hd(cudaStream_t st, uint16_t* dq, uint16_t* dk, uint16_t* dv, cons
   ADGT_LAUNCH_CHECK(op2);
 }
 
+// A ring block's kernels (FULL: every key visible; else the causal
+// diagonal): grids of the query blocks (forward, dQ) and the key blocks
+// (dK/dV) of their Tq and Tk.
+template <int HD, bool FULL>
+void block_forward_hd(cudaStream_t st, uint16_t* out, float* lse, const uint16_t* q,
+                      const uint16_t* k, const uint16_t* v, const AttentionBlock& b) {
+  const char* op = "attention_block_forward (flash)";
+  const FlashParams p = block_params(b.Tq, b.Tk, b.n_heads, b.n_kv_heads, b.head_dim, false);
+  set_smem(flash_fwd_kernel<HD, FULL>, fwd_smem<HD>(), op);
+  const dim3 grid(unsigned((b.Tq + kBlock - 1) / kBlock), unsigned(b.n_heads), unsigned(b.B));
+  flash_fwd_kernel<HD, FULL><<<grid, kThreads, fwd_smem<HD>(), st>>>(out, lse, q, k, v, p);
+  ADGT_LAUNCH_CHECK(op);
+}
+
+template <int HD, bool FULL>
+void block_backward_hd(cudaStream_t st, uint16_t* dq, uint16_t* dk, uint16_t* dv,
+                       const uint16_t* dout, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                       const float* lse, const float* D, const AttentionBlock& b, bool acc_dq) {
+  const FlashParams p = block_params(b.Tq, b.Tk, b.n_heads, b.n_kv_heads, b.head_dim, acc_dq);
+  const char* op1 = "attention_block_backward (flash dk, dv)";
+  set_smem(flash_bwd_dkdv_kernel<HD, FULL>, dkdv_smem<HD>(), op1);
+  const dim3 gk(unsigned((b.Tk + kBlock - 1) / kBlock), unsigned(b.n_kv_heads), unsigned(b.B));
+  flash_bwd_dkdv_kernel<HD, FULL><<<gk, kThreads, dkdv_smem<HD>(), st>>>(dk, dv, q, k, v, dout, lse,
+                                                                         D, p);
+  ADGT_LAUNCH_CHECK(op1);
+  const char* op2 = "attention_block_backward (flash dq)";
+  set_smem(flash_bwd_dq_kernel<HD, FULL>, dq_smem<HD>(), op2);
+  const dim3 gq(unsigned((b.Tq + kBlock - 1) / kBlock), unsigned(b.n_heads), unsigned(b.B));
+  flash_bwd_dq_kernel<HD, FULL><<<gq, kThreads, dq_smem<HD>(), st>>>(dq, q, k, v, dout, lse, D, p);
+  ADGT_LAUNCH_CHECK(op2);
+}
+
 }  // namespace
 
 bool flash_attention_device_ok(int device, int64_t head_dim) {
@@ -108,5 +140,49 @@ void flash_attention_backward(cudaStream_t stream, uint16_t* dq, uint16_t* dk, u
     backward_hd<128>(stream, dq, dk, dv, dout, q, k, v, lse, scratch, s);
 }
 
-}  // namespace adgt::cuda
+void flash_attention_block_forward(cudaStream_t stream, uint16_t* out, float* lse,
+                                   const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                   const AttentionBlock& b) {
+  ADGT_CHECK(!b.q_doc_start && (b.mask == BlockMask::full || b.Tq == b.Tk),
+             "attention_block_forward (flash): documents or a causal block of Tq " << b.Tq << " != Tk "
+                                                                                  << b.Tk);
+  const bool full = b.mask == BlockMask::full;
+  if (b.head_dim == 64)
+    full ? block_forward_hd<64, true>(stream, out, lse, q, k, v, b)
+         : block_forward_hd<64, false>(stream, out, lse, q, k, v, b);
+  else if (b.head_dim == 128)
+    full ? block_forward_hd<128, true>(stream, out, lse, q, k, v, b)
+         : block_forward_hd<128, false>(stream, out, lse, q, k, v, b);
+  else
+    ADGT_CHECK(false, "attention_block_forward (flash): head_dim=" << b.head_dim
+                                                                   << " not supported (64 or 128)");
+}
 
+size_t flash_attention_block_scratch_bytes(const AttentionBlock& b) {
+  return size_t(b.B * b.n_heads * b.Tq) * sizeof(float);
+}
+
+void flash_attention_block_backward(cudaStream_t stream, uint16_t* dq, uint16_t* dk, uint16_t* dv,
+                                    const uint16_t* dout, const uint16_t* q, const uint16_t* k,
+                                    const uint16_t* v, const uint16_t* out, const float* lse,
+                                    float* scratch, const AttentionBlock& b, bool accumulate_dq) {
+  ADGT_CHECK(!b.q_doc_start && (b.mask == BlockMask::full || b.Tq == b.Tk) &&
+                 (b.head_dim == 64 || b.head_dim == 128),
+             "attention_block_backward (flash): documents, a causal block of Tq != Tk, or "
+             "head_dim=" << b.head_dim << " (64 or 128)");
+  // D = rowsum(dout * out) of the final out, then the kernels with the final lse.
+  const int64_t rows = b.B * b.Tq * b.n_heads;
+  const int threads = 256;
+  flash_bwd_dsum_kernel<<<grid_for(rows * 32, threads), threads, 0, stream>>>(
+      scratch, dout, out, rows, int(b.Tq), int(b.n_heads), int(b.head_dim));
+  ADGT_LAUNCH_CHECK("attention_block_backward (flash D)");
+  const bool full = b.mask == BlockMask::full;
+  if (b.head_dim == 64)
+    full ? block_backward_hd<64, true>(stream, dq, dk, dv, dout, q, k, v, lse, scratch, b, accumulate_dq)
+         : block_backward_hd<64, false>(stream, dq, dk, dv, dout, q, k, v, lse, scratch, b, accumulate_dq);
+  else
+    full ? block_backward_hd<128, true>(stream, dq, dk, dv, dout, q, k, v, lse, scratch, b, accumulate_dq)
+         : block_backward_hd<128, false>(stream, dq, dk, dv, dout, q, k, v, lse, scratch, b, accumulate_dq);
+}
+
+}  // namespace adgt::cuda

@@ -37,4 +37,20 @@ void flash_attention_backward(cudaStream_t stream, uint16_t* dq, uint16_t* dk, u
                               const uint16_t* v, const uint16_t* out, const float* lse,
                               float* scratch, const AttentionShape& s);
 
+// Ring attention's blocks (Backend::attention_block_forward/backward, no
+// documents): q, out, dout, dq (B,Tq,H,hd); k, v, dk, dv (B,Tk,KV,hd); lse
+// (B,H,Tq). Full blocks see every key; causal ones are the diagonal (Tq ==
+// Tk). The backward takes the FINAL out and lse of the rows (D from them) and
+// overwrites dk, dv; dq is overwritten or, with accumulate_dq, added to (its
+// bf16 value plus the block's, rounded once). `scratch`:
+// flash_attention_block_scratch_bytes(b).
+void flash_attention_block_forward(cudaStream_t stream, uint16_t* out, float* lse,
+                                   const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                   const AttentionBlock& b);
+size_t flash_attention_block_scratch_bytes(const AttentionBlock& b);
+void flash_attention_block_backward(cudaStream_t stream, uint16_t* dq, uint16_t* dk, uint16_t* dv,
+                                    const uint16_t* dout, const uint16_t* q, const uint16_t* k,
+                                    const uint16_t* v, const uint16_t* out, const float* lse,
+                                    float* scratch, const AttentionBlock& b, bool accumulate_dq);
+
 }  // namespace adgt::cuda

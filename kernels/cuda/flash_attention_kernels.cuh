@@ -38,6 +38,15 @@
 // masks P^T where the block holds rows of later documents. doc == nullptr:
 // the causal kernels exactly (the same loops; only null-pointer branches).
 //
+// Ring attention's blocks (block_params; Backend::attention_block_*, no
+// documents): Tq query rows (T) against Tk keys, every key visible (full:
+// the forward and dQ over every key tile, the dK/dV kernel over every query
+// tile, no diagonal mask; keys past Tk in the last tile masked to -inf in the
+// forward, zero-filled rows adding 0 elsewhere) or the causal diagonal block
+// (Tq == Tk: the kernels above). The backward takes the rows' final out (D)
+// and lse from the merge of every block; with acc_dq the dQ kernel adds its
+// result to dq's bf16 values, rounding the sum once.
+//
 // This header holds the device code only (helpers and __global__ templates);
 // flash_attention.cu has the host launchers and is the one CUDA translation
 // unit that includes it. The inline-PTX wrappers live in flash_ptx.cuh. With
@@ -46,6 +55,7 @@
 // kernels use) and runs this very source on the host
 // (tests/tools/flash_sim_test.cpp, ctest flash_attention_emulated).
 #pragma once
+#include <climits>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -70,7 +80,9 @@ struct Tile {
 };
 
 struct FlashParams {
-  int T, H, group;     // group = H / KV
+  int T, H, group;     // T: query rows per sequence; group = H / KV
+  int Tk = 0;          // keys per sequence (the kernels' FULL blocks; causal: T)
+  bool acc_dq = false; // dQ added to dq's values (a ring block's accumulation), else written
   int64_t ldq, ldk;    // row strides in elements: H*hd (q, out, dout, dq), KV*hd (k, v, dk, dv)
   float scale;         // 1/sqrt(hd)
   float scale_log2;    // scale * log2(e)
@@ -81,12 +93,25 @@ struct FlashParams {
 inline FlashParams flash_params(int64_t T, int64_t H, int64_t KV, int64_t hd) {
   FlashParams p;
   p.T = int(T);
+  p.Tk = int(T);
   p.H = int(H);
   p.group = int(H / KV);
   p.ldq = H * hd;
   p.ldk = KV * hd;
   p.scale = 1.f / std::sqrt(float(hd));  // as the exact fp32 kernel
   p.scale_log2 = p.scale * kLog2e;
+  return p;
+}
+
+// A ring-attention block (Backend::attention_block_*, without documents):
+// Tq query rows against Tk keys — the kernels' FULL instances (every key
+// visible) or, Tq == Tk, the causal ones (the diagonal block); dq accumulated
+// when acc_dq.
+inline FlashParams block_params(int64_t Tq, int64_t Tk, int64_t H, int64_t KV, int64_t hd,
+                                bool acc_dq) {
+  FlashParams p = flash_params(Tq, H, KV, hd);
+  p.Tk = int(Tk);
+  p.acc_dq = acc_dq;
   return p;
 }
 
@@ -230,18 +255,33 @@ __device__ __forceinline__ void zero(float (&a)[N][M]) {
 // bf16 rows [row0, row0+16) of a global matrix (row stride ld), rows >= T
 // skipped; staged in the warp's own 16 rows of shared memory `sw` for
 // 16-byte stores.
+// With add, each element is the row's value in gdst plus the accumulator's,
+// rounded once (rows >= T not read).
 template <int HD>
 __device__ __forceinline__ void store_rows(uint16_t* sw, const float (&acc)[HD / 8][4], float mul0,
                                            float mul1, uint16_t* gdst, int64_t ld, int row0,
-                                           int T, int lane) {
+                                           int T, int lane, bool add = false) {
   constexpr int LD = Tile<HD>::kLd;
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int nt = 0; nt < HD / 8; ++nt) {
-    *reinterpret_cast<uint32_t*>(sw + g * LD + nt * 8 + 2 * t) =
-        pack_bf16(acc[nt][0] * mul0, acc[nt][1] * mul0);
-    *reinterpret_cast<uint32_t*>(sw + (g + 8) * LD + nt * 8 + 2 * t) =
-        pack_bf16(acc[nt][2] * mul1, acc[nt][3] * mul1);
+    float a0 = acc[nt][0] * mul0, a1 = acc[nt][1] * mul0;
+    float a2 = acc[nt][2] * mul1, a3 = acc[nt][3] * mul1;
+    if (add) {
+      const int col = nt * 8 + 2 * t;
+      if (row0 + g < T) {
+        const uint32_t o = *reinterpret_cast<const uint32_t*>(gdst + int64_t(row0 + g) * ld + col);
+        a0 += bf_lo(o);
+        a1 += bf_hi(o);
+      }
+      if (row0 + g + 8 < T) {
+        const uint32_t o = *reinterpret_cast<const uint32_t*>(gdst + int64_t(row0 + g + 8) * ld + col);
+        a2 += bf_lo(o);
+        a3 += bf_hi(o);
+      }
+    }
+    *reinterpret_cast<uint32_t*>(sw + g * LD + nt * 8 + 2 * t) = pack_bf16(a0, a1);
+    *reinterpret_cast<uint32_t*>(sw + (g + 8) * LD + nt * 8 + 2 * t) = pack_bf16(a2, a3);
   }
   __syncwarp();
   constexpr int kChunks = HD / 8;
@@ -297,9 +337,18 @@ __device__ __forceinline__ int query_blocks_of(const int32_t* ds, int kb, int nb
 // The forward's masks on the warp's S (16 rows x the 64 keys from key0) to
 // -inf: with diag (the diagonal block) keys after the row (row_lo: row g,
 // +8 for c2, c3), with docm (document masking) keys before the row's
-// document start dlo[0] (row g) or dlo[1] (row g+8).
+// document start dlo[0] (row g) or dlo[1] (row g+8), and keys at or past
+// kend (a block's ragged last key tile; the causal diagonal masks them
+// already).
 __device__ __forceinline__ void fwd_mask(float (&s)[8][4], int key0, bool diag, bool docm,
-                                         int row_lo, const int (&dlo)[2], int t4) {
+                                         int row_lo, const int (&dlo)[2], int t4, int kend) {
+  if (key0 + kBlock > kend) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (key0 + nt * 8 + 2 * t4 + (c & 1) >= kend) s[nt][c] = -INFINITY;
+  }
   if (diag) {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
@@ -318,7 +367,9 @@ __device__ __forceinline__ void fwd_mask(float (&s)[8][4], int key0, bool diag, 
   }
 }
 
-template <int HD>
+// FULL: a ring block whose every key is visible (Tk keys, block_params);
+// else causal over T (the whole attention, or the ring's diagonal block).
+template <int HD, bool FULL = false>
 __global__ void __launch_bounds__(kThreads, 2)
     flash_fwd_kernel(uint16_t* __restrict__ out, float* __restrict__ lse,
                      const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
@@ -339,13 +390,17 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int h = blockIdx.y, b = blockIdx.z, kh = h / p.group;
   const int q0 = qb * kBlock;
   const int64_t qoff = int64_t(b) * p.T * p.ldq + int64_t(h) * HD;
-  const int64_t koff = int64_t(b) * p.T * p.ldk + int64_t(kh) * HD;
+  const int Tk = FULL ? p.Tk : p.T;
+  const int64_t koff = int64_t(b) * Tk * p.ldk + int64_t(kh) * HD;
   const int32_t* ds = doc_of(p, b);
-  const int kb0 = first_key_block(ds, qb);  // key blocks kb0..qb
+  // Key blocks kb0..nkb-1: causal, up to the diagonal qb (from the document
+  // start's block); a full block, all of Tk.
+  const int kb0 = FULL ? 0 : first_key_block(ds, qb);
+  const int nkb = FULL ? (Tk + kBlock - 1) / kBlock : qb + 1;
 
   load_tile<HD>(sQ, q + qoff, p.ldq, q0, p.T, tid);
-  load_tile<HD>(sK, k + koff, p.ldk, kb0 * kBlock, p.T, tid);
-  load_tile<HD>(sV, v + koff, p.ldk, kb0 * kBlock, p.T, tid);
+  load_tile<HD>(sK, k + koff, p.ldk, kb0 * kBlock, Tk, tid);
+  load_tile<HD>(sV, v + koff, p.ldk, kb0 * kBlock, Tk, tid);
   cp_async_commit();
 
   uint32_t qf[HD / 16][4];
@@ -356,12 +411,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int row_lo = q0 + warp * 16 + g;
   // Document starts of rows g and g+8 (document masking only).
   const int dlo[2] = {ds ? doc_row(ds, row_lo, p.T) : 0, ds ? doc_row(ds, row_lo + 8, p.T) : 0};
-  const int nkb = qb + 1;  // key blocks kb0..qb; qb has the causal mask
-  for (int n = kb0; n < nkb; ++n) {
+  for (int n = kb0; n < nkb; ++n) {  // causal: qb has the diagonal mask
     if (n + 1 < nkb) {
       const int nb = (n + 1 - kb0) & 1;
-      load_tile<HD>(sK + nb * Tl::kElems, k + koff, p.ldk, (n + 1) * kBlock, p.T, tid);
-      load_tile<HD>(sV + nb * Tl::kElems, v + koff, p.ldk, (n + 1) * kBlock, p.T, tid);
+      load_tile<HD>(sK + nb * Tl::kElems, k + koff, p.ldk, (n + 1) * kBlock, Tk, tid);
+      load_tile<HD>(sV + nb * Tl::kElems, v + koff, p.ldk, (n + 1) * kBlock, Tk, tid);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -379,7 +433,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     float s[8][4];
     zero(s);
     gemm_rT<HD>(s, qf, cK, lane);
-    fwd_mask(s, n * kBlock, n == qb, ds && n * kBlock < dlo[1], row_lo, dlo, t4);
+    // (Causal: no key past T reaches a stored row unmasked; INT_MAX drops the check.)
+    fwd_mask(s, n * kBlock, !FULL && n == qb, ds && n * kBlock < dlo[1], row_lo, dlo, t4,
+             FULL ? Tk : INT_MAX);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
@@ -462,9 +518,10 @@ __global__ void flash_bwd_dsum_kernel(float* __restrict__ D, const uint16_t* __r
 
 // The dK/dV kernel's P^T (the warp's 16 keys from key_lo x the 64 queries of
 // the block at q0) as A fragments: S^T = K Q^T, P^T = exp(S^T - lse), zero
-// where masked: with need_mask a query before the key or past T, with docm
-// (document masking) a key before the query's document start.
-template <int HD>
+// where masked: with need_mask a query past T or (causal, not a full block)
+// before the key, with docm (document masking) a key before the query's
+// document start.
+template <int HD, bool FULL>
 __device__ __forceinline__ void dkdv_pt(uint32_t (&pa)[4][4], const uint16_t* wK,
                                         const uint16_t* cQ, const float* cL, const FlashParams& p,
                                         const int32_t* ds, int q0, int key_lo, bool need_mask,
@@ -485,7 +542,7 @@ __device__ __forceinline__ void dkdv_pt(uint32_t (&pa)[4][4], const uint16_t* wK
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int qi = q0 + qc + (c & 1), kj = key_lo + (c >> 1) * 8;
-        if (qi < kj || qi >= p.T) s[nt][c] = 0.f;
+        if ((!FULL && qi < kj) || qi >= p.T) s[nt][c] = 0.f;
       }
     }
     if (docm) {
@@ -499,7 +556,7 @@ __device__ __forceinline__ void dkdv_pt(uint32_t (&pa)[4][4], const uint16_t* wK
   to_afrag(pa, s);
 }
 
-template <int HD>
+template <int HD, bool FULL = false>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_bwd_dkdv_kernel(uint16_t* __restrict__ dk, uint16_t* __restrict__ dv,
                           const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
@@ -524,15 +581,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kb = blockIdx.x, kh = blockIdx.y, b = blockIdx.z;
   const int k0 = kb * kBlock;
   const int32_t* ds = doc_of(p, b);
-  const int nq = query_blocks_of(ds, kb, nblk, p.T);  // query blocks kb..kb+nq-1 see these keys
+  // Query blocks qb0..qb0+nq-1 see these keys: causal, from the diagonal on;
+  // a full block, every one.
+  const int Tk = FULL ? p.Tk : p.T;
+  const int qb0 = FULL ? 0 : kb;
+  const int nq = FULL ? nblk : query_blocks_of(ds, kb, nblk, p.T);
   const int iters = p.group * nq;    // (head of the group, query block), head-major
-  const int64_t koff = int64_t(b) * p.T * p.ldk + int64_t(kh) * HD;
+  const int64_t koff = int64_t(b) * Tk * p.ldk + int64_t(kh) * HD;
 
-  load_tile<HD>(sK, k + koff, p.ldk, k0, p.T, tid);
-  load_tile<HD>(sV, v + koff, p.ldk, k0, p.T, tid);
+  load_tile<HD>(sK, k + koff, p.ldk, k0, Tk, tid);
+  load_tile<HD>(sV, v + koff, p.ldk, k0, Tk, tid);
   // step `it` -> buffer `buf`
   auto issue = [&](int it, int buf) {
-    const int hh = kh * p.group + it / nq, qs = (kb + it % nq) * kBlock;
+    const int hh = kh * p.group + it / nq, qs = (qb0 + it % nq) * kBlock;
     const int64_t qoff = int64_t(b) * p.T * p.ldq + int64_t(hh) * HD;
     const int64_t loff = (int64_t(b) * p.H + hh) * p.T;
     load_tile<HD>(sQ + buf * Tl::kElems, q + qoff, p.ldq, qs, p.T, tid);
@@ -558,18 +619,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       cp_async_wait<0>();
     }
     __syncthreads();
-    const int q0 = (kb + it % nq) * kBlock;
+    const int q0 = (qb0 + it % nq) * kBlock;
     const uint16_t* cQ = sQ + buf * Tl::kElems;
     const uint16_t* cdO = sdO + buf * Tl::kElems;
     const float* cL = sL + buf * kBlock;
     const float* cD = sD + buf * kBlock;
-    const bool need_mask = q0 == k0 || q0 + kBlock > p.T;
+    const bool need_mask = (!FULL && q0 == k0) || q0 + kBlock > p.T;
 
     uint32_t pa[4][4];  // P^T, then dS^T, as A fragments (rows = keys, k = queries)
     // Document masking: rows of a later document in this query block (the
     // last row's start is past the key block's first key).
     const bool docm = ds && doc_row(ds, q0 + kBlock - 1, p.T) > k0;
-    dkdv_pt<HD>(pa, wK, cQ, cL, p, ds, q0, key_lo, need_mask, docm, lane);
+    dkdv_pt<HD, FULL>(pa, wK, cQ, cL, p, ds, q0, key_lo, need_mask, docm, lane);
     gemm_py<HD>(dva, pa, cdO, lane);  // dV += P^T dO
     // dP^T = V dO^T and dS^T = P^T (dP^T - D), in two halves of 32 queries
     // (fewer live registers); half hf rewrites pa[2hf], pa[2hf+1] in place.
@@ -604,12 +665,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   const int64_t ooff = koff;
   store_rows<HD>(sK + warp * 16 * LD, dka, p.scale, p.scale, dk + ooff, p.ldk, k0 + warp * 16,
-                 p.T, lane);
-  store_rows<HD>(sV + warp * 16 * LD, dva, 1.f, 1.f, dv + ooff, p.ldk, k0 + warp * 16, p.T, lane);
+                 Tk, lane);
+  store_rows<HD>(sV + warp * 16 * LD, dva, 1.f, 1.f, dv + ooff, p.ldk, k0 + warp * 16, Tk, lane);
 #endif
 }
 
-template <int HD>
+template <int HD, bool FULL = false>
 __global__ void __launch_bounds__(kThreads, 2)
     flash_bwd_dq_kernel(uint16_t* __restrict__ dq, const uint16_t* __restrict__ q,
                         const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
@@ -634,16 +695,19 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int h = blockIdx.y, b = blockIdx.z, kh = h / p.group;
   const int q0 = qb * kBlock;
   const int64_t qoff = int64_t(b) * p.T * p.ldq + int64_t(h) * HD;
-  const int64_t koff = int64_t(b) * p.T * p.ldk + int64_t(kh) * HD;
+  const int Tk = FULL ? p.Tk : p.T;
+  const int64_t koff = int64_t(b) * Tk * p.ldk + int64_t(kh) * HD;
   const int64_t loff = (int64_t(b) * p.H + h) * p.T;
   const int32_t* ds = doc_of(p, b);
-  const int kb0 = first_key_block(ds, qb);  // key blocks kb0..qb, as the forward
+  // Key blocks kb0..nkb-1, as the forward.
+  const int kb0 = FULL ? 0 : first_key_block(ds, qb);
+  const int nkb = FULL ? (Tk + kBlock - 1) / kBlock : qb + 1;
 
   load_tile<HD>(sQ, q + qoff, p.ldq, q0, p.T, tid);
   load_tile<HD>(sdO, dout + qoff, p.ldq, q0, p.T, tid);
   load_stats(sL, sD, lse + loff, Dsum + loff, q0, p.T, tid);
-  load_tile<HD>(sK, k + koff, p.ldk, kb0 * kBlock, p.T, tid);
-  load_tile<HD>(sV, v + koff, p.ldk, kb0 * kBlock, p.T, tid);
+  load_tile<HD>(sK, k + koff, p.ldk, kb0 * kBlock, Tk, tid);
+  load_tile<HD>(sV, v + koff, p.ldk, kb0 * kBlock, Tk, tid);
   cp_async_commit();
 
   float dqa[HD / 8][4];
@@ -654,12 +718,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   const uint16_t* wdO = sdO + warp * 16 * LD;
   // Document starts of rows rl and rl+8 (document masking only).
   const int dlo[2] = {ds ? doc_row(ds, q0 + rl, p.T) : 0, ds ? doc_row(ds, q0 + rl + 8, p.T) : 0};
-  const int nkb = qb + 1;
   for (int n = kb0; n < nkb; ++n) {
     if (n + 1 < nkb) {
       const int nb = (n + 1 - kb0) & 1;
-      load_tile<HD>(sK + nb * Tl::kElems, k + koff, p.ldk, (n + 1) * kBlock, p.T, tid);
-      load_tile<HD>(sV + nb * Tl::kElems, v + koff, p.ldk, (n + 1) * kBlock, p.T, tid);
+      load_tile<HD>(sK + nb * Tl::kElems, k + koff, p.ldk, (n + 1) * kBlock, Tk, tid);
+      load_tile<HD>(sV + nb * Tl::kElems, v + koff, p.ldk, (n + 1) * kBlock, Tk, tid);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -679,7 +742,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     zero(dp);
     gemm_sT<HD>(s, wQ, cK, lane);    // S = Q K^T
     gemm_sT<HD>(dp, wdO, cV, lane);  // dP = dO V^T
-    const bool diag = n == qb;
+    // (Keys past Tk in a full block's ragged last tile: K and V rows of 0, so
+    // dS = -P D and dQ += dS K adds 0.)
+    const bool diag = !FULL && n == qb;
     const bool docm = ds && n * kBlock < dlo[1];  // keys before a row's document start
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
@@ -697,7 +762,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
   }
   store_rows<HD>(sQ + warp * 16 * LD, dqa, p.scale, p.scale, dq + qoff, p.ldq, q0 + warp * 16,
-                 p.T, lane);
+                 p.T, lane, p.acc_dq);
 #endif
 }
 

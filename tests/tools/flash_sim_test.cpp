@@ -18,8 +18,14 @@
 // document; one document of the whole sequence must give the causal kernels'
 // bits exactly.
 //
+// Ring attention's blocks (block_params): a full block of Tk1 keys and the
+// causal diagonal merged as ring attention merges them, the backward from the
+// merged out and lse with dq accumulated, against one double attention over
+// both key sets.
+//
 // Usage: adgt_flash_sim_test               all shapes
 //        adgt_flash_sim_test docs          the document-masked shapes
+//        adgt_flash_sim_test blocks        the ring blocks
 //        adgt_flash_sim_test B T H KV hd   one shape
 #define ADGT_CUDA_SIM 1
 #include "tests/tools/cuda_sim/sim_runtime.hpp"
@@ -382,10 +388,176 @@ std::vector<Case> document_cases() {
   };
 }
 
+// ---- ring attention's blocks (block_params: Tq rows against Tk keys) ----------
+// Queries Q (Tq rows) against two key blocks merged as ring attention does:
+// K1/V1 (Tk1 keys, every one visible: a full block) and K2/V2 (the Tq
+// positions of Q itself: the causal diagonal block). The kernels run each
+// block's forward, the blocks merge on the host (double, the backend's
+// attention_merge rule; out rounded to bf16, lse fp32), and each block's
+// backward takes the merged out and lse: block 1's dq written, block 2's
+// added (acc_dq). Reference: one attention of Q over [K1 (all), K2 (j <= i)]
+// in double on the same bf16 inputs.
+struct BlockCase {
+  int B, Tq, Tk1, H, KV, hd;
+};
+
+template <int HD>
+int run_block_hd(const BlockCase& c, fs::WarpOrder order) {
+  std::mt19937 rng(7919u * c.Tq + 104729u * c.Tk1 + 31u * c.H + c.hd + 13u * c.B);
+  const size_t nq = size_t(c.B) * c.Tq * c.H * HD, nk1 = size_t(c.B) * c.Tk1 * c.KV * HD,
+               nk2 = size_t(c.B) * c.Tq * c.KV * HD, ns = size_t(c.B) * c.H * c.Tq;
+  const auto q = random_bf16(rng, nq, 1.5f), k1 = random_bf16(rng, nk1, 1.5f),
+             k2 = random_bf16(rng, nk2, 1.5f), v1 = random_bf16(rng, nk1, 1.f),
+             v2 = random_bf16(rng, nk2, 1.f), dout = random_bf16(rng, nq, 1.f);
+  const ac::FlashParams p1 = ac::block_params(c.Tq, c.Tk1, c.H, c.KV, HD, false);  // the FULL kernels
+  const ac::FlashParams p2 = ac::block_params(c.Tq, c.Tq, c.H, c.KV, HD, true);   // causal, dq added
+  const unsigned qblk = unsigned((c.Tq + ac::kBlock - 1) / ac::kBlock),
+                 k1blk = unsigned((c.Tk1 + ac::kBlock - 1) / ac::kBlock);
+  Guarded<uint16_t> o1(nq, 0x7fc1, 0x5a5a), o2(nq, 0x7fc1, 0x5a5a), out(nq, 0, 0x5a5a),
+      dq(nq, 0x7fc1, 0x5a5a), dk1(nk1, 0x7fc1, 0x5a5a), dv1(nk1, 0x7fc1, 0x5a5a),
+      dk2(nk2, 0x7fc1, 0x5a5a), dv2(nk2, 0x7fc1, 0x5a5a);
+  Guarded<float> l1(ns, NAN, -1234.5f), l2(ns, NAN, -1234.5f), lse(ns, 0.f, -1234.5f),
+      D(ns, NAN, -1234.5f);
+  fs::clear_globals();
+  for (const auto* g : {&q, &k1, &k2, &v1, &v2, &dout}) fs::add_global(g->data(), g->size() * 2);
+  fs::launch({qblk, unsigned(c.H), unsigned(c.B)}, ac::kThreads, ac::fwd_smem<HD>(), order,
+             [&] { ac::flash_fwd_kernel<HD, true>(o1.data(), l1.data(), q.data(), k1.data(), v1.data(), p1); });
+  fs::launch({qblk, unsigned(c.H), unsigned(c.B)}, ac::kThreads, ac::fwd_smem<HD>(), order,
+             [&] { ac::flash_fwd_kernel<HD>(o2.data(), l2.data(), q.data(), k2.data(), v2.data(), p2); });
+  // The merge (the backend's rule, in double): around the larger lse.
+  for (int b = 0; b < c.B; ++b)
+    for (int h = 0; h < c.H; ++h)
+      for (int i = 0; i < c.Tq; ++i) {
+        const size_t r = (size_t(b) * c.H + h) * c.Tq + i;
+        const double a = l1.data()[r], bb = l2.data()[r], m = std::max(a, bb);
+        const double wa = std::exp(a - m), wb = std::exp(bb - m), s = wa + wb;
+        lse.data()[r] = float(m + std::log(s));
+        const size_t off = ((size_t(b) * c.Tq + i) * c.H + h) * HD;
+        for (int e = 0; e < HD; ++e)
+          out.data()[off + e] = float_to_bf16(float((wa * bf16_to_float(o1.data()[off + e]) +
+                                                      wb * bf16_to_float(o2.data()[off + e])) / s));
+      }
+  const int64_t rows = int64_t(c.B) * c.Tq * c.H;
+  const unsigned dblocks = unsigned(std::min<int64_t>(3, (rows * 32 + 255) / 256));
+  fs::launch({dblocks, 1, 1}, 256, 0, order,
+             [&] { ac::flash_bwd_dsum_kernel(D.data(), dout.data(), out.data(), rows, c.Tq, c.H, HD); });
+  fs::add_global(lse.data(), ns * 4);
+  fs::add_global(D.data(), ns * 4);
+  fs::launch({k1blk, unsigned(c.KV), unsigned(c.B)}, ac::kThreads, ac::dkdv_smem<HD>(), order, [&] {
+    ac::flash_bwd_dkdv_kernel<HD, true>(dk1.data(), dv1.data(), q.data(), k1.data(), v1.data(),
+                                        dout.data(), lse.data(), D.data(), p1);
+  });
+  fs::launch({qblk, unsigned(c.H), unsigned(c.B)}, ac::kThreads, ac::dq_smem<HD>(), order, [&] {
+    ac::flash_bwd_dq_kernel<HD, true>(dq.data(), q.data(), k1.data(), v1.data(), dout.data(),
+                                      lse.data(), D.data(), p1);
+  });
+  fs::launch({qblk, unsigned(c.KV), unsigned(c.B)}, ac::kThreads, ac::dkdv_smem<HD>(), order, [&] {
+    ac::flash_bwd_dkdv_kernel<HD>(dk2.data(), dv2.data(), q.data(), k2.data(), v2.data(), dout.data(),
+                                  lse.data(), D.data(), p2);
+  });
+  fs::launch({qblk, unsigned(c.H), unsigned(c.B)}, ac::kThreads, ac::dq_smem<HD>(), order, [&] {
+    ac::flash_bwd_dq_kernel<HD>(dq.data(), q.data(), k2.data(), v2.data(), dout.data(), lse.data(),
+                                D.data(), p2);
+  });
+
+  // Reference: Q over [K1 (all visible), K2 (j <= i)], in double.
+  auto f = [](uint16_t x) { return double(bf16_to_float(x)); };
+  const int T1 = c.Tk1, Tq = c.Tq, H = c.H, KV = c.KV;
+  std::vector<double> rout(nq, 0), rdq(nq, 0), rdk1(nk1, 0), rdv1(nk1, 0), rdk2(nk2, 0), rdv2(nk2, 0),
+      rlse(ns, 0);
+  const double scale = 1.0 / std::sqrt(double(HD));
+  std::vector<double> pr(size_t(T1 + Tq)), dp(size_t(T1 + Tq));
+  for (int b = 0; b < c.B; ++b)
+    for (int h = 0; h < H; ++h) {
+      const int kvh = h / (H / KV);
+      for (int i = 0; i < Tq; ++i) {
+        const size_t qo = ((size_t(b) * Tq + i) * H + h) * HD;
+        auto kv = [&](int j, bool val) -> const uint16_t* {  // key j of the concatenation
+          return j < T1 ? (val ? v1 : k1).data() + ((size_t(b) * T1 + j) * KV + kvh) * HD
+                        : (val ? v2 : k2).data() + ((size_t(b) * Tq + (j - T1)) * KV + kvh) * HD;
+        };
+        const int nj = T1 + i + 1;  // K1 all, K2 up to i
+        double mx = -INFINITY;
+        for (int j = 0; j < nj; ++j) {
+          double s = 0;
+          for (int e = 0; e < HD; ++e) s += f(q[qo + e]) * f(kv(j, false)[e]);
+          pr[size_t(j)] = s * scale;
+          mx = std::max(mx, pr[size_t(j)]);
+        }
+        double sum = 0;
+        for (int j = 0; j < nj; ++j) sum += (pr[size_t(j)] = std::exp(pr[size_t(j)] - mx));
+        for (int j = 0; j < nj; ++j) pr[size_t(j)] /= sum;
+        rlse[(size_t(b) * H + h) * Tq + i] = mx + std::log(sum);
+        double Drow = 0;
+        for (int j = 0; j < nj; ++j) {
+          double d = 0;
+          for (int e = 0; e < HD; ++e) d += f(dout[qo + e]) * f(kv(j, true)[e]);
+          dp[size_t(j)] = d;
+          Drow += pr[size_t(j)] * d;
+        }
+        for (int j = 0; j < nj; ++j) {
+          const double ds = pr[size_t(j)] * (dp[size_t(j)] - Drow);
+          std::vector<double>& rdk = j < T1 ? rdk1 : rdk2;
+          std::vector<double>& rdv = j < T1 ? rdv1 : rdv2;
+          const size_t ko = j < T1 ? ((size_t(b) * T1 + j) * KV + kvh) * HD
+                                   : ((size_t(b) * Tq + (j - T1)) * KV + kvh) * HD;
+          const uint16_t* kj = kv(j, false);
+          const uint16_t* vj = kv(j, true);
+          for (int e = 0; e < HD; ++e) {
+            rout[qo + e] += pr[size_t(j)] * f(vj[e]);
+            rdq[qo + e] += scale * ds * f(kj[e]);
+            rdk[ko + e] += scale * ds * f(q[qo + e]);
+            rdv[ko + e] += pr[size_t(j)] * f(dout[qo + e]);
+          }
+        }
+      }
+    }
+  double lse_err = 0;
+  for (size_t i = 0; i < ns; ++i) {
+    const double e = std::fabs(double(lse.data()[i]) - rlse[i]);
+    lse_err = std::isfinite(e) ? std::max(lse_err, e) : INFINITY;
+  }
+  const double eo = rel_error(out.data(), rout), edq = rel_error(dq.data(), rdq),
+               edk1 = rel_error(dk1.data(), rdk1), edv1 = rel_error(dv1.data(), rdv1),
+               edk2 = rel_error(dk2.data(), rdk2), edv2 = rel_error(dv2.data(), rdv2);
+  const bool guards = o1.guards_intact() && o2.guards_intact() && dq.guards_intact() &&
+                      dk1.guards_intact() && dv1.guards_intact() && dk2.guards_intact() &&
+                      dv2.guards_intact() && l1.guards_intact() && l2.guards_intact() &&
+                      D.guards_intact();
+  const double tol = 1e-2;  // as the causal kernels' (run_case)
+  const bool ok = eo < tol && edq < tol && edk1 < tol && edv1 < tol && edk2 < tol && edv2 < tol &&
+                  lse_err < 1e-3 && guards;
+  std::printf("%s block B=%d Tq=%3d Tk1=%3d H=%d KV=%d hd=%3d warps %s: rel err out %.1e dq %.1e "
+              "dk1 %.1e dv1 %.1e dk2 %.1e dv2 %.1e, max |lse err| %.1e%s\n",
+              ok ? "ok  " : "FAIL", c.B, c.Tq, c.Tk1, c.H, c.KV, HD,
+              order == fs::WarpOrder::Ascending ? "asc " : "desc", eo, edq, edk1, edv1, edk2, edv2,
+              lse_err, guards ? "" : ", WROTE OUTSIDE ITS OUTPUTS");
+  std::fflush(stdout);
+  return ok ? 0 : 1;
+}
+
+int run_block_case(const BlockCase& c) {
+  int failed = 0;
+  for (const fs::WarpOrder order : {fs::WarpOrder::Ascending, fs::WarpOrder::Descending})
+    failed += c.hd == 64 ? run_block_hd<64>(c, order) : run_block_hd<128>(c, order);
+  return failed;
+}
+
+// Ring blocks: Tq inside one tile, ragged and whole; Tk1 below, equal to and
+// above Tq (ragged last key tiles of the full block); GQA and MHA; hd 64 and
+// 128; B = 2.
+std::vector<BlockCase> block_cases() {
+  return {
+      {1, 17, 40, 2, 1, 64}, {2, 64, 64, 4, 2, 64}, {1, 100, 30, 4, 2, 128},
+      {1, 70, 130, 2, 2, 64}, {2, 128, 96, 8, 2, 64},
+  };
+}
+
 }  // namespace
 
 // Usage: no arguments, every case; `docs`, the document-masked ones (the
-// mutants of tests/kernel_sim.cmake); B T H KV hd, one causal shape.
+// mutants of tests/kernel_sim.cmake); `blocks`, ring attention's blocks;
+// B T H KV hd, one causal shape.
 int main(int argc, char** argv) {
   std::vector<Case> cases;
   if (argc == 6) {
@@ -393,11 +565,16 @@ int main(int argc, char** argv) {
                      std::stoi(argv[4]), std::stoi(argv[5])});
   } else if (argc == 2 && std::string(argv[1]) == "docs") {
     cases = document_cases();
+  } else if (argc == 2 && std::string(argv[1]) == "blocks") {
+    int failed = 0;
+    for (const BlockCase& c : block_cases()) failed += run_block_case(c);
+    std::printf("cuda-sim: blocks %s (%zu runs)\n", failed ? "FAILED" : "ok", 2 * block_cases().size());
+    return failed ? 1 : 0;
   } else if (argc == 1) {
     cases = causal_cases();
     for (const Case& c : document_cases()) cases.push_back(c);
   } else {
-    std::fprintf(stderr, "usage: %s [docs | B T H KV hd]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s [docs | blocks | B T H KV hd]\n", argv[0]);
     return 2;
   }
   for (const Case& c : cases)
@@ -408,13 +585,16 @@ int main(int argc, char** argv) {
   int failed = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (const Case& c : cases) failed += run_case(c);
+  if (argc == 1)
+    for (const BlockCase& c : block_cases()) failed += run_block_case(c);
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const size_t runs = 2 * cases.size() + (argc == 1 ? 2 * block_cases().size() : 0);
   if (failed) {
-    std::printf("cuda-sim: %d of %zu runs FAILED\n", failed, 2 * cases.size());
+    std::printf("cuda-sim: %d of %zu runs FAILED\n", failed, runs);
     return 1;
   }
-  std::printf("cuda-sim: ok, %zu runs in %.1f s (%llu fiber switches)\n", 2 * cases.size(), secs,
+  std::printf("cuda-sim: ok, %zu runs in %.1f s (%llu fiber switches)\n", runs, secs,
               (unsigned long long)fs::rt.switches);
   return 0;
 }

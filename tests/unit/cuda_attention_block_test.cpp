@@ -7,7 +7,9 @@
 // lse -inf (no change); the backward of both blocks from the final (out, lse),
 // dq overwritten by the first and accumulated by the second. Max error
 // |gpu - cpu| / max(1, |cpu|): f64 1e-11, f32 1e-5, bf16 1e-2 (both round
-// the same fp32 math once). lse's -inf must match exactly. Each case also
+// the same fp32 math once); bf16 blocks of head_dim 64 or 128 without
+// documents run the flash kernels: ||gpu - cpu|| / ||cpu|| <= 1e-2 there.
+// lse's -inf must match exactly. Each case also
 // with packed documents (AttentionBlock::q_doc_start, k_pos: documents that
 // begin inside the earlier keys and inside the query chunk, so rows see all,
 // some or none of the earlier block's keys). Tag [cuda];
@@ -172,6 +174,17 @@ double max_err(const V& got, const V& want) {
   return e;
 }
 
+// ||got - want|| / ||want|| (the flash kernels' contract: tests/unit/cuda_attention_test.cpp).
+double rel_fro(const V& got, const V& want) {
+  double d = 0, n = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    d += (got[i] - want[i]) * (got[i] - want[i]);
+    n += want[i] * want[i];
+  }
+  return std::sqrt(d / std::max(n, 1e-30));
+}
+
 void check_dtype(DType dt, double tol) {
   auto cpu = make_backend("cpu");
   auto gpu = make_backend("cuda");
@@ -186,8 +199,21 @@ void check_dtype(DType dt, double tol) {
     const Outputs g = run(*gpu, dt, c, in), w = run(*cpu, dt, c, in);
     INFO(dtype_name(dt) << " B=" << c.B << " Tq=" << c.Tq << " Tk2=" << c.Tk2 << " H=" << c.H
                         << " KV=" << c.KV << " hd=" << c.hd << (c.docs ? " documents" : ""));
-    CHECK(max_err(g.out, w.out) <= tol);
     CHECK(max_err(g.lse, w.lse) <= tol);
+    if (dt == DType::BF16 && !c.docs && (c.hd == 64 || c.hd == 128)) {
+      // The flash kernels (CudaBackend::block_flash): P and dS rounded to bf16
+      // for the tensor cores, so the whole-attention flash bound, not the
+      // exact kernels' per-element one (their largest element errors in the
+      // CUDA emulation: 2.6e-2, tests/tools/flash_sim_test.cpp `blocks`).
+      CHECK(rel_fro(g.out, w.out) <= 1e-2);
+      CHECK(rel_fro(g.dq, w.dq) <= 1e-2);
+      CHECK(rel_fro(g.dk1, w.dk1) <= 1e-2);
+      CHECK(rel_fro(g.dv1, w.dv1) <= 1e-2);
+      CHECK(rel_fro(g.dk2, w.dk2) <= 1e-2);
+      CHECK(rel_fro(g.dv2, w.dv2) <= 1e-2);
+      continue;
+    }
+    CHECK(max_err(g.out, w.out) <= tol);
     CHECK(max_err(g.dq, w.dq) <= tol);
     CHECK(max_err(g.dk1, w.dk1) <= tol);
     CHECK(max_err(g.dv1, w.dv1) <= tol);
