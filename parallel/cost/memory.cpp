@@ -400,7 +400,8 @@ void fill_rank_bytes(const RunConfig& cfg, int64_t bpp, const std::vector<ParamS
       // unit's buffer, reduce-scattered at its chunk's ReduceGrads), and at
       // ZeRO-3 a pass holds its unit, the next and the prefetched ones (every
       // unit of the stage without resharding). Measured: pp2 x dp2 ZeRO-3 on
-      // the emulated device 4.6% over this (ctest zero_memory_estimate_emulated).
+      // the emulated device, this 4.6% under the peak (ctest
+      // zero_memory_estimate_emulated).
       x.bytes_grads += numel * mb;
       x.bytes_zero_working =
           cfg.parallel.zero >= 3 ? (cfg.parallel.zero3_reshard_after_forward
