@@ -59,6 +59,16 @@ void backward_hd(cudaStream_t st, uint16_t* dq, uint16_t* dk, uint16_t* dv, cons
   ADGT_LAUNCH_CHECK(op2);
 }
 
+// D = rowsum(dout * out) per row (B, T rows, H heads), fp32 into D.
+void launch_dsum(cudaStream_t st, float* D, const uint16_t* dout, const uint16_t* out, int64_t B,
+                 int64_t T, int64_t H, int64_t hd, const char* op) {
+  const int64_t rows = B * T * H;
+  const int threads = 256;
+  flash_bwd_dsum_kernel<<<grid_for(rows * 32, threads), threads, 0, st>>>(D, dout, out, rows, int(T),
+                                                                          int(H), int(hd));
+  ADGT_LAUNCH_CHECK(op);
+}
+
 // A ring block's kernels (FULL: every key visible; else the causal
 // diagonal): grids of the query blocks (forward, dQ) and the key blocks
 // (dK/dV) of their Tq and Tk.
@@ -129,11 +139,8 @@ void flash_attention_backward(cudaStream_t stream, uint16_t* dq, uint16_t* dk, u
                               float* scratch, const AttentionShape& s) {
   ADGT_CHECK(s.head_dim == 64 || s.head_dim == 128,
              "attention_backward (flash): head_dim=" << s.head_dim << " not supported (64 or 128)");
-  const int64_t rows = s.B * s.T * s.n_heads;
-  const int threads = 256;
-  flash_bwd_dsum_kernel<<<grid_for(rows * 32, threads), threads, 0, stream>>>(
-      scratch, dout, out, rows, int(s.T), int(s.n_heads), int(s.head_dim));
-  ADGT_LAUNCH_CHECK("attention_backward (flash D)");
+  launch_dsum(stream, scratch, dout, out, s.B, s.T, s.n_heads, s.head_dim,
+              "attention_backward (flash D)");
   if (s.head_dim == 64)
     backward_hd<64>(stream, dq, dk, dv, dout, q, k, v, lse, scratch, s);
   else
@@ -171,11 +178,8 @@ void flash_attention_block_backward(cudaStream_t stream, uint16_t* dq, uint16_t*
              "attention_block_backward (flash): documents, a causal block of Tq != Tk, or "
              "head_dim=" << b.head_dim << " (64 or 128)");
   // D = rowsum(dout * out) of the final out, then the kernels with the final lse.
-  const int64_t rows = b.B * b.Tq * b.n_heads;
-  const int threads = 256;
-  flash_bwd_dsum_kernel<<<grid_for(rows * 32, threads), threads, 0, stream>>>(
-      scratch, dout, out, rows, int(b.Tq), int(b.n_heads), int(b.head_dim));
-  ADGT_LAUNCH_CHECK("attention_block_backward (flash D)");
+  launch_dsum(stream, scratch, dout, out, b.B, b.Tq, b.n_heads, b.head_dim,
+              "attention_block_backward (flash D)");
   const bool full = b.mask == BlockMask::full;
   if (b.head_dim == 64)
     full ? block_backward_hd<64, true>(stream, dq, dk, dv, dout, q, k, v, lse, scratch, b, accumulate_dq)
