@@ -354,8 +354,8 @@ adgt_kernel_mutant(flash_doc_fwd_mask TEST flash SOURCE tools/flash_sim_test.cpp
 adgt_kernel_mutant(flash_doc_first_block TEST flash SOURCE tools/flash_sim_test.cpp ARGS docs
   HEADER kernels/cuda/flash_attention_kernels.cuh
   # the forward and dQ start at the block after the one holding the document start
-  FROM [[return ds ? ds[qb * kBlock] / kBlock : 0;]]
-  TO [[return ds ? (ds[qb * kBlock] + kBlock - 1) / kBlock : 0;]])
+  FROM [[return d > 0 ? d / kBlock : 0;]]
+  TO [[return d > 0 ? (d + kBlock - 1) / kBlock : 0;]])
 adgt_kernel_mutant(flash_doc_dq_mask TEST flash SOURCE tools/flash_sim_test.cpp ARGS docs
   HEADER kernels/cuda/flash_attention_kernels.cuh
   # dQ keeps P of keys before the row's document start
@@ -364,18 +364,18 @@ adgt_kernel_mutant(flash_doc_dq_mask TEST flash SOURCE tools/flash_sim_test.cpp 
 adgt_kernel_mutant(flash_doc_dkdv_mask TEST flash SOURCE tools/flash_sim_test.cpp ARGS docs
   HEADER kernels/cuda/flash_attention_kernels.cuh
   # dK/dV keep P^T of queries whose document starts after the key
-  FROM [[if (qi < p.T && kj < ds[qi]) s[nt][c] = 0.f;]]
+  FROM [[if (qi < p.T && kj < ds[qi] - p.doc_off) s[nt][c] = 0.f;]]
   TO [[]])
 adgt_kernel_mutant(flash_doc_dkdv_end TEST flash SOURCE tools/flash_sim_test.cpp ARGS docs
   HEADER kernels/cuda/flash_attention_kernels.cuh
   # dK/dV stop at a query block starting its document inside the key block
-  FROM [[if (ds[(kb + mid - 1) * kBlock] <= klast)]]
-  TO [[if (ds[(kb + mid - 1) * kBlock] <= kb * kBlock)]])
+  FROM [[if (ds[(qb0 + mid - 1) * kBlock] - off <= klast)]]
+  TO [[if (ds[(qb0 + mid - 1) * kBlock] - off <= kb * kBlock)]])
 adgt_kernel_mutant(flash_doc_dkdv_last_key TEST flash SOURCE tools/flash_sim_test.cpp ARGS docs
   HEADER kernels/cuda/flash_attention_kernels.cuh
   # dK/dV stop at a query block whose document starts at the key block's last key
-  FROM [[if (ds[(kb + mid - 1) * kBlock] <= klast)]]
-  TO [[if (ds[(kb + mid - 1) * kBlock] < klast)]])
+  FROM [[if (ds[(qb0 + mid - 1) * kBlock] - off <= klast)]]
+  TO [[if (ds[(qb0 + mid - 1) * kBlock] - off < klast)]])
 
 # Ring attention's blocks in the flash kernels (block_params; flash_sim_test
 # `blocks`: a full block of Tk1 keys and the causal diagonal merged, dq
@@ -383,11 +383,11 @@ adgt_kernel_mutant(flash_doc_dkdv_last_key TEST flash SOURCE tools/flash_sim_tes
 adgt_kernel_mutant(flash_block_fwd_ragged TEST flash SOURCE tools/flash_sim_test.cpp ARGS blocks
   HEADER kernels/cuda/flash_attention_kernels.cuh
   # the forward of a full block leaves out its ragged last key tile
-  FROM [[a full block, all of Tk.
-  const int kb0 = FULL ? 0 : first_key_block(ds, qb);
+  FROM [[none (kb0 >= nkb: out 0, lse -inf).
+  const int kb0 = first_key_block(ds, qb, p.doc_off);
   const int nkb = FULL ? (Tk + kBlock - 1) / kBlock : qb + 1;]]
-  TO [[a full block, all of Tk.
-  const int kb0 = FULL ? 0 : first_key_block(ds, qb);
+  TO [[none (kb0 >= nkb: out 0, lse -inf).
+  const int kb0 = first_key_block(ds, qb, p.doc_off);
   const int nkb = FULL ? Tk / kBlock : qb + 1;]])
 adgt_kernel_mutant(flash_block_fwd_tail TEST flash SOURCE tools/flash_sim_test.cpp ARGS blocks
   HEADER kernels/cuda/flash_attention_kernels.cuh
@@ -419,6 +419,17 @@ adgt_kernel_mutant(flash_block_dkdv_mask TEST flash SOURCE tools/flash_sim_test.
   # dK/dV of a full block mask queries before the key
   FROM [[if ((!FULL && qi < kj) || qi >= p.T) s[nt][c] = 0.f;]]
   TO [[if (qi < kj || qi >= p.T) s[nt][c] = 0.f;]])
+
+adgt_kernel_mutant(flash_block_doc_offset TEST flash SOURCE tools/flash_sim_test.cpp ARGS blocks
+  HEADER kernels/cuda/flash_attention_kernels.cuh
+  # the forward reads a row's document start as a key index, not from the block's k_pos
+  FROM [[const int dlo[2] = {ds ? doc_row(ds, row_lo, p.T) - p.doc_off : 0,]]
+  TO [[const int dlo[2] = {ds ? doc_row(ds, row_lo, p.T) : 0,]])
+adgt_kernel_mutant(flash_block_no_key TEST flash SOURCE tools/flash_sim_test.cpp ARGS blocks
+  HEADER kernels/cuda/flash_attention_kernels.cuh
+  # a row that sees no key of the block divides by its zero sum
+  FROM [[l[0] > 0.f ? 1.f / l[0] : 0.f]]
+  TO [=[1.f / l[0]]=])
 
 adgt_kernel_sim(fp8)
 adgt_kernel_mutant(fp8_amax_sign TEST fp8 HEADER kernels/cuda/fp8_kernels.cuh

@@ -1,7 +1,8 @@
 // The CUDA backend's blockwise attention with log-sum-exp (ring attention's
-// ops): bf16 blocks without documents on the flash kernels
-// (flash_attention.cuh, block_params), the rest on the exact kernels of
-// attention_block_kernels.cuh; the backend's stream and scratch.
+// ops): bf16 blocks on the flash kernels where flash_path allows
+// (flash_attention.cuh, block_params; head_dim 64 or 128), the rest on the
+// exact kernels of attention_block_kernels.cuh; the backend's stream and
+// scratch.
 #include <algorithm>
 
 #include "kernels/cuda/attention_block_kernels.cuh"
@@ -11,7 +12,7 @@ namespace adgt {
 
 bool CudaBackend::block_flash(const AttentionBlock& b, const Tensor& q,
                               std::initializer_list<const void*> tensors) {
-  if (q.dtype != DType::BF16 || b.q_doc_start || (b.mask == BlockMask::causal && b.Tq != b.Tk))
+  if (q.dtype != DType::BF16 || (b.mask == BlockMask::causal && b.Tq != b.Tk))
     return false;
   return flash_path(AttentionShape{b.B, std::max(b.Tq, b.Tk), b.n_heads, b.n_kv_heads, b.head_dim},
                     tensors);

@@ -2,7 +2,7 @@
 // attention_block_forward, attention_merge and attention_block_backward (ring
 // attention's ops, parallel/cp/; the semantics are kernels/backend.hpp's, the
 // reference kernels/cpu/attention_block.cpp). bf16 blocks of head_dim 64 or
-// 128 without documents take the flash kernels instead (attention_block.cu,
+// 128 take the flash kernels instead (attention_block.cu,
 // CudaBackend::block_flash; flash_attention_kernels.cuh block_params); these
 // are the rest. Correct first, not fast:
 //

@@ -252,9 +252,9 @@ class CudaBackend final : public Backend {
   // Whether bf16 attention takes the flash kernels for s with these tensors
   // (cuda_attention_path); logs the first fallback of each reason.
   bool flash_path(const AttentionShape& s, std::initializer_list<const void*> tensors);
-  // Whether a ring block (bf16) runs the flash kernels: no documents (the
-  // exact block kernels mask those), a full block or a square causal one, and
-  // flash_path's rule on its shape (fallbacks logged once per reason).
+  // Whether a ring block (bf16) runs the flash kernels: a full block or a
+  // square causal one, and flash_path's rule on its shape (fallbacks logged
+  // once per reason).
   bool block_flash(const AttentionBlock& b, const Tensor& q,
                    std::initializer_list<const void*> tensors);
   std::vector<CUevent_st*> mark_events_;  // the pool mark() records into (cudaEvent_t)

@@ -76,7 +76,9 @@ template <int HD, bool FULL>
 void block_forward_hd(cudaStream_t st, uint16_t* out, float* lse, const uint16_t* q,
                       const uint16_t* k, const uint16_t* v, const AttentionBlock& b) {
   const char* op = "attention_block_forward (flash)";
-  const FlashParams p = block_params(b.Tq, b.Tk, b.n_heads, b.n_kv_heads, b.head_dim, false);
+  FlashParams p = block_params(b.Tq, b.Tk, b.n_heads, b.n_kv_heads, b.head_dim, false);
+  p.doc = b.q_doc_start;  // packed documents: each row's start; key 0 at k_pos
+  p.doc_off = int(b.k_pos);
   set_smem(flash_fwd_kernel<HD, FULL>, fwd_smem<HD>(), op);
   const dim3 grid(unsigned((b.Tq + kBlock - 1) / kBlock), unsigned(b.n_heads), unsigned(b.B));
   flash_fwd_kernel<HD, FULL><<<grid, kThreads, fwd_smem<HD>(), st>>>(out, lse, q, k, v, p);
@@ -87,7 +89,9 @@ template <int HD, bool FULL>
 void block_backward_hd(cudaStream_t st, uint16_t* dq, uint16_t* dk, uint16_t* dv,
                        const uint16_t* dout, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                        const float* lse, const float* D, const AttentionBlock& b, bool acc_dq) {
-  const FlashParams p = block_params(b.Tq, b.Tk, b.n_heads, b.n_kv_heads, b.head_dim, acc_dq);
+  FlashParams p = block_params(b.Tq, b.Tk, b.n_heads, b.n_kv_heads, b.head_dim, acc_dq);
+  p.doc = b.q_doc_start;
+  p.doc_off = int(b.k_pos);
   const char* op1 = "attention_block_backward (flash dk, dv)";
   set_smem(flash_bwd_dkdv_kernel<HD, FULL>, dkdv_smem<HD>(), op1);
   const dim3 gk(unsigned((b.Tk + kBlock - 1) / kBlock), unsigned(b.n_kv_heads), unsigned(b.B));
@@ -150,9 +154,8 @@ void flash_attention_backward(cudaStream_t stream, uint16_t* dq, uint16_t* dk, u
 void flash_attention_block_forward(cudaStream_t stream, uint16_t* out, float* lse,
                                    const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                    const AttentionBlock& b) {
-  ADGT_CHECK(!b.q_doc_start && (b.mask == BlockMask::full || b.Tq == b.Tk),
-             "attention_block_forward (flash): documents or a causal block of Tq " << b.Tq << " != Tk "
-                                                                                  << b.Tk);
+  ADGT_CHECK(b.mask == BlockMask::full || b.Tq == b.Tk,
+             "attention_block_forward (flash): a causal block of Tq " << b.Tq << " != Tk " << b.Tk);
   const bool full = b.mask == BlockMask::full;
   if (b.head_dim == 64)
     full ? block_forward_hd<64, true>(stream, out, lse, q, k, v, b)
@@ -173,10 +176,9 @@ void flash_attention_block_backward(cudaStream_t stream, uint16_t* dq, uint16_t*
                                     const uint16_t* dout, const uint16_t* q, const uint16_t* k,
                                     const uint16_t* v, const uint16_t* out, const float* lse,
                                     float* scratch, const AttentionBlock& b, bool accumulate_dq) {
-  ADGT_CHECK(!b.q_doc_start && (b.mask == BlockMask::full || b.Tq == b.Tk) &&
-                 (b.head_dim == 64 || b.head_dim == 128),
-             "attention_block_backward (flash): documents, a causal block of Tq != Tk, or "
-             "head_dim=" << b.head_dim << " (64 or 128)");
+  ADGT_CHECK((b.mask == BlockMask::full || b.Tq == b.Tk) && (b.head_dim == 64 || b.head_dim == 128),
+             "attention_block_backward (flash): a causal block of Tq != Tk, or head_dim="
+                 << b.head_dim << " (64 or 128)");
   // D = rowsum(dout * out) of the final out, then the kernels with the final lse.
   launch_dsum(stream, scratch, dout, out, b.B, b.Tq, b.n_heads, b.head_dim,
               "attention_block_backward (flash D)");

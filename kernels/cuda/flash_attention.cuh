@@ -37,10 +37,11 @@ void flash_attention_backward(cudaStream_t stream, uint16_t* dq, uint16_t* dk, u
                               const uint16_t* v, const uint16_t* out, const float* lse,
                               float* scratch, const AttentionShape& s);
 
-// Ring attention's blocks (Backend::attention_block_forward/backward, no
-// documents): q, out, dout, dq (B,Tq,H,hd); k, v, dk, dv (B,Tk,KV,hd); lse
-// (B,H,Tq). Full blocks see every key; causal ones are the diagonal (Tq ==
-// Tk). The backward takes the FINAL out and lse of the rows (D from them) and
+// Ring attention's blocks (Backend::attention_block_forward/backward): q,
+// out, dout, dq (B,Tq,H,hd); k, v, dk, dv (B,Tk,KV,hd); lse (B,H,Tq). Full
+// blocks see every key; causal ones are the diagonal (Tq == Tk); with
+// b.q_doc_start (packed documents) a row sees the keys from its document's
+// start on (a row seeing none: out 0, lse -inf). The backward takes the FINAL out and lse of the rows (D from them) and
 // overwrites dk, dv; dq is overwritten or, with accumulate_dq, added to (its
 // bf16 value plus the block's, rounded once). `scratch`:
 // flash_attention_block_scratch_bytes(b).

@@ -38,13 +38,18 @@
 // masks P^T where the block holds rows of later documents. doc == nullptr:
 // the causal kernels exactly (the same loops; only null-pointer branches).
 //
-// Ring attention's blocks (block_params; Backend::attention_block_*, no
-// documents): Tq query rows (T) against Tk keys, every key visible (full:
-// the forward and dQ over every key tile, the dK/dV kernel over every query
-// tile, no diagonal mask; keys past Tk in the last tile masked to -inf in the
-// forward, zero-filled rows adding 0 elsewhere) or the causal diagonal block
-// (Tq == Tk: the kernels above). The backward takes the rows' final out (D)
-// and lse from the merge of every block; with acc_dq the dQ kernel adds its
+// Ring attention's blocks (block_params; Backend::attention_block_*): Tq
+// query rows (T) against Tk keys, every key visible (FULL: the forward and dQ
+// over every key tile, the dK/dV kernel over every query tile, no diagonal
+// mask; keys past Tk in the last tile masked to -inf in the forward,
+// zero-filled rows adding 0 elsewhere) or the causal diagonal block (Tq ==
+// Tk: the kernels above). Packed documents: doc holds each query row's
+// document start in the sequence's positions and key 0 sits at doc_off
+// (AttentionBlock::q_doc_start, k_pos), so the starts become key indices by
+// subtracting doc_off; a row, or a whole query tile, may see no key of a
+// block (out 0, lse -inf; the loops run no step), and a key tile may be seen
+// by no query tile (dK/dV 0). The backward takes the rows' final out (D) and
+// lse from the merge of every block; with acc_dq the dQ kernel adds its
 // result to dq's bf16 values, rounding the sum once.
 //
 // This header holds the device code only (helpers and __global__ templates);
@@ -83,6 +88,7 @@ struct FlashParams {
   int T, H, group;     // T: query rows per sequence; group = H / KV
   int Tk = 0;          // keys per sequence (the kernels' FULL blocks; causal: T)
   bool acc_dq = false; // dQ added to dq's values (a ring block's accumulation), else written
+  int doc_off = 0;     // with doc: the position of key 0 in doc's positions (a ring block's k_pos)
   int64_t ldq, ldk;    // row strides in elements: H*hd (q, out, dout, dq), KV*hd (k, v, dk, dv)
   float scale;         // 1/sqrt(hd)
   float scale_log2;    // scale * log2(e)
@@ -309,22 +315,27 @@ __device__ __forceinline__ int doc_row(const int32_t* ds, int r, int T) {
 }
 
 // The first key block query block qb needs: the one holding its first row's
-// document start (the smallest of its rows'); 0 without a mask.
-__device__ __forceinline__ int first_key_block(const int32_t* ds, int qb) {
-  return ds ? ds[qb * kBlock] / kBlock : 0;
+// document start (the smallest of its rows'; off: the position of key 0, a
+// ring block's); 0 without a mask or when it starts before key 0.
+__device__ __forceinline__ int first_key_block(const int32_t* ds, int qb, int off) {
+  if (!ds) return 0;
+  const int d = ds[qb * kBlock] - off;
+  return d > 0 ? d / kBlock : 0;
 }
 
-// How many query blocks from key block kb on attend its keys: up to the last
-// whose first row's document starts at or before kb's last key (the starts
-// are non-decreasing, so no later block does; a binary search); nblk - kb
-// without a mask.
-__device__ __forceinline__ int query_blocks_of(const int32_t* ds, int kb, int nblk, int T) {
-  if (!ds) return nblk - kb;
-  const int klast = (kb + 1) * kBlock < T ? (kb + 1) * kBlock - 1 : T - 1;
-  int lo = 1, hi = nblk - kb;  // block kb always: its row k0 attends key k0
+// How many query blocks from qb0 on attend key block kb's keys (Tk keys, key
+// 0 at position off): up to the last whose first row's document starts at or
+// before kb's last key (the starts are non-decreasing, so no later block
+// does; a binary search); nblk - qb0 without a mask. Causal (qb0 == kb):
+// block kb always (its row k0 attends key k0); a full block: maybe none.
+__device__ __forceinline__ int query_blocks_of(const int32_t* ds, int qb0, int kb, int nblk, int Tk,
+                                               int off, bool causal) {
+  if (!ds) return nblk - qb0;
+  const int klast = (kb + 1) * kBlock < Tk ? (kb + 1) * kBlock - 1 : Tk - 1;
+  int lo = causal ? 1 : 0, hi = nblk - qb0;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (ds[(kb + mid - 1) * kBlock] <= klast)
+    if (ds[(qb0 + mid - 1) * kBlock] - off <= klast)
       lo = mid;
     else
       hi = mid - 1;
@@ -393,9 +404,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int Tk = FULL ? p.Tk : p.T;
   const int64_t koff = int64_t(b) * Tk * p.ldk + int64_t(kh) * HD;
   const int32_t* ds = doc_of(p, b);
-  // Key blocks kb0..nkb-1: causal, up to the diagonal qb (from the document
-  // start's block); a full block, all of Tk.
-  const int kb0 = FULL ? 0 : first_key_block(ds, qb);
+  // Key blocks kb0..nkb-1 (from the document start's block): causal, up to
+  // the diagonal qb; a full block, all of Tk. A ring block's rows may see
+  // none (kb0 >= nkb: out 0, lse -inf).
+  const int kb0 = first_key_block(ds, qb, p.doc_off);
   const int nkb = FULL ? (Tk + kBlock - 1) / kBlock : qb + 1;
 
   load_tile<HD>(sQ, q + qoff, p.ldq, q0, p.T, tid);
@@ -409,8 +421,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   float m[2] = {-INFINITY, -INFINITY};  // running max of the log2-domain scores, rows g, g+8
   float l[2] = {0.f, 0.f};              // this thread's part of the running sum
   const int row_lo = q0 + warp * 16 + g;
-  // Document starts of rows g and g+8 (document masking only).
-  const int dlo[2] = {ds ? doc_row(ds, row_lo, p.T) : 0, ds ? doc_row(ds, row_lo + 8, p.T) : 0};
+  // Document starts of rows g and g+8 as key indices (document masking only).
+  const int dlo[2] = {ds ? doc_row(ds, row_lo, p.T) - p.doc_off : 0,
+                      ds ? doc_row(ds, row_lo + 8, p.T) - p.doc_off : 0};
   for (int n = kb0; n < nkb; ++n) {  // causal: qb has the diagonal mask
     if (n + 1 < nkb) {
       const int nb = (n + 1 - kb0) & 1;
@@ -476,13 +489,18 @@ __global__ void __launch_bounds__(kThreads, 2)
     gemm_py<HD>(o, pa, cV, lane);
     __syncthreads();  // the buffers of this step are refilled next step
   }
+  if (kb0 >= nkb) {  // no key of the block visible to this tile: its loads land first
+    cp_async_wait<0>();
+    __syncthreads();
+  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
   }
-  store_rows<HD>(sQ + warp * 16 * LD, o, 1.f / l[0], 1.f / l[1], out + qoff, p.ldq,
-                 q0 + warp * 16, p.T, lane);
+  // A row that saw no key (a ring block's, l = 0): out 0 and lse -inf.
+  store_rows<HD>(sQ + warp * 16 * LD, o, l[0] > 0.f ? 1.f / l[0] : 0.f, l[1] > 0.f ? 1.f / l[1] : 0.f,
+                 out + qoff, p.ldq, q0 + warp * 16, p.T, lane);
   if (t4 == 0) {
     float* L = lse + (int64_t(b) * p.H + h) * p.T;
     if (row_lo < p.T) L[row_lo] = (m[0] + log2f(l[0])) * kLn2;
@@ -549,7 +567,7 @@ __device__ __forceinline__ void dkdv_pt(uint32_t (&pa)[4][4], const uint16_t* wK
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int qi = q0 + qc + (c & 1), kj = key_lo + (c >> 1) * 8;
-        if (qi < p.T && kj < ds[qi]) s[nt][c] = 0.f;
+        if (qi < p.T && kj < ds[qi] - p.doc_off) s[nt][c] = 0.f;
       }
     }
   }
@@ -585,7 +603,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // a full block, every one.
   const int Tk = FULL ? p.Tk : p.T;
   const int qb0 = FULL ? 0 : kb;
-  const int nq = FULL ? nblk : query_blocks_of(ds, kb, nblk, p.T);
+  const int nq = query_blocks_of(ds, qb0, kb, nblk, Tk, p.doc_off, !FULL);
   const int iters = p.group * nq;    // (head of the group, query block), head-major
   const int64_t koff = int64_t(b) * Tk * p.ldk + int64_t(kh) * HD;
 
@@ -600,7 +618,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     load_tile<HD>(sdO + buf * Tl::kElems, dout + qoff, p.ldq, qs, p.T, tid);
     load_stats(sL + buf * kBlock, sD + buf * kBlock, lse + loff, Dsum + loff, qs, p.T, tid);
   };
-  issue(0, 0);
+  if (iters > 0) issue(0, 0);  // (a ring block's keys no query of this tile sees: none)
   cp_async_commit();
 
   float dka[HD / 8][4], dva[HD / 8][4];
@@ -629,7 +647,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t pa[4][4];  // P^T, then dS^T, as A fragments (rows = keys, k = queries)
     // Document masking: rows of a later document in this query block (the
     // last row's start is past the key block's first key).
-    const bool docm = ds && doc_row(ds, q0 + kBlock - 1, p.T) > k0;
+    const bool docm = ds && doc_row(ds, q0 + kBlock - 1, p.T) - p.doc_off > k0;
     dkdv_pt<HD, FULL>(pa, wK, cQ, cL, p, ds, q0, key_lo, need_mask, docm, lane);
     gemm_py<HD>(dva, pa, cdO, lane);  // dV += P^T dO
     // dP^T = V dO^T and dS^T = P^T (dP^T - D), in two halves of 32 queries
@@ -661,6 +679,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     gemm_py<HD>(dka, pa, cQ, lane);  // dK += dS^T Q
+    __syncthreads();
+  }
+  if (iters == 0) {  // the K/V loads land before the tiles are reused
+    cp_async_wait<0>();
     __syncthreads();
   }
   const int64_t ooff = koff;
@@ -700,7 +722,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t loff = (int64_t(b) * p.H + h) * p.T;
   const int32_t* ds = doc_of(p, b);
   // Key blocks kb0..nkb-1, as the forward.
-  const int kb0 = FULL ? 0 : first_key_block(ds, qb);
+  const int kb0 = first_key_block(ds, qb, p.doc_off);
   const int nkb = FULL ? (Tk + kBlock - 1) / kBlock : qb + 1;
 
   load_tile<HD>(sQ, q + qoff, p.ldq, q0, p.T, tid);
@@ -717,7 +739,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const uint16_t* wQ = sQ + warp * 16 * LD;
   const uint16_t* wdO = sdO + warp * 16 * LD;
   // Document starts of rows rl and rl+8 (document masking only).
-  const int dlo[2] = {ds ? doc_row(ds, q0 + rl, p.T) : 0, ds ? doc_row(ds, q0 + rl + 8, p.T) : 0};
+  const int dlo[2] = {ds ? doc_row(ds, q0 + rl, p.T) - p.doc_off : 0,
+                      ds ? doc_row(ds, q0 + rl + 8, p.T) - p.doc_off : 0};
   for (int n = kb0; n < nkb; ++n) {
     if (n + 1 < nkb) {
       const int nb = (n + 1 - kb0) & 1;
@@ -759,6 +782,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     uint32_t pa[4][4];
     to_afrag(pa, s);
     gemm_py<HD>(dqa, pa, cK, lane);  // dQ += dS K
+    __syncthreads();
+  }
+  if (kb0 >= nkb) {  // no key visible (a ring block's): the loads land first; dQ += 0
+    cp_async_wait<0>();
     __syncthreads();
   }
   store_rows<HD>(sQ + warp * 16 * LD, dqa, p.scale, p.scale, dq + qoff, p.ldq, q0 + warp * 16,

@@ -397,8 +397,13 @@ std::vector<Case> document_cases() {
 // backward takes the merged out and lse: block 1's dq written, block 2's
 // added (acc_dq). Reference: one attention of Q over [K1 (all), K2 (j <= i)]
 // in double on the same bf16 inputs.
+// With starts (packed documents, positions of a sequence): K1 holds
+// positions 0..Tk1-1, Q (and K2) positions P0 = Tk1 + gap on; each row sees
+// the keys at or after its document's start (a row may see none of K1).
 struct BlockCase {
   int B, Tq, Tk1, H, KV, hd;
+  std::vector<int> starts = {};  // document starts (the first 0); empty: no documents
+  int gap = 0;
 };
 
 template <int HD>
@@ -409,8 +414,23 @@ int run_block_hd(const BlockCase& c, fs::WarpOrder order) {
   const auto q = random_bf16(rng, nq, 1.5f), k1 = random_bf16(rng, nk1, 1.5f),
              k2 = random_bf16(rng, nk2, 1.5f), v1 = random_bf16(rng, nk1, 1.f),
              v2 = random_bf16(rng, nk2, 1.f), dout = random_bf16(rng, nq, 1.f);
-  const ac::FlashParams p1 = ac::block_params(c.Tq, c.Tk1, c.H, c.KV, HD, false);  // the FULL kernels
-  const ac::FlashParams p2 = ac::block_params(c.Tq, c.Tq, c.H, c.KV, HD, true);   // causal, dq added
+  ac::FlashParams p1 = ac::block_params(c.Tq, c.Tk1, c.H, c.KV, HD, false);  // the FULL kernels
+  ac::FlashParams p2 = ac::block_params(c.Tq, c.Tq, c.H, c.KV, HD, true);   // causal, dq added
+  // Each query row's document start (positions; the same for every sequence).
+  const int P0 = c.Tk1 + c.gap;
+  std::vector<int32_t> qdoc;
+  for (int b = 0; b < c.B && !c.starts.empty(); ++b)
+    for (int i = 0; i < c.Tq; ++i) {
+      int s = 0;
+      for (int st : c.starts)
+        if (st <= P0 + i) s = st;
+      qdoc.push_back(s);
+    }
+  if (!qdoc.empty()) {
+    p1.doc = p2.doc = qdoc.data();
+    p1.doc_off = 0;
+    p2.doc_off = P0;
+  }
   const unsigned qblk = unsigned((c.Tq + ac::kBlock - 1) / ac::kBlock),
                  k1blk = unsigned((c.Tk1 + ac::kBlock - 1) / ac::kBlock);
   Guarded<uint16_t> o1(nq, 0x7fc1, 0x5a5a), o2(nq, 0x7fc1, 0x5a5a), out(nq, 0, 0x5a5a),
@@ -477,19 +497,27 @@ int run_block_hd(const BlockCase& c, fs::WarpOrder order) {
                         : (val ? v2 : k2).data() + ((size_t(b) * Tq + (j - T1)) * KV + kvh) * HD;
         };
         const int nj = T1 + i + 1;  // K1 all, K2 up to i
+        // Position of key j of the concatenation; visible from the row's document start on.
+        const int ds = qdoc.empty() ? 0 : qdoc[size_t(b) * Tq + size_t(i)];
+        auto seen = [&](int j) { return (j < T1 ? j : P0 + (j - T1)) >= ds; };
         double mx = -INFINITY;
         for (int j = 0; j < nj; ++j) {
+          if (!seen(j)) continue;
           double s = 0;
           for (int e = 0; e < HD; ++e) s += f(q[qo + e]) * f(kv(j, false)[e]);
           pr[size_t(j)] = s * scale;
           mx = std::max(mx, pr[size_t(j)]);
         }
         double sum = 0;
-        for (int j = 0; j < nj; ++j) sum += (pr[size_t(j)] = std::exp(pr[size_t(j)] - mx));
+        for (int j = 0; j < nj; ++j) sum += (pr[size_t(j)] = seen(j) ? std::exp(pr[size_t(j)] - mx) : 0.0);
         for (int j = 0; j < nj; ++j) pr[size_t(j)] /= sum;
         rlse[(size_t(b) * H + h) * Tq + i] = mx + std::log(sum);
         double Drow = 0;
         for (int j = 0; j < nj; ++j) {
+          if (!seen(j)) {
+            dp[size_t(j)] = 0;
+            continue;
+          }
           double d = 0;
           for (int e = 0; e < HD; ++e) d += f(dout[qo + e]) * f(kv(j, true)[e]);
           dp[size_t(j)] = d;
@@ -527,9 +555,11 @@ int run_block_hd(const BlockCase& c, fs::WarpOrder order) {
   const double tol = 1e-2;  // as the causal kernels' (run_case)
   const bool ok = eo < tol && edq < tol && edk1 < tol && edv1 < tol && edk2 < tol && edv2 < tol &&
                   lse_err < 1e-3 && guards;
-  std::printf("%s block B=%d Tq=%3d Tk1=%3d H=%d KV=%d hd=%3d warps %s: rel err out %.1e dq %.1e "
+  std::string docs;
+  for (int st : c.starts) docs += (docs.empty() ? " docs at " : ",") + std::to_string(st);
+  std::printf("%s block B=%d Tq=%3d Tk1=%3d H=%d KV=%d hd=%3d%s warps %s: rel err out %.1e dq %.1e "
               "dk1 %.1e dv1 %.1e dk2 %.1e dv2 %.1e, max |lse err| %.1e%s\n",
-              ok ? "ok  " : "FAIL", c.B, c.Tq, c.Tk1, c.H, c.KV, HD,
+              ok ? "ok  " : "FAIL", c.B, c.Tq, c.Tk1, c.H, c.KV, HD, docs.c_str(),
               order == fs::WarpOrder::Ascending ? "asc " : "desc", eo, edq, edk1, edv1, edk2, edv2,
               lse_err, guards ? "" : ", WROTE OUTSIDE ITS OUTPUTS");
   std::fflush(stdout);
@@ -546,10 +576,17 @@ int run_block_case(const BlockCase& c) {
 // Ring blocks: Tq inside one tile, ragged and whole; Tk1 below, equal to and
 // above Tq (ragged last key tiles of the full block); GQA and MHA; hd 64 and
 // 128; B = 2.
+// With documents (positions: K1 0..Tk1-1, Q from Tk1 + gap): starts inside
+// K1 (rows see part of it), between K1 and Q (rows see none of K1: out 0,
+// lse -inf, a whole query tile of them), and inside Q (rows see part of the
+// diagonal); a key tile of K1 no row sees; hd 128 with one.
 std::vector<BlockCase> block_cases() {
   return {
       {1, 17, 40, 2, 1, 64}, {2, 64, 64, 4, 2, 64}, {1, 100, 30, 4, 2, 128},
       {1, 70, 130, 2, 2, 64}, {2, 128, 96, 8, 2, 64},
+      {1, 130, 100, 4, 2, 64, {0, 30, 150, 200}, 10},
+      {2, 90, 140, 2, 1, 64, {0, 70, 120, 141, 180}, 0},
+      {1, 100, 70, 2, 2, 128, {0, 80, 90}, 30},
   };
 }
 
