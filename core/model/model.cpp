@@ -221,9 +221,8 @@ Model::LayerActs Model::layer_acts(Recompute shared, bool moe) {
   a.x_mid = act(Nl, C, dt);
   a.ln2 = act(N, C, dt);
   a.rstd2 = act(Nl, 1, sdt);
-  if (moe) {
-    // The MoE block's own buffers are its layer's (MoeLayer slots).
-  } else if (fused_) {
+  if (moe) return a;  // no dense FFN: the MoE block's buffers are its layer's (MoeLayer slots)
+  if (fused_) {
     a.gu = act(N, 2 * Fl_, dt);
   } else {
     a.gate = act(N, Fl_, dt);

@@ -23,12 +23,12 @@
 
 #include "kernels/check.hpp"
 #include "kernels/common/bf16.hpp"
-#include "kernels/op_checks.hpp"
 
 namespace adgt {
 
 struct MoeLayer::Slot {
   int64_t N = 0;
+  int64_t reserve = 0;  // recv_reserve(N): the expert rows its buffers are sized for
   bool has_forward = false;
   // Host: the plan's sizes.
   std::vector<int64_t> send_rows, recv_rows;  // (ep) rows exchanged with each rank
@@ -552,7 +552,8 @@ void MoeLayer::plan_rows(Slot& s, const RoutePlan& rp, int64_t& Ms, int64_t& Mr)
       s.recv_rows[size_t(src)] += c;
       s.expert_rows[size_t(le)] += c;
     }
-  const int64_t res = recv_reserve(s.N);
+  s.reserve = recv_reserve(s.N);
+  const int64_t res = s.reserve;
   s.perm = grow(s.perm_b, Mr, 1, DType::I32, res);
   s.inv = grow(s.inv_b, Mr, 1, DType::I32, res);
   if (P > 1) {
@@ -573,7 +574,7 @@ void MoeLayer::dispatch_rows(Slot& s, const Tensor& tok, int64_t Ms, int64_t Mr,
   Scratch& sc = *scratch_;
   const int64_t C = C_;
   const int P = ep_->size();
-  const int64_t res = recv_reserve(s.N), sent = s.N * k_;
+  const int64_t res = s.reserve, sent = s.N * k_;
   s.xe = grow(s.xe_b, Mr, C, dt_, res);
   s.fused = fused;
   s.gate = grow(s.gate_b, Mr, s.fused ? 2 * F_ : F_, dt_, res);
@@ -629,7 +630,7 @@ void MoeLayer::expert_backward(int64_t le, int proj, Tensor dx, Tensor dw, const
 Tensor MoeLayer::run_experts(Slot& s, const MoeParams& full, int64_t Mr) {
   MoeStats& st = s.stats;
   const int64_t El = int64_t(s.expert_rows.size());
-  Tensor ye = ep_->size() == 1 ? s.ysend : grow(scratch_->ye, Mr, C_, dt_, recv_reserve(s.N));
+  Tensor ye = ep_->size() == 1 ? s.ysend : grow(scratch_->ye, Mr, C_, dt_, s.reserve);
   const int span = be_.span_begin();
   for (int64_t le = 0, off = 0; le < El; off += s.expert_rows[size_t(le)], ++le) {
     const int64_t m = s.expert_rows[size_t(le)];
@@ -656,7 +657,7 @@ Tensor MoeLayer::run_experts(Slot& s, const MoeParams& full, int64_t Mr) {
 void MoeLayer::return_rows(Slot& s, const Tensor& ye, int64_t Ms, int64_t Mr) {
   if (ep_->size() == 1) return;
   Scratch& sc = *scratch_;
-  Tensor tmp = grow(sc.tmp, Mr, C_, dt_, recv_reserve(s.N));
+  Tensor tmp = grow(sc.tmp, Mr, C_, dt_, s.reserve);
   if (Mr) be_.embedding_forward(tmp, ye, s.inv, 0);
   if (rep_.any()) {
     Tensor back = grow(sc.rows2, Ms, C_, dt_, s.N * k_);
@@ -734,7 +735,7 @@ void MoeLayer::backward(int slot, Tensor dx, const MoeParams& p, const MoeParams
   for (int i = 0; i < P; ++i) Ms += s.send_rows[size_t(i)], Mr += s.recv_rows[size_t(i)];
 
   // Combine: dy rows (send order) and d(weights).
-  const int64_t res = recv_reserve(N), sent = N * k;
+  const int64_t res = s.reserve, sent = N * k;
   Tensor dys = grow(sc.send, Ms, C, dt_, sent), dwt = grow(sc.dw, N, k, grad_dtype());
   if (N) be_.combine_rows_backward(dys, dwt, dout, s.ysend, s.pos, s.route.w);
 

@@ -36,7 +36,6 @@ class DeviceComm final : public Comm {
   // "nccl" or "mpi (host-staged)", for the rank table.
   std::string transport() const { return device_ ? "nccl" : "mpi (host-staged)"; }
   Comm& host() { return host_; }      // the group's MPI transport (or its emulation)
-  Backend& backend() { return be_; }
   bool has_device_transport() const { return device_ != nullptr; }
   // The host transport's modelled clock (an emulated group's; parallel/comm/site_comm.hpp
   // chains its phases on it).

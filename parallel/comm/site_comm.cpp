@@ -178,7 +178,6 @@ Work SiteComm::start_all_reduce(Tensor t, ReduceOp op_kind) {
   auto op = std::make_shared<Op>();
   const bool dev = on_device(t);
   const int64_t n = t.numel(), k = split_.per_site, m = (n + k - 1) / k;
-  const size_t es = dtype_size(t.dtype);
   Tensor whole = flat(t.data, t.dtype, n);
   if (n % k != 0 || n == 0) {  // padded with zeros to k equal chunks (x + 0 == x)
     const int64_t padded = k * std::max<int64_t>(m, 1);
