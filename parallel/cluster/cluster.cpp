@@ -253,9 +253,16 @@ PowerModel parse_power(const std::string& name, const YAML::Node& n) {
   bool idle = false, limit = false;
   for_keys(name, n, "device.power",
            {"idle_w", "limit_w", "pj_per_flop_bf16", "pj_per_flop_fp8", "pj_per_flop_fp32", "pj_per_byte",
-            "clock_exponent", "source"},
+            "clock_exponent", "limiter_window_s", "limiter_brake_clock", "limiter_hold_s", "source"},
            [&](const std::string& k, const YAML::Node& v) {
              const std::string key = "device.power." + k;
+             if (k == "limiter_window_s") p.limiter_window_s = non_negative(name, v, key);
+             if (k == "limiter_hold_s") p.limiter_hold_s = non_negative(name, v, key);
+             if (k == "limiter_brake_clock") {
+               p.limiter_brake_clock = positive(name, v, key);
+               if (p.limiter_brake_clock > 1)
+                 fail(name, v, key + ": a fraction of the sustained clock, in (0, 1], got " + v.Scalar());
+             }
              if (k == "idle_w") p.idle_w = non_negative(name, v, key), idle = true;
              if (k == "limit_w") p.limit_w = positive(name, v, key), limit = true;
              if (k == "pj_per_flop_bf16") p.pj_per_flop_bf16 = non_negative(name, v, key);
@@ -515,7 +522,12 @@ std::string to_yaml(const Cluster& c) {
        << ", pj_per_flop_fp8: " << num(d.power.pj_per_flop_fp8)
        << ", pj_per_flop_fp32: " << num(d.power.pj_per_flop_fp32)
        << ", pj_per_byte: " << num(d.power.pj_per_byte)
-       << ", clock_exponent: " << num(d.power.clock_exponent) << ", source: \"" << d.power.source << "\"}";
+       << ", clock_exponent: " << num(d.power.clock_exponent)
+       << (d.power.limiter() ? ", limiter_window_s: " + num(d.power.limiter_window_s) +
+                                   ", limiter_brake_clock: " + num(d.power.limiter_brake_clock) +
+                                   ", limiter_hold_s: " + num(d.power.limiter_hold_s)
+                             : std::string())
+       << ", source: \"" << d.power.source << "\"}";
   os << "\nintra: "
      << link_yaml(c.intra) << "\ninter: " << link_yaml(c.inter)
      << "\nnics_per_node: " << c.nics_per_node << "\n";

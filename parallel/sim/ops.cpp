@@ -120,11 +120,20 @@ std::pair<double, double> DeviceModelCosts::compute_and_memory(const Op& op, int
 }
 
 double DeviceModelCosts::clock(const Op& op, int bytes) const {
-  if (!d_.power.on() || d_.power.cap_w <= 0) return 1.0;
+  if (!d_.power.on() || d_.power.cap_w <= 0 || d_.power.limiter()) return 1.0;
   const auto [compute, memory] = compute_and_memory(op, bytes);
   const double t = std::max(compute, memory) + d_.kernel_overhead;
   const double e = cluster::dynamic_joules(d_.power, op.flops(), flop_bytes(op, bytes), bytes_moved(op, bytes));
   return cluster::capped_clock(d_.power, e / t);
+}
+
+cluster::PowerSegment DeviceModelCosts::segment(const Op& op, int bytes) const {
+  const auto [compute, memory] = compute_and_memory(op, bytes);
+  cluster::PowerSegment s;
+  s.compute_s = compute, s.memory_s = memory, s.overhead_s = d_.kernel_overhead;
+  s.flop_j = cluster::dynamic_joules(d_.power, op.flops(), flop_bytes(op, bytes), 0);
+  s.byte_j = cluster::dynamic_joules(d_.power, 0, flop_bytes(op, bytes), bytes_moved(op, bytes));
+  return s;
 }
 
 double DeviceModelCosts::seconds(const Op& op, int bytes) {

@@ -89,8 +89,12 @@ class DeviceModelCosts final : public OpCosts {
   explicit DeviceModelCosts(cluster::Device d) : d_(std::move(d)) {}
   double seconds(const Op& op, int bytes) override;
   double joules(const Op& op, int bytes) override;
-  // The clock the op runs at under the cap (1: none, or it fits).
+  // The clock the op runs at under the cap (1: none, or it fits; and with a
+  // limiter, which sets the clock by the step's power: power_slowdown.hpp).
   double clock(const Op& op, int bytes) const;
+  // The op as the power model's limiter sees it (power.hpp), at the
+  // sustained clock.
+  cluster::PowerSegment segment(const Op& op, int bytes) const;
   std::string describe() const override { return "device model (" + d_.name + ")"; }
   // Bytes an op reads and writes (the memory-bound side of the roofline).
   static double bytes_moved(const Op& op, int bytes);

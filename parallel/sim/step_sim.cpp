@@ -17,6 +17,7 @@
 #include "parallel/pipeline/run_schedule.hpp"
 #include "parallel/sim/work.hpp"
 #include "parallel/pipeline/validate.hpp"
+#include "parallel/sim/power_slowdown.hpp"
 
 namespace adgt::sim {
 namespace {
@@ -95,6 +96,17 @@ class StepSimulation {
     replicas_ = hetero ? int(lay_.dp * lay_.cp) : 1;
     // Per pipeline rank: its work and bucket durations (costed per replica below).
     for (int p = 0; p < P_; ++p) work_.push_back(rank_work(cfg, p, opts.work));
+    // A power limiter under a cap (power.hpp): each pipeline rank's compute
+    // runs at the speed the limiter leaves its step, its FLOPs' energy as
+    // the limiter's walk found (the ops themselves are costed unthrottled).
+    limiter_speed_.assign(size_t(P_), 1.0);
+    limiter_energy_.assign(size_t(P_), 1.0);
+    if (cl.device.power.on() && cl.device.power.cap_w > 0 && cl.device.power.limiter())
+      for (int p = 0; p < P_; ++p) {
+        const cluster::LimiterStep ls = limiter_step(cfg, cl.device, p, opts.work);
+        limiter_speed_[size_t(p)] = 1.0 / std::max(1.0, ls.slowdown());
+        if (ls.free_dyn_j > 0) limiter_energy_[size_t(p)] = ls.capped_dyn_j / ls.free_dyn_j;
+      }
   }
 
   SimResult run() {
@@ -172,7 +184,7 @@ class StepSimulation {
     sc.b.assign(size_t(P * V), 0);
     sc.w.assign(size_t(P * V), 0);
     for (int p = 0; p < P; ++p) {
-      double speed = cl_.speed_of_node(cl_.node_of(dev(lead_rank(p))));
+      double speed = cl_.speed_of_node(cl_.node_of(dev(lead_rank(p)))) * limiter_speed_[size_t(p)];
       if (auto it = opts_.slow_ranks.find(lead_rank(p)); it != opts_.slow_ranks.end()) speed /= it->second;
       for (int c = 0; c < V; ++c) {
         const StageWork& st = work_[size_t(p)].chunks[size_t(c)];
@@ -209,6 +221,7 @@ class StepSimulation {
           if (auto it = opts_.slow_ranks.find(r); it != opts_.slow_ranks.end()) s /= it->second;
           u.speed = std::min(u.speed, s);
         }
+        u.speed *= limiter_speed_[size_t(p)];
         if (opts_.host_cores > 0) u.pool = 0;
         else if (cl_.cores_per_node > 0) u.pool = int(cl_.node_of(dev(u.ranks[0])));
         u.sync_wait = u.pool >= 0 ? opts_.sync_wait_s : 0;
@@ -855,7 +868,7 @@ class StepSimulation {
     // devices, and for the replicas not simulated. Links and hosts not counted.
     if (energy_known_ && cl_.device.power.on()) {
       double dyn = 0;
-      for (const Unit& u : units_) dyn += u.joules * double(u.ranks.size());
+      for (const Unit& u : units_) dyn += u.joules * double(u.ranks.size()) * limiter_energy_[size_t(u.pp)];
       dyn *= double(lay_.dp * lay_.cp) / double(replicas_);
       r.energy_j = dyn + cl_.device.power.idle_w * r.step_time_s * double(world_);
       r.energy_per_token_j = r.energy_j / tokens;
@@ -905,6 +918,7 @@ class StepSimulation {
   SimTrace* trace_ = nullptr;
   std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>, double> joule_memo_;
   bool energy_known_ = true;
+  std::vector<double> limiter_speed_, limiter_energy_;  // per pipeline rank (1: no limiter)
   std::vector<std::pair<std::string, const char*>> labels_;  // a task label's name and category
   std::map<std::string, int> label_of_;
 };

@@ -9,9 +9,11 @@
 #include <cmath>
 
 #include "core/config.hpp"
+#include "core/layout.hpp"
 #include "parallel/cluster/cluster.hpp"
 #include "parallel/cluster/power.hpp"
 #include "parallel/sim/ops.hpp"
+#include "parallel/sim/power_slowdown.hpp"
 #include "parallel/sim/step_sim.hpp"
 #include "parallel/sim/sweep.hpp"
 #include "parallel/sim/work.hpp"
@@ -165,6 +167,22 @@ TEST_CASE("power: the cluster file's power block and its errors", "[sim][power]"
                                                   "intra: {bandwidth_GBps: 100, latency_us: 1}\n",
                                            "p.yaml"),
                     Contains("device.power.watts: unknown key"));
+  // The limiter's keys, written back and read again.
+  const cluster::Cluster l = cluster::parse_cluster(
+      base + ", power: {idle_w: 50, limit_w: 300, limiter_window_s: 0.002, limiter_brake_clock: 0.4, "
+             "limiter_hold_s: 0.01}}\nintra: {bandwidth_GBps: 100, latency_us: 1}\n",
+      "p.yaml");
+  CHECK(l.device.power.limiter());
+  CHECK(l.device.power.limiter_window_s == 0.002);
+  CHECK(l.device.power.limiter_brake_clock == 0.4);
+  CHECK(l.device.power.limiter_hold_s == 0.01);
+  CHECK(cluster::parse_cluster(cluster::to_yaml(l), "round.yaml").device.power == l.device.power);
+  CHECK_FALSE(c.device.power.limiter());
+  CHECK_THROWS_WITH(cluster::parse_cluster(base + ", power: {idle_w: 40, limit_w: 300, limiter_window_s: 1, "
+                                                  "limiter_brake_clock: 1.5}}\nintra: {bandwidth_GBps: 100, "
+                                                  "latency_us: 1}\n",
+                                           "p.yaml"),
+                    Contains("device.power.limiter_brake_clock: a fraction of the sustained clock"));
 }
 
 TEST_CASE("power: the sweep's energy objective ranks by energy per token", "[sim][power]") {
@@ -190,4 +208,81 @@ TEST_CASE("power: the sweep's energy objective ranks by energy per token", "[sim
   nopower.device.power = {};
   DeviceModelCosts c2(nopower.device);
   CHECK_THROWS_WITH(sweep_layouts(cfg, 8, nopower, c2, e), Contains("has no device.power"));
+}
+
+// The limiter (power.hpp): a long kernel drawing more than the cap cycles
+// between full clock, until the average reaches the cap, and the brake's
+// clock for the hold; the cycle's times follow from the exponential average
+// by hand: at the brake the average falls from the cap toward w_b over the
+// hold to a = w_b + (cap - w_b) e^(-h/tau), then rises at full clock toward
+// w_1 back to the cap in t_1 = tau ln((w_1 - a) / (w_1 - cap)).
+TEST_CASE("power: the limiter's walk is its cycle computed by hand", "[sim][power]") {
+  cluster::PowerModel p;
+  p.idle_w = 10, p.limit_w = 100, p.clock_exponent = 3;
+  p.limiter_window_s = 1e-3, p.limiter_brake_clock = 0.5, p.limiter_hold_s = 2e-3;
+  cluster::PowerSegment s;
+  s.compute_s = 1.0, s.flop_j = 140;  // 150 W at full clock
+  const double tau = 1e-3, h = 2e-3, cap = 100, w1 = 150;
+  const double wb = 10 + 140 * 0.25 / 2.0;  // 27.5 W: a quarter the energy over twice the time
+  const double a = wb + (cap - wb) * std::exp(-h / tau);
+  const double t1 = tau * std::log((w1 - a) / (w1 - cap));
+  const cluster::LimiterStep r = cluster::limiter_walk(p, {s});
+  CHECK(r.free_s == 1.0);
+  CHECK(r.capped_s / r.free_s == Approx((t1 + h) / (t1 + 0.5 * h)).epsilon(2e-3));
+  CHECK(r.braked_share == Approx(h / (t1 + h)).epsilon(2e-3));
+  CHECK(r.capped_dyn_j / r.free_dyn_j == Approx((140 * t1 + (wb - 10) * h) / (t1 + 0.5 * h) / 140).epsilon(2e-3));
+  // No limiter, or a cap above the kernel's draw: the free step.
+  cluster::PowerModel q = p;
+  q.limiter_window_s = 0;
+  CHECK(cluster::limiter_walk(q, {s}).capped_s == 1.0);
+  q = p;
+  q.cap_w = 0, q.limit_w = 200;
+  CHECK(cluster::limiter_walk(q, {s}).capped_s == 1.0);
+  CHECK(cluster::limiter_walk(q, {s}).braked_share == 0);
+}
+
+TEST_CASE("power: a burst shorter than the limiter's window rides under the cap, a longer one trips it",
+          "[sim][power]") {
+  cluster::PowerModel p;
+  p.idle_w = 10, p.limit_w = 100, p.clock_exponent = 3;
+  p.limiter_window_s = 1e-3, p.limiter_brake_clock = 0.5, p.limiter_hold_s = 1e-3;
+  // 150 W of FLOPs and 30 W of memory traffic in turn: 90 W on average.
+  auto steps = [](double d) {
+    cluster::PowerSegment hi, lo;
+    hi.compute_s = d, hi.flop_j = 140 * d;
+    lo.memory_s = d, lo.byte_j = 20 * d;
+    return std::vector<cluster::PowerSegment>{hi, lo, hi, lo};
+  };
+  const cluster::LimiterStep quick = cluster::limiter_walk(p, steps(2e-5));
+  CHECK(quick.capped_s == Approx(quick.free_s).epsilon(1e-12));
+  CHECK(quick.braked_share == 0);
+  const cluster::LimiterStep slow = cluster::limiter_walk(p, steps(1e-2));
+  CHECK(slow.capped_s > 1.1 * slow.free_s);
+  CHECK(slow.braked_share > 0.05);
+  // The kernel-by-kernel model throttles both alike (150 W > 100 W).
+  CHECK(cluster::capped_clock(p, 140) < 0.9);
+}
+
+TEST_CASE("power: the simulator and the emulation take the limiter's factor from one walk", "[sim][power]") {
+  cluster::Cluster c = h100(8, 85);  // the small model's step averages 88 W uncapped
+  c.device.power.limiter_window_s = 2e-3, c.device.power.limiter_hold_s = 5e-3,
+  c.device.power.limiter_brake_clock = 0.6;
+  for (const std::string pp : {"1", "2"}) {
+    const RunConfig cfg = run({"parallel.pp=" + pp, "parallel.dp=2", "train.micro_batch=1"});
+    const double f0 = power_cap_slowdown(cfg, c.device, 85, 0);
+    CHECK(f0 == limiter_step(cfg, c.device, 0).slowdown());
+    REQUIRE(f0 > 1.05);
+    // The simulator under the cap = the free simulation with every rank
+    // slowed by its pipeline rank's factor.
+    cluster::Cluster free = c;
+    free.device.power.cap_w = 0;
+    DeviceModelCosts capped_costs(c.device), free_costs(free.device);
+    SimOptions slowed;
+    const Layout lay = layout_of(cfg);
+    for (int r = 0; r < int(lay.world()); ++r)
+      slowed.slow_ranks[r] = power_cap_slowdown(cfg, c.device, 85, int(coords_of(lay, r).pp));
+    const double capped = simulate_step(cfg, c, capped_costs).step_time_s;
+    CHECK(capped == Approx(simulate_step(cfg, free, free_costs, slowed).step_time_s).epsilon(1e-12));
+    CHECK(capped > simulate_step(cfg, free, free_costs).step_time_s * 1.05);
+  }
 }
