@@ -87,6 +87,7 @@ LimiterStep limiter_walk(const PowerModel& p, const std::vector<PowerSegment>& s
     }
     if (rep >= measured_from) t_sum += t_rep, e_sum += e_rep, b_sum += b_rep;
   }
+  if (b_sum == 0) return r;  // never braked: the free step (not its sum piece by piece)
   const double n = double(reps - measured_from);
   r.capped_s = t_sum / n, r.capped_dyn_j = e_sum / n;
   r.braked_share = t_sum > 0 ? b_sum / t_sum : 0;

@@ -244,6 +244,61 @@ RankState copy_out_state(Engine& e) {
   return src;
 }
 
+// An f64 run whose layout stays (a switch of train.micro_batch or
+// train.recompute only, on the same ranks): the master weights and AdamW's
+// moments in f64, put back over the fp32 copies the reshard carries, so the
+// switch rounds nothing (the power controller's micro-batch switch changes
+// the numbers only by the accumulation order: docs/power.md). Not under
+// ZeRO-2/3, whose state lives in the sharded store.
+struct ExactCarry {
+  int world_rank = -1;
+  int64_t lo = 0, hi = 0;
+  std::vector<double> master, m, v;
+  bool on() const { return world_rank >= 0; }
+};
+
+bool same_ranks_layout(const RunConfig& a, const RunConfig& b) {
+  Layout la = layout_of(a), lb = layout_of(b);
+  la.microbatches = lb.microbatches = 0;  // follows the micro-batch
+  return la == lb;
+}
+
+std::vector<double> f64_to_host(Backend& be, const Tensor& t) {
+  std::vector<double> out(size_t(t.numel()));
+  be.to_host(out.data(), t.data, out.size() * sizeof(double));
+  return out;
+}
+
+ExactCarry exact_carry_out(Engine& e, const RunConfig& from, const RunConfig& to, int world_rank) {
+  ExactCarry c;
+  if (e.model().master().dtype != DType::F64 || from.parallel.zero >= 2 || !same_ranks_layout(from, to))
+    return c;
+  Backend& be = e.backend();
+  AdamW& opt = e.optimizer().adamw();
+  c.world_rank = world_rank, c.lo = opt.lo(), c.hi = opt.hi();
+  c.master = f64_to_host(be, e.model().master());
+  c.m = f64_to_host(be, opt.exp_avg());
+  c.v = f64_to_host(be, opt.exp_avg_sq());
+  return c;
+}
+
+// After restore_resharded: the new engine's state as the old one had it,
+// where this process kept its place and buffers (else the fp32 copies stay).
+bool exact_carry_in(Engine& e, const ExactCarry& c, int world_rank) {
+  if (!c.on() || c.world_rank != world_rank) return false;
+  AdamW& opt = e.optimizer().adamw();
+  const Tensor master = e.model().master(), m = opt.exp_avg(), v = opt.exp_avg_sq();
+  if (master.dtype != DType::F64 || size_t(master.numel()) != c.master.size() || opt.lo() != c.lo ||
+      opt.hi() != c.hi || size_t(m.numel()) != c.m.size() || size_t(v.numel()) != c.v.size())
+    return false;
+  Backend& be = e.backend();
+  be.to_device(master.data, c.master.data(), c.master.size() * sizeof(double));
+  be.to_device(m.data, c.m.data(), c.m.size() * sizeof(double));
+  be.to_device(v.data, c.v.data(), c.v.size() * sizeof(double));
+  e.model().sync_params();
+  return true;
+}
+
 // Receive buffers for cross-memory reads, touched now: on the hosts
 // measured, pages faulted in after the old engine's memory is freed cost
 // about 5x more (docs/reliability.md). With room to spare for a new layout
@@ -390,6 +445,7 @@ void Trainer::switch_layout(const RunConfig& next, const std::string& why, Metri
   // MoE selection biases (summed over the pipeline, as a save does).
   RankState src = copy_out_state(*engine_);
   const int src_rank = world_rank_;
+  const ExactCarry exact = exact_carry_out(*engine_, cfg_, next, world_rank_);
   std::vector<double> bias;
   const bool moe_bias = engine_->model().has_moe() && cfg_.model.moe_aux_free;
   if (moe_bias) {
@@ -439,6 +495,9 @@ void Trainer::switch_layout(const RunConfig& next, const std::string& why, Metri
   phases["exchange_unpack"] = rec.rs.unpack_s;
   src = {};
   restore_resharded(*engine_, dst);
+  int32_t rounded[1] = {exact_carry_in(*engine_, exact, world_rank_) ? 0 : 1};  // on any rank
+  engine_->groups().world->all_reduce(Tensor(rounded, DType::I32, {1}), ReduceOp::Max);
+  rec.exact = rounded[0] == 0;
   if (moe_bias) engine_->model().set_moe_bias_table(bias);
   if (!fp8_hist.empty()) engine_->model().set_fp8_history_table(fp8_hist, fp8_steps);
   phase("restore");
@@ -465,21 +524,24 @@ void Trainer::report_switch(const SwitchRecord& rec, std::chrono::steady_clock::
   // Into a pipeline: its stages and schedule, as at the start of a run.
   if (engine_->pipelined()) std::printf("%s", describe_pipeline_schedule(cfg_).c_str());
   std::fflush(stdout);
-  if (log)
-    log->log_record({{"event", "switch"},
-                     {"step", step_},
-                     {"request", rec.why},
-                     {"from", rec.from},
-                     {"to", describe(layout_of(cfg_))},
-                     {"schedule_before", rec.schedule_before},
-                     {"seconds", seconds},
-                     {"moved_bytes", moved[0]},
-                     {"local_bytes", moved[1]},
-                     {"shared_bytes", moved[2]},
-                     {"exchange", rec.exchange},
-                     {"moves", rec.rs.moves},
-                     {"phases_s", rec.phases},
-                     {"phases_max_s", phases_max}});
+  if (!log) return;
+  nlohmann::json r = {{"event", "switch"},
+                      {"step", step_},
+                      {"request", rec.why},
+                      {"from", rec.from},
+                      {"to", describe(layout_of(cfg_))},
+                      {"schedule_before", rec.schedule_before},
+                      {"seconds", seconds},
+                      {"moved_bytes", moved[0]},
+                      {"local_bytes", moved[1]},
+                      {"shared_bytes", moved[2]},
+                      {"exchange", rec.exchange},
+                      {"moves", rec.rs.moves},
+                      {"phases_s", rec.phases},
+                      {"phases_max_s", phases_max}};
+  // An f64 run: whether its state crossed in f64 (ExactCarry) or as fp32.
+  if (engine_->model().master().dtype == DType::F64) r["exact_f64"] = rec.exact;
+  log->log_record(r);
 }
 
 }  // namespace adgt

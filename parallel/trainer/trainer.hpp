@@ -151,6 +151,7 @@ class Trainer {
   struct SwitchRecord {
     std::string why, from, schedule_before, exchange;
     bool had_ef = false;  // gradient compression's error feedback was dropped
+    bool exact = false;   // an f64 state carried in f64 (the layout stayed: ExactCarry)
     ReshardStats rs;
     nlohmann::json phases;  // this rank's seconds per phase
   };

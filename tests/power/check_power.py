@@ -17,8 +17,13 @@ emulate.power_cap_w with the power controller on 2 CPU ranks.
     micro-batch); parallel.adapt off, or no cap: no decision is logged;
   - on capped-flat.yaml with pp 2 the controller switches the micro-batch at
     step 10 (f64): the losses of steps 1-10 equal an uncapped run's bit for
-    bit, those of 11-20 that run's step-10 checkpoint resumed at the chosen
-    micro-batch, bit for bit.
+    bit, and every step is within 1e-12 of an uncapped run at the chosen
+    micro-batch from the start (the switch carries the f64 state exactly);
+  - the limiter (capped-spiky.yaml, f64, 86 W): micro-batch 8 >= 1.4x slower
+    than uncapped, micro-batch 2 unthrottled; the controller switches once
+    within 20 steps and recovers >= 60% of the slowdown, the losses within
+    1e-12 of a run at the new micro-batch from the start; 1000 steps at
+    micro-batch 2 under the cap: no switch.
 """
 import argparse
 import json
@@ -125,7 +130,7 @@ def main():
             "--set", f"emulate.cluster={a.source}/tests/power/capped-flat.yaml", "--set", "emulate.clock=model",
             "--set", f"data.train={a.data}/train.bin", "--set", f"data.val={a.data}/val.bin",
             "--set", "checkpoint.at_end=false", "--set", "log.interval=1", "--set", "train.dtype=f64",
-            "--set", "train.steps=20", "--set", f"checkpoint.dir={a.work}/flat_ckpt"]
+            "--set", "train.steps=20"]
 
     def losses(d):
         return {r["step"]: r["loss"] for r in records(d) if "loss" in r and "event" not in r}
@@ -133,7 +138,7 @@ def main():
     sw, ref, res = (os.path.join(a.work, n) for n in ("flat_capped", "flat_free", "flat_resumed"))
     run(flat + ["--set", "train.micro_batch=8", "--set", "emulate.power_cap_w=40", "--set", f"log.dir={sw}",
                 "--set", "checkpoint.interval=0"])
-    run(flat + ["--set", "train.micro_batch=8", "--set", f"log.dir={ref}", "--set", "checkpoint.interval=10"])
+    run(flat + ["--set", "train.micro_batch=8", "--set", f"log.dir={ref}", "--set", "checkpoint.interval=0"])
     dec = [r for r in records(sw) if r.get("controller") == "power"]
     first = dec[0]["decision"] if dec else {}
     chosen = first.get("micro_batch")
@@ -150,17 +155,87 @@ def main():
         fails.append(f"capped-flat: decisions after the switch {[r['decision'] for r in dec[1:]]}")
     else:
         # The numbers: steps 1-10 those of the uncapped run (the cap changes
-        # no number), 11-20 those of that run's step-10 checkpoint resumed at
-        # the new micro-batch, bit for bit (an in-memory switch is a resume).
+        # no number), bit for bit; every step within 1e-12 of an uncapped run
+        # at the new micro-batch from the start (the in-memory switch of an
+        # f64 run that keeps its layout carries the state in f64: only the
+        # accumulation order differs).
         run(flat + ["--set", f"train.micro_batch={chosen}", "--set", f"log.dir={res}",
-                    "--set", "checkpoint.interval=0", "--resume", f"{a.work}/flat_ckpt/step_10"])
+                    "--set", "checkpoint.interval=0"])
         ls, lr, lres = losses(sw), losses(ref), losses(res)
-        bad = [s for s in range(1, 11) if ls.get(s) != lr.get(s)] + \
-              [s for s in range(11, 21) if ls.get(s) != lres.get(s)]
-        print(f"capped-flat: steps 1-10 = uncapped run, 11-20 = its resume at micro-batch {chosen}: "
-              f"{'bitwise' if not bad else 'differ at ' + str(bad)}")
-        if bad:
-            fails.append(f"capped-flat: losses differ at steps {bad}")
+        bad = [s for s in range(1, 11) if ls.get(s) != lr.get(s)]
+        worst = max(abs(ls[s] - lres[s]) for s in lres) if ls.keys() == lres.keys() else float("inf")
+        print(f"capped-flat: steps 1-10 = the uncapped run: {'bitwise' if not bad else 'differ at ' + str(bad)}; "
+              f"against micro-batch {chosen} from the start: max |diff| {worst:.2e} (bound 1e-12)")
+        if bad or not worst <= 1e-12:
+            fails.append(f"capped-flat: losses differ at steps {bad}, or by {worst:.3e} from micro-batch {chosen}")
+
+    # The limiter (tests/power/capped-spiky.yaml, f64, 86 W; docs/power.md,
+    # "The limiter"): micro-batch 8's long GEMM bursts trip the brake,
+    # micro-batch 2's do not. A dp2 run at micro-batch 8 must be >= 1.4x slower
+    # than uncapped, the controller must switch once within 20 steps and
+    # recover >= 60% of the slowdown, the losses must stay within 1e-12 (f64)
+    # of a run at the new micro-batch from the start, and 1000 steps at the
+    # unthrottled micro-batch 2 under the same cap must switch nothing.
+    spk = [a.mpirun, "2", a.train, "--config", f"{a.source}/tests/layouts/model.yaml", "--set", "parallel.dp=2",
+           "--set", f"emulate.cluster={a.source}/tests/power/capped-spiky.yaml", "--set", "emulate.clock=model",
+           "--set", f"data.train={a.data}/train.bin", "--set", f"data.val={a.data}/val.bin",
+           "--set", "checkpoint.at_end=false", "--set", "checkpoint.interval=0", "--set", "log.interval=1",
+           "--set", "train.dtype=f64"]
+
+    def spiky(name, mb, steps, extra):
+        d = os.path.join(a.work, name)
+        p = run(spk + ["--set", f"train.micro_batch={mb}", "--set", f"train.steps={steps}",
+                       "--set", f"log.dir={d}"] + sum([["--set", x] for x in extra], []))
+        m = re.search(r"computes x([0-9.]+) at micro-batch", p.stdout)
+        times = {r["step"]: 1.0 / r["tokens_per_s"] for r in records(d) if "tokens_per_s" in r and "event" not in r}
+        return d, (float(m.group(1)) if m else None), times
+
+    def median(xs):
+        xs = sorted(xs)
+        return xs[len(xs) // 2] if xs else float("nan")
+
+    ad, f8, t_ad = spiky("spiky_adapt", 8, 30, ["emulate.power_cap_w=86"])
+    _, _, t_free = spiky("spiky_free8", 8, 6, [])
+    _, f2, _ = spiky("spiky_mb2", 2, 4, ["emulate.power_cap_w=86", "parallel.adapt=off"])
+    dec = [r for r in records(ad) if r.get("controller") == "power"]
+    sw = [r for r in records(ad) if r.get("event") == "switch"]
+    first = next((r for r in dec if r["decision"]["action"] == "switch"), None)
+    chosen = first["decision"].get("micro_batch") if first else None
+    print(f"capped-spiky (f64, 86 W): micro-batch 8 x{f8}, micro-batch 2 x{f2}; decisions "
+          f"{[(r['step'], r['decision']['action'], r['decision'].get('micro_batch')) for r in dec]}; "
+          f"switches at {[r['step'] for r in sw]}")
+    if f8 is None or f8 < 1.4 or f2 != 1.0:
+        fails.append(f"capped-spiky: factors micro-batch 8 x{f8} (want >= 1.4), 2 x{f2} (want 1.000)")
+    if first is None or first["step"] > 20 or len(sw) != 1 or sw[0]["step"] != first["step"] or \
+            not sw[0].get("exact_f64") or any(r["decision"]["action"] != "none" for r in dec if r is not first):
+        fails.append(f"capped-spiky: want one switch within 20 steps, carried in f64; decisions "
+                     f"{[(r['step'], r['decision']) for r in dec]}, switches {sw}")
+    else:
+        k = first["step"]
+        before = median([t for s, t in t_ad.items() if 2 < s <= k])
+        after = median([t for s, t in t_ad.items() if s > k + 2])
+        free = median([t for s, t in t_free.items() if s > 2])
+        slow = before / free
+        recovered = (before - after) / (before - free)
+        print(f"capped-spiky: micro-batch 8 capped {slow:.3f}x its uncapped step; after the switch to "
+              f"micro-batch {chosen} at step {k}: {after / free:.3f}x, {100 * recovered:.1f}% of the slowdown recovered")
+        if slow < 1.4 or recovered < 0.6:
+            fails.append(f"capped-spiky: slowdown {slow:.3f}x (want >= 1.4), recovered {recovered:.2f} (want >= 0.6)")
+        # The numbers: within 1e-12 of a run at the new micro-batch from step 0
+        # (uncapped, no controller): only the accumulation order differs.
+        ref, _, _ = spiky("spiky_ref", chosen, 30, ["parallel.adapt=off"])
+        la, lr = losses(ad), losses(ref)
+        worst = max(abs(la[s] - lr[s]) for s in lr) if la.keys() == lr.keys() else float("inf")
+        print(f"capped-spiky: losses against micro-batch {chosen} from the start: max |diff| {worst:.2e} (bound 1e-12)")
+        if not worst <= 1e-12:
+            fails.append(f"capped-spiky: losses differ by {worst:.3e} from the run at micro-batch {chosen}")
+    clean, _, _ = spiky("spiky_clean", 2, 1000, ["emulate.power_cap_w=86"])
+    cd = [r for r in records(clean) if r.get("controller") == "power"]
+    cs = [r for r in records(clean) if r.get("event") == "switch"]
+    print(f"capped-spiky: 1000 clean steps at micro-batch 2 under 86 W: {len(cd)} decisions, "
+          f"{sum(r['decision']['action'] != 'none' for r in cd)} switches asked, {len(cs)} made")
+    if len(cd) < 190 or cs or any(r["decision"]["action"] != "none" for r in cd):
+        fails.append(f"capped-spiky: the clean run logged {len(cd)} decisions and {len(cs)} switches")
 
     p = run([a.train, "--config", f"{a.source}/tests/layouts/model.yaml", "--set", "emulate.power_cap_w=33",
              "--set", f"log.dir={a.work}/bad"], expect=2)

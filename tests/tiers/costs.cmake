@@ -41,6 +41,7 @@ set(_adgt_costs
   fp8_layouts_match_single_process_emulated 11
   zero_match_zero0_emulated 11
   newuser_plan_70b_matches_sim 11
+  power_cap_emulated_np2 11
   layouts_cp_match_single_process 10
   plan_dry_run_70b_256_h100 10
   plan_replan_slow_link_np8 10
