@@ -77,11 +77,17 @@ def main():
     if "idle" not in p.stderr:
         fails.append(f"--power-cap 50 (below idle): {p.stderr[-300:]}")
 
+    def launch(cluster, *sets):
+        """adgt-train of the layout model on 2 ranks emulating tests/power/<cluster>, on the
+        model clock (each rank's compute its counted matmul FLOPs: deterministic)."""
+        common = [f"emulate.cluster={a.source}/tests/power/{cluster}", "emulate.clock=model",
+                  f"data.train={a.data}/train.bin", f"data.val={a.data}/val.bin", "checkpoint.at_end=false",
+                  "checkpoint.interval=0", "log.interval=1"]
+        return [a.mpirun, "2", a.train, "--config", f"{a.source}/tests/layouts/model.yaml"] + \
+            sum([["--set", x] for x in common + list(sets)], [])
+
     # emulate.power_cap_w on 2 ranks, the model clock.
-    base = [a.mpirun, "2", a.train, "--config", f"{a.source}/tests/layouts/model.yaml", "--set", "parallel.dp=2",
-            "--set", f"emulate.cluster={a.source}/tests/power/capped-cpu.yaml", "--set", "emulate.clock=model",
-            "--set", f"data.train={a.data}/train.bin", "--set", f"data.val={a.data}/val.bin",
-            "--set", "checkpoint.at_end=false", "--set", "checkpoint.interval=0", "--set", "log.interval=1"]
+    base = launch("capped-cpu.yaml", "parallel.dp=2")
 
     def train(name, mb, steps, extra):
         d = os.path.join(a.work, name)
@@ -126,19 +132,14 @@ def main():
     # The switch: on tests/power/capped-flat.yaml every micro-batch throttles
     # alike and the simulator prefers the smaller pipeline bubble of a small
     # micro-batch, so the controller asks for it at step 10 (f64, pp 2).
-    flat = [a.mpirun, "2", a.train, "--config", f"{a.source}/tests/layouts/model.yaml", "--set", "parallel.pp=2",
-            "--set", f"emulate.cluster={a.source}/tests/power/capped-flat.yaml", "--set", "emulate.clock=model",
-            "--set", f"data.train={a.data}/train.bin", "--set", f"data.val={a.data}/val.bin",
-            "--set", "checkpoint.at_end=false", "--set", "log.interval=1", "--set", "train.dtype=f64",
-            "--set", "train.steps=20"]
+    flat = launch("capped-flat.yaml", "parallel.pp=2", "train.dtype=f64", "train.steps=20")
 
     def losses(d):
         return {r["step"]: r["loss"] for r in records(d) if "loss" in r and "event" not in r}
 
     sw, ref, res = (os.path.join(a.work, n) for n in ("flat_capped", "flat_free", "flat_resumed"))
-    run(flat + ["--set", "train.micro_batch=8", "--set", "emulate.power_cap_w=40", "--set", f"log.dir={sw}",
-                "--set", "checkpoint.interval=0"])
-    run(flat + ["--set", "train.micro_batch=8", "--set", f"log.dir={ref}", "--set", "checkpoint.interval=0"])
+    run(flat + ["--set", "train.micro_batch=8", "--set", "emulate.power_cap_w=40", "--set", f"log.dir={sw}"])
+    run(flat + ["--set", "train.micro_batch=8", "--set", f"log.dir={ref}"])
     dec = [r for r in records(sw) if r.get("controller") == "power"]
     first = dec[0]["decision"] if dec else {}
     chosen = first.get("micro_batch")
@@ -159,8 +160,7 @@ def main():
         # at the new micro-batch from the start (the in-memory switch of an
         # f64 run that keeps its layout carries the state in f64: only the
         # accumulation order differs).
-        run(flat + ["--set", f"train.micro_batch={chosen}", "--set", f"log.dir={res}",
-                    "--set", "checkpoint.interval=0"])
+        run(flat + ["--set", f"train.micro_batch={chosen}", "--set", f"log.dir={res}"])
         ls, lr, lres = losses(sw), losses(ref), losses(res)
         bad = [s for s in range(1, 11) if ls.get(s) != lr.get(s)]
         worst = max(abs(ls[s] - lres[s]) for s in lres) if ls.keys() == lres.keys() else float("inf")
@@ -176,11 +176,7 @@ def main():
     # recover >= 60% of the slowdown, the losses must stay within 1e-12 (f64)
     # of a run at the new micro-batch from the start, and 1000 steps at the
     # unthrottled micro-batch 2 under the same cap must switch nothing.
-    spk = [a.mpirun, "2", a.train, "--config", f"{a.source}/tests/layouts/model.yaml", "--set", "parallel.dp=2",
-           "--set", f"emulate.cluster={a.source}/tests/power/capped-spiky.yaml", "--set", "emulate.clock=model",
-           "--set", f"data.train={a.data}/train.bin", "--set", f"data.val={a.data}/val.bin",
-           "--set", "checkpoint.at_end=false", "--set", "checkpoint.interval=0", "--set", "log.interval=1",
-           "--set", "train.dtype=f64"]
+    spk = launch("capped-spiky.yaml", "parallel.dp=2", "train.dtype=f64")
 
     def spiky(name, mb, steps, extra):
         d = os.path.join(a.work, name)
