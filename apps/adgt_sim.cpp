@@ -69,6 +69,11 @@ void print_result(const adgt::RunConfig& cfg, const adgt::cluster::Cluster& cl,
   else
     std::printf("energy:           not modelled (%s)\n",
                 pw.on() ? "measured op costs carry no energy" : "the cluster's device has no power model");
+  if (r.limiter_braked >= 0)
+    std::printf("limiter:          braked %.1f%% of the compute, x%.3f (the busiest pipeline rank; window "
+                "%.3g ms, brake clock %.2f, hold %.3g ms: docs/power.md)\n",
+                100 * r.limiter_braked, r.limiter_slowdown, 1e3 * pw.limiter_window_s, pw.limiter_brake_clock,
+                1e3 * pw.limiter_hold_s);
 }
 
 // The command line.

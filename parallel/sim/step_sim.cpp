@@ -105,6 +105,8 @@ class StepSimulation {
       for (int p = 0; p < P_; ++p) {
         const cluster::LimiterStep ls = limiter_step(cfg, cl.device, p, opts.work);
         limiter_speed_[size_t(p)] = 1.0 / std::max(1.0, ls.slowdown());
+        limiter_braked_ = std::max(limiter_braked_, ls.braked_share);
+        limiter_slowdown_ = std::max(limiter_slowdown_, std::max(1.0, ls.slowdown()));
         if (ls.free_dyn_j > 0) limiter_energy_[size_t(p)] = ls.capped_dyn_j / ls.free_dyn_j;
       }
   }
@@ -874,6 +876,7 @@ class StepSimulation {
       r.energy_per_token_j = r.energy_j / tokens;
       r.mean_power_w = r.energy_j / (r.step_time_s * double(world_));
     }
+    r.limiter_braked = limiter_braked_, r.limiter_slowdown = limiter_slowdown_;
     r.tflops_per_gpu = mfu_flops_per_token(cfg_.model) * r.tokens_per_s / double(world_) / 1e12;
     const double peak = bytes_ <= 2 ? cl_.device.peak_bf16_flops : cl_.device.peak_fp32_flops;
     r.mfu = peak > 0 ? r.tflops_per_gpu * 1e12 / peak : 0;
@@ -919,6 +922,7 @@ class StepSimulation {
   std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>, double> joule_memo_;
   bool energy_known_ = true;
   std::vector<double> limiter_speed_, limiter_energy_;  // per pipeline rank (1: no limiter)
+  double limiter_braked_ = -1, limiter_slowdown_ = -1;   // the most of any pipeline rank (-1: none)
   std::vector<std::pair<std::string, const char*>> labels_;  // a task label's name and category
   std::map<std::string, int> label_of_;
 };
@@ -958,6 +962,10 @@ std::string to_json(const SimResult& r) {
     j["energy_j"] = r.energy_j;
     j["energy_per_token_j"] = r.energy_per_token_j;
     j["mean_power_w"] = r.mean_power_w;
+  }
+  if (r.limiter_braked >= 0) {
+    j["limiter_braked_share"] = r.limiter_braked;
+    j["limiter_slowdown"] = r.limiter_slowdown;
   }
   return j.dump();
 }

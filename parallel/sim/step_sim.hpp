@@ -85,6 +85,9 @@ struct SimResult {
   // no power model, or measured op costs): idle power over the step plus
   // the computes' dynamic energy (interconnect and hosts not counted).
   double energy_j = 0, energy_per_token_j = 0, mean_power_w = 0;
+  // A power limiter under a cap (power.hpp): the largest share of a pipeline
+  // rank's compute spent braked, and its step's slowdown; -1: no limiter.
+  double limiter_braked = -1, limiter_slowdown = -1;
   int64_t world = 0;
   int64_t microbatches = 0;
   int64_t units_simulated = 0;

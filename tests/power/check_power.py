@@ -202,6 +202,16 @@ def main():
           f"switches at {[r['step'] for r in sw]}")
     if f8 is None or f8 < 1.4 or f2 != 1.0:
         fails.append(f"capped-spiky: factors micro-batch 8 x{f8} (want >= 1.4), 2 x{f2} (want 1.000)")
+    # adgt-sim reports the same walk: the busiest rank's slowdown and braked share.
+    for mb, want in ((8, f8), (2, 1.0)):
+        j = json.loads(run([a.sim, "--config", f"{a.source}/tests/layouts/model.yaml", "--cluster",
+                            f"{a.source}/tests/power/capped-spiky.yaml", "--set", "parallel.dp=2", "--set",
+                            "train.dtype=f64", "--set", f"train.micro_batch={mb}", "--power-cap", "86",
+                            "--json"]).stdout)
+        if want is None or abs(j.get("limiter_slowdown", -1) - want) > 1e-3 * want or \
+                (j.get("limiter_braked_share", -1) > 0) != (mb == 8):
+            fails.append(f"adgt-sim --power-cap 86, micro-batch {mb}: limiter {j.get('limiter_slowdown')} "
+                         f"braked {j.get('limiter_braked_share')} (the emulation's factor x{want})")
     if first is None or first["step"] > 20 or len(sw) != 1 or sw[0]["step"] != first["step"] or \
             not sw[0].get("exact_f64") or any(r["decision"]["action"] != "none" for r in dec if r is not first):
         fails.append(f"capped-spiky: want one switch within 20 steps, carried in f64; decisions "
