@@ -271,7 +271,8 @@ std::vector<double> f64_to_host(Backend& be, const Tensor& t) {
 
 ExactCarry exact_carry_out(Engine& e, const RunConfig& from, const RunConfig& to, int world_rank) {
   ExactCarry c;
-  if (e.model().master().dtype != DType::F64 || from.parallel.zero >= 2 || !same_ranks_layout(from, to))
+  // (The flat buffers exist only without ZeRO-2/3: ask for them after.)
+  if (from.parallel.zero >= 2 || !same_ranks_layout(from, to) || e.model().master().dtype != DType::F64)
     return c;
   Backend& be = e.backend();
   AdamW& opt = e.optimizer().adamw();
@@ -540,7 +541,7 @@ void Trainer::report_switch(const SwitchRecord& rec, std::chrono::steady_clock::
                       {"phases_s", rec.phases},
                       {"phases_max_s", phases_max}};
   // An f64 run: whether its state crossed in f64 (ExactCarry) or as fp32.
-  if (engine_->model().master().dtype == DType::F64) r["exact_f64"] = rec.exact;
+  if (cfg_.train.dtype == "f64") r["exact_f64"] = rec.exact;
   log->log_record(r);
 }
 
