@@ -44,8 +44,8 @@ LimiterStep limiter_walk(const PowerModel& p, const std::vector<PowerSegment>& s
   // its falling back to the cap starts the hold, the hold's end releases it.
   // Enough steps for the average to forget its start many times over; the
   // later half is measured.
-  int64_t reps = std::max<int64_t>(8, int64_t(std::ceil(60.0 * (tau + hold) / r.free_s)));
-  reps = std::min<int64_t>(reps, std::max<int64_t>(8, 2000000 / int64_t(step.size() + 1)));
+  const double most = double(std::max<int64_t>(8, 2000000 / int64_t(step.size() + 1)));  // kernels walked
+  const int64_t reps = int64_t(std::clamp(std::ceil(60.0 * (tau + hold) / r.free_s), 8.0, most));
   double avg = p.idle_w + r.free_dyn_j / r.free_s;  // start at the free step's mean power
   bool above = avg > cap, braked = above;
   double held = 0;  // the hold left, while braked below the cap
