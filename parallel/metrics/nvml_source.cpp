@@ -70,6 +70,7 @@ struct NvmlApi {
   nvmlReturn_t (*field_values)(nvmlDevice_t, int, NvmlFieldValue*) = nullptr;
   nvmlReturn_t (*clock)(nvmlDevice_t, int, unsigned*) = nullptr;            // MHz
   nvmlReturn_t (*reasons)(nvmlDevice_t, unsigned long long*) = nullptr;
+  nvmlReturn_t (*limit)(nvmlDevice_t, unsigned*) = nullptr;                 // mW, the power limit in force
 };
 
 template <class F>
@@ -94,6 +95,7 @@ class NvmlSource final : public TelemetrySource {
     unsigned u = 0;
     unsigned long long ull = 0;
     if (api_.power && api_.power(dev_, &u) == 0) r.gauge[kPowerW] = u / 1e3;
+    if (api_.limit && api_.limit(dev_, &u) == 0) r.gauge[kPowerLimitW] = u / 1e3;
     if (api_.energy && api_.energy(dev_, &ull) == 0) r.energy_j = double(ull) / 1e3;
     if (api_.temperature && api_.temperature(dev_, kNvmlTemperatureGpu, &u) == 0) r.gauge[kGpuTempC] = u;
     if (api_.field_values) {
@@ -154,6 +156,7 @@ std::unique_ptr<TelemetrySource> open_nvml_source(const std::string& library, co
   load(lib, "nvmlDeviceGetTemperature", api.temperature, absent);
   load(lib, "nvmlDeviceGetFieldValues", api.field_values, absent);
   load(lib, "nvmlDeviceGetClockInfo", api.clock, absent);
+  load(lib, "nvmlDeviceGetEnforcedPowerLimit", api.limit, absent);
   // The newer name (driver 535 on), else the older one.
   api.reasons = reinterpret_cast<decltype(api.reasons)>(dlsym(lib, "nvmlDeviceGetCurrentClocksEventReasons"));
   if (!api.reasons) load(lib, "nvmlDeviceGetCurrentClocksThrottleReasons", api.reasons, absent);

@@ -7,7 +7,7 @@ namespace adgt {
 
 const char* telemetry_gauge_name(int g) {
   static const char* const names[kGauges] = {"power_w", "gpu_temp_c", "mem_temp_c", "sm_clock_mhz",
-                                             "mem_clock_mhz"};
+                                             "mem_clock_mhz", "power_limit_w"};
   return names[g];
 }
 

@@ -20,7 +20,9 @@
 namespace adgt {
 
 // The sampled fields, read as they are at the sample.
-enum TelemetryGauge { kPowerW, kGpuTempC, kMemTempC, kSmClockMhz, kMemClockMhz, kGauges };
+// power_limit_w: the power limit in force (NVML's enforced limit: the board's
+// default, or a cap an administrator set), what the power model's cap means.
+enum TelemetryGauge { kPowerW, kGpuTempC, kMemTempC, kSmClockMhz, kMemClockMhz, kPowerLimitW, kGauges };
 const char* telemetry_gauge_name(int g);  // "power_w", "gpu_temp_c", ...
 
 // Clock-throttle reasons, as a bit set (NVML's reasons folded into three).

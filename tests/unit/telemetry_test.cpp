@@ -81,6 +81,9 @@ TEST_CASE("telemetry: a fake NVML's readings aggregate exactly", "[telemetry]") 
   CHECK(x.gauge[kSmClockMhz].max == 1400.0);
   CHECK(x.gauge[kMemClockMhz].min == 2000.0);
   CHECK(x.gauge[kMemClockMhz].max == 2000.0);
+  CHECK(x.gauge[kPowerLimitW].n == 5);
+  CHECK(x.gauge[kPowerLimitW].min == 700.0);
+  CHECK(x.gauge[kPowerLimitW].max == 700.0);
   // Energy 0, 1, 2, 3, 4 J: 4 J over the interval (the first reading is the baseline).
   CHECK(x.has_energy);
   CHECK(x.energy_j == 4.0);
@@ -140,6 +143,8 @@ TEST_CASE("telemetry: an old NVML without the energy counter leaves those fields
   CHECK_FALSE(m.count("energy_j"));
   CHECK_FALSE(m.count("mem_temp_c"));
   CHECK_FALSE(m.count("throttled"));
+  CHECK_FALSE(m.count("power_limit_w"));
+  CHECK(d.find("nvmlDeviceGetEnforcedPowerLimit") != std::string::npos);
   const RunEnergy e = reduce_run_energy(sampler->totals(), 1000.0, self);
   CHECK_FALSE(e.has_energy());
   CHECK_FALSE(e.has_throttle());
