@@ -27,6 +27,7 @@
 #include "core/rng.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/common/bf16.hpp"
+#include "tests/unit/rel_error.hpp"
 
 using namespace adgt;
 
@@ -174,16 +175,7 @@ double max_err(const V& got, const V& want) {
   return e;
 }
 
-// ||got - want|| / ||want|| (the flash kernels' contract: tests/unit/cuda_attention_test.cpp).
-double rel_fro(const V& got, const V& want) {
-  double d = 0, n = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    d += (got[i] - want[i]) * (got[i] - want[i]);
-    n += want[i] * want[i];
-  }
-  return std::sqrt(d / std::max(n, 1e-30));
-}
+using test::rel_fro;
 
 void check_dtype(DType dt, double tol) {
   auto cpu = make_backend("cpu");

@@ -24,6 +24,7 @@
 #include "kernels/cpu/cpu_backend.hpp"
 #ifdef ADGT_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.hpp"
+#include "tests/unit/rel_error.hpp"
 #endif
 
 using namespace adgt;
@@ -72,16 +73,6 @@ StepRun train_steps(Backend& be, DType dt, const ModelConfig& m, int64_t B, int6
   return run;
 }
 
-double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += b[i] * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
 }  // namespace
 
 TEST_CASE("cuda: training steps of the tiny config against the CPU backend (f32, bf16)",
@@ -109,7 +100,7 @@ TEST_CASE("cuda: training steps of the tiny config against the CPU backend (f32,
                        << g.losses[i]);
         CHECK(std::abs(g.losses[i] - c.losses[i]) <= 1e-4 * c.losses[i]);
       }
-      const double e = rel_err(g.grads, c.grads);
+      const double e = test::rel_fro(g.grads, c.grads);
       INFO("f32 hd " << m->head_dim() << " gradient relative error " << e);
       CHECK(e <= 1e-4);
     }
@@ -127,7 +118,7 @@ TEST_CASE("cuda: training steps of the tiny config against the CPU backend (f32,
         CHECK(std::isfinite(g.losses[i]));
         CHECK(std::abs(g.losses[i] - c.losses[i]) <= 1e-2 * c.losses[i]);
       }
-      const double e = rel_err(g.grads, c.grads);
+      const double e = test::rel_fro(g.grads, c.grads);
       INFO("bf16 hd " << m->head_dim() << " gradient relative error " << e);
       CHECK(e <= 5e-2);
     }
@@ -165,7 +156,7 @@ TEST_CASE("cuda: FP8 training steps of the tiny config against the CPU's emulati
     CHECK(std::isfinite(g.losses[i]));
     CHECK(std::abs(g.losses[i] - c.losses[i]) <= 2e-2 * c.losses[i]);
   }
-  const double e = rel_err(g.grads, c.grads);
+  const double e = test::rel_fro(g.grads, c.grads);
   INFO("fp8 gradient relative error " << e);
   std::printf("cuda fp8 vs cpu emulation: loss step0 %.6g vs %.6g, gradient rel err %.3e\n",
               g.losses[0], c.losses[0], e);
