@@ -22,9 +22,9 @@
 #include "core/rng.hpp"
 #include "kernels/attention_choice.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
+#include "tests/unit/rel_error.hpp"
 #ifdef ADGT_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.hpp"
-#include "tests/unit/rel_error.hpp"
 #endif
 
 using namespace adgt;
