@@ -33,6 +33,8 @@
 #include "parallel/pipeline/run_schedule.hpp"
 #include "parallel/mesh/process_groups.hpp"
 #include "parallel/plan/launch_plan.hpp"
+#include "parallel/control/power_controller.hpp"
+#include "parallel/control/power_controller.hpp"
 #include "parallel/control/replan_controller.hpp"
 #include "parallel/control/trial_controller.hpp"
 #include "parallel/sim/dry_run.hpp"
@@ -247,6 +249,37 @@ int train_or_evaluate(const Cli& cli, const adgt::RunConfig& cfg, const AutoPlan
       std::printf("documents: a new one after each token %ld;%s%s\n", long(rc.data.eos_id),
                   rc.train.document_mask ? " attention masked at the boundaries" : "",
                   rc.model.rope_reset_per_document ? " positions restart per document" : "");
+  }
+  // The power controller (docs/power.md): with parallel.adapt on, under
+  // emulate.power_cap_w (the emulation's factor), or on ranks that read NVML
+  // (CUDA ranks, log.telemetry_source nvml) when the run's cluster model has
+  // a power model.
+  if (cfg.parallel.adapt != "off") {
+    adgt::PowerInputs pin;
+    bool on = false;
+    if (emulation && cfg.emulate.power_cap_w > 0) {
+      pin.cluster = emulation->cluster;
+      pin.emulated_cap_w = cfg.emulate.power_cap_w;
+      on = true;
+    } else if (cfg.log.telemetry_interval_s > 0 &&
+               (dev.device == "cuda" || cfg.log.telemetry_source == "nvml")) {
+      pin.cluster = emulation ? emulation->cluster
+                              : adgt::plan::run_cluster(
+                                    cfg, adgt::MpiComm::world("power")->all_gather_strings(pg.launch.host));
+      on = pin.cluster.device.power.on();
+      if (lead)
+        std::printf("power controller: %s\n",
+                    on ? ("re-plans when NVML reports throttled clocks (" + pin.cluster.device.name +
+                          "'s power model: " + pin.cluster.device.power.source + ")").c_str()
+                       : ("off: the cluster's device " + pin.cluster.device.name +
+                          " has no power model (device.power, docs/cluster.md)").c_str());
+    }
+    if (on) {
+      pin.telemetry = [&trainer] { return trainer.take_control_telemetry(); };
+      pin.replan = ap.replan;
+      trainer.add_controller_factory(
+          [pin](const adgt::RunConfig& c) { return adgt::make_power_controller(c, pin); });
+    }
   }
   if (ap.replan)  // re-plans while training when the ranks' measured speeds change
     trainer.add_controller_factory([replan = ap.replan](const adgt::RunConfig& c) {

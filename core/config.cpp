@@ -443,6 +443,12 @@ const std::vector<Key>& schema() {
           "seconds between each rank's telemetry readings (GPU power, energy, clocks, "
           "temperatures, throttle reasons through NVML; CPU energy through RAPL where readable; "
           "docs/telemetry.md); 0 = off"),
+      key("log", &R::log, "telemetry_source", &LogConfig::telemetry_source, A::Choices,
+          "what each rank reads: auto = NVML on a CUDA rank (its GPU), the host's RAPL counters "
+          "on a CPU rank; nvml = NVML on every rank (a CPU rank reads the GPU of its local rank's "
+          "index: a host's GPUs watched while the CPU backend runs, or a fake NVML in tests); "
+          "rapl = RAPL on every rank's host (docs/telemetry.md)",
+          {"auto", "nvml", "rapl"}),
       // emulate
       key("emulate", &R::emulate, "cluster", &EmulateConfig::cluster, A::Any,
           "link and compute emulation on CPU ranks (docs/emulation.md): a cluster preset "

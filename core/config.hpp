@@ -244,6 +244,9 @@ struct LogConfig {
   // Seconds between the telemetry sampler's readings (power, clocks,
   // temperatures, throttling; docs/telemetry.md); 0 = off.
   double telemetry_interval_s = 1;
+  // What each rank reads: auto (NVML on CUDA ranks, RAPL on CPU ranks), nvml
+  // or rapl on every rank (docs/telemetry.md).
+  std::string telemetry_source = "auto";
   bool operator==(const LogConfig&) const = default;
 };
 

@@ -20,6 +20,7 @@ add_test(NAME power_cap_emulated_np2
   COMMAND ${ADGT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/power/check_power.py
     --train $<TARGET_FILE:adgt-train> --sim $<TARGET_FILE:adgt-sim>
     --mpirun ${CMAKE_CURRENT_SOURCE_DIR}/parallel/mpirun.sh --source ${CMAKE_SOURCE_DIR}
-    --data ${CMAKE_BINARY_DIR}/data/kjv-byte --work ${CMAKE_BINARY_DIR}/power_cap)
+    --data ${CMAKE_BINARY_DIR}/data/kjv-byte --work ${CMAKE_BINARY_DIR}/power_cap
+    --fake-nvml $<TARGET_FILE:adgt_fake_nvml>)
 set_tests_properties(power_cap_emulated_np2 PROPERTIES
   FIXTURES_REQUIRED kjv_byte LABELS "parallel;power" TIMEOUT 300 PROCESSORS 2)

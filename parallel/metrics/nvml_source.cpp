@@ -69,6 +69,7 @@ struct NvmlApi {
   nvmlReturn_t (*temperature)(nvmlDevice_t, int, unsigned*) = nullptr;      // C
   nvmlReturn_t (*field_values)(nvmlDevice_t, int, NvmlFieldValue*) = nullptr;
   nvmlReturn_t (*clock)(nvmlDevice_t, int, unsigned*) = nullptr;            // MHz
+  nvmlReturn_t (*max_clock)(nvmlDevice_t, int, unsigned*) = nullptr;        // MHz, the most it reaches
   nvmlReturn_t (*reasons)(nvmlDevice_t, unsigned long long*) = nullptr;
   nvmlReturn_t (*limit)(nvmlDevice_t, unsigned*) = nullptr;                 // mW, the power limit in force
 };
@@ -107,6 +108,7 @@ class NvmlSource final : public TelemetrySource {
     }
     if (api_.clock && api_.clock(dev_, kNvmlClockSm, &u) == 0) r.gauge[kSmClockMhz] = u;
     if (api_.clock && api_.clock(dev_, kNvmlClockMem, &u) == 0) r.gauge[kMemClockMhz] = u;
+    if (api_.max_clock && api_.max_clock(dev_, kNvmlClockSm, &u) == 0) r.gauge[kSmClockMaxMhz] = u;
     if (api_.reasons && api_.reasons(dev_, &ull) == 0) {
       uint32_t b = 0;
       if (ull & kSwPowerCap) b |= kThrottlePowerCap;
@@ -156,6 +158,7 @@ std::unique_ptr<TelemetrySource> open_nvml_source(const std::string& library, co
   load(lib, "nvmlDeviceGetTemperature", api.temperature, absent);
   load(lib, "nvmlDeviceGetFieldValues", api.field_values, absent);
   load(lib, "nvmlDeviceGetClockInfo", api.clock, absent);
+  load(lib, "nvmlDeviceGetMaxClockInfo", api.max_clock, absent);
   load(lib, "nvmlDeviceGetEnforcedPowerLimit", api.limit, absent);
   // The newer name (driver 535 on), else the older one.
   api.reasons = reinterpret_cast<decltype(api.reasons)>(dlsym(lib, "nvmlDeviceGetCurrentClocksEventReasons"));

@@ -8,7 +8,7 @@
 namespace adgt {
 
 StepLogger::StepLogger(const RunConfig& cfg, Backend& be, MetricsLog* log, double peak_tflops,
-                       bool measured_peak, std::unique_ptr<TelemetrySampler> telemetry)
+                       bool measured_peak, std::shared_ptr<TelemetrySampler> telemetry)
     : cfg_(cfg), be_(be), log_(log), peak_(peak_tflops), measured_peak_(measured_peak),
       flops_per_token_(estimate_memory(cfg, compute_bytes_per_element(cfg)).flops_per_token),
       telemetry_(std::move(telemetry)) {}

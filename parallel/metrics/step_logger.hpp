@@ -29,7 +29,7 @@ class StepLogger final : public Observer {
   // where it reads nothing). With log.telemetry_interval_s > 0 every rank
   // joins the telemetry reduction at each logged step, sampler or not.
   StepLogger(const RunConfig& cfg, Backend& be, MetricsLog* log, double peak_tflops, bool measured_peak,
-             std::unique_ptr<TelemetrySampler> telemetry = nullptr);
+             std::shared_ptr<TelemetrySampler> telemetry = nullptr);
   void observe(Engine& e, const StepReport& r, Comm& world) override;
   // The run's energy per token and throttled share (docs/telemetry.md): stops
   // the sampler (its last reading closes the run) and sums over the world.
@@ -58,7 +58,7 @@ class StepLogger final : public Observer {
   int64_t interval_n_ = 0;
   double final_loss_ = 0;
   int64_t steps_seen_ = 0;  // steps of this run (the tokens of its energy per token)
-  std::unique_ptr<TelemetrySampler> telemetry_;
+  std::shared_ptr<TelemetrySampler> telemetry_;
 };
 
 }  // namespace adgt

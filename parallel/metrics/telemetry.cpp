@@ -7,7 +7,7 @@ namespace adgt {
 
 const char* telemetry_gauge_name(int g) {
   static const char* const names[kGauges] = {"power_w", "gpu_temp_c", "mem_temp_c", "sm_clock_mhz",
-                                             "mem_clock_mhz", "power_limit_w"};
+                                             "mem_clock_mhz", "power_limit_w", "sm_clock_max_mhz"};
   return names[g];
 }
 
@@ -36,7 +36,7 @@ double TelemetrySampler::now_s() const {
 }
 
 void TelemetrySampler::start() {
-  sample_at(now_s());  // the counters' baseline: the first period's differences start here
+  sample_now();  // the counters' baseline: the first period's differences start here
   if (interval_s_ > 0 && !sources_.empty()) thread_ = std::thread([this] { run(); });
 }
 
@@ -45,7 +45,7 @@ void TelemetrySampler::run() {
   std::unique_lock<std::mutex> lk(wake_mu_);
   while (!wake_.wait_for(lk, period, [this] { return stopping_; })) {
     lk.unlock();
-    sample_at(now_s());
+    sample_now();
     lk.lock();
   }
 }
@@ -58,11 +58,21 @@ void TelemetrySampler::stop() {
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
-  if (!sources_.empty()) sample_at(now_s());  // the totals reach the end of the run
+  if (!sources_.empty()) sample_now();  // the totals reach the end of the run
+}
+
+void TelemetrySampler::sample_now() {
+  std::lock_guard<std::mutex> rl(read_mu_);
+  sample_locked(now_s());  // the time taken under the lock: increasing from reading to reading
 }
 
 void TelemetrySampler::sample_at(double t) {
-  // Read outside the lock: a reading may take milliseconds (NVML), and the
+  std::lock_guard<std::mutex> rl(read_mu_);
+  sample_locked(t);
+}
+
+void TelemetrySampler::sample_locked(double t) {
+  // Read outside mu_: a reading may take milliseconds (NVML), and the
   // training thread's take() must not wait for it.
   std::vector<TelemetryReading> r(sources_.size());
   for (size_t i = 0; i < sources_.size(); ++i) r[i] = sources_[i]->read();
@@ -70,39 +80,48 @@ void TelemetrySampler::sample_at(double t) {
   for (size_t i = 0; i < sources_.size(); ++i) {
     const TelemetryReading& x = r[i];
     const double dt = prev_t_[i] ? t - *prev_t_[i] : 0.0;  // the period this reading closes
-    for (int g = 0; g < kGauges; ++g)
-      if (x.gauge[g]) interval_.gauge[g].add(*x.gauge[g]);
+    std::optional<double> energy_d;  // the counter's increase since the previous reading
     if (x.energy_j) {
-      interval_.has_energy = totals_.has_energy = true;
+      totals_.has_energy = true;
       if (prev_energy_[i]) {
-        const double d = std::max(0.0, *x.energy_j - *prev_energy_[i]);
-        interval_.energy_j += d;
-        totals_.energy_j += d;
-        if (!x.gauge[kPowerW] && dt > 0) interval_.gauge[kPowerW].add(d / dt);  // RAPL: no power gauge
+        energy_d = std::max(0.0, *x.energy_j - *prev_energy_[i]);
+        totals_.energy_j += *energy_d;
       }
       prev_energy_[i] = x.energy_j;
     }
+    const uint32_t b = x.throttle.value_or(0);
     if (x.throttle) {
-      interval_.has_throttle = totals_.has_throttle = true;
-      interval_.observed_s += dt;
+      totals_.has_throttle = true;
       totals_.observed_s += dt;
-      const uint32_t b = *x.throttle;
-      if (b) {
-        interval_.throttled_s[kThrottleAny] += dt;
-        totals_.throttled_s += dt;
+      if (b) totals_.throttled_s += dt;
+    }
+    for (TelemetryInterval& in : interval_) {
+      for (int g = 0; g < kGauges; ++g)
+        if (x.gauge[g]) in.gauge[g].add(*x.gauge[g]);
+      if (x.energy_j) {
+        in.has_energy = true;
+        if (energy_d) {
+          in.energy_j += *energy_d;
+          if (!x.gauge[kPowerW] && dt > 0) in.gauge[kPowerW].add(*energy_d / dt);  // RAPL: no power gauge
+        }
       }
-      if (b & kThrottlePowerCap) interval_.throttled_s[kThrottlePower] += dt;
-      if (b & kThrottleThermal) interval_.throttled_s[kThrottleTherm] += dt;
-      if (b & kThrottleHwSlowdown) interval_.throttled_s[kThrottleHw] += dt;
+      if (x.throttle) {
+        in.has_throttle = true;
+        in.observed_s += dt;
+        if (b) in.throttled_s[kThrottleAny] += dt;
+        if (b & kThrottlePowerCap) in.throttled_s[kThrottlePower] += dt;
+        if (b & kThrottleThermal) in.throttled_s[kThrottleTherm] += dt;
+        if (b & kThrottleHwSlowdown) in.throttled_s[kThrottleHw] += dt;
+      }
     }
     prev_t_[i] = t;
   }
 }
 
-TelemetryInterval TelemetrySampler::take() {
+TelemetryInterval TelemetrySampler::take(TelemetryReader who) {
   std::lock_guard<std::mutex> lk(mu_);
-  TelemetryInterval out = interval_;
-  interval_ = {};
+  TelemetryInterval out = interval_[who];
+  interval_[who] = {};
   return out;
 }
 

@@ -22,7 +22,11 @@ namespace adgt {
 // The sampled fields, read as they are at the sample.
 // power_limit_w: the power limit in force (NVML's enforced limit: the board's
 // default, or a cap an administrator set), what the power model's cap means.
-enum TelemetryGauge { kPowerW, kGpuTempC, kMemTempC, kSmClockMhz, kMemClockMhz, kPowerLimitW, kGauges };
+// sm_clock_max_mhz: the SM clock the GPU can reach (NVML's maximum), against
+// which the power controller measures a throttled clock.
+enum TelemetryGauge {
+  kPowerW, kGpuTempC, kMemTempC, kSmClockMhz, kMemClockMhz, kPowerLimitW, kSmClockMaxMhz, kGauges
+};
 const char* telemetry_gauge_name(int g);  // "power_w", "gpu_temp_c", ...
 
 // Clock-throttle reasons, as a bit set (NVML's reasons folded into three).
@@ -41,7 +45,7 @@ struct TelemetryReading {
 };
 
 // A device or host whose state is read. read() runs on the sampler's thread
-// (or the caller's, in sample_at) and is never called concurrently.
+// (or the caller's, in sample_at and sample_now) and is never called concurrently.
 class TelemetrySource {
  public:
   virtual ~TelemetrySource() = default;
@@ -73,6 +77,11 @@ struct TelemetryInterval {
   std::array<double, kThrottleKinds> throttled_s{};
 };
 
+// Who takes a sampler's intervals: each reader has its own (the step
+// logger's log interval, the power controller's decision window), every
+// reading added to all of them.
+enum TelemetryReader { kLogReader, kControlReader, kTelemetryReaders };
+
 // One rank's totals since the sampler started.
 struct TelemetryTotals {
   bool has_energy = false;
@@ -96,25 +105,30 @@ class TelemetrySampler {
   // the time up to now. Idempotent.
   void stop();
   // One reading of every source at time t_s (seconds, any origin, increasing
-  // from call to call): what the thread does each period; tests call it
-  // directly with times of their own.
+  // from call to call); tests call it directly with times of their own.
   void sample_at(double t_s);
-  // The interval's aggregate since the last take(), and a fresh one begun.
-  TelemetryInterval take();
+  // One reading now: what the thread does each period, and what a reader
+  // that must not find its window empty calls before take() (the power
+  // controller). Serialized with the thread's readings.
+  void sample_now();
+  // `who`'s aggregate since its last take(), and a fresh one begun for it.
+  TelemetryInterval take(TelemetryReader who = kLogReader);
   TelemetryTotals totals() const;
   const std::vector<std::unique_ptr<TelemetrySource>>& sources() const { return sources_; }
 
  private:
   double now_s() const;
   void run();
+  void sample_locked(double t_s);  // under read_mu_
 
   std::vector<std::unique_ptr<TelemetrySource>> sources_;
   double interval_s_;
   // Per source: the time and energy counter of its previous reading (sampling thread only).
   std::vector<std::optional<double>> prev_t_, prev_energy_;
   mutable std::mutex mu_;  // guards interval_ and totals_
-  TelemetryInterval interval_;
+  std::array<TelemetryInterval, kTelemetryReaders> interval_;
   TelemetryTotals totals_;
+  std::mutex read_mu_;  // one reading at a time (sample_at, sample_now)
   std::mutex wake_mu_;  // guards stopping_
   std::condition_variable wake_;
   bool stopping_ = false, stopped_ = false;

@@ -7,23 +7,24 @@
 namespace adgt {
 
 std::unique_ptr<TelemetrySampler> make_telemetry_sampler(double interval_s, const DevicePlan& plan,
-                                                         bool lead) {
+                                                         bool lead, const std::string& source) {
   if (interval_s <= 0) return nullptr;
   std::vector<std::unique_ptr<TelemetrySource>> sources;
   std::string why;
-  if (plan.device == "cuda") {
+  int local_rank = 0;
+  try {
+    local_rank = detect_launch().local_rank;
+  } catch (const std::exception&) {
+  }  // the launch was checked at start; here only the rank's place on its host matters
+  const bool cuda = plan.device == "cuda";
+  if (source == "nvml" || (source == "auto" && cuda)) {
     // By UUID: CUDA's device index and NVML's differ under CUDA_VISIBLE_DEVICES.
-    const bool uuid = plan.device_id.rfind("GPU-", 0) == 0;
-    if (auto s = open_nvml_source("", uuid ? plan.device_id : "", plan.cuda_device, &why))
+    const bool uuid = cuda && plan.device_id.rfind("GPU-", 0) == 0;
+    if (auto s = open_nvml_source("", uuid ? plan.device_id : "", cuda ? plan.cuda_device : local_rank, &why))
       sources.push_back(std::move(s));
   } else {
     // The host's counters, read by one rank of the host only (the first):
     // summed over the ranks they would count the host once per rank.
-    int local_rank = 0;
-    try {
-      local_rank = detect_launch().local_rank;
-    } catch (const std::exception&) {
-    }  // the launch was checked at start; here only the host's first rank matters
     if (local_rank != 0) why = "the host's RAPL counters are read by its first rank";
     else if (auto s = open_rapl_source("", &why)) sources.push_back(std::move(s));
   }

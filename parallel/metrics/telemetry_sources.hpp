@@ -25,11 +25,13 @@ std::unique_ptr<TelemetrySource> open_nvml_source(const std::string& library, co
 std::unique_ptr<TelemetrySource> open_rapl_source(const std::string& root, std::string* why);
 
 // The run's sampler on this rank, started; nullptr when interval_s <= 0 or
-// nothing is readable here. A CUDA rank reads its GPU through NVML; a CPU
-// rank (cpu, emulated) reads RAPL when it is the first rank of its host (the
-// counters are the host's: read once). `lead` prints one line saying what
-// this rank reads, or why not.
+// nothing is readable here. `source` (log.telemetry_source): auto = a CUDA
+// rank reads its GPU through NVML, a CPU rank (cpu, emulated) reads RAPL when
+// it is the first rank of its host (the counters are the host's: read once);
+// nvml = every rank NVML (a CPU rank the GPU of NVML index = its local rank);
+// rapl = every rank RAPL as a CPU rank does. `lead` prints one line saying
+// what this rank reads, or why not.
 std::unique_ptr<TelemetrySampler> make_telemetry_sampler(double interval_s, const DevicePlan& plan,
-                                                         bool lead);
+                                                         bool lead, const std::string& source = "auto");
 
 }  // namespace adgt

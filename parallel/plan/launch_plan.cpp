@@ -94,8 +94,10 @@ Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cl
                  bool dry_run = false) {
   PlanInput in;
   in.max_tp = max_tp;
-  // emulate.power_cap_w: the devices planned for are capped (docs/power.md).
-  if (cfg.emulate.power_cap_w > 0 && cl.device.power.on()) cl.device.power.cap_w = cfg.emulate.power_cap_w;
+  // emulate.power_cap_w: the devices planned for are capped (docs/power.md),
+  // unless the caller capped them already (a re-plan under a measured limit).
+  if (cfg.emulate.power_cap_w > 0 && cl.device.power.on() && cl.device.power.cap_w <= 0)
+    cl.device.power.cap_w = cfg.emulate.power_cap_w;
   in.base = cfg;
   in.world = world;
   in.fixed = fixed;
@@ -161,6 +163,9 @@ Planned plan_for(const RunConfig& cfg, const std::vector<std::string>& fixed, cl
     // emulate.model_flops: the plan costs the ops the same way.
     const bool model_clock = cfg.emulate.model_clock();
     if (model_clock) pc->count_flops(cfg.emulate.model_flops);
+    // Under a cap the ranks compute as much slower as the emulation makes
+    // them (the device's power model; its peak is replaced just below).
+    if (cl.device.power.on() && cl.device.power.cap_w > 0) in.sim.emulated_power_device = cl.device;
     pc->calibrate(cfg);  // the in-situ factor (docs/simulator.md, "Cost tables")
     cl.device.peak_fp32_flops = cl.device.peak_bf16_flops =
         model_clock ? cfg.emulate.model_flops : be->peak_tflops() * 1e12;
@@ -473,12 +478,18 @@ std::string plan_dry_run(const RunConfig& cfg, const std::string& path,
 
 Replan replan(const RunConfig& cfg, const std::vector<std::string>& fixed,
               const std::vector<std::string>& hosts, const std::map<int, double>& slow,
-              const std::map<std::pair<int, int>, double>& slow_links) {
+              const std::map<std::pair<int, int>, double>& slow_links, double power_cap_w) {
   Replan out;
   std::string why;
   const std::string gpu = gpu_name_of(cfg);
   int64_t max_tp = 0;
-  const cluster::Cluster cl = hosts_cluster(cfg, hosts, gpu, &why, &max_tp);
+  cluster::Cluster cl = hosts_cluster(cfg, hosts, gpu, &why, &max_tp);
+  if (power_cap_w > 0) {
+    if (!cl.device.power.on())
+      throw ConfigError("re-planning under a " + std::to_string(power_cap_w) + " W cap: the cluster's device " +
+                        cl.device.name + " has no power model (device.power, docs/cluster.md)");
+    cl.device.power.cap_w = power_cap_w;
+  }
   const int64_t world = int64_t(hosts.size());
   Planned p = plan_for(cfg, fixed, cl, world, gpu.empty(), why, max_tp, &slow, &cfg, &out.current,
                        &slow_links);
@@ -490,6 +501,12 @@ Replan replan(const RunConfig& cfg, const std::vector<std::string>& fixed,
   out.table = p.text;
   out.json = plan_json(p.plan, p.cluster);
   return out;
+}
+
+cluster::Cluster run_cluster(const RunConfig& cfg, const std::vector<std::string>& hosts) {
+  std::string why;
+  int64_t max_tp = 0;
+  return hosts_cluster(cfg, hosts, gpu_name_of(cfg), &why, &max_tp);
 }
 
 std::map<std::pair<int, int>, double> link_model_times(const RunConfig& cfg,

@@ -97,9 +97,16 @@ struct Replan {
   std::string table;                   // the plan table
   std::string json;                    // plan_json() of the new plan
 };
+// `power_cap_w` > 0: every device of the cluster capped at that many watts
+// (its power model; the power controller's re-plan under a measured limit).
 Replan replan(const RunConfig& cfg, const std::vector<std::string>& fixed,
               const std::vector<std::string>& hosts, const std::map<int, double>& slow,
-              const std::map<std::pair<int, int>, double>& slow_links = {});
+              const std::map<std::pair<int, int>, double>& slow_links = {}, double power_cap_w = 0);
+
+// The cluster model replan() plans on for `hosts` (launcher rank -> host):
+// emulate.cluster's, else this machine's GPU preset or CPU cores (local: no
+// communication; world rank 0's answer is the one decisions use).
+cluster::Cluster run_cluster(const RunConfig& cfg, const std::vector<std::string>& hosts);
 
 // The cluster model's seconds for one message of `bytes` over each link
 // {launcher a, launcher b} of `links`, on the cluster and rank placement

@@ -101,7 +101,10 @@ class StepSimulation {
     // the limiter's walk found (the ops themselves are costed unthrottled).
     limiter_speed_.assign(size_t(P_), 1.0);
     limiter_energy_.assign(size_t(P_), 1.0);
-    if (cl.device.power.on() && cl.device.power.cap_w > 0 && cl.device.power.limiter())
+    if (const auto& ed = opts.emulated_power_device; ed && ed->power.on() && ed->power.cap_w > 0) {
+      for (int p = 0; p < P_; ++p)
+        limiter_speed_[size_t(p)] = 1.0 / power_cap_slowdown(cfg, *ed, ed->power.cap_w, p);
+    } else if (cl.device.power.on() && cl.device.power.cap_w > 0 && cl.device.power.limiter())
       for (int p = 0; p < P_; ++p) {
         const cluster::LimiterStep ls = limiter_step(cfg, cl.device, p, opts.work);
         limiter_speed_[size_t(p)] = 1.0 / std::max(1.0, ls.slowdown());

@@ -17,6 +17,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,6 +47,13 @@ struct SimOptions {
   // Per world (layout) rank: the cluster device it runs on (the rank
   // placement; parallel/cluster/placement.hpp). Empty: rank r is device r.
   std::vector<int> device_of;
+  // CPU ranks costed by a profile while they emulate a capped device
+  // (emulate.power_cap_w; a re-plan under a measured limit): each pipeline
+  // rank's compute runs power_cap_slowdown() slower on this device at its
+  // power.cap_w, as the emulation slows those ranks (power_slowdown.hpp).
+  // Unset: the cluster's own device, whose ops DeviceModelCosts costs capped
+  // and whose limiter the step walks.
+  std::optional<cluster::Device> emulated_power_device;
 };
 
 struct SimResult {

@@ -33,7 +33,6 @@
 #include "kernels/check.hpp"
 #include "kernels/clock.hpp"
 #include "parallel/control/compress_controller.hpp"
-#include "parallel/control/power_controller.hpp"
 #include "parallel/comm/site_comm.hpp"
 #include "parallel/compress/level.hpp"
 #include "parallel/dp/compression_state.hpp"
@@ -334,15 +333,21 @@ void Trainer::wire(ParallelContext ctx, bool init) {
                   "power model: %s)\n",
                   cfg.emulate.power_cap_w, f, long(cfg.train.micro_batch), dev.name.c_str(),
                   dev.power.source.c_str());
-    if (cfg.parallel.adapt != "off")
-      controllers_.push_back(make_power_controller(cfg, emulation_->cluster, cfg.emulate.power_cap_w));
-  }
-  for (const ControllerFactory& f : factories_) controllers_.push_back(f(cfg));
+  }  // the power controller is the caller's (adgt-train: make_power_controller)
+  for (const ControllerFactory& f : factories_)
+    if (auto c = f(cfg)) controllers_.push_back(std::move(c));
 }
 
 void Trainer::add_controller_factory(ControllerFactory f) {
   factories_.push_back(std::move(f));
-  controllers_.push_back(factories_.back()(cfg_));
+  if (auto c = factories_.back()(cfg_)) controllers_.push_back(std::move(c));
+}
+
+std::optional<TelemetryInterval> Trainer::take_control_telemetry() {
+  std::lock_guard<std::mutex> lk(telemetry_mu_);
+  if (!telemetry_) return std::nullopt;
+  telemetry_->sample_now();  // a window is never empty: a reading closes it
+  return telemetry_->take(kControlReader);
 }
 
 Trainer::~Trainer() {
@@ -816,8 +821,11 @@ TrainSummary Trainer::train() {
   prepare_async_save();
   // The hook after every step: the step metrics, then the controllers (made
   // again after a layout switch: the new engine has its own).
-  StepLogger logger(cfg_, *backend_, metrics.get(), peak, measured_peak,
-                    make_telemetry_sampler(cfg_.log.telemetry_interval_s, dev_, lead()));
+  {
+    std::lock_guard<std::mutex> lk(telemetry_mu_);
+    telemetry_ = make_telemetry_sampler(cfg_.log.telemetry_interval_s, dev_, lead(), cfg_.log.telemetry_source);
+  }
+  StepLogger logger(cfg_, *backend_, metrics.get(), peak, measured_peak, telemetry_);
   std::unique_ptr<StepHook> hook;
   const auto make_hook = [&] {
     hook = std::make_unique<StepHook>();

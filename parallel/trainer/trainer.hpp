@@ -9,6 +9,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -95,8 +96,13 @@ class Trainer {
   // A controller made by the caller (parallel.auto's re-planner lives above
   // this library): made now for the running layout, and again after every
   // layout switch, after the trainer's own controllers.
+  // A factory may return nullptr (no controller for that layout).
   using ControllerFactory = std::function<std::unique_ptr<Controller>(const RunConfig&)>;
   void add_controller_factory(ControllerFactory f);
+  // This rank's telemetry since the last call (the sampler's control
+  // reader: the power controller's window); nullopt before train() starts the
+  // sampler, after it ends, or where this rank reads nothing.
+  std::optional<TelemetryInterval> take_control_telemetry();
 
  private:
   // Fills micro-batch a's (B, T) inputs and targets of the step starting at first_sample.
@@ -195,6 +201,9 @@ class Trainer {
   std::unique_ptr<Engine> engine_;
   std::vector<std::unique_ptr<Controller>> controllers_;
   std::vector<ControllerFactory> factories_;  // add_controller_factory
+  // This rank's telemetry sampler while train() runs (the step logger's too).
+  std::shared_ptr<TelemetrySampler> telemetry_;
+  std::mutex telemetry_mu_;  // guards telemetry_ (set and reset by train())
   DevicePlan dev_;  // the run's device, as agreed at start
   // After an in-memory layout switch: the new layout's process groups (the
   // launch's stay with the caller, unused) and a world over every launcher

@@ -23,7 +23,16 @@ emulate.power_cap_w with the power controller on 2 CPU ranks.
     than uncapped, micro-batch 2 unthrottled; the controller switches once
     within 20 steps and recovers >= 60% of the slowdown, the losses within
     1e-12 of a run at the new micro-batch from the start; 1000 steps at
-    micro-batch 2 under the cap: no switch.
+    micro-batch 2 under the cap: no switch;
+  - throttling read from telemetry instead (--fake-nvml: every rank reads a
+    fake NVML, log.telemetry_source nvml, FAKE_NVML_STATE a GPU held at
+    1100 of 1980 MHz by an 86 W limit; no emulate.power_cap_w): the same
+    decision at the same step as the emulation's (its candidates equal), the
+    switch made, the losses the emulated run's bit for bit; the clock's
+    slowdown 1980/1100 and the limit logged as inputs; thermal reasons only:
+    the cap planned under is the power the device holds; no reason set: no
+    decision logged; with parallel.auto the layout re-planned under the
+    limit is the plan the launch makes under emulate.power_cap_w at that cap.
 """
 import argparse
 import json
@@ -34,8 +43,9 @@ import subprocess
 import sys
 
 
-def run(cmd, expect=0):
-    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+def run(cmd, expect=0, env=None):
+    p = subprocess.run(cmd, capture_output=True, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
     if p.returncode != expect:
         sys.exit(f"FAIL: exit {p.returncode} (expected {expect}): {' '.join(cmd)}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     return p
@@ -54,6 +64,7 @@ def main():
     ap.add_argument("--source", required=True)  # the source tree
     ap.add_argument("--data", required=True)
     ap.add_argument("--work", required=True)
+    ap.add_argument("--fake-nvml", required=True)  # tests/telemetry/fake_nvml.c, built
     a = ap.parse_args()
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
@@ -235,6 +246,7 @@ def main():
         print(f"capped-spiky: losses against micro-batch {chosen} from the start: max |diff| {worst:.2e} (bound 1e-12)")
         if not worst <= 1e-12:
             fails.append(f"capped-spiky: losses differ by {worst:.3e} from the run at micro-batch {chosen}")
+    fails += telemetry_checks(a, spk, ad, losses)
     clean, _, _ = spiky("spiky_clean", 2, 1000, ["emulate.power_cap_w=86"])
     cd = [r for r in records(clean) if r.get("controller") == "power"]
     cs = [r for r in records(clean) if r.get("event") == "switch"]
@@ -252,6 +264,98 @@ def main():
         return 1
     print("OK")
     return 0
+
+
+def telemetry_checks(a, spk, emulated_dir, losses):
+    """The controller on throttling read from telemetry: every rank reads the
+    fake NVML (log.telemetry_source nvml) held in FAKE_NVML_STATE; no
+    emulate.power_cap_w, so the numbers and step times are the uncapped
+    run's and only the decision comes from the telemetry."""
+    fails = []
+
+    def nvml_run(name, state, steps=20, extra=()):
+        d = os.path.join(a.work, name)
+        run(spk + ["--set", "train.micro_batch=8", "--set", f"train.steps={steps}", "--set", f"log.dir={d}",
+                   "--set", "log.telemetry_source=nvml", "--set", "log.telemetry_interval_s=0.05"] +
+            sum([["--set", x] for x in extra], []),
+            env={"ADGT_NVML_LIBRARY": a.fake_nvml, "FAKE_NVML_STATE": state})
+        recs = records(d)
+        return d, [r for r in recs if r.get("controller") == "power"], [r for r in recs if r.get("event") == "switch"]
+
+    emu = [r for r in records(emulated_dir) if r.get("controller") == "power"]
+    emu_first = next((r for r in emu if r["decision"]["action"] == "switch"), None)
+    d, dec, sw = nvml_run("nvml_capped", "power_w=84,limit_w=86,sm_mhz=1100,reasons=4", steps=30)
+    first = dec[0] if dec else None
+    print(f"telemetry (fake NVML, 86 W limit, 1100 of 1980 MHz): decisions "
+          f"{[(r['step'], r['decision']['action'], r['decision'].get('micro_batch')) for r in dec]}; "
+          f"switches at {[r['step'] for r in sw]}; inputs {first['inputs'] if first else None}")
+    if first is None or emu_first is None:
+        fails.append(f"telemetry: no decision ({dec}) or no emulated one to compare ({emu_first})")
+        return fails
+    i, dd, ed = first["inputs"], first["decision"], emu_first["decision"]
+    if i.get("source") != "telemetry" or i.get("power_limit_w") != 86 or i.get("power_cap_w") != 86 or \
+            abs(i.get("clock_slowdown", 0) - 1980 / 1100) > 1e-12 or i.get("throttled_ranks") != 2 or \
+            i.get("telemetry_ranks") != 2 or i.get("throttled_share_max") != 1:
+        fails.append(f"telemetry: inputs {i}")
+    if first["step"] != emu_first["step"] or dd.get("action") != "switch" or \
+            dd.get("micro_batch") != ed.get("micro_batch") or dd.get("candidates") != ed.get("candidates"):
+        fails.append(f"telemetry: decision at {first['step']} {dd}, the emulation's at {emu_first['step']} {ed}")
+    # The fake's clock does not follow the micro-batch: still throttled after
+    # the switch, the later decisions keep micro-batch 4 (the fastest under 86 W).
+    if len(sw) != 1 or sw[0]["step"] != first["step"] or any(r["decision"]["action"] != "none" for r in dec[1:]):
+        fails.append(f"telemetry: switches {[r['step'] for r in sw]}, decisions "
+                     f"{[(r['step'], r['decision']['action']) for r in dec]} (want one switch, then none)")
+    la, le = losses(d), losses(emulated_dir)  # both 30 steps (the lr schedule's length)
+    if la != le:
+        fails.append("telemetry: losses differ from the emulated cap's run (the same switch at the same step)")
+    else:
+        print(f"telemetry: losses of {len(la)} steps equal the emulated cap's run bit for bit")
+    # Thermal reasons only, a 200 W limit: the cap planned under is the power held.
+    _, dec, _ = nvml_run("nvml_thermal", "power_w=86,limit_w=200,sm_mhz=1100,reasons=64", steps=11)
+    t = dec[0] if dec else None
+    print(f"telemetry, thermal only: {t['inputs'] if t else None} -> {t['decision'].get('action') if t else None}")
+    if t is None or not t["inputs"].get("thermal_only") or t["inputs"].get("power_cap_w") != 86 or \
+            t["decision"].get("micro_batch") != ed.get("micro_batch"):
+        fails.append(f"telemetry, thermal only: {t}")
+    # No reason set (a lower clock, no throttle): nothing logged, nothing switched.
+    _, dec, sw = nvml_run("nvml_calm", "power_w=84,limit_w=86,sm_mhz=1100,reasons=0", steps=16)
+    if dec or sw:
+        fails.append(f"telemetry, no reason set: decisions {dec}, switches {sw}")
+    # parallel.auto: the layout re-planned under the limit read is the plan
+    # the launch makes with the devices capped at it (emulate.power_cap_w).
+    # The run file without train.micro_batch, so the planner chooses it too.
+    free_mb = os.path.join(a.work, "model_free_micro_batch.yaml")
+    with open(f"{a.source}/tests/layouts/model.yaml") as f, open(free_mb, "w") as g:
+        g.write("".join(l for l in f if not l.strip().startswith("micro_batch:")))
+    auto = [a.mpirun, "2", a.train, "--config", free_mb] + sum([["--set", x] for x in [
+        f"emulate.cluster={a.source}/tests/power/capped-spiky.yaml", "emulate.clock=model",
+        f"data.train={a.data}/train.bin", f"data.val={a.data}/val.bin", "checkpoint.at_end=false",
+        "checkpoint.interval=0", "log.interval=1", "train.dtype=f64", "parallel.auto=true"]], [])
+    want = os.path.join(a.work, "auto_capped_launch")
+    run(auto + ["--set", "emulate.power_cap_w=86", "--set", "train.steps=1", "--set", "train.warmup_steps=0",
+                "--set", f"log.dir={want}",
+                "--set", "parallel.adapt=off"])
+    with open(os.path.join(want, "plan.json")) as f:
+        capped_plan = json.load(f).get("layout")
+    d = os.path.join(a.work, "nvml_auto")
+    run(auto + ["--set", "train.steps=12", "--set", f"log.dir={d}", "--set", "log.telemetry_source=nvml",
+                "--set", "log.telemetry_interval_s=0.05"],
+        env={"ADGT_NVML_LIBRARY": a.fake_nvml, "FAKE_NVML_STATE": "power_w=84,limit_w=86,sm_mhz=1100,reasons=4"})
+    with open(os.path.join(d, "plan.json")) as f:
+        launch_plan = json.load(f).get("layout")
+    dec = [r for r in records(d) if r.get("controller") == "power"]
+    sw = [r for r in records(d) if r.get("event") == "switch"]
+    first = dec[0] if dec else None
+    print(f"telemetry with parallel.auto: launched {launch_plan}; decisions "
+          f"{[(r['step'], r['decision'].get('action'), r['decision'].get('layout_new')) for r in dec]}; "
+          f"switches at {[r['step'] for r in sw]}; the launch capped at 86 W plans {capped_plan}")
+    if first is None or first["decision"].get("layout_now") != launch_plan or \
+            first["decision"].get("layout_new") != capped_plan:
+        fails.append(f"telemetry with parallel.auto: decision {first}, the capped launch's plan {capped_plan}")
+    elif (first["decision"]["action"] == "switch") != (len(sw) == 1) or \
+            (first["decision"]["action"] == "switch") != (capped_plan != launch_plan):
+        fails.append(f"telemetry with parallel.auto: decision {first['decision']}, switches {sw}")
+    return fails
 
 
 if __name__ == "__main__":

@@ -7,8 +7,17 @@
  *   SM clock    1000 + 100 k MHz        memory clock  2000 MHz
  *   reasons     k even: GPU idle (0x1, not a throttle); k odd: SW power cap
  *               (0x4), and k = 3 mod 4 also HW thermal slowdown (0x40).
- * Built with FAKE_NVML_MINIMAL: no energy counter, no field values and no
- * clock-event reasons (an old driver): those fields must come out absent. */
+ *   max SM clock 1980 MHz               power limit 700 W
+ * Built with FAKE_NVML_MINIMAL: no energy counter, no field values, no power
+ * limit and no clock-event reasons (an old driver): those fields must come out
+ * absent.
+ *
+ * A steady capped GPU instead (the power controller's end-to-end test,
+ * tests/power/check_power.py): FAKE_NVML_STATE="power_w=P,limit_w=L,sm_mhz=C,
+ * reasons=R" (any of them; read at nvmlInit_v2) makes power P W, the limit
+ * L W, the SM clock C MHz and the reasons R (e.g. 4: SW power cap) on every
+ * call, and any index a GPU (ranks of one host each read "their" index). */
+#include <stdlib.h>
 #include <string.h>
 
 typedef int nvmlReturn_t;
@@ -20,7 +29,31 @@ static unsigned power_k, energy_k, temp_k, memtemp_k, sm_k, reasons_k;
 
 void fake_nvml_reset(void) { power_k = energy_k = temp_k = memtemp_k = sm_k = reasons_k = 0; }
 
-nvmlReturn_t nvmlInit_v2(void) { return 0; }
+/* FAKE_NVML_STATE: each < 0 = not set (the call-count readings). */
+static double st_power = -1, st_limit = -1, st_sm = -1, st_reasons = -1;
+static int steady = 0;
+
+static void read_state(void) {
+  const char* e = getenv("FAKE_NVML_STATE");
+  steady = e && *e;
+  st_power = st_limit = st_sm = st_reasons = -1;
+  for (const char* p = e; steady && p && *p;) {
+    const char* eq = strchr(p, '=');
+    if (!eq) break;
+    const double v = strtod(eq + 1, NULL);
+    if (!strncmp(p, "power_w=", 8)) st_power = v;
+    else if (!strncmp(p, "limit_w=", 8)) st_limit = v;
+    else if (!strncmp(p, "sm_mhz=", 7)) st_sm = v;
+    else if (!strncmp(p, "reasons=", 8)) st_reasons = v;
+    p = strchr(eq, ',');
+    if (p) ++p;
+  }
+}
+
+nvmlReturn_t nvmlInit_v2(void) {
+  read_state();
+  return 0;
+}
 nvmlReturn_t nvmlShutdown(void) { return 0; }
 
 nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_t* dev) {
@@ -30,14 +63,14 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_t* dev) {
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned index, nvmlDevice_t* dev) {
-  if (index != 0) return 2; /* NVML_ERROR_INVALID_ARGUMENT */
+  if (index != 0 && !steady) return 2; /* NVML_ERROR_INVALID_ARGUMENT */
   *dev = &the_gpu;
   return 0;
 }
 
 nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t dev, unsigned* mw) {
   (void)dev;
-  *mw = 100000u + 10000u * power_k++;
+  *mw = st_power >= 0 ? (unsigned)(st_power * 1000) : 100000u + 10000u * power_k++;
   return 0;
 }
 
@@ -50,8 +83,16 @@ nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t dev, int sensor, unsigned* c)
 
 nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t dev, int type, unsigned* mhz) {
   (void)dev;
-  if (type == 1) *mhz = 1000u + 100u * sm_k++;
+  if (type == 1) *mhz = st_sm >= 0 ? (unsigned)st_sm : 1000u + 100u * sm_k++;
   else if (type == 2) *mhz = 2000u;
+  else return 3;
+  return 0;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t dev, int type, unsigned* mhz) {
+  (void)dev;
+  if (type == 1) *mhz = 1980u;
+  else if (type == 2) *mhz = 2619u;
   else return 3;
   return 0;
 }
@@ -88,13 +129,17 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int n, nvmlFieldValue_t*
 
 nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t dev, unsigned* mw) {
   (void)dev;
-  *mw = 700000u;
+  *mw = st_limit >= 0 ? (unsigned)(st_limit * 1000) : 700000u;
   return 0;
 }
 
 nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t dev, unsigned long long* r) {
   (void)dev;
   const unsigned k = reasons_k++;
+  if (st_reasons >= 0) {
+    *r = (unsigned long long)st_reasons;
+    return 0;
+  }
   *r = k % 2 == 0 ? 0x1ull : (k % 4 == 3 ? 0x4ull | 0x40ull : 0x4ull);
   return 0;
 }

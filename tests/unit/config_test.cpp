@@ -366,7 +366,7 @@ TEST_CASE("docs/config.md carries the generated key reference", "[config]") {
     FAIL("docs/config.md is out of date with the schema in core/config.cpp; paste " + out +
          " between its BEGIN/END markers");
   }
-  CHECK(config_keys().size() == 112);
+  CHECK(config_keys().size() == 113);
   for (const auto& k : config_keys()) {
     CHECK(!k.doc.empty());
     CHECK(!k.allowed.empty());

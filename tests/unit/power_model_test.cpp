@@ -286,3 +286,34 @@ TEST_CASE("power: the simulator and the emulation take the limiter's factor from
     CHECK(capped > simulate_step(cfg, free, free_costs).step_time_s * 1.05);
   }
 }
+
+TEST_CASE("power: ranks costed apart from the device slow down by the emulation's factor", "[sim][power]") {
+  // SimOptions::emulated_power_device (the planner on CPU ranks emulating a
+  // capped device): each rank's compute slowed by power_cap_slowdown on that
+  // device, whatever the costs, the cluster's own device left uncapped; = the
+  // free simulation with every rank slowed by the same factors. Both the
+  // kernel-by-kernel model and a limiter.
+  for (const bool limiter : {false, true}) {
+    cluster::Cluster dev = h100(8, limiter ? 85 : 80);
+    if (limiter)
+      dev.device.power.limiter_window_s = 2e-3, dev.device.power.limiter_hold_s = 5e-3,
+      dev.device.power.limiter_brake_clock = 0.6;
+    cluster::Cluster other = h100(8);  // the costs' device (a profile's stand-in): no cap
+    other.device.peak_bf16_flops *= 0.5;
+    for (const std::string pp : {"1", "2"}) {
+      const RunConfig cfg = run({"parallel.pp=" + pp, "parallel.dp=2", "train.micro_batch=2"});
+      DeviceModelCosts costs(other.device);
+      SimOptions em, slowed;
+      em.emulated_power_device = dev.device;
+      const Layout lay = layout_of(cfg);
+      for (int r = 0; r < int(lay.world()); ++r)
+        slowed.slow_ranks[r] = power_cap_slowdown(cfg, dev.device, dev.device.power.cap_w,
+                                                  int(coords_of(lay, r).pp));
+      INFO("limiter " << limiter << " pp " << pp);
+      REQUIRE(slowed.slow_ranks[0] > 1.05);
+      const double t = simulate_step(cfg, other, costs, em).step_time_s;
+      CHECK(t == Approx(simulate_step(cfg, other, costs, slowed).step_time_s).epsilon(1e-12));
+      CHECK(t > 1.05 * simulate_step(cfg, other, costs).step_time_s);
+    }
+  }
+}

@@ -84,6 +84,8 @@ TEST_CASE("telemetry: a fake NVML's readings aggregate exactly", "[telemetry]") 
   CHECK(x.gauge[kPowerLimitW].n == 5);
   CHECK(x.gauge[kPowerLimitW].min == 700.0);
   CHECK(x.gauge[kPowerLimitW].max == 700.0);
+  CHECK(x.gauge[kSmClockMaxMhz].n == 5);
+  CHECK(x.gauge[kSmClockMaxMhz].min == 1980.0);
   // Energy 0, 1, 2, 3, 4 J: 4 J over the interval (the first reading is the baseline).
   CHECK(x.has_energy);
   CHECK(x.energy_j == 4.0);
@@ -124,6 +126,51 @@ TEST_CASE("telemetry: a fake NVML's readings aggregate exactly", "[telemetry]") 
   CHECK(e.throttled_share() == 0.6);
   CHECK(format_run_energy(e).find("0.005 J/token") != std::string::npos);
   CHECK(run_energy_json(e).at("j_per_token").get<double>() == 0.005);
+}
+
+TEST_CASE("telemetry: each reader has its own interval of the same readings", "[telemetry]") {
+  reset_fake(ADGT_FAKE_NVML);
+  std::string why;
+  auto sampler = sampler_of(open_nvml_source(ADGT_FAKE_NVML, "GPU-fake-0", -1, &why));
+  for (int k = 0; k < 3; ++k) sampler->sample_at(k);  // power 100, 110, 120 W
+  const TelemetryInterval log1 = sampler->take(kLogReader);
+  sampler->sample_at(3);  // 130 W
+  const TelemetryInterval log2 = sampler->take(kLogReader);
+  const TelemetryInterval ctl = sampler->take(kControlReader);  // all four readings
+  CHECK(log1.gauge[kPowerW].n == 3);
+  CHECK(log1.gauge[kPowerW].sum == 330.0);
+  CHECK(log2.gauge[kPowerW].n == 1);
+  CHECK(log2.gauge[kPowerW].sum == 130.0);
+  CHECK(ctl.gauge[kPowerW].n == 4);
+  CHECK(ctl.gauge[kPowerW].sum == 460.0);
+  CHECK(ctl.observed_s == 3.0);
+  CHECK(ctl.throttled_s[kThrottleAny] == log1.throttled_s[kThrottleAny] + log2.throttled_s[kThrottleAny]);
+  CHECK(ctl.energy_j == log1.energy_j + log2.energy_j);
+  CHECK(sampler->take(kControlReader).gauge[kPowerW].n == 0);  // taken: a fresh one
+  sampler->sample_now();  // a reading now (the clock's time: after the test's 3 s)
+  CHECK(sampler->take(kControlReader).gauge[kPowerW].n == 1);
+  CHECK(sampler->take(kLogReader).gauge[kPowerW].n == 1);
+}
+
+TEST_CASE("telemetry: the fake NVML's steady capped state (FAKE_NVML_STATE)", "[telemetry]") {
+  reset_fake(ADGT_FAKE_NVML);
+  setenv("FAKE_NVML_STATE", "power_w=86,limit_w=90,sm_mhz=1100,reasons=4", 1);
+  std::string why;
+  auto src = open_nvml_source(ADGT_FAKE_NVML, "", 5, &why);  // any index in this state
+  unsetenv("FAKE_NVML_STATE");
+  REQUIRE(src);
+  auto sampler = sampler_of(std::move(src));
+  for (int k = 0; k < 4; ++k) sampler->sample_at(k);
+  const TelemetryInterval x = sampler->take();
+  CHECK(x.gauge[kPowerW].min == 86.0);
+  CHECK(x.gauge[kPowerW].max == 86.0);
+  CHECK(x.gauge[kPowerLimitW].max == 90.0);
+  CHECK(x.gauge[kSmClockMhz].min == 1100.0);
+  CHECK(x.gauge[kSmClockMhz].max == 1100.0);
+  CHECK(x.gauge[kSmClockMaxMhz].max == 1980.0);
+  CHECK(x.observed_s == 3.0);
+  CHECK(x.throttled_s[kThrottlePower] == 3.0);
+  CHECK(x.throttled_s[kThrottleTherm] == 0.0);
 }
 
 TEST_CASE("telemetry: an old NVML without the energy counter leaves those fields absent", "[telemetry]") {
