@@ -114,10 +114,33 @@ class PowerController final : public Controller {
       return {{"action", "none"}, {"why", "no rank throttled beyond parallel.adapt_threshold"}};
     }
     const double cap = in.value("power_cap_w", 0.0);
+    nlohmann::json d;
     if (cap <= 0)
-      return {{"action", "none"},
-              {"why", "throttled, but no rank read a power limit or its power: nothing to plan under"}};
-    if (in_.replan) return decide_layout(cap);
+      d = {{"action", "none"},
+           {"why", "throttled, but no rank read a power limit or its power: nothing to plan under"}};
+    else
+      d = in_.replan ? decide_layout(cap) : decide_micro_batch(cap);
+    // On the console: a switch, and from telemetry every throttled window
+    // (the emulation's calm decisions every 5 steps only in the log).
+    if (d["action"] == "switch" || telemetry) {
+      char b[160];
+      std::snprintf(b, sizeof b, "%s clock x%.2f on %ld rank(s), planned under %.0f W: ",
+                    telemetry ? "NVML reports the" : "the emulated", slow,
+                    long(in.value("throttled_ranks", int64_t(0))), cap);
+      std::string what = b;
+      if (d["action"] == "switch")
+        what += d.contains("micro_batch")
+                    ? "micro-batch " + std::to_string(cfg_.train.micro_batch) + " -> " +
+                          std::to_string(d["micro_batch"].get<int64_t>())
+                    : d.value("layout_now", std::string()) + " -> " + d.value("layout_new", std::string());
+      else
+        what += "keep (" + d.value("why", std::string()) + ")";
+      d["console"] = what;
+    }
+    return d;
+  }
+
+  nlohmann::json decide_micro_batch(double cap) {
     cluster::Cluster cl = in_.cluster;
     cl.device.power.cap_w = cap;
     // Every micro-batch the step's per-replica batch divides, predicted under the cap.

@@ -577,6 +577,9 @@ PYEOF
   # calibrated from these (docs/power.md).
   grep -E '^telemetry:|^ *energy:|^ *throttled:' "$out/llama7b.log" 2>/dev/null || echo "(no stage-6 telemetry)"
   grep -oE '[|] power [0-9.]+ W sm [0-9.]+ MHz' "$out/llama7b.log" 2>/dev/null | tail -1 || true
+  # The power controller on NVML (docs/power.md): its start-up line and any
+  # decision it logged (a throttled window) during the 7B steps.
+  grep -E '^power controller:|^power at step' "$out/llama7b.log" 2>/dev/null || echo "(no power controller line)"
   echo "exits: tests $trc, adgt bench $brc, torch bench $prc, kernel benches $krc, multirank $mrc, llama-7b $src, nccl np1 $nrc"
   echo "logs: $out/{machine.txt,cuda_tests.log,adgt_bench.*,torch_bench.*,bench.log,bench_fp32.log,nccl_np1.log}${OUT:+ (packed into \$OUT/check_logs.tgz)}"
   } 2>&1 | tee "$out/summary.txt"
