@@ -86,6 +86,15 @@ class StepSimulation {
                                   std::to_string(cl.world()) + " devices");
     P_ = int(lay_.pp);
     bytes_ = compute_bytes(cfg);
+    // CPU ranks whose threads fill their host's cores (cpu-here) move no
+    // message while they compute: the CPU transports progress only inside an
+    // MPI call, and no core is free for a helper. The data-parallel buckets
+    // then start after the backward, as with parallel.overlap off (measured
+    // on 2 cores: dp2 of configs/tiny.yaml steps alike with overlap on and
+    // off, docs/simulator.md).
+    overlap_ = cfg.parallel.overlap &&
+               !(cl.cores_per_node > 0 && opts.host_cores == 0 &&
+                 std::min<int64_t>(world_, cl.devices_per_node) * cl.rank_threads() >= cl.cores_per_node);
     m_ = cfg.accum_steps();
     const bool hetero = !cl.node_speed.empty() || !opts.slow_ranks.empty() ||
                         !opts.slow_links.empty() || !cl.link_overrides.empty() || cl.sites.size() > 1 ||
@@ -512,8 +521,8 @@ class StepSimulation {
       }
       case pp::Op::ReduceGrads: {
         Task t{TaskKind::StartBuckets};
-        t.chunk = cfg_.parallel.overlap ? in.chunk : -1;
-        if (cfg_.parallel.overlap) u.tasks.push_back(t);
+        t.chunk = overlap_ ? in.chunk : -1;
+        if (overlap_) u.tasks.push_back(t);
         break;
       }
       case pp::Op::WaitSends:  // the sends' time is the receivers'; on the trace as an instant span
@@ -548,7 +557,7 @@ class StepSimulation {
         add_pass(u, rw.chunks[0].forward, false);
         label_tasks(u, from, pp::to_string(pp::Instr{pp::Op::Forward, int(mb), 0}), "compute");
         from = u.tasks.size();
-        add_pass(u, rw.chunks[0].backward, mb == m_ - 1 && cfg_.parallel.overlap);
+        add_pass(u, rw.chunks[0].backward, mb == m_ - 1 && overlap_);
         label_tasks(u, from, pp::to_string(pp::Instr{pp::Op::Backward, int(mb), 0}), "compute");
       }
     } else {
@@ -924,6 +933,7 @@ class StepSimulation {
   SimTrace* trace_ = nullptr;
   std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>, double> joule_memo_;
   bool energy_known_ = true;
+  bool overlap_ = true;  // the buckets reduce during the backward (parallel.overlap, a core to move them)
   std::vector<double> limiter_speed_, limiter_energy_;  // per pipeline rank (1: no limiter)
   double limiter_braked_ = -1, limiter_slowdown_ = -1;   // the most of any pipeline rank (-1: none)
   std::vector<std::pair<std::string, const char*>> labels_;  // a task label's name and category

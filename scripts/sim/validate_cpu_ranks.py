@@ -19,6 +19,13 @@ Prints the table, mean and max |error| and the Spearman rank correlation of
 predicted and measured; exit 1 when a bound is missed (mean |error| <= 10%,
 max <= 20%, Spearman >= 0.9). A benchmark, not a test: it times this host's
 wall clock.
+
+The measurement's own order is printed beside it: the Spearman correlation
+between each two rounds (how far the measured order reproduces: no
+prediction can agree with the measurement better than the measurement
+agrees with itself), and the pairs of layouts every round orders the same
+way ("resolved": their difference is larger than the host's noise), with
+how many of them the prediction orders alike.
 """
 import argparse
 import json
@@ -173,6 +180,24 @@ def main():
                 print(f"  {name}: {l.strip()}")
     mean, worst = statistics.mean(errs), max(errs)
     rho = spearman(pred, meas) if len(pred) > 2 else float("nan")
+    names = [name for name, *_ in layouts]
+    if args.rounds > 1 and len(names) > 2:
+        # The measurement against itself: round i's steps against round j's.
+        between = [spearman([runs[n][i] for n in names], [runs[n][j] for n in names])
+                   for i in range(args.rounds) for j in range(i + 1, args.rounds)]
+        print("measured against itself, round by round: Spearman " +
+              ", ".join(f"{x:.3f}" for x in between) + f" (mean {statistics.mean(between):.3f})")
+        # Pairs every round orders alike, and the prediction's order of them.
+        resolved = agree = 0
+        for i in range(len(names)):
+            for j in range(i + 1, len(names)):
+                a, b = runs[names[i]], runs[names[j]]
+                if all(x < y for x, y in zip(a, b)) or all(x > y for x, y in zip(a, b)):
+                    resolved += 1
+                    agree += (a[0] < b[0]) == (predicted[names[i]] < predicted[names[j]])
+        pairs = len(names) * (len(names) - 1) // 2
+        print(f"pairs every round orders alike: {resolved} of {pairs}; the prediction orders "
+              f"{agree} of them alike" + (f" ({100 * agree / resolved:.0f}%)" if resolved else ""))
     print(f"mean |error| {100 * mean:.1f}% (bound {100 * args.mean_bound:.0f}%), max "
           f"{100 * worst:.1f}% (bound {100 * args.max_bound:.0f}%), Spearman {rho:.3f} "
           f"(bound {args.rank_bound})")

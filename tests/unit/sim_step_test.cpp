@@ -191,6 +191,28 @@ TEST_CASE("sim: CPU ranks of several threads each want that many cores", "[sim]"
   CHECK(cluster::parse_cluster(cluster::to_yaml(c), "rt.yaml").threads_per_rank == 3);
 }
 
+TEST_CASE("sim: CPU ranks that fill their cores reduce their gradients after the backward", "[sim]") {
+  // A slow link, so the reduction is long next to the last backward.
+  const auto slow = [](int64_t cores) {
+    cluster::Cluster c = fast(cores);
+    c.intra.bandwidth = 3e7;
+    return c;
+  };
+  FakeCosts costs;
+  const RunConfig on = run({"parallel.dp=2"}), off = run({"parallel.dp=2", "parallel.overlap=false"});
+  // Every core computing (2 ranks x 1 thread on 2 cores): no core moves the
+  // buckets during the backward, overlap or not.
+  const double full_on = simulate_step(on, slow(2), costs).step_time_s;
+  CHECK(full_on == simulate_step(off, slow(2), costs).step_time_s);
+  // A spare core (2 ranks on 4 cores): the buckets reduce during the
+  // backward and the step is shorter with overlap.
+  CHECK(simulate_step(on, slow(4), costs).step_time_s < simulate_step(off, slow(4), costs).step_time_s * 0.99);
+  // Two threads each on 4 cores fill them too.
+  cluster::Cluster two = slow(4);
+  two.threads_per_rank = 2;
+  CHECK(simulate_step(on, two, costs).step_time_s == simulate_step(off, two, costs).step_time_s);
+}
+
 TEST_CASE("sim: ranks of a host share its memory bandwidth", "[sim]") {
   FakeCosts inner;
   const Op adam{OpKind::AdamW, 1 << 20};        // 28 MiB moved
