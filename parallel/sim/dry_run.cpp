@@ -195,6 +195,15 @@ std::string dry_run_prediction(const RunConfig& cfg, const std::string& cluster_
                 r.step_time_s, cl.name.c_str(), long(cl.nodes), long(cl.devices_per_node),
                 cl.device.name.c_str(), used.describe().c_str(), r.tokens_per_s, 100 * r.mfu,
                 100 * r.bubble, r.exposed_comm_s());
+  // The power model's energy (docs/power.md), where the costs carry it: what
+  // a run's telemetry (the summary's "energy:" line) is compared with.
+  if (r.energy_per_token_j > 0) {
+    char e[320];
+    std::snprintf(e, sizeof e, "  energy: %.4g J/token, %.0f W mean per device (%s's power model: %s)\n",
+                  r.energy_per_token_j, r.mean_power_w, cl.device.name.c_str(),
+                  cl.device.power.source.c_str());
+    note += e;
+  }
   return std::string(buf) + note + "  precision: " + precision_line(cfg, cl) + "\n" + expected_compression(cfg, cl, r.compute_s, cl.cpu_ranks()).line;
 }
 

@@ -569,7 +569,7 @@ if "tokens_per_s" in a and "tokens_per_s" in f8:
           f"(loss {f8.get('loss', 0):.4f} vs {a.get('loss', 0):.4f})")
 PYEOF
   grep -E '^[|]' "$out/multirank.log" 2>/dev/null || echo "(no stage-5 table)"
-  grep -E '^[|]|^-- 6\.' "$out/llama7b.log" 2>/dev/null || echo "(no stage-6 table)"
+  grep -E '^[|]|^-- 6\.|^energy per token' "$out/llama7b.log" 2>/dev/null || echo "(no stage-6 table)"
   grep -E '^[|] seq|^-- 6' "$out/llama7b_fp8.log" 2>/dev/null || echo "(no stage-6' fp8 row)"
   grep -E '^start-up:' "$out/llama7b.log" 2>/dev/null || true
   # Telemetry (docs/telemetry.md): NVML's reading of the 7B steps, the run's
