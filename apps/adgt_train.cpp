@@ -34,7 +34,6 @@
 #include "parallel/mesh/process_groups.hpp"
 #include "parallel/plan/launch_plan.hpp"
 #include "parallel/control/power_controller.hpp"
-#include "parallel/control/power_controller.hpp"
 #include "parallel/control/replan_controller.hpp"
 #include "parallel/control/trial_controller.hpp"
 #include "parallel/sim/dry_run.hpp"
