@@ -572,6 +572,8 @@ PYEOF
   grep -E '^[|]|^-- 6\.|^energy per token' "$out/llama7b.log" 2>/dev/null || echo "(no stage-6 table)"
   grep -E '^[|] seq|^-- 6' "$out/llama7b_fp8.log" 2>/dev/null || echo "(no stage-6' fp8 row)"
   grep -E '^start-up:' "$out/llama7b.log" 2>/dev/null || true
+  # NVML over the 1.3B benchmark's timed steps, against the power model.
+  grep -hE '^[|] power W' "$out/adgt_bench.log" "$out/adgt_bench_fp8.log" 2>/dev/null || echo "(no 1.3B telemetry)"
   # Telemetry (docs/telemetry.md): NVML's reading of the 7B steps, the run's
   # J/token and throttled share; the power model's presets are to be
   # calibrated from these (docs/power.md).

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,11 @@
 #include "kernels/attention_choice.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "tests/unit/rel_error.hpp"
+#include "parallel/cluster/cluster.hpp"
+#include "parallel/metrics/telemetry.hpp"
+#include "parallel/metrics/telemetry_sources.hpp"
+#include "parallel/sim/ops.hpp"
+#include "parallel/sim/step_sim.hpp"
 #ifdef ADGT_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.hpp"
 #endif
@@ -238,8 +244,23 @@ TEST_CASE("cuda: 1.3B bf16 training-step benchmark", "[.cudabench][model]") {
   };
   std::vector<double> t_step, t_fwd, t_bwd, t_opt;
   double loss = 0;
+  // NVML over the timed steps (docs/telemetry.md; issue 48: the power, clocks,
+  // temperature and energy per token of the 1.3B in the check's summary): GPU
+  // index 0, the one device the check's machine has. Absent where NVML is.
+  std::unique_ptr<TelemetrySampler> nvml;
   for (int s = 0; s < steps + 2; ++s) {  // 2 untimed warm-up steps
     be->synchronize();
+    if (s == 2) {
+      std::string why;
+      if (auto src = open_nvml_source("", "", 0, &why)) {
+        std::vector<std::unique_ptr<TelemetrySource>> v;
+        v.push_back(std::move(src));
+        nvml = std::make_unique<TelemetrySampler>(std::move(v), 0.05);
+        nvml->start();
+      } else {
+        std::printf("telemetry: %s\n", why.c_str());
+      }
+    }
     const auto t0 = clk::now();
     model.zero_grads();
     if (model.fp8()) model.fp8()->invalidate_weights();  // updated: cast once this step
@@ -258,6 +279,7 @@ TEST_CASE("cuda: 1.3B bf16 training-step benchmark", "[.cudabench][model]") {
     t_bwd.push_back(secs(t1, t2));
     t_opt.push_back(secs(t2, t3));
   }
+  if (nvml) nvml->stop();  // its last reading closes the timed steps
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
@@ -285,6 +307,36 @@ TEST_CASE("cuda: 1.3B bf16 training-step benchmark", "[.cudabench][model]") {
       fp8 ? "fp8" : "bf16", double(n_params) / 1e9, (long long)B, (long long)T, loss, kernel.c_str(), attention.c_str(),
       fused ? "on" : "off", st * 1e3, median(t_fwd) * 1e3,
       median(t_bwd) * 1e3, median(t_opt) * 1e3, tok_s, tflops, 100 * mfu);
+  // Measured against the power model: the timed steps' NVML energy over their
+  // tokens, and the simulator's energy per token of the same step on the
+  // preset of this GPU (dgx-h200 for an H200, else dgx-h100).
+  double j_tok = -1, watts = -1, predicted_j_tok = -1;
+  if (nvml) {
+    const TelemetryInterval w = nvml->take();
+    const TelemetryTotals tot = nvml->totals();
+    const auto mean = [&](int g) { return w.gauge[g].n ? w.gauge[g].sum / double(w.gauge[g].n) : -1.0; };
+    if (tot.has_energy) j_tok = tot.energy_j / double(int64_t(steps) * B * T);
+    watts = mean(kPowerW);
+    RunConfig rc;
+    rc.model = m;
+    rc.train.micro_batch = B;
+    rc.train.global_batch = B;
+    rc.train.dtype = fp8 ? "fp8" : "bf16";
+    rc.train.device = "cuda";
+    const bool h200 = be->name().find("H200") != std::string::npos;
+    const cluster::Cluster cl = cluster::with_gpus(cluster::load_cluster(h200 ? "dgx-h200" : "dgx-h100"), 1);
+    sim::DeviceModelCosts costs(cl.device);
+    try {
+      predicted_j_tok = sim::simulate_step(rc, cl, costs).energy_per_token_j;
+    } catch (const std::exception& e) {  // the measurement still stands
+      std::printf("power model: no prediction (%s)\n", e.what());
+    }
+    std::printf("| power W %.0f | SM clock MHz %.0f of %.0f | GPU temp C %.0f | memory temp C %.0f | "
+                "energy %.4g J/token | the power model (%s) %.4g J/token: %+.1f%% (issue 48: within 15%%) |\n",
+                watts, mean(kSmClockMhz), mean(kSmClockMaxMhz), mean(kGpuTempC), mean(kMemTempC), j_tok,
+                cl.device.name.c_str(), predicted_j_tok,
+                j_tok > 0 && predicted_j_tok > 0 ? 100 * (predicted_j_tok / j_tok - 1) : 0.0);
+  }
   std::fflush(stdout);
   if (const char* path = std::getenv("ADGT_BENCH_JSON")) {
     if (FILE* f = std::fopen(path, "w")) {
