@@ -34,6 +34,7 @@
 #include "parallel/mesh/process_groups.hpp"
 #include "parallel/plan/launch_plan.hpp"
 #include "parallel/control/power_controller.hpp"
+#include "parallel/metrics/power_signal.hpp"
 #include "parallel/control/replan_controller.hpp"
 #include "parallel/control/trial_controller.hpp"
 #include "parallel/sim/dry_run.hpp"
@@ -274,7 +275,10 @@ int train_or_evaluate(const Cli& cli, const adgt::RunConfig& cfg, const AutoPlan
                           " has no power model (device.power, docs/cluster.md)").c_str());
     }
     if (on) {
-      pin.telemetry = [&trainer] { return trainer.take_control_telemetry(); };
+      pin.telemetry = [&trainer]() -> std::optional<adgt::PowerSignal> {
+        if (const auto w = trainer.take_control_telemetry()) return adgt::power_signal(*w);
+        return std::nullopt;
+      };
       pin.replan = ap.replan;
       trainer.add_controller_factory(
           [pin](const adgt::RunConfig& c) { return adgt::make_power_controller(c, pin); });

@@ -13,25 +13,6 @@
 
 namespace adgt {
 
-PowerSignal power_signal(const TelemetryInterval& w) {
-  PowerSignal s;
-  if (w.gauge[kPowerLimitW].n > 0) s.limit_w = w.gauge[kPowerLimitW].min;
-  if (w.gauge[kPowerW].n > 0) s.power_w = w.gauge[kPowerW].sum / double(w.gauge[kPowerW].n);
-  if (!w.has_throttle || w.observed_s <= 0) return s;
-  s.read = true;
-  const double power = std::max(w.throttled_s[kThrottlePower], w.throttled_s[kThrottleHw]);
-  // The seconds with any of the three reasons that cost clock (the sampler's
-  // "throttled": NVML's reasons that cost nothing, GPU idle or applications
-  // clocks, are not folded into them).
-  s.throttled_share = w.throttled_s[kThrottleAny] / w.observed_s;
-  s.thermal_only = s.throttled_share > 0 && power == 0;
-  const TelemetryStatAcc& sm = w.gauge[kSmClockMhz];
-  const TelemetryStatAcc& mx = w.gauge[kSmClockMaxMhz];
-  if (s.throttled_share > 0 && sm.n > 0 && mx.n > 0 && sm.sum > 0)
-    s.clock_slowdown = std::max(1.0, mx.max / (sm.sum / double(sm.n)));
-  return s;
-}
-
 namespace {
 
 constexpr int64_t kInterval = 5;    // steps between decisions
@@ -62,8 +43,8 @@ class PowerController final : public Controller {
       const emulate::Emulation* emu = e.groups().emulation;
       f = emu ? emu->power_factor : 1.0;
     } else if (in_.telemetry) {
-      if (const auto w = in_.telemetry()) {
-        const PowerSignal s = power_signal(*w);
+      if (const auto sig = in_.telemetry()) {
+        const PowerSignal& s = *sig;
         read = s.read ? 1.0 : 0.0;
         f = s.clock_slowdown;
         share = s.throttled_share;

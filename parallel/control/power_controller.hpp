@@ -35,11 +35,11 @@
 #include "parallel/cluster/cluster.hpp"
 #include "parallel/control/hook.hpp"
 #include "parallel/control/replan_controller.hpp"
-#include "parallel/metrics/telemetry.hpp"
 
 namespace adgt {
 
-// One rank's throttling over a window of telemetry (power_signal).
+// One rank's throttling over a window of its telemetry (made from the
+// sampler's window by parallel/metrics/power_signal.hpp).
 struct PowerSignal {
   bool read = false;           // the window has readings of the throttle reasons
   double throttled_share = 0;  // seconds with a power-cap, HW-slowdown or thermal reason / seconds read
@@ -50,14 +50,13 @@ struct PowerSignal {
   std::optional<double> limit_w;  // the smallest enforced power limit read
   std::optional<double> power_w;  // the mean power read
 };
-PowerSignal power_signal(const TelemetryInterval& window);
-
 // What the controller reads beyond the run file.
 struct PowerInputs {
   cluster::Cluster cluster;   // the run's cluster model: its device's power model predicts
   double emulated_cap_w = 0;  // > 0: the emulation's factor is the signal (emulate.power_cap_w)
-  // This rank's telemetry since the previous call (Trainer::take_control_telemetry).
-  std::function<std::optional<TelemetryInterval>()> telemetry;
+  // This rank's throttling since the previous call (power_signal of
+  // Trainer::take_control_telemetry); nullopt: nothing read.
+  std::function<std::optional<PowerSignal>()> telemetry;
   // parallel.auto with parallel.replan: re-plan the layout, not the micro-batch alone.
   std::shared_ptr<plan::ReplanState> replan;
 };

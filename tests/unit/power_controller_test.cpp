@@ -14,6 +14,7 @@
 #include "core/config.hpp"
 #include "parallel/cluster/cluster.hpp"
 #include "parallel/control/power_controller.hpp"
+#include "parallel/metrics/power_signal.hpp"
 #include "parallel/metrics/telemetry.hpp"
 #include "parallel/sim/ops.hpp"
 #include "parallel/sim/step_sim.hpp"
