@@ -56,7 +56,7 @@ class PowerController final : public Controller {
     const double throttled = f > 1.0 + 1e-9 ? 1.0 : 0.0;
     // Max: [0] the most any rank's clock costs its compute, [1] the window's
     // mean step time (the slowest rank's), [2] the highest mean power of a
-    // throttled rank, [3] minus the smallest limit read (0: none), [4] the
+    // throttled rank, [3] minus the smallest limit read (-1e300: none), [4] the
     // largest throttled share. Sum: throttled ranks, ranks read, throttled
     // ranks whose reason is thermal only.
     double mx[5] = {f, window_n_ ? window_s_ / double(window_n_) : 0.0, power,
