@@ -88,13 +88,14 @@ def main():
     if "idle" not in p.stderr:
         fails.append(f"--power-cap 50 (below idle): {p.stderr[-300:]}")
 
-    def launch(cluster, *sets):
-        """adgt-train of the layout model on 2 ranks emulating tests/power/<cluster>, on the
-        model clock (each rank's compute its counted matmul FLOPs: deterministic)."""
+    def launch(cluster, *sets, config=f"{a.source}/tests/layouts/model.yaml"):
+        """adgt-train of the layout model (or `config`) on 2 ranks emulating
+        tests/power/<cluster>, on the model clock (each rank's compute its counted
+        matmul FLOPs: deterministic)."""
         common = [f"emulate.cluster={a.source}/tests/power/{cluster}", "emulate.clock=model",
                   f"data.train={a.data}/train.bin", f"data.val={a.data}/val.bin", "checkpoint.at_end=false",
                   "checkpoint.interval=0", "log.interval=1"]
-        return [a.mpirun, "2", a.train, "--config", f"{a.source}/tests/layouts/model.yaml"] + \
+        return [a.mpirun, "2", a.train, "--config", config] + \
             sum([["--set", x] for x in common + list(sets)], [])
 
     # emulate.power_cap_w on 2 ranks, the model clock.
@@ -246,7 +247,7 @@ def main():
         print(f"capped-spiky: losses against micro-batch {chosen} from the start: max |diff| {worst:.2e} (bound 1e-12)")
         if not worst <= 1e-12:
             fails.append(f"capped-spiky: losses differ by {worst:.3e} from the run at micro-batch {chosen}")
-    fails += telemetry_checks(a, spk, ad, losses)
+    fails += telemetry_checks(a, spk, ad, losses, launch)
     clean, _, _ = spiky("spiky_clean", 2, 1000, ["emulate.power_cap_w=86"])
     cd = [r for r in records(clean) if r.get("controller") == "power"]
     cs = [r for r in records(clean) if r.get("event") == "switch"]
@@ -266,7 +267,7 @@ def main():
     return 0
 
 
-def telemetry_checks(a, spk, emulated_dir, losses):
+def telemetry_checks(a, spk, emulated_dir, losses, launch):
     """The controller on throttling read from telemetry: every rank reads the
     fake NVML (log.telemetry_source nvml) held in FAKE_NVML_STATE; no
     emulate.power_cap_w, so the numbers and step times are the uncapped
@@ -327,10 +328,7 @@ def telemetry_checks(a, spk, emulated_dir, losses):
     free_mb = os.path.join(a.work, "model_free_micro_batch.yaml")
     with open(f"{a.source}/tests/layouts/model.yaml") as f, open(free_mb, "w") as g:
         g.write("".join(l for l in f if not l.strip().startswith("micro_batch:")))
-    auto = [a.mpirun, "2", a.train, "--config", free_mb] + sum([["--set", x] for x in [
-        f"emulate.cluster={a.source}/tests/power/capped-spiky.yaml", "emulate.clock=model",
-        f"data.train={a.data}/train.bin", f"data.val={a.data}/val.bin", "checkpoint.at_end=false",
-        "checkpoint.interval=0", "log.interval=1", "train.dtype=f64", "parallel.auto=true"]], [])
+    auto = launch("capped-spiky.yaml", "train.dtype=f64", "parallel.auto=true", config=free_mb)
     want = os.path.join(a.work, "auto_capped_launch")
     run(auto + ["--set", "emulate.power_cap_w=86", "--set", "train.steps=1", "--set", "train.warmup_steps=0",
                 "--set", f"log.dir={want}",

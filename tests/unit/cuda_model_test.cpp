@@ -250,16 +250,12 @@ TEST_CASE("cuda: 1.3B bf16 training-step benchmark", "[.cudabench][model]") {
   std::unique_ptr<TelemetrySampler> nvml;
   for (int s = 0; s < steps + 2; ++s) {  // 2 untimed warm-up steps
     be->synchronize();
-    if (s == 2) {
-      std::string why;
-      if (auto src = open_nvml_source("", "", 0, &why)) {
-        std::vector<std::unique_ptr<TelemetrySource>> v;
-        v.push_back(std::move(src));
-        nvml = std::make_unique<TelemetrySampler>(std::move(v), 0.05);
-        nvml->start();
-      } else {
-        std::printf("telemetry: %s\n", why.c_str());
-      }
+    if (s == 2) {  // the sampler a CUDA rank of adgt-train opens (no UUID here: NVML index 0)
+      DevicePlan plan;
+      plan.device = "cuda";
+      plan.device_id = "";
+      plan.cuda_device = 0;
+      nvml = make_telemetry_sampler(0.05, plan, /*lead=*/true);  // says what it reads, or why not
     }
     const auto t0 = clk::now();
     model.zero_grads();
